@@ -1,0 +1,28 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod encoding;
+mod error;
+mod manifest;
+mod read;
+mod write;
+
+pub use encoding::{
+    decode_into, element_count, encode, matrix_view, role, EncodeOptions, EncodedTensor, Encoding,
+    KNOWN_ENCODINGS,
+};
+pub use error::{HwzError, Result};
+pub use hypercodec_scalar::{AffineParams, FloatDtype, Group};
+pub use manifest::{
+    check_name, parse_head, sniff, Compression, Manifest, Sniff, StreamEntry, Tail, TensorEntry,
+    TensorStats, ALIGN, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_DTYPE_LEN, MAX_ELEMENTS,
+    MAX_MANIFEST_LEN, MAX_NAME_LEN, MAX_RANK, MAX_STREAMS, MAX_TENSORS, MAX_ZSTD_EXPANSION,
+    TAIL_LEN, ZIP_MAGIC,
+};
+pub use read::{decode_stream, Archive, ReadAt};
+#[cfg(feature = "std-fs")]
+pub use write::FileWriter;
+pub use write::{Writer, WriterOptions};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,458 @@
+//! The manifest (UTF-8 JSON), the fixed head and tail, and their validation.
+
+use crate::encoding::{check_roles, element_count, Encoding, KNOWN_ENCODINGS};
+use crate::{HwzError, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashSet};
+
+/// The magic at the head and the tail of every version-1 archive.
+pub const MAGIC: [u8; 4] = *b"HWZ1";
+/// The first bytes of a zip file: a legacy (Hyper Glyph) archive.
+pub const ZIP_MAGIC: [u8; 4] = *b"PK\x03\x04";
+/// The format version this crate reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// Every stream starts on a multiple of this (cache lines, GPU loads, mmap zero-copy).
+pub const ALIGN: u64 = 64;
+/// Bytes before the first stream: magic, flags, zero padding to [`ALIGN`].
+pub const HEADER_LEN: u64 = ALIGN;
+/// Bytes of the tail: manifest offset (u64), length (u64), crc32c (u32), magic.
+pub const TAIL_LEN: u64 = 28;
+
+/// Largest manifest accepted. A tensor entry takes ~300 bytes of JSON, so 64 MiB holds over
+/// 200 000 tensors — ten times the largest checkpoints published — while bounding what a
+/// hostile tail can make a reader allocate.
+pub const MAX_MANIFEST_LEN: u64 = 64 << 20;
+/// Most tensors in one archive (a sharded model splits further).
+pub const MAX_TENSORS: usize = 1 << 20;
+/// Most streams in one archive: a few per tensor.
+pub const MAX_STREAMS: usize = 1 << 22;
+/// Highest tensor rank (PyTorch's own limit is 25; weights use at most 5).
+pub const MAX_RANK: usize = 8;
+/// Most elements in one tensor: 2^40 (4 TiB of f32), beyond any single weight today.
+pub const MAX_ELEMENTS: u64 = 1 << 40;
+/// Longest tensor name in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
+/// Longest source dtype label in bytes.
+pub const MAX_DTYPE_LEN: usize = 32;
+/// Largest decoded/stored ratio of a zstd stream. Writers store a stream uncompressed rather
+/// than exceed it, so a reader never allocates more than 256 times the bytes a file holds.
+pub const MAX_ZSTD_EXPANSION: u64 = 256;
+
+/// Compression of one stream inside the container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// Stored as is.
+    #[default]
+    None,
+    /// One zstd frame.
+    Zstd,
+}
+
+impl Compression {
+    /// The manifest name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+/// Where one stream lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamEntry {
+    /// Absolute byte offset in the file; a multiple of [`ALIGN`].
+    pub offset: u64,
+    /// Stored bytes.
+    pub length: u64,
+    /// CRC-32C (Castagnoli) of the stored bytes.
+    pub crc32c: u32,
+    /// Container-level compression.
+    #[serde(default)]
+    pub compression: Compression,
+    /// Bytes after decompression (equal to `length` when uncompressed).
+    pub raw_length: u64,
+}
+
+/// Reconstruction error measured when the tensor was written. Absent fields were not measured
+/// (or are infinite, like the SNR of an exact encoding).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+pub struct TensorStats {
+    /// Mean squared error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mse: Option<f64>,
+    /// `10·log10(Σx² / Σ(x−x̂)²)`; absent when the error is zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snr_db: Option<f64>,
+    /// Largest absolute error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_abs_err: Option<f64>,
+    /// Cosine similarity of the flattened tensors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cosine: Option<f64>,
+}
+
+/// One tensor of the archive.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorEntry {
+    /// Unique name (UTF-8, 1..=[`MAX_NAME_LEN`] bytes).
+    pub name: String,
+    /// Dimensions, outermost first; the last is the input dimension.
+    pub shape: Vec<u64>,
+    /// The tensor's type in the source file (`f32`, `bf16`, `q4_1`, ...), informative.
+    pub source_dtype: String,
+    /// How it is stored.
+    pub encoding: Encoding,
+    /// Stream index by role.
+    pub streams: BTreeMap<String, u64>,
+    /// Error measured at write time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<TensorStats>,
+}
+
+impl TensorEntry {
+    /// Number of elements (validated at parse time).
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// The archive's table of contents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always `"hwz"`.
+    pub format: String,
+    /// Format version, [`FORMAT_VERSION`].
+    pub version: u32,
+    /// Who wrote the archive, e.g. `hypercodec 0.1.0`.
+    #[serde(default)]
+    pub generator: String,
+    /// The tensors, in write order.
+    pub tensors: Vec<TensorEntry>,
+    /// The streams, in file order.
+    pub streams: Vec<StreamEntry>,
+    /// The Plan that chose the encodings, if a planner made one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Value>,
+    /// Free user metadata (a model's config.json, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, Value>,
+}
+
+/// The parsed tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tail {
+    /// Offset of the manifest.
+    pub manifest_offset: u64,
+    /// Length of the manifest.
+    pub manifest_len: u64,
+    /// CRC-32C of the manifest bytes.
+    pub manifest_crc32c: u32,
+}
+
+/// What the first four bytes of a file say it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sniff {
+    /// A version-1 archive.
+    Hwz1,
+    /// A zip file: a legacy Hyper Glyph archive.
+    LegacyZip,
+    /// Something else.
+    Unknown,
+}
+
+/// Tells a `.hwz` v1 archive from a legacy zip one by its first bytes.
+pub fn sniff(head: &[u8]) -> Sniff {
+    match head.get(..4) {
+        Some(m) if m == MAGIC => Sniff::Hwz1,
+        Some(m) if m == ZIP_MAGIC => Sniff::LegacyZip,
+        _ => Sniff::Unknown,
+    }
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+/// Checks the first 8 bytes: magic and flags.
+pub fn parse_head(head: &[u8]) -> Result<()> {
+    let file_len = head.len() as u64;
+    if head.len() < 8 {
+        return Err(HwzError::TooShort {
+            len: file_len,
+            min: HEADER_LEN + TAIL_LEN,
+        });
+    }
+    match sniff(head) {
+        Sniff::Hwz1 => {}
+        Sniff::LegacyZip => return Err(HwzError::LegacyArchive),
+        Sniff::Unknown => {
+            return Err(HwzError::BadMagic {
+                found: [head[0], head[1], head[2], head[3]],
+                place: "head",
+            })
+        }
+    }
+    let flags = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    if flags != 0 {
+        return Err(HwzError::UnknownFlags { flags });
+    }
+    Ok(())
+}
+
+impl Tail {
+    /// Parses the last [`TAIL_LEN`] bytes of a file of `file_len` bytes and checks that the
+    /// manifest lies between the header and the tail and is within [`MAX_MANIFEST_LEN`].
+    pub fn parse(tail: &[u8], file_len: u64) -> Result<Tail> {
+        if file_len < HEADER_LEN + TAIL_LEN || tail.len() as u64 != TAIL_LEN {
+            return Err(HwzError::TooShort {
+                len: file_len,
+                min: HEADER_LEN + TAIL_LEN,
+            });
+        }
+        let magic = &tail[24..28];
+        if magic != MAGIC {
+            return Err(HwzError::BadMagic {
+                found: [magic[0], magic[1], magic[2], magic[3]],
+                place: "tail",
+            });
+        }
+        let manifest_offset = le_u64(&tail[0..8]);
+        let manifest_len = le_u64(&tail[8..16]);
+        let manifest_crc32c = u32::from_le_bytes([tail[16], tail[17], tail[18], tail[19]]);
+        if tail[20..24] != [0; 4] {
+            return Err(HwzError::ManifestJson {
+                message: "reserved tail bytes are not zero".into(),
+            });
+        }
+        if manifest_len > MAX_MANIFEST_LEN {
+            return Err(HwzError::LimitExceeded {
+                what: "manifest length",
+                value: manifest_len,
+                max: MAX_MANIFEST_LEN,
+            });
+        }
+        let fits = manifest_offset >= HEADER_LEN
+            && manifest_offset
+                .checked_add(manifest_len)
+                .is_some_and(|end| end <= file_len - TAIL_LEN);
+        if !fits {
+            return Err(HwzError::ManifestOutOfBounds {
+                offset: manifest_offset,
+                len: manifest_len,
+                file_len,
+            });
+        }
+        Ok(Tail {
+            manifest_offset,
+            manifest_len,
+            manifest_crc32c,
+        })
+    }
+
+    /// Serializes the tail.
+    pub fn to_bytes(&self) -> [u8; TAIL_LEN as usize] {
+        let mut b = [0u8; TAIL_LEN as usize];
+        b[0..8].copy_from_slice(&self.manifest_offset.to_le_bytes());
+        b[8..16].copy_from_slice(&self.manifest_len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.manifest_crc32c.to_le_bytes());
+        b[24..28].copy_from_slice(&MAGIC);
+        b
+    }
+}
+
+fn json_err(e: serde_json::Error) -> HwzError {
+    HwzError::ManifestJson {
+        message: e.to_string(),
+    }
+}
+
+impl Manifest {
+    /// Parses and validates manifest bytes whose checksum is in `tail`: the checksum, the
+    /// version, every cap, every encoding, every stream reference, bound and size.
+    pub fn parse(bytes: &[u8], tail: &Tail) -> Result<Manifest> {
+        let computed = crc32c::crc32c(bytes);
+        if computed != tail.manifest_crc32c {
+            return Err(HwzError::ManifestChecksum {
+                stored: tail.manifest_crc32c,
+                computed,
+            });
+        }
+        let value: Value = serde_json::from_slice(bytes).map_err(json_err)?;
+        // Version first, so a newer archive gets a clear message rather than a shape error.
+        match value.get("version").and_then(Value::as_u64) {
+            Some(v) if v == FORMAT_VERSION as u64 => {}
+            Some(v) => {
+                return Err(HwzError::UnsupportedVersion {
+                    version: v,
+                    known: FORMAT_VERSION,
+                })
+            }
+            None => {
+                return Err(HwzError::ManifestJson {
+                    message: "missing `version`".into(),
+                })
+            }
+        }
+        let count = |key: &str| value.get(key).and_then(Value::as_array).map_or(0, Vec::len);
+        check_cap("tensors", count("tensors"), MAX_TENSORS)?;
+        check_cap("streams", count("streams"), MAX_STREAMS)?;
+        if let Some(tensors) = value.get("tensors").and_then(Value::as_array) {
+            for t in tensors {
+                let name = t
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+                    .to_string();
+                let enc = t.get("encoding").ok_or_else(|| HwzError::InvalidEncoding {
+                    tensor: name.clone(),
+                    message: "missing `encoding`".into(),
+                })?;
+                let tag = enc.get("type").and_then(Value::as_str).unwrap_or("");
+                if !KNOWN_ENCODINGS.contains(&tag) {
+                    return Err(HwzError::UnknownEncoding {
+                        tensor: name,
+                        tag: tag.to_string(),
+                    });
+                }
+                Encoding::deserialize(enc).map_err(|e| HwzError::InvalidEncoding {
+                    tensor: name,
+                    message: e.to_string(),
+                })?;
+            }
+        }
+        let manifest: Manifest = serde_json::from_value(value).map_err(json_err)?;
+        if manifest.format != "hwz" {
+            return Err(HwzError::ManifestJson {
+                message: format!("format is `{}`, not `hwz`", manifest.format),
+            });
+        }
+        manifest.validate(tail.manifest_offset)?;
+        Ok(manifest)
+    }
+
+    /// Checks every structural rule of the spec against a stream area ending at `streams_end`.
+    pub fn validate(&self, streams_end: u64) -> Result<()> {
+        check_cap("tensors", self.tensors.len(), MAX_TENSORS)?;
+        check_cap("streams", self.streams.len(), MAX_STREAMS)?;
+        for (i, s) in self.streams.iter().enumerate() {
+            if s.offset % ALIGN != 0 {
+                return Err(HwzError::StreamMisaligned {
+                    stream: i,
+                    offset: s.offset,
+                });
+            }
+            let inside = s.offset >= HEADER_LEN
+                && s.offset
+                    .checked_add(s.length)
+                    .is_some_and(|e| e <= streams_end);
+            if !inside {
+                return Err(HwzError::StreamOutOfBounds {
+                    stream: i,
+                    offset: s.offset,
+                    length: s.length,
+                    end: streams_end,
+                });
+            }
+            let justified = match s.compression {
+                Compression::None => s.raw_length == s.length,
+                Compression::Zstd => s.raw_length <= s.length.saturating_mul(MAX_ZSTD_EXPANSION),
+            };
+            if !justified {
+                return Err(HwzError::StreamExpansion {
+                    stream: i,
+                    raw_length: s.raw_length,
+                    length: s.length,
+                    compression: s.compression.name(),
+                });
+            }
+        }
+        let mut order: Vec<usize> = (0..self.streams.len()).collect();
+        order.sort_by_key(|&i| self.streams[i].offset);
+        for w in order.windows(2) {
+            let (a, b) = (&self.streams[w[0]], &self.streams[w[1]]);
+            // Empty streams occupy no bytes and overlap nothing.
+            if a.length > 0 && b.length > 0 && a.offset + a.length > b.offset {
+                return Err(HwzError::StreamsOverlap {
+                    first: w[0],
+                    second: w[1],
+                });
+            }
+        }
+        let mut names = HashSet::with_capacity(self.tensors.len());
+        for t in &self.tensors {
+            check_name(&t.name)?;
+            if !names.insert(t.name.as_str()) {
+                return Err(HwzError::InvalidName {
+                    name: t.name.clone(),
+                    reason: "used by two tensors",
+                });
+            }
+            if t.source_dtype.len() > MAX_DTYPE_LEN {
+                return Err(HwzError::LimitExceeded {
+                    what: "source dtype length",
+                    value: t.source_dtype.len() as u64,
+                    max: MAX_DTYPE_LEN as u64,
+                });
+            }
+            element_count(&t.name, &t.shape)?;
+            for (role, &index) in &t.streams {
+                if index >= self.streams.len() as u64 {
+                    return Err(HwzError::StreamRef {
+                        tensor: t.name.clone(),
+                        role: role.clone(),
+                        index,
+                        count: self.streams.len(),
+                    });
+                }
+            }
+            let lens = t.encoding.stream_lens(&t.name, &t.shape)?;
+            let present = t
+                .streams
+                .iter()
+                .map(|(r, &i)| (r.as_str(), self.streams[i as usize].raw_length));
+            check_roles(&t.name, &lens, present)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_cap(what: &'static str, value: usize, max: usize) -> Result<()> {
+    if value > max {
+        return Err(HwzError::LimitExceeded {
+            what,
+            value: value as u64,
+            max: max as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Checks a tensor name: 1..=[`MAX_NAME_LEN`] bytes, no control characters.
+pub fn check_name(name: &str) -> Result<()> {
+    let cut = || name.chars().take(64).collect::<String>();
+    if name.is_empty() {
+        return Err(HwzError::InvalidName {
+            name: String::new(),
+            reason: "empty",
+        });
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(HwzError::InvalidName {
+            name: cut(),
+            reason: "longer than MAX_NAME_LEN bytes",
+        });
+    }
+    if name.chars().any(char::is_control) {
+        return Err(HwzError::InvalidName {
+            name: cut(),
+            reason: "contains control characters",
+        });
+    }
+    Ok(())
+}

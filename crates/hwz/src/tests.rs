@@ -1,0 +1,82 @@
+//! Unit tests of the container; cross-crate and malformed-input tests live in `tests/`.
+
+use super::*;
+
+fn sample() -> Vec<u8> {
+    let w: Vec<f32> = (0..300)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let mut writer = Writer::new(
+        Vec::new(),
+        WriterOptions {
+            compression: Compression::Zstd,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for (name, enc) in [
+        (
+            "raw",
+            Encoding::Raw {
+                dtype: FloatDtype::F32,
+            },
+        ),
+        ("int4", Encoding::affine(AffineParams::default())),
+    ] {
+        let t = encode(name, &w, &[3, 100], &enc, EncodeOptions::default()).unwrap();
+        writer.add_tensor(name, &[3, 100], "f32", &t, None).unwrap();
+    }
+    writer.finish().unwrap().0
+}
+
+#[test]
+fn roundtrip_raw_is_exact_and_affine_close() {
+    let bytes = sample();
+    let a = Archive::open(&bytes[..]).unwrap();
+    assert_eq!(a.tensors().len(), 2);
+    let raw = a.decode_tensor("raw").unwrap();
+    let int4 = a.decode_tensor("int4").unwrap();
+    for (x, y) in raw.iter().zip(&int4) {
+        assert!((x - y).abs() < 1.0 / 15.0);
+    }
+    for s in &a.manifest().streams {
+        assert_eq!(s.offset % ALIGN, 0);
+    }
+}
+
+#[test]
+fn duplicate_names_are_refused_by_the_writer() {
+    let t = encode(
+        "a",
+        &[1.0],
+        &[1],
+        &Encoding::Raw {
+            dtype: FloatDtype::F32,
+        },
+        EncodeOptions::default(),
+    )
+    .unwrap();
+    let mut w = Writer::new(Vec::new(), WriterOptions::default()).unwrap();
+    w.add_tensor("a", &[1], "f32", &t, None).unwrap();
+    assert!(matches!(
+        w.add_tensor("a", &[1], "f32", &t, None),
+        Err(HwzError::InvalidName { .. })
+    ));
+}
+
+#[test]
+fn encoding_json_is_stable() {
+    let e = Encoding::affine(AffineParams {
+        bits: 3,
+        group: Group::Row,
+        symmetric: true,
+        scale_dtype: FloatDtype::Bf16,
+    });
+    let j = serde_json::to_string(&e).unwrap();
+    assert_eq!(
+        j,
+        r#"{"type":"affine","bits":3,"group":"row","symmetric":true,"scale_dtype":"bf16"}"#
+    );
+    let bad = r#"{"type":"affine","bits":3,"group":"row","symmetric":true,"scale_dtype":"bf16","extra":1}"#;
+    assert!(serde_json::from_str::<Encoding>(bad).is_err());
+}

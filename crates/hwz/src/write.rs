@@ -1,0 +1,274 @@
+//! The streaming writer: tensor by tensor, bounded memory, manifest and tail at the end.
+
+use crate::encoding::{check_roles, element_count, EncodedTensor};
+use crate::manifest::{
+    check_name, Compression, Manifest, StreamEntry, Tail, TensorEntry, TensorStats, ALIGN,
+    FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_STREAMS, MAX_TENSORS, MAX_ZSTD_EXPANSION,
+};
+use crate::{HwzError, Result};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+
+/// Options of a [`Writer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriterOptions {
+    /// Container compression to *try* on every stream; a stream is stored compressed only when
+    /// that makes it smaller (and within [`MAX_ZSTD_EXPANSION`]). By default, [`Compression::None`].
+    pub compression: Compression,
+    /// The `generator` string of the manifest. By default, `hypercodec-hwz <version>`.
+    pub generator: String,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            compression: Compression::None,
+            generator: concat!("hypercodec-hwz ", env!("CARGO_PKG_VERSION")).to_string(),
+        }
+    }
+}
+
+/// Writes a `.hwz` archive to any [`Write`] in one pass.
+///
+/// Only the current tensor's streams and the (small) manifest entries are held in memory.
+/// For files, use [`crate::FileWriter`], which adds the temporary-file-and-rename rule.
+#[derive(Debug)]
+pub struct Writer<W: Write> {
+    out: W,
+    pos: u64,
+    options: WriterOptions,
+    tensors: Vec<TensorEntry>,
+    streams: Vec<StreamEntry>,
+    names: HashSet<String>,
+    plan: Option<Value>,
+    metadata: BTreeMap<String, Value>,
+}
+
+const ZEROS: [u8; ALIGN as usize] = [0; ALIGN as usize];
+
+impl<W: Write> Writer<W> {
+    /// Starts an archive: writes the header.
+    pub fn new(mut out: W, options: WriterOptions) -> Result<Self> {
+        out.write_all(&MAGIC)?;
+        out.write_all(&0u32.to_le_bytes())?;
+        out.write_all(&ZEROS[..(HEADER_LEN - 8) as usize])?;
+        Ok(Writer {
+            out,
+            pos: HEADER_LEN,
+            options,
+            tensors: Vec::new(),
+            streams: Vec::new(),
+            names: HashSet::new(),
+            plan: None,
+            metadata: BTreeMap::new(),
+        })
+    }
+
+    /// Appends one encoded tensor. Its streams are written at once; nothing of it is kept but
+    /// its manifest entry.
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        source_dtype: &str,
+        tensor: &EncodedTensor,
+        stats: Option<TensorStats>,
+    ) -> Result<()> {
+        check_name(name)?;
+        if self.names.contains(name) {
+            return Err(HwzError::InvalidName {
+                name: name.to_string(),
+                reason: "used by two tensors",
+            });
+        }
+        if self.tensors.len() >= MAX_TENSORS
+            || self.streams.len() + tensor.streams.len() > MAX_STREAMS
+        {
+            return Err(HwzError::LimitExceeded {
+                what: "tensors",
+                value: self.tensors.len() as u64 + 1,
+                max: MAX_TENSORS as u64,
+            });
+        }
+        element_count(name, shape)?;
+        let lens = tensor.encoding.stream_lens(name, shape)?;
+        check_roles(
+            name,
+            &lens,
+            tensor.streams.iter().map(|(r, b)| (*r, b.len() as u64)),
+        )?;
+        let mut roles = BTreeMap::new();
+        for (role, bytes) in &tensor.streams {
+            let index = self.write_stream(bytes)?;
+            roles.insert(role.to_string(), index);
+        }
+        self.names.insert(name.to_string());
+        self.tensors.push(TensorEntry {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            source_dtype: source_dtype.to_string(),
+            encoding: tensor.encoding,
+            streams: roles,
+            stats: stats.map(finite_stats),
+        });
+        Ok(())
+    }
+
+    fn write_stream(&mut self, raw: &[u8]) -> Result<u64> {
+        let pad = (ALIGN - self.pos % ALIGN) % ALIGN;
+        self.out.write_all(&ZEROS[..pad as usize])?;
+        self.pos += pad;
+        let compressed = match self.options.compression {
+            Compression::Zstd if !raw.is_empty() => {
+                let z = ruzstd::encoding::compress_to_vec(
+                    raw,
+                    ruzstd::encoding::CompressionLevel::Fastest,
+                );
+                let within_cap =
+                    (raw.len() as u64) <= (z.len() as u64).saturating_mul(MAX_ZSTD_EXPANSION);
+                (z.len() < raw.len() && within_cap).then_some(z)
+            }
+            _ => None,
+        };
+        let (stored, compression) = match &compressed {
+            Some(z) => (z.as_slice(), Compression::Zstd),
+            None => (raw, Compression::None),
+        };
+        self.out.write_all(stored)?;
+        self.streams.push(StreamEntry {
+            offset: self.pos,
+            length: stored.len() as u64,
+            crc32c: crc32c::crc32c(stored),
+            compression,
+            raw_length: raw.len() as u64,
+        });
+        self.pos += stored.len() as u64;
+        Ok(self.streams.len() as u64 - 1)
+    }
+
+    /// Stores the Plan that chose the encodings.
+    pub fn set_plan(&mut self, plan: Value) {
+        self.plan = Some(plan);
+    }
+
+    /// Adds a free metadata entry (e.g. a model's `config.json`).
+    pub fn insert_metadata(&mut self, key: &str, value: Value) {
+        self.metadata.insert(key.to_string(), value);
+    }
+
+    /// Bytes written so far.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Writes the manifest and the tail; returns the sink and the manifest written.
+    pub fn finish(mut self) -> Result<(W, Manifest)> {
+        let manifest = Manifest {
+            format: "hwz".to_string(),
+            version: FORMAT_VERSION,
+            generator: self.options.generator.clone(),
+            tensors: std::mem::take(&mut self.tensors),
+            streams: std::mem::take(&mut self.streams),
+            plan: self.plan.take(),
+            metadata: std::mem::take(&mut self.metadata),
+        };
+        let json = serde_json::to_vec(&manifest).map_err(|e| HwzError::ManifestJson {
+            message: e.to_string(),
+        })?;
+        if json.len() as u64 > crate::MAX_MANIFEST_LEN {
+            return Err(HwzError::LimitExceeded {
+                what: "manifest length",
+                value: json.len() as u64,
+                max: crate::MAX_MANIFEST_LEN,
+            });
+        }
+        let tail = Tail {
+            manifest_offset: self.pos,
+            manifest_len: json.len() as u64,
+            manifest_crc32c: crc32c::crc32c(&json),
+        };
+        self.out.write_all(&json)?;
+        self.out.write_all(&tail.to_bytes())?;
+        self.out.flush()?;
+        Ok((self.out, manifest))
+    }
+}
+
+/// JSON has no infinity or NaN: such a measurement is left out.
+fn finite_stats(s: TensorStats) -> TensorStats {
+    let f = |x: Option<f64>| x.filter(|v| v.is_finite());
+    TensorStats {
+        mse: f(s.mse),
+        snr_db: f(s.snr_db),
+        max_abs_err: f(s.max_abs_err),
+        cosine: f(s.cosine),
+    }
+}
+
+#[cfg(feature = "std-fs")]
+mod file {
+    use super::*;
+    use std::fs::File;
+    use std::io::BufWriter;
+    use std::ops::{Deref, DerefMut};
+    use std::path::{Path, PathBuf};
+
+    /// A [`Writer`] to a file that appears under its final name only when complete.
+    ///
+    /// The archive is written to a temporary file in the target's folder and renamed over the
+    /// target by [`FileWriter::finish`]; dropping the writer (an error, a crash, Ctrl-C) removes
+    /// the temporary file and leaves any previous file at the target untouched.
+    #[derive(Debug)]
+    pub struct FileWriter {
+        writer: Writer<BufWriter<File>>,
+        temp: tempfile::TempPath,
+        path: PathBuf,
+    }
+
+    impl FileWriter {
+        /// Starts an archive that will be named `path`.
+        pub fn create(path: impl AsRef<Path>, options: WriterOptions) -> Result<Self> {
+            let path = path.as_ref().to_path_buf();
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            let (file, temp) = tempfile::Builder::new()
+                .prefix(".hwz-")
+                .suffix(".tmp")
+                .tempfile_in(dir)?
+                .into_parts();
+            let writer = Writer::new(BufWriter::with_capacity(1 << 20, file), options)?;
+            Ok(FileWriter { writer, temp, path })
+        }
+
+        /// Completes the archive, syncs it to disk and renames it to its final name.
+        pub fn finish(self) -> Result<Manifest> {
+            let (buf, manifest) = self.writer.finish()?;
+            let file = buf.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            drop(file);
+            self.temp
+                .persist(&self.path)
+                .map_err(|e| HwzError::Io(e.error))?;
+            Ok(manifest)
+        }
+    }
+
+    impl Deref for FileWriter {
+        type Target = Writer<BufWriter<File>>;
+        fn deref(&self) -> &Self::Target {
+            &self.writer
+        }
+    }
+
+    impl DerefMut for FileWriter {
+        fn deref_mut(&mut self) -> &mut Self::Target {
+            &mut self.writer
+        }
+    }
+}
+
+#[cfg(feature = "std-fs")]
+pub use file::FileWriter;

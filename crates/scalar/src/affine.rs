@@ -1,0 +1,676 @@
+//! Affine integer quantization with one scale per group.
+//!
+//! The tensor is viewed as `rows × cols`, `cols` being the last (input) dimension. Groups never
+//! cross a row, except in [`Group::Tensor`] where the whole tensor is one group.
+//!
+//! Per group, with `b` bits and `L = 2^b − 1`:
+//! - **asymmetric** (`symmetric = false`): `lo = min`, `s = (max − lo) / L`, both rounded to the
+//!   scale type first; `q = clamp(round((x − lo') / s'), 0, L)`; `x̂ = lo' + q·s'`.
+//!   Streams: `scales` and `offsets` (the `lo'`), one value each per group.
+//! - **symmetric**, `b ≥ 2`: `m` is the value of largest magnitude (with its sign),
+//!   `d = m / −2^(b−1)` rounded to the scale type; `q = clamp(round(x / d'), −2^(b−1), 2^(b−1) − 1)`;
+//!   `x̂ = q·d'`; the code stored is `q + 2^(b−1)`. Using the sign of `m` puts the extreme value
+//!   exactly on the grid and uses all `2^b` levels (llama.cpp's Q4_0 does the same).
+//!   Stream: `scales` only.
+//! - **symmetric**, `b = 1`: `s = mean |x|` (the scale that minimizes the MSE of a sign code);
+//!   code `1` is `+s'`, code `0` is `−s'`.
+//!
+//! Codes are packed LSB-first ([`crate::pack_bits`]) in row-major element order; scales and
+//! offsets are little-endian arrays of the scale type in group order (row by row).
+
+use crate::{FloatDtype, Result, ScalarError};
+
+/// The widest affine code.
+pub const MAX_BITS: u8 = 8;
+
+/// How values are grouped for scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Group {
+    /// One scale for the whole tensor.
+    Tensor,
+    /// One scale per row (per output channel).
+    Row,
+    /// One scale per `n` consecutive values of a row; the last group of a row may be shorter.
+    Size(u32),
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Group {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Group::Tensor => s.serialize_str("tensor"),
+            Group::Row => s.serialize_str("row"),
+            Group::Size(n) => s.serialize_u32(*n),
+        }
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Group {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Group;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"tensor\", \"row\" or a group size >= 1")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Group, E> {
+                match v {
+                    "tensor" => Ok(Group::Tensor),
+                    "row" => Ok(Group::Row),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Group, E> {
+                match u32::try_from(v) {
+                    Ok(n) if n >= 1 => Ok(Group::Size(n)),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Unsigned(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl std::fmt::Display for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Group::Tensor => f.write_str("tensor"),
+            Group::Row => f.write_str("row"),
+            Group::Size(n) => write!(f, "g{n}"),
+        }
+    }
+}
+
+/// Parameters of an affine format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct AffineParams {
+    /// Bits per code, 1..=8. By default, 4.
+    pub bits: u8,
+    /// Grouping of scales. By default, groups of 128 values.
+    pub group: Group,
+    /// Symmetric around zero (scales only) or asymmetric (scales and offsets). By default, asymmetric.
+    pub symmetric: bool,
+    /// Storage type of scales and offsets. By default, `f16`.
+    pub scale_dtype: FloatDtype,
+}
+
+impl Default for AffineParams {
+    fn default() -> Self {
+        AffineParams {
+            bits: 4,
+            group: Group::Size(128),
+            symmetric: false,
+            scale_dtype: FloatDtype::F16,
+        }
+    }
+}
+
+/// The group geometry of a `rows × cols` tensor under a [`Group`] choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLayout {
+    /// Rows of the grouping view (1 for [`Group::Tensor`]).
+    pub rows: usize,
+    /// Values per row of the grouping view.
+    pub cols: usize,
+    /// Values per full group.
+    pub group_len: usize,
+    /// Groups per row.
+    pub groups_per_row: usize,
+}
+
+impl GroupLayout {
+    /// Computes the layout; fails on a zero group size or when `rows * cols` overflows.
+    pub fn new(rows: usize, cols: usize, group: Group) -> Result<Self> {
+        let n = rows.checked_mul(cols).ok_or(ScalarError::ShapeMismatch {
+            rows,
+            cols,
+            len: usize::MAX,
+        })?;
+        let (rows, cols, group_len) = match group {
+            Group::Tensor => (1, n, n),
+            Group::Row => (rows, cols, cols),
+            Group::Size(0) => return Err(ScalarError::InvalidGroup),
+            Group::Size(g) => (rows, cols, (g as usize).min(cols)),
+        };
+        let groups_per_row = if cols == 0 {
+            0
+        } else {
+            cols.div_ceil(group_len.max(1))
+        };
+        Ok(GroupLayout {
+            rows,
+            cols,
+            group_len,
+            groups_per_row,
+        })
+    }
+
+    /// Number of groups in the tensor.
+    pub fn groups(&self) -> usize {
+        self.rows * self.groups_per_row
+    }
+}
+
+/// Exact byte lengths of the streams of an affine tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLens {
+    /// Packed codes.
+    pub codes: usize,
+    /// One scale per group.
+    pub scales: usize,
+    /// One offset per group (0 when symmetric).
+    pub offsets: usize,
+}
+
+impl AffineParams {
+    /// Checks the parameters alone.
+    pub fn validate(&self) -> Result<()> {
+        if self.bits == 0 || self.bits > MAX_BITS {
+            return Err(ScalarError::InvalidBits { bits: self.bits });
+        }
+        if self.group == Group::Size(0) {
+            return Err(ScalarError::InvalidGroup);
+        }
+        Ok(())
+    }
+
+    /// The exact stream lengths for a `rows × cols` tensor: what a reader checks before it
+    /// allocates, and what a writer produces.
+    pub fn stream_lens(&self, rows: usize, cols: usize) -> Result<StreamLens> {
+        self.validate()?;
+        let layout = GroupLayout::new(rows, cols, self.group)?;
+        let overflow = ScalarError::ShapeMismatch {
+            rows,
+            cols,
+            len: usize::MAX,
+        };
+        let codes = crate::packed_len(rows * cols, self.bits).ok_or(overflow.clone())?;
+        let scales = layout
+            .groups()
+            .checked_mul(self.scale_dtype.size())
+            .ok_or(overflow)?;
+        let offsets = if self.symmetric { 0 } else { scales };
+        Ok(StreamLens {
+            codes,
+            scales,
+            offsets,
+        })
+    }
+}
+
+/// The streams of an affine tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AffineEncoded {
+    /// Codes, packed LSB-first.
+    pub codes: Vec<u8>,
+    /// One scale per group, little-endian scale type.
+    pub scales: Vec<u8>,
+    /// One offset per group (asymmetric only; empty when symmetric).
+    pub offsets: Vec<u8>,
+}
+
+/// Appends codes LSB-first with a 64-bit accumulator.
+struct BitPacker {
+    out: Vec<u8>,
+    acc: u64,
+    filled: u32,
+    bits: u32,
+}
+
+impl BitPacker {
+    fn new(bits: u8, capacity: usize) -> Self {
+        BitPacker {
+            out: Vec::with_capacity(capacity),
+            acc: 0,
+            filled: 0,
+            bits: bits as u32,
+        }
+    }
+    #[inline]
+    fn push(&mut self, code: u32) {
+        self.acc |= (code as u64) << self.filled;
+        self.filled += self.bits;
+        if self.filled >= 32 {
+            self.out.extend_from_slice(&(self.acc as u32).to_le_bytes());
+            self.acc >>= 32;
+            self.filled -= 32;
+        }
+    }
+    fn finish(mut self) -> Vec<u8> {
+        while self.filled > 0 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.filled = self.filled.saturating_sub(8);
+        }
+        self.out
+    }
+}
+
+/// Reads codes LSB-first; the caller guarantees the stream is long enough.
+struct BitUnpacker<'a> {
+    src: &'a [u8],
+    pos: usize,
+    acc: u64,
+    avail: u32,
+    bits: u32,
+    mask: u64,
+}
+
+impl<'a> BitUnpacker<'a> {
+    fn new(src: &'a [u8], bits: u8) -> Self {
+        BitUnpacker {
+            src,
+            pos: 0,
+            acc: 0,
+            avail: 0,
+            bits: bits as u32,
+            mask: (1u64 << bits) - 1,
+        }
+    }
+    #[inline]
+    fn next(&mut self) -> u32 {
+        if self.avail < self.bits {
+            if let Some(w) = self.src.get(self.pos..self.pos + 4) {
+                self.acc |= (u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as u64) << self.avail;
+                self.pos += 4;
+                self.avail += 32;
+            } else {
+                while self.avail <= 56 && self.pos < self.src.len() {
+                    self.acc |= (self.src[self.pos] as u64) << self.avail;
+                    self.pos += 1;
+                    self.avail += 8;
+                }
+            }
+        }
+        let c = (self.acc & self.mask) as u32;
+        self.acc >>= self.bits;
+        self.avail = self.avail.saturating_sub(self.bits);
+        c
+    }
+}
+
+fn check_shape(len: usize, rows: usize, cols: usize) -> Result<()> {
+    if rows.checked_mul(cols) != Some(len) {
+        return Err(ScalarError::ShapeMismatch { rows, cols, len });
+    }
+    Ok(())
+}
+
+/// Quantizes a `rows × cols` tensor. Non-finite input is [`ScalarError::NonFinite`]; a scale that
+/// overflows the scale type is [`ScalarError::ScaleOverflow`].
+pub fn affine_encode(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    params: &AffineParams,
+) -> Result<AffineEncoded> {
+    check_shape(values.len(), rows, cols)?;
+    let lens = params.stream_lens(rows, cols)?;
+    crate::check_finite(values)?;
+    let layout = GroupLayout::new(rows, cols, params.group)?;
+    let dt = params.scale_dtype;
+    let bits = params.bits;
+    let mut packer = BitPacker::new(bits, lens.codes);
+    let mut scales = Vec::with_capacity(lens.scales);
+    let mut offsets = Vec::with_capacity(lens.offsets);
+    let overflow = |group: usize, value: f32| ScalarError::ScaleOverflow {
+        group,
+        value,
+        dtype: dt,
+    };
+    let mut group_index = 0usize;
+    for row in values.chunks(layout.cols.max(1)).take(layout.rows) {
+        for g in row.chunks(layout.group_len.max(1)) {
+            if !params.symmetric {
+                let (lo, hi) = g
+                    .iter()
+                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
+                        (a.min(x), b.max(x))
+                    });
+                let levels = ((1u32 << bits) - 1) as f32;
+                // Computed in f64: (hi - lo) can overflow f32 for extreme but finite values.
+                let s = dt.round(((hi as f64 - lo as f64) / levels as f64) as f32);
+                let lo = dt.round(lo);
+                if !s.is_finite() {
+                    return Err(overflow(group_index, s));
+                }
+                if !lo.is_finite() {
+                    return Err(overflow(group_index, lo));
+                }
+                dt.push(&mut scales, s);
+                dt.push(&mut offsets, lo);
+                if s > 0.0 {
+                    let inv = 1.0 / s;
+                    for &x in g {
+                        packer.push(((x - lo) * inv).round().clamp(0.0, levels) as u32);
+                    }
+                } else {
+                    g.iter().for_each(|_| packer.push(0));
+                }
+            } else if bits == 1 {
+                let mean_abs =
+                    (g.iter().map(|x| x.abs() as f64).sum::<f64>() / g.len() as f64) as f32;
+                let s = dt.round(mean_abs);
+                if !s.is_finite() {
+                    return Err(overflow(group_index, s));
+                }
+                dt.push(&mut scales, s);
+                for &x in g {
+                    packer.push((x >= 0.0) as u32);
+                }
+            } else {
+                let half = 1i32 << (bits - 1);
+                let m = g
+                    .iter()
+                    .fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+                let d = dt.round(m / -(half as f32));
+                if !d.is_finite() {
+                    return Err(overflow(group_index, d));
+                }
+                dt.push(&mut scales, d);
+                if d != 0.0 {
+                    let inv = 1.0 / d;
+                    let (qmin, qmax) = (-half as f32, (half - 1) as f32);
+                    for &x in g {
+                        let q = (x * inv).round().clamp(qmin, qmax) as i32;
+                        packer.push((q + half) as u32);
+                    }
+                } else {
+                    g.iter().for_each(|_| packer.push(half as u32));
+                }
+            }
+            group_index += 1;
+        }
+    }
+    let codes = packer.finish();
+    debug_assert_eq!(codes.len(), lens.codes);
+    Ok(AffineEncoded {
+        codes,
+        scales,
+        offsets,
+    })
+}
+
+/// Dequantizes into `out` (`rows * cols` values). Every stream must have exactly the length
+/// [`AffineParams::stream_lens`] gives, else [`ScalarError::StreamLength`].
+pub fn affine_decode_into(
+    codes: &[u8],
+    scales: &[u8],
+    offsets: &[u8],
+    rows: usize,
+    cols: usize,
+    params: &AffineParams,
+    out: &mut [f32],
+) -> Result<()> {
+    check_shape(out.len(), rows, cols)?;
+    let lens = params.stream_lens(rows, cols)?;
+    for (stream, expected, actual) in [
+        ("codes", lens.codes, codes.len()),
+        ("scales", lens.scales, scales.len()),
+        ("offsets", lens.offsets, offsets.len()),
+    ] {
+        if expected != actual {
+            return Err(ScalarError::StreamLength {
+                stream,
+                expected,
+                actual,
+            });
+        }
+    }
+    let layout = GroupLayout::new(rows, cols, params.group)?;
+    let dt = params.scale_dtype;
+    let bits = params.bits;
+    let mut unpacker = BitUnpacker::new(codes, bits);
+    let mut group_index = 0usize;
+    for row in out.chunks_mut(layout.cols.max(1)).take(layout.rows) {
+        for g in row.chunks_mut(layout.group_len.max(1)) {
+            let s = dt.get(scales, group_index);
+            if !params.symmetric {
+                let lo = dt.get(offsets, group_index);
+                for o in g.iter_mut() {
+                    *o = lo + unpacker.next() as f32 * s;
+                }
+            } else if bits == 1 {
+                for o in g.iter_mut() {
+                    *o = if unpacker.next() == 1 { s } else { -s };
+                }
+            } else {
+                let half = 1i32 << (bits - 1);
+                for o in g.iter_mut() {
+                    *o = (unpacker.next() as i32 - half) as f32 * s;
+                }
+            }
+            group_index += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Dequantizes a `rows × cols` tensor; see [`affine_decode_into`].
+pub fn affine_decode(
+    enc: &AffineEncoded,
+    rows: usize,
+    cols: usize,
+    params: &AffineParams,
+) -> Result<Vec<f32>> {
+    let n = rows.checked_mul(cols).ok_or(ScalarError::ShapeMismatch {
+        rows,
+        cols,
+        len: usize::MAX,
+    })?;
+    // The codes stream justifies the allocation: it holds n * bits / 8 bytes.
+    let lens = params.stream_lens(rows, cols)?;
+    if enc.codes.len() != lens.codes {
+        return Err(ScalarError::StreamLength {
+            stream: "codes",
+            expected: lens.codes,
+            actual: enc.codes.len(),
+        });
+    }
+    let mut out = vec![0.0; n];
+    affine_decode_into(
+        &enc.codes,
+        &enc.scales,
+        &enc.offsets,
+        rows,
+        cols,
+        params,
+        &mut out,
+    )?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn roundtrip(values: &[f32], rows: usize, cols: usize, p: &AffineParams) -> Vec<f32> {
+        let enc = affine_encode(values, rows, cols, p).unwrap();
+        affine_decode(&enc, rows, cols, p).unwrap()
+    }
+
+    /// Largest error of a group for a rounding quantizer: half a step, plus the rounding of the
+    /// scale and offset to the scale type (relative 2^-8 for bf16, 2^-11 for f16) over up to
+    /// 2^b steps.
+    fn bound(range: f32, p: &AffineParams) -> f32 {
+        let levels = ((1u32 << p.bits) - 1) as f32;
+        let step = range / levels;
+        let rel = match p.scale_dtype {
+            FloatDtype::F32 => 1e-6,
+            FloatDtype::F16 => 1.0 / 2048.0,
+            FloatDtype::Bf16 => 1.0 / 256.0,
+        };
+        0.5 * step + rel * (range + levels * step) + 1e-6
+    }
+
+    #[test]
+    fn small_integers_are_exact_in_int4_symmetric() {
+        let v: Vec<f32> = (-8..8).map(|i| i as f32).collect();
+        let p = AffineParams {
+            bits: 4,
+            group: Group::Tensor,
+            symmetric: true,
+            scale_dtype: FloatDtype::F32,
+        };
+        assert_eq!(roundtrip(&v, 1, 16, &p), v);
+    }
+
+    #[test]
+    fn constant_groups_decode_exactly() {
+        let v = vec![0.25f32; 64];
+        for symmetric in [false, true] {
+            for bits in 1..=8 {
+                let p = AffineParams {
+                    bits,
+                    group: Group::Size(16),
+                    symmetric,
+                    scale_dtype: FloatDtype::F16,
+                };
+                let back = roundtrip(&v, 2, 32, &p);
+                assert!(
+                    back.iter().all(|&b| b == 0.25),
+                    "bits {bits} symmetric {symmetric}: {back:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sign_code_uses_mean_magnitude() {
+        let v = [1.0, -3.0, 2.0, -2.0];
+        let p = AffineParams {
+            bits: 1,
+            group: Group::Row,
+            symmetric: true,
+            scale_dtype: FloatDtype::F32,
+        };
+        assert_eq!(roundtrip(&v, 1, 4, &p), vec![2.0, -2.0, 2.0, -2.0]);
+    }
+
+    #[test]
+    fn partial_last_group_and_stream_lengths() {
+        let p = AffineParams {
+            bits: 3,
+            group: Group::Size(4),
+            symmetric: false,
+            scale_dtype: FloatDtype::Bf16,
+        };
+        let lens = p.stream_lens(3, 10).unwrap();
+        assert_eq!(
+            lens,
+            StreamLens {
+                codes: 12,
+                scales: 18,
+                offsets: 18
+            }
+        );
+        let v: Vec<f32> = (0..30).map(|i| (i as f32 * 0.37).sin()).collect();
+        let enc = affine_encode(&v, 3, 10, &p).unwrap();
+        assert_eq!(
+            (enc.codes.len(), enc.scales.len(), enc.offsets.len()),
+            (12, 18, 18)
+        );
+    }
+
+    #[test]
+    fn bad_input_is_typed() {
+        let p = AffineParams::default();
+        assert!(matches!(
+            affine_encode(&[1.0, f32::NAN], 1, 2, &p),
+            Err(ScalarError::NonFinite { index: 1, .. })
+        ));
+        assert!(matches!(
+            affine_encode(&[1.0; 3], 1, 2, &p),
+            Err(ScalarError::ShapeMismatch { .. })
+        ));
+        let bad = AffineParams { bits: 0, ..p };
+        assert!(matches!(
+            affine_encode(&[1.0], 1, 1, &bad),
+            Err(ScalarError::InvalidBits { bits: 0 })
+        ));
+        let f16 = AffineParams {
+            scale_dtype: FloatDtype::F16,
+            ..p
+        };
+        assert!(matches!(
+            affine_encode(&[-1e9, 1e9], 1, 2, &f16),
+            Err(ScalarError::ScaleOverflow { group: 0, .. })
+        ));
+        let enc = affine_encode(&[1.0, 2.0], 1, 2, &p).unwrap();
+        assert!(matches!(
+            affine_decode_into(
+                &enc.codes,
+                &enc.scales[..1],
+                &enc.offsets,
+                1,
+                2,
+                &p,
+                &mut [0.0; 2]
+            ),
+            Err(ScalarError::StreamLength {
+                stream: "scales",
+                ..
+            })
+        ));
+    }
+
+    fn group_strategy() -> impl Strategy<Value = Group> {
+        prop_oneof![
+            Just(Group::Tensor),
+            Just(Group::Row),
+            (1u32..70).prop_map(Group::Size)
+        ]
+    }
+
+    fn dtype_strategy() -> impl Strategy<Value = FloatDtype> {
+        prop_oneof![
+            Just(FloatDtype::F32),
+            Just(FloatDtype::F16),
+            Just(FloatDtype::Bf16)
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn asymmetric_error_within_half_step(
+            bits in 2u8..=8, group in group_strategy(), scale_dtype in dtype_strategy(),
+            rows in 1usize..5, cols in 1usize..90, seed in any::<u64>(),
+        ) {
+            let p = AffineParams { bits, group, symmetric: false, scale_dtype };
+            let mut s = seed | 1;
+            let v: Vec<f32> = (0..rows * cols).map(|_| {
+                s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+                ((s >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0) as f32
+            }).collect();
+            let back = roundtrip(&v, rows, cols, &p);
+            let layout = GroupLayout::new(rows, cols, group).unwrap();
+            for (gi, (gv, gb)) in v.chunks(layout.cols).flat_map(|r| r.chunks(layout.group_len))
+                .zip(back.chunks(layout.cols).flat_map(|r| r.chunks(layout.group_len))).enumerate() {
+                let (lo, hi) = gv.iter().fold((f32::MAX, f32::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+                let tol = bound(hi - lo, &p) + lo.abs() * 1.0 / 256.0;
+                for (a, b) in gv.iter().zip(gb) {
+                    prop_assert!((a - b).abs() <= tol, "group {} value {} decoded {} tol {}", gi, a, b, tol);
+                }
+            }
+        }
+
+        #[test]
+        fn symmetric_error_within_half_step(
+            bits in 2u8..=8, group in group_strategy(), rows in 1usize..4, cols in 1usize..80,
+            v in proptest::collection::vec(-3.0f32..3.0, 320),
+        ) {
+            let p = AffineParams { bits, group, symmetric: true, scale_dtype: FloatDtype::F32 };
+            let v = &v[..rows * cols];
+            let back = roundtrip(v, rows, cols, &p);
+            let amax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            // The step is amax / 2^(b-1); the worst case is the clamped +amax side: one step.
+            let step = amax / (1u32 << (bits - 1)) as f32;
+            for (a, b) in v.iter().zip(&back) {
+                prop_assert!((a - b).abs() <= step * 1.0001 + 1e-6);
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! LSB-first bit packing.
+//!
+//! Code `i` of width `b` occupies stream bits `i*b .. (i+1)*b`, and stream bit `j` is bit
+//! `j % 8` of byte `j / 8`, least significant bit first. The last byte is zero-padded.
+//! For `b = 4` this is "low nibble = even index"; for `b = 8` it is the bytes themselves.
+
+use crate::{Result, ScalarError, MAX_BITS};
+
+fn check_bits(bits: u8) -> Result<()> {
+    if bits == 0 || bits > MAX_BITS {
+        return Err(ScalarError::InvalidBits { bits });
+    }
+    Ok(())
+}
+
+/// Bytes needed for `n` codes of `bits` bits, or `None` on overflow.
+pub fn packed_len(n: usize, bits: u8) -> Option<usize> {
+    Some(n.checked_mul(bits as usize)?.div_ceil(8))
+}
+
+/// Packs `codes` (each masked to `bits` bits) LSB-first.
+pub fn pack_bits(codes: &[u8], bits: u8) -> Result<Vec<u8>> {
+    check_bits(bits)?;
+    let len = packed_len(codes.len(), bits).ok_or(ScalarError::ShapeMismatch {
+        rows: codes.len(),
+        cols: bits as usize,
+        len: codes.len(),
+    })?;
+    let mut out = Vec::with_capacity(len);
+    if bits == 8 {
+        out.extend_from_slice(codes);
+        return Ok(out);
+    }
+    let mask = (1u64 << bits) - 1;
+    let mut acc: u64 = 0;
+    let mut filled: u32 = 0;
+    for &c in codes {
+        acc |= (c as u64 & mask) << filled;
+        filled += bits as u32;
+        if filled >= 32 {
+            out.extend_from_slice(&(acc as u32).to_le_bytes());
+            acc >>= 32;
+            filled -= 32;
+        }
+    }
+    while filled > 0 {
+        out.push(acc as u8);
+        acc >>= 8;
+        filled = filled.saturating_sub(8);
+    }
+    debug_assert_eq!(out.len(), len);
+    Ok(out)
+}
+
+/// Unpacks `out.len()` codes of `bits` bits; `bytes` must be exactly [`packed_len`] long.
+pub fn unpack_bits_into(bytes: &[u8], bits: u8, out: &mut [u8]) -> Result<()> {
+    check_bits(bits)?;
+    let expected = packed_len(out.len(), bits).unwrap_or(usize::MAX);
+    if bytes.len() != expected {
+        return Err(ScalarError::StreamLength {
+            stream: "codes",
+            expected,
+            actual: bytes.len(),
+        });
+    }
+    if bits == 8 {
+        out.copy_from_slice(bytes);
+        return Ok(());
+    }
+    let mask = (1u64 << bits) - 1;
+    let mut acc: u64 = 0;
+    let mut avail: u32 = 0;
+    let mut src = bytes.iter();
+    for o in out.iter_mut() {
+        if avail < bits as u32 {
+            // Refill a byte at a time; `expected` guarantees the bytes exist.
+            while avail <= 56 {
+                match src.next() {
+                    Some(&b) => {
+                        acc |= (b as u64) << avail;
+                        avail += 8;
+                    }
+                    None => break,
+                }
+            }
+        }
+        *o = (acc & mask) as u8;
+        acc >>= bits;
+        avail = avail.saturating_sub(bits as u32);
+    }
+    Ok(())
+}
+
+/// Unpacks `n` codes of `bits` bits.
+pub fn unpack_bits(bytes: &[u8], bits: u8, n: usize) -> Result<Vec<u8>> {
+    check_bits(bits)?;
+    // Justify the allocation by the input before making it.
+    if packed_len(n, bits) != Some(bytes.len()) {
+        return Err(ScalarError::StreamLength {
+            stream: "codes",
+            expected: packed_len(n, bits).unwrap_or(usize::MAX),
+            actual: bytes.len(),
+        });
+    }
+    let mut out = vec![0u8; n];
+    unpack_bits_into(bytes, bits, &mut out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn nibbles_are_low_first() {
+        assert_eq!(pack_bits(&[0x1, 0x2, 0x3], 4).unwrap(), vec![0x21, 0x03]);
+        assert_eq!(
+            pack_bits(&[1, 0, 1, 1, 0, 0, 0, 0, 1], 1).unwrap(),
+            vec![0b1101, 1]
+        );
+    }
+
+    #[test]
+    fn wrong_length_and_width_are_errors() {
+        assert!(matches!(
+            unpack_bits(&[0; 3], 4, 4),
+            Err(ScalarError::StreamLength { .. })
+        ));
+        assert!(matches!(
+            pack_bits(&[0], 9),
+            Err(ScalarError::InvalidBits { bits: 9 })
+        ));
+        assert!(matches!(
+            pack_bits(&[0], 0),
+            Err(ScalarError::InvalidBits { bits: 0 })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn pack_roundtrip(bits in 1u8..=8, codes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mask = ((1u16 << bits) - 1) as u8;
+            let codes: Vec<u8> = codes.iter().map(|c| c & mask).collect();
+            let packed = pack_bits(&codes, bits).unwrap();
+            prop_assert_eq!(packed.len(), packed_len(codes.len(), bits).unwrap());
+            prop_assert_eq!(unpack_bits(&packed, bits, codes.len()).unwrap(), codes);
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! hypercodec-scalar: the scalar formats of hypercodec — raw `f32` / `f16` / `bf16` and affine
+//! integers of 1 to 8 bits with one scale per group of values, packed LSB-first.
+//!
+//! Key design decision: every format is a pure function from a slice of `f32` to byte streams
+//! and back, with the exact length of every stream derivable from the shape and the parameters
+//! alone ([`AffineParams::stream_lens`]). A container can therefore check a stream's size
+//! *before* it allocates anything, and a GPU kernel can find any group without a table.
+//!
+//! - [`encode_floats`] / [`decode_floats_into`]: raw casts through the `half` crate
+//!   (round-to-nearest-even). Non-finite input and values that overflow the target type are
+//!   typed errors unless explicitly allowed.
+//! - [`affine_encode`] / [`affine_decode_into`]: affine quantization along the last (input)
+//!   dimension, per tensor, per row or in groups of `g` values, symmetric or asymmetric, with
+//!   scales stored as `f32`, `f16` or `bf16`.
+//! - [`pack_bits`] / [`unpack_bits`]: the LSB-first bit packing used by the codes.
+//!
+//! ```
+//! use hypercodec_scalar::{affine_decode_into, affine_encode, AffineParams, Group};
+//! let w: Vec<f32> = (0..256).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+//! let params = AffineParams { bits: 4, group: Group::Size(64), ..AffineParams::default() };
+//! let enc = affine_encode(&w, 2, 128, &params)?;
+//! let mut back = vec![0.0; w.len()];
+//! affine_decode_into(&enc.codes, &enc.scales, &enc.offsets, 2, 128, &params, &mut back)?;
+//! assert!(w.iter().zip(&back).all(|(a, b)| (a - b).abs() <= 1.0 / 15.0 + 1e-3));
+//! # Ok::<(), hypercodec_scalar::ScalarError>(())
+//! ```
+#![deny(missing_docs)]
+
+mod affine;
+mod bits;
+mod float;
+
+pub use affine::{
+    affine_decode, affine_decode_into, affine_encode, AffineEncoded, AffineParams, Group,
+    GroupLayout, StreamLens, MAX_BITS,
+};
+pub use bits::{pack_bits, packed_len, unpack_bits, unpack_bits_into};
+pub use float::{check_finite, decode_floats, decode_floats_into, encode_floats, FloatDtype};
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScalarError {
+    /// An input value is NaN or infinite and the format was not told to allow it.
+    #[error("value {value} at index {index} is not finite; clean the tensor or allow non-finite values for raw formats")]
+    NonFinite {
+        /// Position of the first offending value.
+        index: usize,
+        /// The value itself.
+        value: f32,
+    },
+    /// A finite input value does not fit the target float type (it would become infinite).
+    #[error("value {value} at index {index} overflows {dtype}; use bf16 or f32")]
+    OutOfRange {
+        /// Position of the first offending value.
+        index: usize,
+        /// The value itself.
+        value: f32,
+        /// The target type.
+        dtype: FloatDtype,
+    },
+    /// A group's scale or offset does not fit the scale type.
+    #[error(
+        "scale or offset {value} of group {group} overflows {dtype}; store scales as bf16 or f32"
+    )]
+    ScaleOverflow {
+        /// Index of the group.
+        group: usize,
+        /// The scale or offset that overflowed.
+        value: f32,
+        /// The scale type.
+        dtype: FloatDtype,
+    },
+    /// The bit width is outside 1..=8.
+    #[error("bit width {bits} is not supported; use 1 to {max}", max = MAX_BITS)]
+    InvalidBits {
+        /// The requested width.
+        bits: u8,
+    },
+    /// A group size of zero was requested.
+    #[error("group size must be at least 1")]
+    InvalidGroup,
+    /// `rows * cols` does not match the number of values (or overflows).
+    #[error("shape {rows}x{cols} does not match {len} values")]
+    ShapeMismatch {
+        /// Rows of the 2-D view.
+        rows: usize,
+        /// Columns of the 2-D view (the last dimension).
+        cols: usize,
+        /// Number of values given.
+        len: usize,
+    },
+    /// A byte stream has the wrong length for the shape and parameters.
+    #[error("{stream} stream holds {actual} bytes but the shape and parameters need {expected}")]
+    StreamLength {
+        /// Which stream (`codes`, `scales`, `offsets`, `values`).
+        stream: &'static str,
+        /// The length the shape implies.
+        expected: usize,
+        /// The length given.
+        actual: usize,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = ScalarError> = std::result::Result<T, E>;

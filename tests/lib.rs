@@ -1,0 +1,1 @@
+//! Cross-crate tests of hypercodec; the tests live in `tests/`.
