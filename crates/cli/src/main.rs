@@ -1,1 +1,543 @@
-fn main() {}
+//! `hypercodec`: compress, decompress, inspect and benchmark neural-network weights.
+//!
+//! The binary is the only part of the workspace (with the Python and web front ends) that
+//! touches files: it reads safetensors and GGUF inputs through a memory map one tensor at a
+//! time, encodes with `hypercodec-hwz`, and streams the archive to a temporary file that is
+//! renamed when complete.
+
+mod bench;
+mod error;
+mod gguf;
+mod input;
+mod safetensors_out;
+mod stats;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use error::{CliError, Result};
+use hypercodec_hwz::{
+    self as hwz, AffineParams, Archive, Compression, EncodeOptions, Encoding, FileWriter,
+    FloatDtype, Group, WriterOptions,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use input::Input;
+use serde_json::{json, Value};
+use stats::ErrorAcc;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(
+    name = "hypercodec",
+    version,
+    about = "Compress neural-network weights into .hwz archives, inspect and benchmark them"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compress a .safetensors (f32/f16/bf16) or .gguf file into a .hwz archive.
+    Compress(CompressArgs),
+    /// Restore a .hwz archive to a .safetensors file.
+    Decompress {
+        /// The .hwz archive.
+        input: PathBuf,
+        /// The .safetensors file to write.
+        output: PathBuf,
+        /// Type of the restored tensors. By default, each tensor's source type (f32 for GGUF block types).
+        #[arg(long, value_enum)]
+        dtype: Option<DtypeArg>,
+    },
+    /// List the tensors of a .hwz archive: shapes, encodings, bits per scalar, bytes per stream role.
+    Inspect {
+        /// The .hwz archive.
+        input: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure every representation (FP32, FP16, BF16, affine INT1..INT8 per row and g128) on a
+    /// file's tensors: bytes, bits per scalar, error, gap to the Gaussian bound, speed.
+    Benchmark(bench::BenchArgs),
+    /// Write a seeded i.i.d. Gaussian .safetensors file (test and demo data).
+    Synth {
+        /// The .safetensors file to write.
+        output: PathBuf,
+        /// Shape of each tensor, e.g. 4096x4096.
+        #[arg(long, default_value = "4096x4096")]
+        shape: String,
+        /// Number of tensors (`layers.N.weight`).
+        #[arg(long, default_value_t = 1)]
+        tensors: usize,
+        /// Seed; tensor i uses seed + i.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// The built-in default job: a seeded Gaussian 4096x4096 tensor, compressed, inspected and benchmarked.
+    Demo {
+        /// Folder for the demo's files.
+        #[arg(long, default_value = "target/demo")]
+        dir: PathBuf,
+        /// Shape of the demo tensor.
+        #[arg(long, default_value = "4096x4096")]
+        shape: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DtypeArg {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl From<DtypeArg> for FloatDtype {
+    fn from(d: DtypeArg) -> Self {
+        match d {
+            DtypeArg::F32 => FloatDtype::F32,
+            DtypeArg::F16 => FloatDtype::F16,
+            DtypeArg::Bf16 => FloatDtype::Bf16,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum EncodingKind {
+    RawF32,
+    RawF16,
+    RawBf16,
+    Affine,
+}
+
+#[derive(Args, Clone)]
+struct EncodingArgs {
+    /// How to store each tensor.
+    #[arg(long, value_enum, default_value = "affine")]
+    encoding: EncodingKind,
+    /// Affine: bits per code, 1..=8.
+    #[arg(long, default_value_t = 4)]
+    bits: u8,
+    /// Affine: scale group: `tensor`, `row` or a number of values along the input dimension.
+    #[arg(long, default_value = "128")]
+    group: String,
+    /// Affine: symmetric around zero (scales only) instead of scale + offset.
+    #[arg(long)]
+    symmetric: bool,
+    /// Affine: storage type of scales and offsets.
+    #[arg(long, value_enum, default_value = "f16")]
+    scale_dtype: DtypeArg,
+}
+
+impl EncodingArgs {
+    fn encoding(&self) -> Result<Encoding> {
+        Ok(match self.encoding {
+            EncodingKind::RawF32 => Encoding::Raw {
+                dtype: FloatDtype::F32,
+            },
+            EncodingKind::RawF16 => Encoding::Raw {
+                dtype: FloatDtype::F16,
+            },
+            EncodingKind::RawBf16 => Encoding::Raw {
+                dtype: FloatDtype::Bf16,
+            },
+            EncodingKind::Affine => {
+                let group = parse_group(&self.group)?;
+                let params = AffineParams {
+                    bits: self.bits,
+                    group,
+                    symmetric: self.symmetric,
+                    scale_dtype: self.scale_dtype.into(),
+                };
+                params
+                    .validate()
+                    .map_err(|e| CliError::Usage(e.to_string()))?;
+                Encoding::affine(params)
+            }
+        })
+    }
+}
+
+fn parse_group(s: &str) -> Result<Group> {
+    match s {
+        "tensor" => Ok(Group::Tensor),
+        "row" => Ok(Group::Row),
+        n => match n.parse::<u32>() {
+            Ok(g) if g >= 1 => Ok(Group::Size(g)),
+            _ => Err(CliError::Usage(format!(
+                "--group must be `tensor`, `row` or a size >= 1, not `{s}`"
+            ))),
+        },
+    }
+}
+
+#[derive(Args)]
+struct CompressArgs {
+    /// Input: .safetensors, .gguf, or gaussian:ROWSxCOLS[:SEED].
+    input: String,
+    /// The .hwz archive to write.
+    output: PathBuf,
+    #[command(flatten)]
+    encoding: EncodingArgs,
+    /// Encode 1-D tensors (biases, norms) too; by default they are kept raw in their source type.
+    #[arg(long)]
+    include_1d: bool,
+    /// Store NaN/Inf found in raw-encoded tensors instead of failing.
+    #[arg(long)]
+    allow_non_finite: bool,
+    /// Do not try zstd on each stream.
+    #[arg(long)]
+    no_zstd: bool,
+    /// Print a JSON summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A progress bar on a terminal, nothing otherwise.
+pub fn progress(total: u64, what: &str) -> ProgressBar {
+    if !std::io::stdout().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    let style =
+        ProgressStyle::with_template("{msg} [{bar:40}] {percent}% {elapsed_precise} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(what.to_string());
+    bar
+}
+
+fn compress(args: &CompressArgs) -> Result<()> {
+    let encoding = args.encoding.encoding()?;
+    let input = Input::open(&args.input)?;
+    for (name, dtype) in &input.skipped {
+        eprintln!("warning: skipping tensor `{name}` of type {dtype} (not a float tensor)");
+    }
+    let total: u64 = input.tensors.iter().map(|t| t.numel()).sum();
+    let bar = progress(total, "compress");
+    let options = WriterOptions {
+        compression: if args.no_zstd {
+            Compression::None
+        } else {
+            Compression::Zstd
+        },
+        generator: concat!("hypercodec ", env!("CARGO_PKG_VERSION")).into(),
+    };
+    let mut writer = FileWriter::create(&args.output, options)?;
+    for (k, v) in &input.metadata {
+        writer.insert_metadata(k, v.clone());
+    }
+    if !input.skipped.is_empty() {
+        let skipped: Vec<Value> = input
+            .skipped
+            .iter()
+            .map(|(n, d)| json!({"name": n, "dtype": d}))
+            .collect();
+        writer.insert_metadata("skipped_tensors", Value::Array(skipped));
+    }
+    let started = Instant::now();
+    let mut acc = ErrorAcc::default();
+    let mut decoded = Vec::new();
+    for (i, t) in input.tensors.iter().enumerate() {
+        let values = input.read(i)?;
+        let enc = if t.shape.len() <= 1 && !args.include_1d {
+            Encoding::Raw {
+                dtype: t.ty.raw_dtype(),
+            }
+        } else {
+            encoding
+        };
+        let options = EncodeOptions {
+            allow_non_finite: args.allow_non_finite,
+        };
+        let encoded = hwz::encode(&t.name, &values, &t.shape, &enc, options)?;
+        decoded.resize(values.len(), 0.0);
+        let refs: Vec<(&str, &[u8])> = encoded
+            .streams
+            .iter()
+            .map(|(r, b)| (*r, b.as_slice()))
+            .collect();
+        hwz::decode_into(&t.name, &enc, &t.shape, &refs, &mut decoded)?;
+        let mut one = ErrorAcc::default();
+        one.add(&values, &decoded);
+        acc.add(&values, &decoded);
+        writer.add_tensor(
+            &t.name,
+            &t.shape,
+            t.ty.label(),
+            &encoded,
+            Some(one.to_stats()),
+        )?;
+        bar.inc(t.numel());
+    }
+    let file_pos = writer.position();
+    let manifest = writer.finish()?;
+    bar.finish_and_clear();
+    let file_bytes = std::fs::metadata(&args.output)
+        .map_err(CliError::io(&args.output))?
+        .len();
+    let payload: u64 = manifest.streams.iter().map(|s| s.length).sum();
+    let summary = json!({
+        "output": args.output,
+        "tensors": manifest.tensors.len(),
+        "skipped": input.skipped.len(),
+        "elements": total,
+        "payload_bytes": payload,
+        "file_bytes": file_bytes,
+        "bps": payload as f64 * 8.0 / total.max(1) as f64,
+        "snr_db": finite(acc.snr_db()),
+        "seconds": started.elapsed().as_secs_f64(),
+    });
+    debug_assert!(file_pos <= file_bytes);
+    if args.json {
+        println!("{summary:#}");
+    } else {
+        println!(
+            "wrote {} ({} tensors, {} values): {} bytes, {:.3} bits/value in streams, SNR {:.2} dB, {:.1} s",
+            args.output.display(),
+            manifest.tensors.len(),
+            total,
+            file_bytes,
+            summary["bps"].as_f64().unwrap_or(0.0),
+            acc.snr_db(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+fn finite(x: f64) -> Value {
+    if x.is_finite() {
+        json!(x)
+    } else {
+        Value::Null
+    }
+}
+
+fn open_archive(path: &Path) -> Result<Archive<memmap2::Mmap>> {
+    Ok(Archive::open_path(path).map_err(|e| match e {
+        hwz::HwzError::Io(source) => CliError::Io {
+            path: path.into(),
+            source,
+        },
+        e => CliError::Hwz(e),
+    })?)
+}
+
+fn decompress(input: &Path, output: &Path, dtype: Option<DtypeArg>) -> Result<()> {
+    let archive = open_archive(input)?;
+    let tensors: Vec<_> = archive
+        .tensors()
+        .iter()
+        .map(|t| safetensors_out::OutTensor {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            dtype: dtype
+                .map(FloatDtype::from)
+                .or_else(|| FloatDtype::from_name(&t.source_dtype))
+                .unwrap_or(FloatDtype::F32),
+        })
+        .collect();
+    let total: u64 = archive.tensors().iter().map(|t| t.numel()).sum();
+    let bar = progress(total, "decompress");
+    let mut values = Vec::new();
+    safetensors_out::write_safetensors(output, &tensors, None, |i, out| {
+        let entry = &archive.tensors()[i];
+        values.resize(entry.numel() as usize, 0.0);
+        archive.decode_entry_into(entry, &mut values)?;
+        // Non-finite values the archive holds are restored as they are; finite values that
+        // overflow the requested type are an error rather than a silent infinity.
+        let keep = values.iter().any(|v| !v.is_finite());
+        let bytes = hypercodec_scalar::encode_floats(&values, tensors[i].dtype, keep).map_err(
+            |source| hwz::HwzError::Scalar {
+                tensor: entry.name.clone(),
+                source,
+            },
+        )?;
+        out.extend_from_slice(&bytes);
+        bar.inc(entry.numel());
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+fn inspect(input: &Path, as_json: bool) -> Result<()> {
+    let archive = open_archive(input)?;
+    let m = archive.manifest();
+    let mut rows = Vec::new();
+    let (mut elements, mut payload) = (0u64, 0u64);
+    for t in archive.tensors() {
+        let stored = archive.stored_bytes(t);
+        let n = t.numel();
+        elements += n;
+        payload += stored;
+        let streams: serde_json::Map<String, Value> = t
+            .streams
+            .iter()
+            .map(|(role, &i)| {
+                let s = &m.streams[i as usize];
+                (
+                    role.clone(),
+                    json!({"stored": s.length, "raw": s.raw_length, "compression": s.compression}),
+                )
+            })
+            .collect();
+        rows.push(json!({
+            "name": t.name, "shape": t.shape, "source_dtype": t.source_dtype, "encoding": t.encoding,
+            "label": t.encoding.label(), "elements": n, "stored_bytes": stored,
+            "bps": if n == 0 { 0.0 } else { stored as f64 * 8.0 / n as f64 },
+            "streams": streams, "stats": t.stats,
+        }));
+    }
+    let file_bytes = archive.size();
+    let totals = json!({
+        "tensors": rows.len(), "elements": elements, "payload_bytes": payload,
+        "manifest_bytes": archive.tail().manifest_len, "file_bytes": file_bytes,
+        "bps_payload": if elements == 0 { 0.0 } else { payload as f64 * 8.0 / elements as f64 },
+        "bps_file": if elements == 0 { 0.0 } else { file_bytes as f64 * 8.0 / elements as f64 },
+        "ratio_vs_f32": if file_bytes == 0 { 0.0 } else { elements as f64 * 4.0 / file_bytes as f64 },
+    });
+    if as_json {
+        let out = json!({"file": input, "version": m.version, "generator": m.generator, "tensors": rows, "totals": totals, "metadata_keys": m.metadata.keys().collect::<Vec<_>>()});
+        println!("{out:#}");
+        return Ok(());
+    }
+    println!(
+        "{} — hwz v{}, written by {}",
+        input.display(),
+        m.version,
+        m.generator
+    );
+    println!(
+        "{:<48} {:<16} {:<32} {:>7} {:>12} {:>9}  streams",
+        "tensor", "shape", "encoding", "bps", "bytes", "SNR dB"
+    );
+    for r in &rows {
+        let shape = r["shape"]
+            .as_array()
+            .map(|s| {
+                s.iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join("x")
+            })
+            .unwrap_or_default();
+        let snr = r["stats"]["snr_db"]
+            .as_f64()
+            .map_or("exact".to_string(), |v| format!("{v:.2}"));
+        let streams = r["streams"]
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, v)| format!("{k}={}", v["stored"]))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        println!(
+            "{:<48} {:<16} {:<32} {:>7.3} {:>12} {:>9}  {}",
+            r["name"].as_str().unwrap_or(""),
+            shape,
+            r["label"].as_str().unwrap_or(""),
+            r["bps"].as_f64().unwrap_or(0.0),
+            r["stored_bytes"],
+            snr,
+            streams
+        );
+    }
+    println!(
+        "{} tensors, {} values; payload {} B ({:.3} bps), manifest {} B, file {} B ({:.3} bps all-in, {:.2}x vs f32)",
+        totals["tensors"], elements, payload, totals["bps_payload"].as_f64().unwrap_or(0.0), totals["manifest_bytes"], file_bytes,
+        totals["bps_file"].as_f64().unwrap_or(0.0), totals["ratio_vs_f32"].as_f64().unwrap_or(0.0)
+    );
+    Ok(())
+}
+
+fn synth(output: &Path, shape: &str, count: usize, seed: u64) -> Result<()> {
+    let (dims, _) = shape.split_once(':').unwrap_or((shape, ""));
+    let shape: Vec<u64> = dims
+        .split('x')
+        .map(|d| {
+            d.parse()
+                .map_err(|_| CliError::Usage(format!("bad shape `{shape}`: use e.g. 4096x4096")))
+        })
+        .collect::<Result<_>>()?;
+    let tensors: Vec<_> = (0..count)
+        .map(|i| safetensors_out::OutTensor {
+            name: format!("layers.{i}.weight"),
+            shape: shape.clone(),
+            dtype: FloatDtype::F32,
+        })
+        .collect();
+    let spec = |i: usize| format!("gaussian:{dims}:{}", seed + i as u64);
+    safetensors_out::write_safetensors(output, &tensors, None, |i, out| {
+        let input = Input::open(&spec(i))?;
+        for v in input.read(0)? {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        Ok(())
+    })
+}
+
+fn demo(dir: &Path, shape: &str) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(CliError::io(dir))?;
+    let st = dir.join("gaussian.safetensors");
+    let hwz_path = dir.join("gaussian-int4-g128.hwz");
+    println!("== 1. a seeded Gaussian {shape} tensor -> {}", st.display());
+    synth(&st, shape, 1, 0)?;
+    println!("== 2. compress with affine INT4, groups of 128, f16 scales");
+    let args = CompressArgs {
+        input: st.display().to_string(),
+        output: hwz_path.clone(),
+        encoding: EncodingArgs {
+            encoding: EncodingKind::Affine,
+            bits: 4,
+            group: "128".into(),
+            symmetric: false,
+            scale_dtype: DtypeArg::F16,
+        },
+        include_1d: false,
+        allow_non_finite: false,
+        no_zstd: false,
+        json: false,
+    };
+    compress(&args)?;
+    println!("== 3. inspect");
+    inspect(&hwz_path, false)?;
+    println!("== 4. benchmark every representation on the same tensor");
+    bench::run(&bench::BenchArgs::for_input(st.display().to_string()))
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Compress(args) => compress(&args),
+        Command::Decompress {
+            input,
+            output,
+            dtype,
+        } => decompress(&input, &output, dtype),
+        Command::Inspect { input, json } => inspect(&input, json),
+        Command::Benchmark(args) => bench::run(&args),
+        Command::Synth {
+            output,
+            shape,
+            tensors,
+            seed,
+        } => synth(&output, &shape, tensors, seed),
+        Command::Demo { dir, shape } => demo(&dir, &shape),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -6,6 +6,7 @@ mod error;
 mod manifest;
 mod read;
 mod write;
+pub mod zstd_codec;
 
 pub use encoding::{
     decode_into, element_count, encode, matrix_view, role, EncodeOptions, EncodedTensor, Encoding,
@@ -21,7 +22,7 @@ pub use manifest::{
 };
 pub use read::{decode_stream, Archive, ReadAt};
 #[cfg(feature = "std-fs")]
-pub use write::FileWriter;
+pub use write::{temp_file_in, FileWriter};
 pub use write::{Writer, WriterOptions};
 
 #[cfg(test)]

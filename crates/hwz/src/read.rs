@@ -6,7 +6,6 @@ use crate::manifest::{
 };
 use crate::{HwzError, Result};
 use std::borrow::Cow;
-use std::io::Read;
 
 /// Positional reads from an archive's bytes: a slice, a memory map, a file.
 pub trait ReadAt {
@@ -254,25 +253,14 @@ pub fn decode_stream<'a>(
     match entry.compression {
         Compression::None => Ok(stored),
         Compression::Zstd => {
-            let err = |message: String| HwzError::Decompress {
-                stream: index,
-                message,
-            };
-            let mut decoder = ruzstd::decoding::StreamingDecoder::new(&stored[..])
-                .map_err(|e| err(e.to_string()))?;
             // raw_length was checked against MAX_ZSTD_EXPANSION × the stored length.
-            let mut out = Vec::with_capacity(entry.raw_length as usize);
-            (&mut decoder)
-                .take(entry.raw_length + 1)
-                .read_to_end(&mut out)
-                .map_err(|e| err(e.to_string()))?;
-            if out.len() as u64 != entry.raw_length {
-                return Err(err(format!(
-                    "decoded {} bytes, the manifest says {}",
-                    out.len(),
-                    entry.raw_length
-                )));
-            }
+            let out =
+                crate::zstd_codec::decompress(&stored, entry.raw_length).map_err(|message| {
+                    HwzError::Decompress {
+                        stream: index,
+                        message,
+                    }
+                })?;
             Ok(Cow::Owned(out))
         }
     }

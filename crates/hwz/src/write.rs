@@ -121,10 +121,7 @@ impl<W: Write> Writer<W> {
         self.pos += pad;
         let compressed = match self.options.compression {
             Compression::Zstd if !raw.is_empty() => {
-                let z = ruzstd::encoding::compress_to_vec(
-                    raw,
-                    ruzstd::encoding::CompressionLevel::Fastest,
-                );
+                let z = crate::zstd_codec::compress(raw);
                 let within_cap =
                     (raw.len() as u64) <= (z.len() as u64).saturating_mul(MAX_ZSTD_EXPANSION);
                 (z.len() < raw.len() && within_cap).then_some(z)
@@ -234,11 +231,7 @@ mod file {
                 Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
                 _ => PathBuf::from("."),
             };
-            let (file, temp) = tempfile::Builder::new()
-                .prefix(".hwz-")
-                .suffix(".tmp")
-                .tempfile_in(dir)?
-                .into_parts();
+            let (file, temp) = super::temp_file_in(&dir, ".hwz-")?.into_parts();
             let writer = Writer::new(BufWriter::with_capacity(1 << 20, file), options)?;
             Ok(FileWriter { writer, temp, path })
         }
@@ -272,3 +265,18 @@ mod file {
 
 #[cfg(feature = "std-fs")]
 pub use file::FileWriter;
+
+/// Creates a temporary file in `dir` for a file that will be renamed into place when
+/// complete. On Unix it gets `rw-r--r--` less the umask, like any file a program creates
+/// (temporary files are otherwise private).
+#[cfg(feature = "std-fs")]
+pub fn temp_file_in(
+    dir: &std::path::Path,
+    prefix: &str,
+) -> std::io::Result<tempfile::NamedTempFile> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(prefix).suffix(".tmp");
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
+    builder.tempfile_in(dir)
+}

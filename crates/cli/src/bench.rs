@@ -1,0 +1,216 @@
+//! `hypercodec benchmark`: every representation the build knows, measured on the same tensors
+//! in the same run, beside the Gaussian bound and a lossless peer (zstd of the f32 bytes).
+
+use crate::error::{CliError, Result};
+use crate::input::Input;
+use crate::stats::{gaussian_bound_db, ErrorAcc};
+use clap::Args;
+use hypercodec_hwz::{self as hwz, AffineParams, EncodeOptions, Encoding, FloatDtype, Group};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Arguments of `benchmark`.
+#[derive(Args, Clone)]
+pub struct BenchArgs {
+    /// Input: .safetensors, .gguf, or gaussian:ROWSxCOLS[:SEED].
+    pub input: String,
+    /// Also write the table as Markdown to this file.
+    #[arg(long)]
+    pub markdown: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Include 1-D tensors (biases, norms); by default only tensors of rank >= 2 are measured.
+    #[arg(long)]
+    pub include_1d: bool,
+    /// Only tensors whose name contains this.
+    #[arg(long)]
+    pub filter: Option<String>,
+}
+
+impl BenchArgs {
+    /// Default arguments for an input.
+    pub fn for_input(input: String) -> Self {
+        BenchArgs {
+            input,
+            markdown: None,
+            json: false,
+            include_1d: false,
+            filter: None,
+        }
+    }
+}
+
+/// Every representation measured: raw floats, then affine INT1..INT8 per row and in groups of
+/// 128 (asymmetric), and in groups of 128 symmetric.
+pub fn representations() -> Vec<Encoding> {
+    let mut v: Vec<Encoding> = FloatDtype::ALL
+        .iter()
+        .map(|&dtype| Encoding::Raw { dtype })
+        .collect();
+    for (group, symmetric) in [
+        (Group::Row, false),
+        (Group::Size(128), false),
+        (Group::Size(128), true),
+    ] {
+        for bits in (1..=8).rev() {
+            v.push(Encoding::affine(AffineParams {
+                bits,
+                group,
+                symmetric,
+                scale_dtype: FloatDtype::F16,
+            }));
+        }
+    }
+    v
+}
+
+#[derive(Default, Clone)]
+struct Row {
+    label: String,
+    bytes: u64,
+    acc: ErrorAcc,
+    encode_s: f64,
+    decode_s: f64,
+}
+
+impl Row {
+    fn to_json(&self, n: u64) -> Value {
+        let bps = self.bytes as f64 * 8.0 / n.max(1) as f64;
+        let snr = self.acc.snr_db();
+        let bound = gaussian_bound_db(bps);
+        let fin = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
+        json!({
+            "representation": self.label, "bytes": self.bytes, "bps": bps,
+            "ratio_vs_f32": n as f64 * 4.0 / self.bytes.max(1) as f64,
+            "mse": self.acc.mse(), "snr_db": fin(snr), "bound_db": bound, "gap_db": fin(bound - snr),
+            "cosine": self.acc.cosine(), "max_abs_err": self.acc.max_abs,
+            "encode_mvals_per_s": n as f64 / self.encode_s.max(1e-9) / 1e6,
+            "decode_mvals_per_s": if self.decode_s > 0.0 { json!(n as f64 / self.decode_s / 1e6) } else { Value::Null },
+        })
+    }
+}
+
+/// Runs the benchmark and prints the table.
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let input = Input::open(&args.input)?;
+    let reps = representations();
+    let mut rows: Vec<Row> = reps
+        .iter()
+        .map(|e| Row {
+            label: e.label(),
+            ..Row::default()
+        })
+        .collect();
+    let mut peer = Row {
+        label: "zstd-3(f32), lossless peer".into(),
+        ..Row::default()
+    };
+    let chosen: Vec<usize> = (0..input.tensors.len())
+        .filter(|&i| {
+            let t = &input.tensors[i];
+            (args.include_1d || t.shape.len() >= 2)
+                && args
+                    .filter
+                    .as_ref()
+                    .is_none_or(|f| t.name.contains(f.as_str()))
+        })
+        .collect();
+    if chosen.is_empty() {
+        return Err(CliError::Input(
+            "no tensor to benchmark (1-D tensors need --include-1d)".into(),
+        ));
+    }
+    let total: u64 = chosen.iter().map(|&i| input.tensors[i].numel()).sum();
+    let bar = crate::progress(total * (reps.len() as u64 + 1), "benchmark");
+    let mut out = Vec::new();
+    for &i in &chosen {
+        let t = &input.tensors[i];
+        let values = input.read(i)?;
+        out.resize(values.len(), 0.0);
+        for (enc, row) in reps.iter().zip(rows.iter_mut()) {
+            let start = Instant::now();
+            let encoded = hwz::encode(&t.name, &values, &t.shape, enc, EncodeOptions::default())?;
+            row.encode_s += start.elapsed().as_secs_f64();
+            let refs: Vec<(&str, &[u8])> = encoded
+                .streams
+                .iter()
+                .map(|(r, b)| (*r, b.as_slice()))
+                .collect();
+            let start = Instant::now();
+            hwz::decode_into(&t.name, enc, &t.shape, &refs, &mut out)?;
+            row.decode_s += start.elapsed().as_secs_f64();
+            row.bytes += encoded.payload_bytes();
+            row.acc.add(&values, &out);
+            bar.inc(t.numel());
+        }
+        let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let start = Instant::now();
+        let z = hwz::zstd_codec::compress(&raw);
+        peer.encode_s += start.elapsed().as_secs_f64();
+        peer.bytes += z.len().min(raw.len()) as u64;
+        peer.acc.add(&values, &values);
+        bar.inc(t.numel());
+    }
+    bar.finish_and_clear();
+    rows.push(peer);
+    let table: Vec<Value> = rows.iter().map(|r| r.to_json(total)).collect();
+    if args.json {
+        println!(
+            "{:#}",
+            json!({"input": args.input, "tensors": chosen.len(), "elements": total, "rows": table})
+        );
+    } else {
+        println!(
+            "{} — {} tensors, {} values; bound = 6.02·bps dB (i.i.d. Gaussian), gap = bound − SNR",
+            args.input,
+            chosen.len(),
+            total
+        );
+        print!("{}", markdown(&table));
+    }
+    if let Some(path) = &args.markdown {
+        let text = format!(
+            "# hypercodec benchmark: {}\n\n{} tensors, {} values.\n\n{}",
+            args.input,
+            chosen.len(),
+            total,
+            markdown(&table)
+        );
+        std::fs::write(path, text).map_err(CliError::io(path))?;
+    }
+    Ok(())
+}
+
+fn markdown(rows: &[Value]) -> String {
+    let mut s = String::from(
+        "| representation | bytes | bps | ratio vs f32 | MSE | SNR dB | bound dB | gap dB | cosine | max abs err | encode Mval/s | decode Mval/s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let f = |v: &Value, p: usize| {
+        v.as_f64()
+            .map_or("exact".to_string(), |x| format!("{x:.p$}"))
+    };
+    for r in rows {
+        s += &format!(
+            "| {} | {} | {} | {} | {:.3e} | {} | {} | {} | {} | {:.3e} | {} | {} |\n",
+            r["representation"].as_str().unwrap_or(""),
+            r["bytes"],
+            f(&r["bps"], 3),
+            f(&r["ratio_vs_f32"], 2),
+            r["mse"].as_f64().unwrap_or(0.0),
+            f(&r["snr_db"], 2),
+            f(&r["bound_db"], 2),
+            r["gap_db"]
+                .as_f64()
+                .map_or("-".to_string(), |x| format!("{x:.2}")),
+            f(&r["cosine"], 6),
+            r["max_abs_err"].as_f64().unwrap_or(0.0),
+            f(&r["encode_mvals_per_s"], 0),
+            r["decode_mvals_per_s"]
+                .as_f64()
+                .map_or("-".to_string(), |x| format!("{x:.0}")),
+        );
+    }
+    s
+}

@@ -1,0 +1,90 @@
+//! A streaming safetensors writer: the header first (all sizes are known from shapes), then
+//! each tensor as it is produced, into a temporary file renamed at the end.
+
+use crate::error::{CliError, Result};
+use hypercodec_hwz::FloatDtype;
+use serde_json::{json, Map, Value};
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+/// One tensor to write: name, shape, dtype.
+pub struct OutTensor {
+    /// Name.
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// Storage type.
+    pub dtype: FloatDtype,
+}
+
+fn st_dtype(d: FloatDtype) -> &'static str {
+    match d {
+        FloatDtype::F32 => "F32",
+        FloatDtype::F16 => "F16",
+        FloatDtype::Bf16 => "BF16",
+    }
+}
+
+/// Writes `tensors` to `path`; `fill(i, out)` appends the little-endian bytes of tensor `i`.
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[OutTensor],
+    metadata: Option<Map<String, Value>>,
+    mut fill: impl FnMut(usize, &mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    let mut header = Map::new();
+    if let Some(m) = metadata {
+        header.insert("__metadata__".into(), Value::Object(m));
+    }
+    let mut offset = 0u64;
+    let mut sizes = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let size = t.shape.iter().product::<u64>() * t.dtype.size() as u64;
+        header.insert(t.name.clone(), json!({ "dtype": st_dtype(t.dtype), "shape": t.shape, "data_offsets": [offset, offset + size] }));
+        offset += size;
+        sizes.push(size);
+    }
+    let mut hbytes =
+        serde_json::to_vec(&Value::Object(header)).map_err(|e| CliError::SafeTensors {
+            message: e.to_string(),
+        })?;
+    while hbytes.len() % 8 != 0 {
+        hbytes.push(b' ');
+    }
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = hypercodec_hwz::temp_file_in(dir, ".st-").map_err(CliError::io(dir))?;
+    let (file, temp_path) = tmp.into_parts();
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    let io = CliError::io(path);
+    let mut go = || -> std::io::Result<()> {
+        w.write_all(&(hbytes.len() as u64).to_le_bytes())?;
+        w.write_all(&hbytes)
+    };
+    go().map_err(io)?;
+    let mut buf = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        buf.clear();
+        fill(i, &mut buf)?;
+        if buf.len() as u64 != size {
+            return Err(CliError::Usage(format!(
+                "tensor `{}` produced {} bytes, expected {size}",
+                tensors[i].name,
+                buf.len()
+            )));
+        }
+        w.write_all(&buf).map_err(CliError::io(path))?;
+    }
+    let file = w.into_inner().map_err(|e| CliError::Io {
+        path: path.into(),
+        source: e.into_error(),
+    })?;
+    file.sync_all().map_err(CliError::io(path))?;
+    temp_path.persist(path).map_err(|e| CliError::Io {
+        path: path.into(),
+        source: e.error,
+    })?;
+    Ok(())
+}
