@@ -1,1 +1,149 @@
-//! Cross-crate tests of hypercodec; the tests live in `tests/`.
+//! Shared helpers of hypercodec's cross-crate tests (the tests live in `tests/tests/`).
+//!
+//! - [`roundtrip`]: the one round-trip helper: encode, write, open, decode.
+//! - [`assemble`]: builds an archive from a manifest JSON and a stream area, with a correct
+//!   tail and checksum, so malformed-input tests can change one thing at a time.
+//! - [`sample_archive`]: a small valid archive with every encoding and both compressions.
+#![allow(missing_docs)]
+
+use hypercodec_hwz::{
+    encode, AffineParams, Archive, Compression, EncodeOptions, Encoding, FloatDtype, Group,
+    HwzError, Tail, Writer, WriterOptions, HEADER_LEN, MAGIC,
+};
+use serde_json::Value;
+
+/// Encodes each `(name, shape, values, encoding)`, writes an archive in memory, opens it and
+/// decodes every tensor. Returns the archive bytes and the decoded tensors.
+pub fn roundtrip(
+    tensors: &[(String, Vec<u64>, Vec<f32>, Encoding)],
+    compression: Compression,
+) -> Result<(Vec<u8>, Vec<Vec<f32>>), HwzError> {
+    let mut w = Writer::new(
+        Vec::new(),
+        WriterOptions {
+            compression,
+            ..Default::default()
+        },
+    )?;
+    for (name, shape, values, enc) in tensors {
+        let t = encode(name, values, shape, enc, EncodeOptions::default())?;
+        w.add_tensor(name, shape, "f32", &t, None)?;
+    }
+    let (bytes, _) = w.finish()?;
+    let archive = Archive::open(&bytes[..])?;
+    let decoded = tensors
+        .iter()
+        .map(|(name, ..)| archive.decode_tensor(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((bytes, decoded))
+}
+
+/// Deterministic pseudo-Gaussian values (sum of uniforms), for fixtures.
+pub fn fixture_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            let mut acc = 0.0f32;
+            for _ in 0..4 {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                acc += (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            }
+            acc * 1.7
+        })
+        .collect()
+}
+
+/// Every encoding family with a few parameter choices.
+pub fn sample_encodings() -> Vec<Encoding> {
+    let mut v: Vec<Encoding> = FloatDtype::ALL
+        .iter()
+        .map(|&dtype| Encoding::Raw { dtype })
+        .collect();
+    for (bits, group, symmetric, scale_dtype) in [
+        (4, Group::Size(32), false, FloatDtype::F16),
+        (8, Group::Row, true, FloatDtype::Bf16),
+        (3, Group::Size(7), false, FloatDtype::F32),
+        (1, Group::Tensor, true, FloatDtype::F16),
+        (2, Group::Row, false, FloatDtype::Bf16),
+    ] {
+        v.push(Encoding::affine(AffineParams {
+            bits,
+            group,
+            symmetric,
+            scale_dtype,
+        }));
+    }
+    v
+}
+
+/// A small valid archive: one 6×40 tensor per sample encoding, zstd tried on each stream.
+pub fn sample_archive() -> Vec<u8> {
+    let tensors: Vec<_> = sample_encodings()
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            (
+                format!("t{i}.{}", e.label()),
+                vec![6, 40],
+                fixture_values(240, i as u64),
+                e,
+            )
+        })
+        .collect();
+    roundtrip(&tensors, Compression::Zstd)
+        .expect("sample archive")
+        .0
+}
+
+/// Splits a valid archive into (stream area bytes after the header, manifest JSON).
+pub fn split(archive: &[u8]) -> (Vec<u8>, Value) {
+    let n = archive.len() as u64;
+    let tail = Tail::parse(&archive[archive.len() - 28..], n).expect("valid tail");
+    let streams = archive[HEADER_LEN as usize..tail.manifest_offset as usize].to_vec();
+    let json = serde_json::from_slice(
+        &archive
+            [tail.manifest_offset as usize..(tail.manifest_offset + tail.manifest_len) as usize],
+    )
+    .expect("valid manifest");
+    (streams, json)
+}
+
+/// Builds an archive from a stream area and any manifest JSON, with a correct checksum.
+pub fn assemble(streams: &[u8], manifest: &Value) -> Vec<u8> {
+    assemble_raw(streams, &serde_json::to_vec(manifest).expect("json"))
+}
+
+/// Builds an archive from a stream area and raw manifest bytes, with a correct checksum.
+pub fn assemble_raw(streams: &[u8], manifest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&[0; (HEADER_LEN - 4) as usize]);
+    out.extend_from_slice(streams);
+    let tail = Tail {
+        manifest_offset: out.len() as u64,
+        manifest_len: manifest.len() as u64,
+        manifest_crc32c: crc32c(manifest),
+    };
+    out.extend_from_slice(manifest);
+    out.extend_from_slice(&tail.to_bytes());
+    out
+}
+
+/// CRC-32C as the format uses it (bitwise reference implementation, independent of the
+/// crate's table-driven one).
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}

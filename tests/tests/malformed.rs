@@ -1,0 +1,442 @@
+//! One test per cap and per malformed-input class of the `.hwz` reader: each gives its typed
+//! error, never a panic and never an allocation the file does not justify.
+
+use hypercodec_hwz::{
+    encode, Archive, EncodeOptions, Encoding, FloatDtype, HwzError, Tail, HEADER_LEN, MAX_ELEMENTS,
+    MAX_MANIFEST_LEN, MAX_NAME_LEN, MAX_RANK, MAX_STREAMS, MAX_TENSORS, MAX_ZSTD_EXPANSION,
+    TAIL_LEN,
+};
+use hypercodec_scalar::ScalarError;
+use hypercodec_tests::{assemble, assemble_raw, crc32c, sample_archive, split};
+use serde_json::{json, Value};
+
+fn open(bytes: &[u8]) -> Result<Archive<&[u8]>, HwzError> {
+    Archive::open(bytes)
+}
+
+/// Opens and decodes every tensor; the first error wins.
+fn open_and_decode(bytes: &[u8]) -> Result<(), HwzError> {
+    let a = open(bytes)?;
+    for t in a.tensors() {
+        a.decode_tensor(&t.name)?;
+    }
+    Ok(())
+}
+
+fn with_manifest(edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+    let (streams, mut m) = split(&sample_archive());
+    edit(&mut m);
+    assemble(&streams, &m)
+}
+
+#[test]
+fn the_sample_is_valid() {
+    open_and_decode(&sample_archive()).unwrap();
+    // and assemble() rebuilds an equivalent archive (key order may differ)
+    let good = sample_archive();
+    let (streams, m) = split(&good);
+    let rebuilt = assemble(&streams, &m);
+    assert_eq!(
+        open(&rebuilt).unwrap().manifest(),
+        open(&good).unwrap().manifest()
+    );
+    open_and_decode(&rebuilt).unwrap();
+    assert_eq!(crc32c(b"123456789"), 0xE306_9283, "CRC-32C check value");
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let good = sample_archive();
+    for len in 0..good.len() {
+        assert!(
+            open_and_decode(&good[..len]).is_err(),
+            "prefix of {len} bytes accepted"
+        );
+    }
+    assert!(matches!(open(&good[..50]), Err(HwzError::TooShort { .. })));
+    assert!(matches!(open(&good[..0]), Err(HwzError::TooShort { .. })));
+}
+
+#[test]
+fn bad_magic_at_head_and_tail() {
+    let mut b = sample_archive();
+    b[0] = b'X';
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::BadMagic { place: "head", .. })
+    ));
+    let mut b = sample_archive();
+    let n = b.len();
+    b[n - 1] = b'X';
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::BadMagic { place: "tail", .. })
+    ));
+}
+
+#[test]
+fn legacy_zip_is_recognized() {
+    let mut b = vec![0u8; 200];
+    b[..4].copy_from_slice(b"PK\x03\x04");
+    assert!(matches!(open(&b), Err(HwzError::LegacyArchive)));
+}
+
+#[test]
+fn unknown_flags_and_reserved_bytes() {
+    let mut b = sample_archive();
+    b[4] = 1;
+    assert!(matches!(open(&b), Err(HwzError::UnknownFlags { flags: 1 })));
+    let mut b = sample_archive();
+    let n = b.len();
+    b[n - 6] = 1;
+    assert!(matches!(open(&b), Err(HwzError::ManifestJson { .. })));
+}
+
+fn set_tail(b: &mut [u8], offset: u64, len: u64) {
+    let n = b.len();
+    b[n - 28..n - 20].copy_from_slice(&offset.to_le_bytes());
+    b[n - 20..n - 12].copy_from_slice(&len.to_le_bytes());
+}
+
+#[test]
+fn manifest_length_cap() {
+    let mut b = sample_archive();
+    set_tail(&mut b, HEADER_LEN, MAX_MANIFEST_LEN + 1);
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::LimitExceeded {
+            what: "manifest length",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn manifest_out_of_bounds() {
+    let good = sample_archive();
+    let n = good.len() as u64;
+    for (offset, len) in [
+        (n, 10),
+        (0, 10),
+        (HEADER_LEN, n),
+        (u64::MAX - 3, 10),
+        (n - TAIL_LEN - 5, 6),
+    ] {
+        let mut b = good.clone();
+        set_tail(&mut b, offset, len);
+        assert!(
+            matches!(open(&b), Err(HwzError::ManifestOutOfBounds { .. })),
+            "offset {offset} len {len}"
+        );
+    }
+}
+
+#[test]
+fn manifest_checksum_mismatch() {
+    let mut b = sample_archive();
+    let tail = Tail::parse(&b[b.len() - 28..], b.len() as u64).unwrap();
+    b[tail.manifest_offset as usize + 3] ^= 0x20;
+    assert!(matches!(open(&b), Err(HwzError::ManifestChecksum { .. })));
+}
+
+#[test]
+fn manifest_not_json_or_wrong_shape() {
+    let (streams, _) = split(&sample_archive());
+    for bad in [
+        &b"{not json"[..],
+        b"[]",
+        b"{\"version\":1}",
+        b"{\"version\":1,\"format\":\"zip\",\"tensors\":[],\"streams\":[]}",
+    ] {
+        assert!(
+            matches!(
+                open(&assemble_raw(&streams, bad)),
+                Err(HwzError::ManifestJson { .. })
+            ),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
+
+#[test]
+fn unsupported_version() {
+    let b = with_manifest(|m| m["version"] = json!(2));
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::UnsupportedVersion { version: 2, .. })
+    ));
+}
+
+#[test]
+fn tensor_count_cap() {
+    let (streams, _) = split(&sample_archive());
+    let tensors: Vec<Value> = (0..=MAX_TENSORS).map(|_| json!({})).collect();
+    let m = json!({"format": "hwz", "version": 1, "tensors": tensors, "streams": []});
+    assert!(matches!(
+        open(&assemble(&streams, &m)),
+        Err(HwzError::LimitExceeded {
+            what: "tensors",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn stream_count_cap() {
+    let (streams, _) = split(&sample_archive());
+    let list: Vec<Value> = (0..=MAX_STREAMS).map(|_| json!(0)).collect();
+    let m = json!({"format": "hwz", "version": 1, "tensors": [], "streams": list});
+    assert!(matches!(
+        open(&assemble(&streams, &m)),
+        Err(HwzError::LimitExceeded {
+            what: "streams",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn stream_out_of_bounds() {
+    let b = with_manifest(|m| m["streams"][0]["length"] = json!(1u64 << 40));
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::StreamOutOfBounds { stream: 0, .. })
+    ));
+    let b = with_manifest(|m| m["streams"][0]["offset"] = json!(u64::MAX - 63));
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::StreamOutOfBounds { stream: 0, .. })
+    ));
+    let b = with_manifest(|m| m["streams"][0]["offset"] = json!(0));
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::StreamOutOfBounds { stream: 0, .. })
+    ));
+}
+
+#[test]
+fn stream_misaligned() {
+    let b = with_manifest(|m| {
+        let o = m["streams"][1]["offset"].as_u64().unwrap();
+        m["streams"][1]["offset"] = json!(o + 1);
+    });
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::StreamMisaligned { stream: 1, .. })
+    ));
+}
+
+#[test]
+fn streams_overlap() {
+    let b = with_manifest(|m| {
+        let s0 = m["streams"][0].clone();
+        let len = s0["length"].as_u64().unwrap();
+        m["streams"][1]["offset"] = s0["offset"].clone();
+        m["streams"][1]["length"] = json!(len);
+        m["streams"][1]["raw_length"] = json!(len);
+        m["streams"][1]["compression"] = json!("none");
+    });
+    assert!(matches!(open(&b), Err(HwzError::StreamsOverlap { .. })));
+}
+
+#[test]
+fn stream_checksum_mismatch() {
+    let mut b = sample_archive();
+    b[HEADER_LEN as usize + 5] ^= 1;
+    assert!(open(&b).is_ok(), "streams are verified lazily, when read");
+    assert!(matches!(
+        open_and_decode(&b),
+        Err(HwzError::StreamChecksum { stream: 0, .. })
+    ));
+}
+
+fn first_zstd_stream(m: &Value) -> usize {
+    m["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|s| s["compression"] == "zstd")
+        .expect("a zstd stream")
+}
+
+#[test]
+fn zstd_expansion_cap() {
+    let b = with_manifest(|m| {
+        let i = first_zstd_stream(m);
+        let len = m["streams"][i]["length"].as_u64().unwrap();
+        m["streams"][i]["raw_length"] = json!(len * MAX_ZSTD_EXPANSION + 1);
+    });
+    assert!(matches!(open(&b), Err(HwzError::StreamExpansion { .. })));
+    let b = with_manifest(|m| {
+        m["streams"][0]["raw_length"] = json!(m["streams"][0]["length"].as_u64().unwrap() + 1)
+    });
+    assert!(open(&b).is_err());
+}
+
+#[test]
+fn zstd_corrupt_frame() {
+    let good = sample_archive();
+    let (mut streams, m) = split(&good);
+    let i = first_zstd_stream(&m);
+    let off = (m["streams"][i]["offset"].as_u64().unwrap() - HEADER_LEN) as usize;
+    let len = m["streams"][i]["length"].as_u64().unwrap() as usize;
+    for b in &mut streams[off..off + len] {
+        *b = 0xA5;
+    }
+    let mut m = m;
+    m["streams"][i]["crc32c"] = json!(crc32c(&streams[off..off + len]));
+    assert!(matches!(
+        open_and_decode(&assemble(&streams, &m)),
+        Err(HwzError::Decompress { .. })
+    ));
+}
+
+#[test]
+fn unknown_encoding_tag() {
+    let b =
+        with_manifest(|m| m["tensors"][0]["encoding"] = json!({"type": "quantum", "qubits": 3}));
+    match open(&b) {
+        Err(HwzError::UnknownEncoding { tag, .. }) => assert_eq!(tag, "quantum"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn invalid_encoding_fields() {
+    let b = with_manifest(|m| m["tensors"][0]["encoding"]["dtype"] = json!("f12"));
+    assert!(matches!(open(&b), Err(HwzError::InvalidEncoding { .. })));
+    let b = with_manifest(|m| m["tensors"][0]["encoding"]["surprise"] = json!(1));
+    assert!(matches!(open(&b), Err(HwzError::InvalidEncoding { .. })));
+    let b = with_manifest(|m| {
+        let i = m["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|t| t["encoding"]["type"] == "affine")
+            .unwrap();
+        m["tensors"][i]["encoding"]["bits"] = json!(12);
+    });
+    assert!(matches!(open(&b), Err(HwzError::InvalidEncoding { .. })));
+}
+
+#[test]
+fn shape_overflow_and_caps() {
+    let b = with_manifest(|m| m["tensors"][0]["shape"] = json!([u64::MAX, 3]));
+    assert!(matches!(open(&b), Err(HwzError::ShapeOverflow { .. })));
+    let b = with_manifest(|m| m["tensors"][0]["shape"] = json!([MAX_ELEMENTS, 2]));
+    assert!(matches!(open(&b), Err(HwzError::ShapeOverflow { .. })));
+    let b = with_manifest(|m| m["tensors"][0]["shape"] = json!(vec![1; MAX_RANK + 1]));
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::LimitExceeded {
+            what: "tensor rank",
+            ..
+        })
+    ));
+    // A shape that does not match its streams' sizes.
+    let b = with_manifest(|m| m["tensors"][0]["shape"] = json!([6, 41]));
+    assert!(matches!(open(&b), Err(HwzError::StreamSize { .. })));
+}
+
+#[test]
+fn stream_roles() {
+    let b = with_manifest(|m| {
+        m["tensors"][0]["streams"]
+            .as_object_mut()
+            .unwrap()
+            .remove("values");
+    });
+    assert!(matches!(open(&b), Err(HwzError::MissingStream { .. })));
+    let b = with_manifest(|m| m["tensors"][0]["streams"]["codes"] = json!(1));
+    assert!(matches!(open(&b), Err(HwzError::UnexpectedStream { .. })));
+    let b = with_manifest(|m| m["tensors"][0]["streams"]["values"] = json!(100_000));
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::StreamRef { index: 100_000, .. })
+    ));
+}
+
+#[test]
+fn tensor_names() {
+    let b = with_manifest(|m| m["tensors"][1]["name"] = m["tensors"][0]["name"].clone());
+    assert!(matches!(open(&b), Err(HwzError::InvalidName { .. })));
+    let b = with_manifest(|m| m["tensors"][0]["name"] = json!(""));
+    assert!(matches!(open(&b), Err(HwzError::InvalidName { .. })));
+    let b = with_manifest(|m| m["tensors"][0]["name"] = json!("x".repeat(MAX_NAME_LEN + 1)));
+    assert!(matches!(open(&b), Err(HwzError::InvalidName { .. })));
+    let b = with_manifest(|m| m["tensors"][0]["name"] = json!("a\nb"));
+    assert!(matches!(open(&b), Err(HwzError::InvalidName { .. })));
+}
+
+#[test]
+fn source_dtype_cap() {
+    let b = with_manifest(|m| m["tensors"][0]["source_dtype"] = json!("f".repeat(33)));
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::LimitExceeded {
+            what: "source dtype length",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn nan_input_is_refused_by_the_writer_side() {
+    let raw = Encoding::Raw {
+        dtype: FloatDtype::F32,
+    };
+    let r = encode("w", &[1.0, f32::NAN], &[2], &raw, EncodeOptions::default());
+    assert!(matches!(
+        r,
+        Err(HwzError::Scalar {
+            source: ScalarError::NonFinite { index: 1, .. },
+            ..
+        })
+    ));
+    let ok = encode(
+        "w",
+        &[1.0, f32::NAN],
+        &[2],
+        &raw,
+        EncodeOptions {
+            allow_non_finite: true,
+        },
+    );
+    assert!(ok.is_ok());
+    let affine = Encoding::affine(Default::default());
+    let r = encode(
+        "w",
+        &[f32::INFINITY, 0.0],
+        &[1, 2],
+        &affine,
+        EncodeOptions {
+            allow_non_finite: true,
+        },
+    );
+    assert!(matches!(
+        r,
+        Err(HwzError::Scalar {
+            source: ScalarError::NonFinite { .. },
+            ..
+        })
+    ));
+    let r = encode("w", &[1.0; 5], &[2, 2], &raw, EncodeOptions::default());
+    assert!(matches!(
+        r,
+        Err(HwzError::ElementCount {
+            expected: 4,
+            actual: 5,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn unknown_tensor_name() {
+    let a = sample_archive();
+    assert!(matches!(
+        open(&a).unwrap().decode_tensor("nope"),
+        Err(HwzError::TensorNotFound { .. })
+    ));
+}

@@ -1,0 +1,101 @@
+//! Property tests of the container and every scalar format through it.
+
+use hypercodec_hwz::{
+    encode, AffineParams, Archive, Compression, EncodeOptions, Encoding, FloatDtype, Group,
+};
+use hypercodec_tests::{roundtrip, sample_archive};
+use proptest::prelude::*;
+
+/// Realistic weights: Gaussian-like bulk, a heavy tail, exact zeros.
+fn weights(n: usize) -> impl Strategy<Value = Vec<f32>> {
+    proptest::collection::vec(
+        prop_oneof![
+            8 => (-3.0f32..3.0).prop_map(|x| x * 0.02),
+            1 => (-40.0f32..40.0),
+            1 => Just(0.0f32),
+        ],
+        n,
+    )
+}
+
+fn encoding() -> impl Strategy<Value = Encoding> {
+    let dtype = prop_oneof![
+        Just(FloatDtype::F32),
+        Just(FloatDtype::F16),
+        Just(FloatDtype::Bf16)
+    ];
+    let group = prop_oneof![
+        Just(Group::Tensor),
+        Just(Group::Row),
+        (1u32..100).prop_map(Group::Size)
+    ];
+    prop_oneof![
+        dtype.clone().prop_map(|dtype| Encoding::Raw { dtype }),
+        (1u8..=8, group, any::<bool>(), dtype).prop_map(|(bits, group, symmetric, scale_dtype)| {
+            Encoding::affine(AffineParams {
+                bits,
+                group,
+                symmetric,
+                scale_dtype,
+            })
+        }),
+    ]
+}
+
+fn shape() -> impl Strategy<Value = Vec<u64>> {
+    prop_oneof![
+        Just(vec![]),
+        (0u64..50).prop_map(|a| vec![a]),
+        (1u64..8, 1u64..70).prop_map(|(a, b)| vec![a, b]),
+        (1u64..3, 1u64..4, 1u64..30).prop_map(|(a, b, c)| vec![a, b, c]),
+    ]
+}
+
+fn tensor() -> impl Strategy<Value = (Vec<u64>, Vec<f32>, Encoding)> {
+    (shape(), encoding()).prop_flat_map(|(shape, enc)| {
+        let n = shape.iter().product::<u64>() as usize;
+        (Just(shape), weights(n), Just(enc))
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Whatever goes in comes out as the codec alone decodes it: the container adds nothing
+    /// and loses nothing, with and without zstd.
+    #[test]
+    fn container_roundtrip(tensors in proptest::collection::vec(tensor(), 1..6), zstd in any::<bool>()) {
+        let named: Vec<_> = tensors.into_iter().enumerate()
+            .map(|(i, (s, v, e))| (format!("layer.{i}"), s, v, e)).collect();
+        let compression = if zstd { Compression::Zstd } else { Compression::None };
+        let (_, decoded) = roundtrip(&named, compression).unwrap();
+        for ((name, shape, values, enc), got) in named.iter().zip(&decoded) {
+            // The same tensor decoded straight from the codec, without the container.
+            let t = encode(name, values, shape, enc, EncodeOptions::default()).unwrap();
+            let refs: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
+            let mut direct = vec![0.0; values.len()];
+            hypercodec_hwz::decode_into(name, enc, shape, &refs, &mut direct).unwrap();
+            prop_assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), direct.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            if let Encoding::Raw { dtype } = enc {
+                for (a, b) in values.iter().zip(got) {
+                    prop_assert_eq!(dtype.round(*a).to_bits(), b.to_bits(), "raw {} must be exact", dtype);
+                }
+            }
+        }
+    }
+
+    /// Any corruption of a valid archive gives an error or a decodable archive: never a panic.
+    #[test]
+    fn corruption_never_panics(edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8)) {
+        let mut bytes = sample_archive();
+        for (i, b) in edits {
+            let at = i.index(bytes.len());
+            bytes[at] = b;
+        }
+        if let Ok(a) = Archive::open(&bytes[..]) {
+            for t in a.tensors() {
+                let _ = a.decode_tensor(&t.name);
+            }
+        }
+    }
+}
