@@ -1,0 +1,364 @@
+//! End-to-end tests of the `hypercodec` binary.
+
+use safetensors::tensor::{serialize, Dtype, TensorView};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hypercodec"))
+}
+
+fn run(args: &[&str]) -> Output {
+    let out = bin().args(args).output().expect("spawn hypercodec");
+    assert_ne!(
+        out.status.code(),
+        Some(101),
+        "hypercodec panicked: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn repo_data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(name)
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// Reads a safetensors file into (name, dtype, shape, bytes), sorted by name.
+fn read_st(path: &Path) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut v: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
+/// A small model: f32, f16 and bf16 matrices, a 1-D bias, and an int64 buffer.
+fn write_model(path: &Path, nan: bool) {
+    let mut w32: Vec<f32> = values(64 * 48, 1);
+    if nan {
+        w32[17] = f32::NAN;
+    }
+    let b32: Vec<u8> = w32.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let b16: Vec<u8> = values(32 * 64, 2)
+        .iter()
+        .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+        .collect();
+    let bbf: Vec<u8> = values(16 * 128, 3)
+        .iter()
+        .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+        .collect();
+    let bias: Vec<u8> = values(48, 4).iter().flat_map(|x| x.to_le_bytes()).collect();
+    let ids: Vec<u8> = (0..8i64).flat_map(|x| x.to_le_bytes()).collect();
+    let tensors = vec![
+        (
+            "a.weight",
+            TensorView::new(Dtype::F32, vec![64, 48], &b32).unwrap(),
+        ),
+        (
+            "b.weight",
+            TensorView::new(Dtype::F16, vec![32, 64], &b16).unwrap(),
+        ),
+        (
+            "c.weight",
+            TensorView::new(Dtype::BF16, vec![16, 128], &bbf).unwrap(),
+        ),
+        (
+            "a.bias",
+            TensorView::new(Dtype::F32, vec![48], &bias).unwrap(),
+        ),
+        (
+            "position_ids",
+            TensorView::new(Dtype::I64, vec![8], &ids).unwrap(),
+        ),
+    ];
+    std::fs::write(path, serialize(tensors, None).unwrap()).unwrap();
+}
+
+#[test]
+fn raw_encodings_restore_bit_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.safetensors");
+    write_model(&model, false);
+    let input = read_st(&model);
+    // raw-f32 holds every source type exactly; decompress restores each tensor's source type.
+    let hwz = dir.path().join("m.hwz");
+    let out = dir.path().join("back.safetensors");
+    ok(&["compress", p(&model), p(&hwz), "--encoding", "raw-f32"]);
+    ok(&["decompress", p(&hwz), p(&out)]);
+    let back = read_st(&out);
+    let floats: Vec<_> = input
+        .iter()
+        .filter(|t| t.1 != Dtype::I64)
+        .cloned()
+        .collect();
+    assert_eq!(back, floats, "raw round trip must be bit-exact");
+    // raw-bf16 of a bf16 tensor is exact too.
+    ok(&["compress", p(&model), p(&hwz), "--encoding", "raw-bf16"]);
+    ok(&["decompress", p(&hwz), p(&out)]);
+    let back = read_st(&out);
+    let c = back.iter().find(|t| t.0 == "c.weight").unwrap();
+    assert_eq!(c, input.iter().find(|t| t.0 == "c.weight").unwrap());
+}
+
+#[test]
+fn affine_keeps_1d_raw_and_inspect_lists_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.safetensors");
+    write_model(&model, false);
+    let hwz = dir.path().join("m.hwz");
+    let out = run(&[
+        "compress",
+        p(&model),
+        p(&hwz),
+        "--bits",
+        "4",
+        "--group",
+        "32",
+        "--no-zstd",
+    ]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("skipping tensor `position_ids`"));
+    let json: Value = serde_json::from_str(&ok(&["inspect", p(&hwz), "--json"])).unwrap();
+    let tensors = json["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), 4);
+    let find = |n: &str| tensors.iter().find(|t| t["name"] == n).unwrap();
+    assert_eq!(find("a.bias")["encoding"]["type"], "raw");
+    assert_eq!(
+        find("a.bias")["stats"]["snr_db"],
+        Value::Null,
+        "exact: no finite SNR"
+    );
+    let a = find("a.weight");
+    assert_eq!(a["encoding"]["type"], "affine");
+    assert_eq!(a["encoding"]["group"], 32);
+    assert_eq!(a["shape"], serde_json::json!([64, 48]));
+    assert!(a["stats"]["snr_db"].as_f64().unwrap() > 15.0);
+    // 64 rows of 48: codes 4 bits each, two groups per row (32 + 16) of f16 scale + offset.
+    let bytes = 64 * 48 / 2 + 64 * 2 * (2 + 2);
+    assert_eq!(a["stored_bytes"], bytes);
+    assert_eq!(a["bps"], bytes as f64 * 8.0 / (64.0 * 48.0));
+    let text = ok(&["inspect", p(&hwz)]);
+    assert!(text.contains("affine-int4-g32-asym-f16") && text.contains("a.bias"));
+}
+
+#[test]
+fn gguf_block_types_match_the_reference_dequantizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let hwz = dir.path().join("g.hwz");
+    let out = dir.path().join("g.safetensors");
+    ok(&[
+        "compress",
+        p(&repo_data("blocks.gguf")),
+        p(&hwz),
+        "--encoding",
+        "raw-f32",
+    ]);
+    ok(&["decompress", p(&hwz), p(&out), "--dtype", "f32"]);
+    let meta: Vec<Value> =
+        serde_json::from_slice(&std::fs::read(repo_data("blocks.expected.json")).unwrap()).unwrap();
+    let expected = std::fs::read(repo_data("blocks.expected.f32")).unwrap();
+    let back = read_st(&out);
+    let mut at = 0;
+    for m in &meta {
+        let name = m["name"].as_str().unwrap();
+        let t = back
+            .iter()
+            .find(|t| t.0 == name)
+            .unwrap_or_else(|| panic!("{name} missing"));
+        let shape: Vec<usize> = m["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect();
+        assert_eq!(t.2, shape, "{name}");
+        let want = &expected[at..at + t.3.len()];
+        assert!(
+            t.3 == want,
+            "{} ({}) dequantizes differently from gguf-py",
+            name,
+            m["type"]
+        );
+        at += t.3.len();
+    }
+    assert_eq!(at, expected.len());
+    let json: Value = serde_json::from_str(&ok(&["inspect", p(&hwz), "--json"])).unwrap();
+    let q6 = json["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "t.q6_k")
+        .unwrap();
+    assert_eq!(q6["source_dtype"], "q6_k");
+}
+
+#[test]
+fn nan_input_fails_cleanly_and_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("nan.safetensors");
+    write_model(&model, true);
+    let hwz = dir.path().join("nan.hwz");
+    let out = run(&["compress", p(&model), p(&hwz)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a.weight") && err.contains("not finite"),
+        "{err}"
+    );
+    assert!(!hwz.exists(), "no archive under the final name");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        leftovers.len(),
+        1,
+        "temporary file left behind: {leftovers:?}"
+    );
+    // An existing archive is left untouched by a failed run.
+    std::fs::write(&hwz, b"previous").unwrap();
+    assert_eq!(
+        run(&["compress", p(&model), p(&hwz)]).status.code(),
+        Some(1)
+    );
+    assert_eq!(std::fs::read(&hwz).unwrap(), b"previous");
+    // Raw encodings may keep NaN when asked to.
+    ok(&[
+        "compress",
+        p(&model),
+        p(&hwz),
+        "--encoding",
+        "raw-f32",
+        "--allow-non-finite",
+    ]);
+}
+
+#[test]
+fn hostile_archives_give_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = std::fs::read(repo_data("golden-v1.hwz")).unwrap();
+    let bad = dir.path().join("bad.hwz");
+    let out = dir.path().join("out.safetensors");
+    for cut in [0, 10, 100, golden.len() / 2, golden.len() - 1] {
+        std::fs::write(&bad, &golden[..cut]).unwrap();
+        assert_eq!(
+            run(&["inspect", p(&bad)]).status.code(),
+            Some(1),
+            "cut {cut}"
+        );
+    }
+    let mut flipped = golden.clone();
+    flipped[70] ^= 0xFF;
+    std::fs::write(&bad, &flipped).unwrap();
+    let r = run(&["decompress", p(&bad), p(&out)]);
+    assert_eq!(r.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("checksum"));
+    assert!(!out.exists());
+    std::fs::write(
+        &bad,
+        b"PK\x03\x04 pretend zip archive with enough bytes to sniff it properly...........",
+    )
+    .unwrap();
+    let r = run(&["inspect", p(&bad)]);
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("legacy"),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+}
+
+#[test]
+fn benchmark_reports_every_representation() {
+    let json: Value =
+        serde_json::from_str(&ok(&["benchmark", "gaussian:64x256:7", "--json"])).unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    let find = |n: &str| {
+        rows.iter()
+            .find(|r| r["representation"] == n)
+            .unwrap_or_else(|| panic!("{n} missing"))
+    };
+    assert_eq!(find("raw-f32")["bps"], 32.0);
+    assert_eq!(find("raw-f32")["snr_db"], Value::Null);
+    // per-row int8: 8 bits + (f16 scale + f16 offset) / 256 values
+    let int8 = find("affine-int8-row-asym-f16");
+    assert!((int8["bps"].as_f64().unwrap() - (8.0 + 32.0 / 256.0)).abs() < 1e-9);
+    for bits in 1..=8 {
+        for g in ["row-asym", "g128-asym", "g128-sym"] {
+            find(&format!("affine-int{bits}-{g}-f16"));
+        }
+    }
+    // More bits, less error; every lossy row is below the Gaussian bound.
+    let snr = |b: u32| {
+        find(&format!("affine-int{b}-g128-asym-f16"))["snr_db"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!((2..=8).all(|b| snr(b) > snr(b - 1)));
+    for r in rows {
+        if let Some(gap) = r["gap_db"].as_f64() {
+            assert!(
+                gap > 0.0,
+                "{} beats the Shannon bound?",
+                r["representation"]
+            );
+        }
+    }
+    find("zstd-3(f32), lossless peer");
+    let dir = tempfile::tempdir().unwrap();
+    let md = dir.path().join("b.md");
+    ok(&["benchmark", "gaussian:32x128", "--markdown", p(&md)]);
+    assert!(std::fs::read_to_string(&md)
+        .unwrap()
+        .contains("| affine-int4-g128-asym-f16 |"));
+}
+
+#[test]
+fn usage_errors_are_reported() {
+    assert_eq!(
+        run(&["compress", "gaussian:8x8", "/tmp/x.hwz", "--bits", "9"])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        run(&["compress", "gaussian:8x8", "/tmp/x.hwz", "--group", "0"])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        run(&["compress", "/nonexistent.safetensors", "/tmp/x.hwz"])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(run(&["frobnicate"]).status.code(), Some(2));
+}
