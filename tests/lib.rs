@@ -8,7 +8,7 @@
 
 use hypercodec_hwz::{
     encode, AffineParams, Archive, Compression, EncodeOptions, Encoding, FloatDtype, Group,
-    HwzError, Tail, Writer, WriterOptions, HEADER_LEN, MAGIC,
+    HwzError, Tail, Writer, WriterOptions, HEADER_LEN, MAGIC, TAIL_LEN,
 };
 use serde_json::Value;
 
@@ -100,7 +100,7 @@ pub fn sample_archive() -> Vec<u8> {
 /// Splits a valid archive into (stream area bytes after the header, manifest JSON).
 pub fn split(archive: &[u8]) -> (Vec<u8>, Value) {
     let n = archive.len() as u64;
-    let tail = Tail::parse(&archive[archive.len() - 28..], n).expect("valid tail");
+    let tail = Tail::parse(&archive[archive.len() - TAIL_LEN as usize..], n).expect("valid tail");
     let streams = archive[HEADER_LEN as usize..tail.manifest_offset as usize].to_vec();
     let json = serde_json::from_slice(
         &archive

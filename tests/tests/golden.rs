@@ -6,6 +6,8 @@
 //! To remake both (only for a deliberate format addition, never to make this test pass):
 //! `HWZ_WRITE_GOLDEN=1 cargo test -p hypercodec-tests --test golden -- --ignored`.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
 use hypercodec_hwz::{
     encode, Archive, Compression, EncodeOptions, TensorStats, Writer, WriterOptions,
 };

@@ -1,5 +1,7 @@
 //! Property tests of the container and every scalar format through it.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
 use hypercodec_hwz::{
     encode, AffineParams, Archive, Compression, EncodeOptions, Encoding, FloatDtype, Group,
 };
@@ -11,7 +13,7 @@ fn weights(n: usize) -> impl Strategy<Value = Vec<f32>> {
     proptest::collection::vec(
         prop_oneof![
             8 => (-3.0f32..3.0).prop_map(|x| x * 0.02),
-            1 => (-40.0f32..40.0),
+            1 => -40.0f32..40.0,
             1 => Just(0.0f32),
         ],
         n,

@@ -318,13 +318,13 @@ fn finite(x: f64) -> Value {
 }
 
 fn open_archive(path: &Path) -> Result<Archive<memmap2::Mmap>> {
-    Ok(Archive::open_path(path).map_err(|e| match e {
+    Archive::open_path(path).map_err(|e| match e {
         hwz::HwzError::Io(source) => CliError::Io {
             path: path.into(),
             source,
         },
         e => CliError::Hwz(e),
-    })?)
+    })
 }
 
 fn decompress(input: &Path, output: &Path, dtype: Option<DtypeArg>) -> Result<()> {

@@ -68,7 +68,7 @@ impl ErrorAcc {
     }
 
     /// As stored in a manifest.
-    pub fn to_stats(&self) -> TensorStats {
+    pub fn to_stats(self) -> TensorStats {
         TensorStats {
             mse: Some(self.mse()),
             snr_db: Some(self.snr_db()),

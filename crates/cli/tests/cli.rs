@@ -1,5 +1,7 @@
 //! End-to-end tests of the `hypercodec` binary.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
 use safetensors::tensor::{serialize, Dtype, TensorView};
 use serde_json::Value;
 use std::path::{Path, PathBuf};

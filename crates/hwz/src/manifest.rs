@@ -17,7 +17,7 @@ pub const ALIGN: u64 = 64;
 /// Bytes before the first stream: magic, flags, zero padding to [`ALIGN`].
 pub const HEADER_LEN: u64 = ALIGN;
 /// Bytes of the tail: manifest offset (u64), length (u64), crc32c (u32), magic.
-pub const TAIL_LEN: u64 = 28;
+pub const TAIL_LEN: u64 = 24;
 
 /// Largest manifest accepted. A tensor entry takes ~300 bytes of JSON, so 64 MiB holds over
 /// 200 000 tensors — ten times the largest checkpoints published — while bounding what a
@@ -215,7 +215,7 @@ impl Tail {
                 min: HEADER_LEN + TAIL_LEN,
             });
         }
-        let magic = &tail[24..28];
+        let magic = &tail[20..24];
         if magic != MAGIC {
             return Err(HwzError::BadMagic {
                 found: [magic[0], magic[1], magic[2], magic[3]],
@@ -225,11 +225,6 @@ impl Tail {
         let manifest_offset = le_u64(&tail[0..8]);
         let manifest_len = le_u64(&tail[8..16]);
         let manifest_crc32c = u32::from_le_bytes([tail[16], tail[17], tail[18], tail[19]]);
-        if tail[20..24] != [0; 4] {
-            return Err(HwzError::ManifestJson {
-                message: "reserved tail bytes are not zero".into(),
-            });
-        }
         if manifest_len > MAX_MANIFEST_LEN {
             return Err(HwzError::LimitExceeded {
                 what: "manifest length",
@@ -261,7 +256,7 @@ impl Tail {
         b[0..8].copy_from_slice(&self.manifest_offset.to_le_bytes());
         b[8..16].copy_from_slice(&self.manifest_len.to_le_bytes());
         b[16..20].copy_from_slice(&self.manifest_crc32c.to_le_bytes());
-        b[24..28].copy_from_slice(&MAGIC);
+        b[20..24].copy_from_slice(&MAGIC);
         b
     }
 }
