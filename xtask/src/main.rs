@@ -116,8 +116,8 @@ fn rss() -> Result<(), String> {
         ("inspect", vec!["inspect"]),
     ] {
         let hwz = dir.join("model.hwz");
-        let mut c = Command::new("/usr/bin/time");
-        c.arg("-v").arg(&bin).arg(args[0]);
+        let mut c = Command::new(&bin);
+        c.arg(args[0]).env("HYPERCODEC_REPORT_RSS", "1");
         match step {
             "compress" => c.arg(&model).arg(&hwz).args(&args[1..]),
             "decompress" => c.arg(&hwz).arg(dir.join("back.safetensors")),
@@ -134,12 +134,13 @@ fn rss() -> Result<(), String> {
             ));
         }
         let text = String::from_utf8_lossy(&out.stderr);
-        let kb: u64 = text
+        let bytes: u64 = text
             .lines()
-            .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes):"))
+            .find_map(|l| l.strip_prefix("peak_rss_bytes:"))
             .and_then(|v| v.trim().parse().ok())
-            .ok_or("no RSS in /usr/bin/time output")?;
-        worst = worst.max(kb * 1024);
+            .ok_or("the binary reported no peak RSS (needs Linux /proc)")?;
+        worst = worst.max(bytes);
+        let kb = bytes / 1024;
         let enc = args.get(2).copied().unwrap_or("-");
         println!(
             "| {step} | {enc} | {:.0} | {:.0} | {:.1} |",

@@ -532,8 +532,29 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// Peak resident memory of this process (Linux `VmHWM`), if the platform tells.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
+}
+
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse()) {
+    let result = run(Cli::parse());
+    // Benchmarks (`cargo xtask rss`) read the peak memory of a run from here.
+    if std::env::var_os("HYPERCODEC_REPORT_RSS").is_some() {
+        if let Some(b) = peak_rss_bytes() {
+            eprintln!("peak_rss_bytes: {b}");
+        }
+    }
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

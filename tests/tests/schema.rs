@@ -1,0 +1,56 @@
+//! The manifest JSON Schema (`crates/hwz/manifest.schema.json`) and the code agree: every
+//! manifest the writer makes validates, and manifests the reader refuses for their shape are
+//! refused by the schema too.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use hypercodec_tests::{sample_archive, split};
+use serde_json::{json, Value};
+
+fn schema() -> jsonschema::Validator {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../crates/hwz/manifest.schema.json"
+    ))
+    .unwrap();
+    jsonschema::validator_for(&serde_json::from_str::<Value>(&text).unwrap()).unwrap()
+}
+
+#[test]
+fn written_manifests_validate() {
+    let v = schema();
+    let (_, m) = split(&sample_archive());
+    let errors: Vec<String> = v.iter_errors(&m).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    let golden = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/data/golden-v1.hwz")).unwrap();
+    assert!(v.is_valid(&split(&golden).1));
+}
+
+#[test]
+fn malformed_manifests_are_invalid() {
+    let v = schema();
+    let (_, good) = split(&sample_archive());
+    let edits: Vec<Box<dyn Fn(&mut Value)>> = vec![
+        Box::new(|m| m["version"] = json!(2)),
+        Box::new(|m| m["tensors"][0]["encoding"] = json!({"type": "quantum"})),
+        Box::new(|m| m["tensors"][0]["encoding"]["extra"] = json!(1)),
+        Box::new(|m| m["tensors"][0]["shape"] = json!([1, 1, 1, 1, 1, 1, 1, 1, 1])),
+        Box::new(|m| m["tensors"][0]["name"] = json!("")),
+        Box::new(|m| m["streams"][0]["offset"] = json!(65)),
+        Box::new(|m| m["streams"][0]["compression"] = json!("lz4")),
+    ];
+    for (i, edit) in edits.iter().enumerate() {
+        let mut m = good.clone();
+        edit(&mut m);
+        assert!(!v.is_valid(&m), "edit {i} should be invalid");
+    }
+    let affine = good["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|t| t["encoding"]["type"] == "affine")
+        .unwrap();
+    let mut m = good.clone();
+    m["tensors"][affine]["encoding"]["bits"] = json!(9);
+    assert!(!v.is_valid(&m));
+}
