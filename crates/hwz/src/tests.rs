@@ -92,3 +92,69 @@ fn zstd_stream_compresses_redundant_codes() {
     assert_eq!(zstd_codec::decompress(&z, raw.len() as u64).unwrap(), raw);
     assert!(zstd_codec::decompress(&z, raw.len() as u64 - 1).is_err());
 }
+
+#[cfg(all(feature = "std-fs", unix))]
+mod files {
+    use super::*;
+
+    fn one_tensor() -> EncodedTensor {
+        encode(
+            "w",
+            &[0.5, -1.5, 2.0, 0.0],
+            &[2, 2],
+            &Encoding::Raw {
+                dtype: FloatDtype::F16,
+            },
+            EncodeOptions::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn file_writer_appears_only_when_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.hwz");
+        let mut w = FileWriter::create(&path, WriterOptions::default()).unwrap();
+        w.add_tensor("w", &[2, 2], "f32", &one_tensor(), None)
+            .unwrap();
+        assert!(!path.exists(), "nothing under the final name before finish");
+        w.finish().unwrap();
+        for archive in [
+            Archive::open_path(&path)
+                .unwrap()
+                .decode_tensor("w")
+                .unwrap(),
+            Archive::open_file(&path)
+                .unwrap()
+                .decode_tensor("w")
+                .unwrap(),
+        ] {
+            assert_eq!(archive, vec![0.5, -1.5, 2.0, 0.0]);
+        }
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(
+            mode & 0o044,
+            0o044,
+            "readable by others like any written file (umask permitting)"
+        );
+    }
+
+    #[test]
+    fn dropped_writer_leaves_nothing_and_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.hwz");
+        std::fs::write(&path, b"old").unwrap();
+        let mut w = FileWriter::create(&path, WriterOptions::default()).unwrap();
+        w.add_tensor("w", &[2, 2], "f32", &one_tensor(), None)
+            .unwrap();
+        drop(w);
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "temporary file removed"
+        );
+    }
+}
