@@ -13,7 +13,7 @@ use std::time::Instant;
 /// Arguments of `benchmark`.
 #[derive(Args, Clone)]
 pub struct BenchArgs {
-    /// Input: .safetensors, .gguf, or gaussian:ROWSxCOLS[:SEED].
+    /// Input: .safetensors, .gguf, or `gaussian:ROWSxCOLS[:SEED]`.
     pub input: String,
     /// Also write the table as Markdown to this file.
     #[arg(long)]

@@ -175,7 +175,7 @@ fn parse_group(s: &str) -> Result<Group> {
 
 #[derive(Args)]
 struct CompressArgs {
-    /// Input: .safetensors, .gguf, or gaussian:ROWSxCOLS[:SEED].
+    /// Input: .safetensors, .gguf, or `gaussian:ROWSxCOLS[:SEED]`.
     input: String,
     /// The .hwz archive to write.
     output: PathBuf,
