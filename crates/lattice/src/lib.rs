@@ -1,10 +1,239 @@
-//! hypercodec-lattice: randomized Hadamard transform (RHT) and nearest-point quantizers of the
-//! Z1, A2, D4 and E8 lattices, with the calibration that relates the scale α, the SNR and the rate.
+//! hypercodec-lattice: the randomized Hadamard transform (RHT) and nearest-point quantizers of
+//! the Z1, A2, D4 and E8 lattices, with lossless bit-stripping and the α ↔ SNR ↔ rate
+//! calibration.
 //!
-//! Key design decision: quantizers work on integer representations of the lattice points
-//! (E8 as 2·E8, all-even or all-odd with sum ≡ 0 mod 4), so the bits each lattice pins are
-//! stripped losslessly before entropy coding, and the calibration table is generated offline
-//! and committed: nothing calibrates at run time.
+//! Key design decision: quantizers work on *integer representations* of lattice points (E8 as
+//! 2·E8: all-even or all-odd, sum ≡ 0 mod 4), so the bits a lattice pins are stripped before
+//! entropy coding and every symbol is a plain unsigned integer; and the calibration table is
+//! generated offline (`cargo run --release -p hypercodec-lattice --example calibrate`) and
+//! committed, so nothing calibrates at run time.
 //!
-//! Status: filled by the lattice + entropy coding issue.
+//! The tensor pipeline ([`quantize_rows`] / [`dequantize_rows`]): per row, RHT in tiles,
+//! normalize by the row's RMS `σ` (rounded by the caller to its storage type), scale by α,
+//! quantize words of `dim` values (a row's tail is zero-padded to whole words), emit symbols.
+//! Reconstruction: `x̂ = RHT⁻¹(σ · Q / α)`.
+//!
+//! ```
+//! use hypercodec_lattice::{dequantize_rows, quantize_rows, Lattice, LatticeParams};
+//! let w: Vec<f32> = (0..2 * 256).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+//! let p = LatticeParams { lattice: Lattice::E8, alpha: 8.0, tile: 256, seed: 1 };
+//! let q = quantize_rows(&w, 2, 256, &p, |s| s)?;
+//! let back = dequantize_rows(&q.symbols, &q.scales, 2, 256, &p)?;
+//! let snr = 10.0 * (w.iter().map(|x| x * x).sum::<f32>()
+//!     / w.iter().zip(&back).map(|(a, b)| (a - b) * (a - b)).sum::<f32>()).log10();
+//! assert!(snr > 20.0);
+//! # Ok::<(), hypercodec_lattice::LatticeError>(())
+//! ```
 #![deny(missing_docs)]
+
+pub mod calibration;
+mod quant;
+pub mod rht;
+
+pub use quant::{Lattice, MAX_COORD};
+pub use rht::{tile_for, Rht, MAX_TILE, MIN_TILE};
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LatticeError {
+    /// The RHT tile is not a power of two in 1..=4096 dividing the row length.
+    #[error(
+        "RHT tile {tile} must be a power of two up to 4096 that divides the row length {cols}"
+    )]
+    InvalidTile {
+        /// The tile.
+        tile: usize,
+        /// The row length.
+        cols: usize,
+    },
+    /// A lattice name is unknown.
+    #[error("unknown lattice `{name}`; use z1, a2, d4 or e8")]
+    UnknownLattice {
+        /// The name given.
+        name: String,
+    },
+    /// α is not a finite positive number.
+    #[error("scale alpha must be finite and positive")]
+    InvalidAlpha,
+    /// A value is NaN or infinite.
+    #[error("value at index {index} is not finite")]
+    NonFinite {
+        /// Position of the first offending value.
+        index: usize,
+    },
+    /// Sizes do not match the shape.
+    #[error("{what}: expected {expected}, got {actual}")]
+    Length {
+        /// What was counted.
+        what: &'static str,
+        /// Expected count.
+        expected: usize,
+        /// Actual count.
+        actual: usize,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = LatticeError> = std::result::Result<T, E>;
+
+/// Parameters of the lattice pipeline for one tensor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatticeParams {
+    /// The lattice. By default, E8.
+    pub lattice: Lattice,
+    /// Scale applied to unit-RMS rows before quantization. By default, 8.0 (about 4.1 bps on E8).
+    pub alpha: f32,
+    /// RHT tile (power of two dividing the row length; 1 = signs only). By default, 256.
+    pub tile: usize,
+    /// RHT seed. By default, 0.
+    pub seed: u64,
+}
+
+impl Default for LatticeParams {
+    fn default() -> Self {
+        LatticeParams {
+            lattice: Lattice::E8,
+            alpha: 8.0,
+            tile: 256,
+            seed: 0,
+        }
+    }
+}
+
+/// Symbols per row: the row length rounded up to whole words.
+pub fn symbols_per_row(lattice: Lattice, cols: usize) -> usize {
+    cols.div_ceil(lattice.dim()) * lattice.dim()
+}
+
+/// A quantized tensor: symbols row by row, and one scale per row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quantized {
+    /// `rows × symbols_per_row` symbols.
+    pub symbols: Vec<u32>,
+    /// Row scales σ as used (after the caller's rounding).
+    pub scales: Vec<f32>,
+}
+
+fn check(params: &LatticeParams, cols: usize) -> Result<Rht> {
+    if !(params.alpha.is_finite() && params.alpha > 0.0) {
+        return Err(LatticeError::InvalidAlpha);
+    }
+    Rht::new(cols, params.tile, params.seed)
+}
+
+/// Quantizes a `rows × cols` tensor. `round_scale` maps each row's RMS to the value that will
+/// be stored (e.g. rounded to bf16); quantization uses that value, so decoding is consistent.
+pub fn quantize_rows(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    params: &LatticeParams,
+    round_scale: impl Fn(f32) -> f32,
+) -> Result<Quantized> {
+    if rows.checked_mul(cols) != Some(values.len()) {
+        return Err(LatticeError::Length {
+            what: "values",
+            expected: rows.saturating_mul(cols),
+            actual: values.len(),
+        });
+    }
+    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+        return Err(LatticeError::NonFinite { index });
+    }
+    let rht = check(params, cols)?;
+    let l = params.lattice;
+    let spr = symbols_per_row(l, cols);
+    let mut symbols = vec![0u32; rows * spr];
+    let mut scales = Vec::with_capacity(rows);
+    let mut buf = vec![0f32; spr];
+    for (r, row) in values.chunks_exact(cols.max(1)).take(rows).enumerate() {
+        buf[..cols].copy_from_slice(row);
+        buf[cols..].iter_mut().for_each(|v| *v = 0.0);
+        rht.forward(&mut buf[..cols]);
+        let ms = buf[..cols]
+            .iter()
+            .map(|&v| v as f64 * v as f64)
+            .sum::<f64>()
+            / cols.max(1) as f64;
+        let sigma = round_scale(ms.sqrt() as f32);
+        scales.push(sigma);
+        let out = &mut symbols[r * spr..(r + 1) * spr];
+        if sigma > 0.0 && sigma.is_finite() {
+            let k = params.alpha / sigma;
+            buf.iter_mut().for_each(|v| *v *= k);
+            for (w, s) in buf.chunks_exact(l.dim()).zip(out.chunks_exact_mut(l.dim())) {
+                l.encode_word(w, s);
+            }
+        } else {
+            let zero = vec![0f32; l.dim()];
+            for s in out.chunks_exact_mut(l.dim()) {
+                l.encode_word(&zero, s);
+            }
+        }
+    }
+    Ok(Quantized { symbols, scales })
+}
+
+/// Reconstructs a `rows × cols` tensor from symbols and row scales.
+pub fn dequantize_rows(
+    symbols: &[u32],
+    scales: &[f32],
+    rows: usize,
+    cols: usize,
+    params: &LatticeParams,
+) -> Result<Vec<f32>> {
+    let mut out = vec![
+        0f32;
+        rows.checked_mul(cols).ok_or(LatticeError::Length {
+            what: "values",
+            expected: usize::MAX,
+            actual: 0
+        })?
+    ];
+    dequantize_rows_into(symbols, scales, rows, cols, params, &mut out)?;
+    Ok(out)
+}
+
+/// Reconstructs into `out` (`rows × cols` values).
+pub fn dequantize_rows_into(
+    symbols: &[u32],
+    scales: &[f32],
+    rows: usize,
+    cols: usize,
+    params: &LatticeParams,
+    out: &mut [f32],
+) -> Result<()> {
+    let rht = check(params, cols)?;
+    let l = params.lattice;
+    let spr = symbols_per_row(l, cols);
+    for (what, expected, actual) in [
+        ("symbols", rows * spr, symbols.len()),
+        ("scales", rows, scales.len()),
+        ("values", rows * cols, out.len()),
+    ] {
+        if expected != actual {
+            return Err(LatticeError::Length {
+                what,
+                expected,
+                actual,
+            });
+        }
+    }
+    let mut buf = vec![0f32; spr];
+    for r in 0..rows {
+        for (w, s) in buf
+            .chunks_exact_mut(l.dim())
+            .zip(symbols[r * spr..(r + 1) * spr].chunks_exact(l.dim()))
+        {
+            l.decode_word(s, w);
+        }
+        let k = scales[r] / params.alpha;
+        let row = &mut out[r * cols..(r + 1) * cols];
+        for (o, v) in row.iter_mut().zip(&buf) {
+            *o = v * k;
+        }
+        rht.inverse(row);
+    }
+    Ok(())
+}

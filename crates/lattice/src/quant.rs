@@ -1,0 +1,348 @@
+//! Nearest-point quantizers of Z1, A2, D4 and E8 on integer representations, with the bits
+//! each lattice pins stripped losslessly.
+//!
+//! Lattices in real coordinates (the unit the scale α multiplies into):
+//! - **Z1**: the integers.
+//! - **A2**: `{(nₓ/2, n_y·√3/2) : nₓ ≡ n_y (mod 2)}`, minimum distance 1.
+//! - **D4**: `{z ∈ Z⁴ : Σz even}`.
+//! - **E8**: `{Y/2 : Y ∈ Z⁸ all even or all odd, ΣY ≡ 0 (mod 4)}` = D8 ∪ (D8 + ½).
+//!
+//! Each word of `dim` coordinates becomes `dim` unsigned symbols (zigzag `zz(n) = 2n` for
+//! `n ≥ 0`, `−2n−1` otherwise), with the pinned bits removed:
+//! - Z1: `[zz(q)]`.
+//! - A2: `[zz(n_y), zz(m)]` with `nₓ = 2m + (n_y mod 2)`.
+//! - D4: `[zz(t), zz(z₀), zz(z₁), zz(z₂)]` with `z₃ = 2t + ((z₀+z₁+z₂) mod 2)`.
+//! - E8: `[2·zz(t) + c, zz(s₀), …, zz(s₆)]` where `c ∈ {0,1}` is the coset (`Y = 2s + c`),
+//!   `s₇ = 2t + ((s₀+…+s₆) mod 2)`: one parity bit per word is never stored, and the coset bit
+//!   rides in the first symbol, which is decoded first so it can select the model of the rest.
+//!
+//! Inputs are clamped to ±[`MAX_COORD`] first, so every integer fits an `i32` whatever the data.
+
+use crate::{LatticeError, Result};
+
+/// Largest magnitude of a scaled coordinate; beyond it values are clamped. Rows are normalized
+/// to unit RMS before scaling, so this is only reached by absurd scales or corrupt input.
+pub const MAX_COORD: f32 = (1 << 24) as f32;
+
+/// A lattice family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Lattice {
+    /// The integers: scalar rounding.
+    Z1,
+    /// The hexagonal lattice.
+    A2,
+    /// The checkerboard lattice in four dimensions.
+    D4,
+    /// The Gosset lattice.
+    E8,
+}
+
+const SQRT3: f32 = 1.732_050_8;
+
+#[inline]
+fn zz(n: i32) -> u32 {
+    ((n << 1) ^ (n >> 31)) as u32
+}
+
+#[inline]
+fn unzz(z: u32) -> i32 {
+    ((z >> 1) as i32) ^ -((z & 1) as i32)
+}
+
+#[inline]
+fn clampc(x: f32) -> f32 {
+    if x.is_nan() {
+        0.0
+    } else {
+        x.clamp(-MAX_COORD, MAX_COORD)
+    }
+}
+
+/// Nearest point of D_n = {z ∈ Zⁿ : Σz even} (Conway & Sloane): round every coordinate, and if
+/// the sum is odd, round the worst one the other way. Returns the point and its squared distance.
+#[inline]
+fn nearest_dn<const N: usize>(u: &[f32; N]) -> ([i32; N], f32) {
+    let mut r = [0i32; N];
+    let mut sum = 0i32;
+    let mut worst = 0usize;
+    let mut worst_err = -1.0f32;
+    for i in 0..N {
+        let f = u[i].round();
+        r[i] = f as i32;
+        sum = sum.wrapping_add(r[i]);
+        let e = (u[i] - f).abs();
+        if e > worst_err {
+            worst_err = e;
+            worst = i;
+        }
+    }
+    if sum & 1 != 0 {
+        r[worst] += if u[worst] >= r[worst] as f32 { 1 } else { -1 };
+    }
+    let mut d = 0.0f32;
+    for i in 0..N {
+        let e = u[i] - r[i] as f32;
+        d += e * e;
+    }
+    (r, d)
+}
+
+impl Lattice {
+    /// Every lattice.
+    pub const ALL: [Lattice; 4] = [Lattice::Z1, Lattice::A2, Lattice::D4, Lattice::E8];
+
+    /// Dimension (coordinates per word).
+    pub const fn dim(self) -> usize {
+        match self {
+            Lattice::Z1 => 1,
+            Lattice::A2 => 2,
+            Lattice::D4 => 4,
+            Lattice::E8 => 8,
+        }
+    }
+
+    /// Lowercase name (`z1`, `a2`, `d4`, `e8`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Lattice::Z1 => "z1",
+            Lattice::A2 => "a2",
+            Lattice::D4 => "d4",
+            Lattice::E8 => "e8",
+        }
+    }
+
+    /// Parses a name as written by [`Lattice::name`].
+    pub fn from_name(name: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|l| l.name() == name)
+            .ok_or_else(|| LatticeError::UnknownLattice {
+                name: name.chars().take(32).collect(),
+            })
+    }
+
+    /// The covering radius in real coordinates: no point of space is farther from the lattice.
+    pub fn covering_radius(self) -> f32 {
+        match self {
+            Lattice::Z1 => 0.5,
+            Lattice::A2 => 1.0 / SQRT3,
+            Lattice::D4 | Lattice::E8 => 1.0,
+        }
+    }
+
+    /// Number of entropy-model contexts the symbols of a word use.
+    pub const fn contexts(self) -> usize {
+        match self {
+            Lattice::Z1 => 1,
+            Lattice::A2 | Lattice::D4 => 2,
+            Lattice::E8 => 3,
+        }
+    }
+
+    /// The context of symbol `pos` of a word whose first symbol is `first`.
+    #[inline]
+    pub fn context(self, pos: usize, first: u32) -> usize {
+        match self {
+            Lattice::Z1 => 0,
+            Lattice::A2 | Lattice::D4 => (pos > 0) as usize,
+            Lattice::E8 => {
+                if pos == 0 {
+                    0
+                } else {
+                    1 + (first & 1) as usize
+                }
+            }
+        }
+    }
+
+    /// Quantizes one word `u` (`dim` real coordinates) to its nearest lattice point and writes
+    /// its `dim` symbols.
+    #[inline]
+    pub fn encode_word(self, u: &[f32], syms: &mut [u32]) {
+        match self {
+            Lattice::Z1 => syms[0] = zz(clampc(u[0]).round() as i32),
+            Lattice::A2 => {
+                let (x, y) = (clampc(u[0]), clampc(u[1]) / SQRT3);
+                // Coset 0: (i, j√3); coset 1: (i + ½, (j + ½)√3). Distances in real units.
+                let (i0, j0) = (x.round(), y.round());
+                let (i1, j1) = ((x - 0.5).round(), (y - 0.5).round());
+                let d0 = (x - i0).powi(2) + 3.0 * (y - j0).powi(2);
+                let d1 = (x - i1 - 0.5).powi(2) + 3.0 * (y - j1 - 0.5).powi(2);
+                let (nx, ny) = if d0 <= d1 {
+                    (2 * i0 as i32, 2 * j0 as i32)
+                } else {
+                    (2 * i1 as i32 + 1, 2 * j1 as i32 + 1)
+                };
+                syms[0] = zz(ny);
+                syms[1] = zz((nx - (ny & 1)) >> 1);
+            }
+            Lattice::D4 => {
+                let w = [clampc(u[0]), clampc(u[1]), clampc(u[2]), clampc(u[3])];
+                let (r, _) = nearest_dn(&w);
+                let t = (r[3] - ((r[0] + r[1] + r[2]) & 1)) >> 1;
+                syms[0] = zz(t);
+                syms[1] = zz(r[0]);
+                syms[2] = zz(r[1]);
+                syms[3] = zz(r[2]);
+            }
+            Lattice::E8 => {
+                let mut a = [0f32; 8];
+                let mut b = [0f32; 8];
+                for i in 0..8 {
+                    a[i] = clampc(u[i]);
+                    b[i] = a[i] - 0.5;
+                }
+                let (ra, da) = nearest_dn(&a);
+                let (rb, db) = nearest_dn(&b);
+                let (s, c) = if da <= db { (ra, 0u32) } else { (rb, 1u32) };
+                let p = (s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6]) & 1;
+                let t = (s[7] - p) >> 1;
+                syms[0] = 2 * zz(t) + c;
+                for i in 0..7 {
+                    syms[1 + i] = zz(s[i]);
+                }
+            }
+        }
+    }
+
+    /// The lattice point (real coordinates) of one word's symbols. Any symbols decode to a
+    /// lattice point; nothing here can fail.
+    #[inline]
+    pub fn decode_word(self, syms: &[u32], out: &mut [f32]) {
+        match self {
+            Lattice::Z1 => out[0] = unzz(syms[0]) as f32,
+            Lattice::A2 => {
+                let ny = unzz(syms[0]);
+                let nx = (unzz(syms[1]) as i64) * 2 + (ny & 1) as i64;
+                out[0] = nx as f32 * 0.5;
+                out[1] = ny as f32 * (SQRT3 * 0.5);
+            }
+            Lattice::D4 => {
+                let t = unzz(syms[0]) as i64;
+                let z: [i64; 3] = [
+                    unzz(syms[1]) as i64,
+                    unzz(syms[2]) as i64,
+                    unzz(syms[3]) as i64,
+                ];
+                out[0] = z[0] as f32;
+                out[1] = z[1] as f32;
+                out[2] = z[2] as f32;
+                out[3] = (2 * t + ((z[0] + z[1] + z[2]) & 1)) as f32;
+            }
+            Lattice::E8 => {
+                let c = syms[0] & 1;
+                let t = unzz(syms[0] >> 1) as i64;
+                let mut p = 0i64;
+                let h = 0.5 * c as f32;
+                for i in 0..7 {
+                    let s = unzz(syms[1 + i]) as i64;
+                    p += s;
+                    out[i] = s as f32 + h;
+                }
+                out[7] = (2 * t + (p & 1)) as f32 + h;
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Lattice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Squared distance from `u` to the decoded point of `u`'s symbols.
+    fn dist2(l: Lattice, u: &[f32]) -> f32 {
+        let mut s = vec![0u32; l.dim()];
+        let mut p = vec![0f32; l.dim()];
+        l.encode_word(u, &mut s);
+        l.decode_word(&s, &mut p);
+        u.iter().zip(&p).map(|(a, b)| (a - b) * (a - b)).sum()
+    }
+
+    /// Lattice points near `u`, by brute force over a box of integer representations.
+    fn brute_nearest(l: Lattice, u: &[f32]) -> f32 {
+        let n = l.dim();
+        let mut best = f32::INFINITY;
+        let mut base: Vec<i32> = u.iter().map(|x| (x * 2.0).round() as i32).collect();
+        if l == Lattice::A2 {
+            base[1] = (u[1] * 2.0 / SQRT3).round() as i32;
+        }
+        let span = if n == 8 { 2 } else { 3 };
+        let total = (2 * span + 1usize).pow(n as u32);
+        for k in 0..total {
+            let mut rem = k;
+            let mut y = vec![0i32; n];
+            for i in 0..n {
+                y[i] = base[i] + (rem % (2 * span + 1)) as i32 - span as i32;
+                rem /= 2 * span + 1;
+            }
+            // y is twice the point (A2: (nx, ny) directly).
+            let member = match l {
+                Lattice::Z1 => y[0] % 2 == 0,
+                Lattice::A2 => (y[0] - y[1]) % 2 == 0,
+                Lattice::D4 => y.iter().all(|v| v % 2 == 0) && (y.iter().sum::<i32>() / 2) % 2 == 0,
+                Lattice::E8 => {
+                    let odd = y[0].rem_euclid(2);
+                    y.iter().all(|v| v.rem_euclid(2) == odd)
+                        && y.iter().sum::<i32>().rem_euclid(4) == 0
+                }
+            };
+            if !member {
+                continue;
+            }
+            let d: f32 = match l {
+                Lattice::A2 => {
+                    (u[0] - y[0] as f32 / 2.0).powi(2) + (u[1] - y[1] as f32 * SQRT3 / 2.0).powi(2)
+                }
+                _ => u
+                    .iter()
+                    .zip(&y)
+                    .map(|(a, b)| (a - *b as f32 / 2.0).powi(2))
+                    .sum(),
+            };
+            best = best.min(d);
+        }
+        best
+    }
+
+    #[test]
+    fn symbols_roundtrip_through_known_points() {
+        let mut s = [0u32; 8];
+        let mut p = [0f32; 8];
+        let pt = [0.5f32, 0.5, 0.5, 0.5, -0.5, -0.5, -0.5, -0.5];
+        Lattice::E8.encode_word(&pt, &mut s);
+        Lattice::E8.decode_word(&s, &mut p);
+        assert_eq!(p, pt);
+        assert_eq!(s[0] & 1, 1, "odd coset");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn nearest_point_is_optimal(l in prop::sample::select(Lattice::ALL.to_vec()), u in proptest::collection::vec(-4.0f32..4.0, 8)) {
+            let u = &u[..l.dim()];
+            let ours = dist2(l, u);
+            let brute = brute_nearest(l, u);
+            prop_assert!(ours <= brute + 1e-4, "{} {:?}: ours {} brute {}", l, u, ours, brute);
+            // and within the covering radius
+            prop_assert!(ours.sqrt() <= l.covering_radius() + 1e-4);
+        }
+
+        #[test]
+        fn any_symbols_decode_to_lattice_points_that_encode_back(l in prop::sample::select(Lattice::ALL.to_vec()), syms in proptest::collection::vec(0u32..5000, 8)) {
+            let syms = &syms[..l.dim()];
+            let mut p = vec![0f32; l.dim()];
+            l.decode_word(syms, &mut p);
+            let mut back = vec![0u32; l.dim()];
+            l.encode_word(&p, &mut back);
+            prop_assert_eq!(back, syms.to_vec());
+        }
+    }
+}
