@@ -24,6 +24,27 @@ fn gaussian(n: usize, seed: u64) -> Vec<f32> {
     v
 }
 
+/// SNR of fixed-rate `bits`-bit symbols at `alpha`.
+fn measure_fixed(l: Lattice, x: &[f32], alpha: f32, bits: u8) -> f64 {
+    let d = l.dim();
+    let (mut sig, mut noise) = (0f64, 0f64);
+    let mut u = vec![0f32; d];
+    let mut s = vec![0u32; d];
+    let mut p = vec![0f32; d];
+    for w in x.chunks_exact(d) {
+        for i in 0..d {
+            u[i] = w[i] * alpha;
+        }
+        l.encode_word_fixed(&u, bits, &mut s);
+        l.decode_word_fixed(&s, bits, &mut p);
+        for i in 0..d {
+            sig += (w[i] as f64).powi(2);
+            noise += ((w[i] - p[i] / alpha) as f64).powi(2);
+        }
+    }
+    10.0 * (sig / noise).log10()
+}
+
 fn measure(l: Lattice, x: &[f32], alpha: f32) -> (f64, f64) {
     let d = l.dim();
     let mut hist: Vec<std::collections::HashMap<u32, u64>> = vec![Default::default(); l.contexts()];
@@ -76,6 +97,23 @@ fn main() {
         }
         out.push_str("];\n");
     }
+    out.push_str("\n/// Fixed-rate forms: (lattice, bits, alpha of the best SNR, that SNR in dB).\npub const FIXED: &[(&str, u8, f32, f32)] = &[\n");
+    let x_fixed = &x[..N / 4];
+    for l in Lattice::ALL.into_iter().filter(|l| l.has_fixed()) {
+        for bits in 2u8..=8 {
+            // α in steps of 2^(1/32) around the bits' useful range.
+            let mut best = (0f32, f64::MIN);
+            for k in -48..=(48 + 32 * bits as i32) {
+                let alpha = 2f32.powf(k as f32 / 32.0);
+                let snr = measure_fixed(l, x_fixed, alpha, bits);
+                if snr > best.1 {
+                    best = (alpha, snr);
+                }
+            }
+            let _ = writeln!(out, "    (\"{}\", {bits}, {:.6}, {:.4}),", l.name(), best.0, best.1);
+        }
+    }
+    out.push_str("];\n");
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/calibration_table.rs");
     if check {
         let committed = std::fs::read_to_string(path).unwrap_or_default();

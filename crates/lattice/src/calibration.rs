@@ -14,7 +14,7 @@ use crate::Lattice;
 mod generated {
     include!("calibration_table.rs");
 }
-pub use generated::{A2, D4, E8, Z1};
+pub use generated::{A2, D4, E8, FIXED, Z1};
 
 /// The calibration points of a lattice.
 pub fn table(lattice: Lattice) -> &'static [[f32; 3]] {
@@ -58,6 +58,12 @@ pub fn alpha_for_bps(lattice: Lattice, bps: f32) -> f32 {
 /// The α whose SNR on Gaussian data is `snr_db` (clamped to the table's range).
 pub fn alpha_for_snr(lattice: Lattice, snr_db: f32) -> f32 {
     interpolate(table(lattice), 1, snr_db, 0)
+}
+
+/// The α that maximizes the SNR of the fixed-rate form with `bits` bits on Gaussian data,
+/// and that SNR; `None` where the form does not exist.
+pub fn fixed_alpha(lattice: Lattice, bits: u8) -> Option<(f32, f32)> {
+    FIXED.iter().find(|f| f.0 == lattice.name() && f.1 == bits).map(|f| (f.2, f.3))
 }
 
 /// Predicted `(snr_db, entropy_bps)` at `alpha` on Gaussian data.

@@ -16,7 +16,7 @@
 //! ```
 //! use hypercodec_lattice::{dequantize_rows, quantize_rows, Lattice, LatticeParams};
 //! let w: Vec<f32> = (0..2 * 256).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
-//! let p = LatticeParams { lattice: Lattice::E8, alpha: 8.0, tile: 256, seed: 1 };
+//! let p = LatticeParams { lattice: Lattice::E8, alpha: 4.0, tile: 256, seed: 1, fixed_bits: None };
 //! let q = quantize_rows(&w, 2, 256, &p, |s| s)?;
 //! let back = dequantize_rows(&q.symbols, &q.scales, 2, 256, &p)?;
 //! let snr = 10.0 * (w.iter().map(|x| x * x).sum::<f32>()
@@ -62,6 +62,14 @@ pub enum LatticeError {
         /// Position of the first offending value.
         index: usize,
     },
+    /// The fixed-rate form asked for does not exist.
+    #[error("lattice {lattice} has no fixed-rate form with {bits} bits (use z1, d4 or e8 with 2..=8 bits)")]
+    InvalidFixed {
+        /// The lattice.
+        lattice: &'static str,
+        /// The bits asked for.
+        bits: u8,
+    },
     /// Sizes do not match the shape.
     #[error("{what}: expected {expected}, got {actual}")]
     Length {
@@ -88,6 +96,10 @@ pub struct LatticeParams {
     pub tile: usize,
     /// RHT seed. By default, 0.
     pub seed: u64,
+    /// `None`: unbounded symbols for entropy coding; `Some(b)`: fixed-rate symbols of `b` bits
+    /// (2..=8; points outside the range are replaced by the nearest representable one).
+    /// By default, `None`.
+    pub fixed_bits: Option<u8>,
 }
 
 impl Default for LatticeParams {
@@ -97,6 +109,7 @@ impl Default for LatticeParams {
             alpha: 8.0,
             tile: 256,
             seed: 0,
+            fixed_bits: None,
         }
     }
 }
@@ -118,6 +131,11 @@ pub struct Quantized {
 fn check(params: &LatticeParams, cols: usize) -> Result<Rht> {
     if !(params.alpha.is_finite() && params.alpha > 0.0) {
         return Err(LatticeError::InvalidAlpha);
+    }
+    if let Some(b) = params.fixed_bits {
+        if !(2..=8).contains(&b) || !params.lattice.has_fixed() {
+            return Err(LatticeError::InvalidFixed { lattice: params.lattice.name(), bits: b });
+        }
     }
     Rht::new(cols, params.tile, params.seed)
 }
@@ -162,13 +180,13 @@ pub fn quantize_rows(
         if sigma > 0.0 && sigma.is_finite() {
             let k = params.alpha / sigma;
             buf.iter_mut().for_each(|v| *v *= k);
-            for (w, s) in buf.chunks_exact(l.dim()).zip(out.chunks_exact_mut(l.dim())) {
-                l.encode_word(w, s);
-            }
         } else {
-            let zero = vec![0f32; l.dim()];
-            for s in out.chunks_exact_mut(l.dim()) {
-                l.encode_word(&zero, s);
+            buf.iter_mut().for_each(|v| *v = 0.0);
+        }
+        for (w, s) in buf.chunks_exact(l.dim()).zip(out.chunks_exact_mut(l.dim())) {
+            match params.fixed_bits {
+                None => l.encode_word(w, s),
+                Some(b) => l.encode_word_fixed(w, b, s),
             }
         }
     }
@@ -226,7 +244,10 @@ pub fn dequantize_rows_into(
             .chunks_exact_mut(l.dim())
             .zip(symbols[r * spr..(r + 1) * spr].chunks_exact(l.dim()))
         {
-            l.decode_word(s, w);
+            match params.fixed_bits {
+                None => l.decode_word(s, w),
+                Some(b) => l.decode_word_fixed(s, b, w),
+            }
         }
         let k = scales[r] / params.alpha;
         let row = &mut out[r * cols..(r + 1) * cols];

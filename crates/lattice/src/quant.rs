@@ -26,6 +26,8 @@ pub const MAX_COORD: f32 = (1 << 24) as f32;
 
 /// A lattice family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Lattice {
     /// The integers: scalar rounding.
     Z1,
@@ -245,6 +247,111 @@ impl Lattice {
     }
 }
 
+/// Box-constrained nearest point of D_n-like sets: every coordinate in `[lo, hi]`, and (when
+/// `parity`) an even sum. Exact: round and clamp each coordinate, and if the sum is odd move
+/// the one coordinate whose move to its other in-range neighbour costs least.
+#[inline]
+fn nearest_box<const N: usize>(u: &[f32; N], lo: i32, hi: i32, parity: bool) -> ([i32; N], f32) {
+    let mut r = [0i32; N];
+    let mut sum = 0i32;
+    for i in 0..N {
+        r[i] = (u[i].round() as i32).clamp(lo, hi);
+        sum += r[i];
+    }
+    if parity && sum & 1 != 0 {
+        let mut best = (f32::INFINITY, 0usize, 0i32);
+        for i in 0..N {
+            let base = (u[i] - r[i] as f32).powi(2);
+            for alt in [r[i] - 1, r[i] + 1] {
+                if (lo..=hi).contains(&alt) {
+                    let cost = (u[i] - alt as f32).powi(2) - base;
+                    if cost < best.0 {
+                        best = (cost, i, alt);
+                    }
+                }
+            }
+        }
+        r[best.1] = best.2;
+    }
+    let d = (0..N).map(|i| (u[i] - r[i] as f32).powi(2)).sum();
+    (r, d)
+}
+
+impl Lattice {
+    /// True when this lattice has a fixed-rate form ([`Lattice::encode_word_fixed`]).
+    pub const fn has_fixed(self) -> bool {
+        !matches!(self, Lattice::A2)
+    }
+
+    /// Fixed-rate quantization: the nearest lattice point whose integer coordinates all lie in
+    /// `[−2^(bits−1), 2^(bits−1) − 1]` (points outside are replaced by the nearest such point),
+    /// as `dim` symbols of `bits` bits each (offset binary; E8's first symbol is
+    /// `2·(t + 2^(bits−2)) + c`). `bits` is 2..=8. A2 has no fixed-rate form.
+    #[inline]
+    pub fn encode_word_fixed(self, u: &[f32], bits: u8, syms: &mut [u32]) {
+        let h = 1i32 << (bits - 1);
+        let (lo, hi) = (-h, h - 1);
+        match self {
+            Lattice::Z1 | Lattice::A2 => syms[0] = ((clampc(u[0]).round() as i32).clamp(lo, hi) + h) as u32,
+            Lattice::D4 => {
+                let w = [clampc(u[0]), clampc(u[1]), clampc(u[2]), clampc(u[3])];
+                let (r, _) = nearest_box(&w, lo, hi, true);
+                let t = (r[3] - ((r[0] + r[1] + r[2]) & 1)) >> 1;
+                syms[0] = (t + h / 2) as u32;
+                for i in 0..3 {
+                    syms[1 + i] = (r[i] + h) as u32;
+                }
+            }
+            Lattice::E8 => {
+                let mut a = [0f32; 8];
+                let mut b = [0f32; 8];
+                for i in 0..8 {
+                    a[i] = clampc(u[i]);
+                    b[i] = a[i] - 0.5;
+                }
+                let (ra, da) = nearest_box(&a, lo, hi, true);
+                let (rb, db) = nearest_box(&b, lo, hi, true);
+                let (s, c) = if da <= db { (ra, 0u32) } else { (rb, 1u32) };
+                let p = (s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6]) & 1;
+                let t = (s[7] - p) >> 1;
+                syms[0] = 2 * (t + h / 2) as u32 + c;
+                for i in 0..7 {
+                    syms[1 + i] = (s[i] + h) as u32;
+                }
+            }
+        }
+    }
+
+    /// The lattice point of fixed-rate symbols (see [`Lattice::encode_word_fixed`]).
+    #[inline]
+    pub fn decode_word_fixed(self, syms: &[u32], bits: u8, out: &mut [f32]) {
+        let h = 1i64 << (bits - 1);
+        match self {
+            Lattice::Z1 | Lattice::A2 => out[0] = (syms[0] as i64 - h) as f32,
+            Lattice::D4 => {
+                let t = syms[0] as i64 - h / 2;
+                let z = [syms[1] as i64 - h, syms[2] as i64 - h, syms[3] as i64 - h];
+                out[0] = z[0] as f32;
+                out[1] = z[1] as f32;
+                out[2] = z[2] as f32;
+                out[3] = (2 * t + ((z[0] + z[1] + z[2]) & 1)) as f32;
+            }
+            Lattice::E8 => {
+                let c = syms[0] & 1;
+                let t = (syms[0] >> 1) as i64 - h / 2;
+                let half = 0.5 * c as f32;
+                let mut p = 0i64;
+                for i in 0..7 {
+                    let s = syms[1 + i] as i64 - h;
+                    p += s;
+                    out[i] = s as f32 + half;
+                }
+                out[7] = (2 * t + (p & 1)) as f32 + half;
+            }
+        }
+    }
+}
+
 impl std::fmt::Display for Lattice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -333,6 +440,32 @@ mod tests {
             prop_assert!(ours <= brute + 1e-4, "{} {:?}: ours {} brute {}", l, u, ours, brute);
             // and within the covering radius
             prop_assert!(ours.sqrt() <= l.covering_radius() + 1e-4);
+        }
+
+        #[test]
+        fn fixed_rate_stays_in_range_and_roundtrips(l in prop::sample::select(vec![Lattice::Z1, Lattice::D4, Lattice::E8]),
+                                                   bits in 2u8..=8, u in proptest::collection::vec(-300.0f32..300.0, 8)) {
+            let u = &u[..l.dim()];
+            let mut s = vec![0u32; l.dim()];
+            l.encode_word_fixed(u, bits, &mut s);
+            prop_assert!(s.iter().all(|&x| x < 1 << bits), "{:?}", s);
+            let mut p = vec![0f32; l.dim()];
+            l.decode_word_fixed(&s, bits, &mut p);
+            // a lattice point: the entropy-coded path maps it to itself
+            let mut z = vec![0u32; l.dim()];
+            let mut q = vec![0f32; l.dim()];
+            l.encode_word(&p, &mut z);
+            l.decode_word(&z, &mut q);
+            prop_assert_eq!(&p, &q);
+            // inside the box, fixed-rate equals the unconstrained nearest point
+            let lim = (1i32 << (bits - 1)) as f32 - 2.5;
+            if u.iter().all(|x| x.abs() < lim) && l != Lattice::Z1 {
+                let mut e = vec![0u32; l.dim()];
+                let mut pe = vec![0f32; l.dim()];
+                l.encode_word(u, &mut e);
+                l.decode_word(&e, &mut pe);
+                prop_assert_eq!(p, pe);
+            }
         }
 
         #[test]
