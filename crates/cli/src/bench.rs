@@ -5,7 +5,9 @@ use crate::error::{CliError, Result};
 use crate::input::Input;
 use crate::stats::{gaussian_bound_db, ErrorAcc};
 use clap::Args;
-use hypercodec_hwz::{self as hwz, AffineParams, EncodeOptions, Encoding, FloatDtype, Group};
+use hypercodec_hwz::{
+    self as hwz, AffineParams, Coding, EncodeOptions, Encoding, FloatDtype, Group, Lattice,
+};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -42,12 +44,75 @@ impl BenchArgs {
     }
 }
 
-/// Every representation measured: raw floats, then affine INT1..INT8 per row and in groups of
-/// 128 (asymmetric), and in groups of 128 symmetric.
-pub fn representations() -> Vec<Encoding> {
-    let mut v: Vec<Encoding> = FloatDtype::ALL
+/// One representation of the benchmark.
+#[derive(Clone)]
+pub enum Rep {
+    /// Exactly this encoding for every tensor.
+    Fixed(Encoding),
+    /// A lattice encoding (RHT tile from each tensor's shape) fitted to a rate.
+    Lattice {
+        /// The template (α and tile are set per tensor).
+        template: Encoding,
+        /// Target bits per value, all-in; `None` for fixed-rate coding.
+        bps: Option<f64>,
+    },
+}
+
+impl Rep {
+    /// The table's label.
+    pub fn label(&self) -> String {
+        match self {
+            Rep::Fixed(e) => e.label(),
+            Rep::Lattice {
+                template,
+                bps: Some(b),
+            } => format!("{} @{b}bps", template.label()),
+            Rep::Lattice {
+                template,
+                bps: None,
+            } => template.label(),
+        }
+    }
+
+    /// The plan for a tensor of `shape`.
+    pub fn plan(&self, shape: &[u64]) -> crate::Plan {
+        match self {
+            Rep::Fixed(e) => crate::Plan::Fixed(*e),
+            Rep::Lattice { template, bps } => {
+                let e = crate::lattice_for(template, shape.last().copied().unwrap_or(1), 4096);
+                match bps {
+                    Some(b) => crate::Plan::Rate(e, *b),
+                    None => crate::Plan::Fixed(e),
+                }
+            }
+        }
+    }
+}
+
+fn lattice(l: Lattice, coding: Coding) -> Encoding {
+    let alpha = match coding {
+        Coding::Fixed { bits } => {
+            hypercodec_lattice::calibration::fixed_alpha(l, bits).map_or(1.0, |f| f.0)
+        }
+        _ => 1.0,
+    };
+    Encoding::Lattice {
+        lattice: l,
+        alpha,
+        tile: 1,
+        seed: 0,
+        scale_dtype: FloatDtype::F16,
+        coding,
+    }
+}
+
+/// Every representation measured: raw floats; affine INT1..INT8 per row and in groups of 128
+/// (asymmetric), and in groups of 128 symmetric; each lattice with rANS at 2, 3, 4 and 5 bits
+/// per value; E8 with Rice at 3 and 4; E8 fixed-rate at 2..5 bits.
+pub fn representations() -> Vec<Rep> {
+    let mut v: Vec<Rep> = FloatDtype::ALL
         .iter()
-        .map(|&dtype| Encoding::Raw { dtype })
+        .map(|&dtype| Rep::Fixed(Encoding::Raw { dtype }))
         .collect();
     for (group, symmetric) in [
         (Group::Row, false),
@@ -55,13 +120,38 @@ pub fn representations() -> Vec<Encoding> {
         (Group::Size(128), true),
     ] {
         for bits in (1..=8).rev() {
-            v.push(Encoding::affine(AffineParams {
+            v.push(Rep::Fixed(Encoding::affine(AffineParams {
                 bits,
                 group,
                 symmetric,
                 scale_dtype: FloatDtype::F16,
-            }));
+            })));
         }
+    }
+    let rans = Coding::Rans {
+        chunk: 1 << 18,
+        lanes: 32,
+        prob_bits: 14,
+    };
+    for l in [Lattice::E8, Lattice::D4, Lattice::A2, Lattice::Z1] {
+        for bps in [5.0, 4.0, 3.0, 2.0] {
+            v.push(Rep::Lattice {
+                template: lattice(l, rans),
+                bps: Some(bps),
+            });
+        }
+    }
+    for bps in [4.0, 3.0] {
+        v.push(Rep::Lattice {
+            template: lattice(Lattice::E8, Coding::Rice { chunk: 2048 }),
+            bps: Some(bps),
+        });
+    }
+    for bits in (2..=5).rev() {
+        v.push(Rep::Lattice {
+            template: lattice(Lattice::E8, Coding::Fixed { bits }),
+            bps: None,
+        });
     }
     v
 }
@@ -129,9 +219,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let t = &input.tensors[i];
         let values = input.read(i)?;
         out.resize(values.len(), 0.0);
-        for (enc, row) in reps.iter().zip(rows.iter_mut()) {
+        for (rep, row) in reps.iter().zip(rows.iter_mut()) {
             let start = Instant::now();
-            let encoded = hwz::encode(&t.name, &values, &t.shape, enc, EncodeOptions::default())?;
+            let encoded =
+                rep.plan(&t.shape)
+                    .encode(&t.name, &values, &t.shape, EncodeOptions::default())?;
+            let enc = &encoded.encoding;
             row.encode_s += start.elapsed().as_secs_f64();
             let refs: Vec<(&str, &[u8])> = encoded
                 .streams

@@ -110,6 +110,25 @@ enum EncodingKind {
     RawF16,
     RawBf16,
     Affine,
+    Lattice,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum LatticeArg {
+    Z1,
+    A2,
+    D4,
+    E8,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum CodingArg {
+    /// Interleaved rANS, within a few thousandths of a bit of the symbols' entropy.
+    Rans,
+    /// Rice codes with one parameter per chunk: simpler, about 0.1 bit per value larger.
+    Rice,
+    /// Fixed-rate symbols (the execution form): `--bps` rounds down to whole bits per value.
+    Fixed,
 }
 
 #[derive(Args, Clone)]
@@ -126,12 +145,96 @@ struct EncodingArgs {
     /// Affine: symmetric around zero (scales only) instead of scale + offset.
     #[arg(long)]
     symmetric: bool,
-    /// Affine: storage type of scales and offsets.
+    /// Affine: storage type of scales and offsets; lattice: of the row scales.
     #[arg(long, value_enum, default_value = "f16")]
     scale_dtype: DtypeArg,
+    /// Lattice: which lattice.
+    #[arg(long, value_enum, default_value = "e8")]
+    lattice: LatticeArg,
+    /// Lattice: target bits per value, all side information included (the scale is fitted).
+    #[arg(long, default_value_t = 4.0, conflicts_with = "snr_db")]
+    bps: f64,
+    /// Lattice: target SNR in dB on Gaussian-like data instead of a rate (scale from the calibration table).
+    #[arg(long)]
+    snr_db: Option<f32>,
+    /// Lattice: symbol coding.
+    #[arg(long, value_enum, default_value = "rans")]
+    coding: CodingArg,
+    /// Lattice: symbols per chunk (independently decodable unit). By default 2^18 for rANS, 2048 for Rice.
+    #[arg(long)]
+    chunk: Option<u32>,
+    /// Lattice: largest RHT tile (a power of two up to 4096); the tile is the largest power of two dividing the row length.
+    #[arg(long, default_value_t = 4096)]
+    max_tile: u32,
+    /// Lattice: RHT seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// How to encode one tensor: a fixed encoding, or a lattice encoding fitted to a rate.
+#[derive(Clone, Copy)]
+pub enum Plan {
+    /// Exactly this encoding.
+    Fixed(Encoding),
+    /// A lattice template whose α is fitted to `bps` per tensor.
+    Rate(Encoding, f64),
+}
+
+impl Plan {
+    /// Encodes one tensor.
+    pub fn encode(
+        &self,
+        name: &str,
+        values: &[f32],
+        shape: &[u64],
+        options: EncodeOptions,
+    ) -> Result<hwz::EncodedTensor> {
+        Ok(match self {
+            Plan::Fixed(e) => hwz::encode(name, values, shape, e, options)?,
+            Plan::Rate(e, bps) => hwz::encode_to_rate(name, values, shape, e, *bps, options)?,
+        })
+    }
+}
+
+/// The lattice encoding for a tensor with rows of `cols` values (its RHT tile depends on them).
+pub fn lattice_for(template: &Encoding, cols: u64, max_tile: u32) -> Encoding {
+    match *template {
+        Encoding::Lattice {
+            lattice,
+            alpha,
+            seed,
+            scale_dtype,
+            coding,
+            ..
+        } => {
+            let tile = hypercodec_lattice::tile_for(cols as usize, max_tile as usize) as u32;
+            Encoding::Lattice {
+                lattice,
+                alpha,
+                tile,
+                seed,
+                scale_dtype,
+                coding,
+            }
+        }
+        e => e,
+    }
 }
 
 impl EncodingArgs {
+    /// The plan for a tensor of `shape`.
+    fn plan(&self, shape: &[u64]) -> Result<Plan> {
+        let enc = self.encoding()?;
+        if self.encoding != EncodingKind::Lattice {
+            return Ok(Plan::Fixed(enc));
+        }
+        let enc = lattice_for(&enc, shape.last().copied().unwrap_or(1), self.max_tile);
+        Ok(match (self.snr_db, self.coding) {
+            (Some(_), _) | (_, CodingArg::Fixed) => Plan::Fixed(enc),
+            (None, _) => Plan::Rate(enc, self.bps),
+        })
+    }
+
     fn encoding(&self) -> Result<Encoding> {
         Ok(match self.encoding {
             EncodingKind::RawF32 => Encoding::Raw {
@@ -155,6 +258,62 @@ impl EncodingArgs {
                     .validate()
                     .map_err(|e| CliError::Usage(e.to_string()))?;
                 Encoding::affine(params)
+            }
+            EncodingKind::Lattice => {
+                let lattice = match self.lattice {
+                    LatticeArg::Z1 => hwz::Lattice::Z1,
+                    LatticeArg::A2 => hwz::Lattice::A2,
+                    LatticeArg::D4 => hwz::Lattice::D4,
+                    LatticeArg::E8 => hwz::Lattice::E8,
+                };
+                let cal = hypercodec_lattice::calibration::alpha_for_bps(lattice, self.bps as f32);
+                let (coding, alpha) = match self.coding {
+                    CodingArg::Rans => {
+                        let chunk = self.chunk.unwrap_or(1 << 18);
+                        (
+                            hwz::Coding::Rans {
+                                chunk,
+                                lanes: 32,
+                                prob_bits: 14,
+                            },
+                            cal,
+                        )
+                    }
+                    CodingArg::Rice => (
+                        hwz::Coding::Rice {
+                            chunk: self.chunk.unwrap_or(2048),
+                        },
+                        cal,
+                    ),
+                    CodingArg::Fixed => {
+                        let bits = (self.bps.floor() as u8).clamp(2, 8);
+                        let alpha = hypercodec_lattice::calibration::fixed_alpha(lattice, bits)
+                            .ok_or_else(|| {
+                                CliError::Usage(format!(
+                                    "{lattice} has no fixed-rate form; use z1, d4 or e8"
+                                ))
+                            })?
+                            .0;
+                        (hwz::Coding::Fixed { bits }, alpha)
+                    }
+                };
+                let alpha = self.snr_db.map_or(alpha, |snr| {
+                    hypercodec_lattice::calibration::alpha_for_snr(lattice, snr)
+                });
+                if !self.max_tile.is_power_of_two() || self.max_tile > 4096 {
+                    return Err(CliError::Usage(format!(
+                        "--max-tile {} must be a power of two up to 4096",
+                        self.max_tile
+                    )));
+                }
+                Encoding::Lattice {
+                    lattice,
+                    alpha,
+                    tile: 1,
+                    seed: self.seed,
+                    scale_dtype: self.scale_dtype.into(),
+                    coding,
+                }
             }
         })
     }
@@ -211,7 +370,7 @@ pub fn progress(total: u64, what: &str) -> ProgressBar {
 }
 
 fn compress(args: &CompressArgs) -> Result<()> {
-    let encoding = args.encoding.encoding()?;
+    args.encoding.encoding()?; // reject bad arguments before reading anything
     let input = Input::open(&args.input)?;
     for (name, dtype) in &input.skipped {
         eprintln!("warning: skipping tensor `{name}` of type {dtype} (not a float tensor)");
@@ -243,17 +402,18 @@ fn compress(args: &CompressArgs) -> Result<()> {
     let mut decoded = Vec::new();
     for (i, t) in input.tensors.iter().enumerate() {
         let values = input.read(i)?;
-        let enc = if t.shape.len() <= 1 && !args.include_1d {
-            Encoding::Raw {
+        let plan = if t.shape.len() <= 1 && !args.include_1d {
+            Plan::Fixed(Encoding::Raw {
                 dtype: t.ty.raw_dtype(),
-            }
+            })
         } else {
-            encoding
+            args.encoding.plan(&t.shape)?
         };
         let options = EncodeOptions {
             allow_non_finite: args.allow_non_finite,
         };
-        let encoded = hwz::encode(&t.name, &values, &t.shape, &enc, options)?;
+        let encoded = plan.encode(&t.name, &values, &t.shape, options)?;
+        let enc = encoded.encoding;
         decoded.resize(values.len(), 0.0);
         let refs: Vec<(&str, &[u8])> = encoded
             .streams
@@ -486,28 +646,34 @@ fn synth(output: &Path, shape: &str, count: usize, seed: u64) -> Result<()> {
 fn demo(dir: &Path, shape: &str) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(CliError::io(dir))?;
     let st = dir.join("gaussian.safetensors");
-    let hwz_path = dir.join("gaussian-int4-g128.hwz");
     println!("== 1. a seeded Gaussian {shape} tensor -> {}", st.display());
     synth(&st, shape, 1, 0)?;
-    println!("== 2. compress with affine INT4, groups of 128, f16 scales");
-    let args = CompressArgs {
-        input: st.display().to_string(),
-        output: hwz_path.clone(),
-        encoding: EncodingArgs {
-            encoding: EncodingKind::Affine,
-            bits: 4,
-            group: "128".into(),
-            symmetric: false,
-            scale_dtype: DtypeArg::F16,
-        },
-        include_1d: false,
-        allow_non_finite: false,
-        no_zstd: false,
-        json: false,
-    };
-    compress(&args)?;
-    println!("== 3. inspect");
-    inspect(&hwz_path, false)?;
+    let input = st.display().to_string();
+    for (step, file, extra) in [
+        (
+            "2. compress with affine INT4, groups of 128, f16 scales",
+            "gaussian-int4-g128.hwz",
+            vec!["--encoding", "affine"],
+        ),
+        (
+            "3. compress with E8 lattice + rANS at 4.0 bits per value, all-in",
+            "gaussian-e8-4bps.hwz",
+            vec!["--encoding", "lattice", "--bps", "4"],
+        ),
+    ] {
+        println!("== {step}");
+        let out = dir.join(file);
+        let out_str = out.display().to_string();
+        let mut argv = vec!["hypercodec", "compress", input.as_str(), out_str.as_str()];
+        argv.extend(extra);
+        if let Command::Compress(args) = Cli::try_parse_from(argv)
+            .map_err(|e| CliError::Usage(e.to_string()))?
+            .command
+        {
+            compress(&args)?;
+        }
+        inspect(&out, false)?;
+    }
     println!("== 4. benchmark every representation on the same tensor");
     bench::run(&bench::BenchArgs::for_input(st.display().to_string()))
 }

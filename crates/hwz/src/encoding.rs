@@ -1,6 +1,7 @@
 //! The `Encoding` vocabulary and the encode/decode of one tensor.
 
 use crate::{HwzError, Result, MAX_ELEMENTS, MAX_RANK};
+use hypercodec_lattice::Lattice;
 use hypercodec_scalar::{self as scalar, AffineParams, FloatDtype};
 use serde::{Deserialize, Serialize};
 
@@ -9,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// Encodings are added, never changed: a changed meaning gets a new tag. A reader meets an
 /// unknown tag with [`HwzError::UnknownEncoding`] and unknown fields with
 /// [`HwzError::InvalidEncoding`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 #[non_exhaustive]
 pub enum Encoding {
@@ -30,10 +31,91 @@ pub enum Encoding {
         /// Storage type of scales and offsets.
         scale_dtype: FloatDtype,
     },
+    /// Randomized Hadamard transform, per-row RMS scale, nearest lattice point, entropy-coded
+    /// or fixed-rate symbols ([`hypercodec_lattice`], [`hypercodec_rice`]). Streams `scales`
+    /// and, by coding, `symbols` with `params` + `offsets` (Rice) or `model` + `index` (rANS).
+    Lattice {
+        /// `z1`, `a2`, `d4` or `e8`.
+        lattice: Lattice,
+        /// Scale applied to unit-RMS rows before quantization.
+        alpha: f32,
+        /// RHT tile (power of two dividing the last dimension, ≤ 4096).
+        tile: u32,
+        /// RHT seed.
+        seed: u64,
+        /// Storage type of the row scales.
+        scale_dtype: FloatDtype,
+        /// How the symbols are coded.
+        coding: Coding,
+    },
+}
+
+/// How lattice symbols are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Coding {
+    /// Rice codes, one `k` per chunk of `chunk` symbols.
+    Rice {
+        /// Symbols per chunk.
+        chunk: u32,
+    },
+    /// Interleaved rANS with a static per-tensor model.
+    Rans {
+        /// Symbols per chunk (a multiple of the lattice dimension).
+        chunk: u32,
+        /// Interleaved states per chunk.
+        lanes: u8,
+        /// Probability precision in bits.
+        prob_bits: u8,
+    },
+    /// Every symbol in `bits` bits, packed LSB-first (the execution form).
+    Fixed {
+        /// Bits per symbol, 2..=8.
+        bits: u8,
+    },
+}
+
+impl Coding {
+    /// Short name: `rice`, `rans`, `fixed4`, ...
+    pub fn label(&self) -> String {
+        match self {
+            Coding::Rice { .. } => "rice".into(),
+            Coding::Rans { .. } => "rans".into(),
+            Coding::Fixed { bits } => format!("fixed{bits}"),
+        }
+    }
 }
 
 /// The `type` tags this build knows.
-pub const KNOWN_ENCODINGS: &[&str] = &["raw", "affine"];
+pub const KNOWN_ENCODINGS: &[&str] = &["raw", "affine", "lattice"];
+
+/// An entropy-coded `symbols` stream holds at least one byte per this many symbols; writers pad
+/// shorter ones (only near-constant tensors are that compressible). It bounds what a reader
+/// allocates per stored byte, like [`crate::MAX_ZSTD_EXPANSION`] does for zstd.
+pub const MAX_SYMBOLS_PER_BYTE: u64 = 32;
+/// Largest rANS model stream: 16 contexts of 257 frequencies in 3-byte varints, rounded up.
+pub const MAX_MODEL_LEN: u64 = 16 << 10;
+
+/// The decoded length a stream must have: exactly `min` when `min == max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLen {
+    /// Fewest bytes.
+    pub min: u64,
+    /// Most bytes.
+    pub max: u64,
+}
+
+impl StreamLen {
+    /// Exactly `n` bytes.
+    pub const fn exact(n: u64) -> Self {
+        StreamLen { min: n, max: n }
+    }
+
+    /// Whether `n` bytes are allowed.
+    pub fn allows(&self, n: u64) -> bool {
+        (self.min..=self.max).contains(&n)
+    }
+}
 
 /// Stream roles.
 pub mod role {
@@ -43,8 +125,16 @@ pub mod role {
     pub const CODES: &str = "codes";
     /// Group scales.
     pub const SCALES: &str = "scales";
-    /// Group offsets (asymmetric affine).
+    /// Group offsets (asymmetric affine), chunk offsets (Rice).
     pub const OFFSETS: &str = "offsets";
+    /// Coded lattice symbols.
+    pub const SYMBOLS: &str = "symbols";
+    /// Per-chunk Rice parameters.
+    pub const PARAMS: &str = "params";
+    /// The rANS model.
+    pub const MODEL: &str = "model";
+    /// The rANS chunk table.
+    pub const INDEX: &str = "index";
 }
 
 impl Encoding {
@@ -53,6 +143,7 @@ impl Encoding {
         match self {
             Encoding::Raw { .. } => "raw",
             Encoding::Affine { .. } => "affine",
+            Encoding::Lattice { .. } => "lattice",
         }
     }
 
@@ -69,6 +160,9 @@ impl Encoding {
                 "affine-int{bits}-{group}-{}-{scale_dtype}",
                 if *symmetric { "sym" } else { "asym" }
             ),
+            Encoding::Lattice {
+                lattice, coding, ..
+            } => format!("lattice-{lattice}-{}", coding.label()),
         }
     }
 
@@ -100,33 +194,176 @@ impl Encoding {
         }
     }
 
-    /// The exact decoded byte length of every stream of a tensor of `shape`, in a fixed order.
+    /// The decoded byte length of every stream of a tensor of `shape`, in a fixed order, with
+    /// the parameters validated.
     ///
     /// This is the single source of truth that the writer produces, the reader checks before
-    /// it allocates anything, and the decoder relies on.
-    pub fn stream_lens(&self, tensor: &str, shape: &[u64]) -> Result<Vec<(&'static str, u64)>> {
+    /// it allocates anything, and the decoder relies on. Raw and affine streams have exact
+    /// lengths; entropy-coded lattice symbols have a minimum ([`MAX_SYMBOLS_PER_BYTE`]).
+    pub fn stream_lens(
+        &self,
+        tensor: &str,
+        shape: &[u64],
+    ) -> Result<Vec<(&'static str, StreamLen)>> {
         let n = element_count(tensor, shape)?;
         let (rows, cols) = matrix_view(shape, n);
-        match self {
-            Encoding::Raw { dtype } => Ok(vec![(role::VALUES, n * dtype.size() as u64)]),
+        let invalid = |message: String| HwzError::InvalidEncoding {
+            tensor: tensor.to_string(),
+            message,
+        };
+        match *self {
+            Encoding::Raw { dtype } => Ok(vec![(
+                role::VALUES,
+                StreamLen::exact(n * dtype.size() as u64),
+            )]),
             Encoding::Affine { .. } => {
-                let params = self.affine_params().expect("affine");
+                let params = self
+                    .affine_params()
+                    .ok_or_else(|| invalid("not affine".into()))?;
                 let lens = params
                     .stream_lens(rows as usize, cols as usize)
-                    .map_err(|e| HwzError::InvalidEncoding {
-                        tensor: tensor.to_string(),
-                        message: e.to_string(),
-                    })?;
+                    .map_err(|e| invalid(e.to_string()))?;
                 let mut v = vec![
-                    (role::CODES, lens.codes as u64),
-                    (role::SCALES, lens.scales as u64),
+                    (role::CODES, StreamLen::exact(lens.codes as u64)),
+                    (role::SCALES, StreamLen::exact(lens.scales as u64)),
                 ];
                 if !params.symmetric {
-                    v.push((role::OFFSETS, lens.offsets as u64));
+                    v.push((role::OFFSETS, StreamLen::exact(lens.offsets as u64)));
+                }
+                Ok(v)
+            }
+            Encoding::Lattice {
+                lattice,
+                alpha,
+                tile,
+                seed: _,
+                scale_dtype,
+                coding,
+            } => {
+                if !(alpha.is_finite() && alpha > 0.0) {
+                    return Err(invalid(format!(
+                        "alpha {alpha} must be finite and positive"
+                    )));
+                }
+                let tile = tile as u64;
+                if tile == 0
+                    || !tile.is_power_of_two()
+                    || tile > hypercodec_lattice::MAX_TILE as u64
+                    || (cols > 0 && cols % tile != 0)
+                {
+                    return Err(invalid(format!(
+                        "RHT tile {tile} must be a power of two <= 4096 dividing {cols}"
+                    )));
+                }
+                let symbols = rows
+                    .checked_mul(hypercodec_lattice::symbols_per_row(lattice, cols as usize) as u64)
+                    .ok_or_else(|| invalid("symbol count overflows".into()))?;
+                let coded_min = symbols.div_ceil(MAX_SYMBOLS_PER_BYTE);
+                let mut v = vec![(
+                    role::SCALES,
+                    StreamLen::exact(rows * scale_dtype.size() as u64),
+                )];
+                match coding {
+                    Coding::Rice { chunk } => {
+                        if chunk == 0 || chunk > 1 << 24 {
+                            return Err(invalid(format!("rice chunk {chunk} must be in 1..=2^24")));
+                        }
+                        let chunks = symbols.div_ceil(chunk as u64);
+                        v.push((role::PARAMS, StreamLen::exact(chunks)));
+                        v.push((role::OFFSETS, StreamLen::exact(chunks * 4)));
+                        v.push((
+                            role::SYMBOLS,
+                            StreamLen {
+                                min: coded_min,
+                                max: u64::MAX,
+                            },
+                        ));
+                    }
+                    Coding::Rans {
+                        chunk,
+                        lanes,
+                        prob_bits,
+                    } => {
+                        let p = rans_params(chunk, lanes, prob_bits);
+                        p.validate().map_err(|e| invalid(e.to_string()))?;
+                        if chunk as usize % lattice.dim() != 0 {
+                            return Err(invalid(format!(
+                                "rans chunk {chunk} must be a multiple of {}",
+                                lattice.dim()
+                            )));
+                        }
+                        let chunks = symbols.div_ceil(chunk as u64);
+                        v.push((
+                            role::MODEL,
+                            StreamLen {
+                                min: 2,
+                                max: MAX_MODEL_LEN,
+                            },
+                        ));
+                        v.push((
+                            role::INDEX,
+                            StreamLen::exact(chunks * 4 * (1 + lanes as u64)),
+                        ));
+                        v.push((
+                            role::SYMBOLS,
+                            StreamLen {
+                                min: coded_min,
+                                max: u64::MAX,
+                            },
+                        ));
+                    }
+                    Coding::Fixed { bits } => {
+                        if !(2..=8).contains(&bits) || !lattice.has_fixed() {
+                            return Err(invalid(format!(
+                                "no fixed-rate {lattice} with {bits} bits"
+                            )));
+                        }
+                        let len = symbols
+                            .checked_mul(bits as u64)
+                            .ok_or_else(|| invalid("overflow".into()))?
+                            .div_ceil(8);
+                        v.push((role::SYMBOLS, StreamLen::exact(len)));
+                    }
                 }
                 Ok(v)
             }
         }
+    }
+
+    /// The lattice pipeline parameters of a lattice encoding.
+    pub fn lattice_params(&self) -> Option<hypercodec_lattice::LatticeParams> {
+        match *self {
+            Encoding::Lattice {
+                lattice,
+                alpha,
+                tile,
+                seed,
+                coding,
+                ..
+            } => Some(hypercodec_lattice::LatticeParams {
+                lattice,
+                alpha,
+                tile: tile as usize,
+                seed,
+                fixed_bits: match coding {
+                    Coding::Fixed { bits } => Some(bits),
+                    _ => None,
+                },
+            }),
+            _ => None,
+        }
+    }
+}
+
+pub(crate) fn rans_params(
+    chunk: u32,
+    lanes: u8,
+    prob_bits: u8,
+) -> hypercodec_rice::rans::RansParams {
+    hypercodec_rice::rans::RansParams {
+        chunk: chunk as usize,
+        lanes: lanes as usize,
+        prob_bits,
     }
 }
 
@@ -173,7 +410,7 @@ pub struct EncodeOptions {
 }
 
 /// One tensor encoded: its encoding and its streams by role, ready for the writer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EncodedTensor {
     /// The encoding.
     pub encoding: Encoding,
@@ -230,11 +467,14 @@ pub fn encode(
             }
             v
         }
+        Encoding::Lattice { .. } => {
+            crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens)?
+        }
     };
     debug_assert!(streams
         .iter()
         .zip(&lens)
-        .all(|((r, b), (lr, l))| r == lr && b.len() as u64 == *l));
+        .all(|((r, b), (lr, l))| r == lr && l.allows(b.len() as u64)));
     Ok(EncodedTensor {
         encoding: *encoding,
         streams,
@@ -277,9 +517,16 @@ pub fn decode_into(
     };
     let (rows, cols) = matrix_view(shape, n);
     match encoding {
-        Encoding::Raw { dtype } => scalar::decode_floats_into(get(role::VALUES), *dtype, out),
+        Encoding::Raw { dtype } => {
+            scalar::decode_floats_into(get(role::VALUES), *dtype, out).map_err(scalar_err(tensor))
+        }
         Encoding::Affine { .. } => {
-            let params = encoding.affine_params().expect("affine");
+            let params = encoding
+                .affine_params()
+                .ok_or_else(|| HwzError::InvalidEncoding {
+                    tensor: tensor.to_string(),
+                    message: "not affine".into(),
+                })?;
             scalar::affine_decode_into(
                 get(role::CODES),
                 get(role::SCALES),
@@ -289,15 +536,18 @@ pub fn decode_into(
                 &params,
                 out,
             )
+            .map_err(scalar_err(tensor))
+        }
+        Encoding::Lattice { .. } => {
+            crate::lattice_codec::decode(tensor, encoding, rows, cols, &get, out)
         }
     }
-    .map_err(scalar_err(tensor))
 }
 
-/// Checks that `present` holds exactly the roles of `lens`, each of the required length.
+/// Checks that `present` holds exactly the roles of `lens`, each of an allowed length.
 pub(crate) fn check_roles<'a>(
     tensor: &str,
-    lens: &[(&'static str, u64)],
+    lens: &[(&'static str, StreamLen)],
     present: impl Iterator<Item = (&'a str, u64)> + Clone,
 ) -> Result<()> {
     for (role, _) in present.clone() {
@@ -308,7 +558,7 @@ pub(crate) fn check_roles<'a>(
             });
         }
     }
-    for (role, expected) in lens {
+    for (role, len) in lens {
         match present.clone().find(|(r, _)| r == role) {
             None => {
                 return Err(HwzError::MissingStream {
@@ -316,11 +566,11 @@ pub(crate) fn check_roles<'a>(
                     role: role.to_string(),
                 })
             }
-            Some((_, actual)) if actual != *expected => {
+            Some((_, actual)) if !len.allows(actual) => {
                 return Err(HwzError::StreamSize {
                     tensor: tensor.to_string(),
                     role: role.to_string(),
-                    expected: *expected,
+                    expected: if actual < len.min { len.min } else { len.max },
                     actual,
                 })
             }

@@ -238,6 +238,22 @@ pub enum HwzError {
         /// The name asked for.
         name: String,
     },
+    /// The lattice quantizer rejected the data or the parameters.
+    #[error("tensor `{tensor}`: {source}")]
+    Lattice {
+        /// Tensor name.
+        tensor: String,
+        /// The quantizer's error.
+        source: hypercodec_lattice::LatticeError,
+    },
+    /// A symbol stream does not decode (corrupt, truncated or inconsistent).
+    #[error("tensor `{tensor}`: {source}")]
+    Coding {
+        /// Tensor name.
+        tensor: String,
+        /// The coder's error.
+        source: hypercodec_rice::CodingError,
+    },
     /// A scalar codec rejected the data.
     #[error("tensor `{tensor}`: {source}")]
     Scalar {

@@ -3,17 +3,20 @@
 
 mod encoding;
 mod error;
+mod lattice_codec;
 mod manifest;
 mod read;
 mod write;
 pub mod zstd_codec;
 
 pub use encoding::{
-    decode_into, element_count, encode, matrix_view, role, EncodeOptions, EncodedTensor, Encoding,
-    KNOWN_ENCODINGS,
+    decode_into, element_count, encode, matrix_view, role, Coding, EncodeOptions, EncodedTensor,
+    Encoding, StreamLen, KNOWN_ENCODINGS, MAX_MODEL_LEN, MAX_SYMBOLS_PER_BYTE,
 };
 pub use error::{HwzError, Result};
+pub use hypercodec_lattice::Lattice;
 pub use hypercodec_scalar::{AffineParams, FloatDtype, Group};
+pub use lattice_codec::encode_to_rate;
 pub use manifest::{
     check_name, parse_head, sniff, Compression, Manifest, Sniff, StreamEntry, Tail, TensorEntry,
     TensorStats, ALIGN, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_DTYPE_LEN, MAX_ELEMENTS,

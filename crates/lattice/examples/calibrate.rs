@@ -110,7 +110,13 @@ fn main() {
                     best = (alpha, snr);
                 }
             }
-            let _ = writeln!(out, "    (\"{}\", {bits}, {:.6}, {:.4}),", l.name(), best.0, best.1);
+            let _ = writeln!(
+                out,
+                "    (\"{}\", {bits}, {:.6}, {:.4}),",
+                l.name(),
+                best.0,
+                best.1
+            );
         }
     }
     out.push_str("];\n");

@@ -63,7 +63,10 @@ pub fn alpha_for_snr(lattice: Lattice, snr_db: f32) -> f32 {
 /// The α that maximizes the SNR of the fixed-rate form with `bits` bits on Gaussian data,
 /// and that SNR; `None` where the form does not exist.
 pub fn fixed_alpha(lattice: Lattice, bits: u8) -> Option<(f32, f32)> {
-    FIXED.iter().find(|f| f.0 == lattice.name() && f.1 == bits).map(|f| (f.2, f.3))
+    FIXED
+        .iter()
+        .find(|f| f.0 == lattice.name() && f.1 == bits)
+        .map(|f| (f.2, f.3))
 }
 
 /// Predicted `(snr_db, entropy_bps)` at `alpha` on Gaussian data.

@@ -134,7 +134,10 @@ fn check(params: &LatticeParams, cols: usize) -> Result<Rht> {
     }
     if let Some(b) = params.fixed_bits {
         if !(2..=8).contains(&b) || !params.lattice.has_fixed() {
-            return Err(LatticeError::InvalidFixed { lattice: params.lattice.name(), bits: b });
+            return Err(LatticeError::InvalidFixed {
+                lattice: params.lattice.name(),
+                bits: b,
+            });
         }
     }
     Rht::new(cols, params.tile, params.seed)

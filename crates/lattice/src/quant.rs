@@ -292,7 +292,9 @@ impl Lattice {
         let h = 1i32 << (bits - 1);
         let (lo, hi) = (-h, h - 1);
         match self {
-            Lattice::Z1 | Lattice::A2 => syms[0] = ((clampc(u[0]).round() as i32).clamp(lo, hi) + h) as u32,
+            Lattice::Z1 | Lattice::A2 => {
+                syms[0] = ((clampc(u[0]).round() as i32).clamp(lo, hi) + h) as u32
+            }
             Lattice::D4 => {
                 let w = [clampc(u[0]), clampc(u[1]), clampc(u[2]), clampc(u[3])];
                 let (r, _) = nearest_box(&w, lo, hi, true);

@@ -456,6 +456,28 @@ pub fn encode_with(
     })
 }
 
+/// The streams of an rANS-coded sequence, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct RansParts<'a> {
+    /// The serialized model.
+    pub model: &'a [u8],
+    /// The chunk table.
+    pub index: &'a [u8],
+    /// 16-bit words.
+    pub payload: &'a [u8],
+}
+
+impl RansStreams {
+    /// Borrows the streams.
+    pub fn parts(&self) -> RansParts<'_> {
+        RansParts {
+            model: &self.model,
+            index: &self.index,
+            payload: &self.payload,
+        }
+    }
+}
+
 /// Decodes `out.len()` symbols.
 pub fn decode(
     s: &RansStreams,
@@ -463,8 +485,18 @@ pub fn decode(
     params: &RansParams,
     out: &mut [u32],
 ) -> Result<()> {
+    decode_parts(s.parts(), ctx, params, out)
+}
+
+/// [`decode`] over borrowed streams.
+pub fn decode_parts(
+    s: RansParts<'_>,
+    ctx: Contexts<'_>,
+    params: &RansParams,
+    out: &mut [u32],
+) -> Result<()> {
     params.validate()?;
-    let model = Model::from_bytes(&s.model)?;
+    let model = Model::from_bytes(s.model)?;
     let chunks = chunk_count(out.len(), params.chunk);
     let expected = params.index_len(out.len());
     if s.index.len() != expected {

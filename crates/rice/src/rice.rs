@@ -115,8 +115,30 @@ pub fn encode(symbols: &[u32], chunk: usize) -> Result<RiceStreams> {
     Ok(s)
 }
 
+/// The streams of a Rice-coded sequence, borrowed (e.g. straight from a memory map).
+#[derive(Debug, Clone, Copy)]
+pub struct RiceParts<'a> {
+    /// `k` per chunk.
+    pub params: &'a [u8],
+    /// Byte offsets per chunk.
+    pub offsets: &'a [u8],
+    /// The bits.
+    pub payload: &'a [u8],
+}
+
+impl RiceStreams {
+    /// Borrows the streams.
+    pub fn parts(&self) -> RiceParts<'_> {
+        RiceParts {
+            params: &self.params,
+            offsets: &self.offsets,
+            payload: &self.payload,
+        }
+    }
+}
+
 /// Checks the tables against `n` symbols and returns `(k, start, end)` per chunk.
-fn chunk_table(s: &RiceStreams, n: usize, chunk: usize) -> Result<Vec<(u8, usize, usize)>> {
+fn chunk_table(s: RiceParts<'_>, n: usize, chunk: usize) -> Result<Vec<(u8, usize, usize)>> {
     let chunks = chunk_count(n, chunk);
     if s.params.len() != chunks {
         return Err(CodingError::Length {
@@ -168,6 +190,7 @@ fn chunk_table(s: &RiceStreams, n: usize, chunk: usize) -> Result<Vec<(u8, usize
 
 /// Reference decoder: one bit at a time.
 pub fn decode_ref(s: &RiceStreams, chunk: usize, out: &mut [u32]) -> Result<()> {
+    let s = s.parts();
     let table = chunk_table(s, out.len(), chunk)?;
     for ((k, start, end), o) in table.into_iter().zip(out.chunks_mut(chunk.max(1))) {
         let bytes = &s.payload[start..end];
@@ -214,6 +237,11 @@ pub fn decode_ref(s: &RiceStreams, chunk: usize, out: &mut [u32]) -> Result<()> 
 
 /// Fast decoder: a 64-bit window refilled from the bytes, quotients by leading-zero count.
 pub fn decode(s: &RiceStreams, chunk: usize, out: &mut [u32]) -> Result<()> {
+    decode_parts(s.parts(), chunk, out)
+}
+
+/// [`decode`] over borrowed streams.
+pub fn decode_parts(s: RiceParts<'_>, chunk: usize, out: &mut [u32]) -> Result<()> {
     let table = chunk_table(s, out.len(), chunk)?;
     for ((k, start, end), o) in table.into_iter().zip(out.chunks_mut(chunk.max(1))) {
         decode_chunk(&s.payload[start..end], k as u32, o)?;
