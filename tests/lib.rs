@@ -7,8 +7,8 @@
 #![allow(missing_docs)]
 
 use hypercodec_hwz::{
-    encode, AffineParams, Archive, Compression, EncodeOptions, Encoding, FloatDtype, Group,
-    HwzError, Tail, Writer, WriterOptions, HEADER_LEN, MAGIC, TAIL_LEN,
+    encode, AffineParams, Archive, Coding, Compression, EncodeOptions, Encoding, FloatDtype, Group,
+    HwzError, Lattice, Tail, Writer, WriterOptions, HEADER_LEN, MAGIC, TAIL_LEN,
 };
 use serde_json::Value;
 
@@ -55,8 +55,8 @@ pub fn fixture_values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Every encoding family with a few parameter choices.
-pub fn sample_encodings() -> Vec<Encoding> {
+/// The encodings of the first golden archive (raw and affine), frozen.
+pub fn golden_encodings() -> Vec<Encoding> {
     let mut v: Vec<Encoding> = FloatDtype::ALL
         .iter()
         .map(|&dtype| Encoding::Raw { dtype })
@@ -75,6 +75,51 @@ pub fn sample_encodings() -> Vec<Encoding> {
             scale_dtype,
         }));
     }
+    v
+}
+
+/// The lattice encodings of the second golden archive (for 40-value rows), frozen.
+pub fn golden_lattice_encodings() -> Vec<Encoding> {
+    let l = |lattice, alpha, tile, coding| Encoding::Lattice {
+        lattice,
+        alpha,
+        tile,
+        seed: 7,
+        scale_dtype: FloatDtype::F16,
+        coding,
+    };
+    vec![
+        l(
+            Lattice::E8,
+            3.8,
+            8,
+            Coding::Rans {
+                chunk: 64,
+                lanes: 4,
+                prob_bits: 12,
+            },
+        ),
+        l(Lattice::D4, 2.5, 4, Coding::Rice { chunk: 32 }),
+        l(
+            Lattice::A2,
+            1.5,
+            2,
+            Coding::Rans {
+                chunk: 96,
+                lanes: 32,
+                prob_bits: 14,
+            },
+        ),
+        l(Lattice::Z1, 6.0, 8, Coding::Rice { chunk: 100 }),
+        l(Lattice::E8, 3.0, 8, Coding::Fixed { bits: 4 }),
+        l(Lattice::D4, 2.0, 1, Coding::Fixed { bits: 3 }),
+    ]
+}
+
+/// Every encoding family with a few parameter choices (all fit 6×40 tensors).
+pub fn sample_encodings() -> Vec<Encoding> {
+    let mut v = golden_encodings();
+    v.extend(golden_lattice_encodings());
     v
 }
 

@@ -1,17 +1,19 @@
-//! The golden version-1 archive: committed once, decoded forever.
+//! Golden version-1 archives: committed once, decoded forever.
 //!
-//! `tests/data/golden-v1.hwz` holds one tensor per sample encoding (raw f32/f16/bf16 and affine
-//! variants, zstd and plain streams, metadata); `golden-v1.expected.f32` holds what they decoded
-//! to when the file was made. A reader change that alters a single bit fails here.
-//! To remake both (only for a deliberate format addition, never to make this test pass):
+//! - `golden-v1.hwz`: one tensor per raw and affine variant, zstd and plain streams, metadata.
+//! - `golden-v1-lattice.hwz`: one tensor per lattice and coding (rANS, Rice, fixed-rate).
+//!
+//! Each `*.expected.f32` holds what its tensors decoded to when the file was made. A reader
+//! change that alters a single bit fails here. To remake them (only for a deliberate format
+//! addition, never to make this test pass):
 //! `HWZ_WRITE_GOLDEN=1 cargo test -p hypercodec-tests --test golden -- --ignored`.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 use hypercodec_hwz::{
-    encode, Archive, Compression, EncodeOptions, TensorStats, Writer, WriterOptions,
+    encode, Archive, Compression, EncodeOptions, Encoding, TensorStats, Writer, WriterOptions,
 };
-use hypercodec_tests::{fixture_values, sample_encodings};
+use hypercodec_tests::{fixture_values, golden_encodings, golden_lattice_encodings};
 use std::path::PathBuf;
 
 fn data(name: &str) -> PathBuf {
@@ -20,10 +22,9 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
-#[test]
-fn golden_v1_decodes_to_its_recorded_values() {
-    let bytes = std::fs::read(data("golden-v1.hwz")).unwrap();
-    let expected: Vec<u32> = std::fs::read(data("golden-v1.expected.f32"))
+fn check(stem: &str, encodings: &[Encoding]) {
+    let bytes = std::fs::read(data(&format!("{stem}.hwz"))).unwrap();
+    let expected: Vec<u32> = std::fs::read(data(&format!("{stem}.expected.f32")))
         .unwrap()
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -45,15 +46,16 @@ fn golden_v1_decodes_to_its_recorded_values() {
         );
     }
     assert_eq!(got.len(), expected.len());
-    assert!(got == expected, "golden archive decodes differently");
-    assert_eq!(archive.tensors().len(), sample_encodings().len());
-    let labels: Vec<String> = archive
-        .tensors()
-        .iter()
-        .map(|t| t.encoding.label())
-        .collect();
-    let want: Vec<String> = sample_encodings().iter().map(|e| e.label()).collect();
-    assert_eq!(labels, want);
+    assert!(got == expected, "{stem} decodes differently");
+    let found: Vec<Encoding> = archive.tensors().iter().map(|t| t.encoding).collect();
+    assert_eq!(found, encodings);
+}
+
+#[test]
+fn golden_v1_decodes_to_its_recorded_values() {
+    check("golden-v1", &golden_encodings());
+    let bytes = std::fs::read(data("golden-v1.hwz")).unwrap();
+    let archive = Archive::open(&bytes[..]).unwrap();
     assert!(archive
         .manifest()
         .streams
@@ -62,42 +64,48 @@ fn golden_v1_decodes_to_its_recorded_values() {
 }
 
 #[test]
+fn golden_v1_lattice_decodes_to_its_recorded_values() {
+    check("golden-v1-lattice", &golden_lattice_encodings());
+}
+
+fn write(stem: &str, encodings: &[Encoding], seed: u64) {
+    let options = WriterOptions {
+        compression: Compression::Zstd,
+        generator: "hypercodec golden".into(),
+    };
+    let mut w = Writer::new(Vec::new(), options).unwrap();
+    w.insert_metadata("purpose", "golden file of the .hwz v1 format".into());
+    let mut expected = Vec::new();
+    for (i, enc) in encodings.iter().enumerate() {
+        let shape = [6u64, 40];
+        let values = fixture_values(240, seed + i as u64);
+        let name = format!("{i}.{}", enc.label());
+        let t = encode(&name, &values, &shape, enc, EncodeOptions::default()).unwrap();
+        let refs: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
+        let mut out = vec![0.0; values.len()];
+        hypercodec_hwz::decode_into(&name, enc, &shape, &refs, &mut out).unwrap();
+        expected.extend(out.iter().flat_map(|x| x.to_le_bytes()));
+        let stats = TensorStats {
+            snr_db: Some(20.0),
+            ..Default::default()
+        };
+        w.add_tensor(&name, &shape, "f32", &t, Some(stats)).unwrap();
+    }
+    let (bytes, _) = w.finish().unwrap();
+    std::fs::write(data(&format!("{stem}.hwz")), bytes).unwrap();
+    std::fs::write(data(&format!("{stem}.expected.f32")), expected).unwrap();
+}
+
+#[test]
 #[ignore = "writes the golden files; run only for a deliberate format addition"]
 fn write_golden() {
     if std::env::var("HWZ_WRITE_GOLDEN").is_err() {
         return;
     }
-    let mut w = Writer::new(
-        Vec::new(),
-        WriterOptions {
-            compression: Compression::Zstd,
-            generator: "hypercodec golden".into(),
-        },
-    )
-    .unwrap();
-    w.insert_metadata("purpose", "golden file of the .hwz v1 format".into());
-    let mut expected = Vec::new();
-    for (i, enc) in sample_encodings().iter().enumerate() {
-        let shape = [6u64, 40];
-        let values = fixture_values(240, 100 + i as u64);
-        let t = encode(&enc.label(), &values, &shape, enc, EncodeOptions::default()).unwrap();
-        let refs: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
-        let mut out = vec![0.0; values.len()];
-        hypercodec_hwz::decode_into(&enc.label(), enc, &shape, &refs, &mut out).unwrap();
-        expected.extend(out.iter().flat_map(|x| x.to_le_bytes()));
-        w.add_tensor(
-            &enc.label(),
-            &shape,
-            "f32",
-            &t,
-            Some(TensorStats {
-                snr_db: Some(20.0),
-                ..Default::default()
-            }),
-        )
-        .unwrap();
+    if !data("golden-v1.hwz").exists() {
+        write("golden-v1", &golden_encodings(), 100);
     }
-    let (bytes, _) = w.finish().unwrap();
-    std::fs::write(data("golden-v1.hwz"), bytes).unwrap();
-    std::fs::write(data("golden-v1.expected.f32"), expected).unwrap();
+    if !data("golden-v1-lattice.hwz").exists() {
+        write("golden-v1-lattice", &golden_lattice_encodings(), 200);
+    }
 }

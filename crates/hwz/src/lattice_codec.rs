@@ -76,10 +76,12 @@ pub(crate) fn encode(
             source,
         }
     })?;
-    let min_symbols = lens
+    // Pad short symbol streams to the minimum, in whole 16-bit words (rANS reads words).
+    let min_symbols = (lens
         .iter()
         .find(|(r, _)| *r == role::SYMBOLS)
-        .map_or(0, |(_, l)| l.min) as usize;
+        .map_or(0, |(_, l)| l.min) as usize)
+        .next_multiple_of(2);
     let pad = |mut v: Vec<u8>| {
         if v.len() < min_symbols {
             v.resize(min_symbols, 0);

@@ -572,7 +572,11 @@ pub fn decode_parts(
             }
             chunk[i] = sym;
         }
-        if pos != stream.len() || states.iter().any(|&x| x != L) {
+        // Writers may pad the payload with zero bytes after the last chunk (see hwz's minimum
+        // stream length); anything else left unread is corruption.
+        let rest = &stream[pos.min(stream.len())..];
+        let padded = ci + 1 == chunks && rest.iter().all(|&b| b == 0);
+        if (pos != stream.len() && !padded) || states.iter().any(|&x| x != L) {
             return Err(CodingError::Corrupt { chunk: ci });
         }
     }
