@@ -5,6 +5,7 @@
 use hypercodec_hwz::{
     encode, AffineParams, Archive, Compression, EncodeOptions, Encoding, FloatDtype, Group,
 };
+use hypercodec_hwz::{Coding, Lattice};
 use hypercodec_tests::{roundtrip, sample_archive};
 use proptest::prelude::*;
 
@@ -97,6 +98,75 @@ proptest! {
         if let Ok(a) = Archive::open(&bytes[..]) {
             for t in a.tensors() {
                 let _ = a.decode_tensor(&t.name);
+            }
+        }
+    }
+}
+
+fn lattice_case() -> impl Strategy<Value = (u64, u64, Encoding, u64)> {
+    let lattice = prop::sample::select(Lattice::ALL.to_vec());
+    (
+        1u64..5,
+        1u64..70,
+        lattice,
+        0.3f32..24.0,
+        0u8..3,
+        2u8..=8,
+        any::<u64>(),
+    )
+        .prop_map(|(rows, cols, lattice, alpha, c, bits, seed)| {
+            let coding = match c {
+                0 => Coding::Rans {
+                    chunk: 8 * (1 + (seed % 20) as u32),
+                    lanes: 1 + (seed % 33) as u8,
+                    prob_bits: 8 + (seed % 8) as u8,
+                },
+                1 => Coding::Rice {
+                    chunk: 1 + (seed % 50) as u32,
+                },
+                _ if lattice.has_fixed() => Coding::Fixed { bits },
+                _ => Coding::Rice { chunk: 16 },
+            };
+            let tile = hypercodec_lattice::tile_for(cols as usize, 4096) as u32;
+            let enc = Encoding::Lattice {
+                lattice,
+                alpha,
+                tile,
+                seed,
+                scale_dtype: FloatDtype::Bf16,
+                coding,
+            };
+            (rows, cols, enc, seed)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(150))]
+
+    /// Lattice tensors through the container decode as the codec alone decodes them, and the
+    /// error stays within the covering radius of the lattice, scaled back per row.
+    #[test]
+    fn lattice_roundtrip((rows, cols, enc, seed) in lattice_case(), zstd in any::<bool>()) {
+        let values = hypercodec_tests::fixture_values((rows * cols) as usize, seed);
+        let named = vec![("w".to_string(), vec![rows, cols], values.clone(), enc)];
+        let compression = if zstd { Compression::Zstd } else { Compression::None };
+        let (_, decoded) = roundtrip(&named, compression).unwrap();
+        let t = encode("w", &values, &[rows, cols], &enc, EncodeOptions::default()).unwrap();
+        let refs: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
+        let mut direct = vec![0.0; values.len()];
+        hypercodec_hwz::decode_into("w", &enc, &[rows, cols], &refs, &mut direct).unwrap();
+        prop_assert_eq!(&decoded[0], &direct);
+        // Fixed-rate forms clamp outliers, so only entropy-coded points obey the radius bound.
+        if let Encoding::Lattice { lattice, alpha, coding: Coding::Rans { .. } | Coding::Rice { .. }, .. } = enc {
+            // Per row: ‖x − x̂‖ ≤ (covering radius · √(words) · σ/α) plus the bf16 rounding of σ.
+            for r in 0..rows as usize {
+                let row = &values[r * cols as usize..(r + 1) * cols as usize];
+                let got = &decoded[0][r * cols as usize..(r + 1) * cols as usize];
+                let sigma = (row.iter().map(|x| x * x).sum::<f32>() / cols as f32).sqrt();
+                let words = (cols as usize).div_ceil(lattice.dim()) as f32;
+                let err = row.iter().zip(got).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt();
+                let bound = lattice.covering_radius() * words.sqrt() * sigma * 1.01 / alpha + 0.01 * sigma * (cols as f32).sqrt();
+                prop_assert!(err <= bound + 1e-4, "row {}: error {} > bound {}", r, err, bound);
             }
         }
     }

@@ -22,7 +22,7 @@ use crate::{LatticeError, Result};
 
 /// Largest magnitude of a scaled coordinate; beyond it values are clamped. Rows are normalized
 /// to unit RMS before scaling, so this is only reached by absurd scales or corrupt input.
-pub const MAX_COORD: f32 = (1 << 24) as f32;
+pub const MAX_COORD: f32 = (1 << 21) as f32;
 
 /// A lattice family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -51,6 +51,14 @@ fn unzz(z: u32) -> i32 {
     ((z >> 1) as i32) ^ -((z & 1) as i32)
 }
 
+/// Round to nearest (ties to even) for |x| ≤ 2^22 without a libm call: adding and removing
+/// 1.5·2^23 leaves no fraction bits. Inputs are clamped to ±[`MAX_COORD`] = 2^21 first.
+#[inline(always)]
+fn rnd(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
 #[inline]
 fn clampc(x: f32) -> f32 {
     if x.is_nan() {
@@ -62,30 +70,32 @@ fn clampc(x: f32) -> f32 {
 
 /// Nearest point of D_n = {z ∈ Zⁿ : Σz even} (Conway & Sloane): round every coordinate, and if
 /// the sum is odd, round the worst one the other way. Returns the point and its squared distance.
-#[inline]
+/// Written without data-dependent branches (selects compile to conditional moves): the parity
+/// and the worst coordinate are coin flips on real data, and mispredictions would dominate.
+#[inline(always)]
 fn nearest_dn<const N: usize>(u: &[f32; N]) -> ([i32; N], f32) {
     let mut r = [0i32; N];
+    let mut f = [0f32; N];
     let mut sum = 0i32;
     let mut worst = 0usize;
     let mut worst_err = -1.0f32;
-    for i in 0..N {
-        let f = u[i].round();
-        r[i] = f as i32;
-        sum = sum.wrapping_add(r[i]);
-        let e = (u[i] - f).abs();
-        if e > worst_err {
-            worst_err = e;
-            worst = i;
-        }
-    }
-    if sum & 1 != 0 {
-        r[worst] += if u[worst] >= r[worst] as f32 { 1 } else { -1 };
-    }
     let mut d = 0.0f32;
     for i in 0..N {
-        let e = u[i] - r[i] as f32;
+        f[i] = rnd(u[i]);
+        r[i] = f[i] as i32;
+        sum = sum.wrapping_add(r[i]);
+        let e = u[i] - f[i];
         d += e * e;
+        let better = e.abs() > worst_err;
+        worst = if better { i } else { worst };
+        worst_err = if better { e.abs() } else { worst_err };
     }
+    let odd = sum & 1;
+    let e = u[worst] - f[worst];
+    let dir = if e >= 0.0 { 1i32 } else { -1i32 };
+    r[worst] += odd * dir;
+    let e2 = e - dir as f32;
+    d += odd as f32 * (e2 * e2 - e * e);
     (r, d)
 }
 
@@ -162,12 +172,12 @@ impl Lattice {
     #[inline]
     pub fn encode_word(self, u: &[f32], syms: &mut [u32]) {
         match self {
-            Lattice::Z1 => syms[0] = zz(clampc(u[0]).round() as i32),
+            Lattice::Z1 => syms[0] = zz(rnd(clampc(u[0])) as i32),
             Lattice::A2 => {
                 let (x, y) = (clampc(u[0]), clampc(u[1]) / SQRT3);
                 // Coset 0: (i, j√3); coset 1: (i + ½, (j + ½)√3). Distances in real units.
-                let (i0, j0) = (x.round(), y.round());
-                let (i1, j1) = ((x - 0.5).round(), (y - 0.5).round());
+                let (i0, j0) = (rnd(x), rnd(y));
+                let (i1, j1) = (rnd(x - 0.5), rnd(y - 0.5));
                 let d0 = (x - i0).powi(2) + 3.0 * (y - j0).powi(2);
                 let d1 = (x - i1 - 0.5).powi(2) + 3.0 * (y - j1 - 0.5).powi(2);
                 let (nx, ny) = if d0 <= d1 {
@@ -196,7 +206,12 @@ impl Lattice {
                 }
                 let (ra, da) = nearest_dn(&a);
                 let (rb, db) = nearest_dn(&b);
-                let (s, c) = if da <= db { (ra, 0u32) } else { (rb, 1u32) };
+                let odd = db < da;
+                let c = odd as u32;
+                let mut s = [0i32; 8];
+                for i in 0..8 {
+                    s[i] = if odd { rb[i] } else { ra[i] };
+                }
                 let p = (s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6]) & 1;
                 let t = (s[7] - p) >> 1;
                 syms[0] = 2 * zz(t) + c;
@@ -255,7 +270,7 @@ fn nearest_box<const N: usize>(u: &[f32; N], lo: i32, hi: i32, parity: bool) -> 
     let mut r = [0i32; N];
     let mut sum = 0i32;
     for i in 0..N {
-        r[i] = (u[i].round() as i32).clamp(lo, hi);
+        r[i] = (rnd(u[i]) as i32).clamp(lo, hi);
         sum += r[i];
     }
     if parity && sum & 1 != 0 {
@@ -293,7 +308,7 @@ impl Lattice {
         let (lo, hi) = (-h, h - 1);
         match self {
             Lattice::Z1 | Lattice::A2 => {
-                syms[0] = ((clampc(u[0]).round() as i32).clamp(lo, hi) + h) as u32
+                syms[0] = ((rnd(clampc(u[0])) as i32).clamp(lo, hi) + h) as u32
             }
             Lattice::D4 => {
                 let w = [clampc(u[0]), clampc(u[1]), clampc(u[2]), clampc(u[3])];

@@ -40,34 +40,37 @@ pub fn tile_for(cols: usize, max_tile: usize) -> usize {
     pow2.min(cap)
 }
 
-/// Random signs of one row (`true` = −1), as 64-bit words.
+/// Random signs of one row, as XOR masks of the f32 sign bit (branch-free application).
 #[derive(Debug, Clone)]
 pub struct Signs {
-    words: Vec<u64>,
+    masks: Vec<u32>,
 }
 
 impl Signs {
     /// Signs for rows of `cols` values under `seed`.
     pub fn new(seed: u64, cols: usize) -> Self {
-        let words = (0..cols.div_ceil(64) as u64)
-            .map(|w| mix64(seed.wrapping_add((w + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))))
+        let masks = (0..cols)
+            .map(|j| {
+                let w = mix64(
+                    seed.wrapping_add((j as u64 / 64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                );
+                (((w >> (j % 64)) & 1) as u32) << 31
+            })
             .collect();
-        Signs { words }
+        Signs { masks }
     }
 
     /// True when position `j` is negated.
     #[inline]
     pub fn neg(&self, j: usize) -> bool {
-        (self.words[j / 64] >> (j % 64)) & 1 == 1
+        self.masks[j] != 0
     }
 
     /// Applies the signs to a row (or a prefix of one) in place.
     #[inline]
     pub fn apply(&self, row: &mut [f32]) {
-        for (j, v) in row.iter_mut().enumerate() {
-            if self.neg(j) {
-                *v = -*v;
-            }
+        for (v, &m) in row.iter_mut().zip(&self.masks) {
+            *v = f32::from_bits(v.to_bits() ^ m);
         }
     }
 }

@@ -88,17 +88,18 @@ impl RansParams {
 }
 
 /// How symbols map to contexts: words of `word` symbols, `map(j, first)` for symbol `j`.
+/// `map` is generic so that the per-symbol call is inlined.
 #[derive(Clone, Copy)]
-pub struct Contexts<'a> {
+pub struct Contexts<F> {
     /// Symbols per word.
     pub word: usize,
     /// Number of contexts.
     pub count: usize,
     /// Context of symbol `j` of a word whose first symbol is `first`.
-    pub map: &'a dyn Fn(usize, u32) -> usize,
+    pub map: F,
 }
 
-impl std::fmt::Debug for Contexts<'_> {
+impl<F> std::fmt::Debug for Contexts<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
@@ -216,7 +217,11 @@ impl Table {
 
 impl Model {
     /// Fits a model to `symbols` (counted per context).
-    pub fn fit(symbols: &[u32], ctx: Contexts<'_>, prob_bits: u8) -> Result<Model> {
+    pub fn fit<F: Fn(usize, u32) -> usize + Copy>(
+        symbols: &[u32],
+        ctx: Contexts<F>,
+        prob_bits: u8,
+    ) -> Result<Model> {
         if ctx.count == 0 || ctx.count > MAX_CONTEXTS || ctx.word == 0 {
             return Err(CodingError::Invalid {
                 what: "rans contexts",
@@ -340,7 +345,11 @@ impl Model {
     }
 
     /// The cost in bits of `symbols` under this model (the ideal rate of an exact coder).
-    pub fn cost_bits(&self, symbols: &[u32], ctx: Contexts<'_>) -> f64 {
+    pub fn cost_bits<F: Fn(usize, u32) -> usize + Copy>(
+        &self,
+        symbols: &[u32],
+        ctx: Contexts<F>,
+    ) -> f64 {
         let m = (1u64 << self.prob_bits) as f64;
         let mut bits = 0.0;
         for w in symbols.chunks(ctx.word) {
@@ -383,16 +392,20 @@ pub struct RansStreams {
 }
 
 /// Encodes `symbols` with a model fitted to them.
-pub fn encode(symbols: &[u32], ctx: Contexts<'_>, params: &RansParams) -> Result<RansStreams> {
+pub fn encode<F: Fn(usize, u32) -> usize + Copy>(
+    symbols: &[u32],
+    ctx: Contexts<F>,
+    params: &RansParams,
+) -> Result<RansStreams> {
     params.validate()?;
     let model = Model::fit(symbols, ctx, params.prob_bits)?;
     encode_with(symbols, ctx, params, &model)
 }
 
 /// Encodes `symbols` with a given model (which must give every symbol a non-zero frequency).
-pub fn encode_with(
+pub fn encode_with<F: Fn(usize, u32) -> usize + Copy>(
     symbols: &[u32],
-    ctx: Contexts<'_>,
+    ctx: Contexts<F>,
     params: &RansParams,
     model: &Model,
 ) -> Result<RansStreams> {
@@ -415,9 +428,10 @@ pub fn encode_with(
         index.extend_from_slice(&offset.to_le_bytes());
         let mut states = vec![L; params.lanes];
         words.clear();
+        let last_table = model.tables.len() - 1;
         for i in (0..chunk.len()).rev() {
-            let first = chunk[i - i % ctx.word];
-            let t = &model.tables[(ctx.map)(i % ctx.word, first).min(model.tables.len() - 1)];
+            let j = i % ctx.word;
+            let t = &model.tables[(ctx.map)(j, chunk[i - j]).min(last_table)];
             let s = chunk[i];
             let idx = if t.escape && s >= MAX_DIRECT {
                 MAX_DIRECT as usize
@@ -438,7 +452,8 @@ pub fn encode_with(
                 words.push(*x as u16);
                 *x >>= 16;
             }
-            *x = ((*x / f) << pb) + (*x % f) + c;
+            let q = *x / f;
+            *x = (q << pb) + (*x - q * f) + c;
             if idx == MAX_DIRECT as usize {
                 words.push(s as u16);
                 words.push((s >> 16) as u16);
@@ -479,9 +494,9 @@ impl RansStreams {
 }
 
 /// Decodes `out.len()` symbols.
-pub fn decode(
+pub fn decode<F: Fn(usize, u32) -> usize + Copy>(
     s: &RansStreams,
-    ctx: Contexts<'_>,
+    ctx: Contexts<F>,
     params: &RansParams,
     out: &mut [u32],
 ) -> Result<()> {
@@ -489,9 +504,9 @@ pub fn decode(
 }
 
 /// [`decode`] over borrowed streams.
-pub fn decode_parts(
+pub fn decode_parts<F: Fn(usize, u32) -> usize + Copy>(
     s: RansParts<'_>,
-    ctx: Contexts<'_>,
+    ctx: Contexts<F>,
     params: &RansParams,
     out: &mut [u32],
 ) -> Result<()> {
@@ -521,9 +536,9 @@ pub fn decode_parts(
     let mask = (1u32 << pb) - 1;
     let mut states = vec![0u32; params.lanes];
     for (ci, chunk) in out.chunks_mut(params.chunk).enumerate() {
-        let start = u32_at(&s.index, ci * entry) as usize;
+        let start = u32_at(s.index, ci * entry) as usize;
         let end = if ci + 1 < chunks {
-            u32_at(&s.index, (ci + 1) * entry) as usize
+            u32_at(s.index, (ci + 1) * entry) as usize
         } else {
             words
         };
@@ -534,47 +549,61 @@ pub fn decode_parts(
             });
         }
         for (l, st) in states.iter_mut().enumerate() {
-            *st = u32_at(&s.index, ci * entry + 1 + l);
+            *st = u32_at(s.index, ci * entry + 1 + l);
             if *st < L {
                 return Err(CodingError::Corrupt { chunk: ci });
             }
         }
         let stream = &s.payload[2 * start..2 * end];
         let mut pos = 0usize;
-        let mut next = || -> Result<u32> {
+        let next = |pos: &mut usize| -> Result<u32> {
             let w = stream
-                .get(pos..pos + 2)
+                .get(*pos..*pos + 2)
                 .ok_or(CodingError::Corrupt { chunk: ci })?;
-            pos += 2;
+            *pos += 2;
             Ok(u16::from_le_bytes([w[0], w[1]]) as u32)
         };
         let mut first = 0u32;
-        for i in 0..chunk.len() {
-            let j = i % ctx.word;
-            let t = &model.tables[(ctx.map)(j, first).min(model.tables.len() - 1)];
+        let (mut j, mut lane) = (0usize, 0usize);
+        let last_table = model.tables.len() - 1;
+        for out_sym in chunk.iter_mut() {
+            let t = &model.tables[(ctx.map)(j, first).min(last_table)];
             if t.slots.is_empty() {
                 return Err(CodingError::Corrupt { chunk: ci });
             }
-            let x = &mut states[i % params.lanes];
+            let x = &mut states[lane];
             let slot = t.slots[(*x & mask) as usize];
             *x = slot.freq as u32 * (*x >> pb) + slot.bias as u32;
             let mut sym = slot.sym as u32;
             if t.escape && sym == MAX_DIRECT {
-                let hi = next()?;
-                let lo = next()?;
+                let hi = next(&mut pos)?;
+                let lo = next(&mut pos)?;
                 sym = (hi << 16) | lo;
             }
-            if *x < L {
-                *x = (*x << 16) | next()?;
+            // Branch-free renormalization: whether a word is needed is a coin flip per symbol.
+            let w = stream
+                .get(pos..pos + 2)
+                .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]) as u32);
+            let need = *x < L;
+            *x = if need { (*x << 16) | w } else { *x };
+            pos += 2 * need as usize;
+            first = if j == 0 { sym } else { first };
+            *out_sym = sym;
+            j += 1;
+            if j == ctx.word {
+                j = 0;
             }
-            if j == 0 {
-                first = sym;
+            lane += 1;
+            if lane == params.lanes {
+                lane = 0;
             }
-            chunk[i] = sym;
         }
         // Writers may pad the payload with zero bytes after the last chunk (see hwz's minimum
         // stream length); anything else left unread is corruption.
-        let rest = &stream[pos.min(stream.len())..];
+        if pos > stream.len() {
+            return Err(CodingError::Corrupt { chunk: ci });
+        }
+        let rest = &stream[pos..];
         let padded = ci + 1 == chunks && rest.iter().all(|&b| b == 0);
         if (pos != stream.len() && !padded) || states.iter().any(|&x| x != L) {
             return Err(CodingError::Corrupt { chunk: ci });
@@ -596,11 +625,11 @@ mod tests {
         }
     }
 
-    fn ctx() -> Contexts<'static> {
+    fn ctx() -> Contexts<fn(usize, u32) -> usize> {
         Contexts {
             word: 8,
             count: 3,
-            map: &e8_like,
+            map: e8_like,
         }
     }
 

@@ -1,0 +1,47 @@
+//! Arbitrary bytes as Rice and rANS streams (model, tables, payload) with arbitrary
+//! parameters: the decoders return symbols or a typed error, never panic, and decode valid
+//! re-encodings of what they return back to the same symbols.
+#![no_main]
+
+use hypercodec_rice::{rans, rice};
+use libfuzzer_sys::fuzz_target;
+
+fn e8(j: usize, first: u32) -> usize {
+    if j == 0 {
+        0
+    } else {
+        1 + (first & 1) as usize
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    if data.len() < 8 {
+        return;
+    }
+    let (head, body) = data.split_at(8);
+    let n = u16::from_le_bytes([head[0], head[1]]) as usize % 4096;
+    let third = body.len() / 3;
+    let (a, rest) = body.split_at(third);
+    let (b, c) = rest.split_at(third);
+    // Rice
+    let chunk = 1 + head[2] as usize;
+    let mut out = vec![0u32; n];
+    let parts = rice::RiceParts { params: a, offsets: b, payload: c };
+    if rice::decode_parts(parts, chunk, &mut out).is_ok() {
+        let again = rice::encode(&out, chunk).unwrap();
+        let mut back = vec![0u32; n];
+        rice::decode(&again, chunk, &mut back).unwrap();
+        assert_eq!(back, out);
+    }
+    // rANS
+    let ctx = rans::Contexts { word: 8, count: 3, map: &e8 };
+    let params = rans::RansParams { chunk: 8 * (1 + head[3] as usize), lanes: 1 + head[4] as usize % 64, prob_bits: 8 + head[5] % 8 };
+    let parts = rans::RansParts { model: a, index: b, payload: c };
+    let mut out = vec![0u32; n];
+    if rans::decode_parts(parts, ctx, &params, &mut out).is_ok() {
+        let again = rans::encode(&out, ctx, &params).unwrap();
+        let mut back = vec![0u32; n];
+        rans::decode(&again, ctx, &params, &mut back).unwrap();
+        assert_eq!(back, out);
+    }
+});
