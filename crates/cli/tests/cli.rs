@@ -364,3 +364,66 @@ fn usage_errors_are_reported() {
     );
     assert_eq!(run(&["frobnicate"]).status.code(), Some(2));
 }
+
+#[test]
+fn lattice_compress_meets_its_rate_and_decompresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let hwz = dir.path().join("l.hwz");
+    let out = dir.path().join("l.safetensors");
+    for (coding, bps) in [("rans", "3"), ("rice", "3.5"), ("fixed", "4")] {
+        ok(&[
+            "compress",
+            "gaussian:64x1024:3",
+            p(&hwz),
+            "--encoding",
+            "lattice",
+            "--coding",
+            coding,
+            "--bps",
+            bps,
+            "--no-zstd",
+        ]);
+        let json: Value = serde_json::from_str(&ok(&["inspect", p(&hwz), "--json"])).unwrap();
+        let t = &json["tensors"][0];
+        assert_eq!(t["encoding"]["type"], "lattice");
+        assert_eq!(t["encoding"]["tile"], 1024);
+        let got = t["bps"].as_f64().unwrap();
+        let target: f64 = bps.parse().unwrap();
+        // Fixed-rate adds the row scales (16 bits per 1024-value row); the others fit the rate.
+        let limit = if coding == "fixed" {
+            target + 16.0 / 1024.0 + 1e-9
+        } else {
+            target
+        };
+        assert!(
+            got <= limit && got > target - 0.1,
+            "{coding}: {got} bps for target {target}"
+        );
+        let snr = t["stats"]["snr_db"].as_f64().unwrap();
+        // Below the Gaussian bound, and within 2.5 dB of it (rANS ≈ 1, Rice ≈ 1.6, fixed ≈ 4 at 4 bits).
+        let bound = 6.0206 * got;
+        let slack = if coding == "fixed" { 4.5 } else { 2.5 };
+        assert!(
+            snr < bound && snr > bound - slack,
+            "{coding}: {snr} dB at {got} bps"
+        );
+        ok(&["decompress", p(&hwz), p(&out)]);
+        assert_eq!(read_st(&out)[0].2, vec![64, 1024]);
+    }
+    assert_eq!(
+        run(&[
+            "compress",
+            "gaussian:8x64",
+            p(&hwz),
+            "--encoding",
+            "lattice",
+            "--lattice",
+            "a2",
+            "--coding",
+            "fixed"
+        ])
+        .status
+        .code(),
+        Some(1)
+    );
+}

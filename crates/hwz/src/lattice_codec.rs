@@ -21,9 +21,40 @@ fn coding_err(tensor: &str) -> impl Fn(CodingError) -> HwzError + '_ {
     }
 }
 
-/// The context map of a lattice for the rANS model.
-pub(crate) fn contexts(l: &Lattice) -> impl Fn(usize, u32) -> usize + '_ {
-    move |j, first| l.context(j, first)
+/// The rANS contexts of a lattice: words of `dim` symbols, tables chosen by [`Lattice::context`].
+fn contexts(l: &Lattice) -> rans::Contexts<impl Fn(usize, u32) -> usize + Copy + '_> {
+    rans::Contexts {
+        word: l.dim(),
+        count: l.contexts(),
+        map: move |j, first| l.context(j, first),
+    }
+}
+
+/// The fields of a lattice encoding and its pipeline parameters.
+fn unpack(
+    tensor: &str,
+    encoding: &Encoding,
+) -> Result<(
+    Lattice,
+    hypercodec_scalar::FloatDtype,
+    Coding,
+    lat::LatticeParams,
+)> {
+    match (*encoding, encoding.lattice_params()) {
+        (
+            Encoding::Lattice {
+                lattice,
+                scale_dtype,
+                coding,
+                ..
+            },
+            Some(params),
+        ) => Ok((lattice, scale_dtype, coding, params)),
+        _ => Err(HwzError::InvalidEncoding {
+            tensor: tensor.into(),
+            message: "not a lattice encoding".into(),
+        }),
+    }
 }
 
 /// Streams of a lattice-encoded tensor, in the order of [`Encoding::stream_lens`].
@@ -35,24 +66,7 @@ pub(crate) fn encode(
     encoding: &Encoding,
     lens: &[(&'static str, StreamLen)],
 ) -> Result<Vec<(&'static str, Vec<u8>)>> {
-    let Encoding::Lattice {
-        lattice,
-        scale_dtype,
-        coding,
-        ..
-    } = *encoding
-    else {
-        return Err(HwzError::InvalidEncoding {
-            tensor: tensor.into(),
-            message: "not a lattice encoding".into(),
-        });
-    };
-    let params = encoding
-        .lattice_params()
-        .ok_or_else(|| HwzError::InvalidEncoding {
-            tensor: tensor.into(),
-            message: "not a lattice encoding".into(),
-        })?;
+    let (lattice, scale_dtype, coding, params) = unpack(tensor, encoding)?;
     let q = lat::quantize_rows(values, rows as usize, cols as usize, &params, |s| {
         scale_dtype.round(s)
     })
@@ -101,12 +115,7 @@ pub(crate) fn encode(
             lanes,
             prob_bits,
         } => {
-            let map = contexts(&lattice);
-            let ctx = rans::Contexts {
-                word: lattice.dim(),
-                count: lattice.contexts(),
-                map: &map,
-            };
+            let ctx = contexts(&lattice);
             let s = rans::encode(
                 &q.symbols,
                 ctx,
@@ -139,24 +148,7 @@ pub(crate) fn decode<'a>(
     get: &dyn Fn(&str) -> &'a [u8],
     out: &mut [f32],
 ) -> Result<()> {
-    let Encoding::Lattice {
-        lattice,
-        scale_dtype,
-        coding,
-        ..
-    } = *encoding
-    else {
-        return Err(HwzError::InvalidEncoding {
-            tensor: tensor.into(),
-            message: "not a lattice encoding".into(),
-        });
-    };
-    let params = encoding
-        .lattice_params()
-        .ok_or_else(|| HwzError::InvalidEncoding {
-            tensor: tensor.into(),
-            message: "not a lattice encoding".into(),
-        })?;
+    let (lattice, scale_dtype, coding, params) = unpack(tensor, encoding)?;
     let scales = scalar::decode_floats(get(role::SCALES), scale_dtype).map_err(|source| {
         HwzError::Scalar {
             tensor: tensor.into(),
@@ -180,12 +172,7 @@ pub(crate) fn decode<'a>(
             lanes,
             prob_bits,
         } => {
-            let map = contexts(&lattice);
-            let ctx = rans::Contexts {
-                word: lattice.dim(),
-                count: lattice.contexts(),
-                map: &map,
-            };
+            let ctx = contexts(&lattice);
             let parts = rans::RansParts {
                 model: get(role::MODEL),
                 index: get(role::INDEX),

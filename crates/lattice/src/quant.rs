@@ -99,6 +99,16 @@ fn nearest_dn<const N: usize>(u: &[f32; N]) -> ([i32; N], f32) {
     (r, d)
 }
 
+/// E8 from its two D8 cosets: the closer of `even` (the point `s`) and `odd` (the point
+/// `s + ½`), as `(s, c, t)` with `c` the coset and `s₇ = 2t + ((s₀+…+s₆) mod 2)`.
+#[inline(always)]
+fn e8_strip(even: ([i32; 8], f32), odd: ([i32; 8], f32)) -> ([i32; 8], u32, i32) {
+    let pick = odd.1 < even.1;
+    let s: [i32; 8] = std::array::from_fn(|i| if pick { odd.0[i] } else { even.0[i] });
+    let p = (s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6]) & 1;
+    (s, pick as u32, (s[7] - p) >> 1)
+}
+
 impl Lattice {
     /// Every lattice.
     pub const ALL: [Lattice; 4] = [Lattice::Z1, Lattice::A2, Lattice::D4, Lattice::E8];
@@ -204,16 +214,7 @@ impl Lattice {
                     a[i] = clampc(u[i]);
                     b[i] = a[i] - 0.5;
                 }
-                let (ra, da) = nearest_dn(&a);
-                let (rb, db) = nearest_dn(&b);
-                let odd = db < da;
-                let c = odd as u32;
-                let mut s = [0i32; 8];
-                for i in 0..8 {
-                    s[i] = if odd { rb[i] } else { ra[i] };
-                }
-                let p = (s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6]) & 1;
-                let t = (s[7] - p) >> 1;
+                let (s, c, t) = e8_strip(nearest_dn(&a), nearest_dn(&b));
                 syms[0] = 2 * zz(t) + c;
                 for i in 0..7 {
                     syms[1 + i] = zz(s[i]);
@@ -326,11 +327,8 @@ impl Lattice {
                     a[i] = clampc(u[i]);
                     b[i] = a[i] - 0.5;
                 }
-                let (ra, da) = nearest_box(&a, lo, hi, true);
-                let (rb, db) = nearest_box(&b, lo, hi, true);
-                let (s, c) = if da <= db { (ra, 0u32) } else { (rb, 1u32) };
-                let p = (s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6]) & 1;
-                let t = (s[7] - p) >> 1;
+                let (s, c, t) =
+                    e8_strip(nearest_box(&a, lo, hi, true), nearest_box(&b, lo, hi, true));
                 syms[0] = 2 * (t + h / 2) as u32 + c;
                 for i in 0..7 {
                     syms[1 + i] = (s[i] + h) as u32;
