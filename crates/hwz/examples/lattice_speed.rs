@@ -52,6 +52,7 @@ fn main() {
         tile: hypercodec_lattice::tile_for(cols, 4096),
         seed: 1,
         fixed_bits: None,
+        dither: false,
     };
     let e8 = |j: usize, f: u32| Lattice::E8.context(j, f);
     let ctx = rans::Contexts {

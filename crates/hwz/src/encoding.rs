@@ -349,6 +349,7 @@ impl Encoding {
                     Coding::Fixed { bits } => Some(bits),
                     _ => None,
                 },
+                dither: false,
             }),
             _ => None,
         }

@@ -16,7 +16,7 @@
 //! ```
 //! use hypercodec_lattice::{dequantize_rows, quantize_rows, Lattice, LatticeParams};
 //! let w: Vec<f32> = (0..2 * 256).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
-//! let p = LatticeParams { lattice: Lattice::E8, alpha: 4.0, tile: 256, seed: 1, fixed_bits: None };
+//! let p = LatticeParams { lattice: Lattice::E8, alpha: 4.0, tile: 256, seed: 1, fixed_bits: None, dither: false };
 //! let q = quantize_rows(&w, 2, 256, &p, |s| s)?;
 //! let back = dequantize_rows(&q.symbols, &q.scales, 2, 256, &p)?;
 //! let snr = 10.0 * (w.iter().map(|x| x * x).sum::<f32>()
@@ -27,6 +27,8 @@
 #![deny(missing_docs)]
 
 pub mod calibration;
+#[cfg(test)]
+mod dither_tests;
 mod quant;
 pub mod rht;
 
@@ -100,6 +102,11 @@ pub struct LatticeParams {
     /// (2..=8; points outside the range are replaced by the nearest representable one).
     /// By default, `None`.
     pub fixed_bits: Option<u8>,
+    /// Subtractive dither: a pseudo-random vector `d`, uniform over the lattice's Voronoi cell
+    /// and regenerated from the seed by the decoder, is added before quantization and
+    /// subtracted after: the error becomes independent of the input (uniform over the cell),
+    /// at a small cost in rate. By default, `false`.
+    pub dither: bool,
 }
 
 impl Default for LatticeParams {
@@ -110,7 +117,31 @@ impl Default for LatticeParams {
             tile: 256,
             seed: 0,
             fixed_bits: None,
+            dither: false,
         }
+    }
+}
+
+/// The dither of word `word` of row `row`: `d = v − Q(v)` for `v` uniform in `[−4, 4)^dim`
+/// from the seed, which is uniform over the Voronoi cell because the lattice tiles space.
+/// Coordinate `i` of `v`: `mix64(seed ^ 0xD17E_D17E_D17E_D17E + (row·2³² + word·dim + i + 1)·0x9E3779B97F4A7C15)`,
+/// top 24 bits scaled to `[−4, 4)`.
+pub fn dither_word(l: Lattice, seed: u64, row: usize, word: usize, d: &mut [f32]) {
+    let n = l.dim();
+    let mut v = [0f32; 8];
+    for (i, x) in v[..n].iter_mut().enumerate() {
+        let key = ((row as u64) << 32).wrapping_add((word * n + i + 1) as u64);
+        let z = rht::mix64(
+            (seed ^ 0xD17E_D17E_D17E_D17E).wrapping_add(key.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        );
+        *x = (z >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0;
+    }
+    let mut s = [0u32; 8];
+    let mut p = [0f32; 8];
+    l.encode_word(&v[..n], &mut s[..n]);
+    l.decode_word(&s[..n], &mut p[..n]);
+    for i in 0..n {
+        d[i] = v[i] - p[i];
     }
 }
 
@@ -186,6 +217,13 @@ pub fn quantize_rows(
         } else {
             buf.iter_mut().for_each(|v| *v = 0.0);
         }
+        if params.dither {
+            let mut d = vec![0f32; l.dim()];
+            for (k, w) in buf.chunks_exact_mut(l.dim()).enumerate() {
+                dither_word(l, params.seed, r, k, &mut d);
+                w.iter_mut().zip(&d).for_each(|(v, e)| *v += e);
+            }
+        }
         for (w, s) in buf.chunks_exact(l.dim()).zip(out.chunks_exact_mut(l.dim())) {
             match params.fixed_bits {
                 None => l.encode_word(w, s),
@@ -250,6 +288,13 @@ pub fn dequantize_rows_into(
             match params.fixed_bits {
                 None => l.decode_word(s, w),
                 Some(b) => l.decode_word_fixed(s, b, w),
+            }
+        }
+        if params.dither {
+            let mut d = vec![0f32; l.dim()];
+            for (k, w) in buf.chunks_exact_mut(l.dim()).enumerate() {
+                dither_word(l, params.seed, r, k, &mut d);
+                w.iter_mut().zip(&d).for_each(|(v, e)| *v -= e);
             }
         }
         let k = scales[r] / params.alpha;
