@@ -5,6 +5,10 @@
 //! - `wasm-check` — builds the leaf codecs and hwz for `wasm32-unknown-unknown`.
 //! - `fuzz-build` — builds the fuzz targets on stable (running them needs nightly `cargo fuzz`).
 //! - `rss` — compresses a synthetic 100 M-parameter f32 model and checks peak memory.
+//! - `web` — builds the browser inspector into `web/dist` (wasm32 + wasm-bindgen-cli pinned to
+//!   the library's version, installed into `.tools/` once; wasm-opt from npm binaryen).
+//! - `web-test` — `web`, then the inspector's test in headless Chromium (Debian's `chromium`,
+//!   npm `playwright-core`), installing what is missing.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -54,18 +58,7 @@ fn run(what: &str, cmd: &mut Command) -> Result<(), String> {
 }
 
 fn wasm_check() -> Result<(), String> {
-    let installed = Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output();
-    let has = installed
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains("wasm32-unknown-unknown"))
-        .unwrap_or(false);
-    if !has {
-        run(
-            "rustup target add wasm32-unknown-unknown",
-            Command::new("rustup").args(["target", "add", "wasm32-unknown-unknown"]),
-        )?;
-    }
+    ensure_wasm_target()?;
     let mut c = cargo();
     c.args([
         "build",
@@ -156,6 +149,162 @@ fn rss() -> Result<(), String> {
     Ok(())
 }
 
+/// wasm-bindgen-cli must equal the `wasm-bindgen` library pinned in web/Cargo.toml.
+const WASM_BINDGEN_VERSION: &str = "0.2.130";
+
+fn ensure_wasm_target() -> Result<(), String> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output();
+    let has = installed
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("wasm32-unknown-unknown"))
+        .unwrap_or(false);
+    if !has {
+        run(
+            "rustup target add wasm32-unknown-unknown",
+            Command::new("rustup").args(["target", "add", "wasm32-unknown-unknown"]),
+        )?;
+    }
+    Ok(())
+}
+
+fn npm_install() -> Result<(), String> {
+    let web = root().join("web");
+    if !web.join("node_modules/playwright-core").exists()
+        || !web.join("node_modules/binaryen").exists()
+    {
+        run(
+            "npm ci (web test tools)",
+            Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund"])
+                .current_dir(&web),
+        )?;
+    }
+    Ok(())
+}
+
+fn web() -> Result<(), String> {
+    ensure_wasm_target()?;
+    run(
+        "wasm32 release build of hypercodec-web",
+        cargo().args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-unknown-unknown",
+            "-p",
+            "hypercodec-web",
+        ]),
+    )?;
+    let tools = root().join(".tools");
+    let bindgen = tools.join("bin/wasm-bindgen");
+    let version_ok = Command::new(&bindgen)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(WASM_BINDGEN_VERSION))
+        .unwrap_or(false);
+    if !version_ok {
+        // Not --locked: a locked dependency of this version is missing from the index.
+        run(
+            "cargo install wasm-bindgen-cli (once, cached in .tools/)",
+            cargo()
+                .args([
+                    "install",
+                    "wasm-bindgen-cli",
+                    "--version",
+                    WASM_BINDGEN_VERSION,
+                    "--root",
+                ])
+                .arg(&tools),
+        )?;
+    }
+    let dist = root().join("web/dist");
+    let _ = std::fs::remove_dir_all(&dist);
+    std::fs::create_dir_all(dist.join("pkg")).map_err(|e| e.to_string())?;
+    let wasm = root().join("target/wasm32-unknown-unknown/release/hypercodec_web.wasm");
+    run(
+        "wasm-bindgen --target no-modules",
+        Command::new(&bindgen)
+            .args(["--target", "no-modules", "--no-typescript", "--out-dir"])
+            .arg(dist.join("pkg"))
+            .arg(&wasm),
+    )?;
+    let out = dist.join("pkg/hypercodec_web_bg.wasm");
+    npm_install()?;
+    let opt = root().join("web/node_modules/.bin/wasm-opt");
+    run(
+        "wasm-opt -Oz (npm binaryen)",
+        Command::new(&opt)
+            .arg("-Oz")
+            .arg("--enable-bulk-memory")
+            .arg("--enable-nontrapping-float-to-int")
+            .arg(&out)
+            .arg("-o")
+            .arg(&out),
+    )?;
+    let bytes = std::fs::read(&out).map_err(|e| e.to_string())?;
+    // A classic script holding the module, so the page works from file:// with no fetch.
+    std::fs::write(
+        dist.join("pkg/wasm-inline.js"),
+        format!("var HWZ_WASM_B64 = \"{}\";\n", base64(&bytes)),
+    )
+    .map_err(|e| e.to_string())?;
+    for f in ["index.html", "app.js", "style.css"] {
+        std::fs::copy(root().join("web/static").join(f), dist.join(f))
+            .map_err(|e| format!("{f}: {e}"))?;
+    }
+    let gz = Command::new("gzip")
+        .args(["-9", "-c"])
+        .arg(&out)
+        .output()
+        .map(|o| o.stdout.len())
+        .unwrap_or(0);
+    println!("| artifact | bytes |\n|---|---:|\n| wasm (wasm-opt -Oz) | {} |\n| wasm gzipped | {gz} |\n| target gzipped | < 1048576 |", bytes.len());
+    if gz >= 1 << 20 {
+        return Err(format!("the wasm bundle is {gz} bytes gzipped, over 1 MiB"));
+    }
+    Ok(())
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for k in 0..4 {
+            s.push(if k <= c.len() {
+                A[(n >> (18 - 6 * k)) as usize & 63] as char
+            } else {
+                '='
+            });
+        }
+    }
+    s
+}
+
+fn web_test() -> Result<(), String> {
+    web()?;
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    if !Path::new(&chromium).exists() {
+        run(
+            "apt-get update",
+            Command::new("apt-get").args(["update", "-qq"]),
+        )?;
+        run(
+            "apt-get install chromium",
+            Command::new("apt-get").args(["install", "-y", "-qq", "chromium"]),
+        )?;
+    }
+    run(
+        "browser test (headless Chromium)",
+        Command::new("node")
+            .args(["--test", "web/test/"])
+            .current_dir(root()),
+    )
+}
+
 fn ci() -> Result<(), String> {
     run(
         "cargo fmt --check",
@@ -191,6 +340,7 @@ fn ci() -> Result<(), String> {
     )?;
     wasm_check()?;
     fuzz_build()?;
+    web_test()?;
     rss()
 }
 
@@ -201,8 +351,10 @@ fn main() -> ExitCode {
         "wasm-check" => wasm_check(),
         "fuzz-build" => fuzz_build(),
         "rss" => rss(),
+        "web" => web(),
+        "web-test" => web_test(),
         _ => {
-            eprintln!("usage: cargo xtask <ci | wasm-check | fuzz-build | rss>");
+            eprintln!("usage: cargo xtask <ci | wasm-check | fuzz-build | rss | web | web-test>");
             return ExitCode::from(2);
         }
     };

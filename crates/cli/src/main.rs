@@ -456,13 +456,13 @@ fn compress(args: &CompressArgs) -> Result<()> {
         println!("{summary:#}");
     } else {
         println!(
-            "wrote {} ({} tensors, {} values): {} bytes, {:.3} bits/value in streams, SNR {:.2} dB, {:.1} s",
+            "wrote {} ({} tensors, {} values): {} bytes, {:.3} bits/value in streams, SNR {}, {:.1} s",
             args.output.display(),
             manifest.tensors.len(),
             total,
             file_bytes,
             summary["bps"].as_f64().unwrap_or(0.0),
-            acc.snr_db(),
+            if acc.snr_db().is_finite() { format!("{:.2} dB", acc.snr_db()) } else { "exact".to_string() },
             started.elapsed().as_secs_f64()
         );
     }
