@@ -438,3 +438,42 @@ fn unknown_tensor_name() {
         Err(HwzError::TensorNotFound { .. })
     ));
 }
+
+#[test]
+fn values_per_stored_byte_cap() {
+    // A raw tensor of 240 values claiming a 3-byte zstd stream: within the zstd expansion cap
+    // (480 ≤ 3·256) but below the floor of one stored byte per 64 values.
+    let b = with_manifest(|m| {
+        let i = m["tensors"][1]["streams"]["values"].as_u64().unwrap() as usize;
+        m["streams"][i]["compression"] = json!("zstd");
+        m["streams"][i]["length"] = json!(3);
+    });
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::LimitExceeded {
+            what: "values per stored byte",
+            max: hypercodec_hwz::MAX_VALUES_PER_STORED_BYTE,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn constant_tensors_are_stored_within_the_floor() {
+    // zstd would shrink a constant tensor far below the floor: the writer stores it plainly.
+    let zeros = vec![0.0f32; 1 << 16];
+    let enc = Encoding::affine(hypercodec_hwz::AffineParams {
+        bits: 1,
+        ..Default::default()
+    });
+    let named = vec![("z".to_string(), vec![256, 256], zeros, enc)];
+    let (bytes, decoded) =
+        hypercodec_tests::roundtrip(&named, hypercodec_hwz::Compression::Zstd).unwrap();
+    assert!(decoded[0].iter().all(|&v| v == 0.0));
+    let a = open(&bytes).unwrap();
+    let stored = a.stored_bytes(&a.tensors()[0]);
+    assert!(
+        stored >= hypercodec_hwz::min_stored_bytes(1 << 16),
+        "{stored}"
+    );
+}

@@ -18,10 +18,10 @@ pub use hypercodec_lattice::Lattice;
 pub use hypercodec_scalar::{AffineParams, FloatDtype, Group};
 pub use lattice_codec::encode_to_rate;
 pub use manifest::{
-    check_name, parse_head, sniff, Compression, Manifest, Sniff, StreamEntry, Tail, TensorEntry,
-    TensorStats, ALIGN, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_DTYPE_LEN, MAX_ELEMENTS,
-    MAX_MANIFEST_LEN, MAX_NAME_LEN, MAX_RANK, MAX_STREAMS, MAX_TENSORS, MAX_ZSTD_EXPANSION,
-    TAIL_LEN, ZIP_MAGIC,
+    check_name, min_stored_bytes, parse_head, sniff, Compression, Manifest, Sniff, StreamEntry,
+    Tail, TensorEntry, TensorStats, ALIGN, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_DTYPE_LEN,
+    MAX_ELEMENTS, MAX_MANIFEST_LEN, MAX_NAME_LEN, MAX_RANK, MAX_STREAMS, MAX_TENSORS,
+    MAX_VALUES_PER_STORED_BYTE, MAX_ZSTD_EXPANSION, TAIL_LEN, ZIP_MAGIC,
 };
 pub use read::{decode_stream, Archive, ReadAt};
 #[cfg(feature = "std-fs")]

@@ -39,6 +39,22 @@ pub const MAX_DTYPE_LEN: usize = 32;
 /// than exceed it, so a reader never allocates more than 256 times the bytes a file holds.
 pub const MAX_ZSTD_EXPANSION: u64 = 256;
 
+/// Most values a tensor may hold per stored byte (all its streams, as stored): at least 1/8 bit
+/// per value is stored, so decoding never allocates more than 256 bytes of `f32` output per
+/// byte of the file — the same bound as [`MAX_ZSTD_EXPANSION`]. Writers store a tensor's
+/// streams uncompressed when compression would take it below (only constant tensors get there).
+pub const MAX_VALUES_PER_STORED_BYTE: u64 = 64;
+
+/// The fewest stored bytes a tensor of `numel` values may have.
+pub fn min_stored_bytes(numel: u64) -> u64 {
+    numel.div_ceil(MAX_VALUES_PER_STORED_BYTE)
+}
+
+/// Element count of a shape, saturating (for shapes already checked by `element_count`).
+pub(crate) fn tensor_numel(shape: &[u64]) -> u64 {
+    shape.iter().fold(1u64, |a, &d| a.saturating_mul(d))
+}
+
 /// Compression of one stream inside the container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -412,6 +428,19 @@ impl Manifest {
                 .iter()
                 .map(|(r, &i)| (r.as_str(), self.streams[i as usize].raw_length));
             check_roles(&t.name, &lens, present)?;
+            let stored: u64 = t
+                .streams
+                .values()
+                .map(|&i| self.streams[i as usize].length)
+                .sum();
+            let numel = tensor_numel(&t.shape);
+            if stored < min_stored_bytes(numel) {
+                return Err(HwzError::LimitExceeded {
+                    what: "values per stored byte",
+                    value: numel / stored.max(1),
+                    max: MAX_VALUES_PER_STORED_BYTE,
+                });
+            }
         }
         Ok(())
     }

@@ -5,6 +5,7 @@ use crate::manifest::{
     check_name, Compression, Manifest, StreamEntry, Tail, TensorEntry, TensorStats, ALIGN,
     FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_STREAMS, MAX_TENSORS, MAX_ZSTD_EXPANSION,
 };
+use crate::manifest::{min_stored_bytes, tensor_numel};
 use crate::{HwzError, Result};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
@@ -98,9 +99,25 @@ impl<W: Write> Writer<W> {
             &lens,
             tensor.streams.iter().map(|(r, b)| (*r, b.len() as u64)),
         )?;
+        // Compress first, then check the tensor's floor of stored bytes per value: a tensor
+        // that zstd shrinks below it (a constant tensor) is stored uncompressed instead.
+        let mut candidates: Vec<Option<Vec<u8>>> = tensor
+            .streams
+            .iter()
+            .map(|(_, raw)| self.try_compress(raw))
+            .collect();
+        let stored: u64 = tensor
+            .streams
+            .iter()
+            .zip(&candidates)
+            .map(|((_, raw), z)| z.as_ref().map_or(raw.len(), Vec::len) as u64)
+            .sum();
+        if stored < min_stored_bytes(tensor_numel(shape)) {
+            candidates.iter_mut().for_each(|c| *c = None);
+        }
         let mut roles = BTreeMap::new();
-        for (role, bytes) in &tensor.streams {
-            let index = self.write_stream(bytes)?;
+        for ((role, raw), z) in tensor.streams.iter().zip(candidates) {
+            let index = self.write_stream(raw, z)?;
             roles.insert(role.to_string(), index);
         }
         self.names.insert(name.to_string());
@@ -115,11 +132,9 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
-    fn write_stream(&mut self, raw: &[u8]) -> Result<u64> {
-        let pad = (ALIGN - self.pos % ALIGN) % ALIGN;
-        self.out.write_all(&ZEROS[..pad as usize])?;
-        self.pos += pad;
-        let compressed = match self.options.compression {
+    /// The zstd form of a stream, when compression is on and it pays.
+    fn try_compress(&self, raw: &[u8]) -> Option<Vec<u8>> {
+        match self.options.compression {
             Compression::Zstd if !raw.is_empty() => {
                 let z = crate::zstd_codec::compress(raw);
                 let within_cap =
@@ -127,7 +142,13 @@ impl<W: Write> Writer<W> {
                 (z.len() < raw.len() && within_cap).then_some(z)
             }
             _ => None,
-        };
+        }
+    }
+
+    fn write_stream(&mut self, raw: &[u8], compressed: Option<Vec<u8>>) -> Result<u64> {
+        let pad = (ALIGN - self.pos % ALIGN) % ALIGN;
+        self.out.write_all(&ZEROS[..pad as usize])?;
+        self.pos += pad;
         let (stored, compression) = match &compressed {
             Some(z) => (z.as_slice(), Compression::Zstd),
             None => (raw, Compression::None),
