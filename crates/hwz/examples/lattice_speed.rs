@@ -136,6 +136,12 @@ fn main() {
             "Rice decode, reference (symbols)",
             median(|| rice::decode_ref(&ri, 2048, &mut sym).expect("decode")),
         ),
+        ("fixed-rate 4-bit symbols: unpack (execution form)", {
+            let codes: Vec<u8> = q.symbols.iter().map(|&s| (s & 15) as u8).collect();
+            let packed = hypercodec_scalar::pack_bits(&codes, 4).expect("pack");
+            let mut unpacked = vec![0u8; codes.len()];
+            median(|| hypercodec_scalar::unpack_bits_into(&packed, 4, &mut unpacked).expect("unpack"))
+        }),
         (
             "full encode, E8 + rANS, one α (hwz::encode)",
             median(|| drop(encode("w", &x, &shape, &rans_enc, EncodeOptions::default()))),

@@ -67,6 +67,18 @@ pub fn unpack_bits_into(bytes: &[u8], bits: u8, out: &mut [u8]) -> Result<()> {
         out.copy_from_slice(bytes);
         return Ok(());
     }
+    if bits == 4 {
+        // Two codes per byte, low nibble first: a loop the compiler vectorizes.
+        let (pairs, tail) = out.split_at_mut(out.len() & !1);
+        for (o, &b) in pairs.chunks_exact_mut(2).zip(bytes) {
+            o[0] = b & 15;
+            o[1] = b >> 4;
+        }
+        if let (Some(t), Some(&b)) = (tail.first_mut(), bytes.last()) {
+            *t = b & 15;
+        }
+        return Ok(());
+    }
     let mask = (1u64 << bits) - 1;
     let mut acc: u64 = 0;
     let mut avail: u32 = 0;
