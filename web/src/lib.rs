@@ -12,6 +12,7 @@
 //! `histogram(name, range_start, bytes, bins)` (JSON).
 #![deny(missing_docs)]
 
+use hypercodec_hwz::legacy::LegacyArchive;
 use hypercodec_hwz::{self as hwz, HwzError, Manifest, Tail, TensorEntry, HEADER_LEN, TAIL_LEN};
 use serde_json::{json, Value};
 use std::borrow::Cow;
@@ -42,14 +43,19 @@ fn legacy_message() -> String {
         .into()
 }
 
-/// An archive being inspected: its tail, then its manifest.
+/// An archive being inspected: an HWZ1 archive (its tail, then its manifest, then tensors on
+/// demand) or a legacy Hyper Glyph zip archive (read whole: such archives are small).
 #[wasm_bindgen]
 #[derive(Debug)]
 pub struct Inspector {
     file_len: u64,
     tail: Tail,
     manifest: Option<Manifest>,
+    legacy: Option<LegacyArchive<Vec<u8>>>,
 }
+
+/// Largest legacy archive read whole into the page.
+pub const MAX_LEGACY_BYTES: u64 = 512 << 20;
 
 impl Inspector {
     /// Native constructor (the JS one maps errors to exceptions).
@@ -70,6 +76,63 @@ impl Inspector {
             file_len,
             tail,
             manifest: None,
+            legacy: None,
+        })
+    }
+
+    /// Native constructor of a legacy (zip) archive from all its bytes.
+    pub fn open_legacy(bytes: Vec<u8>) -> Result<Inspector, String> {
+        let file_len = bytes.len() as u64;
+        if file_len > MAX_LEGACY_BYTES {
+            return Err(format!("legacy archive of {file_len} bytes is larger than the {MAX_LEGACY_BYTES} this page reads whole"));
+        }
+        let archive = LegacyArchive::open(bytes).map_err(|e| e.to_string())?;
+        let tail = Tail {
+            manifest_offset: 0,
+            manifest_len: 0,
+            manifest_crc32c: 0,
+        };
+        Ok(Inspector {
+            file_len,
+            tail,
+            manifest: None,
+            legacy: Some(archive),
+        })
+    }
+
+    fn legacy_summary(&self, a: &LegacyArchive<Vec<u8>>) -> Value {
+        let roles: std::collections::BTreeMap<String, u64> = a
+            .streams()
+            .iter()
+            .map(|(name, s)| (name.clone(), s.stored_bytes))
+            .collect();
+        let payload: u64 = roles.values().sum();
+        let elements: u64 = a.tensors().iter().map(|t| t.numel()).sum();
+        let tensors: Vec<Value> = a
+            .tensors()
+            .iter()
+            .map(|t| {
+                let n = t.numel();
+                json!({
+                    "name": t.name, "shape": t.shape, "source_dtype": "f32", "encoding": format!("legacy {}", t.codec),
+                    "elements": n, "stored_bytes": t.payload_bytes,
+                    "bps": if n == 0 { 0.0 } else { t.payload_bytes as f64 * 8.0 / n as f64 },
+                    "ratio_vs_f32": if t.payload_bytes == 0 { Value::Null } else { json!(n as f64 * 4.0 / t.payload_bytes as f64) },
+                    "snr_db": Value::Null, "streams": {},
+                })
+            })
+            .collect();
+        let version = a
+            .metadata()
+            .get("format_version")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        json!({
+            "version": format!("legacy zip {version}"), "generator": "Hyper Glyph", "file_bytes": self.file_len,
+            "manifest_bytes": 0, "elements": elements, "payload_bytes": payload,
+            "bps_all_in": if elements == 0 { 0.0 } else { self.file_len as f64 * 8.0 / elements as f64 },
+            "roles": roles, "tensors": tensors,
+            "metadata_keys": a.metadata().as_object().map(|m| m.keys().cloned().collect::<Vec<_>>()).unwrap_or_default(),
         })
     }
 
@@ -93,8 +156,12 @@ impl Inspector {
             .ok_or_else(|| HwzError::TensorNotFound { name: name.into() }.to_string())
     }
 
-    /// `[start, end)` of the bytes holding all of a tensor's streams.
+    /// `[start, end)` of the bytes holding all of a tensor's streams (empty for legacy
+    /// archives, which are held whole).
     pub fn range(&self, name: &str) -> Result<(u64, u64), String> {
+        if self.legacy.is_some() {
+            return Ok((0, 0));
+        }
         let m = self.manifest_ref()?;
         let t = self.tensor(name)?;
         let mut start = u64::MAX;
@@ -113,6 +180,9 @@ impl Inspector {
 
     /// The table, the payload breakdown and the totals, as JSON.
     pub fn summary_value(&self) -> Result<Value, String> {
+        if let Some(a) = &self.legacy {
+            return Ok(self.legacy_summary(a));
+        }
         let m = self.manifest_ref()?;
         let mut roles: std::collections::BTreeMap<String, u64> = Default::default();
         let (mut elements, mut payload) = (0u64, 0u64);
@@ -156,6 +226,18 @@ impl Inspector {
         bytes: &[u8],
         bins: u32,
     ) -> Result<Value, String> {
+        if let Some(a) = &self.legacy {
+            let t = a
+                .tensors()
+                .iter()
+                .find(|t| t.name == name)
+                .ok_or_else(|| format!("no tensor named `{name}`"))?;
+            if t.numel() > MAX_HISTOGRAM_VALUES {
+                return Err(format!("tensor `{name}` has {} values; the browser decodes at most {MAX_HISTOGRAM_VALUES}", t.numel()));
+            }
+            let values = a.decode_tensor(name).map_err(|e| e.to_string())?;
+            return Ok(histogram(&values, bins.clamp(1, 1024) as usize));
+        }
         let m = self.manifest_ref()?;
         let t = self.tensor(name)?;
         let n = t.numel();
@@ -222,6 +304,11 @@ impl Inspector {
     #[wasm_bindgen(constructor)]
     pub fn new(head: &[u8], tail: &[u8], file_len: f64) -> Result<Inspector, JsError> {
         Inspector::open(head, tail, file_len as u64).map_err(js)
+    }
+
+    /// Opens a legacy zip-based (Hyper Glyph) archive from all its bytes.
+    pub fn legacy(bytes: Vec<u8>) -> Result<Inspector, JsError> {
+        Inspector::open_legacy(bytes).map_err(js)
     }
 
     /// `[offset, length]` of the manifest.
@@ -332,6 +419,17 @@ mod tests {
     #[test]
     fn bad_files_get_the_readers_messages() {
         assert!(open(b"PK\x03\x04 and more bytes than a head and a tail need ............................................").unwrap_err().contains("legacy"));
+        assert!(Inspector::open_legacy(b"PK\x03\x04 not a zip".to_vec())
+            .unwrap_err()
+            .contains("legacy"));
+        let hg = golden("hyperglyph-auto.hwz");
+        let i = Inspector::open_legacy(hg).expect("legacy archive");
+        let s = i.summary_value().expect("summary");
+        assert_eq!(s["tensors"].as_array().expect("tensors").len(), 5);
+        let h = i
+            .histogram_value("dense.weight", 0, &[], 8)
+            .expect("histogram");
+        assert_eq!(h["count"], 64 * 96);
         assert!(open(b"HWZ1").unwrap_err().contains("too short"));
         let mut b = golden("golden-v1.hwz");
         let n = b.len();

@@ -47,17 +47,25 @@ async function openFile(file) {
   try {
     const size = file.size;
     const head = await read(file, 0, Math.min(wasm_bindgen.head_len(), size));
-    const tail = await read(file, Math.max(0, size - wasm_bindgen.tail_len()), size);
-    const next = new wasm_bindgen.Inspector(head, tail, size);
-    const [off, len] = next.manifestRange();
-    next.loadManifest(await read(file, off, off + len));
+    let next, readBytes;
+    if (head[0] === 0x50 && head[1] === 0x4b && head[2] === 0x03 && head[3] === 0x04) {
+      // A legacy zip-based archive (Hyper Glyph): small, read whole.
+      next = wasm_bindgen.Inspector.legacy(await read(file, 0, size));
+      readBytes = size;
+    } else {
+      const tail = await read(file, Math.max(0, size - wasm_bindgen.tail_len()), size);
+      next = new wasm_bindgen.Inspector(head, tail, size);
+      const [off, len] = next.manifestRange();
+      next.loadManifest(await read(file, off, off + len));
+      readBytes = head.length + tail.length + len;
+    }
     const summary = JSON.parse(next.summary());
     if (inspector) inspector.free();
     inspector = next;
     currentFile = file;
     render(file.name, summary);
     const ms = performance.now() - t0;
-    $("status").textContent = `table ready in ${ms.toFixed(0)} ms (read ${fmtBytes(8 + tail.length + len)} of ${fmtBytes(size)})`;
+    $("status").textContent = `table ready in ${ms.toFixed(0)} ms (read ${fmtBytes(readBytes)} of ${fmtBytes(size)})`;
     $("status").dataset.ms = ms.toFixed(1);
   } catch (e) {
     $("status").textContent = "";

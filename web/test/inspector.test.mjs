@@ -86,6 +86,19 @@ test("raw and affine golden archive and a corrupt file", async () => {
   });
 });
 
+test("legacy Hyper Glyph zip archive: table and histogram", async () => {
+  await withPage(async (page) => {
+    await page.setInputFiles("#file", data("hyperglyph-auto.hwz"));
+    await page.waitForSelector("#overview:not([hidden])", { timeout: 15000 });
+    const rows = await page.$$eval("#tensors tbody tr", (trs) => trs.map((tr) => [...tr.cells].map((c) => c.textContent)));
+    assert.equal(rows.length, 5);
+    assert.ok(rows.some((r) => r[2] === "legacy low_rank_residual"), JSON.stringify(rows));
+    await page.click('#tensors tbody tr[data-name="dense.weight"]');
+    await page.waitForSelector("#hist-section:not([hidden])");
+    assert.equal(await page.$eval("#histogram", (c) => Number(c.dataset.count)), 64 * 96);
+  });
+});
+
 // Opt-in timing of a large archive: HWZ_LARGE_ARCHIVE=path/to/big.hwz node --test web/test/
 // (the target: a 2 GB archive shows its table in under a second).
 test("large archive: time to table", { skip: !process.env.HWZ_LARGE_ARCHIVE && "set HWZ_LARGE_ARCHIVE to run" }, async () => {

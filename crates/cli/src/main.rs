@@ -9,6 +9,7 @@ mod bench;
 mod error;
 mod gguf;
 mod input;
+mod legacy;
 mod safetensors_out;
 mod stats;
 
@@ -487,7 +488,22 @@ fn open_archive(path: &Path) -> Result<Archive<memmap2::Mmap>> {
     })
 }
 
+/// Little-endian `dtype` bytes of decoded values. Non-finite values an archive holds are
+/// restored as they are; finite values that overflow the type are an error, not an infinity.
+pub fn float_bytes(name: &str, values: &[f32], dtype: FloatDtype) -> Result<Vec<u8>> {
+    let keep = values.iter().any(|v| !v.is_finite());
+    hypercodec_scalar::encode_floats(values, dtype, keep).map_err(|source| {
+        CliError::Hwz(hwz::HwzError::Scalar {
+            tensor: name.to_string(),
+            source,
+        })
+    })
+}
+
 fn decompress(input: &Path, output: &Path, dtype: Option<DtypeArg>) -> Result<()> {
+    if legacy::is_legacy(input)? {
+        return legacy::decompress(input, output, dtype.map(FloatDtype::from));
+    }
     let archive = open_archive(input)?;
     let tensors: Vec<_> = archive
         .tensors()
@@ -508,16 +524,7 @@ fn decompress(input: &Path, output: &Path, dtype: Option<DtypeArg>) -> Result<()
         let entry = &archive.tensors()[i];
         values.resize(entry.numel() as usize, 0.0);
         archive.decode_entry_into(entry, &mut values)?;
-        // Non-finite values the archive holds are restored as they are; finite values that
-        // overflow the requested type are an error rather than a silent infinity.
-        let keep = values.iter().any(|v| !v.is_finite());
-        let bytes = hypercodec_scalar::encode_floats(&values, tensors[i].dtype, keep).map_err(
-            |source| hwz::HwzError::Scalar {
-                tensor: entry.name.clone(),
-                source,
-            },
-        )?;
-        out.extend_from_slice(&bytes);
+        out.extend_from_slice(&float_bytes(&entry.name, &values, tensors[i].dtype)?);
         bar.inc(entry.numel());
         Ok(())
     })?;
@@ -526,6 +533,9 @@ fn decompress(input: &Path, output: &Path, dtype: Option<DtypeArg>) -> Result<()
 }
 
 fn inspect(input: &Path, as_json: bool) -> Result<()> {
+    if legacy::is_legacy(input)? {
+        return legacy::inspect(input, as_json);
+    }
     let archive = open_archive(input)?;
     let m = archive.manifest();
     let mut rows = Vec::new();

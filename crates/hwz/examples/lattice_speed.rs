@@ -140,7 +140,9 @@ fn main() {
             let codes: Vec<u8> = q.symbols.iter().map(|&s| (s & 15) as u8).collect();
             let packed = hypercodec_scalar::pack_bits(&codes, 4).expect("pack");
             let mut unpacked = vec![0u8; codes.len()];
-            median(|| hypercodec_scalar::unpack_bits_into(&packed, 4, &mut unpacked).expect("unpack"))
+            median(|| {
+                hypercodec_scalar::unpack_bits_into(&packed, 4, &mut unpacked).expect("unpack")
+            })
         }),
         (
             "full encode, E8 + rANS, one α (hwz::encode)",

@@ -29,8 +29,15 @@ pub enum HwzError {
         place: &'static str,
     },
     /// The file is a legacy zip-based (Hyper Glyph) archive, which this reader does not import.
-    #[error("this is a legacy zip-based .hwz archive (Hyper Glyph); this build reads only HWZ1 archives")]
+    #[error("this is a legacy zip-based .hwz archive (Hyper Glyph); open it with the legacy importer (hwz::legacy)")]
     LegacyArchive,
+    /// A legacy zip-based (Hyper Glyph) archive is malformed or uses something this importer
+    /// does not read.
+    #[error("legacy archive: {message}")]
+    Legacy {
+        /// What is wrong.
+        message: String,
+    },
     /// The header sets flag bits this version does not know.
     #[error("unknown header flags {flags:#x}; the archive needs a newer reader")]
     UnknownFlags {

@@ -4,6 +4,7 @@
 mod encoding;
 mod error;
 mod lattice_codec;
+pub mod legacy;
 mod manifest;
 mod read;
 mod write;

@@ -1,0 +1,724 @@
+//! Read-only import of legacy zip-based `.hwz` archives written by Hyper Glyph
+//! (hyperglyph-codec 0.6–0.7, compact format 0.5): `metadata.json` plus one `NAME.bin[.zst]`
+//! entry per stream, tensors coded as `packed_int4`, `raw_int8`, `codebook`, `low_rank` and
+//! `sparse`, the first and the fourth optionally with a `_residual` repair.
+//!
+//! The zip container is parsed here (end record, central directory, local headers; stored or
+//! deflated entries, CRC-32 checked) so the reader stays pure and builds for wasm32. Every size
+//! read from the file is checked against the file and named caps before anything is allocated;
+//! every offset in the metadata is checked against its stream.
+
+use crate::{HwzError, ReadAt, Result, MAX_ELEMENTS, MAX_RANK, MAX_ZSTD_EXPANSION};
+use half::f16;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Most entries in a legacy zip (Hyper Glyph writes a dozen).
+pub const MAX_LEGACY_ENTRIES: usize = 4096;
+/// Largest inflated entry: deflate cannot expand more than about 1032:1.
+pub const MAX_DEFLATE_EXPANSION: u64 = 1032;
+/// Largest `metadata.json`.
+pub const MAX_LEGACY_METADATA: u64 = 64 << 20;
+
+fn bad(message: impl Into<String>) -> HwzError {
+    HwzError::Legacy {
+        message: message.into(),
+    }
+}
+
+fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[i], b[i + 1]])
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// CRC-32 (IEEE, as zip uses it).
+fn crc32(bytes: &[u8]) -> u32 {
+    static TABLE: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
+    let t = TABLE.get_or_init(|| {
+        let mut t = [0u32; 256];
+        for (i, e) in t.iter_mut().enumerate() {
+            let mut c = i as u32;
+            for _ in 0..8 {
+                c = if c & 1 == 1 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+            }
+            *e = c;
+        }
+        t
+    });
+    !bytes.iter().fold(!0u32, |c, &b| {
+        t[((c ^ b as u32) & 0xFF) as usize] ^ (c >> 8)
+    })
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    method: u16,
+    crc: u32,
+    compressed: u64,
+    size: u64,
+    local: u64,
+}
+
+/// One tensor of a legacy archive.
+#[derive(Debug, Clone)]
+pub struct LegacyTensor {
+    /// Name.
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// Hyper Glyph's codec name (`packed_int4`, `codebook_residual`, ...).
+    pub codec: String,
+    /// Bytes of stream data this tensor uses, before zstd (what its `*_length` fields add up to).
+    pub payload_bytes: u64,
+    meta: serde_json::Map<String, Value>,
+}
+
+impl LegacyTensor {
+    /// Element count.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// A legacy stream as the metadata lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LegacyStream {
+    /// Zip entry name.
+    pub file: String,
+    /// `zstd` or `raw`.
+    pub compression: String,
+    /// Bytes after zstd.
+    pub raw_bytes: u64,
+    /// Bytes in the zip entry (before deflate, after zstd).
+    pub stored_bytes: u64,
+}
+
+/// An opened legacy archive.
+#[derive(Debug)]
+pub struct LegacyArchive<R> {
+    source: R,
+    entries: BTreeMap<String, Entry>,
+    metadata: Value,
+    tensors: Vec<LegacyTensor>,
+    streams: BTreeMap<String, LegacyStream>,
+}
+
+fn num(meta: &serde_json::Map<String, Value>, key: &str) -> Result<u64> {
+    meta.get(key)
+        .and_then(Value::as_u64)
+        .ok_or_else(|| bad(format!("tensor field `{key}` is missing or not a count")))
+}
+
+impl<R: ReadAt> LegacyArchive<R> {
+    /// Parses the zip directory and `metadata.json`.
+    pub fn open(source: R) -> Result<Self> {
+        let len = source.size();
+        if len < 22 {
+            return Err(bad("file too short for a zip archive"));
+        }
+        let tail_len = len.min(22 + 65535) as usize;
+        let mut tail = vec![0u8; tail_len];
+        source.read_exact_at(len - tail_len as u64, &mut tail)?;
+        let eocd = (0..=tail_len - 22)
+            .rev()
+            .find(|&i| u32_at(&tail, i) == 0x0605_4b50)
+            .ok_or_else(|| bad("no zip end-of-directory record"))?;
+        let e = &tail[eocd..];
+        let count = u16_at(e, 10) as usize;
+        let (cd_size, cd_off) = (u32_at(e, 12) as u64, u32_at(e, 16) as u64);
+        if count == 0xFFFF || cd_off == 0xFFFF_FFFF {
+            return Err(bad("zip64 archives are not supported"));
+        }
+        if count > MAX_LEGACY_ENTRIES {
+            return Err(HwzError::LimitExceeded {
+                what: "legacy zip entries",
+                value: count as u64,
+                max: MAX_LEGACY_ENTRIES as u64,
+            });
+        }
+        if cd_off.checked_add(cd_size).is_none_or(|end| end > len) {
+            return Err(bad("zip central directory lies outside the file"));
+        }
+        let mut cd = vec![0u8; cd_size as usize];
+        source.read_exact_at(cd_off, &mut cd)?;
+        let mut entries = BTreeMap::new();
+        let mut p = 0usize;
+        for _ in 0..count {
+            let h = cd
+                .get(p..p + 46)
+                .ok_or_else(|| bad("truncated zip central directory"))?;
+            if u32_at(h, 0) != 0x0201_4b50 {
+                return Err(bad("bad zip central directory entry"));
+            }
+            let (n, x, c) = (
+                u16_at(h, 28) as usize,
+                u16_at(h, 30) as usize,
+                u16_at(h, 32) as usize,
+            );
+            let name = cd
+                .get(p + 46..p + 46 + n)
+                .ok_or_else(|| bad("truncated zip entry name"))?;
+            let entry = Entry {
+                method: u16_at(h, 10),
+                crc: u32_at(h, 16),
+                compressed: u32_at(h, 20) as u64,
+                size: u32_at(h, 24) as u64,
+                local: u32_at(h, 42) as u64,
+            };
+            entries.insert(String::from_utf8_lossy(name).into_owned(), entry);
+            p += 46 + n + x + c;
+        }
+        let mut archive = LegacyArchive {
+            source,
+            entries,
+            metadata: Value::Null,
+            tensors: vec![],
+            streams: BTreeMap::new(),
+        };
+        let meta_bytes = archive.entry("metadata.json", MAX_LEGACY_METADATA)?;
+        archive.metadata =
+            serde_json::from_slice(&meta_bytes).map_err(|e| bad(format!("metadata.json: {e}")))?;
+        archive.parse_metadata()?;
+        Ok(archive)
+    }
+
+    fn parse_metadata(&mut self) -> Result<()> {
+        let m = self
+            .metadata
+            .as_object()
+            .ok_or_else(|| bad("metadata.json is not an object"))?;
+        if let Some(streams) = m.get("streams").and_then(Value::as_object) {
+            for (name, s) in streams {
+                let field = |k: &str| {
+                    s.get(k)
+                        .and_then(Value::as_u64)
+                        .ok_or_else(|| bad(format!("stream `{name}` lacks `{k}`")))
+                };
+                self.streams.insert(
+                    name.clone(),
+                    LegacyStream {
+                        file: s
+                            .get("file")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| bad(format!("stream `{name}` lacks `file`")))?
+                            .into(),
+                        compression: s
+                            .get("compression")
+                            .and_then(Value::as_str)
+                            .unwrap_or("raw")
+                            .into(),
+                        raw_bytes: field("raw_bytes")?,
+                        stored_bytes: field("stored_bytes")?,
+                    },
+                );
+            }
+        }
+        let tensors = m
+            .get("tensors")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("metadata.json lacks `tensors`"))?;
+        if tensors.len() > crate::MAX_TENSORS {
+            return Err(HwzError::LimitExceeded {
+                what: "tensors",
+                value: tensors.len() as u64,
+                max: crate::MAX_TENSORS as u64,
+            });
+        }
+        for t in tensors {
+            let meta = t
+                .as_object()
+                .ok_or_else(|| bad("a tensor entry is not an object"))?
+                .clone();
+            let name = meta
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("a tensor has no name"))?
+                .to_string();
+            let shape: Vec<u64> = meta
+                .get("shape")
+                .and_then(Value::as_array)
+                .ok_or_else(|| bad(format!("tensor `{name}` has no shape")))?
+                .iter()
+                .map(|d| {
+                    d.as_u64()
+                        .ok_or_else(|| bad(format!("tensor `{name}` has a bad dimension")))
+                })
+                .collect::<Result<_>>()?;
+            if shape.len() > MAX_RANK {
+                return Err(HwzError::LimitExceeded {
+                    what: "tensor rank",
+                    value: shape.len() as u64,
+                    max: MAX_RANK as u64,
+                });
+            }
+            if shape
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d))
+                .is_none_or(|n| n > MAX_ELEMENTS)
+            {
+                return Err(HwzError::ShapeOverflow {
+                    tensor: name,
+                    shape,
+                    max: MAX_ELEMENTS,
+                });
+            }
+            let codec = meta
+                .get("codec")
+                .and_then(Value::as_str)
+                .unwrap_or("packed_int4")
+                .to_string();
+            let payload_bytes = meta
+                .iter()
+                .filter(|(k, _)| {
+                    k.ends_with("_length")
+                        && *k != "prototype_value_length"
+                        && *k != "prototype_scale_length"
+                })
+                .filter_map(|(_, v)| v.as_u64())
+                .sum();
+            self.tensors.push(LegacyTensor {
+                name,
+                shape,
+                codec,
+                payload_bytes,
+                meta,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads and inflates a zip entry of at most `max` bytes, checking its CRC-32.
+    fn entry(&self, name: &str, max: u64) -> Result<Vec<u8>> {
+        let e = self
+            .entries
+            .get(name)
+            .ok_or_else(|| bad(format!("zip entry `{name}` is missing")))?;
+        let len = self.source.size();
+        let mut local = [0u8; 30];
+        if e.local.checked_add(30).is_none_or(|end| end > len) {
+            return Err(bad(format!("zip entry `{name}` lies outside the file")));
+        }
+        self.source.read_exact_at(e.local, &mut local)?;
+        if u32_at(&local, 0) != 0x0403_4b50 {
+            return Err(bad(format!("zip entry `{name}` has a bad local header")));
+        }
+        let start = e.local + 30 + u16_at(&local, 26) as u64 + u16_at(&local, 28) as u64;
+        if start.checked_add(e.compressed).is_none_or(|end| end > len) {
+            return Err(bad(format!("zip entry `{name}` lies outside the file")));
+        }
+        let mut data = vec![0u8; e.compressed as usize];
+        self.source.read_exact_at(start, &mut data)?;
+        if e.size > max || e.size > e.compressed.saturating_mul(MAX_DEFLATE_EXPANSION).max(64) {
+            return Err(HwzError::LimitExceeded {
+                what: "legacy zip entry size",
+                value: e.size,
+                max: max.min(e.compressed * MAX_DEFLATE_EXPANSION),
+            });
+        }
+        let out = match e.method {
+            0 => data,
+            8 => miniz_oxide::inflate::decompress_to_vec_with_limit(&data, e.size as usize)
+                .map_err(|err| bad(format!("zip entry `{name}` does not inflate: {err:?}")))?,
+            m => return Err(bad(format!(
+                "zip entry `{name}` uses compression method {m}; only stored and deflate are read"
+            ))),
+        };
+        if out.len() as u64 != e.size || crc32(&out) != e.crc {
+            return Err(bad(format!(
+                "zip entry `{name}` is corrupt (size or CRC-32 mismatch)"
+            )));
+        }
+        Ok(out)
+    }
+
+    /// A stream's bytes after zstd.
+    pub fn stream(&self, name: &str) -> Result<Vec<u8>> {
+        let s = self
+            .streams
+            .get(name)
+            .ok_or_else(|| bad(format!("stream `{name}` is not listed in metadata.json")))?;
+        let stored = self.entry(&s.file, s.stored_bytes.max(1) * MAX_DEFLATE_EXPANSION)?;
+        match s.compression.as_str() {
+            "raw" => Ok(stored),
+            "zstd" => {
+                if s.raw_bytes
+                    > (stored.len() as u64)
+                        .saturating_mul(MAX_ZSTD_EXPANSION)
+                        .max(4096)
+                {
+                    return Err(HwzError::LimitExceeded {
+                        what: "legacy zstd expansion",
+                        value: s.raw_bytes,
+                        max: stored.len() as u64 * MAX_ZSTD_EXPANSION,
+                    });
+                }
+                crate::zstd_codec::decompress(&stored, s.raw_bytes)
+                    .map_err(|m| bad(format!("stream `{name}`: {m}")))
+            }
+            other => Err(bad(format!(
+                "stream `{name}` uses unknown compression `{other}`"
+            ))),
+        }
+    }
+
+    /// `metadata.json` as parsed.
+    pub fn metadata(&self) -> &Value {
+        &self.metadata
+    }
+
+    /// The tensors.
+    pub fn tensors(&self) -> &[LegacyTensor] {
+        &self.tensors
+    }
+
+    /// The streams listed in the metadata.
+    pub fn streams(&self) -> &BTreeMap<String, LegacyStream> {
+        &self.streams
+    }
+
+    /// Decodes tensor `name` to `f32`, as hyperglyph-codec 0.7.0 does.
+    pub fn decode_tensor(&self, name: &str) -> Result<Vec<f32>> {
+        let t = self
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| HwzError::TensorNotFound { name: name.into() })?;
+        decode(self, t)
+    }
+}
+
+/// A slice `[offset, offset + length)` of a stream, from tensor fields.
+fn slice<'a>(
+    stream: &'a [u8],
+    meta: &serde_json::Map<String, Value>,
+    off: &str,
+    len: &str,
+) -> Result<&'a [u8]> {
+    let (o, l) = (num(meta, off)? as usize, num(meta, len)? as usize);
+    stream
+        .get(o..o.saturating_add(l))
+        .ok_or_else(|| bad(format!("`{off}`/`{len}` lie outside their stream")))
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn floats(b: &[u8], dtype: &str) -> Vec<f32> {
+    if dtype == "float16" {
+        b.chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect()
+    } else {
+        f32s(b)
+    }
+}
+
+fn varints(b: &[u8]) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    let (mut cur, mut shift) = (0u64, 0u32);
+    for &byte in b {
+        if shift > 63 {
+            return Err(bad("varint too long"));
+        }
+        cur |= ((byte & 0x7F) as u64) << shift;
+        if byte & 0x80 != 0 {
+            shift += 7;
+            continue;
+        }
+        out.push(cur);
+        cur = 0;
+        shift = 0;
+    }
+    if shift != 0 {
+        return Err(bad("truncated varint stream"));
+    }
+    Ok(out)
+}
+
+fn decode<R: ReadAt>(a: &LegacyArchive<R>, t: &LegacyTensor) -> Result<Vec<f32>> {
+    let n = t.numel() as usize;
+    let m = &t.meta;
+    let codec = t.codec.as_str();
+    let dtype = m
+        .get("scale_dtype")
+        .and_then(Value::as_str)
+        .unwrap_or("float32");
+    // Every codec's main payload is at least 1/8 byte per value: justify the output first.
+    let mut out = if codec == "sparse" {
+        let count = num(m, "count")? as usize;
+        let idx = a.stream("sparse_indices")?;
+        let val = a.stream("sparse_values")?;
+        let idx = slice(&idx, m, "sparse_index_offset", "sparse_index_length")?;
+        let val = slice(&val, m, "sparse_value_offset", "sparse_value_length")?;
+        if idx.len() != count * 4
+            || val.len() != count * 2
+            || n > (idx.len() as u64 * MAX_ZSTD_EXPANSION) as usize + 64
+        {
+            return Err(bad(format!(
+                "sparse tensor `{}` has inconsistent sizes",
+                t.name
+            )));
+        }
+        let mut out = vec![0f32; n];
+        for (i, v) in idx.chunks_exact(4).zip(val.chunks_exact(2)) {
+            let i = u32_at(i, 0) as usize;
+            *out.get_mut(i)
+                .ok_or_else(|| bad("sparse index out of range"))? =
+                f16::from_le_bytes([v[0], v[1]]).to_f32();
+        }
+        out
+    } else if codec == "raw_int8" {
+        let raw = a.stream("raw_values")?;
+        let values = slice(&raw, m, "raw_offset", "raw_length")?;
+        let scales = a.stream("scales")?;
+        let p = f32s(slice(&scales, m, "scale_offset", "scale_length")?);
+        if values.len() != n || p.len() < 2 {
+            return Err(bad(format!(
+                "raw_int8 tensor `{}` has inconsistent sizes",
+                t.name
+            )));
+        }
+        values.iter().map(|&q| q as f32 * p[0] + p[1]).collect()
+    } else if codec.starts_with("low_rank") {
+        let lr = a.stream("low_rank")?;
+        let scales = a.stream("scales")?;
+        let p = f32s(slice(&scales, m, "scale_offset", "scale_length")?);
+        let dims = |k: &str| -> Result<(usize, usize)> {
+            let v = m
+                .get(k)
+                .and_then(Value::as_array)
+                .ok_or_else(|| bad(format!("`{k}` missing")))?;
+            match (
+                v.first().and_then(Value::as_u64),
+                v.get(1).and_then(Value::as_u64),
+            ) {
+                (Some(a), Some(b)) => Ok((a as usize, b as usize)),
+                _ => Err(bad(format!("`{k}` is not a 2-D shape"))),
+            }
+        };
+        let ((r, k), (k2, c)) = (dims("u_shape")?, dims("v_shape")?);
+        let u = slice(&lr, m, "u_offset", "u_length")?;
+        let v = slice(&lr, m, "v_offset", "v_length")?;
+        if k != k2
+            || u.len() != r * k
+            || v.len() != k * c
+            || r.checked_mul(c) != Some(n)
+            || p.len() < 4
+            || k > 4096
+        {
+            return Err(bad(format!(
+                "low-rank tensor `{}` has inconsistent sizes",
+                t.name
+            )));
+        }
+        let left: Vec<f32> = u.iter().map(|&q| q as f32 * p[0] + p[1]).collect();
+        let right: Vec<f32> = v.iter().map(|&q| q as f32 * p[2] + p[3]).collect();
+        let mut out = vec![0f32; n];
+        for i in 0..r {
+            for (kk, &l) in left[i * k..(i + 1) * k].iter().enumerate() {
+                for (o, &rv) in out[i * c..(i + 1) * c]
+                    .iter_mut()
+                    .zip(&right[kk * c..(kk + 1) * c])
+                {
+                    *o += l * rv;
+                }
+            }
+        }
+        out
+    } else if codec.starts_with("codebook") {
+        decode_codebook(a, t, dtype)?
+    } else {
+        // packed_int4 and Hyper Glyph's fallback: affine uint, LSB-first, per tensor or channel.
+        let bits = m.get("bits").and_then(Value::as_u64).unwrap_or(4) as u8;
+        let stream = m
+            .get("value_stream")
+            .and_then(Value::as_str)
+            .unwrap_or("assignments");
+        let raw = a.stream(stream)?;
+        let values = slice(&raw, m, "value_offset", "value_length")?;
+        let scales_s = a.stream("scales")?;
+        let zeros_s = a.stream("zero_points")?;
+        let scales = floats(slice(&scales_s, m, "scale_offset", "scale_length")?, dtype);
+        let zeros = floats(slice(&zeros_s, m, "zero_offset", "zero_length")?, dtype);
+        let codes = hypercodec_scalar::unpack_bits(values, bits, n)
+            .map_err(|e| bad(format!("tensor `{}`: {e}", t.name)))?;
+        let per_channel = m.get("axis").and_then(Value::as_u64) == Some(0) && t.shape.len() >= 2;
+        let channels = if per_channel { t.shape[0] as usize } else { 1 };
+        if scales.len() != channels || zeros.len() != channels {
+            return Err(bad(format!(
+                "tensor `{}` has {} scales for {channels} channels",
+                t.name,
+                scales.len()
+            )));
+        }
+        let inner = n / channels.max(1);
+        codes
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| {
+                let ch = if per_channel { i / inner.max(1) } else { 0 };
+                q as f32 * scales[ch] + zeros[ch]
+            })
+            .collect()
+    };
+    if m.contains_key("residual_count") {
+        let idx_s = a.stream("residual_indices")?;
+        let val_s = a.stream("residual_values")?;
+        let idx = varints(slice(
+            &idx_s,
+            m,
+            "residual_index_offset",
+            "residual_index_length",
+        )?)?;
+        let val = slice(&val_s, m, "residual_value_offset", "residual_value_length")?;
+        let scale = m
+            .get("residual_scale")
+            .and_then(Value::as_f64)
+            .ok_or_else(|| bad("`residual_scale` missing"))? as f32;
+        if idx.len() != val.len() {
+            return Err(bad(format!(
+                "tensor `{}`: {} residual indices for {} values",
+                t.name,
+                idx.len(),
+                val.len()
+            )));
+        }
+        let mut pos = 0u64;
+        for (d, &v) in idx.iter().zip(val) {
+            pos = pos
+                .checked_add(*d)
+                .ok_or_else(|| bad("residual index overflows"))?;
+            *out.get_mut(pos as usize)
+                .ok_or_else(|| bad("residual index out of range"))? += (v as i8) as f32 * scale;
+        }
+    }
+    Ok(out)
+}
+
+fn decode_codebook<R: ReadAt>(
+    a: &LegacyArchive<R>,
+    t: &LegacyTensor,
+    dtype: &str,
+) -> Result<Vec<f32>> {
+    let m = &t.meta;
+    let n = t.numel() as usize;
+    // Prototypes: the archive's global codebook, or (auto mode) the tensor's own fields.
+    let global = a.metadata.get("codebook").and_then(Value::as_object);
+    let cb = global.unwrap_or(m);
+    let get = |keys: &[&str]| keys.iter().find_map(|k| cb.get(*k).and_then(Value::as_u64));
+    let shape = cb
+        .get("prototype_shape")
+        .or_else(|| cb.get("shape"))
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("codebook prototype shape missing"))?;
+    let (protos, block) = match (
+        shape.first().and_then(Value::as_u64),
+        shape.get(1).and_then(Value::as_u64),
+    ) {
+        (Some(p), Some(b)) if p > 0 && b > 0 && p <= 1 << 20 && b <= 4096 => {
+            (p as usize, b as usize)
+        }
+        _ => return Err(bad("codebook prototype shape is invalid")),
+    };
+    let value_start = get(&["value_offset", "prototype_offset"]).unwrap_or(0);
+    let value_len = get(&["value_length", "prototype_value_length"]).unwrap_or(0);
+    let base = if global.is_some() { 0 } else { value_start };
+    let scale_start = get(&["prototype_scale_offset", "scale_offset"])
+        .map(|s| base + s)
+        .unwrap_or(value_start + value_len);
+    let pstream = a.stream("prototypes")?;
+    let pv = pstream
+        .get(value_start as usize..(value_start + value_len) as usize)
+        .ok_or_else(|| bad("prototype values outside their stream"))?;
+    let ps = f32s(
+        pstream
+            .get(scale_start as usize..)
+            .ok_or_else(|| bad("prototype scales outside their stream"))?,
+    );
+    if pv.len() != protos * block || ps.len() < protos {
+        return Err(bad("codebook prototypes have inconsistent sizes"));
+    }
+    let proto = |p: usize, j: usize| (pv[p * block + j] as i8) as f32 * ps[p];
+    let count = num(m, "assignment_count")? as usize;
+    let blocks = num(m, "block_count")? as usize;
+    let group = m
+        .get("assignment_group_size")
+        .and_then(Value::as_u64)
+        .unwrap_or(1)
+        .max(1) as usize;
+    let astream = a.stream("assignments")?;
+    let payload = slice(&astream, m, "assignment_offset", "assignment_length")?;
+    let assignments: Vec<u64> = match m
+        .get("assignment_encoding")
+        .and_then(Value::as_str)
+        .unwrap_or("uint8")
+    {
+        "rle" => {
+            let pairs = varints(payload)?;
+            if pairs.len() % 2 != 0 {
+                return Err(bad("invalid run-length assignment stream"));
+            }
+            let mut v = Vec::with_capacity(count.min(1 << 24));
+            for pair in pairs.chunks_exact(2) {
+                let run = (pair[0] as usize).min(count.saturating_sub(v.len()));
+                v.extend(std::iter::repeat_n(pair[1], run));
+            }
+            v
+        }
+        "uint4" => hypercodec_scalar::unpack_bits(payload, 4, count)
+            .map_err(|e| bad(e.to_string()))?
+            .into_iter()
+            .map(u64::from)
+            .collect(),
+        "uint16" => payload
+            .chunks_exact(2)
+            .map(|c| u16_at(c, 0) as u64)
+            .collect(),
+        "uint32" => payload
+            .chunks_exact(4)
+            .map(|c| u32_at(c, 0) as u64)
+            .collect(),
+        _ => payload.iter().map(|&b| b as u64).collect(),
+    };
+    if assignments.len() < count
+        || blocks.checked_mul(block).is_none_or(|total| total < n)
+        || blocks > count.saturating_mul(group)
+    {
+        return Err(bad(format!(
+            "codebook tensor `{}` has inconsistent sizes",
+            t.name
+        )));
+    }
+    let sstream = a.stream("scales")?;
+    let scales = floats(slice(&sstream, m, "scale_offset", "scale_length")?, dtype);
+    if scales.len() < blocks {
+        return Err(bad(format!(
+            "codebook tensor `{}` has {} scales for {blocks} blocks",
+            t.name,
+            scales.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(n);
+    for (b, &s) in scales.iter().enumerate().take(blocks) {
+        let p = assignments[b / group] as usize;
+        if p >= protos {
+            return Err(bad("codebook assignment out of range"));
+        }
+        for j in 0..block {
+            if out.len() < n {
+                out.push(proto(p, j) * s);
+            }
+        }
+    }
+    Ok(out)
+}
