@@ -5,6 +5,7 @@
 //! - `wasm-check` — builds the leaf codecs and hwz for `wasm32-unknown-unknown`.
 //! - `fuzz-build` — builds the fuzz targets on stable (running them needs nightly `cargo fuzz`).
 //! - `rss` — compresses a synthetic 100 M-parameter f32 model and checks peak memory.
+//! - `calibrate [--check]` — regenerates (or checks) the committed lattice calibration table.
 //! - `web` — builds the browser inspector into `web/dist` (wasm32 + wasm-bindgen-cli pinned to
 //!   the library's version, installed into `.tools/` once; wasm-opt from npm binaryen).
 //! - `web-test` — `web`, then the inspector's test in headless Chromium (Debian's `chromium`,
@@ -305,6 +306,29 @@ fn web_test() -> Result<(), String> {
     )
 }
 
+fn calibrate(check: bool) -> Result<(), String> {
+    let mut c = cargo();
+    c.args([
+        "run",
+        "--release",
+        "-p",
+        "hypercodec-lattice",
+        "--example",
+        "calibrate",
+    ]);
+    if check {
+        c.args(["--", "--check"]);
+    }
+    run(
+        if check {
+            "lattice calibration table is current"
+        } else {
+            "regenerate the lattice calibration table"
+        },
+        &mut c,
+    )
+}
+
 fn ci() -> Result<(), String> {
     run(
         "cargo fmt --check",
@@ -341,6 +365,7 @@ fn ci() -> Result<(), String> {
     wasm_check()?;
     fuzz_build()?;
     web_test()?;
+    calibrate(true)?;
     rss()
 }
 
@@ -352,9 +377,10 @@ fn main() -> ExitCode {
         "fuzz-build" => fuzz_build(),
         "rss" => rss(),
         "web" => web(),
+        "calibrate" => calibrate(std::env::args().any(|a| a == "--check")),
         "web-test" => web_test(),
         _ => {
-            eprintln!("usage: cargo xtask <ci | wasm-check | fuzz-build | rss | web | web-test>");
+            eprintln!("usage: cargo xtask <ci | wasm-check | fuzz-build | rss | web | web-test | calibrate [--check]>");
             return ExitCode::from(2);
         }
     };

@@ -326,9 +326,11 @@ impl<R: ReadAt> LegacyArchive<R> {
             0 => data,
             8 => miniz_oxide::inflate::decompress_to_vec_with_limit(&data, e.size as usize)
                 .map_err(|err| bad(format!("zip entry `{name}` does not inflate: {err:?}")))?,
-            m => return Err(bad(format!(
+            m => {
+                return Err(bad(format!(
                 "zip entry `{name}` uses compression method {m}; only stored and deflate are read"
-            ))),
+            )))
+            }
         };
         if out.len() as u64 != e.size || crc32(&out) != e.crc {
             return Err(bad(format!(
