@@ -121,6 +121,8 @@ struct Table {
     /// Frequencies by symbol (escape last when present).
     freq: Vec<u32>,
     cum: Vec<u32>,
+    /// ⌈2³²/f⌉ per symbol (0 where f = 0), for the encoder's division.
+    rcp: Vec<u64>,
     escape: bool,
     slots: Vec<Slot>,
 }
@@ -206,9 +208,20 @@ impl Table {
                 }
             }
         }
+        let rcp = freq
+            .iter()
+            .map(|&f| {
+                if f == 0 {
+                    0
+                } else {
+                    (1u64 << 32).div_ceil(f as u64)
+                }
+            })
+            .collect();
         Ok(Table {
             freq,
             cum,
+            rcp,
             escape,
             slots,
         })
@@ -429,8 +442,12 @@ pub fn encode_with<F: Fn(usize, u32) -> usize + Copy>(
         let mut states = vec![L; params.lanes];
         words.clear();
         let last_table = model.tables.len() - 1;
+        // Walk backwards with counters instead of two divisions per symbol.
+        let (mut j, mut lane) = (
+            (chunk.len().max(1) - 1) % ctx.word,
+            (chunk.len().max(1) - 1) % params.lanes,
+        );
         for i in (0..chunk.len()).rev() {
-            let j = i % ctx.word;
             let t = &model.tables[(ctx.map)(j, chunk[i - j]).min(last_table)];
             let s = chunk[i];
             let idx = if t.escape && s >= MAX_DIRECT {
@@ -447,17 +464,27 @@ pub fn encode_with<F: Fn(usize, u32) -> usize + Copy>(
                     value: s as u64,
                 })?;
             let c = t.cum[idx];
-            let x = &mut states[i % params.lanes];
+            let x = &mut states[lane];
             if (*x as u64) >= (f as u64) << (32 - pb) {
                 words.push(*x as u16);
                 *x >>= 16;
             }
-            let q = *x / f;
+            // x / f by a multiply with ⌈2³²/f⌉: the estimate is q or q + 1, corrected once.
+            let mut q = ((*x as u64 * t.rcp[idx]) >> 32) as u32;
+            if (q as u64) * (f as u64) > *x as u64 {
+                q -= 1;
+            }
             *x = (q << pb) + (*x - q * f) + c;
             if idx == MAX_DIRECT as usize {
                 words.push(s as u16);
                 words.push((s >> 16) as u16);
             }
+            j = if j == 0 { ctx.word - 1 } else { j - 1 };
+            lane = if lane == 0 {
+                params.lanes - 1
+            } else {
+                lane - 1
+            };
         }
         for s in &states {
             index.extend_from_slice(&s.to_le_bytes());
