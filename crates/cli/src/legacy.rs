@@ -75,15 +75,7 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<()> {
         "tensor", "shape", "codec", "bps*", "bytes*"
     );
     for r in &rows {
-        let shape = r["shape"]
-            .as_array()
-            .map(|s| {
-                s.iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join("x")
-            })
-            .unwrap_or_default();
+        let shape = crate::shape_text(&r["shape"]);
         println!(
             "{:<48} {:<16} {:<24} {:>7.3} {:>12}",
             r["name"].as_str().unwrap_or(""),

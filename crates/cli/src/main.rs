@@ -478,6 +478,19 @@ fn finite(x: f64) -> Value {
     }
 }
 
+/// `4096x4096` from a JSON shape.
+pub fn shape_text(shape: &Value) -> String {
+    shape
+        .as_array()
+        .map(|s| {
+            s.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("x")
+        })
+        .unwrap_or_default()
+}
+
 fn open_archive(path: &Path) -> Result<Archive<memmap2::Mmap>> {
     Archive::open_path(path).map_err(|e| match e {
         hwz::HwzError::Io(source) => CliError::Io {
@@ -587,15 +600,7 @@ fn inspect(input: &Path, as_json: bool) -> Result<()> {
         "tensor", "shape", "encoding", "bps", "bytes", "SNR dB"
     );
     for r in &rows {
-        let shape = r["shape"]
-            .as_array()
-            .map(|s| {
-                s.iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join("x")
-            })
-            .unwrap_or_default();
+        let shape = shape_text(&r["shape"]);
         let snr = r["stats"]["snr_db"]
             .as_f64()
             .map_or("exact".to_string(), |v| format!("{v:.2}"));

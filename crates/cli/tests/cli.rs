@@ -427,3 +427,46 @@ fn lattice_compress_meets_its_rate_and_decompresses() {
         Some(1)
     );
 }
+
+#[test]
+fn legacy_hyperglyph_archives_inspect_and_decompress() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = repo_data("hyperglyph-auto.hwz");
+    let json: Value = serde_json::from_str(&ok(&["inspect", p(&src), "--json"])).unwrap();
+    let codecs: Vec<&str> = json["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["codec"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        codecs,
+        [
+            "packed_int4",
+            "low_rank_residual",
+            "sparse",
+            "raw_int8",
+            "raw_int8"
+        ]
+    );
+    let out = dir.path().join("hg.safetensors");
+    ok(&["decompress", p(&src), p(&out)]);
+    let back = read_st(&out);
+    let expected: Vec<f32> = std::fs::read(repo_data("hyperglyph-auto.expected.f32"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    // dense.weight is first in the archive: its values lead the expected file.
+    let dense = back.iter().find(|t| t.0 == "dense.weight").unwrap();
+    assert_eq!(dense.2, vec![64, 96]);
+    let got: Vec<f32> = dense
+        .3
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert!(got
+        .iter()
+        .zip(&expected)
+        .all(|(a, b)| (a - b).abs() <= 1e-6));
+}
