@@ -199,27 +199,7 @@ impl Plan {
 
 /// The lattice encoding for a tensor with rows of `cols` values (its RHT tile depends on them).
 pub fn lattice_for(template: &Encoding, cols: u64, max_tile: u32) -> Encoding {
-    match *template {
-        Encoding::Lattice {
-            lattice,
-            alpha,
-            seed,
-            scale_dtype,
-            coding,
-            ..
-        } => {
-            let tile = hypercodec_lattice::tile_for(cols as usize, max_tile as usize) as u32;
-            Encoding::Lattice {
-                lattice,
-                alpha,
-                tile,
-                seed,
-                scale_dtype,
-                coding,
-            }
-        }
-        e => e,
-    }
+    template.with_tile(hypercodec_lattice::tile_for(cols as usize, max_tile as usize) as u32)
 }
 
 impl EncodingArgs {

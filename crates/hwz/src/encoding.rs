@@ -330,6 +330,22 @@ impl Encoding {
         }
     }
 
+    /// This encoding with its lattice scale α replaced (other encodings are returned as they are).
+    pub fn with_alpha(mut self, alpha: f32) -> Self {
+        if let Encoding::Lattice { alpha: a, .. } = &mut self {
+            *a = alpha;
+        }
+        self
+    }
+
+    /// This encoding with its RHT tile replaced (other encodings are returned as they are).
+    pub fn with_tile(mut self, tile: u32) -> Self {
+        if let Encoding::Lattice { tile: t, .. } = &mut self {
+            *t = tile;
+        }
+        self
+    }
+
     /// The lattice pipeline parameters of a lattice encoding.
     pub fn lattice_params(&self) -> Option<hypercodec_lattice::LatticeParams> {
         match *self {

@@ -220,12 +220,7 @@ pub fn encode_to_rate(
     options: crate::EncodeOptions,
 ) -> Result<crate::EncodedTensor> {
     let Encoding::Lattice {
-        lattice,
-        tile,
-        seed,
-        scale_dtype,
-        coding,
-        ..
+        lattice, coding, ..
     } = *template
     else {
         return Err(HwzError::InvalidEncoding {
@@ -233,14 +228,7 @@ pub fn encode_to_rate(
             message: "rate control needs a lattice encoding".into(),
         });
     };
-    let with_alpha = |alpha: f32| Encoding::Lattice {
-        lattice,
-        alpha,
-        tile,
-        seed,
-        scale_dtype,
-        coding,
-    };
+    let with_alpha = |alpha: f32| template.with_alpha(alpha);
     if let Coding::Fixed { bits } = coding {
         let alpha = lat::calibration::fixed_alpha(lattice, bits).map_or(1.0, |f| f.0);
         return crate::encode(tensor, values, shape, &with_alpha(alpha), options);

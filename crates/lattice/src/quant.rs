@@ -99,6 +99,13 @@ fn nearest_dn<const N: usize>(u: &[f32; N]) -> ([i32; N], f32) {
     (r, d)
 }
 
+/// The word, clamped, and the same shifted by −½: the inputs of E8's two D8 cosets.
+#[inline(always)]
+fn e8_cosets(u: &[f32]) -> ([f32; 8], [f32; 8]) {
+    let a: [f32; 8] = std::array::from_fn(|i| clampc(u[i]));
+    (a, a.map(|x| x - 0.5))
+}
+
 /// E8 from its two D8 cosets: the closer of `even` (the point `s`) and `odd` (the point
 /// `s + ½`), as `(s, c, t)` with `c` the coset and `s₇ = 2t + ((s₀+…+s₆) mod 2)`.
 #[inline(always)]
@@ -208,12 +215,7 @@ impl Lattice {
                 syms[3] = zz(r[2]);
             }
             Lattice::E8 => {
-                let mut a = [0f32; 8];
-                let mut b = [0f32; 8];
-                for i in 0..8 {
-                    a[i] = clampc(u[i]);
-                    b[i] = a[i] - 0.5;
-                }
+                let (a, b) = e8_cosets(u);
                 let (s, c, t) = e8_strip(nearest_dn(&a), nearest_dn(&b));
                 syms[0] = 2 * zz(t) + c;
                 for i in 0..7 {
@@ -321,12 +323,7 @@ impl Lattice {
                 }
             }
             Lattice::E8 => {
-                let mut a = [0f32; 8];
-                let mut b = [0f32; 8];
-                for i in 0..8 {
-                    a[i] = clampc(u[i]);
-                    b[i] = a[i] - 0.5;
-                }
+                let (a, b) = e8_cosets(u);
                 let (s, c, t) =
                     e8_strip(nearest_box(&a, lo, hi, true), nearest_box(&b, lo, hi, true));
                 syms[0] = 2 * (t + h / 2) as u32 + c;
