@@ -48,6 +48,60 @@ pub enum Encoding {
         /// How the symbols are coded.
         coding: Coding,
     },
+    /// Blocks of `block` values along rows mapped to learned prototypes, times a scale per
+    /// block, row or tensor, plus an optional sparse residual ([`hypercodec_hdc`]). Streams
+    /// `prototypes`, `assignments`, `scales`, and `residual_index` + `residual_values` when the
+    /// residual holds entries.
+    Codebook {
+        /// Values per block, 2..=64.
+        block: u32,
+        /// Number of prototypes, 1..=65536.
+        prototypes: u32,
+        /// What one scale covers.
+        scale_mode: hypercodec_hdc::ScaleMode,
+        /// Storage type of the scales.
+        scale_dtype: FloatDtype,
+        /// Storage type of the prototypes.
+        proto_dtype: FloatDtype,
+        /// Layout of the prototype indices.
+        assignments: Assignments,
+        /// Sparse residual repair.
+        residual: Residual,
+    },
+    /// `U·Vᵀ` with int8 factors and one f32 scale per factor column. Streams `u`
+    /// (`rows × rank` i8), `u_scales`, `v` (`cols × rank` i8), `v_scales`.
+    #[serde(rename = "lowrank")]
+    LowRank {
+        /// Rank, 1..=min(rows, cols, 1024).
+        rank: u32,
+    },
+    /// Zeros except `count` stored values. Streams `indices` (delta varints) and `values`.
+    Sparse {
+        /// Stored entries.
+        count: u64,
+        /// Storage type of the values.
+        dtype: FloatDtype,
+    },
+}
+
+/// Layout of codebook prototype indices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Assignments {
+    /// `ceil(log2 prototypes)` bits each, LSB-first.
+    Packed,
+    /// `(index, run − 1)` varint pairs.
+    Rle,
+}
+
+/// Sparse residual of a codebook encoding: the `count` largest errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Residual {
+    /// Stored corrections.
+    pub count: u64,
+    /// `int8` (with one f32 scale) or `f32`.
+    pub dtype: hypercodec_hdc::ResidualDtype,
 }
 
 /// How lattice symbols are stored.
@@ -87,7 +141,7 @@ impl Coding {
 }
 
 /// The `type` tags this build knows.
-pub const KNOWN_ENCODINGS: &[&str] = &["raw", "affine", "lattice"];
+pub const KNOWN_ENCODINGS: &[&str] = &["raw", "affine", "lattice", "codebook", "lowrank", "sparse"];
 
 /// An entropy-coded `symbols` stream holds at least one byte per this many symbols; writers pad
 /// shorter ones (only near-constant tensors are that compressible). It bounds what a reader
@@ -135,6 +189,24 @@ pub mod role {
     pub const MODEL: &str = "model";
     /// The rANS chunk table.
     pub const INDEX: &str = "index";
+    /// Codebook prototypes.
+    pub const PROTOTYPES: &str = "prototypes";
+    /// Codebook prototype indices.
+    pub const ASSIGNMENTS: &str = "assignments";
+    /// Positions of residual corrections.
+    pub const RESIDUAL_INDEX: &str = "residual_index";
+    /// Values of residual corrections.
+    pub const RESIDUAL_VALUES: &str = "residual_values";
+    /// Low-rank left factor.
+    pub const U: &str = "u";
+    /// Scales of the left factor's columns.
+    pub const U_SCALES: &str = "u_scales";
+    /// Low-rank right factor.
+    pub const V: &str = "v";
+    /// Scales of the right factor's columns.
+    pub const V_SCALES: &str = "v_scales";
+    /// Positions of sparse values.
+    pub const INDICES: &str = "indices";
 }
 
 impl Encoding {
@@ -144,6 +216,9 @@ impl Encoding {
             Encoding::Raw { .. } => "raw",
             Encoding::Affine { .. } => "affine",
             Encoding::Lattice { .. } => "lattice",
+            Encoding::Codebook { .. } => "codebook",
+            Encoding::LowRank { .. } => "lowrank",
+            Encoding::Sparse { .. } => "sparse",
         }
     }
 
@@ -163,6 +238,23 @@ impl Encoding {
             Encoding::Lattice {
                 lattice, coding, ..
             } => format!("lattice-{lattice}-{}", coding.label()),
+            Encoding::Codebook {
+                block,
+                prototypes,
+                scale_mode,
+                residual,
+                ..
+            } => format!(
+                "codebook-b{block}-k{prototypes}-{}{}",
+                scale_mode.name(),
+                if residual.count > 0 {
+                    format!("-r{}", residual.dtype.name())
+                } else {
+                    String::new()
+                }
+            ),
+            Encoding::LowRank { rank } => format!("lowrank-r{rank}"),
+            Encoding::Sparse { dtype, .. } => format!("sparse-{dtype}"),
         }
     }
 
@@ -327,6 +419,9 @@ impl Encoding {
                 }
                 Ok(v)
             }
+            Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. } => {
+                crate::codebook_codec::stream_lens(self, rows, cols, n).map_err(invalid)
+            }
         }
     }
 
@@ -487,6 +582,15 @@ pub fn encode(
         Encoding::Lattice { .. } => {
             crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens)?
         }
+        Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. } => {
+            return crate::codebook_codec::encode(
+                tensor,
+                values,
+                shape,
+                encoding,
+                &crate::codebook_codec::CodebookSettings::default(),
+            );
+        }
     };
     debug_assert!(streams
         .iter()
@@ -557,6 +661,9 @@ pub fn decode_into(
         }
         Encoding::Lattice { .. } => {
             crate::lattice_codec::decode(tensor, encoding, rows, cols, &get, out)
+        }
+        Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. } => {
+            crate::codebook_codec::decode(tensor, encoding, rows, cols, &get, out)
         }
     }
 }

@@ -261,6 +261,14 @@ pub enum HwzError {
         /// The coder's error.
         source: hypercodec_rice::CodingError,
     },
+    /// The codebook / low-rank / sparse codec rejected the data.
+    #[error("tensor `{tensor}`: {source}")]
+    Codebook {
+        /// Tensor name.
+        tensor: String,
+        /// The codec's error.
+        source: hypercodec_hdc::HdcError,
+    },
     /// A scalar codec rejected the data.
     #[error("tensor `{tensor}`: {source}")]
     Scalar {

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod codebook_codec;
 mod encoding;
 mod error;
 mod lattice_codec;
@@ -10,11 +11,14 @@ mod read;
 mod write;
 pub mod zstd_codec;
 
+pub use codebook_codec::{codebook_template, encode as encode_codebook, CodebookSettings};
 pub use encoding::{
-    decode_into, element_count, encode, matrix_view, role, Coding, EncodeOptions, EncodedTensor,
-    Encoding, StreamLen, KNOWN_ENCODINGS, MAX_MODEL_LEN, MAX_SYMBOLS_PER_BYTE,
+    decode_into, element_count, encode, matrix_view, role, Assignments, Coding, EncodeOptions,
+    EncodedTensor, Encoding, Residual, StreamLen, KNOWN_ENCODINGS, MAX_MODEL_LEN,
+    MAX_SYMBOLS_PER_BYTE,
 };
 pub use error::{HwzError, Result};
+pub use hypercodec_hdc::{HdcParams, ResidualDtype, ScaleMode};
 pub use hypercodec_lattice::Lattice;
 pub use hypercodec_scalar::{AffineParams, FloatDtype, Group};
 pub use lattice_codec::encode_to_rate;

@@ -158,3 +158,139 @@ mod files {
         );
     }
 }
+
+fn snr(x: &[f32], y: &[f32]) -> f64 {
+    let s: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum();
+    let e: f64 = x
+        .iter()
+        .zip(y)
+        .map(|(&a, &b)| ((a - b) as f64).powi(2))
+        .sum();
+    10.0 * (s / e).log10()
+}
+
+fn through_archive(name: &str, w: &[f32], shape: &[u64], t: &EncodedTensor) -> Vec<f32> {
+    let mut writer = Writer::new(Vec::new(), WriterOptions::default()).unwrap();
+    writer.add_tensor(name, shape, "f32", t, None).unwrap();
+    let bytes = writer.finish().unwrap().0;
+    let a = Archive::open(&bytes[..]).unwrap();
+    a.decode_tensor(name).unwrap()
+}
+
+fn wave(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as f32 * 0.37).sin() + ((i * 7919) % 101) as f32 / 300.0))
+        .collect()
+}
+
+#[test]
+fn codebook_round_trips_and_residual_helps() {
+    let w = wave(64 * 96);
+    let shape = [64u64, 96];
+    let mut last = 0.0;
+    for (k, dtype) in [
+        (0.0, ResidualDtype::Int8),
+        (0.5, ResidualDtype::Int8),
+        (2.0, ResidualDtype::F32),
+    ] {
+        let tmpl = codebook_template(8, 16, ScaleMode::Channel, dtype);
+        let settings = CodebookSettings {
+            residual_k: Some(k),
+            pick_layout: true,
+            ..Default::default()
+        };
+        let t = encode_codebook("w", &w, &shape, &tmpl, &settings).unwrap();
+        let Encoding::Codebook { residual, .. } = t.encoding else {
+            panic!("not a codebook")
+        };
+        assert_eq!(residual.count, (k * 64.0 * 12.0) as u64);
+        let out = through_archive("w", &w, &shape, &t);
+        let s = snr(&w, &out);
+        assert!(s > last + 1.0, "k {k}: {s} dB after {last}");
+        last = s;
+    }
+}
+
+#[test]
+fn codebook_residual_budget_is_kept() {
+    let w = wave(64 * 96);
+    let tmpl = codebook_template(8, 16, ScaleMode::Block, ResidualDtype::Int8);
+    let settings = CodebookSettings {
+        residual_k: Some(4.0),
+        residual_budget: Some(0.03),
+        ..Default::default()
+    };
+    let t = encode_codebook("w", &w, &[64, 96], &tmpl, &settings).unwrap();
+    let res: usize = t
+        .streams
+        .iter()
+        .filter(|(r, _)| r.starts_with("residual"))
+        .map(|(_, b)| b.len())
+        .sum();
+    let rest = t.payload_bytes() as usize - res;
+    assert!(
+        res > 0 && res as f64 <= 0.03 * rest as f64,
+        "{res} of {rest}"
+    );
+}
+
+#[test]
+fn constant_tensor_uses_run_lengths_or_is_refused() {
+    let w = vec![0.5f32; 128 * 64];
+    let tmpl = codebook_template(4, 4, ScaleMode::Tensor, ResidualDtype::Int8);
+    let settings = CodebookSettings {
+        pick_layout: true,
+        ..Default::default()
+    };
+    // 2048 blocks of one prototype: RLE is 3 bytes; all streams 37 < 128 bytes (the floor).
+    let err = encode_codebook("c", &w, &[128, 64], &tmpl, &settings).unwrap_err();
+    assert!(matches!(err, HwzError::InvalidEncoding { .. }), "{err}");
+    let t = encode_codebook("c", &w, &[128, 64], &tmpl, &CodebookSettings::default()).unwrap();
+    assert_eq!(through_archive("c", &w, &[128, 64], &t), w);
+}
+
+#[test]
+fn lowrank_and_sparse_round_trip() {
+    let (rows, cols) = (40usize, 48usize);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i / cols) as f32 * 0.1).cos() * ((i % cols) as f32 * 0.2).sin())
+        .collect();
+    let t = encode(
+        "lr",
+        &w,
+        &[40, 48],
+        &Encoding::LowRank { rank: 2 },
+        EncodeOptions::default(),
+    )
+    .unwrap();
+    let out = through_archive("lr", &w, &[40, 48], &t);
+    assert!(snr(&w, &out) > 35.0, "{}", snr(&w, &out));
+
+    let mut s = vec![0f32; 1000];
+    for i in (0..1000).step_by(37) {
+        s[i] = i as f32 - 500.0;
+    }
+    let enc = Encoding::Sparse {
+        count: s.iter().filter(|v| **v != 0.0).count() as u64,
+        dtype: FloatDtype::F32,
+    };
+    let t = encode("sp", &s, &[1000], &enc, EncodeOptions::default()).unwrap();
+    assert_eq!(through_archive("sp", &s, &[1000], &t), s);
+}
+
+#[test]
+fn codebook_encodings_are_validated() {
+    let bad = [
+        codebook_template(1, 16, ScaleMode::Block, ResidualDtype::Int8),
+        codebook_template(8, 0, ScaleMode::Block, ResidualDtype::Int8),
+        Encoding::LowRank { rank: 0 },
+        Encoding::LowRank { rank: 9 },
+        Encoding::Sparse {
+            count: 65,
+            dtype: FloatDtype::F16,
+        },
+    ];
+    for e in bad {
+        assert!(e.stream_lens("t", &[8, 8]).is_err(), "{e:?}");
+    }
+}

@@ -112,8 +112,18 @@ impl<W: Write> Writer<W> {
             .zip(&candidates)
             .map(|((_, raw), z)| z.as_ref().map_or(raw.len(), Vec::len) as u64)
             .sum();
-        if stored < min_stored_bytes(tensor_numel(shape)) {
+        let floor = min_stored_bytes(tensor_numel(shape));
+        if stored < floor {
             candidates.iter_mut().for_each(|c| *c = None);
+            let raw: u64 = tensor.streams.iter().map(|(_, b)| b.len() as u64).sum();
+            if raw < floor {
+                // Readers would refuse the file: refuse the tensor instead.
+                return Err(HwzError::LimitExceeded {
+                    what: "values per stored byte",
+                    value: tensor_numel(shape) / raw.max(1),
+                    max: crate::MAX_VALUES_PER_STORED_BYTE,
+                });
+            }
         }
         let mut roles = BTreeMap::new();
         for ((role, raw), z) in tensor.streams.iter().zip(candidates) {

@@ -1,0 +1,194 @@
+use super::*;
+use crate::rng::Rng;
+
+fn gaussian(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng::new(seed);
+    (0..n).map(|_| r.normal()).collect()
+}
+
+fn snr(x: &[f32], y: &[f32]) -> f64 {
+    let s: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum();
+    let e: f64 = x
+        .iter()
+        .zip(y)
+        .map(|(&a, &b)| ((a - b) as f64).powi(2))
+        .sum();
+    10.0 * (s / e).log10()
+}
+
+fn round_trip(x: &[f32], rows: usize, cols: usize, p: &CodebookParams) -> Vec<f32> {
+    let cb = codebook::encode(x, rows, cols, p).unwrap();
+    let mut out = vec![0f32; x.len()];
+    codebook::decode_into(&cb.as_ref(p.block, p.scale_mode), rows, cols, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn tensor_made_of_few_blocks_is_exact() {
+    // 4 distinct blocks repeated: 4 prototypes reproduce the tensor up to f16 rounding.
+    let shapes = [
+        [1.0, -2.0, 3.0, 0.5],
+        [0.0, 0.0, 1.0, 1.0],
+        [-1.0, -1.0, -1.0, 2.0],
+        [4.0, 0.0, -4.0, 0.25],
+    ];
+    let x: Vec<f32> = (0..64).flat_map(|i| shapes[(i * 7) % 4]).collect();
+    for mode in [ScaleMode::Tensor, ScaleMode::Channel, ScaleMode::Block] {
+        let p = CodebookParams {
+            block: 4,
+            prototypes: 4,
+            scale_mode: mode,
+            ..Default::default()
+        };
+        let y = round_trip(&x, 16, 16, &p);
+        assert!(snr(&x, &y) > 50.0, "{mode:?}: {} dB", snr(&x, &y));
+    }
+}
+
+#[test]
+fn more_prototypes_more_snr_and_padding_rows() {
+    let (rows, cols) = (64, 100); // 100 is not a multiple of 8: padded last block
+    let x = gaussian(rows * cols, 1);
+    let mut last = 0.0;
+    for k in [4, 32, 256] {
+        let p = CodebookParams {
+            prototypes: k,
+            ..Default::default()
+        };
+        let s = snr(&x, &round_trip(&x, rows, cols, &p));
+        assert!(s > last + 0.5, "k {k}: {s} dB after {last}");
+        last = s;
+    }
+}
+
+#[test]
+fn hdc_assignment_is_close_to_exhaustive() {
+    let (rows, cols) = (256, 256);
+    let x = gaussian(rows * cols, 2);
+    let exact = CodebookParams {
+        hdc: None,
+        ..Default::default()
+    };
+    let fast = CodebookParams::default();
+    let se = snr(&x, &round_trip(&x, rows, cols, &exact));
+    let sf = snr(&x, &round_trip(&x, rows, cols, &fast));
+    assert!(
+        sf <= se + 0.05 && sf > se - 0.6,
+        "hdc {sf} dB vs exact {se} dB"
+    );
+}
+
+#[test]
+fn hdc_index_returns_an_exactly_compared_prototype() {
+    let protos = gaussian(64 * 8, 3);
+    let idx = HdcIndex::new(
+        &protos,
+        8,
+        HdcParams {
+            dim: 64,
+            buckets: 8,
+            seed: 1,
+        },
+    )
+    .unwrap();
+    for q in gaussian(100 * 8, 4).chunks_exact(8) {
+        let (i, d) = idx.nearest(q);
+        let exact = kmeans::dist2(&protos[i as usize * 8..][..8], q);
+        assert_eq!(d, exact);
+        // A prototype equal to the query is always found.
+    }
+    let q = &protos[5 * 8..6 * 8];
+    assert_eq!(idx.nearest(q), (5, 0.0));
+}
+
+#[test]
+fn invalid_params_and_input_are_typed_errors() {
+    let x = vec![0f32; 16];
+    let bad = CodebookParams {
+        block: 1,
+        ..Default::default()
+    };
+    assert!(matches!(
+        codebook::encode(&x, 4, 4, &bad),
+        Err(HdcError::InvalidParams(_))
+    ));
+    let bad = CodebookParams {
+        hdc: Some(HdcParams {
+            dim: 2,
+            buckets: 8,
+            seed: 0,
+        }),
+        ..Default::default()
+    };
+    assert!(matches!(
+        codebook::encode(&x, 4, 4, &bad),
+        Err(HdcError::InvalidParams(_))
+    ));
+    let mut y = x.clone();
+    y[3] = f32::NAN;
+    assert_eq!(
+        codebook::encode(&y, 4, 4, &CodebookParams::default()),
+        Err(HdcError::NonFinite { index: 3 })
+    );
+    assert!(matches!(
+        codebook::encode(&x, 3, 4, &CodebookParams::default()),
+        Err(HdcError::Shape(_))
+    ));
+    let cb = codebook::encode(
+        &x,
+        4,
+        4,
+        &CodebookParams {
+            block: 4,
+            prototypes: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut bad = cb.clone();
+    bad.assignments[0] = 9;
+    let mut out = vec![0f32; 16];
+    assert!(codebook::decode_into(&bad.as_ref(4, ScaleMode::Channel), 4, 4, &mut out).is_err());
+}
+
+#[test]
+fn zero_tensor_decodes_to_zero() {
+    let x = vec![0f32; 256];
+    let y = round_trip(&x, 16, 16, &CodebookParams::default());
+    assert!(y.iter().all(|&v| v == 0.0));
+}
+
+#[test]
+fn low_rank_recovers_a_low_rank_matrix() {
+    let (rows, cols, r) = (48, 40, 3);
+    let a = gaussian(rows * r, 5);
+    let b = gaussian(cols * r, 6);
+    let m: Vec<f32> = (0..rows)
+        .flat_map(|i| {
+            let (a, b) = (&a, &b);
+            (0..cols).map(move |j| (0..r).map(|k| a[i * r + k] * b[j * r + k]).sum::<f32>())
+        })
+        .collect();
+    let lr = lowrank::fit(&m, rows, cols, r, 6, 0).unwrap();
+    let mut out = vec![0f32; m.len()];
+    lowrank::decode_into(&lr, rows, cols, &mut out).unwrap();
+    assert!(snr(&m, &out) > 30.0, "{} dB", snr(&m, &out));
+    let lr1 = lowrank::fit(&m, rows, cols, 1, 6, 0).unwrap();
+    lowrank::decode_into(&lr1, rows, cols, &mut out).unwrap();
+    assert!(snr(&m, &out) < 20.0, "rank 1 cannot be that good");
+    assert!(lowrank::fit(&m, rows, cols, 0, 6, 0).is_err());
+}
+
+#[test]
+fn low_rank_rank_one_product() {
+    let (rows, cols) = (40usize, 48usize);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i / cols) as f32 * 0.1).cos() * ((i % cols) as f32 * 0.2).sin())
+        .collect();
+    for r in [1, 2] {
+        let lr = lowrank::fit(&w, rows, cols, r, 4, 0).unwrap();
+        let mut out = vec![0f32; w.len()];
+        lowrank::decode_into(&lr, rows, cols, &mut out).unwrap();
+        assert!(snr(&w, &out) > 40.0, "rank {r}: {} dB", snr(&w, &out));
+    }
+}

@@ -1,0 +1,464 @@
+//! The `codebook`, `lowrank` and `sparse` encodings: stream layout, encode and decode over
+//! [`hypercodec_hdc`].
+
+use crate::encoding::{role, Assignments, Encoding, Residual, StreamLen};
+use crate::manifest::min_stored_bytes;
+use crate::{EncodedTensor, HwzError, Result};
+use hypercodec_hdc::{
+    codebook, lowrank, pack, residual, CodebookParams, HdcError, HdcParams, ResidualDtype,
+};
+use hypercodec_scalar as scalar;
+
+/// Encoder-side settings of the codebook family that the manifest does not need: training,
+/// search, and how the residual and the index layout are chosen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CodebookSettings {
+    /// Lloyd iterations.
+    pub iters: usize,
+    /// Most blocks the prototypes are learned on.
+    pub sample_blocks: usize,
+    /// Seed of sampling, k-means++ and the HDC projections.
+    pub seed: u64,
+    /// Bucketed assignment (`None`: exhaustive).
+    pub hdc: Option<HdcParams>,
+    /// Residual entries per block; when set it replaces the encoding's `residual.count`.
+    pub residual_k: Option<f64>,
+    /// Cap on the residual's stored bytes as a fraction of the rest of the tensor's bytes.
+    pub residual_budget: Option<f64>,
+    /// Choose packed or run-length indices by size (otherwise the encoding's choice holds).
+    pub pick_layout: bool,
+    /// Subspace iterations of the low-rank fit.
+    pub lowrank_iters: usize,
+}
+
+impl Default for CodebookSettings {
+    fn default() -> Self {
+        let p = CodebookParams::default();
+        CodebookSettings {
+            iters: p.iters,
+            sample_blocks: p.sample_blocks,
+            seed: p.seed,
+            hdc: p.hdc,
+            residual_k: None,
+            residual_budget: None,
+            pick_layout: false,
+            lowrank_iters: 4,
+        }
+    }
+}
+
+fn hdc_err(tensor: &str) -> impl Fn(HdcError) -> HwzError + '_ {
+    move |source| HwzError::Codebook {
+        tensor: tensor.to_string(),
+        source,
+    }
+}
+
+/// Stream lengths of the three encodings (`n = rows · cols`).
+pub(crate) fn stream_lens(
+    encoding: &Encoding,
+    rows: u64,
+    cols: u64,
+    n: u64,
+) -> std::result::Result<Vec<(&'static str, StreamLen)>, String> {
+    match *encoding {
+        Encoding::Codebook {
+            block,
+            prototypes,
+            scale_mode,
+            scale_dtype,
+            proto_dtype,
+            assignments,
+            residual,
+        } => {
+            if !(codebook::MIN_BLOCK..=codebook::MAX_BLOCK).contains(&(block as usize)) {
+                return Err(format!("codebook block {block} must be in 2..=64"));
+            }
+            if !(1..=codebook::MAX_PROTOTYPES as u32).contains(&prototypes) {
+                return Err(format!("prototypes {prototypes} must be in 1..=65536"));
+            }
+            if residual.count > n {
+                return Err(format!(
+                    "{} residual entries for {n} values",
+                    residual.count
+                ));
+            }
+            let blocks = rows * cols.div_ceil(block as u64);
+            let bits = pack::index_bits(prototypes as usize) as u64;
+            let scales = scale_mode.count(rows as usize, cols as usize, block as usize) as u64;
+            let mut v = vec![
+                (
+                    role::PROTOTYPES,
+                    StreamLen::exact(prototypes as u64 * block as u64 * proto_dtype.size() as u64),
+                ),
+                (
+                    role::ASSIGNMENTS,
+                    match assignments {
+                        Assignments::Packed => StreamLen::exact((blocks * bits).div_ceil(8)),
+                        Assignments::Rle => StreamLen {
+                            min: 2 * u64::from(blocks > 0),
+                            max: blocks * 20,
+                        },
+                    },
+                ),
+                (
+                    role::SCALES,
+                    StreamLen::exact(scales * scale_dtype.size() as u64),
+                ),
+            ];
+            if residual.count > 0 {
+                v.extend(residual_lens(
+                    residual.count,
+                    residual.dtype.values_len(residual.count),
+                ));
+            }
+            Ok(v)
+        }
+        Encoding::LowRank { rank } => {
+            let r = rank as u64;
+            if r == 0 || r > lowrank::MAX_RANK as u64 || r > rows.min(cols) {
+                return Err(format!(
+                    "rank {rank} must be in 1..=min({rows}, {cols}, 1024)"
+                ));
+            }
+            Ok(vec![
+                (role::U, StreamLen::exact(rows * r)),
+                (role::U_SCALES, StreamLen::exact(4 * r)),
+                (role::V, StreamLen::exact(cols * r)),
+                (role::V_SCALES, StreamLen::exact(4 * r)),
+            ])
+        }
+        Encoding::Sparse { count, dtype } => {
+            if count > n {
+                return Err(format!("{count} sparse entries for {n} values"));
+            }
+            let v = residual_lens(count, count * dtype.size() as u64);
+            Ok(vec![(role::INDICES, v[0].1), (role::VALUES, v[1].1)])
+        }
+        _ => Err("not a codebook-family encoding".into()),
+    }
+}
+
+fn residual_lens(count: u64, values: u64) -> [(&'static str, StreamLen); 2] {
+    [
+        (
+            role::RESIDUAL_INDEX,
+            StreamLen {
+                min: count,
+                max: count * 10,
+            },
+        ),
+        (role::RESIDUAL_VALUES, StreamLen::exact(values)),
+    ]
+}
+
+/// Encodes `values` with a codebook-family `encoding`. With default `settings` the encoding is
+/// followed as given; `settings` may set the residual size and the index layout, and the
+/// returned [`EncodedTensor::encoding`] says what was chosen.
+pub fn encode(
+    tensor: &str,
+    values: &[f32],
+    shape: &[u64],
+    encoding: &Encoding,
+    settings: &CodebookSettings,
+) -> Result<EncodedTensor> {
+    let n = crate::element_count(tensor, shape)?;
+    if values.len() as u64 != n {
+        return Err(HwzError::ElementCount {
+            tensor: tensor.to_string(),
+            shape: shape.to_vec(),
+            expected: n,
+            actual: values.len() as u64,
+        });
+    }
+    encoding.stream_lens(tensor, shape)?;
+    let (rows, cols) = crate::matrix_view(shape, n);
+    let (rows, cols) = (rows as usize, cols as usize);
+    let err = hdc_err(tensor);
+    let floats = |v: &[f32], dtype: scalar::FloatDtype| {
+        scalar::encode_floats(v, dtype, false).map_err(|source| HwzError::Scalar {
+            tensor: tensor.to_string(),
+            source,
+        })
+    };
+    let (encoding, streams) = match *encoding {
+        Encoding::Codebook {
+            block,
+            prototypes,
+            scale_mode,
+            scale_dtype,
+            proto_dtype,
+            assignments,
+            residual,
+        } => {
+            let params = CodebookParams {
+                block: block as usize,
+                prototypes: prototypes as usize,
+                scale_mode,
+                scale_dtype,
+                proto_dtype,
+                iters: settings.iters,
+                sample_blocks: settings.sample_blocks,
+                seed: settings.seed,
+                hdc: settings.hdc,
+            };
+            let cb = codebook::encode(values, rows, cols, &params).map_err(&err)?;
+            let bits = pack::index_bits(prototypes as usize);
+            let packed = pack::pack(&cb.assignments, bits);
+            let layout = if settings.pick_layout {
+                let rle = pack::rle_encode(&cb.assignments);
+                if rle.len() < packed.len() {
+                    (Assignments::Rle, rle)
+                } else {
+                    (Assignments::Packed, packed)
+                }
+            } else {
+                match assignments {
+                    Assignments::Packed => (Assignments::Packed, packed),
+                    Assignments::Rle => (Assignments::Rle, pack::rle_encode(&cb.assignments)),
+                }
+            };
+            let mut streams = vec![
+                (role::PROTOTYPES, floats(&cb.protos, proto_dtype)?),
+                (role::ASSIGNMENTS, layout.1),
+                (role::SCALES, floats(&cb.scales, scale_dtype)?),
+            ];
+            let base_bytes: usize = streams.iter().map(|(_, b)| b.len()).sum();
+            let blocks = cb.assignments.len();
+            let mut count = match settings.residual_k {
+                Some(k) => ((k.max(0.0) * blocks as f64) as u64).min(n),
+                None => residual.count,
+            };
+            let mut residual = Residual {
+                count,
+                dtype: residual.dtype,
+            };
+            if count > 0 {
+                let mut approx = vec![0f32; values.len()];
+                codebook::decode_into(
+                    &cb.as_ref(block as usize, scale_mode),
+                    rows,
+                    cols,
+                    &mut approx,
+                )
+                .map_err(&err)?;
+                let budget = settings
+                    .residual_budget
+                    .map(|f| (f.max(0.0) * base_bytes as f64) as usize);
+                let mut coded;
+                loop {
+                    let (pos, vals) = residual::top_k(values, &approx, count as usize);
+                    coded = residual::encode(&pos, &vals, residual.dtype);
+                    let bytes = coded.0.len() + coded.1.len();
+                    match budget {
+                        Some(b) if bytes > b && count > 0 => {
+                            count = ((count as f64 * b as f64 / bytes as f64 * 0.98) as u64)
+                                .min(count - 1);
+                        }
+                        _ => break,
+                    }
+                }
+                residual.count = count;
+                if count > 0 {
+                    streams.push((role::RESIDUAL_INDEX, coded.0));
+                    streams.push((role::RESIDUAL_VALUES, coded.1));
+                }
+            }
+            (
+                Encoding::Codebook {
+                    block,
+                    prototypes,
+                    scale_mode,
+                    scale_dtype,
+                    proto_dtype,
+                    assignments: layout.0,
+                    residual,
+                },
+                streams,
+            )
+        }
+        Encoding::LowRank { rank } => {
+            let lr = lowrank::fit(
+                values,
+                rows,
+                cols,
+                rank as usize,
+                settings.lowrank_iters,
+                settings.seed,
+            )
+            .map_err(&err)?;
+            let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+            let i8s = |v: &[i8]| v.iter().map(|&x| x as u8).collect::<Vec<u8>>();
+            (
+                *encoding,
+                vec![
+                    (role::U, i8s(&lr.u)),
+                    (role::U_SCALES, f32s(&lr.u_scales)),
+                    (role::V, i8s(&lr.v)),
+                    (role::V_SCALES, f32s(&lr.v_scales)),
+                ],
+            )
+        }
+        Encoding::Sparse { count, dtype } => {
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Err(err(HdcError::NonFinite { index: i as u64 }));
+            }
+            let zeros = vec![0f32; values.len()];
+            let (pos, vals) = residual::top_k(values, &zeros, count as usize);
+            let pos: Vec<u64> = pos;
+            (
+                *encoding,
+                vec![
+                    (role::INDICES, pack::encode_positions(&pos)),
+                    (role::VALUES, floats(&vals, dtype)?),
+                ],
+            )
+        }
+        _ => {
+            return Err(HwzError::InvalidEncoding {
+                tensor: tensor.into(),
+                message: "not a codebook-family encoding".into(),
+            })
+        }
+    };
+    let stored: u64 = streams.iter().map(|(_, b)| b.len() as u64).sum();
+    if stored < min_stored_bytes(n) {
+        return Err(HwzError::InvalidEncoding {
+            tensor: tensor.into(),
+            message: format!(
+                "{} would store {stored} bytes for {n} values, below the floor of 1/8 bit per value; use another encoding",
+                encoding.label()
+            ),
+        });
+    }
+    Ok(EncodedTensor { encoding, streams })
+}
+
+/// Decodes a codebook-family tensor whose stream sizes were checked against its shape.
+pub(crate) fn decode<'a>(
+    tensor: &str,
+    encoding: &Encoding,
+    rows: u64,
+    cols: u64,
+    get: &dyn Fn(&str) -> &'a [u8],
+    out: &mut [f32],
+) -> Result<()> {
+    let (rows, cols) = (rows as usize, cols as usize);
+    let err = hdc_err(tensor);
+    let floats = |role: &str, dtype: scalar::FloatDtype| {
+        scalar::decode_floats(get(role), dtype).map_err(|source| HwzError::Scalar {
+            tensor: tensor.to_string(),
+            source,
+        })
+    };
+    let finite = |v: &[f32], what: &str| {
+        if v.iter().all(|x| x.is_finite()) {
+            Ok(())
+        } else {
+            Err(err(HdcError::Corrupt(format!("non-finite {what}"))))
+        }
+    };
+    match *encoding {
+        Encoding::Codebook {
+            block,
+            prototypes,
+            scale_mode,
+            scale_dtype,
+            proto_dtype,
+            assignments,
+            residual,
+        } => {
+            let protos = floats(role::PROTOTYPES, proto_dtype)?;
+            let scales = floats(role::SCALES, scale_dtype)?;
+            finite(&protos, "prototype")?;
+            finite(&scales, "scale")?;
+            // Justified by the stream sizes: the tensor holds at most 64 values per stored byte.
+            let blocks = rows * cols.div_ceil(block as usize);
+            let mut idx = vec![0u32; blocks];
+            match assignments {
+                Assignments::Packed => pack::unpack_into(
+                    get(role::ASSIGNMENTS),
+                    pack::index_bits(prototypes as usize),
+                    &mut idx,
+                ),
+                Assignments::Rle => {
+                    pack::rle_decode_into(get(role::ASSIGNMENTS), prototypes, &mut idx)
+                }
+            }
+            .map_err(&err)?;
+            let cb = hypercodec_hdc::CodebookRef {
+                block: block as usize,
+                scale_mode,
+                protos: &protos,
+                assignments: &idx,
+                scales: &scales,
+            };
+            codebook::decode_into(&cb, rows, cols, out).map_err(&err)?;
+            if residual.count > 0 {
+                residual::apply(
+                    get(role::RESIDUAL_INDEX),
+                    get(role::RESIDUAL_VALUES),
+                    residual.count as usize,
+                    residual.dtype,
+                    out,
+                    false,
+                )
+                .map_err(&err)?;
+            }
+            Ok(())
+        }
+        Encoding::LowRank { rank } => {
+            let f32s = |b: &[u8]| -> Vec<f32> {
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect()
+            };
+            let i8s = |b: &[u8]| -> Vec<i8> { b.iter().map(|&x| x as i8).collect() };
+            let lr = lowrank::LowRank {
+                u: i8s(get(role::U)),
+                u_scales: f32s(get(role::U_SCALES)),
+                v: i8s(get(role::V)),
+                v_scales: f32s(get(role::V_SCALES)),
+            };
+            debug_assert_eq!(lr.u_scales.len(), rank as usize);
+            lowrank::decode_into(&lr, rows, cols, out).map_err(&err)
+        }
+        Encoding::Sparse { count, dtype } => {
+            out.fill(0.0);
+            let vals = floats(role::VALUES, dtype)?;
+            finite(&vals, "sparse value")?;
+            let pos = pack::decode_positions(get(role::INDICES), count as usize, out.len() as u64)
+                .map_err(&err)?;
+            for (&p, &v) in pos.iter().zip(&vals) {
+                out[p as usize] = v;
+            }
+            Ok(())
+        }
+        _ => Err(HwzError::InvalidEncoding {
+            tensor: tensor.into(),
+            message: "not a codebook-family encoding".into(),
+        }),
+    }
+}
+
+/// The codebook encoding with the given shape parameters, f16 scales and prototypes, packed
+/// indices and no residual (a template for [`encode`]).
+pub fn codebook_template(
+    block: u32,
+    prototypes: u32,
+    scale_mode: hypercodec_hdc::ScaleMode,
+    residual_dtype: ResidualDtype,
+) -> Encoding {
+    Encoding::Codebook {
+        block,
+        prototypes,
+        scale_mode,
+        scale_dtype: scalar::FloatDtype::F16,
+        proto_dtype: scalar::FloatDtype::F16,
+        assignments: Assignments::Packed,
+        residual: Residual {
+            count: 0,
+            dtype: residual_dtype,
+        },
+    }
+}
