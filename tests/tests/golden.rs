@@ -47,7 +47,11 @@ fn check(stem: &str, encodings: &[Encoding]) {
     }
     assert_eq!(got.len(), expected.len());
     assert!(got == expected, "{stem} decodes differently");
-    let found: Vec<Encoding> = archive.tensors().iter().map(|t| t.encoding).collect();
+    let found: Vec<Encoding> = archive
+        .tensors()
+        .iter()
+        .map(|t| t.encoding.clone())
+        .collect();
     assert_eq!(found, encodings);
 }
 

@@ -148,7 +148,7 @@ proptest! {
     #[test]
     fn lattice_roundtrip((rows, cols, enc, seed) in lattice_case(), zstd in any::<bool>()) {
         let values = hypercodec_tests::fixture_values((rows * cols) as usize, seed);
-        let named = vec![("w".to_string(), vec![rows, cols], values.clone(), enc)];
+        let named = vec![("w".to_string(), vec![rows, cols], values.clone(), enc.clone())];
         let compression = if zstd { Compression::Zstd } else { Compression::None };
         let (_, decoded) = roundtrip(&named, compression).unwrap();
         let t = encode("w", &values, &[rows, cols], &enc, EncodeOptions::default()).unwrap();

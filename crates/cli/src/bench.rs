@@ -77,7 +77,7 @@ impl Rep {
     /// The plan for a tensor of `shape`.
     pub fn plan(&self, shape: &[u64]) -> crate::Plan {
         match self {
-            Rep::Fixed(e) => crate::Plan::Fixed(*e),
+            Rep::Fixed(e) => crate::Plan::Fixed(e.clone()),
             Rep::Lattice { template, bps } => {
                 let e = crate::lattice_for(template, shape.last().copied().unwrap_or(1), 4096);
                 match bps {

@@ -173,7 +173,7 @@ struct EncodingArgs {
 }
 
 /// How to encode one tensor: a fixed encoding, or a lattice encoding fitted to a rate.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub enum Plan {
     /// Exactly this encoding.
     Fixed(Encoding),
@@ -394,7 +394,7 @@ fn compress(args: &CompressArgs) -> Result<()> {
             allow_non_finite: args.allow_non_finite,
         };
         let encoded = plan.encode(&t.name, &values, &t.shape, options)?;
-        let enc = encoded.encoding;
+        let enc = encoded.encoding.clone();
         decoded.resize(values.len(), 0.0);
         let refs: Vec<(&str, &[u8])> = encoded
             .streams

@@ -290,7 +290,7 @@ pub fn encode(
             let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
             let i8s = |v: &[i8]| v.iter().map(|&x| x as u8).collect::<Vec<u8>>();
             (
-                *encoding,
+                encoding.clone(),
                 vec![
                     (role::U, i8s(&lr.u)),
                     (role::U_SCALES, f32s(&lr.u_scales)),
@@ -307,7 +307,7 @@ pub fn encode(
             let (pos, vals) = residual::top_k(values, &zeros, count as usize);
             let pos: Vec<u64> = pos;
             (
-                *encoding,
+                encoding.clone(),
                 vec![
                     (role::INDICES, pack::encode_positions(&pos)),
                     (role::VALUES, floats(&vals, dtype)?),

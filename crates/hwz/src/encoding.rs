@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// Encodings are added, never changed: a changed meaning gets a new tag. A reader meets an
 /// unknown tag with [`HwzError::UnknownEncoding`] and unknown fields with
 /// [`HwzError::InvalidEncoding`].
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 #[non_exhaustive]
 pub enum Encoding {
@@ -82,6 +82,27 @@ pub enum Encoding {
         /// Storage type of the values.
         dtype: FloatDtype,
     },
+    /// Row blocks of `block_rows` rows (the last may be shorter), each a tensor of its own
+    /// with its own encoding (`parts`, one per block). Streams `index` (per part, per stream of
+    /// the part's encoding in order, its decoded length as u64) and `payload` (those streams
+    /// concatenated).
+    Mixed {
+        /// Rows per block.
+        block_rows: u64,
+        /// One encoding per block, top to bottom.
+        parts: Vec<Encoding>,
+    },
+    /// A dense `base` encoding with `count` values replaced by exact exceptions (per-weight
+    /// precision). Streams `index` + `payload` for the base as in `mixed`, and `indices` +
+    /// `values` as in `sparse`.
+    Exceptions {
+        /// The dense low-precision encoding.
+        base: Box<Encoding>,
+        /// Number of exceptions.
+        count: u64,
+        /// Storage type of the exception values.
+        dtype: FloatDtype,
+    },
 }
 
 /// Layout of codebook prototype indices.
@@ -141,7 +162,16 @@ impl Coding {
 }
 
 /// The `type` tags this build knows.
-pub const KNOWN_ENCODINGS: &[&str] = &["raw", "affine", "lattice", "codebook", "lowrank", "sparse"];
+pub const KNOWN_ENCODINGS: &[&str] = &[
+    "raw",
+    "affine",
+    "lattice",
+    "codebook",
+    "lowrank",
+    "sparse",
+    "mixed",
+    "exceptions",
+];
 
 /// An entropy-coded `symbols` stream holds at least one byte per this many symbols; writers pad
 /// shorter ones (only near-constant tensors are that compressible). It bounds what a reader
@@ -207,6 +237,8 @@ pub mod role {
     pub const V_SCALES: &str = "v_scales";
     /// Positions of sparse values.
     pub const INDICES: &str = "indices";
+    /// Concatenated inner streams of a nested encoding.
+    pub const PAYLOAD: &str = "payload";
 }
 
 impl Encoding {
@@ -219,6 +251,8 @@ impl Encoding {
             Encoding::Codebook { .. } => "codebook",
             Encoding::LowRank { .. } => "lowrank",
             Encoding::Sparse { .. } => "sparse",
+            Encoding::Mixed { .. } => "mixed",
+            Encoding::Exceptions { .. } => "exceptions",
         }
     }
 
@@ -255,6 +289,8 @@ impl Encoding {
             ),
             Encoding::LowRank { rank } => format!("lowrank-r{rank}"),
             Encoding::Sparse { dtype, .. } => format!("sparse-{dtype}"),
+            Encoding::Mixed { parts, .. } => format!("mixed-{}", parts.len()),
+            Encoding::Exceptions { base, .. } => format!("{}+exceptions", base.label()),
         }
     }
 
@@ -422,23 +458,36 @@ impl Encoding {
             Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. } => {
                 crate::codebook_codec::stream_lens(self, rows, cols, n).map_err(invalid)
             }
+            Encoding::Mixed { .. } | Encoding::Exceptions { .. } => {
+                crate::nested_codec::stream_lens(tensor, self, rows, cols, n)
+            }
         }
     }
 
     /// This encoding with its lattice scale α replaced (other encodings are returned as they are).
-    pub fn with_alpha(mut self, alpha: f32) -> Self {
-        if let Encoding::Lattice { alpha: a, .. } = &mut self {
+    pub fn with_alpha(&self, alpha: f32) -> Self {
+        let mut e = self.clone();
+        e.set_alpha(alpha);
+        e
+    }
+
+    fn set_alpha(&mut self, alpha: f32) {
+        if let Encoding::Lattice { alpha: a, .. } = self {
             *a = alpha;
         }
-        self
     }
 
     /// This encoding with its RHT tile replaced (other encodings are returned as they are).
-    pub fn with_tile(mut self, tile: u32) -> Self {
-        if let Encoding::Lattice { tile: t, .. } = &mut self {
+    pub fn with_tile(&self, tile: u32) -> Self {
+        let mut e = self.clone();
+        e.set_tile(tile);
+        e
+    }
+
+    fn set_tile(&mut self, tile: u32) {
+        if let Encoding::Lattice { tile: t, .. } = self {
             *t = tile;
         }
-        self
     }
 
     /// The lattice pipeline parameters of a lattice encoding.
@@ -582,6 +631,9 @@ pub fn encode(
         Encoding::Lattice { .. } => {
             crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens)?
         }
+        Encoding::Mixed { .. } | Encoding::Exceptions { .. } => {
+            return crate::nested_codec::encode(tensor, values, rows, cols, encoding, options);
+        }
         Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. } => {
             return crate::codebook_codec::encode(
                 tensor,
@@ -597,7 +649,7 @@ pub fn encode(
         .zip(&lens)
         .all(|((r, b), (lr, l))| r == lr && l.allows(b.len() as u64)));
     Ok(EncodedTensor {
-        encoding: *encoding,
+        encoding: encoding.clone(),
         streams,
     })
 }
@@ -664,6 +716,9 @@ pub fn decode_into(
         }
         Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. } => {
             crate::codebook_codec::decode(tensor, encoding, rows, cols, &get, out)
+        }
+        Encoding::Mixed { .. } | Encoding::Exceptions { .. } => {
+            crate::nested_codec::decode(tensor, encoding, rows, cols, &get, out)
         }
     }
 }

@@ -40,7 +40,7 @@ fn unpack(
     Coding,
     lat::LatticeParams,
 )> {
-    match (*encoding, encoding.lattice_params()) {
+    match (encoding.clone(), encoding.lattice_params()) {
         (
             Encoding::Lattice {
                 lattice,

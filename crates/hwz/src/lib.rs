@@ -7,6 +7,7 @@ mod error;
 mod lattice_codec;
 pub mod legacy;
 mod manifest;
+mod nested_codec;
 mod read;
 mod write;
 pub mod zstd_codec;
@@ -28,6 +29,7 @@ pub use manifest::{
     MAX_ELEMENTS, MAX_MANIFEST_LEN, MAX_NAME_LEN, MAX_RANK, MAX_STREAMS, MAX_TENSORS,
     MAX_VALUES_PER_STORED_BYTE, MAX_ZSTD_EXPANSION, TAIL_LEN, ZIP_MAGIC,
 };
+pub use nested_codec::{assemble_exceptions, assemble_mixed, MAX_PARTS};
 pub use read::{decode_stream, Archive, ReadAt};
 #[cfg(feature = "std-fs")]
 pub use write::{temp_file_in, FileWriter};

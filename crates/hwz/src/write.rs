@@ -135,7 +135,7 @@ impl<W: Write> Writer<W> {
             name: name.to_string(),
             shape: shape.to_vec(),
             source_dtype: source_dtype.to_string(),
-            encoding: tensor.encoding,
+            encoding: tensor.encoding.clone(),
             streams: roles,
             stats: stats.map(finite_stats),
         });
