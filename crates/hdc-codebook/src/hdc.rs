@@ -23,6 +23,7 @@ pub const MAX_HDC_DIM: usize = 256;
 
 /// Parameters of the index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct HdcParams {
     /// Bits per hypervector (1..=256).
     pub dim: usize,

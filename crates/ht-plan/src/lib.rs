@@ -1,10 +1,345 @@
 //! hypercodec-plan: measures the stored bytes and the error of every candidate encoding of a
-//! tensor (or of each block of it) and chooses one by a planner mode (LOWEST, HIGHEST, ALLOW,
-//! CLOSEST, AVERAGE, BEST, PER_WEIGHT, PER_BLOCK) or by a global bit budget.
+//! tensor (and of each row block of it) and chooses one by a planner mode, or allocates a
+//! global bit budget across tensors.
 //!
 //! Key design decision: every choice is made from *measured* reconstruction error and stored
-//! bytes, never from a rule of thumb, and the Plan records every candidate tried and why the
-//! winner won.
+//! bytes, never from a rule of thumb, and the [`Plan`] records every candidate tried, its
+//! bytes and error, and why the winner won. A plan is serde JSON, stored in the archive, and
+//! replaying it ([`Spec::encode`]) gives the same bytes.
 //!
-//! Status: filled by the precision planner issue.
+//! # Acceptability
+//! The threshold `τ = 10^(−min_snr_db/10)` bounds the relative MSE `Σ(x−x̂)²/Σx²`.
+//! - `f32` is always acceptable.
+//! - `f16` is acceptable when its largest element-wise relative error is `≤ eps_fp16`
+//!   (default 0: only exactly representable tensors); `bf16` likewise with `eps_bf16`.
+//! - every other candidate (affine, lattice, codebook, low-rank, sparse) is acceptable when its
+//!   relative MSE is `≤ τ`.
+//!
+//! The same tests apply to one row block (`block_rows` rows) with the block's own energy.
+//! "Cheapest" orders by stored bytes, then relative MSE, then `f16` before `bf16` (or the
+//! reverse with `prefer_bf16`).
+//!
+//! # Modes
+//! - `LOWEST`: the cheapest candidate, error ignored.
+//! - `HIGHEST`: the most accurate candidate (lowest relative MSE), bytes breaking ties.
+//! - `BEST`: the cheapest acceptable candidate; if none is, `HIGHEST`.
+//! - `ALLOW`: the cheapest candidate acceptable on at least `allow_share` (0.7) of the row
+//!   blocks — a few blocks may miss the threshold; if none reaches the share, `BEST`.
+//! - `CLOSEST`: every block picks its cheapest acceptable candidate (its most accurate if
+//!   none is); the tensor takes the median of those picks, ordered cheapest first.
+//! - `AVERAGE`: with the same block picks, the pick of more than `majority` (0.6) of the
+//!   blocks; otherwise the candidate whose bps is nearest the blocks' mean bps (the more
+//!   precise one on a tie).
+//! - `PER_BLOCK`: each row block keeps its own pick, stored as hwz `mixed` (codebook,
+//!   low-rank and sparse candidates, which learn from the whole tensor, do not take part).
+//! - `PER_WEIGHT`: a dense base plus exact exceptions: for every candidate, the fewest of its
+//!   worst-reconstructed values that, stored exactly (f32), bring the tensor to `τ`; the
+//!   candidate with the fewest total bytes wins (hwz `exceptions`).
+//! - `BUDGET`: given a target (bps, ratio or bytes), each tensor's candidates form a
+//!   rate–distortion set `(bytes, w·SSE)`; starting from every tensor's cheapest point on
+//!   its lower convex hull, the upgrade with the largest distortion drop per byte that
+//!   still fits is applied until none fits (Lagrangian allocation). The total never exceeds
+//!   the budget; `w` is an optional per-tensor sensitivity weight (default 1).
+//! - `AUTO` (Hyper Glyph's rule, measured): with a target, the most accurate candidate whose
+//!   bytes fit `numel·bps/8`; without, the cheapest whose relative MSE is at most 1.05× that of
+//!   per-row INT4 (`int4-row`, always measured).
 #![deny(missing_docs)]
+
+mod budget;
+pub mod measure;
+mod modes;
+mod spec;
+
+pub use budget::allocate;
+pub use measure::Measured;
+pub use spec::{top_errors, Spec};
+
+use hypercodec_hwz::{EncodedTensor, FloatDtype, HwzError};
+use serde::{Deserialize, Serialize};
+use std::str::FromStr;
+
+/// Errors of the planner.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// Encoding or decoding failed.
+    #[error(transparent)]
+    Hwz(#[from] HwzError),
+    /// A candidate name or setting is not understood.
+    #[error("{0}")]
+    Candidate(String),
+    /// No candidate could encode the tensor.
+    #[error("tensor `{tensor}`: no candidate could encode it ({reasons})")]
+    NoCandidate {
+        /// Tensor name.
+        tensor: String,
+        /// Why each failed.
+        reasons: String,
+    },
+    /// Even the cheapest candidates exceed the budget.
+    #[error("budget of {budget} bytes is below the {cheapest} bytes of the cheapest candidates")]
+    BudgetTooSmall {
+        /// The budget.
+        budget: u64,
+        /// The sum of every tensor's cheapest candidate.
+        cheapest: u64,
+    },
+}
+
+/// Result of this crate.
+pub type Result<T, E = PlanError> = std::result::Result<T, E>;
+
+/// Planner modes (see the crate docs for each rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Cheapest.
+    Lowest,
+    /// Most accurate.
+    Highest,
+    /// Cheapest acceptable on most blocks.
+    Allow,
+    /// Median of the blocks' picks.
+    Closest,
+    /// Majority or mean of the blocks' picks.
+    Average,
+    /// Cheapest acceptable.
+    Best,
+    /// One pick per row block (`mixed`).
+    PerBlock,
+    /// Base plus exact exceptions.
+    PerWeight,
+    /// Global bit budget.
+    Budget,
+    /// Hyper Glyph's rule.
+    Auto,
+}
+
+impl FromStr for Mode {
+    type Err = PlanError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().replace('-', "_").as_str() {
+            "lowest" => Mode::Lowest,
+            "highest" => Mode::Highest,
+            "allow" => Mode::Allow,
+            "closest" => Mode::Closest,
+            "average" => Mode::Average,
+            "best" => Mode::Best,
+            "per_block" => Mode::PerBlock,
+            "per_weight" => Mode::PerWeight,
+            "budget" => Mode::Budget,
+            "auto" => Mode::Auto,
+            _ => {
+                return Err(PlanError::Candidate(format!(
+                    "unknown mode `{s}` (lowest, highest, allow, closest, average, best, per_block, per_weight, budget, auto)"
+                )))
+            }
+        })
+    }
+}
+
+/// Quality thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Thresholds {
+    /// A lossy candidate is acceptable at this SNR or above (dB; `null` in JSON = exact only).
+    #[serde(with = "measure::inf_as_null")]
+    pub min_snr_db: f64,
+    /// Largest element-wise relative error accepted from `f16`.
+    pub eps_fp16: f64,
+    /// Largest element-wise relative error accepted from `bf16`.
+    pub eps_bf16: f64,
+    /// Between equally sized `f16` and `bf16`, take `bf16`.
+    pub prefer_bf16: bool,
+    /// `ALLOW`: share of blocks that must accept the candidate.
+    pub allow_share: f64,
+    /// `AVERAGE`: share of blocks that makes a pick the majority.
+    pub majority: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            min_snr_db: 30.0,
+            eps_fp16: 0.0,
+            eps_bf16: 0.0,
+            prefer_bf16: false,
+            allow_share: 0.7,
+            majority: 0.6,
+        }
+    }
+}
+
+impl Thresholds {
+    /// `τ`, the largest acceptable relative MSE.
+    pub fn max_rel_mse(&self) -> f64 {
+        10f64.powf(-self.min_snr_db / 10.0)
+    }
+}
+
+/// A size target for `BUDGET` and `AUTO`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// Average bits per value over all planned tensors.
+    Bps(f64),
+    /// f32 bytes divided by stored bytes.
+    Ratio(f64),
+    /// Total stored bytes.
+    Bytes(u64),
+}
+
+impl Target {
+    /// The byte budget for `elements` values.
+    pub fn bytes(&self, elements: u64) -> u64 {
+        match *self {
+            Target::Bps(b) => (b.max(0.0) * elements as f64 / 8.0).floor() as u64,
+            Target::Ratio(r) => (4.0 * elements as f64 / r.max(1e-9)).floor() as u64,
+            Target::Bytes(b) => b,
+        }
+    }
+}
+
+/// The plan of one tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorPlan {
+    /// Tensor name.
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// The chosen recipe.
+    pub spec: Spec,
+    /// Its label.
+    pub label: String,
+    /// Measured stored bytes of the choice.
+    pub bytes: u64,
+    /// Measured relative MSE of the choice.
+    pub rel_mse: f64,
+    /// Measured SNR of the choice (dB; `null` when exact).
+    #[serde(with = "measure::inf_as_null")]
+    pub snr_db: f64,
+    /// Why it won.
+    pub reason: String,
+    /// Every candidate measured (same order as the planner's candidates).
+    pub candidates: Vec<Measured>,
+    /// Candidates that could not encode this tensor, with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<(String, String)>,
+    /// Per row block, the label of its pick (block modes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<Vec<String>>,
+    /// The candidates' recipes (for re-planning under a budget).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidate_specs: Vec<Spec>,
+}
+
+impl TensorPlan {
+    /// Number of values.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// The plan of a model: what every tensor gets and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Plan format version (1).
+    pub version: u32,
+    /// The mode.
+    pub mode: Mode,
+    /// The thresholds.
+    pub thresholds: Thresholds,
+    /// The size target, if any.
+    #[serde(default)]
+    pub target: Option<Target>,
+    /// Rows per block of the block modes.
+    pub block_rows: u64,
+    /// Per tensor.
+    pub tensors: Vec<TensorPlan>,
+}
+
+impl Plan {
+    /// Stored bytes of all chosen encodings (as measured).
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.bytes).sum()
+    }
+
+    /// Values in all tensors.
+    pub fn total_elements(&self) -> u64 {
+        self.tensors.iter().map(|t| t.numel()).sum()
+    }
+
+    /// The plan of tensor `name`.
+    pub fn tensor(&self, name: &str) -> Option<&TensorPlan> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+/// The planner: candidates, a mode and thresholds.
+#[derive(Debug, Clone)]
+pub struct Planner {
+    /// The mode.
+    pub mode: Mode,
+    /// Thresholds.
+    pub thresholds: Thresholds,
+    /// Candidate recipes, measured on every tensor.
+    pub candidates: Vec<Spec>,
+    /// Rows per block (block modes, and per-block measurements).
+    pub block_rows: u64,
+    /// Size target (`BUDGET`, `AUTO`).
+    pub target: Option<Target>,
+    /// Storage of `PER_WEIGHT` exceptions.
+    pub exception_dtype: FloatDtype,
+    /// Worker threads measuring candidates (1 on platforms without threads).
+    pub threads: usize,
+}
+
+/// The default candidates: `f32`, `bf16`, `f16`, `int8-row`, `int4`, `e8@4`.
+pub const DEFAULT_CANDIDATES: &[&str] = &["f32", "bf16", "f16", "int8-row", "int4", "e8@4"];
+
+/// The default candidates of `BUDGET`: a rate–distortion ladder.
+pub const BUDGET_CANDIDATES: &[&str] = &[
+    "bf16", "int8-row", "int4", "int3", "int2", "e8@2", "e8@2.5", "e8@3", "e8@3.5", "e8@4", "e8@5",
+    "e8@6",
+];
+
+impl Planner {
+    /// A planner for `mode` with the mode's default candidates.
+    pub fn new(mode: Mode) -> Self {
+        let names = if mode == Mode::Budget {
+            BUDGET_CANDIDATES
+        } else {
+            DEFAULT_CANDIDATES
+        };
+        Planner {
+            mode,
+            thresholds: Thresholds::default(),
+            candidates: names
+                .iter()
+                .map(|n| Spec::parse(n))
+                .collect::<Result<_>>()
+                .unwrap_or_default(),
+            block_rows: 32,
+            target: None,
+            exception_dtype: FloatDtype::F32,
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+        }
+    }
+
+    /// Plans one tensor; returns its plan and, except under `BUDGET` (decided across
+    /// tensors by [`allocate`]), the chosen encoding.
+    pub fn plan_tensor(
+        &self,
+        name: &str,
+        values: &[f32],
+        shape: &[u64],
+    ) -> Result<(TensorPlan, Option<EncodedTensor>)> {
+        modes::plan_tensor(self, name, values, shape)
+    }
+}
+
+#[cfg(test)]
+mod tests;

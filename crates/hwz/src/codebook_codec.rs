@@ -11,7 +11,8 @@ use hypercodec_scalar as scalar;
 
 /// Encoder-side settings of the codebook family that the manifest does not need: training,
 /// search, and how the residual and the index layout are chosen.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct CodebookSettings {
     /// Lloyd iterations.
     pub iters: usize,

@@ -19,8 +19,9 @@ pub use encoding::{
     MAX_SYMBOLS_PER_BYTE,
 };
 pub use error::{HwzError, Result};
+pub use hypercodec_hdc::residual::top_k as top_k_errors;
 pub use hypercodec_hdc::{HdcParams, ResidualDtype, ScaleMode};
-pub use hypercodec_lattice::Lattice;
+pub use hypercodec_lattice::{tile_for, Lattice};
 pub use hypercodec_scalar::{AffineParams, FloatDtype, Group};
 pub use lattice_codec::encode_to_rate;
 pub use manifest::{

@@ -1,0 +1,210 @@
+//! How to encode one tensor: a fixed encoding, a lattice fitted to a rate, a codebook with its
+//! training settings, or a composition (per row block, or a base plus exceptions).
+
+use crate::{PlanError, Result};
+use hypercodec_hwz::{
+    self as hwz, AffineParams, CodebookSettings, Coding, EncodeOptions, EncodedTensor, Encoding,
+    FloatDtype, Group, Lattice,
+};
+use serde::{Deserialize, Serialize};
+
+/// A recipe for one tensor. Serialized in the Plan; replaying it gives the same bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Spec {
+    /// Exactly this encoding.
+    Fixed {
+        /// The encoding.
+        encoding: Encoding,
+    },
+    /// A lattice encoding whose α is fitted per tensor to `bps` (all side information
+    /// included).
+    Rate {
+        /// Lattice encoding (its α is a starting point).
+        template: Encoding,
+        /// Target bits per value.
+        bps: f64,
+    },
+    /// A codebook encoding with its encoder-side settings.
+    Codebook {
+        /// Codebook encoding (its residual count and index layout may be replaced).
+        template: Encoding,
+        /// Training, search and residual settings.
+        settings: CodebookSettings,
+    },
+    /// One recipe per block of `block_rows` rows (hwz `mixed`).
+    Mixed {
+        /// Rows per block.
+        block_rows: u64,
+        /// One recipe per block, top to bottom.
+        parts: Vec<Spec>,
+    },
+    /// A dense base plus the `count` values it reconstructs worst, stored exactly (hwz
+    /// `exceptions`).
+    Exceptions {
+        /// The dense recipe.
+        base: Box<Spec>,
+        /// Number of exceptions.
+        count: u64,
+        /// Storage type of the exception values.
+        dtype: FloatDtype,
+    },
+}
+
+/// The RHT tile for rows of `cols` values.
+fn tile_for(cols: u64) -> u32 {
+    hwz::tile_for(cols as usize, 4096) as u32
+}
+
+impl Spec {
+    /// A fixed encoding.
+    pub fn fixed(encoding: Encoding) -> Self {
+        Spec::Fixed { encoding }
+    }
+
+    /// Parses a candidate name: `f32`, `bf16`, `f16`; `intN` (affine N bits, groups of 128,
+    /// asymmetric, f16 scales), `intN-row` (one symmetric scale per row); `e8@B`, `d4@B`,
+    /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps); `lowrank@R`; `sparse` (the nonzeros,
+    /// f32). `codebook` is built by the caller (it needs its settings).
+    pub fn parse(name: &str) -> Result<Self> {
+        let bad = || PlanError::Candidate(format!("unknown candidate `{name}`"));
+        let raw = |dtype| Spec::fixed(Encoding::Raw { dtype });
+        Ok(match name {
+            "f32" => raw(FloatDtype::F32),
+            "bf16" => raw(FloatDtype::Bf16),
+            "f16" => raw(FloatDtype::F16),
+            "sparse" => Spec::fixed(Encoding::Sparse {
+                count: u64::MAX,
+                dtype: FloatDtype::F32,
+            }),
+            _ => {
+                if let Some(rest) = name.strip_prefix("int") {
+                    let (bits, row) = match rest.strip_suffix("-row") {
+                        Some(b) => (b, true),
+                        None => (rest, false),
+                    };
+                    let bits: u8 = bits.parse().map_err(|_| bad())?;
+                    let params = AffineParams {
+                        bits,
+                        group: if row { Group::Row } else { Group::Size(128) },
+                        symmetric: row,
+                        scale_dtype: FloatDtype::F16,
+                    };
+                    params
+                        .validate()
+                        .map_err(|e| PlanError::Candidate(format!("`{name}`: {e}")))?;
+                    Spec::fixed(Encoding::affine(params))
+                } else if let Some(r) = name.strip_prefix("lowrank@") {
+                    Spec::fixed(Encoding::LowRank {
+                        rank: r.parse().map_err(|_| bad())?,
+                    })
+                } else if let Some((lat, bps)) = name.split_once('@') {
+                    let lattice = match lat {
+                        "e8" => Lattice::E8,
+                        "d4" => Lattice::D4,
+                        "a2" => Lattice::A2,
+                        "z1" => Lattice::Z1,
+                        _ => return Err(bad()),
+                    };
+                    let bps: f64 = bps.parse().map_err(|_| bad())?;
+                    if !(bps > 0.0 && bps <= 16.0) {
+                        return Err(bad());
+                    }
+                    Spec::Rate {
+                        template: Encoding::Lattice {
+                            lattice,
+                            alpha: 1.0,
+                            tile: 1,
+                            seed: 0,
+                            scale_dtype: FloatDtype::F16,
+                            coding: Coding::Rans {
+                                chunk: 1 << 18,
+                                lanes: 32,
+                                prob_bits: 14,
+                            },
+                        },
+                        bps,
+                    }
+                } else {
+                    return Err(bad());
+                }
+            }
+        })
+    }
+
+    /// A short label: the encoding's label, `@B` for rates, `mixed`, `…+exceptions`.
+    pub fn label(&self) -> String {
+        match self {
+            Spec::Fixed {
+                encoding: Encoding::Sparse { .. },
+            } => "sparse".into(),
+            Spec::Fixed { encoding } => encoding.label(),
+            Spec::Rate { template, bps } => format!("{}@{bps}", template.label()),
+            Spec::Codebook { template, .. } => template.label(),
+            Spec::Mixed { parts, .. } => format!("mixed-{}", parts.len()),
+            Spec::Exceptions { base, count, .. } => format!("{}+{count}exc", base.label()),
+        }
+    }
+
+    /// Encodes one tensor.
+    pub fn encode(
+        &self,
+        name: &str,
+        values: &[f32],
+        shape: &[u64],
+        options: EncodeOptions,
+    ) -> Result<EncodedTensor> {
+        let cols = shape.last().copied().unwrap_or(1);
+        Ok(match self {
+            Spec::Fixed {
+                encoding: Encoding::Sparse { count, dtype },
+            } => {
+                let nnz = values.iter().filter(|v| **v != 0.0).count() as u64;
+                let enc = Encoding::Sparse {
+                    count: (*count).min(nnz),
+                    dtype: *dtype,
+                };
+                hwz::encode(name, values, shape, &enc, options)?
+            }
+            Spec::Fixed { encoding } => hwz::encode(name, values, shape, encoding, options)?,
+            Spec::Rate { template, bps } => {
+                let t = template.with_tile(tile_for(cols));
+                hwz::encode_to_rate(name, values, shape, &t, *bps, options)?
+            }
+            Spec::Codebook { template, settings } => {
+                hwz::encode_codebook(name, values, shape, template, settings)?
+            }
+            Spec::Mixed { block_rows, parts } => {
+                let n = values.len() as u64;
+                let rows = n.checked_div(cols).unwrap_or(0);
+                let mut done = Vec::with_capacity(parts.len());
+                let mut start = 0usize;
+                for (i, p) in parts.iter().enumerate() {
+                    let r = (*block_rows).min(rows.saturating_sub(i as u64 * block_rows));
+                    let len = (r * cols) as usize;
+                    let slice = values.get(start..start + len).ok_or_else(|| {
+                        PlanError::Candidate("mixed parts exceed the tensor".into())
+                    })?;
+                    done.push(p.encode(name, slice, &[r, cols], options)?);
+                    start += len;
+                }
+                let t = hwz::assemble_mixed(*block_rows, &done);
+                // Validates part count against rows.
+                t.encoding.stream_lens(name, shape)?;
+                t
+            }
+            Spec::Exceptions { base, count, dtype } => {
+                let b = base.encode(name, values, shape, options)?;
+                let approx = crate::measure::decode(name, shape, &b)?;
+                let (pos, _) = top_errors(values, &approx, *count as usize);
+                let vals: Vec<f32> = pos.iter().map(|&p| values[p as usize]).collect();
+                hwz::assemble_exceptions(name, &b, &pos, &vals, *dtype)?
+            }
+        })
+    }
+}
+
+/// Positions (ascending) of the `count` largest `|target − approx|`.
+pub fn top_errors(target: &[f32], approx: &[f32], count: usize) -> (Vec<u64>, Vec<f32>) {
+    hypercodec_hwz::top_k_errors(target, approx, count)
+}

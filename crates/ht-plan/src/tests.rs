@@ -1,0 +1,280 @@
+#![allow(clippy::unwrap_used)]
+use super::*;
+use crate::measure::decode;
+
+fn planner(mode: Mode, names: &[&str]) -> Planner {
+    let mut p = Planner::new(mode);
+    p.candidates = names.iter().map(|n| Spec::parse(n).unwrap()).collect();
+    p.thresholds.min_snr_db = f64::INFINITY; // exact only
+    p
+}
+
+fn plan(p: &Planner, values: &[f32], shape: &[u64]) -> (TensorPlan, Vec<f32>) {
+    let (tp, t) = p.plan_tensor("w", values, shape).unwrap();
+    let t = t.unwrap_or_else(|| {
+        tp.spec
+            .encode("w", values, shape, Default::default())
+            .unwrap()
+    });
+    let out = decode("w", shape, &t).unwrap();
+    (tp, out)
+}
+
+/// Rows of 128 values; every row holds all of 0..levels so affine groups are exact.
+fn ladder(rows: usize, levels: impl Fn(usize) -> usize) -> Vec<f32> {
+    (0..rows)
+        .flat_map(|r| {
+            let l = levels(r);
+            (0..128).map(move |c| ((c * 7 + r) % l) as f32 - (l / 2) as f32)
+        })
+        .collect()
+}
+
+#[test]
+fn fp16_representable_tensor_is_fp16_under_best() {
+    let v: Vec<f32> = (0..256).map(half_exact).collect();
+    let p = planner(Mode::Best, &["f32", "bf16", "f16", "int8-row", "int4"]);
+    let (tp, out) = plan(&p, &v, &[2, 128]);
+    assert_eq!(tp.label, "raw-f16", "{tp:#?}");
+    assert_eq!(out, v);
+}
+
+fn half_exact(i: usize) -> f32 {
+    // 11 significant bits: exact in f16, not in bf16 (8 bits).
+    (1024 + (i * 37) % 1024) as f32 / 2048.0 * if i % 2 == 0 { 1.0 } else { -1.0 }
+}
+
+#[test]
+fn integers_in_int4_range_are_int4_exactly() {
+    let v = ladder(4, |_| 16); // -8..=7
+    let p = planner(Mode::Best, &["f32", "bf16", "f16", "int8-row", "int4"]);
+    let (tp, out) = plan(&p, &v, &[4, 128]);
+    assert_eq!(tp.label, "affine-int4-g128-asym-f16");
+    assert_eq!(out, v);
+    assert_eq!(tp.rel_mse, 0.0);
+}
+
+#[test]
+fn eps_and_prefer_bf16_decide_between_halves() {
+    let small: Vec<f32> = (0..256).map(|i| (i % 9) as f32 - 4.0).collect(); // exact in both
+    let mut p = planner(Mode::Best, &["f32", "bf16", "f16"]);
+    assert_eq!(plan(&p, &small, &[2, 128]).0.label, "raw-f16");
+    p.thresholds.prefer_bf16 = true;
+    assert_eq!(plan(&p, &small, &[2, 128]).0.label, "raw-bf16");
+    // Not exact in either: f32 at eps 0, bf16 once its error (≤ 2^-9) is allowed.
+    let v: Vec<f32> = (0..256).map(|i| 1.0 + i as f32 * 1e-4).collect();
+    let mut p = planner(Mode::Best, &["f32", "bf16"]);
+    assert_eq!(plan(&p, &v, &[2, 128]).0.label, "raw-f32");
+    p.thresholds.eps_bf16 = 0.004;
+    assert_eq!(plan(&p, &v, &[2, 128]).0.label, "raw-bf16");
+}
+
+#[test]
+fn lowest_and_highest() {
+    let v: Vec<f32> = (0..512)
+        .map(|i| ((i * 7919) % 1000) as f32 / 999.0)
+        .collect();
+    let names = ["f32", "f16", "int8-row", "int2"];
+    assert_eq!(
+        plan(&planner(Mode::Lowest, &names), &v, &[4, 128]).0.label,
+        "affine-int2-g128-asym-f16"
+    );
+    assert_eq!(
+        plan(&planner(Mode::Highest, &names), &v, &[4, 128]).0.label,
+        "raw-f32"
+    );
+}
+
+/// 10 blocks of 32 rows: `int2`-exact blocks, and blocks of 16 levels where only `int4` is
+/// exact. `odd(b)` says which blocks are the 16-level ones.
+fn blocky(odd: impl Fn(usize) -> bool) -> Vec<f32> {
+    ladder(320, |r| if odd(r / 32) { 16 } else { 4 })
+}
+
+#[test]
+fn allow_tolerates_a_few_blocks_best_does_not() {
+    let v = blocky(|b| b == 3);
+    let names = ["f32", "f16", "int4", "int2"];
+    let (tp, _) = plan(&planner(Mode::Allow, &names), &v, &[320, 128]);
+    assert_eq!(tp.label, "affine-int2-g128-asym-f16", "{}", tp.reason);
+    // int4 is not exact on the 4-level blocks (its f16 scale 3/15 rounds): BEST needs f16.
+    let (tp, out) = plan(&planner(Mode::Best, &names), &v, &[320, 128]);
+    assert_eq!(tp.label, "raw-f16");
+    assert_eq!(out, v);
+    // CLOSEST and AVERAGE follow the 9-of-10 majority of block picks.
+    assert_eq!(
+        plan(&planner(Mode::Closest, &names), &v, &[320, 128])
+            .0
+            .label,
+        "affine-int2-g128-asym-f16"
+    );
+    assert_eq!(
+        plan(&planner(Mode::Average, &names), &v, &[320, 128])
+            .0
+            .label,
+        "affine-int2-g128-asym-f16"
+    );
+}
+
+#[test]
+fn average_without_majority_and_per_block() {
+    let v = blocky(|b| b % 2 == 1); // 5 and 5
+    let names = ["f32", "f16", "int4", "int2"];
+    // Mean of 2.25 and 4.25 bps is 3.25: a tie, broken toward precision.
+    let (tp, _) = plan(&planner(Mode::Average, &names), &v, &[320, 128]);
+    assert_eq!(tp.label, "affine-int4-g128-asym-f16", "{}", tp.reason);
+    let (tp, _) = plan(&planner(Mode::Closest, &names), &v, &[320, 128]);
+    assert_eq!(tp.label, "affine-int4-g128-asym-f16");
+    let (tp, out) = plan(&planner(Mode::PerBlock, &names), &v, &[320, 128]);
+    assert!(matches!(tp.spec, Spec::Mixed { .. }), "{tp:#?}");
+    assert_eq!(out, v, "every block exact as planned");
+    let whole_int4 = tp
+        .candidates
+        .iter()
+        .find(|c| c.label.starts_with("affine-int4"))
+        .unwrap();
+    assert!(
+        tp.bytes < whole_int4.bytes,
+        "{} vs {}",
+        tp.bytes,
+        whole_int4.bytes
+    );
+    assert_eq!(tp.blocks.as_ref().unwrap().len(), 10);
+}
+
+#[test]
+fn per_weight_repairs_the_few_values_the_base_misses() {
+    let mut v = ladder(8, |_| 4);
+    for i in [5usize, 300, 777] {
+        v[i] = 0.5; // between two int2 levels; group min/max unchanged
+    }
+    let (tp, out) = plan(
+        &planner(Mode::PerWeight, &["f32", "f16", "int2"]),
+        &v,
+        &[8, 128],
+    );
+    match &tp.spec {
+        Spec::Exceptions { count, .. } => assert!(*count <= 3, "{count}"),
+        s => panic!("{s:?}"),
+    }
+    assert_eq!(out, v);
+}
+
+fn gaussianish(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            let mut acc = 0f32;
+            for _ in 0..4 {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                acc += (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            }
+            acc * scale
+        })
+        .collect()
+}
+
+#[test]
+fn budget_is_never_exceeded_and_buys_distortion() {
+    let tensors: Vec<(String, Vec<f32>, Vec<u64>)> = (0..4)
+        .map(|i| {
+            (
+                format!("t{i}"),
+                gaussianish(64 * 128, i, 1.0 + i as f32),
+                vec![64, 128],
+            )
+        })
+        .collect();
+    let mut p = Planner::new(Mode::Budget);
+    p.candidates = ["bf16", "int8-row", "int4", "int2", "e8@2", "e8@3", "e8@4"]
+        .iter()
+        .map(|n| Spec::parse(n).unwrap())
+        .collect();
+    let mut base = Plan {
+        version: 1,
+        mode: Mode::Budget,
+        thresholds: p.thresholds,
+        target: None,
+        block_rows: p.block_rows,
+        tensors: tensors
+            .iter()
+            .map(|(n, v, s)| p.plan_tensor(n, v, s).unwrap().0)
+            .collect(),
+    };
+    let mut last = f64::INFINITY;
+    for bps in [2.3, 3.0, 3.5, 4.5, 8.0] {
+        let mut plan = base.clone();
+        let used = allocate(&mut plan, Target::Bps(bps), &Default::default()).unwrap();
+        let budget = Target::Bps(bps).bytes(plan.total_elements());
+        assert!(
+            used <= budget && plan.total_bytes() <= budget,
+            "{used} > {budget}"
+        );
+        let d: f64 = plan
+            .tensors
+            .iter()
+            .map(|t| t.rel_mse * t.candidates[0].sse / t.candidates[0].rel_mse.max(1e-300))
+            .sum();
+        assert!(d < last, "{bps} bps: {d} !< {last}");
+        last = d;
+        // The chosen recipes replay to the measured bytes.
+        for (t, (n, v, s)) in plan.tensors.iter().zip(&tensors) {
+            let e = t.spec.encode(n, v, s, Default::default()).unwrap();
+            assert_eq!(e.payload_bytes(), t.bytes, "{}", t.label);
+        }
+    }
+    assert!(matches!(
+        allocate(&mut base, Target::Bps(0.5), &Default::default()),
+        Err(PlanError::BudgetTooSmall { .. })
+    ));
+}
+
+#[test]
+fn auto_with_and_without_target() {
+    let v = gaussianish(64 * 128, 9, 1.0);
+    let mut p = Planner::new(Mode::Auto);
+    p.candidates = ["bf16", "int8-row", "int4", "e8@3", "e8@4"]
+        .iter()
+        .map(|n| Spec::parse(n).unwrap())
+        .collect();
+    let (tp, _) = p.plan_tensor("w", &v, &[64, 128]).unwrap();
+    let r = tp
+        .candidates
+        .iter()
+        .find(|c| c.label.contains("int4-row"))
+        .unwrap()
+        .rel_mse;
+    assert!(tp.rel_mse <= 1.05 * r);
+    assert!(tp
+        .candidates
+        .iter()
+        .all(|c| c.rel_mse > 1.05 * r || c.bytes >= tp.bytes));
+    p.target = Some(Target::Bps(3.2));
+    let (tp, _) = p.plan_tensor("w", &v, &[64, 128]).unwrap();
+    assert!(tp.bytes as f64 * 8.0 / v.len() as f64 <= 3.2);
+    assert!(tp.label.contains("e8"), "{}", tp.label);
+}
+
+#[test]
+fn plan_json_round_trips() {
+    let v = blocky(|b| b == 3);
+    let p = planner(Mode::PerBlock, &["f32", "f16", "int4", "int2"]);
+    let (tp, _) = p.plan_tensor("w", &v, &[320, 128]).unwrap();
+    let plan = Plan {
+        version: 1,
+        mode: Mode::PerBlock,
+        thresholds: p.thresholds,
+        target: Some(Target::Bps(3.0)),
+        block_rows: 32,
+        tensors: vec![tp],
+    };
+    let json = serde_json::to_string(&plan).unwrap();
+    let back: Plan = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.tensors[0].spec, plan.tensors[0].spec);
+    assert_eq!(back.tensors[0].snr_db, f64::INFINITY);
+    assert_eq!(serde_json::to_string(&back).unwrap(), json);
+    assert!("per-block".parse::<Mode>().is_ok() && "nope".parse::<Mode>().is_err());
+    assert!(Spec::parse("e9@3").is_err() && Spec::parse("int9").is_err());
+}
