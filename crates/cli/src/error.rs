@@ -17,6 +17,9 @@ pub enum CliError {
     /// The archive layer failed.
     #[error(transparent)]
     Hwz(#[from] HwzError),
+    /// The planner failed.
+    #[error(transparent)]
+    Plan(#[from] hypercodec_plan::PlanError),
     /// A safetensors file is malformed.
     #[error("safetensors: {message}")]
     SafeTensors {

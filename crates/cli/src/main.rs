@@ -10,6 +10,7 @@ mod error;
 mod gguf;
 mod input;
 mod legacy;
+mod planning;
 mod safetensors_out;
 mod stats;
 
@@ -19,8 +20,10 @@ use hypercodec_hwz::{
     self as hwz, AffineParams, Archive, Compression, EncodeOptions, Encoding, FileWriter,
     FloatDtype, Group, WriterOptions,
 };
+use hypercodec_plan::{Mode, Spec};
 use indicatif::{ProgressBar, ProgressStyle};
 use input::Input;
+use planning::{Chooser, CodebookArgs, PlanArgs};
 use serde_json::{json, Value};
 use stats::ErrorAcc;
 use std::io::IsTerminal;
@@ -59,6 +62,25 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Measure every candidate on every tensor and choose by a planner mode; print the Plan as JSON
+    /// (feed it to `compress --plan`).
+    Plan {
+        /// Input: .safetensors, .gguf, or `gaussian:ROWSxCOLS[:SEED]`.
+        input: String,
+        #[command(flatten)]
+        planning: PlanArgs,
+        #[command(flatten)]
+        codebook: CodebookArgs,
+        /// Seed of codebook training.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Plan 1-D tensors (biases, norms) too.
+        #[arg(long, visible_alias = "compress-bias")]
+        include_1d: bool,
+        /// Tensors with fewer values are left out of the plan.
+        #[arg(long, default_value_t = 0)]
+        min_tensor_size: u64,
     },
     /// Measure every representation (FP32, FP16, BF16, affine INT1..INT8 per row and g128) on a
     /// file's tensors: bytes, bits per scalar, error, gap to the Gaussian bound, speed.
@@ -112,6 +134,14 @@ enum EncodingKind {
     RawBf16,
     Affine,
     Lattice,
+    /// Blocks mapped to learned prototypes (see the codebook flags).
+    Codebook,
+    /// Low-rank factors (--rank).
+    Lowrank,
+    /// The nonzero values only.
+    Sparse,
+    /// Per tensor, the candidate Hyper Glyph's rule picks (same as --mode auto).
+    Auto,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -167,52 +197,36 @@ struct EncodingArgs {
     /// Lattice: largest RHT tile (a power of two up to 4096); the tile is the largest power of two dividing the row length.
     #[arg(long, default_value_t = 4096)]
     max_tile: u32,
-    /// Lattice: RHT seed.
+    /// Seed: lattice RHT signs; codebook sampling, k-means++ and HDC projections.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-}
-
-/// How to encode one tensor: a fixed encoding, or a lattice encoding fitted to a rate.
-#[derive(Clone)]
-pub enum Plan {
-    /// Exactly this encoding.
-    Fixed(Encoding),
-    /// A lattice template whose α is fitted to `bps` per tensor.
-    Rate(Encoding, f64),
-}
-
-impl Plan {
-    /// Encodes one tensor.
-    pub fn encode(
-        &self,
-        name: &str,
-        values: &[f32],
-        shape: &[u64],
-        options: EncodeOptions,
-    ) -> Result<hwz::EncodedTensor> {
-        Ok(match self {
-            Plan::Fixed(e) => hwz::encode(name, values, shape, e, options)?,
-            Plan::Rate(e, bps) => hwz::encode_to_rate(name, values, shape, e, *bps, options)?,
-        })
-    }
-}
-
-/// The lattice encoding for a tensor with rows of `cols` values (its RHT tile depends on them).
-pub fn lattice_for(template: &Encoding, cols: u64, max_tile: u32) -> Encoding {
-    template.with_tile(hypercodec_lattice::tile_for(cols as usize, max_tile as usize) as u32)
+    #[command(flatten)]
+    codebook: CodebookArgs,
 }
 
 impl EncodingArgs {
-    /// The plan for a tensor of `shape`.
-    fn plan(&self, shape: &[u64]) -> Result<Plan> {
+    /// The recipe for every tensor (`bps` replaces `--bps` when a target ratio was given).
+    fn spec(&self, bps: Option<f64>) -> Result<Spec> {
+        match self.encoding {
+            EncodingKind::Codebook => return self.codebook.spec(self.seed),
+            EncodingKind::Lowrank => return Ok(self.codebook.lowrank()),
+            EncodingKind::Sparse => {
+                return Spec::parse("sparse").map_err(|e| CliError::Usage(e.to_string()))
+            }
+            _ => {}
+        }
         let enc = self.encoding()?;
         if self.encoding != EncodingKind::Lattice {
-            return Ok(Plan::Fixed(enc));
+            return Ok(Spec::fixed(enc));
         }
-        let enc = lattice_for(&enc, shape.last().copied().unwrap_or(1), self.max_tile);
-        Ok(match (self.snr_db, self.coding) {
-            (Some(_), _) | (_, CodingArg::Fixed) => Plan::Fixed(enc),
-            (None, _) => Plan::Rate(enc, self.bps),
+        Ok(Spec::Rate {
+            template: enc,
+            max_tile: self.max_tile,
+            // A fixed α (from the SNR table or the fixed-rate form): the rate follows.
+            bps: match (self.snr_db, self.coding) {
+                (Some(_), _) | (_, CodingArg::Fixed) => None,
+                (None, _) => Some(bps.unwrap_or(self.bps)),
+            },
         })
     }
 
@@ -240,6 +254,12 @@ impl EncodingArgs {
                     .map_err(|e| CliError::Usage(e.to_string()))?;
                 Encoding::affine(params)
             }
+            EncodingKind::Codebook
+            | EncodingKind::Lowrank
+            | EncodingKind::Sparse
+            | EncodingKind::Auto => Encoding::Raw {
+                dtype: FloatDtype::F32,
+            },
             EncodingKind::Lattice => {
                 let lattice = match self.lattice {
                     LatticeArg::Z1 => hwz::Lattice::Z1,
@@ -321,9 +341,17 @@ struct CompressArgs {
     output: PathBuf,
     #[command(flatten)]
     encoding: EncodingArgs,
+    #[command(flatten)]
+    planning: PlanArgs,
+    /// Encode with the recipes of a plan written by `hypercodec plan` (stored in the archive).
+    #[arg(long, conflicts_with = "mode")]
+    plan: Option<PathBuf>,
     /// Encode 1-D tensors (biases, norms) too; by default they are kept raw in their source type.
-    #[arg(long)]
+    #[arg(long, visible_alias = "compress-bias")]
     include_1d: bool,
+    /// Tensors with fewer values are kept raw in their source type.
+    #[arg(long, default_value_t = 0)]
+    min_tensor_size: u64,
     /// Store NaN/Inf found in raw-encoded tensors instead of failing.
     #[arg(long)]
     allow_non_finite: bool,
@@ -351,13 +379,42 @@ pub fn progress(total: u64, what: &str) -> ProgressBar {
 }
 
 fn compress(args: &CompressArgs) -> Result<()> {
-    args.encoding.encoding()?; // reject bad arguments before reading anything
+    // Reject bad arguments before reading anything.
+    let mode = match (args.planning.mode()?, args.encoding.encoding) {
+        (Some(m), _) => Some(m),
+        (None, EncodingKind::Auto) => Some(Mode::Auto),
+        _ => None,
+    };
+    let chooser = mode
+        .map(|m| {
+            Chooser::new(
+                m,
+                &args.planning,
+                &args.encoding.codebook,
+                args.encoding.seed,
+            )
+        })
+        .transpose()?;
+    let file_plan: Option<hypercodec_plan::Plan> = match &args.plan {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(CliError::io(path))?;
+            Some(
+                serde_json::from_str(&text)
+                    .map_err(|e| CliError::Usage(format!("{}: not a plan: {e}", path.display())))?,
+            )
+        }
+        None => None,
+    };
+    let lattice_bps = args
+        .planning
+        .target()?
+        .map(|t| t.bytes(1 << 20) as f64 * 8.0 / (1 << 20) as f64);
+    let fixed = args.encoding.spec(lattice_bps)?;
     let input = Input::open(&args.input)?;
     for (name, dtype) in &input.skipped {
         eprintln!("warning: skipping tensor `{name}` of type {dtype} (not a float tensor)");
     }
     let total: u64 = input.tensors.iter().map(|t| t.numel()).sum();
-    let bar = progress(total, "compress");
     let options = WriterOptions {
         compression: if args.no_zstd {
             Compression::None
@@ -366,6 +423,24 @@ fn compress(args: &CompressArgs) -> Result<()> {
         },
         generator: concat!("hypercodec ", env!("CARGO_PKG_VERSION")).into(),
     };
+    let planned = |shape: &[u64]| planning::planned(shape, args.include_1d, args.min_tensor_size);
+    // BUDGET decides across tensors: measure every tensor first, then encode the choices.
+    let mut plan = chooser.as_ref().map(|c| c.empty_plan());
+    if let (Some(c), Some(p)) = (&chooser, &mut plan) {
+        if c.mode == Mode::Budget {
+            let bar = progress(total, "measure");
+            for (i, t) in input.tensors.iter().enumerate() {
+                if planned(&t.shape) {
+                    p.tensors
+                        .push(c.plan_tensor(&t.name, &input.read(i)?, &t.shape)?.0);
+                }
+                bar.inc(t.numel());
+            }
+            bar.finish_and_clear();
+            c.allocate(p)?;
+        }
+    }
+    let bar = progress(total, "compress");
     let mut writer = FileWriter::create(&args.output, options)?;
     for (k, v) in &input.metadata {
         writer.insert_metadata(k, v.clone());
@@ -381,19 +456,39 @@ fn compress(args: &CompressArgs) -> Result<()> {
     let started = Instant::now();
     let mut acc = ErrorAcc::default();
     let mut decoded = Vec::new();
+    let encode_options = EncodeOptions {
+        allow_non_finite: args.allow_non_finite,
+    };
     for (i, t) in input.tensors.iter().enumerate() {
         let values = input.read(i)?;
-        let plan = if t.shape.len() <= 1 && !args.include_1d {
-            Plan::Fixed(Encoding::Raw {
+        let encoded = if !planned(&t.shape) {
+            let raw = Encoding::Raw {
                 dtype: t.ty.raw_dtype(),
-            })
+            };
+            hwz::encode(&t.name, &values, &t.shape, &raw, encode_options)?
+        } else if let Some(p) = &file_plan {
+            let tp = p.tensor(&t.name).ok_or_else(|| {
+                CliError::Usage(format!("tensor `{}` is not in the plan", t.name))
+            })?;
+            tp.spec.encode(&t.name, &values, &t.shape, encode_options)?
+        } else if let (Some(c), Some(p)) = (&chooser, &mut plan) {
+            if c.mode == Mode::Budget {
+                let tp = p.tensor(&t.name).ok_or_else(|| {
+                    CliError::Input(format!("tensor `{}` was not measured", t.name))
+                })?;
+                tp.spec.encode(&t.name, &values, &t.shape, encode_options)?
+            } else {
+                let (tp, enc) = c.plan_tensor(&t.name, &values, &t.shape)?;
+                let enc = match enc {
+                    Some(e) => e,
+                    None => tp.spec.encode(&t.name, &values, &t.shape, encode_options)?,
+                };
+                p.tensors.push(tp);
+                enc
+            }
         } else {
-            args.encoding.plan(&t.shape)?
+            fixed.encode(&t.name, &values, &t.shape, encode_options)?
         };
-        let options = EncodeOptions {
-            allow_non_finite: args.allow_non_finite,
-        };
-        let encoded = plan.encode(&t.name, &values, &t.shape, options)?;
         let enc = encoded.encoding.clone();
         decoded.resize(values.len(), 0.0);
         let refs: Vec<(&str, &[u8])> = encoded
@@ -413,6 +508,9 @@ fn compress(args: &CompressArgs) -> Result<()> {
             Some(one.to_stats()),
         )?;
         bar.inc(t.numel());
+    }
+    if let Some(p) = plan.as_ref().or(file_plan.as_ref()) {
+        writer.set_plan(serde_json::to_value(p).map_err(|e| CliError::Input(e.to_string()))?);
     }
     let file_pos = writer.position();
     let manifest = writer.finish()?;
@@ -683,6 +781,21 @@ fn run(cli: Cli) -> Result<()> {
         } => decompress(&input, &output, dtype),
         Command::Inspect { input, json } => inspect(&input, json),
         Command::Benchmark(args) => bench::run(&args),
+        Command::Plan {
+            input,
+            planning,
+            codebook,
+            seed,
+            include_1d,
+            min_tensor_size,
+        } => planning::plan_command(
+            &input,
+            &planning,
+            &codebook,
+            seed,
+            include_1d,
+            min_tensor_size,
+        ),
         Command::Synth {
             output,
             shape,

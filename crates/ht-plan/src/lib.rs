@@ -40,7 +40,8 @@
 //!   its lower convex hull, the upgrade with the largest distortion drop per byte that
 //!   still fits is applied until none fits (Lagrangian allocation). The total never exceeds
 //!   the budget; `w` is an optional per-tensor sensitivity weight (default 1).
-//! - `AUTO` (Hyper Glyph's rule, measured): with a target, the most accurate candidate whose
+//! - `AUTO` (Hyper Glyph's rule, measured; by default screened on 512 rows, see
+//!   [`Planner::screen_rows`]): with a target, the most accurate candidate whose
 //!   bytes fit `numel·bps/8`; without, the cheapest whose relative MSE is at most 1.05× that of
 //!   per-row INT4 (`int4-row`, always measured).
 #![deny(missing_docs)]
@@ -232,6 +233,10 @@ pub struct TensorPlan {
     /// The candidates' recipes (for re-planning under a budget).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub candidate_specs: Vec<Spec>,
+    /// When set, `candidates` were measured on this many evenly spaced rows and only the
+    /// choice on the whole tensor (`bytes`, `rel_mse`, `snr_db`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub screened_rows: Option<u64>,
 }
 
 impl TensorPlan {
@@ -293,6 +298,11 @@ pub struct Planner {
     pub exception_dtype: FloatDtype,
     /// Worker threads measuring candidates (1 on platforms without threads).
     pub threads: usize,
+    /// `LOWEST`, `HIGHEST`, `BEST`, `AUTO`: measure the candidates on this many evenly spaced
+    /// rows of a tensor with more than twice as many, then only the winner on the whole
+    /// tensor (its figures in the plan are the whole tensor's). `None`: every candidate on
+    /// every row. Default: 512 for `AUTO`, `None` otherwise.
+    pub screen_rows: Option<u64>,
 }
 
 /// The default candidates: `f32`, `bf16`, `f16`, `int8-row`, `int4`, `e8@4`.
@@ -326,6 +336,7 @@ impl Planner {
             threads: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
+            screen_rows: (mode == Mode::Auto).then_some(512),
         }
     }
 

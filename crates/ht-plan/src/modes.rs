@@ -190,6 +190,65 @@ pub(crate) fn plan_tensor(
     shape: &[u64],
 ) -> Result<(TensorPlan, Option<EncodedTensor>)> {
     let cols = shape.last().copied().unwrap_or(1).max(1) as usize;
+    let rows = values.len() / cols;
+    let screen = p
+        .screen_rows
+        .filter(|&m| m > 0 && rows as u64 > 2 * m)
+        .filter(|_| {
+            matches!(
+                p.mode,
+                Mode::Lowest | Mode::Highest | Mode::Best | Mode::Auto
+            )
+        });
+    let Some(m) = screen else {
+        return plan_full(p, name, values, shape);
+    };
+    // Screening: every candidate on `m` evenly spaced rows, then the winner on all of them.
+    let stride = rows / m as usize;
+    let sample: Vec<f32> = values
+        .chunks_exact(cols)
+        .step_by(stride)
+        .take(m as usize)
+        .flatten()
+        .copied()
+        .collect();
+    let (sp, _) = plan_full(p, name, &sample, &[m, cols as u64])?;
+    let block_len = (p.block_rows.max(1) as usize).saturating_mul(cols);
+    let (_, energy) = energies(values, block_len);
+    let (full, t) = measure(name, values, shape, &sp.spec, block_len, energy)?;
+    if let (Mode::Auto, Some(target)) = (p.mode, p.target) {
+        if full.bytes > target.bytes(values.len() as u64) {
+            // The sample misjudged the size: measure everything on the whole tensor.
+            return plan_full(p, name, values, shape);
+        }
+    }
+    Ok((
+        TensorPlan {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            spec: sp.spec,
+            label: full.label,
+            bytes: full.bytes,
+            rel_mse: full.rel_mse,
+            snr_db: full.snr_db,
+            reason: format!("{} (candidates measured on {m} of {rows} rows)", sp.reason),
+            candidates: sp.candidates,
+            skipped: sp.skipped,
+            blocks: None,
+            candidate_specs: Vec::new(),
+            screened_rows: Some(m),
+        },
+        Some(t),
+    ))
+}
+
+fn plan_full(
+    p: &Planner,
+    name: &str,
+    values: &[f32],
+    shape: &[u64],
+) -> Result<(TensorPlan, Option<EncodedTensor>)> {
+    let cols = shape.last().copied().unwrap_or(1).max(1) as usize;
     let block_len = (p.block_rows.max(1) as usize).saturating_mul(cols);
     let (block_e, energy) = energies(values, block_len);
     let mut specs = p.candidates.clone();
@@ -389,6 +448,7 @@ pub(crate) fn plan_tensor(
         } else {
             Vec::new()
         },
+        screened_rows: None,
     };
     Ok((plan, t))
 }

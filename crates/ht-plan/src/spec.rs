@@ -17,13 +17,18 @@ pub enum Spec {
         /// The encoding.
         encoding: Encoding,
     },
-    /// A lattice encoding whose α is fitted per tensor to `bps` (all side information
-    /// included).
+    /// A lattice encoding with its RHT tile set from each tensor's rows (the largest power of
+    /// two dividing them, at most `max_tile`), and its α fitted per tensor to `bps` (all side
+    /// information included) — or kept as it is when `bps` is `None` (a fixed-rate coding, or
+    /// α from the SNR calibration).
     Rate {
         /// Lattice encoding (its α is a starting point).
         template: Encoding,
         /// Target bits per value.
-        bps: f64,
+        bps: Option<f64>,
+        /// Largest RHT tile.
+        #[serde(default = "default_max_tile")]
+        max_tile: u32,
     },
     /// A codebook encoding with its encoder-side settings.
     Codebook {
@@ -51,9 +56,8 @@ pub enum Spec {
     },
 }
 
-/// The RHT tile for rows of `cols` values.
-fn tile_for(cols: u64) -> u32 {
-    hwz::tile_for(cols as usize, 4096) as u32
+fn default_max_tile() -> u32 {
+    4096
 }
 
 impl Spec {
@@ -111,6 +115,7 @@ impl Spec {
                         return Err(bad());
                     }
                     Spec::Rate {
+                        max_tile: 4096,
                         template: Encoding::Lattice {
                             lattice,
                             alpha: 1.0,
@@ -123,7 +128,7 @@ impl Spec {
                                 prob_bits: 14,
                             },
                         },
-                        bps,
+                        bps: Some(bps),
                     }
                 } else {
                     return Err(bad());
@@ -139,7 +144,12 @@ impl Spec {
                 encoding: Encoding::Sparse { .. },
             } => "sparse".into(),
             Spec::Fixed { encoding } => encoding.label(),
-            Spec::Rate { template, bps } => format!("{}@{bps}", template.label()),
+            Spec::Rate {
+                template,
+                bps: Some(bps),
+                ..
+            } => format!("{}@{bps}", template.label()),
+            Spec::Rate { template, .. } => template.label(),
             Spec::Codebook { template, .. } => template.label(),
             Spec::Mixed { parts, .. } => format!("mixed-{}", parts.len()),
             Spec::Exceptions { base, count, .. } => format!("{}+{count}exc", base.label()),
@@ -167,9 +177,17 @@ impl Spec {
                 hwz::encode(name, values, shape, &enc, options)?
             }
             Spec::Fixed { encoding } => hwz::encode(name, values, shape, encoding, options)?,
-            Spec::Rate { template, bps } => {
-                let t = template.with_tile(tile_for(cols));
-                hwz::encode_to_rate(name, values, shape, &t, *bps, options)?
+            Spec::Rate {
+                template,
+                bps,
+                max_tile,
+            } => {
+                let tile = hwz::tile_for(cols as usize, *max_tile as usize) as u32;
+                let t = template.with_tile(tile);
+                match bps {
+                    Some(b) => hwz::encode_to_rate(name, values, shape, &t, *b, options)?,
+                    None => hwz::encode(name, values, shape, &t, options)?,
+                }
             }
             Spec::Codebook { template, settings } => {
                 hwz::encode_codebook(name, values, shape, template, settings)?

@@ -67,10 +67,8 @@ pub(crate) fn encode(
     lens: &[(&'static str, StreamLen)],
 ) -> Result<Vec<(&'static str, Vec<u8>)>> {
     let (lattice, scale_dtype, coding, params) = unpack(tensor, encoding)?;
-    let q = lat::quantize_rows(values, rows as usize, cols as usize, &params, |s| {
-        scale_dtype.round(s)
-    })
-    .map_err(lat_err(tensor))?;
+    let q = quantize_parallel(values, rows as usize, cols as usize, &params, scale_dtype)
+        .map_err(lat_err(tensor))?;
     if let Some(group) = q.scales.iter().position(|s| !s.is_finite()) {
         let value = values[group * cols as usize..(group + 1) * cols as usize]
             .iter()
@@ -195,15 +193,101 @@ pub(crate) fn decode<'a>(
                 .for_each(|(s, c)| *s = c as u32);
         }
     }
-    lat::dequantize_rows_into(
-        &symbols,
-        &scales,
-        rows as usize,
-        cols as usize,
-        &params,
-        out,
-    )
-    .map_err(lat_err(tensor))
+    let spr = lat::symbols_per_row(lattice, cols as usize);
+    let parts = row_parts(rows as usize, cols as usize);
+    let cols = cols as usize;
+    let mut chunks = Vec::with_capacity(parts.len());
+    let mut rest = &mut out[..];
+    for (start, n) in parts {
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n * cols);
+        rest = tail;
+        chunks.push((start, n, mine));
+    }
+    let params = &params;
+    let work = |(start, n, mine): (usize, usize, &mut [f32])| {
+        let symbols = &symbols[start * spr..(start + n) * spr];
+        lat::dequantize_rows_into(symbols, &scales[start..start + n], n, cols, params, mine)
+    };
+    let results: Vec<std::result::Result<(), lat::LatticeError>> = std::thread::scope(|s| {
+        let mut it = chunks.into_iter();
+        let first = it.next();
+        let handles: Vec<_> = it.map(|c| s.spawn(move || work(c))).collect();
+        let mut r: Vec<_> = first.map(work).into_iter().collect();
+        r.extend(
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err(lat::LatticeError::InvalidAlpha))),
+        );
+        r
+    });
+    results
+        .into_iter()
+        .collect::<std::result::Result<(), _>>()
+        .map_err(lat_err(tensor))
+}
+
+/// Row ranges `(start, count)` for the threads that share a tensor's rows: one range where
+/// the platform has no threads or the tensor is small.
+fn row_parts(rows: usize, cols: usize) -> Vec<(usize, usize)> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16);
+    let t = if rows * cols < 1 << 18 {
+        1
+    } else {
+        threads.min(rows).max(1)
+    };
+    let per = rows.div_ceil(t).max(1);
+    (0..rows)
+        .step_by(per)
+        .map(|s| (s, per.min(rows - s)))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .chain((rows == 0).then_some((0, 0)))
+        .collect()
+}
+
+/// [`lat::quantize_rows`] over row ranges in parallel, results concatenated in row order.
+fn quantize_parallel(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    params: &lat::LatticeParams,
+    scale_dtype: hypercodec_scalar::FloatDtype,
+) -> std::result::Result<lat::Quantized, lat::LatticeError> {
+    let parts = row_parts(rows, cols);
+    if parts.len() <= 1 {
+        return lat::quantize_rows(values, rows, cols, params, |s| scale_dtype.round(s));
+    }
+    let results: Vec<std::result::Result<lat::Quantized, lat::LatticeError>> =
+        std::thread::scope(|s| {
+            let handles: Vec<_> = parts
+                .iter()
+                .map(|&(start, n)| {
+                    let v = &values[start * cols..(start + n) * cols];
+                    s.spawn(move || {
+                        lat::quantize_rows(v, n, cols, params, |x| scale_dtype.round(x))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err(lat::LatticeError::InvalidAlpha)))
+                .collect()
+        });
+    let mut all = lat::Quantized {
+        symbols: Vec::new(),
+        scales: Vec::with_capacity(rows),
+    };
+    for r in results {
+        let q = r?;
+        if all.symbols.is_empty() {
+            all.symbols.reserve(q.symbols.len() * parts.len());
+        }
+        all.symbols.extend_from_slice(&q.symbols);
+        all.scales.extend_from_slice(&q.scales);
+    }
+    Ok(all)
 }
 
 /// Encodes with the lattice encoding `template` (its `alpha` is ignored), choosing α so that
@@ -241,6 +325,33 @@ pub fn encode_to_rate(
     }
     let n = values.len().max(1) as f64;
     let mut alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
+    // Fit α on a sample of whole rows first (a sixteenth, at least 64 rows): the rate of a
+    // row sample tracks the tensor's closely, so the full tensor is then encoded once or twice.
+    let (rows, cols) = crate::matrix_view(shape, values.len() as u64);
+    let (rows, cols) = (rows as usize, cols as usize);
+    let stride = (rows / 64).clamp(1, 16);
+    if stride > 1 {
+        let sample: Vec<f32> = values
+            .chunks_exact(cols)
+            .step_by(stride)
+            .flatten()
+            .copied()
+            .collect();
+        let sample_shape = [(sample.len() / cols) as u64, cols as u64];
+        let sn = sample.len().max(1) as f64;
+        for _ in 0..8 {
+            let enc = crate::encode(tensor, &sample, &sample_shape, &with_alpha(alpha), options)?;
+            let gap = target_bps - enc.payload_bytes() as f64 * 8.0 / sn;
+            if (0.0..0.002).contains(&gap) {
+                break;
+            }
+            alpha *= 2f32.powf((gap - 0.0005) as f32);
+            if !(alpha.is_finite() && alpha > 1e-6) {
+                alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
+                break;
+            }
+        }
+    }
     let mut best: Option<(f32, crate::EncodedTensor)> = None;
     for _ in 0..8 {
         let enc = crate::encode(tensor, values, shape, &with_alpha(alpha), options)?;
@@ -249,7 +360,9 @@ pub fn encode_to_rate(
             best = Some((alpha, enc));
         }
         let gap = target_bps - bps;
-        if (0.0..0.002).contains(&gap) {
+        // Close enough once inside the target by less than 0.01 bps (0.002 without sampling).
+        let tolerance = if stride > 1 { 0.01 } else { 0.002 };
+        if (0.0..tolerance).contains(&gap) {
             break;
         }
         // Aim a little below the target so the next try lands inside it.
