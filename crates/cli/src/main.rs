@@ -663,7 +663,7 @@ fn inspect(input: &Path, as_json: bool) -> Result<()> {
         "ratio_vs_f32": if file_bytes == 0 { 0.0 } else { elements as f64 * 4.0 / file_bytes as f64 },
     });
     if as_json {
-        let out = json!({"file": input, "version": m.version, "generator": m.generator, "tensors": rows, "totals": totals, "metadata_keys": m.metadata.keys().collect::<Vec<_>>()});
+        let out = json!({"file": input, "version": m.version, "generator": m.generator, "tensors": rows, "totals": totals, "metadata_keys": m.metadata.keys().collect::<Vec<_>>(), "plan": m.plan});
         println!("{out:#}");
         return Ok(());
     }
@@ -673,6 +673,13 @@ fn inspect(input: &Path, as_json: bool) -> Result<()> {
         m.version,
         m.generator
     );
+    if let Some(plan) = &m.plan {
+        println!(
+            "plan: mode {}, {} tensors planned (inspect --json shows every candidate measured)",
+            plan["mode"].as_str().unwrap_or("?"),
+            plan["tensors"].as_array().map_or(0, Vec::len)
+        );
+    }
     println!(
         "{:<48} {:<16} {:<32} {:>7} {:>12} {:>9}  streams",
         "tensor", "shape", "encoding", "bps", "bytes", "SNR dB"

@@ -470,3 +470,225 @@ fn legacy_hyperglyph_archives_inspect_and_decompress() {
         .zip(&expected)
         .all(|(a, b)| (a - b).abs() <= 1e-6));
 }
+
+fn inspect_json(path: &Path) -> Value {
+    serde_json::from_str(&ok(&["inspect", p(path), "--json"])).unwrap()
+}
+
+#[test]
+fn every_codebook_flag_changes_the_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.safetensors");
+    ok(&["synth", p(&model), "--shape", "256x256", "--seed", "5"]);
+    let compress = |name: &str, extra: &[&str]| -> (Value, Vec<u8>) {
+        let out = dir.path().join(name);
+        let mut args = vec![
+            "compress",
+            p(&model),
+            p(&out),
+            "--encoding",
+            "codebook",
+            "--no-zstd",
+        ];
+        args.extend_from_slice(extra);
+        ok(&args);
+        (inspect_json(&out), std::fs::read(&out).unwrap())
+    };
+    let (base, base_bytes) = compress("base.hwz", &[]);
+    let enc = |v: &Value| v["tensors"][0]["encoding"].clone();
+    assert_eq!(enc(&base)["type"], "codebook");
+    assert_eq!(enc(&base)["block"], 8);
+    assert_eq!(enc(&base)["prototypes"], 256);
+    assert_eq!(enc(&base)["scale_mode"], "channel");
+    let cases: Vec<(&[&str], &str, Value)> = vec![
+        (&["--block-size", "4"], "block", 4.into()),
+        (&["--n-prototypes", "16"], "prototypes", 16.into()),
+        (&["--scale-mode", "block"], "scale_mode", "block".into()),
+    ];
+    for (flags, field, want) in cases {
+        let (v, _) = compress("x.hwz", flags);
+        assert_eq!(enc(&v)[field], want, "{flags:?}");
+    }
+    let (v, _) = compress("r.hwz", &["--residual-k", "0.5"]);
+    assert_eq!(enc(&v)["residual"]["count"], 256 * 32 / 2);
+    let (v, _) = compress("r.hwz", &["--residual-k", "0.5", "--residual-dtype", "f32"]);
+    assert_eq!(enc(&v)["residual"]["dtype"], "f32");
+    let (v, _) = compress("r.hwz", &["--residual-k", "2", "--residual-budget", "0.05"]);
+    let count = enc(&v)["residual"]["count"].as_u64().unwrap();
+    assert!(count > 0 && count < 256 * 32 * 2, "{count}");
+    // Search and training flags change which prototypes are used: the bytes differ.
+    for flags in [
+        &["--seed", "9"][..],
+        &["--hdc-dim", "0"],
+        &["--n-buckets", "64", "--hdc-dim", "64"],
+        &["--lloyd-iters", "1"],
+    ] {
+        let (_, bytes) = compress("s.hwz", flags);
+        assert_ne!(bytes, base_bytes, "{flags:?} changed nothing");
+    }
+    let bad = run(&[
+        "compress",
+        p(&model),
+        "/tmp/never.hwz",
+        "--encoding",
+        "codebook",
+        "--n-buckets",
+        "3",
+    ]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(!Path::new("/tmp/never.hwz").exists());
+}
+
+#[test]
+fn min_tensor_size_compress_bias_and_target_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.safetensors");
+    write_model(&model, false);
+    let out = dir.path().join("o.hwz");
+    let types = |v: &Value| -> Vec<(String, String)> {
+        v["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["name"].as_str().unwrap().to_string(),
+                    t["encoding"]["type"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    ok(&["compress", p(&model), p(&out), "--min-tensor-size", "2049"]);
+    let t = types(&inspect_json(&out));
+    assert!(t.contains(&("a.weight".into(), "affine".into())), "{t:?}"); // 3072 values
+    assert!(t.contains(&("b.weight".into(), "raw".into())), "{t:?}"); // 2048 values
+    assert!(t.contains(&("a.bias".into(), "raw".into())));
+    ok(&["compress", p(&model), p(&out), "--compress-bias"]);
+    assert!(types(&inspect_json(&out)).contains(&("a.bias".into(), "affine".into())));
+    ok(&[
+        "compress",
+        "gaussian:64x512:1",
+        p(&out),
+        "--encoding",
+        "lattice",
+        "--target-ratio",
+        "10",
+        "--no-zstd",
+    ]);
+    let bps = inspect_json(&out)["tensors"][0]["bps"].as_f64().unwrap();
+    assert!(bps <= 3.2 && bps > 3.1, "{bps}");
+}
+
+#[test]
+fn auto_picks_by_measurement_and_records_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("a.hwz");
+    ok(&[
+        "compress",
+        "gaussian:256x512:2",
+        p(&out),
+        "--encoding",
+        "auto",
+        "--target-ratio",
+        "10",
+        "--no-zstd",
+    ]);
+    let v = inspect_json(&out);
+    let t = &v["tensors"][0];
+    assert!(t["bps"].as_f64().unwrap() <= 3.2);
+    assert_eq!(v["plan"]["mode"], "auto");
+    let cands = v["plan"]["tensors"][0]["candidates"].as_array().unwrap();
+    assert!(cands.len() >= 7, "{cands:?}");
+    // The winner is the most accurate candidate that fits 3.2 bps.
+    let best = cands
+        .iter()
+        .filter(|c| c["bps"].as_f64().unwrap() <= 3.2)
+        .map(|c| c["rel_mse"].as_f64().unwrap())
+        .fold(f64::INFINITY, f64::min);
+    let chosen = v["plan"]["tensors"][0]["label"].as_str().unwrap();
+    let chosen_rel = cands.iter().find(|c| c["label"] == chosen).unwrap()["rel_mse"]
+        .as_f64()
+        .unwrap();
+    assert_eq!(chosen_rel, best);
+}
+
+#[test]
+fn plan_then_compress_with_the_plan_and_budget_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.safetensors");
+    ok(&["synth", p(&model), "--shape", "64x256", "--tensors", "3"]);
+    let plan_text = ok(&["plan", p(&model), "--mode", "budget", "--target-bps", "3.5"]);
+    let plan: Value = serde_json::from_str(&plan_text).unwrap();
+    assert_eq!(plan["tensors"].as_array().unwrap().len(), 3);
+    let planned: u64 = plan["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["bytes"].as_u64().unwrap())
+        .sum();
+    assert!(planned as f64 * 8.0 / (3.0 * 64.0 * 256.0) <= 3.5);
+    let plan_path = dir.path().join("plan.json");
+    std::fs::write(&plan_path, &plan_text).unwrap();
+    let out = dir.path().join("p.hwz");
+    ok(&[
+        "compress",
+        p(&model),
+        p(&out),
+        "--plan",
+        p(&plan_path),
+        "--no-zstd",
+    ]);
+    let v = inspect_json(&out);
+    assert_eq!(
+        v["totals"]["payload_bytes"].as_u64().unwrap(),
+        planned,
+        "replayed plan, same bytes"
+    );
+    assert_eq!(v["plan"]["mode"], "budget");
+    // Budget directly in compress gives the same archive payload.
+    ok(&[
+        "compress",
+        p(&model),
+        p(&out),
+        "--mode",
+        "budget",
+        "--target-bps",
+        "3.5",
+        "--no-zstd",
+    ]);
+    assert_eq!(
+        inspect_json(&out)["totals"]["payload_bytes"]
+            .as_u64()
+            .unwrap(),
+        planned
+    );
+    // Budget without a target, an unknown mode or candidate: usage errors.
+    for args in [
+        &["plan", p(&model), "--mode", "budget"][..],
+        &["plan", p(&model), "--mode", "fastest"],
+        &["plan", p(&model), "--candidates", "int4,e9@3"],
+    ] {
+        assert_eq!(run(args).status.code(), Some(1), "{args:?}");
+    }
+    // PER_BLOCK writes `mixed` when blocks differ, and decompresses.
+    ok(&[
+        "compress",
+        p(&model),
+        p(&out),
+        "--mode",
+        "per_block",
+        "--candidates",
+        "f32,int8-row,int4",
+        "--min-snr-db",
+        "25",
+        "--block-rows",
+        "16",
+    ]);
+    let v = inspect_json(&out);
+    assert_eq!(v["plan"]["mode"], "per_block");
+    ok(&[
+        "decompress",
+        p(&out),
+        p(&dir.path().join("back.safetensors")),
+    ]);
+}
