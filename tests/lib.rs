@@ -116,10 +116,76 @@ pub fn golden_lattice_encodings() -> Vec<Encoding> {
     ]
 }
 
+/// The codebook family and the nested encodings of `golden-v1-codebook.hwz` (6×40 tensors).
+pub fn golden_codebook_encodings() -> Vec<Encoding> {
+    use hypercodec_hwz::{AffineParams, Assignments, Residual, ResidualDtype, ScaleMode};
+    let cb = |block, prototypes, scale_mode, assignments, count, dtype| Encoding::Codebook {
+        block,
+        prototypes,
+        scale_mode,
+        scale_dtype: FloatDtype::F16,
+        proto_dtype: FloatDtype::F16,
+        assignments,
+        residual: Residual { count, dtype },
+    };
+    let int = |bits| {
+        Encoding::affine(AffineParams {
+            bits,
+            ..AffineParams::default()
+        })
+    };
+    vec![
+        cb(
+            4,
+            8,
+            ScaleMode::Channel,
+            Assignments::Packed,
+            10,
+            ResidualDtype::Int8,
+        ),
+        cb(
+            5,
+            4,
+            ScaleMode::Block,
+            Assignments::Packed,
+            0,
+            ResidualDtype::F32,
+        ),
+        cb(
+            8,
+            2,
+            ScaleMode::Tensor,
+            Assignments::Rle,
+            3,
+            ResidualDtype::F32,
+        ),
+        Encoding::LowRank { rank: 2 },
+        Encoding::Sparse {
+            count: 30,
+            dtype: FloatDtype::F16,
+        },
+        Encoding::Mixed {
+            block_rows: 4,
+            parts: vec![
+                int(4),
+                Encoding::Raw {
+                    dtype: FloatDtype::Bf16,
+                },
+            ],
+        },
+        Encoding::Exceptions {
+            base: Box::new(int(2)),
+            count: 12,
+            dtype: FloatDtype::F32,
+        },
+    ]
+}
+
 /// Every encoding family with a few parameter choices (all fit 6×40 tensors).
 pub fn sample_encodings() -> Vec<Encoding> {
     let mut v = golden_encodings();
     v.extend(golden_lattice_encodings());
+    v.extend(golden_codebook_encodings());
     v
 }
 

@@ -2,6 +2,8 @@
 //!
 //! - `golden-v1.hwz`: one tensor per raw and affine variant, zstd and plain streams, metadata.
 //! - `golden-v1-lattice.hwz`: one tensor per lattice and coding (rANS, Rice, fixed-rate).
+//! - `golden-v1-codebook.hwz`: codebook (packed and run-length indices, int8 and f32
+//!   residuals, per row/block/tensor scales), lowrank, sparse, mixed and exceptions.
 //!
 //! Each `*.expected.f32` holds what its tensors decoded to when the file was made. A reader
 //! change that alters a single bit fails here. To remake them (only for a deliberate format
@@ -13,7 +15,9 @@
 use hypercodec_hwz::{
     encode, Archive, Compression, EncodeOptions, Encoding, TensorStats, Writer, WriterOptions,
 };
-use hypercodec_tests::{fixture_values, golden_encodings, golden_lattice_encodings};
+use hypercodec_tests::{
+    fixture_values, golden_codebook_encodings, golden_encodings, golden_lattice_encodings,
+};
 use std::path::PathBuf;
 
 fn data(name: &str) -> PathBuf {
@@ -72,6 +76,11 @@ fn golden_v1_lattice_decodes_to_its_recorded_values() {
     check("golden-v1-lattice", &golden_lattice_encodings());
 }
 
+#[test]
+fn golden_v1_codebook_decodes_to_its_recorded_values() {
+    check("golden-v1-codebook", &golden_codebook_encodings());
+}
+
 fn write(stem: &str, encodings: &[Encoding], seed: u64) {
     let options = WriterOptions {
         compression: Compression::Zstd,
@@ -111,5 +120,8 @@ fn write_golden() {
     }
     if !data("golden-v1-lattice.hwz").exists() {
         write("golden-v1-lattice", &golden_lattice_encodings(), 200);
+    }
+    if !data("golden-v1-codebook.hwz").exists() {
+        write("golden-v1-codebook", &golden_codebook_encodings(), 300);
     }
 }

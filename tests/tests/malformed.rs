@@ -477,3 +477,158 @@ fn constant_tensors_are_stored_within_the_floor() {
         "{stored}"
     );
 }
+
+/// An archive of one tensor with hand-made streams (right lengths, hostile contents).
+fn crafted(shape: &[u64], encoding: Encoding, streams: Vec<(&'static str, Vec<u8>)>) -> Vec<u8> {
+    let t = hypercodec_hwz::EncodedTensor { encoding, streams };
+    let mut w = hypercodec_hwz::Writer::new(Vec::new(), Default::default()).unwrap();
+    w.add_tensor("t", shape, "f32", &t, None).unwrap();
+    w.finish().unwrap().0
+}
+
+#[test]
+fn hostile_codebook_family_streams_are_typed_errors() {
+    use hypercodec_hwz::{Assignments, Residual, ResidualDtype, ScaleMode};
+    let cb = |assignments, count| Encoding::Codebook {
+        block: 4,
+        prototypes: 5,
+        scale_mode: ScaleMode::Tensor,
+        scale_dtype: FloatDtype::F32,
+        proto_dtype: FloatDtype::F32,
+        assignments,
+        residual: Residual {
+            count,
+            dtype: ResidualDtype::F32,
+        },
+    };
+    let protos = vec![0u8; 5 * 4 * 4];
+    let scale = 1f32.to_le_bytes().to_vec();
+    // 16 blocks of 3-bit indices, all 7 (>= 5 prototypes).
+    let bad_idx = vec![0xff; 6];
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "index >= prototypes",
+            crafted(
+                &[8, 8],
+                cb(Assignments::Packed, 0),
+                vec![
+                    ("prototypes", protos.clone()),
+                    ("assignments", bad_idx),
+                    ("scales", scale.clone()),
+                ],
+            ),
+        ),
+        (
+            "run past the tensor",
+            crafted(
+                &[8, 8],
+                cb(Assignments::Rle, 0),
+                vec![
+                    ("prototypes", protos.clone()),
+                    ("assignments", vec![1, 100]),
+                    ("scales", scale.clone()),
+                ],
+            ),
+        ),
+        (
+            "residual position out of range",
+            crafted(
+                &[8, 8],
+                cb(Assignments::Packed, 1),
+                vec![
+                    ("prototypes", protos.clone()),
+                    ("assignments", vec![0; 6]),
+                    ("scales", scale.clone()),
+                    ("residual_index", vec![64]),
+                    ("residual_values", vec![0; 4]),
+                ],
+            ),
+        ),
+        (
+            "non-finite prototype",
+            crafted(
+                &[8, 8],
+                cb(Assignments::Packed, 0),
+                vec![
+                    ("prototypes", f32::NAN.to_le_bytes().repeat(20)),
+                    ("assignments", vec![0; 6]),
+                    ("scales", scale.clone()),
+                ],
+            ),
+        ),
+        (
+            "non-finite low-rank scale",
+            crafted(
+                &[4, 4],
+                Encoding::LowRank { rank: 1 },
+                vec![
+                    ("u", vec![1; 4]),
+                    ("u_scales", f32::INFINITY.to_le_bytes().to_vec()),
+                    ("v", vec![1; 4]),
+                    ("v_scales", 1f32.to_le_bytes().to_vec()),
+                ],
+            ),
+        ),
+        (
+            "sparse positions not increasing",
+            crafted(
+                &[64],
+                Encoding::Sparse {
+                    count: 2,
+                    dtype: FloatDtype::F32,
+                },
+                vec![("indices", vec![0x80, 0x80]), ("values", vec![0; 8])],
+            ),
+        ),
+        (
+            "mixed index beyond the payload",
+            crafted(
+                &[2, 32],
+                Encoding::Mixed {
+                    block_rows: 1,
+                    parts: vec![
+                        Encoding::Raw {
+                            dtype: FloatDtype::F32
+                        };
+                        2
+                    ],
+                },
+                vec![
+                    (
+                        "index",
+                        [128u64, 256].iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    ),
+                    ("payload", vec![0; 256]),
+                ],
+            ),
+        ),
+        (
+            "mixed part of the wrong length",
+            crafted(
+                &[2, 32],
+                Encoding::Mixed {
+                    block_rows: 1,
+                    parts: vec![
+                        Encoding::Raw {
+                            dtype: FloatDtype::F32
+                        };
+                        2
+                    ],
+                },
+                vec![
+                    (
+                        "index",
+                        [64u64, 192].iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    ),
+                    ("payload", vec![0; 256]),
+                ],
+            ),
+        ),
+    ];
+    for (what, bytes) in cases {
+        match open_and_decode(&bytes) {
+            Err(e) => assert!(!e.to_string().is_empty(), "{what}"),
+            Ok(()) => panic!("{what}: accepted"),
+        }
+    }
+}
