@@ -30,6 +30,15 @@ pub struct BenchArgs {
     /// Only tensors whose name contains this.
     #[arg(long)]
     pub filter: Option<String>,
+    /// Do not run the peer Hyper Glyph even when `$HYPERCODEC_PYTHON` (default `python3`)
+    /// can import it.
+    #[arg(long)]
+    pub no_peer: bool,
+    /// Instead of the representation table: the planner's BUDGET at each of these average
+    /// bps (comma separated) against uniform E8 at the same bps and uniform INT4 g128, at
+    /// equal total bytes.
+    #[arg(long, value_delimiter = ',')]
+    pub budget_at: Vec<f64>,
 }
 
 impl BenchArgs {
@@ -41,6 +50,8 @@ impl BenchArgs {
             json: false,
             include_1d: false,
             filter: None,
+            no_peer: true,
+            budget_at: Vec::new(),
         }
     }
 }
@@ -79,6 +90,11 @@ impl Rep {
                 let rank = (bps * n as f64 / 8.0 / (rows + cols + 8) as f64)
                     .floor()
                     .max(1.0);
+                if rank > 256.0 {
+                    return Err(CliError::Input(format!(
+                        "rank {rank} for {rows}x{cols}; the benchmark stops at 256 (subspace iteration costs rows·cols·rank)"
+                    )));
+                }
                 Spec::fixed(Encoding::LowRank { rank: rank as u32 })
             }
             Rep::Auto(target) => {
@@ -211,6 +227,8 @@ struct Row {
     encode_s: f64,
     decode_s: f64,
     failed: Option<String>,
+    /// Only bytes, MSE and SNR are known (a peer measured out of process).
+    summary_only: bool,
 }
 
 impl Row {
@@ -219,11 +237,18 @@ impl Row {
         let snr = self.acc.snr_db();
         let bound = gaussian_bound_db(bps);
         let fin = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
+        let known = |x: f64| {
+            if self.summary_only {
+                Value::Null
+            } else {
+                json!(x)
+            }
+        };
         json!({
             "representation": self.label, "bytes": self.bytes, "bps": bps,
             "ratio_vs_f32": n as f64 * 4.0 / self.bytes.max(1) as f64,
             "mse": self.acc.mse(), "snr_db": fin(snr), "bound_db": bound, "gap_db": fin(bound - snr),
-            "cosine": self.acc.cosine(), "max_abs_err": self.acc.max_abs,
+            "cosine": known(self.acc.cosine()), "max_abs_err": known(self.acc.max_abs),
             "encode_mvals_per_s": n as f64 / self.encode_s.max(1e-9) / 1e6,
             "decode_mvals_per_s": if self.decode_s > 0.0 { json!(n as f64 / self.decode_s / 1e6) } else { Value::Null },
         })
@@ -261,6 +286,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ));
     }
     let total: u64 = chosen.iter().map(|&i| input.tensors[i].numel()).sum();
+    if !args.budget_at.is_empty() {
+        return budget_table(args, &input, &chosen, total);
+    }
     let bar = crate::progress(total * (reps.len() as u64 + 1), "benchmark");
     let mut out = Vec::new();
     for &i in &chosen {
@@ -301,6 +329,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     bar.finish_and_clear();
     rows.push(peer);
+    if !args.no_peer {
+        if let Some(row) = hyperglyph_peer(&input, &chosen)? {
+            rows.push(row);
+        }
+    }
     // A representation that cannot encode every tensor (a rank above a dimension, a codebook
     // below the 1/8-bit floor) is left out of the totals and named here.
     for r in rows.iter().filter(|r| r.failed.is_some()) {
@@ -339,6 +372,78 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The peer Hyper Glyph (hyperglyph-codec 0.7.0, default configuration) on the same tensors,
+/// when the Python named by `$HYPERCODEC_PYTHON` (default `python3`) can import it. Bytes are
+/// its archive file's; cosine and max error are not reported by the script (left at 0).
+fn hyperglyph_peer(input: &Input, chosen: &[usize]) -> Result<Option<Row>> {
+    let python = std::env::var("HYPERCODEC_PYTHON").unwrap_or_else(|_| "python3".into());
+    let importable = std::process::Command::new(&python)
+        .args(["-c", "import hyperglyph.compact_codec"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !importable {
+        eprintln!(
+            "peer Hyper Glyph not run: `{python}` cannot import hyperglyph (set HYPERCODEC_PYTHON)"
+        );
+        return Ok(None);
+    }
+    let dir = tempfile::tempdir().map_err(CliError::io(std::env::temp_dir()))?;
+    let st = dir.path().join("peer.safetensors");
+    let tensors: Vec<crate::safetensors_out::OutTensor> = chosen
+        .iter()
+        .map(|&i| crate::safetensors_out::OutTensor {
+            name: input.tensors[i].name.clone(),
+            shape: input.tensors[i].shape.clone(),
+            dtype: FloatDtype::F32,
+        })
+        .collect();
+    crate::safetensors_out::write_safetensors(&st, &tensors, None, |k, out| {
+        let v = input.read(chosen[k])?;
+        out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        Ok(())
+    })?;
+    let script = dir.path().join("hyperglyph_peer.py");
+    std::fs::write(&script, include_str!("../../../scripts/hyperglyph_peer.py"))
+        .map_err(CliError::io(&script))?;
+    eprintln!("running the peer Hyper Glyph (hyperglyph-codec, default configuration) ...");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(&st)
+        .output()
+        .map_err(CliError::io(&python))?;
+    if !out.status.success() {
+        eprintln!(
+            "peer Hyper Glyph failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| CliError::Input(format!("peer output: {e}")))?;
+    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    let seconds = f("seconds");
+    eprintln!(
+        "peer Hyper Glyph: {:.1} s, peak RSS {:.0} MB",
+        seconds,
+        f("peak_rss_bytes") / 1e6
+    );
+    Ok(Some(Row {
+        label: "hyperglyph-codec 0.7.0 default (peer, file bytes)".into(),
+        bytes: f("bytes") as u64,
+        acc: ErrorAcc {
+            n: f("elements") as u64,
+            signal: f("energy"),
+            noise: f("sse"),
+            ..ErrorAcc::default()
+        },
+        encode_s: seconds,
+        decode_s: 0.0,
+        failed: None,
+        summary_only: true,
+    }))
+}
+
 fn markdown(rows: &[Value]) -> String {
     let mut s = String::from(
         "| representation | bytes | bps | ratio vs f32 | MSE | SNR dB | bound dB | gap dB | cosine | max abs err | encode Mval/s | decode Mval/s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
@@ -349,7 +454,7 @@ fn markdown(rows: &[Value]) -> String {
     };
     for r in rows {
         s += &format!(
-            "| {} | {} | {} | {} | {:.3e} | {} | {} | {} | {} | {:.3e} | {} | {} |\n",
+            "| {} | {} | {} | {} | {:.3e} | {} | {} | {} | {} | {} | {} | {} |\n",
             r["representation"].as_str().unwrap_or(""),
             r["bytes"],
             f(&r["bps"], 3),
@@ -360,8 +465,10 @@ fn markdown(rows: &[Value]) -> String {
             r["gap_db"]
                 .as_f64()
                 .map_or("-".to_string(), |x| format!("{x:.2}")),
-            f(&r["cosine"], 6),
-            r["max_abs_err"].as_f64().unwrap_or(0.0),
+            f(&r["cosine"], 6).replace("exact", "-"),
+            r["max_abs_err"]
+                .as_f64()
+                .map_or("-".to_string(), |x| format!("{x:.3e}")),
             f(&r["encode_mvals_per_s"], 0),
             r["decode_mvals_per_s"]
                 .as_f64()
@@ -369,4 +476,111 @@ fn markdown(rows: &[Value]) -> String {
         );
     }
     s
+}
+
+/// BUDGET against uniform encodings at equal total bytes (see [`BenchArgs::budget_at`]).
+fn budget_table(args: &BenchArgs, input: &Input, chosen: &[usize], total: u64) -> Result<()> {
+    use hypercodec_plan::{allocate, Mode, Plan, Planner, Target};
+    let mut names: Vec<String> = hypercodec_plan::BUDGET_CANDIDATES
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for b in &args.budget_at {
+        let n = format!("e8@{b}");
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    let mut planner = Planner::new(Mode::Budget);
+    planner.candidates = names
+        .iter()
+        .map(|n| Spec::parse(n))
+        .collect::<Result<_, _>>()?;
+    let started = Instant::now();
+    let bar = crate::progress(total, "measure");
+    let mut plan = Plan {
+        version: 1,
+        mode: Mode::Budget,
+        thresholds: planner.thresholds,
+        target: None,
+        block_rows: planner.block_rows,
+        tensors: Vec::new(),
+    };
+    let mut energy = 0f64;
+    for &i in chosen {
+        let t = &input.tensors[i];
+        let values = input.read(i)?;
+        energy += values.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
+        plan.tensors
+            .push(planner.plan_tensor(&t.name, &values, &t.shape)?.0);
+        bar.inc(t.numel());
+    }
+    bar.finish_and_clear();
+    let measure_s = started.elapsed().as_secs_f64();
+    // Uniform choice of one candidate label for every tensor: (bytes, SSE).
+    let uniform = |label_start: &str| -> (u64, f64) {
+        plan.tensors.iter().fold((0, 0.0), |(b, d), t| {
+            let c = t
+                .candidates
+                .iter()
+                .find(|c| c.label.starts_with(label_start))
+                .expect("measured");
+            (b + c.bytes, d + c.sse)
+        })
+    };
+    let snr = |sse: f64| 10.0 * (energy / sse.max(1e-300)).log10();
+    let line = |what: String, bytes: u64, sse: f64, vs: Option<f64>| {
+        let bps = bytes as f64 * 8.0 / total as f64;
+        format!(
+            "| {what} | {bytes} | {bps:.3} | {sse:.4e} | {:.2} | {} |",
+            snr(sse),
+            vs.map_or("".into(), |u| format!("{:.1} %", 100.0 * (1.0 - sse / u)))
+        )
+    };
+    let budget = |target_bytes: u64| -> Result<(u64, f64)> {
+        let mut p = plan.clone();
+        let used = allocate(&mut p, Target::Bytes(target_bytes), &Default::default())?;
+        let sse = p
+            .tensors
+            .iter()
+            .map(|t| {
+                t.candidates
+                    .iter()
+                    .find(|c| c.label == t.label)
+                    .map_or(0.0, |c| c.sse)
+            })
+            .sum();
+        Ok((used, sse))
+    };
+    let mut rows = Vec::new();
+    let mut refs: Vec<(String, String)> = args
+        .budget_at
+        .iter()
+        .map(|b| (format!("lattice-e8-rans@{b}"), format!("E8 + rANS @{b}")))
+        .collect();
+    refs.push(("affine-int4-g128-asym".into(), "INT4 g128 asym".into()));
+    for (label, name) in refs {
+        let (bytes, sse) = uniform(&label);
+        rows.push(line(format!("uniform {name}"), bytes, sse, None));
+        let (used, bsse) = budget(bytes)?;
+        rows.push(line(
+            format!("BUDGET at the same bytes (vs {name})"),
+            used,
+            bsse,
+            Some(sse),
+        ));
+    }
+    println!(
+        "{} — {} tensors, {} values; {} candidates per tensor measured in {:.1} s; distortion = total SSE",
+        args.input,
+        chosen.len(),
+        total,
+        names.len(),
+        measure_s
+    );
+    println!("| allocation | bytes | bps | total SSE | SNR dB | SSE saved vs uniform |\n|---|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!("{r}");
+    }
+    Ok(())
 }

@@ -760,6 +760,11 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
             "gaussian-e8-4bps.hwz",
             vec!["--encoding", "lattice", "--bps", "4"],
         ),
+        (
+            "4. compress with the measured AUTO choice at ratio 10 (3.2 bits per value): affine, codebook, lattice candidates",
+            "gaussian-auto-r10.hwz",
+            vec!["--encoding", "auto", "--target-ratio", "10"],
+        ),
     ] {
         println!("== {step}");
         let out = dir.join(file);
@@ -774,7 +779,7 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
         }
         inspect(&out, false)?;
     }
-    println!("== 4. benchmark every representation on the same tensor");
+    println!("== 5. benchmark every representation on the same tensor");
     bench::run(&bench::BenchArgs::for_input(st.display().to_string()))
 }
 
