@@ -112,3 +112,21 @@ test("large archive: time to table", { skip: !process.env.HWZ_LARGE_ARCHIVE && "
     assert.ok(ms < 1000, `table took ${ms} ms`);
   });
 });
+
+test("codebook family and nested encodings: table and histograms", async () => {
+  await withPage(async (page) => {
+    await page.setInputFiles("#file", data("golden-v1-codebook.hwz"));
+    await page.waitForSelector("#overview:not([hidden])", { timeout: 15000 });
+    const rows = await page.$$eval("#tensors tbody tr", (trs) => trs.map((tr) => [...tr.cells].map((c) => c.textContent)));
+    assert.equal(rows.length, 7);
+    for (const label of ["codebook-b4-k8-channel-rint8", "lowrank-r2", "sparse-f16", "mixed-2"]) {
+      assert.ok(rows.some((r) => r[2] === label), `${label} in ${JSON.stringify(rows)}`);
+    }
+    const roles = await page.$$eval("#roles .bar", (bars) => bars.map((b) => b.dataset.role));
+    for (const role of ["prototypes", "assignments", "payload"]) assert.ok(roles.includes(role), roles.join(","));
+    for (const name of await page.$$eval("#tensors tbody tr", (trs) => trs.map((tr) => tr.dataset.name))) {
+      await page.click(`#tensors tbody tr[data-name="${name}"]`);
+      await page.waitForFunction((n) => document.getElementById("hist-info").textContent.includes("240 values"), name, { timeout: 5000 });
+    }
+  });
+});
