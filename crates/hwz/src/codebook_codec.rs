@@ -177,10 +177,7 @@ pub fn encode(
     let (rows, cols) = (rows as usize, cols as usize);
     let err = hdc_err(tensor);
     let floats = |v: &[f32], dtype: scalar::FloatDtype| {
-        scalar::encode_floats(v, dtype, false).map_err(|source| HwzError::Scalar {
-            tensor: tensor.to_string(),
-            source,
-        })
+        scalar::encode_floats(v, dtype, false).map_err(crate::encoding::scalar_err(tensor))
     };
     let (encoding, streams) = match *encoding {
         Encoding::Codebook {
@@ -347,10 +344,7 @@ pub(crate) fn decode<'a>(
     let (rows, cols) = (rows as usize, cols as usize);
     let err = hdc_err(tensor);
     let floats = |role: &str, dtype: scalar::FloatDtype| {
-        scalar::decode_floats(get(role), dtype).map_err(|source| HwzError::Scalar {
-            tensor: tensor.to_string(),
-            source,
-        })
+        scalar::decode_floats(get(role), dtype).map_err(crate::encoding::scalar_err(tensor))
     };
     let finite = |v: &[f32], what: &str| {
         if v.iter().all(|x| x.is_finite()) {

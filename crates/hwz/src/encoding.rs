@@ -586,7 +586,7 @@ impl EncodedTensor {
     }
 }
 
-fn scalar_err(tensor: &str) -> impl Fn(scalar::ScalarError) -> HwzError + '_ {
+pub(crate) fn scalar_err(tensor: &str) -> impl Fn(scalar::ScalarError) -> HwzError + '_ {
     move |source| HwzError::Scalar {
         tensor: tensor.to_string(),
         source,

@@ -82,12 +82,8 @@ pub(crate) fn encode(
             },
         });
     }
-    let scales = scalar::encode_floats(&q.scales, scale_dtype, false).map_err(|source| {
-        HwzError::Scalar {
-            tensor: tensor.into(),
-            source,
-        }
-    })?;
+    let scales = scalar::encode_floats(&q.scales, scale_dtype, false)
+        .map_err(crate::encoding::scalar_err(tensor))?;
     // Pad short symbol streams to the minimum, in whole 16-bit words (rANS reads words).
     let min_symbols = (lens
         .iter()
@@ -127,10 +123,8 @@ pub(crate) fn encode(
         Coding::Fixed { bits } => {
             // Fixed-rate symbols are below 2^bits <= 256 by construction.
             let codes: Vec<u8> = q.symbols.iter().map(|&s| s as u8).collect();
-            let packed = scalar::pack_bits(&codes, bits).map_err(|source| HwzError::Scalar {
-                tensor: tensor.into(),
-                source,
-            })?;
+            let packed =
+                scalar::pack_bits(&codes, bits).map_err(crate::encoding::scalar_err(tensor))?;
             streams.push((role::SYMBOLS, packed));
         }
     }
@@ -147,12 +141,8 @@ pub(crate) fn decode<'a>(
     out: &mut [f32],
 ) -> Result<()> {
     let (lattice, scale_dtype, coding, params) = unpack(tensor, encoding)?;
-    let scales = scalar::decode_floats(get(role::SCALES), scale_dtype).map_err(|source| {
-        HwzError::Scalar {
-            tensor: tensor.into(),
-            source,
-        }
-    })?;
+    let scales = scalar::decode_floats(get(role::SCALES), scale_dtype)
+        .map_err(crate::encoding::scalar_err(tensor))?;
     // Justified by the stream sizes: at most MAX_SYMBOLS_PER_BYTE symbols per stored byte.
     let n_symbols = rows as usize * lat::symbols_per_row(lattice, cols as usize);
     let mut symbols = vec![0u32; n_symbols];
@@ -180,13 +170,8 @@ pub(crate) fn decode<'a>(
             rans::decode_parts(parts, ctx, &p, &mut symbols).map_err(coding_err(tensor))?;
         }
         Coding::Fixed { bits } => {
-            let codes =
-                scalar::unpack_bits(get(role::SYMBOLS), bits, n_symbols).map_err(|source| {
-                    HwzError::Scalar {
-                        tensor: tensor.into(),
-                        source,
-                    }
-                })?;
+            let codes = scalar::unpack_bits(get(role::SYMBOLS), bits, n_symbols)
+                .map_err(crate::encoding::scalar_err(tensor))?;
             symbols
                 .iter_mut()
                 .zip(codes)

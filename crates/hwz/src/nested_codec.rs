@@ -146,10 +146,8 @@ pub fn assemble_exceptions(
     dtype: scalar::FloatDtype,
 ) -> Result<EncodedTensor> {
     let (index, payload) = concat(&[base]);
-    let vals = scalar::encode_floats(values, dtype, false).map_err(|source| HwzError::Scalar {
-        tensor: tensor.to_string(),
-        source,
-    })?;
+    let vals =
+        scalar::encode_floats(values, dtype, false).map_err(crate::encoding::scalar_err(tensor))?;
     Ok(EncodedTensor {
         encoding: Encoding::Exceptions {
             base: Box::new(base.encoding.clone()),
@@ -309,12 +307,8 @@ pub(crate) fn decode<'a>(
                 get(role::PAYLOAD),
                 |_, streams| crate::decode_into(tensor, base, &[rows, cols], streams, out),
             )?;
-            let vals = scalar::decode_floats(get(role::VALUES), *dtype).map_err(|source| {
-                HwzError::Scalar {
-                    tensor: tensor.to_string(),
-                    source,
-                }
-            })?;
+            let vals = scalar::decode_floats(get(role::VALUES), *dtype)
+                .map_err(crate::encoding::scalar_err(tensor))?;
             let pos = pack::decode_positions(get(role::INDICES), *count as usize, out.len() as u64)
                 .map_err(|source| HwzError::Codebook {
                     tensor: tensor.to_string(),
