@@ -278,3 +278,84 @@ fn plan_json_round_trips() {
     assert!("per-block".parse::<Mode>().is_ok() && "nope".parse::<Mode>().is_err());
     assert!(Spec::parse("e9@3").is_err() && Spec::parse("int9").is_err());
 }
+
+mod budget_props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn measured(bytes: u64, sse: f64) -> Measured {
+        Measured {
+            label: format!("c{bytes}"),
+            bytes,
+            bps: 0.0,
+            rel_mse: sse,
+            snr_db: 0.0,
+            max_rel_err: 0.0,
+            sse,
+            block_sse: Vec::new(),
+            block_max_rel: Vec::new(),
+        }
+    }
+
+    fn plan_of(tensors: &[Vec<(u64, f64)>]) -> Plan {
+        Plan {
+            version: 1,
+            mode: Mode::Budget,
+            thresholds: Thresholds::default(),
+            target: None,
+            block_rows: 32,
+            tensors: tensors
+                .iter()
+                .enumerate()
+                .map(|(i, cands)| TensorPlan {
+                    name: format!("t{i}"),
+                    shape: vec![100],
+                    spec: Spec::parse("f32").unwrap(),
+                    label: String::new(),
+                    bytes: 0,
+                    rel_mse: 0.0,
+                    snr_db: 0.0,
+                    reason: String::new(),
+                    candidates: cands.iter().map(|&(b, d)| measured(b, d)).collect(),
+                    skipped: Vec::new(),
+                    blocks: None,
+                    candidate_specs: cands.iter().map(|_| Spec::parse("f32").unwrap()).collect(),
+                    screened_rows: None,
+                })
+                .collect(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn never_over_budget_and_generous_budgets_buy_the_least_distortion(
+            tensors in proptest::collection::vec(
+                proptest::collection::vec((1u64..1000, 0.0f64..100.0), 1..6), 1..6),
+            budget in 0u64..6000,
+        ) {
+            let mut plan = plan_of(&tensors);
+            match allocate(&mut plan, Target::Bytes(budget), &Default::default()) {
+                Ok(used) => {
+                    prop_assert!(used <= budget);
+                    prop_assert_eq!(plan.total_bytes(), used);
+                    for (t, cands) in plan.tensors.iter().zip(&tensors) {
+                        prop_assert!(cands.iter().any(|&(b, d)| b == t.bytes && d == t.rel_mse));
+                    }
+                }
+                Err(PlanError::BudgetTooSmall { cheapest, .. }) => {
+                    let min: u64 = tensors.iter().map(|c| c.iter().map(|x| x.0).min().unwrap()).sum();
+                    prop_assert_eq!(cheapest, min);
+                    prop_assert!(budget < min);
+                }
+                Err(e) => prop_assert!(false, "{e}"),
+            }
+            // With room for everything, every tensor gets its least distortion.
+            let mut plan = plan_of(&tensors);
+            allocate(&mut plan, Target::Bytes(u64::MAX / 2), &Default::default()).unwrap();
+            for (t, cands) in plan.tensors.iter().zip(&tensors) {
+                let best = cands.iter().map(|x| x.1).fold(f64::INFINITY, f64::min);
+                prop_assert_eq!(t.rel_mse, best);
+            }
+        }
+    }
+}
