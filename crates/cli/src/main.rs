@@ -385,6 +385,13 @@ fn compress(args: &CompressArgs) -> Result<()> {
         (None, EncodingKind::Auto) => Some(Mode::Auto),
         _ => None,
     };
+    let target_used = matches!(mode, Some(Mode::Auto | Mode::Budget))
+        || (mode.is_none() && args.encoding.encoding == EncodingKind::Lattice);
+    if args.planning.target()?.is_some() && !target_used {
+        return Err(CliError::Usage(
+            "--target-bps / --target-ratio apply to --encoding lattice or auto and to --mode budget or auto".into(),
+        ));
+    }
     let chooser = mode
         .map(|m| {
             Chooser::new(

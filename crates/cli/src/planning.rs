@@ -229,6 +229,12 @@ impl<'a> Chooser<'a> {
         seed: u64,
     ) -> Result<Self> {
         let target = args.target()?;
+        if target.is_some() && !matches!(mode, Mode::Budget | Mode::Auto) {
+            return Err(CliError::Usage(format!(
+                "--target-bps / --target-ratio mean nothing to --mode {:?}; use budget or auto",
+                mode
+            )));
+        }
         if mode == Mode::Budget && target.is_none() {
             return Err(CliError::Usage(
                 "--mode budget needs --target-bps or --target-ratio".into(),

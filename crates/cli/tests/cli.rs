@@ -526,6 +526,20 @@ fn every_codebook_flag_changes_the_archive() {
         let (_, bytes) = compress("s.hwz", flags);
         assert_ne!(bytes, base_bytes, "{flags:?} changed nothing");
     }
+    let ignored = run(&[
+        "compress",
+        p(&model),
+        "/tmp/never.hwz",
+        "--encoding",
+        "codebook",
+        "--target-ratio",
+        "8",
+    ]);
+    assert_eq!(
+        ignored.status.code(),
+        Some(1),
+        "a target the codebook would ignore"
+    );
     let bad = run(&[
         "compress",
         p(&model),
@@ -667,6 +681,7 @@ fn plan_then_compress_with_the_plan_and_budget_mode() {
         &["plan", p(&model), "--mode", "budget"][..],
         &["plan", p(&model), "--mode", "fastest"],
         &["plan", p(&model), "--candidates", "int4,e9@3"],
+        &["plan", p(&model), "--mode", "best", "--target-bps", "3"],
     ] {
         assert_eq!(run(args).status.code(), Some(1), "{args:?}");
     }
