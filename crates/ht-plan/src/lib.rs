@@ -222,7 +222,9 @@ pub struct TensorPlan {
     pub snr_db: f64,
     /// Why it won.
     pub reason: String,
-    /// Every candidate measured (same order as the planner's candidates).
+    /// Every candidate measured: the planner's, in order, then any the mode built (AUTO's
+    /// lattice fitted to the reference error, the `mixed` of PER_BLOCK, the base plus
+    /// exceptions of PER_WEIGHT).
     pub candidates: Vec<Measured>,
     /// Candidates that could not encode this tensor, with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -379,16 +379,55 @@ fn plan_full(
                         ),
                     }
                 }
-                (None, Some(r)) => match ctx.min_by(
-                    ctx.all().filter(|&i| ctx.c[i].m.rel_mse <= 1.05 * r),
-                    |a, b| ctx.cheaper(a, b),
-                ) {
-                    Some(i) => (
-                        i,
-                        format!("cheapest with rel-MSE ≤ 1.05 × int4-row ({r:.3e})"),
-                    ),
-                    None => ctx.best(),
-                },
+                (None, Some(r)) => {
+                    // A lattice fitted to the reference's error: from the lattice candidate
+                    // nearest to it, at 6.02 dB per bit (MSE ∝ 2^(−2R)).
+                    let matched = ctx
+                        .all()
+                        .filter_map(|i| match &ctx.c[i].spec {
+                            Spec::Rate {
+                                template,
+                                bps: Some(b),
+                                max_tile,
+                            } if ctx.c[i].m.rel_mse > 0.0 => Some((
+                                (ctx.c[i].m.rel_mse / r).log2().abs(),
+                                template.clone(),
+                                *b + (ctx.c[i].m.rel_mse / r).log2() / 2.0,
+                                *max_tile,
+                            )),
+                            _ => None,
+                        })
+                        .min_by(|a, b| a.0.total_cmp(&b.0));
+                    if let Some((_, template, bps, max_tile)) = matched {
+                        let bps = (bps * 1000.0).floor() / 1000.0;
+                        let spec = Spec::Rate {
+                            template,
+                            bps: Some(bps),
+                            max_tile,
+                        };
+                        if (0.5..=12.0).contains(&bps) && !ctx.c.iter().any(|c| c.spec == spec) {
+                            if let Ok((m, t)) =
+                                measure(name, values, shape, &spec, block_len, energy)
+                            {
+                                ctx.c.push(Cand {
+                                    spec,
+                                    m,
+                                    t: Some(t),
+                                });
+                            }
+                        }
+                    }
+                    match ctx.min_by(
+                        ctx.all().filter(|&i| ctx.c[i].m.rel_mse <= 1.05 * r),
+                        |a, b| ctx.cheaper(a, b),
+                    ) {
+                        Some(i) => (
+                            i,
+                            format!("cheapest with rel-MSE ≤ 1.05 × int4-row ({r:.3e})"),
+                        ),
+                        None => ctx.best(),
+                    }
+                }
                 (None, None) => ctx.best(),
             }
         }
@@ -435,12 +474,7 @@ fn plan_full(
         rel_mse: winner.m.rel_mse,
         snr_db: winner.m.snr_db,
         reason,
-        candidates: ctx
-            .c
-            .iter()
-            .take(specs.len().min(ctx.c.len()))
-            .map(|c| c.m.clone())
-            .collect(),
+        candidates: ctx.c.iter().map(|c| c.m.clone()).collect(),
         skipped,
         blocks,
         candidate_specs: if p.mode == Mode::Budget {
