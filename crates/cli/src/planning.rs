@@ -119,7 +119,7 @@ impl CodebookArgs {
 #[derive(Args, Clone)]
 pub struct PlanArgs {
     /// Planner mode: lowest | highest | allow | closest | average | best | per_block | per_weight |
-    /// budget | auto. LOWEST: fewest bytes. HIGHEST: lowest error. BEST: cheapest acceptable.
+    /// budget | auto (`plan` defaults to best). LOWEST: fewest bytes. HIGHEST: lowest error. BEST: cheapest acceptable.
     /// ALLOW: cheapest acceptable on 70 % of row blocks. CLOSEST: median of the blocks' picks.
     /// AVERAGE: their majority (over 60 %), else the one nearest their mean bps. PER_BLOCK: one
     /// pick per row block (hwz `mixed`). PER_WEIGHT: a base plus its worst values exact.
@@ -135,7 +135,9 @@ pub struct PlanArgs {
     #[arg(long, conflicts_with = "target_bps")]
     pub target_ratio: Option<f64>,
     /// Candidates, comma separated: f32, bf16, f16, intN (g128 asym), intN-row, e8@B, d4@B, a2@B,
-    /// z1@B, codebook, lowrank, sparse. Default: the mode's set (`hypercodec plan --help`).
+    /// z1@B, codebook, lowrank, sparse. Default: f32,bf16,f16,int8-row,int4,e8@4; for BUDGET
+    /// bf16,int8-row,int4,int3,int2,e8@2,e8@2.5,e8@3,e8@3.5,e8@4,e8@5,e8@6; for AUTO
+    /// bf16,int8-row,int4-row,int4,e8@3,e8@4,codebook (+ lowrank, sparse and a fitted e8 where they apply).
     #[arg(long, value_delimiter = ',')]
     pub candidates: Vec<String>,
     /// Lossy candidates are acceptable at this SNR (dB) or above.
