@@ -258,8 +258,11 @@ fn plan_full(
             specs.push(int4_row);
         }
     }
+    // BUDGET decides later, across tensors: keep the measurements, not the encodings.
+    let keep = p.mode != Mode::Budget;
     let results = parallel(p.threads, specs.len(), |i| {
         measure(name, values, shape, &specs[i], block_len, energy)
+            .map(|(m, t)| (m, keep.then_some(t)))
     });
     let mut c = Vec::new();
     let mut skipped = Vec::new();
@@ -268,7 +271,7 @@ fn plan_full(
             Ok((m, t)) => c.push(Cand {
                 spec: spec.clone(),
                 m,
-                t: Some(t),
+                t,
             }),
             Err(e) => skipped.push((spec.label(), e.to_string())),
         }
