@@ -252,8 +252,8 @@ fn plan_full(
     let block_len = (p.block_rows.max(1) as usize).saturating_mul(cols);
     let (block_e, energy) = energies(values, block_len);
     let mut specs = p.candidates.clone();
+    let int4_row = Spec::parse("int4-row")?;
     if p.mode == Mode::Auto {
-        let int4_row = Spec::parse("int4-row")?;
         if !specs.contains(&int4_row) {
             specs.push(int4_row);
         }
@@ -367,7 +367,7 @@ fn plan_full(
             let reference = ctx
                 .c
                 .iter()
-                .position(|c| c.spec == Spec::parse("int4-row").unwrap_or(c.spec.clone()))
+                .position(|c| c.spec == int4_row)
                 .map(|i| ctx.c[i].m.rel_mse);
             match (p.target, reference) {
                 (Some(t), _) => {

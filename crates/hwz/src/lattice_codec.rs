@@ -223,12 +223,12 @@ fn row_parts(rows: usize, cols: usize) -> Vec<(usize, usize)> {
         threads.min(rows).max(1)
     };
     let per = rows.div_ceil(t).max(1);
+    if rows == 0 {
+        return vec![(0, 0)];
+    }
     (0..rows)
         .step_by(per)
         .map(|s| (s, per.min(rows - s)))
-        .collect::<Vec<_>>()
-        .into_iter()
-        .chain((rows == 0).then_some((0, 0)))
         .collect()
 }
 
