@@ -255,7 +255,7 @@ fn plan_full(
     let int4_row = Spec::parse("int4-row")?;
     if p.mode == Mode::Auto {
         if !specs.contains(&int4_row) {
-            specs.push(int4_row);
+            specs.push(int4_row.clone());
         }
     }
     // BUDGET decides later, across tensors: keep the measurements, not the encodings.
