@@ -253,10 +253,8 @@ fn plan_full(
     let (block_e, energy) = energies(values, block_len);
     let mut specs = p.candidates.clone();
     let int4_row = Spec::parse("int4-row")?;
-    if p.mode == Mode::Auto {
-        if !specs.contains(&int4_row) {
-            specs.push(int4_row.clone());
-        }
+    if p.mode == Mode::Auto && !specs.contains(&int4_row) {
+        specs.push(int4_row.clone());
     }
     // BUDGET decides later, across tensors: keep the measurements, not the encodings.
     let keep = p.mode != Mode::Budget;
