@@ -468,6 +468,8 @@ fn compress(args: &CompressArgs) -> Result<()> {
     };
     for (i, t) in input.tensors.iter().enumerate() {
         let values = input.read(i)?;
+        // The planner measured its choice on this very encoding: its sums replace a decode.
+        let mut measured: Option<hypercodec_plan::Sums> = None;
         let encoded = if !planned(&t.shape) {
             let raw = Encoding::Raw {
                 dtype: t.ty.raw_dtype(),
@@ -487,7 +489,10 @@ fn compress(args: &CompressArgs) -> Result<()> {
             } else {
                 let (tp, enc) = c.plan_tensor(&t.name, &values, &t.shape)?;
                 let enc = match enc {
-                    Some(e) => e,
+                    Some(e) => {
+                        measured = tp.sums;
+                        e
+                    }
                     None => tp.spec.encode(&t.name, &values, &t.shape, encode_options)?,
                 };
                 p.tensors.push(tp);
@@ -496,17 +501,29 @@ fn compress(args: &CompressArgs) -> Result<()> {
         } else {
             fixed.encode(&t.name, &values, &t.shape, encode_options)?
         };
-        let enc = encoded.encoding.clone();
-        decoded.resize(values.len(), 0.0);
-        let refs: Vec<(&str, &[u8])> = encoded
-            .streams
-            .iter()
-            .map(|(r, b)| (*r, b.as_slice()))
-            .collect();
-        hwz::decode_into(&t.name, &enc, &t.shape, &refs, &mut decoded)?;
-        let mut one = ErrorAcc::default();
-        one.add(&values, &decoded);
-        acc.add(&values, &decoded);
+        let one = match measured {
+            Some(s) => ErrorAcc {
+                n: s.n,
+                signal: s.signal,
+                noise: s.noise,
+                recon: s.recon,
+                dot: s.dot,
+                max_abs: s.max_abs,
+            },
+            None => {
+                decoded.resize(values.len(), 0.0);
+                let refs: Vec<(&str, &[u8])> = encoded
+                    .streams
+                    .iter()
+                    .map(|(r, b)| (*r, b.as_slice()))
+                    .collect();
+                hwz::decode_into(&t.name, &encoded.encoding, &t.shape, &refs, &mut decoded)?;
+                let mut one = ErrorAcc::default();
+                one.add(&values, &decoded);
+                one
+            }
+        };
+        acc.merge(&one);
         writer.add_tensor(
             &t.name,
             &t.shape,

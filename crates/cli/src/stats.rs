@@ -35,6 +35,16 @@ impl ErrorAcc {
         self.n += x.len() as u64;
     }
 
+    /// Adds another accumulator's sums.
+    pub fn merge(&mut self, o: &ErrorAcc) {
+        self.n += o.n;
+        self.signal += o.signal;
+        self.noise += o.noise;
+        self.recon += o.recon;
+        self.dot += o.dot;
+        self.max_abs = self.max_abs.max(o.max_abs);
+    }
+
     /// Mean squared error.
     pub fn mse(&self) -> f64 {
         if self.n == 0 {

@@ -94,6 +94,7 @@ pub fn allocate(plan: &mut Plan, target: Target, weights: &HashMap<String, f64>)
         tp.bytes = m.bytes;
         tp.rel_mse = m.rel_mse;
         tp.snr_db = m.snr_db;
+        tp.sums = Some(m.sums);
         tp.reason = format!(
             "budget {budget} bytes: hull point {} of {} (marginal allocation)",
             at[t] + 1,

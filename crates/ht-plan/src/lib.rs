@@ -52,7 +52,7 @@ mod modes;
 mod spec;
 
 pub use budget::allocate;
-pub use measure::Measured;
+pub use measure::{Measured, Sums};
 pub use spec::{top_errors, Spec};
 
 use hypercodec_hwz::{EncodedTensor, FloatDtype, HwzError};
@@ -235,6 +235,9 @@ pub struct TensorPlan {
     /// The candidates' recipes (for re-planning under a budget).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub candidate_specs: Vec<Spec>,
+    /// The sums of the choice on the whole tensor, when it was measured there (not stored).
+    #[serde(skip)]
+    pub sums: Option<measure::Sums>,
     /// When set, `candidates` were measured on this many evenly spaced rows and only the
     /// choice on the whole tensor (`bytes`, `rel_mse`, `snr_db`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -26,12 +26,32 @@ pub struct Measured {
     pub max_rel_err: f64,
     /// `Σ(x − x̂)²`.
     pub sse: f64,
+    /// Sums of the whole tensor, for callers that report statistics without decoding again.
+    #[serde(skip)]
+    pub sums: Sums,
     /// Per row block: `Σ(x − x̂)²`.
     #[serde(skip)]
     pub block_sse: Vec<f64>,
     /// Per row block: largest `|x − x̂| / |x|`.
     #[serde(skip)]
     pub block_max_rel: Vec<f64>,
+}
+
+/// Sums over a tensor and its reconstruction.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Sums {
+    /// Values.
+    pub n: u64,
+    /// `Σx²`.
+    pub signal: f64,
+    /// `Σ(x − x̂)²`.
+    pub noise: f64,
+    /// `Σx̂²`.
+    pub recon: f64,
+    /// `Σx·x̂`.
+    pub dot: f64,
+    /// `max |x − x̂|`.
+    pub max_abs: f64,
 }
 
 /// Decodes an encoded tensor of `shape`.
@@ -67,6 +87,11 @@ pub fn measure(
     let bytes = t.payload_bytes();
     let mut block_sse = Vec::with_capacity(values.len().div_ceil(block_len.max(1)));
     let mut block_max_rel = Vec::with_capacity(block_sse.capacity());
+    let mut sums = Sums {
+        n: values.len() as u64,
+        signal: energy,
+        ..Sums::default()
+    };
     for (x, y) in values
         .chunks(block_len.max(1))
         .zip(out.chunks(block_len.max(1)))
@@ -76,6 +101,9 @@ pub fn measure(
         for (&a, &b) in x.iter().zip(y) {
             let d = (a - b) as f64;
             sse += d * d;
+            sums.recon += b as f64 * b as f64;
+            sums.dot += a as f64 * b as f64;
+            sums.max_abs = sums.max_abs.max(d.abs());
             if d != 0.0 {
                 max_rel = max_rel.max(if a == 0.0 {
                     f64::INFINITY
@@ -103,6 +131,7 @@ pub fn measure(
             },
             max_rel_err: block_max_rel.iter().copied().fold(0.0, f64::max),
             sse,
+            sums: Sums { noise: sse, ..sums },
             block_sse,
             block_max_rel,
         },

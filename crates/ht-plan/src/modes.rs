@@ -236,6 +236,7 @@ pub(crate) fn plan_tensor(
             skipped: sp.skipped,
             blocks: None,
             candidate_specs: Vec::new(),
+            sums: Some(full.sums),
             screened_rows: Some(m),
         },
         Some(t),
@@ -483,6 +484,7 @@ fn plan_full(
         } else {
             Vec::new()
         },
+        sums: Some(ctx.c[pick].m.sums),
         screened_rows: None,
     };
     Ok((plan, t))

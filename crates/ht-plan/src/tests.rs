@@ -292,6 +292,7 @@ mod budget_props {
             snr_db: 0.0,
             max_rel_err: 0.0,
             sse,
+            sums: Default::default(),
             block_sse: Vec::new(),
             block_max_rel: Vec::new(),
         }
@@ -320,6 +321,7 @@ mod budget_props {
                     skipped: Vec::new(),
                     blocks: None,
                     candidate_specs: cands.iter().map(|_| Spec::parse("f32").unwrap()).collect(),
+                    sums: None,
                     screened_rows: None,
                 })
                 .collect(),
