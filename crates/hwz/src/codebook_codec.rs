@@ -48,6 +48,9 @@ impl Default for CodebookSettings {
     }
 }
 
+/// Most Lloyd or subspace iterations an encoder runs.
+pub const MAX_ITERS: usize = 1000;
+
 fn hdc_err(tensor: &str) -> impl Fn(HdcError) -> HwzError + '_ {
     move |source| HwzError::Codebook {
         tensor: tensor.to_string(),
@@ -173,6 +176,16 @@ pub fn encode(
         });
     }
     encoding.stream_lens(tensor, shape)?;
+    // Settings may come from a plan file: bound the work they can ask for.
+    if settings.iters > MAX_ITERS || settings.lowrank_iters > MAX_ITERS {
+        return Err(HwzError::InvalidEncoding {
+            tensor: tensor.into(),
+            message: format!(
+                "{} Lloyd / {} subspace iterations: at most {MAX_ITERS}",
+                settings.iters, settings.lowrank_iters
+            ),
+        });
+    }
     let (rows, cols) = crate::matrix_view(shape, n);
     let (rows, cols) = (rows as usize, cols as usize);
     let err = hdc_err(tensor);

@@ -221,6 +221,11 @@ fn codebook_residual_budget_is_kept() {
         ..Default::default()
     };
     let t = encode_codebook("w", &w, &[64, 96], &tmpl, &settings).unwrap();
+    let endless = CodebookSettings {
+        iters: usize::MAX,
+        ..settings
+    };
+    assert!(encode_codebook("w", &w, &[64, 96], &tmpl, &endless).is_err());
     let res: usize = t
         .streams
         .iter()
