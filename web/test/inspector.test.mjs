@@ -126,7 +126,8 @@ test("codebook family and nested encodings: table and histograms", async () => {
     for (const role of ["prototypes", "assignments", "payload"]) assert.ok(roles.includes(role), roles.join(","));
     for (const name of await page.$$eval("#tensors tbody tr", (trs) => trs.map((tr) => tr.dataset.name))) {
       await page.click(`#tensors tbody tr[data-name="${name}"]`);
-      await page.waitForFunction((n) => document.getElementById("hist-info").textContent.includes("240 values"), name, { timeout: 5000 });
+      await page.waitForFunction((n) => document.getElementById("histogram").dataset.tensor === n, name, { timeout: 5000 });
+      assert.equal(await page.$eval("#histogram", (c) => Number(c.dataset.count)), 240, name);
     }
   });
 });

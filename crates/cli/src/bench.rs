@@ -99,7 +99,7 @@ impl Rep {
             }
             Rep::Auto(target) => {
                 let mut p = hypercodec_plan::Planner::new(hypercodec_plan::Mode::Auto);
-                let mut names = vec!["bf16", "int8-row", "int4-row", "int4", "e8@3", "e8@4"];
+                let mut names = hypercodec_plan::AUTO_CANDIDATES.to_vec();
                 let t = target.map(|b| format!("e8@{b}"));
                 if let Some(t) = &t {
                     names.push(t);

@@ -272,12 +272,11 @@ impl<'a> Chooser<'a> {
         } else if self.mode == Mode::Auto {
             // Hyper Glyph's candidate kinds plus ours: affine, codebook, lattice; low-rank for
             // small matrices, sparse for mostly-zero tensors; the lattice at the target rate.
-            let mut v: Vec<String> = [
-                "bf16", "int8-row", "int4-row", "int4", "e8@3", "e8@4", "codebook",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            let mut v: Vec<String> = plan::AUTO_CANDIDATES
+                .iter()
+                .map(|s| s.to_string())
+                .chain(std::iter::once("codebook".to_string()))
+                .collect();
             if shape.len() >= 2 && numel <= 1 << 18 {
                 v.push("lowrank".into());
             }

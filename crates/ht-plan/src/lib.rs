@@ -313,6 +313,11 @@ pub struct Planner {
 /// The default candidates: `f32`, `bf16`, `f16`, `int8-row`, `int4`, `e8@4`.
 pub const DEFAULT_CANDIDATES: &[&str] = &["f32", "bf16", "f16", "int8-row", "int4", "e8@4"];
 
+/// The parsed candidates `AUTO` always measures (callers add a codebook, low-rank, sparse and
+/// a lattice at the target rate where they apply): `bf16`, `int8-row`, `int4-row`, `int4`,
+/// `e8@3`, `e8@4`.
+pub const AUTO_CANDIDATES: &[&str] = &["bf16", "int8-row", "int4-row", "int4", "e8@3", "e8@4"];
+
 /// The default candidates of `BUDGET`: a rate–distortion ladder.
 pub const BUDGET_CANDIDATES: &[&str] = &[
     "bf16", "int8-row", "int4", "int3", "int2", "e8@2", "e8@2.5", "e8@3", "e8@3.5", "e8@4", "e8@5",
