@@ -226,30 +226,45 @@ pub fn encode(
 /// Decodes into `out` (`rows × cols`). Every assignment must be `< protos.len() / block` and
 /// `scales` must have [`ScaleMode::count`] entries.
 pub fn decode_into(cb: &CodebookRef<'_>, rows: usize, cols: usize, out: &mut [f32]) -> Result<()> {
+    decode_rows_into(cb, rows, cols, 0, out)
+}
+
+/// Decodes rows `first .. first + out.len() / cols` of a `rows × cols` tensor into `out`:
+/// `cb.assignments` holds the assignments of those rows only, `cb.scales` all of the tensor's
+/// scales. The values are bit for bit those rows of [`decode_into`].
+pub fn decode_rows_into(
+    cb: &CodebookRef<'_>,
+    rows: usize,
+    cols: usize,
+    first: usize,
+    out: &mut [f32],
+) -> Result<()> {
     let block = cb.block;
     if !(MIN_BLOCK..=MAX_BLOCK).contains(&block) {
         return Err(HdcError::InvalidParams(format!("block {block}")));
     }
     let bpr = cols.div_ceil(block);
     let k = cb.protos.len() / block;
-    if out.len() != rows * cols
-        || cb.assignments.len() != rows * bpr
+    let count = out.len().checked_div(cols).unwrap_or(0);
+    if count * cols != out.len()
+        || first.checked_add(count).is_none_or(|e| e > rows)
+        || cb.assignments.len() != count * bpr
         || cb.scales.len() != cb.scale_mode.count(rows, cols, block)
         || cb.protos.len() % block != 0
     {
         return Err(HdcError::Shape(format!(
-            "codebook parts do not match a {rows}×{cols} tensor"
+            "codebook parts do not match rows {first}..+{count} of a {rows}×{cols} tensor"
         )));
     }
     if let Some(&a) = cb.assignments.iter().find(|&&a| a as usize >= k) {
         return Err(HdcError::Corrupt(format!("prototype index {a} >= {k}")));
     }
-    for r in 0..rows {
+    for r in 0..count {
         let row = &mut out[r * cols..(r + 1) * cols];
         for (j, chunk) in row.chunks_mut(block).enumerate() {
-            let b = r * bpr + j;
+            let b = (first + r) * bpr + j;
             let s = cb.scales[scope_of(cb.scale_mode, bpr, b)];
-            let p = &cb.protos[cb.assignments[b] as usize * block..][..chunk.len()];
+            let p = &cb.protos[cb.assignments[r * bpr + j] as usize * block..][..chunk.len()];
             for (o, &x) in chunk.iter_mut().zip(p) {
                 *o = s * x;
             }

@@ -131,6 +131,56 @@ pub fn unpack_into(bytes: &[u8], bits: u32, out: &mut [u32]) -> Result<()> {
     Ok(())
 }
 
+/// Unpacks values `first .. first + out.len()` of `total` values of `bits` bits written by
+/// [`pack`], reading only the bytes they occupy; `bytes` must have exactly the packed length
+/// of `total` values.
+pub fn unpack_range_into(
+    bytes: &[u8],
+    bits: u32,
+    total: usize,
+    first: usize,
+    out: &mut [u32],
+) -> Result<()> {
+    let need = (total as u64 * bits as u64).div_ceil(8);
+    if bytes.len() as u64 != need || bits == 0 || bits > 32 {
+        return Err(HdcError::Corrupt(format!(
+            "{} packed bytes for {total} indices of {bits} bits (expected {need})",
+            bytes.len(),
+        )));
+    }
+    if first.checked_add(out.len()).is_none_or(|e| e > total) {
+        return Err(HdcError::Shape(format!(
+            "indices {first}..+{} of {total}",
+            out.len()
+        )));
+    }
+    let mask = if bits == 32 {
+        u32::MAX as u64
+    } else {
+        (1u64 << bits) - 1
+    };
+    let bit = first as u64 * bits as u64;
+    let mut pos = (bit / 8) as usize;
+    let skip = (bit % 8) as u32;
+    let (mut acc, mut n) = (0u64, 0u32);
+    if skip > 0 && !out.is_empty() {
+        acc = (bytes[pos] as u64) >> skip;
+        n = 8 - skip;
+        pos += 1;
+    }
+    for o in out.iter_mut() {
+        while n < bits {
+            acc |= (bytes[pos] as u64) << n;
+            pos += 1;
+            n += 8;
+        }
+        *o = (acc & mask) as u32;
+        acc >>= bits;
+        n -= bits;
+    }
+    Ok(())
+}
+
 /// Run-length form: `(value, run − 1)` varint pairs.
 pub fn rle_encode(values: &[u32]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -150,9 +200,22 @@ pub fn rle_encode(values: &[u32]) -> Vec<u8> {
 
 /// Decodes exactly `out.len()` values, each `< k`, written by [`rle_encode`].
 pub fn rle_decode_into(bytes: &[u8], k: u32, out: &mut [u32]) -> Result<()> {
+    rle_decode_prefix_into(bytes, k, out.len(), out)
+}
+
+/// Decodes the first `out.len()` values of a run-length stream of exactly `total` values
+/// (`out.len() ≤ total`). The whole stream is checked — every index below `k`, the runs
+/// summing to `total`, no bytes after the last run — but only the prefix is written.
+pub fn rle_decode_prefix_into(bytes: &[u8], k: u32, total: usize, out: &mut [u32]) -> Result<()> {
+    if out.len() > total {
+        return Err(HdcError::Shape(format!(
+            "{} values asked of a run-length stream of {total}",
+            out.len()
+        )));
+    }
     let mut pos = 0;
     let mut filled = 0usize;
-    while filled < out.len() {
+    while filled < total {
         let v = get_varint(bytes, &mut pos)?;
         let run = get_varint(bytes, &mut pos)?;
         if v >= k as u64 {
@@ -161,9 +224,12 @@ pub fn rle_decode_into(bytes: &[u8], k: u32, out: &mut [u32]) -> Result<()> {
         let end = (run as usize)
             .checked_add(1)
             .and_then(|r| r.checked_add(filled))
-            .filter(|&e| e <= out.len())
+            .filter(|&e| e <= total)
             .ok_or_else(|| HdcError::Corrupt("run-length runs past the tensor".into()))?;
-        out[filled..end].fill(v as u32);
+        let len = out.len();
+        if filled < len {
+            out[filled..end.min(len)].fill(v as u32);
+        }
         filled = end;
     }
     if pos != bytes.len() {

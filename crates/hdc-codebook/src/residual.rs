@@ -114,36 +114,68 @@ pub fn apply(
     out: &mut [f32],
     replace: bool,
 ) -> Result<()> {
-    if vals.len() as u64 != dtype.values_len(count as u64) {
-        return Err(HdcError::Corrupt(format!(
-            "{} residual value bytes for {count} entries",
-            vals.len()
-        )));
-    }
-    let positions = decode_positions(idx, count, out.len() as u64)?;
-    let value = |i: usize| -> f32 {
-        match dtype {
-            ResidualDtype::F32 => f32::from_le_bytes([
-                vals[4 * i],
-                vals[4 * i + 1],
-                vals[4 * i + 2],
-                vals[4 * i + 3],
-            ]),
-            ResidualDtype::Int8 => {
-                let scale = f32::from_le_bytes([vals[0], vals[1], vals[2], vals[3]]);
-                vals[4 + i] as i8 as f32 * scale
-            }
+    Corrections::decode(idx, vals, count, dtype, out.len() as u64)?.apply(0, out, replace);
+    Ok(())
+}
+
+/// Decoded sparse corrections: ascending flat positions and their values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Corrections {
+    /// Flat positions, ascending.
+    pub positions: Vec<u64>,
+    /// The value at each position.
+    pub values: Vec<f32>,
+}
+
+impl Corrections {
+    /// Decodes `count` corrections whose positions are below `limit`; a non-finite value is
+    /// an error.
+    pub fn decode(
+        idx: &[u8],
+        vals: &[u8],
+        count: usize,
+        dtype: ResidualDtype,
+        limit: u64,
+    ) -> Result<Self> {
+        if vals.len() as u64 != dtype.values_len(count as u64) {
+            return Err(HdcError::Corrupt(format!(
+                "{} residual value bytes for {count} entries",
+                vals.len()
+            )));
         }
-    };
-    for (i, &p) in positions.iter().enumerate() {
-        let v = value(i);
-        if !v.is_finite() {
+        let positions = decode_positions(idx, count, limit)?;
+        let value = |i: usize| -> f32 {
+            match dtype {
+                ResidualDtype::F32 => f32::from_le_bytes([
+                    vals[4 * i],
+                    vals[4 * i + 1],
+                    vals[4 * i + 2],
+                    vals[4 * i + 3],
+                ]),
+                ResidualDtype::Int8 => {
+                    let scale = f32::from_le_bytes([vals[0], vals[1], vals[2], vals[3]]);
+                    vals[4 + i] as i8 as f32 * scale
+                }
+            }
+        };
+        let values: Vec<f32> = (0..positions.len()).map(value).collect();
+        if values.iter().any(|v| !v.is_finite()) {
             return Err(HdcError::Corrupt("non-finite residual value".into()));
         }
-        let o = &mut out[p as usize];
-        *o = if replace { v } else { *o + v };
+        Ok(Corrections { positions, values })
     }
-    Ok(())
+
+    /// Applies the corrections whose positions fall in `start .. start + out.len()` to `out`
+    /// (which holds those elements): added, or replacing the value when `replace`.
+    pub fn apply(&self, start: u64, out: &mut [f32], replace: bool) {
+        let end = start + out.len() as u64;
+        let from = self.positions.partition_point(|&p| p < start);
+        let to = self.positions.partition_point(|&p| p < end);
+        for (&p, &v) in self.positions[from..to].iter().zip(&self.values[from..to]) {
+            let o = &mut out[(p - start) as usize];
+            *o = if replace { v } else { *o + v };
+        }
+    }
 }
 
 #[cfg(test)]

@@ -122,11 +122,7 @@ impl Spec {
                             tile: 1,
                             seed: 0,
                             scale_dtype: FloatDtype::F16,
-                            coding: Coding::Rans {
-                                chunk: 1 << 18,
-                                lanes: 32,
-                                prob_bits: 14,
-                            },
+                            coding: Coding::RANS_DEFAULT,
                         },
                         bps: Some(bps),
                     }

@@ -44,6 +44,18 @@ pub enum HwzError {
         /// The flags word.
         flags: u32,
     },
+    /// A row range outside the tensor's rows.
+    #[error("tensor `{tensor}`: rows {start}..{end} are not inside its {rows} rows")]
+    RowRange {
+        /// Tensor name.
+        tensor: String,
+        /// First row asked for.
+        start: u64,
+        /// End of the range (exclusive).
+        end: u64,
+        /// Rows of the tensor's matrix view.
+        rows: u64,
+    },
     /// A count or length is above one of the named caps.
     #[error("{what} is {value}, above the limit of {max}")]
     LimitExceeded {

@@ -21,15 +21,6 @@ fn coding_err(tensor: &str) -> impl Fn(CodingError) -> HwzError + '_ {
     }
 }
 
-/// The rANS contexts of a lattice: words of `dim` symbols, tables chosen by [`Lattice::context`].
-fn contexts(l: &Lattice) -> rans::Contexts<impl Fn(usize, u32) -> usize + Copy + '_> {
-    rans::Contexts {
-        word: l.dim(),
-        count: l.contexts(),
-        map: move |j, first| l.context(j, first),
-    }
-}
-
 /// The fields of a lattice encoding and its pipeline parameters.
 fn unpack(
     tensor: &str,
@@ -109,7 +100,7 @@ pub(crate) fn encode(
             lanes,
             prob_bits,
         } => {
-            let ctx = contexts(&lattice);
+            let ctx = crate::view::contexts(&lattice);
             let s = rans::encode(
                 &q.symbols,
                 ctx,
@@ -131,96 +122,13 @@ pub(crate) fn encode(
     Ok(streams)
 }
 
-/// Decodes a lattice-encoded tensor whose stream sizes were checked against its shape.
-pub(crate) fn decode<'a>(
-    tensor: &str,
-    encoding: &Encoding,
-    rows: u64,
-    cols: u64,
-    get: &dyn Fn(&str) -> &'a [u8],
-    out: &mut [f32],
-) -> Result<()> {
-    let (lattice, scale_dtype, coding, params) = unpack(tensor, encoding)?;
-    let scales = scalar::decode_floats(get(role::SCALES), scale_dtype)
-        .map_err(crate::encoding::scalar_err(tensor))?;
-    // Justified by the stream sizes: at most MAX_SYMBOLS_PER_BYTE symbols per stored byte.
-    let n_symbols = rows as usize * lat::symbols_per_row(lattice, cols as usize);
-    let mut symbols = vec![0u32; n_symbols];
-    match coding {
-        Coding::Rice { chunk } => {
-            let parts = rice::RiceParts {
-                params: get(role::PARAMS),
-                offsets: get(role::OFFSETS),
-                payload: get(role::SYMBOLS),
-            };
-            rice::decode_parts(parts, chunk as usize, &mut symbols).map_err(coding_err(tensor))?;
-        }
-        Coding::Rans {
-            chunk,
-            lanes,
-            prob_bits,
-        } => {
-            let ctx = contexts(&lattice);
-            let parts = rans::RansParts {
-                model: get(role::MODEL),
-                index: get(role::INDEX),
-                payload: get(role::SYMBOLS),
-            };
-            let p = crate::encoding::rans_params(chunk, lanes, prob_bits);
-            rans::decode_parts(parts, ctx, &p, &mut symbols).map_err(coding_err(tensor))?;
-        }
-        Coding::Fixed { bits } => {
-            let codes = scalar::unpack_bits(get(role::SYMBOLS), bits, n_symbols)
-                .map_err(crate::encoding::scalar_err(tensor))?;
-            symbols
-                .iter_mut()
-                .zip(codes)
-                .for_each(|(s, c)| *s = c as u32);
-        }
-    }
-    let spr = lat::symbols_per_row(lattice, cols as usize);
-    let parts = row_parts(rows as usize, cols as usize);
-    let cols = cols as usize;
-    let mut chunks = Vec::with_capacity(parts.len());
-    let mut rest = &mut out[..];
-    for (start, n) in parts {
-        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n * cols);
-        rest = tail;
-        chunks.push((start, n, mine));
-    }
-    let params = &params;
-    let work = |(start, n, mine): (usize, usize, &mut [f32])| {
-        let symbols = &symbols[start * spr..(start + n) * spr];
-        lat::dequantize_rows_into(symbols, &scales[start..start + n], n, cols, params, mine)
-    };
-    let results: Vec<std::result::Result<(), lat::LatticeError>> = std::thread::scope(|s| {
-        let mut it = chunks.into_iter();
-        let first = it.next();
-        let handles: Vec<_> = it.map(|c| s.spawn(move || work(c))).collect();
-        let mut r: Vec<_> = first.map(work).into_iter().collect();
-        r.extend(
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(Err(lat::LatticeError::InvalidAlpha))),
-        );
-        r
-    });
-    results
-        .into_iter()
-        .collect::<std::result::Result<(), _>>()
-        .map_err(lat_err(tensor))
-}
-
-/// Row ranges `(start, count)` for the threads that share a tensor's rows: one range where
-/// the platform has no threads or the tensor is small.
+/// Row ranges `(start, count)` for the pool's threads to share a tensor's rows: one range for
+/// a small tensor.
 fn row_parts(rows: usize, cols: usize) -> Vec<(usize, usize)> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(16);
     let t = if rows * cols < 1 << 18 {
         1
     } else {
-        threads.min(rows).max(1)
+        crate::par::threads().min(rows).max(1)
     };
     let per = rows.div_ceil(t).max(1);
     if rows == 0 {
@@ -232,7 +140,7 @@ fn row_parts(rows: usize, cols: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// [`lat::quantize_rows`] over row ranges in parallel, results concatenated in row order.
+/// [`lat::quantize_rows`] over row ranges on the pool, results concatenated in row order.
 fn quantize_parallel(
     values: &[f32],
     rows: usize,
@@ -244,22 +152,10 @@ fn quantize_parallel(
     if parts.len() <= 1 {
         return lat::quantize_rows(values, rows, cols, params, |s| scale_dtype.round(s));
     }
-    let results: Vec<std::result::Result<lat::Quantized, lat::LatticeError>> =
-        std::thread::scope(|s| {
-            let handles: Vec<_> = parts
-                .iter()
-                .map(|&(start, n)| {
-                    let v = &values[start * cols..(start + n) * cols];
-                    s.spawn(move || {
-                        lat::quantize_rows(v, n, cols, params, |x| scale_dtype.round(x))
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(Err(lat::LatticeError::InvalidAlpha)))
-                .collect()
-        });
+    let results = crate::par::map(parts.clone(), |(start, n)| {
+        let v = &values[start * cols..(start + n) * cols];
+        lat::quantize_rows(v, n, cols, params, |x| scale_dtype.round(x))
+    });
     let mut all = lat::Quantized {
         symbols: Vec::new(),
         scales: Vec::with_capacity(rows),

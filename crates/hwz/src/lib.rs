@@ -8,7 +8,9 @@ mod lattice_codec;
 pub mod legacy;
 mod manifest;
 mod nested_codec;
+mod par;
 mod read;
+mod view;
 mod write;
 pub mod zstd_codec;
 
@@ -32,6 +34,9 @@ pub use manifest::{
 };
 pub use nested_codec::{assemble_exceptions, assemble_mixed, MAX_PARTS};
 pub use read::{decode_stream, Archive, ReadAt};
+pub use view::{
+    AssignmentsRef, CodebookParts, LatticeParts, LowRankParts, OutBuf, Parts, Symbols, TensorView,
+};
 #[cfg(feature = "std-fs")]
 pub use write::{temp_file_in, FileWriter};
 pub use write::{Writer, WriterOptions};

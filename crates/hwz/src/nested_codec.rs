@@ -218,7 +218,7 @@ fn decode_one(
 
 /// Splits `payload` by `index` into the streams of each encoding in turn, checking each
 /// against its encoding's lengths, and calls `f(part, streams)`.
-fn split<'a>(
+pub(crate) fn split<'a>(
     tensor: &str,
     encodings: &[(&Encoding, [u64; 2])],
     index: &[u8],
@@ -257,68 +257,4 @@ fn split<'a>(
         ));
     }
     Ok(())
-}
-
-/// Decodes a nested tensor whose top-level stream sizes were checked.
-pub(crate) fn decode<'a>(
-    tensor: &str,
-    encoding: &Encoding,
-    rows: u64,
-    cols: u64,
-    get: &dyn Fn(&str) -> &'a [u8],
-    out: &mut [f32],
-) -> Result<()> {
-    match encoding {
-        Encoding::Mixed { block_rows, parts } => {
-            let rs = part_rows(tensor, rows, *block_rows, parts.len())?;
-            let shapes: Vec<(&Encoding, [u64; 2])> = parts
-                .iter()
-                .zip(&rs)
-                .map(|(p, &r)| (p, [r, cols]))
-                .collect();
-            let mut starts = Vec::with_capacity(rs.len());
-            let mut acc = 0usize;
-            for &r in &rs {
-                starts.push(acc);
-                acc += (r * cols) as usize;
-            }
-            split(
-                tensor,
-                &shapes,
-                get(role::INDEX),
-                get(role::PAYLOAD),
-                |i, streams| {
-                    let len = (rs[i] * cols) as usize;
-                    crate::decode_into(
-                        tensor,
-                        &parts[i],
-                        &[rs[i], cols],
-                        streams,
-                        &mut out[starts[i]..starts[i] + len],
-                    )
-                },
-            )
-        }
-        Encoding::Exceptions { base, count, dtype } => {
-            split(
-                tensor,
-                &[(base, [rows, cols])],
-                get(role::INDEX),
-                get(role::PAYLOAD),
-                |_, streams| crate::decode_into(tensor, base, &[rows, cols], streams, out),
-            )?;
-            let vals = scalar::decode_floats(get(role::VALUES), *dtype)
-                .map_err(crate::encoding::scalar_err(tensor))?;
-            let pos = pack::decode_positions(get(role::INDICES), *count as usize, out.len() as u64)
-                .map_err(|source| HwzError::Codebook {
-                    tensor: tensor.to_string(),
-                    source,
-                })?;
-            for (&p, &v) in pos.iter().zip(&vals) {
-                out[p as usize] = v;
-            }
-            Ok(())
-        }
-        _ => Err(invalid(tensor, "not a nested encoding".into())),
-    }
 }

@@ -537,106 +537,206 @@ pub fn decode_parts<F: Fn(usize, u32) -> usize + Copy>(
     params: &RansParams,
     out: &mut [u32],
 ) -> Result<()> {
-    params.validate()?;
-    let model = Model::from_bytes(s.model)?;
-    let chunks = chunk_count(out.len(), params.chunk);
-    let expected = params.index_len(out.len());
-    if s.index.len() != expected {
-        return Err(CodingError::Length {
-            what: "rans index",
-            expected: expected as u64,
-            actual: s.index.len() as u64,
-        });
-    }
-    if s.payload.len() % 2 != 0 {
-        return Err(CodingError::Invalid {
-            what: "rans payload length",
-            value: s.payload.len() as u64,
-        });
-    }
-    let words = s.payload.len() / 2;
-    let u32_at = |b: &[u8], i: usize| {
-        u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
-    };
-    let entry = 1 + params.lanes;
-    let pb = model.prob_bits as u32;
-    let mask = (1u32 << pb) - 1;
-    let mut states = vec![0u32; params.lanes];
-    for (ci, chunk) in out.chunks_mut(params.chunk).enumerate() {
-        let start = u32_at(s.index, ci * entry) as usize;
-        let end = if ci + 1 < chunks {
-            u32_at(s.index, (ci + 1) * entry) as usize
-        } else {
-            words
-        };
-        if start > end || end > words {
-            return Err(CodingError::Invalid {
-                what: "rans chunk offset",
-                value: start as u64,
+    let d = Decoder::new(s, params, out.len())?;
+    d.decode_chunks(0..d.chunks(), ctx, out)
+}
+
+/// A validated rANS sequence of `n` symbols whose chunks decode independently: the model is
+/// parsed and the chunk table checked once, then any range of chunks decodes alone.
+#[derive(Debug, Clone)]
+pub struct Decoder<'a> {
+    model: Model,
+    index: &'a [u8],
+    payload: &'a [u8],
+    params: RansParams,
+    n: usize,
+}
+
+impl<'a> Decoder<'a> {
+    /// Parses the model and checks the chunk table against `n` symbols.
+    pub fn new(s: RansParts<'a>, params: &RansParams, n: usize) -> Result<Self> {
+        params.validate()?;
+        let model = Model::from_bytes(s.model)?;
+        let expected = params.index_len(n);
+        if s.index.len() != expected {
+            return Err(CodingError::Length {
+                what: "rans index",
+                expected: expected as u64,
+                actual: s.index.len() as u64,
             });
         }
-        for (l, st) in states.iter_mut().enumerate() {
-            *st = u32_at(s.index, ci * entry + 1 + l);
-            if *st < L {
-                return Err(CodingError::Corrupt { chunk: ci });
-            }
+        if s.payload.len() % 2 != 0 {
+            return Err(CodingError::Invalid {
+                what: "rans payload length",
+                value: s.payload.len() as u64,
+            });
         }
-        let stream = &s.payload[2 * start..2 * end];
-        let mut pos = 0usize;
-        let next = |pos: &mut usize| -> Result<u32> {
-            let w = stream
-                .get(*pos..*pos + 2)
-                .ok_or(CodingError::Corrupt { chunk: ci })?;
-            *pos += 2;
-            Ok(u16::from_le_bytes([w[0], w[1]]) as u32)
-        };
-        let mut first = 0u32;
-        let (mut j, mut lane) = (0usize, 0usize);
-        let last_table = model.tables.len() - 1;
-        for out_sym in chunk.iter_mut() {
-            let t = &model.tables[(ctx.map)(j, first).min(last_table)];
-            if t.slots.is_empty() {
-                return Err(CodingError::Corrupt { chunk: ci });
-            }
-            let x = &mut states[lane];
-            let slot = t.slots[(*x & mask) as usize];
-            *x = slot.freq as u32 * (*x >> pb) + slot.bias as u32;
-            let mut sym = slot.sym as u32;
-            if t.escape && sym == MAX_DIRECT {
-                let hi = next(&mut pos)?;
-                let lo = next(&mut pos)?;
-                sym = (hi << 16) | lo;
-            }
-            // Branch-free renormalization: whether a word is needed is a coin flip per symbol.
-            let w = stream
-                .get(pos..pos + 2)
-                .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]) as u32);
-            let need = *x < L;
-            *x = if need { (*x << 16) | w } else { *x };
-            pos += 2 * need as usize;
-            first = if j == 0 { sym } else { first };
-            *out_sym = sym;
-            j += 1;
-            if j == ctx.word {
-                j = 0;
-            }
-            lane += 1;
-            if lane == params.lanes {
-                lane = 0;
-            }
-        }
-        // Writers may pad the payload with zero bytes after the last chunk (see hwz's minimum
-        // stream length); anything else left unread is corruption.
-        if pos > stream.len() {
-            return Err(CodingError::Corrupt { chunk: ci });
-        }
-        let rest = &stream[pos..];
-        let padded = ci + 1 == chunks && rest.iter().all(|&b| b == 0);
-        if (pos != stream.len() && !padded) || states.iter().any(|&x| x != L) {
-            return Err(CodingError::Corrupt { chunk: ci });
-        }
+        Ok(Decoder {
+            model,
+            index: s.index,
+            payload: s.payload,
+            params: *params,
+            n,
+        })
     }
-    Ok(())
+
+    /// Number of chunks.
+    pub fn chunks(&self) -> usize {
+        chunk_count(self.n, self.params.chunk)
+    }
+
+    /// Symbols per chunk (the last chunk may hold fewer).
+    pub fn chunk_symbols(&self) -> usize {
+        self.params.chunk
+    }
+
+    /// Symbols of the whole sequence.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether the sequence is empty.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The symbol range `[start, end)` of chunks `range`.
+    pub fn symbol_range(&self, range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        let c = self.params.chunk;
+        (range.start * c).min(self.n)..(range.end.saturating_mul(c)).min(self.n)
+    }
+
+    /// The payload bytes that chunks `range` occupy (what decoding them reads, beside the
+    /// model and their entries of the chunk table).
+    pub fn payload_bytes(&self, range: std::ops::Range<usize>) -> Result<u64> {
+        let words = self.payload.len() / 2;
+        let start = self.word_offset(range.start, words)?;
+        let end = self.word_offset(range.end, words)?;
+        Ok(2 * end.saturating_sub(start) as u64)
+    }
+
+    fn word_offset(&self, chunk: usize, words: usize) -> Result<usize> {
+        if chunk >= self.chunks() {
+            return Ok(words);
+        }
+        let at = chunk * 4 * (1 + self.params.lanes);
+        let b = self
+            .index
+            .get(at..at + 4)
+            .ok_or(CodingError::Corrupt { chunk })?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+
+    /// Decodes chunks `range` into `out`, which must hold exactly their symbols
+    /// ([`Decoder::symbol_range`]).
+    pub fn decode_chunks<F: Fn(usize, u32) -> usize + Copy>(
+        &self,
+        range: std::ops::Range<usize>,
+        ctx: Contexts<F>,
+        out: &mut [u32],
+    ) -> Result<()> {
+        let chunks = self.chunks();
+        if range.start > range.end || range.end > chunks {
+            return Err(CodingError::Invalid {
+                what: "rans chunk range",
+                value: range.end as u64,
+            });
+        }
+        let want = self.symbol_range(range.clone());
+        if out.len() != want.len() {
+            return Err(CodingError::Length {
+                what: "rans output",
+                expected: want.len() as u64,
+                actual: out.len() as u64,
+            });
+        }
+        let params = &self.params;
+        let model = &self.model;
+        let words = self.payload.len() / 2;
+        let u32_at = |b: &[u8], i: usize| {
+            u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+        };
+        let entry = 1 + params.lanes;
+        let pb = model.prob_bits as u32;
+        let mask = (1u32 << pb) - 1;
+        let mut states = vec![0u32; params.lanes];
+        for (k, chunk) in out.chunks_mut(params.chunk).enumerate() {
+            let ci = range.start + k;
+            let start = u32_at(self.index, ci * entry) as usize;
+            let end = if ci + 1 < chunks {
+                u32_at(self.index, (ci + 1) * entry) as usize
+            } else {
+                words
+            };
+            if start > end || end > words {
+                return Err(CodingError::Invalid {
+                    what: "rans chunk offset",
+                    value: start as u64,
+                });
+            }
+            for (l, st) in states.iter_mut().enumerate() {
+                *st = u32_at(self.index, ci * entry + 1 + l);
+                if *st < L {
+                    return Err(CodingError::Corrupt { chunk: ci });
+                }
+            }
+            let stream = &self.payload[2 * start..2 * end];
+            let mut pos = 0usize;
+            let next = |pos: &mut usize| -> Result<u32> {
+                let w = stream
+                    .get(*pos..*pos + 2)
+                    .ok_or(CodingError::Corrupt { chunk: ci })?;
+                *pos += 2;
+                Ok(u16::from_le_bytes([w[0], w[1]]) as u32)
+            };
+            let mut first = 0u32;
+            let (mut j, mut lane) = (0usize, 0usize);
+            let last_table = model.tables.len() - 1;
+            for out_sym in chunk.iter_mut() {
+                let t = &model.tables[(ctx.map)(j, first).min(last_table)];
+                if t.slots.is_empty() {
+                    return Err(CodingError::Corrupt { chunk: ci });
+                }
+                let x = &mut states[lane];
+                let slot = t.slots[(*x & mask) as usize];
+                *x = slot.freq as u32 * (*x >> pb) + slot.bias as u32;
+                let mut sym = slot.sym as u32;
+                if t.escape && sym == MAX_DIRECT {
+                    let hi = next(&mut pos)?;
+                    let lo = next(&mut pos)?;
+                    sym = (hi << 16) | lo;
+                }
+                // Branch-free renormalization: whether a word is needed is a coin flip per symbol.
+                let w = stream
+                    .get(pos..pos + 2)
+                    .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]) as u32);
+                let need = *x < L;
+                *x = if need { (*x << 16) | w } else { *x };
+                pos += 2 * need as usize;
+                first = if j == 0 { sym } else { first };
+                *out_sym = sym;
+                j += 1;
+                if j == ctx.word {
+                    j = 0;
+                }
+                lane += 1;
+                if lane == params.lanes {
+                    lane = 0;
+                }
+            }
+            // Writers may pad the payload with zero bytes after the last chunk (see hwz's minimum
+            // stream length); anything else left unread is corruption.
+            if pos > stream.len() {
+                return Err(CodingError::Corrupt { chunk: ci });
+            }
+            let rest = &stream[pos..];
+            let padded = ci + 1 == chunks && rest.iter().all(|&b| b == 0);
+            if (pos != stream.len() && !padded) || states.iter().any(|&x| x != L) {
+                return Err(CodingError::Corrupt { chunk: ci });
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -761,6 +861,21 @@ mod tests {
         fn any_symbols_roundtrip(v in proptest::collection::vec(prop_oneof![20 => 0u32..30, 1 => any::<u32>()], 0..700),
                                  lanes in 1usize..40, chunk_words in 1usize..40, prob_bits in 8u8..=15) {
             roundtrip(&v, RansParams { chunk: chunk_words * 8, lanes, prob_bits });
+        }
+
+        #[test]
+        fn chunk_ranges_decode_alone(v in proptest::collection::vec(prop_oneof![20 => 0u32..30, 1 => any::<u32>()], 1..700),
+                                     lanes in 1usize..40, chunk_words in 1usize..20, a in 0usize..12, b in 0usize..12) {
+            let p = RansParams { chunk: chunk_words * 8, lanes, prob_bits: 12 };
+            let s = encode(&v, ctx(), &p).unwrap();
+            let d = Decoder::new(s.parts(), &p, v.len()).unwrap();
+            let (a, b) = (a.min(b).min(d.chunks()), a.max(b).min(d.chunks()));
+            let r = d.symbol_range(a..b);
+            let mut out = vec![0u32; r.len()];
+            d.decode_chunks(a..b, ctx(), &mut out).unwrap();
+            prop_assert_eq!(&out[..], &v[r]);
+            prop_assert!(d.payload_bytes(a..b).unwrap() <= s.payload.len() as u64);
+            prop_assert!(d.decode_chunks(0..d.chunks() + 1, ctx(), &mut out).is_err());
         }
 
         #[test]

@@ -242,11 +242,75 @@ pub fn decode(s: &RiceStreams, chunk: usize, out: &mut [u32]) -> Result<()> {
 
 /// [`decode`] over borrowed streams.
 pub fn decode_parts(s: RiceParts<'_>, chunk: usize, out: &mut [u32]) -> Result<()> {
-    let table = chunk_table(s, out.len(), chunk)?;
-    for ((k, start, end), o) in table.into_iter().zip(out.chunks_mut(chunk.max(1))) {
-        decode_chunk(&s.payload[start..end], k as u32, o)?;
+    let d = Decoder::new(s, chunk, out.len())?;
+    d.decode_chunks(0..d.chunks(), out)
+}
+
+/// A validated Rice sequence of `n` symbols: the chunk table is checked once, then any range
+/// of chunks decodes alone.
+#[derive(Debug, Clone)]
+pub struct Decoder<'a> {
+    payload: &'a [u8],
+    table: Vec<(u8, usize, usize)>,
+    chunk: usize,
+    n: usize,
+}
+
+impl<'a> Decoder<'a> {
+    /// Checks the tables against `n` symbols in chunks of `chunk`.
+    pub fn new(s: RiceParts<'a>, chunk: usize, n: usize) -> Result<Self> {
+        let table = chunk_table(s, n, chunk)?;
+        Ok(Decoder {
+            payload: s.payload,
+            table,
+            chunk: chunk.max(1),
+            n,
+        })
     }
-    Ok(())
+
+    /// Number of chunks.
+    pub fn chunks(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Symbols per chunk (the last chunk may hold fewer).
+    pub fn chunk_symbols(&self) -> usize {
+        self.chunk
+    }
+
+    /// The symbol range `[start, end)` of chunks `range`.
+    pub fn symbol_range(&self, range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        (range.start * self.chunk).min(self.n)..(range.end.saturating_mul(self.chunk)).min(self.n)
+    }
+
+    /// The payload bytes chunks `range` occupy.
+    pub fn payload_bytes(&self, range: std::ops::Range<usize>) -> u64 {
+        self.table
+            .get(range)
+            .map_or(0, |t| t.iter().map(|&(_, a, b)| (b - a) as u64).sum())
+    }
+
+    /// Decodes chunks `range` into `out`, which must hold exactly their symbols.
+    pub fn decode_chunks(&self, range: std::ops::Range<usize>, out: &mut [u32]) -> Result<()> {
+        let Some(table) = self.table.get(range.clone()) else {
+            return Err(CodingError::Invalid {
+                what: "rice chunk range",
+                value: range.end as u64,
+            });
+        };
+        let want = self.symbol_range(range);
+        if out.len() != want.len() {
+            return Err(CodingError::Length {
+                what: "rice output",
+                expected: want.len() as u64,
+                actual: out.len() as u64,
+            });
+        }
+        for (&(k, start, end), o) in table.iter().zip(out.chunks_mut(self.chunk)) {
+            decode_chunk(&self.payload[start..end], k as u32, o)?;
+        }
+        Ok(())
+    }
 }
 
 #[inline]
@@ -397,6 +461,18 @@ mod tests {
         #[test]
         fn any_symbols_roundtrip(v in proptest::collection::vec(prop_oneof![8 => 0u32..40, 1 => any::<u32>()], 0..600), chunk in 1usize..200) {
             roundtrip(&v, chunk);
+        }
+
+        #[test]
+        fn chunk_ranges_decode_alone(v in proptest::collection::vec(prop_oneof![8 => 0u32..40, 1 => any::<u32>()], 1..600), chunk in 1usize..100, a in 0usize..10, b in 0usize..10) {
+            let s = encode(&v, chunk).unwrap();
+            let d = Decoder::new(s.parts(), chunk, v.len()).unwrap();
+            let (a, b) = (a.min(b).min(d.chunks()), a.max(b).min(d.chunks()));
+            let r = d.symbol_range(a..b);
+            let mut out = vec![0u32; r.len()];
+            d.decode_chunks(a..b, &mut out).unwrap();
+            prop_assert_eq!(&out[..], &v[r]);
+            prop_assert!(d.decode_chunks(0..d.chunks() + 1, &mut out).is_err());
         }
 
         #[test]

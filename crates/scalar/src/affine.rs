@@ -259,15 +259,26 @@ struct BitUnpacker<'a> {
 }
 
 impl<'a> BitUnpacker<'a> {
-    fn new(src: &'a [u8], bits: u8) -> Self {
-        BitUnpacker {
+    /// An unpacker whose first code is code number `first` of the stream.
+    fn at(src: &'a [u8], bits: u8, first: usize) -> Self {
+        let bit = first * bits as usize;
+        let mut u = BitUnpacker {
             src,
-            pos: 0,
+            pos: bit / 8,
             acc: 0,
             avail: 0,
             bits: bits as u32,
             mask: (1u64 << bits) - 1,
+        };
+        let skip = (bit % 8) as u32;
+        if skip > 0 {
+            if let Some(&b) = src.get(u.pos) {
+                u.acc = (b as u64) >> skip;
+                u.avail = 8 - skip;
+                u.pos += 1;
+            }
         }
+        u
     }
     #[inline]
     fn next(&mut self) -> u32 {
@@ -419,13 +430,99 @@ pub fn affine_decode_into(
             });
         }
     }
+    let streams = AffineStreams {
+        codes,
+        scales,
+        offsets,
+    };
+    affine_decode_rows_unchecked(streams, rows, cols, params, 0, out)
+}
+
+/// The three streams of an affine tensor, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct AffineStreams<'a> {
+    /// Packed codes.
+    pub codes: &'a [u8],
+    /// Group scales.
+    pub scales: &'a [u8],
+    /// Group offsets (empty when symmetric).
+    pub offsets: &'a [u8],
+}
+
+/// Dequantizes rows `first .. first + out.len() / cols` of a `rows × cols` tensor into `out`,
+/// reading only the codes, scales and offsets of those rows. The streams must have exactly
+/// the lengths of the whole tensor ([`AffineParams::stream_lens`]); the result is bit for bit
+/// the same as those rows of [`affine_decode_into`].
+pub fn affine_decode_rows_into(
+    streams: AffineStreams<'_>,
+    rows: usize,
+    cols: usize,
+    params: &AffineParams,
+    first: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let AffineStreams {
+        codes,
+        scales,
+        offsets,
+    } = streams;
+    let lens = params.stream_lens(rows, cols)?;
+    for (stream, expected, actual) in [
+        ("codes", lens.codes, codes.len()),
+        ("scales", lens.scales, scales.len()),
+        ("offsets", lens.offsets, offsets.len()),
+    ] {
+        if expected != actual {
+            return Err(ScalarError::StreamLength {
+                stream,
+                expected,
+                actual,
+            });
+        }
+    }
+    let count = out.len().checked_div(cols).unwrap_or(0);
+    if count * cols != out.len() || first.checked_add(count).is_none_or(|end| end > rows) {
+        return Err(ScalarError::ShapeMismatch {
+            rows,
+            cols,
+            len: out.len(),
+        });
+    }
+    affine_decode_rows_unchecked(streams, rows, cols, params, first, out)
+}
+
+/// The decode loop over rows `first ..` once every length has been checked.
+fn affine_decode_rows_unchecked(
+    streams: AffineStreams<'_>,
+    rows: usize,
+    cols: usize,
+    params: &AffineParams,
+    first: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let AffineStreams {
+        codes,
+        scales,
+        offsets,
+    } = streams;
     let layout = GroupLayout::new(rows, cols, params.group)?;
     let dt = params.scale_dtype;
     let bits = params.bits;
-    let mut unpacker = BitUnpacker::new(codes, bits);
-    let mut group_index = 0usize;
-    for row in out.chunks_mut(layout.cols.max(1)).take(layout.rows) {
-        for g in row.chunks_mut(layout.group_len.max(1)) {
+    let mut unpacker = BitUnpacker::at(codes, bits, first * cols);
+    // A tensor-wide group is one group: every row reads group 0.
+    let (row_len, mut group_index) = match params.group {
+        Group::Tensor => (cols, 0),
+        _ => (layout.cols, first * layout.groups_per_row),
+    };
+    let group_len = match params.group {
+        Group::Tensor => cols,
+        _ => layout.group_len,
+    };
+    for row in out.chunks_mut(row_len.max(1)) {
+        if params.group == Group::Tensor {
+            group_index = 0;
+        }
+        for g in row.chunks_mut(group_len.max(1)) {
             let s = dt.get(scales, group_index);
             if !params.symmetric {
                 let lo = dt.get(offsets, group_index);
@@ -634,6 +731,31 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn row_range_decode_equals_rows_of_whole(
+            bits in 1u8..=8, group in group_strategy(), symmetric in any::<bool>(),
+            scale_dtype in dtype_strategy(), rows in 1usize..7, cols in 1usize..70,
+            a in 0usize..7, b in 0usize..7, seed in any::<u64>(),
+        ) {
+            let p = AffineParams { bits, group, symmetric: symmetric && bits >= 1, scale_dtype };
+            let mut s = seed | 1;
+            let v: Vec<f32> = (0..rows * cols).map(|_| {
+                s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+                ((s >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0) as f32
+            }).collect();
+            let enc = affine_encode(&v, rows, cols, &p).unwrap();
+            let whole = affine_decode(&enc, rows, cols, &p).unwrap();
+            let (a, b) = (a.min(b).min(rows), a.max(b).min(rows));
+            let mut part = vec![0f32; (b - a) * cols];
+            let streams = AffineStreams { codes: &enc.codes, scales: &enc.scales, offsets: &enc.offsets };
+            affine_decode_rows_into(streams, rows, cols, &p, a, &mut part).unwrap();
+            let same = part.iter().zip(&whole[a * cols..b * cols]).all(|(x, y)| x.to_bits() == y.to_bits());
+            prop_assert!(same);
+            let mut over = vec![0f32; cols];
+            let outside = affine_decode_rows_into(streams, rows, cols, &p, rows, &mut over);
+            prop_assert!(outside.is_err());
+        }
+
         #[test]
         fn asymmetric_error_within_half_step(
             bits in 2u8..=8, group in group_strategy(), scale_dtype in dtype_strategy(),

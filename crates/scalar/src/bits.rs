@@ -103,6 +103,56 @@ pub fn unpack_bits_into(bytes: &[u8], bits: u8, out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
+/// Unpacks codes `first .. first + out.len()` of a stream of `total` codes of `bits` bits
+/// (`bytes` exactly [`packed_len`]`(total, bits)` long), reading only the bytes they occupy.
+pub fn unpack_bits_range_into(
+    bytes: &[u8],
+    bits: u8,
+    total: usize,
+    first: usize,
+    out: &mut [u8],
+) -> Result<()> {
+    check_bits(bits)?;
+    let expected = packed_len(total, bits).unwrap_or(usize::MAX);
+    if bytes.len() != expected {
+        return Err(ScalarError::StreamLength {
+            stream: "codes",
+            expected,
+            actual: bytes.len(),
+        });
+    }
+    if first.checked_add(out.len()).is_none_or(|end| end > total) {
+        return Err(ScalarError::StreamLength {
+            stream: "codes",
+            expected: total,
+            actual: first.saturating_add(out.len()),
+        });
+    }
+    let bit = first * bits as usize;
+    if bit % 8 == 0 {
+        let start = bit / 8;
+        let len = packed_len(out.len(), bits).unwrap_or(0);
+        return unpack_bits_into(&bytes[start..start + len], bits, out);
+    }
+    let mask = (1u64 << bits) - 1;
+    let mut pos = bit / 8;
+    let mut acc = (bytes.get(pos).copied().unwrap_or(0) as u64) >> (bit % 8);
+    let mut avail = 8 - (bit % 8) as u32;
+    pos += 1;
+    for o in out.iter_mut() {
+        while avail < bits as u32 {
+            // The length check above guarantees these bytes exist.
+            acc |= (bytes.get(pos).copied().unwrap_or(0) as u64) << avail;
+            pos += 1;
+            avail += 8;
+        }
+        *o = (acc & mask) as u8;
+        acc >>= bits;
+        avail -= bits as u32;
+    }
+    Ok(())
+}
+
 /// Unpacks `n` codes of `bits` bits.
 pub fn unpack_bits(bytes: &[u8], bits: u8, n: usize) -> Result<Vec<u8>> {
     check_bits(bits)?;
@@ -157,6 +207,20 @@ mod tests {
             let packed = pack_bits(&codes, bits).unwrap();
             prop_assert_eq!(packed.len(), packed_len(codes.len(), bits).unwrap());
             prop_assert_eq!(unpack_bits(&packed, bits, codes.len()).unwrap(), codes);
+        }
+
+        #[test]
+        fn range_unpack_equals_slice(bits in 1u8..=8, codes in proptest::collection::vec(any::<u8>(), 1..300), a in 0usize..300, b in 0usize..300) {
+            let mask = ((1u16 << bits) - 1) as u8;
+            let codes: Vec<u8> = codes.iter().map(|c| c & mask).collect();
+            let (a, b) = (a.min(b) % (codes.len() + 1), a.max(b).min(codes.len()));
+            let (a, b) = (a.min(b), b);
+            let packed = pack_bits(&codes, bits).unwrap();
+            let mut out = vec![0u8; b - a];
+            unpack_bits_range_into(&packed, bits, codes.len(), a, &mut out).unwrap();
+            prop_assert_eq!(&out[..], &codes[a..b]);
+            let mut over = vec![0u8; 2];
+            prop_assert!(unpack_bits_range_into(&packed, bits, codes.len(), codes.len() - 1, &mut over).is_err());
         }
     }
 }

@@ -31,10 +31,10 @@ mod bits;
 mod float;
 
 pub use affine::{
-    affine_decode, affine_decode_into, affine_encode, AffineEncoded, AffineParams, Group,
-    GroupLayout, StreamLens, MAX_BITS,
+    affine_decode, affine_decode_into, affine_decode_rows_into, affine_encode, AffineEncoded,
+    AffineParams, AffineStreams, Group, GroupLayout, StreamLens, MAX_BITS,
 };
-pub use bits::{pack_bits, packed_len, unpack_bits, unpack_bits_into};
+pub use bits::{pack_bits, packed_len, unpack_bits, unpack_bits_into, unpack_bits_range_into};
 pub use float::{check_finite, decode_floats, decode_floats_into, encode_floats, FloatDtype};
 
 /// Everything that can go wrong in this crate.
