@@ -301,7 +301,8 @@ pub struct Planner {
     pub target: Option<Target>,
     /// Storage of `PER_WEIGHT` exceptions.
     pub exception_dtype: FloatDtype,
-    /// Worker threads measuring candidates (1 on platforms without threads).
+    /// Candidates measured at once: 1 measures them one after the other; more runs them on
+    /// the workspace pool (rayon). By default, the pool's thread count.
     pub threads: usize,
     /// `LOWEST`, `HIGHEST`, `BEST`, `AUTO`: measure the candidates on this many evenly spaced
     /// rows of a tensor with more than twice as many, then only the winner on the whole
@@ -343,9 +344,7 @@ impl Planner {
             block_rows: 32,
             target: None,
             exception_dtype: FloatDtype::F32,
-            threads: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
+            threads: rayon::current_num_threads(),
             screen_rows: (mode == Mode::Auto).then_some(512),
         }
     }

@@ -4,8 +4,6 @@ use crate::measure::{decode, energies, measure, Measured};
 use crate::{Mode, PlanError, Planner, Result, Spec, TensorPlan};
 use hypercodec_hwz::{EncodedTensor, Encoding, FloatDtype};
 use std::cmp::Ordering;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
-use std::sync::Mutex;
 
 /// How acceptability is judged for a candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,33 +34,14 @@ fn kind(spec: &Spec) -> Kind {
     }
 }
 
-/// Runs `f(i)` for `i in 0..n` on up to `threads` threads, results in order.
-fn parallel<T: Send>(threads: usize, n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    let t = threads.clamp(1, n.max(1));
-    if t == 1 {
+/// Runs `f(i)` for `i in 0..n`, results in order: on the workspace's pool (rayon's global
+/// pool) unless `threads` is 1. A worker's panic is resumed on the caller.
+fn parallel<T: Send>(threads: usize, n: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
+    use rayon::prelude::*;
+    if threads <= 1 || n <= 1 {
         return (0..n).map(f).collect();
     }
-    let next = AtomicUsize::new(0);
-    let out: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
-    std::thread::scope(|s| {
-        for _ in 0..t {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, AtomicOrdering::Relaxed);
-                if i >= n {
-                    break;
-                }
-                let r = f(i);
-                if let Ok(mut o) = out.lock() {
-                    o[i] = Some(r);
-                }
-            });
-        }
-    });
-    out.into_inner()
-        .unwrap_or_default()
-        .into_iter()
-        .flatten()
-        .collect()
+    (0..n).into_par_iter().map(f).collect()
 }
 
 struct Cand {
