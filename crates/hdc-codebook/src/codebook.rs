@@ -93,16 +93,17 @@ impl CodebookParams {
     /// Checks the parameters.
     pub fn validate(&self) -> Result<()> {
         if !(MIN_BLOCK..=MAX_BLOCK).contains(&self.block) {
-            return Err(HdcError::InvalidParams(format!(
-                "block {} must be in {MIN_BLOCK}..={MAX_BLOCK}",
-                self.block
-            )));
+            return Err(HdcError::InvalidParams {
+                message: format!("block {} must be in {MIN_BLOCK}..={MAX_BLOCK}", self.block),
+            });
         }
         if !(1..=MAX_PROTOTYPES).contains(&self.prototypes) {
-            return Err(HdcError::InvalidParams(format!(
-                "prototypes {} must be in 1..={MAX_PROTOTYPES}",
-                self.prototypes
-            )));
+            return Err(HdcError::InvalidParams {
+                message: format!(
+                    "prototypes {} must be in 1..={MAX_PROTOTYPES}",
+                    self.prototypes
+                ),
+            });
         }
         if let Some(h) = self.hdc {
             h.validate()?;
@@ -139,10 +140,9 @@ pub fn encode(
 ) -> Result<Codebook> {
     params.validate()?;
     if values.len() != rows * cols {
-        return Err(HdcError::Shape(format!(
-            "{} values for a {rows}×{cols} tensor",
-            values.len()
-        )));
+        return Err(HdcError::Shape {
+            message: format!("{} values for a {rows}×{cols} tensor", values.len()),
+        });
     }
     if let Some(i) = values.iter().position(|v| !v.is_finite()) {
         return Err(HdcError::NonFinite { index: i as u64 });
@@ -241,7 +241,9 @@ pub fn decode_rows_into(
 ) -> Result<()> {
     let block = cb.block;
     if !(MIN_BLOCK..=MAX_BLOCK).contains(&block) {
-        return Err(HdcError::InvalidParams(format!("block {block}")));
+        return Err(HdcError::InvalidParams {
+            message: format!("block {block}"),
+        });
     }
     let bpr = cols.div_ceil(block);
     let k = cb.protos.len() / block;
@@ -252,12 +254,16 @@ pub fn decode_rows_into(
         || cb.scales.len() != cb.scale_mode.count(rows, cols, block)
         || cb.protos.len() % block != 0
     {
-        return Err(HdcError::Shape(format!(
-            "codebook parts do not match rows {first}..+{count} of a {rows}×{cols} tensor"
-        )));
+        return Err(HdcError::Shape {
+            message: format!(
+                "codebook parts do not match rows {first}..+{count} of a {rows}×{cols} tensor"
+            ),
+        });
     }
     if let Some(&a) = cb.assignments.iter().find(|&&a| a as usize >= k) {
-        return Err(HdcError::Corrupt(format!("prototype index {a} >= {k}")));
+        return Err(HdcError::Corrupt {
+            message: format!("prototype index {a} >= {k}"),
+        });
     }
     for r in 0..count {
         let row = &mut out[r * cols..(r + 1) * cols];

@@ -37,19 +37,20 @@ impl HdcParams {
     /// Checks the parameters.
     pub fn validate(&self) -> Result<()> {
         if self.dim == 0 || self.dim > MAX_HDC_DIM {
-            return Err(HdcError::InvalidParams(format!(
-                "hdc dim {} must be in 1..={MAX_HDC_DIM}",
-                self.dim
-            )));
+            return Err(HdcError::InvalidParams {
+                message: format!("hdc dim {} must be in 1..={MAX_HDC_DIM}", self.dim),
+            });
         }
         if !self.buckets.is_power_of_two()
             || self.buckets > 1 << 16
             || self.buckets.trailing_zeros() as usize > self.dim
         {
-            return Err(HdcError::InvalidParams(format!(
-                "hdc buckets {} must be a power of two <= min(2^dim, 65536)",
-                self.buckets
-            )));
+            return Err(HdcError::InvalidParams {
+                message: format!(
+                    "hdc buckets {} must be a power of two <= min(2^dim, 65536)",
+                    self.buckets
+                ),
+            });
         }
         Ok(())
     }

@@ -41,11 +41,17 @@ pub use residual::ResidualDtype;
 #[non_exhaustive]
 pub enum HdcError {
     /// A parameter is out of range.
-    #[error("invalid codebook parameters: {0}")]
-    InvalidParams(String),
+    #[error("invalid codebook parameters: {message}")]
+    InvalidParams {
+        /// Which parameter and why.
+        message: String,
+    },
     /// Values and shape disagree.
-    #[error("shape mismatch: {0}")]
-    Shape(String),
+    #[error("shape mismatch: {message}")]
+    Shape {
+        /// What does not match.
+        message: String,
+    },
     /// NaN or infinity in the input.
     #[error("non-finite value at element {index}")]
     NonFinite {
@@ -53,8 +59,11 @@ pub enum HdcError {
         index: u64,
     },
     /// Stored bytes that cannot be decoded.
-    #[error("corrupt codebook data: {0}")]
-    Corrupt(String),
+    #[error("corrupt codebook data: {message}")]
+    Corrupt {
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// Result of this crate.

@@ -124,15 +124,14 @@ pub fn fit(
     seed: u64,
 ) -> Result<LowRank> {
     if rank == 0 || rank > MAX_RANK || rank > rows.min(cols).max(1) {
-        return Err(HdcError::InvalidParams(format!(
-            "rank {rank} must be in 1..=min({rows}, {cols}, {MAX_RANK})"
-        )));
+        return Err(HdcError::InvalidParams {
+            message: format!("rank {rank} must be in 1..=min({rows}, {cols}, {MAX_RANK})"),
+        });
     }
     if a.len() != rows * cols {
-        return Err(HdcError::Shape(format!(
-            "{} values for {rows}×{cols}",
-            a.len()
-        )));
+        return Err(HdcError::Shape {
+            message: format!("{} values for {rows}×{cols}", a.len()),
+        });
     }
     if let Some(i) = a.iter().position(|v| !v.is_finite()) {
         return Err(HdcError::NonFinite { index: i as u64 });
@@ -183,9 +182,9 @@ pub fn decode_into(lr: &LowRank, rows: usize, cols: usize, out: &mut [f32]) -> R
         || lr.v.len() != cols * r
         || out.len() != rows * cols
     {
-        return Err(HdcError::Shape(format!(
-            "low-rank parts do not match {rows}×{cols}"
-        )));
+        return Err(HdcError::Shape {
+            message: format!("low-rank parts do not match {rows}×{cols}"),
+        });
     }
     if lr
         .u_scales
@@ -193,7 +192,9 @@ pub fn decode_into(lr: &LowRank, rows: usize, cols: usize, out: &mut [f32]) -> R
         .chain(&lr.v_scales)
         .any(|s| !s.is_finite())
     {
-        return Err(HdcError::Corrupt("non-finite low-rank scale".into()));
+        return Err(HdcError::Corrupt {
+            message: "non-finite low-rank scale".into(),
+        });
     }
     let us: Vec<f32> =
         lr.u.chunks_exact(r)

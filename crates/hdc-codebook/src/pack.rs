@@ -17,19 +17,23 @@ pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 pub fn get_varint(bytes: &[u8], pos: &mut usize) -> Result<u64> {
     let mut v = 0u64;
     for i in 0..10 {
-        let b = *bytes
-            .get(*pos)
-            .ok_or_else(|| HdcError::Corrupt("varint runs past the end".into()))?;
+        let b = *bytes.get(*pos).ok_or_else(|| HdcError::Corrupt {
+            message: "varint runs past the end".into(),
+        })?;
         *pos += 1;
         if i == 9 && b > 1 {
-            return Err(HdcError::Corrupt("varint overflows 64 bits".into()));
+            return Err(HdcError::Corrupt {
+                message: "varint overflows 64 bits".into(),
+            });
         }
         v |= ((b & 0x7f) as u64) << (7 * i);
         if b & 0x80 == 0 {
             return Ok(v);
         }
     }
-    Err(HdcError::Corrupt("varint longer than 10 bytes".into()))
+    Err(HdcError::Corrupt {
+        message: "varint longer than 10 bytes".into(),
+    })
 }
 
 /// Strictly increasing positions as varint gaps (the first is the position itself, each next
@@ -48,10 +52,9 @@ pub fn encode_positions(positions: &[u64]) -> Vec<u8> {
 /// be consumed exactly.
 pub fn decode_positions(bytes: &[u8], count: usize, limit: u64) -> Result<Vec<u64>> {
     if count > bytes.len() {
-        return Err(HdcError::Corrupt(format!(
-            "{count} positions cannot fit in {} bytes",
-            bytes.len()
-        )));
+        return Err(HdcError::Corrupt {
+            message: format!("{count} positions cannot fit in {} bytes", bytes.len()),
+        });
     }
     let mut out = Vec::with_capacity(count);
     let mut pos = 0;
@@ -63,15 +66,16 @@ pub fn decode_positions(bytes: &[u8], count: usize, limit: u64) -> Result<Vec<u6
             Some(q) => q.checked_add(g).and_then(|x| x.checked_add(1)),
         }
         .filter(|&p| p < limit)
-        .ok_or_else(|| HdcError::Corrupt(format!("position out of range (limit {limit})")))?;
+        .ok_or_else(|| HdcError::Corrupt {
+            message: format!("position out of range (limit {limit})"),
+        })?;
         out.push(p);
         prev = Some(p);
     }
     if pos != bytes.len() {
-        return Err(HdcError::Corrupt(format!(
-            "{} bytes after the last position",
-            bytes.len() - pos
-        )));
+        return Err(HdcError::Corrupt {
+            message: format!("{} bytes after the last position", bytes.len() - pos),
+        });
     }
     Ok(out)
 }
@@ -106,11 +110,13 @@ pub fn pack(values: &[u32], bits: u32) -> Vec<u8> {
 pub fn unpack_into(bytes: &[u8], bits: u32, out: &mut [u32]) -> Result<()> {
     let need = (out.len() as u64 * bits as u64).div_ceil(8);
     if bytes.len() as u64 != need || bits == 0 || bits > 32 {
-        return Err(HdcError::Corrupt(format!(
-            "{} packed bytes for {} indices of {bits} bits (expected {need})",
-            bytes.len(),
-            out.len()
-        )));
+        return Err(HdcError::Corrupt {
+            message: format!(
+                "{} packed bytes for {} indices of {bits} bits (expected {need})",
+                bytes.len(),
+                out.len()
+            ),
+        });
     }
     let mask = if bits == 32 {
         u32::MAX as u64
@@ -143,16 +149,17 @@ pub fn unpack_range_into(
 ) -> Result<()> {
     let need = (total as u64 * bits as u64).div_ceil(8);
     if bytes.len() as u64 != need || bits == 0 || bits > 32 {
-        return Err(HdcError::Corrupt(format!(
-            "{} packed bytes for {total} indices of {bits} bits (expected {need})",
-            bytes.len(),
-        )));
+        return Err(HdcError::Corrupt {
+            message: format!(
+                "{} packed bytes for {total} indices of {bits} bits (expected {need})",
+                bytes.len(),
+            ),
+        });
     }
     if first.checked_add(out.len()).is_none_or(|e| e > total) {
-        return Err(HdcError::Shape(format!(
-            "indices {first}..+{} of {total}",
-            out.len()
-        )));
+        return Err(HdcError::Shape {
+            message: format!("indices {first}..+{} of {total}", out.len()),
+        });
     }
     let mask = if bits == 32 {
         u32::MAX as u64
@@ -208,10 +215,12 @@ pub fn rle_decode_into(bytes: &[u8], k: u32, out: &mut [u32]) -> Result<()> {
 /// summing to `total`, no bytes after the last run — but only the prefix is written.
 pub fn rle_decode_prefix_into(bytes: &[u8], k: u32, total: usize, out: &mut [u32]) -> Result<()> {
     if out.len() > total {
-        return Err(HdcError::Shape(format!(
-            "{} values asked of a run-length stream of {total}",
-            out.len()
-        )));
+        return Err(HdcError::Shape {
+            message: format!(
+                "{} values asked of a run-length stream of {total}",
+                out.len()
+            ),
+        });
     }
     let mut pos = 0;
     let mut filled = 0usize;
@@ -219,13 +228,17 @@ pub fn rle_decode_prefix_into(bytes: &[u8], k: u32, total: usize, out: &mut [u32
         let v = get_varint(bytes, &mut pos)?;
         let run = get_varint(bytes, &mut pos)?;
         if v >= k as u64 {
-            return Err(HdcError::Corrupt(format!("prototype index {v} >= {k}")));
+            return Err(HdcError::Corrupt {
+                message: format!("prototype index {v} >= {k}"),
+            });
         }
         let end = (run as usize)
             .checked_add(1)
             .and_then(|r| r.checked_add(filled))
             .filter(|&e| e <= total)
-            .ok_or_else(|| HdcError::Corrupt("run-length runs past the tensor".into()))?;
+            .ok_or_else(|| HdcError::Corrupt {
+                message: "run-length runs past the tensor".into(),
+            })?;
         let len = out.len();
         if filled < len {
             out[filled..end.min(len)].fill(v as u32);
@@ -233,7 +246,9 @@ pub fn rle_decode_prefix_into(bytes: &[u8], k: u32, total: usize, out: &mut [u32
         filled = end;
     }
     if pos != bytes.len() {
-        return Err(HdcError::Corrupt("bytes after the last run".into()));
+        return Err(HdcError::Corrupt {
+            message: "bytes after the last run".into(),
+        });
     }
     Ok(())
 }

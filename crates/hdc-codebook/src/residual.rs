@@ -138,10 +138,9 @@ impl Corrections {
         limit: u64,
     ) -> Result<Self> {
         if vals.len() as u64 != dtype.values_len(count as u64) {
-            return Err(HdcError::Corrupt(format!(
-                "{} residual value bytes for {count} entries",
-                vals.len()
-            )));
+            return Err(HdcError::Corrupt {
+                message: format!("{} residual value bytes for {count} entries", vals.len()),
+            });
         }
         let positions = decode_positions(idx, count, limit)?;
         let value = |i: usize| -> f32 {
@@ -160,7 +159,9 @@ impl Corrections {
         };
         let values: Vec<f32> = (0..positions.len()).map(value).collect();
         if values.iter().any(|v| !v.is_finite()) {
-            return Err(HdcError::Corrupt("non-finite residual value".into()));
+            return Err(HdcError::Corrupt {
+                message: "non-finite residual value".into(),
+            });
         }
         Ok(Corrections { positions, values })
     }

@@ -110,7 +110,7 @@ fn invalid_params_and_input_are_typed_errors() {
     };
     assert!(matches!(
         codebook::encode(&x, 4, 4, &bad),
-        Err(HdcError::InvalidParams(_))
+        Err(HdcError::InvalidParams { .. })
     ));
     let bad = CodebookParams {
         hdc: Some(HdcParams {
@@ -122,7 +122,7 @@ fn invalid_params_and_input_are_typed_errors() {
     };
     assert!(matches!(
         codebook::encode(&x, 4, 4, &bad),
-        Err(HdcError::InvalidParams(_))
+        Err(HdcError::InvalidParams { .. })
     ));
     let mut y = x.clone();
     y[3] = f32::NAN;
@@ -132,7 +132,7 @@ fn invalid_params_and_input_are_typed_errors() {
     );
     assert!(matches!(
         codebook::encode(&x, 3, 4, &CodebookParams::default()),
-        Err(HdcError::Shape(_))
+        Err(HdcError::Shape { .. })
     ));
     let cb = codebook::encode(
         &x,

@@ -84,12 +84,13 @@ pub fn allocate(plan: &mut Plan, target: Target, weights: &HashMap<String, f64>)
     for (t, tp) in plan.tensors.iter_mut().enumerate() {
         let i = hulls[t][at[t]];
         let m = &tp.candidates[i];
-        tp.spec = tp.candidate_specs.get(i).cloned().ok_or_else(|| {
-            PlanError::Candidate(format!(
-                "tensor `{}`: plan has no candidate recipes",
-                tp.name
-            ))
-        })?;
+        tp.spec = tp
+            .candidate_specs
+            .get(i)
+            .cloned()
+            .ok_or_else(|| PlanError::Candidate {
+                message: format!("tensor `{}`: plan has no candidate recipes", tp.name),
+            })?;
         tp.label = m.label.clone();
         tp.bytes = m.bytes;
         tp.rel_mse = m.rel_mse;

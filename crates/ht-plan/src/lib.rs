@@ -67,8 +67,11 @@ pub enum PlanError {
     #[error(transparent)]
     Hwz(#[from] HwzError),
     /// A candidate name or setting is not understood.
-    #[error("{0}")]
-    Candidate(String),
+    #[error("{message}")]
+    Candidate {
+        /// The name or setting and what is wrong with it.
+        message: String,
+    },
     /// No candidate could encode the tensor.
     #[error("tensor `{tensor}`: no candidate could encode it ({reasons})")]
     NoCandidate {
@@ -132,9 +135,9 @@ impl FromStr for Mode {
             "budget" => Mode::Budget,
             "auto" => Mode::Auto,
             _ => {
-                return Err(PlanError::Candidate(format!(
+                return Err(PlanError::Candidate { message: format!(
                     "unknown mode `{s}` (lowest, highest, allow, closest, average, best, per_block, per_weight, budget, auto)"
-                )))
+                ) })
             }
         })
     }

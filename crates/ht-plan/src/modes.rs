@@ -514,7 +514,9 @@ fn per_weight(
             best = Some((cost, i, k));
         }
     }
-    let (_, i, k) = best.ok_or_else(|| PlanError::Candidate("no candidate".into()))?;
+    let (_, i, k) = best.ok_or_else(|| PlanError::Candidate {
+        message: "no candidate".into(),
+    })?;
     if k == 0 {
         return Ok((i, "cheapest acceptable without exceptions".into()));
     }

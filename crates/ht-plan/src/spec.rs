@@ -71,7 +71,9 @@ impl Spec {
     /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps); `lowrank@R`; `sparse` (the nonzeros,
     /// f32). `codebook` is built by the caller (it needs its settings).
     pub fn parse(name: &str) -> Result<Self> {
-        let bad = || PlanError::Candidate(format!("unknown candidate `{name}`"));
+        let bad = || PlanError::Candidate {
+            message: format!("unknown candidate `{name}`"),
+        };
         let raw = |dtype| Spec::fixed(Encoding::Raw { dtype });
         Ok(match name {
             "f32" => raw(FloatDtype::F32),
@@ -94,9 +96,9 @@ impl Spec {
                         symmetric: row,
                         scale_dtype: FloatDtype::F16,
                     };
-                    params
-                        .validate()
-                        .map_err(|e| PlanError::Candidate(format!("`{name}`: {e}")))?;
+                    params.validate().map_err(|e| PlanError::Candidate {
+                        message: format!("`{name}`: {e}"),
+                    })?;
                     Spec::fixed(Encoding::affine(params))
                 } else if let Some(r) = name.strip_prefix("lowrank@") {
                     Spec::fixed(Encoding::LowRank {
@@ -196,9 +198,12 @@ impl Spec {
                 for (i, p) in parts.iter().enumerate() {
                     let r = (*block_rows).min(rows.saturating_sub(i as u64 * block_rows));
                     let len = (r * cols) as usize;
-                    let slice = values.get(start..start + len).ok_or_else(|| {
-                        PlanError::Candidate("mixed parts exceed the tensor".into())
-                    })?;
+                    let slice =
+                        values
+                            .get(start..start + len)
+                            .ok_or_else(|| PlanError::Candidate {
+                                message: "mixed parts exceed the tensor".into(),
+                            })?;
                     done.push(p.encode(name, slice, &[r, cols], options)?);
                     start += len;
                 }

@@ -221,9 +221,9 @@ fn finite(tensor: &str, v: &[f32], what: &str) -> Result<()> {
     if v.iter().all(|x| x.is_finite()) {
         Ok(())
     } else {
-        Err(hdc_err(tensor)(HdcError::Corrupt(format!(
-            "non-finite {what}"
-        ))))
+        Err(hdc_err(tensor)(HdcError::Corrupt {
+            message: format!("non-finite {what}"),
+        }))
     }
 }
 
@@ -395,9 +395,9 @@ impl<'a> TensorView<'a> {
                 let u_scales = f32s(get(role::U_SCALES));
                 let v_scales = f32s(get(role::V_SCALES));
                 if u_scales.iter().chain(&v_scales).any(|s| !s.is_finite()) {
-                    return Err(hdc_err(tensor)(HdcError::Corrupt(
-                        "non-finite low-rank scale".into(),
-                    )));
+                    return Err(hdc_err(tensor)(HdcError::Corrupt {
+                        message: "non-finite low-rank scale".into(),
+                    }));
                 }
                 Parts::LowRank(LowRankParts {
                     rank: rank as usize,
@@ -763,10 +763,9 @@ impl<'a> TensorView<'a> {
                 let r = l.rank;
                 let (us, vs) = (&l.u[a * r..b * r], l.v);
                 if r == 0 || l.u_scales.len() != r || l.v_scales.len() != r {
-                    return Err(hdc_err(tensor)(HdcError::Shape(format!(
-                        "low-rank parts do not match {}×{cols}",
-                        self.rows
-                    ))));
+                    return Err(hdc_err(tensor)(HdcError::Shape {
+                        message: format!("low-rank parts do not match {}×{cols}", self.rows),
+                    }));
                 }
                 let scaled = |codes: &[u8], scales: &[f32]| -> Vec<f32> {
                     codes
