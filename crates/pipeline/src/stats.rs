@@ -3,7 +3,7 @@
 use hypercodec_hwz::TensorStats;
 
 /// Sums from which every error measure follows; add tensors with [`ErrorAcc::add`].
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ErrorAcc {
     /// Values compared.
     pub n: u64,
@@ -84,6 +84,29 @@ impl ErrorAcc {
             snr_db: Some(self.snr_db()),
             max_abs_err: Some(self.max_abs),
             cosine: Some(self.cosine()),
+        }
+    }
+}
+
+/// The planner measures with the same sums.
+#[cfg(feature = "fs")]
+impl From<hypercodec_plan::Sums> for ErrorAcc {
+    fn from(s: hypercodec_plan::Sums) -> Self {
+        let hypercodec_plan::Sums {
+            n,
+            signal,
+            noise,
+            recon,
+            dot,
+            max_abs,
+        } = s;
+        ErrorAcc {
+            n,
+            signal,
+            noise,
+            recon,
+            dot,
+            max_abs,
         }
     }
 }

@@ -1,9 +1,9 @@
 //! A bounds-checked GGUF (v2/v3) reader with dequantization of the common llama.cpp types.
 //!
 //! Every length in the file is checked against the bytes that remain before it is used, so a
-//! hostile file gives [`CliError::Gguf`] rather than a panic or an allocation bomb.
+//! hostile file gives [`PipelineError::Gguf`] rather than a panic or an allocation bomb.
 
-use crate::error::{CliError, Result};
+use crate::error::{PipelineError, Result};
 use half::{bf16, f16};
 use serde_json::Value;
 
@@ -126,8 +126,8 @@ struct Cursor<'a> {
     pos: usize,
 }
 
-fn bad(msg: impl Into<String>) -> CliError {
-    CliError::Gguf {
+fn bad(msg: impl Into<String>) -> PipelineError {
+    PipelineError::Gguf {
         message: msg.into(),
     }
 }
@@ -267,7 +267,7 @@ impl Gguf {
         let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
         let mut tensors = Vec::with_capacity(infos.len());
         for (name, dims, t, offset) in infos {
-            let ty = GgmlType::from_u32(t).ok_or_else(|| CliError::UnsupportedDtype {
+            let ty = GgmlType::from_u32(t).ok_or_else(|| PipelineError::UnsupportedDtype {
                 tensor: name.clone(),
                 dtype: format!("ggml type {t}"),
             })?;

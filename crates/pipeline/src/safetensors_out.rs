@@ -1,7 +1,7 @@
 //! A streaming safetensors writer: the header first (all sizes are known from shapes), then
 //! each tensor as it is produced, into a temporary file renamed at the end.
 
-use crate::error::{CliError, Result};
+use crate::error::{PipelineError, Result};
 use hypercodec_hwz::FloatDtype;
 use serde_json::{json, Map, Value};
 use std::io::{BufWriter, Write};
@@ -45,7 +45,7 @@ pub fn write_safetensors(
         sizes.push(size);
     }
     let mut hbytes =
-        serde_json::to_vec(&Value::Object(header)).map_err(|e| CliError::SafeTensors {
+        serde_json::to_vec(&Value::Object(header)).map_err(|e| PipelineError::SafeTensors {
             message: e.to_string(),
         })?;
     while hbytes.len() % 8 != 0 {
@@ -55,10 +55,10 @@ pub fn write_safetensors(
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let tmp = hypercodec_hwz::temp_file_in(dir, ".st-").map_err(CliError::io(dir))?;
+    let tmp = hypercodec_hwz::temp_file_in(dir, ".st-").map_err(PipelineError::io(dir))?;
     let (file, temp_path) = tmp.into_parts();
     let mut w = BufWriter::with_capacity(1 << 20, file);
-    let io = CliError::io(path);
+    let io = PipelineError::io(path);
     let mut go = || -> std::io::Result<()> {
         w.write_all(&(hbytes.len() as u64).to_le_bytes())?;
         w.write_all(&hbytes)
@@ -69,20 +69,20 @@ pub fn write_safetensors(
         buf.clear();
         fill(i, &mut buf)?;
         if buf.len() as u64 != size {
-            return Err(CliError::Usage(format!(
-                "tensor `{}` produced {} bytes, expected {size}",
-                tensors[i].name,
-                buf.len()
-            )));
+            return Err(PipelineError::TensorSize {
+                tensor: tensors[i].name.clone(),
+                produced: buf.len() as u64,
+                expected: size,
+            });
         }
-        w.write_all(&buf).map_err(CliError::io(path))?;
+        w.write_all(&buf).map_err(PipelineError::io(path))?;
     }
-    let file = w.into_inner().map_err(|e| CliError::Io {
+    let file = w.into_inner().map_err(|e| PipelineError::Io {
         path: path.into(),
         source: e.into_error(),
     })?;
-    file.sync_all().map_err(CliError::io(path))?;
-    temp_path.persist(path).map_err(|e| CliError::Io {
+    file.sync_all().map_err(PipelineError::io(path))?;
+    temp_path.persist(path).map_err(|e| PipelineError::Io {
         path: path.into(),
         source: e.error,
     })?;

@@ -1,0 +1,284 @@
+//! What the commands print: compress and plan summaries, the inspect table, the benchmark.
+
+use crate::{with_bar, CANCEL};
+use clap::Args;
+use hypercodec_pipeline::bench::{self, BenchOptions, PeerOutcome};
+use hypercodec_pipeline::{FileReport, PipelineError, Result, TensorSource};
+use hypercodec_plan::Plan;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+fn finite(x: f64) -> Value {
+    if x.is_finite() {
+        json!(x)
+    } else {
+        Value::Null
+    }
+}
+
+/// The line (or JSON) `compress` prints.
+pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) {
+    let snr = r.report.error.snr_db();
+    if as_json {
+        let summary = json!({
+            "output": output, "tensors": r.report.tensors, "skipped": r.report.skipped,
+            "elements": r.report.elements, "payload_bytes": r.payload_bytes,
+            "file_bytes": r.file_bytes, "bps": r.bps(), "snr_db": finite(snr), "seconds": r.seconds,
+        });
+        println!("{summary:#}");
+        return;
+    }
+    println!(
+        "wrote {} ({} tensors, {} values): {} bytes, {:.3} bits/value in streams, SNR {}, {:.1} s",
+        output.display(),
+        r.report.tensors,
+        r.report.elements,
+        r.file_bytes,
+        r.bps(),
+        if snr.is_finite() {
+            format!("{snr:.2} dB")
+        } else {
+            "exact".to_string()
+        },
+        r.seconds
+    );
+}
+
+/// `plan`: a line on stderr, the Plan as JSON on stdout.
+pub fn plan(plan: &Plan, seconds: f64) -> Result<()> {
+    let elements = plan.total_elements();
+    eprintln!(
+        "planned {} tensors ({} values) in {:.1} s: {} bytes, {:.3} bits/value",
+        plan.tensors.len(),
+        elements,
+        seconds,
+        plan.total_bytes(),
+        plan.total_bytes() as f64 * 8.0 / elements.max(1) as f64
+    );
+    let text = serde_json::to_string_pretty(plan).map_err(|e| PipelineError::Json {
+        what: "plan".into(),
+        message: e.to_string(),
+    })?;
+    println!("{text}");
+    Ok(())
+}
+
+/// `4096x4096` from a JSON shape.
+fn shape_text(shape: &Value) -> String {
+    let dims = shape.as_array().map(|s| s.iter().map(|d| d.to_string()));
+    dims.map(|d| d.collect::<Vec<_>>().join("x"))
+        .unwrap_or_default()
+}
+
+/// `inspect`: the summary as JSON, or as a table.
+pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
+    let v = hypercodec_pipeline::inspect_file(input)?;
+    if as_json {
+        println!("{v:#}");
+        return Ok(());
+    }
+    let rows = v["tensors"].as_array().cloned().unwrap_or_default();
+    let num = |x: &Value| x.as_f64().unwrap_or(0.0);
+    let s = |x: &Value| x.as_str().unwrap_or("").to_string();
+    if v["format"].is_string() {
+        let version = v["format_version"].as_str().unwrap_or("?");
+        println!(
+            "{} — legacy Hyper Glyph archive (zip, format {version}), read-only",
+            input.display()
+        );
+        println!(
+            "{:<48} {:<16} {:<24} {:>7} {:>12}",
+            "tensor", "shape", "codec", "bps*", "bytes*"
+        );
+        for r in &rows {
+            println!(
+                "{:<48} {:<16} {:<24} {:>7.3} {:>12}",
+                s(&r["name"]),
+                shape_text(&r["shape"]),
+                s(&r["codec"]),
+                num(&r["bps"]),
+                r["payload_bytes"]
+            );
+        }
+        println!(
+            "{} tensors, {} values, file {} B ({:.3} bps all-in); * = stream bytes before zstd; metadata skipped_tensors: {}",
+            rows.len(), v["elements"], v["file_bytes"], num(&v["bps_file"]), v["skipped_tensors"]
+        );
+        return Ok(());
+    }
+    println!(
+        "{} — hwz v{}, written by {}",
+        input.display(),
+        v["version"],
+        s(&v["generator"])
+    );
+    if v["plan"].is_object() {
+        println!(
+            "plan: mode {}, {} tensors planned (inspect --json shows every candidate measured)",
+            v["plan"]["mode"].as_str().unwrap_or("?"),
+            v["plan"]["tensors"].as_array().map_or(0, Vec::len)
+        );
+    }
+    println!(
+        "{:<48} {:<16} {:<32} {:>7} {:>12} {:>9}  streams",
+        "tensor", "shape", "encoding", "bps", "bytes", "SNR dB"
+    );
+    for r in &rows {
+        let snr = r["stats"]["snr_db"]
+            .as_f64()
+            .map_or("exact".to_string(), |v| format!("{v:.2}"));
+        let streams = r["streams"].as_object().map(|o| {
+            let parts: Vec<String> = o
+                .iter()
+                .map(|(k, v)| format!("{k}={}", v["stored"]))
+                .collect();
+            parts.join(" ")
+        });
+        println!(
+            "{:<48} {:<16} {:<32} {:>7.3} {:>12} {:>9}  {}",
+            s(&r["name"]),
+            shape_text(&r["shape"]),
+            s(&r["label"]),
+            num(&r["bps"]),
+            r["stored_bytes"],
+            snr,
+            streams.unwrap_or_default()
+        );
+    }
+    let t = &v["totals"];
+    println!(
+        "{} tensors, {} values; payload {} B ({:.3} bps), manifest {} B, file {} B ({:.3} bps all-in, {:.2}x vs f32)",
+        t["tensors"], t["elements"], t["payload_bytes"], num(&t["bps_payload"]), t["manifest_bytes"],
+        t["file_bytes"], num(&t["bps_file"]), num(&t["ratio_vs_f32"])
+    );
+    Ok(())
+}
+
+/// Arguments of `benchmark`.
+#[derive(Args, Clone)]
+pub struct BenchArgs {
+    /// Input: .safetensors, .gguf, or `gaussian:ROWSxCOLS[:SEED]`.
+    pub input: String,
+    /// Also write the table as Markdown to this file.
+    #[arg(long)]
+    pub markdown: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Include 1-D tensors (biases, norms); by default only tensors of rank >= 2 are measured.
+    #[arg(long)]
+    pub include_1d: bool,
+    /// Only tensors whose name contains this.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Do not run the peer Hyper Glyph even when `$HYPERCODEC_PYTHON` (default `python3`)
+    /// can import it.
+    #[arg(long)]
+    pub no_peer: bool,
+    /// Instead of the representation table: the planner's BUDGET at each of these average
+    /// bps (comma separated) against uniform E8 at the same bps and uniform INT4 g128, at
+    /// equal total bytes.
+    #[arg(long, value_delimiter = ',')]
+    pub budget_at: Vec<f64>,
+}
+
+impl BenchArgs {
+    /// Default arguments for an input.
+    pub fn for_input(input: String) -> Self {
+        BenchArgs {
+            input,
+            markdown: None,
+            json: false,
+            include_1d: false,
+            filter: None,
+            no_peer: true,
+            budget_at: Vec::new(),
+        }
+    }
+}
+
+/// `benchmark`: measures, then prints the table (or the budget table).
+pub fn benchmark(args: &BenchArgs) -> Result<()> {
+    let source = TensorSource::open(&args.input)?;
+    let options = BenchOptions {
+        include_1d: args.include_1d,
+        filter: args.filter.clone(),
+    };
+    let chosen = bench::select(&source, &options)?;
+    let total: u64 = chosen.iter().map(|&i| source.tensors[i].numel()).sum();
+    if !args.budget_at.is_empty() {
+        return budget_table(args, &source, &chosen);
+    }
+    let reps = bench::representations();
+    let mut rows = with_bar(|progress| bench::measure(&source, &chosen, &reps, progress, &CANCEL))?;
+    if !args.no_peer {
+        match bench::hyperglyph_peer(&source, &chosen)? {
+            PeerOutcome::NotInstalled { python } => eprintln!(
+                "peer Hyper Glyph not run: `{python}` cannot import hyperglyph (set HYPERCODEC_PYTHON)"
+            ),
+            PeerOutcome::Failed { stderr } => eprintln!("peer Hyper Glyph failed: {stderr}"),
+            PeerOutcome::Ran {
+                row,
+                peak_rss_bytes,
+            } => {
+                eprintln!(
+                    "peer Hyper Glyph: {:.1} s, peak RSS {:.0} MB",
+                    row.encode_s,
+                    peak_rss_bytes / 1e6
+                );
+                rows.push(row);
+            }
+        }
+    }
+    // A representation that cannot encode every tensor (a rank above a dimension, a codebook
+    // below the 1/8-bit floor) is left out of the totals and named here.
+    for r in rows.iter().filter(|r| r.failed.is_some()) {
+        let why = r.failed.as_deref().unwrap_or("");
+        eprintln!("not in the table: {} ({why})", r.label);
+    }
+    rows.retain(|r| r.failed.is_none());
+    let table: Vec<Value> = rows.iter().map(|r| r.to_json(total)).collect();
+    let (input, n) = (&args.input, chosen.len());
+    if args.json {
+        let out = json!({"input": input, "tensors": n, "elements": total, "rows": table});
+        println!("{out:#}");
+    } else {
+        println!(
+            "{input} — {n} tensors, {total} values; bound = 6.02·bps dB (i.i.d. Gaussian), gap = bound − SNR"
+        );
+        print!("{}", bench::markdown(&table));
+    }
+    if let Some(path) = &args.markdown {
+        let text = format!(
+            "# hypercodec benchmark: {input}\n\n{n} tensors, {total} values.\n\n{}",
+            bench::markdown(&table)
+        );
+        std::fs::write(path, text).map_err(PipelineError::io(path))?;
+    }
+    Ok(())
+}
+
+fn budget_table(args: &BenchArgs, source: &TensorSource, chosen: &[usize]) -> Result<()> {
+    let t = with_bar(|progress| {
+        bench::budget_table(source, chosen, &args.budget_at, progress, &CANCEL)
+    })?;
+    println!(
+        "{} — {} tensors, {} values; {} candidates per tensor measured in {:.1} s; distortion = total SSE",
+        args.input,
+        chosen.len(),
+        t.elements,
+        t.candidates,
+        t.measure_s
+    );
+    println!("| allocation | bytes | bps | total SSE | SNR dB | SSE saved vs uniform |\n|---|---:|---:|---:|---:|---:|");
+    for r in &t.rows {
+        let saved = r
+            .saved_vs_uniform
+            .map_or(String::new(), |s| format!("{:.1} %", 100.0 * s));
+        println!(
+            "| {} | {} | {:.3} | {:.4e} | {:.2} | {saved} |",
+            r.what, r.bytes, r.bps, r.sse, r.snr_db
+        );
+    }
+    Ok(())
+}

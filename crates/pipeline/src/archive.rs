@@ -1,0 +1,153 @@
+//! Archives on disk: inspect (native and legacy), decompress to safetensors, synthetic inputs.
+
+use crate::compress::io_at;
+use crate::error::{PipelineError, Result};
+use crate::progress::{Cancel, Phase, Progress, Tracker};
+use crate::safetensors_out::{write_safetensors, OutTensor};
+use crate::source::TensorSource;
+use crate::summary::{legacy_summary, summarize};
+use hypercodec_hwz::legacy::LegacyArchive;
+use hypercodec_hwz::{self as hwz, Archive, FloatDtype};
+use memmap2::Mmap;
+use serde_json::{json, Value};
+use std::path::Path;
+
+/// True when the file starts like a legacy (zip) archive.
+pub fn is_legacy(path: &Path) -> Result<bool> {
+    let mut head = [0u8; 4];
+    let mut f = std::fs::File::open(path).map_err(PipelineError::io(path))?;
+    let n = std::io::Read::read(&mut f, &mut head).map_err(PipelineError::io(path))?;
+    Ok(n == 4 && head == hwz::ZIP_MAGIC)
+}
+
+/// Opens a native archive through a memory map.
+pub fn open_archive(path: &Path) -> Result<Archive<Mmap>> {
+    Archive::open_path(path).map_err(|e| io_at(path, e))
+}
+
+fn open_legacy(path: &Path) -> Result<LegacyArchive<Mmap>> {
+    let file = std::fs::File::open(path).map_err(PipelineError::io(path))?;
+    // SAFETY: read-only map of a file the user names, assumed unchanged while we run; every
+    // access is bounds-checked by the legacy reader.
+    let map = unsafe { Mmap::map(&file) }.map_err(PipelineError::io(path))?;
+    Ok(LegacyArchive::open(map)?)
+}
+
+/// What `inspect --json` prints of an archive, native or legacy: the summary plus `file`.
+/// A legacy summary has `"format": "hyperglyph (legacy zip)"`.
+pub fn inspect_file(path: &Path) -> Result<Value> {
+    let mut v = if is_legacy(path)? {
+        let a = open_legacy(path)?;
+        let file_bytes = std::fs::metadata(path)
+            .map_err(PipelineError::io(path))?
+            .len();
+        legacy_summary(&a, file_bytes)
+    } else {
+        let a = open_archive(path)?;
+        summarize(a.manifest(), a.tail().manifest_len, a.size()).to_value()
+    };
+    if let Value::Object(m) = &mut v {
+        m.insert("file".into(), json!(path));
+    }
+    Ok(v)
+}
+
+/// Little-endian `dtype` bytes of decoded values. Non-finite values an archive holds are
+/// restored as they are; finite values that overflow the type are an error, not an infinity.
+pub fn float_bytes(name: &str, values: &[f32], dtype: FloatDtype) -> Result<Vec<u8>> {
+    let keep = values.iter().any(|v| !v.is_finite());
+    hypercodec_scalar::encode_floats(values, dtype, keep).map_err(|source| {
+        PipelineError::Hwz(hwz::HwzError::Scalar {
+            tensor: name.to_string(),
+            source,
+        })
+    })
+}
+
+/// Restores an archive (native or legacy) to a `.safetensors` file; each tensor in `dtype`,
+/// by default its source type (f32 for GGUF block types and legacy archives).
+pub fn decompress(
+    input: &Path,
+    output: &Path,
+    dtype: Option<FloatDtype>,
+    progress: &mut dyn FnMut(Progress<'_>),
+    cancel: &Cancel,
+) -> Result<()> {
+    if is_legacy(input)? {
+        let a = open_legacy(input)?;
+        let dtype = dtype.unwrap_or(FloatDtype::F32);
+        let tensors: Vec<OutTensor> = a
+            .tensors()
+            .iter()
+            .map(|t| OutTensor {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+                dtype,
+            })
+            .collect();
+        let total = a.tensors().iter().map(|t| t.numel()).sum();
+        let mut bar = Tracker::new(Phase::Decompress, total, progress);
+        return write_safetensors(output, &tensors, None, |i, out| {
+            cancel.check()?;
+            let t = &a.tensors()[i];
+            let values = a.decode_tensor(&t.name)?;
+            out.extend_from_slice(&float_bytes(&t.name, &values, dtype)?);
+            bar.step(&t.name, t.numel());
+            Ok(())
+        });
+    }
+    let archive = open_archive(input)?;
+    let tensors: Vec<_> = archive
+        .tensors()
+        .iter()
+        .map(|t| OutTensor {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            dtype: dtype
+                .or_else(|| FloatDtype::from_name(&t.source_dtype))
+                .unwrap_or(FloatDtype::F32),
+        })
+        .collect();
+    let total: u64 = archive.tensors().iter().map(|t| t.numel()).sum();
+    let mut bar = Tracker::new(Phase::Decompress, total, progress);
+    let mut values = Vec::new();
+    write_safetensors(output, &tensors, None, |i, out| {
+        cancel.check()?;
+        let entry = &archive.tensors()[i];
+        values.resize(entry.numel() as usize, 0.0);
+        archive.decode_entry_into(entry, &mut values)?;
+        out.extend_from_slice(&float_bytes(&entry.name, &values, tensors[i].dtype)?);
+        bar.step(&entry.name, entry.numel());
+        Ok(())
+    })
+}
+
+/// Writes `count` seeded i.i.d. Gaussian f32 tensors `layers.N.weight` of `shape`
+/// (`ROWSxCOLS...`) to a `.safetensors` file; tensor `i` has the values of
+/// `gaussian:SHAPE:{seed + i}`.
+pub fn write_synthetic(output: &Path, shape: &str, count: usize, seed: u64) -> Result<()> {
+    let (dims, _) = shape.split_once(':').unwrap_or((shape, ""));
+    let parsed: Vec<u64> = dims
+        .split('x')
+        .map(|d| {
+            d.parse().map_err(|_| PipelineError::Synthetic {
+                spec: shape.into(),
+                reason: "use e.g. 4096x4096".into(),
+            })
+        })
+        .collect::<Result<_>>()?;
+    let tensors: Vec<_> = (0..count)
+        .map(|i| OutTensor {
+            name: format!("layers.{i}.weight"),
+            shape: parsed.clone(),
+            dtype: FloatDtype::F32,
+        })
+        .collect();
+    write_safetensors(output, &tensors, None, |i, out| {
+        let source = TensorSource::synthetic(parsed.clone(), seed + i as u64)?;
+        for v in source.read(0)? {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,327 @@
+//! The compress driver: every route from a [`TensorSource`] to a `.hwz` archive.
+
+use crate::error::{PipelineError, Result};
+use crate::plan::{plan_source, Chooser, PlanOptions, Selection};
+use crate::progress::{Cancel, Phase, Progress, Tracker};
+use crate::source::TensorSource;
+use crate::stats::ErrorAcc;
+use hypercodec_hwz::{
+    self as hwz, AffineParams, Compression, EncodeOptions, Encoding, FileWriter, FloatDtype, Group,
+    Manifest, Writer, WriterOptions,
+};
+use hypercodec_plan::{Mode, Plan, Spec};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+/// How the encoding of each selected tensor is chosen.
+#[derive(Debug, Clone)]
+pub enum Route {
+    /// The same recipe for every tensor.
+    Fixed(Spec),
+    /// A planner mode (AUTO, BUDGET with its two passes: measure all, allocate, encode; ...).
+    Planner(PlanOptions),
+    /// The recipes of a plan (written by `hypercodec plan`), stored in the archive.
+    PlanFile(Plan),
+}
+
+/// Settings of [`compress`].
+#[derive(Debug, Clone)]
+pub struct CompressOptions {
+    /// How each selected tensor is encoded. By default, affine INT4 in groups of 128 with f16
+    /// scales and offsets.
+    pub route: Route,
+    /// Which tensors are encoded; the others are kept raw in their source type. By default,
+    /// every tensor of rank ≥ 2.
+    pub selection: Selection,
+    /// Store NaN/Inf found in raw-encoded tensors instead of failing. By default, false.
+    pub allow_non_finite: bool,
+}
+
+impl Default for CompressOptions {
+    fn default() -> Self {
+        CompressOptions {
+            route: Route::Fixed(Spec::fixed(Encoding::affine(AffineParams {
+                bits: 4,
+                group: Group::Size(128),
+                symmetric: false,
+                scale_dtype: FloatDtype::F16,
+            }))),
+            selection: Selection::default(),
+            allow_non_finite: false,
+        }
+    }
+}
+
+/// What [`compress`] did.
+#[derive(Debug, Clone)]
+pub struct CompressReport {
+    /// Tensors written.
+    pub tensors: usize,
+    /// Tensors of the source left out (not floats).
+    pub skipped: usize,
+    /// Values written.
+    pub elements: u64,
+    /// Error over every tensor written (exactly stored ones add no noise).
+    pub error: ErrorAcc,
+    /// The plan stored in the archive, if a planner or plan file chose.
+    pub plan: Option<Plan>,
+}
+
+/// The archive's size, after [`compress_to_file`].
+#[derive(Debug, Clone)]
+pub struct FileReport {
+    /// What was written.
+    pub report: CompressReport,
+    /// Bytes of every stream as stored.
+    pub payload_bytes: u64,
+    /// Bytes of the file.
+    pub file_bytes: u64,
+    /// Seconds from the call to the rename.
+    pub seconds: f64,
+}
+
+impl FileReport {
+    /// Stream bits per value.
+    pub fn bps(&self) -> f64 {
+        self.payload_bytes as f64 * 8.0 / self.report.elements.max(1) as f64
+    }
+}
+
+/// Bytes of every stream of a manifest as stored.
+pub fn payload_bytes(m: &Manifest) -> u64 {
+    m.streams.iter().map(|s| s.length).sum()
+}
+
+/// Encodes every tensor of `source` into `writer` (source metadata, skipped tensors and the
+/// plan included). `progress` hears of every tensor; `cancel` is checked before each one.
+/// The caller finishes the writer.
+pub fn compress<W: Write>(
+    source: &TensorSource,
+    options: &CompressOptions,
+    writer: &mut Writer<W>,
+    progress: &mut dyn FnMut(Progress<'_>),
+    cancel: &Cancel,
+) -> Result<CompressReport> {
+    let total = source.total_elements();
+    let sel = options.selection;
+    let chooser = match &options.route {
+        Route::Planner(p) => Some(Chooser::new(p.clone())?),
+        _ => None,
+    };
+    // BUDGET decides across tensors: measure every tensor first, then encode the choices.
+    let mut plan = match (&chooser, &options.route) {
+        (Some(c), _) if c.mode() == Mode::Budget => Some(plan_source(
+            source,
+            c,
+            sel,
+            &mut |p| {
+                progress(Progress {
+                    phase: Phase::Measure,
+                    ..p
+                })
+            },
+            cancel,
+        )?),
+        (Some(c), _) => Some(c.empty_plan()),
+        (None, Route::PlanFile(p)) => Some(p.clone()),
+        _ => None,
+    };
+    let replay = matches!(options.route, Route::PlanFile(_))
+        || chooser.as_ref().is_some_and(|c| c.mode() == Mode::Budget);
+    for (k, v) in &source.metadata {
+        writer.insert_metadata(k, v.clone());
+    }
+    if !source.skipped.is_empty() {
+        let skipped: Vec<Value> = source
+            .skipped
+            .iter()
+            .map(|s| json!({"name": s.name, "dtype": s.dtype}))
+            .collect();
+        writer.insert_metadata("skipped_tensors", Value::Array(skipped));
+    }
+    let mut acc = ErrorAcc::default();
+    let mut decoded = Vec::new();
+    let opts = EncodeOptions {
+        allow_non_finite: options.allow_non_finite,
+    };
+    let mut bar = Tracker::new(Phase::Compress, total, progress);
+    for (i, t) in source.tensors.iter().enumerate() {
+        cancel.check()?;
+        let values = source.read(i)?;
+        // The planner measured its choice on this very encoding: its sums replace a decode.
+        let mut measured = None;
+        let encoded = if !sel.planned(&t.shape) {
+            let raw = Encoding::Raw {
+                dtype: t.ty.raw_dtype(),
+            };
+            hwz::encode(&t.name, &values, &t.shape, &raw, opts)?
+        } else if let (true, Some(p)) = (replay, &plan) {
+            let tp = p.tensor(&t.name).ok_or_else(|| PipelineError::NotInPlan {
+                tensor: t.name.clone(),
+            })?;
+            tp.spec.encode(&t.name, &values, &t.shape, opts)?
+        } else if let (Some(c), Some(p)) = (&chooser, &mut plan) {
+            let (tp, enc) = c.plan_tensor(&t.name, &values, &t.shape)?;
+            let enc = match enc {
+                Some(e) => {
+                    measured = tp.sums;
+                    e
+                }
+                None => tp.spec.encode(&t.name, &values, &t.shape, opts)?,
+            };
+            p.tensors.push(tp);
+            enc
+        } else if let Route::Fixed(spec) = &options.route {
+            spec.encode(&t.name, &values, &t.shape, opts)?
+        } else {
+            unreachable!("every route is handled above")
+        };
+        let one = match measured {
+            Some(s) => ErrorAcc::from(s),
+            None => {
+                decoded.resize(values.len(), 0.0);
+                let refs: Vec<(&str, &[u8])> = encoded
+                    .streams
+                    .iter()
+                    .map(|(r, b)| (*r, b.as_slice()))
+                    .collect();
+                hwz::decode_into(&t.name, &encoded.encoding, &t.shape, &refs, &mut decoded)?;
+                let mut one = ErrorAcc::default();
+                one.add(&values, &decoded);
+                one
+            }
+        };
+        acc.merge(&one);
+        writer.add_tensor(
+            &t.name,
+            &t.shape,
+            t.ty.label(),
+            &encoded,
+            Some(one.to_stats()),
+        )?;
+        bar.step(&t.name, t.numel());
+    }
+    if let Some(p) = &plan {
+        writer.set_plan(serde_json::to_value(p).map_err(|e| PipelineError::Json {
+            what: "plan".into(),
+            message: e.to_string(),
+        })?);
+    }
+    Ok(CompressReport {
+        tensors: source.tensors.len(),
+        skipped: source.skipped.len(),
+        elements: total,
+        error: acc,
+        plan,
+    })
+}
+
+/// The generator string of archives this build writes.
+pub const GENERATOR: &str = concat!("hypercodec ", env!("CARGO_PKG_VERSION"));
+
+/// [`compress`] into a file that appears under `path` only when complete: an error or a
+/// cancel leaves no archive there (any previous file stays untouched).
+pub fn compress_to_file(
+    source: &TensorSource,
+    options: &CompressOptions,
+    path: &Path,
+    zstd: bool,
+    progress: &mut dyn FnMut(Progress<'_>),
+    cancel: &Cancel,
+) -> Result<FileReport> {
+    let started = Instant::now();
+    let writer_options = WriterOptions {
+        compression: if zstd {
+            Compression::Zstd
+        } else {
+            Compression::None
+        },
+        generator: GENERATOR.into(),
+    };
+    let mut writer = FileWriter::create(path, writer_options).map_err(|e| io_at(path, e))?;
+    let report = compress(source, options, &mut writer, progress, cancel)?;
+    let manifest = writer.finish().map_err(|e| io_at(path, e))?;
+    let file_bytes = std::fs::metadata(path)
+        .map_err(PipelineError::io(path))?
+        .len();
+    Ok(FileReport {
+        report,
+        payload_bytes: payload_bytes(&manifest),
+        file_bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// An archive error, with the file named when it is an I/O error.
+pub(crate) fn io_at(path: &Path, e: hwz::HwzError) -> PipelineError {
+    match e {
+        hwz::HwzError::Io(source) => PipelineError::Io {
+            path: path.into(),
+            source,
+        },
+        e => PipelineError::Hwz(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source() -> TensorSource {
+        TensorSource::open("gaussian:32x64:3").expect("synthetic")
+    }
+
+    #[test]
+    fn cancel_returns_cancelled_and_leaves_no_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("c.hwz");
+        let cancel = Cancel::new();
+        cancel.cancel();
+        let r = compress_to_file(
+            &source(),
+            &CompressOptions::default(),
+            &out,
+            true,
+            &mut |_| {},
+            &cancel,
+        );
+        assert!(matches!(r, Err(PipelineError::Cancelled)), "{r:?}");
+        assert!(!out.exists());
+        let left: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
+        assert!(left.is_empty(), "temporary file left: {left:?}");
+    }
+
+    #[test]
+    fn progress_sums_to_the_element_count_in_every_phase() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("b.hwz");
+        let options = CompressOptions {
+            route: Route::Planner(PlanOptions {
+                mode: Mode::Budget,
+                target: Some(hypercodec_plan::Target::Bps(3.0)),
+                ..PlanOptions::default()
+            }),
+            ..CompressOptions::default()
+        };
+        let mut seen: std::collections::HashMap<Phase, u64> = Default::default();
+        let r = compress_to_file(
+            &source(),
+            &options,
+            &out,
+            false,
+            &mut |p| {
+                *seen.entry(p.phase).or_default() += p.elements;
+                assert!(p.done <= p.total);
+            },
+            &Cancel::new(),
+        )
+        .expect("compress");
+        assert_eq!(seen.get(&Phase::Measure), Some(&(32 * 64)));
+        assert_eq!(seen.get(&Phase::Compress), Some(&(32 * 64)));
+        assert_eq!(r.report.elements, 32 * 64);
+        assert!(r.bps() <= 3.0, "{}", r.bps());
+        assert!(out.exists());
+    }
+}

@@ -1,0 +1,119 @@
+//! The one error type of the pipeline.
+
+use hypercodec_hwz::HwzError;
+use std::path::PathBuf;
+
+/// Everything a pipeline call reports. Front ends map it to an exit code or an exception.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PipelineError {
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The archive layer failed.
+    #[error(transparent)]
+    Hwz(#[from] HwzError),
+    /// The planner failed.
+    #[cfg(feature = "fs")]
+    #[error(transparent)]
+    Plan(#[from] hypercodec_plan::PlanError),
+    /// A safetensors file is malformed.
+    #[error("safetensors: {message}")]
+    SafeTensors {
+        /// What is wrong.
+        message: String,
+    },
+    /// A GGUF file is malformed.
+    #[error("gguf: {message}")]
+    Gguf {
+        /// What is wrong.
+        message: String,
+    },
+    /// A tensor's storage type cannot be read.
+    #[error("tensor `{tensor}` has type {dtype}, which hypercodec cannot read")]
+    UnsupportedDtype {
+        /// Tensor name.
+        tensor: String,
+        /// Its type.
+        dtype: String,
+    },
+    /// A synthetic input spec does not parse or is too large.
+    #[error("bad synthetic spec `{spec}`: {reason}")]
+    Synthetic {
+        /// The spec as given.
+        spec: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The input is already a `.hwz` archive.
+    #[error("{path} is already a .hwz archive")]
+    AlreadyArchive {
+        /// The input.
+        path: PathBuf,
+    },
+    /// A plan file does not name a tensor of the input.
+    #[error("tensor `{tensor}` is not in the plan")]
+    NotInPlan {
+        /// Tensor name.
+        tensor: String,
+    },
+    /// A file (plan, sensitivity weights, peer output) is not the JSON expected.
+    #[error("{what}: {message}")]
+    Json {
+        /// What was read.
+        what: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An option's value is out of range, or options do not fit together.
+    #[error("{option}: {message}")]
+    InvalidOption {
+        /// The option (or options) concerned.
+        option: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// Nothing of the input is left to work on.
+    #[error("{message}")]
+    NoTensors {
+        /// Why.
+        message: String,
+    },
+    /// A producer of tensor bytes gave the wrong number of bytes.
+    #[error("tensor `{tensor}` produced {produced} bytes, expected {expected}")]
+    TensorSize {
+        /// Tensor name.
+        tensor: String,
+        /// Bytes produced.
+        produced: u64,
+        /// Bytes the shape and type call for.
+        expected: u64,
+    },
+    /// The caller's cancel flag was set; no archive was left under the final name.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl PipelineError {
+    /// Wraps an I/O error with the file it concerns.
+    pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> PipelineError {
+        let path = path.into();
+        move |source| PipelineError::Io { path, source }
+    }
+
+    /// An [`PipelineError::InvalidOption`].
+    pub fn option(option: impl Into<String>, message: impl Into<String>) -> PipelineError {
+        PipelineError::InvalidOption {
+            option: option.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Result alias of the pipeline.
+pub type Result<T, E = PipelineError> = std::result::Result<T, E>;

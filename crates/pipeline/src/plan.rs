@@ -1,0 +1,455 @@
+//! Recipes from plain options: codebook and lattice settings, the planner, and AUTO's
+//! candidate list (one function for `compress --encoding auto`, `plan --mode auto` and the
+//! benchmark's auto rows).
+
+use crate::error::{PipelineError, Result};
+use crate::progress::{Cancel, Phase, Progress, Tracker};
+use crate::source::TensorSource;
+use hypercodec_hwz::{
+    self as hwz, CodebookSettings, Coding, EncodedTensor, Encoding, FloatDtype, HdcParams, Lattice,
+    ResidualDtype, ScaleMode,
+};
+use hypercodec_plan::{self as plan, Mode, Plan, Planner, Spec, Target, TensorPlan, Thresholds};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Settings of the codebook family (named as Hyper Glyph names them) and of low-rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CodebookOptions {
+    /// Values per block (2..=64). By default, 8.
+    pub block_size: u32,
+    /// Number of prototypes (1..=65536). By default, 256.
+    pub n_prototypes: u32,
+    /// Residual corrections (largest errors) per block; fractions allowed. By default, 0.
+    pub residual_k: f64,
+    /// Storage of the residual corrections. By default, int8.
+    pub residual_dtype: ResidualDtype,
+    /// Cap on the residual's bytes as a fraction of the codebook's other bytes. By default, none.
+    pub residual_budget: Option<f64>,
+    /// What one scale covers. By default, one scale per row (channel).
+    pub scale_mode: ScaleMode,
+    /// Random projections the HDC index chooses its hyperplanes from; 0 = exhaustive search.
+    /// By default, 32.
+    pub hdc_dim: usize,
+    /// HDC buckets (a power of two). By default, 16.
+    pub n_buckets: usize,
+    /// Lloyd iterations after k-means++. By default, 8.
+    pub lloyd_iters: usize,
+    /// Rank of the low-rank candidate. By default, 16.
+    pub rank: u32,
+    /// Seed of sampling, k-means++ and the HDC projections. By default, 0.
+    pub seed: u64,
+}
+
+impl Default for CodebookOptions {
+    fn default() -> Self {
+        CodebookOptions {
+            block_size: 8,
+            n_prototypes: 256,
+            residual_k: 0.0,
+            residual_dtype: ResidualDtype::Int8,
+            residual_budget: None,
+            scale_mode: ScaleMode::Channel,
+            hdc_dim: 32,
+            n_buckets: 16,
+            lloyd_iters: 8,
+            rank: 16,
+            seed: 0,
+        }
+    }
+}
+
+impl CodebookOptions {
+    /// The codebook recipe; checks every setting before anything is read.
+    pub fn spec(&self) -> Result<Spec> {
+        let template = hwz::codebook_template(
+            self.block_size,
+            self.n_prototypes,
+            self.scale_mode,
+            self.residual_dtype,
+        );
+        let hdc = (self.hdc_dim > 0).then_some(HdcParams {
+            dim: self.hdc_dim,
+            buckets: self.n_buckets,
+            seed: self.seed,
+        });
+        if let Some(h) = hdc {
+            h.validate()
+                .map_err(|e| PipelineError::option("hdc dim / buckets", e.to_string()))?;
+        }
+        if self.residual_k < 0.0 || !self.residual_k.is_finite() {
+            return Err(PipelineError::option("residual k", "must be >= 0"));
+        }
+        template
+            .stream_lens("check", &[1, 64])
+            .map_err(|e| PipelineError::option("block size / prototypes", e.to_string()))?;
+        Ok(Spec::Codebook {
+            template,
+            settings: CodebookSettings {
+                iters: self.lloyd_iters,
+                seed: self.seed,
+                hdc,
+                residual_k: Some(self.residual_k),
+                residual_budget: self.residual_budget,
+                pick_layout: true,
+                ..CodebookSettings::default()
+            },
+        })
+    }
+
+    /// The low-rank recipe.
+    pub fn lowrank(&self) -> Spec {
+        Spec::fixed(Encoding::LowRank { rank: self.rank })
+    }
+}
+
+/// How a lattice recipe gets its scale α.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LatticeRate {
+    /// Fitted to this many bits per value, all side information included.
+    Bps(f64),
+    /// From the calibration table for this SNR (dB) on Gaussian-like data; the rate follows.
+    SnrDb(f32),
+}
+
+/// Settings of a lattice recipe.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatticeOptions {
+    /// The lattice. By default, E8.
+    pub lattice: Lattice,
+    /// The rate or the quality. By default, 4 bits per value.
+    pub rate: LatticeRate,
+    /// Symbol coding; `Fixed` takes its bits from the rate (rounded down, 2..=8). By default,
+    /// [`Coding::RANS_DEFAULT`].
+    pub coding: Coding,
+    /// Largest RHT tile (a power of two up to 4096). By default, 4096.
+    pub max_tile: u32,
+    /// Seed of the RHT signs. By default, 0.
+    pub seed: u64,
+    /// Storage of the row scales. By default, f16.
+    pub scale_dtype: FloatDtype,
+}
+
+impl Default for LatticeOptions {
+    fn default() -> Self {
+        LatticeOptions {
+            lattice: Lattice::E8,
+            rate: LatticeRate::Bps(4.0),
+            coding: Coding::RANS_DEFAULT,
+            max_tile: 4096,
+            seed: 0,
+            scale_dtype: FloatDtype::F16,
+        }
+    }
+}
+
+impl LatticeOptions {
+    /// The lattice recipe.
+    pub fn spec(&self) -> Result<Spec> {
+        use hypercodec_lattice::calibration as cal;
+        let l = self.lattice;
+        let bps = match self.rate {
+            LatticeRate::Bps(b) => b,
+            LatticeRate::SnrDb(_) => 4.0,
+        };
+        let (coding, mut alpha) = match self.coding {
+            Coding::Fixed { .. } => {
+                let bits = (bps.floor() as u8).clamp(2, 8);
+                let alpha = cal::fixed_alpha(l, bits)
+                    .ok_or_else(|| {
+                        PipelineError::option(
+                            "lattice",
+                            format!("{l} has no fixed-rate form; use z1, d4 or e8"),
+                        )
+                    })?
+                    .0;
+                (Coding::Fixed { bits }, alpha)
+            }
+            c => (c, cal::alpha_for_bps(l, bps as f32)),
+        };
+        if let LatticeRate::SnrDb(snr) = self.rate {
+            alpha = cal::alpha_for_snr(l, snr);
+        }
+        if !self.max_tile.is_power_of_two() || self.max_tile > 4096 {
+            return Err(PipelineError::option(
+                "max tile",
+                format!("{} must be a power of two up to 4096", self.max_tile),
+            ));
+        }
+        let template = Encoding::Lattice {
+            lattice: l,
+            alpha,
+            tile: 1,
+            seed: self.seed,
+            scale_dtype: self.scale_dtype,
+            coding,
+        };
+        Ok(Spec::Rate {
+            template,
+            max_tile: self.max_tile,
+            // A fixed α (from the SNR table or the fixed-rate form): the rate follows.
+            bps: match (self.rate, coding) {
+                (LatticeRate::SnrDb(_), _) | (_, Coding::Fixed { .. }) => None,
+                (LatticeRate::Bps(b), _) => Some(b),
+            },
+        })
+    }
+}
+
+/// The average bits per value a size target asks for (measured on a 2^20-value tensor).
+pub fn target_bps(t: Target) -> f64 {
+    t.bytes(1 << 20) as f64 * 8.0 / (1 << 20) as f64
+}
+
+/// Settings of the planner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanOptions {
+    /// The planner mode. By default, [`Mode::Best`].
+    pub mode: Mode,
+    /// Size target (BUDGET needs one; AUTO uses one). By default, none.
+    pub target: Option<Target>,
+    /// Candidate names (`f32`, `int4`, `e8@3`, `codebook`, `lowrank`, `sparse`, ...). By
+    /// default, empty: the mode's own list, or [`auto_candidates`] for AUTO.
+    pub candidates: Vec<String>,
+    /// Acceptability thresholds. By default, [`Thresholds::default`].
+    pub thresholds: Thresholds,
+    /// Rows per block of the block modes. By default, 32.
+    pub block_rows: u64,
+    /// BUDGET: weight of each tensor's distortion by name. By default, empty (weight 1).
+    pub sensitivity: HashMap<String, f64>,
+    /// Settings of the `codebook` and `lowrank` candidates. By default, [`CodebookOptions::default`].
+    pub codebook: CodebookOptions,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            mode: Mode::Best,
+            target: None,
+            candidates: Vec::new(),
+            thresholds: Thresholds::default(),
+            block_rows: 32,
+            sensitivity: HashMap::new(),
+            codebook: CodebookOptions::default(),
+        }
+    }
+}
+
+/// AUTO's candidates for a tensor of `shape` with `numel` values, `nnz` of them nonzero:
+/// Hyper Glyph's kinds plus ours — [`plan::AUTO_CANDIDATES`] and a codebook; low-rank for
+/// small matrices; sparse for mostly-zero tensors; E8 fitted to the target rate.
+pub fn auto_candidates(shape: &[u64], numel: u64, nnz: u64, target: Option<Target>) -> Vec<String> {
+    let mut v: Vec<String> = plan::AUTO_CANDIDATES
+        .iter()
+        .map(|s| s.to_string())
+        .chain(std::iter::once("codebook".to_string()))
+        .collect();
+    if shape.len() >= 2 && numel <= 1 << 18 {
+        v.push("lowrank".into());
+    }
+    if nnz * 5 <= numel {
+        v.push("sparse".into());
+    }
+    if let Some(t) = target {
+        let bps = t.bytes(numel.max(1)) as f64 * 8.0 / numel.max(1) as f64;
+        if bps > 0.5 {
+            v.push(format!("e8@{:.3}", bps.min(12.0)));
+        }
+    }
+    v
+}
+
+/// Chooses the recipe of every tensor from [`PlanOptions`]: one planner per run, or per
+/// tensor for AUTO (whose candidates depend on the tensor).
+#[derive(Debug, Clone)]
+pub struct Chooser {
+    options: PlanOptions,
+}
+
+impl Chooser {
+    /// Checks the options (mode against target, candidate names) before anything is read.
+    pub fn new(options: PlanOptions) -> Result<Self> {
+        let mode = options.mode;
+        if options.target.is_some() && !matches!(mode, Mode::Budget | Mode::Auto) {
+            return Err(PipelineError::option(
+                "target",
+                format!("a size target means nothing to mode {mode:?}; use budget or auto"),
+            ));
+        }
+        if mode == Mode::Budget && options.target.is_none() {
+            return Err(PipelineError::option(
+                "target",
+                "mode budget needs a target (bps or ratio)",
+            ));
+        }
+        let c = Chooser { options };
+        c.planner(&[], 0, 0)?; // reject bad candidate names before reading anything
+        Ok(c)
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.options.mode
+    }
+
+    fn candidate(&self, name: &str) -> Result<Spec> {
+        match name {
+            "codebook" => self.options.codebook.spec(),
+            "lowrank" => Ok(self.options.codebook.lowrank()),
+            n => Ok(Spec::parse(n)?),
+        }
+    }
+
+    /// The planner for a tensor of `shape` with `numel` values, `nnz` of them nonzero.
+    fn planner(&self, shape: &[u64], numel: u64, nnz: u64) -> Result<Planner> {
+        let o = &self.options;
+        let mut p = Planner::new(o.mode);
+        p.thresholds = o.thresholds;
+        p.block_rows = o.block_rows.max(1);
+        p.target = o.target;
+        let names = if !o.candidates.is_empty() {
+            o.candidates.clone()
+        } else if o.mode == Mode::Auto {
+            auto_candidates(shape, numel, nnz, o.target)
+        } else {
+            return Ok(p);
+        };
+        p.candidates = names
+            .iter()
+            .map(|n| self.candidate(n))
+            .collect::<Result<_>>()?;
+        Ok(p)
+    }
+
+    /// Plans one tensor; the encoding of the choice comes with it except under BUDGET.
+    pub fn plan_tensor(
+        &self,
+        name: &str,
+        values: &[f32],
+        shape: &[u64],
+    ) -> Result<(TensorPlan, Option<EncodedTensor>)> {
+        let nnz = values.iter().filter(|v| **v != 0.0).count() as u64;
+        let p = self.planner(shape, values.len() as u64, nnz)?;
+        Ok(p.plan_tensor(name, values, shape)?)
+    }
+
+    /// An empty plan of this chooser's settings.
+    pub fn empty_plan(&self) -> Plan {
+        Plan {
+            version: 1,
+            mode: self.options.mode,
+            thresholds: self.options.thresholds,
+            target: self.options.target,
+            block_rows: self.options.block_rows,
+            tensors: Vec::new(),
+        }
+    }
+
+    /// BUDGET: allocates across the measured tensors; returns the bytes used.
+    pub fn allocate(&self, plan: &mut Plan) -> Result<u64> {
+        let target = self
+            .options
+            .target
+            .ok_or_else(|| PipelineError::option("target", "budget needs a target"))?;
+        Ok(plan::allocate(plan, target, &self.options.sensitivity)?)
+    }
+}
+
+/// Which tensors are planned and encoded (the others are kept raw in their source type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Selection {
+    /// Plan 1-D tensors (biases, norms) too. By default, false.
+    pub include_1d: bool,
+    /// Tensors with fewer values are left out. By default, 0.
+    pub min_tensor_size: u64,
+}
+
+impl Selection {
+    /// Whether a tensor of `shape` is planned.
+    pub fn planned(&self, shape: &[u64]) -> bool {
+        (shape.len() >= 2 || self.include_1d)
+            && shape.iter().product::<u64>() >= self.min_tensor_size
+    }
+}
+
+/// Measures every selected tensor of `source` and chooses (BUDGET: allocates) — what
+/// `hypercodec plan` prints.
+pub fn plan_source(
+    source: &TensorSource,
+    chooser: &Chooser,
+    selection: Selection,
+    progress: &mut dyn FnMut(Progress<'_>),
+    cancel: &Cancel,
+) -> Result<Plan> {
+    let mut plan = chooser.empty_plan();
+    let mut bar = Tracker::new(Phase::Plan, source.total_elements(), progress);
+    for (i, t) in source.tensors.iter().enumerate() {
+        cancel.check()?;
+        if selection.planned(&t.shape) {
+            let values = source.read(i)?;
+            plan.tensors
+                .push(chooser.plan_tensor(&t.name, &values, &t.shape)?.0);
+        }
+        bar.step(&t.name, t.numel());
+    }
+    if chooser.mode() == Mode::Budget {
+        chooser.allocate(&mut plan)?;
+    }
+    Ok(plan)
+}
+
+/// Reads a plan written by `hypercodec plan`.
+pub fn read_plan(path: &Path) -> Result<Plan> {
+    let text = std::fs::read_to_string(path).map_err(PipelineError::io(path))?;
+    serde_json::from_str(&text).map_err(|e| PipelineError::Json {
+        what: format!("{}: not a plan", path.display()),
+        message: e.to_string(),
+    })
+}
+
+/// Reads BUDGET's sensitivity weights: a JSON object `{tensor name: weight}`.
+pub fn read_sensitivity(path: &Path) -> Result<HashMap<String, f64>> {
+    let text = std::fs::read_to_string(path).map_err(PipelineError::io(path))?;
+    serde_json::from_str(&text).map_err(|e| PipelineError::Json {
+        what: format!("{}: not a {{name: weight}} object", path.display()),
+        message: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_adds_lowrank_for_small_matrices_and_sparse_for_mostly_zero() {
+        let base = plan::AUTO_CANDIDATES.len() + 1;
+        let big = auto_candidates(&[4096, 4096], 1 << 24, 1 << 24, None);
+        assert_eq!(big.len(), base, "{big:?}");
+        assert!(big.contains(&"codebook".to_string()));
+        let small = auto_candidates(&[64, 64], 4096, 4096, None);
+        assert!(small.contains(&"lowrank".to_string()), "{small:?}");
+        assert!(!small.contains(&"sparse".to_string()));
+        let zeros = auto_candidates(&[4096], 4096, 100, None);
+        assert!(zeros.contains(&"sparse".to_string()), "{zeros:?}");
+        assert!(!zeros.contains(&"lowrank".to_string()), "1-D: no low rank");
+        let fitted = auto_candidates(&[1024, 1024], 1 << 20, 1 << 20, Some(Target::Bps(3.2)));
+        assert_eq!(fitted.last().map(String::as_str), Some("e8@3.200"));
+    }
+
+    #[test]
+    fn bad_combinations_are_rejected_before_reading() {
+        let budget = PlanOptions {
+            mode: Mode::Budget,
+            ..PlanOptions::default()
+        };
+        assert!(matches!(
+            Chooser::new(budget),
+            Err(PipelineError::InvalidOption { .. })
+        ));
+        let bad = PlanOptions {
+            candidates: vec!["int4".into(), "e9@3".into()],
+            ..PlanOptions::default()
+        };
+        assert!(matches!(Chooser::new(bad), Err(PipelineError::Plan(_))));
+    }
+}

@@ -1,0 +1,345 @@
+//! Tensor sources: safetensors and GGUF files read lazily through a memory map, and seeded
+//! synthetic tensors (`gaussian:ROWSxCOLS[:SEED]`), behind one [`TensorSource`].
+
+use crate::error::{PipelineError, Result};
+use crate::gguf::{dequantize, is_gguf, GgmlType, Gguf};
+use half::{bf16, f16};
+use hypercodec_hwz::FloatDtype;
+use memmap2::Mmap;
+use serde_json::Value;
+use std::path::Path;
+
+/// How a tensor is stored in its source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceType {
+    /// A float type.
+    Float(FloatDtype),
+    /// A GGML block type.
+    Ggml(GgmlType),
+    /// Generated values.
+    Synthetic,
+}
+
+impl SourceType {
+    /// The label written to the manifest.
+    pub fn label(&self) -> &'static str {
+        match self {
+            SourceType::Float(d) => d.name(),
+            SourceType::Ggml(t) => t.name(),
+            SourceType::Synthetic => "f32",
+        }
+    }
+
+    /// The float type that stores this tensor exactly when kept raw.
+    pub fn raw_dtype(&self) -> FloatDtype {
+        match self {
+            SourceType::Float(d) => *d,
+            _ => FloatDtype::F32,
+        }
+    }
+}
+
+/// One tensor of a source.
+#[derive(Debug, Clone)]
+pub struct SourceTensor {
+    /// Name.
+    pub name: String,
+    /// Shape, outermost first.
+    pub shape: Vec<u64>,
+    /// Storage type.
+    pub ty: SourceType,
+    start: usize,
+    len: usize,
+    seed: u64,
+}
+
+impl SourceTensor {
+    /// Element count.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// A tensor left out of a source because its type is not a float.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedTensor {
+    /// Name.
+    pub name: String,
+    /// Its type, as the source names it.
+    pub dtype: String,
+}
+
+/// An opened input: its tensors, read one at a time.
+#[derive(Debug)]
+pub struct TensorSource {
+    map: Option<Mmap>,
+    /// Readable tensors, in file order.
+    pub tensors: Vec<SourceTensor>,
+    /// Tensors left out because their type is not a float.
+    pub skipped: Vec<SkippedTensor>,
+    /// Metadata to carry into the archive (key, value).
+    pub metadata: Vec<(String, Value)>,
+}
+
+/// splitmix64: a tiny, fixed generator, so seeded data is the same on every machine and version.
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Fills `out` with i.i.d. N(0, 1) values (Box–Muller).
+    pub fn fill_gaussian(&mut self, out: &mut [f32]) {
+        for pair in out.chunks_mut(2) {
+            let r = (-2.0 * self.unit().ln()).sqrt();
+            let t = std::f64::consts::TAU * self.unit();
+            pair[0] = (r * t.cos()) as f32;
+            if let Some(p) = pair.get_mut(1) {
+                *p = (r * t.sin()) as f32;
+            }
+        }
+    }
+}
+
+/// Largest synthetic tensor, in values (64 GiB of f32).
+const MAX_SYNTHETIC_VALUES: u64 = 1 << 34;
+
+/// Parses `ROWSxCOLS[xCOLS...][:SEED]`.
+fn parse_dims(spec: &str) -> Option<(Vec<u64>, u64)> {
+    let (dims, seed) = match spec.split_once(':') {
+        Some((d, s)) => (d, s.parse().ok()?),
+        None => (spec, 0),
+    };
+    let shape: Option<Vec<u64>> = dims.split('x').map(|d| d.parse().ok()).collect();
+    shape.filter(|s| !s.is_empty()).map(|s| (s, seed))
+}
+
+impl TensorSource {
+    /// Opens a `.safetensors` or `.gguf` file, or a synthetic spec `gaussian:ROWSxCOLS[:SEED]`.
+    pub fn open(spec: &str) -> Result<TensorSource> {
+        if let Some(rest) = spec.strip_prefix("gaussian:") {
+            let (shape, seed) = parse_dims(rest).ok_or_else(|| PipelineError::Synthetic {
+                spec: spec.into(),
+                reason: "use gaussian:ROWSxCOLS[:SEED]".into(),
+            })?;
+            let mut s = Self::synthetic(shape, seed)?;
+            s.metadata = vec![("synthetic".into(), Value::from(spec))];
+            return Ok(s);
+        }
+        let path = Path::new(spec);
+        let file = std::fs::File::open(path).map_err(PipelineError::io(path))?;
+        // SAFETY: read-only map of an input the user names; it is assumed not to change while
+        // this process runs. Every access below is bounds-checked.
+        let map = unsafe { Mmap::map(&file) }.map_err(PipelineError::io(path))?;
+        if is_gguf(&map) {
+            Self::from_gguf(map)
+        } else if map.starts_with(b"HWZ1") || map.starts_with(b"PK\x03\x04") {
+            Err(PipelineError::AlreadyArchive { path: path.into() })
+        } else {
+            Self::from_safetensors(map)
+        }
+    }
+
+    /// One seeded i.i.d. N(0, 1) tensor `gaussian.weight` of `shape`, with no metadata.
+    pub fn synthetic(shape: Vec<u64>, seed: u64) -> Result<TensorSource> {
+        if shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .is_none_or(|n| n > MAX_SYNTHETIC_VALUES)
+        {
+            return Err(PipelineError::Synthetic {
+                spec: format!("{shape:?}"),
+                reason: "the shape is too large".into(),
+            });
+        }
+        Ok(TensorSource {
+            map: None,
+            tensors: vec![SourceTensor {
+                name: "gaussian.weight".into(),
+                shape,
+                ty: SourceType::Synthetic,
+                start: 0,
+                len: 0,
+                seed,
+            }],
+            skipped: vec![],
+            metadata: vec![],
+        })
+    }
+
+    fn from_gguf(map: Mmap) -> Result<TensorSource> {
+        let g = Gguf::parse(&map)?;
+        let tensors = g
+            .tensors
+            .into_iter()
+            .map(|t| SourceTensor {
+                name: t.name,
+                shape: t.shape,
+                ty: SourceType::Ggml(t.ty),
+                start: t.start,
+                len: t.len,
+                seed: 0,
+            })
+            .collect();
+        Ok(TensorSource {
+            map: Some(map),
+            tensors,
+            skipped: vec![],
+            metadata: vec![("gguf".into(), Value::Object(g.metadata))],
+        })
+    }
+
+    fn from_safetensors(map: Mmap) -> Result<TensorSource> {
+        let st_err = |e: safetensors::SafeTensorError| PipelineError::SafeTensors {
+            message: e.to_string(),
+        };
+        let st = safetensors::SafeTensors::deserialize(&map).map_err(st_err)?;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(st_err)?;
+        let base = map.as_ptr() as usize;
+        let mut tensors = Vec::new();
+        let mut skipped = Vec::new();
+        // File order, so that reads walk the map front to back.
+        let mut views = st.tensors();
+        views.sort_by_key(|(_, v)| v.data().as_ptr() as usize);
+        for (name, view) in views {
+            let dtype = match view.dtype() {
+                safetensors::Dtype::F32 => FloatDtype::F32,
+                safetensors::Dtype::F16 => FloatDtype::F16,
+                safetensors::Dtype::BF16 => FloatDtype::Bf16,
+                other => {
+                    skipped.push(SkippedTensor {
+                        name,
+                        dtype: format!("{other:?}"),
+                    });
+                    continue;
+                }
+            };
+            tensors.push(SourceTensor {
+                name,
+                shape: view.shape().iter().map(|&d| d as u64).collect(),
+                ty: SourceType::Float(dtype),
+                start: view.data().as_ptr() as usize - base,
+                len: view.data().len(),
+                seed: 0,
+            });
+        }
+        let metadata = meta
+            .metadata()
+            .as_ref()
+            .map(|m| {
+                let obj: serde_json::Map<String, Value> = m
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+                    .collect();
+                vec![("safetensors".to_string(), Value::Object(obj))]
+            })
+            .unwrap_or_default();
+        Ok(TensorSource {
+            map: Some(map),
+            tensors,
+            skipped,
+            metadata,
+        })
+    }
+
+    /// Values of every tensor.
+    pub fn total_elements(&self) -> u64 {
+        self.tensors.iter().map(|t| t.numel()).sum()
+    }
+
+    /// Reads tensor `i` as `f32` and releases its pages of the map again, so that peak memory
+    /// follows the largest tensor, not the file.
+    pub fn read(&self, i: usize) -> Result<Vec<f32>> {
+        let t = self
+            .tensors
+            .get(i)
+            .ok_or_else(|| PipelineError::NoTensors {
+                message: format!("no tensor {i} in this source"),
+            })?;
+        let n = t.numel() as usize;
+        let mut out = vec![0.0f32; n];
+        let map = match (t.ty, &self.map) {
+            (SourceType::Synthetic, _) => {
+                SplitMix64(t.seed ^ 0x6879_7065_7263_6f64).fill_gaussian(&mut out);
+                return Ok(out);
+            }
+            (_, Some(map)) => map,
+            (_, None) => {
+                return Err(PipelineError::NoTensors {
+                    message: format!("tensor `{}` has no backing file", t.name),
+                })
+            }
+        };
+        let bytes = &map[t.start..t.start + t.len];
+        match t.ty {
+            SourceType::Float(FloatDtype::F32) => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            SourceType::Float(FloatDtype::F16) => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            SourceType::Float(FloatDtype::Bf16) => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            SourceType::Ggml(g) => dequantize(g, bytes, &mut out).map_err(|e| match e {
+                PipelineError::Gguf { message } => PipelineError::Gguf {
+                    message: format!("tensor `{}`: {message}", t.name),
+                },
+                e => e,
+            })?,
+            SourceType::Synthetic => {}
+        }
+        // SAFETY: the map is a read-only, file-backed mapping and no slice of this range
+        // outlives this point; dropped pages are read again from the file if touched. Advice
+        // only: a failure changes memory use, never results.
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, t.start, t.len)
+        };
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_source_is_deterministic() {
+        let a = TensorSource::open("gaussian:16x32:5").expect("spec");
+        let b = TensorSource::open("gaussian:16x32:5").expect("spec");
+        let c = TensorSource::open("gaussian:16x32:6").expect("spec");
+        assert_eq!(a.tensors[0].shape, vec![16, 32]);
+        let (va, vb, vc) = (
+            a.read(0).expect("a"),
+            b.read(0).expect("b"),
+            c.read(0).expect("c"),
+        );
+        assert_eq!(va, vb);
+        assert_ne!(va, vc);
+        // The generator is pinned: the first values of seed 5 never change.
+        let mut first = [0f32; 2];
+        SplitMix64(5 ^ 0x6879_7065_7263_6f64).fill_gaussian(&mut first);
+        assert_eq!(&va[..2], &first);
+        assert!(matches!(
+            TensorSource::open("gaussian:16xq"),
+            Err(PipelineError::Synthetic { .. })
+        ));
+    }
+}
