@@ -184,37 +184,33 @@ impl Inspector {
             return Ok(self.legacy_summary(a));
         }
         let m = self.manifest_ref()?;
-        let mut roles: std::collections::BTreeMap<String, u64> = Default::default();
-        let (mut elements, mut payload) = (0u64, 0u64);
-        let tensors: Vec<Value> = m
+        // The same summary as `hypercodec inspect --json`, in the page's field names.
+        let s = hypercodec_pipeline::summarize(m, self.tail.manifest_len, self.file_len);
+        let mut roles: std::collections::BTreeMap<&str, u64> = Default::default();
+        let tensors: Vec<Value> = s
             .tensors
             .iter()
             .map(|t| {
-                let n = t.numel();
-                let mut stored = 0u64;
                 let mut by_role = serde_json::Map::new();
-                for (role, &i) in &t.streams {
-                    let len = m.streams[i as usize].length;
-                    stored += len;
-                    *roles.entry(role.clone()).or_default() += len;
-                    by_role.insert(role.clone(), json!(len));
+                for (role, st) in &t.streams {
+                    *roles.entry(role).or_default() += st.stored;
+                    by_role.insert(role.clone(), json!(st.stored));
                 }
-                elements += n;
-                payload += stored;
+                let (n, stored) = (t.elements, t.stored_bytes);
                 json!({
                     "name": t.name, "shape": t.shape, "source_dtype": t.source_dtype,
-                    "encoding": t.encoding.label(), "encoding_json": t.encoding, "elements": n,
-                    "stored_bytes": stored, "bps": if n == 0 { 0.0 } else { stored as f64 * 8.0 / n as f64 },
+                    "encoding": t.label, "encoding_json": t.encoding, "elements": n,
+                    "stored_bytes": stored, "bps": t.bps,
                     "ratio_vs_f32": if stored == 0 { Value::Null } else { json!(n as f64 * 4.0 / stored as f64) },
                     "snr_db": t.stats.and_then(|s| s.snr_db), "streams": by_role,
                 })
             })
             .collect();
         Ok(json!({
-            "version": m.version, "generator": m.generator, "file_bytes": self.file_len,
-            "manifest_bytes": self.tail.manifest_len, "elements": elements, "payload_bytes": payload,
-            "bps_all_in": if elements == 0 { 0.0 } else { self.file_len as f64 * 8.0 / elements as f64 },
-            "roles": roles, "tensors": tensors, "metadata_keys": m.metadata.keys().collect::<Vec<_>>(),
+            "version": s.version, "generator": s.generator, "file_bytes": s.totals.file_bytes,
+            "manifest_bytes": s.totals.manifest_bytes, "elements": s.totals.elements,
+            "payload_bytes": s.totals.payload_bytes, "bps_all_in": s.totals.bps_file,
+            "roles": roles, "tensors": tensors, "metadata_keys": s.metadata_keys,
         }))
     }
 
