@@ -1,7 +1,7 @@
 //! The `codebook`, `lowrank` and `sparse` encodings: stream layout, encode and decode over
 //! [`hypercodec_hdc`].
 
-use crate::encoding::{role, Assignments, Encoding, Residual, StreamLen};
+use crate::encoding::{role, Assignments, Encoding, Residual};
 use crate::manifest::min_stored_bytes;
 use crate::{EncodedTensor, HwzError, Result};
 use hypercodec_hdc::{
@@ -56,104 +56,6 @@ fn hdc_err(tensor: &str) -> impl Fn(HdcError) -> HwzError + '_ {
         tensor: tensor.to_string(),
         source,
     }
-}
-
-/// Stream lengths of the three encodings (`n = rows · cols`).
-pub(crate) fn stream_lens(
-    encoding: &Encoding,
-    rows: u64,
-    cols: u64,
-    n: u64,
-) -> std::result::Result<Vec<(&'static str, StreamLen)>, String> {
-    match *encoding {
-        Encoding::Codebook {
-            block,
-            prototypes,
-            scale_mode,
-            scale_dtype,
-            proto_dtype,
-            assignments,
-            residual,
-        } => {
-            if !(codebook::MIN_BLOCK..=codebook::MAX_BLOCK).contains(&(block as usize)) {
-                return Err(format!("codebook block {block} must be in 2..=64"));
-            }
-            if !(1..=codebook::MAX_PROTOTYPES as u32).contains(&prototypes) {
-                return Err(format!("prototypes {prototypes} must be in 1..=65536"));
-            }
-            if residual.count > n {
-                return Err(format!(
-                    "{} residual entries for {n} values",
-                    residual.count
-                ));
-            }
-            let blocks = rows * cols.div_ceil(block as u64);
-            let bits = pack::index_bits(prototypes as usize) as u64;
-            let scales = scale_mode.count(rows as usize, cols as usize, block as usize) as u64;
-            let mut v = vec![
-                (
-                    role::PROTOTYPES,
-                    StreamLen::exact(prototypes as u64 * block as u64 * proto_dtype.size() as u64),
-                ),
-                (
-                    role::ASSIGNMENTS,
-                    match assignments {
-                        Assignments::Packed => StreamLen::exact((blocks * bits).div_ceil(8)),
-                        Assignments::Rle => StreamLen {
-                            min: 2 * u64::from(blocks > 0),
-                            max: blocks * 20,
-                        },
-                    },
-                ),
-                (
-                    role::SCALES,
-                    StreamLen::exact(scales * scale_dtype.size() as u64),
-                ),
-            ];
-            if residual.count > 0 {
-                v.extend(residual_lens(
-                    residual.count,
-                    residual.dtype.values_len(residual.count),
-                ));
-            }
-            Ok(v)
-        }
-        Encoding::LowRank { rank } => {
-            let r = rank as u64;
-            if r == 0 || r > lowrank::MAX_RANK as u64 || r > rows.min(cols) {
-                return Err(format!(
-                    "rank {rank} must be in 1..=min({rows}, {cols}, 1024)"
-                ));
-            }
-            Ok(vec![
-                (role::U, StreamLen::exact(rows * r)),
-                (role::U_SCALES, StreamLen::exact(4 * r)),
-                (role::V, StreamLen::exact(cols * r)),
-                (role::V_SCALES, StreamLen::exact(4 * r)),
-            ])
-        }
-        Encoding::Sparse { count, dtype } => {
-            if count > n {
-                return Err(format!("{count} sparse entries for {n} values"));
-            }
-            let v = residual_lens(count, count * dtype.size() as u64);
-            Ok(vec![(role::INDICES, v[0].1), (role::VALUES, v[1].1)])
-        }
-        _ => Err("not a codebook-family encoding".into()),
-    }
-}
-
-fn residual_lens(count: u64, values: u64) -> [(&'static str, StreamLen); 2] {
-    [
-        (
-            role::RESIDUAL_INDEX,
-            StreamLen {
-                min: count,
-                max: count * 10,
-            },
-        ),
-        (role::RESIDUAL_VALUES, StreamLen::exact(values)),
-    ]
 }
 
 /// Encodes `values` with a codebook-family `encoding`. With default `settings` the encoding is

@@ -1,6 +1,6 @@
 //! The `Encoding` vocabulary and the encode/decode of one tensor.
 
-use crate::{HwzError, Result, MAX_ELEMENTS, MAX_RANK};
+use crate::{HwzError, Result};
 use hypercodec_lattice::Lattice;
 use hypercodec_scalar::{self as scalar, AffineParams, FloatDtype};
 use serde::{Deserialize, Serialize};
@@ -186,6 +186,11 @@ impl Coding {
     }
 }
 
+/// Highest tensor rank (PyTorch's own limit is 25; weights use at most 5).
+pub const MAX_RANK: usize = 8;
+/// Most elements in one tensor: 2^40 (4 TiB of f32), beyond any single weight today.
+pub const MAX_ELEMENTS: u64 = 1 << 40;
+
 /// The `type` tags this build knows.
 pub const KNOWN_ENCODINGS: &[&str] = &[
     "raw",
@@ -347,148 +352,6 @@ impl Encoding {
         }
     }
 
-    /// The decoded byte length of every stream of a tensor of `shape`, in a fixed order, with
-    /// the parameters validated.
-    ///
-    /// This is the single source of truth that the writer produces, the reader checks before
-    /// it allocates anything, and the decoder relies on. Raw and affine streams have exact
-    /// lengths; entropy-coded lattice symbols have a minimum ([`MAX_SYMBOLS_PER_BYTE`]).
-    pub fn stream_lens(
-        &self,
-        tensor: &str,
-        shape: &[u64],
-    ) -> Result<Vec<(&'static str, StreamLen)>> {
-        let n = element_count(tensor, shape)?;
-        let (rows, cols) = matrix_view(shape, n);
-        let invalid = |message: String| HwzError::InvalidEncoding {
-            tensor: tensor.to_string(),
-            message,
-        };
-        match *self {
-            Encoding::Raw { dtype } => Ok(vec![(
-                role::VALUES,
-                StreamLen::exact(n * dtype.size() as u64),
-            )]),
-            Encoding::Affine { .. } => {
-                let params = self
-                    .affine_params()
-                    .ok_or_else(|| invalid("not affine".into()))?;
-                let lens = params
-                    .stream_lens(rows as usize, cols as usize)
-                    .map_err(|e| invalid(e.to_string()))?;
-                let mut v = vec![
-                    (role::CODES, StreamLen::exact(lens.codes as u64)),
-                    (role::SCALES, StreamLen::exact(lens.scales as u64)),
-                ];
-                if !params.symmetric {
-                    v.push((role::OFFSETS, StreamLen::exact(lens.offsets as u64)));
-                }
-                Ok(v)
-            }
-            Encoding::Lattice {
-                lattice,
-                alpha,
-                tile,
-                seed: _,
-                scale_dtype,
-                coding,
-            } => {
-                if !(alpha.is_finite() && alpha > 0.0) {
-                    return Err(invalid(format!(
-                        "alpha {alpha} must be finite and positive"
-                    )));
-                }
-                let tile = tile as u64;
-                if tile == 0
-                    || !tile.is_power_of_two()
-                    || tile > hypercodec_lattice::MAX_TILE as u64
-                    || (cols > 0 && cols % tile != 0)
-                {
-                    return Err(invalid(format!(
-                        "RHT tile {tile} must be a power of two <= 4096 dividing {cols}"
-                    )));
-                }
-                let symbols = rows
-                    .checked_mul(hypercodec_lattice::symbols_per_row(lattice, cols as usize) as u64)
-                    .ok_or_else(|| invalid("symbol count overflows".into()))?;
-                let coded_min = symbols.div_ceil(MAX_SYMBOLS_PER_BYTE);
-                let mut v = vec![(
-                    role::SCALES,
-                    StreamLen::exact(rows * scale_dtype.size() as u64),
-                )];
-                match coding {
-                    Coding::Rice { chunk } => {
-                        if chunk == 0 || chunk > 1 << 24 {
-                            return Err(invalid(format!("rice chunk {chunk} must be in 1..=2^24")));
-                        }
-                        let chunks = symbols.div_ceil(chunk as u64);
-                        v.push((role::PARAMS, StreamLen::exact(chunks)));
-                        v.push((role::OFFSETS, StreamLen::exact(chunks * 4)));
-                        v.push((
-                            role::SYMBOLS,
-                            StreamLen {
-                                min: coded_min,
-                                max: u64::MAX,
-                            },
-                        ));
-                    }
-                    Coding::Rans {
-                        chunk,
-                        lanes,
-                        prob_bits,
-                    } => {
-                        let p = rans_params(chunk, lanes, prob_bits);
-                        p.validate().map_err(|e| invalid(e.to_string()))?;
-                        if chunk as usize % lattice.dim() != 0 {
-                            return Err(invalid(format!(
-                                "rans chunk {chunk} must be a multiple of {}",
-                                lattice.dim()
-                            )));
-                        }
-                        let chunks = symbols.div_ceil(chunk as u64);
-                        v.push((
-                            role::MODEL,
-                            StreamLen {
-                                min: 2,
-                                max: MAX_MODEL_LEN,
-                            },
-                        ));
-                        v.push((
-                            role::INDEX,
-                            StreamLen::exact(chunks * 4 * (1 + lanes as u64)),
-                        ));
-                        v.push((
-                            role::SYMBOLS,
-                            StreamLen {
-                                min: coded_min,
-                                max: u64::MAX,
-                            },
-                        ));
-                    }
-                    Coding::Fixed { bits } => {
-                        if !(2..=8).contains(&bits) || !lattice.has_fixed() {
-                            return Err(invalid(format!(
-                                "no fixed-rate {lattice} with {bits} bits"
-                            )));
-                        }
-                        let len = symbols
-                            .checked_mul(bits as u64)
-                            .ok_or_else(|| invalid("overflow".into()))?
-                            .div_ceil(8);
-                        v.push((role::SYMBOLS, StreamLen::exact(len)));
-                    }
-                }
-                Ok(v)
-            }
-            Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. } => {
-                crate::codebook_codec::stream_lens(self, rows, cols, n).map_err(invalid)
-            }
-            Encoding::Mixed { .. } | Encoding::Exceptions { .. } => {
-                crate::nested_codec::stream_lens(tensor, self, rows, cols, n)
-            }
-        }
-    }
-
     /// This encoding with its lattice scale α replaced (other encodings are returned as they are).
     pub fn with_alpha(&self, alpha: f32) -> Self {
         let mut e = self.clone();
@@ -636,126 +499,4 @@ pub(crate) fn scalar_err(tensor: &str) -> impl Fn(scalar::ScalarError) -> HwzErr
         tensor: tensor.to_string(),
         source,
     }
-}
-
-/// Encodes `values` (row-major, of `shape`) with `encoding`.
-pub fn encode(
-    tensor: &str,
-    values: &[f32],
-    shape: &[u64],
-    encoding: &Encoding,
-    options: EncodeOptions,
-) -> Result<EncodedTensor> {
-    let n = element_count(tensor, shape)?;
-    if values.len() as u64 != n {
-        return Err(HwzError::ElementCount {
-            tensor: tensor.to_string(),
-            shape: shape.to_vec(),
-            expected: n,
-            actual: values.len() as u64,
-        });
-    }
-    let lens = encoding.stream_lens(tensor, shape)?;
-    let (rows, cols) = matrix_view(shape, n);
-    let streams = match encoding {
-        Encoding::Raw { dtype } => {
-            let bytes = scalar::encode_floats(values, *dtype, options.allow_non_finite)
-                .map_err(scalar_err(tensor))?;
-            vec![(role::VALUES, bytes)]
-        }
-        Encoding::Affine { .. } => {
-            let params = encoding.affine_params().expect("affine");
-            let enc = scalar::affine_encode(values, rows as usize, cols as usize, &params)
-                .map_err(scalar_err(tensor))?;
-            let mut v = vec![(role::CODES, enc.codes), (role::SCALES, enc.scales)];
-            if !params.symmetric {
-                v.push((role::OFFSETS, enc.offsets));
-            }
-            v
-        }
-        Encoding::Lattice { .. } => {
-            crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens)?
-        }
-        Encoding::Mixed { .. } | Encoding::Exceptions { .. } => {
-            return crate::nested_codec::encode(tensor, values, rows, cols, encoding, options);
-        }
-        Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. } => {
-            return crate::codebook_codec::encode(
-                tensor,
-                values,
-                shape,
-                encoding,
-                &crate::codebook_codec::CodebookSettings::default(),
-            );
-        }
-    };
-    debug_assert!(streams
-        .iter()
-        .zip(&lens)
-        .all(|((r, b), (lr, l))| r == lr && l.allows(b.len() as u64)));
-    Ok(EncodedTensor {
-        encoding: encoding.clone(),
-        streams,
-    })
-}
-
-/// Decodes one tensor from its streams (already verified and decompressed) into `out`, which
-/// must hold exactly the tensor's element count.
-///
-/// `streams` maps each role of [`Encoding::stream_lens`] to its bytes; a missing, extra or
-/// wrongly sized stream is a typed error raised before any work.
-pub fn decode_into(
-    tensor: &str,
-    encoding: &Encoding,
-    shape: &[u64],
-    streams: &[(&str, &[u8])],
-    out: &mut [f32],
-) -> Result<()> {
-    let n = element_count(tensor, shape)?;
-    if out.len() as u64 != n {
-        return Err(HwzError::ElementCount {
-            tensor: tensor.to_string(),
-            shape: shape.to_vec(),
-            expected: n,
-            actual: out.len() as u64,
-        });
-    }
-    let view = crate::TensorView::new(tensor, encoding, shape, streams)?;
-    view.decode_rows_into(0..view.rows(), out)
-}
-
-/// Checks that `present` holds exactly the roles of `lens`, each of an allowed length.
-pub(crate) fn check_roles<'a>(
-    tensor: &str,
-    lens: &[(&'static str, StreamLen)],
-    present: impl Iterator<Item = (&'a str, u64)> + Clone,
-) -> Result<()> {
-    for (role, _) in present.clone() {
-        if !lens.iter().any(|(r, _)| *r == role) {
-            return Err(HwzError::UnexpectedStream {
-                tensor: tensor.to_string(),
-                role: role.to_string(),
-            });
-        }
-    }
-    for (role, len) in lens {
-        match present.clone().find(|(r, _)| r == role) {
-            None => {
-                return Err(HwzError::MissingStream {
-                    tensor: tensor.to_string(),
-                    role: role.to_string(),
-                })
-            }
-            Some((_, actual)) if !len.allows(actual) => {
-                return Err(HwzError::StreamSize {
-                    tensor: tensor.to_string(),
-                    role: role.to_string(),
-                    expected: if actual < len.min { len.min } else { len.max },
-                    actual,
-                })
-            }
-            Some(_) => {}
-        }
-    }
-    Ok(())
 }

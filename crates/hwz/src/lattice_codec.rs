@@ -21,6 +21,15 @@ fn coding_err(tensor: &str) -> impl Fn(CodingError) -> HwzError + '_ {
     }
 }
 
+/// The rANS contexts of a lattice: words of `dim` symbols, tables chosen by [`Lattice::context`].
+pub(crate) fn contexts(l: &Lattice) -> rans::Contexts<impl Fn(usize, u32) -> usize + Copy + '_> {
+    rans::Contexts {
+        word: l.dim(),
+        count: l.contexts(),
+        map: move |j, first| l.context(j, first),
+    }
+}
+
 /// The fields of a lattice encoding and its pipeline parameters.
 fn unpack(
     tensor: &str,
@@ -100,7 +109,7 @@ pub(crate) fn encode(
             lanes,
             prob_bits,
         } => {
-            let ctx = crate::view::contexts(&lattice);
+            let ctx = contexts(&lattice);
             let s = rans::encode(
                 &q.symbols,
                 ctx,
@@ -169,94 +178,4 @@ fn quantize_parallel(
         all.scales.extend_from_slice(&q.scales);
     }
     Ok(all)
-}
-
-/// Encodes with the lattice encoding `template` (its `alpha` is ignored), choosing α so that
-/// the stored bytes of all streams stay at or below `target_bps` bits per value: α starts from
-/// the committed calibration and is corrected by the measured rate (rate is close to linear in
-/// log₂ α), keeping the largest α that fits. For fixed-rate coding the rate is set by `bits`,
-/// so α is the calibrated best-SNR value and `target_bps` is not used.
-pub fn encode_to_rate(
-    tensor: &str,
-    values: &[f32],
-    shape: &[u64],
-    template: &Encoding,
-    target_bps: f64,
-    options: crate::EncodeOptions,
-) -> Result<crate::EncodedTensor> {
-    let Encoding::Lattice {
-        lattice, coding, ..
-    } = *template
-    else {
-        return Err(HwzError::InvalidEncoding {
-            tensor: tensor.into(),
-            message: "rate control needs a lattice encoding".into(),
-        });
-    };
-    let with_alpha = |alpha: f32| template.with_alpha(alpha);
-    if let Coding::Fixed { bits } = coding {
-        let alpha = lat::calibration::fixed_alpha(lattice, bits).map_or(1.0, |f| f.0);
-        return crate::encode(tensor, values, shape, &with_alpha(alpha), options);
-    }
-    if !(target_bps.is_finite() && target_bps > 0.0) {
-        return Err(HwzError::InvalidEncoding {
-            tensor: tensor.into(),
-            message: format!("target rate {target_bps} bps is not positive"),
-        });
-    }
-    let n = values.len().max(1) as f64;
-    let mut alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
-    // Fit α on a sample of whole rows first (a sixteenth, at least 64 rows): the rate of a
-    // row sample tracks the tensor's closely, so the full tensor is then encoded once or twice.
-    let (rows, cols) = crate::matrix_view(shape, values.len() as u64);
-    let (rows, cols) = (rows as usize, cols as usize);
-    let stride = (rows / 64).clamp(1, 16);
-    if stride > 1 {
-        let sample: Vec<f32> = values
-            .chunks_exact(cols)
-            .step_by(stride)
-            .flatten()
-            .copied()
-            .collect();
-        let sample_shape = [(sample.len() / cols) as u64, cols as u64];
-        let sn = sample.len().max(1) as f64;
-        for _ in 0..8 {
-            let enc = crate::encode(tensor, &sample, &sample_shape, &with_alpha(alpha), options)?;
-            let gap = target_bps - enc.payload_bytes() as f64 * 8.0 / sn;
-            if (0.0..0.002).contains(&gap) {
-                break;
-            }
-            alpha *= 2f32.powf((gap - 0.0005) as f32);
-            if !(alpha.is_finite() && alpha > 1e-6) {
-                alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
-                break;
-            }
-        }
-    }
-    let mut best: Option<(f32, crate::EncodedTensor)> = None;
-    for _ in 0..8 {
-        let enc = crate::encode(tensor, values, shape, &with_alpha(alpha), options)?;
-        let bps = enc.payload_bytes() as f64 * 8.0 / n;
-        if bps <= target_bps && best.as_ref().is_none_or(|(a, _)| alpha > *a) {
-            best = Some((alpha, enc));
-        }
-        let gap = target_bps - bps;
-        // Close enough once inside the target by less than 0.01 bps (0.002 without sampling).
-        let tolerance = if stride > 1 { 0.01 } else { 0.002 };
-        if (0.0..tolerance).contains(&gap) {
-            break;
-        }
-        // Aim a little below the target so the next try lands inside it.
-        alpha *= 2f32.powf((gap - 0.0005) as f32);
-        if !(alpha.is_finite() && alpha > 1e-6) {
-            break;
-        }
-    }
-    match best {
-        Some((_, enc)) => Ok(enc),
-        None => Err(HwzError::InvalidEncoding {
-            tensor: tensor.into(),
-            message: format!("no scale reaches {target_bps} bps for this tensor (side information alone may exceed it)"),
-        }),
-    }
 }

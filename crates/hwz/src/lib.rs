@@ -2,9 +2,11 @@
 #![deny(missing_docs)]
 
 mod codebook_codec;
+mod codec;
 mod encoding;
 mod error;
 mod lattice_codec;
+mod layout;
 pub mod legacy;
 mod manifest;
 mod nested_codec;
@@ -15,9 +17,10 @@ mod write;
 pub mod zstd_codec;
 
 pub use codebook_codec::{codebook_template, encode as encode_codebook, CodebookSettings};
+pub use codec::{decode_into, encode, encode_to_rate};
 pub use encoding::{
-    decode_into, element_count, encode, matrix_view, role, Assignments, Coding, EncodeOptions,
-    EncodedTensor, Encoding, Residual, StreamLen, KNOWN_ENCODINGS, MAX_MODEL_LEN,
+    element_count, matrix_view, role, Assignments, Coding, EncodeOptions, EncodedTensor, Encoding,
+    Residual, StreamLen, KNOWN_ENCODINGS, MAX_ELEMENTS, MAX_MODEL_LEN, MAX_RANK,
     MAX_SYMBOLS_PER_BYTE,
 };
 pub use error::{HwzError, Result};
@@ -25,14 +28,14 @@ pub use hypercodec_hdc::residual::top_k as top_k_errors;
 pub use hypercodec_hdc::{HdcParams, ResidualDtype, ScaleMode};
 pub use hypercodec_lattice::{tile_for, Lattice};
 pub use hypercodec_scalar::{AffineParams, FloatDtype, Group};
-pub use lattice_codec::encode_to_rate;
+pub use layout::MAX_PARTS;
 pub use manifest::{
     check_name, min_stored_bytes, parse_head, sniff, Compression, Manifest, Sniff, StreamEntry,
     Tail, TensorEntry, TensorStats, ALIGN, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_DTYPE_LEN,
-    MAX_ELEMENTS, MAX_MANIFEST_LEN, MAX_NAME_LEN, MAX_RANK, MAX_STREAMS, MAX_TENSORS,
-    MAX_VALUES_PER_STORED_BYTE, MAX_ZSTD_EXPANSION, TAIL_LEN, ZIP_MAGIC,
+    MAX_MANIFEST_LEN, MAX_NAME_LEN, MAX_STREAMS, MAX_TENSORS, MAX_VALUES_PER_STORED_BYTE,
+    MAX_ZSTD_EXPANSION, TAIL_LEN, ZIP_MAGIC,
 };
-pub use nested_codec::{assemble_exceptions, assemble_mixed, MAX_PARTS};
+pub use nested_codec::{assemble_exceptions, assemble_mixed};
 pub use read::{decode_stream, Archive, ReadAt};
 pub use view::{
     AssignmentsRef, CodebookParts, LatticeParts, LowRankParts, OutBuf, Parts, Symbols, TensorView,

@@ -1,6 +1,7 @@
 //! The manifest (UTF-8 JSON), the fixed head and tail, and their validation.
 
-use crate::encoding::{check_roles, element_count, Encoding, KNOWN_ENCODINGS};
+use crate::encoding::{element_count, Encoding, KNOWN_ENCODINGS};
+use crate::layout::check_roles;
 use crate::{HwzError, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -27,10 +28,6 @@ pub const MAX_MANIFEST_LEN: u64 = 64 << 20;
 pub const MAX_TENSORS: usize = 1 << 20;
 /// Most streams in one archive: a few per tensor.
 pub const MAX_STREAMS: usize = 1 << 22;
-/// Highest tensor rank (PyTorch's own limit is 25; weights use at most 5).
-pub const MAX_RANK: usize = 8;
-/// Most elements in one tensor: 2^40 (4 TiB of f32), beyond any single weight today.
-pub const MAX_ELEMENTS: u64 = 1 << 40;
 /// Longest tensor name in bytes.
 pub const MAX_NAME_LEN: usize = 1024;
 /// Longest source dtype label in bytes.

@@ -1,6 +1,7 @@
 //! The reader: tail, manifest, then streams on demand.
 
-use crate::encoding::{decode_into, element_count};
+use crate::codec::decode_into;
+use crate::encoding::element_count;
 use crate::manifest::{
     parse_head, Compression, Manifest, StreamEntry, Tail, TensorEntry, HEADER_LEN, TAIL_LEN,
 };

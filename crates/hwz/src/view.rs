@@ -12,12 +12,14 @@
 //!
 //! Rows are those of the tensor's matrix view ([`crate::matrix_view`]).
 
-use crate::encoding::{check_roles, rans_params, role, Assignments, Coding, Encoding};
+use crate::encoding::{rans_params, role, Assignments, Coding, Encoding};
+use crate::lattice_codec::contexts;
+use crate::layout::check_roles;
 use crate::{element_count, matrix_view, HwzError, Result};
 use half::{bf16, f16};
 use hypercodec_hdc::residual::Corrections;
 use hypercodec_hdc::{codebook, pack, HdcError, ScaleMode};
-use hypercodec_lattice::{self as lat, Lattice};
+use hypercodec_lattice as lat;
 use hypercodec_rice::{rans, rice, CodingError};
 use hypercodec_scalar::{self as scalar, AffineParams, FloatDtype};
 use std::ops::Range;
@@ -201,15 +203,6 @@ fn lat_err(tensor: &str) -> impl Fn(lat::LatticeError) -> HwzError + '_ {
     move |source| HwzError::Lattice {
         tensor: tensor.to_string(),
         source,
-    }
-}
-
-/// The rANS contexts of a lattice: words of `dim` symbols, tables chosen by [`Lattice::context`].
-pub(crate) fn contexts(l: &Lattice) -> rans::Contexts<impl Fn(usize, u32) -> usize + Copy + '_> {
-    rans::Contexts {
-        word: l.dim(),
-        count: l.contexts(),
-        map: move |j, first| l.context(j, first),
     }
 }
 
@@ -420,14 +413,14 @@ impl<'a> TensorView<'a> {
                 block_rows,
                 ref parts,
             } => {
-                let rs = crate::nested_codec::part_rows(tensor, rows, block_rows, parts.len())?;
+                let rs = crate::layout::part_rows(tensor, rows, block_rows, parts.len())?;
                 let shapes: Vec<(&Encoding, [u64; 2])> = parts
                     .iter()
                     .zip(&rs)
                     .map(|(p, &r)| (p, [r, cols]))
                     .collect();
                 let mut views = Vec::with_capacity(parts.len());
-                crate::nested_codec::split(
+                crate::layout::split(
                     tensor,
                     &shapes,
                     get(role::INDEX),
@@ -448,7 +441,7 @@ impl<'a> TensorView<'a> {
                 dtype,
             } => {
                 let mut inner = None;
-                crate::nested_codec::split(
+                crate::layout::split(
                     tensor,
                     &[(base, [rows, cols])],
                     get(role::INDEX),

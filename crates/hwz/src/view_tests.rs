@@ -5,7 +5,7 @@
 use super::*;
 use crate::{
     assemble_exceptions, assemble_mixed, encode, encode_codebook, CodebookSettings, EncodeOptions,
-    EncodedTensor, Group, ResidualDtype,
+    EncodedTensor, Group, Lattice, ResidualDtype,
 };
 use proptest::prelude::*;
 

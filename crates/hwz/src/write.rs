@@ -1,6 +1,7 @@
 //! The streaming writer: tensor by tensor, bounded memory, manifest and tail at the end.
 
-use crate::encoding::{check_roles, element_count, EncodedTensor};
+use crate::encoding::{element_count, EncodedTensor};
+use crate::layout::check_roles;
 use crate::manifest::{
     check_name, Compression, Manifest, StreamEntry, Tail, TensorEntry, TensorStats, ALIGN,
     FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_STREAMS, MAX_TENSORS, MAX_ZSTD_EXPANSION,

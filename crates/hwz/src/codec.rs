@@ -1,0 +1,245 @@
+//! Encode and decode of one tensor, dispatched by encoding: the codec modules below do the
+//! work, [`crate::TensorView`] does every decode. Nested encodings (`mixed`, `exceptions`)
+//! encode each part through this dispatch.
+
+use crate::encoding::{
+    element_count, matrix_view, role, scalar_err, Coding, EncodeOptions, EncodedTensor, Encoding,
+};
+use crate::nested_codec::{assemble_exceptions, assemble_mixed};
+use crate::{HwzError, Result};
+use hypercodec_lattice as lat;
+use hypercodec_scalar as scalar;
+
+/// Encodes `values` (row-major, of `shape`) with `encoding`.
+pub fn encode(
+    tensor: &str,
+    values: &[f32],
+    shape: &[u64],
+    encoding: &Encoding,
+    options: EncodeOptions,
+) -> Result<EncodedTensor> {
+    let n = element_count(tensor, shape)?;
+    if values.len() as u64 != n {
+        return Err(HwzError::ElementCount {
+            tensor: tensor.to_string(),
+            shape: shape.to_vec(),
+            expected: n,
+            actual: values.len() as u64,
+        });
+    }
+    let lens = encoding.stream_lens(tensor, shape)?;
+    let (rows, cols) = matrix_view(shape, n);
+    let streams = match encoding {
+        Encoding::Raw { dtype } => {
+            let bytes = scalar::encode_floats(values, *dtype, options.allow_non_finite)
+                .map_err(scalar_err(tensor))?;
+            vec![(role::VALUES, bytes)]
+        }
+        Encoding::Affine { .. } => {
+            let params = encoding.affine_params().expect("affine");
+            let enc = scalar::affine_encode(values, rows as usize, cols as usize, &params)
+                .map_err(scalar_err(tensor))?;
+            let mut v = vec![(role::CODES, enc.codes), (role::SCALES, enc.scales)];
+            if !params.symmetric {
+                v.push((role::OFFSETS, enc.offsets));
+            }
+            v
+        }
+        Encoding::Lattice { .. } => {
+            crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens)?
+        }
+        Encoding::Mixed { .. } | Encoding::Exceptions { .. } => {
+            return encode_nested(tensor, values, rows, cols, encoding, options);
+        }
+        Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. } => {
+            return crate::codebook_codec::encode(
+                tensor,
+                values,
+                shape,
+                encoding,
+                &crate::codebook_codec::CodebookSettings::default(),
+            );
+        }
+    };
+    debug_assert!(streams
+        .iter()
+        .zip(&lens)
+        .all(|((r, b), (lr, l))| r == lr && l.allows(b.len() as u64)));
+    Ok(EncodedTensor {
+        encoding: encoding.clone(),
+        streams,
+    })
+}
+
+/// Decodes one tensor from its streams (already verified and decompressed) into `out`, which
+/// must hold exactly the tensor's element count.
+///
+/// `streams` maps each role of [`Encoding::stream_lens`] to its bytes; a missing, extra or
+/// wrongly sized stream is a typed error raised before any work.
+pub fn decode_into(
+    tensor: &str,
+    encoding: &Encoding,
+    shape: &[u64],
+    streams: &[(&str, &[u8])],
+    out: &mut [f32],
+) -> Result<()> {
+    let n = element_count(tensor, shape)?;
+    if out.len() as u64 != n {
+        return Err(HwzError::ElementCount {
+            tensor: tensor.to_string(),
+            shape: shape.to_vec(),
+            expected: n,
+            actual: out.len() as u64,
+        });
+    }
+    let view = crate::TensorView::new(tensor, encoding, shape, streams)?;
+    view.decode_rows_into(0..view.rows(), out)
+}
+
+/// Encodes with a nested encoding by encoding every part with its own encoding.
+fn encode_nested(
+    tensor: &str,
+    values: &[f32],
+    rows: u64,
+    cols: u64,
+    encoding: &Encoding,
+    options: crate::EncodeOptions,
+) -> Result<EncodedTensor> {
+    match encoding {
+        Encoding::Mixed { block_rows, parts } => {
+            let mut done = Vec::with_capacity(parts.len());
+            let mut start = 0usize;
+            for (p, r) in parts.iter().zip(crate::layout::part_rows(
+                tensor,
+                rows,
+                *block_rows,
+                parts.len(),
+            )?) {
+                let len = (r * cols) as usize;
+                done.push(encode(
+                    tensor,
+                    &values[start..start + len],
+                    &[r, cols],
+                    p,
+                    options,
+                )?);
+                start += len;
+            }
+            Ok(assemble_mixed(*block_rows, &done))
+        }
+        Encoding::Exceptions { base, count, dtype } => {
+            let b = encode(tensor, values, &[rows, cols], base, options)?;
+            let mut approx = vec![0f32; values.len()];
+            decode_one(tensor, &b.encoding, rows, cols, &b.streams, &mut approx)?;
+            let (pos, _) = hypercodec_hdc::residual::top_k(values, &approx, *count as usize);
+            let vals: Vec<f32> = pos.iter().map(|&p| values[p as usize]).collect();
+            assemble_exceptions(tensor, &b, &pos, &vals, *dtype)
+        }
+        _ => Err(HwzError::InvalidEncoding {
+            tensor: tensor.into(),
+            message: "not a nested encoding".into(),
+        }),
+    }
+}
+
+fn decode_one(
+    tensor: &str,
+    e: &Encoding,
+    rows: u64,
+    cols: u64,
+    streams: &[(&'static str, Vec<u8>)],
+    out: &mut [f32],
+) -> Result<()> {
+    let refs: Vec<(&str, &[u8])> = streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
+    crate::decode_into(tensor, e, &[rows, cols], &refs, out)
+}
+
+/// Encodes with the lattice encoding `template` (its `alpha` is ignored), choosing α so that
+/// the stored bytes of all streams stay at or below `target_bps` bits per value: α starts from
+/// the committed calibration and is corrected by the measured rate (rate is close to linear in
+/// log₂ α), keeping the largest α that fits. For fixed-rate coding the rate is set by `bits`,
+/// so α is the calibrated best-SNR value and `target_bps` is not used.
+pub fn encode_to_rate(
+    tensor: &str,
+    values: &[f32],
+    shape: &[u64],
+    template: &Encoding,
+    target_bps: f64,
+    options: EncodeOptions,
+) -> Result<EncodedTensor> {
+    let Encoding::Lattice {
+        lattice, coding, ..
+    } = *template
+    else {
+        return Err(HwzError::InvalidEncoding {
+            tensor: tensor.into(),
+            message: "rate control needs a lattice encoding".into(),
+        });
+    };
+    let with_alpha = |alpha: f32| template.with_alpha(alpha);
+    if let Coding::Fixed { bits } = coding {
+        let alpha = lat::calibration::fixed_alpha(lattice, bits).map_or(1.0, |f| f.0);
+        return encode(tensor, values, shape, &with_alpha(alpha), options);
+    }
+    if !(target_bps.is_finite() && target_bps > 0.0) {
+        return Err(HwzError::InvalidEncoding {
+            tensor: tensor.into(),
+            message: format!("target rate {target_bps} bps is not positive"),
+        });
+    }
+    let n = values.len().max(1) as f64;
+    let mut alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
+    // Fit α on a sample of whole rows first (a sixteenth, at least 64 rows): the rate of a
+    // row sample tracks the tensor's closely, so the full tensor is then encoded once or twice.
+    let (rows, cols) = matrix_view(shape, values.len() as u64);
+    let (rows, cols) = (rows as usize, cols as usize);
+    let stride = (rows / 64).clamp(1, 16);
+    if stride > 1 {
+        let sample: Vec<f32> = values
+            .chunks_exact(cols)
+            .step_by(stride)
+            .flatten()
+            .copied()
+            .collect();
+        let sample_shape = [(sample.len() / cols) as u64, cols as u64];
+        let sn = sample.len().max(1) as f64;
+        for _ in 0..8 {
+            let enc = encode(tensor, &sample, &sample_shape, &with_alpha(alpha), options)?;
+            let gap = target_bps - enc.payload_bytes() as f64 * 8.0 / sn;
+            if (0.0..0.002).contains(&gap) {
+                break;
+            }
+            alpha *= 2f32.powf((gap - 0.0005) as f32);
+            if !(alpha.is_finite() && alpha > 1e-6) {
+                alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
+                break;
+            }
+        }
+    }
+    let mut best: Option<(f32, EncodedTensor)> = None;
+    for _ in 0..8 {
+        let enc = encode(tensor, values, shape, &with_alpha(alpha), options)?;
+        let bps = enc.payload_bytes() as f64 * 8.0 / n;
+        if bps <= target_bps && best.as_ref().is_none_or(|(a, _)| alpha > *a) {
+            best = Some((alpha, enc));
+        }
+        let gap = target_bps - bps;
+        // Close enough once inside the target by less than 0.01 bps (0.002 without sampling).
+        let tolerance = if stride > 1 { 0.01 } else { 0.002 };
+        if (0.0..tolerance).contains(&gap) {
+            break;
+        }
+        // Aim a little below the target so the next try lands inside it.
+        alpha *= 2f32.powf((gap - 0.0005) as f32);
+        if !(alpha.is_finite() && alpha > 1e-6) {
+            break;
+        }
+    }
+    match best {
+        Some((_, enc)) => Ok(enc),
+        None => Err(HwzError::InvalidEncoding {
+            tensor: tensor.into(),
+            message: format!("no scale reaches {target_bps} bps for this tensor (side information alone may exceed it)"),
+        }),
+    }
+}
