@@ -3,7 +3,7 @@
 
 use crate::spec::Spec;
 use crate::Result;
-use hypercodec_hwz::{self as hwz, EncodeOptions, EncodedTensor};
+use hypercodec_hwz::{EncodeOptions, EncodedTensor};
 use serde::{Deserialize, Serialize};
 
 /// What one candidate costs and how wrong it is, measured.
@@ -56,11 +56,7 @@ pub struct Sums {
 
 /// Decodes an encoded tensor of `shape`.
 pub fn decode(name: &str, shape: &[u64], t: &EncodedTensor) -> Result<Vec<f32>> {
-    let n = hwz::element_count(name, shape)? as usize;
-    let mut out = vec![0f32; n];
-    let refs: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
-    hwz::decode_into(name, &t.encoding, shape, &refs, &mut out)?;
-    Ok(out)
+    Ok(t.decode(name, shape)?)
 }
 
 /// `Σx²` of each block of `block_len` values, and of the whole.

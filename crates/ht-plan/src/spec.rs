@@ -214,7 +214,7 @@ impl Spec {
             }
             Spec::Exceptions { base, count, dtype } => {
                 let b = base.encode(name, values, shape, options)?;
-                let approx = crate::measure::decode(name, shape, &b)?;
+                let approx = b.decode(name, shape)?;
                 let (pos, _) = top_errors(values, &approx, *count as usize);
                 let vals: Vec<f32> = pos.iter().map(|&p| values[p as usize]).collect();
                 hwz::assemble_exceptions(name, &b, &pos, &vals, *dtype)?

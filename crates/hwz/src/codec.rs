@@ -129,8 +129,7 @@ fn encode_nested(
         }
         Encoding::Exceptions { base, count, dtype } => {
             let b = encode(tensor, values, &[rows, cols], base, options)?;
-            let mut approx = vec![0f32; values.len()];
-            decode_one(tensor, &b.encoding, rows, cols, &b.streams, &mut approx)?;
+            let approx = b.decode(tensor, &[rows, cols])?;
             let (pos, _) = hypercodec_hdc::residual::top_k(values, &approx, *count as usize);
             let vals: Vec<f32> = pos.iter().map(|&p| values[p as usize]).collect();
             assemble_exceptions(tensor, &b, &pos, &vals, *dtype)
@@ -140,18 +139,6 @@ fn encode_nested(
             message: "not a nested encoding".into(),
         }),
     }
-}
-
-fn decode_one(
-    tensor: &str,
-    e: &Encoding,
-    rows: u64,
-    cols: u64,
-    streams: &[(&'static str, Vec<u8>)],
-    out: &mut [f32],
-) -> Result<()> {
-    let refs: Vec<(&str, &[u8])> = streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
-    crate::decode_into(tensor, e, &[rows, cols], &refs, out)
 }
 
 /// Encodes with the lattice encoding `template` (its `alpha` is ignored), choosing α so that
@@ -241,5 +228,20 @@ pub fn encode_to_rate(
             tensor: tensor.into(),
             message: format!("no scale reaches {target_bps} bps for this tensor (side information alone may exceed it)"),
         }),
+    }
+}
+
+impl EncodedTensor {
+    /// Decodes this tensor (of `shape`) into a new f32 vector.
+    pub fn decode(&self, tensor: &str, shape: &[u64]) -> Result<Vec<f32>> {
+        let n = element_count(tensor, shape)? as usize;
+        let mut out = vec![0f32; n];
+        let refs: Vec<(&str, &[u8])> = self
+            .streams
+            .iter()
+            .map(|(r, b)| (*r, b.as_slice()))
+            .collect();
+        decode_into(tensor, &self.encoding, shape, &refs, &mut out)?;
+        Ok(out)
     }
 }
