@@ -26,6 +26,8 @@ use std::ops::Range;
 
 /// Values decoded at a time when a row range is converted to f16/bf16 or decoded in parts.
 const BLOCK_VALUES: usize = 1 << 16;
+/// Fixed-rate symbols unpacked at a time.
+const CHUNK_SYMBOLS: usize = 1 << 16;
 /// Values below which a decode stays on the calling thread.
 const PARALLEL_MIN_VALUES: usize = 1 << 18;
 
@@ -681,48 +683,7 @@ impl<'a> TensorView<'a> {
                 out,
             )
             .map_err(crate::encoding::scalar_err(tensor)),
-            Parts::Lattice(l) => {
-                let spr = l.symbols_per_row;
-                let want = a * spr..b * spr;
-                let mut symbols = vec![0u32; want.len()];
-                match &l.symbols {
-                    Symbols::Fixed { bits, packed } => {
-                        let mut codes = vec![0u8; want.len()];
-                        scalar::unpack_bits_range_into(
-                            packed,
-                            *bits,
-                            self.rows as usize * spr,
-                            want.start,
-                            &mut codes,
-                        )
-                        .map_err(crate::encoding::scalar_err(tensor))?;
-                        symbols
-                            .iter_mut()
-                            .zip(codes)
-                            .for_each(|(s, c)| *s = c as u32);
-                    }
-                    Symbols::Rice(d) => {
-                        let chunks = chunk_range(spr as u64, d_chunk_rice(d), &range);
-                        let have = d.symbol_range(chunks.clone());
-                        let mut all = vec![0u32; have.len()];
-                        d.decode_chunks(chunks, &mut all)
-                            .map_err(coding_err(tensor))?;
-                        symbols
-                            .copy_from_slice(&all[want.start - have.start..want.end - have.start]);
-                    }
-                    Symbols::Rans(d) => {
-                        let chunks = chunk_range(spr as u64, d_chunk_rans(d), &range);
-                        let have = d.symbol_range(chunks.clone());
-                        let mut all = vec![0u32; have.len()];
-                        d.decode_chunks(chunks, contexts(&l.params.lattice), &mut all)
-                            .map_err(coding_err(tensor))?;
-                        symbols
-                            .copy_from_slice(&all[want.start - have.start..want.end - have.start]);
-                    }
-                }
-                lat::dequantize_rows_into(&symbols, &l.scales[a..b], count, cols, &l.params, out)
-                    .map_err(lat_err(tensor))
-            }
+            Parts::Lattice(l) => self.decode_lattice_rows(l, a, b, out),
             Parts::Codebook(c) => {
                 let bpr = cols.div_ceil(c.block);
                 let total = self.rows as usize * bpr;
@@ -798,6 +759,96 @@ impl<'a> TensorView<'a> {
                 Ok(())
             }
         }
+    }
+}
+
+impl TensorView<'_> {
+    /// Rows `a..b` of a lattice tensor, streamed: symbols are decoded a chunk (or, fixed-rate,
+    /// a batch of rows) at a time and each completed row is dequantized at once, so the
+    /// working memory is one chunk plus one row of symbols, not the range's symbols.
+    fn decode_lattice_rows(
+        &self,
+        l: &LatticeParts<'_>,
+        a: usize,
+        b: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let tensor = self.tensor.as_str();
+        let cols = self.cols as usize;
+        let spr = l.symbols_per_row;
+        let (first, end) = (a * spr, b * spr);
+        // Symbols of rows `row..` not yet dequantized, starting at symbol `row * spr`.
+        let mut pending: Vec<u32> = Vec::new();
+        let mut row = a;
+        let mut flush = |pending: &mut Vec<u32>, row: &mut usize| -> Result<()> {
+            let n = pending.len() / spr.max(1);
+            if n == 0 {
+                return Ok(());
+            }
+            let o = &mut out[(*row - a) * cols..(*row - a + n) * cols];
+            lat::dequantize_rows_into(
+                &pending[..n * spr],
+                &l.scales[*row..*row + n],
+                n,
+                cols,
+                &l.params,
+                o,
+            )
+            .map_err(lat_err(tensor))?;
+            pending.drain(..n * spr);
+            *row += n;
+            Ok(())
+        };
+        match &l.symbols {
+            Symbols::Fixed { bits, packed } => {
+                let batch = (CHUNK_SYMBOLS / spr.max(1)).max(1) * spr;
+                let mut codes = vec![0u8; batch.min(end - first)];
+                let mut s = first;
+                while s < end {
+                    let n = batch.min(end - s);
+                    scalar::unpack_bits_range_into(
+                        packed,
+                        *bits,
+                        self.rows as usize * spr,
+                        s,
+                        &mut codes[..n],
+                    )
+                    .map_err(crate::encoding::scalar_err(tensor))?;
+                    pending.extend(codes[..n].iter().map(|&c| c as u32));
+                    flush(&mut pending, &mut row)?;
+                    s += n;
+                }
+            }
+            Symbols::Rice(d) => {
+                let chunks = chunk_range(spr as u64, d_chunk_rice(d), &(a as u64..b as u64));
+                let mut buf = Vec::new();
+                for c in chunks {
+                    let have = d.symbol_range(c..c + 1);
+                    buf.resize(have.len(), 0);
+                    d.decode_chunks(c..c + 1, &mut buf)
+                        .map_err(coding_err(tensor))?;
+                    let (x, y) = (have.start.max(first), have.end.min(end));
+                    pending.extend_from_slice(&buf[x - have.start..y - have.start]);
+                    flush(&mut pending, &mut row)?;
+                }
+            }
+            Symbols::Rans(d) => {
+                let chunks = chunk_range(spr as u64, d_chunk_rans(d), &(a as u64..b as u64));
+                let ctx = contexts(&l.params.lattice);
+                let mut buf = Vec::new();
+                for c in chunks {
+                    let have = d.symbol_range(c..c + 1);
+                    buf.resize(have.len(), 0);
+                    d.decode_chunks(c..c + 1, ctx, &mut buf)
+                        .map_err(coding_err(tensor))?;
+                    let (x, y) = (have.start.max(first), have.end.min(end));
+                    pending.extend_from_slice(&buf[x - have.start..y - have.start]);
+                    flush(&mut pending, &mut row)?;
+                }
+            }
+        }
+        debug_assert!(row == b && pending.is_empty());
+        Ok(())
     }
 }
 
