@@ -25,6 +25,10 @@ use std::path::{Path, PathBuf};
     about = "Compress neural-network weights into .hwz archives, inspect and benchmark them"
 )]
 struct Cli {
+    /// Worker threads of every step (one pool for the whole run). By default, $HYPERCODEC_THREADS,
+    /// else one per core.
+    #[arg(long, global = true)]
+    threads: Option<usize>,
     #[command(subcommand)]
     command: Command,
 }
@@ -290,6 +294,7 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    pipeline::init_threads(cli.threads)?;
     match cli.command {
         Command::Compress(args) => compress(&args),
         Command::Decompress {
@@ -328,26 +333,23 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// Peak resident memory of this process (Linux `VmHWM`), if the platform tells.
-fn peak_rss_bytes() -> Option<u64> {
+/// A number from this process's `/proc/self/status` line `key` (Linux), if the platform tells.
+fn proc_status(key: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse::<u64>()
-        .ok()?;
-    Some(kb * 1024)
+    let v = status.lines().find_map(|l| l.strip_prefix(key))?.trim();
+    v.trim_end_matches("kB").trim().parse::<u64>().ok()
 }
 
 fn main() -> std::process::ExitCode {
     let result = run(Cli::parse());
     // Benchmarks (`cargo xtask rss`) read the peak memory of a run from here.
     if std::env::var_os("HYPERCODEC_REPORT_RSS").is_some() {
-        if let Some(b) = peak_rss_bytes() {
-            eprintln!("peak_rss_bytes: {b}");
+        if let Some(kb) = proc_status("VmHWM:") {
+            eprintln!("peak_rss_bytes: {}", kb * 1024);
+        }
+        // The main thread plus the pool's workers: no step keeps threads of its own.
+        if let Some(t) = proc_status("Threads:") {
+            eprintln!("threads: {t}");
         }
     }
     match result {

@@ -707,3 +707,42 @@ fn plan_then_compress_with_the_plan_and_budget_mode() {
         p(&dir.path().join("back.safetensors")),
     ]);
 }
+
+#[test]
+fn threads_flag_and_env_size_the_one_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t.hwz");
+    let out_s = out.to_str().unwrap();
+    for (threads, expected) in [("1", 2u64), ("2", 3)] {
+        let o = bin()
+            .args([
+                "--threads",
+                threads,
+                "compress",
+                "gaussian:600x512:3",
+                out_s,
+                "--encoding",
+                "auto",
+            ])
+            .env("HYPERCODEC_REPORT_RSS", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        // The main thread plus the pool's workers, nothing left over from any step.
+        let live = err
+            .lines()
+            .find_map(|l| l.strip_prefix("threads: "))
+            .and_then(|v| v.parse::<u64>().ok());
+        assert_eq!(live, Some(expected), "{err}");
+    }
+    let zero = run(&["--threads", "0", "inspect", out_s]);
+    assert_eq!(zero.status.code(), Some(1));
+    let bad = bin()
+        .args(["inspect", out_s])
+        .env("HYPERCODEC_THREADS", "many")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("HYPERCODEC_THREADS"));
+}

@@ -21,12 +21,14 @@
 mod error;
 mod stats;
 mod summary;
+mod threads;
 
 pub use error::{PipelineError, Result};
 pub use stats::{gaussian_bound_db, ErrorAcc};
 pub use summary::{
     legacy_summary, summarize, ArchiveSummary, StreamSummary, TensorSummary, Totals,
 };
+pub use threads::{init_threads, THREADS_ENV};
 
 #[cfg(feature = "fs")]
 mod archive;
