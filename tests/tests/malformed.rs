@@ -159,10 +159,10 @@ fn manifest_not_json_or_wrong_shape() {
 
 #[test]
 fn unsupported_version() {
-    let b = with_manifest(|m| m["version"] = json!(2));
+    let b = with_manifest(|m| m["version"] = json!(3));
     assert!(matches!(
         open(&b),
-        Err(HwzError::UnsupportedVersion { version: 2, .. })
+        Err(HwzError::UnsupportedVersion { version: 3, .. })
     ));
 }
 

@@ -171,3 +171,73 @@ proptest! {
         }
     }
 }
+
+/// Convolutions: a rank ≥ 3 tensor is coded as `[shape[0], prod(shape[1..])]` in a version-2
+/// archive; a version-1 archive's rank ≥ 3 tensor keeps decoding under the old last-dimension
+/// view; an archive of matrices stays version 1.
+#[test]
+fn conv_tensors_use_the_outer_matrix_view_and_old_archives_still_decode() {
+    use hypercodec_hwz::{matrix_view, FORMAT_VERSION, MATRIX_VIEW_VERSION};
+    use hypercodec_tests::{assemble, fixture_values, split};
+    assert_eq!(matrix_view(&[96, 16, 1, 1], 1536), (96, 16));
+    assert_eq!(matrix_view(&[32, 1, 3, 3], 288), (32, 9));
+    assert_eq!(matrix_view(&[4, 0, 4], 0), (0, 0));
+    let int4 = Encoding::affine(AffineParams {
+        bits: 4,
+        group: Group::Size(128),
+        symmetric: false,
+        scale_dtype: FloatDtype::F16,
+    });
+    // A pointwise kernel: one group per output channel (16 values), not one per value.
+    let pw = fixture_values(96 * 16, 3);
+    let (bytes, back) = roundtrip(
+        &[("pw".into(), vec![96, 16, 1, 1], pw.clone(), int4.clone())],
+        Compression::None,
+    )
+    .unwrap();
+    let a = Archive::open(&bytes[..]).unwrap();
+    assert_eq!(a.manifest().version, MATRIX_VIEW_VERSION);
+    let bps = a.stored_bytes(&a.tensors()[0]) as f64 * 8.0 / pw.len() as f64;
+    assert!(bps <= 4.0 + 32.0 / 16.0 + 1e-9, "{bps} bps");
+    // Each 16-value row is its own group: the error stays within half a step of its range.
+    for (row, got) in pw.chunks(16).zip(back[0].chunks(16)) {
+        let (lo, hi) = row
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        let half_step = (hi - lo) / 15.0 / 2.0 * 1.01 + 1e-3;
+        assert!(row.iter().zip(got).all(|(x, y)| (x - y).abs() <= half_step));
+    }
+    // Matrices only: version 1, as before.
+    let (bytes2, _) = roundtrip(
+        &[(
+            "m".into(),
+            vec![6, 40],
+            fixture_values(240, 4),
+            int4.clone(),
+        )],
+        Compression::None,
+    )
+    .unwrap();
+    assert_eq!(
+        Archive::open(&bytes2[..]).unwrap().manifest().version,
+        FORMAT_VERSION
+    );
+    // A version-1 archive whose [2, 3, 40] tensor was coded as 6 rows of 40 (the old view).
+    let (streams, mut manifest) = split(&bytes2);
+    manifest["tensors"][0]["shape"] = serde_json::json!([2, 3, 40]);
+    let old = assemble(&streams, &manifest);
+    let a_old = Archive::open(&old[..]).unwrap();
+    let a_new = Archive::open(&bytes2[..]).unwrap();
+    assert_eq!(
+        a_old.decode_tensor("m").unwrap(),
+        a_new.decode_tensor("m").unwrap()
+    );
+    // The same streams claimed under version 2 do not fit the outer view (2 rows of 120).
+    manifest["version"] = serde_json::json!(MATRIX_VIEW_VERSION);
+    assert!(Archive::open(&assemble(&streams, &manifest)[..]).is_err());
+    manifest["version"] = serde_json::json!(MATRIX_VIEW_VERSION + 1);
+    assert!(matches!(
+        Archive::open(&assemble(&streams, &manifest)[..]),
+        Err(hypercodec_hwz::HwzError::UnsupportedVersion { .. })
+    ));
+}

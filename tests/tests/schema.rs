@@ -31,7 +31,7 @@ fn malformed_manifests_are_invalid() {
     let v = schema();
     let (_, good) = split(&sample_archive());
     let edits = [
-        ("/version", json!(2)),
+        ("/version", json!(3)),
         ("/tensors/0/encoding", json!({"type": "quantum"})),
         ("/tensors/0/encoding/dtype", json!("f12")),
         ("/tensors/0/shape", json!([1, 1, 1, 1, 1, 1, 1, 1, 1])),

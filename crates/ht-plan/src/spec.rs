@@ -162,7 +162,9 @@ impl Spec {
         shape: &[u64],
         options: EncodeOptions,
     ) -> Result<EncodedTensor> {
-        let cols = shape.last().copied().unwrap_or(1);
+        let cols = hypercodec_hwz::matrix_view(shape, values.len() as u64)
+            .1
+            .max(1);
         Ok(match self {
             Spec::Fixed {
                 encoding: Encoding::Sparse { count, dtype },

@@ -460,13 +460,32 @@ pub fn element_count(tensor: &str, shape: &[u64]) -> Result<u64> {
     Ok(n)
 }
 
-/// The `rows × cols` view of a tensor: `cols` is the last dimension (the input dimension of a
-/// linear layer's weight), `rows` everything before it. A scalar is `1 × 1`.
+/// The `rows × cols` matrix view of a tensor: `rows` is the first dimension (a linear layer's
+/// or a convolution's output channels), `cols` everything after it, so a conv kernel
+/// `[Cout, Cin, kh, kw]` is `Cout` rows of `Cin·kh·kw` values (the convention of GPTQ/AWQ-style
+/// tools). A 1-D tensor is one row; a scalar is `1 × 1`. Rows, scale groups, RHT tiles and row
+/// blocks all run along this view. (Archives of format version 1 viewed a tensor of rank ≥ 3
+/// by its last dimension instead; [`legacy_matrix_shape`] gives that view.)
 pub fn matrix_view(shape: &[u64], n: u64) -> (u64, u64) {
-    match shape.last() {
-        Some(&cols) if cols > 0 => (n / cols, cols),
-        Some(_) => (0, 0),
-        None => (1, 1),
+    match shape.len() {
+        0 => (1, 1),
+        1 => n.checked_div(shape[0]).map_or((0, 0), |rows| (rows, shape[0])),
+        _ => {
+            let cols = shape[1..].iter().fold(1u64, |a, &d| a.saturating_mul(d));
+            n.checked_div(cols).map_or((0, 0), |rows| (rows, cols))
+        }
+    }
+}
+
+/// The 2-D shape under which a format-version-1 archive coded a tensor of rank ≥ 3:
+/// `[prod(shape[..−1]), shape[−1]]` (rows along every dimension but the last). Other ranks
+/// are returned as they are.
+pub fn legacy_matrix_shape(shape: &[u64]) -> Vec<u64> {
+    match shape.split_last() {
+        Some((&last, rest)) if rest.len() >= 2 => {
+            vec![rest.iter().fold(1u64, |a, &d| a.saturating_mul(d)), last]
+        }
+        _ => shape.to_vec(),
     }
 }
 

@@ -11,8 +11,13 @@ use std::collections::{BTreeMap, HashSet};
 pub const MAGIC: [u8; 4] = *b"HWZ1";
 /// The first bytes of a zip file: a legacy (Hyper Glyph) archive.
 pub const ZIP_MAGIC: [u8; 4] = *b"PK\x03\x04";
-/// The format version this crate reads and writes.
+/// The format version this crate writes for archives whose tensors all have rank ≤ 2.
 pub const FORMAT_VERSION: u32 = 1;
+/// The format version written when an archive holds a tensor of rank ≥ 3: version 1 plus one
+/// rule, such tensors are coded as the matrix `[shape[0], prod(shape[1..])]`
+/// ([`crate::matrix_view`]). Readers of this crate read both; older readers refuse version 2
+/// instead of decoding it under the old view.
+pub const MATRIX_VIEW_VERSION: u32 = 2;
 /// Every stream starts on a multiple of this (cache lines, GPU loads, mmap zero-copy).
 pub const ALIGN: u64 = 64;
 /// Bytes before the first stream: magic, flags, zero padding to [`ALIGN`].
@@ -281,6 +286,18 @@ fn json_err(e: serde_json::Error) -> HwzError {
 }
 
 impl Manifest {
+    /// The shape a tensor's encoding was applied to: its own shape, except that a version-1
+    /// archive coded a tensor of rank ≥ 3 under the last-dimension view
+    /// ([`crate::legacy_matrix_shape`]). Pass this to [`Encoding::stream_lens`],
+    /// [`crate::decode_into`] and [`crate::TensorView::new`].
+    pub fn coded_shape(&self, t: &TensorEntry) -> Vec<u64> {
+        if self.version < MATRIX_VIEW_VERSION {
+            crate::legacy_matrix_shape(&t.shape)
+        } else {
+            t.shape.clone()
+        }
+    }
+
     /// Parses and validates manifest bytes whose checksum is in `tail`: the checksum, the
     /// version, every cap, every encoding, every stream reference, bound and size.
     pub fn parse(bytes: &[u8], tail: &Tail) -> Result<Manifest> {
@@ -294,11 +311,11 @@ impl Manifest {
         let value: Value = serde_json::from_slice(bytes).map_err(json_err)?;
         // Version first, so a newer archive gets a clear message rather than a shape error.
         match value.get("version").and_then(Value::as_u64) {
-            Some(v) if v == FORMAT_VERSION as u64 => {}
+            Some(v) if (FORMAT_VERSION as u64..=MATRIX_VIEW_VERSION as u64).contains(&v) => {}
             Some(v) => {
                 return Err(HwzError::UnsupportedVersion {
                     version: v,
-                    known: FORMAT_VERSION,
+                    known: MATRIX_VIEW_VERSION,
                 })
             }
             None => {
@@ -419,7 +436,7 @@ impl Manifest {
                     });
                 }
             }
-            let lens = t.encoding.stream_lens(&t.name, &t.shape)?;
+            let lens = t.encoding.stream_lens(&t.name, &self.coded_shape(t))?;
             let present = t
                 .streams
                 .iter()

@@ -225,7 +225,8 @@ impl<R: ReadAt> Archive<R> {
             .iter()
             .map(|(r, b)| (r.as_str(), b.as_ref()))
             .collect();
-        decode_into(&tensor.name, &tensor.encoding, &tensor.shape, &refs, out)
+        let shape = self.manifest.coded_shape(tensor);
+        decode_into(&tensor.name, &tensor.encoding, &shape, &refs, out)
     }
 }
 

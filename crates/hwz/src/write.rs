@@ -4,7 +4,8 @@ use crate::encoding::{element_count, EncodedTensor};
 use crate::layout::check_roles;
 use crate::manifest::{
     check_name, Compression, Manifest, StreamEntry, Tail, TensorEntry, TensorStats, ALIGN,
-    FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_STREAMS, MAX_TENSORS, MAX_ZSTD_EXPANSION,
+    FORMAT_VERSION, HEADER_LEN, MAGIC, MATRIX_VIEW_VERSION, MAX_STREAMS, MAX_TENSORS,
+    MAX_ZSTD_EXPANSION,
 };
 use crate::manifest::{min_stored_bytes, tensor_numel};
 use crate::{HwzError, Result};
@@ -195,7 +196,13 @@ impl<W: Write> Writer<W> {
     pub fn finish(mut self) -> Result<(W, Manifest)> {
         let manifest = Manifest {
             format: "hwz".to_string(),
-            version: FORMAT_VERSION,
+            // Version 2 only when its one rule (the outer matrix view of rank ≥ 3) applies, so
+            // archives of matrices stay readable by version-1 readers.
+            version: if self.tensors.iter().any(|t| t.shape.len() >= 3) {
+                MATRIX_VIEW_VERSION
+            } else {
+                FORMAT_VERSION
+            },
             generator: self.options.generator.clone(),
             tensors: std::mem::take(&mut self.tensors),
             streams: std::mem::take(&mut self.streams),
