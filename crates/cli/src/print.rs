@@ -271,6 +271,9 @@ fn budget_table(args: &BenchArgs, source: &TensorSource, chosen: &[usize]) -> Re
         t.measure_s
     );
     println!("| allocation | bytes | bps | total SSE | SNR dB | SSE saved vs uniform |\n|---|---:|---:|---:|---:|---:|");
+    for (what, why) in &t.left_out {
+        eprintln!("not in the table: {what} ({why})");
+    }
     for r in &t.rows {
         let saved = r
             .saved_vs_uniform

@@ -746,3 +746,119 @@ fn threads_flag_and_env_size_the_one_pool() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("HYPERCODEC_THREADS"));
 }
+
+/// A safetensors file from a header written by hand (shapes a serializer would refuse).
+fn write_st_header(path: &Path, header: Value, data: &[u8]) {
+    let mut h = serde_json::to_vec(&header).unwrap();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&h);
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Fails with exit code 1 (a typed error), not a panic (101) or an abort.
+fn fails(args: &[&str]) -> String {
+    let out = run(args);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn zero_element_tensors_work_in_every_mode_and_encoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("z.safetensors");
+    let w: Vec<u8> = values(64 * 32, 9)
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let header = serde_json::json!({
+        "a": {"dtype": "F32", "shape": [0, 32], "data_offsets": [0, 0]},
+        "b": {"dtype": "F16", "shape": [32, 0], "data_offsets": [0, 0]},
+        "c": {"dtype": "F32", "shape": [4, 0, 4], "data_offsets": [0, 0]},
+        "w": {"dtype": "F32", "shape": [64, 32], "data_offsets": [0, w.len()]},
+    });
+    write_st_header(&model, header, &w);
+    let hwz = dir.path().join("z.hwz");
+    let back = dir.path().join("back.safetensors");
+    for mode in [
+        "lowest",
+        "highest",
+        "allow",
+        "closest",
+        "average",
+        "best",
+        "per_block",
+        "per_weight",
+    ] {
+        ok(&["plan", p(&model), "--mode", mode]);
+        ok(&["compress", p(&model), p(&hwz), "--mode", mode]);
+    }
+    for extra in [
+        &["--mode", "budget", "--target-bps", "3"][..],
+        &["--encoding", "auto"],
+        &["--encoding", "lattice"],
+        &["--encoding", "lowrank"],
+        &["--encoding", "codebook"],
+        &["--encoding", "sparse"],
+    ] {
+        let mut args = vec!["compress", p(&model), p(&hwz)];
+        args.extend(extra);
+        ok(&args);
+        ok(&["decompress", p(&hwz), p(&back)]);
+        let restored = read_st(&back);
+        let shapes: Vec<_> = restored.iter().map(|t| t.2.clone()).collect();
+        assert_eq!(
+            shapes,
+            [vec![0, 32], vec![32, 0], vec![4, 0, 4], vec![64, 32]]
+        );
+    }
+    ok(&["benchmark", p(&model), "--no-peer"]);
+}
+
+#[test]
+fn a_huge_claimed_shape_with_no_data_allocates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("huge.safetensors");
+    let header = serde_json::json!({
+        "a": {"dtype": "F32", "shape": [0u64, 1u64 << 40], "data_offsets": [0, 0]},
+    });
+    write_st_header(&model, header, &[]);
+    let hwz = dir.path().join("h.hwz");
+    for enc in ["lattice", "auto", "affine"] {
+        for extra in [&[][..], &["--include-1d"]] {
+            let mut args = vec!["compress", p(&model), p(&hwz), "--encoding", enc];
+            args.extend(extra);
+            ok(&args);
+        }
+    }
+    ok(&["plan", p(&model)]);
+    ok(&["plan", p(&model), "--mode", "closest"]);
+    // Nothing with values to measure: a typed error, not a 4 TB allocation.
+    fails(&["benchmark", p(&model), "--no-peer"]);
+    fails(&["benchmark", p(&model), "--no-peer", "--budget-at", "2.5"]);
+}
+
+#[test]
+fn budget_benchmark_on_small_tensors_leaves_out_what_cannot_encode_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("s.safetensors");
+    ok(&["synth", p(&model), "--shape", "8x64"]);
+    let out = run(&["benchmark", p(&model), "--budget-at", "2.5", "--no-peer"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("uniform INT4 g128 asym"), "{text}");
+    let gguf = repo_data("blocks.gguf");
+    ok(&["benchmark", p(&gguf), "--budget-at", "2.5", "--no-peer"]);
+}

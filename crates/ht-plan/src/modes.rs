@@ -168,7 +168,12 @@ pub(crate) fn plan_tensor(
     values: &[f32],
     shape: &[u64],
 ) -> Result<(TensorPlan, Option<EncodedTensor>)> {
-    let cols = shape.last().copied().unwrap_or(1).max(1) as usize;
+    if values.is_empty() {
+        return plan_empty(p, name, shape);
+    }
+    let cols = hypercodec_hwz::matrix_view(shape, values.len() as u64)
+        .1
+        .max(1) as usize;
     let rows = values.len() / cols;
     let screen = p
         .screen_rows
@@ -222,13 +227,46 @@ pub(crate) fn plan_tensor(
     ))
 }
 
+/// A tensor without values (a zero dimension): raw f32, zero bytes, exact, in every mode; no
+/// row blocks to pick for.
+fn plan_empty(
+    p: &Planner,
+    name: &str,
+    shape: &[u64],
+) -> Result<(TensorPlan, Option<EncodedTensor>)> {
+    let spec = Spec::fixed(Encoding::Raw {
+        dtype: FloatDtype::F32,
+    });
+    let (m, t) = measure(name, &[], shape, &spec, 1, 0.0)?;
+    let budget = p.mode == Mode::Budget;
+    let plan = TensorPlan {
+        name: name.to_string(),
+        shape: shape.to_vec(),
+        spec: spec.clone(),
+        label: m.label.clone(),
+        bytes: m.bytes,
+        rel_mse: m.rel_mse,
+        snr_db: m.snr_db,
+        reason: "no values: stored raw".into(),
+        sums: Some(m.sums),
+        candidates: vec![m],
+        skipped: Vec::new(),
+        blocks: None,
+        candidate_specs: if budget { vec![spec] } else { Vec::new() },
+        screened_rows: None,
+    };
+    Ok((plan, (!budget).then_some(t)))
+}
+
 fn plan_full(
     p: &Planner,
     name: &str,
     values: &[f32],
     shape: &[u64],
 ) -> Result<(TensorPlan, Option<EncodedTensor>)> {
-    let cols = shape.last().copied().unwrap_or(1).max(1) as usize;
+    let cols = hypercodec_hwz::matrix_view(shape, values.len() as u64)
+        .1
+        .max(1) as usize;
     let block_len = (p.block_rows.max(1) as usize).saturating_mul(cols);
     let (block_e, energy) = energies(values, block_len);
     let mut specs = p.candidates.clone();

@@ -361,3 +361,29 @@ mod budget_props {
         }
     }
 }
+
+#[test]
+fn tensors_without_values_plan_raw_in_every_mode() {
+    let modes = [
+        Mode::Lowest,
+        Mode::Highest,
+        Mode::Allow,
+        Mode::Closest,
+        Mode::Average,
+        Mode::Best,
+        Mode::PerBlock,
+        Mode::PerWeight,
+        Mode::Budget,
+        Mode::Auto,
+    ];
+    for mode in modes {
+        let p = planner(mode, &["f32", "int4", "e8@4", "sparse"]);
+        // `[0, 2^40]`: a header may claim it with no data; nothing may be sized by 2^40.
+        for shape in [&[0, 32][..], &[32, 0], &[4, 0, 4], &[0, 1 << 40]] {
+            let (tp, t) = p.plan_tensor("w", &[], shape).unwrap();
+            assert_eq!(tp.label, "raw-f32", "{mode:?} {shape:?}");
+            assert_eq!(tp.bytes, 0, "{mode:?} {shape:?}");
+            assert_eq!(t.is_some(), mode != Mode::Budget);
+        }
+    }
+}

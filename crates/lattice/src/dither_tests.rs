@@ -47,3 +47,17 @@ fn dither_is_inside_the_voronoi_cell_and_decodes_back() {
         }
     }
 }
+
+#[test]
+fn no_rows_allocate_nothing_whatever_the_row_length() {
+    // `[0, 2^40]`: zero values; the row length alone must not size the transform's signs.
+    let cols = 1usize << 40;
+    let params = LatticeParams {
+        tile: 8,
+        ..LatticeParams::default()
+    };
+    let q = quantize_rows(&[], 0, cols, &params, |s| s).expect("no rows");
+    assert!(q.symbols.is_empty() && q.scales.is_empty());
+    let out = dequantize_rows(&[], &[], 0, cols, &params).expect("no rows");
+    assert!(out.is_empty());
+}

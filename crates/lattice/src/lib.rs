@@ -159,7 +159,12 @@ pub struct Quantized {
     pub scales: Vec<f32>,
 }
 
-fn check(params: &LatticeParams, cols: usize) -> Result<Rht> {
+/// Checks `params` for rows of `cols` values without allocating anything.
+fn check_params(params: &LatticeParams, cols: usize) -> Result<()> {
+    let tile = params.tile;
+    if tile == 0 || !tile.is_power_of_two() || tile > MAX_TILE || (cols > 0 && cols % tile != 0) {
+        return Err(LatticeError::InvalidTile { tile, cols });
+    }
     if !(params.alpha.is_finite() && params.alpha > 0.0) {
         return Err(LatticeError::InvalidAlpha);
     }
@@ -171,6 +176,13 @@ fn check(params: &LatticeParams, cols: usize) -> Result<Rht> {
             });
         }
     }
+    Ok(())
+}
+
+/// [`check_params`], then the transform of rows of `cols` values (its signs take `cols`
+/// words: call it only with at least one row, so the allocation is backed by the values).
+fn check(params: &LatticeParams, cols: usize) -> Result<Rht> {
+    check_params(params, cols)?;
     Rht::new(cols, params.tile, params.seed)
 }
 
@@ -192,6 +204,14 @@ pub fn quantize_rows(
     }
     if let Some(index) = values.iter().position(|v| !v.is_finite()) {
         return Err(LatticeError::NonFinite { index });
+    }
+    if rows == 0 {
+        // No values: nothing to allocate, whatever the row length claims.
+        check_params(params, cols)?;
+        return Ok(Quantized {
+            symbols: Vec::new(),
+            scales: Vec::new(),
+        });
     }
     let rht = check(params, cols)?;
     let l = params.lattice;
@@ -263,13 +283,13 @@ pub fn dequantize_rows_into(
     params: &LatticeParams,
     out: &mut [f32],
 ) -> Result<()> {
-    let rht = check(params, cols)?;
+    check_params(params, cols)?;
     let l = params.lattice;
     let spr = symbols_per_row(l, cols);
     for (what, expected, actual) in [
-        ("symbols", rows * spr, symbols.len()),
+        ("symbols", rows.saturating_mul(spr), symbols.len()),
         ("scales", rows, scales.len()),
-        ("values", rows * cols, out.len()),
+        ("values", rows.saturating_mul(cols), out.len()),
     ] {
         if expected != actual {
             return Err(LatticeError::Length {
@@ -279,6 +299,11 @@ pub fn dequantize_rows_into(
             });
         }
     }
+    if rows == 0 {
+        return Ok(());
+    }
+    // At least one row of `symbols` backs the transform's and the buffer's allocations.
+    let rht = Rht::new(cols, params.tile, params.seed)?;
     let mut buf = vec![0f32; spr];
     for r in 0..rows {
         for (w, s) in buf

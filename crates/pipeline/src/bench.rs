@@ -29,7 +29,9 @@ pub fn select(source: &TensorSource, options: &BenchOptions) -> Result<Vec<usize
     let chosen: Vec<usize> = (0..source.tensors.len())
         .filter(|&i| {
             let t = &source.tensors[i];
-            (options.include_1d || t.shape.len() >= 2)
+            // A tensor without values (a zero dimension) has nothing to measure.
+            t.numel() > 0
+                && (options.include_1d || t.shape.len() >= 2)
                 && options
                     .filter
                     .as_ref()
@@ -38,7 +40,7 @@ pub fn select(source: &TensorSource, options: &BenchOptions) -> Result<Vec<usize
         .collect();
     if chosen.is_empty() {
         return Err(PipelineError::NoTensors {
-            message: "no tensor to benchmark (1-D tensors need --include-1d)".into(),
+            message: "no tensor to benchmark (1-D tensors need --include-1d; tensors without values are left out)".into(),
         });
     }
     Ok(chosen)
@@ -72,8 +74,8 @@ impl Rep {
             Rep::Spec(s) => s.clone(),
             Rep::LowRank(bps) => {
                 let n: u64 = shape.iter().product();
-                let cols = shape.last().copied().unwrap_or(1).max(1);
-                let rows = n / cols;
+                let (rows, cols) = hwz::matrix_view(shape, n);
+                let cols = cols.max(1);
                 // rows + cols int8 codes and two f32 scales per rank.
                 let rank = (bps * n as f64 / 8.0 / (rows + cols + 8) as f64)
                     .floor()
@@ -445,6 +447,9 @@ pub struct BudgetTable {
     pub elements: u64,
     /// Pairs of rows: a uniform choice, then BUDGET at its bytes.
     pub rows: Vec<BudgetRow>,
+    /// Uniform choices left out of the table, with why (e.g. a rate that a small tensor's
+    /// side information alone exceeds, so the candidate could not encode every tensor).
+    pub left_out: Vec<(String, String)>,
 }
 
 /// The planner's BUDGET at each of `budget_at` average bps against uniform E8 at the same bps
@@ -493,14 +498,16 @@ pub fn budget_table(
         bar.step(&t.name, t.numel());
     }
     let measure_s = started.elapsed().as_secs_f64();
-    // Uniform choice of one candidate label for every tensor: (bytes, SSE).
-    let uniform = |label_start: &str| -> (u64, f64) {
-        plan.tensors.iter().fold((0, 0.0), |(b, d), t| {
+    // Uniform choice of one candidate label for every tensor: (bytes, SSE), or the first
+    // tensor it could not encode.
+    let uniform = |label_start: &str| -> Result<(u64, f64), String> {
+        plan.tensors.iter().try_fold((0, 0.0), |(b, d), t| {
             let c = t
                 .candidates
                 .iter()
                 .find(|c| c.label.starts_with(label_start));
-            c.map_or((b, d), |c| (b + c.bytes, d + c.sse))
+            c.map(|c| (b + c.bytes, d + c.sse))
+                .ok_or_else(|| format!("it could not encode tensor `{}`", t.name))
         })
     };
     let line = |what: String, bytes: u64, sse: f64, vs: Option<f64>| BudgetRow {
@@ -532,8 +539,15 @@ pub fn budget_table(
         .map(|b| (format!("lattice-e8-rans@{b}"), format!("E8 + rANS @{b}")))
         .collect();
     refs.push(("affine-int4-g128-asym".into(), "INT4 g128 asym".into()));
+    let mut left_out = Vec::new();
     for (label, name) in refs {
-        let (bytes, sse) = uniform(&label);
+        let (bytes, sse) = match uniform(&label) {
+            Ok(u) => u,
+            Err(why) => {
+                left_out.push((format!("uniform {name}"), why));
+                continue;
+            }
+        };
         rows.push(line(format!("uniform {name}"), bytes, sse, None));
         let (used, bsse) = budget(bytes)?;
         rows.push(line(
@@ -548,5 +562,6 @@ pub fn budget_table(
         measure_s,
         elements: total,
         rows,
+        left_out,
     })
 }

@@ -355,7 +355,8 @@ impl Chooser {
     }
 }
 
-/// Which tensors are planned and encoded (the others are kept raw in their source type).
+/// Which tensors are planned and encoded (the others are kept raw in their source type). A
+/// tensor without values (a zero dimension) is always kept raw: it has nothing to encode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Selection {
     /// Plan 1-D tensors (biases, norms) too. By default, false.
@@ -367,8 +368,8 @@ pub struct Selection {
 impl Selection {
     /// Whether a tensor of `shape` is planned.
     pub fn planned(&self, shape: &[u64]) -> bool {
-        (shape.len() >= 2 || self.include_1d)
-            && shape.iter().product::<u64>() >= self.min_tensor_size
+        let n = shape.iter().product::<u64>();
+        (shape.len() >= 2 || self.include_1d) && n > 0 && n >= self.min_tensor_size
     }
 }
 
