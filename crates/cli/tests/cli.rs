@@ -862,3 +862,15 @@ fn budget_benchmark_on_small_tensors_leaves_out_what_cannot_encode_them() {
     let gguf = repo_data("blocks.gguf");
     ok(&["benchmark", p(&gguf), "--budget-at", "2.5", "--no-peer"]);
 }
+
+#[test]
+fn synthetic_inputs_above_the_cap_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("g.hwz");
+    fails(&["compress", "gaussian:131072x131072", p(&out)]);
+    fails(&["plan", "gaussian:131072x131072"]);
+    fails(&["benchmark", "gaussian:131072x131072", "--no-peer"]);
+    let st = dir.path().join("g.safetensors");
+    fails(&["synth", p(&st), "--shape", "131072x131072"]);
+    assert!(!out.exists() && !st.exists());
+}

@@ -50,6 +50,20 @@ pub enum PipelineError {
         /// What is wrong.
         reason: String,
     },
+    /// A synthetic tensor has more values than the stated cap (or a count that overflows).
+    #[error(
+        "synthetic tensor {shape:?} has {} values, above the cap of {cap} values ({} GiB of f32); use a smaller shape",
+        values.map_or("too many".to_string(), |v| v.to_string()),
+        (cap * 4) >> 30
+    )]
+    SyntheticTooLarge {
+        /// The shape asked for.
+        shape: Vec<u64>,
+        /// Its values, `None` when the count overflows 64 bits.
+        values: Option<u64>,
+        /// The cap (`MAX_SYNTHETIC_VALUES` of the `fs` feature).
+        cap: u64,
+    },
     /// The input is already a `.hwz` archive.
     #[error("{path} is already a .hwz archive")]
     AlreadyArchive {

@@ -64,4 +64,6 @@ pub use plan::{
 #[cfg(feature = "fs")]
 pub use progress::{Cancel, Phase, Progress};
 #[cfg(feature = "fs")]
-pub use source::{SkippedTensor, SourceTensor, SourceType, SplitMix64, TensorSource};
+pub use source::{
+    SkippedTensor, SourceTensor, SourceType, SplitMix64, TensorSource, MAX_SYNTHETIC_VALUES,
+};

@@ -112,8 +112,11 @@ impl SplitMix64 {
     }
 }
 
-/// Largest synthetic tensor, in values (64 GiB of f32).
-const MAX_SYNTHETIC_VALUES: u64 = 1 << 34;
+/// Largest synthetic tensor, in values: 2^31 (8 GiB of f32, held twice while compressing:
+/// values and their decode). The largest single tensors of today's models (embedding tables
+/// such as 256000 × 8192 = 2.1·10^9 values) fit; a larger spec is refused before any
+/// allocation with [`PipelineError::SyntheticTooLarge`].
+pub const MAX_SYNTHETIC_VALUES: u64 = 1 << 31;
 
 /// Parses `ROWSxCOLS[xCOLS...][:SEED]`.
 fn parse_dims(spec: &str) -> Option<(Vec<u64>, u64)> {
@@ -153,14 +156,12 @@ impl TensorSource {
 
     /// One seeded i.i.d. N(0, 1) tensor `gaussian.weight` of `shape`, with no metadata.
     pub fn synthetic(shape: Vec<u64>, seed: u64) -> Result<TensorSource> {
-        if shape
-            .iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d))
-            .is_none_or(|n| n > MAX_SYNTHETIC_VALUES)
-        {
-            return Err(PipelineError::Synthetic {
-                spec: format!("{shape:?}"),
-                reason: "the shape is too large".into(),
+        let values = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        if values.is_none_or(|n| n > MAX_SYNTHETIC_VALUES) {
+            return Err(PipelineError::SyntheticTooLarge {
+                shape,
+                values,
+                cap: MAX_SYNTHETIC_VALUES,
             });
         }
         Ok(TensorSource {
@@ -345,5 +346,27 @@ mod tests {
             TensorSource::open("gaussian:16xq"),
             Err(PipelineError::Synthetic { .. })
         ));
+    }
+
+    #[test]
+    fn synthetic_tensors_above_the_cap_are_refused_before_allocating() {
+        for spec in [
+            "gaussian:131072x131072",
+            "gaussian:65536x32769",
+            "gaussian:4294967296x4294967296x16",
+        ] {
+            assert!(
+                matches!(
+                    TensorSource::open(spec),
+                    Err(PipelineError::SyntheticTooLarge {
+                        cap: MAX_SYNTHETIC_VALUES,
+                        ..
+                    })
+                ),
+                "{spec}"
+            );
+        }
+        // At the cap: accepted (nothing is allocated until a read).
+        assert!(TensorSource::open("gaussian:65536x32768").is_ok());
     }
 }
