@@ -632,3 +632,99 @@ fn hostile_codebook_family_streams_are_typed_errors() {
         }
     }
 }
+
+/// An empty, uncompressed stream entry at `offset`.
+fn empty_stream(offset: u64) -> Value {
+    json!({"offset": offset, "length": 0, "crc32c": 0, "compression": "none", "raw_length": 0})
+}
+
+#[test]
+fn a_stream_starting_inside_another_is_caught_past_an_empty_stream() {
+    let b = with_manifest(|m| {
+        let s0 = m["streams"][0].clone();
+        let (o, len) = (
+            s0["offset"].as_u64().unwrap(),
+            s0["length"].as_u64().unwrap(),
+        );
+        assert!(
+            len > 64,
+            "the sample's first stream spans more than one alignment unit"
+        );
+        // Sorted by offset: stream 0, the empty stream, stream 1 starting inside stream 0.
+        m["streams"][1]["offset"] = json!(o + 64);
+        let empty = empty_stream(o + 64);
+        m["streams"].as_array_mut().unwrap().push(empty);
+    });
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::StreamsOverlap {
+            first: 0,
+            second: 1
+        })
+    ));
+}
+
+#[test]
+fn many_tensors_sharing_one_stream_are_rejected() {
+    let b = with_manifest(|m| {
+        let first = m["tensors"][0].clone();
+        let tensors = m["tensors"].as_array_mut().unwrap();
+        for i in 0..1000 {
+            let mut t = first.clone();
+            t["name"] = json!(format!("copy.{i}"));
+            tensors.push(t);
+        }
+    });
+    assert!(matches!(
+        open(&b),
+        Err(HwzError::StreamShared { ref tensor, .. }) if tensor == "copy.0"
+    ));
+}
+
+#[test]
+fn one_stream_for_two_roles_of_a_tensor_is_rejected() {
+    let b = with_manifest(|m| {
+        let t = m["tensors"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|t| t["streams"].as_object().unwrap().len() >= 2)
+            .unwrap();
+        let roles = t["streams"].as_object_mut().unwrap();
+        let first = roles.values().next().unwrap().clone();
+        for v in roles.values_mut() {
+            *v = first.clone();
+        }
+    });
+    assert!(matches!(open(&b), Err(HwzError::StreamShared { .. })));
+}
+
+#[test]
+fn empty_streams_may_share_an_offset_but_not_a_reference() {
+    // Two zero-element tensors, each with its own empty stream at the offset of stream 0.
+    let two = |shared: bool| {
+        with_manifest(|m| {
+            let at = m["streams"][0]["offset"].as_u64().unwrap();
+            let streams = m["streams"].as_array_mut().unwrap();
+            let n = streams.len();
+            streams.push(empty_stream(at));
+            streams.push(empty_stream(at));
+            let tensors = m["tensors"].as_array_mut().unwrap();
+            for (i, name) in ["empty.a", "empty.b"].into_iter().enumerate() {
+                let index = if shared { n } else { n + i };
+                tensors.push(json!({
+                    "name": name, "shape": [0, 4], "source_dtype": "f32",
+                    "encoding": {"type": "raw", "dtype": "f32"},
+                    "streams": {"values": index},
+                }));
+            }
+        })
+    };
+    let ok = two(false);
+    let a = open(&ok).unwrap();
+    assert!(a.decode_tensor("empty.b").unwrap().is_empty());
+    assert!(matches!(
+        open(&two(true)),
+        Err(HwzError::StreamShared { ref tensor, .. }) if tensor == "empty.b"
+    ));
+}

@@ -44,6 +44,15 @@ pub enum HwzError {
         /// The flags word.
         flags: u32,
     },
+    /// Rate control found no lattice scale that meets the target: the side information, or
+    /// the coarsest useful scale, already costs more.
+    #[error("tensor `{tensor}`: no lattice scale reaches {target_bps} bits per value (side information and the coarsest useful scale need more); use a coarser target or another encoding")]
+    RateUnreachable {
+        /// Tensor name.
+        tensor: String,
+        /// The target, bits per value all-in.
+        target_bps: f64,
+    },
     /// A row range outside the tensor's rows.
     #[error("tensor `{tensor}`: rows {start}..{end} are not inside its {rows} rows")]
     RowRange {
@@ -127,6 +136,19 @@ pub enum HwzError {
         first: usize,
         /// The other.
         second: usize,
+    },
+    /// A stream is referenced by two tensors, or twice by one: every stream belongs to
+    /// exactly one role of one tensor.
+    #[error(
+        "tensor `{tensor}` role `{role}` refers to stream {index}, which another role already uses"
+    )]
+    StreamShared {
+        /// Tensor name (the second reference).
+        tensor: String,
+        /// Stream role (the second reference).
+        role: String,
+        /// The stream index.
+        index: u64,
     },
     /// A stream's crc32c does not match its bytes.
     #[error("stream {stream} checksum mismatch (stored {stored:#010x}, computed {computed:#010x}): the file is corrupt")]

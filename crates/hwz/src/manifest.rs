@@ -397,18 +397,31 @@ impl Manifest {
                 });
             }
         }
+        // Every pair at once: sorted by offset, each non-empty stream must start at or after
+        // the furthest end of the non-empty streams before it (not only its neighbour's: an
+        // empty stream between two must not hide an overlap). Empty streams occupy no bytes
+        // and overlap nothing.
         let mut order: Vec<usize> = (0..self.streams.len()).collect();
-        order.sort_by_key(|&i| self.streams[i].offset);
-        for w in order.windows(2) {
-            let (a, b) = (&self.streams[w[0]], &self.streams[w[1]]);
-            // Empty streams occupy no bytes and overlap nothing.
-            if a.length > 0 && b.length > 0 && a.offset + a.length > b.offset {
-                return Err(HwzError::StreamsOverlap {
-                    first: w[0],
-                    second: w[1],
-                });
+        order.sort_by_key(|&i| (self.streams[i].offset, self.streams[i].length));
+        let mut furthest: Option<(usize, u64)> = None;
+        for &i in &order {
+            let s = &self.streams[i];
+            if s.length == 0 {
+                continue;
+            }
+            // In bounds (checked above), so the end does not overflow.
+            let end = s.offset + s.length;
+            match furthest {
+                Some((first, e)) if s.offset < e => {
+                    return Err(HwzError::StreamsOverlap { first, second: i });
+                }
+                Some((_, e)) if e >= end => {}
+                _ => furthest = Some((i, end)),
             }
         }
+        // Each stream is one role of one tensor: no tensor shares another's stream, and no
+        // tensor names one stream for two roles (empty streams included).
+        let mut used = vec![false; self.streams.len()];
         let mut names = HashSet::with_capacity(self.tensors.len());
         for t in &self.tensors {
             check_name(&t.name)?;
@@ -427,12 +440,19 @@ impl Manifest {
             }
             element_count(&t.name, &t.shape)?;
             for (role, &index) in &t.streams {
-                if index >= self.streams.len() as u64 {
+                let Some(seen) = usize::try_from(index).ok().and_then(|i| used.get_mut(i)) else {
                     return Err(HwzError::StreamRef {
                         tensor: t.name.clone(),
                         role: role.clone(),
                         index,
                         count: self.streams.len(),
+                    });
+                };
+                if std::mem::replace(seen, true) {
+                    return Err(HwzError::StreamShared {
+                        tensor: t.name.clone(),
+                        role: role.clone(),
+                        index,
                     });
                 }
             }
