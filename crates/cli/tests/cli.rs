@@ -874,3 +874,35 @@ fn synthetic_inputs_above_the_cap_are_refused() {
     fails(&["synth", p(&st), "--shape", "131072x131072"]);
     assert!(!out.exists() && !st.exists());
 }
+
+#[test]
+fn an_output_that_is_the_input_or_not_a_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.safetensors");
+    write_model(&model, false);
+    let before = std::fs::read(&model).unwrap();
+    fails(&["compress", p(&model), p(&model)]);
+    let alias = dir.path().join(".").join("m.safetensors");
+    fails(&["compress", p(&model), p(&alias)]);
+    assert_eq!(std::fs::read(&model).unwrap(), before, "the input survives");
+    let hwz = dir.path().join("m.hwz");
+    ok(&["compress", p(&model), p(&hwz)]);
+    let archive = std::fs::read(&hwz).unwrap();
+    fails(&["decompress", p(&hwz), p(&hwz)]);
+    assert_eq!(std::fs::read(&hwz).unwrap(), archive);
+    // A folder, and on unix a character device and a FIFO, stay what they are.
+    fails(&["compress", p(&model), p(dir.path())]);
+    #[cfg(unix)]
+    {
+        fails(&["compress", p(&model), "/dev/null"]);
+        fails(&["decompress", p(&hwz), "/dev/null"]);
+        fails(&["synth", "/dev/null", "--shape", "4x4"]);
+        let fifo = dir.path().join("fifo");
+        let made = Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            fails(&["compress", p(&model), p(&fifo)]);
+            use std::os::unix::fs::FileTypeExt;
+            assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        }
+    }
+}

@@ -73,6 +73,7 @@ pub fn decompress(
     progress: &mut dyn FnMut(Progress<'_>),
     cancel: &Cancel,
 ) -> Result<()> {
+    crate::output::check_output(output, [input])?;
     if is_legacy(input)? {
         let a = open_legacy(input)?;
         let dtype = dtype.unwrap_or(FloatDtype::F32);
@@ -126,6 +127,7 @@ pub fn decompress(
 /// (`ROWSxCOLS...`) to a `.safetensors` file; tensor `i` has the values of
 /// `gaussian:SHAPE:{seed + i}`.
 pub fn write_synthetic(output: &Path, shape: &str, count: usize, seed: u64) -> Result<()> {
+    crate::output::check_output(output, [])?;
     let (dims, _) = shape.split_once(':').unwrap_or((shape, ""));
     let parsed: Vec<u64> = dims
         .split('x')
@@ -150,4 +152,42 @@ pub fn write_synthetic(output: &Path, shape: &str, count: usize, seed: u64) -> R
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::safetensors_out::check_names;
+    use hypercodec_hwz::{EncodeOptions, Encoding, FileWriter, WriterOptions};
+
+    #[test]
+    fn names_a_safetensors_header_cannot_hold_are_refused_before_writing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let input = dir.path().join("m.hwz");
+        let mut w = FileWriter::create(&input, WriterOptions::default()).expect("create");
+        let raw = Encoding::Raw {
+            dtype: FloatDtype::F32,
+        };
+        for name in ["a", "__metadata__"] {
+            let t = hwz::encode(name, &[1.0, 2.0], &[2], &raw, EncodeOptions::default())
+                .expect("encode");
+            w.add_tensor(name, &[2], "f32", &t, None).expect("add");
+        }
+        w.finish().expect("finish");
+        let out = dir.path().join("m.safetensors");
+        let r = decompress(&input, &out, None, &mut |_| {}, &Cancel::new());
+        assert!(
+            matches!(r, Err(PipelineError::OutputName { ref name, .. }) if name == "__metadata__"),
+            "{r:?}"
+        );
+        assert!(!out.exists());
+        // Duplicate and empty names (a legacy zip or a producer may carry them).
+        for names in [&["a", "b", "a"][..], &["a", ""]] {
+            assert!(matches!(
+                check_names(names.iter().copied()),
+                Err(PipelineError::OutputName { .. })
+            ));
+        }
+        assert!(check_names(["a", "b"]).is_ok());
+    }
 }

@@ -232,6 +232,7 @@ pub fn compress_to_file(
     cancel: &Cancel,
 ) -> Result<FileReport> {
     let started = Instant::now();
+    crate::output::check_output(path, source.path())?;
     let writer_options = WriterOptions {
         compression: if zstd {
             Compression::Zstd

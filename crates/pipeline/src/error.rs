@@ -108,6 +108,30 @@ pub enum PipelineError {
         /// Bytes the shape and type call for.
         expected: u64,
     },
+    /// A tensor name cannot be written to a safetensors file: empty, used twice, or the
+    /// header's reserved key `__metadata__`. Nothing was written.
+    #[error("cannot write tensor `{name}` to safetensors: the name is {reason}; rename it at the source")]
+    OutputName {
+        /// The name (cut to 64 characters).
+        name: String,
+        /// Why it cannot be written.
+        reason: &'static str,
+    },
+    /// The output path names an input (under any name): writing would destroy it.
+    #[error("{path}: the output is an input of this command; choose another output path")]
+    OutputIsInput {
+        /// The output path.
+        path: PathBuf,
+    },
+    /// Something other than a regular file exists at the output path (a character device, a
+    /// FIFO, a folder); it would be replaced by a regular file.
+    #[error("{path} is {kind}, not a regular file; choose another output path")]
+    OutputNotAFile {
+        /// The output path.
+        path: PathBuf,
+        /// What is there.
+        kind: &'static str,
+    },
     /// The caller's cancel flag was set; no archive was left under the final name.
     #[error("cancelled")]
     Cancelled,

@@ -39,6 +39,8 @@ mod compress;
 #[cfg(feature = "fs")]
 pub mod gguf;
 #[cfg(feature = "fs")]
+mod output;
+#[cfg(feature = "fs")]
 mod plan;
 #[cfg(feature = "fs")]
 mod progress;
@@ -61,6 +63,8 @@ pub use plan::{
     auto_candidates, plan_source, read_plan, read_sensitivity, target_bps, Chooser,
     CodebookOptions, LatticeOptions, LatticeRate, PlanOptions, Selection,
 };
+#[cfg(feature = "fs")]
+pub use output::check_output;
 #[cfg(feature = "fs")]
 pub use progress::{Cancel, Phase, Progress};
 #[cfg(feature = "fs")]

@@ -25,16 +25,43 @@ fn st_dtype(d: FloatDtype) -> &'static str {
     }
 }
 
+/// The header key safetensors reserves for metadata: no tensor may have this name.
+pub const METADATA_KEY: &str = "__metadata__";
+
+/// Checks that every name can be a key of one safetensors header: non-empty, unique, and
+/// not [`METADATA_KEY`] (readers would take it for metadata, or reject the file).
+pub fn check_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for name in names {
+        let reason = if name.is_empty() {
+            "empty"
+        } else if name == METADATA_KEY {
+            "reserved for the header's metadata"
+        } else if !seen.insert(name) {
+            "used by two tensors"
+        } else {
+            continue;
+        };
+        return Err(PipelineError::OutputName {
+            name: name.chars().take(64).collect(),
+            reason,
+        });
+    }
+    Ok(())
+}
+
 /// Writes `tensors` to `path`; `fill(i, out)` appends the little-endian bytes of tensor `i`.
+/// Names are checked ([`check_names`]) and sizes computed before anything is written.
 pub fn write_safetensors(
     path: &Path,
     tensors: &[OutTensor],
     metadata: Option<Map<String, Value>>,
     mut fill: impl FnMut(usize, &mut Vec<u8>) -> Result<()>,
 ) -> Result<()> {
+    check_names(tensors.iter().map(|t| t.name.as_str()))?;
     let mut header = Map::new();
     if let Some(m) = metadata {
-        header.insert("__metadata__".into(), Value::Object(m));
+        header.insert(METADATA_KEY.into(), Value::Object(m));
     }
     let mut offset = 0u64;
     let mut sizes = Vec::with_capacity(tensors.len());

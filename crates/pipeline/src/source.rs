@@ -7,7 +7,7 @@ use half::{bf16, f16};
 use hypercodec_hwz::FloatDtype;
 use memmap2::Mmap;
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// How a tensor is stored in its source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +73,7 @@ pub struct SkippedTensor {
 #[derive(Debug)]
 pub struct TensorSource {
     map: Option<Mmap>,
+    path: Option<PathBuf>,
     /// Readable tensors, in file order.
     pub tensors: Vec<SourceTensor>,
     /// Tensors left out because their type is not a float.
@@ -145,13 +146,20 @@ impl TensorSource {
         // SAFETY: read-only map of an input the user names; it is assumed not to change while
         // this process runs. Every access below is bounds-checked.
         let map = unsafe { Mmap::map(&file) }.map_err(PipelineError::io(path))?;
-        if is_gguf(&map) {
+        let mut source = if is_gguf(&map) {
             Self::from_gguf(map)
         } else if map.starts_with(b"HWZ1") || map.starts_with(b"PK\x03\x04") {
             Err(PipelineError::AlreadyArchive { path: path.into() })
         } else {
             Self::from_safetensors(map)
-        }
+        }?;
+        source.path = Some(path.into());
+        Ok(source)
+    }
+
+    /// The file read, if the source is one (not synthetic).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
     }
 
     /// One seeded i.i.d. N(0, 1) tensor `gaussian.weight` of `shape`, with no metadata.
@@ -166,6 +174,7 @@ impl TensorSource {
         }
         Ok(TensorSource {
             map: None,
+            path: None,
             tensors: vec![SourceTensor {
                 name: "gaussian.weight".into(),
                 shape,
@@ -195,6 +204,7 @@ impl TensorSource {
             .collect();
         Ok(TensorSource {
             map: Some(map),
+            path: None,
             tensors,
             skipped: vec![],
             metadata: vec![("gguf".into(), Value::Object(g.metadata))],
@@ -248,6 +258,7 @@ impl TensorSource {
             .unwrap_or_default();
         Ok(TensorSource {
             map: Some(map),
+            path: None,
             tensors,
             skipped,
             metadata,
