@@ -90,6 +90,10 @@ enum Command {
         /// Seed; tensor i uses seed + i.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Instead of Gaussian tensors, a whole model's shapes: `cnn` (MobileNetV2, 3.5 M
+        /// parameters: depthwise, pointwise and stem convolutions, batch norms, a classifier).
+        #[arg(long, value_parser = ["cnn"])]
+        model: Option<String>,
     },
     /// The built-in default job: a seeded Gaussian 4096x4096 tensor, compressed, inspected and benchmarked.
     Demo {
@@ -328,7 +332,13 @@ fn run(cli: Cli) -> Result<()> {
             shape,
             tensors,
             seed,
-        } => pipeline::write_synthetic(&output, &shape, tensors, seed),
+            model,
+        } => match model.as_deref() {
+            Some(_) => {
+                pipeline::synth::write_tensors(&output, &pipeline::synth::cnn_state_dict(seed))
+            }
+            None => pipeline::write_synthetic(&output, &shape, tensors, seed),
+        },
         Command::Demo { dir, shape } => demo(&dir, &shape),
     }
 }

@@ -16,32 +16,57 @@ fn finite(x: f64) -> Value {
     }
 }
 
-/// The line (or JSON) `compress` prints.
+/// The line (or JSON) `compress` prints. Quality is over the lossy tensors only (an exactly
+/// stored norm never inflates it): their SNR, the min and median per tensor, their bits per
+/// value; the file's bits per value are over every value, all-in.
 pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) {
-    let snr = r.report.error.snr_db();
+    let rep = &r.report;
+    let snr = rep.lossy.snr_db();
+    let mut per = rep.tensor_snr_db.clone();
+    per.sort_by(|a, b| a.total_cmp(b));
+    let (min, median) = (per.first().copied(), per.get(per.len() / 2).copied());
+    let lossy_bps = rep.lossy_bytes as f64 * 8.0 / rep.lossy.n.max(1) as f64;
+    let all_in = r.file_bytes as f64 * 8.0 / rep.elements.max(1) as f64;
     if as_json {
         let summary = json!({
-            "output": output, "tensors": r.report.tensors, "skipped": r.report.skipped,
-            "elements": r.report.elements, "payload_bytes": r.payload_bytes,
-            "file_bytes": r.file_bytes, "bps": r.bps(), "snr_db": finite(snr), "seconds": r.seconds,
+            "output": output, "tensors": rep.tensors, "skipped": rep.skipped,
+            "elements": rep.elements, "payload_bytes": r.payload_bytes,
+            "file_bytes": r.file_bytes, "bps": r.bps(), "bps_file": all_in,
+            "lossy_tensors": per.len(), "lossy_elements": rep.lossy.n, "lossy_bps": lossy_bps,
+            "snr_db": finite(snr), "min_snr_db": min.map(finite), "median_snr_db": median.map(finite),
+            "fallbacks": rep.fallbacks.iter().map(|(t, e)| json!({"tensor": t, "encoding": e})).collect::<Vec<_>>(),
+            "seconds": r.seconds,
         });
         println!("{summary:#}");
         return;
     }
+    let quality = match (min, median) {
+        (Some(lo), Some(med)) => format!(
+            "{} lossy tensors ({} values): {lossy_bps:.3} bits/value, SNR {snr:.2} dB (per tensor min {lo:.2}, median {med:.2})",
+            per.len(),
+            rep.lossy.n
+        ),
+        _ => "every tensor exact".to_string(),
+    };
     println!(
-        "wrote {} ({} tensors, {} values): {} bytes, {:.3} bits/value in streams, SNR {}, {:.1} s",
+        "wrote {} ({} tensors, {} values, {} bytes, {all_in:.3} bits/value all-in); {quality}; {:.1} s",
         output.display(),
-        r.report.tensors,
-        r.report.elements,
+        rep.tensors,
+        rep.elements,
         r.file_bytes,
-        r.bps(),
-        if snr.is_finite() {
-            format!("{snr:.2} dB")
-        } else {
-            "exact".to_string()
-        },
         r.seconds
     );
+    if !rep.fallbacks.is_empty() {
+        println!(
+            "{} tensors could not take the lattice at this rate and fell back: {}",
+            rep.fallbacks.len(),
+            rep.fallbacks
+                .iter()
+                .map(|(t, e)| format!("{t} → {e}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
 }
 
 /// `plan`: a line on stderr, the Plan as JSON on stdout.

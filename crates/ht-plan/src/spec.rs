@@ -85,15 +85,20 @@ impl Spec {
             }),
             _ => {
                 if let Some(rest) = name.strip_prefix("int") {
-                    let (bits, row) = match rest.strip_suffix("-row") {
-                        Some(b) => (b, true),
-                        None => (rest, false),
+                    // `intN` groups of 128 (asymmetric), `intN-row` one scale per row and
+                    // `intN-tensor` one scale for the tensor (both symmetric).
+                    let (bits, group) = if let Some(b) = rest.strip_suffix("-row") {
+                        (b, Group::Row)
+                    } else if let Some(b) = rest.strip_suffix("-tensor") {
+                        (b, Group::Tensor)
+                    } else {
+                        (rest, Group::Size(128))
                     };
                     let bits: u8 = bits.parse().map_err(|_| bad())?;
                     let params = AffineParams {
                         bits,
-                        group: if row { Group::Row } else { Group::Size(128) },
-                        symmetric: row,
+                        group,
+                        symmetric: group != Group::Size(128),
                         scale_dtype: FloatDtype::F16,
                     };
                     params.validate().map_err(|e| PlanError::Candidate {

@@ -203,11 +203,18 @@ pub fn encode_to_rate(
             }
         }
     }
+    let min_alpha = lat::calibration::table(lattice)[0][0];
+    let mut floor_tried = false;
     let mut best: Option<(f32, EncodedTensor)> = None;
     for _ in 0..8 {
         let enc = encode(tensor, values, shape, &with_alpha(alpha), options)?;
         let bps = enc.payload_bytes() as f64 * 8.0 / n;
-        if bps <= target_bps && best.as_ref().is_none_or(|(a, _)| alpha > *a) {
+        // Below the calibration's smallest α nearly every coordinate rounds to zero: such an
+        // encoding meets any rate and carries nothing (0 dB), so it never counts as reached.
+        if bps <= target_bps
+            && alpha >= min_alpha
+            && best.as_ref().is_none_or(|(a, _)| alpha > *a)
+        {
             best = Some((alpha, enc));
         }
         let gap = target_bps - bps;
@@ -218,15 +225,23 @@ pub fn encode_to_rate(
         }
         // Aim a little below the target so the next try lands inside it.
         alpha *= 2f32.powf((gap - 0.0005) as f32);
-        if !(alpha.is_finite() && alpha > 1e-6) {
+        if !alpha.is_finite() {
             break;
+        }
+        if alpha < min_alpha {
+            // The smallest useful α was tried (or is tried now): nothing smaller counts.
+            if floor_tried {
+                break;
+            }
+            alpha = min_alpha;
+            floor_tried = true;
         }
     }
     match best {
         Some((_, enc)) => Ok(enc),
-        None => Err(HwzError::InvalidEncoding {
+        None => Err(HwzError::RateUnreachable {
             tensor: tensor.into(),
-            message: format!("no scale reaches {target_bps} bps for this tensor (side information alone may exceed it)"),
+            target_bps,
         }),
     }
 }

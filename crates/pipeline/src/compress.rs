@@ -63,8 +63,17 @@ pub struct CompressReport {
     pub skipped: usize,
     /// Values written.
     pub elements: u64,
-    /// Error over every tensor written (exactly stored ones add no noise).
+    /// Error over every tensor written (exactly stored ones add no noise, but their signal
+    /// would inflate an SNR: quote [`CompressReport::lossy`] instead).
     pub error: ErrorAcc,
+    /// Error over the lossy tensors only: those whose reconstruction differs from the input.
+    pub lossy: ErrorAcc,
+    /// Stored bytes (before container zstd) of the lossy tensors.
+    pub lossy_bytes: u64,
+    /// SNR of each lossy tensor, in dB, in file order.
+    pub tensor_snr_db: Vec<f64>,
+    /// Tensors that a model-wide lattice rate could not serve, with what they got instead.
+    pub fallbacks: Vec<(String, String)>,
     /// The plan stored in the archive, if a planner or plan file chose.
     pub plan: Option<Plan>,
 }
@@ -141,7 +150,22 @@ pub fn compress<W: Write>(
             .collect();
         writer.insert_metadata("skipped_tensors", Value::Array(skipped));
     }
+    // A model-wide lattice rate: decided from the shapes before any tensor is read.
+    let rate_plan = match &options.route {
+        Route::Fixed(Spec::Rate {
+            template: template @ Encoding::Lattice { coding, .. },
+            max_tile,
+            bps: Some(bps),
+        }) if !matches!(coding, hwz::Coding::Fixed { .. }) => Some(crate::rate::plan_rate(
+            source, sel, template, *max_tile, *bps,
+        )?),
+        _ => None,
+    };
+    let mut fallbacks = Vec::new();
     let mut acc = ErrorAcc::default();
+    let mut lossy = ErrorAcc::default();
+    let mut lossy_bytes = 0u64;
+    let mut tensor_snr_db = Vec::new();
     let mut decoded = Vec::new();
     let opts = EncodeOptions {
         allow_non_finite: options.allow_non_finite,
@@ -173,6 +197,41 @@ pub fn compress<W: Write>(
             };
             p.tensors.push(tp);
             enc
+        } else if let (Some(rp), Route::Fixed(Spec::Rate { template, max_tile, .. })) =
+            (&rate_plan, &options.route)
+        {
+            let fallback = |why: &str, fallbacks: &mut Vec<(String, String)>| {
+                let e = crate::rate::fallback_encoding(rp.target_bps);
+                fallbacks.push((t.name.clone(), format!("{} ({why})", e.label())));
+                hwz::encode(&t.name, &values, &t.shape, &e, opts)
+            };
+            match rp.choices.get(&t.name) {
+                Some(crate::rate::RateChoice::Lattice(b)) => {
+                    let spec = Spec::Rate {
+                        template: template.clone(),
+                        max_tile: *max_tile,
+                        bps: Some(*b),
+                    };
+                    match spec.encode(&t.name, &values, &t.shape, opts) {
+                        Err(hypercodec_plan::PlanError::Hwz(
+                            hwz::HwzError::RateUnreachable { .. },
+                        )) => fallback("rate control found no scale", &mut fallbacks)?,
+                        other => other?,
+                    }
+                }
+                Some(crate::rate::RateChoice::Fallback(_)) => {
+                    fallback("side information exceeds the rate", &mut fallbacks)?
+                }
+                None => hwz::encode(
+                    &t.name,
+                    &values,
+                    &t.shape,
+                    &Encoding::Raw {
+                        dtype: t.ty.raw_dtype(),
+                    },
+                    opts,
+                )?,
+            }
         } else if let Route::Fixed(spec) = &options.route {
             spec.encode(&t.name, &values, &t.shape, opts)?
         } else {
@@ -194,6 +253,11 @@ pub fn compress<W: Write>(
             }
         };
         acc.merge(&one);
+        if one.noise > 0.0 {
+            lossy.merge(&one);
+            lossy_bytes += encoded.payload_bytes();
+            tensor_snr_db.push(one.snr_db());
+        }
         writer.add_tensor(
             &t.name,
             &t.shape,
@@ -214,6 +278,10 @@ pub fn compress<W: Write>(
         skipped: source.skipped.len(),
         elements: total,
         error: acc,
+        lossy,
+        lossy_bytes,
+        tensor_snr_db,
+        fallbacks,
         plan,
     })
 }

@@ -64,6 +64,12 @@ pub enum PipelineError {
         /// The cap (`MAX_SYNTHETIC_VALUES` of the `fs` feature).
         cap: u64,
     },
+    /// The input is neither a safetensors nor a GGUF file (nor an archive).
+    #[error("{path}: not a safetensors or GGUF file (the first bytes match neither format)")]
+    UnknownFormat {
+        /// The input.
+        path: PathBuf,
+    },
     /// The input is already a `.hwz` archive.
     #[error("{path} is already a .hwz archive")]
     AlreadyArchive {
@@ -107,6 +113,14 @@ pub enum PipelineError {
         produced: u64,
         /// Bytes the shape and type call for.
         expected: u64,
+    },
+    /// A model-wide rate below what the cheapest choice of every tensor needs.
+    #[error("{target_bps} bits per value cannot be reached: the smallest reachable average is {min_bps:.3} bits per value")]
+    RateUnreachable {
+        /// The target, bits per value all-in.
+        target_bps: f64,
+        /// The smallest average the tensors' cheapest choices reach.
+        min_bps: f64,
     },
     /// A tensor name cannot be written to a safetensors file: empty, used twice, or the
     /// header's reserved key `__metadata__`. Nothing was written.

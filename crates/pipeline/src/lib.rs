@@ -45,9 +45,13 @@ mod plan;
 #[cfg(feature = "fs")]
 mod progress;
 #[cfg(feature = "fs")]
+pub mod rate;
+#[cfg(feature = "fs")]
 pub mod safetensors_out;
 #[cfg(feature = "fs")]
 mod source;
+#[cfg(feature = "fs")]
+pub mod synth;
 
 #[cfg(feature = "fs")]
 pub use archive::{
@@ -60,7 +64,7 @@ pub use compress::{
 };
 #[cfg(feature = "fs")]
 pub use plan::{
-    auto_candidates, plan_source, read_plan, read_sensitivity, target_bps, Chooser,
+    auto_candidates, plan_source, read_plan, read_sensitivity, sensitivity_arg, target_bps, Chooser,
     CodebookOptions, LatticeOptions, LatticeRate, PlanOptions, Selection,
 };
 #[cfg(feature = "fs")]

@@ -1,0 +1,231 @@
+//! A uniform lattice rate over a whole model (`--encoding lattice --bps B`): B is the average
+//! over the encoded tensors, all side information included, and no tensor aborts the model.
+//!
+//! The rule, decided from the shapes alone before any tensor is read:
+//! 1. A tensor whose lattice cannot reach the rate — its row scales, chunk tables and the
+//!    coarsest useful scale (the calibration's smallest α, whose symbols cost about 1.3 bits
+//!    per coordinate, rows padded to the lattice dimension) already cost more — falls back to
+//!    affine INT⌊B⌋ with one symmetric f16 scale for the whole tensor (INT1 below 2 bps):
+//!    small and narrow tensors such as 3×3 depthwise kernels (9 values per row) and stems.
+//! 2. The bytes the fallbacks save or overspend are shared by the lattice tensors: each
+//!    targets `B' = (B·N − fallback bits) / N_lattice`; a tensor that cannot reach `B'` falls
+//!    back too, and `B'` is recomputed.
+//! 3. Only a target below what the cheapest choice of every tensor needs is an error, and it
+//!    states the smallest reachable average ([`PipelineError::RateUnreachable`]).
+//!
+//! A lattice tensor that rate control still cannot fit at encode time (the estimate is from
+//! shapes) falls back then, and is reported like the others.
+
+use crate::error::{PipelineError, Result};
+use crate::plan::Selection;
+use crate::source::TensorSource;
+use hypercodec_hwz::{self as hwz, AffineParams, Coding, Encoding, FloatDtype, Group};
+use std::collections::HashMap;
+
+/// Margin on the estimated smallest lattice rate (rANS and Rice cost a little more than the
+/// symbols' entropy, and a row sample's rate differs from the tensor's).
+const FLOOR_MARGIN: f64 = 1.1;
+
+/// What one tensor gets under a model-wide rate.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RateChoice {
+    /// The lattice at this rate (bits per value, all-in).
+    Lattice(f64),
+    /// The fallback encoding, and why.
+    Fallback(Encoding),
+}
+
+/// The per-tensor choices for a model-wide lattice rate.
+#[derive(Debug, Clone)]
+pub struct RatePlan {
+    /// The model-wide target.
+    pub target_bps: f64,
+    /// The rate every lattice tensor targets after the fallbacks' bytes are accounted.
+    pub lattice_bps: f64,
+    /// By tensor name.
+    pub choices: HashMap<String, RateChoice>,
+}
+
+/// The fallback of a tensor that the lattice cannot serve at `bps`: affine INT⌊bps⌋ (1..=8)
+/// with one symmetric f16 scale for the tensor.
+pub fn fallback_encoding(bps: f64) -> Encoding {
+    Encoding::affine(AffineParams {
+        bits: (bps.floor() as u8).clamp(1, 8),
+        group: Group::Tensor,
+        symmetric: true,
+        scale_dtype: FloatDtype::F16,
+    })
+}
+
+/// Exact stored bytes of `e` for `shape`, when every stream has a fixed length.
+fn exact_bytes(name: &str, shape: &[u64], e: &Encoding) -> Result<u64> {
+    Ok(e.stream_lens(name, shape)?.iter().map(|(_, l)| l.min).sum())
+}
+
+/// The estimated smallest stored bytes of the lattice `template` on `shape` (tile fitted as
+/// the encoder fits it), or `None` when the lattice cannot encode the shape at all.
+fn lattice_floor_bytes(name: &str, shape: &[u64], template: &Encoding, max_tile: u32) -> Option<u64> {
+    let Encoding::Lattice {
+        lattice, coding, ..
+    } = *template
+    else {
+        return None;
+    };
+    let n = hwz::element_count(name, shape).ok()?;
+    let (rows, cols) = hwz::matrix_view(shape, n);
+    let tile = hypercodec_lattice::tile_for(cols as usize, max_tile as usize) as u32;
+    let e = template
+        .with_tile(tile)
+        .with_alpha(hypercodec_lattice::calibration::table(lattice)[0][0]);
+    let lens = e.stream_lens(name, shape).ok()?;
+    let side: u64 = lens
+        .iter()
+        .filter(|(r, _)| *r != hwz::role::SYMBOLS && *r != hwz::role::MODEL)
+        .map(|(_, l)| l.min)
+        .sum();
+    // A model of a few contexts of short alphabets: about a hundred bytes.
+    let model = if matches!(coding, Coding::Rans { .. }) { 96 } else { 0 };
+    let symbols = rows * hypercodec_lattice::symbols_per_row(lattice, cols as usize) as u64;
+    let entropy = hypercodec_lattice::calibration::table(lattice)[0][2] as f64;
+    Some(side + model + (symbols as f64 * entropy / 8.0 * FLOOR_MARGIN).ceil() as u64)
+}
+
+/// Decides every selected tensor's encoding for a model-wide `bps` (see the module docs).
+pub fn plan_rate(
+    source: &TensorSource,
+    sel: Selection,
+    template: &Encoding,
+    max_tile: u32,
+    bps: f64,
+) -> Result<RatePlan> {
+    let tensors: Vec<(&str, &[u64], u64)> = source
+        .tensors
+        .iter()
+        .filter(|t| sel.planned(&t.shape) && t.numel() > 0)
+        .map(|t| (t.name.as_str(), t.shape.as_slice(), t.numel()))
+        .collect();
+    let total: u64 = tensors.iter().map(|t| t.2).sum();
+    let budget_bits = bps * total as f64;
+    let fallback = fallback_encoding(bps);
+    let floors: Vec<Option<u64>> = tensors
+        .iter()
+        .map(|(name, shape, _)| lattice_floor_bytes(name, shape, template, max_tile))
+        .collect();
+    let fallback_bytes: Vec<u64> = tensors
+        .iter()
+        .map(|(name, shape, _)| exact_bytes(name, shape, &fallback))
+        .collect::<Result<_>>()?;
+    // Start with every tensor on the lattice; move the ones that cannot reach the shared rate.
+    let mut on_lattice: Vec<bool> = floors.iter().map(Option::is_some).collect();
+    let mut lattice_bps = bps;
+    for _ in 0..=tensors.len() {
+        let (mut fb_bits, mut lat_values) = (0.0, 0u64);
+        for (k, t) in tensors.iter().enumerate() {
+            if on_lattice[k] {
+                lat_values += t.2;
+            } else {
+                fb_bits += fallback_bytes[k] as f64 * 8.0;
+            }
+        }
+        lattice_bps = if lat_values == 0 {
+            bps
+        } else {
+            (budget_bits - fb_bits) / lat_values as f64
+        };
+        let mut moved = false;
+        for (k, t) in tensors.iter().enumerate() {
+            let reach = floors[k].is_some_and(|f| f as f64 * 8.0 / t.2 as f64 <= lattice_bps);
+            if on_lattice[k] && !reach {
+                on_lattice[k] = false;
+                moved = true;
+            }
+        }
+        if !moved {
+            break;
+        }
+    }
+    let spent: f64 = tensors
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            if on_lattice[k] {
+                lattice_bps * t.2 as f64
+            } else {
+                fallback_bytes[k] as f64 * 8.0
+            }
+        })
+        .sum();
+    if spent > budget_bits * 1.000_001 || !(lattice_bps > 0.0) {
+        // The cheapest choice of every tensor: its lattice floor or the INT1 fallback.
+        let int1 = fallback_encoding(1.0);
+        let mut least = 0.0;
+        for (k, (name, shape, _)) in tensors.iter().enumerate() {
+            let fb = exact_bytes(name, shape, &int1)?;
+            least += floors[k].map_or(fb, |f| f.min(fb)) as f64 * 8.0;
+        }
+        return Err(PipelineError::RateUnreachable {
+            target_bps: bps,
+            min_bps: least / total.max(1) as f64,
+        });
+    }
+    let choices = tensors
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            let c = if on_lattice[k] {
+                RateChoice::Lattice(lattice_bps)
+            } else {
+                RateChoice::Fallback(fallback.clone())
+            };
+            (t.0.to_string(), c)
+        })
+        .collect();
+    Ok(RatePlan {
+        target_bps: bps,
+        lattice_bps,
+        choices,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e8() -> Encoding {
+        Encoding::Lattice {
+            lattice: hwz::Lattice::E8,
+            alpha: 1.0,
+            tile: 1,
+            seed: 0,
+            scale_dtype: FloatDtype::F16,
+            coding: Coding::RANS_DEFAULT,
+        }
+    }
+
+    #[test]
+    fn narrow_kernels_fall_back_and_the_rest_share_the_budget() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m.safetensors");
+        let tensors = vec![
+            ("dw.weight".to_string(), vec![64u64, 1, 3, 3], vec![0.1f32; 576]),
+            ("pw.weight".to_string(), vec![256u64, 64, 1, 1], vec![0.1f32; 16384]),
+            ("fc.weight".to_string(), vec![512u64, 256], vec![0.1f32; 131072]),
+        ];
+        crate::synth::write_tensors(&path, &tensors).expect("write");
+        let source = TensorSource::open(path.to_str().expect("utf-8")).expect("open");
+        let p = plan_rate(&source, Selection::default(), &e8(), 4096, 3.0).expect("plan");
+        assert!(matches!(p.choices["dw.weight"], RateChoice::Fallback(_)));
+        assert_eq!(p.choices["fc.weight"], RateChoice::Lattice(p.lattice_bps));
+        // INT3 for 576 values costs 3 + 16/576 bits: the others give that back.
+        let fb = 576.0 * 3.0 + 16.0;
+        let expected = (3.0 * (576.0 + 16384.0 + 131072.0) - fb) / (16384.0 + 131072.0);
+        assert!((p.lattice_bps - expected).abs() < 1e-9, "{}", p.lattice_bps);
+        // Far below what anything can store: an error that names the least reachable rate.
+        match plan_rate(&source, Selection::default(), &e8(), 4096, 0.2) {
+            Err(PipelineError::RateUnreachable { min_bps, .. }) => {
+                assert!(min_bps > 0.2 && min_bps < 3.0, "{min_bps}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
