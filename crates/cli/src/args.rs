@@ -3,11 +3,10 @@
 use clap::{Args, ValueEnum};
 use hypercodec_hwz::{self as hwz, AffineParams, Coding, Encoding, FloatDtype, Group};
 use hypercodec_pipeline::{
-    read_sensitivity, target_bps, CodebookOptions, LatticeOptions, LatticeRate, PipelineError,
+    sensitivity_arg, target_bps, CodebookOptions, LatticeOptions, LatticeRate, PipelineError,
     PlanOptions, Result,
 };
 use hypercodec_plan::{Mode, Spec, Target, Thresholds};
-use std::path::PathBuf;
 
 /// A float type.
 #[derive(Clone, Copy, ValueEnum)]
@@ -183,14 +182,25 @@ pub struct PlanArgs {
     /// Rows per block of the block modes.
     #[arg(long, default_value_t = 32)]
     pub block_rows: u64,
-    /// BUDGET: a JSON object {tensor name: weight} scaling each tensor's distortion.
+    /// BUDGET: weights {tensor name: weight} scaling each tensor's distortion: the JSON object
+    /// itself (`'{"lm_head.weight": 4}'`) or the path of a file holding it.
     #[arg(long)]
-    pub sensitivity: Option<PathBuf>,
+    pub sensitivity: Option<String>,
 }
 
 impl PlanArgs {
-    /// The mode, if one was given.
+    /// The mode, if one was given; also rejects values no mode can use (NaN thresholds, row
+    /// blocks of 0 rows), whether or not a mode was given.
     pub fn mode(&self) -> Result<Option<Mode>> {
+        if self.min_snr_db.is_nan() {
+            return Err(PipelineError::option(
+                "--min-snr-db",
+                "must be a number of dB",
+            ));
+        }
+        if self.block_rows == 0 {
+            return Err(PipelineError::option("--block-rows", "must be at least 1"));
+        }
         Ok(self.mode.as_deref().map(str::parse).transpose()?)
     }
 
@@ -224,7 +234,7 @@ impl PlanArgs {
             },
             block_rows: self.block_rows,
             sensitivity: match &self.sensitivity {
-                Some(p) => read_sensitivity(p)?,
+                Some(v) => sensitivity_arg(v)?,
                 None => Default::default(),
             },
             codebook,
@@ -277,6 +287,12 @@ pub struct EncodingArgs {
 impl EncodingArgs {
     /// The recipe for every tensor; `target` (a size target) replaces `--bps` of the lattice.
     pub fn spec(&self, target: Option<Target>) -> Result<Spec> {
+        if let Some(snr) = self.snr_db.filter(|s| !s.is_finite()) {
+            return Err(PipelineError::option(
+                "--snr-db",
+                format!("{snr} is not a finite number of dB"),
+            ));
+        }
         let raw = |dtype| Ok(Spec::fixed(Encoding::Raw { dtype }));
         match self.encoding {
             EncodingKind::Codebook => self.codebook.options(self.seed).spec(),

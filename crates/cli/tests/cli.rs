@@ -906,3 +906,83 @@ fn an_output_that_is_the_input_or_not_a_file_is_refused() {
         }
     }
 }
+
+#[test]
+fn odd_arguments_and_inputs_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.safetensors");
+    write_model(&model, false);
+    let hwz = dir.path().join("m.hwz");
+    let m = p(&model);
+    for args in [
+        &[
+            "compress",
+            m,
+            p(&hwz),
+            "--encoding",
+            "lattice",
+            "--snr-db",
+            "NaN",
+        ][..],
+        &["compress", m, p(&hwz), "--min-snr-db", "NaN"],
+        &[
+            "compress",
+            m,
+            p(&hwz),
+            "--mode",
+            "best",
+            "--min-snr-db",
+            "NaN",
+        ],
+        &["plan", m, "--min-snr-db", "NaN"],
+        &["plan", m, "--block-rows", "0"],
+        &[
+            "compress",
+            m,
+            p(&hwz),
+            "--mode",
+            "per_block",
+            "--block-rows",
+            "0",
+        ],
+    ] {
+        fails(args);
+    }
+    assert!(!hwz.exists());
+    // --sensitivity: the JSON object itself, or a file holding it.
+    let budget = [
+        "plan",
+        m,
+        "--mode",
+        "budget",
+        "--target-bps",
+        "4",
+        "--sensitivity",
+    ];
+    let mut inline = budget.to_vec();
+    inline.push(r#"{"a.weight": 4, "b.weight": 0.5}"#);
+    ok(&inline);
+    let weights = dir.path().join("w.json");
+    std::fs::write(&weights, r#"{"a.weight": 4}"#).unwrap();
+    let mut file = budget.to_vec();
+    file.push(p(&weights));
+    ok(&file);
+    let mut bad = budget.to_vec();
+    bad.push(r#"{"a.weight": "x"}"#);
+    fails(&bad);
+    // A near-GGUF magic is neither format.
+    let ggux = dir.path().join("x.gguf");
+    let mut bytes = std::fs::read(repo_data("blocks.gguf")).unwrap();
+    bytes[..4].copy_from_slice(b"GGUX");
+    std::fs::write(&ggux, bytes).unwrap();
+    let err = fails(&["compress", p(&ggux), p(&hwz)]);
+    assert!(err.contains("not a safetensors or GGUF file"), "{err}");
+    // Every tensor skipped (f64 only): an error, and no archive.
+    let f64s: Vec<u8> = (0..16).flat_map(|i| (i as f64).to_le_bytes()).collect();
+    let only_f64 = dir.path().join("f64.safetensors");
+    let view = TensorView::new(Dtype::F64, vec![4, 4], &f64s).unwrap();
+    std::fs::write(&only_f64, serialize(vec![("w", view)], None).unwrap()).unwrap();
+    let err = fails(&["compress", p(&only_f64), p(&hwz)]);
+    assert!(err.contains("F64"), "{err}");
+    assert!(!hwz.exists());
+}

@@ -63,12 +63,12 @@ pub use compress::{
     GENERATOR,
 };
 #[cfg(feature = "fs")]
-pub use plan::{
-    auto_candidates, plan_source, read_plan, read_sensitivity, sensitivity_arg, target_bps, Chooser,
-    CodebookOptions, LatticeOptions, LatticeRate, PlanOptions, Selection,
-};
-#[cfg(feature = "fs")]
 pub use output::check_output;
+#[cfg(feature = "fs")]
+pub use plan::{
+    auto_candidates, plan_source, read_plan, read_sensitivity, sensitivity_arg, target_bps,
+    Chooser, CodebookOptions, LatticeOptions, LatticeRate, PlanOptions, Selection,
+};
 #[cfg(feature = "fs")]
 pub use progress::{Cancel, Phase, Progress};
 #[cfg(feature = "fs")]

@@ -147,6 +147,21 @@ impl LatticeOptions {
     /// The lattice recipe.
     pub fn spec(&self) -> Result<Spec> {
         use hypercodec_lattice::calibration as cal;
+        match self.rate {
+            LatticeRate::Bps(b) if !(b.is_finite() && b > 0.0) => {
+                return Err(PipelineError::option(
+                    "bps",
+                    format!("{b} is not a positive number of bits per value"),
+                ))
+            }
+            LatticeRate::SnrDb(s) if !s.is_finite() => {
+                return Err(PipelineError::option(
+                    "snr-db",
+                    format!("{s} is not a finite SNR in dB"),
+                ))
+            }
+            _ => {}
+        }
         let l = self.lattice;
         let bps = match self.rate {
             LatticeRate::Bps(b) => b,
@@ -282,6 +297,27 @@ impl Chooser {
                 "mode budget needs a target (bps or ratio)",
             ));
         }
+        let th = &options.thresholds;
+        if th.min_snr_db.is_nan() {
+            return Err(PipelineError::option(
+                "min-snr-db",
+                "NaN is not an SNR; give a number of dB",
+            ));
+        }
+        for (option, eps) in [("eps-fp16", th.eps_fp16), ("eps-bf16", th.eps_bf16)] {
+            if eps.is_nan() || eps < 0.0 {
+                return Err(PipelineError::option(
+                    option,
+                    format!("{eps} is not a relative error (0 or more)"),
+                ));
+            }
+        }
+        if options.block_rows == 0 {
+            return Err(PipelineError::option(
+                "block-rows",
+                "a row block needs at least 1 row",
+            ));
+        }
         let c = Chooser { options };
         c.planner(&[], 0, 0)?; // reject bad candidate names before reading anything
         Ok(c)
@@ -411,10 +447,32 @@ pub fn read_plan(path: &Path) -> Result<Plan> {
 /// Reads BUDGET's sensitivity weights: a JSON object `{tensor name: weight}`.
 pub fn read_sensitivity(path: &Path) -> Result<HashMap<String, f64>> {
     let text = std::fs::read_to_string(path).map_err(PipelineError::io(path))?;
-    serde_json::from_str(&text).map_err(|e| PipelineError::Json {
-        what: format!("{}: not a {{name: weight}} object", path.display()),
-        message: e.to_string(),
-    })
+    parse_weights(&text, &path.display().to_string())
+}
+
+/// BUDGET's sensitivity weights from a command-line value: the JSON object itself when the
+/// value starts with `{` (after spaces), else the path of a file holding it.
+pub fn sensitivity_arg(value: &str) -> Result<HashMap<String, f64>> {
+    if value.trim_start().starts_with('{') {
+        parse_weights(value, "sensitivity")
+    } else {
+        read_sensitivity(Path::new(value))
+    }
+}
+
+fn parse_weights(text: &str, what: &str) -> Result<HashMap<String, f64>> {
+    let weights: HashMap<String, f64> =
+        serde_json::from_str(text).map_err(|e| PipelineError::Json {
+            what: format!("{what}: not a {{name: weight}} object"),
+            message: e.to_string(),
+        })?;
+    if let Some((name, w)) = weights.iter().find(|(_, w)| !(w.is_finite() && **w >= 0.0)) {
+        return Err(PipelineError::option(
+            "sensitivity",
+            format!("weight {w} of `{name}` is not a finite number ≥ 0"),
+        ));
+    }
+    Ok(weights)
 }
 
 #[cfg(test)]
@@ -452,5 +510,36 @@ mod tests {
             ..PlanOptions::default()
         };
         assert!(matches!(Chooser::new(bad), Err(PipelineError::Plan(_))));
+        let mut nan = PlanOptions::default();
+        nan.thresholds.min_snr_db = f64::NAN;
+        let zero_rows = PlanOptions {
+            block_rows: 0,
+            ..PlanOptions::default()
+        };
+        for o in [nan, zero_rows] {
+            assert!(matches!(
+                Chooser::new(o),
+                Err(PipelineError::InvalidOption { .. })
+            ));
+        }
+        for rate in [LatticeRate::SnrDb(f32::NAN), LatticeRate::Bps(f64::NAN)] {
+            let o = LatticeOptions {
+                rate,
+                ..LatticeOptions::default()
+            };
+            assert!(matches!(o.spec(), Err(PipelineError::InvalidOption { .. })));
+        }
+        assert_eq!(
+            sensitivity_arg(r#" {"a": 2}"#).expect("inline").get("a"),
+            Some(&2.0)
+        );
+        assert!(matches!(
+            sensitivity_arg(r#"{"a": -1}"#),
+            Err(PipelineError::InvalidOption { .. })
+        ));
+        assert!(matches!(
+            sensitivity_arg("/nonexistent/w.json"),
+            Err(PipelineError::Io { .. })
+        ));
     }
 }

@@ -129,6 +129,12 @@ fn parse_dims(spec: &str) -> Option<(Vec<u64>, u64)> {
     shape.filter(|s| !s.is_empty()).map(|s| (s, seed))
 }
 
+/// True when `bytes` starts like a safetensors file: an 8-byte header length, then the
+/// header's JSON object.
+fn looks_like_safetensors(bytes: &[u8]) -> bool {
+    bytes.get(8) == Some(&b'{')
+}
+
 impl TensorSource {
     /// Opens a `.safetensors` or `.gguf` file, or a synthetic spec `gaussian:ROWSxCOLS[:SEED]`.
     pub fn open(spec: &str) -> Result<TensorSource> {
@@ -150,9 +156,29 @@ impl TensorSource {
             Self::from_gguf(map)
         } else if map.starts_with(b"HWZ1") || map.starts_with(b"PK\x03\x04") {
             Err(PipelineError::AlreadyArchive { path: path.into() })
-        } else {
+        } else if looks_like_safetensors(&map) {
             Self::from_safetensors(map)
+        } else {
+            Err(PipelineError::UnknownFormat { path: path.into() })
         }?;
+        if source.tensors.is_empty() {
+            let skipped: Vec<String> = source
+                .skipped
+                .iter()
+                .map(|s| format!("`{}` ({})", s.name, s.dtype))
+                .collect();
+            return Err(PipelineError::NoTensors {
+                message: if skipped.is_empty() {
+                    format!("{}: the file holds no tensor", path.display())
+                } else {
+                    format!(
+                        "{}: no float tensor (f32, f16, bf16 or a GGUF block type) to read; skipped {}",
+                        path.display(),
+                        skipped.join(", ")
+                    )
+                },
+            });
+        }
         source.path = Some(path.into());
         Ok(source)
     }
