@@ -236,8 +236,7 @@ fn compress(args: &CompressArgs) -> Result<()> {
             &CANCEL,
         )
     })?;
-    print::compress_summary(&args.output, &report, args.json);
-    Ok(())
+    print::compress_summary(&args.output, &report, args.json)
 }
 
 fn plan(
@@ -260,7 +259,7 @@ fn plan(
 fn demo(dir: &Path, shape: &str) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(PipelineError::io(dir))?;
     let st = dir.join("gaussian.safetensors");
-    println!("== 1. a seeded Gaussian {shape} tensor -> {}", st.display());
+    print::outln!("== 1. a seeded Gaussian {shape} tensor -> {}", st.display());
     pipeline::write_synthetic(&st, shape, 1, 0)?;
     let input = st.display().to_string();
     for (step, file, extra) in [
@@ -280,7 +279,7 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
             vec!["--encoding", "auto", "--target-ratio", "10"],
         ),
     ] {
-        println!("== {step}");
+        print::outln!("== {step}");
         let out = dir.join(file);
         let out_str = out.display().to_string();
         let mut argv = vec!["hypercodec", "compress", input.as_str(), out_str.as_str()];
@@ -293,7 +292,7 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
         }
         print::inspect(&out, false)?;
     }
-    println!("== 5. benchmark every representation on the same tensor");
+    print::outln!("== 5. benchmark every representation on the same tensor");
     print::benchmark(&print::BenchArgs::for_input(input))
 }
 
@@ -343,6 +342,14 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// A failed write to stdout, as the pipeline's I/O error on `<stdout>`.
+pub(crate) fn stdout_error(source: std::io::Error) -> PipelineError {
+    PipelineError::Io {
+        path: "<stdout>".into(),
+        source,
+    }
+}
+
 /// A number from this process's `/proc/self/status` line `key` (Linux), if the platform tells.
 fn proc_status(key: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -364,6 +371,13 @@ fn main() -> std::process::ExitCode {
     }
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // The reader of stdout went away (`hypercodec inspect a.hwz | head`): nothing is
+        // wrong with the work, and nobody is left to read more; end quietly, as `cat` does.
+        Err(PipelineError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::BrokenPipe =>
+        {
+            std::process::ExitCode::SUCCESS
+        }
         // Every error the pipeline reports is exit code 1 (clap's own are 2).
         Err(e) => {
             eprintln!("error: {e}");

@@ -8,6 +8,24 @@ use hypercodec_plan::Plan;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
+/// `println!` through a locked stdout that returns a write error (a closed pipe: the reader,
+/// e.g. `head`, went away) instead of panicking; `main` ends quietly on a broken pipe.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err(crate::stdout_error)?
+    }};
+}
+pub(crate) use outln;
+
+/// `print!` as [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*).map_err(crate::stdout_error)?
+    }};
+}
+
 fn finite(x: f64) -> Value {
     if x.is_finite() {
         json!(x)
@@ -19,7 +37,7 @@ fn finite(x: f64) -> Value {
 /// The line (or JSON) `compress` prints. Quality is over the lossy tensors only (an exactly
 /// stored norm never inflates it): their SNR, the min and median per tensor, their bits per
 /// value; the file's bits per value are over every value, all-in.
-pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) {
+pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) -> Result<()> {
     let rep = &r.report;
     let snr = rep.lossy.snr_db();
     let mut per = rep.tensor_snr_db.clone();
@@ -37,8 +55,8 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) {
             "fallbacks": rep.fallbacks.iter().map(|(t, e)| json!({"tensor": t, "encoding": e})).collect::<Vec<_>>(),
             "seconds": r.seconds,
         });
-        println!("{summary:#}");
-        return;
+        outln!("{summary:#}");
+        return Ok(());
     }
     let quality = match (min, median) {
         (Some(lo), Some(med)) => format!(
@@ -48,7 +66,7 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) {
         ),
         _ => "every tensor exact".to_string(),
     };
-    println!(
+    outln!(
         "wrote {} ({} tensors, {} values, {} bytes, {all_in:.3} bits/value all-in); {quality}; {:.1} s",
         output.display(),
         rep.tensors,
@@ -57,7 +75,7 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) {
         r.seconds
     );
     if !rep.fallbacks.is_empty() {
-        println!(
+        outln!(
             "{} tensors could not take the lattice at this rate and fell back: {}",
             rep.fallbacks.len(),
             rep.fallbacks
@@ -67,6 +85,7 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) {
                 .join(", ")
         );
     }
+    Ok(())
 }
 
 /// `plan`: a line on stderr, the Plan as JSON on stdout.
@@ -84,7 +103,7 @@ pub fn plan(plan: &Plan, seconds: f64) -> Result<()> {
         what: "plan".into(),
         message: e.to_string(),
     })?;
-    println!("{text}");
+    outln!("{text}");
     Ok(())
 }
 
@@ -99,7 +118,7 @@ fn shape_text(shape: &Value) -> String {
 pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
     let v = hypercodec_pipeline::inspect_file(input)?;
     if as_json {
-        println!("{v:#}");
+        outln!("{v:#}");
         return Ok(());
     }
     let rows = v["tensors"].as_array().cloned().unwrap_or_default();
@@ -107,16 +126,20 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
     let s = |x: &Value| x.as_str().unwrap_or("").to_string();
     if v["format"].is_string() {
         let version = v["format_version"].as_str().unwrap_or("?");
-        println!(
+        outln!(
             "{} — legacy Hyper Glyph archive (zip, format {version}), read-only",
             input.display()
         );
-        println!(
+        outln!(
             "{:<48} {:<16} {:<24} {:>7} {:>12}",
-            "tensor", "shape", "codec", "bps*", "bytes*"
+            "tensor",
+            "shape",
+            "codec",
+            "bps*",
+            "bytes*"
         );
         for r in &rows {
-            println!(
+            outln!(
                 "{:<48} {:<16} {:<24} {:>7.3} {:>12}",
                 s(&r["name"]),
                 shape_text(&r["shape"]),
@@ -125,28 +148,33 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
                 r["payload_bytes"]
             );
         }
-        println!(
+        outln!(
             "{} tensors, {} values, file {} B ({:.3} bps all-in); * = stream bytes before zstd; metadata skipped_tensors: {}",
             rows.len(), v["elements"], v["file_bytes"], num(&v["bps_file"]), v["skipped_tensors"]
         );
         return Ok(());
     }
-    println!(
+    outln!(
         "{} — hwz v{}, written by {}",
         input.display(),
         v["version"],
         s(&v["generator"])
     );
     if v["plan"].is_object() {
-        println!(
+        outln!(
             "plan: mode {}, {} tensors planned (inspect --json shows every candidate measured)",
             v["plan"]["mode"].as_str().unwrap_or("?"),
             v["plan"]["tensors"].as_array().map_or(0, Vec::len)
         );
     }
-    println!(
+    outln!(
         "{:<48} {:<16} {:<32} {:>7} {:>12} {:>9}  streams",
-        "tensor", "shape", "encoding", "bps", "bytes", "SNR dB"
+        "tensor",
+        "shape",
+        "encoding",
+        "bps",
+        "bytes",
+        "SNR dB"
     );
     for r in &rows {
         let snr = r["stats"]["snr_db"]
@@ -159,7 +187,7 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
                 .collect();
             parts.join(" ")
         });
-        println!(
+        outln!(
             "{:<48} {:<16} {:<32} {:>7.3} {:>12} {:>9}  {}",
             s(&r["name"]),
             shape_text(&r["shape"]),
@@ -171,7 +199,7 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
         );
     }
     let t = &v["totals"];
-    println!(
+    outln!(
         "{} tensors, {} values; payload {} B ({:.3} bps), manifest {} B, file {} B ({:.3} bps all-in, {:.2}x vs f32)",
         t["tensors"], t["elements"], t["payload_bytes"], num(&t["bps_payload"]), t["manifest_bytes"],
         t["file_bytes"], num(&t["bps_file"]), num(&t["ratio_vs_f32"])
@@ -266,12 +294,12 @@ pub fn benchmark(args: &BenchArgs) -> Result<()> {
     let (input, n) = (&args.input, chosen.len());
     if args.json {
         let out = json!({"input": input, "tensors": n, "elements": total, "rows": table});
-        println!("{out:#}");
+        outln!("{out:#}");
     } else {
-        println!(
+        outln!(
             "{input} — {n} tensors, {total} values; bound = 6.02·bps dB (i.i.d. Gaussian), gap = bound − SNR"
         );
-        print!("{}", bench::markdown(&table));
+        out!("{}", bench::markdown(&table));
     }
     if let Some(path) = &args.markdown {
         let text = format!(
@@ -287,7 +315,7 @@ fn budget_table(args: &BenchArgs, source: &TensorSource, chosen: &[usize]) -> Re
     let t = with_bar(|progress| {
         bench::budget_table(source, chosen, &args.budget_at, progress, &CANCEL)
     })?;
-    println!(
+    outln!(
         "{} — {} tensors, {} values; {} candidates per tensor measured in {:.1} s; distortion = total SSE",
         args.input,
         chosen.len(),
@@ -295,7 +323,7 @@ fn budget_table(args: &BenchArgs, source: &TensorSource, chosen: &[usize]) -> Re
         t.candidates,
         t.measure_s
     );
-    println!("| allocation | bytes | bps | total SSE | SNR dB | SSE saved vs uniform |\n|---|---:|---:|---:|---:|---:|");
+    outln!("| allocation | bytes | bps | total SSE | SNR dB | SSE saved vs uniform |\n|---|---:|---:|---:|---:|---:|");
     for (what, why) in &t.left_out {
         eprintln!("not in the table: {what} ({why})");
     }
@@ -303,9 +331,13 @@ fn budget_table(args: &BenchArgs, source: &TensorSource, chosen: &[usize]) -> Re
         let saved = r
             .saved_vs_uniform
             .map_or(String::new(), |s| format!("{:.1} %", 100.0 * s));
-        println!(
+        outln!(
             "| {} | {} | {:.3} | {:.4e} | {:.2} | {saved} |",
-            r.what, r.bytes, r.bps, r.sse, r.snr_db
+            r.what,
+            r.bytes,
+            r.bps,
+            r.sse,
+            r.snr_db
         );
     }
     Ok(())

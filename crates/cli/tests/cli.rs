@@ -986,3 +986,34 @@ fn odd_arguments_and_inputs_are_usage_errors() {
     assert!(err.contains("F64"), "{err}");
     assert!(!hwz.exists());
 }
+
+#[test]
+fn a_closed_stdout_ends_every_printing_command_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("many.safetensors");
+    ok(&["synth", p(&model), "--shape", "2x16", "--tensors", "1500"]);
+    let hwz = dir.path().join("many.hwz");
+    ok(&["compress", p(&model), p(&hwz), "--encoding", "raw-f16"]);
+    // Each prints far more than a pipe holds (64 KiB), so the writes meet the closed pipe.
+    for args in [
+        &["inspect", p(&hwz)][..],
+        &["inspect", p(&hwz), "--json"],
+        &["plan", p(&model), "--candidates", "f32"],
+    ] {
+        let mut child = bin()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut head = [0u8; 64];
+        child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+        // The read end is dropped here, like `| head -c 64`.
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
