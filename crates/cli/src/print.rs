@@ -76,7 +76,7 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) -> Result<
     );
     if !rep.fallbacks.is_empty() {
         outln!(
-            "{} tensors could not take the lattice at this rate and fell back: {}",
+            "{} tensors fell back (the lattice rate could not serve them, or their SNR was <= 0 dB): {}",
             rep.fallbacks.len(),
             rep.fallbacks
                 .iter()

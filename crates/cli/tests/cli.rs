@@ -1017,3 +1017,36 @@ fn a_closed_stdout_ends_every_printing_command_quietly() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn tiny_and_subnormal_values_are_never_a_lossy_success_below_0_db() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.safetensors");
+    // std 1e-8 (below f16's smallest subnormal, 6e-8) and subnormal f32 values.
+    let tiny: Vec<u8> = values(32 * 64, 5)
+        .iter()
+        .flat_map(|&x| (x * 1e-8).to_le_bytes())
+        .collect();
+    let sub: Vec<u8> = values(32 * 64, 6)
+        .iter()
+        .flat_map(|&x| (x * 1e-39).to_le_bytes())
+        .collect();
+    let tensors = vec![
+        ("sub", TensorView::new(Dtype::F32, vec![32, 64], &sub).unwrap()),
+        ("tiny", TensorView::new(Dtype::F32, vec![32, 64], &tiny).unwrap()),
+    ];
+    std::fs::write(&model, serialize(tensors, None).unwrap()).unwrap();
+    let input = read_st(&model);
+    let hwz = dir.path().join("t.hwz");
+    let back = dir.path().join("back.safetensors");
+    for enc in ["affine", "lattice", "codebook", "auto"] {
+        ok(&["compress", p(&model), p(&hwz), "--encoding", enc]);
+        let v = inspect_json(&hwz);
+        for t in v["tensors"].as_array().unwrap() {
+            let snr = t["stats"]["snr_db"].as_f64().unwrap_or(f64::INFINITY);
+            assert!(snr > 0.0, "{enc}: {} at {snr} dB", t["name"]);
+        }
+        ok(&["decompress", p(&hwz), p(&back)]);
+        assert_eq!(read_st(&back), input, "{enc}: stored raw, exactly");
+    }
+}

@@ -72,7 +72,8 @@ pub struct CompressReport {
     pub lossy_bytes: u64,
     /// SNR of each lossy tensor, in dB, in file order.
     pub tensor_snr_db: Vec<f64>,
-    /// Tensors that a model-wide lattice rate could not serve, with what they got instead.
+    /// Tensors that a model-wide lattice rate could not serve, or whose lossy encoding came
+    /// back at an SNR of 0 dB or less (stored raw instead), with what they got and why.
     pub fallbacks: Vec<(String, String)>,
     /// The plan stored in the archive, if a planner or plan file chose.
     pub plan: Option<Plan>,
@@ -176,7 +177,7 @@ pub fn compress<W: Write>(
         let values = source.read(i)?;
         // The planner measured its choice on this very encoding: its sums replace a decode.
         let mut measured = None;
-        let encoded = if !sel.planned(&t.shape) {
+        let mut encoded = if !sel.planned(&t.shape) {
             let raw = Encoding::Raw {
                 dtype: t.ty.raw_dtype(),
             };
@@ -237,7 +238,7 @@ pub fn compress<W: Write>(
         } else {
             unreachable!("every route is handled above")
         };
-        let one = match measured {
+        let mut one = match measured {
             Some(s) => ErrorAcc::from(s),
             None => {
                 decoded.resize(values.len(), 0.0);
@@ -252,6 +253,23 @@ pub fn compress<W: Write>(
                 one
             }
         };
+        // A lossy tensor that comes back no better than zeros (SNR <= 0 dB: values below what
+        // its scales can hold, e.g. std 1e-8 or subnormals under f16 scales) is never reported
+        // as a success: it is stored raw in its source type instead, and listed in fallbacks.
+        if one.noise > 0.0 && one.snr_db() <= 0.0 {
+            let raw = Encoding::Raw {
+                dtype: t.ty.raw_dtype(),
+            };
+            let why = format!(
+                "{} reached only {:.2} dB",
+                encoded.encoding.label(),
+                one.snr_db()
+            );
+            encoded = hwz::encode(&t.name, &values, &t.shape, &raw, opts)?;
+            fallbacks.push((t.name.clone(), format!("{} ({why})", raw.label())));
+            one = ErrorAcc::default();
+            one.add(&values, &values);
+        }
         acc.merge(&one);
         if one.noise > 0.0 {
             lossy.merge(&one);
