@@ -196,3 +196,30 @@ fn crafted_archives() {
         Err(HwzError::Legacy { .. })
     ));
 }
+
+#[test]
+fn a_truncated_deflate_entry_gives_a_short_message() {
+    // metadata.json as one stored deflate block of 60000 bytes, cut after 30000 of them.
+    let n = 60_000u16;
+    let mut deflate = vec![0x01];
+    deflate.extend_from_slice(&n.to_le_bytes());
+    deflate.extend_from_slice(&(!n).to_le_bytes());
+    deflate.extend(std::iter::repeat_n(b'A', 30_000));
+    let mut b = zip(&[("metadata.json", deflate)]);
+    let cd = b.len() - 22 - (46 + "metadata.json".len());
+    // Method 8 (deflate) and the full inflated size, in the local and the central header.
+    b[8] = 8;
+    b[22..26].copy_from_slice(&(n as u32).to_le_bytes());
+    b[cd + 10] = 8;
+    b[cd + 24..cd + 28].copy_from_slice(&(n as u32).to_le_bytes());
+    match LegacyArchive::open(&b[..]) {
+        Err(HwzError::Legacy { message }) => {
+            assert!(
+                message.len() < 200,
+                "{} bytes: {message:.300}",
+                message.len()
+            )
+        }
+        other => panic!("expected a Legacy error, got {:?}", other.map(|_| ())),
+    }
+}

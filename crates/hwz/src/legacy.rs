@@ -325,7 +325,14 @@ impl<R: ReadAt> LegacyArchive<R> {
         let out = match e.method {
             0 => data,
             8 => miniz_oxide::inflate::decompress_to_vec_with_limit(&data, e.size as usize)
-                .map_err(|err| bad(format!("zip entry `{name}` does not inflate: {err:?}")))?,
+                // The error holds everything inflated so far: name its status and size only.
+                .map_err(|err| {
+                    bad(format!(
+                        "zip entry `{name}` does not inflate ({:?} after {} bytes)",
+                        err.status,
+                        err.output.len()
+                    ))
+                })?,
             m => {
                 return Err(bad(format!(
                 "zip entry `{name}` uses compression method {m}; only stored and deflate are read"
