@@ -161,10 +161,11 @@ pub struct PlanArgs {
     /// Target compression ratio versus f32 (BUDGET, AUTO; for --encoding lattice the rate 32/ratio).
     #[arg(long, conflicts_with = "target_bps")]
     pub target_ratio: Option<f64>,
-    /// Candidates, comma separated: f32, bf16, f16, intN (g128 asym), intN-row, e8@B, d4@B, a2@B,
-    /// z1@B, codebook, lowrank, sparse. Default: f32,bf16,f16,int8-row,int4,e8@4; for BUDGET
-    /// bf16,int8-row,int4,int3,int2,e8@2,e8@2.5,e8@3,e8@3.5,e8@4,e8@5,e8@6; for AUTO
-    /// bf16,int8-row,int4-row,int4,e8@3,e8@4,codebook (+ lowrank, sparse and a fitted e8 where they apply).
+    /// Candidates, comma separated: f32, bf16, f16, intN (g128 asym), intN-row, intN-tensor,
+    /// e8@B, d4@B, a2@B, z1@B, codebook, lowrank, sparse. Default: f32,bf16,f16,int8-row,int4,e8@4;
+    /// for BUDGET bf16,int8-row,int4,int3,int2,e8@2,e8@2.5,e8@3,e8@3.5,e8@4,e8@5,e8@6,
+    /// int4-tensor,int2-tensor,int1-tensor; for AUTO bf16,int8-row,int4-row,int4,e8@3,e8@4,codebook
+    /// (+ lowrank, sparse, and with a target a fitted e8 and intN-tensor, where they apply).
     #[arg(long, value_delimiter = ',')]
     pub candidates: Vec<String>,
     /// Lossy candidates are acceptable at this SNR (dB) or above.

@@ -1032,8 +1032,14 @@ fn tiny_and_subnormal_values_are_never_a_lossy_success_below_0_db() {
         .flat_map(|&x| (x * 1e-39).to_le_bytes())
         .collect();
     let tensors = vec![
-        ("sub", TensorView::new(Dtype::F32, vec![32, 64], &sub).unwrap()),
-        ("tiny", TensorView::new(Dtype::F32, vec![32, 64], &tiny).unwrap()),
+        (
+            "sub",
+            TensorView::new(Dtype::F32, vec![32, 64], &sub).unwrap(),
+        ),
+        (
+            "tiny",
+            TensorView::new(Dtype::F32, vec![32, 64], &tiny).unwrap(),
+        ),
     ];
     std::fs::write(&model, serialize(tensors, None).unwrap()).unwrap();
     let input = read_st(&model);

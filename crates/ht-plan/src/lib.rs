@@ -322,10 +322,24 @@ pub const DEFAULT_CANDIDATES: &[&str] = &["f32", "bf16", "f16", "int8-row", "int
 /// `e8@3`, `e8@4`.
 pub const AUTO_CANDIDATES: &[&str] = &["bf16", "int8-row", "int4-row", "int4", "e8@3", "e8@4"];
 
-/// The default candidates of `BUDGET`: a rate–distortion ladder.
+/// The default candidates of `BUDGET`: a rate–distortion ladder, down to one bit per value with
+/// one scale per tensor (the floor for narrow tensors, whose per-row scales cost bits).
 pub const BUDGET_CANDIDATES: &[&str] = &[
-    "bf16", "int8-row", "int4", "int3", "int2", "e8@2", "e8@2.5", "e8@3", "e8@3.5", "e8@4", "e8@5",
+    "bf16",
+    "int8-row",
+    "int4",
+    "int3",
+    "int2",
+    "e8@2",
+    "e8@2.5",
+    "e8@3",
+    "e8@3.5",
+    "e8@4",
+    "e8@5",
     "e8@6",
+    "int4-tensor",
+    "int2-tensor",
+    "int1-tensor",
 ];
 
 impl Planner {

@@ -181,6 +181,14 @@ impl Spec {
                 };
                 hwz::encode(name, values, shape, &enc, options)?
             }
+            Spec::Fixed {
+                encoding: Encoding::LowRank { rank },
+            } => {
+                // One recipe for every tensor: a rank above a small tensor's own is its own.
+                let (rows, cols) = hwz::matrix_view(shape, values.len() as u64);
+                let r = (*rank as u64).min(rows.min(cols).max(1)) as u32;
+                hwz::encode(name, values, shape, &Encoding::LowRank { rank: r }, options)?
+            }
             Spec::Fixed { encoding } => hwz::encode(name, values, shape, encoding, options)?,
             Spec::Rate {
                 template,

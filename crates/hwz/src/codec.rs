@@ -211,9 +211,7 @@ pub fn encode_to_rate(
         let bps = enc.payload_bytes() as f64 * 8.0 / n;
         // Below the calibration's smallest α nearly every coordinate rounds to zero: such an
         // encoding meets any rate and carries nothing (0 dB), so it never counts as reached.
-        if bps <= target_bps
-            && alpha >= min_alpha
-            && best.as_ref().is_none_or(|(a, _)| alpha > *a)
+        if bps <= target_bps && alpha >= min_alpha && best.as_ref().is_none_or(|(a, _)| alpha > *a)
         {
             best = Some((alpha, enc));
         }

@@ -469,7 +469,9 @@ pub fn element_count(tensor: &str, shape: &[u64]) -> Result<u64> {
 pub fn matrix_view(shape: &[u64], n: u64) -> (u64, u64) {
     match shape.len() {
         0 => (1, 1),
-        1 => n.checked_div(shape[0]).map_or((0, 0), |rows| (rows, shape[0])),
+        1 => n
+            .checked_div(shape[0])
+            .map_or((0, 0), |rows| (rows, shape[0])),
         _ => {
             let cols = shape[1..].iter().fold(1u64, |a, &d| a.saturating_mul(d));
             n.checked_div(cols).map_or((0, 0), |rows| (rows, cols))

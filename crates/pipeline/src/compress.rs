@@ -198,8 +198,12 @@ pub fn compress<W: Write>(
             };
             p.tensors.push(tp);
             enc
-        } else if let (Some(rp), Route::Fixed(Spec::Rate { template, max_tile, .. })) =
-            (&rate_plan, &options.route)
+        } else if let (
+            Some(rp),
+            Route::Fixed(Spec::Rate {
+                template, max_tile, ..
+            }),
+        ) = (&rate_plan, &options.route)
         {
             let fallback = |why: &str, fallbacks: &mut Vec<(String, String)>| {
                 let e = crate::rate::fallback_encoding(rp.target_bps);
@@ -214,9 +218,9 @@ pub fn compress<W: Write>(
                         bps: Some(*b),
                     };
                     match spec.encode(&t.name, &values, &t.shape, opts) {
-                        Err(hypercodec_plan::PlanError::Hwz(
-                            hwz::HwzError::RateUnreachable { .. },
-                        )) => fallback("rate control found no scale", &mut fallbacks)?,
+                        Err(hypercodec_plan::PlanError::Hwz(hwz::HwzError::RateUnreachable {
+                            ..
+                        })) => fallback("rate control found no scale", &mut fallbacks)?,
                         other => other?,
                     }
                 }

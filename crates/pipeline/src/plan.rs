@@ -270,6 +270,12 @@ pub fn auto_candidates(shape: &[u64], numel: u64, nnz: u64, target: Option<Targe
         if bps > 0.5 {
             v.push(format!("e8@{:.3}", bps.min(12.0)));
         }
+        // One scale for the whole tensor: what fits the rate where per-row side information
+        // cannot (3×3 depthwise kernels have 9 values per row).
+        let bits = ((bps * numel as f64 - 16.0) / numel.max(1) as f64).floor();
+        if bits >= 1.0 {
+            v.push(format!("int{}-tensor", (bits as u8).min(8)));
+        }
     }
     v
 }
@@ -492,7 +498,12 @@ mod tests {
         assert!(zeros.contains(&"sparse".to_string()), "{zeros:?}");
         assert!(!zeros.contains(&"lowrank".to_string()), "1-D: no low rank");
         let fitted = auto_candidates(&[1024, 1024], 1 << 20, 1 << 20, Some(Target::Bps(3.2)));
-        assert_eq!(fitted.last().map(String::as_str), Some("e8@3.200"));
+        assert!(fitted.contains(&"e8@3.200".to_string()), "{fitted:?}");
+        // One scale per tensor at the most bits that fit: 3 for a 1024² tensor at 3.2 bps,
+        // 3 (not 4) for a 3×3 depthwise kernel at exactly 4 bps (its scale costs 16 bits).
+        assert_eq!(fitted.last().map(String::as_str), Some("int3-tensor"));
+        let dw = auto_candidates(&[192, 1, 3, 3], 1728, 1728, Some(Target::Bps(4.0)));
+        assert_eq!(dw.last().map(String::as_str), Some("int3-tensor"));
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! 1. A tensor whose lattice cannot reach the rate — its row scales, chunk tables and the
 //!    coarsest useful scale (the calibration's smallest α, whose symbols cost about 1.3 bits
 //!    per coordinate, rows padded to the lattice dimension) already cost more — falls back to
-//!    affine INT⌊B⌋ with one symmetric f16 scale for the whole tensor (INT1 below 2 bps):
-//!    small and narrow tensors such as 3×3 depthwise kernels (9 values per row) and stems.
+//!    affine INT(⌊B⌋ + 2) with one symmetric f16 scale for the whole tensor: small and narrow
+//!    tensors such as 3×3 depthwise kernels (9 values per row) and stems. They hold few of the
+//!    values, so the two extra bits cost the others little, while a coarser grid over such
+//!    large-magnitude kernels would dominate the model's noise.
 //! 2. The bytes the fallbacks save or overspend are shared by the lattice tensors: each
 //!    targets `B' = (B·N − fallback bits) / N_lattice`; a tensor that cannot reach `B'` falls
 //!    back too, and `B'` is recomputed.
@@ -46,11 +48,18 @@ pub struct RatePlan {
     pub choices: HashMap<String, RateChoice>,
 }
 
-/// The fallback of a tensor that the lattice cannot serve at `bps`: affine INT⌊bps⌋ (1..=8)
-/// with one symmetric f16 scale for the tensor.
+/// Bits the fallback spends beyond ⌊bps⌋: the tensors that fall back are few and small, and
+/// their error (a max-scaled grid over the whole tensor, often of large-magnitude weights such
+/// as depthwise kernels) would otherwise dominate the model's total noise.
+pub const FALLBACK_EXTRA_BITS: u8 = 2;
+
+/// The fallback of a tensor that the lattice cannot serve at `bps`: affine
+/// INT(⌊bps⌋ + [`FALLBACK_EXTRA_BITS`]) (at most 8) with one symmetric f16 scale for the tensor.
 pub fn fallback_encoding(bps: f64) -> Encoding {
     Encoding::affine(AffineParams {
-        bits: (bps.floor() as u8).clamp(1, 8),
+        bits: (bps.floor() as u8)
+            .saturating_add(FALLBACK_EXTRA_BITS)
+            .clamp(1, 8),
         group: Group::Tensor,
         symmetric: true,
         scale_dtype: FloatDtype::F16,
@@ -64,7 +73,12 @@ fn exact_bytes(name: &str, shape: &[u64], e: &Encoding) -> Result<u64> {
 
 /// The estimated smallest stored bytes of the lattice `template` on `shape` (tile fitted as
 /// the encoder fits it), or `None` when the lattice cannot encode the shape at all.
-fn lattice_floor_bytes(name: &str, shape: &[u64], template: &Encoding, max_tile: u32) -> Option<u64> {
+fn lattice_floor_bytes(
+    name: &str,
+    shape: &[u64],
+    template: &Encoding,
+    max_tile: u32,
+) -> Option<u64> {
     let Encoding::Lattice {
         lattice, coding, ..
     } = *template
@@ -84,7 +98,11 @@ fn lattice_floor_bytes(name: &str, shape: &[u64], template: &Encoding, max_tile:
         .map(|(_, l)| l.min)
         .sum();
     // A model of a few contexts of short alphabets: about a hundred bytes.
-    let model = if matches!(coding, Coding::Rans { .. }) { 96 } else { 0 };
+    let model = if matches!(coding, Coding::Rans { .. }) {
+        96
+    } else {
+        0
+    };
     let symbols = rows * hypercodec_lattice::symbols_per_row(lattice, cols as usize) as u64;
     let entropy = hypercodec_lattice::calibration::table(lattice)[0][2] as f64;
     Some(side + model + (symbols as f64 * entropy / 8.0 * FLOOR_MARGIN).ceil() as u64)
@@ -155,9 +173,14 @@ pub fn plan_rate(
             }
         })
         .sum();
-    if spent > budget_bits * 1.000_001 || !(lattice_bps > 0.0) {
-        // The cheapest choice of every tensor: its lattice floor or the INT1 fallback.
-        let int1 = fallback_encoding(1.0);
+    if spent > budget_bits * 1.000_001 || lattice_bps.is_nan() || lattice_bps <= 0.0 {
+        // The cheapest choice of every tensor: its lattice floor or INT1 with one scale.
+        let int1 = Encoding::affine(AffineParams {
+            bits: 1,
+            group: Group::Tensor,
+            symmetric: true,
+            scale_dtype: FloatDtype::F16,
+        });
         let mut least = 0.0;
         for (k, (name, shape, _)) in tensors.iter().enumerate() {
             let fb = exact_bytes(name, shape, &int1)?;
@@ -207,17 +230,29 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("m.safetensors");
         let tensors = vec![
-            ("dw.weight".to_string(), vec![64u64, 1, 3, 3], vec![0.1f32; 576]),
-            ("pw.weight".to_string(), vec![256u64, 64, 1, 1], vec![0.1f32; 16384]),
-            ("fc.weight".to_string(), vec![512u64, 256], vec![0.1f32; 131072]),
+            (
+                "dw.weight".to_string(),
+                vec![64u64, 1, 3, 3],
+                vec![0.1f32; 576],
+            ),
+            (
+                "pw.weight".to_string(),
+                vec![256u64, 64, 1, 1],
+                vec![0.1f32; 16384],
+            ),
+            (
+                "fc.weight".to_string(),
+                vec![512u64, 256],
+                vec![0.1f32; 131072],
+            ),
         ];
         crate::synth::write_tensors(&path, &tensors).expect("write");
         let source = TensorSource::open(path.to_str().expect("utf-8")).expect("open");
         let p = plan_rate(&source, Selection::default(), &e8(), 4096, 3.0).expect("plan");
         assert!(matches!(p.choices["dw.weight"], RateChoice::Fallback(_)));
         assert_eq!(p.choices["fc.weight"], RateChoice::Lattice(p.lattice_bps));
-        // INT3 for 576 values costs 3 + 16/576 bits: the others give that back.
-        let fb = 576.0 * 3.0 + 16.0;
+        // INT5 for 576 values costs 5 + 16/576 bits: the others give that back.
+        let fb = 576.0 * 5.0 + 16.0;
         let expected = (3.0 * (576.0 + 16384.0 + 131072.0) - fb) / (16384.0 + 131072.0);
         assert!((p.lattice_bps - expected).abs() < 1e-9, "{}", p.lattice_bps);
         // Far below what anything can store: an error that names the least reachable rate.
