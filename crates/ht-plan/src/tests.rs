@@ -225,6 +225,29 @@ fn budget_is_never_exceeded_and_buys_distortion() {
             assert_eq!(e.payload_bytes(), t.bytes, "{}", t.label);
         }
     }
+    // The archive's copy keeps every choice and measurement, not the re-planning recipes.
+    let stored = base.for_archive();
+    assert!(base.tensors.iter().all(|t| !t.candidate_specs.is_empty()));
+    assert!(stored.tensors.iter().all(|t| t.candidate_specs.is_empty()));
+    for (a, b) in base.tensors.iter().zip(&stored.tensors) {
+        assert_eq!(
+            (&a.label, a.bytes, a.candidates.len()),
+            (&b.label, b.bytes, b.candidates.len())
+        );
+        for (x, y) in a.candidates.iter().zip(&b.candidates) {
+            assert!(
+                (x.rel_mse - y.rel_mse).abs() <= x.rel_mse * 1e-6,
+                "{x:?} {y:?}"
+            );
+        }
+    }
+    let size = |p: &Plan| serde_json::to_string(p).unwrap().len();
+    assert!(
+        size(&stored) * 3 < size(&base) * 2,
+        "{} vs {}",
+        size(&stored),
+        size(&base)
+    );
     assert!(matches!(
         allocate(&mut base, Target::Bps(0.5), &Default::default()),
         Err(PlanError::BudgetTooSmall { .. })

@@ -290,9 +290,11 @@ pub fn compress<W: Write>(
         bar.step(&t.name, t.numel());
     }
     if let Some(p) = &plan {
-        writer.set_plan(serde_json::to_value(p).map_err(|e| PipelineError::Json {
-            what: "plan".into(),
-            message: e.to_string(),
+        writer.set_plan(serde_json::to_value(p.for_archive()).map_err(|e| {
+            PipelineError::Json {
+                what: "plan".into(),
+                message: e.to_string(),
+            }
         })?);
     }
     Ok(CompressReport {
