@@ -296,8 +296,26 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
     print::benchmark(&print::BenchArgs::for_input(input))
 }
 
+/// Ctrl-C, SIGTERM and SIGHUP set the cancel flag: the running step stops at its next tensor
+/// and the partial archive or safetensors file (a temporary beside the output) is removed as
+/// the writer drops. A second signal exits at once (exit code 130).
+fn install_signal_handler() {
+    let result = ctrlc::set_handler(|| {
+        if CANCEL.is_cancelled() {
+            std::process::exit(130);
+        }
+        CANCEL.cancel();
+    });
+    if let Err(e) = result {
+        eprintln!(
+            "warning: no signal handler ({e}); an interrupted run may leave a temporary file"
+        );
+    }
+}
+
 fn run(cli: Cli) -> Result<()> {
     pipeline::init_threads(cli.threads)?;
+    install_signal_handler();
     match cli.command {
         Command::Compress(args) => compress(&args),
         Command::Decompress {
