@@ -34,6 +34,15 @@ fn root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// Cargo's target folder: `$CARGO_TARGET_DIR` (relative to the workspace root when relative),
+/// else `target/` in the workspace root.
+fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) if !d.is_empty() => root().join(d),
+        _ => root().join("target"),
+    }
+}
+
 fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root());
@@ -85,8 +94,8 @@ fn rss() -> Result<(), String> {
         "release build",
         cargo().args(["build", "--release", "-p", "hypercodec"]),
     )?;
-    let bin = root().join("target/release/hypercodec");
-    let dir = root().join("target/rss");
+    let bin = target_dir().join("release/hypercodec");
+    let dir = target_dir().join("rss");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let model = dir.join("model-100m.safetensors");
     // 25 × 2048 × 2048 = 104 857 600 parameters, 419 MB of f32.
@@ -222,7 +231,7 @@ fn web() -> Result<(), String> {
     let dist = root().join("web/dist");
     let _ = std::fs::remove_dir_all(&dist);
     std::fs::create_dir_all(dist.join("pkg")).map_err(|e| e.to_string())?;
-    let wasm = root().join("target/wasm32-unknown-unknown/release/hypercodec_web.wasm");
+    let wasm = target_dir().join("wasm32-unknown-unknown/release/hypercodec_web.wasm");
     run(
         "wasm-bindgen --target no-modules",
         Command::new(&bindgen)
