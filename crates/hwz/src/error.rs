@@ -38,6 +38,21 @@ pub enum HwzError {
         /// What is wrong.
         message: String,
     },
+    /// A size in a legacy zip-based archive is above what the file's bytes can justify: a zip
+    /// entry or stream that would expand past `legacy::MAX_LEGACY_EXPANSION` times its bytes
+    /// in the file (deflate and zstd together), or a tensor with more values than the caps of
+    /// `hwz::legacy` allow. Nothing of that size was allocated.
+    #[error("legacy archive: {what} of `{item}` is {value}, above the limit of {max} that the file's bytes justify; the file is corrupt or hostile")]
+    LegacyLimit {
+        /// The zip entry, stream or tensor.
+        item: String,
+        /// What was measured (`decoded bytes`, `values`, `low-rank rank`, ...).
+        what: &'static str,
+        /// The value found.
+        value: u64,
+        /// The cap.
+        max: u64,
+    },
     /// The header sets flag bits this version does not know.
     #[error("unknown header flags {flags:#x}; the archive needs a newer reader")]
     UnknownFlags {

@@ -7,6 +7,20 @@
 //! deflated entries, CRC-32 checked) so the reader stays pure and builds for wasm32. Every size
 //! read from the file is checked against the file and named caps before anything is allocated;
 //! every offset in the metadata is checked against its stream.
+//!
+//! What a file can make the reader allocate is bounded by the file's own size:
+//! - a stream decodes to at most [`MAX_LEGACY_EXPANSION`] times the bytes its zip entry
+//!   occupies in the file (at least [`MIN_LEGACY_BUDGET`]), deflate and zstd together: one
+//!   budget for the chain, never the product of two ratios;
+//! - a tensor has at most [`MAX_LEGACY_VALUES_PER_FILE_BYTE`] values per byte of the file,
+//!   checked at open, before any of its streams is read;
+//! - each codec's sizes must then be produced by its stream bytes: a low-rank tensor's `r x k`
+//!   and `k x c` int8 factors are in the stream with `1 <= k <= min(r, c, MAX_LEGACY_LOW_RANK)`
+//!   and `r * c` equal to the shape's count; a codebook's `prototypes x block` int8 values are
+//!   in the stream (at most [`MAX_LEGACY_PROTOTYPES`] by [`MAX_LEGACY_BLOCK`]) and its counts
+//!   satisfy `assignments <= blocks <= values`.
+//!
+//! Sizes above a cap are [`HwzError::LegacyLimit`]; other inconsistencies [`HwzError::Legacy`].
 
 use crate::{HwzError, ReadAt, Result, MAX_ELEMENTS, MAX_RANK, MAX_ZSTD_EXPANSION};
 use half::f16;
@@ -15,10 +29,56 @@ use std::collections::BTreeMap;
 
 /// Most entries in a legacy zip (Hyper Glyph writes a dozen).
 pub const MAX_LEGACY_ENTRIES: usize = 4096;
-/// Largest inflated entry: deflate cannot expand more than about 1032:1.
+/// Largest inflated/deflated ratio of one zip entry: a deflate stream spends at least about
+/// two bits on a 258-byte match, so no entry inflates more than about 1032:1.
 pub const MAX_DEFLATE_EXPANSION: u64 = 1032;
+/// The one cap on a stream's whole expansion chain: the bytes a stream decodes to (deflate in
+/// the zip, then zstd) are at most this many times the bytes its zip entry occupies in the
+/// file. Deflate alone may use the whole ratio; a zstd frame inside draws from the same budget
+/// instead of multiplying it (Hyper Glyph's streams are weights and indices, which neither
+/// codec shrinks anywhere near 1000:1; the goldens stay below 2:1).
+pub const MAX_LEGACY_EXPANSION: u64 = MAX_DEFLATE_EXPANSION;
+/// The smallest expansion budget of an entry, whatever its size: a zstd frame spends 9 bytes
+/// or more on its headers, so a short but honest stream of zeros can exceed the ratio above.
+/// A 4 KiB floor per entry bounds nothing a reader would notice.
+pub const MIN_LEGACY_BUDGET: u64 = 4096;
+/// Most values one tensor may decode to per byte of the whole file: no more than one value
+/// per decoded stream byte, the expansion a `raw_int8` tensor reaches from a maximal stream.
+/// Output is thus at most `4 * MAX_LEGACY_EXPANSION` bytes of `f32` per byte of the file.
+/// (The whole file, not the tensor's share: Hyper Glyph's streams are shared by all tensors.)
+pub const MAX_LEGACY_VALUES_PER_FILE_BYTE: u64 = MAX_LEGACY_EXPANSION;
+/// Highest low-rank rank (Hyper Glyph keeps ranks in the tens; a rank is also at most the
+/// smaller factor dimension, and never 0).
+pub const MAX_LEGACY_LOW_RANK: u64 = 4096;
+/// Most prototypes in a codebook (Hyper Glyph uses up to 256, the uint8 assignment range).
+pub const MAX_LEGACY_PROTOTYPES: u64 = 1 << 20;
+/// Longest codebook block, values per prototype (Hyper Glyph uses 8 to 64). A block is also
+/// justified by its prototype bytes: `prototypes * block` int8 values must be in the stream.
+pub const MAX_LEGACY_BLOCK: u64 = 4096;
 /// Largest `metadata.json`.
 pub const MAX_LEGACY_METADATA: u64 = 64 << 20;
+
+/// The bytes an entry occupying `stored` bytes of the file may decode to, through deflate and
+/// zstd together.
+fn expansion_budget(stored: u64) -> u64 {
+    stored
+        .saturating_mul(MAX_LEGACY_EXPANSION)
+        .max(MIN_LEGACY_BUDGET)
+}
+
+fn limit(item: &str, what: &'static str, value: u64, max: u64) -> HwzError {
+    HwzError::LegacyLimit {
+        item: item.into(),
+        what,
+        value,
+        max,
+    }
+}
+
+/// A count from the file as `usize` (wasm32's is 32 bits).
+fn to_usize(v: u64, what: &str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| bad(format!("{what} {v} does not fit this platform")))
+}
 
 fn bad(message: impl Into<String>) -> HwzError {
     HwzError::Legacy {
@@ -190,6 +250,7 @@ impl<R: ReadAt> LegacyArchive<R> {
     }
 
     fn parse_metadata(&mut self) -> Result<()> {
+        let file_len = self.source.size();
         let m = self
             .metadata
             .as_object()
@@ -269,6 +330,12 @@ impl<R: ReadAt> LegacyArchive<R> {
                     max: MAX_ELEMENTS,
                 });
             }
+            // Every value is justified by the file before anything is decoded.
+            let numel = shape.iter().product::<u64>();
+            let max_values = file_len.saturating_mul(MAX_LEGACY_VALUES_PER_FILE_BYTE);
+            if numel > max_values {
+                return Err(limit(&name, "values", numel, max_values));
+            }
             let codec = meta
                 .get("codec")
                 .and_then(Value::as_str)
@@ -294,7 +361,8 @@ impl<R: ReadAt> LegacyArchive<R> {
         Ok(())
     }
 
-    /// Reads and inflates a zip entry of at most `max` bytes, checking its CRC-32.
+    /// Reads and inflates a zip entry of at most `max` bytes, and at most its expansion budget
+    /// ([`MAX_LEGACY_EXPANSION`] times its bytes in the file), checking its CRC-32.
     fn entry(&self, name: &str, max: u64) -> Result<Vec<u8>> {
         let e = self
             .entries
@@ -313,26 +381,27 @@ impl<R: ReadAt> LegacyArchive<R> {
         if start.checked_add(e.compressed).is_none_or(|end| end > len) {
             return Err(bad(format!("zip entry `{name}` lies outside the file")));
         }
-        let mut data = vec![0u8; e.compressed as usize];
-        self.source.read_exact_at(start, &mut data)?;
-        if e.size > max || e.size > e.compressed.saturating_mul(MAX_DEFLATE_EXPANSION).max(64) {
-            return Err(HwzError::LimitExceeded {
-                what: "legacy zip entry size",
-                value: e.size,
-                max: max.min(e.compressed * MAX_DEFLATE_EXPANSION),
-            });
+        let cap = max.min(expansion_budget(e.compressed));
+        if e.size > cap {
+            return Err(limit(name, "inflated bytes", e.size, cap));
         }
+        // Both fit the file (checked above) or the cap.
+        let mut data = vec![0u8; to_usize(e.compressed, "zip entry size")?];
+        self.source.read_exact_at(start, &mut data)?;
         let out = match e.method {
             0 => data,
-            8 => miniz_oxide::inflate::decompress_to_vec_with_limit(&data, e.size as usize)
-                // The error holds everything inflated so far: name its status and size only.
-                .map_err(|err| {
-                    bad(format!(
-                        "zip entry `{name}` does not inflate ({:?} after {} bytes)",
-                        err.status,
-                        err.output.len()
-                    ))
-                })?,
+            8 => miniz_oxide::inflate::decompress_to_vec_with_limit(
+                &data,
+                to_usize(e.size, "zip entry size")?,
+            )
+            // The error holds everything inflated so far: name its status and size only.
+            .map_err(|err| {
+                bad(format!(
+                    "zip entry `{name}` does not inflate ({:?} after {} bytes)",
+                    err.status,
+                    err.output.len()
+                ))
+            })?,
             m => {
                 return Err(bad(format!(
                 "zip entry `{name}` uses compression method {m}; only stored and deflate are read"
@@ -347,30 +416,27 @@ impl<R: ReadAt> LegacyArchive<R> {
         Ok(out)
     }
 
-    /// A stream's bytes after zstd.
+    /// A stream's bytes after zstd: at most [`MAX_LEGACY_EXPANSION`] times the bytes its zip
+    /// entry occupies in the file (or [`MIN_LEGACY_BUDGET`]), deflate and zstd together.
     pub fn stream(&self, name: &str) -> Result<Vec<u8>> {
         let s = self
             .streams
             .get(name)
             .ok_or_else(|| bad(format!("stream `{name}` is not listed in metadata.json")))?;
-        let stored = self.entry(&s.file, s.stored_bytes.max(1) * MAX_DEFLATE_EXPANSION)?;
+        let e = self
+            .entries
+            .get(&s.file)
+            .ok_or_else(|| bad(format!("zip entry `{}` is missing", s.file)))?;
+        let budget = expansion_budget(e.compressed);
+        // Checked before inflating: the frame may not decode past the entry's budget.
+        if s.compression == "zstd" && s.raw_bytes > budget {
+            return Err(limit(name, "decoded bytes", s.raw_bytes, budget));
+        }
+        let stored = self.entry(&s.file, budget)?;
         match s.compression.as_str() {
             "raw" => Ok(stored),
-            "zstd" => {
-                if s.raw_bytes
-                    > (stored.len() as u64)
-                        .saturating_mul(MAX_ZSTD_EXPANSION)
-                        .max(4096)
-                {
-                    return Err(HwzError::LimitExceeded {
-                        what: "legacy zstd expansion",
-                        value: s.raw_bytes,
-                        max: stored.len() as u64 * MAX_ZSTD_EXPANSION,
-                    });
-                }
-                crate::zstd_codec::decompress(&stored, s.raw_bytes)
-                    .map_err(|m| bad(format!("stream `{name}`: {m}")))
-            }
+            "zstd" => crate::zstd_codec::decompress(&stored, s.raw_bytes)
+                .map_err(|m| bad(format!("stream `{name}`: {m}"))),
             other => Err(bad(format!(
                 "stream `{name}` uses unknown compression `{other}`"
             ))),
@@ -410,9 +476,12 @@ fn slice<'a>(
     off: &str,
     len: &str,
 ) -> Result<&'a [u8]> {
-    let (o, l) = (num(meta, off)? as usize, num(meta, len)? as usize);
-    stream
-        .get(o..o.saturating_add(l))
+    let (o, l) = (num(meta, off)?, num(meta, len)?);
+    let end = o.saturating_add(l);
+    usize::try_from(o)
+        .ok()
+        .zip(usize::try_from(end).ok())
+        .and_then(|(o, end)| stream.get(o..end))
         .ok_or_else(|| bad(format!("`{off}`/`{len}` lie outside their stream")))
 }
 
@@ -455,7 +524,8 @@ fn varints(b: &[u8]) -> Result<Vec<u64>> {
 }
 
 fn decode<R: ReadAt>(a: &LegacyArchive<R>, t: &LegacyTensor) -> Result<Vec<f32>> {
-    let n = t.numel() as usize;
+    // At most MAX_LEGACY_VALUES_PER_FILE_BYTE per byte of the file (checked at open).
+    let n = to_usize(t.numel(), "element count")?;
     let m = &t.meta;
     let codec = t.codec.as_str();
     let dtype = m
@@ -464,14 +534,14 @@ fn decode<R: ReadAt>(a: &LegacyArchive<R>, t: &LegacyTensor) -> Result<Vec<f32>>
         .unwrap_or("float32");
     // Every codec's main payload is at least 1/8 byte per value: justify the output first.
     let mut out = if codec == "sparse" {
-        let count = num(m, "count")? as usize;
+        let count = num(m, "count")?;
         let idx = a.stream("sparse_indices")?;
         let val = a.stream("sparse_values")?;
         let idx = slice(&idx, m, "sparse_index_offset", "sparse_index_length")?;
         let val = slice(&val, m, "sparse_value_offset", "sparse_value_length")?;
-        if idx.len() != count * 4
-            || val.len() != count * 2
-            || n > (idx.len() as u64 * MAX_ZSTD_EXPANSION) as usize + 64
+        if count.checked_mul(4) != Some(idx.len() as u64)
+            || count.checked_mul(2) != Some(val.len() as u64)
+            || t.numel() > (idx.len() as u64).saturating_mul(MAX_ZSTD_EXPANSION) + 64
         {
             return Err(bad(format!(
                 "sparse tensor `{}` has inconsistent sizes",
@@ -511,23 +581,38 @@ fn decode<R: ReadAt>(a: &LegacyArchive<R>, t: &LegacyTensor) -> Result<Vec<f32>>
                 v.first().and_then(Value::as_u64),
                 v.get(1).and_then(Value::as_u64),
             ) {
-                (Some(a), Some(b)) => Ok((a as usize, b as usize)),
+                (Some(a), Some(b)) => Ok((to_usize(a, k)?, to_usize(b, k)?)),
                 _ => Err(bad(format!("`{k}` is not a 2-D shape"))),
             }
         };
         let ((r, k), (k2, c)) = (dims("u_shape")?, dims("v_shape")?);
+        // The rule: u is r x k and v is k x c int8 values, both in the stream; r, k, c >= 1
+        // (so r and c are each justified by factor bytes), 1 <= k <= min(r, c, MAX_LEGACY_LOW_RANK)
+        // and r * c is the shape's element count, itself at most
+        // MAX_LEGACY_VALUES_PER_FILE_BYTE per byte of the file.
+        if k as u64 > MAX_LEGACY_LOW_RANK {
+            return Err(limit(
+                &t.name,
+                "low-rank rank",
+                k as u64,
+                MAX_LEGACY_LOW_RANK,
+            ));
+        }
         let u = slice(&lr, m, "u_offset", "u_length")?;
         let v = slice(&lr, m, "v_offset", "v_length")?;
         if k != k2
-            || u.len() != r * k
-            || v.len() != k * c
+            || k == 0
+            || k > r.min(c)
+            || r.checked_mul(k) != Some(u.len())
+            || k.checked_mul(c) != Some(v.len())
             || r.checked_mul(c) != Some(n)
             || p.len() < 4
-            || k > 4096
         {
             return Err(bad(format!(
-                "low-rank tensor `{}` has inconsistent sizes",
-                t.name
+                "low-rank tensor `{}` has inconsistent sizes (u {r}x{k}, v {k2}x{c}, {} and {} bytes, {n} values)",
+                t.name,
+                u.len(),
+                v.len()
             )));
         }
         let left: Vec<f32> = u.iter().map(|&q| q as f32 * p[0] + p[1]).collect();
@@ -548,7 +633,9 @@ fn decode<R: ReadAt>(a: &LegacyArchive<R>, t: &LegacyTensor) -> Result<Vec<f32>>
         decode_codebook(a, t, dtype)?
     } else {
         // packed_int4 and Hyper Glyph's fallback: affine uint, LSB-first, per tensor or channel.
-        let bits = m.get("bits").and_then(Value::as_u64).unwrap_or(4) as u8;
+        let bits = m.get("bits").and_then(Value::as_u64).unwrap_or(4);
+        let bits = u8::try_from(bits)
+            .map_err(|_| bad(format!("tensor `{}` has {bits}-bit codes", t.name)))?;
         let stream = m
             .get("value_stream")
             .and_then(Value::as_str)
@@ -562,7 +649,11 @@ fn decode<R: ReadAt>(a: &LegacyArchive<R>, t: &LegacyTensor) -> Result<Vec<f32>>
         let codes = hypercodec_scalar::unpack_bits(values, bits, n)
             .map_err(|e| bad(format!("tensor `{}`: {e}", t.name)))?;
         let per_channel = m.get("axis").and_then(Value::as_u64) == Some(0) && t.shape.len() >= 2;
-        let channels = if per_channel { t.shape[0] as usize } else { 1 };
+        let channels = if per_channel {
+            to_usize(t.shape[0], "channel count")?
+        } else {
+            1
+        };
         if scales.len() != channels || zeros.len() != channels {
             return Err(bad(format!(
                 "tensor `{}` has {} scales for {channels} channels",
@@ -620,7 +711,8 @@ fn decode_codebook<R: ReadAt>(
     dtype: &str,
 ) -> Result<Vec<f32>> {
     let m = &t.meta;
-    let n = t.numel() as usize;
+    // At most MAX_LEGACY_VALUES_PER_FILE_BYTE per byte of the file (checked at open).
+    let n = to_usize(t.numel(), "element count")?;
     // Prototypes: the archive's global codebook, or (auto mode) the tensor's own fields.
     let global = a.metadata.get("codebook").and_then(Value::as_object);
     let cb = global.unwrap_or(m);
@@ -634,37 +726,84 @@ fn decode_codebook<R: ReadAt>(
         shape.first().and_then(Value::as_u64),
         shape.get(1).and_then(Value::as_u64),
     ) {
-        (Some(p), Some(b)) if p > 0 && b > 0 && p <= 1 << 20 && b <= 4096 => {
-            (p as usize, b as usize)
-        }
+        (Some(p), Some(b)) if p > 0 && b > 0 => (p, b),
         _ => return Err(bad("codebook prototype shape is invalid")),
     };
+    if protos > MAX_LEGACY_PROTOTYPES {
+        return Err(limit(
+            &t.name,
+            "codebook prototypes",
+            protos,
+            MAX_LEGACY_PROTOTYPES,
+        ));
+    }
+    if block > MAX_LEGACY_BLOCK {
+        return Err(limit(
+            &t.name,
+            "codebook block size",
+            block,
+            MAX_LEGACY_BLOCK,
+        ));
+    }
+    // Both at most 2^20 and 2^12: they and their product fit a usize, even on wasm32.
+    let (protos, block) = (protos as usize, block as usize);
     let value_start = get(&["value_offset", "prototype_offset"]).unwrap_or(0);
     let value_len = get(&["value_length", "prototype_value_length"]).unwrap_or(0);
+    let value_end = value_start
+        .checked_add(value_len)
+        .ok_or_else(|| bad("prototype values outside their stream"))?;
     let base = if global.is_some() { 0 } else { value_start };
-    let scale_start = get(&["prototype_scale_offset", "scale_offset"])
-        .map(|s| base + s)
-        .unwrap_or(value_start + value_len);
+    let scale_start = match get(&["prototype_scale_offset", "scale_offset"]) {
+        Some(s) => base
+            .checked_add(s)
+            .ok_or_else(|| bad("prototype scales outside their stream"))?,
+        None => value_end,
+    };
     let pstream = a.stream("prototypes")?;
-    let pv = pstream
-        .get(value_start as usize..(value_start + value_len) as usize)
+    let pv = usize::try_from(value_start)
+        .ok()
+        .zip(usize::try_from(value_end).ok())
+        .and_then(|(s, e)| pstream.get(s..e))
         .ok_or_else(|| bad("prototype values outside their stream"))?;
     let ps = f32s(
-        pstream
-            .get(scale_start as usize..)
+        usize::try_from(scale_start)
+            .ok()
+            .and_then(|s| pstream.get(s..))
             .ok_or_else(|| bad("prototype scales outside their stream"))?,
     );
+    // The prototypes' int8 values justify `protos` and `block`.
     if pv.len() != protos * block || ps.len() < protos {
         return Err(bad("codebook prototypes have inconsistent sizes"));
     }
     let proto = |p: usize, j: usize| (pv[p * block + j] as i8) as f32 * ps[p];
-    let count = num(m, "assignment_count")? as usize;
-    let blocks = num(m, "block_count")? as usize;
+    let count = num(m, "assignment_count")?;
+    let blocks = num(m, "block_count")?;
     let group = m
         .get("assignment_group_size")
         .and_then(Value::as_u64)
         .unwrap_or(1)
-        .max(1) as usize;
+        .max(1);
+    // The rule: every block holds at least one of the tensor's values and every assignment
+    // covers at least one block, so count <= blocks <= n, and n itself is bounded by the
+    // file. The blocks cover the tensor and the assignments cover the blocks.
+    if count > blocks {
+        return Err(limit(&t.name, "codebook assignments", count, blocks));
+    }
+    if blocks > n as u64 {
+        return Err(limit(&t.name, "codebook blocks", blocks, n as u64));
+    }
+    if blocks
+        .checked_mul(block as u64)
+        .is_none_or(|total| total < n as u64)
+        || blocks > count.saturating_mul(group)
+    {
+        return Err(bad(format!(
+            "codebook tensor `{}` has inconsistent sizes ({count} assignments, {blocks} blocks of {block}, {n} values)",
+            t.name
+        )));
+    }
+    // Both at most n, which fits a usize.
+    let (count, blocks, group) = (count as usize, blocks as usize, to_usize(group, "group")?);
     let astream = a.stream("assignments")?;
     let payload = slice(&astream, m, "assignment_offset", "assignment_length")?;
     let assignments: Vec<u64> = match m
@@ -677,9 +816,12 @@ fn decode_codebook<R: ReadAt>(
             if pairs.len() % 2 != 0 {
                 return Err(bad("invalid run-length assignment stream"));
             }
-            let mut v = Vec::with_capacity(count.min(1 << 24));
+            // Runs stop at `count`, which the blocks, hence the file, justify.
+            let mut v = Vec::with_capacity(count);
             for pair in pairs.chunks_exact(2) {
-                let run = (pair[0] as usize).min(count.saturating_sub(v.len()));
+                let run = usize::try_from(pair[0])
+                    .unwrap_or(usize::MAX)
+                    .min(count - v.len());
                 v.extend(std::iter::repeat_n(pair[1], run));
             }
             v
@@ -699,13 +841,11 @@ fn decode_codebook<R: ReadAt>(
             .collect(),
         _ => payload.iter().map(|&b| b as u64).collect(),
     };
-    if assignments.len() < count
-        || blocks.checked_mul(block).is_none_or(|total| total < n)
-        || blocks > count.saturating_mul(group)
-    {
+    if assignments.len() < count {
         return Err(bad(format!(
-            "codebook tensor `{}` has inconsistent sizes",
-            t.name
+            "codebook tensor `{}` has {} assignments, {count} expected",
+            t.name,
+            assignments.len()
         )));
     }
     let sstream = a.stream("scales")?;
@@ -719,14 +859,13 @@ fn decode_codebook<R: ReadAt>(
     }
     let mut out = Vec::with_capacity(n);
     for (b, &s) in scales.iter().enumerate().take(blocks) {
-        let p = assignments[b / group] as usize;
+        let p = usize::try_from(assignments[b / group]).unwrap_or(usize::MAX);
         if p >= protos {
             return Err(bad("codebook assignment out of range"));
         }
-        for j in 0..block {
-            if out.len() < n {
-                out.push(proto(p, j) * s);
-            }
+        // The last block may be cut short by the end of the tensor.
+        for j in 0..block.min(n - out.len()) {
+            out.push(proto(p, j) * s);
         }
     }
     Ok(out)
