@@ -162,7 +162,7 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
     );
     if v["plan"].is_object() {
         outln!(
-            "plan: mode {}, {} tensors planned (inspect --json shows every candidate measured)",
+            "plan: mode {}, {} tensors planned (inspect --json shows every candidate's measurement)",
             v["plan"]["mode"].as_str().unwrap_or("?"),
             v["plan"]["tensors"].as_array().map_or(0, Vec::len)
         );
@@ -204,6 +204,13 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
         t["tensors"], t["elements"], t["payload_bytes"], num(&t["bps_payload"]), t["manifest_bytes"],
         t["file_bytes"], num(&t["bps_file"]), num(&t["ratio_vs_f32"])
     );
+    let l = &t["lossy"];
+    if l.is_object() {
+        outln!(
+            "lossy: {} tensors, {} values at {:.3} bps, SNR {:.2} dB (per tensor min {:.2}, median {:.2}); exactly stored tensors are not in these figures",
+            l["tensors"], l["elements"], num(&l["bps"]), num(&l["snr_db"]), num(&l["min_snr_db"]), num(&l["median_snr_db"])
+        );
+    }
     Ok(())
 }
 

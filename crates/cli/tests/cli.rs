@@ -713,7 +713,8 @@ fn threads_flag_and_env_size_the_one_pool() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("t.hwz");
     let out_s = out.to_str().unwrap();
-    for (threads, expected) in [("1", 2u64), ("2", 3)] {
+    // The main thread, the signal watcher (Ctrl-C cleanup) and the pool's workers.
+    for (threads, expected) in [("1", 3u64), ("2", 4)] {
         let o = bin()
             .args([
                 "--threads",
@@ -729,7 +730,6 @@ fn threads_flag_and_env_size_the_one_pool() {
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{err}");
-        // The main thread plus the pool's workers, nothing left over from any step.
         let live = err
             .lines()
             .find_map(|l| l.strip_prefix("threads: "))

@@ -491,7 +491,7 @@ pub fn legacy_matrix_shape(shape: &[u64]) -> Vec<u64> {
     }
 }
 
-/// Options of [`encode`].
+/// Options of [`crate::encode`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EncodeOptions {
     /// Store NaN and infinities in raw encodings instead of failing. By default, `false`:

@@ -544,7 +544,7 @@ impl<'a> TensorView<'a> {
 
     /// Decodes rows `range` into an f32, f16 or bf16 buffer. A raw tensor stored in the
     /// buffer's own type is copied; otherwise rows are decoded in blocks of at most
-    /// [`BLOCK_VALUES`] values through a small f32 buffer, never the whole tensor.
+    /// 65 536 values through a small f32 buffer, never the whole tensor.
     pub fn decode_rows_to(&self, range: Range<u64>, out: OutBuf<'_>) -> Result<()> {
         self.check_range(&range, out.len())?;
         let cols = self.cols as usize;

@@ -63,6 +63,56 @@ pub struct Totals {
     pub bps_file: f64,
     /// f32 bytes over file bytes.
     pub ratio_vs_f32: f64,
+    /// The lossy tensors alone (those with a finite stored SNR): what every quality figure is
+    /// quoted over, so that an exactly stored tensor never inflates it. `None` when every
+    /// tensor is exact or unmeasured.
+    pub lossy: Option<LossyTotals>,
+}
+
+/// Totals over the lossy tensors of an archive, from their stored statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LossyTotals {
+    /// Lossy tensors.
+    pub tensors: usize,
+    /// Their values.
+    pub elements: u64,
+    /// Their stored bytes.
+    pub stored_bytes: u64,
+    /// Their bits per value, all their streams included.
+    pub bps: f64,
+    /// `10·log10(Σ signal / Σ noise)` over them.
+    pub snr_db: f64,
+    /// The lowest SNR of one of them.
+    pub min_snr_db: f64,
+    /// The median of their SNRs.
+    pub median_snr_db: f64,
+}
+
+/// [`LossyTotals`] of tensors given as `(values, stored bytes, mse, snr_db)`.
+fn lossy_totals(rows: impl Iterator<Item = (u64, u64, f64, f64)>) -> Option<LossyTotals> {
+    let (mut signal, mut noise, mut elements, mut bytes) = (0.0f64, 0.0f64, 0u64, 0u64);
+    let mut snrs = Vec::new();
+    for (n, stored, mse, snr) in rows {
+        let e = mse * n as f64;
+        noise += e;
+        signal += e * 10f64.powf(snr / 10.0);
+        elements += n;
+        bytes += stored;
+        snrs.push(snr);
+    }
+    if snrs.is_empty() || noise <= 0.0 {
+        return None;
+    }
+    snrs.sort_by(|a, b| a.total_cmp(b));
+    Some(LossyTotals {
+        tensors: snrs.len(),
+        elements,
+        stored_bytes: bytes,
+        bps: per_value(bytes, elements),
+        snr_db: 10.0 * (signal / noise).log10(),
+        min_snr_db: snrs[0],
+        median_snr_db: snrs[snrs.len() / 2],
+    })
 }
 
 /// What `hypercodec inspect --json` prints of a native archive (less the file name).
@@ -144,6 +194,15 @@ pub fn summarize(m: &Manifest, manifest_bytes: u64, file_bytes: u64) -> ArchiveS
         } else {
             elements as f64 * 4.0 / file_bytes as f64
         },
+        lossy: lossy_totals(tensors.iter().filter_map(|t| {
+            let stats = t.stats.as_ref()?;
+            match (stats.mse, stats.snr_db) {
+                (Some(mse), Some(snr)) if snr.is_finite() && mse > 0.0 => {
+                    Some((t.elements, t.stored_bytes, mse, snr))
+                }
+                _ => None,
+            }
+        })),
     };
     ArchiveSummary {
         version: m.version,
@@ -193,4 +252,43 @@ pub fn legacy_summary<R: ReadAt>(a: &LegacyArchive<R>, file_bytes: u64) -> Value
     json!({"format": "hyperglyph (legacy zip)", "format_version": a.metadata().get("format_version"),
         "tensors": rows, "streams": streams, "skipped_tensors": skipped, "file_bytes": file_bytes,
         "elements": elements, "bps_file": per_value(file_bytes, elements)})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hypercodec_hwz::{encode, EncodeOptions, Encoding, FloatDtype, TensorStats, Writer};
+
+    #[test]
+    fn lossy_totals_leave_exactly_stored_tensors_out() {
+        let mut w = Writer::new(Vec::new(), Default::default()).expect("writer");
+        let raw = Encoding::Raw {
+            dtype: FloatDtype::F32,
+        };
+        // A norm of large values, stored exactly: it must not lift the SNR.
+        let norm =
+            encode("norm", &[100.0; 64], &[64], &raw, EncodeOptions::default()).expect("norm");
+        w.add_tensor("norm", &[64], "f32", &norm, Some(TensorStats::default()))
+            .expect("add");
+        for (name, mse, snr) in [("a", 0.01, 20.0), ("b", 0.04, 10.0)] {
+            let t =
+                encode(name, &[0.5; 256], &[16, 16], &raw, EncodeOptions::default()).expect("t");
+            let stats = TensorStats {
+                mse: Some(mse),
+                snr_db: Some(snr),
+                ..TensorStats::default()
+            };
+            w.add_tensor(name, &[16, 16], "f32", &t, Some(stats))
+                .expect("add");
+        }
+        let (bytes, m) = w.finish().expect("finish");
+        let s = summarize(&m, 0, bytes.len() as u64);
+        let l = s.totals.lossy.expect("lossy tensors");
+        assert_eq!((l.tensors, l.elements), (2, 512));
+        // Σsignal / Σnoise = (2.56·100 + 10.24·10) / (2.56 + 10.24).
+        let expected = 10.0 * ((2.56 * 100.0 + 10.24 * 10.0) / (2.56 + 10.24f64)).log10();
+        assert!((l.snr_db - expected).abs() < 1e-9, "{}", l.snr_db);
+        assert_eq!((l.min_snr_db, l.median_snr_db), (10.0, 20.0));
+        assert_eq!(l.bps, 32.0);
+    }
 }
