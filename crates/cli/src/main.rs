@@ -58,7 +58,8 @@ enum Command {
     /// Measure every candidate on every tensor and choose by a planner mode; print the Plan as JSON
     /// (feed it to `compress --plan`).
     Plan {
-        /// Input: .safetensors, .gguf, or `gaussian:ROWSxCOLS[:SEED]`.
+        /// Input: .safetensors, .gguf, a sharded model (`*.safetensors.index.json`, its folder, or
+        /// any part of a split `NAME-0000K-of-0000N.gguf`), or `gaussian:ROWSxCOLS[:SEED]`.
         input: String,
         #[command(flatten)]
         planning: PlanArgs,
@@ -108,7 +109,8 @@ enum Command {
 
 #[derive(Args)]
 struct CompressArgs {
-    /// Input: .safetensors, .gguf, or `gaussian:ROWSxCOLS[:SEED]`.
+    /// Input: .safetensors, .gguf, a sharded model (`*.safetensors.index.json`, its folder, or
+    /// any part of a split `NAME-0000K-of-0000N.gguf`), or `gaussian:ROWSxCOLS[:SEED]`.
     input: String,
     /// The .hwz archive to write.
     output: PathBuf,

@@ -217,7 +217,8 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
 /// Arguments of `benchmark`.
 #[derive(Args, Clone)]
 pub struct BenchArgs {
-    /// Input: .safetensors, .gguf, or `gaussian:ROWSxCOLS[:SEED]`.
+    /// Input: .safetensors, .gguf, a sharded model (`*.safetensors.index.json`, its folder, or
+    /// any part of a split `NAME-0000K-of-0000N.gguf`), or `gaussian:ROWSxCOLS[:SEED]`.
     pub input: String,
     /// Also write the table as Markdown to this file.
     #[arg(long)]

@@ -114,6 +114,12 @@ pub enum PipelineError {
         /// Bytes the shape and type call for.
         expected: u64,
     },
+    /// A sharded model's index or parts do not fit together.
+    #[error("sharded model: {message}")]
+    Shards {
+        /// What is wrong.
+        message: String,
+    },
     /// A model-wide rate below what the cheapest choice of every tensor needs.
     #[error("{target_bps} bits per value cannot be reached: the smallest reachable average is {min_bps:.3} bits per value")]
     RateUnreachable {

@@ -48,6 +48,7 @@ pub struct SourceTensor {
     pub shape: Vec<u64>,
     /// Storage type.
     pub ty: SourceType,
+    file: usize,
     start: usize,
     len: usize,
     seed: u64,
@@ -72,7 +73,8 @@ pub struct SkippedTensor {
 /// An opened input: its tensors, read one at a time.
 #[derive(Debug)]
 pub struct TensorSource {
-    map: Option<Mmap>,
+    /// One map per file (several for a sharded model).
+    maps: Vec<Mmap>,
     path: Option<PathBuf>,
     /// Readable tensors, in file order.
     pub tensors: Vec<SourceTensor>,
@@ -148,11 +150,74 @@ impl TensorSource {
             return Ok(s);
         }
         let path = Path::new(spec);
+        if let Some((shards, listed)) = shard_files(path)? {
+            let mut source = Self::merge(
+                shards
+                    .iter()
+                    .map(|p| Self::open_file(p))
+                    .collect::<Result<Vec<_>>>()?,
+            )?;
+            // Every tensor the index lists is in the shards (read, or skipped as non-float).
+            let have: std::collections::HashSet<&str> = source
+                .tensors
+                .iter()
+                .map(|t| t.name.as_str())
+                .chain(source.skipped.iter().map(|t| t.name.as_str()))
+                .collect();
+            if let Some(missing) = listed.iter().find(|n| !have.contains(n.as_str())) {
+                return Err(PipelineError::Shards {
+                    message: format!("tensor `{missing}` is in the index but in no shard"),
+                });
+            }
+            source
+                .metadata
+                .push(("shards".into(), Value::from(shards.len())));
+            source.path = Some(path.into());
+            return Ok(source);
+        }
+        let mut source = Self::open_file(path)?;
+        source.path = Some(path.into());
+        Ok(source)
+    }
+
+    /// Several opened shards as one model: their tensors in shard order, every name once; the
+    /// first shard's metadata.
+    fn merge(parts: Vec<TensorSource>) -> Result<TensorSource> {
+        let mut out = TensorSource {
+            maps: Vec::new(),
+            path: None,
+            tensors: Vec::new(),
+            skipped: Vec::new(),
+            metadata: Vec::new(),
+        };
+        let mut names = std::collections::HashSet::new();
+        for (k, p) in parts.into_iter().enumerate() {
+            let base = out.maps.len();
+            for mut t in p.tensors {
+                if !names.insert(t.name.clone()) {
+                    return Err(PipelineError::Shards {
+                        message: format!("tensor `{}` is in two shards", t.name),
+                    });
+                }
+                t.file += base;
+                out.tensors.push(t);
+            }
+            out.maps.extend(p.maps);
+            out.skipped.extend(p.skipped);
+            if k == 0 {
+                out.metadata = p.metadata;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Opens one `.safetensors` or `.gguf` file.
+    fn open_file(path: &Path) -> Result<TensorSource> {
         let file = std::fs::File::open(path).map_err(PipelineError::io(path))?;
         // SAFETY: read-only map of an input the user names; it is assumed not to change while
         // this process runs. Every access below is bounds-checked.
         let map = unsafe { Mmap::map(&file) }.map_err(PipelineError::io(path))?;
-        let mut source = if is_gguf(&map) {
+        let source = if is_gguf(&map) {
             Self::from_gguf(map)
         } else if map.starts_with(b"HWZ1") || map.starts_with(b"PK\x03\x04") {
             Err(PipelineError::AlreadyArchive { path: path.into() })
@@ -179,7 +244,6 @@ impl TensorSource {
                 },
             });
         }
-        source.path = Some(path.into());
         Ok(source)
     }
 
@@ -199,12 +263,13 @@ impl TensorSource {
             });
         }
         Ok(TensorSource {
-            map: None,
+            maps: Vec::new(),
             path: None,
             tensors: vec![SourceTensor {
                 name: "gaussian.weight".into(),
                 shape,
                 ty: SourceType::Synthetic,
+                file: 0,
                 start: 0,
                 len: 0,
                 seed,
@@ -223,13 +288,14 @@ impl TensorSource {
                 name: t.name,
                 shape: t.shape,
                 ty: SourceType::Ggml(t.ty),
+                file: 0,
                 start: t.start,
                 len: t.len,
                 seed: 0,
             })
             .collect();
         Ok(TensorSource {
-            map: Some(map),
+            maps: vec![map],
             path: None,
             tensors,
             skipped: vec![],
@@ -266,6 +332,7 @@ impl TensorSource {
                 name,
                 shape: view.shape().iter().map(|&d| d as u64).collect(),
                 ty: SourceType::Float(dtype),
+                file: 0,
                 start: view.data().as_ptr() as usize - base,
                 len: view.data().len(),
                 seed: 0,
@@ -283,7 +350,7 @@ impl TensorSource {
             })
             .unwrap_or_default();
         Ok(TensorSource {
-            map: Some(map),
+            maps: vec![map],
             path: None,
             tensors,
             skipped,
@@ -307,7 +374,7 @@ impl TensorSource {
             })?;
         let n = t.numel() as usize;
         let mut out = vec![0.0f32; n];
-        let map = match (t.ty, &self.map) {
+        let map = match (t.ty, self.maps.get(t.file)) {
             (SourceType::Synthetic, _) => {
                 SplitMix64(t.seed ^ 0x6879_7065_7263_6f64).fill_gaussian(&mut out);
                 return Ok(out);
@@ -354,9 +421,158 @@ impl TensorSource {
     }
 }
 
+/// Most shards of one model (Hugging Face's largest checkpoints have a few hundred).
+const MAX_SHARDS: usize = 10_000;
+
+/// The files of a sharded model, or `None` for a single file: a Hugging Face
+/// `*.safetensors.index.json` (or a folder holding `model.safetensors.index.json`), whose
+/// `weight_map` names the shards; or a split GGUF `NAME-00001-of-0000N.gguf` (any of its
+/// parts), whose siblings are the other parts.
+fn shard_files(path: &Path) -> Result<Option<(Vec<PathBuf>, Vec<String>)>> {
+    let index = if path.is_dir() {
+        let i = path.join("model.safetensors.index.json");
+        if !i.exists() {
+            return Err(PipelineError::Shards {
+                message: format!(
+                    "{}: a folder without model.safetensors.index.json",
+                    path.display()
+                ),
+            });
+        }
+        Some(i)
+    } else if path.to_string_lossy().ends_with(".index.json") {
+        Some(path.to_path_buf())
+    } else {
+        None
+    };
+    if let Some(index) = index {
+        let text = std::fs::read_to_string(&index).map_err(PipelineError::io(&index))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| PipelineError::Shards {
+            message: format!("{}: {e}", index.display()),
+        })?;
+        let map = v["weight_map"]
+            .as_object()
+            .ok_or_else(|| PipelineError::Shards {
+                message: format!("{}: no `weight_map` object", index.display()),
+            })?;
+        let dir = index.parent().unwrap_or(Path::new("."));
+        let mut files: Vec<String> = Vec::new();
+        for f in map.values() {
+            let f = f.as_str().ok_or_else(|| PipelineError::Shards {
+                message: "a `weight_map` value is not a file name".into(),
+            })?;
+            // A shard is a file beside the index, never a path elsewhere.
+            if f.is_empty() || f.contains('/') || f.contains('\\') || f == ".." {
+                return Err(PipelineError::Shards {
+                    message: format!("shard `{f}` is not a file name beside the index"),
+                });
+            }
+            if !files.iter().any(|x| x == f) {
+                files.push(f.to_string());
+            }
+        }
+        files.sort();
+        if files.is_empty() || files.len() > MAX_SHARDS {
+            return Err(PipelineError::Shards {
+                message: format!("{} shards (1..={MAX_SHARDS})", files.len()),
+            });
+        }
+        return Ok(Some((
+            files.into_iter().map(|f| dir.join(f)).collect(),
+            map.keys().cloned().collect(),
+        )));
+    }
+    // NAME-00001-of-00003.gguf
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let Some(name) = name else { return Ok(None) };
+    let Some(stem) = name.strip_suffix(".gguf") else {
+        return Ok(None);
+    };
+    let parts: Vec<&str> = stem.rsplitn(4, '-').collect();
+    if let [count, "of", _index, prefix] = parts[..] {
+        if let Ok(n) = count.parse::<usize>() {
+            if n >= 1 && n <= MAX_SHARDS && count.len() == 5 {
+                let dir = path.parent().unwrap_or(Path::new("."));
+                return Ok(Some((
+                    (1..=n)
+                        .map(|i| dir.join(format!("{prefix}-{i:05}-of-{count}.gguf")))
+                        .collect(),
+                    Vec::new(),
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sharded_safetensors_and_split_gguf_open_as_one_model() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t = |name: &str, v: f32| (name.to_string(), vec![2u64, 3], vec![v; 6]);
+        crate::synth::write_tensors(
+            &dir.path().join("model-00001-of-00002.safetensors"),
+            &[t("a", 1.0), t("b", 2.0)],
+        )
+        .expect("shard 1");
+        crate::synth::write_tensors(
+            &dir.path().join("model-00002-of-00002.safetensors"),
+            &[t("c", 3.0)],
+        )
+        .expect("shard 2");
+        let index = |map: &str| {
+            let p = dir.path().join("model.safetensors.index.json");
+            std::fs::write(
+                &p,
+                format!("{{\"metadata\": {{}}, \"weight_map\": {{{map}}}}}"),
+            )
+            .expect("index");
+            p
+        };
+        let ok = r#""a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors", "c": "model-00002-of-00002.safetensors""#;
+        let p = index(ok);
+        for spec in [
+            p.to_str().expect("utf-8"),
+            dir.path().to_str().expect("utf-8"),
+        ] {
+            let s = TensorSource::open(spec).expect("sharded");
+            let names: Vec<&str> = s.tensors.iter().map(|t| t.name.as_str()).collect();
+            assert_eq!(names, ["a", "b", "c"]);
+            assert_eq!(s.read(2).expect("c"), vec![3.0; 6]);
+            assert_eq!(s.read(0).expect("a"), vec![1.0; 6]);
+        }
+        let missing = index(&format!(
+            "{ok}, \"d\": \"model-00002-of-00002.safetensors\""
+        ));
+        assert!(matches!(
+            TensorSource::open(missing.to_str().expect("utf-8")),
+            Err(PipelineError::Shards { .. })
+        ));
+        let outside = index(r#""a": "../elsewhere.safetensors""#);
+        assert!(matches!(
+            TensorSource::open(outside.to_str().expect("utf-8")),
+            Err(PipelineError::Shards { .. })
+        ));
+        // A split GGUF: every part found from any of them (here the same part twice, so its
+        // tensors collide: the parts were read as one model).
+        let gguf = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/data/blocks.gguf"
+        ))
+        .expect("gguf");
+        for i in 1..=2 {
+            std::fs::write(dir.path().join(format!("m-0000{i}-of-00002.gguf")), &gguf)
+                .expect("part");
+        }
+        let part2 = dir.path().join("m-00002-of-00002.gguf");
+        assert!(matches!(
+            TensorSource::open(part2.to_str().expect("utf-8")),
+            Err(PipelineError::Shards { .. })
+        ));
+    }
 
     #[test]
     fn synthetic_source_is_deterministic() {
