@@ -27,7 +27,7 @@ fn sigint_and_sigterm_during_compress_remove_the_temporary_file() {
     assert!(st.success());
     for signal in ["-INT", "-TERM", "-HUP"] {
         let out = dir.path().join("m.hwz");
-        let mut child = Command::new(bin)
+        let child = Command::new(bin)
             .args([
                 "compress",
                 model.to_str().unwrap(),

@@ -491,7 +491,7 @@ fn shard_files(path: &Path) -> Result<Option<(Vec<PathBuf>, Vec<String>)>> {
     let parts: Vec<&str> = stem.rsplitn(4, '-').collect();
     if let [count, "of", _index, prefix] = parts[..] {
         if let Ok(n) = count.parse::<usize>() {
-            if n >= 1 && n <= MAX_SHARDS && count.len() == 5 {
+            if (1..=MAX_SHARDS).contains(&n) && count.len() == 5 {
                 let dir = path.parent().unwrap_or(Path::new("."));
                 return Ok(Some((
                     (1..=n)
