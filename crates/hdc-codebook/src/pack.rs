@@ -108,33 +108,7 @@ pub fn pack(values: &[u32], bits: u32) -> Vec<u8> {
 /// Unpacks `out.len()` values of `bits` bits written by [`pack`]; `bytes` must have exactly the
 /// packed length.
 pub fn unpack_into(bytes: &[u8], bits: u32, out: &mut [u32]) -> Result<()> {
-    let need = (out.len() as u64 * bits as u64).div_ceil(8);
-    if bytes.len() as u64 != need || bits == 0 || bits > 32 {
-        return Err(HdcError::Corrupt {
-            message: format!(
-                "{} packed bytes for {} indices of {bits} bits (expected {need})",
-                bytes.len(),
-                out.len()
-            ),
-        });
-    }
-    let mask = if bits == 32 {
-        u32::MAX as u64
-    } else {
-        (1u64 << bits) - 1
-    };
-    let (mut acc, mut n, mut pos) = (0u64, 0u32, 0usize);
-    for o in out.iter_mut() {
-        while n < bits {
-            acc |= (bytes[pos] as u64) << n;
-            pos += 1;
-            n += 8;
-        }
-        *o = (acc & mask) as u32;
-        acc >>= bits;
-        n -= bits;
-    }
-    Ok(())
+    unpack_range_into(bytes, bits, out.len(), 0, out)
 }
 
 /// Unpacks values `first .. first + out.len()` of `total` values of `bits` bits written by

@@ -7,14 +7,14 @@ use hypercodec_lattice::{self as lat, Lattice};
 use hypercodec_rice::{rans, rice, CodingError};
 use hypercodec_scalar::{self as scalar, ScalarError};
 
-fn lat_err(tensor: &str) -> impl Fn(lat::LatticeError) -> HwzError + '_ {
+pub(crate) fn lat_err(tensor: &str) -> impl Fn(lat::LatticeError) -> HwzError + '_ {
     move |source| HwzError::Lattice {
         tensor: tensor.to_string(),
         source,
     }
 }
 
-fn coding_err(tensor: &str) -> impl Fn(CodingError) -> HwzError + '_ {
+pub(crate) fn coding_err(tensor: &str) -> impl Fn(CodingError) -> HwzError + '_ {
     move |source| HwzError::Coding {
         tensor: tensor.to_string(),
         source,

@@ -13,14 +13,14 @@
 //! Rows are those of the tensor's matrix view ([`crate::matrix_view`]).
 
 use crate::encoding::{rans_params, role, Assignments, Coding, Encoding};
-use crate::lattice_codec::contexts;
+use crate::lattice_codec::{coding_err, contexts, lat_err};
 use crate::layout::check_roles;
 use crate::{element_count, matrix_view, HwzError, Result};
 use half::{bf16, f16};
 use hypercodec_hdc::residual::Corrections;
 use hypercodec_hdc::{codebook, pack, HdcError, ScaleMode};
 use hypercodec_lattice as lat;
-use hypercodec_rice::{rans, rice, CodingError};
+use hypercodec_rice::{rans, rice};
 use hypercodec_scalar::{self as scalar, AffineParams, FloatDtype};
 use std::ops::Range;
 
@@ -189,20 +189,6 @@ impl OutBuf<'_> {
 
 fn hdc_err(tensor: &str) -> impl Fn(HdcError) -> HwzError + '_ {
     move |source| HwzError::Codebook {
-        tensor: tensor.to_string(),
-        source,
-    }
-}
-
-fn coding_err(tensor: &str) -> impl Fn(CodingError) -> HwzError + '_ {
-    move |source| HwzError::Coding {
-        tensor: tensor.to_string(),
-        source,
-    }
-}
-
-fn lat_err(tensor: &str) -> impl Fn(lat::LatticeError) -> HwzError + '_ {
-    move |source| HwzError::Lattice {
         tensor: tensor.to_string(),
         source,
     }

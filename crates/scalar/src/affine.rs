@@ -416,26 +416,12 @@ pub fn affine_decode_into(
     out: &mut [f32],
 ) -> Result<()> {
     check_shape(out.len(), rows, cols)?;
-    let lens = params.stream_lens(rows, cols)?;
-    for (stream, expected, actual) in [
-        ("codes", lens.codes, codes.len()),
-        ("scales", lens.scales, scales.len()),
-        ("offsets", lens.offsets, offsets.len()),
-    ] {
-        if expected != actual {
-            return Err(ScalarError::StreamLength {
-                stream,
-                expected,
-                actual,
-            });
-        }
-    }
     let streams = AffineStreams {
         codes,
         scales,
         offsets,
     };
-    affine_decode_rows_unchecked(streams, rows, cols, params, 0, out)
+    affine_decode_rows_into(streams, rows, cols, params, 0, out)
 }
 
 /// The three streams of an affine tensor, borrowed.
