@@ -149,7 +149,8 @@ fn row_parts(rows: usize, cols: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// [`lat::quantize_rows`] over row ranges on the pool, results concatenated in row order.
+/// [`lat::quantize_rows`] over row ranges on the pool, each part writing its own slice of one
+/// symbol buffer (no second copy of the symbols).
 fn quantize_parallel(
     values: &[f32],
     rows: usize,
@@ -161,21 +162,26 @@ fn quantize_parallel(
     if parts.len() <= 1 {
         return lat::quantize_rows(values, rows, cols, params, |s| scale_dtype.round(s));
     }
-    let results = crate::par::map(parts.clone(), |(start, n)| {
-        let v = &values[start * cols..(start + n) * cols];
-        lat::quantize_rows(v, n, cols, params, |x| scale_dtype.round(x))
-    });
-    let mut all = lat::Quantized {
-        symbols: Vec::new(),
-        scales: Vec::with_capacity(rows),
-    };
-    for r in results {
-        let q = r?;
-        if all.symbols.is_empty() {
-            all.symbols.reserve(q.symbols.len() * parts.len());
-        }
-        all.symbols.extend_from_slice(&q.symbols);
-        all.scales.extend_from_slice(&q.scales);
+    let spr = lat::symbols_per_row(params.lattice, cols);
+    let mut symbols = vec![0u32; rows * spr];
+    let mut scales = vec![0f32; rows];
+    let mut jobs = Vec::with_capacity(parts.len());
+    let (mut sym_rest, mut scale_rest) = (&mut symbols[..], &mut scales[..]);
+    for &(start, n) in &parts {
+        let (sym, sr) = std::mem::take(&mut sym_rest).split_at_mut(n * spr);
+        let (sc, cr) = std::mem::take(&mut scale_rest).split_at_mut(n);
+        (sym_rest, scale_rest) = (sr, cr);
+        jobs.push((start, n, sym, sc));
     }
-    Ok(all)
+    crate::par::map(jobs, |(start, n, sym, sc)| {
+        let v = &values[start * cols..(start + n) * cols];
+        let out = lat::QuantizedMut {
+            symbols: sym,
+            scales: sc,
+        };
+        lat::quantize_rows_into(v, n, cols, params, |x| scale_dtype.round(x), start, out)
+    })
+    .into_iter()
+    .collect::<std::result::Result<(), _>>()?;
+    Ok(lat::Quantized { symbols, scales })
 }

@@ -1,6 +1,9 @@
 //! Subtractive dither: exact inverse, error inside the Voronoi cell, independent of the input.
 
-use crate::{dequantize_rows, dither_word, quantize_rows, Lattice, LatticeParams};
+use crate::{
+    dequantize_rows, dither_word, quantize_rows, quantize_rows_into, symbols_per_row, Lattice,
+    LatticeParams, QuantizedMut,
+};
 
 #[test]
 fn dither_is_inside_the_voronoi_cell_and_decodes_back() {
@@ -60,4 +63,35 @@ fn no_rows_allocate_nothing_whatever_the_row_length() {
     assert!(q.symbols.is_empty() && q.scales.is_empty());
     let out = dequantize_rows(&[], &[], 0, cols, &params).expect("no rows");
     assert!(out.is_empty());
+}
+
+#[test]
+fn quantizing_in_parts_with_row_offsets_equals_quantizing_at_once() {
+    // With the dither on, each row's dither is keyed on its global row index.
+    let (rows, cols) = (10usize, 64usize);
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let params = LatticeParams {
+        tile: 64,
+        dither: true,
+        ..LatticeParams::default()
+    };
+    let whole = quantize_rows(&values, rows, cols, &params, |s| s).expect("whole");
+    let spr = symbols_per_row(params.lattice, cols);
+    let mut symbols = vec![0u32; rows * spr];
+    let mut scales = vec![0f32; rows];
+    let split = 4;
+    let (s0, s1) = symbols.split_at_mut(split * spr);
+    let (c0, c1) = scales.split_at_mut(split);
+    for (first, n, sym, sc) in [(0, split, s0, c0), (split, rows - split, s1, c1)] {
+        let out = QuantizedMut {
+            symbols: sym,
+            scales: sc,
+        };
+        let v = &values[first * cols..(first + n) * cols];
+        quantize_rows_into(v, n, cols, &params, |s| s, first, out).expect("part");
+    }
+    assert_eq!(symbols, whole.symbols);
+    assert_eq!(scales, whole.scales);
 }

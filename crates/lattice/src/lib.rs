@@ -202,9 +202,6 @@ pub fn quantize_rows(
             actual: values.len(),
         });
     }
-    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
-        return Err(LatticeError::NonFinite { index });
-    }
     if rows == 0 {
         // No values: nothing to allocate, whatever the row length claims.
         check_params(params, cols)?;
@@ -213,11 +210,73 @@ pub fn quantize_rows(
             scales: Vec::new(),
         });
     }
+    let mut symbols = vec![0u32; rows * symbols_per_row(params.lattice, cols)];
+    let mut scales = vec![0f32; rows];
+    quantize_rows_into(
+        values,
+        rows,
+        cols,
+        params,
+        round_scale,
+        0,
+        QuantizedMut {
+            symbols: &mut symbols,
+            scales: &mut scales,
+        },
+    )?;
+    Ok(Quantized { symbols, scales })
+}
+
+/// Where [`quantize_rows_into`] writes: `rows × symbols_per_row` symbols and `rows` scales.
+#[derive(Debug)]
+pub struct QuantizedMut<'a> {
+    /// The symbols, row by row.
+    pub symbols: &'a mut [u32],
+    /// The row scales.
+    pub scales: &'a mut [f32],
+}
+
+/// [`quantize_rows`] into caller-owned buffers (no allocation beyond one row), for rows that
+/// start at row `first_row` of a larger tensor (the dither, when on, is keyed on the global
+/// row index, so a tensor quantized in parts equals the tensor quantized at once).
+pub fn quantize_rows_into(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    params: &LatticeParams,
+    round_scale: impl Fn(f32) -> f32,
+    first_row: usize,
+    out: QuantizedMut<'_>,
+) -> Result<()> {
+    let QuantizedMut { symbols, scales } = out;
+    if rows.checked_mul(cols) != Some(values.len()) {
+        return Err(LatticeError::Length {
+            what: "values",
+            expected: rows.saturating_mul(cols),
+            actual: values.len(),
+        });
+    }
+    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+        return Err(LatticeError::NonFinite { index });
+    }
+    if rows == 0 {
+        return check_params(params, cols);
+    }
     let rht = check(params, cols)?;
     let l = params.lattice;
     let spr = symbols_per_row(l, cols);
-    let mut symbols = vec![0u32; rows * spr];
-    let mut scales = Vec::with_capacity(rows);
+    for (what, expected, actual) in [
+        ("symbols", rows * spr, symbols.len()),
+        ("scales", rows, scales.len()),
+    ] {
+        if expected != actual {
+            return Err(LatticeError::Length {
+                what,
+                expected,
+                actual,
+            });
+        }
+    }
     let mut buf = vec![0f32; spr];
     for (r, row) in values.chunks_exact(cols.max(1)).take(rows).enumerate() {
         buf[..cols].copy_from_slice(row);
@@ -229,7 +288,7 @@ pub fn quantize_rows(
             .sum::<f64>()
             / cols.max(1) as f64;
         let sigma = round_scale(ms.sqrt() as f32);
-        scales.push(sigma);
+        scales[r] = sigma;
         let out = &mut symbols[r * spr..(r + 1) * spr];
         if sigma > 0.0 && sigma.is_finite() {
             let k = params.alpha / sigma;
@@ -240,7 +299,7 @@ pub fn quantize_rows(
         if params.dither {
             let mut d = vec![0f32; l.dim()];
             for (k, w) in buf.chunks_exact_mut(l.dim()).enumerate() {
-                dither_word(l, params.seed, r, k, &mut d);
+                dither_word(l, params.seed, first_row + r, k, &mut d);
                 w.iter_mut().zip(&d).for_each(|(v, e)| *v += e);
             }
         }
@@ -251,7 +310,7 @@ pub fn quantize_rows(
             }
         }
     }
-    Ok(Quantized { symbols, scales })
+    Ok(())
 }
 
 /// Reconstructs a `rows × cols` tensor from symbols and row scales.

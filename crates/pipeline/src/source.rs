@@ -386,40 +386,63 @@ impl TensorSource {
                 })
             }
         };
+        // Float tensors convert in blocks, each block's pages dropped again right after, so the
+        // file's pages and the f32 copy are never both resident for a whole huge tensor.
+        let release = |start: usize, len: usize| {
+            // SAFETY: the map is a read-only, file-backed mapping and no slice of this range
+            // outlives this point; dropped pages are read again from the file if touched.
+            // Advice only: a failure changes memory use, never results.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len)
+            };
+        };
         let bytes = &map[t.start..t.start + t.len];
         match t.ty {
-            SourceType::Float(FloatDtype::F32) => {
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            SourceType::Float(dtype) => {
+                let size = dtype.size();
+                let per = READ_BLOCK_BYTES / size;
+                for (k, (o, b)) in out
+                    .chunks_mut(per)
+                    .zip(bytes.chunks(per * size))
+                    .enumerate()
+                {
+                    match dtype {
+                        FloatDtype::F32 => {
+                            for (o, b) in o.iter_mut().zip(b.chunks_exact(4)) {
+                                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                            }
+                        }
+                        FloatDtype::F16 => {
+                            for (o, b) in o.iter_mut().zip(b.chunks_exact(2)) {
+                                *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                            }
+                        }
+                        FloatDtype::Bf16 => {
+                            for (o, b) in o.iter_mut().zip(b.chunks_exact(2)) {
+                                *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                            }
+                        }
+                    }
+                    release(t.start + k * per * size, b.len());
                 }
             }
-            SourceType::Float(FloatDtype::F16) => {
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                }
+            SourceType::Ggml(g) => {
+                dequantize(g, bytes, &mut out).map_err(|e| match e {
+                    PipelineError::Gguf { message } => PipelineError::Gguf {
+                        message: format!("tensor `{}`: {message}", t.name),
+                    },
+                    e => e,
+                })?;
+                release(t.start, t.len);
             }
-            SourceType::Float(FloatDtype::Bf16) => {
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
-                }
-            }
-            SourceType::Ggml(g) => dequantize(g, bytes, &mut out).map_err(|e| match e {
-                PipelineError::Gguf { message } => PipelineError::Gguf {
-                    message: format!("tensor `{}`: {message}", t.name),
-                },
-                e => e,
-            })?,
             SourceType::Synthetic => {}
         }
-        // SAFETY: the map is a read-only, file-backed mapping and no slice of this range
-        // outlives this point; dropped pages are read again from the file if touched. Advice
-        // only: a failure changes memory use, never results.
-        let _ = unsafe {
-            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, t.start, t.len)
-        };
         Ok(out)
     }
 }
+
+/// Bytes of a float tensor converted before their pages are released.
+const READ_BLOCK_BYTES: usize = 16 << 20;
 
 /// Most shards of one model (Hugging Face's largest checkpoints have a few hundred).
 const MAX_SHARDS: usize = 10_000;
