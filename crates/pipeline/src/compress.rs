@@ -90,6 +90,8 @@ pub struct FileReport {
     pub file_bytes: u64,
     /// Seconds from the call to the rename.
     pub seconds: f64,
+    /// The lossy tensors as the archive stores them (the same figures `inspect` shows).
+    pub lossy: Option<crate::LossyTotals>,
 }
 
 impl FileReport {
@@ -344,6 +346,7 @@ pub fn compress_to_file(
         payload_bytes: payload_bytes(&manifest),
         file_bytes,
         seconds: started.elapsed().as_secs_f64(),
+        lossy: crate::summarize(&manifest, 0, file_bytes).totals.lossy,
     })
 }
 
