@@ -728,3 +728,11 @@ fn empty_streams_may_share_an_offset_but_not_a_reference() {
         Err(HwzError::StreamShared { ref tensor, .. }) if tensor == "empty.b"
     ));
 }
+
+#[test]
+fn a_plan_stream_must_exist_and_belong_to_no_tensor() {
+    let shared = with_manifest(|m| m["plan_stream"] = json!(0));
+    assert!(matches!(open(&shared), Err(HwzError::StreamShared { .. })));
+    let missing = with_manifest(|m| m["plan_stream"] = json!(1_000_000));
+    assert!(matches!(open(&missing), Err(HwzError::StreamRef { .. })));
+}

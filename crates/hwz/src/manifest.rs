@@ -152,9 +152,14 @@ pub struct Manifest {
     pub tensors: Vec<TensorEntry>,
     /// The streams, in file order.
     pub streams: Vec<StreamEntry>,
-    /// The Plan that chose the encodings, if a planner made one.
+    /// The Plan that chose the encodings, if a planner made one (small plans inline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<Value>,
+    /// The index of a stream that holds the Plan as UTF-8 JSON (a large plan, so that it is
+    /// zstd-compressed like any stream); no tensor refers to it. Read with
+    /// [`crate::Archive::plan`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_stream: Option<u64>,
     /// Free user metadata (a model's config.json, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, Value>,
@@ -422,6 +427,26 @@ impl Manifest {
         // Each stream is one role of one tensor: no tensor shares another's stream, and no
         // tensor names one stream for two roles (empty streams included).
         let mut used = vec![false; self.streams.len()];
+        if let Some(index) = self.plan_stream {
+            let entry = usize::try_from(index)
+                .ok()
+                .and_then(|i| self.streams.get(i))
+                .ok_or_else(|| HwzError::StreamRef {
+                    tensor: String::new(),
+                    role: "plan".into(),
+                    index,
+                    count: self.streams.len(),
+                })?;
+            // A plan is a manifest's worth of JSON at most.
+            if entry.raw_length > MAX_MANIFEST_LEN {
+                return Err(HwzError::LimitExceeded {
+                    what: "plan stream length",
+                    value: entry.raw_length,
+                    max: MAX_MANIFEST_LEN,
+                });
+            }
+            used[index as usize] = true;
+        }
         let mut names = HashSet::with_capacity(self.tensors.len());
         for t in &self.tensors {
             check_name(&t.name)?;

@@ -207,6 +207,23 @@ impl<R: ReadAt> Archive<R> {
             .collect()
     }
 
+    /// The Plan that chose the encodings, inline in the manifest or in its own stream (verified
+    /// and decompressed like any stream); `None` when no planner made one.
+    pub fn plan(&self) -> Result<Option<serde_json::Value>> {
+        if let Some(p) = &self.manifest.plan {
+            return Ok(Some(p.clone()));
+        }
+        let Some(index) = self.manifest.plan_stream else {
+            return Ok(None);
+        };
+        let bytes = self.stream(index as usize)?;
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| HwzError::ManifestJson {
+                message: format!("plan stream: {e}"),
+            })
+    }
+
     /// Decodes the tensor named `name` to `f32`.
     pub fn decode_tensor(&self, name: &str) -> Result<Vec<f32>> {
         let t = self.tensor(name)?;

@@ -377,3 +377,39 @@ fn exc_base(e: &Encoding) -> Encoding {
         _ => unreachable!(),
     }
 }
+
+#[test]
+fn a_large_plan_travels_as_a_compressed_stream_and_reads_back() {
+    let plan = serde_json::json!({
+        "mode": "budget",
+        "tensors": (0..400).map(|i| serde_json::json!({"name": format!("t{i}"), "label": "lattice-e8-rans@3"})).collect::<Vec<_>>(),
+    });
+    let t = encode(
+        "w",
+        &[0.5; 64],
+        &[8, 8],
+        &Encoding::Raw {
+            dtype: FloatDtype::F32,
+        },
+        EncodeOptions::default(),
+    )
+    .unwrap();
+    for (compression, streamed) in [(Compression::Zstd, true), (Compression::None, false)] {
+        let mut w = Writer::new(
+            Vec::new(),
+            WriterOptions {
+                compression,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        w.add_tensor("w", &[8, 8], "f32", &t, None).unwrap();
+        w.set_plan(plan.clone());
+        let (bytes, m) = w.finish().unwrap();
+        assert_eq!(m.plan_stream.is_some(), streamed);
+        assert_eq!(m.plan.is_none(), streamed);
+        let a = Archive::open(&bytes[..]).unwrap();
+        assert_eq!(a.plan().unwrap(), Some(plan.clone()));
+        assert_eq!(a.decode_tensor("w").unwrap(), vec![0.5; 64]);
+    }
+}

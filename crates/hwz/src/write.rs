@@ -50,6 +50,11 @@ pub struct Writer<W: Write> {
 
 const ZEROS: [u8; ALIGN as usize] = [0; ALIGN as usize];
 
+/// Plans up to this many bytes of JSON stay inline in the manifest; larger ones are written as
+/// a zstd-compressed stream when the writer compresses (a BUDGET plan of a few hundred tensors
+/// is a few hundred KB of JSON, several times smaller compressed).
+const PLAN_INLINE_MAX: usize = 4096;
+
 impl<W: Write> Writer<W> {
     /// Starts an archive: writes the header.
     pub fn new(mut out: W, options: WriterOptions) -> Result<Self> {
@@ -194,6 +199,19 @@ impl<W: Write> Writer<W> {
 
     /// Writes the manifest and the tail; returns the sink and the manifest written.
     pub fn finish(mut self) -> Result<(W, Manifest)> {
+        // A large plan travels as a zstd-compressed stream rather than inline JSON.
+        let mut plan_stream = None;
+        if let Some(plan) = &self.plan {
+            let json = serde_json::to_vec(plan).map_err(|e| HwzError::ManifestJson {
+                message: e.to_string(),
+            })?;
+            if json.len() > PLAN_INLINE_MAX {
+                if let Some(z) = self.try_compress(&json) {
+                    plan_stream = Some(self.write_stream(&json, Some(z))?);
+                    self.plan = None;
+                }
+            }
+        }
         let manifest = Manifest {
             format: "hwz".to_string(),
             // Version 2 only when its one rule (the outer matrix view of rank ≥ 3) applies, so
@@ -207,6 +225,7 @@ impl<W: Write> Writer<W> {
             tensors: std::mem::take(&mut self.tensors),
             streams: std::mem::take(&mut self.streams),
             plan: self.plan.take(),
+            plan_stream,
             metadata: std::mem::take(&mut self.metadata),
         };
         let json = serde_json::to_vec(&manifest).map_err(|e| HwzError::ManifestJson {

@@ -44,7 +44,11 @@ pub fn inspect_file(path: &Path) -> Result<Value> {
         legacy_summary(&a, file_bytes)
     } else {
         let a = open_archive(path)?;
-        summarize(a.manifest(), a.tail().manifest_len, a.size()).to_value()
+        let mut s = summarize(a.manifest(), a.tail().manifest_len, a.size());
+        if s.plan.is_none() {
+            s.plan = a.plan()?;
+        }
+        s.to_value()
     };
     if let Value::Object(m) = &mut v {
         m.insert("file".into(), json!(path));
