@@ -133,6 +133,11 @@ struct CompressArgs {
     /// Do not try zstd on each stream.
     #[arg(long)]
     no_zstd: bool,
+    /// Write shards of about this size (e.g. 2GB): OUTPUT `m.hwz` becomes `m-0000K-of-0000N.hwz`
+    /// and `m.hwz.index.json` (the safetensors convention); `inspect` and `decompress` open the
+    /// index as one model.
+    #[arg(long)]
+    shard_size: Option<String>,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -228,17 +233,35 @@ fn compress(args: &CompressArgs) -> Result<()> {
             s.name, s.dtype
         );
     }
-    let report = with_bar(|progress| {
-        pipeline::compress_to_file(
+    let shard_bytes = args
+        .shard_size
+        .as_deref()
+        .map(pipeline::shards::parse_size)
+        .transpose()?;
+    let report = with_bar(|progress| match shard_bytes {
+        Some(bytes) => pipeline::compress_to_shards(
+            &source,
+            &options,
+            &args.output,
+            !args.no_zstd,
+            bytes,
+            progress,
+            &CANCEL,
+        ),
+        None => pipeline::compress_to_file(
             &source,
             &options,
             &args.output,
             !args.no_zstd,
             progress,
             &CANCEL,
-        )
+        ),
     })?;
-    print::compress_summary(&args.output, &report, args.json)
+    let written = match shard_bytes {
+        Some(_) => pipeline::shards::index_path(&args.output),
+        None => args.output.clone(),
+    };
+    print::compress_summary(&written, &report, args.json)
 }
 
 fn plan(

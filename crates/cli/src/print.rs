@@ -85,7 +85,12 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) -> Result<
             rep.fallbacks.len(),
             rep.fallbacks
                 .iter()
+                .take(4)
                 .map(|(t, e)| format!("{t} → {e}"))
+                .chain((rep.fallbacks.len() > 4).then(|| format!(
+                    "and {} more (compress --json lists them)",
+                    rep.fallbacks.len() - 4
+                )))
                 .collect::<Vec<_>>()
                 .join(", ")
         );

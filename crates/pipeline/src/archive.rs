@@ -5,7 +5,7 @@ use crate::error::{PipelineError, Result};
 use crate::progress::{Cancel, Phase, Progress, Tracker};
 use crate::safetensors_out::{write_safetensors, OutTensor};
 use crate::source::TensorSource;
-use crate::summary::{legacy_summary, summarize};
+use crate::summary::legacy_summary;
 use hypercodec_hwz::legacy::LegacyArchive;
 use hypercodec_hwz::{self as hwz, Archive, FloatDtype};
 use memmap2::Mmap;
@@ -43,12 +43,8 @@ pub fn inspect_file(path: &Path) -> Result<Value> {
             .len();
         legacy_summary(&a, file_bytes)
     } else {
-        let a = open_archive(path)?;
-        let mut s = summarize(a.manifest(), a.tail().manifest_len, a.size());
-        if s.plan.is_none() {
-            s.plan = a.plan()?;
-        }
-        s.to_value()
+        // One archive, or a sharded archive's index: one model either way.
+        crate::shards::ArchiveSet::open(path)?.summary()?.to_value()
     };
     if let Value::Object(m) = &mut v {
         m.insert("file".into(), json!(path));
@@ -101,10 +97,9 @@ pub fn decompress(
             Ok(())
         });
     }
-    let archive = open_archive(input)?;
+    let archive = crate::shards::ArchiveSet::open(input)?;
     let tensors: Vec<_> = archive
         .tensors()
-        .iter()
         .map(|t| OutTensor {
             name: t.name.clone(),
             shape: t.shape.clone(),
@@ -113,14 +108,15 @@ pub fn decompress(
                 .unwrap_or(FloatDtype::F32),
         })
         .collect();
-    let total: u64 = archive.tensors().iter().map(|t| t.numel()).sum();
+    let total: u64 = archive.tensors().map(|t| t.numel()).sum();
+    let entries: Vec<_> = archive.tensors().collect();
     let mut bar = Tracker::new(Phase::Decompress, total, progress);
     let mut values = Vec::new();
     write_safetensors(output, &tensors, None, |i, out| {
         cancel.check()?;
-        let entry = &archive.tensors()[i];
+        let entry = entries[i];
         values.resize(entry.numel() as usize, 0.0);
-        archive.decode_entry_into(entry, &mut values)?;
+        archive.decode_into(i, &mut values)?;
         out.extend_from_slice(&float_bytes(&entry.name, &values, tensors[i].dtype)?);
         bar.step(&entry.name, entry.numel());
         Ok(())

@@ -7,11 +7,10 @@ use crate::source::TensorSource;
 use crate::stats::ErrorAcc;
 use hypercodec_hwz::{
     self as hwz, AffineParams, Compression, EncodeOptions, Encoding, FileWriter, FloatDtype, Group,
-    Manifest, Writer, WriterOptions,
+    Manifest, WriterOptions,
 };
 use hypercodec_plan::{Mode, Plan, Spec};
 use serde_json::{json, Value};
-use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
@@ -109,10 +108,10 @@ pub fn payload_bytes(m: &Manifest) -> u64 {
 /// Encodes every tensor of `source` into `writer` (source metadata, skipped tensors and the
 /// plan included). `progress` hears of every tensor; `cancel` is checked before each one.
 /// The caller finishes the writer.
-pub fn compress<W: Write>(
+pub fn compress(
     source: &TensorSource,
     options: &CompressOptions,
-    writer: &mut Writer<W>,
+    writer: &mut dyn crate::shards::ArchiveSink,
     progress: &mut dyn FnMut(Progress<'_>),
     cancel: &Cancel,
 ) -> Result<CompressReport> {
@@ -347,6 +346,47 @@ pub fn compress_to_file(
         file_bytes,
         seconds: started.elapsed().as_secs_f64(),
         lossy: crate::summarize(&manifest, 0, file_bytes).totals.lossy,
+    })
+}
+
+/// [`compress`] into shards of about `shard_bytes` each (`out` = `model.hwz` gives
+/// `model-0000K-of-0000N.hwz` and `model.hwz.index.json` beside it; see [`crate::shards`]).
+/// Nothing appears under a final name unless every shard is complete.
+pub fn compress_to_shards(
+    source: &TensorSource,
+    options: &CompressOptions,
+    out: &Path,
+    zstd: bool,
+    shard_bytes: u64,
+    progress: &mut dyn FnMut(Progress<'_>),
+    cancel: &Cancel,
+) -> Result<FileReport> {
+    let started = Instant::now();
+    let writer_options = WriterOptions {
+        compression: if zstd {
+            Compression::Zstd
+        } else {
+            Compression::None
+        },
+        generator: GENERATOR.into(),
+    };
+    let index = crate::shards::index_path(out);
+    crate::output::check_output(&index, source.path())?;
+    let mut writer = crate::shards::ShardedWriter::new(out, shard_bytes, writer_options)?;
+    let report = compress(source, options, &mut writer, progress, cancel)?;
+    writer.finish()?;
+    let set = crate::shards::ArchiveSet::open(&index)?;
+    let summary = set.summary()?;
+    Ok(FileReport {
+        report,
+        payload_bytes: set
+            .parts
+            .iter()
+            .map(|(_, a)| payload_bytes(a.manifest()))
+            .sum(),
+        file_bytes: summary.totals.file_bytes,
+        seconds: started.elapsed().as_secs_f64(),
+        lossy: summary.totals.lossy,
     })
 }
 

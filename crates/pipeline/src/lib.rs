@@ -49,6 +49,8 @@ pub mod rate;
 #[cfg(feature = "fs")]
 pub mod safetensors_out;
 #[cfg(feature = "fs")]
+pub mod shards;
+#[cfg(feature = "fs")]
 mod source;
 #[cfg(feature = "fs")]
 pub mod synth;
@@ -59,8 +61,8 @@ pub use archive::{
 };
 #[cfg(feature = "fs")]
 pub use compress::{
-    compress, compress_to_file, payload_bytes, CompressOptions, CompressReport, FileReport, Route,
-    GENERATOR,
+    compress, compress_to_file, compress_to_shards, payload_bytes, CompressOptions, CompressReport,
+    FileReport, Route, GENERATOR,
 };
 #[cfg(feature = "fs")]
 pub use output::check_output;

@@ -1,0 +1,469 @@
+//! Sharded archives, the safetensors convention: `NAME-00001-of-00003.hwz` … and an index
+//! `NAME.hwz.index.json` (`{"metadata": {...}, "weight_map": {tensor: shard file}}`), each shard
+//! a complete `.hwz` archive. [`ShardedWriter`] writes them (shards appear under their final
+//! names only when every shard is complete); [`ArchiveSet`] opens an index, or a single
+//! archive, as one model.
+
+use crate::compress::io_at;
+use crate::error::{PipelineError, Result};
+use hypercodec_hwz::{
+    self as hwz, Archive, EncodedTensor, FileWriter, Manifest, TensorEntry, TensorStats,
+    WriterOptions,
+};
+use memmap2::Mmap;
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+
+/// Most shards of one archive set (Hugging Face's largest checkpoints have a few hundred).
+pub const MAX_SHARDS: usize = 10_000;
+
+/// Where the compress driver puts tensors: one archive, or shards of one.
+pub trait ArchiveSink {
+    /// Adds a free metadata entry.
+    fn insert_metadata(&mut self, key: &str, value: Value);
+    /// Adds one encoded tensor.
+    fn add_tensor(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        source_dtype: &str,
+        tensor: &EncodedTensor,
+        stats: Option<TensorStats>,
+    ) -> hwz::Result<()>;
+    /// Stores the plan that chose the encodings.
+    fn set_plan(&mut self, plan: Value);
+}
+
+impl<W: std::io::Write> ArchiveSink for hwz::Writer<W> {
+    fn insert_metadata(&mut self, key: &str, value: Value) {
+        hwz::Writer::insert_metadata(self, key, value)
+    }
+    fn add_tensor(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        source_dtype: &str,
+        tensor: &EncodedTensor,
+        stats: Option<TensorStats>,
+    ) -> hwz::Result<()> {
+        hwz::Writer::add_tensor(self, name, shape, source_dtype, tensor, stats)
+    }
+    fn set_plan(&mut self, plan: Value) {
+        hwz::Writer::set_plan(self, plan)
+    }
+}
+
+impl ArchiveSink for FileWriter {
+    fn insert_metadata(&mut self, key: &str, value: Value) {
+        (**self).insert_metadata(key, value)
+    }
+    fn add_tensor(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        source_dtype: &str,
+        tensor: &EncodedTensor,
+        stats: Option<TensorStats>,
+    ) -> hwz::Result<()> {
+        (**self).add_tensor(name, shape, source_dtype, tensor, stats)
+    }
+    fn set_plan(&mut self, plan: Value) {
+        (**self).set_plan(plan)
+    }
+}
+
+/// The index file of a sharded archive `out` (`model.hwz` → `model.hwz.index.json`).
+pub fn index_path(out: &Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".index.json");
+    PathBuf::from(s)
+}
+
+/// The name of shard `k` (1-based) of `n` of `out` (`model.hwz` → `model-00001-of-00003.hwz`).
+fn shard_name(out: &Path, k: usize, n: usize) -> String {
+    let stem = out
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy().into_owned());
+    format!("{stem}-{k:05}-of-{n:05}.hwz")
+}
+
+/// Writes shards of at most about `shard_bytes` each (a tensor never splits: one larger than
+/// that gets a shard of its own). Finished shards wait under temporary names; [`finish`]
+/// renames them all and writes the index; dropping the writer removes every one of them.
+///
+/// [`finish`]: ShardedWriter::finish
+#[derive(Debug)]
+pub struct ShardedWriter {
+    out: PathBuf,
+    shard_bytes: u64,
+    options: WriterOptions,
+    current: Option<FileWriter>,
+    current_tensors: Vec<String>,
+    done: Vec<(tempfile::TempPath, Vec<String>, Manifest)>,
+    metadata: Vec<(String, Value)>,
+    plan: Option<Value>,
+}
+
+impl ShardedWriter {
+    /// A writer of shards of `out` (`model.hwz` → `model-0000K-of-0000N.hwz` beside it).
+    pub fn new(out: &Path, shard_bytes: u64, options: WriterOptions) -> Result<Self> {
+        if shard_bytes == 0 {
+            return Err(PipelineError::option("--shard-size", "must be positive"));
+        }
+        Ok(ShardedWriter {
+            out: out.to_path_buf(),
+            shard_bytes,
+            options,
+            current: None,
+            current_tensors: Vec::new(),
+            done: Vec::new(),
+            metadata: Vec::new(),
+            plan: None,
+        })
+    }
+
+    fn dir(&self) -> PathBuf {
+        match self.out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    }
+
+    /// Finishes the open shard into a temporary file of its own.
+    fn close_current(&mut self) -> Result<()> {
+        let Some(w) = self.current.take() else {
+            return Ok(());
+        };
+        let scratch = self.scratch_path(self.done.len() + 1);
+        let manifest = w.finish().map_err(|e| io_at(&scratch, e))?;
+        // From here the finished shard is removed again unless `finish` renames it.
+        let temp =
+            tempfile::TempPath::try_from_path(&scratch).map_err(PipelineError::io(&scratch))?;
+        let names = std::mem::take(&mut self.current_tensors);
+        self.done.push((temp, names, manifest));
+        if self.done.len() > MAX_SHARDS {
+            return Err(PipelineError::Shards {
+                message: format!("more than {MAX_SHARDS} shards: use a larger --shard-size"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Where finished shard `k` waits for its final name.
+    fn scratch_path(&self, k: usize) -> PathBuf {
+        let stem = self
+            .out
+            .file_name()
+            .map_or("model".into(), |s| s.to_string_lossy().into_owned());
+        self.dir()
+            .join(format!(".{stem}.shard-{k}.{}.tmp", std::process::id()))
+    }
+
+    fn open_new(&mut self) -> Result<&mut FileWriter> {
+        // FileWriter writes a temporary file of its own and renames it to `scratch` when the
+        // shard is complete.
+        let scratch = self.scratch_path(self.done.len() + 1);
+        let mut w =
+            FileWriter::create(&scratch, self.options.clone()).map_err(|e| io_at(&scratch, e))?;
+        for (k, v) in &self.metadata {
+            w.insert_metadata(k, v.clone());
+        }
+        Ok(self.current.insert(w))
+    }
+
+    /// Renames every shard to its final name and writes the index; returns the shards'
+    /// manifests and their paths.
+    pub fn finish(mut self) -> Result<Vec<(PathBuf, Manifest)>> {
+        if self.current.is_none() && self.done.is_empty() {
+            self.open_new()?;
+        }
+        if let (Some(plan), Some(w)) = (self.plan.take(), self.current.as_mut()) {
+            w.set_plan(plan);
+        }
+        self.close_current()?;
+        let n = self.done.len();
+        let dir = self.dir();
+        let mut weight_map = Map::new();
+        let mut out = Vec::with_capacity(n);
+        let mut total = 0u64;
+        for (k, (temp, names, manifest)) in std::mem::take(&mut self.done).into_iter().enumerate() {
+            let name = shard_name(&self.out, k + 1, n);
+            let path = dir.join(&name);
+            temp.persist(&path)
+                .map_err(|e| PipelineError::io(&path)(e.error))?;
+            total += manifest.streams.iter().map(|s| s.length).sum::<u64>();
+            for t in names {
+                weight_map.insert(t, Value::from(name.clone()));
+            }
+            out.push((path, manifest));
+        }
+        let index = json!({
+            "metadata": {"format": "hwz", "total_size": total, "shards": n},
+            "weight_map": weight_map,
+        });
+        let index_path = index_path(&self.out);
+        let text = serde_json::to_vec_pretty(&index).map_err(|e| PipelineError::Json {
+            what: "shard index".into(),
+            message: e.to_string(),
+        })?;
+        let mut tmp = tempfile::NamedTempFile::new_in(&dir).map_err(PipelineError::io(&dir))?;
+        std::io::Write::write_all(&mut tmp, &text).map_err(PipelineError::io(&index_path))?;
+        tmp.persist(&index_path)
+            .map_err(|e| PipelineError::io(&index_path)(e.error))?;
+        Ok(out)
+    }
+}
+
+impl ArchiveSink for ShardedWriter {
+    fn insert_metadata(&mut self, key: &str, value: Value) {
+        if let Some(w) = self.current.as_mut() {
+            w.insert_metadata(key, value.clone());
+        }
+        self.metadata.push((key.to_string(), value));
+    }
+
+    fn add_tensor(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        source_dtype: &str,
+        tensor: &EncodedTensor,
+        stats: Option<TensorStats>,
+    ) -> hwz::Result<()> {
+        let full = self.current.as_ref().is_some_and(|w| {
+            !self.current_tensors.is_empty()
+                && w.position() + tensor.payload_bytes() > self.shard_bytes
+        });
+        let to_hwz = |e: PipelineError| match e {
+            PipelineError::Hwz(h) => h,
+            PipelineError::Io { source, .. } => hwz::HwzError::Io(source),
+            other => hwz::HwzError::Io(std::io::Error::other(other.to_string())),
+        };
+        if full {
+            self.close_current().map_err(to_hwz)?;
+        }
+        if self.current.is_none() {
+            self.open_new().map_err(to_hwz)?;
+        }
+        let w = self.current.as_mut().expect("a shard is open");
+        w.add_tensor(name, shape, source_dtype, tensor, stats)?;
+        self.current_tensors.push(name.to_string());
+        Ok(())
+    }
+
+    fn set_plan(&mut self, plan: Value) {
+        // The plan goes into the last shard.
+        self.plan = Some(plan);
+    }
+}
+
+/// Several archives read as one model: a sharded archive's index, or one archive.
+#[derive(Debug)]
+pub struct ArchiveSet {
+    /// The archives, in shard order.
+    pub parts: Vec<(PathBuf, Archive<Mmap>)>,
+    /// Every tensor as (part, index in that part's manifest), in order.
+    order: Vec<(usize, usize)>,
+}
+
+impl ArchiveSet {
+    /// Opens `path`: a `*.hwz.index.json` (its shards beside it) or a single `.hwz`.
+    pub fn open(path: &Path) -> Result<ArchiveSet> {
+        if !path.to_string_lossy().ends_with(".index.json") {
+            let a = crate::open_archive(path)?;
+            let order = (0..a.tensors().len()).map(|i| (0, i)).collect();
+            return Ok(ArchiveSet {
+                parts: vec![(path.to_path_buf(), a)],
+                order,
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(PipelineError::io(path))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| PipelineError::Shards {
+            message: format!("{}: {e}", path.display()),
+        })?;
+        let map = v["weight_map"]
+            .as_object()
+            .ok_or_else(|| PipelineError::Shards {
+                message: format!("{}: no `weight_map` object", path.display()),
+            })?;
+        let mut files: Vec<&str> = Vec::new();
+        for f in map.values() {
+            let f = f.as_str().unwrap_or("");
+            if f.is_empty() || f.contains(['/', '\\']) || f == ".." {
+                return Err(PipelineError::Shards {
+                    message: format!("shard `{f}` is not a file name beside the index"),
+                });
+            }
+            if !files.contains(&f) {
+                files.push(f);
+            }
+        }
+        files.sort_unstable();
+        if files.is_empty() || files.len() > MAX_SHARDS {
+            return Err(PipelineError::Shards {
+                message: format!("{} shards (1..={MAX_SHARDS})", files.len()),
+            });
+        }
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut parts = Vec::with_capacity(files.len());
+        let mut order = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (k, f) in files.iter().enumerate() {
+            let p = dir.join(f);
+            let a = crate::open_archive(&p)?;
+            for (i, t) in a.tensors().iter().enumerate() {
+                if map.get(&t.name).and_then(Value::as_str) != Some(f) {
+                    return Err(PipelineError::Shards {
+                        message: format!("tensor `{}` of {f} is not indexed there", t.name),
+                    });
+                }
+                if !seen.insert(t.name.clone()) {
+                    return Err(PipelineError::Shards {
+                        message: format!("tensor `{}` is in two shards", t.name),
+                    });
+                }
+                order.push((k, i));
+            }
+            parts.push((p, a));
+        }
+        if let Some(missing) = map.keys().find(|n| !seen.contains(*n)) {
+            return Err(PipelineError::Shards {
+                message: format!("tensor `{missing}` is in the index but in no shard"),
+            });
+        }
+        Ok(ArchiveSet { parts, order })
+    }
+
+    /// Every tensor, in order.
+    pub fn tensors(&self) -> impl Iterator<Item = &TensorEntry> + '_ {
+        self.order
+            .iter()
+            .map(|&(p, i)| &self.parts[p].1.tensors()[i])
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether there is no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// Decodes tensor `k` (in [`ArchiveSet::tensors`] order) into `out`.
+    pub fn decode_into(&self, k: usize, out: &mut [f32]) -> Result<()> {
+        let &(p, i) = self.order.get(k).ok_or_else(|| PipelineError::NoTensors {
+            message: format!("no tensor {k} in this archive set"),
+        })?;
+        let a = &self.parts[p].1;
+        Ok(a.decode_entry_into(&a.tensors()[i], out)?)
+    }
+
+    /// The summary `inspect` prints: every shard's tensors as one model, totals over all the
+    /// files (the index's own bytes aside), the plan of whichever shard holds one.
+    pub fn summary(&self) -> Result<crate::ArchiveSummary> {
+        let mut combined: Option<Manifest> = None;
+        let (mut manifest_bytes, mut file_bytes) = (0u64, 0u64);
+        let mut plan = None;
+        for (_, a) in &self.parts {
+            manifest_bytes += a.tail().manifest_len;
+            file_bytes += a.size();
+            if plan.is_none() {
+                plan = a.plan()?;
+            }
+            let m = a.manifest().clone();
+            match &mut combined {
+                None => combined = Some(m),
+                Some(c) => {
+                    let base = c.streams.len() as u64;
+                    c.version = c.version.max(m.version);
+                    for mut t in m.tensors {
+                        t.streams.values_mut().for_each(|i| *i += base);
+                        c.tensors.push(t);
+                    }
+                    c.streams.extend(m.streams);
+                }
+            }
+        }
+        let c = combined.ok_or_else(|| PipelineError::NoTensors {
+            message: "an archive set without archives".into(),
+        })?;
+        let mut s = crate::summarize(&c, manifest_bytes, file_bytes);
+        s.plan = plan;
+        Ok(s)
+    }
+}
+
+/// A size such as `2GB`, `500MB`, `64KiB` or a number of bytes.
+pub fn parse_size(text: &str) -> Result<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" | "k" => 1e3,
+        "mb" | "m" => 1e6,
+        "gb" | "g" => 1e9,
+        "tb" | "t" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        _ => f64::NAN,
+    };
+    let v = num.parse::<f64>().unwrap_or(f64::NAN) * scale;
+    if (1.0..1e18).contains(&v) {
+        Ok(v as u64)
+    } else {
+        Err(PipelineError::option(
+            "--shard-size",
+            format!("`{text}` is not a size (e.g. 2GB, 500MB, 1048576)"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hypercodec_hwz::{encode, EncodeOptions, Encoding, FloatDtype};
+
+    fn tensor() -> EncodedTensor {
+        encode(
+            "t",
+            &[0.25; 4096],
+            &[64, 64],
+            &Encoding::Raw {
+                dtype: FloatDtype::F32,
+            },
+            EncodeOptions::default(),
+        )
+        .expect("encode")
+    }
+
+    #[test]
+    fn an_unfinished_sharded_writer_leaves_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("m.hwz");
+        let mut w = ShardedWriter::new(&out, 20_000, WriterOptions::default()).expect("writer");
+        for i in 0..5 {
+            w.add_tensor(&format!("t{i}"), &[64, 64], "f32", &tensor(), None)
+                .expect("add");
+        }
+        // 16 KB tensors in 20 KB shards: four shards are finished already.
+        assert_eq!(w.done.len(), 4);
+        drop(w);
+        let left: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("2GB").expect("size"), 2_000_000_000);
+        assert_eq!(parse_size("64KiB").expect("size"), 65_536);
+        assert_eq!(parse_size("1048576").expect("size"), 1_048_576);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("0").is_err());
+    }
+}
