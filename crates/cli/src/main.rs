@@ -92,9 +92,14 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Instead of Gaussian tensors, a whole model's shapes: `cnn` (MobileNetV2, 3.5 M
-        /// parameters: depthwise, pointwise and stem convolutions, batch norms, a classifier).
-        #[arg(long, value_parser = ["cnn"])]
+        /// parameters: depthwise, pointwise and stem convolutions, batch norms, a classifier)
+        /// into OUTPUT; `llm7b` (Mistral-7B's shapes, 7.24 G parameters, bf16) into the folder
+        /// OUTPUT as 2 GB safetensors shards plus model.safetensors.index.json.
+        #[arg(long, value_parser = ["cnn", "llm7b"])]
         model: Option<String>,
+        /// `llm7b`: decoder layers (32 is the real model's).
+        #[arg(long, default_value_t = 32)]
+        layers: usize,
     },
     /// The built-in default job: a seeded Gaussian 4096x4096 tensor, compressed, inspected and benchmarked.
     Demo {
@@ -375,7 +380,11 @@ fn run(cli: Cli) -> Result<()> {
             tensors,
             seed,
             model,
+            layers,
         } => match model.as_deref() {
+            Some("llm7b") => {
+                pipeline::synth::write_llm(&output, layers, 2_000_000_000, seed).map(|_| ())
+            }
             Some(_) => {
                 pipeline::synth::write_tensors(&output, &pipeline::synth::cnn_state_dict(seed))
             }

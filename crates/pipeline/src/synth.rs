@@ -144,6 +144,99 @@ pub fn write_tensors(path: &Path, tensors: &[SynthTensor]) -> Result<()> {
     })
 }
 
+/// The tensors of a Mistral-7B-shaped decoder (hidden 4096, MLP 14336, 32 heads of 128 with
+/// 8 key/value heads, vocabulary 32000) with `layers` layers: name and shape, in order.
+pub fn llm_shapes(layers: usize) -> Vec<(String, Vec<u64>)> {
+    let (h, mlp, kv, vocab) = (4096u64, 14336u64, 1024u64, 32000u64);
+    let mut v = vec![("model.embed_tokens.weight".to_string(), vec![vocab, h])];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        for (name, shape) in [
+            ("self_attn.q_proj.weight", vec![h, h]),
+            ("self_attn.k_proj.weight", vec![kv, h]),
+            ("self_attn.v_proj.weight", vec![kv, h]),
+            ("self_attn.o_proj.weight", vec![h, h]),
+            ("mlp.gate_proj.weight", vec![mlp, h]),
+            ("mlp.up_proj.weight", vec![mlp, h]),
+            ("mlp.down_proj.weight", vec![h, mlp]),
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+        ] {
+            v.push((format!("{p}.{name}"), shape));
+        }
+    }
+    v.push(("model.norm.weight".into(), vec![h]));
+    v.push(("lm_head.weight".into(), vec![vocab, h]));
+    v
+}
+
+/// Writes a Mistral-7B-shaped model of `layers` layers into the folder `dir` as bf16
+/// safetensors shards of about `shard_bytes` and a Hugging Face
+/// `model.safetensors.index.json`; weights N(0, 0.02²), norms 1 + N(0, 0.05²). Tensor by
+/// tensor: memory stays at one tensor. Returns the index's path.
+pub fn write_llm(
+    dir: &Path,
+    layers: usize,
+    shard_bytes: u64,
+    seed: u64,
+) -> Result<std::path::PathBuf> {
+    std::fs::create_dir_all(dir).map_err(crate::PipelineError::io(dir))?;
+    let shapes = llm_shapes(layers);
+    // Group tensors into shards in order.
+    let mut shards: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut size = 0u64;
+    for (i, (_, shape)) in shapes.iter().enumerate() {
+        let bytes = shape.iter().product::<u64>() * 2;
+        if size > 0 && size + bytes > shard_bytes {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        size += bytes;
+        shards.last_mut().expect("a shard").push(i);
+    }
+    let n = shards.len();
+    let mut weight_map = serde_json::Map::new();
+    for (k, members) in shards.iter().enumerate() {
+        let file = format!("model-{:05}-of-{n:05}.safetensors", k + 1);
+        let heads: Vec<OutTensor> = members
+            .iter()
+            .map(|&i| OutTensor {
+                name: shapes[i].0.clone(),
+                shape: shapes[i].1.clone(),
+                dtype: FloatDtype::Bf16,
+            })
+            .collect();
+        write_safetensors(&dir.join(&file), &heads, None, |j, out| {
+            let i = members[j];
+            let (name, shape) = &shapes[i];
+            let mut v = vec![0f32; shape.iter().product::<u64>() as usize];
+            SplitMix64(seed ^ (i as u64).wrapping_mul(0x9E37_79B9)).fill_gaussian(&mut v);
+            let (scale, offset) = if shape.len() == 1 {
+                (0.05, 1.0)
+            } else {
+                (0.02, 0.0)
+            };
+            out.reserve(v.len() * 2);
+            for x in v {
+                out.extend_from_slice(&half::bf16::from_f32(offset + scale * x).to_le_bytes());
+            }
+            weight_map.insert(name.clone(), serde_json::Value::from(file.clone()));
+            Ok(())
+        })?;
+    }
+    let index = dir.join("model.safetensors.index.json");
+    let text = serde_json::to_vec_pretty(&serde_json::json!({
+        "metadata": {"total_size": shapes.iter().map(|(_, s)| s.iter().product::<u64>() * 2).sum::<u64>()},
+        "weight_map": weight_map,
+    }))
+    .map_err(|e| crate::PipelineError::Json {
+        what: "index".into(),
+        message: e.to_string(),
+    })?;
+    std::fs::write(&index, text).map_err(crate::PipelineError::io(&index))?;
+    Ok(index)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +263,22 @@ mod tests {
         assert!((std - (2.0f64 / 320.0).sqrt()).abs() < 0.01 * std, "{std}");
         assert_eq!(cnn_state_dict(0)[5].2, t[5].2);
         assert_ne!(cnn_state_dict(1)[5].2, t[5].2);
+    }
+
+    #[test]
+    fn llm_shapes_count_seven_billion_and_a_small_one_reads_back_sharded() {
+        let n: u64 = llm_shapes(32)
+            .iter()
+            .map(|(_, s)| s.iter().product::<u64>())
+            .sum();
+        assert_eq!(n, 7_241_732_096);
+        let dir = tempfile::tempdir().expect("tempdir");
+        // No layers: embedding, final norm, head; shards of 300 MB hold one matrix each.
+        let index = write_llm(dir.path(), 0, 300_000_000, 1).expect("write");
+        let s = crate::TensorSource::open(index.to_str().expect("utf-8")).expect("open");
+        assert_eq!(s.tensors.len(), 3);
+        let head = s.read(2).expect("head");
+        let std = (head.iter().map(|x| (x * x) as f64).sum::<f64>() / head.len() as f64).sqrt();
+        assert!((std - 0.02).abs() < 0.001, "{std}");
     }
 }
