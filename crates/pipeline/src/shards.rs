@@ -206,7 +206,7 @@ impl ShardedWriter {
             what: "shard index".into(),
             message: e.to_string(),
         })?;
-        let mut tmp = tempfile::NamedTempFile::new_in(&dir).map_err(PipelineError::io(&dir))?;
+        let mut tmp = hwz::temp_file_in(&dir, ".hwz-index-").map_err(PipelineError::io(&dir))?;
         std::io::Write::write_all(&mut tmp, &text).map_err(PipelineError::io(&index_path))?;
         tmp.persist(&index_path)
             .map_err(|e| PipelineError::io(&index_path)(e.error))?;
