@@ -14,6 +14,9 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Instant;
 
+/// Values decoded at a time when a written tensor's error is measured.
+const STATS_BLOCK_VALUES: usize = 1 << 20;
+
 /// How the encoding of each selected tensor is chosen.
 #[derive(Debug, Clone)]
 pub enum Route {
@@ -246,15 +249,26 @@ pub fn compress(
         let mut one = match measured {
             Some(s) => ErrorAcc::from(s),
             None => {
-                decoded.resize(values.len(), 0.0);
+                // Measured in row blocks through the tensor's view: the decoded copy never
+                // holds more than a block (about 4 MB of f32), whatever the tensor's size.
                 let refs: Vec<(&str, &[u8])> = encoded
                     .streams
                     .iter()
                     .map(|(r, b)| (*r, b.as_slice()))
                     .collect();
-                hwz::decode_into(&t.name, &encoded.encoding, &t.shape, &refs, &mut decoded)?;
+                let view = hwz::TensorView::new(&t.name, &encoded.encoding, &t.shape, &refs)?;
+                let cols = view.cols() as usize;
+                let block = ((STATS_BLOCK_VALUES / cols.max(1)).max(1)) as u64;
                 let mut one = ErrorAcc::default();
-                one.add(&values, &decoded);
+                let mut r = 0u64;
+                while r < view.rows() {
+                    let e = (r + block).min(view.rows());
+                    let (a, b) = (r as usize * cols, e as usize * cols);
+                    decoded.resize(b - a, 0.0);
+                    view.decode_rows_into(r..e, &mut decoded)?;
+                    one.add(&values[a..b], &decoded);
+                    r = e;
+                }
                 one
             }
         };
