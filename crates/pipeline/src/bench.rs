@@ -210,6 +210,8 @@ pub struct BenchRow {
     pub decode_s: f64,
     /// Why it could not encode some tensor (such a row is not in the totals).
     pub failed: Option<String>,
+    /// Tensors a lattice rate could not serve, stored with `compress`'s fallback instead.
+    pub fallbacks: usize,
     /// Only bytes, MSE and SNR are known (a peer measured out of process).
     pub summary_only: bool,
 }
@@ -229,7 +231,12 @@ impl BenchRow {
             }
         };
         json!({
-            "representation": self.label, "bytes": self.bytes, "bps": bps,
+            "representation": if self.fallbacks > 0 {
+                format!("{} ({} tensors fell back)", self.label, self.fallbacks)
+            } else {
+                self.label.clone()
+            },
+            "bytes": self.bytes, "bps": bps, "fallbacks": self.fallbacks,
             "ratio_vs_f32": n as f64 * 4.0 / self.bytes.max(1) as f64,
             "mse": self.acc.mse(), "snr_db": fin(snr), "bound_db": bound, "gap_db": fin(bound - snr),
             "cosine": known(self.acc.cosine()), "max_abs_err": known(self.acc.max_abs),
@@ -269,9 +276,38 @@ pub fn measure(
         for (rep, row) in reps.iter().zip(rows.iter_mut()) {
             cancel.check()?;
             let start = Instant::now();
-            let encoded = match rep.encode(&t.name, &values, &t.shape) {
-                Ok(e) => e,
-                Err(e) => {
+            // The rule `compress` applies: a tensor that the lattice cannot serve at this rate
+            // (see `rate::lattice_serves`) goes to the fallback without trying.
+            let result = match rep {
+                Rep::Spec(Spec::Rate {
+                    template,
+                    max_tile,
+                    bps: Some(b),
+                }) if !crate::rate::lattice_serves(&t.name, &t.shape, template, *max_tile, *b) => {
+                    Err(PipelineError::Plan(hypercodec_plan::PlanError::Hwz(
+                        hwz::HwzError::RateUnreachable {
+                            tensor: t.name.clone(),
+                            target_bps: *b,
+                        },
+                    )))
+                }
+                _ => rep.encode(&t.name, &values, &t.shape),
+            };
+            let encoded = match (result, rep) {
+                (Ok(e), _) => e,
+                // A lattice rate this tensor cannot reach (a 3×3 depthwise kernel): the same
+                // fallback as `compress`, counted in the row.
+                (
+                    Err(PipelineError::Plan(hypercodec_plan::PlanError::Hwz(
+                        hwz::HwzError::RateUnreachable { .. },
+                    ))),
+                    Rep::Spec(Spec::Rate { bps: Some(b), .. }),
+                ) => {
+                    row.fallbacks += 1;
+                    let e = crate::rate::fallback_encoding(*b);
+                    hwz::encode(&t.name, &values, &t.shape, &e, EncodeOptions::default())?
+                }
+                (Err(e), _) => {
                     row.failed.get_or_insert(e.to_string());
                     bar.step(&t.name, t.numel());
                     continue;
@@ -383,6 +419,7 @@ pub fn hyperglyph_peer(source: &TensorSource, chosen: &[usize]) -> Result<PeerOu
             encode_s: f("seconds"),
             decode_s: 0.0,
             failed: None,
+            fallbacks: 0,
             summary_only: true,
         },
         peak_rss_bytes: f("peak_rss_bytes"),

@@ -210,7 +210,7 @@ pub fn compress(
         ) = (&rate_plan, &options.route)
         {
             let fallback = |why: &str, fallbacks: &mut Vec<(String, String)>| {
-                let e = crate::rate::fallback_encoding(rp.target_bps);
+                let e = rp.fallback.clone();
                 fallbacks.push((t.name.clone(), format!("{} ({why})", e.label())));
                 hwz::encode(&t.name, &values, &t.shape, &e, opts)
             };

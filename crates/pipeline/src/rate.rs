@@ -2,13 +2,14 @@
 //! over the encoded tensors, all side information included, and no tensor aborts the model.
 //!
 //! The rule, decided from the shapes alone before any tensor is read:
-//! 1. A tensor whose lattice cannot reach the rate — its row scales, chunk tables and the
-//!    coarsest useful scale (the calibration's smallest α, whose symbols cost about 1.3 bits
-//!    per coordinate, rows padded to the lattice dimension) already cost more — falls back to
-//!    affine INT(⌊B⌋ + 2) with one symmetric f16 scale for the whole tensor: small and narrow
-//!    tensors such as 3×3 depthwise kernels (9 values per row) and stems. They hold few of the
-//!    values, so the two extra bits cost the others little, while a coarser grid over such
-//!    large-magnitude kernels would dominate the model's noise.
+//! 1. A tensor that the lattice cannot serve at the rate ([`lattice_serves`]) — its row scales,
+//!    chunk tables and the coarsest useful scale (the calibration's smallest α) already cost
+//!    more, or what is left per coded coordinate would do worse than a per-tensor grid —
+//!    falls back to affine INT(⌊B⌋ + 2) with one symmetric f16 scale for the whole tensor
+//!    (fewer bits when the budget cannot afford two more): small and narrow tensors such as
+//!    3×3 depthwise kernels (9 values per row) and stems. They hold few of the values, so the
+//!    extra bits cost the others little, while a coarser grid over such large-magnitude kernels
+//!    would dominate the model's noise.
 //! 2. The bytes the fallbacks save or overspend are shared by the lattice tensors: each
 //!    targets `B' = (B·N − fallback bits) / N_lattice`; a tensor that cannot reach `B'` falls
 //!    back too, and `B'` is recomputed.
@@ -44,6 +45,8 @@ pub struct RatePlan {
     pub target_bps: f64,
     /// The rate every lattice tensor targets after the fallbacks' bytes are accounted.
     pub lattice_bps: f64,
+    /// The fallback's encoding (its width is ⌊B⌋ + 2 bits, or fewer when the budget is short).
+    pub fallback: Encoding,
     /// By tensor name.
     pub choices: HashMap<String, RateChoice>,
 }
@@ -79,6 +82,16 @@ fn lattice_floor_bytes(
     template: &Encoding,
     max_tile: u32,
 ) -> Option<u64> {
+    lattice_cost(name, shape, template, max_tile).map(|c| c.0)
+}
+
+/// (estimated smallest bytes, side-information bytes, coded coordinates) of the lattice.
+fn lattice_cost(
+    name: &str,
+    shape: &[u64],
+    template: &Encoding,
+    max_tile: u32,
+) -> Option<(u64, u64, u64)> {
     let Encoding::Lattice {
         lattice, coding, ..
     } = *template
@@ -105,35 +118,63 @@ fn lattice_floor_bytes(
     };
     let symbols = rows * hypercodec_lattice::symbols_per_row(lattice, cols as usize) as u64;
     let entropy = hypercodec_lattice::calibration::table(lattice)[0][2] as f64;
-    Some(side + model + (symbols as f64 * entropy / 8.0 * FLOOR_MARGIN).ceil() as u64)
+    Some((
+        side + model + (symbols as f64 * entropy / 8.0 * FLOOR_MARGIN).ceil() as u64,
+        side + model,
+        symbols,
+    ))
 }
 
-/// Decides every selected tensor's encoding for a model-wide `bps` (see the module docs).
-pub fn plan_rate(
-    source: &TensorSource,
-    sel: Selection,
+/// Whether the lattice `template` serves a tensor of `shape` at `bps` (the rule [`plan_rate`]
+/// applies to every tensor): it must reach the rate by the estimate of the module docs, and
+/// its expected SNR there — about 6.02 dB per bit left per coded coordinate once the side
+/// information is paid, less 1.5 dB — must not fall below that of the per-tensor grid at
+/// ⌊bps⌋ bits on Gaussian values (`12·(2^k−1)² / (8·ln n)`, the grid spanning the largest of
+/// `n` values). Narrow tensors (9-value rows padded to 16 coordinates, a 16-bit scale per row)
+/// fail it at every rate.
+pub fn lattice_serves(
+    name: &str,
+    shape: &[u64],
     template: &Encoding,
     max_tile: u32,
     bps: f64,
-) -> Result<RatePlan> {
-    let tensors: Vec<(&str, &[u64], u64)> = source
-        .tensors
-        .iter()
-        .filter(|t| sel.planned(&t.shape) && t.numel() > 0)
-        .map(|t| (t.name.as_str(), t.shape.as_slice(), t.numel()))
-        .collect();
-    let total: u64 = tensors.iter().map(|t| t.2).sum();
-    let budget_bits = bps * total as f64;
-    let fallback = fallback_encoding(bps);
-    let floors: Vec<Option<u64>> = tensors
-        .iter()
-        .map(|(name, shape, _)| lattice_floor_bytes(name, shape, template, max_tile))
-        .collect();
-    let fallback_bytes: Vec<u64> = tensors
-        .iter()
-        .map(|(name, shape, _)| exact_bytes(name, shape, &fallback))
-        .collect::<Result<_>>()?;
-    // Start with every tensor on the lattice; move the ones that cannot reach the shared rate.
+) -> bool {
+    let n = shape.iter().product::<u64>().max(1) as f64;
+    let Some((floor, side, symbols)) = lattice_cost(name, shape, template, max_tile) else {
+        return false;
+    };
+    if floor as f64 * 8.0 / n > bps {
+        return false;
+    }
+    let per_coordinate = (bps * n - side as f64 * 8.0) / symbols.max(1) as f64;
+    let lattice_db = 6.02 * per_coordinate - 1.5;
+    let k = bps.floor().clamp(1.0, 8.0);
+    let levels = 2f64.powf(k) - 1.0;
+    let grid_db = 10.0 * (12.0 * levels * levels / (8.0 * n.max(2.0).ln())).log10();
+    lattice_db >= grid_db
+}
+
+/// Affine INT`bits` with one symmetric f16 scale for the tensor.
+fn tensor_grid(bits: u8) -> Encoding {
+    Encoding::affine(AffineParams {
+        bits,
+        group: Group::Tensor,
+        symmetric: true,
+        scale_dtype: FloatDtype::F16,
+    })
+}
+
+/// Which tensors stay on the lattice and the rate they share, given the fallbacks' bytes.
+fn share(
+    tensors: &[(&str, &[u64], u64)],
+    floors: &[Option<u64>],
+    fallback_bytes: &[u64],
+    template: &Encoding,
+    max_tile: u32,
+    bps: f64,
+    budget_bits: f64,
+) -> (Vec<bool>, f64) {
+    // Start with every tensor on the lattice; move the ones it cannot serve at the shared rate.
     let mut on_lattice: Vec<bool> = floors.iter().map(Option::is_some).collect();
     let mut lattice_bps = bps;
     for _ in 0..=tensors.len() {
@@ -152,8 +193,9 @@ pub fn plan_rate(
         };
         let mut moved = false;
         for (k, t) in tensors.iter().enumerate() {
-            let reach = floors[k].is_some_and(|f| f as f64 * 8.0 / t.2 as f64 <= lattice_bps);
-            if on_lattice[k] && !reach {
+            let serves =
+                floors[k].is_some() && lattice_serves(t.0, t.1, template, max_tile, lattice_bps);
+            if on_lattice[k] && !serves {
                 on_lattice[k] = false;
                 moved = true;
             }
@@ -162,25 +204,69 @@ pub fn plan_rate(
             break;
         }
     }
-    let spent: f64 = tensors
+    (on_lattice, lattice_bps)
+}
+
+/// Decides every selected tensor's encoding for a model-wide `bps` (see the module docs).
+pub fn plan_rate(
+    source: &TensorSource,
+    sel: Selection,
+    template: &Encoding,
+    max_tile: u32,
+    bps: f64,
+) -> Result<RatePlan> {
+    let tensors: Vec<(&str, &[u64], u64)> = source
+        .tensors
         .iter()
-        .enumerate()
-        .map(|(k, t)| {
-            if on_lattice[k] {
-                lattice_bps * t.2 as f64
-            } else {
-                fallback_bytes[k] as f64 * 8.0
-            }
-        })
-        .sum();
-    if spent > budget_bits * 1.000_001 || lattice_bps.is_nan() || lattice_bps <= 0.0 {
+        .filter(|t| sel.planned(&t.shape) && t.numel() > 0)
+        .map(|t| (t.name.as_str(), t.shape.as_slice(), t.numel()))
+        .collect();
+    let total: u64 = tensors.iter().map(|t| t.2).sum();
+    let budget_bits = bps * total as f64;
+    let floors: Vec<Option<u64>> = tensors
+        .iter()
+        .map(|(name, shape, _)| lattice_floor_bytes(name, shape, template, max_tile))
+        .collect();
+    // The fallback's width: ⌊B⌋ + 2 bits, fewer when the budget cannot afford it (a model of
+    // only small tensors has no lattice tensors to give bits back).
+    let widest = (bps.floor() as u8)
+        .saturating_add(FALLBACK_EXTRA_BITS)
+        .clamp(1, 8);
+    let mut found = None;
+    for bits in (1..=widest).rev() {
+        let fallback = tensor_grid(bits);
+        let fallback_bytes: Vec<u64> = tensors
+            .iter()
+            .map(|(name, shape, _)| exact_bytes(name, shape, &fallback))
+            .collect::<Result<_>>()?;
+        let (on_lattice, lattice_bps) = share(
+            &tensors,
+            &floors,
+            &fallback_bytes,
+            template,
+            max_tile,
+            bps,
+            budget_bits,
+        );
+        let spent: f64 = tensors
+            .iter()
+            .enumerate()
+            .map(|(k, t)| {
+                if on_lattice[k] {
+                    lattice_bps * t.2 as f64
+                } else {
+                    fallback_bytes[k] as f64 * 8.0
+                }
+            })
+            .sum();
+        if spent <= budget_bits * 1.000_001 && lattice_bps > 0.0 {
+            found = Some((fallback, on_lattice, lattice_bps));
+            break;
+        }
+    }
+    let Some((fallback, on_lattice, lattice_bps)) = found else {
         // The cheapest choice of every tensor: its lattice floor or INT1 with one scale.
-        let int1 = Encoding::affine(AffineParams {
-            bits: 1,
-            group: Group::Tensor,
-            symmetric: true,
-            scale_dtype: FloatDtype::F16,
-        });
+        let int1 = tensor_grid(1);
         let mut least = 0.0;
         for (k, (name, shape, _)) in tensors.iter().enumerate() {
             let fb = exact_bytes(name, shape, &int1)?;
@@ -190,7 +276,7 @@ pub fn plan_rate(
             target_bps: bps,
             min_bps: least / total.max(1) as f64,
         });
-    }
+    };
     let choices = tensors
         .iter()
         .enumerate()
@@ -206,6 +292,7 @@ pub fn plan_rate(
     Ok(RatePlan {
         target_bps: bps,
         lattice_bps,
+        fallback,
         choices,
     })
 }
