@@ -606,9 +606,11 @@ impl<'a> TensorView<'a> {
                     Symbols::Fixed { bits, .. } => {
                         ((range.end - range.start) * spr * *bits as u64).div_ceil(8)
                     }
-                    Symbols::Rice(d) => d.payload_bytes(chunk_range(spr, d_chunk_rice(d), &range)),
+                    Symbols::Rice(d) => {
+                        d.payload_bytes(chunk_range(spr, d.chunk_symbols() as u64, &range))
+                    }
                     Symbols::Rans(d) => d
-                        .payload_bytes(chunk_range(spr, d_chunk_rans(d), &range))
+                        .payload_bytes(chunk_range(spr, d.chunk_symbols() as u64, &range))
                         .map_err(coding_err(&self.tensor))?,
                 }
             }
@@ -806,7 +808,8 @@ impl TensorView<'_> {
                 }
             }
             Symbols::Rice(d) => {
-                let chunks = chunk_range(spr as u64, d_chunk_rice(d), &(a as u64..b as u64));
+                let chunks =
+                    chunk_range(spr as u64, d.chunk_symbols() as u64, &(a as u64..b as u64));
                 let mut buf = Vec::new();
                 for c in chunks {
                     let have = d.symbol_range(c..c + 1);
@@ -819,7 +822,8 @@ impl TensorView<'_> {
                 }
             }
             Symbols::Rans(d) => {
-                let chunks = chunk_range(spr as u64, d_chunk_rans(d), &(a as u64..b as u64));
+                let chunks =
+                    chunk_range(spr as u64, d.chunk_symbols() as u64, &(a as u64..b as u64));
                 let ctx = contexts(&l.params.lattice);
                 let mut buf = Vec::new();
                 for c in chunks {
@@ -836,14 +840,6 @@ impl TensorView<'_> {
         debug_assert!(row == b && pending.is_empty());
         Ok(())
     }
-}
-
-fn d_chunk_rice(d: &rice::Decoder<'_>) -> u64 {
-    d.chunk_symbols() as u64
-}
-
-fn d_chunk_rans(d: &rans::Decoder<'_>) -> u64 {
-    d.chunk_symbols() as u64
 }
 
 /// The chunks of `chunk` symbols that hold rows `range` of `spr` symbols each.

@@ -276,42 +276,42 @@ pub fn measure(
         for (rep, row) in reps.iter().zip(rows.iter_mut()) {
             cancel.check()?;
             let start = Instant::now();
-            // The rule `compress` applies: a tensor that the lattice cannot serve at this rate
-            // (see `rate::lattice_serves`) goes to the fallback without trying.
-            let result = match rep {
+            // A lattice rate gets the rule `compress` applies: a tensor the lattice cannot serve
+            // at it (see `rate::lattice_serves`), or whose rate control finds no scale, takes
+            // the same fallback, counted in the row.
+            let rate = match rep {
                 Rep::Spec(Spec::Rate {
                     template,
                     max_tile,
                     bps: Some(b),
-                }) if !crate::rate::lattice_serves(&t.name, &t.shape, template, *max_tile, *b) => {
-                    Err(PipelineError::Plan(hypercodec_plan::PlanError::Hwz(
-                        hwz::HwzError::RateUnreachable {
-                            tensor: t.name.clone(),
-                            target_bps: *b,
-                        },
-                    )))
-                }
-                _ => rep.encode(&t.name, &values, &t.shape),
+                }) => Some((template, *max_tile, *b)),
+                _ => None,
             };
-            let encoded = match (result, rep) {
-                (Ok(e), _) => e,
-                // A lattice rate this tensor cannot reach (a 3×3 depthwise kernel): the same
-                // fallback as `compress`, counted in the row.
-                (
-                    Err(PipelineError::Plan(hypercodec_plan::PlanError::Hwz(
-                        hwz::HwzError::RateUnreachable { .. },
-                    ))),
-                    Rep::Spec(Spec::Rate { bps: Some(b), .. }),
-                ) => {
-                    row.fallbacks += 1;
-                    let e = crate::rate::fallback_encoding(*b);
-                    hwz::encode(&t.name, &values, &t.shape, &e, EncodeOptions::default())?
+            let fallback = |row: &mut BenchRow, b: f64| {
+                row.fallbacks += 1;
+                let e = crate::rate::fallback_encoding(b);
+                hwz::encode(&t.name, &values, &t.shape, &e, EncodeOptions::default())
+            };
+            let encoded = match rate {
+                Some((template, max_tile, b))
+                    if !crate::rate::lattice_serves(&t.name, &t.shape, template, max_tile, b) =>
+                {
+                    fallback(row, b)?
                 }
-                (Err(e), _) => {
-                    row.failed.get_or_insert(e.to_string());
-                    bar.step(&t.name, t.numel());
-                    continue;
-                }
+                _ => match (rep.encode(&t.name, &values, &t.shape), rate) {
+                    (Ok(e), _) => e,
+                    (
+                        Err(PipelineError::Plan(hypercodec_plan::PlanError::Hwz(
+                            hwz::HwzError::RateUnreachable { .. },
+                        ))),
+                        Some((_, _, b)),
+                    ) => fallback(row, b)?,
+                    (Err(e), _) => {
+                        row.failed.get_or_insert(e.to_string());
+                        bar.step(&t.name, t.numel());
+                        continue;
+                    }
+                },
             };
             row.encode_s += start.elapsed().as_secs_f64();
             let refs: Vec<(&str, &[u8])> = encoded

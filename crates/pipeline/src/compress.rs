@@ -66,14 +66,9 @@ pub struct CompressReport {
     /// Values written.
     pub elements: u64,
     /// Error over every tensor written (exactly stored ones add no noise, but their signal
-    /// would inflate an SNR: quote [`CompressReport::lossy`] instead).
+    /// would inflate an SNR: quote the archive's lossy totals, [`FileReport::lossy`] or
+    /// [`crate::summarize`]'s, instead).
     pub error: ErrorAcc,
-    /// Error over the lossy tensors only: those whose reconstruction differs from the input.
-    pub lossy: ErrorAcc,
-    /// Stored bytes (before container zstd) of the lossy tensors.
-    pub lossy_bytes: u64,
-    /// SNR of each lossy tensor, in dB, in file order.
-    pub tensor_snr_db: Vec<f64>,
     /// Tensors that a model-wide lattice rate could not serve, or whose lossy encoding came
     /// back at an SNR of 0 dB or less (stored raw instead), with what they got and why.
     pub fallbacks: Vec<(String, String)>,
@@ -168,9 +163,6 @@ pub fn compress(
     };
     let mut fallbacks = Vec::new();
     let mut acc = ErrorAcc::default();
-    let mut lossy = ErrorAcc::default();
-    let mut lossy_bytes = 0u64;
-    let mut tensor_snr_db = Vec::new();
     let mut decoded = Vec::new();
     let opts = EncodeOptions {
         allow_non_finite: options.allow_non_finite,
@@ -290,11 +282,6 @@ pub fn compress(
             one.add(&values, &values);
         }
         acc.merge(&one);
-        if one.noise > 0.0 {
-            lossy.merge(&one);
-            lossy_bytes += encoded.payload_bytes();
-            tensor_snr_db.push(one.snr_db());
-        }
         writer.add_tensor(
             &t.name,
             &t.shape,
@@ -317,9 +304,6 @@ pub fn compress(
         skipped: source.skipped.len(),
         elements: total,
         error: acc,
-        lossy,
-        lossy_bytes,
-        tensor_snr_db,
         fallbacks,
         plan,
     })
@@ -349,7 +333,7 @@ pub fn compress_to_file(
         generator: GENERATOR.into(),
     };
     let mut writer = FileWriter::create(path, writer_options).map_err(|e| io_at(path, e))?;
-    let report = compress(source, options, &mut writer, progress, cancel)?;
+    let report = compress(source, options, &mut *writer, progress, cancel)?;
     let manifest = writer.finish().map_err(|e| io_at(path, e))?;
     let file_bytes = std::fs::metadata(path)
         .map_err(PipelineError::io(path))?

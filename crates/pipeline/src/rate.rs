@@ -59,30 +59,16 @@ pub const FALLBACK_EXTRA_BITS: u8 = 2;
 /// The fallback of a tensor that the lattice cannot serve at `bps`: affine
 /// INT(⌊bps⌋ + [`FALLBACK_EXTRA_BITS`]) (at most 8) with one symmetric f16 scale for the tensor.
 pub fn fallback_encoding(bps: f64) -> Encoding {
-    Encoding::affine(AffineParams {
-        bits: (bps.floor() as u8)
+    tensor_grid(
+        (bps.floor() as u8)
             .saturating_add(FALLBACK_EXTRA_BITS)
             .clamp(1, 8),
-        group: Group::Tensor,
-        symmetric: true,
-        scale_dtype: FloatDtype::F16,
-    })
+    )
 }
 
 /// Exact stored bytes of `e` for `shape`, when every stream has a fixed length.
 fn exact_bytes(name: &str, shape: &[u64], e: &Encoding) -> Result<u64> {
     Ok(e.stream_lens(name, shape)?.iter().map(|(_, l)| l.min).sum())
-}
-
-/// The estimated smallest stored bytes of the lattice `template` on `shape` (tile fitted as
-/// the encoder fits it), or `None` when the lattice cannot encode the shape at all.
-fn lattice_floor_bytes(
-    name: &str,
-    shape: &[u64],
-    template: &Encoding,
-    max_tile: u32,
-) -> Option<u64> {
-    lattice_cost(name, shape, template, max_tile).map(|c| c.0)
 }
 
 /// (estimated smallest bytes, side-information bytes, coded coordinates) of the lattice.
@@ -225,7 +211,7 @@ pub fn plan_rate(
     let budget_bits = bps * total as f64;
     let floors: Vec<Option<u64>> = tensors
         .iter()
-        .map(|(name, shape, _)| lattice_floor_bytes(name, shape, template, max_tile))
+        .map(|(name, shape, _)| lattice_cost(name, shape, template, max_tile).map(|c| c.0))
         .collect();
     // The fallback's width: ⌊B⌋ + 2 bits, fewer when the budget cannot afford it (a model of
     // only small tensors has no lattice tensors to give bits back).

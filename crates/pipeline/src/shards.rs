@@ -53,25 +53,6 @@ impl<W: std::io::Write> ArchiveSink for hwz::Writer<W> {
     }
 }
 
-impl ArchiveSink for FileWriter {
-    fn insert_metadata(&mut self, key: &str, value: Value) {
-        (**self).insert_metadata(key, value)
-    }
-    fn add_tensor(
-        &mut self,
-        name: &str,
-        shape: &[u64],
-        source_dtype: &str,
-        tensor: &EncodedTensor,
-        stats: Option<TensorStats>,
-    ) -> hwz::Result<()> {
-        (**self).add_tensor(name, shape, source_dtype, tensor, stats)
-    }
-    fn set_plan(&mut self, plan: Value) {
-        (**self).set_plan(plan)
-    }
-}
-
 /// The index file of a sharded archive `out` (`model.hwz` → `model.hwz.index.json`).
 pub fn index_path(out: &Path) -> PathBuf {
     let mut s = out.as_os_str().to_owned();
@@ -257,6 +238,47 @@ impl ArchiveSink for ShardedWriter {
     }
 }
 
+/// A sharded model's index (`*.index.json`, Hugging Face's layout): its shards, sorted, and
+/// which shard holds each tensor.
+#[derive(Debug, Clone)]
+pub struct ShardIndex {
+    /// The shard files, beside the index, in name order.
+    pub files: Vec<PathBuf>,
+    /// Tensor name → shard file name.
+    pub weight_map: std::collections::BTreeMap<String, String>,
+}
+
+/// Reads an index: `weight_map` must name 1..=[`MAX_SHARDS`] files, each a plain file name
+/// beside the index (never a path elsewhere).
+pub fn read_index(path: &Path) -> Result<ShardIndex> {
+    let bad = |message: String| PipelineError::Shards { message };
+    let text = std::fs::read_to_string(path).map_err(PipelineError::io(path))?;
+    let v: Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    let map = v["weight_map"]
+        .as_object()
+        .ok_or_else(|| bad(format!("{}: no `weight_map` object", path.display())))?;
+    let mut weight_map = std::collections::BTreeMap::new();
+    for (name, f) in map {
+        let f = f.as_str().unwrap_or("");
+        if f.is_empty() || f.contains(['/', '\\']) || f == ".." {
+            return Err(bad(format!(
+                "shard `{f}` is not a file name beside the index"
+            )));
+        }
+        weight_map.insert(name.clone(), f.to_string());
+    }
+    let mut files: Vec<&String> = weight_map.values().collect();
+    files.sort_unstable();
+    files.dedup();
+    if files.is_empty() || files.len() > MAX_SHARDS {
+        return Err(bad(format!("{} shards (1..={MAX_SHARDS})", files.len())));
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let files = files.into_iter().map(|f| dir.join(f)).collect();
+    Ok(ShardIndex { files, weight_map })
+}
+
 /// Several archives read as one model: a sharded archive's index, or one archive.
 #[derive(Debug)]
 pub struct ArchiveSet {
@@ -277,44 +299,21 @@ impl ArchiveSet {
                 order,
             });
         }
-        let text = std::fs::read_to_string(path).map_err(PipelineError::io(path))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| PipelineError::Shards {
-            message: format!("{}: {e}", path.display()),
-        })?;
-        let map = v["weight_map"]
-            .as_object()
-            .ok_or_else(|| PipelineError::Shards {
-                message: format!("{}: no `weight_map` object", path.display()),
-            })?;
-        let mut files: Vec<&str> = Vec::new();
-        for f in map.values() {
-            let f = f.as_str().unwrap_or("");
-            if f.is_empty() || f.contains(['/', '\\']) || f == ".." {
-                return Err(PipelineError::Shards {
-                    message: format!("shard `{f}` is not a file name beside the index"),
-                });
-            }
-            if !files.contains(&f) {
-                files.push(f);
-            }
-        }
-        files.sort_unstable();
-        if files.is_empty() || files.len() > MAX_SHARDS {
-            return Err(PipelineError::Shards {
-                message: format!("{} shards (1..={MAX_SHARDS})", files.len()),
-            });
-        }
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let mut parts = Vec::with_capacity(files.len());
+        let index = read_index(path)?;
+        let mut parts = Vec::with_capacity(index.files.len());
         let mut order = Vec::new();
         let mut seen = std::collections::HashSet::new();
-        for (k, f) in files.iter().enumerate() {
-            let p = dir.join(f);
+        for (k, p) in index.files.into_iter().enumerate() {
             let a = crate::open_archive(&p)?;
+            let f = p.file_name().map(|n| n.to_string_lossy().into_owned());
             for (i, t) in a.tensors().iter().enumerate() {
-                if map.get(&t.name).and_then(Value::as_str) != Some(f) {
+                if index.weight_map.get(&t.name) != f.as_ref() {
                     return Err(PipelineError::Shards {
-                        message: format!("tensor `{}` of {f} is not indexed there", t.name),
+                        message: format!(
+                            "tensor `{}` of {} is not indexed there",
+                            t.name,
+                            p.display()
+                        ),
                     });
                 }
                 if !seen.insert(t.name.clone()) {
@@ -326,7 +325,7 @@ impl ArchiveSet {
             }
             parts.push((p, a));
         }
-        if let Some(missing) = map.keys().find(|n| !seen.contains(*n)) {
+        if let Some(missing) = index.weight_map.keys().find(|n| !seen.contains(*n)) {
             return Err(PipelineError::Shards {
                 message: format!("tensor `{missing}` is in the index but in no shard"),
             });

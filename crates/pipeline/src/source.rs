@@ -444,9 +444,6 @@ impl TensorSource {
 /// Bytes of a float tensor converted before their pages are released.
 const READ_BLOCK_BYTES: usize = 16 << 20;
 
-/// Most shards of one model (Hugging Face's largest checkpoints have a few hundred).
-const MAX_SHARDS: usize = 10_000;
-
 /// The files of a sharded model, or `None` for a single file: a Hugging Face
 /// `*.safetensors.index.json` (or a folder holding `model.safetensors.index.json`), whose
 /// `weight_map` names the shards; or a split GGUF `NAME-00001-of-0000N.gguf` (any of its
@@ -469,41 +466,8 @@ fn shard_files(path: &Path) -> Result<Option<(Vec<PathBuf>, Vec<String>)>> {
         None
     };
     if let Some(index) = index {
-        let text = std::fs::read_to_string(&index).map_err(PipelineError::io(&index))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| PipelineError::Shards {
-            message: format!("{}: {e}", index.display()),
-        })?;
-        let map = v["weight_map"]
-            .as_object()
-            .ok_or_else(|| PipelineError::Shards {
-                message: format!("{}: no `weight_map` object", index.display()),
-            })?;
-        let dir = index.parent().unwrap_or(Path::new("."));
-        let mut files: Vec<String> = Vec::new();
-        for f in map.values() {
-            let f = f.as_str().ok_or_else(|| PipelineError::Shards {
-                message: "a `weight_map` value is not a file name".into(),
-            })?;
-            // A shard is a file beside the index, never a path elsewhere.
-            if f.is_empty() || f.contains('/') || f.contains('\\') || f == ".." {
-                return Err(PipelineError::Shards {
-                    message: format!("shard `{f}` is not a file name beside the index"),
-                });
-            }
-            if !files.iter().any(|x| x == f) {
-                files.push(f.to_string());
-            }
-        }
-        files.sort();
-        if files.is_empty() || files.len() > MAX_SHARDS {
-            return Err(PipelineError::Shards {
-                message: format!("{} shards (1..={MAX_SHARDS})", files.len()),
-            });
-        }
-        return Ok(Some((
-            files.into_iter().map(|f| dir.join(f)).collect(),
-            map.keys().cloned().collect(),
-        )));
+        let index = crate::shards::read_index(&index)?;
+        return Ok(Some((index.files, index.weight_map.into_keys().collect())));
     }
     // NAME-00001-of-00003.gguf
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
@@ -514,7 +478,7 @@ fn shard_files(path: &Path) -> Result<Option<(Vec<PathBuf>, Vec<String>)>> {
     let parts: Vec<&str> = stem.rsplitn(4, '-').collect();
     if let [count, "of", _index, prefix] = parts[..] {
         if let Ok(n) = count.parse::<usize>() {
-            if (1..=MAX_SHARDS).contains(&n) && count.len() == 5 {
+            if (1..=crate::shards::MAX_SHARDS).contains(&n) && count.len() == 5 {
                 let dir = path.parent().unwrap_or(Path::new("."));
                 return Ok(Some((
                     (1..=n)

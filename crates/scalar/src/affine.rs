@@ -474,23 +474,6 @@ pub fn affine_decode_rows_into(
             len: out.len(),
         });
     }
-    affine_decode_rows_unchecked(streams, rows, cols, params, first, out)
-}
-
-/// The decode loop over rows `first ..` once every length has been checked.
-fn affine_decode_rows_unchecked(
-    streams: AffineStreams<'_>,
-    rows: usize,
-    cols: usize,
-    params: &AffineParams,
-    first: usize,
-    out: &mut [f32],
-) -> Result<()> {
-    let AffineStreams {
-        codes,
-        scales,
-        offsets,
-    } = streams;
     let layout = GroupLayout::new(rows, cols, params.group)?;
     let dt = params.scale_dtype;
     let bits = params.bits;
