@@ -277,6 +277,8 @@ pub fn compress(
                 one.snr_db()
             );
             encoded = hwz::encode(&t.name, &values, &t.shape, &raw, opts)?;
+            // One line per tensor: this replaces any fallback it already had.
+            fallbacks.retain(|(name, _)| name != &t.name);
             fallbacks.push((t.name.clone(), format!("{} ({why})", raw.label())));
             one = ErrorAcc::default();
             one.add(&values, &values);
