@@ -22,6 +22,7 @@ use hypercodec_hdc::{codebook, pack, HdcError, ScaleMode};
 use hypercodec_lattice as lat;
 use hypercodec_rice::{rans, rice};
 use hypercodec_scalar::{self as scalar, AffineParams, FloatDtype};
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// Values decoded at a time when a row range is converted to f16/bf16 or decoded in parts.
@@ -51,18 +52,18 @@ pub enum Parts<'a> {
         /// Storage type.
         dtype: FloatDtype,
         /// `rows × cols` values.
-        values: &'a [u8],
+        values: Cow<'a, [u8]>,
     },
     /// Affine integer codes with group scales ([`hypercodec_scalar`]'s layout).
     Affine {
         /// Bits, grouping, symmetry, scale type.
         params: AffineParams,
         /// Codes packed LSB-first in row-major order.
-        codes: &'a [u8],
+        codes: Cow<'a, [u8]>,
         /// One scale per group, groups row by row.
-        scales: &'a [u8],
+        scales: Cow<'a, [u8]>,
         /// One offset per group (empty when symmetric).
-        offsets: &'a [u8],
+        offsets: Cow<'a, [u8]>,
     },
     /// Lattice symbols after an RHT, with row scales.
     Lattice(LatticeParts<'a>),
@@ -116,7 +117,7 @@ pub enum Symbols<'a> {
         /// Bits per symbol.
         bits: u8,
         /// The packed symbols.
-        packed: &'a [u8],
+        packed: Cow<'a, [u8]>,
     },
 }
 
@@ -138,17 +139,17 @@ pub struct CodebookParts<'a> {
 }
 
 /// Prototype indices as stored.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum AssignmentsRef<'a> {
     /// `bits` bits each, LSB-first: any row's indices are read directly.
     Packed {
         /// Bits per index.
         bits: u32,
         /// The packed indices.
-        bytes: &'a [u8],
+        bytes: Cow<'a, [u8]>,
     },
     /// `(index, run − 1)` varint pairs: a row range is found by scanning from the start.
-    Rle(&'a [u8]),
+    Rle(Cow<'a, [u8]>),
 }
 
 /// The parts of a `lowrank` tensor: `W ≈ (U·diag(su))·(V·diag(sv))ᵀ`.
@@ -157,11 +158,11 @@ pub struct LowRankParts<'a> {
     /// Rank.
     pub rank: usize,
     /// `rows × rank` int8 codes.
-    pub u: &'a [u8],
+    pub u: Cow<'a, [u8]>,
     /// Scales of U's columns.
     pub u_scales: Vec<f32>,
     /// `cols × rank` int8 codes.
-    pub v: &'a [u8],
+    pub v: Cow<'a, [u8]>,
     /// Scales of V's columns.
     pub v_scales: Vec<f32>,
 }
@@ -255,7 +256,7 @@ impl<'a> TensorView<'a> {
         Ok(match *encoding {
             Encoding::Raw { dtype } => Parts::Raw {
                 dtype,
-                values: get(role::VALUES),
+                values: Cow::Borrowed(get(role::VALUES)),
             },
             Encoding::Affine { .. } => Parts::Affine {
                 params: encoding
@@ -264,9 +265,9 @@ impl<'a> TensorView<'a> {
                         tensor: tensor.to_string(),
                         message: "not affine".into(),
                     })?,
-                codes: get(role::CODES),
-                scales: get(role::SCALES),
-                offsets: get(role::OFFSETS),
+                codes: Cow::Borrowed(get(role::CODES)),
+                scales: Cow::Borrowed(get(role::SCALES)),
+                offsets: Cow::Borrowed(get(role::OFFSETS)),
             },
             Encoding::Lattice {
                 lattice,
@@ -316,7 +317,7 @@ impl<'a> TensorView<'a> {
                     ),
                     Coding::Fixed { bits } => Symbols::Fixed {
                         bits,
-                        packed: get(role::SYMBOLS),
+                        packed: Cow::Borrowed(get(role::SYMBOLS)),
                     },
                 };
                 Parts::Lattice(LatticeParts {
@@ -342,9 +343,9 @@ impl<'a> TensorView<'a> {
                 let assignments = match assignments {
                     Assignments::Packed => AssignmentsRef::Packed {
                         bits: pack::index_bits(prototypes as usize),
-                        bytes: get(role::ASSIGNMENTS),
+                        bytes: Cow::Borrowed(get(role::ASSIGNMENTS)),
                     },
-                    Assignments::Rle => AssignmentsRef::Rle(get(role::ASSIGNMENTS)),
+                    Assignments::Rle => AssignmentsRef::Rle(Cow::Borrowed(get(role::ASSIGNMENTS))),
                 };
                 let residual = if residual.count > 0 {
                     Corrections::decode(
@@ -382,9 +383,9 @@ impl<'a> TensorView<'a> {
                 }
                 Parts::LowRank(LowRankParts {
                     rank: rank as usize,
-                    u: get(role::U),
+                    u: Cow::Borrowed(get(role::U)),
                     u_scales,
-                    v: get(role::V),
+                    v: Cow::Borrowed(get(role::V)),
                     v_scales,
                 })
             }
@@ -482,6 +483,11 @@ impl<'a> TensorView<'a> {
     /// The parts, for executing them without decoding.
     pub fn parts_ref(&self) -> &Parts<'a> {
         &self.parts
+    }
+
+    /// The parts, taken out of the view.
+    pub fn into_parts(self) -> Parts<'a> {
+        self.parts
     }
 
     fn check_range(&self, range: &Range<u64>, len: usize) -> Result<()> {
@@ -614,10 +620,10 @@ impl<'a> TensorView<'a> {
                         .map_err(coding_err(&self.tensor))?,
                 }
             }
-            Parts::Codebook(c) => match c.assignments {
+            Parts::Codebook(c) => match &c.assignments {
                 AssignmentsRef::Packed { bits, .. } => {
                     let bpr = cols.div_ceil(c.block as u64);
-                    ((range.end - range.start) * bpr * bits as u64).div_ceil(8)
+                    ((range.end - range.start) * bpr * *bits as u64).div_ceil(8)
                 }
                 AssignmentsRef::Rle(b) => b.len() as u64,
             },
@@ -676,9 +682,9 @@ impl<'a> TensorView<'a> {
                 let bpr = cols.div_ceil(c.block);
                 let total = self.rows as usize * bpr;
                 let mut idx = vec![0u32; count * bpr];
-                match c.assignments {
+                match &c.assignments {
                     AssignmentsRef::Packed { bits, bytes } => {
-                        pack::unpack_range_into(bytes, bits, total, a * bpr, &mut idx)
+                        pack::unpack_range_into(bytes, *bits, total, a * bpr, &mut idx)
                     }
                     AssignmentsRef::Rle(bytes) => {
                         let mut all = vec![0u32; b * bpr];
@@ -703,7 +709,7 @@ impl<'a> TensorView<'a> {
             }
             Parts::LowRank(l) => {
                 let r = l.rank;
-                let (us, vs) = (&l.u[a * r..b * r], l.v);
+                let (us, vs) = (&l.u[a * r..b * r], &l.v[..]);
                 if r == 0 || l.u_scales.len() != r || l.v_scales.len() != r {
                     return Err(hdc_err(tensor)(HdcError::Shape {
                         message: format!("low-rank parts do not match {}×{cols}", self.rows),
@@ -839,6 +845,133 @@ impl TensorView<'_> {
         }
         debug_assert!(row == b && pending.is_empty());
         Ok(())
+    }
+}
+
+fn own(b: Cow<'_, [u8]>) -> Cow<'static, [u8]> {
+    Cow::Owned(b.into_owned())
+}
+
+impl TensorView<'_> {
+    /// The same view owning copies of the bytes it borrowed, for an operator that outlives
+    /// the archive it was read from.
+    pub fn into_owned(self) -> TensorView<'static> {
+        TensorView {
+            tensor: self.tensor,
+            shape: self.shape,
+            rows: self.rows,
+            cols: self.cols,
+            encoding: self.encoding,
+            parts: self.parts.into_owned(),
+        }
+    }
+
+    /// Bytes the view holds: its streams (borrowed or owned) and the side information parsed
+    /// from them (decoded scales and prototypes, sparse positions, chunk tables).
+    pub fn held_bytes(&self) -> u64 {
+        self.parts.held_bytes()
+    }
+}
+
+impl Parts<'_> {
+    /// The same parts owning copies of the bytes they borrowed.
+    pub fn into_owned(self) -> Parts<'static> {
+        match self {
+            Parts::Raw { dtype, values } => Parts::Raw {
+                dtype,
+                values: own(values),
+            },
+            Parts::Affine {
+                params,
+                codes,
+                scales,
+                offsets,
+            } => Parts::Affine {
+                params,
+                codes: own(codes),
+                scales: own(scales),
+                offsets: own(offsets),
+            },
+            Parts::Lattice(l) => Parts::Lattice(LatticeParts {
+                params: l.params,
+                scales: l.scales,
+                symbols_per_row: l.symbols_per_row,
+                symbols: match l.symbols {
+                    Symbols::Rice(d) => Symbols::Rice(d.into_owned()),
+                    Symbols::Rans(d) => Symbols::Rans(d.into_owned()),
+                    Symbols::Fixed { bits, packed } => Symbols::Fixed {
+                        bits,
+                        packed: own(packed),
+                    },
+                },
+            }),
+            Parts::Codebook(c) => Parts::Codebook(CodebookParts {
+                block: c.block,
+                scale_mode: c.scale_mode,
+                protos: c.protos,
+                scales: c.scales,
+                assignments: match c.assignments {
+                    AssignmentsRef::Packed { bits, bytes } => AssignmentsRef::Packed {
+                        bits,
+                        bytes: own(bytes),
+                    },
+                    AssignmentsRef::Rle(b) => AssignmentsRef::Rle(own(b)),
+                },
+                residual: c.residual,
+            }),
+            Parts::LowRank(l) => Parts::LowRank(LowRankParts {
+                rank: l.rank,
+                u: own(l.u),
+                u_scales: l.u_scales,
+                v: own(l.v),
+                v_scales: l.v_scales,
+            }),
+            Parts::Sparse { entries } => Parts::Sparse { entries },
+            Parts::Mixed { block_rows, parts } => Parts::Mixed {
+                block_rows,
+                parts: parts.into_iter().map(TensorView::into_owned).collect(),
+            },
+            Parts::Exceptions { base, exceptions } => Parts::Exceptions {
+                base: Box::new(base.into_owned()),
+                exceptions,
+            },
+        }
+    }
+
+    /// Bytes held: streams and parsed side information.
+    pub fn held_bytes(&self) -> u64 {
+        let f = |v: &[f32]| 4 * v.len() as u64;
+        let corr = |c: &Corrections| 12 * c.positions.len() as u64;
+        match self {
+            Parts::Raw { values, .. } => values.len() as u64,
+            Parts::Affine {
+                codes,
+                scales,
+                offsets,
+                ..
+            } => (codes.len() + scales.len() + offsets.len()) as u64,
+            Parts::Lattice(l) => {
+                f(&l.scales)
+                    + match &l.symbols {
+                        Symbols::Rice(d) => d.stream_bytes(),
+                        Symbols::Rans(d) => d.stream_bytes(),
+                        Symbols::Fixed { packed, .. } => packed.len() as u64,
+                    }
+            }
+            Parts::Codebook(c) => {
+                f(&c.protos)
+                    + f(&c.scales)
+                    + corr(&c.residual)
+                    + match &c.assignments {
+                        AssignmentsRef::Packed { bytes, .. } => bytes.len() as u64,
+                        AssignmentsRef::Rle(b) => b.len() as u64,
+                    }
+            }
+            Parts::LowRank(l) => (l.u.len() + l.v.len()) as u64 + f(&l.u_scales) + f(&l.v_scales),
+            Parts::Sparse { entries } => corr(entries),
+            Parts::Mixed { parts, .. } => parts.iter().map(TensorView::held_bytes).sum(),
+            Parts::Exceptions { base, exceptions } => base.held_bytes() + corr(exceptions),
+        }
     }
 }
 

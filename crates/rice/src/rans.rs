@@ -25,6 +25,7 @@
 //! states as `u32`), `payload` (16-bit words, little-endian).
 
 use crate::{chunk_count, CodingError, Result};
+use std::borrow::Cow;
 
 /// Symbols below this are coded directly; larger ones are escaped.
 pub const MAX_DIRECT: u32 = 256;
@@ -546,8 +547,8 @@ pub fn decode_parts<F: Fn(usize, u32) -> usize + Copy>(
 #[derive(Debug, Clone)]
 pub struct Decoder<'a> {
     model: Model,
-    index: &'a [u8],
-    payload: &'a [u8],
+    index: Cow<'a, [u8]>,
+    payload: Cow<'a, [u8]>,
     params: RansParams,
     n: usize,
 }
@@ -573,11 +574,37 @@ impl<'a> Decoder<'a> {
         }
         Ok(Decoder {
             model,
-            index: s.index,
-            payload: s.payload,
+            index: Cow::Borrowed(s.index),
+            payload: Cow::Borrowed(s.payload),
             params: *params,
             n,
         })
+    }
+
+    /// The same decoder owning copies of the chunk table and the payload.
+    pub fn into_owned(self) -> Decoder<'static> {
+        Decoder {
+            model: self.model,
+            index: Cow::Owned(self.index.into_owned()),
+            payload: Cow::Owned(self.payload.into_owned()),
+            params: self.params,
+            n: self.n,
+        }
+    }
+
+    /// Bytes held: the chunk table, the payload and the parsed model's tables.
+    pub fn stream_bytes(&self) -> u64 {
+        let model: usize = self
+            .model
+            .tables
+            .iter()
+            .map(|t| {
+                4 * (t.freq.len() + t.cum.len())
+                    + 8 * t.rcp.len()
+                    + std::mem::size_of::<Slot>() * t.slots.len()
+            })
+            .sum();
+        (self.index.len() + self.payload.len() + model) as u64
     }
 
     /// Number of chunks.
@@ -662,9 +689,9 @@ impl<'a> Decoder<'a> {
         let mut states = vec![0u32; params.lanes];
         for (k, chunk) in out.chunks_mut(params.chunk).enumerate() {
             let ci = range.start + k;
-            let start = u32_at(self.index, ci * entry) as usize;
+            let start = u32_at(&self.index, ci * entry) as usize;
             let end = if ci + 1 < chunks {
-                u32_at(self.index, (ci + 1) * entry) as usize
+                u32_at(&self.index, (ci + 1) * entry) as usize
             } else {
                 words
             };
@@ -675,7 +702,7 @@ impl<'a> Decoder<'a> {
                 });
             }
             for (l, st) in states.iter_mut().enumerate() {
-                *st = u32_at(self.index, ci * entry + 1 + l);
+                *st = u32_at(&self.index, ci * entry + 1 + l);
                 if *st < L {
                     return Err(CodingError::Corrupt { chunk: ci });
                 }

@@ -8,6 +8,7 @@
 //! per chunk into the payload) and the `payload`.
 
 use crate::{chunk_count, CodingError, Result};
+use std::borrow::Cow;
 
 /// Quotients from this on are escaped (the value follows in 32 bits).
 pub const ESCAPE_Q: u32 = 32;
@@ -250,7 +251,7 @@ pub fn decode_parts(s: RiceParts<'_>, chunk: usize, out: &mut [u32]) -> Result<(
 /// of chunks decodes alone.
 #[derive(Debug, Clone)]
 pub struct Decoder<'a> {
-    payload: &'a [u8],
+    payload: Cow<'a, [u8]>,
     table: Vec<(u8, usize, usize)>,
     chunk: usize,
     n: usize,
@@ -261,11 +262,26 @@ impl<'a> Decoder<'a> {
     pub fn new(s: RiceParts<'a>, chunk: usize, n: usize) -> Result<Self> {
         let table = chunk_table(s, n, chunk)?;
         Ok(Decoder {
-            payload: s.payload,
+            payload: Cow::Borrowed(s.payload),
             table,
             chunk: chunk.max(1),
             n,
         })
+    }
+
+    /// The same decoder owning a copy of the payload.
+    pub fn into_owned(self) -> Decoder<'static> {
+        Decoder {
+            payload: Cow::Owned(self.payload.into_owned()),
+            table: self.table,
+            chunk: self.chunk,
+            n: self.n,
+        }
+    }
+
+    /// Bytes held: the payload and the parsed chunk table.
+    pub fn stream_bytes(&self) -> u64 {
+        (self.payload.len() + self.table.len() * std::mem::size_of::<(u8, usize, usize)>()) as u64
     }
 
     /// Number of chunks.

@@ -1,0 +1,1 @@
+//! The runtime benchmark: filled below.

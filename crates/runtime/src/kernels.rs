@@ -1,0 +1,312 @@
+//! The inner loops of the batch-1 paths: dot products of one stored row with a prepared
+//! activation. Each is plain Rust over lane arrays (`LANES` independent accumulators, so the
+//! compiler may vectorize a float sum without reassociating it), compiled for the baseline and
+//! for AVX2 ([`crate::simd`]).
+
+use crate::simd::multiversion;
+
+/// Independent accumulators per loop: one AVX2 register of f32.
+const LANES: usize = 8;
+
+#[inline(always)]
+fn hsum(acc: [f32; LANES]) -> f32 {
+    let a = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    (a[0] + a[2]) + (a[1] + a[3])
+}
+
+multiversion! {
+    /// `Σ a·b` over f32 slices of the same length.
+    pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        let mut acc = [0f32; LANES];
+        let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+        let (ra, rb) = (ca.remainder(), cb.remainder());
+        for (x, y) in ca.zip(cb) {
+            for l in 0..LANES {
+                acc[l] += x[l] * y[l];
+            }
+        }
+        let mut s = hsum(acc);
+        for (x, y) in ra.iter().zip(rb) {
+            s += x * y;
+        }
+        s
+    }
+}
+
+multiversion! {
+    /// `Σ w·x` where `w` is little-endian bfloat16 (`2·x.len()` bytes).
+    pub(crate) fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
+        let mut acc = [0f32; LANES];
+        let (cw, cx) = (w.chunks_exact(2 * LANES), x.chunks_exact(LANES));
+        let (rw, rx) = (cw.remainder(), cx.remainder());
+        for (a, b) in cw.zip(cx) {
+            for l in 0..LANES {
+                let v = f32::from_bits((u16::from_le_bytes([a[2 * l], a[2 * l + 1]]) as u32) << 16);
+                acc[l] += v * b[l];
+            }
+        }
+        let mut s = hsum(acc);
+        for (a, b) in rw.chunks_exact(2).zip(rx) {
+            s += f32::from_bits((u16::from_le_bytes([a[0], a[1]]) as u32) << 16) * b;
+        }
+        s
+    }
+}
+
+/// `Σ q·x` for `B`-bit codes packed LSB-first, `8/B` per byte, against `xp`, the activation
+/// permuted so that the `m`-th field of every byte meets a contiguous run:
+/// `xp[m·n + i]` is the value under field `m` of byte `i` (`n = codes.len()`).
+#[inline(always)]
+fn dot_fields<const B: u32>(codes: &[u8], xp: &[f32]) -> f32 {
+    let per = (8 / B) as usize;
+    let n = codes.len();
+    let mask = ((1u32 << B) - 1) as u8;
+    let mut acc = [0f32; LANES];
+    let mut tail = 0f32;
+    for m in 0..per {
+        let xs = &xp[m * n..(m + 1) * n];
+        let shift = m as u32 * B;
+        let (cc, cx) = (codes.chunks_exact(LANES), xs.chunks_exact(LANES));
+        let (rc, rx) = (cc.remainder(), cx.remainder());
+        for (c, x) in cc.zip(cx) {
+            for l in 0..LANES {
+                acc[l] += ((c[l] >> shift) & mask) as f32 * x[l];
+            }
+        }
+        for (c, x) in rc.iter().zip(rx) {
+            tail += ((c >> shift) & mask) as f32 * x;
+        }
+    }
+    hsum(acc) + tail
+}
+
+multiversion! {
+    /// [`dot_fields`] for `bits` ∈ {1, 2, 4, 8}.
+    pub(crate) fn dot_codes(bits: u8, codes: &[u8], xp: &[f32]) -> f32 {
+        match bits {
+            1 => dot_fields::<1>(codes, xp),
+            2 => dot_fields::<2>(codes, xp),
+            4 => dot_fields::<4>(codes, xp),
+            _ => dot_fields::<8>(codes, xp),
+        }
+    }
+}
+
+/// The activation of a fixed-rate E8 row, rearranged once per call so that a row's dot product
+/// runs over words in lanes: for word `w` (8 coordinates of `x' = RHT(x)`, zero-padded),
+/// `t[(i−1)·nw + w] = x'[8w + i − 1]` for `i` in 1..8 (the coordinates symbols 1..7 carry),
+/// `half[w] = ½·Σ x'[8w..8w+8]` (what the coset bit adds), `last[w] = x'[8w + 7]` (the
+/// coordinate rebuilt from the first symbol and the parity), and `sum = Σ x'`.
+#[derive(Debug, Default)]
+pub(crate) struct E8Activation {
+    pub(crate) words: usize,
+    pub(crate) t: Vec<f32>,
+    pub(crate) half: Vec<f32>,
+    pub(crate) last: Vec<f32>,
+    pub(crate) sum: f32,
+}
+
+impl E8Activation {
+    /// Rearranges `xr` (`8·words` values).
+    pub(crate) fn new(xr: &[f32]) -> Self {
+        let nw = xr.len() / 8;
+        let mut t = vec![0f32; 7 * nw];
+        let mut half = vec![0f32; nw];
+        let mut last = vec![0f32; nw];
+        for (w, word) in xr.chunks_exact(8).enumerate() {
+            for i in 0..7 {
+                t[i * nw + w] = word[i];
+            }
+            half[w] = 0.5 * word.iter().sum::<f32>();
+            last[w] = word[7];
+        }
+        E8Activation {
+            words: nw,
+            t,
+            half,
+            last,
+            sum: xr.iter().sum(),
+        }
+    }
+}
+
+/// `⟨p, x'⟩` for one row of fixed-rate E8 words of `B` bits per symbol (`B` bytes per word,
+/// LSB-first): the seven stored coordinates are `sym − h (+ ½ c)`, the last
+/// `(s₀ & !1) − h + parity(sym₁..₇) (+ ½ c)` with `h = 2^(B−1)` (see
+/// `hypercodec_lattice::Lattice::decode_word_fixed`), so the row's sum is
+/// `Σ_w [Σ_i sym_i·t_i + c·half + ((s₀ & !1) + parity)·last] − h·Σ x'`.
+#[inline(always)]
+fn e8_fields<const B: u32>(bytes: &[u8], a: &E8Activation) -> f32 {
+    let nw = a.words;
+    let mask = (1u64 << B) - 1;
+    let parity_bits: u64 = (1..8).fold(0, |m, i| m | (1u64 << (i * B)));
+    let word = |w: usize| -> u64 {
+        let mut v = [0u8; 8];
+        v[..B as usize].copy_from_slice(&bytes[w * B as usize..(w + 1) * B as usize]);
+        u64::from_le_bytes(v)
+    };
+    let mut acc = [0f32; LANES];
+    let full = nw / LANES * LANES;
+    let mut w0 = 0;
+    while w0 < full {
+        for (l, lane) in acc.iter_mut().enumerate() {
+            let w = w0 + l;
+            let v = word(w);
+            let mut s = 0f32;
+            for i in 1..8u32 {
+                s += ((v >> (i * B)) & mask) as f32 * a.t[(i as usize - 1) * nw + w];
+            }
+            let s0 = v & mask;
+            let par = (v & parity_bits).count_ones() as u64 & 1;
+            s += (s0 & 1) as f32 * a.half[w] + ((s0 & !1) + par) as f32 * a.last[w];
+            *lane += s;
+        }
+        w0 += LANES;
+    }
+    let mut tail = 0f32;
+    for w in full..nw {
+        let v = word(w);
+        for i in 1..8u32 {
+            tail += ((v >> (i * B)) & mask) as f32 * a.t[(i as usize - 1) * nw + w];
+        }
+        let s0 = v & mask;
+        let par = (v & parity_bits).count_ones() as u64 & 1;
+        tail += (s0 & 1) as f32 * a.half[w] + ((s0 & !1) + par) as f32 * a.last[w];
+    }
+    hsum(acc) + tail - (1u64 << (B - 1)) as f32 * a.sum
+}
+
+/// The same for 4-bit symbols, a word being one little-endian `u32`.
+#[inline(always)]
+fn e8_fields4(bytes: &[u8], a: &E8Activation) -> f32 {
+    let nw = a.words;
+    let mut acc = [0f32; LANES];
+    let words = bytes.chunks_exact(4 * LANES);
+    let mut w0 = 0;
+    for chunk in words {
+        for l in 0..LANES {
+            let w = w0 + l;
+            let c = &chunk[4 * l..4 * l + 4];
+            let v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            let mut s = 0f32;
+            for i in 1..8u32 {
+                s += ((v >> (4 * i)) & 15) as f32 * a.t[(i as usize - 1) * nw + w];
+            }
+            let s0 = v & 15;
+            let mut p = v & 0x1111_1110;
+            p ^= p >> 16;
+            p ^= p >> 8;
+            p ^= p >> 4;
+            s += (s0 & 1) as f32 * a.half[w] + ((s0 & 14) + (p & 1)) as f32 * a.last[w];
+            acc[l] += s;
+        }
+        w0 += LANES;
+    }
+    let mut tail = 0f32;
+    for w in w0..nw {
+        let c = &bytes[4 * w..4 * w + 4];
+        let v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        for i in 1..8u32 {
+            tail += ((v >> (4 * i)) & 15) as f32 * a.t[(i as usize - 1) * nw + w];
+        }
+        let s0 = v & 15;
+        let par = (v & 0x1111_1110).count_ones() & 1;
+        tail += (s0 & 1) as f32 * a.half[w] + ((s0 & 14) + par) as f32 * a.last[w];
+    }
+    hsum(acc) + tail - 8.0 * a.sum
+}
+
+multiversion! {
+    /// `⟨p, x'⟩` of one fixed-rate E8 row of `bits` (2..=8) bits per symbol.
+    pub(crate) fn e8_fixed_dot(bits: u8, bytes: &[u8], a: &E8Activation) -> f32 {
+        match bits {
+            2 => e8_fields::<2>(bytes, a),
+            3 => e8_fields::<3>(bytes, a),
+            4 => e8_fields4(bytes, a),
+            5 => e8_fields::<5>(bytes, a),
+            6 => e8_fields::<6>(bytes, a),
+            7 => e8_fields::<7>(bytes, a),
+            _ => e8_fields::<8>(bytes, a),
+        }
+    }
+}
+
+#[inline(always)]
+fn unzz(z: u32) -> i32 {
+    ((z >> 1) as i32) ^ -((z & 1) as i32)
+}
+
+multiversion! {
+    /// `⟨p, x'⟩` of one row of unbounded (entropy-coded) E8 symbols (`8·nw` of them): per word,
+    /// coordinates `unzz(s_i) (+ ½c)` for i in 1..8 and `2t + parity (+ ½c)` with
+    /// `c = s₀ & 1`, `t = unzz(s₀ >> 1)`.
+    pub(crate) fn e8_coded_dot(syms: &[u32], a: &E8Activation) -> f32 {
+        let nw = a.words;
+        let mut acc = [0f32; LANES];
+        for (w, s) in syms.chunks_exact(8).enumerate().take(nw) {
+            let mut v = [0f32; LANES];
+            let mut par = 0i32;
+            for i in 1..8 {
+                let n = unzz(s[i]);
+                par ^= n;
+                v[i] = n as f32 * a.t[(i - 1) * nw + w];
+            }
+            let c = s[0] & 1;
+            let t = unzz(s[0] >> 1);
+            v[0] = c as f32 * a.half[w] + (2 * t + (par & 1)) as f32 * a.last[w];
+            for l in 0..LANES {
+                acc[l] += v[l];
+            }
+        }
+        hsum(acc)
+    }
+}
+
+multiversion! {
+    /// `Σ_b scale_b · table[b·k + idx_b]` over a codebook row (`idx.len()` blocks); `scales`
+    /// holds one scale per block, or one for the row when its length is 1.
+    pub(crate) fn codebook_dot(idx: &[u32], k: usize, table: &[f32], scales: &[f32]) -> f32 {
+        let mut acc = [0f32; LANES];
+        if scales.len() == 1 {
+            for (b, &i) in idx.iter().enumerate() {
+                acc[b % LANES] += table[b * k + i as usize];
+            }
+            return hsum(acc) * scales[0];
+        }
+        for (b, (&i, &s)) in idx.iter().zip(scales).enumerate() {
+            acc[b % LANES] += s * table[b * k + i as usize];
+        }
+        hsum(acc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_dot_matches_the_plain_sum() {
+        for bits in [1u8, 2, 4, 8] {
+            let per = 8 / bits as usize;
+            let n = 37;
+            let codes: Vec<u8> = (0..n).map(|i| (i * 97 + 13) as u8).collect();
+            let x: Vec<f32> = (0..n * per).map(|i| (i as f32 * 0.37).sin()).collect();
+            let mut xp = vec![0f32; n * per];
+            let mut want = 0f64;
+            for i in 0..n {
+                for m in 0..per {
+                    let q = (codes[i] >> (m * bits as usize)) & ((1u16 << bits) - 1) as u8;
+                    xp[m * n + i] = x[i * per + m];
+                    want += q as f64 * x[i * per + m] as f64;
+                }
+            }
+            let got = dot_codes(bits, &codes, &xp) as f64;
+            assert!((got - want).abs() < 1e-3, "{bits}: {got} vs {want}");
+        }
+    }
+}

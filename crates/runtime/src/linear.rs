@@ -1,0 +1,1034 @@
+//! [`CompressedLinear`]: `y = x·Wᵀ (+ b)` on the stored form of `W`.
+
+use crate::kernels::{self, E8Activation};
+use crate::{hwz, Result, RuntimeError};
+use hwz::{AssignmentsRef, Coding, Encoding, Group, Parts, Symbols, TensorView};
+use hypercodec_hdc::residual::Corrections;
+use hypercodec_hdc::{pack, ScaleMode};
+use hypercodec_lattice::{Lattice, Rht};
+use hypercodec_rice::rans;
+use hypercodec_scalar::{self as scalar, FloatDtype};
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Values of `W` a batch > 1 decodes at a time per thread (256 KB of f32: an L2-sized tile).
+const TILE_VALUES: usize = 1 << 16;
+/// Work (values of `W`) below which rows are not split into another task.
+const TASK_MIN_VALUES: usize = 1 << 15;
+
+/// How a [`CompressedLinear`] is loaded. By default, nothing is converted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Convert an entropy-coded lattice tensor (rANS or Rice) at load into the fixed-rate form
+    /// of this many bits per symbol (2..=8; E8, D4, Z1), for speed. This re-quantizes: points
+    /// outside the fixed-rate box are clipped to its nearest point, so it is opt-in and the
+    /// SNR of the converted weight against the stored one is measured
+    /// ([`CompressedLinear::conversion_snr_db`]). By default, `None`.
+    pub fixed_bits: Option<u8>,
+}
+
+/// The batch-1 route an operator takes (larger batches always decode row tiles and run a GEMM,
+/// except [`Path::Sparse`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Path {
+    /// Stored floats dotted as they are.
+    Dense,
+    /// Affine codes of 1, 2, 4 or 8 bits dotted in groups without unpacking them.
+    AffineFused {
+        /// Bits per code.
+        bits: u8,
+    },
+    /// Affine codes unpacked a row at a time (3, 5, 6, 7 bits, or rows not byte-aligned).
+    AffineUnpacked {
+        /// Bits per code.
+        bits: u8,
+    },
+    /// Fixed-rate E8 words rebuilt in registers against `RHT(x)`.
+    E8Fixed {
+        /// Bits per symbol.
+        bits: u8,
+    },
+    /// Fixed-rate Z1/D4 words decoded a row at a time against `RHT(x)`.
+    LatticeWords,
+    /// Entropy-coded lattice symbols decoded a chunk at a time into a per-thread buffer and
+    /// consumed at once against `RHT(x)`.
+    LatticeResident {
+        /// `rans` or `rice`.
+        coding: &'static str,
+    },
+    /// Prototype·x dot products in a table, looked up per block.
+    CodebookLut,
+    /// `U·(Vᵀx)`.
+    LowRank,
+    /// The stored nonzeros only.
+    Sparse,
+    /// One operator per row block.
+    Mixed,
+    /// A base operator plus the stored exceptions' deltas.
+    Exceptions,
+    /// The fallback: row tiles decoded to f32, then dotted (no fast path for this form).
+    DecodeTiles,
+}
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Path::Dense => f.write_str("dense"),
+            Path::AffineFused { bits } => write!(f, "affine-int{bits}-fused"),
+            Path::AffineUnpacked { bits } => write!(f, "affine-int{bits}-unpacked"),
+            Path::E8Fixed { bits } => write!(f, "e8-fixed{bits}"),
+            Path::LatticeWords => f.write_str("lattice-words"),
+            Path::LatticeResident { coding } => write!(f, "lattice-resident-{coding}"),
+            Path::CodebookLut => f.write_str("codebook-lut"),
+            Path::LowRank => f.write_str("lowrank"),
+            Path::Sparse => f.write_str("sparse"),
+            Path::Mixed => f.write_str("mixed"),
+            Path::Exceptions => f.write_str("exceptions"),
+            Path::DecodeTiles => f.write_str("decode-tiles"),
+        }
+    }
+}
+
+/// A linear layer whose weight stays compressed: `y = x·Wᵀ (+ b)` with `W` the `rows × cols`
+/// matrix view of an hwz tensor (a convolution's `[out, in, kh, kw]` is `[out, in·kh·kw]`).
+#[derive(Debug)]
+pub struct CompressedLinear {
+    name: String,
+    rows: usize,
+    cols: usize,
+    bias: Option<Vec<f32>>,
+    op: Op,
+    conversion_snr_db: Option<f64>,
+}
+
+#[derive(Debug)]
+enum Op {
+    Leaf {
+        view: Box<TensorView<'static>>,
+        kind: Kind,
+    },
+    Mixed {
+        parts: Vec<(usize, Op)>,
+    },
+    Exceptions {
+        base: Box<Op>,
+        /// Exact value minus the base's value, at the stored positions.
+        deltas: Box<Corrections>,
+        cols: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Dense,
+    Affine {
+        glen: usize,
+        gpr: usize,
+        fused: bool,
+    },
+    E8Fixed,
+    LatticeWords,
+    LatticeResident,
+    Codebook,
+    LowRank,
+    Sparse,
+    Tiles,
+}
+
+impl CompressedLinear {
+    /// The operator of `view`'s tensor (owning a copy of what the view borrows), with an
+    /// optional bias of `rows` values.
+    pub fn new(view: TensorView<'_>, bias: Option<&[f32]>, options: &LoadOptions) -> Result<Self> {
+        let name = view.name().to_string();
+        if view.shape().len() < 2 {
+            return Err(RuntimeError::NotAMatrix {
+                tensor: name,
+                shape: view.shape().to_vec(),
+            });
+        }
+        let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+        if let Some(b) = bias {
+            if b.len() != rows {
+                return Err(RuntimeError::Length {
+                    what: "bias",
+                    expected: rows,
+                    actual: b.len(),
+                });
+            }
+        }
+        let mut conversion_snr_db = None;
+        let view = match options.fixed_bits {
+            Some(bits) => {
+                let (fixed, snr) = to_fixed(&view, bits)?;
+                conversion_snr_db = Some(snr);
+                fixed
+            }
+            None => view.into_owned(),
+        };
+        Ok(CompressedLinear {
+            name,
+            rows,
+            cols,
+            bias: bias.map(<[f32]>::to_vec),
+            op: Op::build(view)?,
+            conversion_snr_db,
+        })
+    }
+
+    /// [`CompressedLinear::new`] from an encoder's output.
+    pub fn from_encoded(
+        name: &str,
+        t: &hwz::EncodedTensor,
+        shape: &[u64],
+        bias: Option<&[f32]>,
+        options: &LoadOptions,
+    ) -> Result<Self> {
+        let streams: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, &b[..])).collect();
+        let view = TensorView::new(name, &t.encoding, shape, &streams)?;
+        Self::new(view, bias, options)
+    }
+
+    /// The weight's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Output features (rows of `W`).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (columns of `W`).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The batch-1 route.
+    pub fn path(&self) -> Path {
+        self.op.path()
+    }
+
+    /// The route with those of the parts of a mixed or exceptions tensor, e.g.
+    /// `mixed[e8-fixed4, affine-int4-fused]`.
+    pub fn path_detail(&self) -> String {
+        self.op.detail()
+    }
+
+    /// Bytes the operator holds: the stored streams, the side information parsed from them
+    /// and the bias. Per-call buffers (the prepared activation, one chunk or tile per thread)
+    /// are not included.
+    pub fn held_bytes(&self) -> u64 {
+        self.op.held_bytes() + 4 * self.bias.as_ref().map_or(0, Vec::len) as u64
+    }
+
+    /// When loaded with [`LoadOptions::fixed_bits`]: the SNR (dB) of the converted weight
+    /// against the stored one (∞ when nothing was clipped).
+    pub fn conversion_snr_db(&self) -> Option<f64> {
+        self.conversion_snr_db
+    }
+
+    /// `y = x·Wᵀ (+ b)` for `batch` rows of f32 activations: `x` is `batch × cols`, `y`
+    /// `batch × rows`, both row-major.
+    pub fn forward(&self, x: &[f32], batch: usize, y: &mut [f32]) -> Result<()> {
+        check_len("x", batch * self.cols, x.len())?;
+        check_len("y", batch * self.rows, y.len())?;
+        if batch == 1 {
+            self.op.run(x, 1, y)?;
+        } else {
+            let mut yt = vec![0f32; batch * self.rows];
+            self.op.run(x, batch, &mut yt)?;
+            for (r, col) in yt.chunks_exact(batch.max(1)).enumerate() {
+                for (b, &v) in col.iter().enumerate() {
+                    y[b * self.rows + r] = v;
+                }
+            }
+        }
+        if let Some(bias) = &self.bias {
+            for row in y.chunks_exact_mut(self.rows.max(1)) {
+                row.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`CompressedLinear::forward`] for bfloat16 activations and outputs (computed in f32).
+    pub fn forward_bf16(&self, x: &[half::bf16], batch: usize, y: &mut [half::bf16]) -> Result<()> {
+        check_len("y", batch * self.rows, y.len())?;
+        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        let mut yf = vec![0f32; y.len()];
+        self.forward(&xf, batch, &mut yf)?;
+        y.iter_mut()
+            .zip(&yf)
+            .for_each(|(o, &v)| *o = half::bf16::from_f32(v));
+        Ok(())
+    }
+}
+
+fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
+    if expected != actual {
+        return Err(RuntimeError::Length {
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+fn corrupt(view: &TensorView<'_>, message: String) -> RuntimeError {
+    RuntimeError::Corrupt {
+        tensor: view.name().to_string(),
+        message,
+    }
+}
+
+/// Scale `i` of a little-endian array of `dtype`.
+#[inline]
+fn scale_at(bytes: &[u8], dtype: FloatDtype, i: usize) -> f32 {
+    match dtype {
+        FloatDtype::F32 => {
+            let b = &bytes[4 * i..4 * i + 4];
+            f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        }
+        FloatDtype::F16 => half::f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
+        FloatDtype::Bf16 => half::bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
+    }
+}
+
+/// Splits `y` (rows of `per_row` outputs, `cost` values of work each) over the pool and runs
+/// `f(first_row, part)` on each part.
+fn par_rows(
+    y: &mut [f32],
+    per_row: usize,
+    cost: usize,
+    f: impl Fn(usize, &mut [f32]) -> Result<()> + Sync,
+) -> Result<()> {
+    let rows = y.len() / per_row.max(1);
+    let tasks = 4 * rayon::current_num_threads();
+    let min_rows = (TASK_MIN_VALUES / cost.max(1)).max(1);
+    let per = rows.div_ceil(tasks).max(min_rows);
+    if per >= rows {
+        return f(0, y);
+    }
+    y.par_chunks_mut(per * per_row)
+        .enumerate()
+        .try_for_each(|(i, part)| f(i * per, part))
+}
+
+impl Op {
+    fn build(view: TensorView<'static>) -> Result<Op> {
+        let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+        let kind = match view.parts_ref() {
+            Parts::Raw { .. } => Kind::Dense,
+            Parts::Affine { params, .. } => {
+                let glen = match params.group {
+                    Group::Size(g) => (g as usize).min(cols).max(1),
+                    Group::Row | Group::Tensor => cols.max(1),
+                };
+                let per = match params.bits {
+                    1 | 2 | 4 | 8 => 8 / params.bits as usize,
+                    _ => 0,
+                };
+                Kind::Affine {
+                    glen,
+                    gpr: cols.div_ceil(glen),
+                    fused: per > 0 && cols % per == 0 && glen % per == 0,
+                }
+            }
+            Parts::Lattice(l) => match l.symbols {
+                Symbols::Fixed { .. } if l.params.lattice == Lattice::E8 => Kind::E8Fixed,
+                Symbols::Fixed { .. } => Kind::LatticeWords,
+                Symbols::Rans(_) | Symbols::Rice(_) => Kind::LatticeResident,
+            },
+            Parts::Codebook(c) => match c.assignments {
+                AssignmentsRef::Packed { .. } => Kind::Codebook,
+                AssignmentsRef::Rle(_) => Kind::Tiles,
+            },
+            Parts::LowRank(_) => Kind::LowRank,
+            Parts::Sparse { .. } => Kind::Sparse,
+            Parts::Mixed { .. } | Parts::Exceptions { .. } => return Op::nested(view),
+            _ => Kind::Tiles,
+        };
+        let _ = rows;
+        Ok(Op::Leaf {
+            view: Box::new(view),
+            kind,
+        })
+    }
+
+    fn nested(view: TensorView<'static>) -> Result<Op> {
+        let cols = view.cols() as usize;
+        let name = view.name().to_string();
+        let rows = view.rows();
+        match view.into_parts() {
+            Parts::Mixed { block_rows, parts } => {
+                let mut ops = Vec::with_capacity(parts.len());
+                for (i, p) in parts.into_iter().enumerate() {
+                    ops.push((p.rows() as usize, Op::build(p)?));
+                    debug_assert!(i as u64 * block_rows <= rows);
+                }
+                Ok(Op::Mixed { parts: ops })
+            }
+            Parts::Exceptions { base, exceptions } => {
+                // The base's values at the exceptions, decoded a row at a time.
+                let mut deltas = exceptions;
+                let mut row = vec![0f32; cols];
+                let mut current = u64::MAX;
+                for (p, v) in deltas.positions.iter().zip(deltas.values.iter_mut()) {
+                    let r = p / cols.max(1) as u64;
+                    if r != current {
+                        base.decode_rows_into(r..r + 1, &mut row)?;
+                        current = r;
+                    }
+                    *v -= row[(p % cols as u64) as usize];
+                }
+                Ok(Op::Exceptions {
+                    base: Box::new(Op::build(*base)?),
+                    deltas: Box::new(deltas),
+                    cols,
+                })
+            }
+            _ => Err(RuntimeError::Corrupt {
+                tensor: name,
+                message: "not a nested encoding".into(),
+            }),
+        }
+    }
+
+    fn path(&self) -> Path {
+        match self {
+            Op::Leaf { view, kind } => match (kind, view.parts_ref()) {
+                (Kind::Dense, _) => Path::Dense,
+                (Kind::Affine { fused, .. }, Parts::Affine { params, .. }) => {
+                    if *fused {
+                        Path::AffineFused { bits: params.bits }
+                    } else {
+                        Path::AffineUnpacked { bits: params.bits }
+                    }
+                }
+                (Kind::E8Fixed, Parts::Lattice(l)) => match l.symbols {
+                    Symbols::Fixed { bits, .. } => Path::E8Fixed { bits },
+                    _ => Path::LatticeWords,
+                },
+                (Kind::LatticeWords, _) => Path::LatticeWords,
+                (Kind::LatticeResident, Parts::Lattice(l)) => Path::LatticeResident {
+                    coding: match l.symbols {
+                        Symbols::Rice(_) => "rice",
+                        _ => "rans",
+                    },
+                },
+                (Kind::Codebook, _) => Path::CodebookLut,
+                (Kind::LowRank, _) => Path::LowRank,
+                (Kind::Sparse, _) => Path::Sparse,
+                _ => Path::DecodeTiles,
+            },
+            Op::Mixed { .. } => Path::Mixed,
+            Op::Exceptions { .. } => Path::Exceptions,
+        }
+    }
+
+    fn detail(&self) -> String {
+        match self {
+            Op::Leaf { .. } => self.path().to_string(),
+            Op::Mixed { parts } => {
+                let inner: Vec<String> = parts.iter().map(|(_, p)| p.detail()).collect();
+                format!("mixed[{}]", inner.join(", "))
+            }
+            Op::Exceptions { base, .. } => format!("exceptions[{}]", base.detail()),
+        }
+    }
+
+    fn held_bytes(&self) -> u64 {
+        match self {
+            Op::Leaf { view, .. } => view.held_bytes(),
+            Op::Mixed { parts } => parts.iter().map(|(_, p)| p.held_bytes()).sum(),
+            Op::Exceptions { base, deltas, .. } => {
+                base.held_bytes() + 12 * deltas.positions.len() as u64
+            }
+        }
+    }
+
+    /// `yt = W·xᵀ`: `yt` is `rows × batch` (for batch 1, simply `y`).
+    fn run(&self, x: &[f32], batch: usize, yt: &mut [f32]) -> Result<()> {
+        match self {
+            Op::Leaf { view, kind } => {
+                if batch == 1 {
+                    leaf_gemv(view, *kind, x, yt)
+                } else if let (Kind::Sparse, Parts::Sparse { entries }) = (kind, view.parts_ref()) {
+                    yt.fill(0.0);
+                    add_sparse(entries, view.cols() as usize, x, batch, yt);
+                    Ok(())
+                } else {
+                    tiles(view, x, batch, yt)
+                }
+            }
+            Op::Mixed { parts } => {
+                let mut rest = yt;
+                for (rows, op) in parts {
+                    let (head, tail) = rest.split_at_mut(rows * batch);
+                    op.run(x, batch, head)?;
+                    rest = tail;
+                }
+                Ok(())
+            }
+            Op::Exceptions { base, deltas, cols } => {
+                base.run(x, batch, yt)?;
+                add_sparse(deltas, *cols, x, batch, yt);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `yt[r·batch + b] += v·x[b·cols + c]` for every stored `(r·cols + c, v)`.
+fn add_sparse(entries: &Corrections, cols: usize, x: &[f32], batch: usize, yt: &mut [f32]) {
+    let cols = cols.max(1) as u64;
+    for (&p, &v) in entries.positions.iter().zip(&entries.values) {
+        let (r, c) = ((p / cols) as usize, (p % cols) as usize);
+        for b in 0..batch {
+            yt[r * batch + b] += v * x[b * cols as usize + c];
+        }
+    }
+}
+
+/// Rows of `f32` tiles decoded through the view, then a GEMV (batch 1) or a GEMM per tile.
+fn tiles(view: &TensorView<'_>, x: &[f32], batch: usize, yt: &mut [f32]) -> Result<()> {
+    let cols = view.cols() as usize;
+    let rows = view.rows() as usize;
+    if rows == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        yt.fill(0.0);
+        return Ok(());
+    }
+    let mut tile_rows = (TILE_VALUES / cols).max(1);
+    // Entropy-coded symbols: a tile is at least a chunk's rows, so no chunk decodes twice.
+    if let Parts::Lattice(l) = view.parts_ref() {
+        let chunk = match &l.symbols {
+            Symbols::Rans(d) => d.chunk_symbols(),
+            Symbols::Rice(d) => d.chunk_symbols(),
+            Symbols::Fixed { .. } => 0,
+        };
+        tile_rows = tile_rows.max(chunk / l.symbols_per_row.max(1));
+    }
+    let tasks: Vec<(usize, &mut [f32])> = yt
+        .chunks_mut(tile_rows * batch)
+        .enumerate()
+        .map(|(i, c)| (i * tile_rows, c))
+        .collect();
+    tasks
+        .into_par_iter()
+        .try_for_each_init(Vec::new, |w: &mut Vec<f32>, (r0, out)| -> Result<()> {
+            let n = out.len() / batch;
+            w.resize(n * cols, 0.0);
+            view.decode_rows_into(r0 as u64..(r0 + n) as u64, w)?;
+            if batch == 1 {
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(cols)) {
+                    *o = kernels::dot_f32(row, x);
+                }
+            } else {
+                gemm_wxt(w, n, cols, x, batch, out);
+            }
+            Ok(())
+        })
+}
+
+/// `out (n × batch) = w (n × cols) · xᵀ` with `x` `batch × cols`, on the calling thread.
+pub(crate) fn gemm_wxt(w: &[f32], n: usize, cols: usize, x: &[f32], batch: usize, out: &mut [f32]) {
+    debug_assert!(w.len() >= n * cols && x.len() >= batch * cols && out.len() >= n * batch);
+    // SAFETY: the three buffers hold the values the strides address (checked above by the
+    // callers' shapes): out is n × batch row-major, w is n × cols row-major and xᵀ is read as
+    // cols × batch through x's row-major batch × cols layout.
+    unsafe {
+        gemm::gemm(
+            n,
+            batch,
+            cols,
+            out.as_mut_ptr(),
+            1,
+            batch as isize,
+            false,
+            w.as_ptr(),
+            1,
+            cols as isize,
+            x.as_ptr(),
+            cols as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// Batch-1 `y = W·x` of one stored tensor by its fast path.
+fn leaf_gemv(view: &TensorView<'_>, kind: Kind, x: &[f32], y: &mut [f32]) -> Result<()> {
+    let cols = view.cols() as usize;
+    if y.is_empty() {
+        return Ok(());
+    }
+    if cols == 0 {
+        y.fill(0.0);
+        return Ok(());
+    }
+    match (kind, view.parts_ref()) {
+        (Kind::Dense, Parts::Raw { dtype, values }) => {
+            let size = dtype.size();
+            par_rows(y, 1, cols, |r0, out| {
+                let mut buf = Vec::new();
+                for (i, o) in out.iter_mut().enumerate() {
+                    let row = &values[(r0 + i) * cols * size..(r0 + i + 1) * cols * size];
+                    *o = match dtype {
+                        FloatDtype::Bf16 => kernels::dot_bf16(row, x),
+                        _ => {
+                            buf.resize(cols, 0.0);
+                            scalar::decode_floats_into(row, *dtype, &mut buf)
+                                .map_err(|e| corrupt(view, format!("raw row: {e}")))?;
+                            kernels::dot_f32(&buf, x)
+                        }
+                    };
+                }
+                Ok(())
+            })
+        }
+        (
+            Kind::Affine { glen, gpr, fused },
+            Parts::Affine {
+                params,
+                codes,
+                scales,
+                offsets,
+            },
+        ) => affine_gemv(
+            view,
+            params,
+            (codes, scales, offsets),
+            (glen, gpr, fused),
+            x,
+            y,
+        ),
+        (Kind::E8Fixed | Kind::LatticeWords | Kind::LatticeResident, Parts::Lattice(l)) => {
+            lattice_gemv(view, l, x, y)
+        }
+        (Kind::Codebook, Parts::Codebook(c)) => codebook_gemv(view, c, x, y),
+        (Kind::LowRank, Parts::LowRank(l)) => {
+            let r = l.rank;
+            // z = diag(su)·diag(sv)·Vᵀx, then y = U·z.
+            let mut z = vec![0f32; r];
+            for (j, vrow) in l.v.chunks_exact(r.max(1)).enumerate() {
+                for (k, &c) in vrow.iter().enumerate() {
+                    z[k] += c as i8 as f32 * x[j];
+                }
+            }
+            for (k, zk) in z.iter_mut().enumerate() {
+                *zk *= l.v_scales[k] * l.u_scales[k];
+            }
+            for (o, urow) in y.iter_mut().zip(l.u.chunks_exact(r.max(1))) {
+                *o = urow
+                    .iter()
+                    .zip(&z)
+                    .map(|(&c, zk)| c as i8 as f32 * zk)
+                    .sum();
+            }
+            Ok(())
+        }
+        (Kind::Sparse, Parts::Sparse { entries }) => {
+            y.fill(0.0);
+            add_sparse(entries, cols, x, 1, y);
+            Ok(())
+        }
+        _ => tiles(view, x, 1, y),
+    }
+}
+
+type AffineBytes<'b> = (&'b [u8], &'b [u8], &'b [u8]);
+
+fn affine_gemv(
+    view: &TensorView<'_>,
+    params: &hwz::AffineParams,
+    (codes, scales, offsets): AffineBytes<'_>,
+    (glen, gpr, fused): (usize, usize, bool),
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
+    let cols = view.cols() as usize;
+    let rows = view.rows() as usize;
+    let bits = params.bits;
+    let per = if fused { 8 / bits as usize } else { 1 };
+    // The activation permuted per group so each field of the codes meets a contiguous run,
+    // and the sum of x over each group (what the offsets and the code bias multiply).
+    let mut xp = vec![0f32; cols];
+    let mut gsum = vec![0f32; gpr];
+    for (j, g) in x.chunks(glen).enumerate() {
+        let n = g.len() / per;
+        let out = &mut xp[j * glen..j * glen + g.len()];
+        for (i, &v) in g.iter().enumerate() {
+            out[(i % per) * n + i / per] = v;
+        }
+        gsum[j] = g.iter().sum();
+    }
+    let tensor_scale = matches!(params.group, Group::Tensor);
+    let h = (1u32 << (bits - 1)) as f32;
+    let sd = params.scale_dtype;
+    let symmetric = params.symmetric;
+    let row_bytes = cols * bits as usize / 8;
+    par_rows(y, 1, cols, |r0, out| {
+        let mut buf = vec![0u8; if fused { 0 } else { cols }];
+        for (i, o) in out.iter_mut().enumerate() {
+            let r = r0 + i;
+            let row: &[u8] = if fused {
+                &codes[r * row_bytes..(r + 1) * row_bytes]
+            } else {
+                scalar::unpack_bits_range_into(codes, bits, rows * cols, r * cols, &mut buf)
+                    .map_err(|e| corrupt(view, format!("affine codes: {e}")))?;
+                &buf
+            };
+            let mut acc = 0f32;
+            for (j, &gs) in gsum.iter().enumerate() {
+                let (a, b) = (j * glen, ((j + 1) * glen).min(cols));
+                let d = kernels::dot_codes(
+                    if fused { bits } else { 8 },
+                    &row[a / per..b / per],
+                    &xp[a..b],
+                );
+                let si = if tensor_scale { 0 } else { r * gpr + j };
+                let s = scale_at(scales, sd, si);
+                acc += if !symmetric {
+                    s * d + scale_at(offsets, sd, si) * gs
+                } else if bits == 1 {
+                    s * (2.0 * d - gs)
+                } else {
+                    s * (d - h * gs)
+                };
+            }
+            *o = acc;
+        }
+        Ok(())
+    })
+}
+
+fn lattice_gemv(
+    view: &TensorView<'_>,
+    l: &hwz::LatticeParts<'_>,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
+    let cols = view.cols() as usize;
+    let spr = l.symbols_per_row;
+    let p = &l.params;
+    // x' = RHT(x), zero-padded to whole words: ⟨RHT⁻¹(q), x⟩ = ⟨q, RHT(x)⟩ (the RHT is orthogonal).
+    let mut xr = vec![0f32; spr];
+    xr[..cols].copy_from_slice(x);
+    Rht::new(cols, p.tile, p.seed)
+        .map_err(|e| corrupt(view, format!("lattice transform: {e}")))?
+        .forward(&mut xr[..cols]);
+    let lat = p.lattice;
+    let e8 = (lat == Lattice::E8).then(|| E8Activation::new(&xr));
+    let scale = |r: usize| l.scales[r] / p.alpha;
+    // The dot product of one row of symbols (unbounded or fixed) by decoding its words.
+    let words_dot = |syms: &[u32], fixed: Option<u8>| -> f32 {
+        let d = lat.dim();
+        let mut point = [0f32; 8];
+        let mut acc = 0f32;
+        for (s, xw) in syms.chunks_exact(d).zip(xr.chunks_exact(d)) {
+            match fixed {
+                Some(b) => lat.decode_word_fixed(s, b, &mut point[..d]),
+                None => lat.decode_word(s, &mut point[..d]),
+            }
+            acc += point[..d].iter().zip(xw).map(|(a, b)| a * b).sum::<f32>();
+        }
+        acc
+    };
+    match &l.symbols {
+        Symbols::Fixed { bits, packed } => {
+            let bits = *bits;
+            let rows = view.rows() as usize;
+            par_rows(y, 1, cols, |r0, out| {
+                let mut codes = vec![0u8; spr];
+                let mut syms = vec![0u32; spr];
+                for (i, o) in out.iter_mut().enumerate() {
+                    let r = r0 + i;
+                    let dot = match &e8 {
+                        Some(a) => {
+                            let wb = bits as usize;
+                            let nw = spr / 8;
+                            kernels::e8_fixed_dot(bits, &packed[r * nw * wb..(r + 1) * nw * wb], a)
+                        }
+                        None => {
+                            scalar::unpack_bits_range_into(
+                                packed,
+                                bits,
+                                rows * spr,
+                                r * spr,
+                                &mut codes,
+                            )
+                            .map_err(|e| corrupt(view, format!("lattice symbols: {e}")))?;
+                            syms.iter_mut()
+                                .zip(&codes)
+                                .for_each(|(s, &c)| *s = c as u32);
+                            words_dot(&syms, Some(bits))
+                        }
+                    };
+                    *o = scale(r) * dot;
+                }
+                Ok(())
+            })
+        }
+        symbols => {
+            let row_dot = |syms: &[u32]| match &e8 {
+                Some(a) => kernels::e8_coded_dot(syms, a),
+                None => words_dot(syms, None),
+            };
+            resident(view, symbols, spr, y, |r, syms| scale(r) * row_dot(syms))
+        }
+    }
+}
+
+/// Decodes chunk `c` of entropy-coded lattice symbols into `buf`; returns its symbol range.
+fn decode_chunk(
+    view: &TensorView<'_>,
+    symbols: &Symbols<'_>,
+    lattice: Lattice,
+    c: usize,
+    buf: &mut Vec<u32>,
+) -> Result<Range<usize>> {
+    let have = match symbols {
+        Symbols::Rans(d) => d.symbol_range(c..c + 1),
+        Symbols::Rice(d) => d.symbol_range(c..c + 1),
+        Symbols::Fixed { .. } => 0..0,
+    };
+    buf.resize(have.len(), 0);
+    let res = match symbols {
+        Symbols::Rans(d) => d.decode_chunks(
+            c..c + 1,
+            rans::Contexts {
+                word: lattice.dim(),
+                count: lattice.contexts(),
+                map: move |j, first| lattice.context(j, first),
+            },
+            buf,
+        ),
+        Symbols::Rice(d) => d.decode_chunks(c..c + 1, buf),
+        Symbols::Fixed { .. } => Ok(()),
+    };
+    res.map_err(|e| corrupt(view, format!("symbols: {e}")))?;
+    Ok(have)
+}
+
+/// Entropy-coded rows: the chunks are split over the pool; each task decodes its chunks one at
+/// a time into its own buffer and computes every row that starts in them as soon as the row is
+/// complete (a row that runs into the next task's first chunk decodes that chunk too).
+fn resident(
+    view: &TensorView<'_>,
+    symbols: &Symbols<'_>,
+    spr: usize,
+    y: &mut [f32],
+    row_value: impl Fn(usize, &[u32]) -> f32 + Sync,
+) -> Result<()> {
+    let rows = y.len();
+    let (chunk, chunks) = match symbols {
+        Symbols::Rans(d) => (d.chunk_symbols(), d.chunks()),
+        Symbols::Rice(d) => (d.chunk_symbols(), d.chunks()),
+        Symbols::Fixed { .. } => {
+            return Err(corrupt(view, "fixed symbols are not resident".into()))
+        }
+    };
+    let lattice = match view.parts_ref() {
+        Parts::Lattice(l) => l.params.lattice,
+        _ => return Err(corrupt(view, "not a lattice tensor".into())),
+    };
+    let spr = spr.max(1);
+    let decode = |c: usize, buf: &mut Vec<u32>| decode_chunk(view, symbols, lattice, c, buf);
+    // Task k owns the rows whose first symbol lies in its chunks.
+    let tasks = chunks.clamp(1, 2 * rayon::current_num_threads());
+    let first_row = |c: usize| ((c * chunk).div_ceil(spr)).min(rows);
+    let mut parts: Vec<(usize, &mut [f32])> = Vec::with_capacity(tasks);
+    let mut rest = y;
+    let mut r = 0;
+    for k in 0..tasks {
+        let end = if k + 1 == tasks {
+            rows
+        } else {
+            first_row((k + 1) * chunks / tasks)
+        };
+        let (head, tail) = rest.split_at_mut(end - r);
+        parts.push((r, head));
+        rest = tail;
+        r = end;
+    }
+    parts
+        .into_par_iter()
+        .try_for_each(|(r0, out)| -> Result<()> {
+            if out.is_empty() {
+                return Ok(());
+            }
+            let r1 = r0 + out.len();
+            let (first, end) = (r0 * spr, r1 * spr);
+            let mut buf = Vec::new();
+            let mut pending: Vec<u32> = Vec::new();
+            let mut row = r0;
+            let mut c = first / chunk;
+            while row < r1 {
+                let have = decode(c, &mut buf)?;
+                if have.is_empty() {
+                    return Err(corrupt(view, "symbols end before the last row".into()));
+                }
+                let (a, b) = (have.start.max(first), have.end.min(end));
+                let mut from = &buf[a - have.start..b - have.start];
+                // Complete a row begun in the previous chunk, then rows wholly in this one.
+                if !pending.is_empty() {
+                    let take = (spr - pending.len()).min(from.len());
+                    pending.extend_from_slice(&from[..take]);
+                    from = &from[take..];
+                    if pending.len() == spr {
+                        out[row - r0] = row_value(row, &pending);
+                        pending.clear();
+                        row += 1;
+                    }
+                }
+                let mut whole = from.chunks_exact(spr);
+                for syms in whole.by_ref() {
+                    out[row - r0] = row_value(row, syms);
+                    row += 1;
+                }
+                pending.extend_from_slice(whole.remainder());
+                c += 1;
+            }
+            Ok(())
+        })
+}
+
+fn codebook_gemv(
+    view: &TensorView<'_>,
+    c: &hwz::CodebookParts<'_>,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
+    let cols = view.cols() as usize;
+    let rows = view.rows() as usize;
+    let block = c.block.max(1);
+    let k = c.protos.len() / block;
+    let bpr = cols.div_ceil(block);
+    let AssignmentsRef::Packed { bits, bytes } = &c.assignments else {
+        return tiles(view, x, 1, y);
+    };
+    // table[b·k + p] = ⟨prototype p, block b of x⟩ (the last block may be shorter).
+    let mut table = vec![0f32; bpr * k];
+    for (b, xb) in x.chunks(block).enumerate() {
+        for (p, t) in table[b * k..(b + 1) * k].iter_mut().enumerate() {
+            *t = kernels::dot_f32(&c.protos[p * block..p * block + xb.len()], xb);
+        }
+    }
+    let expected = c.scale_mode.count(rows, cols, block);
+    if c.scales.len() != expected {
+        return Err(corrupt(
+            view,
+            format!("{} scales, expected {expected}", c.scales.len()),
+        ));
+    }
+    par_rows(y, 1, cols, |r0, out| {
+        let mut idx = vec![0u32; bpr];
+        for (i, o) in out.iter_mut().enumerate() {
+            let r = r0 + i;
+            pack::unpack_range_into(bytes, *bits, rows * bpr, r * bpr, &mut idx)
+                .map_err(|e| corrupt(view, format!("assignments: {e}")))?;
+            if let Some(bad) = idx.iter().find(|&&a| a as usize >= k) {
+                return Err(corrupt(view, format!("prototype index {bad} >= {k}")));
+            }
+            let scales = match c.scale_mode {
+                ScaleMode::Block => &c.scales[r * bpr..(r + 1) * bpr],
+                ScaleMode::Tensor => &c.scales[..1],
+                ScaleMode::Channel => &c.scales[r..r + 1],
+            };
+            let mut v = kernels::codebook_dot(&idx, k, &table, scales);
+            let (s, e) = ((r * cols) as u64, ((r + 1) * cols) as u64);
+            let res = &c.residual;
+            let from = res.positions.partition_point(|&p| p < s);
+            let to = res.positions.partition_point(|&p| p < e);
+            for (&p, &d) in res.positions[from..to].iter().zip(&res.values[from..to]) {
+                v += d * x[(p - s) as usize];
+            }
+            *o = v;
+        }
+        Ok(())
+    })
+}
+
+/// Re-quantizes an entropy-coded lattice tensor into its fixed-rate form of `bits` bits, and
+/// measures the SNR of the result against the stored weight.
+fn to_fixed(view: &TensorView<'_>, bits: u8) -> Result<(TensorView<'static>, f64)> {
+    let option = |message: String| RuntimeError::Option {
+        tensor: view.name().to_string(),
+        message,
+    };
+    let Parts::Lattice(l) = view.parts_ref() else {
+        return Err(option("fixed_bits applies to lattice tensors only".into()));
+    };
+    let Encoding::Lattice {
+        lattice,
+        alpha,
+        tile,
+        seed,
+        scale_dtype,
+        coding,
+    } = view.encoding().clone()
+    else {
+        return Err(option("fixed_bits applies to lattice tensors only".into()));
+    };
+    if matches!(coding, Coding::Fixed { .. }) {
+        return Err(option("the tensor is already fixed-rate".into()));
+    }
+    if !(2..=8).contains(&bits) || !lattice.has_fixed() {
+        return Err(option(format!(
+            "{lattice} has no fixed-rate form of {bits} bits"
+        )));
+    }
+    let (rows, spr) = (view.rows() as usize, l.symbols_per_row);
+    let d = lattice.dim();
+    let chunks = match &l.symbols {
+        Symbols::Rans(dec) => dec.chunks(),
+        Symbols::Rice(dec) => dec.chunks(),
+        Symbols::Fixed { .. } => 0,
+    };
+    let mut fixed = Vec::with_capacity(rows * spr);
+    let (mut point, mut out) = ([0f32; 8], [0u32; 8]);
+    let (mut buf, mut carry) = (Vec::new(), Vec::<u32>::new());
+    for c in 0..chunks {
+        decode_chunk(view, &l.symbols, lattice, c, &mut buf)?;
+        carry.extend_from_slice(&buf);
+        let mut words = carry.chunks_exact(d);
+        for s in words.by_ref() {
+            lattice.decode_word(s, &mut point[..d]);
+            lattice.encode_word_fixed(&point[..d], bits, &mut out[..d]);
+            fixed.extend(out[..d].iter().map(|&o| o as u8));
+        }
+        let rest = words.remainder().len();
+        carry.drain(..carry.len() - rest);
+    }
+    if fixed.len() != rows * spr {
+        return Err(corrupt(view, "symbols do not fill the tensor".into()));
+    }
+    let packed = scalar::pack_bits(&fixed, bits).map_err(|e| option(format!("packing: {e}")))?;
+    let scales = scalar::encode_floats(&l.scales, scale_dtype, false)
+        .map_err(|e| option(format!("scales: {e}")))?;
+    let encoding = Encoding::Lattice {
+        lattice,
+        alpha,
+        tile,
+        seed,
+        scale_dtype,
+        coding: Coding::Fixed { bits },
+    };
+    let streams = [
+        (hwz::role::SCALES, &scales[..]),
+        (hwz::role::SYMBOLS, &packed[..]),
+    ];
+    let fixed_view = TensorView::new(view.name(), &encoding, view.shape(), &streams)?.into_owned();
+    let snr = crate::reference::snr_db(view, &fixed_view)?;
+    Ok((fixed_view, snr))
+}

@@ -1,0 +1,81 @@
+//! The reference path every fast path is tested against: decode `W` to f32, multiply plainly
+//! (in f64), add the bias. Obviously right, and slow.
+
+use crate::{hwz, Result, RuntimeError};
+use hwz::TensorView;
+
+/// `y = x·Wᵀ (+ b)` with `W` decoded whole: `x` is `batch × cols`, the result `batch × rows`.
+pub fn linear(
+    view: &TensorView<'_>,
+    x: &[f32],
+    batch: usize,
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>> {
+    let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+    if x.len() != batch * cols {
+        return Err(RuntimeError::Length {
+            what: "x",
+            expected: batch * cols,
+            actual: x.len(),
+        });
+    }
+    let mut w = vec![0f32; rows * cols];
+    view.decode_rows_into(0..rows as u64, &mut w)?;
+    let mut y = vec![0f32; batch * rows];
+    for b in 0..batch {
+        let xb = &x[b * cols..(b + 1) * cols];
+        for r in 0..rows {
+            let wr = &w[r * cols..(r + 1) * cols];
+            let s: f64 = wr.iter().zip(xb).map(|(&a, &c)| a as f64 * c as f64).sum();
+            y[b * rows + r] = s as f32 + bias.map_or(0.0, |v| v[r]);
+        }
+    }
+    Ok(y)
+}
+
+/// `Σ_j |W_rj·x_j|` per output: the scale an f32 dot product's rounding error is relative to.
+pub fn abs_products(view: &TensorView<'_>, x: &[f32], batch: usize) -> Result<Vec<f32>> {
+    let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+    let mut w = vec![0f32; rows * cols];
+    view.decode_rows_into(0..rows as u64, &mut w)?;
+    let mut out = vec![0f32; batch * rows];
+    for b in 0..batch {
+        let xb = &x[b * cols..(b + 1) * cols];
+        for r in 0..rows {
+            out[b * rows + r] = w[r * cols..(r + 1) * cols]
+                .iter()
+                .zip(xb)
+                .map(|(a, c)| (a * c).abs())
+                .sum();
+        }
+    }
+    Ok(out)
+}
+
+/// SNR (dB) of `b`'s decoded values against `a`'s (same shape), read in row blocks;
+/// ∞ when they are equal.
+pub fn snr_db(a: &TensorView<'_>, b: &TensorView<'_>) -> Result<f64> {
+    let (rows, cols) = (a.rows(), a.cols() as usize);
+    let step = ((1usize << 16) / cols.max(1)).max(1) as u64;
+    let (mut signal, mut noise) = (0f64, 0f64);
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    let mut r = 0;
+    while r < rows {
+        let e = (r + step).min(rows);
+        let n = (e - r) as usize * cols;
+        wa.resize(n, 0.0);
+        wb.resize(n, 0.0);
+        a.decode_rows_into(r..e, &mut wa)?;
+        b.decode_rows_into(r..e, &mut wb)?;
+        for (x, y) in wa.iter().zip(&wb) {
+            signal += (*x as f64).powi(2);
+            noise += (*x as f64 - *y as f64).powi(2);
+        }
+        r = e;
+    }
+    Ok(if noise == 0.0 {
+        f64::INFINITY
+    } else {
+        10.0 * (signal / noise).log10()
+    })
+}

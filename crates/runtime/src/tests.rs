@@ -1,0 +1,494 @@
+//! Every path against the reference (decode to f32, multiply in f64), on fresh random shapes.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use crate::{reference, CompressedLinear, LoadOptions, Path, RuntimeError};
+use hypercodec_hwz::{
+    assemble_exceptions, assemble_mixed, codebook_template, encode, encode_codebook, Assignments,
+    CodebookSettings, Coding, EncodeOptions, EncodedTensor, Encoding, FloatDtype, Group, Lattice,
+    ResidualDtype, ScaleMode, TensorView,
+};
+use hypercodec_scalar::AffineParams;
+use proptest::prelude::*;
+
+/// An f32 dot product summed in another order (lanes, groups, chunks) and, for lattice rows,
+/// through `RHT(x)` instead of `RHT⁻¹(q)`: a few hundred ulps of `Σ|w·x|` at most.
+const DOT_REL_TOL: f32 = 2e-5;
+/// bfloat16 inputs and outputs: 8 bits of mantissa.
+const BF16_REL_TOL: f32 = 1.0 / 64.0;
+
+/// Gaussian-like values with a heavy tail and a few zeros.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
+            let g = ((u * 12.0) - 6.0) * 0.3;
+            match i % 89 {
+                0 => 0.0,
+                11 => (g * 15.0) as f32,
+                _ => g as f32,
+            }
+        })
+        .collect()
+}
+
+fn lattice(l: Lattice, coding: Coding, cols: u64) -> Encoding {
+    Encoding::Lattice {
+        lattice: l,
+        alpha: 5.0,
+        tile: hypercodec_lattice::tile_for(cols as usize, 4096) as u32,
+        seed: 3,
+        scale_dtype: FloatDtype::F16,
+        coding,
+    }
+}
+
+fn affine(bits: u8, group: Group, symmetric: bool, scale_dtype: FloatDtype) -> Encoding {
+    Encoding::affine(AffineParams {
+        bits,
+        group,
+        symmetric,
+        scale_dtype,
+    })
+}
+
+/// Every encoding and the fast path it should take.
+fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
+    let mut v: Vec<(Encoding, Option<Path>)> = FloatDtype::ALL
+        .iter()
+        .map(|&dtype| (Encoding::Raw { dtype }, Some(Path::Dense)))
+        .collect();
+    for (bits, group, symmetric, sd) in [
+        (4, Group::Size(128), false, FloatDtype::F16),
+        (4, Group::Size(16), true, FloatDtype::Bf16),
+        (8, Group::Row, false, FloatDtype::F32),
+        (8, Group::Tensor, true, FloatDtype::F16),
+        (2, Group::Size(32), false, FloatDtype::F16),
+        (1, Group::Row, true, FloatDtype::F16),
+        (3, Group::Size(5), true, FloatDtype::F16),
+        (5, Group::Size(64), false, FloatDtype::F16),
+        (6, Group::Row, false, FloatDtype::F16),
+        (7, Group::Tensor, true, FloatDtype::F32),
+    ] {
+        v.push((affine(bits, group, symmetric, sd), None));
+    }
+    for bits in 2..=8 {
+        v.push((
+            lattice(Lattice::E8, Coding::Fixed { bits }, cols),
+            Some(Path::E8Fixed { bits }),
+        ));
+    }
+    v.push((
+        lattice(Lattice::D4, Coding::Fixed { bits: 4 }, cols),
+        Some(Path::LatticeWords),
+    ));
+    v.push((
+        lattice(Lattice::Z1, Coding::Fixed { bits: 3 }, cols),
+        Some(Path::LatticeWords),
+    ));
+    for l in Lattice::ALL {
+        v.push((
+            lattice(
+                l,
+                Coding::Rans {
+                    chunk: 24,
+                    lanes: 3,
+                    prob_bits: 12,
+                },
+                cols,
+            ),
+            Some(Path::LatticeResident { coding: "rans" }),
+        ));
+        v.push((
+            lattice(l, Coding::Rice { chunk: 40 }, cols),
+            Some(Path::LatticeResident { coding: "rice" }),
+        ));
+    }
+    v.push((
+        lattice(Lattice::E8, Coding::RANS_DEFAULT, cols),
+        Some(Path::LatticeResident { coding: "rans" }),
+    ));
+    v
+}
+
+/// The learned and nested encodings after the zoo: codebook packed / run-length, low-rank,
+/// sparse, mixed, exceptions.
+const EXTRA: usize = 6;
+
+fn encode_any(x: &[f32], shape: &[u64], which: usize) -> (EncodedTensor, Option<Path>) {
+    let cols = shape[1];
+    let list = zoo(cols);
+    let Some(extra) = which.checked_sub(list.len()) else {
+        let (e, p) = &list[which];
+        return (
+            encode("w", x, shape, e, EncodeOptions::default()).unwrap(),
+            *p,
+        );
+    };
+    match extra {
+        0 | 1 => {
+            let mut t = codebook_template(4, 16, ScaleMode::Block, ResidualDtype::Int8);
+            if extra == 1 {
+                if let Encoding::Codebook { assignments, .. } = &mut t {
+                    *assignments = Assignments::Rle;
+                }
+            }
+            let settings = CodebookSettings {
+                residual_k: Some(0.25),
+                hdc: None,
+                ..CodebookSettings::default()
+            };
+            let path = if extra == 0 {
+                Path::CodebookLut
+            } else {
+                Path::DecodeTiles
+            };
+            (
+                encode_codebook("w", x, shape, &t, &settings).unwrap(),
+                Some(path),
+            )
+        }
+        2 => (
+            encode(
+                "w",
+                x,
+                shape,
+                &Encoding::LowRank {
+                    rank: 3.min(shape[0].min(cols)) as u32,
+                },
+                EncodeOptions::default(),
+            )
+            .unwrap(),
+            Some(Path::LowRank),
+        ),
+        3 => {
+            let sparse: Vec<f32> = x
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| if i % 5 == 0 { v } else { 0.0 })
+                .collect();
+            let count = sparse.iter().filter(|v| **v != 0.0).count() as u64;
+            let e = Encoding::Sparse {
+                count,
+                dtype: FloatDtype::F16,
+            };
+            (
+                encode("w", &sparse, shape, &e, EncodeOptions::default()).unwrap(),
+                Some(Path::Sparse),
+            )
+        }
+        4 => {
+            let block_rows = 3u64;
+            let parts: Vec<EncodedTensor> = (0..shape[0].div_ceil(block_rows))
+                .map(|i| {
+                    let r0 = i * block_rows;
+                    let r = block_rows.min(shape[0] - r0);
+                    let slice = &x[(r0 * cols) as usize..((r0 + r) * cols) as usize];
+                    let e = &list[[3usize, 13, 16, 30][i as usize % 4] % list.len()].0;
+                    encode("w", slice, &[r, cols], e, EncodeOptions::default()).unwrap()
+                })
+                .collect();
+            (assemble_mixed(block_rows, &parts), Some(Path::Mixed))
+        }
+        _ => {
+            let base = encode("w", x, shape, &list[9].0, EncodeOptions::default()).unwrap();
+            let positions: Vec<u64> = (0..x.len() as u64).step_by(6).collect();
+            let vals: Vec<f32> = positions.iter().map(|&p| x[p as usize] * 1.5).collect();
+            (
+                assemble_exceptions("w", &base, &positions, &vals, FloatDtype::F32).unwrap(),
+                Some(Path::Exceptions),
+            )
+        }
+    }
+}
+
+fn view_of<'a>(t: &'a EncodedTensor, shape: &[u64]) -> TensorView<'a> {
+    let refs: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
+    TensorView::new("w", &t.encoding, shape, &refs).unwrap()
+}
+
+/// Runs the operator and the reference on the same input and compares them.
+fn check(
+    t: &EncodedTensor,
+    shape: &[u64],
+    batch: usize,
+    seed: u64,
+    with_bias: bool,
+) -> CompressedLinear {
+    let view = view_of(t, shape);
+    let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+    let bias: Option<Vec<f32>> = with_bias.then(|| values(rows, seed ^ 99));
+    let op = CompressedLinear::new(view.clone(), bias.as_deref(), &LoadOptions::default()).unwrap();
+    let x = values(batch * cols, seed);
+    let mut y = vec![f32::NAN; batch * rows];
+    op.forward(&x, batch, &mut y).unwrap();
+    let want = reference::linear(&view, &x, batch, bias.as_deref()).unwrap();
+    let scale = reference::abs_products(&view, &x, batch).unwrap();
+    for i in 0..y.len() {
+        let tol =
+            DOT_REL_TOL * (scale[i] + bias.as_ref().map_or(0.0, |b| b[i % rows].abs())) + 1e-30;
+        assert!(
+            (y[i] - want[i]).abs() <= tol,
+            "{} {shape:?} batch {batch} out {i}: {} vs {} (tol {tol})",
+            op.path_detail(),
+            y[i],
+            want[i]
+        );
+    }
+    op
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_path_matches_the_reference(
+        rows in 1u64..40,
+        cols in prop_oneof![1u64..12, 12u64..300, Just(512u64)],
+        which in 0usize..(zoo(8).len() + EXTRA),
+        batch in prop_oneof![Just(1usize), 2usize..6],
+        seed in any::<u64>(),
+        bias in any::<bool>(),
+    ) {
+        let shape = [rows, cols];
+        let x = values((rows * cols) as usize, seed);
+        let (t, _) = encode_any(&x, &shape, which);
+        check(&t, &shape, batch, seed ^ 1, bias);
+    }
+}
+
+#[test]
+fn each_encoding_takes_its_fast_path() {
+    let shape = [24u64, 256];
+    let x = values(24 * 256, 5);
+    for which in 0..zoo(256).len() + EXTRA {
+        let (t, want) = encode_any(&x, &shape, which);
+        let op = check(&t, &shape, 1, 9, false);
+        check(&t, &shape, 7, 9, true);
+        let path = op.path();
+        match want {
+            Some(p) => assert_eq!(path, p, "{:?}", t.encoding),
+            None => {
+                let Encoding::Affine { bits, .. } = t.encoding else {
+                    panic!()
+                };
+                let expect = if [1, 2, 4, 8].contains(&bits) {
+                    Path::AffineFused { bits }
+                } else {
+                    Path::AffineUnpacked { bits }
+                };
+                assert_eq!(path, expect);
+            }
+        }
+    }
+}
+
+#[test]
+fn convolutions_run_on_their_matrix_view() {
+    // A [out, in, kh, kw] kernel is the matrix [out, in·kh·kw]; a depthwise [C, 1, 3, 3] one too.
+    for shape in [[16u64, 8, 3, 3], [32, 1, 3, 3], [24, 16, 1, 1]] {
+        let n = shape.iter().product::<u64>() as usize;
+        let x = values(n, 17);
+        for which in [3, 16, 30] {
+            let (t, _) = encode_any_shape(&x, &shape, which);
+            let op = check(&t, &shape, 1, 4, false);
+            assert_eq!(op.rows() as u64, shape[0]);
+            assert_eq!(op.cols() as u64, shape[1..].iter().product::<u64>());
+        }
+    }
+}
+
+fn encode_any_shape(x: &[f32], shape: &[u64], which: usize) -> (EncodedTensor, Option<Path>) {
+    let cols = shape[1..].iter().product::<u64>();
+    let (e, p) = zoo(cols)[which].clone();
+    (
+        encode("w", x, shape, &e, EncodeOptions::default()).unwrap(),
+        p,
+    )
+}
+
+#[test]
+fn bf16_activations_match_f32_within_bf16_rounding() {
+    let shape = [40u64, 128];
+    let x = values(40 * 128, 3);
+    let (t, _) = encode_any(&x, &shape, 3);
+    let view = view_of(&t, &shape);
+    let op = CompressedLinear::new(view.clone(), None, &LoadOptions::default()).unwrap();
+    let xs = values(2 * 128, 8);
+    let xb: Vec<half::bf16> = xs.iter().map(|&v| half::bf16::from_f32(v)).collect();
+    let mut yb = vec![half::bf16::ZERO; 2 * 40];
+    op.forward_bf16(&xb, 2, &mut yb).unwrap();
+    let want = reference::linear(&view, &xs, 2, None).unwrap();
+    let scale = reference::abs_products(&view, &xs, 2).unwrap();
+    for i in 0..yb.len() {
+        assert!((yb[i].to_f32() - want[i]).abs() <= BF16_REL_TOL * scale[i] + 1e-6);
+    }
+}
+
+#[test]
+fn load_time_fixed_rate_conversion_is_measured() {
+    let shape = [48u64, 256];
+    let x = values(48 * 256, 21);
+    let e = lattice(Lattice::E8, Coding::RANS_DEFAULT, 256);
+    let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
+    let view = view_of(&t, &shape);
+    // Wide enough for every point: nothing is clipped.
+    let wide = CompressedLinear::new(
+        view.clone(),
+        None,
+        &LoadOptions {
+            fixed_bits: Some(8),
+        },
+    )
+    .unwrap();
+    assert_eq!(wide.path(), Path::E8Fixed { bits: 8 });
+    assert_eq!(wide.conversion_snr_db(), Some(f64::INFINITY));
+    // Narrow: clipped, and the SNR says by how much.
+    let narrow = CompressedLinear::new(
+        view.clone(),
+        None,
+        &LoadOptions {
+            fixed_bits: Some(3),
+        },
+    )
+    .unwrap();
+    let snr = narrow.conversion_snr_db().unwrap();
+    assert!(snr.is_finite() && snr > 0.0, "{snr}");
+    // The converted operator computes with the converted weight: within the clipping error.
+    let xs = values(256, 2);
+    let (mut a, mut b) = (vec![0f32; 48], vec![0f32; 48]);
+    wide.forward(&xs, 1, &mut a).unwrap();
+    let want = reference::linear(&view, &xs, 1, None).unwrap();
+    let scale = reference::abs_products(&view, &xs, 1).unwrap();
+    for i in 0..48 {
+        assert!((a[i] - want[i]).abs() <= DOT_REL_TOL * scale[i] + 1e-30);
+    }
+    narrow.forward(&xs, 1, &mut b).unwrap();
+    assert!(a.iter().zip(&b).any(|(p, q)| p != q));
+    // Not for affine tensors.
+    let (t, _) = encode_any(&x, &shape, 3);
+    let err = CompressedLinear::new(
+        view_of(&t, &shape),
+        None,
+        &LoadOptions {
+            fixed_bits: Some(4),
+        },
+    );
+    assert!(matches!(err, Err(RuntimeError::Option { .. })));
+}
+
+#[test]
+fn held_bytes_stay_within_five_percent_of_the_stored_bytes() {
+    let shape = [256u64, 1024];
+    let x = values(256 * 1024, 4);
+    for e in [
+        affine(4, Group::Size(128), false, FloatDtype::F16),
+        lattice(Lattice::E8, Coding::Fixed { bits: 4 }, 1024),
+        lattice(Lattice::E8, Coding::RANS_DEFAULT, 1024),
+    ] {
+        let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
+        let op =
+            CompressedLinear::from_encoded("w", &t, &shape, None, &LoadOptions::default()).unwrap();
+        let stored = t.payload_bytes();
+        let held = op.held_bytes();
+        // rANS: plus the decode tables of its model, a fixed size per tensor (2^prob_bits
+        // slots of 6 bytes per context: 288 KB for E8 at 14 bits, 3.5 % of a 4096² tensor).
+        let tables = match e {
+            Encoding::Lattice {
+                coding: Coding::Rans { prob_bits, .. },
+                ..
+            } => (3 * 6) << prob_bits,
+            _ => 0,
+        };
+        assert!(
+            held >= stored / 2 && held as f64 <= 1.05 * stored as f64 + tables as f64,
+            "{e:?}: {held} vs {stored}"
+        );
+    }
+}
+
+#[test]
+fn bad_shapes_are_typed_errors() {
+    let shape = [8u64, 64];
+    let x = values(8 * 64, 1);
+    let (t, _) = encode_any(&x, &shape, 3);
+    let op =
+        CompressedLinear::from_encoded("w", &t, &shape, None, &LoadOptions::default()).unwrap();
+    let mut y = vec![0f32; 8];
+    assert!(matches!(
+        op.forward(&x[..63], 1, &mut y),
+        Err(RuntimeError::Length { what: "x", .. })
+    ));
+    assert!(matches!(
+        op.forward(&x[..64], 1, &mut y[..7]),
+        Err(RuntimeError::Length { what: "y", .. })
+    ));
+    let bias =
+        CompressedLinear::from_encoded("w", &t, &shape, Some(&[0.0; 7]), &LoadOptions::default());
+    assert!(matches!(
+        bias,
+        Err(RuntimeError::Length { what: "bias", .. })
+    ));
+    let v = encode(
+        "b",
+        &x[..64],
+        &[64],
+        &Encoding::Raw {
+            dtype: FloatDtype::F32,
+        },
+        EncodeOptions::default(),
+    )
+    .unwrap();
+    let err = CompressedLinear::from_encoded("b", &v, &[64], None, &LoadOptions::default());
+    assert!(matches!(err, Err(RuntimeError::NotAMatrix { .. })));
+}
+
+#[test]
+fn a_codebook_index_past_the_prototypes_is_an_error() {
+    let shape = [16u64, 64];
+    let x = values(16 * 64, 2);
+    let t = codebook_template(4, 16, ScaleMode::Tensor, ResidualDtype::Int8);
+    let mut t = encode_codebook(
+        "w",
+        &x,
+        &shape,
+        &t,
+        &CodebookSettings {
+            residual_k: Some(0.0),
+            ..CodebookSettings::default()
+        },
+    )
+    .unwrap();
+    // 16 prototypes need 4-bit indices: every index is valid, so shrink the codebook instead.
+    if let Encoding::Codebook { prototypes, .. } = &mut t.encoding {
+        assert_eq!(*prototypes, 16);
+    }
+    let assignments = t
+        .streams
+        .iter_mut()
+        .find(|(r, _)| *r == "assignments")
+        .unwrap();
+    assignments.1.iter_mut().for_each(|b| *b = 0xFF);
+    let protos = t
+        .streams
+        .iter_mut()
+        .find(|(r, _)| *r == "prototypes")
+        .unwrap();
+    let keep = protos.1.len() * 9 / 16;
+    protos.1.truncate(keep);
+    if let Encoding::Codebook { prototypes, .. } = &mut t.encoding {
+        *prototypes = 9;
+    }
+    let refs: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
+    let Ok(view) = TensorView::new("w", &t.encoding, &shape, &refs) else {
+        return; // rejected at validation: also fine
+    };
+    let op = CompressedLinear::new(view, None, &LoadOptions::default()).unwrap();
+    let mut y = vec![0f32; 16];
+    let err = op.forward(&x[..64], 1, &mut y);
+    assert!(matches!(err, Err(RuntimeError::Corrupt { .. })), "{err:?}");
+}
