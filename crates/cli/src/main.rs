@@ -5,6 +5,7 @@
 //! maps every error to exit code 1 (2 for arguments clap rejects).
 
 mod args;
+mod exec;
 mod print;
 
 use args::{CodebookArgs, DtypeArg, EncodingArgs, EncodingKind, PlanArgs};
@@ -78,6 +79,9 @@ enum Command {
     /// Measure every representation (FP32, FP16, BF16, affine INT1..INT8 per row and g128) on a
     /// file's tensors: bytes, bits per scalar, error, gap to the Gaussian bound, speed.
     Benchmark(print::BenchArgs),
+    /// Run an archive's weight matrices as compressed linear layers (chained where the widths
+    /// chain) and time a pass against the same layers with dense f32 weights.
+    Run(exec::RunArgs),
     /// Write a seeded i.i.d. Gaussian .safetensors file (test and demo data).
     Synth {
         /// The .safetensors file to write.
@@ -357,6 +361,7 @@ fn run(cli: Cli) -> Result<()> {
         }),
         Command::Inspect { input, json } => print::inspect(&input, json),
         Command::Benchmark(args) => print::benchmark(&args),
+        Command::Run(args) => exec::run(&args),
         Command::Plan {
             input,
             planning,

@@ -229,7 +229,27 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
 pub struct BenchArgs {
     /// Input: .safetensors, .gguf, a sharded model (`*.safetensors.index.json`, its folder, or
     /// any part of a split `NAME-0000K-of-0000N.gguf`), or `gaussian:ROWSxCOLS[:SEED]`.
-    pub input: String,
+    #[arg(required_unless_present = "runtime")]
+    pub input: Option<String>,
+    /// Instead of the representation table: the compressed linear operator of each encoding
+    /// against a dense f32 GEMV/GEMM of the decompressed weight (same GEMM library, same run),
+    /// on seeded Gaussian weights of `--shapes` at `--batches`.
+    #[arg(long)]
+    pub runtime: bool,
+    /// `--runtime`: weight shapes ROWSxCOLS, comma separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "4096x4096,11008x4096,4096x11008,576x1536"
+    )]
+    pub shapes: Vec<String>,
+    /// `--runtime`: batch sizes, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    pub batches: Vec<usize>,
+    /// `--runtime`: only encodings whose label contains one of these (labels: int4-g128,
+    /// int8-row, e8-fixed4, e8-rans@4, e8-rans@4→fixed6).
+    #[arg(long, value_delimiter = ',')]
+    pub encodings: Vec<String>,
     /// Also write the table as Markdown to this file.
     #[arg(long)]
     pub markdown: Option<PathBuf>,
@@ -257,7 +277,11 @@ impl BenchArgs {
     /// Default arguments for an input.
     pub fn for_input(input: String) -> Self {
         BenchArgs {
-            input,
+            input: Some(input),
+            runtime: false,
+            shapes: Vec::new(),
+            batches: Vec::new(),
+            encodings: Vec::new(),
             markdown: None,
             json: false,
             include_1d: false,
@@ -270,7 +294,11 @@ impl BenchArgs {
 
 /// `benchmark`: measures, then prints the table (or the budget table).
 pub fn benchmark(args: &BenchArgs) -> Result<()> {
-    let source = TensorSource::open(&args.input)?;
+    if args.runtime {
+        return crate::exec::runtime_benchmark(args);
+    }
+    let input = args.input.as_deref().unwrap_or_default();
+    let source = TensorSource::open(input)?;
     let options = BenchOptions {
         include_1d: args.include_1d,
         filter: args.filter.clone(),
@@ -278,7 +306,7 @@ pub fn benchmark(args: &BenchArgs) -> Result<()> {
     let chosen = bench::select(&source, &options)?;
     let total: u64 = chosen.iter().map(|&i| source.tensors[i].numel()).sum();
     if !args.budget_at.is_empty() {
-        return budget_table(args, &source, &chosen);
+        return budget_table(args, input, &source, &chosen);
     }
     let reps = bench::representations();
     let mut rows = with_bar(|progress| bench::measure(&source, &chosen, &reps, progress, &CANCEL))?;
@@ -309,7 +337,7 @@ pub fn benchmark(args: &BenchArgs) -> Result<()> {
     }
     rows.retain(|r| r.failed.is_none());
     let table: Vec<Value> = rows.iter().map(|r| r.to_json(total)).collect();
-    let (input, n) = (&args.input, chosen.len());
+    let n = chosen.len();
     if args.json {
         let out = json!({"input": input, "tensors": n, "elements": total, "rows": table});
         outln!("{out:#}");
@@ -329,13 +357,18 @@ pub fn benchmark(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn budget_table(args: &BenchArgs, source: &TensorSource, chosen: &[usize]) -> Result<()> {
+fn budget_table(
+    args: &BenchArgs,
+    input: &str,
+    source: &TensorSource,
+    chosen: &[usize],
+) -> Result<()> {
     let t = with_bar(|progress| {
         bench::budget_table(source, chosen, &args.budget_at, progress, &CANCEL)
     })?;
     outln!(
         "{} — {} tensors, {} values; {} candidates per tensor measured in {:.1} s; distortion = total SSE",
-        args.input,
+        input,
         chosen.len(),
         t.elements,
         t.candidates,

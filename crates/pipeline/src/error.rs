@@ -18,6 +18,10 @@ pub enum PipelineError {
     /// The archive layer failed.
     #[error(transparent)]
     Hwz(#[from] HwzError),
+    /// The runtime (compressed operators) failed.
+    #[cfg(feature = "fs")]
+    #[error(transparent)]
+    Runtime(#[from] hypercodec_runtime::RuntimeError),
     /// The planner failed.
     #[cfg(feature = "fs")]
     #[error(transparent)]

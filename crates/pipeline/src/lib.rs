@@ -47,6 +47,8 @@ mod progress;
 #[cfg(feature = "fs")]
 pub mod rate;
 #[cfg(feature = "fs")]
+pub mod run;
+#[cfg(feature = "fs")]
 pub mod safetensors_out;
 #[cfg(feature = "fs")]
 pub mod shards;

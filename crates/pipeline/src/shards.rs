@@ -350,6 +350,23 @@ impl ArchiveSet {
         self.order.is_empty()
     }
 
+    /// Tensor `k` (in [`ArchiveSet::tensors`] order) as a validated view that owns its
+    /// streams (for an operator that runs on them).
+    pub fn view(&self, k: usize) -> Result<hypercodec_hwz::TensorView<'static>> {
+        let &(p, i) = self.order.get(k).ok_or_else(|| PipelineError::NoTensors {
+            message: format!("no tensor {k} in this archive set"),
+        })?;
+        let a = &self.parts[p].1;
+        let t = &a.tensors()[i];
+        let streams = a.tensor_streams(t)?;
+        let refs: Vec<(&str, &[u8])> = streams
+            .iter()
+            .map(|(r, b)| (r.as_str(), b.as_ref()))
+            .collect();
+        let shape = a.manifest().coded_shape(t);
+        Ok(hypercodec_hwz::TensorView::new(&t.name, &t.encoding, &shape, &refs)?.into_owned())
+    }
+
     /// Decodes tensor `k` (in [`ArchiveSet::tensors`] order) into `out`.
     pub fn decode_into(&self, k: usize, out: &mut [f32]) -> Result<()> {
         let &(p, i) = self.order.get(k).ok_or_else(|| PipelineError::NoTensors {

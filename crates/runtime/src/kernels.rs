@@ -19,9 +19,18 @@ fn hsum(acc: [f32; LANES]) -> f32 {
     (a[0] + a[2]) + (a[1] + a[3])
 }
 
+/// `Σ a·b` over f32 slices of the same length.
+pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        // SAFETY: AVX2 and FMA are present; the slices have the same length.
+        return unsafe { crate::avx2::dot_f32(a, b) };
+    }
+    dot_f32_portable(a, b)
+}
+
 multiversion! {
-    /// `Σ a·b` over f32 slices of the same length.
-    pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    fn dot_f32_portable(a: &[f32], b: &[f32]) -> f32 {
         let mut acc = [0f32; LANES];
         let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
         let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -66,34 +75,101 @@ fn dot_fields<const B: u32>(codes: &[u8], xp: &[f32]) -> f32 {
     let per = (8 / B) as usize;
     let n = codes.len();
     let mask = ((1u32 << B) - 1) as u8;
-    let mut acc = [0f32; LANES];
+    // Two registers of accumulators: an add's latency is hidden behind the other's.
+    let (mut a0, mut a1) = ([0f32; LANES], [0f32; LANES]);
     let mut tail = 0f32;
     for m in 0..per {
         let xs = &xp[m * n..(m + 1) * n];
         let shift = m as u32 * B;
-        let (cc, cx) = (codes.chunks_exact(LANES), xs.chunks_exact(LANES));
+        let (cc, cx) = (codes.chunks_exact(2 * LANES), xs.chunks_exact(2 * LANES));
         let (rc, rx) = (cc.remainder(), cx.remainder());
         for (c, x) in cc.zip(cx) {
             for l in 0..LANES {
-                acc[l] += ((c[l] >> shift) & mask) as f32 * x[l];
+                a0[l] += ((c[l] >> shift) & mask) as f32 * x[l];
+                a1[l] += ((c[LANES + l] >> shift) & mask) as f32 * x[LANES + l];
             }
         }
         for (c, x) in rc.iter().zip(rx) {
             tail += ((c >> shift) & mask) as f32 * x;
         }
     }
-    hsum(acc) + tail
+    hsum(a0) + hsum(a1) + tail
 }
 
-multiversion! {
-    /// [`dot_fields`] for `bits` ∈ {1, 2, 4, 8}.
-    pub(crate) fn dot_codes(bits: u8, codes: &[u8], xp: &[f32]) -> f32 {
-        match bits {
-            1 => dot_fields::<1>(codes, xp),
-            2 => dot_fields::<2>(codes, xp),
-            4 => dot_fields::<4>(codes, xp),
-            _ => dot_fields::<8>(codes, xp),
+/// IEEE half → f32, exact for every value, branch-free for finite ones (inlinable and
+/// vectorizable, unlike a call per value): the exponent and mantissa move to f32's position
+/// and a multiplication by 2^112 rebiases the exponent (subnormals included).
+#[inline(always)]
+pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let rest = h & 0x7FFF;
+    let v = if rest >= 0x7C00 {
+        f32::from_bits((rest << 13) | 0x7F80_0000)
+    } else {
+        f32::from_bits(rest << 13) * f32::from_bits(0x7780_0000)
+    };
+    f32::from_bits(v.to_bits() | ((h & 0x8000) << 16))
+}
+
+/// One row of affine codes: everything [`affine_row`] reads.
+pub(crate) struct AffineRow<'r> {
+    /// Bits of the dot product's fields (the codes' bits, or 8 when unpacked to bytes).
+    pub(crate) field_bits: u8,
+    /// Values per code byte (1 when unpacked).
+    pub(crate) per: usize,
+    /// Values per group and groups per row.
+    pub(crate) glen: usize,
+    /// The row's codes.
+    pub(crate) codes: &'r [u8],
+    /// The activation permuted per group ([`dot_fields`]).
+    pub(crate) xp: &'r [f32],
+    /// Σx per group.
+    pub(crate) gsum: &'r [f32],
+    /// The row's scales and offsets (one per group, or one for a tensor-wide group).
+    pub(crate) scales: &'r [f32],
+    /// Empty when symmetric.
+    pub(crate) offsets: &'r [f32],
+    /// The code bias `2^(bits−1)` (symmetric), or −1 for the 1-bit sign code.
+    pub(crate) bias: f32,
+}
+
+/// `⟨ŵ_r, x⟩` of one affine row: per group `s·Σq·x + lo·Σx` (asymmetric), `s·(Σq·x − h·Σx)`
+/// (symmetric) or `s·(2·Σq·x − Σx)` (1-bit sign codes).
+pub(crate) fn affine_row(a: &AffineRow<'_>) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        // SAFETY: AVX2 and FMA are present (checked just above); the row is consistent.
+        return unsafe { crate::avx2::affine_row(a) };
+    }
+    affine_row_with(a, |bits, codes, xs| match bits {
+        1 => dot_fields::<1>(codes, xs),
+        2 => dot_fields::<2>(codes, xs),
+        4 => dot_fields::<4>(codes, xs),
+        _ => dot_fields::<8>(codes, xs),
+    })
+}
+
+#[inline(always)]
+fn affine_row_with(a: &AffineRow<'_>, dot: impl Fn(u8, &[u8], &[f32]) -> f32) -> f32 {
+    {
+        let cols = a.xp.len();
+        let mut acc = 0f32;
+        for (j, &gs) in a.gsum.iter().enumerate() {
+            let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
+            let codes = &a.codes[lo / a.per..hi / a.per];
+            let xs = &a.xp[lo..hi];
+            let d = dot(a.field_bits, codes, xs);
+            let si = j.min(a.scales.len() - 1);
+            let s = a.scales[si];
+            acc += if !a.offsets.is_empty() {
+                s * d + a.offsets[si] * gs
+            } else if a.bias < 0.0 {
+                s * (2.0 * d - gs)
+            } else {
+                s * (d - a.bias * gs)
+            };
         }
+        acc
     }
 }
 
@@ -221,9 +297,19 @@ fn e8_fields4(bytes: &[u8], a: &E8Activation) -> f32 {
     hsum(acc) + tail - 8.0 * a.sum
 }
 
+/// `⟨p, x'⟩` of one fixed-rate E8 row of `bits` (2..=8) bits per symbol.
+pub(crate) fn e8_fixed_dot(bits: u8, bytes: &[u8], a: &E8Activation) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if bits == 4 && crate::simd::has_avx2() {
+        // SAFETY: AVX2 and FMA are present; the row holds 4 bytes per word and the activation
+        // 7 + 1 + 1 values per word (E8Activation::new).
+        return unsafe { crate::avx2::e8_fixed4(bytes, &a.t, &a.half, &a.last) } - 8.0 * a.sum;
+    }
+    e8_fixed_dot_portable(bits, bytes, a)
+}
+
 multiversion! {
-    /// `⟨p, x'⟩` of one fixed-rate E8 row of `bits` (2..=8) bits per symbol.
-    pub(crate) fn e8_fixed_dot(bits: u8, bytes: &[u8], a: &E8Activation) -> f32 {
+    fn e8_fixed_dot_portable(bits: u8, bytes: &[u8], a: &E8Activation) -> f32 {
         match bits {
             2 => e8_fields::<2>(bytes, a),
             3 => e8_fields::<3>(bytes, a),
@@ -289,6 +375,82 @@ multiversion! {
 mod tests {
     use super::*;
 
+    /// The dispatched kernels (AVX2 where the CPU has it) against their portable twins.
+    #[test]
+    fn dispatched_kernels_match_the_portable_ones() {
+        let rnd = |n: usize, k: u64| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i as u64 * 2654435761 + k) % 1000) as f32 / 500.0 - 1.0)
+                .collect()
+        };
+        for cols in [8usize, 40, 128, 1000, 4096] {
+            let x = rnd(cols, 1);
+            let y = rnd(cols, 2);
+            let (a, b) = (dot_f32(&x, &y), dot_f32_portable(&x, &y));
+            assert!(
+                (a - b).abs() <= 1e-4 * x.iter().zip(&y).map(|(p, q)| (p * q).abs()).sum::<f32>()
+            );
+            for bits in [1u8, 2, 4, 8] {
+                let per = 8 / bits as usize;
+                let glen = 128.min(cols / per * per).max(per);
+                let cols = cols / glen * glen;
+                if cols == 0 {
+                    continue;
+                }
+                let codes: Vec<u8> = (0..cols / per).map(|i| (i * 37 + 11) as u8).collect();
+                let gpr = cols / glen;
+                let row = AffineRow {
+                    field_bits: bits,
+                    per,
+                    glen,
+                    codes: &codes,
+                    xp: &x[..cols],
+                    gsum: &rnd(gpr, 3),
+                    scales: &rnd(gpr, 4),
+                    offsets: &rnd(gpr, 5),
+                    bias: 0.0,
+                };
+                let portable = affine_row_with(&row, |b, c, xs| match b {
+                    1 => dot_fields::<1>(c, xs),
+                    2 => dot_fields::<2>(c, xs),
+                    4 => dot_fields::<4>(c, xs),
+                    _ => dot_fields::<8>(c, xs),
+                });
+                let got = affine_row(&row);
+                assert!(
+                    (got - portable).abs()
+                        <= 1e-4 * (1.0 + portable.abs() * 0.0 + cols as f32 * 0.01),
+                    "{bits} {cols}: {got} vs {portable}"
+                );
+            }
+            let words = cols / 8;
+            if words > 0 {
+                let act = E8Activation::new(&x[..8 * words]);
+                let bytes: Vec<u8> = (0..4 * words).map(|i| (i * 101 + 7) as u8).collect();
+                let (a, b) = (
+                    e8_fixed_dot(4, &bytes, &act),
+                    e8_fixed_dot_portable(4, &bytes, &act),
+                );
+                assert!(
+                    (a - b).abs() <= 1e-3 * (1.0 + b.abs()),
+                    "{cols}: {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn half_conversion_is_exact() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = f16_bits_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#x}"
+            );
+        }
+    }
+
     #[test]
     fn field_dot_matches_the_plain_sum() {
         for bits in [1u8, 2, 4, 8] {
@@ -305,7 +467,12 @@ mod tests {
                     want += q as f64 * x[i * per + m] as f64;
                 }
             }
-            let got = dot_codes(bits, &codes, &xp) as f64;
+            let got = match bits {
+                1 => dot_fields::<1>(&codes, &xp),
+                2 => dot_fields::<2>(&codes, &xp),
+                4 => dot_fields::<4>(&codes, &xp),
+                _ => dot_fields::<8>(&codes, &xp),
+            } as f64;
             assert!((got - want).abs() < 1e-3, "{bits}: {got} vs {want}");
         }
     }

@@ -34,6 +34,8 @@
 //! ```
 #![deny(missing_docs)]
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 pub mod bench;
 mod kernels;
 mod linear;

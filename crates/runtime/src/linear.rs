@@ -11,8 +11,10 @@ use hypercodec_scalar::{self as scalar, FloatDtype};
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// Values of `W` a batch > 1 decodes at a time per thread (256 KB of f32: an L2-sized tile).
-const TILE_VALUES: usize = 1 << 16;
+/// Values of `W` a batch > 1 decodes at a time per thread (1 MB of f32: an L2-sized tile).
+const TILE_VALUES: usize = 1 << 20;
+/// Batches up to this size run the batch-1 path once per activation row.
+const SMALL_BATCH: usize = 16;
 /// Work (values of `W`) below which rows are not split into another task.
 const TASK_MIN_VALUES: usize = 1 << 15;
 
@@ -215,6 +217,20 @@ impl CompressedLinear {
         self.op.detail()
     }
 
+    /// The route at `batch` activation rows: the batch-1 path; run once per row up to 16 rows;
+    /// above that, tiles decoded to f32 (lattice: scaled points against `RHT(X)`) and a GEMM.
+    pub fn route(&self, batch: usize) -> String {
+        let detail = self.path_detail();
+        match (batch, self.path()) {
+            (0 | 1, _) => detail,
+            (b, Path::Sparse) => format!("{detail} (batch {b})"),
+            (_, Path::DecodeTiles | Path::LatticeResident { .. }) => "decode-tiles+gemm".into(),
+            (b, _) if b <= SMALL_BATCH => format!("{detail} ×{b}"),
+            (_, Path::E8Fixed { .. } | Path::LatticeWords) => "lattice-points+gemm".into(),
+            _ => "decode-tiles+gemm".into(),
+        }
+    }
+
     /// Bytes the operator holds: the stored streams, the side information parsed from them
     /// and the bias. Per-call buffers (the prepared activation, one chunk or tile per thread)
     /// are not included.
@@ -280,19 +296,6 @@ fn corrupt(view: &TensorView<'_>, message: String) -> RuntimeError {
     RuntimeError::Corrupt {
         tensor: view.name().to_string(),
         message,
-    }
-}
-
-/// Scale `i` of a little-endian array of `dtype`.
-#[inline]
-fn scale_at(bytes: &[u8], dtype: FloatDtype, i: usize) -> f32 {
-    match dtype {
-        FloatDtype::F32 => {
-            let b = &bytes[4 * i..4 * i + 4];
-            f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-        }
-        FloatDtype::F16 => half::f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
-        FloatDtype::Bf16 => half::bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
     }
 }
 
@@ -459,6 +462,24 @@ impl Op {
                     yt.fill(0.0);
                     add_sparse(entries, view.cols() as usize, x, batch, yt);
                     Ok(())
+                } else if batch <= SMALL_BATCH
+                    && !matches!(kind, Kind::Tiles | Kind::LatticeResident)
+                {
+                    // A few activation rows: the batch-1 fast path per row reads the stored
+                    // form `batch` times, which costs less than decoding it once to f32.
+                    let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+                    let mut y = vec![0f32; rows];
+                    for b in 0..batch {
+                        leaf_gemv(view, *kind, &x[b * cols..(b + 1) * cols], &mut y)?;
+                        for (r, &v) in y.iter().enumerate() {
+                            yt[r * batch + b] = v;
+                        }
+                    }
+                    Ok(())
+                } else if let (Kind::E8Fixed | Kind::LatticeWords, Parts::Lattice(l)) =
+                    (kind, view.parts_ref())
+                {
+                    lattice_points_gemm(view, l, x, batch, yt)
                 } else {
                     tiles(view, x, batch, yt)
                 }
@@ -564,6 +585,71 @@ pub(crate) fn gemm_wxt(w: &[f32], n: usize, cols: usize, x: &[f32], batch: usize
             gemm::Parallelism::None,
         );
     }
+}
+
+/// Fixed-rate lattice rows above [`SMALL_BATCH`]: the activations are rotated once
+/// (`X' = RHT(X)`), then tiles of lattice points scaled by `σ_r/α` — no inverse transform per
+/// weight row — are decoded and multiplied with `X'ᵀ` by the GEMM.
+fn lattice_points_gemm(
+    view: &TensorView<'_>,
+    l: &hwz::LatticeParts<'_>,
+    x: &[f32],
+    batch: usize,
+    yt: &mut [f32],
+) -> Result<()> {
+    let Symbols::Fixed { bits, packed } = &l.symbols else {
+        return tiles(view, x, batch, yt);
+    };
+    let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+    let spr = l.symbols_per_row;
+    let p = &l.params;
+    if rows == 0 || cols == 0 {
+        yt.fill(0.0);
+        return Ok(());
+    }
+    let rht = Rht::new(cols, p.tile, p.seed)
+        .map_err(|e| corrupt(view, format!("lattice transform: {e}")))?;
+    let mut xr = vec![0f32; batch * spr];
+    for (src, dst) in x.chunks_exact(cols).zip(xr.chunks_exact_mut(spr)) {
+        dst[..cols].copy_from_slice(src);
+        rht.forward(&mut dst[..cols]);
+    }
+    let lat = p.lattice;
+    let d = lat.dim();
+    let tile_rows = (TILE_VALUES / spr).max(1);
+    let tasks: Vec<(usize, &mut [f32])> = yt
+        .chunks_mut(tile_rows * batch)
+        .enumerate()
+        .map(|(i, c)| (i * tile_rows, c))
+        .collect();
+    tasks.into_par_iter().try_for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(w, codes): &mut (Vec<f32>, Vec<u8>), (r0, out)| -> Result<()> {
+            let n = out.len() / batch;
+            w.resize(n * spr, 0.0);
+            codes.resize(n * spr, 0);
+            scalar::unpack_bits_range_into(packed, *bits, rows * spr, r0 * spr, codes)
+                .map_err(|e| corrupt(view, format!("lattice symbols: {e}")))?;
+            let mut syms = [0u32; 8];
+            for (i, (wr, cr)) in w
+                .chunks_exact_mut(spr)
+                .zip(codes.chunks_exact(spr))
+                .enumerate()
+            {
+                let k = l.scales[r0 + i] / p.alpha;
+                for (pw, cw) in wr.chunks_exact_mut(d).zip(cr.chunks_exact(d)) {
+                    syms[..d]
+                        .iter_mut()
+                        .zip(cw)
+                        .for_each(|(s, &c)| *s = c as u32);
+                    lat.decode_word_fixed(&syms[..d], *bits, pw);
+                    pw.iter_mut().for_each(|v| *v *= k);
+                }
+            }
+            gemm_wxt(w, n, spr, &xr, batch, out);
+            Ok(())
+        },
+    )
 }
 
 /// Batch-1 `y = W·x` of one stored tensor by its fast path.
@@ -673,12 +759,18 @@ fn affine_gemv(
         gsum[j] = g.iter().sum();
     }
     let tensor_scale = matches!(params.group, Group::Tensor);
-    let h = (1u32 << (bits - 1)) as f32;
+    let bias = if params.bits == 1 {
+        -1.0
+    } else {
+        (1u32 << (bits - 1)) as f32
+    };
     let sd = params.scale_dtype;
-    let symmetric = params.symmetric;
     let row_bytes = cols * bits as usize / 8;
+    let per_row_scales = if tensor_scale { 1 } else { gpr };
     par_rows(y, 1, cols, |r0, out| {
         let mut buf = vec![0u8; if fused { 0 } else { cols }];
+        let mut sc = vec![0f32; per_row_scales];
+        let mut of = vec![0f32; if params.symmetric { 0 } else { per_row_scales }];
         for (i, o) in out.iter_mut().enumerate() {
             let r = r0 + i;
             let row: &[u8] = if fused {
@@ -688,28 +780,49 @@ fn affine_gemv(
                     .map_err(|e| corrupt(view, format!("affine codes: {e}")))?;
                 &buf
             };
-            let mut acc = 0f32;
-            for (j, &gs) in gsum.iter().enumerate() {
-                let (a, b) = (j * glen, ((j + 1) * glen).min(cols));
-                let d = kernels::dot_codes(
-                    if fused { bits } else { 8 },
-                    &row[a / per..b / per],
-                    &xp[a..b],
-                );
-                let si = if tensor_scale { 0 } else { r * gpr + j };
-                let s = scale_at(scales, sd, si);
-                acc += if !symmetric {
-                    s * d + scale_at(offsets, sd, si) * gs
-                } else if bits == 1 {
-                    s * (2.0 * d - gs)
-                } else {
-                    s * (d - h * gs)
-                };
-            }
-            *o = acc;
+            let first = if tensor_scale { 0 } else { r * gpr };
+            scales_into(scales, sd, first, &mut sc);
+            scales_into(offsets, sd, first, &mut of);
+            *o = kernels::affine_row(&kernels::AffineRow {
+                field_bits: if fused { bits } else { 8 },
+                per,
+                glen,
+                codes: row,
+                xp: &xp,
+                gsum: &gsum,
+                scales: &sc,
+                offsets: &of,
+                bias,
+            });
         }
         Ok(())
     })
+}
+
+/// `out.len()` values of a little-endian `dtype` array from index `first`, as f32.
+fn scales_into(bytes: &[u8], dtype: FloatDtype, first: usize, out: &mut [f32]) {
+    if out.is_empty() {
+        return;
+    }
+    let size = dtype.size();
+    let src = &bytes[first * size..(first + out.len()) * size];
+    match dtype {
+        FloatDtype::F32 => {
+            for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        FloatDtype::F16 => {
+            for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *o = kernels::f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
+        FloatDtype::Bf16 => {
+            for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *o = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
+            }
+        }
+    }
 }
 
 fn lattice_gemv(

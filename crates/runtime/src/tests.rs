@@ -250,7 +250,7 @@ proptest! {
         rows in 1u64..40,
         cols in prop_oneof![1u64..12, 12u64..300, Just(512u64)],
         which in 0usize..(zoo(8).len() + EXTRA),
-        batch in prop_oneof![Just(1usize), 2usize..6],
+        batch in prop_oneof![Just(1usize), 2usize..6, 17usize..21],
         seed in any::<u64>(),
         bias in any::<bool>(),
     ) {
@@ -269,6 +269,7 @@ fn each_encoding_takes_its_fast_path() {
         let (t, want) = encode_any(&x, &shape, which);
         let op = check(&t, &shape, 1, 9, false);
         check(&t, &shape, 7, 9, true);
+        check(&t, &shape, 33, 9, true);
         let path = op.path();
         match want {
             Some(p) => assert_eq!(path, p, "{:?}", t.encoding),

@@ -1,0 +1,167 @@
+//! Execution on the compressed form: `hypercodec run` and `hypercodec benchmark --runtime`.
+
+use crate::print::{outln, BenchArgs};
+use clap::Args;
+use hypercodec_pipeline::run::{self, RunOptions};
+use hypercodec_pipeline::{PipelineError, Result};
+use hypercodec_runtime::bench::{self, RuntimeBenchOptions};
+use hypercodec_runtime::LoadOptions;
+use std::path::PathBuf;
+
+/// `hypercodec run`.
+#[derive(Args)]
+pub struct RunArgs {
+    /// The .hwz archive (or a shard index `*.hwz.index.json`).
+    pub archive: PathBuf,
+    /// The uncompressed model (same tensor names) for the dense baseline; by default the
+    /// decompressed weights.
+    #[arg(long)]
+    pub original: Option<String>,
+    /// Rows of activations per call.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Only weights whose name contains this.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Convert entropy-coded lattice weights to fixed-rate symbols of this many bits at load
+    /// (re-quantizes; the SNR of each conversion is printed).
+    #[arg(long)]
+    pub fixed_bits: Option<u8>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Loads the archive's matrices as compressed operators and times a pass against dense f32.
+pub fn run(args: &RunArgs) -> Result<()> {
+    let options = RunOptions {
+        batch: args.batch,
+        filter: args.filter.clone(),
+        load: LoadOptions {
+            fixed_bits: args.fixed_bits,
+        },
+        ..RunOptions::default()
+    };
+    let r = run::run(&args.archive, args.original.as_deref(), &options)?;
+    if args.json {
+        let v = serde_json::to_value(&r).map_err(|e| PipelineError::Json {
+            what: "run report".into(),
+            message: e.to_string(),
+        })?;
+        outln!("{v:#}");
+        return Ok(());
+    }
+    outln!("| layer | shape | input | path | held MB |\n|---|---|---|---|---:|");
+    for l in &r.layers {
+        let input = if l.chained { "previous" } else { "fresh" };
+        outln!(
+            "| {} | {}x{} | {input} | {} | {:.2} |",
+            l.name,
+            l.shape[0],
+            l.shape[1],
+            l.path,
+            l.held_bytes as f64 / 1e6
+        );
+    }
+    let against = if r.against_original {
+        "the original f32 weights"
+    } else {
+        "the decompressed weights in f32"
+    };
+    outln!(
+        "{} layers, batch {}, {} threads ({}): compressed {:.1} µs per pass, dense f32 ({against}) {:.1} µs: {:.2}× ; held {:.1} MB vs {:.1} MB dense; output SNR vs dense {:.1} dB",
+        r.layers.len(),
+        r.batch,
+        r.threads,
+        r.simd,
+        r.ours_us,
+        r.dense_us,
+        r.speedup,
+        r.held_bytes as f64 / 1e6,
+        r.dense_bytes as f64 / 1e6,
+        r.output_snr_db
+    );
+    Ok(())
+}
+
+fn parse_shape(text: &str) -> Result<(usize, usize)> {
+    let bad = || PipelineError::option("--shapes", format!("`{text}`: use ROWSxCOLS"));
+    let (a, b) = text.split_once('x').ok_or_else(bad)?;
+    match (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
+        (Ok(r), Ok(c)) if r > 0 && c > 0 && r.checked_mul(c).is_some_and(|n| n <= 1 << 28) => {
+            Ok((r, c))
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// `hypercodec benchmark --runtime`.
+pub fn runtime_benchmark(args: &BenchArgs) -> Result<()> {
+    let mut options = RuntimeBenchOptions {
+        shapes: args
+            .shapes
+            .iter()
+            .map(|s| parse_shape(s))
+            .collect::<Result<_>>()?,
+        batches: args.batches.iter().map(|&b| b.max(1)).collect(),
+        ..RuntimeBenchOptions::default()
+    };
+    if !args.encodings.is_empty() {
+        options
+            .encodings
+            .retain(|e| args.encodings.iter().any(|f| e.label.contains(f.as_str())));
+        if options.encodings.is_empty() {
+            return Err(PipelineError::option(
+                "--encodings",
+                "no encoding matches; labels: int4-g128, int8-row, e8-fixed4, e8-rans@4, e8-rans@4→fixed6",
+            ));
+        }
+    }
+    if !args.json {
+        outln!(
+            "runtime: {} threads, kernels {}; dense = f32 GEMM/GEMV of the decompressed weight (gemm crate, same pool); medians",
+            rayon::current_num_threads(),
+            hypercodec_runtime::simd_level()
+        );
+        outln!("| shape | batch | encoding | path | ours µs | dense µs | speedup | held MB | stored MB | GB/s | SNR dB |\n|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    }
+    let mut failed = None;
+    let rows = bench::run(&options, |r| {
+        if args.json || failed.is_some() {
+            return;
+        }
+        let conv = r
+            .conversion_snr_db
+            .map_or(String::new(), |c| format!(" (conv {c:.1})"));
+        let line = format!(
+            "| {}x{} | {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}{conv} |",
+            r.shape[0],
+            r.shape[1],
+            r.batch,
+            r.encoding,
+            r.path,
+            r.ours_us,
+            r.dense_us,
+            r.speedup,
+            r.held_bytes as f64 / 1e6,
+            r.stored_bytes as f64 / 1e6,
+            r.weight_gbps,
+            r.snr_db
+        );
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), "{line}") {
+            failed = Some(e);
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(crate::stdout_error(e));
+    }
+    if args.json {
+        let v = serde_json::to_value(&rows).map_err(|e| PipelineError::Json {
+            what: "runtime rows".into(),
+            message: e.to_string(),
+        })?;
+        outln!("{v:#}");
+    }
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! `hypercodec run` and `hypercodec benchmark --runtime` end to end.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+fn ok(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_hypercodec"))
+        .args(args)
+        .output()
+        .expect("spawn hypercodec");
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+#[test]
+fn run_chains_a_compressed_mlp_and_matches_the_dense_stack() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("mlp.safetensors");
+    // Three 384x384 layers: each feeds the next.
+    ok(&["synth", p(&model), "--shape", "384x384", "--tensors", "3"]);
+    for (label, flags) in [
+        ("int4", vec!["--bits", "4"]),
+        (
+            "e8-fixed",
+            vec!["--encoding", "lattice", "--coding", "fixed", "--bps", "4"],
+        ),
+        ("e8-rans", vec!["--encoding", "lattice", "--bps", "4"]),
+    ] {
+        let hwz = dir.path().join(format!("{label}.hwz"));
+        let mut args = vec!["compress", p(&model), p(&hwz)];
+        args.extend(flags);
+        ok(&args);
+        let r: Value =
+            serde_json::from_str(&ok(&["run", p(&hwz), "--json", "--batch", "2"])).unwrap();
+        let layers = r["layers"].as_array().unwrap();
+        assert_eq!(layers.len(), 3, "{label}");
+        let chained: Vec<bool> = layers
+            .iter()
+            .map(|l| l["chained"].as_bool().unwrap())
+            .collect();
+        assert_eq!(chained, [false, true, true]);
+        // Against the decompressed weights: the same product, up to f32 summation order.
+        let snr = r["output_snr_db"].as_f64().unwrap_or(f64::INFINITY);
+        assert!(snr > 80.0, "{label}: {snr}");
+        assert!(r["speedup"].as_f64().unwrap() > 0.0);
+        // Against the original weights: the compression's error, a 4-bit one.
+        let r: Value =
+            serde_json::from_str(&ok(&["run", p(&hwz), "--json", "--original", p(&model)]))
+                .unwrap();
+        let snr = r["output_snr_db"].as_f64().unwrap();
+        assert!((12.0..40.0).contains(&snr), "{label}: {snr}");
+        assert_eq!(r["against_original"], true);
+    }
+}
+
+#[test]
+fn runtime_benchmark_reports_every_encoding_and_batch() {
+    let out = ok(&[
+        "benchmark",
+        "--runtime",
+        "--shapes",
+        "64x256,40x100",
+        "--batches",
+        "1,3,20",
+        "--json",
+    ]);
+    let rows: Value = serde_json::from_str(&out).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2 * 5 * 3);
+    for r in rows {
+        for key in ["ours_us", "dense_us", "speedup"] {
+            assert!(r[key].as_f64().unwrap() > 0.0, "{r}");
+        }
+        let (held, stored) = (
+            r["held_bytes"].as_u64().unwrap(),
+            r["stored_bytes"].as_u64().unwrap(),
+        );
+        assert!(held > 0 && stored > 0);
+        if r["batch"] == 1 {
+            assert!(!r["path"].as_str().unwrap().contains("tiles"), "{r}");
+        }
+    }
+    let table = ok(&[
+        "benchmark",
+        "--runtime",
+        "--shapes",
+        "32x64",
+        "--batches",
+        "1",
+        "--encodings",
+        "int4",
+    ]);
+    assert!(
+        table.contains("| 32x64 | 1 | int4-g128 | affine-int4-fused |"),
+        "{table}"
+    );
+}

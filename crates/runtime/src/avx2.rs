@@ -1,0 +1,191 @@
+//! AVX2 + FMA versions of the two hottest loops (affine code fields, fixed-rate E8 words),
+//! written with intrinsics because the portable loops do not reach 256-bit vectors. Each is
+//! checked against its portable twin in [`crate::kernels`]'s tests.
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+/// `Σ q·x` over every field of `B`-bit codes in one pass over the bytes (each 16 bytes are
+/// loaded once for all `8/B` fields); the lane sums are left in a register.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fields_pass<const B: u32>(codes: &[u8], xp: &[f32]) -> __m256 {
+    let per = (8 / B) as usize;
+    let n = codes.len();
+    let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
+    // Four chains of additions, so the FMA latency is hidden.
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let full = n / 16 * 16;
+    let mut tail = 0f32;
+    // SAFETY: i + 16 <= full <= n bytes of codes; field m's run of xp is xp[m·n..(m+1)·n].
+    unsafe {
+        let mut i = 0;
+        while i < full {
+            let c = _mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i);
+            let lo = _mm256_cvtepu8_epi32(c);
+            let hi = _mm256_cvtepu8_epi32(_mm_srli_si128(c, 8));
+            for m in 0..per {
+                let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
+                let xs = xp.as_ptr().add(m * n + i);
+                let fl = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(lo, shift), mask));
+                let fh = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(hi, shift), mask));
+                let k = 2 * (m & 1);
+                acc[k] = _mm256_fmadd_ps(fl, _mm256_loadu_ps(xs), acc[k]);
+                acc[k + 1] = _mm256_fmadd_ps(fh, _mm256_loadu_ps(xs.add(8)), acc[k + 1]);
+            }
+            i += 16;
+        }
+    }
+    for m in 0..per {
+        for j in full..n {
+            let q = (codes[j] >> (m as u32 * B)) & ((1u32 << B) - 1) as u8;
+            tail += q as f32 * xp[m * n + j];
+        }
+    }
+    let mut t = [0f32; 8];
+    t[0] = tail;
+    // SAFETY: t holds 8 floats.
+    let t = unsafe { _mm256_loadu_ps(t.as_ptr()) };
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    _mm256_add_ps(s, t)
+}
+
+/// `⟨ŵ_r, x⟩` of one affine row (see `kernels::affine_row`), the group loop and the field
+/// loops in one AVX2 function.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; the row's parts must be consistent (`kernels::AffineRow`).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
+    let cols = a.xp.len();
+    let mut acc = 0f32;
+    for (j, &gs) in a.gsum.iter().enumerate() {
+        let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
+        let codes = &a.codes[lo / a.per..hi / a.per];
+        let xs = &a.xp[lo..hi];
+        // SAFETY: xs holds 8/bits values per code byte (the group's permuted activation).
+        let d = hsum(unsafe {
+            match a.field_bits {
+                1 => fields_pass::<1>(codes, xs),
+                2 => fields_pass::<2>(codes, xs),
+                4 => fields_pass::<4>(codes, xs),
+                _ => fields_pass::<8>(codes, xs),
+            }
+        });
+        let si = j.min(a.scales.len() - 1);
+        let s = a.scales[si];
+        acc += if !a.offsets.is_empty() {
+            s * d + a.offsets[si] * gs
+        } else if a.bias < 0.0 {
+            s * (2.0 * d - gs)
+        } else {
+            s * (d - a.bias * gs)
+        };
+    }
+    acc
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+/// `⟨p, x'⟩` of a row of 4-bit fixed-rate E8 words (see `kernels::e8_fields4`), eight words
+/// (one `u32` each) per step.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `bytes.len() == 4·a.words`, `t.len() == 7·a.words`,
+/// `half.len() == last.len() == a.words`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn e8_fixed4(bytes: &[u8], t: &[f32], half: &[f32], last: &[f32]) -> f32 {
+    // SAFETY: the caller guarantees the CPU features and the lengths (see above).
+    unsafe {
+        let nw = half.len();
+        debug_assert!(bytes.len() == 4 * nw && t.len() == 7 * nw && last.len() == nw);
+        let nib = _mm256_set1_epi32(15);
+        let one = _mm256_set1_epi32(1);
+        let even = _mm256_set1_epi32(14);
+        let pbits = _mm256_set1_epi32(0x1111_1110);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let full = nw / 8 * 8;
+        let mut w = 0;
+        while w < full {
+            // SAFETY (all loads): w + 8 <= nw words of bytes, half, last and of each t row.
+            let v = _mm256_loadu_si256(bytes.as_ptr().add(4 * w) as *const __m256i);
+            macro_rules! field {
+                ($i:literal, $k:literal) => {
+                    let q = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4 * $i), nib));
+                    acc[$k] = _mm256_fmadd_ps(
+                        q,
+                        _mm256_loadu_ps(t.as_ptr().add(($i - 1) * nw + w)),
+                        acc[$k],
+                    );
+                };
+            }
+            field!(1, 0);
+            field!(2, 1);
+            field!(3, 2);
+            field!(4, 3);
+            field!(5, 0);
+            field!(6, 1);
+            field!(7, 2);
+            let s0 = _mm256_and_si256(v, nib);
+            let mut p = _mm256_and_si256(v, pbits);
+            p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 16));
+            p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 8));
+            p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 4));
+            let par = _mm256_and_si256(p, one);
+            let c = _mm256_cvtepi32_ps(_mm256_and_si256(s0, one));
+            let l = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_and_si256(s0, even), par));
+            acc[3] = _mm256_fmadd_ps(c, _mm256_loadu_ps(half.as_ptr().add(w)), acc[3]);
+            acc[0] = _mm256_fmadd_ps(l, _mm256_loadu_ps(last.as_ptr().add(w)), acc[0]);
+            w += 8;
+        }
+        let mut tail = 0f32;
+        for w in full..nw {
+            let c = &bytes[4 * w..4 * w + 4];
+            let v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            for i in 1..8 {
+                tail += ((v >> (4 * i)) & 15) as f32 * t[(i - 1) * nw + w];
+            }
+            let s0 = v & 15;
+            let par = (v & 0x1111_1110).count_ones() & 1;
+            tail += (s0 & 1) as f32 * half[w] + ((s0 & 14) + par) as f32 * last[w];
+        }
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        hsum(s) + tail
+    }
+}
+
+/// `Σ a·b` over f32 slices of the same length, four registers of accumulators.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `a.len() == b.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    // SAFETY: the caller guarantees the CPU features and the lengths (see above).
+    unsafe {
+        let n = a.len().min(b.len());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let full = n / 32 * 32;
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 32 <= n values of both slices.
+            for (k, r) in acc.iter_mut().enumerate() {
+                *r = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i + 8 * k)),
+                    _mm256_loadu_ps(b.as_ptr().add(i + 8 * k)),
+                    *r,
+                );
+            }
+            i += 32;
+        }
+        let tail: f32 = a[full..n].iter().zip(&b[full..n]).map(|(x, y)| x * y).sum();
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        hsum(s) + tail
+    }
+}
