@@ -327,7 +327,18 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
         print::inspect(&out, false)?;
     }
     print::outln!("== 5. benchmark every representation on the same tensor");
-    print::benchmark(&print::BenchArgs::for_input(input))
+    print::benchmark(&print::BenchArgs::for_input(input.clone()))?;
+    print::outln!(
+        "== 6. run the INT4 archive as a compressed linear layer (y = x·Wᵀ from the stored codes) against the original f32 weight"
+    );
+    exec::run(&exec::RunArgs {
+        archive: dir.join("gaussian-int4-g128.hwz"),
+        original: Some(input),
+        batch: 1,
+        filter: None,
+        fixed_bits: None,
+        json: false,
+    })
 }
 
 /// Ctrl-C, SIGTERM and SIGHUP set the cancel flag: the running step stops at its next tensor

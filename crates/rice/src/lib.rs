@@ -16,6 +16,8 @@
 
 pub mod rans;
 pub mod rice;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 
 /// Everything that can go wrong in this crate. Decoders meet corrupt input with these errors,
 /// never with a panic.

@@ -110,13 +110,6 @@ impl<F> std::fmt::Debug for Contexts<F> {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct Slot {
-    sym: u16,
-    freq: u16,
-    bias: u16,
-}
-
 #[derive(Debug, Clone, Default)]
 struct Table {
     /// Frequencies by symbol (escape last when present).
@@ -125,7 +118,11 @@ struct Table {
     /// ⌈2³²/f⌉ per symbol (0 where f = 0), for the encoder's division.
     rcp: Vec<u64>,
     escape: bool,
-    slots: Vec<Slot>,
+    /// Decode table, one entry per slot of the `2^prob_bits` range: `freq << 16 | bias`.
+    fb: Vec<u32>,
+    /// The symbol of each slot, plus one padding entry (a 4-byte vector gather at 2-byte
+    /// stride reads one entry past the last).
+    sy: Vec<u16>,
 }
 
 /// A fitted model: one frequency table per context.
@@ -196,16 +193,15 @@ impl Table {
                 value: acc as u64,
             });
         }
-        let mut slots = Vec::new();
+        let (mut fb, mut sy) = (Vec::new(), Vec::new());
         if !freq.is_empty() {
-            slots = vec![Slot::default(); m as usize];
+            fb = vec![0u32; m as usize];
+            sy = vec![0u16; m as usize + 1];
             for (s, (&f, &c)) in freq.iter().zip(&cum).enumerate() {
                 for k in 0..f {
-                    slots[(c + k) as usize] = Slot {
-                        sym: s as u16,
-                        freq: f as u16,
-                        bias: k as u16,
-                    };
+                    // f ≤ 2^15 (prob_bits ≤ 15) and k < f: both fit 16 bits.
+                    fb[(c + k) as usize] = (f << 16) | k;
+                    sy[(c + k) as usize] = s as u16;
                 }
             }
         }
@@ -224,7 +220,8 @@ impl Table {
             cum,
             rcp,
             escape,
-            slots,
+            fb,
+            sy,
         })
     }
 }
@@ -599,9 +596,7 @@ impl<'a> Decoder<'a> {
             .tables
             .iter()
             .map(|t| {
-                4 * (t.freq.len() + t.cum.len())
-                    + 8 * t.rcp.len()
-                    + std::mem::size_of::<Slot>() * t.slots.len()
+                4 * (t.freq.len() + t.cum.len()) + 8 * t.rcp.len() + 4 * t.fb.len() + 2 * t.sy.len()
             })
             .sum();
         (self.index.len() + self.payload.len() + model) as u64
@@ -684,8 +679,6 @@ impl<'a> Decoder<'a> {
             u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
         };
         let entry = 1 + params.lanes;
-        let pb = model.prob_bits as u32;
-        let mask = (1u32 << pb) - 1;
         let mut states = vec![0u32; params.lanes];
         for (k, chunk) in out.chunks_mut(params.chunk).enumerate() {
             let ci = range.start + k;
@@ -709,48 +702,7 @@ impl<'a> Decoder<'a> {
             }
             let stream = &self.payload[2 * start..2 * end];
             let mut pos = 0usize;
-            let next = |pos: &mut usize| -> Result<u32> {
-                let w = stream
-                    .get(*pos..*pos + 2)
-                    .ok_or(CodingError::Corrupt { chunk: ci })?;
-                *pos += 2;
-                Ok(u16::from_le_bytes([w[0], w[1]]) as u32)
-            };
-            let mut first = 0u32;
-            let (mut j, mut lane) = (0usize, 0usize);
-            let last_table = model.tables.len() - 1;
-            for out_sym in chunk.iter_mut() {
-                let t = &model.tables[(ctx.map)(j, first).min(last_table)];
-                if t.slots.is_empty() {
-                    return Err(CodingError::Corrupt { chunk: ci });
-                }
-                let x = &mut states[lane];
-                let slot = t.slots[(*x & mask) as usize];
-                *x = slot.freq as u32 * (*x >> pb) + slot.bias as u32;
-                let mut sym = slot.sym as u32;
-                if t.escape && sym == MAX_DIRECT {
-                    let hi = next(&mut pos)?;
-                    let lo = next(&mut pos)?;
-                    sym = (hi << 16) | lo;
-                }
-                // Branch-free renormalization: whether a word is needed is a coin flip per symbol.
-                let w = stream
-                    .get(pos..pos + 2)
-                    .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]) as u32);
-                let need = *x < L;
-                *x = if need { (*x << 16) | w } else { *x };
-                pos += 2 * need as usize;
-                first = if j == 0 { sym } else { first };
-                *out_sym = sym;
-                j += 1;
-                if j == ctx.word {
-                    j = 0;
-                }
-                lane += 1;
-                if lane == params.lanes {
-                    lane = 0;
-                }
-            }
+            decode_chunk(model, ctx, &mut states, stream, &mut pos, chunk, ci)?;
             // Writers may pad the payload with zero bytes after the last chunk (see hwz's minimum
             // stream length); anything else left unread is corruption.
             if pos > stream.len() {
@@ -764,6 +716,117 @@ impl<'a> Decoder<'a> {
         }
         Ok(())
     }
+}
+
+/// Decodes one symbol of a lane: the slot of `x`, the state update, an escaped symbol's two
+/// raw words, then the (branch-free) renormalization word.
+#[inline(always)]
+fn step(t: &Table, x: &mut u32, stream: &[u8], pos: &mut usize, pb: u32, ci: usize) -> Result<u32> {
+    let next = |pos: &mut usize| -> Result<u32> {
+        let w = stream
+            .get(*pos..*pos + 2)
+            .ok_or(CodingError::Corrupt { chunk: ci })?;
+        *pos += 2;
+        Ok(u16::from_le_bytes([w[0], w[1]]) as u32)
+    };
+    let slot = (*x & ((1u32 << pb) - 1)) as usize;
+    let (fb, mut sym) = match (t.fb.get(slot), t.sy.get(slot)) {
+        (Some(&fb), Some(&sy)) => (fb, sy as u32),
+        _ => return Err(CodingError::Corrupt { chunk: ci }),
+    };
+    *x = (fb >> 16) * (*x >> pb) + (fb & 0xFFFF);
+    if t.escape && sym == MAX_DIRECT {
+        let hi = next(pos)?;
+        let lo = next(pos)?;
+        sym = (hi << 16) | lo;
+    }
+    // Branch-free renormalization: whether a word is needed is a coin flip per symbol.
+    let w = stream
+        .get(*pos..*pos + 2)
+        .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]) as u32);
+    let need = *x < L;
+    *x = if need { (*x << 16) | w } else { *x };
+    *pos += 2 * need as usize;
+    Ok(sym)
+}
+
+/// Decodes one chunk's symbols into `out` from `stream`, its lanes' `states` set from the
+/// chunk table. With AVX2, words of 8 symbols (E8's) whose last 7 share one table decode
+/// those 7 in vector lanes; everything else, one symbol at a time.
+fn decode_chunk<F: Fn(usize, u32) -> usize + Copy>(
+    model: &Model,
+    ctx: Contexts<F>,
+    states: &mut [u32],
+    stream: &[u8],
+    pos: &mut usize,
+    out: &mut [u32],
+    ci: usize,
+) -> Result<()> {
+    let lanes = states.len();
+    let pb = model.prob_bits as u32;
+    let last_table = model.tables.len() - 1;
+    let table = |c: usize| -> Result<&Table> {
+        let t = &model.tables[c.min(last_table)];
+        if t.fb.is_empty() {
+            return Err(CodingError::Corrupt { chunk: ci });
+        }
+        Ok(t)
+    };
+    #[cfg(target_arch = "x86_64")]
+    let simd = ctx.word == 8 && lanes % 8 == 0 && crate::simd::has_avx2();
+    let mut first = 0u32;
+    let (mut j, mut lane) = (0usize, 0usize);
+    let mut i = 0;
+    while i < out.len() {
+        #[cfg(target_arch = "x86_64")]
+        if simd && j == 0 && i + 8 <= out.len() {
+            let t0 = table((ctx.map)(0, first))?;
+            let sym0 = step(t0, &mut states[lane], stream, pos, pb, ci)?;
+            out[i] = sym0;
+            first = sym0;
+            let c1 = (ctx.map)(1, first);
+            let shared = (2..8).all(|k| (ctx.map)(k, first) == c1);
+            let t1 = table(c1)?;
+            // SAFETY: AVX2 is present (simd); lanes lane..lane+8 exist (lanes % 8 == 0 and
+            // lane is a multiple of 8 when j == 0); out has 8 symbols from i.
+            let done = shared
+                && unsafe {
+                    crate::simd::rans_step7(
+                        &t1.fb,
+                        &t1.sy,
+                        t1.escape,
+                        pb,
+                        &mut states[lane..lane + 8],
+                        stream,
+                        pos,
+                        &mut out[i..i + 8],
+                    )
+                };
+            if !done {
+                for k in 1..8 {
+                    let t = table((ctx.map)(k, first))?;
+                    out[i + k] = step(t, &mut states[lane + k], stream, pos, pb, ci)?;
+                }
+            }
+            i += 8;
+            lane = (lane + 8) % lanes;
+            continue;
+        }
+        let t = table((ctx.map)(j, first))?;
+        let sym = step(t, &mut states[lane], stream, pos, pb, ci)?;
+        first = if j == 0 { sym } else { first };
+        out[i] = sym;
+        i += 1;
+        j += 1;
+        if j == ctx.word {
+            j = 0;
+        }
+        lane += 1;
+        if lane == lanes {
+            lane = 0;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -838,6 +901,18 @@ mod tests {
                 prob_bits: 12,
             },
         );
+        // Vector lanes (multiples of 8): escapes inside a word fall back to one lane at a time;
+        // chunks that end inside a word and streams that end within 16 bytes too.
+        for (lanes, chunk) in [(8, 1024), (32, 1000), (16, 24), (32, 4096)] {
+            roundtrip(
+                &v,
+                RansParams {
+                    chunk,
+                    lanes,
+                    prob_bits: 12,
+                },
+            );
+        }
         roundtrip(&[], RansParams::default());
         roundtrip(
             &[0; 80],

@@ -161,6 +161,92 @@ pub(crate) unsafe fn e8_fixed4(bytes: &[u8], t: &[f32], half: &[f32], last: &[f3
     }
 }
 
+/// `⟨p, x'⟩` of a row of fixed-rate E8 words of any `bits` (2..=8; see
+/// `kernels::e8_fields`), eight words per step, each symbol field fetched for the eight
+/// words by one 32-bit gather at its byte offset, then shifted and masked. The words whose
+/// gathers would read past the row's end go the scalar way.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `bytes.len() == bits·a.words`, `t.len() == 7·a.words`,
+/// `half.len() == last.len() == a.words`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn e8_fixed_any(
+    bits: u32,
+    bytes: &[u8],
+    t: &[f32],
+    half: &[f32],
+    last: &[f32],
+) -> f32 {
+    let nw = half.len();
+    let b = bits as usize;
+    debug_assert!(bytes.len() == b * nw && t.len() == 7 * nw && last.len() == nw);
+    let mask = _mm256_set1_epi32(((1u32 << bits) - 1) as i32);
+    let one = _mm256_set1_epi32(1);
+    // Words whose 8 gathers stay inside the row: the last field starts at byte ⌊7b/8⌋ of the
+    // word and its 4-byte read must end within the row.
+    let safe = if b * nw >= 4 + 7 * b / 8 {
+        ((b * nw - 4 - 7 * b / 8) / b + 1).min(nw)
+    } else {
+        0
+    };
+    let full = safe / 8 * 8;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let lane = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(b as i32),
+    );
+    let mut w = 0;
+    // SAFETY: for w + 8 <= full every gather reads 4 bytes ending inside `bytes` (see `safe`);
+    // t, half and last hold nw values per row of 8 consecutive words.
+    unsafe {
+        while w < full {
+            let base = _mm256_add_epi32(lane, _mm256_set1_epi32((w * b) as i32));
+            let mut par = _mm256_setzero_si256();
+            let mut s0 = _mm256_setzero_si256();
+            for i in 0..8usize {
+                let off = _mm256_add_epi32(base, _mm256_set1_epi32((i * b / 8) as i32));
+                let g = _mm256_i32gather_epi32::<1>(bytes.as_ptr() as *const i32, off);
+                let sh = _mm_cvtsi32_si128(((i * b) % 8) as i32);
+                let q = _mm256_and_si256(_mm256_srl_epi32(g, sh), mask);
+                if i == 0 {
+                    s0 = q;
+                } else {
+                    par = _mm256_xor_si256(par, q);
+                    let k = i % 4;
+                    acc[k] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(q),
+                        _mm256_loadu_ps(t.as_ptr().add((i - 1) * nw + w)),
+                        acc[k],
+                    );
+                }
+            }
+            let c = _mm256_cvtepi32_ps(_mm256_and_si256(s0, one));
+            let even = _mm256_andnot_si256(one, s0);
+            let l = _mm256_cvtepi32_ps(_mm256_add_epi32(even, _mm256_and_si256(par, one)));
+            acc[0] = _mm256_fmadd_ps(c, _mm256_loadu_ps(half.as_ptr().add(w)), acc[0]);
+            acc[1] = _mm256_fmadd_ps(l, _mm256_loadu_ps(last.as_ptr().add(w)), acc[1]);
+            w += 8;
+        }
+    }
+    let mut tail = 0f32;
+    let m = (1u64 << bits) - 1;
+    for w in full..nw {
+        let mut v = [0u8; 8];
+        v[..b].copy_from_slice(&bytes[w * b..(w + 1) * b]);
+        let v = u64::from_le_bytes(v);
+        let mut par = 0u64;
+        for i in 1..8u32 {
+            let q = (v >> (i * bits)) & m;
+            par ^= q;
+            tail += q as f32 * t[(i as usize - 1) * nw + w];
+        }
+        let s0 = v & m;
+        tail += (s0 & 1) as f32 * half[w] + ((s0 & !1) + (par & 1)) as f32 * last[w];
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    hsum(s) + tail
+}
+
 /// `Σ a·b` over f32 slices of the same length, four registers of accumulators.
 ///
 /// # Safety

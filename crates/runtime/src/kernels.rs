@@ -305,6 +305,12 @@ pub(crate) fn e8_fixed_dot(bits: u8, bytes: &[u8], a: &E8Activation) -> f32 {
         // 7 + 1 + 1 values per word (E8Activation::new).
         return unsafe { crate::avx2::e8_fixed4(bytes, &a.t, &a.half, &a.last) } - 8.0 * a.sum;
     }
+    #[cfg(target_arch = "x86_64")]
+    if (2..=8).contains(&bits) && crate::simd::has_avx2() {
+        // SAFETY: as above, with `bits` bytes per word.
+        let dot = unsafe { crate::avx2::e8_fixed_any(bits as u32, bytes, &a.t, &a.half, &a.last) };
+        return dot - (1u32 << (bits - 1)) as f32 * a.sum;
+    }
     e8_fixed_dot_portable(bits, bytes, a)
 }
 

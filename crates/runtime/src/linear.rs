@@ -524,7 +524,7 @@ fn tiles(view: &TensorView<'_>, x: &[f32], batch: usize, yt: &mut [f32]) -> Resu
         yt.fill(0.0);
         return Ok(());
     }
-    let mut tile_rows = (TILE_VALUES / cols).max(1);
+    let mut tile_rows = tile_rows_for(rows, cols);
     // Entropy-coded symbols: a tile is at least a chunk's rows, so no chunk decodes twice.
     if let Parts::Lattice(l) = view.parts_ref() {
         let chunk = match &l.symbols {
@@ -587,6 +587,13 @@ pub(crate) fn gemm_wxt(w: &[f32], n: usize, cols: usize, x: &[f32], batch: usize
     }
 }
 
+/// Rows per GEMM tile: at most [`TILE_VALUES`] values, and at least two tiles per thread when
+/// the matrix has the rows for it (a small matrix is not left to one core).
+fn tile_rows_for(rows: usize, cols: usize) -> usize {
+    let per_thread = rows.div_ceil(2 * rayon::current_num_threads());
+    (TILE_VALUES / cols.max(1)).min(per_thread).max(1)
+}
+
 /// Fixed-rate lattice rows above [`SMALL_BATCH`]: the activations are rotated once
 /// (`X' = RHT(X)`), then tiles of lattice points scaled by `σ_r/α` — no inverse transform per
 /// weight row — are decoded and multiplied with `X'ᵀ` by the GEMM.
@@ -616,7 +623,7 @@ fn lattice_points_gemm(
     }
     let lat = p.lattice;
     let d = lat.dim();
-    let tile_rows = (TILE_VALUES / spr).max(1);
+    let tile_rows = tile_rows_for(rows, spr);
     let tasks: Vec<(usize, &mut [f32])> = yt
         .chunks_mut(tile_rows * batch)
         .enumerate()

@@ -33,20 +33,20 @@ pub fn linear(
     Ok(y)
 }
 
-/// `Σ_j |W_rj·x_j|` per output: the scale an f32 dot product's rounding error is relative to.
-pub fn abs_products(view: &TensorView<'_>, x: &[f32], batch: usize) -> Result<Vec<f32>> {
+/// `‖W_r‖·‖x_b‖` per output: the scale of an f32 dot product's rounding error, whichever
+/// basis it is summed in (a lattice row is summed against `RHT(x)`, where a product that is
+/// exactly zero in the weight's basis is a sum of rounded nonzero terms).
+pub fn norm_products(view: &TensorView<'_>, x: &[f32], batch: usize) -> Result<Vec<f32>> {
     let (rows, cols) = (view.rows() as usize, view.cols() as usize);
     let mut w = vec![0f32; rows * cols];
     view.decode_rows_into(0..rows as u64, &mut w)?;
+    let norm = |v: &[f32]| v.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
+    let wn: Vec<f64> = w.chunks(cols.max(1)).map(norm).collect();
     let mut out = vec![0f32; batch * rows];
     for b in 0..batch {
-        let xb = &x[b * cols..(b + 1) * cols];
+        let xn = norm(&x[b * cols..(b + 1) * cols]);
         for r in 0..rows {
-            out[b * rows + r] = w[r * cols..(r + 1) * cols]
-                .iter()
-                .zip(xb)
-                .map(|(a, c)| (a * c).abs())
-                .sum();
+            out[b * rows + r] = (wn.get(r).copied().unwrap_or(0.0) * xn) as f32;
         }
     }
     Ok(out)

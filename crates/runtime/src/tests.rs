@@ -12,7 +12,7 @@ use hypercodec_scalar::AffineParams;
 use proptest::prelude::*;
 
 /// An f32 dot product summed in another order (lanes, groups, chunks) and, for lattice rows,
-/// through `RHT(x)` instead of `RHT⁻¹(q)`: a few hundred ulps of `Σ|w·x|` at most.
+/// through `RHT(x)` instead of `RHT⁻¹(q)`: a few hundred ulps of `‖w‖·‖x‖` at most.
 const DOT_REL_TOL: f32 = 2e-5;
 /// bfloat16 inputs and outputs: 8 bits of mantissa.
 const BF16_REL_TOL: f32 = 1.0 / 64.0;
@@ -169,7 +169,11 @@ fn encode_any(x: &[f32], shape: &[u64], which: usize) -> (EncodedTensor, Option<
             let sparse: Vec<f32> = x
                 .iter()
                 .enumerate()
-                .map(|(i, &v)| if i % 5 == 0 { v } else { 0.0 })
+                .map(|(i, &v)| match (i % 5, v == 0.0) {
+                    (0, true) => 1.0,
+                    (0, false) => v,
+                    _ => 0.0,
+                })
                 .collect();
             let count = sparse.iter().filter(|v| **v != 0.0).count() as u64;
             let e = Encoding::Sparse {
@@ -227,7 +231,7 @@ fn check(
     let mut y = vec![f32::NAN; batch * rows];
     op.forward(&x, batch, &mut y).unwrap();
     let want = reference::linear(&view, &x, batch, bias.as_deref()).unwrap();
-    let scale = reference::abs_products(&view, &x, batch).unwrap();
+    let scale = reference::norm_products(&view, &x, batch).unwrap();
     for i in 0..y.len() {
         let tol =
             DOT_REL_TOL * (scale[i] + bias.as_ref().map_or(0.0, |b| b[i % rows].abs())) + 1e-30;
@@ -324,7 +328,7 @@ fn bf16_activations_match_f32_within_bf16_rounding() {
     let mut yb = vec![half::bf16::ZERO; 2 * 40];
     op.forward_bf16(&xb, 2, &mut yb).unwrap();
     let want = reference::linear(&view, &xs, 2, None).unwrap();
-    let scale = reference::abs_products(&view, &xs, 2).unwrap();
+    let scale = reference::norm_products(&view, &xs, 2).unwrap();
     for i in 0..yb.len() {
         assert!((yb[i].to_f32() - want[i]).abs() <= BF16_REL_TOL * scale[i] + 1e-6);
     }
@@ -364,7 +368,7 @@ fn load_time_fixed_rate_conversion_is_measured() {
     let (mut a, mut b) = (vec![0f32; 48], vec![0f32; 48]);
     wide.forward(&xs, 1, &mut a).unwrap();
     let want = reference::linear(&view, &xs, 1, None).unwrap();
-    let scale = reference::abs_products(&view, &xs, 1).unwrap();
+    let scale = reference::norm_products(&view, &xs, 1).unwrap();
     for i in 0..48 {
         assert!((a[i] - want[i]).abs() <= DOT_REL_TOL * scale[i] + 1e-30);
     }
