@@ -247,6 +247,125 @@ pub(crate) unsafe fn e8_fixed_any(
     hsum(s) + tail
 }
 
+/// One affine row of 4- or 8-bit codes dequantized into `out`: per group `j`,
+/// `ŵ = q·mul[j] + add[j]`; values in natural order.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `bits` is 4 or 8; `codes` holds `out.len()·bits/8` bytes;
+/// `mul` and `add` one value per group of `glen` values (`glen` even for 4 bits).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn affine_dequant(
+    bits: u8,
+    codes: &[u8],
+    glen: usize,
+    mul: &[f32],
+    add: &[f32],
+    out: &mut [f32],
+) {
+    let per = 8 / bits as usize;
+    let low = _mm_set1_epi8(0x0F);
+    for (j, o) in out.chunks_mut(glen).enumerate() {
+        let c = &codes[j * glen / per..(j * glen + o.len()) / per];
+        let (m, a) = (_mm256_set1_ps(mul[j]), _mm256_set1_ps(add[j]));
+        let mut i = 0;
+        // SAFETY: each step reads 16 (4-bit: 16 bytes = 32 values) or 8 code bytes and writes
+        // the values they hold, both inside the group.
+        unsafe {
+            if bits == 4 {
+                while i + 32 <= o.len() {
+                    let v = _mm_loadu_si128(c.as_ptr().add(i / 2) as *const __m128i);
+                    let lo = _mm_and_si128(v, low);
+                    let hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+                    let a0 = _mm_unpacklo_epi8(lo, hi);
+                    let a1 = _mm_unpackhi_epi8(lo, hi);
+                    for (k, part) in [a0, _mm_srli_si128(a0, 8), a1, _mm_srli_si128(a1, 8)]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part));
+                        _mm256_storeu_ps(o.as_mut_ptr().add(i + 8 * k), _mm256_fmadd_ps(q, m, a));
+                    }
+                    i += 32;
+                }
+            } else {
+                while i + 8 <= o.len() {
+                    let v = _mm_loadl_epi64(c.as_ptr().add(i) as *const __m128i);
+                    let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+                    _mm256_storeu_ps(o.as_mut_ptr().add(i), _mm256_fmadd_ps(q, m, a));
+                    i += 8;
+                }
+            }
+        }
+        for k in i..o.len() {
+            let q = if bits == 4 {
+                (c[k / 2] >> (4 * (k % 2))) & 15
+            } else {
+                c[k]
+            };
+            o[k] = q as f32 * mul[j] + add[j];
+        }
+    }
+}
+
+/// The scaled points (`k·p`) of one row of 4-bit fixed-rate E8 words in the blocked order of
+/// `linear::blocked_index`: per block of 8 words, coordinate `i` of the 8 words is one vector.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `bytes.len() == 4·nw`, `out.len() == 8·nw`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn e8_points4(bytes: &[u8], k: f32, out: &mut [f32]) {
+    let nw = bytes.len() / 4;
+    let full = nw / 8 * 8;
+    let nib = _mm256_set1_epi32(15);
+    let one = _mm256_set1_epi32(1);
+    let h = _mm256_set1_epi32(8);
+    let kv = _mm256_set1_ps(k);
+    let halfk = _mm256_set1_ps(0.5 * k);
+    let mut w = 0;
+    // SAFETY: each step reads 8 words (32 bytes) and writes their 64 values, inside the row.
+    unsafe {
+        while w < full {
+            let v = _mm256_loadu_si256(bytes.as_ptr().add(4 * w) as *const __m256i);
+            let s0 = _mm256_and_si256(v, nib);
+            let c = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(s0, one)), halfk);
+            let mut par = _mm256_setzero_si256();
+            let base = out.as_mut_ptr().add(8 * w);
+            for i in 0..7 {
+                let sh = _mm_cvtsi32_si128(4 * (i as i32 + 1));
+                let q = _mm256_and_si256(_mm256_srl_epi32(v, sh), nib);
+                par = _mm256_xor_si256(par, q);
+                let val = _mm256_cvtepi32_ps(_mm256_sub_epi32(q, h));
+                _mm256_storeu_ps(base.add(8 * i), _mm256_fmadd_ps(val, kv, c));
+            }
+            let last = _mm256_add_epi32(
+                _mm256_sub_epi32(_mm256_andnot_si256(one, s0), h),
+                _mm256_and_si256(par, one),
+            );
+            _mm256_storeu_ps(
+                base.add(56),
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(last), kv, c),
+            );
+            w += 8;
+        }
+    }
+    // The last block (fewer than 8 words): coordinate i of word wi at i·m + wi.
+    let m = nw - full;
+    for wi in 0..m {
+        let w = full + wi;
+        let c4 = &bytes[4 * w..4 * w + 4];
+        let v = u32::from_le_bytes([c4[0], c4[1], c4[2], c4[3]]);
+        let s0 = (v & 15) as i32;
+        let c = 0.5 * (s0 & 1) as f32;
+        let mut par = 0i32;
+        for i in 0..7 {
+            let q = ((v >> (4 * (i + 1))) & 15) as i32;
+            par ^= q;
+            out[8 * full + i * m + wi] = ((q - 8) as f32 + c) * k;
+        }
+        out[8 * full + 7 * m + wi] = (((s0 & !1) - 8 + (par & 1)) as f32 + c) * k;
+    }
+}
+
 /// `Σ a·b` over f32 slices of the same length, four registers of accumulators.
 ///
 /// # Safety

@@ -544,7 +544,9 @@ fn tiles(view: &TensorView<'_>, x: &[f32], batch: usize, yt: &mut [f32]) -> Resu
         .try_for_each_init(Vec::new, |w: &mut Vec<f32>, (r0, out)| -> Result<()> {
             let n = out.len() / batch;
             w.resize(n * cols, 0.0);
-            view.decode_rows_into(r0 as u64..(r0 + n) as u64, w)?;
+            if !affine_tile(view, r0, w) {
+                view.decode_rows_into(r0 as u64..(r0 + n) as u64, w)?;
+            }
             if batch == 1 {
                 for (o, row) in out.iter_mut().zip(w.chunks_exact(cols)) {
                     *o = kernels::dot_f32(row, x);
@@ -554,6 +556,69 @@ fn tiles(view: &TensorView<'_>, x: &[f32], batch: usize, yt: &mut [f32]) -> Resu
             }
             Ok(())
         })
+}
+
+/// Rows `r0..` of a byte-aligned 4- or 8-bit affine tensor dequantized in AVX2 into `w`
+/// (whole rows); `false` (nothing written) when another decoder must do it.
+fn affine_tile(view: &TensorView<'_>, r0: usize, w: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Parts::Affine {
+        params,
+        codes,
+        scales,
+        offsets,
+    } = view.parts_ref()
+    {
+        let cols = view.cols() as usize;
+        let bits = params.bits;
+        let glen = match params.group {
+            Group::Size(g) => (g as usize).min(cols).max(1),
+            Group::Row | Group::Tensor => cols.max(1),
+        };
+        if !(bits == 4 && cols % 2 == 0 && glen % 2 == 0 || bits == 8) || !crate::simd::has_avx2() {
+            return false;
+        }
+        let gpr = cols.div_ceil(glen);
+        let tensor_scale = matches!(params.group, Group::Tensor);
+        let n = if tensor_scale { 1 } else { gpr };
+        let (mut s, mut o) = (vec![0f32; n], vec![0f32; n]);
+        let (mut mul, mut add) = (vec![0f32; gpr], vec![0f32; gpr]);
+        let h = (1u32 << (bits - 1)) as f32;
+        let row_bytes = cols * bits as usize / 8;
+        for (i, out) in w.chunks_exact_mut(cols).enumerate() {
+            let r = r0 + i;
+            let first = if tensor_scale { 0 } else { r * gpr };
+            scales_into(scales, params.scale_dtype, first, &mut s);
+            if params.symmetric {
+                o.fill(0.0);
+            } else {
+                scales_into(offsets, params.scale_dtype, first, &mut o);
+            }
+            for j in 0..gpr {
+                let k = j.min(n - 1);
+                (mul[j], add[j]) = if params.symmetric {
+                    (s[k], -h * s[k])
+                } else {
+                    (s[k], o[k])
+                };
+            }
+            // SAFETY: AVX2 and FMA are present; the row's codes are byte-aligned (bits 8, or
+            // 4 with even rows and groups) and mul/add hold one value per group.
+            unsafe {
+                crate::avx2::affine_dequant(
+                    bits,
+                    &codes[r * row_bytes..(r + 1) * row_bytes],
+                    glen,
+                    &mul,
+                    &add,
+                    out,
+                );
+            }
+        }
+        return true;
+    }
+    let _ = (view, r0, w);
+    false
 }
 
 /// `out (n × batch) = w (n × cols) · xᵀ` with `x` `batch × cols`, on the calling thread.
@@ -623,40 +688,79 @@ fn lattice_points_gemm(
     }
     let lat = p.lattice;
     let d = lat.dim();
+    // 4-bit E8 in AVX2: points are written field-major per block of 8 words (see
+    // `avx2::e8_points4`); the GEMM's inner dimension may be in any order, so X' is put in
+    // the same order once.
+    #[cfg(target_arch = "x86_64")]
+    let blocked = lat == Lattice::E8 && *bits == 4 && crate::simd::has_avx2();
+    #[cfg(not(target_arch = "x86_64"))]
+    let blocked = false;
+    if blocked {
+        let mut row = vec![0f32; spr];
+        for xrow in xr.chunks_exact_mut(spr) {
+            row.copy_from_slice(xrow);
+            for (pos, v) in row.iter().enumerate() {
+                xrow[blocked_index(spr / 8, pos)] = *v;
+            }
+        }
+    }
     let tile_rows = tile_rows_for(rows, spr);
     let tasks: Vec<(usize, &mut [f32])> = yt
         .chunks_mut(tile_rows * batch)
         .enumerate()
         .map(|(i, c)| (i * tile_rows, c))
         .collect();
+    let nw = spr / 8;
     tasks.into_par_iter().try_for_each_init(
         || (Vec::new(), Vec::new()),
         |(w, codes): &mut (Vec<f32>, Vec<u8>), (r0, out)| -> Result<()> {
             let n = out.len() / batch;
             w.resize(n * spr, 0.0);
-            codes.resize(n * spr, 0);
-            scalar::unpack_bits_range_into(packed, *bits, rows * spr, r0 * spr, codes)
-                .map_err(|e| corrupt(view, format!("lattice symbols: {e}")))?;
-            let mut syms = [0u32; 8];
-            for (i, (wr, cr)) in w
-                .chunks_exact_mut(spr)
-                .zip(codes.chunks_exact(spr))
-                .enumerate()
-            {
-                let k = l.scales[r0 + i] / p.alpha;
-                for (pw, cw) in wr.chunks_exact_mut(d).zip(cr.chunks_exact(d)) {
-                    syms[..d]
-                        .iter_mut()
-                        .zip(cw)
-                        .for_each(|(s, &c)| *s = c as u32);
-                    lat.decode_word_fixed(&syms[..d], *bits, pw);
-                    pw.iter_mut().for_each(|v| *v *= k);
+            if blocked {
+                #[cfg(target_arch = "x86_64")]
+                for (i, wr) in w.chunks_exact_mut(spr).enumerate() {
+                    let r = r0 + i;
+                    let k = l.scales[r] / p.alpha;
+                    // SAFETY: AVX2 is present (blocked); the row holds nw 4-byte words.
+                    unsafe {
+                        crate::avx2::e8_points4(&packed[r * nw * 4..(r + 1) * nw * 4], k, wr);
+                    }
+                }
+            } else {
+                codes.resize(n * spr, 0);
+                scalar::unpack_bits_range_into(packed, *bits, rows * spr, r0 * spr, codes)
+                    .map_err(|e| corrupt(view, format!("lattice symbols: {e}")))?;
+                let mut syms = [0u32; 8];
+                for (i, (wr, cr)) in w
+                    .chunks_exact_mut(spr)
+                    .zip(codes.chunks_exact(spr))
+                    .enumerate()
+                {
+                    let k = l.scales[r0 + i] / p.alpha;
+                    for (pw, cw) in wr.chunks_exact_mut(d).zip(cr.chunks_exact(d)) {
+                        syms[..d]
+                            .iter_mut()
+                            .zip(cw)
+                            .for_each(|(s, &c)| *s = c as u32);
+                        lat.decode_word_fixed(&syms[..d], *bits, pw);
+                        pw.iter_mut().for_each(|v| *v *= k);
+                    }
                 }
             }
             gemm_wxt(w, n, spr, &xr, batch, out);
             Ok(())
         },
     )
+}
+
+/// Where coordinate `pos` (word `pos / 8`, coordinate `pos % 8`) of a row of `nw` E8 words
+/// sits in the field-major blocked order: blocks of 8 words, within a block coordinate `i` of
+/// its `m` words (8, or fewer in the last block) contiguous.
+pub(crate) fn blocked_index(nw: usize, pos: usize) -> usize {
+    let (w, i) = (pos / 8, pos % 8);
+    let (blk, wi) = (w / 8, w % 8);
+    let m = (nw - blk * 8).min(8);
+    blk * 64 + i * m + wi
 }
 
 /// Batch-1 `y = W·x` of one stored tensor by its fast path.

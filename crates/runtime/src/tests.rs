@@ -247,7 +247,11 @@ fn check(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
+    // 160 cases by default; PROPTEST_CASES=N for a longer run.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(160),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn every_path_matches_the_reference(
