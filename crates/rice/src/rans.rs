@@ -130,6 +130,62 @@ struct Table {
 pub struct Model {
     prob_bits: u8,
     tables: Vec<Table>,
+    /// Every table's decode slots, concatenated (`freq << 16 | bias`), so that one vector
+    /// gather serves lanes of different contexts.
+    fb: Vec<u32>,
+    /// The symbol of every slot, concatenated, plus one padding entry.
+    sy: Vec<u16>,
+    /// Where each table's slots start in `fb`/`sy` (`None`: a table with no symbols).
+    base: Vec<Option<usize>>,
+}
+
+/// One context's decode slots.
+#[derive(Clone, Copy)]
+struct DecTable<'m> {
+    fb: &'m [u32],
+    /// `fb.len() + 1` entries (the padding of [`Model::sy`]).
+    sy: &'m [u16],
+    escape: bool,
+    base: u32,
+}
+
+impl Model {
+    /// Moves the tables' decode slots into one array.
+    fn assemble(prob_bits: u8, mut tables: Vec<Table>) -> Model {
+        let (mut fb, mut sy, mut base) = (Vec::new(), Vec::new(), Vec::new());
+        for t in &mut tables {
+            if t.fb.is_empty() {
+                base.push(None);
+                continue;
+            }
+            base.push(Some(fb.len()));
+            fb.append(&mut t.fb);
+            t.sy.pop();
+            sy.append(&mut t.sy);
+        }
+        sy.push(0);
+        Model {
+            prob_bits,
+            tables,
+            fb,
+            sy,
+            base,
+        }
+    }
+
+    /// The decode slots of context `c` (clamped to the last), `None` when it has no symbols.
+    #[inline]
+    fn dec_table(&self, c: usize) -> Option<DecTable<'_>> {
+        let c = c.min(self.tables.len() - 1);
+        let b = self.base[c]?;
+        let m = 1usize << self.prob_bits;
+        Some(DecTable {
+            fb: &self.fb[b..b + m],
+            sy: &self.sy[b..b + m + 1],
+            escape: self.tables[c].escape,
+            base: b as u32,
+        })
+    }
 }
 
 fn normalize(counts: &[u64], prob_bits: u8) -> Vec<u32> {
@@ -264,7 +320,7 @@ impl Model {
                 prob_bits,
             )?);
         }
-        Ok(Model { prob_bits, tables })
+        Ok(Model::assemble(prob_bits, tables))
     }
 
     /// Serializes the model.
@@ -352,7 +408,7 @@ impl Model {
                 value: bytes.len() as u64,
             });
         }
-        Ok(Model { prob_bits, tables })
+        Ok(Model::assemble(prob_bits, tables))
     }
 
     /// The cost in bits of `symbols` under this model (the ideal rate of an exact coder).
@@ -595,10 +651,10 @@ impl<'a> Decoder<'a> {
             .model
             .tables
             .iter()
-            .map(|t| {
-                4 * (t.freq.len() + t.cum.len()) + 8 * t.rcp.len() + 4 * t.fb.len() + 2 * t.sy.len()
-            })
-            .sum();
+            .map(|t| 4 * (t.freq.len() + t.cum.len()) + 8 * t.rcp.len())
+            .sum::<usize>()
+            + 4 * self.model.fb.len()
+            + 2 * self.model.sy.len();
         (self.index.len() + self.payload.len() + model) as u64
     }
 
@@ -721,7 +777,14 @@ impl<'a> Decoder<'a> {
 /// Decodes one symbol of a lane: the slot of `x`, the state update, an escaped symbol's two
 /// raw words, then the (branch-free) renormalization word.
 #[inline(always)]
-fn step(t: &Table, x: &mut u32, stream: &[u8], pos: &mut usize, pb: u32, ci: usize) -> Result<u32> {
+fn step(
+    t: DecTable<'_>,
+    x: &mut u32,
+    stream: &[u8],
+    pos: &mut usize,
+    pb: u32,
+    ci: usize,
+) -> Result<u32> {
     let next = |pos: &mut usize| -> Result<u32> {
         let w = stream
             .get(*pos..*pos + 2)
@@ -764,20 +827,73 @@ fn decode_chunk<F: Fn(usize, u32) -> usize + Copy>(
 ) -> Result<()> {
     let lanes = states.len();
     let pb = model.prob_bits as u32;
-    let last_table = model.tables.len() - 1;
-    let table = |c: usize| -> Result<&Table> {
-        let t = &model.tables[c.min(last_table)];
-        if t.fb.is_empty() {
-            return Err(CodingError::Corrupt { chunk: ci });
-        }
-        Ok(t)
+    let table = |c: usize| -> Result<DecTable<'_>> {
+        model.dec_table(c).ok_or(CodingError::Corrupt { chunk: ci })
     };
     #[cfg(target_arch = "x86_64")]
     let simd = ctx.word == 8 && lanes % 8 == 0 && crate::simd::has_avx2();
     let mut first = 0u32;
     let (mut j, mut lane) = (0usize, 0usize);
+    #[cfg(target_arch = "x86_64")]
+    let simd32 = simd && lanes % 32 == 0;
     let mut i = 0;
     while i < out.len() {
+        // Four whole words over 32 lanes: every symbol and state update in vector lanes, the
+        // renormalization words assigned by a prefix count over the 32 lanes.
+        #[cfg(target_arch = "x86_64")]
+        if simd32 && j == 0 && lane % 32 == 0 && i + 32 <= out.len() {
+            let mut bases = [[0u32; 2]; 4];
+            let mut ok = true;
+            let mut f = first;
+            for (k, b) in bases.iter_mut().enumerate() {
+                // The first symbol of word k (its context may depend on the previous word's).
+                let (Some(t0), x) = (model.dec_table((ctx.map)(0, f)), states[lane + 8 * k]) else {
+                    ok = false;
+                    break;
+                };
+                let slot = (x & ((1u32 << pb) - 1)) as usize;
+                let sym0 = t0.sy[slot] as u32;
+                if t0.escape && sym0 == MAX_DIRECT {
+                    ok = false;
+                    break;
+                }
+                f = sym0;
+                // Symbols 1..8 of the word must share one table.
+                let c1 = (ctx.map)(1, f);
+                let Some(t1) = model.dec_table(c1) else {
+                    ok = false;
+                    break;
+                };
+                if !(2..8).all(|q| (ctx.map)(q, f) == c1) {
+                    ok = false;
+                    break;
+                }
+                *b = [t0.base, t1.base];
+            }
+            // SAFETY: AVX2 is present (simd); lanes lane..lane+32 exist (lanes % 32 == 0,
+            // lane % 32 == 0); out has 32 symbols from i; every base is a table's start in
+            // the model's concatenated slots.
+            if ok
+                && unsafe {
+                    crate::simd::rans_group32(
+                        &model.fb,
+                        &model.sy,
+                        model.tables.iter().any(|t| t.escape),
+                        &bases,
+                        pb,
+                        &mut states[lane..lane + 32],
+                        stream,
+                        pos,
+                        &mut out[i..i + 32],
+                    )
+                }
+            {
+                first = f;
+                i += 32;
+                lane = (lane + 32) % lanes;
+                continue;
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         if simd && j == 0 && i + 8 <= out.len() {
             let t0 = table((ctx.map)(0, first))?;
@@ -792,8 +908,8 @@ fn decode_chunk<F: Fn(usize, u32) -> usize + Copy>(
             let done = shared
                 && unsafe {
                     crate::simd::rans_step7(
-                        &t1.fb,
-                        &t1.sy,
+                        t1.fb,
+                        t1.sy,
                         t1.escape,
                         pb,
                         &mut states[lane..lane + 8],

@@ -98,3 +98,95 @@ pub(crate) unsafe fn rans_step7(
     }
     true
 }
+
+/// Decodes 32 symbols — four words of 8, one per group of 8 lanes — entirely in vector lanes:
+/// lane `8k` (word k's first symbol) reads the table at `bases[k][0]`, lanes `8k+1..8k+8` the
+/// one at `bases[k][1]` (chosen by the caller from the first symbol, which the slot alone
+/// determines); then the lanes whose state fell below 2^16 take the next words of the stream
+/// in lane order. Returns `false`, having changed nothing, when a lane meets an escape (if
+/// `escape`) or fewer than 80 bytes of stream are left.
+///
+/// # Safety
+/// The CPU must have AVX2; `states.len() == out.len() == 32`; each base is a table's first
+/// slot in `fb` (`2^pb` slots per table) and `sy.len() == fb.len() + 1`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn rans_group32(
+    fb: &[u32],
+    sy: &[u16],
+    escape: bool,
+    bases: &[[u32; 2]; 4],
+    pb: u32,
+    states: &mut [u32],
+    stream: &[u8],
+    pos: &mut usize,
+    out: &mut [u32],
+) -> bool {
+    debug_assert!(states.len() == 32 && out.len() == 32 && sy.len() == fb.len() + 1);
+    // 32 words at most, and the last 16-byte load may start at the 32nd.
+    if *pos + 80 > stream.len() {
+        return false;
+    }
+    // SAFETY: states and out hold 32 values; every index is a base plus a slot below 2^pb,
+    // inside fb, and a 4-byte read at 2-byte stride from sy stays inside its padding; the
+    // word loads start at most 62 bytes past pos and read 16 bytes (checked above).
+    unsafe {
+        let mask = _mm256_set1_epi32(((1u32 << pb) - 1) as i32);
+        let shift = _mm_cvtsi32_si128(pb as i32);
+        let low16 = _mm256_set1_epi32(0xFFFF);
+        let mut xn = [_mm256_setzero_si256(); 4];
+        let mut syms = [_mm256_setzero_si256(); 4];
+        let mut need = [_mm256_setzero_si256(); 4];
+        let mut masks = [0u32; 4];
+        let mut any_escape = _mm256_setzero_si256();
+        for k in 0..4 {
+            let x = _mm256_loadu_si256(states.as_ptr().add(8 * k) as *const __m256i);
+            let base = _mm256_setr_epi32(
+                bases[k][0] as i32,
+                bases[k][1] as i32,
+                bases[k][1] as i32,
+                bases[k][1] as i32,
+                bases[k][1] as i32,
+                bases[k][1] as i32,
+                bases[k][1] as i32,
+                bases[k][1] as i32,
+            );
+            let idx = _mm256_add_epi32(base, _mm256_and_si256(x, mask));
+            let f = _mm256_i32gather_epi32::<4>(fb.as_ptr() as *const i32, idx);
+            let s = _mm256_and_si256(
+                _mm256_i32gather_epi32::<2>(sy.as_ptr() as *const i32, idx),
+                low16,
+            );
+            any_escape = _mm256_or_si256(
+                any_escape,
+                _mm256_cmpeq_epi32(s, _mm256_set1_epi32(crate::rans::MAX_DIRECT as i32)),
+            );
+            let v = _mm256_add_epi32(
+                _mm256_mullo_epi32(_mm256_srli_epi32(f, 16), _mm256_srl_epi32(x, shift)),
+                _mm256_and_si256(f, low16),
+            );
+            let nd = _mm256_cmpeq_epi32(_mm256_srli_epi32(v, 16), _mm256_setzero_si256());
+            xn[k] = v;
+            syms[k] = s;
+            need[k] = nd;
+            masks[k] = _mm256_movemask_ps(_mm256_castsi256_ps(nd)) as u32;
+        }
+        if escape && _mm256_movemask_epi8(any_escape) != 0 {
+            return false;
+        }
+        let mut at = *pos;
+        for k in 0..4 {
+            let words =
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(stream.as_ptr().add(at) as *const __m128i));
+            let perm = _mm256_loadu_si256(PREFIX[masks[k] as usize].as_ptr() as *const __m256i);
+            let mine = _mm256_permutevar8x32_epi32(words, perm);
+            let renormed = _mm256_or_si256(_mm256_slli_epi32(xn[k], 16), mine);
+            let updated = _mm256_blendv_epi8(xn[k], renormed, need[k]);
+            _mm256_storeu_si256(states.as_mut_ptr().add(8 * k) as *mut __m256i, updated);
+            _mm256_storeu_si256(out.as_mut_ptr().add(8 * k) as *mut __m256i, syms[k]);
+            at += 2 * masks[k].count_ones() as usize;
+        }
+        *pos = at;
+    }
+    true
+}

@@ -366,6 +366,49 @@ pub(crate) unsafe fn e8_points4(bytes: &[u8], k: f32, out: &mut [f32]) {
     }
 }
 
+/// `⟨p, x'⟩` of one row of unbounded E8 symbols (see `kernels::e8_coded_dot`), one word per
+/// vector: symbols 1..8 unzigzagged and multiplied by `x'` shifted by one (`xs[8w + i]` is
+/// `x'[8w + i − 1]`, so `xs` starts with one zero), the first symbol's coset bit and its
+/// parity-rebuilt last coordinate in scalar.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `syms.len() == 8·nw`, `xs.len() >= 8·nw`,
+/// `half.len() == last.len() == nw`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn e8_coded_dot(syms: &[u32], xs: &[f32], half: &[f32], last: &[f32]) -> f32 {
+    let nw = half.len();
+    debug_assert!(syms.len() == 8 * nw && xs.len() >= 8 * nw && last.len() == nw);
+    let one = _mm256_set1_epi32(1);
+    let rest = _mm256_setr_epi32(0, -1, -1, -1, -1, -1, -1, -1);
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut tail = 0f32;
+    // SAFETY: word w reads syms[8w..8w+8] and xs[8w..8w+8], inside both (see above).
+    unsafe {
+        for w in 0..nw {
+            let v = _mm256_loadu_si256(syms.as_ptr().add(8 * w) as *const __m256i);
+            let n = _mm256_xor_si256(
+                _mm256_srli_epi32(v, 1),
+                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, one)),
+            );
+            let n = _mm256_and_si256(n, rest);
+            let k = w & 1;
+            acc[k] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(n),
+                _mm256_loadu_ps(xs.as_ptr().add(8 * w)),
+                acc[k],
+            );
+            let bits = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_slli_epi32(n, 31))) as u32;
+            let par = (bits.count_ones() & 1) as i32;
+            let s0 = *syms.get_unchecked(8 * w);
+            let c = (s0 & 1) as f32;
+            let z = s0 >> 1;
+            let t = ((z >> 1) as i32) ^ -((z & 1) as i32);
+            tail += c * half[w] + (2 * t + par) as f32 * last[w];
+        }
+    }
+    hsum(_mm256_add_ps(acc[0], acc[1])) + tail
+}
+
 /// `Σ a·b` over f32 slices of the same length, four registers of accumulators.
 ///
 /// # Safety

@@ -181,6 +181,9 @@ fn affine_row_with(a: &AffineRow<'_>, dot: impl Fn(u8, &[u8], &[f32]) -> f32) ->
 #[derive(Debug, Default)]
 pub(crate) struct E8Activation {
     pub(crate) words: usize,
+    /// `x'` shifted by one (`shifted[8w + i] = x'[8w + i − 1]`, a zero first): the operand of
+    /// the AVX2 entropy-coded row, which multiplies a word's symbols 1..8 in place.
+    pub(crate) shifted: Vec<f32>,
     pub(crate) t: Vec<f32>,
     pub(crate) half: Vec<f32>,
     pub(crate) last: Vec<f32>,
@@ -201,8 +204,11 @@ impl E8Activation {
             half[w] = 0.5 * word.iter().sum::<f32>();
             last[w] = word[7];
         }
+        let mut shifted = vec![0f32; 8 * nw + 1];
+        shifted[1..].copy_from_slice(&xr[..8 * nw]);
         E8Activation {
             words: nw,
+            shifted,
             t,
             half,
             last,
@@ -333,11 +339,23 @@ fn unzz(z: u32) -> i32 {
     ((z >> 1) as i32) ^ -((z & 1) as i32)
 }
 
+/// `⟨p, x'⟩` of one row of unbounded (entropy-coded) E8 symbols (`8·nw` of them): per word,
+/// coordinates `unzz(s_i) (+ ½c)` for i in 1..8 and `2t + parity (+ ½c)` with
+/// `c = s₀ & 1`, `t = unzz(s₀ >> 1)`.
+pub(crate) fn e8_coded_dot(syms: &[u32], a: &E8Activation) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() && syms.len() >= 8 * a.words {
+        // SAFETY: AVX2 and FMA are present; the row holds 8·words symbols and the shifted
+        // activation 8·words + 1 values.
+        return unsafe {
+            crate::avx2::e8_coded_dot(&syms[..8 * a.words], &a.shifted, &a.half, &a.last)
+        };
+    }
+    e8_coded_dot_portable(syms, a)
+}
+
 multiversion! {
-    /// `⟨p, x'⟩` of one row of unbounded (entropy-coded) E8 symbols (`8·nw` of them): per word,
-    /// coordinates `unzz(s_i) (+ ½c)` for i in 1..8 and `2t + parity (+ ½c)` with
-    /// `c = s₀ & 1`, `t = unzz(s₀ >> 1)`.
-    pub(crate) fn e8_coded_dot(syms: &[u32], a: &E8Activation) -> f32 {
+    fn e8_coded_dot_portable(syms: &[u32], a: &E8Activation) -> f32 {
         let nw = a.words;
         let mut acc = [0f32; LANES];
         for (w, s) in syms.chunks_exact(8).enumerate().take(nw) {
@@ -442,6 +460,27 @@ mod tests {
                     "{cols}: {a} vs {b}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn coded_e8_dot_matches_the_portable_one() {
+        for words in [1usize, 3, 64] {
+            let x: Vec<f32> = (0..8 * words)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+                .collect();
+            let act = E8Activation::new(&x);
+            let syms: Vec<u32> = (0..8 * words as u32)
+                .map(|i| i.wrapping_mul(2654435761) >> 27)
+                .collect();
+            let (a, b) = (
+                e8_coded_dot(&syms, &act),
+                e8_coded_dot_portable(&syms, &act),
+            );
+            assert!(
+                (a - b).abs() <= 1e-3 * (1.0 + b.abs()),
+                "{words}: {a} vs {b}"
+            );
         }
     }
 
