@@ -1,7 +1,8 @@
 //! `cargo xtask`: project automation for hypercodec, with no dependencies beyond std.
 //!
 //! - `ci` — everything `.ci/run` checks: fmt, clippy, tests (default and pure-Rust features),
-//!   docs, the wasm32 build of the pure crates, the fuzz targets' build, and the memory check.
+//!   docs, the wasm32 build of the pure crates, the fuzz targets' build, the browser test, the
+//!   Python wheel and its tests, and the memory check.
 //! - `wasm-check` — builds the leaf codecs and hwz for `wasm32-unknown-unknown`.
 //! - `fuzz-build` — builds the fuzz targets on stable (running them needs nightly `cargo fuzz`).
 //! - `rss` — compresses a synthetic 100 M-parameter f32 model and checks peak memory.
@@ -10,6 +11,8 @@
 //!   the library's version, installed into `.tools/` once; wasm-opt from npm binaryen).
 //! - `web-test` — `web`, then the inspector's test in headless Chromium (Debian's `chromium`,
 //!   npm `playwright-core`), installing what is missing.
+//! - `py` — the Python wheel: a venv in `.venv/` (maturin, numpy, pytest and torch installed
+//!   once), `maturin build --release` of `py/`, the wheel installed there, then `pytest py/tests`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -315,6 +318,80 @@ fn web_test() -> Result<(), String> {
     )
 }
 
+/// The venv's Python (`.venv/bin/python`, created with `python3 -m venv` when missing).
+fn venv_python() -> Result<PathBuf, String> {
+    let py = root().join(".venv/bin/python");
+    if !py.exists() {
+        run(
+            "python3 -m venv .venv",
+            Command::new("python3")
+                .args(["-m", "venv", ".venv"])
+                .current_dir(root()),
+        )?;
+    }
+    Ok(py)
+}
+
+/// Whether `python -c "import <module>"` succeeds.
+fn has_module(py: &Path, module: &str) -> bool {
+    Command::new(py)
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn py() -> Result<(), String> {
+    let py = venv_python()?;
+    for (module, package) in [
+        ("maturin", "maturin>=1.5,<2"),
+        ("numpy", "numpy"),
+        ("pytest", "pytest"),
+        // The registry's default torch wheel (CUDA runtime included) runs on the CPU; about
+        // 3 GB and 5 minutes the first time, then cached in .venv.
+        ("torch", "torch"),
+    ] {
+        if !has_module(&py, module) {
+            run(
+                &format!("pip install {package} (once, cached in .venv/)"),
+                Command::new(&py).args(["-m", "pip", "install", "-q", package]),
+            )?;
+        }
+    }
+    let wheels = target_dir().join("wheels");
+    let _ = std::fs::remove_dir_all(&wheels);
+    run(
+        "maturin build --release (py/)",
+        Command::new(&py)
+            .args(["-m", "maturin", "build", "--release", "-o"])
+            .arg(&wheels)
+            .current_dir(root().join("py")),
+    )?;
+    let wheel = std::fs::read_dir(&wheels)
+        .map_err(|e| format!("{}: {e}", wheels.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or("maturin built no wheel")?;
+    run(
+        "pip install the wheel",
+        Command::new(&py)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--force-reinstall",
+                "--no-deps",
+            ])
+            .arg(&wheel),
+    )?;
+    run(
+        "pytest py/tests",
+        Command::new(&py)
+            .args(["-m", "pytest", "-q", "py/tests"])
+            .current_dir(root()),
+    )
+}
+
 fn calibrate(check: bool) -> Result<(), String> {
     let mut c = cargo();
     c.args([
@@ -374,6 +451,7 @@ fn ci() -> Result<(), String> {
     wasm_check()?;
     fuzz_build()?;
     web_test()?;
+    py()?;
     calibrate(true)?;
     rss()
 }
@@ -388,8 +466,9 @@ fn main() -> ExitCode {
         "web" => web(),
         "calibrate" => calibrate(std::env::args().any(|a| a == "--check")),
         "web-test" => web_test(),
+        "py" => py(),
         _ => {
-            eprintln!("usage: cargo xtask <ci | wasm-check | fuzz-build | rss | web | web-test | calibrate [--check]>");
+            eprintln!("usage: cargo xtask <ci | wasm-check | fuzz-build | rss | web | web-test | py | calibrate [--check]>");
             return ExitCode::from(2);
         }
     };

@@ -68,7 +68,8 @@ impl Spec {
 
     /// Parses a candidate name: `f32`, `bf16`, `f16`; `intN` (affine N bits, groups of 128,
     /// asymmetric, f16 scales), `intN-row` (one symmetric scale per row); `e8@B`, `d4@B`,
-    /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps); `lowrank@R`; `sparse` (the nonzeros,
+    /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
+    /// (fixed-rate lattice symbols of N bits); `lowrank@R`; `sparse` (the nonzeros,
     /// f32). `codebook` is built by the caller (it needs its settings).
     pub fn parse(name: &str) -> Result<Self> {
         let bad = || PlanError::Candidate {
@@ -105,6 +106,30 @@ impl Spec {
                         message: format!("`{name}`: {e}"),
                     })?;
                     Spec::fixed(Encoding::affine(params))
+                } else if let Some((lat, bits)) = name.split_once("-fixed") {
+                    // `e8-fixedN`, `d4-fixedN`, `z1-fixedN`: the fixed-rate lattice forms (the
+                    // execution forms), α from the shipped fixed-rate calibration.
+                    let lattice = match lat {
+                        "e8" => Lattice::E8,
+                        "d4" => Lattice::D4,
+                        "z1" => Lattice::Z1,
+                        _ => return Err(bad()),
+                    };
+                    let bits: u8 = bits.parse().map_err(|_| bad())?;
+                    let (alpha, _) = hypercodec_lattice::calibration::fixed_alpha(lattice, bits)
+                        .ok_or_else(bad)?;
+                    Spec::Rate {
+                        max_tile: 4096,
+                        template: Encoding::Lattice {
+                            lattice,
+                            alpha,
+                            tile: 1,
+                            seed: 0,
+                            scale_dtype: FloatDtype::F16,
+                            coding: Coding::Fixed { bits },
+                        },
+                        bps: None,
+                    }
                 } else if let Some(r) = name.strip_prefix("lowrank@") {
                     Spec::fixed(Encoding::LowRank {
                         rank: r.parse().map_err(|_| bad())?,

@@ -302,6 +302,35 @@ fn plan_json_round_trips() {
     assert!(Spec::parse("e9@3").is_err() && Spec::parse("int9").is_err());
 }
 
+#[test]
+fn fixed_rate_lattice_candidates_parse_and_encode_at_their_width() {
+    let w: Vec<f32> = (0..64 * 256)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
+        .collect();
+    for (name, bits) in [("e8-fixed4", 4u8), ("d4-fixed3", 3), ("z1-fixed8", 8)] {
+        let t = Spec::parse(name)
+            .unwrap()
+            .encode(
+                "w",
+                &w,
+                &[64, 256],
+                hypercodec_hwz::EncodeOptions::default(),
+            )
+            .unwrap();
+        match t.encoding {
+            hypercodec_hwz::Encoding::Lattice {
+                coding: hypercodec_hwz::Coding::Fixed { bits: b },
+                tile,
+                ..
+            } => assert_eq!((b, tile), (bits, 256), "{name}"),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    for bad in ["a2-fixed4", "e8-fixed1", "e8-fixed9", "e8-fixedx"] {
+        assert!(Spec::parse(bad).is_err(), "{bad}");
+    }
+}
+
 mod budget_props {
     use super::*;
     use proptest::prelude::*;

@@ -244,6 +244,13 @@ impl CompressedLinear {
         self.conversion_snr_db
     }
 
+    /// The weight decoded to f32 (`rows × cols`, row-major): what the operator computes with.
+    pub fn decode_weight(&self) -> Result<Vec<f32>> {
+        let mut w = vec![0f32; self.rows * self.cols];
+        self.op.decode_into(self.cols, &mut w)?;
+        Ok(w)
+    }
+
     /// `y = x·Wᵀ (+ b)` for `batch` rows of f32 activations: `x` is `batch × cols`, `y`
     /// `batch × rows`, both row-major.
     pub fn forward(&self, x: &[f32], batch: usize, y: &mut [f32]) -> Result<()> {
@@ -448,6 +455,27 @@ impl Op {
             Op::Mixed { parts } => parts.iter().map(|(_, p)| p.held_bytes()).sum(),
             Op::Exceptions { base, deltas, .. } => {
                 base.held_bytes() + 12 * deltas.positions.len() as u64
+            }
+        }
+    }
+
+    /// Decodes the operator's rows into `w` (`rows × cols`).
+    fn decode_into(&self, cols: usize, w: &mut [f32]) -> Result<()> {
+        match self {
+            Op::Leaf { view, .. } => Ok(view.decode_rows_into(0..view.rows(), w)?),
+            Op::Mixed { parts } => {
+                let mut rest = w;
+                for (rows, op) in parts {
+                    let (head, tail) = rest.split_at_mut(rows * cols);
+                    op.decode_into(cols, head)?;
+                    rest = tail;
+                }
+                Ok(())
+            }
+            Op::Exceptions { base, deltas, .. } => {
+                base.decode_into(cols, w)?;
+                deltas.apply(0, w, false);
+                Ok(())
             }
         }
     }

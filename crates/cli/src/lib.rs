@@ -1,0 +1,489 @@
+//! `hypercodec`: compress, decompress, inspect and benchmark neural-network weights.
+//!
+//! A thin front end over `hypercodec-pipeline`: it parses arguments into the pipeline's
+//! option structs, draws a progress bar on the pipeline's progress callback, prints, and
+//! maps every error to exit code 1 (2 for arguments clap rejects). The binary is
+//! [`main_with_args`] over the process's arguments; the Python wheel's `python -m hypercodec`
+//! calls the same function, so both front ends are one command line.
+
+mod args;
+mod exec;
+mod print;
+
+use args::{CodebookArgs, DtypeArg, EncodingArgs, EncodingKind, PlanArgs};
+use clap::{Args, Parser, Subcommand};
+use hypercodec_pipeline::{
+    self as pipeline, Cancel, Chooser, CompressOptions, PipelineError, Progress, Result, Route,
+    Selection, TensorSource,
+};
+use hypercodec_plan::Mode;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+#[derive(Parser)]
+#[command(
+    name = "hypercodec",
+    version,
+    about = "Compress neural-network weights into .hwz archives, inspect and benchmark them"
+)]
+struct Cli {
+    /// Worker threads of every step (one pool for the whole run). By default, $HYPERCODEC_THREADS,
+    /// else one per core.
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compress a .safetensors (f32/f16/bf16) or .gguf file into a .hwz archive.
+    Compress(CompressArgs),
+    /// Restore a .hwz archive to a .safetensors file.
+    Decompress {
+        /// The .hwz archive.
+        input: PathBuf,
+        /// The .safetensors file to write.
+        output: PathBuf,
+        /// Type of the restored tensors. By default, each tensor's source type (f32 for GGUF block types).
+        #[arg(long, value_enum)]
+        dtype: Option<DtypeArg>,
+    },
+    /// List the tensors of a .hwz archive: shapes, encodings, bits per scalar, bytes per stream role.
+    Inspect {
+        /// The .hwz archive.
+        input: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure every candidate on every tensor and choose by a planner mode; print the Plan as JSON
+    /// (feed it to `compress --plan`).
+    Plan {
+        /// Input: .safetensors, .gguf, a sharded model (`*.safetensors.index.json`, its folder, or
+        /// any part of a split `NAME-0000K-of-0000N.gguf`), or `gaussian:ROWSxCOLS[:SEED]`.
+        input: String,
+        #[command(flatten)]
+        planning: PlanArgs,
+        #[command(flatten)]
+        codebook: CodebookArgs,
+        /// Seed of codebook training.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Plan 1-D tensors (biases, norms) too.
+        #[arg(long, visible_alias = "compress-bias")]
+        include_1d: bool,
+        /// Tensors with fewer values are left out of the plan.
+        #[arg(long, default_value_t = 0)]
+        min_tensor_size: u64,
+    },
+    /// Measure every representation (FP32, FP16, BF16, affine INT1..INT8 per row and g128) on a
+    /// file's tensors: bytes, bits per scalar, error, gap to the Gaussian bound, speed.
+    Benchmark(print::BenchArgs),
+    /// Run an archive's weight matrices as compressed linear layers (chained where the widths
+    /// chain) and time a pass against the same layers with dense f32 weights.
+    Run(exec::RunArgs),
+    /// Write a seeded i.i.d. Gaussian .safetensors file (test and demo data).
+    Synth {
+        /// The .safetensors file to write.
+        output: PathBuf,
+        /// Shape of each tensor, e.g. 4096x4096.
+        #[arg(long, default_value = "4096x4096")]
+        shape: String,
+        /// Number of tensors (`layers.N.weight`).
+        #[arg(long, default_value_t = 1)]
+        tensors: usize,
+        /// Seed; tensor i uses seed + i.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Instead of Gaussian tensors, a whole model's shapes: `cnn` (MobileNetV2, 3.5 M
+        /// parameters: depthwise, pointwise and stem convolutions, batch norms, a classifier)
+        /// into OUTPUT; `llm7b` (Mistral-7B's shapes, 7.24 G parameters, bf16) into the folder
+        /// OUTPUT as 2 GB safetensors shards plus model.safetensors.index.json.
+        #[arg(long, value_parser = ["cnn", "llm7b"])]
+        model: Option<String>,
+        /// `llm7b`: decoder layers (32 is the real model's).
+        #[arg(long, default_value_t = 32)]
+        layers: usize,
+    },
+    /// The built-in default job: a seeded Gaussian 4096x4096 tensor, compressed, inspected and benchmarked.
+    Demo {
+        /// Folder for the demo's files.
+        #[arg(long, default_value = "target/demo")]
+        dir: PathBuf,
+        /// Shape of the demo tensor.
+        #[arg(long, default_value = "4096x4096")]
+        shape: String,
+    },
+}
+
+#[derive(Args)]
+struct CompressArgs {
+    /// Input: .safetensors, .gguf, a sharded model (`*.safetensors.index.json`, its folder, or
+    /// any part of a split `NAME-0000K-of-0000N.gguf`), or `gaussian:ROWSxCOLS[:SEED]`.
+    input: String,
+    /// The .hwz archive to write.
+    output: PathBuf,
+    #[command(flatten)]
+    encoding: EncodingArgs,
+    #[command(flatten)]
+    planning: PlanArgs,
+    /// Encode with the recipes of a plan written by `hypercodec plan` (stored in the archive).
+    #[arg(long, conflicts_with = "mode")]
+    plan: Option<PathBuf>,
+    /// Encode 1-D tensors (biases, norms) too; by default they are kept raw in their source type.
+    #[arg(long, visible_alias = "compress-bias")]
+    include_1d: bool,
+    /// Tensors with fewer values are kept raw in their source type.
+    #[arg(long, default_value_t = 0)]
+    min_tensor_size: u64,
+    /// Store NaN/Inf found in raw-encoded tensors instead of failing.
+    #[arg(long)]
+    allow_non_finite: bool,
+    /// Do not try zstd on each stream.
+    #[arg(long)]
+    no_zstd: bool,
+    /// Write shards of about this size (e.g. 2GB): OUTPUT `m.hwz` becomes `m-0000K-of-0000N.hwz`
+    /// and `m.hwz.index.json` (the safetensors convention); `inspect` and `decompress` open the
+    /// index as one model.
+    #[arg(long)]
+    shard_size: Option<String>,
+    /// Print a JSON summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Nothing cancels a command-line run but the process ending (the archive's temporary file
+/// goes with it).
+static CANCEL: Cancel = Cancel::new();
+
+/// A progress bar on a terminal that follows the pipeline's progress reports, one bar per phase.
+#[derive(Default)]
+pub struct Bar {
+    current: Option<(pipeline::Phase, ProgressBar)>,
+}
+
+impl Bar {
+    /// Advances (or starts) the bar of `p`'s phase.
+    pub fn update(&mut self, p: Progress<'_>) {
+        if !std::io::stdout().is_terminal() {
+            return;
+        }
+        if self.current.as_ref().is_none_or(|(ph, _)| *ph != p.phase) {
+            self.finish();
+            let bar = ProgressBar::new(p.total);
+            let style = ProgressStyle::with_template(
+                "{msg} [{bar:40}] {percent}% {elapsed_precise} eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+            bar.set_style(style);
+            bar.set_message(p.phase.name());
+            self.current = Some((p.phase, bar));
+        }
+        if let Some((_, bar)) = &self.current {
+            bar.set_position(p.done);
+        }
+    }
+
+    /// Clears the bar.
+    pub fn finish(&mut self) {
+        if let Some((_, bar)) = self.current.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Runs `f` with a progress callback drawing a bar, and clears the bar after.
+pub fn with_bar<T>(f: impl FnOnce(&mut dyn FnMut(Progress<'_>)) -> Result<T>) -> Result<T> {
+    let mut bar = Bar::default();
+    let r = f(&mut |p| bar.update(p));
+    bar.finish();
+    r
+}
+
+fn compress(args: &CompressArgs) -> Result<()> {
+    // Reject bad arguments before reading anything.
+    let mode = match (args.planning.mode()?, args.encoding.encoding) {
+        (Some(m), _) => Some(m),
+        (None, EncodingKind::Auto) => Some(Mode::Auto),
+        _ => None,
+    };
+    let target = args.planning.target()?;
+    let target_used = matches!(mode, Some(Mode::Auto | Mode::Budget))
+        || (mode.is_none() && args.encoding.encoding == EncodingKind::Lattice);
+    if target.is_some() && !target_used {
+        return Err(PipelineError::option(
+            "--target-bps / --target-ratio",
+            "apply to --encoding lattice or auto and to --mode budget or auto",
+        ));
+    }
+    let codebook = args.encoding.codebook.options(args.encoding.seed);
+    let route = match (&args.plan, mode) {
+        (Some(path), _) => Route::PlanFile(pipeline::read_plan(path)?),
+        (None, Some(m)) => {
+            let options = args.planning.options(m, codebook)?;
+            Chooser::new(options.clone())?;
+            Route::Planner(options)
+        }
+        (None, None) => Route::Fixed(args.encoding.spec(target)?),
+    };
+    let options = CompressOptions {
+        route,
+        selection: Selection {
+            include_1d: args.include_1d,
+            min_tensor_size: args.min_tensor_size,
+        },
+        allow_non_finite: args.allow_non_finite,
+    };
+    let source = TensorSource::open(&args.input)?;
+    for s in &source.skipped {
+        eprintln!(
+            "warning: skipping tensor `{}` of type {} (not a float tensor)",
+            s.name, s.dtype
+        );
+    }
+    let shard_bytes = args
+        .shard_size
+        .as_deref()
+        .map(pipeline::shards::parse_size)
+        .transpose()?;
+    let report = with_bar(|progress| match shard_bytes {
+        Some(bytes) => pipeline::compress_to_shards(
+            &source,
+            &options,
+            &args.output,
+            !args.no_zstd,
+            bytes,
+            progress,
+            &CANCEL,
+        ),
+        None => pipeline::compress_to_file(
+            &source,
+            &options,
+            &args.output,
+            !args.no_zstd,
+            progress,
+            &CANCEL,
+        ),
+    })?;
+    let written = match shard_bytes {
+        Some(_) => pipeline::shards::index_path(&args.output),
+        None => args.output.clone(),
+    };
+    print::compress_summary(&written, &report, args.json)
+}
+
+fn plan(
+    input: &str,
+    planning: &PlanArgs,
+    codebook: &CodebookArgs,
+    seed: u64,
+    selection: Selection,
+) -> Result<()> {
+    let mode = planning.mode()?.unwrap_or(Mode::Best);
+    let chooser = Chooser::new(planning.options(mode, codebook.options(seed))?)?;
+    let source = TensorSource::open(input)?;
+    let started = std::time::Instant::now();
+    let plan = with_bar(|progress| {
+        pipeline::plan_source(&source, &chooser, selection, progress, &CANCEL)
+    })?;
+    print::plan(&plan, started.elapsed().as_secs_f64())
+}
+
+fn demo(dir: &Path, shape: &str) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(PipelineError::io(dir))?;
+    let st = dir.join("gaussian.safetensors");
+    print::outln!("== 1. a seeded Gaussian {shape} tensor -> {}", st.display());
+    pipeline::write_synthetic(&st, shape, 1, 0)?;
+    let input = st.display().to_string();
+    for (step, file, extra) in [
+        (
+            "2. compress with affine INT4, groups of 128, f16 scales",
+            "gaussian-int4-g128.hwz",
+            vec!["--encoding", "affine"],
+        ),
+        (
+            "3. compress with E8 lattice + rANS at 4.0 bits per value, all-in",
+            "gaussian-e8-4bps.hwz",
+            vec!["--encoding", "lattice", "--bps", "4"],
+        ),
+        (
+            "4. compress with the measured AUTO choice at ratio 10 (3.2 bits per value): affine, codebook, lattice candidates",
+            "gaussian-auto-r10.hwz",
+            vec!["--encoding", "auto", "--target-ratio", "10"],
+        ),
+    ] {
+        print::outln!("== {step}");
+        let out = dir.join(file);
+        let out_str = out.display().to_string();
+        let mut argv = vec!["hypercodec", "compress", input.as_str(), out_str.as_str()];
+        argv.extend(extra);
+        if let Command::Compress(args) = Cli::try_parse_from(argv)
+            .map_err(|e| PipelineError::option("demo", e.to_string()))?
+            .command
+        {
+            compress(&args)?;
+        }
+        print::inspect(&out, false)?;
+    }
+    print::outln!("== 5. benchmark every representation on the same tensor");
+    print::benchmark(&print::BenchArgs::for_input(input.clone()))?;
+    print::outln!(
+        "== 6. run the INT4 archive as a compressed linear layer (y = x·Wᵀ from the stored codes) against the original f32 weight"
+    );
+    exec::run(&exec::RunArgs {
+        archive: dir.join("gaussian-int4-g128.hwz"),
+        original: Some(input),
+        batch: 1,
+        filter: None,
+        fixed_bits: None,
+        json: false,
+    })
+}
+
+/// Ctrl-C, SIGTERM and SIGHUP set the cancel flag: the running step stops at its next tensor
+/// and the partial archive or safetensors file (a temporary beside the output) is removed as
+/// the writer drops. A second signal exits at once (exit code 130).
+pub fn install_signal_handler() {
+    let result = ctrlc::set_handler(|| {
+        if CANCEL.is_cancelled() {
+            std::process::exit(130);
+        }
+        CANCEL.cancel();
+    });
+    if let Err(e) = result {
+        eprintln!(
+            "warning: no signal handler ({e}); an interrupted run may leave a temporary file"
+        );
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    pipeline::init_threads(cli.threads)?;
+    match cli.command {
+        Command::Compress(args) => compress(&args),
+        Command::Decompress {
+            input,
+            output,
+            dtype,
+        } => with_bar(|progress| {
+            pipeline::decompress(&input, &output, dtype.map(Into::into), progress, &CANCEL)
+        }),
+        Command::Inspect { input, json } => print::inspect(&input, json),
+        Command::Benchmark(args) => print::benchmark(&args),
+        Command::Run(args) => exec::run(&args),
+        Command::Plan {
+            input,
+            planning,
+            codebook,
+            seed,
+            include_1d,
+            min_tensor_size,
+        } => plan(
+            &input,
+            &planning,
+            &codebook,
+            seed,
+            Selection {
+                include_1d,
+                min_tensor_size,
+            },
+        ),
+        Command::Synth {
+            output,
+            shape,
+            tensors,
+            seed,
+            model,
+            layers,
+        } => match model.as_deref() {
+            Some("llm7b") => {
+                pipeline::synth::write_llm(&output, layers, 2_000_000_000, seed).map(|_| ())
+            }
+            Some(_) => {
+                pipeline::synth::write_tensors(&output, &pipeline::synth::cnn_state_dict(seed))
+            }
+            None => pipeline::write_synthetic(&output, &shape, tensors, seed),
+        },
+        Command::Demo { dir, shape } => demo(&dir, &shape),
+    }
+}
+
+/// A failed write to stdout, as the pipeline's I/O error on `<stdout>`.
+pub(crate) fn stdout_error(source: std::io::Error) -> PipelineError {
+    PipelineError::Io {
+        path: "<stdout>".into(),
+        source,
+    }
+}
+
+/// A number from this process's `/proc/self/status` line `key` (Linux), if the platform tells.
+fn proc_status(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let v = status.lines().find_map(|l| l.strip_prefix(key))?.trim();
+    v.trim_end_matches("kB").trim().parse::<u64>().ok()
+}
+
+/// Runs the command line on `args` (the first is the program name) and returns what failed,
+/// arguments clap rejects included (as [`PipelineError::InvalidOption`]): for callers that
+/// raise errors instead of printing them (the Python wheel). `--help` and `--version` print
+/// and succeed.
+pub fn run_args<I, T>(args: I) -> Result<()>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match Cli::try_parse_from(args) {
+        Ok(cli) => run(cli),
+        Err(e) if e.exit_code() == 0 => {
+            let _ = e.print();
+            Ok(())
+        }
+        Err(e) => Err(PipelineError::option("arguments", e.render().to_string())),
+    }
+}
+
+/// Runs the command line on `args` (the first is the program name) and returns the exit
+/// code: 0, 1 for an error the pipeline reports, 2 for arguments clap rejects.
+pub fn main_with_args<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; usage errors to stderr.
+            let _ = e.print();
+            return e.exit_code().clamp(0, 255) as u8;
+        }
+    };
+    let result = run(cli);
+    // Benchmarks (`cargo xtask rss`) read the peak memory of a run from here.
+    if std::env::var_os("HYPERCODEC_REPORT_RSS").is_some() {
+        if let Some(kb) = proc_status("VmHWM:") {
+            eprintln!("peak_rss_bytes: {}", kb * 1024);
+        }
+        // The main thread plus the pool's workers: no step keeps threads of its own.
+        if let Some(t) = proc_status("Threads:") {
+            eprintln!("threads: {t}");
+        }
+    }
+    match result {
+        Ok(()) => 0,
+        // The reader of stdout went away (`hypercodec inspect a.hwz | head`): nothing is
+        // wrong with the work, and nobody is left to read more; end quietly, as `cat` does.
+        Err(PipelineError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::BrokenPipe =>
+        {
+            0
+        }
+        // Every error the pipeline reports is exit code 1 (clap's own are 2).
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}

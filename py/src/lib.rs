@@ -1,0 +1,380 @@
+//! `hypercodec._native`: the Python wheel's native module.
+//!
+//! Key design decision: the binding sees buffers (numpy arrays: pointer, length, dtype,
+//! shape) and paths, never torch; it releases the GIL for every heavy call; everything it does
+//! is a call into the same library the command line uses (`hypercodec::main_with_args` for
+//! the command line itself, the pipeline for archives, the runtime for compressed layers).
+//! Each error kind of the library is its own Python exception class under
+//! `hypercodec.HypercodecError`.
+
+use hypercodec_hwz::{EncodeOptions, HwzError};
+use hypercodec_pipeline::shards::ArchiveSet;
+use hypercodec_pipeline::{rate, PipelineError};
+use hypercodec_plan::Spec;
+use hypercodec_runtime::{CompressedLinear, LoadOptions, RuntimeError};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use std::path::PathBuf;
+
+create_exception!(
+    _native,
+    HypercodecError,
+    PyException,
+    "Base of every hypercodec error."
+);
+create_exception!(
+    _native,
+    FormatError,
+    HypercodecError,
+    "An archive or stream is malformed, truncated or of an unknown encoding."
+);
+create_exception!(
+    _native,
+    InvalidInputError,
+    HypercodecError,
+    "An argument, shape, option or value (e.g. NaN weights) is not acceptable."
+);
+create_exception!(
+    _native,
+    HypercodecIOError,
+    HypercodecError,
+    "Reading or writing a file failed."
+);
+create_exception!(
+    _native,
+    CancelledError,
+    HypercodecError,
+    "The operation was cancelled."
+);
+
+fn hwz_err(e: HwzError) -> PyErr {
+    match e {
+        HwzError::Io(_) => HypercodecIOError::new_err(e.to_string()),
+        HwzError::ElementCount { .. }
+        | HwzError::RowRange { .. }
+        | HwzError::InvalidName { .. }
+        | HwzError::RateUnreachable { .. } => InvalidInputError::new_err(e.to_string()),
+        HwzError::TensorNotFound { .. } => pyo3::exceptions::PyKeyError::new_err(e.to_string()),
+        _ => FormatError::new_err(e.to_string()),
+    }
+}
+
+fn pipeline_err(e: PipelineError) -> PyErr {
+    match e {
+        PipelineError::Hwz(h) => hwz_err(h),
+        PipelineError::Runtime(r) => runtime_err(r),
+        PipelineError::Io { .. } => HypercodecIOError::new_err(e.to_string()),
+        PipelineError::Cancelled => CancelledError::new_err(e.to_string()),
+        PipelineError::SafeTensors { .. }
+        | PipelineError::Gguf { .. }
+        | PipelineError::UnknownFormat { .. }
+        | PipelineError::Shards { .. } => FormatError::new_err(e.to_string()),
+        _ => InvalidInputError::new_err(e.to_string()),
+    }
+}
+
+fn runtime_err(e: RuntimeError) -> PyErr {
+    match e {
+        RuntimeError::Hwz(h) => hwz_err(h),
+        RuntimeError::Corrupt { .. } => FormatError::new_err(e.to_string()),
+        _ => InvalidInputError::new_err(e.to_string()),
+    }
+}
+
+/// Runs the `hypercodec` command line on `argv` (without the program name) and returns its
+/// exit code, printing errors as the command does; the GIL is released while it runs.
+#[pyfunction]
+fn cli(py: Python<'_>, argv: Vec<String>) -> u8 {
+    py.detach(move || {
+        let args = std::iter::once("hypercodec".to_string()).chain(argv);
+        hypercodec::main_with_args(args)
+    })
+}
+
+/// Runs the command line on `argv` and raises its error (a subclass of `HypercodecError`)
+/// instead of printing it.
+#[pyfunction]
+fn run(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
+    py.detach(move || {
+        let args = std::iter::once("hypercodec".to_string()).chain(argv);
+        hypercodec::run_args(args)
+    })
+    .map_err(pipeline_err)
+}
+
+/// The summary `hypercodec inspect --json` prints (native and legacy archives), as JSON text.
+#[pyfunction]
+fn inspect_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    let v = py
+        .detach(|| hypercodec_pipeline::inspect_file(&path))
+        .map_err(pipeline_err)?;
+    Ok(v.to_string())
+}
+
+/// Sets the size of the one thread pool (call before any heavy work; `None`: one per core,
+/// or `$HYPERCODEC_THREADS`); returns the number of threads.
+#[pyfunction]
+#[pyo3(signature = (threads=None))]
+fn init_threads(threads: Option<usize>) -> PyResult<usize> {
+    hypercodec_pipeline::init_threads(threads).map_err(pipeline_err)
+}
+
+/// A `.hwz` archive (or a shard index) opened for reading tensor by tensor.
+#[pyclass(module = "hypercodec._native", frozen)]
+struct Archive {
+    set: ArchiveSet,
+    names: Vec<String>,
+}
+
+#[pymethods]
+impl Archive {
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let set = py
+            .detach(|| ArchiveSet::open(&path))
+            .map_err(pipeline_err)?;
+        let names = set.tensors().map(|t| t.name.clone()).collect();
+        Ok(Archive { set, names })
+    }
+
+    /// The tensor names, in archive order.
+    fn names(&self) -> Vec<String> {
+        self.names.clone()
+    }
+
+    fn __len__(&self) -> usize {
+        self.names.len()
+    }
+
+    fn index(&self, name: &str) -> PyResult<usize> {
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name.to_string()))
+    }
+
+    /// The tensor's shape.
+    fn shape<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyTuple>> {
+        let k = self.index(name)?;
+        let t = self
+            .set
+            .tensors()
+            .nth(k)
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name.to_string()))?;
+        PyTuple::new(py, t.shape.iter().copied())
+    }
+
+    /// The tensor's type in the source file (`f32`, `bf16`, ...).
+    fn source_dtype(&self, name: &str) -> PyResult<String> {
+        let k = self.index(name)?;
+        Ok(self
+            .set
+            .tensors()
+            .nth(k)
+            .map(|t| t.source_dtype.clone())
+            .unwrap_or_default())
+    }
+
+    /// The tensor's encoding, as JSON text.
+    fn encoding_json(&self, name: &str) -> PyResult<String> {
+        let k = self.index(name)?;
+        let t = self
+            .set
+            .tensors()
+            .nth(k)
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name.to_string()))?;
+        serde_json::to_string(&t.encoding).map_err(|e| FormatError::new_err(e.to_string()))
+    }
+
+    /// The tensor decoded to float32, in its shape.
+    fn read<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+        let k = self.index(name)?;
+        let shape: Vec<usize> = self
+            .set
+            .tensors()
+            .nth(k)
+            .map(|t| t.shape.iter().map(|&d| d as usize).collect())
+            .unwrap_or_default();
+        let n: usize = shape.iter().product();
+        let values = py
+            .detach(|| {
+                let mut out = vec![0f32; n];
+                self.set.decode_into(k, &mut out).map(|()| out)
+            })
+            .map_err(pipeline_err)?;
+        PyArray1::from_vec(py, values).reshape(shape)
+    }
+
+    /// The tensor as a compressed linear operator (its matrix view), with an optional bias.
+    #[pyo3(signature = (name, bias=None, fixed_bits=None))]
+    fn linear(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        bias: Option<PyReadonlyArrayDyn<'_, f32>>,
+        fixed_bits: Option<u8>,
+    ) -> PyResult<Linear> {
+        let k = self.index(name)?;
+        let bias = bias
+            .map(|b| b.as_slice().map(<[f32]>::to_vec))
+            .transpose()?;
+        let op = py.detach(|| -> Result<CompressedLinear, PyErr> {
+            let view = self.set.view(k).map_err(pipeline_err)?;
+            CompressedLinear::new(view, bias.as_deref(), &LoadOptions { fixed_bits })
+                .map_err(runtime_err)
+        })?;
+        Ok(Linear { op })
+    }
+}
+
+/// A linear layer whose weight stays compressed: `y = x·Wᵀ (+ b)` on the CPU runtime.
+#[pyclass(module = "hypercodec._native", frozen)]
+struct Linear {
+    op: CompressedLinear,
+}
+
+#[pymethods]
+impl Linear {
+    /// Quantizes `weight` (float32, rank >= 2; a convolution runs on its matrix view
+    /// `[out, in·kh·kw]`) with the candidate `spec` (`int4`, `int8-row`, `e8@4`, `e8-fixed4`,
+    /// `lowrank@16`, `bf16`, ...; see `hypercodec plan --help`). A lattice rate the tensor
+    /// cannot serve falls back to a per-tensor integer grid, as `compress` does.
+    #[staticmethod]
+    #[pyo3(signature = (weight, spec, bias=None))]
+    fn quantize(
+        py: Python<'_>,
+        weight: PyReadonlyArrayDyn<'_, f32>,
+        spec: &str,
+        bias: Option<PyReadonlyArrayDyn<'_, f32>>,
+    ) -> PyResult<Linear> {
+        let shape: Vec<u64> = weight.shape().iter().map(|&d| d as u64).collect();
+        let values = weight.as_slice()?;
+        let bias = bias
+            .map(|b| b.as_slice().map(<[f32]>::to_vec))
+            .transpose()?;
+        let mut spec = Spec::parse(spec).map_err(|e| InvalidInputError::new_err(e.to_string()))?;
+        // A lattice rate the tensor cannot serve (its side information alone would eat the
+        // budget: small layers) falls back as in the pipeline: a per-tensor integer grid.
+        if let Spec::Rate {
+            template,
+            bps: Some(bps),
+            max_tile,
+        } = &spec
+        {
+            if !rate::lattice_serves("weight", &shape, template, *max_tile, *bps) {
+                spec = Spec::fixed(rate::fallback_encoding(*bps));
+            }
+        }
+        let op = py.detach(|| -> Result<CompressedLinear, PyErr> {
+            let t = spec
+                .encode("weight", values, &shape, EncodeOptions::default())
+                .map_err(|e| InvalidInputError::new_err(e.to_string()))?;
+            CompressedLinear::from_encoded(
+                "weight",
+                &t,
+                &shape,
+                bias.as_deref(),
+                &LoadOptions::default(),
+            )
+            .map_err(runtime_err)
+        })?;
+        Ok(Linear { op })
+    }
+
+    /// `y = x·Wᵀ (+ b)` for float32 `x` of shape `(..., cols)`; returns `(..., rows)`.
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArrayDyn<'py, f32>,
+    ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+        let shape = x.shape().to_vec();
+        let cols = self.op.cols();
+        if shape.last().copied() != Some(cols) {
+            return Err(InvalidInputError::new_err(format!(
+                "x has shape {shape:?}; its last dimension must be {cols}"
+            )));
+        }
+        let batch: usize = shape[..shape.len() - 1].iter().product();
+        let xs = x.as_slice()?;
+        let rows = self.op.rows();
+        let y = py
+            .detach(|| {
+                let mut y = vec![0f32; batch * rows];
+                self.op.forward(xs, batch, &mut y).map(|()| y)
+            })
+            .map_err(runtime_err)?;
+        let mut out_shape = shape;
+        if let Some(last) = out_shape.last_mut() {
+            *last = rows;
+        }
+        PyArray1::from_vec(py, y).reshape(out_shape)
+    }
+
+    /// The weight decoded to float32 (`rows × cols`).
+    fn weight<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+        let (rows, cols) = (self.op.rows(), self.op.cols());
+        let w = py.detach(|| self.op.decode_weight()).map_err(runtime_err)?;
+        PyArray1::from_vec(py, w).reshape(vec![rows, cols])
+    }
+
+    /// Output features.
+    #[getter]
+    fn rows(&self) -> usize {
+        self.op.rows()
+    }
+
+    /// Input features.
+    #[getter]
+    fn cols(&self) -> usize {
+        self.op.cols()
+    }
+
+    /// The batch-1 route (e.g. `affine-int4-fused`, `e8-fixed4`, `lattice-resident-rans`).
+    #[getter]
+    fn path(&self) -> String {
+        self.op.path_detail()
+    }
+
+    /// The route at `batch` activation rows.
+    fn route(&self, batch: usize) -> String {
+        self.op.route(batch)
+    }
+
+    /// Bytes the operator holds (stored streams, parsed side information, bias).
+    #[getter]
+    fn held_bytes(&self) -> u64 {
+        self.op.held_bytes()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Linear(rows={}, cols={}, path='{}', held_bytes={})",
+            self.op.rows(),
+            self.op.cols(),
+            self.op.path_detail(),
+            self.op.held_bytes()
+        )
+    }
+}
+
+/// The native module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("HypercodecError", py.get_type::<HypercodecError>())?;
+    m.add("FormatError", py.get_type::<FormatError>())?;
+    m.add("InvalidInputError", py.get_type::<InvalidInputError>())?;
+    m.add("HypercodecIOError", py.get_type::<HypercodecIOError>())?;
+    m.add("CancelledError", py.get_type::<CancelledError>())?;
+    m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
+    m.add_function(wrap_pyfunction!(init_threads, m)?)?;
+    m.add_class::<Archive>()?;
+    m.add_class::<Linear>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

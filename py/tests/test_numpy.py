@@ -1,0 +1,109 @@
+"""The wheel without torch: archives, inspect, compressed layers, errors, the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import hypercodec
+
+# A lattice/affine layer against numpy on its decoded weight: f32 sums in another order
+# (and, for lattice rows, through RHT(x)): a few hundred ulps of |W|·|x|.
+DOT_REL_TOL = 2e-5
+
+
+def gaussian(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+def snr_db(a, b):
+    return 10 * np.log10(np.sum(a.astype(np.float64) ** 2) / np.sum((a - b).astype(np.float64) ** 2))
+
+
+def test_import_is_fast_and_needs_no_torch():
+    code = "import time,sys; t=time.perf_counter(); import hypercodec; print(time.perf_counter()-t, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert float(out[0]) < 0.5, out
+    assert out[1] == "False"
+
+
+def test_save_load_inspect_roundtrip(tmp_path):
+    sd = {"a.weight": gaussian((64, 256)), "a.bias": gaussian((64,), 1), "conv.weight": gaussian((16, 8, 3, 3), 2)}
+    path = tmp_path / "m.hwz"
+    info = hypercodec.save(sd, path, encoding="lattice", bps=4)
+    names = [t["name"] for t in info["tensors"]]
+    assert names == list(sd)
+    back = hypercodec.load(path)
+    assert list(back) == list(sd)
+    for k, v in sd.items():
+        assert back[k].shape == v.shape and back[k].dtype == np.float32
+    np.testing.assert_array_equal(back["a.bias"], sd["a.bias"])  # 1-D tensors stay raw
+    assert snr_db(sd["a.weight"], back["a.weight"]) > 20.0
+    assert snr_db(sd["conv.weight"], back["conv.weight"]) > 18.0
+    assert hypercodec.inspect(path)["tensors"][0]["encoding"]["type"] == "lattice"
+
+
+def test_float16_input_and_planner_modes(tmp_path):
+    sd = {"w": gaussian((128, 256)).astype(np.float16)}
+    info = hypercodec.save(sd, tmp_path / "b.hwz", mode="budget", target_bps=3)
+    assert info["tensors"][0]["source_dtype"] == "f16"
+    assert hypercodec.load(tmp_path / "b.hwz")["w"].shape == (128, 256)
+
+
+@pytest.mark.parametrize("spec", ["int4", "int8-row", "e8@4", "e8-fixed4", "int3", "bf16"])
+def test_linear_matches_numpy_on_its_decoded_weight(spec):
+    w, b = gaussian((96, 320), 3), gaussian((96,), 4)
+    lin = hypercodec.Linear.quantize(w, spec, b)
+    x = gaussian((5, 320), 5)
+    y = lin.forward(x)
+    wd = lin.weight()
+    want = x.astype(np.float64) @ wd.T.astype(np.float64) + b
+    scale = np.abs(x) @ np.abs(wd).T + np.abs(b)
+    scale = np.linalg.norm(x, axis=1)[:, None] * np.linalg.norm(wd, axis=1)[None, :] + np.abs(b)
+    assert np.all(np.abs(y - want) <= DOT_REL_TOL * scale), spec
+    assert lin.rows == 96 and lin.cols == 320 and lin.held_bytes > 0 and lin.path
+
+
+def test_archive_layers_run_from_the_stored_form(tmp_path):
+    sd = {"fc.weight": gaussian((128, 512), 6)}
+    path = tmp_path / "fc.hwz"
+    hypercodec.save(sd, path, encoding="lattice", coding="fixed", bps=4)
+    a = hypercodec.Archive(str(path))
+    lin = a.linear("fc.weight")
+    assert lin.path == "e8-fixed4"
+    x = gaussian((1, 512), 7)
+    y = lin.forward(x)
+    ref = x @ a.read("fc.weight").T
+    assert np.max(np.abs(y - ref)) <= 1e-4 * np.max(np.abs(ref))
+
+
+def test_errors_are_typed(tmp_path):
+    with pytest.raises(hypercodec.InvalidInputError):
+        hypercodec.Linear.quantize(gaussian((8, 8)), "int99")
+    lin = hypercodec.Linear.quantize(gaussian((8, 16)), "int4")
+    with pytest.raises(hypercodec.InvalidInputError):
+        lin.forward(gaussian((2, 15)))
+    with pytest.raises(hypercodec.HypercodecError):
+        hypercodec.Archive(str(tmp_path / "missing.hwz"))
+    bad = tmp_path / "bad.hwz"
+    bad.write_bytes(b"HWZ1" + b"\0" * 100)
+    with pytest.raises(hypercodec.FormatError):
+        hypercodec.Archive(str(bad))
+    with pytest.raises(hypercodec.InvalidInputError):
+        hypercodec.save({"w": gaussian((8, 8))}, tmp_path / "x.hwz", bps=-1, encoding="lattice")
+    nan = gaussian((8, 64))
+    nan[3, 3] = np.nan
+    with pytest.raises(hypercodec.HypercodecError):
+        hypercodec.save({"w": nan}, tmp_path / "nan.hwz")
+    assert not (tmp_path / "nan.hwz").exists()
+
+
+def test_python_m_hypercodec_is_the_command_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hypercodec", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and "hypercodec" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "hypercodec", "compress"], capture_output=True, text=True)
+    assert bad.returncode == 2
