@@ -7,6 +7,7 @@
 //! Each error kind of the library is its own Python exception class under
 //! `hypercodec.HypercodecError`.
 
+use hypercodec_hwz::legacy::LegacyArchive;
 use hypercodec_hwz::{EncodeOptions, HwzError};
 use hypercodec_pipeline::shards::ArchiveSet;
 use hypercodec_pipeline::{rate, PipelineError};
@@ -122,22 +123,68 @@ fn init_threads(threads: Option<usize>) -> PyResult<usize> {
     hypercodec_pipeline::init_threads(threads).map_err(pipeline_err)
 }
 
-/// A `.hwz` archive (or a shard index) opened for reading tensor by tensor.
+/// A `.hwz` archive (or a shard index, or a legacy Hyper Glyph zip archive) opened for
+/// reading tensor by tensor.
 #[pyclass(module = "hypercodec._native", frozen)]
 struct Archive {
-    set: ArchiveSet,
+    inner: Inner,
     names: Vec<String>,
+    shapes: Vec<Vec<u64>>,
+}
+
+enum Inner {
+    Native(ArchiveSet),
+    Legacy(LegacyArchive<memmap2::Mmap>),
+}
+
+impl Archive {
+    fn set(&self, name: &str) -> PyResult<&ArchiveSet> {
+        match &self.inner {
+            Inner::Native(s) => Ok(s),
+            Inner::Legacy(_) => Err(InvalidInputError::new_err(format!(
+                "`{name}` is in a legacy Hyper Glyph archive, which can be decoded but not run \
+                 compressed; recompress it with `hypercodec compress`"
+            ))),
+        }
+    }
 }
 
 #[pymethods]
 impl Archive {
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let set = py
-            .detach(|| ArchiveSet::open(&path))
+        let legacy = hypercodec_pipeline::is_legacy(&path).map_err(pipeline_err)?;
+        let inner = py
+            .detach(|| -> Result<Inner, PipelineError> {
+                Ok(if legacy {
+                    Inner::Legacy(hypercodec_pipeline::open_legacy(&path)?)
+                } else {
+                    Inner::Native(ArchiveSet::open(&path)?)
+                })
+            })
             .map_err(pipeline_err)?;
-        let names = set.tensors().map(|t| t.name.clone()).collect();
-        Ok(Archive { set, names })
+        let (names, shapes) = match &inner {
+            Inner::Native(s) => s
+                .tensors()
+                .map(|t| (t.name.clone(), t.shape.clone()))
+                .unzip(),
+            Inner::Legacy(a) => a
+                .tensors()
+                .iter()
+                .map(|t| (t.name.clone(), t.shape.clone()))
+                .unzip(),
+        };
+        Ok(Archive {
+            inner,
+            names,
+            shapes,
+        })
+    }
+
+    /// Whether this is a legacy Hyper Glyph zip archive (decoded only).
+    #[getter]
+    fn legacy(&self) -> bool {
+        matches!(self.inner, Inner::Legacy(_))
     }
 
     /// The tensor names, in archive order.
@@ -149,6 +196,7 @@ impl Archive {
         self.names.len()
     }
 
+    /// The position of `name` in [`Archive::names`].
     fn index(&self, name: &str) -> PyResult<usize> {
         self.names
             .iter()
@@ -159,56 +207,65 @@ impl Archive {
     /// The tensor's shape.
     fn shape<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyTuple>> {
         let k = self.index(name)?;
-        let t = self
-            .set
-            .tensors()
-            .nth(k)
-            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name.to_string()))?;
-        PyTuple::new(py, t.shape.iter().copied())
+        PyTuple::new(py, self.shapes[k].iter().copied())
     }
 
-    /// The tensor's type in the source file (`f32`, `bf16`, ...).
+    /// The tensor's type in the source file (`f32`, `bf16`, ...; `f32` for legacy archives).
     fn source_dtype(&self, name: &str) -> PyResult<String> {
         let k = self.index(name)?;
-        Ok(self
-            .set
-            .tensors()
-            .nth(k)
-            .map(|t| t.source_dtype.clone())
-            .unwrap_or_default())
+        Ok(match &self.inner {
+            Inner::Native(s) => s
+                .tensors()
+                .nth(k)
+                .map(|t| t.source_dtype.clone())
+                .unwrap_or_default(),
+            Inner::Legacy(_) => "f32".into(),
+        })
     }
 
-    /// The tensor's encoding, as JSON text.
+    /// The tensor's encoding, as JSON text (a legacy tensor: its Hyper Glyph codec name).
     fn encoding_json(&self, name: &str) -> PyResult<String> {
         let k = self.index(name)?;
-        let t = self
-            .set
-            .tensors()
-            .nth(k)
-            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name.to_string()))?;
-        serde_json::to_string(&t.encoding).map_err(|e| FormatError::new_err(e.to_string()))
+        match &self.inner {
+            Inner::Native(s) => {
+                let t = s
+                    .tensors()
+                    .nth(k)
+                    .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name.to_string()))?;
+                serde_json::to_string(&t.encoding).map_err(|e| FormatError::new_err(e.to_string()))
+            }
+            Inner::Legacy(a) => {
+                Ok(serde_json::json!({ "legacy": a.tensors()[k].codec }).to_string())
+            }
+        }
     }
 
     /// The tensor decoded to float32, in its shape.
     fn read<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
         let k = self.index(name)?;
-        let shape: Vec<usize> = self
-            .set
-            .tensors()
-            .nth(k)
-            .map(|t| t.shape.iter().map(|&d| d as usize).collect())
-            .unwrap_or_default();
+        let shape: Vec<usize> = self.shapes[k].iter().map(|&d| d as usize).collect();
         let n: usize = shape.iter().product();
-        let values = py
-            .detach(|| {
-                let mut out = vec![0f32; n];
-                self.set.decode_into(k, &mut out).map(|()| out)
-            })
-            .map_err(pipeline_err)?;
+        let values = py.detach(|| -> Result<Vec<f32>, PyErr> {
+            match &self.inner {
+                Inner::Native(s) => {
+                    let mut out = vec![0f32; n];
+                    s.decode_into(k, &mut out).map_err(pipeline_err)?;
+                    Ok(out)
+                }
+                Inner::Legacy(a) => a.decode_tensor(name).map_err(hwz_err),
+            }
+        })?;
+        if values.len() != n {
+            return Err(FormatError::new_err(format!(
+                "`{name}` decoded to {} values, not {n}",
+                values.len()
+            )));
+        }
         PyArray1::from_vec(py, values).reshape(shape)
     }
 
-    /// The tensor as a compressed linear operator (its matrix view), with an optional bias.
+    /// The tensor as a compressed linear operator (its matrix view), with an optional bias;
+    /// `fixed_bits` converts an entropy-coded lattice tensor to fixed-rate symbols at load.
     #[pyo3(signature = (name, bias=None, fixed_bits=None))]
     fn linear(
         &self,
@@ -218,11 +275,12 @@ impl Archive {
         fixed_bits: Option<u8>,
     ) -> PyResult<Linear> {
         let k = self.index(name)?;
+        let set = self.set(name)?;
         let bias = bias
             .map(|b| b.as_slice().map(<[f32]>::to_vec))
             .transpose()?;
         let op = py.detach(|| -> Result<CompressedLinear, PyErr> {
-            let view = self.set.view(k).map_err(pipeline_err)?;
+            let view = set.view(k).map_err(pipeline_err)?;
             CompressedLinear::new(view, bias.as_deref(), &LoadOptions { fixed_bits })
                 .map_err(runtime_err)
         })?;
@@ -360,6 +418,31 @@ impl Linear {
     }
 }
 
+fn lattice_named(name: &str) -> PyResult<hypercodec_hwz::Lattice> {
+    hypercodec_hwz::Lattice::from_name(name).map_err(|e| InvalidInputError::new_err(e.to_string()))
+}
+
+/// The lattice scale α whose rate on Gaussian data is `bps` bits per value (the shipped
+/// calibration table; no calibration runs at import).
+#[pyfunction]
+#[pyo3(signature = (bps, lattice="e8"))]
+fn lattice_alpha(bps: f32, lattice: &str) -> PyResult<f32> {
+    Ok(hypercodec_lattice::calibration::alpha_for_bps(
+        lattice_named(lattice)?,
+        bps,
+    ))
+}
+
+/// `(snr_db, bps)` the lattice reaches at scale `alpha` on Gaussian data (shipped table).
+#[pyfunction]
+#[pyo3(signature = (alpha, lattice="e8"))]
+fn lattice_predict(alpha: f32, lattice: &str) -> PyResult<(f32, f32)> {
+    Ok(hypercodec_lattice::calibration::predict(
+        lattice_named(lattice)?,
+        alpha,
+    ))
+}
+
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -373,6 +456,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(lattice_alpha, m)?)?;
+    m.add_function(wrap_pyfunction!(lattice_predict, m)?)?;
     m.add_class::<Archive>()?;
     m.add_class::<Linear>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -25,7 +25,8 @@ pub fn open_archive(path: &Path) -> Result<Archive<Mmap>> {
     Archive::open_path(path).map_err(|e| io_at(path, e))
 }
 
-fn open_legacy(path: &Path) -> Result<LegacyArchive<Mmap>> {
+/// Opens a legacy Hyper Glyph zip archive (memory-mapped).
+pub fn open_legacy(path: &Path) -> Result<LegacyArchive<Mmap>> {
     let file = std::fs::File::open(path).map_err(PipelineError::io(path))?;
     // SAFETY: read-only map of a file the user names, assumed unchanged while we run; every
     // access is bounds-checked by the legacy reader.

@@ -59,7 +59,7 @@ pub mod synth;
 
 #[cfg(feature = "fs")]
 pub use archive::{
-    decompress, float_bytes, inspect_file, is_legacy, open_archive, write_synthetic,
+    decompress, float_bytes, inspect_file, is_legacy, open_archive, open_legacy, write_synthetic,
 };
 #[cfg(feature = "fs")]
 pub use compress::{

@@ -8,8 +8,25 @@ from ._native import cli
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the command line on ``argv`` (default: ``sys.argv[1:]``) and returns its exit code."""
-    return cli(list(sys.argv[1:] if argv is None else argv))
+    """Runs the command line on ``argv`` (default: ``sys.argv[1:]``) and returns its exit code.
+    ``compress`` also reads PyTorch checkpoints (``.pt``/``.pth``/``.bin``, through
+    ``torch.load(weights_only=True)``): they are staged as a temporary safetensors file."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) >= 3 and args[0] == "compress" and args[1].endswith((".pt", ".pth", ".bin", ".ckpt")):
+        import os
+        import tempfile
+
+        from .api import _write_safetensors, read_pt
+
+        out_dir = os.path.dirname(os.path.abspath(args[2]))
+        fd, tmp = tempfile.mkstemp(suffix=".safetensors", dir=out_dir)
+        os.close(fd)
+        try:
+            _write_safetensors(tmp, read_pt(args[1]))
+            return cli([args[0], tmp, *args[2:]])
+        finally:
+            os.unlink(tmp)
+    return cli(args)
 
 
 if __name__ == "__main__":

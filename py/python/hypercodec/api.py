@@ -85,12 +85,31 @@ def _flags(options: Mapping[str, Any]) -> list[str]:
     return argv
 
 
+PT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def read_pt(path: str | os.PathLike) -> dict:
+    """A PyTorch checkpoint's tensors, read with ``torch.load(weights_only=True)`` (never
+    unpickling code); a ``{"state_dict": ...}`` wrapper is unwrapped. Needs torch."""
+    import torch
+
+    obj = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict):
+        raise _native.InvalidInputError(f"{os.fspath(path)}: not a state dict (a {type(obj).__name__})")
+    return {k: v for k, v in obj.items() if hasattr(v, "is_floating_point") and v.is_floating_point()}
+
+
 def compress_file(input: str | os.PathLike, output: str | os.PathLike, **options: Any) -> dict:
-    """Compresses a ``.safetensors``/``.gguf`` file (or a sharded model) into ``output``
-    exactly as ``hypercodec compress`` does; returns the archive's summary (:func:`inspect`).
+    """Compresses a ``.safetensors``/``.gguf`` file (or a sharded model, or a PyTorch
+    ``.pt``/``.pth``/``.bin`` checkpoint read safely through torch) into ``output`` exactly as
+    ``hypercodec compress`` does; returns the archive's summary (:func:`inspect`).
 
     >>> hypercodec.compress_file("model.safetensors", "model.hwz", encoding="lattice", bps=4)  # doctest: +SKIP
     """
+    if os.fspath(input).endswith(PT_SUFFIXES):
+        return compress_state_dict(read_pt(input), output, **options)
     _native.run(["compress", os.fspath(input), os.fspath(output), *_flags(options)])
     return inspect(output)
 

@@ -1,10 +1,13 @@
 """PyTorch layers that keep only the compressed form of their weight (requires torch).
 
-:class:`HyperLinear` replaces ``nn.Linear`` (and ``nn.Conv2d``'s 1×1 case is a linear layer
-too); its forward pass runs on hypercodec's CPU runtime straight from the stored codes.
-:func:`quantize` swaps the linear layers of a model in place; :func:`load_into` builds them from
-an archive without ever holding their dense weights. These layers are for inference: they have
-no gradient (``inference_only``).
+:class:`HyperLinear` replaces ``nn.Linear``; its forward pass runs on hypercodec's CPU runtime
+straight from the stored codes. :class:`HyperConv2d` replaces ``nn.Conv2d``: a 1×1 convolution
+runs on the runtime as a linear layer over channels; any other kernel is the documented *decode
+fallback* (the weight is decoded for the call, then ``F.conv2d``). :func:`quantize` swaps the
+layers of a model in place; :func:`load_into` builds them from an archive without ever holding
+their dense weights. Built from a compressed form, these layers are inference-only; a
+``HyperLinear(..., trainable=True)`` keeps a float master weight and trains through a
+straight-through estimator, re-quantizing every ``refresh_every`` steps.
 
     >>> import torch, hypercodec.nn as hnn
     >>> model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
@@ -39,30 +42,82 @@ def method_spec(method: str, bps: float) -> str:
     return table.get(method, method)
 
 
+def _f32(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32).cpu().contiguous().numpy()
+
+
 class HyperLinear(nn.Module):
     """``y = x·Wᵀ + b`` with ``W`` kept compressed (a :class:`hypercodec.Linear`); float32
-    computation, outputs in the input's dtype."""
+    computation, outputs in the input's dtype.
 
-    inference_only = True
+    With ``trainable=True`` (see :meth:`from_linear`) the layer also keeps the float master
+    weight and bias as parameters: in training mode the forward pass uses the quantized weight
+    with a straight-through estimator (gradients flow to the master weight as if quantization
+    were the identity) and re-quantizes the master weight every ``refresh_every`` training
+    steps; in eval mode it runs on the compressed form."""
 
-    def __init__(self, op: _native.Linear) -> None:
+    def __init__(
+        self,
+        op: _native.Linear,
+        master: nn.Linear | None = None,
+        spec: str | None = None,
+        refresh_every: int = 1,
+    ) -> None:
         super().__init__()
         self.op = op
         self.in_features = op.cols
         self.out_features = op.rows
+        self.spec = spec
+        self.refresh_every = max(1, int(refresh_every))
+        self._steps = 0
+        self._wq: torch.Tensor | None = None
+        if master is not None:
+            self.weight = nn.Parameter(master.weight.detach().to(torch.float32).clone())
+            self.bias = (
+                nn.Parameter(master.bias.detach().to(torch.float32).clone()) if master.bias is not None else None
+            )
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    @property
+    def inference_only(self) -> bool:
+        """True when the layer holds only the compressed form (no master weight to train)."""
+        return self.weight is None
 
     @classmethod
-    def from_linear(cls, layer: nn.Linear, spec: str) -> "HyperLinear":
-        """Quantizes ``layer``'s weight with the candidate ``spec`` (e.g. ``int4``, ``e8@4``)."""
-        w = layer.weight.detach().to(torch.float32).cpu().contiguous().numpy()
-        b = None
-        if layer.bias is not None:
-            b = layer.bias.detach().to(torch.float32).cpu().contiguous().numpy()
-        return cls(_native.Linear.quantize(w, spec, b))
+    def from_linear(
+        cls, layer: nn.Linear, spec: str, trainable: bool = False, refresh_every: int = 1
+    ) -> "HyperLinear":
+        """Quantizes ``layer``'s weight with the candidate ``spec`` (e.g. ``int4``, ``e8@4``);
+        ``trainable`` keeps a float master copy for straight-through training."""
+        b = _f32(layer.bias) if layer.bias is not None else None
+        op = _native.Linear.quantize(_f32(layer.weight), spec, b)
+        return cls(op, layer if trainable else None, spec, refresh_every)
+
+    def refresh(self) -> None:
+        """Re-quantizes the master weight (and bias) into the compressed form."""
+        if self.weight is None or self.spec is None:
+            return
+        b = _f32(self.bias) if self.bias is not None else None
+        self.op = _native.Linear.quantize(_f32(self.weight), self.spec, b)
+        self._wq = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xs = x.detach().to(torch.float32).cpu().contiguous().numpy()
-        y = torch.from_numpy(self.op.forward(xs))
+        if self.weight is not None and self.training and torch.is_grad_enabled():
+            if self._steps % self.refresh_every == 0 or self._wq is None:
+                if self._steps > 0:
+                    self.refresh()
+                self._wq = torch.from_numpy(np.asarray(self.op.weight()))
+            self._steps += 1
+            wq = self._wq.to(device=self.weight.device)
+            w = self.weight + (wq - self.weight).detach()
+            return nn.functional.linear(x, w.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        if self.weight is not None and self._steps > 0 and self._wq is not None:
+            # Left training: the compressed form reflects the latest master weight.
+            self.refresh()
+            self._steps = 0
+        y = torch.from_numpy(self.op.forward(_f32(x)))
         return y.to(dtype=x.dtype, device=x.device)
 
     def weight_dense(self) -> torch.Tensor:
@@ -74,6 +129,52 @@ class HyperLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"path={self.op.path}, held_bytes={self.op.held_bytes}"
         )
+
+
+class HyperConv2d(nn.Module):
+    """``nn.Conv2d`` with its weight kept compressed on the runtime's matrix view
+    ``[out, in/groups·kh·kw]``. A 1×1, stride-1, unpadded, ungrouped convolution runs on the
+    CPU runtime as a linear layer over channels; every other kernel takes the documented decode
+    fallback: the weight is decoded for the call and passed to ``F.conv2d``."""
+
+    def __init__(self, op: _native.Linear, conv: nn.Conv2d) -> None:
+        super().__init__()
+        self.op = op
+        self.weight_shape = tuple(conv.weight.shape)
+        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
+        self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
+        self.pointwise = (
+            self.weight_shape[2:] == (1, 1)
+            and tuple(self.stride) == (1, 1)
+            and tuple(self.padding) in ((0, 0), 0)
+            and self.groups == 1
+        )
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, spec: str) -> "HyperConv2d":
+        """Quantizes ``conv``'s weight with the candidate ``spec``."""
+        return cls(_native.Linear.quantize(_f32(conv.weight), spec), conv)
+
+    @property
+    def path(self) -> str:
+        """The route: the runtime's (1×1) or ``decode-fallback+conv2d``."""
+        return self.op.path if self.pointwise else "decode-fallback+conv2d"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pointwise:
+            n, c, h, w = x.shape
+            xs = _f32(x.permute(0, 2, 3, 1).reshape(-1, c))
+            y = torch.from_numpy(self.op.forward(xs)).reshape(n, h, w, -1).permute(0, 3, 1, 2)
+            if self.bias is not None:
+                y = y + self.bias.detach().to(torch.float32)[None, :, None, None]
+            return y.to(dtype=x.dtype, device=x.device).contiguous()
+        wd = torch.from_numpy(np.asarray(self.op.weight())).reshape(self.weight_shape)
+        bias = None if self.bias is None else self.bias.to(torch.float32)
+        y = nn.functional.conv2d(x.to(torch.float32), wd, bias, self.stride, self.padding, self.dilation, self.groups)
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"weight_shape={self.weight_shape}, path={self.path}, held_bytes={self.op.held_bytes}"
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -89,17 +190,27 @@ def quantize(
     bps: float = 4.0,
     method: str = "lattice",
     skip: Iterable[str] = ("lm_head",),
+    conv: bool = True,
+    trainable: bool = False,
+    refresh_every: int = 1,
 ) -> nn.Module:
-    """Replaces every ``nn.Linear`` of ``model`` whose name does not contain one of ``skip``
-    by a :class:`HyperLinear` quantized with ``method`` at ``bps`` (see :func:`method_spec`);
-    returns ``model``."""
+    """Replaces every ``nn.Linear`` (and, with ``conv``, ``nn.Conv2d``) of ``model`` whose name
+    does not contain one of ``skip`` by a :class:`HyperLinear` (:class:`HyperConv2d`) quantized
+    with ``method`` at ``bps`` (see :func:`method_spec`); ``trainable`` keeps float master
+    weights for straight-through training. Returns ``model``."""
     spec = method_spec(method, bps)
     skip = tuple(skip)
     targets = [
-        (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and not any(s in n for s in skip)
+        (n, m)
+        for n, m in model.named_modules()
+        if (isinstance(m, nn.Linear) or (conv and isinstance(m, nn.Conv2d))) and not any(s in n for s in skip)
     ]
     for name, layer in targets:
-        _replace(model, name, HyperLinear.from_linear(layer, spec))
+        if isinstance(layer, nn.Linear):
+            new: nn.Module = HyperLinear.from_linear(layer, spec, trainable, refresh_every)
+        else:
+            new = HyperConv2d.from_conv(layer, spec)
+        _replace(model, name, new)
     return model
 
 
