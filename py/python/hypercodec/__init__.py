@@ -34,6 +34,7 @@ from .api import (
     decompress_state_dict,
     inspect,
     load,
+    metadata,
     save,
 )
 
@@ -52,5 +53,6 @@ __all__ = [
     "init_threads",
     "inspect",
     "load",
+    "metadata",
     "save",
 ]

