@@ -44,12 +44,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     };
     let r = run::run(&args.archive, args.original.as_deref(), &options)?;
     if args.json {
-        let v = serde_json::to_value(&r).map_err(|e| PipelineError::Json {
-            what: "run report".into(),
-            message: e.to_string(),
-        })?;
-        outln!("{v:#}");
-        return Ok(());
+        return print_json("run report", &r);
     }
     outln!("| layer | shape | input | path | held MB |\n|---|---|---|---|---:|");
     for l in &r.layers {
@@ -157,11 +152,17 @@ pub fn runtime_benchmark(args: &BenchArgs) -> Result<()> {
         return Err(crate::stdout_error(e));
     }
     if args.json {
-        let v = serde_json::to_value(&rows).map_err(|e| PipelineError::Json {
-            what: "runtime rows".into(),
-            message: e.to_string(),
-        })?;
-        outln!("{v:#}");
+        return print_json("runtime rows", &rows);
     }
+    Ok(())
+}
+
+/// `value` as pretty JSON on stdout.
+fn print_json(what: &str, value: &impl serde::Serialize) -> Result<()> {
+    let v = serde_json::to_value(value).map_err(|e| PipelineError::Json {
+        what: what.into(),
+        message: e.to_string(),
+    })?;
+    outln!("{v:#}");
     Ok(())
 }
