@@ -384,6 +384,29 @@ impl Linear {
         PyArray1::from_vec(py, y).reshape(out_shape)
     }
 
+    /// Rows `ids` of the weight decoded to float32 (`len(ids) × cols`): an embedding lookup
+    /// on the stored form.
+    fn rows_of<'py>(
+        &self,
+        py: Python<'py>,
+        ids: numpy::PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+        let rows = self.op.rows();
+        let ids: Vec<usize> = ids
+            .as_slice()?
+            .iter()
+            .map(|&i| usize::try_from(i).unwrap_or(rows))
+            .collect();
+        let cols = self.op.cols();
+        let out = py
+            .detach(|| {
+                let mut out = vec![0f32; ids.len() * cols];
+                self.op.decode_rows(&ids, &mut out).map(|()| out)
+            })
+            .map_err(runtime_err)?;
+        PyArray1::from_vec(py, out).reshape(vec![ids.len(), cols])
+    }
+
     /// The weight decoded to float32 (`rows × cols`).
     fn weight<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
         let (rows, cols) = (self.op.rows(), self.op.cols());

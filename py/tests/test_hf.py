@@ -44,8 +44,12 @@ def test_save_hwz_from_hwz_generate(tmp_path, monkeypatch):
     del model
     loaded, tok2 = hhf.from_hwz(str(path))
     linears = [m for m in loaded.modules() if isinstance(m, hnn.HyperLinear)]
-    assert len(linears) == 30 * 7  # 30 decoder layers x (q, k, v, o, gate, up, down)
+    # 30 decoder layers x (q, k, v, o, gate, up, down), and the tied head on the embedding's
+    # own compressed operator (one copy serves the lookup and the logits).
+    assert len(linears) == 30 * 7 + 1
     assert all(m.op.path == "e8-fixed4" for m in linears)
+    emb = loaded.get_input_embeddings()
+    assert isinstance(emb, hnn.HyperEmbedding) and loaded.lm_head.op is emb.op
     assert not any(isinstance(m, torch.nn.Linear) and m.weight.is_meta for m in loaded.modules())
     out = loaded.generate(**prompt, max_new_tokens=4, do_sample=False)
     text = tok2.decode(out[0][prompt["input_ids"].shape[1] :])

@@ -251,6 +251,23 @@ impl CompressedLinear {
         Ok(w)
     }
 
+    /// Rows `rows` of the weight decoded to f32 (`rows.len() × cols`): an embedding lookup on
+    /// the stored form (each row decodes alone; entropy-coded rows decode their chunk).
+    pub fn decode_rows(&self, rows: &[usize], out: &mut [f32]) -> Result<()> {
+        check_len("rows out", rows.len() * self.cols, out.len())?;
+        for (&r, o) in rows.iter().zip(out.chunks_exact_mut(self.cols.max(1))) {
+            if r >= self.rows {
+                return Err(RuntimeError::Length {
+                    what: "row index",
+                    expected: self.rows,
+                    actual: r,
+                });
+            }
+            self.op.decode_row(r, self.cols, o)?;
+        }
+        Ok(())
+    }
+
     /// `y = x·Wᵀ (+ b)` for `batch` rows of f32 activations: `x` is `batch × cols`, `y`
     /// `batch × rows`, both row-major.
     pub fn forward(&self, x: &[f32], batch: usize, y: &mut [f32]) -> Result<()> {
@@ -455,6 +472,28 @@ impl Op {
             Op::Mixed { parts } => parts.iter().map(|(_, p)| p.held_bytes()).sum(),
             Op::Exceptions { base, deltas, .. } => {
                 base.held_bytes() + 12 * deltas.positions.len() as u64
+            }
+        }
+    }
+
+    /// Decodes row `r` into `out` (`cols` values).
+    fn decode_row(&self, r: usize, cols: usize, out: &mut [f32]) -> Result<()> {
+        match self {
+            Op::Leaf { view, .. } => Ok(view.decode_rows_into(r as u64..r as u64 + 1, out)?),
+            Op::Mixed { parts } => {
+                let mut first = 0;
+                for (rows, op) in parts {
+                    if r < first + rows {
+                        return op.decode_row(r - first, cols, out);
+                    }
+                    first += rows;
+                }
+                Ok(())
+            }
+            Op::Exceptions { base, deltas, .. } => {
+                base.decode_row(r, cols, out)?;
+                deltas.apply((r * cols) as u64, out, false);
+                Ok(())
             }
         }
     }

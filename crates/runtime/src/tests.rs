@@ -421,6 +421,32 @@ fn held_bytes_stay_within_five_percent_of_the_stored_bytes() {
 }
 
 #[test]
+fn row_lookups_equal_the_decoded_rows() {
+    let shape = [40u64, 96];
+    let x = values(40 * 96, 8);
+    for which in [3, 16, 30, zoo(96).len() + 4, zoo(96).len() + 5] {
+        let (t, _) = encode_any(&x, &shape, which);
+        let op =
+            CompressedLinear::from_encoded("w", &t, &shape, None, &LoadOptions::default()).unwrap();
+        let whole = op.decode_weight().unwrap();
+        let ids = [7usize, 0, 39, 7, 21];
+        let mut got = vec![0f32; ids.len() * 96];
+        op.decode_rows(&ids, &mut got).unwrap();
+        for (k, &r) in ids.iter().enumerate() {
+            assert_eq!(
+                &got[k * 96..(k + 1) * 96],
+                &whole[r * 96..(r + 1) * 96],
+                "{which}"
+            );
+        }
+        assert!(matches!(
+            op.decode_rows(&[40], &mut got[..96]),
+            Err(RuntimeError::Length { .. })
+        ));
+    }
+}
+
+#[test]
 fn bad_shapes_are_typed_errors() {
     let shape = [8u64, 64];
     let x = values(8 * 64, 1);

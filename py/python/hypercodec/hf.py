@@ -22,7 +22,7 @@ from torch import nn
 
 from . import _native
 from .api import compress_state_dict
-from .nn import HyperLinear, quantize
+from .nn import HyperEmbedding, HyperLinear, quantize
 
 __all__ = ["quantize", "save_hwz", "from_hwz"]
 
@@ -61,6 +61,14 @@ def save_hwz(model: nn.Module, path: str, tokenizer: Any = None, **options: Any)
     return compress_state_dict(sd, path, metadata=meta, **options)
 
 
+def _set(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent = model
+    *path, last = name.split(".")
+    for p in path:
+        parent = getattr(parent, p)
+    setattr(parent, last, new)
+
+
 def _rebuild_meta_buffers(model: nn.Module, config: Any) -> None:
     """Modules whose buffers are computed at construction (rotary embeddings) are built again
     on the CPU: a model made on the meta device has none of their values."""
@@ -94,23 +102,34 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     names = set(archive.names())
+    tied = json.loads(meta.get("hf_tied", "{}"))
+    # The input embedding on the stored form when it is compressed; a tied output head then
+    # runs on the same operator (one compressed copy serves both).
+    emb = model.get_input_embeddings()
+    emb_name = next((n for n, m in model.named_modules() if m is emb), None)
+    shared: dict[str, _native.Linear] = {}
+    if emb_name is not None and f"{emb_name}.weight" in names:
+        encoding = json.loads(archive.encoding_json(f"{emb_name}.weight"))
+        if encoding.get("type") != "raw":
+            op = archive.linear(f"{emb_name}.weight", None, fixed_bits)
+            _set(model, emb_name, HyperEmbedding(op, getattr(emb, "padding_idx", None)))
+            shared[f"{emb_name}.weight"] = op
+    for alias, source in tied.items():
+        if source in shared and alias.endswith(".weight"):
+            head = alias[: -len(".weight")]
+            if isinstance(model.get_submodule(head), nn.Linear):
+                _set(model, head, HyperLinear(shared[source]))
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and f"{name}.weight" in names:
             bias = archive.read(f"{name}.bias") if f"{name}.bias" in names else None
-            new = HyperLinear(archive.linear(f"{name}.weight", bias, fixed_bits))
-            parent = model
-            *p, last = name.split(".")
-            for q in p:
-                parent = getattr(parent, q)
-            setattr(parent, last, new)
+            _set(model, name, HyperLinear(archive.linear(f"{name}.weight", bias, fixed_bits)))
     rest = {k: torch.from_numpy(archive.read(k)) for k in model.state_dict().keys() if k in names}
     model.load_state_dict(rest, strict=False, assign=True)
-    tied = json.loads(meta.get("hf_tied", "{}"))
     params = dict(model.named_parameters())
     for alias, source in tied.items():
         owner, _, attr = alias.rpartition(".")
         mod = model.get_submodule(owner) if owner else model
-        if isinstance(mod, HyperLinear):
+        if isinstance(mod, (HyperLinear, HyperEmbedding)):
             continue
         src = params.get(source)
         if src is not None:

@@ -177,6 +177,26 @@ class HyperConv2d(nn.Module):
         return f"weight_shape={self.weight_shape}, path={self.path}, held_bytes={self.op.held_bytes}"
 
 
+class HyperEmbedding(nn.Module):
+    """``nn.Embedding`` on the stored form: each looked-up row is decoded from the compressed
+    weight (a :class:`hypercodec.Linear`, which a tied output head can share)."""
+
+    def __init__(self, op: _native.Linear, padding_idx: int | None = None) -> None:
+        super().__init__()
+        self.op = op
+        self.num_embeddings = op.rows
+        self.embedding_dim = op.cols
+        self.padding_idx = padding_idx
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.detach().reshape(-1).to(torch.int64).cpu().numpy()
+        rows = torch.from_numpy(self.op.rows_of(flat))
+        return rows.reshape(*ids.shape, self.embedding_dim).to(ids.device)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, path={self.op.path}, held_bytes={self.op.held_bytes}"
+
+
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     parent = model
     *path, last = name.split(".")
