@@ -107,3 +107,41 @@ def test_python_m_hypercodec_is_the_command_line(tmp_path):
     assert out.returncode == 0 and "hypercodec" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "hypercodec", "compress"], capture_output=True, text=True)
     assert bad.returncode == 2
+
+
+def test_python_quantize_and_the_cli_archive_give_identical_weights(tmp_path):
+    # The same candidate through the command line's pipeline and through Linear.quantize.
+    w = gaussian((96, 512), 11)
+    for spec, flags in [("int4", {"bits": 4}), ("e8-fixed4", {"encoding": "lattice", "coding": "fixed", "bps": 4})]:
+        path = tmp_path / f"{spec}.hwz"
+        hypercodec.save({"w": w}, path, **flags)
+        cli = hypercodec.load(path)["w"]
+        py = hypercodec.Linear.quantize(w, spec).weight()
+        np.testing.assert_array_equal(cli, py, err_msg=spec)
+
+
+def test_a_fresh_venv_installs_and_imports_the_wheel_without_a_compiler(tmp_path):
+    import glob
+    import os
+
+    wheels = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "target", "wheels", "*.whl")))
+    if not wheels:
+        pytest.skip("no built wheel in target/wheels (cargo xtask py builds one)")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    # Only the venv's own bin on PATH: no cc, no cargo, no rustc.
+    env = {
+        "PATH": str(venv / "bin"),
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    for key in ("PIP_FIND_LINKS", "PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_DEFAULT_TIMEOUT", "XDG_CACHE_HOME"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    # The wheel and its one dependency (numpy, from the registry or pip's cache).
+    subprocess.run([py, "-m", "pip", "install", "-q", wheels[-1]], check=True, env=env)
+    code = "import time; t=time.perf_counter(); import hypercodec; print(time.perf_counter()-t, hypercodec.__file__)"
+    out = subprocess.run([py, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=tmp_path).stdout.split()
+    assert float(out[0]) < 0.5, out
+    assert str(venv) in out[1], out

@@ -140,3 +140,21 @@ def test_pt_checkpoints_are_read_without_unpickling_code(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert hypercodec.load(tmp_path / "n.hwz")["fc.bias"].shape == (32,)
+
+
+def test_hyper_attention_is_causal_and_close_to_its_dense_twin():
+    torch.manual_seed(4)
+    h, heads, kv = 128, 8, 2
+    proj = [torch.nn.Linear(h, heads * 16), torch.nn.Linear(h, kv * 16), torch.nn.Linear(h, kv * 16), torch.nn.Linear(heads * 16, h)]
+    att = hnn.HyperAttention.from_projections(*proj, num_heads=heads, num_kv_heads=kv, bps=6)
+    exact = hnn.HyperAttention.from_projections(*proj, num_heads=heads, num_kv_heads=kv, method="f32")
+    x = torch.randn(2, 10, h)
+    y, ref = att(x), exact(x)
+    snr = 10 * torch.log10(ref.pow(2).sum() / (ref - y).pow(2).sum())
+    assert snr > 25, snr
+    x2 = x.clone()
+    x2[:, 7:] = torch.randn(2, 3, h)
+    assert torch.allclose(att(x2)[:, :7], y[:, :7], atol=1e-5)
+    fresh = hnn.HyperAttention(64, 4, bps=4, method="lattice-fixed")
+    assert fresh(torch.randn(1, 5, 64)).shape == (1, 5, 64)
+    assert fresh.q_proj.op.path == "e8-fixed4"

@@ -197,6 +197,86 @@ class HyperEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, path={self.op.path}, held_bytes={self.op.held_bytes}"
 
 
+def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding over the last dimension (pairs of halves), positions 0..T-1."""
+    t, d = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    ang = torch.arange(t, dtype=torch.float32)[:, None] * inv[None, :]
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos.to(x.dtype) + torch.cat([-x2, x1], -1) * sin.to(x.dtype)
+
+
+class HyperAttention(nn.Module):
+    """Causal multi-head attention (grouped-query when ``num_kv_heads`` < ``num_heads``, rotary
+    positions) whose Q/K/V/O projections are :class:`HyperLinear` — HyperTensor's
+    ``HyperAttention`` made real. Built with fresh ``nn.Linear`` weights quantized with
+    ``method`` at ``bps``, or around existing projections with :meth:`from_projections`;
+    ``inference_only=False`` keeps float master weights (straight-through training)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        bias: bool = False,
+        rope_theta: float = 10000.0,
+        inference_only: bool = True,
+        bps: float = 4.0,
+        method: str = "lattice",
+    ) -> None:
+        super().__init__()
+        kv = num_kv_heads or num_heads
+        d = hidden_size // num_heads
+        dense = [
+            nn.Linear(hidden_size, num_heads * d, bias=bias),
+            nn.Linear(hidden_size, kv * d, bias=bias),
+            nn.Linear(hidden_size, kv * d, bias=bias),
+            nn.Linear(num_heads * d, hidden_size, bias=bias),
+        ]
+        self._setup(dense, num_heads, kv, rope_theta, method_spec(method, bps), not inference_only)
+
+    @classmethod
+    def from_projections(
+        cls,
+        q: nn.Linear,
+        k: nn.Linear,
+        v: nn.Linear,
+        o: nn.Linear,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        rope_theta: float = 10000.0,
+        bps: float = 4.0,
+        method: str = "lattice",
+        inference_only: bool = True,
+    ) -> "HyperAttention":
+        """The attention of existing projections, quantized."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._setup([q, k, v, o], num_heads, num_kv_heads or num_heads, rope_theta, method_spec(method, bps), not inference_only)
+        return self
+
+    def _setup(self, dense, heads: int, kv: int, theta: float, spec: str, trainable: bool) -> None:
+        self.num_heads, self.num_kv_heads, self.rope_theta = heads, kv, theta
+        self.head_dim = dense[0].out_features // heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            HyperLinear.from_linear(layer, spec, trainable) for layer in dense
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        d = self.head_dim
+        q = self.q_proj(x).view(b, t, self.num_heads, d).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, d).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, d).transpose(1, 2)
+        q, k = _rope(q, self.rope_theta), _rope(k, self.rope_theta)
+        if self.num_kv_heads != self.num_heads:
+            rep = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.num_heads * d))
+
+
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     parent = model
     *path, last = name.split(".")
