@@ -23,6 +23,7 @@ use std::time::Instant;
 const WASM_CRATES: &[&str] = &[
     "hypercodec-rice",
     "hypercodec-lattice",
+    "hypercodec-trellis",
     "hypercodec-hdc",
     "hypercodec-scalar",
     "hypercodec-hwz",

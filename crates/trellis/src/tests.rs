@@ -1,0 +1,164 @@
+//! Round trips, the tail-biting search against brute force, random access, hostile input.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use super::*;
+use proptest::prelude::*;
+
+fn gaussian(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut u = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    (0..n)
+        .map(|_| ((-2.0 * u().ln()).sqrt() * (std::f64::consts::TAU * u()).cos()) as f32)
+        .collect()
+}
+
+/// What the tail-biting search may lose against the free-start bound (the boundary candidates
+/// of a wrap-around lap; measured 2.4 % on 256 values at L = 10).
+const TAIL_BITING_SLACK: f64 = 0.05;
+
+fn mse(x: &[f32], y: &[f32]) -> f64 {
+    x.iter()
+        .zip(y)
+        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+        .sum::<f64>()
+        / x.len() as f64
+}
+
+#[test]
+fn code_values_are_about_unit_gaussian() {
+    let v: Vec<f64> = (0..1u32 << 16).map(|s| code_value(s) as f64).collect();
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64;
+    assert!(
+        mean.abs() < 0.02 && (var - 1.0).abs() < 0.05,
+        "{mean} {var}"
+    );
+}
+
+#[test]
+fn the_tail_biting_search_is_within_reach_of_brute_force() {
+    // L = 8, K = 2, 10 values: every one of the 2^20 circular streams, decoded.
+    let p = TrellisParams {
+        l: 8,
+        k: 2,
+        scale: 1.0,
+    };
+    for seed in 0..4 {
+        let x = gaussian(10, seed);
+        let mut best = f64::INFINITY;
+        for stream in 0u32..1 << 20 {
+            let bits = stream.to_le_bytes()[..3].to_vec();
+            best = best.min(mse(&x, &decode(&bits, 10, &p).unwrap()));
+        }
+        let ours = mse(&x, &decode(&encode(&x, &p).unwrap(), 10, &p).unwrap());
+        // 2^(L−K) = 64 boundaries are all tried: the exact optimum.
+        assert!(
+            ours >= best - 1e-9 && ours <= best * (1.0 + 1e-6) + 1e-9,
+            "seed {seed}: {ours} vs best {best}"
+        );
+    }
+}
+
+#[test]
+fn tail_biting_costs_almost_nothing_on_long_sequences() {
+    // Against the free-start optimum (a lower bound of any tail-biting path): the boundary
+    // constrains about (L − K)/K of 256 values.
+    for (l, k) in [(10u8, 2u8), (12, 3)] {
+        let p = TrellisParams { l, k, scale: 1.0 };
+        let x = gaussian(256, l as u64);
+        let values: Vec<f32> = (0..1u32 << l).map(|s| p.scale * code_value(s)).collect();
+        let mut v = Viterbi::new(1 << l, 1 << (l - k), x.len());
+        let (_, free) = v.run(&x, &values, k as u32, (l - k) as u32, Start::Free);
+        let ours = mse(&x, &decode(&encode(&x, &p).unwrap(), 256, &p).unwrap()) * 256.0;
+        assert!(
+            ours <= free as f64 * (1.0 + TAIL_BITING_SLACK) + 1e-6,
+            "L {l} K {k}: {ours} vs {free}"
+        );
+    }
+}
+
+#[test]
+fn snr_approaches_the_bound_on_gaussian_data() {
+    // Sequences of 256 values, L = 12: within 1.3 dB of 6.02·K dB at K = 2, 3, 4.
+    let x = gaussian(1 << 13, 3);
+    for k in 2..=4u8 {
+        let p = TrellisParams {
+            l: 12,
+            k,
+            scale: TrellisParams::default_scale(12, k),
+        };
+        let (mut sig, mut err) = (0f64, 0f64);
+        for c in x.chunks(256) {
+            let y = decode(&encode(c, &p).unwrap(), c.len(), &p).unwrap();
+            sig += c.iter().map(|v| (*v as f64).powi(2)).sum::<f64>();
+            err += mse(c, &y) * c.len() as f64;
+        }
+        let snr = 10.0 * (sig / err).log10();
+        assert!(snr > 6.0206 * k as f64 - 1.3, "K = {k}: {snr:.2} dB");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn decode_inverts_encode_and_any_value_decodes_alone(
+        l in 8u8..=11,
+        k in 1u8..=4,
+        n in 12usize..80,
+        seed in any::<u64>(),
+    ) {
+        let p = TrellisParams { l, k, scale: 1.1 };
+        let x = gaussian(n, seed);
+        let bits = encode(&x, &p).unwrap();
+        prop_assert_eq!(bits.len(), (n * k as usize).div_ceil(8));
+        let y = decode(&bits, n, &p).unwrap();
+        for (i, &v) in y.iter().enumerate() {
+            prop_assert_eq!(value_at(&bits, n, &p, i).unwrap(), v);
+        }
+        // The search never does worse than the all-zero stream, a valid tail-biting path.
+        let zeros = decode(&vec![0u8; bits.len()], n, &p).unwrap();
+        prop_assert!(mse(&x, &y) <= mse(&x, &zeros) + 1e-9);
+    }
+
+    #[test]
+    fn any_bytes_decode_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..64), n in 0usize..200, l in 0u8..20, k in 0u8..10) {
+        let p = TrellisParams { l, k, scale: 1.0 };
+        let _ = decode(&bytes, n, &p);
+        let _ = value_at(&bytes, n, &p, n / 2);
+    }
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let x = gaussian(64, 1);
+    let bad = |l, k| TrellisParams { l, k, scale: 1.0 };
+    assert!(matches!(
+        encode(&x, &bad(7, 2)),
+        Err(TrellisError::InvalidParams { .. })
+    ));
+    assert!(matches!(
+        encode(&x, &bad(12, 12)),
+        Err(TrellisError::InvalidParams { .. })
+    ));
+    assert!(matches!(
+        encode(&x[..3], &bad(12, 2)),
+        Err(TrellisError::TooShort { .. })
+    ));
+    let mut nan = x.clone();
+    nan[5] = f32::NAN;
+    assert!(matches!(
+        encode(&nan, &bad(10, 2)),
+        Err(TrellisError::NonFinite { index: 5 })
+    ));
+    assert!(matches!(
+        decode(&[0u8; 3], 64, &bad(10, 2)),
+        Err(TrellisError::Length { .. })
+    ));
+}
