@@ -364,11 +364,11 @@ impl Viterbi {
             back.iter_mut().for_each(|b| *b = 0);
             for t in 1..fan {
                 let block = &self.cost[t * groups..(t + 1) * groups];
+                // Branch-free selects, so the loop vectorizes.
                 for ((b, bk), &c) in self.best.iter_mut().zip(back.iter_mut()).zip(block) {
-                    if c < *b {
-                        *b = c;
-                        *bk = t as u8;
-                    }
+                    let take = c < *b;
+                    *b = if take { c } else { *b };
+                    *bk = if take { t as u8 } else { *bk };
                 }
             }
             // next[s'] = best[s' >> K] + (x − v(s'))².
