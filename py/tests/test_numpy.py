@@ -38,7 +38,12 @@ def test_save_load_inspect_roundtrip(tmp_path):
     names = [t["name"] for t in info["tensors"]]
     assert names == list(sd)
     back = hypercodec.load(path)
+    assert isinstance(back, hypercodec.LazyStateDict) and len(back) == 3
     assert list(back) == list(sd)
+    with pytest.raises(KeyError):
+        back["missing"]
+    eager = hypercodec.load(path, lazy=False)
+    assert isinstance(eager, dict) and np.array_equal(eager["a.weight"], back["a.weight"])
     for k, v in sd.items():
         assert back[k].shape == v.shape and back[k].dtype == np.float32
     np.testing.assert_array_equal(back["a.bias"], sd["a.bias"])  # 1-D tensors stay raw

@@ -29,6 +29,7 @@ from ._native import (
     init_threads,
 )
 from .api import (
+    LazyStateDict,
     compress_file,
     compress_state_dict,
     decompress_state_dict,
@@ -45,6 +46,7 @@ __all__ = [
     "HypercodecError",
     "HypercodecIOError",
     "InvalidInputError",
+    "LazyStateDict",
     "Linear",
     "__version__",
     "compress_file",

@@ -155,26 +155,55 @@ def decompress_state_dict(path: str | os.PathLike, framework: str = "numpy") -> 
 
     >>> sd = decompress_state_dict("w.hwz")  # doctest: +SKIP
     """
-    archive = _native.Archive(os.fspath(path))
-    out: dict[str, Any] = {}
-    for name in archive.names():
-        arr = archive.read(name)
-        if framework == "torch":
+    if framework not in ("numpy", "torch"):
+        raise _native.InvalidInputError(f"framework must be 'numpy' or 'torch', not {framework!r}")
+    lazy = LazyStateDict(path, framework)
+    return {name: lazy[name] for name in lazy}
+
+
+class LazyStateDict(Mapping):
+    """A read-only state dict over an archive: each tensor is decoded when it is looked up
+    (and not kept), so opening a large archive costs nothing until a tensor is used."""
+
+    def __init__(self, path: str | os.PathLike, framework: str = "numpy") -> None:
+        self.archive = _native.Archive(os.fspath(path))
+        self.framework = framework
+        self._names = self.archive.names()
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._names:
+            raise KeyError(name)
+        arr = self.archive.read(name)
+        if self.framework == "torch":
             import torch
 
             t = torch.from_numpy(arr)
-            kind = archive.source_dtype(name)
+            kind = self.archive.source_dtype(name)
             if kind in ("bf16", "f16"):
                 t = t.to(torch.bfloat16 if kind == "bf16" else torch.float16)
-            out[name] = t
-        elif framework == "numpy":
-            out[name] = arr
-        else:
-            raise _native.InvalidInputError(f"framework must be 'numpy' or 'torch', not {framework!r}")
-    return out
+            return t
+        return arr
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return f"LazyStateDict({len(self)} tensors)"
 
 
-load = decompress_state_dict
+def load(path: str | os.PathLike, framework: str = "numpy", lazy: bool = True) -> Mapping[str, Any]:
+    """The archive as a state dict: lazily decoded per tensor (:class:`LazyStateDict`) by
+    default, or all at once with ``lazy=False`` (:func:`decompress_state_dict`).
+
+    >>> sd = load("w.hwz")  # doctest: +SKIP
+    >>> sd["w"].shape  # decodes `w` now  # doctest: +SKIP
+    """
+    if framework not in ("numpy", "torch"):
+        raise _native.InvalidInputError(f"framework must be 'numpy' or 'torch', not {framework!r}")
+    return LazyStateDict(path, framework) if lazy else decompress_state_dict(path, framework)
 
 
 def metadata(path: str | os.PathLike) -> dict:
