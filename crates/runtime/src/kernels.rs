@@ -137,6 +137,11 @@ pub(crate) struct AffineRow<'r> {
 /// (symmetric) or `s·(2·Σq·x − Σx)` (1-bit sign codes).
 pub(crate) fn affine_row(a: &AffineRow<'_>) -> f32 {
     #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx512() {
+        // SAFETY: AVX-512F/BW, AVX2 and FMA are present (checked just above).
+        return unsafe { crate::avx2::affine_row512(a) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2() {
         // SAFETY: AVX2 and FMA are present (checked just above); the row is consistent.
         return unsafe { crate::avx2::affine_row(a) };
@@ -441,23 +446,35 @@ mod tests {
                     _ => dot_fields::<8>(c, xs),
                 });
                 let got = affine_row(&row);
+                let tol = 1e-4 * (1.0 + cols as f32 * 0.01);
                 assert!(
-                    (got - portable).abs()
-                        <= 1e-4 * (1.0 + portable.abs() * 0.0 + cols as f32 * 0.01),
+                    (got - portable).abs() <= tol,
                     "{bits} {cols}: {got} vs {portable}"
                 );
+                #[cfg(target_arch = "x86_64")]
+                if crate::simd::has_avx2() {
+                    // The AVX2 kernel too, when the dispatch above chose AVX-512.
+                    // SAFETY: AVX2 and FMA are present.
+                    let avx2 = unsafe { crate::avx2::affine_row(&row) };
+                    assert!(
+                        (avx2 - portable).abs() <= tol,
+                        "{bits} {cols}: {avx2} vs {portable}"
+                    );
+                }
             }
             let words = cols / 8;
-            if words > 0 {
+            for bits in 2..=8u8 {
+                if words == 0 {
+                    break;
+                }
                 let act = E8Activation::new(&x[..8 * words]);
-                let bytes: Vec<u8> = (0..4 * words).map(|i| (i * 101 + 7) as u8).collect();
-                let (a, b) = (
-                    e8_fixed_dot(4, &bytes, &act),
-                    e8_fixed_dot_portable(4, &bytes, &act),
-                );
+                let n = bits as usize * words;
+                let bytes: Vec<u8> = (0..n).map(|i| (i * 101 + 7) as u8).collect();
+                let a = e8_fixed_dot(bits, &bytes, &act);
+                let b = e8_fixed_dot_portable(bits, &bytes, &act);
                 assert!(
                     (a - b).abs() <= 1e-3 * (1.0 + b.abs()),
-                    "{cols}: {a} vs {b}"
+                    "{bits} bits, {cols}: {a} vs {b}"
                 );
             }
         }

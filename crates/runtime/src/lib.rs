@@ -14,6 +14,9 @@
 //! GEMM ([`gemm`]) on them. Every path is checked against [`reference::linear`], which
 //! decodes `W` to f32 and multiplies plainly.
 //!
+//! Instruction sets: AVX-512 (affine rows), AVX2 + FMA, or portable loops, chosen at run time
+//! ([`simd_level`]); `HYPERCODEC_NO_AVX512=1` keeps to AVX2 for comparison.
+//!
 //! Threads: the rows are split over rayon's global pool, the workspace's one pool (its size is
 //! set by the front ends' `--threads` / `HYPERCODEC_THREADS`).
 //!

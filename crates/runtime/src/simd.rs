@@ -15,9 +15,31 @@ pub(crate) fn has_avx2() -> bool {
     }
 }
 
+/// True when the CPU has AVX-512F and AVX-512BW (and AVX2 + FMA), unless the environment
+/// variable `HYPERCODEC_NO_AVX512` is set (to compare with the AVX2 kernels). Read once.
+#[inline]
+pub(crate) fn has_avx512() -> bool {
+    static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX512.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            has_avx2()
+                && std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::env::var_os("HYPERCODEC_NO_AVX512").is_none()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 /// The instruction set the kernels use on this CPU.
 pub fn simd_level() -> &'static str {
-    if has_avx2() {
+    if has_avx512() {
+        "avx512+avx2+fma"
+    } else if has_avx2() {
         "avx2+fma"
     } else {
         "baseline"
