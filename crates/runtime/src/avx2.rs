@@ -5,11 +5,67 @@
 
 use std::arch::x86_64::*;
 
+/// How a code becomes the integer it stands for: `q` (asymmetric), `q − h` (symmetric,
+/// `h = 2^(b−1)`) or `2q − 1` (1-bit signs), applied in the integer lanes before conversion.
+#[derive(Clone, Copy)]
+struct Signed {
+    double: bool,
+    off: i32,
+}
+
+impl Signed {
+    fn of(a: &crate::kernels::AffineRow<'_>) -> Self {
+        if !a.offsets.is_empty() {
+            Signed {
+                double: false,
+                off: 0,
+            }
+        } else if a.bias < 0.0 {
+            Signed {
+                double: true,
+                off: 1,
+            }
+        } else {
+            Signed {
+                double: false,
+                off: a.bias as i32,
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn apply(self, q: u8) -> f32 {
+        (q as i32 * (1 + self.double as i32) - self.off) as f32
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn apply256(self, q: __m256i) -> __m256 {
+        let q = if self.double {
+            _mm256_add_epi32(q, q)
+        } else {
+            q
+        };
+        _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(self.off)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    fn apply512(self, q: __m512i) -> __m512 {
+        let q = if self.double {
+            _mm512_add_epi32(q, q)
+        } else {
+            q
+        };
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(self.off)))
+    }
+}
+
 /// `Σ q·x` over every field of `B`-bit codes in one pass over the bytes (each 16 bytes are
 /// loaded once for all `8/B` fields); the lane sums are left in a register.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn fields_pass<const B: u32>(codes: &[u8], xp: &[f32]) -> __m256 {
+unsafe fn fields_pass<const B: u32>(codes: &[u8], xp: &[f32], sign: Signed) -> __m256 {
     let per = (8 / B) as usize;
     let n = codes.len();
     let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
@@ -27,8 +83,8 @@ unsafe fn fields_pass<const B: u32>(codes: &[u8], xp: &[f32]) -> __m256 {
             for m in 0..per {
                 let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
                 let xs = xp.as_ptr().add(m * n + i);
-                let fl = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(lo, shift), mask));
-                let fh = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(hi, shift), mask));
+                let fl = sign.apply256(_mm256_and_si256(_mm256_srl_epi32(lo, shift), mask));
+                let fh = sign.apply256(_mm256_and_si256(_mm256_srl_epi32(hi, shift), mask));
                 let k = 2 * (m & 1);
                 acc[k] = _mm256_fmadd_ps(fl, _mm256_loadu_ps(xs), acc[k]);
                 acc[k + 1] = _mm256_fmadd_ps(fh, _mm256_loadu_ps(xs.add(8)), acc[k + 1]);
@@ -39,7 +95,7 @@ unsafe fn fields_pass<const B: u32>(codes: &[u8], xp: &[f32]) -> __m256 {
     for m in 0..per {
         for j in full..n {
             let q = (codes[j] >> (m as u32 * B)) & ((1u32 << B) - 1) as u8;
-            tail += q as f32 * xp[m * n + j];
+            tail += sign.apply(q) * xp[m * n + j];
         }
     }
     let mut t = [0f32; 8];
@@ -58,6 +114,7 @@ unsafe fn fields_pass<const B: u32>(codes: &[u8], xp: &[f32]) -> __m256 {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
     let cols = a.xp.len();
+    let sign = Signed::of(a);
     // Σ_j s_j·(Σ q·x)_j accumulated in a register (one horizontal sum per row, not per
     // group); the offset and bias terms (per group, scalar) beside it.
     let mut row = _mm256_setzero_ps();
@@ -69,20 +126,20 @@ pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
         // SAFETY: xs holds 8/bits values per code byte (the group's permuted activation).
         let d = unsafe {
             match a.field_bits {
-                1 => fields_pass::<1>(codes, xs),
-                2 => fields_pass::<2>(codes, xs),
-                4 => fields_pass::<4>(codes, xs),
-                _ => fields_pass::<8>(codes, xs),
+                1 => fields_pass::<1>(codes, xs, sign),
+                2 => fields_pass::<2>(codes, xs, sign),
+                4 => fields_pass::<4>(codes, xs, sign),
+                _ => fields_pass::<8>(codes, xs, sign),
             }
         };
         let si = j.min(a.scales.len() - 1);
         let s = a.scales[si];
-        let (mul, add) = if !a.offsets.is_empty() {
-            (s, a.offsets[si] * gs)
-        } else if a.bias < 0.0 {
-            (2.0 * s, -s * gs)
+        // The codes are signed in the vector loop (no cancellation against Σx); only the
+        // asymmetric offset's term is left.
+        let (mul, add) = if a.offsets.is_empty() {
+            (s, 0.0)
         } else {
-            (s, -s * a.bias * gs)
+            (s, a.offsets[si] * gs)
         };
         row = _mm256_fmadd_ps(_mm256_set1_ps(mul), d, row);
         scalar += add;
@@ -98,6 +155,7 @@ pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
 pub(crate) unsafe fn affine_row512(a: &crate::kernels::AffineRow<'_>) -> f32 {
     let cols = a.xp.len();
+    let sign = Signed::of(a);
     let mut row = _mm512_setzero_ps();
     let mut scalar = 0f32;
     for (j, &gs) in a.gsum.iter().enumerate() {
@@ -107,20 +165,20 @@ pub(crate) unsafe fn affine_row512(a: &crate::kernels::AffineRow<'_>) -> f32 {
         // SAFETY: xs holds 8/bits values per code byte (the group's permuted activation).
         let d = unsafe {
             match a.field_bits {
-                1 => fields_pass512::<1>(codes, xs),
-                2 => fields_pass512::<2>(codes, xs),
-                4 => fields_pass512::<4>(codes, xs),
-                _ => fields_pass512::<8>(codes, xs),
+                1 => fields_pass512::<1>(codes, xs, sign),
+                2 => fields_pass512::<2>(codes, xs, sign),
+                4 => fields_pass512::<4>(codes, xs, sign),
+                _ => fields_pass512::<8>(codes, xs, sign),
             }
         };
         let si = j.min(a.scales.len() - 1);
         let s = a.scales[si];
-        let (mul, add) = if !a.offsets.is_empty() {
-            (s, a.offsets[si] * gs)
-        } else if a.bias < 0.0 {
-            (2.0 * s, -s * gs)
+        // The codes are signed in the vector loop (no cancellation against Σx); only the
+        // asymmetric offset's term is left.
+        let (mul, add) = if a.offsets.is_empty() {
+            (s, 0.0)
         } else {
-            (s, -s * a.bias * gs)
+            (s, a.offsets[si] * gs)
         };
         row = _mm512_fmadd_ps(_mm512_set1_ps(mul), d, row);
         scalar += add;
@@ -130,7 +188,7 @@ pub(crate) unsafe fn affine_row512(a: &crate::kernels::AffineRow<'_>) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-unsafe fn fields_pass512<const B: u32>(codes: &[u8], xp: &[f32]) -> __m512 {
+unsafe fn fields_pass512<const B: u32>(codes: &[u8], xp: &[f32], sign: Signed) -> __m512 {
     let per = (8 / B) as usize;
     let n = codes.len();
     let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
@@ -144,7 +202,7 @@ unsafe fn fields_pass512<const B: u32>(codes: &[u8], xp: &[f32]) -> __m512 {
             let c = _mm512_cvtepu8_epi32(_mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i));
             for m in 0..per {
                 let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
-                let q = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
+                let q = sign.apply512(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
                 let k = m & 1;
                 acc[k] = _mm512_fmadd_ps(q, _mm512_loadu_ps(xp.as_ptr().add(m * n + i)), acc[k]);
             }
@@ -154,7 +212,7 @@ unsafe fn fields_pass512<const B: u32>(codes: &[u8], xp: &[f32]) -> __m512 {
     for m in 0..per {
         for j in full..n {
             let q = (codes[j] >> (m as u32 * B)) & ((1u32 << B) - 1) as u8;
-            tail += q as f32 * xp[m * n + j];
+            tail += sign.apply(q) * xp[m * n + j];
         }
     }
     let mut t = [0f32; 16];

@@ -642,7 +642,9 @@ fn affine_tile(view: &TensorView<'_>, r0: usize, w: &mut [f32]) -> bool {
             Group::Size(g) => (g as usize).min(cols).max(1),
             Group::Row | Group::Tensor => cols.max(1),
         };
-        if !(bits == 4 && cols % 2 == 0 && glen % 2 == 0 || bits == 8) || !crate::simd::has_avx2() {
+        if !(bits == 4 && cols.is_multiple_of(2) && glen.is_multiple_of(2) || bits == 8)
+            || !crate::simd::has_avx2()
+        {
             return false;
         }
         let gpr = cols.div_ceil(glen);
