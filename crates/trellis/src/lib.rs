@@ -296,6 +296,71 @@ fn pack(ks: &[u32], k: u32) -> Vec<u8> {
     out
 }
 
+/// One Viterbi step: `best[j]` = the minimum over the 2^K predecessors `(t << (L−K)) | j`
+/// of `cost` (their `t` in `back`), then `next[s'] = best[s' >> K] + (x − v(s'))²`. Compiled
+/// for AVX2 too and chosen at run time on x86-64 (the loops are branch-free so they vectorize).
+fn step(
+    cost: &[f32],
+    best: &mut [f32],
+    back: &mut [u8],
+    next: &mut [f32],
+    values: &[f32],
+    xi: f32,
+    k: u32,
+) {
+    #[inline(always)]
+    fn imp(
+        cost: &[f32],
+        best: &mut [f32],
+        back: &mut [u8],
+        next: &mut [f32],
+        values: &[f32],
+        xi: f32,
+        k: u32,
+    ) {
+        let groups = best.len();
+        let fan = 1usize << k;
+        best.copy_from_slice(&cost[..groups]);
+        back.iter_mut().for_each(|b| *b = 0);
+        for t in 1..fan {
+            let block = &cost[t * groups..(t + 1) * groups];
+            for ((b, bk), &c) in best.iter_mut().zip(back.iter_mut()).zip(block) {
+                let take = c < *b;
+                *b = if take { c } else { *b };
+                *bk = if take { t as u8 } else { *bk };
+            }
+        }
+        // The squared errors over every state first (one flat loop), then each group's best.
+        for (n, &v) in next.iter_mut().zip(values) {
+            let d = xi - v;
+            *n = d * d;
+        }
+        for (ns, &b) in next.chunks_exact_mut(fan).zip(best.iter()) {
+            ns.iter_mut().for_each(|n| *n += b);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(
+            cost: &[f32],
+            best: &mut [f32],
+            back: &mut [u8],
+            next: &mut [f32],
+            values: &[f32],
+            xi: f32,
+            k: u32,
+        ) {
+            imp(cost, best, back, next, values, xi, k)
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return unsafe { avx2(cost, best, back, next, values, xi, k) };
+        }
+    }
+    imp(cost, best, back, next, values, xi, k)
+}
+
 /// How a Viterbi pass starts.
 #[derive(Debug, Clone, Copy)]
 enum Start {
@@ -358,28 +423,16 @@ impl Viterbi {
             }
         }
         for (i, &xi) in x.iter().enumerate() {
-            // best[j] = min over the 2^K predecessors (t << (L−K)) | j.
             let back = &mut self.back[i * groups..(i + 1) * groups];
-            self.best.copy_from_slice(&self.cost[..groups]);
-            back.iter_mut().for_each(|b| *b = 0);
-            for t in 1..fan {
-                let block = &self.cost[t * groups..(t + 1) * groups];
-                // Branch-free selects, so the loop vectorizes.
-                for ((b, bk), &c) in self.best.iter_mut().zip(back.iter_mut()).zip(block) {
-                    let take = c < *b;
-                    *b = if take { c } else { *b };
-                    *bk = if take { t as u8 } else { *bk };
-                }
-            }
-            // next[s'] = best[s' >> K] + (x − v(s'))².
-            for (j, &b) in self.best.iter().enumerate() {
-                let base = j << k;
-                let (vs, ns) = (&values[base..base + fan], &mut self.next[base..base + fan]);
-                for (n, &v) in ns.iter_mut().zip(vs) {
-                    let d = xi - v;
-                    *n = b + d * d;
-                }
-            }
+            step(
+                &self.cost,
+                &mut self.best,
+                back,
+                &mut self.next,
+                values,
+                xi,
+                k,
+            );
             std::mem::swap(&mut self.cost, &mut self.next);
         }
         let low_mask = (1u32 << low_bits) - 1;
