@@ -113,13 +113,16 @@ unsafe fn fields_pass<const B: u32>(codes: &[u8], xp: &[f32], sign: Signed) -> _
 /// The CPU must have AVX2 and FMA; the row's parts must be consistent (`kernels::AffineRow`).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
-    // The codes are signed in the vector loop (no cancellation against Σx); Σ_j s_j·(Σ q·x)_j
-    // is accumulated in a register (one horizontal sum per row, not per group), the
-    // asymmetric offsets' terms beside it.
+    let cols = a.xp.len();
     let sign = Signed::of(a);
+    // Σ_j s_j·(Σ q·x)_j accumulated in a register (one horizontal sum per row, not per
+    // group); the offset and bias terms (per group, scalar) beside it.
     let mut row = _mm256_setzero_ps();
     let mut scalar = 0f32;
-    for (codes, xs, s, add) in a.groups() {
+    for (j, &gs) in a.gsum.iter().enumerate() {
+        let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
+        let codes = &a.codes[lo / a.per..hi / a.per];
+        let xs = &a.xp[lo..hi];
         // SAFETY: xs holds 8/bits values per code byte (the group's permuted activation).
         let d = unsafe {
             match a.field_bits {
@@ -129,7 +132,16 @@ pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
                 _ => fields_pass::<8>(codes, xs, sign),
             }
         };
-        row = _mm256_fmadd_ps(_mm256_set1_ps(s), d, row);
+        let si = j.min(a.scales.len() - 1);
+        let s = a.scales[si];
+        // The codes are signed in the vector loop (no cancellation against Σx); only the
+        // asymmetric offset's term is left.
+        let (mul, add) = if a.offsets.is_empty() {
+            (s, 0.0)
+        } else {
+            (s, a.offsets[si] * gs)
+        };
+        row = _mm256_fmadd_ps(_mm256_set1_ps(mul), d, row);
         scalar += add;
     }
     hsum(row) + scalar
@@ -142,10 +154,14 @@ pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
 /// The CPU must have AVX-512F and AVX-512BW; the row's parts must be consistent.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
 pub(crate) unsafe fn affine_row512(a: &crate::kernels::AffineRow<'_>) -> f32 {
+    let cols = a.xp.len();
     let sign = Signed::of(a);
     let mut row = _mm512_setzero_ps();
     let mut scalar = 0f32;
-    for (codes, xs, s, add) in a.groups() {
+    for (j, &gs) in a.gsum.iter().enumerate() {
+        let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
+        let codes = &a.codes[lo / a.per..hi / a.per];
+        let xs = &a.xp[lo..hi];
         // SAFETY: xs holds 8/bits values per code byte (the group's permuted activation).
         let d = unsafe {
             match a.field_bits {
@@ -155,7 +171,16 @@ pub(crate) unsafe fn affine_row512(a: &crate::kernels::AffineRow<'_>) -> f32 {
                 _ => fields_pass512::<8>(codes, xs, sign),
             }
         };
-        row = _mm512_fmadd_ps(_mm512_set1_ps(s), d, row);
+        let si = j.min(a.scales.len() - 1);
+        let s = a.scales[si];
+        // The codes are signed in the vector loop (no cancellation against Σx); only the
+        // asymmetric offset's term is left.
+        let (mul, add) = if a.offsets.is_empty() {
+            (s, 0.0)
+        } else {
+            (s, a.offsets[si] * gs)
+        };
+        row = _mm512_fmadd_ps(_mm512_set1_ps(mul), d, row);
         scalar += add;
     }
     _mm512_reduce_add_ps(row) + scalar

@@ -133,29 +133,6 @@ pub(crate) struct AffineRow<'r> {
     pub(crate) bias: f32,
 }
 
-impl AffineRow<'_> {
-    /// Per group: its codes, its part of the permuted activation, its scale, and the term its
-    /// offset adds (`lo·Σx`; 0 when symmetric).
-    pub(crate) fn groups(&self) -> impl Iterator<Item = (&[u8], &[f32], f32, f32)> + '_ {
-        let cols = self.xp.len();
-        self.gsum.iter().enumerate().map(move |(j, &gs)| {
-            let (lo, hi) = (j * self.glen, ((j + 1) * self.glen).min(cols));
-            let si = j.min(self.scales.len() - 1);
-            let add = if self.offsets.is_empty() {
-                0.0
-            } else {
-                self.offsets[si] * gs
-            };
-            (
-                &self.codes[lo / self.per..hi / self.per],
-                &self.xp[lo..hi],
-                self.scales[si],
-                add,
-            )
-        })
-    }
-}
-
 /// `⟨ŵ_r, x⟩` of one affine row: per group `s·Σq·x + lo·Σx` (asymmetric), `s·(Σq·x − h·Σx)`
 /// (symmetric) or `s·(2·Σq·x − Σx)` (1-bit sign codes).
 pub(crate) fn affine_row(a: &AffineRow<'_>) -> f32 {
