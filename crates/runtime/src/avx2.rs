@@ -148,7 +148,8 @@ pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
 }
 
 /// [`affine_row`] with 512-bit vectors (16 lanes per register; AVX-512F/BW), for CPUs that
-/// have them: half the instructions per weight of the AVX2 loop.
+/// have them: half the instructions per weight of the AVX2 loop. Kept apart from
+/// [`affine_row`] on purpose: a group iterator shared by the two measured 15–20 % slower.
 ///
 /// # Safety
 /// The CPU must have AVX-512F and AVX-512BW; the row's parts must be consistent.
