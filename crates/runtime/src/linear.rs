@@ -217,14 +217,16 @@ impl CompressedLinear {
         self.op.detail()
     }
 
-    /// The route at `batch` activation rows: the batch-1 path; run once per row up to 16 rows;
-    /// above that, tiles decoded to f32 (lattice: scaled points against `RHT(X)`) and a GEMM.
+    /// The route at `batch` activation rows: the batch-1 path; run once per row up to 16 rows
+    /// (entropy-coded lattice tensors excepted: their chunks are decoded once per call);
+    /// otherwise tiles decoded to f32 (lattice: scaled points against `RHT(X)`) and a GEMM.
     pub fn route(&self, batch: usize) -> String {
         let detail = self.path_detail();
         match (batch, self.path()) {
             (0 | 1, _) => detail,
             (b, Path::Sparse) => format!("{detail} (batch {b})"),
-            (_, Path::DecodeTiles | Path::LatticeResident { .. }) => "decode-tiles+gemm".into(),
+            (_, Path::DecodeTiles) => "decode-tiles+gemm".into(),
+            (_, Path::LatticeResident { .. }) => "lattice-coded-points+gemm".into(),
             (b, _) if b <= SMALL_BATCH => format!("{detail} ×{b}"),
             (_, Path::E8Fixed { .. } | Path::LatticeWords) => "lattice-points+gemm".into(),
             _ => "decode-tiles+gemm".into(),
@@ -547,6 +549,9 @@ impl Op {
                     (kind, view.parts_ref())
                 {
                     lattice_points_gemm(view, l, x, batch, yt)
+                } else if let (Kind::LatticeResident, Parts::Lattice(l)) = (kind, view.parts_ref())
+                {
+                    lattice_coded_gemm(view, l, x, batch, yt)
                 } else {
                     tiles(view, x, batch, yt)
                 }
@@ -814,6 +819,78 @@ fn lattice_points_gemm(
                         lat.decode_word_fixed(&syms[..d], *bits, pw);
                         pw.iter_mut().for_each(|v| *v *= k);
                     }
+                }
+            }
+            gemm_wxt(w, n, spr, &xr, batch, out);
+            Ok(())
+        },
+    )
+}
+
+/// Entropy-coded lattice rows above [`SMALL_BATCH`]: `X' = RHT(X)` once, then per tile of
+/// rows (whole chunks where rows and chunks align) the covering chunks are decoded, the
+/// symbols become lattice points scaled by `σ_r/α` — no inverse transform per weight row —
+/// and the GEMM multiplies them with `X'ᵀ`.
+fn lattice_coded_gemm(
+    view: &TensorView<'_>,
+    l: &hwz::LatticeParts<'_>,
+    x: &[f32],
+    batch: usize,
+    yt: &mut [f32],
+) -> Result<()> {
+    let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+    let spr = l.symbols_per_row;
+    let p = &l.params;
+    let chunk = match &l.symbols {
+        Symbols::Rans(d) => d.chunk_symbols(),
+        Symbols::Rice(d) => d.chunk_symbols(),
+        Symbols::Fixed { .. } => return tiles(view, x, batch, yt),
+    };
+    if rows == 0 || cols == 0 || spr == 0 {
+        yt.fill(0.0);
+        return Ok(());
+    }
+    let rht = Rht::new(cols, p.tile, p.seed)
+        .map_err(|e| corrupt(view, format!("lattice transform: {e}")))?;
+    let mut xr = vec![0f32; batch * spr];
+    for (src, dst) in x.chunks_exact(cols).zip(xr.chunks_exact_mut(spr)) {
+        dst[..cols].copy_from_slice(src);
+        rht.forward(&mut dst[..cols]);
+    }
+    let lat = p.lattice;
+    let d = lat.dim();
+    let tile_rows = tile_rows_for(rows, spr).max(chunk / spr);
+    let tasks: Vec<(usize, &mut [f32])> = yt
+        .chunks_mut(tile_rows * batch)
+        .enumerate()
+        .map(|(i, c)| (i * tile_rows, c))
+        .collect();
+    tasks.into_par_iter().try_for_each_init(
+        || (Vec::new(), Vec::new(), Vec::new()),
+        |(w, syms, buf): &mut (Vec<f32>, Vec<u32>, Vec<u32>), (r0, out)| -> Result<()> {
+            let n = out.len() / batch;
+            let (first, end) = (r0 * spr, (r0 + n) * spr);
+            syms.clear();
+            for c in first / chunk..end.div_ceil(chunk) {
+                let have = decode_chunk(view, &l.symbols, lat, c, buf)?;
+                let (a, b) = (have.start.max(first), have.end.min(end));
+                if a < b {
+                    syms.extend_from_slice(&buf[a - have.start..b - have.start]);
+                }
+            }
+            if syms.len() != n * spr {
+                return Err(corrupt(view, "symbols end before the last row".into()));
+            }
+            w.resize(n * spr, 0.0);
+            for (i, (wr, sr)) in w
+                .chunks_exact_mut(spr)
+                .zip(syms.chunks_exact(spr))
+                .enumerate()
+            {
+                let k = l.scales[r0 + i] / p.alpha;
+                for (pw, sw) in wr.chunks_exact_mut(d).zip(sr.chunks_exact(d)) {
+                    lat.decode_word(sw, pw);
+                    pw.iter_mut().for_each(|v| *v *= k);
                 }
             }
             gemm_wxt(w, n, spr, &xr, batch, out);
