@@ -527,3 +527,50 @@ fn a_codebook_index_past_the_prototypes_is_an_error() {
     let err = op.forward(&x[..64], 1, &mut y);
     assert!(matches!(err, Err(RuntimeError::Corrupt { .. })), "{err:?}");
 }
+
+#[test]
+fn empty_matrices_run_and_give_empty_or_zero_outputs() {
+    // [0, 8]: no outputs; [8, 0]: every output is the bias (an empty dot product).
+    for (shape, which) in [([0u64, 8], 0usize), ([8, 0], 0), ([0, 8], 3), ([8, 0], 3)] {
+        let n = (shape[0] * shape[1]) as usize;
+        let Ok((t, _)) = std::panic::catch_unwind(|| encode_any(&values(n, 1), &shape, which))
+        else {
+            continue; // the encoder refuses this shape: nothing to run
+        };
+        // An empty tensor's matrix view may have no rows at all (hwz's convention).
+        let rows = hypercodec_hwz::matrix_view(&shape, 0).0 as usize;
+        let bias = vec![0.5f32; rows];
+        let op =
+            CompressedLinear::from_encoded("w", &t, &shape, Some(&bias), &LoadOptions::default())
+                .unwrap();
+        assert_eq!(op.rows(), rows);
+        for batch in [1usize, 3, 20] {
+            let x = vec![1.0f32; batch * op.cols()];
+            let mut y = vec![f32::NAN; batch * rows];
+            op.forward(&x, batch, &mut y).unwrap();
+            assert!(
+                y.iter().all(|&v| v == 0.5),
+                "{shape:?} {which} batch {batch}: {y:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn huge_and_tiny_weights_stay_finite_and_match_the_reference() {
+    // Values near f32's range ends (1e30, 1e-30) through raw f32 and INT8 with f32 scales;
+    // f16 scales cannot hold 1e30: the encoder says so (a typed error, nothing to run).
+    let shape = [8u64, 64];
+    for scale in [1e30f32, 1e-30] {
+        let x: Vec<f32> = values(8 * 64, 2).iter().map(|v| v * scale).collect();
+        for which in [0usize, 5] {
+            let (t, _) = encode_any(&x, &shape, which);
+            let op = check(&t, &shape, 1, 5, false);
+            check(&t, &shape, 20, 5, false);
+            assert!(op.decode_weight().unwrap().iter().all(|v| v.is_finite()));
+        }
+    }
+    let big: Vec<f32> = values(8 * 64, 2).iter().map(|v| v * 1e30).collect();
+    let e = &zoo(64)[3].0;
+    assert!(encode("w", &big, &shape, e, EncodeOptions::default()).is_err());
+}
