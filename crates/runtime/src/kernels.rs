@@ -96,21 +96,6 @@ fn dot_fields<const B: u32>(codes: &[u8], xp: &[f32]) -> f32 {
     hsum(a0) + hsum(a1) + tail
 }
 
-/// IEEE half → f32, exact for every value, branch-free for finite ones (inlinable and
-/// vectorizable, unlike a call per value): the exponent and mantissa move to f32's position
-/// and a multiplication by 2^112 rebiases the exponent (subnormals included).
-#[inline(always)]
-pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
-    let h = h as u32;
-    let rest = h & 0x7FFF;
-    let v = if rest >= 0x7C00 {
-        f32::from_bits((rest << 13) | 0x7F80_0000)
-    } else {
-        f32::from_bits(rest << 13) * f32::from_bits(0x7780_0000)
-    };
-    f32::from_bits(v.to_bits() | ((h & 0x8000) << 16))
-}
-
 /// One row of affine codes: everything [`affine_row`] reads.
 pub(crate) struct AffineRow<'r> {
     /// Bits of the dot product's fields (the codes' bits, or 8 when unpacked to bytes).
@@ -497,18 +482,6 @@ mod tests {
             assert!(
                 (a - b).abs() <= 1e-3 * (1.0 + b.abs()),
                 "{words}: {a} vs {b}"
-            );
-        }
-    }
-
-    #[test]
-    fn half_conversion_is_exact() {
-        for h in 0..=u16::MAX {
-            let want = half::f16::from_bits(h).to_f32();
-            let got = f16_bits_to_f32(h);
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "{h:#x}"
             );
         }
     }

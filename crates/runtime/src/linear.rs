@@ -662,11 +662,13 @@ fn affine_tile(view: &TensorView<'_>, r0: usize, w: &mut [f32]) -> bool {
         for (i, out) in w.chunks_exact_mut(cols).enumerate() {
             let r = r0 + i;
             let first = if tensor_scale { 0 } else { r * gpr };
-            scales_into(scales, params.scale_dtype, first, &mut s);
+            if scales_into(scales, params.scale_dtype, first, &mut s).is_err() {
+                return false;
+            }
             if params.symmetric {
                 o.fill(0.0);
-            } else {
-                scales_into(offsets, params.scale_dtype, first, &mut o);
+            } else if scales_into(offsets, params.scale_dtype, first, &mut o).is_err() {
+                return false;
             }
             for j in 0..gpr {
                 let k = j.min(n - 1);
@@ -1038,8 +1040,9 @@ fn affine_gemv(
                 &buf
             };
             let first = if tensor_scale { 0 } else { r * gpr };
-            scales_into(scales, sd, first, &mut sc);
-            scales_into(offsets, sd, first, &mut of);
+            let bad = |e| corrupt(view, format!("affine scales: {e}"));
+            scales_into(scales, sd, first, &mut sc).map_err(bad)?;
+            scales_into(offsets, sd, first, &mut of).map_err(bad)?;
             *o = kernels::affine_row(&kernels::AffineRow {
                 field_bits: if fused { bits } else { 8 },
                 per,
@@ -1057,29 +1060,17 @@ fn affine_gemv(
 }
 
 /// `out.len()` values of a little-endian `dtype` array from index `first`, as f32.
-fn scales_into(bytes: &[u8], dtype: FloatDtype, first: usize, out: &mut [f32]) {
-    if out.is_empty() {
-        return;
-    }
+fn scales_into(
+    bytes: &[u8],
+    dtype: FloatDtype,
+    first: usize,
+    out: &mut [f32],
+) -> std::result::Result<(), scalar::ScalarError> {
     let size = dtype.size();
-    let src = &bytes[first * size..(first + out.len()) * size];
-    match dtype {
-        FloatDtype::F32 => {
-            for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
-        FloatDtype::F16 => {
-            for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *o = kernels::f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
-            }
-        }
-        FloatDtype::Bf16 => {
-            for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *o = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
-            }
-        }
-    }
+    let src = bytes
+        .get(first * size..(first + out.len()) * size)
+        .unwrap_or_default();
+    scalar::decode_floats_into(src, dtype, out)
 }
 
 fn lattice_gemv(

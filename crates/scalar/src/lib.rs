@@ -35,7 +35,9 @@ pub use affine::{
     AffineParams, AffineStreams, Group, GroupLayout, StreamLens, MAX_BITS,
 };
 pub use bits::{pack_bits, packed_len, unpack_bits, unpack_bits_into, unpack_bits_range_into};
-pub use float::{check_finite, decode_floats, decode_floats_into, encode_floats, FloatDtype};
+pub use float::{
+    check_finite, decode_floats, decode_floats_into, encode_floats, f16_bits_to_f32, FloatDtype,
+};
 
 /// Everything that can go wrong in this crate.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
