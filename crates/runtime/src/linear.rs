@@ -606,11 +606,7 @@ fn tiles(view: &TensorView<'_>, x: &[f32], batch: usize, yt: &mut [f32]) -> Resu
         };
         tile_rows = tile_rows.max(chunk / l.symbols_per_row.max(1));
     }
-    let tasks: Vec<(usize, &mut [f32])> = yt
-        .chunks_mut(tile_rows * batch)
-        .enumerate()
-        .map(|(i, c)| (i * tile_rows, c))
-        .collect();
+    let tasks = row_tiles(yt, tile_rows, batch);
     tasks
         .into_par_iter()
         .try_for_each_init(Vec::new, |w: &mut Vec<f32>, (r0, out)| -> Result<()> {
@@ -728,6 +724,38 @@ pub(crate) fn gemm_wxt(w: &[f32], n: usize, cols: usize, x: &[f32], batch: usize
     }
 }
 
+/// `X' = RHT(X)` for `batch` activation rows, each zero-padded to whole lattice words:
+/// `⟨RHT⁻¹(q), x⟩ = ⟨q, RHT(x)⟩` (the RHT is orthogonal), so a lattice row is dotted against
+/// the rotated activation instead of being rotated back itself.
+fn rotated(
+    view: &TensorView<'_>,
+    l: &hwz::LatticeParts<'_>,
+    x: &[f32],
+    batch: usize,
+) -> Result<Vec<f32>> {
+    let cols = view.cols() as usize;
+    let spr = l.symbols_per_row;
+    let rht = Rht::new(cols, l.params.tile, l.params.seed)
+        .map_err(|e| corrupt(view, format!("lattice transform: {e}")))?;
+    let mut xr = vec![0f32; batch * spr];
+    for (src, dst) in x
+        .chunks_exact(cols.max(1))
+        .zip(xr.chunks_exact_mut(spr.max(1)))
+    {
+        dst[..cols].copy_from_slice(src);
+        rht.forward(&mut dst[..cols]);
+    }
+    Ok(xr)
+}
+
+/// `yt` (`rows × batch`) cut into tiles of `tile_rows` rows, each with its first row.
+fn row_tiles(yt: &mut [f32], tile_rows: usize, batch: usize) -> Vec<(usize, &mut [f32])> {
+    yt.chunks_mut(tile_rows * batch)
+        .enumerate()
+        .map(|(i, c)| (i * tile_rows, c))
+        .collect()
+}
+
 /// Rows per GEMM tile: at most [`TILE_VALUES`] values, and at least two tiles per thread when
 /// the matrix has the rows for it (a small matrix is not left to one core).
 fn tile_rows_for(rows: usize, cols: usize) -> usize {
@@ -755,13 +783,7 @@ fn lattice_points_gemm(
         yt.fill(0.0);
         return Ok(());
     }
-    let rht = Rht::new(cols, p.tile, p.seed)
-        .map_err(|e| corrupt(view, format!("lattice transform: {e}")))?;
-    let mut xr = vec![0f32; batch * spr];
-    for (src, dst) in x.chunks_exact(cols).zip(xr.chunks_exact_mut(spr)) {
-        dst[..cols].copy_from_slice(src);
-        rht.forward(&mut dst[..cols]);
-    }
+    let mut xr = rotated(view, l, x, batch)?;
     let lat = p.lattice;
     let d = lat.dim();
     // 4-bit E8 in AVX2: points are written field-major per block of 8 words (see
@@ -781,11 +803,7 @@ fn lattice_points_gemm(
         }
     }
     let tile_rows = tile_rows_for(rows, spr);
-    let tasks: Vec<(usize, &mut [f32])> = yt
-        .chunks_mut(tile_rows * batch)
-        .enumerate()
-        .map(|(i, c)| (i * tile_rows, c))
-        .collect();
+    let tasks = row_tiles(yt, tile_rows, batch);
     let nw = spr / 8;
     tasks.into_par_iter().try_for_each_init(
         || (Vec::new(), Vec::new()),
@@ -852,21 +870,11 @@ fn lattice_coded_gemm(
         yt.fill(0.0);
         return Ok(());
     }
-    let rht = Rht::new(cols, p.tile, p.seed)
-        .map_err(|e| corrupt(view, format!("lattice transform: {e}")))?;
-    let mut xr = vec![0f32; batch * spr];
-    for (src, dst) in x.chunks_exact(cols).zip(xr.chunks_exact_mut(spr)) {
-        dst[..cols].copy_from_slice(src);
-        rht.forward(&mut dst[..cols]);
-    }
+    let xr = rotated(view, l, x, batch)?;
     let lat = p.lattice;
     let d = lat.dim();
     let tile_rows = tile_rows_for(rows, spr).max(chunk / spr);
-    let tasks: Vec<(usize, &mut [f32])> = yt
-        .chunks_mut(tile_rows * batch)
-        .enumerate()
-        .map(|(i, c)| (i * tile_rows, c))
-        .collect();
+    let tasks = row_tiles(yt, tile_rows, batch);
     tasks.into_par_iter().try_for_each_init(
         || (Vec::new(), Vec::new(), Vec::new()),
         |(w, syms, buf): &mut (Vec<f32>, Vec<u32>, Vec<u32>), (r0, out)| -> Result<()> {
@@ -1082,12 +1090,7 @@ fn lattice_gemv(
     let cols = view.cols() as usize;
     let spr = l.symbols_per_row;
     let p = &l.params;
-    // x' = RHT(x), zero-padded to whole words: ⟨RHT⁻¹(q), x⟩ = ⟨q, RHT(x)⟩ (the RHT is orthogonal).
-    let mut xr = vec![0f32; spr];
-    xr[..cols].copy_from_slice(x);
-    Rht::new(cols, p.tile, p.seed)
-        .map_err(|e| corrupt(view, format!("lattice transform: {e}")))?
-        .forward(&mut xr[..cols]);
+    let xr = rotated(view, l, x, 1)?;
     let lat = p.lattice;
     let e8 = (lat == Lattice::E8).then(|| E8Activation::new(&xr));
     let scale = |r: usize| l.scales[r] / p.alpha;
