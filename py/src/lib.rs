@@ -115,6 +115,52 @@ fn inspect_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     Ok(v.to_string())
 }
 
+/// Writes a safetensors file through the library's writer (names checked, sizes checked,
+/// written under a temporary name then renamed): `tensors` are `(name, dtype, shape, bytes)`
+/// with dtype `F32`, `F16` or `BF16` and little-endian bytes; `metadata` goes to
+/// `__metadata__`. This is how Python stages a state dict for the pipeline.
+#[pyfunction]
+#[pyo3(signature = (path, tensors, metadata=None))]
+fn write_safetensors(
+    py: Python<'_>,
+    path: PathBuf,
+    tensors: Vec<(String, String, Vec<u64>, pyo3::pybacked::PyBackedBytes)>,
+    metadata: Option<std::collections::BTreeMap<String, String>>,
+) -> PyResult<()> {
+    use hypercodec_hwz::FloatDtype;
+    use hypercodec_pipeline::safetensors_out::{self as st, OutTensor};
+    let out: Vec<OutTensor> = tensors
+        .iter()
+        .map(|(name, dtype, shape, _)| {
+            let dtype = match dtype.as_str() {
+                "F32" => Ok(FloatDtype::F32),
+                "F16" => Ok(FloatDtype::F16),
+                "BF16" => Ok(FloatDtype::Bf16),
+                other => Err(InvalidInputError::new_err(format!(
+                    "tensor `{name}`: dtype {other} is not F32, F16 or BF16"
+                ))),
+            }?;
+            Ok(OutTensor {
+                name: name.clone(),
+                shape: shape.clone(),
+                dtype,
+            })
+        })
+        .collect::<PyResult<_>>()?;
+    let meta = metadata.map(|m| {
+        m.into_iter()
+            .map(|(k, v)| (k, serde_json::Value::String(v)))
+            .collect()
+    });
+    py.detach(|| {
+        st::write_safetensors(&path, &out, meta, |i, buf| {
+            buf.extend_from_slice(&tensors[i].3);
+            Ok(())
+        })
+    })
+    .map_err(pipeline_err)
+}
+
 /// Sets the size of the one thread pool (call before any heavy work; `None`: one per core,
 /// or `$HYPERCODEC_THREADS`); returns the number of threads.
 #[pyfunction]
@@ -491,6 +537,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
+    m.add_function(wrap_pyfunction!(write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;
     m.add_function(wrap_pyfunction!(lattice_alpha, m)?)?;
     m.add_function(wrap_pyfunction!(lattice_predict, m)?)?;

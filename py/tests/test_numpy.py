@@ -100,6 +100,11 @@ def test_errors_are_typed(tmp_path):
         hypercodec.Archive(str(bad))
     with pytest.raises(hypercodec.InvalidInputError):
         hypercodec.save({"w": gaussian((8, 8))}, tmp_path / "x.hwz", bps=-1, encoding="lattice")
+    # Names safetensors cannot hold are refused by the library's writer, and nothing is left.
+    with pytest.raises(hypercodec.HypercodecError):
+        hypercodec.save({"__metadata__": gaussian((8, 8))}, tmp_path / "meta.hwz")
+    assert not (tmp_path / "meta.hwz").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".safetensors"] == []
     nan = gaussian((8, 64))
     nan[3, 3] = np.nan
     with pytest.raises(hypercodec.HypercodecError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -52,26 +51,15 @@ def _to_buffer(name: str, value: Any) -> tuple[str, tuple[int, ...], bytes]:
 
 
 def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> None:
-    """A minimal safetensors writer (8-byte little-endian header length, JSON header, data);
-    ``metadata`` (strings) goes to ``__metadata__``, which the archive keeps as its
-    ``safetensors`` metadata."""
-    header: dict[str, Any] = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    blobs = []
-    offset = 0
+    """Stages ``state_dict`` as a safetensors file through the library's writer (names and
+    sizes checked, atomic rename); ``metadata`` (strings) goes to ``__metadata__``, which the
+    archive keeps as its ``safetensors`` metadata."""
+    tensors = []
     for name, value in state_dict.items():
         dtype, shape, data = _to_buffer(name, value)
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for b in blobs:
-            f.write(b)
+        tensors.append((name, dtype, list(shape), data))
+    meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
+    _native.write_safetensors(os.fspath(path), tensors, meta)
 
 
 def _flags(options: Mapping[str, Any]) -> list[str]:
