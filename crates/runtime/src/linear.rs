@@ -347,7 +347,7 @@ fn par_rows(
 
 impl Op {
     fn build(view: TensorView<'static>) -> Result<Op> {
-        let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+        let cols = view.cols() as usize;
         let kind = match view.parts_ref() {
             Parts::Raw { .. } => Kind::Dense,
             Parts::Affine { params, .. } => {
@@ -362,7 +362,7 @@ impl Op {
                 Kind::Affine {
                     glen,
                     gpr: cols.div_ceil(glen),
-                    fused: per > 0 && cols % per == 0 && glen % per == 0,
+                    fused: per > 0 && cols.is_multiple_of(per) && glen.is_multiple_of(per),
                 }
             }
             Parts::Lattice(l) => match l.symbols {
@@ -379,7 +379,6 @@ impl Op {
             Parts::Mixed { .. } | Parts::Exceptions { .. } => return Op::nested(view),
             _ => Kind::Tiles,
         };
-        let _ = rows;
         Ok(Op::Leaf {
             view: Box::new(view),
             kind,
@@ -389,14 +388,12 @@ impl Op {
     fn nested(view: TensorView<'static>) -> Result<Op> {
         let cols = view.cols() as usize;
         let name = view.name().to_string();
-        let rows = view.rows();
         match view.into_parts() {
-            Parts::Mixed { block_rows, parts } => {
-                let mut ops = Vec::with_capacity(parts.len());
-                for (i, p) in parts.into_iter().enumerate() {
-                    ops.push((p.rows() as usize, Op::build(p)?));
-                    debug_assert!(i as u64 * block_rows <= rows);
-                }
+            Parts::Mixed { parts, .. } => {
+                let ops = parts
+                    .into_iter()
+                    .map(|p| Ok((p.rows() as usize, Op::build(p)?)))
+                    .collect::<Result<_>>()?;
                 Ok(Op::Mixed { parts: ops })
             }
             Parts::Exceptions { base, exceptions } => {

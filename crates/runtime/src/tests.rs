@@ -519,9 +519,9 @@ fn a_codebook_index_past_the_prototypes_is_an_error() {
         *prototypes = 9;
     }
     let refs: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
-    let Ok(view) = TensorView::new("w", &t.encoding, &shape, &refs) else {
-        return; // rejected at validation: also fine
-    };
+    // Validation parses the codebook but leaves index ranges to the decoders: the operator
+    // meets the bad index at run time.
+    let view = TensorView::new("w", &t.encoding, &shape, &refs).unwrap();
     let op = CompressedLinear::new(view, None, &LoadOptions::default()).unwrap();
     let mut y = vec![0f32; 16];
     let err = op.forward(&x[..64], 1, &mut y);
