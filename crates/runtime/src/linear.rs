@@ -593,16 +593,8 @@ fn tiles(view: &TensorView<'_>, x: &[f32], batch: usize, yt: &mut [f32]) -> Resu
         yt.fill(0.0);
         return Ok(());
     }
-    let mut tile_rows = tile_rows_for(rows, cols);
-    // Entropy-coded symbols: a tile is at least a chunk's rows, so no chunk decodes twice.
-    if let Parts::Lattice(l) = view.parts_ref() {
-        let chunk = match &l.symbols {
-            Symbols::Rans(d) => d.chunk_symbols(),
-            Symbols::Rice(d) => d.chunk_symbols(),
-            Symbols::Fixed { .. } => 0,
-        };
-        tile_rows = tile_rows.max(chunk / l.symbols_per_row.max(1));
-    }
+    // Lattice tensors take their point GEMMs instead (tiles of them would be correct, slower).
+    let tile_rows = tile_rows_for(rows, cols);
     let tasks = row_tiles(yt, tile_rows, batch);
     tasks
         .into_par_iter()
@@ -771,7 +763,7 @@ fn lattice_points_gemm(
     yt: &mut [f32],
 ) -> Result<()> {
     let Symbols::Fixed { bits, packed } = &l.symbols else {
-        return tiles(view, x, batch, yt);
+        return lattice_coded_gemm(view, l, x, batch, yt);
     };
     let (rows, cols) = (view.rows() as usize, view.cols() as usize);
     let spr = l.symbols_per_row;
@@ -861,7 +853,7 @@ fn lattice_coded_gemm(
     let chunk = match &l.symbols {
         Symbols::Rans(d) => d.chunk_symbols(),
         Symbols::Rice(d) => d.chunk_symbols(),
-        Symbols::Fixed { .. } => return tiles(view, x, batch, yt),
+        Symbols::Fixed { .. } => return lattice_points_gemm(view, l, x, batch, yt),
     };
     if rows == 0 || cols == 0 || spr == 0 {
         yt.fill(0.0);
