@@ -6,7 +6,8 @@
 //! - `wasm-check` — builds the leaf codecs and hwz for `wasm32-unknown-unknown`.
 //! - `fuzz-build` — builds the fuzz targets on stable (running them needs nightly `cargo fuzz`).
 //! - `rss` — compresses a synthetic 100 M-parameter f32 model and checks peak memory.
-//! - `calibrate [--check]` — regenerates (or checks) the committed lattice calibration table.
+//! - `calibrate [--check]` — regenerates (or checks) the committed lattice calibration and
+//!   trellis scale tables.
 //! - `web` — builds the browser inspector into `web/dist` (wasm32 + wasm-bindgen-cli pinned to
 //!   the library's version, installed into `.tools/` once; wasm-opt from npm binaryen).
 //! - `web-test` — `web`, then the inspector's test in headless Chromium (Debian's `chromium`,
@@ -412,26 +413,23 @@ fn py() -> Result<(), String> {
 }
 
 fn calibrate(check: bool) -> Result<(), String> {
-    let mut c = cargo();
-    c.args([
-        "run",
-        "--release",
-        "-p",
-        "hypercodec-lattice",
-        "--example",
-        "calibrate",
-    ]);
-    if check {
-        c.args(["--", "--check"]);
-    }
-    run(
+    for (krate, what) in [
+        ("hypercodec-lattice", "lattice calibration table"),
+        ("hypercodec-trellis", "trellis scale table"),
+    ] {
+        let mut c = cargo();
+        c.args(["run", "--release", "-p", krate, "--example", "calibrate"]);
         if check {
-            "lattice calibration table is current"
+            c.args(["--", "--check"]);
+        }
+        let label = if check {
+            format!("{what} is current")
         } else {
-            "regenerate the lattice calibration table"
-        },
-        &mut c,
-    )
+            format!("regenerate the {what}")
+        };
+        run(&label, &mut c)?;
+    }
+    Ok(())
 }
 
 fn ci() -> Result<(), String> {

@@ -6,11 +6,14 @@
 //! pseudo-Gaussian function of the state ([`code_value`]: an affine map of the state modulo
 //! 2^32, then the sum of its four bytes — QTIP's "1MAD"), so decoding a value is a shift, a
 //! mask and a few integer operations, and any value decodes from the `L`-bit window that ends
-//! at its bits. The encoder is a Viterbi search over the 2^L states whose cost per value is
+//! at its bits (a value's state is the stream's `L`-bit window ending at its bits, read
+//! little-endian). The encoder is a Viterbi search over the 2^L states whose cost per value is
 //! O(2^L), not O(2^L·2^K): the states that share their predecessors (the same low `L − K`
-//! bits) share one minimum. Sequences are *tail-biting* — the state before the first value is
-//! made of the stream's last bits — so no start state is stored: a sequence of `n` values is
-//! exactly `n·K` bits.
+//! bits) share one minimum, and its argmin rides in the low bits of the costs (AVX2/AVX-512,
+//! bit-identical to the portable loops). Sequences are *tail-biting* — the state before the
+//! first value is made of the stream's last bits — so no start state is stored: a sequence of
+//! `n` values is exactly `n·K` bits. The default `L` is 16 ([`DEFAULT_L`]); the scale of each
+//! `(L, K)` is calibrated on Gaussian data ([`TrellisParams::default_scale`]).
 //!
 //! ```
 //! use hypercodec_trellis::{decode, encode, TrellisParams};
@@ -54,6 +57,14 @@ pub enum TrellisError {
         /// Its position.
         index: usize,
     },
+    /// A value index past the sequence's end.
+    #[error("value {index} of a sequence of {n}")]
+    Index {
+        /// The index asked for.
+        index: usize,
+        /// Values in the sequence.
+        n: usize,
+    },
     /// The bit stream does not have `n·K` bits (rounded up to bytes).
     #[error("{n} values at {k} bits need {expected} bytes, got {actual}")]
     Length {
@@ -74,7 +85,7 @@ pub type Result<T, E = TrellisError> = std::result::Result<T, E>;
 /// The parameters of a trellis code.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TrellisParams {
-    /// State bits `L` (8..=16). The encoder's work per value grows as 2^L. By default, 12.
+    /// State bits `L` (8..=16). The encoder's work per value grows as 2^L. By default, 16.
     pub l: u8,
     /// Bits per value `K` (1..=8, below `L`). By default, 2.
     pub k: u8,
@@ -83,25 +94,58 @@ pub struct TrellisParams {
     pub scale: f32,
 }
 
+/// The default state bits: the smallest `L` whose calibrated SNR is within 0.5 dB of the
+/// Gaussian bound at 2 to 4 bits (11.62 / 17.57 / 23.43 dB against 12.04 / 18.06 / 24.08).
+pub const DEFAULT_L: u8 = 16;
+
 impl Default for TrellisParams {
     fn default() -> Self {
-        TrellisParams {
-            l: 12,
-            k: 2,
-            scale: Self::default_scale(12, 2),
-        }
+        TrellisParams::new(DEFAULT_L, 2)
     }
 }
 
 impl TrellisParams {
-    /// The scale that minimizes the squared error on unit Gaussian input, measured offline
-    /// (`cargo run --release -p hypercodec-trellis --example scales 8 10 12`: a golden-section
-    /// search on 4096 values in sequences of 256); for other `(l, k)`, 1.0.
+    /// The reconstruction scale of `(l, k)` for unit-variance input: the fixed point of
+    /// encode-then-refit on Gaussian data (`src/scale_table.rs`, written by `cargo run
+    /// --release -p hypercodec-trellis --example calibrate`, checked in CI); 1.0 outside the
+    /// ranges.
     pub fn default_scale(l: u8, k: u8) -> f32 {
         SCALES
             .iter()
-            .find(|&&(a, b, _)| a == l && b == k)
-            .map_or(1.0, |&(_, _, s)| s)
+            .find(|&&(a, b, _, _)| a == l && b == k)
+            .map_or(1.0, |&(_, _, s, _)| s)
+    }
+
+    /// The SNR (dB) of `(l, k)` at its default scale on unit Gaussian data, as calibrated.
+    pub fn calibrated_snr_db(l: u8, k: u8) -> Option<f32> {
+        SCALES
+            .iter()
+            .find(|&&(a, b, _, _)| a == l && b == k)
+            .map(|&(_, _, _, snr)| snr)
+    }
+
+    /// The parameters of `(l, k)` at the calibrated scale.
+    pub fn new(l: u8, k: u8) -> Self {
+        TrellisParams {
+            l,
+            k,
+            scale: Self::default_scale(l, k),
+        }
+    }
+
+    /// The reconstruction of `state`: `scale · code_value(state)`, computed as `sum·c1 + c0`
+    /// from the code's byte sum (the form every decoder, scalar or vector, rounds alike).
+    #[inline(always)]
+    pub fn value(&self, state: u32) -> f32 {
+        let (c1, c0) = self.affine();
+        code_sum(state) as f32 * c1 + c0
+    }
+
+    /// `(c1, c0)` of [`TrellisParams::value`]: `c1 = scale / 147.8`, `c0 = −510·c1`.
+    #[inline(always)]
+    pub fn affine(&self) -> (f32, f32) {
+        let c1 = self.scale * CODE_SCALE;
+        (c1, -CODE_MEAN * c1)
     }
 
     fn check(&self, n: usize) -> Result<()> {
@@ -122,99 +166,163 @@ impl TrellisParams {
     }
 }
 
-/// Boundaries (low `L − K` bits) from the wrap-around lap tried as fixed starts, beside lap
-/// 1's end and start: each costs one Viterbi pass.
-const BOUNDARY_CANDIDATES: usize = 4;
+/// Values on each side of a sequence's boundary that the first (free) pass of the tail-biting
+/// search sees: survivor paths merge within a few `L/K` values, so the boundary it picks is
+/// the one a pass over the whole rotated sequence would pick, at a fraction of the cost.
+const BOUNDARY_WINDOW: usize = 64;
+
+fn boundary_window() -> usize {
+    std::env::var("TRELLIS_WINDOW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(BOUNDARY_WINDOW)
+}
 
 /// Up to this many possible boundaries (2^(L−K)), every one is tried.
 const EXHAUSTIVE_BOUNDARIES: usize = 64;
 
-/// Measured best scales `(L, K, scale)` for unit Gaussian input.
-const SCALES: &[(u8, u8, f32)] = &[
-    (8, 1, 0.8790),
-    (8, 2, 1.0619),
-    (8, 3, 1.1632),
-    (8, 4, 1.2007),
-    (10, 1, 0.8835),
-    (10, 2, 1.0375),
-    (10, 3, 1.1441),
-    (10, 4, 1.1941),
-    (12, 1, 0.8566),
-    (12, 2, 1.0087),
-    (12, 3, 1.0993),
-    (12, 4, 1.2145),
-];
+mod scale_table;
+use scale_table::SCALES;
 
 /// The pseudo-Gaussian value of a state: `x = 34038481·s + 76625530 (mod 2^32)`, then the sum
 /// of the four bytes of `x` minus their mean (510), divided by their standard deviation
 /// (√(4·(256²−1)/12) ≈ 147.8): approximately N(0, 1) over the states (QTIP's 1MAD code).
 #[inline(always)]
 pub fn code_value(state: u32) -> f32 {
-    let x = state.wrapping_mul(34_038_481).wrapping_add(76_625_530);
-    let s = (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24);
-    (s as f32 - 510.0) * (1.0 / 147.8019)
+    (code_sum(state) as f32 - CODE_MEAN) * CODE_SCALE
 }
 
+/// The byte sum (0..=1020) behind [`code_value`].
+#[inline(always)]
+pub fn code_sum(state: u32) -> u32 {
+    let x = state.wrapping_mul(34_038_481).wrapping_add(76_625_530);
+    (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24)
+}
+
+/// The mean of [`code_sum`] over uniform states.
+const CODE_MEAN: f32 = 510.0;
+/// One over the standard deviation of [`code_sum`] over uniform states.
+const CODE_SCALE: f32 = 1.0 / 147.8019;
+
 /// Encodes `x` (about unit variance) into `x.len()·K` bits, LSB-first, by a tail-biting
-/// Viterbi search (two passes: the first finds the best path from any start, the second
-/// fixes the start to the bits that path ends with).
+/// Viterbi search in two passes (QTIP's approximation): the first, from any start, runs over
+/// `x` rotated by half its length, so the path it finds crosses the sequence's boundary in
+/// its middle; the second fixes the start of `x` to the `L − K` bits that path holds at the
+/// boundary and keeps only the ends that agree. When there are at most 64 possible boundaries
+/// (`L − K ≤ 6`), every one is tried instead (the exact tail-biting optimum).
 pub fn encode(x: &[f32], p: &TrellisParams) -> Result<Vec<u8>> {
-    p.check(x.len())?;
-    if let Some(index) = x.iter().position(|v| !v.is_finite()) {
-        return Err(TrellisError::NonFinite { index });
+    let mut out = vec![0u8; (x.len() * p.k as usize).div_ceil(8)];
+    Encoder::new(p)?.encode_into(x, &mut out)?;
+    Ok(out)
+}
+
+/// A reusable encoder: the code table of `(L, K, scale)` and the Viterbi buffers, kept across
+/// sequences (building the table costs 2^L code evaluations).
+pub struct Encoder {
+    p: TrellisParams,
+    /// `code_sum(reverse_L(s))`: the Viterbi indexes states with the newest bits lowest.
+    sums: Vec<u16>,
+    viterbi: Viterbi,
+    step: StepFn,
+}
+
+impl Encoder {
+    /// The encoder of `p`.
+    pub fn new(p: &TrellisParams) -> Result<Self> {
+        p.check((p.l as usize).div_ceil(p.k.max(1) as usize))?;
+        let (l, k) = (p.l as u32, p.k as u32);
+        let states = 1usize << l;
+        let groups = 1usize << (l - k);
+        let sums = (0..states as u32)
+            .map(|s| code_sum(s.reverse_bits() >> (32 - l)) as u16)
+            .collect();
+        Ok(Encoder {
+            p: *p,
+            sums,
+            viterbi: Viterbi::new(states, groups, 0),
+            step: step_fn(groups),
+        })
     }
-    let (l, k) = (p.l as u32, p.k as u32);
-    let states = 1usize << l;
-    let low_bits = l - k;
-    let low_mask = (1u32 << low_bits) - 1;
-    let values: Vec<f32> = (0..states as u32)
-        .map(|s| p.scale * code_value(s))
-        .collect();
-    let mut viterbi = Viterbi::new(states, 1usize << low_bits, x.len());
-    // Lap 1: any start. Lap 2 (wrap-around Viterbi): the pre-states start with lap 1's final
-    // metrics, so its survivors have seen the sequence's end before its start — its best end
-    // is a good guess of where a circular path crosses the boundary. Then, for each candidate
-    // boundary (lap 2's end, lap 1's end, lap 1's start), a pass with the start fixed and only
-    // the agreeing ends allowed gives a true tail-biting path; the cheapest wins.
-    let (end1, _) = viterbi.run(x, &values, k, low_bits, Start::Free);
-    let (_, pre1) = viterbi.traceback(end1, k, low_bits);
-    viterbi.run(x, &values, k, low_bits, Start::Carry);
-    // Lap 2's cheapest ends, by distinct low bits (the boundary they imply).
-    let mut ends: Vec<(f32, u32)> = viterbi
-        .cost
-        .iter()
-        .enumerate()
-        .map(|(s, &c)| (c, s as u32 & low_mask))
-        .collect();
-    ends.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut candidates: Vec<u32> = Vec::new();
-    for (_, low) in ends {
-        if !candidates.contains(&low) {
-            candidates.push(low);
+
+    /// Encodes `x` into `out`, which must hold exactly `ceil(x.len()·K / 8)` bytes (spare bits
+    /// of the last byte are zero).
+    pub fn encode_into(&mut self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        let p = self.p;
+        p.check(x.len())?;
+        let expected = (x.len() * p.k as usize).div_ceil(8);
+        if out.len() != expected {
+            return Err(TrellisError::Length {
+                n: x.len(),
+                k: p.k,
+                expected,
+                actual: out.len(),
+            });
         }
-        if candidates.len() == BOUNDARY_CANDIDATES {
-            break;
+        if let Some(index) = x.iter().position(|v| !v.is_finite()) {
+            return Err(TrellisError::NonFinite { index });
         }
+        let (l, k) = (p.l as u32, p.k as u32);
+        let low_bits = l - k;
+        let low_mask = (1u32 << low_bits) - 1;
+        let n = x.len();
+        let vt = &mut self.viterbi;
+        let ks = if (low_mask as usize) < EXHAUSTIVE_BOUNDARIES {
+            let mut best: Option<(f64, Vec<u32>)> = None;
+            for start in 0..=low_mask {
+                let (e, cost) = vt.run(
+                    x,
+                    &self.sums,
+                    p.scale,
+                    k,
+                    low_bits,
+                    Start::Fixed(start),
+                    self.step,
+                );
+                if best.as_ref().is_none_or(|(c, _)| cost < *c) {
+                    best = Some((cost, vt.traceback(e, k, low_bits).0));
+                }
+            }
+            best.map(|(_, ks)| ks).unwrap_or_default()
+        } else {
+            // The values around the boundary, x's end then its start (all of x, rotated by
+            // half, when it is short).
+            let w = boundary_window();
+            let (rotated, before): (Vec<f32>, usize) = if n > 2 * w {
+                (x[n - w..].iter().chain(&x[..w]).copied().collect(), w)
+            } else {
+                let h = n / 2;
+                (x[h..].iter().chain(&x[..h]).copied().collect(), n - h)
+            };
+            let (e, _) = vt.run(
+                &rotated,
+                &self.sums,
+                p.scale,
+                k,
+                low_bits,
+                Start::Free,
+                self.step,
+            );
+            let (ks, pre) = vt.traceback(e, k, low_bits);
+            // The state after x's last value.
+            let mask = (1u32 << l) - 1;
+            let boundary = ks[..before]
+                .iter()
+                .fold(pre, |s, &sym| ((s << k) | sym) & mask)
+                & low_mask;
+            let (e, _) = vt.run(
+                x,
+                &self.sums,
+                p.scale,
+                k,
+                low_bits,
+                Start::Fixed(boundary),
+                self.step,
+            );
+            vt.traceback(e, k, low_bits).0
+        };
+        pack_into(&ks, k, out);
+        Ok(())
     }
-    candidates.extend([end1 & low_mask, pre1 & low_mask]);
-    if (low_mask as usize) < EXHAUSTIVE_BOUNDARIES {
-        // Few boundaries: try them all (the exact tail-biting optimum).
-        candidates = (0..=low_mask).collect();
-    }
-    let mut best: Option<(f32, Vec<u32>)> = None;
-    let mut tried = Vec::new();
-    for start in candidates {
-        if tried.contains(&start) {
-            continue;
-        }
-        tried.push(start);
-        let (e, cost) = viterbi.run(x, &values, k, low_bits, Start::Fixed(start));
-        if best.as_ref().is_none_or(|(c, _)| cost < *c) {
-            best = Some((cost, viterbi.traceback(e, k, low_bits).0));
-        }
-    }
-    let ks = best.map(|(_, ks)| ks).unwrap_or_default();
-    Ok(pack(&ks, k))
 }
 
 /// Decodes `n` values from `bits` (what [`encode`] wrote for them).
@@ -224,14 +332,58 @@ pub fn decode(bits: &[u8], n: usize, p: &TrellisParams) -> Result<Vec<f32>> {
     Ok(out)
 }
 
+/// The state of value `i` of a stream of `total` bits whose first `l` bits' window would start
+/// before bit 0: the `L` bits of the circular stream that end with value `i`'s bits, read as
+/// a little-endian integer (the oldest bit lowest).
+#[inline]
+fn wrapped_state(bits: &[u8], total: usize, l: usize, end: usize) -> u32 {
+    let mut state = 0u32;
+    for j in 0..l {
+        let pos = (end + total * 2 - l + j) % total;
+        state |= (((bits[pos / 8] >> (pos % 8)) & 1) as u32) << j;
+    }
+    state
+}
+
+/// The `L`-bit window of `bits` that starts at bit `start` (the stream holds bits up to
+/// `start + L`), as a little-endian integer.
+#[inline(always)]
+fn window(bits: &[u8], start: usize, l: u32) -> u32 {
+    let byte = start / 8;
+    let mut w = [0u8; 4];
+    let avail = (bits.len() - byte).min(4);
+    w[..avail].copy_from_slice(&bits[byte..byte + avail]);
+    (u32::from_le_bytes(w) >> (start % 8)) & ((1u32 << l) - 1)
+}
+
 /// [`decode`] into `out`: value `i` is `scale · code_value(state_i)`, `state_i` the `L` bits of
-/// the (circular) stream that end with value `i`'s `K` bits.
+/// the (circular) stream that end with value `i`'s `K` bits, read as a little-endian integer.
 pub fn decode_into(bits: &[u8], p: &TrellisParams, out: &mut [f32]) -> Result<()> {
     let n = out.len();
-    p.check(n)?;
+    check_stream(bits, n, p)?;
     let (l, k) = (p.l as usize, p.k as usize);
     let total = n * k;
-    let expected = total.div_ceil(8);
+    // Values whose window wraps around the stream's start.
+    let first = (l - k).div_ceil(k).min(n);
+    for (i, o) in out[..first].iter_mut().enumerate() {
+        *o = p.value(wrapped_state(bits, total, l, i * k + k));
+    }
+    let mut i = first;
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA; `bits` holds `n·K` bits and `first` is past the
+        // wrapped windows (checked above).
+        i = unsafe { x86::decode_windows(bits, p, first, out) };
+    }
+    for (i, o) in out.iter_mut().enumerate().skip(i) {
+        *o = p.value(window(bits, i * k + k - l, l as u32));
+    }
+    Ok(())
+}
+
+fn check_stream(bits: &[u8], n: usize, p: &TrellisParams) -> Result<()> {
+    p.check(n)?;
+    let expected = (n * p.k as usize).div_ceil(8);
     if bits.len() != expected {
         return Err(TrellisError::Length {
             n,
@@ -240,50 +392,31 @@ pub fn decode_into(bits: &[u8], p: &TrellisParams, out: &mut [f32]) -> Result<()
             actual: bits.len(),
         });
     }
-    let bit = |i: usize| -> u32 { ((bits[i / 8] >> (i % 8)) & 1) as u32 };
-    // The state before value 0: the stream's last L − K bits, oldest first (tail-biting).
-    let mask = (1u32 << l) - 1;
-    let mut state = 0u32;
-    for i in total - (l - k)..total {
-        state = (state << 1) | bit(i);
-    }
-    for (i, o) in out.iter_mut().enumerate() {
-        for b in 0..k {
-            state = ((state << 1) | bit(i * k + b)) & mask;
-        }
-        *o = p.scale * code_value(state);
-    }
     Ok(())
 }
 
 /// Value `i` alone of a sequence of `n` values: the `L`-bit window of the circular stream that
 /// ends with its bits (random access; equals `decode(bits, n, p)[i]`).
 pub fn value_at(bits: &[u8], n: usize, p: &TrellisParams, i: usize) -> Result<f32> {
-    p.check(n)?;
+    check_stream(bits, n, p)?;
+    if i >= n {
+        return Err(TrellisError::Index { index: i, n });
+    }
     let (l, k) = (p.l as usize, p.k as usize);
-    let total = n * k;
-    if bits.len() != total.div_ceil(8) || i >= n {
-        return Err(TrellisError::Length {
-            n,
-            k: p.k,
-            expected: total.div_ceil(8),
-            actual: bits.len(),
-        });
-    }
-    let end = i * k + k; // one past value i's last bit
-    let mut state = 0u32;
-    for j in 0..l {
-        let pos = (end + total * 2 - l + j) % total;
-        state = (state << 1) | ((bits[pos / 8] >> (pos % 8)) & 1) as u32;
-    }
-    Ok(p.scale * code_value(state))
+    let end = i * k + k;
+    let state = if end >= l {
+        window(bits, end - l, l as u32)
+    } else {
+        wrapped_state(bits, n * k, l, end)
+    };
+    Ok(p.value(state))
 }
 
-/// Packs the `K`-bit symbols, each most significant bit first, into an LSB-first stream (so
-/// the stream read bit by bit shifts each symbol into the state in order).
-fn pack(ks: &[u32], k: u32) -> Vec<u8> {
-    let total = ks.len() * k as usize;
-    let mut out = vec![0u8; total.div_ceil(8)];
+/// Packs the `K`-bit symbols of the Viterbi (whose state keeps the newest bits lowest), each
+/// most significant bit first, into an LSB-first stream: so the stream's `L`-bit window read
+/// little-endian is the bit reversal of the Viterbi's state.
+fn pack_into(ks: &[u32], k: u32, out: &mut [u8]) {
+    out.iter_mut().for_each(|b| *b = 0);
     let mut pos = 0;
     for &v in ks {
         for b in (0..k).rev() {
@@ -293,72 +426,322 @@ fn pack(ks: &[u32], k: u32) -> Vec<u8> {
             pos += 1;
         }
     }
-    out
 }
 
-/// One Viterbi step: `best[j]` = the minimum over the 2^K predecessors `(t << (L−K)) | j`
-/// of `cost` (their `t` in `back`), then `next[s'] = best[s' >> K] + (x − v(s'))²`. Compiled
-/// for AVX2 too and chosen at run time on x86-64 (the loops are branch-free so they vectorize).
-fn step(
-    cost: &[f32],
-    best: &mut [f32],
-    back: &mut [u8],
-    next: &mut [f32],
-    values: &[f32],
-    xi: f32,
-    k: u32,
-) {
-    #[inline(always)]
-    fn imp(
-        cost: &[f32],
-        best: &mut [f32],
-        back: &mut [u8],
-        next: &mut [f32],
-        values: &[f32],
-        xi: f32,
-        k: u32,
-    ) {
-        let groups = best.len();
-        let fan = 1usize << k;
-        best.copy_from_slice(&cost[..groups]);
-        back.iter_mut().for_each(|b| *b = 0);
-        for t in 1..fan {
-            let block = &cost[t * groups..(t + 1) * groups];
-            for ((b, bk), &c) in best.iter_mut().zip(back.iter_mut()).zip(block) {
-                let take = c < *b;
-                *b = if take { c } else { *b };
-                *bk = if take { t as u8 } else { *bk };
-            }
-        }
-        // The squared errors over every state first (one flat loop), then each group's best.
-        for (n, &v) in next.iter_mut().zip(values) {
-            let d = xi - v;
-            *n = d * d;
-        }
-        for (ns, &b) in next.chunks_exact_mut(fan).zip(best.iter()) {
-            ns.iter_mut().for_each(|n| *n += b);
-        }
-    }
+/// One Viterbi step over tagged costs. A cost is the bit pattern of a non-negative `f32` whose
+/// low `K` bits are replaced by a *tag*: the top `K` bits of its state, i.e. which of the 2^K
+/// predecessors of its successors it is. The minimum over a group of predecessors
+/// `(t << (L−K)) | j`, taken on the bit patterns (which order like the floats), so carries its
+/// argmin in its low bits: `back[j]` = that `t`. Then `next[s'] = tag(best[s' >> K] − sub +
+/// (x − v(s'))²)`; the return value is the smallest `best` (tagged). `next` is at least that,
+/// less `sub`: the caller subtracts the difference, less one, in the following step, so the
+/// costs stay small (≥ 1) and their lost `K` bits of precision far below one value's squared
+/// error.
+type StepFn = unsafe fn(&[u32], &mut [u8], &mut [u32], &[u16], Point, u32, f32) -> u32;
+
+/// The value being coded, as the step sees it: the squared error of state `s` is
+/// `(xc − sum(s)·c1)²` (one fused multiply-add), `sum(s)` its code's byte sum ([`code_sum`]),
+/// `c1 = scale / 147.8`, `xc = x + 510·c1`.
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    xc: f32,
+    c1: f32,
+}
+
+/// A finite stand-in for an infinite cost (tagging the bits of infinity would make a NaN).
+const FORBIDDEN: f32 = 1e30;
+
+/// The fastest step this CPU runs for `groups` predecessor groups: AVX-512 (16 groups at a
+/// time), AVX2 (8), or the portable loops.
+fn step_fn(groups: usize) -> StepFn {
     #[cfg(target_arch = "x86_64")]
     {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(
-            cost: &[f32],
-            best: &mut [f32],
-            back: &mut [u8],
-            next: &mut [f32],
-            values: &[f32],
-            xi: f32,
-            k: u32,
-        ) {
-            imp(cost, best, back, next, values, xi, k)
+        if groups >= 16
+            && std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::env::var_os("HYPERCODEC_NO_AVX512").is_none()
+        {
+            return x86::step512;
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            return unsafe { avx2(cost, best, back, next, values, xi, k) };
+        if groups >= 8
+            && std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+        {
+            return x86::step_avx2;
         }
     }
-    imp(cost, best, back, next, values, xi, k)
+    step_portable
+}
+
+/// The tag of state `s` (its top `K` bits) on the cost `c`.
+#[inline(always)]
+fn tagged(c: f32, s: usize, k: u32, top: u32) -> u32 {
+    (c.to_bits() & !((1u32 << k) - 1)) | (s >> top) as u32
+}
+
+/// The portable step (also the reference the SIMD steps are tested against).
+///
+/// # Safety
+/// None needed; `unsafe` only to share [`StepFn`]'s type.
+unsafe fn step_portable(
+    cost: &[u32],
+    back: &mut [u8],
+    next: &mut [u32],
+    sums: &[u16],
+    x: Point,
+    k: u32,
+    sub: f32,
+) -> u32 {
+    let groups = back.len();
+    let fan = 1usize << k;
+    let tm = (fan - 1) as u32;
+    let top = (groups * fan).trailing_zeros() - k;
+    let mut low = u32::MAX;
+    for j in 0..groups {
+        let m = (0..fan)
+            .map(|t| cost[t * groups + j])
+            .min()
+            .unwrap_or(u32::MAX);
+        back[j] = (m & tm) as u8;
+        low = low.min(m);
+        let b = f32::from_bits(m & !tm) - sub;
+        for q in 0..fan {
+            let s = j * fan + q;
+            let d = (-(sums[s] as f32)).mul_add(x.c1, x.xc);
+            next[s] = tagged(d.mul_add(d, b), s, k, top);
+        }
+    }
+    low
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The Viterbi step in AVX2 and AVX-512: per block of 8 (16) predecessor groups, the
+    //! unsigned minimum over the 2^K slabs of tagged costs (the argmin rides in the tag), then
+    //! the block's 8·2^K (16·2^K) successor costs, each vector's group minima spread by a lane
+    //! permutation, tagged and stored.
+    use std::arch::x86_64::*;
+
+    /// Decodes values `first..` of a sequence (their windows do not wrap) eight at a time:
+    /// each lane gathers the 4 bytes that hold its window, shifts and masks it, and computes
+    /// the 1MAD code (a multiply, then the byte sum by two multiply-adds). Returns where it
+    /// stopped (the last values, whose 4 bytes would pass the stream's end, are left).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `bits` holds at least `out.len()·K` bits and
+    /// `first·K + K ≥ L`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn decode_windows(
+        bits: &[u8],
+        p: &super::TrellisParams,
+        first: usize,
+        out: &mut [f32],
+    ) -> usize {
+        let (l, k) = (p.l as usize, p.k as usize);
+        let n = out.len();
+        let mask = _mm256_set1_epi32(((1u32 << l) - 1) as i32);
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mul = _mm256_set1_epi32(34_038_481);
+        let add = _mm256_set1_epi32(76_625_530);
+        let ones8 = _mm256_set1_epi8(1);
+        let ones16 = _mm256_set1_epi16(1);
+        let (c1, c0) = p.affine();
+        let (c1, c0) = (_mm256_set1_ps(c1), _mm256_set1_ps(c0));
+        let seven = _mm256_set1_epi32(7);
+        let ki = _mm256_set1_epi32(k as i32);
+        let mut i = first;
+        // Value i's window starts at bit (i + 1)·K − L; lane j's 4 bytes end before
+        // ((i + j + 1)·K − L) / 8 + 4, which must be ≤ bits.len().
+        while i + 8 <= n && ((i + 8) * k - l) / 8 + 4 <= bits.len() {
+            let start = _mm256_add_epi32(
+                _mm256_set1_epi32(((i + 1) * k - l) as i32),
+                _mm256_mullo_epi32(lanes, ki),
+            );
+            let byte = _mm256_srli_epi32::<3>(start);
+            // SAFETY: every lane's 4 bytes lie in `bits` (the loop condition).
+            let w = unsafe { _mm256_i32gather_epi32::<1>(bits.as_ptr() as *const i32, byte) };
+            let state =
+                _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_and_si256(start, seven)), mask);
+            let x = _mm256_add_epi32(_mm256_mullo_epi32(state, mul), add);
+            let sum = _mm256_madd_epi16(_mm256_maddubs_epi16(x, ones8), ones16);
+            // Multiply, then add: the rounding of TrellisParams::value.
+            let v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), c1), c0);
+            // SAFETY: i + 8 ≤ n.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(i), v) };
+            i += 8;
+        }
+        i
+    }
+
+    /// Lane permutations kept in registers (every one up to K = 4).
+    const SELS: usize = 16;
+
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `back.len()` (the groups) ≥ 8 and a power of two;
+    /// `cost`, `next`, `values` of `groups << k` values.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn step_avx2(
+        cost: &[u32],
+        back: &mut [u8],
+        next: &mut [u32],
+        sums: &[u16],
+        x: super::Point,
+        k: u32,
+        sub: f32,
+    ) -> u32 {
+        let groups = back.len();
+        let fan = 1usize << k;
+        assert!(groups >= 8 && cost.len() == groups * fan && next.len() == cost.len());
+        assert!(sums.len() == cost.len());
+        let top = (groups * fan).trailing_zeros() - k;
+        let xv = _mm256_set1_ps(x.xc);
+        let c1 = _mm256_set1_ps(x.c1);
+        let subv = _mm256_set1_ps(sub);
+        let tm = _mm256_set1_epi32((fan - 1) as i32);
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let shift = _mm_cvtsi32_si128(k as i32);
+        let c = cost.as_ptr() as *const __m256i;
+        let v = sums.as_ptr();
+        let nx = next.as_mut_ptr() as *mut __m256i;
+        let mut low = _mm256_set1_epi32(-1);
+        // The lane permutations of the first vectors of a block, and whether a block's
+        // successors share one tag (8·2^K states within one slab of 2^(L−K)).
+        let mut sels = [_mm256_setzero_si256(); SELS];
+        for (q, sel) in sels.iter_mut().enumerate().take(fan) {
+            *sel = _mm256_srl_epi32(
+                _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * q as i32)),
+                shift,
+            );
+        }
+        let one_tag = 8 * fan <= groups;
+        // SAFETY (all loads and stores): j0 + 8 ≤ groups, t < fan, q < fan, so every index is
+        // below groups·fan, the length of cost, values and next (asserted above).
+        unsafe {
+            for j0 in (0..groups).step_by(8) {
+                let mut m = _mm256_loadu_si256(c.byte_add(4 * j0));
+                for t in 1..fan {
+                    m = _mm256_min_epu32(m, _mm256_loadu_si256(c.byte_add(4 * (t * groups + j0))));
+                }
+                let idx = _mm256_and_si256(m, tm);
+                let p = _mm256_packus_epi32(idx, idx);
+                let p = _mm256_packus_epi16(p, p);
+                let lo = _mm_cvtsi128_si32(_mm256_castsi256_si128(p)) as u32 as u64;
+                let hi = _mm_cvtsi128_si32(_mm256_extracti128_si256::<1>(p)) as u32 as u64;
+                back[j0..j0 + 8].copy_from_slice(&(lo | hi << 32).to_le_bytes());
+                low = _mm256_min_epu32(low, m);
+                let b = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_andnot_si256(tm, m)), subv);
+                let base = j0 * fan;
+                let block_tag = _mm256_set1_epi32((base >> top) as i32);
+                #[allow(clippy::needless_range_loop)] // q also offsets the states
+                for q in 0..fan {
+                    let sel = if q < SELS {
+                        sels[q]
+                    } else {
+                        _mm256_srl_epi32(
+                            _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * q as i32)),
+                            shift,
+                        )
+                    };
+                    let bq = _mm256_permutevar8x32_ps(b, sel);
+                    let sum =
+                        _mm256_cvtepu16_epi32(_mm_loadu_si128(v.add(base + 8 * q) as *const _));
+                    let d = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(sum), c1, xv);
+                    let n = _mm256_castps_si256(_mm256_fmadd_ps(d, d, bq));
+                    let tag = if one_tag {
+                        block_tag
+                    } else {
+                        _mm256_set1_epi32(((base + 8 * q) >> top) as i32)
+                    };
+                    let n = _mm256_or_si256(_mm256_andnot_si256(tm, n), tag);
+                    _mm256_storeu_si256(nx.byte_add(4 * (base + 8 * q)), n);
+                }
+            }
+        }
+        let mut lanes_out = [0u32; 8];
+        // SAFETY: 8 lanes into 8 u32.
+        unsafe { _mm256_storeu_si256(lanes_out.as_mut_ptr() as *mut __m256i, low) };
+        lanes_out.into_iter().min().unwrap_or(u32::MAX)
+    }
+
+    /// # Safety
+    /// As [`step_avx2`], with AVX-512 F and BW and at least 16 groups.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    pub(super) unsafe fn step512(
+        cost: &[u32],
+        back: &mut [u8],
+        next: &mut [u32],
+        sums: &[u16],
+        x: super::Point,
+        k: u32,
+        sub: f32,
+    ) -> u32 {
+        let groups = back.len();
+        let fan = 1usize << k;
+        assert!(groups >= 16 && cost.len() == groups * fan && next.len() == cost.len());
+        assert!(sums.len() == cost.len());
+        let top = (groups * fan).trailing_zeros() - k;
+        let xv = _mm512_set1_ps(x.xc);
+        let c1 = _mm512_set1_ps(x.c1);
+        let subv = _mm512_set1_ps(sub);
+        let tm = _mm512_set1_epi32((fan - 1) as i32);
+        let keep = _mm512_set1_epi32(!((fan - 1) as u32) as i32);
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let shift = _mm_cvtsi32_si128(k as i32);
+        let c = cost.as_ptr();
+        let v = sums.as_ptr();
+        let nx = next.as_mut_ptr();
+        let mut low = _mm512_set1_epi32(-1);
+        let mut sels = [_mm512_setzero_si512(); SELS];
+        for (q, sel) in sels.iter_mut().enumerate().take(fan) {
+            *sel = _mm512_srl_epi32(
+                _mm512_add_epi32(lanes, _mm512_set1_epi32(16 * q as i32)),
+                shift,
+            );
+        }
+        let one_tag = 16 * fan <= groups;
+        // SAFETY: as in step_avx2, with blocks of 16 groups.
+        unsafe {
+            for j0 in (0..groups).step_by(16) {
+                let mut m = _mm512_loadu_si512(c.add(j0) as *const _);
+                for t in 1..fan {
+                    m = _mm512_min_epu32(m, _mm512_loadu_si512(c.add(t * groups + j0) as *const _));
+                }
+                _mm_storeu_si128(
+                    back.as_mut_ptr().add(j0) as *mut __m128i,
+                    _mm512_cvtepi32_epi8(_mm512_and_si512(m, tm)),
+                );
+                low = _mm512_min_epu32(low, m);
+                let b = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_and_si512(m, keep)), subv);
+                let base = j0 * fan;
+                let block_tag = _mm512_set1_epi32((base >> top) as i32);
+                #[allow(clippy::needless_range_loop)] // q also offsets the states
+                for q in 0..fan {
+                    let sel = if q < SELS {
+                        sels[q]
+                    } else {
+                        _mm512_srl_epi32(
+                            _mm512_add_epi32(lanes, _mm512_set1_epi32(16 * q as i32)),
+                            shift,
+                        )
+                    };
+                    let bq = _mm512_permutexvar_ps(sel, b);
+                    let sum =
+                        _mm512_cvtepu16_epi32(_mm256_loadu_si256(v.add(base + 16 * q) as *const _));
+                    let d = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sum), c1, xv);
+                    let n = _mm512_castps_si512(_mm512_fmadd_ps(d, d, bq));
+                    let tag = if one_tag {
+                        block_tag
+                    } else {
+                        _mm512_set1_epi32(((base + 16 * q) >> top) as i32)
+                    };
+                    // (n & keep) | tag
+                    let n = _mm512_ternarylogic_epi32::<0xEA>(n, keep, tag);
+                    _mm512_storeu_si512(nx.add(base + 16 * q) as *mut _, n);
+                }
+            }
+        }
+        _mm512_reduce_min_epu32(low)
+    }
 }
 
 /// How a Viterbi pass starts.
@@ -366,17 +749,15 @@ fn step(
 enum Start {
     /// Every pre-state at cost 0.
     Free,
-    /// The pre-states' costs are the previous pass's final costs (wrap-around).
-    Carry,
     /// Only pre-states with these low `L − K` bits; only ends with them count.
     Fixed(u32),
 }
 
 /// The Viterbi search's buffers, reused across its passes.
 struct Viterbi {
-    cost: Vec<f32>,
-    next: Vec<f32>,
-    best: Vec<f32>,
+    /// Tagged costs of the states (see [`StepFn`]).
+    cost: Vec<u32>,
+    next: Vec<u32>,
     /// Per value, per group of predecessors (their common low bits): the top `K` bits of the
     /// cheapest one.
     back: Vec<u8>,
@@ -386,69 +767,70 @@ struct Viterbi {
 impl Viterbi {
     fn new(states: usize, groups: usize, n: usize) -> Self {
         Viterbi {
-            cost: vec![0.0; states],
-            next: vec![0.0; states],
-            best: vec![0.0; groups],
+            cost: vec![0; states],
+            next: vec![0; states],
             back: vec![0; groups * n],
             groups,
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     /// One pass; returns the cheapest final state (among those whose low bits equal `start`
-    /// when the start is fixed) and its cost.
+    /// when the start is fixed) and its cost (to the precision of the tags).
     fn run(
         &mut self,
         x: &[f32],
-        values: &[f32],
+        sums: &[u16],
+        scale: f32,
         k: u32,
         low_bits: u32,
         start: Start,
-    ) -> (u32, f32) {
+        step: StepFn,
+    ) -> (u32, f64) {
         let groups = self.groups;
-        let fan = 1usize << k;
-        // Before value 0: the pre-state's low bits are free, carried over from the last pass's
-        // final metrics, or fixed.
-        match start {
-            Start::Free => self.cost.iter_mut().for_each(|c| *c = 0.0),
-            Start::Carry => {
-                let min = self.cost.iter().copied().fold(f32::INFINITY, f32::min);
-                self.cost.iter_mut().for_each(|c| *c -= min);
-            }
-            Start::Fixed(s) => {
-                self.cost.iter_mut().for_each(|c| *c = f32::INFINITY);
-                // Any top bits: only the low L − K bits of the pre-state are in the window.
-                for t in 0..fan {
-                    self.cost[(t << low_bits) | s as usize] = 0.0;
-                }
-            }
+        let top = low_bits;
+        // Before value 0: every pre-state at cost 1 (the floor the renormalization keeps), or
+        // only those whose low L − K bits are fixed (the top bits are outside the window).
+        let low_mask = (1usize << low_bits) - 1;
+        for (s, c) in self.cost.iter_mut().enumerate() {
+            let allowed = match start {
+                Start::Free => true,
+                Start::Fixed(b) => s & low_mask == b as usize,
+            };
+            *c = tagged(if allowed { 1.0 } else { FORBIDDEN }, s, k, top);
         }
+        let keep = !((1u32 << k) - 1);
+        let mut sub = 0f32;
+        let mut offset = 0f64;
+        self.back.resize(groups * x.len(), 0);
         for (i, &xi) in x.iter().enumerate() {
             let back = &mut self.back[i * groups..(i + 1) * groups];
-            step(
-                &self.cost,
-                &mut self.best,
-                back,
-                &mut self.next,
-                values,
-                xi,
-                k,
-            );
+            // SAFETY: `step` was chosen for this CPU and this many groups (`step_fn`); the
+            // buffers have the lengths it needs (2^L states, 2^(L−K) groups).
+            let c1 = scale * CODE_SCALE;
+            let point = Point {
+                xc: xi + CODE_MEAN * c1,
+                c1,
+            };
+            let low = unsafe { step(&self.cost, back, &mut self.next, sums, point, k, sub) };
+            offset += sub as f64;
+            // Every new cost is at least `low − sub`: the next step lowers them to ≥ 1.
+            sub = (f32::from_bits(low & keep) - sub) - 1.0;
             std::mem::swap(&mut self.cost, &mut self.next);
         }
-        let low_mask = (1u32 << low_bits) - 1;
         let mut end = 0u32;
-        let mut best = f32::INFINITY;
+        let mut best = u32::MAX;
         for (s, &c) in self.cost.iter().enumerate() {
             let ok = match start {
-                Start::Fixed(st) => (s as u32) & low_mask == st,
-                _ => true,
+                Start::Fixed(st) => s & low_mask == st as usize,
+                Start::Free => true,
             };
             if ok && c < best {
                 best = c;
                 end = s as u32;
             }
         }
-        (end, best)
+        (end, f32::from_bits(best & keep) as f64 + offset)
     }
 
     /// The `K`-bit symbols of the path that ends in `end`, and the pre-state it starts from.
