@@ -4,6 +4,8 @@
 //! - `golden-v1-lattice.hwz`: one tensor per lattice and coding (rANS, Rice, fixed-rate).
 //! - `golden-v1-codebook.hwz`: codebook (packed and run-length indices, int8 and f32
 //!   residuals, per row/block/tensor scales), lowrank, sparse, mixed and exceptions.
+//! - `golden-v1-trellis.hwz`: trellis codes (L 8 to 16, K 1 to 4, one or several sequences
+//!   per row).
 //!
 //! Each `*.expected.f32` holds what its tensors decoded to when the file was made. A reader
 //! change that alters a single bit fails here. To remake them (only for a deliberate format
@@ -17,6 +19,7 @@ use hypercodec_hwz::{
 };
 use hypercodec_tests::{
     fixture_values, golden_codebook_encodings, golden_encodings, golden_lattice_encodings,
+    golden_trellis_encodings,
 };
 use std::path::PathBuf;
 
@@ -77,6 +80,11 @@ fn golden_v1_lattice_decodes_to_its_recorded_values() {
 }
 
 #[test]
+fn golden_v1_trellis_decodes_to_its_recorded_values() {
+    check("golden-v1-trellis", &golden_trellis_encodings());
+}
+
+#[test]
 fn golden_v1_codebook_decodes_to_its_recorded_values() {
     check("golden-v1-codebook", &golden_codebook_encodings());
 }
@@ -123,5 +131,8 @@ fn write_golden() {
     }
     if !data("golden-v1-codebook.hwz").exists() {
         write("golden-v1-codebook", &golden_codebook_encodings(), 300);
+    }
+    if !data("golden-v1-trellis.hwz").exists() {
+        write("golden-v1-trellis", &golden_trellis_encodings(), 400);
     }
 }

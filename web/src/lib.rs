@@ -380,7 +380,11 @@ mod tests {
 
     #[test]
     fn golden_archives_summarize_and_decode() {
-        for file in ["golden-v1.hwz", "golden-v1-lattice.hwz"] {
+        for file in [
+            "golden-v1.hwz",
+            "golden-v1-lattice.hwz",
+            "golden-v1-trellis.hwz",
+        ] {
             let bytes = golden(file);
             let i = open(&bytes).expect("valid");
             let s = i.summary_value().expect("summary");

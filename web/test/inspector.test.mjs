@@ -131,3 +131,20 @@ test("codebook family and nested encodings: table and histograms", async () => {
     }
   });
 });
+
+test("trellis golden archive: labels and histograms", async () => {
+  await withPage(async (page) => {
+    await page.setInputFiles("#file", data("golden-v1-trellis.hwz"));
+    await page.waitForSelector("#overview:not([hidden])", { timeout: 15000 });
+    const rows = await page.$$eval("#tensors tbody tr", (trs) => trs.map((tr) => [...tr.cells].map((c) => c.textContent)));
+    assert.equal(rows.length, 4);
+    for (const label of ["trellis-l16-k2", "trellis-l12-k4", "trellis-l8-k1", "trellis-l10-k3"]) {
+      assert.ok(rows.some((r) => r[2] === label), `${label} in ${JSON.stringify(rows)}`);
+    }
+    for (const name of await page.$$eval("#tensors tbody tr", (trs) => trs.map((tr) => tr.dataset.name))) {
+      await page.click(`#tensors tbody tr[data-name="${name}"]`);
+      await page.waitForFunction((n) => document.getElementById("histogram").dataset.tensor === n, name, { timeout: 5000 });
+      assert.equal(await page.$eval("#histogram", (c) => Number(c.dataset.count)), 240, name);
+    }
+  });
+});

@@ -750,7 +750,7 @@ fn threads_flag_and_env_size_the_one_pool() {
 /// A safetensors file from a header written by hand (shapes a serializer would refuse).
 fn write_st_header(path: &Path, header: Value, data: &[u8]) {
     let mut h = serde_json::to_vec(&header).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut bytes = (h.len() as u64).to_le_bytes().to_vec();

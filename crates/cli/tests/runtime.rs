@@ -36,6 +36,10 @@ fn run_chains_a_compressed_mlp_and_matches_the_dense_stack() {
             vec!["--encoding", "lattice", "--coding", "fixed", "--bps", "4"],
         ),
         ("e8-rans", vec!["--encoding", "lattice", "--bps", "4"]),
+        (
+            "tcq",
+            vec!["--encoding", "trellis", "--bits", "4", "--trellis-l", "12"],
+        ),
     ] {
         let hwz = dir.path().join(format!("{label}.hwz"));
         let mut args = vec!["compress", p(&model), p(&hwz)];
@@ -77,7 +81,7 @@ fn runtime_benchmark_reports_every_encoding_and_batch() {
     ]);
     let rows: Value = serde_json::from_str(&out).unwrap();
     let rows = rows.as_array().unwrap();
-    assert_eq!(rows.len(), 2 * 5 * 3);
+    assert_eq!(rows.len(), 2 * 6 * 3);
     for r in rows {
         for key in ["ours_us", "dense_us", "speedup"] {
             assert!(r[key].as_f64().unwrap() > 0.0, "{r}");

@@ -252,7 +252,7 @@ pub fn decode_rows_into(
         || first.checked_add(count).is_none_or(|e| e > rows)
         || cb.assignments.len() != count * bpr
         || cb.scales.len() != cb.scale_mode.count(rows, cols, block)
-        || cb.protos.len() % block != 0
+        || !cb.protos.len().is_multiple_of(block)
     {
         return Err(HdcError::Shape {
             message: format!(

@@ -66,10 +66,28 @@ impl Spec {
         Spec::Fixed { encoding }
     }
 
+    /// The trellis recipe: `k` bits per value at state bits `l` (calibrated scale), RHT tile
+    /// from each tensor's rows (at most `max_tile`), RHT seed `seed`.
+    pub fn trellis(l: u8, k: u8, max_tile: u32, seed: u64) -> Result<Self> {
+        if !(8..=16).contains(&l) || !(1..=8).contains(&k) || k >= l {
+            return Err(PlanError::Candidate {
+                message: format!(
+                    "trellis L = {l}, K = {k}: use 8 <= L <= 16 and 1 <= K <= 8 with K < L"
+                ),
+            });
+        }
+        Ok(Spec::Rate {
+            template: Encoding::trellis(l, k, 1, seed),
+            bps: None,
+            max_tile,
+        })
+    }
+
     /// Parses a candidate name: `f32`, `bf16`, `f16`; `intN` (affine N bits, groups of 128,
     /// asymmetric, f16 scales), `intN-row` (one symmetric scale per row); `e8@B`, `d4@B`,
     /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
-    /// (fixed-rate lattice symbols of N bits); `lowrank@R`; `sparse` (the nonzeros,
+    /// (fixed-rate lattice symbols of N bits); `tcq@K`, `tcq@K-lL` (trellis, K bits per value,
+    /// L state bits, by default 16); `lowrank@R`; `sparse` (the nonzeros,
     /// f32). `codebook` is built by the caller (it needs its settings).
     pub fn parse(name: &str) -> Result<Self> {
         let bad = || PlanError::Candidate {
@@ -130,6 +148,17 @@ impl Spec {
                         },
                         bps: None,
                     }
+                } else if let Some(rest) = name.strip_prefix("tcq@") {
+                    // `tcq@K` (trellis, K bits per value, the default L) or `tcq@K-lL`.
+                    let (k, l) = match rest.split_once("-l") {
+                        Some((k, l)) => (k, l.parse::<u8>().map_err(|_| bad())?),
+                        None => (rest, hypercodec_trellis::DEFAULT_L),
+                    };
+                    Spec::trellis(l, k.parse().map_err(|_| bad())?, 4096, 0).map_err(|e| {
+                        PlanError::Candidate {
+                            message: format!("`{name}`: {e}"),
+                        }
+                    })?
                 } else if let Some(r) = name.strip_prefix("lowrank@") {
                     Spec::fixed(Encoding::LowRank {
                         rank: r.parse().map_err(|_| bad())?,

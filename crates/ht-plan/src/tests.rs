@@ -41,7 +41,7 @@ fn fp16_representable_tensor_is_fp16_under_best() {
 
 fn half_exact(i: usize) -> f32 {
     // 11 significant bits: exact in f16, not in bf16 (8 bits).
-    (1024 + (i * 37) % 1024) as f32 / 2048.0 * if i % 2 == 0 { 1.0 } else { -1.0 }
+    (1024 + (i * 37) % 1024) as f32 / 2048.0 * if i.is_multiple_of(2) { 1.0 } else { -1.0 }
 }
 
 #[test]

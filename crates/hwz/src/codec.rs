@@ -48,6 +48,9 @@ pub fn encode(
         Encoding::Lattice { .. } => {
             crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens)?
         }
+        Encoding::Trellis { .. } => {
+            crate::trellis_codec::encode(tensor, values, rows, cols, encoding)?
+        }
         Encoding::Mixed { .. } | Encoding::Exceptions { .. } => {
             return encode_nested(tensor, values, rows, cols, encoding, options);
         }

@@ -48,6 +48,28 @@ pub enum Encoding {
         /// How the symbols are coded.
         coding: Coding,
     },
+    /// Randomized Hadamard transform and per-row scale (as `lattice`), then a bitshift trellis
+    /// code at `k` bits per value ([`hypercodec_trellis`]): each row is cut into tail-biting
+    /// sequences of `seq` values (the last takes the rest) whose bits are packed LSB-first;
+    /// every row starts on a byte. Value `i` of a sequence is `scale · code(state_i)`, `state_i`
+    /// the sequence's `l`-bit window that ends with value `i`'s bits (circular). Streams
+    /// `scales` (one per row) and `symbols` (`rows · ceil(cols·k / 8)` bytes).
+    Trellis {
+        /// State bits, 8..=16.
+        l: u8,
+        /// Bits per value, 1..=8, below `l`.
+        k: u8,
+        /// Reconstruction scale of the unit code.
+        scale: f32,
+        /// RHT tile (power of two dividing the last dimension, ≤ 4096).
+        tile: u32,
+        /// RHT seed.
+        seed: u64,
+        /// Values per tail-biting sequence (a multiple of 8).
+        seq: u32,
+        /// Storage type of the row scales.
+        scale_dtype: FloatDtype,
+    },
     /// Blocks of `block` values along rows mapped to learned prototypes, times a scale per
     /// block, row or tensor, plus an optional sparse residual ([`hypercodec_hdc`]). Streams
     /// `prototypes`, `assignments`, `scales`, and `residual_index` + `residual_values` when the
@@ -196,6 +218,7 @@ pub const KNOWN_ENCODINGS: &[&str] = &[
     "raw",
     "affine",
     "lattice",
+    "trellis",
     "codebook",
     "lowrank",
     "sparse",
@@ -278,6 +301,7 @@ impl Encoding {
             Encoding::Raw { .. } => "raw",
             Encoding::Affine { .. } => "affine",
             Encoding::Lattice { .. } => "lattice",
+            Encoding::Trellis { .. } => "trellis",
             Encoding::Codebook { .. } => "codebook",
             Encoding::LowRank { .. } => "lowrank",
             Encoding::Sparse { .. } => "sparse",
@@ -317,6 +341,7 @@ impl Encoding {
                     String::new()
                 }
             ),
+            Encoding::Trellis { l, k, .. } => format!("trellis-l{l}-k{k}"),
             Encoding::LowRank { rank } => format!("lowrank-r{rank}"),
             Encoding::Sparse { dtype, .. } => format!("sparse-{dtype}"),
             Encoding::Mixed { parts, .. } => format!("mixed-{}", parts.len()),
@@ -393,8 +418,22 @@ impl Encoding {
     }
 
     fn set_tile(&mut self, tile: u32) {
-        if let Encoding::Lattice { tile: t, .. } = self {
+        if let Encoding::Lattice { tile: t, .. } | Encoding::Trellis { tile: t, .. } = self {
             *t = tile;
+        }
+    }
+
+    /// The trellis encoding of `k` bits per value at state bits `l` with the calibrated scale,
+    /// RHT tiles of `tile` and `seed`, sequences of 1024 values and f16 row scales.
+    pub fn trellis(l: u8, k: u8, tile: u32, seed: u64) -> Self {
+        Encoding::Trellis {
+            l,
+            k,
+            scale: hypercodec_trellis::TrellisParams::default_scale(l, k),
+            tile,
+            seed,
+            seq: 1024,
+            scale_dtype: FloatDtype::F16,
         }
     }
 

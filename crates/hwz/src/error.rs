@@ -302,6 +302,14 @@ pub enum HwzError {
         /// The quantizer's error.
         source: hypercodec_lattice::LatticeError,
     },
+    /// The trellis coder rejected the data or the parameters.
+    #[error("tensor `{tensor}`: {source}")]
+    Trellis {
+        /// Tensor name.
+        tensor: String,
+        /// The coder's error.
+        source: hypercodec_trellis::TrellisError,
+    },
     /// A symbol stream does not decode (corrupt, truncated or inconsistent).
     #[error("tensor `{tensor}`: {source}")]
     Coding {

@@ -123,7 +123,7 @@ impl Encoding {
                     } => {
                         let p = rans_params(chunk, lanes, prob_bits);
                         p.validate().map_err(|e| invalid(e.to_string()))?;
-                        if chunk as usize % lattice.dim() != 0 {
+                        if !(chunk as usize).is_multiple_of(lattice.dim()) {
                             return Err(invalid(format!(
                                 "rans chunk {chunk} must be a multiple of {}",
                                 lattice.dim()
@@ -163,6 +163,64 @@ impl Encoding {
                     }
                 }
                 Ok(v)
+            }
+            Encoding::Trellis {
+                l,
+                k,
+                scale,
+                tile,
+                seq,
+                scale_dtype,
+                ..
+            } => {
+                if !(8..=16).contains(&l) || !(1..=8).contains(&k) || k >= l {
+                    return Err(invalid(format!(
+                        "trellis L = {l}, K = {k}: use 8 <= L <= 16 and 1 <= K <= 8 with K < L"
+                    )));
+                }
+                if !(scale.is_finite() && scale > 0.0) {
+                    return Err(invalid(format!(
+                        "trellis scale {scale} must be finite and positive"
+                    )));
+                }
+                if seq == 0 || seq % 8 != 0 || seq > 1 << 20 {
+                    return Err(invalid(format!(
+                        "trellis sequence of {seq} values: use a multiple of 8 up to 2^20"
+                    )));
+                }
+                let tile = tile as u64;
+                if tile == 0
+                    || !tile.is_power_of_two()
+                    || tile > hypercodec_lattice::MAX_TILE as u64
+                    || (cols > 0 && cols % tile != 0)
+                {
+                    return Err(invalid(format!(
+                        "RHT tile {tile} must be a power of two <= 4096 dividing {cols}"
+                    )));
+                }
+                if rows > 0 && cols > 0 && cols * (k as u64) < l as u64 {
+                    return Err(invalid(format!(
+                        "rows of {cols} values hold {} bits, fewer than the {l}-bit trellis state",
+                        cols * k as u64
+                    )));
+                }
+                let row_bytes = cols
+                    .checked_mul(k as u64)
+                    .ok_or_else(|| invalid("overflow".into()))?
+                    .div_ceil(8);
+                Ok(vec![
+                    (
+                        role::SCALES,
+                        StreamLen::exact(rows * scale_dtype.size() as u64),
+                    ),
+                    (
+                        role::SYMBOLS,
+                        StreamLen::exact(
+                            rows.checked_mul(row_bytes)
+                                .ok_or_else(|| invalid("overflow".into()))?,
+                        ),
+                    ),
+                ])
             }
             Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. } => {
                 codebook_lens(self, rows, cols, n).map_err(invalid)

@@ -12,6 +12,7 @@ mod manifest;
 mod nested_codec;
 mod par;
 mod read;
+mod trellis_codec;
 mod view;
 mod write;
 pub mod zstd_codec;
@@ -39,6 +40,7 @@ pub use nested_codec::{assemble_exceptions, assemble_mixed};
 pub use read::{decode_stream, Archive, ReadAt};
 pub use view::{
     AssignmentsRef, CodebookParts, LatticeParts, LowRankParts, OutBuf, Parts, Symbols, TensorView,
+    TrellisParts,
 };
 #[cfg(feature = "std-fs")]
 pub use write::{temp_file_in, FileWriter};

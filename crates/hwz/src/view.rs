@@ -67,6 +67,8 @@ pub enum Parts<'a> {
     },
     /// Lattice symbols after an RHT, with row scales.
     Lattice(LatticeParts<'a>),
+    /// Trellis bits after an RHT, with row scales.
+    Trellis(TrellisParts<'a>),
     /// Prototype indices, prototypes, scales and a sparse residual.
     Codebook(CodebookParts<'a>),
     /// Int8 low-rank factors.
@@ -103,6 +105,30 @@ pub struct LatticeParts<'a> {
     pub symbols_per_row: usize,
     /// The symbols, by coding.
     pub symbols: Symbols<'a>,
+}
+
+/// The parts of a `trellis` tensor.
+#[derive(Debug, Clone)]
+pub struct TrellisParts<'a> {
+    /// `L`, `K` and the code scale.
+    pub params: hypercodec_trellis::TrellisParams,
+    /// RHT tile.
+    pub tile: usize,
+    /// RHT seed.
+    pub seed: u64,
+    /// Values per tail-biting sequence ([`hypercodec_trellis::row_sequences`]).
+    pub seq: usize,
+    /// One scale per row, decoded.
+    pub scales: Vec<f32>,
+    /// The packed bits, `row_bytes(cols)` per row.
+    pub bits: Cow<'a, [u8]>,
+}
+
+impl TrellisParts<'_> {
+    /// Bytes of one row's bits: `ceil(cols·K / 8)`.
+    pub fn row_bytes(&self, cols: usize) -> usize {
+        (cols * self.params.k as usize).div_ceil(8)
+    }
 }
 
 /// Lattice symbols as stored.
@@ -325,6 +351,19 @@ impl<'a> TensorView<'a> {
                     scales,
                     symbols_per_row: spr,
                     symbols,
+                })
+            }
+            Encoding::Trellis { .. } => {
+                let t = crate::trellis_codec::TrellisLayout::of(tensor, encoding)?;
+                let scales = floats(tensor, get(role::SCALES), t.scale_dtype)?;
+                finite(tensor, &scales, "row scales")?;
+                Parts::Trellis(TrellisParts {
+                    params: t.params,
+                    tile: t.tile,
+                    seed: t.seed,
+                    seq: t.seq,
+                    scales,
+                    bits: Cow::Borrowed(get(role::SYMBOLS)),
                 })
             }
             Encoding::Codebook {
@@ -620,6 +659,7 @@ impl<'a> TensorView<'a> {
                         .map_err(coding_err(&self.tensor))?,
                 }
             }
+            Parts::Trellis(t) => (range.end - range.start) * t.row_bytes(cols as usize) as u64,
             Parts::Codebook(c) => match &c.assignments {
                 AssignmentsRef::Packed { bits, .. } => {
                     let bpr = cols.div_ceil(c.block as u64);
@@ -678,6 +718,7 @@ impl<'a> TensorView<'a> {
             )
             .map_err(crate::encoding::scalar_err(tensor)),
             Parts::Lattice(l) => self.decode_lattice_rows(l, a, b, out),
+            Parts::Trellis(t) => crate::trellis_codec::decode_rows(tensor, t, cols, a..b, out),
             Parts::Codebook(c) => {
                 let bpr = cols.div_ceil(c.block);
                 let total = self.rows as usize * bpr;
@@ -905,6 +946,10 @@ impl Parts<'_> {
                     },
                 },
             }),
+            Parts::Trellis(t) => Parts::Trellis(TrellisParts {
+                bits: own(t.bits),
+                ..t
+            }),
             Parts::Codebook(c) => Parts::Codebook(CodebookParts {
                 block: c.block,
                 scale_mode: c.scale_mode,
@@ -958,6 +1003,7 @@ impl Parts<'_> {
                         Symbols::Fixed { packed, .. } => packed.len() as u64,
                     }
             }
+            Parts::Trellis(t) => f(&t.scales) + t.bits.len() as u64,
             Parts::Codebook(c) => {
                 f(&c.protos)
                     + f(&c.scales)

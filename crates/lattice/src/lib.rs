@@ -162,7 +162,11 @@ pub struct Quantized {
 /// Checks `params` for rows of `cols` values without allocating anything.
 fn check_params(params: &LatticeParams, cols: usize) -> Result<()> {
     let tile = params.tile;
-    if tile == 0 || !tile.is_power_of_two() || tile > MAX_TILE || (cols > 0 && cols % tile != 0) {
+    if tile == 0
+        || !tile.is_power_of_two()
+        || tile > MAX_TILE
+        || (cols > 0 && !cols.is_multiple_of(tile))
+    {
         return Err(LatticeError::InvalidTile { tile, cols });
     }
     if !(params.alpha.is_finite() && params.alpha > 0.0) {

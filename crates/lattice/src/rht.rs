@@ -105,7 +105,10 @@ pub struct Rht {
 impl Rht {
     /// The transform of rows of `cols` values with tiles of `tile` (a power of two dividing `cols`).
     pub fn new(cols: usize, tile: usize, seed: u64) -> Result<Self> {
-        if tile == 0 || !tile.is_power_of_two() || tile > MAX_TILE || (cols > 0 && cols % tile != 0)
+        if tile == 0
+            || !tile.is_power_of_two()
+            || tile > MAX_TILE
+            || (cols > 0 && !cols.is_multiple_of(tile))
         {
             return Err(LatticeError::InvalidTile { tile, cols });
         }

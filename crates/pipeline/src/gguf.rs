@@ -323,7 +323,7 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
 /// Dequantizes `data` (exactly the tensor's bytes) of type `ty` into `out`.
 pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
     let (bv, bb) = ty.block();
-    if data.len() as u64 != out.len() as u64 / bv * bb || out.len() as u64 % bv != 0 {
+    if data.len() as u64 != out.len() as u64 / bv * bb || !(out.len() as u64).is_multiple_of(bv) {
         return Err(bad("tensor data size does not match its shape"));
     }
     let blocks = data

@@ -477,7 +477,7 @@ pub fn encode_with<F: Fn(usize, u32) -> usize + Copy>(
     model: &Model,
 ) -> Result<RansStreams> {
     params.validate()?;
-    if params.chunk % ctx.word != 0 {
+    if !params.chunk.is_multiple_of(ctx.word) {
         return Err(CodingError::Invalid {
             what: "rans chunk (must be a multiple of the word)",
             value: params.chunk as u64,
@@ -619,7 +619,7 @@ impl<'a> Decoder<'a> {
                 actual: s.index.len() as u64,
             });
         }
-        if s.payload.len() % 2 != 0 {
+        if !s.payload.len().is_multiple_of(2) {
             return Err(CodingError::Invalid {
                 what: "rans payload length",
                 value: s.payload.len() as u64,
@@ -831,11 +831,11 @@ fn decode_chunk<F: Fn(usize, u32) -> usize + Copy>(
         model.dec_table(c).ok_or(CodingError::Corrupt { chunk: ci })
     };
     #[cfg(target_arch = "x86_64")]
-    let simd = ctx.word == 8 && lanes % 8 == 0 && crate::simd::has_avx2();
+    let simd = ctx.word == 8 && lanes.is_multiple_of(8) && crate::simd::has_avx2();
     let mut first = 0u32;
     let (mut j, mut lane) = (0usize, 0usize);
     #[cfg(target_arch = "x86_64")]
-    let simd32 = simd && lanes % 32 == 0;
+    let simd32 = simd && lanes.is_multiple_of(32);
     let mut i = 0;
     while i < out.len() {
         // Four whole words over 32 lanes: every symbol and state update in vector lanes, the

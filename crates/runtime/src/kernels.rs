@@ -385,6 +385,45 @@ multiversion! {
     }
 }
 
+/// `⟨decoded trellis row, xr⟩` (before the row scale): per tail-biting sequence, AVX2 gathers
+/// the code sums of the values whose windows do not wrap (`c1·Σ sum·x + c0·Σ x`); the first
+/// few (wrapped) and last few (near the stream's end) values, and every value without AVX2,
+/// go through the trellis crate's reference decoder.
+pub(crate) fn trellis_row_dot(
+    row: &[u8],
+    p: &hypercodec_trellis::TrellisParams,
+    seq: usize,
+    xr: &[f32],
+    buf: &mut Vec<f32>,
+) -> Result<f32, hypercodec_trellis::TrellisError> {
+    let (l, k) = (p.l as usize, p.k as usize);
+    let (c1, c0) = p.affine();
+    let mut acc = 0f32;
+    for q in hypercodec_trellis::row_sequences(xr.len(), seq) {
+        let src = &row[q.start * k / 8..(q.end * k).div_ceil(8)];
+        let x = &xr[q.clone()];
+        let n = x.len();
+        let first = (l - k).div_ceil(k).min(n);
+        if crate::simd::has_avx2() && n > first {
+            #[cfg(target_arch = "x86_64")]
+            {
+                // SAFETY: AVX2 and FMA are present; `src` holds the sequence's n·K bits;
+                // value `first` is past the wrapped windows.
+                let (s, xs, done) = unsafe { crate::avx2::trellis_sums_dot(src, l, k, first, x) };
+                acc += c1 * s + c0 * xs;
+                for i in (0..first).chain(done..n) {
+                    acc += hypercodec_trellis::value_at(src, n, p, i)? * x[i];
+                }
+                continue;
+            }
+        }
+        buf.resize(n, 0.0);
+        hypercodec_trellis::decode_into(src, p, buf)?;
+        acc += dot_f32(buf, x);
+    }
+    Ok(acc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

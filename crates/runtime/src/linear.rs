@@ -59,6 +59,14 @@ pub enum Path {
         /// `rans` or `rice`.
         coding: &'static str,
     },
+    /// Trellis bits decoded in registers (a window, a multiply, a byte sum per weight)
+    /// against `RHT(x)`.
+    Trellis {
+        /// State bits.
+        l: u8,
+        /// Bits per weight.
+        k: u8,
+    },
     /// Prototype·x dot products in a table, looked up per block.
     CodebookLut,
     /// `U·(Vᵀx)`.
@@ -82,6 +90,7 @@ impl std::fmt::Display for Path {
             Path::E8Fixed { bits } => write!(f, "e8-fixed{bits}"),
             Path::LatticeWords => f.write_str("lattice-words"),
             Path::LatticeResident { coding } => write!(f, "lattice-resident-{coding}"),
+            Path::Trellis { l, k } => write!(f, "trellis-l{l}-k{k}"),
             Path::CodebookLut => f.write_str("codebook-lut"),
             Path::LowRank => f.write_str("lowrank"),
             Path::Sparse => f.write_str("sparse"),
@@ -132,6 +141,7 @@ enum Kind {
     E8Fixed,
     LatticeWords,
     LatticeResident,
+    Trellis,
     Codebook,
     LowRank,
     Sparse,
@@ -374,6 +384,7 @@ impl Op {
                 AssignmentsRef::Packed { .. } => Kind::Codebook,
                 AssignmentsRef::Rle(_) => Kind::Tiles,
             },
+            Parts::Trellis(_) => Kind::Trellis,
             Parts::LowRank(_) => Kind::LowRank,
             Parts::Sparse { .. } => Kind::Sparse,
             Parts::Mixed { .. } | Parts::Exceptions { .. } => return Op::nested(view),
@@ -443,6 +454,10 @@ impl Op {
                         Symbols::Rice(_) => "rice",
                         _ => "rans",
                     },
+                },
+                (Kind::Trellis, Parts::Trellis(t)) => Path::Trellis {
+                    l: t.params.l,
+                    k: t.params.k,
                 },
                 (Kind::Codebook, _) => Path::CodebookLut,
                 (Kind::LowRank, _) => Path::LowRank,
@@ -957,6 +972,7 @@ fn leaf_gemv(view: &TensorView<'_>, kind: Kind, x: &[f32], y: &mut [f32]) -> Res
         (Kind::E8Fixed | Kind::LatticeWords | Kind::LatticeResident, Parts::Lattice(l)) => {
             lattice_gemv(view, l, x, y)
         }
+        (Kind::Trellis, Parts::Trellis(t)) => trellis_gemv(view, t, x, y),
         (Kind::Codebook, Parts::Codebook(c)) => codebook_gemv(view, c, x, y),
         (Kind::LowRank, Parts::LowRank(l)) => {
             let r = l.rank;
@@ -1140,6 +1156,38 @@ fn lattice_gemv(
             resident(view, symbols, spr, y, |r, syms| scale(r) * row_dot(syms))
         }
     }
+}
+
+/// Trellis rows at batch 1: `x' = RHT(x)` once, then each row's bits decoded in registers and
+/// dotted with `x'` ([`kernels::trellis_row_dot`]), times the row scale.
+fn trellis_gemv(
+    view: &TensorView<'_>,
+    t: &hwz::TrellisParts<'_>,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
+    let cols = view.cols() as usize;
+    let rht = Rht::new(cols, t.tile, t.seed)
+        .map_err(|e| corrupt(view, format!("trellis transform: {e}")))?;
+    let mut xr = x.to_vec();
+    rht.forward(&mut xr);
+    let rb = t.row_bytes(cols);
+    par_rows(y, 1, cols, |r0, out| {
+        let mut buf = Vec::new();
+        for (i, o) in out.iter_mut().enumerate() {
+            let r = r0 + i;
+            let dot = kernels::trellis_row_dot(
+                &t.bits[r * rb..(r + 1) * rb],
+                &t.params,
+                t.seq,
+                &xr,
+                &mut buf,
+            )
+            .map_err(|e| corrupt(view, format!("trellis bits: {e}")))?;
+            *o = t.scales[r] * dot;
+        }
+        Ok(())
+    })
 }
 
 /// Decodes chunk `c` of entropy-coded lattice symbols into `buf`; returns its symbol range.

@@ -112,6 +112,30 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
         lattice(Lattice::E8, Coding::RANS_DEFAULT, cols),
         Some(Path::LatticeResident { coding: "rans" }),
     ));
+    // Trellis codes where a row holds the state (cols·K ≥ L; f32 in their place otherwise, so
+    // the zoo's length does not depend on the shape); short sequences, so rows hold several,
+    // the last one longer.
+    for (l, k, seq) in [(8u8, 2u8, 16u32), (10, 4, 1024), (12, 1, 24), (9, 3, 8)] {
+        if cols * (k as u64) < l as u64 {
+            v.push((
+                Encoding::Raw {
+                    dtype: FloatDtype::F32,
+                },
+                Some(Path::Dense),
+            ));
+        } else {
+            let mut e = Encoding::trellis(
+                l,
+                k,
+                hypercodec_lattice::tile_for(cols as usize, 4096) as u32,
+                5,
+            );
+            if let Encoding::Trellis { seq: s, .. } = &mut e {
+                *s = seq;
+            }
+            v.push((e, Some(Path::Trellis { l, k })));
+        }
+    }
     v
 }
 

@@ -129,7 +129,7 @@ pub fn unpack_bits_range_into(
         });
     }
     let bit = first * bits as usize;
-    if bit % 8 == 0 {
+    if bit.is_multiple_of(8) {
         let start = bit / 8;
         let len = packed_len(out.len(), bits).unwrap_or(0);
         return unpack_bits_into(&bytes[start..start + len], bits, out);

@@ -325,6 +325,16 @@ impl Encoder {
     }
 }
 
+/// The tail-biting sequences of a row of `cols` values cut every `seq` values: `max(1,
+/// cols / seq)` sequences, all of `seq` values but the last, which takes the rest (`seq` to
+/// `2·seq − 1` values; the whole row when it is shorter than `seq`). With `seq` a multiple of
+/// 8, every sequence starts on a byte of the row's `cols·K` bits.
+pub fn row_sequences(cols: usize, seq: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let seq = seq.max(1);
+    let m = (cols / seq).max(1);
+    (0..m).map(move |j| j * seq..if j + 1 == m { cols } else { (j + 1) * seq })
+}
+
 /// Decodes `n` values from `bits` (what [`encode`] wrote for them).
 pub fn decode(bits: &[u8], n: usize, p: &TrellisParams) -> Result<Vec<f32>> {
     let mut out = vec![0f32; n];

@@ -1,0 +1,199 @@
+//! Encode and decode of the `trellis` encoding: the RHT and row scales of `hypercodec-lattice`
+//! with the bitshift trellis of `hypercodec-trellis`.
+
+use crate::encoding::Encoding;
+use crate::{HwzError, Result};
+use hypercodec_lattice::rht::Rht;
+use hypercodec_scalar::{self as scalar, FloatDtype, ScalarError};
+use hypercodec_trellis::{self as tcq, TrellisParams};
+
+pub(crate) fn tcq_err(tensor: &str) -> impl Fn(tcq::TrellisError) -> HwzError + '_ {
+    move |source| HwzError::Trellis {
+        tensor: tensor.to_string(),
+        source,
+    }
+}
+
+/// The fields of a trellis encoding that coding needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TrellisLayout {
+    /// `L`, `K` and the code scale.
+    pub params: TrellisParams,
+    /// RHT tile and seed.
+    pub tile: usize,
+    pub seed: u64,
+    /// Values per tail-biting sequence.
+    pub seq: usize,
+    /// Storage type of the row scales.
+    pub scale_dtype: FloatDtype,
+}
+
+impl TrellisLayout {
+    pub(crate) fn of(tensor: &str, e: &Encoding) -> Result<Self> {
+        match *e {
+            Encoding::Trellis {
+                l,
+                k,
+                scale,
+                tile,
+                seed,
+                seq,
+                scale_dtype,
+            } => Ok(TrellisLayout {
+                params: TrellisParams { l, k, scale },
+                tile: tile as usize,
+                seed,
+                seq: seq as usize,
+                scale_dtype,
+            }),
+            _ => Err(HwzError::InvalidEncoding {
+                tensor: tensor.into(),
+                message: "not a trellis encoding".into(),
+            }),
+        }
+    }
+
+    /// Bytes of one row's bits.
+    pub(crate) fn row_bytes(&self, cols: usize) -> usize {
+        (cols * self.params.k as usize).div_ceil(8)
+    }
+
+    fn rht(&self, tensor: &str, cols: usize) -> Result<Rht> {
+        Rht::new(cols, self.tile, self.seed).map_err(crate::lattice_codec::lat_err(tensor))
+    }
+}
+
+/// Streams `scales` and `symbols` of a trellis-encoded `rows × cols` tensor. Rows are split
+/// across the workspace's threads, each with its own encoder. A row's scale is its RMS after
+/// the RHT, refit after coding to the least-squares scale of the chosen codes (the best scale
+/// for those bits), then rounded to the storage type.
+pub(crate) fn encode(
+    tensor: &str,
+    values: &[f32],
+    rows: u64,
+    cols: u64,
+    encoding: &Encoding,
+) -> Result<Vec<(&'static str, Vec<u8>)>> {
+    let t = TrellisLayout::of(tensor, encoding)?;
+    let (rows, cols) = (rows as usize, cols as usize);
+    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+        return Err(HwzError::Trellis {
+            tensor: tensor.into(),
+            source: tcq::TrellisError::NonFinite { index },
+        });
+    }
+    let rb = t.row_bytes(cols);
+    let mut bits = vec![0u8; rows * rb];
+    let mut scales = vec![0f32; rows];
+    if rows > 0 && cols > 0 {
+        let rht = t.rht(tensor, cols)?;
+        // About 2^16 values per job, so a tensor's rows spread over the pool.
+        let rows_per_job = (65_536 / cols).max(1);
+        let jobs: Vec<(usize, &mut [u8], &mut [f32])> = bits
+            .chunks_mut(rows_per_job * rb)
+            .zip(scales.chunks_mut(rows_per_job))
+            .enumerate()
+            .map(|(i, (b, s))| (i * rows_per_job, b, s))
+            .collect();
+        crate::par::map(jobs, |(first, b, s)| {
+            encode_rows(tensor, &values[first * cols..], cols, &t, &rht, b, s)
+        })
+        .into_iter()
+        .collect::<Result<()>>()?;
+    }
+    if let Some(row) = scales.iter().position(|s| !s.is_finite()) {
+        let value = values[row * cols..(row + 1) * cols]
+            .iter()
+            .fold(0f32, |m, v| m.max(v.abs()));
+        return Err(HwzError::Scalar {
+            tensor: tensor.into(),
+            source: ScalarError::ScaleOverflow {
+                group: row,
+                value,
+                dtype: t.scale_dtype,
+            },
+        });
+    }
+    let scales = scalar::encode_floats(&scales, t.scale_dtype, false)
+        .map_err(crate::encoding::scalar_err(tensor))?;
+    Ok(vec![
+        (crate::encoding::role::SCALES, scales),
+        (crate::encoding::role::SYMBOLS, bits),
+    ])
+}
+
+/// Encodes the rows whose bits are `bits` (whole rows) from `values` (starting at the first).
+fn encode_rows(
+    tensor: &str,
+    values: &[f32],
+    cols: usize,
+    t: &TrellisLayout,
+    rht: &Rht,
+    bits: &mut [u8],
+    scales: &mut [f32],
+) -> Result<()> {
+    let rb = t.row_bytes(cols);
+    let k = t.params.k as usize;
+    let mut enc = tcq::Encoder::new(&t.params).map_err(tcq_err(tensor))?;
+    let mut u = vec![0f32; cols];
+    let mut decoded = vec![0f32; cols];
+    for ((row, b), s) in values
+        .chunks_exact(cols)
+        .zip(bits.chunks_exact_mut(rb))
+        .zip(scales.iter_mut())
+    {
+        u.copy_from_slice(row);
+        rht.forward(&mut u);
+        let rms = (u.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64).sqrt();
+        if !(rms > 0.0 && rms.is_finite()) {
+            // A zero row: any bits, scale 0.
+            *s = if rms == 0.0 { 0.0 } else { f32::INFINITY };
+            continue;
+        }
+        let inv = (1.0 / rms) as f32;
+        u.iter_mut().for_each(|v| *v *= inv);
+        for r in tcq::row_sequences(cols, t.seq) {
+            let out = &mut b[r.start * k / 8..(r.end * k).div_ceil(8)];
+            enc.encode_into(&u[r.clone()], out)
+                .map_err(tcq_err(tensor))?;
+            tcq::decode_into(out, &t.params, &mut decoded[r]).map_err(tcq_err(tensor))?;
+        }
+        // The least-squares scale of the chosen codes, in units of the row's RMS.
+        let (xc, cc) = u
+            .iter()
+            .zip(&decoded)
+            .fold((0f64, 0f64), |(a, b), (&x, &c)| {
+                (a + x as f64 * c as f64, b + c as f64 * c as f64)
+            });
+        let fit = if cc > 0.0 { xc / cc } else { 1.0 };
+        *s = t.scale_dtype.round((rms * fit) as f32);
+    }
+    Ok(())
+}
+
+/// Decodes rows `a..b` of a trellis tensor into `out` (`(b − a) · cols` values).
+pub(crate) fn decode_rows(
+    tensor: &str,
+    p: &crate::TrellisParts<'_>,
+    cols: usize,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) -> Result<()> {
+    if cols == 0 || rows.is_empty() {
+        return Ok(());
+    }
+    let rht = Rht::new(cols, p.tile, p.seed).map_err(crate::lattice_codec::lat_err(tensor))?;
+    let rb = p.row_bytes(cols);
+    let k = p.params.k as usize;
+    for (r, o) in rows.zip(out.chunks_exact_mut(cols)) {
+        let row = &p.bits[r * rb..(r + 1) * rb];
+        for q in tcq::row_sequences(cols, p.seq) {
+            let src = &row[q.start * k / 8..(q.end * k).div_ceil(8)];
+            tcq::decode_into(src, &p.params, &mut o[q]).map_err(tcq_err(tensor))?;
+        }
+        let s = p.scales[r];
+        o.iter_mut().for_each(|v| *v *= s);
+        rht.inverse(o);
+    }
+    Ok(())
+}
