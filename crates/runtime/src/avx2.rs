@@ -577,13 +577,15 @@ pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `(Σ sum_i·x_i, Σ x_i)` over values `first..done` of one trellis sequence, `sum_i` the byte
-/// sum of the 1MAD code of value `i`'s state (its `l`-bit window, gathered 8 lanes at a time
-/// from the 4 bytes that hold it), `x` the sequence's activations. Returns `done`: the values
-/// whose 4 bytes would pass the stream's end are left to the caller.
+/// sum of the 1MAD code of value `i`'s state (its `l`-bit window), `x` the sequence's
+/// activations. Eight values span `8·k` bits, a whole number of bytes, so every group of eight
+/// has the same layout: one 16-byte load, broadcast to both halves, a byte shuffle that gives
+/// each lane the 4 bytes holding its window, a shift per lane and a mask. Returns `done`: the
+/// values whose 16 bytes would pass the stream's end are left to the caller.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA; `bits` holds the sequence's `x.len()·k` bits; `first·k +
-/// k ≥ l`.
+/// k ≥ l`; `k ≤ 8`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn trellis_sums_dot(
     bits: &[u8],
@@ -593,33 +595,51 @@ pub(crate) unsafe fn trellis_sums_dot(
     x: &[f32],
 ) -> (f32, f32, usize) {
     let n = x.len();
+    let s0 = (first + 1) * k - l;
+    let (byte0, sh0) = (s0 / 8, s0 % 8);
+    let mut ctrl = [0u8; 32];
+    let mut shifts = [0i32; 8];
+    for j in 0..8 {
+        let bit = sh0 + j * k;
+        for b in 0..4 {
+            ctrl[4 * j + b] = (bit / 8 + b) as u8;
+        }
+        shifts[j] = (bit % 8) as i32;
+    }
+    // SAFETY: 32 and 8 lanes from arrays of that size.
+    let (ctrl, shifts) = unsafe {
+        (
+            _mm256_loadu_si256(ctrl.as_ptr() as *const __m256i),
+            _mm256_loadu_si256(shifts.as_ptr() as *const __m256i),
+        )
+    };
     let mask = _mm256_set1_epi32(((1u32 << l) - 1) as i32);
-    let step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let ki = _mm256_set1_epi32(k as i32);
     let mul = _mm256_set1_epi32(34_038_481);
     let add = _mm256_set1_epi32(76_625_530);
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
-    let seven = _mm256_set1_epi32(7);
-    let lane_bits = _mm256_mullo_epi32(step, ki);
+    let sums = |g: usize| {
+        // SAFETY: the caller's loop keeps the 16 bytes inside `bits`.
+        let v = unsafe {
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                bits.as_ptr().add(byte0 + g * k) as *const __m128i
+            ))
+        };
+        let w = _mm256_shuffle_epi8(v, ctrl);
+        let state = _mm256_and_si256(_mm256_srlv_epi32(w, shifts), mask);
+        let h = _mm256_add_epi32(_mm256_mullo_epi32(state, mul), add);
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(h, ones8), ones16))
+    };
+    // Group g covers values first + 8g .. first + 8g + 8.
+    let fits = |g: usize| first + 8 * g + 8 <= n && byte0 + g * k + 16 <= bits.len();
     let (mut acc, mut acc2, mut xs) = (
         _mm256_setzero_ps(),
         _mm256_setzero_ps(),
         _mm256_setzero_ps(),
     );
-    let mut i = first;
-    let sums = |i: usize| {
-        let start = _mm256_add_epi32(_mm256_set1_epi32(((i + 1) * k - l) as i32), lane_bits);
-        // SAFETY: the caller's loop keeps every lane's 4 bytes inside `bits`.
-        let w = unsafe {
-            _mm256_i32gather_epi32::<1>(bits.as_ptr() as *const i32, _mm256_srli_epi32::<3>(start))
-        };
-        let state = _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_and_si256(start, seven)), mask);
-        let h = _mm256_add_epi32(_mm256_mullo_epi32(state, mul), add);
-        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(h, ones8), ones16))
-    };
-    let fits = |i: usize| i + 8 <= n && ((i + 8) * k - l) / 8 + 4 <= bits.len();
-    while fits(i + 8) {
+    let mut g = 0;
+    while fits(g + 1) {
+        let i = first + 8 * g;
         // SAFETY: i + 16 ≤ n.
         let (x0, x1) = unsafe {
             (
@@ -627,17 +647,17 @@ pub(crate) unsafe fn trellis_sums_dot(
                 _mm256_loadu_ps(x.as_ptr().add(i + 8)),
             )
         };
-        acc = _mm256_fmadd_ps(sums(i), x0, acc);
-        acc2 = _mm256_fmadd_ps(sums(i + 8), x1, acc2);
+        acc = _mm256_fmadd_ps(sums(g), x0, acc);
+        acc2 = _mm256_fmadd_ps(sums(g + 1), x1, acc2);
         xs = _mm256_add_ps(xs, _mm256_add_ps(x0, x1));
-        i += 16;
+        g += 2;
     }
-    while fits(i) {
-        // SAFETY: i + 8 ≤ n.
-        let x0 = unsafe { _mm256_loadu_ps(x.as_ptr().add(i)) };
-        acc = _mm256_fmadd_ps(sums(i), x0, acc);
+    while fits(g) {
+        // SAFETY: first + 8g + 8 ≤ n.
+        let x0 = unsafe { _mm256_loadu_ps(x.as_ptr().add(first + 8 * g)) };
+        acc = _mm256_fmadd_ps(sums(g), x0, acc);
         xs = _mm256_add_ps(xs, x0);
-        i += 8;
+        g += 1;
     }
-    (hsum(_mm256_add_ps(acc, acc2)), hsum(xs), i)
+    (hsum(_mm256_add_ps(acc, acc2)), hsum(xs), first + 8 * g)
 }

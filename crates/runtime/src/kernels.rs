@@ -385,12 +385,15 @@ multiversion! {
     }
 }
 
-/// `⟨decoded trellis row, xr⟩` (before the row scale): per tail-biting sequence, AVX2 gathers
-/// the code sums of the values whose windows do not wrap (`c1·Σ sum·x + c0·Σ x`); the first
-/// few (wrapped) and last few (near the stream's end) values, and every value without AVX2,
-/// go through the trellis crate's reference decoder.
+/// `⟨decoded trellis row, xr⟩` (before the row scale) of the row whose bits start at byte
+/// `start` of `bits` (the tensor's): per tail-biting sequence, AVX2 computes the code sums of
+/// the values whose windows do not wrap (`c1·Σ sum·x + c0·Σ x`, reading up to 16 bytes ahead,
+/// into the next rows where there are any); the first few (wrapped) values go through the
+/// trellis crate's reference decoder, the last few through a scalar window read; without AVX2
+/// every sequence is decoded by the reference decoder, then dotted.
 pub(crate) fn trellis_row_dot(
-    row: &[u8],
+    bits: &[u8],
+    start: usize,
     p: &hypercodec_trellis::TrellisParams,
     seq: usize,
     xr: &[f32],
@@ -400,19 +403,29 @@ pub(crate) fn trellis_row_dot(
     let (c1, c0) = p.affine();
     let mut acc = 0f32;
     for q in hypercodec_trellis::row_sequences(xr.len(), seq) {
-        let src = &row[q.start * k / 8..(q.end * k).div_ceil(8)];
+        let from = start + q.start * k / 8;
+        let src = &bits[from..start + (q.end * k).div_ceil(8)];
         let x = &xr[q.clone()];
         let n = x.len();
         let first = (l - k).div_ceil(k).min(n);
         if crate::simd::has_avx2() && n > first {
             #[cfg(target_arch = "x86_64")]
             {
-                // SAFETY: AVX2 and FMA are present; `src` holds the sequence's n·K bits;
-                // value `first` is past the wrapped windows.
-                let (s, xs, done) = unsafe { crate::avx2::trellis_sums_dot(src, l, k, first, x) };
+                // SAFETY: AVX2 and FMA are present; `bits[from..]` holds the sequence's n·K
+                // bits (and whatever follows); value `first` is past the wrapped windows.
+                let (s, xs, done) =
+                    unsafe { crate::avx2::trellis_sums_dot(&bits[from..], l, k, first, x) };
                 acc += c1 * s + c0 * xs;
-                for i in (0..first).chain(done..n) {
-                    acc += hypercodec_trellis::value_at(src, n, p, i)? * x[i];
+                for (i, &xi) in x.iter().enumerate().take(first) {
+                    acc += hypercodec_trellis::value_at(src, n, p, i)? * xi;
+                }
+                for (i, &xi) in x.iter().enumerate().skip(done) {
+                    let bit = (i + 1) * k - l;
+                    let mut w = [0u8; 4];
+                    let have = (src.len() - bit / 8).min(4);
+                    w[..have].copy_from_slice(&src[bit / 8..bit / 8 + have]);
+                    let state = (u32::from_le_bytes(w) >> (bit % 8)) & ((1u32 << l) - 1);
+                    acc += p.value(state) * xi;
                 }
                 continue;
             }

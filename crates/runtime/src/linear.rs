@@ -1176,14 +1176,8 @@ fn trellis_gemv(
         let mut buf = Vec::new();
         for (i, o) in out.iter_mut().enumerate() {
             let r = r0 + i;
-            let dot = kernels::trellis_row_dot(
-                &t.bits[r * rb..(r + 1) * rb],
-                &t.params,
-                t.seq,
-                &xr,
-                &mut buf,
-            )
-            .map_err(|e| corrupt(view, format!("trellis bits: {e}")))?;
+            let dot = kernels::trellis_row_dot(&t.bits, r * rb, &t.params, t.seq, &xr, &mut buf)
+                .map_err(|e| corrupt(view, format!("trellis bits: {e}")))?;
             *o = t.scales[r] * dot;
         }
         Ok(())
