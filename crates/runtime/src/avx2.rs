@@ -661,3 +661,92 @@ pub(crate) unsafe fn trellis_sums_dot(
     }
     (hsum(_mm256_add_ps(acc, acc2)), hsum(xs), first + 8 * g)
 }
+
+/// [`trellis_sums_dot`] sixteen values at a time in AVX-512: one 32-byte load, a byte
+/// permutation (VBMI) that gives each lane the 4 bytes holding its window, a shift per lane,
+/// a mask, the multiply-add of the hash and the byte sum in one VNNI dot product.
+///
+/// # Safety
+/// As [`trellis_sums_dot`], and the CPU must have AVX-512 F, BW, VBMI and VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,avx2,fma")]
+pub(crate) unsafe fn trellis_sums_dot512(
+    bits: &[u8],
+    l: usize,
+    k: usize,
+    first: usize,
+    x: &[f32],
+) -> (f32, f32, usize) {
+    let n = x.len();
+    let s0 = (first + 1) * k - l;
+    let (byte0, sh0) = (s0 / 8, s0 % 8);
+    let mut ctrl = [0u8; 64];
+    let mut shifts = [0i32; 16];
+    for j in 0..16 {
+        let bit = sh0 + j * k;
+        for b in 0..4 {
+            ctrl[4 * j + b] = (bit / 8 + b) as u8;
+        }
+        shifts[j] = (bit % 8) as i32;
+    }
+    // SAFETY: 64 bytes and 16 lanes from arrays of that size.
+    let (ctrl, shifts) = unsafe {
+        (
+            _mm512_loadu_si512(ctrl.as_ptr() as *const _),
+            _mm512_loadu_si512(shifts.as_ptr() as *const _),
+        )
+    };
+    let mask = _mm512_set1_epi32(((1u32 << l) - 1) as i32);
+    let mul = _mm512_set1_epi32(34_038_481);
+    let add = _mm512_set1_epi32(76_625_530);
+    let ones8 = _mm512_set1_epi8(1);
+    let sums = |g: usize| {
+        // SAFETY: the caller's loop keeps the 32 bytes inside `bits`.
+        let v = unsafe {
+            _mm512_castsi256_si512(_mm256_loadu_si256(
+                bits.as_ptr().add(byte0 + 2 * g * k) as *const __m256i
+            ))
+        };
+        let w = _mm512_permutexvar_epi8(ctrl, v);
+        let state = _mm512_and_si512(_mm512_srlv_epi32(w, shifts), mask);
+        let h = _mm512_add_epi32(_mm512_mullo_epi32(state, mul), add);
+        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), h, ones8))
+    };
+    // Group g covers values first + 16g .. first + 16g + 16.
+    let fits = |g: usize| first + 16 * g + 16 <= n && byte0 + 2 * g * k + 32 <= bits.len();
+    let (mut acc, mut acc2, mut xs) = (
+        _mm512_setzero_ps(),
+        _mm512_setzero_ps(),
+        _mm512_setzero_ps(),
+    );
+    let mut g = 0;
+    while fits(g + 1) {
+        let i = first + 16 * g;
+        // SAFETY: i + 32 ≤ n.
+        let (x0, x1) = unsafe {
+            (
+                _mm512_loadu_ps(x.as_ptr().add(i)),
+                _mm512_loadu_ps(x.as_ptr().add(i + 16)),
+            )
+        };
+        acc = _mm512_fmadd_ps(sums(g), x0, acc);
+        acc2 = _mm512_fmadd_ps(sums(g + 1), x1, acc2);
+        xs = _mm512_add_ps(xs, _mm512_add_ps(x0, x1));
+        g += 2;
+    }
+    while fits(g) {
+        // SAFETY: first + 16g + 16 ≤ n.
+        let x0 = unsafe { _mm512_loadu_ps(x.as_ptr().add(first + 16 * g)) };
+        acc = _mm512_fmadd_ps(sums(g), x0, acc);
+        xs = _mm512_add_ps(xs, x0);
+        g += 1;
+    }
+    let i = first + 16 * g;
+    // The rest, eight at a time.
+    // SAFETY: as the caller's (the same stream and activations, from value i).
+    let (s, xr, done) = unsafe { trellis_sums_dot(bits, l, k, i, x) };
+    (
+        _mm512_reduce_add_ps(_mm512_add_ps(acc, acc2)) + s,
+        _mm512_reduce_add_ps(xs) + xr,
+        done,
+    )
+}

@@ -413,8 +413,13 @@ pub(crate) fn trellis_row_dot(
             {
                 // SAFETY: AVX2 and FMA are present; `bits[from..]` holds the sequence's n·K
                 // bits (and whatever follows); value `first` is past the wrapped windows.
-                let (s, xs, done) =
-                    unsafe { crate::avx2::trellis_sums_dot(&bits[from..], l, k, first, x) };
+                let (s, xs, done) = unsafe {
+                    if crate::simd::has_avx512_vnni() {
+                        crate::avx2::trellis_sums_dot512(&bits[from..], l, k, first, x)
+                    } else {
+                        crate::avx2::trellis_sums_dot(&bits[from..], l, k, first, x)
+                    }
+                };
                 acc += c1 * s + c0 * xs;
                 for (i, &xi) in x.iter().enumerate().take(first) {
                     acc += hypercodec_trellis::value_at(src, n, p, i)? * xi;
@@ -440,6 +445,63 @@ pub(crate) fn trellis_row_dot(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The trellis code-sum dots (AVX2 shuffles, AVX-512 permutes) against the reference
+    /// decoder, for every K, several L, windows starting at every bit offset.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn trellis_sums_dots_match_the_reference_decoder() {
+        use hypercodec_trellis::{decode, TrellisParams};
+        if !crate::simd::has_avx2() {
+            eprintln!("skipped: no AVX2 on this CPU");
+            return;
+        }
+        for (l, k) in [
+            (8u8, 1u8),
+            (9, 2),
+            (12, 3),
+            (12, 4),
+            (16, 2),
+            (16, 5),
+            (14, 8),
+        ] {
+            let p = TrellisParams::new(l, k);
+            let n = 203;
+            let bits: Vec<u8> = (0..(n * k as usize).div_ceil(8) + 40)
+                .map(|i| (i as u32).wrapping_mul(2654435761).rotate_left(7) as u8)
+                .collect();
+            let stream = &bits[..(n * k as usize).div_ceil(8)];
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+                .collect();
+            let want = decode(stream, n, &p).unwrap();
+            let (c1, c0) = p.affine();
+            let first = (l - k).div_ceil(k) as usize;
+            let check = |(s, xs, done): (f32, f32, usize), what: &str| {
+                let ours = c1 * s + c0 * xs;
+                let reference: f32 = (first..done).map(|i| want[i] * x[i]).sum();
+                let tol = 1e-4 * (first..done).map(|i| (want[i] * x[i]).abs()).sum::<f32>();
+                assert!(
+                    (ours - reference).abs() <= tol.max(1e-5) && done + 40 >= n,
+                    "{what} L {l} K {k}: {ours} vs {reference} ({done} of {n})"
+                );
+            };
+            // SAFETY: AVX2 checked above; `bits` holds the stream and 40 bytes beyond.
+            check(
+                unsafe { crate::avx2::trellis_sums_dot(&bits, l as usize, k as usize, first, &x) },
+                "avx2",
+            );
+            if crate::simd::has_avx512_vnni() {
+                // SAFETY: AVX-512 VBMI and VNNI checked.
+                check(
+                    unsafe {
+                        crate::avx2::trellis_sums_dot512(&bits, l as usize, k as usize, first, &x)
+                    },
+                    "avx512",
+                );
+            }
+        }
+    }
 
     /// The dispatched kernels (AVX2 where the CPU has it) against their portable twins.
     #[test]

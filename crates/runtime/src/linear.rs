@@ -229,7 +229,8 @@ impl CompressedLinear {
 
     /// The route at `batch` activation rows: the batch-1 path; run once per row up to 16 rows
     /// (entropy-coded lattice tensors excepted: their chunks are decoded once per call);
-    /// otherwise tiles decoded to f32 (lattice: scaled points against `RHT(X)`) and a GEMM.
+    /// otherwise tiles decoded to f32 (lattice and trellis: scaled points or codes against
+    /// `RHT(X)`) and a GEMM.
     pub fn route(&self, batch: usize) -> String {
         let detail = self.path_detail();
         match (batch, self.path()) {
@@ -239,6 +240,7 @@ impl CompressedLinear {
             (_, Path::LatticeResident { .. }) => "lattice-coded-points+gemm".into(),
             (b, _) if b <= SMALL_BATCH => format!("{detail} ×{b}"),
             (_, Path::E8Fixed { .. } | Path::LatticeWords) => "lattice-points+gemm".into(),
+            (_, Path::Trellis { .. }) => "trellis-codes+gemm".into(),
             _ => "decode-tiles+gemm".into(),
         }
     }
@@ -564,6 +566,8 @@ impl Op {
                 } else if let (Kind::LatticeResident, Parts::Lattice(l)) = (kind, view.parts_ref())
                 {
                     lattice_coded_gemm(view, l, x, batch, yt)
+                } else if let (Kind::Trellis, Parts::Trellis(t)) = (kind, view.parts_ref()) {
+                    trellis_points_gemm(view, t, x, batch, yt)
                 } else {
                     tiles(view, x, batch, yt)
                 }
@@ -1156,6 +1160,48 @@ fn lattice_gemv(
             resident(view, symbols, spr, y, |r, syms| scale(r) * row_dot(syms))
         }
     }
+}
+
+/// Trellis rows above [`SMALL_BATCH`]: `X' = RHT(X)` once, then tiles of decoded codes times
+/// the row scales (no inverse transform per weight row) multiplied with `X'ᵀ` by the GEMM.
+fn trellis_points_gemm(
+    view: &TensorView<'_>,
+    t: &hwz::TrellisParts<'_>,
+    x: &[f32],
+    batch: usize,
+    yt: &mut [f32],
+) -> Result<()> {
+    let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+    if rows == 0 || cols == 0 {
+        yt.fill(0.0);
+        return Ok(());
+    }
+    let rht = Rht::new(cols, t.tile, t.seed)
+        .map_err(|e| corrupt(view, format!("trellis transform: {e}")))?;
+    let mut xr = x.to_vec();
+    xr.chunks_exact_mut(cols).for_each(|r| rht.forward(r));
+    let rb = t.row_bytes(cols);
+    let k = t.params.k as usize;
+    let tasks = row_tiles(yt, tile_rows_for(rows, cols), batch);
+    tasks
+        .into_par_iter()
+        .try_for_each_init(Vec::new, |w: &mut Vec<f32>, (r0, out)| -> Result<()> {
+            let n = out.len() / batch;
+            w.resize(n * cols, 0.0);
+            for (i, wr) in w.chunks_exact_mut(cols).enumerate() {
+                let r = r0 + i;
+                let row = &t.bits[r * rb..(r + 1) * rb];
+                for q in hypercodec_trellis::row_sequences(cols, t.seq) {
+                    let src = &row[q.start * k / 8..(q.end * k).div_ceil(8)];
+                    hypercodec_trellis::decode_into(src, &t.params, &mut wr[q])
+                        .map_err(|e| corrupt(view, format!("trellis bits: {e}")))?;
+                }
+                let s = t.scales[r];
+                wr.iter_mut().for_each(|v| *v *= s);
+            }
+            gemm_wxt(w, n, cols, &xr, batch, out);
+            Ok(())
+        })
 }
 
 /// Trellis rows at batch 1: `x' = RHT(x)` once, then each row's bits decoded in registers and

@@ -35,6 +35,25 @@ pub(crate) fn has_avx512() -> bool {
     })
 }
 
+/// True when [`has_avx512`] and the CPU also has AVX-512 VBMI and VNNI (byte permutations
+/// and byte dot products). Read once.
+#[inline]
+pub(crate) fn has_avx512_vnni() -> bool {
+    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VNNI.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            has_avx512()
+                && std::is_x86_feature_detected!("avx512vbmi")
+                && std::is_x86_feature_detected!("avx512vnni")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 /// The instruction set the kernels use on this CPU.
 pub fn simd_level() -> &'static str {
     if has_avx512() {
