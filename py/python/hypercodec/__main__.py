@@ -9,9 +9,14 @@ from ._native import cli
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line on ``argv`` (default: ``sys.argv[1:]``) and returns its exit code.
+    ``eval`` runs the evaluation suite (:mod:`hypercodec.eval`; needs torch and transformers).
     ``compress`` also reads PyTorch checkpoints (``.pt``/``.pth``/``.bin``, through
     ``torch.load(weights_only=True)``): they are staged as a temporary safetensors file."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["eval"]:
+        from .eval import main as eval_main
+
+        return eval_main(args[1:])
     if len(args) >= 3 and args[0] == "compress" and args[1].endswith((".pt", ".pth", ".bin", ".ckpt")):
         import os
         import tempfile

