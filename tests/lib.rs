@@ -119,24 +119,22 @@ pub fn golden_lattice_encodings() -> Vec<Encoding> {
 /// The trellis encodings of `golden-v1-trellis.hwz` (6×40 tensors): the default L = 16, one
 /// sequence per row or several (the last one longer), 1 to 4 bits, every scale storage.
 pub fn golden_trellis_encodings() -> Vec<Encoding> {
-    let t = |l, k, tile, seq, scale_dtype| {
-        let mut e = Encoding::trellis(l, k, tile, 11);
-        if let Encoding::Trellis {
-            seq: s,
-            scale_dtype: d,
-            ..
-        } = &mut e
-        {
-            *s = seq;
-            *d = scale_dtype;
-        }
-        e
+    // The scales are those the calibration gave when the file was made (they are stored, so a
+    // later calibration changes nothing here).
+    let t = |l, k, scale, tile, seq, scale_dtype| Encoding::Trellis {
+        l,
+        k,
+        scale,
+        tile,
+        seed: 11,
+        seq,
+        scale_dtype,
     };
     vec![
-        t(16, 2, 8, 1024, FloatDtype::F16),
-        t(12, 4, 8, 16, FloatDtype::Bf16),
-        t(8, 1, 1, 8, FloatDtype::F32),
-        t(10, 3, 4, 24, FloatDtype::F16),
+        t(16, 2, 1.0703, 8, 1024, FloatDtype::F16),
+        t(12, 4, 1.1616, 8, 16, FloatDtype::Bf16),
+        t(8, 1, 0.874, 1, 8, FloatDtype::F32),
+        t(10, 3, 1.1451, 4, 24, FloatDtype::F16),
     ]
 }
 

@@ -178,6 +178,10 @@ fn boundary_window() -> usize {
         .unwrap_or(BOUNDARY_WINDOW)
 }
 
+/// Sequences of up to this many values try every boundary when there are few (below, the
+/// exact optimum costs at most 64 passes of a short sequence; a long one takes the two passes).
+const EXHAUSTIVE_VALUES: usize = 128;
+
 /// Up to this many possible boundaries (2^(L−K)), every one is tried.
 const EXHAUSTIVE_BOUNDARIES: usize = 64;
 
@@ -209,7 +213,8 @@ const CODE_SCALE: f32 = 1.0 / 147.8019;
 /// `x` rotated by half its length, so the path it finds crosses the sequence's boundary in
 /// its middle; the second fixes the start of `x` to the `L − K` bits that path holds at the
 /// boundary and keeps only the ends that agree. When there are at most 64 possible boundaries
-/// (`L − K ≤ 6`), every one is tried instead (the exact tail-biting optimum).
+/// (`L − K ≤ 6`) and at most 128 values, every one is tried instead (the exact tail-biting
+/// optimum).
 pub fn encode(x: &[f32], p: &TrellisParams) -> Result<Vec<u8>> {
     let mut out = vec![0u8; (x.len() * p.k as usize).div_ceil(8)];
     Encoder::new(p)?.encode_into(x, &mut out)?;
@@ -266,7 +271,7 @@ impl Encoder {
         let low_mask = (1u32 << low_bits) - 1;
         let n = x.len();
         let vt = &mut self.viterbi;
-        let ks = if (low_mask as usize) < EXHAUSTIVE_BOUNDARIES {
+        let ks = if (low_mask as usize) < EXHAUSTIVE_BOUNDARIES && n <= EXHAUSTIVE_VALUES {
             let mut best: Option<(f64, Vec<u32>)> = None;
             for start in 0..=low_mask {
                 let (e, cost) = vt.run(
