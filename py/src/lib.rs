@@ -370,16 +370,26 @@ impl Linear {
     /// `[out, in·kh·kw]`) with the candidate `spec` (`int4`, `int8-row`, `e8@4`, `e8-fixed4`,
     /// `lowrank@16`, `bf16`, ...; see `hypercodec plan --help`). A lattice rate the tensor
     /// cannot serve falls back to a per-tensor integer grid, as `compress` does.
+    ///
+    /// `hessian` (float32, `cols × cols`: the second moment `E[x·xᵀ]` of the layer's inputs,
+    /// e.g. from calibration text) turns on error-feedback rounding (GPTQ's rule) for affine
+    /// and lattice specs, damped by `damp` times its mean diagonal; the stored format is the
+    /// same. Other specs ignore it.
     #[staticmethod]
-    #[pyo3(signature = (weight, spec, bias=None))]
+    #[pyo3(signature = (weight, spec, bias=None, hessian=None, damp=0.01))]
     fn quantize(
         py: Python<'_>,
         weight: PyReadonlyArrayDyn<'_, f32>,
         spec: &str,
         bias: Option<PyReadonlyArrayDyn<'_, f32>>,
+        hessian: Option<PyReadonlyArrayDyn<'_, f32>>,
+        damp: f64,
     ) -> PyResult<Linear> {
         let shape: Vec<u64> = weight.shape().iter().map(|&d| d as u64).collect();
         let values = weight.as_slice()?;
+        let hessian = hessian
+            .map(|h| h.as_slice().map(<[f32]>::to_vec))
+            .transpose()?;
         let bias = bias
             .map(|b| b.as_slice().map(<[f32]>::to_vec))
             .transpose()?;
@@ -397,9 +407,13 @@ impl Linear {
             }
         }
         let (op, stored) = py.detach(|| -> Result<(CompressedLinear, u64), PyErr> {
-            let t = spec
-                .encode("weight", values, &shape, EncodeOptions::default())
-                .map_err(|e| InvalidInputError::new_err(e.to_string()))?;
+            let t = match &hessian {
+                Some(h) => spec
+                    .encode_calibrated("weight", values, &shape, EncodeOptions::default(), h, damp)
+                    .map(|(t, _)| t),
+                None => spec.encode("weight", values, &shape, EncodeOptions::default()),
+            }
+            .map_err(|e| InvalidInputError::new_err(e.to_string()))?;
             let op = CompressedLinear::from_encoded(
                 "weight",
                 &t,

@@ -42,8 +42,8 @@ def test_causal_lm_rows_follow_the_rate_and_count_stored_bytes(tmp_path):
     subject = hev.CausalLM(model, Tokens(), text, tokens=640, window=128)
     assert len(subject.windows) == 5 and all(w[0, 0] == 1 for w in subject.windows)
     tensors = []
-    rows = hev.evaluate("tiny", subject, ["affine", "trellis-l12"], [8, 2], tensors, progress=lambda _: None)
-    base, int8, tcq8, int2, tcq2 = rows
+    rows = hev.evaluate("tiny", subject, ["affine", "trellis-l12", "affine+cal"], [8, 2], tensors, progress=lambda _: None)
+    base, int8, tcq8, cal8, int2, tcq2, cal2 = rows
     assert base.method == "original" and math.isfinite(base.quality["ppl"])
     assert not any(r.error for r in rows), [r.error for r in rows]
     # INT8 g128: 8 bits plus an f16 scale and offset per group of 128 values (the whole row
@@ -58,6 +58,9 @@ def test_causal_lm_rows_follow_the_rate_and_count_stored_bytes(tmp_path):
     assert int2.quality["kl"] > int8.quality["kl"]
     assert tcq2.snr_db > int2.snr_db
     assert 2.0 <= tcq2.bps < 2.3  # an f16 scale per row of 64 or 128 values
+    # Calibrated rounding: the same format (the same bytes), a lower output error.
+    assert cal2.bps == int2.bps and cal8.bps == int8.bps
+    assert cal2.quality["kl"] < int2.quality["kl"]
     assert {t["method"] for t in tensors} == {r.label for r in rows[1:]}
     assert all(t["snr_db"] > 0 for t in tensors)
     meta = {"command": "test", "machine": "test", "torch": "", "transformers": "", "hypercodec": "",

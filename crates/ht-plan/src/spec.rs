@@ -292,6 +292,49 @@ impl Spec {
     }
 }
 
+impl Spec {
+    /// [`Spec::encode`] with error feedback from the layer's input statistics `h` (`cols ×
+    /// cols`, row-major; [`hwz::encode_calibrated`]) where the recipe's encoding has it —
+    /// affine, and lattice (a rate is first fitted without `h`, then the tensor is encoded
+    /// once more with feedback at that scale, so its rate moves a little); other recipes are
+    /// encoded as [`Spec::encode`] does. Returns whether feedback was used.
+    pub fn encode_calibrated(
+        &self,
+        name: &str,
+        values: &[f32],
+        shape: &[u64],
+        options: EncodeOptions,
+        h: &[f32],
+        damp: f64,
+    ) -> Result<(EncodedTensor, bool)> {
+        let cols = hypercodec_hwz::matrix_view(shape, values.len() as u64)
+            .1
+            .max(1);
+        let encoding = match self {
+            Spec::Fixed {
+                encoding: e @ Encoding::Affine { .. },
+            } => e.clone(),
+            Spec::Rate {
+                template,
+                bps,
+                max_tile,
+            } if matches!(template, Encoding::Lattice { .. }) => {
+                let tile = hwz::tile_for(cols as usize, *max_tile as usize) as u32;
+                let t = template.with_tile(tile);
+                match bps {
+                    Some(b) => hwz::encode_to_rate(name, values, shape, &t, *b, options)?.encoding,
+                    None => t,
+                }
+            }
+            _ => return Ok((self.encode(name, values, shape, options)?, false)),
+        };
+        Ok((
+            hwz::encode_calibrated(name, values, shape, &encoding, h, damp)?,
+            true,
+        ))
+    }
+}
+
 /// Positions (ascending) of the `count` largest `|target − approx|`.
 pub fn top_errors(target: &[f32], approx: &[f32], count: usize) -> (Vec<u64>, Vec<f32>) {
     hypercodec_hwz::top_k_errors(target, approx, count)

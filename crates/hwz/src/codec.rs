@@ -46,7 +46,7 @@ pub fn encode(
             v
         }
         Encoding::Lattice { .. } => {
-            crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens)?
+            crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens, None)?
         }
         Encoding::Trellis { .. } => {
             crate::trellis_codec::encode(tensor, values, rows, cols, encoding)?
@@ -68,6 +68,91 @@ pub fn encode(
         .iter()
         .zip(&lens)
         .all(|((r, b), (lr, l))| r == lr && l.allows(b.len() as u64)));
+    Ok(EncodedTensor {
+        encoding: encoding.clone(),
+        streams,
+    })
+}
+
+/// [`encode`] with error feedback from the layer's input statistics `h` (`cols × cols`,
+/// row-major, `E[x·xᵀ]` of the inputs the matrix view multiplies; [`hypercodec_scalar::ldlq`],
+/// GPTQ's rule): for `affine` (every group layout; groups fitted as rounding reaches them) and
+/// `lattice` (word by word after the RHT, `h` rotated the same way). The streams are the same
+/// format as [`encode`]'s. Other encodings: [`HwzError::InvalidEncoding`].
+pub fn encode_calibrated(
+    tensor: &str,
+    values: &[f32],
+    shape: &[u64],
+    encoding: &Encoding,
+    h: &[f32],
+    damp: f64,
+) -> Result<EncodedTensor> {
+    let n = element_count(tensor, shape)?;
+    if values.len() as u64 != n {
+        return Err(HwzError::ElementCount {
+            tensor: tensor.to_string(),
+            shape: shape.to_vec(),
+            expected: n,
+            actual: values.len() as u64,
+        });
+    }
+    let lens = encoding.stream_lens(tensor, shape)?;
+    let (rows, cols) = matrix_view(shape, n);
+    let (r, c) = (rows as usize, cols as usize);
+    let bad = |message: String| HwzError::InvalidEncoding {
+        tensor: tensor.into(),
+        message,
+    };
+    if h.len() != c * c {
+        return Err(bad(format!(
+            "input statistics of {} values for rows of {c} (need {c}x{c})",
+            h.len()
+        )));
+    }
+    let streams = match encoding {
+        Encoding::Affine { .. } => {
+            let params = encoding.affine_params().expect("affine");
+            let f = scalar::ldlq::Ldlq::new(h, c, damp).map_err(scalar_err(tensor))?;
+            // Rows are independent under one factor: split them over the pool (one group for
+            // the whole tensor needs all of them at once).
+            let per = if params.group == scalar::Group::Tensor || r * c < 1 << 16 {
+                r.max(1)
+            } else {
+                (r.div_ceil(crate::par::threads() * 4)).max(1)
+            };
+            let chunks: Vec<(usize, usize)> =
+                (0..r).step_by(per).map(|s| (s, per.min(r - s))).collect();
+            let parts = crate::par::map(chunks, |(s, k)| {
+                scalar::affine_ldlq_codes(&values[s * c..(s + k) * c], k, c, &params, &f)
+            });
+            let (mut codes, mut groups) = (Vec::with_capacity(values.len()), Vec::new());
+            for p in parts {
+                let (cd, g) = p.map_err(scalar_err(tensor))?;
+                codes.extend_from_slice(&cd);
+                groups.extend(g);
+            }
+            let enc =
+                scalar::affine_pack(&codes, &groups, r, c, &params).map_err(scalar_err(tensor))?;
+            let mut v = vec![(role::CODES, enc.codes), (role::SCALES, enc.scales)];
+            if !params.symmetric {
+                v.push((role::OFFSETS, enc.offsets));
+            }
+            v
+        }
+        Encoding::Lattice { .. } => {
+            let params = encoding.lattice_params().expect("lattice");
+            let hr = lat::rotate_hessian(h, c, &params)
+                .map_err(crate::lattice_codec::lat_err(tensor))?;
+            let f = scalar::ldlq::Ldlq::new(&hr, c, damp).map_err(scalar_err(tensor))?;
+            crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens, Some(&f))?
+        }
+        other => {
+            return Err(bad(format!(
+                "no calibrated rounding for the {} encoding (affine and lattice have one)",
+                other.tag()
+            )))
+        }
+    };
     Ok(EncodedTensor {
         encoding: encoding.clone(),
         streams,

@@ -65,10 +65,18 @@ pub(crate) fn encode(
     cols: u64,
     encoding: &Encoding,
     lens: &[(&'static str, StreamLen)],
+    ldlq: Option<&hypercodec_scalar::ldlq::Ldlq>,
 ) -> Result<Vec<(&'static str, Vec<u8>)>> {
     let (lattice, scale_dtype, coding, params) = unpack(tensor, encoding)?;
-    let q = quantize_parallel(values, rows as usize, cols as usize, &params, scale_dtype)
-        .map_err(lat_err(tensor))?;
+    let q = quantize_parallel(
+        values,
+        rows as usize,
+        cols as usize,
+        &params,
+        scale_dtype,
+        ldlq,
+    )
+    .map_err(lat_err(tensor))?;
     if let Some(group) = q.scales.iter().position(|s| !s.is_finite()) {
         let value = values[group * cols as usize..(group + 1) * cols as usize]
             .iter()
@@ -157,9 +165,10 @@ fn quantize_parallel(
     cols: usize,
     params: &lat::LatticeParams,
     scale_dtype: hypercodec_scalar::FloatDtype,
+    ldlq: Option<&hypercodec_scalar::ldlq::Ldlq>,
 ) -> std::result::Result<lat::Quantized, lat::LatticeError> {
     let parts = row_parts(rows, cols);
-    if parts.len() <= 1 {
+    if parts.len() <= 1 && ldlq.is_none() {
         return lat::quantize_rows(values, rows, cols, params, |s| scale_dtype.round(s));
     }
     let spr = lat::symbols_per_row(params.lattice, cols);
@@ -179,7 +188,21 @@ fn quantize_parallel(
             symbols: sym,
             scales: sc,
         };
-        lat::quantize_rows_into(v, n, cols, params, |x| scale_dtype.round(x), start, out)
+        match ldlq {
+            None => {
+                lat::quantize_rows_into(v, n, cols, params, |x| scale_dtype.round(x), start, out)
+            }
+            Some(f) => lat::quantize_rows_ldlq_into(
+                v,
+                n,
+                cols,
+                params,
+                |x| scale_dtype.round(x),
+                start,
+                out,
+                f,
+            ),
+        }
     })
     .into_iter()
     .collect::<std::result::Result<(), _>>()?;

@@ -542,3 +542,72 @@ fn trellis_refuses_bad_fields_and_short_rows() {
     let t = encode("w", &[0.0; 64], &[8, 8], &good, EncodeOptions::default()).unwrap();
     assert!(through_archive("w", &[8, 8], &t).iter().all(|&v| v == 0.0));
 }
+
+#[test]
+fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
+    let (rows, cols) = (12usize, 64usize);
+    let x = gaussian(rows * cols, 9);
+    let shape = [rows as u64, cols as u64];
+    let mut eye = vec![0f32; cols * cols];
+    (0..cols).for_each(|i| eye[i * cols + i] = 1.0);
+    let mut h = vec![0f32; cols * cols];
+    for i in 0..cols {
+        for j in 0..cols {
+            h[i * cols + j] = 0.9f32.powi((i as i32 - j as i32).abs());
+        }
+    }
+    let lattice = |coding| Encoding::Lattice {
+        lattice: Lattice::E8,
+        alpha: 2.5,
+        tile: 64,
+        seed: 1,
+        scale_dtype: FloatDtype::F16,
+        coding,
+    };
+    let out_err = |y: &[f32]| -> f64 {
+        (0..rows)
+            .map(|r| {
+                let d: Vec<f64> = (0..cols)
+                    .map(|c| (x[r * cols + c] - y[r * cols + c]) as f64)
+                    .collect();
+                (0..cols)
+                    .map(|i| {
+                        (0..cols)
+                            .map(|j| d[i] * h[i * cols + j] as f64 * d[j])
+                            .sum::<f64>()
+                    })
+                    .sum::<f64>()
+            })
+            .sum()
+    };
+    for enc in [
+        Encoding::affine(AffineParams {
+            bits: 3,
+            group: Group::Size(32),
+            ..AffineParams::default()
+        }),
+        lattice(Coding::Fixed { bits: 3 }),
+        lattice(Coding::RANS_DEFAULT),
+    ] {
+        // Uncorrelated inputs: no feedback, the plain encoding bit for bit.
+        let plain = encode("w", &x, &shape, &enc, EncodeOptions::default()).unwrap();
+        let same = encode_calibrated("w", &x, &shape, &enc, &eye, 0.01).unwrap();
+        assert_eq!(plain.streams, same.streams, "{}", enc.label());
+        let fed = encode_calibrated("w", &x, &shape, &enc, &h, 0.01).unwrap();
+        let (a, b) = (
+            out_err(&through_archive("w", &shape, &plain)),
+            out_err(&through_archive("w", &shape, &fed)),
+        );
+        assert!(b < 0.9 * a, "{}: {b} vs {a}", enc.label());
+    }
+    // Statistics of the wrong size, an encoding without feedback: typed errors.
+    let aff = Encoding::affine(AffineParams::default());
+    assert!(matches!(
+        encode_calibrated("w", &x, &shape, &aff, &h[..10], 0.01),
+        Err(HwzError::InvalidEncoding { .. })
+    ));
+    assert!(matches!(
+        encode_calibrated("w", &x, &shape, &Encoding::trellis(10, 2, 64, 0), &h, 0.01),
+        Err(HwzError::InvalidEncoding { .. })
+    ));
+}

@@ -252,6 +252,86 @@ pub fn quantize_rows_into(
     first_row: usize,
     out: QuantizedMut<'_>,
 ) -> Result<()> {
+    quantize_rows_impl(
+        values,
+        rows,
+        cols,
+        params,
+        round_scale,
+        first_row,
+        out,
+        None,
+    )
+}
+
+/// [`quantize_rows_into`] with error feedback: each row's words are rounded left to right
+/// and their errors fed into the words not yet rounded ([`hypercodec_scalar::ldlq`]), with the
+/// factor `f` of the layer's input statistics *in the rotated coordinates* ([`rotate_hessian`]).
+/// The symbols are the same format; only which points are chosen changes. No dither.
+#[allow(clippy::too_many_arguments)]
+pub fn quantize_rows_ldlq_into(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    params: &LatticeParams,
+    round_scale: impl Fn(f32) -> f32,
+    first_row: usize,
+    out: QuantizedMut<'_>,
+    f: &hypercodec_scalar::ldlq::Ldlq,
+) -> Result<()> {
+    if f.n() != cols || params.dither {
+        return Err(LatticeError::Length {
+            what: "input statistics (columns; no dither)",
+            expected: cols,
+            actual: f.n(),
+        });
+    }
+    quantize_rows_impl(
+        values,
+        rows,
+        cols,
+        params,
+        round_scale,
+        first_row,
+        out,
+        Some(f),
+    )
+}
+
+/// `R·H·Rᵀ` for the input statistics `h` (`cols × cols`) of a layer whose rows are rotated
+/// by the RHT of `params` (`W·x = (W·Rᵀ)·(R·x)`): the statistics of the rotated inputs.
+pub fn rotate_hessian(h: &[f32], cols: usize, params: &LatticeParams) -> Result<Vec<f32>> {
+    if h.len() != cols * cols {
+        return Err(LatticeError::Length {
+            what: "input statistics",
+            expected: cols * cols,
+            actual: h.len(),
+        });
+    }
+    let rht = check(params, cols)?;
+    let mut m = h.to_vec();
+    m.chunks_exact_mut(cols.max(1)).for_each(|r| rht.forward(r));
+    let mut t = vec![0f32; cols * cols];
+    for i in 0..cols {
+        for j in 0..cols {
+            t[j * cols + i] = m[i * cols + j];
+        }
+    }
+    t.chunks_exact_mut(cols.max(1)).for_each(|r| rht.forward(r));
+    Ok(t)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn quantize_rows_impl(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    params: &LatticeParams,
+    round_scale: impl Fn(f32) -> f32,
+    first_row: usize,
+    out: QuantizedMut<'_>,
+    ldlq: Option<&hypercodec_scalar::ldlq::Ldlq>,
+) -> Result<()> {
     let QuantizedMut { symbols, scales } = out;
     if rows.checked_mul(cols) != Some(values.len()) {
         return Err(LatticeError::Length {
@@ -307,10 +387,32 @@ pub fn quantize_rows_into(
                 w.iter_mut().zip(&d).for_each(|(v, e)| *v += e);
             }
         }
-        for (w, s) in buf.chunks_exact(l.dim()).zip(out.chunks_exact_mut(l.dim())) {
-            match params.fixed_bits {
-                None => l.encode_word(w, s),
-                Some(b) => l.encode_word_fixed(w, b, s),
+        let d = l.dim();
+        let encode = |w: &[f32], s: &mut [u32]| match params.fixed_bits {
+            None => l.encode_word(w, s),
+            Some(b) => l.encode_word_fixed(w, b, s),
+        };
+        match ldlq {
+            None => {
+                for (w, s) in buf.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+                    encode(w, s);
+                }
+            }
+            Some(f) => {
+                // Word by word: round, write the point back, feed its error forward.
+                let (mut word, mut point) = ([0f32; 8], [0f32; 8]);
+                f.row(&mut buf[..cols], d, |j0, upcoming| {
+                    let a = d.min(upcoming.len());
+                    word[..a].copy_from_slice(&upcoming[..a]);
+                    word[a..d].iter_mut().for_each(|v| *v = 0.0);
+                    let s = &mut out[j0..j0 + d];
+                    encode(&word[..d], s);
+                    match params.fixed_bits {
+                        None => l.decode_word(s, &mut point[..d]),
+                        Some(b) => l.decode_word_fixed(s, b, &mut point[..d]),
+                    }
+                    upcoming[..a].copy_from_slice(&point[..a]);
+                });
             }
         }
     }

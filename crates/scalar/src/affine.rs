@@ -331,69 +331,15 @@ pub fn affine_encode(
         value,
         dtype: dt,
     };
-    let mut group_index = 0usize;
-    for row in values.chunks(layout.cols.max(1)).take(layout.rows) {
-        for g in row.chunks(layout.group_len.max(1)) {
-            if !params.symmetric {
-                let (lo, hi) = g
-                    .iter()
-                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
-                        (a.min(x), b.max(x))
-                    });
-                let levels = ((1u32 << bits) - 1) as f32;
-                // Computed in f64: (hi - lo) can overflow f32 for extreme but finite values.
-                let s = dt.round(((hi as f64 - lo as f64) / levels as f64) as f32);
-                let lo = dt.round(lo);
-                if !s.is_finite() {
-                    return Err(overflow(group_index, s));
-                }
-                if !lo.is_finite() {
-                    return Err(overflow(group_index, lo));
-                }
-                dt.push(&mut scales, s);
-                dt.push(&mut offsets, lo);
-                if s > 0.0 {
-                    let inv = 1.0 / s;
-                    for &x in g {
-                        packer.push(((x - lo) * inv).round().clamp(0.0, levels) as u32);
-                    }
-                } else {
-                    g.iter().for_each(|_| packer.push(0));
-                }
-            } else if bits == 1 {
-                let mean_abs =
-                    (g.iter().map(|x| x.abs() as f64).sum::<f64>() / g.len() as f64) as f32;
-                let s = dt.round(mean_abs);
-                if !s.is_finite() {
-                    return Err(overflow(group_index, s));
-                }
-                dt.push(&mut scales, s);
-                for &x in g {
-                    packer.push((x >= 0.0) as u32);
-                }
-            } else {
-                let half = 1i32 << (bits - 1);
-                let m = g
-                    .iter()
-                    .fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
-                let d = dt.round(m / -(half as f32));
-                if !d.is_finite() {
-                    return Err(overflow(group_index, d));
-                }
-                dt.push(&mut scales, d);
-                if d != 0.0 {
-                    let inv = 1.0 / d;
-                    let (qmin, qmax) = (-half as f32, (half - 1) as f32);
-                    for &x in g {
-                        let q = (x * inv).round().clamp(qmin, qmax) as i32;
-                        packer.push((q + half) as u32);
-                    }
-                } else {
-                    g.iter().for_each(|_| packer.push(half as u32));
-                }
-            }
-            group_index += 1;
-        }
+    for (group_index, g) in values
+        .chunks(layout.cols.max(1))
+        .take(layout.rows)
+        .flat_map(|row| row.chunks(layout.group_len.max(1)))
+        .enumerate()
+    {
+        let q = GroupQuant::fit(g, params).map_err(|v| overflow(group_index, v))?;
+        q.push_params(dt, &mut scales, &mut offsets);
+        g.iter().for_each(|&x| packer.push(q.code(x)));
     }
     let codes = packer.finish();
     debug_assert_eq!(codes.len(), lens.codes);
@@ -402,6 +348,262 @@ pub fn affine_encode(
         scales,
         offsets,
     })
+}
+
+/// The codes (one byte each, row-major) and the groups (row by row) of `values` rounded with
+/// error feedback ([`crate::ldlq::Ldlq`], built from the layer's input statistics, `cols`
+/// wide): each group of a row is fitted when rounding reaches its first column, from the
+/// values as feedback has moved them. With [`Group::Tensor`] the one group is fitted on
+/// `values` first. [`affine_pack`] turns the result into the streams.
+pub fn affine_ldlq_codes(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    params: &AffineParams,
+    f: &crate::ldlq::Ldlq,
+) -> Result<(Vec<u8>, Vec<GroupQuant>)> {
+    check_shape(values.len(), rows, cols)?;
+    params.stream_lens(rows, cols)?;
+    crate::check_finite(values)?;
+    if f.n() != cols {
+        return Err(ScalarError::ShapeMismatch {
+            rows: f.n(),
+            cols: f.n(),
+            len: cols,
+        });
+    }
+    let layout = GroupLayout::new(rows, cols, params.group)?;
+    let overflow = |group: usize, value: f32| ScalarError::ScaleOverflow {
+        group,
+        value,
+        dtype: params.scale_dtype,
+    };
+    let tensor = match params.group {
+        Group::Tensor => Some(GroupQuant::fit(values, params).map_err(|v| overflow(0, v))?),
+        _ => None,
+    };
+    let glen = match params.group {
+        Group::Tensor => cols.max(1),
+        _ => layout.group_len.max(1),
+    };
+    let mut codes = vec![0u8; values.len()];
+    let mut groups = Vec::with_capacity(if tensor.is_some() {
+        1
+    } else {
+        rows * cols.div_ceil(glen)
+    });
+    let mut w = vec![0f32; cols];
+    let mut failed = None;
+    for (r, (row, out)) in values
+        .chunks_exact(cols.max(1))
+        .zip(codes.chunks_exact_mut(cols.max(1)))
+        .enumerate()
+        .take(rows)
+    {
+        w.copy_from_slice(row);
+        let mut current = tensor;
+        f.row(&mut w, 1, |j, upcoming| {
+            if tensor.is_none() && j % glen == 0 {
+                let g = &upcoming[..glen.min(upcoming.len())];
+                match GroupQuant::fit(g, params) {
+                    Ok(q) => {
+                        groups.push(q);
+                        current = Some(q);
+                    }
+                    Err(v) => {
+                        failed.get_or_insert((r * cols.div_ceil(glen) + j / glen, v));
+                        current = None;
+                    }
+                }
+            }
+            let q = match current {
+                Some(q) => q,
+                None => return,
+            };
+            let c = q.code(upcoming[0]);
+            out[j] = c as u8;
+            upcoming[0] = q.value(c);
+        });
+        if let Some((g, v)) = failed {
+            return Err(overflow(g, v));
+        }
+    }
+    if let Some(q) = tensor {
+        groups.push(q);
+    }
+    Ok((codes, groups))
+}
+
+/// The streams of codes (one byte each, row-major) and their groups (in stream order), as
+/// [`affine_encode`] writes them.
+pub fn affine_pack(
+    codes: &[u8],
+    groups: &[GroupQuant],
+    rows: usize,
+    cols: usize,
+    params: &AffineParams,
+) -> Result<AffineEncoded> {
+    check_shape(codes.len(), rows, cols)?;
+    let lens = params.stream_lens(rows, cols)?;
+    let dt = params.scale_dtype;
+    let mut scales = Vec::with_capacity(lens.scales);
+    let mut offsets = Vec::with_capacity(lens.offsets);
+    groups
+        .iter()
+        .for_each(|q| q.push_params(dt, &mut scales, &mut offsets));
+    let mut packer = BitPacker::new(params.bits, lens.codes);
+    codes.iter().for_each(|&c| packer.push(c as u32));
+    let codes = packer.finish();
+    for (what, expected, actual) in [
+        ("codes", lens.codes, codes.len()),
+        ("scales", lens.scales, scales.len()),
+        ("offsets", lens.offsets, offsets.len()),
+    ] {
+        if expected != actual {
+            return Err(ScalarError::StreamLength {
+                stream: what,
+                expected,
+                actual,
+            });
+        }
+    }
+    Ok(AffineEncoded {
+        codes,
+        scales,
+        offsets,
+    })
+}
+
+/// The quantizer of one group: its stored parameters (already rounded to the scale type) and
+/// the code and value of any number under them — what [`affine_encode`] writes and
+/// [`affine_decode_into`] reads, shared with the error-feedback encoder.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupQuant {
+    kind: QuantKind,
+    /// Scale (`s`, or `d` when symmetric).
+    scale: f32,
+    /// Offset (asymmetric only).
+    offset: f32,
+    bits: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum QuantKind {
+    Asymmetric,
+    Sign,
+    Symmetric,
+}
+
+impl GroupQuant {
+    /// The parameters of the group `g` under `params` (asymmetric: min and range; symmetric: the
+    /// value of largest magnitude; 1-bit symmetric: the mean magnitude). Err: the parameter
+    /// that overflowed the scale type.
+    pub fn fit(g: &[f32], params: &AffineParams) -> std::result::Result<Self, f32> {
+        let dt = params.scale_dtype;
+        let bits = params.bits;
+        if !params.symmetric {
+            let (lo, hi) = g
+                .iter()
+                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
+                    (a.min(x), b.max(x))
+                });
+            let levels = ((1u32 << bits) - 1) as f32;
+            // Computed in f64: (hi - lo) can overflow f32 for extreme but finite values.
+            let s = dt.round(((hi as f64 - lo as f64) / levels as f64) as f32);
+            let lo = dt.round(lo);
+            if !s.is_finite() {
+                return Err(s);
+            }
+            if !lo.is_finite() {
+                return Err(lo);
+            }
+            Ok(GroupQuant {
+                kind: QuantKind::Asymmetric,
+                scale: s,
+                offset: lo,
+                bits,
+            })
+        } else if bits == 1 {
+            let mean_abs =
+                (g.iter().map(|x| x.abs() as f64).sum::<f64>() / g.len().max(1) as f64) as f32;
+            let s = dt.round(mean_abs);
+            if !s.is_finite() {
+                return Err(s);
+            }
+            Ok(GroupQuant {
+                kind: QuantKind::Sign,
+                scale: s,
+                offset: 0.0,
+                bits,
+            })
+        } else {
+            let half = 1i32 << (bits - 1);
+            let m = g
+                .iter()
+                .fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+            let d = dt.round(m / -(half as f32));
+            if !d.is_finite() {
+                return Err(d);
+            }
+            Ok(GroupQuant {
+                kind: QuantKind::Symmetric,
+                scale: d,
+                offset: 0.0,
+                bits,
+            })
+        }
+    }
+
+    fn push_params(&self, dt: crate::FloatDtype, scales: &mut Vec<u8>, offsets: &mut Vec<u8>) {
+        dt.push(scales, self.scale);
+        if self.kind == QuantKind::Asymmetric {
+            dt.push(offsets, self.offset);
+        }
+    }
+
+    /// The code of `x` (nearest level, clamped).
+    #[inline]
+    pub fn code(&self, x: f32) -> u32 {
+        match self.kind {
+            QuantKind::Asymmetric => {
+                if self.scale > 0.0 {
+                    let levels = ((1u32 << self.bits) - 1) as f32;
+                    ((x - self.offset) * (1.0 / self.scale))
+                        .round()
+                        .clamp(0.0, levels) as u32
+                } else {
+                    0
+                }
+            }
+            QuantKind::Sign => (x >= 0.0) as u32,
+            QuantKind::Symmetric => {
+                let half = 1i32 << (self.bits - 1);
+                if self.scale != 0.0 {
+                    let (qmin, qmax) = (-half as f32, (half - 1) as f32);
+                    let q = (x * (1.0 / self.scale)).round().clamp(qmin, qmax) as i32;
+                    (q + half) as u32
+                } else {
+                    half as u32
+                }
+            }
+        }
+    }
+
+    /// The value code `q` decodes to.
+    #[inline]
+    pub fn value(&self, q: u32) -> f32 {
+        match self.kind {
+            QuantKind::Asymmetric => self.offset + q as f32 * self.scale,
+            QuantKind::Sign => {
+                if q == 1 {
+                    self.scale
+                } else {
+                    -self.scale
+                }
+            }
+            QuantKind::Symmetric => (q as i32 - (1i32 << (self.bits - 1))) as f32 * self.scale,
+        }
+    }
 }
 
 /// Dequantizes into `out` (`rows * cols` values). Every stream must have exactly the length

@@ -13,6 +13,9 @@
 //!   dimension, per tensor, per row or in groups of `g` values, symmetric or asymmetric, with
 //!   scales stored as `f32`, `f16` or `bf16`.
 //! - [`pack_bits`] / [`unpack_bits`]: the LSB-first bit packing used by the codes.
+//! - [`ldlq`]: rounding with error feedback from a layer's input statistics (GPTQ's rule),
+//!   [`affine_ldlq_codes`] + [`affine_pack`] for the affine format (the streams are the same
+//!   format; only which codes are chosen changes).
 //!
 //! ```
 //! use hypercodec_scalar::{affine_decode_into, affine_encode, AffineParams, Group};
@@ -29,10 +32,12 @@
 mod affine;
 mod bits;
 mod float;
+pub mod ldlq;
 
 pub use affine::{
-    affine_decode, affine_decode_into, affine_decode_rows_into, affine_encode, AffineEncoded,
-    AffineParams, AffineStreams, Group, GroupLayout, StreamLens, MAX_BITS,
+    affine_decode, affine_decode_into, affine_decode_rows_into, affine_encode, affine_ldlq_codes,
+    affine_pack, AffineEncoded, AffineParams, AffineStreams, Group, GroupLayout, GroupQuant,
+    StreamLens, MAX_BITS,
 };
 pub use bits::{pack_bits, packed_len, unpack_bits, unpack_bits_into, unpack_bits_range_into};
 pub use float::{
@@ -82,6 +87,12 @@ pub enum ScalarError {
     /// A group size of zero was requested.
     #[error("group size must be at least 1")]
     InvalidGroup,
+    /// Input statistics for error feedback that no damping makes positive definite.
+    #[error("the {n}x{n} input statistics are not positive definite, even damped")]
+    NotPositiveDefinite {
+        /// Their size.
+        n: usize,
+    },
     /// `rows * cols` does not match the number of values (or overflows).
     #[error("shape {rows}x{cols} does not match {len} values")]
     ShapeMismatch {

@@ -46,7 +46,11 @@ class Archive:
 class Linear:
     @staticmethod
     def quantize(
-        weight: npt.NDArray[np.float32], spec: str, bias: Optional[npt.NDArray[np.float32]] = None
+        weight: npt.NDArray[np.float32],
+        spec: str,
+        bias: Optional[npt.NDArray[np.float32]] = None,
+        hessian: Optional[npt.NDArray[np.float32]] = None,
+        damp: float = 0.01,
     ) -> Linear: ...
     def forward(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...
     def weight(self) -> npt.NDArray[np.float32]: ...

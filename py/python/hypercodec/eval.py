@@ -10,6 +10,10 @@ tied output head is quantized, its input embedding is not), and the bits per val
 quantized layers' stored bytes, all side information included, over their weights. A per-tensor
 error table (MSE, SNR, cosine, max error) is written beside the summary.
 
+A method ending in ``+cal`` rounds with error feedback (GPTQ's rule, :mod:`hypercodec_scalar`'s
+``ldlq``) from each layer's input statistics ``E[x·xᵀ]``, collected on a later part of the
+text than the part evaluated (32 windows for the causal LM, 512 sentences for the encoder).
+
 Methods are named as :func:`hypercodec.nn.method_spec` names them; the round-to-nearest
 baselines are ``affine`` (``RTN INTb g128 asym``: groups of 128 with scale and offset) and
 ``affine-row`` (``RTN INTb per-row sym``). Output: ``OUT/eval.md`` (tables, machine, versions,
@@ -42,7 +46,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
-DEFAULT_METHODS = ("lattice", "trellis-l12", "lattice-fixed", "affine", "affine-row")
+DEFAULT_METHODS = (
+    "lattice",
+    "lattice+cal",
+    "trellis-l12",
+    "lattice-fixed",
+    "affine",
+    "affine+cal",
+    "affine-row",
+)
 LABELS = {
     "lattice": "E8 + rANS",
     "lattice-fixed": "E8 fixed-rate",
@@ -50,7 +62,10 @@ LABELS = {
     "trellis-l12": "trellis L12",
     "affine": "RTN INT{b} g128 asym",
     "affine-row": "RTN INT{b} per-row sym",
+    "lattice+cal": "E8 + rANS, calibrated",
+    "affine+cal": "INT{b} g128 asym, calibrated (GPTQ rule)",
 }
+CALIBRATED = "+cal"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -104,22 +119,25 @@ def _package_dir(name: str) -> str:
     return list(spec.submodule_search_locations)[0]
 
 
-def quantize_model(model: Any, method: str, bps: float) -> tuple[float, float, list[dict[str, Any]]]:
-    """Quantizes every ``nn.Linear`` of ``model`` in place with ``method`` at ``bps``; returns
-    (bits per value over the quantized weights, all-in; their total SNR in dB; per-tensor
-    errors)."""
+def quantize_model(
+    model: Any, method: str, bps: float, hessians: dict[str, Any] | None = None
+) -> tuple[float, float, list[dict[str, Any]]]:
+    """Quantizes every ``nn.Linear`` of ``model`` in place with ``method`` at ``bps`` (a method
+    ending in ``+cal`` rounds with error feedback from ``hessians``); returns (bits per value
+    over the quantized weights, all-in; their total SNR in dB; per-tensor errors)."""
     import numpy as np
     import torch
 
     from . import nn as hnn
 
-    spec = hnn.method_spec(method, bps)
+    calibrated = method.endswith(CALIBRATED)
+    spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
     originals = {
         n: m.weight.detach().to(torch.float32).numpy().copy()
         for n, m in model.named_modules()
         if isinstance(m, torch.nn.Linear)
     }
-    hnn.quantize(model, bps=bps, method=spec, skip=(), conv=False)
+    hnn.quantize(model, bps=bps, method=spec, skip=(), conv=False, hessians=hessians if calibrated else None)
     bits = 0
     values = 0
     sig = 0.0
@@ -156,7 +174,9 @@ def quantize_model(model: Any, method: str, bps: float) -> tuple[float, float, l
 class CausalLM:
     """A causal LM, its tokenizer and the evaluation tokens in windows."""
 
-    def __init__(self, model: Any, tok: Any, text: str, tokens: int, window: int) -> None:
+    def __init__(
+        self, model: Any, tok: Any, text: str, tokens: int, window: int, calibration_windows: int = 32
+    ) -> None:
         import torch
 
         self.model = model.eval()
@@ -170,6 +190,14 @@ class CausalLM:
         ]
         if not self.windows:
             raise ValueError(f"the text gives {len(ids)} tokens, fewer than a window of {window}")
+        # Calibration: windows from a later part of the text (never the evaluation tokens).
+        all_ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+        start = max(len(all_ids) // 3, tokens)
+        cal = all_ids[start : start + calibration_windows * body]
+        self.calibration = [
+            torch.cat([torch.tensor([bos]), cal[i : i + body]]).unsqueeze(0)
+            for i in range(0, len(cal) - body + 1, body)
+        ]
         with torch.no_grad():
             self.reference = torch.log_softmax(self.model(self.windows[0]).logits[0].float(), -1)
 
@@ -215,10 +243,15 @@ def sentences(text: str, n: int) -> list[str]:
 class Encoder:
     """A sentence encoder (mean pooling) and the reference embeddings of some sentences."""
 
-    def __init__(self, model: Any, tok: Any, texts: list[str]) -> None:
+    def __init__(self, model: Any, tok: Any, texts: list[str], calibration_texts: list[str] | None = None) -> None:
         self.model = model.eval()
         self.tok = tok
         self.texts = texts
+        cal = calibration_texts or []
+        self.calibration = [
+            tok(cal[i : i + 64], padding=True, truncation=True, max_length=128, return_tensors="pt")
+            for i in range(0, len(cal), 64)
+        ]
         self.reference = self.embed(self.model)
 
     def embed(self, model: Any) -> Any:
@@ -250,7 +283,9 @@ def minilm(text_path: str, n: int) -> Encoder:
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModel.from_pretrained(folder, dtype=torch.float32)
     with open(text_path, encoding="utf-8") as f:
-        return Encoder(model, tok, sentences(f.read(), n))
+        text = f.read()
+    # Calibration sentences from the last third of the text, never the evaluated ones.
+    return Encoder(model, tok, sentences(text, n), sentences(text[2 * len(text) // 3 :], 512))
 
 
 def evaluate(
@@ -266,13 +301,20 @@ def evaluate(
 
     rows = [Row(name, "original", "float32 (original)", "f32", 32.0, 32.0, math.inf, subject.measure(subject.model))]
     progress(f"{name}: original {rows[0].quality}")
+    methods = list(methods)
+    hessians = None
+    if any(m.endswith(CALIBRATED) for m in methods):
+        start = time.time()
+        hessians = hnn.collect_hessians(subject.model, subject.calibration)
+        progress(f"{name}: input statistics of {len(hessians)} layers in {time.time() - start:.0f} s")
     for bps in bps_list:
         for method in methods:
-            row = Row(name, method, label(method, bps), hnn.method_spec(method, bps), bps)
+            spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
+            row = Row(name, method, label(method, bps), spec + (" +H" if method.endswith(CALIBRATED) else ""), bps)
             start = time.time()
             try:
                 model = copy.deepcopy(subject.model)
-                row.bps, row.snr_db, tensors = quantize_model(model, method, bps)
+                row.bps, row.snr_db, tensors = quantize_model(model, method, bps, hessians)
                 row.quality = subject.measure(model)
                 for t in tensors:
                     tensors_out.append({"model": name, "method": row.label, "target_bps": bps, **t})

@@ -19,6 +19,7 @@ straight-through estimator, re-quantizing every ``refresh_every`` steps.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,12 +92,20 @@ class HyperLinear(nn.Module):
 
     @classmethod
     def from_linear(
-        cls, layer: nn.Linear, spec: str, trainable: bool = False, refresh_every: int = 1
+        cls,
+        layer: nn.Linear,
+        spec: str,
+        trainable: bool = False,
+        refresh_every: int = 1,
+        hessian: np.ndarray | None = None,
     ) -> "HyperLinear":
         """Quantizes ``layer``'s weight with the candidate ``spec`` (e.g. ``int4``, ``e8@4``);
-        ``trainable`` keeps a float master copy for straight-through training."""
+        ``trainable`` keeps a float master copy for straight-through training; ``hessian``
+        (``E[x·xᵀ]`` of the layer's inputs, see :func:`collect_hessians`) rounds with error
+        feedback where the spec has it (affine, lattice)."""
         b = _f32(layer.bias) if layer.bias is not None else None
-        op = _native.Linear.quantize(_f32(layer.weight), spec, b)
+        h = None if hessian is None else np.ascontiguousarray(hessian, dtype=np.float32)
+        op = _native.Linear.quantize(_f32(layer.weight), spec, b, h)
         return cls(op, layer if trainable else None, spec, refresh_every)
 
     def refresh(self) -> None:
@@ -297,11 +306,13 @@ def quantize(
     conv: bool = True,
     trainable: bool = False,
     refresh_every: int = 1,
+    hessians: dict[str, np.ndarray] | None = None,
 ) -> nn.Module:
     """Replaces every ``nn.Linear`` (and, with ``conv``, ``nn.Conv2d``) of ``model`` whose name
     does not contain one of ``skip`` by a :class:`HyperLinear` (:class:`HyperConv2d`) quantized
     with ``method`` at ``bps`` (see :func:`method_spec`); ``trainable`` keeps float master
-    weights for straight-through training. Returns ``model``."""
+    weights for straight-through training; ``hessians`` (by layer name, from
+    :func:`collect_hessians`) turns on error-feedback rounding. Returns ``model``."""
     spec = method_spec(method, bps)
     skip = tuple(skip)
     targets = [
@@ -311,11 +322,47 @@ def quantize(
     ]
     for name, layer in targets:
         if isinstance(layer, nn.Linear):
-            new: nn.Module = HyperLinear.from_linear(layer, spec, trainable, refresh_every)
+            h = None if hessians is None else hessians.get(name)
+            new: nn.Module = HyperLinear.from_linear(layer, spec, trainable, refresh_every, h)
         else:
             new = HyperConv2d.from_conv(layer, spec)
         _replace(model, name, new)
     return model
+
+
+def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.ndarray]:
+    """The second moment ``E[x·xᵀ]`` of every ``nn.Linear``'s inputs (by layer name, float32
+    ``in × in``), over the calibration ``batches`` (each passed as ``model(**b)`` when a dict,
+    else ``model(b)``), accumulated in float64 by forward hooks. Layers that share an input
+    (q/k/v) each get their own copy."""
+    import torch
+
+    sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, int] = {}
+    hooks = []
+
+    def hook(name: str):
+        def f(_module, inputs):
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).to(torch.float64)
+            if name not in sums:
+                sums[name] = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
+                counts[name] = 0
+            sums[name] += x.T @ x
+            counts[name] += x.shape[0]
+
+        return f
+
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear):
+            hooks.append(m.register_forward_pre_hook(hook(name)))
+    try:
+        with torch.no_grad():
+            for b in batches:
+                model(**b) if isinstance(b, dict) else model(b)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {n: (sums[n] / max(counts[n], 1)).to(torch.float32).numpy() for n in sums}
 
 
 def load_into(model: nn.Module, path: str) -> nn.Module:
