@@ -38,7 +38,7 @@ def tiny_llama():
 def test_causal_lm_rows_follow_the_rate_and_count_stored_bytes(tmp_path):
     model = tiny_llama()
     g = torch.Generator().manual_seed(1)
-    text = " ".join(str(int(t)) for t in torch.randint(3, 96, (700,), generator=g))
+    text = " ".join(str(int(t)) for t in torch.randint(3, 96, (1400,), generator=g))
     subject = hev.CausalLM(model, Tokens(), text, tokens=640, window=128)
     assert len(subject.windows) == 5 and all(w[0, 0] == 1 for w in subject.windows)
     tensors = []

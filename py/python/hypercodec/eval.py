@@ -306,6 +306,8 @@ def evaluate(
     if any(m.endswith(CALIBRATED) for m in methods):
         start = time.time()
         hessians = hnn.collect_hessians(subject.model, subject.calibration)
+        if not hessians:
+            raise ValueError(f"{name}: no calibration data (the text is too short for calibration windows)")
         progress(f"{name}: input statistics of {len(hessians)} layers in {time.time() - start:.0f} s")
     for bps in bps_list:
         for method in methods:
