@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import os
+
 import numpy as np
 import pytest
 
@@ -158,3 +161,37 @@ def test_hyper_attention_is_causal_and_close_to_its_dense_twin():
     fresh = hnn.HyperAttention(64, 4, bps=4, method="lattice-fixed")
     assert fresh(torch.randn(1, 5, 64)).shape == (1, 5, 64)
     assert fresh.q_proj.op.path == "e8-fixed4"
+
+
+def test_calibrated_compression_lowers_the_output_error_at_the_same_bytes(tmp_path):
+    # Correlated inputs (a random walk across features): error feedback from their statistics
+    # beats plain rounding on the layer's output, through the Python layer and the CLI alike.
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.Tanh(), torch.nn.Linear(64, 32))
+    x = torch.randn(512, 128).cumsum(dim=1) / 8
+    hs = hnn.collect_hessians(model, [x[:256], x[256:]])
+    assert set(hs) == {"0", "2"} and hs["0"].shape == (128, 128)
+    want = model(x)
+
+    def out_err(m):
+        return ((m(x) - want) ** 2).mean().item()
+
+    for spec in ["int3", "e8@3"]:
+        plain = hnn.quantize(copy.deepcopy(model), method=spec, skip=())
+        fed = hnn.quantize(copy.deepcopy(model), method=spec, skip=(), hessians=hs)
+        if spec == "int3":  # the same format: the same bytes
+            assert plain[0].op.stored_bytes == fed[0].op.stored_bytes
+        assert out_err(fed) < 0.8 * out_err(plain), spec
+    cal = tmp_path / "h.safetensors"
+    hnn.save_hessians(str(cal), {"0": hs["0"], "2": hs["2"]})
+    a, b = tmp_path / "a.hwz", tmp_path / "b.hwz"
+    hypercodec.save(model.state_dict(), a, bits=3)
+    hypercodec.save(model.state_dict(), b, bits=3, calibration=str(cal))
+    meta = hypercodec.metadata(b)
+    assert meta["calibration"]["tensors_calibrated"] == 2, meta
+    errs = []
+    for path in (a, b):
+        m = copy.deepcopy(model)
+        hnn.load_into(m, str(path))
+        errs.append(out_err(m))
+    assert errs[1] < 0.8 * errs[0], errs

@@ -141,6 +141,11 @@ struct CompressArgs {
     /// Store NaN/Inf found in raw-encoded tensors instead of failing.
     #[arg(long)]
     allow_non_finite: bool,
+    /// Input statistics per linear layer (a safetensors file of `E[x·xᵀ]`, `in × in`, named by
+    /// layer; Python: `hypercodec.nn.save_hessians`): affine and lattice recipes round with
+    /// error feedback (GPTQ's rule) where the file has a tensor's. The format is unchanged.
+    #[arg(long)]
+    calibration: Option<std::path::PathBuf>,
     /// Do not try zstd on each stream.
     #[arg(long)]
     no_zstd: bool,
@@ -236,6 +241,12 @@ fn compress(args: &CompressArgs) -> Result<()> {
             min_tensor_size: args.min_tensor_size,
         },
         allow_non_finite: args.allow_non_finite,
+        calibration: match &args.calibration {
+            Some(p) => Some(std::sync::Arc::new(hypercodec_pipeline::Calibration::open(
+                p,
+            )?)),
+            None => None,
+        },
     };
     let source = TensorSource::open(&args.input)?;
     for s in &source.skipped {

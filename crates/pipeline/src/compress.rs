@@ -39,6 +39,10 @@ pub struct CompressOptions {
     pub selection: Selection,
     /// Store NaN/Inf found in raw-encoded tensors instead of failing. By default, false.
     pub allow_non_finite: bool,
+    /// Input statistics per layer: a fixed affine or lattice recipe rounds with error feedback
+    /// from them (GPTQ's rule) where the file has the tensor's; the archive records the file's
+    /// name. By default, none (calibration-free).
+    pub calibration: Option<std::sync::Arc<crate::Calibration>>,
 }
 
 impl Default for CompressOptions {
@@ -52,6 +56,7 @@ impl Default for CompressOptions {
             }))),
             selection: Selection::default(),
             allow_non_finite: false,
+            calibration: None,
         }
     }
 }
@@ -168,6 +173,8 @@ pub fn compress(
         allow_non_finite: options.allow_non_finite,
     };
     let mut bar = Tracker::new(Phase::Compress, total, progress);
+    let calibration = options.calibration.as_deref();
+    let mut calibrated = 0usize;
     for (i, t) in source.tensors.iter().enumerate() {
         cancel.check()?;
         let values = source.read(i)?;
@@ -213,7 +220,15 @@ pub fn compress(
                         max_tile: *max_tile,
                         bps: Some(*b),
                     };
-                    match spec.encode(&t.name, &values, &t.shape, opts) {
+                    match encode_spec(
+                        &spec,
+                        &t.name,
+                        &values,
+                        &t.shape,
+                        opts,
+                        calibration,
+                        &mut calibrated,
+                    ) {
                         Err(hypercodec_plan::PlanError::Hwz(hwz::HwzError::RateUnreachable {
                             ..
                         })) => fallback("rate control found no scale", &mut fallbacks)?,
@@ -234,7 +249,15 @@ pub fn compress(
                 )?,
             }
         } else if let Route::Fixed(spec) = &options.route {
-            spec.encode(&t.name, &values, &t.shape, opts)?
+            encode_spec(
+                spec,
+                &t.name,
+                &values,
+                &t.shape,
+                opts,
+                calibration,
+                &mut calibrated,
+            )?
         } else {
             unreachable!("every route is handled above")
         };
@@ -293,6 +316,13 @@ pub fn compress(
         )?;
         bar.step(&t.name, t.numel());
     }
+    if let Some(c) = calibration {
+        writer.insert_metadata(
+            "calibration",
+            json!({"file": c.name, "layers": c.len(), "tensors_calibrated": calibrated,
+                   "rule": "LDLQ error feedback (GPTQ), damping 0.01 of the mean diagonal"}),
+        );
+    }
     if let Some(p) = &plan {
         writer.set_plan(serde_json::to_value(p.for_archive()).map_err(|e| {
             PipelineError::Json {
@@ -309,6 +339,37 @@ pub fn compress(
         fallbacks,
         plan,
     })
+}
+
+/// Encodes with `spec`, with error feedback from `calibration`'s statistics for the tensor
+/// when there are some (counted in `calibrated`).
+fn encode_spec(
+    spec: &Spec,
+    name: &str,
+    values: &[f32],
+    shape: &[u64],
+    opts: EncodeOptions,
+    calibration: Option<&crate::Calibration>,
+    calibrated: &mut usize,
+) -> std::result::Result<hwz::EncodedTensor, hypercodec_plan::PlanError> {
+    let cols = hwz::matrix_view(shape, values.len() as u64).1 as usize;
+    let h = match calibration.map(|c| c.get(name, cols)) {
+        Some(Ok(h)) => h,
+        Some(Err(e)) => {
+            return Err(hypercodec_plan::PlanError::Candidate {
+                message: e.to_string(),
+            })
+        }
+        None => None,
+    };
+    match h {
+        Some(h) if shape.len() >= 2 => {
+            let (t, used) = spec.encode_calibrated(name, values, shape, opts, &h, 0.01)?;
+            *calibrated += used as usize;
+            Ok(t)
+        }
+        _ => spec.encode(name, values, shape, opts),
+    }
 }
 
 /// The generator string of archives this build writes.

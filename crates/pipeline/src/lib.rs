@@ -35,6 +35,8 @@ mod archive;
 #[cfg(feature = "fs")]
 pub mod bench;
 #[cfg(feature = "fs")]
+mod calibration;
+#[cfg(feature = "fs")]
 mod compress;
 #[cfg(feature = "fs")]
 pub mod gguf;
@@ -61,6 +63,8 @@ pub mod synth;
 pub use archive::{
     decompress, float_bytes, inspect_file, is_legacy, open_archive, open_legacy, write_synthetic,
 };
+#[cfg(feature = "fs")]
+pub use calibration::Calibration;
 #[cfg(feature = "fs")]
 pub use compress::{
     compress, compress_to_file, compress_to_shards, payload_bytes, CompressOptions, CompressReport,

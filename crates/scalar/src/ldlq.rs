@@ -137,18 +137,25 @@ fn cholesky_lower(a: &mut [f64], n: usize) -> bool {
     true
 }
 
-/// The inverse of the upper-triangular `v` (non-zero diagonal), upper triangular.
+/// The inverse of the upper-triangular `v` (non-zero diagonal), upper triangular: rows from
+/// the bottom up, each a combination of the rows below it (contiguous row operations).
 fn invert_upper(v: &[f64], n: usize) -> Vec<f64> {
-    // Solve V·X = I column by column, back substitution; X is upper triangular.
     let mut x = vec![0f64; n * n];
-    for c in 0..n {
-        x[c * n + c] = 1.0 / v[c * n + c];
-        for i in (0..c).rev() {
-            let mut s = 0.0;
-            for k in i + 1..=c {
-                s += v[i * n + k] * x[k * n + c];
+    for i in (0..n).rev() {
+        let d = 1.0 / v[i * n + i];
+        let (head, below) = x.split_at_mut((i + 1) * n);
+        let row = &mut head[i * n..];
+        row[i] = d;
+        // X[i][j] = −(1/V_ii)·Σ_{k>i} V[i][k]·X[k][j], for j > i.
+        for k in i + 1..n {
+            let c = -d * v[i * n + k];
+            if c == 0.0 {
+                continue;
             }
-            x[i * n + c] = -s / v[i * n + i];
+            let xk = &below[(k - i - 1) * n..(k - i) * n];
+            for (r, &xv) in row[k..].iter_mut().zip(&xk[k..]) {
+                *r += c * xv;
+            }
         }
     }
     x

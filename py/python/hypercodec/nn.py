@@ -365,6 +365,14 @@ def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.n
     return {n: (sums[n] / max(counts[n], 1)).to(torch.float32).numpy() for n in sums}
 
 
+def save_hessians(path: str, hessians: dict[str, np.ndarray]) -> None:
+    """Writes the statistics of :func:`collect_hessians` as a safetensors file (float32, one
+    ``in × in`` matrix per layer name) for ``hypercodec compress --calibration PATH``."""
+    from .api import _write_safetensors
+
+    _write_safetensors(path, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hessians.items()})
+
+
 def load_into(model: nn.Module, path: str) -> nn.Module:
     """Fills ``model`` from the archive ``path``: each ``nn.Linear`` whose weight is stored
     becomes a :class:`HyperLinear` on the stored form (its dense weight is never built); the
