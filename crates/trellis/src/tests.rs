@@ -116,11 +116,12 @@ proptest! {
 
     #[test]
     fn decode_inverts_encode_and_any_value_decodes_alone(
-        l in 8u8..=11,
-        k in 1u8..=4,
-        n in 12usize..80,
+        l in 8u8..=16,
+        k in 1u8..=8,
+        n in 16usize..80,
         seed in any::<u64>(),
     ) {
+        let k = k.min(l - 1);
         let p = TrellisParams { l, k, scale: 1.1 };
         let x = gaussian(n, seed);
         let bits = encode(&x, &p).unwrap();
