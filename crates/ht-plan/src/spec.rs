@@ -296,7 +296,8 @@ impl Spec {
     /// [`Spec::encode`] with error feedback from the layer's input statistics `h` (`cols ×
     /// cols`, row-major; [`hwz::encode_calibrated`]) where the recipe's encoding has it —
     /// affine, and lattice (a rate is first fitted without `h`, then the tensor is encoded
-    /// once more with feedback at that scale, so its rate moves a little); other recipes are
+    /// with feedback at that scale, and once more at a corrected scale when feedback took it
+    /// over the rate); other recipes are
     /// encoded as [`Spec::encode`] does. Returns whether feedback was used.
     pub fn encode_calibrated(
         &self,
@@ -310,10 +311,10 @@ impl Spec {
         let cols = hypercodec_hwz::matrix_view(shape, values.len() as u64)
             .1
             .max(1);
-        let encoding = match self {
+        let (encoding, target) = match self {
             Spec::Fixed {
                 encoding: e @ Encoding::Affine { .. },
-            } => e.clone(),
+            } => (e.clone(), None),
             Spec::Rate {
                 template,
                 bps,
@@ -322,16 +323,32 @@ impl Spec {
                 let tile = hwz::tile_for(cols as usize, *max_tile as usize) as u32;
                 let t = template.with_tile(tile);
                 match bps {
-                    Some(b) => hwz::encode_to_rate(name, values, shape, &t, *b, options)?.encoding,
-                    None => t,
+                    Some(b) => (
+                        hwz::encode_to_rate(name, values, shape, &t, *b, options)?.encoding,
+                        Some(*b),
+                    ),
+                    None => (t, None),
                 }
             }
             _ => return Ok((self.encode(name, values, shape, options)?, false)),
         };
-        Ok((
-            hwz::encode_calibrated(name, values, shape, &encoding, h, damp)?,
-            true,
-        ))
+        let enc = hwz::encode_calibrated(name, values, shape, &encoding, h, damp)?;
+        // Feedback moves the points, so their entropy: one correction of α (the rate moves
+        // by about one bit per value per doubling of α) brings an entropy-coded rate back
+        // under its target, when it went over.
+        if let (Some(b), Encoding::Lattice { alpha, .. }) = (target, &encoding) {
+            let n = values.len().max(1) as f64;
+            let bps = enc.payload_bytes() as f64 * 8.0 / n;
+            if bps > b {
+                let a = alpha * 2f32.powf((b - bps - 0.002) as f32);
+                let again =
+                    hwz::encode_calibrated(name, values, shape, &encoding.with_alpha(a), h, damp)?;
+                if (again.payload_bytes() as f64 * 8.0 / n) <= b {
+                    return Ok((again, true));
+                }
+            }
+        }
+        Ok((enc, true))
     }
 }
 

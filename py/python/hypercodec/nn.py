@@ -18,7 +18,7 @@ straight-through estimator, re-quantizing every ``refresh_every`` steps.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -332,7 +332,7 @@ def quantize(
 
 def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.ndarray]:
     """The second moment ``E[x·xᵀ]`` of every ``nn.Linear``'s inputs (by layer name, float32
-    ``in × in``), over the calibration ``batches`` (each passed as ``model(**b)`` when a dict,
+    ``in × in``), over the calibration ``batches`` (each passed as ``model(**b)`` when a mapping,
     else ``model(b)``), accumulated in float64 by forward hooks. Layers that share an input
     (q/k/v) each get their own copy."""
     import torch
@@ -358,7 +358,7 @@ def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.n
     try:
         with torch.no_grad():
             for b in batches:
-                model(**b) if isinstance(b, dict) else model(b)
+                model(**b) if isinstance(b, Mapping) else model(b)
     finally:
         for h in hooks:
             h.remove()
