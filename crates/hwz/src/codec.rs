@@ -18,15 +18,7 @@ pub fn encode(
     encoding: &Encoding,
     options: EncodeOptions,
 ) -> Result<EncodedTensor> {
-    let n = element_count(tensor, shape)?;
-    if values.len() as u64 != n {
-        return Err(HwzError::ElementCount {
-            tensor: tensor.to_string(),
-            shape: shape.to_vec(),
-            expected: n,
-            actual: values.len() as u64,
-        });
-    }
+    let n = checked_count(tensor, values.len(), shape)?;
     let lens = encoding.stream_lens(tensor, shape)?;
     let (rows, cols) = matrix_view(shape, n);
     let streams = match encoding {
@@ -87,15 +79,7 @@ pub fn encode_calibrated(
     h: &[f32],
     damp: f64,
 ) -> Result<EncodedTensor> {
-    let n = element_count(tensor, shape)?;
-    if values.len() as u64 != n {
-        return Err(HwzError::ElementCount {
-            tensor: tensor.to_string(),
-            shape: shape.to_vec(),
-            expected: n,
-            actual: values.len() as u64,
-        });
-    }
+    let n = checked_count(tensor, values.len(), shape)?;
     let lens = encoding.stream_lens(tensor, shape)?;
     let (rows, cols) = matrix_view(shape, n);
     let (r, c) = (rows as usize, cols as usize);
@@ -345,4 +329,18 @@ impl EncodedTensor {
         decode_into(tensor, &self.encoding, shape, &refs, &mut out)?;
         Ok(out)
     }
+}
+
+/// The element count of `shape`, which `len` values must match.
+fn checked_count(tensor: &str, len: usize, shape: &[u64]) -> Result<u64> {
+    let n = element_count(tensor, shape)?;
+    if len as u64 != n {
+        return Err(HwzError::ElementCount {
+            tensor: tensor.to_string(),
+            shape: shape.to_vec(),
+            expected: n,
+            actual: len as u64,
+        });
+    }
+    Ok(n)
 }

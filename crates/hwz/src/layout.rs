@@ -82,16 +82,7 @@ impl Encoding {
                         "alpha {alpha} must be finite and positive"
                     )));
                 }
-                let tile = tile as u64;
-                if tile == 0
-                    || !tile.is_power_of_two()
-                    || tile > hypercodec_lattice::MAX_TILE as u64
-                    || (cols > 0 && cols % tile != 0)
-                {
-                    return Err(invalid(format!(
-                        "RHT tile {tile} must be a power of two <= 4096 dividing {cols}"
-                    )));
-                }
+                check_tile(tile, cols).map_err(invalid)?;
                 let symbols = rows
                     .checked_mul(hypercodec_lattice::symbols_per_row(lattice, cols as usize) as u64)
                     .ok_or_else(|| invalid("symbol count overflows".into()))?;
@@ -188,16 +179,7 @@ impl Encoding {
                         "trellis sequence of {seq} values: use a multiple of 8 up to 2^20"
                     )));
                 }
-                let tile = tile as u64;
-                if tile == 0
-                    || !tile.is_power_of_two()
-                    || tile > hypercodec_lattice::MAX_TILE as u64
-                    || (cols > 0 && cols % tile != 0)
-                {
-                    return Err(invalid(format!(
-                        "RHT tile {tile} must be a power of two <= 4096 dividing {cols}"
-                    )));
-                }
+                check_tile(tile, cols).map_err(invalid)?;
                 if rows > 0 && cols > 0 && cols * (k as u64) < l as u64 {
                     return Err(invalid(format!(
                         "rows of {cols} values hold {} bits, fewer than the {l}-bit trellis state",
@@ -488,6 +470,21 @@ pub(crate) fn check_roles<'a>(
             }
             Some(_) => {}
         }
+    }
+    Ok(())
+}
+
+/// An RHT tile must be a power of two up to 4096 that divides the rows.
+fn check_tile(tile: u32, cols: u64) -> std::result::Result<(), String> {
+    let tile = tile as u64;
+    if tile == 0
+        || !tile.is_power_of_two()
+        || tile > hypercodec_lattice::MAX_TILE as u64
+        || (cols > 0 && cols % tile != 0)
+    {
+        return Err(format!(
+            "RHT tile {tile} must be a power of two <= 4096 dividing {cols}"
+        ));
     }
     Ok(())
 }
