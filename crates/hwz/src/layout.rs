@@ -480,7 +480,7 @@ fn check_tile(tile: u32, cols: u64) -> std::result::Result<(), String> {
     if tile == 0
         || !tile.is_power_of_two()
         || tile > hypercodec_lattice::MAX_TILE as u64
-        || (cols > 0 && cols % tile != 0)
+        || (cols > 0 && !cols.is_multiple_of(tile))
     {
         return Err(format!(
             "RHT tile {tile} must be a power of two <= 4096 dividing {cols}"
