@@ -9,12 +9,15 @@
 //! against `RHT(x)`, computed once per call (`y_r = (σ_r/α)·⟨p_r, RHT(x)⟩`), with fixed-rate E8
 //! words rebuilt in registers (coset bit and parity coordinate) instead of a dense row;
 //! entropy-coded symbols are decoded a chunk at a time into a per-thread buffer and consumed at
-//! once ("resident"); a codebook becomes a lookup table of prototype·x dot products; a low-rank
-//! weight is two thin products. Larger batches decode row tiles that fit the cache and run a
-//! GEMM ([`gemm`]) on them. Every path is checked against [`reference::linear`], which
+//! once ("resident"); trellis bits are decoded in registers (each weight's window, the 1MAD
+//! hash and its byte sum) against `RHT(x)`; a codebook becomes a lookup table of prototype·x
+//! dot products; a low-rank weight is two thin products. Larger batches decode row tiles that
+//! fit the cache and run a GEMM ([`gemm`]) on them (lattice and trellis tiles without the
+//! inverse RHT, against `RHT(X)`). Every path is checked against [`reference::linear`], which
 //! decodes `W` to f32 and multiplies plainly.
 //!
-//! Instruction sets: AVX-512 (affine rows), AVX2 + FMA, or portable loops, chosen at run time
+//! Instruction sets: AVX-512 (affine rows; trellis rows with VBMI + VNNI), AVX2 + FMA, or
+//! portable loops, chosen at run time
 //! ([`simd_level`]); `HYPERCODEC_NO_AVX512=1` keeps to AVX2 for comparison.
 //!
 //! Threads: the rows are split over rayon's global pool, the workspace's one pool (its size is
