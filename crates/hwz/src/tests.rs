@@ -439,12 +439,7 @@ fn trellis_round_trips_any_shape_and_rows_decode_alone() {
         (vec![1, 64], 8, 1),
     ] {
         let n: u64 = shape.iter().product();
-        let cols = *shape.last().unwrap() as usize * if shape.len() > 2 { 9 } else { 1 };
-        let cols = if shape.len() > 2 {
-            (n / shape[0]) as usize
-        } else {
-            cols
-        };
+        let cols = (n / shape[0]) as usize;
         let x: Vec<f32> = gaussian(n as usize, n).iter().map(|v| v * 0.02).collect();
         let enc = Encoding::trellis(l, k, tile_for(cols, 4096) as u32, 3);
         let t = encode("w", &x, &shape, &enc, EncodeOptions::default()).unwrap();

@@ -153,11 +153,13 @@ fn encode_rows(
         let inv = (1.0 / rms) as f32;
         u.iter_mut().for_each(|v| *v *= inv);
         for r in tcq::row_sequences(cols, t.seq) {
-            let out = &mut b[r.start * k / 8..(r.end * k).div_ceil(8)];
-            enc.encode_into(&u[r.clone()], out)
-                .map_err(tcq_err(tensor))?;
-            tcq::decode_into(out, &t.params, &mut decoded[r]).map_err(tcq_err(tensor))?;
+            enc.encode_into(
+                &u[r.clone()],
+                &mut b[r.start * k / 8..(r.end * k).div_ceil(8)],
+            )
+            .map_err(tcq_err(tensor))?;
         }
+        tcq::decode_row(b, t.seq, &t.params, &mut decoded).map_err(tcq_err(tensor))?;
         // The least-squares scale of the chosen codes, in units of the row's RMS.
         let (xc, cc) = u
             .iter()
@@ -184,13 +186,9 @@ pub(crate) fn decode_rows(
     }
     let rht = Rht::new(cols, p.tile, p.seed).map_err(crate::lattice_codec::lat_err(tensor))?;
     let rb = p.row_bytes(cols);
-    let k = p.params.k as usize;
     for (r, o) in rows.zip(out.chunks_exact_mut(cols)) {
-        let row = &p.bits[r * rb..(r + 1) * rb];
-        for q in tcq::row_sequences(cols, p.seq) {
-            let src = &row[q.start * k / 8..(q.end * k).div_ceil(8)];
-            tcq::decode_into(src, &p.params, &mut o[q]).map_err(tcq_err(tensor))?;
-        }
+        tcq::decode_row(&p.bits[r * rb..(r + 1) * rb], p.seq, &p.params, o)
+            .map_err(tcq_err(tensor))?;
         let s = p.scales[r];
         o.iter_mut().for_each(|v| *v *= s);
         rht.inverse(o);

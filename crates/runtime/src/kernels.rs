@@ -425,11 +425,7 @@ pub(crate) fn trellis_row_dot(
                     acc += hypercodec_trellis::value_at(src, n, p, i)? * xi;
                 }
                 for (i, &xi) in x.iter().enumerate().skip(done) {
-                    let bit = (i + 1) * k - l;
-                    let mut w = [0u8; 4];
-                    let have = (src.len() - bit / 8).min(4);
-                    w[..have].copy_from_slice(&src[bit / 8..bit / 8 + have]);
-                    let state = (u32::from_le_bytes(w) >> (bit % 8)) & ((1u32 << l) - 1);
+                    let state = hypercodec_trellis::window(src, (i + 1) * k - l, l as u32);
                     acc += p.value(state) * xi;
                 }
                 continue;

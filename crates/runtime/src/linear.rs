@@ -741,14 +741,33 @@ fn rotated(
     x: &[f32],
     batch: usize,
 ) -> Result<Vec<f32>> {
+    rotate_rows(
+        view,
+        l.params.tile,
+        l.params.seed,
+        l.symbols_per_row,
+        x,
+        batch,
+    )
+}
+
+/// `RHT(X)` (tile `tile`, seed `seed`) for `batch` rows of the view's columns, each written
+/// into `width ≥ cols` values (zero-padded): the activations lattice and trellis rows are
+/// dotted against.
+fn rotate_rows(
+    view: &TensorView<'_>,
+    tile: usize,
+    seed: u64,
+    width: usize,
+    x: &[f32],
+    batch: usize,
+) -> Result<Vec<f32>> {
     let cols = view.cols() as usize;
-    let spr = l.symbols_per_row;
-    let rht = Rht::new(cols, l.params.tile, l.params.seed)
-        .map_err(|e| corrupt(view, format!("lattice transform: {e}")))?;
-    let mut xr = vec![0f32; batch * spr];
+    let rht = Rht::new(cols, tile, seed).map_err(|e| corrupt(view, format!("transform: {e}")))?;
+    let mut xr = vec![0f32; batch * width];
     for (src, dst) in x
         .chunks_exact(cols.max(1))
-        .zip(xr.chunks_exact_mut(spr.max(1)))
+        .zip(xr.chunks_exact_mut(width.max(1)))
     {
         dst[..cols].copy_from_slice(src);
         rht.forward(&mut dst[..cols]);
@@ -1176,12 +1195,8 @@ fn trellis_points_gemm(
         yt.fill(0.0);
         return Ok(());
     }
-    let rht = Rht::new(cols, t.tile, t.seed)
-        .map_err(|e| corrupt(view, format!("trellis transform: {e}")))?;
-    let mut xr = x.to_vec();
-    xr.chunks_exact_mut(cols).for_each(|r| rht.forward(r));
+    let xr = rotate_rows(view, t.tile, t.seed, cols, x, batch)?;
     let rb = t.row_bytes(cols);
-    let k = t.params.k as usize;
     let tasks = row_tiles(yt, tile_rows_for(rows, cols), batch);
     tasks
         .into_par_iter()
@@ -1190,12 +1205,8 @@ fn trellis_points_gemm(
             w.resize(n * cols, 0.0);
             for (i, wr) in w.chunks_exact_mut(cols).enumerate() {
                 let r = r0 + i;
-                let row = &t.bits[r * rb..(r + 1) * rb];
-                for q in hypercodec_trellis::row_sequences(cols, t.seq) {
-                    let src = &row[q.start * k / 8..(q.end * k).div_ceil(8)];
-                    hypercodec_trellis::decode_into(src, &t.params, &mut wr[q])
-                        .map_err(|e| corrupt(view, format!("trellis bits: {e}")))?;
-                }
+                hypercodec_trellis::decode_row(&t.bits[r * rb..(r + 1) * rb], t.seq, &t.params, wr)
+                    .map_err(|e| corrupt(view, format!("trellis bits: {e}")))?;
                 let s = t.scales[r];
                 wr.iter_mut().for_each(|v| *v *= s);
             }
@@ -1213,10 +1224,7 @@ fn trellis_gemv(
     y: &mut [f32],
 ) -> Result<()> {
     let cols = view.cols() as usize;
-    let rht = Rht::new(cols, t.tile, t.seed)
-        .map_err(|e| corrupt(view, format!("trellis transform: {e}")))?;
-    let mut xr = x.to_vec();
-    rht.forward(&mut xr);
+    let xr = rotate_rows(view, t.tile, t.seed, cols, x, 1)?;
     let rb = t.row_bytes(cols);
     par_rows(y, 1, cols, |r0, out| {
         let mut buf = Vec::new();

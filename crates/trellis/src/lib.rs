@@ -171,13 +171,6 @@ impl TrellisParams {
 /// the one a pass over the whole rotated sequence would pick, at a fraction of the cost.
 const BOUNDARY_WINDOW: usize = 64;
 
-fn boundary_window() -> usize {
-    std::env::var("TRELLIS_WINDOW")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(BOUNDARY_WINDOW)
-}
-
 /// Sequences of up to this many values try every boundary when there are few (below, the
 /// exact optimum costs at most 64 passes of a short sequence; a long one takes the two passes).
 const EXHAUSTIVE_VALUES: usize = 128;
@@ -291,7 +284,7 @@ impl Encoder {
         } else {
             // The values around the boundary, x's end then its start (all of x, rotated by
             // half, when it is short).
-            let w = boundary_window();
+            let w = BOUNDARY_WINDOW;
             let (rotated, before): (Vec<f32>, usize) = if n > 2 * w {
                 (x[n - w..].iter().chain(&x[..w]).copied().collect(), w)
             } else {
@@ -340,6 +333,23 @@ pub fn row_sequences(cols: usize, seq: usize) -> impl Iterator<Item = std::ops::
     (0..m).map(move |j| j * seq..if j + 1 == m { cols } else { (j + 1) * seq })
 }
 
+/// Decodes a row of `out.len()` values whose bits are `row` (`ceil(cols·K/8)` bytes), cut into
+/// the tail-biting sequences of [`row_sequences`] with `seq` values each.
+pub fn decode_row(row: &[u8], seq: usize, p: &TrellisParams, out: &mut [f32]) -> Result<()> {
+    let k = p.k as usize;
+    for q in row_sequences(out.len(), seq) {
+        let end = (q.end * k).div_ceil(8);
+        let src = row.get(q.start * k / 8..end).ok_or(TrellisError::Length {
+            n: out.len(),
+            k: p.k,
+            expected: (out.len() * k).div_ceil(8),
+            actual: row.len(),
+        })?;
+        decode_into(src, p, &mut out[q])?;
+    }
+    Ok(())
+}
+
 /// Decodes `n` values from `bits` (what [`encode`] wrote for them).
 pub fn decode(bits: &[u8], n: usize, p: &TrellisParams) -> Result<Vec<f32>> {
     let mut out = vec![0f32; n];
@@ -361,9 +371,10 @@ fn wrapped_state(bits: &[u8], total: usize, l: usize, end: usize) -> u32 {
 }
 
 /// The `L`-bit window of `bits` that starts at bit `start` (the stream holds bits up to
-/// `start + L`), as a little-endian integer.
+/// `start + L`), as a little-endian integer: the state of the value whose bits end at
+/// `start + L` (when its window does not wrap).
 #[inline(always)]
-fn window(bits: &[u8], start: usize, l: u32) -> u32 {
+pub fn window(bits: &[u8], start: usize, l: u32) -> u32 {
     let byte = start / 8;
     let mut w = [0u8; 4];
     let avail = (bits.len() - byte).min(4);

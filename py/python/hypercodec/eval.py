@@ -181,23 +181,24 @@ class CausalLM:
 
         self.model = model.eval()
         self.tok = tok
-        ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0][:tokens]
+        all_ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+        ids = all_ids[:tokens]
         bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         body = window - 1
-        self.windows = [
-            torch.cat([torch.tensor([bos]), ids[i : i + body]]).unsqueeze(0)
-            for i in range(0, len(ids) - body + 1, body)
-        ]
+
+        def windows(t: Any) -> list[Any]:
+            return [
+                torch.cat([torch.tensor([bos]), t[i : i + body]]).unsqueeze(0)
+                for i in range(0, len(t) - body + 1, body)
+            ]
+
+        self.windows = windows(ids)
         if not self.windows:
             raise ValueError(f"the text gives {len(ids)} tokens, fewer than a window of {window}")
         # Calibration: windows from a later part of the text (never the evaluation tokens).
-        all_ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
         start = max(len(all_ids) // 3, tokens)
         cal = all_ids[start : start + calibration_windows * body]
-        self.calibration = [
-            torch.cat([torch.tensor([bos]), cal[i : i + body]]).unsqueeze(0)
-            for i in range(0, len(cal) - body + 1, body)
-        ]
+        self.calibration = windows(cal)
         with torch.no_grad():
             self.reference = torch.log_softmax(self.model(self.windows[0]).logits[0].float(), -1)
 
