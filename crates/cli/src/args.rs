@@ -263,7 +263,7 @@ pub struct EncodingArgs {
     /// Affine: symmetric around zero (scales only) instead of scale + offset.
     #[arg(long)]
     pub symmetric: bool,
-    /// Affine: storage type of scales and offsets; lattice: of the row scales.
+    /// Affine: storage type of scales and offsets; lattice and trellis: of the row scales.
     #[arg(long, value_enum, default_value = "f16")]
     pub scale_dtype: DtypeArg,
     /// Lattice: which lattice.
@@ -321,8 +321,16 @@ impl EncodingArgs {
                 Ok(Spec::fixed(Encoding::affine(params)))
             }
             EncodingKind::Trellis => {
-                Spec::trellis(self.trellis_l, self.bits, self.max_tile, self.seed)
-                    .map_err(|e| PipelineError::option("trellis", e.to_string()))
+                let mut spec = Spec::trellis(self.trellis_l, self.bits, self.max_tile, self.seed)
+                    .map_err(|e| PipelineError::option("trellis", e.to_string()))?;
+                if let Spec::Rate {
+                    template: Encoding::Trellis { scale_dtype, .. },
+                    ..
+                } = &mut spec
+                {
+                    *scale_dtype = self.scale_dtype.into();
+                }
+                Ok(spec)
             }
             EncodingKind::Lattice => {
                 let (coding, bps) = match self.coding {

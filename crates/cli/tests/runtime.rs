@@ -110,3 +110,29 @@ fn runtime_benchmark_reports_every_encoding_and_batch() {
         "{table}"
     );
 }
+
+#[test]
+fn trellis_falls_back_on_rows_too_short_for_its_state() {
+    // 8×3 rows hold 6 bits at K = 2, fewer than a 12-bit state: the model still compresses,
+    // that tensor takes the lattice's fallback grid and is listed.
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("short.safetensors");
+    ok(&["synth", p(&model), "--shape", "8x3", "--tensors", "2"]);
+    let hwz = dir.path().join("short.hwz");
+    let out = ok(&[
+        "compress",
+        p(&model),
+        p(&hwz),
+        "--encoding",
+        "trellis",
+        "--bits",
+        "2",
+        "--trellis-l",
+        "12",
+        "--json",
+    ]);
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let fallbacks = r["fallbacks"].as_array().unwrap();
+    assert_eq!(fallbacks.len(), 2, "{r}");
+    assert!(fallbacks[0].to_string().contains("trellis state"), "{r}");
+}

@@ -248,6 +248,10 @@ pub fn compress(
                     opts,
                 )?,
             }
+        } else if let Some((e, why)) = trellis_fallback(&options.route, &t.shape) {
+            // Rows too short to hold the trellis state: the lattice's fallback rule.
+            fallbacks.push((t.name.clone(), format!("{} ({why})", e.label())));
+            hwz::encode(&t.name, &values, &t.shape, &e, opts)?
         } else if let Route::Fixed(spec) = &options.route {
             encode_spec(
                 spec,
@@ -338,6 +342,27 @@ pub fn compress(
         error: acc,
         fallbacks,
         plan,
+    })
+}
+
+/// The fallback of a tensor whose rows hold fewer bits than a fixed trellis recipe's state
+/// (`cols·K < L`): affine INT(K + 2) with one scale for the tensor, as for the lattice
+/// ([`crate::rate::fallback_encoding`]), and why.
+fn trellis_fallback(route: &Route, shape: &[u64]) -> Option<(Encoding, String)> {
+    let Route::Fixed(Spec::Rate {
+        template: Encoding::Trellis { l, k, .. },
+        ..
+    }) = route
+    else {
+        return None;
+    };
+    let n: u64 = shape.iter().product();
+    let (rows, cols) = hwz::matrix_view(shape, n);
+    (rows > 0 && cols > 0 && cols * (*k as u64) < *l as u64).then(|| {
+        (
+            crate::rate::fallback_encoding(*k as f64),
+            format!("rows of {cols} values hold fewer than the {l}-bit trellis state"),
+        )
     })
 }
 
