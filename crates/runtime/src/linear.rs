@@ -775,6 +775,28 @@ fn rotate_rows(
     Ok(xr)
 }
 
+/// `yt = W·X'ᵀ` by row tiles on the pool: `decode(r0, w)` writes the tile's rows from `r0`
+/// (`w.len() / width` rows of `width` values, in the order `xr`'s rows use), then the GEMM.
+fn gemm_decoded_tiles(
+    yt: &mut [f32],
+    rows: usize,
+    width: usize,
+    batch: usize,
+    xr: &[f32],
+    decode: impl Fn(usize, &mut [f32]) -> Result<()> + Sync,
+) -> Result<()> {
+    let tasks = row_tiles(yt, tile_rows_for(rows, width), batch);
+    tasks
+        .into_par_iter()
+        .try_for_each_init(Vec::new, |w: &mut Vec<f32>, (r0, out)| -> Result<()> {
+            let n = out.len() / batch;
+            w.resize(n * width, 0.0);
+            decode(r0, w)?;
+            gemm_wxt(w, n, width, xr, batch, out);
+            Ok(())
+        })
+}
+
 /// `yt` (`rows × batch`) cut into tiles of `tile_rows` rows, each with its first row.
 fn row_tiles(yt: &mut [f32], tile_rows: usize, batch: usize) -> Vec<(usize, &mut [f32])> {
     yt.chunks_mut(tile_rows * batch)
@@ -829,49 +851,42 @@ fn lattice_points_gemm(
             }
         }
     }
-    let tile_rows = tile_rows_for(rows, spr);
-    let tasks = row_tiles(yt, tile_rows, batch);
     let nw = spr / 8;
-    tasks.into_par_iter().try_for_each_init(
-        || (Vec::new(), Vec::new()),
-        |(w, codes): &mut (Vec<f32>, Vec<u8>), (r0, out)| -> Result<()> {
-            let n = out.len() / batch;
-            w.resize(n * spr, 0.0);
-            if blocked {
-                #[cfg(target_arch = "x86_64")]
-                for (i, wr) in w.chunks_exact_mut(spr).enumerate() {
-                    let r = r0 + i;
-                    let k = l.scales[r] / p.alpha;
-                    // SAFETY: AVX2 is present (blocked); the row holds nw 4-byte words.
-                    unsafe {
-                        crate::avx2::e8_points4(&packed[r * nw * 4..(r + 1) * nw * 4], k, wr);
-                    }
-                }
-            } else {
-                codes.resize(n * spr, 0);
-                scalar::unpack_bits_range_into(packed, *bits, rows * spr, r0 * spr, codes)
-                    .map_err(|e| corrupt(view, format!("lattice symbols: {e}")))?;
-                let mut syms = [0u32; 8];
-                for (i, (wr, cr)) in w
-                    .chunks_exact_mut(spr)
-                    .zip(codes.chunks_exact(spr))
-                    .enumerate()
-                {
-                    let k = l.scales[r0 + i] / p.alpha;
-                    for (pw, cw) in wr.chunks_exact_mut(d).zip(cr.chunks_exact(d)) {
-                        syms[..d]
-                            .iter_mut()
-                            .zip(cw)
-                            .for_each(|(s, &c)| *s = c as u32);
-                        lat.decode_word_fixed(&syms[..d], *bits, pw);
-                        pw.iter_mut().for_each(|v| *v *= k);
-                    }
+    gemm_decoded_tiles(yt, rows, spr, batch, &xr, |r0, w| {
+        let n = w.len() / spr;
+        if blocked {
+            #[cfg(target_arch = "x86_64")]
+            for (i, wr) in w.chunks_exact_mut(spr).enumerate() {
+                let r = r0 + i;
+                let k = l.scales[r] / p.alpha;
+                // SAFETY: AVX2 is present (blocked); the row holds nw 4-byte words.
+                unsafe {
+                    crate::avx2::e8_points4(&packed[r * nw * 4..(r + 1) * nw * 4], k, wr);
                 }
             }
-            gemm_wxt(w, n, spr, &xr, batch, out);
-            Ok(())
-        },
-    )
+        } else {
+            let mut codes = vec![0u8; n * spr];
+            scalar::unpack_bits_range_into(packed, *bits, rows * spr, r0 * spr, &mut codes)
+                .map_err(|e| corrupt(view, format!("lattice symbols: {e}")))?;
+            let mut syms = [0u32; 8];
+            for (i, (wr, cr)) in w
+                .chunks_exact_mut(spr)
+                .zip(codes.chunks_exact(spr))
+                .enumerate()
+            {
+                let k = l.scales[r0 + i] / p.alpha;
+                for (pw, cw) in wr.chunks_exact_mut(d).zip(cr.chunks_exact(d)) {
+                    syms[..d]
+                        .iter_mut()
+                        .zip(cw)
+                        .for_each(|(s, &c)| *s = c as u32);
+                    lat.decode_word_fixed(&syms[..d], *bits, pw);
+                    pw.iter_mut().for_each(|v| *v *= k);
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Entropy-coded lattice rows above [`SMALL_BATCH`]: `X' = RHT(X)` once, then per tile of
@@ -1197,22 +1212,16 @@ fn trellis_points_gemm(
     }
     let xr = rotate_rows(view, t.tile, t.seed, cols, x, batch)?;
     let rb = t.row_bytes(cols);
-    let tasks = row_tiles(yt, tile_rows_for(rows, cols), batch);
-    tasks
-        .into_par_iter()
-        .try_for_each_init(Vec::new, |w: &mut Vec<f32>, (r0, out)| -> Result<()> {
-            let n = out.len() / batch;
-            w.resize(n * cols, 0.0);
-            for (i, wr) in w.chunks_exact_mut(cols).enumerate() {
-                let r = r0 + i;
-                hypercodec_trellis::decode_row(&t.bits[r * rb..(r + 1) * rb], t.seq, &t.params, wr)
-                    .map_err(|e| corrupt(view, format!("trellis bits: {e}")))?;
-                let s = t.scales[r];
-                wr.iter_mut().for_each(|v| *v *= s);
-            }
-            gemm_wxt(w, n, cols, &xr, batch, out);
-            Ok(())
-        })
+    gemm_decoded_tiles(yt, rows, cols, batch, &xr, |r0, w| {
+        for (i, wr) in w.chunks_exact_mut(cols).enumerate() {
+            let r = r0 + i;
+            hypercodec_trellis::decode_row(&t.bits[r * rb..(r + 1) * rb], t.seq, &t.params, wr)
+                .map_err(|e| corrupt(view, format!("trellis bits: {e}")))?;
+            let s = t.scales[r];
+            wr.iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(())
+    })
 }
 
 /// Trellis rows at batch 1: `x' = RHT(x)` once, then each row's bits decoded in registers and
