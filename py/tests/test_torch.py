@@ -59,6 +59,67 @@ def test_skip_and_load_into_from_an_archive(tmp_path):
     assert isinstance(m2[0], torch.nn.Linear)
 
 
+def _convnet() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1),
+        torch.nn.Conv2d(16, 24, 1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(24 * 8 * 8, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 10, bias=False),
+    )
+
+
+def test_quantized_state_dict_carries_the_stored_form_and_loads_on_the_meta_device(tmp_path):
+    torch.manual_seed(7)
+    model = hnn.quantize(_convnet(), bps=4, method="lattice")
+    x = torch.randn(2, 3, 8, 8)
+    ref = model(x)
+    sd = model.state_dict()
+    # Each compressed layer saves one uint8 tensor (its one-tensor .hwz), never a dense weight.
+    assert {k for k in sd if k.endswith("weight")} == set()
+    hwz = [k for k in sd if k.endswith("weight_hwz")]
+    assert len(hwz) == 4 and all(sd[k].dtype == torch.uint8 for k in hwz)
+    assert sd["3.weight_hwz"].numel() < 24 * 8 * 8 * 32 * 4 / 6  # < 1/6 of f32 with all side info
+    torch.save(sd, tmp_path / "q.pt")
+    loaded = torch.load(tmp_path / "q.pt", weights_only=True)
+    with torch.device("meta"):
+        fresh = _convnet()
+    hnn.load_state_dict(fresh, loaded)
+    assert isinstance(fresh[3], hnn.HyperLinear) and isinstance(fresh[1], hnn.HyperConv2d)
+    assert not any(p.is_meta for p in fresh.parameters())
+    assert torch.equal(fresh(x), ref)
+    # Saved again, the reloaded layers give the same bytes (copied, not re-encoded).
+    again = fresh.state_dict()
+    assert all(torch.equal(again[k], sd[k]) for k in hwz)
+    # A stored form of the wrong shape or hostile bytes are typed errors.
+    with torch.device("meta"):
+        other = _convnet()
+    bad = dict(loaded)
+    bad["3.weight_hwz"] = loaded["5.weight_hwz"]
+    with pytest.raises(hypercodec.InvalidInputError, match="stored weight is 10x32"):
+        hnn.load_state_dict(other, bad)
+    with pytest.raises(hypercodec.FormatError):
+        hypercodec.Linear.from_hwz(loaded["3.weight_hwz"][:-9].numpy())
+    with pytest.raises(hypercodec.HypercodecError):
+        hypercodec.Linear.from_hwz(b"HWZ1" + bytes(100))
+
+
+def test_layers_read_from_an_archive_save_their_stored_bytes(tmp_path):
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16))
+    path = tmp_path / "m.hwz"
+    hypercodec.save(model.state_dict(), path, encoding="lattice", bps=3)
+    fresh = hnn.load_into(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16)), str(path))
+    x = torch.randn(4, 64)
+    sd = fresh.state_dict()
+    with torch.device("meta"):
+        back = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16))
+    hnn.load_state_dict(back, sd)
+    assert torch.equal(back(x), fresh(x))
+    assert back[0].op.path == fresh[0].op.path
+
+
 def test_torch_state_dict_roundtrip_keeps_dtypes(tmp_path):
     sd = {"w": torch.randn(32, 64).to(torch.bfloat16), "b": torch.randn(32)}
     hypercodec.save(sd, tmp_path / "t.hwz", encoding="raw-bf16")

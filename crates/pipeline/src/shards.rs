@@ -350,14 +350,19 @@ impl ArchiveSet {
         self.order.is_empty()
     }
 
-    /// Tensor `k` (in [`ArchiveSet::tensors`] order) as a validated view that owns its
-    /// streams (for an operator that runs on them).
-    pub fn view(&self, k: usize) -> Result<hypercodec_hwz::TensorView<'static>> {
+    /// The archive holding tensor `k` (in [`ArchiveSet::tensors`] order) and its entry.
+    fn entry(&self, k: usize) -> Result<(&Archive<Mmap>, &TensorEntry)> {
         let &(p, i) = self.order.get(k).ok_or_else(|| PipelineError::NoTensors {
             message: format!("no tensor {k} in this archive set"),
         })?;
         let a = &self.parts[p].1;
-        let t = &a.tensors()[i];
+        Ok((a, &a.tensors()[i]))
+    }
+
+    /// Tensor `k` (in [`ArchiveSet::tensors`] order) as a validated view that owns its
+    /// streams (for an operator that runs on them).
+    pub fn view(&self, k: usize) -> Result<hypercodec_hwz::TensorView<'static>> {
+        let (a, t) = self.entry(k)?;
         let streams = a.tensor_streams(t)?;
         let refs: Vec<(&str, &[u8])> = streams
             .iter()
@@ -367,13 +372,44 @@ impl ArchiveSet {
         Ok(hypercodec_hwz::TensorView::new(&t.name, &t.encoding, &shape, &refs)?.into_owned())
     }
 
+    /// Tensor `k`'s stored form as it lies in the archive (encoding and streams, nothing
+    /// decoded), with its entry: what a copy of the tensor into another archive needs. A rank
+    /// ≥ 3 tensor of a version-1 archive (coded under the old last-dimension view) is refused,
+    /// since a copy would be read under the matrix view.
+    pub fn encoded(&self, k: usize) -> Result<(&TensorEntry, EncodedTensor)> {
+        let (a, t) = self.entry(k)?;
+        if a.manifest().coded_shape(t) != t.shape {
+            return Err(PipelineError::Shards {
+                message: format!(
+                    "tensor `{}` of shape {:?} is coded under the version-1 view; recompress it to copy it",
+                    t.name, t.shape
+                ),
+            });
+        }
+        // The writer wants the roles as the encoding names them (in its order).
+        let mut stored = a.tensor_streams(t)?;
+        let mut streams = Vec::with_capacity(stored.len());
+        for (role, _) in t.encoding.stream_lens(&t.name, &t.shape)? {
+            let at = stored.iter().position(|(r, _)| r == role).ok_or_else(|| {
+                PipelineError::Shards {
+                    message: format!("tensor `{}` has no `{role}` stream", t.name),
+                }
+            })?;
+            streams.push((role, stored.swap_remove(at).1.into_owned()));
+        }
+        Ok((
+            t,
+            EncodedTensor {
+                encoding: t.encoding.clone(),
+                streams,
+            },
+        ))
+    }
+
     /// Decodes tensor `k` (in [`ArchiveSet::tensors`] order) into `out`.
     pub fn decode_into(&self, k: usize, out: &mut [f32]) -> Result<()> {
-        let &(p, i) = self.order.get(k).ok_or_else(|| PipelineError::NoTensors {
-            message: format!("no tensor {k} in this archive set"),
-        })?;
-        let a = &self.parts[p].1;
-        Ok(a.decode_entry_into(&a.tensors()[i], out)?)
+        let (a, t) = self.entry(k)?;
+        Ok(a.decode_entry_into(t, out)?)
     }
 
     /// The summary `inspect` prints: every shard's tensors as one model, totals over all the
@@ -472,6 +508,40 @@ mod tests {
         drop(w);
         let left: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_stored_tensor_copies_into_another_archive_unchanged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("a.hwz");
+        let values: Vec<f32> = (0..32 * 48)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let enc = Encoding::affine(hypercodec_hwz::AffineParams {
+            group: hypercodec_hwz::Group::Size(16),
+            ..Default::default()
+        });
+        let t = encode("w", &values, &[32, 48], &enc, EncodeOptions::default()).expect("encode");
+        let mut w = FileWriter::create(&src, WriterOptions::default()).expect("writer");
+        w.add_tensor("b", &[64, 64], "f32", &tensor(), None)
+            .expect("add");
+        w.add_tensor("w", &[32, 48], "bf16", &t, None).expect("add");
+        w.finish().expect("finish");
+        let set = ArchiveSet::open(&src).expect("open");
+        let (entry, copy) = set.encoded(1).expect("encoded");
+        assert_eq!(
+            (entry.name.as_str(), entry.source_dtype.as_str()),
+            ("w", "bf16")
+        );
+        assert_eq!(copy.streams, t.streams);
+        let mut expected = vec![0f32; values.len()];
+        set.decode_into(1, &mut expected).expect("decode");
+        let mut again = vec![0f32; values.len()];
+        let refs: Vec<(&str, &[u8])> = copy.streams.iter().map(|(r, b)| (*r, &b[..])).collect();
+        hypercodec_hwz::decode_into("w", &copy.encoding, &[32, 48], &refs, &mut again)
+            .expect("decode copy");
+        assert_eq!(again, expected);
+        assert!(set.encoded(2).is_err());
     }
 
     #[test]

@@ -216,6 +216,11 @@ impl CompressedLinear {
         self.cols
     }
 
+    /// The bias, when the layer has one.
+    pub fn bias(&self) -> Option<&[f32]> {
+        self.bias.as_deref()
+    }
+
     /// The batch-1 route.
     pub fn path(&self) -> Path {
         self.op.path()

@@ -1,6 +1,6 @@
 """Type stubs of the native module (see ``py/src/lib.rs``)."""
 
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -42,8 +42,12 @@ class Archive:
         bias: Optional[npt.NDArray[np.float32]] = None,
         fixed_bits: Optional[int] = None,
     ) -> Linear: ...
+    def tensor_hwz(self, name: str, bias: Optional[str] = None) -> bytes: ...
 
 class Linear:
+    @staticmethod
+    def from_hwz(data: Union[bytes, npt.NDArray[np.uint8]], fixed_bits: Optional[int] = None) -> Linear: ...
+    def to_hwz(self) -> Optional[bytes]: ...
     @staticmethod
     def quantize(
         weight: npt.NDArray[np.float32],

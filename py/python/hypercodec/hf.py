@@ -22,7 +22,7 @@ from torch import nn
 
 from . import _native
 from .api import compress_state_dict
-from .nn import HyperEmbedding, HyperLinear, quantize
+from .nn import HWZ_KEY, HyperEmbedding, HyperLinear, _archive_source, quantize
 
 __all__ = ["quantize", "save_hwz", "from_hwz"]
 
@@ -118,11 +118,12 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
         if source in shared and alias.endswith(".weight"):
             head = alias[: -len(".weight")]
             if isinstance(model.get_submodule(head), nn.Linear):
-                _set(model, head, HyperLinear(shared[source]))
+                _set(model, head, HyperLinear(shared[source], source=lambda s=source: archive.tensor_hwz(s)))
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and f"{name}.weight" in names:
             bias = archive.read(f"{name}.bias") if f"{name}.bias" in names else None
-            _set(model, name, HyperLinear(archive.linear(f"{name}.weight", bias, fixed_bits)))
+            op = archive.linear(f"{name}.weight", bias, fixed_bits)
+            _set(model, name, HyperLinear(op, source=_archive_source(archive, name, bias is not None)))
     rest = {k: torch.from_numpy(archive.read(k)) for k in model.state_dict().keys() if k in names}
     model.load_state_dict(rest, strict=False, assign=True)
     params = dict(model.named_parameters())
@@ -167,27 +168,64 @@ def _register() -> type | None:
     class HypercodecConfig(QuantizationConfigMixin):
         """hypercodec as a transformers quantization method: after the weights load, every
         ``nn.Linear`` not named in ``skip`` becomes a :class:`hypercodec.nn.HyperLinear` quantized
-        with ``method`` at ``bps`` (see :func:`hypercodec.nn.method_spec`). Quantize-on-load
-        only: the quantized model is saved with :func:`save_hwz`, not ``save_pretrained``."""
+        with ``method`` at ``bps`` (see :func:`hypercodec.nn.method_spec`). The quantized model
+        round-trips through ``save_pretrained`` / ``from_pretrained`` (each layer's stored form is
+        its ``weight_hwz`` tensor; ``import hypercodec.hf`` first so transformers knows the
+        method); ``modules`` lists the quantized layers once that is known."""
 
-        def __init__(self, bps: float = 4.0, method: str = "lattice", skip=("lm_head",), **kwargs: Any) -> None:
+        def __init__(
+            self,
+            bps: float = 4.0,
+            method: str = "lattice",
+            skip=("lm_head",),
+            modules: list[str] | None = None,
+            **kwargs: Any,
+        ) -> None:
             self.quant_method = "hypercodec"
             self.bps = float(bps)
             self.method = method
             self.skip = list(skip)
+            self.modules = None if modules is None else list(modules)
 
     @register_quantizer("hypercodec")
     class HypercodecQuantizer(HfQuantizer):
-        """Applies :func:`hypercodec.nn.quantize` once the dense weights are loaded."""
+        """Quantizes once the dense weights are loaded; for a saved quantized model, puts empty
+        :meth:`hypercodec.nn.HyperLinear.placeholder` layers where the config's ``modules`` are,
+        which the loader fills from their ``weight_hwz`` tensors (no dense weight is built)."""
 
         requires_calibration = False
 
+        def _process_model_before_weight_loading(self, model, **kwargs):
+            if not self.pre_quantized:
+                return model
+            c = self.quantization_config
+            if c.modules is None:
+                raise _native.FormatError("the checkpoint's hypercodec config lists no quantized modules")
+            for name in c.modules:
+                layer = model.get_submodule(name)
+                if not isinstance(layer, nn.Linear):
+                    raise _native.FormatError(f"`{name}` is quantized in the checkpoint but is {type(layer).__name__} here")
+                _set(model, name, HyperLinear.placeholder(layer))
+            return model
+
+        def param_needs_quantization(self, model, param_name: str, **kwargs) -> bool:
+            # A stored form is as long as it is: the loader must not compare it with the
+            # placeholder's empty shape.
+            return self.pre_quantized and param_name.endswith("." + HWZ_KEY)
+
         def _process_model_after_weight_loading(self, model, **kwargs):
             c = self.quantization_config
-            return quantize(model, bps=c.bps, method=c.method, skip=tuple(c.skip))
+            if self.pre_quantized:
+                empty = [n for n, m in model.named_modules() if isinstance(m, HyperLinear) and m.op is None]
+                if empty:
+                    raise _native.FormatError(f"stored weights missing from the checkpoint: {empty[:5]}")
+                return model
+            quantize(model, bps=c.bps, method=c.method, skip=tuple(c.skip), conv=False)
+            c.modules = [n for n, m in model.named_modules() if isinstance(m, HyperLinear)]
+            return model
 
         def is_serializable(self, **kwargs):
-            return False
+            return True
 
         @property
         def is_trainable(self):

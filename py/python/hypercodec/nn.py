@@ -51,7 +51,83 @@ def _f32(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float32).cpu().contiguous().numpy()
 
 
-class HyperLinear(nn.Module):
+HWZ_KEY = "weight_hwz"
+
+
+class _StoredForm:
+    """The ``weight_hwz`` entry a compressed layer puts in its state dict: its stored form as a
+    one-tensor ``.hwz`` archive in a 1-D ``torch.uint8`` tensor (``weight`` as stored, and the
+    ``bias`` when the runtime holds it), so ``state_dict`` / ``load_state_dict``,
+    ``torch.save`` and transformers' ``save_pretrained`` / ``from_pretrained`` carry the
+    compressed bytes and never a dense weight. Loading it builds the operator straight from
+    those bytes (:meth:`hypercodec.Linear.from_hwz`)."""
+
+    op: "_native.Linear | None"
+
+    def _init_stored(self, source: Any = None) -> None:
+        # `source()` gives the bytes of a layer read from an archive; `_hwz` keeps the tensor
+        # a layer was loaded from (re-saving it copies nothing).
+        self._hwz_source = source
+        self._hwz: torch.Tensor | None = None
+
+    @property
+    def weight_hwz(self) -> torch.Tensor:
+        """The stored form (see the class docs); an empty meta tensor before loading."""
+        if self._hwz is not None:
+            return self._hwz
+        if self.op is None:
+            return torch.empty(0, dtype=torch.uint8, device="meta")
+        data = self.op.to_hwz()
+        if data is None and self._hwz_source is not None:
+            data = self._hwz_source()
+        if data is None:
+            raise _native.InvalidInputError("this layer has no stored form to save (it was built from bytes that were not kept)")
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def _load_hwz(self, value: torch.Tensor) -> None:
+        t = value.detach()
+        if t.is_meta or t.numel() == 0:
+            return  # a loader initializing what it found missing: the layer stays unloaded
+        t = t.to(device="cpu", dtype=torch.uint8).reshape(-1).contiguous()
+        op = _native.Linear.from_hwz(t.numpy())
+        self._check_loaded(op)
+        self.op = op
+        self._hwz = t
+        self._buffers.pop(HWZ_KEY, None)
+
+    def _placeholder_buffer(self) -> None:
+        # Loaders look stored names up as buffers (transformers does, to report and initialize
+        # what a checkpoint lacks): an empty one stands in until the stored form arrives.
+        self._buffers[HWZ_KEY] = torch.empty(0, dtype=torch.uint8, device="meta")
+
+    def _check_loaded(self, op: "_native.Linear") -> None:
+        pass
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == HWZ_KEY:
+            self._load_hwz(value)
+        else:
+            super().__setattr__(name, value)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if getattr(self, "weight", None) is None:
+            destination[prefix + HWZ_KEY] = self.weight_hwz
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        key = prefix + HWZ_KEY
+        if key in state_dict:
+            self._load_hwz(state_dict[key])
+        elif strict and getattr(self, "weight", None) is None:
+            missing_keys.append(key)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        if key in unexpected_keys:
+            unexpected_keys.remove(key)
+
+
+class HyperLinear(_StoredForm, nn.Module):
     """``y = x·Wᵀ + b`` with ``W`` kept compressed (a :class:`hypercodec.Linear`); float32
     computation, outputs in the input's dtype.
 
@@ -67,8 +143,10 @@ class HyperLinear(nn.Module):
         master: nn.Linear | None = None,
         spec: str | None = None,
         refresh_every: int = 1,
+        source: Any = None,
     ) -> None:
         super().__init__()
+        self._init_stored(source)
         self.op = op
         self.in_features = op.cols
         self.out_features = op.rows
@@ -84,6 +162,28 @@ class HyperLinear(nn.Module):
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
+
+    @classmethod
+    def placeholder(cls, layer: nn.Linear) -> "HyperLinear":
+        """An empty layer of ``layer``'s shape (no operator yet) whose ``weight_hwz`` is filled
+        by ``load_state_dict`` or transformers' loader — how a saved quantized model is
+        rebuilt without a dense weight."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._init_stored()
+        self._placeholder_buffer()
+        self.op = None
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.spec, self.refresh_every, self._steps, self._wq = None, 1, 0, None
+        self.register_parameter("weight", None)
+        self.register_parameter("bias", None)
+        return self
+
+    def _check_loaded(self, op: "_native.Linear") -> None:
+        if (op.rows, op.cols) != (self.out_features, self.in_features):
+            raise _native.InvalidInputError(
+                f"stored weight is {op.rows}x{op.cols}; this layer is {self.out_features}x{self.in_features}"
+            )
 
     @property
     def inference_only(self) -> bool:
@@ -115,8 +215,11 @@ class HyperLinear(nn.Module):
         b = _f32(self.bias) if self.bias is not None else None
         self.op = _native.Linear.quantize(_f32(self.weight), self.spec, b)
         self._wq = None
+        self._hwz = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.op is None:
+            raise _native.InvalidInputError("this HyperLinear has no weight yet: load its state dict (weight_hwz) first")
         if self.weight is not None and self.training and torch.is_grad_enabled():
             if self._steps % self.refresh_every == 0 or self._wq is None:
                 if self._steps > 0:
@@ -138,13 +241,15 @@ class HyperLinear(nn.Module):
         return torch.from_numpy(np.asarray(self.op.weight()))
 
     def extra_repr(self) -> str:
+        if self.op is None:
+            return f"in_features={self.in_features}, out_features={self.out_features}, not loaded"
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"path={self.op.path}, held_bytes={self.op.held_bytes}"
         )
 
 
-class HyperConv2d(nn.Module):
+class HyperConv2d(_StoredForm, nn.Module):
     """``nn.Conv2d`` with its weight kept compressed on the runtime's matrix view
     ``[out, in/groups·kh·kw]``. A 1×1, stride-1, unpadded, ungrouped convolution runs on the
     CPU runtime as a linear layer over channels; every other kernel takes the documented decode
@@ -152,11 +257,30 @@ class HyperConv2d(nn.Module):
 
     def __init__(self, op: _native.Linear, conv: nn.Conv2d) -> None:
         super().__init__()
+        self._init_stored()
         self.op = op
         self.weight_shape = tuple(conv.weight.shape)
         self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
         self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
-        self.pointwise = (
+        self.pointwise = self._is_pointwise()
+
+    @classmethod
+    def placeholder(cls, conv: nn.Conv2d) -> "HyperConv2d":
+        """An empty layer of ``conv``'s geometry whose ``weight_hwz`` (and ``bias``) are filled
+        by ``load_state_dict``."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._init_stored()
+        self._placeholder_buffer()
+        self.op = None
+        self.weight_shape = tuple(conv.weight.shape)
+        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
+        self.bias = None if conv.bias is None else nn.Parameter(torch.empty_like(conv.bias, device="cpu"), requires_grad=False)
+        self.pointwise = cls._is_pointwise(self)
+        return self
+
+    def _is_pointwise(self) -> bool:
+        return (
             self.weight_shape[2:] == (1, 1)
             and tuple(self.stride) == (1, 1)
             and tuple(self.padding) in ((0, 0), 0)
@@ -168,12 +292,19 @@ class HyperConv2d(nn.Module):
         """Quantizes ``conv``'s weight with the candidate ``spec``."""
         return cls(_native.Linear.quantize(_f32(conv.weight), spec), conv)
 
+    def _check_loaded(self, op: "_native.Linear") -> None:
+        rows, cols = self.weight_shape[0], int(np.prod(self.weight_shape[1:]))
+        if (op.rows, op.cols) != (rows, cols):
+            raise _native.InvalidInputError(f"stored weight is {op.rows}x{op.cols}; this convolution's view is {rows}x{cols}")
+
     @property
     def path(self) -> str:
         """The route: the runtime's (1×1) or ``decode-fallback+conv2d``."""
         return self.op.path if self.pointwise else "decode-fallback+conv2d"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.op is None:
+            raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
         if self.pointwise:
             n, c, h, w = x.shape
             xs = _f32(x.permute(0, 2, 3, 1).reshape(-1, c))
@@ -187,6 +318,8 @@ class HyperConv2d(nn.Module):
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
+        if self.op is None:
+            return f"weight_shape={self.weight_shape}, not loaded"
         return f"weight_shape={self.weight_shape}, path={self.path}, held_bytes={self.op.held_bytes}"
 
 
@@ -373,6 +506,35 @@ def save_hessians(path: str, hessians: dict[str, np.ndarray]) -> None:
     _write_safetensors(path, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hessians.items()})
 
 
+def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> nn.Module:
+    """Loads a state dict saved from a quantized model (``model.state_dict()``, e.g. through
+    ``torch.save`` / ``torch.load(weights_only=True)``) into a fresh dense ``model`` of the same
+    architecture: each ``nn.Linear`` / ``nn.Conv2d`` whose ``weight_hwz`` is in ``state_dict``
+    becomes a :class:`HyperLinear` / :class:`HyperConv2d` on that stored form (its dense weight
+    is dropped unused; build ``model`` on the meta device to never allocate it). Returns ``model``.
+
+        >>> sd = quantized.state_dict()                                  # doctest: +SKIP
+        >>> fresh = load_state_dict(make_model(), sd)                    # doctest: +SKIP
+    """
+    for name, m in list(model.named_modules()):
+        if f"{name}.{HWZ_KEY}" not in state_dict:
+            continue
+        if isinstance(m, nn.Linear):
+            _replace(model, name, HyperLinear.placeholder(m))
+        elif isinstance(m, nn.Conv2d):
+            _replace(model, name, HyperConv2d.placeholder(m))
+        else:
+            raise _native.InvalidInputError(f"`{name}` has a stored weight but is {type(m).__name__}, not Linear or Conv2d")
+    model.load_state_dict(state_dict, strict=strict, assign=True)
+    return model
+
+
+def _archive_source(archive: "_native.Archive", layer: str, bias: bool) -> Any:
+    """The stored form of ``layer`` (``.weight``, and ``.bias`` when the runtime holds it) read
+    back from ``archive`` when the layer is saved: nothing is kept in memory meanwhile."""
+    return lambda: archive.tensor_hwz(f"{layer}.weight", f"{layer}.bias" if bias else None)
+
+
 def load_into(model: nn.Module, path: str) -> nn.Module:
     """Fills ``model`` from the archive ``path``: each ``nn.Linear`` whose weight is stored
     becomes a :class:`HyperLinear` on the stored form (its dense weight is never built); the
@@ -386,7 +548,7 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
         if layer.bias is not None and f"{name}.bias" in names:
             bias = np.ascontiguousarray(archive.read(f"{name}.bias"), dtype=np.float32)
             done.add(f"{name}.bias")
-        _replace(model, name, HyperLinear(archive.linear(f"{name}.weight", bias)))
+        _replace(model, name, HyperLinear(archive.linear(f"{name}.weight", bias), source=_archive_source(archive, name, bias is not None)))
         done.add(f"{name}.weight")
     rest = {}
     for key in model.state_dict().keys():
