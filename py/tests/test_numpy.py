@@ -155,3 +155,54 @@ def test_a_fresh_venv_installs_and_imports_the_wheel_without_a_compiler(tmp_path
     out = subprocess.run([py, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=tmp_path).stdout.split()
     assert float(out[0]) < 0.5, out
     assert str(venv) in out[1], out
+
+
+@pytest.mark.parametrize("quantizer,bits,floor_db", [("e8", 4, 19.5), ("e8", 2, 9.2), ("trellis", 3, 16.0)])
+def test_kv_codec_roundtrips_head_vectors_near_its_calibrated_snr(quantizer, bits, floor_db):
+    # Keys with an outlier channel, as real ones have: the rotation spreads it.
+    x = gaussian((2, 3, 40, 64), seed=1)
+    x[..., 5] *= 20
+    c = hypercodec.KvCodec(64, bits, quantizer, seed=3)
+    codes, scales = c.encode(x)
+    assert codes.shape == (2, 3, 40, c.code_bytes) and codes.dtype == np.uint8
+    assert scales.shape == (2, 3, 40) and scales.dtype == np.uint16
+    assert c.bits_per_value == (8 * c.code_bytes + 16) / 64
+    y = c.decode(codes, scales)
+    assert snr_db(x, y) > floor_db, snr_db(x, y)
+    # Rows decoded in place into a larger (sinks + history + window) tensor agree bit for bit.
+    rows = codes.reshape(6, 40, -1)
+    cap = np.zeros((6, 64, c.code_bytes), np.uint8)
+    cap[:, :40] = rows
+    caps = np.zeros((6, 64), np.uint16)
+    caps[:, :40] = scales.reshape(6, 40)
+    out = np.full((6, 45, 64), 7.0, np.float32)
+    c.decode_rows_into(cap, caps, 40, out, 2, 3)
+    assert np.array_equal(out[:, 2:42], y.reshape(6, 40, 64))
+    assert (out[:, :2] == 7).all() and (out[:, 42:] == 7).all()
+
+
+def test_kv_codec_refuses_bad_input_with_typed_errors():
+    with pytest.raises(hypercodec.InvalidInputError):
+        hypercodec.KvCodec(64, 1, "e8")
+    with pytest.raises(hypercodec.InvalidInputError):
+        hypercodec.KvCodec(64, 4, "e8", rotation="fourier")
+    with pytest.raises(hypercodec.InvalidInputError):
+        hypercodec.KvCodec(64, 3, "trellis", dither=True)
+    c = hypercodec.KvCodec(64, 4, "e8", dither=True)
+    x = gaussian((4, 64))
+    with pytest.raises(hypercodec.InvalidInputError, match="dither"):
+        c.encode(x)  # keys required
+    keys = np.arange(4, dtype=np.uint64)
+    codes, scales = c.encode(x, keys)
+    assert snr_db(x, c.decode(codes, scales, keys)) > 15
+    bad = x.copy()
+    bad[2, 9] = np.nan
+    with pytest.raises(hypercodec.InvalidInputError, match="not finite"):
+        c.encode(bad, keys)
+    with pytest.raises(hypercodec.InvalidInputError):
+        c.encode(gaussian((4, 32)), keys)
+    with pytest.raises(hypercodec.InvalidInputError):
+        c.decode(codes[:, :-1].copy(), scales, keys)
+    out = np.zeros((4, 2, 64), np.float32)
+    with pytest.raises(hypercodec.InvalidInputError, match="do not fit"):
+        c.decode_rows_into(codes.reshape(4, 1, -1), scales.reshape(4, 1), 1, out, 2, 1)

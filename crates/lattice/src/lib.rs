@@ -29,6 +29,7 @@
 pub mod calibration;
 #[cfg(test)]
 mod dither_tests;
+pub mod kv;
 mod quant;
 pub mod rht;
 
@@ -72,6 +73,9 @@ pub enum LatticeError {
         /// The bits asked for.
         bits: u8,
     },
+    /// The trellis quantizer refused its parameters or input.
+    #[error("trellis: {0}")]
+    Trellis(String),
     /// Sizes do not match the shape.
     #[error("{what}: expected {expected}, got {actual}")]
     Length {

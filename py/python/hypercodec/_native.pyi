@@ -70,3 +70,40 @@ class Linear:
     def held_bytes(self) -> int: ...
     @property
     def stored_bytes(self) -> int: ...
+
+class KvCodec:
+    def __init__(
+        self,
+        dim: int,
+        bits: int,
+        quantizer: str = "e8",
+        rotation: str = "rht",
+        seed: int = 0,
+        dither: bool = False,
+        trellis_l: int = 10,
+    ) -> None: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def code_bytes(self) -> int: ...
+    @property
+    def bits_per_value(self) -> float: ...
+    def encode(
+        self, x: npt.NDArray[np.float32], keys: Optional[npt.NDArray[np.uint64]] = None
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint16]]: ...
+    def decode(
+        self,
+        codes: npt.NDArray[np.uint8],
+        scales: npt.NDArray[np.uint16],
+        keys: Optional[npt.NDArray[np.uint64]] = None,
+    ) -> npt.NDArray[np.float32]: ...
+    def decode_rows_into(
+        self,
+        codes: npt.NDArray[np.uint8],
+        scales: npt.NDArray[np.uint16],
+        n: int,
+        out: npt.NDArray[np.float32],
+        offset: int = 0,
+        heads: int = 1,
+        parallel: bool = False,
+    ) -> None: ...

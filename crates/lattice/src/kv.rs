@@ -1,0 +1,720 @@
+//! KV-cache vectors: one key or value head vector at a time, as it arrives.
+//!
+//! Per vector `x` of `dim` values: rotate (`y = R·x`: the seeded RHT of [`Rht`], a seeded
+//! Haar-random orthogonal matrix as QJL uses, or none), normalize by the vector's RMS σ,
+//! quantize at `bits` bits per value with a fixed-rate quantizer ([`KvQuantizer`]: the
+//! box-constrained lattice form at its best-SNR α from the shipped calibration, or the
+//! bitshift trellis of `hypercodec-trellis` at its calibrated scale, which sits about 3 dB
+//! higher at the same bits), and store one scale `c` per vector (bf16) refitted by least
+//! squares, `c = ⟨y, p⟩ / ⟨p, p⟩` for the decoded point `p`, so `ŷ = c·p` and `x̂ = Rᵀ·ŷ`. A
+//! vector costs `bits·dim` bits of codes (whole lattice words) plus 16 bits of scale:
+//! `bits + 16/dim` bits per value, every overhead included.
+//!
+//! Key design decision: codes are fixed-rate and per vector, so a cache encodes each new token
+//! on its own (no re-encoding of the history), any token's vector decodes alone, and the
+//! byte size of a cache is known in advance. An optional subtractive dither is keyed on a
+//! per-vector `u64` the caller derives from the token's global position (and head), so an
+//! incremental encoder regenerates it; with the fixed-rate form, points outside the box are
+//! clamped, so far outliers see an error that is not uniform over the cell.
+
+use crate::calibration::fixed_alpha;
+use crate::quant::Lattice;
+use crate::rht::{mix64, Rht};
+use crate::{dither_word, symbols_per_row, LatticeError, Result};
+use half::bf16;
+
+/// How vectors are rotated before quantization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rotation {
+    /// No rotation (outlier channels stay where they are).
+    None,
+    /// The seeded randomized Hadamard transform over the whole vector (`dim` a power of two
+    /// up to 4096), or over its largest power-of-two tiles otherwise.
+    Rht,
+    /// A seeded Haar-random orthogonal matrix (Gram–Schmidt of a Gaussian matrix), `dim²`
+    /// multiply-adds per vector, as QJL rotates.
+    Haar,
+}
+
+/// The fixed-rate quantizer of rotated, normalized vectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvQuantizer {
+    /// The box-constrained fixed-rate form of a lattice (Z1, D4 or E8).
+    Lattice(Lattice),
+    /// The bitshift trellis with `l` state bits (8..=16; encoding costs 2^l per value): at
+    /// 2 / 3 / 4 bits, about 11.1 / 16.8 / 22.6 dB at `l = 10` against E8's fixed form at
+    /// 9.7 / 14.9 / 20.0 (Gaussian data). No dither.
+    Trellis {
+        /// State bits.
+        l: u8,
+    },
+}
+
+/// The quantizer of `dim`-value KV vectors (see the module docs).
+#[derive(Debug, Clone)]
+pub struct KvCodec {
+    dim: usize,
+    bits: u8,
+    quantizer: KvQuantizer,
+    lattice: Lattice,
+    trellis: Option<hypercodec_trellis::TrellisParams>,
+    alpha: f32,
+    seed: u64,
+    dither: bool,
+    rotation: Rotation,
+    rht: Option<Rht>,
+    /// Row-major `dim × dim` orthogonal matrix for [`Rotation::Haar`].
+    haar: Vec<f32>,
+}
+
+impl KvCodec {
+    /// The codec of `dim`-value vectors at `bits` bits per value (2..=8) with `quantizer` (a
+    /// lattice's tail shorter than a word is zero-padded; a trellis needs `dim·bits ≥ l`).
+    pub fn new(
+        dim: usize,
+        bits: u8,
+        quantizer: KvQuantizer,
+        rotation: Rotation,
+        seed: u64,
+        dither: bool,
+    ) -> Result<Self> {
+        let (lattice, alpha, trellis) = match quantizer {
+            KvQuantizer::Lattice(l) => {
+                let (alpha, _) = fixed_alpha(l, bits).ok_or(LatticeError::InvalidFixed {
+                    lattice: l.name(),
+                    bits,
+                })?;
+                (l, alpha, None)
+            }
+            KvQuantizer::Trellis { l } => {
+                let p = hypercodec_trellis::TrellisParams::new(l, bits);
+                // The encoder checks (L, K) and the sequence length; fail here, not per call.
+                hypercodec_trellis::encode(&vec![0f32; dim], &p)
+                    .map_err(|e| LatticeError::Trellis(e.to_string()))?;
+                if dither || !(2..=8).contains(&bits) {
+                    return Err(LatticeError::InvalidFixed {
+                        lattice: "trellis (no dither)",
+                        bits,
+                    });
+                }
+                (Lattice::Z1, 1.0, Some(p))
+            }
+        };
+        if dim == 0 || dim > crate::MAX_TILE {
+            return Err(LatticeError::Length {
+                what: "vector length (1..=4096)",
+                expected: crate::MAX_TILE,
+                actual: dim,
+            });
+        }
+        let rht = match rotation {
+            Rotation::Rht => Some(Rht::new(dim, crate::tile_for(dim, crate::MAX_TILE), seed)?),
+            _ => None,
+        };
+        let haar = match rotation {
+            Rotation::Haar => haar_matrix(dim, seed),
+            _ => Vec::new(),
+        };
+        Ok(KvCodec {
+            dim,
+            bits,
+            quantizer,
+            lattice,
+            trellis,
+            alpha,
+            seed,
+            dither,
+            rotation,
+            rht,
+            haar,
+        })
+    }
+
+    /// Values per vector.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Bits per code.
+    pub fn bits(&self) -> u8 {
+        self.bits
+    }
+
+    /// Whether the codec dithers (its calls then take one key per vector).
+    pub fn dithers(&self) -> bool {
+        self.dither
+    }
+
+    /// The quantizer.
+    pub fn quantizer(&self) -> KvQuantizer {
+        self.quantizer
+    }
+
+    /// Bytes of codes per vector (whole lattice words of `bits`-bit symbols, or `dim` trellis
+    /// values, rounded up to a byte).
+    pub fn code_bytes(&self) -> usize {
+        let n = match self.trellis {
+            Some(_) => self.dim,
+            None => symbols_per_row(self.lattice, self.dim),
+        };
+        (n * self.bits as usize).div_ceil(8)
+    }
+
+    /// Stored bits per value, codes and scale: `(8·code_bytes + 16) / dim`.
+    pub fn bits_per_value(&self) -> f64 {
+        (8 * self.code_bytes() + 16) as f64 / self.dim as f64
+    }
+
+    fn rotate(&self, x: &[f32], y: &mut [f32]) {
+        match self.rotation {
+            Rotation::None => y.copy_from_slice(x),
+            Rotation::Rht => {
+                y.copy_from_slice(x);
+                if let Some(r) = &self.rht {
+                    r.forward(y);
+                }
+            }
+            Rotation::Haar => {
+                for (yi, row) in y.iter_mut().zip(self.haar.chunks_exact(self.dim)) {
+                    *yi = row.iter().zip(x).map(|(a, b)| a * b).sum();
+                }
+            }
+        }
+    }
+
+    fn unrotate(&self, y: &mut [f32], x: &mut [f32]) {
+        match self.rotation {
+            Rotation::None => x.copy_from_slice(y),
+            Rotation::Rht => {
+                if let Some(r) = &self.rht {
+                    r.inverse(y);
+                }
+                x.copy_from_slice(y);
+            }
+            Rotation::Haar => {
+                x.iter_mut().for_each(|v| *v = 0.0);
+                for (yi, row) in y.iter().zip(self.haar.chunks_exact(self.dim)) {
+                    x.iter_mut().zip(row).for_each(|(v, a)| *v += a * yi);
+                }
+            }
+        }
+    }
+
+    fn check(&self, n: usize, codes: usize, scales: usize, keys: Option<usize>) -> Result<()> {
+        for (what, expected, actual) in [
+            ("codes", n * self.code_bytes(), codes),
+            ("scales", n, scales),
+        ] {
+            if expected != actual {
+                return Err(LatticeError::Length {
+                    what,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        match keys {
+            Some(k) if k != n => Err(LatticeError::Length {
+                what: "dither keys",
+                expected: n,
+                actual: k,
+            }),
+            None if self.dither => Err(LatticeError::Length {
+                what: "dither keys (the codec dithers)",
+                expected: n,
+                actual: 0,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Encodes `x.len() / dim` vectors into `codes` (`code_bytes` each) and `scales` (bf16
+    /// bits, one each). `keys` (one per vector, e.g. `position·heads + head`) seed the dither
+    /// and are required exactly when the codec dithers. Allocates nothing.
+    pub fn encode_into(
+        &self,
+        x: &[f32],
+        keys: Option<&[u64]>,
+        codes: &mut [u8],
+        scales: &mut [u16],
+    ) -> Result<()> {
+        let d = self.dim;
+        if !x.len().is_multiple_of(d) {
+            return Err(LatticeError::Length {
+                what: "values (a multiple of the vector length)",
+                expected: x.len().div_ceil(d) * d,
+                actual: x.len(),
+            });
+        }
+        let n = x.len() / d;
+        self.check(n, codes.len(), scales.len(), keys.map(<[u64]>::len))?;
+        if let Some(index) = x.iter().position(|v| !v.is_finite()) {
+            return Err(LatticeError::NonFinite { index });
+        }
+        if let Some(p) = &self.trellis {
+            return self.encode_trellis(p, x, codes, scales);
+        }
+        let l = self.lattice;
+        let w = l.dim();
+        let mut y = [0f32; crate::MAX_TILE];
+        let mut u = [0f32; crate::MAX_TILE];
+        let spr = symbols_per_row(l, d);
+        let cb = self.code_bytes();
+        for (i, v) in x.chunks_exact(d).enumerate() {
+            let y = &mut y[..d];
+            self.rotate(v, y);
+            let ms = y.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / d as f64;
+            let out = &mut codes[i * cb..(i + 1) * cb];
+            out.iter_mut().for_each(|b| *b = 0);
+            if ms == 0.0 {
+                // Zero vector: any point, scale 0.
+                scales[i] = 0;
+                continue;
+            }
+            let k = self.alpha / ms.sqrt() as f32;
+            let u = &mut u[..spr];
+            u.iter_mut().for_each(|a| *a = 0.0);
+            u[..d]
+                .iter_mut()
+                .zip(y.iter())
+                .for_each(|(a, &b)| *a = b * k);
+            let key = keys.map(|k| k[i]);
+            let (mut dot, mut pp) = (0f64, 0f64);
+            let mut bitpos = 0usize;
+            for (j, word) in u.chunks_exact_mut(w).enumerate() {
+                let mut dz = [0f32; 8];
+                if let Some(key) = key {
+                    dither_word(l, self.seed, key as usize, j, &mut dz[..w]);
+                    word.iter_mut().zip(&dz).for_each(|(a, e)| *a += e);
+                }
+                let mut s = [0u32; 8];
+                let mut p = [0f32; 8];
+                l.encode_word_fixed(word, self.bits, &mut s[..w]);
+                l.decode_word_fixed(&s[..w], self.bits, &mut p[..w]);
+                for t in 0..w {
+                    let c = j * w + t;
+                    let pt = p[t] - dz[t];
+                    if c < d {
+                        dot += y[c] as f64 * pt as f64;
+                        pp += pt as f64 * pt as f64;
+                    }
+                    put_bits(out, bitpos, self.bits, s[t]);
+                    bitpos += self.bits as usize;
+                }
+            }
+            let c = if pp > 0.0 { (dot / pp) as f32 } else { 0.0 };
+            scales[i] = bf16::from_f32(c).to_bits();
+        }
+        Ok(())
+    }
+
+    fn encode_trellis(
+        &self,
+        p: &hypercodec_trellis::TrellisParams,
+        x: &[f32],
+        codes: &mut [u8],
+        scales: &mut [u16],
+    ) -> Result<()> {
+        let d = self.dim;
+        let cb = self.code_bytes();
+        let err = |e: hypercodec_trellis::TrellisError| LatticeError::Trellis(e.to_string());
+        let mut enc = hypercodec_trellis::Encoder::new(p).map_err(err)?;
+        let (mut y, mut u) = ([0f32; crate::MAX_TILE], [0f32; crate::MAX_TILE]);
+        for (i, v) in x.chunks_exact(d).enumerate() {
+            let y = &mut y[..d];
+            self.rotate(v, y);
+            let ms = y.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / d as f64;
+            let out = &mut codes[i * cb..(i + 1) * cb];
+            if ms == 0.0 {
+                out.iter_mut().for_each(|b| *b = 0);
+                scales[i] = 0;
+                continue;
+            }
+            let k = 1.0 / ms.sqrt() as f32;
+            let u = &mut u[..d];
+            u.iter_mut().zip(y.iter()).for_each(|(a, &b)| *a = b * k);
+            enc.encode_into(u, out).map_err(err)?;
+            hypercodec_trellis::decode_into(out, p, u).map_err(err)?;
+            let dot: f64 = y
+                .iter()
+                .zip(u.iter())
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum();
+            let pp: f64 = u.iter().map(|&b| b as f64 * b as f64).sum();
+            let c = if pp > 0.0 { (dot / pp) as f32 } else { 0.0 };
+            scales[i] = bf16::from_f32(c).to_bits();
+        }
+        Ok(())
+    }
+
+    /// Decodes vectors from `codes` and `scales` (as written by [`KvCodec::encode_into`], with
+    /// the same `keys`) into `out` (`dim` values each). Allocates nothing.
+    pub fn decode_into(
+        &self,
+        codes: &[u8],
+        scales: &[u16],
+        keys: Option<&[u64]>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let d = self.dim;
+        let n = scales.len();
+        if out.len() != n * d {
+            return Err(LatticeError::Length {
+                what: "output values",
+                expected: n * d,
+                actual: out.len(),
+            });
+        }
+        self.check(n, codes.len(), n, keys.map(<[u64]>::len))?;
+        let l = self.lattice;
+        let w = l.dim();
+        let cb = self.code_bytes();
+        let mut y = [0f32; crate::MAX_TILE + 8];
+        let spr = symbols_per_row(l, d);
+        let mut syms = [0u32; crate::MAX_TILE + 8];
+        for (i, o) in out.chunks_exact_mut(d).enumerate() {
+            let c = bf16::from_bits(scales[i]).to_f32();
+            let src = &codes[i * cb..(i + 1) * cb];
+            if let Some(p) = &self.trellis {
+                hypercodec_trellis::decode_into(src, p, &mut y[..d])
+                    .map_err(|e| LatticeError::Trellis(e.to_string()))?;
+                y[..d].iter_mut().for_each(|v| *v *= c);
+                self.unrotate(&mut y[..d], o);
+                continue;
+            }
+            unpack(src, self.bits, &mut syms[..spr]);
+            for (j, s) in syms[..spr].chunks_exact(w).enumerate() {
+                let mut p = [0f32; 8];
+                l.decode_word_fixed(s, self.bits, &mut p[..w]);
+                if let (true, Some(k)) = (self.dither, keys) {
+                    let mut dz = [0f32; 8];
+                    dither_word(l, self.seed, k[i] as usize, j, &mut dz[..w]);
+                    p.iter_mut().zip(&dz).for_each(|(a, e)| *a -= e);
+                }
+                for t in 0..w {
+                    y[j * w + t] = p[t] * c;
+                }
+            }
+            self.unrotate(&mut y[..d], o);
+        }
+        Ok(())
+    }
+}
+
+fn put_bits(out: &mut [u8], pos: usize, bits: u8, v: u32) {
+    // `bits` ≤ 8 and `pos % 8` ≤ 7: the value spans at most two bytes.
+    let (byte, shift) = (pos / 8, pos % 8);
+    let w = (v & ((1 << bits) - 1)) << shift;
+    out[byte] |= w as u8;
+    if shift + bits as usize > 8 {
+        out[byte + 1] |= (w >> 8) as u8;
+    }
+}
+
+/// Symbols of `bits` bits, LSB-first, from `src` (which holds at least `out.len()·bits` bits).
+fn unpack(src: &[u8], bits: u8, out: &mut [u32]) {
+    let mask = (1u32 << bits) - 1;
+    if 8 % bits == 0 {
+        // 2, 4 or 8 bits: whole symbols per byte.
+        let per = (8 / bits) as usize;
+        for (chunk, &b) in out.chunks_mut(per).zip(src) {
+            for (k, o) in chunk.iter_mut().enumerate() {
+                *o = (b as u32 >> (k * bits as usize)) & mask;
+            }
+        }
+        return;
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        let pos = i * bits as usize;
+        let (byte, shift) = (pos / 8, pos % 8);
+        let lo = src[byte] as u32;
+        let hi = if shift + bits as usize > 8 {
+            src[byte + 1] as u32
+        } else {
+            0
+        };
+        *o = ((lo | hi << 8) >> shift) & mask;
+    }
+}
+
+/// A `dim × dim` orthogonal matrix from the seed: Gram–Schmidt (twice, for orthogonality in
+/// f64) of a matrix of Box–Muller Gaussians from splitmix64 — Haar-distributed.
+fn haar_matrix(dim: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed ^ 0x4A55_5F48_4141_5221;
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        (mix64(state) >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut m: Vec<f64> = (0..dim * dim)
+        .map(|_| {
+            let (a, b) = (next().max(1e-300), next());
+            (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
+        })
+        .collect();
+    for i in 0..dim {
+        for _ in 0..2 {
+            for j in 0..i {
+                let dot: f64 = (0..dim).map(|k| m[i * dim + k] * m[j * dim + k]).sum();
+                for k in 0..dim {
+                    m[i * dim + k] -= dot * m[j * dim + k];
+                }
+            }
+        }
+        let norm = (0..dim).map(|k| m[i * dim + k].powi(2)).sum::<f64>().sqrt();
+        for k in 0..dim {
+            m[i * dim + k] /= norm;
+        }
+    }
+    m.into_iter().map(|v| v as f32).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gauss(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let a = ((mix64(s) >> 11) as f64 / (1u64 << 53) as f64).max(1e-300);
+                s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let b = (mix64(s) >> 11) as f64 / (1u64 << 53) as f64;
+                ((-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()) as f32
+            })
+            .collect()
+    }
+
+    fn snr(x: &[f32], y: &[f32]) -> f64 {
+        let s: f64 = x.iter().map(|&a| (a as f64).powi(2)).sum();
+        let e: f64 = x
+            .iter()
+            .zip(y)
+            .map(|(&a, &b)| ((a - b) as f64).powi(2))
+            .sum();
+        10.0 * (s / e).log10()
+    }
+
+    fn roundtrip(c: &KvCodec, x: &[f32], keys: Option<&[u64]>) -> Vec<f32> {
+        let n = x.len() / c.dim();
+        let mut codes = vec![0u8; n * c.code_bytes()];
+        let mut scales = vec![0u16; n];
+        c.encode_into(x, keys, &mut codes, &mut scales).unwrap();
+        let mut out = vec![0f32; x.len()];
+        c.decode_into(&codes, &scales, keys, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn gaussian_vectors_reach_their_quantizers_calibrated_snr() {
+        // Bound 6.02·bits dB; each fixed-rate quantizer's calibrated SNR (long Gaussian
+        // sequences) minus a little for 64-value vectors and bf16 scales.
+        let x = gauss(64 * 512, 1);
+        for bits in [2u8, 3, 4] {
+            for rot in [Rotation::None, Rotation::Rht, Rotation::Haar] {
+                let q = KvQuantizer::Lattice(Lattice::E8);
+                let c = KvCodec::new(64, bits, q, rot, 9, false).unwrap();
+                let s = snr(&x, &roundtrip(&c, &x, None));
+                let cal = fixed_alpha(Lattice::E8, bits).unwrap().1 as f64;
+                assert!(
+                    s > cal - 0.5 && s < 6.02 * bits as f64,
+                    "{bits} bits {rot:?}: {s:.2} dB"
+                );
+            }
+            let c = KvCodec::new(
+                64,
+                bits,
+                KvQuantizer::Trellis { l: 10 },
+                Rotation::Rht,
+                9,
+                false,
+            )
+            .unwrap();
+            let s = snr(&x, &roundtrip(&c, &x, None));
+            let cal =
+                hypercodec_trellis::TrellisParams::calibrated_snr_db(10, bits).unwrap() as f64;
+            assert!(
+                s > cal - 1.0 && s < 6.02 * bits as f64,
+                "trellis {bits} bits: {s:.2} dB"
+            );
+            let e8 = fixed_alpha(Lattice::E8, bits).unwrap().1 as f64;
+            assert!(
+                s > e8 + 1.0,
+                "trellis {bits} bits: {s:.2} dB vs E8 fixed {e8:.2}"
+            );
+        }
+    }
+
+    #[test]
+    fn rotation_spreads_an_outlier_channel() {
+        // Keys have a few huge channels: unrotated, the per-vector scale serves them and
+        // crushes the rest; rotated, the error is spread.
+        let mut x = gauss(64 * 256, 2);
+        x.chunks_exact_mut(64).for_each(|v| v[3] *= 30.0);
+        let c0 = KvCodec::new(
+            64,
+            3,
+            KvQuantizer::Lattice(Lattice::E8),
+            Rotation::None,
+            0,
+            false,
+        )
+        .unwrap();
+        let c1 = KvCodec::new(
+            64,
+            3,
+            KvQuantizer::Lattice(Lattice::E8),
+            Rotation::Rht,
+            0,
+            false,
+        )
+        .unwrap();
+        let (s0, s1) = (
+            snr(&x, &roundtrip(&c0, &x, None)),
+            snr(&x, &roundtrip(&c1, &x, None)),
+        );
+        assert!(s1 > s0 + 3.0, "none {s0:.2} dB, rht {s1:.2} dB");
+    }
+
+    #[test]
+    fn sizes_zero_vectors_and_odd_lengths() {
+        let c = KvCodec::new(
+            64,
+            4,
+            KvQuantizer::Lattice(Lattice::E8),
+            Rotation::Rht,
+            0,
+            false,
+        )
+        .unwrap();
+        assert_eq!(c.code_bytes(), 32);
+        assert!((c.bits_per_value() - 4.25).abs() < 1e-12);
+        let z = vec![0f32; 128];
+        assert_eq!(roundtrip(&c, &z, None), z);
+        // 80 values: tiles of 16, words of 8; 20 values: a zero-padded last word.
+        for dim in [80usize, 20] {
+            let c = KvCodec::new(
+                dim,
+                4,
+                KvQuantizer::Lattice(Lattice::E8),
+                Rotation::Rht,
+                3,
+                false,
+            )
+            .unwrap();
+            let x = gauss(dim * 64, 4);
+            assert!(snr(&x, &roundtrip(&c, &x, None)) > 19.0);
+        }
+    }
+
+    #[test]
+    fn dither_is_regenerated_from_the_keys() {
+        let c = KvCodec::new(
+            64,
+            3,
+            KvQuantizer::Lattice(Lattice::E8),
+            Rotation::Rht,
+            5,
+            true,
+        )
+        .unwrap();
+        let x = gauss(64 * 64, 6);
+        let keys: Vec<u64> = (0..64).map(|i| 1000 + i * 7).collect();
+        let y = roundtrip(&c, &x, Some(&keys));
+        let s = snr(&x, &y);
+        assert!(s > 12.0, "{s}");
+        // Encoding one vector alone with its key gives the same bytes as within the batch.
+        let mut a = vec![0u8; 64 * c.code_bytes()];
+        let mut sa = vec![0u16; 64];
+        c.encode_into(&x, Some(&keys), &mut a, &mut sa).unwrap();
+        let mut b = vec![0u8; c.code_bytes()];
+        let mut sb = vec![0u16; 1];
+        c.encode_into(&x[64 * 10..64 * 11], Some(&keys[10..11]), &mut b, &mut sb)
+            .unwrap();
+        assert_eq!(&a[10 * c.code_bytes()..11 * c.code_bytes()], &b[..]);
+        assert_eq!(sa[10], sb[0]);
+        // Keys are required when dithering, and must match the vectors.
+        let mut s1 = vec![0u16; 64];
+        assert!(c.encode_into(&x, None, &mut a, &mut s1).is_err());
+        assert!(c
+            .encode_into(&x, Some(&keys[..3]), &mut a, &mut s1)
+            .is_err());
+    }
+
+    #[test]
+    fn trellis_vectors_roundtrip_and_refuse_what_they_cannot_do() {
+        let q = KvQuantizer::Trellis { l: 12 };
+        let c = KvCodec::new(128, 3, q, Rotation::Haar, 1, false).unwrap();
+        assert_eq!(c.code_bytes(), 48);
+        let x = gauss(128 * 16, 8);
+        assert!(snr(&x, &roundtrip(&c, &x, None)) > 15.5);
+        assert_eq!(roundtrip(&c, &[0f32; 128], None), vec![0f32; 128]);
+        // Dither, a state longer than the vector's bits, and unknown (L, K) are refused.
+        assert!(KvCodec::new(64, 3, q, Rotation::Rht, 0, true).is_err());
+        assert!(KvCodec::new(4, 2, q, Rotation::Rht, 0, false).is_err());
+        assert!(KvCodec::new(
+            64,
+            3,
+            KvQuantizer::Trellis { l: 30 },
+            Rotation::Rht,
+            0,
+            false
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn bad_input_is_a_typed_error() {
+        assert!(KvCodec::new(
+            64,
+            1,
+            KvQuantizer::Lattice(Lattice::E8),
+            Rotation::Rht,
+            0,
+            false
+        )
+        .is_err());
+        assert!(KvCodec::new(
+            64,
+            4,
+            KvQuantizer::Lattice(Lattice::A2),
+            Rotation::Rht,
+            0,
+            false
+        )
+        .is_err());
+        assert!(KvCodec::new(
+            0,
+            4,
+            KvQuantizer::Lattice(Lattice::E8),
+            Rotation::Rht,
+            0,
+            false
+        )
+        .is_err());
+        let c = KvCodec::new(
+            64,
+            4,
+            KvQuantizer::Lattice(Lattice::E8),
+            Rotation::Rht,
+            0,
+            false,
+        )
+        .unwrap();
+        let mut codes = vec![0u8; 32];
+        let mut scales = vec![0u16; 1];
+        let mut x = vec![1f32; 64];
+        x[7] = f32::NAN;
+        assert_eq!(
+            c.encode_into(&x, None, &mut codes, &mut scales),
+            Err(LatticeError::NonFinite { index: 7 })
+        );
+        assert!(c
+            .encode_into(&x[..60], None, &mut codes, &mut scales)
+            .is_err());
+        let mut out = vec![0f32; 64];
+        assert!(c
+            .decode_into(&codes[..31], &scales, None, &mut out)
+            .is_err());
+    }
+}

@@ -1,0 +1,284 @@
+"""KV-cache compression for transformers' generation (requires torch and transformers).
+
+:class:`HypercodecCache` is a ``Cache`` usable as ``past_key_values`` in ``generate()`` (any
+batch size) whose layers (:class:`HypercodecKVLayer`, the same shape as transformers'
+``QuantoQuantizedLayer`` / ``HQQQuantizedLayer``) keep
+
+- the first ``sinks`` tokens exact (attention sinks, optional),
+- the newest ``window`` to ``window + block − 1`` tokens exact (the residual window), and
+- every other token compressed per head vector with the native :class:`hypercodec.KvCodec`:
+  a rotation (seeded RHT, Haar-random, or none), one bf16 scale per vector, and fixed-rate
+  codes (the E8 lattice's box-constrained form, or the bitshift trellis), ``key_bits`` /
+  ``value_bits`` bits per value. ``int8`` / ``int4`` (per-token absmax, one f16 scale per head
+  vector) are the plain baselines of the same layer.
+
+New tokens are encoded once, when they leave the window, ``block`` at a time; the compressed
+history lives in token-major arrays that grow by doubling. Each ``update`` decodes the
+compressed history for attention (a transient per-layer buffer: only the codes are held).
+:meth:`HypercodecCache.stored_bytes` and :meth:`HypercodecCache.bits_per_value` count every
+byte held: codes, scales and exact tokens at their dtype's size.
+
+    >>> from hypercodec.kv import HypercodecCache                                # doctest: +SKIP
+    >>> cache = HypercodecCache(model.config, key_bits=4, value_bits=3, window=32)  # doctest: +SKIP
+    >>> out = model.generate(**inputs, past_key_values=cache, max_new_tokens=64)   # doctest: +SKIP
+    >>> cache.bits_per_value()                                                   # doctest: +SKIP
+
+Dither (``dither=True``, lattice only) is keyed on each vector's cache index and head, so
+rows of a batch agree with the same rows run alone only when their padding agrees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from . import _native
+
+__all__ = ["HypercodecCache", "HypercodecKVLayer", "IntCodec", "make_codec"]
+
+
+class IntCodec:
+    """Round-to-nearest baseline with the native codec's interface: per vector, symmetric
+    absmax INT``bits`` (codes offset by 2^(bits−1), packed LSB-first) and one f16 scale."""
+
+    def __init__(self, dim: int, bits: int) -> None:
+        if bits not in (2, 4, 8):
+            raise _native.InvalidInputError(f"int baseline bits must be 2, 4 or 8, not {bits}")
+        self.dim, self.bits = dim, bits
+        self.per = 8 // bits
+        self.code_bytes = -(-dim * bits // 8)
+        self.bits_per_value = (8 * self.code_bytes + 16) / dim
+
+    def encode(self, x: np.ndarray, keys: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        qmax = (1 << (self.bits - 1)) - 1
+        amax = np.abs(x).max(axis=-1)
+        scale = (amax / qmax).astype(np.float16)
+        s = scale.astype(np.float32)[..., None]
+        q = np.where(s > 0, np.rint(x / np.where(s > 0, s, 1)), 0).clip(-qmax - 1, qmax)
+        u = (q + (1 << (self.bits - 1))).astype(np.uint8)
+        pad = self.code_bytes * self.per - self.dim
+        if pad:
+            u = np.concatenate([u, np.zeros(u.shape[:-1] + (pad,), np.uint8)], -1)
+        u = u.reshape(u.shape[:-1] + (self.code_bytes, self.per))
+        codes = np.zeros(u.shape[:-1], np.uint8)
+        for j in range(self.per):
+            codes |= u[..., j] << (j * self.bits)
+        return codes, scale.view(np.uint16)
+
+    def decode(self, codes: np.ndarray, scales: np.ndarray, keys: Any = None) -> np.ndarray:
+        mask = (1 << self.bits) - 1
+        parts = [(codes >> (j * self.bits)) & mask for j in range(self.per)]
+        u = np.stack(parts, -1).reshape(codes.shape[:-1] + (self.code_bytes * self.per,))[..., : self.dim]
+        q = u.astype(np.float32) - (1 << (self.bits - 1))
+        return q * scales.view(np.float16).astype(np.float32)[..., None]
+
+
+def make_codec(dim: int, bits: int, quantizer: str = "e8", **options: Any) -> Any:
+    """The codec of ``dim``-value vectors: ``e8`` / ``d4`` / ``z1`` / ``trellis`` (native, with
+    ``rotation``, ``seed``, ``dither``, ``trellis_l``) or ``int`` (the RTN baseline). The
+    trellis' state bits default to 10 below 4 bits and 12 from 4 bits (at ``l − bits ≤ 6`` and
+    short vectors its tail-biting search tries every boundary: exact but 30× slower)."""
+    if quantizer == "int":
+        return IntCodec(dim, bits)
+    options = dict(options)
+    if quantizer == "trellis" and options.get("trellis_l") is None:
+        options["trellis_l"] = 10 if bits < 4 else 12
+    return _native.KvCodec(dim, bits, quantizer, **options)
+
+
+class _Store:
+    """Compressed rows ``[batch·heads, capacity, code_bytes]`` and their scales, growing by
+    doubling along the token axis."""
+
+    def __init__(self) -> None:
+        self.codes: np.ndarray | None = None
+        self.scales: np.ndarray | None = None
+        self.n = 0
+
+    def append(self, codes: np.ndarray, scales: np.ndarray) -> None:
+        """Appends ``[rows, m, code_bytes]`` codes and ``[rows, m]`` scales."""
+        rows, m = scales.shape
+        if self.codes is None or self.n + m > self.codes.shape[1]:
+            cap = max(64, 2 * (self.n + m))
+            c = np.empty((rows, cap, codes.shape[2]), np.uint8)
+            s = np.empty((rows, cap), np.uint16)
+            if self.codes is not None:
+                c[:, : self.n], s[:, : self.n] = self.codes[:, : self.n], self.scales[:, : self.n]
+            self.codes, self.scales = c, s
+        self.codes[:, self.n : self.n + m] = codes
+        self.scales[:, self.n : self.n + m] = scales
+        self.n += m
+
+    def nbytes(self) -> int:
+        if self.codes is None:
+            return 0
+        return int(self.codes[:, : self.n].nbytes + self.scales[:, : self.n].nbytes)
+
+    def select(self, index: np.ndarray, heads: int) -> None:
+        """Keeps batch rows ``index`` (beam search, batch selection)."""
+        if self.codes is not None:
+            rows = (index[:, None] * heads + np.arange(heads)[None, :]).reshape(-1)
+            self.codes = np.ascontiguousarray(self.codes[rows])
+            self.scales = np.ascontiguousarray(self.scales[rows])
+
+
+class HypercodecKVLayer(DynamicLayer):
+    """One attention layer's compressed cache (see the module docs). ``quantizer``: ``e8``,
+    ``d4``, ``z1``, ``trellis`` or ``int``; ``block``: tokens compressed at once (the exact
+    window holds ``window`` to ``window + block − 1`` tokens)."""
+
+    is_croppable = False
+
+    def __init__(
+        self,
+        key_bits: int = 4,
+        value_bits: int = 4,
+        quantizer: str = "e8",
+        window: int = 32,
+        sinks: int = 0,
+        block: int = 16,
+        rotation: str = "rht",
+        dither: bool = False,
+        seed: int = 0,
+        trellis_l: int | None = None,
+    ) -> None:
+        super().__init__()
+        if window < 0 or sinks < 0 or block < 1:
+            raise _native.InvalidInputError("window and sinks must be >= 0 and block >= 1")
+        self.key_bits, self.value_bits, self.quantizer = key_bits, value_bits, quantizer
+        self.window, self.sinks, self.block = window, sinks, block
+        self.options = {} if quantizer == "int" else {"rotation": rotation, "dither": dither, "seed": seed}
+        if quantizer == "trellis":
+            self.options["trellis_l"] = trellis_l
+        self.dither = dither and quantizer != "int"
+        self.cumulative_length = 0
+        self._k, self._v = _Store(), _Store()
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, h, _, d = key_states.shape
+        self.heads = h
+        self.kcodec = make_codec(d, self.key_bits, self.quantizer, **self.options)
+        self.vcodec = make_codec(value_states.shape[-1], self.value_bits, self.quantizer, **self.options)
+        self.keys = key_states[:, :, :0]
+        self.values = value_states[:, :, :0]
+        self.sink_keys = key_states[:, :, :0]
+        self.sink_values = value_states[:, :, :0]
+        self.is_initialized = True
+
+    def _keys(self, first: int, m: int, batch: int) -> np.ndarray | None:
+        """Dither keys of tokens ``first .. first+m`` in ``[batch, heads, m]`` order: cache
+        index · heads + head."""
+        if not self.dither:
+            return None
+        t = np.arange(first, first + m, dtype=np.uint64)[None, None, :]
+        h = np.arange(self.heads, dtype=np.uint64)[None, :, None]
+        return np.broadcast_to(t * np.uint64(self.heads) + h, (batch, self.heads, m)).reshape(-1).copy()
+
+    def _compress(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Appends ``[B, H, m, d]`` tokens to the compressed history."""
+        b, h, m, _ = k.shape
+        keys = self._keys(self.sink_keys.shape[2] + self._k.n, m, b)
+        for store, codec, x in ((self._k, self.kcodec, k), (self._v, self.vcodec, v)):
+            a = x.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+            codes, scales = codec.encode(a, keys)
+            store.append(codes.reshape(b * h, m, -1), scales.reshape(b * h, m))
+
+    def _assemble(self, sink: torch.Tensor, store: _Store, codec: Any, window: torch.Tensor) -> torch.Tensor:
+        """``[sinks, decoded history, window]`` along the token axis, decoded in place."""
+        b, h, s, d = sink.shape
+        n, w = store.n, window.shape[2]
+        out = torch.empty((b, h, s + n + w, d), dtype=torch.float32)
+        out[:, :, :s] = sink
+        out[:, :, s + n :] = window
+        o = out.numpy().reshape(b * h, s + n + w, d)
+        if isinstance(codec, IntCodec):
+            x = codec.decode(store.codes[:, :n], store.scales[:, :n])
+            o[:, s : s + n] = x
+        else:
+            codec.decode_rows_into(store.codes, store.scales, n, o, s, self.heads)
+        return out.to(device=self.device, dtype=self.dtype)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.cumulative_length += key_states.shape[-2]
+        take = min(self.sinks - self.sink_keys.shape[2], key_states.shape[2])
+        if take > 0:
+            self.sink_keys = torch.cat([self.sink_keys, key_states[:, :, :take]], dim=2)
+            self.sink_values = torch.cat([self.sink_values, value_states[:, :, :take]], dim=2)
+            key_states, value_states = key_states[:, :, take:], value_states[:, :, take:]
+        self.keys = torch.cat([self.keys, key_states], dim=2)
+        self.values = torch.cat([self.values, value_states], dim=2)
+        over = self.keys.shape[2] - self.window
+        if over >= self.block:
+            self._compress(self.keys[:, :, :over], self.values[:, :, :over])
+            self.keys, self.values = self.keys[:, :, over:], self.values[:, :, over:]
+        if self._k.n == 0:
+            return torch.cat([self.sink_keys, self.keys], 2), torch.cat([self.sink_values, self.values], 2)
+        k = self._assemble(self.sink_keys, self._k, self.kcodec, self.keys)
+        v = self._assemble(self.sink_values, self._v, self.vcodec, self.values)
+        return k, v
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def stored_bytes(self) -> int:
+        """Bytes held: codes, scales, and the exact sink and window tokens at their dtype."""
+        if not self.is_initialized:
+            return 0
+        exact = sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.sink_keys, self.sink_values))
+        return self._k.nbytes() + self._v.nbytes() + exact
+
+    def values_held(self) -> int:
+        """Key and value numbers the layer stands for (tokens · batch · heads · head_dim · 2)."""
+        if not self.is_initialized:
+            return 0
+        b, h, _, d = self.keys.shape
+        return 2 * self.cumulative_length * b * h * d
+
+    def reset(self) -> None:
+        super().reset()
+        self.cumulative_length = 0
+        self._k, self._v = _Store(), _Store()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        idx = np.asarray(indices.detach().cpu().numpy(), dtype=np.int64)
+        self._k.select(idx, self.heads)
+        self._v.select(idx, self.heads)
+        for name in ("keys", "values", "sink_keys", "sink_values"):
+            setattr(self, name, getattr(self, name)[indices])
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.is_initialized:
+            self.batch_select_indices(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if not self.is_initialized:
+            return
+        idx = torch.arange(self.keys.shape[0]).repeat_interleave(repeats)
+        self.batch_select_indices(idx)
+
+
+class HypercodecCache(Cache):
+    """A transformers ``Cache`` of :class:`HypercodecKVLayer` (one per decoder layer; the
+    keyword arguments go to each), for models whose layers are all full attention."""
+
+    def __init__(self, config: Any, **layer_options: Any) -> None:
+        config = config.get_text_config(decoder=True)
+        kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+        if kinds - {"full_attention"}:
+            raise _native.InvalidInputError(f"HypercodecCache needs full-attention layers only, found {sorted(kinds)}")
+        super().__init__(layers=[HypercodecKVLayer(**layer_options) for _ in range(config.num_hidden_layers)])
+
+    def stored_bytes(self) -> int:
+        """Bytes held by every layer (see :meth:`HypercodecKVLayer.stored_bytes`)."""
+        return sum(layer.stored_bytes() for layer in self.layers)
+
+    def bits_per_value(self) -> float:
+        """Stored bits per cached key/value number, every overhead included."""
+        n = sum(layer.values_held() for layer in self.layers)
+        return 8 * self.stored_bytes() / max(n, 1)
