@@ -438,9 +438,9 @@ impl Linear {
     /// cannot serve falls back to a per-tensor integer grid, as `compress` does.
     ///
     /// `hessian` (float32, `cols × cols`: the second moment `E[x·xᵀ]` of the layer's inputs,
-    /// e.g. from calibration text) turns on error-feedback rounding (GPTQ's rule) for affine
-    /// and lattice specs, damped by `damp` times its mean diagonal; the stored format is the
-    /// same. Other specs ignore it.
+    /// e.g. from calibration text) turns on error-feedback rounding (GPTQ's rule) for affine,
+    /// lattice and trellis specs (the trellis in sequences of 16 values), damped by `damp`
+    /// times its mean diagonal; the stored format is the same. Other specs ignore it.
     #[staticmethod]
     #[pyo3(signature = (weight, spec, bias=None, hessian=None, damp=0.01))]
     fn quantize(

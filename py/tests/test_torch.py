@@ -243,6 +243,17 @@ def test_calibrated_compression_lowers_the_output_error_at_the_same_bytes(tmp_pa
         if spec == "int3":  # the same format: the same bytes
             assert plain[0].op.stored_bytes == fed[0].op.stored_bytes
         assert out_err(fed) < 0.8 * out_err(plain), spec
+    # The trellis feeds its error forward between sequences: a row of 1024 inputs is 4
+    # sequences (or more) when calibrated.
+    wide = torch.nn.Sequential(torch.nn.Linear(1024, 16))
+    xw = torch.randn(2048, 1024).cumsum(dim=1) / 32
+    hw = hnn.collect_hessians(wide, [xw])
+    ref = wide(xw)
+    plain = hnn.quantize(copy.deepcopy(wide), method="tcq@2-l10", skip=())
+    fed = hnn.quantize(copy.deepcopy(wide), method="tcq@2-l10", skip=(), hessians=hw)
+    assert plain[0].op.stored_bytes == fed[0].op.stored_bytes
+    e_plain, e_fed = ((plain(xw) - ref) ** 2).mean().item(), ((fed(xw) - ref) ** 2).mean().item()
+    assert e_fed < 0.8 * e_plain, (e_fed, e_plain)
     cal = tmp_path / "h.safetensors"
     hnn.save_hessians(str(cal), {"0": hs["0"], "2": hs["2"]})
     a, b = tmp_path / "a.hwz", tmp_path / "b.hwz"

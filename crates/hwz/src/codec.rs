@@ -41,7 +41,7 @@ pub fn encode(
             crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens, None)?
         }
         Encoding::Trellis { .. } => {
-            crate::trellis_codec::encode(tensor, values, rows, cols, encoding)?
+            crate::trellis_codec::encode(tensor, values, rows, cols, encoding, None)?
         }
         Encoding::Mixed { .. } | Encoding::Exceptions { .. } => {
             return encode_nested(tensor, values, rows, cols, encoding, options);
@@ -68,9 +68,10 @@ pub fn encode(
 
 /// [`encode`] with error feedback from the layer's input statistics `h` (`cols × cols`,
 /// row-major, `E[x·xᵀ]` of the inputs the matrix view multiplies; [`hypercodec_scalar::ldlq`],
-/// GPTQ's rule): for `affine` (every group layout; groups fitted as rounding reaches them) and
-/// `lattice` (word by word after the RHT, `h` rotated the same way). The streams are the same
-/// format as [`encode`]'s. Other encodings: [`HwzError::InvalidEncoding`].
+/// GPTQ's rule): for `affine` (every group layout; groups fitted as rounding reaches them),
+/// `lattice` (word by word after the RHT, `h` rotated the same way) and `trellis` (tail-biting
+/// sequence by sequence after the RHT, likewise). The streams are the same format as
+/// [`encode`]'s. Other encodings: [`HwzError::InvalidEncoding`].
 pub fn encode_calibrated(
     tensor: &str,
     values: &[f32],
@@ -130,9 +131,14 @@ pub fn encode_calibrated(
             let f = scalar::ldlq::Ldlq::new(&hr, c, damp).map_err(scalar_err(tensor))?;
             crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens, Some(&f))?
         }
+        Encoding::Trellis { .. } => {
+            let hr = crate::trellis_codec::rotate_hessian(tensor, encoding, h, c)?;
+            let f = scalar::ldlq::Ldlq::new(&hr, c, damp).map_err(scalar_err(tensor))?;
+            crate::trellis_codec::encode(tensor, values, rows, cols, encoding, Some(&f))?
+        }
         other => {
             return Err(bad(format!(
-                "no calibrated rounding for the {} encoding (affine and lattice have one)",
+                "no calibrated rounding for the {} encoding (affine, lattice and trellis have one)",
                 other.tag()
             )))
         }

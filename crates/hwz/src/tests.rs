@@ -583,6 +583,27 @@ fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
         }),
         lattice(Coding::Fixed { bits: 3 }),
         lattice(Coding::RANS_DEFAULT),
+        // Feedback moves between sequences: 16 values each here.
+        match Encoding::trellis(10, 2, 64, 1) {
+            Encoding::Trellis {
+                l,
+                k,
+                scale,
+                tile,
+                seed,
+                scale_dtype,
+                ..
+            } => Encoding::Trellis {
+                l,
+                k,
+                scale,
+                tile,
+                seed,
+                seq: 16,
+                scale_dtype,
+            },
+            _ => unreachable!(),
+        },
     ] {
         // Uncorrelated inputs: no feedback, the plain encoding bit for bit.
         let plain = encode("w", &x, &shape, &enc, EncodeOptions::default()).unwrap();
@@ -602,7 +623,16 @@ fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
         Err(HwzError::InvalidEncoding { .. })
     ));
     assert!(matches!(
-        encode_calibrated("w", &x, &shape, &Encoding::trellis(10, 2, 64, 0), &h, 0.01),
+        encode_calibrated(
+            "w",
+            &x,
+            &shape,
+            &Encoding::Raw {
+                dtype: FloatDtype::F16
+            },
+            &h,
+            0.01
+        ),
         Err(HwzError::InvalidEncoding { .. })
     ));
 }

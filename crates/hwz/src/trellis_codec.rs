@@ -67,12 +67,17 @@ impl TrellisLayout {
 /// across the workspace's threads, each with its own encoder. A row's scale is its RMS after
 /// the RHT, refit after coding to the least-squares scale of the chosen codes (the best scale
 /// for those bits), then rounded to the storage type.
+///
+/// With `feedback` (the LDLQ factor of the layer's input statistics, rotated by this
+/// encoding's RHT: [`rotate_hessian`]), each row's sequences are coded left to right and each
+/// sequence's error is fed into the columns not yet coded (GPTQ's rule, sequence by sequence).
 pub(crate) fn encode(
     tensor: &str,
     values: &[f32],
     rows: u64,
     cols: u64,
     encoding: &Encoding,
+    feedback: Option<&scalar::ldlq::Ldlq>,
 ) -> Result<Vec<(&'static str, Vec<u8>)>> {
     let t = TrellisLayout::of(tensor, encoding)?;
     let (rows, cols) = (rows as usize, cols as usize);
@@ -96,7 +101,16 @@ pub(crate) fn encode(
             .map(|(i, (b, s))| (i * rows_per_job, b, s))
             .collect();
         crate::par::map(jobs, |(first, b, s)| {
-            encode_rows(tensor, &values[first * cols..], cols, &t, &rht, b, s)
+            encode_rows(
+                tensor,
+                &values[first * cols..],
+                cols,
+                &t,
+                &rht,
+                b,
+                s,
+                feedback,
+            )
         })
         .into_iter()
         .collect::<Result<()>>()?;
@@ -122,7 +136,26 @@ pub(crate) fn encode(
     ])
 }
 
+/// The input statistics `h` (`cols × cols`) of a layer coded with `encoding` (a trellis), in
+/// the coordinates its RHT rotates rows into.
+pub(crate) fn rotate_hessian(
+    tensor: &str,
+    encoding: &Encoding,
+    h: &[f32],
+    cols: usize,
+) -> Result<Vec<f32>> {
+    let t = TrellisLayout::of(tensor, encoding)?;
+    let params = hypercodec_lattice::LatticeParams {
+        tile: t.tile,
+        seed: t.seed,
+        ..Default::default()
+    };
+    hypercodec_lattice::rotate_hessian(h, cols, &params)
+        .map_err(crate::lattice_codec::lat_err(tensor))
+}
+
 /// Encodes the rows whose bits are `bits` (whole rows) from `values` (starting at the first).
+#[allow(clippy::too_many_arguments)]
 fn encode_rows(
     tensor: &str,
     values: &[f32],
@@ -131,6 +164,7 @@ fn encode_rows(
     rht: &Rht,
     bits: &mut [u8],
     scales: &mut [f32],
+    feedback: Option<&scalar::ldlq::Ldlq>,
 ) -> Result<()> {
     let rb = t.row_bytes(cols);
     let k = t.params.k as usize;
@@ -152,12 +186,38 @@ fn encode_rows(
         }
         let inv = (1.0 / rms) as f32;
         u.iter_mut().for_each(|v| *v *= inv);
-        for r in tcq::row_sequences(cols, t.seq) {
-            enc.encode_into(
-                &u[r.clone()],
-                &mut b[r.start * k / 8..(r.end * k).div_ceil(8)],
-            )
-            .map_err(tcq_err(tensor))?;
+        match feedback {
+            None => {
+                for r in tcq::row_sequences(cols, t.seq) {
+                    enc.encode_into(
+                        &u[r.clone()],
+                        &mut b[r.start * k / 8..(r.end * k).div_ceil(8)],
+                    )
+                    .map_err(tcq_err(tensor))?;
+                }
+            }
+            Some(f) => {
+                // Sequence by sequence: code the target as feedback has moved it, write the
+                // decoded values back, feed their error forward.
+                let mut w = u.clone();
+                let mut failed = None;
+                f.row_ranges(&mut w, tcq::row_sequences(cols, t.seq), |j0, upcoming| {
+                    let r = tcq::row_sequences(cols, t.seq)
+                        .find(|r| r.start == j0)
+                        .expect("the ranges given");
+                    let len = r.len();
+                    let dst = &mut b[r.start * k / 8..(r.end * k).div_ceil(8)];
+                    let res = enc
+                        .encode_into(&upcoming[..len], dst)
+                        .and_then(|()| tcq::decode_into(dst, &t.params, &mut upcoming[..len]));
+                    if let Err(e) = res {
+                        failed.get_or_insert(e);
+                    }
+                });
+                if let Some(e) = failed {
+                    return Err(tcq_err(tensor)(e));
+                }
+            }
         }
         tcq::decode_row(b, t.seq, &t.params, &mut decoded).map_err(tcq_err(tensor))?;
         // The least-squares scale of the chosen codes, in units of the row's RMS.

@@ -74,15 +74,37 @@ impl Ldlq {
     /// feedback has moved it (a group's parameters may be fitted from it), and rounds its first
     /// `atom` values in place (recording their codes); their error is then fed into the later
     /// columns.
-    pub fn row(&self, w: &mut [f32], atom: usize, mut quant: impl FnMut(usize, &mut [f32])) {
+    pub fn row(&self, w: &mut [f32], atom: usize, quant: impl FnMut(usize, &mut [f32])) {
+        let atom = atom.max(1);
+        let n = self.n;
+        self.row_ranges(
+            w,
+            (0..n).step_by(atom).map(|j0| j0..(j0 + atom).min(n)),
+            quant,
+        );
+    }
+
+    /// [`Ldlq::row`] over atoms given as consecutive column ranges covering the row (e.g. a
+    /// trellis row's tail-biting sequences, the last one longer): `quant(j0, upcoming)` rounds
+    /// the first `range.len()` values of `upcoming`.
+    pub fn row_ranges(
+        &self,
+        w: &mut [f32],
+        ranges: impl IntoIterator<Item = std::ops::Range<usize>>,
+        mut quant: impl FnMut(usize, &mut [f32]),
+    ) {
         let n = self.n;
         debug_assert_eq!(w.len(), n);
-        let atom = atom.max(1);
-        let mut before = vec![0f32; atom];
-        let mut e = vec![0f32; atom];
+        let mut before = Vec::new();
+        let mut e = Vec::new();
         let u = &self.u;
-        for j0 in (0..n).step_by(atom) {
-            let a = atom.min(n - j0);
+        for range in ranges {
+            let (j0, a) = (range.start, range.len().min(n.saturating_sub(range.start)));
+            if a == 0 {
+                continue;
+            }
+            before.resize(a, 0f32);
+            e.resize(a, 0f32);
             before[..a].copy_from_slice(&w[j0..j0 + a]);
             quant(j0, &mut w[j0..]);
             // e·U_aa = Δ, by forward substitution.

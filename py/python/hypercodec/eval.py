@@ -50,6 +50,7 @@ DEFAULT_METHODS = (
     "lattice",
     "lattice+cal",
     "trellis-l12",
+    "trellis-l12+cal",
     "lattice-fixed",
     "affine",
     "affine+cal",
@@ -63,6 +64,7 @@ LABELS = {
     "affine": "RTN INT{b} g128 asym",
     "affine-row": "RTN INT{b} per-row sym",
     "lattice+cal": "E8 + rANS, calibrated",
+    "trellis-l12+cal": "trellis L12, calibrated (sequences of 16)",
     "affine+cal": "INT{b} g128 asym, calibrated (GPTQ rule)",
 }
 CALIBRATED = "+cal"

@@ -47,15 +47,21 @@ def _peer_caches(model: Any, residual: int) -> list[tuple[str, Callable[[], Any]
     for backend in ("quanto", "hqq"):
         for bits in (4, 2):
 
-            def make(backend: str = backend, bits: int = bits) -> Any:
-                return QuantizedCache(backend=backend, config=model.config, nbits=bits, residual_length=residual)
+            # Each backend's documented axes: quanto per channel (0), HQQ per token (1).
+            axis = 0 if backend == "quanto" else 1
+
+            def make(backend: str = backend, bits: int = bits, axis: int = axis) -> Any:
+                return QuantizedCache(
+                    backend=backend, config=model.config, nbits=bits, residual_length=residual,
+                    axis_key=axis, axis_value=axis, q_group_size=64,
+                )
 
             try:
                 make()
             except Exception as e:  # the backend's package is missing or refuses this machine
                 print(f"kv-eval: peer {backend} skipped: {type(e).__name__}: {e}")
                 break
-            out.append((f"transformers QuantizedCache {backend} {bits}-bit (residual {residual})", make))
+            out.append((f"transformers QuantizedCache {backend} {bits}-bit g64 axis {axis} (residual {residual})", make))
     return out
 
 

@@ -202,7 +202,7 @@ class HyperLinear(_StoredForm, nn.Module):
         """Quantizes ``layer``'s weight with the candidate ``spec`` (e.g. ``int4``, ``e8@4``);
         ``trainable`` keeps a float master copy for straight-through training; ``hessian``
         (``E[x·xᵀ]`` of the layer's inputs, see :func:`collect_hessians`) rounds with error
-        feedback where the spec has it (affine, lattice)."""
+        feedback where the spec has it (affine, lattice, trellis)."""
         b = _f32(layer.bias) if layer.bias is not None else None
         h = None if hessian is None else np.ascontiguousarray(hessian, dtype=np.float32)
         op = _native.Linear.quantize(_f32(layer.weight), spec, b, h)
