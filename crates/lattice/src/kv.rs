@@ -65,6 +65,11 @@ pub struct KvCodec {
     rht: Option<Rht>,
     /// Row-major `dim × dim` orthogonal matrix for [`Rotation::Haar`].
     haar: Vec<f32>,
+    /// E8 words of 2 to 4 bits decode in AVX2 (bit-identical to the portable path).
+    avx2: bool,
+    /// The trellis' reconstruction of every state (`2^l` values), for vectors whose code bits
+    /// fill whole bytes: each value is one window read and one lookup.
+    states: Vec<f32>,
 }
 
 impl KvCodec {
@@ -127,6 +132,22 @@ impl KvCodec {
             rotation,
             rht,
             haar,
+            states: match &trellis {
+                Some(p) if (dim * bits as usize).is_multiple_of(8) => {
+                    (0..1u32 << p.l).map(|s| p.value(s)).collect()
+                }
+                _ => Vec::new(),
+            },
+            avx2: lattice == Lattice::E8 && trellis.is_none() && (2..=4).contains(&bits) && {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    std::is_x86_feature_detected!("avx2")
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                {
+                    false
+                }
+            },
         })
     }
 
@@ -197,6 +218,26 @@ impl KvCodec {
                     x.iter_mut().zip(row).for_each(|(v, a)| *v += a * yi);
                 }
             }
+        }
+    }
+
+    /// Value `i` of a tail-biting trellis vector is the state of the `l` bits ending with its
+    /// own `k` (circularly): read from the code bytes followed by a copy of their first four,
+    /// looked up in `states`, times `c` — what `hypercodec_trellis::decode_into` computes.
+    fn trellis_values(&self, src: &[u8], l: usize, c: f32, ext: &mut [u8], y: &mut [f32]) {
+        let k = self.bits as usize;
+        let total = src.len() * 8;
+        ext[..src.len()].copy_from_slice(src);
+        for j in 0..4 {
+            ext[src.len() + j] = src[j % src.len()];
+        }
+        let mask = (1u32 << l) - 1;
+        for (i, v) in y.iter_mut().enumerate() {
+            let end = (i + 1) * k;
+            let start = if end >= l { end - l } else { end + total - l };
+            let b = start / 8;
+            let w = u32::from_le_bytes([ext[b], ext[b + 1], ext[b + 2], ext[b + 3]]);
+            *v = self.states[((w >> (start % 8)) & mask) as usize] * c;
         }
     }
 
@@ -372,13 +413,26 @@ impl KvCodec {
         let mut y = [0f32; crate::MAX_TILE + 8];
         let spr = symbols_per_row(l, d);
         let mut syms = [0u32; crate::MAX_TILE + 8];
+        let mut ext = [0u8; crate::MAX_TILE + 4];
         for (i, o) in out.chunks_exact_mut(d).enumerate() {
             let c = bf16::from_bits(scales[i]).to_f32();
             let src = &codes[i * cb..(i + 1) * cb];
             if let Some(p) = &self.trellis {
-                hypercodec_trellis::decode_into(src, p, &mut y[..d])
-                    .map_err(|e| LatticeError::Trellis(e.to_string()))?;
-                y[..d].iter_mut().for_each(|v| *v *= c);
+                if self.states.is_empty() {
+                    hypercodec_trellis::decode_into(src, p, &mut y[..d])
+                        .map_err(|e| LatticeError::Trellis(e.to_string()))?;
+                    y[..d].iter_mut().for_each(|v| *v *= c);
+                } else {
+                    self.trellis_values(src, p.l as usize, c, &mut ext, &mut y[..d]);
+                }
+                self.unrotate(&mut y[..d], o);
+                continue;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if self.avx2 && !self.dither {
+                // SAFETY: `avx2` is set only where the CPU has AVX2; `src` holds `spr / 8`
+                // words of `bits` bytes and `y` at least `spr` values.
+                unsafe { x86::e8_words(src, self.bits, spr / 8, c, &mut y[..spr]) };
                 self.unrotate(&mut y[..d], o);
                 continue;
             }
@@ -434,6 +488,54 @@ fn unpack(src: &[u8], bits: u8, out: &mut [u32]) {
             0
         };
         *o = ((lo | hi << 8) >> shift) & mask;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// `words` E8 fixed-rate words of `bits` (2..=4) bits per symbol from `src` (each word
+    /// `bits` bytes, symbols LSB-first), decoded as [`crate::Lattice::decode_word_fixed`] does
+    /// and multiplied by `c`, into `y` (`8·words` values): the same float operations in the
+    /// same order, so the same bits.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `src` must hold `words·bits` bytes and `y` `8·words` values.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn e8_words(src: &[u8], bits: u8, words: usize, c: f32, y: &mut [f32]) {
+        debug_assert!((2..=4).contains(&bits) && src.len() >= words * bits as usize);
+        debug_assert!(y.len() >= 8 * words);
+        let b = bits as i32;
+        let h = 1i32 << (b - 1);
+        let shifts = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
+        let mask = _mm256_set1_epi32((1 << b) - 1);
+        // Lanes 0..6 take symbols 1..7; lane 7 is rebuilt from symbol 0 and the parity.
+        let rot = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 0);
+        let hv = _mm256_set1_epi32(h);
+        let cv = _mm256_set1_ps(c);
+        let nb = bits as usize;
+        for j in 0..words {
+            let o = j * nb;
+            let x = match nb {
+                2 => u16::from_le_bytes([src[o], src[o + 1]]) as i32,
+                3 => (src[o] as u32 | (src[o + 1] as u32) << 8 | (src[o + 2] as u32) << 16) as i32,
+                _ => u32::from_le_bytes([src[o], src[o + 1], src[o + 2], src[o + 3]]) as i32,
+            };
+            let s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x), shifts), mask);
+            let s0 = (x & ((1 << b) - 1)) as u32;
+            let coset = s0 & 1;
+            let t = (s0 >> 1) as i32 - h / 2;
+            // Parity of symbols 1..7 (h is even, so it is that of the coordinates).
+            let lows = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_slli_epi32(s, 31))) as u32;
+            let parity = ((lows >> 1).count_ones() & 1) as i32;
+            let z = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(s, rot), hv);
+            let z = _mm256_blend_epi32::<0b1000_0000>(z, _mm256_set1_epi32(2 * t + parity));
+            let half = _mm256_set1_ps(0.5 * coset as f32);
+            let p = _mm256_add_ps(_mm256_cvtepi32_ps(z), half);
+            // SAFETY: `y` holds `8·words` values (the caller's contract).
+            unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(8 * j), _mm256_mul_ps(p, cv)) };
+        }
     }
 }
 
@@ -661,6 +763,47 @@ mod tests {
             false
         )
         .is_err());
+    }
+
+    #[test]
+    fn the_avx2_word_decoder_equals_the_portable_one_bit_for_bit() {
+        let x = gauss(64 * 300, 11);
+        for bits in [2u8, 3, 4] {
+            for rot in [Rotation::None, Rotation::Rht] {
+                let q = KvQuantizer::Lattice(Lattice::E8);
+                let fast = KvCodec::new(64, bits, q, rot, 2, false).unwrap();
+                let mut slow = fast.clone();
+                slow.avx2 = false;
+                let mut codes = vec![0u8; 300 * fast.code_bytes()];
+                let mut scales = vec![0u16; 300];
+                fast.encode_into(&x, None, &mut codes, &mut scales).unwrap();
+                let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+                fast.decode_into(&codes, &scales, None, &mut a).unwrap();
+                slow.decode_into(&codes, &scales, None, &mut b).unwrap();
+                let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "{bits} bits {rot:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_trellis_state_table_equals_the_trellis_decoder() {
+        let x = gauss(64 * 50, 12);
+        for (l, bits) in [(10u8, 2u8), (10, 3), (12, 4), (16, 8)] {
+            let q = KvQuantizer::Trellis { l };
+            let fast = KvCodec::new(64, bits, q, Rotation::None, 2, false).unwrap();
+            assert!(!fast.states.is_empty());
+            let mut slow = fast.clone();
+            slow.states.clear();
+            let mut codes = vec![0u8; 50 * fast.code_bytes()];
+            let mut scales = vec![0u16; 50];
+            fast.encode_into(&x, None, &mut codes, &mut scales).unwrap();
+            let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+            fast.decode_into(&codes, &scales, None, &mut a).unwrap();
+            slow.decode_into(&codes, &scales, None, &mut b).unwrap();
+            let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "L {l} K {bits}");
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 from typing import Any, Callable
 
@@ -40,9 +41,13 @@ def _configs(window: int) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _peer_caches(model: Any, residual: int) -> list[tuple[str, Callable[[], Any]]]:
+def _peer_caches(model: Any, residual: int) -> list[tuple[str, Callable[[], Any], int]]:
     from transformers import QuantizedCache
 
+    # quanto builds its C++ extension with ninja on first use: the venv's own ninja.
+    bindir = os.path.dirname(sys.executable)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
     out = []
     for backend in ("quanto", "hqq"):
         for bits in (4, 2):
@@ -61,20 +66,22 @@ def _peer_caches(model: Any, residual: int) -> list[tuple[str, Callable[[], Any]
             except Exception as e:  # the backend's package is missing or refuses this machine
                 print(f"kv-eval: peer {backend} skipped: {type(e).__name__}: {e}")
                 break
-            out.append((f"transformers QuantizedCache {backend} {bits}-bit g64 axis {axis} (residual {residual})", make))
+            out.append((f"transformers QuantizedCache {backend} {bits}-bit g64 axis {axis} (residual {residual})", make, bits))
     return out
 
 
 def _bits_at(layer_opts: dict[str, Any], head_dim: int, context: int) -> float:
-    """Bits per cached value at ``context`` tokens with the exact window in bf16."""
+    """Bits per cached value at ``context`` tokens with the exact window in bf16. A peer
+    (``quantizer="group"``) stores ``bits`` per value plus an f16 scale and zero point per group
+    of 64 (its documented layout; counted, not measured)."""
     from .kv import make_codec
 
     q = layer_opts["quantizer"]
     w = layer_opts["window"]
     total = 0.0
     for bits in (layer_opts["key_bits"], layer_opts["value_bits"]):
-        c = make_codec(head_dim, bits, q)
-        total += (context - w) * c.bits_per_value + w * 16
+        per = bits + 32 / 64 if q == "group" else make_codec(head_dim, bits, q).bits_per_value
+        total += (context - w) * per + w * 16
     return total / (2 * context)
 
 
@@ -195,10 +202,13 @@ def main(argv: list[str]) -> int:
         {"cache": "uncompressed (DynamicCache, float32)", "ppl": base["ppl"], "dppl": 0.0, "snr": math.inf,
          "snr_min": math.inf, "bpv_held": 32.0, "bpv_2k": 16.0, "ratio_bf16": 1.0, "seconds": base["seconds"]}
     ]
-    makers: list[tuple[str, Callable[[], Any], dict[str, Any] | None]] = [
+    makers: list[tuple[str, Callable[[], Any], dict[str, Any]]] = [
         (name, (lambda o=opts: HypercodecCache(model.config, **o)), opts) for name, opts in _configs(a.kv_window)
     ]
-    makers += [(name, make, None) for name, make in _peer_caches(model, a.kv_window)]
+    makers += [
+        (name, make, {"quantizer": "group", "key_bits": bits, "value_bits": bits, "window": a.kv_window})
+        for name, make, bits in _peer_caches(model, a.kv_window)
+    ]
     for name, make, opts in makers:
         try:
             r = measure(model, windows, make, a.chunk)
@@ -207,7 +217,7 @@ def main(argv: list[str]) -> int:
             rows.append({"cache": name, "error": f"{type(e).__name__}: {e}"})
             continue
         snr, snr_min = _snr(base["outputs"], r["outputs"])
-        bpv_2k = _bits_at(opts, head_dim, 2048) if opts else None
+        bpv_2k = _bits_at(opts, head_dim, 2048)
         row = {
             "cache": name,
             "ppl": r["ppl"],
@@ -272,7 +282,8 @@ def markdown(rows: list[dict[str, Any]], timing: list[dict[str, Any]], meta: dic
         "",
         "Bits per value: *held* = every byte the cache held after the first window (codes, bf16 "
         "scales, exact tokens in float32); *at 2k* = the same codes at 2048 tokens of context with "
-        "the exact window in bf16; the size ratio is bf16's 16 bits over *at 2k*. Bound at R bits "
+        "the exact window in bf16 (for transformers' caches: their bits plus an f16 scale and zero "
+        "per group of 64, counted from their layout); the size ratio is bf16's 16 bits over *at 2k*. Bound at R bits "
         "on Gaussian data: 6.02·R dB. Attention SNR: each layer's attention output against the "
         "uncompressed run (first window; drift from earlier layers included), mean / minimum over layers.",
         "",
