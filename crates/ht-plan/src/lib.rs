@@ -53,7 +53,7 @@ mod spec;
 
 pub use budget::allocate;
 pub use measure::{Measured, Sums};
-pub use spec::{top_errors, Spec};
+pub use spec::{top_errors, Spec, CALIBRATED_TRELLIS_SEQ};
 
 use hypercodec_hwz::{EncodedTensor, FloatDtype, HwzError};
 use serde::{Deserialize, Serialize};

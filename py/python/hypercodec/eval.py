@@ -46,6 +46,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
+# Other quantizers run side by side when their packages import (`pip install hqq
+# optimum-quanto ninja`); a peer that is missing or refuses a rate is a row with its error.
+PEERS = ("peer:hqq", "peer:quanto")
 DEFAULT_METHODS = (
     "lattice",
     "lattice+cal",
@@ -55,6 +58,7 @@ DEFAULT_METHODS = (
     "affine",
     "affine+cal",
     "affine-row",
+    *PEERS,
 )
 LABELS = {
     "lattice": "E8 + rANS",
@@ -66,6 +70,8 @@ LABELS = {
     "lattice+cal": "E8 + rANS, calibrated",
     "trellis-l12+cal": "trellis L12, calibrated (sequences of 16)",
     "affine+cal": "INT{b} g128 asym, calibrated (GPTQ rule)",
+    "peer:hqq": "peer: HQQ {b}-bit g64",
+    "peer:quanto": "peer: optimum-quanto qint{b}",
 }
 CALIBRATED = "+cal"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -121,6 +127,80 @@ def _package_dir(name: str) -> str:
     return list(spec.submodule_search_locations)[0]
 
 
+def _peer_weight(peer: str, layer: Any, bits: int) -> tuple[Any, int, int]:
+    """``layer``'s weight through a peer quantizer: (the dequantized weight, bytes of its
+    codes, count of its per-group side values)."""
+    import copy as _copy
+
+    import torch
+
+    if peer == "peer:hqq":
+        from hqq.core.quantize import BaseQuantizeConfig, HQQLinear
+
+        hq = HQQLinear(
+            _copy.deepcopy(layer).requires_grad_(False),
+            quant_config=BaseQuantizeConfig(nbits=bits, group_size=64),
+            compute_dtype=torch.float32,
+            device="cpu",
+        )
+        w = hq.dequantize().reshape(layer.weight.shape).to(torch.float32)
+        side = sum(t.numel() for k, t in hq.meta.items() if k in ("scale", "zero") and torch.is_tensor(t))
+        return w, hq.W_q.numel() * hq.W_q.element_size(), side
+    if peer == "peer:quanto":
+        from optimum.quanto import freeze, qint2, qint4, qint8, quantize
+
+        types = {2: qint2, 4: qint4, 8: qint8}
+        if bits not in types:
+            raise ValueError(f"quanto has no {bits}-bit weight type (2, 4, 8)")
+        m = torch.nn.Sequential(_copy.deepcopy(layer))
+        quantize(m, weights=types[bits])
+        freeze(m)
+        qw = m[0].weight
+        data = qw._data
+        packed = getattr(data, "_data", data)
+        side = sum(getattr(qw, a).numel() for a in ("_scale", "_shift") if hasattr(qw, a))
+        return qw.dequantize().to(torch.float32), packed.numel() * packed.element_size(), side
+    raise ValueError(f"unknown peer `{peer}`")
+
+
+def quantize_peer(model: Any, peer: str, bps: float) -> tuple[float, float, list[dict[str, Any]]]:
+    """Every ``nn.Linear`` weight of ``model`` replaced in place by ``peer``'s quantization at
+    ``bps`` bits (dequantized into float32, each layer's own parameter: a tied head is untied,
+    as hypercodec's rows untie it); bits per value count the peer's packed codes plus its
+    per-group scale and zero at 16 bits each (its GPU layout; on the CPU it keeps them in
+    float32). Returns what :func:`quantize_model` returns."""
+    import torch
+
+    bits_per = int(round(bps))
+    total_bits = 0
+    values = 0
+    sig = err = 0.0
+    tensors = []
+    for name, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]:
+        w0 = layer.weight.detach().to(torch.float32)
+        w, code_bytes, side = _peer_weight(peer, layer, bits_per)
+        layer.weight = torch.nn.Parameter(w.reshape(w0.shape).contiguous(), requires_grad=False)
+        d = (w.reshape(w0.shape) - w0).double()
+        s, e = float(w0.double().pow(2).sum()), float(d.pow(2).sum())
+        sig, err = sig + s, err + e
+        b = 8 * code_bytes + 16 * side
+        total_bits += b
+        values += w0.numel()
+        tensors.append(
+            {
+                "tensor": f"{name}.weight",
+                "shape": "x".join(map(str, w0.shape)),
+                "path": peer,
+                "bps": b / w0.numel(),
+                "mse": e / w0.numel(),
+                "snr_db": 10 * math.log10(s / e) if e > 0 else math.inf,
+                "cosine": float((w0.double() * w.reshape(w0.shape).double()).sum() / max(math.sqrt(s * float(w.double().pow(2).sum())), 1e-30)),
+                "max_error": float(d.abs().max()) if d.numel() else 0.0,
+            }
+        )
+    return total_bits / max(values, 1), (10 * math.log10(sig / err) if err > 0 else math.inf), tensors
+
+
 def quantize_model(
     model: Any, method: str, bps: float, hessians: dict[str, Any] | None = None
 ) -> tuple[float, float, list[dict[str, Any]]]:
@@ -132,6 +212,8 @@ def quantize_model(
 
     from . import nn as hnn
 
+    if method in PEERS:
+        return quantize_peer(model, method, bps)
     calibrated = method.endswith(CALIBRATED)
     spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
     originals = {
@@ -314,7 +396,7 @@ def evaluate(
         progress(f"{name}: input statistics of {len(hessians)} layers in {time.time() - start:.0f} s")
     for bps in bps_list:
         for method in methods:
-            spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
+            spec = method if method in PEERS else hnn.method_spec(method.removesuffix(CALIBRATED), bps)
             row = Row(name, method, label(method, bps), spec + (" +H" if method.endswith(CALIBRATED) else ""), bps)
             start = time.time()
             try:
