@@ -91,3 +91,27 @@ def test_encoder_rows_measure_embedding_cosine():
     assert rows[0].quality["cosine"] == pytest.approx(1.0, abs=1e-6)
     assert rows[1].quality["cosine"] > 0.9999 and rows[1].quality["cosine"] > rows[2].quality["cosine"]
     json.dumps([r.__dict__ for r in rows])
+
+
+def test_mlp_bench_runs_every_planner_mode_and_names_its_recipes(tmp_path):
+    from hypercodec import mlp_bench
+
+    assert mlp_bench._spec_of("affine-int4-g128-asym-f16") == "int4"
+    assert mlp_bench._spec_of("affine-int8-row-sym-f16") == "int8-row"
+    assert mlp_bench._spec_of("lattice-e8-rans@3.5") == "e8@3.5"
+    assert mlp_bench._spec_of("raw-bf16") == "bf16"
+    assert mlp_bench._spec_of("mixed[2]") is None
+    res = mlp_bench.run(64, 2, 4, 2, 2, 4.0, list(mlp_bench.MODES), progress=lambda s: None)
+    rows = {r["mode"]: r for r in res["rows"]}
+    assert set(rows) == set(mlp_bench.MODES)
+    for mode, r in rows.items():
+        assert "error" not in r, (mode, r)
+        assert 0 <= r["drift"] < 0.5 and r["held_bytes"] > 0
+    # The exact mode drifts by f32 summation order only; the budget at 4 bits all-in stays
+    # under it and drifts.
+    assert rows["highest"]["drift"] < 1e-5
+    assert rows["budget"]["lossy_bps"] <= 4.0 + 1e-9 and rows["budget"]["drift"] > rows["highest"]["drift"]
+    assert any("train_drift" in r for r in rows.values())
+    page = mlp_bench.markdown(res, {"command": "x", "seconds": 1, "machine": "m", "torch": "t",
+                                    "hypercodec": "h", "threads": 1, "model": "mlp", "batch": 4})
+    assert page.count("\n| ") == len(rows) + 1

@@ -142,8 +142,9 @@ struct CompressArgs {
     #[arg(long)]
     allow_non_finite: bool,
     /// Input statistics per linear layer (a safetensors file of `E[x·xᵀ]`, `in × in`, named by
-    /// layer; Python: `hypercodec.nn.save_hessians`): affine and lattice recipes round with
-    /// error feedback (GPTQ's rule) where the file has a tensor's. The format is unchanged.
+    /// layer; Python: `hypercodec.nn.save_hessians`): affine, lattice and trellis recipes
+    /// round with error feedback (GPTQ's rule) where the file has a tensor's. The format is
+    /// unchanged.
     #[arg(long)]
     calibration: Option<std::path::PathBuf>,
     /// Do not try zstd on each stream.

@@ -10,7 +10,8 @@ from ._native import cli
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line on ``argv`` (default: ``sys.argv[1:]``) and returns its exit code.
     ``eval`` runs the evaluation suite (:mod:`hypercodec.eval`; needs torch and transformers),
-    ``kv-eval`` the KV-cache evaluation (:mod:`hypercodec.kv_eval`).
+    ``kv-eval`` the KV-cache evaluation (:mod:`hypercodec.kv_eval`), ``mlp-bench`` the seed's
+    MLP benchmark over the planner modes (:mod:`hypercodec.mlp_bench`).
     ``compress`` also reads PyTorch checkpoints (``.pt``/``.pth``/``.bin``, through
     ``torch.load(weights_only=True)``): they are staged as a temporary safetensors file."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -18,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
         from .eval import main as eval_main
 
         return eval_main(args[1:])
+    if args[:1] == ["mlp-bench"]:
+        from .mlp_bench import main as mlp_main
+
+        return mlp_main(args[1:])
     if args[:1] == ["kv-eval"]:
         from .kv_eval import main as kv_eval_main
 

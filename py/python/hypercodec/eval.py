@@ -16,7 +16,10 @@ text than the part evaluated (32 windows for the causal LM, 512 sentences for th
 
 Methods are named as :func:`hypercodec.nn.method_spec` names them; the round-to-nearest
 baselines are ``affine`` (``RTN INTb g128 asym``: groups of 128 with scale and offset) and
-``affine-row`` (``RTN INTb per-row sym``). Output: ``OUT/eval.md`` (tables, machine, versions,
+``affine-row`` (``RTN INTb per-row sym``). Peers run in the same table when their packages
+import (``pip install hqq optimum-quanto ninja``): ``peer:hqq`` (HQQ, groups of 64) and
+``peer:quanto`` (optimum-quanto qint2/4/8), their weights dequantized into the model, their bits
+counted from their packed codes plus a 16-bit scale and zero per group. Output: ``OUT/eval.md`` (tables, machine, versions,
 command), ``OUT/eval.json``, ``OUT/tensors.csv`` and, when matplotlib is installed, PNG plots of
 quality against bits per value.
 
