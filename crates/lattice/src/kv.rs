@@ -765,6 +765,19 @@ mod tests {
         .is_err());
     }
 
+    /// Whether `fast` and `slow` (one codec, two decoding paths) decode `fast`'s codes of `x`
+    /// to the same bits.
+    fn same_decoding(fast: &KvCodec, slow: &KvCodec, x: &[f32]) -> bool {
+        let n = x.len() / fast.dim();
+        let mut codes = vec![0u8; n * fast.code_bytes()];
+        let mut scales = vec![0u16; n];
+        fast.encode_into(x, None, &mut codes, &mut scales).unwrap();
+        let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+        fast.decode_into(&codes, &scales, None, &mut a).unwrap();
+        slow.decode_into(&codes, &scales, None, &mut b).unwrap();
+        a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits())
+    }
+
     #[test]
     fn the_avx2_word_decoder_equals_the_portable_one_bit_for_bit() {
         let x = gauss(64 * 300, 11);
@@ -774,14 +787,7 @@ mod tests {
                 let fast = KvCodec::new(64, bits, q, rot, 2, false).unwrap();
                 let mut slow = fast.clone();
                 slow.avx2 = false;
-                let mut codes = vec![0u8; 300 * fast.code_bytes()];
-                let mut scales = vec![0u16; 300];
-                fast.encode_into(&x, None, &mut codes, &mut scales).unwrap();
-                let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
-                fast.decode_into(&codes, &scales, None, &mut a).unwrap();
-                slow.decode_into(&codes, &scales, None, &mut b).unwrap();
-                let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
-                assert!(same, "{bits} bits {rot:?}");
+                assert!(same_decoding(&fast, &slow, &x), "{bits} bits {rot:?}");
             }
         }
     }
@@ -795,14 +801,7 @@ mod tests {
             assert!(!fast.states.is_empty());
             let mut slow = fast.clone();
             slow.states.clear();
-            let mut codes = vec![0u8; 50 * fast.code_bytes()];
-            let mut scales = vec![0u16; 50];
-            fast.encode_into(&x, None, &mut codes, &mut scales).unwrap();
-            let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
-            fast.decode_into(&codes, &scales, None, &mut a).unwrap();
-            slow.decode_into(&codes, &scales, None, &mut b).unwrap();
-            let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
-            assert!(same, "L {l} K {bits}");
+            assert!(same_decoding(&fast, &slow, &x), "L {l} K {bits}");
         }
     }
 

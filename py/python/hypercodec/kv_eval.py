@@ -184,14 +184,10 @@ def main(argv: list[str]) -> int:
     from transformers import DynamicCache
 
     from . import __version__, _native
-    from .eval import fetch_text, smollm2
+    from .eval import fetch_text, set_threads, smollm2
     from .kv import HypercodecCache
 
-    torch.set_num_threads(a.threads)
-    try:
-        _native.init_threads(a.threads)
-    except _native.HypercodecError:
-        pass
+    set_threads(a.threads)
     start = time.time()
     text = a.text or fetch_text()
     lm = smollm2(text, a.tokens, a.window)

@@ -258,12 +258,9 @@ def main(argv: list[str]) -> int:
     import torch
 
     from . import __version__, _native
+    from .eval import set_threads
 
-    torch.set_num_threads(a.threads)
-    try:
-        _native.init_threads(a.threads)
-    except _native.HypercodecError:
-        pass
+    set_threads(a.threads)
     start = time.time()
     res = run(a.width, a.layers, a.batch, a.steps, a.train_steps, a.target_bps, [m for m in a.modes.split(",") if m])
     meta = {
