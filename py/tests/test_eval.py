@@ -112,6 +112,7 @@ def test_mlp_bench_runs_every_planner_mode_and_names_its_recipes(tmp_path):
     assert rows["highest"]["drift"] < 1e-5
     assert rows["budget"]["lossy_bps"] <= 4.0 + 1e-9 and rows["budget"]["drift"] > rows["highest"]["drift"]
     assert any("train_drift" in r for r in rows.values())
+    assert all(r["infer1_ratio"] > 0 for r in rows.values())
     page = mlp_bench.markdown(res, {"command": "x", "seconds": 1, "machine": "m", "torch": "t",
                                     "hypercodec": "h", "threads": 1, "model": "mlp", "batch": 4})
     assert page.count("\n| ") == len(rows) + 1

@@ -445,7 +445,9 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         f"Text: {meta['text']}.",
         "",
         "Bits per value: the quantized layers' stored bytes (every stream, scales and side information) "
-        "over their weights. Embeddings and norms stay float32. SNR: over all quantized weights together.",
+        "over their weights. Embeddings and norms stay float32. SNR: over all quantized weights together. "
+        "Peers (HQQ, optimum-quanto; run when installed): their weights dequantized into the same model, their "
+        "bits = packed codes plus a 16-bit scale and zero per group.",
         "",
     ]
     for model in dict.fromkeys(r.model for r in rows):
