@@ -686,6 +686,17 @@ fn lattice_err(e: hypercodec_lattice::LatticeError) -> PyErr {
     InvalidInputError::new_err(e.to_string())
 }
 
+/// One dither key per vector, when keys are given.
+fn check_keys(keys: Option<&[u64]>, n: usize) -> PyResult<()> {
+    match keys {
+        Some(k) if k.len() != n => Err(InvalidInputError::new_err(format!(
+            "{} dither keys for {n} vectors",
+            k.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Rows at or above this many are split over the thread pool.
 const KV_PARALLEL_ROWS: usize = 4096;
 
@@ -763,6 +774,7 @@ impl KvCodec {
         let xs = x.as_slice()?;
         let keys = keys.as_ref().map(|k| k.as_slice()).transpose()?;
         let n = xs.len() / d.max(1);
+        check_keys(keys, n)?;
         let cb = self.codec.code_bytes();
         let (codes, scales) = py.detach(|| -> PyResult<(Vec<u8>, Vec<u16>)> {
             let mut codes = vec![0u8; n * cb];
@@ -834,6 +846,9 @@ impl KvCodec {
                 out.shape()
             )));
         }
+        if n == 0 || rows == 0 || tokens == 0 {
+            return Ok(());
+        }
         let cs = codes.as_slice()?;
         let ss = scales.as_slice()?;
         let os = out.as_slice_mut()?;
@@ -885,6 +900,7 @@ impl KvCodec {
         let ss = scales.as_slice()?;
         let keys = keys.as_ref().map(|k| k.as_slice()).transpose()?;
         let (d, cb, n) = (self.codec.dim(), self.codec.code_bytes(), ss.len());
+        check_keys(keys, n)?;
         if cs.len() != n * cb {
             return Err(InvalidInputError::new_err(format!(
                 "codes hold {} bytes; {n} vectors need {}",

@@ -126,3 +126,21 @@ def test_padding_and_beam_search_run(lm):
     assert torch.equal(out[0], alone[0])
     beams = _generate(model, tok(prompts[1:2], return_tensors="pt"), HypercodecCache(model.config, window=8, block=4), num_beams=2)
     assert beams.shape[1] == tok(prompts[1:2], return_tensors="pt")["input_ids"].shape[1] + 6
+
+
+def test_int_baseline_saturates_and_both_head_sizes_are_counted():
+    import numpy as np
+
+    import hypercodec
+    from hypercodec.kv import HypercodecKVLayer, IntCodec
+
+    c = IntCodec(64, 8)
+    y = c.decode(*c.encode(np.full((1, 64), 1e7, np.float32)))
+    assert np.isfinite(y).all()
+    # Keys of 64 values per head, values of 128 (as in latent-attention models).
+    layer = HypercodecKVLayer(window=4, block=2)
+    k, v = layer.update(torch.randn(1, 2, 20, 64), torch.randn(1, 2, 20, 128))
+    assert k.shape == (1, 2, 20, 64) and v.shape == (1, 2, 20, 128)
+    assert layer.values_held() == 20 * 2 * (64 + 128)
+    with pytest.raises(hypercodec.InvalidInputError, match="cropped"):
+        layer.crop(-1)

@@ -206,3 +206,14 @@ def test_kv_codec_refuses_bad_input_with_typed_errors():
     out = np.zeros((4, 2, 64), np.float32)
     with pytest.raises(hypercodec.InvalidInputError, match="do not fit"):
         c.decode_rows_into(codes.reshape(4, 1, -1), scales.reshape(4, 1), 1, out, 2, 1)
+    with pytest.raises(hypercodec.InvalidInputError, match="dither keys"):
+        c.encode(x, keys[:2])
+    with pytest.raises(hypercodec.InvalidInputError, match="dither keys"):
+        c.decode(codes, scales, keys[:1])
+    plain = hypercodec.KvCodec(64, 3, "e8")
+    with pytest.raises(hypercodec.InvalidInputError, match="does not dither"):
+        plain.encode(x, keys)
+    with pytest.raises(hypercodec.InvalidInputError):
+        hypercodec.KvCodec(2**40, 3, "trellis")
+    # Nothing to decode, or nowhere to put it: nothing happens.
+    c.decode_rows_into(codes.reshape(4, 1, -1), scales.reshape(4, 1), 0, np.zeros((4, 0, 64), np.float32))

@@ -83,6 +83,13 @@ impl KvCodec {
         seed: u64,
         dither: bool,
     ) -> Result<Self> {
+        if dim == 0 || dim > crate::MAX_TILE {
+            return Err(LatticeError::Length {
+                what: "vector length (1..=4096)",
+                expected: crate::MAX_TILE,
+                actual: dim,
+            });
+        }
         let (lattice, alpha, trellis) = match quantizer {
             KvQuantizer::Lattice(l) => {
                 let (alpha, _) = fixed_alpha(l, bits).ok_or(LatticeError::InvalidFixed {
@@ -105,13 +112,6 @@ impl KvCodec {
                 (Lattice::Z1, 1.0, Some(p))
             }
         };
-        if dim == 0 || dim > crate::MAX_TILE {
-            return Err(LatticeError::Length {
-                what: "vector length (1..=4096)",
-                expected: crate::MAX_TILE,
-                actual: dim,
-            });
-        }
         let rht = match rotation {
             Rotation::Rht => Some(Rht::new(dim, crate::tile_for(dim, crate::MAX_TILE), seed)?),
             _ => None,
@@ -255,6 +255,11 @@ impl KvCodec {
             }
         }
         match keys {
+            Some(k) if !self.dither => Err(LatticeError::Length {
+                what: "dither keys (the codec does not dither)",
+                expected: 0,
+                actual: k,
+            }),
             Some(k) if k != n => Err(LatticeError::Length {
                 what: "dither keys",
                 expected: n,
@@ -854,6 +859,14 @@ mod tests {
         assert!(c
             .encode_into(&x[..60], None, &mut codes, &mut scales)
             .is_err());
+        // Keys given to a codec that does not dither would dither one side only.
+        x[7] = 1.0;
+        assert!(c
+            .encode_into(&x, Some(&[3]), &mut codes, &mut scales)
+            .is_err());
+        // An absurd length is refused before anything is allocated.
+        let q = KvQuantizer::Trellis { l: 10 };
+        assert!(KvCodec::new(1 << 40, 3, q, Rotation::Rht, 0, false).is_err());
         let mut out = vec![0f32; 64];
         assert!(c
             .decode_into(&codes[..31], &scales, None, &mut out)

@@ -55,7 +55,8 @@ class IntCodec:
     def encode(self, x: np.ndarray, keys: Any = None) -> tuple[np.ndarray, np.ndarray]:
         qmax = (1 << (self.bits - 1)) - 1
         amax = np.abs(x).max(axis=-1)
-        scale = (amax / qmax).astype(np.float16)
+        # f16 scales: larger ones saturate (and their values clip) instead of becoming inf.
+        scale = np.minimum(amax / qmax, np.finfo(np.float16).max).astype(np.float16)
         s = scale.astype(np.float32)[..., None]
         q = np.where(s > 0, np.rint(x / np.where(s > 0, s, 1)), 0).clip(-qmax - 1, qmax)
         u = (q + (1 << (self.bits - 1))).astype(np.uint8)
@@ -237,8 +238,12 @@ class HypercodecKVLayer(DynamicLayer):
         """Key and value numbers the layer stands for (tokens · batch · heads · head_dim · 2)."""
         if not self.is_initialized:
             return 0
-        b, h, _, d = self.keys.shape
-        return 2 * self.cumulative_length * b * h * d
+        b, h, _, dk = self.keys.shape
+        return self.cumulative_length * b * h * (dk + self.values.shape[3])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Refused: compressed tokens cannot be cropped (``is_croppable`` is false)."""
+        raise _native.InvalidInputError("a HypercodecKVLayer cannot be cropped (its history is compressed)")
 
     def reset(self) -> None:
         super().reset()
