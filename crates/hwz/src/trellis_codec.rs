@@ -201,10 +201,11 @@ fn encode_rows(
                 // decoded values back, feed their error forward.
                 let mut w = u.clone();
                 let mut failed = None;
+                // The callback sees the sequences in the order given.
+                let mut seqs = tcq::row_sequences(cols, t.seq);
                 f.row_ranges(&mut w, tcq::row_sequences(cols, t.seq), |j0, upcoming| {
-                    let r = tcq::row_sequences(cols, t.seq)
-                        .find(|r| r.start == j0)
-                        .expect("the ranges given");
+                    let r = seqs.next().expect("one callback per range");
+                    debug_assert_eq!(r.start, j0);
                     let len = r.len();
                     let dst = &mut b[r.start * k / 8..(r.end * k).div_ceil(8)];
                     let res = enc

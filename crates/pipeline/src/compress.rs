@@ -249,7 +249,8 @@ pub fn compress(
                 )?,
             }
         } else if let Some((e, why)) = trellis_fallback(&options.route, &t.shape) {
-            // Rows too short to hold the trellis state: the lattice's fallback rule.
+            // Rows the trellis serves badly (too short for its state, or for its row scale):
+            // the lattice's fallback rule.
             fallbacks.push((t.name.clone(), format!("{} ({why})", e.label())));
             hwz::encode(&t.name, &values, &t.shape, &e, opts)?
         } else if let Route::Fixed(spec) = &options.route {
