@@ -179,6 +179,26 @@ def _peer_weight(peer: str, layer: Any, bits: int) -> tuple[Any, int, int]:
     raise ValueError(f"unknown peer `{peer}`")
 
 
+def _tensor_errors(name: str, w: Any, q: Any, path: str, bits: float) -> tuple[float, float, dict[str, Any]]:
+    """(signal, error) energies of the weight ``w`` against its reconstruction ``q`` (float64
+    numpy arrays of one shape) and the per-tensor error row."""
+    import numpy as np
+
+    d = q - w
+    s, e = float((w * w).sum()), float((d * d).sum())
+    cos = float((w * q).sum() / max(math.sqrt(s * float((q * q).sum())), 1e-30))
+    return s, e, {
+        "tensor": f"{name}.weight",
+        "shape": "x".join(map(str, w.shape)),
+        "path": path,
+        "bps": bits / w.size,
+        "mse": e / w.size,
+        "snr_db": 10 * math.log10(s / e) if e > 0 else math.inf,
+        "cosine": cos,
+        "max_error": float(np.abs(d).max()) if d.size else 0.0,
+    }
+
+
 def quantize_peer(model: Any, peer: str, bps: float) -> tuple[float, float, list[dict[str, Any]]]:
     """Every ``nn.Linear`` weight of ``model`` replaced in place by ``peer``'s quantization at
     ``bps`` bits (dequantized into float32, each layer's own parameter: a tied head is untied,
@@ -195,25 +215,14 @@ def quantize_peer(model: Any, peer: str, bps: float) -> tuple[float, float, list
     for name, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]:
         w0 = layer.weight.detach().to(torch.float32)
         w, code_bytes, side = _peer_weight(peer, layer, bits_per)
-        layer.weight = torch.nn.Parameter(w.reshape(w0.shape).contiguous(), requires_grad=False)
-        d = (w.reshape(w0.shape) - w0).double()
-        s, e = float(w0.double().pow(2).sum()), float(d.pow(2).sum())
-        sig, err = sig + s, err + e
+        w = w.detach().reshape(w0.shape).contiguous()
+        layer.weight = torch.nn.Parameter(w, requires_grad=False)
         b = 8 * code_bytes + 16 * side
+        s, e, row = _tensor_errors(name, w0.double().numpy(), w.double().numpy(), peer, b)
+        sig, err = sig + s, err + e
         total_bits += b
         values += w0.numel()
-        tensors.append(
-            {
-                "tensor": f"{name}.weight",
-                "shape": "x".join(map(str, w0.shape)),
-                "path": peer,
-                "bps": b / w0.numel(),
-                "mse": e / w0.numel(),
-                "snr_db": 10 * math.log10(s / e) if e > 0 else math.inf,
-                "cosine": float((w0.double() * w.reshape(w0.shape).double()).sum() / max(math.sqrt(s * float(w.double().pow(2).sum())), 1e-30)),
-                "max_error": float(d.abs().max()) if d.numel() else 0.0,
-            }
-        )
+        tensors.append(row)
     return total_bits / max(values, 1), (10 * math.log10(sig / err) if err > 0 else math.inf), tensors
 
 
@@ -248,25 +257,12 @@ def quantize_model(
             continue
         w = originals[name].astype(np.float64).reshape(module.out_features, -1)
         q = module.op.weight().astype(np.float64).reshape(w.shape)
-        d = q - w
-        s, e = float((w * w).sum()), float((d * d).sum())
+        s, e, row = _tensor_errors(name, w, q, module.op.path, 8 * module.op.stored_bytes)
         sig += s
         err += e
         bits += 8 * module.op.stored_bytes
         values += w.size
-        cos = float((w * q).sum() / max(math.sqrt(s * float((q * q).sum())), 1e-30))
-        tensors.append(
-            {
-                "tensor": f"{name}.weight",
-                "shape": "x".join(map(str, w.shape)),
-                "path": module.op.path,
-                "bps": 8 * module.op.stored_bytes / w.size,
-                "mse": e / w.size,
-                "snr_db": 10 * math.log10(s / e) if e > 0 else math.inf,
-                "cosine": cos,
-                "max_error": float(np.abs(d).max()) if d.size else 0.0,
-            }
-        )
+        tensors.append(row)
     snr = 10 * math.log10(sig / err) if err > 0 else math.inf
     return bits / max(values, 1), snr, tensors
 
