@@ -592,6 +592,19 @@ mod tests {
             .collect()
     }
 
+    /// The E8 codec of `dim`-value vectors (the tests' usual one).
+    fn e8(dim: usize, bits: u8, rot: Rotation, seed: u64, dither: bool) -> KvCodec {
+        KvCodec::new(
+            dim,
+            bits,
+            KvQuantizer::Lattice(Lattice::E8),
+            rot,
+            seed,
+            dither,
+        )
+        .unwrap()
+    }
+
     fn snr(x: &[f32], y: &[f32]) -> f64 {
         let s: f64 = x.iter().map(|&a| (a as f64).powi(2)).sum();
         let e: f64 = x
@@ -658,24 +671,8 @@ mod tests {
         // crushes the rest; rotated, the error is spread.
         let mut x = gauss(64 * 256, 2);
         x.chunks_exact_mut(64).for_each(|v| v[3] *= 30.0);
-        let c0 = KvCodec::new(
-            64,
-            3,
-            KvQuantizer::Lattice(Lattice::E8),
-            Rotation::None,
-            0,
-            false,
-        )
-        .unwrap();
-        let c1 = KvCodec::new(
-            64,
-            3,
-            KvQuantizer::Lattice(Lattice::E8),
-            Rotation::Rht,
-            0,
-            false,
-        )
-        .unwrap();
+        let c0 = e8(64, 3, Rotation::None, 0, false);
+        let c1 = e8(64, 3, Rotation::Rht, 0, false);
         let (s0, s1) = (
             snr(&x, &roundtrip(&c0, &x, None)),
             snr(&x, &roundtrip(&c1, &x, None)),
@@ -685,30 +682,14 @@ mod tests {
 
     #[test]
     fn sizes_zero_vectors_and_odd_lengths() {
-        let c = KvCodec::new(
-            64,
-            4,
-            KvQuantizer::Lattice(Lattice::E8),
-            Rotation::Rht,
-            0,
-            false,
-        )
-        .unwrap();
+        let c = e8(64, 4, Rotation::Rht, 0, false);
         assert_eq!(c.code_bytes(), 32);
         assert!((c.bits_per_value() - 4.25).abs() < 1e-12);
         let z = vec![0f32; 128];
         assert_eq!(roundtrip(&c, &z, None), z);
         // 80 values: tiles of 16, words of 8; 20 values: a zero-padded last word.
         for dim in [80usize, 20] {
-            let c = KvCodec::new(
-                dim,
-                4,
-                KvQuantizer::Lattice(Lattice::E8),
-                Rotation::Rht,
-                3,
-                false,
-            )
-            .unwrap();
+            let c = e8(dim, 4, Rotation::Rht, 3, false);
             let x = gauss(dim * 64, 4);
             assert!(snr(&x, &roundtrip(&c, &x, None)) > 19.0);
         }
@@ -716,15 +697,7 @@ mod tests {
 
     #[test]
     fn dither_is_regenerated_from_the_keys() {
-        let c = KvCodec::new(
-            64,
-            3,
-            KvQuantizer::Lattice(Lattice::E8),
-            Rotation::Rht,
-            5,
-            true,
-        )
-        .unwrap();
+        let c = e8(64, 3, Rotation::Rht, 5, true);
         let x = gauss(64 * 64, 6);
         let keys: Vec<u64> = (0..64).map(|i| 1000 + i * 7).collect();
         let y = roundtrip(&c, &x, Some(&keys));
@@ -839,15 +812,7 @@ mod tests {
             false
         )
         .is_err());
-        let c = KvCodec::new(
-            64,
-            4,
-            KvQuantizer::Lattice(Lattice::E8),
-            Rotation::Rht,
-            0,
-            false,
-        )
-        .unwrap();
+        let c = e8(64, 4, Rotation::Rht, 0, false);
         let mut codes = vec![0u8; 32];
         let mut scales = vec![0u16; 1];
         let mut x = vec![1f32; 64];
