@@ -310,6 +310,10 @@ impl KvCodec {
             let y = &mut y[..d];
             self.rotate(v, y);
             let ms = y.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / d as f64;
+            if !y.iter().all(|v| v.is_finite()) {
+                // Finite values near f32's limit can overflow in the rotation.
+                return Err(LatticeError::NonFinite { index: i * d });
+            }
             let out = &mut codes[i * cb..(i + 1) * cb];
             out.iter_mut().for_each(|b| *b = 0);
             if ms == 0.0 {
@@ -370,6 +374,10 @@ impl KvCodec {
             let y = &mut y[..d];
             self.rotate(v, y);
             let ms = y.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / d as f64;
+            if !y.iter().all(|v| v.is_finite()) {
+                // Finite values near f32's limit can overflow in the rotation.
+                return Err(LatticeError::NonFinite { index: i * d });
+            }
             let out = &mut codes[i * cb..(i + 1) * cb];
             if ms == 0.0 {
                 out.iter_mut().for_each(|b| *b = 0);
@@ -829,6 +837,9 @@ mod tests {
         assert!(c
             .encode_into(&x, Some(&[3]), &mut codes, &mut scales)
             .is_err());
+        // Values near f32's limit overflow in the rotation: refused, not coded as zeros.
+        let big = vec![3e38f32; 64];
+        assert!(c.encode_into(&big, None, &mut codes, &mut scales).is_err());
         // An absurd length is refused before anything is allocated.
         let q = KvQuantizer::Trellis { l: 10 };
         assert!(KvCodec::new(1 << 40, 3, q, Rotation::Rht, 0, false).is_err());
