@@ -116,3 +116,15 @@ def test_mlp_bench_runs_every_planner_mode_and_names_its_recipes(tmp_path):
     page = mlp_bench.markdown(res, {"command": "x", "seconds": 1, "machine": "m", "torch": "t",
                                     "hypercodec": "h", "threads": 1, "model": "mlp", "batch": 4})
     assert page.count("\n| ") == len(rows) + 1
+
+
+def test_a_closed_stdout_does_not_stop_a_run(tmp_path):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "hypercodec", "mlp-bench", "--width", "32", "--layers", "2",
+           "--modes", "lowest,highest", "--out", str(tmp_path)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    p.stdout.close()  # the reader goes away at once, as `| head -0` would
+    assert p.wait(timeout=120) == 0
+    assert (tmp_path / "mlp.md").exists()

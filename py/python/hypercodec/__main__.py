@@ -3,8 +3,40 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from ._native import cli
+
+
+class _ClosedPipeSafe:
+    """Standard output for the long Python commands: when the reader goes away (``| head``),
+    the rest of the output goes to /dev/null and the run finishes (it writes its results
+    page), instead of dying on ``BrokenPipeError``."""
+
+    def __init__(self, out: Any) -> None:
+        self._out = out
+
+    def _silence(self) -> None:
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._out.fileno())
+
+    def write(self, s: str) -> int:
+        try:
+            return self._out.write(s)
+        except BrokenPipeError:
+            self._silence()
+            return len(s)
+
+    def flush(self) -> None:
+        try:
+            self._out.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._out, name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ``compress`` also reads PyTorch checkpoints (``.pt``/``.pth``/``.bin``, through
     ``torch.load(weights_only=True)``): they are staged as a temporary safetensors file."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["eval"], ["kv-eval"], ["mlp-bench"]) and not isinstance(sys.stdout, _ClosedPipeSafe):
+        sys.stdout = _ClosedPipeSafe(sys.stdout)
     if args[:1] == ["eval"]:
         from .eval import main as eval_main
 
