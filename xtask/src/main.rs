@@ -49,10 +49,28 @@ fn target_dir() -> PathBuf {
     }
 }
 
+/// A cargo command in the workspace root. Debug builds made by the automation carry no debug
+/// info and no incremental state: with them a cold `ci` run held about 14 GB of `target/debug`,
+/// which, with torch's 6 GB, filled a CI machine's disk.
 fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    c.current_dir(root());
+    c.current_dir(root())
+        .env("CARGO_INCREMENTAL", "0")
+        .env("CARGO_PROFILE_DEV_DEBUG", "0")
+        .env("CARGO_PROFILE_TEST_DEBUG", "0");
     c
+}
+
+/// Free space on the file system of the workspace, as `df` prints it (for failure messages).
+fn disk_free() -> String {
+    Command::new("df")
+        .args(["-h", "--output=avail"])
+        .arg(root())
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().nth(1).map(|l| l.trim().to_string()))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 fn run(what: &str, cmd: &mut Command) -> Result<(), String> {
@@ -360,8 +378,12 @@ fn py() -> Result<(), String> {
     ] {
         if !has_module(&py, module) {
             run(
-                &format!("pip install {package} (once, cached in .venv/)"),
-                Command::new(&py).args(["-m", "pip", "install", "-q", package]),
+                &format!(
+                    "pip install {package} (once, cached in .venv/; {} free)",
+                    disk_free()
+                ),
+                // No wheel cache: torch's wheels would hold another 3 GB in ~/.cache/pip.
+                Command::new(&py).args(["-m", "pip", "install", "-q", "--no-cache-dir", package]),
             )?;
         }
     }
@@ -375,7 +397,15 @@ fn py() -> Result<(), String> {
         if !has_module(&py, &probe) {
             run(
                 &format!("pip install --no-deps {package} (once, cached in .venv/)"),
-                Command::new(&py).args(["-m", "pip", "install", "-q", "--no-deps", package]),
+                Command::new(&py).args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-cache-dir",
+                    "--no-deps",
+                    package,
+                ]),
             )?;
         }
     }
