@@ -7,6 +7,8 @@
 //! Each error kind of the library is its own Python exception class under
 //! `hypercodec.HypercodecError`.
 
+mod cuda;
+
 use hypercodec_hwz::legacy::LegacyArchive;
 use hypercodec_hwz::{
     EncodeOptions, EncodedTensor, Encoding, FloatDtype, HwzError, Writer, WriterOptions,
@@ -45,6 +47,12 @@ create_exception!(
     HypercodecIOError,
     HypercodecError,
     "Reading or writing a file failed."
+);
+create_exception!(
+    _native,
+    CudaError,
+    HypercodecError,
+    "CUDA is not available to hypercodec (no driver or device), or a CUDA call failed."
 );
 create_exception!(
     _native,
@@ -619,11 +627,71 @@ impl Linear {
         PyArray1::from_vec(py, out).reshape(vec![ids.len(), cols])
     }
 
+    /// The stored form as the CUDA kernels read it, or None for forms without a device kernel
+    /// (decoded instead). A dict: `kind` (`"affine"` or `"e8"`), the stored codes or words as
+    /// a uint8 array, f32 side information, and the kernels' parameters.
+    fn device_form<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        use hypercodec_runtime::DeviceForm;
+        let Some(form) = self.op.device_form().map_err(runtime_err)? else {
+            return Ok(None);
+        };
+        let d = pyo3::types::PyDict::new(py);
+        match form {
+            DeviceForm::Affine {
+                codes,
+                scales,
+                offsets,
+                bits,
+                group_len,
+                scales_per_row,
+                qmul,
+                qbias,
+            } => {
+                d.set_item("kind", "affine")?;
+                d.set_item("codes", PyArray1::from_slice(py, codes))?;
+                d.set_item("scales", PyArray1::from_vec(py, scales))?;
+                d.set_item("offsets", PyArray1::from_vec(py, offsets))?;
+                d.set_item("bits", bits)?;
+                d.set_item("group_len", group_len)?;
+                d.set_item("scales_per_row", scales_per_row)?;
+                d.set_item("qmul", qmul)?;
+                d.set_item("qbias", qbias)?;
+            }
+            DeviceForm::E8Fixed {
+                packed,
+                row_scales,
+                words,
+                bits,
+                tile,
+                seed,
+            } => {
+                d.set_item("kind", "e8")?;
+                d.set_item("packed", PyArray1::from_slice(py, packed))?;
+                d.set_item("row_scales", PyArray1::from_vec(py, row_scales))?;
+                d.set_item("words", words)?;
+                d.set_item("bits", bits)?;
+                d.set_item("tile", tile)?;
+                d.set_item("seed", seed)?;
+            }
+            _ => return Ok(None),
+        }
+        Ok(Some(d))
+    }
+
     /// The weight decoded to float32 (`rows × cols`).
     fn weight<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
         let (rows, cols) = (self.op.rows(), self.op.cols());
         let w = py.detach(|| self.op.decode_weight()).map_err(runtime_err)?;
         PyArray1::from_vec(py, w).reshape(vec![rows, cols])
+    }
+
+    /// The bias the operator adds (float32, `rows`), or None.
+    #[getter]
+    fn bias<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<f32>>> {
+        self.op.bias().map(|b| PyArray1::from_slice(py, b))
     }
 
     /// Output features.
@@ -969,6 +1037,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InvalidInputError", py.get_type::<InvalidInputError>())?;
     m.add("HypercodecIOError", py.get_type::<HypercodecIOError>())?;
     m.add("CancelledError", py.get_type::<CancelledError>())?;
+    m.add("CudaError", py.get_type::<CudaError>())?;
+    m.add_class::<cuda::CudaKernels>()?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;

@@ -15,6 +15,9 @@
 //! - `py` — the Python wheel: a venv in `.venv/` (maturin, numpy, pytest, torch, transformers,
 //!   accelerate, gguf, matplotlib and two small real models installed once), `maturin build --release` of
 //!   `py/`, the wheel installed there, then `pytest py/tests`.
+//! - `ptx [--check]` — builds `kernels/*.cu` to PTX in `crates/kernels-cuda/ptx/` with nvcc
+//!   13.0 (pip's NVIDIA wheels, installed into `.tools/cuda/` once; no GPU needed); each PTX
+//!   starts with a hash of the sources, which `--check` compares without nvcc (what CI runs).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -497,12 +500,159 @@ fn ci() -> Result<(), String> {
             .args(["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
+    ptx(true)?;
     wasm_check()?;
     fuzz_build()?;
     web_test()?;
     py()?;
     calibrate(true)?;
     rss()
+}
+
+/// The pinned CUDA 13.0 compiler wheels (the target driver, 580, loads PTX ISA 9.0 at most).
+const NVCC_WHEELS: &[&str] = &[
+    "nvidia-cuda-nvcc==13.0.88",
+    "nvidia-cuda-crt==13.0.88",
+    "nvidia-nvvm==13.0.88",
+    "nvidia-cuda-runtime==13.0.96",
+    "nvidia-cuda-cccl==13.0.85",
+];
+/// The first line of every committed PTX file: this prefix, then the sources' hash.
+const PTX_STAMP: &str = "// hypercodec-kernels-sources: ";
+
+/// FNV-1a (64 bits) over every `kernels/*.cu` and `*.cuh`, names and contents, sorted by name.
+fn kernel_sources_hash() -> Result<String, String> {
+    let dir = root().join("kernels");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu" || x == "cuh"))
+        .collect();
+    files.sort();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for f in &files {
+        let name = f
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let body = std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        for b in name.bytes().chain([0u8]).chain(body).chain([0u8]) {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    Ok(format!("{h:016x}"))
+}
+
+/// The `.cu` files (each one PTX module).
+fn kernel_units() -> Result<Vec<PathBuf>, String> {
+    let dir = root().join("kernels");
+    let mut units: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    units.sort();
+    Ok(units)
+}
+
+fn ptx_path(unit: &Path) -> PathBuf {
+    let stem = unit
+        .file_stem()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    root()
+        .join("crates/kernels-cuda/ptx")
+        .join(format!("{stem}.ptx"))
+}
+
+/// nvcc: `$NVCC`, else the pinned wheels in `.tools/cuda/` (installed when missing).
+fn nvcc() -> Result<PathBuf, String> {
+    if let Some(n) = std::env::var_os("NVCC").filter(|n| !n.is_empty()) {
+        return Ok(PathBuf::from(n));
+    }
+    let tools = root().join(".tools/cuda");
+    let bin = tools.join("nvidia/cu13/bin/nvcc");
+    if !bin.exists() {
+        run(
+            "pip install nvcc 13.0 into .tools/cuda (once)",
+            Command::new("python3")
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-cache-dir",
+                    "--no-deps",
+                    "--upgrade",
+                    "--target",
+                ])
+                .arg(&tools)
+                .args(NVCC_WHEELS),
+        )?;
+    }
+    Ok(bin)
+}
+
+fn ptx(check: bool) -> Result<(), String> {
+    let hash = kernel_sources_hash()?;
+    let stamp = format!("{PTX_STAMP}{hash}");
+    let units = kernel_units()?;
+    if check {
+        let mut stale = Vec::new();
+        for u in &units {
+            let p = ptx_path(u);
+            let first = std::fs::read_to_string(&p)
+                .ok()
+                .and_then(|s| s.lines().next().map(str::to_string));
+            if first.as_deref() != Some(stamp.as_str()) {
+                stale.push(p.display().to_string());
+            }
+        }
+        return if stale.is_empty() {
+            println!(
+                "ptx --check: {} module(s) current (sources {hash})",
+                units.len()
+            );
+            Ok(())
+        } else {
+            Err(format!(
+                "stale PTX (kernels/ changed since it was built): {}; run `cargo xtask ptx`",
+                stale.join(", ")
+            ))
+        };
+    }
+    let nvcc = nvcc()?;
+    let dir = root().join("crates/kernels-cuda/ptx");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    for u in &units {
+        let tmp = dir.join(".nvcc-out.ptx");
+        let mut cmd = Command::new(&nvcc);
+        cmd.args(["-ptx", "-arch=sm_80", "-O3", "-I"])
+            .arg(root().join("kernels"))
+            .arg(u)
+            .arg("-o")
+            .arg(&tmp);
+        if let Some(bin) = nvcc.parent() {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let mut paths = vec![bin.to_path_buf()];
+            paths.extend(std::env::split_paths(&path));
+            cmd.env(
+                "PATH",
+                std::env::join_paths(paths).map_err(|e| e.to_string())?,
+            );
+        }
+        run(&format!("nvcc -ptx {}", u.display()), &mut cmd)?;
+        let body = std::fs::read_to_string(&tmp).map_err(|e| e.to_string())?;
+        let _ = std::fs::remove_file(&tmp);
+        let out = ptx_path(u);
+        let staged = out.with_extension("ptx.tmp");
+        std::fs::write(&staged, format!("{stamp}\n{body}")).map_err(|e| e.to_string())?;
+        std::fs::rename(&staged, &out).map_err(|e| e.to_string())?;
+        println!("{}: {} bytes", out.display(), body.len());
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -516,8 +666,9 @@ fn main() -> ExitCode {
         "calibrate" => calibrate(std::env::args().any(|a| a == "--check")),
         "web-test" => web_test(),
         "py" => py(),
+        "ptx" => ptx(std::env::args().any(|a| a == "--check")),
         _ => {
-            eprintln!("usage: cargo xtask <ci | wasm-check | fuzz-build | rss | web | web-test | py | calibrate [--check]>");
+            eprintln!("usage: cargo xtask <ci | wasm-check | fuzz-build | rss | web | web-test | py | calibrate [--check] | ptx [--check]>");
             return ExitCode::from(2);
         }
     };

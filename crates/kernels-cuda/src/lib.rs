@@ -1,9 +1,678 @@
-//! hypercodec-kernels-cuda: the CUDA kernels of hypercodec, built to PTX from `kernels/` by
-//! `cargo xtask ptx`, embedded with `include_str!` and launched through cudarc.
+//! hypercodec-kernels-cuda: the CUDA kernels of hypercodec — GEMV on the stored form of a
+//! weight (affine codes, fixed-rate E8 words), the activation RHT, and decoders to a dense
+//! weight for large batches — built to PTX from `kernels/` by `cargo xtask ptx`, embedded with
+//! `include_str!` and launched through the CUDA driver API.
 //!
-//! Key design decision: CUDA sits behind the `cuda` feature and cudarc loads the driver
-//! dynamically, so `cargo build` never needs nvcc or a GPU; without the feature the API stays
-//! the same and returns a typed "not compiled with CUDA" error.
+//! Key design decision: this crate takes **device pointers and parameter structs** and knows
+//! nothing of `hwz` or of any framework. Buffers are allocated by the caller (PyTorch, in the
+//! wheel: its memory counters see every byte) and launches go on the caller's stream, so a
+//! forward never synchronizes the device. The kernels read the `.hwz` streams as stored
+//! (codes, words), so nothing is re-encoded at load. CUDA sits behind the `cuda` feature and
+//! cudarc loads the driver at run time, so `cargo build` never needs nvcc or a GPU; without
+//! the feature (or without a driver) the API stays the same and returns a typed error.
 //!
-//! Status: filled by the CUDA runtime issue.
+//! ```
+//! use hypercodec_kernels_cuda::{CudaError, Kernels};
+//! // On a machine without a GPU (or without the `cuda` feature) this is a typed error.
+//! match Kernels::new(0) {
+//!     Ok(k) => println!("{} functions loaded", k.functions()),
+//!     Err(CudaError::NotCompiled | CudaError::NoDevice(_)) => println!("no CUDA here"),
+//!     Err(e) => println!("{e}"),
+//! }
+//! ```
 #![deny(missing_docs)]
+
+#[cfg(feature = "cuda")]
+mod driver;
+
+/// Everything that can go wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// This build has no CUDA support (the `cuda` feature is off).
+    NotCompiled,
+    /// No usable driver or device: the driver library is missing or reports no such device.
+    NoDevice(String),
+    /// A driver call failed.
+    Driver {
+        /// The driver function.
+        call: &'static str,
+        /// Its `CUresult`.
+        code: i32,
+    },
+    /// Arguments the kernels cannot take (a bad shape, an unsupported width, a null pointer).
+    InvalidArgument(String),
+}
+
+impl std::fmt::Display for CudaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CudaError::NotCompiled => {
+                f.write_str("hypercodec was built without CUDA support (feature `cuda`)")
+            }
+            CudaError::NoDevice(why) => write!(f, "no CUDA device: {why}"),
+            CudaError::Driver { call, code } => {
+                write!(f, "CUDA driver call {call} failed ({code})")
+            }
+            CudaError::InvalidArgument(why) => write!(f, "invalid kernel arguments: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+/// Results of this crate.
+pub type Result<T> = std::result::Result<T, CudaError>;
+
+/// Element types of activations and outputs (the kernels' dtype codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum Dtype {
+    /// 32-bit float.
+    F32 = 0,
+    /// IEEE half.
+    F16 = 1,
+    /// bfloat16.
+    Bf16 = 2,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::Bf16 => 2,
+        }
+    }
+}
+
+/// Activation rows a GEMV launch holds in registers; larger batches run in passes (the
+/// kernels' `HC_MAX_M`).
+pub const MAX_GEMV_BATCH: usize = 8;
+
+/// `y = x·Wᵀ (+ b)` for affine codes, as stored in `.hwz`: `bits`-bit codes LSB-first, row
+/// after row; `ŵ = s·(qmul·q − qbias) + lo` with the scale and offset of column `j`'s group
+/// `j / group_len` (`scales_per_row` of them per row, or 0 for one scale for the tensor).
+/// Symmetric codes: `qmul = 1`, `qbias = 2^(bits−1)`, no offsets; 1-bit sign codes:
+/// `qmul = 2`, `qbias = 1`; asymmetric: `qmul = 1`, `qbias = 0` and offsets.
+#[derive(Debug, Clone, Copy)]
+pub struct AffineGemv {
+    /// The codes (`ceil(rows·cols·bits / 8)` bytes).
+    pub codes: u64,
+    /// Bytes of `codes`.
+    pub code_bytes: u64,
+    /// f32 scales: `rows·scales_per_row`, or 1.
+    pub scales: u64,
+    /// f32 offsets like `scales`, or 0 (symmetric).
+    pub offsets: u64,
+    /// Activations, `batch × cols` of `x_dtype`, contiguous.
+    pub x: u64,
+    /// Their type.
+    pub x_dtype: Dtype,
+    /// Output, `batch × rows` of `y_dtype`.
+    pub y: u64,
+    /// Its type.
+    pub y_dtype: Dtype,
+    /// f32 bias of `rows` values, or 0.
+    pub bias: u64,
+    /// Activation rows.
+    pub batch: usize,
+    /// Weight rows (outputs).
+    pub rows: usize,
+    /// Weight columns (inputs).
+    pub cols: usize,
+    /// Bits per code, 1..=8.
+    pub bits: u8,
+    /// Values per scale group along a row.
+    pub group_len: usize,
+    /// Scale groups per row, or 0 for one tensor-wide scale.
+    pub scales_per_row: usize,
+    /// Code multiplier.
+    pub qmul: f32,
+    /// Code bias.
+    pub qbias: f32,
+}
+
+/// `y = s_r·⟨p_r, x'⟩ (+ b)` for fixed-rate E8 words, as stored in `.hwz` (`bits` bytes per
+/// word, `words` per row), `x' = RHT(x)` from [`Kernels::rht`] (f32, `batch × 8·words`) and
+/// `s_r` the row scale divided by α.
+#[derive(Debug, Clone, Copy)]
+pub struct E8Gemv {
+    /// The packed words (`rows·words·bits` bytes).
+    pub packed: u64,
+    /// f32 row scales (already divided by α), `rows` values.
+    pub row_scales: u64,
+    /// The rotated activations, f32, `batch × 8·words`.
+    pub xr: u64,
+    /// Output, `batch × rows` of `y_dtype`.
+    pub y: u64,
+    /// Its type.
+    pub y_dtype: Dtype,
+    /// f32 bias, or 0.
+    pub bias: u64,
+    /// Activation rows.
+    pub batch: usize,
+    /// Weight rows.
+    pub rows: usize,
+    /// Words per row.
+    pub words: usize,
+    /// Bits per symbol, 2..=8 (= bytes per word).
+    pub bits: u8,
+}
+
+/// `out = RHT(x)` per activation row: the seeded randomized Hadamard transform of
+/// `hypercodec_lattice::Rht` (tiles of `tile` values), in f32, zero-padded to `width`.
+#[derive(Debug, Clone, Copy)]
+pub struct RhtArgs {
+    /// Activations, `batch × cols` of `x_dtype`.
+    pub x: u64,
+    /// Their type.
+    pub x_dtype: Dtype,
+    /// Output, f32, `batch × width`.
+    pub out: u64,
+    /// Activation rows.
+    pub batch: usize,
+    /// Values per row (a multiple of `tile`).
+    pub cols: usize,
+    /// Output row length (≥ `cols`).
+    pub width: usize,
+    /// Tile (a power of two, at most 4096).
+    pub tile: usize,
+    /// The transform's seed.
+    pub seed: u64,
+}
+
+impl AffineGemv {
+    /// Checks what the kernels rely on (shapes, bits, groups); pointers are the caller's.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(CudaError::InvalidArgument(why));
+        if !(1..=8).contains(&self.bits) {
+            return bad(format!("affine codes of {} bits", self.bits));
+        }
+        if self.rows > i32::MAX as usize || self.cols > i32::MAX as usize {
+            return bad(format!(
+                "{} × {} exceeds the kernels' i32 indices",
+                self.rows, self.cols
+            ));
+        }
+        let need = (self.rows as u128 * self.cols as u128 * self.bits as u128).div_ceil(8);
+        if (self.code_bytes as u128) < need {
+            return bad(format!("{} code bytes for {need}", self.code_bytes));
+        }
+        if self.scales_per_row > 0 && self.group_len == 0 {
+            return bad("group length 0".into());
+        }
+        if self.scales_per_row > 0
+            && self.scales_per_row < self.cols.div_ceil(self.group_len.max(1))
+        {
+            return bad(format!(
+                "{} scales per row for {} columns in groups of {}",
+                self.scales_per_row, self.cols, self.group_len
+            ));
+        }
+        if self.codes == 0 || self.scales == 0 || (self.batch > 0 && (self.x == 0 || self.y == 0)) {
+            return bad("a null pointer".into());
+        }
+        Ok(())
+    }
+
+    /// The aligned kernel's width (2, 4 or 8 bits whose rows and groups hold whole 16-byte
+    /// chunks, codes and activations 16-byte aligned), or 0 for the generic one.
+    pub fn path(&self) -> i32 {
+        let bits = self.bits as usize;
+        if ![2, 4, 8].contains(&bits) {
+            return 0;
+        }
+        let vals = 128 / bits;
+        let groups_ok = self.scales_per_row == 0 || self.group_len.is_multiple_of(vals);
+        if self.cols.is_multiple_of(vals)
+            && groups_ok
+            && self.codes.is_multiple_of(16)
+            && self.x.is_multiple_of(16)
+        {
+            bits as i32
+        } else {
+            0
+        }
+    }
+}
+
+impl E8Gemv {
+    /// Checks what the kernels rely on.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(CudaError::InvalidArgument(why));
+        if !(2..=8).contains(&self.bits) {
+            return bad(format!("E8 words of {} bits per symbol", self.bits));
+        }
+        if self.rows > i32::MAX as usize || self.words > (i32::MAX as usize) / 8 {
+            return bad(format!(
+                "{} rows × {} words is too large",
+                self.rows, self.words
+            ));
+        }
+        if self.packed == 0
+            || self.row_scales == 0
+            || (self.batch > 0 && (self.xr == 0 || self.y == 0))
+        {
+            return bad("a null pointer".into());
+        }
+        if !self.xr.is_multiple_of(16) || (self.bits == 4 && !self.packed.is_multiple_of(16)) {
+            return bad("the rotated activations (and 4-bit words) must be 16-byte aligned".into());
+        }
+        Ok(())
+    }
+}
+
+impl RhtArgs {
+    /// Checks what the kernel relies on.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(CudaError::InvalidArgument(why));
+        if self.tile == 0 || !self.tile.is_power_of_two() || self.tile > 4096 {
+            return bad(format!("RHT tile {}", self.tile));
+        }
+        if !self.cols.is_multiple_of(self.tile) || self.width < self.cols {
+            return bad(format!(
+                "RHT of {} columns in tiles of {} into rows of {}",
+                self.cols, self.tile, self.width
+            ));
+        }
+        if self.batch > 65535 || self.width > i32::MAX as usize {
+            return bad(format!("RHT of {} rows of {}", self.batch, self.width));
+        }
+        if self.batch > 0 && (self.x == 0 || self.out == 0) {
+            return bad("a null pointer".into());
+        }
+        Ok(())
+    }
+}
+
+/// The loaded kernels of one device, in its primary context (the one the CUDA runtime, and so
+/// PyTorch, uses). Every launch takes a raw `CUstream` (0: the legacy default stream) and
+/// returns without synchronizing.
+pub struct Kernels {
+    #[cfg(feature = "cuda")]
+    inner: driver::Module,
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernels").finish_non_exhaustive()
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+impl Kernels {
+    /// Loads the kernels on device `ordinal` (needs the `cuda` feature and a driver).
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let _ = ordinal;
+        Err(CudaError::NotCompiled)
+    }
+
+    /// Kernel functions loaded.
+    pub fn functions(&self) -> usize {
+        0
+    }
+
+    /// Launches the activation RHT.
+    ///
+    /// # Safety
+    /// The pointers are device allocations of this device holding the sizes the struct states.
+    pub unsafe fn rht(&self, args: &RhtArgs, stream: u64) -> Result<()> {
+        let _ = (args, stream);
+        Err(CudaError::NotCompiled)
+    }
+
+    /// Launches the affine GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn affine_gemv(&self, args: &AffineGemv, stream: u64) -> Result<()> {
+        let _ = (args, stream);
+        Err(CudaError::NotCompiled)
+    }
+
+    /// Decodes the affine weight into `out` (`rows × cols` of `dtype`).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn affine_decode(
+        &self,
+        args: &AffineGemv,
+        out: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<()> {
+        let _ = (args, out, dtype, stream);
+        Err(CudaError::NotCompiled)
+    }
+
+    /// Launches the fixed-rate E8 GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn e8_gemv(&self, args: &E8Gemv, stream: u64) -> Result<()> {
+        let _ = (args, stream);
+        Err(CudaError::NotCompiled)
+    }
+
+    /// Decodes the scaled E8 points (rotated domain) into `out` (`rows × 8·words`).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn e8_decode(
+        &self,
+        args: &E8Gemv,
+        out: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<()> {
+        let _ = (args, out, dtype, stream);
+        Err(CudaError::NotCompiled)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Kernels {
+    /// Loads the kernels on device `ordinal` (needs the `cuda` feature and a driver).
+    pub fn new(ordinal: usize) -> Result<Self> {
+        Ok(Kernels {
+            inner: driver::Module::load(ordinal)?,
+        })
+    }
+
+    /// Kernel functions loaded.
+    pub fn functions(&self) -> usize {
+        driver::FUNCTIONS.len()
+    }
+
+    /// Launches the activation RHT.
+    ///
+    /// # Safety
+    /// The pointers are device allocations of this device holding the sizes the struct states.
+    pub unsafe fn rht(&self, a: &RhtArgs, stream: u64) -> Result<()> {
+        a.validate()?;
+        if a.batch == 0 || a.cols == 0 {
+            return Ok(());
+        }
+        let threads = a.tile.min(1024) as u32;
+        let mut p = (
+            a.x,
+            a.x_dtype as i32,
+            a.out,
+            a.cols as i32,
+            a.width as i32,
+            a.tile as i32,
+            a.seed,
+        );
+        let mut params = [
+            &mut p.0 as *mut _ as *mut std::ffi::c_void,
+            &mut p.1 as *mut _ as *mut _,
+            &mut p.2 as *mut _ as *mut _,
+            &mut p.3 as *mut _ as *mut _,
+            &mut p.4 as *mut _ as *mut _,
+            &mut p.5 as *mut _ as *mut _,
+            &mut p.6 as *mut _ as *mut _,
+        ];
+        // SAFETY: the arguments were validated; the pointers are the caller's contract.
+        unsafe {
+            self.inner.launch(
+                driver::RHT,
+                ((a.cols / a.tile) as u32, a.batch as u32),
+                threads,
+                (a.tile * 4) as u32,
+                stream,
+                &mut params,
+            )
+        }
+    }
+
+    /// Launches the affine GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn affine_gemv(&self, a: &AffineGemv, stream: u64) -> Result<()> {
+        a.validate()?;
+        let path = a.path();
+        for m0 in (0..a.batch).step_by(MAX_GEMV_BATCH) {
+            let m = (a.batch - m0).min(MAX_GEMV_BATCH);
+            let pass = AffineGemv {
+                x: a.x + (m0 * a.cols * a.x_dtype.size()) as u64,
+                y: a.y + (m0 * a.rows * a.y_dtype.size()) as u64,
+                batch: m,
+                ..*a
+            };
+            let mut k = driver::AffineArgs::new(&pass);
+            let mut path = path;
+            let mut params = [
+                &mut k as *mut _ as *mut std::ffi::c_void,
+                &mut path as *mut _ as *mut _,
+            ];
+            // SAFETY: the arguments were validated; the pointers are the caller's contract.
+            unsafe {
+                self.inner.launch(
+                    driver::AFFINE_GEMV,
+                    (a.rows.div_ceil(8) as u32, 1),
+                    256,
+                    0,
+                    stream,
+                    &mut params,
+                )
+            }?;
+        }
+        Ok(())
+    }
+
+    /// Decodes the affine weight into `out` (`rows × cols` of `dtype`).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn affine_decode(
+        &self,
+        a: &AffineGemv,
+        out: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<()> {
+        a.validate()?;
+        if out == 0 {
+            return Err(CudaError::InvalidArgument("a null pointer".into()));
+        }
+        let n = a.rows * a.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut k = driver::AffineArgs::new(a);
+        let (mut out, mut dt) = (out, dtype as i32);
+        let mut params = [
+            &mut k as *mut _ as *mut std::ffi::c_void,
+            &mut out as *mut _ as *mut _,
+            &mut dt as *mut _ as *mut _,
+        ];
+        // SAFETY: the arguments were validated; the pointers are the caller's contract.
+        unsafe {
+            self.inner.launch(
+                driver::AFFINE_DECODE,
+                (grid_for(n), 1),
+                256,
+                0,
+                stream,
+                &mut params,
+            )
+        }
+    }
+
+    /// Launches the fixed-rate E8 GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn e8_gemv(&self, a: &E8Gemv, stream: u64) -> Result<()> {
+        a.validate()?;
+        for m0 in (0..a.batch).step_by(MAX_GEMV_BATCH) {
+            let m = (a.batch - m0).min(MAX_GEMV_BATCH);
+            let pass = E8Gemv {
+                xr: a.xr + (m0 * 8 * a.words * 4) as u64,
+                y: a.y + (m0 * a.rows * a.y_dtype.size()) as u64,
+                batch: m,
+                ..*a
+            };
+            let mut k = driver::E8Args::new(&pass);
+            let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+            // SAFETY: the arguments were validated; the pointers are the caller's contract.
+            unsafe {
+                self.inner.launch(
+                    driver::E8_GEMV,
+                    (a.rows.div_ceil(8) as u32, 1),
+                    256,
+                    0,
+                    stream,
+                    &mut params,
+                )
+            }?;
+        }
+        Ok(())
+    }
+
+    /// Decodes the scaled E8 points (rotated domain) into `out` (`rows × 8·words`).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn e8_decode(&self, a: &E8Gemv, out: u64, dtype: Dtype, stream: u64) -> Result<()> {
+        a.validate()?;
+        if out == 0 {
+            return Err(CudaError::InvalidArgument("a null pointer".into()));
+        }
+        let n = a.rows * a.words;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut k = driver::E8Args::new(a);
+        let (mut out, mut dt) = (out, dtype as i32);
+        let mut params = [
+            &mut k as *mut _ as *mut std::ffi::c_void,
+            &mut out as *mut _ as *mut _,
+            &mut dt as *mut _ as *mut _,
+        ];
+        // SAFETY: the arguments were validated; the pointers are the caller's contract.
+        unsafe {
+            self.inner.launch(
+                driver::E8_DECODE,
+                (grid_for(n), 1),
+                256,
+                0,
+                stream,
+                &mut params,
+            )
+        }
+    }
+}
+
+/// Blocks of 256 threads for a grid-stride loop over `n` items.
+#[cfg(feature = "cuda")]
+fn grid_for(n: usize) -> u32 {
+    n.div_ceil(256).clamp(1, 1 << 20) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn affine() -> AffineGemv {
+        AffineGemv {
+            codes: 256,
+            code_bytes: 64 * 128 / 2,
+            scales: 512,
+            offsets: 0,
+            x: 1024,
+            x_dtype: Dtype::Bf16,
+            y: 2048,
+            y_dtype: Dtype::Bf16,
+            bias: 0,
+            batch: 1,
+            rows: 64,
+            cols: 128,
+            bits: 4,
+            group_len: 128,
+            scales_per_row: 1,
+            qmul: 1.0,
+            qbias: 8.0,
+        }
+    }
+
+    #[test]
+    fn arguments_are_checked_before_any_launch() {
+        assert!(affine().validate().is_ok());
+        assert_eq!(affine().path(), 4);
+        let short = AffineGemv {
+            code_bytes: 100,
+            ..affine()
+        };
+        assert!(matches!(
+            short.validate(),
+            Err(CudaError::InvalidArgument(_))
+        ));
+        let bits = AffineGemv {
+            bits: 9,
+            ..affine()
+        };
+        assert!(bits.validate().is_err());
+        let groups = AffineGemv {
+            group_len: 32,
+            ..affine()
+        };
+        assert!(
+            groups.validate().is_err(),
+            "4 groups of 32 need 4 scales per row"
+        );
+        // Columns that are not whole 16-byte chunks take the generic kernel.
+        let odd = AffineGemv {
+            cols: 100,
+            group_len: 100,
+            code_bytes: 64 * 50,
+            ..affine()
+        };
+        assert_eq!(odd.path(), 0);
+        let e8 = E8Gemv {
+            packed: 256,
+            row_scales: 512,
+            xr: 1024,
+            y: 2048,
+            y_dtype: Dtype::F32,
+            bias: 0,
+            batch: 3,
+            rows: 4,
+            words: 16,
+            bits: 1,
+        };
+        assert!(e8.validate().is_err());
+        assert!(E8Gemv { bits: 4, ..e8 }.validate().is_ok());
+        let rht = RhtArgs {
+            x: 16,
+            x_dtype: Dtype::F32,
+            out: 32,
+            batch: 1,
+            cols: 96,
+            width: 96,
+            tile: 64,
+            seed: 1,
+        };
+        assert!(
+            rht.validate().is_err(),
+            "96 columns are not whole tiles of 64"
+        );
+        assert!(RhtArgs { tile: 32, ..rht }.validate().is_ok());
+    }
+
+    #[test]
+    fn without_a_device_loading_is_a_typed_error() {
+        match Kernels::new(0) {
+            Ok(k) => assert!(k.functions() > 0),
+            Err(e) => {
+                assert!(
+                    matches!(e, CudaError::NotCompiled | CudaError::NoDevice(_)),
+                    "{e}"
+                );
+                eprintln!("kernels-cuda: skipped the device part: {e}");
+            }
+        }
+    }
+}

@@ -101,6 +101,48 @@ impl std::fmt::Display for Path {
     }
 }
 
+/// A weight's stored form as the GPU kernels read it ([`CompressedLinear::device_form`]): the
+/// codes or words exactly as stored, side information decoded to f32.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum DeviceForm<'a> {
+    /// Affine codes: `ŵ = s·(qmul·q − qbias) + lo` with the scale (and offset) of column `j`'s
+    /// group `j / group_len`.
+    Affine {
+        /// `bits`-bit codes, LSB-first, row after row.
+        codes: &'a [u8],
+        /// `rows·scales_per_row` scales (1 when `scales_per_row` is 0).
+        scales: Vec<f32>,
+        /// Offsets like `scales`; empty when symmetric.
+        offsets: Vec<f32>,
+        /// Bits per code.
+        bits: u8,
+        /// Values per group.
+        group_len: usize,
+        /// Groups per row, or 0 for one tensor-wide scale.
+        scales_per_row: usize,
+        /// Code multiplier.
+        qmul: f32,
+        /// Code bias.
+        qbias: f32,
+    },
+    /// Fixed-rate E8 words dotted against `RHT(x)`.
+    E8Fixed {
+        /// `bits` bytes per word, `words` words per row.
+        packed: &'a [u8],
+        /// Row scale divided by α, per row.
+        row_scales: Vec<f32>,
+        /// Words per row (`8·words ≥ cols`).
+        words: usize,
+        /// Bits per symbol.
+        bits: u8,
+        /// RHT tile.
+        tile: usize,
+        /// RHT seed.
+        seed: u64,
+    },
+}
+
 /// A linear layer whose weight stays compressed: `y = x·Wᵀ (+ b)` with `W` the `rows × cols`
 /// matrix view of an hwz tensor (a convolution's `[out, in, kh, kw]` is `[out, in·kh·kw]`).
 #[derive(Debug)]
@@ -261,6 +303,67 @@ impl CompressedLinear {
     /// against the stored one (∞ when nothing was clipped).
     pub fn conversion_snr_db(&self) -> Option<f64> {
         self.conversion_snr_db
+    }
+
+    /// The stored form as a GPU kernel reads it (`hypercodec-kernels-cuda`), borrowing the
+    /// codes and words as stored; `None` for forms without a device kernel (nested tensors,
+    /// entropy-coded or Z1/D4 lattice symbols, trellis, codebook, ...), which a front end runs
+    /// by decoding (the documented fallback).
+    pub fn device_form(&self) -> Result<Option<DeviceForm<'_>>> {
+        let Op::Leaf { view, kind } = &self.op else {
+            return Ok(None);
+        };
+        let rows = self.rows;
+        Ok(match (*kind, view.parts_ref()) {
+            (
+                Kind::Affine { glen, gpr, .. },
+                Parts::Affine {
+                    params,
+                    codes,
+                    scales,
+                    offsets,
+                },
+            ) => {
+                let tensor = matches!(params.group, Group::Tensor);
+                let n = if tensor { 1 } else { rows * gpr };
+                let sd = params.scale_dtype;
+                let mut sc = vec![0f32; n];
+                scales_into(scales, sd, 0, &mut sc)
+                    .map_err(|e| corrupt(view, format!("affine scales: {e}")))?;
+                let mut of = vec![0f32; if params.symmetric { 0 } else { n }];
+                scales_into(offsets, sd, 0, &mut of)
+                    .map_err(|e| corrupt(view, format!("affine offsets: {e}")))?;
+                let (qmul, qbias) = if !params.symmetric {
+                    (1.0, 0.0)
+                } else if params.bits == 1 {
+                    (2.0, 1.0)
+                } else {
+                    (1.0, (1u32 << (params.bits - 1)) as f32)
+                };
+                Some(DeviceForm::Affine {
+                    codes,
+                    scales: sc,
+                    offsets: of,
+                    bits: params.bits,
+                    group_len: glen,
+                    scales_per_row: if tensor { 0 } else { gpr },
+                    qmul,
+                    qbias,
+                })
+            }
+            (Kind::E8Fixed, Parts::Lattice(l)) => match &l.symbols {
+                Symbols::Fixed { bits, packed } => Some(DeviceForm::E8Fixed {
+                    packed,
+                    row_scales: l.scales.iter().map(|s| s / l.params.alpha).collect(),
+                    words: l.symbols_per_row / 8,
+                    bits: *bits,
+                    tile: l.params.tile,
+                    seed: l.params.seed,
+                }),
+                _ => None,
+            },
+            _ => None,
+        })
     }
 
     /// The weight decoded to f32 (`rows × cols`, row-major): what the operator computes with.

@@ -598,3 +598,100 @@ fn huge_and_tiny_weights_stay_finite_and_match_the_reference() {
     let e = &zoo(64)[3].0;
     assert!(encode("w", &big, &shape, e, EncodeOptions::default()).is_err());
 }
+
+/// The device form's contract (what `hypercodec-kernels-cuda` computes), decoded here on the
+/// host: affine `s·(qmul·q − qbias) + lo` per group, and E8 words scaled per row in the RHT
+/// domain; both must give the weight the operator decodes.
+#[test]
+fn device_forms_decode_to_the_stored_weight() {
+    use crate::DeviceForm;
+    use hypercodec_lattice::Rht;
+    let mut seen = [0usize; 2];
+    for shape in [[7u64, 100], [5, 256], [3, 8]] {
+        let (rows, cols) = (shape[0] as usize, shape[1] as usize);
+        let x = values(rows * cols, 41);
+        for which in 0..zoo(shape[1]).len() + EXTRA {
+            let (t, _) = encode_any(&x, &shape, which);
+            let op =
+                CompressedLinear::new(view_of(&t, &shape), None, &LoadOptions::default()).unwrap();
+            let want = op.decode_weight().unwrap();
+            let Some(form) = op.device_form().unwrap() else {
+                continue;
+            };
+            match form {
+                DeviceForm::Affine {
+                    codes,
+                    scales,
+                    offsets,
+                    bits,
+                    group_len,
+                    scales_per_row,
+                    qmul,
+                    qbias,
+                } => {
+                    seen[0] += 1;
+                    for r in 0..rows {
+                        for j in 0..cols {
+                            let bit = (r * cols + j) * bits as usize;
+                            let two = codes[bit / 8] as u32
+                                | codes.get(bit / 8 + 1).map_or(0, |&b| (b as u32) << 8);
+                            let q = ((two >> (bit % 8)) & ((1 << bits) - 1)) as f32;
+                            let si = if scales_per_row == 0 {
+                                0
+                            } else {
+                                r * scales_per_row + j / group_len
+                            };
+                            let lo = offsets.get(si).copied().unwrap_or(0.0);
+                            let w = scales[si] * (qmul * q - qbias) + lo;
+                            let e = want[r * cols + j];
+                            assert!(
+                                (w - e).abs() <= 1e-6 * e.abs().max(1e-3),
+                                "{} ({r}, {j}): {w} vs {e}",
+                                op.path_detail()
+                            );
+                        }
+                    }
+                }
+                DeviceForm::E8Fixed {
+                    packed,
+                    row_scales,
+                    words,
+                    bits,
+                    tile,
+                    seed,
+                } => {
+                    seen[1] += 1;
+                    let rht = Rht::new(cols, tile, seed).unwrap();
+                    let b = bits as usize;
+                    for r in 0..rows {
+                        let mut rotated = want[r * cols..(r + 1) * cols].to_vec();
+                        rht.forward(&mut rotated);
+                        rotated.resize(8 * words, 0.0);
+                        for w in 0..words {
+                            let at = (r * words + w) * b;
+                            let mut v = 0u64;
+                            for (i, &byte) in packed[at..at + b].iter().enumerate() {
+                                v |= (byte as u64) << (8 * i);
+                            }
+                            let syms: Vec<u32> = (0..8)
+                                .map(|i| ((v >> (i * b)) & ((1 << b) - 1)) as u32)
+                                .collect();
+                            let mut p = [0f32; 8];
+                            Lattice::E8.decode_word_fixed(&syms, bits, &mut p);
+                            // Padding coordinates meet zeros of x' (their points are free).
+                            for i in 0..8.min(cols.saturating_sub(8 * w)) {
+                                let got = row_scales[r] * p[i];
+                                let e = rotated[8 * w + i];
+                                assert!(
+                                    (got - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                                    "e8-fixed{bits} ({r}, word {w}, {i}): {got} vs {e}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(seen[0] >= 30 && seen[1] >= 21, "{seen:?}");
+}

@@ -20,6 +20,7 @@ from __future__ import annotations
 from ._native import (
     Archive,
     CancelledError,
+    CudaError,
     FormatError,
     HypercodecError,
     HypercodecIOError,
@@ -43,6 +44,7 @@ from .api import (
 __all__ = [
     "Archive",
     "CancelledError",
+    "CudaError",
     "FormatError",
     "HypercodecError",
     "HypercodecIOError",

@@ -127,6 +127,18 @@ class _StoredForm:
             unexpected_keys.remove(key)
 
 
+def _on_device(layer: Any, device: torch.device) -> Any:
+    """``layer.op``'s :class:`hypercodec.cuda.DeviceLinear` on ``device`` (built once; dropped
+    when the operator changes)."""
+    from .cuda import DeviceLinear
+
+    cache = layer.__dict__.setdefault("_device_forms", {})
+    hit = cache.get(device)
+    if hit is None or hit[0] is not layer.op:
+        hit = cache[device] = (layer.op, DeviceLinear(layer.op, device))
+    return hit[1]
+
+
 class HyperLinear(_StoredForm, nn.Module):
     """``y = x·Wᵀ + b`` with ``W`` kept compressed (a :class:`hypercodec.Linear`); float32
     computation, outputs in the input's dtype.
@@ -233,6 +245,8 @@ class HyperLinear(_StoredForm, nn.Module):
             # Left training: the compressed form reflects the latest master weight.
             self.refresh()
             self._steps = 0
+        if x.is_cuda:
+            return _on_device(self, x.device).forward(x)
         y = torch.from_numpy(self.op.forward(_f32(x)))
         return y.to(dtype=x.dtype, device=x.device)
 
@@ -305,6 +319,19 @@ class HyperConv2d(_StoredForm, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.op is None:
             raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
+        if x.is_cuda:
+            dev = _on_device(self, x.device)
+            if self.pointwise:
+                n, c, h, w = x.shape
+                y = dev.forward(x.permute(0, 2, 3, 1).reshape(-1, c))
+                y = y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
+                if self.bias is not None:
+                    y = y + self.bias.detach().to(device=x.device, dtype=y.dtype)[None, :, None, None]
+                return y.contiguous()
+            # The decode fallback, with the weight decoded once and kept on the device.
+            wd = dev.dense_weight(x.dtype).reshape(self.weight_shape)
+            bias = None if self.bias is None else self.bias.detach().to(device=x.device, dtype=x.dtype)
+            return nn.functional.conv2d(x, wd, bias, self.stride, self.padding, self.dilation, self.groups)
         if self.pointwise:
             n, c, h, w = x.shape
             xs = _f32(x.permute(0, 2, 3, 1).reshape(-1, c))

@@ -1,0 +1,242 @@
+//! The driver side: the primary context, the module loaded from the embedded PTX, launches.
+
+use crate::{AffineGemv, CudaError, E8Gemv, Result};
+use cudarc::driver::sys;
+use std::ffi::{c_void, CString};
+
+/// The PTX built from `kernels/gemv.cu` by `cargo xtask ptx`.
+const PTX: &str = include_str!("../ptx/gemv.ptx");
+
+/// Kernel names, in the order of the `Module::functions` table.
+pub(crate) const FUNCTIONS: [&str; 5] = [
+    "hc_rht",
+    "hc_affine_gemv",
+    "hc_affine_decode",
+    "hc_e8_gemv",
+    "hc_e8_decode",
+];
+pub(crate) const RHT: usize = 0;
+pub(crate) const AFFINE_GEMV: usize = 1;
+pub(crate) const AFFINE_DECODE: usize = 2;
+pub(crate) const E8_GEMV: usize = 3;
+pub(crate) const E8_DECODE: usize = 4;
+
+fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Driver {
+            call,
+            code: r as i32,
+        })
+    }
+}
+
+/// The kernels' `AffineArgs` (kernels/gemv.cu), field for field.
+#[repr(C)]
+pub(crate) struct AffineArgs {
+    codes: u64,
+    scales: u64,
+    offsets: u64,
+    x: u64,
+    y: u64,
+    bias: u64,
+    n_code_bytes: i64,
+    xdtype: i32,
+    ydtype: i32,
+    m: i32,
+    rows: i32,
+    cols: i32,
+    bits: i32,
+    glen: i32,
+    srs: i32,
+    qmul: f32,
+    qbias: f32,
+}
+
+impl AffineArgs {
+    pub(crate) fn new(a: &AffineGemv) -> Self {
+        AffineArgs {
+            codes: a.codes,
+            scales: a.scales,
+            offsets: a.offsets,
+            x: a.x,
+            y: a.y,
+            bias: a.bias,
+            n_code_bytes: a.code_bytes as i64,
+            xdtype: a.x_dtype as i32,
+            ydtype: a.y_dtype as i32,
+            m: a.batch as i32,
+            rows: a.rows as i32,
+            cols: a.cols as i32,
+            bits: a.bits as i32,
+            glen: a.group_len.max(1).min(i32::MAX as usize) as i32,
+            srs: a.scales_per_row.min(i32::MAX as usize) as i32,
+            qmul: a.qmul,
+            qbias: a.qbias,
+        }
+    }
+}
+
+/// The kernels' `E8Args`.
+#[repr(C)]
+pub(crate) struct E8Args {
+    packed: u64,
+    row_scales: u64,
+    xr: u64,
+    y: u64,
+    bias: u64,
+    ydtype: i32,
+    m: i32,
+    rows: i32,
+    words: i32,
+    bits: i32,
+}
+
+impl E8Args {
+    pub(crate) fn new(a: &E8Gemv) -> Self {
+        E8Args {
+            packed: a.packed,
+            row_scales: a.row_scales,
+            xr: a.xr,
+            y: a.y,
+            bias: a.bias,
+            ydtype: a.y_dtype as i32,
+            m: a.batch as i32,
+            rows: a.rows as i32,
+            words: a.words as i32,
+            bits: a.bits as i32,
+        }
+    }
+}
+
+/// A loaded module in a device's primary context.
+pub(crate) struct Module {
+    device: sys::CUdevice,
+    ctx: sys::CUcontext,
+    module: sys::CUmodule,
+    functions: Vec<sys::CUfunction>,
+}
+
+// SAFETY: driver handles may be used from any thread once their context is current; every
+// use below pushes the context first.
+unsafe impl Send for Module {}
+// SAFETY: as above; launches do not mutate the module.
+unsafe impl Sync for Module {}
+
+/// Makes `ctx` current for the scope.
+struct Pushed;
+
+impl Pushed {
+    fn new(ctx: sys::CUcontext) -> Result<Self> {
+        // SAFETY: `ctx` is a retained primary context.
+        check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
+        Ok(Pushed)
+    }
+}
+
+impl Drop for Pushed {
+    fn drop(&mut self) {
+        let mut old = std::ptr::null_mut();
+        // SAFETY: pops what `new` pushed.
+        unsafe { sys::cuCtxPopCurrent_v2(&mut old) };
+    }
+}
+
+impl Module {
+    pub(crate) fn load(ordinal: usize) -> Result<Self> {
+        // SAFETY: only probes for the driver library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::NoDevice(
+                "the CUDA driver library is not installed".into(),
+            ));
+        }
+        // SAFETY: plain driver calls with out-pointers to locals.
+        unsafe {
+            check("cuInit", sys::cuInit(0)).map_err(|e| CudaError::NoDevice(e.to_string()))?;
+            let mut count = 0;
+            check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut count))?;
+            if ordinal >= count.max(0) as usize {
+                return Err(CudaError::NoDevice(format!(
+                    "device {ordinal} asked, {count} present"
+                )));
+            }
+            let mut device = 0;
+            check("cuDeviceGet", sys::cuDeviceGet(&mut device, ordinal as i32))?;
+            let mut ctx = std::ptr::null_mut();
+            check(
+                "cuDevicePrimaryCtxRetain",
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, device),
+            )?;
+            let mut m = Module {
+                device,
+                ctx,
+                module: std::ptr::null_mut(),
+                functions: Vec::new(),
+            };
+            let _p = Pushed::new(ctx)?;
+            let ptx = CString::new(PTX).expect("the embedded PTX has no NUL");
+            check(
+                "cuModuleLoadData",
+                sys::cuModuleLoadData(&mut m.module, ptx.as_ptr() as *const c_void),
+            )?;
+            for name in FUNCTIONS {
+                let cname = CString::new(name).expect("kernel names have no NUL");
+                let mut f = std::ptr::null_mut();
+                check(
+                    "cuModuleGetFunction",
+                    sys::cuModuleGetFunction(&mut f, m.module, cname.as_ptr()),
+                )?;
+                m.functions.push(f);
+            }
+            Ok(m)
+        }
+    }
+
+    /// Launches function `f` on `stream` (a raw `CUstream`; 0 is the legacy default stream).
+    ///
+    /// # Safety
+    /// `params` point at values laid out as the kernel's parameters, whose device pointers
+    /// are valid for what the kernel reads and writes.
+    pub(crate) unsafe fn launch(
+        &self,
+        f: usize,
+        grid: (u32, u32),
+        block: u32,
+        shared: u32,
+        stream: u64,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let _p = Pushed::new(self.ctx)?;
+        // SAFETY: the function belongs to this module; the caller vouches for the parameters.
+        check("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(
+                self.functions[f],
+                grid.0,
+                grid.1,
+                1,
+                block,
+                1,
+                1,
+                shared,
+                stream as usize as sys::CUstream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: the module was loaded in this retained context; both are released once.
+        unsafe {
+            if !self.module.is_null() {
+                if let Ok(_p) = Pushed::new(self.ctx) {
+                    sys::cuModuleUnload(self.module);
+                }
+            }
+            sys::cuDevicePrimaryCtxRelease_v2(self.device);
+        }
+    }
+}

@@ -1,0 +1,75 @@
+// Shared helpers of the hypercodec kernels: activation loads and stores in f32/f16/bf16,
+// warp reductions. Dtype codes are those of `hypercodec_kernels_cuda::Dtype`.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define HC_F32 0
+#define HC_F16 1
+#define HC_BF16 2
+
+// Rows of activations a GEMV kernel keeps in registers (batch sizes above it run in passes).
+#define HC_MAX_M 8
+
+__device__ __forceinline__ float hc_load(const void* p, int dtype, long long i) {
+    if (dtype == HC_BF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    if (dtype == HC_F16) return __half2float(static_cast<const __half*>(p)[i]);
+    return static_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ void hc_store(void* p, int dtype, long long i, float v) {
+    if (dtype == HC_BF16) {
+        static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
+    } else if (dtype == HC_F16) {
+        static_cast<__half*>(p)[i] = __float2half(v);
+    } else {
+        static_cast<float*>(p)[i] = v;
+    }
+}
+
+// Eight consecutive activations from index `i` (a multiple of 8) as f32.
+__device__ __forceinline__ void hc_load8(const void* p, int dtype, long long i, float* out) {
+    if (dtype == HC_F32) {
+        const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+        float4 a = q[0], b = q[1];
+        out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+        out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+        return;
+    }
+    uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (dtype == HC_BF16) {
+            __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&w[k]);
+            float2 f = __bfloat1622float2(h);
+            out[2 * k] = f.x;
+            out[2 * k + 1] = f.y;
+        } else {
+            __half2 h = *reinterpret_cast<__half2*>(&w[k]);
+            float2 f = __half22float2(h);
+            out[2 * k] = f.x;
+            out[2 * k + 1] = f.y;
+        }
+    }
+}
+
+__device__ __forceinline__ float hc_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// splitmix64's output function (`hypercodec_lattice::rht::mix64`).
+__device__ __forceinline__ unsigned long long hc_mix64(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Whether position `j` of a row is negated by the RHT of `seed` (part of the format).
+__device__ __forceinline__ bool hc_rht_neg(unsigned long long seed, long long j) {
+    unsigned long long w = hc_mix64(seed + (unsigned long long)(j / 64 + 1) * 0x9E3779B97F4A7C15ull);
+    return (w >> (j % 64)) & 1ull;
+}

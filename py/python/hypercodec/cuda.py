@@ -1,0 +1,190 @@
+"""Compressed layers on CUDA tensors (requires torch; used by :class:`hypercodec.nn.HyperLinear`).
+
+A :class:`DeviceLinear` puts one layer's *stored* form on a GPU — affine codes or fixed-rate E8
+words exactly as the archive holds them, plus f32 scales — as PyTorch tensors (so
+``torch.cuda.memory_allocated`` counts every byte), and runs ``y = x·Wᵀ + b`` with hypercodec's
+CUDA kernels (PTX shipped in the wheel, loaded by the driver: nothing is compiled at import)
+on PyTorch's current stream, without synchronizing:
+
+- up to :data:`GEMV_MAX_BATCH` activation rows: a fused GEMV reading the codes once per 8 rows
+  (E8: after the activation's randomized Hadamard transform on the GPU);
+- larger batches: the weight is decoded to the activation dtype for the call, then
+  ``F.linear`` (cuBLAS) — transient memory of one dense weight;
+- forms without a kernel (entropy-coded or Z1/D4 lattice symbols, trellis, codebook, nested):
+  the documented *decode fallback* — the weight is decoded once on the host and kept on the
+  device in the activation dtype.
+
+    >>> import torch, hypercodec.nn as hnn
+    >>> lin = hnn.HyperLinear.from_linear(torch.nn.Linear(4096, 4096), "int4")  # doctest: +SKIP
+    >>> y = lin(torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16))      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import _native
+
+#: Activation rows up to which the fused GEMV runs (above: decode, then cuBLAS).
+GEMV_MAX_BATCH = 8
+
+_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_KERNELS: dict[int, _native.CudaKernels] = {}
+
+
+def kernels(device: torch.device | int) -> _native.CudaKernels:
+    """The kernels loaded on ``device`` (once per device); raises :class:`hypercodec.CudaError`
+    when there is no CUDA driver or device."""
+    index = torch.device("cuda", device).index if isinstance(device, int) else device.index
+    index = torch.cuda.current_device() if index is None else index
+    k = _KERNELS.get(index)
+    if k is None:
+        torch.cuda.init()  # the primary context the kernels load into is torch's
+        k = _KERNELS[index] = _native.CudaKernels(index)
+    return k
+
+
+def available() -> bool:
+    """True when torch sees a CUDA device and the kernels load on it."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        kernels(torch.cuda.current_device())
+    except _native.HypercodecError:
+        return False
+    return True
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+class DeviceLinear:
+    """One :class:`hypercodec.Linear` on one CUDA device (see the module docs)."""
+
+    def __init__(self, op: _native.Linear, device: torch.device) -> None:
+        self.rows, self.cols = op.rows, op.cols
+        self._op = op
+        self.device = device
+        self.kernels = kernels(device)
+        bias = op.bias
+        self.bias = None if bias is None else torch.from_numpy(np.asarray(bias, np.float32)).to(device)
+        form = op.device_form()
+        self.kind = "dense" if form is None else form["kind"]
+        self.dense: torch.Tensor | None = None
+        if form is None:
+            self.dense = torch.from_numpy(np.asarray(op.weight())).to(device)
+            return
+
+        def up(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+        if self.kind == "affine":
+            self.codes = up(form["codes"])
+            self.scales = up(form["scales"])
+            self.offsets = up(form["offsets"]) if len(form["offsets"]) else None
+            self.args = {
+                "codes": _ptr(self.codes),
+                "code_bytes": self.codes.numel(),
+                "scales": _ptr(self.scales),
+                "offsets": _ptr(self.offsets),
+                "bias": _ptr(self.bias),
+                "rows": self.rows,
+                "cols": self.cols,
+                "bits": form["bits"],
+                "group_len": form["group_len"],
+                "scales_per_row": form["scales_per_row"],
+                "qmul": form["qmul"],
+                "qbias": form["qbias"],
+            }
+        else:
+            self.packed = up(form["packed"])
+            self.row_scales = up(form["row_scales"])
+            self.words, self.tile, self.seed = form["words"], form["tile"], form["seed"]
+            self.args = {
+                "packed": _ptr(self.packed),
+                "row_scales": _ptr(self.row_scales),
+                "bias": _ptr(self.bias),
+                "rows": self.rows,
+                "words": self.words,
+                "bits": form["bits"],
+            }
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight decoded (on the host, once) and kept on the device in ``dtype``: the
+        decode fallback of convolutions that are not 1×1."""
+        if self.dense is None or self.dense.dtype != dtype:
+            self.dense = torch.from_numpy(np.asarray(self._op.weight())).to(self.device, dtype)
+        return self.dense
+
+    @property
+    def held_bytes(self) -> int:
+        """Device bytes this layer holds."""
+        ts = [self.bias, self.dense]
+        if self.kind == "affine":
+            ts += [self.codes, self.scales, self.offsets]
+        elif self.kind == "e8":
+            ts += [self.packed, self.row_scales]
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+    def route(self, batch: int) -> str:
+        """The route a batch of ``batch`` rows takes."""
+        if self.kind == "dense":
+            return "cuda-decode-fallback+linear"
+        if batch <= GEMV_MAX_BATCH:
+            return f"cuda-{self.kind}-gemv"
+        return f"cuda-{self.kind}-decode+linear"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``y = x·Wᵀ + b`` for ``x`` of shape ``(..., cols)`` on this device; the output has
+        ``x``'s dtype (f32, f16 or bf16; other dtypes compute in f32)."""
+        if x.shape[-1] != self.cols:
+            raise _native.InvalidInputError(f"x has shape {tuple(x.shape)}; its last dimension must be {self.cols}")
+        lead = x.shape[:-1]
+        dt = x.dtype if x.dtype in _DTYPES else torch.float32
+        x2 = x.reshape(-1, self.cols).to(device=self.device, dtype=dt).contiguous()
+        m = x2.shape[0]
+        code = _DTYPES[dt]
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        if self.kind == "dense":
+            if self.dense.dtype != dt:
+                self.dense = self.dense.to(dt)
+            b = None if self.bias is None else self.bias.to(dt)
+            y = torch.nn.functional.linear(x2, self.dense, b)
+        elif self.kind == "affine":
+            args = dict(self.args, x=_ptr(x2), x_dtype=code, batch=m)
+            if m <= GEMV_MAX_BATCH:
+                y = torch.empty(m, self.rows, dtype=dt, device=self.device)
+                self.kernels.affine_gemv(dict(args, y=_ptr(y), y_dtype=code), stream)
+            else:
+                w = torch.empty(self.rows, self.cols, dtype=dt, device=self.device)
+                self.kernels.affine_decode(dict(args, y=_ptr(w), y_dtype=code), _ptr(w), code, stream)
+                b = None if self.bias is None else self.bias.to(dt)
+                y = torch.nn.functional.linear(x2, w, b)
+        else:
+            width = 8 * self.words
+            xr = torch.empty(m, width, dtype=torch.float32, device=self.device)
+            self.kernels.rht(
+                {
+                    "x": _ptr(x2),
+                    "x_dtype": code,
+                    "out": _ptr(xr),
+                    "batch": m,
+                    "cols": self.cols,
+                    "width": width,
+                    "tile": self.tile,
+                    "seed": self.seed,
+                },
+                stream,
+            )
+            args = dict(self.args, xr=_ptr(xr), batch=m)
+            if m <= GEMV_MAX_BATCH:
+                y = torch.empty(m, self.rows, dtype=dt, device=self.device)
+                self.kernels.e8_gemv(dict(args, y=_ptr(y), y_dtype=code), stream)
+            else:
+                w = torch.empty(self.rows, width, dtype=dt, device=self.device)
+                self.kernels.e8_decode(dict(args, y=_ptr(w), y_dtype=code), _ptr(w), code, stream)
+                b = None if self.bias is None else self.bias.to(dt)
+                y = torch.nn.functional.linear(xr.to(dt), w, b)
+        return y.reshape(*lead, self.rows).to(x.dtype) if dt != x.dtype else y.reshape(*lead, self.rows)

@@ -1,0 +1,151 @@
+//! The CUDA launches of the wheel: device pointers in (PyTorch's tensors' `data_ptr()`), the
+//! kernels of `hypercodec-kernels-cuda` launched on the caller's stream. The buffers belong to
+//! PyTorch; this module only validates shapes and launches.
+
+use crate::{CudaError as PyCudaError, InvalidInputError};
+use hypercodec_kernels_cuda::{AffineGemv, CudaError, Dtype, E8Gemv, Kernels, RhtArgs};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+fn cuda_err(e: CudaError) -> PyErr {
+    match e {
+        CudaError::InvalidArgument(_) => InvalidInputError::new_err(e.to_string()),
+        _ => PyCudaError::new_err(e.to_string()),
+    }
+}
+
+fn get<'py, T: FromPyObjectOwned<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
+    d.get_item(key)?
+        .ok_or_else(|| InvalidInputError::new_err(format!("kernel argument `{key}` missing")))?
+        .extract::<T>()
+        .map_err(|e| {
+            let e: PyErr = e.into();
+            InvalidInputError::new_err(format!("kernel argument `{key}`: {e}"))
+        })
+}
+
+fn dtype(code: i32) -> PyResult<Dtype> {
+    Ok(match code {
+        0 => Dtype::F32,
+        1 => Dtype::F16,
+        2 => Dtype::Bf16,
+        _ => return Err(InvalidInputError::new_err(format!("dtype code {code}"))),
+    })
+}
+
+fn affine(d: &Bound<'_, PyDict>) -> PyResult<AffineGemv> {
+    Ok(AffineGemv {
+        codes: get(d, "codes")?,
+        code_bytes: get(d, "code_bytes")?,
+        scales: get(d, "scales")?,
+        offsets: get(d, "offsets")?,
+        x: get(d, "x")?,
+        x_dtype: dtype(get(d, "x_dtype")?)?,
+        y: get(d, "y")?,
+        y_dtype: dtype(get(d, "y_dtype")?)?,
+        bias: get(d, "bias")?,
+        batch: get(d, "batch")?,
+        rows: get(d, "rows")?,
+        cols: get(d, "cols")?,
+        bits: get(d, "bits")?,
+        group_len: get(d, "group_len")?,
+        scales_per_row: get(d, "scales_per_row")?,
+        qmul: get(d, "qmul")?,
+        qbias: get(d, "qbias")?,
+    })
+}
+
+fn e8(d: &Bound<'_, PyDict>) -> PyResult<E8Gemv> {
+    Ok(E8Gemv {
+        packed: get(d, "packed")?,
+        row_scales: get(d, "row_scales")?,
+        xr: get(d, "xr")?,
+        y: get(d, "y")?,
+        y_dtype: dtype(get(d, "y_dtype")?)?,
+        bias: get(d, "bias")?,
+        batch: get(d, "batch")?,
+        rows: get(d, "rows")?,
+        words: get(d, "words")?,
+        bits: get(d, "bits")?,
+    })
+}
+
+/// The hypercodec CUDA kernels loaded on one device (in its primary context, the one PyTorch
+/// uses). Methods take a dict of device pointers (`tensor.data_ptr()`), shapes and dtype codes
+/// (0 f32, 1 f16, 2 bf16) and a raw stream (`torch.cuda.current_stream().cuda_stream`); they
+/// launch without synchronizing. `hypercodec.cuda` builds these dicts from tensors; the
+/// pointers must be device memory of the sizes stated, which this class cannot check.
+#[pyclass(module = "hypercodec._native", frozen)]
+pub(crate) struct CudaKernels {
+    k: Kernels,
+}
+
+#[pymethods]
+impl CudaKernels {
+    /// Loads the kernels on device `device`; raises `CudaError` when this wheel or machine has
+    /// no CUDA (no driver, no such device).
+    #[new]
+    fn new(device: usize) -> PyResult<Self> {
+        Ok(CudaKernels {
+            k: Kernels::new(device).map_err(cuda_err)?,
+        })
+    }
+
+    /// `out = RHT(x)` (keys: x, x_dtype, out, batch, cols, width, tile, seed).
+    fn rht(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = RhtArgs {
+            x: get(args, "x")?,
+            x_dtype: dtype(get(args, "x_dtype")?)?,
+            out: get(args, "out")?,
+            batch: get(args, "batch")?,
+            cols: get(args, "cols")?,
+            width: get(args, "width")?,
+            tile: get(args, "tile")?,
+            seed: get(args, "seed")?,
+        };
+        // SAFETY: the caller passes device tensors of the stated sizes (`hypercodec.cuda`).
+        unsafe { self.k.rht(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// The affine GEMV (keys: codes, code_bytes, scales, offsets, x, x_dtype, y, y_dtype, bias,
+    /// batch, rows, cols, bits, group_len, scales_per_row, qmul, qbias; 0 for a null pointer).
+    fn affine_gemv(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = affine(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.affine_gemv(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// The affine weight decoded into `out` (`rows × cols` of dtype code `out_dtype`).
+    fn affine_decode(
+        &self,
+        args: &Bound<'_, PyDict>,
+        out: u64,
+        out_dtype: i32,
+        stream: u64,
+    ) -> PyResult<()> {
+        let a = affine(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.affine_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
+    }
+
+    /// The fixed-rate E8 GEMV (keys: packed, row_scales, xr, y, y_dtype, bias, batch, rows,
+    /// words, bits).
+    fn e8_gemv(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = e8(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.e8_gemv(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// The scaled E8 points (rotated domain) decoded into `out` (`rows × 8·words`).
+    fn e8_decode(
+        &self,
+        args: &Bound<'_, PyDict>,
+        out: u64,
+        out_dtype: i32,
+        stream: u64,
+    ) -> PyResult<()> {
+        let a = e8(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.e8_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
+    }
+}
