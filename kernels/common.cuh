@@ -9,8 +9,9 @@
 #define HC_F16 1
 #define HC_BF16 2
 
-// Rows of activations a GEMV kernel keeps in registers (batch sizes above it run in passes).
-#define HC_MAX_M 8
+// Rows of activations the generic GEMV keeps in registers (the host runs larger batches in
+// passes of MAX_GEMV_BATCH = 4).
+#define HC_MAX_M 4
 
 __device__ __forceinline__ float hc_load(const void* p, int dtype, long long i) {
     if (dtype == HC_BF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);

@@ -10,6 +10,7 @@
 //   x' = RHT(x) (zero-padded to 8·words) and multiplied by the row's scale.
 // Every kernel runs one warp per weight row unless its comment says otherwise.
 #include "common.cuh"
+#include <type_traits>
 
 // ---------------------------------------------------------------------------------------
 // Activation RHT: out[m, :] = RHT(x[m, :cols]) in f32, zero-padded to `width`.
@@ -57,77 +58,132 @@ struct AffineArgs {
     int xdtype, ydtype;
     int M, rows, cols, bits, glen, srs;
     float qmul, qbias;
+    int glen_log2;  // log2(glen) when a power of two, else -1
 };
 
-__device__ __forceinline__ void hc_affine_finish(const AffineArgs& a, int r, float* acc) {
-    const int lane = threadIdx.x & 31;
-    float b = a.bias ? a.bias[r] : 0.f;
+// Weight rows a warp of the GEMVs computes at once (the activation is loaded once for them):
+// 4 for a single activation row, 2 for batch tiles of 4 (the registers hold R × M sums).
+#define HC_R(M) ((M) == 1 ? 4 : 2)
+
+// A code of up to 23 bits as f32 without the quarter-rate I2F: 2^23 + q is exact, then
+// subtracting 2^23 is exact too.
+__device__ __forceinline__ float hc_u2f(uint32_t q) {
+    return __int_as_float(0x4B000000u | q) - 8388608.f;
+}
+
+// The 32 codes of one chunk (4·BITS bytes) as BITS 32-bit words.
+template <int BITS>
+__device__ __forceinline__ void hc_load_chunk(const uint8_t* p, uint32_t* w) {
+    if (BITS == 2) {
+        uint2 v = *reinterpret_cast<const uint2*>(p);
+        w[0] = v.x; w[1] = v.y;
+    } else if (BITS == 4) {
+        uint4 v = *reinterpret_cast<const uint4*>(p);
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    } else {
+        uint4 v = reinterpret_cast<const uint4*>(p)[0], u = reinterpret_cast<const uint4*>(p)[1];
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+        w[4] = u.x; w[5] = u.y; w[6] = u.z; w[7] = u.w;
+    }
+}
+
+// Sums acc[R][MT] over the block (warp shuffles, then shared memory) and stores row r0 + r of
+// output m as sc[r]·sum + bias (rows past `rows` and batch rows past `M` are skipped).
+template <int R, int MT>
+__device__ __forceinline__ void hc_block_store(float (&acc)[R][MT], const float* sc, int r0, int rows, int M,
+                                               const float* bias, void* y, int ydtype) {
+    __shared__ float part[8][R * MT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
 #pragma unroll
-    for (int m = 0; m < HC_MAX_M; m++) {
-        if (m < a.M) {
-            float v = hc_warp_sum(acc[m]);
-            if (lane == 0) hc_store(a.y, a.ydtype, (long long)m * a.rows + r, v + b);
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            const float v = hc_warp_sum(acc[r][m]);
+            if (lane == 0) part[warp][r * MT + m] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < R * MT) {
+        const int r = threadIdx.x / MT, m = threadIdx.x % MT;
+        if (r0 + r < rows && m < M) {
+            float v = 0.f;
+            for (int w = 0; w < warps; w++) v += part[w][threadIdx.x];
+            hc_store(y, ydtype, (long long)m * rows + r0 + r, sc[r] * v + (bias ? bias[r0 + r] : 0.f));
         }
     }
 }
 
-// Codes of 2, 4 or 8 bits whose rows and groups hold whole 16-byte chunks (cols and glen
-// multiples of VALS = 128 / BITS): each lane takes a chunk at a time.
-template <int BITS>
-__device__ __forceinline__ void hc_affine_aligned(const AffineArgs& a) {
-    constexpr int VALS = 128 / BITS;
+// Codes of 2, 4 or 8 bits whose rows and groups hold whole chunks of 32 values (cols and
+// glen multiples of 32): a block computes HC_R(MT) rows, its threads splitting the columns a
+// chunk at a time; a chunk's activations are loaded once for all those rows.
+template <int BITS, int MT>
+__device__ __forceinline__ void hc_affine_rows(const AffineArgs& a) {
+    constexpr int R = HC_R(MT);
     constexpr int PER_WORD = 32 / BITS;
     constexpr uint32_t MASK = (1u << BITS) - 1;
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (warp >= a.rows) return;
-    const int r = warp;
-    const int chunks = a.cols / VALS;
-    const uint4* row = reinterpret_cast<const uint4*>(a.codes + (long long)r * a.cols * BITS / 8);
-    float acc[HC_MAX_M];
+    const int r0 = blockIdx.x * R;
+    const int chunks = a.cols >> 5;
+    const long long row_bytes = (long long)a.cols * BITS / 8;
+    float acc[R][MT];
 #pragma unroll
-    for (int m = 0; m < HC_MAX_M; m++) acc[m] = 0.f;
-    for (int c = lane; c < chunks; c += 32) {
-        const uint4 q4 = row[c];
-        const uint32_t w[4] = {q4.x, q4.y, q4.z, q4.w};
-        const int j0 = c * VALS;
-        const int si = a.srs ? r * a.srs + j0 / a.glen : 0;
-        const float sc = a.scales[si];
-        const float lo = a.offsets ? a.offsets[si] : 0.f;
+    for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int m = 0; m < HC_MAX_M; m++) {
-            if (m < a.M) {
-                float dq = 0.f, sx = 0.f;
+        for (int m = 0; m < MT; m++) acc[r][m] = 0.f;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        const int j0 = c << 5;
+        const int g = a.srs ? (a.glen_log2 >= 0 ? j0 >> a.glen_log2 : j0 / a.glen) : 0;
+        uint32_t w[R][BITS];
+        float sc[R], lo[R];
 #pragma unroll
-                for (int k = 0; k < VALS / 8; k++) {
-                    float xv[8];
-                    hc_load8(a.x, a.xdtype, (long long)m * a.cols + j0 + 8 * k, xv);
+        for (int r = 0; r < R; r++) {
+            if (r0 + r < a.rows) {
+                hc_load_chunk<BITS>(a.codes + (r0 + r) * row_bytes + (long long)c * 4 * BITS, w[r]);
+                const int si = a.srs ? (r0 + r) * a.srs + g : 0;
+                sc[r] = a.scales[si];
+                lo[r] = a.offsets ? a.offsets[si] : 0.f;
+            } else {
 #pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        const int v = 8 * k + i;
-                        const uint32_t q = (w[v / PER_WORD] >> (BITS * (v % PER_WORD))) & MASK;
-                        dq = fmaf((float)q, xv[i], dq);
-                        sx += xv[i];
+                for (int k = 0; k < BITS; k++) w[r][k] = 0;
+                sc[r] = 0.f;
+                lo[r] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (MT == 1 || m < a.M) {
+                float xv[32];
+#pragma unroll
+                for (int k = 0; k < 4; k++) hc_load8(a.x, a.xdtype, (long long)m * a.cols + j0 + 8 * k, xv + 8 * k);
+                float sx = 0.f;
+#pragma unroll
+                for (int i = 0; i < 32; i++) sx += xv[i];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float dq = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 32; i++) {
+                        const uint32_t q = (w[r][i / PER_WORD] >> (BITS * (i % PER_WORD))) & MASK;
+                        dq = fmaf(hc_u2f(q), xv[i], dq);
                     }
+                    acc[r][m] += sc[r] * (a.qmul * dq - a.qbias * sx) + lo[r] * sx;
                 }
-                acc[m] += sc * (a.qmul * dq - a.qbias * sx) + lo * sx;
             }
         }
     }
-    hc_affine_finish(a, r, acc);
+    float ones[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) ones[r] = 1.f;
+    hc_block_store<R, MT>(acc, ones, r0, a.rows, a.M, a.bias, a.y, a.ydtype);
 }
 
-// Any bits (1..8) and any alignment: values read from the bit stream one at a time.
+// Any bits (1..8) and any alignment: a block per row, values read from the bit stream one at
+// a time.
 __device__ __forceinline__ void hc_affine_generic(const AffineArgs& a) {
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (warp >= a.rows) return;
-    const int r = warp;
+    const int r = blockIdx.x;
     const uint32_t mask = (1u << a.bits) - 1;
-    float acc[HC_MAX_M];
+    float acc[1][HC_MAX_M];
 #pragma unroll
-    for (int m = 0; m < HC_MAX_M; m++) acc[m] = 0.f;
-    for (int j = lane; j < a.cols; j += 32) {
+    for (int m = 0; m < HC_MAX_M; m++) acc[0][m] = 0.f;
+    for (int j = threadIdx.x; j < a.cols; j += blockDim.x) {
         const long long off = ((long long)r * a.cols + j) * a.bits;
         const long long b = off >> 3;
         uint32_t v = a.codes[b];
@@ -139,37 +195,48 @@ __device__ __forceinline__ void hc_affine_generic(const AffineArgs& a) {
         const float wv = sc * (a.qmul * q - a.qbias) + lo;
 #pragma unroll
         for (int m = 0; m < HC_MAX_M; m++) {
-            if (m < a.M) acc[m] = fmaf(wv, hc_load(a.x, a.xdtype, (long long)m * a.cols + j), acc[m]);
+            if (m < a.M) acc[0][m] = fmaf(wv, hc_load(a.x, a.xdtype, (long long)m * a.cols + j), acc[0][m]);
         }
     }
-    hc_affine_finish(a, r, acc);
+    const float one[1] = {1.f};
+    hc_block_store<1, HC_MAX_M>(acc, one, r, a.rows, a.M, a.bias, a.y, a.ydtype);
 }
 
-// `path`: 0 generic, 2/4/8 the aligned kernel of that many bits (chosen by the host).
-extern "C" __global__ void hc_affine_gemv(AffineArgs a, int path) {
-    switch (path) {
-        case 2: hc_affine_aligned<2>(a); break;
-        case 4: hc_affine_aligned<4>(a); break;
-        case 8: hc_affine_aligned<8>(a); break;
-        default: hc_affine_generic(a); break;
-    }
-}
+// One kernel per (bits, batch tile) so each gets its own register allocation:
+// hc_affine_gemv_b{2,4,8}_m{1,4} (aligned, HC_R(M) rows per warp) and
+// hc_affine_gemv_generic (one row per warp), as the host chooses.
+#define HC_AFFINE(B, M) \
+    extern "C" __global__ void __launch_bounds__(256) hc_affine_gemv_b##B##_m##M(AffineArgs a) { hc_affine_rows<B, M>(a); }
+#define HC_AFFINE_M(B) HC_AFFINE(B, 1) HC_AFFINE(B, 4)
+HC_AFFINE_M(2)
+HC_AFFINE_M(4)
+HC_AFFINE_M(8)
 
-// The dense weight ŵ (rows × cols, `odtype`), one thread per value.
+extern "C" __global__ void __launch_bounds__(256) hc_affine_gemv_generic(AffineArgs a) { hc_affine_generic(a); }
+
+// The dense weight ŵ (rows × cols, `odtype`), one thread per 8 values of a row.
 extern "C" __global__ void hc_affine_decode(AffineArgs a, void* __restrict__ out, int odtype) {
-    const long long n = (long long)a.rows * a.cols;
+    const int c8 = (a.cols + 7) >> 3;
+    const long long n = (long long)a.rows * c8;
     const uint32_t mask = (1u << a.bits) - 1;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
          k += (long long)gridDim.x * blockDim.x) {
-        const int r = (int)(k / a.cols), j = (int)(k % a.cols);
-        const long long off = k * a.bits;
-        const long long b = off >> 3;
-        uint32_t v = a.codes[b];
-        if (b + 1 < a.n_code_bytes) v |= (uint32_t)a.codes[b + 1] << 8;
-        const float q = (float)((v >> (off & 7)) & mask);
-        const int si = a.srs ? r * a.srs + j / a.glen : 0;
-        const float lo = a.offsets ? a.offsets[si] : 0.f;
-        hc_store(out, odtype, k, a.scales[si] * (a.qmul * q - a.qbias) + lo);
+        const int r = (int)(k / c8);
+        const int j0 = (int)(k - (long long)r * c8) * 8;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int j = j0 + i;
+            if (j >= a.cols) break;
+            const long long off = ((long long)r * a.cols + j) * a.bits;
+            const long long b = off >> 3;
+            uint32_t v = a.codes[b];
+            if (b + 1 < a.n_code_bytes) v |= (uint32_t)a.codes[b + 1] << 8;
+            const float q = hc_u2f((v >> (off & 7)) & mask);
+            const int g = a.glen_log2 >= 0 ? j >> a.glen_log2 : j / a.glen;
+            const int si = a.srs ? r * a.srs + g : 0;
+            const float lo = a.offsets ? a.offsets[si] : 0.f;
+            hc_store(out, odtype, (long long)r * a.cols + j, a.scales[si] * (a.qmul * q - a.qbias) + lo);
+        }
     }
 }
 
@@ -180,102 +247,184 @@ struct E8Args {
     const uint8_t* packed;
     const float* row_scales;  // the stored row scale divided by α
     const float* xr;          // RHT(x), M × 8·words, f32
+    const float* half;        // ½·Σ of each word's 8 coordinates of xr, M × words
     void* y;
     const float* bias;
     int ydtype;
     int M, rows, words, bits;
 };
 
-// ⟨point, x'⟩ of one word given its symbols' bit field `v` (B bits per symbol).
-template <int B>
-__device__ __forceinline__ float hc_e8_word_dot(unsigned long long v, const float* xw) {
-    constexpr unsigned long long MASK = (1ull << B) - 1;
-    constexpr int H = 1 << (B - 1);
-    const int s0 = (int)(v & MASK);
-    const float half = (s0 & 1) ? 0.5f : 0.f;
-    int p = 0;
-    float d = 0.f, sx = 0.f;
-#pragma unroll
-    for (int i = 1; i < 8; i++) {
-        const int s = (int)((v >> (i * B)) & MASK) - H;
-        p += s;
-        d = fmaf((float)s, xw[i - 1], d);
-        sx += xw[i - 1];
+// half[k] = ½·Σ xr[8k .. 8k+8], one thread per word (of all M rows).
+extern "C" __global__ void hc_e8_halves(const float* __restrict__ xr, float* __restrict__ half, long long n) {
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (long long)gridDim.x * blockDim.x) {
+        const float4* p = reinterpret_cast<const float4*>(xr + 8 * k);
+        const float4 u = p[0], v = p[1];
+        half[k] = 0.5f * ((u.x + u.y) + (u.z + u.w) + (v.x + v.y) + (v.z + v.w));
     }
-    const int last = (s0 & ~1) - H + (p & 1);
-    d = fmaf((float)last, xw[7], d);
-    sx += xw[7];
-    return fmaf(half, sx, d);
 }
 
+// ⟨point, x'⟩ of one word from its symbols' bit field `v` (B bits per symbol), its 8
+// activations and their half sum: Σ_{i=1..7} sym_i·x_{i−1} + ((s0 & ~1) + parity)·x_7
+// + (c − 2h)·half, h = 2^(B−1) (see `hypercodec_lattice::Lattice::decode_word_fixed`).
+template <int B, typename W>
+__device__ __forceinline__ float hc_e8_word(W v, const float* xw, float hf) {
+    constexpr W MASK = (W(1) << B) - 1;
+    constexpr int H = 1 << (B - 1);
+    W lsbs = 0;
+#pragma unroll
+    for (int i = 1; i < 8; i++) lsbs |= W(1) << (i * B);
+    const uint32_t s0 = (uint32_t)(v & MASK);
+    float d = 0.f;
+#pragma unroll
+    for (int i = 1; i < 8; i++) d = fmaf(hc_u2f((uint32_t)((v >> (i * B)) & MASK)), xw[i - 1], d);
+    const uint32_t par = (sizeof(W) == 8 ? __popcll((unsigned long long)(v & lsbs)) : __popc((uint32_t)(v & lsbs))) & 1;
+    d = fmaf(hc_u2f((s0 & ~1u) + par), xw[7], d);
+    return fmaf((s0 & 1) ? (1.f - 2.f * H) : (-2.f * H), hf, d);
+}
+
+// Four consecutive words of a row (4·B bytes, 4-byte aligned) as B 32-bit words, and word k
+// of them.
 template <int B>
-__device__ __forceinline__ void hc_e8_gemv_t(const E8Args& a) {
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (warp >= a.rows) return;
-    const int r = warp;
+__device__ __forceinline__ void hc_e8_load4(const uint8_t* p, uint32_t* g) {
+    if (B == 2) {
+        uint2 v = *reinterpret_cast<const uint2*>(p);
+        g[0] = v.x; g[1] = v.y;
+    } else if (B == 4) {
+        uint4 v = *reinterpret_cast<const uint4*>(p);
+        g[0] = v.x; g[1] = v.y; g[2] = v.z; g[3] = v.w;
+    } else if (B == 8) {
+        uint4 v = reinterpret_cast<const uint4*>(p)[0], u = reinterpret_cast<const uint4*>(p)[1];
+        g[0] = v.x; g[1] = v.y; g[2] = v.z; g[3] = v.w;
+        g[4] = u.x; g[5] = u.y; g[6] = u.z; g[7] = u.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < B; i++) g[i] = reinterpret_cast<const uint32_t*>(p)[i];
+    }
+}
+
+template <int B, typename W>
+__device__ __forceinline__ W hc_e8_word_of(const uint32_t* g, int k) {
+    constexpr int BITS = 8 * B;
+    const int s = BITS * k;
+    if (B == 4) return (W)g[k];
+    if (B == 8) return (W)(((unsigned long long)g[2 * k + 1] << 32) | g[2 * k]);
+    if (B == 7) {
+        // A 56-bit field may span three 32-bit words.
+        const int i = s >> 5, sh = s & 31;
+        unsigned long long lo = ((unsigned long long)g[i + 1] << 32) | g[i];
+        unsigned long long v = lo >> sh;
+        if (sh + BITS > 64) v |= (unsigned long long)g[i + 2] << (64 - sh);
+        return (W)(v & ((1ull << BITS) - 1));
+    }
+    const int i = s >> 5, sh = s & 31;
+    const unsigned long long hi = (i + 1 < B) ? g[i + 1] : 0u;
+    const unsigned long long v = ((hi << 32) | g[i]) >> sh;
+    return (W)(v & ((1ull << BITS) - 1));
+}
+
+// A block computes HC_R(MT) rows, its threads splitting the columns in groups of 4 words (the
+// host sends rows of another word count to ..._any); a group's activations are loaded once
+// for all those rows.
+template <int B, int MT>
+__device__ __forceinline__ void hc_e8_rows(const E8Args& a) {
+    typedef typename std::conditional<(B <= 4), uint32_t, unsigned long long>::type W;
+    constexpr int R = HC_R(MT);
+    const int r0 = blockIdx.x * R;
     const long long width = 8ll * a.words;
-    const uint8_t* row = a.packed + (long long)r * a.words * B;
-    float acc[HC_MAX_M];
+    const long long row_bytes = (long long)a.words * B;
+    const int groups = a.words >> 2;
+    float acc[R][MT];
 #pragma unroll
-    for (int m = 0; m < HC_MAX_M; m++) acc[m] = 0.f;
-    if (B == 4 && (a.words & 3) == 0) {
-        // Four words (16 bytes) per lane and step.
-        const uint4* row4 = reinterpret_cast<const uint4*>(row);
-        for (int c = lane; c < a.words / 4; c += 32) {
-            const uint4 q = row4[c];
-            const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int m = 0; m < HC_MAX_M; m++) {
-                if (m < a.M) {
+        for (int m = 0; m < MT; m++) acc[r][m] = 0.f;
+    for (int gi = threadIdx.x; gi < groups; gi += blockDim.x) {
+        uint32_t g[R][B];
 #pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const float4* xp = reinterpret_cast<const float4*>(a.xr + m * width + 8ll * (4 * c + k));
-                        const float4 x0 = xp[0], x1 = xp[1];
-                        const float xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                        acc[m] += hc_e8_word_dot<B>(w[k], xw);
-                    }
-                }
+        for (int r = 0; r < R; r++) {
+            if (r0 + r < a.rows) {
+                hc_e8_load4<B>(a.packed + (r0 + r) * row_bytes + (long long)gi * 4 * B, g[r]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < B; i++) g[r][i] = 0;
             }
         }
-    } else {
-        for (int wi = lane; wi < a.words; wi += 32) {
-            unsigned long long v = 0;
 #pragma unroll
-            for (int i = 0; i < B; i++) v |= (unsigned long long)row[(long long)wi * B + i] << (8 * i);
+        for (int m = 0; m < MT; m++) {
+            if (MT == 1 || m < a.M) {
+                const float4 hf4 = *reinterpret_cast<const float4*>(a.half + (long long)m * a.words + 4 * gi);
+                const float hf[4] = {hf4.x, hf4.y, hf4.z, hf4.w};
 #pragma unroll
-            for (int m = 0; m < HC_MAX_M; m++) {
-                if (m < a.M) {
-                    const float4* xp = reinterpret_cast<const float4*>(a.xr + m * width + 8ll * wi);
+                for (int k = 0; k < 4; k++) {
+                    const float4* xp = reinterpret_cast<const float4*>(a.xr + m * width + 8ll * (4 * gi + k));
                     const float4 x0 = xp[0], x1 = xp[1];
                     const float xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                    acc[m] += hc_e8_word_dot<B>(v, xw);
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[r][m] += hc_e8_word<B, W>(hc_e8_word_of<B, W>(g[r], k), xw, hf[k]);
                 }
             }
         }
     }
-    const float sc = a.row_scales[r];
-    const float b = a.bias ? a.bias[r] : 0.f;
+    float sc[R];
 #pragma unroll
-    for (int m = 0; m < HC_MAX_M; m++) {
-        if (m < a.M) {
-            float v = hc_warp_sum(acc[m]);
-            if (lane == 0) hc_store(a.y, a.ydtype, (long long)m * a.rows + r, sc * v + b);
+    for (int r = 0; r < R; r++) sc[r] = r0 + r < a.rows ? a.row_scales[r0 + r] : 0.f;
+    hc_block_store<R, MT>(acc, sc, r0, a.rows, a.M, a.bias, a.y, a.ydtype);
+}
+
+// Rows whose word count is not a multiple of 4 (or unaligned words): a block per row, one word
+// per thread at a time, up to HC_MAX_M activation rows.
+template <int B>
+__device__ __forceinline__ void hc_e8_any(const E8Args& a) {
+    typedef typename std::conditional<(B <= 4), uint32_t, unsigned long long>::type W;
+    const int r = blockIdx.x;
+    const long long width = 8ll * a.words;
+    const uint8_t* row = a.packed + (long long)r * a.words * B;
+    float acc[1][HC_MAX_M];
+#pragma unroll
+    for (int m = 0; m < HC_MAX_M; m++) acc[0][m] = 0.f;
+    for (int wi = threadIdx.x; wi < a.words; wi += blockDim.x) {
+        W v = 0;
+#pragma unroll
+        for (int i = 0; i < B; i++) v |= (W)row[(long long)wi * B + i] << (8 * i);
+#pragma unroll
+        for (int m = 0; m < HC_MAX_M; m++) {
+            if (m < a.M) {
+                const float* xp = a.xr + m * width + 8ll * wi;
+                float xw[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) xw[i] = xp[i];
+                acc[0][m] += hc_e8_word<B, W>(v, xw, a.half[(long long)m * a.words + wi]);
+            }
         }
+    }
+    const float sc[1] = {a.row_scales[r]};
+    hc_block_store<1, HC_MAX_M>(acc, sc, r, a.rows, a.M, a.bias, a.y, a.ydtype);
+}
+
+extern "C" __global__ void __launch_bounds__(256) hc_e8_gemv_any(E8Args a) {
+    switch (a.bits) {
+        case 2: hc_e8_any<2>(a); break;
+        case 3: hc_e8_any<3>(a); break;
+        case 4: hc_e8_any<4>(a); break;
+        case 5: hc_e8_any<5>(a); break;
+        case 6: hc_e8_any<6>(a); break;
+        case 7: hc_e8_any<7>(a); break;
+        default: hc_e8_any<8>(a); break;
     }
 }
 
-extern "C" __global__ void hc_e8_gemv(E8Args a) {
-    switch (a.bits) {
-        case 2: hc_e8_gemv_t<2>(a); break;
-        case 3: hc_e8_gemv_t<3>(a); break;
-        case 4: hc_e8_gemv_t<4>(a); break;
-        case 5: hc_e8_gemv_t<5>(a); break;
-        case 6: hc_e8_gemv_t<6>(a); break;
-        case 7: hc_e8_gemv_t<7>(a); break;
-        default: hc_e8_gemv_t<8>(a); break;
-    }
-}
+// hc_e8_gemv_b{2..8}_m{1,4}: one kernel per (bits, batch tile).
+#define HC_E8(B, M) \
+    extern "C" __global__ void __launch_bounds__(256) hc_e8_gemv_b##B##_m##M(E8Args a) { hc_e8_rows<B, M>(a); }
+#define HC_E8_M(B) HC_E8(B, 1) HC_E8(B, 4)
+HC_E8_M(2)
+HC_E8_M(3)
+HC_E8_M(4)
+HC_E8_M(5)
+HC_E8_M(6)
+HC_E8_M(7)
+HC_E8_M(8)
 
 // The scaled lattice points in the rotated domain (rows × 8·words, `odtype`): y = x'·outᵀ.
 // One thread per word.

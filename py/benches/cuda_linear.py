@@ -8,7 +8,7 @@ batches 1, 3, 8 and 17; f32, f16 and bf16 activations; a 1×1 and a 3×3 convolu
 ``hypercodec.Linear.forward`` on the host (the CPU runtime, itself checked against the f64
 reference in the Rust tests) and prints the worst relative error per case.
 
-Part 2 times ``y = x·Wᵀ`` at batch 1 and 16 for each size: PyTorch's bf16 ``F.linear``, its
+Part 2 times ``y = x·Wᵀ`` at batch 1, 4, 16 and 64 for each size (both our routes from 16): PyTorch's bf16 ``F.linear``, its
 int4 weight-only kernel (``_weight_int4pack_mm``, groups of 128) where it runs, and ours.
 Each timing is the median over 5 repetitions of ``--iters`` back-to-back calls captured in a
 CUDA graph (so Python's launch overhead is not counted, for peers and us alike), CUDA events
@@ -144,7 +144,7 @@ def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str]) -> None:
             int4 = (torch.ops.aten._convert_weight_to_int4pack(qu8, 8), sz)
         except Exception as e:  # a torch without this kernel on this device
             print(f"(torch int4 kernel unavailable: {type(e).__name__}: {e})", file=sys.stderr)
-        for m in (1, 16):
+        for m in (1, 4, 16, 64):
             x = torch.randn(m, cols, device=dev, dtype=torch.bfloat16)
             ref = torch.nn.functional.linear(x, wb).float()
             base = graph_time_us(lambda: torch.nn.functional.linear(x, wb), iters)
@@ -159,12 +159,22 @@ def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str]) -> None:
                     print(f"| {rows}x{cols} | {m} | torch int4 g128 (_weight_int4pack_mm) | 4.25 | {t:.1f} | {base / t:.2f} | {e:.3f} |")
                 except Exception as ex:
                     print(f"| {rows}x{cols} | {m} | torch int4 g128 | | failed: {type(ex).__name__} | | |")
+            e8 = next((d for _, d, _ in layers.values() if d.kind == "e8"), None)
+            if e8 is not None:
+                xr = torch.empty(m, 8 * e8.words, device=dev)
+                rargs = {"x": x.data_ptr(), "x_dtype": 2, "out": xr.data_ptr(), "batch": m, "cols": cols,
+                         "width": 8 * e8.words, "tile": e8.tile, "seed": e8.seed}
+                stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+                t = graph_time_us(lambda: e8.kernels.rht(rargs, stream()), iters)
+                print(f"| {rows}x{cols} | {m} | (our activation RHT alone, tile {e8.tile}) | | {t:.1f} | | |")
             for spec, (op, d, qs) in layers.items():
-                y = d.forward(x).float()
-                e = float((y - ref).norm() / ref.norm())
-                t = graph_time_us(lambda: d.forward(x), iters)
                 bpv = op.stored_bytes * 8 / (rows * cols)
-                print(f"| {rows}x{cols} | {m} | ours {spec} ({d.route(m)}) | {bpv:.2f} | {t:.1f} | {base / t:.2f} | {e:.3f} |")
+                for route in ("gemv", "decode") if m >= 16 else ("gemv",):
+                    y = d.forward(x, route=route).float()
+                    e = float((y - ref).norm() / ref.norm())
+                    t = graph_time_us(lambda: d.forward(x, route=route), iters)
+                    name = d.route(1 if route == "gemv" else 10**6)
+                    print(f"| {rows}x{cols} | {m} | ours {spec} ({name}) | {bpv:.2f} | {t:.1f} | {base / t:.2f} | {e:.3f} |")
         del layers
         torch.cuda.empty_cache()
 

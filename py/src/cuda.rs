@@ -60,6 +60,7 @@ fn e8(d: &Bound<'_, PyDict>) -> PyResult<E8Gemv> {
         packed: get(d, "packed")?,
         row_scales: get(d, "row_scales")?,
         xr: get(d, "xr")?,
+        half: get(d, "half")?,
         y: get(d, "y")?,
         y_dtype: dtype(get(d, "y_dtype")?)?,
         bias: get(d, "bias")?,
@@ -128,8 +129,8 @@ impl CudaKernels {
         unsafe { self.k.affine_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
     }
 
-    /// The fixed-rate E8 GEMV (keys: packed, row_scales, xr, y, y_dtype, bias, batch, rows,
-    /// words, bits).
+    /// The fixed-rate E8 GEMV (keys: packed, row_scales, xr, half (scratch, f32 batch × words),
+    /// y, y_dtype, bias, batch, rows, words, bits).
     fn e8_gemv(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
         let a = e8(args)?;
         // SAFETY: as in `rht`.

@@ -7,19 +7,70 @@ use std::ffi::{c_void, CString};
 /// The PTX built from `kernels/gemv.cu` by `cargo xtask ptx`.
 const PTX: &str = include_str!("../ptx/gemv.ptx");
 
-/// Kernel names, in the order of the `Module::functions` table.
-pub(crate) const FUNCTIONS: [&str; 5] = [
-    "hc_rht",
-    "hc_affine_gemv",
-    "hc_affine_decode",
-    "hc_e8_gemv",
-    "hc_e8_decode",
-];
+/// Kernel names: the fixed ones, then the affine GEMVs by (bits, batch tile), then the E8
+/// GEMVs by (bits, batch tile); indices from [`affine_gemv`] and [`e8_gemv`].
+pub(crate) fn function_names() -> Vec<String> {
+    let mut v: Vec<String> = [
+        "hc_rht",
+        "hc_affine_decode",
+        "hc_e8_decode",
+        "hc_e8_halves",
+        "hc_affine_gemv_generic",
+        "hc_e8_gemv_any",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for b in [2, 4, 8] {
+        for m in BATCH_TILES {
+            v.push(format!("hc_affine_gemv_b{b}_m{m}"));
+        }
+    }
+    for b in 2..=8 {
+        for m in BATCH_TILES {
+            v.push(format!("hc_e8_gemv_b{b}_m{m}"));
+        }
+    }
+    v
+}
 pub(crate) const RHT: usize = 0;
-pub(crate) const AFFINE_GEMV: usize = 1;
-pub(crate) const AFFINE_DECODE: usize = 2;
-pub(crate) const E8_GEMV: usize = 3;
-pub(crate) const E8_DECODE: usize = 4;
+pub(crate) const AFFINE_DECODE: usize = 1;
+pub(crate) const E8_DECODE: usize = 2;
+pub(crate) const E8_HALVES: usize = 3;
+pub(crate) const AFFINE_GENERIC: usize = 4;
+pub(crate) const E8_ANY: usize = 5;
+/// Functions before the templated GEMVs.
+const FIXED: usize = 6;
+/// The kernels' batch tiles (activation rows held in registers).
+const BATCH_TILES: [usize; 2] = [1, 4];
+
+fn tile_index(batch: usize) -> usize {
+    usize::from(batch > 1)
+}
+
+/// Weight rows one block of the GEMVs computes for a pass of `batch` rows (`HC_R`).
+pub(crate) fn rows_per_block(batch: usize) -> usize {
+    if batch == 1 {
+        4
+    } else {
+        2
+    }
+}
+
+/// The aligned affine GEMV of `bits` (2, 4 or 8) for a pass of `batch` rows.
+pub(crate) fn affine_gemv(bits: usize, batch: usize) -> usize {
+    let b = match bits {
+        2 => 0,
+        4 => 1,
+        _ => 2,
+    };
+    FIXED + BATCH_TILES.len() * b + tile_index(batch)
+}
+
+/// The E8 GEMV of `bits` (2..=8) for a pass of `batch` rows.
+pub(crate) fn e8_gemv(bits: usize, batch: usize) -> usize {
+    FIXED + 3 * BATCH_TILES.len() + BATCH_TILES.len() * (bits - 2) + tile_index(batch)
+}
 
 fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
     if r == sys::CUresult::CUDA_SUCCESS {
@@ -52,6 +103,7 @@ pub(crate) struct AffineArgs {
     srs: i32,
     qmul: f32,
     qbias: f32,
+    glen_log2: i32,
 }
 
 impl AffineArgs {
@@ -74,6 +126,11 @@ impl AffineArgs {
             srs: a.scales_per_row.min(i32::MAX as usize) as i32,
             qmul: a.qmul,
             qbias: a.qbias,
+            glen_log2: if a.group_len.is_power_of_two() {
+                a.group_len.trailing_zeros() as i32
+            } else {
+                -1
+            },
         }
     }
 }
@@ -84,6 +141,7 @@ pub(crate) struct E8Args {
     packed: u64,
     row_scales: u64,
     xr: u64,
+    half: u64,
     y: u64,
     bias: u64,
     ydtype: i32,
@@ -99,6 +157,7 @@ impl E8Args {
             packed: a.packed,
             row_scales: a.row_scales,
             xr: a.xr,
+            half: a.half,
             y: a.y,
             bias: a.bias,
             ydtype: a.y_dtype as i32,
@@ -180,7 +239,7 @@ impl Module {
                 "cuModuleLoadData",
                 sys::cuModuleLoadData(&mut m.module, ptx.as_ptr() as *const c_void),
             )?;
-            for name in FUNCTIONS {
+            for name in function_names() {
                 let cname = CString::new(name).expect("kernel names have no NUL");
                 let mut f = std::ptr::null_mut();
                 check(

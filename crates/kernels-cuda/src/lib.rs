@@ -88,7 +88,7 @@ impl Dtype {
 
 /// Activation rows a GEMV launch holds in registers; larger batches run in passes (the
 /// kernels' `HC_MAX_M`).
-pub const MAX_GEMV_BATCH: usize = 8;
+pub const MAX_GEMV_BATCH: usize = 4;
 
 /// `y = x·Wᵀ (+ b)` for affine codes, as stored in `.hwz`: `bits`-bit codes LSB-first, row
 /// after row; `ŵ = s·(qmul·q − qbias) + lo` with the scale and offset of column `j`'s group
@@ -144,6 +144,8 @@ pub struct E8Gemv {
     pub row_scales: u64,
     /// The rotated activations, f32, `batch × 8·words`.
     pub xr: u64,
+    /// Scratch for the words' half sums of `xr`, f32, `batch × words` (written by the launch).
+    pub half: u64,
     /// Output, `batch × rows` of `y_dtype`.
     pub y: u64,
     /// Its type.
@@ -216,16 +218,15 @@ impl AffineGemv {
         Ok(())
     }
 
-    /// The aligned kernel's width (2, 4 or 8 bits whose rows and groups hold whole 16-byte
-    /// chunks, codes and activations 16-byte aligned), or 0 for the generic one.
+    /// The aligned kernel's width (2, 4 or 8 bits whose rows and groups hold whole chunks of
+    /// 32 values, codes and activations 16-byte aligned), or 0 for the generic one.
     pub fn path(&self) -> i32 {
         let bits = self.bits as usize;
         if ![2, 4, 8].contains(&bits) {
             return 0;
         }
-        let vals = 128 / bits;
-        let groups_ok = self.scales_per_row == 0 || self.group_len.is_multiple_of(vals);
-        if self.cols.is_multiple_of(vals)
+        let groups_ok = self.scales_per_row == 0 || self.group_len.is_multiple_of(32);
+        if self.cols.is_multiple_of(32)
             && groups_ok
             && self.codes.is_multiple_of(16)
             && self.x.is_multiple_of(16)
@@ -256,8 +257,14 @@ impl E8Gemv {
         {
             return bad("a null pointer".into());
         }
-        if !self.xr.is_multiple_of(16) || (self.bits == 4 && !self.packed.is_multiple_of(16)) {
-            return bad("the rotated activations (and 4-bit words) must be 16-byte aligned".into());
+        if !self.xr.is_multiple_of(16)
+            || !self.packed.is_multiple_of(8)
+            || !self.half.is_multiple_of(16)
+        {
+            return bad(
+                "the rotated activations and half sums must be 16-byte aligned, the words 8-byte"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -382,7 +389,7 @@ impl Kernels {
 
     /// Kernel functions loaded.
     pub fn functions(&self) -> usize {
-        driver::FUNCTIONS.len()
+        driver::function_names().len()
     }
 
     /// Launches the activation RHT.
@@ -442,17 +449,22 @@ impl Kernels {
                 ..*a
             };
             let mut k = driver::AffineArgs::new(&pass);
-            let mut path = path;
-            let mut params = [
-                &mut k as *mut _ as *mut std::ffi::c_void,
-                &mut path as *mut _ as *mut _,
-            ];
+            let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+            let (f, rows_per_block, work) = if path == 0 {
+                (driver::AFFINE_GENERIC, 1, a.cols)
+            } else {
+                (
+                    driver::affine_gemv(path as usize, m),
+                    driver::rows_per_block(m),
+                    a.cols / 32,
+                )
+            };
             // SAFETY: the arguments were validated; the pointers are the caller's contract.
             unsafe {
                 self.inner.launch(
-                    driver::AFFINE_GEMV,
-                    (a.rows.div_ceil(8) as u32, 1),
-                    256,
+                    f,
+                    (a.rows.div_ceil(rows_per_block) as u32, 1),
+                    block_for(work),
                     0,
                     stream,
                     &mut params,
@@ -477,10 +489,10 @@ impl Kernels {
         if out == 0 {
             return Err(CudaError::InvalidArgument("a null pointer".into()));
         }
-        let n = a.rows * a.cols;
-        if n == 0 {
+        if a.rows == 0 || a.cols == 0 {
             return Ok(());
         }
+        let n = a.rows * a.cols.div_ceil(8);
         let mut k = driver::AffineArgs::new(a);
         let (mut out, mut dt) = (out, dtype as i32);
         let mut params = [
@@ -507,22 +519,54 @@ impl Kernels {
     /// As [`Kernels::rht`].
     pub unsafe fn e8_gemv(&self, a: &E8Gemv, stream: u64) -> Result<()> {
         a.validate()?;
+        if a.batch > 0 && a.words > 0 {
+            let n = a.batch * a.words;
+            let (mut xr, mut half, mut n64) = (a.xr, a.half, n as i64);
+            let mut params = [
+                &mut xr as *mut _ as *mut std::ffi::c_void,
+                &mut half as *mut _ as *mut _,
+                &mut n64 as *mut _ as *mut _,
+            ];
+            // SAFETY: `xr` holds `8·n` and `half` `n` f32 (the struct's contract).
+            unsafe {
+                self.inner.launch(
+                    driver::E8_HALVES,
+                    (grid_for(n), 1),
+                    256,
+                    0,
+                    stream,
+                    &mut params,
+                )?;
+            }
+        }
         for m0 in (0..a.batch).step_by(MAX_GEMV_BATCH) {
             let m = (a.batch - m0).min(MAX_GEMV_BATCH);
             let pass = E8Gemv {
                 xr: a.xr + (m0 * 8 * a.words * 4) as u64,
+                half: a.half + (m0 * a.words * 4) as u64,
                 y: a.y + (m0 * a.rows * a.y_dtype.size()) as u64,
                 batch: m,
                 ..*a
             };
             let mut k = driver::E8Args::new(&pass);
             let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+            // Rows of whole groups of 4 words take the templated kernels, others one block per
+            // row.
+            let (f, rows_per_block, work) = if a.words.is_multiple_of(4) {
+                (
+                    driver::e8_gemv(a.bits as usize, m),
+                    driver::rows_per_block(m),
+                    a.words / 4,
+                )
+            } else {
+                (driver::E8_ANY, 1, a.words)
+            };
             // SAFETY: the arguments were validated; the pointers are the caller's contract.
             unsafe {
                 self.inner.launch(
-                    driver::E8_GEMV,
-                    (a.rows.div_ceil(8) as u32, 1),
-                    256,
+                    f,
+                    (a.rows.div_ceil(rows_per_block) as u32, 1),
+                    block_for(work),
                     0,
                     stream,
                     &mut params,
@@ -564,6 +608,12 @@ impl Kernels {
             )
         }
     }
+}
+
+/// Threads of a GEMV block whose threads split `work` items of a row: whole warps, 32..=256.
+#[cfg(feature = "cuda")]
+fn block_for(work: usize) -> u32 {
+    (work.div_ceil(32) * 32).clamp(32, 256) as u32
 }
 
 /// Blocks of 256 threads for a grid-stride loop over `n` items.
@@ -635,6 +685,7 @@ mod tests {
             packed: 256,
             row_scales: 512,
             xr: 1024,
+            half: 4096,
             y: 2048,
             y_dtype: Dtype::F32,
             bias: 0,

@@ -6,7 +6,7 @@ words exactly as the archive holds them, plus f32 scales — as PyTorch tensors 
 CUDA kernels (PTX shipped in the wheel, loaded by the driver: nothing is compiled at import)
 on PyTorch's current stream, without synchronizing:
 
-- up to :data:`GEMV_MAX_BATCH` activation rows: a fused GEMV reading the codes once per 8 rows
+- up to :data:`GEMV_MAX_BATCH` activation rows: a fused GEMV reading the codes once per 4 rows
   (E8: after the activation's randomized Hadamard transform on the GPU);
 - larger batches: the weight is decoded to the activation dtype for the call, then
   ``F.linear`` (cuBLAS) — transient memory of one dense weight;
@@ -26,8 +26,9 @@ import torch
 
 from . import _native
 
-#: Activation rows up to which the fused GEMV runs (above: decode, then cuBLAS).
-GEMV_MAX_BATCH = 8
+#: Activation rows up to which the fused GEMV runs (in passes of 4; above: decode, then
+#: cuBLAS). Measured on an H200 by ``py/benches/cuda_linear.py``.
+GEMV_MAX_BATCH = 16
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _KERNELS: dict[int, _native.CudaKernels] = {}
@@ -136,9 +137,10 @@ class DeviceLinear:
             return f"cuda-{self.kind}-gemv"
         return f"cuda-{self.kind}-decode+linear"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, route: str | None = None) -> torch.Tensor:
         """``y = x·Wᵀ + b`` for ``x`` of shape ``(..., cols)`` on this device; the output has
-        ``x``'s dtype (f32, f16 or bf16; other dtypes compute in f32)."""
+        ``x``'s dtype (f32, f16 or bf16; other dtypes compute in f32). ``route`` forces
+        ``"gemv"`` or ``"decode"`` (for benchmarks); by default the batch size picks it."""
         if x.shape[-1] != self.cols:
             raise _native.InvalidInputError(f"x has shape {tuple(x.shape)}; its last dimension must be {self.cols}")
         lead = x.shape[:-1]
@@ -146,6 +148,7 @@ class DeviceLinear:
         x2 = x.reshape(-1, self.cols).to(device=self.device, dtype=dt).contiguous()
         m = x2.shape[0]
         code = _DTYPES[dt]
+        gemv = m <= GEMV_MAX_BATCH if route is None else route == "gemv"
         stream = torch.cuda.current_stream(self.device).cuda_stream
         if self.kind == "dense":
             if self.dense.dtype != dt:
@@ -154,7 +157,7 @@ class DeviceLinear:
             y = torch.nn.functional.linear(x2, self.dense, b)
         elif self.kind == "affine":
             args = dict(self.args, x=_ptr(x2), x_dtype=code, batch=m)
-            if m <= GEMV_MAX_BATCH:
+            if gemv:
                 y = torch.empty(m, self.rows, dtype=dt, device=self.device)
                 self.kernels.affine_gemv(dict(args, y=_ptr(y), y_dtype=code), stream)
             else:
@@ -178,8 +181,9 @@ class DeviceLinear:
                 },
                 stream,
             )
-            args = dict(self.args, xr=_ptr(xr), batch=m)
-            if m <= GEMV_MAX_BATCH:
+            half = torch.empty(m, self.words, dtype=torch.float32, device=self.device)
+            args = dict(self.args, xr=_ptr(xr), half=_ptr(half), batch=m)
+            if gemv:
                 y = torch.empty(m, self.rows, dtype=dt, device=self.device)
                 self.kernels.e8_gemv(dict(args, y=_ptr(y), y_dtype=code), stream)
             else:
