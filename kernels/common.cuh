@@ -56,6 +56,33 @@ __device__ __forceinline__ void hc_load8(const void* p, int dtype, long long i, 
     }
 }
 
+// Stores `n` (≤ 8) values from index `i`; one or two 16-byte stores when `aligned` (i a
+// multiple of 8, n = 8, the buffer 16-byte aligned).
+__device__ __forceinline__ void hc_store8(void* p, int dtype, long long i, const float* v, int n, bool aligned) {
+    if (aligned && n == 8) {
+        if (dtype == HC_F32) {
+            float4* q = reinterpret_cast<float4*>(static_cast<float*>(p) + i);
+            q[0] = make_float4(v[0], v[1], v[2], v[3]);
+            q[1] = make_float4(v[4], v[5], v[6], v[7]);
+        } else {
+            uint32_t w[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (dtype == HC_BF16) {
+                    __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+                    w[k] = *reinterpret_cast<uint32_t*>(&h);
+                } else {
+                    __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+                    w[k] = *reinterpret_cast<uint32_t*>(&h);
+                }
+            }
+            *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        return;
+    }
+    for (int k = 0; k < n; k++) hc_store(p, dtype, i + k, v[k]);
+}
+
 __device__ __forceinline__ float hc_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

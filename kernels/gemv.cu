@@ -44,6 +44,65 @@ extern "C" __global__ void hc_rht(const void* __restrict__ x, int xdtype, float*
     }
 }
 
+// The same for tiles of 256..4096 values and 16-byte aligned activations: tile / 8 threads per
+// block, each holding 8 values: the first 3 butterfly stages in registers, the next 5 across
+// the warp's lanes (shuffles), the rest in shared memory (tiles above 256 only).
+extern "C" __global__ void hc_rht_fast(const void* __restrict__ x, int xdtype, float* __restrict__ out,
+                                       int cols, int width, int tile, unsigned long long seed) {
+    extern __shared__ float s[];
+    const int m = blockIdx.y, t = threadIdx.x, lane = t & 31;
+    const long long t0 = (long long)blockIdx.x * tile;
+    const long long j0 = t0 + 8 * t;
+    float v[8];
+    hc_load8(x, xdtype, (long long)m * cols + j0, v);
+    const unsigned long long w = hc_mix64(seed + (unsigned long long)(j0 / 64 + 1) * 0x9E3779B97F4A7C15ull);
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if ((w >> ((j0 + k) % 64)) & 1ull) v[k] = -v[k];
+#pragma unroll
+    for (int h = 1; h < 8; h <<= 1)
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (!(k & h)) {
+                const float a = v[k], b = v[k + h];
+                v[k] = a + b;
+                v[k + h] = a - b;
+            }
+#pragma unroll
+    for (int b = 0; b < 5; b++) {
+        if ((8 << b) >= tile) break;
+        const bool upper = (lane >> b) & 1;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[k], 1 << b);
+            v[k] = upper ? o - v[k] : v[k] + o;
+        }
+    }
+    if (tile > 256) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) s[8 * t + k] = v[k];
+        __syncthreads();
+        for (int h = 256; h < tile; h <<= 1) {
+            for (int k = t; k < tile / 2; k += blockDim.x) {
+                const int i = (k / h) * 2 * h + (k % h);
+                const float a = s[i], b = s[i + h];
+                s[i] = a + b;
+                s[i + h] = a - b;
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = s[8 * t + k];
+    }
+    const float norm = rsqrtf((float)tile);
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] *= norm;
+    hc_store8(out, HC_F32, (long long)m * width + j0, v, 8, true);
+    if (blockIdx.x == 0) {
+        for (int j = cols + t; j < width; j += blockDim.x) out[(long long)m * width + j] = 0.f;
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Affine GEMV.
 
@@ -147,24 +206,46 @@ __device__ __forceinline__ void hc_affine_rows(const AffineArgs& a) {
                 lo[r] = 0.f;
             }
         }
+        if (MT == 1) {
+            float xv[32];
 #pragma unroll
-        for (int m = 0; m < MT; m++) {
-            if (MT == 1 || m < a.M) {
-                float xv[32];
+            for (int k = 0; k < 4; k++) hc_load8(a.x, a.xdtype, j0 + 8 * k, xv + 8 * k);
+            float sx = 0.f;
 #pragma unroll
-                for (int k = 0; k < 4; k++) hc_load8(a.x, a.xdtype, (long long)m * a.cols + j0 + 8 * k, xv + 8 * k);
-                float sx = 0.f;
+            for (int i = 0; i < 32; i++) sx += xv[i];
 #pragma unroll
-                for (int i = 0; i < 32; i++) sx += xv[i];
+            for (int r = 0; r < R; r++) {
+                float dq = 0.f;
 #pragma unroll
-                for (int r = 0; r < R; r++) {
-                    float dq = 0.f;
+                for (int i = 0; i < 32; i++) {
+                    const uint32_t q = (w[r][i / PER_WORD] >> (BITS * (i % PER_WORD))) & MASK;
+                    dq = fmaf(hc_u2f(q), xv[i], dq);
+                }
+                acc[r][0] += sc[r] * (a.qmul * dq - a.qbias * sx) + lo[r] * sx;
+            }
+        } else {
+            // Several activation rows: each code is decoded once, to the weight itself, and each
+            // activation loaded once for the block's rows.
+            float wv[R][32];
 #pragma unroll
-                    for (int i = 0; i < 32; i++) {
-                        const uint32_t q = (w[r][i / PER_WORD] >> (BITS * (i % PER_WORD))) & MASK;
-                        dq = fmaf(hc_u2f(q), xv[i], dq);
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int i = 0; i < 32; i++) {
+                    const uint32_t q = (w[r][i / PER_WORD] >> (BITS * (i % PER_WORD))) & MASK;
+                    wv[r][i] = fmaf(sc[r], fmaf(a.qmul, hc_u2f(q), -a.qbias), lo[r]);
+                }
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                if (m < a.M) {
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        float xv[8];
+                        hc_load8(a.x, a.xdtype, (long long)m * a.cols + j0 + 8 * k, xv);
+#pragma unroll
+                        for (int r = 0; r < R; r++)
+#pragma unroll
+                            for (int i = 0; i < 8; i++) acc[r][m] = fmaf(wv[r][8 * k + i], xv[i], acc[r][m]);
                     }
-                    acc[r][m] += sc[r] * (a.qmul * dq - a.qbias * sx) + lo[r] * sx;
                 }
             }
         }
@@ -214,6 +295,47 @@ HC_AFFINE_M(8)
 
 extern "C" __global__ void __launch_bounds__(256) hc_affine_gemv_generic(AffineArgs a) { hc_affine_generic(a); }
 
+// The dense weight ŵ of codes of 2, 4 or 8 bits in whole chunks of 32 values (the GEMV's
+// alignment), one thread per chunk: one vector load, four 16-byte stores.
+template <int BITS>
+__device__ __forceinline__ void hc_affine_decode_chunks(const AffineArgs& a, void* __restrict__ out, int odtype) {
+    constexpr int PER_WORD = 32 / BITS;
+    constexpr uint32_t MASK = (1u << BITS) - 1;
+    const int chunks = a.cols >> 5;
+    const long long n = (long long)a.rows * chunks;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (long long)gridDim.x * blockDim.x) {
+        const int r = (int)(k / chunks);
+        const int j0 = (int)(k - (long long)r * chunks) << 5;
+        uint32_t w[BITS];
+        hc_load_chunk<BITS>(a.codes + k * 4 * BITS, w);
+        const int g = a.srs ? (a.glen_log2 >= 0 ? j0 >> a.glen_log2 : j0 / a.glen) : 0;
+        const int si = a.srs ? r * a.srs + g : 0;
+        const float sc = a.scales[si], lo = a.offsets ? a.offsets[si] : 0.f;
+        const float mul = sc * a.qmul, add = lo - sc * a.qbias;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            float v8[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int v = 8 * c + i;
+                v8[i] = fmaf(mul, hc_u2f((w[v / PER_WORD] >> (BITS * (v % PER_WORD))) & MASK), add);
+            }
+            hc_store8(out, odtype, (long long)r * a.cols + j0 + 8 * c, v8, 8, true);
+        }
+    }
+}
+
+extern "C" __global__ void hc_affine_decode_b2(AffineArgs a, void* __restrict__ out, int odtype) {
+    hc_affine_decode_chunks<2>(a, out, odtype);
+}
+extern "C" __global__ void hc_affine_decode_b4(AffineArgs a, void* __restrict__ out, int odtype) {
+    hc_affine_decode_chunks<4>(a, out, odtype);
+}
+extern "C" __global__ void hc_affine_decode_b8(AffineArgs a, void* __restrict__ out, int odtype) {
+    hc_affine_decode_chunks<8>(a, out, odtype);
+}
+
 // The dense weight ŵ (rows × cols, `odtype`), one thread per 8 values of a row.
 extern "C" __global__ void hc_affine_decode(AffineArgs a, void* __restrict__ out, int odtype) {
     const int c8 = (a.cols + 7) >> 3;
@@ -223,10 +345,10 @@ extern "C" __global__ void hc_affine_decode(AffineArgs a, void* __restrict__ out
          k += (long long)gridDim.x * blockDim.x) {
         const int r = (int)(k / c8);
         const int j0 = (int)(k - (long long)r * c8) * 8;
+        float v8[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const int j = j0 + i;
-            if (j >= a.cols) break;
+            const int j = min(j0 + i, a.cols - 1);
             const long long off = ((long long)r * a.cols + j) * a.bits;
             const long long b = off >> 3;
             uint32_t v = a.codes[b];
@@ -235,8 +357,9 @@ extern "C" __global__ void hc_affine_decode(AffineArgs a, void* __restrict__ out
             const int g = a.glen_log2 >= 0 ? j >> a.glen_log2 : j / a.glen;
             const int si = a.srs ? r * a.srs + g : 0;
             const float lo = a.offsets ? a.offsets[si] : 0.f;
-            hc_store(out, odtype, (long long)r * a.cols + j, a.scales[si] * (a.qmul * q - a.qbias) + lo);
+            v8[i] = a.scales[si] * (a.qmul * q - a.qbias) + lo;
         }
+        hc_store8(out, odtype, (long long)r * a.cols + j0, v8, min(8, a.cols - j0), (a.cols & 7) == 0);
     }
 }
 
@@ -281,6 +404,23 @@ __device__ __forceinline__ float hc_e8_word(W v, const float* xw, float hf) {
     const uint32_t par = (sizeof(W) == 8 ? __popcll((unsigned long long)(v & lsbs)) : __popc((uint32_t)(v & lsbs))) & 1;
     d = fmaf(hc_u2f((s0 & ~1u) + par), xw[7], d);
     return fmaf((s0 & 1) ? (1.f - 2.f * H) : (-2.f * H), hf, d);
+}
+
+// The 8 coordinates of one word's lattice point (unscaled).
+template <int B, typename W>
+__device__ __forceinline__ void hc_e8_point(W v, float* p) {
+    constexpr W MASK = (W(1) << B) - 1;
+    constexpr int H = 1 << (B - 1);
+    const int s0 = (int)(v & MASK);
+    const float half = (s0 & 1) ? 0.5f : 0.f;
+    int par = 0;
+#pragma unroll
+    for (int i = 1; i < 8; i++) {
+        const int q = (int)((v >> (i * B)) & MASK);
+        par += q;
+        p[i - 1] = (float)(q - H) + half;
+    }
+    p[7] = (float)((s0 & ~1) - H + (par & 1)) + half;
 }
 
 // Four consecutive words of a row (4·B bytes, 4-byte aligned) as B 32-bit words, and word k
@@ -350,18 +490,38 @@ __device__ __forceinline__ void hc_e8_rows(const E8Args& a) {
                 for (int i = 0; i < B; i++) g[r][i] = 0;
             }
         }
+        if (MT == 1) {
+            const float4 hf4 = *reinterpret_cast<const float4*>(a.half + 4 * gi);
+            const float hf[4] = {hf4.x, hf4.y, hf4.z, hf4.w};
 #pragma unroll
-        for (int m = 0; m < MT; m++) {
-            if (MT == 1 || m < a.M) {
-                const float4 hf4 = *reinterpret_cast<const float4*>(a.half + (long long)m * a.words + 4 * gi);
-                const float hf[4] = {hf4.x, hf4.y, hf4.z, hf4.w};
+            for (int k = 0; k < 4; k++) {
+                const float4* xp = reinterpret_cast<const float4*>(a.xr + 8ll * (4 * gi + k));
+                const float4 x0 = xp[0], x1 = xp[1];
+                const float xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const float4* xp = reinterpret_cast<const float4*>(a.xr + m * width + 8ll * (4 * gi + k));
-                    const float4 x0 = xp[0], x1 = xp[1];
-                    const float xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                for (int r = 0; r < R; r++) acc[r][0] += hc_e8_word<B, W>(hc_e8_word_of<B, W>(g[r], k), xw, hf[k]);
+            }
+        } else {
+            // Several activation rows: each word is decoded once, to its 8 coordinates.
 #pragma unroll
-                    for (int r = 0; r < R; r++) acc[r][m] += hc_e8_word<B, W>(hc_e8_word_of<B, W>(g[r], k), xw, hf[k]);
+            for (int k = 0; k < 4; k++) {
+                float p[R][8];
+#pragma unroll
+                for (int r = 0; r < R; r++) hc_e8_point<B, W>(hc_e8_word_of<B, W>(g[r], k), p[r]);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    if (m < a.M) {
+                        const float4* xp = reinterpret_cast<const float4*>(a.xr + m * width + 8ll * (4 * gi + k));
+                        const float4 x0 = xp[0], x1 = xp[1];
+                        const float xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            float d = 0.f;
+#pragma unroll
+                            for (int i = 0; i < 8; i++) d = fmaf(p[r][i], xw[i], d);
+                            acc[r][m] += d;
+                        }
+                    }
                 }
             }
         }
@@ -442,11 +602,13 @@ extern "C" __global__ void hc_e8_decode(E8Args a, void* __restrict__ out, int od
         const float half = (s0 & 1) ? 0.5f : 0.f;
         const float sc = a.row_scales[r];
         int p = 0;
+        float v8[8];
         for (int i = 1; i < 8; i++) {
             const int s = (int)((v >> (i * B)) & mask) - h;
             p += s;
-            hc_store(out, odtype, 8 * k + i - 1, sc * ((float)s + half));
+            v8[i - 1] = sc * ((float)s + half);
         }
-        hc_store(out, odtype, 8 * k + 7, sc * ((float)((s0 & ~1) - h + (p & 1)) + half));
+        v8[7] = sc * ((float)((s0 & ~1) - h + (p & 1)) + half);
+        hc_store8(out, odtype, 8 * k, v8, 8, true);
     }
 }

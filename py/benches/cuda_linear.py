@@ -8,7 +8,7 @@ batches 1, 3, 8 and 17; f32, f16 and bf16 activations; a 1×1 and a 3×3 convolu
 ``hypercodec.Linear.forward`` on the host (the CPU runtime, itself checked against the f64
 reference in the Rust tests) and prints the worst relative error per case.
 
-Part 2 times ``y = x·Wᵀ`` at batch 1, 4, 16 and 64 for each size (both our routes from 16): PyTorch's bf16 ``F.linear``, its
+Part 2 times ``y = x·Wᵀ`` at batch 1, 2, 4, 16 and 64 for each size (both our routes at 2..16): PyTorch's bf16 ``F.linear``, its
 int4 weight-only kernel (``_weight_int4pack_mm``, groups of 128) where it runs, and ours.
 Each timing is the median over 5 repetitions of ``--iters`` back-to-back calls captured in a
 CUDA graph (so Python's launch overhead is not counted, for peers and us alike), CUDA events
@@ -19,9 +19,19 @@ there is none).
 from __future__ import annotations
 
 import argparse
+import builtins
+import platform
 import statistics
 import sys
 import time
+
+_LINES: list[str] = []
+
+
+def print(*args, file=None, **kw):  # noqa: A001 - keeps every table line for --out
+    if file is None:
+        _LINES.append(" ".join(str(a) for a in args))
+    builtins.print(*args, file=file, **kw)
 
 import numpy as np
 import torch
@@ -43,7 +53,7 @@ def check(quick: bool) -> bool:
         "int4", "int4-row", "int4-tensor", "int8-row", "int8", "int2", "int2-row", "int3", "int5", "int1-row",
         "e8-fixed2", "e8-fixed3", "e8-fixed4", "e8-fixed5", "e8-fixed8", "e8@4", "tcq@2",
     ]
-    shapes = [(256, 1024), (100, 250), (33, 72)] if not quick else [(256, 1024), (33, 72)]
+    shapes = [(256, 1024), (48, 768), (100, 250), (33, 72)] if not quick else [(256, 1024), (48, 768), (33, 72)]
     tol = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
     print("| spec | shape | route (batch 1 / 17) | held on device | worst rel. error f32 / f16 / bf16 | ok |")
     print("|---|---|---|---:|---|---|")
@@ -144,7 +154,7 @@ def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str]) -> None:
             int4 = (torch.ops.aten._convert_weight_to_int4pack(qu8, 8), sz)
         except Exception as e:  # a torch without this kernel on this device
             print(f"(torch int4 kernel unavailable: {type(e).__name__}: {e})", file=sys.stderr)
-        for m in (1, 4, 16, 64):
+        for m in (1, 2, 4, 16, 64):
             x = torch.randn(m, cols, device=dev, dtype=torch.bfloat16)
             ref = torch.nn.functional.linear(x, wb).float()
             base = graph_time_us(lambda: torch.nn.functional.linear(x, wb), iters)
@@ -169,7 +179,7 @@ def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str]) -> None:
                 print(f"| {rows}x{cols} | {m} | (our activation RHT alone, tile {e8.tile}) | | {t:.1f} | | |")
             for spec, (op, d, qs) in layers.items():
                 bpv = op.stored_bytes * 8 / (rows * cols)
-                for route in ("gemv", "decode") if m >= 16 else ("gemv",):
+                for route in ("gemv", "decode") if 2 <= m <= 16 else ("gemv",) if m == 1 else ("decode",):
                     y = d.forward(x, route=route).float()
                     e = float((y - ref).norm() / ref.norm())
                     t = graph_time_us(lambda: d.forward(x, route=route), iters)
@@ -186,6 +196,7 @@ def main() -> int:
     ap.add_argument("--specs", default="int4,int8-row,e8-fixed4,e8-fixed2")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--out", help="also write the tables to this markdown file")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("cuda_linear: no CUDA device; nothing measured")
@@ -197,6 +208,23 @@ def main() -> int:
         print(f"\ncheck: {'all routes match the CPU runtime' if ok else 'MISMATCH'}")
     sizes = [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",") if s]
     bench(sizes, a.iters, a.specs.split(","))
+    if a.out:
+        head = [
+            "# CUDA compressed linear layers: checks and speed",
+            "",
+            "Regenerate: `python py/benches/cuda_linear.py "
+            + " ".join(sys.argv[1:]).replace(f"--out {a.out}", "--out docs/eval/cuda.md").strip()
+            + "` (needs a CUDA device).",
+            "",
+            f"Machine: {torch.cuda.get_device_name()}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
+            f"Python {platform.python_version()}; hypercodec {hypercodec.__version__}. "
+            "Timings: median over 5 replays of a CUDA graph of back-to-back calls (no Python launch overhead, "
+            "for PyTorch and for us), CUDA events; bits per value all-in count every stored byte "
+            "(codes, scales, offsets); PyTorch's int4 row counts its codes plus a bf16 scale and zero per 128.",
+            "",
+        ]
+        with open(a.out, "w") as f:
+            f.write("\n".join(head + _LINES) + "\n")
     return 0 if ok else 1
 
 

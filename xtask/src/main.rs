@@ -442,7 +442,8 @@ fn py() -> Result<(), String> {
     run(
         "pytest py/tests",
         Command::new(&py)
-            .args(["-m", "pytest", "-q", "py/tests"])
+            // `-rs`: every skip prints its reason (the CUDA tests skip without a device).
+            .args(["-m", "pytest", "-q", "-rs", "py/tests"])
             .current_dir(root()),
     )
 }

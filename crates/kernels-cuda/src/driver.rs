@@ -17,6 +17,10 @@ pub(crate) fn function_names() -> Vec<String> {
         "hc_e8_halves",
         "hc_affine_gemv_generic",
         "hc_e8_gemv_any",
+        "hc_rht_fast",
+        "hc_affine_decode_b2",
+        "hc_affine_decode_b4",
+        "hc_affine_decode_b8",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -39,8 +43,17 @@ pub(crate) const E8_DECODE: usize = 2;
 pub(crate) const E8_HALVES: usize = 3;
 pub(crate) const AFFINE_GENERIC: usize = 4;
 pub(crate) const E8_ANY: usize = 5;
+pub(crate) const RHT_FAST: usize = 6;
+/// The chunked affine decoders of 2, 4 and 8 bits.
+pub(crate) fn affine_decode_chunks(bits: usize) -> usize {
+    match bits {
+        2 => 7,
+        4 => 8,
+        _ => 9,
+    }
+}
 /// Functions before the templated GEMVs.
-const FIXED: usize = 6;
+const FIXED: usize = 10;
 /// The kernels' batch tiles (activation rows held in registers).
 const BATCH_TILES: [usize; 2] = [1, 4];
 

@@ -401,7 +401,16 @@ impl Kernels {
         if a.batch == 0 || a.cols == 0 {
             return Ok(());
         }
-        let threads = a.tile.min(1024) as u32;
+        // Tiles of 256..4096 over aligned activations: 8 values per thread in registers.
+        let fast = a.tile >= 256
+            && a.x.is_multiple_of(16)
+            && a.out.is_multiple_of(16)
+            && a.width.is_multiple_of(4);
+        let (f, threads) = if fast {
+            (driver::RHT_FAST, (a.tile / 8) as u32)
+        } else {
+            (driver::RHT, a.tile.min(1024) as u32)
+        };
         let mut p = (
             a.x,
             a.x_dtype as i32,
@@ -423,7 +432,7 @@ impl Kernels {
         // SAFETY: the arguments were validated; the pointers are the caller's contract.
         unsafe {
             self.inner.launch(
-                driver::RHT,
+                f,
                 ((a.cols / a.tile) as u32, a.batch as u32),
                 threads,
                 (a.tile * 4) as u32,
@@ -492,7 +501,14 @@ impl Kernels {
         if a.rows == 0 || a.cols == 0 {
             return Ok(());
         }
-        let n = a.rows * a.cols.div_ceil(8);
+        // The GEMV's aligned layouts decode a chunk of 32 values per thread (the output too
+        // must be 16-byte aligned), the rest 8 values per thread.
+        let path = a.path() as usize;
+        let (f, n) = if path > 0 && out.is_multiple_of(16) {
+            (driver::affine_decode_chunks(path), a.rows * (a.cols / 32))
+        } else {
+            (driver::AFFINE_DECODE, a.rows * a.cols.div_ceil(8))
+        };
         let mut k = driver::AffineArgs::new(a);
         let (mut out, mut dt) = (out, dtype as i32);
         let mut params = [
@@ -502,14 +518,8 @@ impl Kernels {
         ];
         // SAFETY: the arguments were validated; the pointers are the caller's contract.
         unsafe {
-            self.inner.launch(
-                driver::AFFINE_DECODE,
-                (grid_for(n), 1),
-                256,
-                0,
-                stream,
-                &mut params,
-            )
+            self.inner
+                .launch(f, (grid_for(n), 1), 256, 0, stream, &mut params)
         }
     }
 
@@ -610,10 +620,12 @@ impl Kernels {
     }
 }
 
-/// Threads of a GEMV block whose threads split `work` items of a row: whole warps, 32..=256.
+/// Threads of a GEMV block whose threads split `work` items of a row: about 4 items per
+/// thread (so the block's final reduction stays small against the work), whole warps,
+/// 32..=256.
 #[cfg(feature = "cuda")]
 fn block_for(work: usize) -> u32 {
-    (work.div_ceil(32) * 32).clamp(32, 256) as u32
+    (work.div_ceil(4 * 32) * 32).clamp(32, 256) as u32
 }
 
 /// Blocks of 256 threads for a grid-stride loop over `n` items.

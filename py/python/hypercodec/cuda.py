@@ -26,9 +26,9 @@ import torch
 
 from . import _native
 
-#: Activation rows up to which the fused GEMV runs (in passes of 4; above: decode, then
-#: cuBLAS). Measured on an H200 by ``py/benches/cuda_linear.py``.
-GEMV_MAX_BATCH = 16
+#: Activation rows up to which the fused GEMV runs, per form (in passes of 4; above: decode,
+#: then cuBLAS): the crossover measured on an H200 by ``py/benches/cuda_linear.py``.
+GEMV_MAX_BATCH = {"affine": 4, "e8": 2}
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _KERNELS: dict[int, _native.CudaKernels] = {}
@@ -133,7 +133,7 @@ class DeviceLinear:
         """The route a batch of ``batch`` rows takes."""
         if self.kind == "dense":
             return "cuda-decode-fallback+linear"
-        if batch <= GEMV_MAX_BATCH:
+        if batch <= GEMV_MAX_BATCH.get(self.kind, 0):
             return f"cuda-{self.kind}-gemv"
         return f"cuda-{self.kind}-decode+linear"
 
@@ -148,7 +148,7 @@ class DeviceLinear:
         x2 = x.reshape(-1, self.cols).to(device=self.device, dtype=dt).contiguous()
         m = x2.shape[0]
         code = _DTYPES[dt]
-        gemv = m <= GEMV_MAX_BATCH if route is None else route == "gemv"
+        gemv = m <= GEMV_MAX_BATCH.get(self.kind, 0) if route is None else route == "gemv"
         stream = torch.cuda.current_stream(self.device).cuda_stream
         if self.kind == "dense":
             if self.dense.dtype != dt:
