@@ -612,3 +612,162 @@ extern "C" __global__ void hc_e8_decode(E8Args a, void* __restrict__ out, int od
         hc_store8(out, odtype, 8 * k, v8, 8, true);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Bitshift trellis (`hypercodec_trellis`): row r's bits start at byte r·row_bytes; the row is
+// cut into tail-biting sequences of `seq` values (a multiple of 8; the last one takes the
+// rest); value t of a sequence of n values is c1·sum(state) + c0 with state the L bits of the
+// sequence's circular n·K-bit stream that end with value t's K bits (read little-endian), and
+// sum the byte sum of 34038481·state + 76625530 (mod 2^32) — QTIP's 1MAD code. Dotted against
+// RHT(x) (f32, cols per row) and multiplied by the row's scale.
+
+struct TrellisArgs {
+    const uint8_t* bits;
+    const float* row_scales;
+    const float* xr;
+    void* y;
+    const float* bias;
+    long long n_bytes;
+    long long row_bytes;
+    int ydtype;
+    int M, rows, cols, l, k, seq;
+    float c1, c0;
+};
+
+// `n` (≤ 16) bits of a byte stream from bit `bit`, little-endian; bytes past `n_bytes` read 0.
+__device__ __forceinline__ uint32_t hc_bits(const uint8_t* p, long long bit, int n, long long n_bytes) {
+    const long long b = bit >> 3;
+    uint32_t v = p[b];
+    if (b + 1 < n_bytes) v |= (uint32_t)p[b + 1] << 8;
+    if (b + 2 < n_bytes) v |= (uint32_t)p[b + 2] << 16;
+    return (v >> (bit & 7)) & ((1u << n) - 1);
+}
+
+// The code's byte sum for value j of row r (bits of the row from `row`, the row's byte offset
+// `row_off` bounds the reads).
+__device__ __forceinline__ uint32_t hc_trellis_sum(const TrellisArgs& a, long long row_off, int j) {
+    const int m = max(1, a.cols / a.seq);
+    const int q = min(j / a.seq, m - 1);
+    const int s = q * a.seq;
+    const int n = (q == m - 1 ? a.cols : s + a.seq) - s;
+    const int t = j - s;
+    const long long base = (row_off + (long long)s * a.k / 8) * 8;  // the sequence's first bit
+    const int end = (t + 1) * a.k;
+    uint32_t state;
+    if (end >= a.l) {
+        state = hc_bits(a.bits, base + end - a.l, a.l, a.n_bytes);
+    } else {
+        // The window wraps: the stream's last L − end bits, then its first `end` bits.
+        const int tail = a.l - end;
+        const uint32_t lo = hc_bits(a.bits, base + (long long)n * a.k - tail, tail, a.n_bytes);
+        const uint32_t hi = hc_bits(a.bits, base, end, a.n_bytes);
+        state = lo | (hi << tail);
+    }
+    const uint32_t x = state * 34038481u + 76625530u;
+    return __dp4a(x, 0x01010101u, 0u);
+}
+
+// The byte sums of the 8 values of chunk c (values 8c .. 8c+8 of a row): from one composite
+// word — the L−K bits of history before the chunk (for a chunk that starts its sequence, the
+// sequence's last bits: the tail-biting wrap) followed by the chunk's 8·K bits — when K ≤ 6
+// and the chunk is whole; value by value otherwise. Returns how many values it wrote.
+__device__ __forceinline__ int hc_trellis_chunk(const TrellisArgs& a, long long row_off, int c, uint32_t* sums) {
+    const int j0 = c * 8;
+    const int m = max(1, a.cols / a.seq);
+    const int q = min(j0 / a.seq, m - 1);
+    const int s = q * a.seq;
+    const int n = (q == m - 1 ? a.cols : s + a.seq) - s;
+    const int t0 = j0 - s;
+    const int cnt = min(8, a.cols - j0);
+    const int hist = a.l - a.k;
+    if (a.k <= 6 && cnt == 8 && t0 + 8 <= n && (t0 == 0 || t0 * a.k >= hist)) {
+        const long long base = (row_off + (long long)s * a.k / 8) * 8;  // the sequence's first bit
+        const long long cb = base + (long long)t0 * a.k;                  // the chunk's first bit
+        const long long hb = t0 == 0 ? base + (long long)n * a.k - hist : cb - hist;
+        unsigned long long chunk = 0;
+        const uint8_t* p = a.bits + (cb >> 3);
+        for (int i = 0; i < a.k; i++) chunk |= (unsigned long long)p[i] << (8 * i);
+        const unsigned long long w = (unsigned long long)hc_bits(a.bits, hb, hist, a.n_bytes) | (chunk << hist);
+        const uint32_t lmask = (1u << a.l) - 1;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t state = (uint32_t)(w >> (i * a.k)) & lmask;
+            sums[i] = __dp4a(state * 34038481u + 76625530u, 0x01010101u, 0u);
+        }
+        return 8;
+    }
+    for (int i = 0; i < cnt; i++) sums[i] = hc_trellis_sum(a, row_off, j0 + i);
+    return cnt;
+}
+
+template <int MT>
+__device__ __forceinline__ void hc_trellis_rows(const TrellisArgs& a) {
+    constexpr int R = HC_R(MT);
+    const int r0 = blockIdx.x * R;
+    // Per (row, activation): Σ sum·x'; per activation: Σ x' (the offset c0 multiplies it).
+    float acc[R][MT], sx[MT];
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        sx[m] = 0.f;
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r][m] = 0.f;
+    }
+    const int chunks = (a.cols + 7) >> 3;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        uint32_t sums[R][8];
+        int cnt = 8;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (r0 + r < a.rows) {
+                cnt = hc_trellis_chunk(a, (long long)(r0 + r) * a.row_bytes, c, sums[r]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) sums[r][i] = 510;
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (MT == 1 || m < a.M) {
+                const float* xp = a.xr + (long long)m * a.cols + 8 * c;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    if (i < cnt) {
+                        const float xv = xp[i];
+#pragma unroll
+                        for (int r = 0; r < R; r++) acc[r][m] = fmaf(hc_u2f(sums[r][i]), xv, acc[r][m]);
+                        sx[m] += xv;
+                    }
+                }
+            }
+        }
+    }
+    // Row value = scale·(c1·Σ sum·x' + c0·Σ x').
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++) acc[r][m] = a.c1 * acc[r][m] + a.c0 * sx[m];
+    float sc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) sc[r] = r0 + r < a.rows ? a.row_scales[r0 + r] : 0.f;
+    hc_block_store<R, MT>(acc, sc, r0, a.rows, a.M, a.bias, a.y, a.ydtype);
+}
+
+extern "C" __global__ void __launch_bounds__(256) hc_trellis_gemv_m1(TrellisArgs a) { hc_trellis_rows<1>(a); }
+extern "C" __global__ void __launch_bounds__(256) hc_trellis_gemv_m4(TrellisArgs a) { hc_trellis_rows<4>(a); }
+
+// The scaled values in the rotated domain (rows × cols, `odtype`), one thread per chunk of 8.
+extern "C" __global__ void hc_trellis_decode(TrellisArgs a, void* __restrict__ out, int odtype) {
+    const int chunks = (a.cols + 7) >> 3;
+    const long long n = (long long)a.rows * chunks;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (long long)gridDim.x * blockDim.x) {
+        const int r = (int)(k / chunks), c = (int)(k - (long long)r * chunks);
+        uint32_t sums[8];
+        const int cnt = hc_trellis_chunk(a, (long long)r * a.row_bytes, c, sums);
+        const float sc = a.row_scales[r];
+        float v8[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) v8[i] = sc * fmaf(a.c1, hc_u2f(sums[i]), a.c0);
+        hc_store8(out, odtype, (long long)r * a.cols + 8 * c, v8, cnt, (a.cols & 7) == 0);
+    }
+}

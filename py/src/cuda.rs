@@ -3,7 +3,9 @@
 //! PyTorch; this module only validates shapes and launches.
 
 use crate::{CudaError as PyCudaError, InvalidInputError};
-use hypercodec_kernels_cuda::{AffineGemv, CudaError, Dtype, E8Gemv, Kernels, RhtArgs};
+use hypercodec_kernels_cuda::{
+    AffineGemv, CudaError, Dtype, E8Gemv, Kernels, RhtArgs, TrellisGemv,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -71,6 +73,27 @@ fn e8(d: &Bound<'_, PyDict>) -> PyResult<E8Gemv> {
     })
 }
 
+fn trellis(d: &Bound<'_, PyDict>) -> PyResult<TrellisGemv> {
+    Ok(TrellisGemv {
+        bits: get(d, "bits")?,
+        bit_bytes: get(d, "bit_bytes")?,
+        row_bytes: get(d, "row_bytes")?,
+        row_scales: get(d, "row_scales")?,
+        xr: get(d, "xr")?,
+        y: get(d, "y")?,
+        y_dtype: dtype(get(d, "y_dtype")?)?,
+        bias: get(d, "bias")?,
+        batch: get(d, "batch")?,
+        rows: get(d, "rows")?,
+        cols: get(d, "cols")?,
+        l: get(d, "l")?,
+        k: get(d, "k")?,
+        seq: get(d, "seq")?,
+        c1: get(d, "c1")?,
+        c0: get(d, "c0")?,
+    })
+}
+
 /// The hypercodec CUDA kernels loaded on one device (in its primary context, the one PyTorch
 /// uses). Methods take a dict of device pointers (`tensor.data_ptr()`), shapes and dtype codes
 /// (0 f32, 1 f16, 2 bf16) and a raw stream (`torch.cuda.current_stream().cuda_stream`); they
@@ -135,6 +158,27 @@ impl CudaKernels {
         let a = e8(args)?;
         // SAFETY: as in `rht`.
         unsafe { self.k.e8_gemv(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// The trellis GEMV (keys: bits, bit_bytes, row_bytes, row_scales, xr, y, y_dtype, bias,
+    /// batch, rows, cols, l, k, seq, c1, c0).
+    fn trellis_gemv(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = trellis(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.trellis_gemv(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// The scaled trellis values (rotated domain) decoded into `out` (`rows × cols`).
+    fn trellis_decode(
+        &self,
+        args: &Bound<'_, PyDict>,
+        out: u64,
+        out_dtype: i32,
+        stream: u64,
+    ) -> PyResult<()> {
+        let a = trellis(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.trellis_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
     }
 
     /// The scaled E8 points (rotated domain) decoded into `out` (`rows × 8·words`).

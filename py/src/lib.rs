@@ -628,7 +628,7 @@ impl Linear {
     }
 
     /// The stored form as the CUDA kernels read it, or None for forms without a device kernel
-    /// (decoded instead). A dict: `kind` (`"affine"` or `"e8"`), the stored codes or words as
+    /// (decoded instead). A dict: `kind` (`"affine"`, `"e8"` or `"trellis"`), the stored codes, words or bits as
     /// a uint8 array, f32 side information, and the kernels' parameters.
     fn device_form<'py>(
         &self,
@@ -673,6 +673,30 @@ impl Linear {
                 d.set_item("row_scales", PyArray1::from_vec(py, row_scales))?;
                 d.set_item("words", words)?;
                 d.set_item("bits", bits)?;
+                d.set_item("tile", tile)?;
+                d.set_item("seed", seed)?;
+            }
+            DeviceForm::Trellis {
+                bits,
+                row_bytes,
+                row_scales,
+                l,
+                k,
+                seq,
+                c1,
+                c0,
+                tile,
+                seed,
+            } => {
+                d.set_item("kind", "trellis")?;
+                d.set_item("bits", PyArray1::from_slice(py, bits))?;
+                d.set_item("row_bytes", row_bytes)?;
+                d.set_item("row_scales", PyArray1::from_vec(py, row_scales))?;
+                d.set_item("l", l)?;
+                d.set_item("k", k)?;
+                d.set_item("seq", seq)?;
+                d.set_item("c1", c1)?;
+                d.set_item("c0", c0)?;
                 d.set_item("tile", tile)?;
                 d.set_item("seed", seed)?;
             }

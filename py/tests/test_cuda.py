@@ -30,11 +30,13 @@ def test_device_forms_name_the_stored_codes():
     assert f["scales"].shape == (48 * 2,) and f["scales_per_row"] == 2 and f["group_len"] == 128
     e = hypercodec.Linear.quantize(w, "e8-fixed3").device_form()
     assert e["kind"] == "e8" and e["bits"] == 3 and e["packed"].nbytes == 48 * 32 * 3
+    t = hypercodec.Linear.quantize(w, "tcq@2-l12").device_form()
+    assert t["kind"] == "trellis" and (t["l"], t["k"]) == (12, 2) and t["bits"].nbytes == 48 * 256 * 2 // 8
     assert hypercodec.Linear.quantize(w, "e8@4").device_form() is None  # entropy-coded: decoded
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int4", "int8-row", "int3", "e8-fixed4", "e8-fixed3", "e8@4"])
+@pytest.mark.parametrize("spec", ["int4", "int8-row", "int3", "e8-fixed4", "e8-fixed3", "tcq@2-l12", "e8@4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_forward_matches_the_cpu_runtime(spec, dtype):
     rng = np.random.default_rng(1)
@@ -56,3 +58,21 @@ def test_hyper_linear_runs_on_cuda_tensors():
     h = hnn.HyperLinear.from_linear(lin, "int4")
     x = torch.randn(2, 5, 256)
     assert torch.allclose(h(x.cuda()).cpu(), h(x), rtol=1e-3, atol=1e-4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", ["tcq@2-l12", "tcq@3-l12", "tcq@1-l12", "tcq@2"])
+def test_cuda_trellis_with_calibrated_short_sequences(spec):
+    # Calibrated trellis rows are cut into sequences of 16 values: most chunks wrap.
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((40, 384)).astype(np.float32)
+    a = rng.standard_normal((2048, 384)).astype(np.float32)
+    h = (a.T @ a / len(a)).astype(np.float32)
+    op = hypercodec.Linear.quantize(w, spec, None, h)
+    d = hcuda.DeviceLinear(op, torch.device("cuda"))
+    assert d.kind == "trellis"
+    for m in (1, 2, 9):
+        x = torch.from_numpy(rng.standard_normal((m, 384)).astype(np.float32))
+        want = op.forward(x.numpy())
+        got = d.forward(x.cuda()).cpu().numpy()
+        assert np.abs(got - want).max() <= 3e-4 * np.abs(want).max(), (spec, m)

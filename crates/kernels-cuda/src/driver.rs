@@ -21,6 +21,9 @@ pub(crate) fn function_names() -> Vec<String> {
         "hc_affine_decode_b2",
         "hc_affine_decode_b4",
         "hc_affine_decode_b8",
+        "hc_trellis_gemv_m1",
+        "hc_trellis_gemv_m4",
+        "hc_trellis_decode",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -52,8 +55,13 @@ pub(crate) fn affine_decode_chunks(bits: usize) -> usize {
         _ => 9,
     }
 }
+/// The trellis GEMV for a pass of `batch` rows.
+pub(crate) fn trellis_gemv(batch: usize) -> usize {
+    10 + tile_index(batch)
+}
+pub(crate) const TRELLIS_DECODE: usize = 12;
 /// Functions before the templated GEMVs.
-const FIXED: usize = 10;
+const FIXED: usize = 13;
 /// The kernels' batch tiles (activation rows held in registers).
 const BATCH_TILES: [usize; 2] = [1, 4];
 
@@ -178,6 +186,50 @@ impl E8Args {
             rows: a.rows as i32,
             words: a.words as i32,
             bits: a.bits as i32,
+        }
+    }
+}
+
+/// The kernels' `TrellisArgs`.
+#[repr(C)]
+pub(crate) struct TrellisArgs {
+    bits: u64,
+    row_scales: u64,
+    xr: u64,
+    y: u64,
+    bias: u64,
+    n_bytes: i64,
+    row_bytes: i64,
+    ydtype: i32,
+    m: i32,
+    rows: i32,
+    cols: i32,
+    l: i32,
+    k: i32,
+    seq: i32,
+    c1: f32,
+    c0: f32,
+}
+
+impl TrellisArgs {
+    pub(crate) fn new(a: &crate::TrellisGemv) -> Self {
+        TrellisArgs {
+            bits: a.bits,
+            row_scales: a.row_scales,
+            xr: a.xr,
+            y: a.y,
+            bias: a.bias,
+            n_bytes: a.bit_bytes as i64,
+            row_bytes: a.row_bytes as i64,
+            ydtype: a.y_dtype as i32,
+            m: a.batch as i32,
+            rows: a.rows as i32,
+            cols: a.cols as i32,
+            l: a.l as i32,
+            k: a.k as i32,
+            seq: a.seq as i32,
+            c1: a.c1,
+            c0: a.c0,
         }
     }
 }

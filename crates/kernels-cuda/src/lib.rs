@@ -162,6 +162,87 @@ pub struct E8Gemv {
     pub bits: u8,
 }
 
+/// `y = s_r·⟨w_r, x'⟩ (+ b)` for bitshift-trellis rows, as stored in `.hwz` (`row_bytes` per
+/// row, tail-biting sequences of `seq` values, value `c1·sum(state) + c0` with QTIP's 1MAD
+/// byte sum; see `hypercodec_trellis`), `x' = RHT(x)` (f32, `batch × cols`).
+#[derive(Debug, Clone, Copy)]
+pub struct TrellisGemv {
+    /// The packed bits, `rows·row_bytes` bytes.
+    pub bits: u64,
+    /// Bytes of `bits`.
+    pub bit_bytes: u64,
+    /// Bytes per row (`ceil(cols·k / 8)`).
+    pub row_bytes: usize,
+    /// f32 row scales, `rows`.
+    pub row_scales: u64,
+    /// The rotated activations, f32, `batch × cols`.
+    pub xr: u64,
+    /// Output, `batch × rows` of `y_dtype`.
+    pub y: u64,
+    /// Its type.
+    pub y_dtype: Dtype,
+    /// f32 bias, or 0.
+    pub bias: u64,
+    /// Activation rows.
+    pub batch: usize,
+    /// Weight rows.
+    pub rows: usize,
+    /// Values per row.
+    pub cols: usize,
+    /// State bits `L` (8..=16).
+    pub l: u8,
+    /// Bits per value `K` (1..=8, below `L`).
+    pub k: u8,
+    /// Values per tail-biting sequence (a multiple of 8).
+    pub seq: usize,
+    /// The code's slope: value = `c1·sum + c0`.
+    pub c1: f32,
+    /// The code's offset.
+    pub c0: f32,
+}
+
+impl TrellisGemv {
+    /// Checks what the kernels rely on.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(CudaError::InvalidArgument(why));
+        if !(8..=16).contains(&self.l) || !(1..=8).contains(&self.k) || self.k >= self.l {
+            return bad(format!("trellis L = {}, K = {}", self.l, self.k));
+        }
+        if self.seq == 0 || !self.seq.is_multiple_of(8) {
+            return bad(format!("trellis sequences of {} values", self.seq));
+        }
+        if self.rows > i32::MAX as usize || self.cols > i32::MAX as usize {
+            return bad(format!(
+                "{} × {} exceeds the kernels' i32 indices",
+                self.rows, self.cols
+            ));
+        }
+        // Every sequence must hold the state (the format's rule): the shortest is the whole
+        // row when the row is shorter than `seq`, else `seq`.
+        if self.cols > 0 && self.cols.min(self.seq) * (self.k as usize) < self.l as usize {
+            return bad(format!(
+                "trellis rows of {} values cannot hold a {}-bit state",
+                self.cols, self.l
+            ));
+        }
+        if self.row_bytes < (self.cols * self.k as usize).div_ceil(8)
+            || (self.bit_bytes as u128) < self.rows as u128 * self.row_bytes as u128
+        {
+            return bad(format!(
+                "{} bytes for {} rows of {} bytes",
+                self.bit_bytes, self.rows, self.row_bytes
+            ));
+        }
+        if self.bits == 0
+            || self.row_scales == 0
+            || (self.batch > 0 && (self.xr == 0 || self.y == 0))
+        {
+            return bad("a null pointer".into());
+        }
+        Ok(())
+    }
+}
+
 /// `out = RHT(x)` per activation row: the seeded randomized Hadamard transform of
 /// `hypercodec_lattice::Rht` (tiles of `tile` values), in f32, zero-padded to `width`.
 #[derive(Debug, Clone, Copy)]
@@ -369,6 +450,30 @@ impl Kernels {
     pub unsafe fn e8_decode(
         &self,
         args: &E8Gemv,
+        out: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<()> {
+        let _ = (args, out, dtype, stream);
+        Err(CudaError::NotCompiled)
+    }
+
+    /// Launches the trellis GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn trellis_gemv(&self, args: &TrellisGemv, stream: u64) -> Result<()> {
+        let _ = (args, stream);
+        Err(CudaError::NotCompiled)
+    }
+
+    /// Decodes the scaled trellis values (rotated domain) into `out` (`rows × cols`).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn trellis_decode(
+        &self,
+        args: &TrellisGemv,
         out: u64,
         dtype: Dtype,
         stream: u64,
@@ -610,6 +715,79 @@ impl Kernels {
         unsafe {
             self.inner.launch(
                 driver::E8_DECODE,
+                (grid_for(n), 1),
+                256,
+                0,
+                stream,
+                &mut params,
+            )
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Kernels {
+    /// Launches the trellis GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn trellis_gemv(&self, a: &TrellisGemv, stream: u64) -> Result<()> {
+        a.validate()?;
+        for m0 in (0..a.batch).step_by(MAX_GEMV_BATCH) {
+            let m = (a.batch - m0).min(MAX_GEMV_BATCH);
+            let pass = TrellisGemv {
+                xr: a.xr + (m0 * a.cols * 4) as u64,
+                y: a.y + (m0 * a.rows * a.y_dtype.size()) as u64,
+                batch: m,
+                ..*a
+            };
+            let mut k = driver::TrellisArgs::new(&pass);
+            let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+            // SAFETY: the arguments were validated; the pointers are the caller's contract.
+            unsafe {
+                self.inner.launch(
+                    driver::trellis_gemv(m),
+                    (a.rows.div_ceil(driver::rows_per_block(m)) as u32, 1),
+                    block_for(a.cols.div_ceil(8)),
+                    0,
+                    stream,
+                    &mut params,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes the scaled trellis values (rotated domain) into `out` (`rows × cols`).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn trellis_decode(
+        &self,
+        a: &TrellisGemv,
+        out: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<()> {
+        a.validate()?;
+        if out == 0 {
+            return Err(CudaError::InvalidArgument("a null pointer".into()));
+        }
+        if a.rows == 0 || a.cols == 0 {
+            return Ok(());
+        }
+        let n = a.rows * a.cols.div_ceil(8);
+        let mut k = driver::TrellisArgs::new(a);
+        let (mut out, mut dt) = (out, dtype as i32);
+        let mut params = [
+            &mut k as *mut _ as *mut std::ffi::c_void,
+            &mut out as *mut _ as *mut _,
+            &mut dt as *mut _ as *mut _,
+        ];
+        // SAFETY: the arguments were validated; the pointers are the caller's contract.
+        unsafe {
+            self.inner.launch(
+                driver::TRELLIS_DECODE,
                 (grid_for(n), 1),
                 256,
                 0,

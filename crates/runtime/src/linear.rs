@@ -126,6 +126,30 @@ pub enum DeviceForm<'a> {
         /// Code bias.
         qbias: f32,
     },
+    /// Bitshift-trellis rows dotted against `RHT(x)` (see `hypercodec_trellis`): value
+    /// `c1·sum(state) + c0` per the 1MAD code, scaled per row.
+    Trellis {
+        /// `row_bytes` per row.
+        bits: &'a [u8],
+        /// Bytes per row.
+        row_bytes: usize,
+        /// Row scales.
+        row_scales: Vec<f32>,
+        /// State bits.
+        l: u8,
+        /// Bits per value.
+        k: u8,
+        /// Values per tail-biting sequence.
+        seq: usize,
+        /// The code's slope.
+        c1: f32,
+        /// The code's offset.
+        c0: f32,
+        /// RHT tile.
+        tile: usize,
+        /// RHT seed.
+        seed: u64,
+    },
     /// Fixed-rate E8 words dotted against `RHT(x)`.
     E8Fixed {
         /// `bits` bytes per word, `words` words per row.
@@ -307,8 +331,8 @@ impl CompressedLinear {
 
     /// The stored form as a GPU kernel reads it (`hypercodec-kernels-cuda`), borrowing the
     /// codes and words as stored; `None` for forms without a device kernel (nested tensors,
-    /// entropy-coded or Z1/D4 lattice symbols, trellis, codebook, ...), which a front end runs
-    /// by decoding (the documented fallback).
+    /// entropy-coded or Z1/D4 lattice symbols, codebook, ...), which a front end runs by
+    /// decoding (the documented fallback).
     pub fn device_form(&self) -> Result<Option<DeviceForm<'_>>> {
         let Op::Leaf { view, kind } = &self.op else {
             return Ok(None);
@@ -349,6 +373,21 @@ impl CompressedLinear {
                     scales_per_row: if tensor { 0 } else { gpr },
                     qmul,
                     qbias,
+                })
+            }
+            (Kind::Trellis, Parts::Trellis(t)) => {
+                let (c1, c0) = t.params.affine();
+                Some(DeviceForm::Trellis {
+                    bits: &t.bits,
+                    row_bytes: t.row_bytes(self.cols),
+                    row_scales: t.scales.clone(),
+                    l: t.params.l,
+                    k: t.params.k,
+                    seq: t.seq,
+                    c1,
+                    c0,
+                    tile: t.tile,
+                    seed: t.seed,
                 })
             }
             (Kind::E8Fixed, Parts::Lattice(l)) => match &l.symbols {

@@ -606,7 +606,7 @@ fn huge_and_tiny_weights_stay_finite_and_match_the_reference() {
 fn device_forms_decode_to_the_stored_weight() {
     use crate::DeviceForm;
     use hypercodec_lattice::Rht;
-    let mut seen = [0usize; 2];
+    let mut seen = [0usize; 3];
     for shape in [[7u64, 100], [5, 256], [3, 8]] {
         let (rows, cols) = (shape[0] as usize, shape[1] as usize);
         let x = values(rows * cols, 41);
@@ -652,6 +652,52 @@ fn device_forms_decode_to_the_stored_weight() {
                         }
                     }
                 }
+                DeviceForm::Trellis {
+                    bits,
+                    row_bytes,
+                    row_scales,
+                    l,
+                    k,
+                    seq,
+                    c1,
+                    c0,
+                    tile,
+                    seed,
+                } => {
+                    // The kernels' rule, written out: value t of a sequence of n values is
+                    // c1·sum(state) + c0, state the L bits of the circular stream ending with
+                    // its K bits.
+                    seen[2] += 1;
+                    let rht = Rht::new(cols, tile, seed).unwrap();
+                    let (l, k) = (l as usize, k as usize);
+                    for r in 0..rows {
+                        let mut rotated = want[r * cols..(r + 1) * cols].to_vec();
+                        rht.forward(&mut rotated);
+                        let row = &bits[r * row_bytes..(r + 1) * row_bytes];
+                        for q in hypercodec_trellis::row_sequences(cols, seq) {
+                            let n = q.len();
+                            let bit = |p: usize| {
+                                (row[(q.start * k + p) / 8] >> ((q.start * k + p) % 8)) & 1
+                            };
+                            for t in 0..n {
+                                let end = (t + 1) * k;
+                                let mut state = 0u32;
+                                for j in 0..l {
+                                    let p = (end + 2 * n * k - l + j) % (n * k);
+                                    state |= (bit(p) as u32) << j;
+                                }
+                                let got = row_scales[r]
+                                    * (c1 * hypercodec_trellis::code_sum(state) as f32 + c0);
+                                let e = rotated[q.start + t];
+                                assert!(
+                                    (got - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                                    "trellis ({r}, {}): {got} vs {e}",
+                                    q.start + t
+                                );
+                            }
+                        }
+                    }
+                }
                 DeviceForm::E8Fixed {
                     packed,
                     row_scales,
@@ -693,5 +739,5 @@ fn device_forms_decode_to_the_stored_weight() {
             }
         }
     }
-    assert!(seen[0] >= 30 && seen[1] >= 21, "{seen:?}");
+    assert!(seen[0] >= 30 && seen[1] >= 21 && seen[2] >= 8, "{seen:?}");
 }

@@ -1,16 +1,16 @@
 """Compressed layers on CUDA tensors (requires torch; used by :class:`hypercodec.nn.HyperLinear`).
 
-A :class:`DeviceLinear` puts one layer's *stored* form on a GPU — affine codes or fixed-rate E8
-words exactly as the archive holds them, plus f32 scales — as PyTorch tensors (so
+A :class:`DeviceLinear` puts one layer's *stored* form on a GPU — affine codes, fixed-rate E8
+words or bitshift-trellis bits exactly as the archive holds them, plus f32 scales — as PyTorch tensors (so
 ``torch.cuda.memory_allocated`` counts every byte), and runs ``y = x·Wᵀ + b`` with hypercodec's
 CUDA kernels (PTX shipped in the wheel, loaded by the driver: nothing is compiled at import)
 on PyTorch's current stream, without synchronizing:
 
 - up to :data:`GEMV_MAX_BATCH` activation rows: a fused GEMV reading the codes once per 4 rows
-  (E8: after the activation's randomized Hadamard transform on the GPU);
+  (E8 and trellis: after the activation's randomized Hadamard transform on the GPU);
 - larger batches: the weight is decoded to the activation dtype for the call, then
   ``F.linear`` (cuBLAS) — transient memory of one dense weight;
-- forms without a kernel (entropy-coded or Z1/D4 lattice symbols, trellis, codebook, nested):
+- forms without a kernel (entropy-coded or Z1/D4 lattice symbols, codebook, nested):
   the documented *decode fallback* — the weight is decoded once on the host and kept on the
   device in the activation dtype.
 
@@ -28,7 +28,7 @@ from . import _native
 
 #: Activation rows up to which the fused GEMV runs, per form (in passes of 4; above: decode,
 #: then cuBLAS): the crossover measured on an H200 by ``py/benches/cuda_linear.py``.
-GEMV_MAX_BATCH = {"affine": 4, "e8": 2}
+GEMV_MAX_BATCH = {"affine": 4, "e8": 2, "trellis": 4}
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _KERNELS: dict[int, _native.CudaKernels] = {}
@@ -99,6 +99,24 @@ class DeviceLinear:
                 "qmul": form["qmul"],
                 "qbias": form["qbias"],
             }
+        elif self.kind == "trellis":
+            self.bits = up(form["bits"])
+            self.row_scales = up(form["row_scales"])
+            self.tile, self.seed = form["tile"], form["seed"]
+            self.args = {
+                "bits": _ptr(self.bits),
+                "bit_bytes": self.bits.numel(),
+                "row_bytes": form["row_bytes"],
+                "row_scales": _ptr(self.row_scales),
+                "bias": _ptr(self.bias),
+                "rows": self.rows,
+                "cols": self.cols,
+                "l": form["l"],
+                "k": form["k"],
+                "seq": form["seq"],
+                "c1": form["c1"],
+                "c0": form["c0"],
+            }
         else:
             self.packed = up(form["packed"])
             self.row_scales = up(form["row_scales"])
@@ -127,6 +145,8 @@ class DeviceLinear:
             ts += [self.codes, self.scales, self.offsets]
         elif self.kind == "e8":
             ts += [self.packed, self.row_scales]
+        elif self.kind == "trellis":
+            ts += [self.bits, self.row_scales]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def route(self, batch: int) -> str:
@@ -166,7 +186,7 @@ class DeviceLinear:
                 b = None if self.bias is None else self.bias.to(dt)
                 y = torch.nn.functional.linear(x2, w, b)
         else:
-            width = 8 * self.words
+            width = 8 * self.words if self.kind == "e8" else self.cols
             xr = torch.empty(m, width, dtype=torch.float32, device=self.device)
             self.kernels.rht(
                 {
@@ -181,6 +201,17 @@ class DeviceLinear:
                 },
                 stream,
             )
+            if self.kind == "trellis":
+                args = dict(self.args, xr=_ptr(xr), batch=m)
+                b = None if self.bias is None else self.bias.to(dt)
+                if gemv:
+                    y = torch.empty(m, self.rows, dtype=dt, device=self.device)
+                    self.kernels.trellis_gemv(dict(args, y=_ptr(y), y_dtype=code), stream)
+                else:
+                    w = torch.empty(self.rows, self.cols, dtype=dt, device=self.device)
+                    self.kernels.trellis_decode(dict(args, y=_ptr(w), y_dtype=code), _ptr(w), code, stream)
+                    y = torch.nn.functional.linear(xr.to(dt), w, b)
+                return y.reshape(*lead, self.rows).to(x.dtype)
             half = torch.empty(m, self.words, dtype=torch.float32, device=self.device)
             args = dict(self.args, xr=_ptr(xr), half=_ptr(half), batch=m)
             if gemv:
