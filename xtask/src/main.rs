@@ -523,15 +523,8 @@ const PTX_STAMP: &str = "// hypercodec-kernels-sources: ";
 
 /// FNV-1a (64 bits) over every `kernels/*.cu` and `*.cuh`, names and contents, sorted by name.
 fn kernel_sources_hash() -> Result<String, String> {
-    let dir = root().join("kernels");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cu" || x == "cuh"))
-        .collect();
-    files.sort();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for f in &files {
+    for f in &kernel_files(&["cu", "cuh"])? {
         let name = f
             .file_name()
             .unwrap_or_default()
@@ -545,16 +538,16 @@ fn kernel_sources_hash() -> Result<String, String> {
     Ok(format!("{h:016x}"))
 }
 
-/// The `.cu` files (each one PTX module).
-fn kernel_units() -> Result<Vec<PathBuf>, String> {
+/// The files of `kernels/` with one of these extensions, sorted (each `.cu` is one PTX module).
+fn kernel_files(exts: &[&str]) -> Result<Vec<PathBuf>, String> {
     let dir = root().join("kernels");
-    let mut units: Vec<PathBuf> = std::fs::read_dir(&dir)
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .filter(|p| p.extension().is_some_and(|x| exts.iter().any(|e| x == *e)))
         .collect();
-    units.sort();
-    Ok(units)
+    files.sort();
+    Ok(files)
 }
 
 fn ptx_path(unit: &Path) -> PathBuf {
@@ -599,7 +592,7 @@ fn nvcc() -> Result<PathBuf, String> {
 fn ptx(check: bool) -> Result<(), String> {
     let hash = kernel_sources_hash()?;
     let stamp = format!("{PTX_STAMP}{hash}");
-    let units = kernel_units()?;
+    let units = kernel_files(&["cu"])?;
     if check {
         let mut stale = Vec::new();
         for u in &units {

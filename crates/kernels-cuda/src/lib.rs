@@ -22,8 +22,35 @@
 //! ```
 #![deny(missing_docs)]
 
+mod args;
 #[cfg(feature = "cuda")]
 mod driver;
+
+/// Without the `cuda` feature: a module that never loads (so no launch is ever reached).
+#[cfg(not(feature = "cuda"))]
+mod driver {
+    use crate::{CudaError, Result};
+
+    pub(crate) struct Module;
+
+    impl Module {
+        pub(crate) fn load(_ordinal: usize) -> Result<Self> {
+            Err(CudaError::NotCompiled)
+        }
+
+        pub(crate) unsafe fn launch(
+            &self,
+            _f: usize,
+            _grid: (u32, u32),
+            _block: u32,
+            _shared: u32,
+            _stream: u64,
+            _params: &mut [*mut std::ffi::c_void],
+        ) -> Result<()> {
+            Err(CudaError::NotCompiled)
+        }
+    }
+}
 
 /// Everything that can go wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -378,7 +405,6 @@ impl RhtArgs {
 /// PyTorch, uses). Every launch takes a raw `CUstream` (0: the legacy default stream) and
 /// returns without synchronizing.
 pub struct Kernels {
-    #[cfg(feature = "cuda")]
     inner: driver::Module,
 }
 
@@ -388,102 +414,6 @@ impl std::fmt::Debug for Kernels {
     }
 }
 
-#[cfg(not(feature = "cuda"))]
-impl Kernels {
-    /// Loads the kernels on device `ordinal` (needs the `cuda` feature and a driver).
-    pub fn new(ordinal: usize) -> Result<Self> {
-        let _ = ordinal;
-        Err(CudaError::NotCompiled)
-    }
-
-    /// Kernel functions loaded.
-    pub fn functions(&self) -> usize {
-        0
-    }
-
-    /// Launches the activation RHT.
-    ///
-    /// # Safety
-    /// The pointers are device allocations of this device holding the sizes the struct states.
-    pub unsafe fn rht(&self, args: &RhtArgs, stream: u64) -> Result<()> {
-        let _ = (args, stream);
-        Err(CudaError::NotCompiled)
-    }
-
-    /// Launches the affine GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
-    ///
-    /// # Safety
-    /// As [`Kernels::rht`].
-    pub unsafe fn affine_gemv(&self, args: &AffineGemv, stream: u64) -> Result<()> {
-        let _ = (args, stream);
-        Err(CudaError::NotCompiled)
-    }
-
-    /// Decodes the affine weight into `out` (`rows × cols` of `dtype`).
-    ///
-    /// # Safety
-    /// As [`Kernels::rht`].
-    pub unsafe fn affine_decode(
-        &self,
-        args: &AffineGemv,
-        out: u64,
-        dtype: Dtype,
-        stream: u64,
-    ) -> Result<()> {
-        let _ = (args, out, dtype, stream);
-        Err(CudaError::NotCompiled)
-    }
-
-    /// Launches the fixed-rate E8 GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
-    ///
-    /// # Safety
-    /// As [`Kernels::rht`].
-    pub unsafe fn e8_gemv(&self, args: &E8Gemv, stream: u64) -> Result<()> {
-        let _ = (args, stream);
-        Err(CudaError::NotCompiled)
-    }
-
-    /// Decodes the scaled E8 points (rotated domain) into `out` (`rows × 8·words`).
-    ///
-    /// # Safety
-    /// As [`Kernels::rht`].
-    pub unsafe fn e8_decode(
-        &self,
-        args: &E8Gemv,
-        out: u64,
-        dtype: Dtype,
-        stream: u64,
-    ) -> Result<()> {
-        let _ = (args, out, dtype, stream);
-        Err(CudaError::NotCompiled)
-    }
-
-    /// Launches the trellis GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
-    ///
-    /// # Safety
-    /// As [`Kernels::rht`].
-    pub unsafe fn trellis_gemv(&self, args: &TrellisGemv, stream: u64) -> Result<()> {
-        let _ = (args, stream);
-        Err(CudaError::NotCompiled)
-    }
-
-    /// Decodes the scaled trellis values (rotated domain) into `out` (`rows × cols`).
-    ///
-    /// # Safety
-    /// As [`Kernels::rht`].
-    pub unsafe fn trellis_decode(
-        &self,
-        args: &TrellisGemv,
-        out: u64,
-        dtype: Dtype,
-        stream: u64,
-    ) -> Result<()> {
-        let _ = (args, out, dtype, stream);
-        Err(CudaError::NotCompiled)
-    }
-}
-
-#[cfg(feature = "cuda")]
 impl Kernels {
     /// Loads the kernels on device `ordinal` (needs the `cuda` feature and a driver).
     pub fn new(ordinal: usize) -> Result<Self> {
@@ -494,7 +424,7 @@ impl Kernels {
 
     /// Kernel functions loaded.
     pub fn functions(&self) -> usize {
-        driver::function_names().len()
+        args::function_names().len()
     }
 
     /// Launches the activation RHT.
@@ -512,9 +442,9 @@ impl Kernels {
             && a.out.is_multiple_of(16)
             && a.width.is_multiple_of(4);
         let (f, threads) = if fast {
-            (driver::RHT_FAST, (a.tile / 8) as u32)
+            (args::RHT_FAST, (a.tile / 8) as u32)
         } else {
-            (driver::RHT, a.tile.min(1024) as u32)
+            (args::RHT, a.tile.min(1024) as u32)
         };
         let mut p = (
             a.x,
@@ -562,14 +492,14 @@ impl Kernels {
                 batch: m,
                 ..*a
             };
-            let mut k = driver::AffineArgs::new(&pass);
+            let mut k = args::AffineArgs::new(&pass);
             let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
             let (f, rows_per_block, work) = if path == 0 {
-                (driver::AFFINE_GENERIC, 1, a.cols)
+                (args::AFFINE_GENERIC, 1, a.cols)
             } else {
                 (
-                    driver::affine_gemv(path as usize, m),
-                    driver::rows_per_block(m),
+                    args::affine_gemv(path as usize, m),
+                    args::rows_per_block(m),
                     a.cols / 32,
                 )
             };
@@ -610,11 +540,11 @@ impl Kernels {
         // must be 16-byte aligned), the rest 8 values per thread.
         let path = a.path() as usize;
         let (f, n) = if path > 0 && out.is_multiple_of(16) {
-            (driver::affine_decode_chunks(path), a.rows * (a.cols / 32))
+            (args::affine_decode_chunks(path), a.rows * (a.cols / 32))
         } else {
-            (driver::AFFINE_DECODE, a.rows * a.cols.div_ceil(8))
+            (args::AFFINE_DECODE, a.rows * a.cols.div_ceil(8))
         };
-        let mut k = driver::AffineArgs::new(a);
+        let mut k = args::AffineArgs::new(a);
         let (mut out, mut dt) = (out, dtype as i32);
         let mut params = [
             &mut k as *mut _ as *mut std::ffi::c_void,
@@ -645,7 +575,7 @@ impl Kernels {
             // SAFETY: `xr` holds `8·n` and `half` `n` f32 (the struct's contract).
             unsafe {
                 self.inner.launch(
-                    driver::E8_HALVES,
+                    args::E8_HALVES,
                     (grid_for(n), 1),
                     256,
                     0,
@@ -663,18 +593,18 @@ impl Kernels {
                 batch: m,
                 ..*a
             };
-            let mut k = driver::E8Args::new(&pass);
+            let mut k = args::E8Args::new(&pass);
             let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
             // Rows of whole groups of 4 words take the templated kernels, others one block per
             // row.
             let (f, rows_per_block, work) = if a.words.is_multiple_of(4) {
                 (
-                    driver::e8_gemv(a.bits as usize, m),
-                    driver::rows_per_block(m),
+                    args::e8_gemv(a.bits as usize, m),
+                    args::rows_per_block(m),
                     a.words / 4,
                 )
             } else {
-                (driver::E8_ANY, 1, a.words)
+                (args::E8_ANY, 1, a.words)
             };
             // SAFETY: the arguments were validated; the pointers are the caller's contract.
             unsafe {
@@ -704,7 +634,7 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let mut k = driver::E8Args::new(a);
+        let mut k = args::E8Args::new(a);
         let (mut out, mut dt) = (out, dtype as i32);
         let mut params = [
             &mut k as *mut _ as *mut std::ffi::c_void,
@@ -714,7 +644,7 @@ impl Kernels {
         // SAFETY: the arguments were validated; the pointers are the caller's contract.
         unsafe {
             self.inner.launch(
-                driver::E8_DECODE,
+                args::E8_DECODE,
                 (grid_for(n), 1),
                 256,
                 0,
@@ -725,7 +655,6 @@ impl Kernels {
     }
 }
 
-#[cfg(feature = "cuda")]
 impl Kernels {
     /// Launches the trellis GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
     ///
@@ -741,13 +670,13 @@ impl Kernels {
                 batch: m,
                 ..*a
             };
-            let mut k = driver::TrellisArgs::new(&pass);
+            let mut k = args::TrellisArgs::new(&pass);
             let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
             // SAFETY: the arguments were validated; the pointers are the caller's contract.
             unsafe {
                 self.inner.launch(
-                    driver::trellis_gemv(m),
-                    (a.rows.div_ceil(driver::rows_per_block(m)) as u32, 1),
+                    args::trellis_gemv(m),
+                    (a.rows.div_ceil(args::rows_per_block(m)) as u32, 1),
                     block_for(a.cols.div_ceil(8)),
                     0,
                     stream,
@@ -777,7 +706,7 @@ impl Kernels {
             return Ok(());
         }
         let n = a.rows * a.cols.div_ceil(8);
-        let mut k = driver::TrellisArgs::new(a);
+        let mut k = args::TrellisArgs::new(a);
         let (mut out, mut dt) = (out, dtype as i32);
         let mut params = [
             &mut k as *mut _ as *mut std::ffi::c_void,
@@ -787,7 +716,7 @@ impl Kernels {
         // SAFETY: the arguments were validated; the pointers are the caller's contract.
         unsafe {
             self.inner.launch(
-                driver::TRELLIS_DECODE,
+                args::TRELLIS_DECODE,
                 (grid_for(n), 1),
                 256,
                 0,
@@ -801,13 +730,11 @@ impl Kernels {
 /// Threads of a GEMV block whose threads split `work` items of a row: about 4 items per
 /// thread (so the block's final reduction stays small against the work), whole warps,
 /// 32..=256.
-#[cfg(feature = "cuda")]
 fn block_for(work: usize) -> u32 {
     (work.div_ceil(4 * 32) * 32).clamp(32, 256) as u32
 }
 
 /// Blocks of 256 threads for a grid-stride loop over `n` items.
-#[cfg(feature = "cuda")]
 fn grid_for(n: usize) -> u32 {
     n.div_ceil(256).clamp(1, 1 << 20) as u32
 }
@@ -901,6 +828,46 @@ mod tests {
             "96 columns are not whole tiles of 64"
         );
         assert!(RhtArgs { tile: 32, ..rht }.validate().is_ok());
+    }
+
+    #[test]
+    fn every_kernel_the_host_launches_is_in_the_ptx_at_its_index() {
+        let ptx = include_str!("../ptx/gemv.ptx");
+        let names = args::function_names();
+        for n in &names {
+            assert!(
+                ptx.contains(&format!(".entry {n}(")),
+                "{n} missing from the PTX"
+            );
+        }
+        assert_eq!(names[args::affine_gemv(4, 1)], "hc_affine_gemv_b4_m1");
+        assert_eq!(names[args::affine_gemv(8, 3)], "hc_affine_gemv_b8_m4");
+        assert_eq!(names[args::e8_gemv(2, 1)], "hc_e8_gemv_b2_m1");
+        assert_eq!(names[args::e8_gemv(7, 4)], "hc_e8_gemv_b7_m4");
+        assert_eq!(names[args::e8_gemv(8, 2)], "hc_e8_gemv_b8_m4");
+        assert_eq!(names[args::trellis_gemv(1)], "hc_trellis_gemv_m1");
+        assert_eq!(names[args::TRELLIS_DECODE], "hc_trellis_decode");
+        assert_eq!(names[args::affine_decode_chunks(2)], "hc_affine_decode_b2");
+        assert_eq!(names[args::RHT_FAST], "hc_rht_fast");
+        assert_eq!(names[args::E8_ANY], "hc_e8_gemv_any");
+        // The argument structs have the size nvcc gave the kernels' parameter (in the PTX).
+        let param = |kernel: &str| -> usize {
+            let key = format!("{kernel}_param_0[");
+            let at = ptx.find(&key).expect("the kernel's first parameter") + key.len();
+            ptx[at..at + ptx[at..].find(']').unwrap()].parse().unwrap()
+        };
+        assert_eq!(
+            std::mem::size_of::<args::AffineArgs>(),
+            param("hc_affine_gemv_b4_m1")
+        );
+        assert_eq!(
+            std::mem::size_of::<args::E8Args>(),
+            param("hc_e8_gemv_b4_m1")
+        );
+        assert_eq!(
+            std::mem::size_of::<args::TrellisArgs>(),
+            param("hc_trellis_gemv_m1")
+        );
     }
 
     #[test]

@@ -1,0 +1,221 @@
+//! What the host and the kernels share, without CUDA: kernel names and indices, the launch
+//! shapes, and the kernels' argument structs (`#[repr(C)]`, field for field as in
+//! `kernels/gemv.cu`).
+
+use crate::{AffineGemv, E8Gemv};
+
+/// Kernel names: the fixed ones, then the affine GEMVs by (bits, batch tile), then the E8
+/// GEMVs by (bits, batch tile); indices from [`affine_gemv`] and [`e8_gemv`].
+pub(crate) fn function_names() -> Vec<String> {
+    let mut v: Vec<String> = [
+        "hc_rht",
+        "hc_affine_decode",
+        "hc_e8_decode",
+        "hc_e8_halves",
+        "hc_affine_gemv_generic",
+        "hc_e8_gemv_any",
+        "hc_rht_fast",
+        "hc_affine_decode_b2",
+        "hc_affine_decode_b4",
+        "hc_affine_decode_b8",
+        "hc_trellis_gemv_m1",
+        "hc_trellis_gemv_m4",
+        "hc_trellis_decode",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for b in [2, 4, 8] {
+        for m in BATCH_TILES {
+            v.push(format!("hc_affine_gemv_b{b}_m{m}"));
+        }
+    }
+    for b in 2..=8 {
+        for m in BATCH_TILES {
+            v.push(format!("hc_e8_gemv_b{b}_m{m}"));
+        }
+    }
+    v
+}
+pub(crate) const RHT: usize = 0;
+pub(crate) const AFFINE_DECODE: usize = 1;
+pub(crate) const E8_DECODE: usize = 2;
+pub(crate) const E8_HALVES: usize = 3;
+pub(crate) const AFFINE_GENERIC: usize = 4;
+pub(crate) const E8_ANY: usize = 5;
+pub(crate) const RHT_FAST: usize = 6;
+/// The chunked affine decoders of 2, 4 and 8 bits.
+pub(crate) fn affine_decode_chunks(bits: usize) -> usize {
+    match bits {
+        2 => 7,
+        4 => 8,
+        _ => 9,
+    }
+}
+/// The trellis GEMV for a pass of `batch` rows.
+pub(crate) fn trellis_gemv(batch: usize) -> usize {
+    10 + tile_index(batch)
+}
+pub(crate) const TRELLIS_DECODE: usize = 12;
+/// Functions before the templated GEMVs.
+const FIXED: usize = 13;
+/// The kernels' batch tiles (activation rows held in registers).
+const BATCH_TILES: [usize; 2] = [1, 4];
+
+fn tile_index(batch: usize) -> usize {
+    usize::from(batch > 1)
+}
+
+/// Weight rows one block of the GEMVs computes for a pass of `batch` rows (`HC_R`).
+pub(crate) fn rows_per_block(batch: usize) -> usize {
+    if batch == 1 {
+        4
+    } else {
+        2
+    }
+}
+
+/// The aligned affine GEMV of `bits` (2, 4 or 8) for a pass of `batch` rows.
+pub(crate) fn affine_gemv(bits: usize, batch: usize) -> usize {
+    let b = match bits {
+        2 => 0,
+        4 => 1,
+        _ => 2,
+    };
+    FIXED + BATCH_TILES.len() * b + tile_index(batch)
+}
+
+/// The E8 GEMV of `bits` (2..=8) for a pass of `batch` rows.
+pub(crate) fn e8_gemv(bits: usize, batch: usize) -> usize {
+    FIXED + 3 * BATCH_TILES.len() + BATCH_TILES.len() * (bits - 2) + tile_index(batch)
+}
+
+/// The kernels' `AffineArgs` (kernels/gemv.cu), field for field.
+#[repr(C)]
+pub(crate) struct AffineArgs {
+    codes: u64,
+    scales: u64,
+    offsets: u64,
+    x: u64,
+    y: u64,
+    bias: u64,
+    n_code_bytes: i64,
+    xdtype: i32,
+    ydtype: i32,
+    m: i32,
+    rows: i32,
+    cols: i32,
+    bits: i32,
+    glen: i32,
+    srs: i32,
+    qmul: f32,
+    qbias: f32,
+    glen_log2: i32,
+}
+
+impl AffineArgs {
+    pub(crate) fn new(a: &AffineGemv) -> Self {
+        AffineArgs {
+            codes: a.codes,
+            scales: a.scales,
+            offsets: a.offsets,
+            x: a.x,
+            y: a.y,
+            bias: a.bias,
+            n_code_bytes: a.code_bytes as i64,
+            xdtype: a.x_dtype as i32,
+            ydtype: a.y_dtype as i32,
+            m: a.batch as i32,
+            rows: a.rows as i32,
+            cols: a.cols as i32,
+            bits: a.bits as i32,
+            glen: a.group_len.max(1).min(i32::MAX as usize) as i32,
+            srs: a.scales_per_row.min(i32::MAX as usize) as i32,
+            qmul: a.qmul,
+            qbias: a.qbias,
+            glen_log2: if a.group_len.is_power_of_two() {
+                a.group_len.trailing_zeros() as i32
+            } else {
+                -1
+            },
+        }
+    }
+}
+
+/// The kernels' `E8Args`.
+#[repr(C)]
+pub(crate) struct E8Args {
+    packed: u64,
+    row_scales: u64,
+    xr: u64,
+    half: u64,
+    y: u64,
+    bias: u64,
+    ydtype: i32,
+    m: i32,
+    rows: i32,
+    words: i32,
+    bits: i32,
+}
+
+impl E8Args {
+    pub(crate) fn new(a: &E8Gemv) -> Self {
+        E8Args {
+            packed: a.packed,
+            row_scales: a.row_scales,
+            xr: a.xr,
+            half: a.half,
+            y: a.y,
+            bias: a.bias,
+            ydtype: a.y_dtype as i32,
+            m: a.batch as i32,
+            rows: a.rows as i32,
+            words: a.words as i32,
+            bits: a.bits as i32,
+        }
+    }
+}
+
+/// The kernels' `TrellisArgs`.
+#[repr(C)]
+pub(crate) struct TrellisArgs {
+    bits: u64,
+    row_scales: u64,
+    xr: u64,
+    y: u64,
+    bias: u64,
+    n_bytes: i64,
+    row_bytes: i64,
+    ydtype: i32,
+    m: i32,
+    rows: i32,
+    cols: i32,
+    l: i32,
+    k: i32,
+    seq: i32,
+    c1: f32,
+    c0: f32,
+}
+
+impl TrellisArgs {
+    pub(crate) fn new(a: &crate::TrellisGemv) -> Self {
+        TrellisArgs {
+            bits: a.bits,
+            row_scales: a.row_scales,
+            xr: a.xr,
+            y: a.y,
+            bias: a.bias,
+            n_bytes: a.bit_bytes as i64,
+            row_bytes: a.row_bytes as i64,
+            ydtype: a.y_dtype as i32,
+            m: a.batch as i32,
+            rows: a.rows as i32,
+            cols: a.cols as i32,
+            l: a.l as i32,
+            k: a.k as i32,
+            seq: a.seq as i32,
+            c1: a.c1,
+            c0: a.c0,
+        }
+    }
+}
