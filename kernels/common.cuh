@@ -56,6 +56,10 @@ __device__ __forceinline__ void hc_load8(const void* p, int dtype, long long i, 
     }
 }
 
+__device__ __forceinline__ bool hc_aligned16(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
 // Stores `n` (≤ 8) values from index `i`; one or two 16-byte stores when `aligned` (i a
 // multiple of 8, n = 8, the buffer 16-byte aligned).
 __device__ __forceinline__ void hc_store8(void* p, int dtype, long long i, const float* v, int n, bool aligned) {

@@ -359,7 +359,7 @@ extern "C" __global__ void hc_affine_decode(AffineArgs a, void* __restrict__ out
             const float lo = a.offsets ? a.offsets[si] : 0.f;
             v8[i] = a.scales[si] * (a.qmul * q - a.qbias) + lo;
         }
-        hc_store8(out, odtype, (long long)r * a.cols + j0, v8, min(8, a.cols - j0), (a.cols & 7) == 0);
+        hc_store8(out, odtype, (long long)r * a.cols + j0, v8, min(8, a.cols - j0), (a.cols & 7) == 0 && hc_aligned16(out));
     }
 }
 
@@ -609,7 +609,7 @@ extern "C" __global__ void hc_e8_decode(E8Args a, void* __restrict__ out, int od
             v8[i - 1] = sc * ((float)s + half);
         }
         v8[7] = sc * ((float)((s0 & ~1) - h + (p & 1)) + half);
-        hc_store8(out, odtype, 8 * k, v8, 8, true);
+        hc_store8(out, odtype, 8 * k, v8, 8, hc_aligned16(out));
     }
 }
 
@@ -768,6 +768,215 @@ extern "C" __global__ void hc_trellis_decode(TrellisArgs a, void* __restrict__ o
         float v8[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) v8[i] = sc * fmaf(a.c1, hc_u2f(sums[i]), a.c0);
-        hc_store8(out, odtype, (long long)r * a.cols + 8 * c, v8, cnt, (a.cols & 7) == 0);
+        hc_store8(out, odtype, (long long)r * a.cols + 8 * c, v8, cnt, (a.cols & 7) == 0 && hc_aligned16(out));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// KV-cache vectors (`hypercodec_lattice::kv`, E8 without dither): per vector of d values
+// (8 ≤ d ≤ 256, whole words), y = RHT(x) in tiles of `tile` (0: no rotation), u = y·α/RMS(y),
+// the box-constrained E8 point of each word at `bits` bits per symbol, and one bf16 scale
+// c = ⟨y, p⟩ / ⟨p, p⟩; decoding gives x̂ = RHT⁻¹(c·p). One warp per vector, lane w holding
+// word w (8 values): the first 3 butterfly stages in registers, the rest across lanes.
+
+struct KvArgs {
+    const void* x;        // encode: vectors, `dtype`, vector v at x + v·d
+    void* out;            // decode: vector (row, t) at out + row·out_row + t·d, `dtype`
+    uint8_t* codes;       // vector (row, t) at codes + row·codes_row + t·code_bytes
+    uint16_t* scales;     // bf16 bits, vector (row, t) at scales + row·scales_row + t
+    long long out_row, codes_row, scales_row;
+    int dtype, rows, toks, d, bits, code_bytes, tile;
+    float alpha;
+    unsigned long long seed;
+};
+
+// y ← H·y/√tile per tile over the warp's words (8 values per lane), in place.
+__device__ __forceinline__ void hc_kv_fwht(float* v, int tile, int lane) {
+#pragma unroll
+    for (int h = 1; h < 8; h <<= 1)
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (!(k & h)) {
+                const float a = v[k], b = v[k + h];
+                v[k] = a + b;
+                v[k + h] = a - b;
+            }
+    for (int b = 0; (8 << b) < tile; b++) {
+        const bool upper = (lane >> b) & 1;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[k], 1 << b);
+            v[k] = upper ? o - v[k] : v[k] + o;
+        }
+    }
+    const float norm = rsqrtf((float)tile);
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] *= norm;
+}
+
+__device__ __forceinline__ void hc_kv_signs(float* v, unsigned long long seed, int j0) {
+    const unsigned long long w = hc_mix64(seed + (unsigned long long)(j0 / 64 + 1) * 0x9E3779B97F4A7C15ull);
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if ((w >> ((j0 + k) % 64)) & 1ull) v[k] = -v[k];
+}
+
+// The nearest point of D8 (parity even) or Z8 within [lo, hi]^8 (`nearest_box`), and its
+// squared distance.
+__device__ __forceinline__ float hc_box8(const float* u, int lo, int hi, int* r) {
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        r[i] = min(max((int)rintf(u[i]), lo), hi);
+        sum += r[i];
+    }
+    if (sum & 1) {
+        float best = 3.0e38f;
+        int bi = 0, ba = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float base = (u[i] - r[i]) * (u[i] - r[i]);
+#pragma unroll
+            for (int s = -1; s <= 1; s += 2) {
+                const int alt = r[i] + s;
+                if (alt >= lo && alt <= hi) {
+                    const float cost = (u[i] - alt) * (u[i] - alt) - base;
+                    if (cost < best) {
+                        best = cost;
+                        bi = i;
+                        ba = alt;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (i == bi) r[i] = ba;
+    }
+    float d = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) d += (u[i] - r[i]) * (u[i] - r[i]);
+    return d;
+}
+
+extern "C" __global__ void hc_kv_e8_encode(KvArgs a) {
+    const int lane = threadIdx.x & 31;
+    const long long v = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (v >= (long long)a.rows * a.toks) return;  // whole warps leave together
+    const int row = (int)(v / a.toks), t = (int)(v - (long long)row * a.toks);
+    const int nw = a.d >> 3;
+    const bool on = lane < nw;
+    float y[8];
+    if (on) {
+        hc_load8(a.x, a.dtype, v * a.d + 8 * lane, y);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) y[k] = 0.f;
+    }
+    if (a.tile > 0) {
+        if (on) hc_kv_signs(y, a.seed, 8 * lane);
+        hc_kv_fwht(y, a.tile, lane);
+    }
+    double ss = 0.0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) ss += (double)y[k] * y[k];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    uint8_t* code = a.codes + row * a.codes_row + (long long)t * a.code_bytes;
+    uint16_t* scale = a.scales + row * a.scales_row + t;
+    const double ms = ss / a.d;
+    if (ms == 0.0) {
+        if (on)
+            for (int i = 0; i < a.bits; i++) code[lane * a.bits + i] = 0;
+        if (lane == 0) *scale = 0;
+        return;
+    }
+    const float kf = a.alpha / (float)sqrt(ms);
+    const int h = 1 << (a.bits - 1);
+    float u[8], b8[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u[k] = fminf(fmaxf(y[k] * kf, -2097152.f), 2097152.f);
+        b8[k] = u[k] - 0.5f;
+    }
+    int re[8], ro[8];
+    const float de = hc_box8(u, -h, h - 1, re);
+    const float dd = hc_box8(b8, -h, h - 1, ro);
+    const bool pick = dd < de;
+    int s[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) s[k] = pick ? ro[k] : re[k];
+    const int par = (s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6]) & 1;
+    const int tt = (s[7] - par) >> 1;
+    // Symbols, then the point they decode to (decode_word_fixed).
+    unsigned long long word = (unsigned long long)(2 * (tt + h / 2) + (pick ? 1 : 0));
+#pragma unroll
+    for (int i = 0; i < 7; i++) word |= (unsigned long long)(s[i] + h) << ((i + 1) * a.bits);
+    const float half = pick ? 0.5f : 0.f;
+    double dot = 0.0, pp = 0.0;
+    if (on) {
+        int p7 = 0;
+#pragma unroll
+        for (int i = 0; i < 7; i++) {
+            const float p = (float)s[i] + half;
+            p7 += s[i];
+            dot += (double)y[i] * p;
+            pp += (double)p * p;
+        }
+        const float p = (float)(2 * tt + (p7 & 1)) + half;
+        dot += (double)y[7] * p;
+        pp += (double)p * p;
+        for (int i = 0; i < a.bits; i++) code[lane * a.bits + i] = (uint8_t)(word >> (8 * i));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        pp += __shfl_xor_sync(0xffffffffu, pp, o);
+    }
+    if (lane == 0) {
+        const float c = pp > 0.0 ? (float)(dot / pp) : 0.f;
+        const __nv_bfloat16 cb = __float2bfloat16_rn(c);
+        *scale = *reinterpret_cast<const uint16_t*>(&cb);
+    }
+}
+
+extern "C" __global__ void hc_kv_e8_decode(KvArgs a) {
+    const int lane = threadIdx.x & 31;
+    const long long v = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (v >= (long long)a.rows * a.toks) return;
+    const int row = (int)(v / a.toks), t = (int)(v - (long long)row * a.toks);
+    const int nw = a.d >> 3;
+    const bool on = lane < nw;
+    const uint16_t sb = a.scales[row * a.scales_row + t];
+    const float c = __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&sb));
+    float y[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) y[k] = 0.f;
+    if (on) {
+        const uint8_t* code = a.codes + row * a.codes_row + (long long)t * a.code_bytes + lane * a.bits;
+        unsigned long long w = 0;
+        for (int i = 0; i < a.bits; i++) w |= (unsigned long long)code[i] << (8 * i);
+        const unsigned long long mask = (1ull << a.bits) - 1;
+        const int h = 1 << (a.bits - 1);
+        const int s0 = (int)(w & mask);
+        const float half = (s0 & 1) ? 0.5f : 0.f;
+        int p = 0;
+#pragma unroll
+        for (int i = 1; i < 8; i++) {
+            const int q = (int)((w >> (i * a.bits)) & mask) - h;
+            p += q;
+            y[i - 1] = ((float)q + half) * c;
+        }
+        y[7] = ((float)((s0 & ~1) - h + (p & 1)) + half) * c;
+    }
+    if (a.tile > 0) {
+        hc_kv_fwht(y, a.tile, lane);
+        if (on) hc_kv_signs(y, a.seed, 8 * lane);
+    }
+    if (on) {
+        const long long at = row * a.out_row + (long long)t * a.d + 8 * lane;
+        const int size = a.dtype == HC_F32 ? 4 : 2;
+        const bool aligned = ((reinterpret_cast<uintptr_t>(a.out) + at * size) & 15) == 0;
+        hc_store8(a.out, a.dtype, at, y, 8, aligned);
     }
 }

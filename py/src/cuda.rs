@@ -4,7 +4,7 @@
 
 use crate::{CudaError as PyCudaError, InvalidInputError};
 use hypercodec_kernels_cuda::{
-    AffineGemv, CudaError, Dtype, E8Gemv, Kernels, RhtArgs, TrellisGemv,
+    AffineGemv, CudaError, Dtype, E8Gemv, Kernels, KvE8, RhtArgs, TrellisGemv,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -94,6 +94,26 @@ fn trellis(d: &Bound<'_, PyDict>) -> PyResult<TrellisGemv> {
     })
 }
 
+fn kv(d: &Bound<'_, PyDict>) -> PyResult<KvE8> {
+    Ok(KvE8 {
+        x: get(d, "x")?,
+        out: get(d, "out")?,
+        dtype: dtype(get(d, "dtype")?)?,
+        codes: get(d, "codes")?,
+        scales: get(d, "scales")?,
+        out_row: get(d, "out_row")?,
+        codes_row: get(d, "codes_row")?,
+        scales_row: get(d, "scales_row")?,
+        rows: get(d, "rows")?,
+        toks: get(d, "toks")?,
+        dim: get(d, "dim")?,
+        bits: get(d, "bits")?,
+        tile: get(d, "tile")?,
+        alpha: get(d, "alpha")?,
+        seed: get(d, "seed")?,
+    })
+}
+
 /// The hypercodec CUDA kernels loaded on one device (in its primary context, the one PyTorch
 /// uses). Methods take a dict of device pointers (`tensor.data_ptr()`), shapes and dtype codes
 /// (0 f32, 1 f16, 2 bf16) and a raw stream (`torch.cuda.current_stream().cuda_stream`); they
@@ -179,6 +199,22 @@ impl CudaKernels {
         let a = trellis(args)?;
         // SAFETY: as in `rht`.
         unsafe { self.k.trellis_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
+    }
+
+    /// KV vectors encoded with the E8 codec (keys: x, out, dtype, codes, scales, out_row,
+    /// codes_row, scales_row, rows, toks, dim, bits, tile, alpha, seed; see
+    /// `hypercodec_kernels_cuda::KvE8`).
+    fn kv_e8_encode(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = kv(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.kv_e8_encode(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// KV vectors decoded (the same keys).
+    fn kv_e8_decode(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = kv(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.kv_e8_decode(&a, stream) }.map_err(cuda_err)
     }
 
     /// The scaled E8 points (rotated domain) decoded into `out` (`rows × 8·words`).

@@ -829,6 +829,40 @@ impl KvCodec {
     }
 
     /// Values per vector.
+    /// What the CUDA kernels need to encode and decode this codec's vectors on the GPU, or None
+    /// where they cannot (only the E8 lattice without dither, rotated by the RHT in tiles of at
+    /// least 8 values or not at all, vectors of 8..=256 values in whole words, have a kernel).
+    fn device_params<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        use hypercodec_lattice::kv::{KvQuantizer, Rotation};
+        use hypercodec_lattice::Lattice;
+        let c = &self.codec;
+        let d = c.dim();
+        let tile = match c.rotation() {
+            Rotation::Rht => c.rht_tile().unwrap_or(0),
+            Rotation::None => 0,
+            Rotation::Haar => return Ok(None),
+        };
+        let ok = c.quantizer() == KvQuantizer::Lattice(Lattice::E8)
+            && !c.dithers()
+            && d.is_multiple_of(8)
+            && (8..=256).contains(&d)
+            && (tile == 0 || tile >= 8);
+        if !ok {
+            return Ok(None);
+        }
+        let out = pyo3::types::PyDict::new(py);
+        out.set_item("dim", d)?;
+        out.set_item("bits", c.bits())?;
+        out.set_item("alpha", c.alpha())?;
+        out.set_item("tile", tile)?;
+        out.set_item("seed", c.seed())?;
+        out.set_item("code_bytes", c.code_bytes())?;
+        Ok(Some(out))
+    }
+
     #[getter]
     fn dim(&self) -> usize {
         self.codec.dim()

@@ -76,3 +76,96 @@ def test_cuda_trellis_with_calibrated_short_sequences(spec):
         want = op.forward(x.numpy())
         got = d.forward(x.cuda()).cpu().numpy()
         assert np.abs(got - want).max() <= 3e-4 * np.abs(want).max(), (spec, m)
+
+
+def _kv_args(p, rows, toks, dtype_code):
+    return {"x": 0, "out": 0, "dtype": dtype_code, "codes": 0, "scales": 0, "out_row": 0, "codes_row": 0,
+            "scales_row": 0, "rows": rows, "toks": toks, "dim": p["dim"], "bits": p["bits"], "tile": p["tile"],
+            "alpha": p["alpha"], "seed": p["seed"]}
+
+
+def test_kv_device_params_name_what_the_kernels_take():
+    assert hypercodec.KvCodec(128, 4, "e8").device_params()["tile"] == 128
+    assert hypercodec.KvCodec(64, 3, "e8", rotation="none").device_params()["tile"] == 0
+    assert hypercodec.KvCodec(128, 4, "e8", dither=True).device_params() is None
+    assert hypercodec.KvCodec(128, 2, "trellis").device_params() is None
+    assert hypercodec.KvCodec(20, 4, "e8").device_params() is None  # not whole words
+
+
+@needs_cuda
+@pytest.mark.parametrize("dim,bits,rotation", [(128, 4, "rht"), (64, 2, "rht"), (80, 3, "rht"), (128, 3, "none")])
+def test_cuda_kv_codec_matches_the_host_codec(dim, bits, rotation):
+    codec = hypercodec.KvCodec(dim, bits, "e8", rotation=rotation, seed=5)
+    p = codec.device_params()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6 * 10, dim)).astype(np.float32)
+    x[:, 3] *= 20  # an outlier channel
+    x[7] = 0  # a zero vector
+    k = hcuda.kernels(torch.device("cuda"))
+    stream = torch.cuda.current_stream().cuda_stream
+    xt = torch.from_numpy(x).cuda()
+    codes = torch.empty((6, 10, p["code_bytes"]), dtype=torch.uint8, device="cuda")
+    scales = torch.empty((6, 10), dtype=torch.int16, device="cuda")
+    a = _kv_args(p, 6, 10, 0)
+    a.update(x=xt.data_ptr(), codes=codes.data_ptr(), scales=scales.data_ptr(), codes_row=10 * p["code_bytes"], scales_row=10)
+    k.kv_e8_encode(a, stream)
+    hc, hs = codec.encode(x)
+    gc = codes.cpu().numpy().reshape(60, -1)
+    gs = scales.cpu().numpy().view(np.uint16).reshape(60)
+    assert (gc == hc.reshape(60, -1)).all(axis=1).mean() >= 0.95  # rounding ties may differ
+    snr = lambda y: 10 * np.log10((x ** 2).sum() / ((x - y) ** 2).sum())  # noqa: E731
+    assert abs(snr(codec.decode(gc, gs)) - snr(codec.decode(hc, hs))) < 0.05
+    # Device decode of the host's codes into a strided output (rows of 12 tokens, from token 1).
+    out = torch.zeros((6, 12, dim), dtype=torch.float32, device="cuda")
+    hct = torch.from_numpy(hc.reshape(6, 10, -1).copy()).cuda()
+    hst = torch.from_numpy(hs.reshape(6, 10).view(np.int16).copy()).cuda()
+    d = _kv_args(p, 6, 10, 0)
+    d.update(out=out.data_ptr() + dim * 4, out_row=12 * dim, codes=hct.data_ptr(), codes_row=10 * p["code_bytes"],
+             scales=hst.data_ptr(), scales_row=10)
+    k.kv_e8_decode(d, stream)
+    got = out.cpu().numpy()
+    want = codec.decode(hc, hs).reshape(6, 10, dim)
+    assert np.abs(got[:, 1:11] - want).max() <= 1e-4 * np.abs(want).max()
+    assert (got[:, 0] == 0).all() and (got[:, 11] == 0).all()
+
+
+@needs_cuda
+def test_cuda_kv_cache_generates_batch_8_equal_to_batch_1_on_the_device():
+    transformers = pytest.importorskip("transformers")
+    from hypercodec.kv import HypercodecCache
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    m = transformers.LlamaForCausalLM(cfg).cuda().eval()
+    prompts = torch.randint(0, 256, (8, 60), device="cuda")
+
+    def gen(ids, cache):
+        with torch.no_grad():
+            return m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+                              max_new_tokens=10, min_new_tokens=10, do_sample=False)
+
+    cache = HypercodecCache(cfg, window=16, block=8)
+    out = gen(prompts, cache)
+    assert cache.layers[0]._gpu is not None and cache.layers[0]._k.codes.is_cuda
+    assert 4.0 < cache.bits_per_value() < 12.0
+    for i in range(8):
+        assert torch.equal(out[i], gen(prompts[i : i + 1], HypercodecCache(cfg, window=16, block=8))[0])
+
+
+@needs_cuda
+def test_cuda_edge_shapes_and_dtype_switches():
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((32, 256)).astype(np.float32)
+    d = hcuda.DeviceLinear(hypercodec.Linear.quantize(w, "e8-fixed4"), torch.device("cuda"))
+    x = rng.standard_normal((70000, 256)).astype(np.float32)  # more rows than one RHT launch takes
+    got = d.forward(torch.from_numpy(x).cuda()).cpu().numpy()
+    want = d._op.forward(x)
+    assert np.abs(got - want).max() <= 3e-4 * np.abs(want).max()
+    assert d.forward(torch.empty(0, 256, device="cuda")).shape == (0, 32)
+    # The decode fallback keeps one weight per dtype: f32 after bf16 stays exact.
+    f = hcuda.DeviceLinear(hypercodec.Linear.quantize(w, "e8@4"), torch.device("cuda"))
+    xs = torch.from_numpy(x[:3]).cuda()
+    f.forward(xs.bfloat16())
+    want = f._op.forward(x[:3])
+    assert np.abs(f.forward(xs).cpu().numpy() - want).max() <= 3e-5 * np.abs(want).max()

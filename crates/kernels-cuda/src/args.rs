@@ -21,6 +21,8 @@ pub(crate) fn function_names() -> Vec<String> {
         "hc_trellis_gemv_m1",
         "hc_trellis_gemv_m4",
         "hc_trellis_decode",
+        "hc_kv_e8_encode",
+        "hc_kv_e8_decode",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -57,8 +59,10 @@ pub(crate) fn trellis_gemv(batch: usize) -> usize {
     10 + tile_index(batch)
 }
 pub(crate) const TRELLIS_DECODE: usize = 12;
+pub(crate) const KV_E8_ENCODE: usize = 13;
+pub(crate) const KV_E8_DECODE: usize = 14;
 /// Functions before the templated GEMVs.
-const FIXED: usize = 13;
+const FIXED: usize = 15;
 /// The kernels' batch tiles (activation rows held in registers).
 const BATCH_TILES: [usize; 2] = [1, 4];
 
@@ -216,6 +220,50 @@ impl TrellisArgs {
             seq: a.seq as i32,
             c1: a.c1,
             c0: a.c0,
+        }
+    }
+}
+
+/// The kernels' `KvArgs`.
+#[repr(C)]
+pub(crate) struct KvArgs {
+    x: u64,
+    out: u64,
+    codes: u64,
+    scales: u64,
+    out_row: i64,
+    codes_row: i64,
+    scales_row: i64,
+    dtype: i32,
+    rows: i32,
+    toks: i32,
+    d: i32,
+    bits: i32,
+    code_bytes: i32,
+    tile: i32,
+    alpha: f32,
+    seed: u64,
+}
+
+impl KvArgs {
+    pub(crate) fn new(a: &crate::KvE8) -> Self {
+        KvArgs {
+            x: a.x,
+            out: a.out,
+            codes: a.codes,
+            scales: a.scales,
+            out_row: a.out_row as i64,
+            codes_row: a.codes_row as i64,
+            scales_row: a.scales_row as i64,
+            dtype: a.dtype as i32,
+            rows: a.rows as i32,
+            toks: a.toks as i32,
+            d: a.dim as i32,
+            bits: a.bits as i32,
+            code_bytes: a.code_bytes() as i32,
+            tile: a.tile as i32,
+            alpha: a.alpha,
+            seed: a.seed,
         }
     }
 }

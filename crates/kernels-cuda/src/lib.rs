@@ -270,6 +270,89 @@ impl TrellisGemv {
     }
 }
 
+/// KV-cache vectors with the E8 codec of `hypercodec_lattice::kv` (no dither): `rows × toks`
+/// vectors of `dim` values (8..=256, a multiple of 8), rotated by the RHT in tiles of `tile`
+/// (0: no rotation), `bits` bits per symbol, one bf16 scale each. Vector `(row, t)`'s codes
+/// are at `codes + row·codes_row + t·code_bytes`, its scale at `scales + row·scales_row + t`
+/// (u16 elements); encoding reads `x` (vector `row·toks + t` at `x + (row·toks + t)·dim`),
+/// decoding writes `out + row·out_row + t·dim` (elements of `dtype`).
+#[derive(Debug, Clone, Copy)]
+pub struct KvE8 {
+    /// Encode: the vectors.
+    pub x: u64,
+    /// Decode: the output.
+    pub out: u64,
+    /// Element type of `x` or `out`.
+    pub dtype: Dtype,
+    /// The codes.
+    pub codes: u64,
+    /// The scales (bf16 bits).
+    pub scales: u64,
+    /// Elements between rows of `out`.
+    pub out_row: usize,
+    /// Bytes between rows of `codes`.
+    pub codes_row: usize,
+    /// Elements between rows of `scales`.
+    pub scales_row: usize,
+    /// Rows (batch × heads).
+    pub rows: usize,
+    /// Vectors per row (tokens).
+    pub toks: usize,
+    /// Values per vector.
+    pub dim: usize,
+    /// Bits per symbol (2..=8).
+    pub bits: u8,
+    /// RHT tile, or 0 for no rotation.
+    pub tile: usize,
+    /// The codec's α.
+    pub alpha: f32,
+    /// The RHT's seed.
+    pub seed: u64,
+}
+
+impl KvE8 {
+    /// Bytes of codes per vector: `dim / 8` words of `bits` bytes.
+    pub fn code_bytes(&self) -> usize {
+        self.dim / 8 * self.bits as usize
+    }
+
+    /// Checks what the kernels rely on (`encode`: `x`, `codes` and `scales`; decode: `out`
+    /// too).
+    pub fn validate(&self, encode: bool) -> Result<()> {
+        let bad = |why: String| Err(CudaError::InvalidArgument(why));
+        if !(2..=8).contains(&self.bits) {
+            return bad(format!("KV codes of {} bits", self.bits));
+        }
+        if !(8..=256).contains(&self.dim) || !self.dim.is_multiple_of(8) {
+            return bad(format!(
+                "KV vectors of {} values (use 8..=256, whole words of 8)",
+                self.dim
+            ));
+        }
+        if self.tile != 0
+            && (!self.tile.is_power_of_two()
+                || self.tile < 8
+                || !self.dim.is_multiple_of(self.tile))
+        {
+            return bad(format!(
+                "RHT tile {} for vectors of {}",
+                self.tile, self.dim
+            ));
+        }
+        if (self.rows as u128) * (self.toks as u128) > i32::MAX as u128 * 32 {
+            return bad(format!("{} × {} vectors", self.rows, self.toks));
+        }
+        let data = if encode { self.x } else { self.out };
+        if self.rows * self.toks > 0 && (data == 0 || self.codes == 0 || self.scales == 0) {
+            return bad("a null pointer".into());
+        }
+        if encode && !self.x.is_multiple_of(16) {
+            return bad("KV vectors to encode must be 16-byte aligned".into());
+        }
+        Ok(())
+    }
+}
+
 /// `out = RHT(x)` per activation row: the seeded randomized Hadamard transform of
 /// `hypercodec_lattice::Rht` (tiles of `tile` values), in f32, zero-padded to `width`.
 #[derive(Debug, Clone, Copy)]
@@ -308,6 +391,12 @@ impl AffineGemv {
         let need = (self.rows as u128 * self.cols as u128 * self.bits as u128).div_ceil(8);
         if (self.code_bytes as u128) < need {
             return bad(format!("{} code bytes for {need}", self.code_bytes));
+        }
+        if (self.rows as u128) * (self.scales_per_row as u128) > i32::MAX as u128 {
+            return bad(format!(
+                "{} rows of {} scales",
+                self.rows, self.scales_per_row
+            ));
         }
         if self.scales_per_row > 0 && self.group_len == 0 {
             return bad("group length 0".into());
@@ -362,6 +451,7 @@ impl E8Gemv {
         if self.packed == 0
             || self.row_scales == 0
             || (self.batch > 0 && (self.xr == 0 || self.y == 0))
+            || (self.batch > 0 && self.words > 0 && self.half == 0)
         {
             return bad("a null pointer".into());
         }
@@ -391,8 +481,8 @@ impl RhtArgs {
                 self.cols, self.tile, self.width
             ));
         }
-        if self.batch > 65535 || self.width > i32::MAX as usize {
-            return bad(format!("RHT of {} rows of {}", self.batch, self.width));
+        if self.width > i32::MAX as usize {
+            return bad(format!("RHT rows of {}", self.width));
         }
         if self.batch > 0 && (self.x == 0 || self.out == 0) {
             return bad("a null pointer".into());
@@ -446,35 +536,40 @@ impl Kernels {
         } else {
             (args::RHT, a.tile.min(1024) as u32)
         };
-        let mut p = (
-            a.x,
-            a.x_dtype as i32,
-            a.out,
-            a.cols as i32,
-            a.width as i32,
-            a.tile as i32,
-            a.seed,
-        );
-        let mut params = [
-            &mut p.0 as *mut _ as *mut std::ffi::c_void,
-            &mut p.1 as *mut _ as *mut _,
-            &mut p.2 as *mut _ as *mut _,
-            &mut p.3 as *mut _ as *mut _,
-            &mut p.4 as *mut _ as *mut _,
-            &mut p.5 as *mut _ as *mut _,
-            &mut p.6 as *mut _ as *mut _,
-        ];
-        // SAFETY: the arguments were validated; the pointers are the caller's contract.
-        unsafe {
-            self.inner.launch(
-                f,
-                ((a.cols / a.tile) as u32, a.batch as u32),
-                threads,
-                (a.tile * 4) as u32,
-                stream,
-                &mut params,
-            )
+        // Rows go on the grid's y axis (at most 65535 a launch).
+        for m0 in (0..a.batch).step_by(65535) {
+            let m = (a.batch - m0).min(65535);
+            let mut p = (
+                a.x + (m0 * a.cols * a.x_dtype.size()) as u64,
+                a.x_dtype as i32,
+                a.out + (m0 * a.width * 4) as u64,
+                a.cols as i32,
+                a.width as i32,
+                a.tile as i32,
+                a.seed,
+            );
+            let mut params = [
+                &mut p.0 as *mut _ as *mut std::ffi::c_void,
+                &mut p.1 as *mut _ as *mut _,
+                &mut p.2 as *mut _ as *mut _,
+                &mut p.3 as *mut _ as *mut _,
+                &mut p.4 as *mut _ as *mut _,
+                &mut p.5 as *mut _ as *mut _,
+                &mut p.6 as *mut _ as *mut _,
+            ];
+            // SAFETY: the arguments were validated; the pointers are the caller's contract.
+            unsafe {
+                self.inner.launch(
+                    f,
+                    ((a.cols / a.tile) as u32, m as u32),
+                    threads,
+                    (a.tile * 4) as u32,
+                    stream,
+                    &mut params,
+                )?;
+            }
         }
+        Ok(())
     }
 
     /// Launches the affine GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
@@ -482,6 +577,9 @@ impl Kernels {
     /// # Safety
     /// As [`Kernels::rht`].
     pub unsafe fn affine_gemv(&self, a: &AffineGemv, stream: u64) -> Result<()> {
+        if a.rows == 0 || a.batch == 0 {
+            return Ok(());
+        }
         a.validate()?;
         let path = a.path();
         for m0 in (0..a.batch).step_by(MAX_GEMV_BATCH) {
@@ -563,6 +661,9 @@ impl Kernels {
     /// # Safety
     /// As [`Kernels::rht`].
     pub unsafe fn e8_gemv(&self, a: &E8Gemv, stream: u64) -> Result<()> {
+        if a.rows == 0 || a.batch == 0 {
+            return Ok(());
+        }
         a.validate()?;
         if a.batch > 0 && a.words > 0 {
             let n = a.batch * a.words;
@@ -597,15 +698,16 @@ impl Kernels {
             let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
             // Rows of whole groups of 4 words take the templated kernels, others one block per
             // row.
-            let (f, rows_per_block, work) = if a.words.is_multiple_of(4) {
-                (
-                    args::e8_gemv(a.bits as usize, m),
-                    args::rows_per_block(m),
-                    a.words / 4,
-                )
-            } else {
-                (args::E8_ANY, 1, a.words)
-            };
+            let (f, rows_per_block, work) =
+                if a.words.is_multiple_of(4) && a.packed.is_multiple_of(16) {
+                    (
+                        args::e8_gemv(a.bits as usize, m),
+                        args::rows_per_block(m),
+                        a.words / 4,
+                    )
+                } else {
+                    (args::E8_ANY, 1, a.words)
+                };
             // SAFETY: the arguments were validated; the pointers are the caller's contract.
             unsafe {
                 self.inner.launch(
@@ -661,6 +763,9 @@ impl Kernels {
     /// # Safety
     /// As [`Kernels::rht`].
     pub unsafe fn trellis_gemv(&self, a: &TrellisGemv, stream: u64) -> Result<()> {
+        if a.rows == 0 || a.batch == 0 {
+            return Ok(());
+        }
         a.validate()?;
         for m0 in (0..a.batch).step_by(MAX_GEMV_BATCH) {
             let m = (a.batch - m0).min(MAX_GEMV_BATCH);
@@ -723,6 +828,43 @@ impl Kernels {
                 stream,
                 &mut params,
             )
+        }
+    }
+}
+
+impl Kernels {
+    /// Encodes KV vectors (see [`KvE8`]).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn kv_e8_encode(&self, a: &KvE8, stream: u64) -> Result<()> {
+        a.validate(true)?;
+        // SAFETY: as the caller vouches.
+        unsafe { self.kv_launch(a, args::KV_E8_ENCODE, stream) }
+    }
+
+    /// Decodes KV vectors (see [`KvE8`]).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn kv_e8_decode(&self, a: &KvE8, stream: u64) -> Result<()> {
+        a.validate(false)?;
+        // SAFETY: as the caller vouches.
+        unsafe { self.kv_launch(a, args::KV_E8_DECODE, stream) }
+    }
+
+    /// One warp per vector, 4 vectors per block.
+    unsafe fn kv_launch(&self, a: &KvE8, f: usize, stream: u64) -> Result<()> {
+        let n = a.rows * a.toks;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut k = args::KvArgs::new(a);
+        let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe {
+            self.inner
+                .launch(f, (n.div_ceil(4) as u32, 1), 128, 0, stream, &mut params)
         }
     }
 }
@@ -868,6 +1010,11 @@ mod tests {
             std::mem::size_of::<args::TrellisArgs>(),
             param("hc_trellis_gemv_m1")
         );
+        assert_eq!(
+            std::mem::size_of::<args::KvArgs>(),
+            param("hc_kv_e8_encode")
+        );
+        assert_eq!(names[args::KV_E8_DECODE], "hc_kv_e8_decode");
     }
 
     #[test]

@@ -171,6 +171,27 @@ impl KvCodec {
         self.quantizer
     }
 
+    /// The rotation.
+    pub fn rotation(&self) -> Rotation {
+        self.rotation
+    }
+
+    /// The seed of the rotation (and of the dither).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The lattice's α (the normalized vector is scaled by `α / RMS` before rounding; 1 for
+    /// the trellis).
+    pub fn alpha(&self) -> f32 {
+        self.alpha
+    }
+
+    /// The RHT's tile, when the rotation is the RHT.
+    pub fn rht_tile(&self) -> Option<usize> {
+        self.rht.as_ref().map(Rht::tile)
+    }
+
     /// Bytes of codes per vector (whole lattice words of `bits`-bit symbols, or `dim` trellis
     /// values, rounded up to a byte).
     pub fn code_bytes(&self) -> usize {

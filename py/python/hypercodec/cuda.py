@@ -67,15 +67,16 @@ class DeviceLinear:
     def __init__(self, op: _native.Linear, device: torch.device) -> None:
         self.rows, self.cols = op.rows, op.cols
         self._op = op
+        if device.index is None:  # pin the device now: the codes and the kernels live there
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self.kernels = kernels(device)
         bias = op.bias
         self.bias = None if bias is None else torch.from_numpy(np.asarray(bias, np.float32)).to(device)
         form = op.device_form()
         self.kind = "dense" if form is None else form["kind"]
-        self.dense: torch.Tensor | None = None
+        self._dense: dict[torch.dtype, torch.Tensor] = {}
         if form is None:
-            self.dense = torch.from_numpy(np.asarray(op.weight())).to(device)
             return
 
         def up(a: np.ndarray) -> torch.Tensor:
@@ -131,16 +132,17 @@ class DeviceLinear:
             }
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weight decoded (on the host, once) and kept on the device in ``dtype``: the
-        decode fallback of convolutions that are not 1×1."""
-        if self.dense is None or self.dense.dtype != dtype:
-            self.dense = torch.from_numpy(np.asarray(self._op.weight())).to(self.device, dtype)
-        return self.dense
+        """The weight decoded on the host (once per dtype, from the stored form) and kept on
+        the device in ``dtype``: the decode fallback."""
+        w = self._dense.get(dtype)
+        if w is None:
+            w = self._dense[dtype] = torch.from_numpy(np.asarray(self._op.weight())).to(self.device, dtype)
+        return w
 
     @property
     def held_bytes(self) -> int:
         """Device bytes this layer holds."""
-        ts = [self.bias, self.dense]
+        ts = [self.bias, *self._dense.values()]
         if self.kind == "affine":
             ts += [self.codes, self.scales, self.offsets]
         elif self.kind == "e8":
@@ -168,13 +170,17 @@ class DeviceLinear:
         x2 = x.reshape(-1, self.cols).to(device=self.device, dtype=dt).contiguous()
         m = x2.shape[0]
         code = _DTYPES[dt]
+        if m == 0 or self.rows == 0 or self.cols == 0:
+            # Nothing to read: y = b (or 0) for each row.
+            y = torch.zeros(m, self.rows, dtype=dt, device=self.device)
+            if self.bias is not None:
+                y += self.bias.to(dt)
+            return y.reshape(*lead, self.rows).to(x.dtype)
         gemv = m <= GEMV_MAX_BATCH.get(self.kind, 0) if route is None else route == "gemv"
         stream = torch.cuda.current_stream(self.device).cuda_stream
         if self.kind == "dense":
-            if self.dense.dtype != dt:
-                self.dense = self.dense.to(dt)
             b = None if self.bias is None else self.bias.to(dt)
-            y = torch.nn.functional.linear(x2, self.dense, b)
+            y = torch.nn.functional.linear(x2, self.dense_weight(dt), b)
         elif self.kind == "affine":
             args = dict(self.args, x=_ptr(x2), x_dtype=code, batch=m)
             if gemv:

@@ -13,7 +13,9 @@ batch size) whose layers (:class:`HypercodecKVLayer`, the same shape as transfor
   vector) are the plain baselines of the same layer.
 
 New tokens are encoded once, when they leave the window, ``block`` at a time; the compressed
-history lives in token-major arrays that grow by doubling. Each ``update`` decodes the
+history lives in token-major arrays that grow by doubling. On a CUDA device, E8 codecs without
+dither (RHT or no rotation, head sizes of 8..256 in whole words of 8) encode and decode with
+hypercodec's CUDA kernels and keep their codes on the device; other codecs go through the host. Each ``update`` decodes the
 compressed history for attention (a transient per-layer buffer: only the codes are held).
 :meth:`HypercodecCache.stored_bytes` and :meth:`HypercodecCache.bits_per_value` count every
 byte held: codes, scales and exact tokens at their dtype's size.
@@ -126,6 +128,44 @@ class _Store:
             self.scales = np.ascontiguousarray(self.scales[rows])
 
 
+class _DeviceStore:
+    """:class:`_Store` on a CUDA device: codes ``[rows, capacity, code_bytes]`` (uint8) and
+    bf16 scales as int16 bits ``[rows, capacity]``, PyTorch tensors growing by doubling."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.codes: torch.Tensor | None = None
+        self.scales: torch.Tensor | None = None
+        self.n = 0
+
+    def append(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        rows, m = scales.shape
+        if self.codes is None or self.n + m > self.codes.shape[1]:
+            cap = max(64, 2 * (self.n + m))
+            c = torch.empty((rows, cap, codes.shape[2]), dtype=torch.uint8, device=self.device)
+            s = torch.empty((rows, cap), dtype=torch.int16, device=self.device)
+            if self.codes is not None:
+                c[:, : self.n], s[:, : self.n] = self.codes[:, : self.n], self.scales[:, : self.n]
+            self.codes, self.scales = c, s
+        self.codes[:, self.n : self.n + m] = codes
+        self.scales[:, self.n : self.n + m] = scales
+        self.n += m
+
+    def nbytes(self) -> int:
+        if self.codes is None:
+            return 0
+        return int(self.codes[:, : self.n].numel() + 2 * self.scales[:, : self.n].numel())
+
+    def select(self, index: np.ndarray, heads: int) -> None:
+        if self.codes is not None:
+            rows = torch.as_tensor((index[:, None] * heads + np.arange(heads)[None, :]).reshape(-1), device=self.device)
+            self.codes = self.codes.index_select(0, rows).contiguous()
+            self.scales = self.scales.index_select(0, rows).contiguous()
+
+
+_KV_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
 class HypercodecKVLayer(DynamicLayer):
     """One attention layer's compressed cache (see the module docs). ``quantizer``: ``e8``,
     ``d4``, ``z1``, ``trellis`` or ``int``; ``block``: tokens compressed at once (the exact
@@ -157,6 +197,7 @@ class HypercodecKVLayer(DynamicLayer):
         self.dither = dither and quantizer != "int"
         self.cumulative_length = 0
         self._k, self._v = _Store(), _Store()
+        self._gpu = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -169,6 +210,17 @@ class HypercodecKVLayer(DynamicLayer):
         self.sink_keys = key_states[:, :, :0]
         self.sink_values = value_states[:, :, :0]
         self.is_initialized = True
+        # On a CUDA device, E8 codecs without dither encode and decode there (the codes stay
+        # on the device); everything else goes through the host.
+        self._gpu = None
+        if key_states.is_cuda and self.quantizer != "int":
+            kp, vp = self.kcodec.device_params(), self.vcodec.device_params()
+            if kp is not None and vp is not None and key_states.dtype in _KV_DTYPES:
+                from . import cuda
+
+                if cuda.available():
+                    self._gpu = (cuda.kernels(key_states.device), kp, vp)
+                    self._k, self._v = _DeviceStore(key_states.device), _DeviceStore(key_states.device)
 
     def _keys(self, first: int, m: int, batch: int) -> np.ndarray | None:
         """Dither keys of tokens ``first .. first+m`` in ``[batch, heads, m]`` order: cache
@@ -179,8 +231,64 @@ class HypercodecKVLayer(DynamicLayer):
         h = np.arange(self.heads, dtype=np.uint64)[None, :, None]
         return np.broadcast_to(t * np.uint64(self.heads) + h, (batch, self.heads, m)).reshape(-1).copy()
 
+    def _kv_args(self, p: dict, store: Any, rows: int, toks: int) -> dict:
+        return {
+            "x": 0,
+            "out": 0,
+            "dtype": _KV_DTYPES[self.dtype],
+            "codes": 0,
+            "scales": 0,
+            "out_row": 0,
+            "codes_row": 0,
+            "scales_row": 0,
+            "rows": rows,
+            "toks": toks,
+            "dim": p["dim"],
+            "bits": p["bits"],
+            "tile": p["tile"],
+            "alpha": p["alpha"],
+            "seed": p["seed"],
+        }
+
+    def _compress_gpu(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        kernels, kp, vp = self._gpu
+        b, h, m, _ = k.shape
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        for store, p, x in ((self._k, kp, k), (self._v, vp, v)):
+            xs = x.detach().to(self.dtype).contiguous()
+            if xs.data_ptr() % 16:
+                xs = xs.clone()
+            cb = p["code_bytes"]
+            codes = torch.empty((b * h, m, cb), dtype=torch.uint8, device=self.device)
+            scales = torch.empty((b * h, m), dtype=torch.int16, device=self.device)
+            args = self._kv_args(p, store, b * h, m)
+            args.update(x=xs.data_ptr(), codes=codes.data_ptr(), scales=scales.data_ptr(), codes_row=m * cb, scales_row=m)
+            kernels.kv_e8_encode(args, stream)
+            store.append(codes, scales)
+
+    def _assemble_gpu(self, sink: torch.Tensor, store: _DeviceStore, p: dict, window: torch.Tensor) -> torch.Tensor:
+        kernels = self._gpu[0]
+        b, h, s, d = sink.shape
+        n, w = store.n, window.shape[2]
+        out = torch.empty((b, h, s + n + w, d), dtype=self.dtype, device=self.device)
+        out[:, :, :s] = sink
+        out[:, :, s + n :] = window
+        args = self._kv_args(p, store, b * h, n)
+        args.update(
+            out=out.data_ptr() + s * d * out.element_size(),
+            out_row=(s + n + w) * d,
+            codes=store.codes.data_ptr(),
+            codes_row=store.codes.stride(0),
+            scales=store.scales.data_ptr(),
+            scales_row=store.scales.stride(0),
+        )
+        kernels.kv_e8_decode(args, torch.cuda.current_stream(self.device).cuda_stream)
+        return out
+
     def _compress(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Appends ``[B, H, m, d]`` tokens to the compressed history."""
+        if self._gpu is not None:
+            return self._compress_gpu(k, v)
         b, h, m, _ = k.shape
         keys = self._keys(self.sink_keys.shape[2] + self._k.n, m, b)
         for store, codec, x in ((self._k, self.kcodec, k), (self._v, self.vcodec, v)):
@@ -220,6 +328,11 @@ class HypercodecKVLayer(DynamicLayer):
             self.keys, self.values = self.keys[:, :, over:], self.values[:, :, over:]
         if self._k.n == 0:
             return torch.cat([self.sink_keys, self.keys], 2), torch.cat([self.sink_values, self.values], 2)
+        if self._gpu is not None:
+            _, kp, vp = self._gpu
+            k = self._assemble_gpu(self.sink_keys, self._k, kp, self.keys)
+            v = self._assemble_gpu(self.sink_values, self._v, vp, self.values)
+            return k, v
         k = self._assemble(self.sink_keys, self._k, self.kcodec, self.keys)
         v = self._assemble(self.sink_values, self._v, self.vcodec, self.values)
         return k, v
@@ -249,6 +362,7 @@ class HypercodecKVLayer(DynamicLayer):
         super().reset()
         self.cumulative_length = 0
         self._k, self._v = _Store(), _Store()
+        self._gpu = None
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         idx = np.asarray(indices.detach().cpu().numpy(), dtype=np.int64)

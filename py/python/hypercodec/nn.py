@@ -320,16 +320,23 @@ class HyperConv2d(_StoredForm, nn.Module):
         if self.op is None:
             raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
         if x.is_cuda:
-            dev = _on_device(self, x.device)
             if self.pointwise:
+                dev = _on_device(self, x.device)
                 n, c, h, w = x.shape
                 y = dev.forward(x.permute(0, 2, 3, 1).reshape(-1, c))
                 y = y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
                 if self.bias is not None:
                     y = y + self.bias.detach().to(device=x.device, dtype=y.dtype)[None, :, None, None]
                 return y.contiguous()
-            # The decode fallback, with the weight decoded once and kept on the device.
-            wd = dev.dense_weight(x.dtype).reshape(self.weight_shape)
+            # The decode fallback, with the weight decoded once and kept on the device (its
+            # stored form is not uploaded: nothing would read it).
+            cache = self.__dict__.setdefault("_dense_on_device", {})
+            key = (x.device, x.dtype, id(self.op))
+            if key not in cache:
+                cache.clear()
+                w = torch.from_numpy(np.asarray(self.op.weight())).reshape(self.weight_shape)
+                cache[key] = w.to(device=x.device, dtype=x.dtype)
+            wd = cache[key]
             bias = None if self.bias is None else self.bias.detach().to(device=x.device, dtype=x.dtype)
             return nn.functional.conv2d(x, wd, bias, self.stride, self.padding, self.dilation, self.groups)
         if self.pointwise:
