@@ -381,7 +381,7 @@ impl Archive {
             CompressedLinear::new(view, bias.as_deref(), &LoadOptions { fixed_bits })
                 .map_err(runtime_err)
         })?;
-        let stored = op.held_bytes();
+        let stored = set.stored_bytes(k).map_err(pipeline_err)?;
         Ok(Linear {
             op,
             stored,
@@ -429,8 +429,8 @@ impl Archive {
 #[pyclass(module = "hypercodec._native", frozen)]
 struct Linear {
     op: CompressedLinear,
-    /// The encoded tensor's stored bytes, all streams (for a layer read from an archive, the
-    /// bytes the operator holds).
+    /// The encoded tensor's stored bytes, all streams (for a layer read from an archive, its
+    /// streams' bytes in the file).
     stored: u64,
     /// The layer's serialized form ([`layer_archive`]) when it was quantized here: the only
     /// copy of its encoded streams besides the operator (a layer read from an archive is
@@ -542,7 +542,7 @@ impl Linear {
                 }
             }
         };
-        let op = py.detach(|| -> Result<CompressedLinear, PyErr> {
+        let (op, stored) = py.detach(|| -> Result<(CompressedLinear, u64), PyErr> {
             let a = hypercodec_hwz::Archive::open(bytes).map_err(hwz_err)?;
             let bias = match a.tensor("bias") {
                 Ok(_) => Some(a.decode_tensor("bias").map_err(hwz_err)?),
@@ -557,10 +557,10 @@ impl Linear {
             let shape = a.manifest().coded_shape(t);
             let view = hypercodec_hwz::TensorView::new(&t.name, &t.encoding, &shape, &refs)
                 .map_err(hwz_err)?;
-            CompressedLinear::new(view, bias.as_deref(), &LoadOptions { fixed_bits })
-                .map_err(runtime_err)
+            let op = CompressedLinear::new(view, bias.as_deref(), &LoadOptions { fixed_bits })
+                .map_err(runtime_err)?;
+            Ok((op, a.stored_bytes(t)))
         })?;
-        let stored = op.held_bytes();
         Ok(Linear {
             op,
             stored,

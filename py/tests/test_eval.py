@@ -71,6 +71,29 @@ def test_causal_lm_rows_follow_the_rate_and_count_stored_bytes(tmp_path):
         assert os.path.getsize(tmp_path / png) > 1000
 
 
+def test_budget_rows_meet_the_rate_and_fisher_weights_follow_the_loss(tmp_path):
+    from hypercodec import nn as hnn
+
+    model = tiny_llama()
+    g = torch.Generator().manual_seed(2)
+    text = " ".join(str(int(t)) for t in torch.randint(3, 96, (2400,), generator=g))
+    subject = hev.CausalLM(model, Tokens(), text, tokens=384, window=128, calibration_windows=4)
+    fisher = hnn.collect_fisher(subject.model, subject.calibration)
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert set(fisher) == {f"{n}.weight" for n in linears} and all(v > 0 for v in fisher.values())
+    assert all(p.grad is None for p in model.parameters())
+    tensors = []
+    rows = hev.evaluate("tiny", subject, ["budget", "budget+fisher"], [3], tensors, progress=lambda _: None)
+    assert not any(r.error for r in rows), [r.error for r in rows]
+    for r in rows[1:]:
+        assert r.bps <= 3.0 + 1e-6 and r.bps > 2.5, r
+        assert math.isfinite(r.quality["ppl"])
+    # The weights move bits between layers: the two plans differ at the same budget.
+    per = {r.label: {t["tensor"]: t["bps"] for t in tensors if t["method"] == r.label} for r in rows[1:]}
+    plain, weighted = per.values()
+    assert set(plain) == set(weighted) and plain != weighted
+
+
 def test_encoder_rows_measure_embedding_cosine():
     torch.manual_seed(0)
     cfg = transformers.BertConfig(

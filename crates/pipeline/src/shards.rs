@@ -406,6 +406,12 @@ impl ArchiveSet {
         ))
     }
 
+    /// Tensor `k`'s stored bytes (its streams as they lie in the file).
+    pub fn stored_bytes(&self, k: usize) -> Result<u64> {
+        let (a, t) = self.entry(k)?;
+        Ok(a.stored_bytes(t))
+    }
+
     /// Decodes tensor `k` (in [`ArchiveSet::tensors`] order) into `out`.
     pub fn decode_into(&self, k: usize, out: &mut [f32]) -> Result<()> {
         let (a, t) = self.entry(k)?;

@@ -13,6 +13,10 @@ error table (MSE, SNR, cosine, max error) is written beside the summary.
 A method ending in ``+cal`` rounds with error feedback (GPTQ's rule, :mod:`hypercodec_scalar`'s
 ``ldlq``) from each layer's input statistics ``E[x·xᵀ]``, collected on a later part of the
 text than the part evaluated (32 windows for the causal LM, 512 sentences for the encoder).
+``budget`` runs the planner's BUDGET over every quantized layer at once (its default ladder of
+candidates, ``bps`` all-in over them; minimizing the summed squared error); ``budget+fisher``
+weighs each layer's squared error by its loss sensitivity (:func:`hypercodec.nn.collect_fisher`
+on 16 calibration windows; causal LMs only).
 
 Methods are named as :func:`hypercodec.nn.method_spec` names them; the round-to-nearest
 baselines are ``affine`` (``RTN INTb g128 asym``: groups of 128 with scale and offset) and
@@ -73,10 +77,15 @@ LABELS = {
     "lattice+cal": "E8 + rANS, calibrated",
     "trellis-l12+cal": "trellis L12, calibrated (sequences of 16)",
     "affine+cal": "INT{b} g128 asym, calibrated (GPTQ rule)",
+    "budget": "BUDGET (unweighted SSE)",
+    "budget+fisher": "BUDGET weighted by Fisher sensitivity",
     "peer:hqq": "peer: HQQ {b}-bit g64",
     "peer:quanto": "peer: optimum-quanto qint{b}",
 }
 CALIBRATED = "+cal"
+# BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
+# unit weights or weighted by each layer's loss sensitivity (`hypercodec.nn.collect_fisher`).
+BUDGET = ("budget", "budget+fisher")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -226,12 +235,43 @@ def quantize_peer(model: Any, peer: str, bps: float) -> tuple[float, float, list
     return total_bits / max(values, 1), (10 * math.log10(sig / err) if err > 0 else math.inf), tensors
 
 
+def quantize_budget(model: Any, bps: float, sensitivity: dict[str, float] | None) -> None:
+    """Every ``nn.Linear`` of ``model`` through the pipeline's BUDGET at ``bps`` all-in over
+    them (``sensitivity``: weights by ``"{name}.weight"``), then back as :class:`HyperLinear`
+    layers on the stored forms."""
+    import torch
+
+    from . import api
+    from . import nn as hnn
+
+    sd = {
+        f"{n}.weight": m.weight.detach().to(torch.float32).numpy()
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+    }
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "budget.hwz")
+        options: dict[str, Any] = {"mode": "budget", "target_bps": bps}
+        if sensitivity is not None:
+            weights = os.path.join(d, "sensitivity.json")
+            with open(weights, "w") as f:
+                json.dump(sensitivity, f)
+            options["sensitivity"] = weights
+        api.compress_state_dict(sd, path, **options)
+        hnn.load_into(model, path)
+
+
 def quantize_model(
-    model: Any, method: str, bps: float, hessians: dict[str, Any] | None = None
+    model: Any,
+    method: str,
+    bps: float,
+    hessians: dict[str, Any] | None = None,
+    sensitivity: dict[str, float] | None = None,
 ) -> tuple[float, float, list[dict[str, Any]]]:
     """Quantizes every ``nn.Linear`` of ``model`` in place with ``method`` at ``bps`` (a method
-    ending in ``+cal`` rounds with error feedback from ``hessians``); returns (bits per value
-    over the quantized weights, all-in; their total SNR in dB; per-tensor errors)."""
+    ending in ``+cal`` rounds with error feedback from ``hessians``; ``budget+fisher`` weighs
+    BUDGET by ``sensitivity``); returns (bits per value over the quantized weights, all-in;
+    their total SNR in dB; per-tensor errors)."""
     import numpy as np
     import torch
 
@@ -239,14 +279,17 @@ def quantize_model(
 
     if method in PEERS:
         return quantize_peer(model, method, bps)
-    calibrated = method.endswith(CALIBRATED)
-    spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
     originals = {
         n: m.weight.detach().to(torch.float32).numpy().copy()
         for n, m in model.named_modules()
         if isinstance(m, torch.nn.Linear)
     }
-    hnn.quantize(model, bps=bps, method=spec, skip=(), conv=False, hessians=hessians if calibrated else None)
+    if method in BUDGET:
+        quantize_budget(model, bps, sensitivity if method == "budget+fisher" else None)
+    else:
+        calibrated = method.endswith(CALIBRATED)
+        spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
+        hnn.quantize(model, bps=bps, method=spec, skip=(), conv=False, hessians=hessians if calibrated else None)
     bits = 0
     values = 0
     sig = 0.0
@@ -406,14 +449,24 @@ def evaluate(
         if not hessians:
             raise ValueError(f"{name}: no calibration data (the text is too short for calibration windows)")
         progress(f"{name}: input statistics of {len(hessians)} layers in {time.time() - start:.0f} s")
+    sensitivity = None
+    if "budget+fisher" in methods and isinstance(subject, CausalLM):
+        start = time.time()
+        sensitivity = hnn.collect_fisher(subject.model, subject.calibration[:16])
+        progress(f"{name}: Fisher sensitivity of {len(sensitivity)} layers in {time.time() - start:.0f} s")
     for bps in bps_list:
         for method in methods:
-            spec = method if method in PEERS else hnn.method_spec(method.removesuffix(CALIBRATED), bps)
+            if method in PEERS or method in BUDGET:
+                spec = method
+            else:
+                spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
             row = Row(name, method, label(method, bps), spec + (" +H" if method.endswith(CALIBRATED) else ""), bps)
             start = time.time()
             try:
                 model = copy.deepcopy(subject.model)
-                row.bps, row.snr_db, tensors = quantize_model(model, method, bps, hessians)
+                if method == "budget+fisher" and sensitivity is None:
+                    raise ValueError("Fisher sensitivity needs a causal LM (its own next-token loss)")
+                row.bps, row.snr_db, tensors = quantize_model(model, method, bps, hessians, sensitivity)
                 row.quality = subject.measure(model)
                 for t in tensors:
                     tensors_out.append({"model": name, "method": row.label, "target_bps": bps, **t})

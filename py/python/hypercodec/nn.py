@@ -532,6 +532,38 @@ def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.n
     return {n: (sums[n] / max(counts[n], 1)).to(torch.float32).numpy() for n in sums}
 
 
+def collect_fisher(model: nn.Module, batches: Iterable[Any]) -> dict[str, float]:
+    """BUDGET's sensitivity weights from a causal LM's own loss: for every ``nn.Linear``
+    (``"{name}.weight"``), the mean over its weights of the squared gradient of the next-token
+    loss, averaged over the calibration ``batches`` (token id tensors; a diagonal empirical
+    Fisher at the granularity of a batch). To second order a weight error δ raises the loss by
+    ``½·Σ F_ii·δ_i²``, about ``½·w·SSE`` for a tensor whose errors spread evenly — the
+    ``Σ w·SSE`` that ``mode="budget"`` minimizes. A weight shared by two layers (a tied output
+    head) gets the gradient of both uses. Leaves the model's gradients cleared."""
+    import torch
+
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    sums = {n: 0.0 for n in linears}
+    count = 0
+    was_training = model.training
+    model.eval()
+    try:
+        for ids in batches:
+            model.zero_grad(set_to_none=True)
+            out = model(ids, labels=ids)
+            out.loss.backward()
+            for n, m in linears.items():
+                if m.weight.grad is not None:
+                    sums[n] += m.weight.grad.detach().to(torch.float64).pow(2).mean().item()
+            count += 1
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    if count == 0:
+        raise _native.InvalidInputError("collect_fisher needs at least one calibration batch")
+    return {f"{n}.weight": s / count for n, s in sums.items()}
+
+
 def save_hessians(path: str, hessians: dict[str, np.ndarray]) -> None:
     """Writes the statistics of :func:`collect_hessians` as a safetensors file (float32, one
     ``in × in`` matrix per layer name) for ``hypercodec compress --calibration PATH``."""
