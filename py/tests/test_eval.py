@@ -83,15 +83,17 @@ def test_budget_rows_meet_the_rate_and_fisher_weights_follow_the_loss(tmp_path):
     assert set(fisher) == {f"{n}.weight" for n in linears} and all(v > 0 for v in fisher.values())
     assert all(p.grad is None for p in model.parameters())
     tensors = []
-    rows = hev.evaluate("tiny", subject, ["budget", "budget+fisher"], [3], tensors, progress=lambda _: None)
+    rows = hev.evaluate("tiny", subject, ["budget", "budget+fisher", "budget+fisher+cal"], [3], tensors, progress=lambda _: None)
     assert not any(r.error for r in rows), [r.error for r in rows]
     for r in rows[1:]:
         assert r.bps <= 3.0 + 1e-6 and r.bps > 2.5, r
         assert math.isfinite(r.quality["ppl"])
     # The weights move bits between layers: the two plans differ at the same budget.
     per = {r.label: {t["tensor"]: t["bps"] for t in tensors if t["method"] == r.label} for r in rows[1:]}
-    plain, weighted = per.values()
+    plain, weighted, calibrated = per.values()
     assert set(plain) == set(weighted) and plain != weighted
+    # Calibrated rounding of the same choices: the same plan, a lower output error.
+    assert rows[3].quality["kl"] < rows[2].quality["kl"]
 
 
 def test_encoder_rows_measure_embedding_cosine():

@@ -189,7 +189,17 @@ pub fn compress(
             let tp = p.tensor(&t.name).ok_or_else(|| PipelineError::NotInPlan {
                 tensor: t.name.clone(),
             })?;
-            tp.spec.encode(&t.name, &values, &t.shape, opts)?
+            // A plan's (or BUDGET's) choice, rounded with error feedback when calibration
+            // statistics are given: the same format and, but for entropy coding, the same bytes.
+            encode_spec(
+                &tp.spec,
+                &t.name,
+                &values,
+                &t.shape,
+                opts,
+                calibration,
+                &mut calibrated,
+            )?
         } else if let (Some(c), Some(p)) = (&chooser, &mut plan) {
             let (tp, enc) = c.plan_tensor(&t.name, &values, &t.shape)?;
             let enc = match enc {

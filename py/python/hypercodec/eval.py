@@ -16,7 +16,8 @@ text than the part evaluated (32 windows for the causal LM, 512 sentences for th
 ``budget`` runs the planner's BUDGET over every quantized layer at once (its default ladder of
 candidates, ``bps`` all-in over them; minimizing the summed squared error); ``budget+fisher``
 weighs each layer's squared error by its loss sensitivity (:func:`hypercodec.nn.collect_fisher`
-on 16 calibration windows; causal LMs only).
+on 16 calibration windows; causal LMs only); ``budget+fisher+cal`` also rounds the chosen
+encodings with error feedback.
 
 Methods are named as :func:`hypercodec.nn.method_spec` names them; the round-to-nearest
 baselines are ``affine`` (``RTN INTb g128 asym``: groups of 128 with scale and offset) and
@@ -79,13 +80,14 @@ LABELS = {
     "affine+cal": "INT{b} g128 asym, calibrated (GPTQ rule)",
     "budget": "BUDGET (unweighted SSE)",
     "budget+fisher": "BUDGET weighted by Fisher sensitivity",
+    "budget+fisher+cal": "BUDGET weighted by Fisher sensitivity, calibrated rounding",
     "peer:hqq": "peer: HQQ {b}-bit g64",
     "peer:quanto": "peer: optimum-quanto qint{b}",
 }
 CALIBRATED = "+cal"
 # BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
 # unit weights or weighted by each layer's loss sensitivity (`hypercodec.nn.collect_fisher`).
-BUDGET = ("budget", "budget+fisher")
+BUDGET = ("budget", "budget+fisher", "budget+fisher+cal")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -235,10 +237,12 @@ def quantize_peer(model: Any, peer: str, bps: float) -> tuple[float, float, list
     return total_bits / max(values, 1), (10 * math.log10(sig / err) if err > 0 else math.inf), tensors
 
 
-def quantize_budget(model: Any, bps: float, sensitivity: dict[str, float] | None) -> None:
+def quantize_budget(
+    model: Any, bps: float, sensitivity: dict[str, float] | None, hessians: dict[str, Any] | None = None
+) -> None:
     """Every ``nn.Linear`` of ``model`` through the pipeline's BUDGET at ``bps`` all-in over
-    them (``sensitivity``: weights by ``"{name}.weight"``), then back as :class:`HyperLinear`
-    layers on the stored forms."""
+    them (``sensitivity``: weights by ``"{name}.weight"``; ``hessians``: the chosen encodings
+    round with error feedback), then back as :class:`HyperLinear` layers on the stored forms."""
     import torch
 
     from . import api
@@ -257,6 +261,10 @@ def quantize_budget(model: Any, bps: float, sensitivity: dict[str, float] | None
             with open(weights, "w") as f:
                 json.dump(sensitivity, f)
             options["sensitivity"] = weights
+        if hessians is not None:
+            stats = os.path.join(d, "calibration.safetensors")
+            hnn.save_hessians(stats, hessians)
+            options["calibration"] = stats
         api.compress_state_dict(sd, path, **options)
         hnn.load_into(model, path)
 
@@ -285,7 +293,8 @@ def quantize_model(
         if isinstance(m, torch.nn.Linear)
     }
     if method in BUDGET:
-        quantize_budget(model, bps, sensitivity if method == "budget+fisher" else None)
+        weighted = method.startswith("budget+fisher")
+        quantize_budget(model, bps, sensitivity if weighted else None, hessians if method.endswith(CALIBRATED) else None)
     else:
         calibrated = method.endswith(CALIBRATED)
         spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
@@ -450,7 +459,7 @@ def evaluate(
             raise ValueError(f"{name}: no calibration data (the text is too short for calibration windows)")
         progress(f"{name}: input statistics of {len(hessians)} layers in {time.time() - start:.0f} s")
     sensitivity = None
-    if "budget+fisher" in methods and isinstance(subject, CausalLM):
+    if any(m.startswith("budget+fisher") for m in methods) and isinstance(subject, CausalLM):
         start = time.time()
         sensitivity = hnn.collect_fisher(subject.model, subject.calibration[:16])
         progress(f"{name}: Fisher sensitivity of {len(sensitivity)} layers in {time.time() - start:.0f} s")
@@ -464,7 +473,7 @@ def evaluate(
             start = time.time()
             try:
                 model = copy.deepcopy(subject.model)
-                if method == "budget+fisher" and sensitivity is None:
+                if method.startswith("budget+fisher") and sensitivity is None:
                     raise ValueError("Fisher sensitivity needs a causal LM (its own next-token loss)")
                 row.bps, row.snr_db, tensors = quantize_model(model, method, bps, hessians, sensitivity)
                 row.quality = subject.measure(model)
