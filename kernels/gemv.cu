@@ -44,21 +44,18 @@ extern "C" __global__ void hc_rht(const void* __restrict__ x, int xdtype, float*
     }
 }
 
-// The same for tiles of 256..4096 values and 16-byte aligned activations: tile / 8 threads per
-// block, each holding 8 values: the first 3 butterfly stages in registers, the next 5 across
-// the warp's lanes (shuffles), the rest in shared memory (tiles above 256 only).
-extern "C" __global__ void hc_rht_fast(const void* __restrict__ x, int xdtype, float* __restrict__ out,
-                                       int cols, int width, int tile, unsigned long long seed) {
-    extern __shared__ float s[];
-    const int m = blockIdx.y, t = threadIdx.x, lane = t & 31;
-    const long long t0 = (long long)blockIdx.x * tile;
-    const long long j0 = t0 + 8 * t;
-    float v[8];
-    hc_load8(x, xdtype, (long long)m * cols + j0, v);
+// The RHT's signs of 8 values from position j0 (a multiple of 8: one splitmix64 word).
+__device__ __forceinline__ void hc_signs8(float* v, unsigned long long seed, long long j0) {
     const unsigned long long w = hc_mix64(seed + (unsigned long long)(j0 / 64 + 1) * 0x9E3779B97F4A7C15ull);
 #pragma unroll
     for (int k = 0; k < 8; k++)
         if ((w >> ((j0 + k) % 64)) & 1ull) v[k] = -v[k];
+}
+
+// The unnormalized Walsh–Hadamard butterflies of 8 values per lane over tiles of `tile`
+// values, as far as a warp reaches (tiles up to 256): 3 stages in registers, the rest across
+// lanes (every lane of the warp takes part).
+__device__ __forceinline__ void hc_fwht8_warp(float* v, int tile, int lane) {
 #pragma unroll
     for (int h = 1; h < 8; h <<= 1)
 #pragma unroll
@@ -78,6 +75,21 @@ extern "C" __global__ void hc_rht_fast(const void* __restrict__ x, int xdtype, f
             v[k] = upper ? o - v[k] : v[k] + o;
         }
     }
+}
+
+// The same for tiles of 256..4096 values and 16-byte aligned activations: tile / 8 threads per
+// block, each holding 8 values: the first 3 butterfly stages in registers, the next 5 across
+// the warp's lanes (shuffles), the rest in shared memory (tiles above 256 only).
+extern "C" __global__ void hc_rht_fast(const void* __restrict__ x, int xdtype, float* __restrict__ out,
+                                       int cols, int width, int tile, unsigned long long seed) {
+    extern __shared__ float s[];
+    const int m = blockIdx.y, t = threadIdx.x, lane = t & 31;
+    const long long t0 = (long long)blockIdx.x * tile;
+    const long long j0 = t0 + 8 * t;
+    float v[8];
+    hc_load8(x, xdtype, (long long)m * cols + j0, v);
+    hc_signs8(v, seed, j0);
+    hc_fwht8_warp(v, tile, lane);
     if (tile > 256) {
 #pragma unroll
         for (int k = 0; k < 8; k++) s[8 * t + k] = v[k];
@@ -790,35 +802,12 @@ struct KvArgs {
     unsigned long long seed;
 };
 
-// y ← H·y/√tile per tile over the warp's words (8 values per lane), in place.
+// y ← H·y/√tile per tile over the warp's words (8 values per lane, tiles up to 256), in place.
 __device__ __forceinline__ void hc_kv_fwht(float* v, int tile, int lane) {
-#pragma unroll
-    for (int h = 1; h < 8; h <<= 1)
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            if (!(k & h)) {
-                const float a = v[k], b = v[k + h];
-                v[k] = a + b;
-                v[k + h] = a - b;
-            }
-    for (int b = 0; (8 << b) < tile; b++) {
-        const bool upper = (lane >> b) & 1;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const float o = __shfl_xor_sync(0xffffffffu, v[k], 1 << b);
-            v[k] = upper ? o - v[k] : v[k] + o;
-        }
-    }
+    hc_fwht8_warp(v, tile, lane);
     const float norm = rsqrtf((float)tile);
 #pragma unroll
     for (int k = 0; k < 8; k++) v[k] *= norm;
-}
-
-__device__ __forceinline__ void hc_kv_signs(float* v, unsigned long long seed, int j0) {
-    const unsigned long long w = hc_mix64(seed + (unsigned long long)(j0 / 64 + 1) * 0x9E3779B97F4A7C15ull);
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        if ((w >> ((j0 + k) % 64)) & 1ull) v[k] = -v[k];
 }
 
 // The nearest point of D8 (parity even) or Z8 within [lo, hi]^8 (`nearest_box`), and its
@@ -874,7 +863,7 @@ extern "C" __global__ void hc_kv_e8_encode(KvArgs a) {
         for (int k = 0; k < 8; k++) y[k] = 0.f;
     }
     if (a.tile > 0) {
-        if (on) hc_kv_signs(y, a.seed, 8 * lane);
+        if (on) hc_signs8(y, a.seed, 8 * lane);
         hc_kv_fwht(y, a.tile, lane);
     }
     double ss = 0.0;
@@ -971,7 +960,7 @@ extern "C" __global__ void hc_kv_e8_decode(KvArgs a) {
     }
     if (a.tile > 0) {
         hc_kv_fwht(y, a.tile, lane);
-        if (on) hc_kv_signs(y, a.seed, 8 * lane);
+        if (on) hc_signs8(y, a.seed, 8 * lane);
     }
     if (on) {
         const long long at = row * a.out_row + (long long)t * a.d + 8 * lane;

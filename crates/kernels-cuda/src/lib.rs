@@ -628,9 +628,6 @@ impl Kernels {
         stream: u64,
     ) -> Result<()> {
         a.validate()?;
-        if out == 0 {
-            return Err(CudaError::InvalidArgument("a null pointer".into()));
-        }
         if a.rows == 0 || a.cols == 0 {
             return Ok(());
         }
@@ -642,18 +639,8 @@ impl Kernels {
         } else {
             (args::AFFINE_DECODE, a.rows * a.cols.div_ceil(8))
         };
-        let mut k = args::AffineArgs::new(a);
-        let (mut out, mut dt) = (out, dtype as i32);
-        let mut params = [
-            &mut k as *mut _ as *mut std::ffi::c_void,
-            &mut out as *mut _ as *mut _,
-            &mut dt as *mut _ as *mut _,
-        ];
-        // SAFETY: the arguments were validated; the pointers are the caller's contract.
-        unsafe {
-            self.inner
-                .launch(f, (grid_for(n), 1), 256, 0, stream, &mut params)
-        }
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe { self.decode_launch(f, args::AffineArgs::new(a), out, dtype, n, stream) }
     }
 
     /// Launches the fixed-rate E8 GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
@@ -729,31 +716,9 @@ impl Kernels {
     /// As [`Kernels::rht`].
     pub unsafe fn e8_decode(&self, a: &E8Gemv, out: u64, dtype: Dtype, stream: u64) -> Result<()> {
         a.validate()?;
-        if out == 0 {
-            return Err(CudaError::InvalidArgument("a null pointer".into()));
-        }
         let n = a.rows * a.words;
-        if n == 0 {
-            return Ok(());
-        }
-        let mut k = args::E8Args::new(a);
-        let (mut out, mut dt) = (out, dtype as i32);
-        let mut params = [
-            &mut k as *mut _ as *mut std::ffi::c_void,
-            &mut out as *mut _ as *mut _,
-            &mut dt as *mut _ as *mut _,
-        ];
-        // SAFETY: the arguments were validated; the pointers are the caller's contract.
-        unsafe {
-            self.inner.launch(
-                args::E8_DECODE,
-                (grid_for(n), 1),
-                256,
-                0,
-                stream,
-                &mut params,
-            )
-        }
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe { self.decode_launch(args::E8_DECODE, args::E8Args::new(a), out, dtype, n, stream) }
     }
 }
 
@@ -804,29 +769,16 @@ impl Kernels {
         stream: u64,
     ) -> Result<()> {
         a.validate()?;
-        if out == 0 {
-            return Err(CudaError::InvalidArgument("a null pointer".into()));
-        }
-        if a.rows == 0 || a.cols == 0 {
-            return Ok(());
-        }
         let n = a.rows * a.cols.div_ceil(8);
-        let mut k = args::TrellisArgs::new(a);
-        let (mut out, mut dt) = (out, dtype as i32);
-        let mut params = [
-            &mut k as *mut _ as *mut std::ffi::c_void,
-            &mut out as *mut _ as *mut _,
-            &mut dt as *mut _ as *mut _,
-        ];
-        // SAFETY: the arguments were validated; the pointers are the caller's contract.
+        // SAFETY: validated; the pointers are the caller's contract.
         unsafe {
-            self.inner.launch(
+            self.decode_launch(
                 args::TRELLIS_DECODE,
-                (grid_for(n), 1),
-                256,
-                0,
+                args::TrellisArgs::new(a),
+                out,
+                dtype,
+                n,
                 stream,
-                &mut params,
             )
         }
     }
@@ -851,6 +803,39 @@ impl Kernels {
         a.validate(false)?;
         // SAFETY: as the caller vouches.
         unsafe { self.kv_launch(a, args::KV_E8_DECODE, stream) }
+    }
+
+    /// Launches decoder `f` (its parameters: the argument struct, then the output pointer and
+    /// dtype code) over `n` items, 256 threads a block, grid-stride.
+    ///
+    /// # Safety
+    /// `k` is the kernel's argument struct, validated; the pointers are the caller's contract.
+    unsafe fn decode_launch<A>(
+        &self,
+        f: usize,
+        mut k: A,
+        out: u64,
+        dtype: Dtype,
+        n: usize,
+        stream: u64,
+    ) -> Result<()> {
+        if out == 0 {
+            return Err(CudaError::InvalidArgument("a null pointer".into()));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (mut out, mut dt) = (out, dtype as i32);
+        let mut params = [
+            &mut k as *mut A as *mut std::ffi::c_void,
+            &mut out as *mut _ as *mut _,
+            &mut dt as *mut _ as *mut _,
+        ];
+        // SAFETY: as the caller vouches.
+        unsafe {
+            self.inner
+                .launch(f, (grid_for(n), 1), 256, 0, stream, &mut params)
+        }
     }
 
     /// One warp per vector, 4 vectors per block.
