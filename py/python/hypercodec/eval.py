@@ -14,8 +14,9 @@ A method ending in ``+cal`` rounds with error feedback (GPTQ's rule, :mod:`hyper
 ``ldlq``) from each layer's input statistics ``E[x·xᵀ]``, collected on a later part of the
 text than the part evaluated (32 windows for the causal LM, 512 sentences for the encoder).
 ``budget`` runs the planner's BUDGET over every quantized layer at once (its default ladder of
-candidates, ``bps`` all-in over them; minimizing the summed squared error); ``budget+fisher``
-weighs each layer's squared error by its loss sensitivity (:func:`hypercodec.nn.collect_fisher`
+candidates, ``bps`` all-in over them; minimizing the summed squared error); ``budget+head`` prices
+the output head 1000× a hidden layer (an ablation of the "head at ≥ 8 bits" rule of thumb, no
+calibration data); ``budget+fisher`` weighs each layer's squared error by its loss sensitivity (:func:`hypercodec.nn.collect_fisher`
 on 16 calibration windows; causal LMs only); ``budget+fisher+cal`` also rounds the chosen
 encodings with error feedback.
 
@@ -79,6 +80,7 @@ LABELS = {
     "trellis-l12+cal": "trellis L12, calibrated (sequences of 16)",
     "affine+cal": "INT{b} g128 asym, calibrated (GPTQ rule)",
     "budget": "BUDGET (unweighted SSE)",
+    "budget+head": "BUDGET, output head weighted 1000×",
     "budget+fisher": "BUDGET weighted by Fisher sensitivity",
     "budget+fisher+cal": "BUDGET weighted by Fisher sensitivity, calibrated rounding",
     "peer:hqq": "peer: HQQ {b}-bit g64",
@@ -87,7 +89,10 @@ LABELS = {
 CALIBRATED = "+cal"
 # BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
 # unit weights or weighted by each layer's loss sensitivity (`hypercodec.nn.collect_fisher`).
-BUDGET = ("budget", "budget+fisher", "budget+fisher+cal")
+BUDGET = ("budget", "budget+head", "budget+fisher", "budget+fisher+cal")
+# `budget+head`: no calibration data, the output head (and a tied embedding) priced 1000× a
+# hidden layer's squared error.
+HEAD_WEIGHT = 1000.0
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -293,8 +298,14 @@ def quantize_model(
         if isinstance(m, torch.nn.Linear)
     }
     if method in BUDGET:
-        weighted = method.startswith("budget+fisher")
-        quantize_budget(model, bps, sensitivity if weighted else None, hessians if method.endswith(CALIBRATED) else None)
+        weights = sensitivity if method.startswith("budget+fisher") else None
+        if method == "budget+head":
+            weights = {
+                f"{n}.weight": HEAD_WEIGHT if n.endswith("lm_head") else 1.0
+                for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear)
+            }
+        quantize_budget(model, bps, weights, hessians if method.endswith(CALIBRATED) else None)
     else:
         calibrated = method.endswith(CALIBRATED)
         spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
