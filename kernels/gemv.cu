@@ -679,40 +679,60 @@ __device__ __forceinline__ uint32_t hc_trellis_sum(const TrellisArgs& a, long lo
     return __dp4a(x, 0x01010101u, 0u);
 }
 
-// The byte sums of the 8 values of chunk c (values 8c .. 8c+8 of a row): from one composite
-// word — the L−K bits of history before the chunk (for a chunk that starts its sequence, the
-// sequence's last bits: the tail-biting wrap) followed by the chunk's 8·K bits — when K ≤ 6
-// and the chunk is whole; value by value otherwise. Returns how many values it wrote.
-__device__ __forceinline__ int hc_trellis_chunk(const TrellisArgs& a, long long row_off, int c, uint32_t* sums) {
-    const int j0 = c * 8;
+// Where chunk c (values 8c .. 8c+8 of a row) lies, the same for every row: its value count,
+// and, when the fast path applies (K ≤ 6, a whole chunk inside one sequence, its history
+// bits inside the sequence or the sequence's tail-biting wrap), the bit offsets from the
+// row's first bit of its codes and of the L−K history bits before them.
+struct HcChunk {
+    int j0, cnt;
+    bool fast;
+    long long cb, hb;
+};
+
+__device__ __forceinline__ HcChunk hc_trellis_geom(const TrellisArgs& a, int c) {
+    HcChunk g;
+    g.j0 = c * 8;
     const int m = max(1, a.cols / a.seq);
-    const int q = min(j0 / a.seq, m - 1);
+    const int q = min(g.j0 / a.seq, m - 1);
     const int s = q * a.seq;
     const int n = (q == m - 1 ? a.cols : s + a.seq) - s;
-    const int t0 = j0 - s;
-    const int cnt = min(8, a.cols - j0);
+    const int t0 = g.j0 - s;
     const int hist = a.l - a.k;
-    if (a.k <= 6 && cnt == 8 && t0 + 8 <= n && (t0 == 0 || t0 * a.k >= hist)) {
-        const long long base = (row_off + (long long)s * a.k / 8) * 8;  // the sequence's first bit
-        const long long cb = base + (long long)t0 * a.k;                  // the chunk's first bit
-        const long long hb = t0 == 0 ? base + (long long)n * a.k - hist : cb - hist;
+    g.cnt = min(8, a.cols - g.j0);
+    g.fast = a.k <= 6 && g.cnt == 8 && t0 + 8 <= n && (t0 == 0 || t0 * a.k >= hist);
+    const long long base = (long long)s * a.k;  // the sequence's first bit (a byte boundary)
+    g.cb = base + (long long)t0 * a.k;
+    g.hb = t0 == 0 ? base + (long long)n * a.k - hist : g.cb - hist;
+    return g;
+}
+
+// The byte sums of chunk `g`'s values in the row whose bits start at byte `row_off`: from one
+// composite word (the history bits, then the chunk's 8·K bits) on the fast path, value by
+// value otherwise. K is a template argument where it is known (0: read from `a`).
+template <int KT>
+__device__ __forceinline__ void hc_trellis_sums(const TrellisArgs& a, const HcChunk& g, long long row_off, uint32_t* sums) {
+    const int k = KT ? KT : a.k;
+    if (g.fast) {
+        const int hist = a.l - k;
+        const long long rb = row_off * 8;
+        const uint8_t* p = a.bits + ((rb + g.cb) >> 3);
         unsigned long long chunk = 0;
-        const uint8_t* p = a.bits + (cb >> 3);
-        for (int i = 0; i < a.k; i++) chunk |= (unsigned long long)p[i] << (8 * i);
-        const unsigned long long w = (unsigned long long)hc_bits(a.bits, hb, hist, a.n_bytes) | (chunk << hist);
+#pragma unroll
+        for (int i = 0; i < (KT ? KT : 6); i++)
+            if (KT || i < k) chunk |= (unsigned long long)p[i] << (8 * i);
+        const unsigned long long w = (unsigned long long)hc_bits(a.bits, rb + g.hb, hist, a.n_bytes) | (chunk << hist);
         const uint32_t lmask = (1u << a.l) - 1;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const uint32_t state = (uint32_t)(w >> (i * a.k)) & lmask;
+            const uint32_t state = (uint32_t)(w >> (i * k)) & lmask;
             sums[i] = __dp4a(state * 34038481u + 76625530u, 0x01010101u, 0u);
         }
-        return 8;
+        return;
     }
-    for (int i = 0; i < cnt; i++) sums[i] = hc_trellis_sum(a, row_off, j0 + i);
-    return cnt;
+    for (int i = 0; i < g.cnt; i++) sums[i] = hc_trellis_sum(a, row_off, g.j0 + i);
 }
 
-template <int MT>
+template <int MT, int KT>
 __device__ __forceinline__ void hc_trellis_rows(const TrellisArgs& a) {
     constexpr int R = HC_R(MT);
     const int r0 = blockIdx.x * R;
@@ -726,12 +746,12 @@ __device__ __forceinline__ void hc_trellis_rows(const TrellisArgs& a) {
     }
     const int chunks = (a.cols + 7) >> 3;
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        const HcChunk g = hc_trellis_geom(a, c);
         uint32_t sums[R][8];
-        int cnt = 8;
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (r0 + r < a.rows) {
-                cnt = hc_trellis_chunk(a, (long long)(r0 + r) * a.row_bytes, c, sums[r]);
+                hc_trellis_sums<KT>(a, g, (long long)(r0 + r) * a.row_bytes, sums[r]);
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++) sums[r][i] = 510;
@@ -743,7 +763,7 @@ __device__ __forceinline__ void hc_trellis_rows(const TrellisArgs& a) {
                 const float* xp = a.xr + (long long)m * a.cols + 8 * c;
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
-                    if (i < cnt) {
+                    if (i < g.cnt) {
                         const float xv = xp[i];
 #pragma unroll
                         for (int r = 0; r < R; r++) acc[r][m] = fmaf(hc_u2f(sums[r][i]), xv, acc[r][m]);
@@ -764,8 +784,12 @@ __device__ __forceinline__ void hc_trellis_rows(const TrellisArgs& a) {
     hc_block_store<R, MT>(acc, sc, r0, a.rows, a.M, a.bias, a.y, a.ydtype);
 }
 
-extern "C" __global__ void __launch_bounds__(256) hc_trellis_gemv_m1(TrellisArgs a) { hc_trellis_rows<1>(a); }
-extern "C" __global__ void __launch_bounds__(256) hc_trellis_gemv_m4(TrellisArgs a) { hc_trellis_rows<4>(a); }
+// hc_trellis_gemv_m{1,4}_k{0,1,2,3,4}: one kernel per (batch tile, K); k0 reads K at run time.
+#define HC_TRELLIS(M, K) \
+    extern "C" __global__ void __launch_bounds__(256) hc_trellis_gemv_m##M##_k##K(TrellisArgs a) { hc_trellis_rows<M, K>(a); }
+#define HC_TRELLIS_K(M) HC_TRELLIS(M, 0) HC_TRELLIS(M, 1) HC_TRELLIS(M, 2) HC_TRELLIS(M, 3) HC_TRELLIS(M, 4)
+HC_TRELLIS_K(1)
+HC_TRELLIS_K(4)
 
 // The scaled values in the rotated domain (rows × cols, `odtype`), one thread per chunk of 8.
 extern "C" __global__ void hc_trellis_decode(TrellisArgs a, void* __restrict__ out, int odtype) {
@@ -775,7 +799,9 @@ extern "C" __global__ void hc_trellis_decode(TrellisArgs a, void* __restrict__ o
          k += (long long)gridDim.x * blockDim.x) {
         const int r = (int)(k / chunks), c = (int)(k - (long long)r * chunks);
         uint32_t sums[8];
-        const int cnt = hc_trellis_chunk(a, (long long)r * a.row_bytes, c, sums);
+        const HcChunk g = hc_trellis_geom(a, c);
+        hc_trellis_sums<0>(a, g, (long long)r * a.row_bytes, sums);
+        const int cnt = g.cnt;
         const float sc = a.row_scales[r];
         float v8[8];
 #pragma unroll

@@ -18,8 +18,6 @@ pub(crate) fn function_names() -> Vec<String> {
         "hc_affine_decode_b2",
         "hc_affine_decode_b4",
         "hc_affine_decode_b8",
-        "hc_trellis_gemv_m1",
-        "hc_trellis_gemv_m4",
         "hc_trellis_decode",
         "hc_kv_e8_encode",
         "hc_kv_e8_decode",
@@ -35,6 +33,11 @@ pub(crate) fn function_names() -> Vec<String> {
     for b in 2..=8 {
         for m in BATCH_TILES {
             v.push(format!("hc_e8_gemv_b{b}_m{m}"));
+        }
+    }
+    for m in BATCH_TILES {
+        for k in TRELLIS_KS {
+            v.push(format!("hc_trellis_gemv_m{m}_k{k}"));
         }
     }
     v
@@ -54,15 +57,23 @@ pub(crate) fn affine_decode_chunks(bits: usize) -> usize {
         _ => 9,
     }
 }
-/// The trellis GEMV for a pass of `batch` rows.
-pub(crate) fn trellis_gemv(batch: usize) -> usize {
-    10 + tile_index(batch)
-}
-pub(crate) const TRELLIS_DECODE: usize = 12;
-pub(crate) const KV_E8_ENCODE: usize = 13;
-pub(crate) const KV_E8_DECODE: usize = 14;
+pub(crate) const TRELLIS_DECODE: usize = 10;
+pub(crate) const KV_E8_ENCODE: usize = 11;
+pub(crate) const KV_E8_DECODE: usize = 12;
 /// Functions before the templated GEMVs.
-const FIXED: usize = 15;
+const FIXED: usize = 13;
+/// The trellis GEMVs' compiled K (0: K read at run time).
+const TRELLIS_KS: [usize; 5] = [0, 1, 2, 3, 4];
+
+/// The trellis GEMV for a pass of `batch` rows of `k` bits per value.
+pub(crate) fn trellis_gemv(batch: usize, k: usize) -> usize {
+    let ki = if (1..=4).contains(&k) { k } else { 0 };
+    FIXED
+        + 3 * BATCH_TILES.len()
+        + 7 * BATCH_TILES.len()
+        + TRELLIS_KS.len() * tile_index(batch)
+        + ki
+}
 /// The kernels' batch tiles (activation rows held in registers).
 const BATCH_TILES: [usize; 2] = [1, 4];
 

@@ -745,7 +745,7 @@ impl Kernels {
             // SAFETY: the arguments were validated; the pointers are the caller's contract.
             unsafe {
                 self.inner.launch(
-                    args::trellis_gemv(m),
+                    args::trellis_gemv(m, a.k as usize),
                     (a.rows.div_ceil(args::rows_per_block(m)) as u32, 1),
                     block_for(a.cols.div_ceil(8)),
                     0,
@@ -972,7 +972,9 @@ mod tests {
         assert_eq!(names[args::e8_gemv(2, 1)], "hc_e8_gemv_b2_m1");
         assert_eq!(names[args::e8_gemv(7, 4)], "hc_e8_gemv_b7_m4");
         assert_eq!(names[args::e8_gemv(8, 2)], "hc_e8_gemv_b8_m4");
-        assert_eq!(names[args::trellis_gemv(1)], "hc_trellis_gemv_m1");
+        assert_eq!(names[args::trellis_gemv(1, 2)], "hc_trellis_gemv_m1_k2");
+        assert_eq!(names[args::trellis_gemv(3, 7)], "hc_trellis_gemv_m4_k0");
+        assert_eq!(names[args::trellis_gemv(4, 4)], "hc_trellis_gemv_m4_k4");
         assert_eq!(names[args::TRELLIS_DECODE], "hc_trellis_decode");
         assert_eq!(names[args::affine_decode_chunks(2)], "hc_affine_decode_b2");
         assert_eq!(names[args::RHT_FAST], "hc_rht_fast");
@@ -993,7 +995,7 @@ mod tests {
         );
         assert_eq!(
             std::mem::size_of::<args::TrellisArgs>(),
-            param("hc_trellis_gemv_m1")
+            param("hc_trellis_gemv_m1_k2")
         );
         assert_eq!(
             std::mem::size_of::<args::KvArgs>(),
