@@ -267,3 +267,15 @@ def test_calibrated_compression_lowers_the_output_error_at_the_same_bytes(tmp_pa
         hnn.load_into(m, str(path))
         errs.append(out_err(m))
     assert errs[1] < 0.8 * errs[0], errs
+
+
+def test_quantize_budget_meets_the_rate_and_keeps_biases_exact():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+    biases = [m[0].bias.detach().clone(), m[2].bias.detach().clone()]
+    weights = m[0].weight.numel() + m[2].weight.numel()
+    hnn.quantize_budget(m, 3, skip=())
+    assert all(isinstance(m[i], hnn.HyperLinear) for i in (0, 2))
+    for layer, b in zip((m[0], m[2]), biases):
+        assert torch.equal(torch.from_numpy(layer.op.bias), b)
+    assert 8 * (m[0].op.stored_bytes + m[2].op.stored_bytes) / weights <= 3.0 + 1e-6

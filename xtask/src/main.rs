@@ -64,6 +64,14 @@ fn cargo() -> Command {
     c
 }
 
+/// `PY -m pip install -q --no-cache-dir` (no wheel cache: torch's wheels would hold another
+/// 3 GB in ~/.cache/pip), arguments to follow.
+fn pip_install(py: &Path) -> Command {
+    let mut c = Command::new(py);
+    c.args(["-m", "pip", "install", "-q", "--no-cache-dir"]);
+    c
+}
+
 /// Free space on the file system of the workspace, as `df` prints it (for failure messages).
 fn disk_free() -> String {
     Command::new("df")
@@ -385,8 +393,7 @@ fn py() -> Result<(), String> {
                     "pip install {package} (once, cached in .venv/; {} free)",
                     disk_free()
                 ),
-                // No wheel cache: torch's wheels would hold another 3 GB in ~/.cache/pip.
-                Command::new(&py).args(["-m", "pip", "install", "-q", "--no-cache-dir", package]),
+                pip_install(&py).arg(package),
             )?;
         }
     }
@@ -400,15 +407,7 @@ fn py() -> Result<(), String> {
         if !has_module(&py, &probe) {
             run(
                 &format!("pip install --no-deps {package} (once, cached in .venv/)"),
-                Command::new(&py).args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "-q",
-                    "--no-cache-dir",
-                    "--no-deps",
-                    package,
-                ]),
+                pip_install(&py).args(["--no-deps", package]),
             )?;
         }
     }
@@ -571,17 +570,8 @@ fn nvcc() -> Result<PathBuf, String> {
     if !bin.exists() {
         run(
             "pip install nvcc 13.0 into .tools/cuda (once)",
-            Command::new("python3")
-                .args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "-q",
-                    "--no-cache-dir",
-                    "--no-deps",
-                    "--upgrade",
-                    "--target",
-                ])
+            pip_install(Path::new("python3"))
+                .args(["--no-deps", "--upgrade", "--target"])
                 .arg(&tools)
                 .args(NVCC_WHEELS),
         )?;

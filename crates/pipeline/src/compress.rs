@@ -178,6 +178,18 @@ pub fn compress(
     for (i, t) in source.tensors.iter().enumerate() {
         cancel.check()?;
         let values = source.read(i)?;
+        // A spec's encoding, with error feedback where calibration statistics are given.
+        let mut encode = |spec: &Spec| {
+            encode_spec(
+                spec,
+                &t.name,
+                &values,
+                &t.shape,
+                opts,
+                calibration,
+                &mut calibrated,
+            )
+        };
         // The planner measured its choice on this very encoding: its sums replace a decode.
         let mut measured = None;
         let mut encoded = if !sel.planned(&t.shape) {
@@ -191,15 +203,7 @@ pub fn compress(
             })?;
             // A plan's (or BUDGET's) choice, rounded with error feedback when calibration
             // statistics are given: the same format and, but for entropy coding, the same bytes.
-            encode_spec(
-                &tp.spec,
-                &t.name,
-                &values,
-                &t.shape,
-                opts,
-                calibration,
-                &mut calibrated,
-            )?
+            encode(&tp.spec)?
         } else if let (Some(c), Some(p)) = (&chooser, &mut plan) {
             let (tp, enc) = c.plan_tensor(&t.name, &values, &t.shape)?;
             let enc = match enc {
@@ -230,15 +234,7 @@ pub fn compress(
                         max_tile: *max_tile,
                         bps: Some(*b),
                     };
-                    match encode_spec(
-                        &spec,
-                        &t.name,
-                        &values,
-                        &t.shape,
-                        opts,
-                        calibration,
-                        &mut calibrated,
-                    ) {
+                    match encode(&spec) {
                         Err(hypercodec_plan::PlanError::Hwz(hwz::HwzError::RateUnreachable {
                             ..
                         })) => fallback("rate control found no scale", &mut fallbacks)?,
@@ -264,15 +260,7 @@ pub fn compress(
             fallbacks.push((t.name.clone(), format!("{} ({why})", e.label())));
             hwz::encode(&t.name, &values, &t.shape, &e, opts)?
         } else if let Route::Fixed(spec) = &options.route {
-            encode_spec(
-                spec,
-                &t.name,
-                &values,
-                &t.shape,
-                opts,
-                calibration,
-                &mut calibrated,
-            )?
+            encode(spec)?
         } else {
             unreachable!("every route is handled above")
         };

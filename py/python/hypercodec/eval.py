@@ -242,38 +242,6 @@ def quantize_peer(model: Any, peer: str, bps: float) -> tuple[float, float, list
     return total_bits / max(values, 1), (10 * math.log10(sig / err) if err > 0 else math.inf), tensors
 
 
-def quantize_budget(
-    model: Any, bps: float, sensitivity: dict[str, float] | None, hessians: dict[str, Any] | None = None
-) -> None:
-    """Every ``nn.Linear`` of ``model`` through the pipeline's BUDGET at ``bps`` all-in over
-    them (``sensitivity``: weights by ``"{name}.weight"``; ``hessians``: the chosen encodings
-    round with error feedback), then back as :class:`HyperLinear` layers on the stored forms."""
-    import torch
-
-    from . import api
-    from . import nn as hnn
-
-    sd = {
-        f"{n}.weight": m.weight.detach().to(torch.float32).numpy()
-        for n, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear)
-    }
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "budget.hwz")
-        options: dict[str, Any] = {"mode": "budget", "target_bps": bps}
-        if sensitivity is not None:
-            weights = os.path.join(d, "sensitivity.json")
-            with open(weights, "w") as f:
-                json.dump(sensitivity, f)
-            options["sensitivity"] = weights
-        if hessians is not None:
-            stats = os.path.join(d, "calibration.safetensors")
-            hnn.save_hessians(stats, hessians)
-            options["calibration"] = stats
-        api.compress_state_dict(sd, path, **options)
-        hnn.load_into(model, path)
-
-
 def quantize_model(
     model: Any,
     method: str,
@@ -305,7 +273,7 @@ def quantize_model(
                 for n, m in model.named_modules()
                 if isinstance(m, torch.nn.Linear)
             }
-        quantize_budget(model, bps, weights, hessians if method.endswith(CALIBRATED) else None)
+        hnn.quantize_budget(model, bps, weights, hessians if method.endswith(CALIBRATED) else None, skip=())
     else:
         calibrated = method.endswith(CALIBRATED)
         spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)

@@ -15,8 +15,8 @@ batch size) whose layers (:class:`HypercodecKVLayer`, the same shape as transfor
 New tokens are encoded once, when they leave the window, ``block`` at a time; the compressed
 history lives in token-major arrays that grow by doubling. On a CUDA device, E8 codecs without
 dither (RHT or no rotation, head sizes of 8..256 in whole words of 8) encode and decode with
-hypercodec's CUDA kernels and keep their codes on the device; other codecs go through the host. Each ``update`` decodes the
-compressed history for attention (a transient per-layer buffer: only the codes are held).
+hypercodec's CUDA kernels and keep their codes on the device; other codecs go through the
+host. Each ``update`` decodes the compressed history for attention (a transient per-layer buffer: only the codes are held).
 :meth:`HypercodecCache.stored_bytes` and :meth:`HypercodecCache.bits_per_value` count every
 byte held: codes, scales and exact tokens at their dtype's size.
 
@@ -93,21 +93,28 @@ def make_codec(dim: int, bits: int, quantizer: str = "e8", **options: Any) -> An
 
 
 class _Store:
-    """Compressed rows ``[batch·heads, capacity, code_bytes]`` and their scales, growing by
-    doubling along the token axis."""
+    """Compressed rows ``[batch·heads, capacity, code_bytes]`` and their scales (16-bit),
+    growing by doubling along the token axis: numpy arrays on the host, or PyTorch tensors on
+    ``device`` (the CUDA path)."""
 
-    def __init__(self) -> None:
-        self.codes: np.ndarray | None = None
-        self.scales: np.ndarray | None = None
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device
+        self.codes: Any = None
+        self.scales: Any = None
         self.n = 0
 
-    def append(self, codes: np.ndarray, scales: np.ndarray) -> None:
+    def _empty(self, shape: tuple[int, ...], host: Any, dev: torch.dtype) -> Any:
+        if self.device is None:
+            return np.empty(shape, host)
+        return torch.empty(shape, dtype=dev, device=self.device)
+
+    def append(self, codes: Any, scales: Any) -> None:
         """Appends ``[rows, m, code_bytes]`` codes and ``[rows, m]`` scales."""
         rows, m = scales.shape
         if self.codes is None or self.n + m > self.codes.shape[1]:
             cap = max(64, 2 * (self.n + m))
-            c = np.empty((rows, cap, codes.shape[2]), np.uint8)
-            s = np.empty((rows, cap), np.uint16)
+            c = self._empty((rows, cap, codes.shape[2]), np.uint8, torch.uint8)
+            s = self._empty((rows, cap), np.uint16, torch.int16)
             if self.codes is not None:
                 c[:, : self.n], s[:, : self.n] = self.codes[:, : self.n], self.scales[:, : self.n]
             self.codes, self.scales = c, s
@@ -118,49 +125,22 @@ class _Store:
     def nbytes(self) -> int:
         if self.codes is None:
             return 0
-        return int(self.codes[:, : self.n].nbytes + self.scales[:, : self.n].nbytes)
+        c, s = self.codes[:, : self.n], self.scales[:, : self.n]
+        if self.device is None:
+            return int(c.nbytes + s.nbytes)
+        return int(c.numel() * c.element_size() + s.numel() * s.element_size())
 
     def select(self, index: np.ndarray, heads: int) -> None:
         """Keeps batch rows ``index`` (beam search, batch selection)."""
         if self.codes is not None:
             rows = (index[:, None] * heads + np.arange(heads)[None, :]).reshape(-1)
-            self.codes = np.ascontiguousarray(self.codes[rows])
-            self.scales = np.ascontiguousarray(self.scales[rows])
-
-
-class _DeviceStore:
-    """:class:`_Store` on a CUDA device: codes ``[rows, capacity, code_bytes]`` (uint8) and
-    bf16 scales as int16 bits ``[rows, capacity]``, PyTorch tensors growing by doubling."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.codes: torch.Tensor | None = None
-        self.scales: torch.Tensor | None = None
-        self.n = 0
-
-    def append(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
-        rows, m = scales.shape
-        if self.codes is None or self.n + m > self.codes.shape[1]:
-            cap = max(64, 2 * (self.n + m))
-            c = torch.empty((rows, cap, codes.shape[2]), dtype=torch.uint8, device=self.device)
-            s = torch.empty((rows, cap), dtype=torch.int16, device=self.device)
-            if self.codes is not None:
-                c[:, : self.n], s[:, : self.n] = self.codes[:, : self.n], self.scales[:, : self.n]
-            self.codes, self.scales = c, s
-        self.codes[:, self.n : self.n + m] = codes
-        self.scales[:, self.n : self.n + m] = scales
-        self.n += m
-
-    def nbytes(self) -> int:
-        if self.codes is None:
-            return 0
-        return int(self.codes[:, : self.n].numel() + 2 * self.scales[:, : self.n].numel())
-
-    def select(self, index: np.ndarray, heads: int) -> None:
-        if self.codes is not None:
-            rows = torch.as_tensor((index[:, None] * heads + np.arange(heads)[None, :]).reshape(-1), device=self.device)
-            self.codes = self.codes.index_select(0, rows).contiguous()
-            self.scales = self.scales.index_select(0, rows).contiguous()
+            if self.device is None:
+                self.codes = np.ascontiguousarray(self.codes[rows])
+                self.scales = np.ascontiguousarray(self.scales[rows])
+            else:
+                r = torch.as_tensor(rows, device=self.device)
+                self.codes = self.codes.index_select(0, r).contiguous()
+                self.scales = self.scales.index_select(0, r).contiguous()
 
 
 _KV_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -220,7 +200,7 @@ class HypercodecKVLayer(DynamicLayer):
 
                 if cuda.available():
                     self._gpu = (cuda.kernels(key_states.device), kp, vp)
-                    self._k, self._v = _DeviceStore(key_states.device), _DeviceStore(key_states.device)
+                    self._k, self._v = _Store(key_states.device), _Store(key_states.device)
 
     def _keys(self, first: int, m: int, batch: int) -> np.ndarray | None:
         """Dither keys of tokens ``first .. first+m`` in ``[batch, heads, m]`` order: cache
@@ -231,7 +211,9 @@ class HypercodecKVLayer(DynamicLayer):
         h = np.arange(self.heads, dtype=np.uint64)[None, :, None]
         return np.broadcast_to(t * np.uint64(self.heads) + h, (batch, self.heads, m)).reshape(-1).copy()
 
-    def _kv_args(self, p: dict, store: Any, rows: int, toks: int) -> dict:
+    def _kv_args(self, p: dict, rows: int, toks: int) -> dict:
+        """The kernels' arguments for ``rows × toks`` vectors of the codec ``p``; pointers and
+        strides are the caller's to fill in."""
         return {
             "x": 0,
             "out": 0,
@@ -261,19 +243,19 @@ class HypercodecKVLayer(DynamicLayer):
             cb = p["code_bytes"]
             codes = torch.empty((b * h, m, cb), dtype=torch.uint8, device=self.device)
             scales = torch.empty((b * h, m), dtype=torch.int16, device=self.device)
-            args = self._kv_args(p, store, b * h, m)
+            args = self._kv_args(p, b * h, m)
             args.update(x=xs.data_ptr(), codes=codes.data_ptr(), scales=scales.data_ptr(), codes_row=m * cb, scales_row=m)
             kernels.kv_e8_encode(args, stream)
             store.append(codes, scales)
 
-    def _assemble_gpu(self, sink: torch.Tensor, store: _DeviceStore, p: dict, window: torch.Tensor) -> torch.Tensor:
+    def _assemble_gpu(self, sink: torch.Tensor, store: _Store, p: dict, window: torch.Tensor) -> torch.Tensor:
         kernels = self._gpu[0]
         b, h, s, d = sink.shape
         n, w = store.n, window.shape[2]
         out = torch.empty((b, h, s + n + w, d), dtype=self.dtype, device=self.device)
         out[:, :, :s] = sink
         out[:, :, s + n :] = window
-        args = self._kv_args(p, store, b * h, n)
+        args = self._kv_args(p, b * h, n)
         args.update(
             out=out.data_ptr() + s * d * out.element_size(),
             out_row=(s + n + w) * d,

@@ -497,6 +497,55 @@ def quantize(
     return model
 
 
+def quantize_budget(
+    model: nn.Module,
+    target_bps: float,
+    sensitivity: Mapping[str, float] | None = None,
+    hessians: Mapping[str, np.ndarray] | None = None,
+    skip: Iterable[str] = ("lm_head",),
+) -> nn.Module:
+    """Replaces every ``nn.Linear`` of ``model`` whose name contains none of ``skip`` by a
+    :class:`HyperLinear`, the encodings chosen together by the planner's BUDGET: the fewest
+    squared errors (weighted by ``sensitivity``, by ``"{name}.weight"``, e.g. from
+    :func:`collect_fisher`) at ``target_bps`` bits per value all-in over those weights;
+    ``hessians`` (from :func:`collect_hessians`) round the chosen encodings with error
+    feedback. Biases are kept as float32. Runs the command line's pipeline on a temporary
+    archive and loads the layers from it (:func:`load_into`). Returns ``model``.
+
+        >>> hnn.quantize_budget(model, 3, collect_fisher(model, batches))  # doctest: +SKIP
+    """
+    import json
+    import os
+    import tempfile
+
+    from . import api
+
+    skip = tuple(skip)
+    sd: dict[str, np.ndarray] = {}
+    for n, m in model.named_modules():
+        if isinstance(m, nn.Linear) and not any(s in n for s in skip):
+            sd[f"{n}.weight"] = m.weight.detach().to(torch.float32).cpu().numpy()
+            if m.bias is not None:
+                sd[f"{n}.bias"] = m.bias.detach().to(torch.float32).cpu().numpy()
+    if not sd:
+        return model
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "budget.hwz")
+        options: dict[str, Any] = {"mode": "budget", "target_bps": target_bps}
+        if sensitivity is not None:
+            weights = os.path.join(d, "sensitivity.json")
+            with open(weights, "w") as f:
+                json.dump(dict(sensitivity), f)
+            options["sensitivity"] = weights
+        if hessians is not None:
+            stats = os.path.join(d, "calibration.safetensors")
+            save_hessians(stats, dict(hessians))
+            options["calibration"] = stats
+        api.compress_state_dict(sd, path, **options)
+        load_into(model, path)
+    return model
+
+
 def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.ndarray]:
     """The second moment ``E[x·xᵀ]`` of every ``nn.Linear``'s inputs (by layer name, float32
     ``in × in``), over the calibration ``batches`` (each passed as ``model(**b)`` when a mapping,
