@@ -235,12 +235,18 @@ pub fn split(archive: &[u8]) -> (Vec<u8>, Value) {
     let n = archive.len() as u64;
     let tail = Tail::parse(&archive[archive.len() - TAIL_LEN as usize..], n).expect("valid tail");
     let streams = archive[HEADER_LEN as usize..tail.manifest_offset as usize].to_vec();
-    let json = serde_json::from_slice(
-        &archive
-            [tail.manifest_offset as usize..(tail.manifest_offset + tail.manifest_len) as usize],
+    let stored = &archive
+        [tail.manifest_offset as usize..(tail.manifest_offset + tail.manifest_len) as usize];
+    let json = if stored.starts_with(&hypercodec_hwz::zstd_codec::FRAME_MAGIC) {
+        hypercodec_hwz::zstd_codec::decompress_bounded(stored, hypercodec_hwz::MAX_MANIFEST_LEN)
+            .expect("a compressed manifest")
+    } else {
+        stored.to_vec()
+    };
+    (
+        streams,
+        serde_json::from_slice(&json).expect("valid manifest"),
     )
-    .expect("valid manifest");
-    (streams, json)
 }
 
 /// Builds an archive from a stream area and any manifest JSON, with a correct checksum.

@@ -29,7 +29,7 @@ fuzz_target!(|data: &[u8]| {
     let rows = values.len() / cols;
     let values = &values[..rows * cols];
     let shape = [rows as u64, cols as u64];
-    let Ok(t) = encode("t", values, &shape, &enc, EncodeOptions { allow_non_finite: true }) else {
+    let Ok(t) = encode("t", values, &shape, &enc, EncodeOptions { allow_non_finite: true, ..EncodeOptions::default() }) else {
         return; // non-finite affine input or an overflowing scale: a typed error is the contract
     };
     let mut w = Writer::new(Vec::new(), WriterOptions { compression: Compression::Zstd, ..Default::default() }).unwrap();

@@ -399,6 +399,7 @@ fn nan_input_is_refused_by_the_writer_side() {
         &raw,
         EncodeOptions {
             allow_non_finite: true,
+            ..EncodeOptions::default()
         },
     );
     assert!(ok.is_ok());
@@ -410,6 +411,7 @@ fn nan_input_is_refused_by_the_writer_side() {
         &affine,
         EncodeOptions {
             allow_non_finite: true,
+            ..EncodeOptions::default()
         },
     );
     assert!(matches!(
@@ -735,4 +737,33 @@ fn a_plan_stream_must_exist_and_belong_to_no_tensor() {
     assert!(matches!(open(&shared), Err(HwzError::StreamShared { .. })));
     let missing = with_manifest(|m| m["plan_stream"] = json!(1_000_000));
     assert!(matches!(open(&missing), Err(HwzError::StreamRef { .. })));
+}
+
+#[test]
+fn a_compressed_manifest_reads_like_json_and_a_bomb_is_refused() {
+    let (streams, m) = split(&sample_archive());
+    let json = serde_json::to_vec(&m).unwrap();
+    // The same manifest as one zstd frame opens to the same archive.
+    let z = hypercodec_hwz::zstd_codec::compress(&json);
+    let framed = assemble_raw(&streams, &z);
+    assert_eq!(
+        open(&framed).unwrap().manifest(),
+        open(&assemble(&streams, &m)).unwrap().manifest()
+    );
+    open_and_decode(&framed).unwrap();
+    // A small frame that inflates beyond its ratio cap: a typed error, not a parse of megabytes.
+    let mut padded = json.clone();
+    padded.splice(1..1, std::iter::repeat_n(b' ', 8 << 20));
+    let bomb = hypercodec_hwz::zstd_codec::compress(&padded);
+    assert!(bomb.len() < 4096, "{} bytes", bomb.len());
+    let err = open(&assemble_raw(&streams, &bomb)).unwrap_err();
+    assert!(
+        matches!(&err, HwzError::ManifestJson { message } if message.contains("zstd")),
+        "{err}"
+    );
+    // A frame cut short or garbled after its magic: typed errors.
+    for bad in [&z[..z.len() / 2], &[0x28, 0xB5, 0x2F, 0xFD, 0xFF, 0xFF][..]] {
+        let err = open(&assemble_raw(&streams, bad)).unwrap_err();
+        assert!(matches!(err, HwzError::ManifestJson { .. }), "{err}");
+    }
 }

@@ -37,9 +37,15 @@ pub fn encode(
             }
             v
         }
-        Encoding::Lattice { .. } => {
-            crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens, None)?
-        }
+        Encoding::Lattice { .. } => crate::lattice_codec::encode(
+            tensor,
+            values,
+            (rows, cols),
+            encoding,
+            &lens,
+            None,
+            options.lattice_scale,
+        )?,
         Encoding::Trellis { .. } => {
             crate::trellis_codec::encode(tensor, values, rows, cols, encoding, None)?
         }
@@ -129,7 +135,15 @@ pub fn encode_calibrated(
             let hr = lat::rotate_hessian(h, c, &params)
                 .map_err(crate::lattice_codec::lat_err(tensor))?;
             let f = scalar::ldlq::Ldlq::new(&hr, c, damp).map_err(scalar_err(tensor))?;
-            crate::lattice_codec::encode(tensor, values, rows, cols, encoding, &lens, Some(&f))?
+            crate::lattice_codec::encode(
+                tensor,
+                values,
+                (rows, cols),
+                encoding,
+                &lens,
+                Some(&f),
+                crate::LatticeScale::default(),
+            )?
         }
         Encoding::Trellis { .. } => {
             let hr = crate::trellis_codec::rotate_hessian(tensor, encoding, h, c)?;

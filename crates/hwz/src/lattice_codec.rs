@@ -61,19 +61,34 @@ fn unpack(
 pub(crate) fn encode(
     tensor: &str,
     values: &[f32],
-    rows: u64,
-    cols: u64,
+    (rows, cols): (u64, u64),
     encoding: &Encoding,
     lens: &[(&'static str, StreamLen)],
     ldlq: Option<&hypercodec_scalar::ldlq::Ldlq>,
+    scale: crate::LatticeScale,
 ) -> Result<Vec<(&'static str, Vec<u8>)>> {
     let (lattice, scale_dtype, coding, params) = unpack(tensor, encoding)?;
+    // One step for every row only where an entropy coder makes the small rows' symbols cheap;
+    // fixed-rate codes need each row in its own range.
+    let tensor_rms = match (scale, coding) {
+        (crate::LatticeScale::Tensor, Coding::Rans { .. } | Coding::Rice { .. }) => {
+            let ms = values.iter().map(|&v| v as f64 * v as f64).sum::<f64>()
+                / values.len().max(1) as f64;
+            Some(ms.sqrt() as f32)
+        }
+        _ => None,
+    };
+    // The stored scale of a row: its own RMS, or the tensor's for every row that is not zero.
+    let round_scale = move |rms: f32| match tensor_rms {
+        Some(t) if rms > 0.0 => scale_dtype.round(t),
+        _ => scale_dtype.round(rms),
+    };
     let q = quantize_parallel(
         values,
         rows as usize,
         cols as usize,
         &params,
-        scale_dtype,
+        round_scale,
         ldlq,
     )
     .map_err(lat_err(tensor))?;
@@ -164,12 +179,12 @@ fn quantize_parallel(
     rows: usize,
     cols: usize,
     params: &lat::LatticeParams,
-    scale_dtype: hypercodec_scalar::FloatDtype,
+    round_scale: impl Fn(f32) -> f32 + Copy + Sync,
     ldlq: Option<&hypercodec_scalar::ldlq::Ldlq>,
 ) -> std::result::Result<lat::Quantized, lat::LatticeError> {
     let parts = row_parts(rows, cols);
     if parts.len() <= 1 && ldlq.is_none() {
-        return lat::quantize_rows(values, rows, cols, params, |s| scale_dtype.round(s));
+        return lat::quantize_rows(values, rows, cols, params, round_scale);
     }
     let spr = lat::symbols_per_row(params.lattice, cols);
     let mut symbols = vec![0u32; rows * spr];
@@ -189,19 +204,8 @@ fn quantize_parallel(
             scales: sc,
         };
         match ldlq {
-            None => {
-                lat::quantize_rows_into(v, n, cols, params, |x| scale_dtype.round(x), start, out)
-            }
-            Some(f) => lat::quantize_rows_ldlq_into(
-                v,
-                n,
-                cols,
-                params,
-                |x| scale_dtype.round(x),
-                start,
-                out,
-                f,
-            ),
+            None => lat::quantize_rows_into(v, n, cols, params, round_scale, start, out),
+            Some(f) => lat::quantize_rows_ldlq_into(v, n, cols, params, round_scale, start, out, f),
         }
     })
     .into_iter()

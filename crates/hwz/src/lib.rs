@@ -21,8 +21,8 @@ pub use codebook_codec::{codebook_template, encode as encode_codebook, CodebookS
 pub use codec::{decode_into, encode, encode_calibrated, encode_to_rate};
 pub use encoding::{
     element_count, legacy_matrix_shape, matrix_view, role, Assignments, Coding, EncodeOptions,
-    EncodedTensor, Encoding, Residual, StreamLen, KNOWN_ENCODINGS, MAX_ELEMENTS, MAX_MODEL_LEN,
-    MAX_RANK, MAX_SYMBOLS_PER_BYTE,
+    EncodedTensor, Encoding, LatticeScale, Residual, StreamLen, KNOWN_ENCODINGS, MAX_ELEMENTS,
+    MAX_MODEL_LEN, MAX_RANK, MAX_SYMBOLS_PER_BYTE,
 };
 pub use error::{HwzError, Result};
 pub use hypercodec_hdc::residual::top_k as top_k_errors;
@@ -33,7 +33,7 @@ pub use layout::MAX_PARTS;
 pub use manifest::{
     check_name, min_stored_bytes, parse_head, sniff, Compression, Manifest, Sniff, StreamEntry,
     Tail, TensorEntry, TensorStats, ALIGN, FORMAT_VERSION, HEADER_LEN, MAGIC, MATRIX_VIEW_VERSION,
-    MAX_DTYPE_LEN, MAX_MANIFEST_LEN, MAX_NAME_LEN, MAX_STREAMS, MAX_TENSORS,
+    MAX_DTYPE_LEN, MAX_MANIFEST_LEN, MAX_MANIFEST_RATIO, MAX_NAME_LEN, MAX_STREAMS, MAX_TENSORS,
     MAX_VALUES_PER_STORED_BYTE, MAX_ZSTD_EXPANSION, TAIL_LEN, ZIP_MAGIC,
 };
 pub use nested_codec::{assemble_exceptions, assemble_mixed};

@@ -29,6 +29,16 @@ pub const TAIL_LEN: u64 = 24;
 /// 200 000 tensors — ten times the largest checkpoints published — while bounding what a
 /// hostile tail can make a reader allocate.
 pub const MAX_MANIFEST_LEN: u64 = 64 << 20;
+
+/// Largest ratio of a compressed manifest's JSON to its stored frame (plus 1 MiB): real
+/// manifests compress about 10× (stream checksums and offsets do not compress), so a small
+/// file cannot make a reader inflate and parse a huge one.
+pub const MAX_MANIFEST_RATIO: u64 = 64;
+
+/// The most JSON bytes a compressed manifest of `stored` bytes may hold.
+pub(crate) fn max_inflated_manifest(stored: u64) -> u64 {
+    MAX_MANIFEST_LEN.min(stored.saturating_mul(MAX_MANIFEST_RATIO) + (1 << 20))
+}
 /// Most tensors in one archive (a sharded model splits further).
 pub const MAX_TENSORS: usize = 1 << 20;
 /// Most streams in one archive: a few per tensor.
@@ -313,7 +323,19 @@ impl Manifest {
                 computed,
             });
         }
-        let value: Value = serde_json::from_slice(bytes).map_err(json_err)?;
+        let inflated;
+        let json = if bytes.starts_with(&crate::zstd_codec::FRAME_MAGIC) {
+            let max = max_inflated_manifest(bytes.len() as u64);
+            inflated = crate::zstd_codec::decompress_bounded(bytes, max).map_err(|e| {
+                HwzError::ManifestJson {
+                    message: format!("its zstd frame does not decompress: {e}"),
+                }
+            })?;
+            &inflated[..]
+        } else {
+            bytes
+        };
+        let value: Value = serde_json::from_slice(json).map_err(json_err)?;
         // Version first, so a newer archive gets a clear message rather than a shape error.
         match value.get("version").and_then(Value::as_u64) {
             Some(v) if (FORMAT_VERSION as u64..=MATRIX_VIEW_VERSION as u64).contains(&v) => {}

@@ -414,6 +414,53 @@ fn a_large_plan_travels_as_a_compressed_stream_and_reads_back() {
     }
 }
 
+#[test]
+fn a_long_manifest_is_stored_as_a_zstd_frame_unless_compression_is_off() {
+    let t = encode(
+        "w",
+        &[0.5; 64],
+        &[8, 8],
+        &Encoding::Raw {
+            dtype: FloatDtype::F32,
+        },
+        EncodeOptions::default(),
+    )
+    .unwrap();
+    for (count, compression, framed) in [
+        (2, Compression::Zstd, false),
+        (200, Compression::Zstd, true),
+        (200, Compression::None, false),
+    ] {
+        let mut w = Writer::new(
+            Vec::new(),
+            WriterOptions {
+                compression,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        for i in 0..count {
+            w.add_tensor(&format!("layer.{i}.weight"), &[8, 8], "f32", &t, None)
+                .unwrap();
+        }
+        let (bytes, written) = w.finish().unwrap();
+        let tail = Tail::parse(
+            &bytes[bytes.len() - TAIL_LEN as usize..],
+            bytes.len() as u64,
+        )
+        .unwrap();
+        let stored = &bytes[tail.manifest_offset as usize..][..tail.manifest_len as usize];
+        assert_eq!(stored.starts_with(&zstd_codec::FRAME_MAGIC), framed);
+        let plain = serde_json::to_vec(&written).unwrap().len();
+        if framed {
+            assert!(stored.len() * 5 < plain, "{} of {plain}", stored.len());
+        }
+        let a = Archive::open(&bytes[..]).unwrap();
+        assert_eq!(a.manifest(), &written);
+        assert_eq!(a.decode_tensor("layer.1.weight").unwrap(), vec![0.5; 64]);
+    }
+}
+
 fn gaussian(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut u = move || {
@@ -635,4 +682,65 @@ fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
         ),
         Err(HwzError::InvalidEncoding { .. })
     ));
+}
+
+#[test]
+fn one_step_for_all_rows_lowers_the_squared_error_of_entropy_coded_rows() {
+    // Rows whose RMS spans 1/8 to 8, and one zero row.
+    let (rows, cols) = (64usize, 256usize);
+    let mut x = gaussian(rows * cols, 7);
+    for (r, row) in x.chunks_exact_mut(cols).enumerate() {
+        let k = if r == 5 {
+            0.0
+        } else {
+            2f32.powf((r % 7) as f32 - 3.0)
+        };
+        row.iter_mut().for_each(|v| *v *= k);
+    }
+    let template = |coding| Encoding::Lattice {
+        lattice: Lattice::E8,
+        alpha: 1.0,
+        tile: 256,
+        seed: 3,
+        scale_dtype: FloatDtype::F16,
+        coding,
+    };
+    let shape = [rows as u64, cols as u64];
+    let sse = |t: &EncodedTensor| -> f64 {
+        let y = t.decode("w", &shape).unwrap();
+        x.iter()
+            .zip(&y)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum()
+    };
+    let run = |coding, scale| {
+        let opts = EncodeOptions {
+            lattice_scale: scale,
+            ..EncodeOptions::default()
+        };
+        encode_to_rate("w", &x, &shape, &template(coding), 3.0, opts).unwrap()
+    };
+    for coding in [Coding::RANS_DEFAULT, Coding::RICE_DEFAULT] {
+        let (row, tensor) = (
+            run(coding, LatticeScale::Row),
+            run(coding, LatticeScale::Tensor),
+        );
+        let bps = |t: &EncodedTensor| t.payload_bytes() as f64 * 8.0 / x.len() as f64;
+        assert!(bps(&row) <= 3.0 && bps(&tensor) <= 3.0);
+        assert!(
+            sse(&tensor) < 0.8 * sse(&row),
+            "{coding:?}: tensor step SSE {} vs row {}",
+            sse(&tensor),
+            sse(&row)
+        );
+        // The zero row stays exactly zero.
+        let y = tensor.decode("w", &shape).unwrap();
+        assert!(y[5 * cols..6 * cols].iter().all(|&v| v == 0.0));
+    }
+    // Fixed-rate codes keep each row's own step: the option changes nothing.
+    let fixed = Coding::Fixed { bits: 4 };
+    assert_eq!(
+        run(fixed, LatticeScale::Row),
+        run(fixed, LatticeScale::Tensor)
+    );
 }

@@ -55,6 +55,9 @@ const ZEROS: [u8; ALIGN as usize] = [0; ALIGN as usize];
 /// is a few hundred KB of JSON, several times smaller compressed).
 const PLAN_INLINE_MAX: usize = 4096;
 
+/// Manifests longer than this are stored as a zstd frame when that is smaller.
+const MANIFEST_COMPRESS_MIN: usize = 4096;
+
 impl<W: Write> Writer<W> {
     /// Starts an archive: writes the header.
     pub fn new(mut out: W, options: WriterOptions) -> Result<Self> {
@@ -111,7 +114,7 @@ impl<W: Write> Writer<W> {
         let mut candidates: Vec<Option<Vec<u8>>> = tensor
             .streams
             .iter()
-            .map(|(_, raw)| self.try_compress(raw))
+            .map(|(_, raw)| self.try_compress(raw, crate::zstd_codec::LEVEL))
             .collect();
         let stored: u64 = tensor
             .streams
@@ -150,10 +153,10 @@ impl<W: Write> Writer<W> {
     }
 
     /// The zstd form of a stream, when compression is on and it pays.
-    fn try_compress(&self, raw: &[u8]) -> Option<Vec<u8>> {
+    fn try_compress(&self, raw: &[u8], level: i32) -> Option<Vec<u8>> {
         match self.options.compression {
             Compression::Zstd if !raw.is_empty() => {
-                let z = crate::zstd_codec::compress(raw);
+                let z = crate::zstd_codec::compress_at(raw, level);
                 let within_cap =
                     (raw.len() as u64) <= (z.len() as u64).saturating_mul(MAX_ZSTD_EXPANSION);
                 (z.len() < raw.len() && within_cap).then_some(z)
@@ -206,7 +209,7 @@ impl<W: Write> Writer<W> {
                 message: e.to_string(),
             })?;
             if json.len() > PLAN_INLINE_MAX {
-                if let Some(z) = self.try_compress(&json) {
+                if let Some(z) = self.try_compress(&json, crate::zstd_codec::MANIFEST_LEVEL) {
                     plan_stream = Some(self.write_stream(&json, Some(z))?);
                     self.plan = None;
                 }
@@ -238,6 +241,22 @@ impl<W: Write> Writer<W> {
                 max: crate::MAX_MANIFEST_LEN,
             });
         }
+        // A manifest of more than a few tensors is stored as one zstd frame when that saves
+        // bytes (on a small model its JSON can be a tenth of the file); a small manifest stays
+        // plain JSON, readable by every reader of version 1.
+        let json = match self.options.compression {
+            Compression::Zstd if json.len() > MANIFEST_COMPRESS_MIN => {
+                let z = crate::zstd_codec::compress_at(&json, crate::zstd_codec::MANIFEST_LEVEL);
+                let fits =
+                    json.len() as u64 <= crate::manifest::max_inflated_manifest(z.len() as u64);
+                if z.len() < json.len() && fits {
+                    z
+                } else {
+                    json
+                }
+            }
+            _ => json,
+        };
         let tail = Tail {
             manifest_offset: self.pos,
             manifest_len: json.len() as u64,

@@ -4,17 +4,55 @@
 /// The zstd level writers use (zstd's own default).
 pub const LEVEL: i32 = 3;
 
+/// The zstd level of a manifest: small, written once and read whole, so worth zstd's strong
+/// levels (on a 95 KB manifest of 247 tensors: 11.7 KB at level 3, 9.1 KB at level 19).
+pub const MANIFEST_LEVEL: i32 = 19;
+
+/// The first four bytes of every zstd frame.
+pub const FRAME_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
 /// Compresses `raw` into one zstd frame.
 pub fn compress(raw: &[u8]) -> Vec<u8> {
+    compress_at(raw, LEVEL)
+}
+
+/// Compresses `raw` into one zstd frame at `level` (the C library's levels; the pure-Rust
+/// encoder has one level only).
+pub fn compress_at(raw: &[u8], level: i32) -> Vec<u8> {
     #[cfg(feature = "native-zstd")]
     {
         // Compressing from memory into memory cannot fail but for allocation; fall back to
         // the pure-Rust encoder rather than panic.
-        if let Ok(z) = zstd::bulk::compress(raw, LEVEL) {
+        if let Ok(z) = zstd::bulk::compress(raw, level) {
             return z;
         }
     }
+    #[cfg(not(feature = "native-zstd"))]
+    let _ = level;
     ruzstd::encoding::compress_to_vec(raw, ruzstd::encoding::CompressionLevel::Fastest)
+}
+
+/// Decompresses one frame of unknown decoded length, refusing (without allocating it) any
+/// output longer than `max` bytes: memory grows with what the frame really yields.
+pub fn decompress_bounded(stored: &[u8], max: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    #[cfg(feature = "native-zstd")]
+    let read = zstd::stream::read::Decoder::with_buffer(stored)
+        .map_err(|e| e.to_string())?
+        .single_frame()
+        .take(max + 1)
+        .read_to_end(&mut out);
+    #[cfg(not(feature = "native-zstd"))]
+    let read = ruzstd::decoding::StreamingDecoder::new(stored)
+        .map_err(|e| e.to_string())?
+        .take(max + 1)
+        .read_to_end(&mut out);
+    read.map_err(|e| e.to_string())?;
+    if out.len() as u64 > max {
+        return Err(format!("decodes to more than {max} bytes"));
+    }
+    Ok(out)
 }
 
 /// Decompresses one frame that must yield exactly `raw_len` bytes; `raw_len` must already be

@@ -171,6 +171,7 @@ pub fn compress(
     let mut decoded = Vec::new();
     let opts = EncodeOptions {
         allow_non_finite: options.allow_non_finite,
+        ..EncodeOptions::default()
     };
     let mut bar = Tracker::new(Phase::Compress, total, progress);
     let calibration = options.calibration.as_deref();
