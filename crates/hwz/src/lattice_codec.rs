@@ -83,17 +83,48 @@ pub(crate) fn encode(
         Some(t) if rms > 0.0 => scale_dtype.round(t),
         _ => scale_dtype.round(rms),
     };
-    let q = quantize_parallel(
-        values,
-        rows as usize,
-        cols as usize,
-        &params,
-        round_scale,
-        ldlq,
-    )
-    .map_err(lat_err(tensor))?;
-    if let Some(group) = q.scales.iter().position(|s| !s.is_finite()) {
-        let value = values[group * cols as usize..(group + 1) * cols as usize]
+    let (r, c) = (rows as usize, cols as usize);
+    let spr = lat::symbols_per_row(lattice, c);
+    let rans_p = match coding {
+        Coding::Rans {
+            chunk,
+            lanes,
+            prob_bits,
+        } => Some(crate::encoding::rans_params(chunk, lanes, prob_bits)),
+        _ => None,
+    };
+    let ctx = contexts(&lattice);
+    // A huge tensor's symbols are held as 16 bits while its model is counted (u32 symbols
+    // would double the memory of its values); others are quantized in one go.
+    let huge = rans_p.is_some() && ldlq.is_none() && r.saturating_mul(spr) > HUGE_SYMBOLS;
+    let (scales, held, counts) = if huge {
+        let mut scales = vec![0f32; r];
+        let mut held = Compact::with_capacity(r * spr);
+        let mut counts = rans::Counts::new(ctx).map_err(coding_err(tensor))?;
+        let block = (BLOCK_SYMBOLS / spr).max(1);
+        for start in (0..r).step_by(block) {
+            let n = block.min(r - start);
+            let q = quantize_parallel(
+                &values[start * c..(start + n) * c],
+                (n, c),
+                start,
+                &params,
+                round_scale,
+                None,
+            )
+            .map_err(lat_err(tensor))?;
+            scales[start..start + n].copy_from_slice(&q.scales);
+            counts.add(&q.symbols, ctx);
+            held.extend(&q.symbols);
+        }
+        (scales, Held::Compact(held), Some(counts))
+    } else {
+        let q = quantize_parallel(values, (r, c), 0, &params, round_scale, ldlq)
+            .map_err(lat_err(tensor))?;
+        (q.scales, Held::Full(q.symbols), None)
+    };
+    if let Some(group) = scales.iter().position(|s| !s.is_finite()) {
+        let value = values[group * c..(group + 1) * c]
             .iter()
             .fold(0f32, |m, v| m.max(v.abs()));
         return Err(HwzError::Scalar {
@@ -105,7 +136,7 @@ pub(crate) fn encode(
             },
         });
     }
-    let scales = scalar::encode_floats(&q.scales, scale_dtype, false)
+    let scales = scalar::encode_floats(&scales, scale_dtype, false)
         .map_err(crate::encoding::scalar_err(tensor))?;
     // Pad short symbol streams to the minimum, in whole 16-bit words (rANS reads words).
     let min_symbols = (lens
@@ -120,38 +151,117 @@ pub(crate) fn encode(
         v
     };
     let mut streams = vec![(role::SCALES, scales)];
-    match coding {
-        Coding::Rice { chunk } => {
-            let s = rice::encode(&q.symbols, chunk as usize).map_err(coding_err(tensor))?;
-            streams.push((role::PARAMS, s.params));
-            streams.push((role::OFFSETS, s.offsets));
-            streams.push((role::SYMBOLS, pad(s.payload)));
-        }
-        Coding::Rans {
-            chunk,
-            lanes,
-            prob_bits,
-        } => {
-            let ctx = contexts(&lattice);
-            let s = rans::encode(
-                &q.symbols,
-                ctx,
-                &crate::encoding::rans_params(chunk, lanes, prob_bits),
-            )
+    match (coding, held, rans_p) {
+        (_, held, Some(p)) => {
+            let model = match (&counts, &held) {
+                (Some(counts), _) => counts.model(p.prob_bits),
+                (None, Held::Full(symbols)) => rans::Model::fit(symbols, ctx, p.prob_bits),
+                (None, Held::Compact(_)) => unreachable!("compact symbols are always counted"),
+            }
             .map_err(coding_err(tensor))?;
+            let s = rans_chunks(&held, r * spr, ctx, &p, &model).map_err(coding_err(tensor))?;
             streams.push((role::MODEL, s.model));
             streams.push((role::INDEX, s.index));
             streams.push((role::SYMBOLS, pad(s.payload)));
         }
-        Coding::Fixed { bits } => {
+        (Coding::Rice { chunk }, Held::Full(symbols), None) => {
+            let s = rice::encode(&symbols, chunk as usize).map_err(coding_err(tensor))?;
+            streams.push((role::PARAMS, s.params));
+            streams.push((role::OFFSETS, s.offsets));
+            streams.push((role::SYMBOLS, pad(s.payload)));
+        }
+        (Coding::Fixed { bits }, Held::Full(symbols), None) => {
             // Fixed-rate symbols are below 2^bits <= 256 by construction.
-            let codes: Vec<u8> = q.symbols.iter().map(|&s| s as u8).collect();
+            let codes: Vec<u8> = symbols.iter().map(|&s| s as u8).collect();
             let packed =
                 scalar::pack_bits(&codes, bits).map_err(crate::encoding::scalar_err(tensor))?;
             streams.push((role::SYMBOLS, packed));
         }
+        _ => unreachable!("only rANS holds compact symbols, and only rANS has rANS parameters"),
     }
     Ok(streams)
+}
+
+/// Symbols above which a tensor's symbols are held as 16 bits (64 MB as `u32`; small in unit
+/// tests, which compare that path with the plain one).
+const HUGE_SYMBOLS: usize = if cfg!(test) { 1 << 12 } else { 1 << 24 };
+
+/// Symbols quantized at once by the huge-tensor path (16 MB as `u32`).
+const BLOCK_SYMBOLS: usize = if cfg!(test) { 1 << 10 } else { 1 << 22 };
+
+/// A tensor's symbols while they are entropy-coded.
+enum Held {
+    /// All symbols.
+    Full(Vec<u32>),
+    /// 16 bits each, escapes aside.
+    Compact(Compact),
+}
+
+/// Symbols held as `u16`; a symbol of `u16::MAX` or more is stored as `u16::MAX` and listed
+/// in `escapes` (position, symbol), in position order. Lattice symbols at useful rates stay
+/// far below 2^16, so escapes are rare.
+struct Compact {
+    low: Vec<u16>,
+    escapes: Vec<(usize, u32)>,
+}
+
+impl Compact {
+    fn with_capacity(n: usize) -> Compact {
+        Compact {
+            low: Vec::with_capacity(n),
+            escapes: Vec::new(),
+        }
+    }
+
+    fn extend(&mut self, symbols: &[u32]) {
+        for &s in symbols {
+            if s >= u16::MAX as u32 {
+                self.escapes.push((self.low.len(), s));
+            }
+            self.low.push(s.min(u16::MAX as u32) as u16);
+        }
+    }
+
+    /// Symbols `range` as `u32`.
+    fn get(&self, range: std::ops::Range<usize>) -> Vec<u32> {
+        let mut out: Vec<u32> = self.low[range.clone()].iter().map(|&s| s as u32).collect();
+        let first = self.escapes.partition_point(|&(i, _)| i < range.start);
+        for &(i, s) in self.escapes[first..]
+            .iter()
+            .take_while(|(i, _)| *i < range.end)
+        {
+            out[i - range.start] = s;
+        }
+        out
+    }
+}
+
+/// rANS streams of `n` held symbols, chunks encoded on the pool a few at a time (each group's
+/// words are copied into the payload before the next group starts).
+fn rans_chunks<F: Fn(usize, u32) -> usize + Copy + Sync + Send>(
+    held: &Held,
+    n: usize,
+    ctx: rans::Contexts<F>,
+    p: &rans::RansParams,
+    model: &rans::Model,
+) -> std::result::Result<rans::RansStreams, CodingError> {
+    let chunks = n.div_ceil(p.chunk);
+    let group = (crate::par::threads() * 4).max(1);
+    let mut out = rans::ChunkWriter::new(n, p);
+    for first in (0..chunks).step_by(group) {
+        let jobs: Vec<usize> = (first..chunks.min(first + group)).collect();
+        let done = crate::par::map(jobs, |k| {
+            let range = k * p.chunk..n.min((k + 1) * p.chunk);
+            match held {
+                Held::Full(symbols) => rans::encode_chunk(&symbols[range], ctx, p, model),
+                Held::Compact(compact) => rans::encode_chunk(&compact.get(range), ctx, p, model),
+            }
+        });
+        for chunk in done {
+            out.push(&chunk?)?;
+        }
+    }
+    Ok(out.finish(model))
 }
 
 /// Row ranges `(start, count)` for the pool's threads to share a tensor's rows: one range for
@@ -176,14 +286,14 @@ fn row_parts(rows: usize, cols: usize) -> Vec<(usize, usize)> {
 /// symbol buffer (no second copy of the symbols).
 fn quantize_parallel(
     values: &[f32],
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
+    first_row: usize,
     params: &lat::LatticeParams,
     round_scale: impl Fn(f32) -> f32 + Copy + Sync,
     ldlq: Option<&hypercodec_scalar::ldlq::Ldlq>,
 ) -> std::result::Result<lat::Quantized, lat::LatticeError> {
     let parts = row_parts(rows, cols);
-    if parts.len() <= 1 && ldlq.is_none() {
+    if parts.len() <= 1 && ldlq.is_none() && first_row == 0 {
         return lat::quantize_rows(values, rows, cols, params, round_scale);
     }
     let spr = lat::symbols_per_row(params.lattice, cols);
@@ -204,11 +314,77 @@ fn quantize_parallel(
             scales: sc,
         };
         match ldlq {
-            None => lat::quantize_rows_into(v, n, cols, params, round_scale, start, out),
-            Some(f) => lat::quantize_rows_ldlq_into(v, n, cols, params, round_scale, start, out, f),
+            None => {
+                lat::quantize_rows_into(v, n, cols, params, round_scale, first_row + start, out)
+            }
+            Some(f) => lat::quantize_rows_ldlq_into(
+                v,
+                n,
+                cols,
+                params,
+                round_scale,
+                first_row + start,
+                out,
+                f,
+            ),
         }
     })
     .into_iter()
     .collect::<std::result::Result<(), _>>()?;
     Ok(lat::Quantized { symbols, scales })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{encode, EncodeOptions, FloatDtype};
+
+    /// The huge-tensor path (symbols held as 16 bits with escapes, the model counted block by
+    /// block, chunks encoded a group at a time) writes exactly the streams of one quantization
+    /// and one rANS encode of all symbols.
+    #[test]
+    fn huge_tensor_path_writes_the_plain_streams() {
+        let (rows, cols) = (64usize, 200usize);
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32 * 0.7548).sin() + (i as f32 * 0.0123).cos()) * (1 + i % 5) as f32)
+            .collect();
+        // α = 3e4 puts most symbols past u16 (escapes) and past rANS's direct alphabet.
+        for alpha in [3.0f32, 3e4] {
+            let enc = Encoding::Lattice {
+                lattice: Lattice::E8,
+                alpha,
+                tile: 8,
+                seed: 5,
+                scale_dtype: FloatDtype::F16,
+                coding: Coding::Rans {
+                    chunk: 512,
+                    lanes: 4,
+                    prob_bits: 12,
+                },
+            };
+            let shape = [rows as u64, cols as u64];
+            let got = encode("w", &values, &shape, &enc, EncodeOptions::default()).unwrap();
+            let params = enc.lattice_params().unwrap();
+            assert!(rows * lat::symbols_per_row(Lattice::E8, cols) > HUGE_SYMBOLS);
+            let ms = values.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / values.len() as f64;
+            let t = FloatDtype::F16.round(ms.sqrt() as f32);
+            let q = lat::quantize_rows(&values, rows, cols, &params, |_| t).unwrap();
+            if alpha > 1e3 {
+                assert!(q.symbols.iter().filter(|&&s| s >= u16::MAX as u32).count() > 1000);
+            }
+            let want = rans::encode(
+                &q.symbols,
+                contexts(&Lattice::E8),
+                &crate::encoding::rans_params(512, 4, 12),
+            )
+            .unwrap();
+            let stream = |role: &str| &got.streams.iter().find(|(r, _)| *r == role).unwrap().1;
+            assert_eq!(stream(role::MODEL), &want.model);
+            assert_eq!(stream(role::INDEX), &want.index);
+            assert_eq!(stream(role::SYMBOLS), &want.payload);
+            let back = got.decode("w", &shape).unwrap();
+            let direct = lat::dequantize_rows(&q.symbols, &q.scales, rows, cols, &params).unwrap();
+            assert_eq!(back, direct);
+        }
+    }
 }

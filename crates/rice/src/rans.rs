@@ -282,37 +282,52 @@ impl Table {
     }
 }
 
-impl Model {
-    /// Fits a model to `symbols` (counted per context).
-    pub fn fit<F: Fn(usize, u32) -> usize + Copy>(
-        symbols: &[u32],
-        ctx: Contexts<F>,
-        prob_bits: u8,
-    ) -> Result<Model> {
+/// Symbol counts per context, gathered slice by slice: the model of a sequence that is never
+/// held whole (each slice must start on a word boundary).
+#[derive(Debug, Clone)]
+pub struct Counts {
+    counts: Vec<Vec<u64>>,
+    max: Vec<u32>,
+}
+
+impl Counts {
+    /// No symbols counted yet, for `ctx.count` contexts.
+    pub fn new<F>(ctx: Contexts<F>) -> Result<Counts> {
         if ctx.count == 0 || ctx.count > MAX_CONTEXTS || ctx.word == 0 {
             return Err(CodingError::Invalid {
                 what: "rans contexts",
                 value: ctx.count as u64,
             });
         }
-        let mut counts = vec![vec![0u64; MAX_DIRECT as usize + 1]; ctx.count];
-        let mut max = vec![0u32; ctx.count];
+        Ok(Counts {
+            counts: vec![vec![0u64; MAX_DIRECT as usize + 1]; ctx.count],
+            max: vec![0u32; ctx.count],
+        })
+    }
+
+    /// Counts `symbols`, which start on a word boundary.
+    pub fn add<F: Fn(usize, u32) -> usize + Copy>(&mut self, symbols: &[u32], ctx: Contexts<F>) {
+        let last = self.counts.len() - 1;
         for w in symbols.chunks(ctx.word) {
             for (j, &s) in w.iter().enumerate() {
-                let c = (ctx.map)(j, w[0]).min(ctx.count - 1);
-                counts[c][s.min(MAX_DIRECT) as usize] += 1;
-                max[c] = max[c].max(s);
+                let c = (ctx.map)(j, w[0]).min(last);
+                self.counts[c][s.min(MAX_DIRECT) as usize] += 1;
+                self.max[c] = self.max[c].max(s);
             }
         }
-        let mut tables = Vec::with_capacity(ctx.count);
-        for (c, cnt) in counts.iter().enumerate() {
-            let escape = max[c] >= MAX_DIRECT;
+    }
+
+    /// The model of the symbols counted.
+    pub fn model(&self, prob_bits: u8) -> Result<Model> {
+        let mut tables = Vec::with_capacity(self.counts.len());
+        for (cnt, &max) in self.counts.iter().zip(&self.max) {
+            let escape = max >= MAX_DIRECT;
             let alphabet = if escape {
                 MAX_DIRECT as usize + 1
             } else if cnt.iter().all(|&x| x == 0) {
                 0
             } else {
-                max[c] as usize + 1
+                max as usize + 1
             };
             tables.push(Table::new(
                 normalize(&cnt[..alphabet], prob_bits),
@@ -321,6 +336,19 @@ impl Model {
             )?);
         }
         Ok(Model::assemble(prob_bits, tables))
+    }
+}
+
+impl Model {
+    /// Fits a model to `symbols` (counted per context).
+    pub fn fit<F: Fn(usize, u32) -> usize + Copy>(
+        symbols: &[u32],
+        ctx: Contexts<F>,
+        prob_bits: u8,
+    ) -> Result<Model> {
+        let mut counts = Counts::new(ctx)?;
+        counts.add(symbols, ctx);
+        counts.model(prob_bits)
     }
 
     /// Serializes the model.
@@ -476,6 +504,15 @@ pub fn encode_with<F: Fn(usize, u32) -> usize + Copy>(
     params: &RansParams,
     model: &Model,
 ) -> Result<RansStreams> {
+    check_chunking(ctx, params)?;
+    let mut out = ChunkWriter::new(symbols.len(), params);
+    for chunk in symbols.chunks(params.chunk) {
+        out.push(&encode_chunk(chunk, ctx, params, model)?)?;
+    }
+    Ok(out.finish(model))
+}
+
+fn check_chunking<F>(ctx: Contexts<F>, params: &RansParams) -> Result<()> {
     params.validate()?;
     if !params.chunk.is_multiple_of(ctx.word) {
         return Err(CodingError::Invalid {
@@ -483,73 +520,127 @@ pub fn encode_with<F: Fn(usize, u32) -> usize + Copy>(
             value: params.chunk as u64,
         });
     }
-    let pb = model.prob_bits as u32;
-    let mut index = Vec::with_capacity(params.index_len(symbols.len()));
-    let mut payload: Vec<u16> = Vec::with_capacity(symbols.len() / 4);
-    let mut words: Vec<u16> = Vec::new();
-    for chunk in symbols.chunks(params.chunk) {
-        let offset = u32::try_from(payload.len()).map_err(|_| CodingError::Invalid {
-            what: "payload size",
-            value: payload.len() as u64,
-        })?;
-        index.extend_from_slice(&offset.to_le_bytes());
-        let mut states = vec![L; params.lanes];
-        words.clear();
-        let last_table = model.tables.len() - 1;
-        // Walk backwards with counters instead of two divisions per symbol.
-        let (mut j, mut lane) = (
-            (chunk.len().max(1) - 1) % ctx.word,
-            (chunk.len().max(1) - 1) % params.lanes,
-        );
-        for i in (0..chunk.len()).rev() {
-            let t = &model.tables[(ctx.map)(j, chunk[i - j]).min(last_table)];
-            let s = chunk[i];
-            let idx = if t.escape && s >= MAX_DIRECT {
-                MAX_DIRECT as usize
-            } else {
-                s as usize
-            };
-            let f = *t
-                .freq
-                .get(idx)
-                .filter(|&&f| f > 0)
-                .ok_or(CodingError::Invalid {
-                    what: "symbol absent from the model",
-                    value: s as u64,
-                })?;
-            let c = t.cum[idx];
-            let x = &mut states[lane];
-            if (*x as u64) >= (f as u64) << (32 - pb) {
-                words.push(*x as u16);
-                *x >>= 16;
-            }
-            // x / f by a multiply with ⌈2³²/f⌉: the estimate is q or q + 1, corrected once.
-            let mut q = ((*x as u64 * t.rcp[idx]) >> 32) as u32;
-            if (q as u64) * (f as u64) > *x as u64 {
-                q -= 1;
-            }
-            *x = (q << pb) + (*x - q * f) + c;
-            if idx == MAX_DIRECT as usize {
-                words.push(s as u16);
-                words.push((s >> 16) as u16);
-            }
-            j = if j == 0 { ctx.word - 1 } else { j - 1 };
-            lane = if lane == 0 {
-                params.lanes - 1
-            } else {
-                lane - 1
-            };
-        }
-        for s in &states {
-            index.extend_from_slice(&s.to_le_bytes());
-        }
-        payload.extend(words.iter().rev());
+    Ok(())
+}
+
+/// One chunk encoded on its own: its lanes' final states and its 16-bit words in stream
+/// order. Chunks are independent, so they may be encoded in any order or at once, then
+/// assembled in order by a [`ChunkWriter`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedChunk {
+    states: Vec<u32>,
+    words: Vec<u16>,
+}
+
+/// Encodes one chunk (at most `params.chunk` symbols, the last chunk of a sequence may be
+/// shorter) with `model`.
+pub fn encode_chunk<F: Fn(usize, u32) -> usize + Copy>(
+    chunk: &[u32],
+    ctx: Contexts<F>,
+    params: &RansParams,
+    model: &Model,
+) -> Result<EncodedChunk> {
+    check_chunking(ctx, params)?;
+    if chunk.len() > params.chunk {
+        return Err(CodingError::Invalid {
+            what: "rans chunk length",
+            value: chunk.len() as u64,
+        });
     }
-    Ok(RansStreams {
-        model: model.to_bytes(),
-        index,
-        payload: payload.iter().flat_map(|w| w.to_le_bytes()).collect(),
-    })
+    let pb = model.prob_bits as u32;
+    let mut states = vec![L; params.lanes];
+    let mut words: Vec<u16> = Vec::with_capacity(chunk.len() / 4);
+    let last_table = model.tables.len() - 1;
+    // Walk backwards with counters instead of two divisions per symbol.
+    let (mut j, mut lane) = (
+        (chunk.len().max(1) - 1) % ctx.word,
+        (chunk.len().max(1) - 1) % params.lanes,
+    );
+    for i in (0..chunk.len()).rev() {
+        let t = &model.tables[(ctx.map)(j, chunk[i - j]).min(last_table)];
+        let s = chunk[i];
+        let idx = if t.escape && s >= MAX_DIRECT {
+            MAX_DIRECT as usize
+        } else {
+            s as usize
+        };
+        let f = *t
+            .freq
+            .get(idx)
+            .filter(|&&f| f > 0)
+            .ok_or(CodingError::Invalid {
+                what: "symbol absent from the model",
+                value: s as u64,
+            })?;
+        let c = t.cum[idx];
+        let x = &mut states[lane];
+        if (*x as u64) >= (f as u64) << (32 - pb) {
+            words.push(*x as u16);
+            *x >>= 16;
+        }
+        // x / f by a multiply with ⌈2³²/f⌉: the estimate is q or q + 1, corrected once.
+        let mut q = ((*x as u64 * t.rcp[idx]) >> 32) as u32;
+        if (q as u64) * (f as u64) > *x as u64 {
+            q -= 1;
+        }
+        *x = (q << pb) + (*x - q * f) + c;
+        if idx == MAX_DIRECT as usize {
+            words.push(s as u16);
+            words.push((s >> 16) as u16);
+        }
+        j = if j == 0 { ctx.word - 1 } else { j - 1 };
+        lane = if lane == 0 {
+            params.lanes - 1
+        } else {
+            lane - 1
+        };
+    }
+    words.reverse();
+    Ok(EncodedChunk { states, words })
+}
+
+/// Assembles encoded chunks, in order, into the streams of one sequence.
+#[derive(Debug, Clone)]
+pub struct ChunkWriter {
+    index: Vec<u8>,
+    payload: Vec<u8>,
+    words: u64,
+}
+
+impl ChunkWriter {
+    /// An empty sequence, with room for the index of `n` symbols.
+    pub fn new(n: usize, params: &RansParams) -> ChunkWriter {
+        ChunkWriter {
+            index: Vec::with_capacity(params.index_len(n)),
+            payload: Vec::with_capacity(n / 2),
+            words: 0,
+        }
+    }
+
+    /// Appends the next chunk.
+    pub fn push(&mut self, chunk: &EncodedChunk) -> Result<()> {
+        let offset = u32::try_from(self.words).map_err(|_| CodingError::Invalid {
+            what: "payload size",
+            value: self.words,
+        })?;
+        self.index.extend_from_slice(&offset.to_le_bytes());
+        for s in &chunk.states {
+            self.index.extend_from_slice(&s.to_le_bytes());
+        }
+        self.payload
+            .extend(chunk.words.iter().flat_map(|w| w.to_le_bytes()));
+        self.words += chunk.words.len() as u64;
+        Ok(())
+    }
+
+    /// The streams, with `model` serialized.
+    pub fn finish(self, model: &Model) -> RansStreams {
+        RansStreams {
+            model: model.to_bytes(),
+            index: self.index,
+            payload: self.payload,
+        }
+    }
 }
 
 /// The streams of an rANS-coded sequence, borrowed.
