@@ -550,7 +550,8 @@ pub struct EncodeOptions {
 pub enum LatticeScale {
     /// Each row's own RMS: every row gets the same SNR.
     Row,
-    /// The tensor's RMS for every nonzero row (the default): every row gets the same squared
+    /// The RMS of all the values encoded (the tensor, or a `mixed` part; rate control's row
+    /// sample uses its own) for every nonzero row (the default): every row gets the same squared
     /// error, which minimizes the tensor's total squared error at an entropy-coded rate (the
     /// classic result for entropy-coded quantizers: one step for all components), because
     /// the entropy coder spends fewer bits on small rows instead of giving them the same SNR.

@@ -94,6 +94,10 @@ pub(crate) fn encode(
         _ => None,
     };
     let ctx = contexts(&lattice);
+    // Checked here, so that the index is the tensor's whichever block or part meets it.
+    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+        return Err(lat_err(tensor)(lat::LatticeError::NonFinite { index }));
+    }
     // A huge tensor's symbols are held as 16 bits while its model is counted (u32 symbols
     // would double the memory of its values); others are quantized in one go.
     let huge = rans_p.is_some() && ldlq.is_none() && r.saturating_mul(spr) > HUGE_SYMBOLS;
@@ -123,10 +127,19 @@ pub(crate) fn encode(
             .map_err(lat_err(tensor))?;
         (q.scales, Held::Full(q.symbols), None)
     };
-    if let Some(group) = scales.iter().position(|s| !s.is_finite()) {
-        let value = values[group * c..(group + 1) * c]
-            .iter()
-            .fold(0f32, |m, v| m.max(v.abs()));
+    if let Some(mut group) = scales.iter().position(|s| !s.is_finite()) {
+        let largest = |v: &[f32]| {
+            v.iter().enumerate().fold(
+                (0, 0f32),
+                |m, (i, x)| if x.abs() > m.1 { (i, x.abs()) } else { m },
+            )
+        };
+        let mut value = largest(&values[group * c..(group + 1) * c]).1;
+        if tensor_rms.is_some() {
+            // One scale for every row: the tensor's largest value is what overflows it.
+            let (at, v) = largest(values);
+            (group, value) = (at / c.max(1), v);
+        }
         return Err(HwzError::Scalar {
             tensor: tensor.into(),
             source: ScalarError::ScaleOverflow {

@@ -32,8 +32,9 @@ pub const MAX_MANIFEST_LEN: u64 = 64 << 20;
 
 /// Largest ratio of a compressed manifest's JSON to its stored frame (plus 1 MiB): real
 /// manifests compress about 10× (stream checksums and offsets do not compress), so a small
-/// file cannot make a reader inflate and parse a huge one.
-pub const MAX_MANIFEST_RATIO: u64 = 64;
+/// file cannot make a reader inflate and parse a huge one. A writer whose manifest would
+/// compress further stores it as plain JSON.
+pub const MAX_MANIFEST_RATIO: u64 = 16;
 
 /// The most JSON bytes a compressed manifest of `stored` bytes may hold.
 pub(crate) fn max_inflated_manifest(stored: u64) -> u64 {

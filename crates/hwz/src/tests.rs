@@ -744,3 +744,25 @@ fn one_step_for_all_rows_lowers_the_squared_error_of_entropy_coded_rows() {
         run(fixed, LatticeScale::Tensor)
     );
 }
+
+#[test]
+fn a_bounded_decompression_takes_one_whole_frame_and_no_more_than_its_cap() {
+    let raw: Vec<u8> = (0..20_000u32)
+        .flat_map(|i| (i % 251).to_le_bytes())
+        .collect();
+    let z = zstd_codec::compress(&raw);
+    assert_eq!(
+        zstd_codec::decompress_bounded(&z, raw.len() as u64).unwrap(),
+        raw
+    );
+    // One byte short of the output: refused, whatever the frame says.
+    assert!(zstd_codec::decompress_bounded(&z, raw.len() as u64 - 1).is_err());
+    // Bytes after the frame, a second frame, a cut frame: refused by both decoders.
+    for bad in [
+        [&z[..], b"x"].concat(),
+        [&z[..], &z[..]].concat(),
+        z[..z.len() - 3].to_vec(),
+    ] {
+        assert!(zstd_codec::decompress_bounded(&bad, 1 << 24).is_err());
+    }
+}

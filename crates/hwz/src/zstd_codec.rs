@@ -32,23 +32,57 @@ pub fn compress_at(raw: &[u8], level: i32) -> Vec<u8> {
     ruzstd::encoding::compress_to_vec(raw, ruzstd::encoding::CompressionLevel::Fastest)
 }
 
-/// Decompresses one frame of unknown decoded length, refusing (without allocating it) any
-/// output longer than `max` bytes: memory grows with what the frame really yields.
+/// Decompresses exactly one frame (nothing may follow it) of unknown decoded length, refusing
+/// any output longer than `max` bytes: the output grows with what the frame yields, and the
+/// decoder's window is limited to what `max` bytes can need.
 pub fn decompress_bounded(stored: &[u8], max: u64) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let mut out = Vec::new();
     #[cfg(feature = "native-zstd")]
-    let read = zstd::stream::read::Decoder::with_buffer(stored)
-        .map_err(|e| e.to_string())?
-        .single_frame()
-        .take(max + 1)
-        .read_to_end(&mut out);
+    {
+        let frame = zstd::zstd_safe::find_frame_compressed_size(stored)
+            .map_err(|code| zstd::zstd_safe::get_error_name(code).to_string())?;
+        if frame != stored.len() {
+            return Err(format!("{} bytes follow its frame", stored.len() - frame));
+        }
+        // A window never needs to exceed the output (libzstd sizes it to the input's).
+        let window_log = (u64::BITS - max.max(1).saturating_sub(1).leading_zeros()).clamp(10, 31);
+        let mut decoder = zstd::stream::read::Decoder::with_buffer(stored)
+            .map_err(|e| e.to_string())?
+            .single_frame();
+        decoder
+            .window_log_max(window_log)
+            .map_err(|e| e.to_string())?;
+        decoder
+            .take(max + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| e.to_string())?;
+    }
     #[cfg(not(feature = "native-zstd"))]
-    let read = ruzstd::decoding::StreamingDecoder::new(stored)
-        .map_err(|e| e.to_string())?
-        .take(max + 1)
-        .read_to_end(&mut out);
-    read.map_err(|e| e.to_string())?;
+    {
+        let mut decoder =
+            ruzstd::decoding::StreamingDecoder::new(stored).map_err(|e| e.to_string())?;
+        (&mut decoder)
+            .take(max + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| e.to_string())?;
+        if out.len() as u64 <= max {
+            // The same checks as libzstd's: nothing after the frame, its checksum if present.
+            let rest = decoder.get_ref().len();
+            if rest != 0 {
+                return Err(format!("{rest} bytes follow its frame"));
+            }
+            let frame = decoder.into_frame_decoder();
+            if let (Some(want), Some(got)) = (
+                frame.get_checksum_from_data(),
+                frame.get_calculated_checksum(),
+            ) {
+                if want != got {
+                    return Err("frame checksum mismatch".into());
+                }
+            }
+        }
+    }
     if out.len() as u64 > max {
         return Err(format!("decodes to more than {max} bytes"));
     }

@@ -21,7 +21,8 @@
 use crate::{LatticeError, Result};
 
 /// Largest magnitude of a scaled coordinate; beyond it values are clamped. Rows are normalized
-/// to unit RMS before scaling, so this is only reached by absurd scales or corrupt input.
+/// by their own RMS, or by their tensor's, before scaling, so this is reached only by absurd
+/// scales, corrupt input, or a row more than 2^21/α times its tensor's RMS.
 pub const MAX_COORD: f32 = (1 << 21) as f32;
 
 /// A lattice family.

@@ -528,6 +528,7 @@ fn check_chunking<F>(ctx: Contexts<F>, params: &RansParams) -> Result<()> {
 /// assembled in order by a [`ChunkWriter`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EncodedChunk {
+    symbols: usize,
     states: Vec<u32>,
     words: Vec<u16>,
 }
@@ -596,7 +597,11 @@ pub fn encode_chunk<F: Fn(usize, u32) -> usize + Copy>(
         };
     }
     words.reverse();
-    Ok(EncodedChunk { states, words })
+    Ok(EncodedChunk {
+        symbols: chunk.len(),
+        states,
+        words,
+    })
 }
 
 /// Assembles encoded chunks, in order, into the streams of one sequence.
@@ -605,6 +610,8 @@ pub struct ChunkWriter {
     index: Vec<u8>,
     payload: Vec<u8>,
     words: u64,
+    chunk: usize,
+    short: bool,
 }
 
 impl ChunkWriter {
@@ -614,11 +621,20 @@ impl ChunkWriter {
             index: Vec::with_capacity(params.index_len(n)),
             payload: Vec::with_capacity(n / 2),
             words: 0,
+            chunk: params.chunk,
+            short: false,
         }
     }
 
-    /// Appends the next chunk.
+    /// Appends the next chunk: every chunk but the last holds exactly `params.chunk` symbols.
     pub fn push(&mut self, chunk: &EncodedChunk) -> Result<()> {
+        if self.short || chunk.symbols > self.chunk {
+            return Err(CodingError::Invalid {
+                what: "rans chunk after a short one, or over the chunk size",
+                value: chunk.symbols as u64,
+            });
+        }
+        self.short = chunk.symbols < self.chunk;
         let offset = u32::try_from(self.words).map_err(|_| CodingError::Invalid {
             what: "payload size",
             value: self.words,
@@ -1092,6 +1108,38 @@ mod tests {
         let actual = (s.payload.len() + s.index.len()) as f64 * 8.0;
         // Lane flushes cost at most 32 bits each; the rest is within 0.1 %.
         assert!(actual <= ideal * 1.001 + 32.0 * 33.0, "{actual} vs {ideal}");
+    }
+
+    #[test]
+    fn chunks_encoded_apart_and_counted_apart_give_the_same_streams() {
+        let v = skewed(5000, 11);
+        let p = RansParams {
+            chunk: 1024,
+            lanes: 8,
+            prob_bits: 12,
+        };
+        let whole = encode(&v, ctx(), &p).unwrap();
+        let mut counts = Counts::new(ctx()).unwrap();
+        v.chunks(1000).for_each(|b| counts.add(b, ctx()));
+        let model = counts.model(12).unwrap();
+        let mut w = ChunkWriter::new(v.len(), &p);
+        // Encoded last to first, assembled in order.
+        let mut done: Vec<_> = v
+            .chunks(1024)
+            .rev()
+            .map(|c| encode_chunk(c, ctx(), &p, &model))
+            .collect();
+        done.reverse();
+        for c in &done {
+            w.push(c.as_ref().unwrap()).unwrap();
+        }
+        assert_eq!(w.finish(&model), whole);
+        // A short chunk may only come last.
+        let mut w = ChunkWriter::new(v.len(), &p);
+        w.push(&encode_chunk(&v[..512], ctx(), &p, &model).unwrap())
+            .unwrap();
+        assert!(w.push(done[0].as_ref().unwrap()).is_err());
+        assert!(encode_chunk(&v[..2048], ctx(), &p, &model).is_err());
     }
 
     #[test]

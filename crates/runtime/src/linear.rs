@@ -1564,6 +1564,77 @@ fn codebook_gemv(
     })
 }
 
+/// The fixed-rate codes and row scales of an entropy-coded lattice tensor, row by row. With
+/// `to_alpha = None` the stored points are kept as they are, and `None` is returned as soon as
+/// one does not fit the box; with `Some(α')` every row is rescaled to `α'` times its own RMS.
+#[allow(clippy::too_many_arguments)]
+fn fixed_rows(
+    view: &TensorView<'_>,
+    l: &hwz::LatticeParts<'_>,
+    lattice: Lattice,
+    alpha: f32,
+    bits: u8,
+    scale_dtype: FloatDtype,
+    to_alpha: Option<f32>,
+) -> Result<Option<(Vec<u8>, Vec<f32>)>> {
+    let (rows, spr) = (view.rows() as usize, l.symbols_per_row);
+    let d = lattice.dim();
+    let chunks = match &l.symbols {
+        Symbols::Rans(dec) => dec.chunks(),
+        Symbols::Rice(dec) => dec.chunks(),
+        Symbols::Fixed { .. } => 0,
+    };
+    let mut fixed = Vec::with_capacity(rows * spr);
+    let mut scales = Vec::with_capacity(rows);
+    let (mut out, mut back) = ([0u32; 8], [0f32; 8]);
+    let mut points = vec![0f32; spr];
+    let (mut buf, mut carry) = (Vec::new(), Vec::<u32>::new());
+    for c in 0..chunks {
+        decode_chunk(view, &l.symbols, lattice, c, &mut buf)?;
+        carry.extend_from_slice(&buf);
+        let mut row_syms = carry.chunks_exact(spr.max(1));
+        for syms in row_syms.by_ref() {
+            let Some(&stored) = l.scales.get(scales.len()) else {
+                return Err(corrupt(view, "symbols beyond the tensor's rows".into()));
+            };
+            for (s, p) in syms.chunks_exact(d).zip(points.chunks_exact_mut(d)) {
+                lattice.decode_word(s, p);
+            }
+            let (k, scale) = match to_alpha {
+                None => (1.0, stored),
+                Some(af) => {
+                    let ms = points.iter().map(|&p| p as f64 * p as f64).sum::<f64>() / spr as f64;
+                    // The row's own RMS in stored units, rounded as it will be stored.
+                    let own = scale_dtype.round((stored as f64 * ms.sqrt() / alpha as f64) as f32);
+                    if own > 0.0 && own.is_finite() {
+                        (af * stored / (alpha * own), own)
+                    } else {
+                        (0.0, 0.0)
+                    }
+                }
+            };
+            for p in points.chunks_exact(d) {
+                let w: [f32; 8] = std::array::from_fn(|i| p.get(i).map_or(0.0, |v| v * k));
+                lattice.encode_word_fixed(&w[..d], bits, &mut out[..d]);
+                if to_alpha.is_none() {
+                    lattice.decode_word_fixed(&out[..d], bits, &mut back[..d]);
+                    if back[..d] != w[..d] {
+                        return Ok(None);
+                    }
+                }
+                fixed.extend(out[..d].iter().map(|&o| o as u8));
+            }
+            scales.push(scale);
+        }
+        let rest = row_syms.remainder().len();
+        carry.drain(..carry.len() - rest);
+    }
+    if fixed.len() != rows * spr || scales.len() != rows {
+        return Err(corrupt(view, "symbols do not fill the tensor".into()));
+    }
+    Ok(Some((fixed, scales)))
+}
+
 /// Re-quantizes an entropy-coded lattice tensor into its fixed-rate form of `bits` bits, and
 /// measures the SNR of the result against the stored weight.
 fn to_fixed(view: &TensorView<'_>, bits: u8) -> Result<(TensorView<'static>, f64)> {
@@ -1593,33 +1664,23 @@ fn to_fixed(view: &TensorView<'_>, bits: u8) -> Result<(TensorView<'static>, f64
             "{lattice} has no fixed-rate form of {bits} bits"
         )));
     }
-    let (rows, spr) = (view.rows() as usize, l.symbols_per_row);
-    let d = lattice.dim();
-    let chunks = match &l.symbols {
-        Symbols::Rans(dec) => dec.chunks(),
-        Symbols::Rice(dec) => dec.chunks(),
-        Symbols::Fixed { .. } => 0,
-    };
-    let mut fixed = Vec::with_capacity(rows * spr);
-    let (mut point, mut out) = ([0f32; 8], [0u32; 8]);
-    let (mut buf, mut carry) = (Vec::new(), Vec::<u32>::new());
-    for c in 0..chunks {
-        decode_chunk(view, &l.symbols, lattice, c, &mut buf)?;
-        carry.extend_from_slice(&buf);
-        let mut words = carry.chunks_exact(d);
-        for s in words.by_ref() {
-            lattice.decode_word(s, &mut point[..d]);
-            lattice.encode_word_fixed(&point[..d], bits, &mut out[..d]);
-            fixed.extend(out[..d].iter().map(|&o| o as u8));
+    // The stored points are kept, with their scales and α, when every one fits the fixed box
+    // (no loss). Otherwise every row is re-quantized at the fixed form's calibrated α against
+    // its own RMS, which is what the box is sized for: an entropy-coded row may be scaled by
+    // its tensor's RMS (`LatticeScale::Tensor`) and its α is fitted to an entropy-coded rate.
+    let exact = fixed_rows(view, l, lattice, alpha, bits, scale_dtype, None)?;
+    let (alpha, (fixed, scales)) = match exact {
+        Some(done) => (alpha, done),
+        None => {
+            let af =
+                hypercodec_lattice::calibration::fixed_alpha(lattice, bits).map_or(alpha, |f| f.0);
+            let done = fixed_rows(view, l, lattice, alpha, bits, scale_dtype, Some(af))?
+                .ok_or_else(|| corrupt(view, "symbols do not fill the tensor".into()))?;
+            (af, done)
         }
-        let rest = words.remainder().len();
-        carry.drain(..carry.len() - rest);
-    }
-    if fixed.len() != rows * spr {
-        return Err(corrupt(view, "symbols do not fill the tensor".into()));
-    }
+    };
     let packed = scalar::pack_bits(&fixed, bits).map_err(|e| option(format!("packing: {e}")))?;
-    let scales = scalar::encode_floats(&l.scales, scale_dtype, false)
+    let scales = scalar::encode_floats(&scales, scale_dtype, false)
         .map_err(|e| option(format!("scales: {e}")))?;
     let encoding = Encoding::Lattice {
         lattice,
