@@ -105,23 +105,27 @@ def main():
         ours = inspect["totals"]["lossy"]["elements"]
         if ours != p["elements"]:
             print(f"(warning: the peer covers {p['elements']} values, our lossy tensors {ours})")
-        # The largest BUDGET target (to 0.005 bps) whose archive is no larger than the peer's.
-        lo, hi, best = 0.05, p["bps"], None
-        while hi - lo > 0.005:
-            mid = (lo + hi) / 2
-            report, inspect = compress(a.bin, a.model, out, f"--mode budget --target-bps {mid:.4f}")
-            if all_in(inspect) <= p["bps"]:
-                lo, best = mid, (mid, report, inspect)
-            else:
-                hi = mid
-        if best is None:
-            print("(no BUDGET target fits the peer's size)")
-            return
-        t, report, inspect = best
-        snr = inspect["totals"]["lossy"]["snr_db"]
-        print(row(f"`--mode budget --target-bps {t:.3f}` (at the peer's size)", report, inspect))
-        print(f"\nAt the peer's size: {snr:.2f} dB vs {p['snr_db']:.2f} dB, "
-              f"{snr - p['snr_db']:+.2f} dB.")
+        # The largest BUDGET target (to 0.005 bps) whose archive is no larger than the peer's,
+        # with each row's own lattice scale (the default) and with one step per tensor.
+        found = []
+        for extra in ("", " --lattice-scale tensor"):
+            lo, hi, best = 0.05, p["bps"], None
+            while hi - lo > 0.005:
+                mid = (lo + hi) / 2
+                report, inspect = compress(a.bin, a.model, out, f"--mode budget --target-bps {mid:.4f}{extra}")
+                if all_in(inspect) <= p["bps"]:
+                    lo, best = mid, (mid, report, inspect)
+                else:
+                    hi = mid
+            if best is None:
+                print(f"(no BUDGET target{extra} fits the peer's size)")
+                continue
+            t, report, inspect = best
+            print(row(f"`--mode budget --target-bps {t:.3f}{extra}` (at the peer's size)", report, inspect))
+            found.append((extra.strip() or "default", inspect["totals"]["lossy"]["snr_db"]))
+        print()
+        for what, snr in found:
+            print(f"At the peer's size ({what}): {snr:.2f} dB vs {p['snr_db']:.2f} dB, {snr - p['snr_db']:+.2f} dB.")
 
 
 if __name__ == "__main__":

@@ -153,3 +153,23 @@ def test_a_closed_stdout_does_not_stop_a_run(tmp_path):
     p.stdout.close()  # the reader goes away at once, as `| head -0` would
     assert p.wait(timeout=120) == 0
     assert (tmp_path / "mlp.md").exists()
+
+
+def test_torchao_peer_counts_its_codes_and_scales():
+    pytest.importorskip("torchao", reason="torchao is not installed (pip install torchao)")
+    import torch
+
+    from hypercodec import eval as ev
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(256, 48)
+    errs = []
+    for bits in (2, 3, 4):
+        w, code_bytes, side = ev._peer_weight("peer:torchao", layer, bits)
+        assert w.shape == layer.weight.shape and w.dtype == torch.float32
+        assert code_bytes == 48 * 256 * bits // 8
+        assert side == 48 * 2  # one scale per group of 128; symmetric: no zero points
+        errs.append(float(((w - layer.weight) ** 2).mean()))
+    assert errs[0] > errs[1] > errs[2] > 0
+    with pytest.raises(ValueError):
+        ev._peer_weight("peer:torchao", layer, 9)

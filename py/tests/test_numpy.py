@@ -130,6 +130,24 @@ def test_python_quantize_and_the_cli_archive_give_identical_weights(tmp_path):
         np.testing.assert_array_equal(cli, py, err_msg=spec)
 
 
+def test_row_scales_by_default_and_one_lattice_step_per_tensor_on_request():
+    # Rows whose RMS spans 1/8 to 8: each row's own scale gives every row the same SNR;
+    # `:tensor` (one step for all rows) a lower total error at the same rate.
+    w = gaussian((64, 512), 12) * (2.0 ** (np.arange(64) % 7 - 3))[:, None].astype(np.float32)
+    sse, snr_spread = {}, {}
+    for spec in ("e8@3", "e8@3:tensor"):
+        lin = hypercodec.Linear.quantize(w, spec)
+        assert lin.stored_bytes * 8 <= 3.0 * w.size
+        err = (lin.weight() - w) ** 2
+        sse[spec] = float(err.sum())
+        row_snr = 10 * np.log10((w**2).sum(1) / err.sum(1))
+        snr_spread[spec] = float(row_snr.max() - row_snr.min())
+    assert sse["e8@3:tensor"] < 0.8 * sse["e8@3"], sse
+    assert snr_spread["e8@3"] < 2.0 < snr_spread["e8@3:tensor"], snr_spread
+    with pytest.raises(hypercodec.InvalidInputError):
+        hypercodec.Linear.quantize(w, "bogus:tensor")
+
+
 def test_a_fresh_venv_installs_and_imports_the_wheel_without_a_compiler(tmp_path):
     import glob
     import os

@@ -159,13 +159,11 @@ proptest! {
         // Fixed-rate forms clamp outliers, so only entropy-coded points obey the radius bound.
         if let Encoding::Lattice { lattice, alpha, coding: Coding::Rans { .. } | Coding::Rice { .. }, .. } = enc {
             // Per row: ‖x − x̂‖ ≤ (covering radius · √(words) · σ/α) plus the rounding of σ,
-            // where σ is the tensor's RMS (the default `LatticeScale::Tensor`: one step for
-            // every nonzero row).
-            let sigma_t = (values.iter().map(|x| x * x).sum::<f32>() / values.len() as f32).sqrt();
+            // the row's RMS (the default `LatticeScale::Row`).
             for r in 0..rows as usize {
                 let row = &values[r * cols as usize..(r + 1) * cols as usize];
                 let got = &decoded[0][r * cols as usize..(r + 1) * cols as usize];
-                let sigma = if row.iter().any(|&x| x != 0.0) { sigma_t } else { 0.0 };
+                let sigma = (row.iter().map(|x| x * x).sum::<f32>() / cols as f32).sqrt();
                 let words = (cols as usize).div_ceil(lattice.dim()) as f32;
                 let err = row.iter().zip(got).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt();
                 let bound = lattice.covering_radius() * words.sqrt() * sigma * 1.01 / alpha + 0.01 * sigma * (cols as f32).sqrt();

@@ -8,6 +8,24 @@ use hypercodec_pipeline::{
 };
 use hypercodec_plan::{Mode, Spec, Target, Thresholds};
 
+/// The step of entropy-coded lattice rows.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum LatticeScaleArg {
+    /// Each row's own RMS.
+    Row,
+    /// One step for every row of a tensor.
+    Tensor,
+}
+
+impl From<LatticeScaleArg> for hypercodec_hwz::LatticeScale {
+    fn from(s: LatticeScaleArg) -> Self {
+        match s {
+            LatticeScaleArg::Row => hypercodec_hwz::LatticeScale::Row,
+            LatticeScaleArg::Tensor => hypercodec_hwz::LatticeScale::Tensor,
+        }
+    }
+}
+
 /// A float type.
 #[derive(Clone, Copy, ValueEnum)]
 pub enum DtypeArg {
@@ -241,6 +259,8 @@ impl PlanArgs {
                 None => Default::default(),
             },
             codebook,
+            // `compress` sets them from its own flags (`--lattice-scale`).
+            encode_options: Default::default(),
         })
     }
 }

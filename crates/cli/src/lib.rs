@@ -141,6 +141,11 @@ struct CompressArgs {
     /// Store NaN/Inf found in raw-encoded tensors instead of failing.
     #[arg(long)]
     allow_non_finite: bool,
+    /// Entropy-coded lattice (also a planner's lattice candidates): `row` scales each row by
+    /// its own RMS (every row the same SNR); `tensor` takes one step for every row (the
+    /// least total squared error — measured: higher perplexity on a language model).
+    #[arg(long, value_enum, default_value = "row")]
+    lattice_scale: args::LatticeScaleArg,
     /// Input statistics per linear layer (a safetensors file of `E[x·xᵀ]`, `in × in`, named by
     /// layer; Python: `hypercodec.nn.save_hessians`): affine, lattice and trellis recipes
     /// round with error feedback (GPTQ's rule) where the file has a tensor's. The format is
@@ -242,6 +247,7 @@ fn compress(args: &CompressArgs) -> Result<()> {
             min_tensor_size: args.min_tensor_size,
         },
         allow_non_finite: args.allow_non_finite,
+        lattice_scale: args.lattice_scale.into(),
         calibration: match &args.calibration {
             Some(p) => Some(std::sync::Arc::new(hypercodec_pipeline::Calibration::open(
                 p,

@@ -1056,3 +1056,33 @@ fn tiny_and_subnormal_values_are_never_a_lossy_success_below_0_db() {
         assert_eq!(read_st(&back), input, "{enc}: stored raw, exactly");
     }
 }
+
+#[test]
+fn lattice_scale_tensor_lowers_the_squared_error_of_rows_of_unequal_size() {
+    // Rows whose RMS spans 1/8 to 8, through --encoding lattice and through BUDGET.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("m.safetensors");
+    let mut w = values(128 * 256, 9);
+    for (r, row) in w.chunks_exact_mut(256).enumerate() {
+        let k = 2f32.powi((r % 7) as i32 - 3);
+        row.iter_mut().for_each(|v| *v *= k);
+    }
+    let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let t = TensorView::new(Dtype::F32, vec![128, 256], &bytes).unwrap();
+    std::fs::write(&input, serialize(vec![("w", t)], None).unwrap()).unwrap();
+    for route in [
+        &["--encoding", "lattice", "--bps", "3"][..],
+        &["--mode", "budget", "--target-bps", "3"][..],
+    ] {
+        let mut mse = Vec::new();
+        for scale in ["row", "tensor"] {
+            let out = dir.path().join(format!("{scale}.hwz"));
+            let mut args = vec!["compress", p(&input), p(&out), "--json", "--lattice-scale", scale];
+            args.extend_from_slice(route);
+            let report: serde_json::Value = serde_json::from_str(&ok(&args)).unwrap();
+            assert!(report["lossy_bps"].as_f64().unwrap() <= 3.0 * 1.01, "{report}");
+            mse.push(10f64.powf(-report["snr_db"].as_f64().unwrap() / 10.0));
+        }
+        assert!(mse[1] < 0.8 * mse[0], "{route:?}: {mse:?}");
+    }
+}

@@ -341,6 +341,8 @@ pub struct Planner {
     /// tensor (its figures in the plan are the whole tensor's). `None`: every candidate on
     /// every row. Default: 512 for `AUTO`, `None` otherwise.
     pub screen_rows: Option<u64>,
+    /// Encoder choices applied to every candidate (e.g. [`hypercodec_hwz::LatticeScale`]).
+    pub encode_options: hypercodec_hwz::EncodeOptions,
 }
 
 /// The default candidates: `f32`, `bf16`, `f16`, `int8-row`, `int4`, `e8@4`.
@@ -392,6 +394,7 @@ impl Planner {
             exception_dtype: FloatDtype::F32,
             threads: rayon::current_num_threads(),
             screen_rows: (mode == Mode::Auto).then_some(512),
+            encode_options: hypercodec_hwz::EncodeOptions::default(),
         }
     }
 

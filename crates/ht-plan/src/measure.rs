@@ -77,8 +77,9 @@ pub fn measure(
     spec: &Spec,
     block_len: usize,
     energy: f64,
+    options: EncodeOptions,
 ) -> Result<(Measured, EncodedTensor)> {
-    let t = spec.encode(name, values, shape, EncodeOptions::default())?;
+    let t = spec.encode(name, values, shape, options)?;
     let out = decode(name, shape, &t)?;
     let bytes = t.payload_bytes();
     let mut block_sse = Vec::with_capacity(values.len().div_ceil(block_len.max(1)));

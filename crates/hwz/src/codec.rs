@@ -85,6 +85,7 @@ pub fn encode_calibrated(
     encoding: &Encoding,
     h: &[f32],
     damp: f64,
+    options: EncodeOptions,
 ) -> Result<EncodedTensor> {
     let n = checked_count(tensor, values.len(), shape)?;
     let lens = encoding.stream_lens(tensor, shape)?;
@@ -142,7 +143,7 @@ pub fn encode_calibrated(
                 encoding,
                 &lens,
                 Some(&f),
-                crate::LatticeScale::default(),
+                options.lattice_scale,
             )?
         }
         Encoding::Trellis { .. } => {

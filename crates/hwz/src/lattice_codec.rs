@@ -376,7 +376,11 @@ mod tests {
                 },
             };
             let shape = [rows as u64, cols as u64];
-            let got = encode("w", &values, &shape, &enc, EncodeOptions::default()).unwrap();
+            let tensor = EncodeOptions {
+                lattice_scale: crate::LatticeScale::Tensor,
+                ..EncodeOptions::default()
+            };
+            let got = encode("w", &values, &shape, &enc, tensor).unwrap();
             let params = enc.lattice_params().unwrap();
             assert!(rows * lat::symbols_per_row(Lattice::E8, cols) > HUGE_SYMBOLS);
             let ms = values.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / values.len() as f64;

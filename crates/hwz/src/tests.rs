@@ -654,9 +654,11 @@ fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
     ] {
         // Uncorrelated inputs: no feedback, the plain encoding bit for bit.
         let plain = encode("w", &x, &shape, &enc, EncodeOptions::default()).unwrap();
-        let same = encode_calibrated("w", &x, &shape, &enc, &eye, 0.01).unwrap();
+        let same =
+            encode_calibrated("w", &x, &shape, &enc, &eye, 0.01, EncodeOptions::default()).unwrap();
         assert_eq!(plain.streams, same.streams, "{}", enc.label());
-        let fed = encode_calibrated("w", &x, &shape, &enc, &h, 0.01).unwrap();
+        let fed =
+            encode_calibrated("w", &x, &shape, &enc, &h, 0.01, EncodeOptions::default()).unwrap();
         let (a, b) = (
             out_err(&through_archive("w", &shape, &plain)),
             out_err(&through_archive("w", &shape, &fed)),
@@ -666,7 +668,15 @@ fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
     // Statistics of the wrong size, an encoding without feedback: typed errors.
     let aff = Encoding::affine(AffineParams::default());
     assert!(matches!(
-        encode_calibrated("w", &x, &shape, &aff, &h[..10], 0.01),
+        encode_calibrated(
+            "w",
+            &x,
+            &shape,
+            &aff,
+            &h[..10],
+            0.01,
+            EncodeOptions::default()
+        ),
         Err(HwzError::InvalidEncoding { .. })
     ));
     assert!(matches!(
@@ -678,7 +688,8 @@ fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
                 dtype: FloatDtype::F16
             },
             &h,
-            0.01
+            0.01,
+            EncodeOptions::default()
         ),
         Err(HwzError::InvalidEncoding { .. })
     ));

@@ -43,6 +43,9 @@ pub struct CompressOptions {
     /// from them (GPTQ's rule) where the file has the tensor's; the archive records the file's
     /// name. By default, none (calibration-free).
     pub calibration: Option<std::sync::Arc<crate::Calibration>>,
+    /// The step of entropy-coded lattice rows (also for a planner's candidates). By default,
+    /// each row's own RMS ([`hwz::LatticeScale::Row`]).
+    pub lattice_scale: hwz::LatticeScale,
 }
 
 impl Default for CompressOptions {
@@ -57,6 +60,7 @@ impl Default for CompressOptions {
             selection: Selection::default(),
             allow_non_finite: false,
             calibration: None,
+            lattice_scale: hwz::LatticeScale::Row,
         }
     }
 }
@@ -120,8 +124,15 @@ pub fn compress(
 ) -> Result<CompressReport> {
     let total = source.total_elements();
     let sel = options.selection;
+    let opts = EncodeOptions {
+        allow_non_finite: options.allow_non_finite,
+        lattice_scale: options.lattice_scale,
+    };
     let chooser = match &options.route {
-        Route::Planner(p) => Some(Chooser::new(p.clone())?),
+        Route::Planner(p) => Some(Chooser::new(PlanOptions {
+            encode_options: opts,
+            ..p.clone()
+        })?),
         _ => None,
     };
     // BUDGET decides across tensors: measure every tensor first, then encode the choices.
@@ -169,10 +180,6 @@ pub fn compress(
     let mut fallbacks = Vec::new();
     let mut acc = ErrorAcc::default();
     let mut decoded = Vec::new();
-    let opts = EncodeOptions {
-        allow_non_finite: options.allow_non_finite,
-        ..EncodeOptions::default()
-    };
     let mut bar = Tracker::new(Phase::Compress, total, progress);
     let calibration = options.calibration.as_deref();
     let mut calibrated = 0usize;

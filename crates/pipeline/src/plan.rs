@@ -234,6 +234,8 @@ pub struct PlanOptions {
     pub sensitivity: HashMap<String, f64>,
     /// Settings of the `codebook` and `lowrank` candidates. By default, [`CodebookOptions::default`].
     pub codebook: CodebookOptions,
+    /// Encoder choices for every candidate. By default, [`hwz::EncodeOptions::default`].
+    pub encode_options: hwz::EncodeOptions,
 }
 
 impl Default for PlanOptions {
@@ -246,6 +248,7 @@ impl Default for PlanOptions {
             block_rows: 32,
             sensitivity: HashMap::new(),
             codebook: CodebookOptions::default(),
+            encode_options: hwz::EncodeOptions::default(),
         }
     }
 }
@@ -349,6 +352,7 @@ impl Chooser {
         p.thresholds = o.thresholds;
         p.block_rows = o.block_rows.max(1);
         p.target = o.target;
+        p.encode_options = o.encode_options;
         let names = if !o.candidates.is_empty() {
             o.candidates.clone()
         } else if o.mode == Mode::Auto {

@@ -23,9 +23,12 @@ encodings with error feedback.
 Methods are named as :func:`hypercodec.nn.method_spec` names them; the round-to-nearest
 baselines are ``affine`` (``RTN INTb g128 asym``: groups of 128 with scale and offset) and
 ``affine-row`` (``RTN INTb per-row sym``). Peers run in the same table when their packages
-import (``pip install hqq optimum-quanto ninja``): ``peer:hqq`` (HQQ, groups of 64) and
-``peer:quanto`` (optimum-quanto qint2/4/8), their weights dequantized into the model, their bits
-counted from their packed codes plus a 16-bit scale and zero per group. Output: ``OUT/eval.md`` (tables, machine, versions,
+import (``pip install hqq optimum-quanto ninja torchao``): ``peer:hqq`` (HQQ, groups of 64),
+``peer:quanto`` (optimum-quanto qint2/4/8) and ``peer:torchao`` (torchao's
+``IntxWeightOnlyConfig``, symmetric INT1–INT8 in groups of 128: its CPU path), their weights
+dequantized into the model, their bits counted from their packed codes (``b`` bits per value
+for torchao, which holds them unpacked in int8) plus a 16-bit scale and zero per group (a
+zero point only where one is not all zeros). Output: ``OUT/eval.md`` (tables, machine, versions,
 command), ``OUT/eval.json``, ``OUT/tensors.csv`` and, when matplotlib is installed, PNG plots of
 quality against bits per value.
 
@@ -57,7 +60,7 @@ from typing import Any, Callable, Iterable
 
 # Other quantizers run side by side when their packages import (`pip install hqq
 # optimum-quanto ninja`); a peer that is missing or refuses a rate is a row with its error.
-PEERS = ("peer:hqq", "peer:quanto")
+PEERS = ("peer:hqq", "peer:quanto", "peer:torchao")
 DEFAULT_METHODS = (
     "lattice",
     "lattice+cal",
@@ -69,8 +72,31 @@ DEFAULT_METHODS = (
     "affine-row",
     *PEERS,
 )
+# `--ablation`: one encoding's parameters varied at each rate — the lattice, its row scales
+# (each row's own RMS, the default, against one step per tensor), calibration, the trellis
+# state size L, the fixed-rate form. (Codebook parameters: `hypercodec benchmark`, CLI.)
+ABLATION = (
+    "lattice",
+    "lattice:tensor",
+    "lattice-d4",
+    "lattice-a2",
+    "lattice-z1",
+    "lattice+cal",
+    "lattice:tensor+cal",
+    "trellis-l8",
+    "trellis-l10",
+    "trellis-l12",
+    "lattice-fixed",
+)
 LABELS = {
     "lattice": "E8 + rANS",
+    "lattice:tensor": "E8 + rANS, one step per tensor",
+    "lattice:tensor+cal": "E8 + rANS, one step per tensor, calibrated",
+    "lattice-d4": "D4 + rANS",
+    "lattice-a2": "A2 + rANS",
+    "lattice-z1": "Z1 + rANS",
+    "trellis-l8": "trellis L8",
+    "trellis-l10": "trellis L10",
     "lattice-fixed": "E8 fixed-rate",
     "trellis": "trellis L16",
     "trellis-l12": "trellis L12",
@@ -85,6 +111,7 @@ LABELS = {
     "budget+fisher+cal": "BUDGET weighted by Fisher sensitivity, calibrated rounding",
     "peer:hqq": "peer: HQQ {b}-bit g64",
     "peer:quanto": "peer: optimum-quanto qint{b}",
+    "peer:torchao": "peer: torchao INT{b} g128 sym",
 }
 CALIBRATED = "+cal"
 # BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
@@ -192,6 +219,17 @@ def _peer_weight(peer: str, layer: Any, bits: int) -> tuple[Any, int, int]:
         packed = getattr(data, "_data", data)
         side = sum(getattr(qw, a).numel() for a in ("_scale", "_shift") if hasattr(qw, a))
         return qw.dequantize().to(torch.float32), packed.numel() * packed.element_size(), side
+    if peer == "peer:torchao":
+        from torchao.quantization import IntxWeightOnlyConfig, quantize_
+        from torchao.quantization.granularity import PerGroup
+
+        if not 1 <= bits <= 8:
+            raise ValueError(f"torchao has no {bits}-bit integer weight type (1..8)")
+        m = torch.nn.Sequential(_copy.deepcopy(layer).requires_grad_(False))
+        quantize_(m, IntxWeightOnlyConfig(weight_dtype=getattr(torch, f"int{bits}"), granularity=PerGroup(128)))
+        qw = m[0].weight
+        side = qw.scale.numel() + (qw.zero_point.numel() if bool((qw.zero_point != 0).any()) else 0)
+        return qw.dequantize().to(torch.float32), (qw.qdata.numel() * bits + 7) // 8, side
     raise ValueError(f"unknown peer `{peer}`")
 
 
@@ -543,6 +581,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--models", default="smollm2,minilm", help="comma-separated: smollm2, minilm")
     ap.add_argument("--bps", default="2,3,4", help="comma-separated target bits per value")
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated method names")
+    ap.add_argument(
+        "--ablation",
+        action="store_true",
+        help="run the ablation sweep (" + ", ".join(ABLATION) + ") instead of --methods",
+    )
     ap.add_argument("--tokens", type=int, default=4096, help="evaluation tokens (causal LM)")
     ap.add_argument("--window", type=int, default=512, help="tokens per perplexity window, BOS included")
     ap.add_argument("--sentences", type=int, default=256, help="sentences (encoder)")
@@ -559,7 +602,7 @@ def main(argv: list[str]) -> int:
     start = time.time()
     text = a.text or fetch_text()
     bps_list = [float(b) for b in a.bps.split(",") if b]
-    methods = [m for m in a.methods.split(",") if m]
+    methods = list(ABLATION) if a.ablation else [m for m in a.methods.split(",") if m]
     rows: list[Row] = []
     tensors: list[dict[str, Any]] = []
     for model in [m for m in a.models.split(",") if m]:

@@ -33,16 +33,22 @@ def method_spec(method: str, bps: float) -> str:
     (E8 + rANS, all-in rate), ``lattice-fixed`` → ``e8-fixed{bits}`` (fixed-rate E8, the fastest
     form), ``affine`` → ``int{bits}`` (groups of 128), ``affine-row`` → ``int{bits}-row``,
     ``trellis`` → ``tcq@{bits}`` (bitshift trellis, L = 16), ``trellis-l12`` → ``tcq@{bits}-l12``
-    (16× faster to encode, about 0.3 dB lower); any
-    other string is taken as a candidate name itself (``int8-row``, ``e8@3.5``, ``bf16``, ...)."""
+    (16× faster to encode, about 0.3 dB lower), ``trellis-lL`` → ``tcq@{bits}-lL`` (L = 8..16);
+    ``lattice-d4`` / ``-a2`` / ``-z1`` → ``d4@{bps}`` ... (the other lattices); ``lattice:tensor``
+    → ``e8@{bps}:tensor`` (one step for every row instead of each row's own scale); any other string
+    is taken as a candidate name itself (``int8-row``, ``e8@3.5``, ``bf16``, ...)."""
     bits = int(round(bps))
     table = {
         "lattice": f"e8@{bps:g}",
+        "lattice:tensor": f"e8@{bps:g}:tensor",
+        "lattice-d4": f"d4@{bps:g}",
+        "lattice-a2": f"a2@{bps:g}",
+        "lattice-z1": f"z1@{bps:g}",
         "lattice-fixed": f"e8-fixed{bits}",
         "affine": f"int{bits}",
         "affine-row": f"int{bits}-row",
         "trellis": f"tcq@{bits}",
-        "trellis-l12": f"tcq@{bits}-l12",
+        **{f"trellis-l{n}": f"tcq@{bits}-l{n}" for n in range(8, 17)},
     }
     return table.get(method, method)
 
