@@ -1077,10 +1077,20 @@ fn lattice_scale_tensor_lowers_the_squared_error_of_rows_of_unequal_size() {
         let mut mse = Vec::new();
         for scale in ["row", "tensor"] {
             let out = dir.path().join(format!("{scale}.hwz"));
-            let mut args = vec!["compress", p(&input), p(&out), "--json", "--lattice-scale", scale];
+            let mut args = vec![
+                "compress",
+                p(&input),
+                p(&out),
+                "--json",
+                "--lattice-scale",
+                scale,
+            ];
             args.extend_from_slice(route);
             let report: serde_json::Value = serde_json::from_str(&ok(&args)).unwrap();
-            assert!(report["lossy_bps"].as_f64().unwrap() <= 3.0 * 1.01, "{report}");
+            assert!(
+                report["lossy_bps"].as_f64().unwrap() <= 3.0 * 1.01,
+                "{report}"
+            );
             mse.push(10f64.powf(-report["snr_db"].as_f64().unwrap() / 10.0));
         }
         assert!(mse[1] < 0.8 * mse[0], "{route:?}: {mse:?}");

@@ -199,7 +199,15 @@ pub(crate) fn plan_tensor(
     let (sp, _) = plan_full(p, name, &sample, &[m, cols as u64])?;
     let block_len = (p.block_rows.max(1) as usize).saturating_mul(cols);
     let (_, energy) = energies(values, block_len);
-    let (full, t) = measure(name, values, shape, &sp.spec, block_len, energy, p.encode_options)?;
+    let (full, t) = measure(
+        name,
+        values,
+        shape,
+        &sp.spec,
+        block_len,
+        energy,
+        p.encode_options,
+    )?;
     if let (Mode::Auto, Some(target)) = (p.mode, p.target) {
         if full.bytes > target.bytes(values.len() as u64) {
             // The sample misjudged the size: measure everything on the whole tensor.
@@ -277,8 +285,16 @@ fn plan_full(
     // BUDGET decides later, across tensors: keep the measurements, not the encodings.
     let keep = p.mode != Mode::Budget;
     let results = parallel(p.threads, specs.len(), |i| {
-        measure(name, values, shape, &specs[i], block_len, energy, p.encode_options)
-            .map(|(m, t)| (m, keep.then_some(t)))
+        measure(
+            name,
+            values,
+            shape,
+            &specs[i],
+            block_len,
+            energy,
+            p.encode_options,
+        )
+        .map(|(m, t)| (m, keep.then_some(t)))
     });
     let mut c = Vec::new();
     let mut skipped = Vec::new();
@@ -425,9 +441,15 @@ fn plan_full(
                             max_tile,
                         };
                         if (0.5..=12.0).contains(&bps) && !ctx.c.iter().any(|c| c.spec == spec) {
-                            if let Ok((m, t)) =
-                                measure(name, values, shape, &spec, block_len, energy, ctx.p.encode_options)
-                            {
+                            if let Ok((m, t)) = measure(
+                                name,
+                                values,
+                                shape,
+                                &spec,
+                                block_len,
+                                energy,
+                                ctx.p.encode_options,
+                            ) {
                                 ctx.c.push(Cand {
                                     spec,
                                     m,
@@ -464,7 +486,15 @@ fn plan_full(
                     block_rows: p.block_rows,
                     parts: picks.iter().map(|&i| ctx.c[i].spec.clone()).collect(),
                 };
-                let (m, t) = measure(name, values, shape, &spec, block_len, energy, ctx.p.encode_options)?;
+                let (m, t) = measure(
+                    name,
+                    values,
+                    shape,
+                    &spec,
+                    block_len,
+                    energy,
+                    ctx.p.encode_options,
+                )?;
                 ctx.c.push(Cand {
                     spec,
                     m,
@@ -563,7 +593,15 @@ fn per_weight(
         count: k,
         dtype: ctx.p.exception_dtype,
     };
-    let (m, t) = measure(name, values, shape, &spec, block_len, energy, ctx.p.encode_options)?;
+    let (m, t) = measure(
+        name,
+        values,
+        shape,
+        &spec,
+        block_len,
+        energy,
+        ctx.p.encode_options,
+    )?;
     let reason = format!("{} plus its {k} worst values exact", ctx.c[i].m.label);
     ctx.c.push(Cand {
         spec,
