@@ -109,7 +109,7 @@ def main():
         # with each row's own lattice scale (the default) and with one step per tensor.
         found = []
         for extra in ("", " --lattice-scale tensor"):
-            lo, hi, best = 0.05, p["bps"], None
+            lo, hi, best = 0.05, p["bps"] + 0.3, None
             while hi - lo > 0.005:
                 mid = (lo + hi) / 2
                 report, inspect = compress(a.bin, a.model, out, f"--mode budget --target-bps {mid:.4f}{extra}")

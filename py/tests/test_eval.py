@@ -168,7 +168,7 @@ def test_torchao_peer_counts_its_codes_and_scales():
         w, code_bytes, side = ev._peer_weight("peer:torchao", layer, bits)
         assert w.shape == layer.weight.shape and w.dtype == torch.float32
         assert code_bytes == 48 * 256 * bits // 8
-        assert side == 48 * 2  # one scale per group of 128; symmetric: no zero points
+        assert side == 48 * 4  # one scale per group of 64; symmetric: no zero points
         errs.append(float(((w - layer.weight) ** 2).mean()))
     assert errs[0] > errs[1] > errs[2] > 0
     with pytest.raises(ValueError):

@@ -25,7 +25,8 @@ baselines are ``affine`` (``RTN INTb g128 asym``: groups of 128 with scale and o
 ``affine-row`` (``RTN INTb per-row sym``). Peers run in the same table when their packages
 import (``pip install hqq optimum-quanto ninja torchao``): ``peer:hqq`` (HQQ, groups of 64),
 ``peer:quanto`` (optimum-quanto qint2/4/8) and ``peer:torchao`` (torchao's
-``IntxWeightOnlyConfig``, symmetric INT1–INT8 in groups of 128: its CPU path), their weights
+``IntxWeightOnlyConfig``, symmetric INT1–INT8 in groups of 64 as HQQ's — SmolLM2's 576-wide rows do
+not divide into 128 — its CPU path), their weights
 dequantized into the model, their bits counted from their packed codes (``b`` bits per value
 for torchao, which holds them unpacked in int8) plus a 16-bit scale and zero per group (a
 zero point only where one is not all zeros). Output: ``OUT/eval.md`` (tables, machine, versions,
@@ -111,7 +112,7 @@ LABELS = {
     "budget+fisher+cal": "BUDGET weighted by Fisher sensitivity, calibrated rounding",
     "peer:hqq": "peer: HQQ {b}-bit g64",
     "peer:quanto": "peer: optimum-quanto qint{b}",
-    "peer:torchao": "peer: torchao INT{b} g128 sym",
+    "peer:torchao": "peer: torchao INT{b} g64 sym",
 }
 CALIBRATED = "+cal"
 # BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
@@ -226,7 +227,7 @@ def _peer_weight(peer: str, layer: Any, bits: int) -> tuple[Any, int, int]:
         if not 1 <= bits <= 8:
             raise ValueError(f"torchao has no {bits}-bit integer weight type (1..8)")
         m = torch.nn.Sequential(_copy.deepcopy(layer).requires_grad_(False))
-        quantize_(m, IntxWeightOnlyConfig(weight_dtype=getattr(torch, f"int{bits}"), granularity=PerGroup(128)))
+        quantize_(m, IntxWeightOnlyConfig(weight_dtype=getattr(torch, f"int{bits}"), granularity=PerGroup(64)))
         qw = m[0].weight
         side = qw.scale.numel() + (qw.zero_point.numel() if bool((qw.zero_point != 0).any()) else 0)
         return qw.dequantize().to(torch.float32), (qw.qdata.numel() * bits + 7) // 8, side
@@ -521,8 +522,9 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         "",
         "Bits per value: the quantized layers' stored bytes (every stream, scales and side information) "
         "over their weights. Embeddings and norms stay float32. SNR: over all quantized weights together. "
-        "Peers (HQQ, optimum-quanto; run when installed): their weights dequantized into the same model, their "
-        "bits = packed codes plus a 16-bit scale and zero per group.",
+        "Peers (HQQ, optimum-quanto, torchao; run when installed): their weights dequantized into the same "
+        "model, their bits = packed codes plus a 16-bit scale and zero per group (torchao's symmetric "
+        "groups: a scale only).",
         "",
     ]
     for model in dict.fromkeys(r.model for r in rows):
