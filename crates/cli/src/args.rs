@@ -8,6 +8,15 @@ use hypercodec_pipeline::{
 };
 use hypercodec_plan::{Mode, Spec, Target, Thresholds};
 
+/// What a BUDGET target counts.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum TargetScope {
+    /// The archive's own bytes too.
+    AllIn,
+    /// The planned tensors' streams alone.
+    Streams,
+}
+
 /// The step of entropy-coded lattice rows.
 #[derive(Clone, Copy, ValueEnum)]
 pub enum LatticeScaleArg {
@@ -181,6 +190,11 @@ pub struct PlanArgs {
     /// Target compression ratio versus f32 (BUDGET, AUTO; for --encoding lattice the rate 32/ratio).
     #[arg(long, conflicts_with = "target_bps")]
     pub target_ratio: Option<f64>,
+    /// What a BUDGET target counts: `all-in` (the archive's stored plan, manifest entries and
+    /// stream alignment come out of the budget first) or `streams` (the planned tensors'
+    /// streams alone: for layers taken out of the archive, as `hypercodec.nn.quantize_budget`).
+    #[arg(long, value_enum, default_value = "all-in")]
+    pub target_scope: TargetScope,
     /// Candidates, comma separated: f32, bf16, f16, intN (g128 asym), intN-row, intN-tensor,
     /// e8@B, d4@B, a2@B, z1@B, codebook, lowrank, sparse. Default: f32,bf16,f16,int8-row,int4,e8@4;
     /// for BUDGET bf16,int8-row,int4,int3,int2,e8@2,e8@2.5,e8@3,e8@3.5,e8@4,e8@5,e8@6,
@@ -261,6 +275,7 @@ impl PlanArgs {
             codebook,
             // `compress` sets them from its own flags (`--lattice-scale`).
             encode_options: Default::default(),
+            side_bytes_in_target: matches!(self.target_scope, TargetScope::AllIn),
         })
     }
 }

@@ -37,6 +37,25 @@ fn compress(model: &Path, out: &Path, extra: &[&str]) -> Value {
 /// Rates are met within this share of the target (rate control lands just under it).
 const RATE_TOLERANCE: f64 = 0.01;
 
+/// Bits per encoded value all-in: the archive's bytes less those of the tensors outside the
+/// lossy totals (stored exactly), over the lossy tensors' values.
+fn all_in_bps(archive: &Path) -> f64 {
+    let (ok, stdout, stderr) = hypercodec(&["inspect", archive.to_str().unwrap(), "--json"]);
+    assert!(ok, "{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    let exact: u64 = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| {
+            !(t["stats"]["mse"].as_f64().unwrap_or(0.0) > 0.0 && t["stats"]["snr_db"].is_f64())
+        })
+        .map(|t| t["stored_bytes"].as_u64().unwrap())
+        .sum();
+    let file = v["totals"]["file_bytes"].as_u64().unwrap();
+    (file - exact) as f64 * 8.0 / v["totals"]["lossy"]["elements"].as_f64().unwrap()
+}
+
 #[test]
 fn every_encoding_and_mode_succeeds_on_a_cnn_at_2_3_4_bps() {
     let dir = tempfile::tempdir().unwrap();
@@ -58,6 +77,15 @@ fn every_encoding_and_mode_succeeds_on_a_cnn_at_2_3_4_bps() {
                 got <= target * (1.0 + RATE_TOLERANCE),
                 "{extra:?}: {got} bps over the encoded tensors"
             );
+            // All-in too (the manifest, a stored plan, the alignment), but for AUTO, whose
+            // target is per tensor.
+            if extra[1] != "auto" {
+                let all_in = all_in_bps(&out);
+                assert!(
+                    all_in <= target * (1.0 + RATE_TOLERANCE),
+                    "{extra:?}: {all_in} bps all-in"
+                );
+            }
             assert!(s["snr_db"].as_f64().unwrap() > 3.0, "{extra:?}: {s}");
         }
         // Fixed-rate and fixed-width forms: their width is the setting.
@@ -78,6 +106,25 @@ fn every_encoding_and_mode_succeeds_on_a_cnn_at_2_3_4_bps() {
             assert!(s["min_snr_db"].as_f64().unwrap() > 0.0, "{extra:?}: {s}");
         }
     }
+    // `--target-scope streams`: the budget is the streams' alone (more bytes for the weights).
+    let all_in = compress(&model, &out, &["--mode", "budget", "--target-bps", "3"]);
+    let streams = compress(
+        &model,
+        &out,
+        &[
+            "--mode",
+            "budget",
+            "--target-bps",
+            "3",
+            "--target-scope",
+            "streams",
+        ],
+    );
+    let (a, s) = (
+        all_in["lossy_bps"].as_f64().unwrap(),
+        streams["lossy_bps"].as_f64().unwrap(),
+    );
+    assert!(a < s && s <= 3.0 * (1.0 + RATE_TOLERANCE), "{a} vs {s}");
     // INT4 in groups of 128 along each output channel: no group per value on 1×1 kernels.
     let s = compress(&model, &out, &["--encoding", "affine", "--bits", "4"]);
     assert!(s["lossy_bps"].as_f64().unwrap() <= 4.6, "{s}");

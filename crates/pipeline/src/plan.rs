@@ -236,6 +236,9 @@ pub struct PlanOptions {
     pub codebook: CodebookOptions,
     /// Encoder choices for every candidate. By default, [`hwz::EncodeOptions::default`].
     pub encode_options: hwz::EncodeOptions,
+    /// BUDGET: the target counts the archive's own bytes beside the streams
+    /// ([`side_bytes`]). By default, true.
+    pub side_bytes_in_target: bool,
 }
 
 impl Default for PlanOptions {
@@ -249,6 +252,7 @@ impl Default for PlanOptions {
             sensitivity: HashMap::new(),
             codebook: CodebookOptions::default(),
             encode_options: hwz::EncodeOptions::default(),
+            side_bytes_in_target: true,
         }
     }
 }
@@ -409,7 +413,12 @@ impl Chooser {
             .sum();
         // Where the side bytes leave less than the cheapest choices (a tiny model), the target
         // counts the tensors' streams alone, as it did before.
-        let budget = match full.saturating_sub(side_bytes(plan, other_tensors)) {
+        let side = if self.options.side_bytes_in_target {
+            side_bytes(plan, other_tensors)
+        } else {
+            0
+        };
+        let budget = match full.saturating_sub(side) {
             b if b >= cheapest => b,
             _ => full,
         };

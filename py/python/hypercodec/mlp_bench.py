@@ -159,6 +159,9 @@ def run(width: int, layers: int, batch: int, steps: int, train_steps: int, targe
             opts: dict[str, Any] = {"mode": mode}
             if mode in ("budget", "auto"):
                 opts["target_bps"] = target_bps
+            if mode == "budget":
+                # The layers are what is held and measured: the target counts their streams.
+                opts["target_scope"] = "streams"
             t = time.time()
             try:
                 info = hypercodec.save(sd, path, **opts)

@@ -537,7 +537,8 @@ def quantize_budget(
         return model
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "budget.hwz")
-        options: dict[str, Any] = {"mode": "budget", "target_bps": target_bps}
+        # The layers leave the archive: the target counts their streams, not its manifest.
+        options: dict[str, Any] = {"mode": "budget", "target_bps": target_bps, "target_scope": "streams"}
         if sensitivity is not None:
             weights = os.path.join(d, "sensitivity.json")
             with open(weights, "w") as f:
