@@ -74,8 +74,8 @@ pub use compress::{
 pub use output::check_output;
 #[cfg(feature = "fs")]
 pub use plan::{
-    auto_candidates, plan_source, read_plan, read_sensitivity, sensitivity_arg, target_bps,
-    Chooser, CodebookOptions, LatticeOptions, LatticeRate, PlanOptions, Selection,
+    auto_candidates, plan_source, read_plan, read_sensitivity, sensitivity_arg, side_bytes,
+    target_bps, Chooser, CodebookOptions, LatticeOptions, LatticeRate, PlanOptions, Selection,
 };
 #[cfg(feature = "fs")]
 pub use progress::{Cancel, Phase, Progress};
