@@ -17,8 +17,8 @@ text than the part evaluated (32 windows for the causal LM, 512 sentences for th
 candidates, ``bps`` all-in over them; minimizing the summed squared error); ``budget+head`` prices
 the output head 1000× a hidden layer (an ablation of the "head at ≥ 8 bits" rule of thumb, no
 calibration data); ``budget+fisher`` weighs each layer's squared error by its loss sensitivity (:func:`hypercodec.nn.collect_fisher`
-on 16 calibration windows; causal LMs only); ``budget+fisher+cal`` also rounds the chosen
-encodings with error feedback.
+on 16 calibration windows; causal LMs only); ``budget+cal`` and ``budget+fisher+cal`` also round
+the chosen encodings with error feedback.
 
 Methods are named as :func:`hypercodec.nn.method_spec` names them; the round-to-nearest
 baselines are ``affine`` (``RTN INTb g128 asym``: groups of 128 with scale and offset) and
@@ -107,6 +107,7 @@ LABELS = {
     "trellis-l12+cal": "trellis L12, calibrated (sequences of 16)",
     "affine+cal": "INT{b} g128 asym, calibrated (GPTQ rule)",
     "budget": "BUDGET (unweighted SSE)",
+    "budget+cal": "BUDGET (unweighted SSE), calibrated rounding",
     "budget+head": "BUDGET, output head weighted 1000×",
     "budget+fisher": "BUDGET weighted by Fisher sensitivity",
     "budget+fisher+cal": "BUDGET weighted by Fisher sensitivity, calibrated rounding",
@@ -117,7 +118,7 @@ LABELS = {
 CALIBRATED = "+cal"
 # BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
 # unit weights or weighted by each layer's loss sensitivity (`hypercodec.nn.collect_fisher`).
-BUDGET = ("budget", "budget+head", "budget+fisher", "budget+fisher+cal")
+BUDGET = ("budget", "budget+cal", "budget+head", "budget+fisher", "budget+fisher+cal")
 # `budget+head`: no calibration data, the output head (and a tied embedding) priced 1000× a
 # hidden layer's squared error.
 HEAD_WEIGHT = 1000.0

@@ -1,0 +1,180 @@
+"""End to end on CUDA: a Llama-shaped decoder at batch 1, bf16 against compressed layers.
+
+    python py/benches/cuda_e2e.py [--layers 8] [--specs int4,e8-fixed4,int8-row] [--out FILE]
+
+A stack of Llama-3-8B-shaped blocks (hidden 4096, MLP 14336, 32 query heads and 8 key/value
+heads of 128, RMS norms, SiLU gate) plus a 32000-row output head, random weights (bf16), one
+decode step = every block over one new token attending to a fixed context of ``--context``
+cached tokens, then the head. Each configuration's step is captured in one CUDA graph (Python
+launch overhead is not counted, for bf16 and for us alike) and timed with CUDA events over
+``--iters`` replays, median of 5; tokens/s = 1 / step time. The compressed rows replace every
+linear layer (blocks and head) by ``hypercodec.nn.HyperLinear`` with the named candidate;
+"resident bytes per parameter" is the device memory those layers hold (PyTorch's allocator:
+every buffer of ours is a PyTorch tensor) over their parameters. Before timing, each
+compressed step is checked against the same compressed model run on the host (the CPU
+runtime). Needs a CUDA device (exits 0 with a message when there is none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import platform
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hypercodec
+import hypercodec.nn as hnn
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, f: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.q = nn.Linear(d, d, bias=False)
+        self.k = nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.v = nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.gate = nn.Linear(d, f, bias=False)
+        self.up = nn.Linear(d, f, bias=False)
+        self.down = nn.Linear(f, d, bias=False)
+        self.n1 = nn.Parameter(torch.ones(d))
+        self.n2 = nn.Parameter(torch.ones(d))
+
+    @staticmethod
+    def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * w
+
+    def forward(self, x: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        h = self.rms(x, self.n1)
+        q = self.q(h).view(1, 1, self.heads, self.hd).transpose(1, 2)
+        # The new token's key and value go into the cache's last slot (a fixed place, so
+        # that the step is one graph).
+        kc[:, :, -1:].copy_(self.k(h).view(1, 1, self.kv_heads, self.hd).transpose(1, 2))
+        vc[:, :, -1:].copy_(self.v(h).view(1, 1, self.kv_heads, self.hd).transpose(1, 2))
+        a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
+        x = x + self.o(a.transpose(1, 2).reshape(1, 1, -1))
+        h = self.rms(x, self.n2)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Decoder(nn.Module):
+    def __init__(self, layers: int, d: int = 4096, f: int = 14336, heads: int = 32, kv_heads: int = 8,
+                 vocab: int = 32000) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d, f, heads, kv_heads) for _ in range(layers))
+        self.norm = nn.Parameter(torch.ones(d))
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor, caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        for b, (kc, vc) in zip(self.blocks, caches):
+            x = b(x, kc, vc)
+        return self.head(Block.rms(x, self.norm))
+
+
+def linear_params(model: nn.Module) -> int:
+    return sum(m.in_features * m.out_features for m in model.modules()
+               if isinstance(m, (nn.Linear, hnn.HyperLinear)))
+
+
+def time_step(model: nn.Module, x: torch.Tensor, caches, iters: int) -> tuple[float, torch.Tensor]:
+    """Median milliseconds per decode step (CUDA graph replays) and the step's output."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        for _ in range(3):
+            model(x, caches)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), torch.no_grad():
+        out = model(x, caches)
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / iters)
+    return statistics.median(times), out.detach().clone()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--specs", default="int4,e8-fixed4,int8-row")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to measure")
+        return 0
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    base = Decoder(a.layers).to(torch.bfloat16)
+    for m in base.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+    params = linear_params(base)
+    hd = 128
+    caches = [
+        (torch.randn(1, 8, a.context, hd, device=dev, dtype=torch.bfloat16),
+         torch.randn(1, 8, a.context, hd, device=dev, dtype=torch.bfloat16))
+        for _ in range(a.layers)
+    ]
+    x = torch.randn(1, 1, 4096, device=dev, dtype=torch.bfloat16)
+    lines = [
+        f"Llama-shaped decoder, {a.layers} blocks of hidden 4096 / MLP 14336 / 32 heads (8 KV) + a 32000-row "
+        f"head: {params / 1e9:.2f} G linear parameters, batch 1, context {a.context}; "
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, hypercodec {hypercodec.__version__}, "
+        f"{platform.python_version()}. Command: `python py/benches/cuda_e2e.py {' '.join(sys.argv[1:])}`.",
+        "",
+        "| weights | resident bytes / param | step ms | tokens/s | vs bf16 | max rel. error vs host |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    torch.cuda.synchronize()
+    m0 = torch.cuda.memory_allocated()
+    dense = copy.deepcopy(base).to(dev)
+    held = torch.cuda.memory_allocated() - m0
+    ms_bf16, _ = time_step(dense, x, caches, a.iters)
+    lines.append(f"| bf16 (`F.linear`) | {held / params:.3f} | {ms_bf16:.3f} | {1000 / ms_bf16:.1f} | 1.00× | – |")
+    print(lines[-1], flush=True)
+    del dense
+    torch.cuda.empty_cache()
+    for spec in [s for s in a.specs.split(",") if s]:
+        q = copy.deepcopy(base)
+        hnn.quantize(q, bps=4, method=spec, skip=())
+        # The host reference first (CPU runtime), on the same compressed layers.
+        host_caches = [(k.float().cpu(), v.float().cpu()) for k, v in caches]
+        with torch.no_grad():
+            want = q.float()(x.float().cpu(), host_caches)
+        q = q.to(torch.bfloat16)
+        torch.cuda.synchronize()
+        m0 = torch.cuda.memory_allocated()
+        q = q.to(dev)
+        with torch.no_grad():
+            q(x, [(k.clone(), v.clone()) for k, v in caches])  # builds every device form
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated() - m0
+        ms, got = time_step(q, x, caches, a.iters)
+        err = float((got.float().cpu() - want).abs().max() / want.abs().max())
+        lines.append(f"| {spec} | {held / params:.3f} | {ms:.3f} | {1000 / ms:.1f} | {ms_bf16 / ms:.2f}× | {err:.2e} |")
+        print(lines[-1], flush=True)
+        del q
+        torch.cuda.empty_cache()
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
