@@ -209,7 +209,9 @@ impl<W: Write> Writer<W> {
                 message: e.to_string(),
             })?;
             if json.len() > PLAN_INLINE_MAX {
-                if let Some(z) = self.try_compress(&json, crate::zstd_codec::MANIFEST_LEVEL) {
+                if let Some(z) =
+                    self.try_compress(&json, crate::zstd_codec::manifest_level(json.len()))
+                {
                     plan_stream = Some(self.write_stream(&json, Some(z))?);
                     self.plan = None;
                 }
@@ -246,7 +248,10 @@ impl<W: Write> Writer<W> {
         // plain JSON, readable by every reader of version 1.
         let json = match self.options.compression {
             Compression::Zstd if json.len() > MANIFEST_COMPRESS_MIN => {
-                let z = crate::zstd_codec::compress_at(&json, crate::zstd_codec::MANIFEST_LEVEL);
+                let z = crate::zstd_codec::compress_at(
+                    &json,
+                    crate::zstd_codec::manifest_level(json.len()),
+                );
                 let fits =
                     json.len() as u64 <= crate::manifest::max_inflated_manifest(z.len() as u64);
                 if z.len() < json.len() && fits {

@@ -8,6 +8,16 @@ pub const LEVEL: i32 = 3;
 /// levels (on a 95 KB manifest of 247 tensors: 11.7 KB at level 3, 9.1 KB at level 19).
 pub const MANIFEST_LEVEL: i32 = 19;
 
+/// The level for a manifest or plan of `len` bytes: [`MANIFEST_LEVEL`] up to 1 MiB (a few
+/// tens of milliseconds), the streams' [`LEVEL`] above (level 19 would take seconds).
+pub fn manifest_level(len: usize) -> i32 {
+    if len <= 1 << 20 {
+        MANIFEST_LEVEL
+    } else {
+        LEVEL
+    }
+}
+
 /// The first four bytes of every zstd frame.
 pub const FRAME_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 

@@ -443,7 +443,9 @@ const STREAMS_PER_PLANNED_TENSOR: u64 = 4;
 /// where the archive spends 35 KB.
 pub fn side_bytes(plan: &Plan, other_tensors: usize) -> u64 {
     let plan_bytes = serde_json::to_vec(&plan.for_archive())
-        .map(|j| hwz::zstd_codec::compress_at(&j, hwz::zstd_codec::MANIFEST_LEVEL).len() as u64)
+        .map(|j| {
+            hwz::zstd_codec::compress_at(&j, hwz::zstd_codec::manifest_level(j.len())).len() as u64
+        })
         .unwrap_or(0);
     let planned = plan.tensors.len() as u64;
     let others = other_tensors as u64;
