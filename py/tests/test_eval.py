@@ -173,3 +173,21 @@ def test_torchao_peer_counts_its_codes_and_scales():
     assert errs[0] > errs[1] > errs[2] > 0
     with pytest.raises(ValueError):
         ev._peer_weight("peer:torchao", layer, 9)
+
+
+def test_bnb_peer_counts_its_codes_and_double_quantized_scales():
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install bitsandbytes)")
+    import torch
+
+    from hypercodec import eval as ev
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(256, 48)
+    w, code_bytes, side = ev._peer_weight("peer:bnb", layer, 4)
+    assert w.shape == layer.weight.shape and side == 0
+    # 4-bit codes, one 8-bit scale per block of 64, and the nested float32 scales.
+    n = 48 * 256
+    assert n // 2 + n // 64 < code_bytes <= n // 2 + n // 64 + 4 * (n // 64 // 256 + 1)
+    assert float(((w - layer.weight) ** 2).mean() / (layer.weight**2).mean()) < 0.02
+    with pytest.raises(ValueError):
+        ev._peer_weight("peer:bnb", layer, 3)

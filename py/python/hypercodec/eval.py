@@ -23,13 +23,14 @@ the chosen encodings with error feedback.
 Methods are named as :func:`hypercodec.nn.method_spec` names them; the round-to-nearest
 baselines are ``affine`` (``RTN INTb g128 asym``: groups of 128 with scale and offset) and
 ``affine-row`` (``RTN INTb per-row sym``). Peers run in the same table when their packages
-import (``pip install hqq optimum-quanto ninja torchao``): ``peer:hqq`` (HQQ, groups of 64),
+import (``pip install hqq optimum-quanto ninja torchao bitsandbytes``): ``peer:hqq`` (HQQ, groups of 64),
 ``peer:quanto`` (optimum-quanto qint2/4/8) and ``peer:torchao`` (torchao's
 ``IntxWeightOnlyConfig``, symmetric INT1–INT8 in groups of 64 as HQQ's — SmolLM2's 576-wide rows do
 not divide into 128 — its CPU path), their weights
 dequantized into the model, their bits counted from their packed codes (``b`` bits per value
 for torchao, which holds them unpacked in int8) plus a 16-bit scale and zero per group (a
-zero point only where one is not all zeros). Output: ``OUT/eval.md`` (tables, machine, versions,
+zero point only where one is not all zeros); ``peer:bnb`` (bitsandbytes NF4 in blocks of 64 with
+its 8-bit double-quantized block scales, QLoRA's storage; 4 bits only), its own bytes counted. Output: ``OUT/eval.md`` (tables, machine, versions,
 command), ``OUT/eval.json``, ``OUT/tensors.csv`` and, when matplotlib is installed, PNG plots of
 quality against bits per value.
 
@@ -61,7 +62,7 @@ from typing import Any, Callable, Iterable
 
 # Other quantizers run side by side when their packages import (`pip install hqq
 # optimum-quanto ninja`); a peer that is missing or refuses a rate is a row with its error.
-PEERS = ("peer:hqq", "peer:quanto", "peer:torchao")
+PEERS = ("peer:hqq", "peer:quanto", "peer:torchao", "peer:bnb")
 DEFAULT_METHODS = (
     "lattice",
     "lattice+cal",
@@ -114,6 +115,7 @@ LABELS = {
     "peer:hqq": "peer: HQQ {b}-bit g64",
     "peer:quanto": "peer: optimum-quanto qint{b}",
     "peer:torchao": "peer: torchao INT{b} g64 sym",
+    "peer:bnb": "peer: bitsandbytes NF4 g64, double-quantized scales",
 }
 CALIBRATED = "+cal"
 # BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
@@ -232,6 +234,18 @@ def _peer_weight(peer: str, layer: Any, bits: int) -> tuple[Any, int, int]:
         qw = m[0].weight
         side = qw.scale.numel() + (qw.zero_point.numel() if bool((qw.zero_point != 0).any()) else 0)
         return qw.dequantize().to(torch.float32), (qw.qdata.numel() * bits + 7) // 8, side
+    if peer == "peer:bnb":
+        import bitsandbytes.functional as bnbf
+
+        if bits != 4:
+            raise ValueError("bitsandbytes quantizes weights to 4 bits only (NF4, FP4)")
+        w0 = layer.weight.detach().to(torch.float32)
+        q, st = bnbf.quantize_4bit(w0, blocksize=64, quant_type="nf4", compress_statistics=True)
+        w = bnbf.dequantize_4bit(q, st).reshape(w0.shape)
+        # Its own bytes: codes, the 8-bit block scales and their float32 scales (QLoRA's
+        # double quantization); no per-group side values beyond them.
+        nested = st.state2.absmax.numel() * 4 if st.state2 is not None else 0
+        return w.to(torch.float32), q.numel() * q.element_size() + st.absmax.numel() * st.absmax.element_size() + nested, 0
     raise ValueError(f"unknown peer `{peer}`")
 
 
@@ -523,9 +537,9 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         "",
         "Bits per value: the quantized layers' stored bytes (every stream, scales and side information) "
         "over their weights. Embeddings and norms stay float32. SNR: over all quantized weights together. "
-        "Peers (HQQ, optimum-quanto, torchao; run when installed): their weights dequantized into the same "
-        "model, their bits = packed codes plus a 16-bit scale and zero per group (torchao's symmetric "
-        "groups: a scale only).",
+        "Peers (HQQ, optimum-quanto, torchao, bitsandbytes; run when installed): their weights dequantized "
+        "into the same model, their bits = packed codes plus a 16-bit scale and zero per group (torchao's "
+        "symmetric groups: a scale only; bitsandbytes: its own 8-bit block scales and their float32 scales).",
         "",
     ]
     for model in dict.fromkeys(r.model for r in rows):
