@@ -56,6 +56,7 @@ pub fn allocate(plan: &mut Plan, target: Target, weights: &HashMap<String, f64>)
         return Err(PlanError::BudgetTooSmall {
             budget,
             cheapest: total,
+            min_bps: total as f64 * 8.0 / plan.total_elements().max(1) as f64,
         });
     }
     let mut open: Vec<bool> = hulls.iter().map(|h| h.len() > 1).collect();

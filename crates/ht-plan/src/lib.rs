@@ -81,12 +81,17 @@ pub enum PlanError {
         reasons: String,
     },
     /// Even the cheapest candidates exceed the budget.
-    #[error("budget of {budget} bytes is below the {cheapest} bytes of the cheapest candidates")]
+    #[error(
+        "budget of {budget} bytes is below the {cheapest} bytes of the cheapest candidates \
+         (the smallest reachable target: {min_bps:.3} bits per value)"
+    )]
     BudgetTooSmall {
         /// The budget.
         budget: u64,
         /// The sum of every tensor's cheapest candidate.
         cheapest: u64,
+        /// `cheapest` in bits per planned value.
+        min_bps: f64,
     },
 }
 
