@@ -48,20 +48,13 @@ def compress(binary, model, out, args):
     return json.loads(report.stdout), json.loads(inspect.stdout)
 
 
-def is_lossy(t):
-    """The summary's own test (`pipeline::summary`): a finite SNR over a nonzero error."""
-    stats = t.get("stats") or {}
-    snr = stats.get("snr_db")
-    return (stats.get("mse") or 0) > 0 and snr is not None and abs(snr) != float("inf")
-
-
 def all_in(inspect):
-    """(file bytes less every tensor outside the lossy totals) × 8 / lossy values."""
+    """The archive's bits per lossy value all-in: `totals.lossy.all_in_bps` of `inspect --json`
+    (the file less the tensors stored exactly, over the lossy tensors' values)."""
     lossy = inspect["totals"]["lossy"]
     if not lossy:
         sys.exit("no lossy tensor in the archive: nothing to compare")
-    exact = sum(t["stored_bytes"] for t in inspect["tensors"] if not is_lossy(t))
-    return (inspect["totals"]["file_bytes"] - exact) * 8 / lossy["elements"]
+    return lossy["all_in_bps"]
 
 
 def row(label, report, inspect):

@@ -84,7 +84,7 @@ function render(name, s) {
     ["manifest", fmtBytes(s.manifest_bytes)],
     ["bits per value, all-in", fmt(s.bps_all_in, 3)],
     ["lossy tensors (quality figures count only these)", s.lossy
-      ? `${s.lossy.tensors} tensors, ${s.lossy.elements.toLocaleString()} values at ${fmt(s.lossy.bps, 3)} bps; SNR ${fmt(s.lossy.snr_db, 2)} dB (per tensor min ${fmt(s.lossy.min_snr_db, 2)}, median ${fmt(s.lossy.median_snr_db, 2)})`
+      ? `${s.lossy.tensors} tensors, ${s.lossy.elements.toLocaleString()} values at ${fmt(s.lossy.bps, 3)} bps (${fmt(s.lossy.all_in_bps, 3)} all-in); SNR ${fmt(s.lossy.snr_db, 2)} dB (per tensor min ${fmt(s.lossy.min_snr_db, 2)}, median ${fmt(s.lossy.median_snr_db, 2)})`
       : "none: every tensor exact"],
     ["metadata", s.metadata_keys.join(", ") || "—"],
   ];

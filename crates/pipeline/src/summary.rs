@@ -80,6 +80,10 @@ pub struct LossyTotals {
     pub stored_bytes: u64,
     /// Their bits per value, all their streams included.
     pub bps: f64,
+    /// The file's bits per lossy value once the exactly stored tensors' own bytes are left
+    /// out: their streams, plus the manifest, a stored plan and the alignment of every stream
+    /// (what a rate target over the lossy tensors is met against, all-in).
+    pub all_in_bps: f64,
     /// `10·log10(Σ signal / Σ noise)` over them.
     pub snr_db: f64,
     /// The lowest SNR of one of them.
@@ -88,8 +92,13 @@ pub struct LossyTotals {
     pub median_snr_db: f64,
 }
 
-/// [`LossyTotals`] of tensors given as `(values, stored bytes, mse, snr_db)`.
-fn lossy_totals(rows: impl Iterator<Item = (u64, u64, f64, f64)>) -> Option<LossyTotals> {
+/// [`LossyTotals`] of tensors given as `(values, stored bytes, mse, snr_db)`, in a file of
+/// `file_bytes` whose `exact_bytes` are the other tensors' streams.
+fn lossy_totals(
+    rows: impl Iterator<Item = (u64, u64, f64, f64)>,
+    file_bytes: u64,
+    exact_bytes: u64,
+) -> Option<LossyTotals> {
     let (mut signal, mut noise, mut elements, mut bytes) = (0.0f64, 0.0f64, 0u64, 0u64);
     let mut snrs = Vec::new();
     for (n, stored, mse, snr) in rows {
@@ -109,10 +118,23 @@ fn lossy_totals(rows: impl Iterator<Item = (u64, u64, f64, f64)>) -> Option<Loss
         elements,
         stored_bytes: bytes,
         bps: per_value(bytes, elements),
+        all_in_bps: per_value(file_bytes.saturating_sub(exact_bytes), elements),
         snr_db: 10.0 * (signal / noise).log10(),
         min_snr_db: snrs[0],
         median_snr_db: snrs[snrs.len() / 2],
     })
+}
+
+/// `(values, stored bytes, mse, snr_db)` of a lossy tensor: one with a finite stored SNR
+/// over a nonzero error; `None` for a tensor stored exactly (or unmeasured).
+fn lossy_row(t: &TensorSummary) -> Option<(u64, u64, f64, f64)> {
+    let stats = t.stats.as_ref()?;
+    match (stats.mse, stats.snr_db) {
+        (Some(mse), Some(snr)) if snr.is_finite() && mse > 0.0 => {
+            Some((t.elements, t.stored_bytes, mse, snr))
+        }
+        _ => None,
+    }
 }
 
 /// What `hypercodec inspect --json` prints of a native archive (less the file name).
@@ -194,15 +216,15 @@ pub fn summarize(m: &Manifest, manifest_bytes: u64, file_bytes: u64) -> ArchiveS
         } else {
             elements as f64 * 4.0 / file_bytes as f64
         },
-        lossy: lossy_totals(tensors.iter().filter_map(|t| {
-            let stats = t.stats.as_ref()?;
-            match (stats.mse, stats.snr_db) {
-                (Some(mse), Some(snr)) if snr.is_finite() && mse > 0.0 => {
-                    Some((t.elements, t.stored_bytes, mse, snr))
-                }
-                _ => None,
-            }
-        })),
+        lossy: lossy_totals(
+            tensors.iter().filter_map(lossy_row),
+            file_bytes,
+            tensors
+                .iter()
+                .filter(|t| lossy_row(t).is_none())
+                .map(|t| t.stored_bytes)
+                .sum(),
+        ),
     };
     ArchiveSummary {
         version: m.version,
@@ -290,5 +312,9 @@ mod tests {
         assert!((l.snr_db - expected).abs() < 1e-9, "{}", l.snr_db);
         assert_eq!((l.min_snr_db, l.median_snr_db), (10.0, 20.0));
         assert_eq!(l.bps, 32.0);
+        // All-in: the file less the norm's 256 bytes, over the 512 lossy values.
+        let all_in = (bytes.len() as f64 - 256.0) * 8.0 / 512.0;
+        assert!((l.all_in_bps - all_in).abs() < 1e-9, "{}", l.all_in_bps);
+        assert!(l.all_in_bps > l.bps);
     }
 }
