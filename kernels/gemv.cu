@@ -376,6 +376,256 @@ extern "C" __global__ void hc_affine_decode(AffineArgs a, void* __restrict__ out
 }
 
 // ---------------------------------------------------------------------------------------
+// Affine GEMV / small GEMM on tensor cores: batches of up to 16 rows of bf16 or f16
+// activations, codes of 2 or 4 bits (and 8 bits with f16 activations).
+//
+// A block computes 16·HC_MMA_R weight rows (tiles of the mma's M = 16) for every activation
+// row (the mma's N: one or two tiles of 8); its HC_MMA_WARPS warps split the columns, each
+// loading the next step's codes and scales while it computes one. A macro step covers
+// 4·CW·PER columns (PER = 32 / BITS codes per 32-bit word): lane (g, t) = (lane / 4,
+// lane % 4) loads CW words of rows g and g + 8 at columns [t·CW·PER, (t + 1)·CW·PER) of the
+// step, so the four lanes of a row read one contiguous run of 16·CW bytes. The dot product
+// over a k-step does not depend on which columns sit in which of the mma's 16 k slots, as long
+// as the weight and the activation fragments agree: a word's codes i and i + PER/2 (bits
+// BITS·i and BITS·i + 16) become the two halves of one fragment register in a single LOP3
+// with the exponent of MAGIC (bf16 128 or f16 1024: the half then holds MAGIC + q exactly),
+// and the activations are paired the same way with PRMT. The weight fragment thus holds
+// MAGIC + q, the products are exact and the mma accumulates them in f32; a second mma of the
+// same activations against ones gives Σx, and per macro step (groups never straddle one)
+//   Σ ŵ·x = s·qmul·Σ(MAGIC + q)·x + (lo − s·qbias − MAGIC·s·qmul)·Σx.
+// Instructions per weight (4-bit, M ≤ 8): about 5 integer ops and 2.5 others per 8 codes
+// of a lane, then the two mmas; the codes are read once, the activations from L1/L2.
+#define HC_MMA_WARPS 8
+
+template <bool BF16>
+__device__ __forceinline__ void hc_mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1) {
+    if (BF16) {
+        asm(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+
+// (a & b) | c in one instruction.
+__device__ __forceinline__ uint32_t hc_lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// N words of 32 bits from p (16-byte aligned for 4, 8-byte for 2).
+template <int N>
+__device__ __forceinline__ void hc_load_words(const void* p, uint32_t* w) {
+    if (N == 4) {
+        const uint4 v = *reinterpret_cast<const uint4*>(p);
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    } else if (N == 2) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p);
+        w[0] = v.x; w[1] = v.y;
+    } else {
+        w[0] = *reinterpret_cast<const uint32_t*>(p);
+    }
+}
+
+// Row tiles of 16 one warp of the tensor-core kernel computes (their activation fragments are
+// loaded once): 2 when the batch takes two mma tiles (the activations then outweigh the codes).
+#define HC_MMA_R(NT) ((NT) == 2 ? 2 : 1)
+// Whether a warp loads the next step's codes before computing one: with two batch tiles
+// (measured on an H200; with one tile more warps per SM, at about 60 registers, beat it).
+#define HC_MMA_AHEAD(NT) ((NT) == 2)
+
+// One macro step's codes (rows g and g + 8 of each row tile), its group's scale terms and the
+// lane's activations (loaded a step ahead too: their latency, L1 or L2, was the bottleneck).
+template <int CW, int R, int NT, int XW>
+struct HcMmaStep {
+    uint32_t w[R][2][CW];
+    float mul[R][2], add[R][2];
+    // This lane's activations (batch row g, PER per word) for one batch tile; two tiles load
+    // theirs in the step (registers).
+    uint32_t x[NT == 1 ? CW : 1][XW];
+};
+
+// The lane's PER activations of batch row m at column j (zeros past the batch).
+template <int XW>
+__device__ __forceinline__ void hc_mma_x(const AffineArgs& a, int m, long long j, uint32_t (&xv)[XW]) {
+    if (m < a.M) {
+        const uint16_t* px = static_cast<const uint16_t*>(a.x) + (long long)m * a.cols + j;
+        hc_load_words<(XW >= 4 ? 4 : XW)>(px, xv);
+        if (XW == 8) hc_load_words<4>(px + 8, xv + 4);
+    } else {
+#pragma unroll
+        for (int i = 0; i < XW; i++) xv[i] = 0;
+    }
+}
+
+template <int BITS, int CW, int R, int NT>
+__device__ __forceinline__ void hc_mma_load(const AffineArgs& a, int s, int r0, int g, int t, float fmagic,
+                                            HcMmaStep<CW, R, NT, 16 / BITS>& st) {
+    constexpr int PER = 32 / BITS;
+    constexpr int XW = PER / 2;
+    constexpr int MC = 4 * CW * PER;
+    if (NT == 1)
+#pragma unroll
+        for (int k = 0; k < CW; k++) hc_mma_x<XW>(a, g, s * MC + t * CW * PER + k * PER, st.x[k]);
+    const long long row_bytes = (long long)a.cols * BITS / 8;
+    const int grp = a.srs ? (a.glen_log2 >= 0 ? (s * MC) >> a.glen_log2 : (s * MC) / a.glen) : 0;
+#pragma unroll
+    for (int ti = 0; ti < R; ti++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + 16 * ti + g + 8 * h;
+            float sc = 0.f, lo = 0.f;
+            if (r < a.rows) {
+                hc_load_words<CW>(a.codes + (long long)r * row_bytes + (long long)s * MC * BITS / 8 + t * CW * 4,
+                                  st.w[ti][h]);
+                const int si = a.srs ? r * a.srs + grp : 0;
+                sc = a.scales[si];
+                lo = a.offsets ? a.offsets[si] : 0.f;
+            } else {
+#pragma unroll
+                for (int k = 0; k < CW; k++) st.w[ti][h][k] = 0;
+            }
+            // ŵ = s·qmul·(MAGIC + q) + (lo − s·qbias − MAGIC·s·qmul).
+            st.mul[ti][h] = sc * a.qmul;
+            st.add[ti][h] = lo - sc * a.qbias - fmagic * st.mul[ti][h];
+        }
+}
+
+// One macro step of the tensor-core kernel: its k-steps' mmas, then the group's scale terms.
+template <int BITS, int CW, int NT, int R, bool BF16>
+__device__ __forceinline__ void hc_mma_step(const AffineArgs& a, int s, int g, int t,
+                                            const HcMmaStep<CW, R, NT, 16 / BITS>& cur, float (&acc)[R][NT][4]) {
+    constexpr int PER = 32 / BITS;
+    constexpr int XW = PER / 2;
+    constexpr uint32_t MASK = ((1u << BITS) - 1) * 0x00010001u;
+    constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;
+    constexpr uint32_t ONES = BF16 ? 0x3F803F80u : 0x3C003C00u;
+    float c[R][NT][4], sx[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            sx[n][i] = 0.f;
+#pragma unroll
+            for (int ti = 0; ti < R; ti++) c[ti][n][i] = 0.f;
+        }
+#pragma unroll
+    for (int k = 0; k < CW; k++) {
+        uint32_t xv[NT][XW];
+        if (NT == 1) {
+#pragma unroll
+            for (int i = 0; i < XW; i++) xv[0][i] = cur.x[NT == 1 ? k : 0][i];
+        } else {
+#pragma unroll
+            for (int n = 0; n < NT; n++) hc_mma_x<XW>(a, g + 8 * n, s * 4 * CW * PER + t * CW * PER + k * PER, xv[n]);
+        }
+#pragma unroll
+        for (int j = 0; j < PER / 4; j++) {
+            // k-step j of the word: pairs 2j (slots 2t, 2t+1) and 2j + 1 (slots 2t+8, 2t+9).
+            const int i0 = 2 * j, i1 = 2 * j + 1;
+            uint32_t b0[NT], b1[NT];
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                b0[n] = __byte_perm(xv[n][i0 / 2], xv[n][i0 / 2 + PER / 4], (i0 & 1) ? 0x7632 : 0x5410);
+                b1[n] = __byte_perm(xv[n][i1 / 2], xv[n][i1 / 2 + PER / 4], (i1 & 1) ? 0x7632 : 0x5410);
+                hc_mma16816<BF16>(sx[n], ONES, ONES, ONES, ONES, b0[n], b1[n]);
+            }
+#pragma unroll
+            for (int ti = 0; ti < R; ti++) {
+                const uint32_t a0 = hc_lop3_and_or(cur.w[ti][0][k] >> (BITS * i0), MASK, MAGIC);
+                const uint32_t a1 = hc_lop3_and_or(cur.w[ti][1][k] >> (BITS * i0), MASK, MAGIC);
+                const uint32_t a2 = hc_lop3_and_or(cur.w[ti][0][k] >> (BITS * i1), MASK, MAGIC);
+                const uint32_t a3 = hc_lop3_and_or(cur.w[ti][1][k] >> (BITS * i1), MASK, MAGIC);
+#pragma unroll
+                for (int n = 0; n < NT; n++) hc_mma16816<BF16>(c[ti][n], a0, a1, a2, a3, b0[n], b1[n]);
+            }
+        }
+    }
+#pragma unroll
+    for (int ti = 0; ti < R; ti++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[ti][n][i] = fmaf(cur.mul[ti][i >> 1], c[ti][n][i], fmaf(cur.add[ti][i >> 1], sx[n][i], acc[ti][n][i]));
+}
+
+template <int BITS, int CW, int NT, bool BF16>
+__device__ __forceinline__ void hc_affine_mma(const AffineArgs& a) {
+    constexpr int PER = 32 / BITS;          // codes per word
+    constexpr int TC = CW * PER;            // columns a lane covers per macro step
+    constexpr int MC = 4 * TC;              // columns per macro step
+    constexpr int XW = PER / 2;             // activation words (2 values) per code word
+    constexpr int R = HC_MMA_R(NT);
+    constexpr float FMAGIC = BF16 ? 128.f : 1024.f;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.x * 16 * R;
+    const uint16_t* x = static_cast<const uint16_t*>(a.x);
+    const int steps = a.cols / MC;
+    float acc[R][NT][4];
+#pragma unroll
+    for (int ti = 0; ti < R; ti++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[ti][n][i] = 0.f;
+    // One step in registers; with two batch tiles the next step's codes load while one
+    // computes (HC_MMA_AHEAD).
+    HcMmaStep<CW, R, NT, 16 / BITS> next;
+    if (warp < steps) hc_mma_load<BITS, CW, R, NT>(a, warp, r0, g, t, FMAGIC, next);
+    for (int s = warp; s < steps; s += HC_MMA_WARPS) {
+        const HcMmaStep<CW, R, NT, 16 / BITS> cur = next;
+        const bool more = s + HC_MMA_WARPS < steps;
+        if (HC_MMA_AHEAD(NT) && more) hc_mma_load<BITS, CW, R, NT>(a, s + HC_MMA_WARPS, r0, g, t, FMAGIC, next);
+        hc_mma_step<BITS, CW, NT, R, BF16>(a, s, g, t, cur, acc);
+        if (!HC_MMA_AHEAD(NT) && more) hc_mma_load<BITS, CW, R, NT>(a, s + HC_MMA_WARPS, r0, g, t, FMAGIC, next);
+    }
+    // The warps' partial sums: part[warp][row][batch row].
+    __shared__ float part[HC_MMA_WARPS][16 * R][8 * NT];
+#pragma unroll
+    for (int ti = 0; ti < R; ti++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) part[warp][16 * ti + g + 8 * (i >> 1)][8 * n + 2 * t + (i & 1)] = acc[ti][n][i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < 16 * R * 8 * NT; e += blockDim.x) {
+        const int r = e / (8 * NT), m = e % (8 * NT);
+        if (r0 + r < a.rows && m < a.M) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < HC_MMA_WARPS; w++) v += part[w][r][m];
+            hc_store(a.y, a.ydtype, (long long)m * a.rows + r0 + r, v + (a.bias ? a.bias[r0 + r] : 0.f));
+        }
+    }
+}
+
+// hc_affine_mma_b{BITS}_w{CW}_n{NT}_{bf16,f16}: one kernel per (bits, words per lane and
+// step, batch tiles of 8, activation type); 8-bit codes only with f16 (bf16 holds 7 bits).
+#define HC_MMA(B, W, N, T, BF)                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * HC_MMA_WARPS) hc_affine_mma_b##B##_w##W##_n##N##_##T( \
+        AffineArgs a) {                                                                              \
+        hc_affine_mma<B, W, N, BF>(a);                                                               \
+    }
+#define HC_MMA_W(B, N, T, BF) HC_MMA(B, 1, N, T, BF) HC_MMA(B, 2, N, T, BF) HC_MMA(B, 4, N, T, BF)
+#define HC_MMA_N(B, T, BF) HC_MMA_W(B, 1, T, BF) HC_MMA_W(B, 2, T, BF)
+HC_MMA_N(2, bf16, true)
+HC_MMA_N(4, bf16, true)
+HC_MMA_N(2, f16, false)
+HC_MMA_N(4, f16, false)
+HC_MMA_N(8, f16, false)
+
+// ---------------------------------------------------------------------------------------
 // Fixed-rate E8.
 
 struct E8Args {

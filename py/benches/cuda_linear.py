@@ -74,7 +74,7 @@ def check(quick: bool) -> bool:
             ok = True
             for dt in (torch.float32, torch.float16, torch.bfloat16):
                 worst = 0.0
-                for m in (1, 3, 8, 17):
+                for m in (1, 3, 8, 12, 17):
                     x = rng.standard_normal((m, cols)).astype(np.float32)
                     xt = torch.from_numpy(x).to(dt)
                     want = op.forward(xt.float().numpy())
@@ -86,7 +86,7 @@ def check(quick: bool) -> bool:
                 ok &= worst <= tol[dt]
             all_ok &= ok
             print(
-                f"| {spec} | {rows}x{cols} | {d.route(1)} / {d.route(17)} | {d.held_bytes} | "
+                f"| {spec} | {rows}x{cols} | {d.route(1, torch.bfloat16)} / {d.route(17, torch.bfloat16)} | {d.held_bytes} | "
                 + " / ".join(f"{e:.1e}" for e in errs)
                 + f" | {'yes' if ok else 'NO'} |"
             )
@@ -187,7 +187,7 @@ def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str]) -> None:
                     y = d.forward(x, route=route).float()
                     e = float((y - ref).norm() / ref.norm())
                     t = graph_time_us(lambda: d.forward(x, route=route), iters)
-                    name = d.route(1 if route == "gemv" else 10**6)
+                    name = d.route(m if route == "gemv" else 10**6, torch.bfloat16)
                     print(f"| {rows}x{cols} | {m} | ours {spec} ({name}) | {bpv:.2f} | {t:.1f} | {base / t:.2f} | {e:.3f} |")
         del layers
         torch.cuda.empty_cache()

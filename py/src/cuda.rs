@@ -159,6 +159,13 @@ impl CudaKernels {
         unsafe { self.k.affine_gemv(&a, stream) }.map_err(cuda_err)
     }
 
+    /// The most activation rows the fused affine kernel takes for these arguments in one
+    /// launch (16 on tensor cores: bf16/f16 activations, 2/4-bit codes (8 with f16) in whole
+    /// steps; else 4 per pass). Pointers are not read.
+    fn affine_fused_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<usize> {
+        Ok(affine(args)?.fused_batch())
+    }
+
     /// The affine weight decoded into `out` (`rows × cols` of dtype code `out_dtype`).
     fn affine_decode(
         &self,

@@ -44,12 +44,42 @@ def test_cuda_forward_matches_the_cpu_runtime(spec, dtype):
     b = rng.standard_normal(96).astype(np.float32)
     op = hypercodec.Linear.quantize(w, spec, b)
     d = hcuda.DeviceLinear(op, torch.device("cuda"))
-    for m in (1, 3, 20):
+    for m in (1, 3, 12, 20):
         x = torch.from_numpy(rng.standard_normal((m, 512)).astype(np.float32)).to(dtype)
         want = op.forward(x.float().numpy())
         got = d.forward(x.cuda()).float().cpu().numpy()
         tol = 3e-4 if dtype == torch.float32 else 3e-2
         assert np.abs(got - want).max() <= tol * np.abs(want).max(), (spec, m, d.route(m))
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", ["int4", "int4-row", "int4-tensor", "int2", "int2-row", "int8", "int8-row"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
+    # Rows that are not whole tiles of 16, steps of 1, 2 and 4 words per lane, batches of one
+    # and two mma tiles (and their edges), outlier columns, a bias.
+    rng = np.random.default_rng(3)
+    for rows, cols in ((37, 96), (16, 128), (130, 640), (8, 1024)):
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        w[:, ::29] *= 6
+        b = rng.standard_normal(rows).astype(np.float32)
+        op = hypercodec.Linear.quantize(w, spec, b)
+        d = hcuda.DeviceLinear(op, torch.device("cuda"))
+        bits = op.device_form()["bits"]
+        # Steps of at least 4 lanes × one word: 128 / bits columns.
+        kernel = bits in (2, 4) or (bits == 8 and dtype == torch.float16)
+        expect = kernel and cols % (128 // bits) == 0
+        assert (d.route(1, dtype) == "cuda-affine-mma") == expect, (spec, rows, cols, d.route(1, dtype))
+        for m in (1, 2, 7, 8, 9, 16):
+            x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
+            want = op.forward(x.float().numpy())
+            y = torch.full((m, rows), float("nan"), dtype=dtype, device="cuda")
+            y.copy_(d.forward(x.cuda()))
+            got = y.float().cpu().numpy()
+            assert np.isfinite(got).all()
+            tol = 1e-2 if dtype == torch.bfloat16 else 3e-3
+            err = np.abs(got - want).max() / np.abs(want).max()
+            assert err <= tol, (spec, rows, cols, m, err, d.route(m, dtype))
 
 
 @needs_cuda

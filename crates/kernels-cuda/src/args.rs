@@ -40,7 +40,58 @@ pub(crate) fn function_names() -> Vec<String> {
             v.push(format!("hc_trellis_gemv_m{m}_k{k}"));
         }
     }
+    for (b, t) in MMA_KINDS {
+        for n in 1..=2 {
+            for w in MMA_WORDS {
+                v.push(format!("hc_affine_mma_b{b}_w{w}_n{n}_{t}"));
+            }
+        }
+    }
     v
+}
+
+/// The tensor-core affine kernels' (bits, activation type), in the order of the names.
+const MMA_KINDS: [(usize, &str); 5] =
+    [(2, "bf16"), (4, "bf16"), (2, "f16"), (4, "f16"), (8, "f16")];
+/// Their code words per lane and step.
+const MMA_WORDS: [usize; 3] = [1, 2, 4];
+
+/// Weight rows a block of the tensor-core kernel computes for a batch (`16·HC_MMA_R`).
+pub(crate) fn mma_rows_per_block(batch: usize) -> usize {
+    if batch > 8 {
+        32
+    } else {
+        16
+    }
+}
+
+/// The tensor-core affine kernel of `bits` for activations of `dtype` (bf16 or f16), `words`
+/// code words per lane and step (1, 2 or 4) and `batch` rows (up to 16), if compiled.
+pub(crate) fn affine_mma(
+    bits: usize,
+    dtype: crate::Dtype,
+    words: usize,
+    batch: usize,
+) -> Option<usize> {
+    let t = match dtype {
+        crate::Dtype::Bf16 => "bf16",
+        crate::Dtype::F16 => "f16",
+        crate::Dtype::F32 => return None,
+    };
+    let kind = MMA_KINDS.iter().position(|&k| k == (bits, t))?;
+    let w = MMA_WORDS.iter().position(|&w| w == words)?;
+    if batch == 0 || batch > 16 {
+        return None;
+    }
+    let n = usize::from(batch > 8);
+    Some(
+        FIXED
+            + 3 * BATCH_TILES.len()
+            + 7 * BATCH_TILES.len()
+            + TRELLIS_KS.len() * BATCH_TILES.len()
+            + MMA_WORDS.len() * (2 * kind + n)
+            + w,
+    )
 }
 pub(crate) const RHT: usize = 0;
 pub(crate) const AFFINE_DECODE: usize = 1;

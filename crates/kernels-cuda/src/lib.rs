@@ -117,6 +117,13 @@ impl Dtype {
 /// kernels' `HC_MAX_M`).
 pub const MAX_GEMV_BATCH: usize = 4;
 
+/// Warps per block of the tensor-core kernel (`HC_MMA_WARPS`).
+const MMA_WARPS: u32 = 8;
+
+/// Activation rows the tensor-core affine kernel takes in one launch (two mma tiles of 8);
+/// see [`AffineGemv::tensor_core_words`].
+pub const MAX_MMA_BATCH: usize = 16;
+
 /// `y = x·Wᵀ (+ b)` for affine codes, as stored in `.hwz`: `bits`-bit codes LSB-first, row
 /// after row; `ŵ = s·(qmul·q − qbias) + lo` with the scale and offset of column `j`'s group
 /// `j / group_len` (`scales_per_row` of them per row, or 0 for one scale for the tensor).
@@ -415,6 +422,42 @@ impl AffineGemv {
         Ok(())
     }
 
+    /// Whether the tensor-core kernel takes this weight and activation type, as its code words
+    /// per lane and step (1, 2 or 4), or 0: bf16 activations with 2- or 4-bit codes, f16 with
+    /// 2, 4 or 8 bits, rows of whole steps (`4·words·32/bits` columns) and groups of whole
+    /// steps. Pointers are checked at launch (16-byte aligned codes and activations, else the
+    /// CUDA-core kernels run).
+    pub fn tensor_core_words(&self) -> usize {
+        let bits = self.bits as usize;
+        let ok = match self.x_dtype {
+            Dtype::Bf16 => matches!(bits, 2 | 4),
+            Dtype::F16 => matches!(bits, 2 | 4 | 8),
+            Dtype::F32 => false,
+        };
+        if !ok || self.cols == 0 {
+            return 0;
+        }
+        let per = 32 / bits;
+        for words in [4, 2, 1] {
+            let step = 4 * words * per;
+            let groups = self.scales_per_row <= 1 || self.group_len.is_multiple_of(step);
+            if self.cols.is_multiple_of(step) && groups {
+                return words;
+            }
+        }
+        0
+    }
+
+    /// The largest batch the fused kernels take in one launch: [`MAX_MMA_BATCH`] on tensor
+    /// cores (see [`AffineGemv::tensor_core_words`]), else [`MAX_GEMV_BATCH`] per pass.
+    pub fn fused_batch(&self) -> usize {
+        if self.tensor_core_words() > 0 {
+            MAX_MMA_BATCH
+        } else {
+            MAX_GEMV_BATCH
+        }
+    }
+
     /// The aligned kernel's width (2, 4 or 8 bits whose rows and groups hold whole chunks of
     /// 32 values, codes and activations 16-byte aligned), or 0 for the generic one.
     pub fn path(&self) -> i32 {
@@ -581,6 +624,28 @@ impl Kernels {
             return Ok(());
         }
         a.validate()?;
+        let words = a.tensor_core_words();
+        if words > 0
+            && a.batch <= MAX_MMA_BATCH
+            && a.codes.is_multiple_of(16)
+            && a.x.is_multiple_of(16)
+        {
+            if let Some(f) = args::affine_mma(a.bits as usize, a.x_dtype, words, a.batch) {
+                let mut k = args::AffineArgs::new(a);
+                let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+                // SAFETY: validated; the pointers are the caller's contract.
+                return unsafe {
+                    self.inner.launch(
+                        f,
+                        (a.rows.div_ceil(args::mma_rows_per_block(a.batch)) as u32, 1),
+                        32 * MMA_WARPS,
+                        0,
+                        stream,
+                        &mut params,
+                    )
+                };
+            }
+        }
         let path = a.path();
         for m0 in (0..a.batch).step_by(MAX_GEMV_BATCH) {
             let m = (a.batch - m0).min(MAX_GEMV_BATCH);
@@ -1002,6 +1067,82 @@ mod tests {
             param("hc_kv_e8_encode")
         );
         assert_eq!(names[args::KV_E8_DECODE], "hc_kv_e8_decode");
+        let mma = |b, d, w, m| names[args::affine_mma(b, d, w, m).unwrap()].as_str();
+        assert_eq!(mma(2, Dtype::Bf16, 1, 1), "hc_affine_mma_b2_w1_n1_bf16");
+        assert_eq!(mma(4, Dtype::Bf16, 4, 9), "hc_affine_mma_b4_w4_n2_bf16");
+        assert_eq!(mma(4, Dtype::F16, 2, 8), "hc_affine_mma_b4_w2_n1_f16");
+        assert_eq!(mma(8, Dtype::F16, 4, 16), "hc_affine_mma_b8_w4_n2_f16");
+        assert_eq!(names.last().unwrap(), "hc_affine_mma_b8_w4_n2_f16");
+        assert!(args::affine_mma(8, Dtype::Bf16, 4, 1).is_none());
+        assert!(args::affine_mma(4, Dtype::F32, 4, 1).is_none());
+        assert!(args::affine_mma(4, Dtype::Bf16, 4, 17).is_none());
+    }
+
+    #[test]
+    fn the_tensor_core_kernel_takes_whole_steps_of_bf16_or_f16_rows() {
+        // 4-bit, bf16: steps of 4·4·8 = 128 columns; groups of 128 hold whole steps.
+        let a = AffineGemv {
+            scales_per_row: 2,
+            cols: 256,
+            code_bytes: 64 * 128,
+            ..affine()
+        };
+        assert_eq!(a.tensor_core_words(), 4);
+        assert_eq!(a.fused_batch(), MAX_MMA_BATCH);
+        // Groups of 64 need steps of 64 columns (2 words per lane).
+        let g64 = AffineGemv {
+            group_len: 64,
+            scales_per_row: 4,
+            ..a
+        };
+        assert_eq!(g64.tensor_core_words(), 2);
+        // 96 columns per row: steps of 32 (1 word per lane).
+        let c96 = AffineGemv {
+            cols: 96,
+            group_len: 96,
+            scales_per_row: 1,
+            code_bytes: 64 * 48,
+            ..affine()
+        };
+        assert_eq!(c96.tensor_core_words(), 1);
+        // f32 activations, 8-bit codes with bf16, or 100 columns: the CUDA-core kernels.
+        assert_eq!(
+            AffineGemv {
+                x_dtype: Dtype::F32,
+                ..a
+            }
+            .fused_batch(),
+            MAX_GEMV_BATCH
+        );
+        assert_eq!(
+            AffineGemv {
+                bits: 8,
+                code_bytes: 64 * 256,
+                ..a
+            }
+            .tensor_core_words(),
+            0
+        );
+        assert_eq!(
+            AffineGemv {
+                bits: 8,
+                code_bytes: 64 * 256,
+                x_dtype: Dtype::F16,
+                ..a
+            }
+            .tensor_core_words(),
+            4
+        );
+        assert_eq!(
+            AffineGemv {
+                cols: 100,
+                group_len: 100,
+                code_bytes: 64 * 50,
+                ..affine()
+            }
+            .tensor_core_words(),
+            0
+        );
     }
 
     #[test]

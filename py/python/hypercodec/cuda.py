@@ -7,7 +7,9 @@ CUDA kernels (PTX shipped in the wheel, loaded by the driver: nothing is compile
 on PyTorch's current stream, without synchronizing:
 
 - up to :data:`GEMV_MAX_BATCH` activation rows: a fused GEMV reading the codes once per 4 rows
-  (E8 and trellis: after the activation's randomized Hadamard transform on the GPU);
+  (E8 and trellis: after the activation's randomized Hadamard transform on the GPU); affine
+  codes of 2 or 4 bits (8 with f16) under bf16 or f16 activations run on tensor cores up to
+  :data:`MMA_MAX_BATCH` rows in one launch (the codes read once);
 - larger batches: the weight is decoded to the activation dtype for the call, then
   ``F.linear`` (cuBLAS) — transient memory of one dense weight;
 - forms without a kernel (entropy-coded or Z1/D4 lattice symbols, codebook, nested):
@@ -29,6 +31,8 @@ from . import _native
 #: Activation rows up to which the fused GEMV runs, per form (in passes of 4; above: decode,
 #: then cuBLAS): the crossover measured on an H200 by ``py/benches/cuda_linear.py``.
 GEMV_MAX_BATCH = {"affine": 4, "e8": 2, "trellis": 4}
+#: Activation rows of the tensor-core affine kernel (bf16/f16 activations, see above).
+MMA_MAX_BATCH = 16
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _KERNELS: dict[int, _native.CudaKernels] = {}
@@ -151,11 +155,19 @@ class DeviceLinear:
             ts += [self.bits, self.row_scales]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
-    def route(self, batch: int) -> str:
-        """The route a batch of ``batch`` rows takes."""
+    def _fused_batch(self, dtype: torch.dtype) -> int:
+        """Activation rows up to which the fused kernel runs for activations of ``dtype``."""
+        if self.kind == "affine" and dtype in _DTYPES:
+            return self.kernels.affine_fused_batch(dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1))
+        return GEMV_MAX_BATCH.get(self.kind, 0)
+
+    def route(self, batch: int, dtype: torch.dtype = torch.float32) -> str:
+        """The route a batch of ``batch`` rows of ``dtype`` takes."""
         if self.kind == "dense":
             return "cuda-decode-fallback+linear"
-        if batch <= GEMV_MAX_BATCH.get(self.kind, 0):
+        if batch <= self._fused_batch(dtype):
+            if self.kind == "affine" and self._fused_batch(dtype) == MMA_MAX_BATCH:
+                return "cuda-affine-mma"
             return f"cuda-{self.kind}-gemv"
         return f"cuda-{self.kind}-decode+linear"
 
@@ -176,7 +188,7 @@ class DeviceLinear:
             if self.bias is not None:
                 y += self.bias.to(dt)
             return y.reshape(*lead, self.rows).to(x.dtype)
-        gemv = m <= GEMV_MAX_BATCH.get(self.kind, 0) if route is None else route == "gemv"
+        gemv = m <= self._fused_batch(dt) if route is None else route == "gemv"
         stream = torch.cuda.current_stream(self.device).cuda_stream
         if self.kind == "dense":
             b = None if self.bias is None else self.bias.to(dt)
