@@ -175,6 +175,30 @@ def test_torchao_peer_counts_its_codes_and_scales():
         ev._peer_weight("peer:torchao", layer, 9)
 
 
+def test_llamacpp_peer_counts_its_blocks_and_refuses_rows_its_blocks_do_not_fit():
+    pytest.importorskip("gguf", reason="gguf is not installed (pip install gguf)")
+    import torch
+
+    from hypercodec import eval as ev
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(512, 48)
+    errs = []
+    for bits in (2, 4, 5, 8):
+        w, code_bytes, side = ev._peer_weight("peer:llamacpp", layer, bits)
+        assert w.shape == layer.weight.shape and w.dtype == torch.float32 and side == 0
+        # Q{b}_0: b bits per value and an f16 scale per 32; TQ2_0: 2 bits and an f16 per 256.
+        n = 48 * 512
+        assert code_bytes == (n * 2 // 8 + n // 256 * 2 if bits == 2 else n * bits // 8 + n // 32 * 2)
+        errs.append(float(((w - layer.weight) ** 2).mean()))
+    assert errs[0] > errs[1] > errs[2] > errs[3] > 0
+    assert ev.label("peer:llamacpp", 4) == "peer: llama.cpp 4-bit (Q4_0)"
+    with pytest.raises(ValueError, match="K-quants"):
+        ev._peer_weight("peer:llamacpp", layer, 3)
+    with pytest.raises(ValueError, match="blocks of 256"):
+        ev._peer_weight("peer:llamacpp", torch.nn.Linear(576, 8), 2)
+
+
 def test_bnb_peer_counts_its_codes_and_double_quantized_scales():
     pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install bitsandbytes)")
     import torch

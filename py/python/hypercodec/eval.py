@@ -30,7 +30,9 @@ not divide into 128 — its CPU path), their weights
 dequantized into the model, their bits counted from their packed codes (``b`` bits per value
 for torchao, which holds them unpacked in int8) plus a 16-bit scale and zero per group (a
 zero point only where one is not all zeros); ``peer:bnb`` (bitsandbytes NF4 in blocks of 64 with
-its 8-bit double-quantized block scales, QLoRA's storage; 4 bits only), its own bytes counted. Output: ``OUT/eval.md`` (tables, machine, versions,
+its 8-bit double-quantized block scales, QLoRA's storage; 4 bits only), its own bytes counted;
+``peer:llamacpp`` (llama.cpp's Q4_0 / Q5_0 / Q8_0 and ternary TQ2_0 through its reference
+quantizers in the ``gguf`` package, its blocks' bytes counted; its K-quants need its C library). Output: ``OUT/eval.md`` (tables, machine, versions,
 command), ``OUT/eval.json``, ``OUT/tensors.csv`` and, when matplotlib is installed, PNG plots of
 quality against bits per value.
 
@@ -62,7 +64,7 @@ from typing import Any, Callable, Iterable
 
 # Other quantizers run side by side when their packages import (`pip install hqq
 # optimum-quanto ninja`); a peer that is missing or refuses a rate is a row with its error.
-PEERS = ("peer:hqq", "peer:quanto", "peer:torchao", "peer:bnb")
+PEERS = ("peer:hqq", "peer:quanto", "peer:torchao", "peer:bnb", "peer:llamacpp")
 DEFAULT_METHODS = (
     "lattice",
     "lattice+cal",
@@ -116,7 +118,12 @@ LABELS = {
     "peer:quanto": "peer: optimum-quanto qint{b}",
     "peer:torchao": "peer: torchao INT{b} g64 sym",
     "peer:bnb": "peer: bitsandbytes NF4 g64, double-quantized scales",
+    "peer:llamacpp": "peer: llama.cpp {b}-bit ({t})",
 }
+# llama.cpp's types that its own reference quantizers (the `gguf` package, part of llama.cpp)
+# produce, by bits: Q{b}_0 (b-bit codes and an f16 scale per block of 32) and TQ2_0 (ternary,
+# blocks of 256). Its K-quants and IQ types (Q2_K, Q3_K, Q4_K, ...) quantize in C only.
+LLAMACPP_TYPES = {2: "TQ2_0", 4: "Q4_0", 5: "Q5_0", 8: "Q8_0"}
 CALIBRATED = "+cal"
 # BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
 # unit weights or weighted by each layer's loss sensitivity (`hypercodec.nn.collect_fisher`).
@@ -129,7 +136,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def label(method: str, bps: float) -> str:
     """The table label of ``method`` at ``bps``."""
-    return LABELS.get(method, method).format(b=int(round(bps)))
+    b = int(round(bps))
+    return LABELS.get(method, method).format(b=b, t=LLAMACPP_TYPES.get(b, "none"))
 
 
 @dataclass
@@ -246,6 +254,27 @@ def _peer_weight(peer: str, layer: Any, bits: int) -> tuple[Any, int, int]:
         # double quantization); no per-group side values beyond them.
         nested = st.state2.absmax.numel() * 4 if st.state2 is not None else 0
         return w.to(torch.float32), q.numel() * q.element_size() + st.absmax.numel() * st.absmax.element_size() + nested, 0
+    if peer == "peer:llamacpp":
+        from gguf import GGMLQuantizationType, quants
+
+        name = LLAMACPP_TYPES.get(bits)
+        if name is None:
+            raise ValueError(
+                f"llama.cpp has no {bits}-bit type its Python reference quantizes "
+                f"({', '.join(f'{b}: {t}' for b, t in LLAMACPP_TYPES.items())}; Q3_K and the other K-quants quantize in C)"
+            )
+        qtype = getattr(GGMLQuantizationType, name)
+        w0 = layer.weight.detach().to(torch.float32).numpy()
+        block = quants.GGML_QUANT_SIZES[qtype][0]
+        if w0.shape[1] % block:
+            raise ValueError(
+                f"llama.cpp's {name} quantizes rows in blocks of {block}; rows of {w0.shape[1]} do not divide "
+                "(llama.cpp itself then falls back to a wider type for that tensor)"
+            )
+        q = quants.quantize(w0, qtype)
+        w = torch.from_numpy(quants.dequantize(q, qtype).reshape(w0.shape).astype("float32"))
+        # Its own bytes: the blocks hold the codes and the f16 scales.
+        return w, int(q.nbytes), 0
     raise ValueError(f"unknown peer `{peer}`")
 
 
@@ -537,9 +566,10 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         "",
         "Bits per value: the quantized layers' stored bytes (every stream, scales and side information) "
         "over their weights. Embeddings and norms stay float32. SNR: over all quantized weights together. "
-        "Peers (HQQ, optimum-quanto, torchao, bitsandbytes; run when installed): their weights dequantized "
-        "into the same model, their bits = packed codes plus a 16-bit scale and zero per group (torchao's "
-        "symmetric groups: a scale only; bitsandbytes: its own 8-bit block scales and their float32 scales).",
+        "Peers (HQQ, optimum-quanto, torchao, bitsandbytes, llama.cpp; run when installed): their weights "
+        "dequantized into the same model, their bits = packed codes plus a 16-bit scale and zero per group "
+        "(torchao's symmetric groups: a scale only; bitsandbytes: its own 8-bit block scales and their float32 "
+        "scales; llama.cpp: its blocks' bytes).",
         "",
     ]
     for model in dict.fromkeys(r.model for r in rows):
