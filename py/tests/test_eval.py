@@ -118,6 +118,40 @@ def test_encoder_rows_measure_embedding_cosine():
     json.dumps([r.__dict__ for r in rows])
 
 
+def test_output_projection_fisher_follows_the_output_sensitivity_and_prices_an_encoder():
+    from hypercodec import nn as hnn
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.Linear(32, 8, bias=False))
+    batches = [torch.randn(64, 16) for _ in range(4)]
+    base = hnn.collect_fisher(model, batches, hnn.output_projection_loss(lambda m, x: m(x), seed=1))
+    assert set(base) == {"0.weight", "1.weight"} and all(v > 0 for v in base.values())
+    assert all(p.grad is None for p in model.parameters())
+    # y = B·A·x: scaling B by 10 makes A's errors 10× larger in y (Fisher ×100), B's no larger.
+    with torch.no_grad():
+        model[1].weight *= 10
+    scaled = hnn.collect_fisher(model, batches, hnn.output_projection_loss(lambda m, x: m(x), seed=1))
+    assert scaled["0.weight"] / base["0.weight"] == pytest.approx(100, rel=1e-3)
+    assert scaled["1.weight"] / base["1.weight"] == pytest.approx(1, rel=1e-3)
+    # An encoder (no loss of its own) gets BUDGET weighted by it: no error row, the rate met.
+    cfg = transformers.BertConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64,
+    )
+    enc = transformers.BertModel(cfg).eval()
+
+    class Batch:
+        def __call__(self, texts, **kw):
+            ids = torch.tensor([[int(t) for t in s.split()] for s in texts])
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    g = torch.Generator().manual_seed(3)
+    texts = [" ".join(str(int(t)) for t in torch.randint(3, 96, (16,), generator=g)) for _ in range(40)]
+    subject = hev.Encoder(enc, Batch(), texts[:20], calibration_texts=texts[20:])
+    rows = hev.evaluate("enc", subject, ["budget+fisher"], [4], [], progress=lambda _: None)
+    assert rows[1].error is None and rows[1].bps <= 4.0 + 1e-6 and rows[1].quality["cosine"] > 0.9
+
+
 def test_mlp_bench_runs_every_planner_mode_and_names_its_recipes(tmp_path):
     from hypercodec import mlp_bench
 

@@ -17,7 +17,8 @@ text than the part evaluated (32 windows for the causal LM, 512 sentences for th
 candidates, ``bps`` all-in over them; minimizing the summed squared error); ``budget+head`` prices
 the output head 1000× a hidden layer (an ablation of the "head at ≥ 8 bits" rule of thumb, no
 calibration data); ``budget+fisher`` weighs each layer's squared error by its loss sensitivity (:func:`hypercodec.nn.collect_fisher`
-on 16 calibration windows; causal LMs only); ``budget+cal`` and ``budget+fisher+cal`` also round
+on 16 calibration windows; for an encoder, of a random projection of its pooled embedding over
+8 calibration batches); ``budget+cal`` and ``budget+fisher+cal`` also round
 the chosen encodings with error feedback.
 
 Methods are named as :func:`hypercodec.nn.method_spec` names them; the round-to-nearest
@@ -465,6 +466,13 @@ class Encoder:
         ]
         self.reference = self.embed(self.model)
 
+    @staticmethod
+    def pooled(model: Any, batch: Any) -> Any:
+        """The mean-pooled embeddings of a tokenized ``batch``."""
+        h = model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        return (h * mask).sum(1) / mask.sum(1)
+
     def embed(self, model: Any) -> Any:
         import torch
 
@@ -472,9 +480,7 @@ class Encoder:
             out = []
             for i in range(0, len(self.texts), 64):
                 batch = self.tok(self.texts[i : i + 64], padding=True, truncation=True, max_length=128, return_tensors="pt")
-                h = model(**batch).last_hidden_state
-                mask = batch["attention_mask"].unsqueeze(-1).float()
-                out.append((h * mask).sum(1) / mask.sum(1))
+                out.append(self.pooled(model, batch))
             return torch.cat(out)
 
     def measure(self, model: Any) -> dict[str, float]:
@@ -521,9 +527,14 @@ def evaluate(
             raise ValueError(f"{name}: no calibration data (the text is too short for calibration windows)")
         progress(f"{name}: input statistics of {len(hessians)} layers in {time.time() - start:.0f} s")
     sensitivity = None
-    if any(m.startswith("budget+fisher") for m in methods) and isinstance(subject, CausalLM):
+    if any(m.startswith("budget+fisher") for m in methods):
         start = time.time()
-        sensitivity = hnn.collect_fisher(subject.model, subject.calibration[:16])
+        if isinstance(subject, CausalLM):
+            sensitivity = hnn.collect_fisher(subject.model, subject.calibration[:16])
+        else:
+            # No loss of its own: the sensitivity of the embedding's squared error.
+            loss = hnn.output_projection_loss(lambda m, batch: subject.pooled(m, batch))
+            sensitivity = hnn.collect_fisher(subject.model, subject.calibration[:8], loss)
         progress(f"{name}: Fisher sensitivity of {len(sensitivity)} layers in {time.time() - start:.0f} s")
     for bps in bps_list:
         for method in methods:
@@ -535,8 +546,6 @@ def evaluate(
             start = time.time()
             try:
                 model = copy.deepcopy(subject.model)
-                if method.startswith("budget+fisher") and sensitivity is None:
-                    raise ValueError("Fisher sensitivity needs a causal LM (its own next-token loss)")
                 row.bps, row.snr_db, tensors = quantize_model(model, method, bps, hessians, sensitivity)
                 row.quality = subject.measure(model)
                 for t in tensors:

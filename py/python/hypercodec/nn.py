@@ -18,7 +18,7 @@ straight-through estimator, re-quantizing every ``refresh_every`` steps.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -588,14 +588,20 @@ def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.n
     return {n: (sums[n] / max(counts[n], 1)).to(torch.float32).numpy() for n in sums}
 
 
-def collect_fisher(model: nn.Module, batches: Iterable[Any]) -> dict[str, float]:
+def collect_fisher(
+    model: nn.Module, batches: Iterable[Any], loss: Callable[[nn.Module, Any], torch.Tensor] | None = None
+) -> dict[str, float]:
     """BUDGET's sensitivity weights from a causal LM's own loss: for every ``nn.Linear``
     (``"{name}.weight"``), the mean over its weights of the squared gradient of the next-token
     loss, averaged over the calibration ``batches`` (token id tensors; a diagonal empirical
     Fisher at the granularity of a batch). To second order a weight error δ raises the loss by
     ``½·Σ F_ii·δ_i²``, about ``½·w·SSE`` for a tensor whose errors spread evenly — the
     ``Σ w·SSE`` that ``mode="budget"`` minimizes. A weight shared by two layers (a tied output
-    head) gets the gradient of both uses. Leaves the model's gradients cleared."""
+    head) gets the gradient of both uses. Leaves the model's gradients cleared.
+
+    ``loss(model, batch)`` replaces the next-token loss, e.g. for an encoder without one:
+    :func:`output_projection_loss` (the squared gradient of a random projection of the output
+    is, in expectation, the sensitivity of the output's squared error to each weight)."""
     import torch
 
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
@@ -606,8 +612,10 @@ def collect_fisher(model: nn.Module, batches: Iterable[Any]) -> dict[str, float]
     try:
         for ids in batches:
             model.zero_grad(set_to_none=True)
-            out = model(ids, labels=ids)
-            out.loss.backward()
+            if loss is None:
+                model(ids, labels=ids).loss.backward()
+            else:
+                loss(model, ids).backward()
             for n, m in linears.items():
                 if m.weight.grad is not None:
                     sums[n] += m.weight.grad.detach().to(torch.float64).pow(2).mean().item()
@@ -618,6 +626,25 @@ def collect_fisher(model: nn.Module, batches: Iterable[Any]) -> dict[str, float]
     if count == 0:
         raise _native.InvalidInputError("collect_fisher needs at least one calibration batch")
     return {f"{n}.weight": s / count for n, s in sums.items()}
+
+
+def output_projection_loss(
+    output: Callable[[nn.Module, Any], torch.Tensor], seed: int = 0
+) -> Callable[[nn.Module, Any], torch.Tensor]:
+    """A loss for :func:`collect_fisher` on a model without one: ``⟨r, output(model, batch)⟩``
+    with a fresh standard normal ``r`` per call (seeded). Its squared gradient averages to
+    ``Σ_j (∂y_j/∂w)²``: how much a weight error moves the output ``y`` (an embedding, say) in
+    squared error."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        y = output(model, batch)
+        r = torch.randn(y.shape, generator=gen, dtype=y.dtype)
+        return (y * r).sum()
+
+    return loss
 
 
 def save_hessians(path: str, hessians: dict[str, np.ndarray]) -> None:
