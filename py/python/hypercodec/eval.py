@@ -18,8 +18,9 @@ candidates, ``bps`` all-in over them; minimizing the summed squared error); ``bu
 the output head 1000× a hidden layer (an ablation of the "head at ≥ 8 bits" rule of thumb, no
 calibration data); ``budget+fisher`` weighs each layer's squared error by its loss sensitivity (:func:`hypercodec.nn.collect_fisher`
 on 16 calibration windows; for an encoder, of a random projection of its pooled embedding over
-8 calibration batches); ``budget+cal`` and ``budget+fisher+cal`` also round
-the chosen encodings with error feedback.
+8 calibration batches); ``budget+cal`` and ``budget+fisher+cal`` also round the chosen
+encodings with error feedback; ``budget-e8+fisher+cal`` is ``budget+fisher+cal`` over a ladder of
+E8 + rANS rates (1.5 to 6 bits) instead of the planner's default.
 
 Methods are named as :func:`hypercodec.nn.method_spec` names them; the round-to-nearest
 baselines are ``affine`` (``RTN INTb g128 asym``: groups of 128 with scale and offset) and
@@ -115,6 +116,7 @@ LABELS = {
     "budget+head": "BUDGET, output head weighted 1000×",
     "budget+fisher": "BUDGET weighted by Fisher sensitivity",
     "budget+fisher+cal": "BUDGET weighted by Fisher sensitivity, calibrated rounding",
+    "budget-e8+fisher+cal": "BUDGET over E8 rates weighted by Fisher sensitivity, calibrated rounding",
     "peer:hqq": "peer: HQQ {b}-bit g64",
     "peer:quanto": "peer: optimum-quanto qint{b}",
     "peer:torchao": "peer: torchao INT{b} g64 sym",
@@ -128,7 +130,11 @@ LLAMACPP_TYPES = {2: "TQ2_0", 4: "Q4_0", 5: "Q5_0", 8: "Q8_0"}
 CALIBRATED = "+cal"
 # BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
 # unit weights or weighted by each layer's loss sensitivity (`hypercodec.nn.collect_fisher`).
-BUDGET = ("budget", "budget+cal", "budget+head", "budget+fisher", "budget+fisher+cal")
+BUDGET = ("budget", "budget+cal", "budget+head", "budget+fisher", "budget+fisher+cal", "budget-e8+fisher+cal")
+# `budget-e8…`: BUDGET over a ladder of E8 + rANS rates (1.5 to 6 bits; bf16 and int8-row above)
+# instead of the planner's default, whose one-scale-per-tensor rungs (int1/int2-tensor) and
+# INT2/INT3 starve layers when the loss weights are extreme (measured: MiniLM at 2 bits).
+E8_LADDER = ("bf16", "int8-row", "e8@1.5", "e8@2", "e8@2.5", "e8@3", "e8@3.5", "e8@4", "e8@5", "e8@6")
 # `budget+head`: no calibration data, the output head (and a tied embedding) priced 1000× a
 # hidden layer's squared error.
 HEAD_WEIGHT = 1000.0
@@ -350,14 +356,21 @@ def quantize_model(
         if isinstance(m, torch.nn.Linear)
     }
     if method in BUDGET:
-        weights = sensitivity if method.startswith("budget+fisher") else None
+        weights = sensitivity if "+fisher" in method else None
         if method == "budget+head":
             weights = {
                 f"{n}.weight": HEAD_WEIGHT if n.endswith("lm_head") else 1.0
                 for n, m in model.named_modules()
                 if isinstance(m, torch.nn.Linear)
             }
-        hnn.quantize_budget(model, bps, weights, hessians if method.endswith(CALIBRATED) else None, skip=())
+        hnn.quantize_budget(
+            model,
+            bps,
+            weights,
+            hessians if method.endswith(CALIBRATED) else None,
+            skip=(),
+            candidates=E8_LADDER if method.startswith("budget-e8") else None,
+        )
     else:
         calibrated = method.endswith(CALIBRATED)
         spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
@@ -527,7 +540,7 @@ def evaluate(
             raise ValueError(f"{name}: no calibration data (the text is too short for calibration windows)")
         progress(f"{name}: input statistics of {len(hessians)} layers in {time.time() - start:.0f} s")
     sensitivity = None
-    if any(m.startswith("budget+fisher") for m in methods):
+    if any("+fisher" in m for m in methods):
         start = time.time()
         if isinstance(subject, CausalLM):
             sensitivity = hnn.collect_fisher(subject.model, subject.calibration[:16])

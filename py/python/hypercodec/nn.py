@@ -509,13 +509,15 @@ def quantize_budget(
     sensitivity: Mapping[str, float] | None = None,
     hessians: Mapping[str, np.ndarray] | None = None,
     skip: Iterable[str] = ("lm_head",),
+    candidates: Iterable[str] | None = None,
 ) -> nn.Module:
     """Replaces every ``nn.Linear`` of ``model`` whose name contains none of ``skip`` by a
     :class:`HyperLinear`, the encodings chosen together by the planner's BUDGET: the fewest
     squared errors (weighted by ``sensitivity``, by ``"{name}.weight"``, e.g. from
     :func:`collect_fisher`) at ``target_bps`` bits per value all-in over those weights;
     ``hessians`` (from :func:`collect_hessians`) round the chosen encodings with error
-    feedback. Biases are kept as float32. Runs the command line's pipeline on a temporary
+    feedback; ``candidates`` replaces BUDGET's ladder (names as ``hypercodec compress
+    --candidates`` takes them). Biases are kept as float32. Runs the command line's pipeline on a temporary
     archive and loads the layers from it (:func:`load_into`). Returns ``model``.
 
         >>> hnn.quantize_budget(model, 3, collect_fisher(model, batches))  # doctest: +SKIP
@@ -539,6 +541,8 @@ def quantize_budget(
         path = os.path.join(d, "budget.hwz")
         # The layers leave the archive: the target counts their streams, not its manifest.
         options: dict[str, Any] = {"mode": "budget", "target_bps": target_bps, "target_scope": "streams"}
+        if candidates is not None:
+            options["candidates"] = ",".join(candidates)
         if sensitivity is not None:
             weights = os.path.join(d, "sensitivity.json")
             with open(weights, "w") as f:
