@@ -96,22 +96,29 @@ def test_budget_rows_meet_the_rate_and_fisher_weights_follow_the_loss(tmp_path):
     assert rows[3].quality["kl"] < rows[2].quality["kl"]
 
 
-def test_encoder_rows_measure_embedding_cosine():
+class SpaceIds:
+    """A tokenizer of space-separated token ids (every sentence of one length)."""
+
+    def __call__(self, texts, **kw):
+        ids = torch.tensor([[int(t) for t in s.split()] for s in texts])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def tiny_encoder(n: int, seed: int):
+    """A random 2-layer BERT and ``n`` sentences of 16 random token ids."""
     torch.manual_seed(0)
     cfg = transformers.BertConfig(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=64,
     )
-    model = transformers.BertModel(cfg).eval()
+    g = torch.Generator().manual_seed(seed)
+    texts = [" ".join(str(int(t)) for t in torch.randint(3, 96, (16,), generator=g)) for _ in range(n)]
+    return transformers.BertModel(cfg).eval(), texts
 
-    class Batch:
-        def __call__(self, texts, **kw):
-            ids = torch.tensor([[int(t) for t in s.split()] for s in texts])
-            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
-    g = torch.Generator().manual_seed(2)
-    texts = [" ".join(str(int(t)) for t in torch.randint(3, 96, (16,), generator=g)) for _ in range(20)]
-    subject = hev.Encoder(model, Batch(), texts)
+def test_encoder_rows_measure_embedding_cosine():
+    model, texts = tiny_encoder(20, 2)
+    subject = hev.Encoder(model, SpaceIds(), texts)
     rows = hev.evaluate("enc", subject, ["affine"], [8, 2], [], progress=lambda _: None)
     assert rows[0].quality["cosine"] == pytest.approx(1.0, abs=1e-6)
     assert rows[1].quality["cosine"] > 0.9999 and rows[1].quality["cosine"] > rows[2].quality["cosine"]
@@ -134,20 +141,8 @@ def test_output_projection_fisher_follows_the_output_sensitivity_and_prices_an_e
     assert scaled["0.weight"] / base["0.weight"] == pytest.approx(100, rel=1e-3)
     assert scaled["1.weight"] / base["1.weight"] == pytest.approx(1, rel=1e-3)
     # An encoder (no loss of its own) gets BUDGET weighted by it: no error row, the rate met.
-    cfg = transformers.BertConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=64,
-    )
-    enc = transformers.BertModel(cfg).eval()
-
-    class Batch:
-        def __call__(self, texts, **kw):
-            ids = torch.tensor([[int(t) for t in s.split()] for s in texts])
-            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-
-    g = torch.Generator().manual_seed(3)
-    texts = [" ".join(str(int(t)) for t in torch.randint(3, 96, (16,), generator=g)) for _ in range(40)]
-    subject = hev.Encoder(enc, Batch(), texts[:20], calibration_texts=texts[20:])
+    enc, texts = tiny_encoder(40, 3)
+    subject = hev.Encoder(enc, SpaceIds(), texts[:20], calibration_texts=texts[20:])
     tensors = []
     rows = hev.evaluate("enc", subject, ["budget+fisher", "budget-e8+fisher+cal"], [3], tensors, progress=lambda _: None)
     for r in rows[1:]:
