@@ -19,8 +19,9 @@ the output head 1000× a hidden layer (an ablation of the "head at ≥ 8 bits" r
 calibration data); ``budget+fisher`` weighs each layer's squared error by its loss sensitivity (:func:`hypercodec.nn.collect_fisher`
 on 16 calibration windows; for an encoder, of a random projection of its pooled embedding over
 8 calibration batches); ``budget+cal`` and ``budget+fisher+cal`` also round the chosen
-encodings with error feedback; ``budget-e8+fisher+cal`` is ``budget+fisher+cal`` over a ladder of
-E8 + rANS rates (1.5 to 6 bits) instead of the planner's default.
+encodings with error feedback; ``budget-e8`` and ``budget-e8+fisher+cal`` are ``budget`` and
+``budget+fisher+cal`` over a ladder of E8 + rANS rates (1.5 to 6 bits) instead of the planner's
+default.
 
 Methods are named as :func:`hypercodec.nn.method_spec` names them; the round-to-nearest
 baselines are ``affine`` (``RTN INTb g128 asym``: groups of 128 with scale and offset) and
@@ -116,6 +117,7 @@ LABELS = {
     "budget+head": "BUDGET, output head weighted 1000×",
     "budget+fisher": "BUDGET weighted by Fisher sensitivity",
     "budget+fisher+cal": "BUDGET weighted by Fisher sensitivity, calibrated rounding",
+    "budget-e8": "BUDGET over E8 rates (unweighted SSE)",
     "budget-e8+fisher+cal": "BUDGET over E8 rates weighted by Fisher sensitivity, calibrated rounding",
     "peer:hqq": "peer: HQQ {b}-bit g64",
     "peer:quanto": "peer: optimum-quanto qint{b}",
@@ -130,7 +132,7 @@ LLAMACPP_TYPES = {2: "TQ2_0", 4: "Q4_0", 5: "Q5_0", 8: "Q8_0"}
 CALIBRATED = "+cal"
 # BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
 # unit weights or weighted by each layer's loss sensitivity (`hypercodec.nn.collect_fisher`).
-BUDGET = ("budget", "budget+cal", "budget+head", "budget+fisher", "budget+fisher+cal", "budget-e8+fisher+cal")
+BUDGET = ("budget", "budget+cal", "budget+head", "budget+fisher", "budget+fisher+cal", "budget-e8", "budget-e8+fisher+cal")
 # `budget-e8…`: BUDGET over a ladder of E8 + rANS rates (1.5 to 6 bits; bf16 and int8-row above)
 # instead of the planner's default, whose one-scale-per-tensor rungs (int1/int2-tensor) and
 # INT2/INT3 starve layers when the loss weights are extreme (measured: MiniLM at 2 bits).
