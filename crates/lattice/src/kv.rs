@@ -243,7 +243,8 @@ impl KvCodec {
     }
 
     /// Value `i` of a tail-biting trellis vector is the state of the `l` bits ending with its
-    /// own `k` (circularly): read from the code bytes followed by a copy of their first four,
+    /// own `k` (circularly): read from the code bytes followed by a copy of their first four
+    /// (and four more bytes of padding: `ext` holds `src.len() + 8`),
     /// looked up in `states`, times `c` — what `hypercodec_trellis::decode_into` computes.
     fn trellis_values(&self, src: &[u8], l: usize, c: f32, ext: &mut [u8], y: &mut [f32]) {
         let k = self.bits as usize;
@@ -253,12 +254,32 @@ impl KvCodec {
             ext[src.len() + j] = src[j % src.len()];
         }
         let mask = (1u32 << l) - 1;
-        for (i, v) in y.iter_mut().enumerate() {
-            let end = (i + 1) * k;
-            let start = if end >= l { end - l } else { end + total - l };
+        let window = |start: usize| -> f32 {
             let b = start / 8;
-            let w = u32::from_le_bytes([ext[b], ext[b + 1], ext[b + 2], ext[b + 3]]);
-            *v = self.states[((w >> (start % 8)) & mask) as usize] * c;
+            let w = u32::from_le_bytes(ext[b..b + 4].try_into().expect("4 bytes"));
+            self.states[((w >> (start % 8)) & mask) as usize] * c
+        };
+        // The first values' windows wrap around to the sequence's last bits; from value
+        // `wrap` on they start `l` bits before their end, `k` bits further each time (no
+        // branch in the loop that decodes nearly every value).
+        let wrap = l.div_ceil(k).saturating_sub(1).min(y.len());
+        for (i, v) in y[..wrap].iter_mut().enumerate() {
+            let end = (i + 1) * k;
+            *v = window(if end >= l { end - l } else { end + total - l });
+        }
+        // Then one 64-bit read serves every window that fits in it (27 of them at K = 2,
+        // L = 10); `ext` holds 8 bytes past the code bytes.
+        let mut i = wrap;
+        while i < y.len() {
+            let start = (i + 1) * k - l;
+            let b = start / 8;
+            let w = u64::from_le_bytes(ext[b..b + 8].try_into().expect("8 bytes"));
+            let mut off = start % 8;
+            while i < y.len() && off + l <= 64 {
+                y[i] = self.states[((w >> off) as u32 & mask) as usize] * c;
+                off += k;
+                i += 1;
+            }
         }
     }
 
@@ -447,7 +468,7 @@ impl KvCodec {
         let mut y = [0f32; crate::MAX_TILE + 8];
         let spr = symbols_per_row(l, d);
         let mut syms = [0u32; crate::MAX_TILE + 8];
-        let mut ext = [0u8; crate::MAX_TILE + 4];
+        let mut ext = [0u8; crate::MAX_TILE + 8];
         for (i, o) in out.chunks_exact_mut(d).enumerate() {
             let c = bf16::from_bits(scales[i]).to_f32();
             let src = &codes[i * cb..(i + 1) * cb];
@@ -801,14 +822,20 @@ mod tests {
 
     #[test]
     fn the_trellis_state_table_equals_the_trellis_decoder() {
-        let x = gauss(64 * 50, 12);
-        for (l, bits) in [(10u8, 2u8), (10, 3), (12, 4), (16, 8)] {
-            let q = KvQuantizer::Trellis { l };
-            let fast = KvCodec::new(64, bits, q, Rotation::None, 2, false).unwrap();
-            assert!(!fast.states.is_empty());
-            let mut slow = fast.clone();
-            slow.states.clear();
-            assert!(same_decoding(&fast, &slow, &x), "L {l} K {bits}");
+        // Vectors of 64 and 80 values, and 8 (one window of L = 12 at 2 bits wraps over most of it).
+        for dim in [64, 80, 8] {
+            let x = gauss(dim * 50, 12);
+            for (l, bits) in [(10u8, 2u8), (10, 3), (12, 4), (16, 8), (12, 2), (8, 2)] {
+                if dim * (bits as usize) < l as usize {
+                    continue;
+                }
+                let q = KvQuantizer::Trellis { l };
+                let fast = KvCodec::new(dim, bits, q, Rotation::None, 2, false).unwrap();
+                assert!(!fast.states.is_empty());
+                let mut slow = fast.clone();
+                slow.states.clear();
+                assert!(same_decoding(&fast, &slow, &x), "dim {dim} L {l} K {bits}");
+            }
         }
     }
 
