@@ -2,8 +2,36 @@
 
 use crate::measure::{decode, energies, measure, Measured};
 use crate::{Mode, PlanError, Planner, Result, Spec, TensorPlan};
-use hypercodec_hwz::{EncodedTensor, Encoding, FloatDtype};
+use hypercodec_hwz::{EncodeOptions, EncodedTensor, Encoding, FloatDtype};
 use std::cmp::Ordering;
+
+/// The tensor being planned: everything a candidate's measurement takes besides the candidate.
+#[derive(Clone, Copy)]
+struct Subject<'a> {
+    name: &'a str,
+    values: &'a [f32],
+    shape: &'a [u64],
+    /// Values per row block.
+    block_len: usize,
+    /// The tensor's signal energy.
+    energy: f64,
+    options: EncodeOptions,
+}
+
+impl Subject<'_> {
+    /// Encodes with `spec`, decodes and measures ([`measure`]).
+    fn measure(&self, spec: &Spec) -> Result<(Measured, EncodedTensor)> {
+        measure(
+            self.name,
+            self.values,
+            self.shape,
+            spec,
+            self.block_len,
+            self.energy,
+            self.options,
+        )
+    }
+}
 
 /// How acceptability is judged for a candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,15 +227,15 @@ pub(crate) fn plan_tensor(
     let (sp, _) = plan_full(p, name, &sample, &[m, cols as u64])?;
     let block_len = (p.block_rows.max(1) as usize).saturating_mul(cols);
     let (_, energy) = energies(values, block_len);
-    let (full, t) = measure(
+    let sub = Subject {
         name,
         values,
         shape,
-        &sp.spec,
         block_len,
         energy,
-        p.encode_options,
-    )?;
+        options: p.encode_options,
+    };
+    let (full, t) = sub.measure(&sp.spec)?;
     if let (Mode::Auto, Some(target)) = (p.mode, p.target) {
         if full.bytes > target.bytes(values.len() as u64) {
             // The sample misjudged the size: measure everything on the whole tensor.
@@ -277,6 +305,14 @@ fn plan_full(
         .max(1) as usize;
     let block_len = (p.block_rows.max(1) as usize).saturating_mul(cols);
     let (block_e, energy) = energies(values, block_len);
+    let sub = Subject {
+        name,
+        values,
+        shape,
+        block_len,
+        energy,
+        options: p.encode_options,
+    };
     let mut specs = p.candidates.clone();
     let int4_row = Spec::parse("int4-row")?;
     if p.mode == Mode::Auto && !specs.contains(&int4_row) {
@@ -285,16 +321,7 @@ fn plan_full(
     // BUDGET decides later, across tensors: keep the measurements, not the encodings.
     let keep = p.mode != Mode::Budget;
     let results = parallel(p.threads, specs.len(), |i| {
-        measure(
-            name,
-            values,
-            shape,
-            &specs[i],
-            block_len,
-            energy,
-            p.encode_options,
-        )
-        .map(|(m, t)| (m, keep.then_some(t)))
+        sub.measure(&specs[i]).map(|(m, t)| (m, keep.then_some(t)))
     });
     let mut c = Vec::new();
     let mut skipped = Vec::new();
@@ -441,15 +468,7 @@ fn plan_full(
                             max_tile,
                         };
                         if (0.5..=12.0).contains(&bps) && !ctx.c.iter().any(|c| c.spec == spec) {
-                            if let Ok((m, t)) = measure(
-                                name,
-                                values,
-                                shape,
-                                &spec,
-                                block_len,
-                                energy,
-                                ctx.p.encode_options,
-                            ) {
+                            if let Ok((m, t)) = sub.measure(&spec) {
                                 ctx.c.push(Cand {
                                     spec,
                                     m,
@@ -486,15 +505,7 @@ fn plan_full(
                     block_rows: p.block_rows,
                     parts: picks.iter().map(|&i| ctx.c[i].spec.clone()).collect(),
                 };
-                let (m, t) = measure(
-                    name,
-                    values,
-                    shape,
-                    &spec,
-                    block_len,
-                    energy,
-                    ctx.p.encode_options,
-                )?;
+                let (m, t) = sub.measure(&spec)?;
                 ctx.c.push(Cand {
                     spec,
                     m,
@@ -506,7 +517,7 @@ fn plan_full(
                 )
             }
         }
-        Mode::PerWeight => per_weight(&mut ctx, name, values, shape, block_len, energy)?,
+        Mode::PerWeight => per_weight(&mut ctx, &sub)?,
     };
     let winner = &mut ctx.c[pick];
     let t = if p.mode == Mode::Budget {
@@ -538,14 +549,8 @@ fn plan_full(
 }
 
 /// `PER_WEIGHT`: the candidate plus exceptions with the fewest total bytes that reaches `τ`.
-fn per_weight(
-    ctx: &mut Ctx<'_>,
-    name: &str,
-    values: &[f32],
-    shape: &[u64],
-    block_len: usize,
-    energy: f64,
-) -> Result<(usize, String)> {
+fn per_weight(ctx: &mut Ctx<'_>, sub: &Subject<'_>) -> Result<(usize, String)> {
+    let (name, values, shape, energy) = (sub.name, sub.values, sub.shape, sub.energy);
     let target = ctx.tau * energy;
     let dsize = ctx.p.exception_dtype.size() as f64;
     let n = values.len().max(1) as f64;
@@ -593,15 +598,7 @@ fn per_weight(
         count: k,
         dtype: ctx.p.exception_dtype,
     };
-    let (m, t) = measure(
-        name,
-        values,
-        shape,
-        &spec,
-        block_len,
-        energy,
-        ctx.p.encode_options,
-    )?;
+    let (m, t) = sub.measure(&spec)?;
     let reason = format!("{} plus its {k} worst values exact", ctx.c[i].m.label);
     ctx.c.push(Cand {
         spec,
