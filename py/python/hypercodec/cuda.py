@@ -80,6 +80,7 @@ class DeviceLinear:
         form = op.device_form()
         self.kind = "dense" if form is None else form["kind"]
         self._dense: dict[torch.dtype, torch.Tensor] = {}
+        self._fused: dict[torch.dtype, int] = {}
         if form is None:
             return
 
@@ -156,17 +157,23 @@ class DeviceLinear:
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def _fused_batch(self, dtype: torch.dtype) -> int:
-        """Activation rows up to which the fused kernel runs for activations of ``dtype``."""
-        if self.kind == "affine" and dtype in _DTYPES:
-            return self.kernels.affine_fused_batch(dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1))
-        return GEMV_MAX_BATCH.get(self.kind, 0)
+        """Activation rows up to which the fused kernel runs for activations of ``dtype`` (asked
+        of the kernels once per dtype: it is read on every forward)."""
+        n = self._fused.get(dtype)
+        if n is None:
+            n = GEMV_MAX_BATCH.get(self.kind, 0)
+            if self.kind == "affine" and dtype in _DTYPES:
+                n = self.kernels.affine_fused_batch(dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1))
+            self._fused[dtype] = n
+        return n
 
     def route(self, batch: int, dtype: torch.dtype = torch.float32) -> str:
         """The route a batch of ``batch`` rows of ``dtype`` takes."""
         if self.kind == "dense":
             return "cuda-decode-fallback+linear"
-        if batch <= self._fused_batch(dtype):
-            if self.kind == "affine" and self._fused_batch(dtype) == MMA_MAX_BATCH:
+        fused = self._fused_batch(dtype)
+        if batch <= fused:
+            if self.kind == "affine" and fused == MMA_MAX_BATCH:
                 return "cuda-affine-mma"
             return f"cuda-{self.kind}-gemv"
         return f"cuda-{self.kind}-decode+linear"
