@@ -18,7 +18,28 @@ struct Subject<'a> {
     options: EncodeOptions,
 }
 
-impl Subject<'_> {
+impl<'a> Subject<'a> {
+    /// The tensor `values` (rows of `cols`) as planned by `p`, and its row blocks' energies.
+    fn new(
+        p: &Planner,
+        name: &'a str,
+        values: &'a [f32],
+        shape: &'a [u64],
+        cols: usize,
+    ) -> (Self, Vec<f64>) {
+        let block_len = (p.block_rows.max(1) as usize).saturating_mul(cols);
+        let (block_e, energy) = energies(values, block_len);
+        let sub = Subject {
+            name,
+            values,
+            shape,
+            block_len,
+            energy,
+            options: p.encode_options,
+        };
+        (sub, block_e)
+    }
+
     /// Encodes with `spec`, decodes and measures ([`measure`]).
     fn measure(&self, spec: &Spec) -> Result<(Measured, EncodedTensor)> {
         measure(
@@ -225,16 +246,7 @@ pub(crate) fn plan_tensor(
         .copied()
         .collect();
     let (sp, _) = plan_full(p, name, &sample, &[m, cols as u64])?;
-    let block_len = (p.block_rows.max(1) as usize).saturating_mul(cols);
-    let (_, energy) = energies(values, block_len);
-    let sub = Subject {
-        name,
-        values,
-        shape,
-        block_len,
-        energy,
-        options: p.encode_options,
-    };
+    let (sub, _) = Subject::new(p, name, values, shape, cols);
     let (full, t) = sub.measure(&sp.spec)?;
     if let (Mode::Auto, Some(target)) = (p.mode, p.target) {
         if full.bytes > target.bytes(values.len() as u64) {
@@ -303,16 +315,7 @@ fn plan_full(
     let cols = hypercodec_hwz::matrix_view(shape, values.len() as u64)
         .1
         .max(1) as usize;
-    let block_len = (p.block_rows.max(1) as usize).saturating_mul(cols);
-    let (block_e, energy) = energies(values, block_len);
-    let sub = Subject {
-        name,
-        values,
-        shape,
-        block_len,
-        energy,
-        options: p.encode_options,
-    };
+    let (sub, block_e) = Subject::new(p, name, values, shape, cols);
     let mut specs = p.candidates.clone();
     let int4_row = Spec::parse("int4-row")?;
     if p.mode == Mode::Auto && !specs.contains(&int4_row) {
