@@ -1032,6 +1032,168 @@ impl KvCodec {
         })
     }
 
+    /// Softmax attention over the first `n` compressed tokens of each row, decoding a block of
+    /// tokens at a time in the rotated domain (no decoded history is ever held). This codec
+    /// coded the keys (`kcodes` `(rows, capacity, code_bytes)` uint8, `kscales` `(rows,
+    /// capacity)` uint16), `values` the values (`vcodes`, `vscales`, the same rows). `q`:
+    /// float32 `(rows, g, dim)`, the queries of each row (e.g. rows = batch · key/value heads,
+    /// g = the query heads sharing one, times the new tokens); scores are `scale·⟨q, k⟩` plus
+    /// `bias` (optional float32 `(batch, b, ≥ n)`: row `r` reads batch `r // (rows / batch)`,
+    /// query `j` its bias row `j % b`; `-inf` masks). Writes each query's output normalized
+    /// over these tokens into `out` (float32 `(rows, g, value dim)`) and its log-sum-exp into
+    /// `lse` (float32 `(rows, g)`), which merge with attention over other tokens. Exact tokens
+    /// join the same softmax: `exact_keys` / `exact_values` (float32 `(rows, m, dim)`), the
+    /// first `sinks` of them before the history; the bias columns then follow the tokens'
+    /// order (sinks, history, the rest). Dither keys are `(offset + t) · heads + r % heads`, as
+    /// in `decode_rows_into`; `parallel` spreads the rows over the thread pool (off by default,
+    /// for the reason `decode_rows_into` gives: measured inside SmolLM2's decode step, 65 ms
+    /// per step with it against 59 without).
+    #[pyo3(signature = (values, q, kcodes, kscales, vcodes, vscales, n, scale, bias, out, lse, exact_keys=None, exact_values=None, sinks=0, offset=0, heads=1, parallel=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn attend<'py>(
+        &self,
+        py: Python<'py>,
+        values: PyRef<'py, KvCodec>,
+        q: numpy::PyReadonlyArray3<'py, f32>,
+        kcodes: numpy::PyReadonlyArray3<'py, u8>,
+        kscales: numpy::PyReadonlyArray2<'py, u16>,
+        vcodes: numpy::PyReadonlyArray3<'py, u8>,
+        vscales: numpy::PyReadonlyArray2<'py, u16>,
+        n: usize,
+        scale: f32,
+        bias: Option<numpy::PyReadonlyArray3<'py, f32>>,
+        mut out: numpy::PyReadwriteArray3<'py, f32>,
+        mut lse: numpy::PyReadwriteArray2<'py, f32>,
+        exact_keys: Option<numpy::PyReadonlyArray3<'py, f32>>,
+        exact_values: Option<numpy::PyReadonlyArray3<'py, f32>>,
+        sinks: usize,
+        offset: usize,
+        heads: usize,
+        parallel: bool,
+    ) -> PyResult<()> {
+        let (kc, vc) = (&self.codec, &values.codec);
+        let m = exact_keys.as_ref().map_or(0, |e| e.shape()[1]);
+        let exact_fits = match (&exact_keys, &exact_values) {
+            (Some(k), Some(v)) => {
+                k.shape() == [q.shape()[0], m, kc.dim()]
+                    && v.shape() == [q.shape()[0], m, vc.dim()]
+                    && sinks <= m
+            }
+            (None, None) => sinks == 0,
+            _ => false,
+        };
+        let [rows, g, dk]: [usize; 3] = q.shape().try_into().expect("rank 3");
+        let [_, kcap, kcb]: [usize; 3] = kcodes.shape().try_into().expect("rank 3");
+        let [_, vcap, vcb]: [usize; 3] = vcodes.shape().try_into().expect("rank 3");
+        let dv = vc.dim();
+        let bshape = bias.as_ref().map(|b| b.shape().to_vec());
+        let fits = dk == kc.dim()
+            && kcb == kc.code_bytes()
+            && vcb == vc.code_bytes()
+            && kcodes.shape()[0] == rows
+            && vcodes.shape()[0] == rows
+            && kscales.shape() == [rows, kcap]
+            && vscales.shape() == [rows, vcap]
+            && n <= kcap.min(vcap)
+            && out.shape() == [rows, g, dv]
+            && lse.shape() == [rows, g]
+            && bshape.as_ref().is_none_or(|b| {
+                b[0] > 0
+                    && rows.is_multiple_of(b[0])
+                    && b[1] > 0
+                    && g.is_multiple_of(b[1])
+                    && b[2] >= n + m
+            })
+            && exact_fits;
+        if !fits {
+            return Err(InvalidInputError::new_err(format!(
+                "attend: q {:?}, kcodes {:?}, kscales {:?}, vcodes {:?}, vscales {:?}, n {n}, bias {bshape:?}, \
+                 out {:?}, lse {:?}, exact {:?} / {:?} (sinks {sinks}) do not fit (key dim {} code_bytes {}, \
+                 value dim {dv} code_bytes {})",
+                q.shape(),
+                kcodes.shape(),
+                kscales.shape(),
+                vcodes.shape(),
+                vscales.shape(),
+                out.shape(),
+                lse.shape(),
+                exact_keys.as_ref().map(|e| e.shape().to_vec()),
+                exact_values.as_ref().map(|e| e.shape().to_vec()),
+                kc.dim(),
+                kc.code_bytes(),
+                vc.code_bytes()
+            )));
+        }
+        let (qs, kcs, kss) = (q.as_slice()?, kcodes.as_slice()?, kscales.as_slice()?);
+        let eks = exact_keys.as_ref().map(|e| e.as_slice()).transpose()?;
+        let evs = exact_values.as_ref().map(|e| e.as_slice()).transpose()?;
+        let (vcs, vss) = (vcodes.as_slice()?, vscales.as_slice()?);
+        let bs = bias.as_ref().map(|b| b.as_slice()).transpose()?;
+        let (os, ls) = (out.as_slice_mut()?, lse.as_slice_mut()?);
+        let heads = heads.max(1);
+        let dither = kc.dithers() || vc.dithers();
+        py.detach(|| -> PyResult<()> {
+            use rayon::prelude::*;
+            let run = |(r, (o, l)): (usize, (&mut [f32], &mut [f32]))| -> PyResult<()> {
+                let keys: Option<Vec<u64>> = dither.then(|| {
+                    (0..n)
+                        .map(|t| ((offset + t) * heads + r % heads) as u64)
+                        .collect()
+                });
+                let ks = hypercodec_lattice::kv::Side {
+                    codec: kc,
+                    codes: &kcs[r * kcap * kcb..(r * kcap + n) * kcb],
+                    scales: &kss[r * kcap..r * kcap + n],
+                };
+                let vs = hypercodec_lattice::kv::Side {
+                    codec: vc,
+                    codes: &vcs[r * vcap * vcb..(r * vcap + n) * vcb],
+                    scales: &vss[r * vcap..r * vcap + n],
+                };
+                let b = match (bs, &bshape) {
+                    (Some(v), Some(sh)) => {
+                        let per = sh[1] * sh[2];
+                        let batch = r / (rows / sh[0]);
+                        Some(hypercodec_lattice::kv::Bias {
+                            values: &v[batch * per..(batch + 1) * per],
+                            stride: sh[2],
+                            rows: sh[1],
+                        })
+                    }
+                    _ => None,
+                };
+                let exact = eks.zip(evs).map(|(ek, ev)| hypercodec_lattice::kv::Exact {
+                    keys: &ek[r * m * dk..(r + 1) * m * dk],
+                    values: &ev[r * m * dv..(r + 1) * m * dv],
+                    sinks,
+                });
+                hypercodec_lattice::kv::attend_into(
+                    ks,
+                    vs,
+                    exact,
+                    keys.as_deref(),
+                    &qs[r * g * dk..(r + 1) * g * dk],
+                    scale,
+                    b,
+                    o,
+                    l,
+                )
+                .map_err(lattice_err)
+            };
+            if parallel {
+                os.par_chunks_mut(g * dv)
+                    .zip(ls.par_chunks_mut(g))
+                    .enumerate()
+                    .try_for_each(run)
+            } else {
+                os.chunks_mut(g * dv)
+                    .zip(ls.chunks_mut(g))
+                    .enumerate()
+                    .try_for_each(run)
+            }
+        })
+    }
+
     /// The vectors of `codes` (`(..., code_bytes)` uint8) and `scales` (`(...)` uint16), as
     /// float32 `(..., dim)`; the same `keys` as `encode`.
     #[pyo3(signature = (codes, scales, keys=None))]

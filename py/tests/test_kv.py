@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 pytest.importorskip("transformers", reason="transformers is not installed")
 pytest.importorskip("gguf", reason="gguf is not installed")
 
-from hypercodec.kv import HypercodecCache, make_codec  # noqa: E402
+from hypercodec.kv import ATTENTION, HypercodecCache, make_codec  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXT = (
@@ -100,7 +100,49 @@ def test_compressed_caches_track_the_uncompressed_next_token_distribution(lm):
     assert stats["trellis", 2][0] < stats["e8", 2][0], stats
 
 
-def test_a_batch_of_eight_equals_its_rows_run_alone(lm):
+@pytest.fixture(params=["sdpa", ATTENTION])
+def attn(request, lm):
+    """Runs a test with the model's attention over a decoded history (SDPA) and over the codes."""
+    model = lm[0]
+    model.set_attn_implementation(request.param)
+    yield request.param
+    model.set_attn_implementation("sdpa")
+
+
+def test_attention_over_codes_matches_attention_over_the_decoded_history(lm):
+    """The same caches (sinks, dither, Haar rotation, the trellis, prompts longer than the
+    window, so compressed tokens are queries too) through SDPA over the decoded history and
+    through ``hypercodec_kv`` over the codes: the same distribution up to codes that float
+    rounding flips (KL between them far below their KL to the uncompressed model)."""
+    model, tok = lm
+    from transformers import DynamicCache
+
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    ref = _chunked_logp(model, ids, DynamicCache(config=model.config))
+    kl = lambda p, q: (p.exp() * (p - q)).sum(-1).mean().item()  # noqa: E731
+    for opts, chunk in [
+        (dict(quantizer="e8", key_bits=4, value_bits=3, window=16, block=8, sinks=4), 8),
+        (dict(quantizer="e8", key_bits=3, value_bits=3, window=8, block=4, dither=True, rotation="haar"), 40),
+        (dict(quantizer="trellis", key_bits=2, value_bits=2, window=16, block=8), 24),
+    ]:
+        decoded = _chunked_logp(model, ids, HypercodecCache(model.config, **opts), chunk)
+        model.set_attn_implementation(ATTENTION)
+        try:
+            fused = _chunked_logp(model, ids, HypercodecCache(model.config, **opts), chunk)
+        finally:
+            model.set_attn_implementation("sdpa")
+        assert kl(decoded, fused) < 0.1 * kl(ref, decoded), opts
+        assert (decoded.argmax(-1) == fused.argmax(-1)).float().mean() > 0.9, opts
+    # Without a HypercodecCache the attention is SDPA's: bit-identical logits.
+    model.set_attn_implementation(ATTENTION)
+    try:
+        same = _chunked_logp(model, ids, DynamicCache(config=model.config))
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert torch.equal(same, ref)
+
+
+def test_a_batch_of_eight_equals_its_rows_run_alone(lm, attn):
     model, tok = lm
     full = tok(TEXT, return_tensors="pt")["input_ids"][0]
     rows = torch.stack([full[i * 12 : i * 12 + 40] for i in range(8)])  # 8 prompts, 40 tokens each
@@ -112,7 +154,7 @@ def test_a_batch_of_eight_equals_its_rows_run_alone(lm):
         assert torch.equal(batch[i], one[0]), i
 
 
-def test_padding_and_beam_search_run(lm):
+def test_padding_and_beam_search_run(lm, attn):
     model, tok = lm
     tok.padding_side = "left"
     if tok.pad_token is None:

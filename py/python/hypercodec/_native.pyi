@@ -124,3 +124,23 @@ class KvCodec:
         heads: int = 1,
         parallel: bool = False,
     ) -> None: ...
+    def attend(
+        self,
+        values: KvCodec,
+        q: npt.NDArray[np.float32],
+        kcodes: npt.NDArray[np.uint8],
+        kscales: npt.NDArray[np.uint16],
+        vcodes: npt.NDArray[np.uint8],
+        vscales: npt.NDArray[np.uint16],
+        n: int,
+        scale: float,
+        bias: Optional[npt.NDArray[np.float32]],
+        out: npt.NDArray[np.float32],
+        lse: npt.NDArray[np.float32],
+        exact_keys: Optional[npt.NDArray[np.float32]] = None,
+        exact_values: Optional[npt.NDArray[np.float32]] = None,
+        sinks: int = 0,
+        offset: int = 0,
+        heads: int = 1,
+        parallel: bool = False,
+    ) -> None: ...

@@ -16,7 +16,15 @@ New tokens are encoded once, when they leave the window, ``block`` at a time; th
 history lives in token-major arrays that grow by doubling. On a CUDA device, E8 codecs without
 dither (RHT or no rotation, head sizes of 8..256 in whole words of 8) encode and decode with
 hypercodec's CUDA kernels and keep their codes on the device; other codecs go through the
-host. Each ``update`` decodes the compressed history for attention (a transient per-layer buffer: only the codes are held).
+host.
+
+Attention: with the model's attention set to :data:`ATTENTION` (``"hypercodec_kv"``, registered
+with transformers when this module is imported: ``model.set_attn_implementation(ATTENTION)``),
+host caches never decode their history: each step's attention runs over the codes a block of
+tokens at a time in the rotated domain (native ``KvCodec.attend``) and merges with attention
+over the exact tokens. Any other attention implementation (or the CUDA path, or the ``int``
+baselines) gets the history decoded into a transient per-layer buffer at each ``update``; the
+``hypercodec_kv`` attention falls back to PyTorch's SDPA for every other cache.
 :meth:`HypercodecCache.stored_bytes` and :meth:`HypercodecCache.bits_per_value` count every
 byte held: codes, scales and exact tokens at their dtype's size.
 
@@ -39,7 +47,10 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from . import _native
 
-__all__ = ["HypercodecCache", "HypercodecKVLayer", "IntCodec", "make_codec"]
+__all__ = ["ATTENTION", "HypercodecCache", "HypercodecKVLayer", "IntCodec", "attention", "make_codec"]
+
+#: The attention implementation that runs over compressed caches without decoding them.
+ATTENTION = "hypercodec_kv"
 
 
 class IntCodec:
@@ -178,6 +189,9 @@ class HypercodecKVLayer(DynamicLayer):
         self.cumulative_length = 0
         self._k, self._v = _Store(), _Store()
         self._gpu = None
+        #: Set by :class:`HypercodecCache` when the model's attention is :data:`ATTENTION`:
+        #: ``update`` then returns only the exact tokens, tagged for :func:`attention`.
+        self.fused = False
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -310,6 +324,10 @@ class HypercodecKVLayer(DynamicLayer):
             self.keys, self.values = self.keys[:, :, over:], self.values[:, :, over:]
         if self._k.n == 0:
             return torch.cat([self.sink_keys, self.keys], 2), torch.cat([self.sink_values, self.values], 2)
+        if self.fused and self._gpu is None and not isinstance(self.kcodec, IntCodec):
+            k = torch.cat([self.sink_keys, self.keys], 2)
+            k._hypercodec = self  # read by `attention`, which attends over the codes too
+            return k, torch.cat([self.sink_values, self.values], 2)
         if self._gpu is not None:
             _, kp, vp = self._gpu
             k = self._assemble_gpu(self.sink_keys, self._k, kp, self.keys)
@@ -318,6 +336,53 @@ class HypercodecKVLayer(DynamicLayer):
         k = self._assemble(self.sink_keys, self._k, self.kcodec, self.keys)
         v = self._assemble(self.sink_values, self._v, self.vcodec, self.values)
         return k, v
+
+    def attend(self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scaling: float) -> torch.Tensor:
+        """Attention of ``query`` ``[B, Hq, q, d]`` over ``[sinks, compressed history, window]``
+        in one native call (``k``/``v``: the exact sinks and window that ``update`` returned;
+        ``mask``: None for causal, or the boolean / additive 4-D mask over every token), as
+        ``[B, q, Hq, d]``."""
+        b, hq, q, d = query.shape
+        s, n = self.sink_keys.shape[2], self._k.n
+        total = s + n + self.keys.shape[2]
+        bias = None
+        if mask is not None:
+            m = mask[:, 0, :, :total].to("cpu")
+            if m.dtype == torch.bool:
+                bias = torch.zeros(m.shape, dtype=torch.float32).masked_fill_(~m, float("-inf"))
+            else:
+                bias = m.to(torch.float32)
+        elif q > 1:  # causal: query i sees tokens up to total − q + i
+            seen = torch.arange(total)[None, :] <= torch.arange(total - q, total)[:, None]
+            bias = torch.zeros((1, q, total)).masked_fill_(~seen[None], float("-inf"))
+        hk = k.shape[1]
+        g = hq // hk
+        host = {"device": "cpu", "dtype": torch.float32}
+        qn = query.detach().to(**host).reshape(b * hk, g * q, d).contiguous().numpy()
+        ek = k.detach().to(**host).reshape(b * hk, -1, d).contiguous().numpy()
+        ev = v.detach().to(**host).reshape(b * hk, ek.shape[1], -1).contiguous().numpy()
+        out = np.empty((b * hk, g * q, ev.shape[2]), np.float32)
+        lse = np.empty((b * hk, g * q), np.float32)
+        self.kcodec.attend(
+            self.vcodec,
+            qn,
+            self._k.codes,
+            self._k.scales,
+            self._v.codes,
+            self._v.scales,
+            n,
+            float(scaling),
+            None if bias is None else bias.contiguous().numpy(),
+            out,
+            lse,
+            ek,
+            ev,
+            s,
+            s,
+            self.heads,
+        )
+        o = torch.from_numpy(out).reshape(b, hq, q, -1).transpose(1, 2).contiguous()
+        return o.to(device=query.device, dtype=query.dtype)
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
@@ -374,6 +439,13 @@ class HypercodecCache(Cache):
         if kinds - {"full_attention"}:
             raise _native.InvalidInputError(f"HypercodecCache needs full-attention layers only, found {sorted(kinds)}")
         super().__init__(layers=[HypercodecKVLayer(**layer_options) for _ in range(config.num_hidden_layers)])
+        self._config = config
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        # Attention over the codes when the model runs `attention` (read at each call: the
+        # model's implementation can change after the cache is built).
+        self.layers[layer_idx].fused = getattr(self._config, "_attn_implementation", None) == ATTENTION
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def stored_bytes(self) -> int:
         """Bytes held by every layer (see :meth:`HypercodecKVLayer.stored_bytes`)."""
@@ -383,3 +455,38 @@ class HypercodecCache(Cache):
         """Stored bits per cached key/value number, every overhead included."""
         n = sum(layer.values_held() for layer in self.layers)
         return 8 * self.stored_bytes() / max(n, 1)
+
+
+def attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface (:data:`ATTENTION`): over a :class:`HypercodecCache`
+    layer's codes when ``key`` comes from one, else PyTorch's SDPA (``sdpa_attention_forward``)."""
+    layer = getattr(key, "_hypercodec", None)
+    if layer is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    return layer.attend(query, key, value, attention_mask, scaling), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+_register()
