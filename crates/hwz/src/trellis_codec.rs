@@ -221,14 +221,19 @@ fn encode_rows(
             }
         }
         tcq::decode_row(b, t.seq, &t.params, &mut decoded).map_err(tcq_err(tensor))?;
-        // The least-squares scale of the chosen codes, in units of the row's RMS.
+        // The least-squares scale of the chosen codes, in units of the row's RMS (with
+        // statistics: the least output error, `cᵀHu / cᵀHc`).
         let (xc, cc) = u
             .iter()
             .zip(&decoded)
             .fold((0f64, 0f64), |(a, b), (&x, &c)| {
                 (a + x as f64 * c as f64, b + c as f64 * c as f64)
             });
-        let fit = if cc > 0.0 { xc / cc } else { 1.0 };
+        let plain = if cc > 0.0 { xc / cc } else { 1.0 };
+        let fit = match feedback.and_then(|f| f.fit(&u, &decoded)) {
+            Some(h) if h > 0.0 && h.is_finite() => h,
+            _ => plain,
+        };
         *s = t.scale_dtype.round((rms * fit) as f32);
     }
     Ok(())

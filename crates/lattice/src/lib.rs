@@ -270,8 +270,10 @@ pub fn quantize_rows_into(
 
 /// [`quantize_rows_into`] with error feedback: each row's words are rounded left to right
 /// and their errors fed into the words not yet rounded ([`hypercodec_scalar::ldlq`]), with the
-/// factor `f` of the layer's input statistics *in the rotated coordinates* ([`rotate_hessian`]).
-/// The symbols are the same format; only which points are chosen changes. No dither.
+/// factor `f` of the layer's input statistics *in the rotated coordinates* ([`rotate_hessian`]),
+/// and each row's scale is then refitted to the least output error of its points
+/// ([`hypercodec_scalar::ldlq::Ldlq::fit`]). The symbols are the same format; only which points
+/// are chosen, and the scales, change. No dither.
 #[allow(clippy::too_many_arguments)]
 pub fn quantize_rows_ldlq_into(
     values: &[f32],
@@ -366,6 +368,7 @@ fn quantize_rows_impl(
         }
     }
     let mut buf = vec![0f32; spr];
+    let mut target = Vec::new();
     for (r, row) in values.chunks_exact(cols.max(1)).take(rows).enumerate() {
         buf[..cols].copy_from_slice(row);
         buf[cols..].iter_mut().for_each(|v| *v = 0.0);
@@ -405,6 +408,8 @@ fn quantize_rows_impl(
             Some(f) => {
                 // Word by word: round, write the point back, feed its error forward.
                 let (mut word, mut point) = ([0f32; 8], [0f32; 8]);
+                target.clear();
+                target.extend_from_slice(&buf[..cols]);
                 f.row(&mut buf[..cols], d, |j0, upcoming| {
                     let a = d.min(upcoming.len());
                     word[..a].copy_from_slice(&upcoming[..a]);
@@ -417,6 +422,14 @@ fn quantize_rows_impl(
                     }
                     upcoming[..a].copy_from_slice(&point[..a]);
                 });
+                // The stored scale that gives the chosen points the least output error under
+                // the statistics (not the row's RMS; `round_scale` may pin it to a step).
+                if let Some(fit) = f.fit(&target, &buf[..cols]) {
+                    let refit = round_scale((sigma as f64 * fit) as f32);
+                    if fit > 0.0 && refit.is_finite() && refit > 0.0 {
+                        scales[r] = refit;
+                    }
+                }
             }
         }
     }

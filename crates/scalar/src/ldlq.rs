@@ -130,6 +130,43 @@ impl Ldlq {
     }
 }
 
+impl Ldlq {
+    /// The scale `c` that minimizes the output error `(y − c·p)ᵀ·H·(y − c·p)` of reconstructing
+    /// the row `target` (`y`) by `c` times the rounded `point` (`p`), under the damped
+    /// statistics this factor was built from: `pᵀHy / pᵀHp` (None when `pᵀHp` is 0). With
+    /// `H = U⁻¹·U⁻ᵀ`, `aᵀHb = (U⁻ᵀa)·(U⁻ᵀb)`: two triangular solves over `U`'s rows, no copy
+    /// of `H`. Rounding with feedback leaves each row's stored scale a little off this optimum.
+    pub fn fit(&self, target: &[f32], point: &[f32]) -> Option<f64> {
+        let n = self.n;
+        debug_assert!(target.len() == n && point.len() == n);
+        // Uᵀ·z = v, column by column: z_j = (v_j − acc_j) / U_jj, then row j of U (its entries
+        // right of the diagonal) feeds acc.
+        let (mut zy, mut zp) = (vec![0f64; n], vec![0f64; n]);
+        let (mut ay, mut ap) = (vec![0f64; n], vec![0f64; n]);
+        let (mut py, mut pp) = (0f64, 0f64);
+        for j in 0..n {
+            let d = self.u[j * n + j] as f64;
+            if d == 0.0 {
+                continue;
+            }
+            let (y, p) = (
+                (target[j] as f64 - ay[j]) / d,
+                (point[j] as f64 - ap[j]) / d,
+            );
+            zy[j] = y;
+            zp[j] = p;
+            py += y * p;
+            pp += p * p;
+            let row = &self.u[j * n + j + 1..(j + 1) * n];
+            for ((a, b), &u) in ay[j + 1..].iter_mut().zip(&mut ap[j + 1..]).zip(row) {
+                *a += u as f64 * y;
+                *b += u as f64 * p;
+            }
+        }
+        (pp > 0.0).then(|| py / pp)
+    }
+}
+
 /// In-place lower Cholesky factor of `a` (`n × n`, row-major); false when not positive definite.
 fn cholesky_lower(a: &mut [f64], n: usize) -> bool {
     for j in 0..n {
@@ -207,6 +244,44 @@ mod tests {
             }
         }
         h
+    }
+
+    #[test]
+    fn fit_is_the_least_output_error_scale_under_the_damped_statistics() {
+        let n = 21;
+        let h = matrix(n, 5);
+        let f = Ldlq::new(&h, n, 0.01).unwrap();
+        let mean = (0..n).map(|i| h[i * n + i] as f64).sum::<f64>() / n as f64;
+        let hd = |i: usize, j: usize| h[i * n + j] as f64 + if i == j { 0.01 * mean } else { 0.0 };
+        let y: Vec<f32> = (0..n).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3).collect();
+        let p: Vec<f32> = y
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v * 1.7).round() / 1.6 + 0.01 * i as f32)
+            .collect();
+        let q = |a: &[f32], b: &[f32]| -> f64 {
+            (0..n)
+                .map(|i| {
+                    (0..n)
+                        .map(|j| a[i] as f64 * hd(i, j) * b[j] as f64)
+                        .sum::<f64>()
+                })
+                .sum()
+        };
+        let want = q(&p, &y) / q(&p, &p);
+        let got = f.fit(&y, &p).unwrap();
+        assert!((got - want).abs() < 1e-4 * want.abs(), "{got} vs {want}");
+        // The fitted scale's output error is no larger than at any nearby scale.
+        let err = |c: f64| {
+            let d: Vec<f32> = y
+                .iter()
+                .zip(&p)
+                .map(|(&a, &b)| (a as f64 - c * b as f64) as f32)
+                .collect();
+            q(&d, &d)
+        };
+        assert!(err(got) <= err(got * 1.01) && err(got) <= err(got * 0.99) && err(got) < err(1.0));
+        assert_eq!(f.fit(&y, &vec![0.0; n]), None);
     }
 
     #[test]
