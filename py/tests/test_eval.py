@@ -71,6 +71,30 @@ def test_causal_lm_rows_follow_the_rate_and_count_stored_bytes(tmp_path):
         assert os.path.getsize(tmp_path / png) > 1000
 
 
+def test_decoded_layers_measure_what_the_runtime_computes():
+    """The suite measures quality with each compressed layer's decoded weight in a dense layer:
+    the same perplexity and logits as the compressed layers themselves, up to float rounding,
+    for every family of encoding (biases kept)."""
+    import copy
+
+    from hypercodec import nn as hnn
+
+    model = tiny_llama()
+    model.model.layers[0].mlp.up_proj.bias = torch.nn.Parameter(torch.randn(128) * 0.1)
+    g = torch.Generator().manual_seed(2)
+    text = " ".join(str(int(t)) for t in torch.randint(3, 96, (700,), generator=g))
+    subject = hev.CausalLM(model, Tokens(), text, tokens=384, window=128)
+    for method in ("lattice", "trellis-l12", "affine", "affine-row", "lattice-fixed"):
+        q = hnn.quantize(copy.deepcopy(model), bps=3, method=hnn.method_spec(method, 3), skip=(), conv=False)
+        assert any(isinstance(m, hnn.HyperLinear) for m in q.modules())
+        runtime = subject.measure(q)
+        dense = hev.decoded(q)
+        assert not any(isinstance(m, hnn.HyperLinear) for m in dense.modules())
+        got = subject.measure(dense)
+        assert got["ppl"] == pytest.approx(runtime["ppl"], rel=1e-4), method
+        assert got["kl"] == pytest.approx(runtime["kl"], rel=1e-2, abs=1e-5), method
+
+
 def test_budget_rows_meet_the_rate_and_fisher_weights_follow_the_loss(tmp_path):
     from hypercodec import nn as hnn
 
