@@ -610,12 +610,134 @@ __device__ __forceinline__ void hc_affine_mma(const AffineArgs& a) {
     }
 }
 
+// One batch tile (M ≤ 8): the codes and scale terms of each warp's next steps stream into
+// shared memory through cp.async (HC_PIPE_STAGES steps in flight per warp, no registers held
+// for them), so the bytes in flight no longer depend on the warps an SM can hold; each lane
+// copies and later reads only its own words (no barrier).
+#define HC_PIPE_STAGES 3
+
+template <int N>
+__device__ __forceinline__ void hc_cp_async(void* dst, const void* src) {
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    if (N == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    } else if (N == 8) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+    }
+}
+__device__ __forceinline__ void hc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void hc_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// One warp's step in shared memory: [row half][lane] so that the lanes' 16-byte reads are
+// contiguous.
+template <int CW>
+struct __align__(16) HcPipeSlot {
+    uint32_t w[2][32][CW];
+    float sc[2][32], lo[2][32];
+};
+
+template <int BITS, int CW>
+__device__ __forceinline__ void hc_pipe_issue(const AffineArgs& a, int s, int r0, int g, int t, int lane,
+                                              HcPipeSlot<CW>& slot) {
+    constexpr int PER = 32 / BITS;
+    constexpr int MC = 4 * CW * PER;
+    const long long row_bytes = (long long)a.cols * BITS / 8;
+    const int grp = a.srs ? (a.glen_log2 >= 0 ? (s * MC) >> a.glen_log2 : (s * MC) / a.glen) : 0;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = r0 + g + 8 * h;
+        if (r < a.rows) {
+            hc_cp_async<4 * CW>(&slot.w[h][lane][0],
+                                a.codes + (long long)r * row_bytes + (long long)s * MC * BITS / 8 + t * CW * 4);
+            const int si = a.srs ? r * a.srs + grp : 0;
+            hc_cp_async<4>(&slot.sc[h][lane], a.scales + si);
+            if (a.offsets) hc_cp_async<4>(&slot.lo[h][lane], a.offsets + si);
+        }
+    }
+}
+
+template <int BITS, int CW, bool BF16>
+__device__ __forceinline__ void hc_affine_mma_pipe(const AffineArgs& a) {
+    constexpr int PER = 32 / BITS;
+    constexpr int MC = 4 * CW * PER;
+    constexpr int XW = PER / 2;
+    constexpr float FMAGIC = BF16 ? 128.f : 1024.f;
+    constexpr int S = HC_PIPE_STAGES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.x * 16;
+    const int steps = a.cols / MC;
+    static_assert(sizeof(HcPipeSlot<CW>) * HC_MMA_WARPS * S + sizeof(float) * HC_MMA_WARPS * 16 * 8 <= 48 * 1024,
+                  "static shared memory of one block");
+    __shared__ HcPipeSlot<CW> ring[HC_MMA_WARPS][S];
+    HcPipeSlot<CW>(&mine)[S] = ring[warp];
+    float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
+    // Steps warp, warp + 8, …: the first S − 1 in flight before the loop (empty groups keep
+    // the count of each lane's groups uniform).
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) {
+        const int s = warp + HC_MMA_WARPS * i;
+        if (s < steps) hc_pipe_issue<BITS, CW>(a, s, r0, g, t, lane, mine[i]);
+        hc_cp_commit();
+    }
+    // The activations in registers, a step ahead.
+    uint32_t xn[CW][XW];
+    if (warp < steps)
+#pragma unroll
+        for (int k = 0; k < CW; k++) hc_mma_x<XW>(a, g, (long long)warp * MC + t * CW * PER + k * PER, xn[k]);
+    for (int i = 0, s = warp; s < steps; i++, s += HC_MMA_WARPS) {
+        const int ahead = s + HC_MMA_WARPS * (S - 1);
+        if (ahead < steps) hc_pipe_issue<BITS, CW>(a, ahead, r0, g, t, lane, mine[(i + S - 1) % S]);
+        hc_cp_commit();
+        HcMmaStep<CW, 1, 1, XW> cur;
+#pragma unroll
+        for (int k = 0; k < CW; k++)
+#pragma unroll
+            for (int e = 0; e < XW; e++) cur.x[k][e] = xn[k][e];
+        if (s + HC_MMA_WARPS < steps)
+#pragma unroll
+            for (int k = 0; k < CW; k++)
+                hc_mma_x<XW>(a, g, (long long)(s + HC_MMA_WARPS) * MC + t * CW * PER + k * PER, xn[k]);
+        hc_cp_wait<S - 1>();  // this lane's copies of step s have landed
+        const HcPipeSlot<CW>& slot = mine[i % S];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const bool in = r0 + g + 8 * h < a.rows;
+#pragma unroll
+            for (int k = 0; k < CW; k++) cur.w[0][h][k] = in ? slot.w[h][lane][k] : 0u;
+            const float sc = in ? slot.sc[h][lane] : 0.f;
+            const float lo = in && a.offsets ? slot.lo[h][lane] : 0.f;
+            cur.mul[0][h] = sc * a.qmul;
+            cur.add[0][h] = lo - sc * a.qbias - FMAGIC * cur.mul[0][h];
+        }
+        hc_mma_step<BITS, CW, 1, 1, BF16>(a, s, g, t, cur, acc);
+    }
+    hc_cp_wait<0>();
+    __shared__ float part[HC_MMA_WARPS][16][8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) part[warp][g + 8 * (i >> 1)][2 * t + (i & 1)] = acc[0][0][i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < 16 * 8; e += blockDim.x) {
+        const int r = e / 8, m = e % 8;
+        if (r0 + r < a.rows && m < a.M) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < HC_MMA_WARPS; w++) v += part[w][r][m];
+            hc_store(a.y, a.ydtype, (long long)m * a.rows + r0 + r, v + (a.bias ? a.bias[r0 + r] : 0.f));
+        }
+    }
+}
+
 // hc_affine_mma_b{BITS}_w{CW}_n{NT}_{bf16,f16}: one kernel per (bits, words per lane and
 // step, batch tiles of 8, activation type); 8-bit codes only with f16 (bf16 holds 7 bits).
 #define HC_MMA(B, W, N, T, BF)                                                                       \
     extern "C" __global__ void __launch_bounds__(32 * HC_MMA_WARPS) hc_affine_mma_b##B##_w##W##_n##N##_##T( \
         AffineArgs a) {                                                                              \
-        hc_affine_mma<B, W, N, BF>(a);                                                               \
+        if constexpr (N == 1) hc_affine_mma_pipe<B, W, BF>(a);                                       \
+        else hc_affine_mma<B, W, N, BF>(a);                                                          \
     }
 #define HC_MMA_W(B, N, T, BF) HC_MMA(B, 1, N, T, BF) HC_MMA(B, 2, N, T, BF) HC_MMA(B, 4, N, T, BF)
 #define HC_MMA_N(B, T, BF) HC_MMA_W(B, 1, T, BF) HC_MMA_W(B, 2, T, BF)

@@ -1038,7 +1038,8 @@ impl KvCodec {
     /// capacity)` uint16), `values` the values (`vcodes`, `vscales`, the same rows). `q`:
     /// float32 `(rows, g, dim)`, the queries of each row (e.g. rows = batch · key/value heads,
     /// g = the query heads sharing one, times the new tokens); scores are `scale·⟨q, k⟩` plus
-    /// `bias` (optional float32 `(batch, b, ≥ n)`: row `r` reads batch `r // (rows / batch)`,
+    /// `bias` (optional float32 `(batch, b, ≥ n + m)` over every token, `m` exact ones included:
+    /// row `r` reads batch `r // (rows / batch)`,
     /// query `j` its bias row `j % b`; `-inf` masks). Writes each query's output normalized
     /// over these tokens into `out` (float32 `(rows, g, value dim)`) and its log-sum-exp into
     /// `lse` (float32 `(rows, g)`), which merge with attention over other tokens. Exact tokens
@@ -1123,6 +1124,9 @@ impl KvCodec {
                 kc.code_bytes(),
                 vc.code_bytes()
             )));
+        }
+        if rows == 0 || g == 0 {
+            return Ok(());
         }
         let (qs, kcs, kss) = (q.as_slice()?, kcodes.as_slice()?, kscales.as_slice()?);
         let eks = exact_keys.as_ref().map(|e| e.as_slice()).transpose()?;

@@ -230,11 +230,12 @@ fn encode_rows(
                 (a + x as f64 * c as f64, b + c as f64 * c as f64)
             });
         let plain = if cc > 0.0 { xc / cc } else { 1.0 };
-        let fit = match feedback.and_then(|f| f.fit(&u, &decoded)) {
-            Some(h) if h > 0.0 && h.is_finite() => h,
-            _ => plain,
-        };
-        *s = t.scale_dtype.round((rms * fit) as f32);
+        let fitted = feedback
+            .and_then(|f| f.fit(&u, &decoded))
+            .filter(|&h| h > 0.0)
+            .map(|h| t.scale_dtype.round((rms * h) as f32))
+            .filter(|v| v.is_finite());
+        *s = fitted.unwrap_or_else(|| t.scale_dtype.round((rms * plain) as f32));
     }
     Ok(())
 }

@@ -727,12 +727,23 @@ impl Online {
                 let row = &b.values[(j % b.rows) * b.stride + col..][..nt];
                 pj.iter_mut().zip(row).for_each(|(s, &a)| *s += a);
             }
-            let bmax = pj.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            // A NaN score (a NaN query) propagates to the output, as SDPA's would.
+            let bmax = pj.iter().fold(f32::NEG_INFINITY, |a, &b| {
+                if a.is_nan() || b.is_nan() {
+                    f32::NAN
+                } else {
+                    a.max(b)
+                }
+            });
             if bmax == f32::NEG_INFINITY {
                 pj.iter_mut().for_each(|s| *s = 0.0);
                 continue;
             }
-            let mn = self.m[j].max(bmax);
+            let mn = if bmax.is_nan() {
+                bmax
+            } else {
+                self.m[j].max(bmax)
+            };
             let f = (self.m[j] - mn).exp();
             if f != 1.0 {
                 self.l[j] *= f;
@@ -1324,6 +1335,14 @@ mod tests {
         )
         .unwrap();
         assert!(out.iter().all(|&v| v == 0.0) && lse[0] == f32::NEG_INFINITY);
+        // A NaN query gives NaN, not a silently masked row.
+        let mut nan_q = gauss(64, 3);
+        nan_q[5] = f32::NAN;
+        attend_into(
+            side, side, None, None, &nan_q, 1.0, None, &mut out, &mut lse,
+        )
+        .unwrap();
+        assert!(out.iter().all(|v| v.is_nan()));
         // Wrong lengths are typed errors.
         let short = Bias {
             values: &b[..3],

@@ -141,7 +141,6 @@ impl Ldlq {
         debug_assert!(target.len() == n && point.len() == n);
         // Uᵀ·z = v, column by column: z_j = (v_j − acc_j) / U_jj, then row j of U (its entries
         // right of the diagonal) feeds acc.
-        let (mut zy, mut zp) = (vec![0f64; n], vec![0f64; n]);
         let (mut ay, mut ap) = (vec![0f64; n], vec![0f64; n]);
         let (mut py, mut pp) = (0f64, 0f64);
         for j in 0..n {
@@ -153,8 +152,6 @@ impl Ldlq {
                 (target[j] as f64 - ay[j]) / d,
                 (point[j] as f64 - ap[j]) / d,
             );
-            zy[j] = y;
-            zp[j] = p;
             py += y * p;
             pp += p * p;
             let row = &self.u[j * n + j + 1..(j + 1) * n];

@@ -359,8 +359,8 @@ class HypercodecKVLayer(DynamicLayer):
         g = hq // hk
         host = {"device": "cpu", "dtype": torch.float32}
         qn = query.detach().to(**host).reshape(b * hk, g * q, d).contiguous().numpy()
-        ek = k.detach().to(**host).reshape(b * hk, -1, d).contiguous().numpy()
-        ev = v.detach().to(**host).reshape(b * hk, ek.shape[1], -1).contiguous().numpy()
+        ek = k.detach().to(**host).reshape(b * hk, k.shape[2], d).contiguous().numpy()
+        ev = v.detach().to(**host).reshape(b * hk, v.shape[2], v.shape[3]).contiguous().numpy()
         out = np.empty((b * hk, g * q, ev.shape[2]), np.float32)
         lse = np.empty((b * hk, g * q), np.float32)
         self.kcodec.attend(
