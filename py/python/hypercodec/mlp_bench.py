@@ -1,6 +1,6 @@
 """``python -m hypercodec mlp-bench``: the seed project's benchmark done honestly — its
 4096-wide, 4-layer MLP (PyTorch's default initialization) under each of the ten planner modes,
-for inference and training, on the CPU.
+for inference and training, on the CPU or (``--device cuda``) a CUDA device.
 
 Per mode the MLP's weights go through the same pipeline as the command line
 (:func:`hypercodec.save` with ``mode=``; BUDGET and AUTO at ``--target-bps``), then:
@@ -16,9 +16,15 @@ Per mode the MLP's weights go through the same pipeline as the command line
   (PER_BLOCK's ``mixed``, PER_WEIGHT's ``exceptions``) has no single recipe to re-quantize with:
   its training row says so.
 
-Output: ``OUT/mlp.md`` and ``OUT/mlp.json``.
+On a CUDA device the model, its batch and the f32 baseline live there; the compressed layers run
+their device forms (:mod:`hypercodec.cuda`), timed with a synchronize around each step, and the
+bytes held are the PyTorch allocator's growth when the layers build their device forms.
+Training re-quantizes each master weight on the host every step (the codecs run on the CPU), so
+its time is mostly that.
 
-    python -m hypercodec mlp-bench [--width 4096] [--layers 4] [--batch 16] [--out docs/eval]
+Output: ``OUT/mlp.md`` and ``OUT/mlp.json`` (``mlp-cuda.*`` on a CUDA device).
+
+    python -m hypercodec mlp-bench [--width 4096] [--layers 4] [--batch 16] [--device cpu] [--out docs/eval]
 """
 
 from __future__ import annotations
@@ -89,11 +95,20 @@ def _drift(y: Any, ref: Any) -> float:
     return float((y - ref).norm() / ref.norm())
 
 
-def _timed(f: Any, reps: int) -> float:
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(f: Any, reps: int, device: Any) -> float:
     ts = []
     for _ in range(reps):
+        _sync(device)
         t = time.perf_counter()
         f()
+        _sync(device)
         ts.append(time.perf_counter() - t)
     return _median(ts)
 
@@ -104,11 +119,13 @@ def _train(model: Any, x: Any, target: Any, steps: int) -> list[float]:
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     times = []
     for _ in range(steps):
+        _sync(x.device)
         t = time.perf_counter()
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), target)
         loss.backward()
         opt.step()
+        _sync(x.device)
         times.append(time.perf_counter() - t)
     return times
 
@@ -126,7 +143,7 @@ def _held_training(model: Any) -> int:
 
 
 def run(width: int, layers: int, batch: int, steps: int, train_steps: int, target_bps: float,
-        modes: list[str], progress: Any = print) -> dict[str, Any]:
+        modes: list[str], progress: Any = print, device: str = "cpu") -> dict[str, Any]:
     """The benchmark; returns the rows and the f32 baselines."""
     import torch
 
@@ -134,24 +151,27 @@ def run(width: int, layers: int, batch: int, steps: int, train_steps: int, targe
 
     from . import nn as hnn
 
+    dev = torch.device(device)
     torch.manual_seed(0)
     base = _mlp(width, layers).eval()
     teacher = _mlp(width, layers).eval()
     x = torch.randn(batch, width)
+    sd = {k: v.detach().numpy() for k, v in base.state_dict().items()}
+    base, teacher, x = base.to(dev), teacher.to(dev), x.to(dev)
     with torch.no_grad():
         ref = base(x)
         target = teacher(x)
     dense_bytes = sum(p.numel() * 4 for p in base.parameters())
     x1 = x[:1]
     with torch.no_grad():
-        t_ref = _timed(lambda: base(x), steps)
-        t_ref1 = _timed(lambda: base(x1), steps)
+        base(x)  # warm-up (CUDA: kernel selection)
+        t_ref = _timed(lambda: base(x), steps, dev)
+        t_ref1 = _timed(lambda: base(x1), steps, dev)
     trained_ref = copy.deepcopy(base).train()
     tt_ref = _train(trained_ref, x, target, train_steps)
     with torch.no_grad():
         y_trained_ref = trained_ref(x)
     rows: list[dict[str, Any]] = []
-    sd = {k: v.detach().numpy() for k, v in base.state_dict().items()}
     for mode in modes:
         row: dict[str, Any] = {"mode": mode}
         with tempfile.TemporaryDirectory() as d:
@@ -178,15 +198,21 @@ def run(width: int, layers: int, batch: int, steps: int, train_steps: int, targe
             plan = hypercodec.inspect(path).get("plan") or {}
             labels = {p["name"]: p.get("label", "?") for p in plan.get("tensors", [])}
             row["choices"] = sorted({v for k, v in labels.items() if k.endswith("weight")})
-            model = hnn.load_into(_mlp(width, layers).eval(), path)
+            model = hnn.load_into(_mlp(width, layers).eval(), path).to(dev)
             with torch.no_grad():
-                y = model(x)
-                row["infer_s"] = _timed(lambda: model(x), steps)
-                row["infer1_s"] = _timed(lambda: model(x1), steps)
+                before = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
+                y = model(x)  # on a CUDA device this builds the layers' device forms
+                if dev.type == "cuda":
+                    _sync(dev)
+                    # The allocator's growth: device forms and biases, not the output.
+                    row["held_bytes"] = torch.cuda.memory_allocated(dev) - before - y.numel() * y.element_size()
+                row["infer_s"] = _timed(lambda: model(x), steps, dev)
+                row["infer1_s"] = _timed(lambda: model(x1), steps, dev)
             row["infer_ratio"] = row["infer_s"] / t_ref
             row["infer1_ratio"] = row["infer1_s"] / t_ref1
-            row["held_bytes"] = sum(m.op.held_bytes for m in model.modules() if isinstance(m, hnn.HyperLinear))
-            row["held_bytes"] += sum(p.numel() * p.element_size() for p in model.parameters())
+            if dev.type != "cuda":
+                row["held_bytes"] = sum(m.op.held_bytes for m in model.modules() if isinstance(m, hnn.HyperLinear))
+                row["held_bytes"] += sum(p.numel() * p.element_size() for p in model.parameters())
             row["held_ratio"] = row["held_bytes"] / dense_bytes
             row["drift"] = _drift(y, ref)
         specs = {k.removesuffix(".weight"): _spec_of(v) for k, v in labels.items() if k.endswith("weight")}
@@ -225,8 +251,8 @@ def markdown(res: dict[str, Any], meta: dict[str, Any]) -> str:
         f"torch {meta['torch']}, hypercodec {meta['hypercodec']}, {meta['threads']} threads. "
         f"Model: {meta['model']}, PyTorch's default initialization, batch {meta['batch']}.",
         "",
-        f"f32 baseline: {1000 * res['f32_infer_s']:.1f} ms per forward step ({1000 * res['f32_infer1_s']:.1f} ms at "
-        f"batch 1), {1000 * res['f32_train_s']:.1f} ms per "
+        f"f32 baseline: {1000 * res['f32_infer_s']:.3g} ms per forward step ({1000 * res['f32_infer1_s']:.3g} ms at "
+        f"batch 1), {1000 * res['f32_train_s']:.4g} ms per "
         f"training step, {res['dense_bytes'] / 2**20:.1f} MiB of weights. Ratios are against these, measured in the "
         "same run. Drift: ‖y − y_f32‖ / ‖y_f32‖ on the batch (training: against the f32 model trained alike). "
         "Held: the bytes of the layers as they run (compressed operators and biases), against the f32 weights'; "
@@ -247,7 +273,7 @@ def markdown(res: dict[str, Any], meta: dict[str, Any]) -> str:
                      f"{r['train_drift']:.4f} ")
         out.append(
             f"| {r['mode']} | {r['bps']:.3f} ({_f(r['lossy_bps'], '.3f')}) | {_f(r['snr_db'], '.2f')} | {', '.join(r['choices'])} | "
-            f"{1000 * r['infer_s']:.1f} | {r['infer_ratio']:.2f}× | {r['infer1_ratio']:.2f}× | {r['held_ratio']:.3f} | {r['drift']:.4f} | {train}|"
+            f"{1000 * r['infer_s']:.3g} | {r['infer_ratio']:.2f}× | {r['infer1_ratio']:.2f}× | {r['held_ratio']:.3f} | {r['drift']:.4f} | {train}|"
         )
     return "\n".join(out) + "\n"
 
@@ -263,6 +289,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--target-bps", type=float, default=4.0, help="BUDGET and AUTO's target")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     ap.add_argument("--out", default="docs/eval")
     a = ap.parse_args(argv)
     import torch
@@ -272,10 +299,14 @@ def main(argv: list[str]) -> int:
 
     set_threads(a.threads)
     start = time.time()
-    res = run(a.width, a.layers, a.batch, a.steps, a.train_steps, a.target_bps, [m for m in a.modes.split(",") if m])
+    modes = [m for m in a.modes.split(",") if m]
+    res = run(a.width, a.layers, a.batch, a.steps, a.train_steps, a.target_bps, modes, device=a.device)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, kernels {_native.simd_level()}"
+    if a.device.startswith("cuda"):
+        machine += f"; device {torch.cuda.get_device_name(torch.device(a.device))} (CUDA {torch.version.cuda})"
     meta = {
         "command": "python -m hypercodec mlp-bench " + " ".join(argv),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, kernels {_native.simd_level()}",
+        "machine": machine,
         "torch": torch.__version__,
         "hypercodec": __version__,
         "threads": a.threads,
@@ -284,9 +315,10 @@ def main(argv: list[str]) -> int:
         "seconds": time.time() - start,
     }
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "mlp.md"), "w", encoding="utf-8") as f:
+    stem = "mlp-cuda" if a.device.startswith("cuda") else "mlp"
+    with open(os.path.join(a.out, f"{stem}.md"), "w", encoding="utf-8") as f:
         f.write(markdown(res, meta))
-    with open(os.path.join(a.out, "mlp.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(a.out, f"{stem}.json"), "w", encoding="utf-8") as f:
         json.dump({"meta": meta, **res}, f, indent=1, default=str)
-    print(f"wrote {a.out}/mlp.md ({time.time() - start:.0f} s)")
+    print(f"wrote {a.out}/{stem}.md ({time.time() - start:.0f} s)")
     return 0
