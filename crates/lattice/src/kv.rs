@@ -648,12 +648,33 @@ pub fn attend_into(
             });
         }
     }
+    let args = Attend {
+        keys,
+        values,
+        exact,
+        dither,
+        queries,
+        scale,
+        bias,
+    };
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { attend_avx2(keys, values, exact, dither, queries, scale, bias, out, lse) };
+        return unsafe { attend_avx2(args, out, lse) };
     }
-    attend_blocks(keys, values, exact, dither, queries, scale, bias, out, lse)
+    attend_blocks(args, out, lse)
+}
+
+/// The inputs of [`attend_into`], checked.
+#[derive(Clone, Copy)]
+struct Attend<'a> {
+    keys: Side<'a>,
+    values: Side<'a>,
+    exact: Option<Exact<'a>>,
+    dither: Option<&'a [u64]>,
+    queries: &'a [f32],
+    scale: f32,
+    bias: Option<Bias<'a>>,
 }
 
 /// [`attend_blocks`] compiled for AVX2 and FMA.
@@ -662,19 +683,8 @@ pub fn attend_into(
 /// The CPU must have AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx2(
-    keys: Side<'_>,
-    values: Side<'_>,
-    exact: Option<Exact<'_>>,
-    dither: Option<&[u64]>,
-    queries: &[f32],
-    scale: f32,
-    bias: Option<Bias<'_>>,
-    out: &mut [f32],
-    lse: &mut [f32],
-) -> Result<()> {
-    attend_blocks(keys, values, exact, dither, queries, scale, bias, out, lse)
+unsafe fn attend_avx2(args: Attend<'_>, out: &mut [f32], lse: &mut [f32]) -> Result<()> {
+    attend_blocks(args, out, lse)
 }
 
 /// The online softmax of [`attend_into`]: per query the running maximum `m`, denominator `l`,
@@ -789,18 +799,16 @@ impl Online {
 
 /// The body of [`attend_into`], its arguments checked.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_blocks(
-    keys: Side<'_>,
-    values: Side<'_>,
-    exact: Option<Exact<'_>>,
-    dither: Option<&[u64]>,
-    queries: &[f32],
-    scale: f32,
-    bias: Option<Bias<'_>>,
-    out: &mut [f32],
-    lse: &mut [f32],
-) -> Result<()> {
+fn attend_blocks(args: Attend<'_>, out: &mut [f32], lse: &mut [f32]) -> Result<()> {
+    let Attend {
+        keys,
+        values,
+        exact,
+        dither,
+        queries,
+        scale,
+        bias,
+    } = args;
     let (kc, vc) = (keys.codec, values.codec);
     let (dk, dv) = (kc.dim, vc.dim);
     let n = keys.scales.len();

@@ -450,7 +450,7 @@ class CausalLM:
         return {"ppl": math.exp(nll / count), "kl": kl, "top1": top1}
 
 
-def smollm2(text_path: str, tokens: int, window: int) -> CausalLM:
+def smollm2(text_path: str, tokens: int, window: int, calibration_windows: int = 32) -> CausalLM:
     """SmolLM2-135M (its Q4_1 GGUF dequantized to float32 by transformers) on the text."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -460,7 +460,7 @@ def smollm2(text_path: str, tokens: int, window: int) -> CausalLM:
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     with open(text_path, encoding="utf-8") as f:
         text = f.read()
-    return CausalLM(model, tok, text, tokens, window)
+    return CausalLM(model, tok, text, tokens, window, calibration_windows)
 
 
 def sentences(text: str, n: int) -> list[str]:
@@ -685,6 +685,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tokens", type=int, default=4096, help="evaluation tokens (causal LM)")
     ap.add_argument("--window", type=int, default=512, help="tokens per perplexity window, BOS included")
     ap.add_argument("--sentences", type=int, default=256, help="sentences (encoder)")
+    ap.add_argument("--calibration-windows", type=int, default=32, help="calibration windows (causal LM)")
     ap.add_argument("--text", default=None, help="the evaluation text (default: Moby Dick, fetched once)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/eval", help="output folder")
@@ -703,7 +704,7 @@ def main(argv: list[str]) -> int:
     tensors: list[dict[str, Any]] = []
     for model in [m for m in a.models.split(",") if m]:
         if model == "smollm2":
-            subject: CausalLM | Encoder = smollm2(text, a.tokens, a.window)
+            subject: CausalLM | Encoder = smollm2(text, a.tokens, a.window, a.calibration_windows)
         elif model == "minilm":
             subject = minilm(text, a.sentences)
         else:
