@@ -84,8 +84,11 @@ def test_decoded_layers_measure_what_the_runtime_computes():
     g = torch.Generator().manual_seed(2)
     text = " ".join(str(int(t)) for t in torch.randint(3, 96, (700,), generator=g))
     subject = hev.CausalLM(model, Tokens(), text, tokens=384, window=128)
-    for method in ("lattice", "trellis-l12", "affine", "affine-row", "lattice-fixed"):
-        q = hnn.quantize(copy.deepcopy(model), bps=3, method=hnn.method_spec(method, 3), skip=(), conv=False)
+    for method in ("lattice", "trellis-l12", "affine", "affine-row", "lattice-fixed", "codebook-b2-r0.25"):
+        spec = hnn.method_spec(method, 3)
+        if method.startswith("codebook"):
+            assert spec == "cb-b2-k64-r0.25"
+        q = hnn.quantize(copy.deepcopy(model), bps=3, method=spec, skip=(), conv=False)
         assert any(isinstance(m, hnn.HyperLinear) for m in q.modules())
         runtime = subject.measure(q)
         dense = hev.decoded(q)

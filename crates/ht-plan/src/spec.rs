@@ -4,7 +4,7 @@
 use crate::{PlanError, Result};
 use hypercodec_hwz::{
     self as hwz, AffineParams, CodebookSettings, Coding, EncodeOptions, EncodedTensor, Encoding,
-    FloatDtype, Group, Lattice,
+    FloatDtype, Group, Lattice, ResidualDtype, ScaleMode,
 };
 use serde::{Deserialize, Serialize};
 
@@ -87,8 +87,9 @@ impl Spec {
     /// asymmetric, f16 scales), `intN-row` (one symmetric scale per row); `e8@B`, `d4@B`,
     /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
     /// (fixed-rate lattice symbols of N bits); `tcq@K`, `tcq@K-lL` (trellis, K bits per value,
-    /// L state bits, by default 16); `lowrank@R`; `sparse` (the nonzeros,
-    /// f32). `codebook` is built by the caller (it needs its settings).
+    /// L state bits, by default 16); `cb-bB-kK[-rR][-sMODE]` (a codebook of `K` prototypes of
+    /// `B` values, `R` int8 residual corrections per block, scales per `channel` (default),
+    /// `block` or `tensor`, HDC-bucketed search); `lowrank@R`; `sparse` (the nonzeros, f32).
     pub fn parse(name: &str) -> Result<Self> {
         let bad = || PlanError::Candidate {
             message: format!("unknown candidate `{name}`"),
@@ -159,6 +160,8 @@ impl Spec {
                             message: format!("`{name}`: {e}"),
                         }
                     })?
+                } else if let Some(rest) = name.strip_prefix("cb-") {
+                    Spec::codebook_named(rest).ok_or_else(bad)?
                 } else if let Some(r) = name.strip_prefix("lowrank@") {
                     Spec::fixed(Encoding::LowRank {
                         rank: r.parse().map_err(|_| bad())?,
@@ -191,6 +194,55 @@ impl Spec {
                     return Err(bad());
                 }
             }
+        })
+    }
+
+    /// The codebook of a candidate name after `cb-` (`b8-k256-r0.5-sblock`), if well formed.
+    fn codebook_named(rest: &str) -> Option<Self> {
+        let (mut block, mut k, mut residual, mut mode) = (None, None, 0.0, ScaleMode::Channel);
+        for part in rest.split('-') {
+            let (key, value) = part.split_at(1.min(part.len()));
+            match key {
+                "b" => {
+                    block = Some(
+                        value
+                            .parse::<u32>()
+                            .ok()
+                            .filter(|&b| (1..=64).contains(&b))?,
+                    )
+                }
+                "k" => {
+                    k = Some(
+                        value
+                            .parse::<u32>()
+                            .ok()
+                            .filter(|&k| (2..=65536).contains(&k))?,
+                    )
+                }
+                "r" => {
+                    residual = value
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|r| (0.0..=64.0).contains(r))?
+                }
+                "s" => {
+                    mode = match value {
+                        "channel" => ScaleMode::Channel,
+                        "block" => ScaleMode::Block,
+                        "tensor" => ScaleMode::Tensor,
+                        _ => return None,
+                    }
+                }
+                _ => return None,
+            }
+        }
+        Some(Spec::Codebook {
+            template: hwz::codebook_template(block?, k?, mode, ResidualDtype::Int8),
+            settings: CodebookSettings {
+                residual_k: Some(residual),
+                pick_layout: true,
+                ..Default::default()
+            },
         })
     }
 

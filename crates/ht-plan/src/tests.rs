@@ -335,6 +335,63 @@ fn fixed_rate_lattice_candidates_parse_and_encode_at_their_width() {
     }
 }
 
+#[test]
+fn codebook_candidates_parse_and_encode_with_their_settings() {
+    let w: Vec<f32> = (0..64 * 256)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
+        .collect();
+    for (name, block, k, mode, residual) in [
+        ("cb-b8-k256", 8, 256, "channel", 0.0),
+        ("cb-b4-k16-r0.5-sblock", 4, 16, "block", 0.5),
+        ("cb-b2-k64-stensor", 2, 64, "tensor", 0.0),
+    ] {
+        let spec = Spec::parse(name).unwrap();
+        match &spec {
+            Spec::Codebook { template, settings } => {
+                match template {
+                    hypercodec_hwz::Encoding::Codebook {
+                        block: b,
+                        prototypes,
+                        scale_mode,
+                        ..
+                    } => assert_eq!(
+                        (*b, *prototypes, scale_mode.name()),
+                        (block, k, mode),
+                        "{name}"
+                    ),
+                    other => panic!("{name}: {other:?}"),
+                }
+                assert_eq!(settings.residual_k, Some(residual), "{name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        let t = spec
+            .encode(
+                "w",
+                &w,
+                &[64, 256],
+                hypercodec_hwz::EncodeOptions::default(),
+            )
+            .unwrap();
+        assert!(
+            matches!(t.encoding, hypercodec_hwz::Encoding::Codebook { .. }),
+            "{name}"
+        );
+    }
+    for bad in [
+        "cb-b8",
+        "cb-k256",
+        "cb-b0-k256",
+        "cb-b8-k1",
+        "cb-b8-k256-x1",
+        "cb-b8-k256-sround",
+        "cb-",
+        "cb-b8-k256-r-1",
+    ] {
+        assert!(Spec::parse(bad).is_err(), "{bad}");
+    }
+}
+
 mod budget_props {
     use super::*;
     use proptest::prelude::*;

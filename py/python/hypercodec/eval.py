@@ -97,8 +97,16 @@ ABLATION = (
     "trellis-l10",
     "trellis-l12",
     "lattice-fixed",
+    "codebook-b2",
+    "codebook-b2-r0.25",
+    "codebook-b2-sblock",
+    "codebook-b4",
 )
 LABELS = {
+    "codebook-b2": "codebook, blocks of 2, 2^(2b) prototypes, row scales",
+    "codebook-b2-r0.25": "codebook, blocks of 2, row scales, 0.25 int8 residuals per block",
+    "codebook-b2-sblock": "codebook, blocks of 2, a scale per block",
+    "codebook-b4": "codebook, blocks of 4, min(2^(4b), 4096) prototypes, row scales",
     "lattice": "E8 + rANS",
     "lattice:tensor": "E8 + rANS, one step per tensor",
     "lattice:tensor+cal": "E8 + rANS, one step per tensor, calibrated",

@@ -35,9 +35,16 @@ def method_spec(method: str, bps: float) -> str:
     ``trellis`` → ``tcq@{bits}`` (bitshift trellis, L = 16), ``trellis-l12`` → ``tcq@{bits}-l12``
     (16× faster to encode, about 0.3 dB lower), ``trellis-lL`` → ``tcq@{bits}-lL`` (L = 8..16);
     ``lattice-d4`` / ``-a2`` / ``-z1`` → ``d4@{bps}`` ... (the other lattices); ``lattice:tensor``
-    → ``e8@{bps}:tensor`` (one step for every row instead of each row's own scale); any other string
-    is taken as a candidate name itself (``int8-row``, ``e8@3.5``, ``bf16``, ...)."""
+    → ``e8@{bps}:tensor`` (one step for every row instead of each row's own scale);
+    ``codebook-bB[-rR][-sMODE]`` → ``cb-bB-kK[-rR][-sMODE]`` with ``K = 2^(B·bits)`` prototypes
+    (at most 4096) of ``B`` values, ``R`` residual corrections per block, scales per ``channel``,
+    ``block`` or ``tensor``; any other string is taken as a candidate name itself (``int8-row``,
+    ``e8@3.5``, ``bf16``, ``cb-b8-k256``, ...)."""
     bits = int(round(bps))
+    if method.startswith("codebook-b"):
+        block, _, rest = method.removeprefix("codebook-b").partition("-")
+        k = min(2 ** (int(block) * bits), 4096)
+        return f"cb-b{block}-k{k}" + (f"-{rest}" if rest else "")
     table = {
         "lattice": f"e8@{bps:g}",
         "lattice:tensor": f"e8@{bps:g}:tensor",
