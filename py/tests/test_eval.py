@@ -52,7 +52,8 @@ def test_causal_lm_rows_follow_the_rate_and_count_stored_bytes(tmp_path):
         if t["method"] == int8.label:
             cols = int(t["shape"].split("x")[1])
             assert t["bps"] == pytest.approx(8 + 32 / min(cols, 128)), t
-    assert int8.quality["kl"] < 1e-3 and int8.quality["top1"] > 0.97
+    # (A random model's next tokens are near ties: with the embedding at 8 bits too a few flip.)
+    assert int8.quality["kl"] < 1e-3 and int8.quality["top1"] > 0.93
     assert abs(int8.quality["ppl"] / base.quality["ppl"] - 1) < 0.01
     # Two bits cost more KL than eight, and the trellis beats round-to-nearest at 2 bits.
     assert int2.quality["kl"] > int8.quality["kl"]
@@ -107,7 +108,9 @@ def test_budget_rows_meet_the_rate_and_fisher_weights_follow_the_loss(tmp_path):
     subject = hev.CausalLM(model, Tokens(), text, tokens=384, window=128, calibration_windows=4)
     fisher = hnn.collect_fisher(subject.model, subject.calibration)
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    assert set(fisher) == {f"{n}.weight" for n in linears} and all(v > 0 for v in fisher.values())
+    # Every linear layer and the (untied) embedding table.
+    assert set(fisher) == {f"{n}.weight" for n in linears} | {"model.embed_tokens.weight"}
+    assert all(v > 0 for v in fisher.values())
     assert all(p.grad is None for p in model.parameters())
     tensors = []
     rows = hev.evaluate("tiny", subject, ["budget", "budget+fisher", "budget+fisher+cal"], [3], tensors, progress=lambda _: None)
@@ -278,3 +281,45 @@ def test_bnb_peer_counts_its_codes_and_double_quantized_scales():
     assert float(((w - layer.weight) ** 2).mean() / (layer.weight**2).mean()) < 0.02
     with pytest.raises(ValueError):
         ev._peer_weight("peer:bnb", layer, 3)
+
+
+def test_embeddings_read_stored_values_and_count_their_bytes():
+    """A tied input embedding reads the output head's reconstruction (counted once); an untied
+    one is quantized and counted, by the method's encoding or planned inside BUDGET's rate;
+    ``embeddings=False`` keeps them float32 and uncounted."""
+    import copy
+
+    from hypercodec import nn as hnn
+
+    tied = tiny_llama()
+    tied.config.tie_word_embeddings = True
+    tied.lm_head.weight = tied.model.embed_tokens.weight
+    original = tied.model.embed_tokens.weight.detach().clone()
+    for embeddings in (True, False):
+        m = copy.deepcopy(tied)
+        bps, _, tensors = hev.quantize_model(m, "lattice", 3, embeddings=embeddings)
+        names = {t["tensor"] for t in tensors}
+        assert "lm_head.weight" in names and "model.embed_tokens.weight" not in names
+        head = m.lm_head.weight_dense().reshape(original.shape)
+        got = m.model.embed_tokens.weight.detach()
+        if embeddings:
+            assert torch.equal(got, head) and not torch.equal(got, original)
+        else:
+            assert torch.equal(got, original)
+    # Untied: the embedding is a quantized tensor of its own, in the rate.
+    model = tiny_llama()
+    g = torch.Generator().manual_seed(3)
+    text = " ".join(str(int(t)) for t in torch.randint(3, 96, (1400,), generator=g))
+    subject = hev.CausalLM(model, Tokens(), text, tokens=384, window=128, calibration_windows=4)
+    fisher = hnn.collect_fisher(subject.model, subject.calibration)
+    assert fisher["model.embed_tokens.weight"] > 0
+    original = model.model.embed_tokens.weight.detach().clone()
+    for method in ("lattice", "budget+fisher"):
+        m = copy.deepcopy(model)
+        bps, _, tensors = hev.quantize_model(m, method, 3, sensitivity=fisher)
+        emb = [t for t in tensors if t["tensor"] == "model.embed_tokens.weight"]
+        assert len(emb) == 1 and 1.0 < emb[0]["bps"] < 8 and emb[0]["snr_db"] > 3, emb
+        assert isinstance(m.model.embed_tokens, torch.nn.Embedding)
+        assert not torch.equal(m.model.embed_tokens.weight.detach(), original)
+        if method.startswith("budget"):
+            assert bps <= 3.0 + 1e-6

