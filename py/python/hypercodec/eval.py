@@ -227,6 +227,15 @@ def _package_dir(name: str) -> str:
     return list(spec.submodule_search_locations)[0]
 
 
+def interpreter_tools_on_path() -> None:
+    """Puts this interpreter's scripts folder (a virtual environment's ``bin``) on ``PATH``:
+    optimum-quanto builds its C++ extension with ``ninja`` on first use, and finds the venv's
+    own ninja only there when the venv is not activated."""
+    bindir = os.path.dirname(sys.executable)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
 def _peer_weight(peer: str, layer: Any, bits: int) -> tuple[Any, int, int]:
     """``layer``'s weight through a peer quantizer: (the dequantized weight, bytes of its
     codes, count of its per-group side values)."""
@@ -248,6 +257,8 @@ def _peer_weight(peer: str, layer: Any, bits: int) -> tuple[Any, int, int]:
         return w, hq.W_q.numel() * hq.W_q.element_size(), side
     if peer == "peer:quanto":
         from optimum.quanto import freeze, qint2, qint4, qint8, quantize
+
+        interpreter_tools_on_path()
 
         types = {2: qint2, 4: qint4, 8: qint8}
         if bits not in types:
@@ -839,10 +850,13 @@ def plots(rows: list[Row], out_dir: str) -> list[str]:
         mine = [r for r in rows if r.model == model and not r.error and r.method != "original"]
         base = next((r for r in rows if r.model == model and r.method == "original"), None)
         metric = "ppl" if any("ppl" in r.quality for r in mine) else "cosine"
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for method in dict.fromkeys(r.method for r in mine):
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        for i, method in enumerate(dict.fromkeys(r.method for r in mine)):
             pts = sorted((r.bps, r.quality[metric]) for r in mine if r.method == method and metric in r.quality)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=LABELS.get(method, method).replace("INT{b} ", ""))
+            # One series per method across rates: its label with the rate left generic; past
+            # ten series the colours repeat, so the markers change.
+            name = LABELS.get(method, method).format(b="b", t="Qb_0", k="K-quant mixes")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="osD^v<>"[i // 10 % 7], label=name)
         if base is not None and metric in base.quality:
             ax.axhline(base.quality[metric], color="gray", linestyle="--", label="float32")
         if metric == "ppl":
@@ -850,7 +864,7 @@ def plots(rows: list[Row], out_dir: str) -> list[str]:
         ax.set_xlabel("bits per value (all-in)")
         ax.set_ylabel(metric)
         ax.set_title(model)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         name = f"{model}-{metric}.png"
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, name), dpi=110)

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from typing import Any, Callable
 
@@ -44,10 +43,9 @@ def _configs(window: int) -> list[tuple[str, dict[str, Any]]]:
 def _peer_caches(model: Any, residual: int) -> list[tuple[str, Callable[[], Any], int]]:
     from transformers import QuantizedCache
 
-    # quanto builds its C++ extension with ninja on first use: the venv's own ninja.
-    bindir = os.path.dirname(sys.executable)
-    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    from .eval import interpreter_tools_on_path
+
+    interpreter_tools_on_path()
     out = []
     for backend in ("quanto", "hqq"):
         for bits in (4, 2):
