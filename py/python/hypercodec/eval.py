@@ -43,8 +43,9 @@ its 8-bit double-quantized block scales, QLoRA's storage; 4 bits only), its own 
 quantizers in the ``gguf`` package, its blocks' bytes counted) and ``peer:llamacpp-k`` (its
 whole-model K-quant mixes Q2_K / Q3_K_S / Q4_K_S through its C library, ``pip install
 llama-cpp-python``, a source build: see :func:`quantize_llamacpp`; with its CPU tokens/s beside
-its own float32 file's). Output: ``OUT/eval.md`` (tables, machine, versions, command), ``OUT/eval.json``, ``OUT/tensors.csv`` and, when matplotlib is installed, PNG plots of
-quality against bits per value.
+its own float32 file's). Output: ``OUT/eval.md`` (tables, machine, versions, command),
+``OUT/eval.json``, ``OUT/tensors.csv`` and, when matplotlib is installed, PNG plots of quality
+against bits per value.
 
     python -m hypercodec eval [--models smollm2,minilm] [--bps 2,3,4] [--methods ...] [--out DIR]
 
@@ -461,7 +462,13 @@ def quantize_llamacpp(model: Any, bps: float, tally: _Tally) -> dict[str, float]
             raise RuntimeError("llama.cpp's llama_model_quantize could not write a float32 file")
         speed = {"tok/s": _llamacpp_speed(dst, threads), "f32 tok/s": _llamacpp_speed(f32, threads)}
     qsd = q.state_dict()
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, model.config.num_hidden_layers)
+    # The source file's architecture names its tensors (SmolLM2: `llama`).
+    field = gguf.GGUFReader(src).fields["general.architecture"]
+    arch_name = bytes(field.parts[field.data[0]]).decode()
+    arch = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name), None)
+    if arch is None:
+        raise ValueError(f"gguf does not know the architecture `{arch_name}` of {src}")
+    names = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     tied = head is not None and any(
         isinstance(m, torch.nn.Embedding) and m.weight is head.weight for m in model.modules()
@@ -469,7 +476,10 @@ def quantize_llamacpp(model: Any, bps: float, tally: _Tally) -> dict[str, float]
     for n_, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]:
         w0 = layer.weight.detach().to(torch.float32)
         w = qsd[f"{n_}.weight"].detach().to(torch.float32).reshape(w0.shape).contiguous()
-        g = "token_embd.weight" if (layer is head and tied) else names.get_name(f"{n_}.weight", try_suffixes=(".weight",))
+        if layer is head and tied:
+            g = "token_embd.weight"
+        else:
+            g = names.get_name(f"{n_}.weight", try_suffixes=(".weight",))
         if g not in stored:
             raise ValueError(f"llama.cpp's file has no tensor for `{n_}` (looked for `{g}`)")
         layer.weight = torch.nn.Parameter(w, requires_grad=False)
@@ -501,7 +511,9 @@ def _llamacpp_speed(path: str, threads: int, tokens: int = 64) -> float:
     return statistics.median(runs)
 
 
-def quantize_peer(model: Any, peer: str, bps: float, tally: _Tally | None = None) -> tuple[float, float, list[dict[str, Any]]]:
+def quantize_peer(
+    model: Any, peer: str, bps: float, tally: _Tally | None = None
+) -> tuple[float, float, list[dict[str, Any]]]:
     """Every ``nn.Linear`` weight of ``model`` replaced in place by ``peer``'s quantization at
     ``bps`` bits (dequantized into float32, each layer's own parameter: a tied head is untied,
     as hypercodec's rows untie it); bits per value count the peer's packed codes plus its

@@ -527,8 +527,9 @@ def quantize_budget(
     feedback; ``candidates`` replaces BUDGET's ladder (names as ``hypercodec compress
     --candidates`` takes them); ``embeddings`` adds every ``nn.Embedding`` whose weight no
     linear layer shares to the same budget, each becoming a :class:`HyperEmbedding` (rounded
-    without error feedback: its inputs are one-hot). Biases are kept as float32. Runs the command line's pipeline on a temporary
-    archive and loads the layers from it (:func:`load_into`). Returns ``model``.
+    without error feedback: its inputs are one-hot). Biases are kept as float32. Runs the
+    command line's pipeline on a temporary archive and loads the layers from it
+    (:func:`load_into`). Returns ``model``.
 
         >>> hnn.quantize_budget(model, 3, collect_fisher(model, batches))  # doctest: +SKIP
     """
@@ -617,8 +618,8 @@ def collect_fisher(
     model: nn.Module, batches: Iterable[Any], loss: Callable[[nn.Module, Any], torch.Tensor] | None = None
 ) -> dict[str, float]:
     """BUDGET's sensitivity weights from a causal LM's own loss: for every ``nn.Linear`` and
-    every ``nn.Embedding`` whose weight no linear layer shares (``"{name}.weight"``), the mean over its weights of the squared gradient of the next-token
-    loss, averaged over the calibration ``batches`` (token id tensors; a diagonal empirical
+    every ``nn.Embedding`` whose weight no linear layer shares (``"{name}.weight"``), the mean
+    over its weights of the squared gradient of the next-token loss, averaged over the calibration ``batches`` (token id tensors; a diagonal empirical
     Fisher at the granularity of a batch). To second order a weight error δ raises the loss by
     ``½·Σ F_ii·δ_i²``, about ``½·w·SSE`` for a tensor whose errors spread evenly — the
     ``Σ w·SSE`` that ``mode="budget"`` minimizes. A weight shared by two layers (a tied output
