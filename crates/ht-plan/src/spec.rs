@@ -203,28 +203,9 @@ impl Spec {
         for part in rest.split('-') {
             let (key, value) = part.split_at(1.min(part.len()));
             match key {
-                "b" => {
-                    block = Some(
-                        value
-                            .parse::<u32>()
-                            .ok()
-                            .filter(|&b| (1..=64).contains(&b))?,
-                    )
-                }
-                "k" => {
-                    k = Some(
-                        value
-                            .parse::<u32>()
-                            .ok()
-                            .filter(|&k| (2..=65536).contains(&k))?,
-                    )
-                }
-                "r" => {
-                    residual = value
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|r| (0.0..=64.0).contains(r))?
-                }
+                "b" => block = Some(parse_in(value, 1..=64)?),
+                "k" => k = Some(parse_in(value, 2..=65536)?),
+                "r" => residual = parse_in(value, 0.0..=64.0)?,
                 "s" => {
                     mode = match value {
                         "channel" => ScaleMode::Channel,
@@ -436,4 +417,12 @@ impl Spec {
 /// Positions (ascending) of the `count` largest `|target − approx|`.
 pub fn top_errors(target: &[f32], approx: &[f32], count: usize) -> (Vec<u64>, Vec<f32>) {
     hypercodec_hwz::top_k_errors(target, approx, count)
+}
+
+/// `value` parsed as a number inside `range`, if it is one.
+fn parse_in<T: std::str::FromStr + PartialOrd>(
+    value: &str,
+    range: std::ops::RangeInclusive<T>,
+) -> Option<T> {
+    value.parse::<T>().ok().filter(|v| range.contains(v))
 }
