@@ -56,6 +56,17 @@ def test_save_hwz_from_hwz_generate(tmp_path, monkeypatch):
     assert "Paris" in text, text
     # The tokenizer and config travelled inside the archive.
     assert "hf_config" in hypercodec.metadata(path)["safetensors"]
+    # Its state dict stores the shared table once (under the embedding) and reloads tied.
+    sd = loaded.state_dict()
+    assert "model.embed_tokens.weight_hwz" in sd and "lm_head.weight_hwz" not in sd
+    assert not any(k.endswith(".weight") and sd[k].numel() > 576 for k in sd)
+    with torch.device("meta"):
+        fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    hnn.load_state_dict(fresh, sd)
+    hhf._rebuild_meta_buffers(fresh, loaded.config)
+    assert fresh.lm_head.op is fresh.get_input_embeddings().op
+    with torch.no_grad():
+        assert torch.equal(fresh(**prompt).logits, loaded(**prompt).logits)
 
 
 def test_quantize_on_load_through_transformers_registry(monkeypatch, tmp_path):

@@ -279,3 +279,68 @@ def test_quantize_budget_meets_the_rate_and_keeps_biases_exact():
     for layer, b in zip((m[0], m[2]), biases):
         assert torch.equal(torch.from_numpy(layer.op.bias), b)
     assert 8 * (m[0].op.stored_bytes + m[2].op.stored_bytes) / weights <= 3.0 + 1e-6
+
+
+class _Lm(torch.nn.Module):
+    """A token table, a layer and an output head: tied (the head is the table) or not."""
+
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(300, 64, padding_idx=0)
+        self.pos = torch.nn.Embedding(16, 64)
+        self.mid = torch.nn.Linear(64, 64)
+        self.head = torch.nn.Linear(64, 300, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids) + self.pos(torch.arange(ids.shape[-1]))
+        return self.head(torch.tanh(self.mid(x)))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_quantized_embeddings_read_the_stored_table_and_survive_a_state_dict(tmp_path, tied):
+    torch.manual_seed(11)
+    model = _Lm(tied)
+    ids = torch.randint(0, 300, (2, 16))
+    hnn.quantize(model, bps=4, method="lattice", skip=(), embeddings=True)
+    assert isinstance(model.embed, hnn.HyperEmbedding) and isinstance(model.pos, hnn.HyperEmbedding)
+    # A lookup is the stored table's row, decoded: quantized, not the float original.
+    table = torch.from_numpy(np.asarray(model.embed.op.weight())).reshape(300, 64)
+    assert torch.equal(model.embed(ids), table[ids])
+    assert model.embed.padding_idx == 0
+    if tied:
+        # One operator serves the lookup and the logits, and is saved once.
+        assert model.embed.op is model.head.op and model.embed.tied == "head"
+    sd = model.state_dict()
+    assert not any(k.endswith(".weight") and k.split(".")[0] in ("embed", "pos", "head") for k in sd)
+    assert ("embed.weight_hwz" in sd) != tied and "head.weight_hwz" in sd and "pos.weight_hwz" in sd
+    ref = model(ids)
+    torch.save(sd, tmp_path / "lm.pt")
+    with torch.device("meta"):
+        fresh = _Lm(tied)
+    hnn.load_state_dict(fresh, torch.load(tmp_path / "lm.pt", weights_only=True))
+    assert not any(p.is_meta for p in fresh.parameters())
+    assert torch.equal(fresh(ids), ref)
+    if tied:
+        assert fresh.embed.op is fresh.head.op
+    # Bad ids and a table of the wrong shape are typed errors.
+    with pytest.raises(hypercodec.HypercodecError):
+        fresh.embed(torch.tensor([300]))
+    with pytest.raises(hypercodec.HypercodecError):
+        fresh.embed(torch.tensor([-1]))
+    with pytest.raises(hypercodec.InvalidInputError, match="integers"):
+        fresh.embed(torch.tensor([1.0]))
+    bad = dict(sd)
+    bad["pos.weight_hwz"] = sd["head.weight_hwz"]
+    with torch.device("meta"):
+        other = _Lm(tied)
+    with pytest.raises(hypercodec.InvalidInputError, match="stored table is 300x64"):
+        hnn.load_state_dict(other, bad)
+
+
+def test_an_embedding_tied_to_a_skipped_head_stays_float():
+    model = _Lm(tied=True)
+    hnn.quantize(model, bps=4, skip=("head",), embeddings=True)
+    assert isinstance(model.embed, torch.nn.Embedding) and model.embed.weight is model.head.weight
+    assert isinstance(model.pos, hnn.HyperEmbedding) and isinstance(model.mid, hnn.HyperLinear)

@@ -391,7 +391,6 @@ def _store_embeddings(
     import numpy as np
     import torch
 
-    from . import _native
     from . import nn as hnn
 
     modules = dict(model.named_modules())
@@ -414,7 +413,7 @@ def _store_embeddings(
             q = q.detach().reshape(w0.shape).to(torch.float32)
             bits, path = 8 * code_bytes + 16 * side, method
         else:
-            op = _native.Linear.quantize(w0.numpy(), hnn.method_spec(method.removesuffix(CALIBRATED), bps), None, None)
+            op = hnn.HyperEmbedding.from_embedding(emb, hnn.method_spec(method.removesuffix(CALIBRATED), bps)).op
             q = torch.from_numpy(np.asarray(op.weight())).reshape(w0.shape)
             bits, path = 8 * op.stored_bytes, op.path
         tally.add(name, w0.double().numpy(), q.double().numpy(), path, bits)

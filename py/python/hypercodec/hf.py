@@ -112,19 +112,21 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
         encoding = json.loads(archive.encoding_json(f"{emb_name}.weight"))
         if encoding.get("type") != "raw":
             op = archive.linear(f"{emb_name}.weight", None, fixed_bits)
-            _set(model, emb_name, HyperEmbedding(op, getattr(emb, "padding_idx", None)))
+            source = _archive_source(archive, emb_name, False)
+            _set(model, emb_name, HyperEmbedding(op, getattr(emb, "padding_idx", None), source=source))
             shared[f"{emb_name}.weight"] = op
     for alias, source in tied.items():
         if source in shared and alias.endswith(".weight"):
             head = alias[: -len(".weight")]
             if isinstance(model.get_submodule(head), nn.Linear):
-                _set(model, head, HyperLinear(shared[source], source=lambda s=source: archive.tensor_hwz(s)))
+                _set(model, head, HyperLinear(shared[source], tied=emb_name))
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and f"{name}.weight" in names:
             bias = archive.read(f"{name}.bias") if f"{name}.bias" in names else None
             op = archive.linear(f"{name}.weight", bias, fixed_bits)
             _set(model, name, HyperLinear(op, source=_archive_source(archive, name, bias is not None)))
-    rest = {k: torch.from_numpy(archive.read(k)) for k in model.state_dict().keys() if k in names}
+    keys = [k for k, _ in model.named_parameters(remove_duplicate=False)] + [k for k, _ in model.named_buffers()]
+    rest = {k: torch.from_numpy(archive.read(k)) for k in keys if k in names}
     model.load_state_dict(rest, strict=False, assign=True)
     params = dict(model.named_parameters())
     for alias, source in tied.items():

@@ -73,15 +73,20 @@ class _StoredForm:
     ``bias`` when the runtime holds it), so ``state_dict`` / ``load_state_dict``,
     ``torch.save`` and transformers' ``save_pretrained`` / ``from_pretrained`` carry the
     compressed bytes and never a dense weight. Loading it builds the operator straight from
-    those bytes (:meth:`hypercodec.Linear.from_hwz`)."""
+    those bytes (:meth:`hypercodec.Linear.from_hwz`).
+
+    A layer that shares another's operator (a tied input embedding and output head) names that
+    layer in ``tied``: it saves nothing of its own, and :func:`load_state_dict` gives it the
+    other's operator again, so the shared bytes are stored once."""
 
     op: "_native.Linear | None"
 
-    def _init_stored(self, source: Any = None) -> None:
+    def _init_stored(self, source: Any = None, tied: str | None = None) -> None:
         # `source()` gives the bytes of a layer read from an archive; `_hwz` keeps the tensor
         # a layer was loaded from (re-saving it copies nothing).
         self._hwz_source = source
         self._hwz: torch.Tensor | None = None
+        self.tied = tied
 
     @property
     def weight_hwz(self) -> torch.Tensor:
@@ -124,14 +129,14 @@ class _StoredForm:
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        if getattr(self, "weight", None) is None:
+        if getattr(self, "weight", None) is None and self.tied is None:
             destination[prefix + HWZ_KEY] = self.weight_hwz
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         key = prefix + HWZ_KEY
         if key in state_dict:
             self._load_hwz(state_dict[key])
-        elif strict and getattr(self, "weight", None) is None:
+        elif strict and getattr(self, "weight", None) is None and self.tied is None:
             missing_keys.append(key)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -169,9 +174,10 @@ class HyperLinear(_StoredForm, nn.Module):
         spec: str | None = None,
         refresh_every: int = 1,
         source: Any = None,
+        tied: str | None = None,
     ) -> None:
         super().__init__()
-        self._init_stored(source)
+        self._init_stored(source, tied)
         self.op = op
         self.in_features = op.cols
         self.out_features = op.rows
@@ -189,14 +195,15 @@ class HyperLinear(_StoredForm, nn.Module):
             self.register_parameter("bias", None)
 
     @classmethod
-    def placeholder(cls, layer: nn.Linear) -> "HyperLinear":
+    def placeholder(cls, layer: nn.Linear, tied: str | None = None) -> "HyperLinear":
         """An empty layer of ``layer``'s shape (no operator yet) whose ``weight_hwz`` is filled
         by ``load_state_dict`` or transformers' loader — how a saved quantized model is
-        rebuilt without a dense weight."""
+        rebuilt without a dense weight (``tied``: it will share that layer's operator)."""
         self = cls.__new__(cls)
         nn.Module.__init__(self)
-        self._init_stored()
-        self._placeholder_buffer()
+        self._init_stored(tied=tied)
+        if tied is None:
+            self._placeholder_buffer()
         self.op = None
         self.in_features, self.out_features = layer.in_features, layer.out_features
         self.spec, self.refresh_every, self._steps, self._wq = None, 1, 0, None
@@ -370,24 +377,62 @@ class HyperConv2d(_StoredForm, nn.Module):
         return f"weight_shape={self.weight_shape}, path={self.path}, held_bytes={self.op.held_bytes}"
 
 
-class HyperEmbedding(nn.Module):
+class HyperEmbedding(_StoredForm, nn.Module):
     """``nn.Embedding`` on the stored form: each looked-up row is decoded from the compressed
-    weight (a :class:`hypercodec.Linear`, which a tied output head can share)."""
+    weight (a :class:`hypercodec.Linear`, which a tied output head can share). Saved like
+    :class:`HyperLinear` (``weight_hwz``); ``max_norm`` and sparse gradients are not kept (the
+    table is inference-only)."""
 
-    def __init__(self, op: _native.Linear, padding_idx: int | None = None) -> None:
+    def __init__(
+        self, op: _native.Linear, padding_idx: int | None = None, source: Any = None, tied: str | None = None
+    ) -> None:
         super().__init__()
+        self._init_stored(source, tied)
         self.op = op
         self.num_embeddings = op.rows
         self.embedding_dim = op.cols
         self.padding_idx = padding_idx
 
+    @classmethod
+    def placeholder(cls, emb: nn.Embedding, tied: str | None = None) -> "HyperEmbedding":
+        """An empty table of ``emb``'s shape whose ``weight_hwz`` is filled by
+        ``load_state_dict`` (``tied``: it will share that layer's operator)."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._init_stored(tied=tied)
+        if tied is None:
+            self._placeholder_buffer()
+        self.op = None
+        self.num_embeddings, self.embedding_dim = emb.num_embeddings, emb.embedding_dim
+        self.padding_idx = emb.padding_idx
+        return self
+
+    @classmethod
+    def from_embedding(cls, emb: nn.Embedding, spec: str) -> "HyperEmbedding":
+        """Quantizes ``emb``'s table with the candidate ``spec``, without error feedback (an
+        embedding's inputs are one-hot: every row is its own output)."""
+        return cls(_native.Linear.quantize(_f32(emb.weight), spec), emb.padding_idx)
+
+    def _check_loaded(self, op: "_native.Linear") -> None:
+        if (op.rows, op.cols) != (self.num_embeddings, self.embedding_dim):
+            raise _native.InvalidInputError(
+                f"stored table is {op.rows}x{op.cols}; this embedding is {self.num_embeddings}x{self.embedding_dim}"
+            )
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.op is None:
+            raise _native.InvalidInputError("this HyperEmbedding has no table yet: load its state dict (weight_hwz) first")
+        if ids.is_floating_point() or ids.is_complex():
+            raise _native.InvalidInputError(f"embedding ids must be integers, got {ids.dtype}")
         flat = ids.detach().reshape(-1).to(torch.int64).cpu().numpy()
         rows = torch.from_numpy(self.op.rows_of(flat))
         return rows.reshape(*ids.shape, self.embedding_dim).to(ids.device)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, path={self.op.path}, held_bytes={self.op.held_bytes}"
+        if self.op is None:
+            return f"{self.num_embeddings}, {self.embedding_dim}, not loaded"
+        tied = f", tied={self.tied}" if self.tied else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}, path={self.op.path}, held_bytes={self.op.held_bytes}{tied}"
 
 
 def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
@@ -487,12 +532,19 @@ def quantize(
     trainable: bool = False,
     refresh_every: int = 1,
     hessians: dict[str, np.ndarray] | None = None,
+    embeddings: bool = False,
 ) -> nn.Module:
     """Replaces every ``nn.Linear`` (and, with ``conv``, ``nn.Conv2d``) of ``model`` whose name
     does not contain one of ``skip`` by a :class:`HyperLinear` (:class:`HyperConv2d`) quantized
     with ``method`` at ``bps`` (see :func:`method_spec`); ``trainable`` keeps float master
     weights for straight-through training; ``hessians`` (by layer name, from
-    :func:`collect_hessians`) turns on error-feedback rounding. Returns ``model``."""
+    :func:`collect_hessians`) turns on error-feedback rounding.
+
+    With ``embeddings``, every ``nn.Embedding`` not skipped becomes a :class:`HyperEmbedding`
+    too: one whose weight a quantized linear layer shares (a tied output head) reads that
+    layer's operator (one stored copy, saved once); one whose weight a skipped layer shares
+    stays float with it; any other is quantized at the same ``bps`` without error feedback.
+    Returns ``model``."""
     spec = method_spec(method, bps)
     skip = tuple(skip)
     targets = [
@@ -500,6 +552,13 @@ def quantize(
         for n, m in model.named_modules()
         if (isinstance(m, nn.Linear) or (conv and isinstance(m, nn.Conv2d))) and not any(s in n for s in skip)
     ]
+    tables = [
+        (n, m)
+        for n, m in model.named_modules()
+        if embeddings and isinstance(m, nn.Embedding) and not any(s in n for s in skip)
+    ]
+    owner = {id(m.weight): n for n, m in targets}
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     for name, layer in targets:
         if isinstance(layer, nn.Linear):
             h = None if hessians is None else hessians.get(name)
@@ -507,6 +566,12 @@ def quantize(
         else:
             new = HyperConv2d.from_conv(layer, spec)
         _replace(model, name, new)
+    for name, emb in tables:
+        head = owner.get(id(emb.weight))
+        if head is not None:
+            _replace(model, name, HyperEmbedding(model.get_submodule(head).op, emb.padding_idx, tied=head))
+        elif id(emb.weight) not in linear_weights:
+            _replace(model, name, HyperEmbedding.from_embedding(emb, spec))
     return model
 
 
@@ -574,7 +639,8 @@ def quantize_budget(
         api.compress_state_dict(sd, path, **options)
         archive = _native.Archive(path)
         for n, m in tables:
-            _replace(model, n, HyperEmbedding(archive.linear(f"{n}.weight", None), m.padding_idx))
+            op = archive.linear(f"{n}.weight", None)
+            _replace(model, n, HyperEmbedding(op, m.padding_idx, source=_archive_source(archive, n, False)))
         load_into(model, path)
     return model
 
@@ -688,23 +754,41 @@ def save_hessians(path: str, hessians: dict[str, np.ndarray]) -> None:
 def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> nn.Module:
     """Loads a state dict saved from a quantized model (``model.state_dict()``, e.g. through
     ``torch.save`` / ``torch.load(weights_only=True)``) into a fresh dense ``model`` of the same
-    architecture: each ``nn.Linear`` / ``nn.Conv2d`` whose ``weight_hwz`` is in ``state_dict``
-    becomes a :class:`HyperLinear` / :class:`HyperConv2d` on that stored form (its dense weight
-    is dropped unused; build ``model`` on the meta device to never allocate it). Returns ``model``.
+    architecture: each ``nn.Linear`` / ``nn.Conv2d`` / ``nn.Embedding`` whose ``weight_hwz`` is
+    in ``state_dict`` becomes a :class:`HyperLinear` / :class:`HyperConv2d` /
+    :class:`HyperEmbedding` on that stored form (its dense weight is dropped unused; build
+    ``model`` on the meta device to never allocate it); a layer tied to one of them (the same
+    weight ``Parameter``, no entry of its own) shares its operator. Returns ``model``.
 
         >>> sd = quantized.state_dict()                                  # doctest: +SKIP
         >>> fresh = load_state_dict(make_model(), sd)                    # doctest: +SKIP
     """
-    for name, m in list(model.named_modules()):
-        if f"{name}.{HWZ_KEY}" not in state_dict:
-            continue
-        if isinstance(m, nn.Linear):
-            _replace(model, name, HyperLinear.placeholder(m))
-        elif isinstance(m, nn.Conv2d):
-            _replace(model, name, HyperConv2d.placeholder(m))
-        else:
-            raise _native.InvalidInputError(f"`{name}` has a stored weight but is {type(m).__name__}, not Linear or Conv2d")
+    kinds = {nn.Linear: HyperLinear, nn.Conv2d: HyperConv2d, nn.Embedding: HyperEmbedding}
+    modules = list(model.named_modules())
+    stored = {id(m.weight): n for n, m in modules if f"{n}.{HWZ_KEY}" in state_dict and isinstance(m, tuple(kinds))}
+    tied: list[tuple[str, str]] = []
+    for name, m in modules:
+        kind = kinds.get(type(m)) or next((v for k, v in kinds.items() if isinstance(m, k)), None)
+        if f"{name}.{HWZ_KEY}" in state_dict:
+            if kind is None:
+                raise _native.InvalidInputError(
+                    f"`{name}` has a stored weight but is {type(m).__name__}, not Linear, Conv2d or Embedding"
+                )
+            _replace(model, name, kind.placeholder(m))
+        elif (
+            kind in (HyperLinear, HyperEmbedding)
+            and id(m.weight) in stored
+            and f"{name}.weight" not in state_dict
+            and getattr(m, "bias", None) is None
+        ):
+            tied.append((name, stored[id(m.weight)]))
+            _replace(model, name, kind.placeholder(m, tied=stored[id(m.weight)]))
     model.load_state_dict(state_dict, strict=strict, assign=True)
+    for name, source in tied:
+        layer, op = model.get_submodule(name), model.get_submodule(source).op
+        if op is not None:
+            layer._check_loaded(op)
+        layer.op = op
     return model
 
 
@@ -730,7 +814,9 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
         _replace(model, name, HyperLinear(archive.linear(f"{name}.weight", bias), source=_archive_source(archive, name, bias is not None)))
         done.add(f"{name}.weight")
     rest = {}
-    for key in model.state_dict().keys():
+    # The names alone: a state dict would serialize every compressed layer to list them.
+    keys = [k for k, _ in model.named_parameters(remove_duplicate=False)] + [k for k, _ in model.named_buffers()]
+    for key in keys:
         if key in names and key not in done:
             rest[key] = torch.from_numpy(archive.read(key))
     model.load_state_dict(rest, strict=False)
