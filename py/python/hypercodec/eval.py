@@ -626,6 +626,26 @@ class CausalLM:
         with torch.no_grad():
             self.reference = torch.log_softmax(self.model(self.windows[0]).logits[0].float(), -1)
 
+    def speed(self, model: Any, tokens: int = 16) -> float:
+        """Greedy generation speed of ``model`` as it stands (tokens per second after a 16-token
+        prompt of the evaluation text, on the threads torch uses; the median of three runs after
+        a warm-up), through transformers' ``generate``: a compressed model runs on its stored
+        forms, as a user's would."""
+        import statistics
+
+        import torch
+
+        prompt = self.windows[0][:, :16]
+        kw = {"do_sample": False, "pad_token_id": self.tok.eos_token_id}
+        runs = []
+        with torch.no_grad():
+            model.generate(prompt, max_new_tokens=2, **kw)
+            for _ in range(3):
+                start = time.perf_counter()
+                out = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, **kw)
+                runs.append((out.shape[1] - prompt.shape[1]) / (time.perf_counter() - start))
+        return statistics.median(runs)
+
     def measure(self, model: Any) -> dict[str, float]:
         """Perplexity over every window; KL(original ‖ model) and top-1 agreement on the first."""
         import torch
@@ -749,13 +769,21 @@ def evaluate(
     tensors_out: list[dict[str, Any]],
     progress: Callable[[str], None] = print,
     embeddings: bool = True,
+    speed: bool = True,
 ) -> list[Row]:
     """Every method at every rate on ``subject``; the original's row first (``embeddings``:
-    see :func:`quantize_model`)."""
+    see :func:`quantize_model`). With ``speed``, a causal LM's rows also give its CPU generation
+    speed (``tok/s``, :meth:`CausalLM.speed`) on the compressed layers, the original's on its
+    float32 ones: the same ``generate`` loop, the same threads."""
     from . import nn as hnn
 
     rows = [Row(name, "original", "float32 (original)", "f32", 32.0, 32.0, math.inf, subject.measure(subject.model))]
+    if speed and isinstance(subject, CausalLM):
+        rows[0].quality["tok/s"] = subject.speed(subject.model)
     progress(f"{name}: original {rows[0].quality}")
+    # Generation speed depends on the runtime's paths and the rate, not on how the codes were
+    # chosen: measured once per set of paths (calibrated and calibration-free rows share it).
+    speeds: dict[tuple[str, ...], float] = {}
     methods = list(methods)
     hessians = None
     if any(m.endswith(CALIBRATED) for m in methods):
@@ -785,7 +813,15 @@ def evaluate(
             try:
                 model = copy.deepcopy(subject.model)
                 row.bps, row.snr_db, tensors = quantize_model(model, method, bps, hessians, sensitivity, embeddings)
+                paths = tuple(sorted(m.op.path for m in model.modules() if isinstance(m, hnn.HyperLinear)))
+                tok_s = None
+                if speed and isinstance(subject, CausalLM) and paths:
+                    if paths not in speeds:
+                        speeds[paths] = subject.speed(model)
+                    tok_s = speeds[paths]
                 row.quality = subject.measure(decoded(model))
+                if tok_s is not None:
+                    row.quality["tok/s"] = tok_s
                 # What a peer measures of itself beside quality (llama.cpp: its tokens/s).
                 row.quality.update(getattr(model, "_hypercodec_measured", {}))
                 for t in tensors:
@@ -825,6 +861,10 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
             "stay float32. "
         )
         + "SNR: over all quantized weights together. "
+        "tok/s (causal LM): greedy generation after a 16-token prompt, median of three runs — our rows and the "
+        "original's through transformers' `generate` on the compressed layers (the runtime's paths: INT4 fused, "
+        "fixed-rate E8, trellis in registers, rANS decoded at each call) and on float32 `nn.Linear`, in PyTorch; "
+        "llama.cpp's rows in its own C engine beside its own float32 file (`f32 tok/s`), the same threads. "
         "Peers (HQQ, optimum-quanto, torchao, bitsandbytes, llama.cpp; run when installed): their weights "
         "dequantized into the same model, their bits = packed codes plus a 16-bit scale and zero per group "
         "(torchao's symmetric groups: a scale only; bitsandbytes: its own 8-bit block scales and their float32 "
@@ -905,6 +945,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="keep every embedding float32 and uncounted (a tied one too: the earlier tables' rule)",
     )
+    ap.add_argument(
+        "--no-speed",
+        action="store_true",
+        help="skip the causal LM's generation speed (tok/s) on the compressed layers",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/eval", help="output folder")
     a = ap.parse_args(argv)
@@ -927,7 +972,9 @@ def main(argv: list[str]) -> int:
             subject = minilm(text, a.sentences)
         else:
             raise SystemExit(f"unknown model `{model}` (smollm2, minilm)")
-        rows += evaluate(model, subject, methods, bps_list, tensors, embeddings=not a.float_embeddings)
+        rows += evaluate(
+            model, subject, methods, bps_list, tensors, embeddings=not a.float_embeddings, speed=not a.no_speed
+        )
     os.makedirs(a.out, exist_ok=True)
     meta = {
         "command": "python -m hypercodec eval " + " ".join(argv),
