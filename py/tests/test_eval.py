@@ -64,11 +64,11 @@ def test_causal_lm_rows_follow_the_rate_and_count_stored_bytes(tmp_path):
     assert cal2.quality["kl"] < int2.quality["kl"]
     assert {t["method"] for t in tensors} == {r.label for r in rows[1:]}
     assert all(t["snr_db"] > 0 for t in tensors)
-    # Generation speed on the compressed layers, once per set of runtime paths: the calibrated
-    # and calibration-free rows of one format share it, other formats measure their own.
+    # Generation speed on the compressed layers, once per format and rate: the calibrated and
+    # calibration-free rows of one format share it; other formats and rates measure their own.
     assert all(r.quality["tok/s"] > 0 for r in rows)
     assert cal8.quality["tok/s"] == int8.quality["tok/s"] and cal2.quality["tok/s"] == int2.quality["tok/s"]
-    assert tcq2.quality["tok/s"] != int2.quality["tok/s"]
+    assert len({tcq2.quality["tok/s"], int2.quality["tok/s"], int8.quality["tok/s"], tcq8.quality["tok/s"]}) == 4
     meta = {"command": "test", "machine": "test", "torch": "", "transformers": "", "hypercodec": "",
             "threads": 1, "text": "ids", "seconds": 0.0, "plots": hev.plots(rows, str(tmp_path))}
     page = hev.markdown(rows, meta)

@@ -322,8 +322,10 @@ def test_quantized_embeddings_read_the_stored_table_and_survive_a_state_dict(tmp
     hnn.load_state_dict(fresh, torch.load(tmp_path / "lm.pt", weights_only=True))
     assert not any(p.is_meta for p in fresh.parameters())
     assert torch.equal(fresh(ids), ref)
+    # Saved again, the reloaded model gives the same entries; a tied layer's own reads empty.
+    assert fresh.state_dict().keys() == sd.keys()
     if tied:
-        assert fresh.embed.op is fresh.head.op
+        assert fresh.embed.op is fresh.head.op and fresh.embed.weight_hwz.numel() == 0
     # Bad ids and a table of the wrong shape are typed errors.
     with pytest.raises(hypercodec.HypercodecError):
         fresh.embed(torch.tensor([300]))
@@ -344,3 +346,41 @@ def test_an_embedding_tied_to_a_skipped_head_stays_float():
     hnn.quantize(model, bps=4, skip=("head",), embeddings=True)
     assert isinstance(model.embed, torch.nn.Embedding) and model.embed.weight is model.head.weight
     assert isinstance(model.pos, hnn.HyperEmbedding) and isinstance(model.mid, hnn.HyperLinear)
+
+
+def test_embedding_ties_follow_the_weights_and_scaled_or_trained_tables_stay_float(tmp_path):
+    class Shared(torch.nn.Module):
+        """T5's layout: two tables on one weight, an untied head."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = torch.nn.Embedding(200, 32)
+            self.dec = torch.nn.Embedding(200, 32)
+            self.dec.weight = self.enc.weight
+            self.head = torch.nn.Linear(32, 200)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.enc(ids) + self.dec(ids.flip(-1)))
+
+    torch.manual_seed(12)
+    model = hnn.quantize(Shared(), bps=4, skip=(), embeddings=True)
+    assert model.dec.op is model.enc.op and model.dec.tied == "enc" and model.enc.tied is None
+    sd = model.state_dict()
+    assert "enc.weight_hwz" in sd and "dec.weight_hwz" not in sd
+    with torch.device("meta"):
+        fresh = Shared()
+    hnn.load_state_dict(fresh, sd)
+    ids = torch.randint(0, 200, (3, 5))
+    assert fresh.dec.op is fresh.enc.op and torch.equal(fresh(ids), model(ids))
+
+    class Scaled(torch.nn.Embedding):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return super().forward(ids) * 8.0
+
+    m = torch.nn.Sequential(Scaled(50, 16), torch.nn.Linear(16, 4))
+    hnn.quantize(m, skip=(), embeddings=True)
+    assert type(m[0]) is Scaled and isinstance(m[1], hnn.HyperLinear)
+    # A trained head keeps a float master weight: its tied table stays float.
+    lm = hnn.quantize(_Lm(tied=True), skip=(), embeddings=True, trainable=True)
+    assert type(lm.embed) is torch.nn.Embedding and isinstance(lm.head, hnn.HyperLinear)
+    assert isinstance(lm.pos, hnn.HyperEmbedding)

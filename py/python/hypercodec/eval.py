@@ -781,9 +781,9 @@ def evaluate(
     if speed and isinstance(subject, CausalLM):
         rows[0].quality["tok/s"] = subject.speed(subject.model)
     progress(f"{name}: original {rows[0].quality}")
-    # Generation speed depends on the runtime's paths and the rate, not on how the codes were
-    # chosen: measured once per set of paths (calibrated and calibration-free rows share it).
-    speeds: dict[tuple[str, ...], float] = {}
+    # Generation speed depends on the stored format, not on how its codes were chosen: measured
+    # once per format and rate (calibrated and calibration-free rows share it).
+    speeds: dict[tuple[str, float], float] = {}
     methods = list(methods)
     hessians = None
     if any(m.endswith(CALIBRATED) for m in methods):
@@ -813,12 +813,12 @@ def evaluate(
             try:
                 model = copy.deepcopy(subject.model)
                 row.bps, row.snr_db, tensors = quantize_model(model, method, bps, hessians, sensitivity, embeddings)
-                paths = tuple(sorted(m.op.path for m in model.modules() if isinstance(m, hnn.HyperLinear)))
                 tok_s = None
-                if speed and isinstance(subject, CausalLM) and paths:
-                    if paths not in speeds:
-                        speeds[paths] = subject.speed(model)
-                    tok_s = speeds[paths]
+                if speed and isinstance(subject, CausalLM) and any(isinstance(m, hnn.HyperLinear) for m in model.modules()):
+                    key = (spec, bps)
+                    if key not in speeds:
+                        speeds[key] = subject.speed(model)
+                    tok_s = speeds[key]
                 row.quality = subject.measure(decoded(model))
                 if tok_s is not None:
                     row.quality["tok/s"] = tok_s

@@ -22,7 +22,7 @@ from torch import nn
 
 from . import _native
 from .api import compress_state_dict
-from .nn import HWZ_KEY, HyperEmbedding, HyperLinear, _archive_source, quantize
+from .nn import HWZ_KEY, HyperEmbedding, HyperLinear, _archive_source, _state_keys, quantize
 
 __all__ = ["quantize", "save_hwz", "from_hwz"]
 
@@ -103,12 +103,13 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     names = set(archive.names())
     tied = json.loads(meta.get("hf_tied", "{}"))
-    # The input embedding on the stored form when it is compressed; a tied output head then
-    # runs on the same operator (one compressed copy serves both).
+    # The input embedding on the stored form when it is compressed (a plain lookup: a scaled
+    # subclass, as Gemma's, is decoded instead); a tied output head then runs on the same
+    # operator (one compressed copy serves both).
     emb = model.get_input_embeddings()
     emb_name = next((n for n, m in model.named_modules() if m is emb), None)
     shared: dict[str, _native.Linear] = {}
-    if emb_name is not None and f"{emb_name}.weight" in names:
+    if emb_name is not None and f"{emb_name}.weight" in names and type(emb) is nn.Embedding:
         encoding = json.loads(archive.encoding_json(f"{emb_name}.weight"))
         if encoding.get("type") != "raw":
             op = archive.linear(f"{emb_name}.weight", None, fixed_bits)
@@ -118,15 +119,20 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
     for alias, source in tied.items():
         if source in shared and alias.endswith(".weight"):
             head = alias[: -len(".weight")]
-            if isinstance(model.get_submodule(head), nn.Linear):
+            layer = model.get_submodule(head)
+            if isinstance(layer, nn.Linear) and layer.bias is None:
                 _set(model, head, HyperLinear(shared[source], tied=emb_name))
+            elif isinstance(layer, nn.Linear):
+                # A head with a bias of its own: its operator holds the bias (the codes twice).
+                b = f"{head}.bias" if f"{head}.bias" in names else None
+                op = archive.linear(source, None if b is None else archive.read(b), fixed_bits)
+                _set(model, head, HyperLinear(op, source=lambda s=source, b=b: archive.tensor_hwz(s, b)))
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and f"{name}.weight" in names:
             bias = archive.read(f"{name}.bias") if f"{name}.bias" in names else None
             op = archive.linear(f"{name}.weight", bias, fixed_bits)
             _set(model, name, HyperLinear(op, source=_archive_source(archive, name, bias is not None)))
-    keys = [k for k, _ in model.named_parameters(remove_duplicate=False)] + [k for k, _ in model.named_buffers()]
-    rest = {k: torch.from_numpy(archive.read(k)) for k in keys if k in names}
+    rest = {k: torch.from_numpy(archive.read(k)) for k in _state_keys(model) if k in names}
     model.load_state_dict(rest, strict=False, assign=True)
     params = dict(model.named_parameters())
     for alias, source in tied.items():

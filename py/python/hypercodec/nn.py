@@ -76,8 +76,10 @@ class _StoredForm:
     those bytes (:meth:`hypercodec.Linear.from_hwz`).
 
     A layer that shares another's operator (a tied input embedding and output head) names that
-    layer in ``tied``: it saves nothing of its own, and :func:`load_state_dict` gives it the
-    other's operator again, so the shared bytes are stored once."""
+    layer in ``tied``: it saves nothing of its own (its ``weight_hwz`` reads as empty: the bytes
+    are the other layer's), and :func:`hypercodec.nn.load_state_dict` gives it the other's
+    operator again, so the shared bytes are stored once (``Module.load_state_dict`` on a model
+    already quantized does not re-tie: load into a fresh model)."""
 
     op: "_native.Linear | None"
 
@@ -90,10 +92,11 @@ class _StoredForm:
 
     @property
     def weight_hwz(self) -> torch.Tensor:
-        """The stored form (see the class docs); an empty meta tensor before loading."""
+        """The stored form (see the class docs); an empty meta tensor before loading or for a
+        tied layer."""
         if self._hwz is not None:
             return self._hwz
-        if self.op is None:
+        if self.op is None or self.tied is not None:
             return torch.empty(0, dtype=torch.uint8, device="meta")
         data = self.op.to_hwz()
         if data is None and self._hwz_source is not None:
@@ -111,6 +114,7 @@ class _StoredForm:
         self._check_loaded(op)
         self.op = op
         self._hwz = t
+        self.tied = None  # its own bytes now: saved as its own
         self._buffers.pop(HWZ_KEY, None)
 
     def _placeholder_buffer(self) -> None:
@@ -279,7 +283,7 @@ class HyperLinear(_StoredForm, nn.Module):
             return f"in_features={self.in_features}, out_features={self.out_features}, not loaded"
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"path={self.op.path}, held_bytes={self.op.held_bytes}"
+            f"path={self.op.path}, held_bytes={self.op.held_bytes}" + (f", tied={self.tied}" if self.tied else "")
         )
 
 
@@ -542,8 +546,11 @@ def quantize(
 
     With ``embeddings``, every ``nn.Embedding`` not skipped becomes a :class:`HyperEmbedding`
     too: one whose weight a quantized linear layer shares (a tied output head) reads that
-    layer's operator (one stored copy, saved once); one whose weight a skipped layer shares
-    stays float with it; any other is quantized at the same ``bps`` without error feedback.
+    layer's operator (one stored copy, saved once; rounded for the head: with ``hessians``,
+    with the head's error feedback); one whose weight a skipped or ``trainable`` layer shares
+    stays float with it; tables sharing one weight (T5's) share one operator; any other is
+    quantized at the same ``bps`` without error feedback. A subclass of ``nn.Embedding`` (a
+    scaled one, as in Gemma or BART, whose ``forward`` does more than a lookup) stays float.
     Returns ``model``."""
     spec = method_spec(method, bps)
     skip = tuple(skip)
@@ -555,9 +562,9 @@ def quantize(
     tables = [
         (n, m)
         for n, m in model.named_modules()
-        if embeddings and isinstance(m, nn.Embedding) and not any(s in n for s in skip)
+        if embeddings and type(m) is nn.Embedding and not any(s in n for s in skip)
     ]
-    owner = {id(m.weight): n for n, m in targets}
+    owner = {} if trainable else {id(m.weight): n for n, m in targets}
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     for name, layer in targets:
         if isinstance(layer, nn.Linear):
@@ -572,6 +579,7 @@ def quantize(
             _replace(model, name, HyperEmbedding(model.get_submodule(head).op, emb.padding_idx, tied=head))
         elif id(emb.weight) not in linear_weights:
             _replace(model, name, HyperEmbedding.from_embedding(emb, spec))
+            owner[id(emb.weight)] = name
     return model
 
 
@@ -768,7 +776,7 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
     stored = {id(m.weight): n for n, m in modules if f"{n}.{HWZ_KEY}" in state_dict and isinstance(m, tuple(kinds))}
     tied: list[tuple[str, str]] = []
     for name, m in modules:
-        kind = kinds.get(type(m)) or next((v for k, v in kinds.items() if isinstance(m, k)), None)
+        kind = next((v for k, v in kinds.items() if isinstance(m, k)), None)
         if f"{name}.{HWZ_KEY}" in state_dict:
             if kind is None:
                 raise _native.InvalidInputError(
@@ -790,6 +798,17 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
             layer._check_loaded(op)
         layer.op = op
     return model
+
+
+def _state_keys(model: nn.Module) -> list[str]:
+    """The names ``model.state_dict()`` would give (tied and shared tensors under each name,
+    persistent buffers only), without serializing every compressed layer to list them."""
+    keys = []
+    for prefix, m in model.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        keys += [dot + k for k, v in m._parameters.items() if v is not None]
+        keys += [dot + k for k, v in m._buffers.items() if v is not None and k not in m._non_persistent_buffers_set]
+    return keys
 
 
 def _archive_source(archive: "_native.Archive", layer: str, bias: bool) -> Any:
@@ -814,9 +833,7 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
         _replace(model, name, HyperLinear(archive.linear(f"{name}.weight", bias), source=_archive_source(archive, name, bias is not None)))
         done.add(f"{name}.weight")
     rest = {}
-    # The names alone: a state dict would serialize every compressed layer to list them.
-    keys = [k for k, _ in model.named_parameters(remove_duplicate=False)] + [k for k, _ in model.named_buffers()]
-    for key in keys:
+    for key in _state_keys(model):
         if key in names and key not in done:
             rest[key] = torch.from_numpy(archive.read(key))
     model.load_state_dict(rest, strict=False)
