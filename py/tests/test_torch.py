@@ -384,3 +384,18 @@ def test_embedding_ties_follow_the_weights_and_scaled_or_trained_tables_stay_flo
     lm = hnn.quantize(_Lm(tied=True), skip=(), embeddings=True, trainable=True)
     assert type(lm.embed) is torch.nn.Embedding and isinstance(lm.head, hnn.HyperLinear)
     assert isinstance(lm.pos, hnn.HyperEmbedding)
+
+
+def test_a_bf16_table_returns_bf16_beside_a_dense_bf16_head():
+    torch.manual_seed(13)
+    model = _Lm(tied=False).to(torch.bfloat16)
+    ids = torch.randint(0, 300, (2, 16))
+    hnn.quantize(model, bps=4, skip=("head", "mid"), embeddings=True)
+    assert isinstance(model.embed, hnn.HyperEmbedding) and isinstance(model.head, torch.nn.Linear)
+    out = model(ids)  # the dense bf16 layers would refuse float32 inputs
+    assert out.dtype == torch.bfloat16 and model.embed(ids).dtype == torch.bfloat16
+    sd = model.state_dict()
+    with torch.device("meta"):
+        fresh = _Lm(tied=False).to(torch.bfloat16)
+    hnn.load_state_dict(fresh, sd)
+    assert fresh.embed.dtype == torch.bfloat16 and torch.equal(fresh(ids), out)

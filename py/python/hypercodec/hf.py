@@ -114,7 +114,7 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
         if encoding.get("type") != "raw":
             op = archive.linear(f"{emb_name}.weight", None, fixed_bits)
             source = _archive_source(archive, emb_name, False)
-            _set(model, emb_name, HyperEmbedding(op, getattr(emb, "padding_idx", None), source=source))
+            _set(model, emb_name, HyperEmbedding(op, emb.padding_idx, source=source, dtype=emb.weight.dtype))
             shared[f"{emb_name}.weight"] = op
     for alias, source in tied.items():
         if source in shared and alias.endswith(".weight"):

@@ -383,12 +383,18 @@ class HyperConv2d(_StoredForm, nn.Module):
 
 class HyperEmbedding(_StoredForm, nn.Module):
     """``nn.Embedding`` on the stored form: each looked-up row is decoded from the compressed
-    weight (a :class:`hypercodec.Linear`, which a tied output head can share). Saved like
-    :class:`HyperLinear` (``weight_hwz``); ``max_norm`` and sparse gradients are not kept (the
-    table is inference-only)."""
+    weight (a :class:`hypercodec.Linear`, which a tied output head can share), returned in
+    ``dtype`` (the original table's: a bf16 model stays bf16). Saved like :class:`HyperLinear`
+    (``weight_hwz``); ``max_norm`` and sparse gradients are not kept (the table is
+    inference-only)."""
 
     def __init__(
-        self, op: _native.Linear, padding_idx: int | None = None, source: Any = None, tied: str | None = None
+        self,
+        op: _native.Linear,
+        padding_idx: int | None = None,
+        source: Any = None,
+        tied: str | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         self._init_stored(source, tied)
@@ -396,6 +402,7 @@ class HyperEmbedding(_StoredForm, nn.Module):
         self.num_embeddings = op.rows
         self.embedding_dim = op.cols
         self.padding_idx = padding_idx
+        self.dtype = dtype
 
     @classmethod
     def placeholder(cls, emb: nn.Embedding, tied: str | None = None) -> "HyperEmbedding":
@@ -409,13 +416,14 @@ class HyperEmbedding(_StoredForm, nn.Module):
         self.op = None
         self.num_embeddings, self.embedding_dim = emb.num_embeddings, emb.embedding_dim
         self.padding_idx = emb.padding_idx
+        self.dtype = emb.weight.dtype
         return self
 
     @classmethod
     def from_embedding(cls, emb: nn.Embedding, spec: str) -> "HyperEmbedding":
         """Quantizes ``emb``'s table with the candidate ``spec``, without error feedback (an
         embedding's inputs are one-hot: every row is its own output)."""
-        return cls(_native.Linear.quantize(_f32(emb.weight), spec), emb.padding_idx)
+        return cls(_native.Linear.quantize(_f32(emb.weight), spec), emb.padding_idx, dtype=emb.weight.dtype)
 
     def _check_loaded(self, op: "_native.Linear") -> None:
         if (op.rows, op.cols) != (self.num_embeddings, self.embedding_dim):
@@ -430,7 +438,7 @@ class HyperEmbedding(_StoredForm, nn.Module):
             raise _native.InvalidInputError(f"embedding ids must be integers, got {ids.dtype}")
         flat = ids.detach().reshape(-1).to(torch.int64).cpu().numpy()
         rows = torch.from_numpy(self.op.rows_of(flat))
-        return rows.reshape(*ids.shape, self.embedding_dim).to(ids.device)
+        return rows.reshape(*ids.shape, self.embedding_dim).to(device=ids.device, dtype=self.dtype)
 
     def extra_repr(self) -> str:
         if self.op is None:
@@ -576,7 +584,8 @@ def quantize(
     for name, emb in tables:
         head = owner.get(id(emb.weight))
         if head is not None:
-            _replace(model, name, HyperEmbedding(model.get_submodule(head).op, emb.padding_idx, tied=head))
+            op = model.get_submodule(head).op
+            _replace(model, name, HyperEmbedding(op, emb.padding_idx, tied=head, dtype=emb.weight.dtype))
         elif id(emb.weight) not in linear_weights:
             _replace(model, name, HyperEmbedding.from_embedding(emb, spec))
             owner[id(emb.weight)] = name
@@ -648,7 +657,8 @@ def quantize_budget(
         archive = _native.Archive(path)
         for n, m in tables:
             op = archive.linear(f"{n}.weight", None)
-            _replace(model, n, HyperEmbedding(op, m.padding_idx, source=_archive_source(archive, n, False)))
+            source = _archive_source(archive, n, False)
+            _replace(model, n, HyperEmbedding(op, m.padding_idx, source=source, dtype=m.weight.dtype))
         load_into(model, path)
     return model
 
