@@ -117,10 +117,19 @@ class _StoredForm:
         self.tied = None  # its own bytes now: saved as its own
         self._buffers.pop(HWZ_KEY, None)
 
-    def _placeholder_buffer(self) -> None:
-        # Loaders look stored names up as buffers (transformers does, to report and initialize
-        # what a checkpoint lacks): an empty one stands in until the stored form arrives.
-        self._buffers[HWZ_KEY] = torch.empty(0, dtype=torch.uint8, device="meta")
+    @classmethod
+    def _empty(cls, tied: str | None = None) -> Any:
+        """A bare module of this class with no operator yet, for ``placeholder``: its stored
+        form arrives by loading (its own ``weight_hwz``) or, ``tied``, from that layer."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._init_stored(tied=tied)
+        if tied is None:
+            # Loaders look stored names up as buffers (transformers does, to report and
+            # initialize what a checkpoint lacks): an empty one stands in until it arrives.
+            self._buffers[HWZ_KEY] = torch.empty(0, dtype=torch.uint8, device="meta")
+        self.op = None
+        return self
 
     def _check_loaded(self, op: "_native.Linear") -> None:
         pass
@@ -203,12 +212,7 @@ class HyperLinear(_StoredForm, nn.Module):
         """An empty layer of ``layer``'s shape (no operator yet) whose ``weight_hwz`` is filled
         by ``load_state_dict`` or transformers' loader — how a saved quantized model is
         rebuilt without a dense weight (``tied``: it will share that layer's operator)."""
-        self = cls.__new__(cls)
-        nn.Module.__init__(self)
-        self._init_stored(tied=tied)
-        if tied is None:
-            self._placeholder_buffer()
-        self.op = None
+        self = cls._empty(tied)
         self.in_features, self.out_features = layer.in_features, layer.out_features
         self.spec, self.refresh_every, self._steps, self._wq = None, 1, 0, None
         self.register_parameter("weight", None)
@@ -306,11 +310,7 @@ class HyperConv2d(_StoredForm, nn.Module):
     def placeholder(cls, conv: nn.Conv2d) -> "HyperConv2d":
         """An empty layer of ``conv``'s geometry whose ``weight_hwz`` (and ``bias``) are filled
         by ``load_state_dict``."""
-        self = cls.__new__(cls)
-        nn.Module.__init__(self)
-        self._init_stored()
-        self._placeholder_buffer()
-        self.op = None
+        self = cls._empty()
         self.weight_shape = tuple(conv.weight.shape)
         self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
         self.bias = None if conv.bias is None else nn.Parameter(torch.empty_like(conv.bias, device="cpu"), requires_grad=False)
@@ -408,12 +408,7 @@ class HyperEmbedding(_StoredForm, nn.Module):
     def placeholder(cls, emb: nn.Embedding, tied: str | None = None) -> "HyperEmbedding":
         """An empty table of ``emb``'s shape whose ``weight_hwz`` is filled by
         ``load_state_dict`` (``tied``: it will share that layer's operator)."""
-        self = cls.__new__(cls)
-        nn.Module.__init__(self)
-        self._init_stored(tied=tied)
-        if tied is None:
-            self._placeholder_buffer()
-        self.op = None
+        self = cls._empty(tied)
         self.num_embeddings, self.embedding_dim = emb.num_embeddings, emb.embedding_dim
         self.padding_idx = emb.padding_idx
         self.dtype = emb.weight.dtype
