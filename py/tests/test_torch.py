@@ -30,6 +30,33 @@ def test_hyperlinear_matches_f_linear_on_its_decoded_weight():
         assert h(x.to(torch.bfloat16)).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("spec", ["int8-row", "int4", "e8@4", "e8-fixed4", "tcq@2-l12"])
+def test_tiny_and_huge_weights_keep_their_precision(spec):
+    # f16 scales cannot hold a layer of std 1e-9 (they would be zero: all outputs 0) or 1e8
+    # (infinite): such a layer is stored with bf16 scales instead, at the same bytes.
+    torch.manual_seed(2)
+    base = torch.randn(48, 256)
+    x = torch.randn(5, 256).double()
+
+    def snr(w):
+        layer = torch.nn.Linear(256, 48, bias=False)
+        layer.weight.data = w
+        h = hnn.HyperLinear.from_linear(layer, spec)
+        ref = x @ w.double().T
+        err = h(x.float()).double() - ref
+        return 10 * torch.log10(ref.pow(2).mean() / err.pow(2).mean()).item(), h, layer
+
+    unit, h_unit, _ = snr(base)
+    for factor in [1e-9, 1e8]:
+        db, h, layer = snr(base * factor)
+        assert db > unit - 1.5, (spec, factor, db, unit)
+        assert h.op.stored_bytes == h_unit.op.stored_bytes
+        # The stored form says so, and loads back to the same outputs.
+        back = hnn.HyperLinear.placeholder(layer)
+        back.load_state_dict(h.state_dict())
+        assert torch.equal(back(x.float()), h(x.float()))
+
+
 def test_quantize_swaps_linears_and_keeps_the_model_working():
     torch.manual_seed(1)
     model = torch.nn.Sequential(

@@ -1051,9 +1051,25 @@ fn tiny_and_subnormal_values_are_never_a_lossy_success_below_0_db() {
         for t in v["tensors"].as_array().unwrap() {
             let snr = t["stats"]["snr_db"].as_f64().unwrap_or(f64::INFINITY);
             assert!(snr > 0.0, "{enc}: {} at {snr} dB", t["name"]);
+            // std 1e-8 is no longer too small for affine and lattice scales: they are stored
+            // as bf16 (f16's would be zero) and keep the SNR of any Gaussian tensor.
+            if t["name"] == "tiny" && (enc == "affine" || enc == "lattice") {
+                assert!(snr > 15.0, "{enc}: tiny at {snr} dB");
+                assert!(t["encoding"].to_string().contains("bf16"), "{enc}: {t}");
+            }
         }
         ok(&["decompress", p(&hwz), p(&back)]);
-        assert_eq!(read_st(&back), input, "{enc}: stored raw, exactly");
+        // Sorted by name: "sub", then "tiny".
+        let out = read_st(&back);
+        let f32s = |b: &[u8]| -> Vec<f64> {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                .collect()
+        };
+        let (a, b) = (f32s(&input[1].3), f32s(&out[1].3));
+        let s: f64 = a.iter().map(|x| x * x).sum();
+        let e: f64 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum();
+        assert!(10.0 * (s / e).log10() > 15.0, "{enc}: tiny decoded");
     }
 }
 

@@ -11,7 +11,38 @@ use hypercodec_lattice as lat;
 use hypercodec_scalar as scalar;
 
 /// Encodes `values` (row-major, of `shape`) with `encoding`.
+///
+/// f16 scales that cannot hold the tensor's (a nonzero row or group scale below f16's normal
+/// range, ~6.1e-5, or above 65504) are stored as bf16 instead: the same bytes with f32's range.
+/// The returned [`EncodedTensor::encoding`] says which was stored.
 pub fn encode(
+    tensor: &str,
+    values: &[f32],
+    shape: &[u64],
+    encoding: &Encoding,
+    options: EncodeOptions,
+) -> Result<EncodedTensor> {
+    with_scale_fallback(encoding, |e| encode_as(tensor, values, shape, e, options))
+}
+
+/// `encode(encoding)`, or, where f16 scales cannot hold the tensor's, `encode` of the same
+/// encoding with bf16 scales.
+fn with_scale_fallback(
+    encoding: &Encoding,
+    encode: impl Fn(&Encoding) -> Result<EncodedTensor>,
+) -> Result<EncodedTensor> {
+    match encode(encoding) {
+        Err(HwzError::Scalar { source, .. })
+            if source.is_scale_range()
+                && encoding.scale_dtype() == Some(scalar::FloatDtype::F16) =>
+        {
+            encode(&encoding.with_scale_dtype(scalar::FloatDtype::Bf16))
+        }
+        other => other,
+    }
+}
+
+fn encode_as(
     tensor: &str,
     values: &[f32],
     shape: &[u64],
@@ -77,8 +108,23 @@ pub fn encode(
 /// GPTQ's rule): for `affine` (every group layout; groups fitted as rounding reaches them),
 /// `lattice` (word by word after the RHT, `h` rotated the same way) and `trellis` (tail-biting
 /// sequence by sequence after the RHT, likewise). The streams are the same format as
-/// [`encode`]'s. Other encodings: [`HwzError::InvalidEncoding`].
+/// [`encode`]'s, with the same fallback to bf16 scales. Other encodings:
+/// [`HwzError::InvalidEncoding`].
 pub fn encode_calibrated(
+    tensor: &str,
+    values: &[f32],
+    shape: &[u64],
+    encoding: &Encoding,
+    h: &[f32],
+    damp: f64,
+    options: EncodeOptions,
+) -> Result<EncodedTensor> {
+    with_scale_fallback(encoding, |e| {
+        encode_calibrated_as(tensor, values, shape, e, h, damp, options)
+    })
+}
+
+fn encode_calibrated_as(
     tensor: &str,
     values: &[f32],
     shape: &[u64],

@@ -390,6 +390,29 @@ impl Encoding {
         }
     }
 
+    /// The storage type of the scales of an affine, lattice or trellis encoding.
+    pub fn scale_dtype(&self) -> Option<FloatDtype> {
+        match self {
+            Encoding::Affine { scale_dtype, .. }
+            | Encoding::Lattice { scale_dtype, .. }
+            | Encoding::Trellis { scale_dtype, .. } => Some(*scale_dtype),
+            _ => None,
+        }
+    }
+
+    /// This affine, lattice or trellis encoding with its scales stored as `dtype` (other
+    /// encodings are returned as they are).
+    pub fn with_scale_dtype(&self, dtype: FloatDtype) -> Self {
+        let mut e = self.clone();
+        if let Encoding::Affine { scale_dtype, .. }
+        | Encoding::Lattice { scale_dtype, .. }
+        | Encoding::Trellis { scale_dtype, .. } = &mut e
+        {
+            *scale_dtype = dtype;
+        }
+        e
+    }
+
     /// This lattice encoding with entropy-coded chunks of exactly `block_rows` rows of a
     /// tensor whose rows hold `cols` values, so that every block of `block_rows` rows decodes
     /// alone ([`crate::TensorView::decode_rows_into`] then reads only its own chunk). The chunk

@@ -5,7 +5,7 @@ use crate::encoding::{role, Coding, Encoding, StreamLen};
 use crate::{HwzError, Result};
 use hypercodec_lattice::{self as lat, Lattice};
 use hypercodec_rice::{rans, rice, CodingError};
-use hypercodec_scalar::{self as scalar, ScalarError};
+use hypercodec_scalar::{self as scalar, FloatDtype, ScalarError};
 
 pub(crate) fn lat_err(tensor: &str) -> impl Fn(lat::LatticeError) -> HwzError + '_ {
     move |source| HwzError::Lattice {
@@ -55,6 +55,36 @@ fn unpack(
             message: "not a lattice encoding".into(),
         }),
     }
+}
+
+/// [`ScalarError::ScaleUnderflow`] for the first row whose stored (rounded) scale `dtype` does
+/// not hold ([`FloatDtype::holds_scale`]: only f16 is narrower than f32), or that rounded to
+/// zero although the row is not; its value is the row's RMS. Shared with the trellis.
+pub(crate) fn underflow(
+    scales: &[f32],
+    values: &[f32],
+    cols: usize,
+    dtype: FloatDtype,
+) -> Option<ScalarError> {
+    if dtype != FloatDtype::F16 {
+        return None;
+    }
+    scales.iter().enumerate().find_map(|(i, &s)| {
+        let row = values.get(i * cols..(i + 1) * cols).unwrap_or(&[]);
+        let lost = if s == 0.0 {
+            row.iter().any(|&v| v != 0.0)
+        } else {
+            !dtype.holds_scale(s)
+        };
+        lost.then(|| {
+            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols.max(1) as f64;
+            ScalarError::ScaleUnderflow {
+                group: i,
+                value: ms.sqrt() as f32,
+                dtype,
+            }
+        })
+    })
 }
 
 /// Streams of a lattice-encoded tensor, in the order of [`Encoding::stream_lens`].
@@ -147,6 +177,12 @@ pub(crate) fn encode(
                 value,
                 dtype: scale_dtype,
             },
+        });
+    }
+    if let Some(err) = underflow(&scales, values, c, scale_dtype) {
+        return Err(HwzError::Scalar {
+            tensor: tensor.into(),
+            source: err,
         });
     }
     let scales = scalar::encode_floats(&scales, scale_dtype, false)

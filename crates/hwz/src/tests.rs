@@ -790,3 +790,114 @@ fn a_bounded_decompression_takes_one_whole_frame_and_no_more_than_its_cap() {
         assert!(zstd_codec::decompress_bounded(&bad, 1 << 24).is_err());
     }
 }
+
+#[test]
+fn scales_f16_cannot_hold_are_stored_as_bf16_and_decode() {
+    // Tiny tensors (f16 scales would be subnormal or zero), huge ones (they would overflow),
+    // a convolution and one tiny row among ordinary ones: each comes back at about the SNR of
+    // the same tensor at unit scale, with bf16 scales recorded in its encoding.
+    let affine = |bits, group, symmetric| Encoding::Affine {
+        bits,
+        group,
+        symmetric,
+        scale_dtype: FloatDtype::F16,
+    };
+    let lattice = |coding| Encoding::Lattice {
+        lattice: Lattice::E8,
+        alpha: 2.0,
+        tile: 128,
+        seed: 5,
+        scale_dtype: FloatDtype::F16,
+        coding,
+    };
+    let encodings = [
+        affine(8, hypercodec_scalar::Group::Row, true),
+        affine(4, hypercodec_scalar::Group::Size(128), false),
+        affine(2, hypercodec_scalar::Group::Tensor, false),
+        affine(1, hypercodec_scalar::Group::Row, true),
+        lattice(Coding::RANS_DEFAULT),
+        lattice(Coding::Fixed { bits: 4 }),
+        Encoding::trellis(12, 3, 128, 7),
+    ];
+    let shape = [32u64, 16, 4, 4];
+    let unit = gaussian(32 * 256, 11);
+    for e in &encodings {
+        let t = encode("w", &unit, &shape, e, EncodeOptions::default()).unwrap();
+        assert_eq!(t.encoding, *e, "unit scale keeps f16");
+        let base = snr(&unit, &through_archive("w", &shape, &t));
+        for factor in [1e-6f32, 1e-9, 1e-30, 1e8, 1e30] {
+            let x: Vec<f32> = unit.iter().map(|v| v * factor).collect();
+            let t = encode("w", &x, &shape, e, EncodeOptions::default())
+                .unwrap_or_else(|err| panic!("{e:?} ×{factor}: {err}"));
+            assert_eq!(
+                t.encoding.scale_dtype(),
+                Some(FloatDtype::Bf16),
+                "{e:?} ×{factor}"
+            );
+            let db = snr(&x, &through_archive("w", &shape, &t));
+            assert!(
+                db > base - 1.0,
+                "{e:?} ×{factor}: {db:.2} dB against {base:.2}"
+            );
+        }
+        // One row a billion times smaller than the rest still decodes to its own values.
+        let mut x = unit.clone();
+        x[256..512].iter_mut().for_each(|v| *v *= 1e-9);
+        let t = encode("w", &x, &shape, e, EncodeOptions::default()).unwrap();
+        let y = through_archive("w", &shape, &t);
+        if !matches!(
+            e,
+            Encoding::Affine {
+                group: hypercodec_scalar::Group::Tensor,
+                ..
+            }
+        ) {
+            assert_eq!(t.encoding.scale_dtype(), Some(FloatDtype::Bf16), "{e:?}");
+            let db = snr(&x[256..512], &y[256..512]);
+            assert!(
+                db > base - 3.0,
+                "{e:?}: tiny row {db:.2} dB against {base:.2}"
+            );
+        }
+        // Calibrated rounding (identity statistics) takes the same way out.
+        if !matches!(e, Encoding::Affine { bits: 1, .. }) {
+            let tiny: Vec<f32> = unit.iter().map(|v| v * 1e-9).collect();
+            let mut h = vec![0f32; 256 * 256];
+            (0..256).for_each(|i| h[i * 257] = 1.0);
+            let t = encode_calibrated("w", &tiny, &shape, e, &h, 0.01, EncodeOptions::default())
+                .unwrap_or_else(|err| panic!("{e:?} calibrated: {err}"));
+            assert_eq!(t.encoding.scale_dtype(), Some(FloatDtype::Bf16), "{e:?}");
+            let db = snr(&tiny, &through_archive("w", &shape, &t));
+            assert!(
+                db > base - 1.0,
+                "{e:?} calibrated: {db:.2} dB against {base:.2}"
+            );
+        }
+    }
+    // Scales asked for in bf16 or f32 are kept, and what no type holds is a typed error.
+    let e = affine(4, hypercodec_scalar::Group::Row, true).with_scale_dtype(FloatDtype::F32);
+    let x: Vec<f32> = unit.iter().map(|v| v * 1e-9).collect();
+    assert_eq!(
+        encode("w", &x, &shape, &e, EncodeOptions::default())
+            .unwrap()
+            .encoding,
+        e
+    );
+    let huge = vec![f32::MAX, -f32::MAX];
+    assert!(matches!(
+        encode(
+            "w",
+            &huge,
+            &[1, 2],
+            &affine(4, hypercodec_scalar::Group::Row, false),
+            EncodeOptions::default()
+        ),
+        Err(HwzError::Scalar {
+            source: hypercodec_scalar::ScalarError::ScaleOverflow {
+                dtype: FloatDtype::Bf16,
+                ..
+            },
+            ..
+        })
+    ));
+}

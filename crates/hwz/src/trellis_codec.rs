@@ -128,6 +128,12 @@ pub(crate) fn encode(
             },
         });
     }
+    if let Some(err) = crate::lattice_codec::underflow(&scales, values, cols, t.scale_dtype) {
+        return Err(HwzError::Scalar {
+            tensor: tensor.into(),
+            source: err,
+        });
+    }
     let scales = scalar::encode_floats(&scales, t.scale_dtype, false)
         .map_err(crate::encoding::scalar_err(tensor))?;
     Ok(vec![

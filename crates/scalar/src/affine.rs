@@ -310,7 +310,8 @@ fn check_shape(len: usize, rows: usize, cols: usize) -> Result<()> {
 }
 
 /// Quantizes a `rows × cols` tensor. Non-finite input is [`ScalarError::NonFinite`]; a scale that
-/// overflows the scale type is [`ScalarError::ScaleOverflow`].
+/// overflows the scale type is [`ScalarError::ScaleOverflow`], a nonzero scale below f16's
+/// normal range [`ScalarError::ScaleUnderflow`].
 pub fn affine_encode(
     values: &[f32],
     rows: usize,
@@ -326,11 +327,7 @@ pub fn affine_encode(
     let mut packer = BitPacker::new(bits, lens.codes);
     let mut scales = Vec::with_capacity(lens.scales);
     let mut offsets = Vec::with_capacity(lens.offsets);
-    let overflow = |group: usize, value: f32| ScalarError::ScaleOverflow {
-        group,
-        value,
-        dtype: dt,
-    };
+    let overflow = |group: usize, value: f32| ScalarError::scale_range(group, value, dt);
     for (group_index, g) in values
         .chunks(layout.cols.max(1))
         .take(layout.rows)
@@ -373,11 +370,8 @@ pub fn affine_ldlq_codes(
         });
     }
     let layout = GroupLayout::new(rows, cols, params.group)?;
-    let overflow = |group: usize, value: f32| ScalarError::ScaleOverflow {
-        group,
-        value,
-        dtype: params.scale_dtype,
-    };
+    let overflow =
+        |group: usize, value: f32| ScalarError::scale_range(group, value, params.scale_dtype);
     let tensor = match params.group {
         Group::Tensor => Some(GroupQuant::fit(values, params).map_err(|v| overflow(0, v))?),
         _ => None,
@@ -497,7 +491,8 @@ enum QuantKind {
 impl GroupQuant {
     /// The parameters of the group `g` under `params` (asymmetric: min and range; symmetric: the
     /// value of largest magnitude; 1-bit symmetric: the mean magnitude). Err: the parameter
-    /// that overflowed the scale type.
+    /// that overflowed the scale type (infinite), or the scale that underflowed it (finite,
+    /// [`crate::FloatDtype::holds_scale`]).
     pub fn fit(g: &[f32], params: &AffineParams) -> std::result::Result<Self, f32> {
         let dt = params.scale_dtype;
         let bits = params.bits;
@@ -509,10 +504,11 @@ impl GroupQuant {
                 });
             let levels = ((1u32 << bits) - 1) as f32;
             // Computed in f64: (hi - lo) can overflow f32 for extreme but finite values.
-            let s = dt.round(((hi as f64 - lo as f64) / levels as f64) as f32);
+            let u = ((hi as f64 - lo as f64) / levels as f64) as f32;
+            let s = dt.round(u);
             let lo = dt.round(lo);
-            if !s.is_finite() {
-                return Err(s);
+            if !dt.holds_scale(u) {
+                return Err(if s.is_finite() { u } else { s });
             }
             if !lo.is_finite() {
                 return Err(lo);
@@ -527,8 +523,8 @@ impl GroupQuant {
             let mean_abs =
                 (g.iter().map(|x| x.abs() as f64).sum::<f64>() / g.len().max(1) as f64) as f32;
             let s = dt.round(mean_abs);
-            if !s.is_finite() {
-                return Err(s);
+            if !dt.holds_scale(mean_abs) {
+                return Err(if s.is_finite() { mean_abs } else { s });
             }
             Ok(GroupQuant {
                 kind: QuantKind::Sign,
@@ -541,9 +537,10 @@ impl GroupQuant {
             let m = g
                 .iter()
                 .fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
-            let d = dt.round(m / -(half as f32));
-            if !d.is_finite() {
-                return Err(d);
+            let u = m / -(half as f32);
+            let d = dt.round(u);
+            if !dt.holds_scale(u) {
+                return Err(if d.is_finite() { u } else { d });
             }
             Ok(GroupQuant {
                 kind: QuantKind::Symmetric,

@@ -43,6 +43,17 @@ impl FloatDtype {
         Self::ALL.into_iter().find(|d| d.name() == name)
     }
 
+    /// Whether a scale `x` (before rounding) keeps its precision in this type: zero, or a value
+    /// that rounds to a finite normal number. Only f16 is checked below: its smallest normal
+    /// (6.1e-5) is where a row or group scale starts to lose bits (and below 3e-8 it becomes
+    /// zero); bf16 and f32 share f32's range.
+    #[inline]
+    pub fn holds_scale(self, x: f32) -> bool {
+        let r = self.round(x);
+        r.is_finite()
+            && (x == 0.0 || self != FloatDtype::F16 || r.abs() >= f16::MIN_POSITIVE.to_f32())
+    }
+
     /// Rounds `x` to this type (round-to-nearest-even) and back to `f32`.
     #[inline]
     pub fn round(self, x: f32) -> f32 {

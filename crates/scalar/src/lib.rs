@@ -78,6 +78,18 @@ pub enum ScalarError {
         /// The scale type.
         dtype: FloatDtype,
     },
+    /// A group's nonzero scale is below the smallest normal value of f16, the one scale type
+    /// whose range is narrower than f32's: stored, it would lose its precision or become zero
+    /// (see [`FloatDtype::holds_scale`]). Encoders retry such a tensor with bf16 scales.
+    #[error("scale {value} of group {group} underflows {dtype}; store scales as bf16 or f32")]
+    ScaleUnderflow {
+        /// Index of the group.
+        group: usize,
+        /// The scale that underflowed.
+        value: f32,
+        /// The scale type.
+        dtype: FloatDtype,
+    },
     /// The bit width is outside 1..=8.
     #[error("bit width {bits} is not supported; use 1 to {max}", max = MAX_BITS)]
     InvalidBits {
@@ -117,3 +129,32 @@ pub enum ScalarError {
 
 /// Result alias of this crate.
 pub type Result<T, E = ScalarError> = std::result::Result<T, E>;
+
+impl ScalarError {
+    /// The error of a scale `value` of `group` that `dtype` cannot hold: [`Self::ScaleOverflow`]
+    /// when it is not finite, [`Self::ScaleUnderflow`] otherwise.
+    pub fn scale_range(group: usize, value: f32, dtype: FloatDtype) -> Self {
+        if value.is_finite() {
+            ScalarError::ScaleUnderflow {
+                group,
+                value,
+                dtype,
+            }
+        } else {
+            ScalarError::ScaleOverflow {
+                group,
+                value,
+                dtype,
+            }
+        }
+    }
+
+    /// Whether this is a scale the scale type cannot hold, in either direction: the error after
+    /// which an encoder may retry with a wider scale type.
+    pub fn is_scale_range(&self) -> bool {
+        matches!(
+            self,
+            ScalarError::ScaleOverflow { .. } | ScalarError::ScaleUnderflow { .. }
+        )
+    }
+}
