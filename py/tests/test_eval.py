@@ -77,6 +77,24 @@ def test_causal_lm_rows_follow_the_rate_and_count_stored_bytes(tmp_path):
         assert os.path.getsize(tmp_path / png) > 1000
 
 
+def test_distilled_rows_keep_the_bytes_and_move_towards_the_original():
+    model = tiny_llama()
+    g = torch.Generator().manual_seed(3)
+    text = " ".join(str(int(t)) for t in torch.randint(3, 96, (3000,), generator=g))
+    subject = hev.CausalLM(model, Tokens(), text, tokens=640, window=128, calibration_windows=12)
+    subject.distill_lr, subject.distill_epochs = 1e-2, 4
+    rows = hev.evaluate(
+        "tiny", subject, ["lattice+cal", "lattice+cal+kd", "peer:hqq+kd"], [2], [], progress=lambda _: None, speed=False
+    )
+    _, cal, kd, peer = rows
+    assert not cal.error and not kd.error, (cal.error, kd.error)
+    assert kd.label == cal.label + ", norms distilled" and kd.spec == cal.spec + " +KD"
+    # The same compressed weights (same bytes, same weight SNR); only the norms moved.
+    assert kd.bps == cal.bps and kd.snr_db == cal.snr_db
+    assert kd.quality["kl"] < 0.95 * cal.quality["kl"], (kd.quality, cal.quality)
+    assert "our own methods" in peer.error
+
+
 def test_decoded_layers_measure_what_the_runtime_computes():
     """The suite measures quality with each compressed layer's decoded weight in a dense layer:
     the same perplexity and logits as the compressed layers themselves, up to float rounding,

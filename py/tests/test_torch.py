@@ -426,3 +426,45 @@ def test_a_bf16_table_returns_bf16_beside_a_dense_bf16_head():
         fresh = _Lm(tied=False).to(torch.bfloat16)
     hnn.load_state_dict(fresh, sd)
     assert fresh.embed.dtype == torch.bfloat16 and torch.equal(fresh(ids), out)
+
+
+def test_distill_tunes_only_the_norms_and_lowers_the_kl_to_the_original():
+    torch.manual_seed(5)
+
+    class Toy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(64, 96)
+            self.up = torch.nn.Linear(96, 192)
+            self.norm = torch.nn.LayerNorm(192)
+            self.down = torch.nn.Linear(192, 96, bias=False)
+            self.final = torch.nn.LayerNorm(96)
+            self.head = torch.nn.Linear(96, 64, bias=False)
+
+        def forward(self, ids):
+            h = self.emb(ids)
+            h = h + self.down(torch.relu(self.norm(self.up(h))))
+            return self.head(self.final(h))
+
+    teacher = Toy().eval()
+    model = copy.deepcopy(teacher)
+    hnn.quantize(model, bps=2, method="affine-row")
+    batches = [torch.randint(0, 64, (4, 16)) for _ in range(24)]
+    held = [torch.randint(0, 64, (4, 16)) for _ in range(8)]
+    kl = lambda: sum(hnn._logits_kl(model(b), teacher(b)).item() for b in held)  # noqa: E731
+    stored = {n: bytes(m.weight_hwz.numpy()) for n, m in model.named_modules() if isinstance(m, hnn.HyperLinear)}
+    others = {n: p.detach().clone() for n, p in model.named_parameters() if "norm" not in n and "final" not in n}
+    with torch.no_grad():
+        before = kl()
+    out = hnn.distill(model, teacher, batches, lr=1e-2, epochs=3)
+    with torch.no_grad():
+        after = kl()
+    assert out["steps"] == 72 and out["values"] == 2 * 192 + 2 * 96
+    assert after < 0.8 * before, (before, after)
+    # The compressed layers are back, with the same stored bytes; nothing else moved.
+    assert {n: bytes(m.weight_hwz.numpy()) for n, m in model.named_modules() if isinstance(m, hnn.HyperLinear)} == stored
+    assert all(torch.equal(p, others[n]) for n, p in model.named_parameters() if n in others)
+    assert not torch.equal(model.norm.weight, teacher.norm.weight)
+    assert all(p.requires_grad for p in model.parameters())
+    with pytest.raises(hypercodec.InvalidInputError):
+        hnn.distill(torch.nn.Sequential(torch.nn.Linear(4, 4)), teacher, batches)

@@ -151,6 +151,10 @@ LLAMACPP_TYPES = {2: "TQ2_0", 4: "Q4_0", 5: "Q5_0", 8: "Q8_0"}
 # rows do not divide into its blocks of 256), the smallest mix of each bit width.
 LLAMACPP_K = {2: "Q2_K", 3: "Q3_K_S", 4: "Q4_K_S", 5: "Q5_K_S", 6: "Q6_K"}
 CALIBRATED = "+cal"
+# `…+kd` after any of our methods: the quantized model's normalization gains and biases (stored
+# as floats anyway) tuned to match the original's outputs on the calibration windows
+# (`hypercodec.nn.distill`); the compressed weights and the bytes are unchanged.
+DISTILLED = "+kd"
 # BUDGET over every quantized layer at once (the planner's default ladder of candidates), with
 # unit weights or weighted by each layer's loss sensitivity (`hypercodec.nn.collect_fisher`).
 BUDGET = ("budget", "budget+cal", "budget+head", "budget+fisher", "budget+fisher+cal", "budget-e8", "budget-e8+fisher+cal")
@@ -166,6 +170,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def label(method: str, bps: float) -> str:
     """The table label of ``method`` at ``bps``."""
+    if method.endswith(DISTILLED):
+        return label(method.removesuffix(DISTILLED), bps) + ", norms distilled"
     b = int(round(bps))
     return LABELS.get(method, method).format(b=b, t=LLAMACPP_TYPES.get(b, "none"), k=LLAMACPP_K.get(b, f"{b}-bit (none)"))
 
@@ -605,6 +611,7 @@ class CausalLM:
 
         self.model = model.eval()
         self.tok = tok
+        self.distill_lr, self.distill_epochs = 1e-3, 1
         all_ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
         ids = all_ids[:tokens]
         bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
@@ -645,6 +652,14 @@ class CausalLM:
                 out = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, **kw)
                 runs.append((out.shape[1] - prompt.shape[1]) / (time.perf_counter() - start))
         return statistics.median(runs)
+
+    def distill(self, model: Any) -> dict[str, float]:
+        """Tunes ``model``'s normalization layers towards the original's next-token
+        distributions on the calibration windows (:func:`hypercodec.nn.distill`; by default
+        one pass at a learning rate of 1e-3: ``distill_epochs``, ``distill_lr``)."""
+        from . import nn as hnn
+
+        return hnn.distill(model, self.model, self.calibration, lr=self.distill_lr, epochs=self.distill_epochs)
 
     def measure(self, model: Any) -> dict[str, float]:
         """Perplexity over every window; KL(original ‖ model) and top-1 agreement on the first."""
@@ -717,6 +732,18 @@ class Encoder:
                 out.append(self.pooled(model, batch))
             return torch.cat(out)
 
+    def distill(self, model: Any) -> dict[str, float]:
+        """Tunes ``model``'s normalization layers towards the original's pooled embeddings of
+        the calibration sentences (1 − cosine; :func:`hypercodec.nn.distill`, four passes)."""
+        import torch
+
+        from . import nn as hnn
+
+        def loss(s: Any, t: Any) -> Any:
+            return (1 - torch.nn.functional.cosine_similarity(s, t, dim=-1)).mean()
+
+        return hnn.distill(model, self.model, self.calibration, lr=1e-3, epochs=4, loss=loss, forward=self.pooled)
+
     def measure(self, model: Any) -> dict[str, float]:
         """Mean cosine of the embeddings against the original's."""
         import torch
@@ -786,7 +813,7 @@ def evaluate(
     speeds: dict[tuple[str, float], float] = {}
     methods = list(methods)
     hessians = None
-    if any(m.endswith(CALIBRATED) for m in methods):
+    if any(m.removesuffix(DISTILLED).endswith(CALIBRATED) for m in methods):
         start = time.time()
         hessians = hnn.collect_hessians(subject.model, subject.calibration)
         if not hessians:
@@ -804,15 +831,21 @@ def evaluate(
         progress(f"{name}: Fisher sensitivity of {len(sensitivity)} layers in {time.time() - start:.0f} s")
     for bps in bps_list:
         for method in methods:
-            if method in PEERS or method in BUDGET:
-                spec = method
+            base = method.removesuffix(DISTILLED)
+            if base in PEERS or base in BUDGET:
+                spec = base
             else:
-                spec = hnn.method_spec(method.removesuffix(CALIBRATED), bps)
-            row = Row(name, method, label(method, bps), spec + (" +H" if method.endswith(CALIBRATED) else ""), bps)
+                spec = hnn.method_spec(base.removesuffix(CALIBRATED), bps)
+            shown = spec + (" +H" if base.endswith(CALIBRATED) else "") + (" +KD" if base != method else "")
+            row = Row(name, method, label(method, bps), shown, bps)
             start = time.time()
             try:
+                if base != method and base in PEERS:
+                    raise ValueError("distillation applies to our own methods, not to a peer's")
                 model = copy.deepcopy(subject.model)
-                row.bps, row.snr_db, tensors = quantize_model(model, method, bps, hessians, sensitivity, embeddings)
+                row.bps, row.snr_db, tensors = quantize_model(model, base, bps, hessians, sensitivity, embeddings)
+                if base != method:
+                    subject.distill(model)
                 tok_s = None
                 if speed and isinstance(subject, CausalLM) and any(isinstance(m, hnn.HyperLinear) for m in model.modules()):
                     key = (spec, bps)

@@ -18,6 +18,7 @@ straight-through estimator, re-quantizing every ``refresh_every`` steps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -754,6 +755,127 @@ def output_projection_loss(
         return (y * r).sum()
 
     return loss
+
+
+def _logits_kl(student: Any, teacher: Any) -> torch.Tensor:
+    """Mean over positions of KL(teacher ‖ student) between two outputs' ``logits`` (or the
+    outputs themselves), softmax over the last dimension."""
+    s = getattr(student, "logits", student).float().log_softmax(-1)
+    t = getattr(teacher, "logits", teacher).float().log_softmax(-1)
+    return (t.exp() * (t - s)).sum(-1).mean()
+
+
+def _dense_twin(m: nn.Module, device: torch.device) -> nn.Module:
+    """A frozen float layer computing what the compressed ``m`` computes (its decoded weight),
+    differentiable with respect to its input."""
+    w = m.weight_dense()
+    if isinstance(m, HyperConv2d):
+        out, per_group, kh, kw = m.weight_shape
+        twin: nn.Module = nn.Conv2d(
+            per_group * m.groups, out, (kh, kw), m.stride, m.padding, m.dilation, m.groups, bias=m.bias is not None
+        )
+        bias = m.bias
+    else:
+        bias = m.bias if m.bias is not None else m.op.bias
+        twin = nn.Linear(m.in_features, m.out_features, bias=bias is not None)
+    with torch.no_grad():
+        twin.weight.copy_(w.reshape(twin.weight.shape))
+        if bias is not None:
+            twin.bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
+    return twin.requires_grad_(False).to(device)
+
+
+def norm_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The float parameters of ``model``'s normalization layers (``LayerNorm``, ``GroupNorm``,
+    batch norms and any module whose class name ends in ``Norm``, such as Llama's
+    ``LlamaRMSNorm``): what :func:`distill` tunes by default. Stored as they are (a few
+    thousand values per layer), they cost nothing in the compressed size."""
+    seen: set[int] = set()
+    out = []
+    for m in model.modules():
+        if type(m).__name__.endswith("Norm") or isinstance(m, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)):
+            for p in m.parameters(recurse=False):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+    return out
+
+
+def distill(
+    model: nn.Module,
+    teacher: nn.Module,
+    batches: Iterable[Any],
+    lr: float = 1e-3,
+    epochs: int = 1,
+    params: Iterable[nn.Parameter] | None = None,
+    loss: Callable[[Any, Any], torch.Tensor] | None = None,
+    forward: Callable[[nn.Module, Any], Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """Tunes the float parameters a quantized ``model`` keeps (by default its normalization
+    layers' gains and biases, :func:`norm_parameters`) so that its outputs match the original
+    ``teacher``'s on ``batches`` (token id tensors, or whatever both models take): Adam at
+    ``lr`` with a cosine schedule over ``epochs`` passes, ``loss(student_out, teacher_out)``
+    (default: KL(teacher ‖ model) of the ``logits``, averaged over positions) of the outputs
+    ``forward(model, batch)`` (default ``model(batch)``; an encoder's pooled embedding, say).
+    The compressed
+    weights are unchanged: only parameters that are stored as floats anyway move, so the
+    stored size does not change. The compressed layers run as frozen dense twins of their
+    decoded weights during the passes (memory: one float copy of the quantized layers beside
+    the teacher), and are back in place afterwards. Returns the first and last batch losses,
+    the number of steps and of tuned values."""
+    batches = list(batches)
+    loss = loss or _logits_kl
+    forward = forward or (lambda m, batch: m(batch))
+    params = list(norm_parameters(model) if params is None else params)
+    if not params:
+        raise _native.InvalidInputError("distill found no float parameters to tune (no normalization layers)")
+    if not batches:
+        raise _native.InvalidInputError("distill needs at least one batch")
+    device = params[0].device
+    swapped = [
+        (name, m) for name, m in model.named_modules() if isinstance(m, (HyperLinear, HyperConv2d)) and m.op is not None
+    ]
+    flags = {id(p): p.requires_grad for p in model.parameters()}
+    was_training, teacher_training = model.training, teacher.training
+    wanted = {id(p) for p in params}
+    steps = epochs * len(batches)
+    first = last = math.nan
+    try:
+        for name, m in swapped:
+            _replace(model, name, _dense_twin(m, device))
+        for p in model.parameters():
+            p.requires_grad_(id(p) in wanted)
+        for p in params:
+            p.requires_grad_(True)
+        model.eval()
+        teacher.eval()
+        opt = torch.optim.Adam(params, lr=lr)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps))
+        step = 0
+        for _ in range(epochs):
+            for batch in batches:
+                with torch.no_grad():
+                    want = forward(teacher, batch)
+                value = loss(forward(model, batch), want)
+                value.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                sched.step()
+                step += 1
+                last = value.item()
+                if step == 1:
+                    first = last
+                if progress is not None and (step % 16 == 0 or step == steps):
+                    progress(f"distill step {step}/{steps}: loss {last:.4f}")
+    finally:
+        for name, m in swapped:
+            _replace(model, name, m)
+        for p in model.parameters():
+            p.requires_grad_(flags.get(id(p), True))
+        model.train(was_training)
+        teacher.train(teacher_training)
+    return {"steps": float(steps), "first_loss": first, "last_loss": last, "values": float(sum(p.numel() for p in params))}
 
 
 def save_hessians(path: str, hessians: dict[str, np.ndarray]) -> None:
