@@ -38,10 +38,12 @@ def test_device_forms_name_the_stored_codes():
 @needs_cuda
 @pytest.mark.parametrize("spec", ["int4", "int8-row", "int3", "e8-fixed4", "e8-fixed3", "tcq@2-l12", "e8@4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_forward_matches_the_cpu_runtime(spec, dtype):
+@pytest.mark.parametrize("scale", [1.0, 1e-9])
+def test_cuda_forward_matches_the_cpu_runtime(spec, dtype, scale):
+    # scale 1e-9: the scales are stored as bf16 (f16 would round them to zero).
     rng = np.random.default_rng(1)
-    w = rng.standard_normal((96, 512)).astype(np.float32)
-    b = rng.standard_normal(96).astype(np.float32)
+    w = rng.standard_normal((96, 512)).astype(np.float32) * np.float32(scale)
+    b = rng.standard_normal(96).astype(np.float32) * np.float32(scale)
     op = hypercodec.Linear.quantize(w, spec, b)
     d = hcuda.DeviceLinear(op, torch.device("cuda"))
     for m in (1, 3, 12, 20):
