@@ -468,3 +468,19 @@ def test_distill_tunes_only_the_norms_and_lowers_the_kl_to_the_original():
     assert all(p.requires_grad for p in model.parameters())
     with pytest.raises(hypercodec.InvalidInputError):
         hnn.distill(torch.nn.Sequential(torch.nn.Linear(4, 4)), teacher, batches)
+    # A teacher of another shape, or a loss that diverges: typed errors, the norms untouched.
+    tuned = [p.detach().clone() for p in hnn.norm_parameters(model)]
+    other = copy.deepcopy(teacher)
+    other.head = torch.nn.Linear(96, 32, bias=False)
+    with pytest.raises(hypercodec.InvalidInputError, match="teacher's"):
+        hnn.distill(model, other, batches)
+    calls = []
+
+    def diverging(s, t):
+        calls.append(1)
+        return (s - t).pow(2).mean() * (1.0 if len(calls) < 3 else float("nan"))
+
+    with pytest.raises(hypercodec.InvalidInputError, match="left as they were"):
+        hnn.distill(model, teacher, batches, lr=1e-2, loss=diverging)
+    assert all(torch.equal(p, q) for p, q in zip(hnn.norm_parameters(model), tuned))
+    assert all(isinstance(getattr(model, n), hnn.HyperLinear) for n in ("up", "down"))

@@ -760,8 +760,11 @@ def output_projection_loss(
 def _logits_kl(student: Any, teacher: Any) -> torch.Tensor:
     """Mean over positions of KL(teacher ‖ student) between two outputs' ``logits`` (or the
     outputs themselves), softmax over the last dimension."""
-    s = getattr(student, "logits", student).float().log_softmax(-1)
-    t = getattr(teacher, "logits", teacher).float().log_softmax(-1)
+    s = getattr(student, "logits", student)
+    t = getattr(teacher, "logits", teacher)
+    if s.shape != t.shape:
+        raise _native.InvalidInputError(f"the model's outputs are {tuple(s.shape)}, the teacher's {tuple(t.shape)}")
+    s, t = s.float().log_softmax(-1), t.float().log_softmax(-1)
     return (t.exp() * (t - s)).sum(-1).mean()
 
 
@@ -823,7 +826,8 @@ def distill(
     stored size does not change. The compressed layers run as frozen dense twins of their
     decoded weights during the passes (memory: one float copy of the quantized layers beside
     the teacher), and are back in place afterwards. Returns the first and last batch losses,
-    the number of steps and of tuned values."""
+    the number of steps and of tuned values. A loss that is not finite (or any error) stops the
+    passes with the tuned parameters as they were before the call."""
     batches = list(batches)
     loss = loss or _logits_kl
     forward = forward or (lambda m, batch: m(batch))
@@ -841,6 +845,8 @@ def distill(
     wanted = {id(p) for p in params}
     steps = epochs * len(batches)
     first = last = math.nan
+    before = [p.detach().clone() for p in params]
+    done = False
     try:
         for name, m in swapped:
             _replace(model, name, _dense_twin(m, device))
@@ -858,6 +864,11 @@ def distill(
                 with torch.no_grad():
                     want = forward(teacher, batch)
                 value = loss(forward(model, batch), want)
+                if not torch.isfinite(value):
+                    raise _native.InvalidInputError(
+                        f"distill's loss is {value.item()} at step {step + 1} (learning rate {lr} too high, or "
+                        "non-finite outputs): the parameters are left as they were"
+                    )
                 value.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -868,7 +879,13 @@ def distill(
                     first = last
                 if progress is not None and (step % 16 == 0 or step == steps):
                     progress(f"distill step {step}/{steps}: loss {last:.4f}")
+        done = True
     finally:
+        if not done:
+            # Interrupted or failed: nothing half-tuned is left behind.
+            with torch.no_grad():
+                for p, b in zip(params, before):
+                    p.copy_(b)
         for name, m in swapped:
             _replace(model, name, m)
         for p in model.parameters():
