@@ -30,7 +30,7 @@ def test_hyperlinear_matches_f_linear_on_its_decoded_weight():
         assert h(x.to(torch.bfloat16)).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("spec", ["int8-row", "int4", "e8@4", "e8-fixed4", "tcq@2-l12"])
+@pytest.mark.parametrize("spec", ["int8-row", "int4", "e8@4", "e8-fixed4", "tcq@2-l12", "cb-b2-k16"])
 def test_tiny_and_huge_weights_keep_their_precision(spec):
     # f16 scales cannot hold a layer of std 1e-9 (they would be zero: all outputs 0) or 1e8
     # (infinite): such a layer is stored with bf16 scales instead, at the same bytes.

@@ -60,8 +60,19 @@ fn hdc_err(tensor: &str) -> impl Fn(HdcError) -> HwzError + '_ {
 
 /// Encodes `values` with a codebook-family `encoding`. With default `settings` the encoding is
 /// followed as given; `settings` may set the residual size and the index layout, and the
-/// returned [`EncodedTensor::encoding`] says what was chosen.
+/// returned [`EncodedTensor::encoding`] says what was chosen — including bf16 scales where f16
+/// ones cannot hold the tensor's (as [`crate::encode`]).
 pub fn encode(
+    tensor: &str,
+    values: &[f32],
+    shape: &[u64],
+    encoding: &Encoding,
+    settings: &CodebookSettings,
+) -> Result<EncodedTensor> {
+    crate::codec::with_scale_fallback(encoding, |e| encode_as(tensor, values, shape, e, settings))
+}
+
+fn encode_as(
     tensor: &str,
     values: &[f32],
     shape: &[u64],
@@ -116,6 +127,33 @@ pub fn encode(
                 hdc: settings.hdc,
             };
             let cb = codebook::encode(values, rows, cols, &params).map_err(&err)?;
+            // Scales the scale type cannot hold: infinite, below f16's normal range, or zero
+            // for values that are not.
+            let bpr = cols.div_ceil(block.max(1) as usize).max(1);
+            let covered = |g: usize| -> &[f32] {
+                let (start, end) = match scale_mode {
+                    hypercodec_hdc::ScaleMode::Tensor => (0, values.len()),
+                    hypercodec_hdc::ScaleMode::Channel => (g * cols, (g + 1) * cols),
+                    hypercodec_hdc::ScaleMode::Block => {
+                        let (r, j) = (g / bpr, g % bpr);
+                        let s = r * cols + j * block as usize;
+                        (s, (s + block as usize).min((r + 1) * cols))
+                    }
+                };
+                values.get(start..end).unwrap_or(&[])
+            };
+            let lost = cb.scales.iter().enumerate().position(|(g, &s)| {
+                !scale_dtype.holds_scale(s)
+                    || (scale_dtype == scalar::FloatDtype::F16
+                        && s == 0.0
+                        && covered(g).iter().any(|&v| v != 0.0))
+            });
+            if let Some(group) = lost {
+                return Err(HwzError::Scalar {
+                    tensor: tensor.into(),
+                    source: scalar::ScalarError::scale_range(group, cb.scales[group], scale_dtype),
+                });
+            }
             let bits = pack::index_bits(prototypes as usize);
             let packed = pack::pack(&cb.assignments, bits);
             let layout = if settings.pick_layout {

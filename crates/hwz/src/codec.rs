@@ -27,7 +27,7 @@ pub fn encode(
 
 /// `encode(encoding)`, or, where f16 scales cannot hold the tensor's, `encode` of the same
 /// encoding with bf16 scales.
-fn with_scale_fallback(
+pub(crate) fn with_scale_fallback(
     encoding: &Encoding,
     encode: impl Fn(&Encoding) -> Result<EncodedTensor>,
 ) -> Result<EncodedTensor> {

@@ -390,23 +390,25 @@ impl Encoding {
         }
     }
 
-    /// The storage type of the scales of an affine, lattice or trellis encoding.
+    /// The storage type of the scales of an affine, lattice, trellis or codebook encoding.
     pub fn scale_dtype(&self) -> Option<FloatDtype> {
         match self {
             Encoding::Affine { scale_dtype, .. }
             | Encoding::Lattice { scale_dtype, .. }
-            | Encoding::Trellis { scale_dtype, .. } => Some(*scale_dtype),
+            | Encoding::Trellis { scale_dtype, .. }
+            | Encoding::Codebook { scale_dtype, .. } => Some(*scale_dtype),
             _ => None,
         }
     }
 
-    /// This affine, lattice or trellis encoding with its scales stored as `dtype` (other
+    /// This affine, lattice, trellis or codebook encoding with its scales stored as `dtype` (other
     /// encodings are returned as they are).
     pub fn with_scale_dtype(&self, dtype: FloatDtype) -> Self {
         let mut e = self.clone();
         if let Encoding::Affine { scale_dtype, .. }
         | Encoding::Lattice { scale_dtype, .. }
-        | Encoding::Trellis { scale_dtype, .. } = &mut e
+        | Encoding::Trellis { scale_dtype, .. }
+        | Encoding::Codebook { scale_dtype, .. } = &mut e
         {
             *scale_dtype = dtype;
         }

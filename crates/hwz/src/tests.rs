@@ -818,6 +818,13 @@ fn scales_f16_cannot_hold_are_stored_as_bf16_and_decode() {
         lattice(Coding::RANS_DEFAULT),
         lattice(Coding::Fixed { bits: 4 }),
         Encoding::trellis(12, 3, 128, 7),
+        codebook_template(
+            4,
+            64,
+            hypercodec_hdc::ScaleMode::Channel,
+            ResidualDtype::Int8,
+        ),
+        codebook_template(2, 16, hypercodec_hdc::ScaleMode::Block, ResidualDtype::Int8),
     ];
     let shape = [32u64, 16, 4, 4];
     let unit = gaussian(32 * 256, 11);
@@ -860,7 +867,10 @@ fn scales_f16_cannot_hold_are_stored_as_bf16_and_decode() {
             );
         }
         // Calibrated rounding (identity statistics) takes the same way out.
-        if !matches!(e, Encoding::Affine { bits: 1, .. }) {
+        if !matches!(
+            e,
+            Encoding::Affine { bits: 1, .. } | Encoding::Codebook { .. }
+        ) {
             let tiny: Vec<f32> = unit.iter().map(|v| v * 1e-9).collect();
             let mut h = vec![0f32; 256 * 256];
             (0..256).for_each(|i| h[i * 257] = 1.0);
