@@ -49,9 +49,14 @@ impl FloatDtype {
     /// zero); bf16 and f32 share f32's range.
     #[inline]
     pub fn holds_scale(self, x: f32) -> bool {
-        let r = self.round(x);
-        r.is_finite()
-            && (x == 0.0 || self != FloatDtype::F16 || r.abs() >= f16::MIN_POSITIVE.to_f32())
+        self.round(x).is_finite() && !self.underflows(x)
+    }
+
+    /// Whether a nonzero `x` lies below this type's normal range where that range is narrower
+    /// than f32's (f16 only: 6.1e-5).
+    #[inline]
+    pub fn underflows(self, x: f32) -> bool {
+        self == FloatDtype::F16 && x != 0.0 && self.round(x).abs() < f16::MIN_POSITIVE.to_f32()
     }
 
     /// Rounds `x` to this type (round-to-nearest-even) and back to `f32`.
