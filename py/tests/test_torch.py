@@ -484,3 +484,30 @@ def test_distill_tunes_only_the_norms_and_lowers_the_kl_to_the_original():
         hnn.distill(model, teacher, batches, lr=1e-2, loss=diverging)
     assert all(torch.equal(p, q) for p, q in zip(hnn.norm_parameters(model), tuned))
     assert all(isinstance(getattr(model, n), hnn.HyperLinear) for n in ("up", "down"))
+
+
+def test_distill_runs_through_convolutions_and_bf16_models():
+    torch.manual_seed(6)
+    teacher = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 8, 1), torch.nn.Flatten(), torch.nn.Linear(8 * 36, 10),
+    ).eval()
+    with torch.no_grad():
+        teacher[1].running_var.uniform_(0.5, 2.0)
+    model = copy.deepcopy(teacher)
+    hnn.quantize(model, bps=2, method="affine-row")
+    assert isinstance(model[0], hnn.HyperConv2d) and isinstance(model[3], hnn.HyperConv2d)
+    batches = [torch.randn(4, 3, 6, 6) for _ in range(16)]
+    mse = lambda s, t: (s - t).pow(2).mean()  # noqa: E731
+    with torch.no_grad():
+        before = sum(mse(model(b), teacher(b)).item() for b in batches)
+    out = hnn.distill(model, teacher, batches, lr=1e-2, epochs=3, loss=mse)
+    with torch.no_grad():
+        after = sum(mse(model(b), teacher(b)).item() for b in batches)
+    assert out["values"] == 32 and after < before, (before, after)
+    assert isinstance(model[0], hnn.HyperConv2d)
+    # A bf16 model: the compressed layers' stand-ins take and give bf16.
+    bf = copy.deepcopy(teacher).to(torch.bfloat16)
+    hnn.quantize(bf, bps=4, method="affine")
+    out = hnn.distill(bf, teacher.to(torch.bfloat16), [b.to(torch.bfloat16) for b in batches], loss=mse)
+    assert out["last_loss"] == out["last_loss"]  # finite, not NaN

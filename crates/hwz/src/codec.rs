@@ -13,7 +13,8 @@ use hypercodec_scalar as scalar;
 /// Encodes `values` (row-major, of `shape`) with `encoding`.
 ///
 /// f16 scales that cannot hold the tensor's (a nonzero row or group scale below f16's normal
-/// range, ~6.1e-5, or above 65504) are stored as bf16 instead: the same bytes with f32's range.
+/// range, ~6.1e-5 — for an asymmetric affine group, only when its values are too — or above
+/// 65504) are stored as bf16 instead: the same bytes with f32's range.
 /// The returned [`EncodedTensor::encoding`] says which was stored.
 pub fn encode(
     tensor: &str,

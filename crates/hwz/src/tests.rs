@@ -884,6 +884,22 @@ fn scales_f16_cannot_hold_are_stored_as_bf16_and_decode() {
             );
         }
     }
+    // A symmetric INT8 step of std 1e-4 values (~3e-6) is subnormal in f16: no offset hides
+    // its rounding, so the tensor takes bf16 scales and keeps its SNR.
+    let e = affine(8, hypercodec_scalar::Group::Row, true);
+    let base = snr(
+        &unit,
+        &through_archive(
+            "w",
+            &shape,
+            &encode("w", &unit, &shape, &e, EncodeOptions::default()).unwrap(),
+        ),
+    );
+    let x: Vec<f32> = unit.iter().map(|v| v * 1e-4).collect();
+    let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
+    assert_eq!(t.encoding.scale_dtype(), Some(FloatDtype::Bf16));
+    let db = snr(&x, &through_archive("w", &shape, &t));
+    assert!(db > base - 1.0, "INT8 ×1e-4: {db:.2} dB against {base:.2}");
     // Scales asked for in bf16 or f32 are kept, and what no type holds is a typed error.
     let e = affine(4, hypercodec_scalar::Group::Row, true).with_scale_dtype(FloatDtype::F32);
     let x: Vec<f32> = unit.iter().map(|v| v * 1e-9).collect();

@@ -80,7 +80,8 @@ pub enum ScalarError {
     },
     /// A group's nonzero scale is below the smallest normal value of f16, the one scale type
     /// whose range is narrower than f32's: stored, it would lose its precision or become zero
-    /// (see [`FloatDtype::holds_scale`]). Encoders retry such a tensor with bf16 scales.
+    /// (see [`FloatDtype::underflows`]; an asymmetric affine group only when its values are
+    /// that small too). Encoders retry such a tensor with bf16 scales.
     #[error("scale {value} of group {group} underflows {dtype}; store scales as bf16 or f32")]
     ScaleUnderflow {
         /// Index of the group.

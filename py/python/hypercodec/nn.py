@@ -768,10 +768,22 @@ def _logits_kl(student: Any, teacher: Any) -> torch.Tensor:
     return (t.exp() * (t - s)).sum(-1).mean()
 
 
+class _FloatTwin(nn.Module):
+    """A frozen float32 layer standing in for a compressed one during :func:`distill`: inputs
+    of any float dtype, outputs in the input's (as the compressed layer)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.to(torch.float32)).to(x.dtype)
+
+
 def _dense_twin(m: nn.Module, device: torch.device) -> nn.Module:
     """A frozen float layer computing what the compressed ``m`` computes (its decoded weight),
     differentiable with respect to its input."""
-    w = m.weight_dense()
+    w = torch.from_numpy(np.asarray(m.op.weight()))
     if isinstance(m, HyperConv2d):
         out, per_group, kh, kw = m.weight_shape
         twin: nn.Module = nn.Conv2d(
@@ -785,7 +797,7 @@ def _dense_twin(m: nn.Module, device: torch.device) -> nn.Module:
         twin.weight.copy_(w.reshape(twin.weight.shape))
         if bias is not None:
             twin.bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
-    return twin.requires_grad_(False).to(device)
+    return _FloatTwin(twin.requires_grad_(False).to(device))
 
 
 def norm_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -824,7 +836,8 @@ def distill(
     The compressed
     weights are unchanged: only parameters that are stored as floats anyway move, so the
     stored size does not change. The compressed layers run as frozen dense twins of their
-    decoded weights during the passes (memory: one float copy of the quantized layers beside
+    decoded weights during the passes (hooks on them do not fire; the model on one device;
+    memory: one float copy of the quantized layers beside
     the teacher), and are back in place afterwards. Returns the first and last batch losses,
     the number of steps and of tuned values. A loss that is not finite (or any error) stops the
     passes with the tuned parameters as they were before the call."""
@@ -837,8 +850,11 @@ def distill(
     if not batches:
         raise _native.InvalidInputError("distill needs at least one batch")
     device = params[0].device
+    # Every path of a layer registered twice is swapped (and put back).
     swapped = [
-        (name, m) for name, m in model.named_modules() if isinstance(m, (HyperLinear, HyperConv2d)) and m.op is not None
+        (name, m)
+        for name, m in model.named_modules(remove_duplicate=False)
+        if isinstance(m, (HyperLinear, HyperConv2d)) and m.op is not None
     ]
     flags = {id(p): p.requires_grad for p in model.parameters()}
     was_training, teacher_training = model.training, teacher.training
@@ -848,8 +864,11 @@ def distill(
     before = [p.detach().clone() for p in params]
     done = False
     try:
+        twins: dict[int, nn.Module] = {}
         for name, m in swapped:
-            _replace(model, name, _dense_twin(m, device))
+            if id(m) not in twins:
+                twins[id(m)] = _dense_twin(m, device)
+            _replace(model, name, twins[id(m)])
         for p in model.parameters():
             p.requires_grad_(id(p) in wanted)
         for p in params:
