@@ -77,7 +77,7 @@ def test_causal_lm_rows_follow_the_rate_and_count_stored_bytes(tmp_path):
         assert os.path.getsize(tmp_path / png) > 1000
 
 
-def test_distilled_rows_keep_the_bytes_and_move_towards_the_original():
+def test_distilled_rows_keep_the_bytes_and_move_towards_the_original(tmp_path):
     model = tiny_llama()
     g = torch.Generator().manual_seed(3)
     text = " ".join(str(int(t)) for t in torch.randint(3, 96, (3000,), generator=g))
@@ -93,6 +93,7 @@ def test_distilled_rows_keep_the_bytes_and_move_towards_the_original():
     assert kd.bps == cal.bps and kd.snr_db == cal.snr_db
     assert kd.quality["kl"] < 0.95 * cal.quality["kl"], (kd.quality, cal.quality)
     assert "our own methods" in peer.error
+    assert hev.plots(rows, str(tmp_path)) == ["tiny-ppl.png"]
 
 
 def test_decoded_layers_measure_what_the_runtime_computes():

@@ -939,9 +939,9 @@ def plots(rows: list[Row], out_dir: str) -> list[str]:
             pts = sorted((r.bps, r.quality[metric]) for r in mine if r.method == method and metric in r.quality)
             # One series per method across rates: its label with the rate left generic; past
             # ten series the colours repeat, so the markers change.
-            base = method.removesuffix(DISTILLED)
-            name = LABELS.get(base, base).format(b="b", t="Qb_0", k="K-quant mixes")
-            name += ", norms distilled" if base != method else ""
+            stem = method.removesuffix(DISTILLED)
+            name = LABELS.get(stem, stem).format(b="b", t="Qb_0", k="K-quant mixes")
+            name += ", norms distilled" if stem != method else ""
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="osD^v<>"[i // 10 % 7], label=name)
         if base is not None and metric in base.quality:
             ax.axhline(base.quality[metric], color="gray", linestyle="--", label="float32")
