@@ -72,7 +72,8 @@ pub fn encode(
     crate::codec::with_scale_fallback(encoding, |e| encode_as(tensor, values, shape, e, settings))
 }
 
-fn encode_as(
+/// [`encode`] without the retry with bf16 scales.
+pub(crate) fn encode_as(
     tensor: &str,
     values: &[f32],
     shape: &[u64],

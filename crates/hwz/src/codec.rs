@@ -85,7 +85,8 @@ fn encode_as(
             return encode_nested(tensor, values, rows, cols, encoding, options);
         }
         Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. } => {
-            return crate::codebook_codec::encode(
+            // Not `codebook_codec::encode`: this dispatch's caller already retries with bf16.
+            return crate::codebook_codec::encode_as(
                 tensor,
                 values,
                 shape,
