@@ -168,12 +168,16 @@ HEAD_WEIGHT = 1000.0
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def _label_template(method: str) -> str:
+    """``method``'s label with its rate fields left to ``format``."""
+    stem = method.removesuffix(DISTILLED)
+    return LABELS.get(stem, stem) + (", norms distilled" if stem != method else "")
+
+
 def label(method: str, bps: float) -> str:
     """The table label of ``method`` at ``bps``."""
-    if method.endswith(DISTILLED):
-        return label(method.removesuffix(DISTILLED), bps) + ", norms distilled"
     b = int(round(bps))
-    return LABELS.get(method, method).format(b=b, t=LLAMACPP_TYPES.get(b, "none"), k=LLAMACPP_K.get(b, f"{b}-bit (none)"))
+    return _label_template(method).format(b=b, t=LLAMACPP_TYPES.get(b, "none"), k=LLAMACPP_K.get(b, f"{b}-bit (none)"))
 
 
 @dataclass
@@ -708,6 +712,7 @@ class Encoder:
         self.model = model.eval()
         self.tok = tok
         self.texts = texts
+        self.distill_lr, self.distill_epochs = 1e-3, 4
         cal = calibration_texts or []
         self.calibration = [
             tok(cal[i : i + 64], padding=True, truncation=True, max_length=128, return_tensors="pt")
@@ -734,7 +739,8 @@ class Encoder:
 
     def distill(self, model: Any) -> dict[str, float]:
         """Tunes ``model``'s normalization layers towards the original's pooled embeddings of
-        the calibration sentences (1 − cosine; :func:`hypercodec.nn.distill`, four passes)."""
+        the calibration sentences (1 − cosine; :func:`hypercodec.nn.distill`; by default four
+        passes at a learning rate of 1e-3: ``distill_epochs``, ``distill_lr``)."""
         import torch
 
         from . import nn as hnn
@@ -742,7 +748,9 @@ class Encoder:
         def loss(s: Any, t: Any) -> Any:
             return (1 - torch.nn.functional.cosine_similarity(s, t, dim=-1)).mean()
 
-        return hnn.distill(model, self.model, self.calibration, lr=1e-3, epochs=4, loss=loss, forward=self.pooled)
+        return hnn.distill(
+            model, self.model, self.calibration, lr=self.distill_lr, epochs=self.distill_epochs, loss=loss, forward=self.pooled
+        )
 
     def measure(self, model: Any) -> dict[str, float]:
         """Mean cosine of the embeddings against the original's."""
@@ -771,20 +779,11 @@ def decoded(model: Any) -> Any:
     ``nn.Linear`` holding its decoded weight (and its bias): the weights the compressed layer
     computes with, in PyTorch's GEMM (at 512 tokens per window about 2.4× faster on two cores
     than the runtime's decode-and-multiply tiles)."""
-    import torch
-
     from . import nn as hnn
 
     for name, m in list(model.named_modules()):
         if isinstance(m, hnn.HyperLinear):
-            # A trainable layer holds its bias as a parameter; otherwise the operator holds it.
-            bias = m.bias if m.bias is not None else m.op.bias
-            lin = torch.nn.Linear(m.in_features, m.out_features, bias=bias is not None)
-            with torch.no_grad():
-                lin.weight.copy_(m.weight_dense().reshape(m.out_features, m.in_features))
-                if bias is not None:
-                    lin.bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
-            hnn._replace(model, name, lin)
+            hnn._replace(model, name, hnn._dense_layer(m))
     return model
 
 
@@ -939,9 +938,7 @@ def plots(rows: list[Row], out_dir: str) -> list[str]:
             pts = sorted((r.bps, r.quality[metric]) for r in mine if r.method == method and metric in r.quality)
             # One series per method across rates: its label with the rate left generic; past
             # ten series the colours repeat, so the markers change.
-            stem = method.removesuffix(DISTILLED)
-            name = LABELS.get(stem, stem).format(b="b", t="Qb_0", k="K-quant mixes")
-            name += ", norms distilled" if stem != method else ""
+            name = _label_template(method).format(b="b", t="Qb_0", k="K-quant mixes")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="osD^v<>"[i // 10 % 7], label=name)
         if base is not None and metric in base.quality:
             ax.axhline(base.quality[metric], color="gray", linestyle="--", label="float32")

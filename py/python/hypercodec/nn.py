@@ -780,9 +780,9 @@ class _FloatTwin(nn.Module):
         return self.inner(x.to(torch.float32)).to(x.dtype)
 
 
-def _dense_twin(m: nn.Module, device: torch.device) -> nn.Module:
-    """A frozen float layer computing what the compressed ``m`` computes (its decoded weight),
-    differentiable with respect to its input."""
+def _dense_layer(m: nn.Module) -> nn.Module:
+    """A float32 ``nn.Linear`` / ``nn.Conv2d`` holding the compressed ``m``'s decoded weight and
+    its bias (a trainable layer's own, else the operator's): what ``m`` computes."""
     w = torch.from_numpy(np.asarray(m.op.weight()))
     if isinstance(m, HyperConv2d):
         out, per_group, kh, kw = m.weight_shape
@@ -797,7 +797,13 @@ def _dense_twin(m: nn.Module, device: torch.device) -> nn.Module:
         twin.weight.copy_(w.reshape(twin.weight.shape))
         if bias is not None:
             twin.bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
-    return _FloatTwin(twin.requires_grad_(False).to(device))
+    return twin
+
+
+def _dense_twin(m: nn.Module, device: torch.device) -> nn.Module:
+    """A frozen float layer computing what the compressed ``m`` computes (its decoded weight),
+    differentiable with respect to its input."""
+    return _FloatTwin(_dense_layer(m).requires_grad_(False).to(device))
 
 
 def norm_parameters(model: nn.Module) -> list[nn.Parameter]:
