@@ -143,12 +143,8 @@ pub(crate) fn encode_as(
                 };
                 values.get(start..end).unwrap_or(&[])
             };
-            let lost = cb.scales.iter().enumerate().position(|(g, &s)| {
-                !scale_dtype.holds_scale(s)
-                    || (scale_dtype == scalar::FloatDtype::F16
-                        && s == 0.0
-                        && covered(g).iter().any(|&v| v != 0.0))
-            });
+            let lost =
+                (cb.scales.iter().enumerate()).position(|(g, &s)| scale_dtype.loses(s, covered(g)));
             if let Some(group) = lost {
                 return Err(HwzError::Scalar {
                     tensor: tensor.into(),

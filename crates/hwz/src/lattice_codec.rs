@@ -57,9 +57,9 @@ fn unpack(
     }
 }
 
-/// [`ScalarError::ScaleUnderflow`] for the first row whose stored (rounded) scale `dtype` does
-/// not hold ([`FloatDtype::holds_scale`]: only f16 is narrower than f32), or that rounded to
-/// zero although the row is not; its value is the row's RMS. Shared with the trellis.
+/// [`ScalarError::ScaleUnderflow`] for the first row whose stored (rounded) scale loses it
+/// ([`FloatDtype::loses`]: only f16 is narrower than f32); its value is the row's RMS. Shared
+/// with the trellis.
 pub(crate) fn underflow(
     scales: &[f32],
     values: &[f32],
@@ -71,12 +71,7 @@ pub(crate) fn underflow(
     }
     scales.iter().enumerate().find_map(|(i, &s)| {
         let row = values.get(i * cols..(i + 1) * cols).unwrap_or(&[]);
-        let lost = if s == 0.0 {
-            row.iter().any(|&v| v != 0.0)
-        } else {
-            !dtype.holds_scale(s)
-        };
-        lost.then(|| {
+        dtype.loses(s, row).then(|| {
             let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols.max(1) as f64;
             ScalarError::ScaleUnderflow {
                 group: i,

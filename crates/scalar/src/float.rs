@@ -52,6 +52,14 @@ impl FloatDtype {
         self.round(x).is_finite() && !self.underflows(x)
     }
 
+    /// Whether a stored (rounded) scale `s` of the values `covered` loses them: not finite,
+    /// below f16's normal range, or an f16 zero for values that are not all zero.
+    #[inline]
+    pub fn loses(self, s: f32, covered: &[f32]) -> bool {
+        !self.holds_scale(s)
+            || (self == FloatDtype::F16 && s == 0.0 && covered.iter().any(|&v| v != 0.0))
+    }
+
     /// Whether a nonzero `x` lies below this type's normal range where that range is narrower
     /// than f32's (f16 only: 6.1e-5).
     #[inline]
