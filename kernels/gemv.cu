@@ -307,45 +307,74 @@ HC_AFFINE_M(8)
 
 extern "C" __global__ void __launch_bounds__(256) hc_affine_gemv_generic(AffineArgs a) { hc_affine_generic(a); }
 
-// The dense weight ŵ of codes of 2, 4 or 8 bits in whole chunks of 32 values (the GEMV's
-// alignment), one thread per chunk: one vector load, four 16-byte stores.
-template <int BITS>
-__device__ __forceinline__ void hc_affine_decode_chunks(const AffineArgs& a, void* __restrict__ out, int odtype) {
-    constexpr int PER_WORD = 32 / BITS;
+// Pieces the decoders give each thread: a block takes HC_DEC_U·blockDim consecutive pieces,
+// thread t the pieces t, t + blockDim, …, so each load and store instruction of a warp stays
+// coalesced while a thread has HC_DEC_U loads in flight (one per thread left the decoders
+// bound by load latency at ~2.6 TB/s of stores on an H200). The host launches
+// ceil(pieces / HC_DEC_U) threads.
+#ifndef HC_DEC_U
+#define HC_DEC_U 4
+#endif
+
+// The dense weight ŵ of codes of 2, 4 or 8 bits (cols a multiple of 32, the GEMV's alignment),
+// 8 values per piece: consecutive threads load consecutive BITS-byte pieces and store
+// consecutive 16-byte runs, the row found by a 32-bit division where the index fits (a 64-bit
+// one costs ~70 instructions per piece).
+template <int BITS, int U>
+__device__ __forceinline__ void hc_affine_decode_pieces(const AffineArgs& a, void* __restrict__ out, int odtype) {
     constexpr uint32_t MASK = (1u << BITS) - 1;
-    const int chunks = a.cols >> 5;
-    const long long n = (long long)a.rows * chunks;
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
-         k += (long long)gridDim.x * blockDim.x) {
-        const int r = (int)(k / chunks);
-        const int j0 = (int)(k - (long long)r * chunks) << 5;
-        uint32_t w[BITS];
-        hc_load_chunk<BITS>(a.codes + k * 4 * BITS, w);
-        const int g = a.srs ? (a.glen_log2 >= 0 ? j0 >> a.glen_log2 : j0 / a.glen) : 0;
-        const int si = a.srs ? r * a.srs + g : 0;
-        const float sc = a.scales[si], lo = a.offsets ? a.offsets[si] : 0.f;
-        const float mul = sc * a.qmul, add = lo - sc * a.qbias;
+    const int pieces = a.cols >> 3;
+    const long long n = (long long)a.rows * pieces;
+    const bool narrow = n < (1ll << 32);
+    const long long span = (long long)U * blockDim.x;
+    for (long long base = blockIdx.x * span + threadIdx.x; base < n; base += gridDim.x * span) {
+        uint32_t w0[U], w1[U];
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
+        for (int u = 0; u < U; u++) {
+            const long long k = base + (long long)u * blockDim.x;
+            w0[u] = w1[u] = 0;
+            if (k < n) {
+                if (BITS == 2) {
+                    w0[u] = reinterpret_cast<const uint16_t*>(a.codes)[k];
+                } else if (BITS == 4) {
+                    w0[u] = reinterpret_cast<const uint32_t*>(a.codes)[k];
+                } else {
+                    const uint2 v = reinterpret_cast<const uint2*>(a.codes)[k];
+                    w0[u] = v.x;
+                    w1[u] = v.y;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const long long k = base + (long long)u * blockDim.x;
+            if (k >= n) break;
+            const int r = narrow ? (int)((uint32_t)k / (uint32_t)pieces) : (int)(k / pieces);
+            const int j0 = (int)(k - (long long)r * pieces) << 3;
+            const int g = a.srs ? (a.glen_log2 >= 0 ? j0 >> a.glen_log2 : j0 / a.glen) : 0;
+            const int si = a.srs ? r * a.srs + g : 0;
+            const float sc = a.scales[si], lo = a.offsets ? a.offsets[si] : 0.f;
+            const float mul = sc * a.qmul, add = lo - sc * a.qbias;
             float v8[8];
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                const int v = 8 * c + i;
-                v8[i] = fmaf(mul, hc_u2f((w[v / PER_WORD] >> (BITS * (v % PER_WORD))) & MASK), add);
+                const uint32_t word = (BITS == 8 && i >= 4) ? w1[u] : w0[u];
+                const int sh = BITS == 8 ? 8 * (i & 3) : BITS * i;
+                v8[i] = fmaf(mul, hc_u2f((word >> sh) & MASK), add);
             }
-            hc_store8(out, odtype, (long long)r * a.cols + j0 + 8 * c, v8, 8, true);
+            hc_store8(out, odtype, (long long)r * a.cols + j0, v8, 8, true);
         }
     }
 }
 
 extern "C" __global__ void hc_affine_decode_b2(AffineArgs a, void* __restrict__ out, int odtype) {
-    hc_affine_decode_chunks<2>(a, out, odtype);
+    hc_affine_decode_pieces<2, HC_DEC_U>(a, out, odtype);
 }
 extern "C" __global__ void hc_affine_decode_b4(AffineArgs a, void* __restrict__ out, int odtype) {
-    hc_affine_decode_chunks<4>(a, out, odtype);
+    hc_affine_decode_pieces<4, HC_DEC_U>(a, out, odtype);
 }
 extern "C" __global__ void hc_affine_decode_b8(AffineArgs a, void* __restrict__ out, int odtype) {
-    hc_affine_decode_chunks<8>(a, out, odtype);
+    hc_affine_decode_pieces<8, HC_DEC_U>(a, out, odtype);
 }
 
 // The dense weight ŵ (rows × cols, `odtype`), one thread per 8 values of a row.
@@ -850,29 +879,61 @@ HC_E8_M(8)
 
 // The scaled lattice points in the rotated domain (rows × 8·words, `odtype`): y = x'·outᵀ.
 // One thread per word.
-extern "C" __global__ void hc_e8_decode(E8Args a, void* __restrict__ out, int odtype) {
+// The dense rotated-domain weight, 8 values (one word, one 16- or 32-byte store) per piece,
+// HC_DEC_U pieces per thread as the affine decoders: a word of 2, 4 or 8 bytes in one load,
+// others byte by byte; the row by a 32-bit division where the index fits.
+template <int U>
+__device__ __forceinline__ void hc_e8_decode_pieces(const E8Args& a, void* __restrict__ out, int odtype) {
     const long long n = (long long)a.rows * a.words;
+    const bool narrow = n < (1ll << 32);
     const int B = a.bits;
     const unsigned long long mask = (1ull << B) - 1;
     const int h = 1 << (B - 1);
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
-         k += (long long)gridDim.x * blockDim.x) {
-        const int r = (int)(k / a.words);
-        unsigned long long v = 0;
-        for (int i = 0; i < B; i++) v |= (unsigned long long)a.packed[k * B + i] << (8 * i);
-        const int s0 = (int)(v & mask);
-        const float half = (s0 & 1) ? 0.5f : 0.f;
-        const float sc = a.row_scales[r];
-        int p = 0;
-        float v8[8];
-        for (int i = 1; i < 8; i++) {
-            const int s = (int)((v >> (i * B)) & mask) - h;
-            p += s;
-            v8[i - 1] = sc * ((float)s + half);
+    const bool aligned = hc_aligned16(out);
+    const long long span = (long long)U * blockDim.x;
+    for (long long base = blockIdx.x * span + threadIdx.x; base < n; base += gridDim.x * span) {
+        unsigned long long vs[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const long long k = base + (long long)u * blockDim.x;
+            unsigned long long v = 0;
+            if (k < n) {
+                if (B == 2) {
+                    v = reinterpret_cast<const uint16_t*>(a.packed)[k];
+                } else if (B == 4) {
+                    v = reinterpret_cast<const uint32_t*>(a.packed)[k];
+                } else if (B == 8) {
+                    v = reinterpret_cast<const unsigned long long*>(a.packed)[k];
+                } else {
+                    for (int i = 0; i < B; i++) v |= (unsigned long long)a.packed[k * B + i] << (8 * i);
+                }
+            }
+            vs[u] = v;
         }
-        v8[7] = sc * ((float)((s0 & ~1) - h + (p & 1)) + half);
-        hc_store8(out, odtype, 8 * k, v8, 8, hc_aligned16(out));
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const long long k = base + (long long)u * blockDim.x;
+            if (k >= n) break;
+            const int r = narrow ? (int)((uint32_t)k / (uint32_t)a.words) : (int)(k / a.words);
+            const unsigned long long v = vs[u];
+            const int s0 = (int)(v & mask);
+            const float half = (s0 & 1) ? 0.5f : 0.f;
+            const float sc = a.row_scales[r];
+            int p = 0;
+            float v8[8];
+#pragma unroll
+            for (int i = 1; i < 8; i++) {
+                const int s = (int)((v >> (i * B)) & mask) - h;
+                p += s;
+                v8[i - 1] = sc * ((float)s + half);
+            }
+            v8[7] = sc * ((float)((s0 & ~1) - h + (p & 1)) + half);
+            hc_store8(out, odtype, 8 * k, v8, 8, aligned);
+        }
     }
+}
+extern "C" __global__ void hc_e8_decode(E8Args a, void* __restrict__ out, int odtype) {
+    hc_e8_decode_pieces<HC_DEC_U>(a, out, odtype);
 }
 
 // ---------------------------------------------------------------------------------------

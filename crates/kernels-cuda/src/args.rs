@@ -109,6 +109,9 @@ pub(crate) fn affine_decode_chunks(bits: usize) -> usize {
     }
 }
 pub(crate) const TRELLIS_DECODE: usize = 10;
+/// Pieces of 8 values each thread of the chunked affine decoders and of the E8 decoder takes
+/// (`HC_DEC_U` in `kernels/gemv.cu`): they run on `ceil(pieces / DECODE_PIECES)` threads.
+pub(crate) const DECODE_PIECES: usize = 4;
 pub(crate) const KV_E8_ENCODE: usize = 11;
 pub(crate) const KV_E8_DECODE: usize = 12;
 /// Functions before the templated GEMVs.

@@ -696,11 +696,14 @@ impl Kernels {
         if a.rows == 0 || a.cols == 0 {
             return Ok(());
         }
-        // The GEMV's aligned layouts decode a chunk of 32 values per thread (the output too
-        // must be 16-byte aligned), the rest 8 values per thread.
+        // The GEMV's aligned layouts decode pieces of 8 values, `DECODE_PIECES` per thread
+        // (the output too must be 16-byte aligned), the rest 8 values per thread.
         let path = a.path() as usize;
         let (f, n) = if path > 0 && out.is_multiple_of(16) {
-            (args::affine_decode_chunks(path), a.rows * (a.cols / 32))
+            (
+                args::affine_decode_chunks(path),
+                (a.rows * (a.cols / 8)).div_ceil(args::DECODE_PIECES),
+            )
         } else {
             (args::AFFINE_DECODE, a.rows * a.cols.div_ceil(8))
         };
@@ -781,7 +784,7 @@ impl Kernels {
     /// As [`Kernels::rht`].
     pub unsafe fn e8_decode(&self, a: &E8Gemv, out: u64, dtype: Dtype, stream: u64) -> Result<()> {
         a.validate()?;
-        let n = a.rows * a.words;
+        let n = (a.rows * a.words).div_ceil(args::DECODE_PIECES);
         // SAFETY: validated; the pointers are the caller's contract.
         unsafe { self.decode_launch(args::E8_DECODE, args::E8Args::new(a), out, dtype, n, stream) }
     }
@@ -871,7 +874,7 @@ impl Kernels {
     }
 
     /// Launches decoder `f` (its parameters: the argument struct, then the output pointer and
-    /// dtype code) over `n` items, 256 threads a block, grid-stride.
+    /// dtype code) on `n` threads, 256 a block, grid-stride.
     ///
     /// # Safety
     /// `k` is the kernel's argument struct, validated; the pointers are the caller's contract.
