@@ -126,6 +126,17 @@ pub(crate) struct CudaKernels {
 
 #[pymethods]
 impl CudaKernels {
+    /// The object itself: it is immutable, so `copy.copy` shares it (a deep copy of a model
+    /// keeps one operator per stored form, as ties need).
+    fn __copy__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// As `__copy__`.
+    fn __deepcopy__<'py>(slf: Bound<'py, Self>, _memo: &Bound<'py, PyAny>) -> Bound<'py, Self> {
+        slf
+    }
+
     /// Loads the kernels on device `device`; raises `CudaError` when this wheel or machine has
     /// no CUDA (no driver, no such device).
     #[new]

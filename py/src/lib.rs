@@ -236,6 +236,17 @@ impl Archive {
 
 #[pymethods]
 impl Archive {
+    /// The object itself: it is immutable, so `copy.copy` shares it (a deep copy of a model
+    /// keeps one operator per stored form, as ties need).
+    fn __copy__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// As `__copy__`.
+    fn __deepcopy__<'py>(slf: Bound<'py, Self>, _memo: &Bound<'py, PyAny>) -> Bound<'py, Self> {
+        slf
+    }
+
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         let legacy = hypercodec_pipeline::is_legacy(&path).map_err(pipeline_err)?;
@@ -441,6 +452,17 @@ struct Linear {
 
 #[pymethods]
 impl Linear {
+    /// The object itself: it is immutable, so `copy.copy` shares it (a deep copy of a model
+    /// keeps one operator per stored form, as ties need).
+    fn __copy__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// As `__copy__`.
+    fn __deepcopy__<'py>(slf: Bound<'py, Self>, _memo: &Bound<'py, PyAny>) -> Bound<'py, Self> {
+        slf
+    }
+
     /// Quantizes `weight` (float32, rank >= 2; a convolution runs on its matrix view
     /// `[out, in·kh·kw]`) with the candidate `spec` (`int4`, `int8-row`, `e8@4`, `e8-fixed4`,
     /// `lowrank@16`, `bf16`, ...; see `hypercodec plan --help`). A lattice rate the tensor
@@ -799,6 +821,17 @@ const KV_PARALLEL_ROWS: usize = 4096;
 
 #[pymethods]
 impl KvCodec {
+    /// The object itself: it is immutable, so `copy.copy` shares it (a deep copy of a model
+    /// keeps one operator per stored form, as ties need).
+    fn __copy__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// As `__copy__`.
+    fn __deepcopy__<'py>(slf: Bound<'py, Self>, _memo: &Bound<'py, PyAny>) -> Bound<'py, Self> {
+        slf
+    }
+
     /// `quantizer`: `e8`, `d4` or `z1` (fixed-rate lattice forms) or `trellis` (bitshift
     /// trellis, `trellis_l` state bits); `rotation`: `rht`, `haar` or `none`; `dither` (lattice
     /// only) is keyed on one integer per vector given to `encode` / `decode`.

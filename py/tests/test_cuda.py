@@ -93,6 +93,25 @@ def test_hyper_linear_runs_on_cuda_tensors():
 
 
 @needs_cuda
+@pytest.mark.parametrize("spec", ["int4", "e8-fixed4", "tcq@2-l12"])
+def test_a_deep_copy_on_cuda_owns_its_device_codes(spec):
+    """A deep copy of a layer that ran on the device rebuilds its device form: the kernels'
+    arguments are raw pointers into the original's buffers, which a member-wise copy shared."""
+    import copy
+
+    torch.manual_seed(5)
+    h = hnn.HyperLinear.from_linear(torch.nn.Linear(256, 96), spec)
+    x = torch.randn(3, 256, device="cuda", dtype=torch.bfloat16)
+    ref = h(x)
+    twin = copy.deepcopy(h)
+    del h
+    torch.cuda.empty_cache()
+    junk = torch.full((1 << 22,), 7, dtype=torch.uint8, device="cuda")  # reuse freed memory
+    assert torch.equal(twin(x), ref)
+    del junk
+
+
+@needs_cuda
 @pytest.mark.parametrize("spec", ["tcq@2-l12", "tcq@3-l12", "tcq@1-l12", "tcq@2"])
 def test_cuda_trellis_with_calibrated_short_sequences(spec):
     # Calibrated trellis rows are cut into sequences of 16 values: most chunks wrap.

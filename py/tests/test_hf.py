@@ -4,8 +4,10 @@ stored form, generating text. Skipped when transformers or the model is not inst
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
+import pickle
 
 import pytest
 
@@ -66,7 +68,16 @@ def test_save_hwz_from_hwz_generate(tmp_path, monkeypatch):
     hhf._rebuild_meta_buffers(fresh, loaded.config)
     assert fresh.lm_head.op is fresh.get_input_embeddings().op
     with torch.no_grad():
-        assert torch.equal(fresh(**prompt).logits, loaded(**prompt).logits)
+        ref = loaded(**prompt).logits
+        assert torch.equal(fresh(**prompt).logits, ref)
+    # Whole-model deep copies and pickles, from the archive and from the state dict: the
+    # tied head carries the embedding's bytes.
+    for m in (loaded, fresh):
+        twin = copy.deepcopy(m)
+        assert twin.lm_head.op is twin.get_input_embeddings().op
+        back = pickle.loads(pickle.dumps(m))
+        with torch.no_grad():
+            assert torch.equal(twin(**prompt).logits, ref) and torch.equal(back(**prompt).logits, ref)
 
 
 def test_quantize_on_load_through_transformers_registry(monkeypatch, tmp_path):

@@ -368,6 +368,44 @@ def test_quantized_embeddings_read_the_stored_table_and_survive_a_state_dict(tmp
         hnn.load_state_dict(other, bad)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_compressed_models_deep_copy_and_pickle_whole(tmp_path, tied):
+    """`copy.deepcopy` (eval loops, EMA copies, HF utilities) and `torch.save(model)` of a
+    whole compressed model: the operators could not be pickled, so both raised."""
+    import io
+    import pickle
+
+    torch.manual_seed(12)
+    model = _Lm(tied)
+    model.conv = torch.nn.Conv2d(4, 8, 3)
+    ids = torch.randint(0, 300, (2, 16))
+    hnn.quantize(model, bps=4, method="affine", skip=(), embeddings=True)
+    assert isinstance(model.conv, hnn.HyperConv2d)
+    ref = model(ids)
+    img = torch.randn(1, 4, 9, 9)
+    ref_conv = model.conv(img)
+    twin = copy.deepcopy(model)
+    assert torch.equal(twin(ids), ref) and torch.equal(twin.conv(img), ref_conv)
+    # The immutable operators are shared, ties stay ties.
+    assert twin.head.op is model.head.op and twin.mid is not model.mid
+    if tied:
+        assert twin.embed.op is twin.head.op
+    # Whole-model pickling carries the stored bytes and rebuilds the operators.
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    back = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    assert torch.equal(back(ids), ref) and torch.equal(back.conv(img), ref_conv)
+    assert back.state_dict().keys() == model.state_dict().keys()
+    # So does a model whose layers were loaded from a state dict (no bytes kept natively).
+    torch.save(model.state_dict(), tmp_path / "lm.pt")
+    with torch.device("meta"):
+        fresh = _Lm(tied)
+        fresh.conv = torch.nn.Conv2d(4, 8, 3)
+    hnn.load_state_dict(fresh, torch.load(tmp_path / "lm.pt", weights_only=True))
+    again = pickle.loads(pickle.dumps(fresh))
+    assert torch.equal(again(ids), ref) and torch.equal(copy.deepcopy(fresh)(ids), ref)
+
+
 def test_an_embedding_tied_to_a_skipped_head_stays_float():
     model = _Lm(tied=True)
     hnn.quantize(model, bps=4, skip=("head",), embeddings=True)

@@ -23,6 +23,8 @@ on PyTorch's current stream, without synchronizing:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -135,6 +137,11 @@ class DeviceLinear:
                 "words": self.words,
                 "bits": form["bits"],
             }
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Copies and pickles rebuild from the operator: the launch arguments are raw device
+        # pointers into this object's tensors, which a member-wise copy would share.
+        return (DeviceLinear, (self._op, self.device))
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight decoded on the host (once per dtype, from the stored form) and kept on

@@ -121,7 +121,7 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
             head = alias[: -len(".weight")]
             layer = model.get_submodule(head)
             if isinstance(layer, nn.Linear) and layer.bias is None:
-                _set(model, head, HyperLinear(shared[source], tied=emb_name))
+                _set(model, head, HyperLinear(shared[source], tied=emb_name, source=_archive_source(archive, emb_name, False)))
             elif isinstance(layer, nn.Linear):
                 # A head with a bias of its own: its operator holds the bias (the codes twice).
                 b = f"{head}.bias" if f"{head}.bias" in names else None

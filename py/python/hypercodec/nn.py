@@ -135,6 +135,49 @@ class _StoredForm:
     def _check_loaded(self, op: "_native.Linear") -> None:
         pass
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        """A deep copy shares the immutable operator (so ties stay ties) and copies the rest;
+        device forms are rebuilt at the copy's first call (theirs hold raw device pointers)."""
+        import copy
+
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            if k == "_device_forms":
+                continue
+            new.__dict__[k] = v if k == "op" else copy.deepcopy(v, memo)
+        return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling (``torch.save(model)``): the stored form as bytes in place of the operator
+        (rebuilt on load); device forms are dropped. A tied layer pickles its owner's bytes
+        too, and comes back with an operator of its own (``state_dict`` stores them once)."""
+        state = self.__dict__.copy()
+        state.pop("_device_forms", None)
+        state["_hwz_source"] = None
+        if state.get("op") is not None:
+            if self.tied is None:
+                state["_hwz"] = self.weight_hwz
+            else:
+                data = self.op.to_hwz()
+                if data is None and self._hwz_source is not None:
+                    data = self._hwz_source()  # the owner's bytes, where the tie was made
+                if data is None:
+                    raise _native.InvalidInputError(
+                        f"this layer shares {self.tied!r}'s operator, read from an archive: pickle "
+                        "cannot carry it; save the model's state_dict instead"
+                    )
+                state["_tied_hwz"] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            state["op"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        tied_bytes = state.pop("_tied_hwz", None)
+        nn.Module.__setstate__(self, state)
+        data = tied_bytes if tied_bytes is not None else self._hwz
+        if self.op is None and data is not None and data.numel():
+            self.op = _native.Linear.from_hwz(data.numpy())
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name == HWZ_KEY:
             self._load_hwz(value)
@@ -962,10 +1005,13 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
             _replace(model, name, kind.placeholder(m, tied=stored[id(m.weight)]))
     model.load_state_dict(state_dict, strict=strict, assign=True)
     for name, source in tied:
-        layer, op = model.get_submodule(name), model.get_submodule(source).op
+        owner = model.get_submodule(source)
+        layer, op = model.get_submodule(name), owner.op
         if op is not None:
             layer._check_loaded(op)
         layer.op = op
+        # What pickling the tied layer carries (the bytes the owner was loaded from).
+        layer._hwz_source = lambda t=owner._hwz: None if t is None else t.numpy()
     return model
 
 
