@@ -31,7 +31,7 @@ pub(crate) fn function_names() -> Vec<String> {
         }
     }
     for b in 2..=8 {
-        for m in BATCH_TILES {
+        for m in E8_PASSES {
             v.push(format!("hc_e8_gemv_b{b}_m{m}"));
         }
     }
@@ -87,7 +87,7 @@ pub(crate) fn affine_mma(
     Some(
         FIXED
             + 3 * BATCH_TILES.len()
-            + 7 * BATCH_TILES.len()
+            + 7 * E8_PASSES.len()
             + TRELLIS_KS.len() * BATCH_TILES.len()
             + MMA_WORDS.len() * (2 * kind + n)
             + w,
@@ -122,11 +122,7 @@ const TRELLIS_KS: [usize; 5] = [0, 1, 2, 3, 4];
 /// The trellis GEMV for a pass of `batch` rows of `k` bits per value.
 pub(crate) fn trellis_gemv(batch: usize, k: usize) -> usize {
     let ki = if (1..=4).contains(&k) { k } else { 0 };
-    FIXED
-        + 3 * BATCH_TILES.len()
-        + 7 * BATCH_TILES.len()
-        + TRELLIS_KS.len() * tile_index(batch)
-        + ki
+    FIXED + 3 * BATCH_TILES.len() + 7 * E8_PASSES.len() + TRELLIS_KS.len() * tile_index(batch) + ki
 }
 /// The kernels' batch tiles (activation rows held in registers).
 const BATCH_TILES: [usize; 2] = [1, 4];
@@ -154,9 +150,23 @@ pub(crate) fn affine_gemv(bits: usize, batch: usize) -> usize {
     FIXED + BATCH_TILES.len() * b + tile_index(batch)
 }
 
-/// The E8 GEMV of `bits` (2..=8) for a pass of `batch` rows.
+/// The E8 GEMVs' passes: up to 1, 2 or 4 activation rows (`hc_e8_gemv_b{B}_m{1,2,4}`).
+const E8_PASSES: [usize; 3] = [1, 2, 4];
+
+/// The E8 GEMV of `bits` (2..=8) for a pass of `batch` rows (1..=4).
 pub(crate) fn e8_gemv(bits: usize, batch: usize) -> usize {
-    FIXED + 3 * BATCH_TILES.len() + BATCH_TILES.len() * (bits - 2) + tile_index(batch)
+    let pass = E8_PASSES.iter().position(|&m| batch <= m).unwrap_or(2);
+    FIXED + 3 * BATCH_TILES.len() + E8_PASSES.len() * (bits - 2) + pass
+}
+
+/// Weight rows one block of the E8 GEMV computes for a pass of `batch` rows: the activations
+/// are read once per block (`hc_e8_gemv_b{B}_m{M}` in kernels/gemv.cu).
+pub(crate) fn e8_rows_per_block(batch: usize) -> usize {
+    if batch <= 2 {
+        4
+    } else {
+        8
+    }
 }
 
 /// The kernels' `AffineArgs` (kernels/gemv.cu), field for field.

@@ -757,7 +757,7 @@ impl Kernels {
                 if a.words.is_multiple_of(4) && a.packed.is_multiple_of(16) {
                     (
                         args::e8_gemv(a.bits as usize, m),
-                        args::rows_per_block(m),
+                        args::e8_rows_per_block(m),
                         a.words / 4,
                     )
                 } else {
@@ -1039,7 +1039,12 @@ mod tests {
         assert_eq!(names[args::affine_gemv(8, 3)], "hc_affine_gemv_b8_m4");
         assert_eq!(names[args::e8_gemv(2, 1)], "hc_e8_gemv_b2_m1");
         assert_eq!(names[args::e8_gemv(7, 4)], "hc_e8_gemv_b7_m4");
-        assert_eq!(names[args::e8_gemv(8, 2)], "hc_e8_gemv_b8_m4");
+        assert_eq!(names[args::e8_gemv(8, 2)], "hc_e8_gemv_b8_m2");
+        assert_eq!(names[args::e8_gemv(5, 3)], "hc_e8_gemv_b5_m4");
+        assert_eq!(
+            (args::e8_rows_per_block(2), args::e8_rows_per_block(3)),
+            (4, 8)
+        );
         assert_eq!(names[args::trellis_gemv(1, 2)], "hc_trellis_gemv_m1_k2");
         assert_eq!(names[args::trellis_gemv(3, 7)], "hc_trellis_gemv_m4_k0");
         assert_eq!(names[args::trellis_gemv(4, 4)], "hc_trellis_gemv_m4_k4");

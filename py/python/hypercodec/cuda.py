@@ -32,7 +32,7 @@ from . import _native
 
 #: Activation rows up to which the fused GEMV runs, per form (in passes of 4; above: decode,
 #: then cuBLAS): the crossover measured on an H200 by ``py/benches/cuda_linear.py``.
-GEMV_MAX_BATCH = {"affine": 4, "e8": 2, "trellis": 4}
+GEMV_MAX_BATCH = {"affine": 4, "e8": 4, "trellis": 4}
 #: Activation rows of the tensor-core affine kernel (bf16/f16 activations, see above).
 MMA_MAX_BATCH = 16
 
