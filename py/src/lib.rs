@@ -471,7 +471,8 @@ impl Linear {
     /// instead (`LatticeScale::Tensor`: lower squared error, higher perplexity on SmolLM2).
     ///
     /// `hessian` (float32, `cols × cols`: the second moment `E[x·xᵀ]` of the layer's inputs,
-    /// e.g. from calibration text) turns on error-feedback rounding (GPTQ's rule) for affine,
+    /// e.g. from calibration text) turns on error-feedback rounding (GPTQ's rule; affine groups
+    /// fitted with a clipping search) for affine,
     /// lattice and trellis specs (the trellis in sequences of 16 values), damped by `damp`
     /// times its mean diagonal; the stored format is the same. Other specs ignore it.
     #[staticmethod]

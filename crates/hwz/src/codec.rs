@@ -107,7 +107,8 @@ fn encode_as(
 
 /// [`encode`] with error feedback from the layer's input statistics `h` (`cols × cols`,
 /// row-major, `E[x·xᵀ]` of the inputs the matrix view multiplies; [`hypercodec_scalar::ldlq`],
-/// GPTQ's rule): for `affine` (every group layout; groups fitted as rounding reaches them),
+/// GPTQ's rule): for `affine` (every group layout; each group fitted as rounding reaches it,
+/// its range clipped where that lowers its squared error: [`hypercodec_scalar::GroupQuant::fit_clipped`]),
 /// `lattice` (word by word after the RHT, `h` rotated the same way) and `trellis` (tail-biting
 /// sequence by sequence after the RHT, likewise). The streams are the same format as
 /// [`encode`]'s, with the same fallback to bf16 scales. Other encodings:

@@ -364,9 +364,10 @@ mod tests {
     }
 
     #[test]
-    fn affine_with_uncorrelated_inputs_is_round_to_nearest_and_feedback_helps_otherwise() {
+    fn affine_with_uncorrelated_inputs_rounds_to_nearest_and_feedback_helps_otherwise() {
         use crate::{
             affine_encode, affine_ldlq_codes, affine_pack, AffineParams, FloatDtype, Group,
+            GroupQuant,
         };
         let (rows, cols) = (6, 40);
         let w: Vec<f32> = (0..rows * cols)
@@ -388,8 +389,26 @@ mod tests {
             };
             let f = Ldlq::new(&eye, cols, 0.01).unwrap();
             let (codes, groups) = affine_ldlq_codes(&w, rows, cols, &p, &f).unwrap();
-            let ours = affine_pack(&codes, &groups, rows, cols, &p).unwrap();
-            assert_eq!(ours, affine_encode(&w, rows, cols, &p).unwrap(), "{p:?}");
+            // Nothing feeds back: each value rounds to nearest in its group, fitted with the
+            // clipping search the calibrated path uses (1 bit: `fit`'s, as round to nearest).
+            let tensor = (group == Group::Tensor).then(|| GroupQuant::fit_clipped(&w, &p).unwrap());
+            let glen = match group {
+                Group::Size(n) => n as usize,
+                _ => cols,
+            };
+            let expected: Vec<u8> = w
+                .chunks(cols)
+                .flat_map(|row| row.chunks(glen))
+                .flat_map(|g| {
+                    let q = tensor.unwrap_or_else(|| GroupQuant::fit_clipped(g, &p).unwrap());
+                    g.iter().map(move |&x| q.code(x) as u8)
+                })
+                .collect();
+            assert_eq!(codes, expected, "{p:?}");
+            if bits == 1 {
+                let ours = affine_pack(&codes, &groups, rows, cols, &p).unwrap();
+                assert_eq!(ours, affine_encode(&w, rows, cols, &p).unwrap(), "{p:?}");
+            }
         }
         // Correlated inputs: lower output error than round-to-nearest at the same format.
         let mut h = vec![0f32; cols * cols];
