@@ -93,6 +93,21 @@ def test_hyper_linear_runs_on_cuda_tensors():
 
 
 @needs_cuda
+@pytest.mark.parametrize("spec", ["int4", "e8-fixed4", "tcq@2-l12", "e8@4"])
+def test_cuda_gradients_reach_the_inputs_of_compressed_layers(spec):
+    torch.manual_seed(6)
+    h = hnn.HyperLinear.from_linear(torch.nn.Linear(256, 96), spec)
+    w = h.weight_dense().reshape(96, 256).cuda()
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(3, 256, device="cuda", dtype=dtype, requires_grad=True)
+        gy = torch.randn(3, 96, device="cuda", dtype=dtype)
+        h(x).backward(gy)
+        assert x.grad.dtype == dtype
+        ref = gy.float() @ w
+        assert torch.allclose(x.grad.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+@needs_cuda
 @pytest.mark.parametrize("spec", ["int4", "e8-fixed4", "tcq@2-l12"])
 def test_a_deep_copy_on_cuda_owns_its_device_codes(spec):
     """A deep copy of a layer that ran on the device rebuilds its device form: the kernels'

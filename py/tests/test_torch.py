@@ -368,6 +368,62 @@ def test_quantized_embeddings_read_the_stored_table_and_survive_a_state_dict(tmp
         hnn.load_state_dict(other, bad)
 
 
+@pytest.mark.parametrize("spec", ["int4", "e8@4", "e8-fixed4", "tcq@2-l12", "cb-b2-k16"])
+def test_gradients_reach_the_inputs_of_compressed_layers(spec):
+    """Adapters, prompts or norms trained around frozen compressed layers need the gradient
+    w.r.t. a compressed layer's input (it was silently cut: the runtime reads a copy)."""
+    torch.manual_seed(13)
+    lin = torch.nn.Linear(64, 48)
+    h = hnn.HyperLinear.from_linear(lin, spec)
+    dense = torch.nn.Linear(64, 48)
+    with torch.no_grad():
+        dense.weight.copy_(h.weight_dense().reshape(48, 64))
+        dense.bias.copy_(lin.bias)
+    x = torch.randn(3, 5, 64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    (h(x) ** 2).sum().backward()
+    (dense(x2) ** 2).sum().backward()
+    assert torch.allclose(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+    # bf16 activations get a bf16 gradient; the stored form has nothing to train.
+    xb = torch.randn(2, 64, dtype=torch.bfloat16, requires_grad=True)
+    h(xb).sum().backward()
+    assert xb.grad.dtype == torch.bfloat16 and xb.grad.abs().sum() > 0
+    assert not list(h.parameters())
+    # 1x1 and 3x3 convolutions, the 1x1 on its matrix form.
+    for k in (1, 3):
+        conv = torch.nn.Conv2d(8, 6, k, padding=k // 2)
+        hc = hnn.HyperConv2d.from_conv(conv, spec)
+        ref = torch.nn.Conv2d(8, 6, k, padding=k // 2)
+        with torch.no_grad():
+            ref.weight.copy_(torch.from_numpy(np.asarray(hc.op.weight())).reshape(ref.weight.shape))
+            ref.bias.copy_(conv.bias)
+        img = torch.randn(2, 8, 5, 5, requires_grad=True)
+        img2 = img.detach().clone().requires_grad_(True)
+        (hc(img) ** 2).sum().backward()
+        (ref(img2) ** 2).sum().backward()
+        assert torch.allclose(img.grad, img2.grad, rtol=1e-4, atol=1e-4), k
+
+
+def test_an_adapter_trains_in_front_of_a_frozen_compressed_layer():
+    torch.manual_seed(14)
+    teacher = torch.nn.Linear(32, 32)
+    frozen = hnn.HyperLinear.from_linear(torch.nn.Linear(32, 16), "int4")
+    adapter = torch.nn.Linear(32, 32)
+    target = hnn.HyperLinear.from_linear(torch.nn.Linear(32, 16), "int4")
+    opt = torch.optim.Adam(adapter.parameters(), lr=1e-2)
+    data = torch.randn(64, 32)
+    with torch.no_grad():
+        goal = target(teacher(data))
+    losses = []
+    for _ in range(60):
+        opt.zero_grad()
+        loss = ((frozen(adapter(data)) - goal) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_compressed_models_deep_copy_and_pickle_whole(tmp_path, tied):
     """`copy.deepcopy` (eval loops, EMA copies, HF utilities) and `torch.save(model)` of a

@@ -202,6 +202,34 @@ class _StoredForm:
             unexpected_keys.remove(key)
 
 
+class _Stored(torch.autograd.Function):
+    """``forward(x)`` computed on a stored form, differentiable in ``x`` (adapters, prompts or
+    norms trained around frozen compressed layers): the backward pass decodes the weight for
+    its one product (``∂x = backward(∂y)``) and drops it; the stored form takes no gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, forward: Callable, backward: Callable) -> torch.Tensor:
+        ctx.backward_fn, ctx.x_dtype = backward, x.dtype
+        return forward(x)
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, None, None]:
+        return ctx.backward_fn(gy).to(ctx.x_dtype), None, None
+
+
+def _through_stored(x: torch.Tensor, forward: Callable, backward: Callable) -> torch.Tensor:
+    """``forward(x)``, through :class:`_Stored` when a gradient w.r.t. ``x`` is wanted."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Stored.apply(x, forward, backward)
+    return forward(x)
+
+
+def _decoded(layer: Any, device: torch.device) -> torch.Tensor:
+    """``layer.op``'s weight as a float32 ``rows × cols`` matrix on ``device`` (for a backward
+    pass: decoded on the host, not kept)."""
+    return torch.from_numpy(np.asarray(layer.op.weight())).reshape(layer.op.rows, layer.op.cols).to(device)
+
+
 def _on_device(layer: Any, device: torch.device) -> Any:
     """``layer.op``'s :class:`hypercodec.cuda.DeviceLinear` on ``device`` (built once; dropped
     when the operator changes)."""
@@ -216,7 +244,9 @@ def _on_device(layer: Any, device: torch.device) -> Any:
 
 class HyperLinear(_StoredForm, nn.Module):
     """``y = x·Wᵀ + b`` with ``W`` kept compressed (a :class:`hypercodec.Linear`); float32
-    computation, outputs in the input's dtype.
+    computation, outputs in the input's dtype. Differentiable in ``x``: a backward pass decodes
+    ``W`` for its one product and drops it, so adapters, prompts or norms train around frozen
+    compressed layers (the stored form itself takes no gradient).
 
     With ``trainable=True`` (see :meth:`from_linear`) the layer also keeps the float master
     weight and bias as parameters: in training mode the forward pass uses the quantized weight
@@ -317,6 +347,9 @@ class HyperLinear(_StoredForm, nn.Module):
             # Left training: the compressed form reflects the latest master weight.
             self.refresh()
             self._steps = 0
+        return _through_stored(x, self._stored_forward, lambda gy: gy.float() @ _decoded(self, gy.device))
+
+    def _stored_forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
             return _on_device(self, x.device).forward(x)
         y = torch.from_numpy(self.op.forward(_f32(x)))
@@ -387,15 +420,15 @@ class HyperConv2d(_StoredForm, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.op is None:
             raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
+        if self.pointwise:
+            # A 1×1 convolution runs on the matrix form; its input gradient is ∂y's channels
+            # times the decoded matrix.
+            return _through_stored(
+                x,
+                self._pointwise_forward,
+                lambda gy: torch.einsum("nohw,oc->nchw", gy.float(), _decoded(self, gy.device)),
+            )
         if x.is_cuda:
-            if self.pointwise:
-                dev = _on_device(self, x.device)
-                n, c, h, w = x.shape
-                y = dev.forward(x.permute(0, 2, 3, 1).reshape(-1, c))
-                y = y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
-                if self.bias is not None:
-                    y = y + self.bias.detach().to(device=x.device, dtype=y.dtype)[None, :, None, None]
-                return y.contiguous()
             # The decode fallback, with the weight decoded once and kept on the device (its
             # stored form is not uploaded: nothing would read it).
             cache = self.__dict__.setdefault("_dense_on_device", {})
@@ -407,17 +440,24 @@ class HyperConv2d(_StoredForm, nn.Module):
             wd = cache[key]
             bias = None if self.bias is None else self.bias.detach().to(device=x.device, dtype=x.dtype)
             return nn.functional.conv2d(x, wd, bias, self.stride, self.padding, self.dilation, self.groups)
-        if self.pointwise:
-            n, c, h, w = x.shape
-            xs = _f32(x.permute(0, 2, 3, 1).reshape(-1, c))
-            y = torch.from_numpy(self.op.forward(xs)).reshape(n, h, w, -1).permute(0, 3, 1, 2)
-            if self.bias is not None:
-                y = y + self.bias.detach().to(torch.float32)[None, :, None, None]
-            return y.to(dtype=x.dtype, device=x.device).contiguous()
         wd = torch.from_numpy(np.asarray(self.op.weight())).reshape(self.weight_shape)
         bias = None if self.bias is None else self.bias.to(torch.float32)
         y = nn.functional.conv2d(x.to(torch.float32), wd, bias, self.stride, self.padding, self.dilation, self.groups)
         return y.to(x.dtype)
+
+    def _pointwise_forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        if x.is_cuda:
+            y = _on_device(self, x.device).forward(x.permute(0, 2, 3, 1).reshape(-1, c))
+            y = y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
+            if self.bias is not None:
+                y = y + self.bias.detach().to(device=x.device, dtype=y.dtype)[None, :, None, None]
+            return y.contiguous()
+        xs = _f32(x.permute(0, 2, 3, 1).reshape(-1, c))
+        y = torch.from_numpy(self.op.forward(xs)).reshape(n, h, w, -1).permute(0, 3, 1, 2)
+        if self.bias is not None:
+            y = y + self.bias.detach().to(torch.float32)[None, :, None, None]
+        return y.to(dtype=x.dtype, device=x.device).contiguous()
 
     def extra_repr(self) -> str:
         if self.op is None:
