@@ -251,6 +251,29 @@ def test_hyper_attention_is_causal_and_close_to_its_dense_twin():
     assert fresh.q_proj.op.path == "e8-fixed4"
 
 
+def test_input_statistics_share_a_shared_input_and_not_a_changed_one():
+    class Split(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(16, 8) for _ in range(3))
+
+        def forward(self, x):
+            x = x.clone()
+            a, b = self.q(x), self.k(x)  # the same tensor: one product
+            x.mul_(2.0)  # changed in place: v gets its own
+            return a + b + self.v(x)
+
+    torch.manual_seed(15)
+    batches = [torch.randn(40, 16) * 3 + 1, torch.randn(24, 16)]
+    hs = hnn.collect_hessians(Split(), batches)
+    x = torch.cat(batches).double()
+    want = (x.T @ x / len(x)).numpy()
+    tol = 1e-5 * np.abs(want).max()
+    assert np.allclose(hs["q"], want, atol=tol) and np.allclose(hs["k"], want, atol=tol)
+    assert np.allclose(hs["v"], 4 * want, atol=4 * tol)
+    assert hs["q"] is not hs["k"]
+
+
 def test_calibrated_compression_lowers_the_output_error_at_the_same_bytes(tmp_path):
     # Correlated inputs (a random walk across features): error feedback from their statistics
     # beats plain rounding on the layer's output, through the Python layer and the CLI alike.

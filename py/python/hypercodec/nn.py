@@ -745,21 +745,32 @@ def quantize_budget(
 def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.ndarray]:
     """The second moment ``E[x·xᵀ]`` of every ``nn.Linear``'s inputs (by layer name, float32
     ``in × in``), over the calibration ``batches`` (each passed as ``model(**b)`` when a mapping,
-    else ``model(b)``), accumulated in float64 by forward hooks. Layers that share an input
-    (q/k/v) each get their own copy."""
+    else ``model(b)``), by forward hooks: each batch's product in float32, accumulated in
+    float64. Consecutive layers fed the same tensor (q/k/v, gate/up) share its product
+    (computed once) and each get their own copy."""
     import torch
 
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}
+    # The last input seen (the tensor itself, held so that its memory is not reused, and its
+    # version) and its product: consecutive layers fed that same tensor reuse it.
+    last: list[Any] = [None, -1, None]
     hooks = []
 
     def hook(name: str):
         def f(_module, inputs):
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).to(torch.float64)
+            t = inputs[0]
+            x = t.detach().reshape(-1, t.shape[-1])
+            if last[0] is t and last[1] == t._version:
+                prod = last[2]
+            else:
+                x32 = x.to(torch.float32)
+                prod = (x32.T @ x32).to(torch.float64)
+                last[:] = [t, t._version, prod]
             if name not in sums:
-                sums[name] = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
+                sums[name] = torch.zeros_like(prod)
                 counts[name] = 0
-            sums[name] += x.T @ x
+            sums[name] += prod
             counts[name] += x.shape[0]
 
         return f
@@ -772,6 +783,7 @@ def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.n
             for b in batches:
                 model(**b) if isinstance(b, Mapping) else model(b)
     finally:
+        last[:] = [None, -1, None]
         for h in hooks:
             h.remove()
     return {n: (sums[n] / max(counts[n], 1)).to(torch.float32).numpy() for n in sums}
