@@ -381,10 +381,11 @@ extern "C" __global__ void hc_affine_decode_b8(AffineArgs a, void* __restrict__ 
 extern "C" __global__ void hc_affine_decode(AffineArgs a, void* __restrict__ out, int odtype) {
     const int c8 = (a.cols + 7) >> 3;
     const long long n = (long long)a.rows * c8;
+    const bool narrow = n < (1ll << 32);  // a 32-bit division where the index fits
     const uint32_t mask = (1u << a.bits) - 1;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
          k += (long long)gridDim.x * blockDim.x) {
-        const int r = (int)(k / c8);
+        const int r = narrow ? (int)((uint32_t)k / (uint32_t)c8) : (int)(k / c8);
         const int j0 = (int)(k - (long long)r * c8) * 8;
         float v8[8];
 #pragma unroll
@@ -1109,9 +1110,11 @@ HC_TRELLIS_K(4)
 extern "C" __global__ void hc_trellis_decode(TrellisArgs a, void* __restrict__ out, int odtype) {
     const int chunks = (a.cols + 7) >> 3;
     const long long n = (long long)a.rows * chunks;
+    const bool narrow = n < (1ll << 32);  // a 32-bit division where the index fits
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
          k += (long long)gridDim.x * blockDim.x) {
-        const int r = (int)(k / chunks), c = (int)(k - (long long)r * chunks);
+        const int r = narrow ? (int)((uint32_t)k / (uint32_t)chunks) : (int)(k / chunks);
+        const int c = (int)(k - (long long)r * chunks);
         uint32_t sums[8];
         const HcChunk g = hc_trellis_geom(a, c);
         hc_trellis_sums<0>(a, g, (long long)r * a.row_bytes, sums);
