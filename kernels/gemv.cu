@@ -755,9 +755,9 @@ __device__ __forceinline__ W hc_e8_word_of(const uint32_t* g, int k) {
     return (W)(v & ((1ull << BITS) - 1));
 }
 
-// A block computes HC_R(MT) rows, its threads splitting the columns in groups of 4 words (the
-// host sends rows of another word count to ..._any); a group's activations are loaded once
-// for all those rows.
+// A block computes R rows (see hc_e8_gemv_b{B}_m{M} below), its threads splitting the columns
+// in groups of 4 words (the host sends rows of another word count to ..._any); a group's
+// activations are loaded once for all those rows.
 template <int B, int MT, int R = HC_R(MT)>
 __device__ __forceinline__ void hc_e8_rows(const E8Args& a) {
     typedef typename std::conditional<(B <= 4), uint32_t, unsigned long long>::type W;
@@ -882,8 +882,7 @@ HC_E8_M(7)
 HC_E8_M(8)
 
 // The scaled lattice points in the rotated domain (rows × 8·words, `odtype`): y = x'·outᵀ.
-// One thread per word.
-// The dense rotated-domain weight, 8 values (one word, one 16- or 32-byte store) per piece,
+// 8 values (one word, one 16- or 32-byte store) per piece,
 // HC_DEC_U pieces per thread as the affine decoders: a word of 2, 4 or 8 bytes in one load,
 // others byte by byte; the row by a 32-bit division where the index fits.
 template <int U>

@@ -42,11 +42,12 @@ def test_device_forms_name_the_stored_codes():
 def test_cuda_forward_matches_the_cpu_runtime(spec, dtype, scale):
     # scale 1e-9: the scales are stored as bf16 (f16 would round them to zero).
     rng = np.random.default_rng(1)
-    w = rng.standard_normal((96, 512)).astype(np.float32) * np.float32(scale)
-    b = rng.standard_normal(96).astype(np.float32) * np.float32(scale)
+    # 100 rows: the decoders' last block is partial (rows x pieces not a multiple of theirs).
+    w = rng.standard_normal((100, 512)).astype(np.float32) * np.float32(scale)
+    b = rng.standard_normal(100).astype(np.float32) * np.float32(scale)
     op = hypercodec.Linear.quantize(w, spec, b)
     d = hcuda.DeviceLinear(op, torch.device("cuda"))
-    for m in (1, 3, 12, 20):
+    for m in (1, 2, 3, 4, 12, 20):  # every fused pass (E8: 1, 2 and 4 rows), then decode
         x = torch.from_numpy(rng.standard_normal((m, 512)).astype(np.float32)).to(dtype)
         want = op.forward(x.float().numpy())
         got = d.forward(x.cuda()).float().cpu().numpy()
@@ -118,12 +119,18 @@ def test_a_deep_copy_on_cuda_owns_its_device_codes(spec):
     h = hnn.HyperLinear.from_linear(torch.nn.Linear(256, 96), spec)
     x = torch.randn(3, 256, device="cuda", dtype=torch.bfloat16)
     ref = h(x)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    own = h._device_forms[dev][1]
     twin = copy.deepcopy(h)
-    del h
-    torch.cuda.empty_cache()
-    junk = torch.full((1 << 22,), 7, dtype=torch.uint8, device="cuda")  # reuse freed memory
+    assert not twin.__dict__.get("_device_forms") and twin.op is h.op
     assert torch.equal(twin(x), ref)
-    del junk
+    buffers = lambda d: {t.data_ptr() for t in vars(d).values() if isinstance(t, torch.Tensor)}
+    theirs = twin._device_forms[dev][1]
+    assert theirs is not own and not buffers(theirs) & buffers(own)
+    # A device form copied on its own gets buffers (and launch pointers) of its own too.
+    other = copy.deepcopy(own)
+    assert not buffers(other) & buffers(own)
+    assert torch.equal(other.forward(x), ref)
 
 
 @needs_cuda

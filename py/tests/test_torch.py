@@ -266,6 +266,9 @@ def test_input_statistics_share_a_shared_input_and_not_a_changed_one():
     torch.manual_seed(15)
     batches = [torch.randn(40, 16) * 3 + 1, torch.randn(24, 16)]
     hs = hnn.collect_hessians(Split(), batches)
+    with torch.inference_mode():  # inference tensors keep no version counter
+        hi = hnn.collect_hessians(Split(), [b.clone() for b in batches])
+    assert all(np.allclose(hi[k], hs[k], rtol=1e-6, atol=1e-6) for k in hs)
     x = torch.cat(batches).double()
     want = (x.T @ x / len(x)).numpy()
     tol = 1e-5 * np.abs(want).max()
@@ -475,6 +478,16 @@ def test_compressed_models_deep_copy_and_pickle_whole(tmp_path, tied):
     back = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
     assert torch.equal(back(ids), ref) and torch.equal(back.conv(img), ref_conv)
     assert back.state_dict().keys() == model.state_dict().keys()
+    # Saved again as loaded (a checkpoint's round trip), and copied after loading.
+    again = pickle.loads(pickle.dumps(back))
+    assert torch.equal(again(ids), ref) and torch.equal(copy.deepcopy(again)(ids), ref)
+    # A shallow copy shares the operator; a compiled layer's copy runs its own operator.
+    assert copy.copy(model.mid).op is model.mid.op
+    mid = copy.deepcopy(model.mid)
+    mid.compile()
+    assert "_compiled_call_impl" in mid.__dict__
+    assert "_compiled_call_impl" not in copy.deepcopy(mid).__dict__
+    assert "_compiled_call_impl" not in pickle.loads(pickle.dumps(mid)).__dict__
     # So does a model whose layers were loaded from a state dict (no bytes kept natively).
     torch.save(model.state_dict(), tmp_path / "lm.pt")
     with torch.device("meta"):

@@ -5,7 +5,8 @@
 use crate::{AffineGemv, E8Gemv};
 
 /// Kernel names: the fixed ones, then the affine GEMVs by (bits, batch tile), then the E8
-/// GEMVs by (bits, batch tile); indices from [`affine_gemv`] and [`e8_gemv`].
+/// GEMVs by (bits, pass of 1, 2 or 4 rows), the trellis GEMVs and the tensor-core kernels;
+/// indices from [`affine_gemv`], [`e8_gemv`], [`trellis_gemv`] and [`affine_mma`].
 pub(crate) fn function_names() -> Vec<String> {
     let mut v: Vec<String> = [
         "hc_rht",

@@ -838,7 +838,7 @@ mod tests {
     }
 
     #[test]
-    fn clipped_fits_never_raise_the_error_and_clip_an_outlier() {
+    fn clipped_fits_never_raise_the_error_and_clip_gaussian_tails() {
         let sse = |g: &[f32], q: &GroupQuant| -> f64 {
             g.iter()
                 .map(|&x| ((x - q.value(q.code(x))) as f64).powi(2))

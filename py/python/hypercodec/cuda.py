@@ -139,8 +139,9 @@ class DeviceLinear:
             }
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Copies and pickles rebuild from the operator: the launch arguments are raw device
-        # pointers into this object's tensors, which a member-wise copy would share.
+        # Copies rebuild from the operator (shared: it is immutable): the launch arguments are
+        # raw device pointers into this object's tensors, which a member-wise copy would share.
+        # (Pickling needs a picklable operator: compressed layers pickle their bytes instead.)
         return (DeviceLinear, (self._op, self.device))
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:

@@ -143,16 +143,23 @@ class _StoredForm:
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         for k, v in self.__dict__.items():
-            if k == "_device_forms":
-                continue
+            if k in ("_device_forms", "_compiled_call_impl"):
+                continue  # (a compiled call would run the original layer)
             new.__dict__[k] = v if k == "op" else copy.deepcopy(v, memo)
+        return new
+
+    def __copy__(self) -> Any:
+        """A shallow copy shares the operator (and, as ``nn.Module``'s does, the parameter and
+        submodule tables); device forms are rebuilt at its first call."""
+        new = type(self).__new__(type(self))
+        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_device_forms", "_compiled_call_impl")})
         return new
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickling (``torch.save(model)``): the stored form as bytes in place of the operator
         (rebuilt on load); device forms are dropped. A tied layer pickles its owner's bytes
         too, and comes back with an operator of its own (``state_dict`` stores them once)."""
-        state = self.__dict__.copy()
+        state = nn.Module.__getstate__(self)
         state.pop("_device_forms", None)
         state["_hwz_source"] = None
         if state.get("op") is not None:
@@ -177,6 +184,8 @@ class _StoredForm:
         data = tied_bytes if tied_bytes is not None else self._hwz
         if self.op is None and data is not None and data.numel():
             self.op = _native.Linear.from_hwz(data.numpy())
+        if tied_bytes is not None:  # what pickling it again carries
+            self._hwz_source = lambda b=tied_bytes: b.numpy()
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == HWZ_KEY:
@@ -747,7 +756,9 @@ def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.n
     ``in × in``), over the calibration ``batches`` (each passed as ``model(**b)`` when a mapping,
     else ``model(b)``), by forward hooks: each batch's product in float32, accumulated in
     float64. Consecutive layers fed the same tensor (q/k/v, gate/up) share its product
-    (computed once) and each get their own copy."""
+    (computed once) and each get their own copy; the tensor counts as the same while its
+    version counter is (an in-place write that bypasses it, through ``.data`` or a raw
+    pointer, between two such layers would go unseen)."""
     import torch
 
     sums: dict[str, torch.Tensor] = {}
@@ -761,12 +772,14 @@ def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.n
         def f(_module, inputs):
             t = inputs[0]
             x = t.detach().reshape(-1, t.shape[-1])
-            if last[0] is t and last[1] == t._version:
+            # (Inference tensors keep no version: their products are not shared.)
+            version = None if t.is_inference() else t._version
+            if version is not None and last[0] is t and last[1] == version:
                 prod = last[2]
             else:
                 x32 = x.to(torch.float32)
                 prod = (x32.T @ x32).to(torch.float64)
-                last[:] = [t, t._version, prod]
+                last[:] = [t, version, prod]
             if name not in sums:
                 sums[name] = torch.zeros_like(prod)
                 counts[name] = 0
@@ -786,7 +799,7 @@ def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.n
         last[:] = [None, -1, None]
         for h in hooks:
             h.remove()
-    return {n: (sums[n] / max(counts[n], 1)).to(torch.float32).numpy() for n in sums}
+    return {n: (sums[n] / max(counts[n], 1)).to(torch.float32).cpu().numpy() for n in sums}
 
 
 def collect_fisher(
