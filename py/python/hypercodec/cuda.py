@@ -138,6 +138,23 @@ class DeviceLinear:
                 "bits": form["bits"],
             }
 
+    def input_grad(self, gy: torch.Tensor) -> torch.Tensor | None:
+        """``∂y·Ŵ`` for a backward pass, with ``Ŵ`` decoded on the device for this product (the
+        affine decoder; a dense form's kept weight), in ``gy``'s dtype; None for the forms
+        whose decoder gives the rotated domain (E8, trellis): the caller decodes on the host."""
+        dt = gy.dtype if gy.dtype in _DTYPES else torch.float32
+        g = gy.reshape(-1, self.rows).to(device=self.device, dtype=dt)
+        if self.kind == "dense":
+            w = self.dense_weight(dt)
+        elif self.kind == "affine":
+            code = _DTYPES[dt]
+            w = torch.empty(self.rows, self.cols, dtype=dt, device=self.device)
+            args = dict(self.args, x=_ptr(w), x_dtype=code, batch=1, y=_ptr(w), y_dtype=code)
+            self.kernels.affine_decode(args, _ptr(w), code, torch.cuda.current_stream(self.device).cuda_stream)
+        else:
+            return None
+        return (g @ w).reshape(*gy.shape[:-1], self.cols)
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Copies rebuild from the operator (shared: it is immutable): the launch arguments are
         # raw device pointers into this object's tensors, which a member-wise copy would share.

@@ -254,8 +254,9 @@ def _on_device(layer: Any, device: torch.device) -> Any:
 class HyperLinear(_StoredForm, nn.Module):
     """``y = x·Wᵀ + b`` with ``W`` kept compressed (a :class:`hypercodec.Linear`); float32
     computation, outputs in the input's dtype. Differentiable in ``x``: a backward pass decodes
-    ``W`` for its one product and drops it, so adapters, prompts or norms train around frozen
-    compressed layers (the stored form itself takes no gradient).
+    ``W`` for its one product and drops it (on the device for affine codes; on the host for the
+    other forms), so adapters, prompts or norms train around frozen compressed layers (the
+    stored form itself takes no gradient).
 
     With ``trainable=True`` (see :meth:`from_linear`) the layer also keeps the float master
     weight and bias as parameters: in training mode the forward pass uses the quantized weight
@@ -356,7 +357,14 @@ class HyperLinear(_StoredForm, nn.Module):
             # Left training: the compressed form reflects the latest master weight.
             self.refresh()
             self._steps = 0
-        return _through_stored(x, self._stored_forward, lambda gy: gy.float() @ _decoded(self, gy.device))
+        return _through_stored(x, self._stored_forward, self._input_grad)
+
+    def _input_grad(self, gy: torch.Tensor) -> torch.Tensor:
+        if gy.is_cuda:
+            g = _on_device(self, gy.device).input_grad(gy)
+            if g is not None:
+                return g
+        return gy.float() @ _decoded(self, gy.device)
 
     def _stored_forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
