@@ -67,6 +67,41 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+_SIGNS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def _rht_signs(seed: int, n: int, device: torch.device) -> torch.Tensor:
+    """The RHT's ±1 of positions 0..n for ``seed`` (the format's splitmix64 rule, as
+    ``hc_rht_neg``), float32 on ``device``; kept per (seed, n, device)."""
+    key = (seed, n, device)
+    hit = _SIGNS.get(key)
+    if hit is None:
+        with np.errstate(over="ignore"):
+            j = np.arange(n, dtype=np.uint64)
+            z = np.uint64(seed) + (j // np.uint64(64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            z = z ^ (z >> np.uint64(31))
+        neg = (z >> (j % np.uint64(64))) & np.uint64(1)
+        hit = _SIGNS[key] = torch.from_numpy(1.0 - 2.0 * neg.astype(np.float32)).to(device)
+    return hit
+
+
+def _rht_transpose(v: torch.Tensor, tile: int, seed: int) -> torch.Tensor:
+    """``RHTᵀ`` of the rows of ``v`` (``m × cols``, cols a multiple of ``tile``): each tile's
+    normalized Walsh–Hadamard transform (its own transpose), then the signs."""
+    m, cols = v.shape
+    u = v.reshape(m, cols // tile, tile)
+    h = 1
+    while h < tile:
+        u = u.reshape(m, cols // tile, tile // (2 * h), 2, h)
+        a, b = u[..., 0, :], u[..., 1, :]
+        u = torch.stack((a + b, a - b), dim=-2)
+        h *= 2
+    u = u.reshape(m, cols) * (tile ** -0.5)
+    return u * _rht_signs(seed, cols, v.device)
+
+
 class DeviceLinear:
     """One :class:`hypercodec.Linear` on one CUDA device (see the module docs)."""
 
@@ -138,22 +173,33 @@ class DeviceLinear:
                 "bits": form["bits"],
             }
 
-    def input_grad(self, gy: torch.Tensor) -> torch.Tensor | None:
-        """``∂y·Ŵ`` for a backward pass, with ``Ŵ`` decoded on the device for this product (the
-        affine decoder; a dense form's kept weight), in ``gy``'s dtype; None for the forms
-        whose decoder gives the rotated domain (E8, trellis): the caller decodes on the host."""
+    def input_grad(self, gy: torch.Tensor) -> torch.Tensor:
+        """``∂y·Ŵ`` for a backward pass, with ``Ŵ`` decoded on the device for this product and
+        dropped, in ``gy``'s dtype (f32 for other dtypes). E8 and trellis decode to the rotated
+        domain: the product goes back through the transposed RHT (signs, then the normalized
+        Walsh–Hadamard transform of each tile)."""
         dt = gy.dtype if gy.dtype in _DTYPES else torch.float32
+        code = _DTYPES[dt]
         g = gy.reshape(-1, self.rows).to(device=self.device, dtype=dt)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
         if self.kind == "dense":
-            w = self.dense_weight(dt)
-        elif self.kind == "affine":
-            code = _DTYPES[dt]
+            return (g @ self.dense_weight(dt)).reshape(*gy.shape[:-1], self.cols)
+        if self.kind == "affine":
             w = torch.empty(self.rows, self.cols, dtype=dt, device=self.device)
             args = dict(self.args, x=_ptr(w), x_dtype=code, batch=1, y=_ptr(w), y_dtype=code)
-            self.kernels.affine_decode(args, _ptr(w), code, torch.cuda.current_stream(self.device).cuda_stream)
+            self.kernels.affine_decode(args, _ptr(w), code, stream)
+            return (g @ w).reshape(*gy.shape[:-1], self.cols)
+        width = 8 * self.words if self.kind == "e8" else self.cols
+        w = torch.empty(self.rows, width, dtype=dt, device=self.device)
+        if self.kind == "e8":
+            args = dict(self.args, xr=_ptr(w), half=_ptr(w), batch=1, y=_ptr(w), y_dtype=code)
+            self.kernels.e8_decode(args, _ptr(w), code, stream)
         else:
-            return None
-        return (g @ w).reshape(*gy.shape[:-1], self.cols)
+            args = dict(self.args, xr=_ptr(w), batch=1, y=_ptr(w), y_dtype=code)
+            self.kernels.trellis_decode(args, _ptr(w), code, stream)
+        v = (g @ w)[:, : self.cols].float()
+        gx = _rht_transpose(v, self.tile, self.seed) if self.tile else v
+        return gx.to(dt).reshape(*gy.shape[:-1], self.cols)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Copies rebuild from the operator (shared: it is immutable): the launch arguments are

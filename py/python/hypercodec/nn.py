@@ -254,8 +254,7 @@ def _on_device(layer: Any, device: torch.device) -> Any:
 class HyperLinear(_StoredForm, nn.Module):
     """``y = x·Wᵀ + b`` with ``W`` kept compressed (a :class:`hypercodec.Linear`); float32
     computation, outputs in the input's dtype. Differentiable in ``x``: a backward pass decodes
-    ``W`` for its one product and drops it (on the device for affine codes; on the host for the
-    other forms), so adapters, prompts or norms train around frozen compressed layers (the
+    ``W`` for its one product and drops it (on the GPU for CUDA tensors), so adapters, prompts or norms train around frozen compressed layers (the
     stored form itself takes no gradient).
 
     With ``trainable=True`` (see :meth:`from_linear`) the layer also keeps the float master
@@ -361,9 +360,7 @@ class HyperLinear(_StoredForm, nn.Module):
 
     def _input_grad(self, gy: torch.Tensor) -> torch.Tensor:
         if gy.is_cuda:
-            g = _on_device(self, gy.device).input_grad(gy)
-            if g is not None:
-                return g
+            return _on_device(self, gy.device).input_grad(gy)
         return gy.float() @ _decoded(self, gy.device)
 
     def _stored_forward(self, x: torch.Tensor) -> torch.Tensor:
