@@ -1,7 +1,12 @@
 """Input-gradient cost of compressed layers on CUDA: forward + backward with the weight decoded
 on the device (what `HyperLinear` does) against the host decode alone (what it did before), and
 their relative difference. Run on a CUDA machine: `python py/benches/cuda_backward.py`."""
-import time, torch, hypercodec.nn as hnn
+import time
+
+import torch
+
+import hypercodec.nn as hnn
+
 torch.manual_seed(0)
 print("| spec | 4096x4096 backward, batch 16, bf16 | forward + backward, device decode, ms | host decode ms |")
 for spec in ["int4", "e8-fixed4", "tcq@2-l12"]:
