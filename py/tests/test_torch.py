@@ -496,6 +496,15 @@ def test_compressed_models_deep_copy_and_pickle_whole(tmp_path, tied):
     hnn.load_state_dict(fresh, torch.load(tmp_path / "lm.pt", weights_only=True))
     again = pickle.loads(pickle.dumps(fresh))
     assert torch.equal(again(ids), ref) and torch.equal(copy.deepcopy(fresh)(ids), ref)
+    # A layer converted to fixed-rate symbols at load (`hf.from_hwz(fixed_bits=…)` records it)
+    # is converted again when unpickled.
+    ent = hnn.HyperLinear.from_linear(torch.nn.Linear(256, 64), "e8@4")
+    fixed = hnn.HyperLinear(hypercodec.Linear.from_hwz(ent.op.to_hwz(), fixed_bits=5), source=ent.op.to_hwz)
+    fixed._fixed_bits = 5
+    back = pickle.loads(pickle.dumps(fixed))
+    assert back.op.path == fixed.op.path == "e8-fixed5"
+    x = torch.randn(3, 256)
+    assert torch.equal(back(x), fixed(x))
 
 
 def test_an_embedding_tied_to_a_skipped_head_stays_float():

@@ -132,6 +132,10 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
             bias = archive.read(f"{name}.bias") if f"{name}.bias" in names else None
             op = archive.linear(f"{name}.weight", bias, fixed_bits)
             _set(model, name, HyperLinear(op, source=_archive_source(archive, name, bias is not None)))
+    if fixed_bits is not None:  # what a pickle of the model rebuilds its operators with
+        for m in model.modules():
+            if isinstance(m, (HyperLinear, HyperEmbedding)):
+                m._fixed_bits = fixed_bits
     rest = {k: torch.from_numpy(archive.read(k)) for k in _state_keys(model) if k in names}
     model.load_state_dict(rest, strict=False, assign=True)
     params = dict(model.named_parameters())

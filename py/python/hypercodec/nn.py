@@ -183,7 +183,8 @@ class _StoredForm:
         nn.Module.__setstate__(self, state)
         data = tied_bytes if tied_bytes is not None else self._hwz
         if self.op is None and data is not None and data.numel():
-            self.op = _native.Linear.from_hwz(data.numpy())
+            # (a layer read with `fixed_bits` converts again: `hf.from_hwz` records it)
+            self.op = _native.Linear.from_hwz(data.numpy(), self.__dict__.get("_fixed_bits"))
         if tied_bytes is not None:  # what pickling it again carries
             self._hwz_source = lambda b=tied_bytes: b.numpy()
 
