@@ -1286,6 +1286,18 @@ fn lattice_named(name: &str) -> PyResult<hypercodec_hwz::Lattice> {
     hypercodec_hwz::Lattice::from_name(name).map_err(|e| InvalidInputError::new_err(e.to_string()))
 }
 
+/// The randomized Hadamard transform's signs of positions `0..n` under `seed`, as ±1.0
+/// (float32; `hypercodec_lattice::rht::Signs`, the format's rule): what a transposed RHT on
+/// another device applies after its Walsh–Hadamard stages.
+#[pyfunction]
+fn rht_signs<'py>(py: Python<'py>, seed: u64, n: usize) -> Bound<'py, PyArray1<f32>> {
+    let signs = hypercodec_lattice::rht::Signs::new(seed, n);
+    let v: Vec<f32> = (0..n)
+        .map(|j| if signs.neg(j) { -1.0 } else { 1.0 })
+        .collect();
+    PyArray1::from_vec(py, v)
+}
+
 /// The lattice scale α whose rate on Gaussian data is `bps` bits per value (the shipped
 /// calibration table; no calibration runs at import).
 #[pyfunction]
@@ -1325,6 +1337,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;
     m.add_function(wrap_pyfunction!(lattice_alpha, m)?)?;
+    m.add_function(wrap_pyfunction!(rht_signs, m)?)?;
     m.add_function(wrap_pyfunction!(lattice_predict, m)?)?;
     m.add_class::<Archive>()?;
     m.add_class::<Linear>()?;

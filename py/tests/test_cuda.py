@@ -106,6 +106,13 @@ def test_cuda_gradients_reach_the_inputs_of_compressed_layers(spec):
         assert x.grad.dtype == dtype
         ref = gy.float() @ w
         assert torch.allclose(x.grad.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+    # A 1x1 convolution on the matrix form takes the same device path.
+    conv = hnn.HyperConv2d.from_conv(torch.nn.Conv2d(256, 96, 1), spec)
+    img = torch.randn(2, 256, 3, 3, device="cuda", requires_grad=True)
+    gimg = torch.randn(2, 96, 3, 3, device="cuda")
+    conv(img).backward(gimg)
+    ref = torch.einsum("nohw,oc->nchw", gimg, torch.from_numpy(np.asarray(conv.op.weight())).reshape(96, 256).cuda())
+    assert torch.allclose(img.grad, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
 
 
 @needs_cuda

@@ -71,19 +71,12 @@ _SIGNS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
 
 def _rht_signs(seed: int, n: int, device: torch.device) -> torch.Tensor:
-    """The RHT's ±1 of positions 0..n for ``seed`` (the format's splitmix64 rule, as
-    ``hc_rht_neg``), float32 on ``device``; kept per (seed, n, device)."""
+    """The RHT's ±1 of positions 0..n for ``seed`` (:func:`hypercodec._native.rht_signs`, the
+    format's rule), float32 on ``device``; kept per (seed, n, device)."""
     key = (seed, n, device)
     hit = _SIGNS.get(key)
     if hit is None:
-        with np.errstate(over="ignore"):
-            j = np.arange(n, dtype=np.uint64)
-            z = np.uint64(seed) + (j // np.uint64(64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
-            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            z = z ^ (z >> np.uint64(31))
-        neg = (z >> (j % np.uint64(64))) & np.uint64(1)
-        hit = _SIGNS[key] = torch.from_numpy(1.0 - 2.0 * neg.astype(np.float32)).to(device)
+        hit = _SIGNS[key] = torch.from_numpy(_native.rht_signs(seed, n)).to(device)
     return hit
 
 

@@ -135,6 +135,13 @@ class _StoredForm:
     def _check_loaded(self, op: "_native.Linear") -> None:
         pass
 
+    def _input_grad(self, gy: torch.Tensor) -> torch.Tensor:
+        """``∂y·Ŵ`` for ``gy`` of shape ``(..., rows)``: the weight decoded for this product and
+        dropped, on the device for CUDA tensors (:meth:`hypercodec.cuda.DeviceLinear.input_grad`)."""
+        if gy.is_cuda:
+            return _on_device(self, gy.device).input_grad(gy)
+        return gy.float() @ _decoded(self, gy.device)
+
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         """A deep copy shares the immutable operator (so ties stay ties) and copies the rest;
         device forms are rebuilt at the copy's first call (theirs hold raw device pointers)."""
@@ -359,11 +366,6 @@ class HyperLinear(_StoredForm, nn.Module):
             self._steps = 0
         return _through_stored(x, self._stored_forward, self._input_grad)
 
-    def _input_grad(self, gy: torch.Tensor) -> torch.Tensor:
-        if gy.is_cuda:
-            return _on_device(self, gy.device).input_grad(gy)
-        return gy.float() @ _decoded(self, gy.device)
-
     def _stored_forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
             return _on_device(self, x.device).forward(x)
@@ -372,7 +374,7 @@ class HyperLinear(_StoredForm, nn.Module):
 
     def weight_dense(self) -> torch.Tensor:
         """The decoded weight (for checks; the layer itself never holds it)."""
-        return torch.from_numpy(np.asarray(self.op.weight()))
+        return _decoded(self, torch.device("cpu"))
 
     def extra_repr(self) -> str:
         if self.op is None:
@@ -441,7 +443,7 @@ class HyperConv2d(_StoredForm, nn.Module):
             return _through_stored(
                 x,
                 self._pointwise_forward,
-                lambda gy: torch.einsum("nohw,oc->nchw", gy.float(), _decoded(self, gy.device)),
+                lambda gy: self._input_grad(gy.permute(0, 2, 3, 1)).permute(0, 3, 1, 2),
             )
         if x.is_cuda:
             # The decode fallback, with the weight decoded once and kept on the device (its
