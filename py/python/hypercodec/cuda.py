@@ -166,22 +166,14 @@ class DeviceLinear:
                 "bits": form["bits"],
             }
 
-    def input_grad(self, gy: torch.Tensor) -> torch.Tensor:
-        """``∂y·Ŵ`` for a backward pass, with ``Ŵ`` decoded on the device for this product and
-        dropped, in ``gy``'s dtype (f32 for other dtypes). E8 and trellis decode to the rotated
-        domain: the product goes back through the transposed RHT (signs, then the normalized
-        Walsh–Hadamard transform of each tile)."""
-        dt = gy.dtype if gy.dtype in _DTYPES else torch.float32
+    def _decode(self, dt: torch.dtype, stream: int) -> torch.Tensor:
+        """The weight decoded on the device in ``dt`` for one call (affine: ``rows × cols``; E8
+        and trellis: the rotated domain, ``rows × width``), with the form's decoder."""
         code = _DTYPES[dt]
-        g = gy.reshape(-1, self.rows).to(device=self.device, dtype=dt)
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        if self.kind == "dense":
-            return (g @ self.dense_weight(dt)).reshape(*gy.shape[:-1], self.cols)
         if self.kind == "affine":
             w = torch.empty(self.rows, self.cols, dtype=dt, device=self.device)
-            args = dict(self.args, x=_ptr(w), x_dtype=code, batch=1, y=_ptr(w), y_dtype=code)
-            self.kernels.affine_decode(args, _ptr(w), code, stream)
-            return (g @ w).reshape(*gy.shape[:-1], self.cols)
+            self.kernels.affine_decode(dict(self.args, x=_ptr(w), x_dtype=code, batch=1, y=_ptr(w), y_dtype=code), _ptr(w), code, stream)
+            return w
         width = 8 * self.words if self.kind == "e8" else self.cols
         w = torch.empty(self.rows, width, dtype=dt, device=self.device)
         if self.kind == "e8":
@@ -190,6 +182,20 @@ class DeviceLinear:
         else:
             args = dict(self.args, xr=_ptr(w), batch=1, y=_ptr(w), y_dtype=code)
             self.kernels.trellis_decode(args, _ptr(w), code, stream)
+        return w
+
+    def input_grad(self, gy: torch.Tensor) -> torch.Tensor:
+        """``∂y·Ŵ`` for a backward pass, with ``Ŵ`` decoded on the device for this product and
+        dropped, in ``gy``'s dtype (f32 for other dtypes). E8 and trellis decode to the rotated
+        domain: the product goes back through the transposed RHT (signs, then the normalized
+        Walsh–Hadamard transform of each tile)."""
+        dt = gy.dtype if gy.dtype in _DTYPES else torch.float32
+        g = gy.reshape(-1, self.rows).to(device=self.device, dtype=dt)
+        if self.kind == "dense":
+            return (g @ self.dense_weight(dt)).reshape(*gy.shape[:-1], self.cols)
+        w = self._decode(dt, torch.cuda.current_stream(self.device).cuda_stream)
+        if self.kind == "affine":
+            return (g @ w).reshape(*gy.shape[:-1], self.cols)
         v = (g @ w)[:, : self.cols].float()
         gx = _rht_transpose(v, self.tile, self.seed) if self.tile else v
         return gx.to(dt).reshape(*gy.shape[:-1], self.cols)
@@ -270,10 +276,8 @@ class DeviceLinear:
                 y = torch.empty(m, self.rows, dtype=dt, device=self.device)
                 self.kernels.affine_gemv(dict(args, y=_ptr(y), y_dtype=code), stream)
             else:
-                w = torch.empty(self.rows, self.cols, dtype=dt, device=self.device)
-                self.kernels.affine_decode(dict(args, y=_ptr(w), y_dtype=code), _ptr(w), code, stream)
                 b = None if self.bias is None else self.bias.to(dt)
-                y = torch.nn.functional.linear(x2, w, b)
+                y = torch.nn.functional.linear(x2, self._decode(dt, stream), b)
         else:
             width = 8 * self.words if self.kind == "e8" else self.cols
             xr = torch.empty(m, width, dtype=torch.float32, device=self.device)
@@ -297,9 +301,7 @@ class DeviceLinear:
                     y = torch.empty(m, self.rows, dtype=dt, device=self.device)
                     self.kernels.trellis_gemv(dict(args, y=_ptr(y), y_dtype=code), stream)
                 else:
-                    w = torch.empty(self.rows, self.cols, dtype=dt, device=self.device)
-                    self.kernels.trellis_decode(dict(args, y=_ptr(w), y_dtype=code), _ptr(w), code, stream)
-                    y = torch.nn.functional.linear(xr.to(dt), w, b)
+                    y = torch.nn.functional.linear(xr.to(dt), self._decode(dt, stream), b)
                 return y.reshape(*lead, self.rows).to(x.dtype)
             half = torch.empty(m, self.words, dtype=torch.float32, device=self.device)
             args = dict(self.args, xr=_ptr(xr), half=_ptr(half), batch=m)
@@ -307,8 +309,6 @@ class DeviceLinear:
                 y = torch.empty(m, self.rows, dtype=dt, device=self.device)
                 self.kernels.e8_gemv(dict(args, y=_ptr(y), y_dtype=code), stream)
             else:
-                w = torch.empty(self.rows, width, dtype=dt, device=self.device)
-                self.kernels.e8_decode(dict(args, y=_ptr(w), y_dtype=code), _ptr(w), code, stream)
                 b = None if self.bias is None else self.bias.to(dt)
-                y = torch.nn.functional.linear(xr.to(dt), w, b)
+                y = torch.nn.functional.linear(xr.to(dt), self._decode(dt, stream), b)
         return y.reshape(*lead, self.rows).to(x.dtype) if dt != x.dtype else y.reshape(*lead, self.rows)
