@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed: the evaluat
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 from hypercodec import eval as hev  # noqa: E402
+from hypercodec import nn as hnn  # noqa: E402
 
 
 class Tokens:
@@ -92,8 +93,69 @@ def test_distilled_rows_keep_the_bytes_and_move_towards_the_original(tmp_path):
     # The same compressed weights (same bytes, same weight SNR); only the norms moved.
     assert kd.bps == cal.bps and kd.snr_db == cal.snr_db
     assert kd.quality["kl"] < 0.95 * cal.quality["kl"], (kd.quality, cal.quality)
+    # The original's outputs were replayed from the statistics' passes, not recomputed.
+    assert isinstance(subject.teacher, hnn.CachedTeacher) and subject.teacher.recorded == len(subject.calibration)
     assert "our own methods" in peer.error
     assert hev.plots(rows, str(tmp_path)) == ["tiny-ppl.png"]
+
+
+def test_a_cached_teacher_replays_the_original_logits_and_distills_alike():
+    """The hidden states recorded during the statistics' passes give the original's logits
+    after the model is quantized in place, and distilling against them moves the norms exactly
+    as distilling against the original does."""
+    import copy
+
+    from hypercodec import InvalidInputError
+    from hypercodec import nn as hnn
+
+    model = tiny_llama()
+    g = torch.Generator().manual_seed(5)
+    batches = [torch.randint(3, 96, (1, 48), generator=g) for _ in range(4)]
+    original = copy.deepcopy(model)
+    teacher = hnn.CachedTeacher(model)
+    with pytest.raises(InvalidInputError, match="no batch was recorded"):
+        teacher(batches[0])
+    with teacher.recording():
+        hessians = hnn.collect_hessians(model, batches)
+    assert teacher.exact is True and teacher.recorded == 4
+    with torch.no_grad():
+        want = [original(b).logits for b in batches]
+    # The model changes under the cache (quantized in place, its tied head included).
+    hnn.quantize(model, bps=2, method="lattice", skip=(), hessians=hessians)
+    for b, w in zip(batches, want):
+        assert torch.equal(teacher(b), w)
+    with pytest.raises(InvalidInputError, match="by identity"):
+        teacher(batches[0].clone())
+    # Outside `recording` nothing more is kept.
+    model(torch.randint(3, 96, (1, 8), generator=g))
+    assert teacher.recorded == 4
+    twin = copy.deepcopy(model)
+    a = hnn.distill(model, teacher, batches, lr=1e-2, epochs=2)
+    b = hnn.distill(twin, original, batches, lr=1e-2, epochs=2)
+    assert a == b
+    for p, q in zip(hnn.norm_parameters(model), hnn.norm_parameters(twin)):
+        assert torch.equal(p, q)
+
+    class Scaled(torch.nn.Module):
+        """A model whose logits are not its head's output (a logit scale)."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def get_output_embeddings(self):
+            return self.inner.get_output_embeddings()
+
+        def forward(self, ids):
+            return self.inner(ids).logits * 0.5
+
+    scaled = Scaled(tiny_llama())
+    teacher = hnn.CachedTeacher(scaled)
+    with teacher.recording():
+        hnn.collect_hessians(scaled, batches[:2])
+    assert teacher.exact is False
+    with pytest.raises(InvalidInputError, match="not its head's output"):
+        teacher(batches[0])
 
 
 def test_decoded_layers_measure_what_the_runtime_computes():

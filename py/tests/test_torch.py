@@ -277,6 +277,30 @@ def test_input_statistics_share_a_shared_input_and_not_a_changed_one():
     assert hs["q"] is not hs["k"]
 
 
+def test_input_statistics_of_wide_layers_over_many_batches_and_fisher_passes():
+    """Wide inputs (products from halves), more batches than one float32 partial sum holds,
+    and statistics fed by the Fisher passes' forward halves: all equal the float64 moments."""
+    torch.manual_seed(16)
+    model = torch.nn.Sequential(torch.nn.Linear(1030, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1030))
+    batches = [torch.randn(7, 1030) * (1 + i % 3) + 0.5 for i in range(37)]
+    hs = hnn.collect_hessians(model, batches)
+    x = torch.cat(batches).double()
+    want = (x.T @ x / len(x)).numpy()
+    assert np.allclose(hs["0"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    # The Fisher passes (with gradients) feed the statistics; the rest run without.
+    loss = hnn.output_projection_loss(lambda m, b: m(b), seed=2)
+    with hnn.InputStatistics(model) as stats:
+        fisher = hnn.collect_fisher(model, batches[:5], loss)
+        stats.run(batches[5:])
+    merged = stats.result()
+    assert set(fisher) == {"0.weight", "2.weight"}
+    for k in hs:
+        assert np.allclose(merged[k], hs[k], rtol=1e-6, atol=1e-6 * np.abs(hs[k]).max()), k
+    # Outside the context nothing is added.
+    model(batches[0])
+    assert all(np.array_equal(stats.result()[k], merged[k]) for k in merged)
+
+
 def test_calibrated_compression_lowers_the_output_error_at_the_same_bytes(tmp_path):
     # Correlated inputs (a random walk across features): error feedback from their statistics
     # beats plain rounding on the layer's output, through the Python layer and the CLI alike.

