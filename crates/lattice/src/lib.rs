@@ -367,9 +367,10 @@ fn quantize_rows_impl(
             });
         }
     }
-    let mut buf = vec![0f32; spr];
-    let mut target = Vec::new();
-    for (r, row) in values.chunks_exact(cols.max(1)).take(rows).enumerate() {
+    let d = l.dim();
+    // A row rotated, its scale found, scaled to the lattice (and dithered) in `buf` (`spr`
+    // values, zero past `cols`); returns the scale.
+    let prepare = |r: usize, row: &[f32], buf: &mut [f32]| -> f32 {
         buf[..cols].copy_from_slice(row);
         buf[cols..].iter_mut().for_each(|v| *v = 0.0);
         rht.forward(&mut buf[..cols]);
@@ -379,8 +380,6 @@ fn quantize_rows_impl(
             .sum::<f64>()
             / cols.max(1) as f64;
         let sigma = round_scale(ms.sqrt() as f32);
-        scales[r] = sigma;
-        let out = &mut symbols[r * spr..(r + 1) * spr];
         if sigma > 0.0 && sigma.is_finite() {
             let k = params.alpha / sigma;
             buf.iter_mut().for_each(|v| *v *= k);
@@ -388,53 +387,75 @@ fn quantize_rows_impl(
             buf.iter_mut().for_each(|v| *v = 0.0);
         }
         if params.dither {
-            let mut d = vec![0f32; l.dim()];
-            for (k, w) in buf.chunks_exact_mut(l.dim()).enumerate() {
-                dither_word(l, params.seed, first_row + r, k, &mut d);
-                w.iter_mut().zip(&d).for_each(|(v, e)| *v += e);
+            let mut dv = vec![0f32; d];
+            for (k, w) in buf.chunks_exact_mut(d).enumerate() {
+                dither_word(l, params.seed, first_row + r, k, &mut dv);
+                w.iter_mut().zip(&dv).for_each(|(v, e)| *v += e);
             }
         }
-        let d = l.dim();
-        let encode = |w: &[f32], s: &mut [u32]| match params.fixed_bits {
-            None => l.encode_word(w, s),
-            Some(b) => l.encode_word_fixed(w, b, s),
-        };
-        match ldlq {
-            None => {
-                for (w, s) in buf.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-                    encode(w, s);
-                }
+        sigma
+    };
+    let encode = |w: &[f32], s: &mut [u32]| match params.fixed_bits {
+        None => l.encode_word(w, s),
+        Some(b) => l.encode_word_fixed(w, b, s),
+    };
+    let Some(f) = ldlq else {
+        let mut buf = vec![0f32; spr];
+        for (r, row) in values.chunks_exact(cols.max(1)).take(rows).enumerate() {
+            scales[r] = prepare(r, row, &mut buf);
+            let out = &mut symbols[r * spr..(r + 1) * spr];
+            for (w, s) in buf.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+                encode(w, s);
             }
-            Some(f) => {
-                // Word by word: round, write the point back, feed its error forward.
-                let (mut word, mut point) = ([0f32; 8], [0f32; 8]);
-                target.clear();
-                target.extend_from_slice(&buf[..cols]);
-                f.row(&mut buf[..cols], d, |j0, upcoming| {
-                    let a = d.min(upcoming.len());
-                    word[..a].copy_from_slice(&upcoming[..a]);
-                    word[a..d].iter_mut().for_each(|v| *v = 0.0);
-                    let s = &mut out[j0..j0 + d];
-                    encode(&word[..d], s);
-                    match params.fixed_bits {
-                        None => l.decode_word(s, &mut point[..d]),
-                        Some(b) => l.decode_word_fixed(s, b, &mut point[..d]),
-                    }
-                    upcoming[..a].copy_from_slice(&point[..a]);
-                });
-                // The stored scale that gives the chosen points the least output error under
-                // the statistics (not the row's RMS; `round_scale` may pin it to a step).
-                if let Some(fit) = f.fit(&target, &buf[..cols]) {
-                    let refit = round_scale((sigma as f64 * fit) as f32);
-                    if fit > 0.0 && refit.is_finite() && refit > 0.0 {
-                        scales[r] = refit;
-                    }
+        }
+        return Ok(());
+    };
+    // With feedback, rows go through in blocks that share each sweep of the factor
+    // (`Ldlq::rows_ranges`), word by word: round, write the point back, feed its error forward.
+    let mut buf = vec![0f32; spr];
+    let mut block = Vec::with_capacity(LDLQ_BLOCK * cols);
+    let mut target = Vec::with_capacity(LDLQ_BLOCK * cols);
+    for r0 in (0..rows).step_by(LDLQ_BLOCK) {
+        let k = LDLQ_BLOCK.min(rows - r0);
+        block.clear();
+        for r in r0..r0 + k {
+            scales[r] = prepare(r, &values[r * cols..(r + 1) * cols], &mut buf);
+            block.extend_from_slice(&buf[..cols]);
+        }
+        target.clear();
+        target.extend_from_slice(&block);
+        let out = &mut symbols[r0 * spr..(r0 + k) * spr];
+        let (mut word, mut point) = ([0f32; 8], [0f32; 8]);
+        let atoms = (0..cols).step_by(d).map(|j0| j0..(j0 + d).min(cols));
+        f.rows_ranges(&mut block, k, atoms, |i, j0, upcoming| {
+            let a = d.min(upcoming.len());
+            word[..a].copy_from_slice(&upcoming[..a]);
+            word[a..d].iter_mut().for_each(|v| *v = 0.0);
+            let s = &mut out[i * spr + j0..i * spr + j0 + d];
+            encode(&word[..d], s);
+            match params.fixed_bits {
+                None => l.decode_word(s, &mut point[..d]),
+                Some(b) => l.decode_word_fixed(s, b, &mut point[..d]),
+            }
+            upcoming[..a].copy_from_slice(&point[..a]);
+        });
+        // The stored scale that gives the chosen points the least output error under the
+        // statistics (not the row's RMS; `round_scale` may pin it to a step).
+        for (i, fit) in f.fit_rows(&target, &block, k).into_iter().enumerate() {
+            let sigma = scales[r0 + i];
+            if let Some(fit) = fit {
+                let refit = round_scale((sigma as f64 * fit) as f32);
+                if fit > 0.0 && refit.is_finite() && refit > 0.0 {
+                    scales[r0 + i] = refit;
                 }
             }
         }
     }
     Ok(())
 }
+
+/// Rows rounded together with error feedback: each sweep of the factor serves this many.
+const LDLQ_BLOCK: usize = 16;
 
 /// Reconstructs a `rows × cols` tensor from symbols and row scales.
 pub fn dequantize_rows(

@@ -93,8 +93,23 @@ impl Ldlq {
         ranges: impl IntoIterator<Item = std::ops::Range<usize>>,
         mut quant: impl FnMut(usize, &mut [f32]),
     ) {
+        self.rows_ranges(w, 1, ranges, |_, j0, upcoming| quant(j0, upcoming));
+    }
+
+    /// [`Ldlq::row_ranges`] for `k` rows at once, held back to back in `w` (`k·n` values):
+    /// `quant(i, j0, upcoming)` rounds row `i`'s atom. Each row gets exactly the arithmetic of
+    /// [`Ldlq::row_ranges`] (the same results, bit for bit), but every atom's rows of `U` are
+    /// read once for the `k` rows instead of once per row: a wide layer's factor is several MB,
+    /// so one sweep of it per row made rounding memory-bound.
+    pub fn rows_ranges(
+        &self,
+        w: &mut [f32],
+        k: usize,
+        ranges: impl IntoIterator<Item = std::ops::Range<usize>>,
+        mut quant: impl FnMut(usize, usize, &mut [f32]),
+    ) {
         let n = self.n;
-        debug_assert_eq!(w.len(), n);
+        debug_assert_eq!(w.len(), n * k);
         let mut before = Vec::new();
         let mut e = Vec::new();
         let u = &self.u;
@@ -104,26 +119,31 @@ impl Ldlq {
                 continue;
             }
             before.resize(a, 0f32);
-            e.resize(a, 0f32);
-            before[..a].copy_from_slice(&w[j0..j0 + a]);
-            quant(j0, &mut w[j0..]);
-            // e·U_aa = Δ, by forward substitution.
-            for t in 0..a {
-                let mut d = before[t] - w[j0 + t];
-                for s in 0..t {
-                    d -= e[s] * u[(j0 + s) * n + j0 + t];
+            e.resize(k * a, 0f32);
+            for (i, wi) in w.chunks_exact_mut(n).enumerate().take(k) {
+                before[..a].copy_from_slice(&wi[j0..j0 + a]);
+                quant(i, j0, &mut wi[j0..]);
+                // e·U_aa = Δ, by forward substitution.
+                let ei = &mut e[i * a..(i + 1) * a];
+                for t in 0..a {
+                    let mut d = before[t] - wi[j0 + t];
+                    for s in 0..t {
+                        d -= ei[s] * u[(j0 + s) * n + j0 + t];
+                    }
+                    let piv = u[(j0 + t) * n + j0 + t];
+                    ei[t] = if piv != 0.0 { d / piv } else { 0.0 };
                 }
-                let piv = u[(j0 + t) * n + j0 + t];
-                e[t] = if piv != 0.0 { d / piv } else { 0.0 };
             }
-            let rest = &mut w[j0 + a..];
-            for (t, &et) in e.iter().enumerate().take(a) {
-                if et == 0.0 {
-                    continue;
-                }
-                let ur = &u[(j0 + t) * n + j0 + a..(j0 + t + 1) * n];
-                for (x, &c) in rest.iter_mut().zip(ur) {
-                    *x -= et * c;
+            for (wi, ei) in w.chunks_exact_mut(n).zip(e.chunks_exact(a)).take(k) {
+                let rest = &mut wi[j0 + a..];
+                for (t, &et) in ei.iter().enumerate() {
+                    if et == 0.0 {
+                        continue;
+                    }
+                    let ur = &u[(j0 + t) * n + j0 + a..(j0 + t + 1) * n];
+                    for (x, &c) in rest.iter_mut().zip(ur) {
+                        *x -= et * c;
+                    }
                 }
             }
         }
@@ -137,30 +157,43 @@ impl Ldlq {
     /// `H = U⁻¹·U⁻ᵀ`, `aᵀHb = (U⁻ᵀa)·(U⁻ᵀb)`: two triangular solves over `U`'s rows, no copy
     /// of `H`. Rounding with feedback leaves each row's stored scale a little off this optimum.
     pub fn fit(&self, target: &[f32], point: &[f32]) -> Option<f64> {
+        self.fit_rows(target, point, 1)[0]
+    }
+
+    /// [`Ldlq::fit`] for `k` rows held back to back in `target` and `point` (`k·n` values
+    /// each), with each row's arithmetic unchanged and `U` read once for all of them.
+    pub fn fit_rows(&self, target: &[f32], point: &[f32], k: usize) -> Vec<Option<f64>> {
         let n = self.n;
-        debug_assert!(target.len() == n && point.len() == n);
+        debug_assert!(target.len() == n * k && point.len() == n * k);
         // Uᵀ·z = v, column by column: z_j = (v_j − acc_j) / U_jj, then row j of U (its entries
-        // right of the diagonal) feeds acc.
-        let (mut ay, mut ap) = (vec![0f64; n], vec![0f64; n]);
-        let (mut py, mut pp) = (0f64, 0f64);
+        // right of the diagonal) feeds acc. The solves run in float32 (the scale is stored as
+        // a 16-bit float), the two sums in float64.
+        let (mut ay, mut ap) = (vec![0f32; n * k], vec![0f32; n * k]);
+        let (mut py, mut pp) = (vec![0f64; k], vec![0f64; k]);
         for j in 0..n {
-            let d = self.u[j * n + j] as f64;
+            let d = self.u[j * n + j];
             if d == 0.0 {
                 continue;
             }
-            let (y, p) = (
-                (target[j] as f64 - ay[j]) / d,
-                (point[j] as f64 - ap[j]) / d,
-            );
-            py += y * p;
-            pp += p * p;
             let row = &self.u[j * n + j + 1..(j + 1) * n];
-            for ((a, b), &u) in ay[j + 1..].iter_mut().zip(&mut ap[j + 1..]).zip(row) {
-                *a += u as f64 * y;
-                *b += u as f64 * p;
+            for i in 0..k {
+                let (ay, ap) = (&mut ay[i * n..(i + 1) * n], &mut ap[i * n..(i + 1) * n]);
+                let (y, p) = (
+                    (target[i * n + j] - ay[j]) / d,
+                    (point[i * n + j] - ap[j]) / d,
+                );
+                py[i] += y as f64 * p as f64;
+                pp[i] += p as f64 * p as f64;
+                for ((a, b), &u) in ay[j + 1..].iter_mut().zip(&mut ap[j + 1..]).zip(row) {
+                    *a += u * y;
+                    *b += u * p;
+                }
             }
         }
-        (pp > 0.0).then(|| py / pp)
+        py.iter()
+            .zip(&pp)
+            .map(|(&py, &pp)| (pp > 0.0).then(|| py / pp))
+            .collect()
     }
 }
 
@@ -169,7 +202,7 @@ fn cholesky_lower(a: &mut [f64], n: usize) -> bool {
     for j in 0..n {
         let (head, tail) = a.split_at_mut(j * n);
         let row_j = &mut tail[..n];
-        let d = row_j[j] - row_j[..j].iter().map(|x| x * x).sum::<f64>();
+        let d = row_j[j] - dot(&row_j[..j], &row_j[..j]);
         if d.is_nan() || d <= 0.0 || !d.is_finite() {
             return false;
         }
@@ -180,7 +213,7 @@ fn cholesky_lower(a: &mut [f64], n: usize) -> bool {
         let _ = head;
         for i in j + 1..n {
             let ri = &mut a[i * n..(i + 1) * n];
-            let s: f64 = ri[..j].iter().zip(&row_j).map(|(x, y)| x * y).sum();
+            let s = dot(&ri[..j], &row_j);
             ri[j] = (ri[j] - s) / d;
         }
     }
@@ -193,26 +226,69 @@ fn cholesky_lower(a: &mut [f64], n: usize) -> bool {
     true
 }
 
-/// The inverse of the upper-triangular `v` (non-zero diagonal), upper triangular: rows from
-/// the bottom up, each a combination of the rows below it (contiguous row operations).
+/// `Σ a_k·b_k` in eight interleaved partial sums: independent chains the compiler can keep
+/// in vector registers (one running sum is a chain of dependent additions, and made the
+/// Cholesky factor of a 1536-wide layer take seconds).
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    let mut acc = [0f64; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f64 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for t in 0..8 {
+            acc[t] += x[t] * y[t];
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// The inverse of the upper-triangular `v` (non-zero diagonal), upper triangular: row `i` is
+/// `(e_i − Σ_{k>i} V[i][k]·X[k]) / V_ii`, a combination of the rows below it. Rows are found
+/// bottom-up in blocks: the finished rows below a block are streamed once into all of its rows
+/// (one row at a time re-read the whole lower part of `X` per row: the inverse of a 1536-wide
+/// layer's factor was memory-bound for seconds), then the block's own rows follow in order.
 fn invert_upper(v: &[f64], n: usize) -> Vec<f64> {
+    const BLOCK: usize = 32;
     let mut x = vec![0f64; n * n];
-    for i in (0..n).rev() {
-        let d = 1.0 / v[i * n + i];
-        let (head, below) = x.split_at_mut((i + 1) * n);
-        let row = &mut head[i * n..];
-        row[i] = d;
-        // X[i][j] = −(1/V_ii)·Σ_{k>i} V[i][k]·X[k][j], for j > i.
-        for k in i + 1..n {
-            let c = -d * v[i * n + k];
-            if c == 0.0 {
-                continue;
-            }
-            let xk = &below[(k - i - 1) * n..(k - i) * n];
-            for (r, &xv) in row[k..].iter_mut().zip(&xk[k..]) {
-                *r += c * xv;
+    let mut i1 = n;
+    while i1 > 0 {
+        let i0 = i1.saturating_sub(BLOCK);
+        let (head, below) = x.split_at_mut(i1 * n);
+        let block = &mut head[i0 * n..];
+        // S_i = Σ_{k ≥ i1} V[i][k]·X[k], row k read once for the whole block.
+        for k in i1..n {
+            let xk = &below[(k - i1) * n + k..(k - i1 + 1) * n];
+            for (i, row) in (i0..i1).zip(block.chunks_exact_mut(n)) {
+                let c = v[i * n + k];
+                if c != 0.0 {
+                    for (r, &xv) in row[k..].iter_mut().zip(xk) {
+                        *r += c * xv;
+                    }
+                }
             }
         }
+        // Then the block's rows below i (finished first, bottom-up), and the scaling.
+        for i in (i0..i1).rev() {
+            let (mid, done) = block.split_at_mut((i - i0 + 1) * n);
+            let row = &mut mid[(i - i0) * n..];
+            for k in i + 1..i1 {
+                let c = v[i * n + k];
+                if c != 0.0 {
+                    let xk = &done[(k - i - 1) * n + k..(k - i) * n];
+                    for (r, &xv) in row[k..].iter_mut().zip(xk) {
+                        *r += c * xv;
+                    }
+                }
+            }
+            let d = 1.0 / v[i * n + i];
+            row[i + 1..].iter_mut().for_each(|r| *r *= -d);
+            row[i] = d;
+        }
+        i1 = i0;
     }
     x
 }
@@ -241,6 +317,50 @@ mod tests {
             }
         }
         h
+    }
+
+    #[test]
+    fn rows_in_a_block_round_exactly_as_one_at_a_time() {
+        let n = 37;
+        let h = matrix(n, 9);
+        let f = Ldlq::new(&h, n, 0.01).unwrap();
+        let k = 5;
+        let w0: Vec<f32> = matrix(k.max(n), 3)[..k * n]
+            .iter()
+            .map(|v| v * 40.0)
+            .collect();
+        // A rounding whose result depends on the row and the atom (so a mixed-up row shows).
+        let quant = |i: usize, j0: usize, up: &mut [f32]| {
+            let a = 4.min(up.len());
+            let step = 0.25 + 0.125 * i as f32 + 0.01 * j0 as f32;
+            up[..a]
+                .iter_mut()
+                .for_each(|v| *v = (*v / step).round() * step);
+        };
+        let atoms = || (0..n).step_by(4).map(|j0| j0..(j0 + 4).min(n));
+        let mut block = w0.clone();
+        let mut seen = Vec::new();
+        f.rows_ranges(&mut block, k, atoms(), |i, j0, up| {
+            seen.push((i, j0));
+            quant(i, j0, up)
+        });
+        // Every row's atoms in order, atom by atom across the rows.
+        assert_eq!(seen.len(), k * n.div_ceil(4));
+        assert!(seen
+            .windows(2)
+            .all(|p| p[0].1 < p[1].1 || (p[0].1 == p[1].1 && p[0].0 + 1 == p[1].0)));
+        for i in 0..k {
+            let mut row = w0[i * n..(i + 1) * n].to_vec();
+            f.row_ranges(&mut row, atoms(), |j0, up| quant(i, j0, up));
+            assert_eq!(row, block[i * n..(i + 1) * n], "row {i}");
+            assert_ne!(row, w0[i * n..(i + 1) * n]);
+        }
+        let fits = f.fit_rows(&w0, &block, k);
+        for i in 0..k {
+            let one = f.fit(&w0[i * n..(i + 1) * n], &block[i * n..(i + 1) * n]);
+            assert_eq!(fits[i], one);
+            assert!(one.is_some_and(|c| (c - 1.0).abs() < 0.2), "{one:?}");
+        }
     }
 
     #[test]
