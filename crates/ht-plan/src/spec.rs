@@ -387,7 +387,9 @@ impl Spec {
             }
             _ => return Ok((self.encode(name, values, shape, options)?, false)),
         };
-        let enc = hwz::encode_calibrated(name, values, shape, &encoding, h, damp, options)?;
+        // (one feedback factor for both scales below)
+        let calibrated = hwz::Calibrated::new(name, values, shape, h, damp, options);
+        let enc = calibrated.encode(&encoding)?;
         // Feedback moves the points, so their entropy: one correction of α (the rate moves
         // by about one bit per value per doubling of α) brings an entropy-coded rate back
         // under its target, when it went over.
@@ -396,15 +398,7 @@ impl Spec {
             let bps = enc.payload_bytes() as f64 * 8.0 / n;
             if bps > b {
                 let a = alpha * 2f32.powf((b - bps - 0.002) as f32);
-                let again = hwz::encode_calibrated(
-                    name,
-                    values,
-                    shape,
-                    &encoding.with_alpha(a),
-                    h,
-                    damp,
-                    options,
-                )?;
+                let again = calibrated.encode(&encoding.with_alpha(a))?;
                 if (again.payload_bytes() as f64 * 8.0 / n) <= b {
                     return Ok((again, true));
                 }

@@ -122,95 +122,177 @@ pub fn encode_calibrated(
     damp: f64,
     options: EncodeOptions,
 ) -> Result<EncodedTensor> {
-    with_scale_fallback(encoding, |e| {
-        encode_calibrated_as(tensor, values, shape, e, h, damp, options)
-    })
+    Calibrated::new(tensor, values, shape, h, damp, options).encode(encoding)
 }
 
-fn encode_calibrated_as(
-    tensor: &str,
-    values: &[f32],
-    shape: &[u64],
-    encoding: &Encoding,
-    h: &[f32],
+/// One tensor and its layer's input statistics, encoded with error feedback
+/// ([`encode_calibrated`]) as many times as wanted — at several scales, say — with the
+/// feedback factor (a Cholesky factorization and a triangular inverse of the rotated
+/// statistics: for a wide layer it costs as much as the rounding) built once for every
+/// encoding that rotates the statistics the same way (the same RHT tile and seed).
+pub struct Calibrated<'a> {
+    tensor: &'a str,
+    values: &'a [f32],
+    shape: &'a [u64],
+    h: &'a [f32],
     damp: f64,
     options: EncodeOptions,
-) -> Result<EncodedTensor> {
-    let n = checked_count(tensor, values.len(), shape)?;
-    let lens = encoding.stream_lens(tensor, shape)?;
-    let (rows, cols) = matrix_view(shape, n);
-    let (r, c) = (rows as usize, cols as usize);
-    let bad = |message: String| HwzError::InvalidEncoding {
-        tensor: tensor.into(),
-        message,
-    };
-    if h.len() != c * c {
-        return Err(bad(format!(
-            "input statistics of {} values for rows of {c} (need {c}x{c})",
-            h.len()
-        )));
-    }
-    let streams = match encoding {
-        Encoding::Affine { .. } => {
-            let params = encoding.affine_params().expect("affine");
-            let f = scalar::ldlq::Ldlq::new(h, c, damp).map_err(scalar_err(tensor))?;
-            // Rows are independent under one factor: split them over the pool (one group for
-            // the whole tensor needs all of them at once).
-            let per = if params.group == scalar::Group::Tensor || r * c < 1 << 16 {
-                r.max(1)
-            } else {
-                (r.div_ceil(crate::par::threads() * 4)).max(1)
-            };
-            let chunks: Vec<(usize, usize)> =
-                (0..r).step_by(per).map(|s| (s, per.min(r - s))).collect();
-            let parts = crate::par::map(chunks, |(s, k)| {
-                scalar::affine_ldlq_codes(&values[s * c..(s + k) * c], k, c, &params, &f)
-            });
-            let (mut codes, mut groups) = (Vec::with_capacity(values.len()), Vec::new());
-            for p in parts {
-                let (cd, g) = p.map_err(scalar_err(tensor))?;
-                codes.extend_from_slice(&cd);
-                groups.extend(g);
-            }
-            let enc =
-                scalar::affine_pack(&codes, &groups, r, c, &params).map_err(scalar_err(tensor))?;
-            let mut v = vec![(role::CODES, enc.codes), (role::SCALES, enc.scales)];
-            if !params.symmetric {
-                v.push((role::OFFSETS, enc.offsets));
-            }
-            v
+    factor: std::cell::RefCell<Option<(Rotation, std::rc::Rc<scalar::ldlq::Ldlq>)>>,
+}
+
+/// How an encoding rotates a layer's input statistics before rounding: not at all (affine),
+/// or by the RHT of this tile and seed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rotation {
+    None,
+    Rht { tile: usize, seed: u64 },
+}
+
+impl<'a> Calibrated<'a> {
+    /// The tensor `values` (of `shape`) with its layer's statistics `h` (`cols × cols`,
+    /// row-major) damped by `damp` times their mean diagonal.
+    pub fn new(
+        tensor: &'a str,
+        values: &'a [f32],
+        shape: &'a [u64],
+        h: &'a [f32],
+        damp: f64,
+        options: EncodeOptions,
+    ) -> Self {
+        Calibrated {
+            tensor,
+            values,
+            shape,
+            h,
+            damp,
+            options,
+            factor: std::cell::RefCell::new(None),
         }
-        Encoding::Lattice { .. } => {
-            let params = encoding.lattice_params().expect("lattice");
-            let hr = lat::rotate_hessian(h, c, &params)
-                .map_err(crate::lattice_codec::lat_err(tensor))?;
-            let f = scalar::ldlq::Ldlq::new(&hr, c, damp).map_err(scalar_err(tensor))?;
-            crate::lattice_codec::encode(
+    }
+
+    /// The tensor encoded with `encoding` and error feedback, as [`encode_calibrated`] does.
+    pub fn encode(&self, encoding: &Encoding) -> Result<EncodedTensor> {
+        with_scale_fallback(encoding, |e| self.encode_as(e))
+    }
+
+    fn rotation(&self, encoding: &Encoding) -> Result<Rotation> {
+        Ok(match encoding {
+            Encoding::Lattice { tile, seed, .. } => Rotation::Rht {
+                tile: *tile as usize,
+                seed: *seed,
+            },
+            Encoding::Trellis { .. } => {
+                let t = crate::trellis_codec::TrellisLayout::of(self.tensor, encoding)?;
+                Rotation::Rht {
+                    tile: t.tile,
+                    seed: t.seed,
+                }
+            }
+            _ => Rotation::None,
+        })
+    }
+
+    /// The feedback factor for `encoding`'s rotation: the one already built when it matches.
+    fn factor(&self, encoding: &Encoding, c: usize) -> Result<std::rc::Rc<scalar::ldlq::Ldlq>> {
+        let tensor = self.tensor;
+        let rotation = self.rotation(encoding)?;
+        if let Some((r, f)) = &*self.factor.borrow() {
+            if *r == rotation {
+                return Ok(f.clone());
+            }
+        }
+        let h = match encoding {
+            Encoding::Lattice { .. } => {
+                let params = encoding.lattice_params().expect("lattice");
+                std::borrow::Cow::Owned(
+                    lat::rotate_hessian(self.h, c, &params)
+                        .map_err(crate::lattice_codec::lat_err(tensor))?,
+                )
+            }
+            Encoding::Trellis { .. } => std::borrow::Cow::Owned(
+                crate::trellis_codec::rotate_hessian(tensor, encoding, self.h, c)?,
+            ),
+            _ => std::borrow::Cow::Borrowed(self.h),
+        };
+        let f = std::rc::Rc::new(
+            scalar::ldlq::Ldlq::new(&h, c, self.damp).map_err(scalar_err(tensor))?,
+        );
+        *self.factor.borrow_mut() = Some((rotation, f.clone()));
+        Ok(f)
+    }
+
+    fn encode_as(&self, encoding: &Encoding) -> Result<EncodedTensor> {
+        let (tensor, values, shape, options) = (self.tensor, self.values, self.shape, self.options);
+        let n = checked_count(tensor, values.len(), shape)?;
+        let lens = encoding.stream_lens(tensor, shape)?;
+        let (rows, cols) = matrix_view(shape, n);
+        let (r, c) = (rows as usize, cols as usize);
+        let bad = |message: String| HwzError::InvalidEncoding {
+            tensor: tensor.into(),
+            message,
+        };
+        if self.h.len() != c * c {
+            return Err(bad(format!(
+                "input statistics of {} values for rows of {c} (need {c}x{c})",
+                self.h.len()
+            )));
+        }
+        if !matches!(
+            encoding,
+            Encoding::Affine { .. } | Encoding::Lattice { .. } | Encoding::Trellis { .. }
+        ) {
+            return Err(bad(format!(
+                "no calibrated rounding for the {} encoding (affine, lattice and trellis have one)",
+                encoding.tag()
+            )));
+        }
+        let f = self.factor(encoding, c)?;
+        let f: &scalar::ldlq::Ldlq = &f;
+        let streams = match encoding {
+            Encoding::Affine { .. } => {
+                let params = encoding.affine_params().expect("affine");
+                // Rows are independent under one factor: split them over the pool (one group
+                // for the whole tensor needs all of them at once).
+                let per = if params.group == scalar::Group::Tensor || r * c < 1 << 16 {
+                    r.max(1)
+                } else {
+                    (r.div_ceil(crate::par::threads() * 4)).max(1)
+                };
+                let chunks: Vec<(usize, usize)> =
+                    (0..r).step_by(per).map(|s| (s, per.min(r - s))).collect();
+                let parts = crate::par::map(chunks, |(s, k)| {
+                    scalar::affine_ldlq_codes(&values[s * c..(s + k) * c], k, c, &params, f)
+                });
+                let (mut codes, mut groups) = (Vec::with_capacity(values.len()), Vec::new());
+                for p in parts {
+                    let (cd, g) = p.map_err(scalar_err(tensor))?;
+                    codes.extend_from_slice(&cd);
+                    groups.extend(g);
+                }
+                let enc = scalar::affine_pack(&codes, &groups, r, c, &params)
+                    .map_err(scalar_err(tensor))?;
+                let mut v = vec![(role::CODES, enc.codes), (role::SCALES, enc.scales)];
+                if !params.symmetric {
+                    v.push((role::OFFSETS, enc.offsets));
+                }
+                v
+            }
+            Encoding::Lattice { .. } => crate::lattice_codec::encode(
                 tensor,
                 values,
                 (rows, cols),
                 encoding,
                 &lens,
-                Some(&f),
+                Some(f),
                 options.lattice_scale,
-            )?
-        }
-        Encoding::Trellis { .. } => {
-            let hr = crate::trellis_codec::rotate_hessian(tensor, encoding, h, c)?;
-            let f = scalar::ldlq::Ldlq::new(&hr, c, damp).map_err(scalar_err(tensor))?;
-            crate::trellis_codec::encode(tensor, values, rows, cols, encoding, Some(&f))?
-        }
-        other => {
-            return Err(bad(format!(
-                "no calibrated rounding for the {} encoding (affine, lattice and trellis have one)",
-                other.tag()
-            )))
-        }
-    };
-    Ok(EncodedTensor {
-        encoding: encoding.clone(),
-        streams,
-    })
+            )?,
+            _ => crate::trellis_codec::encode(tensor, values, rows, cols, encoding, Some(f))?,
+        };
+        Ok(EncodedTensor {
+            encoding: encoding.clone(),
+            streams,
+        })
+    }
 }
 
 /// Decodes one tensor from its streams (already verified and decompressed) into `out`, which

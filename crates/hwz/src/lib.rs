@@ -18,7 +18,7 @@ mod write;
 pub mod zstd_codec;
 
 pub use codebook_codec::{codebook_template, encode as encode_codebook, CodebookSettings};
-pub use codec::{decode_into, encode, encode_calibrated, encode_to_rate};
+pub use codec::{decode_into, encode, encode_calibrated, encode_to_rate, Calibrated};
 pub use encoding::{
     element_count, legacy_matrix_shape, matrix_view, role, Assignments, Coding, EncodeOptions,
     EncodedTensor, Encoding, LatticeScale, Residual, StreamLen, KNOWN_ENCODINGS, MAX_ELEMENTS,

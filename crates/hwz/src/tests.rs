@@ -690,6 +690,54 @@ fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
             out_err(&through_archive("w", &shape, &fed)),
         );
         assert!(b < 0.9 * a, "{}: {b} vs {a}", enc.label());
+        // One `Calibrated` encoding several times (its factor reused while the rotation is the
+        // same, rebuilt when it is not) gives what a fresh call gives each time.
+        let calibrated = Calibrated::new("w", &x, &shape, &h, 0.01, EncodeOptions::default());
+        let reseeded = |e: &Encoding, s: u64| match e.clone() {
+            Encoding::Lattice {
+                lattice,
+                alpha,
+                tile,
+                scale_dtype,
+                coding,
+                ..
+            } => Encoding::Lattice {
+                lattice,
+                alpha: alpha * 1.25,
+                tile,
+                seed: s,
+                scale_dtype,
+                coding,
+            },
+            Encoding::Trellis {
+                l,
+                k,
+                scale,
+                tile,
+                seq,
+                scale_dtype,
+                ..
+            } => Encoding::Trellis {
+                l,
+                k,
+                scale,
+                tile,
+                seed: s,
+                seq,
+                scale_dtype,
+            },
+            other => other,
+        };
+        for e in [
+            enc.clone(),
+            reseeded(&enc, 1),
+            reseeded(&enc, 7),
+            enc.clone(),
+        ] {
+            let fresh =
+                encode_calibrated("w", &x, &shape, &e, &h, 0.01, EncodeOptions::default()).unwrap();
+            assert_eq!(calibrated.encode(&e).unwrap(), fresh, "{}", e.label());
+        }
     }
     // Statistics of the wrong size, an encoding without feedback: typed errors.
     let aff = Encoding::affine(AffineParams::default());
