@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from . import _native
+from .nn import _op_weight
 
 #: Activation rows up to which the fused GEMV runs, per form (in passes of 4; above: decode,
 #: then cuBLAS): the crossover measured on an H200 by ``py/benches/cuda_linear.py``.
@@ -211,7 +212,7 @@ class DeviceLinear:
         the device in ``dtype``: the decode fallback."""
         w = self._dense.get(dtype)
         if w is None:
-            w = self._dense[dtype] = torch.from_numpy(np.asarray(self._op.weight())).to(self.device, dtype)
+            w = self._dense[dtype] = _op_weight(self._op).to(self.device, dtype)
         return w
 
     @property

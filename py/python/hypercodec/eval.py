@@ -414,7 +414,7 @@ def _store_embeddings(
             continue
         planned = modules.get(name)
         if isinstance(planned, hnn.HyperEmbedding):
-            q = torch.from_numpy(np.asarray(planned.op.weight())).reshape(w0.shape)
+            q = hnn._op_weight(planned.op).reshape(w0.shape)
             bits, path = 8 * planned.op.stored_bytes, planned.op.path
             hnn._replace(model, name, emb)
         elif method in PEERS:
@@ -425,7 +425,7 @@ def _store_embeddings(
             bits, path = 8 * code_bytes + 16 * side, method
         else:
             op = hnn.HyperEmbedding.from_embedding(emb, hnn.method_spec(method.removesuffix(CALIBRATED), bps)).op
-            q = torch.from_numpy(np.asarray(op.weight())).reshape(w0.shape)
+            q = hnn._op_weight(op).reshape(w0.shape)
             bits, path = 8 * op.stored_bytes, op.path
         tally.add(name, w0.double().numpy(), q.double().numpy(), path, bits)
         emb.weight = torch.nn.Parameter(q.contiguous(), requires_grad=False)

@@ -61,6 +61,12 @@ def method_spec(method: str, bps: float) -> str:
     return table.get(method, method)
 
 
+def _op_weight(op: "_native.Linear") -> torch.Tensor:
+    """The operator's decoded weight as a float32 CPU tensor (flat or as the runtime shapes it),
+    sharing the runtime's array."""
+    return torch.from_numpy(np.asarray(op.weight()))
+
+
 def _f32(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float32).cpu().contiguous().numpy()
 
@@ -244,7 +250,7 @@ def _through_stored(x: torch.Tensor, forward: Callable, backward: Callable) -> t
 def _decoded(layer: Any, device: torch.device) -> torch.Tensor:
     """``layer.op``'s weight as a float32 ``rows × cols`` matrix on ``device`` (for a backward
     pass: decoded on the host, not kept)."""
-    return torch.from_numpy(np.asarray(layer.op.weight())).reshape(layer.op.rows, layer.op.cols).to(device)
+    return _op_weight(layer.op).reshape(layer.op.rows, layer.op.cols).to(device)
 
 
 def _on_device(layer: Any, device: torch.device) -> Any:
@@ -355,7 +361,7 @@ class HyperLinear(_StoredForm, nn.Module):
             if self._steps % self.refresh_every == 0 or self._wq is None:
                 if self._steps > 0:
                     self.refresh()
-                self._wq = torch.from_numpy(np.asarray(self.op.weight()))
+                self._wq = _op_weight(self.op)
             self._steps += 1
             wq = self._wq.to(device=self.weight.device)
             w = self.weight + (wq - self.weight).detach()
@@ -452,12 +458,12 @@ class HyperConv2d(_StoredForm, nn.Module):
             key = (x.device, x.dtype, id(self.op))
             if key not in cache:
                 cache.clear()
-                w = torch.from_numpy(np.asarray(self.op.weight())).reshape(self.weight_shape)
+                w = _op_weight(self.op).reshape(self.weight_shape)
                 cache[key] = w.to(device=x.device, dtype=x.dtype)
             wd = cache[key]
             bias = None if self.bias is None else self.bias.detach().to(device=x.device, dtype=x.dtype)
             return nn.functional.conv2d(x, wd, bias, self.stride, self.padding, self.dilation, self.groups)
-        wd = torch.from_numpy(np.asarray(self.op.weight())).reshape(self.weight_shape)
+        wd = _op_weight(self.op).reshape(self.weight_shape)
         bias = None if self.bias is None else self.bias.to(torch.float32)
         y = nn.functional.conv2d(x.to(torch.float32), wd, bias, self.stride, self.padding, self.dilation, self.groups)
         return y.to(x.dtype)
@@ -1062,7 +1068,7 @@ class _FloatTwin(nn.Module):
 def _dense_layer(m: nn.Module) -> nn.Module:
     """A float32 ``nn.Linear`` / ``nn.Conv2d`` holding the compressed ``m``'s decoded weight and
     its bias (a trainable layer's own, else the operator's): what ``m`` computes."""
-    w = torch.from_numpy(np.asarray(m.op.weight()))
+    w = _op_weight(m.op)
     if isinstance(m, HyperConv2d):
         out, per_group, kh, kw = m.weight_shape
         # (skip_init: the weights are overwritten below, a random init would be wasted work.)
