@@ -196,20 +196,18 @@ impl Ldlq {
 /// In-place lower Cholesky factor of `a` (`n × n`, row-major); false when not positive definite.
 fn cholesky_lower(a: &mut [f64], n: usize) -> bool {
     for j in 0..n {
-        let (head, tail) = a.split_at_mut(j * n);
-        let row_j = &mut tail[..n];
-        let d = row_j[j] - dot(&row_j[..j], &row_j[..j]);
+        let (upper, below) = a.split_at_mut((j + 1) * n);
+        let row_j = &mut upper[j * n..];
+        let d = row_j[j] - simd::dot8_f64(&row_j[..j], &row_j[..j]);
         if d.is_nan() || d <= 0.0 || !d.is_finite() {
             return false;
         }
         let d = d.sqrt();
         row_j[j] = d;
-        let row_j: Vec<f64> = row_j[..j].to_vec();
+        let row_j = &row_j[..j];
         // Rows below: L[i][j] = (A[i][j] − Σ_k L[i][k]·L[j][k]) / L[j][j].
-        let _ = head;
-        for i in j + 1..n {
-            let ri = &mut a[i * n..(i + 1) * n];
-            let s = dot(&ri[..j], &row_j);
+        for ri in below.chunks_exact_mut(n) {
+            let s = simd::dot8_f64(&ri[..j], row_j);
             ri[j] = (ri[j] - s) / d;
         }
     }
@@ -220,13 +218,6 @@ fn cholesky_lower(a: &mut [f64], n: usize) -> bool {
         }
     }
     true
-}
-
-/// `Σ a_k·b_k` in eight interleaved partial sums: independent chains the compiler can keep
-/// in vector registers (one running sum is a chain of dependent additions, and made the
-/// Cholesky factor of a 1536-wide layer take seconds).
-fn dot(a: &[f64], b: &[f64]) -> f64 {
-    simd::dot8_f64(a, b)
 }
 
 /// The inverse of the upper-triangular `v` (non-zero diagonal), upper triangular: row `i` is
@@ -302,7 +293,9 @@ mod simd {
         dispatch!(axpy_f64_body, axpy_f64_avx2, (y, a, x))
     }
 
-    /// `Σ a_k·b_k` in eight interleaved partial sums, combined pairwise.
+    /// `Σ a_k·b_k` in eight interleaved partial sums, combined pairwise: independent chains
+    /// the compiler keeps in vector registers (one running sum is a chain of dependent
+    /// additions, and made the Cholesky factor of a 1536-wide layer take seconds).
     pub(super) fn dot8_f64(a: &[f64], b: &[f64]) -> f64 {
         dispatch!(dot8_f64_body, dot8_f64_avx2, (a, b))
     }
