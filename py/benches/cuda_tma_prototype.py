@@ -1,0 +1,161 @@
+"""The Hopper INT4 GEMV prototype (kernels/prototypes/tma_int4_gemv.cu) against the committed
+tensor-core kernel and torch bf16 `F.linear`, batch 1, in one run.
+
+    nvcc -cubin -arch=sm_90 -O3 -I kernels -o .dev/tma.cubin kernels/prototypes/tma_int4_gemv.cu   # here
+    python py/benches/cuda_tma_prototype.py .dev/tma.cubin [--out FILE]                           # on the GPU
+
+Random INT4 g128 codes with f32 scales and offsets; the prototype reads them permuted
+tile-major (see the kernel's header), the committed kernel (`hc_affine_mma_b4_w4_n1_bf16`
+from the committed PTX) as stored. Each call is checked against x·Ŵᵀ in float32 and timed as
+40 launches in a CUDA graph over ≥ 400 MB of weight copies (L2 never holds them), median of 7
+replays. Needs a CUDA device of compute capability 9.0 (exits 0 with a message otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes as C
+import pathlib
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class Args(C.Structure):
+    """`AffineArgs` of kernels/gemv.cu."""
+
+    _fields_ = [("codes", C.c_void_p), ("scales", C.c_void_p), ("offsets", C.c_void_p), ("x", C.c_void_p),
+                ("y", C.c_void_p), ("bias", C.c_void_p), ("n_code_bytes", C.c_longlong), ("xdtype", C.c_int),
+                ("ydtype", C.c_int), ("M", C.c_int), ("rows", C.c_int), ("cols", C.c_int), ("bits", C.c_int),
+                ("glen", C.c_int), ("srs", C.c_int), ("qmul", C.c_float), ("qbias", C.c_float), ("glen_log2", C.c_int)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cubin", help="the prototype built for sm_90")
+    ap.add_argument("--out", default=None, help="also write the table here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        print("cuda_tma_prototype: no CUDA device of compute capability 9.0; nothing to do")
+        return 0
+    cu = C.CDLL("libcuda.so.1")
+
+    def chk(r: int, what: str) -> None:
+        if r != 0:
+            raise RuntimeError(f"CUDA driver error {r} ({what})")
+
+    torch.zeros(1, device="cuda")
+    mods = {}
+    for name, data in [("ptx", (ROOT / "crates/kernels-cuda/ptx/gemv.ptx").read_bytes() + b"\0"),
+                       ("proto", pathlib.Path(args.cubin).read_bytes())]:
+        m = C.c_void_p()
+        chk(cu.cuModuleLoadData(C.byref(m), data), name)
+        mods[name] = m
+
+    def fn(mod: str, name: str) -> C.c_void_p:
+        f = C.c_void_p()
+        chk(cu.cuModuleGetFunction(C.byref(f), mods[mod], name.encode()), name)
+        return f
+
+    def launch(f, grid: int, block: int, smem: int, params: list) -> None:
+        arr = (C.c_void_p * len(params))(*[C.addressof(p) for p in params])
+        stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
+        chk(cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, smem, stream, arr, None), "launch")
+
+    def timeit(calls) -> float:
+        g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            calls()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g, stream=s):
+                n = calls()
+        ts = []
+        for _ in range(7):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            torch.cuda.synchronize()
+            ts.append(a.elapsed_time(b) * 1000 / n)
+        return statistics.median(ts)
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    committed = fn("ptx", "hc_affine_mma_b4_w4_n1_bf16")
+    torch.manual_seed(0)
+    rows_out = []
+    for n_rows, k in [(4096, 4096), (8192, 8192), (14336, 4096), (28672, 8192), (8192, 28672)]:
+        steps, glen = k // 128, 128
+        copies = int(400e6 // (n_rows * k // 2)) + 1
+        w = [torch.randint(0, 256, (n_rows, k // 2), dtype=torch.uint8, device="cuda") for _ in range(copies)]
+        sc = [torch.rand(n_rows, steps, device="cuda") * 0.01 + 0.001 for _ in range(copies)]
+        of = [torch.randn(n_rows, steps, device="cuda") * 0.01 for _ in range(copies)]
+        wt = [c.view(n_rows // 16, 2, 8, steps, 4, 16).permute(0, 3, 1, 2, 4, 5).contiguous() for c in w]
+        so = [torch.stack([s.view(-1, 16, steps).transpose(1, 2), o.view(-1, 16, steps).transpose(1, 2)], 2).contiguous()
+              for s, o in zip(sc, of)]
+        q = torch.stack([(w[0].int() >> (4 * i)) & 15 for i in range(2)], -1).reshape(n_rows, k).float()
+        wd = (q - 8.0) * sc[0].repeat_interleave(glen, 1) + of[0].repeat_interleave(glen, 1)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty(1, n_rows, device="cuda", dtype=torch.bfloat16)
+        ref = x.float() @ wd.T
+        kept = []  # ctypes values must outlive the graph's capture
+
+        def run(make, name: str) -> None:
+            def calls() -> int:
+                for r in range(40):
+                    make(r % copies)
+                return 40
+
+            us = timeit(calls)
+            y.fill_(float("nan"))
+            make(0)
+            torch.cuda.synchronize()
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            rows_out.append((f"{n_rows}x{k}", name, us, err))
+
+        def make_committed(i: int) -> None:
+            a = Args(w[i].data_ptr(), sc[i].data_ptr(), of[i].data_ptr(), x.data_ptr(), y.data_ptr(), None,
+                     w[i].numel(), 2, 2, 1, n_rows, k, 4, glen, steps, 1.0, 8.0, 7)
+            kept.append(a)
+            launch(committed, n_rows // 16, 256, 0, [a])
+
+        run(make_committed, "committed tensor-core kernel")
+        for stages, per_sm in [(4, 2), (2, 3)]:
+            smem = 2048 + stages * (8 * 1024 + 8 * 128) + k * 2 + steps * 4
+            f = fn("proto", f"hc_tma2_s{stages}")
+            chk(cu.cuFuncSetAttribute(f, 8, smem), "max dynamic shared memory")
+            grid = min(n_rows // 16, sms * per_sm)
+
+            def make_proto(i: int, f=f, smem=smem, grid=grid) -> None:
+                p = [C.c_void_p(wt[i].data_ptr()), C.c_void_p(so[i].data_ptr()), C.c_void_p(x.data_ptr()),
+                     C.c_void_p(y.data_ptr()), C.c_int(n_rows), C.c_int(k)]
+                kept.append(p)
+                launch(f, grid, 288, smem, p)
+
+            run(make_proto, f"prototype, {stages} stages, {per_sm} blocks per SM")
+        wb = [torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(int(400e6 // (n_rows * k * 2)) + 1)]
+
+        def bf16_calls() -> int:
+            for r in range(40):
+                F.linear(x, wb[r % len(wb)])
+            return 40
+
+        rows_out.append((f"{n_rows}x{k}", "torch bf16 F.linear", timeit(bf16_calls), 0.0))
+        del w, sc, of, wt, so, wb
+        torch.cuda.empty_cache()
+    base = {r[0]: r[2] for r in rows_out if r[1] == "torch bf16 F.linear"}
+    lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}",
+             "| shape | kernel | µs per call | × bf16 | rel. error vs float32 |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {s} | {n} | {us:.1f} | {base[s] / us:.2f} | {e:.1e} |" for s, n, us, e in rows_out]
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if args.out:
+        pathlib.Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
