@@ -788,6 +788,12 @@ struct Viterbi {
     /// cheapest one.
     back: Vec<u8>,
     groups: usize,
+    /// The tagged start costs of every state, allowed (1) and forbidden, for the `(K, top)`
+    /// in `start_key`: a run copies them instead of tagging 2^L states again (with
+    /// calibrated sequences of 16 values that loop cost as much as the 16 steps).
+    start_allowed: Vec<u32>,
+    start_forbidden: Vec<u32>,
+    start_key: (u32, u32),
 }
 
 impl Viterbi {
@@ -797,6 +803,9 @@ impl Viterbi {
             next: vec![0; states],
             back: vec![0; groups * n],
             groups,
+            start_allowed: Vec::new(),
+            start_forbidden: Vec::new(),
+            start_key: (u32::MAX, u32::MAX),
         }
     }
 
@@ -817,13 +826,21 @@ impl Viterbi {
         let top = low_bits;
         // Before value 0: every pre-state at cost 1 (the floor the renormalization keeps), or
         // only those whose low L − K bits are fixed (the top bits are outside the window).
-        let low_mask = (1usize << low_bits) - 1;
-        for (s, c) in self.cost.iter_mut().enumerate() {
-            let allowed = match start {
-                Start::Free => true,
-                Start::Fixed(b) => s & low_mask == b as usize,
-            };
-            *c = tagged(if allowed { 1.0 } else { FORBIDDEN }, s, k, top);
+        if self.start_key != (k, top) {
+            let n = self.cost.len();
+            let tag = |c: f32| (0..n).map(|s| tagged(c, s, k, top)).collect::<Vec<u32>>();
+            self.start_allowed = tag(1.0);
+            self.start_forbidden = tag(FORBIDDEN);
+            self.start_key = (k, top);
+        }
+        match start {
+            Start::Free => self.cost.copy_from_slice(&self.start_allowed),
+            Start::Fixed(b) => {
+                self.cost.copy_from_slice(&self.start_forbidden);
+                for s in (b as usize..self.cost.len()).step_by(1 << low_bits) {
+                    self.cost[s] = self.start_allowed[s];
+                }
+            }
         }
         let keep = !((1u32 << k) - 1);
         let mut sub = 0f32;
@@ -844,16 +861,21 @@ impl Viterbi {
             sub = (f32::from_bits(low & keep) - sub) - 1.0;
             std::mem::swap(&mut self.cost, &mut self.next);
         }
-        let mut end = 0u32;
-        let mut best = u32::MAX;
-        for (s, &c) in self.cost.iter().enumerate() {
-            let ok = match start {
-                Start::Fixed(st) => s & low_mask == st as usize,
-                Start::Free => true,
-            };
-            if ok && c < best {
-                best = c;
-                end = s as u32;
+        // The cheapest end state (the first one on ties): among all, or among the 2^K whose
+        // low bits close the tail-biting loop.
+        let (mut end, mut best) = (0u32, u32::MAX);
+        match start {
+            Start::Free => {
+                best = self.cost.iter().copied().min().unwrap_or(u32::MAX);
+                end = self.cost.iter().position(|&c| c == best).unwrap_or(0) as u32;
+            }
+            Start::Fixed(st) => {
+                for s in (st as usize..self.cost.len()).step_by(1 << low_bits) {
+                    if self.cost[s] < best {
+                        best = self.cost[s];
+                        end = s as u32;
+                    }
+                }
             }
         }
         (end, f32::from_bits(best & keep) as f64 + offset)
