@@ -674,3 +674,16 @@ def test_distill_runs_through_convolutions_and_bf16_models():
     hnn.quantize(bf, bps=4, method="affine")
     out = hnn.distill(bf, teacher.to(torch.bfloat16), [b.to(torch.bfloat16) for b in batches], loss=mse)
     assert out["last_loss"] == out["last_loss"]  # finite, not NaN
+
+
+def test_a_candidate_name_in_the_rate_argument_is_a_clear_type_error():
+    m = torch.nn.Sequential(torch.nn.Linear(16, 8))
+    with pytest.raises(TypeError, match=r"method='int4'"):
+        hnn.quantize(m, "int4")
+    with pytest.raises(TypeError, match="bits per value"):
+        hnn.method_spec("affine", None)
+    # The model is untouched, and the keyword form works.
+    assert isinstance(m[0], torch.nn.Linear)
+    hnn.quantize(m, method="int4")
+    assert isinstance(m[0], hnn.HyperLinear)
+    assert hnn.method_spec("affine", np.float32(3.0)) == "int3"

@@ -40,7 +40,11 @@ def method_spec(method: str, bps: float) -> str:
     ``codebook-bB[-rR][-sMODE]`` → ``cb-bB-kK[-rR][-sMODE]`` with ``K = 2^(B·bits)`` prototypes
     (at most 4096) of ``B`` values, ``R`` residual corrections per block, scales per ``channel``,
     ``block`` or ``tensor``; any other string is taken as a candidate name itself (``int8-row``,
-    ``e8@3.5``, ``bf16``, ``cb-b8-k256``, ...)."""
+    ``e8@3.5``, ``bf16``, ``cb-b8-k256``, ...). A ``bps`` that is not a number raises
+    ``TypeError``."""
+    if isinstance(bps, bool) or not isinstance(bps, (int, float, np.integer, np.floating)):
+        hint = f"; a candidate name goes in method=, as in quantize(model, method={bps!r})" if isinstance(bps, str) else ""
+        raise TypeError(f"bps must be a number of bits per value, not {bps!r}{hint}")
     bits = int(round(bps))
     if method.startswith("codebook-b"):
         block, _, rest = method.removeprefix("codebook-b").partition("-")
