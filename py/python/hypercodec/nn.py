@@ -19,6 +19,7 @@ straight-through estimator, re-quantizing every ``refresh_every`` steps.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -42,7 +43,7 @@ def method_spec(method: str, bps: float) -> str:
     ``block`` or ``tensor``; any other string is taken as a candidate name itself (``int8-row``,
     ``e8@3.5``, ``bf16``, ``cb-b8-k256``, ...). A ``bps`` that is not a number raises
     ``TypeError``."""
-    if isinstance(bps, bool) or not isinstance(bps, (int, float, np.integer, np.floating)):
+    if isinstance(bps, bool) or not isinstance(bps, numbers.Real):
         hint = f"; a candidate name goes in method=, as in quantize(model, method={bps!r})" if isinstance(bps, str) else ""
         raise TypeError(f"bps must be a number of bits per value, not {bps!r}{hint}")
     bits = int(round(bps))
