@@ -44,7 +44,9 @@ __device__ __forceinline__ void bulk(void* dst, const void* src, uint32_t bytes,
 // The activation row is prepared once per block in fragment order (the two B
 // registers of each k-step, per lane column t) with each step's Σx, so a consumer step is
 // 6 LDS.128 + 4 LDS + 32 LOP3/24 SHF + 8 HMMA: no PRMT, no Σx mma.
-template <int S>
+// MATH false: a probe that moves the same bytes (the consumers wait for each stage and
+// release it) without the arithmetic; it bounds what the feed alone reaches.
+template <int S, bool MATH = true>
 __device__ __forceinline__ void tma_gemv2(const uint8_t* __restrict__ codes, const float* __restrict__ so,
                                           const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y,
                                           int rows, int cols) {
@@ -117,6 +119,11 @@ __device__ __forceinline__ void tma_gemv2(const uint8_t* __restrict__ codes, con
                                  x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
         const float sx = sxs[step];
         mb_wait(&full[slot], (i / S) & 1);
+        if (!MATH) {
+            __syncwarp();
+            if (lane == 0) mb_arrive(&empty[slot]);
+            continue;
+        }
         const uint8_t* st = stage + slot * STAGE_B;
         const uint4 w0 = *reinterpret_cast<const uint4*>(st + warp * STEP_B + lane * 16);
         const uint4 w1 = *reinterpret_cast<const uint4*>(st + warp * STEP_B + 512 + lane * 16);
@@ -163,3 +170,7 @@ __device__ __forceinline__ void tma_gemv2(const uint8_t* __restrict__ codes, con
 K2(2)
 K2(4)
 K2(6)
+extern "C" __global__ void __launch_bounds__(32 * (NCW + 1)) hc_tma2_move_s4(
+    const uint8_t* codes, const float* so, const __nv_bfloat16* x, __nv_bfloat16* y, int rows, int cols) {
+    tma_gemv2<4, false>(codes, so, x, y, rows, cols);
+}
