@@ -788,24 +788,29 @@ struct Viterbi {
     /// cheapest one.
     back: Vec<u8>,
     groups: usize,
-    /// The tagged start costs of every state, allowed (1) and forbidden, for the `(K, top)`
-    /// in `start_key`: a run copies them instead of tagging 2^L states again (with
-    /// calibrated sequences of 16 values that loop cost as much as the 16 steps).
+    /// The tagged start costs of every state, allowed (1) and forbidden: a run copies them
+    /// instead of tagging 2^L states again (with calibrated sequences of 16 values that loop
+    /// cost as much as the 16 steps).
     start_allowed: Vec<u32>,
     start_forbidden: Vec<u32>,
-    start_key: (u32, u32),
 }
 
 impl Viterbi {
+    /// For 2^L `states` in 2^(L−K) `groups` (both powers of two), sequences of up to `n`.
     fn new(states: usize, groups: usize, n: usize) -> Self {
+        let (k, top) = ((states / groups).trailing_zeros(), groups.trailing_zeros());
+        let tag = |c: f32| {
+            (0..states)
+                .map(|s| tagged(c, s, k, top))
+                .collect::<Vec<u32>>()
+        };
         Viterbi {
             cost: vec![0; states],
             next: vec![0; states],
             back: vec![0; groups * n],
             groups,
-            start_allowed: Vec::new(),
-            start_forbidden: Vec::new(),
-            start_key: (u32::MAX, u32::MAX),
+            start_allowed: tag(1.0),
+            start_forbidden: tag(FORBIDDEN),
         }
     }
 
@@ -823,16 +828,8 @@ impl Viterbi {
         step: StepFn,
     ) -> (u32, f64) {
         let groups = self.groups;
-        let top = low_bits;
         // Before value 0: every pre-state at cost 1 (the floor the renormalization keeps), or
         // only those whose low L − K bits are fixed (the top bits are outside the window).
-        if self.start_key != (k, top) {
-            let n = self.cost.len();
-            let tag = |c: f32| (0..n).map(|s| tagged(c, s, k, top)).collect::<Vec<u32>>();
-            self.start_allowed = tag(1.0);
-            self.start_forbidden = tag(FORBIDDEN);
-            self.start_key = (k, top);
-        }
         match start {
             Start::Free => self.cost.copy_from_slice(&self.start_allowed),
             Start::Fixed(b) => {
