@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import builtins
 import platform
-import statistics
 import sys
 import time
 
@@ -38,6 +37,7 @@ import torch
 
 import hypercodec
 import hypercodec.cuda as hcuda
+from _graph_timing import graph_time_us
 import hypercodec.nn as hnn
 
 
@@ -102,29 +102,6 @@ def check(quick: bool) -> bool:
         all_ok &= ok
         print(f"| conv {k}x{k} int4 | [48,32,{k},{k}] | {hc.path} | | {e:.1e} / - / - | {'yes' if ok else 'NO'} |")
     return all_ok
-
-
-def graph_time_us(fn, iters: int) -> float:
-    """Median µs per call of `fn` over 5 replays of a CUDA graph of `iters` calls."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / iters)
-    return statistics.median(times)
 
 
 def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str]) -> None:

@@ -8,19 +8,20 @@ Random INT4 g128 codes with f32 scales and offsets; the prototype reads them per
 tile-major (see the kernel's header), the committed kernel (`hc_affine_mma_b4_w4_n1_bf16`
 from the committed PTX) as stored. Each call is checked against x·Ŵᵀ in float32 and timed as
 40 launches in a CUDA graph over ≥ 400 MB of weight copies (L2 never holds them), median of 7
-replays. Needs a CUDA device of compute capability 9.0 (exits 0 with a message otherwise).
+replays (`_graph_timing.graph_time_us`). Needs a CUDA device of compute capability 9.0 (exits 0 with a message otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes as C
+import itertools
 import pathlib
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+from _graph_timing import graph_time_us
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -66,23 +67,6 @@ def main() -> int:
         stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
         chk(cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, smem, stream, arr, None), "launch")
 
-    def timeit(calls) -> float:
-        g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-        with torch.cuda.stream(s):
-            calls()
-            torch.cuda.synchronize()
-            with torch.cuda.graph(g, stream=s):
-                n = calls()
-        ts = []
-        for _ in range(7):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b) * 1000 / n)
-        return statistics.median(ts)
-
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     committed = fn("ptx", "hc_affine_mma_b4_w4_n1_bf16")
     torch.manual_seed(0)
@@ -104,12 +88,8 @@ def main() -> int:
         kept = []  # ctypes values must outlive the graph's capture
 
         def run(make, name: str) -> None:
-            def calls() -> int:
-                for r in range(40):
-                    make(r % copies)
-                return 40
-
-            us = timeit(calls)
+            calls = itertools.count()
+            us = graph_time_us(lambda: make(next(calls) % copies), 40, replays=7)
             y.fill_(float("nan"))
             make(0)
             torch.cuda.synchronize()
@@ -140,12 +120,9 @@ def main() -> int:
             run(make_proto, label)
         wb = [torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(int(400e6 // (n_rows * k * 2)) + 1)]
 
-        def bf16_calls() -> int:
-            for r in range(40):
-                F.linear(x, wb[r % len(wb)])
-            return 40
-
-        rows_out.append((f"{n_rows}x{k}", "torch bf16 F.linear", timeit(bf16_calls), 0.0))
+        bf16_calls = itertools.count()
+        rows_out.append((f"{n_rows}x{k}", "torch bf16 F.linear",
+                         graph_time_us(lambda: F.linear(x, wb[next(bf16_calls) % len(wb)]), 40, replays=7), 0.0))
         del w, sc, of, wt, so, wb
         torch.cuda.empty_cache()
     base = {r[0]: r[2] for r in rows_out if r[1] == "torch bf16 F.linear"}
