@@ -1316,3 +1316,146 @@ extern "C" __global__ void hc_kv_e8_decode(KvArgs a) {
         hc_store8(a.out, a.dtype, at, y, 8, aligned);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// E8 symbols in GPU-shaped rANS chunks (`hwz::Coding::RANS_GPU`; the coder is
+// `hypercodec_rice::rans`), decoded inside the GEMV: one warp per chunk of whole rows, lane l
+// decoding the chunk's symbols l, l + 32, ... (the format's lanes) from the chunk table's word
+// offset and 32 lane states. A step decodes 32 symbols, four E8 words of one row: the lanes at
+// position 0 of a word (context 0) first, then the others in the context of their word's coset
+// bit. A slot's packed entry `b << 24 | (f − 1) << 12 | (slot − cum)` gives the state update
+// and, in `b`, the symbol's signed coordinate (`2t + c` for a word's first symbol, `s` for the
+// others: `rans::Decoder::warp_slots` with the runtime's E8 map); lanes whose state fell below
+// 2^16 take the stream's next words in lane order (a ballot's prefix count) from a window of
+// two 32-word buffers (a third loading ahead). Reads never leave the chunk's words (past its end they read 0): a
+// corrupt stream gives wrong values, never a fault (the host checks the chunk table once).
+// The rANS steps are mirrored by `warp_decode` in the tests of crates/rice/src/rans.rs.
+struct E8RansArgs {
+    const uint16_t* payload;
+    const uint32_t* index;    // per chunk: word offset, then 32 lane states
+    const uint32_t* slots;    // 3 << pb packed entries
+    const float* row_scales;  // the stored row scale divided by α
+    const float* xr;          // RHT(x), M × spr, f32 (GEMV)
+    void* y;                  // GEMV: M × rows; decode: rows × spr (the rotated domain)
+    const float* bias;
+    long long words;          // payload words (< 2^31)
+    int ydtype, M, rows, spr, chunk, chunks, pb;
+};
+
+// The slots of the largest model the host sends (12 probability bits, 3 contexts): 48 KB.
+#define HC_RANS_SLOTS (3 << 12)
+
+template <int M, bool DECODE>
+__device__ __forceinline__ void hc_e8_rans(const E8RansArgs& a) {
+    __shared__ uint32_t tab[HC_RANS_SLOTS];
+    for (int i = threadIdx.x; i < (3 << a.pb); i += blockDim.x) tab[i] = a.slots[i];
+    __syncthreads();
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31, p = lane & 7, pb = a.pb;
+    const unsigned below = (1u << lane) - 1u;
+    // Lanes at position 0 count the odd coordinates of their word's other 7 lanes.
+    const unsigned word_mask = p ? 0u : 0xFEu << (lane & 24);
+    // The coordinate of this lane's symbol within its step: s_{p−1}, or s₇ at position 0.
+    const int lc = (lane & 24) + (p ? p - 1 : 7);
+    // Twice the coset's ½: +1 for s₀..s₆; −1 for s₇, whose byte 2t + c holds c once already.
+    const int coset = p ? 1 : -1;
+    const uint32_t mask = (1u << pb) - 1u;
+    const int warps = blockDim.x >> 5;
+    const long long n = (long long)a.rows * a.spr;
+    for (int c = blockIdx.x * warps + (threadIdx.x >> 5); c < a.chunks; c += gridDim.x * warps) {
+        const uint32_t* e = a.index + (long long)c * 33;
+        const long long start = e[0];
+        const int len = (int)((c + 1 < a.chunks ? min((long long)e[33], a.words) : a.words) - start);
+        const uint16_t* pl = a.payload + start;
+        uint32_t x = e[1 + lane];
+        int wbase = 0, rel = 0;
+        uint32_t b0 = lane < len ? pl[lane] : 0u;
+        uint32_t b1 = 32 + lane < len ? pl[32 + lane] : 0u;
+        uint32_t b2 = 64 + lane < len ? pl[64 + lane] : 0u;
+        const long long s0 = (long long)c * a.chunk;
+        const int nsym = (int)min((long long)a.chunk, n - s0);
+        int row = (int)(s0 / a.spr), col = 0;
+        // Values are accumulated doubled (integers, the coset's ½ included): half the scale.
+        float sc = 0.5f * a.row_scales[row];
+        // The activations of this step and the next are held, and those of the step after
+        // load while this one decodes (the next row's first when a row ends).
+        const int c1 = 32 % a.spr;
+        int c2 = 64 % a.spr;
+        float acc[M], xv[M], xw[M];
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            acc[m] = 0.f;
+            if (!DECODE) {
+                xv[m] = a.xr[m * a.spr + lc];
+                xw[m] = a.xr[m * a.spr + c1 + lc];
+            }
+        }
+        for (int st = 0; st < nsym; st += 32) {
+            const int next = col + 32 == a.spr ? 0 : col + 32;
+            float xn[M];
+#pragma unroll
+            for (int m = 0; m < M; m++)
+                if (!DECODE) xn[m] = a.xr[m * a.spr + c2 + lc];
+            c2 = c2 + 32 == a.spr ? 0 : c2 + 32;
+            const uint32_t slot = x & mask;
+            const uint32_t e0 = tab[slot];
+            const uint32_t b0c = __shfl_sync(full, e0 >> 24, lane & 24);
+            const int cs = (int)(b0c & 1u);  // the word's coset bit
+            const uint32_t ent = p ? tab[((1 + cs) << pb) + slot] : e0;
+            x = (((ent >> 12) & 0xFFFu) + 1u) * (x >> pb) + (ent & 0xFFFu);
+            const bool need = x < 65536u;
+            const unsigned bal = __ballot_sync(full, need);
+            const int off = rel + __popc(bal & below);
+            const uint32_t w0 = __shfl_sync(full, b0, off);
+            const uint32_t w1 = __shfl_sync(full, b1, off);
+            if (need) x = (x << 16) | (off < 32 ? w0 : w1);
+            rel += __popc(bal);
+            if (rel >= 32) {
+                // A third buffer loads 32 words ahead of the two the steps read.
+                rel -= 32;
+                wbase += 32;
+                b0 = b1;
+                b1 = b2;
+                b2 = wbase + 64 + lane < len ? pl[wbase + 64 + lane] : 0u;
+            }
+            // Doubled coordinate: 2s + c for s₀..s₆; 2(2t + par) + c for s₇, par the parity of
+            // s₀ + … + s₆ (from the odd bytes of the word's other lanes).
+            const int b = (int)ent >> 24;
+            const unsigned odd = __ballot_sync(full, b & 1);
+            const int par = __popc(odd & word_mask) & 1;
+            const float v = (float)(2 * (b + par) + (cs ? coset : 0));
+            if (DECODE) {
+                hc_store(a.y, a.ydtype, (long long)row * a.spr + col + lc, v * sc);
+            } else {
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    acc[m] += v * xv[m];
+                    xv[m] = xw[m];
+                    xw[m] = xn[m];
+                }
+            }
+            col = next;
+            if (col == 0) {
+                if (!DECODE) {
+                    const float bias = a.bias ? a.bias[row] : 0.f;
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        const float t = hc_warp_sum(acc[m]);
+                        if (lane == 0) hc_store(a.y, a.ydtype, (long long)m * a.rows + row, t * sc + bias);
+                        acc[m] = 0.f;
+                    }
+                }
+                row++;
+                if (st + 32 < nsym) sc = 0.5f * a.row_scales[row];
+            }
+        }
+    }
+}
+
+// hc_e8_rans_gemv_m{1..4}: passes of exactly 1 to 4 activation rows; hc_e8_rans_decode: the
+// scaled points in the rotated domain for large batches (then cuBLAS).
+extern "C" __global__ void __launch_bounds__(256) hc_e8_rans_gemv_m1(E8RansArgs a) { hc_e8_rans<1, false>(a); }
+extern "C" __global__ void __launch_bounds__(256) hc_e8_rans_gemv_m2(E8RansArgs a) { hc_e8_rans<2, false>(a); }
+extern "C" __global__ void __launch_bounds__(256) hc_e8_rans_gemv_m3(E8RansArgs a) { hc_e8_rans<3, false>(a); }
+extern "C" __global__ void __launch_bounds__(256) hc_e8_rans_gemv_m4(E8RansArgs a) { hc_e8_rans<4, false>(a); }
+extern "C" __global__ void __launch_bounds__(256) hc_e8_rans_decode(E8RansArgs a) { hc_e8_rans<1, true>(a); }

@@ -4,7 +4,7 @@
 
 use crate::{CudaError as PyCudaError, InvalidInputError};
 use hypercodec_kernels_cuda::{
-    AffineGemv, CudaError, Dtype, E8Gemv, Kernels, KvE8, RhtArgs, TrellisGemv,
+    AffineGemv, CudaError, Dtype, E8Gemv, E8RansGemv, Kernels, KvE8, RhtArgs, TrellisGemv,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -70,6 +70,26 @@ fn e8(d: &Bound<'_, PyDict>) -> PyResult<E8Gemv> {
         rows: get(d, "rows")?,
         words: get(d, "words")?,
         bits: get(d, "bits")?,
+    })
+}
+
+fn e8_rans(d: &Bound<'_, PyDict>) -> PyResult<E8RansGemv> {
+    Ok(E8RansGemv {
+        payload: get(d, "payload")?,
+        payload_bytes: get(d, "payload_bytes")?,
+        index: get(d, "index")?,
+        index_bytes: get(d, "index_bytes")?,
+        slots: get(d, "slots")?,
+        prob_bits: get(d, "prob_bits")?,
+        chunk: get(d, "chunk")?,
+        row_scales: get(d, "row_scales")?,
+        xr: get(d, "xr")?,
+        y: get(d, "y")?,
+        y_dtype: dtype(get(d, "y_dtype")?)?,
+        bias: get(d, "bias")?,
+        batch: get(d, "batch")?,
+        rows: get(d, "rows")?,
+        words: get(d, "words")?,
     })
 }
 
@@ -196,6 +216,28 @@ impl CudaKernels {
         let a = e8(args)?;
         // SAFETY: as in `rht`.
         unsafe { self.k.e8_gemv(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// The rANS E8 GEMV (keys: payload, payload_bytes, index, index_bytes, slots, prob_bits,
+    /// chunk, row_scales, xr, y, y_dtype, bias, batch, rows, words).
+    fn e8_rans_gemv(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = e8_rans(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.e8_rans_gemv(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// The scaled E8 points of rANS chunks (rotated domain) decoded into `out` (`rows ×
+    /// 8·words`; the same keys, `xr`, `y`, `y_dtype` and `batch` unused).
+    fn e8_rans_decode(
+        &self,
+        args: &Bound<'_, PyDict>,
+        out: u64,
+        out_dtype: i32,
+        stream: u64,
+    ) -> PyResult<()> {
+        let a = e8_rans(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.e8_rans_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
     }
 
     /// The trellis GEMV (keys: bits, bit_bytes, row_bytes, row_scales, xr, y, y_dtype, bias,

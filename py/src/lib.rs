@@ -704,6 +704,28 @@ impl Linear {
                 d.set_item("tile", tile)?;
                 d.set_item("seed", seed)?;
             }
+            DeviceForm::E8Rans {
+                payload,
+                index,
+                slots,
+                prob_bits,
+                chunk,
+                row_scales,
+                words,
+                tile,
+                seed,
+            } => {
+                d.set_item("kind", "e8rans")?;
+                d.set_item("payload", PyArray1::from_slice(py, payload))?;
+                d.set_item("index", PyArray1::from_slice(py, index))?;
+                d.set_item("slots", PyArray1::from_vec(py, slots))?;
+                d.set_item("prob_bits", prob_bits)?;
+                d.set_item("chunk", chunk)?;
+                d.set_item("row_scales", PyArray1::from_vec(py, row_scales))?;
+                d.set_item("words", words)?;
+                d.set_item("tile", tile)?;
+                d.set_item("seed", seed)?;
+            }
             DeviceForm::Trellis {
                 bits,
                 row_bytes,

@@ -32,11 +32,19 @@ def test_device_forms_name_the_stored_codes():
     assert e["kind"] == "e8" and e["bits"] == 3 and e["packed"].nbytes == 48 * 32 * 3
     t = hypercodec.Linear.quantize(w, "tcq@2-l12").device_form()
     assert t["kind"] == "trellis" and (t["l"], t["k"]) == (12, 2) and t["bits"].nbytes == 48 * 256 * 2 // 8
-    assert hypercodec.Linear.quantize(w, "e8@4").device_form() is None  # entropy-coded: decoded
+    assert hypercodec.Linear.quantize(w, "e8@4").device_form() is None  # CPU-shaped chunks: decoded
+    # GPU-shaped rANS: chunks of whole rows (64 rows of 256 symbols), 12-bit slots of 3 contexts.
+    r = hypercodec.Linear.quantize(w, "e8@4-gpu").device_form()
+    assert r["kind"] == "e8rans" and r["words"] == 32 and r["chunk"] == 64 * 256 and r["prob_bits"] == 12
+    assert r["slots"].shape == (3 << 12,) and r["index"].nbytes == 1 * 33 * 4 and r["payload"].nbytes % 2 == 0
+    # Rows longer than a chunk's aim take one chunk each.
+    wide = rng.standard_normal((3, 24576)).astype(np.float32)
+    r = hypercodec.Linear.quantize(wide, "e8@3-gpu").device_form()
+    assert r["chunk"] == 24576 and r["index"].nbytes == 3 * 33 * 4
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int4", "int8-row", "int3", "e8-fixed4", "e8-fixed3", "tcq@2-l12", "e8@4"])
+@pytest.mark.parametrize("spec", ["int4", "int8-row", "int3", "e8-fixed4", "e8-fixed3", "tcq@2-l12", "e8@4", "e8@4-gpu", "e8@2-gpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("scale", [1.0, 1e-9])
 def test_cuda_forward_matches_the_cpu_runtime(spec, dtype, scale):
@@ -94,7 +102,7 @@ def test_hyper_linear_runs_on_cuda_tensors():
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int4", "e8-fixed4", "tcq@2-l12", "e8@4"])
+@pytest.mark.parametrize("spec", ["int4", "e8-fixed4", "tcq@2-l12", "e8@4", "e8@4-gpu"])
 def test_cuda_gradients_reach_the_inputs_of_compressed_layers(spec):
     torch.manual_seed(6)
     h = hnn.HyperLinear.from_linear(torch.nn.Linear(256, 96), spec)
@@ -116,7 +124,7 @@ def test_cuda_gradients_reach_the_inputs_of_compressed_layers(spec):
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int4", "e8-fixed4", "tcq@2-l12"])
+@pytest.mark.parametrize("spec", ["int4", "e8-fixed4", "tcq@2-l12", "e8@4-gpu"])
 def test_a_deep_copy_on_cuda_owns_its_device_codes(spec):
     """A deep copy of a layer that ran on the device rebuilds its device form: the kernels'
     arguments are raw pointers into the original's buffers, which a member-wise copy shared."""
@@ -138,6 +146,38 @@ def test_a_deep_copy_on_cuda_owns_its_device_codes(spec):
     other = copy.deepcopy(own)
     assert not buffers(other) & buffers(own)
     assert torch.equal(other.forward(x), ref)
+
+
+@needs_cuda
+@pytest.mark.parametrize("shape", [(100, 256), (7, 4096), (5, 24576), (33, 96), (1, 4096)])
+def test_cuda_rans_chunks_of_any_row_count_match_the_cpu_runtime(shape):
+    """A warp per chunk of whole rows: many rows per chunk, a few, one long row per chunk,
+    rows of 96 values (RHT tile 32), a single row; the decoder and the GEMV both."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal(shape).astype(np.float32)
+    op = hypercodec.Linear.quantize(w, "e8@3-gpu", rng.standard_normal(shape[0]).astype(np.float32))
+    d = hcuda.DeviceLinear(op, torch.device("cuda"))
+    assert d.kind == "e8rans", op.device_form()
+    for m in (1, 3, 4, 6, 9):
+        x = torch.from_numpy(rng.standard_normal((m, shape[1])).astype(np.float32))
+        want = op.forward(x.numpy())
+        for route in ("gemv", "decode"):
+            got = d.forward(x.cuda(), route=route).cpu().numpy()
+            assert np.abs(got - want).max() <= 3e-4 * np.abs(want).max(), (shape, m, route)
+
+
+@needs_cuda
+def test_cuda_rans_kernel_on_a_corrupt_payload_stays_inside_its_buffers():
+    """Garbage words (the host checks only the chunk table) give garbage, never a fault."""
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((64, 1024)).astype(np.float32)
+    d = hcuda.DeviceLinear(hypercodec.Linear.quantize(w, "e8@4-gpu"), torch.device("cuda"))
+    for fill in (0, 255):
+        d.payload.fill_(fill)
+        d.payload[::7] = torch.randint(0, 256, d.payload[::7].shape, dtype=torch.uint8, device="cuda")
+        for route in ("gemv", "decode"):
+            d.forward(torch.randn(2, 1024, device="cuda"), route=route)
+        torch.cuda.synchronize()
 
 
 @needs_cuda

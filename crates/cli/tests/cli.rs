@@ -370,7 +370,12 @@ fn lattice_compress_meets_its_rate_and_decompresses() {
     let dir = tempfile::tempdir().unwrap();
     let hwz = dir.path().join("l.hwz");
     let out = dir.path().join("l.safetensors");
-    for (coding, bps) in [("rans", "3"), ("rice", "3.5"), ("fixed", "4")] {
+    for (coding, bps) in [
+        ("rans", "3"),
+        ("rans-gpu", "3"),
+        ("rice", "3.5"),
+        ("fixed", "4"),
+    ] {
         ok(&[
             "compress",
             "gaussian:64x1024:3",
@@ -387,6 +392,15 @@ fn lattice_compress_meets_its_rate_and_decompresses() {
         let t = &json["tensors"][0];
         assert_eq!(t["encoding"]["type"], "lattice");
         assert_eq!(t["encoding"]["tile"], 1024);
+        if coding == "rans-gpu" {
+            // Chunks of whole rows (16 of 1024 symbols), 12-bit probabilities, a warp's lanes.
+            let c = &t["encoding"]["coding"];
+            assert_eq!(
+                (&c["chunk"], &c["prob_bits"], &c["lanes"]),
+                (&16384.into(), &12.into(), &32.into()),
+                "{c}"
+            );
+        }
         let got = t["bps"].as_f64().unwrap();
         let target: f64 = bps.parse().unwrap();
         // Fixed-rate adds the row scales (16 bits per 1024-value row); the others fit the rate.

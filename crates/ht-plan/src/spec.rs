@@ -85,7 +85,7 @@ impl Spec {
 
     /// Parses a candidate name: `f32`, `bf16`, `f16`; `intN` (affine N bits, groups of 128,
     /// asymmetric, f16 scales), `intN-row` (one symmetric scale per row); `e8@B`, `d4@B`,
-    /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
+    /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps; `e8@B-gpu` with [`Coding::RANS_GPU`]); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
     /// (fixed-rate lattice symbols of N bits); `tcq@K`, `tcq@K-lL` (trellis, K bits per value,
     /// L state bits, by default 16); `cb-bB-kK[-rR][-sMODE]` (a codebook of `K` prototypes of
     /// `B` values, `R` int8 residual corrections per block, scales per `channel` (default),
@@ -174,6 +174,11 @@ impl Spec {
                         "z1" => Lattice::Z1,
                         _ => return Err(bad()),
                     };
+                    // `e8@B-gpu`: rANS shaped for the CUDA GEMV that decodes it.
+                    let (bps, coding) = match bps.strip_suffix("-gpu") {
+                        Some(b) => (b, Coding::RANS_GPU),
+                        None => (bps, Coding::RANS_DEFAULT),
+                    };
                     let bps: f64 = bps.parse().map_err(|_| bad())?;
                     if !(bps > 0.0 && bps <= 16.0) {
                         return Err(bad());
@@ -186,7 +191,7 @@ impl Spec {
                             tile: 1,
                             seed: 0,
                             scale_dtype: FloatDtype::F16,
-                            coding: Coding::RANS_DEFAULT,
+                            coding,
                         },
                         bps: Some(bps),
                     }
@@ -282,8 +287,7 @@ impl Spec {
                 bps,
                 max_tile,
             } => {
-                let tile = hwz::tile_for(cols as usize, *max_tile as usize) as u32;
-                let t = template.with_tile(tile);
+                let t = template.for_matrix(cols, *max_tile);
                 match bps {
                     Some(b) => hwz::encode_to_rate(name, values, shape, &t, *b, options)?,
                     None => hwz::encode(name, values, shape, &t, options)?,
@@ -361,8 +365,7 @@ impl Spec {
                 bps,
                 max_tile,
             } if matches!(template, Encoding::Lattice { .. }) => {
-                let tile = hwz::tile_for(cols as usize, *max_tile as usize) as u32;
-                let t = template.with_tile(tile);
+                let t = template.for_matrix(cols, *max_tile);
                 match bps {
                     Some(b) => (
                         hwz::encode_to_rate(name, values, shape, &t, *b, options)?.encoding,
@@ -376,8 +379,7 @@ impl Spec {
                 bps: None,
                 max_tile,
             } if matches!(template, Encoding::Trellis { .. }) => {
-                let tile = hwz::tile_for(cols as usize, *max_tile as usize) as u32;
-                let mut e = template.with_tile(tile);
+                let mut e = template.for_matrix(cols, *max_tile);
                 // Feedback runs between sequences only (each is searched whole): shorter ones
                 // give it room, at a small tail-biting cost.
                 if let Encoding::Trellis { seq, .. } = &mut e {

@@ -182,6 +182,16 @@ impl Coding {
     };
     /// Rice with the workspace default of 2048 symbols per chunk.
     pub const RICE_DEFAULT: Coding = Coding::Rice { chunk: 2048 };
+    /// rANS shaped for the CUDA GEMV that decodes it (`hypercodec-kernels-cuda`): 32 lanes (a
+    /// warp), 12-bit probabilities (a context's decode slots fit 16 KB of shared memory), and
+    /// chunks of whole rows of about [`GPU_CHUNK_SYMBOLS`] symbols, thousands of chunks for a
+    /// large matrix, one warp each (the chunk table costs about 0.065 bits per value). In a
+    /// template the chunk is 0: [`Encoding::for_matrix`] sets it from the row length.
+    pub const RANS_GPU: Coding = Coding::Rans {
+        chunk: 0,
+        lanes: 32,
+        prob_bits: 12,
+    };
 
     /// The same coding with `chunk` symbols per chunk (fixed-rate coding has no chunks).
     pub fn with_chunk(self, chunk: u32) -> Coding {
@@ -198,15 +208,23 @@ impl Coding {
         }
     }
 
-    /// Short name: `rice`, `rans`, `fixed4`, ...
+    /// Short name: `rice`, `rans`, `rans-gpu` ([`Coding::RANS_GPU`]'s shape), `fixed4`, ...
     pub fn label(&self) -> String {
         match self {
             Coding::Rice { .. } => "rice".into(),
+            Coding::Rans {
+                lanes: 32,
+                prob_bits: 12,
+                ..
+            } => "rans-gpu".into(),
             Coding::Rans { .. } => "rans".into(),
             Coding::Fixed { bits } => format!("fixed{bits}"),
         }
     }
 }
+
+/// The symbols a GPU-shaped rANS chunk aims at ([`Coding::RANS_GPU`]).
+pub const GPU_CHUNK_SYMBOLS: usize = 1 << 14;
 
 /// Highest tensor rank (PyTorch's own limit is 25; weights use at most 5).
 pub const MAX_RANK: usize = 8;
@@ -433,6 +451,24 @@ impl Encoding {
             *coding = coding.with_chunk(chunk as u32);
         }
         e
+    }
+
+    /// The encoding of a template for a matrix of `cols` columns: the RHT tile
+    /// ([`tile_for`](crate::tile_for) of `cols` up to `max_tile`) and, for
+    /// [`Coding::RANS_GPU`]'s chunk 0, chunks of whole rows (as many as fit [`GPU_CHUNK_SYMBOLS`], at least one).
+    pub fn for_matrix(&self, cols: u64, max_tile: u32) -> Self {
+        let e = self.with_tile(crate::tile_for(cols as usize, max_tile as usize) as u32);
+        match &e {
+            Encoding::Lattice {
+                lattice,
+                coding: Coding::Rans { chunk: 0, .. },
+                ..
+            } => {
+                let spr = hypercodec_lattice::symbols_per_row(*lattice, cols as usize);
+                e.with_row_aligned_chunks(cols, (GPU_CHUNK_SYMBOLS / spr.max(1)).max(1) as u64)
+            }
+            _ => e,
+        }
     }
 
     /// This encoding with its RHT tile replaced (other encodings are returned as they are).

@@ -22,6 +22,11 @@ pub(crate) fn function_names() -> Vec<String> {
         "hc_trellis_decode",
         "hc_kv_e8_encode",
         "hc_kv_e8_decode",
+        "hc_e8_rans_decode",
+        "hc_e8_rans_gemv_m1",
+        "hc_e8_rans_gemv_m2",
+        "hc_e8_rans_gemv_m3",
+        "hc_e8_rans_gemv_m4",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -115,8 +120,13 @@ pub(crate) const TRELLIS_DECODE: usize = 10;
 pub(crate) const DECODE_PIECES: usize = 4;
 pub(crate) const KV_E8_ENCODE: usize = 11;
 pub(crate) const KV_E8_DECODE: usize = 12;
+pub(crate) const E8_RANS_DECODE: usize = 13;
+/// The rANS E8 GEMV for a pass of exactly `batch` rows (1..=4): `hc_e8_rans_gemv_m{batch}`.
+pub(crate) fn e8_rans_gemv(batch: usize) -> usize {
+    14 + batch.clamp(1, 4) - 1
+}
 /// Functions before the templated GEMVs.
-const FIXED: usize = 13;
+const FIXED: usize = 18;
 /// The trellis GEMVs' compiled K (0: K read at run time).
 const TRELLIS_KS: [usize; 5] = [0, 1, 2, 3, 4];
 
@@ -252,6 +262,48 @@ impl E8Args {
             rows: a.rows as i32,
             words: a.words as i32,
             bits: a.bits as i32,
+        }
+    }
+}
+
+/// The kernels' `E8RansArgs`.
+#[repr(C)]
+pub(crate) struct E8RansArgs {
+    payload: u64,
+    index: u64,
+    slots: u64,
+    row_scales: u64,
+    xr: u64,
+    y: u64,
+    bias: u64,
+    words: i64,
+    ydtype: i32,
+    m: i32,
+    rows: i32,
+    spr: i32,
+    chunk: i32,
+    chunks: i32,
+    pb: i32,
+}
+
+impl E8RansArgs {
+    pub(crate) fn new(a: &crate::E8RansGemv) -> Self {
+        E8RansArgs {
+            payload: a.payload,
+            index: a.index,
+            slots: a.slots,
+            row_scales: a.row_scales,
+            xr: a.xr,
+            y: a.y,
+            bias: a.bias,
+            words: (a.payload_bytes / 2) as i64,
+            ydtype: a.y_dtype as i32,
+            m: a.batch as i32,
+            rows: a.rows as i32,
+            spr: (8 * a.words) as i32,
+            chunk: a.chunk as i32,
+            chunks: a.chunks() as i32,
+            pb: a.prob_bits as i32,
         }
     }
 }

@@ -196,6 +196,107 @@ pub struct E8Gemv {
     pub bits: u8,
 }
 
+/// `y = s_r·⟨p_r, x'⟩ (+ b)` for E8 symbols in GPU-shaped rANS chunks, as stored in `.hwz`
+/// (`hypercodec_rice::rans` with 32 lanes; `hwz::Coding::RANS_GPU`): one warp decodes each
+/// chunk of whole rows inside the GEMV. `x' = RHT(x)` from [`Kernels::rht`] (f32, `batch ×
+/// 8·words`), `s_r` the row scale divided by α.
+#[derive(Debug, Clone, Copy)]
+pub struct E8RansGemv {
+    /// The payload's 16-bit words (`payload_bytes` bytes).
+    pub payload: u64,
+    /// Bytes of `payload`.
+    pub payload_bytes: usize,
+    /// The chunk table: per chunk a `u32` word offset, then 32 `u32` lane states. The offsets
+    /// must not decrease (`rans::Decoder::check_chunk_table`); reads stay inside the payload
+    /// whatever they hold.
+    pub index: u64,
+    /// Bytes of `index` (`chunks · 132`).
+    pub index_bytes: usize,
+    /// The three contexts' packed decode slots, `3 << prob_bits` `u32`
+    /// (`rans::Decoder::warp_slots`).
+    pub slots: u64,
+    /// Probability bits, 8..=12.
+    pub prob_bits: u8,
+    /// Symbols per chunk: a multiple of `8·words`.
+    pub chunk: usize,
+    /// f32 row scales (already divided by α), `rows` values.
+    pub row_scales: u64,
+    /// The rotated activations, f32, `batch × 8·words` (unused by the decoder).
+    pub xr: u64,
+    /// Output, `batch × rows` of `y_dtype`.
+    pub y: u64,
+    /// Its type.
+    pub y_dtype: Dtype,
+    /// f32 bias, or 0.
+    pub bias: u64,
+    /// Activation rows.
+    pub batch: usize,
+    /// Weight rows.
+    pub rows: usize,
+    /// Words of 8 symbols per row (a multiple of 4: a warp's step of 32 symbols is one row's).
+    pub words: usize,
+}
+
+impl E8RansGemv {
+    /// Chunks of the tensor.
+    pub fn chunks(&self) -> usize {
+        (self.rows * 8 * self.words).div_ceil(self.chunk.max(1))
+    }
+
+    /// Checks what the kernels rely on.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(CudaError::InvalidArgument(why));
+        let spr = 8 * self.words;
+        if !(8..=12).contains(&self.prob_bits) {
+            return bad(format!("rANS slots of {} probability bits", self.prob_bits));
+        }
+        if self.rows > i32::MAX as usize
+            || spr > (i32::MAX / 4) as usize
+            || self.chunk > i32::MAX as usize
+            || self.payload_bytes / 2 > i32::MAX as usize
+            || self.rows.saturating_mul(spr) > i64::MAX as usize
+        {
+            return bad(format!(
+                "{} rows × {} words is too large",
+                self.rows, self.words
+            ));
+        }
+        if spr == 0 || !spr.is_multiple_of(32) || self.chunk == 0 || !self.chunk.is_multiple_of(spr)
+        {
+            return bad(format!(
+                "rANS chunks of {} symbols over rows of {spr}: the kernel needs rows of a \
+                 multiple of 32 symbols and chunks of whole rows",
+                self.chunk
+            ));
+        }
+        if self.index_bytes != self.chunks() * 4 * 33 || !self.payload_bytes.is_multiple_of(2) {
+            return bad(format!(
+                "a chunk table of {} bytes for {} chunks of 32 lanes, a payload of {} bytes",
+                self.index_bytes,
+                self.chunks(),
+                self.payload_bytes
+            ));
+        }
+        if self.payload == 0
+            || self.index == 0
+            || self.slots == 0
+            || self.row_scales == 0
+            || self.y == 0
+            || (self.batch > 0 && self.xr == 0)
+        {
+            return bad("a null pointer".into());
+        }
+        if !self.index.is_multiple_of(4)
+            || !self.slots.is_multiple_of(4)
+            || !self.payload.is_multiple_of(2)
+            || !self.xr.is_multiple_of(4)
+        {
+            return bad("misaligned rANS streams or activations".into());
+        }
+        Ok(())
+    }
+}
+
 /// `y = s_r·⟨w_r, x'⟩ (+ b)` for bitshift-trellis rows, as stored in `.hwz` (`row_bytes` per
 /// row, tail-biting sequences of `seq` values, value `c1·sum(state) + c0` with QTIP's 1MAD
 /// byte sum; see `hypercodec_trellis`), `x' = RHT(x)` (f32, `batch × cols`).
@@ -791,6 +892,68 @@ impl Kernels {
 }
 
 impl Kernels {
+    /// Launches the rANS E8 GEMV (batches above [`MAX_GEMV_BATCH`] in passes, each decoding
+    /// the whole weight again).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn e8_rans_gemv(&self, a: &E8RansGemv, stream: u64) -> Result<()> {
+        if a.rows == 0 || a.batch == 0 {
+            return Ok(());
+        }
+        a.validate()?;
+        for m0 in (0..a.batch).step_by(MAX_GEMV_BATCH) {
+            let m = (a.batch - m0).min(MAX_GEMV_BATCH);
+            let pass = E8RansGemv {
+                xr: a.xr + (m0 * 8 * a.words * 4) as u64,
+                y: a.y + (m0 * a.rows * a.y_dtype.size()) as u64,
+                batch: m,
+                ..*a
+            };
+            // SAFETY: validated; the pointers are the caller's contract.
+            unsafe { self.rans_launch(args::e8_rans_gemv(m), &pass, stream) }?;
+        }
+        Ok(())
+    }
+
+    /// Decodes the scaled E8 points of rANS chunks (rotated domain) into `out` (`rows ×
+    /// 8·words` of `dtype`).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn e8_rans_decode(
+        &self,
+        a: &E8RansGemv,
+        out: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<()> {
+        let a = E8RansGemv {
+            y: out,
+            y_dtype: dtype,
+            batch: 0,
+            ..*a
+        };
+        if a.rows == 0 {
+            return Ok(());
+        }
+        a.validate()?;
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe { self.rans_launch(args::E8_RANS_DECODE, &a, stream) }
+    }
+
+    /// One launch of a rANS kernel: a warp per chunk, 8 warps per block.
+    unsafe fn rans_launch(&self, f: usize, a: &E8RansGemv, stream: u64) -> Result<()> {
+        let mut k = args::E8RansArgs::new(a);
+        let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+        let blocks = a.chunks().div_ceil(8).clamp(1, 1 << 20) as u32;
+        // SAFETY: the caller validated `a`; the pointers are its contract.
+        unsafe {
+            self.inner
+                .launch(f, (blocks, 1), 256, 0, stream, &mut params)
+        }
+    }
+
     /// Launches the trellis GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
     ///
     /// # Safety
@@ -1023,6 +1186,41 @@ mod tests {
             "96 columns are not whole tiles of 64"
         );
         assert!(RhtArgs { tile: 32, ..rht }.validate().is_ok());
+        // 4 rows of 256 symbols in chunks of 2 rows: 2 chunks of 33 words of table.
+        let rans = E8RansGemv {
+            payload: 64,
+            payload_bytes: 1000,
+            index: 128,
+            index_bytes: 2 * 132,
+            slots: 256,
+            prob_bits: 12,
+            chunk: 512,
+            row_scales: 512,
+            xr: 1024,
+            y: 2048,
+            y_dtype: Dtype::F32,
+            bias: 0,
+            batch: 1,
+            rows: 4,
+            words: 32,
+        };
+        assert!(rans.validate().is_ok());
+        for bad in [
+            E8RansGemv { chunk: 384, ..rans },
+            E8RansGemv { words: 31, ..rans },
+            E8RansGemv {
+                index_bytes: 132,
+                ..rans
+            },
+            E8RansGemv {
+                prob_bits: 14,
+                ..rans
+            },
+            E8RansGemv { payload: 0, ..rans },
+            E8RansGemv { slots: 258, ..rans },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]
@@ -1049,6 +1247,11 @@ mod tests {
         assert_eq!(names[args::trellis_gemv(3, 7)], "hc_trellis_gemv_m4_k0");
         assert_eq!(names[args::trellis_gemv(4, 4)], "hc_trellis_gemv_m4_k4");
         assert_eq!(names[args::TRELLIS_DECODE], "hc_trellis_decode");
+        assert_eq!(names[args::E8_RANS_DECODE], "hc_e8_rans_decode");
+        assert_eq!(names[args::e8_rans_gemv(1)], "hc_e8_rans_gemv_m1");
+        assert_eq!(names[args::e8_rans_gemv(2)], "hc_e8_rans_gemv_m2");
+        assert_eq!(names[args::e8_rans_gemv(3)], "hc_e8_rans_gemv_m3");
+        assert_eq!(names[args::e8_rans_gemv(4)], "hc_e8_rans_gemv_m4");
         assert_eq!(names[args::affine_decode_chunks(2)], "hc_affine_decode_b2");
         assert_eq!(names[args::RHT_FAST], "hc_rht_fast");
         assert_eq!(names[args::E8_ANY], "hc_e8_gemv_any");

@@ -86,9 +86,8 @@ fn lattice_cost(
     };
     let n = hwz::element_count(name, shape).ok()?;
     let (rows, cols) = hwz::matrix_view(shape, n);
-    let tile = hypercodec_lattice::tile_for(cols as usize, max_tile as usize) as u32;
     let e = template
-        .with_tile(tile)
+        .for_matrix(cols, max_tile)
         .with_alpha(hypercodec_lattice::calibration::table(lattice)[0][0]);
     let lens = e.stream_lens(name, shape).ok()?;
     let side: u64 = lens

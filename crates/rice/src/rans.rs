@@ -812,6 +812,86 @@ impl<'a> Decoder<'a> {
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
     }
 
+    /// The chunk table as stored: per chunk a little-endian `u32` word offset into the payload,
+    /// then `lanes` final states.
+    pub fn index(&self) -> &[u8] {
+        &self.index
+    }
+
+    /// The payload: 16-bit words, little-endian, every chunk's words in reading order.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// The coder's parameters.
+    pub fn params(&self) -> &RansParams {
+        &self.params
+    }
+
+    /// The model's probability precision in bits.
+    pub fn prob_bits(&self) -> u8 {
+        self.model.prob_bits
+    }
+
+    /// Checks every chunk's entry of the table without decoding: word offsets that never
+    /// decrease and stay inside the payload, lane states in `[L, 2³²)`. A GPU decoder, which
+    /// cannot report corruption as it goes, needs this much to stay inside its chunk's words.
+    pub fn check_chunk_table(&self) -> Result<()> {
+        let words = self.payload.len() / 2;
+        let entry = 4 * (1 + self.params.lanes);
+        let u32_at = |at: usize| {
+            let b = &self.index[at..at + 4];
+            u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        };
+        let mut last = 0usize;
+        for ci in 0..self.chunks() {
+            let start = u32_at(ci * entry) as usize;
+            if start < last || start > words {
+                return Err(CodingError::Corrupt { chunk: ci });
+            }
+            last = start;
+            if (0..self.params.lanes).any(|l| u32_at(ci * entry + 4 + 4 * l) < L) {
+                return Err(CodingError::Corrupt { chunk: ci });
+            }
+        }
+        Ok(())
+    }
+
+    /// The decode slots of every context packed for a warp decoder (the CUDA GEMV keeps them
+    /// in shared memory): `2^prob_bits` entries per context, each `byte << 24 | (f − 1) << 12
+    /// | (slot − cum)`, so a lane decodes with one lookup, `x ← f·(x >> prob_bits) + (slot −
+    /// cum)`, and finds in the top byte `byte(context, symbol)`: the symbol itself, or what
+    /// the caller computes from it (E8 stores the signed coordinate). `None` when the model
+    /// does not fit that packing: probabilities above 12 bits, a context with escapes (a symbol
+    /// of 256 or more), or a symbol `byte` refuses. A context with no symbols gets zeros.
+    pub fn warp_slots(&self, byte: impl Fn(usize, u32) -> Option<u8>) -> Option<Vec<u32>> {
+        let pb = self.model.prob_bits;
+        if pb > 12 || self.model.tables.iter().any(|t| t.escape) {
+            return None;
+        }
+        let m = 1usize << pb;
+        let mut out = vec![0u32; m * self.model.tables.len()];
+        for (ci, (t, slots)) in self
+            .model
+            .tables
+            .iter()
+            .zip(out.chunks_exact_mut(m))
+            .enumerate()
+        {
+            for (s, (&f, &c)) in t.freq.iter().zip(&t.cum).enumerate() {
+                if f == 0 {
+                    continue;
+                }
+                let b = byte(ci, s as u32)? as u32;
+                // Alphabets without escapes hold at most MAX_DIRECT = 256 symbols, f ≤ 2^pb.
+                for k in 0..f {
+                    slots[(c + k) as usize] = b << 24 | (f - 1) << 12 | k;
+                }
+            }
+        }
+        Some(out)
+    }
+
     /// Decodes chunks `range` into `out`, which must hold exactly their symbols
     /// ([`Decoder::symbol_range`]).
     pub fn decode_chunks<F: Fn(usize, u32) -> usize + Copy>(
@@ -1092,6 +1172,159 @@ mod tests {
                 ((x >> 40) as u32).trailing_zeros().min(20) * 2 + ((x >> 20) & 1) as u32
             })
             .collect()
+    }
+
+    /// The CUDA GEMV's warp loop over [`Decoder::warp_slots`] (kernels/gemv.cu,
+    /// `hc_e8_rans_chunk`), step for step: 32 lanes decode one symbol each, lanes at position 0
+    /// of a word first (their context is 0), the rest in the context their word's first symbol
+    /// picks; the words a step needs come from a window of two 32-word buffers, each lane's at
+    /// the count of lanes below it that need one.
+    fn warp_decode(d: &Decoder<'_>, slots: &[u32], out: &mut [u32]) {
+        let p = d.params();
+        assert_eq!(p.lanes, 32);
+        let pb = d.model.prob_bits as u32;
+        let words: Vec<u32> = d
+            .payload()
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as u32)
+            .collect();
+        let idx: Vec<u32> = d
+            .index()
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let chunks = d.chunks();
+        for (c, out) in out.chunks_mut(p.chunk).enumerate() {
+            let e = &idx[c * 33..];
+            let end = if c + 1 < chunks {
+                e[33] as usize
+            } else {
+                words.len()
+            };
+            let word = |i: usize| if i < end { words[i] } else { 0 };
+            let mut x: Vec<u32> = e[1..33].to_vec();
+            let mut base = e[0] as usize;
+            let mut b0: Vec<u32> = (0..32).map(|l| word(base + l)).collect();
+            let mut b1: Vec<u32> = (0..32).map(|l| word(base + 32 + l)).collect();
+            let mut rel = 0usize;
+            for step in out.chunks_mut(32) {
+                let slot: Vec<u32> = x.iter().map(|&v| v & ((1 << pb) - 1)).collect();
+                let e0: Vec<u32> = slot.iter().map(|&s| slots[s as usize]).collect();
+                let mut need = [false; 32];
+                for l in 0..32 {
+                    let sym0 = e0[l & 24] >> 24;
+                    let ent = if l & 7 == 0 {
+                        e0[l]
+                    } else {
+                        slots[(((1 + (sym0 & 1)) << pb) + slot[l]) as usize]
+                    };
+                    step[l] = ent >> 24;
+                    x[l] = (((ent >> 12) & 0xFFF) + 1) * (x[l] >> pb) + (ent & 0xFFF);
+                    need[l] = x[l] < L;
+                }
+                let mut below = 0;
+                for l in 0..32 {
+                    if need[l] {
+                        let off = rel + below;
+                        let w = if off < 32 { b0[off] } else { b1[off - 32] };
+                        x[l] = (x[l] << 16) | w;
+                        below += 1;
+                    }
+                }
+                rel += below;
+                if rel >= 32 {
+                    base += 32;
+                    b0 = b1;
+                    b1 = (0..32).map(|l| word(base + 32 + l)).collect();
+                    rel -= 32;
+                }
+            }
+            assert!(
+                x.iter().all(|&v| v == L),
+                "chunk {c} ends at its lanes' start"
+            );
+        }
+    }
+
+    #[test]
+    fn the_warp_loop_over_packed_slots_decodes_every_symbol() {
+        for (n, chunk, pb, seed) in [(4096, 1024, 12, 5), (9216, 3072, 10, 6), (64, 64, 8, 7)] {
+            // Rows of E8-like words whose coset bit (the first symbol's low bit) varies.
+            let v = skewed(n, seed);
+            let p = RansParams {
+                chunk,
+                lanes: 32,
+                prob_bits: pb,
+            };
+            let s = roundtrip(&v, p);
+            let d = Decoder::new(s.parts(), &p, n).unwrap();
+            d.check_chunk_table().unwrap();
+            let slots = d
+                .warp_slots(|_, s| u8::try_from(s).ok())
+                .expect("12-bit model without escapes");
+            assert_eq!(slots.len(), 3 << pb);
+            let mut out = vec![u32::MAX; n];
+            warp_decode(&d, &slots, &mut out);
+            assert_eq!(out, v);
+        }
+        // 14-bit probabilities, or an escaped symbol, do not pack.
+        let v = skewed(1024, 8);
+        let p14 = RansParams {
+            chunk: 1024,
+            lanes: 32,
+            prob_bits: 14,
+        };
+        let s = roundtrip(&v, p14);
+        let any = |_: usize, s: u32| u8::try_from(s).ok();
+        assert!(Decoder::new(s.parts(), &p14, 1024)
+            .unwrap()
+            .warp_slots(any)
+            .is_none());
+        let mut big = v.clone();
+        big[9] = 300;
+        let p12 = RansParams {
+            prob_bits: 12,
+            ..p14
+        };
+        let s = roundtrip(&big, p12);
+        assert!(Decoder::new(s.parts(), &p12, 1024)
+            .unwrap()
+            .warp_slots(any)
+            .is_none());
+        // A byte the caller refuses.
+        let s = roundtrip(&v, p12);
+        let d = Decoder::new(s.parts(), &p12, 1024).unwrap();
+        assert!(d
+            .warp_slots(|c, s| (c != 1 || s < 3).then_some(s as u8))
+            .is_none());
+    }
+
+    #[test]
+    fn a_chunk_table_that_runs_backwards_is_caught_before_any_decode() {
+        let v = skewed(4096, 9);
+        let p = RansParams {
+            chunk: 1024,
+            lanes: 32,
+            prob_bits: 12,
+        };
+        let mut s = roundtrip(&v, p);
+        // Chunk 2 claims to start before chunk 1.
+        let entry = 4 * 33;
+        s.index[2 * entry..2 * entry + 4].copy_from_slice(&0u32.to_le_bytes());
+        s.index[entry..entry + 4].copy_from_slice(&5u32.to_le_bytes());
+        let d = Decoder::new(s.parts(), &p, 4096).unwrap();
+        assert_eq!(
+            d.check_chunk_table(),
+            Err(CodingError::Corrupt { chunk: 2 })
+        );
+        // A lane state below L.
+        let mut s = roundtrip(&v, p);
+        s.index[4..8].copy_from_slice(&7u32.to_le_bytes());
+        let d = Decoder::new(s.parts(), &p, 4096).unwrap();
+        assert_eq!(
+            d.check_chunk_table(),
+            Err(CodingError::Corrupt { chunk: 0 })
+        );
     }
 
     #[test]

@@ -150,6 +150,30 @@ pub enum DeviceForm<'a> {
         /// RHT seed.
         seed: u64,
     },
+    /// E8 symbols in GPU-shaped rANS chunks ([`hwz::Coding::RANS_GPU`]: 32 lanes, whole rows
+    /// per chunk), decoded by one warp per chunk inside the GEMV and dotted against `RHT(x)`.
+    E8Rans {
+        /// The payload's 16-bit words, little-endian.
+        payload: &'a [u8],
+        /// The chunk table as stored: per chunk a `u32` word offset, then 32 lane states
+        /// (checked: offsets never decrease and stay inside the payload).
+        index: &'a [u8],
+        /// The three contexts' packed decode slots (`rice::rans::Decoder::warp_slots`), the top
+        /// byte the signed coordinate: `2t + c` for a word's first symbol, `s` for the others.
+        slots: Vec<u32>,
+        /// Probability bits (≤ 12).
+        prob_bits: u8,
+        /// Symbols per chunk: a multiple of `8·words`.
+        chunk: usize,
+        /// Row scale divided by α, per row.
+        row_scales: Vec<f32>,
+        /// Words per row (`8·words ≥ cols`, a multiple of 4).
+        words: usize,
+        /// RHT tile.
+        tile: usize,
+        /// RHT seed.
+        seed: u64,
+    },
     /// Fixed-rate E8 words dotted against `RHT(x)`.
     E8Fixed {
         /// `bits` bytes per word, `words` words per row.
@@ -388,6 +412,48 @@ impl CompressedLinear {
                     c0,
                     tile: t.tile,
                     seed: t.seed,
+                })
+            }
+            (Kind::LatticeResident, Parts::Lattice(l)) if l.params.lattice == Lattice::E8 => {
+                let Symbols::Rans(d) = &l.symbols else {
+                    return Ok(None);
+                };
+                let (p, spr) = (d.params(), l.symbols_per_row);
+                // The warp kernel's shape: a warp per chunk of whole rows, each step of 32
+                // symbols inside one row, slots that pack into 32 bits.
+                if p.lanes != 32 || spr == 0 || spr % 32 != 0 || p.chunk % spr != 0 {
+                    return Ok(None);
+                }
+                // The slots carry each symbol's signed coordinate (E8's symbols, zigzagged:
+                // `2·zz(t) + c` then `zz(s)`, see hypercodec_lattice): `2t + c` in context 0
+                // (the coset bit stays the low bit), `s` in the others.
+                let unzz = |z: u32| ((z >> 1) as i32) ^ -((z & 1) as i32);
+                let byte = |ctx: usize, sym: u32| {
+                    let v = if ctx == 0 {
+                        2 * unzz(sym >> 1) + (sym & 1) as i32
+                    } else {
+                        unzz(sym)
+                    };
+                    i8::try_from(v).ok().map(|b| b as u8)
+                };
+                let Some(slots) = d.warp_slots(byte) else {
+                    return Ok(None);
+                };
+                if slots.len() != 3 << d.prob_bits() {
+                    return Ok(None);
+                }
+                d.check_chunk_table()
+                    .map_err(|e| corrupt(view, format!("rans chunk table: {e}")))?;
+                Some(DeviceForm::E8Rans {
+                    payload: d.payload(),
+                    index: d.index(),
+                    slots,
+                    prob_bits: d.prob_bits(),
+                    chunk: p.chunk,
+                    row_scales: l.scales.iter().map(|s| s / l.params.alpha).collect(),
+                    words: spr / 8,
+                    tile: l.params.tile,
+                    seed: l.params.seed,
                 })
             }
             (Kind::E8Fixed, Parts::Lattice(l)) => match &l.symbols {

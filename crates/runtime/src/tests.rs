@@ -136,6 +136,11 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
             v.push((e, Some(Path::Trellis { l, k })));
         }
     }
+    // GPU-shaped rANS: chunks of whole rows, 32 lanes, 12-bit probabilities.
+    v.push((
+        lattice(Lattice::E8, Coding::RANS_GPU, cols).for_matrix(cols, 4096),
+        Some(Path::LatticeResident { coding: "rans" }),
+    ));
     v
 }
 
@@ -611,7 +616,7 @@ fn huge_and_tiny_weights_stay_finite_and_match_the_reference() {
 fn device_forms_decode_to_the_stored_weight() {
     use crate::DeviceForm;
     use hypercodec_lattice::Rht;
-    let mut seen = [0usize; 3];
+    let mut seen = [0usize; 4];
     for shape in [[7u64, 100], [5, 256], [3, 8]] {
         let (rows, cols) = (shape[0] as usize, shape[1] as usize);
         let x = values(rows * cols, 41);
@@ -703,6 +708,94 @@ fn device_forms_decode_to_the_stored_weight() {
                         }
                     }
                 }
+                DeviceForm::E8Rans {
+                    payload,
+                    index,
+                    slots,
+                    prob_bits,
+                    chunk,
+                    row_scales,
+                    words,
+                    tile,
+                    seed,
+                } => {
+                    // The kernel's loop (kernels/gemv.cu, hc_e8_rans), written out: 32 lanes
+                    // per step, the word's coset bit from its first lane's byte, words read in
+                    // lane order, each value doubled: 2s + c, or 2(2t + parity) + c at
+                    // position 0 (its byte is 2t + c).
+                    seen[3] += 1;
+                    let pb = prob_bits as u32;
+                    let spr = 8 * words;
+                    let u16s: Vec<u32> = payload
+                        .chunks_exact(2)
+                        .map(|b| u16::from_le_bytes([b[0], b[1]]) as u32)
+                        .collect();
+                    let idx: Vec<u32> = index
+                        .chunks_exact(4)
+                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    let n = rows * spr;
+                    let chunks = n.div_ceil(chunk);
+                    let mut doubled = vec![0i32; n];
+                    for c in 0..chunks {
+                        let e = &idx[c * 33..];
+                        let end = if c + 1 < chunks {
+                            e[33] as usize
+                        } else {
+                            u16s.len()
+                        };
+                        let mut x = e[1..33].to_vec();
+                        let mut pos = e[0] as usize;
+                        for st in (c * chunk..((c + 1) * chunk).min(n)).step_by(32) {
+                            let slot: Vec<usize> =
+                                x.iter().map(|v| (v & ((1 << pb) - 1)) as usize).collect();
+                            let first: Vec<u32> = (0..32).map(|l| slots[slot[l & 24]]).collect();
+                            let ent: Vec<u32> = (0..32)
+                                .map(|l| {
+                                    let cs = (first[l & 24] >> 24) & 1;
+                                    if l & 7 == 0 {
+                                        first[l]
+                                    } else {
+                                        slots[((1 + cs as usize) << pb) + slot[l]]
+                                    }
+                                })
+                                .collect();
+                            for l in 0..32 {
+                                let en = ent[l];
+                                x[l] = (((en >> 12) & 0xFFF) + 1) * (x[l] >> pb) + (en & 0xFFF);
+                                if x[l] < 1 << 16 {
+                                    x[l] = x[l] << 16 | if pos < end { u16s[pos] } else { 0 };
+                                    pos += 1;
+                                }
+                            }
+                            let byte = |l: usize| (ent[l] as i32) >> 24;
+                            for l in 0..32 {
+                                let cs = byte(l & 24) & 1;
+                                let (lc, par, coset) = if l & 7 == 0 {
+                                    let par = (1..8).map(|q| byte(l + q) & 1).sum::<i32>() & 1;
+                                    (l + 7, par, -1)
+                                } else {
+                                    ((l & 24) + (l & 7) - 1, 0, 1)
+                                };
+                                doubled[st + lc] = 2 * (byte(l) + par) + cs * coset;
+                            }
+                        }
+                        // Every word read (the last chunk may be followed by zero padding).
+                        assert!(pos == end || (c + 1 == chunks && pos <= end), "chunk {c}");
+                    }
+                    let rht = Rht::new(cols, tile, seed).unwrap();
+                    for r in 0..rows {
+                        let mut rotated = want[r * cols..(r + 1) * cols].to_vec();
+                        rht.forward(&mut rotated);
+                        for (j, &e) in rotated.iter().enumerate() {
+                            let got = 0.5 * row_scales[r] * doubled[r * spr + j] as f32;
+                            assert!(
+                                (got - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                                "e8 rans ({r}, {j}): {got} vs {e}"
+                            );
+                        }
+                    }
+                }
                 DeviceForm::E8Fixed {
                     packed,
                     row_scales,
@@ -744,7 +837,10 @@ fn device_forms_decode_to_the_stored_weight() {
             }
         }
     }
-    assert!(seen[0] >= 30 && seen[1] >= 21 && seen[2] >= 8, "{seen:?}");
+    assert!(
+        seen[0] >= 30 && seen[1] >= 21 && seen[2] >= 8 && seen[3] >= 1,
+        "{seen:?}"
+    );
 }
 
 #[test]

@@ -12,7 +12,10 @@ on PyTorch's current stream, without synchronizing:
   :data:`MMA_MAX_BATCH` rows in one launch (the codes read once);
 - larger batches: the weight is decoded to the activation dtype for the call, then
   ``F.linear`` (cuBLAS) — transient memory of one dense weight;
-- forms without a kernel (entropy-coded or Z1/D4 lattice symbols, codebook, nested):
+- E8 symbols in GPU-shaped rANS chunks (``e8@B-gpu``, CLI ``--coding rans-gpu``): one warp
+  decodes each chunk inside the GEMV, so the entropy-coded bytes are all the device holds;
+  larger batches decode them on the device for the call, then ``F.linear``;
+- forms without a kernel (other entropy-coded or Z1/D4 lattice symbols, codebook, nested):
   the documented *decode fallback* — the weight is decoded once on the host and kept on the
   device in the activation dtype.
 
@@ -32,8 +35,9 @@ from . import _native
 from .nn import _op_weight
 
 #: Activation rows up to which the fused GEMV runs, per form (in passes of 4; above: decode,
-#: then cuBLAS): the crossover measured on an H200 by ``py/benches/cuda_linear.py``.
-GEMV_MAX_BATCH = {"affine": 4, "e8": 4, "trellis": 4}
+#: then cuBLAS): the crossover measured on an H200 by ``py/benches/cuda_linear.py`` (rANS:
+#: each pass decodes the whole weight, so decoding once wins from 3 rows).
+GEMV_MAX_BATCH = {"affine": 4, "e8": 4, "trellis": 4, "e8rans": 2}
 #: Activation rows of the tensor-core affine kernel (bf16/f16 activations, see above).
 MMA_MAX_BATCH = 16
 
@@ -154,6 +158,25 @@ class DeviceLinear:
                 "c1": form["c1"],
                 "c0": form["c0"],
             }
+        elif self.kind == "e8rans":
+            self.payload = up(form["payload"])
+            self.index = up(form["index"])
+            self.slots = up(form["slots"].view(np.int32))
+            self.row_scales = up(form["row_scales"])
+            self.words, self.tile, self.seed = form["words"], form["tile"], form["seed"]
+            self.args = {
+                "payload": _ptr(self.payload),
+                "payload_bytes": self.payload.numel(),
+                "index": _ptr(self.index),
+                "index_bytes": self.index.numel(),
+                "slots": _ptr(self.slots),
+                "prob_bits": form["prob_bits"],
+                "chunk": form["chunk"],
+                "row_scales": _ptr(self.row_scales),
+                "bias": _ptr(self.bias),
+                "rows": self.rows,
+                "words": self.words,
+            }
         else:
             self.packed = up(form["packed"])
             self.row_scales = up(form["row_scales"])
@@ -175,9 +198,12 @@ class DeviceLinear:
             w = torch.empty(self.rows, self.cols, dtype=dt, device=self.device)
             self.kernels.affine_decode(dict(self.args, x=_ptr(w), x_dtype=code, batch=1, y=_ptr(w), y_dtype=code), _ptr(w), code, stream)
             return w
-        width = 8 * self.words if self.kind == "e8" else self.cols
+        width = self.cols if self.kind == "trellis" else 8 * self.words
         w = torch.empty(self.rows, width, dtype=dt, device=self.device)
-        if self.kind == "e8":
+        if self.kind == "e8rans":
+            args = dict(self.args, xr=_ptr(w), batch=0, y=_ptr(w), y_dtype=code)
+            self.kernels.e8_rans_decode(args, _ptr(w), code, stream)
+        elif self.kind == "e8":
             args = dict(self.args, xr=_ptr(w), half=_ptr(w), batch=1, y=_ptr(w), y_dtype=code)
             self.kernels.e8_decode(args, _ptr(w), code, stream)
         else:
@@ -225,6 +251,8 @@ class DeviceLinear:
             ts += [self.packed, self.row_scales]
         elif self.kind == "trellis":
             ts += [self.bits, self.row_scales]
+        elif self.kind == "e8rans":
+            ts += [self.payload, self.index, self.slots, self.row_scales]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def _fused_batch(self, dtype: torch.dtype) -> int:
@@ -280,7 +308,7 @@ class DeviceLinear:
                 b = None if self.bias is None else self.bias.to(dt)
                 y = torch.nn.functional.linear(x2, self._decode(dt, stream), b)
         else:
-            width = 8 * self.words if self.kind == "e8" else self.cols
+            width = self.cols if self.kind == "trellis" else 8 * self.words
             xr = torch.empty(m, width, dtype=torch.float32, device=self.device)
             self.kernels.rht(
                 {
@@ -295,12 +323,13 @@ class DeviceLinear:
                 },
                 stream,
             )
-            if self.kind == "trellis":
+            if self.kind in ("trellis", "e8rans"):
                 args = dict(self.args, xr=_ptr(xr), batch=m)
+                launch = self.kernels.trellis_gemv if self.kind == "trellis" else self.kernels.e8_rans_gemv
                 b = None if self.bias is None else self.bias.to(dt)
                 if gemv:
                     y = torch.empty(m, self.rows, dtype=dt, device=self.device)
-                    self.kernels.trellis_gemv(dict(args, y=_ptr(y), y_dtype=code), stream)
+                    launch(dict(args, y=_ptr(y), y_dtype=code), stream)
                 else:
                     y = torch.nn.functional.linear(xr.to(dt), self._decode(dt, stream), b)
                 return y.reshape(*lead, self.rows).to(x.dtype)
