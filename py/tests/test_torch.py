@@ -687,3 +687,22 @@ def test_a_candidate_name_in_the_rate_argument_is_a_clear_type_error():
     hnn.quantize(m, method="int4")
     assert isinstance(m[0], hnn.HyperLinear)
     assert hnn.method_spec("affine", np.float32(3.0)) == "int3"
+
+
+def test_lattice_gpu_layers_store_warp_shaped_chunks_and_run_on_the_host():
+    """``lattice-gpu``: E8 + rANS in chunks of whole rows a CUDA warp decodes; on the host it is
+    an entropy-coded layer like any other (the same rate, the same outputs as its decode)."""
+    assert hnn.method_spec("lattice-gpu", 3) == "e8@3-gpu"
+    torch.manual_seed(3)
+    m = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    x = torch.randn(4, 512)
+    hnn.quantize(m, bps=4, method="lattice-gpu")
+    for layer in (m[0], m[2]):
+        assert isinstance(layer, hnn.HyperLinear)
+        form = layer.op.device_form()
+        assert form["kind"] == "e8rans" and form["prob_bits"] == 12
+        assert form["chunk"] % (8 * form["words"]) == 0
+        assert layer.op.stored_bytes * 8 <= 4.0 * layer.op.rows * layer.op.cols
+    w0 = m[0].weight_dense().reshape(256, 512)
+    b0 = torch.from_numpy(np.asarray(m[0].op.bias, np.float32))
+    assert torch.allclose(m[0](x), x @ w0.T + b0, rtol=1e-4, atol=1e-5)
