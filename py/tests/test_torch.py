@@ -706,3 +706,19 @@ def test_lattice_gpu_layers_store_warp_shaped_chunks_and_run_on_the_host():
     w0 = m[0].weight_dense().reshape(256, 512)
     b0 = torch.from_numpy(np.asarray(m[0].op.bias, np.float32))
     assert torch.allclose(m[0](x), x @ w0.T + b0, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["int4", "lattice", "bf16"])
+def test_a_layer_without_inputs_keeps_its_outputs(method):
+    """``nn.Linear(0, 8)``: no weight values, 8 outputs, each its bias (it used to be refused
+    with a bias, and to give 0 outputs without one)."""
+    for bias in (True, False):
+        lin = torch.nn.Linear(0, 8, bias=bias)
+        if bias:
+            torch.nn.init.normal_(lin.bias)
+        m = torch.nn.Sequential(lin)
+        x = torch.zeros(3, 0)
+        want = m(x)
+        hnn.quantize(m, bps=4, method=method)
+        assert isinstance(m[0], hnn.HyperLinear) and (m[0].in_features, m[0].out_features) == (0, 8)
+        assert torch.equal(m(x), want)

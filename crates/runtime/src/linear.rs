@@ -249,7 +249,12 @@ impl CompressedLinear {
                 shape: view.shape().to_vec(),
             });
         }
-        let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+        let (mut rows, cols) = (view.rows() as usize, view.cols() as usize);
+        if view.shape()[1..].contains(&0) {
+            // No columns (`nn.Linear(0, n)`): no values to count rows by, so the view has none;
+            // the shape's first dimension has them, and every output is the bias (or 0).
+            rows = view.shape()[0] as usize;
+        }
         if let Some(b) = bias {
             if b.len() != rows {
                 return Err(RuntimeError::Length {
@@ -361,6 +366,9 @@ impl CompressedLinear {
         let Op::Leaf { view, kind } = &self.op else {
             return Ok(None);
         };
+        if self.cols == 0 {
+            return Ok(None);
+        }
         let rows = self.rows;
         Ok(match (*kind, view.parts_ref()) {
             (
@@ -474,6 +482,9 @@ impl CompressedLinear {
     /// The weight decoded to f32 (`rows × cols`, row-major): what the operator computes with.
     pub fn decode_weight(&self) -> Result<Vec<f32>> {
         let mut w = vec![0f32; self.rows * self.cols];
+        if w.is_empty() {
+            return Ok(w);
+        }
         self.op.decode_into(self.cols, &mut w)?;
         Ok(w)
     }
@@ -482,14 +493,14 @@ impl CompressedLinear {
     /// the stored form (each row decodes alone; entropy-coded rows decode their chunk).
     pub fn decode_rows(&self, rows: &[usize], out: &mut [f32]) -> Result<()> {
         check_len("rows out", rows.len() * self.cols, out.len())?;
+        if let Some(&r) = rows.iter().find(|&&r| r >= self.rows) {
+            return Err(RuntimeError::Length {
+                what: "row index",
+                expected: self.rows,
+                actual: r,
+            });
+        }
         for (&r, o) in rows.iter().zip(out.chunks_exact_mut(self.cols.max(1))) {
-            if r >= self.rows {
-                return Err(RuntimeError::Length {
-                    what: "row index",
-                    expected: self.rows,
-                    actual: r,
-                });
-            }
             self.op.decode_row(r, self.cols, o)?;
         }
         Ok(())
@@ -500,7 +511,9 @@ impl CompressedLinear {
     pub fn forward(&self, x: &[f32], batch: usize, y: &mut [f32]) -> Result<()> {
         check_len("x", batch * self.cols, x.len())?;
         check_len("y", batch * self.rows, y.len())?;
-        if batch == 1 {
+        if self.cols == 0 {
+            y.fill(0.0);
+        } else if batch == 1 {
             self.op.run(x, 1, y)?;
         } else {
             let mut yt = vec![0f32; batch * self.rows];

@@ -566,8 +566,9 @@ fn empty_matrices_run_and_give_empty_or_zero_outputs() {
         else {
             continue; // the encoder refuses this shape: nothing to run
         };
-        // An empty tensor's matrix view may have no rows at all (hwz's convention).
-        let rows = hypercodec_hwz::matrix_view(&shape, 0).0 as usize;
+        // hwz's matrix view of [8, 0] has no rows (it counts them by values); the operator
+        // takes them from the shape.
+        let rows = shape[0] as usize;
         let bias = vec![0.5f32; rows];
         let op =
             CompressedLinear::from_encoded("w", &t, &shape, Some(&bias), &LoadOptions::default())
@@ -869,4 +870,43 @@ fn fixed_rate_conversion_rescales_rows_coded_with_the_tensor_step() {
     // calibration (20.8 dB measured; kept at the entropy-coded α the big rows clip: 12.7 dB).
     let snr = op.conversion_snr_db().unwrap();
     assert!(snr > 18.0, "{snr}");
+}
+
+/// A layer with no inputs (`nn.Linear(0, 8)`, a convolution of 0 channels): its rows come from
+/// the shape, and every output is the bias, or 0, whatever the encoding.
+#[test]
+fn a_matrix_without_columns_keeps_its_rows_and_gives_its_bias() {
+    let bias: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
+    for shape in [vec![8u64, 0], vec![8, 0, 3, 3]] {
+        for e in [
+            Encoding::Raw {
+                dtype: FloatDtype::Bf16,
+            },
+            affine(4, Group::Size(128), false, FloatDtype::F16),
+            lattice(Lattice::E8, Coding::RANS_DEFAULT, 0),
+        ] {
+            let t = encode("w", &[], &shape, &e, EncodeOptions::default()).unwrap();
+            for b in [Some(&bias[..]), None] {
+                let op =
+                    CompressedLinear::new(view_of(&t, &shape), b, &LoadOptions::default()).unwrap();
+                assert_eq!((op.rows(), op.cols()), (8, 0), "{}", e.label());
+                let mut y = vec![f32::NAN; 3 * 8];
+                op.forward(&[], 3, &mut y).unwrap();
+                let want: Vec<f32> = (0..3)
+                    .flat_map(|_| (0..8).map(|i| b.map_or(0.0, |b| b[i])))
+                    .collect();
+                assert_eq!(y, want);
+                assert!(op.decode_weight().unwrap().is_empty());
+                assert!(op.device_form().unwrap().is_none());
+                assert!(op.decode_rows(&[9], &mut []).is_err());
+            }
+            // A bias of the wrong length is still refused.
+            assert!(CompressedLinear::new(
+                view_of(&t, &shape),
+                Some(&bias[..3]),
+                &LoadOptions::default()
+            )
+            .is_err());
+        }
+    }
 }
