@@ -910,3 +910,51 @@ fn a_matrix_without_columns_keeps_its_rows_and_gives_its_bias() {
         }
     }
 }
+
+/// The GPU form of rANS chunks is read by kernels that cannot report corruption as they go:
+/// a chunk table whose offsets run backwards or past the payload, or a lane state below the
+/// coder's range, is refused when the form is taken (the host decoder would meet it later).
+#[test]
+fn a_corrupt_rans_chunk_table_is_refused_before_the_gpu_sees_it() {
+    let shape = [64u64, 256];
+    let x = values(64 * 256, 7);
+    let e = lattice(Lattice::E8, Coding::RANS_GPU, 256).for_matrix(256, 4096);
+    let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
+    // The GPU shape puts these 64 rows in one chunk; chunks of 4 rows give a table to corrupt.
+    let e4 = e.with_row_aligned_chunks(256, 4);
+    let t4 = encode("w", &x, &shape, &e4, EncodeOptions::default()).unwrap();
+    for t in [&t, &t4] {
+        let op =
+            CompressedLinear::from_encoded("w", t, &shape, None, &LoadOptions::default()).unwrap();
+        assert!(matches!(
+            op.device_form().unwrap(),
+            Some(crate::DeviceForm::E8Rans { .. })
+        ));
+    }
+    let index = |t: &EncodedTensor| t.streams.iter().position(|(r, _)| *r == "index").unwrap();
+    let at = index(&t4);
+    let payload_words = t4
+        .streams
+        .iter()
+        .find(|(r, _)| *r == "symbols")
+        .unwrap()
+        .1
+        .len() as u32
+        / 2;
+    let entry = 4 * 33;
+    for (offset, value) in [
+        (2 * entry, 0u32),              // chunk 2 starts before chunk 1
+        (3 * entry, payload_words + 1), // past the payload
+        (entry + 4 * 5, 17),            // a lane state below 2^16
+    ] {
+        let mut bad = t4.clone();
+        bad.streams[at].1[offset..offset + 4].copy_from_slice(&value.to_le_bytes());
+        let op = CompressedLinear::from_encoded("w", &bad, &shape, None, &LoadOptions::default())
+            .unwrap();
+        let err = op.device_form().map(|_| ());
+        assert!(
+            matches!(err, Err(RuntimeError::Corrupt { .. })),
+            "{offset}: {err:?}"
+        );
+    }
+}
