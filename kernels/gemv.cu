@@ -1364,8 +1364,10 @@ __device__ __forceinline__ void hc_e8_rans(const E8RansArgs& a) {
     const long long n = (long long)a.rows * a.spr;
     for (int c = blockIdx.x * warps + (threadIdx.x >> 5); c < a.chunks; c += gridDim.x * warps) {
         const uint32_t* e = a.index + (long long)c * 33;
-        const long long start = e[0];
-        const int len = (int)((c + 1 < a.chunks ? min((long long)e[33], a.words) : a.words) - start);
+        // Clamped, so that no table (checked by the host or not) moves a read off the payload.
+        const long long start = min((long long)e[0], a.words);
+        const long long stop = c + 1 < a.chunks ? min((long long)e[33], a.words) : a.words;
+        const int len = (int)max(stop - start, 0ll);
         const uint16_t* pl = a.payload + start;
         uint32_t x = e[1 + lane];
         int wbase = 0, rel = 0;

@@ -656,7 +656,7 @@ impl Linear {
     }
 
     /// The stored form as the CUDA kernels read it, or None for forms without a device kernel
-    /// (decoded instead). A dict: `kind` (`"affine"`, `"e8"` or `"trellis"`), the stored codes, words or bits as
+    /// (decoded instead). A dict: `kind` (`"affine"`, `"e8"`, `"e8rans"` or `"trellis"`), the stored codes, words or bits as
     /// a uint8 array, f32 side information, and the kernels' parameters.
     fn device_form<'py>(
         &self,

@@ -722,3 +722,9 @@ def test_a_layer_without_inputs_keeps_its_outputs(method):
         hnn.quantize(m, bps=4, method=method)
         assert isinstance(m[0], hnn.HyperLinear) and (m[0].in_features, m[0].out_features) == (0, 8)
         assert torch.equal(m(x), want)
+    # Convolutions of 0 channels give what PyTorch's give (an empty output), 1×1 and 3×3.
+    for k in (1, 3):
+        conv = torch.nn.Conv2d(0, 8, k, padding=k // 2)
+        img = torch.zeros(2, 0, 5, 5)
+        h = hnn.HyperConv2d.from_conv(conv, method if method != "lattice" else "e8@4")
+        assert torch.equal(h(img), conv(img))

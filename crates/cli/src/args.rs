@@ -371,6 +371,13 @@ impl EncodingArgs {
                 Ok(spec)
             }
             EncodingKind::Lattice => {
+                if self.coding == CodingArg::RansGpu && self.chunk.is_some() {
+                    return Err(PipelineError::option(
+                        "chunk",
+                        "rans-gpu chunks are whole rows of about 2^14 symbols (what the CUDA \
+                         kernel decodes); --chunk does not apply",
+                    ));
+                }
                 let (coding, bps) = match self.coding {
                     CodingArg::Rans => (Coding::RANS_DEFAULT, target.map(target_bps)),
                     CodingArg::RansGpu => (Coding::RANS_GPU, target.map(target_bps)),

@@ -440,6 +440,20 @@ fn lattice_compress_meets_its_rate_and_decompresses() {
         .code(),
         Some(1)
     );
+    // GPU-shaped chunks are whole rows: a chunk size is refused, not silently misshaped.
+    let out = run(&[
+        "compress",
+        "gaussian:8x64",
+        p(&hwz),
+        "--encoding",
+        "lattice",
+        "--coding",
+        "rans-gpu",
+        "--chunk",
+        "100",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("whole rows"));
 }
 
 #[test]

@@ -176,7 +176,9 @@ impl Spec {
                     };
                     // `e8@B-gpu`: rANS shaped for the CUDA GEMV that decodes it.
                     let (bps, coding) = match bps.strip_suffix("-gpu") {
-                        Some(b) => (b, Coding::RANS_GPU),
+                        // Only E8 has the kernel that decodes it.
+                        Some(b) if lattice == Lattice::E8 => (b, Coding::RANS_GPU),
+                        Some(_) => return Err(bad()),
                         None => (bps, Coding::RANS_DEFAULT),
                     };
                     let bps: f64 = bps.parse().map_err(|_| bad())?;

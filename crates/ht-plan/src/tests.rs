@@ -500,3 +500,44 @@ fn tensors_without_values_plan_raw_in_every_mode() {
         }
     }
 }
+
+#[test]
+fn gpu_shaped_rans_candidates_resolve_to_chunks_of_whole_rows() {
+    use hypercodec_hwz::{Coding, EncodeOptions, Encoding};
+    // `e8@B-gpu`: rANS of 32 lanes and 12-bit probabilities, chunks of as many whole rows as
+    // fit 2^14 symbols (one row when rows are longer); other lattices have no such kernel.
+    let w: Vec<f32> = (0..48 * 640)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
+        .collect();
+    let spec = Spec::parse("e8@3-gpu").unwrap();
+    let t = spec
+        .encode("w", &w, &[48, 640], EncodeOptions::default())
+        .unwrap();
+    match t.encoding {
+        Encoding::Lattice {
+            coding:
+                Coding::Rans {
+                    chunk,
+                    lanes,
+                    prob_bits,
+                },
+            ..
+        } => assert_eq!((chunk, lanes, prob_bits), (640 * 25, 32, 12)),
+        ref e => panic!("{e:?}"),
+    }
+    assert!(t.payload_bytes() as f64 * 8.0 / w.len() as f64 <= 3.0);
+    let long: Vec<f32> = w.iter().cycle().take(2 * 20480).copied().collect();
+    let t = spec
+        .encode("w", &long, &[2, 20480], EncodeOptions::default())
+        .unwrap();
+    assert!(matches!(
+        t.encoding,
+        Encoding::Lattice {
+            coding: Coding::Rans { chunk: 20480, .. },
+            ..
+        }
+    ));
+    for bad in ["d4@3-gpu", "z1@3-gpu", "e8@-gpu"] {
+        assert!(Spec::parse(bad).is_err(), "{bad}");
+    }
+}

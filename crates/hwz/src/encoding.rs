@@ -461,9 +461,9 @@ impl Encoding {
         match &e {
             Encoding::Lattice {
                 lattice,
-                coding: Coding::Rans { chunk: 0, .. },
+                coding: c @ Coding::Rans { .. },
                 ..
-            } => {
+            } if *c == Coding::RANS_GPU => {
                 let spr = hypercodec_lattice::symbols_per_row(*lattice, cols as usize);
                 e.with_row_aligned_chunks(cols, (GPU_CHUNK_SYMBOLS / spr.max(1)).max(1) as u64)
             }

@@ -206,9 +206,9 @@ pub struct E8RansGemv {
     pub payload: u64,
     /// Bytes of `payload`.
     pub payload_bytes: usize,
-    /// The chunk table: per chunk a `u32` word offset, then 32 `u32` lane states. The offsets
-    /// must not decrease (`rans::Decoder::check_chunk_table`); reads stay inside the payload
-    /// whatever they hold.
+    /// The chunk table: per chunk a `u32` word offset, then 32 `u32` lane states. Offsets that
+    /// decrease or pass the payload's end (`rans::Decoder::check_chunk_table` refuses both)
+    /// give wrong values, but the kernel clamps them: its reads stay inside the payload.
     pub index: u64,
     /// Bytes of `index` (`chunks · 132`).
     pub index_bytes: usize,
@@ -277,7 +277,8 @@ impl E8RansGemv {
                 self.payload_bytes
             ));
         }
-        if self.payload == 0
+        // An empty payload (every context a single symbol: a constant weight) may be null.
+        if (self.payload == 0 && self.payload_bytes > 0)
             || self.index == 0
             || self.slots == 0
             || self.row_scales == 0

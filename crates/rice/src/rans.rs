@@ -1175,7 +1175,7 @@ mod tests {
     }
 
     /// The CUDA GEMV's warp loop over [`Decoder::warp_slots`] (kernels/gemv.cu,
-    /// `hc_e8_rans_chunk`), step for step: 32 lanes decode one symbol each, lanes at position 0
+    /// `hc_e8_rans`), step for step: 32 lanes decode one symbol each, lanes at position 0
     /// of a word first (their context is 0), the rest in the context their word's first symbol
     /// picks; the words a step needs come from a window of two 32-word buffers, each lane's at
     /// the count of lanes below it that need one.

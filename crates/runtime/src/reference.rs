@@ -11,7 +11,10 @@ pub fn linear(
     batch: usize,
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>> {
-    let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+    let (mut rows, cols) = (view.rows() as usize, view.cols() as usize);
+    if view.shape().len() >= 2 && view.shape()[1..].contains(&0) {
+        rows = view.shape()[0] as usize; // no columns: the rows are the shape's (see linear.rs)
+    }
     if x.len() != batch * cols {
         return Err(RuntimeError::Length {
             what: "x",
@@ -20,7 +23,9 @@ pub fn linear(
         });
     }
     let mut w = vec![0f32; rows * cols];
-    view.decode_rows_into(0..rows as u64, &mut w)?;
+    if cols > 0 {
+        view.decode_rows_into(0..rows as u64, &mut w)?;
+    }
     let mut y = vec![0f32; batch * rows];
     for b in 0..batch {
         let xb = &x[b * cols..(b + 1) * cols];

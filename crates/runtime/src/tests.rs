@@ -896,6 +896,8 @@ fn a_matrix_without_columns_keeps_its_rows_and_gives_its_bias() {
                     .flat_map(|_| (0..8).map(|i| b.map_or(0.0, |b| b[i])))
                     .collect();
                 assert_eq!(y, want);
+                let view = view_of(&t, &shape);
+                assert_eq!(crate::reference::linear(&view, &[], 3, b).unwrap(), want);
                 assert!(op.decode_weight().unwrap().is_empty());
                 assert!(op.device_form().unwrap().is_none());
                 assert!(op.decode_rows(&[9], &mut []).is_err());

@@ -26,6 +26,7 @@ on PyTorch's current stream, without synchronizing:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -217,7 +218,7 @@ class DeviceLinear:
         domain: the product goes back through the transposed RHT (signs, then the normalized
         Walsh–Hadamard transform of each tile)."""
         dt = gy.dtype if gy.dtype in _DTYPES else torch.float32
-        g = gy.reshape(-1, self.rows).to(device=self.device, dtype=dt)
+        g = gy.reshape(math.prod(gy.shape[:-1]), self.rows).to(device=self.device, dtype=dt)
         if self.kind == "dense":
             return (g @ self.dense_weight(dt)).reshape(*gy.shape[:-1], self.cols)
         w = self._decode(dt, torch.cuda.current_stream(self.device).cuda_stream)
@@ -285,7 +286,8 @@ class DeviceLinear:
             raise _native.InvalidInputError(f"x has shape {tuple(x.shape)}; its last dimension must be {self.cols}")
         lead = x.shape[:-1]
         dt = x.dtype if x.dtype in _DTYPES else torch.float32
-        x2 = x.reshape(-1, self.cols).to(device=self.device, dtype=dt).contiguous()
+        # Explicit sizes: `-1` is ambiguous when a dimension is 0 (a layer without inputs).
+        x2 = x.reshape(math.prod(lead), self.cols).to(device=self.device, dtype=dt).contiguous()
         m = x2.shape[0]
         code = _DTYPES[dt]
         if m == 0 or self.rows == 0 or self.cols == 0:

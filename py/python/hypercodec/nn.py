@@ -450,9 +450,10 @@ class HyperConv2d(_StoredForm, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.op is None:
             raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
-        if self.pointwise:
+        if self.pointwise and x.shape[1] > 0:
             # A 1×1 convolution runs on the matrix form; its input gradient is ∂y's channels
-            # times the decoded matrix.
+            # times the decoded matrix. (Without input channels it takes the decoded weight's
+            # path below, so its output is PyTorch's: empty.)
             return _through_stored(
                 x,
                 self._pointwise_forward,
@@ -477,14 +478,15 @@ class HyperConv2d(_StoredForm, nn.Module):
 
     def _pointwise_forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape
+        o = self.op.rows  # explicit sizes: `-1` is ambiguous when a dimension is 0
         if x.is_cuda:
-            y = _on_device(self, x.device).forward(x.permute(0, 2, 3, 1).reshape(-1, c))
-            y = y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
+            y = _on_device(self, x.device).forward(x.permute(0, 2, 3, 1).reshape(n * h * w, c))
+            y = y.reshape(n, h, w, o).permute(0, 3, 1, 2)
             if self.bias is not None:
                 y = y + self.bias.detach().to(device=x.device, dtype=y.dtype)[None, :, None, None]
             return y.contiguous()
-        xs = _f32(x.permute(0, 2, 3, 1).reshape(-1, c))
-        y = torch.from_numpy(self.op.forward(xs)).reshape(n, h, w, -1).permute(0, 3, 1, 2)
+        xs = _f32(x.permute(0, 2, 3, 1).reshape(n * h * w, c))
+        y = torch.from_numpy(self.op.forward(xs)).reshape(n, h, w, o).permute(0, 3, 1, 2)
         if self.bias is not None:
             y = y + self.bias.detach().to(torch.float32)[None, :, None, None]
         return y.to(dtype=x.dtype, device=x.device).contiguous()
