@@ -167,6 +167,24 @@ def test_cuda_rans_chunks_of_any_row_count_match_the_cpu_runtime(shape):
 
 
 @needs_cuda
+def test_cuda_constant_weights_and_layers_without_inputs():
+    """A zero weight in GPU-shaped rANS has an empty payload (every context one symbol); a
+    layer without inputs gives its bias."""
+    z = np.zeros((64, 512), np.float32)
+    b = np.arange(64, dtype=np.float32)
+    op = hypercodec.Linear.quantize(z, "e8@4-gpu", b)
+    d = hcuda.DeviceLinear(op, torch.device("cuda"))
+    x = torch.randn(3, 512)
+    for route in ("gemv", "decode"):
+        got = d.forward(x.cuda(), route=route).cpu().numpy()
+        assert np.allclose(got, op.forward(x.numpy()), atol=1e-6), route
+    lin = torch.nn.Linear(0, 8)
+    want = lin(torch.zeros(2, 0))
+    h = hnn.HyperLinear.from_linear(lin, "int4")
+    assert torch.allclose(h(torch.zeros(2, 0, device="cuda")).cpu(), want)
+
+
+@needs_cuda
 def test_cuda_rans_kernel_on_a_corrupt_payload_stays_inside_its_buffers():
     """Garbage words (the host checks only the chunk table) give garbage, never a fault."""
     rng = np.random.default_rng(8)
