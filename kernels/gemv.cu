@@ -1461,3 +1461,45 @@ extern "C" __global__ void __launch_bounds__(256) hc_e8_rans_gemv_m2(E8RansArgs 
 extern "C" __global__ void __launch_bounds__(256) hc_e8_rans_gemv_m3(E8RansArgs a) { hc_e8_rans<3, false>(a); }
 extern "C" __global__ void __launch_bounds__(256) hc_e8_rans_gemv_m4(E8RansArgs a) { hc_e8_rans<4, false>(a); }
 extern "C" __global__ void __launch_bounds__(256) hc_e8_rans_decode(E8RansArgs a) { hc_e8_rans<1, true>(a); }
+
+// ---------------------------------------------------------------------------------------
+// Per-token int8 activations for W8A8 (`hypercodec.nn.quantize_activations`): for row r of
+// x (`xdtype`, rows × cols), step[r] = max(max_j |x[r, j]|, 1e-30) / 127 and q[r, j] =
+// round-half-even(x[r, j] / step[r]) clamped to ±127: the host's torch expression, operation
+// for operation (IEEE division), so both give the same codes. A block per row.
+extern "C" __global__ void __launch_bounds__(256) hc_quant_i8(const void* __restrict__ x, int xdtype,
+                                                              int8_t* __restrict__ q, float* __restrict__ step,
+                                                              int cols) {
+    __shared__ float part[8];
+    const long long base = (long long)blockIdx.x * cols;
+    int8_t* qr = q + base;
+    float a = 0.f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) a = fmaxf(a, fabsf(hc_load(x, xdtype, base + j)));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = a;
+    __syncthreads();
+    a = part[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) a = fmaxf(a, part[w]);
+    const float s = fmaxf(a, 1e-30f) / 127.f;
+    if (threadIdx.x == 0) step[blockIdx.x] = s;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        const int v = __float2int_rn(hc_load(x, xdtype, base + j) / s);
+        qr[j] = (int8_t)max(-127, min(127, v));
+    }
+}
+
+// The W8A8 epilogue: y[r, n] = acc[r, n]·step[r]·scale[n] (+ bias[n]) in `ydtype`, from the
+// int8 GEMM's int32 sums, in one pass (rows × cols, grid-stride).
+extern "C" __global__ void __launch_bounds__(256) hc_w8a8_out(const int32_t* __restrict__ acc,
+                                                              const float* __restrict__ step,
+                                                              const float* __restrict__ scale,
+                                                              const float* __restrict__ bias, void* __restrict__ y,
+                                                              int ydtype, long long rows, int cols) {
+    const long long n = rows * cols;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)(i % cols);
+        const float v = (float)acc[i] * step[i / cols] * scale[c];
+        hc_store(y, ydtype, i, bias ? v + bias[c] : v);
+    }
+}

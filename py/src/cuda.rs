@@ -4,7 +4,8 @@
 
 use crate::{CudaError as PyCudaError, InvalidInputError};
 use hypercodec_kernels_cuda::{
-    AffineGemv, CudaError, Dtype, E8Gemv, E8RansGemv, Kernels, KvE8, RhtArgs, TrellisGemv,
+    AffineGemv, CudaError, Dtype, E8Gemv, E8RansGemv, Kernels, KvE8, QuantI8, RhtArgs, TrellisGemv,
+    W8A8Out,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -238,6 +239,36 @@ impl CudaKernels {
         let a = e8_rans(args)?;
         // SAFETY: as in `rht`.
         unsafe { self.k.e8_rans_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
+    }
+
+    /// The W8A8 epilogue (keys: acc, step, scales, bias, y, y_dtype, rows, cols).
+    fn w8a8_out(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = W8A8Out {
+            acc: get(args, "acc")?,
+            step: get(args, "step")?,
+            scales: get(args, "scales")?,
+            bias: get(args, "bias")?,
+            y: get(args, "y")?,
+            y_dtype: dtype(get(args, "y_dtype")?)?,
+            rows: get(args, "rows")?,
+            cols: get(args, "cols")?,
+        };
+        // SAFETY: as in `rht`.
+        unsafe { self.k.w8a8_out(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// Per-token int8 activations for W8A8 (keys: x, x_dtype, q, step, rows, cols).
+    fn quant_i8(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = QuantI8 {
+            x: get(args, "x")?,
+            x_dtype: dtype(get(args, "x_dtype")?)?,
+            q: get(args, "q")?,
+            step: get(args, "step")?,
+            rows: get(args, "rows")?,
+            cols: get(args, "cols")?,
+        };
+        // SAFETY: as in `rht`.
+        unsafe { self.k.quant_i8(&a, stream) }.map_err(cuda_err)
     }
 
     /// The trellis GEMV (keys: bits, bit_bytes, row_bytes, row_scales, xr, y, y_dtype, bias,

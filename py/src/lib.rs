@@ -656,7 +656,7 @@ impl Linear {
     }
 
     /// The stored form as the CUDA kernels read it, or None for forms without a device kernel
-    /// (decoded instead). A dict: `kind` (`"affine"`, `"e8"`, `"e8rans"` or `"trellis"`), the stored codes, words or bits as
+    /// (decoded instead). A dict: `kind` (`"affine"`, `"e8"`, `"e8rans"`, `"z1"` or `"trellis"`), the stored codes, words or bits as
     /// a uint8 array, f32 side information, and the kernels' parameters.
     fn device_form<'py>(
         &self,
@@ -687,6 +687,20 @@ impl Linear {
                 d.set_item("scales_per_row", scales_per_row)?;
                 d.set_item("qmul", qmul)?;
                 d.set_item("qbias", qbias)?;
+            }
+            DeviceForm::Z1Fixed {
+                packed,
+                row_scales,
+                bits,
+                tile,
+                seed,
+            } => {
+                d.set_item("kind", "z1")?;
+                d.set_item("packed", PyArray1::from_slice(py, packed))?;
+                d.set_item("row_scales", PyArray1::from_vec(py, row_scales))?;
+                d.set_item("bits", bits)?;
+                d.set_item("tile", tile)?;
+                d.set_item("seed", seed)?;
             }
             DeviceForm::E8Fixed {
                 packed,

@@ -185,6 +185,30 @@ def test_cuda_constant_weights_and_layers_without_inputs():
 
 
 @needs_cuda
+@pytest.mark.parametrize("spec", ["int8-row", "z1-fixed8"])
+def test_cuda_w8a8_matches_the_host_w8a8(spec):
+    """The int8 GEMM (cuBLASLt through torch._int_mm; fewer than 17 rows padded) gives the
+    host's W8A8 result: the same int8 codes and int32 sums (the RHT's float rounding may move
+    a code by 1), in f32, f16 and bf16."""
+    torch.manual_seed(9)
+    m = torch.nn.Sequential(torch.nn.Linear(512, 256))
+    hnn.quantize(m, method=spec, skip=())
+    assert hnn.quantize_activations(m) == 1
+    for rows in (1, 3, 17, 64):
+        x = torch.randn(rows, 512)
+        host = m(x)
+        if spec == "int8-row" and rows <= hnn.W8A8_GEMV_BATCH:
+            hnn.quantize_activations(m, None)  # the device keeps the weight-only GEMV here
+            host = m(x)
+            hnn.quantize_activations(m)
+        for dt in (torch.float32, torch.float16, torch.bfloat16):
+            dev = m(x.cuda().to(dt))
+            assert dev.dtype == dt
+            tol = 2e-3 if dt == torch.float32 else 1e-2
+            assert torch.allclose(dev.float().cpu(), host, rtol=tol, atol=tol * host.abs().max().item()), (rows, dt)
+
+
+@needs_cuda
 def test_cuda_rans_kernel_on_a_corrupt_payload_stays_inside_its_buffers():
     """Garbage words (the host checks only the chunk table) give garbage, never a fault."""
     rng = np.random.default_rng(8)

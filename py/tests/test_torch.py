@@ -728,3 +728,37 @@ def test_a_layer_without_inputs_keeps_its_outputs(method):
         img = torch.zeros(2, 0, 5, 5)
         h = hnn.HyperConv2d.from_conv(conv, method if method != "lattice" else "e8@4")
         assert torch.equal(h(img), conv(img))
+
+
+def test_w8a8_multiplies_int8_activations_by_the_stored_int8_weight():
+    """``quantize_activations``: int8-row (no rotation) and z1-fixed8 (after its RHT) layers
+    quantize each activation row by its absolute maximum and multiply in int8; the result is
+    that integer product, scaled, and stays near the weight-only output; other forms are left."""
+    torch.manual_seed(4)
+    base = torch.nn.Sequential(torch.nn.Linear(256, 96), torch.nn.ReLU(), torch.nn.Linear(96, 40))
+    x = torch.randn(7, 256)
+    for spec in ("int8-row", "z1-fixed8"):
+        m = copy.deepcopy(base)
+        hnn.quantize(m, method=spec, skip=())
+        weight_only = m(x)
+        assert hnn.quantize_activations(m) == 2
+        got = m(x)
+        # The integer product written out for the first layer.
+        layer = m[0]
+        q, scales, tile, seed = hnn._int8_form(layer.op)
+        xr = hnn._rht(x, tile, seed) if tile else x
+        step = xr.abs().amax(1, keepdim=True) / 127
+        xq = torch.round(xr / step).clamp(-127, 127).to(torch.int64)
+        acc = xq @ torch.from_numpy(q).to(torch.int64).T
+        want = acc.to(torch.float32) * step * torch.from_numpy(scales) + torch.from_numpy(np.asarray(layer.op.bias))
+        assert torch.allclose(layer(x), want, rtol=1e-5, atol=1e-5), spec
+        err = ((got - weight_only).norm() / weight_only.norm()).item()
+        assert 0 < err < 0.03, (spec, err)
+        # Off again: the weight-only output.
+        assert hnn.quantize_activations(m, None) == 0
+        assert torch.equal(m(x), weight_only)
+    m = copy.deepcopy(base)
+    hnn.quantize(m, method="int4", skip=())
+    assert hnn.quantize_activations(m) == 0
+    with pytest.raises(hypercodec.InvalidInputError):
+        hnn.quantize_activations(m, "fp4")

@@ -27,6 +27,8 @@ pub(crate) fn function_names() -> Vec<String> {
         "hc_e8_rans_gemv_m2",
         "hc_e8_rans_gemv_m3",
         "hc_e8_rans_gemv_m4",
+        "hc_quant_i8",
+        "hc_w8a8_out",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -125,8 +127,10 @@ pub(crate) const E8_RANS_DECODE: usize = 13;
 pub(crate) fn e8_rans_gemv(batch: usize) -> usize {
     14 + batch.clamp(1, 4) - 1
 }
+pub(crate) const QUANT_I8: usize = 18;
+pub(crate) const W8A8_OUT: usize = 19;
 /// Functions before the templated GEMVs.
-const FIXED: usize = 18;
+const FIXED: usize = 20;
 /// The trellis GEMVs' compiled K (0: K read at run time).
 const TRELLIS_KS: [usize; 5] = [0, 1, 2, 3, 4];
 

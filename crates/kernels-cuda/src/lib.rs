@@ -298,6 +298,88 @@ impl E8RansGemv {
     }
 }
 
+/// Per-token int8 activations for W8A8: for each row `r` of `x` (`rows × cols`),
+/// `step[r] = max(max_j |x[r, j]|, 1e-30) / 127` and `q[r, j] = round(x[r, j] / step[r])`
+/// (half to even, clamped to ±127), as PyTorch computes it on the host.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantI8 {
+    /// The activations, `rows × cols` of `x_dtype`.
+    pub x: u64,
+    /// Their type.
+    pub x_dtype: Dtype,
+    /// Output codes, int8, `rows × cols`.
+    pub q: u64,
+    /// Output steps, f32, `rows`.
+    pub step: u64,
+    /// Rows (tokens).
+    pub rows: usize,
+    /// Values per row.
+    pub cols: usize,
+}
+
+impl QuantI8 {
+    /// Checks what the kernel relies on.
+    pub fn validate(&self) -> Result<()> {
+        if self.rows > (1 << 31) - 1 || self.cols > i32::MAX as usize {
+            return Err(CudaError::InvalidArgument(format!(
+                "{} × {} activations are too many",
+                self.rows, self.cols
+            )));
+        }
+        if self.rows > 0 && self.cols > 0 && (self.x == 0 || self.q == 0 || self.step == 0) {
+            return Err(CudaError::InvalidArgument("a null pointer".into()));
+        }
+        if !self.x.is_multiple_of(self.x_dtype.size() as u64) || !self.step.is_multiple_of(4) {
+            return Err(CudaError::InvalidArgument(
+                "misaligned activations or steps".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The W8A8 epilogue: `y[r, n] = acc[r, n]·step[r]·scales[n] (+ bias[n])` in `y_dtype`, from
+/// the int8 GEMM's int32 sums (`rows × cols`), in one pass.
+#[derive(Debug, Clone, Copy)]
+pub struct W8A8Out {
+    /// int32 sums, `rows × cols`.
+    pub acc: u64,
+    /// f32 activation steps, `rows` ([`QuantI8`]'s).
+    pub step: u64,
+    /// f32 weight scales, `cols`.
+    pub scales: u64,
+    /// f32 bias, `cols`, or 0.
+    pub bias: u64,
+    /// Output, `rows × cols` of `y_dtype`.
+    pub y: u64,
+    /// Its type.
+    pub y_dtype: Dtype,
+    /// Rows (tokens).
+    pub rows: usize,
+    /// Outputs per row.
+    pub cols: usize,
+}
+
+impl W8A8Out {
+    /// Checks what the kernel relies on.
+    pub fn validate(&self) -> Result<()> {
+        if self.cols > i32::MAX as usize || self.rows.saturating_mul(self.cols) > i64::MAX as usize
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "{} × {} outputs are too many",
+                self.rows, self.cols
+            )));
+        }
+        if self.rows > 0
+            && self.cols > 0
+            && (self.acc == 0 || self.step == 0 || self.scales == 0 || self.y == 0)
+        {
+            return Err(CudaError::InvalidArgument("a null pointer".into()));
+        }
+        Ok(())
+    }
+}
+
 /// `y = s_r·⟨w_r, x'⟩ (+ b)` for bitshift-trellis rows, as stored in `.hwz` (`row_bytes` per
 /// row, tail-biting sequences of `seq` values, value `c1·sum(state) + c0` with QTIP's 1MAD
 /// byte sum; see `hypercodec_trellis`), `x' = RHT(x)` (f32, `batch × cols`).
@@ -943,6 +1025,73 @@ impl Kernels {
         unsafe { self.rans_launch(args::E8_RANS_DECODE, &a, stream) }
     }
 
+    /// Quantizes activations per row to int8 for W8A8 (a block per row).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn quant_i8(&self, a: &QuantI8, stream: u64) -> Result<()> {
+        a.validate()?;
+        if a.rows == 0 || a.cols == 0 {
+            return Ok(());
+        }
+        let (mut x, mut q, mut step, mut cols) = (a.x, a.q, a.step, a.cols as i32);
+        let mut xd = a.x_dtype as i32;
+        let mut params = [
+            &mut x as *mut _ as *mut std::ffi::c_void,
+            &mut xd as *mut _ as *mut _,
+            &mut q as *mut _ as *mut _,
+            &mut step as *mut _ as *mut _,
+            &mut cols as *mut _ as *mut _,
+        ];
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe {
+            self.inner.launch(
+                args::QUANT_I8,
+                (a.rows as u32, 1),
+                256,
+                0,
+                stream,
+                &mut params,
+            )
+        }
+    }
+
+    /// The W8A8 epilogue (see [`W8A8Out`]).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn w8a8_out(&self, a: &W8A8Out, stream: u64) -> Result<()> {
+        a.validate()?;
+        let n = a.rows * a.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        let (mut acc, mut step, mut scales, mut bias, mut y) =
+            (a.acc, a.step, a.scales, a.bias, a.y);
+        let (mut yd, mut rows, mut cols) = (a.y_dtype as i32, a.rows as i64, a.cols as i32);
+        let mut params = [
+            &mut acc as *mut _ as *mut std::ffi::c_void,
+            &mut step as *mut _ as *mut _,
+            &mut scales as *mut _ as *mut _,
+            &mut bias as *mut _ as *mut _,
+            &mut y as *mut _ as *mut _,
+            &mut yd as *mut _ as *mut _,
+            &mut rows as *mut _ as *mut _,
+            &mut cols as *mut _ as *mut _,
+        ];
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe {
+            self.inner.launch(
+                args::W8A8_OUT,
+                (grid_for(n), 1),
+                256,
+                0,
+                stream,
+                &mut params,
+            )
+        }
+    }
+
     /// One launch of a rANS kernel: a warp per chunk, 8 warps per block.
     unsafe fn rans_launch(&self, f: usize, a: &E8RansGemv, stream: u64) -> Result<()> {
         let mut k = args::E8RansArgs::new(a);
@@ -1249,6 +1398,8 @@ mod tests {
         assert_eq!(names[args::trellis_gemv(4, 4)], "hc_trellis_gemv_m4_k4");
         assert_eq!(names[args::TRELLIS_DECODE], "hc_trellis_decode");
         assert_eq!(names[args::E8_RANS_DECODE], "hc_e8_rans_decode");
+        assert_eq!(names[args::QUANT_I8], "hc_quant_i8");
+        assert_eq!(names[args::W8A8_OUT], "hc_w8a8_out");
         assert_eq!(names[args::e8_rans_gemv(1)], "hc_e8_rans_gemv_m1");
         assert_eq!(names[args::e8_rans_gemv(2)], "hc_e8_rans_gemv_m2");
         assert_eq!(names[args::e8_rans_gemv(3)], "hc_e8_rans_gemv_m3");

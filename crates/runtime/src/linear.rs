@@ -174,6 +174,21 @@ pub enum DeviceForm<'a> {
         /// RHT seed.
         seed: u64,
     },
+    /// Fixed-rate Z1 symbols (scalar integers in the RHT domain): value `j` of row `r` is
+    /// `row_scales[r]·(sym − 2^(bits−1))` against `RHT(x)`; at 8 bits, the int8 weight of the
+    /// W8A8 route (`hypercodec.nn.quantize_activations`).
+    Z1Fixed {
+        /// `bits`-bit symbols, LSB-first, row after row (`cols` per row).
+        packed: &'a [u8],
+        /// Row scale divided by α, per row.
+        row_scales: Vec<f32>,
+        /// Bits per symbol.
+        bits: u8,
+        /// RHT tile.
+        tile: usize,
+        /// RHT seed.
+        seed: u64,
+    },
     /// Fixed-rate E8 words dotted against `RHT(x)`.
     E8Fixed {
         /// `bits` bytes per word, `words` words per row.
@@ -463,6 +478,18 @@ impl CompressedLinear {
                     tile: l.params.tile,
                     seed: l.params.seed,
                 })
+            }
+            (Kind::LatticeWords, Parts::Lattice(l)) if l.params.lattice == Lattice::Z1 => {
+                match &l.symbols {
+                    Symbols::Fixed { bits, packed } => Some(DeviceForm::Z1Fixed {
+                        packed,
+                        row_scales: l.scales.iter().map(|s| s / l.params.alpha).collect(),
+                        bits: *bits,
+                        tile: l.params.tile,
+                        seed: l.params.seed,
+                    }),
+                    _ => None,
+                }
             }
             (Kind::E8Fixed, Parts::Lattice(l)) => match &l.symbols {
                 Symbols::Fixed { bits, packed } => Some(DeviceForm::E8Fixed {

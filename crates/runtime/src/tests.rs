@@ -136,6 +136,10 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
             v.push((e, Some(Path::Trellis { l, k })));
         }
     }
+    v.push((
+        lattice(Lattice::Z1, Coding::Fixed { bits: 8 }, cols),
+        Some(Path::LatticeWords),
+    ));
     // GPU-shaped rANS: chunks of whole rows, 32 lanes, 12-bit probabilities.
     v.push((
         lattice(Lattice::E8, Coding::RANS_GPU, cols).for_matrix(cols, 4096),
@@ -797,6 +801,32 @@ fn device_forms_decode_to_the_stored_weight() {
                         }
                     }
                 }
+                DeviceForm::Z1Fixed {
+                    packed,
+                    row_scales,
+                    bits,
+                    tile,
+                    seed,
+                } => {
+                    seen[3] += 1;
+                    let rht = Rht::new(cols, tile, seed).unwrap();
+                    let b = bits as usize;
+                    for r in 0..rows {
+                        let mut rotated = want[r * cols..(r + 1) * cols].to_vec();
+                        rht.forward(&mut rotated);
+                        for (j, &e) in rotated.iter().enumerate() {
+                            let bit = (r * cols + j) * b;
+                            let two = packed[bit / 8] as u32
+                                | packed.get(bit / 8 + 1).map_or(0, |&v| (v as u32) << 8);
+                            let sym = ((two >> (bit % 8)) & ((1 << b) - 1)) as i32;
+                            let got = row_scales[r] * (sym - (1 << (b - 1))) as f32;
+                            assert!(
+                                (got - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                                "z1-fixed{bits} ({r}, {j}): {got} vs {e}"
+                            );
+                        }
+                    }
+                }
                 DeviceForm::E8Fixed {
                     packed,
                     row_scales,
@@ -839,7 +869,7 @@ fn device_forms_decode_to_the_stored_weight() {
         }
     }
     assert!(
-        seen[0] >= 30 && seen[1] >= 21 && seen[2] >= 8 && seen[3] >= 1,
+        seen[0] >= 30 && seen[1] >= 21 && seen[2] >= 8 && seen[3] >= 4,
         "{seen:?}"
     );
 }

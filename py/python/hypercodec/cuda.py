@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from . import _native
-from .nn import _op_weight
+from .nn import _op_weight, _rht_signs, _wht_tiles
 
 #: Activation rows up to which the fused GEMV runs, per form (in passes of 4; above: decode,
 #: then cuBLAS): the crossover measured on an H200 by ``py/benches/cuda_linear.py`` (rANS:
@@ -73,34 +73,6 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-_SIGNS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
-
-
-def _rht_signs(seed: int, n: int, device: torch.device) -> torch.Tensor:
-    """The RHT's ±1 of positions 0..n for ``seed`` (:func:`hypercodec._native.rht_signs`, the
-    format's rule), float32 on ``device``; kept per (seed, n, device)."""
-    key = (seed, n, device)
-    hit = _SIGNS.get(key)
-    if hit is None:
-        hit = _SIGNS[key] = torch.from_numpy(_native.rht_signs(seed, n)).to(device)
-    return hit
-
-
-def _rht_transpose(v: torch.Tensor, tile: int, seed: int) -> torch.Tensor:
-    """``RHTᵀ`` of the rows of ``v`` (``m × cols``, cols a multiple of ``tile``): each tile's
-    normalized Walsh–Hadamard transform (its own transpose), then the signs."""
-    m, cols = v.shape
-    u = v.reshape(m, cols // tile, tile)
-    h = 1
-    while h < tile:
-        u = u.reshape(m, cols // tile, tile // (2 * h), 2, h)
-        a, b = u[..., 0, :], u[..., 1, :]
-        u = torch.stack((a + b, a - b), dim=-2)
-        h *= 2
-    u = u.reshape(m, cols) * (tile ** -0.5)
-    return u * _rht_signs(seed, cols, v.device)
-
-
 class DeviceLinear:
     """One :class:`hypercodec.Linear` on one CUDA device (see the module docs)."""
 
@@ -114,6 +86,8 @@ class DeviceLinear:
         bias = op.bias
         self.bias = None if bias is None else torch.from_numpy(np.asarray(bias, np.float32)).to(device)
         form = op.device_form()
+        if form is not None and form["kind"] == "z1":
+            form = None  # no GEMV of its own: the decode fallback (W8A8 reads it, in nn)
         self.kind = "dense" if form is None else form["kind"]
         self._dense: dict[torch.dtype, torch.Tensor] = {}
         self._fused: dict[torch.dtype, int] = {}
@@ -225,7 +199,8 @@ class DeviceLinear:
         if self.kind == "affine":
             return (g @ w).reshape(*gy.shape[:-1], self.cols)
         v = (g @ w)[:, : self.cols].float()
-        gx = _rht_transpose(v, self.tile, self.seed) if self.tile else v
+        # RHTᵀ: each tile's Walsh–Hadamard transform (its own transpose), then the signs.
+        gx = _wht_tiles(v, self.tile) * _rht_signs(self.seed, self.cols, v.device) if self.tile else v
         return gx.to(dt).reshape(*gy.shape[:-1], self.cols)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -272,6 +272,163 @@ def _on_device(layer: Any, device: torch.device) -> Any:
     return hit[1]
 
 
+def _wht_tiles(v: torch.Tensor, tile: int) -> torch.Tensor:
+    """The normalized Walsh–Hadamard transform of each ``tile`` of the rows of ``v`` (``m ×
+    cols``, cols a multiple of ``tile``; its own inverse)."""
+    m, cols = v.shape
+    u = v.reshape(m, cols // tile, tile)
+    h = 1
+    while h < tile:
+        u = u.reshape(m, cols // tile, tile // (2 * h), 2, h)
+        a, b = u[..., 0, :], u[..., 1, :]
+        u = torch.stack((a + b, a - b), dim=-2)
+        h *= 2
+    return u.reshape(m, cols) * (tile**-0.5)
+
+
+_SIGNS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def _rht_signs(seed: int, n: int, device: torch.device) -> torch.Tensor:
+    """The RHT's ±1 of positions 0..n for ``seed`` (:func:`hypercodec._native.rht_signs`, the
+    format's rule), float32 on ``device``; kept per (seed, n, device)."""
+    key = (seed, n, device)
+    hit = _SIGNS.get(key)
+    if hit is None:
+        hit = _SIGNS[key] = torch.from_numpy(_native.rht_signs(seed, n)).to(device)
+    return hit
+
+
+def _rht(v: torch.Tensor, tile: int, seed: int) -> torch.Tensor:
+    """``RHT`` of the float32 rows of ``v``: the signs of ``seed``, then each tile's normalized
+    Walsh–Hadamard transform (the lattice codecs' rotation)."""
+    return _wht_tiles(v * _rht_signs(seed, v.shape[1], v.device), tile)
+
+
+#: Rows of the int8 GEMM on CUDA (cuBLASLt's, through ``torch._int_mm``, takes more than 16):
+#: smaller batches are padded with zero rows.
+W8A8_MIN_BATCH_CUDA = 17
+#: Activation rows up to which affine int8 layers keep their weight-only GEMV on CUDA when
+#: W8A8 is on (``py/benches/cuda_w8a8.py`` on an H200: at batch 1 the GEMV runs at 1.3–1.75×
+#: bf16, W8A8 at 0.5–1.1×; at batch 16, 0.38× against 0.8–1.1×).
+W8A8_GEMV_BATCH = 4
+
+
+class _W8A8:
+    """A layer's int8 weight and per-row scales for W8A8 (see :func:`quantize_activations`), on
+    one device: ``w`` is ``rows × cols`` int8, ``scales`` float32, ``tile`` the RHT tile of the
+    Z1 form (0: none)."""
+
+    def __init__(self, op: _native.Linear, device: torch.device) -> None:
+        form = _int8_form(op)
+        if form is None:
+            raise _native.InvalidInputError(f"{op.path} has no int8 form for W8A8")
+        q, scales, self.tile, self.seed = form
+        self.w = torch.from_numpy(q).to(device)
+        self.scales = torch.from_numpy(scales).to(device)
+        bias = op.bias
+        self.bias = None if bias is None else torch.from_numpy(np.asarray(bias, np.float32)).to(device)
+        self.op = op
+
+    def forward(self, x2: torch.Tensor) -> torch.Tensor:
+        """``y`` (``m × rows``, ``x2``'s dtype) for activations ``x2`` (``m × cols``): each row
+        rotated (Z1) and scaled by its absolute maximum to int8, one int8 GEMM with int32 sums,
+        then both scales (on CUDA: the RHT kernel, :func:`hc_quant_i8 <hypercodec.cuda>`,
+        ``torch._int_mm`` on at least 17 rows, zero rows padding smaller batches, and one
+        epilogue kernel)."""
+        if not x2.is_cuda:
+            xr = x2.to(torch.float32)
+            xr = _rht(xr, self.tile, self.seed) if self.tile else xr
+            step = xr.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / 127.0
+            xq = torch.round(xr / step).clamp_(-127, 127).to(torch.int8)
+            y = torch._int_mm(xq, self.w.t()).to(torch.float32) * step * self.scales
+            return (y if self.bias is None else y + self.bias).to(x2.dtype)
+        from . import cuda as hcuda
+
+        k = hcuda.kernels(x2.device)
+        stream = torch.cuda.current_stream(x2.device).cuda_stream
+        dt = x2.dtype if x2.dtype in hcuda._DTYPES else torch.float32
+        xs = x2.to(dt).contiguous()
+        m, cols = xs.shape
+        if self.tile:
+            xr = torch.empty(m, cols, dtype=torch.float32, device=xs.device)
+            k.rht({"x": xs.data_ptr(), "x_dtype": hcuda._DTYPES[dt], "out": xr.data_ptr(), "batch": m,
+                   "cols": cols, "width": cols, "tile": self.tile, "seed": self.seed}, stream)
+            xs = xr
+        padded = max(m, W8A8_MIN_BATCH_CUDA)
+        xq = torch.zeros(padded, cols, dtype=torch.int8, device=xs.device) if padded > m else torch.empty(
+            m, cols, dtype=torch.int8, device=xs.device)
+        step = torch.empty(m, dtype=torch.float32, device=xs.device)
+        k.quant_i8({"x": xs.data_ptr(), "x_dtype": hcuda._DTYPES[xs.dtype], "q": xq.data_ptr(),
+                    "step": step.data_ptr(), "rows": m, "cols": cols}, stream)
+        acc = torch._int_mm(xq, self.w.t())
+        y = torch.empty(m, self.w.shape[0], dtype=dt, device=xs.device)
+        k.w8a8_out({"acc": acc.data_ptr(), "step": step.data_ptr(), "scales": self.scales.data_ptr(),
+                    "bias": 0 if self.bias is None else self.bias.data_ptr(), "y": y.data_ptr(),
+                    "y_dtype": hcuda._DTYPES[dt], "rows": m, "cols": self.w.shape[0]}, stream)
+        return y.to(x2.dtype)
+
+
+def _int8_form(op: _native.Linear) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+    """``(int8 weight rows × cols, float32 row scales, RHT tile, seed)`` when the stored form
+    is an int8 matrix times a scale per row: affine 8-bit symmetric codes with one scale per
+    row or for the tensor (``int8-row``, ``int8-tensor``; ŵ = s·(q − 128)) or fixed-rate Z1 of
+    8 bits (``z1-fixed8``: ŵ = σ/α·(sym − 128) in the RHT domain). Otherwise ``None``."""
+    f = op.device_form()
+    rows, cols = op.rows, op.cols
+    if f is None or f["bits"] != 8 or rows == 0 or cols == 0:
+        return None
+    if f["kind"] == "affine":
+        if len(f["offsets"]) or f["qmul"] != 1.0 or f["qbias"] != 128.0 or f["scales_per_row"] > 1:
+            return None
+        scales = np.broadcast_to(np.asarray(f["scales"], np.float32), (rows,)).copy()
+        tile, seed = 0, 0
+    elif f["kind"] == "z1":
+        scales = np.asarray(f["row_scales"], np.float32).copy()
+        tile, seed = int(f["tile"]), int(f["seed"])
+    else:
+        return None
+    codes = np.asarray(f["packed" if f["kind"] == "z1" else "codes"], np.uint8)[: rows * cols]
+    q = (codes.astype(np.int16) - 128).astype(np.int8).reshape(rows, cols)
+    return q, scales, tile, seed
+
+
+def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
+    """The layer's :class:`_W8A8` on ``x``'s device when W8A8 is on and this batch takes it."""
+    if getattr(layer, "activations", None) != "int8":
+        return None
+    if x.is_cuda and (layer.op.cols % 8 or layer.op.rows % 8):
+        return None  # cuBLASLt's int8 GEMM takes multiples of 8
+    cache = layer.__dict__.setdefault("_w8a8", {})
+    hit = cache.get(x.device)
+    if hit is None or hit.op is not layer.op:
+        hit = cache[x.device] = _W8A8(layer.op, x.device)
+    if x.is_cuda and not hit.tile and x.numel() // layer.op.cols <= W8A8_GEMV_BATCH:
+        return None  # affine int8 codes have a faster GEMV of their own at small batches
+    return hit
+
+
+def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
+    """W8A8: every :class:`HyperLinear` of ``model`` whose stored weight is an int8 matrix with a
+    scale per row (``int8-row``, ``int8-tensor``, ``z1-fixed8``) quantizes its activations too,
+    per token to int8 by their absolute maximum (after the weight's RHT for ``z1-fixed8``), and
+    multiplies in int8 with int32 sums (``torch._int_mm``: cuBLASLt's int8 tensor-core GEMM on
+    CUDA, batches under :data:`W8A8_MIN_BATCH_CUDA` rows padded with zeros; affine layers keep
+    their GEMV up to :data:`W8A8_GEMV_BATCH` rows). ``mode=None`` turns it off. Returns the number of layers switched;
+    others are left as they are. The accuracy cost is measured by
+    ``py/benches/w8a8_accuracy.py``."""
+    if mode not in ("int8", None):
+        raise _native.InvalidInputError(f"activation quantization {mode!r}: use 'int8' or None")
+    n = 0
+    for layer in model.modules():
+        if isinstance(layer, HyperLinear) and layer.op is not None:
+            if mode is None or _int8_form(layer.op) is not None:
+                layer.activations = mode
+                layer.__dict__.pop("_w8a8", None)
+                n += mode is not None
+    return n
+
+
 class HyperLinear(_StoredForm, nn.Module):
     """``y = x·Wᵀ + b`` with ``W`` kept compressed (a :class:`hypercodec.Linear`); float32
     computation, outputs in the input's dtype. Differentiable in ``x``: a backward pass decodes
@@ -380,6 +537,11 @@ class HyperLinear(_StoredForm, nn.Module):
         return _through_stored(x, self._stored_forward, self._input_grad)
 
     def _stored_forward(self, x: torch.Tensor) -> torch.Tensor:
+        w8 = _w8a8_ready(self, x)
+        if w8 is not None:
+            lead = x.shape[:-1]
+            y = w8.forward(x.reshape(math.prod(lead), self.in_features))
+            return y.reshape(*lead, self.out_features)
         if x.is_cuda:
             return _on_device(self, x.device).forward(x)
         y = torch.from_numpy(self.op.forward(_f32(x)))

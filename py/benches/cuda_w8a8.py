@@ -1,0 +1,56 @@
+"""W8A8 on CUDA (``hypercodec.nn.quantize_activations``) against bf16 ``F.linear`` and the
+weight-only route of the same int8 layer, in one run (needs a CUDA device).
+
+    python py/benches/cuda_w8a8.py [--sizes 4096x4096,8192x8192,28672x8192] [--batches 32,256,1024]
+
+Times are medians over replays of a CUDA graph of back-to-back calls (``_graph_timing``); the
+error is ‖y − y_bf16‖ / ‖y_bf16‖ with the bf16 weight as reference.
+"""
+
+import argparse
+
+import torch
+from _graph_timing import graph_time_us
+
+import hypercodec.nn as hnn
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="4096x4096,8192x8192,28672x8192")
+    ap.add_argument("--batches", default="32,256,1024")
+    ap.add_argument("--iters", type=int, default=30)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| size | batch | method | µs per call | × bf16 speed | rel. error vs bf16 |")
+    print("|---|---:|---|---:|---:|---:|")
+    for size in a.sizes.split(","):
+        rows, cols = (int(v) for v in size.split("x"))
+        lin = torch.nn.Linear(cols, rows, bias=False)
+        with torch.no_grad():
+            lin.weight.normal_(0, 0.02)
+        wb = lin.weight.detach().to(dev, torch.bfloat16)
+        layers = {}
+        for spec in ("int8-row", "z1-fixed8"):
+            m = torch.nn.Sequential(hnn.HyperLinear.from_linear(lin, spec)).to(dev)
+            layers[spec] = m
+        for batch in (int(b) for b in a.batches.split(",")):
+            x = torch.randn(batch, cols, device=dev, dtype=torch.bfloat16)
+            ref = torch.nn.functional.linear(x, wb).float()
+            base = graph_time_us(lambda: torch.nn.functional.linear(x, wb), a.iters)
+            print(f"| {size} | {batch} | torch bf16 F.linear | {base:.1f} | 1.00 | 0 |")
+            for spec, m in layers.items():
+                for acts in ("weight-only", "W8A8"):
+                    hnn.quantize_activations(m, "int8" if acts == "W8A8" else None)
+                    with torch.no_grad():
+                        y = m(x).float()
+                        t = graph_time_us(lambda: m(x), a.iters)
+                    e = float((y - ref).norm() / ref.norm())
+                    print(f"| {size} | {batch} | {spec} {acts} | {t:.1f} | {base / t:.2f} | {e:.4f} |")
+        del layers
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
