@@ -309,9 +309,9 @@ def _rht(v: torch.Tensor, tile: int, seed: int) -> torch.Tensor:
 #: smaller batches are padded with zero rows.
 W8A8_MIN_BATCH_CUDA = 17
 #: Activation rows up to which affine int8 layers keep their weight-only GEMV on CUDA when
-#: W8A8 is on (``py/benches/cuda_w8a8.py`` on an H200: at batch 1 the GEMV runs at 1.3–1.75×
-#: bf16, W8A8 at 0.5–1.1×; at batch 16, 0.38× against 0.8–1.1×).
-W8A8_GEMV_BATCH = 4
+#: W8A8 is on (``py/benches/cuda_w8a8.py`` on an H200, 8192²: the GEMV at 1.59× bf16 for one
+#: row and 0.64× for four, W8A8 at 0.83–0.87× for either; at 16 rows 0.38× against 0.80×).
+W8A8_GEMV_BATCH = 2
 
 
 class _W8A8:
