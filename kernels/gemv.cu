@@ -1474,14 +1474,20 @@ extern "C" __global__ void __launch_bounds__(256) hc_quant_i8(const void* __rest
     const long long base = (long long)blockIdx.x * cols;
     int8_t* qr = q + base;
     float a = 0.f;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) a = fmaxf(a, fabsf(hc_load(x, xdtype, base + j)));
+    int nan = 0;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        const float v = hc_load(x, xdtype, base + j);
+        nan |= isnan(v);
+        a = fmaxf(a, fabsf(v));
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = a;
-    __syncthreads();
+    // fmaxf drops NaN: a row holding one gets a NaN step (so NaN outputs), as torch's amax.
+    nan = __syncthreads_or(nan);
     a = part[0];
     for (int w = 1; w < (int)(blockDim.x >> 5); w++) a = fmaxf(a, part[w]);
-    const float s = fmaxf(a, 1e-30f) / 127.f;
+    const float s = nan ? __int_as_float(0x7fc00000) : fmaxf(a, 1e-30f) / 127.f;
     if (threadIdx.x == 0) step[blockIdx.x] = s;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         const int v = __float2int_rn(hc_load(x, xdtype, base + j) / s);

@@ -655,8 +655,8 @@ impl Linear {
         PyArray1::from_vec(py, out).reshape(vec![ids.len(), cols])
     }
 
-    /// The stored form as the CUDA kernels read it, or None for forms without a device kernel
-    /// (decoded instead). A dict: `kind` (`"affine"`, `"e8"`, `"e8rans"`, `"z1"` or `"trellis"`), the stored codes, words or bits as
+    /// The stored form as the CUDA kernels read it (`"z1"`: read by the W8A8 route only), or
+    /// None for forms without a device kernel (decoded instead). A dict: `kind` (`"affine"`, `"e8"`, `"e8rans"`, `"z1"` or `"trellis"`), the stored codes, words or bits as
     /// a uint8 array, f32 side information, and the kernels' parameters.
     fn device_form<'py>(
         &self,

@@ -762,3 +762,30 @@ def test_w8a8_multiplies_int8_activations_by_the_stored_int8_weight():
     assert hnn.quantize_activations(m) == 0
     with pytest.raises(hypercodec.InvalidInputError):
         hnn.quantize_activations(m, "fp4")
+
+
+def test_w8a8_models_mix_forms_copy_pickle_and_reload():
+    """A model mixing int8, trellis, GPU-shaped rANS and int4 layers switches only its int8
+    ones; a switched model deep-copies and pickles after running (its int8 copies are caches,
+    rebuilt), and a weight loaded later without an int8 form runs weight-only."""
+    import io
+
+    torch.manual_seed(5)
+    m = torch.nn.Sequential(
+        torch.nn.Linear(256, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)
+    )
+    for i, spec in enumerate(["z1-fixed8", "tcq@2-l12", "e8@4-gpu", "int4"]):
+        m[i] = hnn.HyperLinear.from_linear(m[i], spec)
+    assert hnn.quantize_activations(m) == 1
+    x = torch.randn(3, 256)
+    y = m(x)
+    twin = copy.deepcopy(m)
+    assert "_w8a8" not in twin[0].__dict__ and torch.equal(twin(x), y)
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    assert torch.equal(back(x), y)
+    # A weight without an int8 form replaces the first layer's: the layer runs weight-only.
+    m[0].op = hypercodec.Linear.quantize(np.asarray(m[0].weight_dense().reshape(64, 256)), "int4")
+    assert torch.allclose(m[0](x), torch.from_numpy(m[0].op.forward(x.numpy())))

@@ -374,9 +374,11 @@ impl CompressedLinear {
     }
 
     /// The stored form as a GPU kernel reads it (`hypercodec-kernels-cuda`), borrowing the
-    /// codes and words as stored; `None` for forms without a device kernel (nested tensors,
-    /// entropy-coded or Z1/D4 lattice symbols, codebook, ...), which a front end runs by
-    /// decoding (the documented fallback).
+    /// codes and words as stored: affine codes, trellis bits, fixed-rate E8 words, GPU-shaped
+    /// rANS E8 chunks, and fixed-rate Z1 symbols (no GEMV of their own: the W8A8 route reads
+    /// them at 8 bits). `None` for the other forms (nested tensors, CPU-shaped entropy-coded
+    /// or D4/A2 lattice symbols, codebook, ...), which a front end runs by decoding (the
+    /// documented fallback).
     pub fn device_form(&self) -> Result<Option<DeviceForm<'_>>> {
         let Op::Leaf { view, kind } = &self.op else {
             return Ok(None);

@@ -621,7 +621,7 @@ fn huge_and_tiny_weights_stay_finite_and_match_the_reference() {
 fn device_forms_decode_to_the_stored_weight() {
     use crate::DeviceForm;
     use hypercodec_lattice::Rht;
-    let mut seen = [0usize; 4];
+    let mut seen = [0usize; 5];
     for shape in [[7u64, 100], [5, 256], [3, 8]] {
         let (rows, cols) = (shape[0] as usize, shape[1] as usize);
         let x = values(rows * cols, 41);
@@ -808,7 +808,7 @@ fn device_forms_decode_to_the_stored_weight() {
                     tile,
                     seed,
                 } => {
-                    seen[3] += 1;
+                    seen[4] += 1;
                     let rht = Rht::new(cols, tile, seed).unwrap();
                     let b = bits as usize;
                     for r in 0..rows {
@@ -869,7 +869,7 @@ fn device_forms_decode_to_the_stored_weight() {
         }
     }
     assert!(
-        seen[0] >= 30 && seen[1] >= 21 && seen[2] >= 8 && seen[3] >= 4,
+        seen[0] >= 30 && seen[1] >= 21 && seen[2] >= 8 && seen[3] >= 1 && seen[4] >= 3,
         "{seen:?}"
     );
 }

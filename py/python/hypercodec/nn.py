@@ -79,6 +79,9 @@ def _f32(t: torch.Tensor) -> np.ndarray:
 
 
 HWZ_KEY = "weight_hwz"
+#: Per-layer entries that copies and pickles rebuild instead of carrying: device forms and W8A8
+#: weights (raw device pointers, device tensors), a compiled call (it would run the original).
+_CACHES = ("_device_forms", "_compiled_call_impl", "_w8a8", "_w8a8_form")
 
 
 class _StoredForm:
@@ -163,7 +166,7 @@ class _StoredForm:
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         for k, v in self.__dict__.items():
-            if k in ("_device_forms", "_compiled_call_impl"):
+            if k in _CACHES:
                 continue  # (a compiled call would run the original layer)
             new.__dict__[k] = v if k == "op" else copy.deepcopy(v, memo)
         return new
@@ -172,7 +175,7 @@ class _StoredForm:
         """A shallow copy shares the operator (and, as ``nn.Module``'s does, the parameter and
         submodule tables); device forms are rebuilt at its first call."""
         new = type(self).__new__(type(self))
-        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_device_forms", "_compiled_call_impl")})
+        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in _CACHES})
         return new
 
     def __getstate__(self) -> dict[str, Any]:
@@ -180,7 +183,8 @@ class _StoredForm:
         (rebuilt on load); device forms are dropped. A tied layer pickles its owner's bytes
         too, and comes back with an operator of its own (``state_dict`` stores them once)."""
         state = nn.Module.__getstate__(self)
-        state.pop("_device_forms", None)
+        for k in ("_device_forms", "_w8a8", "_w8a8_form"):
+            state.pop(k, None)
         state["_hwz_source"] = None
         if state.get("op") is not None:
             if self.tied is None:
@@ -319,10 +323,7 @@ class _W8A8:
     one device: ``w`` is ``rows × cols`` int8, ``scales`` float32, ``tile`` the RHT tile of the
     Z1 form (0: none)."""
 
-    def __init__(self, op: _native.Linear, device: torch.device) -> None:
-        form = _int8_form(op)
-        if form is None:
-            raise _native.InvalidInputError(f"{op.path} has no int8 form for W8A8")
+    def __init__(self, op: _native.Linear, form: tuple[np.ndarray, np.ndarray, int, int], device: torch.device) -> None:
         q, scales, self.tile, self.seed = form
         self.w = torch.from_numpy(q).to(device)
         self.scales = torch.from_numpy(scales).to(device)
@@ -376,7 +377,7 @@ def _int8_form(op: _native.Linear) -> tuple[np.ndarray, np.ndarray, int, int] | 
     8 bits (``z1-fixed8``: ŵ = σ/α·(sym − 128) in the RHT domain). Otherwise ``None``."""
     f = op.device_form()
     rows, cols = op.rows, op.cols
-    if f is None or f["bits"] != 8 or rows == 0 or cols == 0:
+    if f is None or f["kind"] not in ("affine", "z1") or f["bits"] != 8 or rows == 0 or cols == 0:
         return None
     if f["kind"] == "affine":
         if len(f["offsets"]) or f["qmul"] != 1.0 or f["qbias"] != 128.0 or f["scales_per_row"] > 1:
@@ -399,12 +400,19 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
         return None
     if x.is_cuda and (layer.op.cols % 8 or layer.op.rows % 8):
         return None  # cuBLASLt's int8 GEMM takes multiples of 8
+    known = layer.__dict__.get("_w8a8_form")
+    if known is None or known[0] is not layer.op:
+        # (a weight loaded since the switch may have no int8 form: weight-only then)
+        known = layer.__dict__["_w8a8_form"] = (layer.op, _int8_form(layer.op))
+    form = known[1]
+    if form is None:
+        return None
+    if x.is_cuda and not form[2] and x.numel() // layer.op.cols <= W8A8_GEMV_BATCH:
+        return None  # affine int8 codes have a faster GEMV of their own at small batches
     cache = layer.__dict__.setdefault("_w8a8", {})
     hit = cache.get(x.device)
     if hit is None or hit.op is not layer.op:
-        hit = cache[x.device] = _W8A8(layer.op, x.device)
-    if x.is_cuda and not hit.tile and x.numel() // layer.op.cols <= W8A8_GEMV_BATCH:
-        return None  # affine int8 codes have a faster GEMV of their own at small batches
+        hit = cache[x.device] = _W8A8(layer.op, form, x.device)
     return hit
 
 
@@ -414,17 +422,25 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
     per token to int8 by their absolute maximum (after the weight's RHT for ``z1-fixed8``), and
     multiplies in int8 with int32 sums (``torch._int_mm``: cuBLASLt's int8 tensor-core GEMM on
     CUDA, batches under :data:`W8A8_MIN_BATCH_CUDA` rows padded with zeros; affine layers keep
-    their GEMV up to :data:`W8A8_GEMV_BATCH` rows). ``mode=None`` turns it off. Returns the number of layers switched;
-    others are left as they are. The accuracy cost is measured by
-    ``py/benches/w8a8_accuracy.py``."""
+    their GEMV up to :data:`W8A8_GEMV_BATCH` rows). ``mode=None`` turns it off. Returns the
+    number of layers switched on (0 for ``None``); others are left as they are. The accuracy
+    cost is measured by ``py/benches/w8a8_accuracy.py``.
+
+    A backward pass through a switched layer takes the weight-only input gradient (straight
+    through the activations' rounding). The setting is not part of ``state_dict``: call this
+    again after loading a model (before loading, it switches nothing). Needs torch ≥ 2.3 (CPU
+    int8 GEMM)."""
     if mode not in ("int8", None):
         raise _native.InvalidInputError(f"activation quantization {mode!r}: use 'int8' or None")
+    if mode is not None and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 3):
+        raise _native.InvalidInputError(f"W8A8 needs torch >= 2.3 (torch._int_mm); this is {torch.__version__}")
     n = 0
     for layer in model.modules():
         if isinstance(layer, HyperLinear) and layer.op is not None:
             if mode is None or _int8_form(layer.op) is not None:
                 layer.activations = mode
                 layer.__dict__.pop("_w8a8", None)
+                layer.__dict__.pop("_w8a8_form", None)
                 n += mode is not None
     return n
 
