@@ -206,6 +206,13 @@ def test_cuda_w8a8_matches_the_host_w8a8(spec):
             assert dev.dtype == dt
             tol = 2e-3 if dt == torch.float32 else 1e-2
             assert torch.allclose(dev.float().cpu(), host, rtol=tol, atol=tol * host.abs().max().item()), (rows, dt)
+    # A NaN in a row: that row's outputs are NaN, the others unchanged (as on the host).
+    x = torch.randn(32, 512)
+    clean = m(x.cuda()).cpu()
+    x[3, 100] = float("nan")
+    got = m(x.cuda()).cpu()
+    assert torch.isnan(got[3]).all() and torch.equal(torch.isnan(m(x)[3]), torch.isnan(got[3]))
+    assert torch.equal(got[torch.arange(32) != 3], clean[torch.arange(32) != 3])
 
 
 @needs_cuda
