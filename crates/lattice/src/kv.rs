@@ -73,8 +73,9 @@ pub struct KvCodec {
 }
 
 impl KvCodec {
-    /// The codec of `dim`-value vectors at `bits` bits per value (2..=8) with `quantizer` (a
-    /// lattice's tail shorter than a word is zero-padded; a trellis needs `dim·bits ≥ l`).
+    /// The codec of `dim`-value vectors at `bits` bits per value (2..=8; a trellis also 1) with
+    /// `quantizer` (a lattice's tail shorter than a word is zero-padded; a trellis needs
+    /// `dim·bits ≥ l`).
     pub fn new(
         dim: usize,
         bits: u8,
@@ -103,7 +104,7 @@ impl KvCodec {
                 // The encoder checks (L, K) and the sequence length; fail here, not per call.
                 hypercodec_trellis::encode(&vec![0f32; dim], &p)
                     .map_err(|e| LatticeError::Trellis(e.to_string()))?;
-                if dither || !(2..=8).contains(&bits) {
+                if dither || !(1..=8).contains(&bits) {
                     return Err(LatticeError::InvalidFixed {
                         lattice: "trellis (no dither)",
                         bits,
@@ -1487,6 +1488,11 @@ mod tests {
         let x = gauss(128 * 16, 8);
         assert!(snr(&x, &roundtrip(&c, &x, None)) > 15.5);
         assert_eq!(roundtrip(&c, &[0f32; 128], None), vec![0f32; 128]);
+        // One bit per value: 8 bytes per 64-value vector, within 1.5 dB of the 6.02 dB bound.
+        let one = KvCodec::new(64, 1, q, Rotation::Rht, 1, false).unwrap();
+        assert_eq!(one.code_bytes(), 8);
+        let s1 = snr(&x, &roundtrip(&one, &x, None));
+        assert!(s1 > 4.5 && s1 < 6.03, "{s1}");
         // Dither, a state longer than the vector's bits, and unknown (L, K) are refused.
         assert!(KvCodec::new(64, 3, q, Rotation::Rht, 0, true).is_err());
         assert!(KvCodec::new(4, 2, q, Rotation::Rht, 0, false).is_err());
