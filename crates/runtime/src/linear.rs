@@ -264,12 +264,7 @@ impl CompressedLinear {
                 shape: view.shape().to_vec(),
             });
         }
-        let (mut rows, cols) = (view.rows() as usize, view.cols() as usize);
-        if view.shape()[1..].contains(&0) {
-            // No columns (`nn.Linear(0, n)`): no values to count rows by, so the view has none;
-            // the shape's first dimension has them, and every output is the bias (or 0).
-            rows = view.shape()[0] as usize;
-        }
+        let (rows, cols) = operator_shape(&view);
         if let Some(b) = bias {
             if b.len() != rows {
                 return Err(RuntimeError::Length {
@@ -571,6 +566,17 @@ impl CompressedLinear {
             .zip(&yf)
             .for_each(|(o, &v)| *o = half::bf16::from_f32(v));
         Ok(())
+    }
+}
+
+/// The operator's `(rows, cols)` for `view`: its matrix view, except that a matrix without
+/// columns (`nn.Linear(0, n)`) has no values to count rows by, so hwz's view has none; the
+/// shape's first dimension has them (every output is then the bias, or 0).
+pub(crate) fn operator_shape(view: &TensorView<'_>) -> (usize, usize) {
+    let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+    match view.shape() {
+        [r, rest @ ..] if !rest.is_empty() && rest.contains(&0) => (*r as usize, cols),
+        _ => (rows, cols),
     }
 }
 

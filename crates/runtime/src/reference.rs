@@ -11,10 +11,7 @@ pub fn linear(
     batch: usize,
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>> {
-    let (mut rows, cols) = (view.rows() as usize, view.cols() as usize);
-    if view.shape().len() >= 2 && view.shape()[1..].contains(&0) {
-        rows = view.shape()[0] as usize; // no columns: the rows are the shape's (see linear.rs)
-    }
+    let (rows, cols) = crate::linear::operator_shape(view);
     if x.len() != batch * cols {
         return Err(RuntimeError::Length {
             what: "x",
