@@ -655,6 +655,26 @@ impl Linear {
         PyArray1::from_vec(py, out).reshape(vec![ids.len(), cols])
     }
 
+    /// The stored weight as an int8 matrix and a scale per row, when it is one (`int8-row`,
+    /// `int8-tensor`, `z1-fixed8`; `hypercodec_runtime::Int8Weight`): a dict of `values` (int8,
+    /// `rows × cols`), `scales` (float32, `rows`), `tile` (the RHT domain's tile, 0 for none)
+    /// and `seed`; None otherwise. What the W8A8 route multiplies.
+    fn int8_weight<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        let Some(w) = self.op.int8_weight().map_err(runtime_err)? else {
+            return Ok(None);
+        };
+        let d = pyo3::types::PyDict::new(py);
+        let shape = vec![self.op.rows(), self.op.cols()];
+        d.set_item("values", PyArray1::from_vec(py, w.values).reshape(shape)?)?;
+        d.set_item("scales", PyArray1::from_vec(py, w.scales))?;
+        d.set_item("tile", w.tile)?;
+        d.set_item("seed", w.seed)?;
+        Ok(Some(d))
+    }
+
     /// The stored form as the CUDA kernels read it (`"z1"`: read by the W8A8 route only), or
     /// None for forms without a device kernel (decoded instead). A dict: `kind` (`"affine"`, `"e8"`, `"e8rans"`, `"z1"` or `"trellis"`), the stored codes, words or bits as
     /// a uint8 array, f32 side information, and the kernels' parameters.

@@ -52,7 +52,7 @@ mod tests;
 
 use hypercodec_hwz as hwz;
 
-pub use linear::{CompressedLinear, DeviceForm, LoadOptions, Path};
+pub use linear::{CompressedLinear, DeviceForm, Int8Weight, LoadOptions, Path};
 pub use simd::simd_level;
 
 /// Everything that can go wrong in this crate.

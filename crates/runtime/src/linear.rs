@@ -206,6 +206,21 @@ pub enum DeviceForm<'a> {
     },
 }
 
+/// A weight that is an int8 matrix times a scale per row, as stored: what an int8 GEMM (W8A8)
+/// multiplies ([`CompressedLinear::int8_weight`]). Value `(r, j)` is `scales[r]·values[r·cols
+/// + j]`, in the RHT domain of `tile` and `seed` when `tile` is not 0.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Int8Weight {
+    /// `rows × cols` signed codes, row-major.
+    pub values: Vec<i8>,
+    /// One scale per row.
+    pub scales: Vec<f32>,
+    /// RHT tile of the values' domain (0: the weight's own).
+    pub tile: usize,
+    /// RHT seed.
+    pub seed: u64,
+}
+
 /// A linear layer whose weight stays compressed: `y = x·Wᵀ (+ b)` with `W` the `rows × cols`
 /// matrix view of an hwz tensor (a convolution's `[out, in, kh, kw]` is `[out, in·kh·kw]`).
 #[derive(Debug)]
@@ -499,6 +514,59 @@ impl CompressedLinear {
                 }),
                 _ => None,
             },
+            _ => None,
+        })
+    }
+
+    /// The stored weight as an int8 matrix and a scale per row ([`Int8Weight`]), when it is
+    /// one: affine 8-bit symmetric codes with a scale per row or for the tensor (`int8-row`,
+    /// `int8-tensor`: `s·(q − 128)`), or fixed-rate Z1 symbols of 8 bits (`z1-fixed8`:
+    /// `σ/α·(sym − 128)` in the RHT domain). `None` for every other form.
+    pub fn int8_weight(&self) -> Result<Option<Int8Weight>> {
+        let (rows, cols) = (self.rows, self.cols);
+        let signed = |codes: &[u8]| -> Vec<i8> {
+            codes[..rows * cols]
+                .iter()
+                .map(|&q| (q as i16 - 128) as i8)
+                .collect()
+        };
+        if rows == 0 || cols == 0 {
+            return Ok(None);
+        }
+        Ok(match self.device_form()? {
+            Some(DeviceForm::Affine {
+                codes,
+                scales,
+                offsets,
+                bits: 8,
+                scales_per_row,
+                qmul,
+                qbias,
+                ..
+            }) if offsets.is_empty() && qmul == 1.0 && qbias == 128.0 && scales_per_row <= 1 => {
+                Some(Int8Weight {
+                    values: signed(codes),
+                    scales: if scales_per_row == 0 {
+                        vec![scales[0]; rows]
+                    } else {
+                        scales
+                    },
+                    tile: 0,
+                    seed: 0,
+                })
+            }
+            Some(DeviceForm::Z1Fixed {
+                packed,
+                row_scales,
+                bits: 8,
+                tile,
+                seed,
+            }) => Some(Int8Weight {
+                values: signed(packed),
+                scales: row_scales,
+                tile,
+                seed,
+            }),
             _ => None,
         })
     }

@@ -990,3 +990,50 @@ fn a_corrupt_rans_chunk_table_is_refused_before_the_gpu_sees_it() {
         );
     }
 }
+
+/// The W8A8 form: `int8-row` / `int8-tensor` codes and `z1-fixed8` symbols (in their RHT
+/// domain) times their row scales are the decoded weight; other forms have none.
+#[test]
+fn int8_weights_times_their_scales_are_the_stored_weight() {
+    use hypercodec_lattice::Rht;
+    let (rows, cols) = (12usize, 256usize);
+    let shape = [rows as u64, cols as u64];
+    let x = values(rows * cols, 17);
+    for (e, rotated) in [
+        (affine(8, Group::Row, true, FloatDtype::F16), false),
+        (affine(8, Group::Tensor, true, FloatDtype::F16), false),
+        (lattice(Lattice::Z1, Coding::Fixed { bits: 8 }, 256), true),
+    ] {
+        let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
+        let op =
+            CompressedLinear::from_encoded("w", &t, &shape, None, &LoadOptions::default()).unwrap();
+        let w8 = op.int8_weight().unwrap().expect("an int8 form");
+        assert_eq!((w8.values.len(), w8.scales.len()), (rows * cols, rows));
+        assert_eq!(w8.tile != 0, rotated);
+        let want = op.decode_weight().unwrap();
+        for r in 0..rows {
+            let mut row = want[r * cols..(r + 1) * cols].to_vec();
+            if rotated {
+                Rht::new(cols, w8.tile, w8.seed).unwrap().forward(&mut row);
+            }
+            for (j, &e) in row.iter().enumerate() {
+                let got = w8.scales[r] * w8.values[r * cols + j] as f32;
+                assert!(
+                    (got - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                    "{} ({r}, {j}): {got} vs {e}",
+                    e
+                );
+            }
+        }
+    }
+    for e in [
+        affine(8, Group::Size(128), false, FloatDtype::F16),
+        affine(4, Group::Row, true, FloatDtype::F16),
+        lattice(Lattice::Z1, Coding::Fixed { bits: 4 }, 256),
+    ] {
+        let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
+        let op =
+            CompressedLinear::from_encoded("w", &t, &shape, None, &LoadOptions::default()).unwrap();
+        assert!(op.int8_weight().unwrap().is_none(), "{}", e.label());
+    }
+}

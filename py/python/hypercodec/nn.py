@@ -372,26 +372,12 @@ class _W8A8:
 
 def _int8_form(op: _native.Linear) -> tuple[np.ndarray, np.ndarray, int, int] | None:
     """``(int8 weight rows × cols, float32 row scales, RHT tile, seed)`` when the stored form
-    is an int8 matrix times a scale per row: affine 8-bit symmetric codes with one scale per
-    row or for the tensor (``int8-row``, ``int8-tensor``; ŵ = s·(q − 128)) or fixed-rate Z1 of
-    8 bits (``z1-fixed8``: ŵ = σ/α·(sym − 128) in the RHT domain). Otherwise ``None``."""
-    f = op.device_form()
-    rows, cols = op.rows, op.cols
-    if f is None or f["kind"] not in ("affine", "z1") or f["bits"] != 8 or rows == 0 or cols == 0:
+    is an int8 matrix times a scale per row (:meth:`hypercodec.Linear.int8_weight`: ``int8-row``,
+    ``int8-tensor``, ``z1-fixed8`` in its RHT domain). Otherwise ``None``."""
+    w = op.int8_weight()
+    if w is None:
         return None
-    if f["kind"] == "affine":
-        if len(f["offsets"]) or f["qmul"] != 1.0 or f["qbias"] != 128.0 or f["scales_per_row"] > 1:
-            return None
-        scales = np.broadcast_to(np.asarray(f["scales"], np.float32), (rows,)).copy()
-        tile, seed = 0, 0
-    elif f["kind"] == "z1":
-        scales = np.asarray(f["row_scales"], np.float32).copy()
-        tile, seed = int(f["tile"]), int(f["seed"])
-    else:
-        return None
-    codes = np.asarray(f["packed" if f["kind"] == "z1" else "codes"], np.uint8)[: rows * cols]
-    q = (codes.astype(np.int16) - 128).astype(np.int8).reshape(rows, cols)
-    return q, scales, tile, seed
+    return w["values"], w["scales"], int(w["tile"]), int(w["seed"])
 
 
 def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
@@ -402,16 +388,21 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
         return None  # cuBLASLt's int8 GEMM takes multiples of 8
     known = layer.__dict__.get("_w8a8_form")
     if known is None or known[0] is not layer.op:
-        # (a weight loaded since the switch may have no int8 form: weight-only then)
-        known = layer.__dict__["_w8a8_form"] = (layer.op, _int8_form(layer.op))
-    form = known[1]
-    if form is None:
+        # Whether the operator has an int8 form, and its RHT tile (a weight loaded since the
+        # switch may have none: weight-only then). The int8 values stay on the devices only.
+        form = _int8_form(layer.op)
+        known = layer.__dict__["_w8a8_form"] = (layer.op, None if form is None else form[2])
+    tile = known[1]
+    if tile is None:
         return None
-    if x.is_cuda and not form[2] and x.numel() // layer.op.cols <= W8A8_GEMV_BATCH:
+    if x.is_cuda and not tile and x.numel() // layer.op.cols <= W8A8_GEMV_BATCH:
         return None  # affine int8 codes have a faster GEMV of their own at small batches
     cache = layer.__dict__.setdefault("_w8a8", {})
     hit = cache.get(x.device)
     if hit is None or hit.op is not layer.op:
+        form = _int8_form(layer.op)
+        if form is None:
+            return None
         hit = cache[x.device] = _W8A8(layer.op, form, x.device)
     return hit
 
