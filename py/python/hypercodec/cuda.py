@@ -73,6 +73,27 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+def rht(x2: torch.Tensor, width: int, tile: int, seed: int) -> torch.Tensor:
+    """``RHT`` of the rows of ``x2`` (CUDA, ``m × cols`` of f32/f16/bf16, contiguous) by the
+    kernel, as float32 zero-padded to ``width`` columns, on PyTorch's current stream."""
+    m, cols = x2.shape
+    out = torch.empty(m, width, dtype=torch.float32, device=x2.device)
+    kernels(x2.device).rht(
+        {
+            "x": _ptr(x2),
+            "x_dtype": _DTYPES[x2.dtype],
+            "out": _ptr(out),
+            "batch": m,
+            "cols": cols,
+            "width": width,
+            "tile": tile,
+            "seed": seed,
+        },
+        torch.cuda.current_stream(x2.device).cuda_stream,
+    )
+    return out
+
+
 class DeviceLinear:
     """One :class:`hypercodec.Linear` on one CUDA device (see the module docs)."""
 
@@ -286,20 +307,7 @@ class DeviceLinear:
                 y = torch.nn.functional.linear(x2, self._decode(dt, stream), b)
         else:
             width = self.cols if self.kind == "trellis" else 8 * self.words
-            xr = torch.empty(m, width, dtype=torch.float32, device=self.device)
-            self.kernels.rht(
-                {
-                    "x": _ptr(x2),
-                    "x_dtype": code,
-                    "out": _ptr(xr),
-                    "batch": m,
-                    "cols": self.cols,
-                    "width": width,
-                    "tile": self.tile,
-                    "seed": self.seed,
-                },
-                stream,
-            )
+            xr = rht(x2, width, self.tile, self.seed)
             if self.kind in ("trellis", "e8rans"):
                 args = dict(self.args, xr=_ptr(xr), batch=m)
                 launch = self.kernels.trellis_gemv if self.kind == "trellis" else self.kernels.e8_rans_gemv

@@ -352,10 +352,7 @@ class _W8A8:
         xs = x2.to(dt).contiguous()
         m, cols = xs.shape
         if self.tile:
-            xr = torch.empty(m, cols, dtype=torch.float32, device=xs.device)
-            k.rht({"x": xs.data_ptr(), "x_dtype": hcuda._DTYPES[dt], "out": xr.data_ptr(), "batch": m,
-                   "cols": cols, "width": cols, "tile": self.tile, "seed": self.seed}, stream)
-            xs = xr
+            xs = hcuda.rht(xs, cols, self.tile, self.seed)
         padded = max(m, W8A8_MIN_BATCH_CUDA)
         xq = torch.zeros(padded, cols, dtype=torch.int8, device=xs.device) if padded > m else torch.empty(
             m, cols, dtype=torch.int8, device=xs.device)
