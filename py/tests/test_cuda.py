@@ -168,8 +168,9 @@ def test_cuda_rans_chunks_of_any_row_count_match_the_cpu_runtime(shape):
 
 @needs_cuda
 def test_cuda_constant_weights_and_layers_without_inputs():
-    """A zero weight in GPU-shaped rANS has an empty payload (every context one symbol); a
-    layer without inputs gives its bias."""
+    """A zero weight in GPU-shaped rANS (every context one symbol: its payload is only the
+    format's minimum padding, never read) through both routes; a layer without inputs gives
+    its bias."""
     z = np.zeros((64, 512), np.float32)
     b = np.arange(64, dtype=np.float32)
     op = hypercodec.Linear.quantize(z, "e8@4-gpu", b)
