@@ -1355,6 +1355,14 @@ mod tests {
             words: 32,
         };
         assert!(rans.validate().is_ok());
+        // An empty payload (a constant weight) may be null; a non-empty one may not.
+        assert!(E8RansGemv {
+            payload: 0,
+            payload_bytes: 0,
+            ..rans
+        }
+        .validate()
+        .is_ok());
         for bad in [
             E8RansGemv { chunk: 384, ..rans },
             E8RansGemv { words: 31, ..rans },
