@@ -207,8 +207,8 @@ pub enum DeviceForm<'a> {
 }
 
 /// A weight that is an int8 matrix times a scale per row, as stored: what an int8 GEMM (W8A8)
-/// multiplies ([`CompressedLinear::int8_weight`]). Value `(r, j)` is `scales[r]·values[r·cols
-/// + j]`, in the RHT domain of `tile` and `seed` when `tile` is not 0.
+/// multiplies ([`CompressedLinear::int8_weight`]). Value `(r, j)` is
+/// `scales[r]·values[r·cols + j]`, in the RHT domain of `tile` and `seed` when `tile` is not 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Int8Weight {
     /// `rows × cols` signed codes, row-major.
