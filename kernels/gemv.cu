@@ -1110,6 +1110,231 @@ __device__ __forceinline__ void hc_trellis_rows(const TrellisArgs& a) {
 HC_TRELLIS_K(1)
 HC_TRELLIS_K(4)
 
+// The group path of the trellis GEMV and decoder, for rows of whole groups of 32 values
+// (cols a multiple of 32, K ≤ 4, rows starting on 4K-byte boundaries) cut into sequences of
+// whole groups (seq a multiple of 32) or of 16 values (seq = 16: calibrated rows). A group's
+// bits are K 32-bit words; each half of 16 values decodes from its own small word array — the
+// 32 bits of the stream before the half (its history: the L − K ≤ 15 bits its first values
+// need, at the top of the word), then the half's 16·K bits — so every value's bit position is
+// a compile-time constant: its state is the top L bits of the 32-bit window that ends with its
+// bits. The history of a sequence's first half is the sequence's own end (tail-biting). The
+// code comes out of __dp4a as the f32 2^23 + sum (an addend of 0x4B000000), so a value costs a
+// funnel shift, a shift, the multiply-add, the byte sum and one FADD (− 2^23, exact) — no
+// conversion and no mask — then an FFMA per activation row.
+
+// Value I (0..15) of a half as 2^23 + its byte sum (f32); `c`: the history word, then the
+// half's words; `sh` = 32 − L.
+template <int K, int I>
+__device__ __forceinline__ float hc_tg_code(const uint32_t (&c)[3], int sh) {
+    constexpr int p = (I + 1) * K, j = p / 32, s = p % 32;
+    uint32_t win;
+    if constexpr (s == 0) {
+        win = c[j];
+    } else {
+        win = __funnelshift_r(c[j], c[j + 1], s);
+    }
+    return __int_as_float(__dp4a((win >> sh) * 34038481u + 76625530u, 0x01010101u, 0x4B000000u));
+}
+
+// The two halves' word arrays of a group of words `w` whose preceding stream word is `h`
+// (unused when `seq16`: each half is then its own sequence).
+template <int K>
+__device__ __forceinline__ void hc_tg_halves(const uint32_t (&w)[4], uint32_t h, bool seq16, uint32_t (&a)[3],
+                                             uint32_t (&b)[3]) {
+    // The 32 bits that end where the first half ends (bit 16·K of the group).
+    const uint32_t a_end = K % 2 == 0 ? w[K / 2 - 1] : w[K / 2] << 16;
+    a[0] = seq16 ? a_end : h;
+    b[0] = seq16 ? w[K - 1] : a_end;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        a[j + 1] = w[j];
+        // The second half's words start at bit 16·K.
+        if constexpr (K % 2 == 0) {
+            b[j + 1] = K / 2 + j < K ? w[K / 2 + j] : 0u;
+        } else {
+            const uint32_t lo = K / 2 + j < K ? w[K / 2 + j] : 0u, hi = K / 2 + j + 1 < K ? w[K / 2 + j + 1] : 0u;
+            b[j + 1] = __funnelshift_r(lo, hi, 16);
+        }
+    }
+}
+
+// Group g's words (and the stream word before it) of the row whose words start at `p`.
+template <int K>
+__device__ __forceinline__ void hc_tg_load(const TrellisArgs& a, const uint32_t* p, int g, uint32_t (&w)[4],
+                                           uint32_t& h) {
+    const uint32_t* q = p + (long long)g * K;
+    if constexpr (K == 2) {
+        const uint2 v = *reinterpret_cast<const uint2*>(q);
+        w[0] = v.x; w[1] = v.y; w[2] = w[3] = 0u;
+    } else if constexpr (K == 4) {
+        const uint4 v = *reinterpret_cast<const uint4*>(q);
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = i < K ? q[i] : 0u;
+    }
+    h = 0u;
+    if (a.seq != 16) {
+        // The word before the group, or for a sequence's first group the sequence's last word.
+        const int groups = a.cols >> 5, gs = a.seq >> 5, nseq = max(1, a.cols / a.seq);
+        const int s = min(g / gs, nseq - 1), first = s * gs;
+        const int last = s == nseq - 1 ? groups - 1 : first + gs - 1;
+        h = p[g == first ? (long long)last * K + K - 1 : (long long)g * K - 1];
+    }
+}
+
+template <int K, int R, int MT, int U>
+__device__ __forceinline__ void hc_tg_quad(const uint32_t (&c)[R][2][3], int sh, const float* xg, int cols, int M,
+                                           float (&acc)[R][MT], float* sx) {
+    // The byte sums, exact in f32 (2^23 + sum − 2^23), each decoded once for every batch row.
+    float f[R][4];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        f[r][0] = hc_tg_code<K, 4 * (U % 4) + 0>(c[r][U / 4], sh) - 8388608.f;
+        f[r][1] = hc_tg_code<K, 4 * (U % 4) + 1>(c[r][U / 4], sh) - 8388608.f;
+        f[r][2] = hc_tg_code<K, 4 * (U % 4) + 2>(c[r][U / 4], sh) - 8388608.f;
+        f[r][3] = hc_tg_code<K, 4 * (U % 4) + 3>(c[r][U / 4], sh) - 8388608.f;
+    }
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        // Batch rows past M read the last one (no branch, so the loads can be issued early);
+        // their sums are never stored.
+        const int mm = MT == 1 ? 0 : min(m, M - 1);
+        const float4 x4 = *reinterpret_cast<const float4*>(xg + (long long)mm * cols + 4 * U);
+        const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            sx[m] += xv[i];
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r][m] = fmaf(f[r][i], xv[i], acc[r][m]);
+        }
+    }
+}
+
+template <int MT, int K, int R>
+__device__ __forceinline__ void hc_trellis_groups(const TrellisArgs& a) {
+    const int r0 = blockIdx.x * R;
+    const int groups = a.cols >> 5;
+    const int sh = 32 - a.l;
+    const bool seq16 = a.seq == 16;
+    const long long rw = a.row_bytes >> 2;  // words per row
+    const uint32_t* bits = reinterpret_cast<const uint32_t*>(a.bits);
+    float acc[R][MT], sx[MT];
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        sx[m] = 0.f;
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r][m] = 0.f;
+    }
+    for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+        uint32_t c[R][2][3];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            // Rows past the weight read the last row; their sums are never stored.
+            uint32_t w[4], h;
+            hc_tg_load<K>(a, bits + (long long)min(r0 + r, a.rows - 1) * rw, g, w, h);
+            hc_tg_halves<K>(w, h, seq16, c[r][0], c[r][1]);
+        }
+        const float* xg = a.xr + 32ll * g;
+        hc_tg_quad<K, R, MT, 0>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, R, MT, 1>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, R, MT, 2>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, R, MT, 3>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, R, MT, 4>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, R, MT, 5>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, R, MT, 6>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, R, MT, 7>(c, sh, xg, a.cols, a.M, acc, sx);
+    }
+    // Row value = scale·(c1·Σ sum·x' + c0·Σ x').
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++) acc[r][m] = a.c1 * acc[r][m] + a.c0 * sx[m];
+    float sc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) sc[r] = r0 + r < a.rows ? a.row_scales[r0 + r] : 0.f;
+    hc_block_store<R, MT>(acc, sc, r0, a.rows, a.M, a.bias, a.y, a.ydtype);
+}
+
+// hc_trellis_groups_m{1,4}_k{1,2,3,4}: the group path, HC_TG_R rows per block.
+#define HC_TG_R 4
+#define HC_TG(M, K) \
+    extern "C" __global__ void __launch_bounds__(256) hc_trellis_groups_m##M##_k##K(TrellisArgs a) { \
+        hc_trellis_groups<M, K, HC_TG_R>(a); \
+    }
+HC_TG(1, 1) HC_TG(1, 2) HC_TG(1, 3) HC_TG(1, 4)
+HC_TG(4, 1) HC_TG(4, 2) HC_TG(4, 3) HC_TG(4, 4)
+
+// The group path's decoder: the scaled values in the rotated domain, a thread per group.
+template <int K, int U>
+__device__ __forceinline__ void hc_tg_decode_quad(const uint32_t (&c)[2][3], int sh, float c1, float c0, float* v) {
+    v[4 * U + 0] = fmaf(c1, hc_tg_code<K, 4 * (U % 4) + 0>(c[U / 4], sh) - 8388608.f, c0);
+    v[4 * U + 1] = fmaf(c1, hc_tg_code<K, 4 * (U % 4) + 1>(c[U / 4], sh) - 8388608.f, c0);
+    v[4 * U + 2] = fmaf(c1, hc_tg_code<K, 4 * (U % 4) + 2>(c[U / 4], sh) - 8388608.f, c0);
+    v[4 * U + 3] = fmaf(c1, hc_tg_code<K, 4 * (U % 4) + 3>(c[U / 4], sh) - 8388608.f, c0);
+}
+
+// A thread decodes a group; its warp's 32 groups (consecutive in the output, since groups tile
+// the rows) pass through shared memory so that each store instruction writes 256 consecutive
+// values. Rows of 36 floats keep both sides free of bank conflicts.
+template <int K>
+__device__ __forceinline__ void hc_trellis_decode_groups(const TrellisArgs& a, void* __restrict__ out, int odtype) {
+    __shared__ __align__(16) float stage[8][32 * 36];
+    float* st = stage[threadIdx.x >> 5];
+    const int lane = threadIdx.x & 31;
+    const int groups = a.cols >> 5;
+    const long long n = (long long)a.rows * groups;
+    const long long rw = a.row_bytes >> 2;
+    const uint32_t* bits = reinterpret_cast<const uint32_t*>(a.bits);
+    const bool aligned = hc_aligned16(out);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i0 = (long long)blockIdx.x * blockDim.x + (threadIdx.x & ~31); i0 < n; i0 += stride) {
+        const long long i = i0 + lane;
+        if (i < n) {
+            const int r = (int)(i / groups), g = (int)(i - (long long)r * groups);
+            uint32_t w[4], h, c[2][3];
+            hc_tg_load<K>(a, bits + r * rw, g, w, h);
+            hc_tg_halves<K>(w, h, a.seq == 16, c[0], c[1]);
+            float v[32];
+            hc_tg_decode_quad<K, 0>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, 1>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, 2>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, 3>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, 4>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, 5>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, 6>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, 7>(c, 32 - a.l, a.c1, a.c0, v);
+            const float sc = a.row_scales[r];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                *reinterpret_cast<float4*>(st + lane * 36 + 4 * j) =
+                    make_float4(sc * v[4 * j], sc * v[4 * j + 1], sc * v[4 * j + 2], sc * v[4 * j + 3]);
+        }
+        __syncwarp();
+        // Values 32·i0 + 256·j + 8·lane ..: group 8j + lane/4 of the warp, from value 8·(lane % 4).
+        const long long vals = 32 * (n - i0);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int v0 = 256 * j + 8 * lane;
+            if (v0 < vals) {
+                const float* p = st + (8 * j + lane / 4) * 36 + 8 * (lane % 4);
+                const float4 lo = *reinterpret_cast<const float4*>(p), hi = *reinterpret_cast<const float4*>(p + 4);
+                const float v8[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                hc_store8(out, odtype, 32 * i0 + v0, v8, 8, aligned);
+            }
+        }
+        __syncwarp();
+    }
+}
+
+// hc_trellis_decode_groups_k{1,2,3,4}.
+#define HC_TGD(K) \
+    extern "C" __global__ void __launch_bounds__(256) hc_trellis_decode_groups_k##K(TrellisArgs a, void* __restrict__ out, int odtype) { \
+        hc_trellis_decode_groups<K>(a, out, odtype); \
+    }
+HC_TGD(1) HC_TGD(2) HC_TGD(3) HC_TGD(4)
+
+
 // The scaled values in the rotated domain (rows × cols, `odtype`), one thread per chunk of 8.
 extern "C" __global__ void hc_trellis_decode(TrellisArgs a, void* __restrict__ out, int odtype) {
     const int chunks = (a.cols + 7) >> 3;

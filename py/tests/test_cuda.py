@@ -248,6 +248,29 @@ def test_cuda_trellis_with_calibrated_short_sequences(spec):
         assert np.abs(got - want).max() <= 3e-4 * np.abs(want).max(), (spec, m)
 
 
+@needs_cuda
+@pytest.mark.parametrize("k,l", [(1, 8), (2, 12), (2, 16), (3, 10), (4, 16)])
+def test_cuda_trellis_group_path_matches_the_cpu_runtime(k, l):
+    # Rows of whole 32-value groups take the group kernels (GEMV and decoder): one sequence
+    # (512 columns), three with a longer last one (3104 = 1024 + 1024 + 1056), calibrated rows
+    # (sequences of 16), a partial block of rows, batches of 1 to 5 (two passes); 2040 columns
+    # (a partial group) take the per-chunk kernels.
+    rng = np.random.default_rng(10 * k + l)
+    a = rng.standard_normal((1024, 512)).astype(np.float32)
+    for rows, cols, hess in ((37, 512, None), (6, 3104, None), (5, 2040, None), (19, 512, a.T @ a / len(a))):
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        b = rng.standard_normal(rows).astype(np.float32)
+        op = hypercodec.Linear.quantize(w, f"tcq@{k}-l{l}", b, hess)
+        d = hcuda.DeviceLinear(op, torch.device("cuda"))
+        assert d.kind == "trellis" and (op.device_form()["seq"] == 16) == (hess is not None)
+        for m, route in ((1, "gemv"), (2, "gemv"), (3, "gemv"), (5, "gemv"), (5, "decode")):
+            # 5 through the GEMV: a pass of 4 rows and one of 1.
+            x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32))
+            want = op.forward(x.numpy())
+            got = d.forward(x.cuda(), route=route).cpu().numpy()
+            assert np.abs(got - want).max() <= 3e-4 * np.abs(want).max(), (k, l, rows, cols, hess is None, m, route)
+
+
 def _kv_args(p, rows, toks, dtype_code):
     return {"x": 0, "out": 0, "dtype": dtype_code, "codes": 0, "scales": 0, "out_row": 0, "codes_row": 0,
             "scales_row": 0, "rows": rows, "toks": toks, "dim": p["dim"], "bits": p["bits"], "tile": p["tile"],

@@ -55,6 +55,14 @@ pub(crate) fn function_names() -> Vec<String> {
             }
         }
     }
+    for m in BATCH_TILES {
+        for k in 1..=4 {
+            v.push(format!("hc_trellis_groups_m{m}_k{k}"));
+        }
+    }
+    for k in 1..=4 {
+        v.push(format!("hc_trellis_decode_groups_k{k}"));
+    }
     v
 }
 
@@ -138,6 +146,24 @@ const TRELLIS_KS: [usize; 5] = [0, 1, 2, 3, 4];
 pub(crate) fn trellis_gemv(batch: usize, k: usize) -> usize {
     let ki = if (1..=4).contains(&k) { k } else { 0 };
     FIXED + 3 * BATCH_TILES.len() + 7 * E8_PASSES.len() + TRELLIS_KS.len() * tile_index(batch) + ki
+}
+/// The trellis GEMV's group path (`hc_trellis_groups_m{1,4}_k{k}`, see
+/// [`crate::TrellisGemv::whole_groups`]) for a pass of `batch` rows of `k` (1..=4) bits.
+pub(crate) fn trellis_groups(batch: usize, k: usize) -> usize {
+    FIXED
+        + 3 * BATCH_TILES.len()
+        + 7 * E8_PASSES.len()
+        + TRELLIS_KS.len() * BATCH_TILES.len()
+        + MMA_KINDS.len() * 2 * MMA_WORDS.len()
+        + 4 * tile_index(batch)
+        + k.clamp(1, 4)
+        - 1
+}
+/// Weight rows one block of the trellis group GEMV computes, for any batch tile (`HC_TG_R`).
+pub(crate) const TRELLIS_GROUP_ROWS: usize = 4;
+/// The group path's decoder for `k` (1..=4) bits: `hc_trellis_decode_groups_k{k}`.
+pub(crate) fn trellis_decode_groups(k: usize) -> usize {
+    trellis_groups(4, 4) + k.clamp(1, 4)
 }
 /// The kernels' batch tiles (activation rows held in registers).
 const BATCH_TILES: [usize; 2] = [1, 4];

@@ -420,6 +420,21 @@ pub struct TrellisGemv {
 }
 
 impl TrellisGemv {
+    /// Whether the group path runs (GEMV and decoder): rows of whole groups of 32 values
+    /// (`cols` a multiple of 32) cut into sequences of whole groups (`seq` a multiple of 32,
+    /// or one sequence per row) or of 16 values (`seq` = 16, calibrated rows), `K` ≤ 4, and
+    /// rows on `4·K`-byte boundaries of a 16-byte aligned buffer. A group's bits are then `K`
+    /// whole words and every value's bit position is a compile-time constant of the kernel;
+    /// other layouts take the per-chunk kernels.
+    pub fn whole_groups(&self) -> bool {
+        let k = self.k as usize;
+        (1..=4).contains(&k)
+            && self.cols.is_multiple_of(32)
+            && (self.seq.is_multiple_of(32) || self.seq == 16 || self.seq >= self.cols)
+            && self.row_bytes.is_multiple_of(4 * k)
+            && self.bits.is_multiple_of(16)
+    }
+
     /// Checks what the kernels rely on.
     pub fn validate(&self) -> Result<()> {
         let bad = |why: String| Err(CudaError::InvalidArgument(why));
@@ -1123,12 +1138,28 @@ impl Kernels {
             };
             let mut k = args::TrellisArgs::new(&pass);
             let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+            // A thread per two groups of 32 values (up to 256 threads), or per chunk of 8 values
+            // (up to 4 each).
+            let (f, rows, block) = if a.whole_groups() {
+                let threads = (a.cols / 64).next_multiple_of(32).clamp(32, 256);
+                (
+                    args::trellis_groups(m, a.k as usize),
+                    args::TRELLIS_GROUP_ROWS,
+                    threads as u32,
+                )
+            } else {
+                (
+                    args::trellis_gemv(m, a.k as usize),
+                    args::rows_per_block(m),
+                    block_for(a.cols.div_ceil(8)),
+                )
+            };
             // SAFETY: the arguments were validated; the pointers are the caller's contract.
             unsafe {
                 self.inner.launch(
-                    args::trellis_gemv(m, a.k as usize),
-                    (a.rows.div_ceil(args::rows_per_block(m)) as u32, 1),
-                    block_for(a.cols.div_ceil(8)),
+                    f,
+                    (a.rows.div_ceil(rows) as u32, 1),
+                    block,
                     0,
                     stream,
                     &mut params,
@@ -1150,18 +1181,17 @@ impl Kernels {
         stream: u64,
     ) -> Result<()> {
         a.validate()?;
-        let n = a.rows * a.cols.div_ceil(8);
-        // SAFETY: validated; the pointers are the caller's contract.
-        unsafe {
-            self.decode_launch(
-                args::TRELLIS_DECODE,
-                args::TrellisArgs::new(a),
-                out,
-                dtype,
-                n,
-                stream,
+        // A thread per group of 32 values, or per chunk of 8.
+        let (f, n) = if a.whole_groups() {
+            (
+                args::trellis_decode_groups(a.k as usize),
+                a.rows * (a.cols / 32),
             )
-        }
+        } else {
+            (args::TRELLIS_DECODE, a.rows * a.cols.div_ceil(8))
+        };
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe { self.decode_launch(f, args::TrellisArgs::new(a), out, dtype, n, stream) }
     }
 }
 
@@ -1405,6 +1435,18 @@ mod tests {
         assert_eq!(names[args::trellis_gemv(3, 7)], "hc_trellis_gemv_m4_k0");
         assert_eq!(names[args::trellis_gemv(4, 4)], "hc_trellis_gemv_m4_k4");
         assert_eq!(names[args::TRELLIS_DECODE], "hc_trellis_decode");
+        assert_eq!(names[args::trellis_groups(1, 1)], "hc_trellis_groups_m1_k1");
+        assert_eq!(names[args::trellis_groups(3, 2)], "hc_trellis_groups_m4_k2");
+        assert_eq!(names[args::trellis_groups(4, 4)], "hc_trellis_groups_m4_k4");
+        assert_eq!(
+            names[args::trellis_decode_groups(1)],
+            "hc_trellis_decode_groups_k1"
+        );
+        assert_eq!(
+            names[args::trellis_decode_groups(4)],
+            "hc_trellis_decode_groups_k4"
+        );
+        assert_eq!(names.last().unwrap(), "hc_trellis_decode_groups_k4");
         assert_eq!(names[args::E8_RANS_DECODE], "hc_e8_rans_decode");
         assert_eq!(names[args::QUANT_I8], "hc_quant_i8");
         assert_eq!(names[args::W8A8_OUT], "hc_w8a8_out");
@@ -1443,7 +1485,6 @@ mod tests {
         assert_eq!(mma(4, Dtype::Bf16, 4, 9), "hc_affine_mma_b4_w4_n2_bf16");
         assert_eq!(mma(4, Dtype::F16, 2, 8), "hc_affine_mma_b4_w2_n1_f16");
         assert_eq!(mma(8, Dtype::F16, 4, 16), "hc_affine_mma_b8_w4_n2_f16");
-        assert_eq!(names.last().unwrap(), "hc_affine_mma_b8_w4_n2_f16");
         assert!(args::affine_mma(8, Dtype::Bf16, 4, 1).is_none());
         assert!(args::affine_mma(4, Dtype::F32, 4, 1).is_none());
         assert!(args::affine_mma(4, Dtype::Bf16, 4, 17).is_none());
@@ -1514,6 +1555,61 @@ mod tests {
             .tensor_core_words(),
             0
         );
+    }
+
+    #[test]
+    fn the_trellis_group_path_needs_whole_word_groups() {
+        let t = TrellisGemv {
+            bits: 1 << 20,
+            bit_bytes: 64 * 512,
+            row_bytes: 512,
+            row_scales: 1 << 21,
+            xr: 1 << 22,
+            y: 1 << 23,
+            y_dtype: Dtype::F32,
+            bias: 0,
+            batch: 1,
+            rows: 64,
+            cols: 2048,
+            l: 12,
+            k: 2,
+            seq: 1024,
+            c1: 1.0,
+            c0: 0.0,
+        };
+        assert!(t.validate().is_ok() && t.whole_groups());
+        // Calibrated rows (sequences of 16) and one sequence per row also take it.
+        assert!(TrellisGemv { seq: 16, ..t }.whole_groups());
+        assert!(TrellisGemv { seq: 2056, ..t }.whole_groups());
+        // Sequences of 48 or 8, a partial group, K above 4, an unaligned buffer do not.
+        assert!(!TrellisGemv { seq: 48, ..t }.whole_groups());
+        assert!(!TrellisGemv { seq: 8, ..t }.whole_groups());
+        assert!(!TrellisGemv {
+            cols: 2040,
+            row_bytes: 510,
+            ..t
+        }
+        .whole_groups());
+        assert!(!TrellisGemv {
+            k: 5,
+            row_bytes: 1280,
+            bit_bytes: 64 * 1280,
+            ..t
+        }
+        .whole_groups());
+        assert!(!TrellisGemv {
+            bits: (1 << 20) + 4,
+            ..t
+        }
+        .whole_groups());
+        // K = 3: rows of 12-byte groups.
+        assert!(TrellisGemv {
+            k: 3,
+            row_bytes: 768,
+            bit_bytes: 64 * 768,
+            ..t
+        }
+        .whole_groups());
     }
 
     #[test]

@@ -1,0 +1,155 @@
+"""The trellis GEMV's and decoder's two kernels each — per chunk of 8 values (`hc_trellis_gemv_m*_k*`,
+`hc_trellis_decode`) and per group of 32 (`hc_trellis_groups_m*_k*`, `hc_trellis_decode_groups_k*`) —
+against torch bf16 `F.linear`, batches 1 and 4, in one run.
+
+    python py/benches/cuda_trellis.py [--sizes 8192x8192,...] [--out FILE]   # on the GPU
+
+Random bits (every bit string is a valid trellis stream) at K = 2 and 4, L = 12, sequences
+of 1024 values and of 16 (calibrated rows), f32 activations already rotated (the GEMV's input; the RHT is a separate
+launch that `cuda_linear.py` includes). Both kernels come from the committed PTX. The group kernel's output is
+checked against the per-chunk kernel's (which the tests check against the CPU runtime); the
+decoders write bf16.
+Timing: 40 launches in a CUDA graph over ≥ 400 MB of weight copies (L2 never holds them),
+median of 7 replays (`_graph_timing.graph_time_us`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes as C
+import itertools
+import pathlib
+import sys
+
+import torch
+import torch.nn.functional as F
+from _graph_timing import graph_time_us
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class Args(C.Structure):
+    """`TrellisArgs` of kernels/gemv.cu."""
+
+    _fields_ = [("bits", C.c_void_p), ("row_scales", C.c_void_p), ("xr", C.c_void_p), ("y", C.c_void_p),
+                ("bias", C.c_void_p), ("n_bytes", C.c_longlong), ("row_bytes", C.c_longlong), ("ydtype", C.c_int),
+                ("M", C.c_int), ("rows", C.c_int), ("cols", C.c_int), ("l", C.c_int), ("k", C.c_int),
+                ("seq", C.c_int), ("c1", C.c_float), ("c0", C.c_float)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="4096x4096,8192x8192,28672x8192,8192x28672")
+    ap.add_argument("--out", default=None, help="also write the table here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("cuda_trellis: no CUDA device; nothing to do")
+        return 0
+    cu = C.CDLL("libcuda.so.1")
+
+    def chk(r: int, what: str) -> None:
+        if r != 0:
+            raise RuntimeError(f"CUDA driver error {r} ({what})")
+
+    torch.zeros(1, device="cuda")
+    sources = [("ptx", (ROOT / "crates/kernels-cuda/ptx/gemv.ptx").read_bytes() + b"\0")]
+    mods = {}
+    for name, data in sources:
+        m = C.c_void_p()
+        chk(cu.cuModuleLoadData(C.byref(m), data), name)
+        mods[name] = m
+
+    def fn(mod: str, name: str) -> C.c_void_p:
+        f = C.c_void_p()
+        chk(cu.cuModuleGetFunction(C.byref(f), mods[mod], name.encode()), name)
+        return f
+
+    def launch(f, grid: int, block: int, a: Args) -> None:
+        arr = (C.c_void_p * 1)(C.addressof(a))
+        stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
+        chk(cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, stream, arr, None), "launch")
+
+    torch.manual_seed(0)
+    out = []
+    for size in args.sizes.split(","):
+        rows, cols = map(int, size.split("x"))
+        groups = cols // 32
+        for m in (1, 4):
+            x = torch.randn(m, cols, device="cuda")
+            xb = x.to(torch.bfloat16)
+            wb = [torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+                  for _ in range(int(400e6 // (rows * cols * 2)) + 1)]
+            calls = itertools.count()
+            bf16 = graph_time_us(lambda: F.linear(xb, wb[next(calls) % len(wb)]), 40, replays=7)
+            out.append((rows * cols, size, m, "-", "-", "torch bf16 F.linear", bf16, bf16, None))
+            del wb
+            for k in (2, 4):
+                row_bytes = cols * k // 8
+                copies = int(400e6 // (rows * row_bytes)) + 1
+                bits = [torch.randint(0, 256, (rows, row_bytes), dtype=torch.uint8, device="cuda") for _ in range(copies)]
+                sc = torch.rand(rows, device="cuda") + 0.5
+                y = torch.empty(m, rows, device="cuda")
+                ref = torch.empty(m, rows, device="cuda")
+                dec = torch.empty(rows, cols, device="cuda", dtype=torch.bfloat16)
+                dref = torch.empty(rows, cols, device="cuda", dtype=torch.bfloat16)
+                kept = []
+
+                def make(f, r, threads, seq, target, i, decode=False):
+                    a = Args(bits[i].data_ptr(), sc.data_ptr(), x.data_ptr(), 0 if decode else target.data_ptr(), None,
+                             bits[i].numel(), row_bytes, 0, m, rows, cols, 12, k, seq, 0.0066, -3.37)
+                    kept.append(a)
+                    if decode:
+                        o, dt = C.c_void_p(target.data_ptr()), C.c_int(2)
+                        kept.extend([o, dt])
+                        arr = (C.c_void_p * 3)(C.addressof(a), C.addressof(o), C.addressof(dt))
+                        stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
+                        chk(cu.cuLaunchKernel(f, min((r + 255) // 256, 1 << 20), 1, 1, 256, 1, 1, 0, stream, arr, None),
+                            "launch")
+                    else:
+                        launch(f, (rows + r - 1) // r, threads, a)
+
+                tile = 1 if m == 1 else 4
+                per_block = 4 if m == 1 else 2
+                chunk = (fn("ptx", f"hc_trellis_gemv_m{tile}_k{k}"), per_block,
+                         min(256, max(32, (cols // 8 + 127) // 128 * 32)))
+                group = (fn("ptx", f"hc_trellis_groups_m{tile}_k{k}"), 4,
+                         min(256, max(32, (groups // 2 + 31) // 32 * 32)))
+                cases = []
+                for seq in (1024, 16):
+                    cases.append((f"seq {seq}", "per chunk of 8 (before)", *chunk, seq, False, True))
+                    cases.append((f"seq {seq}", "per group of 32", *group, seq, False, False))
+                if m == 1:
+                    cases.append(("seq 1024", "decode to bf16, per chunk of 8 (before)", fn("ptx", "hc_trellis_decode"),
+                                  rows * ((cols + 7) // 8), 256, 1024, True, True))
+                    cases.append(("seq 1024", "decode to bf16, per group of 32", fn("ptx", f"hc_trellis_decode_groups_k{k}"),
+                                  rows * groups, 256, 1024, True, False))
+                for seq_label, label, f, r, threads, seq, decode, is_ref in cases:
+                    target = dref if (decode and is_ref) else dec if decode else ref if is_ref else y
+                    make(f, r, threads, seq, target, 0, decode)
+                    torch.cuda.synchronize()
+                    calls = itertools.count()
+                    us = graph_time_us(lambda: make(f, r, threads, seq, target, next(calls) % copies, decode), 40,
+                                       replays=7)
+                    err = None
+                    if not is_ref:
+                        want, got = (dref, dec) if decode else (ref, y)
+                        err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+                    out.append((rows * cols, size, m, str(k), seq_label, label, us, bf16, err))
+                    kept.clear()
+                del bits
+                torch.cuda.empty_cache()
+    lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}",
+             "| shape | batch | K | sequences | kernel | µs per call | × bf16 | weights/s (T) | rel. diff vs per-chunk |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|"]
+    for n, size, m, k, seq, label, us, base, err in out:
+        lines.append(f"| {size} | {m} | {k} | {seq} | {label} | {us:.1f} | {base / us:.2f} | {n / us / 1e6:.2f} | "
+                     f"{'—' if err is None else f'{err:.1e}'} |")
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if args.out:
+        pathlib.Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
