@@ -1,6 +1,6 @@
 """The trellis GEMV's and decoder's two kernels each — per chunk of 8 values (`hc_trellis_gemv_m*_k*`,
 `hc_trellis_decode`) and per group of 32 (`hc_trellis_groups_m*_k*`, `hc_trellis_decode_groups_k*`) —
-against torch bf16 `F.linear`, batches 1 and 4, in one run.
+against torch bf16 `F.linear`, batches 1, 2 and 4, in one run.
 
     python py/benches/cuda_trellis.py [--sizes 8192x8192,...] [--out FILE]   # on the GPU
 
@@ -74,7 +74,7 @@ def main() -> int:
     for size in args.sizes.split(","):
         rows, cols = map(int, size.split("x"))
         groups = cols // 32
-        for m in (1, 4):
+        for m in (1, 2, 4):
             x = torch.randn(m, cols, device="cuda")
             xb = x.to(torch.bfloat16)
             wb = [torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
@@ -108,11 +108,9 @@ def main() -> int:
                     else:
                         launch(f, (rows + r - 1) // r, threads, a)
 
-                tile = 1 if m == 1 else 4
-                per_block = 4 if m == 1 else 2
-                chunk = (fn("ptx", f"hc_trellis_gemv_m{tile}_k{k}"), per_block,
+                chunk = (fn("ptx", f"hc_trellis_gemv_m{1 if m == 1 else 4}_k{k}"), 4 if m == 1 else 2,
                          min(256, max(32, (cols // 8 + 127) // 128 * 32)))
-                group = (fn("ptx", f"hc_trellis_groups_m{tile}_k{k}"), 4,
+                group = (fn("ptx", f"hc_trellis_groups_m{m}_k{k}"), 4 if m == 1 else 8,
                          min(256, max(32, (groups // 2 + 31) // 32 * 32)))
                 cases = []
                 for seq in (1024, 16):

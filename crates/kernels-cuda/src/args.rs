@@ -55,7 +55,7 @@ pub(crate) fn function_names() -> Vec<String> {
             }
         }
     }
-    for m in BATCH_TILES {
+    for m in TRELLIS_GROUP_TILES {
         for k in 1..=4 {
             v.push(format!("hc_trellis_groups_m{m}_k{k}"));
         }
@@ -147,20 +147,35 @@ pub(crate) fn trellis_gemv(batch: usize, k: usize) -> usize {
     let ki = if (1..=4).contains(&k) { k } else { 0 };
     FIXED + 3 * BATCH_TILES.len() + 7 * E8_PASSES.len() + TRELLIS_KS.len() * tile_index(batch) + ki
 }
-/// The trellis GEMV's group path (`hc_trellis_groups_m{1,4}_k{k}`, see
-/// [`crate::TrellisGemv::whole_groups`]) for a pass of `batch` rows of `k` (1..=4) bits.
+/// The trellis group GEMV's batch tiles.
+const TRELLIS_GROUP_TILES: [usize; 3] = [1, 2, 4];
+
+/// The trellis GEMV's group path (`hc_trellis_groups_m{1,2,4}_k{k}`, see
+/// [`crate::TrellisGemv::whole_groups`]) for a pass of `batch` (1..=4) rows of `k` (1..=4) bits.
 pub(crate) fn trellis_groups(batch: usize, k: usize) -> usize {
+    let tile = match batch {
+        0 | 1 => 0,
+        2 => 1,
+        _ => 2,
+    };
     FIXED
         + 3 * BATCH_TILES.len()
         + 7 * E8_PASSES.len()
         + TRELLIS_KS.len() * BATCH_TILES.len()
         + MMA_KINDS.len() * 2 * MMA_WORDS.len()
-        + 4 * tile_index(batch)
+        + 4 * tile
         + k.clamp(1, 4)
         - 1
 }
-/// Weight rows one block of the trellis group GEMV computes, for any batch tile (`HC_TG_R`).
-pub(crate) const TRELLIS_GROUP_ROWS: usize = 4;
+/// Weight rows one block of the trellis group GEMV computes for a pass of `batch` rows
+/// (`HC_TG_R`).
+pub(crate) fn trellis_group_rows(batch: usize) -> usize {
+    if batch <= 1 {
+        4
+    } else {
+        8
+    }
+}
 /// The group path's decoder for `k` (1..=4) bits: `hc_trellis_decode_groups_k{k}`.
 pub(crate) fn trellis_decode_groups(k: usize) -> usize {
     trellis_groups(4, 4) + k.clamp(1, 4)

@@ -1144,7 +1144,7 @@ impl Kernels {
                 let threads = (a.cols / 64).next_multiple_of(32).clamp(32, 256);
                 (
                     args::trellis_groups(m, a.k as usize),
-                    args::TRELLIS_GROUP_ROWS,
+                    args::trellis_group_rows(m),
                     threads as u32,
                 )
             } else {
@@ -1436,6 +1436,7 @@ mod tests {
         assert_eq!(names[args::trellis_gemv(4, 4)], "hc_trellis_gemv_m4_k4");
         assert_eq!(names[args::TRELLIS_DECODE], "hc_trellis_decode");
         assert_eq!(names[args::trellis_groups(1, 1)], "hc_trellis_groups_m1_k1");
+        assert_eq!(names[args::trellis_groups(2, 3)], "hc_trellis_groups_m2_k3");
         assert_eq!(names[args::trellis_groups(3, 2)], "hc_trellis_groups_m4_k2");
         assert_eq!(names[args::trellis_groups(4, 4)], "hc_trellis_groups_m4_k4");
         assert_eq!(
