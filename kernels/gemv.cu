@@ -1505,35 +1505,39 @@ extern "C" __global__ void hc_kv_e8_encode(KvArgs a) {
     }
 }
 
+// The scaled E8 point of vector (row, t) in the rotated domain: this lane's 8 values (zeros
+// for lanes past d/8).
+__device__ __forceinline__ void hc_kv_point(const KvArgs& a, int row, int t, int lane, float* y) {
+#pragma unroll
+    for (int k = 0; k < 8; k++) y[k] = 0.f;
+    if (lane >= (a.d >> 3)) return;
+    const uint16_t sb = a.scales[row * a.scales_row + t];
+    const float c = __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&sb));
+    const uint8_t* code = a.codes + row * a.codes_row + (long long)t * a.code_bytes + lane * a.bits;
+    unsigned long long w = 0;
+    for (int i = 0; i < a.bits; i++) w |= (unsigned long long)code[i] << (8 * i);
+    const unsigned long long mask = (1ull << a.bits) - 1;
+    const int h = 1 << (a.bits - 1);
+    const int s0 = (int)(w & mask);
+    const float half = (s0 & 1) ? 0.5f : 0.f;
+    int p = 0;
+#pragma unroll
+    for (int i = 1; i < 8; i++) {
+        const int q = (int)((w >> (i * a.bits)) & mask) - h;
+        p += q;
+        y[i - 1] = ((float)q + half) * c;
+    }
+    y[7] = ((float)((s0 & ~1) - h + (p & 1)) + half) * c;
+}
+
 extern "C" __global__ void hc_kv_e8_decode(KvArgs a) {
     const int lane = threadIdx.x & 31;
     const long long v = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (v >= (long long)a.rows * a.toks) return;
     const int row = (int)(v / a.toks), t = (int)(v - (long long)row * a.toks);
-    const int nw = a.d >> 3;
-    const bool on = lane < nw;
-    const uint16_t sb = a.scales[row * a.scales_row + t];
-    const float c = __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&sb));
+    const bool on = lane < (a.d >> 3);
     float y[8];
-#pragma unroll
-    for (int k = 0; k < 8; k++) y[k] = 0.f;
-    if (on) {
-        const uint8_t* code = a.codes + row * a.codes_row + (long long)t * a.code_bytes + lane * a.bits;
-        unsigned long long w = 0;
-        for (int i = 0; i < a.bits; i++) w |= (unsigned long long)code[i] << (8 * i);
-        const unsigned long long mask = (1ull << a.bits) - 1;
-        const int h = 1 << (a.bits - 1);
-        const int s0 = (int)(w & mask);
-        const float half = (s0 & 1) ? 0.5f : 0.f;
-        int p = 0;
-#pragma unroll
-        for (int i = 1; i < 8; i++) {
-            const int q = (int)((w >> (i * a.bits)) & mask) - h;
-            p += q;
-            y[i - 1] = ((float)q + half) * c;
-        }
-        y[7] = ((float)((s0 & ~1) - h + (p & 1)) + half) * c;
-    }
+    hc_kv_point(a, row, t, lane, y);
     if (a.tile > 0) {
         hc_kv_fwht(y, a.tile, lane);
         if (on) hc_signs8(y, a.seed, 8 * lane);
@@ -1543,6 +1547,130 @@ extern "C" __global__ void hc_kv_e8_decode(KvArgs a) {
         const int size = a.dtype == HC_F32 ? 4 : 2;
         const bool aligned = ((reinterpret_cast<uintptr_t>(a.out) + at * size) & 15) == 0;
         hc_store8(a.out, a.dtype, at, y, 8, aligned);
+    }
+}
+
+// Attention of queries over compressed keys and values, without decoding the history to
+// memory: block (c, row·⌈G/HC_KV_G⌉ + z) takes tokens [c·chunk, (c+1)·chunk) of row `row`
+// (batch × KV head) for queries z·HC_KV_G .. of the row's G (its query heads × query positions). Scores are
+// RHT(q)·(scale·point): the keys' rotation applied once to the query instead of inverted per
+// key; the weighted sum of values stays in the values' rotated domain and is rotated back once.
+// Each warp keeps an online softmax over its tokens (max, sum of exponentials, unnormalized
+// output); the block merges its warps and writes its partial result — the output in the
+// original domain, not divided, and (max, sum) — which the caller merges with the other chunks
+// and the exact tokens (sinks, window).
+#define HC_KV_G 8
+#define HC_KV_WARPS 4
+
+struct KvAttendArgs {
+    KvArgs k, v;           // the codecs' codes and scales (x, out, dtype unused); toks = tokens
+    const float* q;        // rows × G × d, f32, in the original domain
+    const float* bias;     // null, or bias[(row / heads)·bias_b + (g % qlen)·bias_q + bias0 + t]
+    float* part_o;         // rows × chunks × G × d
+    float* part_ml;        // rows × chunks × G × 2: (max, sum)
+    long long bias_b, bias_q;
+    int G, qlen, heads, bias0, chunk, chunks;
+    float scaling;
+};
+
+extern "C" __global__ void __launch_bounds__(32 * HC_KV_WARPS) hc_kv_e8_attend(KvAttendArgs a) {
+    __shared__ __align__(16) float qs[HC_KV_G][256];
+    __shared__ __align__(16) float os[HC_KV_WARPS][HC_KV_G][256];
+    __shared__ float ms[HC_KV_WARPS][HC_KV_G], ls[HC_KV_WARPS][HC_KV_G];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gz = (a.G + HC_KV_G - 1) / HC_KV_G;
+    const int c = blockIdx.x, row = blockIdx.y / gz, g0 = (blockIdx.y % gz) * HC_KV_G;
+    const int ng = min(HC_KV_G, a.G - g0);
+    const int d = a.k.d;
+    const bool on = lane < (d >> 3);
+    // The block's queries, rotated by the keys' RHT.
+    for (int g = warp; g < ng; g += HC_KV_WARPS) {
+        float y[8];
+        if (on) {
+            hc_load8(a.q, HC_F32, ((long long)row * a.G + g0 + g) * d + 8 * lane, y);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) y[k] = 0.f;
+        }
+        if (a.k.tile > 0) {
+            if (on) hc_signs8(y, a.k.seed, 8 * lane);
+            hc_kv_fwht(y, a.k.tile, lane);
+        }
+        if (on)
+#pragma unroll
+            for (int k = 0; k < 8; k++) qs[g][8 * lane + k] = y[k];
+    }
+    __syncthreads();
+    float qv[HC_KV_G][8], m[HC_KV_G], l[HC_KV_G], o[HC_KV_G][8];
+#pragma unroll
+    for (int g = 0; g < HC_KV_G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            qv[g][k] = on && g < ng ? qs[g][8 * lane + k] : 0.f;
+            o[g][k] = 0.f;
+        }
+    }
+    const int t1 = min(a.k.toks, (c + 1) * a.chunk);
+    const long long brow = (long long)(row / a.heads) * a.bias_b + a.bias0;
+    for (int t = c * a.chunk + warp; t < t1; t += HC_KV_WARPS) {
+        float kv[8], vv[8];
+        hc_kv_point(a.k, row, t, lane, kv);
+        hc_kv_point(a.v, row, t, lane, vv);
+#pragma unroll
+        for (int g = 0; g < HC_KV_G; g++) {
+            if (g < ng) {
+                float s = 0.f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) s = fmaf(qv[g][k], kv[k], s);
+                s = hc_warp_sum(s) * a.scaling;
+                if (a.bias) s += a.bias[brow + (long long)((g0 + g) % a.qlen) * a.bias_q + t];
+                if (s != -INFINITY) {  // a masked token adds nothing; NaN propagates
+                    const float mn = fmaxf(m[g], s);
+                    const float corr = expf(m[g] - mn), p = expf(s - mn);
+                    l[g] = fmaf(l[g], corr, p);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) o[g][k] = fmaf(o[g][k], corr, p * vv[k]);
+                    m[g] = mn;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < HC_KV_G; g++) {
+        if (lane == 0) {
+            ms[warp][g] = m[g];
+            ls[warp][g] = l[g];
+        }
+        if (on)
+#pragma unroll
+            for (int k = 0; k < 8; k++) os[warp][g][8 * lane + k] = o[g][k];
+    }
+    __syncthreads();
+    for (int g = warp; g < ng; g += HC_KV_WARPS) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < HC_KV_WARPS; w++) mx = fmaxf(mx, ms[w][g]);
+        float sum = 0.f, y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < HC_KV_WARPS; w++) {
+            const float e = ms[w][g] == -INFINITY ? 0.f : expf(ms[w][g] - mx);
+            sum = fmaf(ls[w][g], e, sum);
+            if (on)
+#pragma unroll
+                for (int k = 0; k < 8; k++) y[k] = fmaf(e, os[w][g][8 * lane + k], y[k]);
+        }
+        if (a.v.tile > 0) {
+            hc_kv_fwht(y, a.v.tile, lane);
+            if (on) hc_signs8(y, a.v.seed, 8 * lane);
+        }
+        const long long pi = ((long long)row * a.chunks + c) * a.G + g0 + g;
+        if (on) hc_store8(a.part_o, HC_F32, pi * d + 8 * lane, y, 8, true);
+        if (lane == 0) {
+            a.part_ml[2 * pi] = mx;
+            a.part_ml[2 * pi + 1] = sum;
+        }
     }
 }
 

@@ -4,8 +4,8 @@
 
 use crate::{CudaError as PyCudaError, InvalidInputError};
 use hypercodec_kernels_cuda::{
-    AffineGemv, CudaError, Dtype, E8Gemv, E8RansGemv, Kernels, KvE8, QuantI8, RhtArgs, TrellisGemv,
-    W8A8Out,
+    AffineGemv, CudaError, Dtype, E8Gemv, E8RansGemv, Kernels, KvE8, KvE8Attend, QuantI8, RhtArgs,
+    TrellisGemv, W8A8Out,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -299,6 +299,43 @@ impl CudaKernels {
         let a = kv(args)?;
         // SAFETY: as in `rht`.
         unsafe { self.k.kv_e8_encode(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// Attention over compressed keys and values (`hypercodec_kernels_cuda::KvE8Attend`; keys:
+    /// keys and values — dicts of `kv_e8_decode`'s keys —, q, queries, query_len, heads, bias,
+    /// bias_batch, bias_query, bias_first, scaling, chunk, part_o, part_ml).
+    fn kv_e8_attend(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let sub = |key: &str| -> PyResult<KvE8> {
+            let d = args.get_item(key)?.ok_or_else(|| {
+                InvalidInputError::new_err(format!("kernel argument `{key}` missing"))
+            })?;
+            kv(d.cast::<PyDict>()?)
+        };
+        let a = KvE8Attend {
+            keys: sub("keys")?,
+            values: sub("values")?,
+            q: get(args, "q")?,
+            queries: get(args, "queries")?,
+            query_len: get(args, "query_len")?,
+            heads: get(args, "heads")?,
+            bias: get(args, "bias")?,
+            bias_batch: get(args, "bias_batch")?,
+            bias_query: get(args, "bias_query")?,
+            bias_first: get(args, "bias_first")?,
+            scaling: get(args, "scaling")?,
+            chunk: get(args, "chunk")?,
+            part_o: get(args, "part_o")?,
+            part_ml: get(args, "part_ml")?,
+        };
+        // SAFETY: as in `rht`.
+        unsafe { self.k.kv_e8_attend(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// The token chunk `kv_e8_attend` is best launched with for `rows` rows of `toks` tokens
+    /// and `queries` queries (`KvE8Attend::chunk_for`).
+    #[staticmethod]
+    fn kv_attend_chunk(rows: usize, toks: usize, queries: usize) -> usize {
+        KvE8Attend::chunk_for(rows, toks, queries)
     }
 
     /// KV vectors decoded (the same keys).

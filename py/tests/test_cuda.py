@@ -344,6 +344,52 @@ def test_cuda_kv_cache_generates_batch_8_equal_to_batch_1_on_the_device():
     assert 4.0 < cache.bits_per_value() < 12.0
     for i in range(8):
         assert torch.equal(out[i], gen(prompts[i : i + 1], HypercodecCache(cfg, window=16, block=8))[0])
+    # Attention over the codes (the fused path) generates as decoding the cache does here.
+    from hypercodec.kv import ATTENTION
+
+    m.set_attn_implementation(ATTENTION)
+    try:
+        fused = gen(prompts, HypercodecCache(cfg, window=16, block=8))
+    finally:
+        m.set_attn_implementation("sdpa")
+    assert (fused == out).float().mean() > 0.9
+
+
+@needs_cuda
+@pytest.mark.parametrize("d,q,sinks", [(64, 1, 0), (128, 3, 4), (32, 1, 2)])
+def test_cuda_kv_attention_over_the_codes_matches_the_decoded_cache(d, q, sinks):
+    """The fused device path (`hc_kv_e8_attend` + the exact tokens) against softmax attention
+    over the same cache decoded on the device: GQA (3 query heads per KV head; 9 queries per
+    row at q = 3, two query tiles), a padded batch row, causal queries, sinks, a window."""
+    transformers = pytest.importorskip("transformers")  # noqa: F841 (the cache needs it)
+    from hypercodec.kv import HypercodecKVLayer
+
+    torch.manual_seed(d + q)
+    b, hk, g = 2, 2, 3
+    fused, plain = (HypercodecKVLayer(4, 3, window=8, sinks=sinks, block=16) for _ in range(2))
+    fused.fused = True
+    for steps in (40, 17, q):  # prefill, a second block, then the attended step
+        k = torch.randn(b, hk, steps, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, hk, steps, d, device="cuda", dtype=torch.bfloat16)
+        kf, vf = fused.update(k, v)
+        kd, vd = plain.update(k, v)
+    assert fused._gpu is not None and fused._k.n > 0 and hasattr(kf, "_hypercodec")
+    total = kd.shape[2]
+    query = torch.randn(b, hk * g, q, d, device="cuda", dtype=torch.bfloat16)
+    seen = torch.arange(total, device="cuda")[None, :] <= torch.arange(total - q, total, device="cuda")[:, None]
+    pad = torch.ones(b, 1, q, total, dtype=torch.bool, device="cuda") & seen
+    pad[1, :, :, :5] = False  # batch row 1: five padding tokens
+    scaling = d**-0.5
+    for mask in (None, pad):
+        got = fused.attend(query, kf, vf, mask, scaling).float()  # [b, q, hq, d]
+        keys = kd.float().repeat_interleave(g, 1)
+        vals = vd.float().repeat_interleave(g, 1)
+        logits = torch.einsum("bhqd,bhtd->bhqt", query.float(), keys) * scaling
+        allowed = pad if mask is not None else seen[None, None]
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        want = torch.einsum("bhqt,bhtd->bhqd", logits.softmax(-1), vals).transpose(1, 2)
+        err = ((got - want).norm() / want.norm()).item()
+        assert err < 1e-2, (mask is None, err)  # bf16 queries and output
 
 
 @needs_cuda

@@ -29,6 +29,7 @@ pub(crate) fn function_names() -> Vec<String> {
         "hc_e8_rans_gemv_m4",
         "hc_quant_i8",
         "hc_w8a8_out",
+        "hc_kv_e8_attend",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -137,8 +138,11 @@ pub(crate) fn e8_rans_gemv(batch: usize) -> usize {
 }
 pub(crate) const QUANT_I8: usize = 18;
 pub(crate) const W8A8_OUT: usize = 19;
+pub(crate) const KV_E8_ATTEND: usize = 20;
+/// Queries one block of `hc_kv_e8_attend` takes (`HC_KV_G`).
+pub(crate) const KV_ATTEND_QUERIES: usize = 8;
 /// Functions before the templated GEMVs.
-const FIXED: usize = 20;
+const FIXED: usize = 21;
 /// The trellis GEMVs' compiled K (0: K read at run time).
 const TRELLIS_KS: [usize; 5] = [0, 1, 2, 3, 4];
 
@@ -416,6 +420,48 @@ pub(crate) struct KvArgs {
     tile: i32,
     alpha: f32,
     seed: u64,
+}
+
+/// The kernels' `KvAttendArgs`.
+#[repr(C)]
+pub(crate) struct KvAttendArgs {
+    k: KvArgs,
+    v: KvArgs,
+    q: u64,
+    bias: u64,
+    part_o: u64,
+    part_ml: u64,
+    bias_b: i64,
+    bias_q: i64,
+    g: i32,
+    qlen: i32,
+    heads: i32,
+    bias0: i32,
+    chunk: i32,
+    chunks: i32,
+    scaling: f32,
+}
+
+impl KvAttendArgs {
+    pub(crate) fn new(a: &crate::KvE8Attend) -> Self {
+        KvAttendArgs {
+            k: KvArgs::new(&a.keys),
+            v: KvArgs::new(&a.values),
+            q: a.q,
+            bias: a.bias,
+            part_o: a.part_o,
+            part_ml: a.part_ml,
+            bias_b: a.bias_batch as i64,
+            bias_q: a.bias_query as i64,
+            g: a.queries as i32,
+            qlen: a.query_len as i32,
+            heads: a.heads as i32,
+            bias0: a.bias_first as i32,
+            chunk: a.chunk as i32,
+            chunks: a.chunks() as i32,
+            scaling: a.scaling,
+        }
+    }
 }
 
 impl KvArgs {

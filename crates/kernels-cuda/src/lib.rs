@@ -525,6 +525,12 @@ impl KvE8 {
     /// Checks what the kernels rely on (`encode`: `x`, `codes` and `scales`; decode: `out`
     /// too).
     pub fn validate(&self, encode: bool) -> Result<()> {
+        self.check(encode, true)
+    }
+
+    /// [`KvE8::validate`]; `data`: whether `x` or `out` is read or written (not by
+    /// [`Kernels::kv_e8_attend`]).
+    fn check(&self, encode: bool, data: bool) -> Result<()> {
         let bad = |why: String| Err(CudaError::InvalidArgument(why));
         if !(2..=8).contains(&self.bits) {
             return bad(format!("KV codes of {} bits", self.bits));
@@ -548,12 +554,114 @@ impl KvE8 {
         if (self.rows as u128) * (self.toks as u128) > i32::MAX as u128 * 32 {
             return bad(format!("{} × {} vectors", self.rows, self.toks));
         }
+        if self.rows * self.toks > 0 && (self.codes == 0 || self.scales == 0) {
+            return bad("a null pointer".into());
+        }
+        if !data {
+            return Ok(());
+        }
         let data = if encode { self.x } else { self.out };
-        if self.rows * self.toks > 0 && (data == 0 || self.codes == 0 || self.scales == 0) {
+        if self.rows * self.toks > 0 && data == 0 {
             return bad("a null pointer".into());
         }
         if encode && !self.x.is_multiple_of(16) {
             return bad("KV vectors to encode must be 16-byte aligned".into());
+        }
+        Ok(())
+    }
+}
+
+/// Attention of queries over compressed keys and values (both [`KvE8`] codecs of the same
+/// rows, tokens and dimension; their `x`, `out` and `dtype` unused), without decoding the
+/// history to memory. Row `r` (batch × KV head) has `queries` f32 queries of `dim` values at
+/// `q + (r·queries + g)·dim·4` (its query heads × `query_len` positions, position `g %
+/// query_len`). Scores are `scaling·⟨q, k⟩ + bias`, bias (f32, or 0 for none) at
+/// `bias + ((r / heads)·bias_batch + (g % query_len)·bias_query + bias_first + t)·4`. Tokens
+/// are cut into chunks of `chunk`; for chunk `c` the kernel writes `part_o[r][c][g]` (`dim`
+/// f32: `Σ e^{s−m}·v`, in the original domain) and `part_ml[r][c][g]` (`m`, `Σ e^{s−m}`;
+/// `−∞, 0` where every token is masked), for the caller to merge with the exact tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct KvE8Attend {
+    /// The keys' codec and codes (`toks` tokens per row).
+    pub keys: KvE8,
+    /// The values' codec and codes.
+    pub values: KvE8,
+    /// The queries, f32, 16-byte aligned.
+    pub q: u64,
+    /// Queries per row (query heads per KV head × query positions).
+    pub queries: usize,
+    /// Query positions (`queries` is a multiple of it).
+    pub query_len: usize,
+    /// KV heads: rows per batch row of `bias`.
+    pub heads: usize,
+    /// Additive f32 bias, or 0.
+    pub bias: u64,
+    /// Elements between batch rows of `bias` (0: one row for every batch row).
+    pub bias_batch: usize,
+    /// Elements between query positions of `bias`.
+    pub bias_query: usize,
+    /// The bias column of the first compressed token.
+    pub bias_first: usize,
+    /// The score's factor (usually `dim^-½`).
+    pub scaling: f32,
+    /// Tokens per block.
+    pub chunk: usize,
+    /// Output: `rows × chunks × queries × dim` f32, 16-byte aligned.
+    pub part_o: u64,
+    /// Output: `rows × chunks × queries × 2` f32.
+    pub part_ml: u64,
+}
+
+impl KvE8Attend {
+    /// Chunks of tokens: `ceil(toks / chunk)`.
+    pub fn chunks(&self) -> usize {
+        self.keys.toks.div_ceil(self.chunk.max(1))
+    }
+
+    /// A chunk size that gives about two blocks per SM of a 132-SM device for `rows` rows of
+    /// `toks` tokens and `queries` queries: at least 64 tokens, a multiple of 16.
+    pub fn chunk_for(rows: usize, toks: usize, queries: usize) -> usize {
+        let blocks = rows.max(1) * queries.div_ceil(args::KV_ATTEND_QUERIES).max(1);
+        let chunks = (264 / blocks).max(1);
+        toks.div_ceil(chunks).next_multiple_of(16).max(64)
+    }
+
+    /// Checks what the kernel relies on.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(CudaError::InvalidArgument(why));
+        self.keys.check(false, false)?;
+        self.values.check(false, false)?;
+        let (k, v) = (&self.keys, &self.values);
+        if (k.rows, k.toks, k.dim) != (v.rows, v.toks, v.dim) {
+            return bad(format!(
+                "keys of {} × {} × {} against values of {} × {} × {}",
+                k.rows, k.toks, k.dim, v.rows, v.toks, v.dim
+            ));
+        }
+        if self.queries == 0
+            || self.query_len == 0
+            || !self.queries.is_multiple_of(self.query_len)
+            || self.heads == 0
+            || !k.rows.is_multiple_of(self.heads)
+            || self.chunk == 0
+        {
+            return bad(format!(
+                "{} queries of {} positions, {} heads for {} rows, chunks of {}",
+                self.queries, self.query_len, self.heads, k.rows, self.chunk
+            ));
+        }
+        let n = k.rows as u128 * self.chunks() as u128 * self.queries as u128 * k.dim as u128;
+        if n > i64::MAX as u128 / 8
+            || self.queries > i32::MAX as usize
+            || self.chunk > i32::MAX as usize
+        {
+            return bad(format!("{n} partial outputs"));
+        }
+        if k.rows * k.toks > 0 && (self.q == 0 || self.part_o == 0 || self.part_ml == 0) {
+            return bad("a null pointer".into());
+        }
+        if !self.q.is_multiple_of(16) || !self.part_o.is_multiple_of(16) {
+            return bad("queries and partial outputs must be 16-byte aligned".into());
         }
         Ok(())
     }
@@ -1216,6 +1324,38 @@ impl Kernels {
         unsafe { self.kv_launch(a, args::KV_E8_DECODE, stream) }
     }
 
+    /// Attention over compressed keys and values (see [`KvE8Attend`]): blocks of 4 warps,
+    /// one per chunk, row and 8 queries.
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn kv_e8_attend(&self, a: &KvE8Attend, stream: u64) -> Result<()> {
+        a.validate()?;
+        if a.keys.rows == 0 || a.keys.toks == 0 {
+            return Ok(());
+        }
+        let mut k = args::KvAttendArgs::new(a);
+        let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+        let y = a.keys.rows * a.queries.div_ceil(args::KV_ATTEND_QUERIES);
+        if a.chunks() > i32::MAX as usize || y > 65535 {
+            return Err(CudaError::InvalidArgument(format!(
+                "a grid of {} × {y} blocks",
+                a.chunks()
+            )));
+        }
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe {
+            self.inner.launch(
+                args::KV_E8_ATTEND,
+                (a.chunks() as u32, y as u32),
+                128,
+                0,
+                stream,
+                &mut params,
+            )
+        }
+    }
+
     /// Launches decoder `f` (its parameters: the argument struct, then the output pointer and
     /// dtype code) on `n` threads, 256 a block, grid-stride.
     ///
@@ -1481,6 +1621,11 @@ mod tests {
             param("hc_kv_e8_encode")
         );
         assert_eq!(names[args::KV_E8_DECODE], "hc_kv_e8_decode");
+        assert_eq!(names[args::KV_E8_ATTEND], "hc_kv_e8_attend");
+        assert_eq!(
+            std::mem::size_of::<args::KvAttendArgs>(),
+            param("hc_kv_e8_attend")
+        );
         let mma = |b, d, w, m| names[args::affine_mma(b, d, w, m).unwrap()].as_str();
         assert_eq!(mma(2, Dtype::Bf16, 1, 1), "hc_affine_mma_b2_w1_n1_bf16");
         assert_eq!(mma(4, Dtype::Bf16, 4, 9), "hc_affine_mma_b4_w4_n2_bf16");
@@ -1611,6 +1756,76 @@ mod tests {
             ..t
         }
         .whole_groups());
+    }
+
+    #[test]
+    fn kv_attention_checks_its_codecs_and_outputs() {
+        let codec = KvE8 {
+            x: 0,
+            out: 0,
+            dtype: Dtype::Bf16,
+            codes: 1 << 20,
+            scales: 1 << 21,
+            out_row: 0,
+            codes_row: 64 * 64,
+            scales_row: 64,
+            rows: 8,
+            toks: 40,
+            dim: 128,
+            bits: 4,
+            tile: 128,
+            alpha: 1.0,
+            seed: 7,
+        };
+        let a = KvE8Attend {
+            keys: codec,
+            values: KvE8 { bits: 3, ..codec },
+            q: 1 << 22,
+            queries: 6,
+            query_len: 2,
+            heads: 4,
+            bias: 0,
+            bias_batch: 0,
+            bias_query: 0,
+            bias_first: 0,
+            scaling: 0.09,
+            chunk: 16,
+            part_o: 1 << 23,
+            part_ml: 1 << 24,
+        };
+        // The codecs' `out` is not needed; their codes, the queries and outputs are.
+        assert!(a.validate().is_ok());
+        assert_eq!(a.chunks(), 3);
+        let bad = [
+            KvE8Attend { q: 0, ..a },
+            KvE8Attend {
+                part_o: (1 << 23) + 4,
+                ..a
+            },
+            KvE8Attend {
+                values: KvE8 { toks: 41, ..codec },
+                ..a
+            },
+            KvE8Attend {
+                keys: KvE8 { codes: 0, ..codec },
+                ..a
+            },
+            KvE8Attend { queries: 5, ..a },
+            KvE8Attend { heads: 3, ..a },
+            KvE8Attend { chunk: 0, ..a },
+        ];
+        for b in bad {
+            assert!(
+                matches!(b.validate(), Err(CudaError::InvalidArgument(_))),
+                "{b:?}"
+            );
+        }
+        // About two blocks per SM: 4 rows of 8 queries over 2048 tokens → 66 chunks of 32 → 64.
+        assert_eq!(KvE8Attend::chunk_for(4, 2048, 8), 64);
+        assert_eq!(
+            KvE8Attend::chunk_for(64, 2048, 8),
+            2048usize.div_ceil(4).next_multiple_of(16)
+        );
     }
 
     #[test]

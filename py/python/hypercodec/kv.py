@@ -324,7 +324,7 @@ class HypercodecKVLayer(DynamicLayer):
             self.keys, self.values = self.keys[:, :, over:], self.values[:, :, over:]
         if self._k.n == 0:
             return torch.cat([self.sink_keys, self.keys], 2), torch.cat([self.sink_values, self.values], 2)
-        if self.fused and self._gpu is None and not isinstance(self.kcodec, IntCodec):
+        if self.fused and not isinstance(self.kcodec, IntCodec):
             k = torch.cat([self.sink_keys, self.keys], 2)
             k._hypercodec = self  # read by `attention`, which attends over the codes too
             return k, torch.cat([self.sink_values, self.values], 2)
@@ -342,6 +342,8 @@ class HypercodecKVLayer(DynamicLayer):
         in one native call (``k``/``v``: the exact sinks and window that ``update`` returned;
         ``mask``: None for causal, or the boolean / additive 4-D mask over every token), as
         ``[B, q, Hq, d]``."""
+        if self._gpu is not None:
+            return self._attend_gpu(query, k, v, mask, scaling)
         b, hq, q, d = query.shape
         s, n = self.sink_keys.shape[2], self._k.n
         total = s + n + self.keys.shape[2]
@@ -383,6 +385,76 @@ class HypercodecKVLayer(DynamicLayer):
         )
         o = torch.from_numpy(out).reshape(b, hq, q, -1).transpose(1, 2).contiguous()
         return o.to(device=query.device, dtype=query.dtype)
+
+    def _attend_gpu(self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scaling: float) -> torch.Tensor:
+        """:meth:`attend` on the device: the compressed history through the kernel
+        ``hc_kv_e8_attend`` (partial softmax sums per chunk of tokens, nothing decoded to
+        memory), merged here with the exact sinks and window."""
+        kernels, kp, vp = self._gpu
+        b, hq, q, d = query.shape
+        hk = k.shape[1]
+        g = hq // hk
+        rows, queries = b * hk, g * q
+        s, n, exact = self.sink_keys.shape[2], self._k.n, k.shape[2]
+        total = s + n + self.keys.shape[2]
+        dev, f32 = query.device, torch.float32
+        bias = None  # [batch rows or 1, q, total]
+        if mask is not None:
+            m = mask[:, 0, :, :total]
+            bias = m.to(f32) if m.dtype != torch.bool else torch.zeros(m.shape, dtype=f32, device=dev).masked_fill_(~m, float("-inf"))
+        elif q > 1:  # causal: query i sees tokens up to total − q + i
+            seen = torch.arange(total, device=dev)[None, :] <= torch.arange(total - q, total, device=dev)[:, None]
+            bias = torch.zeros((1, q, total), dtype=f32, device=dev).masked_fill_(~seen[None], float("-inf"))
+        if bias is not None:
+            bias = bias.contiguous()
+        qf = query.detach().to(f32).reshape(rows, queries, d).contiguous()
+        chunk = kernels.kv_attend_chunk(rows, n, queries)
+        chunks = -(-n // chunk)
+        part_o = torch.empty((rows, chunks, queries, d), dtype=f32, device=dev)
+        part_ml = torch.empty((rows, chunks, queries, 2), dtype=f32, device=dev)
+
+        def codec(p: dict, store: _Store) -> dict:
+            a = self._kv_args(p, rows, n)
+            a.update(codes=store.codes.data_ptr(), codes_row=store.codes.stride(0),
+                     scales=store.scales.data_ptr(), scales_row=store.scales.stride(0))
+            return a
+
+        kernels.kv_e8_attend(
+            {
+                "keys": codec(kp, self._k),
+                "values": codec(vp, self._v),
+                "q": qf.data_ptr(),
+                "queries": queries,
+                "query_len": q,
+                "heads": hk,
+                "bias": 0 if bias is None else bias.data_ptr(),
+                "bias_batch": 0 if bias is None or bias.shape[0] == 1 else q * total,
+                "bias_query": total,
+                "bias_first": s,
+                "scaling": float(scaling),
+                "chunk": chunk,
+                "part_o": part_o.data_ptr(),
+                "part_ml": part_ml.data_ptr(),
+            },
+            torch.cuda.current_stream(dev).cuda_stream,
+        )
+        # The exact tokens: sinks, then the window.
+        ke = k.detach().to(f32).reshape(rows, exact, d)
+        ve = v.detach().to(f32).reshape(rows, exact, v.shape[3])
+        se = torch.einsum("rgd,red->rge", qf, ke) * scaling
+        if bias is not None:
+            be = torch.cat([bias[..., :s], bias[..., s + n :]], -1)  # [B or 1, q, exact]
+            be = be.expand(b, q, exact)[:, None, None].expand(b, hk, g, q, exact)
+            se = se + be.reshape(rows, queries, exact)
+        pm, pl = part_ml[..., 0], part_ml[..., 1]
+        top = torch.maximum(pm.amax(1), se.amax(-1) if exact else torch.full_like(pm[:, 0], float("-inf")))
+        top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # every token masked: 0/0
+        wc = torch.exp(pm - top[:, None])
+        pe = torch.exp(se - top[..., None])
+        total_w = (pl * wc).sum(1) + pe.sum(-1)
+        out = (part_o * wc[..., None]).sum(1) + torch.einsum("rge,red->rgd", pe, ve)
+        out = out / total_w[..., None]
+        return out.reshape(b, hq, q, -1).transpose(1, 2).contiguous().to(query.dtype)
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
