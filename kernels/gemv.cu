@@ -1565,13 +1565,36 @@ extern "C" __global__ void hc_kv_e8_decode(KvArgs a) {
 struct KvAttendArgs {
     KvArgs k, v;           // the codecs' codes and scales (x, out, dtype unused); toks = tokens
     const float* q;        // rows × G × d, f32, in the original domain
-    const float* bias;     // null, or bias[(row / heads)·bias_b + (g % qlen)·bias_q + bias0 + t]
+    const float* bias;     // null, or bias[(row / heads)·bias_b + (g % qlen)·bias_q + column]
     float* part_o;         // rows × chunks × G × d
     float* part_ml;        // rows × chunks × G × 2: (max, sum)
+    const void* ek;        // exact keys, row r's token j at ek + (r·exact + j)·d, `edtype`
+    const void* ev;        // exact values, the same layout
     long long bias_b, bias_q;
-    int G, qlen, heads, bias0, chunk, chunks;
+    int G, qlen, heads, bias0, chunk, chunks, exact, edtype;
     float scaling;
 };
+
+// Token t of the block's walk: compressed history t < toks (the scaled E8 point, rotated
+// domain), then exact token j = t − toks (loaded and rotated by the codec's RHT).
+__device__ __forceinline__ void hc_kv_token(const KvArgs& c, const void* exact, int exact_n, int edtype, int row, int t,
+                                            int lane, float* y) {
+    if (t < c.toks) {
+        hc_kv_point(c, row, t, lane, y);
+        return;
+    }
+    const bool on = lane < (c.d >> 3);
+    if (on) {
+        hc_load8(exact, edtype, ((long long)row * exact_n + (t - c.toks)) * c.d + 8 * lane, y);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) y[k] = 0.f;
+    }
+    if (c.tile > 0) {
+        if (on) hc_signs8(y, c.seed, 8 * lane);
+        hc_kv_fwht(y, c.tile, lane);
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(32 * HC_KV_WARPS) hc_kv_e8_attend(KvAttendArgs a) {
     __shared__ __align__(16) float qs[HC_KV_G][256];
@@ -1612,12 +1635,15 @@ extern "C" __global__ void __launch_bounds__(32 * HC_KV_WARPS) hc_kv_e8_attend(K
             o[g][k] = 0.f;
         }
     }
-    const int t1 = min(a.k.toks, (c + 1) * a.chunk);
-    const long long brow = (long long)(row / a.heads) * a.bias_b + a.bias0;
+    const int t1 = min(a.k.toks + a.exact, (c + 1) * a.chunk);
+    const long long brow = (long long)(row / a.heads) * a.bias_b;
     for (int t = c * a.chunk + warp; t < t1; t += HC_KV_WARPS) {
         float kv[8], vv[8];
-        hc_kv_point(a.k, row, t, lane, kv);
-        hc_kv_point(a.v, row, t, lane, vv);
+        hc_kv_token(a.k, a.ek, a.exact, a.edtype, row, t, lane, kv);
+        hc_kv_token(a.v, a.ev, a.exact, a.edtype, row, t, lane, vv);
+        // The bias column: sinks (the first bias0 exact tokens), the history, the window.
+        const int j = t - a.k.toks;
+        const int col = j < 0 ? a.bias0 + t : j < a.bias0 ? j : a.k.toks + j;
 #pragma unroll
         for (int g = 0; g < HC_KV_G; g++) {
             if (g < ng) {
@@ -1625,7 +1651,7 @@ extern "C" __global__ void __launch_bounds__(32 * HC_KV_WARPS) hc_kv_e8_attend(K
 #pragma unroll
                 for (int k = 0; k < 8; k++) s = fmaf(qv[g][k], kv[k], s);
                 s = hc_warp_sum(s) * a.scaling;
-                if (a.bias) s += a.bias[brow + (long long)((g0 + g) % a.qlen) * a.bias_q + t];
+                if (a.bias) s += a.bias[brow + (long long)((g0 + g) % a.qlen) * a.bias_q + col];
                 if (s != -INFINITY) {  // a masked token adds nothing; NaN propagates
                     const float mn = fmaxf(m[g], s);
                     const float corr = expf(m[g] - mn), p = expf(s - mn);
@@ -1671,6 +1697,52 @@ extern "C" __global__ void __launch_bounds__(32 * HC_KV_WARPS) hc_kv_e8_attend(K
             a.part_ml[2 * pi] = mx;
             a.part_ml[2 * pi + 1] = sum;
         }
+    }
+}
+
+// The chunks' partial results of hc_kv_e8_attend merged: a warp per (row, query), written as
+// out[b][position][query head][:] (`odtype`) with row = b·heads + h and query g = i·qlen +
+// position, query head h·(G / qlen) + i. A query that sees no token gets 0/0 (NaN).
+struct KvMergeArgs {
+    const float* part_o;
+    const float* part_ml;
+    void* out;
+    int rows, chunks, G, d, qlen, heads, odtype;
+};
+
+extern "C" __global__ void __launch_bounds__(128) hc_kv_attend_merge(KvMergeArgs a) {
+    const int lane = threadIdx.x & 31;
+    const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= (long long)a.rows * a.G) return;
+    const int row = (int)(w / a.G), g = (int)(w - (long long)row * a.G);
+    float mx = -INFINITY;
+    for (int c = lane; c < a.chunks; c += 32) mx = fmaxf(mx, a.part_ml[2 * (((long long)row * a.chunks + c) * a.G + g)]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (mx == -INFINITY) mx = 0.f;
+    const bool on = lane < (a.d >> 3);
+    float sum = 0.f, y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int c = 0; c < a.chunks; c++) {
+        const long long pi = ((long long)row * a.chunks + c) * a.G + g;
+        const float m = a.part_ml[2 * pi];
+        const float e = m == -INFINITY ? 0.f : expf(m - mx);
+        sum = fmaf(a.part_ml[2 * pi + 1], e, sum);
+        if (on) {
+            float p[8];
+            hc_load8(a.part_o, HC_F32, pi * a.d + 8 * lane, p);
+#pragma unroll
+            for (int k = 0; k < 8; k++) y[k] = fmaf(e, p[k], y[k]);
+        }
+    }
+    if (on) {
+        const float inv = 1.f / sum;
+#pragma unroll
+        for (int k = 0; k < 8; k++) y[k] *= inv;
+        const int per = a.G / a.qlen, b = row / a.heads, h = row - b * a.heads;
+        const int i = g / a.qlen, pos = g - i * a.qlen;
+        const long long at = (((long long)b * a.qlen + pos) * a.heads * per + (long long)h * per + i) * a.d + 8 * lane;
+        const int size = a.odtype == HC_F32 ? 4 : 2;
+        hc_store8(a.out, a.odtype, at, y, 8, ((reinterpret_cast<uintptr_t>(a.out) + at * size) & 15) == 0);
     }
 }
 

@@ -302,8 +302,9 @@ impl CudaKernels {
     }
 
     /// Attention over compressed keys and values (`hypercodec_kernels_cuda::KvE8Attend`; keys:
-    /// keys and values — dicts of `kv_e8_decode`'s keys —, q, queries, query_len, heads, bias,
-    /// bias_batch, bias_query, bias_first, scaling, chunk, part_o, part_ml).
+    /// keys and values — dicts of `kv_e8_decode`'s keys —, q, queries, query_len, heads,
+    /// exact_keys, exact_values, exact, exact_dtype, bias, bias_batch, bias_query, bias_first,
+    /// scaling, chunk, part_o, part_ml, out, out_dtype).
     fn kv_e8_attend(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
         let sub = |key: &str| -> PyResult<KvE8> {
             let d = args.get_item(key)?.ok_or_else(|| {
@@ -326,6 +327,12 @@ impl CudaKernels {
             chunk: get(args, "chunk")?,
             part_o: get(args, "part_o")?,
             part_ml: get(args, "part_ml")?,
+            exact_keys: get(args, "exact_keys")?,
+            exact_values: get(args, "exact_values")?,
+            exact: get(args, "exact")?,
+            exact_dtype: dtype(get(args, "exact_dtype")?)?,
+            out: get(args, "out")?,
+            out_dtype: dtype(get(args, "out_dtype")?)?,
         };
         // SAFETY: as in `rht`.
         unsafe { self.k.kv_e8_attend(&a, stream) }.map_err(cuda_err)

@@ -30,6 +30,7 @@ pub(crate) fn function_names() -> Vec<String> {
         "hc_quant_i8",
         "hc_w8a8_out",
         "hc_kv_e8_attend",
+        "hc_kv_attend_merge",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -139,10 +140,11 @@ pub(crate) fn e8_rans_gemv(batch: usize) -> usize {
 pub(crate) const QUANT_I8: usize = 18;
 pub(crate) const W8A8_OUT: usize = 19;
 pub(crate) const KV_E8_ATTEND: usize = 20;
+pub(crate) const KV_ATTEND_MERGE: usize = 21;
 /// Queries one block of `hc_kv_e8_attend` takes (`HC_KV_G`).
 pub(crate) const KV_ATTEND_QUERIES: usize = 8;
 /// Functions before the templated GEMVs.
-const FIXED: usize = 21;
+const FIXED: usize = 22;
 /// The trellis GEMVs' compiled K (0: K read at run time).
 const TRELLIS_KS: [usize; 5] = [0, 1, 2, 3, 4];
 
@@ -431,6 +433,8 @@ pub(crate) struct KvAttendArgs {
     bias: u64,
     part_o: u64,
     part_ml: u64,
+    ek: u64,
+    ev: u64,
     bias_b: i64,
     bias_q: i64,
     g: i32,
@@ -439,7 +443,41 @@ pub(crate) struct KvAttendArgs {
     bias0: i32,
     chunk: i32,
     chunks: i32,
+    exact: i32,
+    edtype: i32,
     scaling: f32,
+}
+
+/// The kernels' `KvMergeArgs`.
+#[repr(C)]
+pub(crate) struct KvMergeArgs {
+    part_o: u64,
+    part_ml: u64,
+    out: u64,
+    rows: i32,
+    chunks: i32,
+    g: i32,
+    d: i32,
+    qlen: i32,
+    heads: i32,
+    odtype: i32,
+}
+
+impl KvMergeArgs {
+    pub(crate) fn new(a: &crate::KvE8Attend) -> Self {
+        KvMergeArgs {
+            part_o: a.part_o,
+            part_ml: a.part_ml,
+            out: a.out,
+            rows: a.keys.rows as i32,
+            chunks: a.chunks() as i32,
+            g: a.queries as i32,
+            d: a.keys.dim as i32,
+            qlen: a.query_len as i32,
+            heads: a.heads as i32,
+            odtype: a.out_dtype as i32,
+        }
+    }
 }
 
 impl KvAttendArgs {
@@ -451,6 +489,8 @@ impl KvAttendArgs {
             bias: a.bias,
             part_o: a.part_o,
             part_ml: a.part_ml,
+            ek: a.exact_keys,
+            ev: a.exact_values,
             bias_b: a.bias_batch as i64,
             bias_q: a.bias_query as i64,
             g: a.queries as i32,
@@ -459,6 +499,8 @@ impl KvAttendArgs {
             bias0: a.bias_first as i32,
             chunk: a.chunk as i32,
             chunks: a.chunks() as i32,
+            exact: a.exact as i32,
+            edtype: a.exact_dtype as i32,
             scaling: a.scaling,
         }
     }

@@ -572,14 +572,21 @@ impl KvE8 {
 }
 
 /// Attention of queries over compressed keys and values (both [`KvE8`] codecs of the same
-/// rows, tokens and dimension; their `x`, `out` and `dtype` unused), without decoding the
-/// history to memory. Row `r` (batch × KV head) has `queries` f32 queries of `dim` values at
-/// `q + (r·queries + g)·dim·4` (its query heads × `query_len` positions, position `g %
-/// query_len`). Scores are `scaling·⟨q, k⟩ + bias`, bias (f32, or 0 for none) at
-/// `bias + ((r / heads)·bias_batch + (g % query_len)·bias_query + bias_first + t)·4`. Tokens
-/// are cut into chunks of `chunk`; for chunk `c` the kernel writes `part_o[r][c][g]` (`dim`
-/// f32: `Σ e^{s−m}·v`, in the original domain) and `part_ml[r][c][g]` (`m`, `Σ e^{s−m}`;
-/// `−∞, 0` where every token is masked), for the caller to merge with the exact tokens.
+/// rows, tokens and dimension; their `x`, `out` and `dtype` unused) and `exact` uncompressed
+/// tokens per row (the sinks, then the window), without decoding the history to memory.
+///
+/// - Row `r` (batch × KV head) has `queries` f32 queries of `dim` values at
+///   `q + (r·queries + g)·dim·4`: its query heads × `query_len` positions, query `g` being
+///   position `g % query_len` of head `g / query_len`.
+/// - Scores are `scaling·⟨q, k⟩ + bias`, with the bias (f32, or 0 for none) at
+///   `bias + ((r / heads)·bias_batch + (g % query_len)·bias_query + column)·4`. The columns:
+///   the `bias_first` sinks (exact tokens `0..bias_first`), the history, the rest of the exact
+///   tokens (the window).
+/// - Tokens (the history, then the exact ones) are cut into chunks of `chunk`. The first
+///   kernel writes, per chunk, `part_o[r][c][g]` (`dim` f32: `Σ e^{s−m}·v`, in the original
+///   domain) and `part_ml[r][c][g]` (`m`, `Σ e^{s−m}`; `−∞, 0` where every token is masked).
+/// - The second merges them into `out[b][position][query head][:]` (`out_dtype`: transformers'
+///   attention output layout).
 #[derive(Debug, Clone, Copy)]
 pub struct KvE8Attend {
     /// The keys' codec and codes (`toks` tokens per row).
@@ -594,28 +601,40 @@ pub struct KvE8Attend {
     pub query_len: usize,
     /// KV heads: rows per batch row of `bias`.
     pub heads: usize,
+    /// Exact tokens per row: `rows × exact × dim` of `exact_dtype`, 16-byte aligned.
+    pub exact_keys: u64,
+    /// Exact values, the same layout.
+    pub exact_values: u64,
+    /// Exact tokens per row (sinks and window).
+    pub exact: usize,
+    /// Their element type.
+    pub exact_dtype: Dtype,
     /// Additive f32 bias, or 0.
     pub bias: u64,
     /// Elements between batch rows of `bias` (0: one row for every batch row).
     pub bias_batch: usize,
     /// Elements between query positions of `bias`.
     pub bias_query: usize,
-    /// The bias column of the first compressed token.
+    /// Sinks: the exact tokens before the history in the bias's columns.
     pub bias_first: usize,
     /// The score's factor (usually `dim^-½`).
     pub scaling: f32,
     /// Tokens per block.
     pub chunk: usize,
-    /// Output: `rows × chunks × queries × dim` f32, 16-byte aligned.
+    /// Scratch: `rows × chunks × queries × dim` f32, 16-byte aligned.
     pub part_o: u64,
-    /// Output: `rows × chunks × queries × 2` f32.
+    /// Scratch: `rows × chunks × queries × 2` f32.
     pub part_ml: u64,
+    /// Output: `batch × query_len × (heads · queries / query_len) × dim` of `out_dtype`.
+    pub out: u64,
+    /// Its type.
+    pub out_dtype: Dtype,
 }
 
 impl KvE8Attend {
-    /// Chunks of tokens: `ceil(toks / chunk)`.
+    /// Chunks of tokens: `ceil((toks + exact) / chunk)`.
     pub fn chunks(&self) -> usize {
-        self.keys.toks.div_ceil(self.chunk.max(1))
+        (self.keys.toks + self.exact).div_ceil(self.chunk.max(1))
     }
 
     /// A chunk size that gives about two blocks per SM of a 132-SM device for `rows` rows of
@@ -644,6 +663,7 @@ impl KvE8Attend {
             || self.heads == 0
             || !k.rows.is_multiple_of(self.heads)
             || self.chunk == 0
+            || self.bias_first > self.exact
         {
             return bad(format!(
                 "{} queries of {} positions, {} heads for {} rows, chunks of {}",
@@ -657,11 +677,20 @@ impl KvE8Attend {
         {
             return bad(format!("{n} partial outputs"));
         }
-        if k.rows * k.toks > 0 && (self.q == 0 || self.part_o == 0 || self.part_ml == 0) {
+        if k.rows * (k.toks + self.exact) > 0
+            && (self.q == 0 || self.part_o == 0 || self.part_ml == 0 || self.out == 0)
+            || self.exact > 0 && (self.exact_keys == 0 || self.exact_values == 0)
+        {
             return bad("a null pointer".into());
         }
-        if !self.q.is_multiple_of(16) || !self.part_o.is_multiple_of(16) {
-            return bad("queries and partial outputs must be 16-byte aligned".into());
+        if ![self.q, self.part_o, self.exact_keys, self.exact_values]
+            .iter()
+            .all(|p| p.is_multiple_of(16))
+        {
+            return bad("queries, exact tokens and partial outputs must be 16-byte aligned".into());
+        }
+        if (k.toks + self.exact) as u128 > i32::MAX as u128 {
+            return bad(format!("{} tokens", k.toks + self.exact));
         }
         Ok(())
     }
@@ -1325,13 +1354,13 @@ impl Kernels {
     }
 
     /// Attention over compressed keys and values (see [`KvE8Attend`]): blocks of 4 warps,
-    /// one per chunk, row and 8 queries.
+    /// one per chunk, row and 8 queries, then a warp per row and query to merge the chunks.
     ///
     /// # Safety
     /// As [`Kernels::rht`].
     pub unsafe fn kv_e8_attend(&self, a: &KvE8Attend, stream: u64) -> Result<()> {
         a.validate()?;
-        if a.keys.rows == 0 || a.keys.toks == 0 {
+        if a.keys.rows == 0 || a.keys.toks + a.exact == 0 {
             return Ok(());
         }
         let mut k = args::KvAttendArgs::new(a);
@@ -1343,6 +1372,9 @@ impl Kernels {
                 a.chunks()
             )));
         }
+        let mut m = args::KvMergeArgs::new(a);
+        let mut merge = [&mut m as *mut _ as *mut std::ffi::c_void];
+        let warps = a.keys.rows * a.queries;
         // SAFETY: validated; the pointers are the caller's contract.
         unsafe {
             self.inner.launch(
@@ -1352,6 +1384,14 @@ impl Kernels {
                 0,
                 stream,
                 &mut params,
+            )?;
+            self.inner.launch(
+                args::KV_ATTEND_MERGE,
+                (warps.div_ceil(4) as u32, 1),
+                128,
+                0,
+                stream,
+                &mut merge,
             )
         }
     }
@@ -1622,6 +1662,11 @@ mod tests {
         );
         assert_eq!(names[args::KV_E8_DECODE], "hc_kv_e8_decode");
         assert_eq!(names[args::KV_E8_ATTEND], "hc_kv_e8_attend");
+        assert_eq!(names[args::KV_ATTEND_MERGE], "hc_kv_attend_merge");
+        assert_eq!(
+            std::mem::size_of::<args::KvMergeArgs>(),
+            param("hc_kv_attend_merge")
+        );
         assert_eq!(
             std::mem::size_of::<args::KvAttendArgs>(),
             param("hc_kv_e8_attend")
@@ -1788,14 +1833,20 @@ mod tests {
             bias_batch: 0,
             bias_query: 0,
             bias_first: 0,
+            exact_keys: 1 << 25,
+            exact_values: 1 << 26,
+            exact: 8,
+            exact_dtype: Dtype::Bf16,
             scaling: 0.09,
             chunk: 16,
             part_o: 1 << 23,
             part_ml: 1 << 24,
+            out: 1 << 27,
+            out_dtype: Dtype::Bf16,
         };
         // The codecs' `out` is not needed; their codes, the queries and outputs are.
         assert!(a.validate().is_ok());
-        assert_eq!(a.chunks(), 3);
+        assert_eq!(a.chunks(), 3); // 40 compressed and 8 exact tokens
         let bad = [
             KvE8Attend { q: 0, ..a },
             KvE8Attend {
@@ -1813,6 +1864,12 @@ mod tests {
             KvE8Attend { queries: 5, ..a },
             KvE8Attend { heads: 3, ..a },
             KvE8Attend { chunk: 0, ..a },
+            KvE8Attend {
+                exact_values: 0,
+                ..a
+            },
+            KvE8Attend { out: 0, ..a },
+            KvE8Attend { bias_first: 9, ..a },
         ];
         for b in bad {
             assert!(

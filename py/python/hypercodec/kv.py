@@ -387,31 +387,34 @@ class HypercodecKVLayer(DynamicLayer):
         return o.to(device=query.device, dtype=query.dtype)
 
     def _attend_gpu(self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scaling: float) -> torch.Tensor:
-        """:meth:`attend` on the device: the compressed history through the kernel
-        ``hc_kv_e8_attend`` (partial softmax sums per chunk of tokens, nothing decoded to
-        memory), merged here with the exact sinks and window."""
+        """:meth:`attend` on the device, in two launches (``hc_kv_e8_attend`` over chunks of the
+        compressed history and the exact sinks and window, nothing decoded to memory; then
+        ``hc_kv_attend_merge``), written in transformers' ``[B, q, Hq, d]`` layout."""
         kernels, kp, vp = self._gpu
         b, hq, q, d = query.shape
         hk = k.shape[1]
-        g = hq // hk
-        rows, queries = b * hk, g * q
+        rows, queries = b * hk, (hq // hk) * q
         s, n, exact = self.sink_keys.shape[2], self._k.n, k.shape[2]
         total = s + n + self.keys.shape[2]
         dev, f32 = query.device, torch.float32
         bias = None  # [batch rows or 1, q, total]
         if mask is not None:
             m = mask[:, 0, :, :total]
-            bias = m.to(f32) if m.dtype != torch.bool else torch.zeros(m.shape, dtype=f32, device=dev).masked_fill_(~m, float("-inf"))
+            if m.dtype == torch.bool:
+                bias = torch.zeros(m.shape, dtype=f32, device=dev).masked_fill_(~m, float("-inf"))
+            else:
+                bias = m.to(f32).contiguous()
         elif q > 1:  # causal: query i sees tokens up to total − q + i
             seen = torch.arange(total, device=dev)[None, :] <= torch.arange(total - q, total, device=dev)[:, None]
             bias = torch.zeros((1, q, total), dtype=f32, device=dev).masked_fill_(~seen[None], float("-inf"))
-        if bias is not None:
-            bias = bias.contiguous()
-        qf = query.detach().to(f32).reshape(rows, queries, d).contiguous()
-        chunk = kernels.kv_attend_chunk(rows, n, queries)
-        chunks = -(-n // chunk)
+        qf = query.detach().to(f32).contiguous()  # [B, Hq, q, d] is [rows, queries, d]
+        ke, ve = k.detach().to(self.dtype).contiguous(), v.detach().to(self.dtype).contiguous()
+        chunk = kernels.kv_attend_chunk(rows, n + exact, queries)
+        chunks = -(-(n + exact) // chunk)
         part_o = torch.empty((rows, chunks, queries, d), dtype=f32, device=dev)
         part_ml = torch.empty((rows, chunks, queries, 2), dtype=f32, device=dev)
+        out_dtype = query.dtype if query.dtype in _KV_DTYPES else f32
+        out = torch.empty((b, q, hq, d), dtype=out_dtype, device=dev)
 
         def codec(p: dict, store: _Store) -> dict:
             a = self._kv_args(p, rows, n)
@@ -427,6 +430,10 @@ class HypercodecKVLayer(DynamicLayer):
                 "queries": queries,
                 "query_len": q,
                 "heads": hk,
+                "exact_keys": ke.data_ptr() if exact else 0,
+                "exact_values": ve.data_ptr() if exact else 0,
+                "exact": exact,
+                "exact_dtype": _KV_DTYPES[self.dtype],
                 "bias": 0 if bias is None else bias.data_ptr(),
                 "bias_batch": 0 if bias is None or bias.shape[0] == 1 else q * total,
                 "bias_query": total,
@@ -435,26 +442,12 @@ class HypercodecKVLayer(DynamicLayer):
                 "chunk": chunk,
                 "part_o": part_o.data_ptr(),
                 "part_ml": part_ml.data_ptr(),
+                "out": out.data_ptr(),
+                "out_dtype": _KV_DTYPES[out_dtype],
             },
             torch.cuda.current_stream(dev).cuda_stream,
         )
-        # The exact tokens: sinks, then the window.
-        ke = k.detach().to(f32).reshape(rows, exact, d)
-        ve = v.detach().to(f32).reshape(rows, exact, v.shape[3])
-        se = torch.einsum("rgd,red->rge", qf, ke) * scaling
-        if bias is not None:
-            be = torch.cat([bias[..., :s], bias[..., s + n :]], -1)  # [B or 1, q, exact]
-            be = be.expand(b, q, exact)[:, None, None].expand(b, hk, g, q, exact)
-            se = se + be.reshape(rows, queries, exact)
-        pm, pl = part_ml[..., 0], part_ml[..., 1]
-        top = torch.maximum(pm.amax(1), se.amax(-1) if exact else torch.full_like(pm[:, 0], float("-inf")))
-        top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # every token masked: 0/0
-        wc = torch.exp(pm - top[:, None])
-        pe = torch.exp(se - top[..., None])
-        total_w = (pl * wc).sum(1) + pe.sum(-1)
-        out = (part_o * wc[..., None]).sum(1) + torch.einsum("rge,red->rgd", pe, ve)
-        out = out / total_w[..., None]
-        return out.reshape(b, hq, q, -1).transpose(1, 2).contiguous().to(query.dtype)
+        return out.to(query.dtype)
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
