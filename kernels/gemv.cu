@@ -1051,6 +1051,19 @@ __device__ __forceinline__ void hc_trellis_sums(const TrellisArgs& a, const HcCh
     for (int i = 0; i < g.cnt; i++) sums[i] = hc_trellis_sum(a, row_off, g.j0 + i);
 }
 
+// The trellis GEMVs' end: row value = scale·(c1·Σ sum·x' + c0·Σ x'), summed over the block.
+template <int R, int MT>
+__device__ __forceinline__ void hc_trellis_store(const TrellisArgs& a, float (&acc)[R][MT], const float* sx, int r0) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++) acc[r][m] = a.c1 * acc[r][m] + a.c0 * sx[m];
+    float sc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) sc[r] = r0 + r < a.rows ? a.row_scales[r0 + r] : 0.f;
+    hc_block_store<R, MT>(acc, sc, r0, a.rows, a.M, a.bias, a.y, a.ydtype);
+}
+
 template <int MT, int KT>
 __device__ __forceinline__ void hc_trellis_rows(const TrellisArgs& a) {
     constexpr int R = HC_R(MT);
@@ -1092,15 +1105,7 @@ __device__ __forceinline__ void hc_trellis_rows(const TrellisArgs& a) {
             }
         }
     }
-    // Row value = scale·(c1·Σ sum·x' + c0·Σ x').
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int m = 0; m < MT; m++) acc[r][m] = a.c1 * acc[r][m] + a.c0 * sx[m];
-    float sc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) sc[r] = r0 + r < a.rows ? a.row_scales[r0 + r] : 0.f;
-    hc_block_store<R, MT>(acc, sc, r0, a.rows, a.M, a.bias, a.y, a.ydtype);
+    hc_trellis_store<R, MT>(a, acc, sx, r0);
 }
 
 // hc_trellis_gemv_m{1,4}_k{0,1,2,3,4}: one kernel per (batch tile, K); k0 reads K at run time.
@@ -1245,15 +1250,7 @@ __device__ __forceinline__ void hc_trellis_groups(const TrellisArgs& a) {
         hc_tg_quad<K, R, MT, 6>(c, sh, xg, a.cols, a.M, acc, sx);
         hc_tg_quad<K, R, MT, 7>(c, sh, xg, a.cols, a.M, acc, sx);
     }
-    // Row value = scale·(c1·Σ sum·x' + c0·Σ x').
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int m = 0; m < MT; m++) acc[r][m] = a.c1 * acc[r][m] + a.c0 * sx[m];
-    float sc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) sc[r] = r0 + r < a.rows ? a.row_scales[r0 + r] : 0.f;
-    hc_block_store<R, MT>(acc, sc, r0, a.rows, a.M, a.bias, a.y, a.ydtype);
+    hc_trellis_store<R, MT>(a, acc, sx, r0);
 }
 
 // hc_trellis_groups_m{1,2,4}_k{1,2,3,4}: the group path, HC_TG_R(M) rows per block. Each

@@ -21,9 +21,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from _driver import Driver
 from _graph_timing import graph_time_us
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 class Args(C.Structure):
@@ -43,29 +43,11 @@ def main() -> int:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         print("cuda_tma_prototype: no CUDA device of compute capability 9.0; nothing to do")
         return 0
-    cu = C.CDLL("libcuda.so.1")
-
-    def chk(r: int, what: str) -> None:
-        if r != 0:
-            raise RuntimeError(f"CUDA driver error {r} ({what})")
-
-    torch.zeros(1, device="cuda")
-    mods = {}
-    for name, data in [("ptx", (ROOT / "crates/kernels-cuda/ptx/gemv.ptx").read_bytes() + b"\0"),
-                       ("proto", pathlib.Path(args.cubin).read_bytes())]:
-        m = C.c_void_p()
-        chk(cu.cuModuleLoadData(C.byref(m), data), name)
-        mods[name] = m
-
-    def fn(mod: str, name: str) -> C.c_void_p:
-        f = C.c_void_p()
-        chk(cu.cuModuleGetFunction(C.byref(f), mods[mod], name.encode()), name)
-        return f
+    drv = Driver({"proto": args.cubin})
+    fn = drv.fn
 
     def launch(f, grid: int, block: int, smem: int, params: list) -> None:
-        arr = (C.c_void_p * len(params))(*[C.addressof(p) for p in params])
-        stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
-        chk(cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, smem, stream, arr, None), "launch")
+        drv.launch(f, grid, block, params, smem)
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     committed = fn("ptx", "hc_affine_mma_b4_w4_n1_bf16")
@@ -106,7 +88,7 @@ def main() -> int:
         for name, stages, per_sm in [("hc_tma2_s4", 4, 2), ("hc_tma2_s2", 2, 3), ("hc_tma2_move_s4", 4, 2)]:
             smem = 2048 + stages * (8 * 1024 + 8 * 128) + k * 2 + steps * 4
             f = fn("proto", name)
-            chk(cu.cuFuncSetAttribute(f, 8, smem), "max dynamic shared memory")
+            drv.check(drv.cu.cuFuncSetAttribute(f, 8, smem), "max dynamic shared memory")
             grid = min(n_rows // 16, sms * per_sm)
 
             def make_proto(i: int, f=f, smem=smem, grid=grid) -> None:

@@ -23,9 +23,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from _driver import Driver
 from _graph_timing import graph_time_us
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 class Args(C.Structure):
@@ -45,29 +45,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("cuda_trellis: no CUDA device; nothing to do")
         return 0
-    cu = C.CDLL("libcuda.so.1")
-
-    def chk(r: int, what: str) -> None:
-        if r != 0:
-            raise RuntimeError(f"CUDA driver error {r} ({what})")
-
-    torch.zeros(1, device="cuda")
-    sources = [("ptx", (ROOT / "crates/kernels-cuda/ptx/gemv.ptx").read_bytes() + b"\0")]
-    mods = {}
-    for name, data in sources:
-        m = C.c_void_p()
-        chk(cu.cuModuleLoadData(C.byref(m), data), name)
-        mods[name] = m
-
-    def fn(mod: str, name: str) -> C.c_void_p:
-        f = C.c_void_p()
-        chk(cu.cuModuleGetFunction(C.byref(f), mods[mod], name.encode()), name)
-        return f
-
-    def launch(f, grid: int, block: int, a: Args) -> None:
-        arr = (C.c_void_p * 1)(C.addressof(a))
-        stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
-        chk(cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, stream, arr, None), "launch")
+    drv = Driver()
+    fn = drv.fn
 
     torch.manual_seed(0)
     out = []
@@ -101,12 +80,9 @@ def main() -> int:
                     if decode:
                         o, dt = C.c_void_p(target.data_ptr()), C.c_int(2)
                         kept.extend([o, dt])
-                        arr = (C.c_void_p * 3)(C.addressof(a), C.addressof(o), C.addressof(dt))
-                        stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
-                        chk(cu.cuLaunchKernel(f, min((r + 255) // 256, 1 << 20), 1, 1, 256, 1, 1, 0, stream, arr, None),
-                            "launch")
+                        drv.launch(f, min((r + 255) // 256, 1 << 20), 256, [a, o, dt])
                     else:
-                        launch(f, (rows + r - 1) // r, threads, a)
+                        drv.launch(f, (rows + r - 1) // r, threads, [a])
 
                 chunk = (fn("ptx", f"hc_trellis_gemv_m{1 if m == 1 else 4}_k{k}"), 4 if m == 1 else 2,
                          min(256, max(32, (cols // 8 + 127) // 128 * 32)))

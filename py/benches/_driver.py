@@ -1,0 +1,44 @@
+"""The CUDA driver API through ctypes, for the benchmark scripts beside this file that launch
+kernels of the committed PTX (or of a prototype cubin) directly, on PyTorch's current stream."""
+
+from __future__ import annotations
+
+import ctypes as C
+import pathlib
+
+import torch
+
+PTX = pathlib.Path(__file__).resolve().parents[2] / "crates/kernels-cuda/ptx/gemv.ptx"
+
+
+class Driver:
+    """Modules loaded by name (`ptx`: the committed PTX; others from `extra`: name → file)."""
+
+    def __init__(self, extra: dict[str, str] | None = None) -> None:
+        self.cu = C.CDLL("libcuda.so.1")
+        torch.zeros(1, device="cuda")  # PyTorch's context is current
+        self.mods = {}
+        sources = [("ptx", PTX.read_bytes() + b"\0")]
+        sources += [(name, pathlib.Path(path).read_bytes()) for name, path in (extra or {}).items()]
+        for name, data in sources:
+            m = C.c_void_p()
+            self.check(self.cu.cuModuleLoadData(C.byref(m), data), name)
+            self.mods[name] = m
+
+    @staticmethod
+    def check(r: int, what: str) -> None:
+        if r != 0:
+            raise RuntimeError(f"CUDA driver error {r} ({what})")
+
+    def fn(self, mod: str, name: str) -> C.c_void_p:
+        """Function `name` of module `mod`."""
+        f = C.c_void_p()
+        self.check(self.cu.cuModuleGetFunction(C.byref(f), self.mods[mod], name.encode()), name)
+        return f
+
+    def launch(self, f: C.c_void_p, grid: int, block: int, params: list, smem: int = 0) -> None:
+        """`f<<<grid, block, smem>>>` with the ctypes values `params` (kept alive by the caller
+        until the launch has run, or been captured)."""
+        arr = (C.c_void_p * len(params))(*[C.addressof(p) for p in params])
+        stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
+        self.check(self.cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, smem, stream, arr, None), "launch")
