@@ -1421,6 +1421,23 @@ __device__ __forceinline__ float hc_box8(const float* u, int lo, int hi, int* r)
     return d;
 }
 
+// This lane's 8 values of a vector at `x + at` (`dtype`; zeros for lanes past d/8), rotated by
+// codec `c`'s RHT (every lane of the warp takes part).
+__device__ __forceinline__ void hc_kv_rotated(const void* x, int dtype, long long at, const KvArgs& c, int lane,
+                                              float* y) {
+    const bool on = lane < (c.d >> 3);
+    if (on) {
+        hc_load8(x, dtype, at, y);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) y[k] = 0.f;
+    }
+    if (c.tile > 0) {
+        if (on) hc_signs8(y, c.seed, 8 * lane);
+        hc_kv_fwht(y, c.tile, lane);
+    }
+}
+
 extern "C" __global__ void hc_kv_e8_encode(KvArgs a) {
     const int lane = threadIdx.x & 31;
     const long long v = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -1429,16 +1446,7 @@ extern "C" __global__ void hc_kv_e8_encode(KvArgs a) {
     const int nw = a.d >> 3;
     const bool on = lane < nw;
     float y[8];
-    if (on) {
-        hc_load8(a.x, a.dtype, v * a.d + 8 * lane, y);
-    } else {
-#pragma unroll
-        for (int k = 0; k < 8; k++) y[k] = 0.f;
-    }
-    if (a.tile > 0) {
-        if (on) hc_signs8(y, a.seed, 8 * lane);
-        hc_kv_fwht(y, a.tile, lane);
-    }
+    hc_kv_rotated(a.x, a.dtype, v * a.d + 8 * lane, a, lane, y);
     double ss = 0.0;
 #pragma unroll
     for (int k = 0; k < 8; k++) ss += (double)y[k] * y[k];
@@ -1580,17 +1588,7 @@ __device__ __forceinline__ void hc_kv_token(const KvArgs& c, const void* exact, 
         hc_kv_point(c, row, t, lane, y);
         return;
     }
-    const bool on = lane < (c.d >> 3);
-    if (on) {
-        hc_load8(exact, edtype, ((long long)row * exact_n + (t - c.toks)) * c.d + 8 * lane, y);
-    } else {
-#pragma unroll
-        for (int k = 0; k < 8; k++) y[k] = 0.f;
-    }
-    if (c.tile > 0) {
-        if (on) hc_signs8(y, c.seed, 8 * lane);
-        hc_kv_fwht(y, c.tile, lane);
-    }
+    hc_kv_rotated(exact, edtype, ((long long)row * exact_n + (t - c.toks)) * c.d + 8 * lane, c, lane, y);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * HC_KV_WARPS) hc_kv_e8_attend(KvAttendArgs a) {
@@ -1606,16 +1604,7 @@ extern "C" __global__ void __launch_bounds__(32 * HC_KV_WARPS) hc_kv_e8_attend(K
     // The block's queries, rotated by the keys' RHT.
     for (int g = warp; g < ng; g += HC_KV_WARPS) {
         float y[8];
-        if (on) {
-            hc_load8(a.q, HC_F32, ((long long)row * a.G + g0 + g) * d + 8 * lane, y);
-        } else {
-#pragma unroll
-            for (int k = 0; k < 8; k++) y[k] = 0.f;
-        }
-        if (a.k.tile > 0) {
-            if (on) hc_signs8(y, a.k.seed, 8 * lane);
-            hc_kv_fwht(y, a.k.tile, lane);
-        }
+        hc_kv_rotated(a.q, HC_F32, ((long long)row * a.G + g0 + g) * d + 8 * lane, a.k, lane, y);
         if (on)
 #pragma unroll
             for (int k = 0; k < 8; k++) qs[g][8 * lane + k] = y[k];
