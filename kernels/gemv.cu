@@ -1556,7 +1556,7 @@ extern "C" __global__ void hc_kv_e8_decode(KvArgs a) {
 }
 
 // Attention of queries over compressed keys and values, without decoding the history to
-// memory: block (c, row·⌈G/HC_KV_G⌉ + z) takes tokens [c·chunk, (c+1)·chunk) of row `row`
+// memory: block (c·⌈G/HC_KV_G⌉ + z, row) takes tokens [c·chunk, (c+1)·chunk) of row `row`
 // (batch × KV head) for queries z·HC_KV_G .. of the row's G (its query heads × query positions). Scores are
 // RHT(q)·(scale·point): the keys' rotation applied once to the query instead of inverted per
 // key; the weighted sum of values stays in the values' rotated domain and is rotated back once.
@@ -1597,7 +1597,7 @@ extern "C" __global__ void __launch_bounds__(32 * HC_KV_WARPS) hc_kv_e8_attend(K
     __shared__ float ms[HC_KV_WARPS][HC_KV_G], ls[HC_KV_WARPS][HC_KV_G];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gz = (a.G + HC_KV_G - 1) / HC_KV_G;
-    const int c = blockIdx.x, row = blockIdx.y / gz, g0 = (blockIdx.y % gz) * HC_KV_G;
+    const int c = blockIdx.x / gz, row = blockIdx.y, g0 = (blockIdx.x % gz) * HC_KV_G;
     const int ng = min(HC_KV_G, a.G - g0);
     const int d = a.k.d;
     const bool on = lane < (d >> 3);
@@ -1621,9 +1621,9 @@ extern "C" __global__ void __launch_bounds__(32 * HC_KV_WARPS) hc_kv_e8_attend(K
             o[g][k] = 0.f;
         }
     }
-    const int t1 = min(a.k.toks + a.exact, (c + 1) * a.chunk);
+    const int t1 = (int)min((long long)a.k.toks + a.exact, (long long)(c + 1) * a.chunk);
     const long long brow = (long long)(row / a.heads) * a.bias_b;
-    for (int t = c * a.chunk + warp; t < t1; t += HC_KV_WARPS) {
+    for (int t = (int)((long long)c * a.chunk) + warp; t < t1; t += HC_KV_WARPS) {
         float kv[8], vv[8];
         hc_kv_token(a.k, a.ek, a.exact, a.edtype, row, t, lane, kv);
         hc_kv_token(a.v, a.ev, a.exact, a.edtype, row, t, lane, vv);
@@ -1688,7 +1688,8 @@ extern "C" __global__ void __launch_bounds__(32 * HC_KV_WARPS) hc_kv_e8_attend(K
 
 // The chunks' partial results of hc_kv_e8_attend merged: a warp per (row, query), written as
 // out[b][position][query head][:] (`odtype`) with row = b·heads + h and query g = i·qlen +
-// position, query head h·(G / qlen) + i. A query that sees no token gets 0/0 (NaN).
+// position, query head h·(G / qlen) + i. A query that sees no token (a padding row) gets
+// zeros, as the CPU runtime gives.
 struct KvMergeArgs {
     const float* part_o;
     const float* part_ml;
@@ -1721,7 +1722,7 @@ extern "C" __global__ void __launch_bounds__(128) hc_kv_attend_merge(KvMergeArgs
         }
     }
     if (on) {
-        const float inv = 1.f / sum;
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a query that sees no token: zeros
 #pragma unroll
         for (int k = 0; k < 8; k++) y[k] *= inv;
         const int per = a.G / a.qlen, b = row / a.heads, h = row - b * a.heads;

@@ -423,7 +423,8 @@ impl TrellisGemv {
     /// Whether the group path runs (GEMV and decoder): rows of whole groups of 32 values
     /// (`cols` a multiple of 32) cut into sequences of whole groups (`seq` a multiple of 32,
     /// or one sequence per row) or of 16 values (`seq` = 16, calibrated rows), `K` ≤ 4, and
-    /// rows on `4·K`-byte boundaries of a 16-byte aligned buffer. A group's bits are then `K`
+    /// rows on `4·K`-byte boundaries of a 16-byte aligned buffer (the GEMV also needs `xr`
+    /// 16-byte aligned: it reads 16 bytes at a time). A group's bits are then `K`
     /// whole words and every value's bit position is a compile-time constant of the kernel;
     /// other layouts take the per-chunk kernels.
     pub fn whole_groups(&self) -> bool {
@@ -1277,7 +1278,7 @@ impl Kernels {
             let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
             // A thread per two groups of 32 values (up to 256 threads), or per chunk of 8 values
             // (up to 4 each).
-            let (f, rows, block) = if a.whole_groups() {
+            let (f, rows, block) = if a.whole_groups() && pass.xr.is_multiple_of(16) {
                 let threads = (a.cols / 64).next_multiple_of(32).clamp(32, 256);
                 (
                     args::trellis_groups(m, a.k as usize),
@@ -1354,7 +1355,8 @@ impl Kernels {
     }
 
     /// Attention over compressed keys and values (see [`KvE8Attend`]): blocks of 4 warps,
-    /// one per chunk, row and 8 queries, then a warp per row and query to merge the chunks.
+    /// one per chunk, row and 8 queries, then a warp per row and query to merge the chunks
+    /// (rows up to 65535).
     ///
     /// # Safety
     /// As [`Kernels::rht`].
@@ -1365,11 +1367,12 @@ impl Kernels {
         }
         let mut k = args::KvAttendArgs::new(a);
         let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
-        let y = a.keys.rows * a.queries.div_ceil(args::KV_ATTEND_QUERIES);
-        if a.chunks() > i32::MAX as usize || y > 65535 {
+        // x: chunks × query tiles (up to 2^31 − 1); y: rows (up to 65535).
+        let x = a.chunks() * a.queries.div_ceil(args::KV_ATTEND_QUERIES);
+        if x > i32::MAX as usize || a.keys.rows > 65535 {
             return Err(CudaError::InvalidArgument(format!(
-                "a grid of {} × {y} blocks",
-                a.chunks()
+                "a grid of {x} × {} blocks",
+                a.keys.rows
             )));
         }
         let mut m = args::KvMergeArgs::new(a);
@@ -1379,7 +1382,7 @@ impl Kernels {
         unsafe {
             self.inner.launch(
                 args::KV_E8_ATTEND,
-                (a.chunks() as u32, y as u32),
+                (x as u32, a.keys.rows as u32),
                 128,
                 0,
                 stream,
@@ -1793,6 +1796,7 @@ mod tests {
             ..t
         }
         .whole_groups());
+
         // K = 3: rows of 12-byte groups.
         assert!(TrellisGemv {
             k: 3,

@@ -324,7 +324,8 @@ class HypercodecKVLayer(DynamicLayer):
             self.keys, self.values = self.keys[:, :, over:], self.values[:, :, over:]
         if self._k.n == 0:
             return torch.cat([self.sink_keys, self.keys], 2), torch.cat([self.sink_values, self.values], 2)
-        if self.fused and not isinstance(self.kcodec, IntCodec):
+        # On the device, attention over the codes needs keys and values of one head size.
+        if self.fused and not isinstance(self.kcodec, IntCodec) and (self._gpu is None or self.keys.shape[3] == self.values.shape[3]):
             k = torch.cat([self.sink_keys, self.keys], 2)
             k._hypercodec = self  # read by `attention`, which attends over the codes too
             return k, torch.cat([self.sink_values, self.values], 2)
@@ -399,7 +400,10 @@ class HypercodecKVLayer(DynamicLayer):
         dev, f32 = query.device, torch.float32
         bias = None  # [batch rows or 1, q, total]
         if mask is not None:
-            m = mask[:, 0, :, :total]
+            if mask.dim() != 4 or mask.shape[-1] < total or mask.shape[0] not in (1, b) or mask.shape[2] not in (1, q):
+                raise _native.InvalidInputError(
+                    f"attention mask of shape {tuple(mask.shape)} for {b} batch rows, {q} queries and {total} tokens")
+            m = mask[:, 0, :, :total].expand(mask.shape[0], q, total)
             if m.dtype == torch.bool:
                 bias = torch.zeros(m.shape, dtype=f32, device=dev).masked_fill_(~m, float("-inf"))
             else:
