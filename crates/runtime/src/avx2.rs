@@ -662,6 +662,91 @@ pub(crate) unsafe fn trellis_sums_dot(
     (hsum(_mm256_add_ps(acc, acc2)), hsum(xs), first + 8 * g)
 }
 
+/// `(Σ sum_i·x_i, Σ x_i)` over `x.len() / 16` whole tail-biting sequences of 16 values each
+/// (calibrated trellis rows), their bits consecutive from `bits[0]` (`2·k` bytes each),
+/// `sum_i` the byte sum of the 1MAD code of value `i`'s state. A sequence of `16·k` ≤ 64 bits
+/// is loaded once and doubled (`S ‖ S`, at most 16 bytes), so every value's window — wrapped
+/// or not — is the same byte shuffle, shift and mask of that register: the positions depend
+/// only on `(l, k)`, so the controls are built once per call.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `bits` holds `x.len() / 16 · 2k` bytes; `1 ≤ k ≤ 4` and
+/// `l ≤ 16·k`, `l ≤ 16`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn trellis_seq16_dot(bits: &[u8], l: usize, k: usize, x: &[f32]) -> (f32, f32) {
+    let nb = 16 * k; // bits per sequence
+    let bytes = 2 * k;
+    // Value i's window starts at bit nb + (i + 1)·k − l of the doubled stream (4k bytes); the
+    // shuffle gives each lane the 3 bytes holding it (a fourth index past the register reads 0).
+    let mut ctrl = [[0x80u8; 32]; 2];
+    let mut shifts = [[0i32; 8]; 2];
+    for (h, (c, sh)) in ctrl.iter_mut().zip(shifts.iter_mut()).enumerate() {
+        for j in 0..8 {
+            let start = nb + (8 * h + j + 1) * k - l;
+            for b in 0..4 {
+                let byte = start / 8 + b;
+                if byte < 2 * bytes {
+                    // Both 128-bit halves hold the doubled stream: lane j < 4 reads the low
+                    // half, lane j ≥ 4 the high one, at the same byte indices.
+                    c[4 * j + b] = byte as u8;
+                }
+            }
+            sh[j] = (start % 8) as i32;
+        }
+    }
+    // SAFETY: arrays of 32 bytes and 8 i32.
+    let (c0, c1, s0, s1) = unsafe {
+        (
+            _mm256_loadu_si256(ctrl[0].as_ptr() as *const __m256i),
+            _mm256_loadu_si256(ctrl[1].as_ptr() as *const __m256i),
+            _mm256_loadu_si256(shifts[0].as_ptr() as *const __m256i),
+            _mm256_loadu_si256(shifts[1].as_ptr() as *const __m256i),
+        )
+    };
+    let mask = _mm256_set1_epi32(((1u32 << l) - 1) as i32);
+    let mul = _mm256_set1_epi32(34_038_481);
+    let add = _mm256_set1_epi32(76_625_530);
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    let sums = |d: __m256i, c: __m256i, sh: __m256i| {
+        let w = _mm256_shuffle_epi8(d, c);
+        let state = _mm256_and_si256(_mm256_srlv_epi32(w, sh), mask);
+        let h = _mm256_add_epi32(_mm256_mullo_epi32(state, mul), add);
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(h, ones8), ones16))
+    };
+    let (mut acc, mut acc2, mut xs) = (
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+    );
+    let keep = if nb == 64 { u64::MAX } else { (1u64 << nb) - 1 };
+    for q in 0..x.len() / 16 {
+        let at = q * bytes;
+        let s = if at + 8 <= bits.len() {
+            // SAFETY: 8 bytes from `at` are inside `bits`.
+            u64::from_le(unsafe { (bits.as_ptr().add(at) as *const u64).read_unaligned() }) & keep
+        } else {
+            let mut b = [0u8; 8];
+            b[..bytes].copy_from_slice(&bits[at..at + bytes]);
+            u64::from_le_bytes(b)
+        } as u128;
+        let d = s | (s << nb);
+        let d = _mm_set_epi64x((d >> 64) as u64 as i64, d as u64 as i64);
+        let d = _mm256_broadcastsi128_si256(d);
+        // SAFETY: q·16 + 16 ≤ x.len().
+        let (x0, x1) = unsafe {
+            (
+                _mm256_loadu_ps(x.as_ptr().add(16 * q)),
+                _mm256_loadu_ps(x.as_ptr().add(16 * q + 8)),
+            )
+        };
+        acc = _mm256_fmadd_ps(sums(d, c0, s0), x0, acc);
+        acc2 = _mm256_fmadd_ps(sums(d, c1, s1), x1, acc2);
+        xs = _mm256_add_ps(xs, _mm256_add_ps(x0, x1));
+    }
+    (hsum(_mm256_add_ps(acc, acc2)), hsum(xs))
+}
+
 /// [`trellis_sums_dot`] sixteen values at a time in AVX-512: one 32-byte load, a byte
 /// permutation (VBMI) that gives each lane the 4 bytes holding its window, a shift per lane,
 /// a mask, the multiply-add of the hash and the byte sum in one VNNI dot product.

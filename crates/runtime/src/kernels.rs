@@ -402,7 +402,36 @@ pub(crate) fn trellis_row_dot(
     let (l, k) = (p.l as usize, p.k as usize);
     let (c1, c0) = p.affine();
     let mut acc = 0f32;
+    // Calibrated rows: sequences of 16 values at once (all but a longer last one).
+    let mut done = 0;
+    if seq == 16 && k <= 4 && l <= 16 * k && crate::simd::has_avx2() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // The last sequence takes the rest: whole when the row is a multiple of 16.
+            let n = xr.len();
+            let whole = if n.is_multiple_of(16) {
+                n
+            } else {
+                (n / 16).saturating_sub(1) * 16
+            };
+            // SAFETY: AVX2 and FMA are present; the row's first `whole / 16` sequences are
+            // `2k` bytes each from `start`.
+            let (s, xs) = unsafe {
+                crate::avx2::trellis_seq16_dot(
+                    &bits[start..start + whole / 8 * k],
+                    l,
+                    k,
+                    &xr[..whole],
+                )
+            };
+            acc += c1 * s + c0 * xs;
+            done = whole;
+        }
+    }
     for q in hypercodec_trellis::row_sequences(xr.len(), seq) {
+        if q.end <= done {
+            continue;
+        }
         let from = start + q.start * k / 8;
         let src = &bits[from..start + (q.end * k).div_ceil(8)];
         let x = &xr[q.clone()];

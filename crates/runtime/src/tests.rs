@@ -115,7 +115,15 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
     // Trellis codes where a row holds the state (cols·K ≥ L; f32 in their place otherwise, so
     // the zoo's length does not depend on the shape); short sequences, so rows hold several,
     // the last one longer.
-    for (l, k, seq) in [(8u8, 2u8, 16u32), (10, 4, 1024), (12, 1, 24), (9, 3, 8)] {
+    for (l, k, seq) in [
+        (8u8, 2u8, 16u32),
+        (10, 4, 1024),
+        (12, 1, 24),
+        (9, 3, 8),
+        (16, 4, 16),
+        (12, 3, 16),
+        (16, 1, 16),
+    ] {
         if cols * (k as u64) < l as u64 {
             v.push((
                 Encoding::Raw {

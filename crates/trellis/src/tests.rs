@@ -200,3 +200,36 @@ fn the_simd_steps_equal_the_portable_one() {
         }
     }
 }
+
+#[test]
+fn short_sequences_decode_as_random_access_reads_them() {
+    // Streams of up to 64 bits (calibrated rows: 16 values) take the doubled-integer path of
+    // `decode_into`; `value_at` reads each window bit by bit around the wrap.
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    for k in 1u8..=4 {
+        for l in (k + 1).max(8)..=16 {
+            for n in [8usize, 12, 16, 24, 32, 64] {
+                if n * k as usize > 64 + 8 || n * (k as usize) < l as usize {
+                    continue;
+                }
+                let p = TrellisParams { l, k, scale: 0.5 };
+                let bits: Vec<u8> = (0..(n * k as usize).div_ceil(8))
+                    .map(|_| {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        s as u8
+                    })
+                    .collect();
+                let got = decode(&bits, n, &p).unwrap();
+                for (i, g) in got.iter().enumerate() {
+                    assert_eq!(
+                        *g,
+                        value_at(&bits, n, &p, i).unwrap(),
+                        "k {k} l {l} n {n} value {i}"
+                    );
+                }
+            }
+        }
+    }
+}
