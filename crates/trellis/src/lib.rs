@@ -361,13 +361,10 @@ pub fn decode(bits: &[u8], n: usize, p: &TrellisParams) -> Result<Vec<f32>> {
 /// before bit 0: the `L` bits of the circular stream that end with value `i`'s bits, read as
 /// a little-endian integer (the oldest bit lowest).
 #[inline]
+/// (`end` < `l` ≤ `total`: the stream's last `l − end` bits, then its first `end`.)
 fn wrapped_state(bits: &[u8], total: usize, l: usize, end: usize) -> u32 {
-    let mut state = 0u32;
-    for j in 0..l {
-        let pos = (end + total * 2 - l + j) % total;
-        state |= (((bits[pos / 8] >> (pos % 8)) & 1) as u32) << j;
-    }
-    state
+    let tail = l - end;
+    window(bits, total - tail, tail as u32) | (window(bits, 0, end as u32) << tail)
 }
 
 /// The `L`-bit window of `bits` that starts at bit `start` (the stream holds bits up to

@@ -233,3 +233,33 @@ fn short_sequences_decode_as_random_access_reads_them() {
         }
     }
 }
+
+#[test]
+fn wrapped_windows_read_the_circular_stream() {
+    // Bit by bit around the wrap, against the two window reads `wrapped_state` makes.
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    for total in [8usize, 12, 16, 24, 40, 64, 100, 2048] {
+        let bits: Vec<u8> = (0..total.div_ceil(8))
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s as u8
+            })
+            .collect();
+        for l in 8..=16usize.min(total) {
+            for end in 1..l {
+                let mut want = 0u32;
+                for j in 0..l {
+                    let pos = (end + total * 2 - l + j) % total;
+                    want |= (((bits[pos / 8] >> (pos % 8)) & 1) as u32) << j;
+                }
+                assert_eq!(
+                    wrapped_state(&bits, total, l, end),
+                    want,
+                    "total {total} l {l} end {end}"
+                );
+            }
+        }
+    }
+}
