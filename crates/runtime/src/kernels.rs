@@ -403,6 +403,7 @@ pub(crate) fn trellis_row_dot(
     let (c1, c0) = p.affine();
     let mut acc = 0f32;
     // Calibrated rows: sequences of 16 values at once (all but a longer last one).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     if seq == 16 && k <= 4 && l <= 16 * k && crate::simd::has_avx2() {
         #[cfg(target_arch = "x86_64")]

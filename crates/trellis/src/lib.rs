@@ -360,8 +360,8 @@ pub fn decode(bits: &[u8], n: usize, p: &TrellisParams) -> Result<Vec<f32>> {
 /// The state of value `i` of a stream of `total` bits whose first `l` bits' window would start
 /// before bit 0: the `L` bits of the circular stream that end with value `i`'s bits, read as
 /// a little-endian integer (the oldest bit lowest).
-#[inline]
 /// (`end` < `l` ≤ `total`: the stream's last `l − end` bits, then its first `end`.)
+#[inline]
 fn wrapped_state(bits: &[u8], total: usize, l: usize, end: usize) -> u32 {
     let tail = l - end;
     window(bits, total - tail, tail as u32) | (window(bits, 0, end as u32) << tail)

@@ -204,11 +204,12 @@ fn the_simd_steps_equal_the_portable_one() {
 #[test]
 fn short_sequences_decode_as_random_access_reads_them() {
     // Streams of up to 64 bits (calibrated rows: 16 values) take the doubled-integer path of
-    // `decode_into`; `value_at` reads each window bit by bit around the wrap.
+    // `decode_into` (a few just longer take the other one); `value_at` reads each window
+    // around the wrap with two window reads, checked bit by bit below.
     let mut s = 0x2545_F491_4F6C_DD1Du64;
-    for k in 1u8..=4 {
+    for k in 1u8..=8 {
         for l in (k + 1).max(8)..=16 {
-            for n in [8usize, 12, 16, 24, 32, 64] {
+            for n in [2usize, 3, 4, 6, 8, 12, 16, 24, 32, 64] {
                 if n * k as usize > 64 + 8 || n * (k as usize) < l as usize {
                     continue;
                 }
