@@ -338,6 +338,26 @@ fn each_encoding_takes_its_fast_path() {
 }
 
 #[test]
+fn calibrated_trellis_rows_of_any_length_match_the_reference() {
+    // Sequences of 16 values: whole rows take the doubled-stream GEMV; a row that is not a
+    // multiple of 16 ends with a longer sequence, which takes the general one.
+    for cols in [16u64, 31, 32, 40, 47, 48, 100, 256] {
+        let shape = [5u64, cols];
+        let x = values(5 * cols as usize, cols);
+        let mut seen = 0;
+        for which in 0..zoo(cols).len() {
+            let (t, _) = encode_any(&x, &shape, which);
+            if let Encoding::Trellis { seq: 16, .. } = t.encoding {
+                check(&t, &shape, 1, cols ^ 3, true);
+                check(&t, &shape, 3, cols ^ 5, false);
+                seen += 1;
+            }
+        }
+        assert!(seen >= 3, "{cols}: {seen} trellis codes of sequences of 16");
+    }
+}
+
+#[test]
 fn convolutions_run_on_their_matrix_view() {
     // A [out, in, kh, kw] kernel is the matrix [out, in·kh·kw]; a depthwise [C, 1, 3, 3] one too.
     for shape in [[16u64, 8, 3, 3], [32, 1, 3, 3], [24, 16, 1, 1]] {
