@@ -18,6 +18,18 @@ fn gaussian(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// `n` bytes of xorshift64 from state `s` (advanced), for streams of arbitrary bits.
+fn random_bytes(n: usize, s: &mut u64) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            *s ^= *s << 13;
+            *s ^= *s >> 7;
+            *s ^= *s << 17;
+            *s as u8
+        })
+        .collect()
+}
+
 /// What the two-pass tail-biting search may lose against the free-start bound on 256 values.
 const TAIL_BITING_SLACK: f64 = 0.05;
 
@@ -214,14 +226,7 @@ fn short_sequences_decode_as_random_access_reads_them() {
                     continue;
                 }
                 let p = TrellisParams { l, k, scale: 0.5 };
-                let bits: Vec<u8> = (0..(n * k as usize).div_ceil(8))
-                    .map(|_| {
-                        s ^= s << 13;
-                        s ^= s >> 7;
-                        s ^= s << 17;
-                        s as u8
-                    })
-                    .collect();
+                let bits = random_bytes((n * k as usize).div_ceil(8), &mut s);
                 let got = decode(&bits, n, &p).unwrap();
                 for (i, g) in got.iter().enumerate() {
                     assert_eq!(
@@ -240,14 +245,7 @@ fn wrapped_windows_read_the_circular_stream() {
     // Bit by bit around the wrap, against the two window reads `wrapped_state` makes.
     let mut s = 0x9E37_79B9_7F4A_7C15u64;
     for total in [8usize, 12, 16, 24, 40, 64, 100, 2048] {
-        let bits: Vec<u8> = (0..total.div_ceil(8))
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s as u8
-            })
-            .collect();
+        let bits = random_bytes(total.div_ceil(8), &mut s);
         for l in 8..=16usize.min(total) {
             for end in 1..l {
                 let mut want = 0u32;

@@ -157,6 +157,22 @@ class _Store:
 _KV_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
+def _score_bias(mask: Any, q: int, total: int, device: torch.device) -> torch.Tensor | None:
+    """The additive f32 bias over ``total`` tokens that :meth:`HypercodecKVLayer.attend` adds to
+    the scores, on ``device``: from transformers' 4-D boolean or additive ``mask`` (``[batch
+    rows or 1, its query rows, total]``), else causal for ``q`` > 1 queries (query i sees
+    tokens up to ``total − q + i``; ``[1, q, total]``), else None."""
+    if mask is not None:
+        m = mask[:, 0, :, :total].to(device)
+        if m.dtype == torch.bool:
+            return torch.zeros(m.shape, dtype=torch.float32, device=device).masked_fill_(~m, float("-inf"))
+        return m.to(torch.float32)
+    if q > 1:
+        seen = torch.arange(total, device=device)[None, :] <= torch.arange(total - q, total, device=device)[:, None]
+        return torch.zeros((1, q, total), dtype=torch.float32, device=device).masked_fill_(~seen[None], float("-inf"))
+    return None
+
+
 class HypercodecKVLayer(DynamicLayer):
     """One attention layer's compressed cache (see the module docs). ``quantizer``: ``e8``,
     ``d4``, ``z1``, ``trellis`` or ``int``; ``block``: tokens compressed at once (the exact
@@ -348,16 +364,7 @@ class HypercodecKVLayer(DynamicLayer):
         b, hq, q, d = query.shape
         s, n = self.sink_keys.shape[2], self._k.n
         total = s + n + self.keys.shape[2]
-        bias = None
-        if mask is not None:
-            m = mask[:, 0, :, :total].to("cpu")
-            if m.dtype == torch.bool:
-                bias = torch.zeros(m.shape, dtype=torch.float32).masked_fill_(~m, float("-inf"))
-            else:
-                bias = m.to(torch.float32)
-        elif q > 1:  # causal: query i sees tokens up to total − q + i
-            seen = torch.arange(total)[None, :] <= torch.arange(total - q, total)[:, None]
-            bias = torch.zeros((1, q, total)).masked_fill_(~seen[None], float("-inf"))
+        bias = _score_bias(mask, q, total, torch.device("cpu"))
         hk = k.shape[1]
         g = hq // hk
         host = {"device": "cpu", "dtype": torch.float32}
@@ -398,19 +405,14 @@ class HypercodecKVLayer(DynamicLayer):
         s, n, exact = self.sink_keys.shape[2], self._k.n, k.shape[2]
         total = s + n + self.keys.shape[2]
         dev, f32 = query.device, torch.float32
-        bias = None  # [batch rows or 1, q, total]
-        if mask is not None:
-            if mask.dim() != 4 or mask.shape[-1] < total or mask.shape[0] not in (1, b) or mask.shape[2] not in (1, q):
-                raise _native.InvalidInputError(
-                    f"attention mask of shape {tuple(mask.shape)} for {b} batch rows, {q} queries and {total} tokens")
-            m = mask[:, 0, :, :total].expand(mask.shape[0], q, total)
-            if m.dtype == torch.bool:
-                bias = torch.zeros(m.shape, dtype=f32, device=dev).masked_fill_(~m, float("-inf"))
-            else:
-                bias = m.to(f32).contiguous()
-        elif q > 1:  # causal: query i sees tokens up to total − q + i
-            seen = torch.arange(total, device=dev)[None, :] <= torch.arange(total - q, total, device=dev)[:, None]
-            bias = torch.zeros((1, q, total), dtype=f32, device=dev).masked_fill_(~seen[None], float("-inf"))
+        if mask is not None and (
+            mask.dim() != 4 or mask.shape[-1] < total or mask.shape[0] not in (1, b) or mask.shape[2] not in (1, q)
+        ):
+            raise _native.InvalidInputError(
+                f"attention mask of shape {tuple(mask.shape)} for {b} batch rows, {q} queries and {total} tokens")
+        bias = _score_bias(mask, q, total, dev)  # the kernel reads [batch rows or 1, q, total]
+        if bias is not None:
+            bias = bias.expand(bias.shape[0], q, total).contiguous()
         qf = query.detach().to(f32).contiguous()  # [B, Hq, q, d] is [rows, queries, d]
         ke, ve = k.detach().to(self.dtype).contiguous(), v.detach().to(self.dtype).contiguous()
         chunk = kernels.kv_attend_chunk(rows, n + exact, queries)
