@@ -5,7 +5,7 @@
 use crate::{CudaError as PyCudaError, InvalidInputError};
 use hypercodec_kernels_cuda::{
     AffineGemv, CudaError, Dtype, E8Gemv, E8RansGemv, Kernels, KvE8, KvE8Attend, QuantI8, RhtArgs,
-    TrellisGemv, W8A8Out,
+    TrellisEncode, TrellisGemv, W8A8Out,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -110,6 +110,23 @@ fn trellis(d: &Bound<'_, PyDict>) -> PyResult<TrellisGemv> {
         l: get(d, "l")?,
         k: get(d, "k")?,
         seq: get(d, "seq")?,
+        c1: get(d, "c1")?,
+        c0: get(d, "c0")?,
+    })
+}
+
+fn trellis_enc(d: &Bound<'_, PyDict>) -> PyResult<TrellisEncode> {
+    Ok(TrellisEncode {
+        x: get(d, "x")?,
+        bits: get(d, "bits")?,
+        scratch: get(d, "scratch")?,
+        bit_bytes: get(d, "bit_bytes")?,
+        row_bytes: get(d, "row_bytes")?,
+        rows: get(d, "rows")?,
+        cols: get(d, "cols")?,
+        seq: get(d, "seq")?,
+        l: get(d, "l")?,
+        k: get(d, "k")?,
         c1: get(d, "c1")?,
         c0: get(d, "c0")?,
     })
@@ -290,6 +307,36 @@ impl CudaKernels {
         let a = trellis(args)?;
         // SAFETY: as in `rht`.
         unsafe { self.k.trellis_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
+    }
+
+    /// The trellis encoder (keys: x, bits, scratch, bit_bytes, row_bytes, rows, cols, seq, l, k,
+    /// c1, c0; see `hypercodec_kernels_cuda::TrellisEncode`).
+    fn trellis_encode(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = trellis_enc(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.trellis_encode(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// The trellis encoder's launch shape on this device (`TrellisEncodePlan`'s fields).
+    fn trellis_encode_plan<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let p = self
+            .k
+            .trellis_encode_plan(&trellis_enc(args)?)
+            .map_err(cuda_err)?;
+        let d = PyDict::new(py);
+        d.set_item("threads", p.threads)?;
+        d.set_item("runs_per_thread", p.runs_per_thread)?;
+        d.set_item("ring", p.ring)?;
+        d.set_item("w1", p.w1)?;
+        d.set_item("w2", p.w2)?;
+        d.set_item("shared", p.shared)?;
+        d.set_item("blocks", p.blocks)?;
+        d.set_item("scratch_bytes", p.scratch_bytes)?;
+        Ok(d)
     }
 
     /// KV vectors encoded with the E8 codec (keys: x, out, dtype, codes, scales, out_row,

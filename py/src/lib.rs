@@ -1375,6 +1375,114 @@ fn lattice_predict(alpha: f32, lattice: &str) -> PyResult<(f32, f32)> {
     ))
 }
 
+fn trellis_params(l: u8, k: u8, scale: Option<f32>) -> PyResult<hypercodec_trellis::TrellisParams> {
+    let mut p = hypercodec_trellis::TrellisParams::new(l, k);
+    if let Some(s) = scale {
+        p.scale = s;
+    }
+    // Checks (L, K) the way every encoder does.
+    hypercodec_trellis::Encoder::new(&p).map_err(|e| InvalidInputError::new_err(e.to_string()))?;
+    Ok(p)
+}
+
+/// `(scale, c1, c0)` of the trellis code `(l, k)`: the calibrated scale unless `scale` is
+/// given, and the affine map `value = c1·sum + c0` every decoder and encoder uses.
+#[pyfunction]
+#[pyo3(signature = (l, k, scale=None))]
+fn trellis_code(l: u8, k: u8, scale: Option<f32>) -> PyResult<(f32, f32, f32)> {
+    let p = trellis_params(l, k, scale)?;
+    let (c1, c0) = p.affine();
+    Ok((p.scale, c1, c0))
+}
+
+/// Encodes the rows of `values` (f32, `rows × cols`) with the bitshift trellis on the CPU
+/// (`hypercodec_trellis::Encoder`, rows across threads), each row cut into tail-biting
+/// sequences of `seq` values (the last takes the rest): `rows · ceil(cols·k/8)` bytes.
+#[pyfunction]
+#[pyo3(signature = (values, l, k, seq, scale=None))]
+fn trellis_encode<'py>(
+    py: Python<'py>,
+    values: PyReadonlyArrayDyn<'py, f32>,
+    l: u8,
+    k: u8,
+    seq: usize,
+    scale: Option<f32>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let p = trellis_params(l, k, scale)?;
+    let shape = values.shape().to_vec();
+    let [rows, cols] = shape[..] else {
+        return Err(InvalidInputError::new_err(format!(
+            "values of shape {shape:?}; expected rows × cols"
+        )));
+    };
+    if seq == 0 || !seq.is_multiple_of(8) {
+        return Err(InvalidInputError::new_err(format!(
+            "sequences of {seq} values (use a multiple of 8)"
+        )));
+    }
+    let x = values.as_slice()?.to_vec();
+    let rb = (cols * k as usize).div_ceil(8);
+    let bits = py.detach(|| -> Result<Vec<u8>, hypercodec_trellis::TrellisError> {
+        use rayon::prelude::*;
+        let mut bits = vec![0u8; rows * rb];
+        if cols == 0 {
+            return Ok(bits);
+        }
+        bits.par_chunks_mut(rb)
+            .zip(x.par_chunks(cols))
+            .try_for_each_init(
+                || hypercodec_trellis::Encoder::new(&p),
+                |enc, (b, row)| {
+                    let enc = enc.as_mut().map_err(|e| e.clone())?;
+                    for r in hypercodec_trellis::row_sequences(cols, seq) {
+                        let kk = k as usize;
+                        enc.encode_into(
+                            &row[r.clone()],
+                            &mut b[r.start * kk / 8..(r.end * kk).div_ceil(8)],
+                        )?;
+                    }
+                    Ok(())
+                },
+            )?;
+        Ok(bits)
+    });
+    let bits = bits.map_err(|e| InvalidInputError::new_err(e.to_string()))?;
+    Ok(PyBytes::new(py, &bits))
+}
+
+/// Decodes `rows` rows of `cols` trellis values from `bits` (as [`trellis_encode`] wrote them).
+#[pyfunction]
+#[pyo3(signature = (bits, rows, cols, l, k, seq, scale=None))]
+#[allow(clippy::too_many_arguments)]
+fn trellis_decode<'py>(
+    py: Python<'py>,
+    bits: &[u8],
+    rows: usize,
+    cols: usize,
+    l: u8,
+    k: u8,
+    seq: usize,
+    scale: Option<f32>,
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let p = trellis_params(l, k, scale)?;
+    let rb = (cols * k as usize).div_ceil(8);
+    if bits.len() != rows * rb || seq == 0 {
+        return Err(InvalidInputError::new_err(format!(
+            "{} bytes for {rows} rows of {rb} bytes (sequences of {seq})",
+            bits.len()
+        )));
+    }
+    let mut out = vec![0f32; rows * cols];
+    if cols > 0 {
+        for (b, o) in bits.chunks_exact(rb).zip(out.chunks_exact_mut(cols)) {
+            hypercodec_trellis::decode_row(b, seq, &p, o)
+                .map_err(|e| InvalidInputError::new_err(e.to_string()))?;
+        }
+    }
+    let arr = PyArray1::from_vec(py, out);
+    arr.reshape(vec![rows, cols])
+}
+
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -1395,6 +1503,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(lattice_alpha, m)?)?;
     m.add_function(wrap_pyfunction!(rht_signs, m)?)?;
     m.add_function(wrap_pyfunction!(lattice_predict, m)?)?;
+    m.add_function(wrap_pyfunction!(trellis_code, m)?)?;
+    m.add_function(wrap_pyfunction!(trellis_encode, m)?)?;
+    m.add_function(wrap_pyfunction!(trellis_decode, m)?)?;
     m.add_class::<Archive>()?;
     m.add_class::<Linear>()?;
     m.add_class::<KvCodec>()?;

@@ -423,3 +423,57 @@ def test_cuda_edge_shapes_and_dtype_switches():
     f.forward(xs.bfloat16())
     want = f._op.forward(x[:3])
     assert np.abs(f.forward(xs).cpu().numpy() - want).max() <= 3e-5 * np.abs(want).max()
+
+
+def _trellis_lengths(cols: int, seq: int) -> list[int]:
+    m = max(1, cols // seq)
+    return [seq if j + 1 < m else cols - j * seq for j in range(m)]
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    "l,k,seq,rows,cols",
+    [
+        (8, 2, 64, 5, 200),  # every boundary tried (64 groups); the last sequence takes 72 more
+        (10, 4, 16, 3, 72),  # every boundary tried at K = 4
+        (12, 2, 16, 9, 256),  # calibrated rows: sequences of 16
+        (12, 1, 32, 4, 100),
+        (12, 3, 64, 4, 200),
+        (14, 2, 1024, 3, 700),  # rows shorter than a sequence: one each
+        (16, 2, 16, 4, 64),
+        (16, 2, 1024, 3, 2088),  # longer than the ring: committed in chunks
+        (16, 1, 256, 2, 600),
+        (16, 3, 256, 2, 520),
+        (16, 4, 256, 3, 512),
+        (12, 2, 4096, 2, 5000),  # one sequence per row, thousands of values long
+    ],
+)
+def test_cuda_trellis_encoder_matches_the_cpu_encoder(l, k, seq, rows, cols):
+    rng = np.random.default_rng(l * 100 + k * 10 + rows)
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    x[0, :8] *= 6.0  # a few outliers
+    cpu = np.frombuffer(hypercodec._native.trellis_encode(x, l, k, seq), np.uint8).reshape(rows, -1)
+    plan = hcuda.trellis_encode_plan(rows, cols, l, k, seq)
+    gpu = hcuda.trellis_encode(torch.from_numpy(x).cuda(), l, k, seq).cpu().numpy()
+    assert gpu.shape == cpu.shape
+    # Sequences within the ring are searched once, longer ones three times from checkpoints:
+    # the CPU's bits either way.
+    assert (max(_trellis_lengths(cols, seq)) < plan["ring"]) == (plan["scratch_bytes"] == 0)
+    np.testing.assert_array_equal(gpu, cpu)
+
+
+@needs_cuda
+def test_cuda_trellis_encoder_refuses_what_it_cannot_encode():
+    x = torch.randn(2, 64, device="cuda")
+    with pytest.raises(hypercodec.InvalidInputError):
+        hcuda.trellis_encode(x, 12, 5, 16)  # K above 4
+    with pytest.raises(hypercodec.InvalidInputError):
+        hcuda.trellis_encode(x, 12, 2, 12)  # sequences not a multiple of 8
+    with pytest.raises(hypercodec.InvalidInputError):
+        hcuda.trellis_encode(x, 16, 2, 8)  # 8 values cannot hold a 16-bit state
+    x[1, 3] = float("nan")
+    with pytest.raises(hypercodec.InvalidInputError):
+        hcuda.trellis_encode(x, 12, 2, 16)
+    with pytest.raises(hypercodec.InvalidInputError):
+        hcuda.trellis_encode(x.cpu(), 12, 2, 16)
+    assert hcuda.trellis_encode(torch.empty(0, 64, device="cuda"), 12, 2, 16).shape == (0, 16)

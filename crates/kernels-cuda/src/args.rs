@@ -65,6 +65,10 @@ pub(crate) fn function_names() -> Vec<String> {
     for k in 1..=4 {
         v.push(format!("hc_trellis_decode_groups_k{k}"));
     }
+    // kernels/trellis_encode.cu
+    for k in 1..=4 {
+        v.push(format!("hc_trellis_encode_k{k}"));
+    }
     v
 }
 
@@ -185,6 +189,10 @@ pub(crate) fn trellis_group_rows(batch: usize) -> usize {
 /// The group path's decoder for `k` (1..=4) bits: `hc_trellis_decode_groups_k{k}`.
 pub(crate) fn trellis_decode_groups(k: usize) -> usize {
     trellis_groups(4, 4) + k.clamp(1, 4)
+}
+/// The trellis encoder for `k` (1..=4) bits: `hc_trellis_encode_k{k}`.
+pub(crate) fn trellis_encode(k: usize) -> usize {
+    trellis_decode_groups(4) + k.clamp(1, 4)
 }
 /// The kernels' batch tiles (activation rows held in registers).
 const BATCH_TILES: [usize; 2] = [1, 4];
@@ -527,4 +535,25 @@ impl KvArgs {
             seed: a.seed,
         }
     }
+}
+
+/// `TrellisEncodeArgs` of `kernels/trellis_encode.cu`.
+#[repr(C)]
+pub(crate) struct TrellisEncodeArgs {
+    pub x: u64,
+    pub bits: u64,
+    pub scratch: u64,
+    pub row_bytes: i64,
+    pub scratch_stride: i64,
+    pub rows: i32,
+    pub cols: i32,
+    pub seq: i32,
+    pub per_row: i32,
+    pub l: i32,
+    pub ring: i32,
+    pub w1: i32,
+    pub w2: i32,
+    pub rpt: i32,
+    pub c1: f32,
+    pub c0: f32,
 }

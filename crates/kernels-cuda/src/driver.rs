@@ -5,8 +5,15 @@ use crate::{CudaError, Result};
 use cudarc::driver::sys;
 use std::ffi::{c_void, CString};
 
-/// The PTX built from `kernels/gemv.cu` by `cargo xtask ptx`.
-const PTX: &str = include_str!("../ptx/gemv.ptx");
+/// The PTX modules built from `kernels/*.cu` by `cargo xtask ptx`; a function is looked up in
+/// each in turn.
+const PTX: [&str; 2] = [
+    include_str!("../ptx/gemv.ptx"),
+    include_str!("../ptx/trellis_encode.ptx"),
+];
+
+/// Dynamic shared memory a launch gets without opting in.
+const DEFAULT_SHARED: u32 = 48 * 1024;
 
 fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
     if r == sys::CUresult::CUDA_SUCCESS {
@@ -23,8 +30,12 @@ fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
 pub(crate) struct Module {
     device: sys::CUdevice,
     ctx: sys::CUcontext,
-    module: sys::CUmodule,
+    modules: Vec<sys::CUmodule>,
     functions: Vec<sys::CUfunction>,
+    /// Dynamic shared memory a block may opt in to (bytes).
+    max_shared: u32,
+    /// Multiprocessors.
+    sms: u32,
 }
 
 // SAFETY: driver handles may be used from any thread once their context is current; every
@@ -80,29 +91,102 @@ impl Module {
             let mut m = Module {
                 device,
                 ctx,
-                module: std::ptr::null_mut(),
+                modules: Vec::new(),
                 functions: Vec::new(),
+                max_shared: DEFAULT_SHARED,
+                sms: 1,
             };
-            let _p = Pushed::new(ctx)?;
-            let ptx = CString::new(PTX).expect("the embedded PTX has no NUL");
+            let mut sms = 0;
             check(
-                "cuModuleLoadData",
-                sys::cuModuleLoadData(&mut m.module, ptx.as_ptr() as *const c_void),
+                "cuDeviceGetAttribute",
+                sys::cuDeviceGetAttribute(
+                    &mut sms,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                    device,
+                ),
             )?;
+            m.sms = sms.max(1) as u32;
+            let mut optin = 0;
+            check(
+                "cuDeviceGetAttribute",
+                sys::cuDeviceGetAttribute(
+                    &mut optin,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                    device,
+                ),
+            )?;
+            m.max_shared = (optin.max(0) as u32).max(DEFAULT_SHARED);
+            let _p = Pushed::new(ctx)?;
+            for text in PTX {
+                let ptx = CString::new(text).expect("the embedded PTX has no NUL");
+                let mut module = std::ptr::null_mut();
+                check(
+                    "cuModuleLoadData",
+                    sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void),
+                )?;
+                m.modules.push(module);
+            }
             for name in function_names() {
                 let cname = CString::new(name).expect("kernel names have no NUL");
-                let mut f = std::ptr::null_mut();
-                check(
-                    "cuModuleGetFunction",
-                    sys::cuModuleGetFunction(&mut f, m.module, cname.as_ptr()),
-                )?;
-                m.functions.push(f);
+                let mut found = None;
+                for &module in &m.modules {
+                    let mut f = std::ptr::null_mut();
+                    if sys::cuModuleGetFunction(&mut f, module, cname.as_ptr())
+                        == sys::CUresult::CUDA_SUCCESS
+                    {
+                        found = Some(f);
+                        break;
+                    }
+                }
+                m.functions.push(found.ok_or(CudaError::Driver {
+                    call: "cuModuleGetFunction",
+                    code: sys::CUresult::CUDA_ERROR_NOT_FOUND as i32,
+                })?);
             }
             Ok(m)
         }
     }
 
-    /// Launches function `f` on `stream` (a raw `CUstream`; 0 is the legacy default stream).
+    /// Dynamic shared memory a block may use (bytes).
+    pub(crate) fn max_shared(&self) -> u32 {
+        self.max_shared
+    }
+
+    /// Blocks of function `f` (`threads` each, `shared` bytes of dynamic shared memory) the
+    /// whole device runs at once.
+    pub(crate) fn resident_blocks(&self, f: usize, threads: u32, shared: u32) -> Result<u32> {
+        let _p = Pushed::new(self.ctx)?;
+        self.opt_in(f, shared)?;
+        let mut n = 0;
+        // SAFETY: a function of this module; plain out-pointer.
+        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                self.functions[f],
+                threads as i32,
+                shared as usize,
+            )
+        })?;
+        Ok(n.max(1) as u32 * self.sms)
+    }
+
+    /// Lets function `f` take `shared` bytes of dynamic shared memory (above 48 KiB).
+    fn opt_in(&self, f: usize, shared: u32) -> Result<()> {
+        if shared > DEFAULT_SHARED {
+            // SAFETY: a function of this module; the size is capped at the device's.
+            check("cuFuncSetAttribute", unsafe {
+                sys::cuFuncSetAttribute(
+                    self.functions[f],
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared.min(self.max_shared) as i32,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Launches function `f` on `stream` (a raw `CUstream`; 0 is the legacy default stream),
+    /// opting in to `shared` bytes of dynamic shared memory when that is above 48 KiB.
     ///
     /// # Safety
     /// `params` point at values laid out as the kernel's parameters, whose device pointers
@@ -117,6 +201,7 @@ impl Module {
         params: &mut [*mut c_void],
     ) -> Result<()> {
         let _p = Pushed::new(self.ctx)?;
+        self.opt_in(f, shared)?;
         // SAFETY: the function belongs to this module; the caller vouches for the parameters.
         check("cuLaunchKernel", unsafe {
             sys::cuLaunchKernel(
@@ -140,9 +225,9 @@ impl Drop for Module {
     fn drop(&mut self) {
         // SAFETY: the module was loaded in this retained context; both are released once.
         unsafe {
-            if !self.module.is_null() {
-                if let Ok(_p) = Pushed::new(self.ctx) {
-                    sys::cuModuleUnload(self.module);
+            if let Ok(_p) = Pushed::new(self.ctx) {
+                for &module in &self.modules {
+                    sys::cuModuleUnload(module);
                 }
             }
             sys::cuDevicePrimaryCtxRelease_v2(self.device);

@@ -38,6 +38,14 @@ mod driver {
             Err(CudaError::NotCompiled)
         }
 
+        pub(crate) fn max_shared(&self) -> u32 {
+            48 * 1024
+        }
+
+        pub(crate) fn resident_blocks(&self, _f: usize, _t: u32, _s: u32) -> Result<u32> {
+            Err(CudaError::NotCompiled)
+        }
+
         pub(crate) unsafe fn launch(
             &self,
             _f: usize,
@@ -472,6 +480,179 @@ impl TrellisGemv {
             || (self.batch > 0 && (self.xr == 0 || self.y == 0))
         {
             return bad("a null pointer".into());
+        }
+        Ok(())
+    }
+}
+
+/// Encodes rows of values with the bitshift trellis (`hypercodec_trellis::Encoder`'s Viterbi
+/// search): `rows × cols` f32 values (about unit variance; the caller's RHT and row scale
+/// applied) into `rows · row_bytes` bytes of packed bits, each row cut into the tail-biting
+/// sequences of `hypercodec_trellis::row_sequences` (`seq` values, the last taking the rest),
+/// one block of threads per sequence.
+///
+/// The search is the CPU's, operation for operation, so the bits are the CPU's. The back
+/// pointers of [`TrellisEncodePlan::ring`] values stay in shared memory: a sequence that fits
+/// is searched once; a longer one three times (a forward pass storing checkpoints of its
+/// costs in `scratch`, a pass per stretch storing finer ones, a pass per finer stretch keeping
+/// its back pointers), so its traffic is a few checkpoints instead of `2^(L−K)·K` bits of back
+/// pointers per value.
+#[derive(Debug, Clone, Copy)]
+pub struct TrellisEncode {
+    /// The values, f32, `rows × cols`, row after row.
+    pub x: u64,
+    /// The output bits, `rows · row_bytes` bytes.
+    pub bits: u64,
+    /// Scratch of at least [`TrellisEncodePlan::scratch_bytes`] (16-byte aligned), or 0 when
+    /// that is 0.
+    pub scratch: u64,
+    /// Bytes of `bits`.
+    pub bit_bytes: u64,
+    /// Bytes per row (at least `ceil(cols·k / 8)`).
+    pub row_bytes: usize,
+    /// Rows.
+    pub rows: usize,
+    /// Values per row.
+    pub cols: usize,
+    /// Values per tail-biting sequence (a multiple of 8).
+    pub seq: usize,
+    /// State bits `L` (8..=16).
+    pub l: u8,
+    /// Bits per value `K` (1..=4, below `L`).
+    pub k: u8,
+    /// The code's slope (`hypercodec_trellis::TrellisParams::affine`).
+    pub c1: f32,
+    /// The code's offset (the same).
+    pub c0: f32,
+}
+
+/// How [`Kernels::trellis_encode`] runs a [`TrellisEncode`] on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrellisEncodePlan {
+    /// Threads per block (a power of two, 32..=1024).
+    pub threads: usize,
+    /// Runs of `2^K` groups of states per thread.
+    pub runs_per_thread: usize,
+    /// Values whose back pointers shared memory holds.
+    pub ring: usize,
+    /// Values between the forward pass's checkpoints.
+    pub w1: usize,
+    /// Values between the second passes' checkpoints (a multiple of 8, below `ring`).
+    pub w2: usize,
+    /// Dynamic shared memory per block, bytes.
+    pub shared: usize,
+    /// Blocks launched (each takes every `blocks`-th sequence).
+    pub blocks: usize,
+    /// Scratch the launch needs (checkpoints of sequences longer than the ring), bytes.
+    pub scratch_bytes: usize,
+}
+
+impl TrellisEncode {
+    /// Sequences (blocks) of the launch.
+    pub fn sequences(&self) -> usize {
+        self.rows * (self.cols / self.seq.max(1)).max(1)
+    }
+
+    /// The longest sequence (the last of a row takes the rest).
+    fn longest(&self) -> usize {
+        let m = (self.cols / self.seq.max(1)).max(1);
+        self.cols - (m - 1) * self.seq
+    }
+
+    /// The launch shape for a device with `max_shared` bytes of shared memory per block that
+    /// runs `resident(threads, shared)` such blocks at once: the ring takes what the group
+    /// costs leave (up to 256 values; blocks of fewer than 1024 threads leave room for a second
+    /// block per multiprocessor); short sequences with few boundaries (every boundary tried,
+    /// as on the CPU) need a ring that holds them whole; longer sequences take checkpoints
+    /// every `w1 ≈ √(n·w2)` values.
+    pub fn plan(
+        &self,
+        max_shared: usize,
+        resident: impl Fn(usize, usize) -> Result<usize>,
+    ) -> Result<TrellisEncodePlan> {
+        let (l, k) = (self.l as usize, self.k as usize);
+        let groups = 1usize << (l - k);
+        let runs = groups >> k;
+        let threads = runs.clamp(32, 1024);
+        let word = if k == 4 { 8 } else { 4 };
+        // The kernel's static shared memory, and the group costs.
+        let fixed = 1024 + groups * 4;
+        let per_sm = (1024 / threads).clamp(1, 2);
+        let budget = max_shared / per_sm;
+        let step = threads * word + 1;
+        let ring = (budget.saturating_sub(fixed) / step).min(256);
+        let need = if groups <= 64 { 130 } else { 17 };
+        if ring < need {
+            return Err(CudaError::InvalidArgument(format!(
+                "the trellis encoder at L = {l}, K = {k} needs {} bytes of shared memory per \
+                 block; this device has {max_shared}",
+                fixed + need * step
+            )));
+        }
+        let shared = groups * 4 + ring * step;
+        let w2 = (ring - 1) / 8 * 8;
+        // The longest pass (the boundary pass takes at most the sequence's length).
+        let n = self.longest();
+        let (w1, slots) = if n < ring {
+            (w2, 0)
+        } else {
+            let m = ((n as f64 / w2 as f64).sqrt().ceil() as usize).max(2);
+            let w1 = m * w2;
+            (w1, (n - 1) / w1 + m - 1)
+        };
+        let blocks = self.sequences().min(resident(threads, shared)?).max(1);
+        Ok(TrellisEncodePlan {
+            threads,
+            runs_per_thread: (runs / threads).max(1),
+            ring,
+            w1,
+            w2,
+            shared,
+            blocks,
+            scratch_bytes: blocks * slots * (groups + 4) * 4,
+        })
+    }
+
+    /// Checks what the kernels rely on.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(CudaError::InvalidArgument(why));
+        if !(8..=16).contains(&self.l) || !(1..=4).contains(&self.k) || self.k >= self.l {
+            return bad(format!(
+                "the trellis encoder takes 8 <= L <= 16 and 1 <= K <= 4, got L = {}, K = {}",
+                self.l, self.k
+            ));
+        }
+        if self.seq == 0 || !self.seq.is_multiple_of(8) {
+            return bad(format!("trellis sequences of {} values", self.seq));
+        }
+        if self.cols > i32::MAX as usize || self.sequences() > i32::MAX as usize {
+            return bad(format!(
+                "{} × {} exceeds the encoder's i32 indices",
+                self.rows, self.cols
+            ));
+        }
+        if self.cols > 0 && self.cols.min(self.seq) * (self.k as usize) < self.l as usize {
+            return bad(format!(
+                "trellis rows of {} values cannot hold a {}-bit state",
+                self.cols, self.l
+            ));
+        }
+        if self.row_bytes < (self.cols * self.k as usize).div_ceil(8)
+            || (self.bit_bytes as u128) < self.rows as u128 * self.row_bytes as u128
+        {
+            return bad(format!(
+                "{} bytes for {} rows of {} bytes",
+                self.bit_bytes, self.rows, self.row_bytes
+            ));
+        }
+        if self.rows * self.cols > 0 && (self.x == 0 || self.bits == 0) {
+            return bad("a null pointer".into());
+        }
+        if !(self.c1.is_finite() && self.c0.is_finite()) {
+            return bad(format!("trellis code c1 = {}, c0 = {}", self.c1, self.c0));
+        }
+        if !self.scratch.is_multiple_of(16) {
+            return bad("the trellis encoder's scratch must be 16-byte aligned".into());
         }
         Ok(())
     }
@@ -1354,6 +1535,64 @@ impl Kernels {
         unsafe { self.kv_launch(a, args::KV_E8_DECODE, stream) }
     }
 
+    /// The launch shape of `a` on this device ([`TrellisEncode::plan`]).
+    pub fn trellis_encode_plan(&self, a: &TrellisEncode) -> Result<TrellisEncodePlan> {
+        a.validate()?;
+        let f = args::trellis_encode(a.k as usize);
+        a.plan(self.inner.max_shared() as usize, |threads, shared| {
+            Ok(self
+                .inner
+                .resident_blocks(f, threads as u32, shared as u32)? as usize)
+        })
+    }
+
+    /// Launches the trellis encoder: every sequence's bits written, nothing else.
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn trellis_encode(&self, a: &TrellisEncode, stream: u64) -> Result<()> {
+        if a.rows == 0 || a.cols == 0 {
+            return a.validate();
+        }
+        let plan = self.trellis_encode_plan(a)?;
+        if plan.scratch_bytes > 0 && a.scratch == 0 {
+            return Err(CudaError::InvalidArgument(format!(
+                "the trellis encoder needs {} bytes of scratch",
+                plan.scratch_bytes
+            )));
+        }
+        let mut k = args::TrellisEncodeArgs {
+            x: a.x,
+            bits: a.bits,
+            scratch: a.scratch,
+            row_bytes: a.row_bytes as i64,
+            scratch_stride: (plan.scratch_bytes / plan.blocks / 4) as i64,
+            rows: a.rows as i32,
+            cols: a.cols as i32,
+            seq: a.seq as i32,
+            per_row: (a.cols / a.seq).max(1) as i32,
+            l: a.l as i32,
+            ring: plan.ring as i32,
+            w1: plan.w1 as i32,
+            w2: plan.w2 as i32,
+            rpt: plan.runs_per_thread as i32,
+            c1: a.c1,
+            c0: a.c0,
+        };
+        let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe {
+            self.inner.launch(
+                args::trellis_encode(a.k as usize),
+                (plan.blocks as u32, 1),
+                plan.threads as u32,
+                plan.shared as u32,
+                stream,
+                &mut params,
+            )
+        }
+    }
+
     /// Attention over compressed keys and values (see [`KvE8Attend`]): blocks of 4 warps,
     /// one per chunk, row and 8 queries, then a warp per row and query to merge the chunks
     /// (rows up to 65535).
@@ -1595,8 +1834,61 @@ mod tests {
     }
 
     #[test]
+    fn trellis_encoder_plans_fit_the_device_and_checkpoint_long_sequences() {
+        let enc = |l: u8, k: u8, cols: usize, seq: usize| TrellisEncode {
+            x: 16,
+            bits: 16,
+            scratch: 0,
+            bit_bytes: (4096 * (cols * k as usize).div_ceil(8)) as u64,
+            row_bytes: (cols * k as usize).div_ceil(8),
+            rows: 4096,
+            cols,
+            seq,
+            l,
+            k,
+            c1: 0.007,
+            c0: -3.6,
+        };
+        let h200 = 227 * 1024;
+        let resident = |_: usize, _: usize| Ok(132);
+        // L = 16, K = 2: 16384 groups of 4-byte costs, a ring of 4 KiB a value.
+        let p = enc(16, 2, 4096, 1024).plan(h200, resident).unwrap();
+        assert_eq!((p.threads, p.runs_per_thread), (1024, 4));
+        assert!(p.shared <= h200 && p.ring >= 33, "{p:?}");
+        assert!(p.w2 % 8 == 0 && p.w2 < p.ring && p.w1 % p.w2 == 0, "{p:?}");
+        // Checkpoints: every w1 of the 1024 values, and every w2 of a stretch of w1.
+        let slots = 1023 / p.w1 + p.w1 / p.w2 - 1;
+        assert_eq!(p.scratch_bytes, 132 * slots * (16384 + 4) * 4);
+        // Calibrated rows (16 values) fit the ring: no scratch.
+        let q = enc(16, 2, 4096, 16).plan(h200, resident).unwrap();
+        assert_eq!(q.scratch_bytes, 0);
+        // Few boundaries: the ring holds a whole 128-value sequence.
+        let e = enc(8, 2, 4096, 128).plan(h200, resident).unwrap();
+        assert!(e.ring >= 130 && e.scratch_bytes == 0, "{e:?}");
+        // Fewer blocks than the device holds when there are fewer sequences.
+        let few = TrellisEncode {
+            rows: 3,
+            ..enc(12, 4, 4096, 1024)
+        };
+        assert_eq!(few.plan(h200, resident).unwrap().blocks, 12);
+        // K = 1 at L = 16 needs 128 KiB of costs and a ring of 17 values: an H100-sized
+        // budget fits it, an A100-sized one (163 KiB) does not.
+        assert!(enc(16, 1, 4096, 1024).plan(h200, resident).is_ok());
+        assert!(matches!(
+            enc(16, 1, 4096, 1024).plan(163 * 1024, resident),
+            Err(CudaError::InvalidArgument(_))
+        ));
+        assert!(enc(16, 5, 4096, 1024).validate().is_err());
+        assert!(enc(16, 2, 4096, 12).validate().is_err());
+    }
+
+    #[test]
     fn every_kernel_the_host_launches_is_in_the_ptx_at_its_index() {
-        let ptx = include_str!("../ptx/gemv.ptx");
+        let ptx = [
+            include_str!("../ptx/gemv.ptx"),
+            include_str!("../ptx/trellis_encode.ptx"),
+        ]
+        .concat();
         let names = args::function_names();
         for n in &names {
             assert!(
@@ -1630,7 +1922,9 @@ mod tests {
             names[args::trellis_decode_groups(4)],
             "hc_trellis_decode_groups_k4"
         );
-        assert_eq!(names.last().unwrap(), "hc_trellis_decode_groups_k4");
+        assert_eq!(names[args::trellis_encode(1)], "hc_trellis_encode_k1");
+        assert_eq!(names[args::trellis_encode(4)], "hc_trellis_encode_k4");
+        assert_eq!(names.last().unwrap(), "hc_trellis_encode_k4");
         assert_eq!(names[args::E8_RANS_DECODE], "hc_e8_rans_decode");
         assert_eq!(names[args::QUANT_I8], "hc_quant_i8");
         assert_eq!(names[args::W8A8_OUT], "hc_w8a8_out");
@@ -1662,6 +1956,10 @@ mod tests {
         assert_eq!(
             std::mem::size_of::<args::KvArgs>(),
             param("hc_kv_e8_encode")
+        );
+        assert_eq!(
+            std::mem::size_of::<args::TrellisEncodeArgs>(),
+            param("hc_trellis_encode_k2")
         );
         assert_eq!(names[args::KV_E8_DECODE], "hc_kv_e8_decode");
         assert_eq!(names[args::KV_E8_ATTEND], "hc_kv_e8_attend");
