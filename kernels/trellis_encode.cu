@@ -16,15 +16,17 @@
 //
 // The back pointers of `ring` values stay in shared memory (K bits per group and value: 4 KiB
 // a value at L = 16). A sequence shorter than the ring is searched once and traced back from
-// its cheapest end. A longer one is searched three times, so its result is still the CPU's:
-// a forward pass that stores the group costs every `w1` values (checkpoints in the caller's
-// scratch), then, for each stretch of `w1` from the last, a pass from its checkpoint that
-// stores them every `w2` values, and for each stretch of `w2` from the last a pass from its
-// checkpoint that keeps the back pointers, traced back from the state the later stretch
-// started from. (Survivor paths of this code take about 128 values to merge at L = 16, K = 2,
-// so deciding values from a ring of a few dozen costs about a dB.)
+// its cheapest end. A longer one writes its back pointers to the caller's scratch (4 KiB a
+// value at L = 16, K = 2: 64 GB for a 4096² tensor, 14 ms of HBM bandwidth) and is traced
+// back stretch by stretch through the ring. Where that scratch would be too large (sequences
+// of whole long rows), it is searched three times instead: a forward pass that stores the
+// group costs every `w1` values (checkpoints), then, for each stretch of `w1` from the last, a
+// pass from its checkpoint that stores them every `w2` values, and for each stretch of `w2`
+// from the last a pass from its checkpoint that keeps the back pointers, traced back from the
+// state the later stretch started from. Either way the result is the CPU's. (Survivor paths
+// of this code take about 128 values to merge at L = 16, K = 2, so deciding values from a
+// ring of a few dozen instead would cost about a dB.)
 #include "common.cuh"
-#include <type_traits>
 
 // Field for field `args::TrellisEncodeArgs`.
 struct TrellisEncodeArgs {
@@ -42,6 +44,7 @@ struct TrellisEncodeArgs {
     int w1;               // values between the forward pass's checkpoints (a multiple of w2)
     int w2;               // values between the second passes' checkpoints (a multiple of 8, < ring)
     int rpt;              // runs of 2^K groups per thread
+    int global_bp;        // 1: longer sequences keep every back pointer in scratch (else checkpoints)
     float c1;             // scale / 147.8
     float c0;             // −510·c1
 };
@@ -56,9 +59,10 @@ __shared__ double hc_te_cost;
 
 template <int K> struct HcTe {
     static constexpr int FAN = 1 << K;
-    // Runs per thread at most (a ring word holds rpt·2^K·K ≤ 32 bits; 64 at K = 4).
-    static constexpr int RMAX = K == 1 ? 16 : K == 2 ? 4 : 1;
-    typedef typename std::conditional<K == 4, unsigned long long, uint32_t>::type Word;
+    // Runs per thread at most: a thread's back pointers of a value (rpt·2^K·K bits) fill at
+    // most one 64-bit ring word.
+    static constexpr int RMAX = K == 1 ? 32 : K == 2 ? 8 : K == 3 ? 2 : 1;
+    typedef unsigned long long Word;
 };
 
 // The least (cost, group) over the groups, to thread 0 (every thread calls it).
@@ -128,8 +132,10 @@ __device__ void hc_te_emit(uint8_t* out, const uint8_t* sym, int count) {
 // The group costs a search holds in shared memory, and what a pass of it needs.
 template <int K> struct HcTeSearch {
     const TrellisEncodeArgs& a;
-    uint32_t* G;                          // the group costs
+    uint32_t* G;                          // the group costs: two buffers of `groups`
     typename HcTe<K>::Word* ring;         // back pointers, `a.ring` values × threads
+    typename HcTe<K>::Word* bp;           // where the passes write them: `ring`, or scratch
+    int bp_len;                           // values `bp` holds (value m at m % bp_len)
     const float* __restrict__ xs;         // the sequence
     int xlen;                             // its values
     int before;                           // ≥ 0: the boundary pass's rotation
@@ -137,7 +143,7 @@ template <int K> struct HcTeSearch {
 
     __device__ HcTeSearch(const TrellisEncodeArgs& a_, uint32_t* G_, typename HcTe<K>::Word* ring_,
                           const float* xs_, int xlen_, int before_)
-        : a(a_), G(G_), ring(ring_), xs(xs_), xlen(xlen_), before(before_) {
+        : a(a_), G(G_), ring(ring_), bp(ring_), bp_len(a_.ring), xs(xs_), xlen(xlen_), before(before_) {
         lb = a.l - K;
         groups = 1 << lb;
         runs = groups >> K;
@@ -146,6 +152,9 @@ template <int K> struct HcTeSearch {
         tshift = __ffs(threads) - 1;
         nwarps = threads >> 5;
     }
+
+    // The group costs value `i` reads (those after value i − 1): two buffers, by parity.
+    __device__ uint32_t* costs(int i) const { return G + (size_t)(i & 1) * groups; }
 
     __device__ float x_at(int i) const {
         const int idx = before >= 0 ? (i < before ? xlen - before + i : i - before) : i;
@@ -158,10 +167,11 @@ template <int K> struct HcTeSearch {
     // renormalization of value b + 1 needs.
     __device__ void start(int b, int fixed, const uint32_t* ck) {
         constexpr uint32_t TM = HcTe<K>::FAN - 1;
+        uint32_t* G = costs(b);
         if (!ck) {
             const uint32_t forbidden = __float_as_uint(1e30f) & ~TM;
             for (int j = T; j < groups; j += threads) G[j] = (fixed < 0 || j == fixed) ? 0x3F800000u : forbidden;
-            ring[T] = 0;
+            bp[T] = 0;
             if (T < 32) {
                 hc_te_wmin[0][T] = 0xFFFFFFFFu;
                 hc_te_wmin[1][T] = T == 0 ? 0x3F800000u : 0xFFFFFFFFu;
@@ -185,7 +195,7 @@ template <int K> struct HcTeSearch {
                 }
             }
         }
-        ring[(size_t)(b % a.ring) * threads + T] = tags;
+        bp[(size_t)(b % bp_len) * threads + T] = tags;
         lmin = __reduce_min_sync(0xffffffffu, lmin);
         if ((T & 31) == 0) hc_te_wmin[(b - 1) & 1][T >> 5] = lmin;
         __syncthreads();
@@ -199,7 +209,7 @@ template <int K> struct HcTeSearch {
         typedef typename HcTe<K>::Word Word;
         constexpr uint32_t TM = FAN - 1;
         const bool active = T < runs;
-        const int R = a.ring, rpt = a.rpt;
+        const int R = bp_len, rpt = a.rpt;
         // The 1MAD state of state s = t·groups + j', j' = run·2^K + u, run = T + threads·r:
         // the L-bit reversal of s is a sum of disjoint bit fields, so its product with the
         // multiplier is a sum of per-run, per-u and per-t terms.
@@ -210,15 +220,30 @@ template <int K> struct HcTeSearch {
         double offset = 0.0;
         float xnext = x_at(b);
         for (int i = b; i <= e; i++) {
+            const uint32_t* Gp = costs(i);
+            uint32_t* Gn = costs(i + 1);
+            // Warp 0: the subtraction of value i + 1 — the least cost before value i (whose
+            // warp minima the previous value wrote), less the subtraction of value i, less one
+            // (the CPU's `sub`).
             const float sub = hc_te_sub[i & 1];
+            if (T < 32) {
+                uint32_t v = T < nwarps ? hc_te_wmin[(i - 1) & 1][T] : 0xFFFFFFFFu;
+                v = __reduce_min_sync(0xffffffffu, v);
+                if (T == 0) {
+                    hc_te_sub[(i + 1) & 1] = (__uint_as_float(v & ~TM) - sub) - 1.0f;
+                    offset += (double)sub;
+                }
+            }
             const float xc = xnext + off;
             if (i < e) xnext = x_at(i + 1);
-            uint32_t res[RMAX * FAN];
+            Word tags = 0;
             float lmin = __uint_as_float(0x7F800000u);
             if (active) {
-#pragma unroll
-                for (int r = 0; r < RMAX; r++) {
-                    if (r < rpt) {
+                // One run at a time (its 2^K × 2^K states unrolled): few live registers, so
+                // the compiler interleaves the independent chains.
+#pragma unroll 1
+                for (int r = 0; r < rpt; r++) {
+                    {
                         const int run = T + threads * r;
                         const uint32_t xrun = (lb - K > 0 ? (__brev((uint32_t)run) >> rsh) : 0u) * mul_run + ADD;
                         uint32_t xu[FAN];
@@ -230,64 +255,50 @@ template <int K> struct HcTeSearch {
                         }
 #pragma unroll
                         for (int t = 0; t < FAN; t++) {
-                            const float bt = __uint_as_float(G[t * runs + run] & ~TM) - sub;
+                            const float bt = __uint_as_float(Gp[t * runs + run] & ~TM) - sub;
                             const uint32_t xt = (__brev((uint32_t)t) >> (32 - K)) * MUL;
+                            // The tag from a register: one LOP3 (LUT 0xEA: (a & b) | c) for
+                            // (cost & ~TM) | t.
+                            uint32_t treg;
+                            asm("mov.b32 %0, %1;" : "=r"(treg) : "r"((uint32_t)t));
 #pragma unroll
                             for (int u = 0; u < FAN; u++) {
                                 const float sum =
                                     __uint_as_float(__dp4a(xu[u] + xt, 0x01010101u, 0x4B000000u)) - 8388608.f;
                                 const float d = fmaf(-sum, a.c1, xc);
                                 const float c = fmaf(d, d, bt);
-                                best[u] = fminf(best[u], __uint_as_float((__float_as_uint(c) & ~TM) | (uint32_t)t));
+                                uint32_t tagged;
+                                asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(tagged) : "r"(__float_as_uint(c)), "n"(~TM), "r"(treg));
+                                best[u] = fminf(best[u], __uint_as_float(tagged));
+                            }
+                        }
+                        uint32_t* g = Gn + (size_t)run * FAN;
+#pragma unroll
+                        for (int u = 0; u < FAN; u += (FAN >= 4 ? 4 : FAN)) {
+                            if constexpr (FAN >= 4) {
+                                *reinterpret_cast<uint4*>(g + u) =
+                                    make_uint4(__float_as_uint(best[u]), __float_as_uint(best[u + 1]),
+                                               __float_as_uint(best[u + 2]), __float_as_uint(best[u + 3]));
+                            } else {
+                                *reinterpret_cast<uint2*>(g + u) =
+                                    make_uint2(__float_as_uint(best[u]), __float_as_uint(best[u + 1]));
                             }
                         }
 #pragma unroll
                         for (int u = 0; u < FAN; u++) {
-                            res[r * FAN + u] = __float_as_uint(best[u]);
+                            tags |= (Word)(__float_as_uint(best[u]) & TM) << ((r * FAN + u) * K);
                             lmin = fminf(lmin, best[u]);
                         }
                     }
                 }
             }
+            bp[(size_t)((i + 1) % R) * threads + T] = tags;
             const uint32_t wmin = __reduce_min_sync(0xffffffffu, __float_as_uint(lmin));
             if ((T & 31) == 0) hc_te_wmin[i & 1][T >> 5] = wmin;
             __syncthreads();
-            // Every read of the old costs is done: store the new ones and their back pointers.
-            Word tags = 0;
-            if (active) {
-#pragma unroll
-                for (int r = 0; r < RMAX; r++) {
-                    if (r < rpt) {
-                        uint32_t* g = G + (size_t)(T + threads * r) * FAN;
-#pragma unroll
-                        for (int u = 0; u < FAN; u += (FAN >= 4 ? 4 : FAN)) {
-                            if constexpr (FAN >= 4) {
-                                *reinterpret_cast<uint4*>(g + u) = make_uint4(
-                                    res[r * FAN + u], res[r * FAN + u + 1], res[r * FAN + u + 2], res[r * FAN + u + 3]);
-                            } else {
-                                *reinterpret_cast<uint2*>(g + u) = make_uint2(res[r * FAN + u], res[r * FAN + u + 1]);
-                            }
-                        }
-#pragma unroll
-                        for (int u = 0; u < FAN; u++) tags |= (Word)(res[r * FAN + u] & TM) << ((r * FAN + u) * K);
-                    }
-                }
-            }
-            ring[(size_t)((i + 1) % R) * threads + T] = tags;
-            // The subtraction of value i + 1: the least cost before value i, less the
-            // subtraction of value i, less one (the CPU's `sub`).
-            if (T < 32) {
-                uint32_t v = T < nwarps ? hc_te_wmin[(i - 1) & 1][T] : 0xFFFFFFFFu;
-                v = __reduce_min_sync(0xffffffffu, v);
-                if (T == 0) {
-                    hc_te_sub[(i + 1) & 1] = (__uint_as_float(v & ~TM) - sub) - 1.0f;
-                    offset += (double)sub;
-                }
-            }
-            __syncthreads();
             if (ck && i < e && (i + 1 - b) % w == 0) {
                 uint32_t* c = ck + (size_t)((i + 1 - b) / w - 1) * (groups + 4);
-                for (int j = T; j < groups; j += threads) c[j] = G[j];
+                for (int j = T; j < groups; j += threads) c[j] = Gn[j];
                 if (T == 0) c[groups] = __float_as_uint(hc_te_sub[(i + 1) & 1]);
             }
         }
@@ -296,8 +307,9 @@ template <int K> struct HcTeSearch {
 
     // Block-wide: the path's end after the last value (to thread 0): the cheapest state (the
     // first on ties), or the cheapest whose low bits close the loop; its tagged cost too.
-    __device__ uint32_t end(int fixed, uint32_t* cost) {
+    __device__ uint32_t end(int e, int fixed, uint32_t* cost) {
         constexpr uint32_t TM = HcTe<K>::FAN - 1;
+        const uint32_t* G = costs(e + 1);
         if (fixed >= 0) {
             *cost = G[fixed];
             return (*cost & TM) << lb | (uint32_t)fixed;
@@ -327,9 +339,11 @@ __device__ __forceinline__ void hc_te_pass(const TrellisEncodeArgs& a, uint32_t*
     // of w1 from the last (stage 1), then the back pointers of each stretch of w2 in it from
     // the last, traced back (stage 2). One loop, so the search is inlined once.
     const bool whole = n <= a.ring - 1;
+    // Longer sequences with every back pointer in scratch: one pass, then stretches of w2.
+    const bool global = !whole && a.global_bp;
     const int w1 = a.w1, w2 = a.w2, slot = v.groups + 4;
     uint32_t* ck1 = scratch;
-    uint32_t* ck2 = whole ? nullptr : scratch + (size_t)((n - 1) / w1) * slot;
+    uint32_t* ck2 = whole || global ? nullptr : scratch + (size_t)((n - 1) / w1) * slot;
     auto stretches = [&](int seg) { return (min(n, seg * w1 + w1) - 1 - seg * w1) / w2 + 1; };
     int stage = 0, seg = whole ? 0 : (n - 1) / w1, sub = 0;
     uint32_t s = 0, cost = 0;
@@ -357,11 +371,35 @@ __device__ __forceinline__ void hc_te_pass(const TrellisEncodeArgs& a, uint32_t*
                 in = sub > 0 ? ck2 + (size_t)(sub - 1) * slot : in1;
             }
         }
+        if (stage == 0 && global) {
+            v.bp = reinterpret_cast<typename HcTe<K>::Word*>(scratch);
+            v.bp_len = n + 1;
+            ck = nullptr;
+        }
         v.start(b, fixed, in);
         const double offset = v.steps(b, e, ck, w);
         if (stage == 0) {
-            s = v.end(fixed, &cost);
+            s = v.end(e, fixed, &cost);
             if (threadIdx.x == 0) hc_te_cost = (double)__uint_as_float(cost & ~TM) + offset;
+        }
+        if (global) {
+            // Stretches of w2 from the last, copied from scratch into the ring and traced.
+            for (int b2 = (n - 1) / w2 * w2; b2 >= 0; b2 -= w2) {
+                const int e2 = min(n, b2 + w2) - 1;
+                const int words = (e2 - b2 + 1) * v.threads;
+                for (int i = threadIdx.x; i < words; i += v.threads) {
+                    const int m = b2 + i / v.threads, t = i % v.threads;
+                    ring[(size_t)(m % a.ring) * v.threads + t] = v.bp[(size_t)m * v.threads + t];
+                }
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    s = hc_te_trace<K>(ring, a.ring, v.threads, v.tshift, v.lb, s, e2, b2, sym, mark,
+                                       &hc_te_boundary);
+                    if (out) hc_te_emit<K>(out + (size_t)b2 * K / 8, sym, e2 - b2 + 1);
+                }
+                __syncthreads();
+            }
+            return;
         }
         if (stage == 2 || whole) {
             if (threadIdx.x == 0) {
@@ -393,7 +431,7 @@ __device__ void hc_trellis_encode(const TrellisEncodeArgs& a) {
     extern __shared__ __align__(16) unsigned char hc_te_smem[];
     const int lb = a.l - K, groups = 1 << lb;
     uint32_t* G = reinterpret_cast<uint32_t*>(hc_te_smem);
-    Word* ring = reinterpret_cast<Word*>(hc_te_smem + (size_t)groups * 4);
+    Word* ring = reinterpret_cast<Word*>(hc_te_smem + (size_t)groups * 8);
     uint8_t* sym = reinterpret_cast<uint8_t*>(ring + (size_t)a.ring * blockDim.x);
     uint32_t* scratch = a.scratch ? a.scratch + (size_t)blockIdx.x * a.scratch_stride : nullptr;
     const long long total = (long long)a.rows * a.per_row;
@@ -435,7 +473,7 @@ __device__ void hc_trellis_encode(const TrellisEncodeArgs& a) {
 }
 
 #define HC_TE_KERNEL(K) \
-    extern "C" __global__ void __launch_bounds__(K == 4 ? 256 : 1024) hc_trellis_encode_k##K(TrellisEncodeArgs a) { \
+    extern "C" __global__ void __launch_bounds__(512, 1) hc_trellis_encode_k##K(TrellisEncodeArgs a) { \
         hc_trellis_encode<K>(a); \
     }
 HC_TE_KERNEL(1)

@@ -120,6 +120,7 @@ fn trellis_enc(d: &Bound<'_, PyDict>) -> PyResult<TrellisEncode> {
         x: get(d, "x")?,
         bits: get(d, "bits")?,
         scratch: get(d, "scratch")?,
+        max_scratch: get(d, "max_scratch")?,
         bit_bytes: get(d, "bit_bytes")?,
         row_bytes: get(d, "row_bytes")?,
         rows: get(d, "rows")?,
@@ -309,8 +310,8 @@ impl CudaKernels {
         unsafe { self.k.trellis_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
     }
 
-    /// The trellis encoder (keys: x, bits, scratch, bit_bytes, row_bytes, rows, cols, seq, l, k,
-    /// c1, c0; see `hypercodec_kernels_cuda::TrellisEncode`).
+    /// The trellis encoder (keys: x, bits, scratch, max_scratch, bit_bytes, row_bytes, rows,
+    /// cols, seq, l, k, c1, c0; see `hypercodec_kernels_cuda::TrellisEncode`).
     fn trellis_encode(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
         let a = trellis_enc(args)?;
         // SAFETY: as in `rht`.
@@ -336,6 +337,7 @@ impl CudaKernels {
         d.set_item("shared", p.shared)?;
         d.set_item("blocks", p.blocks)?;
         d.set_item("scratch_bytes", p.scratch_bytes)?;
+        d.set_item("back_pointers_in_scratch", p.back_pointers_in_scratch)?;
         Ok(d)
     }
 

@@ -432,33 +432,39 @@ def _trellis_lengths(cols: int, seq: int) -> list[int]:
 
 @needs_cuda
 @pytest.mark.parametrize(
-    "l,k,seq,rows,cols",
+    "l,k,seq,rows,cols,max_scratch",
     [
-        (8, 2, 64, 5, 200),  # every boundary tried (64 groups); the last sequence takes 72 more
-        (10, 4, 16, 3, 72),  # every boundary tried at K = 4
-        (12, 2, 16, 9, 256),  # calibrated rows: sequences of 16
-        (12, 1, 32, 4, 100),
-        (12, 3, 64, 4, 200),
-        (14, 2, 1024, 3, 700),  # rows shorter than a sequence: one each
-        (16, 2, 16, 4, 64),
-        (16, 2, 1024, 3, 2088),  # longer than the ring: committed in chunks
-        (16, 1, 256, 2, 600),
-        (16, 3, 256, 2, 520),
-        (16, 4, 256, 3, 512),
-        (12, 2, 4096, 2, 5000),  # one sequence per row, thousands of values long
+        (8, 2, 64, 5, 200, 0),  # every boundary tried (64 groups); the last sequence takes 72 more
+        (10, 4, 16, 3, 72, 0),  # every boundary tried at K = 4
+        (12, 2, 16, 9, 256, 0),  # calibrated rows: sequences of 16
+        (12, 1, 32, 4, 100, 0),
+        (12, 3, 64, 4, 200, 0),
+        (14, 2, 1024, 3, 700, 0),  # rows shorter than a sequence: one each
+        (16, 2, 16, 4, 64, 0),
+        (16, 2, 1024, 3, 2088, 0),  # longer than the ring: back pointers in scratch
+        (16, 2, 1024, 3, 2088, 1 << 20),  # ... or, under a small cap, checkpoints
+        (15, 1, 256, 2, 600, 0),
+        (16, 3, 256, 2, 520, 0),
+        (16, 4, 256, 3, 512, 0),
+        (16, 4, 256, 3, 512, 1 << 16),
+        (12, 2, 4096, 2, 5000, 0),  # one sequence per row, thousands of values long
+        (12, 2, 4096, 2, 5000, 1 << 16),
     ],
 )
-def test_cuda_trellis_encoder_matches_the_cpu_encoder(l, k, seq, rows, cols):
+def test_cuda_trellis_encoder_matches_the_cpu_encoder(l, k, seq, rows, cols, max_scratch):
     rng = np.random.default_rng(l * 100 + k * 10 + rows)
     x = rng.standard_normal((rows, cols)).astype(np.float32)
     x[0, :8] *= 6.0  # a few outliers
     cpu = np.frombuffer(hypercodec._native.trellis_encode(x, l, k, seq), np.uint8).reshape(rows, -1)
-    plan = hcuda.trellis_encode_plan(rows, cols, l, k, seq)
-    gpu = hcuda.trellis_encode(torch.from_numpy(x).cuda(), l, k, seq).cpu().numpy()
+    plan = hcuda.trellis_encode_plan(rows, cols, l, k, seq, max_scratch=max_scratch)
+    gpu = hcuda.trellis_encode(torch.from_numpy(x).cuda(), l, k, seq, max_scratch=max_scratch).cpu().numpy()
     assert gpu.shape == cpu.shape
-    # Sequences within the ring are searched once, longer ones three times from checkpoints:
-    # the CPU's bits either way.
-    assert (max(_trellis_lengths(cols, seq)) < plan["ring"]) == (plan["scratch_bytes"] == 0)
+    # Sequences within the ring need no scratch; longer ones keep their back pointers there
+    # or, under the cap, are searched from checkpoints: the CPU's bits every way.
+    longer = max(_trellis_lengths(cols, seq)) >= plan["ring"]
+    assert longer == (plan["scratch_bytes"] > 0)
+    if longer:
+        assert plan["back_pointers_in_scratch"] == (max_scratch == 0), plan
     np.testing.assert_array_equal(gpu, cpu)
 
 
@@ -470,7 +476,9 @@ def test_cuda_trellis_encoder_refuses_what_it_cannot_encode():
     with pytest.raises(hypercodec.InvalidInputError):
         hcuda.trellis_encode(x, 12, 2, 12)  # sequences not a multiple of 8
     with pytest.raises(hypercodec.InvalidInputError):
-        hcuda.trellis_encode(x, 16, 2, 8)  # 8 values cannot hold a 16-bit state
+        hcuda.trellis_encode(x, 16, 1, 8)  # 8 values of 1 bit cannot hold a 16-bit state
+    with pytest.raises(hypercodec.InvalidInputError):
+        hcuda.trellis_encode(x, 16, 1, 64)  # two buffers of 2^15 costs: more than a block has
     x[1, 3] = float("nan")
     with pytest.raises(hypercodec.InvalidInputError):
         hcuda.trellis_encode(x, 12, 2, 16)

@@ -554,6 +554,7 @@ pub(crate) struct TrellisEncodeArgs {
     pub w1: i32,
     pub w2: i32,
     pub rpt: i32,
+    pub global_bp: i32,
     pub c1: f32,
     pub c0: f32,
 }

@@ -506,6 +506,8 @@ pub struct TrellisEncode {
     /// Scratch of at least [`TrellisEncodePlan::scratch_bytes`] (16-byte aligned), or 0 when
     /// that is 0.
     pub scratch: u64,
+    /// The most scratch the plan may ask for, bytes (0: [`DEFAULT_ENCODE_SCRATCH`]).
+    pub max_scratch: u64,
     /// Bytes of `bits`.
     pub bit_bytes: u64,
     /// Bytes per row (at least `ceil(cols·k / 8)`).
@@ -526,10 +528,14 @@ pub struct TrellisEncode {
     pub c0: f32,
 }
 
+/// The scratch a trellis encode asks for at most by default: 2 GiB (every back pointer of a
+/// 4096-column layer's sequences of 1024 at `L = 16`, `K = 2` takes 4 MiB per block).
+pub const DEFAULT_ENCODE_SCRATCH: u64 = 2 << 30;
+
 /// How [`Kernels::trellis_encode`] runs a [`TrellisEncode`] on a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TrellisEncodePlan {
-    /// Threads per block (a power of two, 32..=1024).
+    /// Threads per block (a power of two, 32..=512).
     pub threads: usize,
     /// Runs of `2^K` groups of states per thread.
     pub runs_per_thread: usize,
@@ -543,8 +549,11 @@ pub struct TrellisEncodePlan {
     pub shared: usize,
     /// Blocks launched (each takes every `blocks`-th sequence).
     pub blocks: usize,
-    /// Scratch the launch needs (checkpoints of sequences longer than the ring), bytes.
+    /// Scratch the launch needs (for sequences longer than the ring), bytes.
     pub scratch_bytes: usize,
+    /// Whether sequences longer than the ring keep every back pointer in scratch (one search);
+    /// else (when that would pass `max_scratch`) checkpoints (three searches).
+    pub back_pointers_in_scratch: bool,
 }
 
 impl TrellisEncode {
@@ -563,8 +572,9 @@ impl TrellisEncode {
     /// runs `resident(threads, shared)` such blocks at once: the ring takes what the group
     /// costs leave (up to 256 values; blocks of fewer than 1024 threads leave room for a second
     /// block per multiprocessor); short sequences with few boundaries (every boundary tried,
-    /// as on the CPU) need a ring that holds them whole; longer sequences take checkpoints
-    /// every `w1 ≈ √(n·w2)` values.
+    /// as on the CPU) need a ring that holds them whole; longer sequences keep every back
+    /// pointer in scratch, or, where that passes `max_scratch`, checkpoints every
+    /// `w1 ≈ √(n·w2)` values.
     pub fn plan(
         &self,
         max_shared: usize,
@@ -573,14 +583,19 @@ impl TrellisEncode {
         let (l, k) = (self.l as usize, self.k as usize);
         let groups = 1usize << (l - k);
         let runs = groups >> k;
-        let threads = runs.clamp(32, 1024);
-        let word = if k == 4 { 8 } else { 4 };
-        // The kernel's static shared memory, and the group costs.
-        let fixed = 1024 + groups * 4;
-        let per_sm = (1024 / threads).clamp(1, 2);
-        let budget = max_shared / per_sm;
-        let step = threads * word + 1;
-        let ring = (budget.saturating_sub(fixed) / step).min(256);
+        // Up to 512 threads, each with at most 64 bits of back pointers a value (the kernel's
+        // `RMAX` runs).
+        let rmax = [32, 8, 2, 1][k - 1];
+        let threads = (runs / rmax).clamp(32, 512);
+        // The kernel's static shared memory, and the group costs (two buffers).
+        let fixed = 1024 + groups * 8;
+        let step = threads * 8 + 1;
+        // Two blocks a multiprocessor where that still leaves a ring of 64 values.
+        let ring_of = |budget: usize| (budget.saturating_sub(fixed) / step).min(256);
+        let ring = match ring_of(max_shared / 2) {
+            r if r >= 64 => r,
+            _ => ring_of(max_shared),
+        };
         let need = if groups <= 64 { 130 } else { 17 };
         if ring < need {
             return Err(CudaError::InvalidArgument(format!(
@@ -589,18 +604,27 @@ impl TrellisEncode {
                 fixed + need * step
             )));
         }
-        let shared = groups * 4 + ring * step;
+        let shared = groups * 8 + ring * step;
         let w2 = (ring - 1) / 8 * 8;
         // The longest pass (the boundary pass takes at most the sequence's length).
         let n = self.longest();
-        let (w1, slots) = if n < ring {
-            (w2, 0)
+        let blocks = self.sequences().min(resident(threads, shared)?).max(1);
+        let cap = match self.max_scratch {
+            0 => DEFAULT_ENCODE_SCRATCH,
+            c => c,
+        } as usize;
+        // Every back pointer of the longest sequence (and the one before value 0), per block.
+        let all = blocks * (n + 1) * threads * 8;
+        let (w1, scratch_bytes, in_scratch) = if n < ring {
+            (w2, 0, false)
+        } else if all <= cap {
+            (w2, all, true)
         } else {
             let m = ((n as f64 / w2 as f64).sqrt().ceil() as usize).max(2);
             let w1 = m * w2;
-            (w1, (n - 1) / w1 + m - 1)
+            let slots = (n - 1) / w1 + m - 1;
+            (w1, blocks * slots * (groups + 4) * 4, false)
         };
-        let blocks = self.sequences().min(resident(threads, shared)?).max(1);
         Ok(TrellisEncodePlan {
             threads,
             runs_per_thread: (runs / threads).max(1),
@@ -609,7 +633,8 @@ impl TrellisEncode {
             w2,
             shared,
             blocks,
-            scratch_bytes: blocks * slots * (groups + 4) * 4,
+            scratch_bytes,
+            back_pointers_in_scratch: in_scratch,
         })
     }
 
@@ -1576,6 +1601,7 @@ impl Kernels {
             w1: plan.w1 as i32,
             w2: plan.w2 as i32,
             rpt: plan.runs_per_thread as i32,
+            global_bp: i32::from(plan.back_pointers_in_scratch),
             c1: a.c1,
             c0: a.c0,
         };
@@ -1839,6 +1865,7 @@ mod tests {
             x: 16,
             bits: 16,
             scratch: 0,
+            max_scratch: 0,
             bit_bytes: (4096 * (cols * k as usize).div_ceil(8)) as u64,
             row_bytes: (cols * k as usize).div_ceil(8),
             rows: 4096,
@@ -1851,14 +1878,27 @@ mod tests {
         };
         let h200 = 227 * 1024;
         let resident = |_: usize, _: usize| Ok(132);
-        // L = 16, K = 2: 16384 groups of 4-byte costs, a ring of 4 KiB a value.
+        // L = 16, K = 2: two buffers of 16384 groups' 4-byte costs, a ring of 4 KiB a value.
         let p = enc(16, 2, 4096, 1024).plan(h200, resident).unwrap();
-        assert_eq!((p.threads, p.runs_per_thread), (1024, 4));
-        assert!(p.shared <= h200 && p.ring >= 33, "{p:?}");
-        assert!(p.w2 % 8 == 0 && p.w2 < p.ring && p.w1 % p.w2 == 0, "{p:?}");
-        // Checkpoints: every w1 of the 1024 values, and every w2 of a stretch of w1.
-        let slots = 1023 / p.w1 + p.w1 / p.w2 - 1;
-        assert_eq!(p.scratch_bytes, 132 * slots * (16384 + 4) * 4);
+        assert_eq!((p.threads, p.runs_per_thread), (512, 8));
+        assert!(p.shared <= h200 && p.ring >= 17, "{p:?}");
+        assert!(p.w2.is_multiple_of(8) && p.w2 < p.ring, "{p:?}");
+        // Every back pointer of 1024 values (and the start's) per block, in scratch.
+        assert!(p.back_pointers_in_scratch);
+        assert_eq!(p.scratch_bytes, 132 * 1025 * 512 * 8);
+        // Under a smaller cap: checkpoints every w1 of the 1024 values, and every w2 of a
+        // stretch of w1.
+        let capped = TrellisEncode {
+            max_scratch: 64 << 20,
+            ..enc(16, 2, 4096, 1024)
+        };
+        let c = capped.plan(h200, resident).unwrap();
+        assert!(
+            !c.back_pointers_in_scratch && c.w1.is_multiple_of(c.w2),
+            "{c:?}"
+        );
+        let slots = 1023 / c.w1 + c.w1 / c.w2 - 1;
+        assert_eq!(c.scratch_bytes, 132 * slots * (16384 + 4) * 4);
         // Calibrated rows (16 values) fit the ring: no scratch.
         let q = enc(16, 2, 4096, 16).plan(h200, resident).unwrap();
         assert_eq!(q.scratch_bytes, 0);
@@ -1871,13 +1911,12 @@ mod tests {
             ..enc(12, 4, 4096, 1024)
         };
         assert_eq!(few.plan(h200, resident).unwrap().blocks, 12);
-        // K = 1 at L = 16 needs 128 KiB of costs and a ring of 17 values: an H100-sized
-        // budget fits it, an A100-sized one (163 KiB) does not.
-        assert!(enc(16, 1, 4096, 1024).plan(h200, resident).is_ok());
+        // K = 1 at L = 16 needs two buffers of 128 KiB of costs: more than a block has.
         assert!(matches!(
-            enc(16, 1, 4096, 1024).plan(163 * 1024, resident),
+            enc(16, 1, 4096, 1024).plan(h200, resident),
             Err(CudaError::InvalidArgument(_))
         ));
+        assert!(enc(15, 1, 4096, 1024).plan(h200, resident).is_ok());
         assert!(enc(16, 5, 4096, 1024).validate().is_err());
         assert!(enc(16, 2, 4096, 12).validate().is_err());
     }

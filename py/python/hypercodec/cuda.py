@@ -95,14 +95,15 @@ def rht(x2: torch.Tensor, width: int, tile: int, seed: int) -> torch.Tensor:
 
 
 def _trellis_args(x_ptr: int, bits_ptr: int, rows: int, cols: int, l: int, k: int, seq: int,
-                  scale: float | None) -> dict[str, Any]:
+                  scale: float | None, max_scratch: int) -> dict[str, Any]:
     _, c1, c0 = _native.trellis_code(l, k, scale)
     rb = (cols * k + 7) // 8
-    return {"x": x_ptr, "bits": bits_ptr, "scratch": 0, "bit_bytes": rows * rb, "row_bytes": rb, "rows": rows,
-            "cols": cols, "seq": seq, "l": l, "k": k, "c1": c1, "c0": c0}
+    return {"x": x_ptr, "bits": bits_ptr, "scratch": 0, "max_scratch": max_scratch, "bit_bytes": rows * rb,
+            "row_bytes": rb, "rows": rows, "cols": cols, "seq": seq, "l": l, "k": k, "c1": c1, "c0": c0}
 
 
-def trellis_encode(values: torch.Tensor, l: int, k: int, seq: int, scale: float | None = None) -> torch.Tensor:
+def trellis_encode(values: torch.Tensor, l: int, k: int, seq: int, scale: float | None = None,
+                   max_scratch: int = 0) -> torch.Tensor:
     """Bitshift-trellis bits of the rows of ``values`` (CUDA, ``rows × cols`` float32, each row
     about unit variance: RHT and row scale already applied), encoded on the GPU on PyTorch's
     current stream: ``rows × ceil(cols·k/8)`` uint8, each row cut into tail-biting sequences of
@@ -111,9 +112,11 @@ def trellis_encode(values: torch.Tensor, l: int, k: int, seq: int, scale: float 
 
     The search is the CPU encoder's (:func:`hypercodec._native.trellis_encode`), operation for
     operation, and so are the bits. Sequences longer than the back pointers shared memory holds
-    are searched three times from checkpoints kept in a scratch buffer allocated here through
-    PyTorch (:func:`trellis_encode_plan` gives its size: about 1 MiB per block at ``L = 16``,
-    ``K = 2`` and sequences of 1024, freed on return). Non-finite values are refused."""
+    keep them in a scratch buffer allocated here through PyTorch and freed on return
+    (:func:`trellis_encode_plan` gives its size: 4 MiB per block at ``L = 16``, ``K = 2`` and
+    sequences of 1024, 0.5 GiB on an H200); where that would pass ``max_scratch`` bytes (0: 2
+    GiB) they are searched three times from checkpoints instead. Non-finite values are
+    refused."""
     if values.dim() != 2 or values.device.type != "cuda":
         raise _native.InvalidInputError(f"values must be a 2-D CUDA tensor, got {tuple(values.shape)} on {values.device}")
     x = values.to(torch.float32).contiguous()
@@ -121,7 +124,7 @@ def trellis_encode(values: torch.Tensor, l: int, k: int, seq: int, scale: float 
         raise _native.InvalidInputError("values are not all finite")
     rows, cols = x.shape
     bits = torch.empty(rows, (cols * k + 7) // 8, dtype=torch.uint8, device=x.device)
-    args = _trellis_args(_ptr(x), _ptr(bits), rows, cols, l, k, seq, scale)
+    args = _trellis_args(_ptr(x), _ptr(bits), rows, cols, l, k, seq, scale, max_scratch)
     if rows and cols:
         need = kernels(x.device).trellis_encode_plan(args)["scratch_bytes"]
         scratch = torch.empty(need, dtype=torch.uint8, device=x.device) if need else None
@@ -130,13 +133,15 @@ def trellis_encode(values: torch.Tensor, l: int, k: int, seq: int, scale: float 
     return bits
 
 
-def trellis_encode_plan(rows: int, cols: int, l: int, k: int, seq: int, device: torch.device | int = 0) -> dict:
+def trellis_encode_plan(rows: int, cols: int, l: int, k: int, seq: int, device: torch.device | int = 0,
+                        max_scratch: int = 0) -> dict:
     """How :func:`trellis_encode` runs on ``device``: ``threads`` per block, ``runs_per_thread``,
-    the values whose back pointers shared memory holds (``ring``: sequences shorter than it are
-    searched once), the checkpoint spacings ``w1`` and ``w2`` of longer ones, ``shared`` memory
-    per block, ``blocks`` launched and the ``scratch_bytes`` they need."""
+    the values whose back pointers shared memory holds (``ring``: sequences shorter than it
+    need no scratch), ``shared`` memory per block, ``blocks`` launched, the ``scratch_bytes``
+    they need, whether longer sequences keep every back pointer there
+    (``back_pointers_in_scratch``) or are searched from checkpoints every ``w1`` and ``w2``."""
     dev = torch.device("cuda", device) if isinstance(device, int) else device
-    return kernels(dev).trellis_encode_plan(_trellis_args(16, 16, rows, cols, l, k, seq, None))
+    return kernels(dev).trellis_encode_plan(_trellis_args(16, 16, rows, cols, l, k, seq, None, max_scratch))
 
 
 class DeviceLinear:
