@@ -1,13 +1,16 @@
 """The GPU trellis encoder (`hypercodec.cuda.trellis_encode`, kernels/trellis_encode.cu) against
 the CPU encoder (`hypercodec._native.trellis_encode`, every core of the host) in one run.
 
-    python py/benches/cuda_trellis_encode.py [--sizes 4096x4096] [--configs 16:2:1024,...] [--out FILE]
+    python py/benches/cuda_trellis_encode.py [--sizes 4096x4096] [--configs 16:2:1024,...] [--layer SPEC] [--out FILE]
 
 Unit Gaussian rows (what the RHT and row scale make of a weight). GPU: CUDA events around one
 call of the whole tensor, median of 3 after a warm-up. CPU: a sample of rows (--cpu-rows) on
 all cores, scaled to the tensor. Quality: SNR of the decoded sample rows, GPU and CPU bits,
 beside the Gaussian bound 6.02·K dB; `same` is the fraction of the sample's bytes the two
-encoders agree on (1.0 where the sequences fit the GPU's ring of back pointers).
+encoders agree on (1.0: the GPU's search is the CPU's).
+With --layer SPEC (e.g. tcq@2): also a whole layer, `hypercodec.Linear.quantize` of the first
+size with the rows coded on the CPU and with `device=0` (RHT, row scales and the refit stay on
+the CPU), wall-clock seconds, and whether the stored bytes are equal.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def main() -> int:
     ap.add_argument("--configs", default="16:2:1024,16:4:1024,16:2:16,12:2:1024,12:2:16",
                     help="L:K:seq, comma-separated")
     ap.add_argument("--cpu-rows", type=int, default=32)
+    ap.add_argument("--layer", default=None, help="also time Linear.quantize of this spec, CPU vs device=0")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not hcuda.available():
@@ -75,6 +79,18 @@ def main() -> int:
             lines.append(f"| {rows}×{cols} | {l} | {k} | {seq} | {plan['ring']} | {gpu_s:.3f} | {cpu_s:.1f} | "
                          f"{cpu_s / gpu_s:.0f}× | {snr_g:.2f} | {snr_c:.2f} | {6.02 * k:.2f} | {same:.4f} |")
             print(lines[-1], flush=True)
+    if args.layer:
+        rows, cols = map(int, args.sizes.split(",")[0].split("x"))
+        w = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(1)) * 0.02).numpy()
+        t0 = time.perf_counter()
+        gpu = native.Linear.quantize(w, args.layer, device=dev.index or 0)
+        gpu_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cpu = native.Linear.quantize(w, args.layer)
+        cpu_s = time.perf_counter() - t0
+        lines += ["", f"Layer `Linear.quantize(w, {args.layer!r})`, {rows}×{cols}: CPU {cpu_s:.1f} s, "
+                      f"device=0 {gpu_s:.2f} s ({cpu_s / gpu_s:.0f}×); stored bytes equal: {gpu.to_hwz() == cpu.to_hwz()}"]
+        print(lines[-1], flush=True)
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -10,6 +10,62 @@ use hypercodec_kernels_cuda::{
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+thread_local! {
+    /// The kernels [`gpu_trellis_rows`] encodes with on this thread (set by
+    /// [`with_trellis_device`] around one encode).
+    static ENCODER: std::cell::RefCell<Option<std::sync::Arc<Kernels>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Kernels loaded per device for encoding (once each).
+static ENCODE_KERNELS: std::sync::Mutex<Vec<(usize, std::sync::Arc<Kernels>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A [`hypercodec_hwz::TrellisRowsEncoder`] that codes on the GPU the calling thread was given
+/// by [`with_trellis_device`] (declining anywhere else: the CPU codes instead).
+fn gpu_trellis_rows(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    seq: usize,
+    p: &hypercodec_trellis::TrellisParams,
+    bits: &mut [u8],
+) -> Result<(), String> {
+    let k = ENCODER
+        .with(|e| e.borrow().clone())
+        .ok_or("no CUDA device on this thread")?;
+    k.trellis_encode_host(values, rows, cols, seq, (p.l, p.k), p.affine(), bits)
+        .map_err(|e| e.to_string())
+}
+
+/// Runs `f` with trellis rows coded on CUDA device `device` (when given) on this thread: the
+/// encoder for [`hypercodec_hwz::EncodeOptions::trellis_rows`].
+pub(crate) fn with_trellis_device<T>(
+    device: Option<usize>,
+    f: impl FnOnce(Option<hypercodec_hwz::TrellisRowsEncoder>) -> T,
+) -> PyResult<T> {
+    let Some(d) = device else {
+        return Ok(f(None));
+    };
+    let k = {
+        let mut cache = ENCODE_KERNELS
+            .lock()
+            .map_err(|_| PyCudaError::new_err("the encoder cache was poisoned"))?;
+        match cache.iter().find(|(i, _)| *i == d) {
+            Some((_, k)) => k.clone(),
+            None => {
+                let k = std::sync::Arc::new(Kernels::new(d).map_err(cuda_err)?);
+                cache.push((d, k.clone()));
+                k
+            }
+        }
+    };
+    ENCODER.with(|e| *e.borrow_mut() = Some(k));
+    let out = f(Some(hypercodec_hwz::TrellisRowsEncoder(gpu_trellis_rows)));
+    ENCODER.with(|e| *e.borrow_mut() = None);
+    Ok(out)
+}
+
 fn cuda_err(e: CudaError) -> PyErr {
     match e {
         CudaError::InvalidArgument(_) => InvalidInputError::new_err(e.to_string()),

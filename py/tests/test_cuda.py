@@ -20,6 +20,9 @@ def test_without_a_device_loading_is_a_typed_error():
     with pytest.raises(hypercodec.CudaError):
         hypercodec._native.CudaKernels(0)
     assert hcuda.available() is False
+    w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    with pytest.raises(hypercodec.CudaError):
+        hypercodec.Linear.quantize(w, "tcq@2-l12", device=0)
 
 
 def test_device_forms_name_the_stored_codes():
@@ -485,3 +488,20 @@ def test_cuda_trellis_encoder_refuses_what_it_cannot_encode():
     with pytest.raises(hypercodec.InvalidInputError):
         hcuda.trellis_encode(x.cpu(), 12, 2, 16)
     assert hcuda.trellis_encode(torch.empty(0, 64, device="cuda"), 12, 2, 16).shape == (0, 16)
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", ["tcq@2", "tcq@4-l12", "tcq@3-l14"])
+def test_trellis_layers_of_cuda_weights_are_coded_on_the_gpu_with_the_cpus_bits(spec):
+    torch.manual_seed(5)
+    lin = torch.nn.Linear(512, 96)
+    with torch.no_grad():
+        lin.weight[3].zero_()  # a zero row keeps zero bits and scale 0
+        lin.weight[7] *= 1e3
+    w = lin.weight.detach().numpy().copy()
+    b = lin.bias.detach().numpy().copy()
+    cpu = hypercodec.Linear.quantize(w, spec, b)
+    gpu = hypercodec.Linear.quantize(w, spec, b, device=torch.cuda.current_device())
+    assert gpu.to_hwz() == cpu.to_hwz()
+    layer = hnn.HyperLinear.from_linear(lin.cuda(), spec)
+    assert layer.op.to_hwz() == cpu.to_hwz()

@@ -248,6 +248,7 @@ fn compress(args: &CompressArgs) -> Result<()> {
         },
         allow_non_finite: args.allow_non_finite,
         lattice_scale: args.lattice_scale.into(),
+        trellis_rows: None,
         calibration: match &args.calibration {
             Some(p) => Some(std::sync::Arc::new(hypercodec_pipeline::Calibration::open(
                 p,

@@ -78,9 +78,15 @@ fn encode_as(
             None,
             options.lattice_scale,
         )?,
-        Encoding::Trellis { .. } => {
-            crate::trellis_codec::encode(tensor, values, rows, cols, encoding, None)?
-        }
+        Encoding::Trellis { .. } => crate::trellis_codec::encode(
+            tensor,
+            values,
+            rows,
+            cols,
+            encoding,
+            None,
+            options.trellis_rows,
+        )?,
         Encoding::Mixed { .. } | Encoding::Exceptions { .. } => {
             return encode_nested(tensor, values, rows, cols, encoding, options);
         }
@@ -286,7 +292,7 @@ impl<'a> Calibrated<'a> {
                 Some(f),
                 options.lattice_scale,
             )?,
-            _ => crate::trellis_codec::encode(tensor, values, rows, cols, encoding, Some(f))?,
+            _ => crate::trellis_codec::encode(tensor, values, rows, cols, encoding, Some(f), None)?,
         };
         Ok(EncodedTensor {
             encoding: encoding.clone(),

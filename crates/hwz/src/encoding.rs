@@ -591,6 +591,39 @@ pub fn legacy_matrix_shape(shape: &[u64]) -> Vec<u64> {
     }
 }
 
+/// A trellis encoder of whole rows that stands in for the CPU's (`hypercodec_trellis::Encoder`;
+/// a GPU's, in the Python wheel): given `rows × cols` values (each row after its RHT and
+/// divided by its RMS), the sequence length and the code, it writes the bits the CPU encoder
+/// would (`rows · ceil(cols·K/8)` bytes, each row cut by `hypercodec_trellis::row_sequences`),
+/// or says why it cannot (then the CPU encodes). Error-feedback rounding (calibrated
+/// trellis) always codes on the CPU: each sequence waits for the previous one's error.
+#[derive(Clone, Copy)]
+pub struct TrellisRowsEncoder(pub TrellisRowsFn);
+
+/// The function of a [`TrellisRowsEncoder`]: `(values, rows, cols, seq, params, bits)`.
+pub type TrellisRowsFn = fn(
+    &[f32],
+    usize,
+    usize,
+    usize,
+    &hypercodec_trellis::TrellisParams,
+    &mut [u8],
+) -> std::result::Result<(), String>;
+
+impl std::fmt::Debug for TrellisRowsEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TrellisRowsEncoder(..)")
+    }
+}
+
+impl PartialEq for TrellisRowsEncoder {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::fn_addr_eq(self.0, other.0)
+    }
+}
+
+impl Eq for TrellisRowsEncoder {}
+
 /// Options of [`crate::encode`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EncodeOptions {
@@ -600,6 +633,9 @@ pub struct EncodeOptions {
     /// Which RMS sets an entropy-coded lattice row's step (an encoder choice: the format and
     /// the decoder are the same either way).
     pub lattice_scale: LatticeScale,
+    /// Trellis rows coded by this encoder instead of the CPU's (the same bits). By default,
+    /// none.
+    pub trellis_rows: Option<TrellisRowsEncoder>,
 }
 
 /// The RMS that sets the step of an entropy-coded lattice row, `step = scale / α`.

@@ -21,8 +21,9 @@ pub use codebook_codec::{codebook_template, encode as encode_codebook, CodebookS
 pub use codec::{decode_into, encode, encode_calibrated, encode_to_rate, Calibrated};
 pub use encoding::{
     element_count, legacy_matrix_shape, matrix_view, role, Assignments, Coding, EncodeOptions,
-    EncodedTensor, Encoding, LatticeScale, Residual, StreamLen, GPU_CHUNK_SYMBOLS, KNOWN_ENCODINGS,
-    MAX_ELEMENTS, MAX_MODEL_LEN, MAX_RANK, MAX_SYMBOLS_PER_BYTE,
+    EncodedTensor, Encoding, LatticeScale, Residual, StreamLen, TrellisRowsEncoder,
+    GPU_CHUNK_SYMBOLS, KNOWN_ENCODINGS, MAX_ELEMENTS, MAX_MODEL_LEN, MAX_RANK,
+    MAX_SYMBOLS_PER_BYTE,
 };
 pub use error::{HwzError, Result};
 pub use hypercodec_hdc::residual::top_k as top_k_errors;

@@ -988,3 +988,70 @@ fn scales_f16_cannot_hold_are_stored_as_bf16_and_decode() {
         })
     ));
 }
+
+/// A stand-in rows encoder that codes every row with the CPU's encoder (so its bits are the
+/// row-by-row path's), counting its calls.
+fn cpu_rows(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    seq: usize,
+    p: &hypercodec_trellis::TrellisParams,
+    bits: &mut [u8],
+) -> std::result::Result<(), String> {
+    ROWS_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let k = p.k as usize;
+    let rb = (cols * k).div_ceil(8);
+    assert_eq!((x.len(), bits.len()), (rows * cols, rows * rb));
+    let mut enc = hypercodec_trellis::Encoder::new(p).map_err(|e| e.to_string())?;
+    for (row, b) in x.chunks_exact(cols).zip(bits.chunks_exact_mut(rb)) {
+        for r in hypercodec_trellis::row_sequences(cols, seq) {
+            enc.encode_into(
+                &row[r.clone()],
+                &mut b[r.start * k / 8..(r.end * k).div_ceil(8)],
+            )
+            .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+static ROWS_CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn declining_rows(
+    _: &[f32],
+    _: usize,
+    _: usize,
+    _: usize,
+    _: &hypercodec_trellis::TrellisParams,
+    bits: &mut [u8],
+) -> std::result::Result<(), String> {
+    bits.iter_mut().for_each(|b| *b = 0xA5);
+    Err("no device".into())
+}
+
+#[test]
+fn a_rows_encoder_gives_the_row_by_row_streams_and_a_declining_one_changes_nothing() {
+    let (rows, cols) = (37usize, 192usize);
+    let mut x = gaussian(rows * cols, 21);
+    // A zero row, a tiny row and a large one.
+    x[3 * cols..4 * cols].iter_mut().for_each(|v| *v = 0.0);
+    x[5 * cols..6 * cols].iter_mut().for_each(|v| *v *= 1e-3);
+    x[7 * cols..8 * cols].iter_mut().for_each(|v| *v *= 300.0);
+    let mut e = Encoding::trellis(12, 2, 64, 3);
+    if let Encoding::Trellis { seq, .. } = &mut e {
+        *seq = 64;
+    }
+    let shape = [rows as u64, cols as u64];
+    let plain = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
+    let before = ROWS_CALLS.load(std::sync::atomic::Ordering::Relaxed);
+    let with = |f| EncodeOptions {
+        trellis_rows: Some(TrellisRowsEncoder(f)),
+        ..EncodeOptions::default()
+    };
+    let batched = encode("w", &x, &shape, &e, with(cpu_rows)).unwrap();
+    assert!(ROWS_CALLS.load(std::sync::atomic::Ordering::Relaxed) > before);
+    assert_eq!(batched.streams, plain.streams);
+    let declined = encode("w", &x, &shape, &e, with(declining_rows)).unwrap();
+    assert_eq!(declined.streams, plain.streams);
+}

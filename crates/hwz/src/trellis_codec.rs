@@ -71,6 +71,8 @@ impl TrellisLayout {
 /// With `feedback` (the LDLQ factor of the layer's input statistics, rotated by this
 /// encoding's RHT: [`rotate_hessian`]), each row's sequences are coded left to right and each
 /// sequence's error is fed into the columns not yet coded (GPTQ's rule, sequence by sequence).
+/// Without, `rows_encoder` (when given) codes every row at once (see
+/// [`crate::TrellisRowsEncoder`]); where it declines, the CPU does.
 pub(crate) fn encode(
     tensor: &str,
     values: &[f32],
@@ -78,6 +80,7 @@ pub(crate) fn encode(
     cols: u64,
     encoding: &Encoding,
     feedback: Option<&scalar::ldlq::Ldlq>,
+    rows_encoder: Option<crate::TrellisRowsEncoder>,
 ) -> Result<Vec<(&'static str, Vec<u8>)>> {
     let t = TrellisLayout::of(tensor, encoding)?;
     let (rows, cols) = (rows as usize, cols as usize);
@@ -94,6 +97,15 @@ pub(crate) fn encode(
         let rht = t.rht(tensor, cols)?;
         // About 2^16 values per job, so a tensor's rows spread over the pool.
         let rows_per_job = (65_536 / cols).max(1);
+        let batched = match (rows_encoder, feedback) {
+            (Some(enc), None) => {
+                encode_batched(tensor, values, cols, &t, &rht, enc, &mut bits, &mut scales)?
+            }
+            _ => false,
+        };
+        if batched {
+            return finish(tensor, values, cols, &t, bits, scales);
+        }
         let jobs: Vec<(usize, &mut [u8], &mut [f32])> = bits
             .chunks_mut(rows_per_job * rb)
             .zip(scales.chunks_mut(rows_per_job))
@@ -115,6 +127,19 @@ pub(crate) fn encode(
         .into_iter()
         .collect::<Result<()>>()?;
     }
+    finish(tensor, values, cols, &t, bits, scales)
+}
+
+/// The streams of a coded tensor: its row scales checked (finite, not below what their type
+/// holds) and stored, and its bits.
+fn finish(
+    tensor: &str,
+    values: &[f32],
+    cols: usize,
+    t: &TrellisLayout,
+    bits: Vec<u8>,
+    scales: Vec<f32>,
+) -> Result<Vec<(&'static str, Vec<u8>)>> {
     if let Some(row) = scales.iter().position(|s| !s.is_finite()) {
         let value = values[row * cols..(row + 1) * cols]
             .iter()
@@ -226,24 +251,113 @@ fn encode_rows(
                 }
             }
         }
-        tcq::decode_row(b, t.seq, &t.params, &mut decoded).map_err(tcq_err(tensor))?;
-        // The least-squares scale of the chosen codes, in units of the row's RMS (with
-        // statistics: the least output error, `cᵀHu / cᵀHc`).
-        let (xc, cc) = u
-            .iter()
-            .zip(&decoded)
-            .fold((0f64, 0f64), |(a, b), (&x, &c)| {
-                (a + x as f64 * c as f64, b + c as f64 * c as f64)
-            });
-        let plain = if cc > 0.0 { xc / cc } else { 1.0 };
-        let fitted = feedback
-            .and_then(|f| f.fit(&u, &decoded))
-            .filter(|&h| h > 0.0)
-            .map(|h| t.scale_dtype.round((rms * h) as f32))
-            .filter(|v| v.is_finite());
-        *s = fitted.unwrap_or_else(|| t.scale_dtype.round((rms * plain) as f32));
+        *s = refit(tensor, &u, b, rms, t, feedback, &mut decoded)?;
     }
     Ok(())
+}
+
+/// The scale of a coded row (`u`, its values over their RMS `rms`, coded as `b`): the
+/// least-squares scale of the chosen codes, in units of the row's RMS (with statistics: the
+/// least output error, `cᵀHu / cᵀHc`), rounded to the storage type.
+fn refit(
+    tensor: &str,
+    u: &[f32],
+    b: &[u8],
+    rms: f64,
+    t: &TrellisLayout,
+    feedback: Option<&scalar::ldlq::Ldlq>,
+    decoded: &mut [f32],
+) -> Result<f32> {
+    tcq::decode_row(b, t.seq, &t.params, decoded).map_err(tcq_err(tensor))?;
+    let (xc, cc) = u
+        .iter()
+        .zip(decoded.iter())
+        .fold((0f64, 0f64), |(a, b), (&x, &c)| {
+            (a + x as f64 * c as f64, b + c as f64 * c as f64)
+        });
+    let plain = if cc > 0.0 { xc / cc } else { 1.0 };
+    let fitted = feedback
+        .and_then(|f| f.fit(u, decoded))
+        .filter(|&h| h > 0.0)
+        .map(|h| t.scale_dtype.round((rms * h) as f32))
+        .filter(|v| v.is_finite());
+    Ok(fitted.unwrap_or_else(|| t.scale_dtype.round((rms * plain) as f32)))
+}
+
+/// Codes every row at once with `enc`: the rows rotated and normalized on the pool, coded by
+/// `enc`, then their scales refit on the pool. The same streams as the row-by-row path (a zero
+/// row keeps zero bits and scale 0). `false` (nothing written) where `enc` declines.
+#[allow(clippy::too_many_arguments)]
+fn encode_batched(
+    tensor: &str,
+    values: &[f32],
+    cols: usize,
+    t: &TrellisLayout,
+    rht: &Rht,
+    enc: crate::TrellisRowsEncoder,
+    bits: &mut [u8],
+    scales: &mut [f32],
+) -> Result<bool> {
+    let rows = scales.len();
+    let rb = t.row_bytes(cols);
+    let rows_per_job = (65_536 / cols).max(1);
+    let mut u = vec![0f32; rows * cols];
+    let mut rms = vec![0f64; rows];
+    crate::par::map(
+        u.chunks_mut(rows_per_job * cols)
+            .zip(rms.chunks_mut(rows_per_job))
+            .zip(values.chunks(rows_per_job * cols))
+            .collect::<Vec<_>>(),
+        |((u, rms), x)| {
+            for ((u, r), x) in u
+                .chunks_exact_mut(cols)
+                .zip(rms.iter_mut())
+                .zip(x.chunks_exact(cols))
+            {
+                u.copy_from_slice(x);
+                rht.forward(u);
+                *r = (u.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64).sqrt();
+                if *r > 0.0 && r.is_finite() {
+                    let inv = (1.0 / *r) as f32;
+                    u.iter_mut().for_each(|v| *v *= inv);
+                } else {
+                    u.iter_mut().for_each(|v| *v = 0.0);
+                }
+            }
+        },
+    );
+    if (enc.0)(&u, rows, cols, t.seq, &t.params, bits).is_err() {
+        // Whatever it wrote goes: the row-by-row path leaves zero rows' bits as they are.
+        bits.iter_mut().for_each(|b| *b = 0);
+        return Ok(false);
+    }
+    crate::par::map(
+        bits.chunks_mut(rows_per_job * rb)
+            .zip(scales.chunks_mut(rows_per_job))
+            .zip(u.chunks(rows_per_job * cols).zip(rms.chunks(rows_per_job)))
+            .collect::<Vec<_>>(),
+        |((b, s), (u, rms))| -> Result<()> {
+            let mut decoded = vec![0f32; cols];
+            for (((b, s), u), &rms) in b
+                .chunks_exact_mut(rb)
+                .zip(s.iter_mut())
+                .zip(u.chunks_exact(cols))
+                .zip(rms)
+            {
+                if !(rms > 0.0 && rms.is_finite()) {
+                    // A zero row: zero bits, scale 0 (as row by row).
+                    b.iter_mut().for_each(|v| *v = 0);
+                    *s = if rms == 0.0 { 0.0 } else { f32::INFINITY };
+                    continue;
+                }
+                *s = refit(tensor, u, b, rms, t, None, &mut decoded)?;
+            }
+            Ok(())
+        },
+    )
+    .into_iter()
+    .collect::<Result<()>>()?;
+    Ok(true)
 }
 
 /// Decodes rows `a..b` of a trellis tensor into `out` (`(b − a) · cols` values).

@@ -221,6 +221,67 @@ impl Module {
     }
 }
 
+/// Device memory the crate allocates itself (host-buffer conveniences only), freed on drop.
+pub(crate) struct DeviceBuffer<'m> {
+    module: &'m Module,
+    ptr: sys::CUdeviceptr,
+}
+
+impl DeviceBuffer<'_> {
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for DeviceBuffer<'_> {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            if let Ok(_p) = Pushed::new(self.module.ctx) {
+                // SAFETY: allocated by `alloc` in this context, freed once.
+                unsafe { sys::cuMemFree_v2(self.ptr) };
+            }
+        }
+    }
+}
+
+impl Module {
+    /// `bytes` of device memory (none for 0).
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<DeviceBuffer<'_>> {
+        let mut ptr = 0;
+        if bytes > 0 {
+            let _p = Pushed::new(self.ctx)?;
+            // SAFETY: plain out-pointer.
+            check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+        }
+        Ok(DeviceBuffer { module: self, ptr })
+    }
+
+    /// Copies `src` to the start of `dst` (which holds at least as many bytes), synchronously.
+    pub(crate) fn upload(&self, dst: &DeviceBuffer<'_>, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let _p = Pushed::new(self.ctx)?;
+        // SAFETY: the caller sized `dst`; `src` is a live host slice.
+        check("cuMemcpyHtoD", unsafe {
+            sys::cuMemcpyHtoD_v2(dst.ptr, src.as_ptr() as *const c_void, src.len())
+        })
+    }
+
+    /// Copies the start of `src` into `dst`, after the work queued on the legacy default
+    /// stream.
+    pub(crate) fn download(&self, dst: &mut [u8], src: &DeviceBuffer<'_>) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let _p = Pushed::new(self.ctx)?;
+        // SAFETY: the caller sized `src`; `dst` is a live host slice.
+        check("cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src.ptr, dst.len())
+        })
+    }
+}
+
 impl Drop for Module {
     fn drop(&mut self) {
         // SAFETY: the module was loaded in this retained context; both are released once.

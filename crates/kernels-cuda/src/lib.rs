@@ -46,6 +46,18 @@ mod driver {
             Err(CudaError::NotCompiled)
         }
 
+        pub(crate) fn alloc(&self, _bytes: usize) -> Result<DeviceBuffer> {
+            Err(CudaError::NotCompiled)
+        }
+
+        pub(crate) fn upload(&self, _dst: &DeviceBuffer, _src: &[u8]) -> Result<()> {
+            Err(CudaError::NotCompiled)
+        }
+
+        pub(crate) fn download(&self, _dst: &mut [u8], _src: &DeviceBuffer) -> Result<()> {
+            Err(CudaError::NotCompiled)
+        }
+
         pub(crate) unsafe fn launch(
             &self,
             _f: usize,
@@ -56,6 +68,14 @@ mod driver {
             _params: &mut [*mut std::ffi::c_void],
         ) -> Result<()> {
             Err(CudaError::NotCompiled)
+        }
+    }
+
+    pub(crate) struct DeviceBuffer;
+
+    impl DeviceBuffer {
+        pub(crate) fn ptr(&self) -> u64 {
+            0
         }
     }
 }
@@ -1569,6 +1589,70 @@ impl Kernels {
                 .inner
                 .resident_blocks(f, threads as u32, shared as u32)? as usize)
         })
+    }
+
+    /// Encodes host rows with the trellis encoder ([`TrellisEncode`]'s layout: `values` of
+    /// `rows × cols`, `bits` of `rows · ceil(cols·k/8)` bytes), synchronously: the rows go to
+    /// device memory this call allocates (up to about 256 MiB of values at a time, plus the
+    /// plan's scratch) and frees, on the legacy default stream. For offline compression,
+    /// where no framework owns the buffers; [`Kernels::trellis_encode`] takes device pointers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn trellis_encode_host(
+        &self,
+        values: &[f32],
+        rows: usize,
+        cols: usize,
+        seq: usize,
+        (l, k): (u8, u8),
+        (c1, c0): (f32, f32),
+        bits: &mut [u8],
+    ) -> Result<()> {
+        let rb = (cols * k as usize).div_ceil(8);
+        if values.len() != rows * cols || bits.len() != rows * rb {
+            return Err(CudaError::InvalidArgument(format!(
+                "{} values and {} bytes for {rows} rows of {cols}",
+                values.len(),
+                bits.len()
+            )));
+        }
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        let per = ((256usize << 20) / (cols * 4)).clamp(1, rows);
+        let shape = |n: usize, x: u64, b: u64, scratch: u64| TrellisEncode {
+            x,
+            bits: b,
+            scratch,
+            max_scratch: 0,
+            bit_bytes: (n * rb) as u64,
+            row_bytes: rb,
+            rows: n,
+            cols,
+            seq,
+            l,
+            k,
+            c1,
+            c0,
+        };
+        let plan = self.trellis_encode_plan(&shape(per, 16, 16, 0))?;
+        let dx = self.inner.alloc(per * cols * 4)?;
+        let db = self.inner.alloc(per * rb)?;
+        let ds = self.inner.alloc(plan.scratch_bytes)?;
+        for r0 in (0..rows).step_by(per) {
+            let n = per.min(rows - r0);
+            let src = &values[r0 * cols..(r0 + n) * cols];
+            // SAFETY: f32 has no invalid bit patterns; the byte view covers the same memory.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(src.as_ptr() as *const u8, std::mem::size_of_val(src))
+            };
+            self.inner.upload(&dx, bytes)?;
+            // SAFETY: the buffers hold what the shape states (the scratch is the plan's for
+            // `per` rows, at least what fewer rows need).
+            unsafe { self.trellis_encode(&shape(n, dx.ptr(), db.ptr(), ds.ptr()), 0)? };
+            self.inner
+                .download(&mut bits[r0 * rb..(r0 + n) * rb], &db)?;
+        }
+        Ok(())
     }
 
     /// Launches the trellis encoder: every sequence's bits written, nothing else.

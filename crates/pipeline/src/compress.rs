@@ -46,6 +46,9 @@ pub struct CompressOptions {
     /// The step of entropy-coded lattice rows (also for a planner's candidates). By default,
     /// each row's own RMS ([`hwz::LatticeScale::Row`]).
     pub lattice_scale: hwz::LatticeScale,
+    /// Trellis rows coded by this encoder instead of the CPU's (the same bits; a GPU's, from
+    /// the Python wheel). By default, none.
+    pub trellis_rows: Option<hwz::TrellisRowsEncoder>,
 }
 
 impl Default for CompressOptions {
@@ -61,6 +64,7 @@ impl Default for CompressOptions {
             allow_non_finite: false,
             calibration: None,
             lattice_scale: hwz::LatticeScale::Row,
+            trellis_rows: None,
         }
     }
 }
@@ -127,6 +131,7 @@ pub fn compress(
     let opts = EncodeOptions {
         allow_non_finite: options.allow_non_finite,
         lattice_scale: options.lattice_scale,
+        trellis_rows: options.trellis_rows,
     };
     let chooser = match &options.route {
         Route::Planner(p) => Some(Chooser::new(PlanOptions {

@@ -78,6 +78,19 @@ def _f32(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float32).cpu().contiguous().numpy()
 
 
+def _quantize(w: torch.Tensor, spec: str, bias: np.ndarray | None, hessian: np.ndarray | None = None) -> _native.Linear:
+    """``Linear.quantize`` of ``w``; a weight on a CUDA device has trellis specs coded on that
+    GPU (the same bits; the CPU codes them where the kernels cannot load)."""
+    x = _f32(w)
+    if w.is_cuda and "tcq" in spec:
+        device = w.device.index if w.device.index is not None else torch.cuda.current_device()
+        try:
+            return _native.Linear.quantize(x, spec, bias, hessian, device=device)
+        except _native.CudaError:
+            pass
+    return _native.Linear.quantize(x, spec, bias, hessian)
+
+
 HWZ_KEY = "weight_hwz"
 #: Per-layer entries that copies and pickles rebuild instead of carrying: device forms and W8A8
 #: weights (raw device pointers, device tensors), a compiled call (it would run the original).
@@ -507,10 +520,12 @@ class HyperLinear(_StoredForm, nn.Module):
         """Quantizes ``layer``'s weight with the candidate ``spec`` (e.g. ``int4``, ``e8@4``);
         ``trainable`` keeps a float master copy for straight-through training; ``hessian``
         (``E[x·xᵀ]`` of the layer's inputs, see :func:`collect_hessians`) rounds with error
-        feedback where the spec has it (affine, lattice, trellis)."""
+        feedback where the spec has it (affine, lattice, trellis). A weight on a CUDA device
+        has trellis specs coded on that GPU (the CPU encoder's bits; see
+        :func:`hypercodec.cuda.trellis_encode`)."""
         b = _f32(layer.bias) if layer.bias is not None else None
         h = None if hessian is None else np.ascontiguousarray(hessian, dtype=np.float32)
-        op = _native.Linear.quantize(_f32(layer.weight), spec, b, h)
+        op = _quantize(layer.weight, spec, b, h)
         return cls(op, layer if trainable else None, spec, refresh_every)
 
     def refresh(self) -> None:
@@ -518,7 +533,7 @@ class HyperLinear(_StoredForm, nn.Module):
         if self.weight is None or self.spec is None:
             return
         b = _f32(self.bias) if self.bias is not None else None
-        self.op = _native.Linear.quantize(_f32(self.weight), self.spec, b)
+        self.op = _quantize(self.weight, self.spec, b)
         self._wq = None
         self._hwz = None
 
