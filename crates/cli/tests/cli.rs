@@ -363,6 +363,30 @@ fn usage_errors_are_reported() {
         Some(1)
     );
     assert_eq!(run(&["frobnicate"]).status.code(), Some(2));
+    // `--device`: a malformed name, and (on a machine without a GPU, as in CI) no device; on a
+    // GPU machine the run succeeds with the CPU's bits.
+    let dir = tempfile::tempdir().unwrap();
+    let hwz = dir.path().join("t.hwz");
+    let trellis = [
+        "compress",
+        "gaussian:8x256",
+        p(&hwz),
+        "--encoding",
+        "trellis",
+    ];
+    let bad = run(&[&trellis[..], &["--device", "gpu"]].concat());
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--device"));
+    let cuda = run(&[&trellis[..], &["--device", "cuda:0"]].concat());
+    if cuda.status.success() {
+        let gpu = std::fs::read(&hwz).unwrap();
+        ok(&trellis);
+        assert_eq!(gpu, std::fs::read(&hwz).unwrap());
+    } else {
+        let err = String::from_utf8_lossy(&cuda.stderr);
+        assert!(err.contains("--device") && err.contains("CUDA"), "{err}");
+        assert!(!hwz.exists());
+    }
 }
 
 #[test]

@@ -99,6 +99,7 @@ def compress_file(input: str | os.PathLike, output: str | os.PathLike, **options
     ``hypercodec compress`` does; returns the archive's summary (:func:`inspect`).
 
     >>> hypercodec.compress_file("model.safetensors", "model.hwz", encoding="lattice", bps=4)  # doctest: +SKIP
+    >>> hypercodec.compress_file("model.safetensors", "model.hwz", encoding="trellis", bits=2, device="cuda")  # doctest: +SKIP
     """
     if os.fspath(input).endswith(PT_SUFFIXES):
         return compress_state_dict(read_pt(input), output, **options)
