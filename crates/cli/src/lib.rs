@@ -203,7 +203,7 @@ fn device_encoder(device: Option<&str>) -> Result<Option<hwz::TrellisRowsEncoder
     };
     if GPU.get().is_none() {
         let k = hypercodec_kernels_cuda::Kernels::new(ordinal)
-            .map_err(|e| PipelineError::option("--device", &e.to_string()))?;
+            .map_err(|e| PipelineError::option("--device", e.to_string()))?;
         let _ = GPU.set(k);
     }
     Ok(Some(hwz::TrellisRowsEncoder(trellis_rows_on_gpu)))
