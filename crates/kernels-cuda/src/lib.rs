@@ -479,22 +479,13 @@ impl TrellisGemv {
                 self.rows, self.cols
             ));
         }
-        // Every sequence must hold the state (the format's rule): the shortest is the whole
-        // row when the row is shorter than `seq`, else `seq`.
-        if self.cols > 0 && self.cols.min(self.seq) * (self.k as usize) < self.l as usize {
-            return bad(format!(
-                "trellis rows of {} values cannot hold a {}-bit state",
-                self.cols, self.l
-            ));
-        }
-        if self.row_bytes < (self.cols * self.k as usize).div_ceil(8)
-            || (self.bit_bytes as u128) < self.rows as u128 * self.row_bytes as u128
-        {
-            return bad(format!(
-                "{} bytes for {} rows of {} bytes",
-                self.bit_bytes, self.rows, self.row_bytes
-            ));
-        }
+        trellis_rows_fit(
+            (self.l, self.k),
+            self.seq,
+            (self.rows, self.cols),
+            self.row_bytes,
+            self.bit_bytes,
+        )?;
         if self.bits == 0
             || self.row_scales == 0
             || (self.batch > 0 && (self.xr == 0 || self.y == 0))
@@ -503,6 +494,31 @@ impl TrellisGemv {
         }
         Ok(())
     }
+}
+
+/// Checks that `rows × cols` trellis values in sequences of `seq` fit their bits: every
+/// sequence holds the `l`-bit state (the format's rule: the shortest is the whole row when the
+/// row is shorter than `seq`, else `seq`), and `bit_bytes` holds the rows of `row_bytes`.
+fn trellis_rows_fit(
+    (l, k): (u8, u8),
+    seq: usize,
+    (rows, cols): (usize, usize),
+    row_bytes: usize,
+    bit_bytes: u64,
+) -> Result<()> {
+    if cols > 0 && cols.min(seq) * (k as usize) < l as usize {
+        return Err(CudaError::InvalidArgument(format!(
+            "trellis rows of {cols} values cannot hold a {l}-bit state"
+        )));
+    }
+    if row_bytes < (cols * k as usize).div_ceil(8)
+        || (bit_bytes as u128) < rows as u128 * row_bytes as u128
+    {
+        return Err(CudaError::InvalidArgument(format!(
+            "{bit_bytes} bytes for {rows} rows of {row_bytes} bytes"
+        )));
+    }
+    Ok(())
 }
 
 /// Encodes rows of values with the bitshift trellis (`hypercodec_trellis::Encoder`'s Viterbi
@@ -676,20 +692,13 @@ impl TrellisEncode {
                 self.rows, self.cols
             ));
         }
-        if self.cols > 0 && self.cols.min(self.seq) * (self.k as usize) < self.l as usize {
-            return bad(format!(
-                "trellis rows of {} values cannot hold a {}-bit state",
-                self.cols, self.l
-            ));
-        }
-        if self.row_bytes < (self.cols * self.k as usize).div_ceil(8)
-            || (self.bit_bytes as u128) < self.rows as u128 * self.row_bytes as u128
-        {
-            return bad(format!(
-                "{} bytes for {} rows of {} bytes",
-                self.bit_bytes, self.rows, self.row_bytes
-            ));
-        }
+        trellis_rows_fit(
+            (self.l, self.k),
+            self.seq,
+            (self.rows, self.cols),
+            self.row_bytes,
+            self.bit_bytes,
+        )?;
         if self.rows * self.cols > 0 && (self.x == 0 || self.bits == 0) {
             return bad("a null pointer".into());
         }
