@@ -381,6 +381,9 @@ __device__ __forceinline__ void hc_te_pass(const TrellisEncodeArgs& a, uint32_t*
         if (stage == 0) {
             s = v.end(e, fixed, &cost);
             if (threadIdx.x == 0) hc_te_cost = (double)__uint_as_float(cost & ~TM) + offset;
+            // Thread 0 has read the end before any thread starts the next search (which
+            // rewrites these costs).
+            __syncthreads();
         }
         if (global) {
             // Stretches of w2 from the last, copied from scratch into the ring and traced.

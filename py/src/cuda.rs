@@ -60,10 +60,18 @@ pub(crate) fn with_trellis_device<T>(
             }
         }
     };
+    /// Clears the thread's encoder however `f` ends (a panic included).
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            ENCODER.with(|e| *e.borrow_mut() = None);
+        }
+    }
     ENCODER.with(|e| *e.borrow_mut() = Some(k));
-    let out = f(Some(hypercodec_hwz::TrellisRowsEncoder(gpu_trellis_rows)));
-    ENCODER.with(|e| *e.borrow_mut() = None);
-    Ok(out)
+    let _reset = Reset;
+    Ok(f(Some(hypercodec_hwz::TrellisRowsEncoder(
+        gpu_trellis_rows,
+    ))))
 }
 
 fn cuda_err(e: CudaError) -> PyErr {

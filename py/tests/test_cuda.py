@@ -482,6 +482,9 @@ def test_cuda_trellis_encoder_refuses_what_it_cannot_encode():
         hcuda.trellis_encode(x, 16, 1, 8)  # 8 values of 1 bit cannot hold a 16-bit state
     with pytest.raises(hypercodec.InvalidInputError):
         hcuda.trellis_encode(x, 16, 1, 64)  # two buffers of 2^15 costs: more than a block has
+    x[1, 3] = 1e20  # squared errors near f32's overflow
+    with pytest.raises(hypercodec.InvalidInputError):
+        hcuda.trellis_encode(x, 12, 2, 16)
     x[1, 3] = float("nan")
     with pytest.raises(hypercodec.InvalidInputError):
         hcuda.trellis_encode(x, 12, 2, 16)

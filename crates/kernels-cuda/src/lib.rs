@@ -535,14 +535,16 @@ fn trellis_rows_fit(
 /// pointers per value.
 #[derive(Debug, Clone, Copy)]
 pub struct TrellisEncode {
-    /// The values, f32, `rows × cols`, row after row.
+    /// The values, f32, `rows × cols`, row after row; at most [`MAX_ENCODE_VALUE`] in
+    /// magnitude (the caller's contract: the search's ordering of costs, and so its bits,
+    /// assume it).
     pub x: u64,
     /// The output bits, `rows · row_bytes` bytes.
     pub bits: u64,
-    /// Scratch of at least [`TrellisEncodePlan::scratch_bytes`] (16-byte aligned), or 0 when
-    /// that is 0.
+    /// Scratch (16-byte aligned) of `max_scratch` bytes, or 0 when the plan needs none.
     pub scratch: u64,
-    /// The most scratch the plan may ask for, bytes (0: [`DEFAULT_ENCODE_SCRATCH`]).
+    /// Bytes of `scratch`: the plan asks for at most this much (0, when only planning: up to
+    /// [`DEFAULT_ENCODE_SCRATCH`]); a launch that needs scratch checks it against this.
     pub max_scratch: u64,
     /// Bytes of `bits`.
     pub bit_bytes: u64,
@@ -563,6 +565,11 @@ pub struct TrellisEncode {
     /// The code's offset (the same).
     pub c0: f32,
 }
+
+/// The largest magnitude [`Kernels::trellis_encode_host`] encodes (rows are meant to be about
+/// unit variance): squared errors stay far from f32's overflow, where the search's ordering
+/// of costs (and so its bits) would stop being the CPU's.
+pub const MAX_ENCODE_VALUE: f32 = 1e15;
 
 /// The scratch a trellis encode asks for at most by default: 2 GiB (every back pointer of a
 /// 4096-column layer's sequences of 1024 at `L = 16`, `K = 2` takes 4 MiB per block).
@@ -644,23 +651,36 @@ impl TrellisEncode {
         let w2 = (ring - 1) / 8 * 8;
         // The longest pass (the boundary pass takes at most the sequence's length).
         let n = self.longest();
-        let blocks = self.sequences().min(resident(threads, shared)?).max(1);
+        let resident = self.sequences().min(resident(threads, shared)?).max(1);
         let cap = match self.max_scratch {
             0 => DEFAULT_ENCODE_SCRATCH,
             c => c,
         } as usize;
-        // Every back pointer of the longest sequence (and the one before value 0), per block.
-        let all = blocks * (n + 1) * threads * 8;
-        let (w1, scratch_bytes, in_scratch) = if n < ring {
+        // Per block: every back pointer of the longest sequence (and the one before value 0);
+        // or checkpoints every w1 ≈ √(n·w2) values and every w2 of a stretch of w1.
+        let all = (n + 1) * threads * 8;
+        let m = ((n as f64 / w2 as f64).sqrt().ceil() as usize).max(2);
+        let checkpoints = ((n.max(1) - 1) / (m * w2) + m - 1) * (groups + 4) * 4;
+        // Back pointers in scratch search once, checkpoints three times: the former wins
+        // while the cap leaves it a third of the blocks.
+        let (w1, per_block, in_scratch) = if n < ring {
             (w2, 0, false)
-        } else if all <= cap {
+        } else if cap / all >= resident.div_ceil(3) {
             (w2, all, true)
         } else {
-            let m = ((n as f64 / w2 as f64).sqrt().ceil() as usize).max(2);
-            let w1 = m * w2;
-            let slots = (n - 1) / w1 + m - 1;
-            (w1, blocks * slots * (groups + 4) * 4, false)
+            (m * w2, checkpoints, false)
         };
+        let blocks = match per_block {
+            0 => resident,
+            b if b > cap => {
+                return Err(CudaError::InvalidArgument(format!(
+                    "the trellis encoder needs {b} bytes of scratch per block for sequences \
+                     of {n} values; the cap is {cap}"
+                )))
+            }
+            b => resident.min(cap / b),
+        };
+        let scratch_bytes = blocks * per_block;
         Ok(TrellisEncodePlan {
             threads,
             runs_per_thread: (runs / threads).max(1),
@@ -1627,12 +1647,22 @@ impl Kernels {
         if rows == 0 || cols == 0 {
             return Ok(());
         }
+        if let Some(i) = values
+            .iter()
+            .position(|v| !v.is_finite() || v.abs() > MAX_ENCODE_VALUE)
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "value {i} to encode is {} (finite values up to {MAX_ENCODE_VALUE:e} in \
+                 magnitude: rows about unit variance)",
+                values[i]
+            )));
+        }
         let per = ((256usize << 20) / (cols * 4)).clamp(1, rows);
-        let shape = |n: usize, x: u64, b: u64, scratch: u64| TrellisEncode {
+        let shape = |n: usize, x: u64, b: u64, scratch: u64, max_scratch: u64| TrellisEncode {
             x,
             bits: b,
             scratch,
-            max_scratch: 0,
+            max_scratch,
             bit_bytes: (n * rb) as u64,
             row_bytes: rb,
             rows: n,
@@ -1643,7 +1673,7 @@ impl Kernels {
             c1,
             c0,
         };
-        let plan = self.trellis_encode_plan(&shape(per, 16, 16, 0))?;
+        let plan = self.trellis_encode_plan(&shape(per, 16, 16, 0, 0))?;
         let dx = self.inner.alloc(per * cols * 4)?;
         let db = self.inner.alloc(per * rb)?;
         let ds = self.inner.alloc(plan.scratch_bytes)?;
@@ -1655,9 +1685,10 @@ impl Kernels {
                 std::slice::from_raw_parts(src.as_ptr() as *const u8, std::mem::size_of_val(src))
             };
             self.inner.upload(&dx, bytes)?;
-            // SAFETY: the buffers hold what the shape states (the scratch is the plan's for
-            // `per` rows, at least what fewer rows need).
-            unsafe { self.trellis_encode(&shape(n, dx.ptr(), db.ptr(), ds.ptr()), 0)? };
+            // SAFETY: the buffers hold what the shape states; a chunk's plan asks for at most
+            // the scratch allocated (its cap), and the launch checks that.
+            let chunk = shape(n, dx.ptr(), db.ptr(), ds.ptr(), plan.scratch_bytes as u64);
+            unsafe { self.trellis_encode(&chunk, 0)? };
             self.inner
                 .download(&mut bits[r0 * rb..(r0 + n) * rb], &db)?;
         }
@@ -1673,10 +1704,10 @@ impl Kernels {
             return a.validate();
         }
         let plan = self.trellis_encode_plan(a)?;
-        if plan.scratch_bytes > 0 && a.scratch == 0 {
+        if plan.scratch_bytes > 0 && (a.scratch == 0 || a.max_scratch < plan.scratch_bytes as u64) {
             return Err(CudaError::InvalidArgument(format!(
-                "the trellis encoder needs {} bytes of scratch",
-                plan.scratch_bytes
+                "the trellis encoder needs {} bytes of scratch (given {} at {:#x})",
+                plan.scratch_bytes, a.max_scratch, a.scratch
             )));
         }
         let mut k = args::TrellisEncodeArgs {
@@ -1980,18 +2011,36 @@ mod tests {
         assert!(p.back_pointers_in_scratch);
         assert_eq!(p.scratch_bytes, 132 * 1025 * 512 * 8);
         // Under a smaller cap: checkpoints every w1 of the 1024 values, and every w2 of a
-        // stretch of w1.
-        let capped = TrellisEncode {
-            max_scratch: 64 << 20,
+        // stretch of w1, for as many blocks as the cap holds.
+        let capped = |cap: u64| TrellisEncode {
+            max_scratch: cap,
             ..enc(16, 2, 4096, 1024)
         };
-        let c = capped.plan(h200, resident).unwrap();
+        let c = capped(64 << 20).plan(h200, resident).unwrap();
         assert!(
             !c.back_pointers_in_scratch && c.w1.is_multiple_of(c.w2),
             "{c:?}"
         );
-        let slots = 1023 / c.w1 + c.w1 / c.w2 - 1;
-        assert_eq!(c.scratch_bytes, 132 * slots * (16384 + 4) * 4);
+        let per_block = (1023 / c.w1 + c.w1 / c.w2 - 1) * (16384 + 4) * 4;
+        assert_eq!(c.blocks, (64 << 20) / per_block);
+        assert_eq!(c.scratch_bytes, c.blocks * per_block);
+        // A cap that holds back pointers for a third of the blocks keeps them (one search).
+        let third = capped(44 * 1025 * 512 * 8).plan(h200, resident).unwrap();
+        assert!(
+            third.back_pointers_in_scratch && third.blocks == 44,
+            "{third:?}"
+        );
+        // A cap below one block's checkpoints is an error; the plan never passes its cap.
+        assert!(capped(1 << 19).plan(h200, resident).is_err());
+        for cap in [0u64, 1 << 26, 1 << 28, 1 << 30, 3 << 30] {
+            let p = capped(cap).plan(h200, resident).unwrap();
+            let limit = if cap == 0 {
+                DEFAULT_ENCODE_SCRATCH
+            } else {
+                cap
+            };
+            assert!(p.scratch_bytes as u64 <= limit, "{cap}: {p:?}");
+        }
         // Calibrated rows (16 values) fit the ring: no scratch.
         let q = enc(16, 2, 4096, 16).plan(h200, resident).unwrap();
         assert_eq!(q.scratch_bytes, 0);

@@ -115,13 +115,13 @@ def trellis_encode(values: torch.Tensor, l: int, k: int, seq: int, scale: float 
     keep them in a scratch buffer allocated here through PyTorch and freed on return
     (:func:`trellis_encode_plan` gives its size: 4 MiB per block at ``L = 16``, ``K = 2`` and
     sequences of 1024, 0.5 GiB on an H200); where that would pass ``max_scratch`` bytes (0: 2
-    GiB) they are searched three times from checkpoints instead. Non-finite values are
-    refused."""
+    GiB) they are searched three times from checkpoints instead, on as many blocks as the cap
+    holds. Values must be finite and at most 1e15 in magnitude."""
     if values.dim() != 2 or values.device.type != "cuda":
         raise _native.InvalidInputError(f"values must be a 2-D CUDA tensor, got {tuple(values.shape)} on {values.device}")
     x = values.to(torch.float32).contiguous()
-    if x.numel() and not bool(torch.isfinite(x).all()):
-        raise _native.InvalidInputError("values are not all finite")
+    if x.numel() and not bool((x.abs() <= 1e15).all()):
+        raise _native.InvalidInputError("values must be finite and at most 1e15 in magnitude (rows about unit variance)")
     rows, cols = x.shape
     bits = torch.empty(rows, (cols * k + 7) // 8, dtype=torch.uint8, device=x.device)
     args = _trellis_args(_ptr(x), _ptr(bits), rows, cols, l, k, seq, scale, max_scratch)
@@ -129,6 +129,7 @@ def trellis_encode(values: torch.Tensor, l: int, k: int, seq: int, scale: float 
         need = kernels(x.device).trellis_encode_plan(args)["scratch_bytes"]
         scratch = torch.empty(need, dtype=torch.uint8, device=x.device) if need else None
         args["scratch"] = _ptr(scratch)
+        args["max_scratch"] = need
     kernels(x.device).trellis_encode(args, torch.cuda.current_stream(x.device).cuda_stream)
     return bits
 
