@@ -38,6 +38,8 @@ def main() -> int:
                     help="L:K:seq, comma-separated")
     ap.add_argument("--cpu-rows", type=int, default=32)
     ap.add_argument("--layer", default=None, help="also time Linear.quantize of this spec, CPU vs device=0")
+    ap.add_argument("--calibrated", action="store_true",
+                    help="--layer with error feedback from the statistics of correlated random inputs")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not hcuda.available():
@@ -82,13 +84,19 @@ def main() -> int:
     if args.layer:
         rows, cols = map(int, args.sizes.split(",")[0].split("x"))
         w = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(1)) * 0.02).numpy()
+        h = None
+        if args.calibrated:
+            a = torch.randn(2 * cols, cols, device=dev, generator=g)
+            a[:, 1:] += 0.8 * a[:, :-1].clone()
+            h = (a.T @ a / a.shape[0]).float().cpu().numpy()
         t0 = time.perf_counter()
-        gpu = native.Linear.quantize(w, args.layer, device=dev.index or 0)
+        gpu = native.Linear.quantize(w, args.layer, None, h, device=dev.index or 0)
         gpu_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        cpu = native.Linear.quantize(w, args.layer)
+        cpu = native.Linear.quantize(w, args.layer, None, h)
         cpu_s = time.perf_counter() - t0
-        lines += ["", f"Layer `Linear.quantize(w, {args.layer!r})`, {rows}×{cols}: CPU {cpu_s:.1f} s, "
+        what = f"Linear.quantize(w, {args.layer!r}" + (", hessian=H)" if h is not None else ")")
+        lines += ["", f"Layer `{what}`, {rows}×{cols}: CPU {cpu_s:.1f} s, "
                       f"device=0 {gpu_s:.2f} s ({cpu_s / gpu_s:.0f}×); stored bytes equal: {gpu.to_hwz() == cpu.to_hwz()}"]
         print(lines[-1], flush=True)
     text = "\n".join(lines)

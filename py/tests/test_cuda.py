@@ -508,3 +508,19 @@ def test_trellis_layers_of_cuda_weights_are_coded_on_the_gpu_with_the_cpus_bits(
     assert gpu.to_hwz() == cpu.to_hwz()
     layer = hnn.HyperLinear.from_linear(lin.cuda(), spec)
     assert layer.op.to_hwz() == cpu.to_hwz()
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", ["tcq@2", "tcq@3-l12"])
+def test_calibrated_trellis_on_the_gpu_gives_the_cpus_bits(spec):
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((96, 512)).astype(np.float32)
+    w[5] = 0.0
+    x = rng.standard_normal((2048, 512)).astype(np.float32)
+    x[:, 1:] += 0.8 * x[:, :-1]  # correlated inputs: the feedback moves values
+    h = (x.T @ x / len(x)).astype(np.float32)
+    cpu = hypercodec.Linear.quantize(w, spec, None, h)
+    gpu = hypercodec.Linear.quantize(w, spec, None, h, device=torch.cuda.current_device())
+    assert gpu.to_hwz() == cpu.to_hwz()
+    plain = hypercodec.Linear.quantize(w, spec)
+    assert plain.to_hwz() != cpu.to_hwz()  # the feedback did something

@@ -292,7 +292,15 @@ impl<'a> Calibrated<'a> {
                 Some(f),
                 options.lattice_scale,
             )?,
-            _ => crate::trellis_codec::encode(tensor, values, rows, cols, encoding, Some(f), None)?,
+            _ => crate::trellis_codec::encode(
+                tensor,
+                values,
+                rows,
+                cols,
+                encoding,
+                Some(f),
+                options.trellis_rows,
+            )?,
         };
         Ok(EncodedTensor {
             encoding: encoding.clone(),

@@ -1055,3 +1055,62 @@ fn a_rows_encoder_gives_the_row_by_row_streams_and_a_declining_one_changes_nothi
     let declined = encode("w", &x, &shape, &e, with(declining_rows)).unwrap();
     assert_eq!(declined.streams, plain.streams);
 }
+
+#[test]
+fn a_rows_encoder_gives_the_calibrated_trellis_streams_too() {
+    // Error feedback between sequences of 16 (the last of each row 24 or 40 long), a zero
+    // row, a large one: every row's sequence coded by the stand-in at once, the error fed
+    // forward between calls, must give the row-by-row streams.
+    for (rows, cols) in [(9usize, 64usize), (5, 56), (3, 200)] {
+        let mut x = gaussian(rows * cols, 31);
+        x[cols..2 * cols].iter_mut().for_each(|v| *v = 0.0);
+        x[2 * cols..3 * cols].iter_mut().for_each(|v| *v *= 50.0);
+        let mut h = vec![0f32; cols * cols];
+        for i in 0..cols {
+            for j in 0..cols {
+                h[i * cols + j] = 0.85f32.powi((i as i32 - j as i32).abs());
+            }
+        }
+        let tile = if cols.is_power_of_two() {
+            cols as u32
+        } else {
+            8
+        };
+        let e = match Encoding::trellis(10, 2, tile, 1) {
+            Encoding::Trellis {
+                l,
+                k,
+                scale,
+                tile,
+                seed,
+                scale_dtype,
+                ..
+            } => Encoding::Trellis {
+                l,
+                k,
+                scale,
+                tile,
+                seed,
+                seq: 16,
+                scale_dtype,
+            },
+            _ => unreachable!(),
+        };
+        let shape = [rows as u64, cols as u64];
+        let plain =
+            encode_calibrated("w", &x, &shape, &e, &h, 0.01, EncodeOptions::default()).unwrap();
+        let before = ROWS_CALLS.load(std::sync::atomic::Ordering::Relaxed);
+        let with = |f| EncodeOptions {
+            trellis_rows: Some(TrellisRowsEncoder(f)),
+            ..EncodeOptions::default()
+        };
+        let batched = encode_calibrated("w", &x, &shape, &e, &h, 0.01, with(cpu_rows)).unwrap();
+        // One call per sequence position.
+        let calls = ROWS_CALLS.load(std::sync::atomic::Ordering::Relaxed) - before;
+        assert!(calls >= (cols / 16).max(1), "{calls}");
+        assert_eq!(batched.streams, plain.streams, "{rows}x{cols}");
+        let declined =
+            encode_calibrated("w", &x, &shape, &e, &h, 0.01, with(declining_rows)).unwrap();
+        assert_eq!(declined.streams, plain.streams, "{rows}x{cols}");
+    }
+}

@@ -71,8 +71,8 @@ impl TrellisLayout {
 /// With `feedback` (the LDLQ factor of the layer's input statistics, rotated by this
 /// encoding's RHT: [`rotate_hessian`]), each row's sequences are coded left to right and each
 /// sequence's error is fed into the columns not yet coded (GPTQ's rule, sequence by sequence).
-/// Without, `rows_encoder` (when given) codes every row at once (see
-/// [`crate::TrellisRowsEncoder`]); where it declines, the CPU does.
+/// `rows_encoder` (when given) codes every row at once, or with feedback every row's sequence
+/// at once (see [`crate::TrellisRowsEncoder`]); where it declines, the CPU does.
 pub(crate) fn encode(
     tensor: &str,
     values: &[f32],
@@ -97,11 +97,18 @@ pub(crate) fn encode(
         let rht = t.rht(tensor, cols)?;
         // About 2^16 values per job, so a tensor's rows spread over the pool.
         let rows_per_job = (65_536 / cols).max(1);
-        let batched = match (rows_encoder, feedback) {
-            (Some(enc), None) => {
-                encode_batched(tensor, values, cols, &t, &rht, enc, &mut bits, &mut scales)?
-            }
-            _ => false,
+        let batched = match rows_encoder {
+            Some(enc) => encode_batched(
+                tensor,
+                values,
+                cols,
+                (&t, &rht),
+                enc,
+                feedback,
+                &mut bits,
+                &mut scales,
+            )?,
+            None => false,
         };
         if batched {
             return finish(tensor, values, cols, &t, bits, scales);
@@ -285,16 +292,18 @@ fn refit(
 }
 
 /// Codes every row at once with `enc`: the rows rotated and normalized on the pool, coded by
-/// `enc`, then their scales refit on the pool. The same streams as the row-by-row path (a zero
-/// row keeps zero bits and scale 0). `false` (nothing written) where `enc` declines.
+/// `enc`, then their scales refit on the pool. With `feedback`, the rows are coded sequence by
+/// sequence, every row's sequence in one call of `enc`, each sequence's error fed forward as
+/// row by row ([`scalar::ldlq::Ldlq::atoms_of_rows`]). The same streams as the row-by-row path
+/// (a zero row keeps zero bits and scale 0). `false` (nothing written) where `enc` declines.
 #[allow(clippy::too_many_arguments)]
 fn encode_batched(
     tensor: &str,
     values: &[f32],
     cols: usize,
-    t: &TrellisLayout,
-    rht: &Rht,
+    (t, rht): (&TrellisLayout, &Rht),
     enc: crate::TrellisRowsEncoder,
+    feedback: Option<&scalar::ldlq::Ldlq>,
     bits: &mut [u8],
     scales: &mut [f32],
 ) -> Result<bool> {
@@ -326,7 +335,42 @@ fn encode_batched(
             }
         },
     );
-    if (enc.0)(&u, rows, cols, t.seq, &t.params, bits).is_err() {
+    let coded = match feedback {
+        None => (enc.0)(&u, rows, cols, t.seq, &t.params, bits).is_ok(),
+        Some(f) => {
+            let k = t.params.k as usize;
+            let mut w = u.clone();
+            let (mut atom, mut atom_bits, mut ok) = (Vec::new(), Vec::new(), true);
+            f.atoms_of_rows(&mut w, rows, tcq::row_sequences(cols, t.seq), |j0, a, w| {
+                if !ok {
+                    return;
+                }
+                atom.resize(rows * a, 0f32);
+                for (x, wi) in atom.chunks_exact_mut(a).zip(w.chunks_exact(cols)) {
+                    x.copy_from_slice(&wi[j0..j0 + a]);
+                }
+                let ab = (a * k).div_ceil(8);
+                atom_bits.resize(rows * ab, 0u8);
+                // One sequence of `a` values per row (any `seq` ≥ a cuts none).
+                let seq = a.next_multiple_of(8);
+                if (enc.0)(&atom, rows, a, seq, &t.params, &mut atom_bits).is_err() {
+                    ok = false;
+                    return;
+                }
+                for ((ab_row, wi), b) in atom_bits
+                    .chunks_exact(ab)
+                    .zip(w.chunks_exact_mut(cols))
+                    .zip(bits.chunks_exact_mut(rb))
+                {
+                    b[j0 * k / 8..j0 * k / 8 + ab].copy_from_slice(ab_row);
+                    // The decoded values replace the targets, as row by row.
+                    ok &= tcq::decode_into(ab_row, &t.params, &mut wi[j0..j0 + a]).is_ok();
+                }
+            });
+            ok
+        }
+    };
+    if !coded {
         // Whatever it wrote goes: the row-by-row path leaves zero rows' bits as they are.
         bits.iter_mut().for_each(|b| *b = 0);
         return Ok(false);
@@ -350,7 +394,7 @@ fn encode_batched(
                     *s = if rms == 0.0 { 0.0 } else { f32::INFINITY };
                     continue;
                 }
-                *s = refit(tensor, u, b, rms, t, None, &mut decoded)?;
+                *s = refit(tensor, u, b, rms, t, feedback, &mut decoded)?;
             }
             Ok(())
         },

@@ -109,6 +109,25 @@ impl Ldlq {
         mut quant: impl FnMut(usize, usize, &mut [f32]),
     ) {
         let n = self.n;
+        self.atoms_of_rows(w, k, ranges, |j0, _, w| {
+            for (i, wi) in w.chunks_exact_mut(n).enumerate().take(k) {
+                quant(i, j0, &mut wi[j0..]);
+            }
+        });
+    }
+
+    /// [`Ldlq::rows_ranges`] with each atom rounded for every row in one call:
+    /// `quant_all(j0, a, w)` rounds `w[i·n + j0 .. i·n + j0 + a]` for each of the `k` rows (a
+    /// batch encoder: a GPU's). The same arithmetic per row as [`Ldlq::row_ranges`], bit for
+    /// bit, when `quant_all` rounds each row as `quant` would.
+    pub fn atoms_of_rows(
+        &self,
+        w: &mut [f32],
+        k: usize,
+        ranges: impl IntoIterator<Item = std::ops::Range<usize>>,
+        mut quant_all: impl FnMut(usize, usize, &mut [f32]),
+    ) {
+        let n = self.n;
         debug_assert_eq!(w.len(), n * k);
         let mut before = Vec::new();
         let mut e = Vec::new();
@@ -118,15 +137,21 @@ impl Ldlq {
             if a == 0 {
                 continue;
             }
-            before.resize(a, 0f32);
+            before.resize(k * a, 0f32);
             e.resize(k * a, 0f32);
-            for (i, wi) in w.chunks_exact_mut(n).enumerate().take(k) {
-                before[..a].copy_from_slice(&wi[j0..j0 + a]);
-                quant(i, j0, &mut wi[j0..]);
+            for (b, wi) in before.chunks_exact_mut(a).zip(w.chunks_exact(n)) {
+                b.copy_from_slice(&wi[j0..j0 + a]);
+            }
+            quant_all(j0, a, w);
+            for ((wi, ei), bi) in w
+                .chunks_exact(n)
+                .zip(e.chunks_exact_mut(a))
+                .zip(before.chunks_exact(a))
+                .take(k)
+            {
                 // e·U_aa = Δ, by forward substitution.
-                let ei = &mut e[i * a..(i + 1) * a];
                 for t in 0..a {
-                    let mut d = before[t] - wi[j0 + t];
+                    let mut d = bi[t] - wi[j0 + t];
                     for s in 0..t {
                         d -= ei[s] * u[(j0 + s) * n + j0 + t];
                     }
