@@ -1061,7 +1061,7 @@ fn a_rows_encoder_gives_the_calibrated_trellis_streams_too() {
     // Error feedback between sequences of 16 (the last of each row 24 or 40 long), a zero
     // row, a large one: every row's sequence coded by the stand-in at once, the error fed
     // forward between calls, must give the row-by-row streams.
-    for (rows, cols) in [(9usize, 64usize), (5, 56), (3, 200)] {
+    for (rows, cols) in [(9usize, 64usize), (5, 56), (3, 200), (40, 64)] {
         let mut x = gaussian(rows * cols, 31);
         x[cols..2 * cols].iter_mut().for_each(|v| *v = 0.0);
         x[2 * cols..3 * cols].iter_mut().for_each(|v| *v *= 50.0);

@@ -12,6 +12,9 @@
 
 use crate::{Result, ScalarError};
 
+/// From this many rows, [`Ldlq::atoms_of_rows`] feeds their errors forward on the thread pool.
+const PARALLEL_ROWS: usize = 32;
+
 /// The feedback factor of one layer's statistics, shared by all of its rows.
 #[derive(Debug, Clone)]
 pub struct Ldlq {
@@ -143,12 +146,10 @@ impl Ldlq {
                 b.copy_from_slice(&wi[j0..j0 + a]);
             }
             quant_all(j0, a, w);
-            for ((wi, ei), bi) in w
-                .chunks_exact(n)
-                .zip(e.chunks_exact_mut(a))
-                .zip(before.chunks_exact(a))
-                .take(k)
-            {
+            // Each row's error, then its feedback: rows are independent, so many rows (a
+            // batch encoder's whole tensor) go over the thread pool, the arithmetic per row
+            // unchanged.
+            let row = |((wi, ei), bi): ((&mut [f32], &mut [f32]), &[f32])| {
                 // e·U_aa = Δ, by forward substitution.
                 for t in 0..a {
                     let mut d = bi[t] - wi[j0 + t];
@@ -158,8 +159,6 @@ impl Ldlq {
                     let piv = u[(j0 + t) * n + j0 + t];
                     ei[t] = if piv != 0.0 { d / piv } else { 0.0 };
                 }
-            }
-            for (wi, ei) in w.chunks_exact_mut(n).zip(e.chunks_exact(a)).take(k) {
                 let rest = &mut wi[j0 + a..];
                 for (t, &et) in ei.iter().enumerate() {
                     if et == 0.0 {
@@ -169,6 +168,19 @@ impl Ldlq {
                     // (x + (−e)·c is x − e·c exactly)
                     simd::axpy_f32(rest, -et, ur);
                 }
+            };
+            let (w, e, before) = (&mut w[..k * n], &mut e[..k * a], &before[..k * a]);
+            if k >= PARALLEL_ROWS {
+                use rayon::prelude::*;
+                w.par_chunks_exact_mut(n)
+                    .zip(e.par_chunks_exact_mut(a))
+                    .zip(before.par_chunks_exact(a))
+                    .for_each(row);
+            } else {
+                w.chunks_exact_mut(n)
+                    .zip(e.chunks_exact_mut(a))
+                    .zip(before.chunks_exact(a))
+                    .for_each(row);
             }
         }
     }
