@@ -631,26 +631,7 @@ fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
         lattice(Coding::Fixed { bits: 3 }),
         lattice(Coding::RANS_DEFAULT),
         // Feedback moves between sequences: 16 values each here.
-        match Encoding::trellis(10, 2, 64, 1) {
-            Encoding::Trellis {
-                l,
-                k,
-                scale,
-                tile,
-                seed,
-                scale_dtype,
-                ..
-            } => Encoding::Trellis {
-                l,
-                k,
-                scale,
-                tile,
-                seed,
-                seq: 16,
-                scale_dtype,
-            },
-            _ => unreachable!(),
-        },
+        trellis_seq16(10, 2, 64, 1),
     ] {
         // Uncorrelated inputs: no feedback, the plain encoding's codes bit for bit (lattice
         // and trellis rows keep the least-squares scale of their points: no larger an error;
@@ -1076,26 +1057,7 @@ fn a_rows_encoder_gives_the_calibrated_trellis_streams_too() {
         } else {
             8
         };
-        let e = match Encoding::trellis(10, 2, tile, 1) {
-            Encoding::Trellis {
-                l,
-                k,
-                scale,
-                tile,
-                seed,
-                scale_dtype,
-                ..
-            } => Encoding::Trellis {
-                l,
-                k,
-                scale,
-                tile,
-                seed,
-                seq: 16,
-                scale_dtype,
-            },
-            _ => unreachable!(),
-        };
+        let e = trellis_seq16(10, 2, tile, 1);
         let shape = [rows as u64, cols as u64];
         let plain =
             encode_calibrated("w", &x, &shape, &e, &h, 0.01, EncodeOptions::default()).unwrap();
@@ -1113,4 +1075,13 @@ fn a_rows_encoder_gives_the_calibrated_trellis_streams_too() {
             encode_calibrated("w", &x, &shape, &e, &h, 0.01, with(declining_rows)).unwrap();
         assert_eq!(declined.streams, plain.streams, "{rows}x{cols}");
     }
+}
+
+/// `Encoding::trellis(l, k, tile, seed)` cut into sequences of 16 (the calibrated rows').
+fn trellis_seq16(l: u8, k: u8, tile: u32, seed: u64) -> Encoding {
+    let mut e = Encoding::trellis(l, k, tile, seed);
+    if let Encoding::Trellis { seq, .. } = &mut e {
+        *seq = 16;
+    }
+    e
 }

@@ -470,9 +470,6 @@ impl TrellisGemv {
         if !(8..=16).contains(&self.l) || !(1..=8).contains(&self.k) || self.k >= self.l {
             return bad(format!("trellis L = {}, K = {}", self.l, self.k));
         }
-        if self.seq == 0 || !self.seq.is_multiple_of(8) {
-            return bad(format!("trellis sequences of {} values", self.seq));
-        }
         if self.rows > i32::MAX as usize || self.cols > i32::MAX as usize {
             return bad(format!(
                 "{} × {} exceeds the kernels' i32 indices",
@@ -496,9 +493,10 @@ impl TrellisGemv {
     }
 }
 
-/// Checks that `rows × cols` trellis values in sequences of `seq` fit their bits: every
-/// sequence holds the `l`-bit state (the format's rule: the shortest is the whole row when the
-/// row is shorter than `seq`, else `seq`), and `bit_bytes` holds the rows of `row_bytes`.
+/// Checks that `rows × cols` trellis values in sequences of `seq` (a multiple of 8) fit their
+/// bits: every sequence holds the `l`-bit state (the format's rule: the shortest is the whole
+/// row when the row is shorter than `seq`, else `seq`), and `bit_bytes` holds the rows of
+/// `row_bytes`.
 fn trellis_rows_fit(
     (l, k): (u8, u8),
     seq: usize,
@@ -506,6 +504,11 @@ fn trellis_rows_fit(
     row_bytes: usize,
     bit_bytes: u64,
 ) -> Result<()> {
+    if seq == 0 || !seq.is_multiple_of(8) {
+        return Err(CudaError::InvalidArgument(format!(
+            "trellis sequences of {seq} values"
+        )));
+    }
     if cols > 0 && cols.min(seq) * (k as usize) < l as usize {
         return Err(CudaError::InvalidArgument(format!(
             "trellis rows of {cols} values cannot hold a {l}-bit state"
@@ -702,9 +705,6 @@ impl TrellisEncode {
                 "the trellis encoder takes 8 <= L <= 16 and 1 <= K <= 4, got L = {}, K = {}",
                 self.l, self.k
             ));
-        }
-        if self.seq == 0 || !self.seq.is_multiple_of(8) {
-            return bad(format!("trellis sequences of {} values", self.seq));
         }
         if self.cols > i32::MAX as usize || self.sequences() > i32::MAX as usize {
             return bad(format!(
