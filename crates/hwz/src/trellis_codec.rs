@@ -207,19 +207,23 @@ fn encode_rows(
     let rb = t.row_bytes(cols);
     let k = t.params.k as usize;
     let mut enc = tcq::Encoder::new(&t.params).map_err(tcq_err(tensor))?;
-    let mut u = vec![0f32; cols];
-    let mut decoded = vec![0f32; cols];
-    for ((row, b), s) in values
+    // The job's rows normalized (zero where a row is zero), for the scale fit at the end.
+    let n = scales.len();
+    let mut us = vec![0f32; n * cols];
+    let mut rmss = vec![0f64; n];
+    for (((row, b), u), rms_out) in values
         .chunks_exact(cols)
         .zip(bits.chunks_exact_mut(rb))
-        .zip(scales.iter_mut())
+        .zip(us.chunks_exact_mut(cols))
+        .zip(rmss.iter_mut())
     {
         u.copy_from_slice(row);
-        rht.forward(&mut u);
+        rht.forward(u);
         let rms = (u.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64).sqrt();
+        *rms_out = rms;
         if !(rms > 0.0 && rms.is_finite()) {
             // A zero row: any bits, scale 0.
-            *s = if rms == 0.0 { 0.0 } else { f32::INFINITY };
+            u.iter_mut().for_each(|v| *v = 0.0);
             continue;
         }
         let inv = (1.0 / rms) as f32;
@@ -237,7 +241,7 @@ fn encode_rows(
             Some(f) => {
                 // Sequence by sequence: code the target as feedback has moved it, write the
                 // decoded values back, feed their error forward.
-                let mut w = u.clone();
+                let mut w = u.to_vec();
                 let mut failed = None;
                 // The callback sees the sequences in the order given.
                 let mut seqs = tcq::row_sequences(cols, t.seq);
@@ -258,37 +262,65 @@ fn encode_rows(
                 }
             }
         }
-        *s = refit(tensor, &u, b, rms, t, feedback, &mut decoded)?;
     }
-    Ok(())
+    refit_rows(tensor, &us, bits, &rmss, t, feedback, scales)
 }
 
-/// The scale of a coded row (`u`, its values over their RMS `rms`, coded as `b`): the
-/// least-squares scale of the chosen codes, in units of the row's RMS (with statistics: the
-/// least output error, `cᵀHu / cᵀHc`), rounded to the storage type.
-fn refit(
+/// The scales of coded rows (`u`: each row's values over its RMS `rms`, zero where that is 0
+/// or not finite; coded as `bits`): the least-squares scale of the chosen codes, in units of
+/// the row's RMS (with statistics: the least output error, `cᵀHu / cᵀHc`, for all the rows in
+/// one sweep of the factor), rounded to the storage type; 0 for a zero row, infinite for a
+/// row whose RMS is not finite.
+fn refit_rows(
     tensor: &str,
     u: &[f32],
-    b: &[u8],
-    rms: f64,
+    bits: &[u8],
+    rms: &[f64],
     t: &TrellisLayout,
     feedback: Option<&scalar::ldlq::Ldlq>,
-    decoded: &mut [f32],
-) -> Result<f32> {
-    tcq::decode_row(b, t.seq, &t.params, decoded).map_err(tcq_err(tensor))?;
-    let (xc, cc) = u
-        .iter()
-        .zip(decoded.iter())
-        .fold((0f64, 0f64), |(a, b), (&x, &c)| {
+    scales: &mut [f32],
+) -> Result<()> {
+    let k = rms.len();
+    if k == 0 {
+        return Ok(());
+    }
+    let cols = u.len() / k;
+    let rb = bits.len() / k;
+    let coded = |r: f64| r > 0.0 && r.is_finite();
+    let mut decoded = vec![0f32; u.len()];
+    for ((b, d), &r) in bits
+        .chunks_exact(rb)
+        .zip(decoded.chunks_exact_mut(cols))
+        .zip(rms)
+    {
+        if coded(r) {
+            tcq::decode_row(b, t.seq, &t.params, d).map_err(tcq_err(tensor))?;
+        }
+    }
+    let fits = feedback.map(|f| f.fit_rows(u, &decoded, k));
+    for (i, ((ui, di), (&r, s))) in u
+        .chunks_exact(cols)
+        .zip(decoded.chunks_exact(cols))
+        .zip(rms.iter().zip(scales.iter_mut()))
+        .enumerate()
+    {
+        if !coded(r) {
+            *s = if r == 0.0 { 0.0 } else { f32::INFINITY };
+            continue;
+        }
+        let (xc, cc) = ui.iter().zip(di).fold((0f64, 0f64), |(a, b), (&x, &c)| {
             (a + x as f64 * c as f64, b + c as f64 * c as f64)
         });
-    let plain = if cc > 0.0 { xc / cc } else { 1.0 };
-    let fitted = feedback
-        .and_then(|f| f.fit(u, decoded))
-        .filter(|&h| h > 0.0)
-        .map(|h| t.scale_dtype.round((rms * h) as f32))
-        .filter(|v| v.is_finite());
-    Ok(fitted.unwrap_or_else(|| t.scale_dtype.round((rms * plain) as f32)))
+        let plain = if cc > 0.0 { xc / cc } else { 1.0 };
+        let fitted = fits
+            .as_ref()
+            .and_then(|f| f[i])
+            .filter(|&h| h > 0.0)
+            .map(|h| t.scale_dtype.round((r * h) as f32))
+            .filter(|v| v.is_finite());
+        *s = fitted.unwrap_or_else(|| t.scale_dtype.round((r * plain) as f32));
+    }
+    Ok(())
 }
 
 /// Codes every row at once with `enc`: the rows rotated and normalized on the pool, coded by
@@ -375,29 +407,18 @@ fn encode_batched(
         bits.iter_mut().for_each(|b| *b = 0);
         return Ok(false);
     }
+    // A zero row keeps zero bits (as row by row); every row's scale, a job of rows per sweep.
+    for (b, &r) in bits.chunks_exact_mut(rb).zip(&rms) {
+        if !(r > 0.0 && r.is_finite()) {
+            b.iter_mut().for_each(|v| *v = 0);
+        }
+    }
     crate::par::map(
-        bits.chunks_mut(rows_per_job * rb)
+        bits.chunks(rows_per_job * rb)
             .zip(scales.chunks_mut(rows_per_job))
             .zip(u.chunks(rows_per_job * cols).zip(rms.chunks(rows_per_job)))
             .collect::<Vec<_>>(),
-        |((b, s), (u, rms))| -> Result<()> {
-            let mut decoded = vec![0f32; cols];
-            for (((b, s), u), &rms) in b
-                .chunks_exact_mut(rb)
-                .zip(s.iter_mut())
-                .zip(u.chunks_exact(cols))
-                .zip(rms)
-            {
-                if !(rms > 0.0 && rms.is_finite()) {
-                    // A zero row: zero bits, scale 0 (as row by row).
-                    b.iter_mut().for_each(|v| *v = 0);
-                    *s = if rms == 0.0 { 0.0 } else { f32::INFINITY };
-                    continue;
-                }
-                *s = refit(tensor, u, b, rms, t, feedback, &mut decoded)?;
-            }
-            Ok(())
-        },
+        |((b, s), (u, rms))| refit_rows(tensor, u, b, rms, t, feedback, s),
     )
     .into_iter()
     .collect::<Result<()>>()?;
