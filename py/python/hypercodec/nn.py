@@ -616,7 +616,7 @@ class HyperConv2d(_StoredForm, nn.Module):
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, spec: str) -> "HyperConv2d":
         """Quantizes ``conv``'s weight with the candidate ``spec``."""
-        return cls(_native.Linear.quantize(_f32(conv.weight), spec), conv)
+        return cls(_quantize(conv.weight, spec, None), conv)
 
     def _check_loaded(self, op: "_native.Linear") -> None:
         rows, cols = self.weight_shape[0], int(np.prod(self.weight_shape[1:]))
@@ -715,7 +715,7 @@ class HyperEmbedding(_StoredForm, nn.Module):
     def from_embedding(cls, emb: nn.Embedding, spec: str) -> "HyperEmbedding":
         """Quantizes ``emb``'s table with the candidate ``spec``, without error feedback (an
         embedding's inputs are one-hot: every row is its own output)."""
-        return cls(_native.Linear.quantize(_f32(emb.weight), spec), emb.padding_idx, dtype=emb.weight.dtype)
+        return cls(_quantize(emb.weight, spec, None), emb.padding_idx, dtype=emb.weight.dtype)
 
     def _check_loaded(self, op: "_native.Linear") -> None:
         if (op.rows, op.cols) != (self.num_embeddings, self.embedding_dim):
