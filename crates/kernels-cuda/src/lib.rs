@@ -1,7 +1,9 @@
 //! hypercodec-kernels-cuda: the CUDA kernels of hypercodec — GEMV on the stored form of a
-//! weight (affine codes, fixed-rate E8 words), the activation RHT, and decoders to a dense
-//! weight for large batches — built to PTX from `kernels/` by `cargo xtask ptx`, embedded with
-//! `include_str!` and launched through the CUDA driver API.
+//! weight (affine codes, fixed-rate and rANS-coded E8 words, bitshift-trellis bits), the
+//! activation RHT, decoders to a dense weight for large batches, the KV cache's codec and
+//! attention, and the trellis encoder (the CPU's Viterbi search and bits) — built to PTX from
+//! `kernels/` by `cargo xtask ptx`, embedded with `include_str!` and launched through the CUDA
+//! driver API.
 //!
 //! Key design decision: this crate takes **device pointers and parameter structs** and knows
 //! nothing of `hwz` or of any framework. Buffers are allocated by the caller (PyTorch, in the
