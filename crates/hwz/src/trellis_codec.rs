@@ -228,39 +228,44 @@ fn encode_rows(
         }
         let inv = (1.0 / rms) as f32;
         u.iter_mut().for_each(|v| *v *= inv);
-        match feedback {
-            None => {
-                for r in tcq::row_sequences(cols, t.seq) {
-                    enc.encode_into(
-                        &u[r.clone()],
-                        &mut b[r.start * k / 8..(r.end * k).div_ceil(8)],
-                    )
-                    .map_err(tcq_err(tensor))?;
-                }
+        // With feedback, the job's rows are coded together below.
+        if feedback.is_none() {
+            for r in tcq::row_sequences(cols, t.seq) {
+                enc.encode_into(
+                    &u[r.clone()],
+                    &mut b[r.start * k / 8..(r.end * k).div_ceil(8)],
+                )
+                .map_err(tcq_err(tensor))?;
             }
-            Some(f) => {
-                // Sequence by sequence: code the target as feedback has moved it, write the
-                // decoded values back, feed their error forward.
-                let mut w = u.to_vec();
-                let mut failed = None;
-                // The callback sees the sequences in the order given.
-                let mut seqs = tcq::row_sequences(cols, t.seq);
-                f.row_ranges(&mut w, tcq::row_sequences(cols, t.seq), |j0, upcoming| {
-                    let r = seqs.next().expect("one callback per range");
-                    debug_assert_eq!(r.start, j0);
-                    let len = r.len();
-                    let dst = &mut b[r.start * k / 8..(r.end * k).div_ceil(8)];
-                    let res = enc
-                        .encode_into(&upcoming[..len], dst)
-                        .and_then(|()| tcq::decode_into(dst, &t.params, &mut upcoming[..len]));
-                    if let Err(e) = res {
-                        failed.get_or_insert(e);
-                    }
-                });
-                if let Some(e) = failed {
-                    return Err(tcq_err(tensor)(e));
-                }
+        }
+    }
+    if let Some(f) = feedback {
+        // Sequence by sequence: code the target as feedback has moved it, write the decoded
+        // values back, feed their error forward; every row of the job at once, so that each
+        // sequence's rows of the factor are read once for the job (`rows_ranges`: the same
+        // arithmetic per row as one row at a time).
+        let mut w = us.clone();
+        let ranges: Vec<_> = tcq::row_sequences(cols, t.seq).collect();
+        let mut failed = None;
+        f.rows_ranges(&mut w, n, ranges.iter().cloned(), |i, j0, upcoming| {
+            // A zero row keeps zero bits (its values stay zero: no error to feed).
+            if failed.is_some() || !(rmss[i] > 0.0 && rmss[i].is_finite()) {
+                return;
             }
+            let r = &ranges[ranges.partition_point(|r| r.start < j0)];
+            debug_assert_eq!(r.start, j0);
+            let len = r.len();
+            let b = &mut bits[i * rb..(i + 1) * rb];
+            let dst = &mut b[r.start * k / 8..(r.end * k).div_ceil(8)];
+            let res = enc
+                .encode_into(&upcoming[..len], dst)
+                .and_then(|()| tcq::decode_into(dst, &t.params, &mut upcoming[..len]));
+            if let Err(e) = res {
+                failed = Some(e);
+            }
+        });
+        if let Some(e) = failed {
+            return Err(tcq_err(tensor)(e));
         }
     }
     refit_rows(tensor, &us, bits, &rmss, t, feedback, scales)

@@ -1,11 +1,14 @@
 //! The time to build the error-feedback factor of one layer ([`Ldlq::new`]: a Cholesky factor
 //! and a triangular inverse, `n × n` in float64) on one thread and on the whole thread pool,
-//! in the same run; median of three builds.
+//! and to round 256 rows with it (affine INT4, groups of 128: [`affine_ldlq_codes`]) one row
+//! per call against all rows in one call (rows share each read of the factor), on one thread;
+//! in the same run, median of three.
 //!
 //! ```text
 //! cargo run --release -p hypercodec-scalar --example ldlq_speed [n ...]
 //! ```
 use hypercodec_scalar::ldlq::Ldlq;
+use hypercodec_scalar::{affine_ldlq_codes, AffineParams, FloatDtype, Group};
 use std::time::Instant;
 
 fn median_seconds(f: impl Fn()) -> f64 {
@@ -35,8 +38,10 @@ fn main() {
         .num_threads(1)
         .build()
         .expect("a one-thread pool");
-    println!("| n | 1 thread s | {threads} threads s | speed-up |");
-    println!("|---:|---:|---:|---:|");
+    println!(
+        "| n | factor, 1 thread s | factor, {threads} threads s | speed-up | 256 rows one per call s | 256 rows in one call s | speed-up |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         // ρ^|i−j| (positive definite for |ρ| < 1): the factor's cost does not depend on the values.
         let h: Vec<f32> = (0..n * n)
@@ -47,9 +52,33 @@ fn main() {
         };
         let serial = one.install(|| median_seconds(build));
         let parallel = median_seconds(build);
+        let f = Ldlq::new(&h, n, 0.01).expect("positive definite");
+        let rows = 256;
+        let w: Vec<f32> = (0..rows * n)
+            .map(|k| ((k.wrapping_mul(2654435761) >> 7) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let p = AffineParams {
+            bits: 4,
+            group: Group::Size(128),
+            symmetric: false,
+            scale_dtype: FloatDtype::F16,
+        };
+        let by_row = one.install(|| {
+            median_seconds(|| {
+                for r in w.chunks(n) {
+                    std::hint::black_box(affine_ldlq_codes(r, 1, n, &p, &f).expect("codes"));
+                }
+            })
+        });
+        let together = one.install(|| {
+            median_seconds(|| {
+                std::hint::black_box(affine_ldlq_codes(&w, rows, n, &p, &f).expect("codes"));
+            })
+        });
         println!(
-            "| {n} | {serial:.2} | {parallel:.2} | {:.2}× |",
-            serial / parallel
+            "| {n} | {serial:.2} | {parallel:.2} | {:.2}× | {by_row:.2} | {together:.2} | {:.2}× |",
+            serial / parallel,
+            by_row / together
         );
     }
 }

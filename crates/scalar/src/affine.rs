@@ -380,47 +380,60 @@ pub fn affine_ldlq_codes(
         Group::Tensor => cols.max(1),
         _ => layout.group_len.max(1),
     };
-    let mut codes = vec![0u8; values.len()];
-    let mut groups = Vec::with_capacity(if tensor.is_some() {
-        1
+    /// Rows rounded together: each column's row of the factor is read once for all of them
+    /// (one row at a time streamed the whole factor per row: 32 MB for a 4096-wide layer).
+    const ROWS: usize = 16;
+    let per_row = if tensor.is_some() {
+        0
     } else {
-        rows * cols.div_ceil(glen)
-    });
-    let mut w = vec![0f32; cols];
-    let mut failed = None;
-    for (r, (row, out)) in values
-        .chunks_exact(cols.max(1))
-        .zip(codes.chunks_exact_mut(cols.max(1)))
+        cols.div_ceil(glen)
+    };
+    let mut codes = vec![0u8; values.len()];
+    let mut groups = Vec::with_capacity(if tensor.is_some() { 1 } else { rows * per_row });
+    let mut w = vec![0f32; ROWS * cols];
+    let cols1 = cols.max(1);
+    for (b, (block, out)) in values
+        .chunks(ROWS * cols1)
+        .zip(codes.chunks_mut(ROWS * cols1))
         .enumerate()
-        .take(rows)
+        .take(rows.div_ceil(ROWS))
     {
-        w.copy_from_slice(row);
-        let mut current = tensor;
-        f.row(&mut w, 1, |j, upcoming| {
+        let k = block.len() / cols1;
+        let w = &mut w[..k * cols];
+        w.copy_from_slice(&block[..k * cols]);
+        let mut current = vec![tensor; k];
+        let mut fitted: Vec<Vec<GroupQuant>> = vec![Vec::with_capacity(per_row); k];
+        // The first group (row-major) that could not be fitted.
+        let mut failed: Option<(usize, f32)> = None;
+        f.rows_ranges(w, k, (0..cols).map(|j| j..j + 1), |i, j, upcoming| {
+            let r = b * ROWS + i;
             if tensor.is_none() && j % glen == 0 {
                 let g = &upcoming[..glen.min(upcoming.len())];
                 match GroupQuant::fit_clipped(g, params) {
                     Ok(q) => {
-                        groups.push(q);
-                        current = Some(q);
+                        fitted[i].push(q);
+                        current[i] = Some(q);
                     }
                     Err(v) => {
-                        failed.get_or_insert((r * cols.div_ceil(glen) + j / glen, v));
-                        current = None;
+                        let at = r * per_row + j / glen;
+                        if failed.is_none_or(|(g, _)| at < g) {
+                            failed = Some((at, v));
+                        }
+                        current[i] = None;
                     }
                 }
             }
-            let q = match current {
-                Some(q) => q,
-                None => return,
+            let Some(q) = current[i] else {
+                return;
             };
             let c = q.code(upcoming[0]);
-            out[j] = c as u8;
+            out[i * cols + j] = c as u8;
             upcoming[0] = q.value(c);
         });
         if let Some((g, v)) = failed {
             return Err(overflow(g, v));
         }
+        groups.extend(fitted.into_iter().flatten());
     }
     if let Some(q) = tensor {
         groups.push(q);

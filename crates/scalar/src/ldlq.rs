@@ -794,6 +794,78 @@ mod tests {
     }
 
     #[test]
+    fn affine_rows_rounded_sixteen_at_a_time_equal_one_at_a_time() {
+        use crate::{affine_ldlq_codes, AffineParams, FloatDtype, Group, GroupQuant};
+        // 37 rows: two full blocks of 16 and a partial one; correlated inputs.
+        let (rows, cols) = (37, 48);
+        let h = matrix(cols, 21);
+        let f = Ldlq::new(&h, cols, 0.01).unwrap();
+        let mut w: Vec<f32> = matrix(rows.max(cols), 8)[..rows * cols]
+            .iter()
+            .map(|v| v * 30.0)
+            .collect();
+        w[5 * cols..6 * cols].iter_mut().for_each(|v| *v = 0.0);
+        for (group, symmetric, bits) in [
+            (Group::Size(16), false, 3u8),
+            (Group::Row, true, 4),
+            (Group::Tensor, false, 2),
+        ] {
+            let p = AffineParams {
+                bits,
+                group,
+                symmetric,
+                scale_dtype: FloatDtype::F16,
+            };
+            let (codes, groups) = affine_ldlq_codes(&w, rows, cols, &p, &f).unwrap();
+            // One row at a time, each group fitted when rounding reaches it.
+            let tensor = (group == Group::Tensor).then(|| GroupQuant::fit_clipped(&w, &p).unwrap());
+            let glen = match group {
+                Group::Size(n) => n as usize,
+                _ => cols,
+            };
+            let (mut want_codes, mut want_groups) = (vec![0u8; rows * cols], Vec::new());
+            for (row, out) in w.chunks(cols).zip(want_codes.chunks_mut(cols)) {
+                let mut x = row.to_vec();
+                let mut current = tensor;
+                f.row(&mut x, 1, |j, up| {
+                    if tensor.is_none() && j % glen == 0 {
+                        let q = GroupQuant::fit_clipped(&up[..glen.min(up.len())], &p).unwrap();
+                        want_groups.push(q);
+                        current = Some(q);
+                    }
+                    let q = current.unwrap();
+                    let c = q.code(up[0]);
+                    out[j] = c as u8;
+                    up[0] = q.value(c);
+                });
+            }
+            want_groups.extend(tensor);
+            assert_eq!(codes, want_codes, "{group:?}");
+            assert_eq!(groups.len(), want_groups.len(), "{group:?}");
+            for (a, b) in groups.iter().zip(&want_groups) {
+                assert_eq!(format!("{a:?}"), format!("{b:?}"), "{group:?}");
+            }
+        }
+        // A group whose range no f16 scale holds: the first such group, row-major, is named
+        // (row 20's second group, in the second block of rows).
+        let mut big = w.clone();
+        big[20 * cols + 17] = 1e30;
+        big[33 * cols + 2] = 1e30;
+        let p = AffineParams {
+            bits: 4,
+            group: Group::Size(16),
+            symmetric: true,
+            scale_dtype: FloatDtype::F16,
+        };
+        match affine_ldlq_codes(&big, rows, cols, &p, &f) {
+            Err(crate::ScalarError::ScaleOverflow { group, .. }) => {
+                assert_eq!(group, 20 * 3 + 1)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn affine_with_uncorrelated_inputs_rounds_to_nearest_and_feedback_helps_otherwise() {
         use crate::{
             affine_encode, affine_ldlq_codes, affine_pack, AffineParams, FloatDtype, Group,
