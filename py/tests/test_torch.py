@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
 
 import numpy as np
 import pytest
@@ -356,6 +355,38 @@ def test_quantize_budget_meets_the_rate_and_keeps_biases_exact():
     for layer, b in zip((m[0], m[2]), biases):
         assert torch.equal(torch.from_numpy(layer.op.bias), b)
     assert 8 * (m[0].op.stored_bytes + m[2].op.stored_bytes) / weights <= 3.0 + 1e-6
+
+
+def test_quantize_budget_codes_on_the_device_asked_for(monkeypatch):
+    from hypercodec import api
+
+    seen = []
+    real = api.compress_state_dict
+
+    def spy(sd, path, metadata=None, **options):
+        seen.append(options.get("device"))
+        return real(sd, path, metadata, **options)
+
+    monkeypatch.setattr(api, "compress_state_dict", spy)
+    torch.manual_seed(0)
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+
+    # Weights on the CPU, by default or by name: the CPU codes (no --device).
+    for device in (None, "cpu", torch.device("cpu")):
+        m = model()
+        hnn.quantize_budget(m, 3, skip=(), candidates=("tcq@2-l8", "tcq@4-l8"), device=device)
+        assert isinstance(m[0], hnn.HyperLinear)
+    assert seen == [None, None, None]
+    with pytest.raises(hypercodec.InvalidInputError, match="CUDA device or the CPU"):
+        hnn.quantize_budget(model(), 3, skip=(), device="meta")
+    if not torch.cuda.is_available():
+        # A GPU asked for by name that is not there is an error, not a silent CPU run.
+        for device in ("cuda", "cuda:0", 0):
+            with pytest.raises(hypercodec.CudaError, match="no CUDA device"):
+                hnn.quantize_budget(model(), 3, skip=(), device=device)
+    assert len(seen) == 3
 
 
 class _Lm(torch.nn.Module):

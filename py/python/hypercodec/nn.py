@@ -892,6 +892,7 @@ def quantize_budget(
     skip: Iterable[str] = ("lm_head",),
     candidates: Iterable[str] | None = None,
     embeddings: bool = False,
+    device: str | int | torch.device | None = None,
 ) -> nn.Module:
     """Replaces every ``nn.Linear`` of ``model`` whose name contains none of ``skip`` by a
     :class:`HyperLinear`, the encodings chosen together by the planner's BUDGET: the fewest
@@ -901,9 +902,13 @@ def quantize_budget(
     feedback; ``candidates`` replaces BUDGET's ladder (names as ``hypercodec compress
     --candidates`` takes them); ``embeddings`` adds every ``nn.Embedding`` whose weight no
     linear layer shares to the same budget, each becoming a :class:`HyperEmbedding` (rounded
-    without error feedback: its inputs are one-hot). Biases are kept as float32. Runs the
-    command line's pipeline on a temporary archive and loads the layers from it
-    (:func:`load_into`). Returns ``model``.
+    without error feedback: its inputs are one-hot). Biases are kept as float32. ``device``
+    codes trellis candidates (BUDGET's measurements and the chosen encodings: the same bits as
+    the CPU's) on a GPU — ``"cuda"``, ``"cuda:N"`` or an ordinal; ``"cpu"`` keeps them on the
+    CPU; None (the default) uses the GPU the model's weights are on where the kernels load
+    there, else the CPU. Runs the command line's pipeline (``hypercodec compress --device``)
+    on a temporary archive and loads the layers from it (:func:`load_into`). Returns
+    ``model``.
 
         >>> hnn.quantize_budget(model, 3, collect_fisher(model, batches))  # doctest: +SKIP
     """
@@ -934,6 +939,9 @@ def quantize_budget(
         path = os.path.join(d, "budget.hwz")
         # The layers leave the archive: the target counts their streams, not its manifest.
         options: dict[str, Any] = {"mode": "budget", "target_bps": target_bps, "target_scope": "streams"}
+        gpu = _coding_gpu(model, device)
+        if gpu is not None:
+            options["device"] = f"cuda:{gpu}"
         if candidates is not None:
             options["candidates"] = ",".join(candidates)
         if sensitivity is not None:
@@ -953,6 +961,34 @@ def quantize_budget(
             _replace(model, n, HyperEmbedding(op, m.padding_idx, source=source, dtype=m.weight.dtype))
         load_into(model, path)
     return model
+
+
+def _coding_gpu(model: nn.Module, device: str | int | torch.device | None) -> int | None:
+    """The CUDA ordinal :func:`quantize_budget` codes trellis candidates on (None: the CPU).
+    Asked for by name, a GPU whose kernels do not load is a :class:`hypercodec.CudaError`; by
+    default, the weights' GPU where the kernels load, else the CPU."""
+    from . import cuda
+
+    if device is None:
+        p = next((p for p in model.parameters() if p.is_cuda), None)
+        if p is None:
+            return None
+        index = p.device.index if p.device.index is not None else torch.cuda.current_device()
+        try:
+            cuda.kernels(index)
+        except _native.HypercodecError:
+            return None
+        return index
+    d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if d.type == "cpu":
+        return None
+    if d.type != "cuda":
+        raise _native.InvalidInputError(f"device {str(device)!r}: trellis candidates are coded on a CUDA device or the CPU")
+    if not torch.cuda.is_available():
+        raise _native.CudaError(f"device {str(device)!r}: torch sees no CUDA device")
+    index = d.index if d.index is not None else torch.cuda.current_device()
+    cuda.kernels(index)
+    return index
 
 
 def _gram(x: torch.Tensor) -> torch.Tensor:
