@@ -598,13 +598,14 @@ mod tests {
 
     #[test]
     fn a_matrix_that_is_not_positive_definite_fails_in_any_block() {
-        // A negative pivot in the second block, past the first one.
-        let n = 70;
-        let mut a = vec![0f64; n * n];
-        for i in 0..n {
-            a[i * n + i] = if i == 40 { -1.0 } else { 1.0 };
+        // A negative pivot in the first block, then in a later one.
+        for (n, bad) in [(70, 40), (300, FACTOR_BLOCK + 36)] {
+            let mut a = vec![0f64; n * n];
+            for i in 0..n {
+                a[i * n + i] = if i == bad { -1.0 } else { 1.0 };
+            }
+            assert!(!cholesky_lower(&mut a, n), "n = {n}");
         }
-        assert!(!cholesky_lower(&mut a, n));
     }
 
     fn matrix(n: usize, seed: u64) -> Vec<f32> {
