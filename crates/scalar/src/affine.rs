@@ -402,7 +402,8 @@ pub fn affine_ldlq_codes(
         let w = &mut w[..k * cols];
         w.copy_from_slice(&block[..k * cols]);
         let mut current = vec![tensor; k];
-        let mut fitted: Vec<Vec<GroupQuant>> = vec![Vec::with_capacity(per_row); k];
+        let mut fitted: Vec<Vec<GroupQuant>> =
+            (0..k).map(|_| Vec::with_capacity(per_row)).collect();
         // The first group (row-major) that could not be fitted.
         let mut failed: Option<(usize, f32)> = None;
         f.rows_ranges(w, k, (0..cols).map(|j| j..j + 1), |i, j, upcoming| {

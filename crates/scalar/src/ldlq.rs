@@ -272,8 +272,19 @@ fn cholesky_lower(a: &mut [f64], n: usize) -> bool {
         let (top, below) = a.split_at_mut(j1 * n);
         let diag = &top[j0 * n..];
         let row = |ri: &mut [f64]| {
-            for (j, dj) in (j0..j1).zip(diag.chunks_exact(n)) {
-                let s = simd::dot8_f64(&ri[..j], &dj[..j]);
+            // The sums over the columns before the block (a multiple of eight), four of the
+            // block's columns per read of the row; then each column's own part, in order.
+            let mut partial = [[0f64; 8]; FACTOR_BLOCK];
+            for (q, p) in partial[..j1 - j0].chunks_mut(4).enumerate() {
+                let d = |t: usize| {
+                    let r = (4 * q + t).min(j1 - j0 - 1);
+                    &diag[r * n..r * n + j0]
+                };
+                let acc = simd::dot8x4_partial_f64(&ri[..j0], [d(0), d(1), d(2), d(3)]);
+                p.copy_from_slice(&acc[..p.len()]);
+            }
+            for ((j, dj), p) in (j0..j1).zip(diag.chunks_exact(n)).zip(partial) {
+                let s = simd::dot8_from_f64(p, &ri[j0..j], &dj[j0..j]);
                 ri[j] = (ri[j] - s) / dj[j];
             }
         };
@@ -318,10 +329,30 @@ fn invert_upper(v: &[f64], n: usize) -> Vec<f64> {
             // SAFETY: the block holds rows i0..i1 of `n` values; strips are disjoint column
             // ranges, so no two calls touch the same value.
             let row = |i: usize| unsafe { block.row(i - i0, n, c0, c1) };
-            // S_i = Σ_{k ≥ i1} V[i][k]·X[k], row k read once for the whole block.
-            for k in i1..c1 {
+            // S_i = Σ_{k ≥ i1} V[i][k]·X[k], row k read once for the whole block: four rows
+            // at a time while they all cover the strip (each value's sum in the order of k).
+            let x = |k: usize, from: usize| &below[(k - i1) * n + from..(k - i1) * n + c1];
+            let whole = c0.min(c1).max(i1);
+            let mut k = i1;
+            while k + 4 <= whole {
+                let xs = [x(k, c0), x(k + 1, c0), x(k + 2, c0), x(k + 3, c0)];
+                for i in i0..i1 {
+                    let a = [0, 1, 2, 3].map(|t| v[i * n + k + t]);
+                    if a.iter().all(|&c| c != 0.0) {
+                        simd::axpy4_f64(row(i), a, xs);
+                    } else {
+                        for (&c, xk) in a.iter().zip(xs) {
+                            if c != 0.0 {
+                                simd::axpy_f64(row(i), c, xk);
+                            }
+                        }
+                    }
+                }
+                k += 4;
+            }
+            for k in k..c1 {
                 let from = k.max(c0);
-                let xk = &below[(k - i1) * n + from..(k - i1) * n + c1];
+                let xk = x(k, from);
                 for i in i0..i1 {
                     let c = v[i * n + k];
                     if c != 0.0 {
@@ -426,6 +457,24 @@ mod simd {
         dispatch!(dot8_f64_body, dot8_f64_avx2, (a, b))
     }
 
+    /// [`dot8_f64`] continued from the partial sums `acc` of the products before `a` and `b`
+    /// (whole chunks of eight): the same value as `dot8_f64` over the whole slices.
+    pub(super) fn dot8_from_f64(acc: [f64; 8], a: &[f64], b: &[f64]) -> f64 {
+        dispatch!(dot8_from_f64_body, dot8_from_f64_avx2, (acc, a, b))
+    }
+
+    /// The eight partial sums of [`dot8_f64`] of `a` (a whole number of chunks of eight) with
+    /// each of `b`, `a` read once for the four.
+    pub(super) fn dot8x4_partial_f64(a: &[f64], b: [&[f64]; 4]) -> [[f64; 8]; 4] {
+        dispatch!(dot8x4_partial_f64_body, dot8x4_partial_f64_avx2, (a, b))
+    }
+
+    /// `y += a_0·x_0`, then `+= a_1·x_1`, … (each value's sums in that order, as four
+    /// [`axpy_f64`] calls), `y` read and written once.
+    pub(super) fn axpy4_f64(y: &mut [f64], a: [f64; 4], x: [&[f64]; 4]) {
+        dispatch!(axpy4_f64_body, axpy4_f64_avx2, (y, a, x))
+    }
+
     #[inline(always)]
     fn axpy_f32_body(y: &mut [f32], a: f32, x: &[f32]) {
         for (y, &x) in y.iter_mut().zip(x) {
@@ -450,7 +499,11 @@ mod simd {
 
     #[inline(always)]
     fn dot8_f64_body(a: &[f64], b: &[f64]) -> f64 {
-        let mut acc = [0f64; 8];
+        dot8_from_f64_body([0f64; 8], a, b)
+    }
+
+    #[inline(always)]
+    fn dot8_from_f64_body(mut acc: [f64; 8], a: &[f64], b: &[f64]) -> f64 {
         let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
         let tail: f64 = ca
             .remainder()
@@ -464,6 +517,35 @@ mod simd {
             }
         }
         ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    }
+
+    #[inline(always)]
+    fn dot8x4_partial_f64_body(a: &[f64], b: [&[f64]; 4]) -> [[f64; 8]; 4] {
+        let mut acc = [[0f64; 8]; 4];
+        let n = a.len() / 8 * 8;
+        let b = b.map(|b| &b[..n]);
+        for c in (0..n).step_by(8) {
+            let x = &a[c..c + 8];
+            for (acc, b) in acc.iter_mut().zip(b) {
+                let y = &b[c..c + 8];
+                for t in 0..8 {
+                    acc[t] += x[t] * y[t];
+                }
+            }
+        }
+        acc
+    }
+
+    #[inline(always)]
+    fn axpy4_f64_body(y: &mut [f64], a: [f64; 4], x: [&[f64]; 4]) {
+        let n = y.len();
+        let [x0, x1, x2, x3] = x.map(|x| &x[..n]);
+        for (c, y) in y.iter_mut().enumerate() {
+            *y = *y + a[0] * x0[c];
+            *y = *y + a[1] * x1[c];
+            *y = *y + a[2] * x2[c];
+            *y = *y + a[3] * x3[c];
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -488,6 +570,24 @@ mod simd {
     #[target_feature(enable = "avx2")]
     fn dot8_f64_avx2(a: &[f64], b: &[f64]) -> f64 {
         dot8_f64_body(a, b)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn dot8_from_f64_avx2(acc: [f64; 8], a: &[f64], b: &[f64]) -> f64 {
+        dot8_from_f64_body(acc, a, b)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn dot8x4_partial_f64_avx2(a: &[f64], b: [&[f64]; 4]) -> [[f64; 8]; 4] {
+        dot8x4_partial_f64_body(a, b)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn axpy4_f64_avx2(y: &mut [f64], a: [f64; 4], x: [&[f64]; 4]) {
+        axpy4_f64_body(y, a, x)
     }
 }
 
