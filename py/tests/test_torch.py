@@ -381,6 +381,9 @@ def test_quantize_budget_codes_on_the_device_asked_for(monkeypatch):
     assert seen == [None, None, None]
     with pytest.raises(hypercodec.InvalidInputError, match="CUDA device or the CPU"):
         hnn.quantize_budget(model(), 3, skip=(), device="meta")
+    for bad in ("gpu", -1):
+        with pytest.raises(hypercodec.InvalidInputError, match="device"):
+            hnn.quantize_budget(model(), 3, skip=(), device=bad)
     if not torch.cuda.is_available():
         # A GPU asked for by name that is not there is an error, not a silent CPU run.
         for device in ("cuda", "cuda:0", 0):

@@ -919,6 +919,7 @@ def quantize_budget(
     from . import api
 
     skip = tuple(skip)
+    gpu = _coding_gpu(model, device)
     sd: dict[str, np.ndarray] = {}
     for n, m in model.named_modules():
         if isinstance(m, nn.Linear) and not any(s in n for s in skip):
@@ -939,7 +940,6 @@ def quantize_budget(
         path = os.path.join(d, "budget.hwz")
         # The layers leave the archive: the target counts their streams, not its manifest.
         options: dict[str, Any] = {"mode": "budget", "target_bps": target_bps, "target_scope": "streams"}
-        gpu = _coding_gpu(model, device)
         if gpu is not None:
             options["device"] = f"cuda:{gpu}"
         if candidates is not None:
@@ -979,7 +979,10 @@ def _coding_gpu(model: nn.Module, device: str | int | torch.device | None) -> in
         except _native.HypercodecError:
             return None
         return index
-    d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    try:
+        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise _native.InvalidInputError(f"device {str(device)!r}: {e}") from None
     if d.type == "cpu":
         return None
     if d.type != "cuda":
