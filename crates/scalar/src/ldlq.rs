@@ -541,10 +541,10 @@ mod simd {
         let n = y.len();
         let [x0, x1, x2, x3] = x.map(|x| &x[..n]);
         for (c, y) in y.iter_mut().enumerate() {
-            *y = *y + a[0] * x0[c];
-            *y = *y + a[1] * x1[c];
-            *y = *y + a[2] * x2[c];
-            *y = *y + a[3] * x3[c];
+            *y += a[0] * x0[c];
+            *y += a[1] * x1[c];
+            *y += a[2] * x2[c];
+            *y += a[3] * x3[c];
         }
     }
 
