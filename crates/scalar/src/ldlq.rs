@@ -40,23 +40,18 @@ impl Ldlq {
         let base = if mean_diag > 0.0 { mean_diag } else { 1.0 };
         let mut lambda = damp.max(1e-6) * base;
         for _ in 0..3 {
-            // The reversed matrix P·H·P (+ λI), whose Cholesky factor is P·U⁻¹·P.
-            let mut a = vec![0f64; n * n];
+            // The reversed matrix P·H·P (+ λI), whose Cholesky factor is P·U⁻¹·P: entry
+            // (i, j) is H's (n−1−i, n−1−j), which in row-major order is H read backwards.
+            let mut a: Vec<f64> = h.iter().rev().map(|&v| v as f64).collect();
             for i in 0..n {
-                for j in 0..n {
-                    a[i * n + j] = h[(n - 1 - i) * n + (n - 1 - j)] as f64;
-                }
                 a[i * n + i] += lambda;
             }
             if cholesky_lower(&mut a, n) {
-                // a = L (lower) with L = P·V·P, V = U⁻¹ upper: V[i][j] = L[n−1−i][n−1−j].
-                let mut v = vec![0f64; n * n];
-                for i in 0..n {
-                    for j in i..n {
-                        v[i * n + j] = a[(n - 1 - i) * n + (n - 1 - j)];
-                    }
-                }
-                let u = invert_upper(&v, n);
+                // a = L (lower) with L = P·V·P, V = U⁻¹ upper: V[i][j] = L[n−1−i][n−1−j], L
+                // read backwards again (in place: one n×n float64 matrix fewer).
+                a.reverse();
+                let u = invert_upper(&a, n);
+                drop(a);
                 return Ok(Ldlq {
                     n,
                     u: u.into_iter().map(|x| x as f32).collect(),
@@ -693,6 +688,35 @@ mod tests {
                     assert!((e - want).abs() < 1e-8, "n = {n}: (V·X)[{i}][{j}] = {e}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_factor_reads_the_statistics_backwards_as_the_index_loops_did() {
+        for n in [1, 37, 300] {
+            let h = matrix(n, 4);
+            let f = Ldlq::new(&h, n, 0.01).unwrap();
+            let lambda =
+                0.01 * ((0..n).map(|i| h[i * n + i].max(0.0) as f64).sum::<f64>() / n as f64);
+            let mut a = vec![0f64; n * n];
+            for i in 0..n {
+                for j in 0..n {
+                    a[i * n + j] = h[(n - 1 - i) * n + (n - 1 - j)] as f64;
+                }
+                a[i * n + i] += lambda;
+            }
+            assert!(cholesky_by_columns(&mut a, n));
+            let mut v = vec![0f64; n * n];
+            for i in 0..n {
+                for j in i..n {
+                    v[i * n + j] = a[(n - 1 - i) * n + (n - 1 - j)];
+                }
+            }
+            let u: Vec<f32> = invert_one_thread(&v, n).iter().map(|&x| x as f32).collect();
+            assert!(
+                f.u.iter().zip(&u).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "n = {n}"
+            );
         }
     }
 
