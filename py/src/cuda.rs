@@ -17,10 +17,6 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// Kernels loaded per device for encoding (once each).
-static ENCODE_KERNELS: std::sync::Mutex<Vec<(usize, std::sync::Arc<Kernels>)>> =
-    std::sync::Mutex::new(Vec::new());
-
 /// A [`hypercodec_hwz::TrellisRowsEncoder`] that codes on the GPU the calling thread was given
 /// by [`with_trellis_device`] (declining anywhere else: the CPU codes instead).
 fn gpu_trellis_rows(
@@ -47,19 +43,7 @@ pub(crate) fn with_trellis_device<T>(
     let Some(d) = device else {
         return Ok(f(None));
     };
-    let k = {
-        let mut cache = ENCODE_KERNELS
-            .lock()
-            .map_err(|_| PyCudaError::new_err("the encoder cache was poisoned"))?;
-        match cache.iter().find(|(i, _)| *i == d) {
-            Some((_, k)) => k.clone(),
-            None => {
-                let k = std::sync::Arc::new(Kernels::new(d).map_err(cuda_err)?);
-                cache.push((d, k.clone()));
-                k
-            }
-        }
-    };
+    let k = Kernels::shared(d).map_err(cuda_err)?;
     /// Clears the thread's encoder however `f` ends (a panic included).
     struct Reset;
     impl Drop for Reset {

@@ -171,10 +171,8 @@ struct CompressArgs {
     device: Option<String>,
 }
 
-/// The GPUs loaded by `--device` (once each), and the one [`trellis_rows_on_gpu`] codes on (the
-/// last `--device` of the process: one compress at a time).
-static GPUS: std::sync::Mutex<Vec<(usize, std::sync::Arc<hypercodec_kernels_cuda::Kernels>)>> =
-    std::sync::Mutex::new(Vec::new());
+/// The GPU [`trellis_rows_on_gpu`] codes on: the last `--device` of the process (one compress
+/// at a time).
 static GPU: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A [`hwz::TrellisRowsEncoder`] function on the GPU of `--device`.
@@ -187,14 +185,8 @@ fn trellis_rows_on_gpu(
     bits: &mut [u8],
 ) -> std::result::Result<(), String> {
     let ordinal = GPU.load(std::sync::atomic::Ordering::Relaxed);
-    let k = GPUS
-        .lock()
-        .map_err(|_| "the device list was poisoned")?
-        .iter()
-        .find(|(i, _)| *i == ordinal)
-        .map(|(_, k)| k.clone())
-        .ok_or("no --device")?;
-    k.trellis_encode_host(values, rows, cols, seq, (p.l, p.k), p.affine(), bits)
+    hypercodec_kernels_cuda::Kernels::shared(ordinal)
+        .and_then(|k| k.trellis_encode_host(values, rows, cols, seq, (p.l, p.k), p.affine(), bits))
         .map_err(|e| e.to_string())
 }
 
@@ -211,14 +203,8 @@ fn device_encoder(device: Option<&str>) -> Result<Option<hwz::TrellisRowsEncoder
             .ok_or_else(|| PipelineError::option("--device", "is `cuda` or `cuda:N`"))?,
         None => return Err(PipelineError::option("--device", "is `cuda` or `cuda:N`")),
     };
-    let mut gpus = GPUS
-        .lock()
-        .map_err(|_| PipelineError::option("--device", "the device list was poisoned"))?;
-    if !gpus.iter().any(|(i, _)| *i == ordinal) {
-        let k = hypercodec_kernels_cuda::Kernels::new(ordinal)
-            .map_err(|e| PipelineError::option("--device", e.to_string()))?;
-        gpus.push((ordinal, std::sync::Arc::new(k)));
-    }
+    hypercodec_kernels_cuda::Kernels::shared(ordinal)
+        .map_err(|e| PipelineError::option("--device", e.to_string()))?;
     GPU.store(ordinal, std::sync::atomic::Ordering::Relaxed);
     Ok(Some(hwz::TrellisRowsEncoder(trellis_rows_on_gpu)))
 }

@@ -1149,6 +1149,21 @@ impl Kernels {
         })
     }
 
+    /// The kernels of device `ordinal`, loaded on first use and shared for the rest of the
+    /// process (the front ends' trellis encoders reach them from any thread).
+    pub fn shared(ordinal: usize) -> Result<std::sync::Arc<Kernels>> {
+        static LOADED: std::sync::Mutex<Vec<(usize, std::sync::Arc<Kernels>)>> =
+            std::sync::Mutex::new(Vec::new());
+        // A list that only grows is whole even if a holder panicked.
+        let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, k)) = loaded.iter().find(|(i, _)| *i == ordinal) {
+            return Ok(k.clone());
+        }
+        let k = std::sync::Arc::new(Kernels::new(ordinal)?);
+        loaded.push((ordinal, k.clone()));
+        Ok(k)
+    }
+
     /// Kernel functions loaded.
     pub fn functions(&self) -> usize {
         args::function_names().len()
