@@ -208,7 +208,7 @@ fn kv(d: &Bound<'_, PyDict>) -> PyResult<KvE8> {
 /// pointers must be device memory of the sizes stated, which this class cannot check.
 #[pyclass(module = "hypercodec._native", frozen)]
 pub(crate) struct CudaKernels {
-    k: Kernels,
+    k: std::sync::Arc<Kernels>,
 }
 
 #[pymethods]
@@ -224,12 +224,13 @@ impl CudaKernels {
         slf
     }
 
-    /// Loads the kernels on device `device`; raises `CudaError` when this wheel or machine has
-    /// no CUDA (no driver, no such device).
+    /// The kernels of device `device`, loaded once per process and shared with the trellis
+    /// encoder (`Kernels::shared`); raises `CudaError` when this wheel or machine has no CUDA
+    /// (no driver, no such device).
     #[new]
     fn new(device: usize) -> PyResult<Self> {
         Ok(CudaKernels {
-            k: Kernels::new(device).map_err(cuda_err)?,
+            k: Kernels::shared(device).map_err(cuda_err)?,
         })
     }
 

@@ -378,7 +378,7 @@ def test_cuda_kv_attention_over_the_codes_matches_the_decoded_cache(d, q, sinks)
     """The fused device path (`hc_kv_e8_attend` + the exact tokens) against softmax attention
     over the same cache decoded on the device: GQA (3 query heads per KV head; 9 queries per
     row at q = 3, two query tiles), a padded batch row, causal queries, sinks, a window."""
-    transformers = pytest.importorskip("transformers")  # noqa: F841 (the cache needs it)
+    pytest.importorskip("transformers")  # the cache needs it
     from hypercodec.kv import HypercodecKVLayer
 
     torch.manual_seed(d + q)
@@ -524,3 +524,21 @@ def test_calibrated_trellis_on_the_gpu_gives_the_cpus_bits(spec):
     assert gpu.to_hwz() == cpu.to_hwz()
     plain = hypercodec.Linear.quantize(w, spec)
     assert plain.to_hwz() != cpu.to_hwz()  # the feedback did something
+
+
+@needs_cuda
+def test_quantize_budget_of_a_cuda_model_codes_on_the_gpu_with_the_cpus_choice():
+    def model() -> torch.nn.Module:
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+
+    ladder = ("tcq@2-l12", "tcq@3-l12", "tcq@4-l12")
+    cpu = hnn.quantize_budget(model(), 3, skip=(), candidates=ladder, device="cpu")
+    gpu = hnn.quantize_budget(model().cuda(), 3, skip=(), candidates=ladder)  # the weights' GPU
+    named = hnn.quantize_budget(model(), 3, skip=(), candidates=ladder, device="cuda:0")
+    for i in (0, 2):
+        assert isinstance(gpu[i], hnn.HyperLinear) and isinstance(named[i], hnn.HyperLinear)
+        assert gpu[i].op.to_hwz() == cpu[i].op.to_hwz()
+        assert named[i].op.to_hwz() == cpu[i].op.to_hwz()
+    x = torch.randn(4, 256)
+    torch.testing.assert_close(gpu(x.cuda()).cpu(), cpu(x), rtol=2e-3, atol=2e-3)
