@@ -69,6 +69,35 @@ def test_stored_bytes_are_codes_scales_and_exact_tokens(lm):
     assert cache.bits_per_value() < 8
 
 
+
+def test_rates_per_layer_give_each_layer_its_codecs(lm):
+    import hypercodec
+
+    model, tok = lm
+    n = model.config.num_hidden_layers
+    ids = tok(TEXT, return_tensors="pt")
+    t = ids["input_ids"].shape[1]
+    vbits = [2] * 3 + [1] * (n - 3)
+    opts = {"quantizer": "trellis", "key_bits": 2, "value_bits": vbits, "window": 16, "sinks": 4, "block": 8}
+    cache = HypercodecCache(model.config, **opts)
+    with torch.no_grad():
+        model(**ids, past_key_values=cache, use_cache=True)
+    assert [layer.value_bits for layer in cache.layers] == vbits
+    assert all(layer.key_bits == 2 and layer.sinks == 4 for layer in cache.layers)
+    first, last = cache.layers[0], cache.layers[-1]
+    heads, d = first.keys.shape[1], first.keys.shape[3]
+    compressed = t - 4 - first.keys.shape[2]
+    # The same tokens compressed, one value bit less per value in the last layer.
+    assert first.stored_bytes() - last.stored_bytes() == heads * compressed * d // 8
+    uniform = HypercodecCache(model.config, **{**opts, "value_bits": 2})
+    with torch.no_grad():
+        model(**ids, past_key_values=uniform, use_cache=True)
+    assert uniform.stored_bytes() - cache.stored_bytes() == (n - 3) * heads * compressed * d // 8
+    for bad in ([2] * (n - 1), (2,) * (n + 1)):
+        with pytest.raises(hypercodec.InvalidInputError, match=f"value_bits: {len(bad)} rates for {n} layers"):
+            HypercodecCache(model.config, **{**opts, "value_bits": bad})
+
+
 def _chunked_logp(model, ids, cache, chunk=8):
     out = []
     with torch.no_grad():
@@ -186,3 +215,20 @@ def test_int_baseline_saturates_and_both_head_sizes_are_counted():
     assert layer.values_held() == 20 * 2 * (64 + 128)
     with pytest.raises(hypercodec.InvalidInputError, match="cropped"):
         layer.crop(-1)
+
+
+def test_kv_eval_counts_the_window_and_the_sinks_in_bf16():
+    from hypercodec import kv_eval
+
+    opts = {"quantizer": "trellis", "key_bits": 2, "value_bits": 3, "window": 32}
+    codes = (2 + 16 / 64 + 3 + 16 / 64) / 2  # codes and a bf16 scale per 64-value vector
+    assert kv_eval._bits_at(opts, 64, 2048) == pytest.approx(((2048 - 32) * codes + 32 * 16) / 2048)
+    sinks = kv_eval._bits_at({**opts, "sinks": 4}, 64, 2048)
+    assert sinks == pytest.approx(((2048 - 36) * codes + 36 * 16) / 2048)
+    # A peer's groups of 64: its bits plus an f16 scale and zero.
+    peer = kv_eval._bits_at({"quantizer": "group", "key_bits": 2, "value_bits": 2, "window": 32}, 64, 2048)
+    assert peer == pytest.approx(((2048 - 32) * 2.5 + 32 * 16) / 2048)
+    # Rates per layer: each side's mean over its layers.
+    mixed = kv_eval._bits_at({**opts, "value_bits": [2, 1, 1, 1]}, 64, 2048)
+    vcodes = (2 + 1 + 1 + 1) / 4 + 16 / 64
+    assert mixed == pytest.approx(((2048 - 32) * (2 + 16 / 64 + vcodes) / 2 + 32 * 16) / 2048)

@@ -502,14 +502,29 @@ class HypercodecKVLayer(DynamicLayer):
 
 class HypercodecCache(Cache):
     """A transformers ``Cache`` of :class:`HypercodecKVLayer` (one per decoder layer; the
-    keyword arguments go to each), for models whose layers are all full attention."""
+    keyword arguments go to each), for models whose layers are all full attention.
+    ``key_bits`` and ``value_bits`` may also be sequences of one rate per layer (mixed
+    precision: e.g. 2-bit values in the first layers, 1-bit values in the rest)."""
 
     def __init__(self, config: Any, **layer_options: Any) -> None:
         config = config.get_text_config(decoder=True)
         kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
         if kinds - {"full_attention"}:
             raise _native.InvalidInputError(f"HypercodecCache needs full-attention layers only, found {sorted(kinds)}")
-        super().__init__(layers=[HypercodecKVLayer(**layer_options) for _ in range(config.num_hidden_layers)])
+        n = config.num_hidden_layers
+        per_layer = {}
+        for name in ("key_bits", "value_bits"):
+            bits = layer_options.get(name)
+            if isinstance(bits, (list, tuple)):
+                if len(bits) != n:
+                    raise _native.InvalidInputError(f"{name}: {len(bits)} rates for {n} layers")
+                per_layer[name] = list(bits)
+        super().__init__(
+            layers=[
+                HypercodecKVLayer(**{**layer_options, **{k: v[i] for k, v in per_layer.items()}})
+                for i in range(n)
+            ]
+        )
         self._config = config
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):

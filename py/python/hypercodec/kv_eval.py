@@ -35,6 +35,9 @@ def _configs(window: int) -> list[tuple[str, dict[str, Any]]]:
     for kb, vb in ((4, 4), (4, 3), (3, 3), (2, 2)):
         for q in ("e8", "trellis"):
             out.append((f"{q} K{kb}/V{vb}", {"quantizer": q, "key_bits": kb, "value_bits": vb, "window": window}))
+    # Exact attention sinks: the first 4 tokens' keys and values kept as they came.
+    out.append(("trellis K2/V2, 4 exact sinks",
+                {"quantizer": "trellis", "key_bits": 2, "value_bits": 2, "window": window, "sinks": 4}))
     for b in (8, 4, 2):
         out.append((f"RTN INT{b} per-token", {"quantizer": "int", "key_bits": b, "value_bits": b, "window": window}))
     return out
@@ -69,18 +72,20 @@ def _peer_caches(model: Any, residual: int) -> list[tuple[str, Callable[[], Any]
 
 
 def _bits_at(layer_opts: dict[str, Any], head_dim: int, context: int) -> float:
-    """Bits per cached value at ``context`` tokens with the exact window in bf16. A peer
+    """Bits per cached value at ``context`` tokens with the exact window and sinks in bf16
+    (rates per layer: their mean, every layer holding as many values). A peer
     (``quantizer="group"``) stores ``bits`` per value plus an f16 scale and zero point per group
     of 64 (its documented layout; counted, not measured)."""
     from .kv import make_codec
 
     q = layer_opts["quantizer"]
-    w = layer_opts["window"]
-    total = 0.0
-    for bits in (layer_opts["key_bits"], layer_opts["value_bits"]):
-        per = bits + 32 / 64 if q == "group" else make_codec(head_dim, bits, q).bits_per_value
-        total += (context - w) * per + w * 16
-    return total / (2 * context)
+    w = layer_opts["window"] + layer_opts.get("sinks", 0)
+    sides = []
+    for rates in (layer_opts["key_bits"], layer_opts["value_bits"]):
+        rates = list(rates) if isinstance(rates, (list, tuple)) else [rates]
+        per = [b + 32 / 64 if q == "group" else make_codec(head_dim, b, q).bits_per_value for b in rates]
+        sides.append(((context - w) * sum(per) / len(per) + w * 16) / context)
+    return sum(sides) / 2
 
 
 def _run_window(model: Any, ids: Any, cache: Any, chunk: int) -> tuple[float, int]:
