@@ -861,9 +861,11 @@ impl Linear {
 }
 
 /// The KV-cache vector codec (`hypercodec_lattice::kv`): rotate, normalize, fixed-rate
-/// lattice or trellis codes plus one bf16 scale per vector. Vectors are rows of a float32
+/// lattice or trellis codes plus one scale per vector. Vectors are rows of a float32
 /// array whose last dimension is `dim`; codes are `uint8` (`code_bytes` per vector), scales
-/// `uint16` (bf16 bits).
+/// `uint16` (bf16 bits, `scale_entries` = 1 per vector), or with `scale="log8"` one byte at
+/// the end of each vector's codes (`scale_entries` = 0: every scales array is empty, its
+/// last axis of length 0).
 #[pyclass(module = "hypercodec._native", frozen)]
 struct KvCodec {
     codec: hypercodec_lattice::kv::KvCodec,
@@ -902,9 +904,12 @@ impl KvCodec {
 
     /// `quantizer`: `e8`, `d4` or `z1` (fixed-rate lattice forms) or `trellis` (bitshift
     /// trellis, `trellis_l` state bits); `rotation`: `rht`, `haar` or `none`; `dither` (lattice
-    /// only) is keyed on one integer per vector given to `encode` / `decode`.
+    /// only) is keyed on one integer per vector given to `encode` / `decode`; `scale`: `bf16`
+    /// (16 bits per vector) or `log8` (8 bits: steps of 2^(1/8), ±4.4 %, from about 1.7e-5 to
+    /// 5.9e4).
     #[new]
-    #[pyo3(signature = (dim, bits, quantizer="e8", rotation="rht", seed=0, dither=false, trellis_l=10))]
+    #[pyo3(signature = (dim, bits, quantizer="e8", rotation="rht", seed=0, dither=false, trellis_l=10, scale="bf16"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         dim: usize,
         bits: u8,
@@ -913,8 +918,18 @@ impl KvCodec {
         seed: u64,
         dither: bool,
         trellis_l: u8,
+        scale: &str,
     ) -> PyResult<Self> {
-        use hypercodec_lattice::kv::{KvQuantizer, Rotation};
+        use hypercodec_lattice::kv::{KvQuantizer, Rotation, ScaleFormat};
+        let format = match scale {
+            "bf16" => ScaleFormat::Bf16,
+            "log8" => ScaleFormat::Log8,
+            other => {
+                return Err(InvalidInputError::new_err(format!(
+                    "unknown scale format `{other}`; use bf16 or log8"
+                )))
+            }
+        };
         let q = match quantizer {
             "trellis" => KvQuantizer::Trellis { l: trellis_l },
             name => KvQuantizer::Lattice(lattice_named(name)?),
@@ -930,14 +945,16 @@ impl KvCodec {
             }
         };
         let codec = hypercodec_lattice::kv::KvCodec::new(dim, bits, q, r, seed, dither)
-            .map_err(lattice_err)?;
+            .map_err(lattice_err)?
+            .with_scale_format(format);
         Ok(KvCodec { codec })
     }
 
     /// Values per vector.
     /// What the CUDA kernels need to encode and decode this codec's vectors on the GPU, or None
-    /// where they cannot (only the E8 lattice without dither, rotated by the RHT in tiles of at
-    /// least 8 values or not at all, vectors of 8..=256 values in whole words, have a kernel).
+    /// where they cannot (only the E8 lattice without dither, with bf16 scales, rotated by the
+    /// RHT in tiles of at least 8 values or not at all, vectors of 8..=256 values in whole
+    /// words, have a kernel).
     fn device_params<'py>(
         &self,
         py: Python<'py>,
@@ -951,7 +968,10 @@ impl KvCodec {
             Rotation::None => 0,
             Rotation::Haar => return Ok(None),
         };
-        if c.quantizer() != KvQuantizer::Lattice(Lattice::E8) || c.dithers() {
+        if c.quantizer() != KvQuantizer::Lattice(Lattice::E8)
+            || c.dithers()
+            || c.scale_entries() != 1
+        {
             return Ok(None);
         }
         // The shapes the kernels take are theirs to say: no vectors, so no pointers checked.
@@ -990,10 +1010,16 @@ impl KvCodec {
         self.codec.dim()
     }
 
-    /// Bytes of codes per vector.
+    /// Bytes of codes per vector (with `scale="log8"`, the scale byte included).
     #[getter]
     fn code_bytes(&self) -> usize {
         self.codec.code_bytes()
+    }
+
+    /// uint16 scales per vector: 1 (bf16) or 0 (log8, in the codes).
+    #[getter]
+    fn scale_entries(&self) -> usize {
+        self.codec.scale_entries()
     }
 
     /// Stored bits per value, codes and scale.
@@ -1002,8 +1028,9 @@ impl KvCodec {
         self.codec.bits_per_value()
     }
 
-    /// Codes (`(..., code_bytes)` uint8) and scales (`(...)` uint16) of `x` (`(..., dim)`
-    /// float32); `keys` (uint64, one per vector) when the codec dithers.
+    /// Codes (`(..., code_bytes)` uint8) and scales (`(...)` uint16; with `scale="log8"` empty,
+    /// `(..., 0)` without the last axis of `x`'s batch shape) of `x` (`(..., dim)` float32);
+    /// `keys` (uint64, one per vector) when the codec dithers.
     #[pyo3(signature = (x, keys=None))]
     #[allow(clippy::type_complexity)]
     fn encode<'py>(
@@ -1023,22 +1050,29 @@ impl KvCodec {
         let keys = keys.as_ref().map(|k| k.as_slice()).transpose()?;
         let n = xs.len() / d.max(1);
         check_keys(keys, n)?;
-        let cb = self.codec.code_bytes();
+        let (cb, se) = (self.codec.code_bytes(), self.codec.scale_entries());
         let (codes, scales) = py.detach(|| -> PyResult<(Vec<u8>, Vec<u16>)> {
             let mut codes = vec![0u8; n * cb];
-            let mut scales = vec![0u16; n];
+            let mut scales = vec![0u16; n * se];
             let per = if n >= KV_PARALLEL_ROWS {
                 n.div_ceil(rayon::current_num_threads())
             } else {
                 n.max(1)
             };
+            // (codes, scales) of `per` vectors at a time; the scales may be empty.
+            let mut pieces = Vec::new();
+            let mut rest = &mut scales[..];
+            for c in codes.chunks_mut(per * cb) {
+                let (s, r) = std::mem::take(&mut rest).split_at_mut(c.len() / cb * se);
+                rest = r;
+                pieces.push((c, s));
+            }
             use rayon::prelude::*;
-            codes
-                .par_chunks_mut(per * cb)
-                .zip(scales.par_chunks_mut(per))
+            pieces
+                .into_par_iter()
                 .enumerate()
                 .try_for_each(|(j, (c, s))| {
-                    let rows = s.len();
+                    let rows = c.len() / cb;
                     let k = keys.map(|k| &k[j * per..j * per + rows]);
                     self.codec
                         .encode_into(&xs[j * per * d..(j * per + rows) * d], k, c, s)
@@ -1048,7 +1082,13 @@ impl KvCodec {
         })?;
         let mut cshape = shape.clone();
         *cshape.last_mut().expect("rank >= 1") = cb;
-        let sshape = shape[..shape.len() - 1].to_vec();
+        let mut sshape = shape[..shape.len() - 1].to_vec();
+        if se == 0 {
+            match sshape.last_mut() {
+                Some(last) => *last = 0,
+                None => sshape.push(0),
+            }
+        }
         Ok((
             PyArray1::from_vec(py, codes).reshape(cshape)?,
             PyArray1::from_vec(py, scales).reshape(sshape)?,
@@ -1056,7 +1096,7 @@ impl KvCodec {
     }
 
     /// Decodes the first `n` vectors of each row of `codes` (`(rows, capacity, code_bytes)`
-    /// uint8, e.g. rows = batch · heads) and `scales` (`(rows, capacity)` uint16) into
+    /// uint8, e.g. rows = batch · heads) and `scales` (`(rows, capacity · scale_entries)` uint16) into
     /// `out[row, offset : offset + n]` (`out`: writable float32 `(rows, tokens, dim)`, e.g. the
     /// attention's key tensor, whose other tokens the caller fills). With a dithering codec,
     /// vector `t` of row `r` is keyed `(offset + t) · heads + r % heads`, as `encode` was.
@@ -1078,10 +1118,11 @@ impl KvCodec {
     ) -> PyResult<()> {
         let [rows, cap, cb]: [usize; 3] = codes.shape().try_into().expect("rank 3");
         let (d, want_cb) = (self.codec.dim(), self.codec.code_bytes());
+        let se = self.codec.scale_entries();
         let [orows, tokens, od]: [usize; 3] = out.shape().try_into().expect("rank 3");
         let heads = heads.max(1);
         if cb != want_cb
-            || scales.shape() != [rows, cap]
+            || scales.shape() != [rows, cap * se]
             || n > cap
             || (orows, od) != (rows, d)
             || offset.checked_add(n).is_none_or(|e| e > tokens)
@@ -1116,7 +1157,7 @@ impl KvCodec {
             let run = |(r, t0, piece): (usize, usize, &mut [f32])| {
                 let m = piece.len() / d;
                 let c = &cs[(r * cap + t0) * cb..(r * cap + t0 + m) * cb];
-                let s = &ss[r * cap + t0..r * cap + t0 + m];
+                let s = &ss[(r * cap + t0) * se..(r * cap + t0 + m) * se];
                 let keys: Option<Vec<u64>> = dither.then(|| {
                     (0..m)
                         .map(|t| ((offset + t0 + t) * heads + r % heads) as u64)
@@ -1136,7 +1177,7 @@ impl KvCodec {
     /// Softmax attention over the first `n` compressed tokens of each row, decoding a block of
     /// tokens at a time in the rotated domain (no decoded history is ever held). This codec
     /// coded the keys (`kcodes` `(rows, capacity, code_bytes)` uint8, `kscales` `(rows,
-    /// capacity)` uint16), `values` the values (`vcodes`, `vscales`, the same rows). `q`:
+    /// capacity · scale_entries)` uint16), `values` the values (`vcodes`, `vscales`, the same rows). `q`:
     /// float32 `(rows, g, dim)`, the queries of each row (e.g. rows = batch · key/value heads,
     /// g = the query heads sharing one, times the new tokens); scores are `scale·⟨q, k⟩` plus
     /// `bias` (optional float32 `(batch, b, ≥ n + m)` over every token, `m` exact ones included:
@@ -1194,8 +1235,8 @@ impl KvCodec {
             && vcb == vc.code_bytes()
             && kcodes.shape()[0] == rows
             && vcodes.shape()[0] == rows
-            && kscales.shape() == [rows, kcap]
-            && vscales.shape() == [rows, vcap]
+            && kscales.shape() == [rows, kcap * kc.scale_entries()]
+            && vscales.shape() == [rows, vcap * vc.scale_entries()]
             && n <= kcap.min(vcap)
             && out.shape() == [rows, g, dv]
             && lse.shape() == [rows, g]
@@ -1237,6 +1278,7 @@ impl KvCodec {
         let (os, ls) = (out.as_slice_mut()?, lse.as_slice_mut()?);
         let heads = heads.max(1);
         let dither = kc.dithers() || vc.dithers();
+        let (kse, vse) = (kc.scale_entries(), vc.scale_entries());
         py.detach(|| -> PyResult<()> {
             use rayon::prelude::*;
             let run = |(r, (o, l)): (usize, (&mut [f32], &mut [f32]))| -> PyResult<()> {
@@ -1248,12 +1290,12 @@ impl KvCodec {
                 let ks = hypercodec_lattice::kv::Side {
                     codec: kc,
                     codes: &kcs[r * kcap * kcb..(r * kcap + n) * kcb],
-                    scales: &kss[r * kcap..r * kcap + n],
+                    scales: &kss[r * kcap * kse..(r * kcap + n) * kse],
                 };
                 let vs = hypercodec_lattice::kv::Side {
                     codec: vc,
                     codes: &vcs[r * vcap * vcb..(r * vcap + n) * vcb],
-                    scales: &vss[r * vcap..r * vcap + n],
+                    scales: &vss[r * vcap * vse..(r * vcap + n) * vse],
                 };
                 let b = match (bs, &bshape) {
                     (Some(v), Some(sh)) => {
@@ -1299,8 +1341,8 @@ impl KvCodec {
         })
     }
 
-    /// The vectors of `codes` (`(..., code_bytes)` uint8) and `scales` (`(...)` uint16), as
-    /// float32 `(..., dim)`; the same `keys` as `encode`.
+    /// The vectors of `codes` (`(..., code_bytes)` uint8) and `scales` (as `encode` gave them),
+    /// as float32 `(..., dim)`; the same `keys` as `encode`.
     #[pyo3(signature = (codes, scales, keys=None))]
     fn decode<'py>(
         &self,
@@ -1309,17 +1351,33 @@ impl KvCodec {
         scales: PyReadonlyArrayDyn<'py, u16>,
         keys: Option<numpy::PyReadonlyArray1<'py, u64>>,
     ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
-        let mut shape = scales.shape().to_vec();
+        let (d, cb, se) = (
+            self.codec.dim(),
+            self.codec.code_bytes(),
+            self.codec.scale_entries(),
+        );
+        let mut shape = codes.shape().to_vec();
+        if shape.pop() != Some(cb) {
+            return Err(InvalidInputError::new_err(format!(
+                "codes have shape {:?}; their last dimension must be {cb}",
+                codes.shape()
+            )));
+        }
         let cs = codes.as_slice()?;
         let ss = scales.as_slice()?;
         let keys = keys.as_ref().map(|k| k.as_slice()).transpose()?;
-        let (d, cb, n) = (self.codec.dim(), self.codec.code_bytes(), ss.len());
+        let n = cs.len() / cb;
         check_keys(keys, n)?;
-        if cs.len() != n * cb {
+        if ss.len() != n * se || (se == 1 && scales.shape() != shape.as_slice()) {
             return Err(InvalidInputError::new_err(format!(
-                "codes hold {} bytes; {n} vectors need {}",
-                cs.len(),
-                n * cb
+                "scales have shape {:?}; codes of shape {:?} need {}",
+                scales.shape(),
+                codes.shape(),
+                if se == 1 {
+                    format!("{shape:?}")
+                } else {
+                    "an empty array".into()
+                }
             )));
         }
         let out = py.detach(|| -> PyResult<Vec<f32>> {
@@ -1337,7 +1395,7 @@ impl KvCodec {
                     let k = keys.map(|k| &k[j * per..j * per + rows]);
                     self.codec.decode_into(
                         &cs[j * per * cb..(j * per + rows) * cb],
-                        &ss[j * per..j * per + rows],
+                        &ss[j * per * se..(j * per + rows) * se],
                         k,
                         o,
                     )

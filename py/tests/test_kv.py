@@ -93,6 +93,14 @@ def test_rates_per_layer_give_each_layer_its_codecs(lm):
     with torch.no_grad():
         model(**ids, past_key_values=uniform, use_cache=True)
     assert uniform.stored_bytes() - cache.stored_bytes() == (n - 3) * heads * compressed * d // 8
+    # 8-bit scales in the codes: one byte less per compressed vector, keys and values.
+    log8 = HypercodecCache(model.config, **{**opts, "scale": "log8"})
+    with torch.no_grad():
+        model(**ids, past_key_values=log8, use_cache=True)
+    assert cache.stored_bytes() - log8.stored_bytes() == 2 * n * heads * compressed
+    assert log8.layers[0]._k.scales.shape == (heads, 0)
+    with pytest.raises(hypercodec.InvalidInputError, match="f16 scale"):
+        HypercodecCache(model.config, quantizer="int", scale="log8")
     for bad in ([2] * (n - 1), (2,) * (n + 1)):
         with pytest.raises(hypercodec.InvalidInputError, match=f"value_bits: {len(bad)} rates for {n} layers"):
             HypercodecCache(model.config, **{**opts, "value_bits": bad})
@@ -153,6 +161,9 @@ def test_attention_over_codes_matches_attention_over_the_decoded_history(lm):
         (dict(quantizer="e8", key_bits=4, value_bits=3, window=16, block=8, sinks=4), 8),
         (dict(quantizer="e8", key_bits=3, value_bits=3, window=8, block=4, dither=True, rotation="haar"), 40),
         (dict(quantizer="trellis", key_bits=2, value_bits=2, window=16, block=8), 24),
+        # Rates per layer, log8 scales in the codes.
+        (dict(quantizer="trellis", key_bits=2, value_bits=[2] * 3 + [1] * (model.config.num_hidden_layers - 3),
+              window=16, block=8, sinks=4, scale="log8"), 8),
     ]:
         decoded = _chunked_logp(model, ids, HypercodecCache(model.config, **opts), chunk)
         model.set_attn_implementation(ATTENTION)

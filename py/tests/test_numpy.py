@@ -199,6 +199,38 @@ def test_kv_codec_roundtrips_head_vectors_near_its_calibrated_snr(quantizer, bit
     assert (out[:, :2] == 7).all() and (out[:, 42:] == 7).all()
 
 
+@pytest.mark.parametrize("quantizer,bits", [("e8", 2), ("trellis", 1), ("trellis", 2)])
+def test_kv_codec_with_log8_scales_keeps_them_in_the_codes(quantizer, bits):
+    x = gaussian((2, 3, 40, 64), seed=4)
+    x[0, 1] *= 300.0  # vectors of very different sizes
+    x[1, 2, 7] = 0.0
+    b = hypercodec.KvCodec(64, bits, quantizer, seed=3)
+    c = hypercodec.KvCodec(64, bits, quantizer, seed=3, scale="log8")
+    assert (c.code_bytes, c.scale_entries, b.scale_entries) == (b.code_bytes + 1, 0, 1)
+    assert c.bits_per_value == b.bits_per_value - 8 / 64 == 8 * c.code_bytes / 64
+    assert c.device_params() is None  # the CUDA kernels take bf16 scales
+    codes, scales = c.encode(x)
+    assert codes.shape == (2, 3, 40, c.code_bytes) and scales.shape == (2, 3, 0)
+    bcodes, _ = b.encode(x)
+    assert np.array_equal(codes[..., :-1], bcodes)  # the same codes, then the scale byte
+    y, yb = c.decode(codes, scales), b.decode(*b.encode(x))
+    assert (y[1, 2, 7] == 0).all()
+    assert snr_db(x, y) > snr_db(x, yb) - 0.1, (snr_db(x, y), snr_db(x, yb))
+    # In place, as the cache decodes: scales (rows, capacity · 0).
+    cap = np.zeros((6, 64, c.code_bytes), np.uint8)
+    cap[:, :40] = codes.reshape(6, 40, -1)
+    out = np.full((6, 45, 64), 7.0, np.float32)
+    c.decode_rows_into(cap, np.zeros((6, 0), np.uint16), 40, out, 2, 3)
+    assert np.array_equal(out[:, 2:42], y.reshape(6, 40, 64))
+    with pytest.raises(hypercodec.InvalidInputError, match="decode_rows_into"):
+        c.decode_rows_into(cap, np.zeros((6, 64), np.uint16), 40, out, 2, 3)
+    with pytest.raises(hypercodec.InvalidInputError, match="empty array"):
+        c.decode(codes, np.zeros((2, 3, 40), np.uint16))
+    with pytest.raises(hypercodec.InvalidInputError, match="last dimension"):
+        c.decode(codes[..., :-1], scales)
+    with pytest.raises(hypercodec.InvalidInputError, match="scale format"):
+        hypercodec.KvCodec(64, 2, scale="fp8")
+
 def test_kv_codec_refuses_bad_input_with_typed_errors():
     with pytest.raises(hypercodec.InvalidInputError):
         hypercodec.KvCodec(64, 1, "e8")

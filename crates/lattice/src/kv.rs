@@ -8,7 +8,10 @@
 //! higher at the same bits), and store one scale `c` per vector (bf16) refitted by least
 //! squares, `c = ⟨y, p⟩ / ⟨p, p⟩` for the decoded point `p`, so `ŷ = c·p` and `x̂ = Rᵀ·ŷ`. A
 //! vector costs `bits·dim` bits of codes (whole lattice words) plus 16 bits of scale:
-//! `bits + 16/dim` bits per value, every overhead included.
+//! `bits + 16/dim` bits per value, every overhead included. With [`ScaleFormat::Log8`] the
+//! scale is one byte after the vector's codes instead (steps of 2^(1/8), about ±4.4 %; see
+//! [`ScaleFormat`]): `bits + 8/dim` bits per value, for low rates where 16 bits of scale are a
+//! large share (0.25 bits per value of 64).
 //!
 //! Key design decision: codes are fixed-rate and per vector, so a cache encodes each new token
 //! on its own (no re-encoding of the history), any token's vector decodes alone, and the
@@ -50,10 +53,50 @@ pub enum KvQuantizer {
     },
 }
 
+/// How each vector's scale is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScaleFormat {
+    /// bf16 bits, one `u16` per vector in the `scales` arrays.
+    #[default]
+    Bf16,
+    /// One byte after each vector's codes (the `scales` arrays are empty): 0 for a scale of 0
+    /// (a zero vector), else `k` in 1..=255 for `2^((k − 128)/8)`, rounded to the nearer grid
+    /// value (the least squared error for the decoded point), so scales from about 1.7e-5 to
+    /// 5.9e4 keep a relative error of at most 4.4 % (about −32 dB beside the signal); scales
+    /// outside that range clamp to its ends.
+    Log8,
+}
+
+impl ScaleFormat {
+    /// The stored byte of scale `c` (`c ≤ 0`, NaN: 0).
+    pub fn log8(c: f32) -> u8 {
+        if c.is_nan() || c <= 0.0 {
+            return 0;
+        }
+        let t = (c.log2() * 8.0 + 128.0).clamp(1.0, 255.0);
+        let (lo, hi) = (t.floor() as u8, t.ceil() as u8);
+        if (Self::unlog8(hi) - c).abs() < (c - Self::unlog8(lo)).abs() {
+            hi
+        } else {
+            lo
+        }
+    }
+
+    /// The scale of stored byte `k` (see [`ScaleFormat::Log8`]).
+    pub fn unlog8(k: u8) -> f32 {
+        if k == 0 {
+            0.0
+        } else {
+            ((k as f32 - 128.0) / 8.0).exp2()
+        }
+    }
+}
+
 /// The quantizer of `dim`-value KV vectors (see the module docs).
 #[derive(Debug, Clone)]
 pub struct KvCodec {
     dim: usize,
+    scale_format: ScaleFormat,
     bits: u8,
     quantizer: KvQuantizer,
     lattice: Lattice,
@@ -123,6 +166,7 @@ impl KvCodec {
         };
         Ok(KvCodec {
             dim,
+            scale_format: ScaleFormat::Bf16,
             bits,
             quantizer,
             lattice,
@@ -150,6 +194,17 @@ impl KvCodec {
                 }
             },
         })
+    }
+
+    /// The codec with its scales stored as `format` (bf16 by default).
+    pub fn with_scale_format(mut self, format: ScaleFormat) -> Self {
+        self.scale_format = format;
+        self
+    }
+
+    /// How scales are stored.
+    pub fn scale_format(&self) -> ScaleFormat {
+        self.scale_format
     }
 
     /// Values per vector.
@@ -193,9 +248,15 @@ impl KvCodec {
         self.rht.as_ref().map(Rht::tile)
     }
 
-    /// Bytes of codes per vector (whole lattice words of `bits`-bit symbols, or `dim` trellis
-    /// values, rounded up to a byte).
+    /// Bytes per vector in the `codes` arrays: its codes (whole lattice words of `bits`-bit
+    /// symbols, or `dim` trellis values, rounded up to a byte), then with
+    /// [`ScaleFormat::Log8`] its scale byte.
     pub fn code_bytes(&self) -> usize {
+        self.payload_bytes() + usize::from(self.scale_format == ScaleFormat::Log8)
+    }
+
+    /// Bytes of codes alone per vector.
+    fn payload_bytes(&self) -> usize {
         let n = match self.trellis {
             Some(_) => self.dim,
             None => symbols_per_row(self.lattice, self.dim),
@@ -203,9 +264,34 @@ impl KvCodec {
         (n * self.bits as usize).div_ceil(8)
     }
 
-    /// Stored bits per value, codes and scale: `(8·code_bytes + 16) / dim`.
+    /// Entries per vector in the `scales` arrays: 1 (bf16) or 0 (the scale is in the codes).
+    pub fn scale_entries(&self) -> usize {
+        usize::from(self.scale_format == ScaleFormat::Bf16)
+    }
+
+    /// Stored bits per value, codes and scale: `(8·code_bytes + 16·scale_entries) / dim`.
     pub fn bits_per_value(&self) -> f64 {
-        (8 * self.code_bytes() + 16) as f64 / self.dim as f64
+        (8 * self.code_bytes() + 16 * self.scale_entries()) as f64 / self.dim as f64
+    }
+
+    /// Stores scale `c` of vector `i` (its code bytes `out`).
+    fn put_scale(&self, c: f32, out: &mut [u8], scales: &mut [u16], i: usize) {
+        match self.scale_format {
+            ScaleFormat::Bf16 => scales[i] = bf16::from_f32(c).to_bits(),
+            ScaleFormat::Log8 => out[out.len() - 1] = ScaleFormat::log8(c),
+        }
+    }
+
+    /// Vector `i`'s codes alone and its scale, from its code bytes `src` and `scales`.
+    #[inline(always)]
+    fn vector<'a>(&self, src: &'a [u8], scales: &[u16], i: usize) -> (&'a [u8], f32) {
+        match self.scale_format {
+            ScaleFormat::Bf16 => (src, bf16::from_bits(scales[i]).to_f32()),
+            ScaleFormat::Log8 => {
+                let (codes, k) = src.split_at(src.len() - 1);
+                (codes, ScaleFormat::unlog8(k[0]))
+            }
+        }
     }
 
     fn rotate(&self, x: &[f32], y: &mut [f32]) {
@@ -287,7 +373,7 @@ impl KvCodec {
     fn check(&self, n: usize, codes: usize, scales: usize, keys: Option<usize>) -> Result<()> {
         for (what, expected, actual) in [
             ("codes", n * self.code_bytes(), codes),
-            ("scales", n, scales),
+            ("scales", n * self.scale_entries(), scales),
         ] {
             if expected != actual {
                 return Err(LatticeError::Length {
@@ -318,7 +404,7 @@ impl KvCodec {
     }
 
     /// Encodes `x.len() / dim` vectors into `codes` (`code_bytes` each) and `scales` (bf16
-    /// bits, one each). `keys` (one per vector, e.g. `position·heads + head`) seed the dither
+    /// bits, `scale_entries` each: none with [`ScaleFormat::Log8`]). `keys` (one per vector, e.g. `position·heads + head`) seed the dither
     /// and are required exactly when the codec dithers. Allocates nothing.
     pub fn encode_into(
         &self,
@@ -361,7 +447,7 @@ impl KvCodec {
             out.iter_mut().for_each(|b| *b = 0);
             if ms == 0.0 {
                 // Zero vector: any point, scale 0.
-                scales[i] = 0;
+                self.put_scale(0.0, out, scales, i);
                 continue;
             }
             let k = self.alpha / ms.sqrt() as f32;
@@ -396,7 +482,7 @@ impl KvCodec {
                 }
             }
             let c = if pp > 0.0 { (dot / pp) as f32 } else { 0.0 };
-            scales[i] = bf16::from_f32(c).to_bits();
+            self.put_scale(c, out, scales, i);
         }
         Ok(())
     }
@@ -424,14 +510,15 @@ impl KvCodec {
             let out = &mut codes[i * cb..(i + 1) * cb];
             if ms == 0.0 {
                 out.iter_mut().for_each(|b| *b = 0);
-                scales[i] = 0;
+                self.put_scale(0.0, out, scales, i);
                 continue;
             }
             let k = 1.0 / ms.sqrt() as f32;
             let u = &mut u[..d];
             u.iter_mut().zip(y.iter()).for_each(|(a, &b)| *a = b * k);
-            enc.encode_into(u, out).map_err(err)?;
-            hypercodec_trellis::decode_into(out, p, u).map_err(err)?;
+            let pb = self.payload_bytes();
+            enc.encode_into(u, &mut out[..pb]).map_err(err)?;
+            hypercodec_trellis::decode_into(&out[..pb], p, u).map_err(err)?;
             let dot: f64 = y
                 .iter()
                 .zip(u.iter())
@@ -439,7 +526,7 @@ impl KvCodec {
                 .sum();
             let pp: f64 = u.iter().map(|&b| b as f64 * b as f64).sum();
             let c = if pp > 0.0 { (dot / pp) as f32 } else { 0.0 };
-            scales[i] = bf16::from_f32(c).to_bits();
+            self.put_scale(c, out, scales, i);
         }
         Ok(())
     }
@@ -454,7 +541,7 @@ impl KvCodec {
         out: &mut [f32],
     ) -> Result<()> {
         let d = self.dim;
-        let n = scales.len();
+        let n = codes.len() / self.code_bytes();
         if out.len() != n * d {
             return Err(LatticeError::Length {
                 what: "output values",
@@ -462,33 +549,32 @@ impl KvCodec {
                 actual: out.len(),
             });
         }
-        self.check(n, codes.len(), n, keys.map(<[u64]>::len))?;
+        self.check(n, codes.len(), scales.len(), keys.map(<[u64]>::len))?;
         let cb = self.code_bytes();
         let mut scratch = Scratch::new();
         let mut y = [0f32; crate::MAX_TILE + 8];
         for (i, o) in out.chunks_exact_mut(d).enumerate() {
-            let src = &codes[i * cb..(i + 1) * cb];
+            let (src, c) = self.vector(&codes[i * cb..(i + 1) * cb], scales, i);
             let key = keys.map(|k| k[i]);
-            self.rotated_into(src, scales[i], key, &mut y, &mut scratch)?;
+            self.rotated_into(src, c, key, &mut y, &mut scratch)?;
             self.unrotate(&mut y[..d], o);
         }
         Ok(())
     }
 
-    /// Vector `src` (its scale `scale`, its dither key `key`) in the rotated domain, `ŷ = c·p`,
+    /// Vector `src` (its codes alone, its scale `c`, its dither key `key`) in the rotated domain, `ŷ = c·p`,
     /// into `y[..dim]` (`y` holds at least `dim` rounded up to 8 values; those past `dim` are
     /// overwritten).
     #[inline(always)]
     fn rotated_into(
         &self,
         src: &[u8],
-        scale: u16,
+        c: f32,
         key: Option<u64>,
         y: &mut [f32],
         s: &mut Scratch,
     ) -> Result<()> {
         let d = self.dim;
-        let c = bf16::from_bits(scale).to_f32();
         if let Some(p) = &self.trellis {
             if self.states.is_empty() {
                 hypercodec_trellis::decode_into(src, p, &mut y[..d])
@@ -550,8 +636,20 @@ pub struct Side<'a> {
     pub codec: &'a KvCodec,
     /// `n · code_bytes` bytes.
     pub codes: &'a [u8],
-    /// `n` bf16 scales.
+    /// `n · scale_entries` bf16 scales.
     pub scales: &'a [u16],
+}
+
+impl Side<'_> {
+    /// Vectors held (`codes.len() / code_bytes`).
+    pub fn len(&self) -> usize {
+        self.codes.len() / self.codec.code_bytes()
+    }
+
+    /// Whether it holds no vector.
+    pub fn is_empty(&self) -> bool {
+        self.codes.is_empty()
+    }
 }
 
 /// An additive bias on the attention scores (`−∞` masks a token): query `j` over token `t`
@@ -610,13 +708,13 @@ pub fn attend_into(
 ) -> Result<()> {
     let (kc, vc) = (keys.codec, values.codec);
     let (dk, dv) = (kc.dim, vc.dim);
-    let n = keys.scales.len();
+    let n = keys.len();
     let g = lse.len();
     let m = exact.map_or(0, |e| e.keys.len() / dk);
     let mut checks = vec![
         ("queries", g * dk, queries.len()),
         ("outputs", g * dv, out.len()),
-        ("value scales", n, values.scales.len()),
+        ("value codes", n * vc.code_bytes(), values.codes.len()),
     ];
     if let Some(e) = exact {
         checks.push(("exact keys", m * dk, e.keys.len()));
@@ -632,8 +730,18 @@ pub fn attend_into(
             });
         }
     }
-    kc.check(n, keys.codes.len(), n, dither.map(<[u64]>::len))?;
-    vc.check(n, values.codes.len(), n, dither.map(<[u64]>::len))?;
+    kc.check(
+        n,
+        keys.codes.len(),
+        keys.scales.len(),
+        dither.map(<[u64]>::len),
+    )?;
+    vc.check(
+        n,
+        values.codes.len(),
+        values.scales.len(),
+        dither.map(<[u64]>::len),
+    )?;
     if let Some(b) = bias {
         let cols = n + m;
         let need = if cols == 0 {
@@ -812,7 +920,7 @@ fn attend_blocks(args: Attend<'_>, out: &mut [f32], lse: &mut [f32]) -> Result<(
     } = args;
     let (kc, vc) = (keys.codec, values.codec);
     let (dk, dv) = (kc.dim, vc.dim);
-    let n = keys.scales.len();
+    let n = keys.len();
     let g = lse.len();
     // The queries scaled, and rotated as the keys were (⟨q, Rᵀŷ⟩ = ⟨R·q, ŷ⟩).
     let scaled: Vec<f32> = queries.iter().map(|&v| v * scale).collect();
@@ -848,14 +956,14 @@ fn attend_blocks(args: Attend<'_>, out: &mut [f32], lse: &mut [f32]) -> Result<(
         let nt = ATTEND_BLOCK.min(n - t0);
         for (t, y) in kb.chunks_exact_mut(ks).take(nt).enumerate() {
             let i = t0 + t;
-            let src = &keys.codes[i * kcb..(i + 1) * kcb];
-            kc.rotated_into(src, keys.scales[i], dither.map(|k| k[i]), y, &mut scratch)?;
+            let (src, c) = kc.vector(&keys.codes[i * kcb..(i + 1) * kcb], keys.scales, i);
+            kc.rotated_into(src, c, dither.map(|k| k[i]), y, &mut scratch)?;
         }
         st.absorb(&rotated, nt, |t| &kb[t * ks..t * ks + dk], bias, sinks + t0);
         for (t, y) in vb.chunks_exact_mut(vs).take(nt).enumerate() {
             let i = t0 + t;
-            let src = &values.codes[i * vcb..(i + 1) * vcb];
-            vc.rotated_into(src, values.scales[i], dither.map(|k| k[i]), y, &mut scratch)?;
+            let (src, c) = vc.vector(&values.codes[i * vcb..(i + 1) * vcb], values.scales, i);
+            vc.rotated_into(src, c, dither.map(|k| k[i]), y, &mut scratch)?;
         }
         st.accumulate(nt, |t| &vb[t * vs..t * vs + dv], true);
     }
@@ -1058,7 +1166,7 @@ mod tests {
     fn roundtrip(c: &KvCodec, x: &[f32], keys: Option<&[u64]>) -> Vec<f32> {
         let n = x.len() / c.dim();
         let mut codes = vec![0u8; n * c.code_bytes()];
-        let mut scales = vec![0u16; n];
+        let mut scales = vec![0u16; n * c.scale_entries()];
         c.encode_into(x, keys, &mut codes, &mut scales).unwrap();
         let mut out = vec![0f32; x.len()];
         c.decode_into(&codes, &scales, keys, &mut out).unwrap();
@@ -1098,7 +1206,8 @@ mod tests {
     #[test]
     fn attention_over_codes_equals_attention_over_decoded_vectors() {
         let n = 77; // two whole blocks and a part
-        for (qk, qv, rot, dither, dk) in [
+        let formats = [ScaleFormat::Bf16, ScaleFormat::Log8];
+        for ((qk, qv, rot, dither, dk), fmt) in [
             (
                 KvQuantizer::Lattice(Lattice::E8),
                 KvQuantizer::Lattice(Lattice::E8),
@@ -1127,15 +1236,22 @@ mod tests {
                 false,
                 80,
             ),
-        ] {
-            let kc = KvCodec::new(dk, 4, qk, rot, 3, dither).unwrap();
-            let vc = KvCodec::new(dk, 3, qv, rot, 4, dither).unwrap();
+        ]
+        .into_iter()
+        .flat_map(|c| formats.map(|f| (c, f)))
+        {
+            let kc = KvCodec::new(dk, 4, qk, rot, 3, dither)
+                .unwrap()
+                .with_scale_format(fmt);
+            let vc = KvCodec::new(dk, 3, qv, rot, 4, dither)
+                .unwrap()
+                .with_scale_format(fmt);
             let keys: Vec<u64> = (0..n as u64).map(|t| t * 3 + 1).collect();
             let dkeys = dither.then_some(&keys[..]);
             let enc = |c: &KvCodec, seed: u64| {
                 let x = gauss(n * dk, seed);
                 let mut codes = vec![0u8; n * c.code_bytes()];
-                let mut scales = vec![0u16; n];
+                let mut scales = vec![0u16; n * c.scale_entries()];
                 c.encode_into(&x, dkeys, &mut codes, &mut scales).unwrap();
                 let mut dec = vec![0f32; n * dk];
                 c.decode_into(&codes, &scales, dkeys, &mut dec).unwrap();
@@ -1192,7 +1308,7 @@ mod tests {
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
-            assert!(err < 1e-4, "{qk:?} {rot:?}: max error {err}");
+            assert!(err < 1e-4, "{qk:?} {rot:?} {fmt:?}: max error {err}");
             for (a, w) in lse.iter().zip(&wlse) {
                 assert!((a - w).abs() < 1e-4, "lse {a} vs {w}");
             }
@@ -1272,12 +1388,12 @@ mod tests {
                 let ks = Side {
                     codec: &kc,
                     codes: &kcodes[lo * kb..hi * kb],
-                    scales: &kscales[lo..hi],
+                    scales: &kscales[lo * kc.scale_entries()..hi * kc.scale_entries()],
                 };
                 let vs = Side {
                     codec: &vc,
                     codes: &vcodes[lo * vb..hi * vb],
-                    scales: &vscales[lo..hi],
+                    scales: &vscales[lo * vc.scale_entries()..hi * vc.scale_entries()],
                 };
                 let bias = Bias {
                     values: &b[lo..],
@@ -1509,6 +1625,90 @@ mod tests {
 
     /// Whether `fast` and `slow` (one codec, two decoding paths) decode `fast`'s codes of `x`
     /// to the same bits.
+    #[test]
+    fn log8_scales_are_one_byte_after_the_codes_and_cost_little() {
+        let (log8, unlog8) = (ScaleFormat::log8, ScaleFormat::unlog8);
+        assert_eq!((log8(0.0), log8(-1.0), log8(f32::NAN)), (0, 0, 0));
+        assert_eq!((log8(1.0), unlog8(128), unlog8(0)), (128, 1.0, 0.0));
+        // Outside the grid's range: its ends.
+        assert_eq!(
+            (log8(1e-30), log8(1e30), log8(f32::INFINITY)),
+            (1, 255, 255)
+        );
+        let mut c = 2e-5f32;
+        while c < 5e4 {
+            let k = log8(c);
+            let err = (unlog8(k) - c).abs();
+            assert!(err <= 0.0443 * c, "{c}: {k} is {}", unlog8(k));
+            // The nearer of the two grid values around it.
+            for j in [k - 1, k + 1] {
+                assert!((unlog8(j) - c).abs() >= err, "{c}: {j} nearer than {k}");
+            }
+            c *= 1.0137;
+        }
+        let (n, d) = (300, 64);
+        let mut x = gauss(n * d, 21);
+        // Vectors from 1e-3 to 1e3 in size, and a zero vector.
+        for (i, v) in x.chunks_exact_mut(d).enumerate() {
+            let m = 10f32.powf(-3.0 + 6.0 * i as f32 / n as f32);
+            v.iter_mut().for_each(|a| *a *= m);
+        }
+        x[5 * d..6 * d].iter_mut().for_each(|a| *a = 0.0);
+        for (q, bits) in [
+            (KvQuantizer::Lattice(Lattice::E8), 2),
+            (KvQuantizer::Trellis { l: 10 }, 1),
+            (KvQuantizer::Trellis { l: 10 }, 2),
+        ] {
+            let b = KvCodec::new(d, bits, q, Rotation::Rht, 1, false).unwrap();
+            let l = b.clone().with_scale_format(ScaleFormat::Log8);
+            assert_eq!(l.code_bytes(), b.code_bytes() + 1);
+            assert_eq!((l.scale_entries(), b.scale_entries()), (0, 1));
+            assert_eq!(
+                l.bits_per_value() - b.bits_per_value(),
+                -8.0 / d as f64,
+                "{q:?}"
+            );
+            let (bc, lc) = (b.code_bytes(), l.code_bytes());
+            let mut bcodes = vec![0u8; n * bc];
+            let mut bscales = vec![0u16; n];
+            b.encode_into(&x, None, &mut bcodes, &mut bscales).unwrap();
+            let mut lcodes = vec![0u8; n * lc];
+            l.encode_into(&x, None, &mut lcodes, &mut []).unwrap();
+            for i in 0..n {
+                // The same codes; the scale byte after them.
+                assert_eq!(lcodes[i * lc..i * lc + bc], bcodes[i * bc..(i + 1) * bc]);
+                let (fb, fl) = (
+                    bf16::from_bits(bscales[i]).to_f32(),
+                    unlog8(lcodes[(i + 1) * lc - 1]),
+                );
+                assert!((fl - fb).abs() <= 0.045 * fb, "{i}: {fl} vs {fb}");
+            }
+            let (yb, yl) = (roundtrip(&b, &x, None), roundtrip(&l, &x, None));
+            assert!(yl[5 * d..6 * d].iter().all(|&v| v == 0.0));
+            // Per-vector SNR, so every size counts alike.
+            let mean = |y: &[f32]| {
+                x.chunks_exact(d)
+                    .zip(y.chunks_exact(d))
+                    .enumerate()
+                    .filter(|(i, _)| *i != 5)
+                    .map(|(_, (a, b))| snr(a, b))
+                    .sum::<f64>()
+                    / (n - 1) as f64
+            };
+            let (sb, sl) = (mean(&yb), mean(&yl));
+            assert!(sl > sb - 0.1, "{q:?} at {bits} bits: {sl} dB against {sb}");
+            // A scales array where the scale is in the codes is a typed error.
+            assert!(matches!(
+                l.encode_into(&x, None, &mut lcodes, &mut bscales),
+                Err(LatticeError::Length { what: "scales", .. })
+            ));
+            assert!(matches!(
+                l.decode_into(&lcodes, &bscales, None, &mut vec![0f32; n * d]),
+                Err(LatticeError::Length { what: "scales", .. })
+            ));
+        }
+    }
+
     fn same_decoding(fast: &KvCodec, slow: &KvCodec, x: &[f32]) -> bool {
         let n = x.len() / fast.dim();
         let mut codes = vec![0u8; n * fast.code_bytes()];

@@ -7,9 +7,10 @@ batch size) whose layers (:class:`HypercodecKVLayer`, the same shape as transfor
 - the first ``sinks`` tokens exact (attention sinks, optional),
 - the newest ``window`` to ``window + block − 1`` tokens exact (the residual window), and
 - every other token compressed per head vector with the native :class:`hypercodec.KvCodec`:
-  a rotation (seeded RHT, Haar-random, or none), one bf16 scale per vector, and fixed-rate
-  codes (the E8 lattice's box-constrained form, or the bitshift trellis), ``key_bits`` /
-  ``value_bits`` bits per value. ``int8`` / ``int4`` (per-token absmax, one f16 scale per head
+  a rotation (seeded RHT, Haar-random, or none), one scale per vector (bf16, or with
+  ``scale="log8"`` one byte in steps of 2^(1/8)), and fixed-rate codes (the E8 lattice's
+  box-constrained form, or the bitshift trellis), ``key_bits`` / ``value_bits`` bits per value
+  (one rate, or one per layer). ``int8`` / ``int4`` (per-token absmax, one f16 scale per head
   vector) are the plain baselines of the same layer.
 
 New tokens are encoded once, when they leave the window, ``block`` at a time; the compressed
@@ -104,15 +105,17 @@ def make_codec(dim: int, bits: int, quantizer: str = "e8", **options: Any) -> An
 
 
 class _Store:
-    """Compressed rows ``[batch·heads, capacity, code_bytes]`` and their scales (16-bit),
-    growing by doubling along the token axis: numpy arrays on the host, or PyTorch tensors on
-    ``device`` (the CUDA path)."""
+    """Compressed rows ``[batch·heads, capacity, code_bytes]`` and their scales (16-bit,
+    ``[batch·heads, capacity · se]`` for ``se`` scales per vector: 1, or 0 where the codec
+    keeps its scales in the codes), growing by doubling along the token axis: numpy arrays on
+    the host, or PyTorch tensors on ``device`` (the CUDA path)."""
 
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device
         self.codes: Any = None
         self.scales: Any = None
         self.n = 0
+        self.se = 1
 
     def _empty(self, shape: tuple[int, ...], host: Any, dev: torch.dtype) -> Any:
         if self.device is None:
@@ -120,23 +123,26 @@ class _Store:
         return torch.empty(shape, dtype=dev, device=self.device)
 
     def append(self, codes: Any, scales: Any) -> None:
-        """Appends ``[rows, m, code_bytes]`` codes and ``[rows, m]`` scales."""
-        rows, m = scales.shape
+        """Appends ``[rows, m, code_bytes]`` codes and ``[rows, m · se]`` scales."""
+        rows, m = codes.shape[:2]
+        if m == 0:
+            return
+        se = self.se = scales.shape[1] // m
         if self.codes is None or self.n + m > self.codes.shape[1]:
             cap = max(64, 2 * (self.n + m))
             c = self._empty((rows, cap, codes.shape[2]), np.uint8, torch.uint8)
-            s = self._empty((rows, cap), np.uint16, torch.int16)
+            s = self._empty((rows, cap * se), np.uint16, torch.int16)
             if self.codes is not None:
-                c[:, : self.n], s[:, : self.n] = self.codes[:, : self.n], self.scales[:, : self.n]
+                c[:, : self.n], s[:, : self.n * se] = self.codes[:, : self.n], self.scales[:, : self.n * se]
             self.codes, self.scales = c, s
         self.codes[:, self.n : self.n + m] = codes
-        self.scales[:, self.n : self.n + m] = scales
+        self.scales[:, self.n * se : (self.n + m) * se] = scales
         self.n += m
 
     def nbytes(self) -> int:
         if self.codes is None:
             return 0
-        c, s = self.codes[:, : self.n], self.scales[:, : self.n]
+        c, s = self.codes[:, : self.n], self.scales[:, : self.n * self.se]
         if self.device is None:
             return int(c.nbytes + s.nbytes)
         return int(c.numel() * c.element_size() + s.numel() * s.element_size())
@@ -176,7 +182,9 @@ def _score_bias(mask: Any, q: int, total: int, device: torch.device) -> torch.Te
 class HypercodecKVLayer(DynamicLayer):
     """One attention layer's compressed cache (see the module docs). ``quantizer``: ``e8``,
     ``d4``, ``z1``, ``trellis`` or ``int``; ``block``: tokens compressed at once (the exact
-    window holds ``window`` to ``window + block − 1`` tokens)."""
+    window holds ``window`` to ``window + block − 1`` tokens); ``scale``: each vector's scale
+    as ``bf16`` or ``log8`` (8 bits in steps of 2^(1/8): 8/head_dim bits per value less, for
+    low rates; host codecs only — on CUDA such a layer encodes and decodes on the host)."""
 
     is_croppable = False
 
@@ -192,13 +200,16 @@ class HypercodecKVLayer(DynamicLayer):
         dither: bool = False,
         seed: int = 0,
         trellis_l: int | None = None,
+        scale: str = "bf16",
     ) -> None:
         super().__init__()
         if window < 0 or sinks < 0 or block < 1:
             raise _native.InvalidInputError("window and sinks must be >= 0 and block >= 1")
+        if quantizer == "int" and scale != "bf16":
+            raise _native.InvalidInputError("the int baseline keeps an f16 scale per vector (scale='bf16')")
         self.key_bits, self.value_bits, self.quantizer = key_bits, value_bits, quantizer
         self.window, self.sinks, self.block = window, sinks, block
-        self.options = {} if quantizer == "int" else {"rotation": rotation, "dither": dither, "seed": seed}
+        self.options = {} if quantizer == "int" else {"rotation": rotation, "dither": dither, "seed": seed, "scale": scale}
         if quantizer == "trellis":
             self.options["trellis_l"] = trellis_l
         self.dither = dither and quantizer != "int"
@@ -306,7 +317,7 @@ class HypercodecKVLayer(DynamicLayer):
         for store, codec, x in ((self._k, self.kcodec, k), (self._v, self.vcodec, v)):
             a = x.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
             codes, scales = codec.encode(a, keys)
-            store.append(codes.reshape(b * h, m, -1), scales.reshape(b * h, m))
+            store.append(codes.reshape(b * h, m, -1), scales.reshape(b * h, -1))
 
     def _assemble(self, sink: torch.Tensor, store: _Store, codec: Any, window: torch.Tensor) -> torch.Tensor:
         """``[sinks, decoded history, window]`` along the token axis, decoded in place."""

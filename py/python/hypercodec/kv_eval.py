@@ -83,7 +83,8 @@ def _bits_at(layer_opts: dict[str, Any], head_dim: int, context: int) -> float:
     sides = []
     for rates in (layer_opts["key_bits"], layer_opts["value_bits"]):
         rates = list(rates) if isinstance(rates, (list, tuple)) else [rates]
-        per = [b + 32 / 64 if q == "group" else make_codec(head_dim, b, q).bits_per_value for b in rates]
+        extra = {"scale": layer_opts["scale"]} if "scale" in layer_opts else {}
+        per = [b + 32 / 64 if q == "group" else make_codec(head_dim, b, q, **extra).bits_per_value for b in rates]
         sides.append(((context - w) * sum(per) / len(per) + w * 16) / context)
     return sum(sides) / 2
 
