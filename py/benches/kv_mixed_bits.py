@@ -23,22 +23,23 @@ from transformers import DynamicCache
 
 from hypercodec import __version__, kv_eval
 from hypercodec.eval import fetch_text, set_threads, smollm2
-from hypercodec.kv import ATTENTION, HypercodecCache
+from hypercodec.kv import ATTENTION, HypercodecCache, kv_means
 
 
-def configs(layers: int) -> list[tuple[str, dict]]:
+def configs(layers: int, means: list) -> list[tuple[str, dict]]:
     def first(k: int) -> list[int]:
         return [2] * k + [1] * (layers - k)
 
     t = {"quantizer": "trellis", "key_bits": 2, "window": kv_eval.KV_WINDOW}
+    c = {**t, "sinks": 4, "means": means}
     return [
         ("K2 / V2", {**t, "value_bits": 2}),
         ("K2 / V2, 4 sinks", {**t, "value_bits": 2, "sinks": 4}),
-        ("K2 / V2, 4 sinks, log8 scales", {**t, "value_bits": 2, "sinks": 4, "scale": "log8"}),
-        ("K2 / V2 in the first 10 layers, V1 after, 4 sinks, log8", {**t, "value_bits": first(10), "sinks": 4, "scale": "log8"}),
-        ("K2 / V2 in the first 7 layers, V1 after, 4 sinks", {**t, "value_bits": first(7), "sinks": 4}),
-        ("K2 / V2 in the first 7 layers, V1 after, 4 sinks, log8", {**t, "value_bits": first(7), "sinks": 4, "scale": "log8"}),
-        ("K2 / V1, 4 sinks, log8", {**t, "value_bits": 1, "sinks": 4, "scale": "log8"}),
+        ("K2 / V2, 4 sinks, centered", {**c, "value_bits": 2}),
+        ("K2 / V2, 4 sinks, centered, log8 scales", {**c, "value_bits": 2, "scale": "log8"}),
+        ("K2 / V2 in the first 10 layers, V1 after, 4 sinks, centered, log8", {**c, "value_bits": first(10), "scale": "log8"}),
+        ("K2 / V2 in the first 7 layers, V1 after, 4 sinks, centered, log8", {**c, "value_bits": first(7), "scale": "log8"}),
+        ("K2 / V1, 4 sinks, centered, log8", {**c, "value_bits": 1, "scale": "log8"}),
     ]
 
 
@@ -55,6 +56,8 @@ def main() -> int:
     model, windows = lm.model, lm.windows
     model.set_attn_implementation(ATTENTION)
     head_dim = model.config.hidden_size // model.config.num_attention_heads
+    # Each head's mean key and value, from 4 calibration windows (a later part of the text).
+    means = kv_means(model, lm.calibration[:4])
     base = kv_eval.measure(model, windows, lambda: DynamicCache(config=model.config), 16)["ppl"]
     lines = [
         "| cache (trellis L10, exact window 32) | bits/value at 2k | vs bf16 | ppl | Δppl | seconds |",
@@ -62,10 +65,10 @@ def main() -> int:
         f"| uncompressed | 16 | 1.00× | {base:.3f} | +0.00 % | |",
     ]
     print("\n".join(lines), flush=True)
-    for name, opts in configs(model.config.num_hidden_layers):
+    for name, opts in configs(model.config.num_hidden_layers, means):
         t = time.time()
         ppl = kv_eval.measure(model, windows, lambda o=opts: HypercodecCache(model.config, **o), 16)["ppl"]
-        bits = kv_eval._bits_at(opts, head_dim, 2048)
+        bits = kv_eval._bits_at({k: v for k, v in opts.items() if k != "means"}, head_dim, 2048)
         lines.append(f"| {name} | {bits:.3f} | {16 / bits:.2f}× | {ppl:.3f} | {100 * (ppl / base - 1):+.2f} % "
                      f"| {time.time() - t:.0f} |")
         print(lines[-1], flush=True)
@@ -79,7 +82,9 @@ def main() -> int:
         "",
         "Bits per value at 2k: codes, scales (bf16: 16 bits per 64-value head vector; log8: 8), the "
         "exact window (32 tokens) and sinks in bf16, at 2048 tokens of context. *V2 in the first k "
-        "layers*: `HypercodecCache(config, key_bits=2, value_bits=[2] * k + [1] * (30 - k), ...)`.",
+        "layers*: `HypercodecCache(config, key_bits=2, value_bits=[2] * k + [1] * (30 - k), ...)`. *Centered*: "
+        "`means=hypercodec.kv.kv_means(model, calibration windows)` — each head's mean key and value (from 4 "
+        "windows of a later part of the text) taken out before coding and added back.",
         "",
     ]
     page = "\n".join(head + lines) + "\n"

@@ -1190,8 +1190,10 @@ impl KvCodec {
     /// order (sinks, history, the rest). Dither keys are `(offset + t) · heads + r % heads`, as
     /// in `decode_rows_into`; `parallel` spreads the rows over the thread pool (off by default,
     /// for the reason `decode_rows_into` gives: measured inside SmolLM2's decode step, 65 ms
-    /// per step with it against 59 without).
-    #[pyo3(signature = (values, q, kcodes, kscales, vcodes, vscales, n, scale, bias, out, lse, exact_keys=None, exact_values=None, sinks=0, offset=0, heads=1, parallel=false))]
+    /// per step with it against 59 without). `kmean` / `vmean` (float32 `(heads, dim)`): the
+    /// vectors taken out of row `r`'s keys / values (row `r % heads`) before they were encoded,
+    /// added back to every decoded one.
+    #[pyo3(signature = (values, q, kcodes, kscales, vcodes, vscales, n, scale, bias, out, lse, exact_keys=None, exact_values=None, sinks=0, offset=0, heads=1, parallel=false, kmean=None, vmean=None))]
     #[allow(clippy::too_many_arguments)]
     fn attend<'py>(
         &self,
@@ -1213,6 +1215,8 @@ impl KvCodec {
         offset: usize,
         heads: usize,
         parallel: bool,
+        kmean: Option<numpy::PyReadonlyArray2<'py, f32>>,
+        vmean: Option<numpy::PyReadonlyArray2<'py, f32>>,
     ) -> PyResult<()> {
         let (kc, vc) = (&self.codec, &values.codec);
         let m = exact_keys.as_ref().map_or(0, |e| e.shape()[1]);
@@ -1225,6 +1229,19 @@ impl KvCodec {
             (None, None) => sinks == 0,
             _ => false,
         };
+        let heads = heads.max(1);
+        for (what, mean, d) in [("kmean", &kmean, kc.dim()), ("vmean", &vmean, vc.dim())] {
+            if let Some(a) = mean {
+                if a.shape() != [heads, d] {
+                    return Err(InvalidInputError::new_err(format!(
+                        "attend: {what} has shape {:?}; it must be [{heads}, {d}] (heads, dim)",
+                        a.shape()
+                    )));
+                }
+            }
+        }
+        let kms = kmean.as_ref().map(|a| a.as_slice()).transpose()?;
+        let vms = vmean.as_ref().map(|a| a.as_slice()).transpose()?;
         let [rows, g, dk]: [usize; 3] = q.shape().try_into().expect("rank 3");
         let [_, kcap, kcb]: [usize; 3] = kcodes.shape().try_into().expect("rank 3");
         let [_, vcap, vcb]: [usize; 3] = vcodes.shape().try_into().expect("rank 3");
@@ -1276,7 +1293,6 @@ impl KvCodec {
         let (vcs, vss) = (vcodes.as_slice()?, vscales.as_slice()?);
         let bs = bias.as_ref().map(|b| b.as_slice()).transpose()?;
         let (os, ls) = (out.as_slice_mut()?, lse.as_slice_mut()?);
-        let heads = heads.max(1);
         let dither = kc.dithers() || vc.dithers();
         let (kse, vse) = (kc.scale_entries(), vc.scale_entries());
         py.detach(|| -> PyResult<()> {
@@ -1291,11 +1307,13 @@ impl KvCodec {
                     codec: kc,
                     codes: &kcs[r * kcap * kcb..(r * kcap + n) * kcb],
                     scales: &kss[r * kcap * kse..(r * kcap + n) * kse],
+                    mean: kms.map(|m| &m[(r % heads) * kc.dim()..(r % heads + 1) * kc.dim()]),
                 };
                 let vs = hypercodec_lattice::kv::Side {
                     codec: vc,
                     codes: &vcs[r * vcap * vcb..(r * vcap + n) * vcb],
                     scales: &vss[r * vcap * vse..(r * vcap + n) * vse],
+                    mean: vms.map(|m| &m[(r % heads) * vc.dim()..(r % heads + 1) * vc.dim()]),
                 };
                 let b = match (bs, &bshape) {
                     (Some(v), Some(sh)) => {

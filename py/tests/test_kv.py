@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 pytest.importorskip("transformers", reason="transformers is not installed")
 pytest.importorskip("gguf", reason="gguf is not installed")
 
-from hypercodec.kv import ATTENTION, HypercodecCache, make_codec  # noqa: E402
+from hypercodec.kv import ATTENTION, HypercodecCache, kv_means, make_codec  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXT = (
@@ -106,6 +106,35 @@ def test_rates_per_layer_give_each_layer_its_codecs(lm):
             HypercodecCache(model.config, **{**opts, "value_bits": bad})
 
 
+def test_taking_out_the_mean_key_and_value_cuts_the_caches_error(lm):
+    import hypercodec
+    from transformers import DynamicCache
+
+    model, tok = lm
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    # Means from other text than the text read.
+    means = kv_means(model, [tok(TEXT[::-1], return_tensors="pt")["input_ids"]])
+    n, heads, d = model.config.num_hidden_layers, model.config.num_key_value_heads, 64
+    assert len(means) == n and all(k.shape == v.shape == (heads, d) for k, v in means)
+    ref = _chunked_logp(model, ids, DynamicCache(config=model.config))
+    kl = lambda p, q: (p.exp() * (p - q)).sum(-1).mean().item()  # noqa: E731
+    opts = dict(quantizer="trellis", key_bits=2, value_bits=2, window=16, block=8, sinks=4)
+    plain = HypercodecCache(model.config, **opts)
+    centered = HypercodecCache(model.config, **opts, means=means)
+    kl_plain = kl(ref, _chunked_logp(model, ids, plain))
+    kl_centered = kl(ref, _chunked_logp(model, ids, centered))
+    assert kl_centered < 0.8 * kl_plain, (kl_centered, kl_plain)
+    assert centered.stored_bytes() == plain.stored_bytes()  # the means are the model's, not stored per token
+    with pytest.raises(hypercodec.InvalidInputError, match="pairs for"):
+        HypercodecCache(model.config, **opts, means=means[1:])
+    bad = HypercodecCache(model.config, **opts, means=[(k[:, :32], v) for k, v in means])
+    with pytest.raises(hypercodec.InvalidInputError, match="mean: shapes"):
+        _chunked_logp(model, ids, bad)
+    with pytest.raises(hypercodec.InvalidInputError, match="finite"):
+        HypercodecCache(model.config, **opts, means=[(k * float("nan"), v) for k, v in means])
+    with pytest.raises(hypercodec.InvalidInputError, match="no tokens"):
+        kv_means(model, [ids[:, :3]])
+
 def _chunked_logp(model, ids, cache, chunk=8):
     out = []
     with torch.no_grad():
@@ -157,6 +186,7 @@ def test_attention_over_codes_matches_attention_over_the_decoded_history(lm):
     ids = tok(TEXT, return_tensors="pt")["input_ids"]
     ref = _chunked_logp(model, ids, DynamicCache(config=model.config))
     kl = lambda p, q: (p.exp() * (p - q)).sum(-1).mean().item()  # noqa: E731
+    means = kv_means(model, [ids[:, :60]])
     for opts, chunk in [
         (dict(quantizer="e8", key_bits=4, value_bits=3, window=16, block=8, sinks=4), 8),
         (dict(quantizer="e8", key_bits=3, value_bits=3, window=8, block=4, dither=True, rotation="haar"), 40),
@@ -164,6 +194,9 @@ def test_attention_over_codes_matches_attention_over_the_decoded_history(lm):
         # Rates per layer, log8 scales in the codes.
         (dict(quantizer="trellis", key_bits=2, value_bits=[2] * 3 + [1] * (model.config.num_hidden_layers - 3),
               window=16, block=8, sinks=4, scale="log8"), 8),
+        # Means taken out before coding and added back (in the fused path, by the native call).
+        (dict(quantizer="trellis", key_bits=2, value_bits=2, window=16, block=8, sinks=4, means=means), 8),
+        (dict(quantizer="e8", key_bits=3, value_bits=2, window=8, block=4, rotation="haar", means=means), 24),
     ]:
         decoded = _chunked_logp(model, ids, HypercodecCache(model.config, **opts), chunk)
         model.set_attn_implementation(ATTENTION)

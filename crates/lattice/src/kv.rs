@@ -638,6 +638,10 @@ pub struct Side<'a> {
     pub codes: &'a [u8],
     /// `n · scale_entries` bf16 scales.
     pub scales: &'a [u16],
+    /// A vector (`dim` values, the original domain) subtracted from every vector before it was
+    /// encoded, added back here (e.g. a head's mean key: attention scores move by a constant
+    /// per query, and the codes carry only what varies).
+    pub mean: Option<&'a [f32]>,
 }
 
 impl Side<'_> {
@@ -716,6 +720,11 @@ pub fn attend_into(
         ("outputs", g * dv, out.len()),
         ("value codes", n * vc.code_bytes(), values.codes.len()),
     ];
+    for (what, side, d) in [("key mean", keys, dk), ("value mean", values, dv)] {
+        if let Some(mean) = side.mean {
+            checks.push((what, d, mean.len()));
+        }
+    }
     if let Some(e) = exact {
         checks.push(("exact keys", m * dk, e.keys.len()));
         checks.push(("exact values", m * dv, e.values.len()));
@@ -950,6 +959,20 @@ fn attend_blocks(args: Attend<'_>, out: &mut [f32], lse: &mut [f32]) -> Result<(
     // Decoded blocks, one vector per `ks` / `vs` values (a lattice decodes whole words).
     let (ks, vs) = (dk.next_multiple_of(8), dv.next_multiple_of(8));
     let (mut kb, mut vb) = (vec![0f32; ATTEND_BLOCK * ks], vec![0f32; ATTEND_BLOCK * vs]);
+    // The sides' means in the rotated domain, added to every decoded vector.
+    let rotated_mean = |side: Side<'_>| {
+        side.mean.map(|m| {
+            let mut r = vec![0f32; side.codec.dim];
+            side.codec.rotate(m, &mut r);
+            r
+        })
+    };
+    let (kmean, vmean) = (rotated_mean(keys), rotated_mean(values));
+    let add = |y: &mut [f32], mean: &Option<Vec<f32>>| {
+        if let Some(m) = mean {
+            y.iter_mut().zip(m).for_each(|(a, &b)| *a += b);
+        }
+    };
     let mut scratch = Scratch::new();
     let (kcb, vcb) = (kc.code_bytes(), vc.code_bytes());
     for t0 in (0..n).step_by(ATTEND_BLOCK) {
@@ -958,12 +981,14 @@ fn attend_blocks(args: Attend<'_>, out: &mut [f32], lse: &mut [f32]) -> Result<(
             let i = t0 + t;
             let (src, c) = kc.vector(&keys.codes[i * kcb..(i + 1) * kcb], keys.scales, i);
             kc.rotated_into(src, c, dither.map(|k| k[i]), y, &mut scratch)?;
+            add(&mut y[..dk], &kmean);
         }
         st.absorb(&rotated, nt, |t| &kb[t * ks..t * ks + dk], bias, sinks + t0);
         for (t, y) in vb.chunks_exact_mut(vs).take(nt).enumerate() {
             let i = t0 + t;
             let (src, c) = vc.vector(&values.codes[i * vcb..(i + 1) * vcb], values.scales, i);
             vc.rotated_into(src, c, dither.map(|k| k[i]), y, &mut scratch)?;
+            add(&mut y[..dv], &vmean);
         }
         st.accumulate(nt, |t| &vb[t * vs..t * vs + dv], true);
     }
@@ -1281,11 +1306,13 @@ mod tests {
                     codec: &kc,
                     codes: &kcodes,
                     scales: &kscales,
+                    mean: None,
                 },
                 Side {
                     codec: &vc,
                     codes: &vcodes,
                     scales: &vscales,
+                    mean: None,
                 },
             );
             attend_into(
@@ -1389,11 +1416,13 @@ mod tests {
                     codec: &kc,
                     codes: &kcodes[lo * kb..hi * kb],
                     scales: &kscales[lo * kc.scale_entries()..hi * kc.scale_entries()],
+                    mean: None,
                 };
                 let vs = Side {
                     codec: &vc,
                     codes: &vcodes[lo * vb..hi * vb],
                     scales: &vscales[lo * vc.scale_entries()..hi * vc.scale_entries()],
+                    mean: None,
                 };
                 let bias = Bias {
                     values: &b[lo..],
@@ -1439,6 +1468,7 @@ mod tests {
             codec: &c,
             codes: &codes,
             scales: &scales,
+            mean: None,
         };
         let b = vec![f32::NEG_INFINITY; n];
         let bias = Bias {
@@ -1625,6 +1655,81 @@ mod tests {
 
     /// Whether `fast` and `slow` (one codec, two decoding paths) decode `fast`'s codes of `x`
     /// to the same bits.
+    #[test]
+    fn a_mean_taken_out_before_encoding_is_added_back_by_attention() {
+        let (n, d, g) = (50, 64, 3);
+        for rot in [Rotation::Rht, Rotation::Haar] {
+            let kc = KvCodec::new(d, 2, KvQuantizer::Trellis { l: 10 }, rot, 1, false).unwrap();
+            let vc = e8(d, 3, rot, 2, false).with_scale_format(ScaleFormat::Log8);
+            let km: Vec<f32> = (0..d).map(|i| 3.0 * ((i % 5) as f32 - 2.0)).collect();
+            let vm: Vec<f32> = (0..d).map(|i| 0.5 * (i % 3) as f32).collect();
+            // Vectors around the means, coded without them, decoded with them.
+            let side = |c: &KvCodec, m: &[f32], seed: u64| {
+                let x = gauss(n * d, seed);
+                let mut codes = vec![0u8; n * c.code_bytes()];
+                let mut scales = vec![0u16; n * c.scale_entries()];
+                c.encode_into(&x, None, &mut codes, &mut scales).unwrap();
+                let mut dec = vec![0f32; n * d];
+                c.decode_into(&codes, &scales, None, &mut dec).unwrap();
+                dec.chunks_exact_mut(d)
+                    .for_each(|v| v.iter_mut().zip(m).for_each(|(a, b)| *a += b));
+                (codes, scales, dec)
+            };
+            let (kcodes, kscales, kdec) = side(&kc, &km, 3);
+            let (vcodes, vscales, vdec) = side(&vc, &vm, 4);
+            let q = gauss(g * d, 5);
+            let scale = 0.125;
+            let run = |kmean: Option<&[f32]>, vmean: Option<&[f32]>| {
+                let (mut out, mut lse) = (vec![f32::NAN; g * d], vec![f32::NAN; g]);
+                let r = attend_into(
+                    Side {
+                        codec: &kc,
+                        codes: &kcodes,
+                        scales: &kscales,
+                        mean: kmean,
+                    },
+                    Side {
+                        codec: &vc,
+                        codes: &vcodes,
+                        scales: &vscales,
+                        mean: vmean,
+                    },
+                    None,
+                    None,
+                    &q,
+                    scale,
+                    None,
+                    &mut out,
+                    &mut lse,
+                );
+                r.map(|()| (out, lse))
+            };
+            let (out, lse) = run(Some(&km), Some(&vm)).unwrap();
+            let (want, wlse) = reference_attention(&kdec, &vdec, &q, (d, d), scale, &|_, _| 0.0);
+            for (a, b) in out.iter().zip(&want).chain(lse.iter().zip(&wlse)) {
+                assert!((a - b).abs() < 1e-4, "{rot:?}: {a} vs {b}");
+            }
+            // Without the means the outputs are another thing.
+            let (plain, _) = run(None, None).unwrap();
+            let far = plain.iter().zip(&want).any(|(a, b)| (a - b).abs() > 0.1);
+            assert!(far, "{rot:?}");
+            assert!(matches!(
+                run(Some(&km[1..]), None),
+                Err(LatticeError::Length {
+                    what: "key mean",
+                    ..
+                })
+            ));
+            assert!(matches!(
+                run(None, Some(&vm[..9])),
+                Err(LatticeError::Length {
+                    what: "value mean",
+                    ..
+                })
+            ));
+        }
+    }
+
     #[test]
     fn log8_scales_are_one_byte_after_the_codes_and_cost_little() {
         let (log8, unlog8) = (ScaleFormat::log8, ScaleFormat::unlog8);
