@@ -33,13 +33,13 @@ def configs(layers: int, means: list) -> list[tuple[str, dict]]:
     t = {"quantizer": "trellis", "key_bits": 2, "window": kv_eval.KV_WINDOW}
     c = {**t, "sinks": 4, "means": means}
     return [
-        ("K2 / V2", {**t, "value_bits": 2}),
-        ("K2 / V2, 4 sinks", {**t, "value_bits": 2, "sinks": 4}),
         ("K2 / V2, 4 sinks, centered", {**c, "value_bits": 2}),
         ("K2 / V2, 4 sinks, centered, log8 scales", {**c, "value_bits": 2, "scale": "log8"}),
         ("K2 / V2 in the first 10 layers, V1 after, 4 sinks, centered, log8", {**c, "value_bits": first(10), "scale": "log8"}),
         ("K2 / V2 in the first 7 layers, V1 after, 4 sinks, centered, log8", {**c, "value_bits": first(7), "scale": "log8"}),
         ("K2 / V1, 4 sinks, centered, log8", {**c, "value_bits": 1, "scale": "log8"}),
+        ("K2 / V2", {**t, "value_bits": 2}),
+        ("K2 / V2, 4 sinks", {**t, "value_bits": 2, "sinks": 4}),
     ]
 
 

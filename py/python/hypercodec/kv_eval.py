@@ -35,9 +35,6 @@ def _configs(window: int) -> list[tuple[str, dict[str, Any]]]:
     for kb, vb in ((4, 4), (4, 3), (3, 3), (2, 2)):
         for q in ("e8", "trellis"):
             out.append((f"{q} K{kb}/V{vb}", {"quantizer": q, "key_bits": kb, "value_bits": vb, "window": window}))
-    # Exact attention sinks: the first 4 tokens' keys and values kept as they came.
-    out.append(("trellis K2/V2, 4 exact sinks",
-                {"quantizer": "trellis", "key_bits": 2, "value_bits": 2, "window": window, "sinks": 4}))
     for b in (8, 4, 2):
         out.append((f"RTN INT{b} per-token", {"quantizer": "int", "key_bits": b, "value_bits": b, "window": window}))
     return out
