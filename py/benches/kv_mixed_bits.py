@@ -68,7 +68,7 @@ def main() -> int:
     for name, opts in configs(model.config.num_hidden_layers, means):
         t = time.time()
         ppl = kv_eval.measure(model, windows, lambda o=opts: HypercodecCache(model.config, **o), 16)["ppl"]
-        bits = kv_eval._bits_at({k: v for k, v in opts.items() if k != "means"}, head_dim, 2048)
+        bits = kv_eval._bits_at(opts, head_dim, 2048)
         lines.append(f"| {name} | {bits:.3f} | {16 / bits:.2f}× | {ppl:.3f} | {100 * (ppl / base - 1):+.2f} % "
                      f"| {time.time() - t:.0f} |")
         print(lines[-1], flush=True)
