@@ -1192,8 +1192,10 @@ impl KvCodec {
     /// for the reason `decode_rows_into` gives: measured inside SmolLM2's decode step, 65 ms
     /// per step with it against 59 without). `kmean` / `vmean` (float32 `(heads, dim)`): the
     /// vectors taken out of row `r`'s keys / values (row `r % heads`) before they were encoded,
-    /// added back to every decoded one.
-    #[pyo3(signature = (values, q, kcodes, kscales, vcodes, vscales, n, scale, bias, out, lse, exact_keys=None, exact_values=None, sinks=0, offset=0, heads=1, parallel=false, kmean=None, vmean=None))]
+    /// added back to every decoded one. `kmix` / `vmix` (float32 `(heads, dim, dim)`): each
+    /// head's matrix `W` back to the original domain, where a vector was encoded as
+    /// `W⁻¹·x − mean` and reads as `W·(x̂ + mean)` (the mean then in the coded domain).
+    #[pyo3(signature = (values, q, kcodes, kscales, vcodes, vscales, n, scale, bias, out, lse, exact_keys=None, exact_values=None, sinks=0, offset=0, heads=1, parallel=false, kmean=None, vmean=None, kmix=None, vmix=None))]
     #[allow(clippy::too_many_arguments)]
     fn attend<'py>(
         &self,
@@ -1217,6 +1219,8 @@ impl KvCodec {
         parallel: bool,
         kmean: Option<numpy::PyReadonlyArray2<'py, f32>>,
         vmean: Option<numpy::PyReadonlyArray2<'py, f32>>,
+        kmix: Option<numpy::PyReadonlyArray3<'py, f32>>,
+        vmix: Option<numpy::PyReadonlyArray3<'py, f32>>,
     ) -> PyResult<()> {
         let (kc, vc) = (&self.codec, &values.codec);
         let m = exact_keys.as_ref().map_or(0, |e| e.shape()[1]);
@@ -1240,8 +1244,20 @@ impl KvCodec {
                 }
             }
         }
+        for (what, mix, d) in [("kmix", &kmix, kc.dim()), ("vmix", &vmix, vc.dim())] {
+            if let Some(a) = mix {
+                if a.shape() != [heads, d, d] {
+                    return Err(InvalidInputError::new_err(format!(
+                        "attend: {what} has shape {:?}; it must be [{heads}, {d}, {d}] (heads, dim, dim)",
+                        a.shape()
+                    )));
+                }
+            }
+        }
         let kms = kmean.as_ref().map(|a| a.as_slice()).transpose()?;
         let vms = vmean.as_ref().map(|a| a.as_slice()).transpose()?;
+        let kws = kmix.as_ref().map(|a| a.as_slice()).transpose()?;
+        let vws = vmix.as_ref().map(|a| a.as_slice()).transpose()?;
         let [rows, g, dk]: [usize; 3] = q.shape().try_into().expect("rank 3");
         let [_, kcap, kcb]: [usize; 3] = kcodes.shape().try_into().expect("rank 3");
         let [_, vcap, vcb]: [usize; 3] = vcodes.shape().try_into().expect("rank 3");
@@ -1308,12 +1324,20 @@ impl KvCodec {
                     codes: &kcs[r * kcap * kcb..(r * kcap + n) * kcb],
                     scales: &kss[r * kcap * kse..(r * kcap + n) * kse],
                     mean: kms.map(|m| &m[(r % heads) * kc.dim()..(r % heads + 1) * kc.dim()]),
+                    mix: kws.map(|w| {
+                        let dd = kc.dim() * kc.dim();
+                        &w[(r % heads) * dd..(r % heads + 1) * dd]
+                    }),
                 };
                 let vs = hypercodec_lattice::kv::Side {
                     codec: vc,
                     codes: &vcs[r * vcap * vcb..(r * vcap + n) * vcb],
                     scales: &vss[r * vcap * vse..(r * vcap + n) * vse],
                     mean: vms.map(|m| &m[(r % heads) * vc.dim()..(r % heads + 1) * vc.dim()]),
+                    mix: vws.map(|w| {
+                        let dd = vc.dim() * vc.dim();
+                        &w[(r % heads) * dd..(r % heads + 1) * dd]
+                    }),
                 };
                 let b = match (bs, &bshape) {
                     (Some(v), Some(sh)) => {

@@ -5,6 +5,7 @@ Skipped when torch, transformers or the model is not installed."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 
 import pytest
@@ -13,7 +14,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 pytest.importorskip("transformers", reason="transformers is not installed")
 pytest.importorskip("gguf", reason="gguf is not installed")
 
-from hypercodec.kv import ATTENTION, HypercodecCache, kv_means, make_codec  # noqa: E402
+from hypercodec.kv import ATTENTION, HypercodecCache, HypercodecKVLayer, bits_at, kv_calibrate, kv_means, make_codec  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXT = (
@@ -135,6 +136,80 @@ def test_taking_out_the_mean_key_and_value_cuts_the_caches_error(lm):
     with pytest.raises(hypercodec.InvalidInputError, match="no tokens"):
         kv_means(model, [ids[:, :3]])
 
+def test_a_mix_spends_the_error_where_the_metric_is_small():
+    """Vectors of one covariance whose errors cost ``eᵀ·F·e`` for another: coded through the
+    calibration's transform, the cost falls by about the predicted gain."""
+    from hypercodec.kv import _mix
+
+    d, n = 64, 20000
+    g = torch.Generator().manual_seed(0)
+    basis = lambda: torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]  # noqa: E731
+    u, v = basis(), basis()
+    c = (u * torch.logspace(-2, 0, d, dtype=torch.float64)) @ u.T
+    f = (v * torch.logspace(-3, 0, d, dtype=torch.float64)) @ v.T
+    x = torch.randn(n, d, generator=g, dtype=torch.float64) @ torch.linalg.cholesky(c).T
+    t, root = _mix(c, f, 10**9, 1e-6)
+    codec = make_codec(d, 2, "trellis")
+
+    def cost(m: torch.Tensor) -> float:
+        y = (x @ m.T).float().numpy()
+        back = torch.from_numpy(codec.decode(*codec.encode(y, None))).double() @ torch.linalg.inv(m).T
+        e = back - x
+        return float(torch.einsum("ni,ij,nj->n", e, f, e).mean())
+
+    predicted = 10 * math.log10(float(torch.trace(c) * torch.trace(f) / torch.trace(root) ** 2))
+    measured = 10 * math.log10(cost(torch.eye(d, dtype=torch.float64)) / cost(t))
+    assert predicted > 3 and measured > 0.7 * predicted, (measured, predicted)
+    print(f"mix gain {measured:.2f} dB, predicted {predicted:.2f} dB")
+    # Few tokens shrink the transform towards the identity.
+    mild, _ = _mix(c, f, 10, 1e-6)
+    assert torch.linalg.cond(mild) < 0.5 * torch.linalg.cond(t)
+
+
+def test_a_calibration_gives_transforms_that_cut_the_caches_error(lm):
+    import hypercodec
+    from transformers import DynamicCache
+
+    model, tok = lm
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    n, heads, d = model.config.num_hidden_layers, model.config.num_key_value_heads, 64
+    before = (model.config._attn_implementation, [p.requires_grad for p in model.parameters()], model.training)
+    cal = kv_calibrate(model, [ids])
+    # The model is left as it was.
+    assert (model.config._attn_implementation, [p.requires_grad for p in model.parameters()], model.training) == before
+    assert all(p.grad is None for p in model.parameters())
+    assert len(cal.means) == len(cal.mixes) == len(cal.gains) == n
+    assert all(k.shape == v.shape == (heads, d, d) for k, v in cal.mixes)
+    assert all(g > -1e-6 and math.isfinite(g) for pair in cal.gains for g in pair)
+    # The means are kv_means' (same tokens, same sinks skipped).
+    for (a, b), (c, e) in zip(cal.means, kv_means(model, [ids])):
+        assert torch.allclose(a, c, atol=1e-4) and torch.allclose(b, e, atol=1e-4)
+    ref = _chunked_logp(model, ids, DynamicCache(config=model.config))
+    kl = lambda p, q: (p.exp() * (p - q)).sum(-1).mean().item()  # noqa: E731
+    opts = dict(quantizer="trellis", key_bits=2, value_bits=2, window=16, block=8, sinks=4)
+    centered = kl(ref, _chunked_logp(model, ids, HypercodecCache(model.config, **opts, means=cal.means)))
+    mixed = kl(ref, _chunked_logp(model, ids, HypercodecCache(model.config, **opts, calibration=cal)))
+    print(f"KL centered {centered:.4f} calibrated {mixed:.4f}")
+    assert mixed < centered, (mixed, centered)
+    # Bad transforms and mixed-up options are typed errors.
+    eye = torch.eye(d).expand(heads, d, d)
+    with pytest.raises(hypercodec.InvalidInputError, match="mix: .*shape"):
+        HypercodecKVLayer(mix=(eye[..., :32], eye))
+    with pytest.raises(hypercodec.InvalidInputError, match="singular"):
+        HypercodecKVLayer(mix=(eye * 0, eye))
+    with pytest.raises(hypercodec.InvalidInputError, match="finite"):
+        HypercodecKVLayer(mix=(eye * float("nan"), eye))
+    with pytest.raises(hypercodec.InvalidInputError, match="int baseline"):
+        HypercodecKVLayer(quantizer="int", key_bits=4, value_bits=4, mix=(eye, eye))
+    with pytest.raises(hypercodec.InvalidInputError, match="not both"):
+        HypercodecCache(model.config, **opts, means=cal.means, calibration=cal)
+    layer = HypercodecKVLayer(mix=(torch.eye(d).expand(heads + 1, d, d), torch.eye(d).expand(heads + 1, d, d)))
+    with pytest.raises(hypercodec.InvalidInputError, match="mix: shapes"):
+        layer.update(torch.randn(1, heads, 4, d), torch.randn(1, heads, 4, d))
+    with pytest.raises(hypercodec.InvalidInputError, match="no tokens"):
+        kv_calibrate(model, [ids[:, :3]])
+
+
 def _chunked_logp(model, ids, cache, chunk=8):
     out = []
     with torch.no_grad():
@@ -187,6 +262,7 @@ def test_attention_over_codes_matches_attention_over_the_decoded_history(lm):
     ref = _chunked_logp(model, ids, DynamicCache(config=model.config))
     kl = lambda p, q: (p.exp() * (p - q)).sum(-1).mean().item()  # noqa: E731
     means = kv_means(model, [ids[:, :60]])
+    cal = kv_calibrate(model, [ids[:, :60]])
     for opts, chunk in [
         (dict(quantizer="e8", key_bits=4, value_bits=3, window=16, block=8, sinks=4), 8),
         (dict(quantizer="e8", key_bits=3, value_bits=3, window=8, block=4, dither=True, rotation="haar"), 40),
@@ -197,6 +273,8 @@ def test_attention_over_codes_matches_attention_over_the_decoded_history(lm):
         # Means taken out before coding and added back (in the fused path, by the native call).
         (dict(quantizer="trellis", key_bits=2, value_bits=2, window=16, block=8, sinks=4, means=means), 8),
         (dict(quantizer="e8", key_bits=3, value_bits=2, window=8, block=4, rotation="haar", means=means), 24),
+        # Means and transforms from a calibration (queries and outputs mapped by the native call).
+        (dict(quantizer="trellis", key_bits=2, value_bits=2, window=16, block=8, sinks=4, calibration=cal), 8),
     ]:
         decoded = _chunked_logp(model, ids, HypercodecCache(model.config, **opts), chunk)
         model.set_attn_implementation(ATTENTION)
@@ -261,18 +339,16 @@ def test_int_baseline_saturates_and_both_head_sizes_are_counted():
         layer.crop(-1)
 
 
-def test_kv_eval_counts_the_window_and_the_sinks_in_bf16():
-    from hypercodec import kv_eval
-
+def test_bits_at_counts_the_window_and_the_sinks_in_bf16():
     opts = {"quantizer": "trellis", "key_bits": 2, "value_bits": 3, "window": 32}
     codes = (2 + 16 / 64 + 3 + 16 / 64) / 2  # codes and a bf16 scale per 64-value vector
-    assert kv_eval._bits_at(opts, 64, 2048) == pytest.approx(((2048 - 32) * codes + 32 * 16) / 2048)
-    sinks = kv_eval._bits_at({**opts, "sinks": 4}, 64, 2048)
+    assert bits_at(opts, 64, 2048) == pytest.approx(((2048 - 32) * codes + 32 * 16) / 2048)
+    sinks = bits_at({**opts, "sinks": 4}, 64, 2048)
     assert sinks == pytest.approx(((2048 - 36) * codes + 36 * 16) / 2048)
     # A peer's groups of 64: its bits plus an f16 scale and zero.
-    peer = kv_eval._bits_at({"quantizer": "group", "key_bits": 2, "value_bits": 2, "window": 32}, 64, 2048)
+    peer = bits_at({"quantizer": "group", "key_bits": 2, "value_bits": 2, "window": 32}, 64, 2048)
     assert peer == pytest.approx(((2048 - 32) * 2.5 + 32 * 16) / 2048)
     # Rates per layer: each side's mean over its layers.
-    mixed = kv_eval._bits_at({**opts, "value_bits": [2, 1, 1, 1]}, 64, 2048)
+    mixed = bits_at({**opts, "value_bits": [2, 1, 1, 1]}, 64, 2048)
     vcodes = (2 + 1 + 1 + 1) / 4 + 16 / 64
     assert mixed == pytest.approx(((2048 - 32) * (2 + 16 / 64 + vcodes) / 2 + 32 * 16) / 2048)

@@ -640,8 +640,15 @@ pub struct Side<'a> {
     pub scales: &'a [u16],
     /// A vector (`dim` values, the original domain) subtracted from every vector before it was
     /// encoded, added back here (e.g. a head's mean key: attention scores move by a constant
-    /// per query, and the codes carry only what varies).
+    /// per query, and the codes carry only what varies). With [`Side::mix`], in the coded domain.
     pub mean: Option<&'a [f32]>,
+    /// A `dim × dim` row-major matrix `W` back to the original domain: a vector `x` was encoded
+    /// as `T·x − mean` with `T = W⁻¹` and is read as `W·(x̂ + mean)`. A `T` chosen from the
+    /// model (e.g. `T² ∝ C^{-½}(C^{½}·F·C^{½})^{½}C^{-½}` for the vectors' covariance `C` and
+    /// the loss' Fisher information `F` about them) spends the codes' error where the model is
+    /// least sensitive to it; attention applies `W` to the queries (`⟨q, W·x̂⟩ = ⟨Wᵀ·q, x̂⟩`) and
+    /// to the values' weighted sum, once per query, never per token.
+    pub mix: Option<&'a [f32]>,
 }
 
 impl Side<'_> {
@@ -723,6 +730,11 @@ pub fn attend_into(
     for (what, side, d) in [("key mean", keys, dk), ("value mean", values, dv)] {
         if let Some(mean) = side.mean {
             checks.push((what, d, mean.len()));
+        }
+    }
+    for (what, side, d) in [("key mix", keys, dk), ("value mix", values, dv)] {
+        if let Some(mix) = side.mix {
+            checks.push((what, d * d, mix.len()));
         }
     }
     if let Some(e) = exact {
@@ -931,11 +943,19 @@ fn attend_blocks(args: Attend<'_>, out: &mut [f32], lse: &mut [f32]) -> Result<(
     let (dk, dv) = (kc.dim, vc.dim);
     let n = keys.len();
     let g = lse.len();
-    // The queries scaled, and rotated as the keys were (⟨q, Rᵀŷ⟩ = ⟨R·q, ŷ⟩).
+    // The queries scaled, and rotated as the keys were (⟨q, Rᵀŷ⟩ = ⟨R·q, ŷ⟩); with a mix `W`,
+    // first mapped into the coded domain (⟨q, W·x̂⟩ = ⟨Wᵀ·q, x̂⟩).
     let scaled: Vec<f32> = queries.iter().map(|&v| v * scale).collect();
     let mut rotated = vec![0f32; g * dk];
+    let mut mixed = vec![0f32; dk.max(dv)];
     for (q, r) in scaled.chunks_exact(dk).zip(rotated.chunks_exact_mut(dk)) {
-        kc.rotate(q, r);
+        match keys.mix {
+            Some(w) => {
+                transposed_times(w, q, &mut mixed[..dk]);
+                kc.rotate(&mixed[..dk], r);
+            }
+            None => kc.rotate(q, r),
+        }
     }
     let mut st = Online::new(g, dv);
     // Exact tokens `range`, their bias columns from `col`.
@@ -1005,13 +1025,29 @@ fn attend_blocks(args: Attend<'_>, out: &mut [f32], lse: &mut [f32]) -> Result<(
         let inv = 1.0 / st.l[j];
         let a = &mut st.acc[j * dv..(j + 1) * dv];
         a.iter_mut().for_each(|v| *v *= inv);
-        vc.unrotate(a, o);
+        match values.mix {
+            Some(w) => {
+                vc.unrotate(a, &mut mixed[..dv]);
+                for (row, v) in w.chunks_exact(dv).zip(o.iter_mut()) {
+                    *v = dot(row, &mixed[..dv]);
+                }
+            }
+            None => vc.unrotate(a, o),
+        }
         o.iter_mut()
             .zip(&st.plain[j * dv..(j + 1) * dv])
             .for_each(|(v, &e)| *v += e * inv);
         lse[j] = st.m[j] + st.l[j].ln();
     }
     Ok(())
+}
+
+/// `out = Wᵀ·x` for a row-major square `w`.
+fn transposed_times(w: &[f32], x: &[f32], out: &mut [f32]) {
+    out.iter_mut().for_each(|v| *v = 0.0);
+    for (row, &xi) in w.chunks_exact(out.len()).zip(x) {
+        out.iter_mut().zip(row).for_each(|(o, &wij)| *o += wij * xi);
+    }
 }
 
 /// `⟨a, b⟩` in eight independent lanes (so the compiler vectorizes it).
@@ -1307,12 +1343,14 @@ mod tests {
                     codes: &kcodes,
                     scales: &kscales,
                     mean: None,
+                    mix: None,
                 },
                 Side {
                     codec: &vc,
                     codes: &vcodes,
                     scales: &vscales,
                     mean: None,
+                    mix: None,
                 },
             );
             attend_into(
@@ -1417,12 +1455,14 @@ mod tests {
                     codes: &kcodes[lo * kb..hi * kb],
                     scales: &kscales[lo * kc.scale_entries()..hi * kc.scale_entries()],
                     mean: None,
+                    mix: None,
                 };
                 let vs = Side {
                     codec: &vc,
                     codes: &vcodes[lo * vb..hi * vb],
                     scales: &vscales[lo * vc.scale_entries()..hi * vc.scale_entries()],
                     mean: None,
+                    mix: None,
                 };
                 let bias = Bias {
                     values: &b[lo..],
@@ -1469,6 +1509,7 @@ mod tests {
             codes: &codes,
             scales: &scales,
             mean: None,
+            mix: None,
         };
         let b = vec![f32::NEG_INFINITY; n];
         let bias = Bias {
@@ -1656,7 +1697,7 @@ mod tests {
     /// Whether `fast` and `slow` (one codec, two decoding paths) decode `fast`'s codes of `x`
     /// to the same bits.
     #[test]
-    fn a_mean_taken_out_before_encoding_is_added_back_by_attention() {
+    fn a_mean_and_a_mix_around_the_codes_are_undone_by_attention() {
         let (n, d, g) = (50, 64, 3);
         for rot in [Rotation::Rht, Rotation::Haar] {
             let kc = KvCodec::new(d, 2, KvQuantizer::Trellis { l: 10 }, rot, 1, false).unwrap();
@@ -1679,7 +1720,10 @@ mod tests {
             let (vcodes, vscales, vdec) = side(&vc, &vm, 4);
             let q = gauss(g * d, 5);
             let scale = 0.125;
-            let run = |kmean: Option<&[f32]>, vmean: Option<&[f32]>| {
+            let run4 = |kmean: Option<&[f32]>,
+                        vmean: Option<&[f32]>,
+                        kmix: Option<&[f32]>,
+                        vmix: Option<&[f32]>| {
                 let (mut out, mut lse) = (vec![f32::NAN; g * d], vec![f32::NAN; g]);
                 let r = attend_into(
                     Side {
@@ -1687,12 +1731,14 @@ mod tests {
                         codes: &kcodes,
                         scales: &kscales,
                         mean: kmean,
+                        mix: kmix,
                     },
                     Side {
                         codec: &vc,
                         codes: &vcodes,
                         scales: &vscales,
                         mean: vmean,
+                        mix: vmix,
                     },
                     None,
                     None,
@@ -1704,6 +1750,7 @@ mod tests {
                 );
                 r.map(|()| (out, lse))
             };
+            let run = |kmean: Option<&[f32]>, vmean: Option<&[f32]>| run4(kmean, vmean, None, None);
             let (out, lse) = run(Some(&km), Some(&vm)).unwrap();
             let (want, wlse) = reference_attention(&kdec, &vdec, &q, (d, d), scale, &|_, _| 0.0);
             for (a, b) in out.iter().zip(&want).chain(lse.iter().zip(&wlse)) {
@@ -1713,6 +1760,59 @@ mod tests {
             let (plain, _) = run(None, None).unwrap();
             let far = plain.iter().zip(&want).any(|(a, b)| (a - b).abs() > 0.1);
             assert!(far, "{rot:?}");
+            // A mix W: the vectors read as W·(x̂ + mean), the queries and outputs mapped once.
+            let mix = |seed: u64| -> Vec<f32> {
+                let noise = gauss(d * d, seed);
+                (0..d * d)
+                    .map(|i| {
+                        0.3 * noise[i]
+                            + if i % (d + 1) == 0 {
+                                1.0 + (i % 7) as f32
+                            } else {
+                                0.0
+                            }
+                    })
+                    .collect()
+            };
+            let (wk, wv) = (mix(6), mix(7));
+            let apply = |w: &[f32], x: &[f32]| -> Vec<f32> {
+                x.chunks_exact(d)
+                    .flat_map(|v| {
+                        w.chunks_exact(d)
+                            .map(|row| row.iter().zip(v).map(|(a, b)| a * b).sum::<f32>())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect()
+            };
+            let (out, lse) = run4(Some(&km), Some(&vm), Some(&wk), Some(&wv)).unwrap();
+            let (want, wlse) = reference_attention(
+                &apply(&wk, &kdec),
+                &apply(&wv, &vdec),
+                &q,
+                (d, d),
+                scale,
+                &|_, _| 0.0,
+            );
+            for (a, b) in out.iter().zip(&want).chain(lse.iter().zip(&wlse)) {
+                assert!(
+                    (a - b).abs() < 2e-3 * (1.0 + b.abs()),
+                    "{rot:?} mixed: {a} vs {b}"
+                );
+            }
+            assert!(matches!(
+                run4(None, None, Some(&wk[1..]), None),
+                Err(LatticeError::Length {
+                    what: "key mix",
+                    ..
+                })
+            ));
+            assert!(matches!(
+                run4(None, None, None, Some(&wv[..d])),
+                Err(LatticeError::Length {
+                    what: "value mix",
+                    ..
+                })
+            ));
             assert!(matches!(
                 run(Some(&km[1..]), None),
                 Err(LatticeError::Length {

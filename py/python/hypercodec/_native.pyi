@@ -141,6 +141,10 @@ class KvCodec:
         offset: int = 0,
         heads: int = 1,
         parallel: bool = False,
+        kmean: Optional[npt.NDArray[np.float32]] = None,
+        vmean: Optional[npt.NDArray[np.float32]] = None,
+        kmix: Optional[npt.NDArray[np.float32]] = None,
+        vmix: Optional[npt.NDArray[np.float32]] = None,
     ) -> None: ...
     def attend(
         self,

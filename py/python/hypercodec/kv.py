@@ -34,12 +34,17 @@ byte held: codes, scales and exact tokens at their dtype's size.
     >>> out = model.generate(**inputs, past_key_values=cache, max_new_tokens=64)   # doctest: +SKIP
     >>> cache.bits_per_value()                                                   # doctest: +SKIP
 
+At low rates, :func:`kv_calibrate` fits each head's mean and a transform of its keys and values
+to the model (``HypercodecCache(config, calibration=...)``; :func:`kv_means` gives the means
+alone); :func:`bits_at` counts the bits per value of any options at a given context.
+
 Dither (``dither=True``, lattice only) is keyed on each vector's cache index and head, so
 rows of a batch agree with the same rows run alone only when their padding agrees.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -48,7 +53,18 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from . import _native
 
-__all__ = ["ATTENTION", "HypercodecCache", "HypercodecKVLayer", "IntCodec", "attention", "kv_means", "make_codec"]
+__all__ = [
+    "ATTENTION",
+    "HypercodecCache",
+    "HypercodecKVLayer",
+    "IntCodec",
+    "KvCalibration",
+    "attention",
+    "bits_at",
+    "kv_calibrate",
+    "kv_means",
+    "make_codec",
+]
 
 #: The attention implementation that runs over compressed caches without decoding them.
 ATTENTION = "hypercodec_kv"
@@ -188,7 +204,12 @@ class HypercodecKVLayer(DynamicLayer):
     ``mean``: ``(key_mean, value_mean)``, float32 ``[kv heads, head_dim]`` each (from
     :func:`kv_means`), taken out of every vector before it is encoded and added back to every
     decoded one, so the codes carry only what varies (a head's keys share a large common part:
-    removing it leaves 31–57 % of SmolLM2's key energy); host codecs only, like ``log8``."""
+    removing it leaves 31–57 % of SmolLM2's key energy); host codecs only, like ``log8``;
+    ``mix``: ``(key_transform, value_transform)``, float32 ``[kv heads, head_dim, head_dim]``
+    each (from :func:`kv_calibrate`): each head's vectors are encoded as ``T·(x − mean)`` and
+    read back through ``T⁻¹``, so the codes' error falls where the model is least sensitive to
+    it (attention maps the queries and outputs once per query, never the tokens); host codecs
+    only."""
 
     is_croppable = False
 
@@ -206,6 +227,7 @@ class HypercodecKVLayer(DynamicLayer):
         trellis_l: int | None = None,
         scale: str = "bf16",
         mean: tuple[Any, Any] | None = None,
+        mix: tuple[Any, Any] | None = None,
     ) -> None:
         super().__init__()
         if window < 0 or sinks < 0 or block < 1:
@@ -228,6 +250,28 @@ class HypercodecKVLayer(DynamicLayer):
             if not (torch.isfinite(km).all() and torch.isfinite(vm).all()):
                 raise _native.InvalidInputError("mean: the key and value means must be finite")
             self.mean = (km, vm)
+        # With a mix T: codes of T·x − T·mean, read back as W·(x̂ + T·mean) with W = T⁻¹
+        # (``coded_mean`` is T·mean, ``inverse`` W), per head.
+        self.mix = self.inverse = self.coded_mean = None
+        if mix is not None:
+            if quantizer == "int":
+                raise _native.InvalidInputError("mix: the int baseline codes the vectors as they are")
+            ts = [torch.as_tensor(t, dtype=torch.float64).detach().cpu() for t in mix]
+            if len(ts) != 2 or any(t.dim() != 3 or t.shape[-1] != t.shape[-2] for t in ts) or ts[0].shape[0] != ts[1].shape[0]:
+                raise _native.InvalidInputError(
+                    "mix: (key_transform, value_transform) of shape [kv heads, head_dim, head_dim] each, not "
+                    + " / ".join(str(tuple(t.shape)) for t in ts)
+                )
+            if not all(torch.isfinite(t).all() for t in ts):
+                raise _native.InvalidInputError("mix: the transforms must be finite")
+            if any(not bool((torch.linalg.cond(t) <= 1e6).all()) for t in ts):
+                raise _native.InvalidInputError("mix: a transform is singular or nearly so (condition number above 1e6)")
+            self.mix = tuple(t.float().contiguous() for t in ts)
+            self.inverse = tuple(torch.linalg.inv(t).float().contiguous() for t in ts)
+            if self.mean is not None:
+                self.coded_mean = tuple(
+                    torch.einsum("hij,hj->hi", t, m.double()).float().contiguous() for t, m in zip(ts, self.mean)
+                )
         self.cumulative_length = 0
         self._k, self._v = _Store(), _Store()
         self._gpu = None
@@ -246,17 +290,23 @@ class HypercodecKVLayer(DynamicLayer):
         self.sink_keys = key_states[:, :, :0]
         self.sink_values = value_states[:, :, :0]
         self.is_initialized = True
+        want = ((key_states.shape[1], key_states.shape[3]), (value_states.shape[1], value_states.shape[3]))
         if self.mean is not None:
-            want = ((key_states.shape[1], key_states.shape[3]), (value_states.shape[1], value_states.shape[3]))
             if (tuple(self.mean[0].shape), tuple(self.mean[1].shape)) != want:
                 raise _native.InvalidInputError(
                     f"mean: shapes {tuple(self.mean[0].shape)} / {tuple(self.mean[1].shape)} for keys and values "
                     f"of {want[0]} / {want[1]} (heads, head_dim)"
                 )
+        if self.mix is not None:
+            got = tuple(tuple(t.shape) for t in self.mix)
+            if got != tuple((h, d, d) for h, d in want):
+                raise _native.InvalidInputError(
+                    f"mix: shapes {got[0]} / {got[1]} for keys and values of {want[0]} / {want[1]} (heads, head_dim)"
+                )
         # On a CUDA device, E8 codecs without dither (and without means) encode and decode
         # there (the codes stay on the device); everything else goes through the host.
         self._gpu = None
-        if key_states.is_cuda and self.quantizer != "int" and self.mean is None:
+        if key_states.is_cuda and self.quantizer != "int" and self.mean is None and self.mix is None:
             kp, vp = self.kcodec.device_params(), self.vcodec.device_params()
             if kp is not None and vp is not None and key_states.dtype in _KV_DTYPES:
                 from . import cuda
@@ -337,10 +387,16 @@ class HypercodecKVLayer(DynamicLayer):
         b, h, m, _ = k.shape
         keys = self._keys(self.sink_keys.shape[2] + self._k.n, m, b)
         means = self.mean if self.mean is not None else (None, None)
-        for store, codec, x, mu in ((self._k, self.kcodec, k, means[0]), (self._v, self.vcodec, v, means[1])):
+        mixes = self.mix if self.mix is not None else (None, None)
+        for store, codec, x, mu, t in (
+            (self._k, self.kcodec, k, means[0], mixes[0]),
+            (self._v, self.vcodec, v, means[1], mixes[1]),
+        ):
             x = x.detach().to(device="cpu", dtype=torch.float32)
             if mu is not None:
                 x = x - mu[None, :, None, :]
+            if t is not None:
+                x = torch.einsum("hij,bhtj->bhti", t, x)
             a = x.contiguous().numpy()
             codes, scales = codec.encode(a, keys)
             store.append(codes.reshape(b * h, m, -1), scales.reshape(b * h, -1))
@@ -358,9 +414,14 @@ class HypercodecKVLayer(DynamicLayer):
             o[:, s : s + n] = x
         else:
             codec.decode_rows_into(store.codes, store.scales, n, o, s, self.heads)
-        if self.mean is not None and n:
-            mu = self.mean[0] if store is self._k else self.mean[1]
-            out[:, :, s : s + n] += mu[None, :, None, :]
+        side = 0 if store is self._k else 1
+        if self.mix is not None and n:
+            y = out[:, :, s : s + n]
+            if self.coded_mean is not None:
+                y = y + self.coded_mean[side][None, :, None, :]
+            out[:, :, s : s + n] = torch.einsum("hij,bhtj->bhti", self.inverse[side], y)
+        elif self.mean is not None and n:
+            out[:, :, s : s + n] += self.mean[side][None, :, None, :]
         return out.to(device=self.device, dtype=self.dtype)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -430,11 +491,21 @@ class HypercodecKVLayer(DynamicLayer):
             s,
             s,
             self.heads,
-            kmean=None if self.mean is None else self.mean[0].numpy(),
-            vmean=None if self.mean is None else self.mean[1].numpy(),
+            **self._side_args(),
         )
         o = torch.from_numpy(out).reshape(b, hq, q, -1).transpose(1, 2).contiguous()
         return o.to(device=query.device, dtype=query.dtype)
+
+    def _side_args(self) -> dict[str, Any]:
+        """The native attention's means and mixes (the means in the coded domain with a mix)."""
+        if self.mix is None:
+            if self.mean is None:
+                return {}
+            return {"kmean": self.mean[0].numpy(), "vmean": self.mean[1].numpy()}
+        args = {"kmix": self.inverse[0].numpy(), "vmix": self.inverse[1].numpy()}
+        if self.coded_mean is not None:
+            args.update(kmean=self.coded_mean[0].numpy(), vmean=self.coded_mean[1].numpy())
+        return args
 
     def _attend_gpu(self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scaling: float) -> torch.Tensor:
         """:meth:`attend` on the device, in two launches (``hc_kv_e8_attend`` over chunks of the
@@ -562,7 +633,15 @@ class HypercodecCache(Cache):
                 if len(bits) != n:
                     raise _native.InvalidInputError(f"{name}: {len(bits)} rates for {n} layers")
                 per_layer[name] = list(bits)
+        calibration = layer_options.pop("calibration", None)
         means = layer_options.pop("means", None)
+        if calibration is not None:
+            if means is not None:
+                raise _native.InvalidInputError("give means or calibration, not both")
+            means = calibration.means
+            if len(calibration.mixes) != n:
+                raise _native.InvalidInputError(f"calibration: {len(calibration.mixes)} layers for {n}")
+            per_layer["mix"] = list(calibration.mixes)
         if means is not None:
             if len(means) != n:
                 raise _native.InvalidInputError(f"means: {len(means)} pairs for {n} layers")
@@ -614,6 +693,137 @@ def kv_means(model: Any, batches: Any, skip: int = 4) -> list[tuple[torch.Tensor
     if sums is None or count == 0:
         raise _native.InvalidInputError(f"kv_means: no tokens after the first {skip} of each batch")
     return [(k / count, v / count) for k, v in sums]
+
+
+def bits_at(options: dict[str, Any], head_dim: int, context: int) -> float:
+    """Bits per cached value of a cache made with ``options`` (``HypercodecCache``'s keyword
+    arguments: ``quantizer``, ``key_bits``, ``value_bits``, ``window``, ``sinks``, ``scale``) at
+    ``context`` tokens, with the exact window and sinks in bf16; rates per layer count by their
+    mean (every layer holds as many values). ``quantizer="group"`` stands for transformers'
+    quantized caches: ``bits`` per value plus an f16 scale and zero point per group of 64 (their
+    documented layout; counted, not measured)."""
+    q = options["quantizer"]
+    w = options["window"] + options.get("sinks", 0)
+    sides = []
+    for rates in (options["key_bits"], options["value_bits"]):
+        rates = list(rates) if isinstance(rates, (list, tuple)) else [rates]
+        extra = {"scale": options["scale"]} if "scale" in options else {}
+        per = [b + 32 / 64 if q == "group" else make_codec(head_dim, b, q, **extra).bits_per_value for b in rates]
+        sides.append(((context - w) * sum(per) / len(per) + w * 16) / context)
+    return sum(sides) / 2
+
+
+def _powm(a: torch.Tensor, p: float) -> torch.Tensor:
+    """``a^p`` of a symmetric positive semi-definite matrix (eigenvalues clamped at 1e-300)."""
+    w, u = torch.linalg.eigh((a + a.T) / 2)
+    return (u * w.clamp(min=1e-300) ** p) @ u.T
+
+
+def _mix(c: torch.Tensor, f: torch.Tensor, count: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The transform ``T`` for vectors of covariance ``c`` whose errors cost ``eᵀ·f·e`` (both
+    estimated from ``count`` vectors, so shrunk towards their mean eigenvalue by
+    ``max(eps, d / (d + count))``), and ``(C^{½}·F·C^{½})^{½}`` (its trace squared over ``d`` is
+    the cost per unit of relative error after ``T``)."""
+    d = c.shape[0]
+    eye = torch.eye(d, dtype=c.dtype)
+    shrink = max(eps, d / (d + count))
+    c = (1 - shrink) * c + shrink * torch.trace(c).clamp(min=1e-300) / d * eye
+    f = (1 - shrink) * f + shrink * torch.trace(f).clamp(min=1e-300) / d * eye
+    ch, cih = _powm(c, 0.5), _powm(c, -0.5)
+    root = _powm(ch @ f @ ch, 0.5)
+    t = _powm(cih @ root @ cih, 0.5)
+    return t * (torch.trace(c) / torch.trace(t @ c @ t.T)).sqrt(), root
+
+
+class KvCalibration:
+    """What :func:`kv_calibrate` measured, per layer: ``means`` (``(key_mean, value_mean)``,
+    float32 ``[kv heads, head_dim]``) and ``mixes`` (``(key_transform, value_transform)``,
+    float32 ``[kv heads, head_dim, head_dim]``), for ``HypercodecCache(config,
+    calibration=...)``; ``gains`` (``(keys, values)`` per layer, dB): the predicted drop of the
+    loss' growth under coding noise that the transforms bring, mean over heads."""
+
+    def __init__(self, means: list, mixes: list, gains: list[tuple[float, float]]) -> None:
+        self.means, self.mixes, self.gains = means, mixes, gains
+
+
+def kv_calibrate(model: Any, batches: Any, skip: int = 4, eps: float = 1e-3) -> KvCalibration:
+    """Measures, over ``batches`` (token-id tensors ``[B, T]`` of text like the text the model
+    will read), each key/value head's mean key and value, their covariances ``C`` (after the
+    first ``skip`` tokens of each row: the attention sinks) and the Fisher information ``F`` of
+    the next-token loss about them (one backward pass per batch; the model's weights are left
+    untouched), and from these each head's transform ``T`` for :class:`HypercodecKVLayer`'s
+    ``mix``: with an error that is white after ``T`` and scales with ``‖T·x‖``, the expected
+    loss grows as ``tr(T·C·Tᵀ)·tr(T⁻ᵀ·F·T⁻¹)``, least for ``TᵀT ∝ C^{-½}(C^{½}·F·C^{½})^{½}
+    C^{-½}`` (``T`` its symmetric root, scaled to keep ``tr(T·C·Tᵀ) = tr(C)``; ``C`` and ``F``
+    are shrunk towards their mean eigenvalue by ``max(eps, head_dim / (head_dim + tokens))``,
+    so that few tokens give a mild ``T`` and ``T`` stays well conditioned; ``F`` is the
+    empirical Fisher, from the text's own next tokens). On SmolLM2-135M
+    (8192 tokens) the predicted gain is 2.9 dB for the keys and 1.4 dB for the values on
+    average."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    caught: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def probe(module: Any, query: Any, key: Any, value: Any, mask: Any, **kwargs: Any) -> Any:
+        key = key.detach().requires_grad_()
+        value = value.detach().requires_grad_()
+        caught[module.layer_idx] = (key, value)
+        return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+
+    name = "hypercodec_calibrate"
+    AttentionInterface.register(name, probe)
+    before = model.config._attn_implementation
+    grads = [p.requires_grad for p in model.parameters()]
+    training = model.training
+    stats: dict[int, list] = {}
+    count = 0
+    try:
+        model.set_attn_implementation(name)
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for ids in batches:
+            caught.clear()
+            with torch.enable_grad():
+                logits = model(input_ids=ids, use_cache=False).logits[:, :-1].flatten(0, 1).float()
+                target = ids[:, 1:].flatten().to(logits.device)
+                torch.nn.functional.cross_entropy(logits, target, reduction="sum").backward()
+            count += ids.shape[0] * max(ids.shape[-1] - skip, 0)
+            for layer, pair in caught.items():
+                acc = stats.setdefault(layer, [None] * 6)
+                for i, t in enumerate(pair):
+                    x = t.detach()[:, :, skip:].double().cpu()  # [B, H, T, d]
+                    g = t.grad[:, :, skip:].double().cpu()
+                    parts = (x.sum((0, 2)), torch.einsum("bhti,bhtj->hij", x, x), torch.einsum("bhti,bhtj->hij", g, g))
+                    for j, v in enumerate(parts):
+                        acc[3 * i + j] = v if acc[3 * i + j] is None else acc[3 * i + j] + v
+    finally:
+        model.set_attn_implementation(before)
+        for p, g in zip(model.parameters(), grads):
+            p.requires_grad_(g)
+        model.train(training)
+    if count == 0 or not stats:
+        raise _native.InvalidInputError(f"kv_calibrate: no tokens after the first {skip} of each batch")
+    means, mixes, gains = [], [], []
+    for layer in sorted(stats):
+        side_means, side_mixes, side_gains = [], [], []
+        for i in (0, 1):
+            total, outer, fisher = stats[layer][3 * i : 3 * i + 3]
+            mean = total / count
+            ts, db = [], 0.0
+            for h in range(mean.shape[0]):
+                c, f = outer[h] / count - torch.outer(mean[h], mean[h]), fisher[h] / count
+                t, root = _mix(c, f, count, eps)
+                ts.append(t)
+                db += 10 * math.log10(max(float(torch.trace(c) * torch.trace(f) / torch.trace(root) ** 2), 1e-300))
+            side_means.append(mean.float())
+            side_mixes.append(torch.stack(ts).float())
+            side_gains.append(db / mean.shape[0])
+        means.append(tuple(side_means))
+        mixes.append(tuple(side_mixes))
+        gains.append(tuple(side_gains))
+    return KvCalibration(means, mixes, gains)
 
 
 def attention(

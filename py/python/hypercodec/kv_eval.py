@@ -68,24 +68,6 @@ def _peer_caches(model: Any, residual: int) -> list[tuple[str, Callable[[], Any]
     return out
 
 
-def _bits_at(layer_opts: dict[str, Any], head_dim: int, context: int) -> float:
-    """Bits per cached value at ``context`` tokens with the exact window and sinks in bf16
-    (rates per layer: their mean, every layer holding as many values). A peer
-    (``quantizer="group"``) stores ``bits`` per value plus an f16 scale and zero point per group
-    of 64 (its documented layout; counted, not measured)."""
-    from .kv import make_codec
-
-    q = layer_opts["quantizer"]
-    w = layer_opts["window"] + layer_opts.get("sinks", 0)
-    sides = []
-    for rates in (layer_opts["key_bits"], layer_opts["value_bits"]):
-        rates = list(rates) if isinstance(rates, (list, tuple)) else [rates]
-        extra = {"scale": layer_opts["scale"]} if "scale" in layer_opts else {}
-        per = [b + 32 / 64 if q == "group" else make_codec(head_dim, b, q, **extra).bits_per_value for b in rates]
-        sides.append(((context - w) * sum(per) / len(per) + w * 16) / context)
-    return sum(sides) / 2
-
-
 def _run_window(model: Any, ids: Any, cache: Any, chunk: int) -> tuple[float, int]:
     import torch
 
@@ -186,7 +168,7 @@ def main(argv: list[str]) -> int:
 
     from . import __version__, _native
     from .eval import fetch_text, set_threads, smollm2
-    from .kv import ATTENTION, HypercodecCache
+    from .kv import ATTENTION, HypercodecCache, bits_at
 
     set_threads(a.threads)
     start = time.time()
@@ -216,7 +198,7 @@ def main(argv: list[str]) -> int:
             rows.append({"cache": name, "error": f"{type(e).__name__}: {e}"})
             continue
         snr, snr_min = _snr(base["outputs"], r["outputs"])
-        bpv_2k = _bits_at(opts, head_dim, 2048)
+        bpv_2k = bits_at(opts, head_dim, 2048)
         row = {
             "cache": name,
             "ppl": r["ppl"],
