@@ -52,6 +52,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--window", type=int, default=2048, help="tokens per perplexity window, BOS included")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", default="", help="only the caches whose name contains this")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     set_threads(a.threads)
@@ -74,6 +75,8 @@ def main() -> int:
     ]
     print("\n".join(lines), flush=True)
     for name, opts in configs(model.config.num_hidden_layers, cal):
+        if a.rows not in name:
+            continue
         t = time.time()
         ppl = kv_eval.measure(model, windows, lambda o=opts: HypercodecCache(model.config, **o), 16)["ppl"]
         bits = bits_at(opts, head_dim, 2048)

@@ -166,6 +166,23 @@ def test_a_mix_spends_the_error_where_the_metric_is_small():
     assert torch.linalg.cond(mild) < 0.5 * torch.linalg.cond(t)
 
 
+def test_a_layer_with_a_mix_reads_back_what_it_was_given():
+    """Non-symmetric transforms (a transpose anywhere would show) and means around 4-bit codes."""
+    g = torch.Generator().manual_seed(0)
+    h, d = 2, 64
+    t = torch.eye(d) + 0.05 * torch.randn(h, d, d, generator=g)
+    tv = torch.eye(d) + 0.05 * torch.randn(h, d, d, generator=g)
+    mean = (torch.randn(h, d, generator=g), torch.randn(h, d, generator=g))
+    k, v = torch.randn(1, h, 40, d, generator=g), torch.randn(1, h, 40, d, generator=g)
+    for mix in ((t, tv), (t.transpose(1, 2), tv.transpose(1, 2))):
+        layer = HypercodecKVLayer(key_bits=4, value_bits=4, quantizer="trellis", window=4, block=4, mean=mean, mix=mix)
+        rk, rv = layer.update(k, v)
+        assert rk.shape == k.shape and torch.equal(rk[:, :, -4:], k[:, :, -4:])
+        for got, want in ((rk, k), (rv, v)):
+            rel = ((got - want).norm() / want.norm()).item()
+            assert rel < 0.15, rel
+
+
 def test_a_calibration_gives_transforms_that_cut_the_caches_error(lm):
     import hypercodec
     from transformers import DynamicCache
@@ -199,6 +216,10 @@ def test_a_calibration_gives_transforms_that_cut_the_caches_error(lm):
         HypercodecKVLayer(mix=(eye * 0, eye))
     with pytest.raises(hypercodec.InvalidInputError, match="finite"):
         HypercodecKVLayer(mix=(eye * float("nan"), eye))
+    with pytest.raises(hypercodec.InvalidInputError, match="overflows"):
+        HypercodecKVLayer(mix=(eye * 1e-40, eye))
+    with pytest.raises(hypercodec.InvalidInputError, match="disagree"):
+        HypercodecKVLayer(mean=(torch.zeros(heads + 1, d), torch.zeros(heads + 1, d)), mix=(eye, eye))
     with pytest.raises(hypercodec.InvalidInputError, match="int baseline"):
         HypercodecKVLayer(quantizer="int", key_bits=4, value_bits=4, mix=(eye, eye))
     with pytest.raises(hypercodec.InvalidInputError, match="not both"):
@@ -208,6 +229,18 @@ def test_a_calibration_gives_transforms_that_cut_the_caches_error(lm):
         layer.update(torch.randn(1, heads, 4, d), torch.randn(1, heads, 4, d))
     with pytest.raises(hypercodec.InvalidInputError, match="no tokens"):
         kv_calibrate(model, [ids[:, :3]])
+
+    # A failure part-way leaves the model as it was too.
+    def broken():
+        yield ids
+        raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        kv_calibrate(model, broken())
+    assert (model.config._attn_implementation, [p.requires_grad for p in model.parameters()], model.training) == before
+    from transformers import AttentionInterface
+
+    assert "hypercodec_calibrate" not in AttentionInterface._global_mapping
 
 
 def _chunked_logp(model, ids, cache, chunk=8):

@@ -1694,8 +1694,8 @@ mod tests {
         .is_err());
     }
 
-    /// Whether `fast` and `slow` (one codec, two decoding paths) decode `fast`'s codes of `x`
-    /// to the same bits.
+    /// Vectors coded as `T·x − mean` and read as `W·(x̂ + mean)`: attention over the codes
+    /// equals attention over the vectors read back, with and without exact tokens around them.
     #[test]
     fn a_mean_and_a_mix_around_the_codes_are_undone_by_attention() {
         let (n, d, g) = (50, 64, 3);
@@ -1797,6 +1797,52 @@ mod tests {
                 assert!(
                     (a - b).abs() < 2e-3 * (1.0 + b.abs()),
                     "{rot:?} mixed: {a} vs {b}"
+                );
+            }
+            // Exact sinks and window tokens stay in the original domain, beside mixed codes.
+            let (ek, ev) = (gauss(5 * d, 8), gauss(5 * d, 9));
+            let (mut out, mut lse) = (vec![f32::NAN; g * d], vec![f32::NAN; g]);
+            attend_into(
+                Side {
+                    codec: &kc,
+                    codes: &kcodes,
+                    scales: &kscales,
+                    mean: Some(&km),
+                    mix: Some(&wk),
+                },
+                Side {
+                    codec: &vc,
+                    codes: &vcodes,
+                    scales: &vscales,
+                    mean: Some(&vm),
+                    mix: Some(&wv),
+                },
+                Some(Exact {
+                    keys: &ek,
+                    values: &ev,
+                    sinks: 2,
+                }),
+                None,
+                &q,
+                scale,
+                None,
+                &mut out,
+                &mut lse,
+            )
+            .unwrap();
+            let around = |e: &[f32], mid: Vec<f32>| [&e[..2 * d], &mid[..], &e[2 * d..]].concat();
+            let (want, wlse) = reference_attention(
+                &around(&ek, apply(&wk, &kdec)),
+                &around(&ev, apply(&wv, &vdec)),
+                &q,
+                (d, d),
+                scale,
+                &|_, _| 0.0,
+            );
+            for (a, b) in out.iter().zip(&want).chain(lse.iter().zip(&wlse)) {
+                assert!(
+                    (a - b).abs() < 2e-3 * (1.0 + b.abs()),
+                    "{rot:?} mixed, exact: {a} vs {b}"
                 );
             }
             assert!(matches!(

@@ -141,10 +141,6 @@ class KvCodec:
         offset: int = 0,
         heads: int = 1,
         parallel: bool = False,
-        kmean: Optional[npt.NDArray[np.float32]] = None,
-        vmean: Optional[npt.NDArray[np.float32]] = None,
-        kmix: Optional[npt.NDArray[np.float32]] = None,
-        vmix: Optional[npt.NDArray[np.float32]] = None,
     ) -> None: ...
     def attend(
         self,
@@ -165,4 +161,8 @@ class KvCodec:
         offset: int = 0,
         heads: int = 1,
         parallel: bool = False,
+        kmean: Optional[npt.NDArray[np.float32]] = None,
+        vmean: Optional[npt.NDArray[np.float32]] = None,
+        kmix: Optional[npt.NDArray[np.float32]] = None,
+        vmix: Optional[npt.NDArray[np.float32]] = None,
     ) -> None: ...

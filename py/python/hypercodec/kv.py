@@ -264,10 +264,17 @@ class HypercodecKVLayer(DynamicLayer):
                 )
             if not all(torch.isfinite(t).all() for t in ts):
                 raise _native.InvalidInputError("mix: the transforms must be finite")
-            if any(not bool((torch.linalg.cond(t) <= 1e6).all()) for t in ts):
-                raise _native.InvalidInputError("mix: a transform is singular or nearly so (condition number above 1e6)")
+            if any(not bool((torch.linalg.cond(t) <= 1e4).all()) for t in ts):
+                raise _native.InvalidInputError("mix: a transform is singular or nearly so (condition number above 1e4)")
             self.mix = tuple(t.float().contiguous() for t in ts)
             self.inverse = tuple(torch.linalg.inv(t).float().contiguous() for t in ts)
+            if not all(torch.isfinite(t).all() for t in self.mix + self.inverse):
+                raise _native.InvalidInputError("mix: a transform or its inverse overflows float32")
+            if self.mean is not None and any(m.shape != t.shape[:2] for m, t in zip(self.mean, ts)):
+                raise _native.InvalidInputError(
+                    f"mean and mix disagree: means {[tuple(m.shape) for m in self.mean]}, transforms "
+                    f"{[tuple(t.shape) for t in ts]} ([kv heads, head_dim] and [kv heads, head_dim, head_dim])"
+                )
             if self.mean is not None:
                 self.coded_mean = tuple(
                     torch.einsum("hij,hj->hi", t, m.double()).float().contiguous() for t, m in zip(ts, self.mean)
@@ -303,7 +310,7 @@ class HypercodecKVLayer(DynamicLayer):
                 raise _native.InvalidInputError(
                     f"mix: shapes {got[0]} / {got[1]} for keys and values of {want[0]} / {want[1]} (heads, head_dim)"
                 )
-        # On a CUDA device, E8 codecs without dither (and without means) encode and decode
+        # On a CUDA device, E8 codecs without dither (and without means or mixes) encode and decode
         # there (the codes stay on the device); everything else goes through the host.
         self._gpu = None
         if key_states.is_cuda and self.quantizer != "int" and self.mean is None and self.mix is None:
@@ -750,45 +757,49 @@ def kv_calibrate(model: Any, batches: Any, skip: int = 4, eps: float = 1e-3) -> 
     """Measures, over ``batches`` (token-id tensors ``[B, T]`` of text like the text the model
     will read), each key/value head's mean key and value, their covariances ``C`` (after the
     first ``skip`` tokens of each row: the attention sinks) and the Fisher information ``F`` of
-    the next-token loss about them (one backward pass per batch; the model's weights are left
-    untouched), and from these each head's transform ``T`` for :class:`HypercodecKVLayer`'s
+    the next-token loss about them (one backward pass per batch; each layer's keys and values
+    taken as leaves, so their gradients hold the other layers' keys and values fixed: on
+    SmolLM2-135M at 2 bits this measured +2.13 % perplexity against +3.47 % with every path to
+    the loss; the model's weights, modes and attention are left as they were), and from these each head's transform ``T`` for :class:`HypercodecKVLayer`'s
     ``mix``: with an error that is white after ``T`` and scales with ``‖T·x‖``, the expected
     loss grows as ``tr(T·C·Tᵀ)·tr(T⁻ᵀ·F·T⁻¹)``, least for ``TᵀT ∝ C^{-½}(C^{½}·F·C^{½})^{½}
     C^{-½}`` (``T`` its symmetric root, scaled to keep ``tr(T·C·Tᵀ) = tr(C)``; ``C`` and ``F``
     are shrunk towards their mean eigenvalue by ``max(eps, head_dim / (head_dim + tokens))``,
     so that few tokens give a mild ``T`` and ``T`` stays well conditioned; ``F`` is the
-    empirical Fisher, from the text's own next tokens). On SmolLM2-135M
-    (8192 tokens) the predicted gain is 2.9 dB for the keys and 1.4 dB for the values on
-    average."""
+    empirical Fisher, from the text's own next tokens; ``gains`` are predicted for the shrunk
+    ``C`` and ``F``). The batches go to the model's device; padding is not masked out."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     caught: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def probe(module: Any, query: Any, key: Any, value: Any, mask: Any, **kwargs: Any) -> Any:
+        # Each layer's keys and values as leaves: their gradients hold the other layers' keys
+        # and values fixed (measured better than every path to the loss: see the docs).
         key = key.detach().requires_grad_()
         value = value.detach().requires_grad_()
         caught[module.layer_idx] = (key, value)
         return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
 
     name = "hypercodec_calibrate"
-    AttentionInterface.register(name, probe)
     before = model.config._attn_implementation
     grads = [p.requires_grad for p in model.parameters()]
-    training = model.training
+    modes = [m.training for m in model.modules()]
+    device = next(model.parameters()).device
     stats: dict[int, list] = {}
     count = 0
+    AttentionInterface.register(name, probe)
     try:
-        model.set_attn_implementation(name)
-        model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
+        model.eval()
+        model.set_attn_implementation(name)
         for ids in batches:
             caught.clear()
-            with torch.enable_grad():
+            ids = torch.as_tensor(ids).to(device)
+            with torch.inference_mode(False), torch.enable_grad():
                 logits = model(input_ids=ids, use_cache=False).logits[:, :-1].flatten(0, 1).float()
-                target = ids[:, 1:].flatten().to(logits.device)
-                torch.nn.functional.cross_entropy(logits, target, reduction="sum").backward()
+                torch.nn.functional.cross_entropy(logits, ids[:, 1:].flatten(), reduction="sum").backward()
             count += ids.shape[0] * max(ids.shape[-1] - skip, 0)
             for layer, pair in caught.items():
                 acc = stats.setdefault(layer, [None] * 6)
@@ -799,10 +810,13 @@ def kv_calibrate(model: Any, batches: Any, skip: int = 4, eps: float = 1e-3) -> 
                     for j, v in enumerate(parts):
                         acc[3 * i + j] = v if acc[3 * i + j] is None else acc[3 * i + j] + v
     finally:
-        model.set_attn_implementation(before)
+        caught.clear()
         for p, g in zip(model.parameters(), grads):
             p.requires_grad_(g)
-        model.train(training)
+        for m, mode in zip(model.modules(), modes):
+            m.training = mode
+        AttentionInterface._global_mapping.pop(name, None)
+        model.set_attn_implementation(before)
     if count == 0 or not stats:
         raise _native.InvalidInputError(f"kv_calibrate: no tokens after the first {skip} of each batch")
     means, mixes, gains = [], [], []
