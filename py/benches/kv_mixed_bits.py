@@ -44,6 +44,9 @@ def configs(layers: int, cal) -> list[tuple[str, dict]]:
         ("K2 / V2 in the first 7 layers, V1 after, 4 sinks, centered, log8", {**c, "value_bits": first(7)}),
         ("K2 / V2 in the first 7 layers, V1 after, 4 sinks, calibrated, log8", {**k, "value_bits": first(7)}),
         ("K2 / V1, 4 sinks, calibrated, log8", {**k, "value_bits": 1}),
+        # Keys at 1 bit in the three layers the calibration weighs least (layer 0 aside).
+        ("K1 in layers 14, 15, 28, K2 elsewhere / V2 in the first 10 layers, V1 after, 4 sinks, calibrated, log8",
+         {**k, "key_bits": [1 if i in (14, 15, 28) else 2 for i in range(layers)], "value_bits": first(10)}),
     ]
 
 
