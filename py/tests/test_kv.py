@@ -160,7 +160,6 @@ def test_a_mix_spends_the_error_where_the_metric_is_small():
     predicted = 10 * math.log10(float(torch.trace(c) * torch.trace(f) / torch.trace(root) ** 2))
     measured = 10 * math.log10(cost(torch.eye(d, dtype=torch.float64)) / cost(t))
     assert predicted > 3 and measured > 0.7 * predicted, (measured, predicted)
-    print(f"mix gain {measured:.2f} dB, predicted {predicted:.2f} dB")
     # Few tokens shrink the transform towards the identity.
     mild, _ = _mix(c, f, 10, 1e-6)
     assert torch.linalg.cond(mild) < 0.5 * torch.linalg.cond(t)
@@ -206,7 +205,6 @@ def test_a_calibration_gives_transforms_that_cut_the_caches_error(lm):
     opts = dict(quantizer="trellis", key_bits=2, value_bits=2, window=16, block=8, sinks=4)
     centered = kl(ref, _chunked_logp(model, ids, HypercodecCache(model.config, **opts, means=cal.means)))
     mixed = kl(ref, _chunked_logp(model, ids, HypercodecCache(model.config, **opts, calibration=cal)))
-    print(f"KL centered {centered:.4f} calibrated {mixed:.4f}")
     assert mixed < centered, (mixed, centered)
     # Bad transforms and mixed-up options are typed errors.
     eye = torch.eye(d).expand(heads, d, d)

@@ -1720,10 +1720,11 @@ mod tests {
             let (vcodes, vscales, vdec) = side(&vc, &vm, 4);
             let q = gauss(g * d, 5);
             let scale = 0.125;
-            let run4 = |kmean: Option<&[f32]>,
+            let run5 = |kmean: Option<&[f32]>,
                         vmean: Option<&[f32]>,
                         kmix: Option<&[f32]>,
-                        vmix: Option<&[f32]>| {
+                        vmix: Option<&[f32]>,
+                        exact: Option<Exact<'_>>| {
                 let (mut out, mut lse) = (vec![f32::NAN; g * d], vec![f32::NAN; g]);
                 let r = attend_into(
                     Side {
@@ -1740,7 +1741,7 @@ mod tests {
                         mean: vmean,
                         mix: vmix,
                     },
-                    None,
+                    exact,
                     None,
                     &q,
                     scale,
@@ -1750,6 +1751,11 @@ mod tests {
                 );
                 r.map(|()| (out, lse))
             };
+            let run4 =
+                |kmean: Option<&[f32]>,
+                 vmean: Option<&[f32]>,
+                 kmix: Option<&[f32]>,
+                 vmix: Option<&[f32]>| run5(kmean, vmean, kmix, vmix, None);
             let run = |kmean: Option<&[f32]>, vmean: Option<&[f32]>| run4(kmean, vmean, None, None);
             let (out, lse) = run(Some(&km), Some(&vm)).unwrap();
             let (want, wlse) = reference_attention(&kdec, &vdec, &q, (d, d), scale, &|_, _| 0.0);
@@ -1801,35 +1807,12 @@ mod tests {
             }
             // Exact sinks and window tokens stay in the original domain, beside mixed codes.
             let (ek, ev) = (gauss(5 * d, 8), gauss(5 * d, 9));
-            let (mut out, mut lse) = (vec![f32::NAN; g * d], vec![f32::NAN; g]);
-            attend_into(
-                Side {
-                    codec: &kc,
-                    codes: &kcodes,
-                    scales: &kscales,
-                    mean: Some(&km),
-                    mix: Some(&wk),
-                },
-                Side {
-                    codec: &vc,
-                    codes: &vcodes,
-                    scales: &vscales,
-                    mean: Some(&vm),
-                    mix: Some(&wv),
-                },
-                Some(Exact {
-                    keys: &ek,
-                    values: &ev,
-                    sinks: 2,
-                }),
-                None,
-                &q,
-                scale,
-                None,
-                &mut out,
-                &mut lse,
-            )
-            .unwrap();
+            let exact = Exact {
+                keys: &ek,
+                values: &ev,
+                sinks: 2,
+            };
+            let (out, lse) = run5(Some(&km), Some(&vm), Some(&wk), Some(&wv), Some(exact)).unwrap();
             let around = |e: &[f32], mid: Vec<f32>| [&e[..2 * d], &mid[..], &e[2 * d..]].concat();
             let (want, wlse) = reference_attention(
                 &around(&ek, apply(&wk, &kdec)),
