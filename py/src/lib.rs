@@ -863,9 +863,11 @@ impl Linear {
 /// The KV-cache vector codec (`hypercodec_lattice::kv`): rotate, normalize, fixed-rate
 /// lattice or trellis codes plus one scale per vector. Vectors are rows of a float32
 /// array whose last dimension is `dim`; codes are `uint8` (`code_bytes` per vector), scales
-/// `uint16` (bf16 bits, `scale_entries` = 1 per vector), or with `scale="log8"` one byte at
-/// the end of each vector's codes (`scale_entries` = 0: every scales array is empty, its
-/// last axis of length 0).
+/// `uint16`, `scale_len(m)` entries for each row of `m` vectors (the array's second-to-last
+/// axis): bf16 bits, one per vector; with `scale="log8"` none (one byte at the end of each
+/// vector's codes: every scales array's last axis has length 0); with `scale="log4"` four
+/// bits per vector, four vectors to an entry (vector `t` of a row: entry `t // 4`, bits
+/// `4·(t % 4)`).
 #[pyclass(module = "hypercodec._native", frozen)]
 struct KvCodec {
     codec: hypercodec_lattice::kv::KvCodec,
@@ -886,8 +888,22 @@ fn check_keys(keys: Option<&[u64]>, n: usize) -> PyResult<()> {
     }
 }
 
-/// Rows at or above this many are split over the thread pool.
+/// Vectors at or above this many are split over the thread pool.
 const KV_PARALLEL_ROWS: usize = 4096;
+
+/// `(row, first vector, vectors)` pieces of `rows` rows of `m` vectors (`n` in all), in
+/// memory order: whole rows, or above [`KV_PARALLEL_ROWS`] vectors, pieces of about
+/// `n / threads` that start at a multiple of 4 (a whole entry of log4 scales).
+fn kv_pieces(rows: usize, m: usize, n: usize) -> Vec<(usize, usize, usize)> {
+    let per = if n >= KV_PARALLEL_ROWS {
+        n.div_ceil(rayon::current_num_threads()).next_multiple_of(4)
+    } else {
+        m.max(1)
+    };
+    (0..rows)
+        .flat_map(|r| (0..m).step_by(per).map(move |t0| (r, t0, per.min(m - t0))))
+        .collect()
+}
 
 #[pymethods]
 impl KvCodec {
@@ -905,8 +921,9 @@ impl KvCodec {
     /// `quantizer`: `e8`, `d4` or `z1` (fixed-rate lattice forms) or `trellis` (bitshift
     /// trellis, `trellis_l` state bits); `rotation`: `rht`, `haar` or `none`; `dither` (lattice
     /// only) is keyed on one integer per vector given to `encode` / `decode`; `scale`: `bf16`
-    /// (16 bits per vector) or `log8` (8 bits: steps of 2^(1/8), ±4.4 %, from about 1.7e-5 to
-    /// 5.9e4).
+    /// (16 bits per vector), `log8` (8 bits: steps of 2^(1/8), ±4.4 %, from about 1.7e-5 to
+    /// 5.9e4) or `log4` (4 bits: steps of 2^(1/4), ±9 %, from about 0.30 to 3.4, for vectors
+    /// whose RMS sits near 1).
     #[new]
     #[pyo3(signature = (dim, bits, quantizer="e8", rotation="rht", seed=0, dither=false, trellis_l=10, scale="bf16"))]
     #[allow(clippy::too_many_arguments)]
@@ -924,9 +941,10 @@ impl KvCodec {
         let format = match scale {
             "bf16" => ScaleFormat::Bf16,
             "log8" => ScaleFormat::Log8,
+            "log4" => ScaleFormat::Log4,
             other => {
                 return Err(InvalidInputError::new_err(format!(
-                    "unknown scale format `{other}`; use bf16 or log8"
+                    "unknown scale format `{other}`; use bf16, log8 or log4"
                 )))
             }
         };
@@ -950,7 +968,6 @@ impl KvCodec {
         Ok(KvCodec { codec })
     }
 
-    /// Values per vector.
     /// What the CUDA kernels need to encode and decode this codec's vectors on the GPU, or None
     /// where they cannot (only the E8 lattice without dither, with bf16 scales, rotated by the
     /// RHT in tiles of at least 8 values or not at all, vectors of 8..=256 values in whole
@@ -959,7 +976,7 @@ impl KvCodec {
         &self,
         py: Python<'py>,
     ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
-        use hypercodec_lattice::kv::{KvQuantizer, Rotation};
+        use hypercodec_lattice::kv::{KvQuantizer, Rotation, ScaleFormat};
         use hypercodec_lattice::Lattice;
         let c = &self.codec;
         let d = c.dim();
@@ -970,7 +987,7 @@ impl KvCodec {
         };
         if c.quantizer() != KvQuantizer::Lattice(Lattice::E8)
             || c.dithers()
-            || c.scale_entries() != 1
+            || c.scale_format() != ScaleFormat::Bf16
         {
             return Ok(None);
         }
@@ -1005,6 +1022,7 @@ impl KvCodec {
         Ok(Some(out))
     }
 
+    /// Values per vector.
     #[getter]
     fn dim(&self) -> usize {
         self.codec.dim()
@@ -1016,10 +1034,10 @@ impl KvCodec {
         self.codec.code_bytes()
     }
 
-    /// uint16 scales per vector: 1 (bf16) or 0 (log8, in the codes).
-    #[getter]
-    fn scale_entries(&self) -> usize {
-        self.codec.scale_entries()
+    /// uint16 scale entries that a row of `n` vectors takes: `n` (bf16), 0 (log8: in the
+    /// codes) or `⌈n/4⌉` (log4).
+    fn scale_len(&self, n: usize) -> usize {
+        self.codec.scale_len(n)
     }
 
     /// Stored bits per value, codes and scale.
@@ -1028,9 +1046,10 @@ impl KvCodec {
         self.codec.bits_per_value()
     }
 
-    /// Codes (`(..., code_bytes)` uint8) and scales (`(...)` uint16; with `scale="log8"` empty,
-    /// `(..., 0)` without the last axis of `x`'s batch shape) of `x` (`(..., dim)` float32);
-    /// `keys` (uint64, one per vector) when the codec dithers.
+    /// Codes (`(..., m, code_bytes)` uint8) and scales (`(..., scale_len(m))` uint16: `(..., m)`
+    /// bf16, `(..., 0)` with `scale="log8"`, `(..., ⌈m/4⌉)` with `scale="log4"`; a single
+    /// vector's scales are `()`, `(0,)` and `(1,)`) of `x` (`(..., m, dim)` float32); `keys`
+    /// (uint64, one per vector) when the codec dithers.
     #[pyo3(signature = (x, keys=None))]
     #[allow(clippy::type_complexity)]
     fn encode<'py>(
@@ -1050,32 +1069,32 @@ impl KvCodec {
         let keys = keys.as_ref().map(|k| k.as_slice()).transpose()?;
         let n = xs.len() / d.max(1);
         check_keys(keys, n)?;
-        let (cb, se) = (self.codec.code_bytes(), self.codec.scale_entries());
+        let cb = self.codec.code_bytes();
+        let m = if shape.len() >= 2 {
+            shape[shape.len() - 2]
+        } else {
+            1
+        };
+        let rows = n.checked_div(m).unwrap_or(0);
+        let pieces = kv_pieces(rows, m, n);
         let (codes, scales) = py.detach(|| -> PyResult<(Vec<u8>, Vec<u16>)> {
             let mut codes = vec![0u8; n * cb];
-            let mut scales = vec![0u16; n * se];
-            let per = if n >= KV_PARALLEL_ROWS {
-                n.div_ceil(rayon::current_num_threads())
-            } else {
-                n.max(1)
-            };
-            // (codes, scales) of `per` vectors at a time; the scales may be empty.
-            let mut pieces = Vec::new();
-            let mut rest = &mut scales[..];
-            for c in codes.chunks_mut(per * cb) {
-                let (s, r) = std::mem::take(&mut rest).split_at_mut(c.len() / cb * se);
-                rest = r;
-                pieces.push((c, s));
+            let mut scales = vec![0u16; rows * self.codec.scale_len(m)];
+            // Disjoint (codes, scales) slices of the pieces, in memory order.
+            let mut work = Vec::with_capacity(pieces.len());
+            let (mut crest, mut srest) = (&mut codes[..], &mut scales[..]);
+            for &(r, t0, len) in &pieces {
+                let (c, cr) = std::mem::take(&mut crest).split_at_mut(len * cb);
+                let (s, sr) = std::mem::take(&mut srest).split_at_mut(self.codec.scale_len(len));
+                (crest, srest) = (cr, sr);
+                work.push((r * m + t0, c, s));
             }
             use rayon::prelude::*;
-            pieces
-                .into_par_iter()
-                .enumerate()
-                .try_for_each(|(j, (c, s))| {
-                    let rows = c.len() / cb;
-                    let k = keys.map(|k| &k[j * per..j * per + rows]);
-                    self.codec
-                        .encode_into(&xs[j * per * d..(j * per + rows) * d], k, c, s)
+            work.into_par_iter()
+                .try_for_each(|(v0, c, s)| {
+                    let len = c.len() / cb;
+                    let k = keys.map(|k| &k[v0..v0 + len]);
+                    self.codec.encode_into(&xs[v0 * d..(v0 + len) * d], k, c, s)
                 })
                 .map_err(lattice_err)?;
             Ok((codes, scales))
@@ -1083,11 +1102,10 @@ impl KvCodec {
         let mut cshape = shape.clone();
         *cshape.last_mut().expect("rank >= 1") = cb;
         let mut sshape = shape[..shape.len() - 1].to_vec();
-        if se == 0 {
-            match sshape.last_mut() {
-                Some(last) => *last = 0,
-                None => sshape.push(0),
-            }
+        match sshape.last_mut() {
+            Some(last) => *last = self.codec.scale_len(m),
+            None if self.codec.scale_format() == hypercodec_lattice::kv::ScaleFormat::Bf16 => {}
+            None => sshape.push(self.codec.scale_len(1)),
         }
         Ok((
             PyArray1::from_vec(py, codes).reshape(cshape)?,
@@ -1096,7 +1114,7 @@ impl KvCodec {
     }
 
     /// Decodes the first `n` vectors of each row of `codes` (`(rows, capacity, code_bytes)`
-    /// uint8, e.g. rows = batch · heads) and `scales` (`(rows, capacity · scale_entries)` uint16) into
+    /// uint8, e.g. rows = batch · heads) and `scales` (`(rows, scale_len(capacity))` uint16) into
     /// `out[row, offset : offset + n]` (`out`: writable float32 `(rows, tokens, dim)`, e.g. the
     /// attention's key tensor, whose other tokens the caller fills). With a dithering codec,
     /// vector `t` of row `r` is keyed `(offset + t) · heads + r % heads`, as `encode` was.
@@ -1118,11 +1136,11 @@ impl KvCodec {
     ) -> PyResult<()> {
         let [rows, cap, cb]: [usize; 3] = codes.shape().try_into().expect("rank 3");
         let (d, want_cb) = (self.codec.dim(), self.codec.code_bytes());
-        let se = self.codec.scale_entries();
+        let sl = self.codec.scale_len(cap);
         let [orows, tokens, od]: [usize; 3] = out.shape().try_into().expect("rank 3");
         let heads = heads.max(1);
         if cb != want_cb
-            || scales.shape() != [rows, cap * se]
+            || scales.shape() != [rows, sl]
             || n > cap
             || (orows, od) != (rows, d)
             || offset.checked_add(n).is_none_or(|e| e > tokens)
@@ -1157,7 +1175,8 @@ impl KvCodec {
             let run = |(r, t0, piece): (usize, usize, &mut [f32])| {
                 let m = piece.len() / d;
                 let c = &cs[(r * cap + t0) * cb..(r * cap + t0 + m) * cb];
-                let s = &ss[(r * cap + t0) * se..(r * cap + t0 + m) * se];
+                let s0 = r * sl + codec.scale_len(t0);
+                let s = &ss[s0..s0 + codec.scale_len(m)];
                 let keys: Option<Vec<u64>> = dither.then(|| {
                     (0..m)
                         .map(|t| ((offset + t0 + t) * heads + r % heads) as u64)
@@ -1177,7 +1196,7 @@ impl KvCodec {
     /// Softmax attention over the first `n` compressed tokens of each row, decoding a block of
     /// tokens at a time in the rotated domain (no decoded history is ever held). This codec
     /// coded the keys (`kcodes` `(rows, capacity, code_bytes)` uint8, `kscales` `(rows,
-    /// capacity · scale_entries)` uint16), `values` the values (`vcodes`, `vscales`, the same rows). `q`:
+    /// scale_len(capacity))` uint16), `values` the values (`vcodes`, `vscales`, the same rows). `q`:
     /// float32 `(rows, g, dim)`, the queries of each row (e.g. rows = batch · key/value heads,
     /// g = the query heads sharing one, times the new tokens); scores are `scale·⟨q, k⟩` plus
     /// `bias` (optional float32 `(batch, b, ≥ n + m)` over every token, `m` exact ones included:
@@ -1268,8 +1287,8 @@ impl KvCodec {
             && vcb == vc.code_bytes()
             && kcodes.shape()[0] == rows
             && vcodes.shape()[0] == rows
-            && kscales.shape() == [rows, kcap * kc.scale_entries()]
-            && vscales.shape() == [rows, vcap * vc.scale_entries()]
+            && kscales.shape() == [rows, kc.scale_len(kcap)]
+            && vscales.shape() == [rows, vc.scale_len(vcap)]
             && n <= kcap.min(vcap)
             && out.shape() == [rows, g, dv]
             && lse.shape() == [rows, g]
@@ -1310,7 +1329,7 @@ impl KvCodec {
         let bs = bias.as_ref().map(|b| b.as_slice()).transpose()?;
         let (os, ls) = (out.as_slice_mut()?, lse.as_slice_mut()?);
         let dither = kc.dithers() || vc.dithers();
-        let (kse, vse) = (kc.scale_entries(), vc.scale_entries());
+        let (ksl, vsl) = (kc.scale_len(kcap), vc.scale_len(vcap));
         py.detach(|| -> PyResult<()> {
             use rayon::prelude::*;
             let run = |(r, (o, l)): (usize, (&mut [f32], &mut [f32]))| -> PyResult<()> {
@@ -1322,7 +1341,7 @@ impl KvCodec {
                 let ks = hypercodec_lattice::kv::Side {
                     codec: kc,
                     codes: &kcs[r * kcap * kcb..(r * kcap + n) * kcb],
-                    scales: &kss[r * kcap * kse..(r * kcap + n) * kse],
+                    scales: &kss[r * ksl..r * ksl + kc.scale_len(n)],
                     mean: kms.map(|m| &m[(r % heads) * kc.dim()..(r % heads + 1) * kc.dim()]),
                     mix: kws.map(|w| {
                         let dd = kc.dim() * kc.dim();
@@ -1332,7 +1351,7 @@ impl KvCodec {
                 let vs = hypercodec_lattice::kv::Side {
                     codec: vc,
                     codes: &vcs[r * vcap * vcb..(r * vcap + n) * vcb],
-                    scales: &vss[r * vcap * vse..(r * vcap + n) * vse],
+                    scales: &vss[r * vsl..r * vsl + vc.scale_len(n)],
                     mean: vms.map(|m| &m[(r % heads) * vc.dim()..(r % heads + 1) * vc.dim()]),
                     mix: vws.map(|w| {
                         let dd = vc.dim() * vc.dim();
@@ -1393,11 +1412,7 @@ impl KvCodec {
         scales: PyReadonlyArrayDyn<'py, u16>,
         keys: Option<numpy::PyReadonlyArray1<'py, u64>>,
     ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
-        let (d, cb, se) = (
-            self.codec.dim(),
-            self.codec.code_bytes(),
-            self.codec.scale_entries(),
-        );
+        let (d, cb) = (self.codec.dim(), self.codec.code_bytes());
         let mut shape = codes.shape().to_vec();
         if shape.pop() != Some(cb) {
             return Err(InvalidInputError::new_err(format!(
@@ -1410,35 +1425,45 @@ impl KvCodec {
         let keys = keys.as_ref().map(|k| k.as_slice()).transpose()?;
         let n = cs.len() / cb;
         check_keys(keys, n)?;
-        if ss.len() != n * se || (se == 1 && scales.shape() != shape.as_slice()) {
+        let m = shape.last().copied().unwrap_or(1);
+        let rows = n.checked_div(m).unwrap_or(0);
+        let mut want = shape.clone();
+        match want.last_mut() {
+            Some(last) => *last = self.codec.scale_len(m),
+            None if self.codec.scale_format() == hypercodec_lattice::kv::ScaleFormat::Bf16 => {}
+            None => want.push(self.codec.scale_len(1)),
+        }
+        if scales.shape() != want.as_slice() {
             return Err(InvalidInputError::new_err(format!(
-                "scales have shape {:?}; codes of shape {:?} need {}",
+                "scales have shape {:?}; codes of shape {:?} need {}{want:?}",
                 scales.shape(),
                 codes.shape(),
-                if se == 1 {
-                    format!("{shape:?}")
-                } else {
-                    "an empty array".into()
+                match self.codec.scale_format() {
+                    hypercodec_lattice::kv::ScaleFormat::Log8 => "an empty array ",
+                    _ => "",
                 }
             )));
         }
+        let sl = self.codec.scale_len(m);
+        let pieces = kv_pieces(rows, m, n);
         let out = py.detach(|| -> PyResult<Vec<f32>> {
             let mut out = vec![0f32; n * d];
-            let per = if n >= KV_PARALLEL_ROWS {
-                n.div_ceil(rayon::current_num_threads())
-            } else {
-                n.max(1)
-            };
+            let mut work = Vec::with_capacity(pieces.len());
+            let mut rest = &mut out[..];
+            for &(r, t0, len) in &pieces {
+                let (o, tail) = std::mem::take(&mut rest).split_at_mut(len * d);
+                rest = tail;
+                work.push((r, t0, o));
+            }
             use rayon::prelude::*;
-            out.par_chunks_mut(per * d)
-                .enumerate()
-                .try_for_each(|(j, o)| {
-                    let rows = o.len() / d;
-                    let k = keys.map(|k| &k[j * per..j * per + rows]);
+            work.into_par_iter()
+                .try_for_each(|(r, t0, o)| {
+                    let (len, v0) = (o.len() / d, r * m + t0);
+                    let s0 = r * sl + self.codec.scale_len(t0);
                     self.codec.decode_into(
-                        &cs[j * per * cb..(j * per + rows) * cb],
-                        &ss[j * per * se..(j * per + rows) * se],
-                        k,
+                        &cs[v0 * cb..(v0 + len) * cb],
+                        &ss[s0..s0 + self.codec.scale_len(len)],
+                        keys.map(|k| &k[v0..v0 + len]),
                         o,
                     )
                 })

@@ -8,6 +8,7 @@ import importlib.util
 import math
 import os
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -160,6 +161,11 @@ def test_a_mix_spends_the_error_where_the_metric_is_small():
     predicted = 10 * math.log10(float(torch.trace(c) * torch.trace(f) / torch.trace(root) ** 2))
     measured = 10 * math.log10(cost(torch.eye(d, dtype=torch.float64)) / cost(t))
     assert predicted > 3 and measured > 0.7 * predicted, (measured, predicted)
+    # The coded vectors have a mean square of 1 (the size log4 scales are made for).
+    assert abs(float((x @ t.T).pow(2).mean()) - 1) < 0.05
+    # A head whose vectors never vary gets the identity, not an overflowing transform.
+    still, _ = _mix(torch.zeros(d, d, dtype=torch.float64), f, 10**9, 1e-6)
+    assert torch.equal(still, torch.eye(d, dtype=torch.float64))
     # Few tokens shrink the transform towards the identity.
     mild, _ = _mix(c, f, 10, 1e-6)
     assert torch.linalg.cond(mild) < 0.5 * torch.linalg.cond(t)
@@ -180,6 +186,37 @@ def test_a_layer_with_a_mix_reads_back_what_it_was_given():
         for got, want in ((rk, k), (rv, v)):
             rel = ((got - want).norm() / want.norm()).item()
             assert rel < 0.15, rel
+
+
+def test_log4_scales_pack_across_appends_that_end_inside_an_entry():
+    """Tokens arriving in uneven blocks: the store's packed 4-bit scales are those of one encode
+    of every token, the history decodes as that encode does, and log4 needs a mix."""
+    import hypercodec
+
+    g = torch.Generator().manual_seed(1)
+    h, d = 3, 64
+    t = torch.eye(d) + 0.05 * torch.randn(h, d, d, generator=g)
+    k, v = torch.randn(2, h, 61, d, generator=g), torch.randn(2, h, 61, d, generator=g)
+    layer = HypercodecKVLayer(key_bits=2, value_bits=1, quantizer="trellis", window=4, block=3, scale="log4", mix=(t, t))
+    start = 0
+    for m in (5, 2, 7, 1, 9, 3, 11, 6, 17):  # compresses 1 to 13 tokens at a time
+        layer.update(k[:, :, start : start + m], v[:, :, start : start + m])
+        start += m
+    n = layer._k.n
+    assert start == 61 and n % 4 and layer._k.scales.shape[1] >= -(-n // 4)
+    for store, codec, x in ((layer._k, layer.kcodec, k), (layer._v, layer.vcodec, v)):
+        y = torch.einsum("hij,bhtj->bhti", t, x[:, :, :n]).contiguous().numpy()
+        codes, scales = codec.encode(y)
+        assert scales.shape == (2, h, -(-n // 4))
+        assert np.array_equal(store.scales[:, : -(-n // 4)], scales.reshape(2 * h, -1))
+        assert np.array_equal(store.codes[:, :n], codes.reshape(2 * h, n, -1))
+        assert store.nbytes() == 2 * h * (n * codec.code_bytes + 2 * -(-n // 4))
+    rk, _ = layer.update(k[:, :, :0], v[:, :, :0])
+    want = torch.einsum("hij,bhtj->bhti", torch.linalg.inv(t), torch.from_numpy(layer.kcodec.decode(*layer.kcodec.encode(
+        torch.einsum("hij,bhtj->bhti", t, k[:, :, :n]).contiguous().numpy()))))
+    assert torch.allclose(rk[:, :, :n], want, atol=1e-5)
+    with pytest.raises(hypercodec.InvalidInputError, match="log4"):
+        HypercodecKVLayer(quantizer="trellis", scale="log4")
 
 
 def test_a_calibration_gives_transforms_that_cut_the_caches_error(lm):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -206,7 +205,7 @@ def test_kv_codec_with_log8_scales_keeps_them_in_the_codes(quantizer, bits):
     x[1, 2, 7] = 0.0
     b = hypercodec.KvCodec(64, bits, quantizer, seed=3)
     c = hypercodec.KvCodec(64, bits, quantizer, seed=3, scale="log8")
-    assert (c.code_bytes, c.scale_entries, b.scale_entries) == (b.code_bytes + 1, 0, 1)
+    assert (c.code_bytes, c.scale_len(40), b.scale_len(40)) == (b.code_bytes + 1, 0, 40)
     assert c.bits_per_value == b.bits_per_value - 8 / 64 == 8 * c.code_bytes / 64
     assert c.device_params() is None  # the CUDA kernels take bf16 scales
     codes, scales = c.encode(x)
@@ -230,6 +229,47 @@ def test_kv_codec_with_log8_scales_keeps_them_in_the_codes(quantizer, bits):
         c.decode(codes[..., :-1], scales)
     with pytest.raises(hypercodec.InvalidInputError, match="scale format"):
         hypercodec.KvCodec(64, 2, scale="fp8")
+
+@pytest.mark.parametrize("quantizer,bits", [("e8", 2), ("trellis", 1)])
+def test_kv_codec_with_log4_scales_packs_four_to_an_entry_per_row(quantizer, bits):
+    x = gaussian((2, 3, 41, 64), seed=5)  # rows of 41 vectors: the last entry holds one
+    x[1, 2, 7] = 0.0
+    b = hypercodec.KvCodec(64, bits, quantizer, seed=3)
+    c = hypercodec.KvCodec(64, bits, quantizer, seed=3, scale="log4")
+    assert (c.code_bytes, c.scale_len(41), c.scale_len(0)) == (b.code_bytes, 11, 0)
+    assert c.bits_per_value == b.bits_per_value - 12 / 64
+    assert c.device_params() is None
+    codes, scales = c.encode(x)
+    assert codes.shape == (2, 3, 41, c.code_bytes) and scales.shape == (2, 3, 11)
+    bcodes, bscales = b.encode(x)
+    assert np.array_equal(codes, bcodes)
+    nib = (scales[..., None] >> np.arange(0, 16, 4, dtype=np.uint16)) & 15
+    assert (nib.reshape(2, 3, 44)[..., 41:] == 0).all() and nib.reshape(2, 3, 44)[1, 2, 7] == 0
+    y, yb = c.decode(codes, scales), b.decode(codes, bscales)
+    assert (y[1, 2, 7] == 0).all()
+    assert snr_db(x, y) > snr_db(x, yb) - 0.25, (snr_db(x, y), snr_db(x, yb))
+    # Each row's stream starts on an entry: rows encoded alone give the same entries.
+    assert np.array_equal(c.encode(x[1, 2])[1], scales[1, 2])
+    # One vector: one entry.
+    one = c.encode(x[0, 0, 0])
+    assert one[1].shape == (1,) and np.array_equal(c.decode(*one), y[0, 0, 0])
+    # Enough vectors to split over the thread pool: pieces start on whole entries.
+    many = gaussian((4099, 64), seed=6)
+    mc, ms = c.encode(many)
+    assert ms.shape == (1025,)
+    assert np.array_equal(c.decode(mc, ms)[4000:], c.decode(*c.encode(many[4000:])))
+    # In place, as the cache decodes: scales (rows, ⌈capacity / 4⌉).
+    cap = np.zeros((6, 64, c.code_bytes), np.uint8)
+    caps = np.zeros((6, 16), np.uint16)
+    cap[:, :41], caps[:, :11] = codes.reshape(6, 41, -1), scales.reshape(6, 11)
+    out = np.full((6, 45, 64), 7.0, np.float32)
+    c.decode_rows_into(cap, caps, 41, out, 2, 3)
+    assert np.array_equal(out[:, 2:43], y.reshape(6, 41, 64))
+    with pytest.raises(hypercodec.InvalidInputError, match="decode_rows_into"):
+        c.decode_rows_into(cap, np.zeros((6, 64), np.uint16), 41, out, 2, 3)
+    with pytest.raises(hypercodec.InvalidInputError, match="scales have shape"):
+        c.decode(codes, bscales)
+
 
 def test_kv_codec_refuses_bad_input_with_typed_errors():
     with pytest.raises(hypercodec.InvalidInputError):

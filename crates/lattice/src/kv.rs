@@ -65,6 +65,14 @@ pub enum ScaleFormat {
     /// 5.9e4 keep a relative error of at most 4.4 % (about −32 dB beside the signal); scales
     /// outside that range clamp to its ends.
     Log8,
+    /// Four bits per vector in the `scales` arrays, four vectors to a `u16` entry (vector `i`
+    /// of a call or a [`Side`]: entry `i / 4`, bits `4·(i % 4)`): 0 for a scale of 0, else `k`
+    /// in 1..=15 for `2^((k − 8)/4)`, rounded to the nearer grid value, so scales from about
+    /// 0.30 to 3.4 keep a relative error of at most 9 % (about −26 dB beside the signal at
+    /// worst, far below a 1- or 2-bit code's own −5 to −11 dB) and others clamp to its ends.
+    /// For vectors whose RMS sits near 1, e.g. through a transform chosen so (Python's
+    /// `kv_calibrate` scales each head's so): `bits + 4/dim` bits per value.
+    Log4,
 }
 
 impl ScaleFormat {
@@ -88,6 +96,47 @@ impl ScaleFormat {
             0.0
         } else {
             ((k as f32 - 128.0) / 8.0).exp2()
+        }
+    }
+
+    /// The stored 4 bits of scale `c` (see [`ScaleFormat::Log4`]; `c ≤ 0`, NaN: 0).
+    pub fn log4(c: f32) -> u8 {
+        if c.is_nan() || c <= 0.0 {
+            return 0;
+        }
+        let t = (c.log2() * 4.0 + 8.0).clamp(1.0, 15.0);
+        let (lo, hi) = (t.floor() as u8, t.ceil() as u8);
+        if (Self::unlog4(hi) - c).abs() < (c - Self::unlog4(lo)).abs() {
+            hi
+        } else {
+            lo
+        }
+    }
+
+    /// The scale of stored value `k` (its low 4 bits; see [`ScaleFormat::Log4`]).
+    pub fn unlog4(k: u8) -> f32 {
+        match k & 15 {
+            0 => 0.0,
+            k => ((k as f32 - 8.0) / 4.0).exp2(),
+        }
+    }
+
+    /// `u16` entries of the `scales` arrays that `n` vectors take: `n` (bf16), 0 (log8: in the
+    /// codes) or `⌈n/4⌉` (log4).
+    pub fn scale_len(self, n: usize) -> usize {
+        match self {
+            ScaleFormat::Bf16 => n,
+            ScaleFormat::Log8 => 0,
+            ScaleFormat::Log4 => n.div_ceil(4),
+        }
+    }
+
+    /// Bits of scale per vector.
+    pub fn bits(self) -> u32 {
+        match self {
+            ScaleFormat::Bf16 => 16,
+            ScaleFormat::Log8 => 8,
+            ScaleFormat::Log4 => 4,
         }
     }
 }
@@ -264,21 +313,33 @@ impl KvCodec {
         (n * self.bits as usize).div_ceil(8)
     }
 
-    /// Entries per vector in the `scales` arrays: 1 (bf16) or 0 (the scale is in the codes).
-    pub fn scale_entries(&self) -> usize {
-        usize::from(self.scale_format == ScaleFormat::Bf16)
+    /// `u16` entries of the `scales` arrays that `n` vectors take (see
+    /// [`ScaleFormat::scale_len`]).
+    pub fn scale_len(&self, n: usize) -> usize {
+        self.scale_format.scale_len(n)
     }
 
-    /// Stored bits per value, codes and scale: `(8·code_bytes + 16·scale_entries) / dim`.
+    /// Stored bits per value, codes and scale: `8·code_bytes / dim` plus 16 (bf16) or 4
+    /// (log4) bits of scale per vector over `dim` (log8: the scale byte is a code byte).
     pub fn bits_per_value(&self) -> f64 {
-        (8 * self.code_bytes() + 16 * self.scale_entries()) as f64 / self.dim as f64
+        let scale = match self.scale_format {
+            ScaleFormat::Log8 => 0,
+            f => f.bits() as usize,
+        };
+        (8 * self.code_bytes() + scale) as f64 / self.dim as f64
     }
 
-    /// Stores scale `c` of vector `i` (its code bytes `out`).
+    /// Stores scale `c` of vector `i` (its code bytes `out`); a log4 entry's other nibbles
+    /// are cleared when its first vector is written.
     fn put_scale(&self, c: f32, out: &mut [u8], scales: &mut [u16], i: usize) {
         match self.scale_format {
             ScaleFormat::Bf16 => scales[i] = bf16::from_f32(c).to_bits(),
             ScaleFormat::Log8 => out[out.len() - 1] = ScaleFormat::log8(c),
+            ScaleFormat::Log4 => {
+                let (e, s) = (i / 4, 4 * (i % 4));
+                let keep = if s == 0 { 0 } else { scales[e] & !(15 << s) };
+                scales[e] = keep | (u16::from(ScaleFormat::log4(c)) << s);
+            }
         }
     }
 
@@ -291,6 +352,10 @@ impl KvCodec {
                 let (codes, k) = src.split_at(src.len() - 1);
                 (codes, ScaleFormat::unlog8(k[0]))
             }
+            ScaleFormat::Log4 => (
+                src,
+                ScaleFormat::unlog4((scales[i / 4] >> (4 * (i % 4))) as u8),
+            ),
         }
     }
 
@@ -373,7 +438,7 @@ impl KvCodec {
     fn check(&self, n: usize, codes: usize, scales: usize, keys: Option<usize>) -> Result<()> {
         for (what, expected, actual) in [
             ("codes", n * self.code_bytes(), codes),
-            ("scales", n * self.scale_entries(), scales),
+            ("scales", self.scale_len(n), scales),
         ] {
             if expected != actual {
                 return Err(LatticeError::Length {
@@ -404,7 +469,8 @@ impl KvCodec {
     }
 
     /// Encodes `x.len() / dim` vectors into `codes` (`code_bytes` each) and `scales` (bf16
-    /// bits, `scale_entries` each: none with [`ScaleFormat::Log8`]). `keys` (one per vector, e.g. `position·heads + head`) seed the dither
+    /// bits, [`KvCodec::scale_len`] entries in all: none with [`ScaleFormat::Log8`], packed
+    /// nibbles with [`ScaleFormat::Log4`]). `keys` (one per vector, e.g. `position·heads + head`) seed the dither
     /// and are required exactly when the codec dithers. Allocates nothing.
     pub fn encode_into(
         &self,
@@ -636,7 +702,7 @@ pub struct Side<'a> {
     pub codec: &'a KvCodec,
     /// `n · code_bytes` bytes.
     pub codes: &'a [u8],
-    /// `n · scale_entries` bf16 scales.
+    /// `scale_len(n)` scale entries (see [`ScaleFormat`]).
     pub scales: &'a [u16],
     /// A vector (`dim` values, the original domain) subtracted from every vector before it was
     /// encoded, added back here (e.g. a head's mean key: attention scores move by a constant
@@ -1227,7 +1293,7 @@ mod tests {
     fn roundtrip(c: &KvCodec, x: &[f32], keys: Option<&[u64]>) -> Vec<f32> {
         let n = x.len() / c.dim();
         let mut codes = vec![0u8; n * c.code_bytes()];
-        let mut scales = vec![0u16; n * c.scale_entries()];
+        let mut scales = vec![0u16; c.scale_len(n)];
         c.encode_into(x, keys, &mut codes, &mut scales).unwrap();
         let mut out = vec![0f32; x.len()];
         c.decode_into(&codes, &scales, keys, &mut out).unwrap();
@@ -1267,7 +1333,7 @@ mod tests {
     #[test]
     fn attention_over_codes_equals_attention_over_decoded_vectors() {
         let n = 77; // two whole blocks and a part
-        let formats = [ScaleFormat::Bf16, ScaleFormat::Log8];
+        let formats = [ScaleFormat::Bf16, ScaleFormat::Log8, ScaleFormat::Log4];
         for ((qk, qv, rot, dither, dk), fmt) in [
             (
                 KvQuantizer::Lattice(Lattice::E8),
@@ -1312,7 +1378,7 @@ mod tests {
             let enc = |c: &KvCodec, seed: u64| {
                 let x = gauss(n * dk, seed);
                 let mut codes = vec![0u8; n * c.code_bytes()];
-                let mut scales = vec![0u16; n * c.scale_entries()];
+                let mut scales = vec![0u16; c.scale_len(n)];
                 c.encode_into(&x, dkeys, &mut codes, &mut scales).unwrap();
                 let mut dec = vec![0f32; n * dk];
                 c.decode_into(&codes, &scales, dkeys, &mut dec).unwrap();
@@ -1440,7 +1506,7 @@ mod tests {
             )
             .unwrap();
             // Two disjoint token ranges merge to the whole.
-            let cut = 45;
+            let cut = 44; // a whole log4 entry (four vectors) from the start
             let (mut o1, mut l1, mut o2, mut l2) = (
                 vec![0f32; g * dk],
                 vec![0f32; g],
@@ -1453,14 +1519,14 @@ mod tests {
                 let ks = Side {
                     codec: &kc,
                     codes: &kcodes[lo * kb..hi * kb],
-                    scales: &kscales[lo * kc.scale_entries()..hi * kc.scale_entries()],
+                    scales: &kscales[kc.scale_len(lo)..kc.scale_len(hi)],
                     mean: None,
                     mix: None,
                 };
                 let vs = Side {
                     codec: &vc,
                     codes: &vcodes[lo * vb..hi * vb],
-                    scales: &vscales[lo * vc.scale_entries()..hi * vc.scale_entries()],
+                    scales: &vscales[vc.scale_len(lo)..vc.scale_len(hi)],
                     mean: None,
                     mix: None,
                 };
@@ -1708,7 +1774,7 @@ mod tests {
             let side = |c: &KvCodec, m: &[f32], seed: u64| {
                 let x = gauss(n * d, seed);
                 let mut codes = vec![0u8; n * c.code_bytes()];
-                let mut scales = vec![0u16; n * c.scale_entries()];
+                let mut scales = vec![0u16; c.scale_len(n)];
                 c.encode_into(&x, None, &mut codes, &mut scales).unwrap();
                 let mut dec = vec![0f32; n * d];
                 c.decode_into(&codes, &scales, None, &mut dec).unwrap();
@@ -1896,7 +1962,7 @@ mod tests {
             let b = KvCodec::new(d, bits, q, Rotation::Rht, 1, false).unwrap();
             let l = b.clone().with_scale_format(ScaleFormat::Log8);
             assert_eq!(l.code_bytes(), b.code_bytes() + 1);
-            assert_eq!((l.scale_entries(), b.scale_entries()), (0, 1));
+            assert_eq!((l.scale_len(n), b.scale_len(n)), (0, n));
             assert_eq!(
                 l.bits_per_value() - b.bits_per_value(),
                 -8.0 / d as f64,
@@ -1941,6 +2007,104 @@ mod tests {
                 Err(LatticeError::Length { what: "scales", .. })
             ));
         }
+    }
+
+    #[test]
+    fn log4_scales_pack_four_vectors_to_an_entry_and_cost_little_near_unit_size() {
+        let (log4, unlog4) = (ScaleFormat::log4, ScaleFormat::unlog4);
+        assert_eq!((log4(0.0), log4(-1.0), log4(f32::NAN)), (0, 0, 0));
+        assert_eq!(
+            (log4(1.0), unlog4(8), unlog4(0), unlog4(0x18)),
+            (8, 1.0, 0.0, 1.0)
+        );
+        assert_eq!((log4(1e-30), log4(1e30), log4(f32::INFINITY)), (1, 15, 15));
+        let mut c = 0.3f32;
+        while c < 3.36 {
+            let k = log4(c);
+            let err = (unlog4(k) - c).abs();
+            assert!(err <= 0.0906 * c, "{c}: {k} is {}", unlog4(k));
+            for j in [k - 1, k + 1].into_iter().filter(|j| (1..=15).contains(j)) {
+                assert!((unlog4(j) - c).abs() >= err, "{c}: {j} nearer than {k}");
+            }
+            c *= 1.0137;
+        }
+        // An odd count (the last entry holds three vectors), sizes from ½ to 2, a zero vector.
+        let (n, d) = (303, 64);
+        let mut x = gauss(n * d, 23);
+        for (i, v) in x.chunks_exact_mut(d).enumerate() {
+            let m = 2f32.powf(-1.0 + 2.0 * i as f32 / n as f32);
+            v.iter_mut().for_each(|a| *a *= m);
+        }
+        x[6 * d..7 * d].iter_mut().for_each(|a| *a = 0.0);
+        for (q, bits) in [
+            (KvQuantizer::Lattice(Lattice::E8), 2),
+            (KvQuantizer::Trellis { l: 10 }, 1),
+            (KvQuantizer::Trellis { l: 10 }, 2),
+        ] {
+            let b = KvCodec::new(d, bits, q, Rotation::Rht, 1, false).unwrap();
+            let l = b.clone().with_scale_format(ScaleFormat::Log4);
+            assert_eq!(
+                (l.code_bytes(), l.scale_len(n), l.scale_len(4)),
+                (b.code_bytes(), 76, 1)
+            );
+            assert_eq!(l.bits_per_value() - b.bits_per_value(), -12.0 / d as f64);
+            let mut bcodes = vec![0u8; n * b.code_bytes()];
+            let mut bscales = vec![0u16; n];
+            b.encode_into(&x, None, &mut bcodes, &mut bscales).unwrap();
+            // Stale bits in the scales are overwritten.
+            let (mut lcodes, mut lscales) = (vec![0u8; n * l.code_bytes()], vec![0xffffu16; 76]);
+            l.encode_into(&x, None, &mut lcodes, &mut lscales).unwrap();
+            assert_eq!(lcodes, bcodes, "{q:?}: the same codes");
+            assert_eq!(
+                lscales[75] >> 12,
+                0,
+                "the last entry's unused nibble is clear"
+            );
+            for i in 0..n {
+                let fb = bf16::from_bits(bscales[i]).to_f32();
+                let k = ((lscales[i / 4] >> (4 * (i % 4))) & 15) as u8;
+                // (The bf16 scale is itself rounded: a grid value, not necessarily the same.)
+                let err = (unlog4(k) - fb).abs();
+                assert!(err <= 0.095 * fb, "{i}: nibble {k} for scale {fb}");
+            }
+            let (yb, yl) = (roundtrip(&b, &x, None), roundtrip(&l, &x, None));
+            assert!(yl[6 * d..7 * d].iter().all(|&v| v == 0.0));
+            let mean = |y: &[f32]| {
+                x.chunks_exact(d)
+                    .zip(y.chunks_exact(d))
+                    .enumerate()
+                    .filter(|(i, _)| *i != 6)
+                    .map(|(_, (a, b))| snr(a, b))
+                    .sum::<f64>()
+                    / (n - 1) as f64
+            };
+            let (sb, sl) = (mean(&yb), mean(&yl));
+            assert!(sl > sb - 0.25, "{q:?} at {bits} bits: {sl} dB against {sb}");
+            // Wrong scale lengths are typed errors.
+            for len in [75, 77, n] {
+                assert!(matches!(
+                    l.encode_into(&x, None, &mut lcodes, &mut vec![0u16; len]),
+                    Err(LatticeError::Length { what: "scales", .. })
+                ));
+                assert!(matches!(
+                    l.decode_into(&lcodes, &vec![0u16; len], None, &mut vec![0f32; n * d]),
+                    Err(LatticeError::Length { what: "scales", .. })
+                ));
+            }
+        }
+        // Far from unit size the grid clamps: a vector of size 100 reads back far too small.
+        let big: Vec<f32> = gauss(d, 5).iter().map(|v| v * 100.0).collect();
+        let c = KvCodec::new(
+            d,
+            2,
+            KvQuantizer::Trellis { l: 10 },
+            Rotation::Rht,
+            1,
+            false,
+        )
+        .unwrap()
+        .with_scale_format(ScaleFormat::Log4);
+        assert!(snr(&big, &roundtrip(&c, &big, None)) < 1.0);
     }
 
     fn same_decoding(fast: &KvCodec, slow: &KvCodec, x: &[f32]) -> bool {

@@ -106,6 +106,10 @@ class IntCodec:
         q = u.astype(np.float32) - (1 << (self.bits - 1))
         return q * scales.view(np.float16).astype(np.float32)[..., None]
 
+    def scale_len(self, n: int) -> int:
+        """Scale entries of ``n`` vectors: one f16 each."""
+        return n
+
 
 def make_codec(dim: int, bits: int, quantizer: str = "e8", **options: Any) -> Any:
     """The codec of ``dim``-value vectors: ``e8`` / ``d4`` / ``z1`` / ``trellis`` (native, with
@@ -120,18 +124,34 @@ def make_codec(dim: int, bits: int, quantizer: str = "e8", **options: Any) -> An
     return _native.KvCodec(dim, bits, quantizer, **options)
 
 
+def _nibbles(scales: np.ndarray, m: int) -> np.ndarray:
+    """The first ``m`` 4-bit scales of each row of packed log4 entries ``[rows, e]``."""
+    shifts = np.arange(0, 16, 4, dtype=np.uint16)
+    return ((scales[:, :, None] >> shifts) & 15).reshape(scales.shape[0], -1)[:, :m]
+
+
+def _pack(nibbles: np.ndarray) -> np.ndarray:
+    """Rows of 4-bit scales ``[rows, m]`` as log4 entries ``[rows, ⌈m/4⌉]``."""
+    rows, m = nibbles.shape
+    padded = np.zeros((rows, -(-m // 4) * 4), np.uint16)
+    padded[:, :m] = nibbles
+    shifts = np.arange(0, 16, 4, dtype=np.uint16)
+    return (padded.reshape(rows, -1, 4) << shifts).sum(-1, dtype=np.uint16)
+
+
 class _Store:
     """Compressed rows ``[batch·heads, capacity, code_bytes]`` and their scales (16-bit,
-    ``[batch·heads, capacity · se]`` for ``se`` scales per vector: 1, or 0 where the codec
-    keeps its scales in the codes), growing by doubling along the token axis: numpy arrays on
-    the host, or PyTorch tensors on ``device`` (the CUDA path)."""
+    ``[batch·heads, scale_len(capacity)]``: one per vector, none where the codec keeps its
+    scales in the codes, or four 4-bit scales to an entry), growing by doubling along the
+    token axis: numpy arrays on the host, or PyTorch tensors on ``device`` (the CUDA path)."""
 
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device
         self.codes: Any = None
         self.scales: Any = None
         self.n = 0
-        self.se = 1
+        #: Scale entries of ``n`` vectors of a row (the codec's ``scale_len``).
+        self.scale_len: Any = lambda n: n
 
     def _empty(self, shape: tuple[int, ...], host: Any, dev: torch.dtype) -> Any:
         if self.device is None:
@@ -139,26 +159,33 @@ class _Store:
         return torch.empty(shape, dtype=dev, device=self.device)
 
     def append(self, codes: Any, scales: Any) -> None:
-        """Appends ``[rows, m, code_bytes]`` codes and ``[rows, m · se]`` scales."""
+        """Appends ``[rows, m, code_bytes]`` codes and ``[rows, scale_len(m)]`` scales."""
         rows, m = codes.shape[:2]
         if m == 0:
             return
-        se = self.se = scales.shape[1] // m
+        sl = self.scale_len
         if self.codes is None or self.n + m > self.codes.shape[1]:
             cap = max(64, 2 * (self.n + m))
             c = self._empty((rows, cap, codes.shape[2]), np.uint8, torch.uint8)
-            s = self._empty((rows, cap * se), np.uint16, torch.int16)
+            s = self._empty((rows, sl(cap)), np.uint16, torch.int16)
             if self.codes is not None:
-                c[:, : self.n], s[:, : self.n * se] = self.codes[:, : self.n], self.scales[:, : self.n * se]
+                c[:, : self.n], s[:, : sl(self.n)] = self.codes[:, : self.n], self.scales[:, : sl(self.n)]
             self.codes, self.scales = c, s
         self.codes[:, self.n : self.n + m] = codes
-        self.scales[:, self.n * se : (self.n + m) * se] = scales
+        if sl(4) == 1 and self.n % 4:
+            # Packed 4-bit scales that do not start on an entry: the last entry's scales
+            # first, then the new ones, packed again from that entry.
+            head = self.n // 4
+            scales = _pack(np.concatenate([_nibbles(self.scales[:, head : head + 1], self.n % 4), _nibbles(scales, m)], 1))
+            self.scales[:, head : head + scales.shape[1]] = scales
+        else:
+            self.scales[:, sl(self.n) : sl(self.n + m)] = scales
         self.n += m
 
     def nbytes(self) -> int:
         if self.codes is None:
             return 0
-        c, s = self.codes[:, : self.n], self.scales[:, : self.n * self.se]
+        c, s = self.codes[:, : self.n], self.scales[:, : self.scale_len(self.n)]
         if self.device is None:
             return int(c.nbytes + s.nbytes)
         return int(c.numel() * c.element_size() + s.numel() * s.element_size())
@@ -234,6 +261,11 @@ class HypercodecKVLayer(DynamicLayer):
             raise _native.InvalidInputError("window and sinks must be >= 0 and block >= 1")
         if quantizer == "int" and scale != "bf16":
             raise _native.InvalidInputError("the int baseline keeps an f16 scale per vector (scale='bf16')")
+        if scale == "log4" and mix is None:
+            raise _native.InvalidInputError(
+                "scale='log4' spans sizes 0.30 to 3.4 only: it needs transforms that bring each head's "
+                "vectors near unit size (mix=, or HypercodecCache(calibration=kv_calibrate(...)))"
+            )
         self.key_bits, self.value_bits, self.quantizer = key_bits, value_bits, quantizer
         self.window, self.sinks, self.block = window, sinks, block
         self.options = {} if quantizer == "int" else {"rotation": rotation, "dither": dither, "seed": seed, "scale": scale}
@@ -292,6 +324,7 @@ class HypercodecKVLayer(DynamicLayer):
         self.heads = h
         self.kcodec = make_codec(d, self.key_bits, self.quantizer, **self.options)
         self.vcodec = make_codec(value_states.shape[-1], self.value_bits, self.quantizer, **self.options)
+        self._k.scale_len, self._v.scale_len = self.kcodec.scale_len, self.vcodec.scale_len
         self.keys = key_states[:, :, :0]
         self.values = value_states[:, :, :0]
         self.sink_keys = key_states[:, :, :0]
@@ -733,13 +766,16 @@ def _mix(c: torch.Tensor, f: torch.Tensor, count: int, eps: float) -> tuple[torc
     the cost per unit of relative error after ``T``)."""
     d = c.shape[0]
     eye = torch.eye(d, dtype=c.dtype)
+    if not float(torch.trace(c)) > 1e-30:
+        # A head whose vectors do not vary (its mean carries it): nothing to shape.
+        return eye, torch.zeros_like(c)
     shrink = max(eps, d / (d + count))
     c = (1 - shrink) * c + shrink * torch.trace(c).clamp(min=1e-300) / d * eye
     f = (1 - shrink) * f + shrink * torch.trace(f).clamp(min=1e-300) / d * eye
     ch, cih = _powm(c, 0.5), _powm(c, -0.5)
     root = _powm(ch @ f @ ch, 0.5)
     t = _powm(cih @ root @ cih, 0.5)
-    return t * (torch.trace(c) / torch.trace(t @ c @ t.T)).sqrt(), root
+    return t * (d / torch.trace(t @ c @ t.T)).sqrt(), root
 
 
 class KvCalibration:
@@ -763,7 +799,8 @@ def kv_calibrate(model: Any, batches: Any, skip: int = 4, eps: float = 1e-3) -> 
     the loss; the model's weights, modes and attention are left as they were), and from these each head's transform ``T`` for :class:`HypercodecKVLayer`'s
     ``mix``: with an error that is white after ``T`` and scales with ``‖T·x‖``, the expected
     loss grows as ``tr(T·C·Tᵀ)·tr(T⁻ᵀ·F·T⁻¹)``, least for ``TᵀT ∝ C^{-½}(C^{½}·F·C^{½})^{½}
-    C^{-½}`` (``T`` its symmetric root, scaled to keep ``tr(T·C·Tᵀ) = tr(C)``; ``C`` and ``F``
+    C^{-½}`` (``T`` its symmetric root, scaled so that ``tr(T·C·Tᵀ) = head_dim``: the coded vectors
+    have a mean square of 1, the size ``scale='log4'`` is made for; ``C`` and ``F``
     are shrunk towards their mean eigenvalue by ``max(eps, head_dim / (head_dim + tokens))``,
     so that few tokens give a mild ``T`` and ``T`` stays well conditioned; ``F`` is the
     empirical Fisher, from the text's own next tokens; ``gains`` are predicted for the shrunk
