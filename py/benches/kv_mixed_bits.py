@@ -1,5 +1,5 @@
 """KV caches at and below 2 bits per value at 2k tokens: SmolLM2-135M perplexity with trellis keys
-and values at rates per layer, exact attention sinks, 8-bit scales, centered and calibrated
+and values at rates per layer, exact attention sinks, 8- and 4-bit scales, centered and calibrated
 (``kv_calibrate``) vectors, beside the uncompressed cache, in one run (CPU; the measurement of
 ``python -m hypercodec kv-eval``, tokens fed 16 at a time, an exact window of 32 tokens, but in
 windows of 2048 tokens by default, the context at which the bits are counted, and over 8192
@@ -8,9 +8,9 @@ the next).
 
     python py/benches/kv_mixed_bits.py [--tokens 8192] [--window 2048] [--out docs/eval/kv_2bit.md]
 
-Bits per value at 2k: codes, scales, and the exact window and sinks in bf16 at 2048 tokens of
-context (``hypercodec.kv.bits_at``); every layer holds as many values, so rates per layer count by
-their mean.
+Bits per value at 2k: codes, scales (16, 8 or 4 bits per vector: ``bf16``, ``log8``, ``log4``),
+and the exact window and sinks in bf16 at 2048 tokens of context (``hypercodec.kv.bits_at``);
+every layer holds as many values, so rates per layer count by their mean.
 """
 
 import argparse
@@ -35,6 +35,7 @@ def configs(layers: int, cal) -> list[tuple[str, dict]]:
     t = {"quantizer": "trellis", "key_bits": 2, "window": kv_eval.KV_WINDOW}
     c = {**t, "sinks": 4, "scale": "log8", "means": cal.means}
     k = {**t, "sinks": 4, "scale": "log8", "calibration": cal}
+    k4 = {**k, "scale": "log4"}
     return [
         ("K2 / V2", {**t, "value_bits": 2}),
         ("K2 / V2, 4 sinks, centered, log8 scales", {**c, "value_bits": 2}),
@@ -47,6 +48,10 @@ def configs(layers: int, cal) -> list[tuple[str, dict]]:
         # Keys at 1 bit in the three layers the calibration weighs least (layer 0 aside).
         ("K1 in layers 14, 15, 28, K2 elsewhere / V2 in the first 10 layers, V1 after, 4 sinks, calibrated, log8",
          {**k, "key_bits": [1 if i in (14, 15, 28) else 2 for i in range(layers)], "value_bits": first(10)}),
+        # 4-bit scales (the calibration's transforms bring the vectors near unit size): 4/64 bits
+        # per value less, spent on a value layer more at 2 bits.
+        ("K2 / V2, 4 sinks, calibrated, log4", {**k4, "value_bits": 2}),
+        ("K2 / V2 in the first 11 layers, V1 after, 4 sinks, calibrated, log4", {**k4, "value_bits": first(11)}),
     ]
 
 
@@ -94,7 +99,7 @@ def main() -> int:
         f"{transformers.__version__}, hypercodec {__version__}. Text: {os.path.basename(text)}, {len(windows)} "
         f"windows of {a.window} tokens fed 16 at a time, the model on `hypercodec.kv.ATTENTION`.",
         "",
-        "Bits per value at 2k: codes, scales (bf16: 16 bits per 64-value head vector; log8: 8), the "
+        "Bits per value at 2k: codes, scales (bf16: 16 bits per 64-value head vector; log8: 8; log4: 4), the "
         "exact window (32 tokens) and sinks in bf16, at 2048 tokens of context. *V2 in the first k "
         "layers*: `HypercodecCache(config, key_bits=2, value_bits=[2] * k + [1] * (30 - k), ...)`. *Centered*: "
         "`means=cal.means` — each head's mean key and value taken out before coding and added back. "

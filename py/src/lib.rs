@@ -1089,14 +1089,20 @@ impl KvCodec {
                 (crest, srest) = (cr, sr);
                 work.push((r * m + t0, c, s));
             }
+            let run = |(v0, c, s): (usize, &mut [u8], &mut [u16])| {
+                let len = c.len() / cb;
+                let k = keys.map(|k| &k[v0..v0 + len]);
+                self.codec.encode_into(&xs[v0 * d..(v0 + len) * d], k, c, s)
+            };
+            // The pool only for large inputs: a cache's blocks stay on the calling thread
+            // (the pool's threads contend with torch's OpenMP threads).
             use rayon::prelude::*;
-            work.into_par_iter()
-                .try_for_each(|(v0, c, s)| {
-                    let len = c.len() / cb;
-                    let k = keys.map(|k| &k[v0..v0 + len]);
-                    self.codec.encode_into(&xs[v0 * d..(v0 + len) * d], k, c, s)
-                })
-                .map_err(lattice_err)?;
+            if n >= KV_PARALLEL_ROWS {
+                work.into_par_iter().try_for_each(run)
+            } else {
+                work.into_iter().try_for_each(run)
+            }
+            .map_err(lattice_err)?;
             Ok((codes, scales))
         })?;
         let mut cshape = shape.clone();
@@ -1455,19 +1461,23 @@ impl KvCodec {
                 rest = tail;
                 work.push((r, t0, o));
             }
+            let run = |(r, t0, o): (usize, usize, &mut [f32])| {
+                let (len, v0) = (o.len() / d, r * m + t0);
+                let s0 = r * sl + self.codec.scale_len(t0);
+                self.codec.decode_into(
+                    &cs[v0 * cb..(v0 + len) * cb],
+                    &ss[s0..s0 + self.codec.scale_len(len)],
+                    keys.map(|k| &k[v0..v0 + len]),
+                    o,
+                )
+            };
             use rayon::prelude::*;
-            work.into_par_iter()
-                .try_for_each(|(r, t0, o)| {
-                    let (len, v0) = (o.len() / d, r * m + t0);
-                    let s0 = r * sl + self.codec.scale_len(t0);
-                    self.codec.decode_into(
-                        &cs[v0 * cb..(v0 + len) * cb],
-                        &ss[s0..s0 + self.codec.scale_len(len)],
-                        keys.map(|k| &k[v0..v0 + len]),
-                        o,
-                    )
-                })
-                .map_err(lattice_err)?;
+            if n >= KV_PARALLEL_ROWS {
+                work.into_par_iter().try_for_each(run)
+            } else {
+                work.into_iter().try_for_each(run)
+            }
+            .map_err(lattice_err)?;
             Ok(out)
         })?;
         shape.push(d);

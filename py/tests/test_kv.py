@@ -343,6 +343,9 @@ def test_attention_over_codes_matches_attention_over_the_decoded_history(lm):
         (dict(quantizer="e8", key_bits=3, value_bits=2, window=8, block=4, rotation="haar", means=means), 24),
         # Means and transforms from a calibration (queries and outputs mapped by the native call).
         (dict(quantizer="trellis", key_bits=2, value_bits=2, window=16, block=8, sinks=4, calibration=cal), 8),
+        # 4-bit scales, four to an entry, appended in blocks that end inside an entry.
+        (dict(quantizer="trellis", key_bits=2, value_bits=1, window=16, block=5, sinks=4, calibration=cal,
+              scale="log4"), 7),
     ]:
         decoded = _chunked_logp(model, ids, HypercodecCache(model.config, **opts), chunk)
         model.set_attn_implementation(ATTENTION)

@@ -269,6 +269,15 @@ def test_kv_codec_with_log4_scales_packs_four_to_an_entry_per_row(quantizer, bit
         c.decode_rows_into(cap, np.zeros((6, 64), np.uint16), 41, out, 2, 3)
     with pytest.raises(hypercodec.InvalidInputError, match="scales have shape"):
         c.decode(codes, bscales)
+    # Rows longer than one decoding piece (256 vectors), the last entry partial.
+    long = gaussian((2, 301, 64), seed=7)
+    lc, ls = c.encode(long)
+    cap = np.zeros((2, 320, c.code_bytes), np.uint8)
+    caps = np.zeros((2, 80), np.uint16)
+    cap[:, :301], caps[:, :76] = lc, ls
+    out = np.zeros((2, 301, 64), np.float32)
+    c.decode_rows_into(cap, caps, 301, out)
+    assert np.array_equal(out, c.decode(lc, ls))
 
 
 def test_kv_codec_refuses_bad_input_with_typed_errors():

@@ -11,7 +11,8 @@
 //! `bits + 16/dim` bits per value, every overhead included. With [`ScaleFormat::Log8`] the
 //! scale is one byte after the vector's codes instead (steps of 2^(1/8), about ±4.4 %; see
 //! [`ScaleFormat`]): `bits + 8/dim` bits per value, for low rates where 16 bits of scale are a
-//! large share (0.25 bits per value of 64).
+//! large share (0.25 bits per value of 64); with [`ScaleFormat::Log4`] 4 bits in the `scales`
+//! arrays, four vectors to an entry, for vectors brought near unit RMS: `bits + 4/dim`.
 //!
 //! Key design decision: codes are fixed-rate and per vector, so a cache encodes each new token
 //! on its own (no re-encoding of the history), any token's vector decodes alone, and the
@@ -67,11 +68,13 @@ pub enum ScaleFormat {
     Log8,
     /// Four bits per vector in the `scales` arrays, four vectors to a `u16` entry (vector `i`
     /// of a call or a [`Side`]: entry `i / 4`, bits `4·(i % 4)`): 0 for a scale of 0, else `k`
-    /// in 1..=15 for `2^((k − 8)/4)`, rounded to the nearer grid value, so scales from about
-    /// 0.30 to 3.4 keep a relative error of at most 9 % (about −26 dB beside the signal at
-    /// worst, far below a 1- or 2-bit code's own −5 to −11 dB) and others clamp to its ends.
-    /// For vectors whose RMS sits near 1, e.g. through a transform chosen so (Python's
-    /// `kv_calibrate` scales each head's so): `bits + 4/dim` bits per value.
+    /// in 1..=15 for `2^((k − 8)/4)`, the nearer of 0 and the grid values to the scale times
+    /// the codec's α (so the grid is one of vector RMS for every quantizer). Vectors of RMS
+    /// about 0.30 to 3.4 keep a scale error of at most 9 % (about −26 dB beside the signal on
+    /// average, −21 dB at worst: far below a 1- or 2-bit code's own −5 to −11 dB, but it
+    /// costs about 1.7 dB at 4 bits); others clamp to its ends or, below 0.15, to 0. For
+    /// vectors brought near unit RMS, e.g. by a transform chosen so (Python's `kv_calibrate`
+    /// scales each head's so), at low rates: `bits + 4/dim` bits per value.
     Log4,
 }
 
@@ -99,9 +102,10 @@ impl ScaleFormat {
         }
     }
 
-    /// The stored 4 bits of scale `c` (see [`ScaleFormat::Log4`]; `c ≤ 0`, NaN: 0).
+    /// The stored 4 bits of scale `c` (see [`ScaleFormat::Log4`]; `c` below half the grid's
+    /// least value, NaN: 0).
     pub fn log4(c: f32) -> u8 {
-        if c.is_nan() || c <= 0.0 {
+        if c.is_nan() || c < 0.5 * Self::unlog4(1) {
             return 0;
         }
         let t = (c.log2() * 4.0 + 8.0).clamp(1.0, 15.0);
@@ -338,7 +342,7 @@ impl KvCodec {
             ScaleFormat::Log4 => {
                 let (e, s) = (i / 4, 4 * (i % 4));
                 let keep = if s == 0 { 0 } else { scales[e] & !(15 << s) };
-                scales[e] = keep | (u16::from(ScaleFormat::log4(c)) << s);
+                scales[e] = keep | (u16::from(ScaleFormat::log4(c * self.alpha)) << s);
             }
         }
     }
@@ -354,7 +358,7 @@ impl KvCodec {
             }
             ScaleFormat::Log4 => (
                 src,
-                ScaleFormat::unlog4((scales[i / 4] >> (4 * (i % 4))) as u8),
+                ScaleFormat::unlog4((scales[i / 4] >> (4 * (i % 4))) as u8) / self.alpha,
             ),
         }
     }
@@ -1506,7 +1510,8 @@ mod tests {
             )
             .unwrap();
             // Two disjoint token ranges merge to the whole.
-            let cut = 44; // a whole log4 entry (four vectors) from the start
+            // A cut inside a log4 entry would split a `u16`: there, the whole entries before it.
+            let cut = if fmt == ScaleFormat::Log4 { 44 } else { 45 };
             let (mut o1, mut l1, mut o2, mut l2) = (
                 vec![0f32; g * dk],
                 vec![0f32; g],
@@ -2017,7 +2022,9 @@ mod tests {
             (log4(1.0), unlog4(8), unlog4(0), unlog4(0x18)),
             (8, 1.0, 0.0, 1.0)
         );
-        assert_eq!((log4(1e-30), log4(1e30), log4(f32::INFINITY)), (1, 15, 15));
+        // Far above the grid: its end; below half its least value: 0 (the nearer).
+        assert_eq!((log4(1e-30), log4(1e30), log4(f32::INFINITY)), (0, 15, 15));
+        assert_eq!((log4(0.148), log4(0.15), log4(0.2)), (0, 1, 1));
         let mut c = 0.3f32;
         while c < 3.36 {
             let k = log4(c);
@@ -2036,10 +2043,16 @@ mod tests {
             v.iter_mut().for_each(|a| *a *= m);
         }
         x[6 * d..7 * d].iter_mut().for_each(|a| *a = 0.0);
-        for (q, bits) in [
-            (KvQuantizer::Lattice(Lattice::E8), 2),
-            (KvQuantizer::Trellis { l: 10 }, 1),
-            (KvQuantizer::Trellis { l: 10 }, 2),
+        // The grid is one of RMS for every quantizer (a lattice's scale is RMS/α): at 3 to 5
+        // bits the codes' own error nears the scale's (about −26 dB), so the loss grows.
+        for (q, bits, loss) in [
+            (KvQuantizer::Lattice(Lattice::E8), 2, 0.25),
+            (KvQuantizer::Trellis { l: 10 }, 1, 0.25),
+            (KvQuantizer::Trellis { l: 10 }, 2, 0.25),
+            (KvQuantizer::Lattice(Lattice::E8), 3, 0.7),
+            (KvQuantizer::Lattice(Lattice::E8), 4, 1.6),
+            (KvQuantizer::Lattice(Lattice::D4), 4, 1.6),
+            (KvQuantizer::Lattice(Lattice::E8), 5, 3.3),
         ] {
             let b = KvCodec::new(d, bits, q, Rotation::Rht, 1, false).unwrap();
             let l = b.clone().with_scale_format(ScaleFormat::Log4);
@@ -2064,7 +2077,7 @@ mod tests {
                 let fb = bf16::from_bits(bscales[i]).to_f32();
                 let k = ((lscales[i / 4] >> (4 * (i % 4))) & 15) as u8;
                 // (The bf16 scale is itself rounded: a grid value, not necessarily the same.)
-                let err = (unlog4(k) - fb).abs();
+                let err = (unlog4(k) / l.alpha() - fb).abs();
                 assert!(err <= 0.095 * fb, "{i}: nibble {k} for scale {fb}");
             }
             let (yb, yl) = (roundtrip(&b, &x, None), roundtrip(&l, &x, None));
@@ -2079,7 +2092,7 @@ mod tests {
                     / (n - 1) as f64
             };
             let (sb, sl) = (mean(&yb), mean(&yl));
-            assert!(sl > sb - 0.25, "{q:?} at {bits} bits: {sl} dB against {sb}");
+            assert!(sl > sb - loss, "{q:?} at {bits} bits: {sl} dB against {sb}");
             // Wrong scale lengths are typed errors.
             for len in [75, 77, n] {
                 assert!(matches!(
