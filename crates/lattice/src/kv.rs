@@ -84,9 +84,15 @@ impl ScaleFormat {
         if c.is_nan() || c <= 0.0 {
             return 0;
         }
-        let t = (c.log2() * 8.0 + 128.0).clamp(1.0, 255.0);
+        Self::nearer(c, c.log2() * 8.0 + 128.0, 255.0, Self::unlog8)
+    }
+
+    /// The nearer to `c` of the two codes around `t`, its place on a grid of codes
+    /// `1..=last` whose values `value` gives (clamped to the grid's ends).
+    fn nearer(c: f32, t: f32, last: f32, value: fn(u8) -> f32) -> u8 {
+        let t = t.clamp(1.0, last);
         let (lo, hi) = (t.floor() as u8, t.ceil() as u8);
-        if (Self::unlog8(hi) - c).abs() < (c - Self::unlog8(lo)).abs() {
+        if (value(hi) - c).abs() < (c - value(lo)).abs() {
             hi
         } else {
             lo
@@ -108,13 +114,7 @@ impl ScaleFormat {
         if c.is_nan() || c < 0.5 * Self::unlog4(1) {
             return 0;
         }
-        let t = (c.log2() * 4.0 + 8.0).clamp(1.0, 15.0);
-        let (lo, hi) = (t.floor() as u8, t.ceil() as u8);
-        if (Self::unlog4(hi) - c).abs() < (c - Self::unlog4(lo)).abs() {
-            hi
-        } else {
-            lo
-        }
+        Self::nearer(c, c.log2() * 4.0 + 8.0, 15.0, Self::unlog4)
     }
 
     /// The scale of stored value `k` (its low 4 bits; see [`ScaleFormat::Log4`]).
