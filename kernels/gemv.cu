@@ -132,6 +132,16 @@ struct AffineArgs {
     int glen_log2;  // log2(glen) when a power of two, else -1
 };
 
+// Where row r's scale (and offset) of group grp sits in the layout the device holds them in
+// (kernels-cuda's `tiled_scales`): [⌈rows/16⌉][srs][8][2], rows g and g + 8 of each tile of
+// 16 side by side (the rows past the weight's last are zeros); 0 for one tensor-wide scale. A
+// warp step of the tensor-core kernel (rows g, g + 8 of one tile, one group) then reads one
+// run of 64 bytes per array: as 16 scattered words per row, the scales' loads held the
+// batch-1 kernel at about 2× bf16 on an H200 (docs/eval/cuda_int4_variants.md).
+__device__ __forceinline__ long long hc_si(const AffineArgs& a, int r, int grp) {
+    return a.srs ? ((((long long)(r >> 4) * a.srs + grp) * 8 + (r & 7)) << 1) + ((r >> 3) & 1) : 0;
+}
+
 // Weight rows a warp of the GEMVs computes at once (the activation is loaded once for them):
 // 4 for a single activation row, 2 for batch tiles of 4 (the registers hold R × M sums).
 #define HC_R(M) ((M) == 1 ? 4 : 2)
@@ -208,7 +218,7 @@ __device__ __forceinline__ void hc_affine_rows(const AffineArgs& a) {
         for (int r = 0; r < R; r++) {
             if (r0 + r < a.rows) {
                 hc_load_chunk<BITS>(a.codes + (r0 + r) * row_bytes + (long long)c * 4 * BITS, w[r]);
-                const int si = a.srs ? (r0 + r) * a.srs + g : 0;
+                const long long si = hc_si(a, r0 + r, g);
                 sc[r] = a.scales[si];
                 lo[r] = a.offsets ? a.offsets[si] : 0.f;
             } else {
@@ -282,7 +292,7 @@ __device__ __forceinline__ void hc_affine_generic(const AffineArgs& a) {
         uint32_t v = a.codes[b];
         if (b + 1 < a.n_code_bytes) v |= (uint32_t)a.codes[b + 1] << 8;
         const float q = (float)((v >> (off & 7)) & mask);
-        const int si = a.srs ? r * a.srs + j / a.glen : 0;
+        const long long si = hc_si(a, r, j / a.glen);
         const float sc = a.scales[si];
         const float lo = a.offsets ? a.offsets[si] : 0.f;
         const float wv = sc * (a.qmul * q - a.qbias) + lo;
@@ -352,7 +362,7 @@ __device__ __forceinline__ void hc_affine_decode_pieces(const AffineArgs& a, voi
             const int r = narrow ? (int)((uint32_t)k / (uint32_t)pieces) : (int)(k / pieces);
             const int j0 = (int)(k - (long long)r * pieces) << 3;
             const int g = a.srs ? (a.glen_log2 >= 0 ? j0 >> a.glen_log2 : j0 / a.glen) : 0;
-            const int si = a.srs ? r * a.srs + g : 0;
+            const long long si = hc_si(a, r, g);
             const float sc = a.scales[si], lo = a.offsets ? a.offsets[si] : 0.f;
             const float mul = sc * a.qmul, add = lo - sc * a.qbias;
             float v8[8];
@@ -397,7 +407,7 @@ extern "C" __global__ void hc_affine_decode(AffineArgs a, void* __restrict__ out
             if (b + 1 < a.n_code_bytes) v |= (uint32_t)a.codes[b + 1] << 8;
             const float q = hc_u2f((v >> (off & 7)) & mask);
             const int g = a.glen_log2 >= 0 ? j >> a.glen_log2 : j / a.glen;
-            const int si = a.srs ? r * a.srs + g : 0;
+            const long long si = hc_si(a, r, g);
             const float lo = a.offsets ? a.offsets[si] : 0.f;
             v8[i] = a.scales[si] * (a.qmul * q - a.qbias) + lo;
         }
@@ -512,27 +522,35 @@ __device__ __forceinline__ void hc_mma_load(const AffineArgs& a, int s, int r0, 
     const long long row_bytes = (long long)a.cols * BITS / 8;
     const int grp = a.srs ? (a.glen_log2 >= 0 ? (s * MC) >> a.glen_log2 : (s * MC) / a.glen) : 0;
 #pragma unroll
-    for (int ti = 0; ti < R; ti++)
+    for (int ti = 0; ti < R; ti++) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             // Two batch tiles read the weight's last row for rows past it (their sums are never
             // stored); one tile keeps the predicate (see hc_mma_x).
             const int r = NT == 2 ? min(r0 + 16 * ti + g + 8 * h, a.rows - 1) : r0 + 16 * ti + g + 8 * h;
-            float sc = 0.f, lo = 0.f;
             if (NT == 2 || r < a.rows) {
                 hc_load_words<CW>(a.codes + (long long)r * row_bytes + (long long)s * MC * BITS / 8 + t * CW * 4,
                                   st.w[ti][h]);
-                const int si = a.srs ? r * a.srs + grp : 0;
-                sc = a.scales[si];
-                lo = a.offsets ? a.offsets[si] : 0.f;
             } else {
 #pragma unroll
                 for (int k = 0; k < CW; k++) st.w[ti][h][k] = 0;
             }
-            // ŵ = s·qmul·(MAGIC + q) + (lo − s·qbias − MAGIC·s·qmul).
-            st.mul[ti][h] = sc * a.qmul;
-            st.add[ti][h] = lo - sc * a.qbias - fmagic * st.mul[ti][h];
         }
+        // Rows g and g + 8 side by side (hc_si; zeros past the weight's last row).
+        float2 sc = make_float2(a.scales[0], a.scales[0]), lo = make_float2(0.f, 0.f);
+        if (a.srs) {
+            const long long si = hc_si(a, r0 + 16 * ti + g, grp);
+            sc = *reinterpret_cast<const float2*>(a.scales + si);
+            if (a.offsets) lo = *reinterpret_cast<const float2*>(a.offsets + si);
+        } else if (a.offsets) {
+            lo = make_float2(a.offsets[0], a.offsets[0]);
+        }
+        // ŵ = s·qmul·(MAGIC + q) + (lo − s·qbias − MAGIC·s·qmul).
+        st.mul[ti][0] = sc.x * a.qmul;
+        st.mul[ti][1] = sc.y * a.qmul;
+        st.add[ti][0] = lo.x - sc.x * a.qbias - fmagic * st.mul[ti][0];
+        st.add[ti][1] = lo.y - sc.y * a.qbias - fmagic * st.mul[ti][1];
+    }
 }
 
 // One macro step of the tensor-core kernel: its k-steps' mmas, then the group's scale terms.
@@ -659,6 +677,147 @@ HC_MMA_N(4, bf16, true)
 HC_MMA_N(2, f16, false)
 HC_MMA_N(4, f16, false)
 HC_MMA_N(8, f16, false)
+
+// ---------------------------------------------------------------------------------------
+// Batch 1 on tensor cores, fed by cp.async: the math of hc_affine_mma (4 code words per lane
+// and step, one batch tile, hc_mma_step), but each warp streams its steps through a ring of
+// HC_CPA_STAGES stages in shared memory that every lane fills with its own 16-byte
+// `cp.async` copies (codes as stored; the scale pairs of the tiled layout; the step's
+// activations), so the bytes in flight cost no registers. A lane reads its warp's stage
+// after `cp.async.wait_group` and `__syncwarp`: no block-wide barrier until the final sum.
+#define HC_CPA_WARPS 8
+#define HC_CPA_STAGES 4
+
+__device__ __forceinline__ uint32_t hc_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// 16 bytes global → shared, cached in L2 only (codes: read once).
+__device__ __forceinline__ void hc_cp16(void* s, const void* g) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(hc_smem(s)), "l"(g) : "memory");
+}
+// 16 or 8 bytes global → shared through L1 (activations and scales: read by every block).
+__device__ __forceinline__ void hc_cp16_l1(void* s, const void* g) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(hc_smem(s)), "l"(g) : "memory");
+}
+__device__ __forceinline__ void hc_cp8_l1(void* s, const void* g) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(hc_smem(s)), "l"(g) : "memory");
+}
+__device__ __forceinline__ void hc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void hc_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// One warp step in shared memory: codes [h][g][t][word] (rows g + 8h of the tile), the scale
+// pairs [g] (scale of rows g, g + 8, then their offsets) and each lane column's activations.
+template <int BITS>
+struct HcCpaStage {
+    uint32_t w[2][8][4][4];
+    float so[8][4];
+    uint32_t x[4][4 * (16 / BITS)];
+};
+
+template <int BITS, bool BF16, int NW = HC_CPA_WARPS, int S = HC_CPA_STAGES>
+__device__ __forceinline__ void hc_affine_cpa(const AffineArgs& a) {
+    constexpr int CW = 4, PER = 32 / BITS, XW = PER / 2, MC = 4 * CW * PER;
+    constexpr float FMAGIC = BF16 ? 128.f : 1024.f;
+    extern __shared__ __align__(16) uint8_t hc_cpa_sm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.x * 16;
+    HcCpaStage<BITS>* ring = reinterpret_cast<HcCpaStage<BITS>*>(hc_cpa_sm) + warp * S;
+    float* part = reinterpret_cast<float*>(hc_cpa_sm + sizeof(HcCpaStage<BITS>) * NW * S);
+    const int steps = a.cols / MC;
+    const long long row_bytes = (long long)a.cols * BITS / 8;
+    // Rows past the weight read its last row (their sums are never stored).
+    const uint8_t* ca = a.codes + min(r0 + g, a.rows - 1) * row_bytes + t * 16;
+    const uint8_t* cb = a.codes + min(r0 + g + 8, a.rows - 1) * row_bytes + t * 16;
+    const float* so_src = t == 0 ? a.scales : a.offsets;
+    const uint16_t* xr = static_cast<const uint16_t*>(a.x) + t * CW * PER;
+    const int mine = warp < steps ? (steps - 1 - warp) / NW + 1 : 0;
+    auto issue = [&](int i) {
+        const int s = warp + i * NW;
+        HcCpaStage<BITS>& st = ring[i % S];
+        hc_cp16(&st.w[0][g][t][0], ca + (long long)s * 64);
+        hc_cp16(&st.w[1][g][t][0], cb + (long long)s * 64);
+        if (a.srs && t < 2 && so_src) {
+            const int grp = a.glen_log2 >= 0 ? (s * MC) >> a.glen_log2 : (s * MC) / a.glen;
+            hc_cp8_l1(&st.so[g][2 * t], so_src + hc_si(a, r0 + g, grp));
+        }
+        if (g == 0)
+#pragma unroll
+            for (int q = 0; q < CW * XW / 4; q++) hc_cp16_l1(&st.x[t][4 * q], xr + (long long)s * MC + 8 * q);
+    };
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) {
+        if (i < mine) issue(i);
+        hc_cp_commit();
+    }
+    const float sc0 = a.srs ? 0.f : a.scales[0], lo0 = a.srs || !a.offsets ? 0.f : a.offsets[0];
+    float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
+    for (int i = 0; i < mine; i++) {
+        if (i + S - 1 < mine) issue(i + S - 1);
+        hc_cp_commit();
+        hc_cp_wait<S - 1>();
+        __syncwarp();
+        const HcCpaStage<BITS>& st = ring[i % S];
+        HcMmaStep<CW, 1, 1, XW> cur;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint4 v = *reinterpret_cast<const uint4*>(&st.w[h][g][t][0]);
+            cur.w[0][h][0] = v.x;
+            cur.w[0][h][1] = v.y;
+            cur.w[0][h][2] = v.z;
+            cur.w[0][h][3] = v.w;
+        }
+#pragma unroll
+        for (int q = 0; q < CW * XW / 4; q++) {
+            const uint4 v = *reinterpret_cast<const uint4*>(&st.x[t][4 * q]);
+            const int k = 4 * q / XW, i0 = 4 * q % XW;
+            cur.x[k][i0] = v.x;
+            cur.x[k][i0 + 1] = v.y;
+            cur.x[k][i0 + 2] = v.z;
+            cur.x[k][i0 + 3] = v.w;
+        }
+        float4 so = make_float4(sc0, sc0, lo0, lo0);
+        if (a.srs) {
+            so = *reinterpret_cast<const float4*>(&st.so[g][0]);
+            if (!a.offsets) so.z = so.w = 0.f;
+        }
+        __syncwarp();  // every lane has read the slot before any lane refills it
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float sc = h ? so.y : so.x, lo = h ? so.w : so.z;
+            cur.mul[0][h] = sc * a.qmul;
+            cur.add[0][h] = lo - sc * a.qbias - FMAGIC * cur.mul[0][h];
+        }
+        // Every lane holds the activations (not only batch row g = 0): the other columns of
+        // the mma repeat row 0's sums and are never stored.
+        hc_mma_step<BITS, CW, 1, 1, BF16>(a, warp + i * NW, g, t, cur, acc);
+    }
+    hc_cp_wait<0>();
+    if (t == 0) {
+        part[warp * 16 + g] = acc[0][0][0];
+        part[warp * 16 + g + 8] = acc[0][0][2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16 && r0 + (int)threadIdx.x < a.rows) {
+        const int r = r0 + threadIdx.x;
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) v += part[w * 16 + threadIdx.x];
+        hc_store(a.y, a.ydtype, r, v + (a.bias ? a.bias[r] : 0.f));
+    }
+}
+
+// hc_affine_cpa_b{2,4}_{bf16,f16}: batch 1, rows of whole steps (4 words per lane), groups of
+// whole steps; dynamic shared memory HC_CPA_WARPS · (HC_CPA_STAGES · stage + 64) bytes.
+#define HC_CPA(B, T, BF)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * HC_CPA_WARPS) hc_affine_cpa_b##B##_##T(AffineArgs a) { \
+        hc_affine_cpa<B, BF>(a);                                                                              \
+    }
+HC_CPA(2, bf16, true)
+HC_CPA(4, bf16, true)
+HC_CPA(2, f16, false)
+HC_CPA(4, f16, false)
 
 // ---------------------------------------------------------------------------------------
 // Fixed-rate E8.

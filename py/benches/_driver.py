@@ -42,3 +42,20 @@ class Driver:
         arr = (C.c_void_p * len(params))(*[C.addressof(p) for p in params])
         stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
         self.check(self.cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, smem, stream, arr, None), "launch")
+
+
+class AffineArgs(C.Structure):
+    """`AffineArgs` of kernels/gemv.cu."""
+
+    _fields_ = [("codes", C.c_void_p), ("scales", C.c_void_p), ("offsets", C.c_void_p), ("x", C.c_void_p),
+                ("y", C.c_void_p), ("bias", C.c_void_p), ("n_code_bytes", C.c_longlong), ("xdtype", C.c_int),
+                ("ydtype", C.c_int), ("M", C.c_int), ("rows", C.c_int), ("cols", C.c_int), ("bits", C.c_int),
+                ("glen", C.c_int), ("srs", C.c_int), ("qmul", C.c_float), ("qbias", C.c_float), ("glen_log2", C.c_int)]
+
+
+def tile_scales(a: torch.Tensor) -> torch.Tensor:
+    """`rows × groups` scales in tiles of 16 rows: [tile][group][g][rows g, g + 8], zero rows past the last."""
+    rows, groups = a.shape
+    p = torch.zeros((rows + 15) // 16 * 16, groups, device=a.device, dtype=a.dtype)
+    p[:rows] = a
+    return p.view(-1, 2, 8, groups).permute(0, 3, 2, 1).contiguous()

@@ -6,7 +6,8 @@ tensor-core kernel and torch bf16 `F.linear`, batch 1, in one run.
 
 Random INT4 g128 codes with f32 scales and offsets; the prototype reads them permuted
 tile-major (see the kernel's header), the committed kernel (`hc_affine_mma_b4_w4_n1_bf16`
-from the committed PTX) as stored. Each call is checked against x·Ŵᵀ in float32 and timed as
+from the committed PTX) as stored, its scales and offsets tiled (kernels-cuda `tiled_scales`).
+Each call is checked against x·Ŵᵀ in float32 and timed as
 40 launches in a CUDA graph over ≥ 400 MB of weight copies (L2 never holds them), median of 7
 replays (`_graph_timing.graph_time_us`). Needs a CUDA device of compute capability 9.0 (exits 0 with a message otherwise).
 """
@@ -21,18 +22,10 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from _driver import Driver
+from _driver import AffineArgs as Args
+from _driver import Driver, tile_scales
 from _graph_timing import graph_time_us
 
-
-
-class Args(C.Structure):
-    """`AffineArgs` of kernels/gemv.cu."""
-
-    _fields_ = [("codes", C.c_void_p), ("scales", C.c_void_p), ("offsets", C.c_void_p), ("x", C.c_void_p),
-                ("y", C.c_void_p), ("bias", C.c_void_p), ("n_code_bytes", C.c_longlong), ("xdtype", C.c_int),
-                ("ydtype", C.c_int), ("M", C.c_int), ("rows", C.c_int), ("cols", C.c_int), ("bits", C.c_int),
-                ("glen", C.c_int), ("srs", C.c_int), ("qmul", C.c_float), ("qbias", C.c_float), ("glen_log2", C.c_int)]
 
 
 def main() -> int:
@@ -78,8 +71,10 @@ def main() -> int:
             err = ((y.float() - ref).norm() / ref.norm()).item()
             rows_out.append((f"{n_rows}x{k}", name, us, err))
 
+        sct, oft = [tile_scales(a) for a in sc], [tile_scales(a) for a in of]
+
         def make_committed(i: int) -> None:
-            a = Args(w[i].data_ptr(), sc[i].data_ptr(), of[i].data_ptr(), x.data_ptr(), y.data_ptr(), None,
+            a = Args(w[i].data_ptr(), sct[i].data_ptr(), oft[i].data_ptr(), x.data_ptr(), y.data_ptr(), None,
                      w[i].numel(), 2, 2, 1, n_rows, k, 4, glen, steps, 1.0, 8.0, 7)
             kept.append(a)
             launch(committed, n_rows // 16, 256, 0, [a])
@@ -105,7 +100,7 @@ def main() -> int:
         bf16_calls = itertools.count()
         rows_out.append((f"{n_rows}x{k}", "torch bf16 F.linear",
                          graph_time_us(lambda: F.linear(x, wb[next(bf16_calls) % len(wb)]), 40, replays=7), 0.0))
-        del w, sc, of, wt, so, wb
+        del w, sc, of, wt, so, wb, sct, oft
         torch.cuda.empty_cache()
     base = {r[0]: r[2] for r in rows_out if r[1] == "torch bf16 F.linear"}
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}",

@@ -58,7 +58,7 @@ pub(crate) fn with_trellis_device<T>(
     ))))
 }
 
-fn cuda_err(e: CudaError) -> PyErr {
+pub(crate) fn cuda_err(e: CudaError) -> PyErr {
     match e {
         CudaError::InvalidArgument(_) => InvalidInputError::new_err(e.to_string()),
         _ => PyCudaError::new_err(e.to_string()),

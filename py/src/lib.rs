@@ -687,8 +687,11 @@ impl Linear {
     }
 
     /// The stored form as the CUDA kernels read it (`"z1"`: read by the W8A8 route only), or
-    /// None for forms without a device kernel (decoded instead). A dict: `kind` (`"affine"`, `"e8"`, `"e8rans"`, `"z1"` or `"trellis"`), the stored codes, words or bits as
-    /// a uint8 array, f32 side information, and the kernels' parameters.
+    /// None for forms without a device kernel (decoded instead). A dict: `kind` (`"affine"`,
+    /// `"e8"`, `"e8rans"`, `"z1"` or `"trellis"`), the stored codes, words or bits as a uint8
+    /// array, f32 side information, and the kernels' parameters; affine scales and offsets in
+    /// the kernels' tiled layout (`⌈rows/16⌉·16·scales_per_row` values, see
+    /// `hypercodec_kernels_cuda::tiled_scales`).
     fn device_form<'py>(
         &self,
         py: Python<'py>,
@@ -709,9 +712,22 @@ impl Linear {
                 qmul,
                 qbias,
             } => {
+                // Scales and offsets in the kernels' tiled layout (16 rows a tile; see
+                // `hypercodec_kernels_cuda::tiled_scales`).
+                let rows = self.op.rows();
+                let tile =
+                    |v: Vec<f32>| hypercodec_kernels_cuda::tiled_scales(&v, rows, scales_per_row);
+                let offsets = if offsets.is_empty() {
+                    offsets
+                } else {
+                    tile(offsets).map_err(cuda::cuda_err)?
+                };
                 d.set_item("kind", "affine")?;
                 d.set_item("codes", PyArray1::from_slice(py, codes))?;
-                d.set_item("scales", PyArray1::from_vec(py, scales))?;
+                d.set_item(
+                    "scales",
+                    PyArray1::from_vec(py, tile(scales).map_err(cuda::cuda_err)?),
+                )?;
                 d.set_item("offsets", PyArray1::from_vec(py, offsets))?;
                 d.set_item("bits", bits)?;
                 d.set_item("group_len", group_len)?;

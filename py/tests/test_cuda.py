@@ -46,6 +46,31 @@ def test_device_forms_name_the_stored_codes():
     assert r["chunk"] == 24576 and r["index"].nbytes == 3 * 33 * 4
 
 
+@pytest.mark.parametrize("spec", ["int4", "int8-row", "int3"])
+def test_affine_device_forms_hold_scales_tiled_as_the_kernels_read_them(spec):
+    """Scales and offsets in tiles of 16 rows ([tile][group][g][rows g, g + 8], zeros past the
+    last row; `hypercodec_kernels_cuda::tiled_scales`): the codes decoded with them in numpy
+    give the host's weight, for 37 rows (a partial last tile)."""
+    rows, cols = 37, 384
+    w = np.random.default_rng(2).standard_normal((rows, cols)).astype(np.float32)
+    op = hypercodec.Linear.quantize(w, spec)
+    f = op.device_form()
+    bits, per = f["bits"], f["scales_per_row"]
+    assert f["kind"] == "affine" and f["scales"].shape == (48 * per,)
+    stream = np.unpackbits(f["codes"], bitorder="little")[: rows * cols * bits].reshape(rows * cols, bits)
+    q = (stream.astype(np.int64) << np.arange(bits)).sum(1).reshape(rows, cols)
+    groups = np.arange(cols) // f["group_len"]
+
+    def by_row(a):
+        t = a.reshape(-1, per, 8, 2)  # [tile][group][g][h]: row 16·tile + 8·h + g
+        assert not t.transpose(0, 3, 2, 1).reshape(-1, per)[rows:].any()
+        return t.transpose(0, 3, 2, 1).reshape(-1, per)[:rows][:, groups]
+
+    lo = by_row(f["offsets"]) if len(f["offsets"]) else 0.0
+    dec = by_row(f["scales"]) * (f["qmul"] * q - f["qbias"]) + lo
+    np.testing.assert_allclose(dec, op.weight(), rtol=1e-6, atol=1e-6)
+
+
 @needs_cuda
 @pytest.mark.parametrize("spec", ["int4", "int8-row", "int3", "e8-fixed4", "e8-fixed3", "tcq@2-l12", "e8@4", "e8@4-gpu", "e8@2-gpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

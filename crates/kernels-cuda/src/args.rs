@@ -69,7 +69,36 @@ pub(crate) fn function_names() -> Vec<String> {
     for k in 1..=4 {
         v.push(format!("hc_trellis_encode_k{k}"));
     }
+    for (b, t) in CPA_KINDS {
+        v.push(format!("hc_affine_cpa_b{b}_{t}"));
+    }
     v
+}
+
+/// The batch-1 cp.async affine kernels' (bits, activation type), in the order of the names.
+const CPA_KINDS: [(usize, &str); 4] = [(2, "bf16"), (4, "bf16"), (2, "f16"), (4, "f16")];
+/// Warps per block of the cp.async kernel (`HC_CPA_WARPS`).
+pub(crate) const CPA_WARPS: u32 = 8;
+
+/// The batch-1 affine kernel fed by cp.async (`hc_affine_cpa_b{bits}_{dtype}`) for 2- or
+/// 4-bit codes under bf16 or f16 activations; it takes what the tensor-core kernel takes
+/// with 4 code words per lane.
+pub(crate) fn affine_cpa(bits: usize, dtype: crate::Dtype) -> Option<usize> {
+    let t = match dtype {
+        crate::Dtype::Bf16 => "bf16",
+        crate::Dtype::F16 => "f16",
+        crate::Dtype::F32 => return None,
+    };
+    let kind = CPA_KINDS.iter().position(|&k| k == (bits, t))?;
+    Some(trellis_encode(4) + 1 + kind)
+}
+
+/// Dynamic shared memory of [`affine_cpa`]'s kernel: `HC_CPA_WARPS · (HC_CPA_STAGES ·
+/// sizeof(HcCpaStage) + 64)`, a stage holding 1 KB of codes, 128 bytes of scales and
+/// 4 lanes' activations.
+pub(crate) fn affine_cpa_shared(bits: usize) -> u32 {
+    let stage = 1024 + 128 + 4 * 4 * (16 / bits.max(1)) * 4;
+    CPA_WARPS * (4 * stage as u32 + 64)
 }
 
 /// The tensor-core affine kernels' (bits, activation type), in the order of the names.

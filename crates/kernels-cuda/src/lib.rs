@@ -165,7 +165,8 @@ pub struct AffineGemv {
     pub codes: u64,
     /// Bytes of `codes`.
     pub code_bytes: u64,
-    /// f32 scales: `rows·scales_per_row`, or 1.
+    /// f32 scales in the device layout of [`tiled_scales`] (`⌈rows/16⌉·16·scales_per_row`
+    /// values), or 1 value.
     pub scales: u64,
     /// f32 offsets like `scales`, or 0 (symmetric).
     pub offsets: u64,
@@ -195,6 +196,47 @@ pub struct AffineGemv {
     pub qmul: f32,
     /// Code bias.
     pub qbias: f32,
+}
+
+/// Rows of a tile in [`tiled_scales`]: the tensor-core kernel's mma tile.
+pub const SCALE_TILE: usize = 16;
+
+/// Per-group affine scales (or offsets), `rows × per_row` row after row, in the layout the
+/// kernels read them ([`AffineGemv::scales`]): `[⌈rows/16⌉][per_row][8][2]`, the scales of rows
+/// `16t + g` and `16t + g + 8` side by side, rows past the last zero. A warp of the tensor-core
+/// kernel computes rows `g` and `g + 8` of a tile of 16 for one group at a time, so it reads
+/// one contiguous run of 64 bytes per step; read row after row, those 16 scattered words held
+/// the batch-1 kernel near 2× bf16 on an H200 (`docs/eval/cuda_int4_variants.md`). One
+/// tensor-wide scale (`per_row` 0) stays as it is.
+///
+/// # Errors
+/// [`CudaError::InvalidArgument`] when `values` does not hold `rows·per_row` values (1 when
+/// `per_row` is 0).
+pub fn tiled_scales(values: &[f32], rows: usize, per_row: usize) -> Result<Vec<f32>> {
+    let want = if per_row == 0 {
+        1
+    } else {
+        rows.checked_mul(per_row)
+            .ok_or_else(|| CudaError::InvalidArgument(format!("{rows} rows of {per_row} scales")))?
+    };
+    if values.len() != want {
+        return Err(CudaError::InvalidArgument(format!(
+            "{} scales for {rows} rows of {per_row}",
+            values.len()
+        )));
+    }
+    if per_row == 0 {
+        return Ok(values.to_vec());
+    }
+    let tiles = rows.div_ceil(SCALE_TILE);
+    let mut out = vec![0f32; tiles * SCALE_TILE * per_row];
+    for (r, row) in values.chunks_exact(per_row).enumerate() {
+        let (t, g, h) = (r / SCALE_TILE, r % 8, (r / 8) % 2);
+        for (grp, &v) in row.iter().enumerate() {
+            out[((t * per_row + grp) * 8 + g) * 2 + h] = v;
+        }
+    }
+    Ok(out)
 }
 
 /// `y = s_r·⟨p_r, x'⟩ (+ b)` for fixed-rate E8 words, as stored in `.hwz` (`bits` bytes per
@@ -1234,11 +1276,32 @@ impl Kernels {
         }
         a.validate()?;
         let words = a.tensor_core_words();
-        if words > 0
-            && a.batch <= MAX_MMA_BATCH
-            && a.codes.is_multiple_of(16)
-            && a.x.is_multiple_of(16)
+        let aligned = a.codes.is_multiple_of(16) && a.x.is_multiple_of(16);
+        // Batch 1 with 4 code words per lane: the cp.async kernel (its scale and offset
+        // pointers 8-byte aligned, as the tiled pairs are read).
+        if words == 4
+            && a.batch == 1
+            && aligned
+            && a.scales.is_multiple_of(8)
+            && a.offsets.is_multiple_of(8)
         {
+            if let Some(f) = args::affine_cpa(a.bits as usize, a.x_dtype) {
+                let mut k = args::AffineArgs::new(a);
+                let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+                // SAFETY: validated; the pointers are the caller's contract.
+                return unsafe {
+                    self.inner.launch(
+                        f,
+                        (a.rows.div_ceil(16) as u32, 1),
+                        32 * args::CPA_WARPS,
+                        args::affine_cpa_shared(a.bits as usize),
+                        stream,
+                        &mut params,
+                    )
+                };
+            }
+        }
+        if words > 0 && a.batch <= MAX_MMA_BATCH && aligned {
             if let Some(f) = args::affine_mma(a.bits as usize, a.x_dtype, words, a.batch) {
                 let mut k = args::AffineArgs::new(a);
                 let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
@@ -1870,6 +1933,47 @@ fn grid_for(n: usize) -> u32 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn tiled_scales_put_rows_g_and_g_plus_8_of_a_tile_side_by_side() {
+        // 37 rows (a partial last tile) of 3 groups: value 100·row + group.
+        let (rows, per_row) = (37, 3);
+        let v: Vec<f32> = (0..rows * per_row)
+            .map(|i| (100 * (i / per_row) + i % per_row) as f32)
+            .collect();
+        let t = tiled_scales(&v, rows, per_row).unwrap();
+        assert_eq!(t.len(), 48 * per_row);
+        for tile in 0..3 {
+            for grp in 0..per_row {
+                for g in 0..8 {
+                    for h in 0..2 {
+                        let r = 16 * tile + g + 8 * h;
+                        let want = if r < rows {
+                            (100 * r + grp) as f32
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(
+                            t[((tile * per_row + grp) * 8 + g) * 2 + h],
+                            want,
+                            "row {r} group {grp}"
+                        );
+                    }
+                }
+            }
+        }
+        // One tensor-wide scale stays; a wrong count is a typed error.
+        assert_eq!(tiled_scales(&[2.5], 10, 0).unwrap(), vec![2.5]);
+        assert!(matches!(
+            tiled_scales(&v[1..], rows, per_row),
+            Err(CudaError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            tiled_scales(&[], 4, 0),
+            Err(CudaError::InvalidArgument(_))
+        ));
+        assert!(tiled_scales(&[], 0, 5).unwrap().is_empty());
+    }
+
     fn affine() -> AffineGemv {
         AffineGemv {
             codes: 256,
@@ -2122,7 +2226,22 @@ mod tests {
         );
         assert_eq!(names[args::trellis_encode(1)], "hc_trellis_encode_k1");
         assert_eq!(names[args::trellis_encode(4)], "hc_trellis_encode_k4");
-        assert_eq!(names.last().unwrap(), "hc_trellis_encode_k4");
+        assert_eq!(
+            names[args::affine_cpa(2, Dtype::Bf16).unwrap()],
+            "hc_affine_cpa_b2_bf16"
+        );
+        assert_eq!(
+            names[args::affine_cpa(4, Dtype::F16).unwrap()],
+            "hc_affine_cpa_b4_f16"
+        );
+        assert_eq!(args::affine_cpa(8, Dtype::F16), None);
+        assert_eq!(args::affine_cpa(4, Dtype::F32), None);
+        assert_eq!(names.last().unwrap(), "hc_affine_cpa_b4_f16");
+        // The cp.async kernel's stages as the kernel lays them out (HcCpaStage).
+        assert_eq!(
+            (args::affine_cpa_shared(4), args::affine_cpa_shared(2)),
+            (8 * (4 * 1408 + 64), 8 * (4 * 1664 + 64))
+        );
         assert_eq!(names[args::E8_RANS_DECODE], "hc_e8_rans_decode");
         assert_eq!(names[args::QUANT_I8], "hc_quant_i8");
         assert_eq!(names[args::W8A8_OUT], "hc_w8a8_out");
