@@ -686,7 +686,7 @@ HC_MMA_N(8, f16, false)
 // activations), so the bytes in flight cost no registers. A lane reads its warp's stage
 // after `cp.async.wait_group` and `__syncwarp`: no block-wide barrier until the final sum.
 #define HC_CPA_WARPS 8
-#define HC_CPA_STAGES 4
+#define HC_CPA_STAGES 3
 
 __device__ __forceinline__ uint32_t hc_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // 16 bytes global → shared, cached in L2 only (codes: read once).

@@ -2240,7 +2240,7 @@ mod tests {
         // The cp.async kernel's stages as the kernel lays them out (HcCpaStage).
         assert_eq!(
             (args::affine_cpa_shared(4), args::affine_cpa_shared(2)),
-            (8 * (4 * 1408 + 64), 8 * (4 * 1664 + 64))
+            (8 * (3 * 1408 + 64), 8 * (3 * 1664 + 64))
         );
         assert_eq!(names[args::E8_RANS_DECODE], "hc_e8_rans_decode");
         assert_eq!(names[args::QUANT_I8], "hc_quant_i8");
