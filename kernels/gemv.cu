@@ -120,8 +120,8 @@ extern "C" __global__ void hc_rht_fast(const void* __restrict__ x, int xdtype, f
 
 struct AffineArgs {
     const uint8_t* codes;
-    const float* scales;
-    const float* offsets;  // null when symmetric
+    const void* scales;    // f32, f16 or bf16 (sdtype), tiled (hc_si)
+    const void* offsets;   // like scales; null when symmetric
     const void* x;
     void* y;
     const float* bias;  // null when none
@@ -130,7 +130,26 @@ struct AffineArgs {
     int M, rows, cols, bits, glen, srs;
     float qmul, qbias;
     int glen_log2;  // log2(glen) when a power of two, else -1
+    int sdtype;     // the scales' and offsets' type: 0 f32, 1 f16, 2 bf16 (as stored)
 };
+
+// Entry i of a scale or offset array of type a.sdtype, as f32 (16-bit ones are held as stored:
+// 4.25 bits per weight at 4 bits in groups of 128, not 4.5).
+__device__ __forceinline__ float hc_sval(const AffineArgs& a, const void* p, long long i) {
+    if (a.sdtype == 0) return static_cast<const float*>(p)[i];
+    const uint16_t h = static_cast<const uint16_t*>(p)[i];
+    return a.sdtype == 1 ? __half2float(__ushort_as_half(h)) : __uint_as_float((uint32_t)h << 16);
+}
+// A 16-bit pair (entries 2k, 2k + 1 of a 32-bit word) as f32.
+__device__ __forceinline__ float2 hc_spair16(int sdtype, uint32_t v) {
+    if (sdtype == 1) return make_float2(__half2float(__ushort_as_half(v & 0xFFFF)), __half2float(__ushort_as_half(v >> 16)));
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
+}
+// Entries i and i + 1 (i even) of a scale or offset array, as f32.
+__device__ __forceinline__ float2 hc_spair(const AffineArgs& a, const void* p, long long i) {
+    if (a.sdtype == 0) return *reinterpret_cast<const float2*>(static_cast<const float*>(p) + i);
+    return hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p) + i));
+}
 
 // Where row r's scale (and offset) of group grp sits in the layout the device holds them in
 // (kernels-cuda's `tiled_scales`): [⌈rows/16⌉][srs][8][2], rows g and g + 8 of each tile of
@@ -219,8 +238,8 @@ __device__ __forceinline__ void hc_affine_rows(const AffineArgs& a) {
             if (r0 + r < a.rows) {
                 hc_load_chunk<BITS>(a.codes + (r0 + r) * row_bytes + (long long)c * 4 * BITS, w[r]);
                 const long long si = hc_si(a, r0 + r, g);
-                sc[r] = a.scales[si];
-                lo[r] = a.offsets ? a.offsets[si] : 0.f;
+                sc[r] = hc_sval(a, a.scales, si);
+                lo[r] = a.offsets ? hc_sval(a, a.offsets, si) : 0.f;
             } else {
 #pragma unroll
                 for (int k = 0; k < BITS; k++) w[r][k] = 0;
@@ -293,8 +312,8 @@ __device__ __forceinline__ void hc_affine_generic(const AffineArgs& a) {
         if (b + 1 < a.n_code_bytes) v |= (uint32_t)a.codes[b + 1] << 8;
         const float q = (float)((v >> (off & 7)) & mask);
         const long long si = hc_si(a, r, j / a.glen);
-        const float sc = a.scales[si];
-        const float lo = a.offsets ? a.offsets[si] : 0.f;
+        const float sc = hc_sval(a, a.scales, si);
+        const float lo = a.offsets ? hc_sval(a, a.offsets, si) : 0.f;
         const float wv = sc * (a.qmul * q - a.qbias) + lo;
 #pragma unroll
         for (int m = 0; m < HC_MAX_M; m++) {
@@ -363,7 +382,7 @@ __device__ __forceinline__ void hc_affine_decode_pieces(const AffineArgs& a, voi
             const int j0 = (int)(k - (long long)r * pieces) << 3;
             const int g = a.srs ? (a.glen_log2 >= 0 ? j0 >> a.glen_log2 : j0 / a.glen) : 0;
             const long long si = hc_si(a, r, g);
-            const float sc = a.scales[si], lo = a.offsets ? a.offsets[si] : 0.f;
+            const float sc = hc_sval(a, a.scales, si), lo = a.offsets ? hc_sval(a, a.offsets, si) : 0.f;
             const float mul = sc * a.qmul, add = lo - sc * a.qbias;
             float v8[8];
 #pragma unroll
@@ -408,8 +427,8 @@ extern "C" __global__ void hc_affine_decode(AffineArgs a, void* __restrict__ out
             const float q = hc_u2f((v >> (off & 7)) & mask);
             const int g = a.glen_log2 >= 0 ? j >> a.glen_log2 : j / a.glen;
             const long long si = hc_si(a, r, g);
-            const float lo = a.offsets ? a.offsets[si] : 0.f;
-            v8[i] = a.scales[si] * (a.qmul * q - a.qbias) + lo;
+            const float lo = a.offsets ? hc_sval(a, a.offsets, si) : 0.f;
+            v8[i] = hc_sval(a, a.scales, si) * (a.qmul * q - a.qbias) + lo;
         }
         hc_store8(out, odtype, (long long)r * a.cols + j0, v8, min(8, a.cols - j0), (a.cols & 7) == 0 && hc_aligned16(out));
     }
@@ -537,13 +556,14 @@ __device__ __forceinline__ void hc_mma_load(const AffineArgs& a, int s, int r0, 
             }
         }
         // Rows g and g + 8 side by side (hc_si; zeros past the weight's last row).
-        float2 sc = make_float2(a.scales[0], a.scales[0]), lo = make_float2(0.f, 0.f);
+        float2 sc, lo = make_float2(0.f, 0.f);
         if (a.srs) {
             const long long si = hc_si(a, r0 + 16 * ti + g, grp);
-            sc = *reinterpret_cast<const float2*>(a.scales + si);
-            if (a.offsets) lo = *reinterpret_cast<const float2*>(a.offsets + si);
-        } else if (a.offsets) {
-            lo = make_float2(a.offsets[0], a.offsets[0]);
+            sc = hc_spair(a, a.scales, si);
+            if (a.offsets) lo = hc_spair(a, a.offsets, si);
+        } else {
+            sc.x = sc.y = hc_sval(a, a.scales, 0);
+            if (a.offsets) lo.x = lo.y = hc_sval(a, a.offsets, 0);
         }
         // ŵ = s·qmul·(MAGIC + q) + (lo − s·qbias − MAGIC·s·qmul).
         st.mul[ti][0] = sc.x * a.qmul;
@@ -700,6 +720,9 @@ __device__ __forceinline__ void hc_cp16_l1(void* s, const void* g) {
 __device__ __forceinline__ void hc_cp8_l1(void* s, const void* g) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(hc_smem(s)), "l"(g) : "memory");
 }
+__device__ __forceinline__ void hc_cp4_l1(void* s, const void* g) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(hc_smem(s)), "l"(g) : "memory");
+}
 __device__ __forceinline__ void hc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void hc_cp_wait() {
@@ -707,7 +730,8 @@ __device__ __forceinline__ void hc_cp_wait() {
 }
 
 // One warp step in shared memory: codes [h][g][t][word] (rows g + 8h of the tile), the scale
-// pairs [g] (scale of rows g, g + 8, then their offsets) and each lane column's activations.
+// pairs [g] (scale of rows g, g + 8, then their offsets: 16 bytes of f32, or the first 8 bytes
+// holding the 16-bit pairs as stored) and each lane column's activations.
 template <int BITS>
 struct HcCpaStage {
     uint32_t w[2][8][4][4];
@@ -730,7 +754,8 @@ __device__ __forceinline__ void hc_affine_cpa(const AffineArgs& a) {
     // Rows past the weight read its last row (their sums are never stored).
     const uint8_t* ca = a.codes + min(r0 + g, a.rows - 1) * row_bytes + t * 16;
     const uint8_t* cb = a.codes + min(r0 + g + 8, a.rows - 1) * row_bytes + t * 16;
-    const float* so_src = t == 0 ? a.scales : a.offsets;
+    const void* so_src = t == 0 ? a.scales : a.offsets;
+    const int s_bytes = a.sdtype ? 2 : 4;
     const uint16_t* xr = static_cast<const uint16_t*>(a.x) + t * CW * PER;
     const int mine = warp < steps ? (steps - 1 - warp) / NW + 1 : 0;
     auto issue = [&](int i) {
@@ -739,8 +764,11 @@ __device__ __forceinline__ void hc_affine_cpa(const AffineArgs& a) {
         hc_cp16(&st.w[0][g][t][0], ca + (long long)s * 64);
         hc_cp16(&st.w[1][g][t][0], cb + (long long)s * 64);
         if (a.srs && t < 2 && so_src) {
+            // The pair of rows g, g + 8: 8 bytes of f32 or 4 of a 16-bit type (kept raw).
             const int grp = a.glen_log2 >= 0 ? (s * MC) >> a.glen_log2 : (s * MC) / a.glen;
-            hc_cp8_l1(&st.so[g][2 * t], so_src + hc_si(a, r0 + g, grp));
+            const uint8_t* src = static_cast<const uint8_t*>(so_src) + hc_si(a, r0 + g, grp) * s_bytes;
+            if (s_bytes == 4) hc_cp8_l1(&st.so[g][2 * t], src);
+            else hc_cp4_l1(&st.so[g][t], src);
         }
         if (g == 0)
 #pragma unroll
@@ -751,7 +779,7 @@ __device__ __forceinline__ void hc_affine_cpa(const AffineArgs& a) {
         if (i < mine) issue(i);
         hc_cp_commit();
     }
-    const float sc0 = a.srs ? 0.f : a.scales[0], lo0 = a.srs || !a.offsets ? 0.f : a.offsets[0];
+    const float sc0 = a.srs ? 0.f : hc_sval(a, a.scales, 0), lo0 = a.srs || !a.offsets ? 0.f : hc_sval(a, a.offsets, 0);
     float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
     for (int i = 0; i < mine; i++) {
         if (i + S - 1 < mine) issue(i + S - 1);
@@ -779,7 +807,13 @@ __device__ __forceinline__ void hc_affine_cpa(const AffineArgs& a) {
         }
         float4 so = make_float4(sc0, sc0, lo0, lo0);
         if (a.srs) {
-            so = *reinterpret_cast<const float4*>(&st.so[g][0]);
+            if (a.sdtype == 0) {
+                so = *reinterpret_cast<const float4*>(&st.so[g][0]);
+            } else {
+                const uint2 v = *reinterpret_cast<const uint2*>(&st.so[g][0]);
+                const float2 sp = hc_spair16(a.sdtype, v.x), op = hc_spair16(a.sdtype, v.y);
+                so = make_float4(sp.x, sp.y, op.x, op.y);
+            }
             if (!a.offsets) so.z = so.w = 0.f;
         }
         __syncwarp();  // every lane has read the slot before any lane refills it

@@ -78,7 +78,7 @@ __device__ __forceinline__ void hc_cpa(const AffineArgs& a, const uint32_t* __re
     const uint8_t* ca = a.codes + ra * row_bytes + t * 16;
     const uint8_t* cb = a.codes + rb * row_bytes + t * 16;
     const bool off = a.offsets != nullptr;
-    const float* sp = ((t & 1) && off ? a.offsets : a.scales) + (a.srs ? (long long)(t < 2 ? ra : rb) * a.srs : 0);
+    const float* sp = static_cast<const float*>((t & 1) && off ? a.offsets : a.scales) + (a.srs ? (long long)(t < 2 ? ra : rb) * a.srs : 0);
     const uint16_t* xr = static_cast<const uint16_t*>(a.x) + t * 32;
     CpaStage* mine = ring + warp * S;
     const int my = warp < steps ? (steps - 1 - warp) / NW + 1 : 0;
@@ -96,14 +96,14 @@ __device__ __forceinline__ void hc_cpa(const AffineArgs& a, const uint32_t* __re
         if (LAYOUT == 4) {
             // f16 pairs (rows g, g + 8) of the tiled layout: scales then offsets, 4 bytes each.
             const long long si = hc_si(a, r0 + g, (s * MC) >> 7);
-            if (t == 0) cpa4(&st.so[g][0], reinterpret_cast<const uint16_t*>(a.scales) + si);
-            if (t == 1) cpa4(&st.so[g][1], reinterpret_cast<const uint16_t*>(a.offsets) + si);
+            if (t == 0) cpa4(&st.so[g][0], static_cast<const uint16_t*>(a.scales) + si);
+            if (t == 1) cpa4(&st.so[g][1], static_cast<const uint16_t*>(a.offsets) + si);
         } else if (LAYOUT >= 2) {
             // f32 pairs (rows g, g + 8) of the committed tiled layout: scales then offsets.
             const int grp = a.srs ? (a.glen_log2 >= 0 ? (s * MC) >> a.glen_log2 : (s * MC) / a.glen) : 0;
             const long long si = hc_si(a, r0 + g, grp);
-            if (t == 0) cpa8(&st.so[g][0], a.scales + si);
-            if (t == 1) cpa8(&st.so[g][2], a.offsets + si);
+            if (t == 0) cpa8(&st.so[g][0], static_cast<const float*>(a.scales) + si);
+            if (t == 1) cpa8(&st.so[g][2], static_cast<const float*>(a.offsets) + si);
         } else {
             const int grp = a.srs ? (a.glen_log2 >= 0 ? (s * MC) >> a.glen_log2 : (s * MC) / a.glen) : 0;
             cpa4(&st.so[g][t], sp + grp);

@@ -90,6 +90,11 @@ fn affine(d: &Bound<'_, PyDict>) -> PyResult<AffineGemv> {
         code_bytes: get(d, "code_bytes")?,
         scales: get(d, "scales")?,
         offsets: get(d, "offsets")?,
+        // The scales' type code (as `x_dtype`); f32 when absent.
+        scale_dtype: match d.get_item("scale_dtype")? {
+            Some(v) => dtype(v.extract()?)?,
+            None => Dtype::F32,
+        },
         x: get(d, "x")?,
         x_dtype: dtype(get(d, "x_dtype")?)?,
         y: get(d, "y")?,

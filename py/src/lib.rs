@@ -706,6 +706,7 @@ impl Linear {
                 codes,
                 scales,
                 offsets,
+                scale_dtype,
                 bits,
                 group_len,
                 scales_per_row,
@@ -713,22 +714,43 @@ impl Linear {
                 qbias,
             } => {
                 // Scales and offsets in the kernels' tiled layout (16 rows a tile; see
-                // `hypercodec_kernels_cuda::tiled_scales`).
+                // `hypercodec_kernels_cuda::tiled_scales`), f16/bf16 ones as stored (uint16
+                // bits: every decoded value converts back exactly).
                 let rows = self.op.rows();
-                let tile =
-                    |v: Vec<f32>| hypercodec_kernels_cuda::tiled_scales(&v, rows, scales_per_row);
-                let offsets = if offsets.is_empty() {
-                    offsets
-                } else {
-                    tile(offsets).map_err(cuda::cuda_err)?
+                let sixteen = match scale_dtype {
+                    hypercodec_hwz::FloatDtype::F16 => Some("f16"),
+                    hypercodec_hwz::FloatDtype::Bf16 => Some("bf16"),
+                    _ => None,
+                };
+                let bits16 = |v: &[f32]| -> Vec<u16> {
+                    v.iter()
+                        .map(|&x| match scale_dtype {
+                            hypercodec_hwz::FloatDtype::F16 => half::f16::from_f32(x).to_bits(),
+                            _ => half::bf16::from_f32(x).to_bits(),
+                        })
+                        .collect()
                 };
                 d.set_item("kind", "affine")?;
                 d.set_item("codes", PyArray1::from_slice(py, codes))?;
-                d.set_item(
-                    "scales",
-                    PyArray1::from_vec(py, tile(scales).map_err(cuda::cuda_err)?),
-                )?;
-                d.set_item("offsets", PyArray1::from_vec(py, offsets))?;
+                let tile = |v: &[f32]| -> PyResult<Bound<'py, pyo3::PyAny>> {
+                    Ok(if sixteen.is_some() {
+                        let t =
+                            hypercodec_kernels_cuda::tiled_scales(&bits16(v), rows, scales_per_row)
+                                .map_err(cuda::cuda_err)?;
+                        PyArray1::from_vec(py, t).into_any()
+                    } else {
+                        let t = hypercodec_kernels_cuda::tiled_scales(v, rows, scales_per_row)
+                            .map_err(cuda::cuda_err)?;
+                        PyArray1::from_vec(py, t).into_any()
+                    })
+                };
+                d.set_item("scales", tile(&scales)?)?;
+                if offsets.is_empty() {
+                    d.set_item("offsets", PyArray1::<f32>::zeros(py, 0, false))?;
+                } else {
+                    d.set_item("offsets", tile(&offsets)?)?;
+                }
+                d.set_item("scale_dtype", sixteen.unwrap_or("f32"))?;
                 d.set_item("bits", bits)?;
                 d.set_item("group_len", group_len)?;
                 d.set_item("scales_per_row", scales_per_row)?;

@@ -47,14 +47,17 @@ def test_device_forms_name_the_stored_codes():
 
 
 @pytest.mark.parametrize("spec", ["int4", "int8-row", "int3"])
-def test_affine_device_forms_hold_scales_tiled_as_the_kernels_read_them(spec):
+@pytest.mark.parametrize("scale", [1.0, 1e-9])
+def test_affine_device_forms_hold_scales_tiled_as_the_kernels_read_them(spec, scale):
     """Scales and offsets in tiles of 16 rows ([tile][group][g][rows g, g + 8], zeros past the
-    last row; `hypercodec_kernels_cuda::tiled_scales`): the codes decoded with them in numpy
-    give the host's weight, for 37 rows (a partial last tile)."""
+    last row; `hypercodec_kernels_cuda::tiled_scales`), 16-bit ones as stored (f16, or bf16 for
+    scales f16 would flush): the codes decoded with them in numpy give the host's weight, for
+    37 rows (a partial last tile)."""
     rows, cols = 37, 384
-    w = np.random.default_rng(2).standard_normal((rows, cols)).astype(np.float32)
+    w = np.random.default_rng(2).standard_normal((rows, cols)).astype(np.float32) * np.float32(scale)
     op = hypercodec.Linear.quantize(w, spec)
     f = op.device_form()
+    assert f["scale_dtype"] == ("f16" if scale == 1.0 else "bf16") and f["scales"].dtype == np.uint16
     bits, per = f["bits"], f["scales_per_row"]
     assert f["kind"] == "affine" and f["scales"].shape == (48 * per,)
     stream = np.unpackbits(f["codes"], bitorder="little")[: rows * cols * bits].reshape(rows * cols, bits)
@@ -62,13 +65,18 @@ def test_affine_device_forms_hold_scales_tiled_as_the_kernels_read_them(spec):
     groups = np.arange(cols) // f["group_len"]
 
     def by_row(a):
+        # 16-bit scales are held as stored (uint16 bits).
+        if f["scale_dtype"] == "f16":
+            a = a.view(np.float16).astype(np.float32)
+        elif f["scale_dtype"] == "bf16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
         t = a.reshape(-1, per, 8, 2)  # [tile][group][g][h]: row 16·tile + 8·h + g
         assert not t.transpose(0, 3, 2, 1).reshape(-1, per)[rows:].any()
         return t.transpose(0, 3, 2, 1).reshape(-1, per)[:rows][:, groups]
 
     lo = by_row(f["offsets"]) if len(f["offsets"]) else 0.0
     dec = by_row(f["scales"]) * (f["qmul"] * q - f["qbias"]) + lo
-    np.testing.assert_allclose(dec, op.weight(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(dec, op.weight(), rtol=1e-6, atol=1e-6 * scale)
 
 
 @needs_cuda
@@ -119,6 +127,29 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
             tol = 1e-2 if dtype == torch.bfloat16 else 3e-3
             err = np.abs(got - want).max() / np.abs(want).max()
             assert err <= tol, (spec, rows, cols, m, err, d.route(m, dtype))
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", ["int4", "int4-row", "int2", "int8-row", "int3"])
+def test_cuda_affine_kernels_read_f32_and_16_bit_scales_alike(spec):
+    """The device holds stored f16/bf16 scales as they are; the same layer with them widened to
+    f32 on the device gives bit-identical outputs on every route (the kernels compute in f32
+    from either)."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((130, 1024)).astype(np.float32)
+    op = hypercodec.Linear.quantize(w, spec, rng.standard_normal(130).astype(np.float32))
+    d16, d32 = hcuda.DeviceLinear(op, torch.device("cuda")), hcuda.DeviceLinear(op, torch.device("cuda"))
+    assert d16.args["scale_dtype"] in (1, 2)
+    widen = (lambda t: t.view(torch.float16).float()) if d16.args["scale_dtype"] == 1 else \
+        (lambda t: (t.int() << 16).view(torch.float32))
+    d32.scales = widen(d32.scales).contiguous()
+    d32.offsets = None if d32.offsets is None else widen(d32.offsets).contiguous()
+    d32.args.update(scales=d32.scales.data_ptr(), offsets=0 if d32.offsets is None else d32.offsets.data_ptr(), scale_dtype=0)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for m in (1, 3, 9, 17):
+            x = torch.from_numpy(rng.standard_normal((m, 1024)).astype(np.float32)).to("cuda", dtype)
+            a, b = d16.forward(x), d32.forward(x)
+            assert torch.isfinite(a).all() and torch.equal(a, b), (spec, dtype, m, d16.route(m, dtype))
 
 
 @needs_cuda

@@ -292,6 +292,7 @@ pub(crate) struct AffineArgs {
     qmul: f32,
     qbias: f32,
     glen_log2: i32,
+    sdtype: i32,
 }
 
 impl AffineArgs {
@@ -319,6 +320,7 @@ impl AffineArgs {
             } else {
                 -1
             },
+            sdtype: a.scale_dtype as i32,
         }
     }
 }

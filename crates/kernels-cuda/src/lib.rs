@@ -165,11 +165,14 @@ pub struct AffineGemv {
     pub codes: u64,
     /// Bytes of `codes`.
     pub code_bytes: u64,
-    /// f32 scales in the device layout of [`tiled_scales`] (`⌈rows/16⌉·16·scales_per_row`
-    /// values), or 1 value.
+    /// Scales of `scale_dtype` in the device layout of [`tiled_scales`]
+    /// (`⌈rows/16⌉·16·scales_per_row` values), or 1 value.
     pub scales: u64,
-    /// f32 offsets like `scales`, or 0 (symmetric).
+    /// Offsets like `scales`, or 0 (symmetric).
     pub offsets: u64,
+    /// The type of `scales` and `offsets`: f32, or f16/bf16 held as stored (4.25 bits per
+    /// weight at 4 bits in groups of 128, where f32 makes 4.5).
+    pub scale_dtype: Dtype,
     /// Activations, `batch × cols` of `x_dtype`, contiguous.
     pub x: u64,
     /// Their type.
@@ -201,9 +204,10 @@ pub struct AffineGemv {
 /// Rows of a tile in [`tiled_scales`]: the tensor-core kernel's mma tile.
 pub const SCALE_TILE: usize = 16;
 
-/// Per-group affine scales (or offsets), `rows × per_row` row after row, in the layout the
-/// kernels read them ([`AffineGemv::scales`]): `[⌈rows/16⌉][per_row][8][2]`, the scales of rows
-/// `16t + g` and `16t + g + 8` side by side, rows past the last zero. A warp of the tensor-core
+/// Per-group affine scales (or offsets; f32, or the stored 16-bit values), `rows × per_row`
+/// row after row, in the layout the kernels read them ([`AffineGemv::scales`]):
+/// `[⌈rows/16⌉][per_row][8][2]`, the scales of rows `16t + g` and `16t + g + 8` side by side,
+/// rows past the last `T::default()` (zero). A warp of the tensor-core
 /// kernel computes rows `g` and `g + 8` of a tile of 16 for one group at a time, so it reads
 /// one contiguous run of 64 bytes per step; read row after row, those 16 scattered words held
 /// the batch-1 kernel near 2× bf16 on an H200 (`docs/eval/cuda_int4_variants.md`). One
@@ -212,7 +216,11 @@ pub const SCALE_TILE: usize = 16;
 /// # Errors
 /// [`CudaError::InvalidArgument`] when `values` does not hold `rows·per_row` values (1 when
 /// `per_row` is 0).
-pub fn tiled_scales(values: &[f32], rows: usize, per_row: usize) -> Result<Vec<f32>> {
+pub fn tiled_scales<T: Copy + Default>(
+    values: &[T],
+    rows: usize,
+    per_row: usize,
+) -> Result<Vec<T>> {
     let want = if per_row == 0 {
         1
     } else {
@@ -229,7 +237,7 @@ pub fn tiled_scales(values: &[f32], rows: usize, per_row: usize) -> Result<Vec<f
         return Ok(values.to_vec());
     }
     let tiles = rows.div_ceil(SCALE_TILE);
-    let mut out = vec![0f32; tiles * SCALE_TILE * per_row];
+    let mut out = vec![T::default(); tiles * SCALE_TILE * per_row];
     for (r, row) in values.chunks_exact(per_row).enumerate() {
         let (t, g, h) = (r / SCALE_TILE, r % 8, (r / 8) % 2);
         for (grp, &v) in row.iter().enumerate() {
@@ -1055,6 +1063,14 @@ impl AffineGemv {
         if self.codes == 0 || self.scales == 0 || (self.batch > 0 && (self.x == 0 || self.y == 0)) {
             return bad("a null pointer".into());
         }
+        // The kernels read the tiled pairs (rows g, g + 8) as one load.
+        let pair = 2 * self.scale_dtype.size() as u64;
+        if self.scales_per_row > 0 && (self.scales % pair != 0 || self.offsets % pair != 0) {
+            return bad(format!(
+                "scales or offsets not aligned to pairs of {} bytes",
+                pair
+            ));
+        }
         Ok(())
     }
 
@@ -1277,14 +1293,8 @@ impl Kernels {
         a.validate()?;
         let words = a.tensor_core_words();
         let aligned = a.codes.is_multiple_of(16) && a.x.is_multiple_of(16);
-        // Batch 1 with 4 code words per lane: the cp.async kernel (its scale and offset
-        // pointers 8-byte aligned, as the tiled pairs are read).
-        if words == 4
-            && a.batch == 1
-            && aligned
-            && a.scales.is_multiple_of(8)
-            && a.offsets.is_multiple_of(8)
-        {
+        // Batch 1 with 4 code words per lane: the cp.async kernel.
+        if words == 4 && a.batch == 1 && aligned {
             if let Some(f) = args::affine_cpa(a.bits as usize, a.x_dtype) {
                 let mut k = args::AffineArgs::new(a);
                 let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
@@ -1968,10 +1978,16 @@ mod tests {
             Err(CudaError::InvalidArgument(_))
         ));
         assert!(matches!(
-            tiled_scales(&[], 4, 0),
+            tiled_scales::<f32>(&[], 4, 0),
             Err(CudaError::InvalidArgument(_))
         ));
-        assert!(tiled_scales(&[], 0, 5).unwrap().is_empty());
+        assert!(tiled_scales::<f32>(&[], 0, 5).unwrap().is_empty());
+        // 16-bit scales (held as stored) tile the same way.
+        let h: Vec<u16> = (0..6).collect();
+        assert_eq!(
+            &tiled_scales(&h, 3, 2).unwrap()[..8],
+            &[0, 0, 2, 0, 4, 0, 0, 0]
+        );
     }
 
     fn affine() -> AffineGemv {
@@ -1980,6 +1996,7 @@ mod tests {
             code_bytes: 64 * 128 / 2,
             scales: 512,
             offsets: 0,
+            scale_dtype: Dtype::F32,
             x: 1024,
             x_dtype: Dtype::Bf16,
             y: 2048,
@@ -2020,6 +2037,30 @@ mod tests {
         assert!(
             groups.validate().is_err(),
             "4 groups of 32 need 4 scales per row"
+        );
+        // The tiled pairs are read as one load: f32 pairs 8-byte aligned, 16-bit ones 4-byte.
+        let odd_scales = AffineGemv {
+            scales: 516,
+            ..affine()
+        };
+        assert!(odd_scales.validate().is_err());
+        let half = AffineGemv {
+            scale_dtype: Dtype::F16,
+            ..odd_scales
+        };
+        assert!(half.validate().is_ok());
+        let odd_offsets = AffineGemv {
+            offsets: 1030,
+            ..half
+        };
+        assert!(odd_offsets.validate().is_err());
+        let tensor = AffineGemv {
+            scales_per_row: 0,
+            ..odd_scales
+        };
+        assert!(
+            tensor.validate().is_ok(),
+            "one tensor-wide scale is read alone"
         );
         // Columns that are not whole 16-byte chunks take the generic kernel.
         let odd = AffineGemv {

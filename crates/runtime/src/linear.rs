@@ -115,6 +115,9 @@ pub enum DeviceForm<'a> {
         scales: Vec<f32>,
         /// Offsets like `scales`; empty when symmetric.
         offsets: Vec<f32>,
+        /// The type the scales and offsets are stored in (each decoded value converts back
+        /// to it exactly).
+        scale_dtype: FloatDtype,
         /// Bits per code.
         bits: u8,
         /// Values per group.
@@ -427,6 +430,7 @@ impl CompressedLinear {
                     codes,
                     scales: sc,
                     offsets: of,
+                    scale_dtype: sd,
                     bits: params.bits,
                     group_len: glen,
                     scales_per_row: if tensor { 0 } else { gpr },

@@ -170,14 +170,20 @@ class DeviceLinear:
             return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
         if self.kind == "affine":
+            # Scales and offsets tiled for the kernels; f16/bf16 ones as stored (uint16 bits,
+            # held in int16 tensors).
+            def side(a: np.ndarray) -> torch.Tensor:
+                return up(a.view(np.int16) if a.dtype == np.uint16 else a)
+
             self.codes = up(form["codes"])
-            self.scales = up(form["scales"])
-            self.offsets = up(form["offsets"]) if len(form["offsets"]) else None
+            self.scales = side(form["scales"])
+            self.offsets = side(form["offsets"]) if len(form["offsets"]) else None
             self.args = {
                 "codes": _ptr(self.codes),
                 "code_bytes": self.codes.numel(),
                 "scales": _ptr(self.scales),
                 "offsets": _ptr(self.offsets),
+                "scale_dtype": {"f32": 0, "f16": 1, "bf16": 2}[form["scale_dtype"]],
                 "bias": _ptr(self.bias),
                 "rows": self.rows,
                 "cols": self.cols,
