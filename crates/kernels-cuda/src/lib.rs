@@ -1065,7 +1065,9 @@ impl AffineGemv {
         }
         // The kernels read the tiled pairs (rows g, g + 8) as one load.
         let pair = 2 * self.scale_dtype.size() as u64;
-        if self.scales_per_row > 0 && (self.scales % pair != 0 || self.offsets % pair != 0) {
+        if self.scales_per_row > 0
+            && !(self.scales.is_multiple_of(pair) && self.offsets.is_multiple_of(pair))
+        {
             return bad(format!(
                 "scales or offsets not aligned to pairs of {} bytes",
                 pair
