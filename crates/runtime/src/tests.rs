@@ -666,6 +666,7 @@ fn device_forms_decode_to_the_stored_weight() {
                     codes,
                     scales,
                     offsets,
+                    scale_dtype,
                     bits,
                     group_len,
                     scales_per_row,
@@ -673,6 +674,10 @@ fn device_forms_decode_to_the_stored_weight() {
                     qbias,
                 } => {
                     seen[0] += 1;
+                    // Every scale and offset converts back to the stored type exactly.
+                    for &v in scales.iter().chain(&offsets) {
+                        assert_eq!(scale_dtype.round(v), v, "{v} as {scale_dtype:?}");
+                    }
                     for r in 0..rows {
                         for j in 0..cols {
                             let bit = (r * cols + j) * bits as usize;
