@@ -555,21 +555,51 @@ __device__ __forceinline__ void hc_mma_load(const AffineArgs& a, int s, int r0, 
                 for (int k = 0; k < CW; k++) st.w[ti][h][k] = 0;
             }
         }
-        // Rows g and g + 8 side by side (hc_si; zeros past the weight's last row).
-        float2 sc, lo = make_float2(0.f, 0.f);
+        // Rows g and g + 8 side by side (hc_si; zeros past the weight's last row), loaded as
+        // they are held: mul holds the scale pair and add the offset pair, as f32 or as one
+        // word of two 16-bit values in [0] (hc_mma_terms turns them into the step's terms
+        // where it runs, so a load ahead holds no more registers than the terms).
+        uint2 sraw = make_uint2(0, 0), oraw = make_uint2(0, 0);
         if (a.srs) {
             const long long si = hc_si(a, r0 + 16 * ti + g, grp);
-            sc = hc_spair(a, a.scales, si);
-            if (a.offsets) lo = hc_spair(a, a.offsets, si);
-        } else {
-            sc.x = sc.y = hc_sval(a, a.scales, 0);
-            if (a.offsets) lo.x = lo.y = hc_sval(a, a.offsets, 0);
+            if (a.sdtype == 0) {
+                sraw = *reinterpret_cast<const uint2*>(static_cast<const float*>(a.scales) + si);
+                if (a.offsets) oraw = *reinterpret_cast<const uint2*>(static_cast<const float*>(a.offsets) + si);
+            } else {
+                sraw.x = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(a.scales) + si);
+                if (a.offsets) oraw.x = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(a.offsets) + si);
+            }
         }
-        // ŵ = s·qmul·(MAGIC + q) + (lo − s·qbias − MAGIC·s·qmul).
-        st.mul[ti][0] = sc.x * a.qmul;
-        st.mul[ti][1] = sc.y * a.qmul;
-        st.add[ti][0] = lo.x - sc.x * a.qbias - fmagic * st.mul[ti][0];
-        st.add[ti][1] = lo.y - sc.y * a.qbias - fmagic * st.mul[ti][1];
+        st.mul[ti][0] = __uint_as_float(sraw.x);
+        st.mul[ti][1] = __uint_as_float(sraw.y);
+        st.add[ti][0] = __uint_as_float(oraw.x);
+        st.add[ti][1] = __uint_as_float(oraw.y);
+    }
+}
+
+// The step's scale terms from what hc_mma_load read: ŵ = s·qmul·(MAGIC + q) + (lo − s·qbias −
+// MAGIC·s·qmul) for rows g and g + 8 of each row tile.
+template <int CW, int R, int NT, int XW>
+__device__ __forceinline__ void hc_mma_terms(const AffineArgs& a, float fmagic, HcMmaStep<CW, R, NT, XW>& st) {
+#pragma unroll
+    for (int ti = 0; ti < R; ti++) {
+        float2 sc, lo;
+        if (!a.srs) {
+            sc.x = sc.y = hc_sval(a, a.scales, 0);
+            lo.x = lo.y = a.offsets ? hc_sval(a, a.offsets, 0) : 0.f;
+        } else if (a.sdtype == 0) {
+            sc = make_float2(st.mul[ti][0], st.mul[ti][1]);
+            lo = make_float2(st.add[ti][0], st.add[ti][1]);
+        } else {
+            sc = hc_spair16(a.sdtype, __float_as_uint(st.mul[ti][0]));
+            lo = hc_spair16(a.sdtype, __float_as_uint(st.add[ti][0]));
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float s_ = h ? sc.y : sc.x, l_ = h ? lo.y : lo.x;
+            st.mul[ti][h] = s_ * a.qmul;
+            st.add[ti][h] = l_ - s_ * a.qbias - fmagic * st.mul[ti][h];
+        }
     }
 }
 
@@ -657,7 +687,8 @@ __device__ __forceinline__ void hc_affine_mma(const AffineArgs& a) {
     HcMmaStep<CW, R, NT, 16 / BITS> next;
     if (warp < steps) hc_mma_load<BITS, CW, R, NT>(a, warp, r0, g, t, FMAGIC, next);
     for (int s = warp; s < steps; s += HC_MMA_WARPS) {
-        const HcMmaStep<CW, R, NT, 16 / BITS> cur = next;
+        HcMmaStep<CW, R, NT, 16 / BITS> cur = next;
+        hc_mma_terms(a, FMAGIC, cur);
         const bool more = s + HC_MMA_WARPS < steps;
         if (HC_MMA_AHEAD(NT) && more) hc_mma_load<BITS, CW, R, NT>(a, s + HC_MMA_WARPS, r0, g, t, FMAGIC, next);
         hc_mma_step<BITS, CW, NT, R, BF16>(a, s, g, t, cur, acc);
