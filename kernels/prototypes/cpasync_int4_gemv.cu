@@ -10,24 +10,7 @@
 // `cp.async.wait_group` and `__syncwarp`: no block-wide barrier and no producer warp.
 #include "../gemv.cu"
 
-__device__ __forceinline__ uint32_t cpa_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cpa16cg(void* s, const void* g) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(cpa_smem(s)), "l"(g) : "memory");
-}
-__device__ __forceinline__ void cpa16ca(void* s, const void* g) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(cpa_smem(s)), "l"(g) : "memory");
-}
-__device__ __forceinline__ void cpa8(void* s, const void* g) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(cpa_smem(s)), "l"(g) : "memory");
-}
-__device__ __forceinline__ void cpa4(void* s, const void* g) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(cpa_smem(s)), "l"(g) : "memory");
-}
-__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cpa_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+// The cp.async helpers (hc_cp16, hc_cp16_l1, hc_cp8_l1, hc_cp4_l1, hc_cp_commit, hc_cp_wait) are gemv.cu's.
 
 // One stage: a warp's step of 16 rows × 128 columns of 4-bit codes ([h][g][t][word]), the four
 // scale terms of each g ([g][t]: scale g, offset g, scale g + 8, offset g + 8), the activations of
@@ -86,49 +69,49 @@ __device__ __forceinline__ void hc_cpa(const AffineArgs& a, const uint32_t* __re
         const int s = warp + i * NW;
         CpaStage& st = mine[i % S];
         if (LAYOUT == 0 || LAYOUT == 3) {
-            cpa16cg(&st.w[0][g][t][0], ca + (long long)s * 64);
-            cpa16cg(&st.w[1][g][t][0], cb + (long long)s * 64);
+            hc_cp16(&st.w[0][g][t][0], ca + (long long)s * 64);
+            hc_cp16(&st.w[1][g][t][0], cb + (long long)s * 64);
         } else {
             const uint8_t* tp = a.codes + ((long long)blockIdx.x * steps + s) * 1024 + lane * 16;
-            cpa16cg(&st.w[0][g][t][0], tp);
-            cpa16cg(&st.w[1][g][t][0], tp + 512);
+            hc_cp16(&st.w[0][g][t][0], tp);
+            hc_cp16(&st.w[1][g][t][0], tp + 512);
         }
         if (LAYOUT == 4) {
             // f16 pairs (rows g, g + 8) of the tiled layout: scales then offsets, 4 bytes each.
             const long long si = hc_si(a, r0 + g, (s * MC) >> 7);
-            if (t == 0) cpa4(&st.so[g][0], static_cast<const uint16_t*>(a.scales) + si);
-            if (t == 1) cpa4(&st.so[g][1], static_cast<const uint16_t*>(a.offsets) + si);
+            if (t == 0) hc_cp4_l1(&st.so[g][0], static_cast<const uint16_t*>(a.scales) + si);
+            if (t == 1) hc_cp4_l1(&st.so[g][1], static_cast<const uint16_t*>(a.offsets) + si);
         } else if (LAYOUT >= 2) {
             // f32 pairs (rows g, g + 8) of the committed tiled layout: scales then offsets.
             const int grp = a.srs ? (a.glen_log2 >= 0 ? (s * MC) >> a.glen_log2 : (s * MC) / a.glen) : 0;
             const long long si = hc_si(a, r0 + g, grp);
-            if (t == 0) cpa8(&st.so[g][0], static_cast<const float*>(a.scales) + si);
-            if (t == 1) cpa8(&st.so[g][2], static_cast<const float*>(a.offsets) + si);
+            if (t == 0) hc_cp8_l1(&st.so[g][0], static_cast<const float*>(a.scales) + si);
+            if (t == 1) hc_cp8_l1(&st.so[g][2], static_cast<const float*>(a.offsets) + si);
         } else {
             const int grp = a.srs ? (a.glen_log2 >= 0 ? (s * MC) >> a.glen_log2 : (s * MC) / a.glen) : 0;
-            cpa4(&st.so[g][t], sp + grp);
+            hc_cp4_l1(&st.so[g][t], sp + grp);
         }
         if (g == 0) {
             if (PREP) {
 #pragma unroll
-                for (int q = 0; q < 4; q++) cpa16ca(&st.x[t][4 * q], xf + (s * 4 + t) * 16 + 4 * q);
-                if (t == 0) cpa4(&st.sx[0], sxg + s);
+                for (int q = 0; q < 4; q++) hc_cp16_l1(&st.x[t][4 * q], xf + (s * 4 + t) * 16 + 4 * q);
+                if (t == 0) hc_cp4_l1(&st.sx[0], sxg + s);
             } else {
 #pragma unroll
-                for (int q = 0; q < 4; q++) cpa16ca(&st.x[t][4 * q], xr + (long long)s * MC + q * 8);
+                for (int q = 0; q < 4; q++) hc_cp16_l1(&st.x[t][4 * q], xr + (long long)s * MC + q * 8);
             }
         }
     };
 #pragma unroll
     for (int i = 0; i < S - 1; i++) {
         if (i < my) issue(i);
-        cpa_commit();
+        hc_cp_commit();
     }
     float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
     for (int i = 0; i < my; i++) {
         if (i + S - 1 < my) issue(i + S - 1);
-        cpa_commit();
-        cpa_wait<S - 1>();
+        hc_cp_commit();
+        hc_cp_wait<S - 1>();
         __syncwarp();
         if (!MATH) continue;
         const CpaStage& st = mine[i % S];
@@ -182,7 +165,7 @@ __device__ __forceinline__ void hc_cpa(const AffineArgs& a, const uint32_t* __re
             hc_mma_step<4, 4, 1, 1, true>(a, s, g, t, cur, acc);
         }
     }
-    cpa_wait<0>();
+    hc_cp_wait<0>();
 #pragma unroll
     for (int e = 0; e < 4; e++)
         if (t == 0 && (e & 1) == 0) part[warp * 16 + g + 8 * (e >> 1)] = acc[0][0][e];

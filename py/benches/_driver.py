@@ -60,3 +60,18 @@ def tile_scales(a: torch.Tensor) -> torch.Tensor:
     p = torch.zeros((rows + 15) // 16 * 16, groups, device=a.device, dtype=a.dtype)
     p[:rows] = a
     return p.view(-1, 2, 8, groups).permute(0, 3, 2, 1).contiguous()
+
+
+def print_table(rows: list[tuple[str, str, float, float]], out: str | None) -> None:
+    """`(shape, kernel, µs, relative error)` rows as markdown, with each row's speed against the
+    shape's `torch bf16 F.linear` row; also written to `out` when given."""
+    import pathlib
+
+    base = {r[0]: r[2] for r in rows if r[1] == "torch bf16 F.linear"}
+    lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}",
+             "| shape | kernel | µs per call | × bf16 | rel. error vs float32 |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {s} | {n} | {us:.1f} | {base[s] / us:.2f} | {e:.1e} |" for s, n, us, e in rows]
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if out:
+        pathlib.Path(out).write_text(text)

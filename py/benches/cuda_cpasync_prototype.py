@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import ctypes as C
 import itertools
-import pathlib
 import sys
 
 import torch
 import torch.nn.functional as F
 from _driver import AffineArgs as Args
-from _driver import Driver, tile_scales
+from _driver import Driver, print_table, tile_scales
 from _graph_timing import graph_time_us
 
 STAGE_BYTES = 1424  # sizeof(CpaStage)
@@ -152,14 +151,7 @@ def main() -> int:
         if tiled:
             del wt
         torch.cuda.empty_cache()
-    base = {r[0]: r[2] for r in rows_out if r[1] == "torch bf16 F.linear"}
-    lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}",
-             "| shape | kernel | µs per call | × bf16 | rel. error vs float32 |", "|---|---|---:|---:|---:|"]
-    lines += [f"| {s} | {n} | {us:.1f} | {base[s] / us:.2f} | {e:.1e} |" for s, n, us, e in rows_out]
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if args.out:
-        pathlib.Path(args.out).write_text(text)
+    print_table(rows_out, args.out)
     return 0
 
 
