@@ -529,6 +529,32 @@ __device__ __forceinline__ void hc_mma_x(const AffineArgs& a, int m, long long j
     }
 }
 
+// The step's scale terms from what hc_mma_load read: ŵ = s·qmul·(MAGIC + q) + (lo − s·qbias −
+// MAGIC·s·qmul) for rows g and g + 8 of each row tile.
+template <int CW, int R, int NT, int XW>
+__device__ __forceinline__ void hc_mma_terms(const AffineArgs& a, float fmagic, HcMmaStep<CW, R, NT, XW>& st) {
+#pragma unroll
+    for (int ti = 0; ti < R; ti++) {
+        float2 sc, lo;
+        if (!a.srs) {
+            sc.x = sc.y = hc_sval(a, a.scales, 0);
+            lo.x = lo.y = a.offsets ? hc_sval(a, a.offsets, 0) : 0.f;
+        } else if (a.sdtype == 0) {
+            sc = make_float2(st.mul[ti][0], st.mul[ti][1]);
+            lo = make_float2(st.add[ti][0], st.add[ti][1]);
+        } else {
+            sc = hc_spair16(a.sdtype, __float_as_uint(st.mul[ti][0]));
+            lo = hc_spair16(a.sdtype, __float_as_uint(st.add[ti][0]));
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float s_ = h ? sc.y : sc.x, l_ = h ? lo.y : lo.x;
+            st.mul[ti][h] = s_ * a.qmul;
+            st.add[ti][h] = l_ - s_ * a.qbias - fmagic * st.mul[ti][h];
+        }
+    }
+}
+
 template <int BITS, int CW, int R, int NT>
 __device__ __forceinline__ void hc_mma_load(const AffineArgs& a, int s, int r0, int g, int t, float fmagic,
                                             HcMmaStep<CW, R, NT, 16 / BITS>& st) {
@@ -575,32 +601,8 @@ __device__ __forceinline__ void hc_mma_load(const AffineArgs& a, int s, int r0, 
         st.add[ti][0] = __uint_as_float(oraw.x);
         st.add[ti][1] = __uint_as_float(oraw.y);
     }
-}
-
-// The step's scale terms from what hc_mma_load read: ŵ = s·qmul·(MAGIC + q) + (lo − s·qbias −
-// MAGIC·s·qmul) for rows g and g + 8 of each row tile.
-template <int CW, int R, int NT, int XW>
-__device__ __forceinline__ void hc_mma_terms(const AffineArgs& a, float fmagic, HcMmaStep<CW, R, NT, XW>& st) {
-#pragma unroll
-    for (int ti = 0; ti < R; ti++) {
-        float2 sc, lo;
-        if (!a.srs) {
-            sc.x = sc.y = hc_sval(a, a.scales, 0);
-            lo.x = lo.y = a.offsets ? hc_sval(a, a.offsets, 0) : 0.f;
-        } else if (a.sdtype == 0) {
-            sc = make_float2(st.mul[ti][0], st.mul[ti][1]);
-            lo = make_float2(st.add[ti][0], st.add[ti][1]);
-        } else {
-            sc = hc_spair16(a.sdtype, __float_as_uint(st.mul[ti][0]));
-            lo = hc_spair16(a.sdtype, __float_as_uint(st.add[ti][0]));
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float s_ = h ? sc.y : sc.x, l_ = h ? lo.y : lo.x;
-            st.mul[ti][h] = s_ * a.qmul;
-            st.add[ti][h] = l_ - s_ * a.qbias - fmagic * st.mul[ti][h];
-        }
-    }
+    // Without a load ahead the terms are due now (fewer registers than converting later).
+    if (!HC_MMA_AHEAD(NT)) hc_mma_terms(a, fmagic, st);
 }
 
 // One macro step of the tensor-core kernel: its k-steps' mmas, then the group's scale terms.
@@ -688,7 +690,7 @@ __device__ __forceinline__ void hc_affine_mma(const AffineArgs& a) {
     if (warp < steps) hc_mma_load<BITS, CW, R, NT>(a, warp, r0, g, t, FMAGIC, next);
     for (int s = warp; s < steps; s += HC_MMA_WARPS) {
         HcMmaStep<CW, R, NT, 16 / BITS> cur = next;
-        hc_mma_terms(a, FMAGIC, cur);
+        if (HC_MMA_AHEAD(NT)) hc_mma_terms(a, FMAGIC, cur);
         const bool more = s + HC_MMA_WARPS < steps;
         if (HC_MMA_AHEAD(NT) && more) hc_mma_load<BITS, CW, R, NT>(a, s + HC_MMA_WARPS, r0, g, t, FMAGIC, next);
         hc_mma_step<BITS, CW, NT, R, BF16>(a, s, g, t, cur, acc);
