@@ -3,8 +3,9 @@
 //
 // Layouts (the same bytes as the `.hwz` streams, so nothing is re-encoded at load):
 // - affine: codes of `bits` bits, LSB-first, row after row (value (r, j) at bit
-//   (r·cols + j)·bits); scales and offsets as f32, `srs` per row (0: one for the tensor),
-//   the group of column j being j / glen. ŵ = s·(qmul·q − qbias) + lo (lo = 0 without offsets).
+//   (r·cols + j)·bits); scales and offsets of type `sdtype` (f32, or f16/bf16 as stored),
+//   `srs` per row in tiles of 16 rows (hc_si; 0: one for the tensor), the group of column j
+//   being j / glen. ŵ = s·(qmul·q − qbias) + lo (lo = 0 without offsets).
 // - E8 fixed-rate: `words` words of `bits` bytes per row, symbol i of a word at bits
 //   [i·bits, (i+1)·bits) (see `hypercodec_lattice::Lattice::decode_word_fixed`), dotted against
 //   x' = RHT(x) (zero-padded to 8·words) and multiplied by the row's scale.
@@ -144,11 +145,6 @@ __device__ __forceinline__ float hc_sval(const AffineArgs& a, const void* p, lon
 __device__ __forceinline__ float2 hc_spair16(int sdtype, uint32_t v) {
     if (sdtype == 1) return make_float2(__half2float(__ushort_as_half(v & 0xFFFF)), __half2float(__ushort_as_half(v >> 16)));
     return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
-}
-// Entries i and i + 1 (i even) of a scale or offset array, as f32.
-__device__ __forceinline__ float2 hc_spair(const AffineArgs& a, const void* p, long long i) {
-    if (a.sdtype == 0) return *reinterpret_cast<const float2*>(static_cast<const float*>(p) + i);
-    return hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p) + i));
 }
 
 // Where row r's scale (and offset) of group grp sits in the layout the device holds them in
@@ -587,7 +583,10 @@ __device__ __forceinline__ void hc_mma_load(const AffineArgs& a, int s, int r0, 
         // where it runs, so a load ahead holds no more registers than the terms).
         uint2 sraw = make_uint2(0, 0), oraw = make_uint2(0, 0);
         if (a.srs) {
-            const long long si = hc_si(a, r0 + 16 * ti + g, grp);
+            // Two batch tiles: a second row tile past the weight reads the last tile's terms
+            // (the tiled array holds ⌈rows/16⌉ tiles; those sums are never stored).
+            const int rt = NT == 2 ? min(r0 + 16 * ti, (a.rows - 1) & ~15) : r0 + 16 * ti;
+            const long long si = hc_si(a, rt + g, grp);
             if (a.sdtype == 0) {
                 sraw = *reinterpret_cast<const uint2*>(static_cast<const float*>(a.scales) + si);
                 if (a.offsets) oraw = *reinterpret_cast<const uint2*>(static_cast<const float*>(a.offsets) + si);
@@ -771,6 +770,8 @@ struct HcCpaStage {
     float so[8][4];
     uint32_t x[4][4 * (16 / BITS)];
 };
+// The host sizes the dynamic shared memory from these (kernels-cuda `affine_cpa_shared`).
+static_assert(sizeof(HcCpaStage<4>) == 1408 && sizeof(HcCpaStage<2>) == 1664, "HcCpaStage size");
 
 template <int BITS, bool BF16, int NW = HC_CPA_WARPS, int S = HC_CPA_STAGES>
 __device__ __forceinline__ void hc_affine_cpa(const AffineArgs& a) {
