@@ -6,14 +6,14 @@ committed tensor-core kernel and torch bf16 `F.linear`, batch 1, in one run.
 
 Random INT4 g128 codes (row-major, as stored) with f32 scales and offsets. Each call is checked
 against x·Ŵᵀ in float32 and timed as 40 launches in a CUDA graph over ≥ 400 MB of weight copies
-(L2 never holds them), median of 7 replays (`_graph_timing.graph_time_us`); the `prep` variants
-include their activation-preparing launch in every call.
+(L2 never holds them), median of 7 replays (`_graph_timing.graph_time_us`). The prototype's
+`hc_cpa_prep_*` kernels (activations prepared by a separate launch) were timed by this script at
+commit ba60ff7 (docs/eval/cuda_int4_variants.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes as C
 import itertools
 import sys
 
@@ -25,7 +25,6 @@ from _graph_timing import graph_time_us
 
 STAGE_BYTES = 1424  # sizeof(CpaStage)
 CPA_SMEM = 8 * (3 * 1408 + 64)  # hc_affine_cpa_b4: HC_CPA_WARPS · (HC_CPA_STAGES · stage + 64)
-CONFIGS: list[tuple[int, int]] = []
 # (warps, stages, layout, math): layout 1 = tile-major codes, 2 = tile-major codes and scales.
 LAYOUTS = [(8, 4, 2, 1), (8, 3, 4, 1), (8, 4, 4, 0)]
 LAYOUT_NAMES = {0: "as stored", 1: "codes tile-major", 2: "codes tile-major, scales tiled",
@@ -48,7 +47,6 @@ def main() -> int:
     cpa = fn("ptx", "hc_affine_cpa_b4_bf16")
     drv.check(drv.cu.cuFuncSetAttribute(cpa, 8, CPA_SMEM), "max dynamic shared memory")
     old = fn("old", "hc_affine_mma_b4_w4_n1_bf16") if args.old_ptx else None
-    xprep = fn("proto", "hc_cpa_xprep")
     torch.manual_seed(0)
     rows_out = []
     for shape in args.shapes.split(","):
@@ -68,8 +66,6 @@ def main() -> int:
         wd = (q - 8.0) * sc[0].repeat_interleave(glen, 1) + of[0].repeat_interleave(glen, 1)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         y = torch.empty(1, n_rows, device="cuda", dtype=torch.bfloat16)
-        xf = torch.empty(steps * 64, dtype=torch.int32, device="cuda")
-        sx = torch.empty(steps, dtype=torch.float32, device="cuda")
         ref = x.float() @ wd.T
         wd16 = (q - 8.0) * sc[0].half().float().repeat_interleave(glen, 1) + of[0].half().float().repeat_interleave(glen, 1)
         ref16 = x.float() @ wd16.T
@@ -109,23 +105,6 @@ def main() -> int:
             drv.check(drv.cu.cuFuncSetAttribute(f, 8, smem), "max dynamic shared memory")
             run(lambda i, f=f, nw=nw, smem=smem: drv.launch(f, (n_rows + 15) // 16, 32 * nw, [args_for(i, True)], smem),
                 f"hc_affine_cpa_b4_bf16 at {nw} warps, {stg} stages")
-        for nw, st in CONFIGS:
-            smem = nw * st * STAGE_BYTES + nw * 64
-            for prep in (False, True):
-                f = fn("proto", f"hc_cpa{'_prep' if prep else ''}_w{nw}_s{st}")
-                drv.check(drv.cu.cuFuncSetAttribute(f, 8, smem), "max dynamic shared memory")
-
-                def make(i: int, f=f, smem=smem, nw=nw, prep=prep) -> None:
-                    p = [args_for(i)]
-                    if prep:
-                        pp = [C.c_void_p(x.data_ptr()), C.c_void_p(xf.data_ptr()), C.c_void_p(sx.data_ptr()), C.c_int(k)]
-                        kept.append(pp)
-                        drv.launch(xprep, (steps + 7) // 8, 256, pp)
-                        p += [C.c_void_p(xf.data_ptr()), C.c_void_p(sx.data_ptr())]
-                        kept.append(p)
-                    drv.launch(f, (n_rows + 15) // 16, 32 * nw, p, smem)
-
-                run(make, f"cp.async, {nw} warps, {st} stages{', prepared x' if prep else ''}")
         for nw, stg, lay, math in LAYOUTS if tiled else []:
             smem = nw * stg * STAGE_BYTES + nw * 64
             f = fn("proto", f"hc_cpa_l{lay}_m{math}_w{nw}_s{stg}")

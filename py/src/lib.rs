@@ -717,40 +717,42 @@ impl Linear {
                 // `hypercodec_kernels_cuda::tiled_scales`), f16/bf16 ones as stored (uint16
                 // bits: every decoded value converts back exactly).
                 let rows = self.op.rows();
-                let sixteen = match scale_dtype {
-                    hypercodec_hwz::FloatDtype::F16 => Some("f16"),
-                    hypercodec_hwz::FloatDtype::Bf16 => Some("bf16"),
-                    _ => None,
+                // The type's name, and how a decoded value turns back into its stored bits.
+                type Stored = (&'static str, Option<fn(f32) -> u16>);
+                let (name, to16): Stored = match scale_dtype {
+                    hypercodec_hwz::FloatDtype::F16 => {
+                        ("f16", Some(|x| half::f16::from_f32(x).to_bits()))
+                    }
+                    hypercodec_hwz::FloatDtype::Bf16 => {
+                        ("bf16", Some(|x| half::bf16::from_f32(x).to_bits()))
+                    }
+                    _ => ("f32", None),
                 };
-                let bits16 = |v: &[f32]| -> Vec<u16> {
-                    v.iter()
-                        .map(|&x| match scale_dtype {
-                            hypercodec_hwz::FloatDtype::F16 => half::f16::from_f32(x).to_bits(),
-                            _ => half::bf16::from_f32(x).to_bits(),
-                        })
-                        .collect()
+                let tile = |v: &[f32]| -> PyResult<Bound<'py, pyo3::PyAny>> {
+                    use hypercodec_kernels_cuda::tiled_scales;
+                    Ok(match to16 {
+                        Some(f) => {
+                            let b: Vec<u16> = v.iter().map(|&x| f(x)).collect();
+                            let t =
+                                tiled_scales(&b, rows, scales_per_row).map_err(cuda::cuda_err)?;
+                            PyArray1::from_vec(py, t).into_any()
+                        }
+                        None => {
+                            let t =
+                                tiled_scales(v, rows, scales_per_row).map_err(cuda::cuda_err)?;
+                            PyArray1::from_vec(py, t).into_any()
+                        }
+                    })
                 };
                 d.set_item("kind", "affine")?;
                 d.set_item("codes", PyArray1::from_slice(py, codes))?;
-                let tile = |v: &[f32]| -> PyResult<Bound<'py, pyo3::PyAny>> {
-                    Ok(if sixteen.is_some() {
-                        let t =
-                            hypercodec_kernels_cuda::tiled_scales(&bits16(v), rows, scales_per_row)
-                                .map_err(cuda::cuda_err)?;
-                        PyArray1::from_vec(py, t).into_any()
-                    } else {
-                        let t = hypercodec_kernels_cuda::tiled_scales(v, rows, scales_per_row)
-                            .map_err(cuda::cuda_err)?;
-                        PyArray1::from_vec(py, t).into_any()
-                    })
-                };
                 d.set_item("scales", tile(&scales)?)?;
                 if offsets.is_empty() {
                     d.set_item("offsets", PyArray1::<f32>::zeros(py, 0, false))?;
                 } else {
                     d.set_item("offsets", tile(&offsets)?)?;
                 }
-                d.set_item("scale_dtype", sixteen.unwrap_or("f32"))?;
+                d.set_item("scale_dtype", name)?;
                 d.set_item("bits", bits)?;
                 d.set_item("group_len", group_len)?;
                 d.set_item("scales_per_row", scales_per_row)?;
