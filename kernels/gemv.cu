@@ -888,6 +888,227 @@ HC_CPA(2, f16, false)
 HC_CPA(4, f16, false)
 
 // ---------------------------------------------------------------------------------------
+// Batches above 16 on tensor cores: a GEMM whose weight fragments are decoded to the
+// activation type in registers. 2- or 4-bit codes under bf16 or f16 activations, rows and
+// groups of whole chunks of HC_GEMM_BK columns.
+//
+// A block of HC_GEMM_WARPS warps computes HC_GEMM_WARPS·16·R weight rows (each warp R mma
+// row tiles of 16) for BN = 8·NT activation rows (blockIdx.y picks them), walking the columns
+// a chunk of 128 at a time. The chunk's activations go to shared memory (HC_GEMM_STAGES
+// stages filled by cp.async, one block barrier per chunk) and serve every warp; each lane
+// loads its own code words straight to registers, a chunk ahead, in the layout of
+// hc_affine_mma (lane (g, t): CW words of rows g and g + 8 at the chunk's columns [32t,
+// 32t + 32)), so the activations are paired with PRMT exactly as there. Unlike the small-batch
+// kernels, which keep MAGIC + q and apply the scale terms to the sums of each group, this one
+// turns each fragment register into two weights, ŵ = (s·qmul)·q + (lo − s·qbias), by two
+// packed FMAs (the first takes MAGIC off exactly, the second applies the group's terms
+// rounded to the activation type, as the decode-then-cuBLAS route rounds its weights): the
+// cost per weight is shared by the 8·NT activation rows of its mmas, and there is no second
+// mma for Σx.
+#define HC_GEMM_WARPS 4
+#define HC_GEMM_STAGES 3
+#define HC_GEMM_BK 128
+
+// Where 16-byte piece p (0..15: columns 8p .. 8p + 8 of the chunk) of activation row m sits in
+// its stage's row of 256 bytes: a lane (g, t) reads pieces 4t .. 4t + 3 of row g, and the
+// eight lanes of a quarter warp (rows g, g + 1; t = 0..3) then hit eight different bank groups.
+__device__ __forceinline__ int hc_gemm_piece(int m, int p) { return p ^ ((p >> 3) << 1) ^ (m & 1); }
+
+// Two weights of a fragment register: MAGIC + q in each half (hc_lop3_and_or), less MAGIC,
+// times mul plus add, in bf16x2 or f16x2.
+template <bool BF16>
+__device__ __forceinline__ uint32_t hc_dequant2(uint32_t v, uint32_t neg_magic, uint32_t mul, uint32_t add) {
+    constexpr uint32_t ONES = BF16 ? 0x3F803F80u : 0x3C003C00u;
+    uint32_t q, d;
+    if (BF16) {
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(q) : "r"(v), "r"(ONES), "r"(neg_magic));
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(q), "r"(mul), "r"(add));
+    } else {
+        asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(q) : "r"(v), "r"(ONES), "r"(neg_magic));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(q), "r"(mul), "r"(add));
+    }
+    return d;
+}
+
+// f32 → both halves of a bf16x2 or f16x2 word (round to nearest).
+template <bool BF16>
+__device__ __forceinline__ uint32_t hc_pack2(float v) {
+    if (BF16) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(v);
+        const uint32_t u = __bfloat16_as_ushort(h);
+        return u | (u << 16);
+    }
+    const uint32_t u = __half_as_ushort(__float2half_rn(v));
+    return u | (u << 16);
+}
+
+template <int BITS, bool BF16, int R, int NT>
+__device__ __forceinline__ void hc_affine_gemm(const AffineArgs& a) {
+    constexpr int PER = 32 / BITS, XW = PER / 2;
+    constexpr int CW = HC_GEMM_BK / 4 / PER;  // code words per lane and chunk
+    constexpr int BN = 8 * NT, S = HC_GEMM_STAGES, NTH = 32 * HC_GEMM_WARPS;
+    constexpr uint32_t MASK = ((1u << BITS) - 1) * 0x00010001u;
+    constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;
+    constexpr uint32_t NEG_MAGIC = MAGIC | 0x80008000u;
+    extern __shared__ __align__(16) uint8_t hc_gemm_sm[];
+    uint4* xs = reinterpret_cast<uint4*>(hc_gemm_sm);  // [S][BN][16] pieces
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = (blockIdx.x * HC_GEMM_WARPS + warp) * 16 * R;
+    const int m0 = blockIdx.y * BN;
+    const int chunks = a.cols / HC_GEMM_BK;
+    const long long row_bytes = (long long)a.cols * BITS / 8;
+    const uint16_t* x = static_cast<const uint16_t*>(a.x);
+    // The chunk's activations, rows past the batch reading its last row (their sums are never
+    // stored).
+    auto issue = [&](int c) {
+        uint4* st = xs + (c % S) * BN * 16;
+#pragma unroll
+        for (int i = 0; i < BN * 16 / NTH; i++) {
+            const int e = threadIdx.x + i * NTH, m = e >> 4, p = e & 15;
+            const long long src = (long long)min(m0 + m, a.M - 1) * a.cols + (long long)c * HC_GEMM_BK + 8 * p;
+            hc_cp16(st + m * 16 + hc_gemm_piece(m, p), x + src);
+        }
+    };
+    // The lane's code words (rows past the weight read its last row: never stored).
+    const uint8_t* crow[R][2];
+#pragma unroll
+    for (int ti = 0; ti < R; ti++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            crow[ti][h] = a.codes + (long long)min(r0 + 16 * ti + g + 8 * h, a.rows - 1) * row_bytes + t * CW * 4;
+    uint32_t wn[R][2][CW];
+    auto load_codes = [&](int c) {
+#pragma unroll
+        for (int ti = 0; ti < R; ti++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) hc_load_words<CW>(crow[ti][h] + (long long)c * (HC_GEMM_BK * BITS / 8), wn[ti][h]);
+    };
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) {
+        if (i < chunks) issue(i);
+        hc_cp_commit();
+    }
+    if (chunks > 0) load_codes(0);
+    float acc[R][NT][4];
+#pragma unroll
+    for (int ti = 0; ti < R; ti++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[ti][n][i] = 0.f;
+    // One tensor-wide scale: its terms once.
+    uint32_t mul[R][2], add[R][2];
+    if (!a.srs) {
+        const float s = hc_sval(a, a.scales, 0), lo = a.offsets ? hc_sval(a, a.offsets, 0) : 0.f;
+#pragma unroll
+        for (int ti = 0; ti < R; ti++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mul[ti][h] = hc_pack2<BF16>(s * a.qmul);
+                add[ti][h] = hc_pack2<BF16>(lo - s * a.qbias);
+            }
+    }
+    for (int c = 0; c < chunks; c++) {
+        uint32_t w[R][2][CW];
+#pragma unroll
+        for (int ti = 0; ti < R; ti++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int k = 0; k < CW; k++) w[ti][h][k] = wn[ti][h][k];
+        if (a.srs) {
+            // The chunk's group (groups hold whole chunks): the scale pair of rows g, g + 8.
+            const int grp = a.glen_log2 >= 0 ? (c * HC_GEMM_BK) >> a.glen_log2 : (c * HC_GEMM_BK) / a.glen;
+#pragma unroll
+            for (int ti = 0; ti < R; ti++) {
+                const long long si = hc_si(a, min(r0 + 16 * ti, (a.rows - 1) & ~15) + g, grp);
+                float2 sc, lo = make_float2(0.f, 0.f);
+                if (a.sdtype == 0) {
+                    sc = *reinterpret_cast<const float2*>(static_cast<const float*>(a.scales) + si);
+                    if (a.offsets) lo = *reinterpret_cast<const float2*>(static_cast<const float*>(a.offsets) + si);
+                } else {
+                    sc = hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(a.scales) + si));
+                    if (a.offsets)
+                        lo = hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(a.offsets) + si));
+                }
+                mul[ti][0] = hc_pack2<BF16>(sc.x * a.qmul);
+                mul[ti][1] = hc_pack2<BF16>(sc.y * a.qmul);
+                add[ti][0] = hc_pack2<BF16>(lo.x - sc.x * a.qbias);
+                add[ti][1] = hc_pack2<BF16>(lo.y - sc.y * a.qbias);
+            }
+        }
+        hc_cp_wait<S - 2>();
+        __syncthreads();  // chunk c is in; every warp is done with chunk c − 1's stage
+        if (c + S - 1 < chunks) issue(c + S - 1);
+        hc_cp_commit();
+        if (c + 1 < chunks) load_codes(c + 1);
+        const uint4* st = xs + (c % S) * BN * 16;
+#pragma unroll
+        for (int k = 0; k < CW; k++) {
+            // The word's weights as PER/4 k-steps of A fragments (pairs 2j and 2j + 1, as in
+            // hc_mma_step).
+            uint32_t af[PER / 4][R][4];
+#pragma unroll
+            for (int j = 0; j < PER / 4; j++)
+#pragma unroll
+                for (int ti = 0; ti < R; ti++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int h = e & 1, i = 2 * j + (e >> 1);
+                        af[j][ti][e] = hc_dequant2<BF16>(hc_lop3_and_or(w[ti][h][k] >> (BITS * i), MASK, MAGIC), NEG_MAGIC,
+                                                         mul[ti][h], add[ti][h]);
+                    }
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const int m = 8 * n + g;
+                uint32_t xv[XW];
+#pragma unroll
+                for (int q = 0; q < XW / 4; q++) {
+                    const uint4 v = st[m * 16 + hc_gemm_piece(m, 4 * t + k * (XW / 4) + q)];
+                    xv[4 * q] = v.x;
+                    xv[4 * q + 1] = v.y;
+                    xv[4 * q + 2] = v.z;
+                    xv[4 * q + 3] = v.w;
+                }
+#pragma unroll
+                for (int j = 0; j < PER / 4; j++) {
+                    const int i0 = 2 * j, i1 = 2 * j + 1;
+                    const uint32_t b0 = __byte_perm(xv[i0 / 2], xv[i0 / 2 + PER / 4], (i0 & 1) ? 0x7632 : 0x5410);
+                    const uint32_t b1 = __byte_perm(xv[i1 / 2], xv[i1 / 2 + PER / 4], (i1 & 1) ? 0x7632 : 0x5410);
+#pragma unroll
+                    for (int ti = 0; ti < R; ti++)
+                        hc_mma16816<BF16>(acc[ti][n], af[j][ti][0], af[j][ti][1], af[j][ti][2], af[j][ti][3], b0, b1);
+                }
+            }
+        }
+    }
+    hc_cp_wait<0>();
+#pragma unroll
+    for (int ti = 0; ti < R; ti++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = r0 + 16 * ti + g + 8 * (i >> 1), m = m0 + 8 * n + 2 * t + (i & 1);
+                if (r < a.rows && m < a.M) hc_store(a.y, a.ydtype, (long long)m * a.rows + r, acc[ti][n][i] + (a.bias ? a.bias[r] : 0.f));
+            }
+}
+
+// hc_affine_gemm_b{2,4}_r{R}_n{NT}_{bf16,f16}: dynamic shared memory HC_GEMM_STAGES · 8·NT ·
+// 256 bytes (kernels-cuda `affine_gemm_shared`).
+#define HC_GEMM(B, R, N, T, BF)                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * HC_GEMM_WARPS) hc_affine_gemm_b##B##_r##R##_n##N##_##T( \
+        AffineArgs a) {                                                                                     \
+        hc_affine_gemm<B, BF, R, N>(a);                                                                     \
+    }
+#define HC_GEMM_RN(B, T, BF) HC_GEMM(B, 1, 4, T, BF) HC_GEMM(B, 1, 8, T, BF) HC_GEMM(B, 2, 4, T, BF) HC_GEMM(B, 2, 8, T, BF)
+HC_GEMM_RN(2, bf16, true)
+HC_GEMM_RN(4, bf16, true)
+HC_GEMM_RN(2, f16, false)
+HC_GEMM_RN(4, f16, false)
+
+// ---------------------------------------------------------------------------------------
 // Fixed-rate E8.
 
 struct E8Args {

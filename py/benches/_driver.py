@@ -36,12 +36,13 @@ class Driver:
         self.check(self.cu.cuModuleGetFunction(C.byref(f), self.mods[mod], name.encode()), name)
         return f
 
-    def launch(self, f: C.c_void_p, grid: int, block: int, params: list, smem: int = 0) -> None:
+    def launch(self, f: C.c_void_p, grid: int | tuple[int, int], block: int, params: list, smem: int = 0) -> None:
         """`f<<<grid, block, smem>>>` with the ctypes values `params` (kept alive by the caller
-        until the launch has run, or been captured)."""
+        until the launch has run, or been captured); `grid` is x or (x, y)."""
+        gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
         arr = (C.c_void_p * len(params))(*[C.addressof(p) for p in params])
         stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self.check(self.cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, smem, stream, arr, None), "launch")
+        self.check(self.cu.cuLaunchKernel(f, gx, gy, 1, block, 1, 1, smem, stream, arr, None), "launch")
 
 
 class AffineArgs(C.Structure):

@@ -8,7 +8,8 @@ batches 1, 3, 8 and 17; f32, f16 and bf16 activations; a 1×1 and a 3×3 convolu
 ``hypercodec.Linear.forward`` on the host (the CPU runtime, itself checked against the f64
 reference in the Rust tests) and prints the worst relative error per case.
 
-Part 2 times ``y = x·Wᵀ`` at batch 1, 2, 4, 16 and 64 for each size (both our routes at 2..16): PyTorch's bf16 ``F.linear``, its
+Part 2 times ``y = x·Wᵀ`` at batch 1, 2, 4, 16, 64 and 256 (``--batches``) for each size (both our
+routes wherever the fused one takes the batch): PyTorch's bf16 ``F.linear``, its
 int4 weight-only kernel (``_weight_int4pack_mm``, groups of 128) where it runs, and ours.
 Each timing is the median over 5 repetitions of ``--iters`` back-to-back calls captured in a
 CUDA graph (so Python's launch overhead is not counted, for peers and us alike), CUDA events
@@ -104,7 +105,7 @@ def check(quick: bool) -> bool:
     return all_ok
 
 
-def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str]) -> None:
+def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str], batches: list[int]) -> None:
     dev = torch.device("cuda")
     print("\n| size | batch | method | bits/value all-in | µs per call | × bf16 speed | rel. error vs bf16 |")
     print("|---|---:|---|---:|---:|---:|---:|")
@@ -135,7 +136,7 @@ def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str]) -> None:
             int4 = (torch.ops.aten._convert_weight_to_int4pack(qu8, 8), sz)
         except Exception as e:  # a torch without this kernel on this device
             print(f"(torch int4 kernel unavailable: {type(e).__name__}: {e})", file=sys.stderr)
-        for m in (1, 2, 4, 16, 64):
+        for m in batches:
             x = torch.randn(m, cols, device=dev, dtype=torch.bfloat16)
             ref = torch.nn.functional.linear(x, wb).float()
             base = graph_time_us(lambda: torch.nn.functional.linear(x, wb), iters)
@@ -160,11 +161,12 @@ def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str]) -> None:
                 print(f"| {rows}x{cols} | {m} | (our activation RHT alone, tile {e8.tile}) | | {t:.1f} | | |")
             for spec, (op, d, qs) in layers.items():
                 bpv = op.stored_bytes * 8 / (rows * cols)
-                for route in ("gemv", "decode") if 2 <= m <= 16 else ("gemv",) if m == 1 else ("decode",):
+                fused = d._fused_batch(torch.bfloat16)
+                for route in ("gemv",) if m == 1 else ("gemv", "decode") if m <= fused else ("decode",):
                     y = d.forward(x, route=route).float()
                     e = float((y - ref).norm() / ref.norm())
                     t = graph_time_us(lambda: d.forward(x, route=route), iters)
-                    name = d.route(1 if route == "gemv" else 10**6, torch.bfloat16)
+                    name = d.route(m if route == "gemv" else 10**9, torch.bfloat16)
                     print(f"| {rows}x{cols} | {m} | ours {spec} ({name}) | {bpv:.2f} | {t:.1f} | {base / t:.2f} | {e:.3f} |")
         del layers
         torch.cuda.empty_cache()
@@ -176,6 +178,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="4096x4096,8192x8192,28672x8192")
     ap.add_argument("--specs", default="int4,int8-row,e8-fixed4,e8-fixed2,tcq@2-l12")
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--batches", default="1,2,4,16,64,256", help="activation rows to time")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--out", help="also write the tables to this markdown file")
     a = ap.parse_args()
@@ -188,7 +191,7 @@ def main() -> int:
         ok = check(a.quick)
         print(f"\ncheck: {'all routes match the CPU runtime' if ok else 'MISMATCH'}")
     sizes = [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",") if s]
-    bench(sizes, a.iters, a.specs.split(","))
+    bench(sizes, a.iters, a.specs.split(","), [int(v) for v in a.batches.split(",")])
     if a.out:
         head = [
             "# CUDA compressed linear layers: checks and speed",

@@ -117,7 +117,11 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
         kernel = bits in (2, 4) or (bits == 8 and dtype == torch.float16)
         expect = kernel and cols % (128 // bits) == 0
         assert (d.route(1, dtype) == "cuda-affine-mma") == expect, (spec, rows, cols, d.route(1, dtype))
-        for m in (1, 2, 7, 8, 9, 16):
+        # Above 16 rows: the GEMM, for 2 or 4 bits in chunks (and groups) of 128 columns.
+        f = op.device_form()
+        gemm = bits in (2, 4) and cols % 128 == 0 and (f["scales_per_row"] <= 1 or f["group_len"] % 128 == 0)
+        assert (d.route(17, dtype) == "cuda-affine-gemm") == gemm, (spec, rows, cols, d.route(17, dtype))
+        for m in (1, 2, 7, 8, 9, 16, 17, 33, 70):
             x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
             want = op.forward(x.float().numpy())
             y = torch.full((m, rows), float("nan"), dtype=dtype, device="cuda")
@@ -127,6 +131,30 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
             tol = 1e-2 if dtype == torch.bfloat16 else 3e-3
             err = np.abs(got - want).max() / np.abs(want).max()
             assert err <= tol, (spec, rows, cols, m, err, d.route(m, dtype))
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", ["int4", "int2-row", "int4-tensor"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tensor_core_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
+    # 4100 rows (the last tile of 16 partial) and 300 or 520 activation rows: blocks of one and
+    # of two row tiles per warp, several batch tiles, the last one partial.
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((4100, 256)).astype(np.float32)
+    b = rng.standard_normal(4100).astype(np.float32)
+    op = hypercodec.Linear.quantize(w, spec, b)
+    d = hcuda.DeviceLinear(op, torch.device("cuda"))
+    for m in (300, 520):
+        x = torch.from_numpy(rng.standard_normal((m, 256)).astype(np.float32)).to(dtype)
+        assert d.route(m, dtype) == "cuda-affine-gemm"
+        want = op.forward(x.float().numpy())
+        y = torch.full((m, 4100), float("nan"), dtype=dtype, device="cuda")
+        y.copy_(d.forward(x.cuda()))
+        got = y.float().cpu().numpy()
+        assert np.isfinite(got).all()
+        tol = 1e-2 if dtype == torch.bfloat16 else 3e-3
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err <= tol, (spec, m, err)
 
 
 @needs_cuda

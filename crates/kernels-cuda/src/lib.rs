@@ -154,6 +154,15 @@ const MMA_WARPS: u32 = 8;
 /// see [`AffineGemv::tensor_core_words`].
 pub const MAX_MMA_BATCH: usize = 16;
 
+/// Activation rows up to which [`AffineGemv::fused_batch`] sends a layer the tensor-core GEMM
+/// takes (see [`AffineGemv::gemm_ok`]) to it, above [`MAX_MMA_BATCH`]; larger batches decode
+/// the weight and run cuBLAS, whose tensor-core rate wins once the batch makes the product
+/// compute-bound. [`Kernels::affine_gemv`] itself runs any batch.
+pub const MAX_GEMM_BATCH: usize = 1024;
+
+/// Columns of one chunk of the tensor-core GEMM (`HC_GEMM_BK`).
+pub const GEMM_CHUNK: usize = 128;
+
 /// `y = x·Wᵀ (+ b)` for affine codes, as stored in `.hwz`: `bits`-bit codes LSB-first, row
 /// after row; `ŵ = s·(qmul·q − qbias) + lo` with the scale and offset of column `j`'s group
 /// `j / group_len` (`scales_per_row` of them per row, or 0 for one scale for the tensor).
@@ -1102,10 +1111,25 @@ impl AffineGemv {
         0
     }
 
-    /// The largest batch the fused kernels take in one launch: [`MAX_MMA_BATCH`] on tensor
-    /// cores (see [`AffineGemv::tensor_core_words`]), else [`MAX_GEMV_BATCH`] per pass.
+    /// Whether the tensor-core GEMM takes this layer for batches above [`MAX_MMA_BATCH`]: 2- or
+    /// 4-bit codes under bf16 or f16 activations, rows of whole chunks of [`GEMM_CHUNK`]
+    /// columns, and groups of whole chunks (or one scale per row or for the tensor).
+    pub fn gemm_ok(&self) -> bool {
+        matches!(self.x_dtype, Dtype::Bf16 | Dtype::F16)
+            && matches!(self.bits, 2 | 4)
+            && self.cols > 0
+            && self.cols.is_multiple_of(GEMM_CHUNK)
+            && (self.scales_per_row <= 1 || self.group_len.is_multiple_of(GEMM_CHUNK))
+    }
+
+    /// The largest batch the routes hand to the fused kernels: [`MAX_GEMM_BATCH`] where the
+    /// tensor-core GEMM takes the layer ([`AffineGemv::gemm_ok`]), [`MAX_MMA_BATCH`] on the
+    /// tensor-core GEMV (see [`AffineGemv::tensor_core_words`]), else [`MAX_GEMV_BATCH`] per
+    /// pass.
     pub fn fused_batch(&self) -> usize {
-        if self.tensor_core_words() > 0 {
+        if self.gemm_ok() {
+            MAX_GEMM_BATCH
+        } else if self.tensor_core_words() > 0 {
             MAX_MMA_BATCH
         } else {
             MAX_GEMV_BATCH
@@ -1324,6 +1348,27 @@ impl Kernels {
                         (a.rows.div_ceil(args::mma_rows_per_block(a.batch)) as u32, 1),
                         32 * MMA_WARPS,
                         0,
+                        stream,
+                        &mut params,
+                    )
+                };
+            }
+        }
+        if a.batch > MAX_MMA_BATCH && a.batch <= 65_535 * 32 && aligned && a.gemm_ok() {
+            let (r, nt) = args::gemm_shape(a.rows, a.batch);
+            if let Some(f) = args::affine_gemm(a.bits as usize, a.x_dtype, r, nt) {
+                let mut k = args::AffineArgs::new(a);
+                let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+                // SAFETY: validated; the pointers are the caller's contract.
+                return unsafe {
+                    self.inner.launch(
+                        f,
+                        (
+                            a.rows.div_ceil(args::gemm_rows_per_block(r)) as u32,
+                            a.batch.div_ceil(8 * nt) as u32,
+                        ),
+                        32 * args::GEMM_WARPS,
+                        args::affine_gemm_shared(nt),
                         stream,
                         &mut params,
                     )
@@ -2279,7 +2324,6 @@ mod tests {
         );
         assert_eq!(args::affine_cpa(8, Dtype::F16), None);
         assert_eq!(args::affine_cpa(4, Dtype::F32), None);
-        assert_eq!(names.last().unwrap(), "hc_affine_cpa_b4_f16");
         // The cp.async kernel's stages as the kernel lays them out (HcCpaStage).
         assert_eq!(
             (args::affine_cpa_shared(4), args::affine_cpa_shared(2)),
@@ -2340,6 +2384,18 @@ mod tests {
         assert!(args::affine_mma(8, Dtype::Bf16, 4, 1).is_none());
         assert!(args::affine_mma(4, Dtype::F32, 4, 1).is_none());
         assert!(args::affine_mma(4, Dtype::Bf16, 4, 17).is_none());
+        let gemm = |b, d, r, n| names[args::affine_gemm(b, d, r, n).unwrap()].as_str();
+        assert_eq!(gemm(2, Dtype::Bf16, 1, 4), "hc_affine_gemm_b2_r1_n4_bf16");
+        assert_eq!(gemm(4, Dtype::Bf16, 2, 8), "hc_affine_gemm_b4_r2_n8_bf16");
+        assert_eq!(gemm(4, Dtype::F16, 1, 8), "hc_affine_gemm_b4_r1_n8_f16");
+        assert_eq!(gemm(4, Dtype::F16, 2, 8), *names.last().unwrap());
+        assert!(args::affine_gemm(8, Dtype::F16, 1, 4).is_none());
+        assert!(args::affine_gemm(4, Dtype::F32, 1, 4).is_none());
+        assert!(args::affine_gemm(4, Dtype::Bf16, 3, 4).is_none());
+        // Small batches and weights take one row tile per warp; large ones two.
+        assert_eq!(args::gemm_shape(4096, 17), (1, 4));
+        assert_eq!(args::gemm_shape(28672, 256), (2, 8));
+        assert_eq!(args::gemm_shape(8192, 64), (1, 8));
     }
 
     #[test]
@@ -2352,14 +2408,27 @@ mod tests {
             ..affine()
         };
         assert_eq!(a.tensor_core_words(), 4);
-        assert_eq!(a.fused_batch(), MAX_MMA_BATCH);
-        // Groups of 64 need steps of 64 columns (2 words per lane).
+        // ... and the GEMM takes it above MAX_MMA_BATCH (chunks of 128 columns).
+        assert!(a.gemm_ok());
+        assert_eq!(a.fused_batch(), MAX_GEMM_BATCH);
+        // Groups of 64 need steps of 64 columns (2 words per lane), and split the GEMM's chunks.
         let g64 = AffineGemv {
             group_len: 64,
             scales_per_row: 4,
             ..a
         };
         assert_eq!(g64.tensor_core_words(), 2);
+        assert!(!g64.gemm_ok());
+        assert_eq!(g64.fused_batch(), MAX_MMA_BATCH);
+        // One scale per row, or for the tensor, whatever the row's length in chunks.
+        for (per_row, group_len) in [(1, 256), (0, 256)] {
+            let one = AffineGemv {
+                scales_per_row: per_row,
+                group_len,
+                ..a
+            };
+            assert!(one.gemm_ok());
+        }
         // 96 columns per row: steps of 32 (1 word per lane).
         let c96 = AffineGemv {
             cols: 96,

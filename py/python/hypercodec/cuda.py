@@ -9,7 +9,9 @@ on PyTorch's current stream, without synchronizing:
 - up to :data:`GEMV_MAX_BATCH` activation rows: a fused GEMV reading the codes once per 4 rows
   (E8 and trellis: after the activation's randomized Hadamard transform on the GPU); affine
   codes of 2 or 4 bits (8 with f16) under bf16 or f16 activations run on tensor cores up to
-  :data:`MMA_MAX_BATCH` rows in one launch (the codes read once);
+  :data:`MMA_MAX_BATCH` rows in one launch (the codes read once), and 2- or 4-bit codes whose
+  rows and groups hold whole chunks of 128 columns on a tensor-core GEMM above that, up to the
+  kernels' ``MAX_GEMM_BATCH`` (weights decoded in registers, never in memory);
 - larger batches: the weight is decoded to the activation dtype for the call, then
   ``F.linear`` (cuBLAS) — transient memory of one dense weight;
 - E8 symbols in GPU-shaped rANS chunks (``e8@B-gpu``, CLI ``--coding rans-gpu``): one warp
@@ -326,8 +328,8 @@ class DeviceLinear:
             return "cuda-decode-fallback+linear"
         fused = self._fused_batch(dtype)
         if batch <= fused:
-            if self.kind == "affine" and fused == MMA_MAX_BATCH:
-                return "cuda-affine-mma"
+            if self.kind == "affine" and fused >= MMA_MAX_BATCH:
+                return "cuda-affine-mma" if batch <= MMA_MAX_BATCH else "cuda-affine-gemm"
             return f"cuda-{self.kind}-gemv"
         return f"cuda-{self.kind}-decode+linear"
 

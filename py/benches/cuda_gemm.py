@@ -1,0 +1,108 @@
+"""The tensor-core affine GEMM (batches above 16) in each of its compiled shapes, against torch
+bf16 `F.linear` and the batch-16 tensor-core kernel, in one run.
+
+    python py/benches/cuda_gemm.py [--shapes 4096x4096,8192x8192] [--batches 16,64,256] [--out FILE]
+
+Random INT4 codes in groups of 128 (row-major, as stored), asymmetric, with f16 scales and
+offsets in the tiled layout `DeviceLinear` holds (`_driver.tile_scales`); bf16 activations.
+Each kernel is checked against x·Ŵᵀ in float32, then timed as `--iters` launches in a CUDA
+graph that rotates over weight copies of ≥ 400 MB (L2 never holds them), median of 5 replays
+(`_graph_timing.graph_time_us`). `hc_affine_gemm_b4_r{R}_n{NT}_bf16` computes 64·R weight rows
+for 8·NT activation rows per block; the row marked `*` is the shape kernels-cuda picks
+(`args::gemm_shape`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+from _driver import AffineArgs as Args
+from _driver import Driver, tile_scales
+from _graph_timing import graph_time_us
+
+SHAPES = [(1, 4), (1, 8), (2, 4), (2, 8)]
+
+
+def picked(rows: int, batch: int) -> tuple[int, int]:
+    """kernels-cuda `args::gemm_shape`."""
+    nt = 4 if batch <= 32 else 8
+    blocks = -(-rows // 128) * -(-batch // (8 * nt))
+    return (2 if blocks >= 264 else 1, nt)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="4096x4096,8192x8192,14336x4096,4096x14336,28672x8192")
+    ap.add_argument("--batches", default="16,32,64,128,256,512,1024")
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--out", default=None, help="also write the table here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("cuda_gemm: no CUDA device; nothing measured")
+        return 0
+    drv = Driver()
+    gemm = {s: drv.fn("ptx", f"hc_affine_gemm_b4_r{s[0]}_n{s[1]}_bf16") for s in SHAPES}
+    mma16 = drv.fn("ptx", "hc_affine_mma_b4_w4_n2_bf16")
+    torch.manual_seed(0)
+    lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}",
+             "| shape | batch | kernel | µs per call | × bf16 | rel. error vs float32 |", "|---|---:|---|---:|---:|---:|"]
+    for shape in args.shapes.split(","):
+        rows, k = (int(v) for v in shape.split("x"))
+        groups = k // 128
+        copies = int(400e6 // (rows * k // 2)) + 1
+        w = [torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, device="cuda") for _ in range(copies)]
+        sc = torch.rand(rows, groups, device="cuda") * 0.01 + 0.001
+        of = torch.randn(rows, groups, device="cuda") * 0.01
+        sc16, of16 = sc.half(), of.half()
+        sct, oft = tile_scales(sc16), tile_scales(of16)
+        q = torch.stack([(w[0].int() >> (4 * i)) & 15 for i in range(2)], -1).reshape(rows, k).float()
+        wd = q * sc16.float().repeat_interleave(128, 1) + of16.float().repeat_interleave(128, 1)
+        wb = wd.to(torch.bfloat16)
+        q = None
+        for m in (int(v) for v in args.batches.split(",")):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = x.float() @ wd.T
+            y = torch.empty(m, rows, device="cuda", dtype=torch.bfloat16)
+            kept = []
+
+            def args_for(i: int) -> Args:
+                a = Args(w[i].data_ptr(), sct.data_ptr(), oft.data_ptr(), x.data_ptr(), y.data_ptr(), None,
+                         w[i].numel(), 2, 2, m, rows, k, 4, 128, groups, 1.0, 0.0, 7, 1)
+                kept.append(a)
+                return a
+
+            def err() -> float:
+                return float((y.float() - ref).norm() / ref.norm())
+
+            base = graph_time_us(lambda: F.linear(x, wb), args.iters)
+            lines.append(f"| {shape} | {m} | torch bf16 F.linear | {base:.1f} | 1.00 | "
+                         f"{float((F.linear(x, wb).float() - ref).norm() / ref.norm()):.1e} |")
+            cands = [(f"hc_affine_gemm r{r} n{n}" + (" *" if (r, n) == picked(rows, m) else ""), gemm[(r, n)],
+                      (-(-rows // (64 * r)), -(-m // (8 * n))), 128, 3 * 8 * n * 256) for r, n in SHAPES]
+            if m <= 16:
+                cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0))
+            for name, f, grid, block, smem in cands:
+                y.fill_(float("nan"))
+                drv.launch(f, grid, block, [args_for(0)], smem)
+                torch.cuda.synchronize()
+                e = err()
+                it = iter(range(10**9))
+                t = graph_time_us(lambda: drv.launch(f, grid, block, [args_for(next(it) % copies)], smem), args.iters)
+                lines.append(f"| {shape} | {m} | {name} | {t:.1f} | {base / t:.2f} | {e:.1e} |")
+                kept.clear()
+            print("\n".join(lines[-len(cands) - 1:]), flush=True)
+        w = wd = wb = None  # freed before the next shape
+        torch.cuda.empty_cache()
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print("\n" + text if args.out is None else f"(table written to {args.out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
