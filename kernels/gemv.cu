@@ -900,11 +900,11 @@ HC_CPA(4, f16, false)
 // hc_affine_mma (lane (g, t): CW words of rows g and g + 8 at the chunk's columns [32t,
 // 32t + 32)), so the activations are paired with PRMT exactly as there. Unlike the small-batch
 // kernels, which keep MAGIC + q and apply the scale terms to the sums of each group, this one
-// turns each fragment register into two weights, ŵ = (s·qmul)·q + (lo − s·qbias), by two
-// packed FMAs (the first takes MAGIC off exactly, the second applies the group's terms
-// rounded to the activation type, as the decode-then-cuBLAS route rounds its weights): the
-// cost per weight is shared by the 8·NT activation rows of its mmas, and there is no second
-// mma for Σx.
+// turns each fragment register into two weights, ŵ = (s·qmul)·q + (lo − s·qbias), by three
+// (bf16) or four (f16) packed FMAs with the group's terms split in two parts each (hc_terms):
+// ŵ is then rounded to the activation type about as the decode-then-cuBLAS route rounds it.
+// The cost per weight is shared by the 8·NT activation rows of its mmas, and there is no
+// second mma for Σx.
 #define HC_GEMM_WARPS 4
 #define HC_GEMM_STAGES 3
 #define HC_GEMM_BK 128
@@ -914,44 +914,74 @@ HC_CPA(4, f16, false)
 // eight lanes of a quarter warp (rows g, g + 1; t = 0..3) then hit eight different bank groups.
 __device__ __forceinline__ int hc_gemm_piece(int m, int p) { return p ^ ((p >> 3) << 1) ^ (m & 1); }
 
-// Two weights of a fragment register: MAGIC + q in each half (hc_lop3_and_or), less MAGIC,
-// times mul plus add, in bf16x2 or f16x2.
+// f32 → both halves of a bf16x2 or f16x2 word (round to nearest), and that value back.
 template <bool BF16>
-__device__ __forceinline__ uint32_t hc_dequant2(uint32_t v, uint32_t neg_magic, uint32_t mul, uint32_t add) {
-    constexpr uint32_t ONES = BF16 ? 0x3F803F80u : 0x3C003C00u;
-    uint32_t q, d;
+__device__ __forceinline__ uint32_t hc_pack2(float v, float& back) {
+    uint32_t u;
     if (BF16) {
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(q) : "r"(v), "r"(ONES), "r"(neg_magic));
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(q), "r"(mul), "r"(add));
+        const __nv_bfloat16 h = __float2bfloat16_rn(v);
+        u = __bfloat16_as_ushort(h);
+        back = __bfloat162float(h);
     } else {
-        asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(q) : "r"(v), "r"(ONES), "r"(neg_magic));
-        asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(q), "r"(mul), "r"(add));
+        const __half h = __float2half_rn(v);
+        u = __half_as_ushort(h);
+        back = __half2float(h);
+    }
+    return u | (u << 16);
+}
+
+// A group's terms for decoding a fragment register v (MAGIC + q in each half) to ŵ = m·q + c
+// with m = s·qmul, c = lo − s·qbias, each carried as a pair hi + lo of the activation type, so
+// that ŵ is rounded about as once as the decode route rounds it (one rounded m and c were
+// several times less accurate where c is large, as asymmetric codes make it: review).
+//   bf16: ŵ = (v·mh + ah) + (v·ml + al) with mh + ml = m and ah + al = c − MAGIC·m (bf16 keeps
+//         f32's range, so MAGIC·m cannot overflow);
+//   f16:  q = v − MAGIC exactly first (f16 would overflow MAGIC·m = 1024·m for m ≥ 64), then
+//         ŵ = (q·mh + ah) + (q·ml + al) with ah + al = c.
+struct HcTerms {
+    uint32_t mh, ah, ml, al;
+};
+template <bool BF16>
+__device__ __forceinline__ HcTerms hc_terms(float m, float c) {
+    HcTerms t;
+    float h, l;
+    t.mh = hc_pack2<BF16>(m, h);
+    t.ml = hc_pack2<BF16>(m - h, l);
+    const float cc = BF16 ? c - 128.f * h - 128.f * l : c;
+    t.ah = hc_pack2<BF16>(cc, h);
+    t.al = hc_pack2<BF16>(cc - h, l);
+    return t;
+}
+template <bool BF16>
+__device__ __forceinline__ uint32_t hc_dequant2(uint32_t v, const HcTerms& t) {
+    constexpr uint32_t ONES = BF16 ? 0x3F803F80u : 0x3C003C00u;
+    uint32_t q = v, hi, lo, d;
+    if (BF16) {
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(hi) : "r"(q), "r"(t.mh), "r"(t.ah));
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(lo) : "r"(q), "r"(t.ml), "r"(t.al));
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(hi), "r"(ONES), "r"(lo));
+    } else {
+        asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(q) : "r"(v), "r"(ONES), "r"(0xE400E400u));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(hi) : "r"(q), "r"(t.mh), "r"(t.ah));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(lo) : "r"(q), "r"(t.ml), "r"(t.al));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(hi), "r"(ONES), "r"(lo));
     }
     return d;
 }
 
-// f32 → both halves of a bf16x2 or f16x2 word (round to nearest).
-template <bool BF16>
-__device__ __forceinline__ uint32_t hc_pack2(float v) {
-    if (BF16) {
-        const __nv_bfloat16 h = __float2bfloat16_rn(v);
-        const uint32_t u = __bfloat16_as_ushort(h);
-        return u | (u << 16);
-    }
-    const uint32_t u = __half_as_ushort(__float2half_rn(v));
-    return u | (u << 16);
-}
-
-template <int BITS, bool BF16, int R, int NT>
+template <int BITS, bool BF16, int R, int NT, bool CS = false, int S = HC_GEMM_STAGES>
 __device__ __forceinline__ void hc_affine_gemm(const AffineArgs& a) {
     constexpr int PER = 32 / BITS, XW = PER / 2;
     constexpr int CW = HC_GEMM_BK / 4 / PER;  // code words per lane and chunk
-    constexpr int BN = 8 * NT, S = HC_GEMM_STAGES, NTH = 32 * HC_GEMM_WARPS;
+    constexpr int BN = 8 * NT, NTH = 32 * HC_GEMM_WARPS;
+    constexpr int CB = HC_GEMM_BK * BITS / 8, BM = HC_GEMM_WARPS * 16 * R;  // code bytes per row and chunk
+    // A stage: activations, then (CS) the block's codes and its tiles' scale and offset pairs
+    // (64 bytes each per tile: 16 f32, or 16 16-bit values and 32 unused bytes).
+    constexpr int XST = BN * 256, STAGE = XST + (CS ? BM * CB + BM / 16 * 128 : 0);
     constexpr uint32_t MASK = ((1u << BITS) - 1) * 0x00010001u;
     constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;
-    constexpr uint32_t NEG_MAGIC = MAGIC | 0x80008000u;
     extern __shared__ __align__(16) uint8_t hc_gemm_sm[];
-    uint4* xs = reinterpret_cast<uint4*>(hc_gemm_sm);  // [S][BN][16] pieces
+
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int r0 = (blockIdx.x * HC_GEMM_WARPS + warp) * 16 * R;
@@ -961,14 +991,34 @@ __device__ __forceinline__ void hc_affine_gemm(const AffineArgs& a) {
     const uint16_t* x = static_cast<const uint16_t*>(a.x);
     // The chunk's activations, rows past the batch reading its last row (their sums are never
     // stored).
+    const int rb = blockIdx.x * BM;
     auto issue = [&](int c) {
-        uint4* st = xs + (c % S) * BN * 16;
+        uint4* st = reinterpret_cast<uint4*>(hc_gemm_sm + (c % S) * STAGE);
 #pragma unroll
         for (int i = 0; i < BN * 16 / NTH; i++) {
             const int e = threadIdx.x + i * NTH, m = e >> 4, p = e & 15;
             const long long src = (long long)min(m0 + m, a.M - 1) * a.cols + (long long)c * HC_GEMM_BK + 8 * p;
             hc_cp16(st + m * 16 + hc_gemm_piece(m, p), x + src);
         }
+        if (CS && a.srs && threadIdx.x < BM / 16 * 8) {
+            // Tile threadIdx.x / 8 of the block, scales (pieces 0..3) or offsets (4..7).
+            const int tile = threadIdx.x >> 3, arr = (threadIdx.x >> 2) & 1, p = threadIdx.x & 3;
+            const int sb = a.sdtype ? 2 : 4;
+            const void* src = arr ? a.offsets : a.scales;
+            if (16 * p < 16 * sb && src) {
+                const int grp = a.glen_log2 >= 0 ? (c * HC_GEMM_BK) >> a.glen_log2 : (c * HC_GEMM_BK) / a.glen;
+                const long long tt = min(rb / 16 + tile, (a.rows - 1) / 16);
+                hc_cp16(reinterpret_cast<uint8_t*>(st) + XST + BM * CB + tile * 128 + arr * 64 + 16 * p,
+                        static_cast<const uint8_t*>(src) + ((tt * a.srs + grp) * 16) * sb + 16 * p);
+            }
+        }
+        if (CS)
+#pragma unroll
+            for (int i = 0; i < BM * CB / 16 / NTH; i++) {
+                const int e = threadIdx.x + i * NTH, r = e / (CB / 16), p = e % (CB / 16);
+                hc_cp16(st + XST / 16 + r * (CB / 16) + p,
+                        a.codes + (long long)min(rb + r, a.rows - 1) * row_bytes + (long long)c * CB + 16 * p);
+            }
     };
     // The lane's code words (rows past the weight read its last row: never stored).
     const uint8_t* crow[R][2];
@@ -979,10 +1029,11 @@ __device__ __forceinline__ void hc_affine_gemm(const AffineArgs& a) {
             crow[ti][h] = a.codes + (long long)min(r0 + 16 * ti + g + 8 * h, a.rows - 1) * row_bytes + t * CW * 4;
     uint32_t wn[R][2][CW];
     auto load_codes = [&](int c) {
+        if (!CS)
 #pragma unroll
-        for (int ti = 0; ti < R; ti++)
+            for (int ti = 0; ti < R; ti++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) hc_load_words<CW>(crow[ti][h] + (long long)c * (HC_GEMM_BK * BITS / 8), wn[ti][h]);
+                for (int h = 0; h < 2; h++) hc_load_words<CW>(crow[ti][h] + (long long)c * CB, wn[ti][h]);
     };
 #pragma unroll
     for (int i = 0; i < S - 1; i++) {
@@ -998,52 +1049,66 @@ __device__ __forceinline__ void hc_affine_gemm(const AffineArgs& a) {
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[ti][n][i] = 0.f;
     // One tensor-wide scale: its terms once.
-    uint32_t mul[R][2], add[R][2];
+    HcTerms tm[R][2];
     if (!a.srs) {
         const float s = hc_sval(a, a.scales, 0), lo = a.offsets ? hc_sval(a, a.offsets, 0) : 0.f;
 #pragma unroll
         for (int ti = 0; ti < R; ti++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                mul[ti][h] = hc_pack2<BF16>(s * a.qmul);
-                add[ti][h] = hc_pack2<BF16>(lo - s * a.qbias);
+                tm[ti][h] = hc_terms<BF16>(s * a.qmul, lo - s * a.qbias);
             }
     }
     for (int c = 0; c < chunks; c++) {
         uint32_t w[R][2][CW];
+        if (!CS)
 #pragma unroll
-        for (int ti = 0; ti < R; ti++)
+            for (int ti = 0; ti < R; ti++)
 #pragma unroll
-            for (int h = 0; h < 2; h++)
+                for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int k = 0; k < CW; k++) w[ti][h][k] = wn[ti][h][k];
-        if (a.srs) {
-            // The chunk's group (groups hold whole chunks): the scale pair of rows g, g + 8.
+                    for (int k = 0; k < CW; k++) w[ti][h][k] = wn[ti][h][k];
+        // The chunk's group (groups hold whole chunks): the scale pairs of rows g, g + 8 (CS:
+        // from the stage, once it is in).
+        auto terms = [&](const uint8_t* stage) {
             const int grp = a.glen_log2 >= 0 ? (c * HC_GEMM_BK) >> a.glen_log2 : (c * HC_GEMM_BK) / a.glen;
 #pragma unroll
             for (int ti = 0; ti < R; ti++) {
                 const long long si = hc_si(a, min(r0 + 16 * ti, (a.rows - 1) & ~15) + g, grp);
+                const uint8_t* sp = static_cast<const uint8_t*>(a.scales) + si * (a.sdtype ? 2 : 4);
+                const uint8_t* op = a.offsets ? static_cast<const uint8_t*>(a.offsets) + si * (a.sdtype ? 2 : 4) : nullptr;
+                if (CS) {
+                    const int at = (warp * R + ti) * 128 + g * (a.sdtype ? 4 : 8);
+                    sp = stage + XST + BM * CB + at;
+                    op = a.offsets ? sp + 64 : nullptr;
+                }
                 float2 sc, lo = make_float2(0.f, 0.f);
                 if (a.sdtype == 0) {
-                    sc = *reinterpret_cast<const float2*>(static_cast<const float*>(a.scales) + si);
-                    if (a.offsets) lo = *reinterpret_cast<const float2*>(static_cast<const float*>(a.offsets) + si);
+                    sc = *reinterpret_cast<const float2*>(sp);
+                    if (op) lo = *reinterpret_cast<const float2*>(op);
                 } else {
-                    sc = hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(a.scales) + si));
-                    if (a.offsets)
-                        lo = hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(a.offsets) + si));
+                    sc = hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(sp));
+                    if (op) lo = hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(op));
                 }
-                mul[ti][0] = hc_pack2<BF16>(sc.x * a.qmul);
-                mul[ti][1] = hc_pack2<BF16>(sc.y * a.qmul);
-                add[ti][0] = hc_pack2<BF16>(lo.x - sc.x * a.qbias);
-                add[ti][1] = hc_pack2<BF16>(lo.y - sc.y * a.qbias);
+                tm[ti][0] = hc_terms<BF16>(sc.x * a.qmul, lo.x - sc.x * a.qbias);
+                tm[ti][1] = hc_terms<BF16>(sc.y * a.qmul, lo.y - sc.y * a.qbias);
             }
-        }
+        };
+        if (!CS && a.srs) terms(nullptr);
         hc_cp_wait<S - 2>();
         __syncthreads();  // chunk c is in; every warp is done with chunk c − 1's stage
         if (c + S - 1 < chunks) issue(c + S - 1);
         hc_cp_commit();
         if (c + 1 < chunks) load_codes(c + 1);
-        const uint4* st = xs + (c % S) * BN * 16;
+        if (CS && a.srs) terms(hc_gemm_sm + (c % S) * STAGE);
+        const uint4* st = reinterpret_cast<const uint4*>(hc_gemm_sm + (c % S) * STAGE);
+        if (CS)
+#pragma unroll
+            for (int ti = 0; ti < R; ti++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    hc_load_words<CW>(reinterpret_cast<const uint8_t*>(st) + XST + (warp * 16 * R + 16 * ti + g + 8 * h) * CB + t * CW * 4,
+                                      w[ti][h]);
 #pragma unroll
         for (int k = 0; k < CW; k++) {
             // The word's weights as PER/4 k-steps of A fragments (pairs 2j and 2j + 1, as in
@@ -1056,8 +1121,7 @@ __device__ __forceinline__ void hc_affine_gemm(const AffineArgs& a) {
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int h = e & 1, i = 2 * j + (e >> 1);
-                        af[j][ti][e] = hc_dequant2<BF16>(hc_lop3_and_or(w[ti][h][k] >> (BITS * i), MASK, MAGIC), NEG_MAGIC,
-                                                         mul[ti][h], add[ti][h]);
+                        af[j][ti][e] = hc_dequant2<BF16>(hc_lop3_and_or(w[ti][h][k] >> (BITS * i), MASK, MAGIC), tm[ti][h]);
                     }
 #pragma unroll
             for (int n = 0; n < NT; n++) {
@@ -1107,6 +1171,16 @@ HC_GEMM_RN(2, bf16, true)
 HC_GEMM_RN(4, bf16, true)
 HC_GEMM_RN(2, f16, false)
 HC_GEMM_RN(4, f16, false)
+
+// Trial: the codes staged through the ring too (S stages).
+#define HC_GEMMX(R, N, S)                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * HC_GEMM_WARPS) hc_gemmx_b4_r##R##_n##N##_s##S##_bf16( \
+        AffineArgs a) {                                                                               \
+        hc_affine_gemm<4, true, R, N, true, S>(a);                                                   \
+    }
+HC_GEMMX(1, 4, 3) HC_GEMMX(1, 8, 3) HC_GEMMX(2, 4, 3) HC_GEMMX(2, 8, 3)
+HC_GEMMX(1, 4, 4) HC_GEMMX(1, 8, 4) HC_GEMMX(2, 4, 4) HC_GEMMX(2, 8, 4)
+HC_GEMMX(1, 2, 4) HC_GEMMX(2, 2, 4) HC_GEMMX(1, 2, 6) HC_GEMMX(2, 2, 6)
 
 // ---------------------------------------------------------------------------------------
 // Fixed-rate E8.

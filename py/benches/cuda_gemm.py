@@ -46,6 +46,17 @@ def main() -> int:
     drv = Driver()
     gemm = {s: drv.fn("ptx", f"hc_affine_gemm_b4_r{s[0]}_n{s[1]}_bf16") for s in SHAPES}
     mma16 = drv.fn("ptx", "hc_affine_mma_b4_w4_n2_bf16")
+    # Trial kernels (codes staged through the ring too, S stages), where the PTX has them.
+    trial = {}
+    for r, n in SHAPES + [(1, 2), (2, 2)]:
+        for st in (3, 4, 6):
+            try:
+                f = drv.fn("ptx", f"hc_gemmx_b4_r{r}_n{n}_s{st}_bf16")
+            except RuntimeError:
+                continue
+            smem = st * (8 * n * 256 + 64 * r * 64 + 4 * r * 128)
+            drv.check(drv.cu.cuFuncSetAttribute(f, 8, smem), "max dynamic shared memory")
+            trial[(r, n, st)] = (f, smem)
     torch.manual_seed(0)
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}",
              "| shape | batch | kernel | µs per call | × bf16 | rel. error vs float32 |", "|---|---:|---|---:|---:|---:|"]
@@ -82,6 +93,8 @@ def main() -> int:
                          f"{float((F.linear(x, wb).float() - ref).norm() / ref.norm()):.1e} |")
             cands = [(f"hc_affine_gemm r{r} n{n}" + (" *" if (r, n) == picked(rows, m) else ""), gemm[(r, n)],
                       (-(-rows // (64 * r)), -(-m // (8 * n))), 128, 3 * 8 * n * 256) for r, n in SHAPES]
+            cands += [(f"trial codes staged r{r} n{n} s{st}", f, (-(-rows // (64 * r)), -(-m // (8 * n))), 128, smem)
+                      for (r, n, st), (f, smem) in trial.items()]
             if m <= 16:
                 cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0))
             for name, f, grid, block, smem in cands:

@@ -263,9 +263,9 @@ impl CudaKernels {
         unsafe { self.k.affine_gemv(&a, stream) }.map_err(cuda_err)
     }
 
-    /// The most activation rows the fused affine kernel takes for these arguments in one
-    /// launch (16 on tensor cores: bf16/f16 activations, 2/4-bit codes (8 with f16) in whole
-    /// steps; else 4 per pass). Pointers are not read.
+    /// The most activation rows the routes hand the fused affine kernels for these arguments
+    /// (kernels-cuda `AffineGemv::fused_batch`: `MAX_GEMM_BATCH` where the tensor-core GEMM
+    /// takes the layer, 16 on the tensor-core GEMV, else 4 per pass). Pointers are not read.
     fn affine_fused_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<usize> {
         Ok(affine(args)?.fused_batch())
     }

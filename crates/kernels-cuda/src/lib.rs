@@ -1354,9 +1354,11 @@ impl Kernels {
                 };
             }
         }
-        if a.batch > MAX_MMA_BATCH && a.batch <= 65_535 * 32 && aligned && a.gemm_ok() {
+        if a.batch > MAX_MMA_BATCH && aligned && a.gemm_ok() {
             let (r, nt) = args::gemm_shape(a.rows, a.batch);
-            if let Some(f) = args::affine_gemm(a.bits as usize, a.x_dtype, r, nt) {
+            let f = args::affine_gemm(a.bits as usize, a.x_dtype, r, nt);
+            // grid.y: batch tiles (at most 65535, about half a million rows).
+            if let Some(f) = f.filter(|_| a.batch.div_ceil(8 * nt) <= 65_535) {
                 let mut k = args::AffineArgs::new(a);
                 let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
                 // SAFETY: validated; the pointers are the caller's contract.

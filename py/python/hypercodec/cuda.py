@@ -357,6 +357,9 @@ class DeviceLinear:
             b = None if self.bias is None else self.bias.to(dt)
             y = torch.nn.functional.linear(x2, self.dense_weight(dt), b)
         elif self.kind == "affine":
+            if x2.data_ptr() % 16:
+                # A view at an odd offset: the tensor-core kernels read 16-byte pieces.
+                x2 = x2.clone()
             args = dict(self.args, x=_ptr(x2), x_dtype=code, batch=m)
             if gemv:
                 y = torch.empty(m, self.rows, dtype=dt, device=self.device)
