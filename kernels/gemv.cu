@@ -894,11 +894,13 @@ HC_CPA(4, f16, false)
 //
 // A block of HC_GEMM_WARPS warps computes HC_GEMM_WARPS·16·R weight rows (each warp R mma
 // row tiles of 16) for BN = 8·NT activation rows (blockIdx.y picks them), walking the columns
-// a chunk of 128 at a time. The chunk's activations go to shared memory (HC_GEMM_STAGES
-// stages filled by cp.async, one block barrier per chunk) and serve every warp; each lane
-// loads its own code words straight to registers, a chunk ahead, in the layout of
-// hc_affine_mma (lane (g, t): CW words of rows g and g + 8 at the chunk's columns [32t,
-// 32t + 32)), so the activations are paired with PRMT exactly as there. Unlike the small-batch
+// a chunk of 128 at a time through a ring of S stages in shared memory that all its threads
+// fill with cp.async: the chunk's activations, the block's codes as stored and its tiles'
+// scale and offset pairs (one block barrier per chunk). A lane then reads its code words in
+// the layout of hc_affine_mma (lane (g, t): CW words of rows g and g + 8 at the chunk's
+// columns [32t, 32t + 32)), so the activations are paired with PRMT exactly as there. (Codes
+// and scales loaded from global memory into registers a chunk ahead instead were 1.1-2.5×
+// slower on an H200: a block has too few warps to hide that latency.) Unlike the small-batch
 // kernels, which keep MAGIC + q and apply the scale terms to the sums of each group, this one
 // turns each fragment register into two weights, ŵ = (s·qmul)·q + (lo − s·qbias), by three
 // (bf16) or four (f16) packed FMAs with the group's terms split in two parts each (hc_terms):
@@ -906,7 +908,6 @@ HC_CPA(4, f16, false)
 // The cost per weight is shared by the 8·NT activation rows of its mmas, and there is no
 // second mma for Σx.
 #define HC_GEMM_WARPS 4
-#define HC_GEMM_STAGES 3
 #define HC_GEMM_BK 128
 
 // Where 16-byte piece p (0..15: columns 8p .. 8p + 8 of the chunk) of activation row m sits in
@@ -969,78 +970,60 @@ __device__ __forceinline__ uint32_t hc_dequant2(uint32_t v, const HcTerms& t) {
     return d;
 }
 
-template <int BITS, bool BF16, int R, int NT, bool CS = false, int S = HC_GEMM_STAGES>
+template <int BITS, bool BF16, int R, int NT, int S>
 __device__ __forceinline__ void hc_affine_gemm(const AffineArgs& a) {
     constexpr int PER = 32 / BITS, XW = PER / 2;
     constexpr int CW = HC_GEMM_BK / 4 / PER;  // code words per lane and chunk
     constexpr int BN = 8 * NT, NTH = 32 * HC_GEMM_WARPS;
     constexpr int CB = HC_GEMM_BK * BITS / 8, BM = HC_GEMM_WARPS * 16 * R;  // code bytes per row and chunk
-    // A stage: activations, then (CS) the block's codes and its tiles' scale and offset pairs
-    // (64 bytes each per tile: 16 f32, or 16 16-bit values and 32 unused bytes).
-    constexpr int XST = BN * 256, STAGE = XST + (CS ? BM * CB + BM / 16 * 128 : 0);
+    // A stage: the activations (BN rows of 256 bytes), the block's codes (BM rows of CB bytes),
+    // then per tile of 16 rows its scale pairs and offset pairs (64 bytes each: 16 f32, or 16
+    // 16-bit values and 32 unused bytes).
+    constexpr int XST = BN * 256, CST = XST + BM * CB, STAGE = CST + BM / 16 * 128;
     constexpr uint32_t MASK = ((1u << BITS) - 1) * 0x00010001u;
     constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;
     extern __shared__ __align__(16) uint8_t hc_gemm_sm[];
-
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int r0 = (blockIdx.x * HC_GEMM_WARPS + warp) * 16 * R;
+    const int rb = blockIdx.x * BM, r0 = rb + warp * 16 * R;
     const int m0 = blockIdx.y * BN;
     const int chunks = a.cols / HC_GEMM_BK;
     const long long row_bytes = (long long)a.cols * BITS / 8;
     const uint16_t* x = static_cast<const uint16_t*>(a.x);
-    // The chunk's activations, rows past the batch reading its last row (their sums are never
-    // stored).
-    const int rb = blockIdx.x * BM;
+    auto group = [&](int c) { return a.glen_log2 >= 0 ? (c * HC_GEMM_BK) >> a.glen_log2 : (c * HC_GEMM_BK) / a.glen; };
+    // Chunk c into its stage: activation rows past the batch and weight rows past the last read
+    // the last one (their sums are never stored).
     auto issue = [&](int c) {
-        uint4* st = reinterpret_cast<uint4*>(hc_gemm_sm + (c % S) * STAGE);
+        uint8_t* st = hc_gemm_sm + (c % S) * STAGE;
 #pragma unroll
         for (int i = 0; i < BN * 16 / NTH; i++) {
             const int e = threadIdx.x + i * NTH, m = e >> 4, p = e & 15;
             const long long src = (long long)min(m0 + m, a.M - 1) * a.cols + (long long)c * HC_GEMM_BK + 8 * p;
-            hc_cp16(st + m * 16 + hc_gemm_piece(m, p), x + src);
+            hc_cp16(st + 16 * (m * 16 + hc_gemm_piece(m, p)), x + src);
         }
-        if (CS && a.srs && threadIdx.x < BM / 16 * 8) {
-            // Tile threadIdx.x / 8 of the block, scales (pieces 0..3) or offsets (4..7).
+#pragma unroll
+        for (int i = 0; i < BM * CB / 16 / NTH; i++) {
+            const int e = threadIdx.x + i * NTH, r = e / (CB / 16), p = e % (CB / 16);
+            hc_cp16(st + XST + r * CB + 16 * p, a.codes + (long long)min(rb + r, a.rows - 1) * row_bytes + (long long)c * CB + 16 * p);
+        }
+        if (a.srs && threadIdx.x < BM / 16 * 8) {
+            // Tile threadIdx.x / 8 of the block: scales (threads 0..3 of the 8) or offsets (4..7),
+            // 64 bytes of f32 or 32 of a 16-bit type.
             const int tile = threadIdx.x >> 3, arr = (threadIdx.x >> 2) & 1, p = threadIdx.x & 3;
             const int sb = a.sdtype ? 2 : 4;
             const void* src = arr ? a.offsets : a.scales;
-            if (16 * p < 16 * sb && src) {
-                const int grp = a.glen_log2 >= 0 ? (c * HC_GEMM_BK) >> a.glen_log2 : (c * HC_GEMM_BK) / a.glen;
+            if (p < sb && src) {
                 const long long tt = min(rb / 16 + tile, (a.rows - 1) / 16);
-                hc_cp16(reinterpret_cast<uint8_t*>(st) + XST + BM * CB + tile * 128 + arr * 64 + 16 * p,
-                        static_cast<const uint8_t*>(src) + ((tt * a.srs + grp) * 16) * sb + 16 * p);
+                hc_cp16(st + CST + tile * 128 + arr * 64 + 16 * p,
+                        static_cast<const uint8_t*>(src) + ((tt * a.srs + group(c)) * 16) * sb + 16 * p);
             }
         }
-        if (CS)
-#pragma unroll
-            for (int i = 0; i < BM * CB / 16 / NTH; i++) {
-                const int e = threadIdx.x + i * NTH, r = e / (CB / 16), p = e % (CB / 16);
-                hc_cp16(st + XST / 16 + r * (CB / 16) + p,
-                        a.codes + (long long)min(rb + r, a.rows - 1) * row_bytes + (long long)c * CB + 16 * p);
-            }
-    };
-    // The lane's code words (rows past the weight read its last row: never stored).
-    const uint8_t* crow[R][2];
-#pragma unroll
-    for (int ti = 0; ti < R; ti++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            crow[ti][h] = a.codes + (long long)min(r0 + 16 * ti + g + 8 * h, a.rows - 1) * row_bytes + t * CW * 4;
-    uint32_t wn[R][2][CW];
-    auto load_codes = [&](int c) {
-        if (!CS)
-#pragma unroll
-            for (int ti = 0; ti < R; ti++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) hc_load_words<CW>(crow[ti][h] + (long long)c * CB, wn[ti][h]);
     };
 #pragma unroll
     for (int i = 0; i < S - 1; i++) {
         if (i < chunks) issue(i);
         hc_cp_commit();
     }
-    if (chunks > 0) load_codes(0);
     float acc[R][NT][4];
 #pragma unroll
     for (int ti = 0; ti < R; ti++)
@@ -1055,60 +1038,35 @@ __device__ __forceinline__ void hc_affine_gemm(const AffineArgs& a) {
 #pragma unroll
         for (int ti = 0; ti < R; ti++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                tm[ti][h] = hc_terms<BF16>(s * a.qmul, lo - s * a.qbias);
-            }
+            for (int h = 0; h < 2; h++) tm[ti][h] = hc_terms<BF16>(s * a.qmul, lo - s * a.qbias);
     }
     for (int c = 0; c < chunks; c++) {
-        uint32_t w[R][2][CW];
-        if (!CS)
-#pragma unroll
-            for (int ti = 0; ti < R; ti++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int k = 0; k < CW; k++) w[ti][h][k] = wn[ti][h][k];
-        // The chunk's group (groups hold whole chunks): the scale pairs of rows g, g + 8 (CS:
-        // from the stage, once it is in).
-        auto terms = [&](const uint8_t* stage) {
-            const int grp = a.glen_log2 >= 0 ? (c * HC_GEMM_BK) >> a.glen_log2 : (c * HC_GEMM_BK) / a.glen;
-#pragma unroll
-            for (int ti = 0; ti < R; ti++) {
-                const long long si = hc_si(a, min(r0 + 16 * ti, (a.rows - 1) & ~15) + g, grp);
-                const uint8_t* sp = static_cast<const uint8_t*>(a.scales) + si * (a.sdtype ? 2 : 4);
-                const uint8_t* op = a.offsets ? static_cast<const uint8_t*>(a.offsets) + si * (a.sdtype ? 2 : 4) : nullptr;
-                if (CS) {
-                    const int at = (warp * R + ti) * 128 + g * (a.sdtype ? 4 : 8);
-                    sp = stage + XST + BM * CB + at;
-                    op = a.offsets ? sp + 64 : nullptr;
-                }
-                float2 sc, lo = make_float2(0.f, 0.f);
-                if (a.sdtype == 0) {
-                    sc = *reinterpret_cast<const float2*>(sp);
-                    if (op) lo = *reinterpret_cast<const float2*>(op);
-                } else {
-                    sc = hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(sp));
-                    if (op) lo = hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(op));
-                }
-                tm[ti][0] = hc_terms<BF16>(sc.x * a.qmul, lo.x - sc.x * a.qbias);
-                tm[ti][1] = hc_terms<BF16>(sc.y * a.qmul, lo.y - sc.y * a.qbias);
-            }
-        };
-        if (!CS && a.srs) terms(nullptr);
         hc_cp_wait<S - 2>();
         __syncthreads();  // chunk c is in; every warp is done with chunk c − 1's stage
         if (c + S - 1 < chunks) issue(c + S - 1);
         hc_cp_commit();
-        if (c + 1 < chunks) load_codes(c + 1);
-        if (CS && a.srs) terms(hc_gemm_sm + (c % S) * STAGE);
-        const uint4* st = reinterpret_cast<const uint4*>(hc_gemm_sm + (c % S) * STAGE);
-        if (CS)
+        const uint8_t* st = hc_gemm_sm + (c % S) * STAGE;
+        uint32_t w[R][2][CW];
 #pragma unroll
-            for (int ti = 0; ti < R; ti++)
+        for (int ti = 0; ti < R; ti++) {
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    hc_load_words<CW>(reinterpret_cast<const uint8_t*>(st) + XST + (warp * 16 * R + 16 * ti + g + 8 * h) * CB + t * CW * 4,
-                                      w[ti][h]);
+            for (int h = 0; h < 2; h++) hc_load_words<CW>(st + XST + (warp * 16 * R + 16 * ti + g + 8 * h) * CB + t * CW * 4, w[ti][h]);
+            if (a.srs) {
+                // The scale and offset pairs of rows g, g + 8 (groups hold whole chunks).
+                const uint8_t* sp = st + CST + (warp * R + ti) * 128 + g * (a.sdtype ? 4 : 8);
+                float2 sc, lo = make_float2(0.f, 0.f);
+                if (a.sdtype == 0) {
+                    sc = *reinterpret_cast<const float2*>(sp);
+                    if (a.offsets) lo = *reinterpret_cast<const float2*>(sp + 64);
+                } else {
+                    sc = hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(sp));
+                    if (a.offsets) lo = hc_spair16(a.sdtype, *reinterpret_cast<const uint32_t*>(sp + 64));
+                }
+                tm[ti][0] = hc_terms<BF16>(sc.x * a.qmul, lo.x - sc.x * a.qbias);
+                tm[ti][1] = hc_terms<BF16>(sc.y * a.qmul, lo.y - sc.y * a.qbias);
+            }
+        }
+        const uint4* xs = reinterpret_cast<const uint4*>(st);
 #pragma unroll
         for (int k = 0; k < CW; k++) {
             // The word's weights as PER/4 k-steps of A fragments (pairs 2j and 2j + 1, as in
@@ -1129,7 +1087,7 @@ __device__ __forceinline__ void hc_affine_gemm(const AffineArgs& a) {
                 uint32_t xv[XW];
 #pragma unroll
                 for (int q = 0; q < XW / 4; q++) {
-                    const uint4 v = st[m * 16 + hc_gemm_piece(m, 4 * t + k * (XW / 4) + q)];
+                    const uint4 v = xs[m * 16 + hc_gemm_piece(m, 4 * t + k * (XW / 4) + q)];
                     xv[4 * q] = v.x;
                     xv[4 * q + 1] = v.y;
                     xv[4 * q + 2] = v.z;
@@ -1159,28 +1117,19 @@ __device__ __forceinline__ void hc_affine_gemm(const AffineArgs& a) {
             }
 }
 
-// hc_affine_gemm_b{2,4}_r{R}_n{NT}_{bf16,f16}: dynamic shared memory HC_GEMM_STAGES · 8·NT ·
-// 256 bytes (kernels-cuda `affine_gemm_shared`).
-#define HC_GEMM(B, R, N, T, BF)                                                                             \
+// hc_affine_gemm_b{2,4}_r{R}_n{NT}_{bf16,f16}: S stages (4 with one row tile per warp, 3 with
+// two: measured on an H200), dynamic shared memory S · stage bytes (kernels-cuda
+// `affine_gemm_shared`).
+#define HC_GEMM(B, R, N, S, T, BF)                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * HC_GEMM_WARPS) hc_affine_gemm_b##B##_r##R##_n##N##_##T( \
         AffineArgs a) {                                                                                     \
-        hc_affine_gemm<B, BF, R, N>(a);                                                                     \
+        hc_affine_gemm<B, BF, R, N, S>(a);                                                                  \
     }
-#define HC_GEMM_RN(B, T, BF) HC_GEMM(B, 1, 4, T, BF) HC_GEMM(B, 1, 8, T, BF) HC_GEMM(B, 2, 4, T, BF) HC_GEMM(B, 2, 8, T, BF)
+#define HC_GEMM_RN(B, T, BF) HC_GEMM(B, 1, 4, 4, T, BF) HC_GEMM(B, 1, 8, 4, T, BF) HC_GEMM(B, 2, 4, 3, T, BF) HC_GEMM(B, 2, 8, 3, T, BF)
 HC_GEMM_RN(2, bf16, true)
 HC_GEMM_RN(4, bf16, true)
 HC_GEMM_RN(2, f16, false)
 HC_GEMM_RN(4, f16, false)
-
-// Trial: the codes staged through the ring too (S stages).
-#define HC_GEMMX(R, N, S)                                                                             \
-    extern "C" __global__ void __launch_bounds__(32 * HC_GEMM_WARPS) hc_gemmx_b4_r##R##_n##N##_s##S##_bf16( \
-        AffineArgs a) {                                                                               \
-        hc_affine_gemm<4, true, R, N, true, S>(a);                                                   \
-    }
-HC_GEMMX(1, 4, 3) HC_GEMMX(1, 8, 3) HC_GEMMX(2, 4, 3) HC_GEMMX(2, 8, 3)
-HC_GEMMX(1, 4, 4) HC_GEMMX(1, 8, 4) HC_GEMMX(2, 4, 4) HC_GEMMX(2, 8, 4)
-HC_GEMMX(1, 2, 4) HC_GEMMX(2, 2, 4) HC_GEMMX(1, 2, 6) HC_GEMMX(2, 2, 6)
 
 // ---------------------------------------------------------------------------------------
 // Fixed-rate E8.

@@ -1,5 +1,5 @@
 """The tensor-core affine GEMM (batches above 16) in each of its compiled shapes, against torch
-bf16 `F.linear` and the batch-16 tensor-core kernel, in one run.
+bf16 `F.linear`, the decode-then-cuBLAS route and the batch-16 tensor-core kernel, in one run.
 
     python py/benches/cuda_gemm.py [--shapes 4096x4096,8192x8192] [--batches 16,64,256] [--out FILE]
 
@@ -9,12 +9,14 @@ Each kernel is checked against x·Ŵᵀ in float32, then timed as `--iters` laun
 graph that rotates over weight copies of ≥ 400 MB (L2 never holds them), median of 5 replays
 (`_graph_timing.graph_time_us`). `hc_affine_gemm_b4_r{R}_n{NT}_bf16` computes 64·R weight rows
 for 8·NT activation rows per block; the row marked `*` is the shape kernels-cuda picks
-(`args::gemm_shape`).
+(`args::gemm_shape`); "decode + F.linear" is the committed decoder (`hc_affine_decode_b4`,
+to bf16) then cuBLAS, the route above `MAX_GEMM_BATCH` rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes as C
 import sys
 
 import torch
@@ -23,14 +25,22 @@ from _driver import AffineArgs as Args
 from _driver import Driver, tile_scales
 from _graph_timing import graph_time_us
 
-SHAPES = [(1, 4), (1, 8), (2, 4), (2, 8)]
+# (row tiles per warp, batch tiles of 8, stages): kernels-cuda `args::GEMM_SHAPES`.
+SHAPES = [(1, 4, 4), (1, 8, 4), (2, 4, 3), (2, 8, 3)]
 
 
 def picked(rows: int, batch: int) -> tuple[int, int]:
     """kernels-cuda `args::gemm_shape`."""
-    nt = 4 if batch <= 32 else 8
-    blocks = -(-rows // 128) * -(-batch // (8 * nt))
-    return (2 if blocks >= 264 else 1, nt)
+    order = [(2, 4), (1, 4)] if batch <= 32 else [(2, 8), (1, 8), (2, 4), (1, 4)]
+    for r, nt in order:
+        if -(-rows // (64 * r)) * -(-batch // (8 * nt)) >= 200:
+            return (r, nt)
+    return (1, 4)
+
+
+def smem(r: int, nt: int, stages: int, bits: int = 4) -> int:
+    """kernels-cuda `args::affine_gemm_shared`."""
+    return stages * (8 * nt * 256 + 64 * r * 16 * bits + 4 * r * 128)
 
 
 def main() -> int:
@@ -44,19 +54,13 @@ def main() -> int:
         print("cuda_gemm: no CUDA device; nothing measured")
         return 0
     drv = Driver()
-    gemm = {s: drv.fn("ptx", f"hc_affine_gemm_b4_r{s[0]}_n{s[1]}_bf16") for s in SHAPES}
+    gemm = {}
+    for r, n, st in SHAPES:
+        f = drv.fn("ptx", f"hc_affine_gemm_b4_r{r}_n{n}_bf16")
+        drv.check(drv.cu.cuFuncSetAttribute(f, 8, smem(r, n, st)), "max dynamic shared memory")
+        gemm[(r, n)] = (f, smem(r, n, st))
     mma16 = drv.fn("ptx", "hc_affine_mma_b4_w4_n2_bf16")
-    # Trial kernels (codes staged through the ring too, S stages), where the PTX has them.
-    trial = {}
-    for r, n in SHAPES + [(1, 2), (2, 2)]:
-        for st in (3, 4, 6):
-            try:
-                f = drv.fn("ptx", f"hc_gemmx_b4_r{r}_n{n}_s{st}_bf16")
-            except RuntimeError:
-                continue
-            smem = st * (8 * n * 256 + 64 * r * 64 + 4 * r * 128)
-            drv.check(drv.cu.cuFuncSetAttribute(f, 8, smem), "max dynamic shared memory")
-            trial[(r, n, st)] = (f, smem)
+    dec = drv.fn("ptx", "hc_affine_decode_b4")
     torch.manual_seed(0)
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}",
              "| shape | batch | kernel | µs per call | × bf16 | rel. error vs float32 |", "|---|---:|---|---:|---:|---:|"]
@@ -91,22 +95,38 @@ def main() -> int:
             base = graph_time_us(lambda: F.linear(x, wb), args.iters)
             lines.append(f"| {shape} | {m} | torch bf16 F.linear | {base:.1f} | 1.00 | "
                          f"{float((F.linear(x, wb).float() - ref).norm() / ref.norm()):.1e} |")
-            cands = [(f"hc_affine_gemm r{r} n{n}" + (" *" if (r, n) == picked(rows, m) else ""), gemm[(r, n)],
-                      (-(-rows // (64 * r)), -(-m // (8 * n))), 128, 3 * 8 * n * 256) for r, n in SHAPES]
-            cands += [(f"trial codes staged r{r} n{n} s{st}", f, (-(-rows // (64 * r)), -(-m // (8 * n))), 128, smem)
-                      for (r, n, st), (f, smem) in trial.items()]
+            cands = [(f"hc_affine_gemm r{r} n{n}" + (" *" if (r, n) == picked(rows, m) else ""), f,
+                      (-(-rows // (64 * r)), -(-m // (8 * n))), 128, sm) for (r, n), (f, sm) in gemm.items()]
             if m <= 16:
                 cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0))
-            for name, f, grid, block, smem in cands:
+            for name, f, grid, block, sm in cands:
                 y.fill_(float("nan"))
-                drv.launch(f, grid, block, [args_for(0)], smem)
+                drv.launch(f, grid, block, [args_for(0)], sm)
                 torch.cuda.synchronize()
                 e = err()
                 it = iter(range(10**9))
-                t = graph_time_us(lambda: drv.launch(f, grid, block, [args_for(next(it) % copies)], smem), args.iters)
+                t = graph_time_us(lambda: drv.launch(f, grid, block, [args_for(next(it) % copies)], sm), args.iters)
                 lines.append(f"| {shape} | {m} | {name} | {t:.1f} | {base / t:.2f} | {e:.1e} |")
                 kept.clear()
-            print("\n".join(lines[-len(cands) - 1:]), flush=True)
+            # The route above MAX_GEMM_BATCH: decode to bf16 (HC_DEC_U = 4 pieces of 8 per
+            # thread), then cuBLAS.
+            wdec = torch.empty(rows, k, device="cuda", dtype=torch.bfloat16)
+            threads = -(-(rows * k // 8) // 4)
+            dgrid = min(max(-(-threads // 256), 1), 1 << 20)
+
+            def decode_linear(i: int) -> None:
+                drv.launch(dec, dgrid, 256, [args_for(i), C.c_void_p(wdec.data_ptr()), C.c_int(2)])
+                torch.matmul(x, wdec.t(), out=y)
+
+            decode_linear(0)
+            torch.cuda.synchronize()
+            e = err()
+            it = iter(range(10**9))
+            t = graph_time_us(lambda: decode_linear(next(it) % copies), args.iters)
+            lines.append(f"| {shape} | {m} | decode + F.linear | {t:.1f} | {base / t:.2f} | {e:.1e} |")
+            kept.clear()
+            wdec = None
+            print("\n".join(lines[-len(cands) - 2:]), flush=True)
         w = wd = wb = None  # freed before the next shape
         torch.cuda.empty_cache()
     text = "\n".join(lines) + "\n"

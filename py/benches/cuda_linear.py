@@ -8,7 +8,7 @@ batches 1, 3, 8 and 17; f32, f16 and bf16 activations; a 1×1 and a 3×3 convolu
 ``hypercodec.Linear.forward`` on the host (the CPU runtime, itself checked against the f64
 reference in the Rust tests) and prints the worst relative error per case.
 
-Part 2 times ``y = x·Wᵀ`` at batch 1, 2, 4, 16, 64 and 256 (``--batches``) for each size (both our
+Part 2 times ``y = x·Wᵀ`` at batch 1, 2, 4, 16, 32, 64 and 256 (``--batches``) for each size (both our
 routes wherever the fused one takes the batch): PyTorch's bf16 ``F.linear``, its
 int4 weight-only kernel (``_weight_int4pack_mm``, groups of 128) where it runs, and ours.
 Each timing is the median over 5 repetitions of ``--iters`` back-to-back calls captured in a
@@ -178,7 +178,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="4096x4096,8192x8192,28672x8192")
     ap.add_argument("--specs", default="int4,int8-row,e8-fixed4,e8-fixed2,tcq@2-l12")
     ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--batches", default="1,2,4,16,64,256", help="activation rows to time")
+    ap.add_argument("--batches", default="1,2,4,16,32,64,256", help="activation rows to time")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--out", help="also write the tables to this markdown file")
     a = ap.parse_args()

@@ -137,19 +137,20 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
 @pytest.mark.parametrize("spec", ["int4", "int2-row", "int4-tensor"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tensor_core_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
-    # 4100 rows (the last tile of 16 partial) and 300 or 520 activation rows: blocks of one and
-    # of two row tiles per warp, several batch tiles, the last one partial.
+    # 4100 rows (the last tile of 16 partial) and 40, 300 or 520 activation rows, forced onto the
+    # GEMM (the routes take it up to 64): blocks of one and of two row tiles per warp, several
+    # batch tiles, the last one partial.
     rng = np.random.default_rng(11)
     w = rng.standard_normal((4100, 256)).astype(np.float32)
     b = rng.standard_normal(4100).astype(np.float32)
     op = hypercodec.Linear.quantize(w, spec, b)
     d = hcuda.DeviceLinear(op, torch.device("cuda"))
-    for m in (300, 520):
+    assert d.route(40, dtype) == "cuda-affine-gemm"
+    for m in (40, 300, 520):
         x = torch.from_numpy(rng.standard_normal((m, 256)).astype(np.float32)).to(dtype)
-        assert d.route(m, dtype) == "cuda-affine-gemm"
         want = op.forward(x.float().numpy())
         y = torch.full((m, 4100), float("nan"), dtype=dtype, device="cuda")
-        y.copy_(d.forward(x.cuda()))
+        y.copy_(d.forward(x.cuda(), route="gemv"))
         got = y.float().cpu().numpy()
         assert np.isfinite(got).all()
         tol = 1e-2 if dtype == torch.bfloat16 else 3e-3

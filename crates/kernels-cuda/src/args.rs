@@ -75,26 +75,26 @@ pub(crate) fn function_names() -> Vec<String> {
         v.push(format!("hc_affine_cpa_b{b}_{t}"));
     }
     for (b, t) in CPA_KINDS {
-        for (r, n) in GEMM_SHAPES {
+        for (r, n, _) in GEMM_SHAPES {
             v.push(format!("hc_affine_gemm_b{b}_r{r}_n{n}_{t}"));
         }
     }
     v
 }
 
-/// The tensor-core GEMM's (row tiles per warp, batch tiles of 8) shapes, in the order of the
-/// names (`HC_GEMM_RN`); its (bits, activation type) are [`CPA_KINDS`].
-const GEMM_SHAPES: [(usize, usize); 4] = [(1, 4), (1, 8), (2, 4), (2, 8)];
+/// The tensor-core GEMM's (row tiles per warp, batch tiles of 8, stages) shapes, in the order
+/// of the names (`HC_GEMM_RN`); its (bits, activation type) are [`CPA_KINDS`].
+const GEMM_SHAPES: [(usize, usize, usize); 4] = [(1, 4, 4), (1, 8, 4), (2, 4, 3), (2, 8, 3)];
 /// Warps per block of the tensor-core GEMM (`HC_GEMM_WARPS`).
 pub(crate) const GEMM_WARPS: u32 = 4;
-/// Stages of the GEMM's activation ring in shared memory (`HC_GEMM_STAGES`).
-const GEMM_STAGES: u32 = 3;
 
 /// The tensor-core GEMM (`hc_affine_gemm_b{bits}_r{r}_n{nt}_{dtype}`) of 2- or 4-bit codes
 /// under bf16 or f16 activations, if compiled for that shape.
 pub(crate) fn affine_gemm(bits: usize, dtype: crate::Dtype, r: usize, nt: usize) -> Option<usize> {
     let kind = affine_cpa(bits, dtype)? - affine_cpa(2, crate::Dtype::Bf16)?;
-    let shape = GEMM_SHAPES.iter().position(|&s| s == (r, nt))?;
+    let shape = GEMM_SHAPES
+        .iter()
+        .position(|&(a, b, _)| (a, b) == (r, nt))?;
     Some(trellis_encode(4) + 1 + CPA_KINDS.len() + GEMM_SHAPES.len() * kind + shape)
 }
 
@@ -103,19 +103,39 @@ pub(crate) fn gemm_rows_per_block(r: usize) -> usize {
     GEMM_WARPS as usize * 16 * r
 }
 
-/// Dynamic shared memory of the GEMM with `nt` batch tiles: `HC_GEMM_STAGES · 8·nt` rows of
-/// 256 bytes (a chunk of 128 16-bit activations).
-pub(crate) fn affine_gemm_shared(nt: usize) -> u32 {
-    GEMM_STAGES * 8 * nt as u32 * 256
+/// Dynamic shared memory of the GEMM of `bits`-bit codes with `r` row tiles per warp and `nt`
+/// batch tiles: its stages, each `8·nt` activation rows of 256 bytes (a chunk of 128 16-bit
+/// values), the block's `64·r` rows of codes (`16·bits` bytes each) and 128 bytes of scale
+/// and offset pairs per tile of 16 rows.
+pub(crate) fn affine_gemm_shared(bits: usize, r: usize, nt: usize) -> u32 {
+    let stages = GEMM_SHAPES
+        .iter()
+        .find(|&&(a, b, _)| (a, b) == (r, nt))
+        .map_or(0, |s| s.2);
+    let rows = gemm_rows_per_block(r);
+    (stages * (8 * nt * 256 + rows * 16 * bits + rows / 16 * 128)) as u32
 }
 
+/// Blocks the GEMM's shape choice aims for (about 1.5 per SM of an H200, whose 132 SMs hold
+/// two blocks of these sizes each).
+const GEMM_BLOCKS: usize = 200;
+
 /// The GEMM's shape for a weight of `rows` rows and `batch` activation rows: batch tiles of
-/// 8·4 up to 32 rows, else 8·8; two row tiles per warp where that still gives at least
-/// 264 blocks (two per SM of an H200), else one.
+/// 8·4 up to 32 rows, else of 8·8 if that still makes [`GEMM_BLOCKS`] blocks; two row tiles
+/// per warp where that does, else one. Measured on an H200 (`py/benches/cuda_gemm.py`).
 pub(crate) fn gemm_shape(rows: usize, batch: usize) -> (usize, usize) {
-    let nt = if batch <= 32 { 4 } else { 8 };
-    let blocks = rows.div_ceil(gemm_rows_per_block(2)) * batch.div_ceil(8 * nt);
-    (if blocks >= 264 { 2 } else { 1 }, nt)
+    let blocks =
+        |r: usize, nt: usize| rows.div_ceil(gemm_rows_per_block(r)) * batch.div_ceil(8 * nt);
+    let order: &[(usize, usize)] = if batch <= 32 {
+        &[(2, 4), (1, 4)]
+    } else {
+        &[(2, 8), (1, 8), (2, 4), (1, 4)]
+    };
+    order
+        .iter()
+        .copied()
+        .find(|&(r, nt)| blocks(r, nt) >= GEMM_BLOCKS)
+        .unwrap_or((1, 4))
 }
 
 /// The batch-1 cp.async affine kernels' (bits, activation type), in the order of the names.

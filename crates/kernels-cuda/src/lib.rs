@@ -156,9 +156,12 @@ pub const MAX_MMA_BATCH: usize = 16;
 
 /// Activation rows up to which [`AffineGemv::fused_batch`] sends a layer the tensor-core GEMM
 /// takes (see [`AffineGemv::gemm_ok`]) to it, above [`MAX_MMA_BATCH`]; larger batches decode
-/// the weight and run cuBLAS, whose tensor-core rate wins once the batch makes the product
-/// compute-bound. [`Kernels::affine_gemv`] itself runs any batch.
-pub const MAX_GEMM_BATCH: usize = 1024;
+/// the weight and run cuBLAS. Measured on an H200 (`py/benches/cuda_gemm.py`,
+/// `py/benches/cuda_linear.py`): at 32–64 rows the GEMM is 1.1–2.8× faster than decode +
+/// cuBLAS on 8192² and 28672×8192, at 256 rows cuBLAS's tensor-core rate wins (the GEMM
+/// decodes in the `mma.sync` loop at about a third of cuBLAS's rate). [`Kernels::affine_gemv`]
+/// itself runs any batch.
+pub const MAX_GEMM_BATCH: usize = 64;
 
 /// Columns of one chunk of the tensor-core GEMM (`HC_GEMM_BK`).
 pub const GEMM_CHUNK: usize = 128;
@@ -1354,7 +1357,15 @@ impl Kernels {
                 };
             }
         }
-        if a.batch > MAX_MMA_BATCH && aligned && a.gemm_ok() {
+        // The GEMM stages the scale and offset pairs by 16-byte copies (the device layouts
+        // hold them at allocations' alignment; others take the passes below).
+        let staged = |p: u64| a.scales_per_row == 0 || p.is_multiple_of(16);
+        if a.batch > MAX_MMA_BATCH
+            && aligned
+            && staged(a.scales)
+            && staged(a.offsets)
+            && a.gemm_ok()
+        {
             let (r, nt) = args::gemm_shape(a.rows, a.batch);
             let f = args::affine_gemm(a.bits as usize, a.x_dtype, r, nt);
             // grid.y: batch tiles (at most 65535, about half a million rows).
@@ -1370,7 +1381,7 @@ impl Kernels {
                             a.batch.div_ceil(8 * nt) as u32,
                         ),
                         32 * args::GEMM_WARPS,
-                        args::affine_gemm_shared(nt),
+                        args::affine_gemm_shared(a.bits as usize, r, nt),
                         stream,
                         &mut params,
                     )
@@ -2394,10 +2405,15 @@ mod tests {
         assert!(args::affine_gemm(8, Dtype::F16, 1, 4).is_none());
         assert!(args::affine_gemm(4, Dtype::F32, 1, 4).is_none());
         assert!(args::affine_gemm(4, Dtype::Bf16, 3, 4).is_none());
-        // Small batches and weights take one row tile per warp; large ones two.
+        // The largest tiles that still make 200 blocks (the measured best on an H200).
         assert_eq!(args::gemm_shape(4096, 17), (1, 4));
-        assert_eq!(args::gemm_shape(28672, 256), (2, 8));
-        assert_eq!(args::gemm_shape(8192, 64), (1, 8));
+        assert_eq!(args::gemm_shape(28672, 32), (2, 4));
+        assert_eq!(args::gemm_shape(28672, 64), (2, 8));
+        assert_eq!(args::gemm_shape(8192, 64), (1, 4));
+        assert_eq!(args::gemm_shape(8192, 1024), (2, 8));
+        // Stages of activations, codes and scale pairs (kernels/gemv.cu's STAGE).
+        assert_eq!(args::affine_gemm_shared(4, 1, 4), 4 * (8192 + 4096 + 512));
+        assert_eq!(args::affine_gemm_shared(2, 2, 8), 3 * (16384 + 4096 + 1024));
     }
 
     #[test]
