@@ -676,13 +676,7 @@ __device__ __forceinline__ void hc_affine_mma(const AffineArgs& a) {
     const int r0 = blockIdx.x * 16 * R;
     const uint16_t* x = static_cast<const uint16_t*>(a.x);
     const int steps = a.cols / MC;
-    float acc[R][NT][4];
-#pragma unroll
-    for (int ti = 0; ti < R; ti++)
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[ti][n][i] = 0.f;
+    float acc[R][NT][4] = {};
     // One step in registers; with two batch tiles the next step's codes load while one
     // computes (HC_MMA_AHEAD).
     HcMmaStep<CW, R, NT, 16 / BITS> next;
@@ -1024,13 +1018,7 @@ __device__ __forceinline__ void hc_affine_gemm(const AffineArgs& a) {
         if (i < chunks) issue(i);
         hc_cp_commit();
     }
-    float acc[R][NT][4];
-#pragma unroll
-    for (int ti = 0; ti < R; ti++)
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[ti][n][i] = 0.f;
+    float acc[R][NT][4] = {};
     // One tensor-wide scale: its terms once.
     HcTerms tm[R][2];
     if (!a.srs) {
