@@ -91,7 +91,7 @@ def test_cuda_forward_matches_the_cpu_runtime(spec, dtype, scale):
     b = rng.standard_normal(100).astype(np.float32) * np.float32(scale)
     op = hypercodec.Linear.quantize(w, spec, b)
     d = hcuda.DeviceLinear(op, torch.device("cuda"))
-    for m in (1, 2, 3, 4, 12, 20):  # every fused pass (E8: 1, 2 and 4 rows), then decode
+    for m in (1, 2, 3, 4, 12, 20):  # every fused pass (E8: 1, 2 and 4 rows), then decode (or the GEMM)
         x = torch.from_numpy(rng.standard_normal((m, 512)).astype(np.float32)).to(dtype)
         want = op.forward(x.float().numpy())
         got = d.forward(x.cuda()).float().cpu().numpy()
@@ -146,6 +146,13 @@ def test_tensor_core_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
     op = hypercodec.Linear.quantize(w, spec, b)
     d = hcuda.DeviceLinear(op, torch.device("cuda"))
     assert d.route(40, dtype) == "cuda-affine-gemm"
+    # ... and 25728 rows (201 blocks of 128) at 24 rows: two row tiles per warp, batch tiles of 32.
+    big = hypercodec.Linear.quantize(rng.standard_normal((25728, 128)).astype(np.float32), spec)
+    x = torch.from_numpy(rng.standard_normal((24, 128)).astype(np.float32)).to(dtype)
+    got = hcuda.DeviceLinear(big, torch.device("cuda")).forward(x.cuda()).float().cpu().numpy()
+    want = big.forward(x.float().numpy())
+    tol = 1e-2 if dtype == torch.bfloat16 else 3e-3
+    assert np.abs(got - want).max() <= tol * np.abs(want).max(), (spec, "25728 rows")
     for m in (40, 300, 520):
         x = torch.from_numpy(rng.standard_normal((m, 256)).astype(np.float32)).to(dtype)
         want = op.forward(x.float().numpy())

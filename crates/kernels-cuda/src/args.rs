@@ -378,7 +378,7 @@ impl AffineArgs {
             srs: a.scales_per_row.min(i32::MAX as usize) as i32,
             qmul: a.qmul,
             qbias: a.qbias,
-            glen_log2: if a.group_len.is_power_of_two() {
+            glen_log2: if a.group_len.is_power_of_two() && a.group_len <= i32::MAX as usize {
                 a.group_len.trailing_zeros() as i32
             } else {
                 -1

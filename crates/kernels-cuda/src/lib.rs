@@ -157,9 +157,10 @@ pub const MAX_MMA_BATCH: usize = 16;
 /// Activation rows up to which [`AffineGemv::fused_batch`] sends a layer the tensor-core GEMM
 /// takes (see [`AffineGemv::gemm_ok`]) to it, above [`MAX_MMA_BATCH`]; larger batches decode
 /// the weight and run cuBLAS. Measured on an H200 (`py/benches/cuda_gemm.py`,
-/// `py/benches/cuda_linear.py`): at 32–64 rows the GEMM is 1.1–2.8× faster than decode +
-/// cuBLAS on 8192² and 28672×8192, at 256 rows cuBLAS's tensor-core rate wins (the GEMM
-/// decodes in the `mma.sync` loop at about a third of cuBLAS's rate). [`Kernels::affine_gemv`]
+/// `py/benches/cuda_linear.py`): at 17–64 rows the GEMM is 1.6–3.2× faster than decode +
+/// cuBLAS on 8192² and 28672×8192 (level on 4096²); from 128 rows cuBLAS's tensor-core rate
+/// wins on some shapes and at 256 on all (the GEMM runs its `mma.sync` loop at about a third
+/// of cuBLAS's rate). [`Kernels::affine_gemv`]
 /// itself runs any batch.
 pub const MAX_GEMM_BATCH: usize = 64;
 
@@ -1311,7 +1312,10 @@ impl Kernels {
         Ok(())
     }
 
-    /// Launches the affine GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
+    /// Launches `y = x·Wᵀ (+ b)` on the affine codes, any batch: the cp.async kernel at batch 1
+    /// and the tensor-core kernel up to [`MAX_MMA_BATCH`] rows where
+    /// [`AffineGemv::tensor_core_words`] allows, the tensor-core GEMM above that where
+    /// [`AffineGemv::gemm_ok`] does, else the CUDA-core GEMV in passes of [`MAX_GEMV_BATCH`].
     ///
     /// # Safety
     /// As [`Kernels::rht`].
