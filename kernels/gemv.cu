@@ -893,7 +893,7 @@ HC_CPA(4, f16, false)
 // scale and offset pairs (one block barrier per chunk). A lane then reads its code words in
 // the layout of hc_affine_mma (lane (g, t): CW words of rows g and g + 8 at the chunk's
 // columns [32t, 32t + 32)), so the activations are paired with PRMT exactly as there. (Codes
-// and scales loaded from global memory into registers a chunk ahead instead were 1.1-2.5×
+// and scales loaded from global memory into registers a chunk ahead instead were 1.2-3.3×
 // slower on an H200: a block has too few warps to hide that latency.) Unlike the small-batch
 // kernels, which keep MAGIC + q and apply the scale terms to the sums of each group, this one
 // turns each fragment register into two weights, ŵ = (s·qmul)·q + (lo − s·qbias), by three
