@@ -160,8 +160,7 @@ pub const MAX_MMA_BATCH: usize = 16;
 /// `py/benches/cuda_linear.py`): at 17–64 rows the GEMM is 1.6–3.2× faster than decode +
 /// cuBLAS on 8192² and 28672×8192 (level on 4096²); from 128 rows cuBLAS's tensor-core rate
 /// wins on some shapes and at 256 on all (the GEMM runs its `mma.sync` loop at about a third
-/// of cuBLAS's rate). [`Kernels::affine_gemv`]
-/// itself runs any batch.
+/// of cuBLAS's rate). [`Kernels::affine_gemv`] itself runs any batch.
 pub const MAX_GEMM_BATCH: usize = 64;
 
 /// Columns of one chunk of the tensor-core GEMM (`HC_GEMM_BK`).
