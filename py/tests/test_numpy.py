@@ -23,11 +23,20 @@ def snr_db(a, b):
     return 10 * np.log10(np.sum(a.astype(np.float64) ** 2) / np.sum((a - b).astype(np.float64) ** 2))
 
 
-def test_import_is_fast_and_needs_no_torch():
-    code = "import time,sys; t=time.perf_counter(); import hypercodec; print(time.perf_counter()-t, 'torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert float(out[0]) < 0.5, out
-    assert out[1] == "False"
+# What `import hypercodec` loads beyond the standard library, printed one name a line.
+# Import stays light by loading nothing heavy (torch, transformers, matplotlib) until
+# asked; a structural check, since a timed one fails on a loaded CI machine.
+IMPORTED_PACKAGES = (
+    "import sys; before = set(sys.modules); import hypercodec; "
+    "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+    "print(hypercodec.__file__); "
+    "print(*sorted(m for m in new if m not in sys.stdlib_module_names), sep='\\n')"
+)
+
+
+def test_import_loads_only_numpy_and_needs_no_torch():
+    out = subprocess.run([sys.executable, "-c", IMPORTED_PACKAGES], capture_output=True, text=True, check=True).stdout.split()
+    assert out[1:] == ["hypercodec", "numpy"], out
 
 
 def test_save_load_inspect_roundtrip(tmp_path):
@@ -168,10 +177,9 @@ def test_a_fresh_venv_installs_and_imports_the_wheel_without_a_compiler(tmp_path
             env[key] = os.environ[key]
     # The wheel and its one dependency (numpy, from the registry or pip's cache).
     subprocess.run([py, "-m", "pip", "install", "-q", wheels[-1]], check=True, env=env)
-    code = "import time; t=time.perf_counter(); import hypercodec; print(time.perf_counter()-t, hypercodec.__file__)"
-    out = subprocess.run([py, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=tmp_path).stdout.split()
-    assert float(out[0]) < 0.5, out
-    assert str(venv) in out[1], out
+    out = subprocess.run([py, "-c", IMPORTED_PACKAGES], capture_output=True, text=True, check=True, env=env, cwd=tmp_path).stdout.split()
+    assert str(venv) in out[0], out
+    assert out[1:] == ["hypercodec", "numpy"], out
 
 
 @pytest.mark.parametrize("quantizer,bits,floor_db", [("e8", 4, 19.5), ("e8", 2, 9.2), ("trellis", 3, 16.0)])
