@@ -27,6 +27,9 @@ fn gpu_trellis_rows(
     p: &hypercodec_trellis::TrellisParams,
     bits: &mut [u8],
 ) -> Result<(), String> {
+    if p.v != 1 {
+        return Err("the GPU encoder codes one value per state only".into());
+    }
     let k = ENCODER
         .with(|e| e.borrow().clone())
         .ok_or("no CUDA device on this thread")?;

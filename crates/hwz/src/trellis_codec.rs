@@ -40,7 +40,7 @@ impl TrellisLayout {
                 seq,
                 scale_dtype,
             } => Ok(TrellisLayout {
-                params: TrellisParams { l, k, scale },
+                params: TrellisParams { l, k, scale, v: 1 },
                 tile: tile as usize,
                 seed,
                 seq: seq as usize,

@@ -405,7 +405,10 @@ pub(crate) fn trellis_row_dot(
     // Calibrated rows: sequences of 16 values at once (all but a longer last one).
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
-    if seq == 16 && k <= 4 && l <= 16 * k && crate::simd::has_avx2() {
+    // The fused loops decode the 1MAD code (one value per state); pairs are decoded, then
+    // dotted, below.
+    let fused = p.v == 1;
+    if fused && seq == 16 && k <= 4 && l <= 16 * k && crate::simd::has_avx2() {
         #[cfg(target_arch = "x86_64")]
         {
             // The last sequence takes the rest: whole when the row is a multiple of 16.
@@ -438,7 +441,7 @@ pub(crate) fn trellis_row_dot(
         let x = &xr[q.clone()];
         let n = x.len();
         let first = (l - k).div_ceil(k).min(n);
-        if crate::simd::has_avx2() && n > first {
+        if fused && crate::simd::has_avx2() && n > first {
             #[cfg(target_arch = "x86_64")]
             {
                 // SAFETY: AVX2 and FMA are present; `bits[from..]` holds the sequence's n·K
@@ -471,6 +474,52 @@ pub(crate) fn trellis_row_dot(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A row of the pair code (two values per state) takes the decode-then-dot path: the same
+    /// sum as its decoded values dotted, for whole and ragged sequences, calibrated (16) or not.
+    #[test]
+    fn pair_coded_rows_dot_as_their_decoded_values() {
+        use hypercodec_trellis::{decode_row, encode, row_sequences, TrellisParams};
+        for (l, k, cols, seq) in [
+            (12u8, 2u8, 96usize, 32usize),
+            (16, 4, 200, 16),
+            (14, 3, 64, 64),
+        ] {
+            let p = TrellisParams::pairs(l, k);
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+                .collect();
+            let w: Vec<f32> = (0..cols)
+                .map(|i| ((i * 53) % 89) as f32 / 40.0 - 1.1)
+                .collect();
+            let mut bits = vec![0u8; (cols * k as usize).div_ceil(8)];
+            for q in row_sequences(cols, seq) {
+                let b = encode(&w[q.clone()], &p).unwrap();
+                // Every sequence starts on a byte (seq a multiple of 8).
+                let at = q.start * k as usize / 8;
+                for (i, v) in b.iter().enumerate() {
+                    bits[at + i] |= v;
+                }
+            }
+            let mut dec = vec![0f32; cols];
+            decode_row(&bits, seq, &p, &mut dec).unwrap();
+            let want: f32 = dec.iter().zip(&x).map(|(a, b)| a * b).sum();
+            let got = trellis_row_dot(&bits, 0, &p, seq, &x, &mut Vec::new()).unwrap();
+            assert!(
+                (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                "L {l} K {k}: {got} vs {want}"
+            );
+            // And the decoded row is a good approximation of w (the code works through rows).
+            let err: f32 = dec
+                .iter()
+                .zip(&w)
+                .map(|(a, b)| (a - b).powi(2))
+                .sum::<f32>()
+                / cols as f32;
+            let sig: f32 = w.iter().map(|v| v * v).sum::<f32>() / cols as f32;
+            assert!(err < 0.2 * sig, "L {l} K {k}: error {err} of {sig}");
+        }
+    }
 
     /// The trellis code-sum dots (AVX2 shuffles, AVX-512 permutes) against the reference
     /// decoder, for every K, several L, windows starting at every bit offset.

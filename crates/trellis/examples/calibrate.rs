@@ -8,7 +8,7 @@
 //! six rounds from `1 + 0.04·K`. The Viterbi steps are bit-identical on every CPU (tested), so
 //! the table is reproducible.
 
-use hypercodec_trellis::{code_value, Encoder, TrellisParams};
+use hypercodec_trellis::{code_value, pair_sums, Encoder, TrellisParams};
 use std::fmt::Write as _;
 
 /// Values per point (sequences of [`SEQ`]).
@@ -32,23 +32,28 @@ fn gaussian(n: usize, seed: u64) -> Vec<f32> {
 /// Encodes `x` with `p`; returns `(⟨x, c⟩, ⟨c, c⟩, squared error)`, `c` the unit codes.
 fn fit(x: &[f32], p: &TrellisParams) -> (f64, f64, f64) {
     let mut enc = Encoder::new(p).expect("valid parameters");
-    let (l, k) = (p.l as usize, p.k as usize);
+    let (l, k, v) = (p.l as usize, p.k as usize, p.v as usize);
     let (mut xc, mut cc, mut err) = (0f64, 0f64, 0f64);
     for seq in x.chunks(SEQ) {
         let mut bits = vec![0u8; (seq.len() * k).div_ceil(8)];
         enc.encode_into(seq, &mut bits).expect("encode");
         let total = seq.len() * k;
-        for (i, &v) in seq.iter().enumerate() {
-            let end = i * k + k;
+        for (i, &x) in seq.iter().enumerate() {
+            // The state that ends with the step holding value i.
+            let end = (i / v + 1) * v * k;
             let mut state = 0u32;
             for j in 0..l {
                 let pos = (end + 2 * total - l + j) % total;
                 state |= (((bits[pos / 8] >> (pos % 8)) & 1) as u32) << j;
             }
-            let c = code_value(state) as f64;
-            xc += v as f64 * c;
+            let c = if v == 2 {
+                (pair_sums(state)[i % 2] as f64 - 510.0) / 147.8019
+            } else {
+                code_value(state) as f64
+            };
+            xc += x as f64 * c;
             cc += c * c;
-            err += (v as f64 - p.scale as f64 * c).powi(2);
+            err += (x as f64 - p.scale as f64 * c).powi(2);
         }
     }
     (xc, cc, err)
@@ -64,20 +69,32 @@ fn main() {
          \n/// `(L, K, scale, SNR dB)` for 8 <= L <= 16, 1 <= K <= min(8, L - 1).\n\
          pub(crate) const SCALES: &[(u8, u8, f32, f32)] = &[\n",
     );
+    let row = |out: &mut String, l: u8, k: u8, v: u8| {
+        let mut scale = 1.0 + 0.04 * k as f32;
+        for _ in 0..6 {
+            let (xc, cc, _) = fit(&x, &TrellisParams { l, k, scale, v });
+            scale = (xc / cc) as f32;
+        }
+        let (_, _, err) = fit(&x, &TrellisParams { l, k, scale, v });
+        let snr = 10.0 * (sig / err).log10();
+        eprintln!(
+            "L {l} K {k} V {v}: scale {scale:.4}, {snr:.2} dB (bound {:.2})",
+            6.0206 * k as f64
+        );
+        let _ = writeln!(out, "    ({l}, {k}, {scale:.4}, {snr:.2}),");
+    };
     for l in 8u8..=16 {
         for k in 1u8..=8.min(l - 1) {
-            let mut scale = 1.0 + 0.04 * k as f32;
-            for _ in 0..6 {
-                let (xc, cc, _) = fit(&x, &TrellisParams { l, k, scale });
-                scale = (xc / cc) as f32;
-            }
-            let (_, _, err) = fit(&x, &TrellisParams { l, k, scale });
-            let snr = 10.0 * (sig / err).log10();
-            eprintln!(
-                "L {l} K {k}: scale {scale:.4}, {snr:.2} dB (bound {:.2})",
-                6.0206 * k as f64
-            );
-            let _ = writeln!(out, "    ({l}, {k}, {scale:.4}, {snr:.2}),");
+            row(&mut out, l, k, 1);
+        }
+    }
+    out.push_str(
+        "];\n\n/// `(L, K, scale, SNR dB)` of the pair code (V = 2) for 8 <= L <= 16, 1 <= K <= 4, 2K < L.\n\
+         pub(crate) const PAIR_SCALES: &[(u8, u8, f32, f32)] = &[\n",
+    );
+    for l in 8u8..=16 {
+        for k in (1u8..=4).filter(|&k| 2 * k < l) {
+            row(&mut out, l, k, 2);
         }
     }
     out.push_str("];\n");

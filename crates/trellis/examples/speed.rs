@@ -13,11 +13,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(256);
-    let p = TrellisParams {
-        l,
-        k,
-        scale: TrellisParams::default_scale(l, k),
-    };
+    let p = TrellisParams::new(l, k);
     let x: Vec<f32> = (0..1 << 14)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 290.0)
         .collect();

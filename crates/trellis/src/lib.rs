@@ -15,10 +15,17 @@
 //! `n` values is exactly `n·K` bits. The default `L` is 16 ([`DEFAULT_L`]); the scale of each
 //! `(L, K)` is calibrated on Gaussian data ([`TrellisParams::default_scale`]).
 //!
+//! A second code reconstructs a *pair* of values per state (`V = 2`, [`TrellisParams::pairs`]):
+//! each step shifts in `2K` bits and the state's two values are the byte sums of two hashes
+//! ([`pair_sums`]). A GPU decoder then spends one state extraction and two hashes per two
+//! weights instead of two of each (about 22 % fewer integer instructions per weight), at
+//! 0.05 dB below the 1MAD code at 2 bits and 0.3 dB at 4 (L = 16; `docs/eval/cuda_trellis_codes.md`).
+//! The archive format does not store pairs yet.
+//!
 //! ```
 //! use hypercodec_trellis::{decode, encode, TrellisParams};
 //! let x: Vec<f32> = (0..256).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 290.0).collect();
-//! let p = TrellisParams { l: 10, k: 2, scale: TrellisParams::default_scale(10, 2) };
+//! let p = TrellisParams::new(10, 2);
 //! let bits = encode(&x, &p)?;
 //! assert_eq!(bits.len(), 256 * 2 / 8);
 //! let y = decode(&bits, x.len(), &p)?;
@@ -40,6 +47,22 @@ pub enum TrellisError {
         l: u8,
         /// Bits per value.
         k: u8,
+    },
+    /// Values per state other than 1, or pairs (`V = 2`) with `K > 4` or `2K ≥ L`.
+    #[error("trellis V = {v} at K = {k}, L = {l}: use V = 1, or V = 2 with K <= 4 and 2K < L")]
+    InvalidValuesPerState {
+        /// Values per state.
+        v: u8,
+        /// Bits per value.
+        k: u8,
+        /// State bits.
+        l: u8,
+    },
+    /// A sequence of pairs (`V = 2`) with an odd number of values.
+    #[error("a sequence of {n} values does not split into pairs (V = 2)")]
+    OddLength {
+        /// Values.
+        n: usize,
     },
     /// A sequence is shorter than the state (`n·K < L`), so it cannot bite its own tail.
     #[error("a sequence of {n} values at {k} bits is shorter than the {l}-bit state")]
@@ -92,6 +115,13 @@ pub struct TrellisParams {
     /// The reconstruction of state `s` is `scale · code_value(s)`, for unit-variance input. By
     /// default, [`TrellisParams::default_scale`] of `l` and `k`.
     pub scale: f32,
+    /// Values per state (QTIP's `V`): 1, the 1MAD code ([`code_sum`]); or 2, a pair of values
+    /// per state from two hashes ([`pair_sums`]), each step shifting in `2K` bits (`K ≤ 4`,
+    /// sequences of an even length). A pair costs a GPU decoder one state extraction and two
+    /// hashes where two 1MAD values cost two of each: about 22 % fewer integer instructions
+    /// per weight, for 0.04 dB at 2 bits and 0.35 dB at 4 on Gaussian data
+    /// (`docs/eval/cuda_trellis_codes.md`). By default, 1.
+    pub v: u8,
 }
 
 /// The default state bits: the smallest `L` whose calibrated SNR is within 0.5 dB of the
@@ -130,7 +160,34 @@ impl TrellisParams {
             l,
             k,
             scale: Self::default_scale(l, k),
+            v: 1,
         }
+    }
+
+    /// The pair code (`V = 2`) of `(l, k)` at its calibrated scale ([`TrellisParams::pair_scale`]).
+    pub fn pairs(l: u8, k: u8) -> Self {
+        TrellisParams {
+            l,
+            k,
+            scale: Self::pair_scale(l, k),
+            v: 2,
+        }
+    }
+
+    /// [`TrellisParams::default_scale`] of the pair code (`V = 2`; `K ≤ 4`, `2K < L`).
+    pub fn pair_scale(l: u8, k: u8) -> f32 {
+        PAIR_SCALES
+            .iter()
+            .find(|&&(a, b, _, _)| a == l && b == k)
+            .map_or(1.0, |&(_, _, s, _)| s)
+    }
+
+    /// [`TrellisParams::calibrated_snr_db`] of the pair code.
+    pub fn pair_snr_db(l: u8, k: u8) -> Option<f32> {
+        PAIR_SCALES
+            .iter()
+            .find(|&&(a, b, _, _)| a == l && b == k)
+            .map(|&(_, _, _, snr)| snr)
     }
 
     /// The reconstruction of `state`: `scale · code_value(state)`, computed as `sum·c1 + c0`
@@ -139,6 +196,20 @@ impl TrellisParams {
     pub fn value(&self, state: u32) -> f32 {
         let (c1, c0) = self.affine();
         code_sum(state) as f32 * c1 + c0
+    }
+
+    /// The two reconstructions of `state` under the pair code: `sum·c1 + c0` of each of its
+    /// [`pair_sums`].
+    #[inline(always)]
+    pub fn pair(&self, state: u32) -> [f32; 2] {
+        let (c1, c0) = self.affine();
+        pair_sums(state).map(|s| s as f32 * c1 + c0)
+    }
+
+    /// Bits per trellis step: `V·K`.
+    #[inline(always)]
+    pub fn step_bits(&self) -> usize {
+        self.v as usize * self.k as usize
     }
 
     /// `(c1, c0)` of [`TrellisParams::value`]: `c1 = scale / 147.8`, `c0 = −510·c1`.
@@ -154,6 +225,16 @@ impl TrellisParams {
                 l: self.l,
                 k: self.k,
             });
+        }
+        if self.v != 1 && (self.v != 2 || self.k > 4 || 2 * self.k >= self.l) {
+            return Err(TrellisError::InvalidValuesPerState {
+                v: self.v,
+                k: self.k,
+                l: self.l,
+            });
+        }
+        if !n.is_multiple_of(self.v as usize) {
+            return Err(TrellisError::OddLength { n });
         }
         if n * (self.k as usize) < self.l as usize {
             return Err(TrellisError::TooShort {
@@ -179,7 +260,7 @@ const EXHAUSTIVE_VALUES: usize = 128;
 const EXHAUSTIVE_BOUNDARIES: usize = 64;
 
 mod scale_table;
-use scale_table::SCALES;
+use scale_table::{PAIR_SCALES, SCALES};
 
 /// The pseudo-Gaussian value of a state: `x = 34038481·s + 76625530 (mod 2^32)`, then the sum
 /// of the four bytes of `x` minus their mean (510), divided by their standard deviation
@@ -196,6 +277,16 @@ pub fn code_sum(state: u32) -> u32 {
     (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24)
 }
 
+/// The byte sums (each 0..=1020) behind a state's pair of values (`V = 2`): of `x`, the 1MAD
+/// hash `34038481·s + 76625530`, and of `y = 0x9E3779B9·x + 0x7F4A7C15` (mod 2^32). Each is
+/// approximately N(510, 147.8²) over the states, the two nearly independent.
+#[inline(always)]
+pub fn pair_sums(state: u32) -> [u32; 2] {
+    let x = state.wrapping_mul(34_038_481).wrapping_add(76_625_530);
+    let y = x.wrapping_mul(0x9E37_79B9).wrapping_add(0x7F4A_7C15);
+    [x, y].map(|z| (z & 0xFF) + ((z >> 8) & 0xFF) + ((z >> 16) & 0xFF) + (z >> 24))
+}
+
 /// The mean of [`code_sum`] over uniform states.
 const CODE_MEAN: f32 = 510.0;
 /// One over the standard deviation of [`code_sum`] over uniform states.
@@ -204,10 +295,11 @@ const CODE_SCALE: f32 = 1.0 / 147.8019;
 /// Encodes `x` (about unit variance) into `x.len()·K` bits, LSB-first, by a tail-biting
 /// Viterbi search in two passes (QTIP's approximation): the first, from any start, runs over
 /// `x` rotated by half its length, so the path it finds crosses the sequence's boundary in
-/// its middle; the second fixes the start of `x` to the `L − K` bits that path holds at the
+/// its middle; the second fixes the start of `x` to the `L − VK` bits that path holds at the
 /// boundary and keeps only the ends that agree. When there are at most 64 possible boundaries
-/// (`L − K ≤ 6`) and at most 128 values, every one is tried instead (the exact tail-biting
-/// optimum).
+/// (`L − VK ≤ 6`) and at most 128 values, every one is tried instead (the exact tail-biting
+/// optimum). With pairs (`V = 2`) a step codes two values: `2K` bits, both values' squared
+/// errors.
 pub fn encode(x: &[f32], p: &TrellisParams) -> Result<Vec<u8>> {
     let mut out = vec![0u8; (x.len() * p.k as usize).div_ceil(8)];
     Encoder::new(p)?.encode_into(x, &mut out)?;
@@ -218,7 +310,8 @@ pub fn encode(x: &[f32], p: &TrellisParams) -> Result<Vec<u8>> {
 /// sequences (building the table costs 2^L code evaluations).
 pub struct Encoder {
     p: TrellisParams,
-    /// `code_sum(reverse_L(s))`: the Viterbi indexes states with the newest bits lowest.
+    /// `code_sum(reverse_L(s))`: the Viterbi indexes states with the newest bits lowest. With
+    /// pairs, the first sums of [`pair_sums`] for every state, then the second ones.
     sums: Vec<u16>,
     viterbi: Viterbi,
     step: StepFn,
@@ -227,18 +320,31 @@ pub struct Encoder {
 impl Encoder {
     /// The encoder of `p`.
     pub fn new(p: &TrellisParams) -> Result<Self> {
-        p.check((p.l as usize).div_ceil(p.k.max(1) as usize))?;
-        let (l, k) = (p.l as u32, p.k as u32);
+        let v = p.v.max(1) as usize;
+        p.check(
+            (p.l as usize)
+                .div_ceil(p.k.max(1) as usize)
+                .next_multiple_of(v),
+        )?;
+        let (l, k) = (p.l as u32, p.step_bits() as u32);
         let states = 1usize << l;
         let groups = 1usize << (l - k);
-        let sums = (0..states as u32)
-            .map(|s| code_sum(s.reverse_bits() >> (32 - l)) as u16)
-            .collect();
+        let reversed = move |s: u32| s.reverse_bits() >> (32 - l);
+        let sums = if p.v == 2 {
+            let pairs: Vec<[u32; 2]> = (0..states as u32).map(|s| pair_sums(reversed(s))).collect();
+            (0..2)
+                .flat_map(|j| pairs.iter().map(move |q| q[j] as u16))
+                .collect()
+        } else {
+            (0..states as u32)
+                .map(|s| code_sum(reversed(s)) as u16)
+                .collect()
+        };
         Ok(Encoder {
             p: *p,
             sums,
             viterbi: Viterbi::new(states, groups, 0),
-            step: step_fn(groups),
+            step: step_fn(groups, p.v == 2),
         })
     }
 
@@ -259,7 +365,8 @@ impl Encoder {
         if let Some(index) = x.iter().position(|v| !v.is_finite()) {
             return Err(TrellisError::NonFinite { index });
         }
-        let (l, k) = (p.l as u32, p.k as u32);
+        // `k`: bits per step; `v` values a step.
+        let (l, k, v) = (p.l as u32, p.step_bits() as u32, p.v as usize);
         let low_bits = l - k;
         let low_mask = (1u32 << low_bits) - 1;
         let n = x.len();
@@ -269,6 +376,7 @@ impl Encoder {
             for start in 0..=low_mask {
                 let (e, cost) = vt.run(
                     x,
+                    v,
                     &self.sums,
                     p.scale,
                     k,
@@ -283,16 +391,17 @@ impl Encoder {
             best.map(|(_, ks)| ks).unwrap_or_default()
         } else {
             // The values around the boundary, x's end then its start (all of x, rotated by
-            // half, when it is short).
+            // half — whole steps —, when it is short).
             let w = BOUNDARY_WINDOW;
             let (rotated, before): (Vec<f32>, usize) = if n > 2 * w {
                 (x[n - w..].iter().chain(&x[..w]).copied().collect(), w)
             } else {
-                let h = n / 2;
+                let h = n / 2 / v * v;
                 (x[h..].iter().chain(&x[..h]).copied().collect(), n - h)
             };
             let (e, _) = vt.run(
                 &rotated,
+                v,
                 &self.sums,
                 p.scale,
                 k,
@@ -303,12 +412,13 @@ impl Encoder {
             let (ks, pre) = vt.traceback(e, k, low_bits);
             // The state after x's last value.
             let mask = (1u32 << l) - 1;
-            let boundary = ks[..before]
+            let boundary = ks[..before / v]
                 .iter()
                 .fold(pre, |s, &sym| ((s << k) | sym) & mask)
                 & low_mask;
             let (e, _) = vt.run(
                 x,
+                v,
                 &self.sums,
                 p.scale,
                 k,
@@ -381,9 +491,15 @@ pub fn window(bits: &[u8], start: usize, l: u32) -> u32 {
 
 /// [`decode`] into `out`: value `i` is `scale · code_value(state_i)`, `state_i` the `L` bits of
 /// the (circular) stream that end with value `i`'s `K` bits, read as a little-endian integer.
+/// With pairs (`V = 2`), values `2j` and `2j + 1` are [`TrellisParams::pair`] of the state that
+/// ends with step `j`'s `2K` bits.
 pub fn decode_into(bits: &[u8], p: &TrellisParams, out: &mut [f32]) -> Result<()> {
     let n = out.len();
     check_stream(bits, n, p)?;
+    if p.v == 2 {
+        decode_pairs_into(bits, p, out);
+        return Ok(());
+    }
     let (l, k) = (p.l as usize, p.k as usize);
     let total = n * k;
     if total <= 64 {
@@ -418,6 +534,21 @@ pub fn decode_into(bits: &[u8], p: &TrellisParams, out: &mut [f32]) -> Result<()
     Ok(())
 }
 
+/// [`decode_into`] for pairs (the stream checked).
+fn decode_pairs_into(bits: &[u8], p: &TrellisParams, out: &mut [f32]) {
+    let (l, sb) = (p.l as usize, p.step_bits());
+    let total = out.len() * p.k as usize;
+    for (j, o) in out.chunks_exact_mut(2).enumerate() {
+        let end = j * sb + sb;
+        let state = if end >= l {
+            window(bits, end - l, l as u32)
+        } else {
+            wrapped_state(bits, total, l, end)
+        };
+        o.copy_from_slice(&p.pair(state));
+    }
+}
+
 fn check_stream(bits: &[u8], n: usize, p: &TrellisParams) -> Result<()> {
     p.check(n)?;
     let expected = (n * p.k as usize).div_ceil(8);
@@ -439,14 +570,19 @@ pub fn value_at(bits: &[u8], n: usize, p: &TrellisParams, i: usize) -> Result<f3
     if i >= n {
         return Err(TrellisError::Index { index: i, n });
     }
-    let (l, k) = (p.l as usize, p.k as usize);
-    let end = i * k + k;
+    let (l, k, v) = (p.l as usize, p.k as usize, p.v as usize);
+    // The end of the step that holds value i.
+    let end = (i / v + 1) * v * k;
     let state = if end >= l {
         window(bits, end - l, l as u32)
     } else {
         wrapped_state(bits, n * k, l, end)
     };
-    Ok(p.value(state))
+    Ok(if v == 2 {
+        p.pair(state)[i % 2]
+    } else {
+        p.value(state)
+    })
 }
 
 /// Packs the `K`-bit symbols of the Viterbi (whose state keeps the newest bits lowest), each
@@ -465,7 +601,7 @@ fn pack_into(ks: &[u32], k: u32, out: &mut [u8]) {
     }
 }
 
-/// One Viterbi step over tagged costs. A cost is the bit pattern of a non-negative `f32` whose
+/// One Viterbi step over tagged costs (with pairs, `K` here is a step's `2K` bits). A cost is the bit pattern of a non-negative `f32` whose
 /// low `K` bits are replaced by a *tag*: the top `K` bits of its state, i.e. which of the 2^K
 /// predecessors of its successors it is. The minimum over a group of predecessors
 /// `(t << (L−K)) | j`, taken on the bit patterns (which order like the floats), so carries its
@@ -478,19 +614,21 @@ type StepFn = unsafe fn(&[u32], &mut [u8], &mut [u32], &[u16], Point, u32, f32) 
 
 /// The value being coded, as the step sees it: the squared error of state `s` is
 /// `(xc − sum(s)·c1)²` (one fused multiply-add), `sum(s)` its code's byte sum ([`code_sum`]),
-/// `c1 = scale / 147.8`, `xc = x + 510·c1`.
+/// `c1 = scale / 147.8`, `xc = x + 510·c1`. With pairs, `xc2` is the second value's, and the
+/// second squared error is added by a second fused multiply-add.
 #[derive(Debug, Clone, Copy)]
 struct Point {
     xc: f32,
     c1: f32,
+    xc2: f32,
 }
 
 /// A finite stand-in for an infinite cost (tagging the bits of infinity would make a NaN).
 const FORBIDDEN: f32 = 1e30;
 
-/// The fastest step this CPU runs for `groups` predecessor groups: AVX-512 (16 groups at a
-/// time), AVX2 (8), or the portable loops.
-fn step_fn(groups: usize) -> StepFn {
+/// The fastest step this CPU runs for `groups` predecessor groups (of one value per state,
+/// or of `pairs`): AVX-512 (16 groups at a time), AVX2 (8), or the portable loops.
+fn step_fn(groups: usize, pairs: bool) -> StepFn {
     #[cfg(target_arch = "x86_64")]
     {
         if groups >= 16
@@ -498,16 +636,28 @@ fn step_fn(groups: usize) -> StepFn {
             && std::is_x86_feature_detected!("avx512bw")
             && std::env::var_os("HYPERCODEC_NO_AVX512").is_none()
         {
-            return x86::step512;
+            return if pairs {
+                x86::step512::<2>
+            } else {
+                x86::step512::<1>
+            };
         }
         if groups >= 8
             && std::is_x86_feature_detected!("avx2")
             && std::is_x86_feature_detected!("fma")
         {
-            return x86::step_avx2;
+            return if pairs {
+                x86::step_avx2::<2>
+            } else {
+                x86::step_avx2::<1>
+            };
         }
     }
-    step_portable
+    if pairs {
+        step_portable::<2>
+    } else {
+        step_portable::<1>
+    }
 }
 
 /// The tag of state `s` (its top `K` bits) on the cost `c`.
@@ -516,11 +666,12 @@ fn tagged(c: f32, s: usize, k: u32, top: u32) -> u32 {
     (c.to_bits() & !((1u32 << k) - 1)) | (s >> top) as u32
 }
 
-/// The portable step (also the reference the SIMD steps are tested against).
+/// The portable step (also the reference the SIMD steps are tested against); `V` values a
+/// state (`sums` holds `V` sums a state, the first of every state first).
 ///
 /// # Safety
 /// None needed; `unsafe` only to share [`StepFn`]'s type.
-unsafe fn step_portable(
+unsafe fn step_portable<const V: usize>(
     cost: &[u32],
     back: &mut [u8],
     next: &mut [u32],
@@ -530,6 +681,7 @@ unsafe fn step_portable(
     sub: f32,
 ) -> u32 {
     let groups = back.len();
+    let states = cost.len();
     let fan = 1usize << k;
     let tm = (fan - 1) as u32;
     let top = (groups * fan).trailing_zeros() - k;
@@ -545,7 +697,12 @@ unsafe fn step_portable(
         for q in 0..fan {
             let s = j * fan + q;
             let d = (-(sums[s] as f32)).mul_add(x.c1, x.xc);
-            next[s] = tagged(d.mul_add(d, b), s, k, top);
+            let mut c = d.mul_add(d, b);
+            if V == 2 {
+                let d2 = (-(sums[states + s] as f32)).mul_add(x.c1, x.xc2);
+                c = d2.mul_add(d2, c);
+            }
+            next[s] = tagged(c, s, k, top);
         }
     }
     low
@@ -615,9 +772,9 @@ mod x86 {
 
     /// # Safety
     /// The CPU must have AVX2 and FMA; `back.len()` (the groups) ≥ 8 and a power of two;
-    /// `cost`, `next`, `values` of `groups << k` values.
+    /// `cost`, `next` of `groups << k` values, `sums` of `V` times that.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn step_avx2(
+    pub(super) unsafe fn step_avx2<const V: usize>(
         cost: &[u32],
         back: &mut [u8],
         next: &mut [u32],
@@ -629,9 +786,11 @@ mod x86 {
         let groups = back.len();
         let fan = 1usize << k;
         assert!(groups >= 8 && cost.len() == groups * fan && next.len() == cost.len());
-        assert!(sums.len() == cost.len());
+        assert!(sums.len() == V * cost.len());
+        let states = cost.len();
         let top = (groups * fan).trailing_zeros() - k;
         let xv = _mm256_set1_ps(x.xc);
+        let xv2 = _mm256_set1_ps(x.xc2);
         let c1 = _mm256_set1_ps(x.c1);
         let subv = _mm256_set1_ps(sub);
         let tm = _mm256_set1_epi32((fan - 1) as i32);
@@ -683,7 +842,15 @@ mod x86 {
                     let sum =
                         _mm256_cvtepu16_epi32(_mm_loadu_si128(v.add(base + 8 * q) as *const _));
                     let d = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(sum), c1, xv);
-                    let n = _mm256_castps_si256(_mm256_fmadd_ps(d, d, bq));
+                    let mut n = _mm256_fmadd_ps(d, d, bq);
+                    if V == 2 {
+                        let sum2 = _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                            v.add(states + base + 8 * q) as *const _,
+                        ));
+                        let d2 = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(sum2), c1, xv2);
+                        n = _mm256_fmadd_ps(d2, d2, n);
+                    }
+                    let n = _mm256_castps_si256(n);
                     let tag = if one_tag {
                         block_tag
                     } else {
@@ -703,7 +870,7 @@ mod x86 {
     /// # Safety
     /// As [`step_avx2`], with AVX-512 F and BW and at least 16 groups.
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-    pub(super) unsafe fn step512(
+    pub(super) unsafe fn step512<const V: usize>(
         cost: &[u32],
         back: &mut [u8],
         next: &mut [u32],
@@ -715,9 +882,11 @@ mod x86 {
         let groups = back.len();
         let fan = 1usize << k;
         assert!(groups >= 16 && cost.len() == groups * fan && next.len() == cost.len());
-        assert!(sums.len() == cost.len());
+        assert!(sums.len() == V * cost.len());
+        let states = cost.len();
         let top = (groups * fan).trailing_zeros() - k;
         let xv = _mm512_set1_ps(x.xc);
+        let xv2 = _mm512_set1_ps(x.xc2);
         let c1 = _mm512_set1_ps(x.c1);
         let subv = _mm512_set1_ps(sub);
         let tm = _mm512_set1_epi32((fan - 1) as i32);
@@ -765,7 +934,15 @@ mod x86 {
                     let sum =
                         _mm512_cvtepu16_epi32(_mm256_loadu_si256(v.add(base + 16 * q) as *const _));
                     let d = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sum), c1, xv);
-                    let n = _mm512_castps_si512(_mm512_fmadd_ps(d, d, bq));
+                    let mut n = _mm512_fmadd_ps(d, d, bq);
+                    if V == 2 {
+                        let sum2 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                            v.add(states + base + 16 * q) as *const _,
+                        ));
+                        let d2 = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sum2), c1, xv2);
+                        n = _mm512_fmadd_ps(d2, d2, n);
+                    }
+                    let n = _mm512_castps_si512(n);
                     let tag = if one_tag {
                         block_tag
                     } else {
@@ -826,11 +1003,13 @@ impl Viterbi {
     }
 
     #[allow(clippy::too_many_arguments)]
-    /// One pass; returns the cheapest final state (among those whose low bits equal `start`
-    /// when the start is fixed) and its cost (to the precision of the tags).
+    /// One pass over `x`, `v` values a step; returns the cheapest final state (among those
+    /// whose low bits equal `start` when the start is fixed) and its cost (to the precision of
+    /// the tags).
     fn run(
         &mut self,
         x: &[f32],
+        v: usize,
         sums: &[u16],
         scale: f32,
         k: u32,
@@ -853,15 +1032,17 @@ impl Viterbi {
         let keep = !((1u32 << k) - 1);
         let mut sub = 0f32;
         let mut offset = 0f64;
-        self.back.resize(groups * x.len(), 0);
-        for (i, &xi) in x.iter().enumerate() {
+        self.back.resize(groups * (x.len() / v), 0);
+        for (i, xi) in x.chunks_exact(v).enumerate() {
             let back = &mut self.back[i * groups..(i + 1) * groups];
-            // SAFETY: `step` was chosen for this CPU and this many groups (`step_fn`); the
-            // buffers have the lengths it needs (2^L states, 2^(L−K) groups).
+            // SAFETY: `step` was chosen for this CPU, this many groups and `v` (`step_fn`);
+            // the buffers have the lengths it needs (2^L states, 2^(L−K) groups, `v` sums a
+            // state).
             let c1 = scale * CODE_SCALE;
             let point = Point {
-                xc: xi + CODE_MEAN * c1,
+                xc: xi[0] + CODE_MEAN * c1,
                 c1,
+                xc2: xi.get(1).map_or(0.0, |x2| x2 + CODE_MEAN * c1),
             };
             let low = unsafe { step(&self.cost, back, &mut self.next, sums, point, k, sub) };
             offset += sub as f64;

@@ -59,6 +59,7 @@ fn the_tail_biting_search_is_within_reach_of_brute_force() {
         l: 8,
         k: 2,
         scale: 1.0,
+        v: 1,
     };
     for seed in 0..4 {
         let x = gaussian(10, seed);
@@ -77,16 +78,47 @@ fn the_tail_biting_search_is_within_reach_of_brute_force() {
 }
 
 #[test]
+fn the_pair_search_is_within_reach_of_brute_force() {
+    // Pairs, L = 8, K = 2 (4 bits a step), 10 values: the 2^20 circular streams; 2^(L−2K) =
+    // 16 boundaries, all tried.
+    let p = TrellisParams {
+        l: 8,
+        k: 2,
+        scale: 1.0,
+        v: 2,
+    };
+    for seed in 0..4 {
+        let x = gaussian(10, seed + 10);
+        let mut best = f64::INFINITY;
+        for stream in 0u32..1 << 20 {
+            let bits = stream.to_le_bytes()[..3].to_vec();
+            best = best.min(mse(&x, &decode(&bits, 10, &p).unwrap()));
+        }
+        let ours = mse(&x, &decode(&encode(&x, &p).unwrap(), 10, &p).unwrap());
+        assert!(
+            ours >= best - 1e-9 && ours <= best * (1.0 + 1e-6) + 1e-9,
+            "seed {seed}: {ours} vs best {best}"
+        );
+    }
+}
+
+#[test]
 fn tail_biting_costs_almost_nothing_on_long_sequences() {
     // Against the free-start optimum (a lower bound of any tail-biting path): the boundary
     // constrains about (L − K)/K of 256 values.
     for (l, k) in [(10u8, 2u8), (12, 3)] {
-        let p = TrellisParams { l, k, scale: 1.0 };
+        let p = TrellisParams {
+            l,
+            k,
+            scale: 1.0,
+            v: 1,
+        };
         let x = gaussian(256, l as u64);
         let e = Encoder::new(&p).unwrap();
         let mut v = Viterbi::new(1 << l, 1 << (l - k), x.len());
         let (_, free) = v.run(
             &x,
+            1,
             &e.sums,
             p.scale,
             k as u32,
@@ -107,11 +139,7 @@ fn snr_approaches_the_bound_on_gaussian_data() {
     // Sequences of 256 values, L = 12: within 1.3 dB of 6.02·K dB at K = 2, 3, 4.
     let x = gaussian(1 << 13, 3);
     for k in 2..=4u8 {
-        let p = TrellisParams {
-            l: 12,
-            k,
-            scale: TrellisParams::default_scale(12, k),
-        };
+        let p = TrellisParams::new(12, k);
         let (mut sig, mut err) = (0f64, 0f64);
         for c in x.chunks(256) {
             let y = decode(&encode(c, &p).unwrap(), c.len(), &p).unwrap();
@@ -121,6 +149,60 @@ fn snr_approaches_the_bound_on_gaussian_data() {
         let snr = 10.0 * (sig / err).log10();
         assert!(snr > 6.0206 * k as f64 - 1.3, "K = {k}: {snr:.2} dB");
     }
+}
+
+#[test]
+fn pairs_reach_their_calibration_and_stay_near_one_value_per_state() {
+    // Other data than the calibration's, sequences of 1024: each pair code within 0.25 dB of
+    // its table's SNR, and within 0.15 dB (L = 16, 2 bits) to 0.5 dB (4 bits) of the 1MAD code.
+    let x = gaussian(1 << 12, 5);
+    let sig: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum();
+    let snr = |p: &TrellisParams| {
+        let err: f64 = x
+            .chunks(1024)
+            .map(|c| mse(c, &decode(&encode(c, p).unwrap(), c.len(), p).unwrap()) * c.len() as f64)
+            .sum();
+        10.0 * (sig / err).log10()
+    };
+    for (l, k, gap) in [(12u8, 2u8, 0.35), (14, 3, 0.3), (16, 2, 0.15), (16, 4, 0.5)] {
+        let (one, two) = (
+            snr(&TrellisParams::new(l, k)),
+            snr(&TrellisParams::pairs(l, k)),
+        );
+        let table = TrellisParams::pair_snr_db(l, k).unwrap() as f64;
+        assert!(
+            (two - table).abs() < 0.25,
+            "L {l} K {k}: {two:.2} dB vs table {table:.2}"
+        );
+        assert!(
+            two > one - gap,
+            "L {l} K {k}: pairs {two:.2} dB, 1MAD {one:.2}"
+        );
+        assert!(
+            two < 6.0206 * k as f64,
+            "L {l} K {k}: {two:.2} dB beats the bound"
+        );
+    }
+}
+
+#[test]
+fn pair_values_are_about_unit_gaussian_and_uncorrelated() {
+    let (mut m, mut v, mut c) = ([0f64; 2], [0f64; 2], 0f64);
+    let n = 1u32 << 16;
+    for s in 0..n {
+        let p = pair_sums(s).map(|q| (q as f64 - 510.0) / 147.8019);
+        for j in 0..2 {
+            m[j] += p[j];
+            v[j] += p[j] * p[j];
+        }
+        c += p[0] * p[1];
+    }
+    let n = n as f64;
+    for j in 0..2 {
+        assert!((m[j] / n).abs() < 0.02, "mean {}", m[j] / n);
+        assert!((v[j] / n - 1.0).abs() < 0.03, "variance {}", v[j] / n);
+    }
+    assert!((c / n).abs() < 0.02, "correlation {}", c / n);
 }
 
 proptest! {
@@ -134,7 +216,10 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let k = k.min(l - 1);
-        let p = TrellisParams { l, k, scale: 1.1 };
+        // Pairs where they are defined (K ≤ 4, 2K < L; an even length).
+        let v = if k <= 4 && 2 * k < l && seed % 2 == 0 { 2 } else { 1 };
+        let n = n / v as usize * v as usize;
+        let p = TrellisParams { l, k, scale: 1.1, v };
         let x = gaussian(n, seed);
         let bits = encode(&x, &p).unwrap();
         prop_assert_eq!(bits.len(), (n * k as usize).div_ceil(8));
@@ -148,8 +233,8 @@ proptest! {
     }
 
     #[test]
-    fn any_bytes_decode_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..64), n in 0usize..200, l in 0u8..20, k in 0u8..10) {
-        let p = TrellisParams { l, k, scale: 1.0 };
+    fn any_bytes_decode_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..64), n in 0usize..200, l in 0u8..20, k in 0u8..10, v in 0u8..4) {
+        let p = TrellisParams { l, k, scale: 1.0, v };
         let _ = decode(&bytes, n, &p);
         let _ = value_at(&bytes, n, &p, n / 2);
     }
@@ -158,7 +243,12 @@ proptest! {
 #[test]
 fn bad_input_is_a_typed_error() {
     let x = gaussian(64, 1);
-    let bad = |l, k| TrellisParams { l, k, scale: 1.0 };
+    let bad = |l, k| TrellisParams {
+        l,
+        k,
+        scale: 1.0,
+        v: 1,
+    };
     assert!(matches!(
         encode(&x, &bad(7, 2)),
         Err(TrellisError::InvalidParams { .. })
@@ -181,11 +271,45 @@ fn bad_input_is_a_typed_error() {
         decode(&[0u8; 3], 64, &bad(10, 2)),
         Err(TrellisError::Length { .. })
     ));
+    let with_v = |l, k, v| TrellisParams {
+        l,
+        k,
+        scale: 1.0,
+        v,
+    };
+    for (l, k, v) in [(12, 5, 2), (8, 4, 2), (12, 2, 0), (12, 2, 3)] {
+        assert!(
+            matches!(
+                encode(&x, &with_v(l, k, v)),
+                Err(TrellisError::InvalidValuesPerState { .. })
+            ),
+            "L {l} K {k} V {v}"
+        );
+    }
+    assert!(matches!(
+        encode(&x[..63], &with_v(12, 2, 2)),
+        Err(TrellisError::OddLength { n: 63 })
+    ));
+    assert!(matches!(
+        value_at(&[0u8; 16], 63, &with_v(12, 2, 2), 3),
+        Err(TrellisError::OddLength { n: 63 })
+    ));
 }
 
 #[test]
 fn the_simd_steps_equal_the_portable_one() {
-    for (l, k) in [(10u32, 1u32), (11, 2), (12, 3), (12, 4), (13, 5), (14, 8)] {
+    // (L, bits per step, values a state): pairs step 2K bits.
+    let cases = [
+        (10u32, 1u32, 1usize),
+        (11, 2, 1),
+        (12, 3, 1),
+        (12, 4, 1),
+        (13, 5, 1),
+        (14, 8, 1),
+    ]
+    .into_iter()
+    .chain([(10, 2, 2), (12, 4, 2), (14, 6, 2), (16, 8, 2)]);
+    for (l, k, v) in cases {
         let (states, groups) = (1usize << l, 1usize << (l - k));
         let top = l - k;
         let cost: Vec<u32> = gaussian(states, l as u64)
@@ -193,10 +317,13 @@ fn the_simd_steps_equal_the_portable_one() {
             .enumerate()
             .map(|(s, v)| tagged(1.0 + v.abs(), s, k, top))
             .collect();
-        let sums: Vec<u16> = (0..states as u32).map(|s| code_sum(s) as u16).collect();
+        let sums: Vec<u16> = (0..(v * states) as u32)
+            .map(|s| code_sum(s) as u16)
+            .collect();
         let x = Point {
             xc: 0.3 + 510.0 / 147.8,
             c1: 1.0 / 147.8,
+            xc2: -0.7 + 510.0 / 147.8,
         };
         let run = |f: StepFn| {
             let (mut back, mut next) = (vec![0u8; groups], vec![0u32; states]);
@@ -204,13 +331,29 @@ fn the_simd_steps_equal_the_portable_one() {
             let low = unsafe { f(&cost, &mut back, &mut next, &sums, x, k, 0.25) };
             (back, next, low)
         };
-        let want = run(step_portable);
-        assert_eq!(want, run(step_fn(groups)), "L {l} K {k}");
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            assert_eq!(want, run(x86::step_avx2), "L {l} K {k}: AVX2");
-        }
+        let (portable, avx2): (StepFn, StepFn) = if v == 2 {
+            (step_portable::<2>, x86_or(step_portable::<2>, true))
+        } else {
+            (step_portable::<1>, x86_or(step_portable::<1>, false))
+        };
+        let want = run(portable);
+        assert_eq!(want, run(step_fn(groups, v == 2)), "L {l} K {k} V {v}");
+        assert_eq!(want, run(avx2), "L {l} K {k} V {v}: AVX2");
     }
+}
+
+/// The AVX2 step of one or two values a state where the CPU has it, else `fallback`.
+fn x86_or(fallback: StepFn, pairs: bool) -> StepFn {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        return if pairs {
+            x86::step_avx2::<2>
+        } else {
+            x86::step_avx2::<1>
+        };
+    }
+    let _ = pairs;
+    fallback
 }
 
 #[test]
@@ -225,7 +368,12 @@ fn short_sequences_decode_as_random_access_reads_them() {
                 if n * k as usize > 64 + 8 || n * (k as usize) < l as usize {
                     continue;
                 }
-                let p = TrellisParams { l, k, scale: 0.5 };
+                let p = TrellisParams {
+                    l,
+                    k,
+                    scale: 0.5,
+                    v: 1,
+                };
                 let bits = random_bytes((n * k as usize).div_ceil(8), &mut s);
                 let got = decode(&bits, n, &p).unwrap();
                 for (i, g) in got.iter().enumerate() {
