@@ -129,12 +129,34 @@ pub fn golden_trellis_encodings() -> Vec<Encoding> {
         seed: 11,
         seq,
         scale_dtype,
+        v: 1,
     };
     vec![
         t(16, 2, 1.0703, 8, 1024, FloatDtype::F16),
         t(12, 4, 1.1616, 8, 16, FloatDtype::Bf16),
         t(8, 1, 0.874, 1, 8, FloatDtype::F32),
         t(10, 3, 1.1451, 4, 24, FloatDtype::F16),
+    ]
+}
+
+/// Trellis encodings of a pair of values per state (`v = 2`): a sequence per row or several,
+/// 2 to 4 bits, every scale storage.
+pub fn golden_trellis_pair_encodings() -> Vec<Encoding> {
+    // The calibrated pair scales when the file was made (stored, like the others').
+    let t = |l, k, scale, tile, seq, scale_dtype| Encoding::Trellis {
+        l,
+        k,
+        scale,
+        tile,
+        seed: 12,
+        seq,
+        scale_dtype,
+        v: 2,
+    };
+    vec![
+        t(16, 2, 1.0548, 8, 1024, FloatDtype::F16),
+        t(12, 4, 1.1641, 8, 16, FloatDtype::Bf16),
+        t(10, 3, 1.1456, 4, 24, FloatDtype::F32),
     ]
 }
 

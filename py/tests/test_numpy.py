@@ -326,6 +326,30 @@ def test_kv_codec_refuses_bad_input_with_typed_errors():
     c.decode_rows_into(codes.reshape(4, 1, -1), scales.reshape(4, 1), 0, np.zeros((4, 0, 64), np.float32))
 
 
+def test_trellis_pairs_quantize_decode_and_run_on_the_cpu():
+    # Two values per trellis state (`-v2`): the same bytes as one value per state, an SNR near
+    # the one-value code's, the CPU forward equal to the decoded weight's product, no device
+    # form (the CUDA kernels read one value a state: the decode fallback takes pairs).
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((48, 512)).astype(np.float32)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    one = hypercodec.Linear.quantize(w, "tcq@2-l12")
+    two = hypercodec.Linear.quantize(w, "tcq@2-l12-v2")
+    assert two.stored_bytes == one.stored_bytes
+    assert two.path.endswith("-v2") and not one.path.endswith("-v2"), (one.path, two.path)
+    assert snr_db(w, two.weight()) > snr_db(w, one.weight()) - 0.5
+    assert snr_db(w, two.weight()) > 10.5
+    got = two.forward(x)
+    want = x @ two.weight().reshape(48, 512).T
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    assert two.device_form() is None
+    # Odd rows keep one value per state; 5 bits per value do not pair.
+    odd = hypercodec.Linear.quantize(w[:, :511].copy(), "tcq@2-l12-v2")
+    assert not odd.path.endswith("-v2"), odd.path
+    with pytest.raises(hypercodec.InvalidInputError):
+        hypercodec.Linear.quantize(w, "tcq@5-l12-v2")
+
+
 def test_trellis_encoder_bindings_round_trip_and_refuse_bad_input():
     rng = np.random.default_rng(7)
     x = rng.standard_normal((3, 272)).astype(np.float32)

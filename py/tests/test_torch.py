@@ -721,6 +721,16 @@ def test_a_candidate_name_in_the_rate_argument_is_a_clear_type_error():
     hnn.quantize(m, method="int4")
     assert isinstance(m[0], hnn.HyperLinear)
     assert hnn.method_spec("affine", np.float32(3.0)) == "int3"
+    assert hnn.method_spec("trellis-pairs", 2) == "tcq@2-v2"
+    assert hnn.method_spec("trellis-pairs-l12", 3) == "tcq@3-l12-v2"
+    # A model quantized with pairs runs (on the CPU) like its decoded weights.
+    m = torch.nn.Sequential(torch.nn.Linear(64, 8))
+    x = torch.randn(2, 64)
+    bias = m[0].bias.detach().clone()
+    hnn.quantize(m, 2, method="trellis-pairs-l12")
+    assert m[0].op.path.endswith("-v2"), m[0].op.path
+    want = x @ torch.from_numpy(m[0].op.weight()).reshape(8, 64).T + bias
+    assert torch.allclose(m(x), want, rtol=1e-4, atol=1e-5)
 
 
 def test_lattice_gpu_layers_store_warp_shaped_chunks_and_run_on_the_host():

@@ -19,7 +19,7 @@ use hypercodec_hwz::{
 };
 use hypercodec_tests::{
     fixture_values, golden_codebook_encodings, golden_encodings, golden_lattice_encodings,
-    golden_trellis_encodings,
+    golden_trellis_encodings, golden_trellis_pair_encodings,
 };
 use std::path::PathBuf;
 
@@ -85,6 +85,11 @@ fn golden_v1_trellis_decodes_to_its_recorded_values() {
 }
 
 #[test]
+fn golden_v1_trellis_pairs_decode_to_their_recorded_values() {
+    check("golden-v1-trellis-pairs", &golden_trellis_pair_encodings());
+}
+
+#[test]
 fn golden_v1_codebook_decodes_to_its_recorded_values() {
     check("golden-v1-codebook", &golden_codebook_encodings());
 }
@@ -134,5 +139,12 @@ fn write_golden() {
     }
     if !data("golden-v1-trellis.hwz").exists() {
         write("golden-v1-trellis", &golden_trellis_encodings(), 400);
+    }
+    if !data("golden-v1-trellis-pairs.hwz").exists() {
+        write(
+            "golden-v1-trellis-pairs",
+            &golden_trellis_pair_encodings(),
+            500,
+        );
     }
 }

@@ -22,8 +22,28 @@ fn written_manifests_validate() {
     let (_, m) = split(&sample_archive());
     let errors: Vec<String> = v.iter_errors(&m).map(|e| e.to_string()).collect();
     assert!(errors.is_empty(), "{errors:?}");
-    let golden = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/data/golden-v1.hwz")).unwrap();
-    assert!(v.is_valid(&split(&golden).1));
+    for name in [
+        "golden-v1.hwz",
+        "golden-v1-trellis.hwz",
+        "golden-v1-trellis-pairs.hwz",
+    ] {
+        let path = format!("{}/data/{name}", env!("CARGO_MANIFEST_DIR"));
+        let golden = std::fs::read(path).unwrap();
+        let errors: Vec<String> = v
+            .iter_errors(&split(&golden).1)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{name}: {errors:?}");
+    }
+    // A trellis encoding's `v` is 1 or 2.
+    let pairs = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/golden-v1-trellis-pairs.hwz"
+    ))
+    .unwrap();
+    let mut m = split(&pairs).1;
+    m["tensors"][0]["encoding"]["v"] = json!(3);
+    assert!(!v.is_valid(&m));
 }
 
 #[test]

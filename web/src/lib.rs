@@ -384,6 +384,7 @@ mod tests {
             "golden-v1.hwz",
             "golden-v1-lattice.hwz",
             "golden-v1-trellis.hwz",
+            "golden-v1-trellis-pairs.hwz",
         ] {
             let bytes = golden(file);
             let i = open(&bytes).expect("valid");

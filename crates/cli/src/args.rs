@@ -295,6 +295,11 @@ pub struct EncodingArgs {
     /// 0.4–0.6 dB of the Gaussian bound at 2–4 bits, 12 about 0.3 dB further and 16× faster).
     #[arg(long, default_value_t = hypercodec_trellis::DEFAULT_L)]
     pub trellis_l: u8,
+    /// Trellis: a pair of values per state (V = 2; bits 1..=4): about 22 % fewer integer
+    /// instructions per weight for a GPU decoder, 0.05 dB lower SNR at 2 bits and 0.3 at 4 (rows
+    /// of an odd length keep one value per state).
+    #[arg(long)]
+    pub trellis_pairs: bool,
     /// Affine: scale group: `tensor`, `row` or a number of values along the input dimension.
     #[arg(long, default_value = "128")]
     pub group: String,
@@ -359,7 +364,12 @@ impl EncodingArgs {
                 Ok(Spec::fixed(Encoding::affine(params)))
             }
             EncodingKind::Trellis => {
-                let mut spec = Spec::trellis(self.trellis_l, self.bits, self.max_tile, self.seed)
+                let make = if self.trellis_pairs {
+                    Spec::trellis_pairs
+                } else {
+                    Spec::trellis
+                };
+                let mut spec = make(self.trellis_l, self.bits, self.max_tile, self.seed)
                     .map_err(|e| PipelineError::option("trellis", e.to_string()))?;
                 if let Spec::Rate {
                     template: Encoding::Trellis { scale_dtype, .. },

@@ -40,6 +40,18 @@ fn run_chains_a_compressed_mlp_and_matches_the_dense_stack() {
             "tcq",
             vec!["--encoding", "trellis", "--bits", "4", "--trellis-l", "12"],
         ),
+        (
+            "tcq-pairs",
+            vec![
+                "--encoding",
+                "trellis",
+                "--bits",
+                "4",
+                "--trellis-l",
+                "12",
+                "--trellis-pairs",
+            ],
+        ),
     ] {
         let hwz = dir.path().join(format!("{label}.hwz"));
         let mut args = vec!["compress", p(&model), p(&hwz)];

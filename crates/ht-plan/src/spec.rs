@@ -83,11 +83,28 @@ impl Spec {
         })
     }
 
+    /// [`Spec::trellis`] with a pair of values per state (`v = 2`; `K ≤ 4`, `2K < L`): about
+    /// 22 % fewer integer instructions per weight for a GPU decoder, 0.05–0.3 dB lower SNR.
+    /// Rows of an odd length take one value per state ([`Encoding::for_matrix`]).
+    pub fn trellis_pairs(l: u8, k: u8, max_tile: u32, seed: u64) -> Result<Self> {
+        Spec::trellis(l, k, max_tile, seed)?;
+        if k > 4 || 2 * k >= l {
+            return Err(PlanError::Candidate {
+                message: format!("trellis pairs at L = {l}, K = {k}: use K <= 4 and 2K < L"),
+            });
+        }
+        Ok(Spec::Rate {
+            template: Encoding::trellis_pairs(l, k, 1, seed),
+            bps: None,
+            max_tile,
+        })
+    }
+
     /// Parses a candidate name: `f32`, `bf16`, `f16`; `intN` (affine N bits, groups of 128,
     /// asymmetric, f16 scales), `intN-row` (one symmetric scale per row); `e8@B`, `d4@B`,
     /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps; `e8@B-gpu` with [`Coding::RANS_GPU`]); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
     /// (fixed-rate lattice symbols of N bits); `tcq@K`, `tcq@K-lL` (trellis, K bits per value,
-    /// L state bits, by default 16); `cb-bB-kK[-rR][-sMODE]` (a codebook of `K` prototypes of
+    /// L state bits, by default 16; a `-v2` suffix codes a pair of values per state); `cb-bB-kK[-rR][-sMODE]` (a codebook of `K` prototypes of
     /// `B` values, `R` int8 residual corrections per block, scales per `channel` (default),
     /// `block` or `tensor`, HDC-bucketed search); `lowrank@R`; `sparse` (the nonzeros, f32).
     pub fn parse(name: &str) -> Result<Self> {
@@ -150,15 +167,24 @@ impl Spec {
                         bps: None,
                     }
                 } else if let Some(rest) = name.strip_prefix("tcq@") {
-                    // `tcq@K` (trellis, K bits per value, the default L) or `tcq@K-lL`.
+                    // `tcq@K` (trellis, K bits per value, the default L) or `tcq@K-lL`, each
+                    // with `-v2` for pairs.
+                    let (rest, pairs) = match rest.strip_suffix("-v2") {
+                        Some(r) => (r, true),
+                        None => (rest, false),
+                    };
                     let (k, l) = match rest.split_once("-l") {
                         Some((k, l)) => (k, l.parse::<u8>().map_err(|_| bad())?),
                         None => (rest, hypercodec_trellis::DEFAULT_L),
                     };
-                    Spec::trellis(l, k.parse().map_err(|_| bad())?, 4096, 0).map_err(|e| {
-                        PlanError::Candidate {
-                            message: format!("`{name}`: {e}"),
-                        }
+                    let k = k.parse().map_err(|_| bad())?;
+                    if pairs {
+                        Spec::trellis_pairs(l, k, 4096, 0)
+                    } else {
+                        Spec::trellis(l, k, 4096, 0)
+                    }
+                    .map_err(|e| PlanError::Candidate {
+                        message: format!("`{name}`: {e}"),
                     })?
                 } else if let Some(rest) = name.strip_prefix("cb-") {
                     Spec::codebook_named(rest).ok_or_else(bad)?

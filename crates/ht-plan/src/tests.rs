@@ -336,6 +336,42 @@ fn fixed_rate_lattice_candidates_parse_and_encode_at_their_width() {
 }
 
 #[test]
+fn trellis_pair_candidates_parse_and_fall_back_to_one_value_on_odd_rows() {
+    let w: Vec<f32> = (0..32 * 129)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
+        .collect();
+    let v_of = |name: &str, cols: u64| {
+        let t = Spec::parse(name)
+            .unwrap()
+            .encode(
+                "w",
+                &w[..32 * cols as usize],
+                &[32, cols],
+                hypercodec_hwz::EncodeOptions::default(),
+            )
+            .unwrap();
+        match t.encoding {
+            hypercodec_hwz::Encoding::Trellis { l, k, v, scale, .. } => (l, k, v, scale),
+            other => panic!("{name}: {other:?}"),
+        }
+    };
+    let pair = hypercodec_trellis::TrellisParams::pair_scale;
+    let one = hypercodec_trellis::TrellisParams::default_scale;
+    assert_eq!(v_of("tcq@2-v2", 128), (16, 2, 2, pair(16, 2)));
+    assert_eq!(v_of("tcq@3-l12-v2", 128), (12, 3, 2, pair(12, 3)));
+    assert_eq!(v_of("tcq@3-l12", 128), (12, 3, 1, one(12, 3)));
+    // 129 columns do not split into pairs: one value per state, its own scale.
+    assert_eq!(v_of("tcq@2-v2", 129), (16, 2, 1, one(16, 2)));
+    assert_eq!(
+        Spec::parse("tcq@2-v2").unwrap().label(),
+        "trellis-l16-k2-v2"
+    );
+    for bad in ["tcq@5-v2", "tcq@4-l8-v2", "tcq@2-v3", "tcq@2-v2-l12"] {
+        assert!(Spec::parse(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
 fn codebook_candidates_parse_and_encode_with_their_settings() {
     let w: Vec<f32> = (0..64 * 256)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)

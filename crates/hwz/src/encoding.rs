@@ -69,6 +69,12 @@ pub enum Encoding {
         seq: u32,
         /// Storage type of the row scales.
         scale_dtype: FloatDtype,
+        /// Values per trellis state (QTIP's V): 1, the 1MAD code; or 2, a pair of values per
+        /// state from two hashes ([`hypercodec_trellis::pair_sums`]), a step of `2k` bits
+        /// (`k ≤ 4`, `2k < l`, rows of an even length). Left out of the manifest when 1, so
+        /// archives written before it read as 1.
+        #[serde(default = "one_value", skip_serializing_if = "is_one_value")]
+        v: u8,
     },
     /// Blocks of `block` values along rows mapped to learned prototypes, times a scale per
     /// block, row or tensor, plus an optional sparse residual ([`hypercodec_hdc`]). Streams
@@ -231,6 +237,14 @@ pub const MAX_RANK: usize = 8;
 /// Most elements in one tensor: 2^40 (4 TiB of f32), beyond any single weight today.
 pub const MAX_ELEMENTS: u64 = 1 << 40;
 
+fn one_value() -> u8 {
+    1
+}
+
+fn is_one_value(v: &u8) -> bool {
+    *v == 1
+}
+
 /// The `type` tags this build knows.
 pub const KNOWN_ENCODINGS: &[&str] = &[
     "raw",
@@ -359,6 +373,7 @@ impl Encoding {
                     String::new()
                 }
             ),
+            Encoding::Trellis { l, k, v: 2, .. } => format!("trellis-l{l}-k{k}-v2"),
             Encoding::Trellis { l, k, .. } => format!("trellis-l{l}-k{k}"),
             Encoding::LowRank { rank } => format!("lowrank-r{rank}"),
             Encoding::Sparse { dtype, .. } => format!("sparse-{dtype}"),
@@ -454,11 +469,22 @@ impl Encoding {
     }
 
     /// The encoding of a template for a matrix of `cols` columns: the RHT tile
-    /// ([`tile_for`](crate::tile_for) of `cols` up to `max_tile`) and, for
-    /// [`Coding::RANS_GPU`]'s chunk 0, chunks of whole rows (as many as fit [`GPU_CHUNK_SYMBOLS`], at least one).
+    /// ([`tile_for`](crate::tile_for) of `cols` up to `max_tile`); for
+    /// [`Coding::RANS_GPU`]'s chunk 0, chunks of whole rows (as many as fit [`GPU_CHUNK_SYMBOLS`], at least one);
+    /// for trellis pairs (`v = 2`) on rows of an odd length, one value per state at its own
+    /// calibrated scale (pairs need an even length).
     pub fn for_matrix(&self, cols: u64, max_tile: u32) -> Self {
         let e = self.with_tile(crate::tile_for(cols as usize, max_tile as usize) as u32);
         match &e {
+            Encoding::Trellis { l, k, v: 2, .. } if cols % 2 == 1 => {
+                let (l, k) = (*l, *k);
+                let mut one = e;
+                if let Encoding::Trellis { v, scale, .. } = &mut one {
+                    *v = 1;
+                    *scale = hypercodec_trellis::TrellisParams::default_scale(l, k);
+                }
+                one
+            }
             Encoding::Lattice {
                 lattice,
                 coding: c @ Coding::Rans { .. },
@@ -495,6 +521,21 @@ impl Encoding {
             seed,
             seq: 1024,
             scale_dtype: FloatDtype::F16,
+            v: 1,
+        }
+    }
+
+    /// [`Encoding::trellis`] with a pair of values per state (`v = 2`) at its calibrated scale.
+    pub fn trellis_pairs(l: u8, k: u8, tile: u32, seed: u64) -> Self {
+        Encoding::Trellis {
+            l,
+            k,
+            scale: hypercodec_trellis::TrellisParams::pair_scale(l, k),
+            tile,
+            seed,
+            seq: 1024,
+            scale_dtype: FloatDtype::F16,
+            v: 2,
         }
     }
 

@@ -162,11 +162,22 @@ impl Encoding {
                 tile,
                 seq,
                 scale_dtype,
+                v,
                 ..
             } => {
                 if !(8..=16).contains(&l) || !(1..=8).contains(&k) || k >= l {
                     return Err(invalid(format!(
                         "trellis L = {l}, K = {k}: use 8 <= L <= 16 and 1 <= K <= 8 with K < L"
+                    )));
+                }
+                if v != 1 && (v != 2 || k > 4 || 2 * k >= l) {
+                    return Err(invalid(format!(
+                        "trellis V = {v} at K = {k}, L = {l}: use V = 1, or V = 2 with K <= 4 and 2K < L"
+                    )));
+                }
+                if v == 2 && cols % 2 != 0 {
+                    return Err(invalid(format!(
+                        "rows of {cols} values do not split into pairs (trellis V = 2)"
                     )));
                 }
                 if !(scale.is_finite() && scale > 0.0) {

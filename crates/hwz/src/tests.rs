@@ -531,6 +531,29 @@ fn trellis_reaches_its_calibration_on_gaussian_rows() {
 }
 
 #[test]
+fn trellis_pairs_reach_their_calibration_and_keep_v_in_the_manifest() {
+    // As above with a pair of values per state; calibrated rows (sequences of 16) too.
+    let x = gaussian(16 * 4096, 6);
+    for k in [2u8, 4] {
+        let enc = Encoding::trellis_pairs(12, k, 4096, 1);
+        assert_eq!(enc.label(), format!("trellis-l12-k{k}-v2"));
+        let t = encode("w", &x, &[16, 4096], &enc, EncodeOptions::default()).unwrap();
+        let db = snr(&x, &through_archive("w", &[16, 4096], &t));
+        let want = hypercodec_trellis::TrellisParams::pair_snr_db(12, k).unwrap() as f64;
+        assert!(db > want - 0.3, "K {k}: {db:.2} dB vs calibrated {want:.2}");
+    }
+    let json = serde_json::to_string(&Encoding::trellis_pairs(12, 2, 8, 0)).unwrap();
+    assert!(json.contains("\"v\":2"), "{json}");
+    let json = serde_json::to_string(&Encoding::trellis(12, 2, 8, 0)).unwrap();
+    assert!(
+        !json.contains("\"v\""),
+        "a one-value code writes no `v`: {json}"
+    );
+    let back: Encoding = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, Encoding::trellis(12, 2, 8, 0));
+}
+
+#[test]
 fn trellis_refuses_bad_fields_and_short_rows() {
     let x = gaussian(64, 1);
     let bad = |e: Encoding| encode("w", &x, &[8, 8], &e, EncodeOptions::default());
@@ -568,6 +591,14 @@ fn trellis_refuses_bad_fields_and_short_rows() {
         }),
         // 8 values at 1 bit: fewer bits than the 12-bit state.
         Encoding::trellis(12, 1, 8, 0),
+        // Pairs: 5 bits, a step as long as the state, three values a state.
+        Encoding::trellis_pairs(12, 5, 8, 0),
+        Encoding::trellis_pairs(8, 4, 8, 0),
+        with(&|e| {
+            if let Encoding::Trellis { v, .. } = e {
+                *v = 3
+            }
+        }),
     ] {
         assert!(
             matches!(bad(e.clone()), Err(HwzError::InvalidEncoding { .. })),
@@ -579,6 +610,13 @@ fn trellis_refuses_bad_fields_and_short_rows() {
     assert!(matches!(
         encode("w", &nan, &[8, 8], &good, EncodeOptions::default()),
         Err(HwzError::Trellis { .. })
+    ));
+    // Pairs need rows of an even length (a tile of 1: the RHT does not need a power of two).
+    let odd = gaussian(63, 2);
+    let pairs = Encoding::trellis_pairs(12, 2, 1, 0);
+    assert!(matches!(
+        encode("w", &odd, &[7, 9], &pairs, EncodeOptions::default()),
+        Err(HwzError::InvalidEncoding { .. })
     ));
     // Zero rows decode to zeros.
     let t = encode("w", &[0.0; 64], &[8, 8], &good, EncodeOptions::default()).unwrap();
@@ -697,6 +735,7 @@ fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
                 tile,
                 seq,
                 scale_dtype,
+                v,
                 ..
             } => Encoding::Trellis {
                 l,
@@ -706,6 +745,7 @@ fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
                 seed: s,
                 seq,
                 scale_dtype,
+                v,
             },
             other => other,
         };

@@ -39,8 +39,9 @@ impl TrellisLayout {
                 seed,
                 seq,
                 scale_dtype,
+                v,
             } => Ok(TrellisLayout {
-                params: TrellisParams { l, k, scale, v: 1 },
+                params: TrellisParams { l, k, scale, v },
                 tile: tile as usize,
                 seed,
                 seq: seq as usize,

@@ -60,12 +60,14 @@ pub enum Path {
         coding: &'static str,
     },
     /// Trellis bits decoded in registers (a window, a multiply, a byte sum per weight)
-    /// against `RHT(x)`.
+    /// against `RHT(x)`; pairs (`v = 2`) are decoded per sequence, then dotted.
     Trellis {
         /// State bits.
         l: u8,
         /// Bits per weight.
         k: u8,
+        /// Values per state.
+        v: u8,
     },
     /// Prototype·x dot products in a table, looked up per block.
     CodebookLut,
@@ -90,7 +92,8 @@ impl std::fmt::Display for Path {
             Path::E8Fixed { bits } => write!(f, "e8-fixed{bits}"),
             Path::LatticeWords => f.write_str("lattice-words"),
             Path::LatticeResident { coding } => write!(f, "lattice-resident-{coding}"),
-            Path::Trellis { l, k } => write!(f, "trellis-l{l}-k{k}"),
+            Path::Trellis { l, k, v: 2 } => write!(f, "trellis-l{l}-k{k}-v2"),
+            Path::Trellis { l, k, .. } => write!(f, "trellis-l{l}-k{k}"),
             Path::CodebookLut => f.write_str("codebook-lut"),
             Path::LowRank => f.write_str("lowrank"),
             Path::Sparse => f.write_str("sparse"),
@@ -391,7 +394,7 @@ impl CompressedLinear {
     /// rANS E8 chunks, and fixed-rate Z1 symbols (no GEMV of their own: the W8A8 route reads
     /// them at 8 bits). `None` for the other forms (nested tensors, CPU-shaped entropy-coded
     /// or D4/A2 lattice symbols, codebook, ...), which a front end runs by decoding (the
-    /// documented fallback).
+    /// documented fallback), and trellis pairs (`v = 2`: the kernels decode one value a state).
     pub fn device_form(&self) -> Result<Option<DeviceForm<'_>>> {
         let Op::Leaf { view, kind } = &self.op else {
             return Ok(None);
@@ -438,6 +441,8 @@ impl CompressedLinear {
                     qbias,
                 })
             }
+            // The GPU kernels decode the 1MAD code only: pairs take the decode fallback.
+            (Kind::Trellis, Parts::Trellis(t)) if t.params.v != 1 => None,
             (Kind::Trellis, Parts::Trellis(t)) => {
                 let (c1, c0) = t.params.affine();
                 Some(DeviceForm::Trellis {
@@ -793,6 +798,7 @@ impl Op {
                 (Kind::Trellis, Parts::Trellis(t)) => Path::Trellis {
                     l: t.params.l,
                     k: t.params.k,
+                    v: t.params.v,
                 },
                 (Kind::Codebook, _) => Path::CodebookLut,
                 (Kind::LowRank, _) => Path::LowRank,

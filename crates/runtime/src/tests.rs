@@ -141,7 +141,22 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
             if let Encoding::Trellis { seq: s, .. } = &mut e {
                 *s = seq;
             }
-            v.push((e, Some(Path::Trellis { l, k })));
+            v.push((e, Some(Path::Trellis { l, k, v: 1 })));
+        }
+    }
+    // Pairs (two values a state): rows of an even length that hold the state.
+    for (l, k, seq) in [(12u8, 2u8, 1024u32), (16, 4, 16), (10, 3, 24)] {
+        if cols.is_multiple_of(2) && cols * (k as u64) >= l as u64 {
+            let mut e = Encoding::trellis_pairs(
+                l,
+                k,
+                hypercodec_lattice::tile_for(cols as usize, 4096) as u32,
+                6,
+            );
+            if let Encoding::Trellis { seq: s, .. } = &mut e {
+                *s = seq;
+            }
+            v.push((e, Some(Path::Trellis { l, k, v: 2 })));
         }
     }
     v.push((

@@ -399,7 +399,6 @@ def _store_embeddings(
     rounded without calibration: an embedding's inputs are
     one-hot; a BUDGET method has planned it with the layers: see :func:`hypercodec.nn.quantize_budget`),
     counted in ``tally``."""
-    import numpy as np
     import torch
 
     from . import nn as hnn
