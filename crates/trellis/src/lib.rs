@@ -20,7 +20,7 @@
 //! ([`pair_sums`]). A GPU decoder then spends one state extraction and two hashes per two
 //! weights instead of two of each (about 22 % fewer integer instructions per weight), at
 //! 0.05 dB below the 1MAD code at 2 bits and 0.3 dB at 4 (L = 16; `docs/eval/cuda_trellis_codes.md`).
-//! The archive format does not store pairs yet.
+//! Archives store it as a trellis encoding's `"v": 2` (`hypercodec-hwz`).
 //!
 //! ```
 //! use hypercodec_trellis::{decode, encode, TrellisParams};
