@@ -140,18 +140,12 @@ impl TrellisParams {
     /// --release -p hypercodec-trellis --example calibrate`, checked in CI); 1.0 outside the
     /// ranges.
     pub fn default_scale(l: u8, k: u8) -> f32 {
-        SCALES
-            .iter()
-            .find(|&&(a, b, _, _)| a == l && b == k)
-            .map_or(1.0, |&(_, _, s, _)| s)
+        calibrated(SCALES, l, k).map_or(1.0, |(s, _)| s)
     }
 
     /// The SNR (dB) of `(l, k)` at its default scale on unit Gaussian data, as calibrated.
     pub fn calibrated_snr_db(l: u8, k: u8) -> Option<f32> {
-        SCALES
-            .iter()
-            .find(|&&(a, b, _, _)| a == l && b == k)
-            .map(|&(_, _, _, snr)| snr)
+        calibrated(SCALES, l, k).map(|(_, snr)| snr)
     }
 
     /// The parameters of `(l, k)` at the calibrated scale.
@@ -176,18 +170,12 @@ impl TrellisParams {
 
     /// [`TrellisParams::default_scale`] of the pair code (`V = 2`; `K ≤ 4`, `2K < L`).
     pub fn pair_scale(l: u8, k: u8) -> f32 {
-        PAIR_SCALES
-            .iter()
-            .find(|&&(a, b, _, _)| a == l && b == k)
-            .map_or(1.0, |&(_, _, s, _)| s)
+        calibrated(PAIR_SCALES, l, k).map_or(1.0, |(s, _)| s)
     }
 
     /// [`TrellisParams::calibrated_snr_db`] of the pair code.
     pub fn pair_snr_db(l: u8, k: u8) -> Option<f32> {
-        PAIR_SCALES
-            .iter()
-            .find(|&&(a, b, _, _)| a == l && b == k)
-            .map(|&(_, _, _, snr)| snr)
+        calibrated(PAIR_SCALES, l, k).map(|(_, snr)| snr)
     }
 
     /// The reconstruction of `state`: `scale · code_value(state)`, computed as `sum·c1 + c0`
@@ -261,6 +249,14 @@ const EXHAUSTIVE_BOUNDARIES: usize = 64;
 
 mod scale_table;
 use scale_table::{PAIR_SCALES, SCALES};
+
+/// `(scale, SNR dB)` of `(l, k)` in a calibration table.
+fn calibrated(table: &[(u8, u8, f32, f32)], l: u8, k: u8) -> Option<(f32, f32)> {
+    table
+        .iter()
+        .find(|&&(a, b, _, _)| a == l && b == k)
+        .map(|&(_, _, s, snr)| (s, snr))
+}
 
 /// The pseudo-Gaussian value of a state: `x = 34038481·s + 76625530 (mod 2^32)`, then the sum
 /// of the four bytes of `x` minus their mean (510), divided by their standard deviation
@@ -538,7 +534,21 @@ pub fn decode_into(bits: &[u8], p: &TrellisParams, out: &mut [f32]) -> Result<()
 fn decode_pairs_into(bits: &[u8], p: &TrellisParams, out: &mut [f32]) {
     let (l, sb) = (p.l as usize, p.step_bits());
     let total = out.len() * p.k as usize;
+    // Steps whose windows wrap, then (AVX2) eight steps at a time, then the rest.
+    let first = (l - sb).div_ceil(sb).min(out.len() / 2);
+    let mut simd_from = out.len() / 2;
+    let mut simd_to = simd_from;
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA; `bits` holds the stream's bits (checked by the
+        // caller) and steps from `first` on do not wrap.
+        simd_to = unsafe { x86::decode_pair_windows(bits, p, first, out) };
+        simd_from = first;
+    }
     for (j, o) in out.chunks_exact_mut(2).enumerate() {
+        if (simd_from..simd_to).contains(&j) {
+            continue;
+        }
         let end = j * sb + sb;
         let state = if end >= l {
             window(bits, end - l, l as u32)
@@ -765,6 +775,69 @@ mod x86 {
             i += 8;
         }
         i
+    }
+
+    /// Decodes pairs (`V = 2`) from step `first` on (their windows do not wrap) eight steps at
+    /// a time, as [`decode_windows`] does values: each lane gathers its window, hashes it
+    /// twice, sums the bytes of both hashes, and the two values are interleaved into `out`.
+    /// Returns the step where it stopped.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `bits` holds at least `out.len()·K` bits and
+    /// `(first + 1)·2K ≥ L`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn decode_pair_windows(
+        bits: &[u8],
+        p: &super::TrellisParams,
+        first: usize,
+        out: &mut [f32],
+    ) -> usize {
+        let (l, sb) = (p.l as usize, p.step_bits());
+        let steps = out.len() / 2;
+        let mask = _mm256_set1_epi32(((1u32 << l) - 1) as i32);
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let (m1, a1) = (_mm256_set1_epi32(34_038_481), _mm256_set1_epi32(76_625_530));
+        let (m2, a2) = (
+            _mm256_set1_epi32(0x9E37_79B9_u32 as i32),
+            _mm256_set1_epi32(0x7F4A_7C15),
+        );
+        let ones8 = _mm256_set1_epi8(1);
+        let ones16 = _mm256_set1_epi16(1);
+        let (c1, c0) = p.affine();
+        let (c1, c0) = (_mm256_set1_ps(c1), _mm256_set1_ps(c0));
+        let seven = _mm256_set1_epi32(7);
+        let sbv = _mm256_set1_epi32(sb as i32);
+        let mut j = first;
+        // Step j's window starts at bit (j + 1)·2K − L; lane q's 4 bytes end before
+        // ((j + q + 1)·2K − L) / 8 + 4, which must be ≤ bits.len().
+        while j + 8 <= steps && ((j + 8) * sb - l) / 8 + 4 <= bits.len() {
+            let start = _mm256_add_epi32(
+                _mm256_set1_epi32(((j + 1) * sb - l) as i32),
+                _mm256_mullo_epi32(lanes, sbv),
+            );
+            let byte = _mm256_srli_epi32::<3>(start);
+            // SAFETY: every lane's 4 bytes lie in `bits` (the loop condition).
+            let w = unsafe { _mm256_i32gather_epi32::<1>(bits.as_ptr() as *const i32, byte) };
+            let state =
+                _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_and_si256(start, seven)), mask);
+            let x = _mm256_add_epi32(_mm256_mullo_epi32(state, m1), a1);
+            let y = _mm256_add_epi32(_mm256_mullo_epi32(x, m2), a2);
+            let sum = |h| _mm256_madd_epi16(_mm256_maddubs_epi16(h, ones8), ones16);
+            // Multiply, then add: the rounding of TrellisParams::pair.
+            let value = |s| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), c1), c0);
+            let (v0, v1) = (value(sum(x)), value(sum(y)));
+            // [a0 b0 a1 b1 | a4 b4 a5 b5] and [a2 b2 a3 b3 | a6 b6 a7 b7] → steps in order.
+            let (lo, hi) = (_mm256_unpacklo_ps(v0, v1), _mm256_unpackhi_ps(v0, v1));
+            let first_four = _mm256_permute2f128_ps::<0x20>(lo, hi);
+            let last_four = _mm256_permute2f128_ps::<0x31>(lo, hi);
+            // SAFETY: j + 8 ≤ steps, so values 2j..2j + 16 lie in `out`.
+            unsafe {
+                _mm256_storeu_ps(out.as_mut_ptr().add(2 * j), first_four);
+                _mm256_storeu_ps(out.as_mut_ptr().add(2 * j + 8), last_four);
+            }
+            j += 8;
+        }
+        j
     }
 
     /// Lane permutations kept in registers (every one up to K = 4).

@@ -54,51 +54,29 @@ fn code_values_are_about_unit_gaussian() {
 
 #[test]
 fn the_tail_biting_search_is_within_reach_of_brute_force() {
-    // L = 8, K = 2, 10 values: every one of the 2^20 circular streams, decoded.
-    let p = TrellisParams {
-        l: 8,
-        k: 2,
-        scale: 1.0,
-        v: 1,
-    };
-    for seed in 0..4 {
-        let x = gaussian(10, seed);
-        let mut best = f64::INFINITY;
-        for stream in 0u32..1 << 20 {
-            let bits = stream.to_le_bytes()[..3].to_vec();
-            best = best.min(mse(&x, &decode(&bits, 10, &p).unwrap()));
+    // L = 8, K = 2, 10 values: every one of the 2^20 circular streams, decoded. One value a
+    // state (2^(L−K) = 64 boundaries) or pairs (4 bits a step, 16 boundaries): all are tried,
+    // so the search finds the exact optimum.
+    for v in [1u8, 2] {
+        let p = TrellisParams {
+            l: 8,
+            k: 2,
+            scale: 1.0,
+            v,
+        };
+        for seed in 0..4 {
+            let x = gaussian(10, seed + 10 * (v as u64 - 1));
+            let mut best = f64::INFINITY;
+            for stream in 0u32..1 << 20 {
+                let bits = stream.to_le_bytes()[..3].to_vec();
+                best = best.min(mse(&x, &decode(&bits, 10, &p).unwrap()));
+            }
+            let ours = mse(&x, &decode(&encode(&x, &p).unwrap(), 10, &p).unwrap());
+            assert!(
+                ours >= best - 1e-9 && ours <= best * (1.0 + 1e-6) + 1e-9,
+                "V {v} seed {seed}: {ours} vs best {best}"
+            );
         }
-        let ours = mse(&x, &decode(&encode(&x, &p).unwrap(), 10, &p).unwrap());
-        // 2^(L−K) = 64 boundaries are all tried: the exact optimum.
-        assert!(
-            ours >= best - 1e-9 && ours <= best * (1.0 + 1e-6) + 1e-9,
-            "seed {seed}: {ours} vs best {best}"
-        );
-    }
-}
-
-#[test]
-fn the_pair_search_is_within_reach_of_brute_force() {
-    // Pairs, L = 8, K = 2 (4 bits a step), 10 values: the 2^20 circular streams; 2^(L−2K) =
-    // 16 boundaries, all tried.
-    let p = TrellisParams {
-        l: 8,
-        k: 2,
-        scale: 1.0,
-        v: 2,
-    };
-    for seed in 0..4 {
-        let x = gaussian(10, seed + 10);
-        let mut best = f64::INFINITY;
-        for stream in 0u32..1 << 20 {
-            let bits = stream.to_le_bytes()[..3].to_vec();
-            best = best.min(mse(&x, &decode(&bits, 10, &p).unwrap()));
-        }
-        let ours = mse(&x, &decode(&encode(&x, &p).unwrap(), 10, &p).unwrap());
-        assert!(
-            ours >= best - 1e-9 && ours <= best * (1.0 + 1e-6) + 1e-9,
-            "seed {seed}: {ours} vs best {best}"
-        );
     }
 }
 
@@ -354,6 +332,30 @@ fn x86_or(fallback: StepFn, pairs: bool) -> StepFn {
     }
     let _ = pairs;
     fallback
+}
+
+#[test]
+fn pair_streams_decode_as_random_access_reads_them() {
+    // Any bytes are a valid pair stream: the (AVX2) decoder against `value_at`, bit for bit,
+    // with lengths that leave partial blocks of eight steps and wrapped windows.
+    let mut s = 0x5eed_u64;
+    for (l, k) in [(12u8, 2u8), (16, 4), (10, 3), (16, 1), (9, 4)] {
+        for n in [34usize, 64, 202, 1000] {
+            if n * (k as usize) < l as usize {
+                continue;
+            }
+            let p = TrellisParams::pairs(l, k);
+            let bits = random_bytes((n * k as usize).div_ceil(8), &mut s);
+            let got = decode(&bits, n, &p).unwrap();
+            for (i, g) in got.iter().enumerate() {
+                assert_eq!(
+                    *g,
+                    value_at(&bits, n, &p, i).unwrap(),
+                    "L {l} K {k} n {n} i {i}"
+                );
+            }
+        }
+    }
 }
 
 #[test]
