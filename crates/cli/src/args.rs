@@ -295,9 +295,10 @@ pub struct EncodingArgs {
     /// 0.4–0.6 dB of the Gaussian bound at 2–4 bits, 12 about 0.3 dB further and 16× faster).
     #[arg(long, default_value_t = hypercodec_trellis::DEFAULT_L)]
     pub trellis_l: u8,
-    /// Trellis: a pair of values per state (V = 2; bits 1..=4): about 22 % fewer integer
-    /// instructions per weight for a GPU decoder, 0.05 dB lower SNR at 2 bits and 0.3 at 4 (rows
-    /// of an odd length keep one value per state).
+    /// Trellis: a pair of values per state (V = 2; bits 1..=4), experimental: the code a GPU
+    /// decoder needs about 22 % fewer integer instructions per weight for, 0.05 dB lower SNR at
+    /// 2 bits and 0.3 at 4; no CUDA kernel or GPU encoder reads it yet (the CPU codes and
+    /// decodes it). Rows of an odd length keep one value per state.
     #[arg(long)]
     pub trellis_pairs: bool,
     /// Affine: scale group: `tensor`, `row` or a number of values along the input dimension.

@@ -636,7 +636,7 @@ pub fn legacy_matrix_shape(shape: &[u64]) -> Vec<u64> {
 /// a GPU's, in the Python wheel): given `rows × cols` values (each row after its RHT and
 /// divided by its RMS), the sequence length and the code, it writes the bits the CPU encoder
 /// would (`rows · ceil(cols·K/8)` bytes, each row cut by `hypercodec_trellis::row_sequences`),
-/// or says why it cannot (then the CPU encodes). With error-feedback rounding (calibrated
+/// or says why it cannot (then the CPU encodes; the CUDA encoders decline pairs, `v = 2`). With error-feedback rounding (calibrated
 /// trellis) it is called once per sequence position, with every row's sequence (`cols` and
 /// `seq` the sequence's length), the error fed forward on the CPU in between.
 #[derive(Clone, Copy)]

@@ -197,6 +197,14 @@ impl Encoding {
                         cols * k as u64
                     )));
                 }
+                // Every tail-biting sequence (the shortest has min(seq, cols) values) must hold
+                // the state too.
+                if rows > 0 && cols >= seq as u64 && (seq as u64) * (k as u64) < l as u64 {
+                    return Err(invalid(format!(
+                        "sequences of {seq} values hold {} bits, fewer than the {l}-bit trellis state",
+                        seq as u64 * k as u64
+                    )));
+                }
                 let row_bytes = cols
                     .checked_mul(k as u64)
                     .ok_or_else(|| invalid("overflow".into()))?

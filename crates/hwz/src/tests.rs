@@ -532,7 +532,7 @@ fn trellis_reaches_its_calibration_on_gaussian_rows() {
 
 #[test]
 fn trellis_pairs_reach_their_calibration_and_keep_v_in_the_manifest() {
-    // As above with a pair of values per state; calibrated rows (sequences of 16) too.
+    // As above with a pair of values per state.
     let x = gaussian(16 * 4096, 6);
     for k in [2u8, 4] {
         let enc = Encoding::trellis_pairs(12, k, 4096, 1);
@@ -591,6 +591,13 @@ fn trellis_refuses_bad_fields_and_short_rows() {
         }),
         // 8 values at 1 bit: fewer bits than the 12-bit state.
         Encoding::trellis(12, 1, 8, 0),
+        // Sequences of 8 values at 1 bit: fewer bits than the 12-bit state, though the rows
+        // (64 values) hold it.
+        with(&|e| {
+            if let Encoding::Trellis { k, seq, .. } = e {
+                (*k, *seq) = (1, 8)
+            }
+        }),
         // Pairs: 5 bits, a step as long as the state, three values a state.
         Encoding::trellis_pairs(12, 5, 8, 0),
         Encoding::trellis_pairs(8, 4, 8, 0),
@@ -668,8 +675,16 @@ fn calibrated_encoding_is_the_same_format_and_lowers_the_output_error() {
         }),
         lattice(Coding::Fixed { bits: 3 }),
         lattice(Coding::RANS_DEFAULT),
-        // Feedback moves between sequences: 16 values each here.
+        // Feedback moves between sequences: 16 values each here (pairs too).
         trellis_seq16(10, 2, 64, 1),
+        {
+            let mut e = trellis_seq16(10, 2, 64, 1);
+            if let Encoding::Trellis { v, scale, .. } = &mut e {
+                *v = 2;
+                *scale = hypercodec_trellis::TrellisParams::pair_scale(10, 2);
+            }
+            e
+        },
     ] {
         // Uncorrelated inputs: no feedback, the plain encoding's codes bit for bit (lattice
         // and trellis rows keep the least-squares scale of their points: no larger an error;

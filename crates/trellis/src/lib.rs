@@ -119,8 +119,8 @@ pub struct TrellisParams {
     /// per state from two hashes ([`pair_sums`]), each step shifting in `2K` bits (`K ≤ 4`,
     /// sequences of an even length). A pair costs a GPU decoder one state extraction and two
     /// hashes where two 1MAD values cost two of each: about 22 % fewer integer instructions
-    /// per weight, for 0.04 dB at 2 bits and 0.35 dB at 4 on Gaussian data
-    /// (`docs/eval/cuda_trellis_codes.md`). By default, 1.
+    /// per weight, for 0.05 dB at 2 bits and 0.3 dB at 4 on Gaussian data (L = 16; the
+    /// calibration table; `docs/eval/cuda_trellis_codes.md`). By default, 1.
     pub v: u8,
 }
 
