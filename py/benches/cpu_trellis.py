@@ -1,6 +1,7 @@
-"""Trellis layers on the CPU runtime: rows cut into sequences of 1024 values (`tcq@K-lL`)
-against calibrated rows (sequences of 16, what `Linear.quantize(w, spec, bias, hessian)`
-writes), with fixed-rate E8 at 4 bits beside them, in one run.
+"""Trellis layers on the CPU runtime: rows cut into sequences of 1024 values (`tcq@K-lL`, and
+the experimental pair code `tcq@K-lL-v2`) against calibrated rows (sequences of 16, what
+`Linear.quantize(w, spec, bias, hessian)` writes), with fixed-rate E8 at 4 bits beside them,
+in one run.
 
     python py/benches/cpu_trellis.py [--shape 1536x576] [--batches 1,4,64]
 
@@ -31,6 +32,7 @@ def main() -> None:
     h = (acts.T @ acts / len(acts)).astype(np.float32)
     ops = {
         "trellis 2 bits L12, sequences of 1024": hypercodec.Linear.quantize(w, "tcq@2-l12"),
+        "trellis pairs (experimental) 2 bits L12, sequences of 1024": hypercodec.Linear.quantize(w, "tcq@2-l12-v2"),
         "trellis 2 bits L12, calibrated (sequences of 16)": hypercodec.Linear.quantize(w, "tcq@2-l12", None, h),
         "trellis 4 bits L16, calibrated (sequences of 16)": hypercodec.Linear.quantize(w, "tcq@4", None, h),
         "E8 fixed-rate 4 bits": hypercodec.Linear.quantize(w, "e8-fixed4"),
