@@ -743,31 +743,18 @@ mod x86 {
     ) -> usize {
         let (l, k) = (p.l as usize, p.k as usize);
         let n = out.len();
-        let mask = _mm256_set1_epi32(((1u32 << l) - 1) as i32);
-        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         let mul = _mm256_set1_epi32(34_038_481);
         let add = _mm256_set1_epi32(76_625_530);
-        let ones8 = _mm256_set1_epi8(1);
-        let ones16 = _mm256_set1_epi16(1);
         let (c1, c0) = p.affine();
         let (c1, c0) = (_mm256_set1_ps(c1), _mm256_set1_ps(c0));
-        let seven = _mm256_set1_epi32(7);
-        let ki = _mm256_set1_epi32(k as i32);
         let mut i = first;
         // Value i's window starts at bit (i + 1)·K − L; lane j's 4 bytes end before
         // ((i + j + 1)·K − L) / 8 + 4, which must be ≤ bits.len().
         while i + 8 <= n && ((i + 8) * k - l) / 8 + 4 <= bits.len() {
-            let start = _mm256_add_epi32(
-                _mm256_set1_epi32(((i + 1) * k - l) as i32),
-                _mm256_mullo_epi32(lanes, ki),
-            );
-            let byte = _mm256_srli_epi32::<3>(start);
             // SAFETY: every lane's 4 bytes lie in `bits` (the loop condition).
-            let w = unsafe { _mm256_i32gather_epi32::<1>(bits.as_ptr() as *const i32, byte) };
-            let state =
-                _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_and_si256(start, seven)), mask);
+            let state = unsafe { states8(bits, (i + 1) * k - l, k, l) };
             let x = _mm256_add_epi32(_mm256_mullo_epi32(state, mul), add);
-            let sum = _mm256_madd_epi16(_mm256_maddubs_epi16(x, ones8), ones16);
+            let sum = byte_sums(x);
             // Multiply, then add: the rounding of TrellisParams::value.
             let v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), c1), c0);
             // SAFETY: i + 8 ≤ n.
@@ -775,6 +762,35 @@ mod x86 {
             i += 8;
         }
         i
+    }
+
+    /// The `l`-bit windows that start at bits `start + q·stride` of `bits` (q = 0..8), read
+    /// little-endian, one a lane.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; every lane's 4 bytes from `(start + q·stride) / 8` lie in `bits`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn states8(bits: &[u8], start: usize, stride: usize, l: usize) -> __m256i {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let start = _mm256_add_epi32(
+            _mm256_set1_epi32(start as i32),
+            _mm256_mullo_epi32(lanes, _mm256_set1_epi32(stride as i32)),
+        );
+        let byte = _mm256_srli_epi32::<3>(start);
+        // SAFETY: the caller's bound.
+        let w = unsafe { _mm256_i32gather_epi32::<1>(bits.as_ptr() as *const i32, byte) };
+        let shift = _mm256_and_si256(start, _mm256_set1_epi32(7));
+        let mask = _mm256_set1_epi32(((1u32 << l) - 1) as i32);
+        _mm256_and_si256(_mm256_srlv_epi32(w, shift), mask)
+    }
+
+    /// Each lane's four bytes summed (0..=1020): the 1MAD code's byte sum.
+    #[target_feature(enable = "avx2,fma")]
+    fn byte_sums(x: __m256i) -> __m256i {
+        _mm256_madd_epi16(
+            _mm256_maddubs_epi16(x, _mm256_set1_epi8(1)),
+            _mm256_set1_epi16(1),
+        )
     }
 
     /// Decodes pairs (`V = 2`) from step `first` on (their windows do not wrap) eight steps at
@@ -794,38 +810,24 @@ mod x86 {
     ) -> usize {
         let (l, sb) = (p.l as usize, p.step_bits());
         let steps = out.len() / 2;
-        let mask = _mm256_set1_epi32(((1u32 << l) - 1) as i32);
-        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         let (m1, a1) = (_mm256_set1_epi32(34_038_481), _mm256_set1_epi32(76_625_530));
         let (m2, a2) = (
             _mm256_set1_epi32(0x9E37_79B9_u32 as i32),
             _mm256_set1_epi32(0x7F4A_7C15),
         );
-        let ones8 = _mm256_set1_epi8(1);
-        let ones16 = _mm256_set1_epi16(1);
         let (c1, c0) = p.affine();
         let (c1, c0) = (_mm256_set1_ps(c1), _mm256_set1_ps(c0));
-        let seven = _mm256_set1_epi32(7);
-        let sbv = _mm256_set1_epi32(sb as i32);
         let mut j = first;
         // Step j's window starts at bit (j + 1)·2K − L; lane q's 4 bytes end before
         // ((j + q + 1)·2K − L) / 8 + 4, which must be ≤ bits.len().
         while j + 8 <= steps && ((j + 8) * sb - l) / 8 + 4 <= bits.len() {
-            let start = _mm256_add_epi32(
-                _mm256_set1_epi32(((j + 1) * sb - l) as i32),
-                _mm256_mullo_epi32(lanes, sbv),
-            );
-            let byte = _mm256_srli_epi32::<3>(start);
             // SAFETY: every lane's 4 bytes lie in `bits` (the loop condition).
-            let w = unsafe { _mm256_i32gather_epi32::<1>(bits.as_ptr() as *const i32, byte) };
-            let state =
-                _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_and_si256(start, seven)), mask);
+            let state = unsafe { states8(bits, (j + 1) * sb - l, sb, l) };
             let x = _mm256_add_epi32(_mm256_mullo_epi32(state, m1), a1);
             let y = _mm256_add_epi32(_mm256_mullo_epi32(x, m2), a2);
-            let sum = |h| _mm256_madd_epi16(_mm256_maddubs_epi16(h, ones8), ones16);
             // Multiply, then add: the rounding of TrellisParams::pair.
             let value = |s| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), c1), c0);
-            let (v0, v1) = (value(sum(x)), value(sum(y)));
+            let (v0, v1) = (value(byte_sums(x)), value(byte_sums(y)));
             // [a0 b0 a1 b1 | a4 b4 a5 b5] and [a2 b2 a3 b3 | a6 b6 a7 b7] → steps in order.
             let (lo, hi) = (_mm256_unpacklo_ps(v0, v1), _mm256_unpackhi_ps(v0, v1));
             let first_four = _mm256_permute2f128_ps::<0x20>(lo, hi);
