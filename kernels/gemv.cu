@@ -1408,8 +1408,11 @@ extern "C" __global__ void hc_e8_decode(E8Args a, void* __restrict__ out, int od
 // cut into tail-biting sequences of `seq` values (a multiple of 8; the last one takes the
 // rest); value t of a sequence of n values is c1·sum(state) + c0 with state the L bits of the
 // sequence's circular n·K-bit stream that end with value t's K bits (read little-endian), and
-// sum the byte sum of 34038481·state + 76625530 (mod 2^32) — QTIP's 1MAD code. Dotted against
-// RHT(x) (f32, cols per row) and multiplied by the row's scale.
+// sum the byte sum of 34038481·state + 76625530 (mod 2^32) — QTIP's 1MAD code. With pairs
+// (v = 2) a state codes two values, 2K bits a step: values 2i and 2i+1 of a sequence share the
+// state that ends with value 2i+1's bits, the first taking the byte sum of x = 34038481·state +
+// 76625530, the second that of 0x9E3779B9·x + 0x7F4A7C15. Dotted against RHT(x) (f32, cols per
+// row) and multiplied by the row's scale.
 
 struct TrellisArgs {
     const uint8_t* bits;
@@ -1422,7 +1425,11 @@ struct TrellisArgs {
     int ydtype;
     int M, rows, cols, l, k, seq;
     float c1, c0;
+    int v;  // values per state: 1 (1MAD) or 2 (pairs)
 };
+
+// The pair code's second hash of a state's first, x = 34038481·state + 76625530.
+__device__ __forceinline__ uint32_t hc_pair_second(uint32_t x) { return x * 0x9E3779B9u + 0x7F4A7C15u; }
 
 // `n` (≤ 16) bits of a byte stream from bit `bit`, little-endian; bytes past `n_bytes` read 0.
 __device__ __forceinline__ uint32_t hc_bits(const uint8_t* p, long long bit, int n, long long n_bytes) {
@@ -1442,7 +1449,8 @@ __device__ __forceinline__ uint32_t hc_trellis_sum(const TrellisArgs& a, long lo
     const int n = (q == m - 1 ? a.cols : s + a.seq) - s;
     const int t = j - s;
     const long long base = (row_off + (long long)s * a.k / 8) * 8;  // the sequence's first bit
-    const int end = (t + 1) * a.k;
+    // A pair's state ends with its second value's bits.
+    const int end = ((a.v == 2 ? t | 1 : t) + 1) * a.k;
     uint32_t state;
     if (end >= a.l) {
         state = hc_bits(a.bits, base + end - a.l, a.l, a.n_bytes);
@@ -1453,7 +1461,8 @@ __device__ __forceinline__ uint32_t hc_trellis_sum(const TrellisArgs& a, long lo
         const uint32_t hi = hc_bits(a.bits, base, end, a.n_bytes);
         state = lo | (hi << tail);
     }
-    const uint32_t x = state * 34038481u + 76625530u;
+    uint32_t x = state * 34038481u + 76625530u;
+    if (a.v == 2 && (t & 1)) x = hc_pair_second(x);
     return __dp4a(x, 0x01010101u, 0u);
 }
 
@@ -1500,6 +1509,16 @@ __device__ __forceinline__ void hc_trellis_sums(const TrellisArgs& a, const HcCh
             if (KT || i < k) chunk |= (unsigned long long)p[i] << (8 * i);
         const unsigned long long w = (unsigned long long)hc_bits(a.bits, rb + g.hb, hist, a.n_bytes) | (chunk << hist);
         const uint32_t lmask = (1u << a.l) - 1;
+        if (a.v == 2) {
+            // The chunk starts a pair (sequences are whole chunks of 8, or end the row).
+#pragma unroll
+            for (int i = 0; i < 8; i += 2) {
+                const uint32_t x = ((uint32_t)(w >> ((i + 1) * k)) & lmask) * 34038481u + 76625530u;
+                sums[i] = __dp4a(x, 0x01010101u, 0u);
+                sums[i + 1] = __dp4a(hc_pair_second(x), 0x01010101u, 0u);
+            }
+            return;
+        }
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const uint32_t state = (uint32_t)(w >> (i * k)) & lmask;
@@ -1600,6 +1619,39 @@ __device__ __forceinline__ float hc_tg_code(const uint32_t (&c)[3], int sh) {
     return __int_as_float(__dp4a((win >> sh) * 34038481u + 76625530u, 0x01010101u, 0x4B000000u));
 }
 
+// Pair P (0..7) of a half (values 2P and 2P+1) as 2^23 + their byte sums (f32): the state is
+// the top L bits of the 32-bit window that ends with the pair's 2K bits.
+template <int K, int P>
+__device__ __forceinline__ void hc_tg_pair(const uint32_t (&c)[3], int sh, float& f0, float& f1) {
+    constexpr int p = (P + 1) * 2 * K, j = p / 32, s = p % 32;
+    uint32_t win;
+    if constexpr (s == 0) {
+        win = c[j];
+    } else {
+        win = __funnelshift_r(c[j], c[j + 1], s);
+    }
+    const uint32_t x = (win >> sh) * 34038481u + 76625530u;
+    f0 = __int_as_float(__dp4a(x, 0x01010101u, 0x4B000000u));
+    f1 = __int_as_float(__dp4a(hc_pair_second(x), 0x01010101u, 0x4B000000u));
+}
+
+// Values 4Q .. 4Q+3 of a half as their byte sums (f32, exact: 2^23 + sum − 2^23), under one
+// value per state (V = 1) or pairs (V = 2).
+template <int K, int V, int Q>
+__device__ __forceinline__ void hc_tg_four(const uint32_t (&c)[3], int sh, float (&f)[4]) {
+    if constexpr (V == 2) {
+        hc_tg_pair<K, 2 * Q>(c, sh, f[0], f[1]);
+        hc_tg_pair<K, 2 * Q + 1>(c, sh, f[2], f[3]);
+    } else {
+        f[0] = hc_tg_code<K, 4 * Q + 0>(c, sh);
+        f[1] = hc_tg_code<K, 4 * Q + 1>(c, sh);
+        f[2] = hc_tg_code<K, 4 * Q + 2>(c, sh);
+        f[3] = hc_tg_code<K, 4 * Q + 3>(c, sh);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) f[i] -= 8388608.f;
+}
+
 // The two halves' word arrays of a group of words `w` whose preceding stream word is `h`
 // (unused when `seq16`: each half is then its own sequence).
 template <int K>
@@ -1647,18 +1699,13 @@ __device__ __forceinline__ void hc_tg_load(const TrellisArgs& a, const uint32_t*
     }
 }
 
-template <int K, int R, int MT, int U>
+template <int K, int V, int R, int MT, int U>
 __device__ __forceinline__ void hc_tg_quad(const uint32_t (&c)[R][2][3], int sh, const float* xg, int cols, int M,
                                            float (&acc)[R][MT], float* sx) {
-    // The byte sums, exact in f32 (2^23 + sum − 2^23), each decoded once for every batch row.
+    // The byte sums, each decoded once for every batch row.
     float f[R][4];
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        f[r][0] = hc_tg_code<K, 4 * (U % 4) + 0>(c[r][U / 4], sh) - 8388608.f;
-        f[r][1] = hc_tg_code<K, 4 * (U % 4) + 1>(c[r][U / 4], sh) - 8388608.f;
-        f[r][2] = hc_tg_code<K, 4 * (U % 4) + 2>(c[r][U / 4], sh) - 8388608.f;
-        f[r][3] = hc_tg_code<K, 4 * (U % 4) + 3>(c[r][U / 4], sh) - 8388608.f;
-    }
+    for (int r = 0; r < R; r++) hc_tg_four<K, V, U % 4>(c[r][U / 4], sh, f[r]);
 #pragma unroll
     for (int m = 0; m < MT; m++) {
         // Batch rows past M read the last one (no branch, so the loads can be issued early);
@@ -1675,7 +1722,7 @@ __device__ __forceinline__ void hc_tg_quad(const uint32_t (&c)[R][2][3], int sh,
     }
 }
 
-template <int MT, int K, int R>
+template <int MT, int K, int V, int R>
 __device__ __forceinline__ void hc_trellis_groups(const TrellisArgs& a) {
     const int r0 = blockIdx.x * R;
     const int groups = a.cols >> 5;
@@ -1700,14 +1747,14 @@ __device__ __forceinline__ void hc_trellis_groups(const TrellisArgs& a) {
             hc_tg_halves<K>(w, h, seq16, c[r][0], c[r][1]);
         }
         const float* xg = a.xr + 32ll * g;
-        hc_tg_quad<K, R, MT, 0>(c, sh, xg, a.cols, a.M, acc, sx);
-        hc_tg_quad<K, R, MT, 1>(c, sh, xg, a.cols, a.M, acc, sx);
-        hc_tg_quad<K, R, MT, 2>(c, sh, xg, a.cols, a.M, acc, sx);
-        hc_tg_quad<K, R, MT, 3>(c, sh, xg, a.cols, a.M, acc, sx);
-        hc_tg_quad<K, R, MT, 4>(c, sh, xg, a.cols, a.M, acc, sx);
-        hc_tg_quad<K, R, MT, 5>(c, sh, xg, a.cols, a.M, acc, sx);
-        hc_tg_quad<K, R, MT, 6>(c, sh, xg, a.cols, a.M, acc, sx);
-        hc_tg_quad<K, R, MT, 7>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, V, R, MT, 0>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, V, R, MT, 1>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, V, R, MT, 2>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, V, R, MT, 3>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, V, R, MT, 4>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, V, R, MT, 5>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, V, R, MT, 6>(c, sh, xg, a.cols, a.M, acc, sx);
+        hc_tg_quad<K, V, R, MT, 7>(c, sh, xg, a.cols, a.M, acc, sx);
     }
     hc_trellis_store<R, MT>(a, acc, sx, r0);
 }
@@ -1719,25 +1766,33 @@ __device__ __forceinline__ void hc_trellis_groups(const TrellisArgs& a) {
 #define HC_TG_R(M) ((M) == 1 ? 4 : 8)
 #define HC_TG(M, K) \
     extern "C" __global__ void __launch_bounds__(256) hc_trellis_groups_m##M##_k##K(TrellisArgs a) { \
-        hc_trellis_groups<M, K, HC_TG_R(M)>(a); \
+        hc_trellis_groups<M, K, 1, HC_TG_R(M)>(a); \
     }
 HC_TG(1, 1) HC_TG(1, 2) HC_TG(1, 3) HC_TG(1, 4)
 HC_TG(2, 1) HC_TG(2, 2) HC_TG(2, 3) HC_TG(2, 4)
 HC_TG(4, 1) HC_TG(4, 2) HC_TG(4, 3) HC_TG(4, 4)
+// hc_trellis_groups_m{1,2,4}_k{1,2,3,4}_v2: the same under the pair code.
+#define HC_TG2(M, K) \
+    extern "C" __global__ void __launch_bounds__(256) hc_trellis_groups_m##M##_k##K##_v2(TrellisArgs a) { \
+        hc_trellis_groups<M, K, 2, HC_TG_R(M)>(a); \
+    }
+HC_TG2(1, 1) HC_TG2(1, 2) HC_TG2(1, 3) HC_TG2(1, 4)
+HC_TG2(2, 1) HC_TG2(2, 2) HC_TG2(2, 3) HC_TG2(2, 4)
+HC_TG2(4, 1) HC_TG2(4, 2) HC_TG2(4, 3) HC_TG2(4, 4)
 
 // The group path's decoder: the scaled values in the rotated domain, a thread per group.
-template <int K, int U>
+template <int K, int V, int U>
 __device__ __forceinline__ void hc_tg_decode_quad(const uint32_t (&c)[2][3], int sh, float c1, float c0, float* v) {
-    v[4 * U + 0] = fmaf(c1, hc_tg_code<K, 4 * (U % 4) + 0>(c[U / 4], sh) - 8388608.f, c0);
-    v[4 * U + 1] = fmaf(c1, hc_tg_code<K, 4 * (U % 4) + 1>(c[U / 4], sh) - 8388608.f, c0);
-    v[4 * U + 2] = fmaf(c1, hc_tg_code<K, 4 * (U % 4) + 2>(c[U / 4], sh) - 8388608.f, c0);
-    v[4 * U + 3] = fmaf(c1, hc_tg_code<K, 4 * (U % 4) + 3>(c[U / 4], sh) - 8388608.f, c0);
+    float f[4];
+    hc_tg_four<K, V, U % 4>(c[U / 4], sh, f);
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[4 * U + i] = fmaf(c1, f[i], c0);
 }
 
 // A thread decodes a group; its warp's 32 groups (consecutive in the output, since groups tile
 // the rows) pass through shared memory so that each store instruction writes 256 consecutive
 // values. Rows of 36 floats keep both sides free of bank conflicts.
-template <int K>
+template <int K, int V>
 __device__ __forceinline__ void hc_trellis_decode_groups(const TrellisArgs& a, void* __restrict__ out, int odtype) {
     __shared__ __align__(16) float stage[8][32 * 36];
     float* st = stage[threadIdx.x >> 5];
@@ -1756,14 +1811,14 @@ __device__ __forceinline__ void hc_trellis_decode_groups(const TrellisArgs& a, v
             hc_tg_load<K>(a, bits + r * rw, g, w, h);
             hc_tg_halves<K>(w, h, a.seq == 16, c[0], c[1]);
             float v[32];
-            hc_tg_decode_quad<K, 0>(c, 32 - a.l, a.c1, a.c0, v);
-            hc_tg_decode_quad<K, 1>(c, 32 - a.l, a.c1, a.c0, v);
-            hc_tg_decode_quad<K, 2>(c, 32 - a.l, a.c1, a.c0, v);
-            hc_tg_decode_quad<K, 3>(c, 32 - a.l, a.c1, a.c0, v);
-            hc_tg_decode_quad<K, 4>(c, 32 - a.l, a.c1, a.c0, v);
-            hc_tg_decode_quad<K, 5>(c, 32 - a.l, a.c1, a.c0, v);
-            hc_tg_decode_quad<K, 6>(c, 32 - a.l, a.c1, a.c0, v);
-            hc_tg_decode_quad<K, 7>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, V, 0>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, V, 1>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, V, 2>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, V, 3>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, V, 4>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, V, 5>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, V, 6>(c, 32 - a.l, a.c1, a.c0, v);
+            hc_tg_decode_quad<K, V, 7>(c, 32 - a.l, a.c1, a.c0, v);
             const float sc = a.row_scales[r];
 #pragma unroll
             for (int j = 0; j < 8; j++)
@@ -1790,9 +1845,242 @@ __device__ __forceinline__ void hc_trellis_decode_groups(const TrellisArgs& a, v
 // hc_trellis_decode_groups_k{1,2,3,4}.
 #define HC_TGD(K) \
     extern "C" __global__ void __launch_bounds__(256) hc_trellis_decode_groups_k##K(TrellisArgs a, void* __restrict__ out, int odtype) { \
-        hc_trellis_decode_groups<K>(a, out, odtype); \
+        hc_trellis_decode_groups<K, 1>(a, out, odtype); \
     }
 HC_TGD(1) HC_TGD(2) HC_TGD(3) HC_TGD(4)
+// hc_trellis_decode_groups_k{1,2,3,4}_v2.
+#define HC_TGD2(K) \
+    extern "C" __global__ void __launch_bounds__(256) hc_trellis_decode_groups_k##K##_v2(TrellisArgs a, void* __restrict__ out, int odtype) { \
+        hc_trellis_decode_groups<K, 2>(a, out, odtype); \
+    }
+HC_TGD2(1) HC_TGD2(2) HC_TGD2(3) HC_TGD2(4)
+
+// The group path through the tensor cores (bf16/f16 outputs, batches up to 8·NT): a block of
+// HC_TM_WARPS warps computes 16 weight rows, its warps taking turns at steps of 128 columns
+// (four groups of 32). In a step, lane (g, t) = (lane / 4, lane % 4) decodes group 4·step + t
+// of rows g and g + 8 — the group path's words, history and halves, so every value's bit
+// position is a compile-time constant — and feeds it to 8 mmas m16n8k16, one per 4 values:
+// values 4u, 4u+1 take the lane's k slots 2t, 2t+1 and values 4u+2, 4u+3 slots 2t+8, 2t+9;
+// the activations (batch row 8n + g, converted to f16) take the same slots, so the dot
+// product is unchanged. A code comes out of __dp4a as the f16 bits of 1024 + sum (an addend
+// of 0x6400: exact, sums are at most 1020) and two of them pair in one PRMT: no conversion, no
+// FADD and no FFMA per weight. A second mma against ones gives Σx, and
+//   y = s_r·(c1·Σ(1024 + sum)·x + (c0 − 1024·c1)·Σx).
+// Activations above f16's range give a non-finite sum; those outputs are recomputed in f32
+// value by value (slow, but exact). Rotated activations below 2^-14 in magnitude keep f16's
+// subnormal precision (2^-24 absolute).
+#define HC_TM_WARPS 8
+// Row tiles of 16 a warp computes (the activation fragments serve them all): on the H200 two
+// ran 1.15-1.8x faster than one; 4 or 16 warps a block, or loading the next step's words
+// ahead, were faster on some shapes and slower on others (py/benches/cuda_trellis.py
+// --variant, 2026-12-03).
+#define HC_TM_R 2
+
+// Values 4Q .. 4Q+3 of a half as two words of two f16 (1024 + sum): (4Q, 4Q+1), (4Q+2, 4Q+3).
+template <int K, int V, int Q>
+__device__ __forceinline__ void hc_tm_four(const uint32_t (&c)[3], int sh, uint32_t (&p)[2]) {
+    uint32_t v[4];
+    if constexpr (V == 2) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int pr = 2 * Q + i;  // pair pr of the half ends at bit (pr + 1)·2K
+            const int e = (pr + 1) * 2 * K, j = e / 32, s = e % 32;
+            const uint32_t win = s == 0 ? c[j] : __funnelshift_r(c[j], c[j + 1 < 3 ? j + 1 : 2], s);
+            const uint32_t x = (win >> sh) * 34038481u + 76625530u;
+            v[2 * i] = __dp4a(x, 0x01010101u, 0x6400u);
+            v[2 * i + 1] = __dp4a(hc_pair_second(x), 0x01010101u, 0x6400u);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int e = (4 * Q + i + 1) * K, j = e / 32, s = e % 32;
+            const uint32_t win = s == 0 ? c[j] : __funnelshift_r(c[j], c[j + 1 < 3 ? j + 1 : 2], s);
+            v[i] = __dp4a((win >> sh) * 34038481u + 76625530u, 0x01010101u, 0x6400u);
+        }
+    }
+    p[0] = __byte_perm(v[0], v[1], 0x5410);
+    p[1] = __byte_perm(v[2], v[3], 0x5410);
+}
+
+// Two f32 as one word of two f16 (round to nearest): lo in the low half.
+__device__ __forceinline__ uint32_t hc_f16x2(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+// The word before group g of a row (its history), as an index from the row's first word: the
+// sequence's last word for its first group (tail-biting). Unused with sequences of 16.
+template <int K>
+__device__ __forceinline__ long long hc_tg_hist(const TrellisArgs& a, int g) {
+    if (a.seq == 16) return 0;
+    const int groups = a.cols >> 5, gs = a.seq >> 5, nseq = max(1, a.cols / a.seq);
+    const int s = min(g / gs, nseq - 1), first = s * gs;
+    const int last = s == nseq - 1 ? groups - 1 : first + gs - 1;
+    return g == first ? (long long)last * K + K - 1 : (long long)g * K - 1;
+}
+
+// k-step U (0..7) of a lane's group: values 4U .. 4U+3 of rows g and g + 8 of each row tile
+// (`c[tile][row][half]`) against the group's activations `xg[n]` of its batch row in each
+// batch tile, zeros where `live` is false.
+template <int K, int V, int NT, int R, int U>
+__device__ __forceinline__ void hc_tm_step(const uint32_t (&c)[R][2][2][3], int sh, const float* const (&xg)[NT],
+                                           bool live, float (&acc)[R][NT][4], float (&sx)[NT][4]) {
+    constexpr uint32_t ONES = 0x3C003C00u;
+    uint32_t b0[NT], b1[NT];
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        const float4 x4 = *reinterpret_cast<const float4*>(xg[n] + 4 * U);
+        b0[n] = live ? hc_f16x2(x4.x, x4.y) : 0u;
+        b1[n] = live ? hc_f16x2(x4.z, x4.w) : 0u;
+        hc_mma16816<false>(sx[n], ONES, ONES, ONES, ONES, b0[n], b1[n]);
+    }
+#pragma unroll
+    for (int ti = 0; ti < R; ti++) {
+        uint32_t p0[2], p1[2];
+        hc_tm_four<K, V, U % 4>(c[ti][0][U / 4], sh, p0);
+        hc_tm_four<K, V, U % 4>(c[ti][1][U / 4], sh, p1);
+#pragma unroll
+        for (int n = 0; n < NT; n++) hc_mma16816<false>(acc[ti][n], p0[0], p1[0], p0[1], p1[1], b0[n], b1[n]);
+    }
+}
+
+// A step's words: group gi (clamped to the row) of the lane's rows and the word before each.
+template <int K, int R>
+struct HcTmWords {
+    uint32_t w[R][2][K], hist[R][2];
+    int gi;
+    bool live;
+};
+
+// Loads step group gi of the lane's rows (`rp`). Groups past the row (the last step of rows
+// of 32·(4q + r) values) read its last group and count as zeros.
+template <int K, int R>
+__device__ __forceinline__ void hc_tm_load(const TrellisArgs& a, const uint32_t* const (&rp)[R][2], int gi,
+                                           HcTmWords<K, R>& s) {
+    const int groups = a.cols >> 5;
+    s.live = gi < groups;
+    s.gi = gi = min(gi, groups - 1);
+    const long long hi = hc_tg_hist<K>(a, gi);
+#pragma unroll
+    for (int ti = 0; ti < R; ti++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t* q = rp[ti][h] + (long long)gi * K;
+            if constexpr (K == 2) {
+                const uint2 v = *reinterpret_cast<const uint2*>(q);
+                s.w[ti][h][0] = v.x; s.w[ti][h][1] = v.y;
+            } else if constexpr (K == 4) {
+                const uint4 v = *reinterpret_cast<const uint4*>(q);
+                s.w[ti][h][0] = v.x; s.w[ti][h][1] = v.y; s.w[ti][h][2] = v.z; s.w[ti][h][3] = v.w;
+            } else {
+#pragma unroll
+                for (int i = 0; i < K; i++) s.w[ti][h][i] = q[i];
+            }
+            s.hist[ti][h] = a.seq == 16 ? 0u : rp[ti][h][hi];
+        }
+}
+
+// One step of 128 columns: the loaded group against its 32 activations of the lane's batch
+// row in each tile (`xm[n]`).
+template <int K, int V, int NT, int R>
+__device__ __forceinline__ void hc_tm_group(const TrellisArgs& a, const HcTmWords<K, R>& s,
+                                            const float* const (&xm)[NT], int sh, float (&acc)[R][NT][4],
+                                            float (&sx)[NT][4]) {
+    const int gi = s.gi;
+    const bool live = s.live;
+    uint32_t c[R][2][2][3];
+#pragma unroll
+    for (int ti = 0; ti < R; ti++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            uint32_t w[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) w[i] = i < K ? s.w[ti][h][i < K ? i : 0] : 0u;
+            hc_tg_halves<K>(w, s.hist[ti][h], a.seq == 16, c[ti][h][0], c[ti][h][1]);
+        }
+    const float* xg[NT];
+#pragma unroll
+    for (int n = 0; n < NT; n++) xg[n] = xm[n] + 32ll * gi;
+    hc_tm_step<K, V, NT, R, 0>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, 1>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, 2>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, 3>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, 4>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, 5>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, 6>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, 7>(c, sh, xg, live, acc, sx);
+}
+
+template <int K, int V, int NT, int R>
+__device__ __forceinline__ void hc_trellis_mma(const TrellisArgs& a) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.x * 16 * R;
+    const int steps = ((a.cols >> 5) + 3) >> 2;
+    const int sh = 32 - a.l;
+    const long long rw = a.row_bytes >> 2;
+    const uint32_t* bits = reinterpret_cast<const uint32_t*>(a.bits);
+    // Rows past the weight read its last row, batch rows past M the last batch row: their
+    // sums are never stored.
+    const uint32_t* rp[R][2];
+#pragma unroll
+    for (int ti = 0; ti < R; ti++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) rp[ti][h] = bits + (long long)min(r0 + 16 * ti + g + 8 * h, a.rows - 1) * rw;
+    const float* xm[NT];
+#pragma unroll
+    for (int n = 0; n < NT; n++) xm[n] = a.xr + (long long)min(g + 8 * n, a.M - 1) * a.cols;
+    float acc[R][NT][4], sx[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            sx[n][i] = 0.f;
+#pragma unroll
+            for (int ti = 0; ti < R; ti++) acc[ti][n][i] = 0.f;
+        }
+    for (int st = warp; st < steps; st += HC_TM_WARPS) {
+        HcTmWords<K, R> cur;
+        hc_tm_load<K, R>(a, rp, 4 * st + t, cur);
+        hc_tm_group<K, V, NT, R>(a, cur, xm, sh, acc, sx);
+    }
+    // The warps' partial sums, c1·acc + (c0 − 1024·c1)·Σx: part[warp][row][batch row].
+    __shared__ float part[HC_TM_WARPS][16 * R][8 * NT];
+    const float off = a.c0 - 1024.f * a.c1;
+#pragma unroll
+    for (int ti = 0; ti < R; ti++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                part[warp][16 * ti + g + 8 * (i >> 1)][8 * n + 2 * t + (i & 1)] = fmaf(a.c1, acc[ti][n][i], off * sx[n][i]);
+    __syncthreads();
+    for (int e = threadIdx.x; e < 16 * R * 8 * NT; e += blockDim.x) {
+        const int r = e / (8 * NT), m = e % (8 * NT), row = r0 + r;
+        if (row < a.rows && m < a.M) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < HC_TM_WARPS; w++) v += part[w][r][m];
+            if (!isfinite(v)) {
+                // f16 overflowed (or x holds a NaN or an infinity): the exact sum in f32.
+                const float* xr = a.xr + (long long)m * a.cols;
+                v = 0.f;
+                for (int j = 0; j < a.cols; j++)
+                    v = fmaf(fmaf(a.c1, (float)hc_trellis_sum(a, (long long)row * a.row_bytes, j), a.c0), xr[j], v);
+            }
+            hc_store(a.y, a.ydtype, (long long)m * a.rows + row, a.row_scales[row] * v + (a.bias ? a.bias[row] : 0.f));
+        }
+    }
+}
+
+// hc_trellis_mma_k{1,2,3,4}_v{1,2}_n{1,2}.
+#define HC_TM(K, V, N) \
+    extern "C" __global__ void __launch_bounds__(32 * HC_TM_WARPS) hc_trellis_mma_k##K##_v##V##_n##N(TrellisArgs a) { \
+        hc_trellis_mma<K, V, N, HC_TM_R>(a); \
+    }
+#define HC_TM_K(V, N) HC_TM(1, V, N) HC_TM(2, V, N) HC_TM(3, V, N) HC_TM(4, V, N)
+HC_TM_K(1, 1) HC_TM_K(1, 2) HC_TM_K(2, 1) HC_TM_K(2, 2)
 
 
 // The scaled values in the rotated domain (rows × cols, `odtype`), one thread per chunk of 8.

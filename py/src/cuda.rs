@@ -168,6 +168,7 @@ fn trellis(d: &Bound<'_, PyDict>) -> PyResult<TrellisGemv> {
         seq: get(d, "seq")?,
         c1: get(d, "c1")?,
         c0: get(d, "c0")?,
+        v: get(d, "v")?,
     })
 }
 
@@ -271,6 +272,12 @@ impl CudaKernels {
     /// takes the layer, 16 on the tensor-core GEMV, else 4 per pass). Pointers are not read.
     fn affine_fused_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<usize> {
         Ok(affine(args)?.fused_batch())
+    }
+
+    /// The same for the trellis kernels (kernels-cuda `TrellisGemv::fused_batch`: 16 on the
+    /// tensor cores, for bf16/f16 outputs of the group layout, else 4 per pass).
+    fn trellis_fused_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<usize> {
+        Ok(trellis(args)?.fused_batch())
     }
 
     /// The affine weight decoded into `out` (`rows × cols` of dtype code `out_dtype`).

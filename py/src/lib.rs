@@ -820,6 +820,7 @@ impl Linear {
                 seq,
                 c1,
                 c0,
+                v,
                 tile,
                 seed,
             } => {
@@ -832,6 +833,7 @@ impl Linear {
                 d.set_item("seq", seq)?;
                 d.set_item("c1", c1)?;
                 d.set_item("c0", c0)?;
+                d.set_item("v", v)?;
                 d.set_item("tile", tile)?;
                 d.set_item("seed", seed)?;
             }

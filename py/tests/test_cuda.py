@@ -326,7 +326,7 @@ def test_cuda_rans_kernel_on_a_corrupt_payload_stays_inside_its_buffers():
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["tcq@2-l12", "tcq@3-l12", "tcq@1-l12", "tcq@2"])
+@pytest.mark.parametrize("spec", ["tcq@2-l12", "tcq@3-l12", "tcq@1-l12", "tcq@2", "tcq@2-l12-v2", "tcq@3-l12-v2"])
 def test_cuda_trellis_with_calibrated_short_sequences(spec):
     # Calibrated trellis rows are cut into sequences of 16 values: most chunks wrap.
     rng = np.random.default_rng(2)
@@ -345,25 +345,63 @@ def test_cuda_trellis_with_calibrated_short_sequences(spec):
 
 @needs_cuda
 @pytest.mark.parametrize("k,l", [(1, 8), (2, 12), (2, 16), (3, 10), (4, 16)])
-def test_cuda_trellis_group_path_matches_the_cpu_runtime(k, l):
+@pytest.mark.parametrize("v", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_trellis_group_path_matches_the_cpu_runtime(k, l, v, dtype):
     # Rows of whole 32-value groups take the group kernels (GEMV and decoder): one sequence
     # (512 columns), three with a longer last one (3104 = 1024 + 1024 + 1056), calibrated rows
     # (sequences of 16), a partial block of rows, batches of 1 to 5 (two passes); 2040 columns
-    # (a partial group) take the per-chunk kernels.
-    rng = np.random.default_rng(10 * k + l)
+    # (a partial group) take the per-chunk kernels. v = 2: the pair code, in each of them.
+    # bf16: the tensor-core kernel for whole groups (one or two batch tiles, two passes at 17;
+    # 3104 columns end on a step of one group), the f32 kernels for 2040 columns.
+    rng = np.random.default_rng(10 * k + l + 100 * v)
+    bf16 = dtype == torch.bfloat16
     a = rng.standard_normal((1024, 512)).astype(np.float32)
     for rows, cols, hess in ((37, 512, None), (6, 3104, None), (5, 2040, None), (19, 512, a.T @ a / len(a))):
         w = rng.standard_normal((rows, cols)).astype(np.float32)
         b = rng.standard_normal(rows).astype(np.float32)
-        op = hypercodec.Linear.quantize(w, f"tcq@{k}-l{l}", b, hess)
+        op = hypercodec.Linear.quantize(w, f"tcq@{k}-l{l}" + ("-v2" if v == 2 else ""), b, hess)
         d = hcuda.DeviceLinear(op, torch.device("cuda"))
         assert d.kind == "trellis" and (op.device_form()["seq"] == 16) == (hess is not None)
-        for m, route in ((1, "gemv"), (2, "gemv"), (3, "gemv"), (5, "gemv"), (5, "decode")):
+        assert op.device_form()["v"] == v
+        assert (d.route(1, dtype) == "cuda-trellis-mma") == (bf16 and cols % 32 == 0), d.route(1, dtype)
+        batches = ((1, "gemv"), (2, "gemv"), (3, "gemv"), (5, "gemv"), (5, "decode"))
+        if bf16:
+            batches += ((8, "gemv"), (9, "gemv"), (16, "gemv"), (17, "gemv"))
+        for m, route in batches:
             # 5 through the GEMV: a pass of 4 rows and one of 1.
-            x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32))
-            want = op.forward(x.numpy())
-            got = d.forward(x.cuda(), route=route).cpu().numpy()
-            assert np.abs(got - want).max() <= 3e-4 * np.abs(want).max(), (k, l, rows, cols, hess is None, m, route)
+            x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
+            want = op.forward(x.float().numpy())
+            got = d.forward(x.cuda(), route=route).float().cpu().numpy()
+            # bf16: the output's rounding (2^-9) and the rotated activations' in f16 (2^-12).
+            tol = 1e-2 if bf16 else 3e-4
+            assert np.abs(got - want).max() <= tol * np.abs(want).max(), (k, l, rows, cols, hess is None, m, route)
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", ["tcq@2-l12", "tcq@2-l12-v2"])
+def test_cuda_trellis_tensor_cores_survive_activations_past_f16(spec):
+    # The tensor-core kernel feeds rotated activations to the mma as f16: a batch row above
+    # f16's range (1e6) is recomputed in f32 and matches the CPU runtime; a NaN in one batch row
+    # leaves the others exact; a tiny batch row (1e-3) keeps its precision.
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((40, 256)).astype(np.float32)
+    op = hypercodec.Linear.quantize(w, spec)
+    d = hcuda.DeviceLinear(op, torch.device("cuda"))
+    assert d.route(3, torch.bfloat16) == "cuda-trellis-mma"
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    x[0] *= 1e6
+    x[2] *= 1e-3
+    xb = torch.from_numpy(x).to(torch.bfloat16)
+    want = op.forward(xb.float().numpy())
+    got = d.forward(xb.cuda()).float().cpu().numpy()
+    assert np.isfinite(got).all()
+    for m in range(3):
+        assert np.abs(got[m] - want[m]).max() <= 1e-2 * np.abs(want[m]).max(), m
+    xb[1, 5] = float("nan")
+    got = d.forward(xb.cuda()).float().cpu().numpy()
+    assert np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
+    assert np.abs(got[0] - want[0]).max() <= 1e-2 * np.abs(want[0]).max()
 
 
 def _kv_args(p, rows, toks, dtype_code):

@@ -328,8 +328,8 @@ def test_kv_codec_refuses_bad_input_with_typed_errors():
 
 def test_trellis_pairs_quantize_decode_and_run_on_the_cpu():
     # Two values per trellis state (`-v2`): the same bytes as one value per state, an SNR near
-    # the one-value code's, the CPU forward equal to the decoded weight's product, no device
-    # form (the CUDA kernels read one value a state: the decode fallback takes pairs).
+    # the one-value code's, the CPU forward equal to the decoded weight's product, a device
+    # form that names the pair code (the CUDA kernels read it).
     rng = np.random.default_rng(8)
     w = rng.standard_normal((48, 512)).astype(np.float32)
     x = rng.standard_normal((3, 512)).astype(np.float32)
@@ -342,7 +342,9 @@ def test_trellis_pairs_quantize_decode_and_run_on_the_cpu():
     got = two.forward(x)
     want = x @ two.weight().reshape(48, 512).T
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
-    assert two.device_form() is None
+    form, form1 = two.device_form(), one.device_form()
+    assert (form["kind"], form["v"], form1["v"]) == ("trellis", 2, 1)
+    assert form["bits"].tobytes() != form1["bits"].tobytes()
     # Odd rows keep one value per state; 5 bits per value do not pair.
     odd = hypercodec.Linear.quantize(w[:, :511].copy(), "tcq@2-l12-v2")
     assert not odd.path.endswith("-v2"), odd.path

@@ -79,6 +79,21 @@ pub(crate) fn function_names() -> Vec<String> {
             v.push(format!("hc_affine_gemm_b{b}_r{r}_n{n}_{t}"));
         }
     }
+    for m in TRELLIS_GROUP_TILES {
+        for k in 1..=4 {
+            v.push(format!("hc_trellis_groups_m{m}_k{k}_v2"));
+        }
+    }
+    for k in 1..=4 {
+        v.push(format!("hc_trellis_decode_groups_k{k}_v2"));
+    }
+    for code in 1..=2 {
+        for n in 1..=2 {
+            for k in 1..=4 {
+                v.push(format!("hc_trellis_mma_k{k}_v{code}_n{n}"));
+            }
+        }
+    }
     v
 }
 
@@ -255,22 +270,30 @@ pub(crate) fn trellis_gemv(batch: usize, k: usize) -> usize {
 /// The trellis group GEMV's batch tiles.
 const TRELLIS_GROUP_TILES: [usize; 3] = [1, 2, 4];
 
-/// The trellis GEMV's group path (`hc_trellis_groups_m{1,2,4}_k{k}`, see
-/// [`crate::TrellisGemv::whole_groups`]) for a pass of `batch` (1..=4) rows of `k` (1..=4) bits.
-pub(crate) fn trellis_groups(batch: usize, k: usize) -> usize {
+/// The trellis GEMV's group path (`hc_trellis_groups_m{1,2,4}_k{k}[_v2]`, see
+/// [`crate::TrellisGemv::whole_groups`]) for a pass of `batch` (1..=4) rows of `k` (1..=4) bits
+/// and `v` (1 or 2) values per state.
+pub(crate) fn trellis_groups(batch: usize, k: usize, v: u8) -> usize {
     let tile = match batch {
         0 | 1 => 0,
         2 => 1,
         _ => 2,
     };
-    FIXED
-        + 3 * BATCH_TILES.len()
-        + 7 * E8_PASSES.len()
-        + TRELLIS_KS.len() * BATCH_TILES.len()
-        + MMA_KINDS.len() * 2 * MMA_WORDS.len()
-        + 4 * tile
-        + k.clamp(1, 4)
-        - 1
+    let first = if v == 2 {
+        pair_kernels()
+    } else {
+        FIXED
+            + 3 * BATCH_TILES.len()
+            + 7 * E8_PASSES.len()
+            + TRELLIS_KS.len() * BATCH_TILES.len()
+            + MMA_KINDS.len() * 2 * MMA_WORDS.len()
+    };
+    first + 4 * tile + k.clamp(1, 4) - 1
+}
+
+/// The first of the pair code's group kernels (after the tensor-core GEMMs).
+fn pair_kernels() -> usize {
+    trellis_encode(4) + 1 + CPA_KINDS.len() * (1 + GEMM_SHAPES.len())
 }
 /// Weight rows one block of the trellis group GEMV computes for a pass of `batch` rows
 /// (`HC_TG_R`).
@@ -281,13 +304,28 @@ pub(crate) fn trellis_group_rows(batch: usize) -> usize {
         8
     }
 }
-/// The group path's decoder for `k` (1..=4) bits: `hc_trellis_decode_groups_k{k}`.
-pub(crate) fn trellis_decode_groups(k: usize) -> usize {
-    trellis_groups(4, 4) + k.clamp(1, 4)
+/// The group path's decoder for `k` (1..=4) bits and `v` values per state:
+/// `hc_trellis_decode_groups_k{k}[_v2]`.
+pub(crate) fn trellis_decode_groups(k: usize, v: u8) -> usize {
+    trellis_groups(4, 4, v) + k.clamp(1, 4)
 }
+/// The trellis group path through the tensor cores (`hc_trellis_mma_k{k}_v{v}_n{nt}`) for `k`
+/// (1..=4) bits, `v` (1 or 2) values per state and `nt` (1 or 2) batch tiles of 8.
+pub(crate) fn trellis_mma(k: usize, v: u8, nt: usize) -> usize {
+    trellis_decode_groups(4, 2)
+        + 1
+        + 8 * (v.clamp(1, 2) as usize - 1)
+        + 4 * (nt.clamp(1, 2) - 1)
+        + k.clamp(1, 4)
+        - 1
+}
+/// Warps per block of the trellis tensor-core kernel (`HC_TM_WARPS`).
+pub(crate) const TRELLIS_MMA_WARPS: u32 = 8;
+/// Weight rows per block of the trellis tensor-core kernel (16·`HC_TM_R`).
+pub(crate) const TRELLIS_MMA_ROWS: usize = 32;
 /// The trellis encoder for `k` (1..=4) bits: `hc_trellis_encode_k{k}`.
 pub(crate) fn trellis_encode(k: usize) -> usize {
-    trellis_decode_groups(4) + k.clamp(1, 4)
+    trellis_decode_groups(4, 1) + k.clamp(1, 4)
 }
 /// The kernels' batch tiles (activation rows held in registers).
 const BATCH_TILES: [usize; 2] = [1, 4];
@@ -483,6 +521,7 @@ pub(crate) struct TrellisArgs {
     seq: i32,
     c1: f32,
     c0: f32,
+    v: i32,
 }
 
 impl TrellisArgs {
@@ -504,6 +543,7 @@ impl TrellisArgs {
             seq: a.seq as i32,
             c1: a.c1,
             c0: a.c0,
+            v: a.v as i32,
         }
     }
 }

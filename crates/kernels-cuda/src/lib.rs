@@ -474,7 +474,8 @@ impl W8A8Out {
 
 /// `y = s_r·⟨w_r, x'⟩ (+ b)` for bitshift-trellis rows, as stored in `.hwz` (`row_bytes` per
 /// row, tail-biting sequences of `seq` values, value `c1·sum(state) + c0` with QTIP's 1MAD
-/// byte sum; see `hypercodec_trellis`), `x' = RHT(x)` (f32, `batch × cols`).
+/// byte sum, or two values per state from the pair code's two byte sums; see
+/// `hypercodec_trellis`), `x' = RHT(x)` (f32, `batch × cols`).
 #[derive(Debug, Clone, Copy)]
 pub struct TrellisGemv {
     /// The packed bits, `rows·row_bytes` bytes.
@@ -509,6 +510,9 @@ pub struct TrellisGemv {
     pub c1: f32,
     /// The code's offset.
     pub c0: f32,
+    /// Values per state: 1 (the 1MAD code) or 2 (pairs: `K ≤ 4`, `2K < L`, even `cols`;
+    /// `hypercodec_trellis::pair_sums`).
+    pub v: u8,
 }
 
 impl TrellisGemv {
@@ -528,11 +532,38 @@ impl TrellisGemv {
             && self.bits.is_multiple_of(16)
     }
 
+    /// Whether the tensor-core kernel runs (`hc_trellis_mma_*`, batches up to
+    /// [`MAX_MMA_BATCH`] in one pass): the group path's layout and bf16 or f16 outputs. It
+    /// feeds the activations to the mma as f16 (rotated activations below 2^-14 keep f16's
+    /// subnormal precision; an output that overflows f16 is recomputed in f32), so f32 outputs
+    /// keep the f32 kernels.
+    pub fn tensor_core(&self) -> bool {
+        self.whole_groups() && self.y_dtype != Dtype::F32
+    }
+
+    /// Activation rows up to which the fused kernels are the better route (above: decode, then
+    /// a GEMM): [`MAX_MMA_BATCH`] on the tensor cores, else [`MAX_GEMV_BATCH`].
+    pub fn fused_batch(&self) -> usize {
+        if self.tensor_core() {
+            MAX_MMA_BATCH
+        } else {
+            MAX_GEMV_BATCH
+        }
+    }
+
     /// Checks what the kernels rely on.
     pub fn validate(&self) -> Result<()> {
         let bad = |why: String| Err(CudaError::InvalidArgument(why));
         if !(8..=16).contains(&self.l) || !(1..=8).contains(&self.k) || self.k >= self.l {
             return bad(format!("trellis L = {}, K = {}", self.l, self.k));
+        }
+        if self.v != 1
+            && (self.v != 2 || self.k > 4 || 2 * self.k >= self.l || !self.cols.is_multiple_of(2))
+        {
+            return bad(format!(
+                "trellis code of {} values per state at L = {}, K = {} over rows of {}",
+                self.v, self.l, self.k, self.cols
+            ));
         }
         if self.rows > i32::MAX as usize || self.cols > i32::MAX as usize {
             return bad(format!(
@@ -1665,7 +1696,8 @@ impl Kernels {
         }
     }
 
-    /// Launches the trellis GEMV (batches above [`MAX_GEMV_BATCH`] in passes).
+    /// Launches the trellis GEMV (batches above [`MAX_GEMV_BATCH`] in passes, or above
+    /// [`MAX_MMA_BATCH`] on the tensor cores: [`TrellisGemv::tensor_core`]).
     ///
     /// # Safety
     /// As [`Kernels::rht`].
@@ -1674,6 +1706,33 @@ impl Kernels {
             return Ok(());
         }
         a.validate()?;
+        if a.tensor_core() && a.xr.is_multiple_of(16) {
+            // Passes of up to 16 activation rows, one or two batch tiles of 8 each.
+            for m0 in (0..a.batch).step_by(MAX_MMA_BATCH) {
+                let m = (a.batch - m0).min(MAX_MMA_BATCH);
+                let pass = TrellisGemv {
+                    xr: a.xr + (m0 * a.cols * 4) as u64,
+                    y: a.y + (m0 * a.rows * a.y_dtype.size()) as u64,
+                    batch: m,
+                    ..*a
+                };
+                let mut k = args::TrellisArgs::new(&pass);
+                let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+                let f = args::trellis_mma(a.k as usize, a.v, m.div_ceil(8));
+                // SAFETY: the arguments were validated; the pointers are the caller's contract.
+                unsafe {
+                    self.inner.launch(
+                        f,
+                        (a.rows.div_ceil(args::TRELLIS_MMA_ROWS) as u32, 1),
+                        32 * args::TRELLIS_MMA_WARPS,
+                        0,
+                        stream,
+                        &mut params,
+                    )?;
+                }
+            }
+            return Ok(());
+        }
         for m0 in (0..a.batch).step_by(MAX_GEMV_BATCH) {
             let m = (a.batch - m0).min(MAX_GEMV_BATCH);
             let pass = TrellisGemv {
@@ -1689,7 +1748,7 @@ impl Kernels {
             let (f, rows, block) = if a.whole_groups() && pass.xr.is_multiple_of(16) {
                 let threads = (a.cols / 64).next_multiple_of(32).clamp(32, 256);
                 (
-                    args::trellis_groups(m, a.k as usize),
+                    args::trellis_groups(m, a.k as usize, a.v),
                     args::trellis_group_rows(m),
                     threads as u32,
                 )
@@ -1730,7 +1789,7 @@ impl Kernels {
         // A thread per group of 32 values, or per chunk of 8.
         let (f, n) = if a.whole_groups() {
             (
-                args::trellis_decode_groups(a.k as usize),
+                args::trellis_decode_groups(a.k as usize, a.v),
                 a.rows * (a.cols / 32),
             )
         } else {
@@ -2316,18 +2375,51 @@ mod tests {
         assert_eq!(names[args::trellis_gemv(3, 7)], "hc_trellis_gemv_m4_k0");
         assert_eq!(names[args::trellis_gemv(4, 4)], "hc_trellis_gemv_m4_k4");
         assert_eq!(names[args::TRELLIS_DECODE], "hc_trellis_decode");
-        assert_eq!(names[args::trellis_groups(1, 1)], "hc_trellis_groups_m1_k1");
-        assert_eq!(names[args::trellis_groups(2, 3)], "hc_trellis_groups_m2_k3");
-        assert_eq!(names[args::trellis_groups(3, 2)], "hc_trellis_groups_m4_k2");
-        assert_eq!(names[args::trellis_groups(4, 4)], "hc_trellis_groups_m4_k4");
         assert_eq!(
-            names[args::trellis_decode_groups(1)],
+            names[args::trellis_groups(1, 1, 1)],
+            "hc_trellis_groups_m1_k1"
+        );
+        assert_eq!(
+            names[args::trellis_groups(2, 3, 1)],
+            "hc_trellis_groups_m2_k3"
+        );
+        assert_eq!(
+            names[args::trellis_groups(3, 2, 1)],
+            "hc_trellis_groups_m4_k2"
+        );
+        assert_eq!(
+            names[args::trellis_groups(4, 4, 1)],
+            "hc_trellis_groups_m4_k4"
+        );
+        assert_eq!(
+            names[args::trellis_decode_groups(1, 1)],
             "hc_trellis_decode_groups_k1"
         );
         assert_eq!(
-            names[args::trellis_decode_groups(4)],
+            names[args::trellis_decode_groups(4, 1)],
             "hc_trellis_decode_groups_k4"
         );
+        assert_eq!(
+            names[args::trellis_groups(1, 1, 2)],
+            "hc_trellis_groups_m1_k1_v2"
+        );
+        assert_eq!(
+            names[args::trellis_groups(3, 4, 2)],
+            "hc_trellis_groups_m4_k4_v2"
+        );
+        assert_eq!(
+            names[args::trellis_decode_groups(2, 2)],
+            "hc_trellis_decode_groups_k2_v2"
+        );
+        assert_eq!(
+            names[args::trellis_decode_groups(4, 2)],
+            "hc_trellis_decode_groups_k4_v2"
+        );
+        assert_eq!(names[args::trellis_mma(1, 1, 1)], "hc_trellis_mma_k1_v1_n1");
+        assert_eq!(names[args::trellis_mma(3, 1, 2)], "hc_trellis_mma_k3_v1_n2");
+        assert_eq!(names[args::trellis_mma(2, 2, 1)], "hc_trellis_mma_k2_v2_n1");
+        assert_eq!(names[args::trellis_mma(4, 2, 2)], "hc_trellis_mma_k4_v2_n2");
+        assert_eq!(names.len(), args::trellis_mma(4, 2, 2) + 1);
         assert_eq!(names[args::trellis_encode(1)], "hc_trellis_encode_k1");
         assert_eq!(names[args::trellis_encode(4)], "hc_trellis_encode_k4");
         assert_eq!(
@@ -2404,7 +2496,10 @@ mod tests {
         assert_eq!(gemm(2, Dtype::Bf16, 1, 4), "hc_affine_gemm_b2_r1_n4_bf16");
         assert_eq!(gemm(4, Dtype::Bf16, 2, 8), "hc_affine_gemm_b4_r2_n8_bf16");
         assert_eq!(gemm(4, Dtype::F16, 1, 8), "hc_affine_gemm_b4_r1_n8_f16");
-        assert_eq!(gemm(4, Dtype::F16, 2, 8), *names.last().unwrap());
+        assert_eq!(
+            names[args::affine_gemm(4, Dtype::F16, 2, 8).unwrap() + 1],
+            "hc_trellis_groups_m1_k1_v2"
+        );
         assert!(args::affine_gemm(8, Dtype::F16, 1, 4).is_none());
         assert!(args::affine_gemm(4, Dtype::F32, 1, 4).is_none());
         assert!(args::affine_gemm(4, Dtype::Bf16, 3, 4).is_none());
@@ -2518,8 +2613,34 @@ mod tests {
             seq: 1024,
             c1: 1.0,
             c0: 0.0,
+            v: 1,
         };
         assert!(t.validate().is_ok() && t.whole_groups());
+        // bf16 and f16 outputs take the tensor cores, up to 16 activation rows a pass.
+        assert!(!t.tensor_core() && t.fused_batch() == MAX_GEMV_BATCH);
+        for y_dtype in [Dtype::Bf16, Dtype::F16] {
+            let b = TrellisGemv { y_dtype, ..t };
+            assert!(b.tensor_core() && b.fused_batch() == MAX_MMA_BATCH);
+            assert!(!TrellisGemv { seq: 48, ..b }.tensor_core());
+        }
+        // Pairs take it too; the pair code's limits are checked.
+        assert!(TrellisGemv { v: 2, ..t }.validate().is_ok());
+        assert!(TrellisGemv { v: 3, ..t }.validate().is_err());
+        assert!(TrellisGemv {
+            v: 2,
+            l: 8,
+            k: 4,
+            ..t
+        }
+        .validate()
+        .is_err());
+        let odd = TrellisGemv {
+            cols: 2047,
+            row_bytes: 512,
+            ..t
+        };
+        assert!(odd.validate().is_ok());
+        assert!(TrellisGemv { v: 2, ..odd }.validate().is_err());
         // Calibrated rows (sequences of 16) and one sequence per row also take it.
         assert!(TrellisGemv { seq: 16, ..t }.whole_groups());
         assert!(TrellisGemv { seq: 2056, ..t }.whole_groups());

@@ -133,7 +133,8 @@ pub enum DeviceForm<'a> {
         qbias: f32,
     },
     /// Bitshift-trellis rows dotted against `RHT(x)` (see `hypercodec_trellis`): value
-    /// `c1·sum(state) + c0` per the 1MAD code, scaled per row.
+    /// `c1·sum + c0` of the 1MAD code's byte sum of each state, or of the pair code's two byte
+    /// sums (`v` = 2), scaled per row.
     Trellis {
         /// `row_bytes` per row.
         bits: &'a [u8],
@@ -151,6 +152,8 @@ pub enum DeviceForm<'a> {
         c1: f32,
         /// The code's offset.
         c0: f32,
+        /// Values per state (1, or 2 for pairs).
+        v: u8,
         /// RHT tile.
         tile: usize,
         /// RHT seed.
@@ -441,8 +444,6 @@ impl CompressedLinear {
                     qbias,
                 })
             }
-            // The GPU kernels decode the 1MAD code only: pairs take the decode fallback.
-            (Kind::Trellis, Parts::Trellis(t)) if t.params.v != 1 => None,
             (Kind::Trellis, Parts::Trellis(t)) => {
                 let (c1, c0) = t.params.affine();
                 Some(DeviceForm::Trellis {
@@ -454,6 +455,7 @@ impl CompressedLinear {
                     seq: t.seq,
                     c1,
                     c0,
+                    v: t.params.v,
                     tile: t.tile,
                     seed: t.seed,
                 })

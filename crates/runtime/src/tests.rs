@@ -664,7 +664,7 @@ fn huge_and_tiny_weights_stay_finite_and_match_the_reference() {
 fn device_forms_decode_to_the_stored_weight() {
     use crate::DeviceForm;
     use hypercodec_lattice::Rht;
-    let mut seen = [0usize; 5];
+    let mut seen = [0usize; 6];
     for shape in [[7u64, 100], [5, 256], [3, 8]] {
         let (rows, cols) = (shape[0] as usize, shape[1] as usize);
         let x = values(rows * cols, 41);
@@ -724,13 +724,16 @@ fn device_forms_decode_to_the_stored_weight() {
                     seq,
                     c1,
                     c0,
+                    v,
                     tile,
                     seed,
                 } => {
                     // The kernels' rule, written out: value t of a sequence of n values is
                     // c1·sum(state) + c0, state the L bits of the circular stream ending with
-                    // its K bits.
+                    // its K bits; with pairs, values 2i and 2i+1 share the state ending with
+                    // value 2i+1's bits and take its first and second byte sums.
                     seen[2] += 1;
+                    seen[5] += (v == 2) as usize;
                     let rht = Rht::new(cols, tile, seed).unwrap();
                     let (l, k) = (l as usize, k as usize);
                     for r in 0..rows {
@@ -743,14 +746,18 @@ fn device_forms_decode_to_the_stored_weight() {
                                 (row[(q.start * k + p) / 8] >> ((q.start * k + p) % 8)) & 1
                             };
                             for t in 0..n {
-                                let end = (t + 1) * k;
+                                let end = (if v == 2 { t | 1 } else { t } + 1) * k;
                                 let mut state = 0u32;
                                 for j in 0..l {
                                     let p = (end + 2 * n * k - l + j) % (n * k);
                                     state |= (bit(p) as u32) << j;
                                 }
-                                let got = row_scales[r]
-                                    * (c1 * hypercodec_trellis::code_sum(state) as f32 + c0);
+                                let sum = if v == 2 {
+                                    hypercodec_trellis::pair_sums(state)[t & 1]
+                                } else {
+                                    hypercodec_trellis::code_sum(state)
+                                };
+                                let got = row_scales[r] * (c1 * sum as f32 + c0);
                                 let e = rotated[q.start + t];
                                 assert!(
                                     (got - e).abs() <= 1e-4 * (1.0 + e.abs()),
@@ -917,7 +924,12 @@ fn device_forms_decode_to_the_stored_weight() {
         }
     }
     assert!(
-        seen[0] >= 30 && seen[1] >= 21 && seen[2] >= 8 && seen[3] >= 1 && seen[4] >= 3,
+        seen[0] >= 30
+            && seen[1] >= 21
+            && seen[2] >= 8
+            && seen[3] >= 1
+            && seen[4] >= 3
+            && seen[5] >= 1,
         "{seen:?}"
     );
 }

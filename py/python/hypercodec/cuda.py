@@ -41,7 +41,7 @@ from .nn import _op_weight, _rht_signs, _wht_tiles
 #: then cuBLAS): the crossover measured on an H200 by ``py/benches/cuda_linear.py`` (rANS:
 #: each pass decodes the whole weight, so decoding once wins from 3 rows).
 GEMV_MAX_BATCH = {"affine": 4, "e8": 4, "trellis": 4, "e8rans": 2}
-#: Activation rows of the tensor-core affine kernel (bf16/f16 activations, see above).
+#: Activation rows of the tensor-core affine and trellis kernels (bf16/f16 activations, see above).
 MMA_MAX_BATCH = 16
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -212,6 +212,7 @@ class DeviceLinear:
                 "seq": form["seq"],
                 "c1": form["c1"],
                 "c0": form["c0"],
+                "v": form["v"],
             }
         elif self.kind == "e8rans":
             self.payload = up(form["payload"])
@@ -319,6 +320,8 @@ class DeviceLinear:
             n = GEMV_MAX_BATCH.get(self.kind, 0)
             if self.kind == "affine" and dtype in _DTYPES:
                 n = self.kernels.affine_fused_batch(dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1))
+            elif self.kind == "trellis" and dtype in _DTYPES:
+                n = self.kernels.trellis_fused_batch(dict(self.args, xr=0, y=0, y_dtype=_DTYPES[dtype], batch=1))
             self._fused[dtype] = n
         return n
 
@@ -330,6 +333,8 @@ class DeviceLinear:
         if batch <= fused:
             if self.kind == "affine" and fused >= MMA_MAX_BATCH:
                 return "cuda-affine-mma" if batch <= MMA_MAX_BATCH else "cuda-affine-gemm"
+            if self.kind == "trellis" and fused >= MMA_MAX_BATCH:
+                return "cuda-trellis-mma"
             return f"cuda-{self.kind}-gemv"
         return f"cuda-{self.kind}-decode+linear"
 
