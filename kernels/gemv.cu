@@ -14,10 +14,11 @@
 #include <type_traits>
 
 // ---------------------------------------------------------------------------------------
-// Activation RHT: out[m, :] = RHT(x[m, :cols]) in f32, zero-padded to `width`.
+// Activation RHT: out[m, :] = RHT(x[m, :cols]) in f32, zero-padded to `width`, and the same in
+// f16 into `out16` unless it is null (what the trellis tensor-core kernel reads).
 // Grid (cols / tile, M), block min(tile, 1024) threads, tile·4 bytes of dynamic shared memory.
 extern "C" __global__ void hc_rht(const void* __restrict__ x, int xdtype, float* __restrict__ out,
-                                  int cols, int width, int tile, unsigned long long seed) {
+                                  int cols, int width, int tile, unsigned long long seed, void* __restrict__ out16) {
     extern __shared__ float s[];
     const int m = blockIdx.y;
     const long long t0 = (long long)blockIdx.x * tile;
@@ -39,9 +40,13 @@ extern "C" __global__ void hc_rht(const void* __restrict__ x, int xdtype, float*
     const float norm = rsqrtf((float)tile);
     for (int i = threadIdx.x; i < tile; i += blockDim.x) {
         out[(long long)m * width + t0 + i] = s[i] * norm;
+        if (out16) hc_store(out16, HC_F16, (long long)m * width + t0 + i, s[i] * norm);
     }
     if (blockIdx.x == 0) {
-        for (int j = cols + threadIdx.x; j < width; j += blockDim.x) out[(long long)m * width + j] = 0.f;
+        for (int j = cols + threadIdx.x; j < width; j += blockDim.x) {
+            out[(long long)m * width + j] = 0.f;
+            if (out16) hc_store(out16, HC_F16, (long long)m * width + j, 0.f);
+        }
     }
 }
 
@@ -82,7 +87,8 @@ __device__ __forceinline__ void hc_fwht8_warp(float* v, int tile, int lane) {
 // block, each holding 8 values: the first 3 butterfly stages in registers, the next 5 across
 // the warp's lanes (shuffles), the rest in shared memory (tiles above 256 only).
 extern "C" __global__ void hc_rht_fast(const void* __restrict__ x, int xdtype, float* __restrict__ out,
-                                       int cols, int width, int tile, unsigned long long seed) {
+                                       int cols, int width, int tile, unsigned long long seed,
+                                       void* __restrict__ out16) {
     extern __shared__ float s[];
     const int m = blockIdx.y, t = threadIdx.x, lane = t & 31;
     const long long t0 = (long long)blockIdx.x * tile;
@@ -111,8 +117,12 @@ extern "C" __global__ void hc_rht_fast(const void* __restrict__ x, int xdtype, f
 #pragma unroll
     for (int k = 0; k < 8; k++) v[k] *= norm;
     hc_store8(out, HC_F32, (long long)m * width + j0, v, 8, true);
+    if (out16) hc_store8(out16, HC_F16, (long long)m * width + j0, v, 8, hc_aligned16(out16));
     if (blockIdx.x == 0) {
-        for (int j = cols + t; j < width; j += blockDim.x) out[(long long)m * width + j] = 0.f;
+        for (int j = cols + t; j < width; j += blockDim.x) {
+            out[(long long)m * width + j] = 0.f;
+            if (out16) hc_store(out16, HC_F16, (long long)m * width + j, 0.f);
+        }
     }
 }
 
@@ -1426,6 +1436,7 @@ struct TrellisArgs {
     int M, rows, cols, l, k, seq;
     float c1, c0;
     int v;  // values per state: 1 (1MAD) or 2 (pairs)
+    const uint16_t* xr16;  // RHT(x) in f16 (the tensor-core kernel; null: converted from xr)
 };
 
 // The pair code's second hash of a state's first, x = 34038481·state + 76625530.
@@ -1861,8 +1872,8 @@ HC_TGD2(1) HC_TGD2(2) HC_TGD2(3) HC_TGD2(4)
 // of rows g and g + 8 — the group path's words, history and halves, so every value's bit
 // position is a compile-time constant — and feeds it to 8 mmas m16n8k16, one per 4 values:
 // values 4u, 4u+1 take the lane's k slots 2t, 2t+1 and values 4u+2, 4u+3 slots 2t+8, 2t+9;
-// the activations (batch row 8n + g, converted to f16) take the same slots, so the dot
-// product is unchanged. A code comes out of __dp4a as the f16 bits of 1024 + sum (an addend
+// the activations (batch row 8n + g in f16: the RHT's f16 copy `xr16`, else converted from
+// `xr`) take the same slots, so the dot product is unchanged. A code comes out of __dp4a as the f16 bits of 1024 + sum (an addend
 // of 0x6400: exact, sums are at most 1020) and two of them pair in one PRMT: no conversion, no
 // FADD and no FFMA per weight. A second mma against ones gives Σx, and
 //   y = s_r·(c1·Σ(1024 + sum)·x + (c0 − 1024·c1)·Σx).
@@ -1923,16 +1934,23 @@ __device__ __forceinline__ long long hc_tg_hist(const TrellisArgs& a, int g) {
 // k-step U (0..7) of a lane's group: values 4U .. 4U+3 of rows g and g + 8 of each row tile
 // (`c[tile][row][half]`) against the group's activations `xg[n]` of its batch row in each
 // batch tile, zeros where `live` is false.
-template <int K, int V, int NT, int R, int U>
-__device__ __forceinline__ void hc_tm_step(const uint32_t (&c)[R][2][2][3], int sh, const float* const (&xg)[NT],
+// X16: the activations are read as f16 (`xg` then points at f16 values).
+template <int K, int V, int NT, int R, bool X16, int U>
+__device__ __forceinline__ void hc_tm_step(const uint32_t (&c)[R][2][2][3], int sh, const void* const (&xg)[NT],
                                            bool live, float (&acc)[R][NT][4], float (&sx)[NT][4]) {
     constexpr uint32_t ONES = 0x3C003C00u;
     uint32_t b0[NT], b1[NT];
 #pragma unroll
     for (int n = 0; n < NT; n++) {
-        const float4 x4 = *reinterpret_cast<const float4*>(xg[n] + 4 * U);
-        b0[n] = live ? hc_f16x2(x4.x, x4.y) : 0u;
-        b1[n] = live ? hc_f16x2(x4.z, x4.w) : 0u;
+        if (X16) {
+            const uint2 v = reinterpret_cast<const uint2*>(xg[n])[U];
+            b0[n] = live ? v.x : 0u;
+            b1[n] = live ? v.y : 0u;
+        } else {
+            const float4 x4 = reinterpret_cast<const float4*>(xg[n])[U];
+            b0[n] = live ? hc_f16x2(x4.x, x4.y) : 0u;
+            b1[n] = live ? hc_f16x2(x4.z, x4.w) : 0u;
+        }
         hc_mma16816<false>(sx[n], ONES, ONES, ONES, ONES, b0[n], b1[n]);
     }
 #pragma unroll
@@ -1982,10 +2000,10 @@ __device__ __forceinline__ void hc_tm_load(const TrellisArgs& a, const uint32_t*
 }
 
 // One step of 128 columns: the loaded group against its 32 activations of the lane's batch
-// row in each tile (`xm[n]`).
-template <int K, int V, int NT, int R>
+// row in each tile (`xm[n]`, the batch row's first value, f32 or with X16 f16).
+template <int K, int V, int NT, int R, bool X16>
 __device__ __forceinline__ void hc_tm_group(const TrellisArgs& a, const HcTmWords<K, R>& s,
-                                            const float* const (&xm)[NT], int sh, float (&acc)[R][NT][4],
+                                            const void* const (&xm)[NT], int sh, float (&acc)[R][NT][4],
                                             float (&sx)[NT][4]) {
     const int gi = s.gi;
     const bool live = s.live;
@@ -1999,17 +2017,19 @@ __device__ __forceinline__ void hc_tm_group(const TrellisArgs& a, const HcTmWord
             for (int i = 0; i < 4; i++) w[i] = i < K ? s.w[ti][h][i < K ? i : 0] : 0u;
             hc_tg_halves<K>(w, s.hist[ti][h], a.seq == 16, c[ti][h][0], c[ti][h][1]);
         }
-    const float* xg[NT];
+    const void* xg[NT];
 #pragma unroll
-    for (int n = 0; n < NT; n++) xg[n] = xm[n] + 32ll * gi;
-    hc_tm_step<K, V, NT, R, 0>(c, sh, xg, live, acc, sx);
-    hc_tm_step<K, V, NT, R, 1>(c, sh, xg, live, acc, sx);
-    hc_tm_step<K, V, NT, R, 2>(c, sh, xg, live, acc, sx);
-    hc_tm_step<K, V, NT, R, 3>(c, sh, xg, live, acc, sx);
-    hc_tm_step<K, V, NT, R, 4>(c, sh, xg, live, acc, sx);
-    hc_tm_step<K, V, NT, R, 5>(c, sh, xg, live, acc, sx);
-    hc_tm_step<K, V, NT, R, 6>(c, sh, xg, live, acc, sx);
-    hc_tm_step<K, V, NT, R, 7>(c, sh, xg, live, acc, sx);
+    for (int n = 0; n < NT; n++)
+        xg[n] = X16 ? (const void*)(static_cast<const uint16_t*>(xm[n]) + 32ll * gi)
+                    : (const void*)(static_cast<const float*>(xm[n]) + 32ll * gi);
+    hc_tm_step<K, V, NT, R, X16, 0>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, X16, 1>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, X16, 2>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, X16, 3>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, X16, 4>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, X16, 5>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, X16, 6>(c, sh, xg, live, acc, sx);
+    hc_tm_step<K, V, NT, R, X16, 7>(c, sh, xg, live, acc, sx);
 }
 
 template <int K, int V, int NT, int R>
@@ -2028,9 +2048,12 @@ __device__ __forceinline__ void hc_trellis_mma(const TrellisArgs& a) {
     for (int ti = 0; ti < R; ti++)
 #pragma unroll
         for (int h = 0; h < 2; h++) rp[ti][h] = bits + (long long)min(r0 + 16 * ti + g + 8 * h, a.rows - 1) * rw;
-    const float* xm[NT];
+    const void* xm[NT];
 #pragma unroll
-    for (int n = 0; n < NT; n++) xm[n] = a.xr + (long long)min(g + 8 * n, a.M - 1) * a.cols;
+    for (int n = 0; n < NT; n++) {
+        const long long off = (long long)min(g + 8 * n, a.M - 1) * a.cols;
+        xm[n] = a.xr16 ? (const void*)(a.xr16 + off) : (const void*)(a.xr + off);
+    }
     float acc[R][NT][4], sx[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++)
@@ -2043,7 +2066,11 @@ __device__ __forceinline__ void hc_trellis_mma(const TrellisArgs& a) {
     for (int st = warp; st < steps; st += HC_TM_WARPS) {
         HcTmWords<K, R> cur;
         hc_tm_load<K, R>(a, rp, 4 * st + t, cur);
-        hc_tm_group<K, V, NT, R>(a, cur, xm, sh, acc, sx);
+        if (a.xr16) {
+            hc_tm_group<K, V, NT, R, true>(a, cur, xm, sh, acc, sx);
+        } else {
+            hc_tm_group<K, V, NT, R, false>(a, cur, xm, sh, acc, sx);
+        }
     }
     // The warps' partial sums, c1·acc + (c0 − 1024·c1)·Σx: part[warp][row][batch row].
     __shared__ float part[HC_TM_WARPS][16 * R][8 * NT];

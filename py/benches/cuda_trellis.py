@@ -6,6 +6,7 @@ per state, `tcq@K-v2`). The f32 kernels take 4 batch rows a pass (above 4 only t
 
     python py/benches/cuda_trellis.py [--sizes 8192x8192,...] [--out FILE]   # on the GPU
 
+The tensor-core kernel reads the activations' f16 copy (`xr16`, as the layers pass it).
 Random bits (every bit string is a valid trellis stream) at K = 2 and 4, L = 12, sequences
 of 1024 values and of 16 (calibrated rows), f32 activations already rotated (the GEMV's input; the RHT is a separate
 launch that `cuda_linear.py` includes). Both kernels come from the committed PTX. The group kernel's output is
@@ -36,7 +37,7 @@ class Args(C.Structure):
     _fields_ = [("bits", C.c_void_p), ("row_scales", C.c_void_p), ("xr", C.c_void_p), ("y", C.c_void_p),
                 ("bias", C.c_void_p), ("n_bytes", C.c_longlong), ("row_bytes", C.c_longlong), ("ydtype", C.c_int),
                 ("M", C.c_int), ("rows", C.c_int), ("cols", C.c_int), ("l", C.c_int), ("k", C.c_int),
-                ("seq", C.c_int), ("c1", C.c_float), ("c0", C.c_float), ("v", C.c_int)]
+                ("seq", C.c_int), ("c1", C.c_float), ("c0", C.c_float), ("v", C.c_int), ("xr16", C.c_void_p)]
 
 
 def main() -> int:
@@ -68,6 +69,7 @@ def main() -> int:
         groups = cols // 32
         for m in map(int, args.batches.split(",")):
             x = torch.randn(m, cols, device="cuda")
+            x16 = x.half()  # the RHT's f16 copy, which the tensor-core kernel reads
             xb = x.to(torch.bfloat16)
             wb = [torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
                   for _ in range(int(400e6 // (rows * cols * 2)) + 1)]
@@ -96,7 +98,8 @@ def main() -> int:
                         yd = 2 if target is ymma else 0
                         a = Args(bits[i].data_ptr(), sc.data_ptr(), x.data_ptr() + 4 * m0 * cols,
                                  0 if decode else target.data_ptr() + target.element_size() * m0 * rows, None,
-                                 bits[i].numel(), row_bytes, yd, mm, rows, cols, 12, k, seq, 0.0066, -3.37, v)
+                                 bits[i].numel(), row_bytes, yd, mm, rows, cols, 12, k, seq, 0.0066, -3.37, v,
+                                 x16.data_ptr() + 2 * m0 * cols if target is ymma else None)
                         kept.append(a)
                         if decode:
                             o, dt = C.c_void_p(target.data_ptr()), C.c_int(2)

@@ -68,6 +68,15 @@ pub(crate) fn cuda_err(e: CudaError) -> PyErr {
     }
 }
 
+/// An optional pointer argument: 0 when `key` is absent.
+fn opt(d: &Bound<'_, PyDict>, key: &str) -> PyResult<u64> {
+    if d.contains(key)? {
+        get(d, key)
+    } else {
+        Ok(0)
+    }
+}
+
 fn get<'py, T: FromPyObjectOwned<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
     d.get_item(key)?
         .ok_or_else(|| InvalidInputError::new_err(format!("kernel argument `{key}` missing")))?
@@ -169,6 +178,7 @@ fn trellis(d: &Bound<'_, PyDict>) -> PyResult<TrellisGemv> {
         c1: get(d, "c1")?,
         c0: get(d, "c0")?,
         v: get(d, "v")?,
+        xr16: opt(d, "xr16")?,
     })
 }
 
@@ -243,7 +253,8 @@ impl CudaKernels {
         })
     }
 
-    /// `out = RHT(x)` (keys: x, x_dtype, out, batch, cols, width, tile, seed).
+    /// `out = RHT(x)` (keys: x, x_dtype, out, batch, cols, width, tile, seed, and optionally
+    /// out16: an f16 copy).
     fn rht(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
         let a = RhtArgs {
             x: get(args, "x")?,
@@ -254,6 +265,7 @@ impl CudaKernels {
             width: get(args, "width")?,
             tile: get(args, "tile")?,
             seed: get(args, "seed")?,
+            out16: opt(args, "out16")?,
         };
         // SAFETY: the caller passes device tensors of the stated sizes (`hypercodec.cuda`).
         unsafe { self.k.rht(&a, stream) }.map_err(cuda_err)

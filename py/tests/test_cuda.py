@@ -364,7 +364,9 @@ def test_cuda_trellis_group_path_matches_the_cpu_runtime(k, l, v, dtype):
         d = hcuda.DeviceLinear(op, torch.device("cuda"))
         assert d.kind == "trellis" and (op.device_form()["seq"] == 16) == (hess is not None)
         assert op.device_form()["v"] == v
-        assert (d.route(1, dtype) == "cuda-trellis-mma") == (bf16 and cols % 32 == 0), d.route(1, dtype)
+        tc = bf16 and cols % 32 == 0
+        assert (d.route(1, dtype) == "cuda-trellis-mma") == (tc and v == 2), d.route(1, dtype)
+        assert (d.route(2, dtype) == "cuda-trellis-mma") == tc, d.route(2, dtype)
         batches = ((1, "gemv"), (2, "gemv"), (3, "gemv"), (5, "gemv"), (5, "decode"))
         if bf16:
             batches += ((8, "gemv"), (9, "gemv"), (16, "gemv"), (17, "gemv"))

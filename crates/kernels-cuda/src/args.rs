@@ -522,6 +522,7 @@ pub(crate) struct TrellisArgs {
     c1: f32,
     c0: f32,
     v: i32,
+    xr16: u64,
 }
 
 impl TrellisArgs {
@@ -544,6 +545,7 @@ impl TrellisArgs {
             c1: a.c1,
             c0: a.c0,
             v: a.v as i32,
+            xr16: a.xr16,
         }
     }
 }

@@ -513,6 +513,10 @@ pub struct TrellisGemv {
     /// Values per state: 1 (the 1MAD code) or 2 (pairs: `K ≤ 4`, `2K < L`, even `cols`;
     /// `hypercodec_trellis::pair_sums`).
     pub v: u8,
+    /// The rotated activations in f16 (`batch × cols`, [`RhtArgs::out16`]), which the
+    /// tensor-core kernel reads in place of converting `xr` (half the bytes); 0 for none. Only
+    /// used 16-byte aligned.
+    pub xr16: u64,
 }
 
 impl TrellisGemv {
@@ -1067,6 +1071,8 @@ pub struct RhtArgs {
     pub tile: usize,
     /// The transform's seed.
     pub seed: u64,
+    /// A second output in f16 (`batch × width`, for [`TrellisGemv::xr16`]), or 0 for none.
+    pub out16: u64,
 }
 
 impl AffineGemv {
@@ -1317,6 +1323,11 @@ impl Kernels {
                 a.width as i32,
                 a.tile as i32,
                 a.seed,
+                if a.out16 == 0 {
+                    0
+                } else {
+                    a.out16 + (m0 * a.width * 2) as u64
+                },
             );
             let mut params = [
                 &mut p.0 as *mut _ as *mut std::ffi::c_void,
@@ -1326,6 +1337,7 @@ impl Kernels {
                 &mut p.4 as *mut _ as *mut _,
                 &mut p.5 as *mut _ as *mut _,
                 &mut p.6 as *mut _ as *mut _,
+                &mut p.7 as *mut _ as *mut _,
             ];
             // SAFETY: the arguments were validated; the pointers are the caller's contract.
             unsafe {
@@ -1697,7 +1709,8 @@ impl Kernels {
     }
 
     /// Launches the trellis GEMV (batches above [`MAX_GEMV_BATCH`] in passes, or above
-    /// [`MAX_MMA_BATCH`] on the tensor cores: [`TrellisGemv::tensor_core`]).
+    /// [`MAX_MMA_BATCH`] on the tensor cores: [`TrellisGemv::tensor_core`], except for one
+    /// activation row of the 1MAD code, which the f32 group kernel computes faster).
     ///
     /// # Safety
     /// As [`Kernels::rht`].
@@ -1706,12 +1719,18 @@ impl Kernels {
             return Ok(());
         }
         a.validate()?;
-        if a.tensor_core() && a.xr.is_multiple_of(16) {
+        if a.tensor_core() && a.xr.is_multiple_of(16) && (a.batch > 1 || a.v == 2) {
+            // (One row of the 1MAD code ran 5-10 % faster on the f32 group kernel.)
             // Passes of up to 16 activation rows, one or two batch tiles of 8 each.
             for m0 in (0..a.batch).step_by(MAX_MMA_BATCH) {
                 let m = (a.batch - m0).min(MAX_MMA_BATCH);
                 let pass = TrellisGemv {
                     xr: a.xr + (m0 * a.cols * 4) as u64,
+                    xr16: if a.xr16.is_multiple_of(16) && a.xr16 != 0 {
+                        a.xr16 + (m0 * a.cols * 2) as u64
+                    } else {
+                        0
+                    },
                     y: a.y + (m0 * a.rows * a.y_dtype.size()) as u64,
                     batch: m,
                     ..*a
@@ -2216,6 +2235,7 @@ mod tests {
             width: 96,
             tile: 64,
             seed: 1,
+            out16: 0,
         };
         assert!(
             rht.validate().is_err(),
@@ -2614,6 +2634,7 @@ mod tests {
             c1: 1.0,
             c0: 0.0,
             v: 1,
+            xr16: 0,
         };
         assert!(t.validate().is_ok() && t.whole_groups());
         // bf16 and f16 outputs take the tensor cores, up to 16 activation rows a pass.

@@ -75,9 +75,10 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def rht(x2: torch.Tensor, width: int, tile: int, seed: int) -> torch.Tensor:
+def rht(x2: torch.Tensor, width: int, tile: int, seed: int, out16: torch.Tensor | None = None) -> torch.Tensor:
     """``RHT`` of the rows of ``x2`` (CUDA, ``m × cols`` of f32/f16/bf16, contiguous) by the
-    kernel, as float32 zero-padded to ``width`` columns, on PyTorch's current stream."""
+    kernel, as float32 zero-padded to ``width`` columns, on PyTorch's current stream; also
+    written in f16 into ``out16`` (``m × width``) when given."""
     m, cols = x2.shape
     out = torch.empty(m, width, dtype=torch.float32, device=x2.device)
     kernels(x2.device).rht(
@@ -85,6 +86,7 @@ def rht(x2: torch.Tensor, width: int, tile: int, seed: int) -> torch.Tensor:
             "x": _ptr(x2),
             "x_dtype": _DTYPES[x2.dtype],
             "out": _ptr(out),
+            "out16": 0 if out16 is None else _ptr(out16),
             "batch": m,
             "cols": cols,
             "width": width,
@@ -333,8 +335,8 @@ class DeviceLinear:
         if batch <= fused:
             if self.kind == "affine" and fused >= MMA_MAX_BATCH:
                 return "cuda-affine-mma" if batch <= MMA_MAX_BATCH else "cuda-affine-gemm"
-            if self.kind == "trellis" and fused >= MMA_MAX_BATCH:
-                return "cuda-trellis-mma"
+            if self.kind == "trellis" and fused >= MMA_MAX_BATCH and (batch > 1 or self.args["v"] == 2):
+                return "cuda-trellis-mma"  # (one row of the 1MAD code: the f32 group kernel, faster)
             return f"cuda-{self.kind}-gemv"
         return f"cuda-{self.kind}-decode+linear"
 
@@ -374,9 +376,17 @@ class DeviceLinear:
                 y = torch.nn.functional.linear(x2, self._decode(dt, stream), b)
         else:
             width = self.cols if self.kind == "trellis" else 8 * self.words
-            xr = rht(x2, width, self.tile, self.seed)
+            # The trellis tensor-core kernel reads the rotated activations in f16 (half the
+            # bytes of f32): the RHT writes that copy too.
+            xr16 = None
+            if (self.kind == "trellis" and gemv and self._fused_batch(dt) >= MMA_MAX_BATCH
+                    and (m > 1 or self.args["v"] == 2)):
+                xr16 = torch.empty(m, width, dtype=torch.float16, device=self.device)
+            xr = rht(x2, width, self.tile, self.seed, xr16)
             if self.kind in ("trellis", "e8rans"):
                 args = dict(self.args, xr=_ptr(xr), batch=m)
+                if xr16 is not None:
+                    args["xr16"] = _ptr(xr16)
                 launch = self.kernels.trellis_gemv if self.kind == "trellis" else self.kernels.e8_rans_gemv
                 b = None if self.bias is None else self.bias.to(dt)
                 if gemv:
