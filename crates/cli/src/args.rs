@@ -297,8 +297,8 @@ pub struct EncodingArgs {
     pub trellis_l: u8,
     /// Trellis: a pair of values per state (V = 2; bits 1..=4), experimental: the code a GPU
     /// decoder needs about 22 % fewer integer instructions per weight for, 0.05 dB lower SNR at
-    /// 2 bits and 0.3 at 4; no CUDA kernel or GPU encoder reads it yet (the CPU codes and
-    /// decodes it). Rows of an odd length keep one value per state.
+    /// 2 bits and 0.3 at 4; the CUDA kernels read it, the GPU encoder does not yet (the CPU
+    /// codes it). Rows of an odd length keep one value per state.
     #[arg(long)]
     pub trellis_pairs: bool,
     /// Affine: scale group: `tensor`, `row` or a number of values along the input dimension.

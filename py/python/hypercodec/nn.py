@@ -39,8 +39,7 @@ def method_spec(method: str, bps: float) -> str:
     (16× faster to encode, about 0.3 dB lower), ``trellis-lL`` → ``tcq@{bits}-lL`` (L = 8..16);
     ``trellis-pairs`` / ``trellis-pairs-lL`` → ``tcq@{bits}-v2`` / ``tcq@{bits}-lL-v2``
     (experimental: a pair of values per state, the code a GPU decoder needs fewer instructions
-    for, 0.05–0.3 dB lower; coded on the CPU even with a device, run on CUDA through the decode
-    fallback until a kernel reads pairs);
+    for, 0.05–0.3 dB lower; coded on the CPU even with a device, run by the CUDA kernels);
     ``lattice-d4`` / ``-a2`` / ``-z1`` → ``d4@{bps}`` ... (the other lattices); ``lattice:tensor``
     → ``e8@{bps}:tensor`` (one step for every row instead of each row's own scale);
     ``codebook-bB[-rR][-sMODE]`` → ``cb-bB-kK[-rR][-sMODE]`` with ``K = 2^(B·bits)`` prototypes
