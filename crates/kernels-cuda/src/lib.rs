@@ -2394,51 +2394,37 @@ mod tests {
         assert_eq!(names[args::trellis_gemv(1, 2)], "hc_trellis_gemv_m1_k2");
         assert_eq!(names[args::trellis_gemv(3, 7)], "hc_trellis_gemv_m4_k0");
         assert_eq!(names[args::trellis_gemv(4, 4)], "hc_trellis_gemv_m4_k4");
-        assert_eq!(names[args::TRELLIS_DECODE], "hc_trellis_decode");
-        assert_eq!(
-            names[args::trellis_groups(1, 1, 1)],
-            "hc_trellis_groups_m1_k1"
-        );
-        assert_eq!(
-            names[args::trellis_groups(2, 3, 1)],
-            "hc_trellis_groups_m2_k3"
-        );
-        assert_eq!(
-            names[args::trellis_groups(3, 2, 1)],
-            "hc_trellis_groups_m4_k2"
-        );
-        assert_eq!(
-            names[args::trellis_groups(4, 4, 1)],
-            "hc_trellis_groups_m4_k4"
-        );
-        assert_eq!(
-            names[args::trellis_decode_groups(1, 1)],
-            "hc_trellis_decode_groups_k1"
-        );
-        assert_eq!(
-            names[args::trellis_decode_groups(4, 1)],
-            "hc_trellis_decode_groups_k4"
-        );
-        assert_eq!(
-            names[args::trellis_groups(1, 1, 2)],
-            "hc_trellis_groups_m1_k1_v2"
-        );
-        assert_eq!(
-            names[args::trellis_groups(3, 4, 2)],
-            "hc_trellis_groups_m4_k4_v2"
-        );
-        assert_eq!(
-            names[args::trellis_decode_groups(2, 2)],
-            "hc_trellis_decode_groups_k2_v2"
-        );
-        assert_eq!(
-            names[args::trellis_decode_groups(4, 2)],
-            "hc_trellis_decode_groups_k4_v2"
-        );
-        assert_eq!(names[args::trellis_mma(1, 1, 1)], "hc_trellis_mma_k1_v1_n1");
-        assert_eq!(names[args::trellis_mma(3, 1, 2)], "hc_trellis_mma_k3_v1_n2");
-        assert_eq!(names[args::trellis_mma(2, 2, 1)], "hc_trellis_mma_k2_v2_n1");
-        assert_eq!(names[args::trellis_mma(4, 2, 2)], "hc_trellis_mma_k4_v2_n2");
+        // The trellis kernels by (batch, K, V) and the tensor-core ones by (K, V, batch tiles).
+        for (i, want) in [
+            (args::trellis_groups(1, 1, 1), "hc_trellis_groups_m1_k1"),
+            (args::trellis_groups(2, 3, 1), "hc_trellis_groups_m2_k3"),
+            (args::trellis_groups(3, 2, 1), "hc_trellis_groups_m4_k2"),
+            (args::trellis_groups(4, 4, 1), "hc_trellis_groups_m4_k4"),
+            (
+                args::trellis_decode_groups(1, 1),
+                "hc_trellis_decode_groups_k1",
+            ),
+            (
+                args::trellis_decode_groups(4, 1),
+                "hc_trellis_decode_groups_k4",
+            ),
+            (args::trellis_groups(1, 1, 2), "hc_trellis_groups_m1_k1_v2"),
+            (args::trellis_groups(3, 4, 2), "hc_trellis_groups_m4_k4_v2"),
+            (
+                args::trellis_decode_groups(2, 2),
+                "hc_trellis_decode_groups_k2_v2",
+            ),
+            (
+                args::trellis_decode_groups(4, 2),
+                "hc_trellis_decode_groups_k4_v2",
+            ),
+            (args::trellis_mma(1, 1, 1), "hc_trellis_mma_k1_v1_n1"),
+            (args::trellis_mma(3, 1, 2), "hc_trellis_mma_k3_v1_n2"),
+            (args::trellis_mma(2, 2, 1), "hc_trellis_mma_k2_v2_n1"),
+            (args::trellis_mma(4, 2, 2), "hc_trellis_mma_k4_v2_n2"),
+        ] {
+            assert_eq!(names[i], want);
+        }
         assert_eq!(names.len(), args::trellis_mma(4, 2, 2) + 1);
         assert_eq!(names[args::trellis_encode(1)], "hc_trellis_encode_k1");
         assert_eq!(names[args::trellis_encode(4)], "hc_trellis_encode_k4");
