@@ -6,9 +6,10 @@ use crate::{AffineGemv, E8Gemv};
 
 /// Kernel names: the fixed ones, then the affine GEMVs by (bits, batch tile), then the E8
 /// GEMVs by (bits, pass of 1, 2 or 4 rows), the trellis GEMVs, the tensor-core kernels, the
-/// trellis group kernels and encoders, the cp.async kernels and the tensor-core GEMMs;
-/// indices from [`affine_gemv`], [`e8_gemv`], [`trellis_gemv`], [`affine_mma`],
-/// [`affine_cpa`] and [`affine_gemm`].
+/// trellis group kernels and encoders, the cp.async kernels, the tensor-core GEMMs, then the
+/// pair code's trellis group kernels and the trellis tensor-core kernels; indices from
+/// [`affine_gemv`], [`e8_gemv`], [`trellis_gemv`], [`affine_mma`], [`affine_cpa`],
+/// [`affine_gemm`], [`trellis_groups`], [`trellis_decode_groups`] and [`trellis_mma`].
 pub(crate) fn function_names() -> Vec<String> {
     let mut v: Vec<String> = [
         "hc_rht",

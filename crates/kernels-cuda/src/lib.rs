@@ -1071,7 +1071,8 @@ pub struct RhtArgs {
     pub tile: usize,
     /// The transform's seed.
     pub seed: u64,
-    /// A second output in f16 (`batch × width`, for [`TrellisGemv::xr16`]), or 0 for none.
+    /// A second output in f16 (`batch × width`, for [`TrellisGemv::xr16`]; 16-byte aligned,
+    /// `width` a multiple of 8), or 0 for none.
     pub out16: u64,
 }
 
@@ -1247,6 +1248,14 @@ impl RhtArgs {
         }
         if self.batch > 0 && (self.x == 0 || self.out == 0) {
             return bad("a null pointer".into());
+        }
+        // The f16 copy is stored 8 values (16 bytes) at a time: every row must start aligned.
+        if self.out16 != 0 && (!self.out16.is_multiple_of(16) || !self.width.is_multiple_of(8)) {
+            return bad(format!(
+                "the RHT's f16 copy needs a 16-byte aligned buffer and rows of a multiple of 8, \
+                 got {:#x} and {}",
+                self.out16, self.width
+            ));
         }
         Ok(())
     }
@@ -2242,6 +2251,20 @@ mod tests {
             "96 columns are not whole tiles of 64"
         );
         assert!(RhtArgs { tile: 32, ..rht }.validate().is_ok());
+        // The f16 copy: aligned, rows of whole 8-value stores (96 is; 100 or an odd buffer not).
+        let copy = RhtArgs {
+            tile: 32,
+            out16: 1 << 20,
+            ..rht
+        };
+        assert!(copy.validate().is_ok());
+        assert!(RhtArgs { width: 100, ..copy }.validate().is_err());
+        assert!(RhtArgs {
+            out16: (1 << 20) + 8,
+            ..copy
+        }
+        .validate()
+        .is_err());
         // 4 rows of 256 symbols in chunks of 2 rows: 2 chunks of 33 words of table.
         let rans = E8RansGemv {
             payload: 64,
