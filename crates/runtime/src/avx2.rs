@@ -583,11 +583,15 @@ pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// each lane the 4 bytes holding its window, a shift per lane and a mask. Returns `done`: the
 /// values whose 16 bytes would pass the stream's end are left to the caller.
 ///
+/// With `PAIRS` the code is the pair code (two values per state, `hypercodec_trellis::pair_sums`):
+/// lanes `2i` and `2i + 1` read the same window — the one ending with value `2i + 1`'s bits — and
+/// the odd lanes take the second hash.
+///
 /// # Safety
 /// The CPU must have AVX2 and FMA; `bits` holds the sequence's `x.len()·k` bits; `first·k +
-/// k ≥ l`; `k ≤ 8`.
+/// k ≥ l` (with `PAIRS`: `first` even, `first·k + 2k ≥ l`); `k ≤ 8`.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn trellis_sums_dot(
+pub(crate) unsafe fn trellis_sums_dot<const PAIRS: bool>(
     bits: &[u8],
     l: usize,
     k: usize,
@@ -595,12 +599,17 @@ pub(crate) unsafe fn trellis_sums_dot(
     x: &[f32],
 ) -> (f32, f32, usize) {
     let n = x.len();
-    let s0 = (first + 1) * k - l;
+    // Lane j's window starts at bit s0 + (j·k, or (j rounded down to even)·k for pairs).
+    let s0 = if PAIRS {
+        (first + 2) * k - l
+    } else {
+        (first + 1) * k - l
+    };
     let (byte0, sh0) = (s0 / 8, s0 % 8);
     let mut ctrl = [0u8; 32];
     let mut shifts = [0i32; 8];
     for j in 0..8 {
-        let bit = sh0 + j * k;
+        let bit = sh0 + if PAIRS { j & !1 } else { j } * k;
         for b in 0..4 {
             ctrl[4 * j + b] = (bit / 8 + b) as u8;
         }
@@ -616,6 +625,8 @@ pub(crate) unsafe fn trellis_sums_dot(
     let mask = _mm256_set1_epi32(((1u32 << l) - 1) as i32);
     let mul = _mm256_set1_epi32(34_038_481);
     let add = _mm256_set1_epi32(76_625_530);
+    let mul2 = _mm256_set1_epi32(0x9E37_79B9u32 as i32);
+    let add2 = _mm256_set1_epi32(0x7F4A_7C15);
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
     let sums = |g: usize| {
@@ -627,7 +638,12 @@ pub(crate) unsafe fn trellis_sums_dot(
         };
         let w = _mm256_shuffle_epi8(v, ctrl);
         let state = _mm256_and_si256(_mm256_srlv_epi32(w, shifts), mask);
-        let h = _mm256_add_epi32(_mm256_mullo_epi32(state, mul), add);
+        let mut h = _mm256_add_epi32(_mm256_mullo_epi32(state, mul), add);
+        if PAIRS {
+            // The second value of each pair: the second hash, in the odd lanes.
+            let h2 = _mm256_add_epi32(_mm256_mullo_epi32(h, mul2), add2);
+            h = _mm256_blend_epi32::<0b1010_1010>(h, h2);
+        }
         _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(h, ones8), ones16))
     };
     // Group g covers values first + 8g .. first + 8g + 8.
@@ -828,7 +844,7 @@ pub(crate) unsafe fn trellis_sums_dot512(
     let i = first + 16 * g;
     // The rest, eight at a time.
     // SAFETY: as the caller's (the same stream and activations, from value i).
-    let (s, xr, done) = unsafe { trellis_sums_dot(bits, l, k, i, x) };
+    let (s, xr, done) = unsafe { trellis_sums_dot::<false>(bits, l, k, i, x) };
     (
         _mm512_reduce_add_ps(_mm512_add_ps(acc, acc2)) + s,
         _mm512_reduce_add_ps(xs) + xr,

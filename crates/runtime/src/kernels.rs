@@ -388,9 +388,9 @@ multiversion! {
 /// `⟨decoded trellis row, xr⟩` (before the row scale) of the row whose bits start at byte
 /// `start` of `bits` (the tensor's): per tail-biting sequence, AVX2 computes the code sums of
 /// the values whose windows do not wrap (`c1·Σ sum·x + c0·Σ x`, reading up to 16 bytes ahead,
-/// into the next rows where there are any); the first few (wrapped) values go through the
-/// trellis crate's reference decoder, the last few through a scalar window read; without AVX2
-/// every sequence is decoded by the reference decoder, then dotted.
+/// into the next rows where there are any; the 1MAD code or pairs); the first few (wrapped)
+/// values go through the trellis crate's reference decoder, the last few through a scalar
+/// window read; without AVX2 every sequence is decoded by the reference decoder, then dotted.
 pub(crate) fn trellis_row_dot(
     bits: &[u8],
     start: usize,
@@ -405,10 +405,9 @@ pub(crate) fn trellis_row_dot(
     // Calibrated rows: sequences of 16 values at once (all but a longer last one).
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
-    // The fused loops decode the 1MAD code (one value per state); pairs are decoded, then
-    // dotted, below.
-    let fused = p.v == 1;
-    if fused && seq == 16 && k <= 4 && l <= 16 * k && crate::simd::has_avx2() {
+    // Sequences of 16 (calibrated rows) fused for the 1MAD code; pairs take the loop below.
+    let pairs = p.v == 2;
+    if !pairs && seq == 16 && k <= 4 && l <= 16 * k && crate::simd::has_avx2() {
         #[cfg(target_arch = "x86_64")]
         {
             // The last sequence takes the rest: whole when the row is a multiple of 16.
@@ -440,17 +439,26 @@ pub(crate) fn trellis_row_dot(
         let src = &bits[from..start + (q.end * k).div_ceil(8)];
         let x = &xr[q.clone()];
         let n = x.len();
-        let first = (l - k).div_ceil(k).min(n);
-        if fused && crate::simd::has_avx2() && n > first {
+        // The first value whose window does not wrap (with pairs: the first pair's first value).
+        let first = if pairs {
+            2 * l.saturating_sub(2 * k).div_ceil(2 * k)
+        } else {
+            (l - k).div_ceil(k)
+        }
+        .min(n);
+        if crate::simd::has_avx2() && n > first {
             #[cfg(target_arch = "x86_64")]
             {
                 // SAFETY: AVX2 and FMA are present; `bits[from..]` holds the sequence's n·K
-                // bits (and whatever follows); value `first` is past the wrapped windows.
+                // bits (and whatever follows); value `first` is past the wrapped windows (and
+                // even for pairs).
                 let (s, xs, done) = unsafe {
-                    if crate::simd::has_avx512_vnni() {
+                    if pairs {
+                        crate::avx2::trellis_sums_dot::<true>(&bits[from..], l, k, first, x)
+                    } else if crate::simd::has_avx512_vnni() {
                         crate::avx2::trellis_sums_dot512(&bits[from..], l, k, first, x)
                     } else {
-                        crate::avx2::trellis_sums_dot(&bits[from..], l, k, first, x)
+                        crate::avx2::trellis_sums_dot::<false>(&bits[from..], l, k, first, x)
                     }
                 };
                 acc += c1 * s + c0 * xs;
@@ -458,8 +466,11 @@ pub(crate) fn trellis_row_dot(
                     acc += hypercodec_trellis::value_at(src, n, p, i)? * xi;
                 }
                 for (i, &xi) in x.iter().enumerate().skip(done) {
-                    let state = hypercodec_trellis::window(src, (i + 1) * k - l, l as u32);
-                    acc += p.value(state) * xi;
+                    acc += if pairs {
+                        hypercodec_trellis::value_at(src, n, p, i)?
+                    } else {
+                        p.value(hypercodec_trellis::window(src, (i + 1) * k - l, l as u32))
+                    } * xi;
                 }
                 continue;
             }
@@ -540,40 +551,64 @@ mod tests {
             (16, 5),
             (14, 8),
         ] {
-            let p = TrellisParams::new(l, k);
-            let n = 203;
-            let bits: Vec<u8> = (0..(n * k as usize).div_ceil(8) + 40)
-                .map(|i| (i as u32).wrapping_mul(2654435761).rotate_left(7) as u8)
-                .collect();
-            let stream = &bits[..(n * k as usize).div_ceil(8)];
-            let x: Vec<f32> = (0..n)
-                .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
-                .collect();
-            let want = decode(stream, n, &p).unwrap();
-            let (c1, c0) = p.affine();
-            let first = (l - k).div_ceil(k) as usize;
-            let check = |(s, xs, done): (f32, f32, usize), what: &str| {
-                let ours = c1 * s + c0 * xs;
-                let reference: f32 = (first..done).map(|i| want[i] * x[i]).sum();
-                let tol = 1e-4 * (first..done).map(|i| (want[i] * x[i]).abs()).sum::<f32>();
-                assert!(
-                    (ours - reference).abs() <= tol.max(1e-5) && done + 40 >= n,
-                    "{what} L {l} K {k}: {ours} vs {reference} ({done} of {n})"
-                );
-            };
-            // SAFETY: AVX2 checked above; `bits` holds the stream and 40 bytes beyond.
-            check(
-                unsafe { crate::avx2::trellis_sums_dot(&bits, l as usize, k as usize, first, &x) },
-                "avx2",
-            );
-            if crate::simd::has_avx512_vnni() {
-                // SAFETY: AVX-512 VBMI and VNNI checked.
-                check(
-                    unsafe {
-                        crate::avx2::trellis_sums_dot512(&bits, l as usize, k as usize, first, &x)
-                    },
-                    "avx512",
-                );
+            // The 1MAD code, and pairs where they exist (K <= 4, 2K < L).
+            for pairs in [false, true] {
+                if pairs && (k > 4 || 2 * k >= l) {
+                    continue;
+                }
+                let p = if pairs {
+                    TrellisParams::pairs(l, k)
+                } else {
+                    TrellisParams::new(l, k)
+                };
+                let n = 204;
+                let bits: Vec<u8> = (0..(n * k as usize).div_ceil(8) + 40)
+                    .map(|i| (i as u32).wrapping_mul(2654435761).rotate_left(7) as u8)
+                    .collect();
+                let stream = &bits[..(n * k as usize).div_ceil(8)];
+                let x: Vec<f32> = (0..n)
+                    .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+                    .collect();
+                let want = decode(stream, n, &p).unwrap();
+                let (c1, c0) = p.affine();
+                let first = if pairs {
+                    2 * (l as usize)
+                        .saturating_sub(2 * k as usize)
+                        .div_ceil(2 * k as usize)
+                } else {
+                    (l - k).div_ceil(k) as usize
+                };
+                let check = |(s, xs, done): (f32, f32, usize), what: &str| {
+                    let ours = c1 * s + c0 * xs;
+                    let reference: f32 = (first..done).map(|i| want[i] * x[i]).sum();
+                    let tol = 1e-4 * (first..done).map(|i| (want[i] * x[i]).abs()).sum::<f32>();
+                    assert!(
+                        (ours - reference).abs() <= tol.max(1e-5) && done + 40 >= n,
+                        "{what} L {l} K {k} pairs {pairs}: {ours} vs {reference} ({done} of {n})"
+                    );
+                };
+                let (l, k) = (l as usize, k as usize);
+                // SAFETY: AVX2 checked above; `bits` holds the stream and 40 bytes beyond.
+                unsafe {
+                    if pairs {
+                        check(
+                            crate::avx2::trellis_sums_dot::<true>(&bits, l, k, first, &x),
+                            "avx2",
+                        );
+                        continue;
+                    }
+                    check(
+                        crate::avx2::trellis_sums_dot::<false>(&bits, l, k, first, &x),
+                        "avx2",
+                    );
+                    if crate::simd::has_avx512_vnni() {
+                        // AVX-512 VBMI and VNNI checked.
+                        check(
+                            crate::avx2::trellis_sums_dot512(&bits, l, k, first, &x),
+                            "avx512",
+                        );
+                    }
+                }
             }
         }
     }
