@@ -27,13 +27,10 @@ fn gpu_trellis_rows(
     p: &hypercodec_trellis::TrellisParams,
     bits: &mut [u8],
 ) -> Result<(), String> {
-    if p.v != 1 {
-        return Err("the GPU encoder codes one value per state only".into());
-    }
     let k = ENCODER
         .with(|e| e.borrow().clone())
         .ok_or("no CUDA device on this thread")?;
-    k.trellis_encode_host(values, rows, cols, seq, (p.l, p.k), p.affine(), bits)
+    k.trellis_encode_host(values, rows, cols, seq, (p.l, p.k, p.v), p.affine(), bits)
         .map_err(|e| e.to_string())
 }
 

@@ -184,12 +184,11 @@ fn trellis_rows_on_gpu(
     p: &hypercodec_trellis::TrellisParams,
     bits: &mut [u8],
 ) -> std::result::Result<(), String> {
-    if p.v != 1 {
-        return Err("the GPU encoder codes one value per state only".into());
-    }
     let ordinal = GPU.load(std::sync::atomic::Ordering::Relaxed);
     hypercodec_kernels_cuda::Kernels::shared(ordinal)
-        .and_then(|k| k.trellis_encode_host(values, rows, cols, seq, (p.l, p.k), p.affine(), bits))
+        .and_then(|k| {
+            k.trellis_encode_host(values, rows, cols, seq, (p.l, p.k, p.v), p.affine(), bits)
+        })
         .map_err(|e| e.to_string())
 }
 

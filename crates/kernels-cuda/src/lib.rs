@@ -1865,6 +1865,8 @@ impl Kernels {
     /// device memory this call allocates (up to about 256 MiB of values at a time, plus the
     /// plan's scratch) and frees, on the legacy default stream. For offline compression,
     /// where no framework owns the buffers; [`Kernels::trellis_encode`] takes device pointers.
+    /// `(l, k, v)`: state bits, bits per value and values per state; the search codes one value
+    /// per state (the 1MAD code), so `v` = 2 (pairs) is refused and the caller codes on the CPU.
     #[allow(clippy::too_many_arguments)]
     pub fn trellis_encode_host(
         &self,
@@ -1872,10 +1874,15 @@ impl Kernels {
         rows: usize,
         cols: usize,
         seq: usize,
-        (l, k): (u8, u8),
+        (l, k, v): (u8, u8, u8),
         (c1, c0): (f32, f32),
         bits: &mut [u8],
     ) -> Result<()> {
+        if v != 1 {
+            return Err(CudaError::InvalidArgument(format!(
+                "the GPU trellis encoder codes one value per state, not {v}"
+            )));
+        }
         let rb = (cols * k as usize).div_ceil(8);
         if values.len() != rows * cols || bits.len() != rows * rb {
             return Err(CudaError::InvalidArgument(format!(
