@@ -623,10 +623,10 @@ pub(crate) unsafe fn trellis_sums_dot<const PAIRS: bool>(
         )
     };
     let mask = _mm256_set1_epi32(((1u32 << l) - 1) as i32);
-    let mul = _mm256_set1_epi32(34_038_481);
-    let add = _mm256_set1_epi32(76_625_530);
-    let mul2 = _mm256_set1_epi32(0x9E37_79B9u32 as i32);
-    let add2 = _mm256_set1_epi32(0x7F4A_7C15);
+    let mul = _mm256_set1_epi32(hypercodec_trellis::CODE_MUL as i32);
+    let add = _mm256_set1_epi32(hypercodec_trellis::CODE_ADD as i32);
+    let mul2 = _mm256_set1_epi32(hypercodec_trellis::PAIR_MUL as i32);
+    let add2 = _mm256_set1_epi32(hypercodec_trellis::PAIR_ADD as i32);
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
     let sums = |g: usize| {
@@ -720,8 +720,8 @@ pub(crate) unsafe fn trellis_seq16_dot(bits: &[u8], l: usize, k: usize, x: &[f32
         )
     };
     let mask = _mm256_set1_epi32(((1u32 << l) - 1) as i32);
-    let mul = _mm256_set1_epi32(34_038_481);
-    let add = _mm256_set1_epi32(76_625_530);
+    let mul = _mm256_set1_epi32(hypercodec_trellis::CODE_MUL as i32);
+    let add = _mm256_set1_epi32(hypercodec_trellis::CODE_ADD as i32);
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
     let sums = |d: __m256i, c: __m256i, sh: __m256i| {
@@ -797,8 +797,8 @@ pub(crate) unsafe fn trellis_sums_dot512(
         )
     };
     let mask = _mm512_set1_epi32(((1u32 << l) - 1) as i32);
-    let mul = _mm512_set1_epi32(34_038_481);
-    let add = _mm512_set1_epi32(76_625_530);
+    let mul = _mm512_set1_epi32(hypercodec_trellis::CODE_MUL as i32);
+    let add = _mm512_set1_epi32(hypercodec_trellis::CODE_ADD as i32);
     let ones8 = _mm512_set1_epi8(1);
     let sums = |g: usize| {
         // SAFETY: the caller's loop keeps the 32 bytes inside `bits`.

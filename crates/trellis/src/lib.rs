@@ -266,10 +266,21 @@ pub fn code_value(state: u32) -> f32 {
     (code_sum(state) as f32 - CODE_MEAN) * CODE_SCALE
 }
 
+/// The 1MAD code's hash of a state, `CODE_MUL·state + CODE_ADD` (mod 2^32), whose byte sum
+/// is the code ([`code_sum`]); SIMD and GPU decoders use the same constants.
+pub const CODE_MUL: u32 = 34_038_481;
+/// See [`CODE_MUL`].
+pub const CODE_ADD: u32 = 76_625_530;
+/// The pair code's second hash, `PAIR_MUL·x + PAIR_ADD` (mod 2^32) of the first hash `x`
+/// ([`pair_sums`]).
+pub const PAIR_MUL: u32 = 0x9E37_79B9;
+/// See [`PAIR_MUL`].
+pub const PAIR_ADD: u32 = 0x7F4A_7C15;
+
 /// The byte sum (0..=1020) behind [`code_value`].
 #[inline(always)]
 pub fn code_sum(state: u32) -> u32 {
-    let x = state.wrapping_mul(34_038_481).wrapping_add(76_625_530);
+    let x = state.wrapping_mul(CODE_MUL).wrapping_add(CODE_ADD);
     (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24)
 }
 
@@ -278,8 +289,8 @@ pub fn code_sum(state: u32) -> u32 {
 /// approximately N(510, 147.8²) over the states, the two nearly independent.
 #[inline(always)]
 pub fn pair_sums(state: u32) -> [u32; 2] {
-    let x = state.wrapping_mul(34_038_481).wrapping_add(76_625_530);
-    let y = x.wrapping_mul(0x9E37_79B9).wrapping_add(0x7F4A_7C15);
+    let x = state.wrapping_mul(CODE_MUL).wrapping_add(CODE_ADD);
+    let y = x.wrapping_mul(PAIR_MUL).wrapping_add(PAIR_ADD);
     [x, y].map(|z| (z & 0xFF) + ((z >> 8) & 0xFF) + ((z >> 16) & 0xFF) + (z >> 24))
 }
 
@@ -743,8 +754,8 @@ mod x86 {
     ) -> usize {
         let (l, k) = (p.l as usize, p.k as usize);
         let n = out.len();
-        let mul = _mm256_set1_epi32(34_038_481);
-        let add = _mm256_set1_epi32(76_625_530);
+        let mul = _mm256_set1_epi32(super::CODE_MUL as i32);
+        let add = _mm256_set1_epi32(super::CODE_ADD as i32);
         let (c1, c0) = p.affine();
         let (c1, c0) = (_mm256_set1_ps(c1), _mm256_set1_ps(c0));
         let mut i = first;
@@ -810,11 +821,10 @@ mod x86 {
     ) -> usize {
         let (l, sb) = (p.l as usize, p.step_bits());
         let steps = out.len() / 2;
-        let (m1, a1) = (_mm256_set1_epi32(34_038_481), _mm256_set1_epi32(76_625_530));
-        let (m2, a2) = (
-            _mm256_set1_epi32(0x9E37_79B9_u32 as i32),
-            _mm256_set1_epi32(0x7F4A_7C15),
-        );
+        let m1 = _mm256_set1_epi32(super::CODE_MUL as i32);
+        let a1 = _mm256_set1_epi32(super::CODE_ADD as i32);
+        let m2 = _mm256_set1_epi32(super::PAIR_MUL as i32);
+        let a2 = _mm256_set1_epi32(super::PAIR_ADD as i32);
         let (c1, c0) = p.affine();
         let (c1, c0) = (_mm256_set1_ps(c1), _mm256_set1_ps(c0));
         let mut j = first;
