@@ -110,7 +110,7 @@ def main() -> int:
 
                 chunk = (fn("ptx", f"hc_trellis_gemv_m{1 if m == 1 else 4}_k{k}"), 4 if m == 1 else 2,
                          min(256, max(32, (cols // 8 + 127) // 128 * 32)))
-                mm4 = min(m, 4) if m != 3 else 4
+                mm4 = m if m in (1, 2) else 4  # the f32 group kernels take tiles of 1, 2 or 4 rows
                 group = (fn("ptx", f"hc_trellis_groups_m{mm4}_k{k}"), 4 if m == 1 else 8,
                          args.group_threads or min(256, max(32, (groups // 2 + 31) // 32 * 32)))
                 pairs = (fn("ptx", f"hc_trellis_groups_m{mm4}_k{k}_v2"), *group[1:])

@@ -376,11 +376,10 @@ class DeviceLinear:
                 y = torch.nn.functional.linear(x2, self._decode(dt, stream), b)
         else:
             width = self.cols if self.kind == "trellis" else 8 * self.words
-            # The trellis tensor-core kernel reads the rotated activations in f16 (half the
-            # bytes of f32): the RHT writes that copy too.
+            # The trellis tensor-core kernel (its passes of up to 16 rows) reads the rotated
+            # activations in f16 (half the bytes of f32): the RHT writes that copy too.
             xr16 = None
-            if (self.kind == "trellis" and gemv and self._fused_batch(dt) >= MMA_MAX_BATCH
-                    and (m > 1 or self.args["v"] == 2)):
+            if gemv and self.route(min(m, MMA_MAX_BATCH), dt) == "cuda-trellis-mma":
                 xr16 = torch.empty(m, width, dtype=torch.float16, device=self.device)
             xr = rht(x2, width, self.tile, self.seed, xr16)
             if self.kind in ("trellis", "e8rans"):
