@@ -117,7 +117,7 @@ extern "C" __global__ void hc_rht_fast(const void* __restrict__ x, int xdtype, f
 #pragma unroll
     for (int k = 0; k < 8; k++) v[k] *= norm;
     hc_store8(out, HC_F32, (long long)m * width + j0, v, 8, true);
-    if (out16) hc_store8(out16, HC_F16, (long long)m * width + j0, v, 8, hc_aligned16(out16));
+    if (out16) hc_store8(out16, HC_F16, (long long)m * width + j0, v, 8, hc_aligned16(out16) && (width & 7) == 0);
     if (blockIdx.x == 0) {
         for (int j = cols + t; j < width; j += blockDim.x) {
             out[(long long)m * width + j] = 0.f;

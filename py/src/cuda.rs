@@ -289,6 +289,13 @@ impl CudaKernels {
         Ok(trellis(args)?.fused_batch())
     }
 
+    /// The fewest activation rows for which the trellis GEMV runs its tensor-core kernel, or
+    /// `None` where it never does (kernels-cuda `TrellisGemv::mma_min_batch`). Pointers are
+    /// not read.
+    fn trellis_mma_min_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<Option<usize>> {
+        Ok(trellis(args)?.mma_min_batch())
+    }
+
     /// The affine weight decoded into `out` (`rows × cols` of dtype code `out_dtype`).
     fn affine_decode(
         &self,

@@ -406,6 +406,32 @@ def test_cuda_trellis_tensor_cores_survive_activations_past_f16(spec):
     assert np.abs(got[0] - want[0]).max() <= 1e-2 * np.abs(want[0]).max()
 
 
+@needs_cuda
+@pytest.mark.parametrize("m, cols, width, tile, offset", [
+    (2, 64, 64, 64, 0),          # a small tile: hc_rht
+    (1, 128, 136, 128, 0),       # rows padded past the columns
+    (3, 1024, 1024, 256, 0),     # hc_rht_fast
+    (2, 4096, 4096, 4096, 0),    # the largest tile
+    (2, 1024, 1024, 1024, 1),    # activations 4 bytes off 16-byte alignment
+])
+def test_cuda_rht_f16_copy_is_its_f32_output_rounded(m, cols, width, tile, offset):
+    rng = np.random.default_rng(m * cols + offset)
+    v = rng.standard_normal(m * cols + offset).astype(np.float32)
+    v[offset + 3] = 1e7  # past f16 after any tile's 1/√tile: inf in the copy, as .half() gives
+    x2 = torch.from_numpy(v).cuda()[offset:].view(m, cols)
+    out16 = torch.full((m, width), float("nan"), dtype=torch.float16, device="cuda")  # poisoned
+    out = hcuda.rht(x2, width, tile, 11, out16)
+    assert torch.equal(out, hcuda.rht(x2, width, tile, 11))
+    assert torch.equal(out16, out.half())
+    assert torch.isinf(out16).any() and not torch.isnan(out16).any()
+    for bad in [torch.empty(m, width, dtype=torch.float32, device="cuda"),
+                torch.empty(m, width + 8, dtype=torch.float16, device="cuda"),
+                torch.empty(width, m, dtype=torch.float16, device="cuda").t(),
+                torch.empty(m, width, dtype=torch.float16)]:
+        with pytest.raises(hypercodec.InvalidInputError):
+            hcuda.rht(x2, width, tile, 11, bad)
+
+
 def _kv_args(p, rows, toks, dtype_code):
     return {"x": 0, "out": 0, "dtype": dtype_code, "codes": 0, "scales": 0, "out_row": 0, "codes_row": 0,
             "scales_row": 0, "rows": rows, "toks": toks, "dim": p["dim"], "bits": p["bits"], "tile": p["tile"],

@@ -545,6 +545,15 @@ impl TrellisGemv {
         self.whole_groups() && self.y_dtype != Dtype::F32
     }
 
+    /// The fewest activation rows for which [`Kernels::trellis_gemv`] runs the tensor-core
+    /// kernel, or `None` where it never does ([`TrellisGemv::tensor_core`] is false): 1 for the
+    /// pair code, 2 for the 1MAD code (one row of it runs 5–10 % faster on the f32 group
+    /// kernel). The routes ask this rather than restate it.
+    pub fn mma_min_batch(&self) -> Option<usize> {
+        self.tensor_core()
+            .then_some(if self.v == 2 { 1 } else { 2 })
+    }
+
     /// Activation rows up to which the fused kernels are the better route (above: decode, then
     /// a GEMM): [`MAX_MMA_BATCH`] on the tensor cores, else [`MAX_GEMV_BATCH`].
     pub fn fused_batch(&self) -> usize {
@@ -1072,7 +1081,8 @@ pub struct RhtArgs {
     /// The transform's seed.
     pub seed: u64,
     /// A second output in f16 (`batch × width`, for [`TrellisGemv::xr16`]; 16-byte aligned,
-    /// `width` a multiple of 8), or 0 for none.
+    /// `width` a multiple of 8), or 0 for none. Values beyond f16's range become ±inf there
+    /// (the tensor-core trellis kernel recomputes such outputs from the f32 `out`).
     pub out16: u64,
 }
 
@@ -1728,8 +1738,7 @@ impl Kernels {
             return Ok(());
         }
         a.validate()?;
-        if a.tensor_core() && a.xr.is_multiple_of(16) && (a.batch > 1 || a.v == 2) {
-            // (One row of the 1MAD code ran 5-10 % faster on the f32 group kernel.)
+        if a.mma_min_batch().is_some_and(|b| a.batch >= b) && a.xr.is_multiple_of(16) {
             // Passes of up to 16 activation rows, one or two batch tiles of 8 each.
             for m0 in (0..a.batch).step_by(MAX_MMA_BATCH) {
                 let m = (a.batch - m0).min(MAX_MMA_BATCH);
@@ -1765,6 +1774,8 @@ impl Kernels {
             let m = (a.batch - m0).min(MAX_GEMV_BATCH);
             let pass = TrellisGemv {
                 xr: a.xr + (m0 * a.cols * 4) as u64,
+                // Only the tensor-core kernel reads the f16 copy.
+                xr16: 0,
                 y: a.y + (m0 * a.rows * a.y_dtype.size()) as u64,
                 batch: m,
                 ..*a
@@ -1878,32 +1889,11 @@ impl Kernels {
         (c1, c0): (f32, f32),
         bits: &mut [u8],
     ) -> Result<()> {
-        if v != 1 {
-            return Err(CudaError::InvalidArgument(format!(
-                "the GPU trellis encoder codes one value per state, not {v}"
-            )));
-        }
-        let rb = (cols * k as usize).div_ceil(8);
-        if values.len() != rows * cols || bits.len() != rows * rb {
-            return Err(CudaError::InvalidArgument(format!(
-                "{} values and {} bytes for {rows} rows of {cols}",
-                values.len(),
-                bits.len()
-            )));
-        }
+        encode_host_inputs(values, rows, cols, (k, v), bits)?;
         if rows == 0 || cols == 0 {
             return Ok(());
         }
-        if let Some(i) = values
-            .iter()
-            .position(|v| !v.is_finite() || v.abs() > MAX_ENCODE_VALUE)
-        {
-            return Err(CudaError::InvalidArgument(format!(
-                "value {i} to encode is {} (finite values up to {MAX_ENCODE_VALUE:e} in \
-                 magnitude: rows about unit variance)",
-                values[i]
-            )));
-        }
+        let rb = (cols * k as usize).div_ceil(8);
         let per = ((256usize << 20) / (cols * 4)).clamp(1, rows);
         let shape = |n: usize, x: u64, b: u64, scratch: u64, max_scratch: u64| TrellisEncode {
             x,
@@ -2094,6 +2084,46 @@ fn block_for(work: usize) -> u32 {
 /// Blocks of 256 threads for a grid-stride loop over `n` items.
 fn grid_for(n: usize) -> u32 {
     n.div_ceil(256).clamp(1, 1 << 20) as u32
+}
+
+/// What [`Kernels::trellis_encode_host`] checks before it touches the device: one value per
+/// state (the GPU encoder has no pair step), `values` and `bits` sized for `rows × cols` at
+/// `k` bits (sizes that overflow are refused), and every value finite and within
+/// [`MAX_ENCODE_VALUE`].
+fn encode_host_inputs(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    (k, v): (u8, u8),
+    bits: &[u8],
+) -> Result<()> {
+    if v != 1 {
+        return Err(CudaError::InvalidArgument(format!(
+            "the GPU trellis encoder codes one value per state, not {v}"
+        )));
+    }
+    let rb = cols.checked_mul(k as usize).map(|b| b.div_ceil(8));
+    let sizes = rows
+        .checked_mul(cols)
+        .zip(rb.and_then(|rb| rows.checked_mul(rb)));
+    if sizes != Some((values.len(), bits.len())) {
+        return Err(CudaError::InvalidArgument(format!(
+            "{} values and {} bytes for {rows} rows of {cols} at {k} bits",
+            values.len(),
+            bits.len()
+        )));
+    }
+    if let Some(i) = values
+        .iter()
+        .position(|v| !v.is_finite() || v.abs() > MAX_ENCODE_VALUE)
+    {
+        return Err(CudaError::InvalidArgument(format!(
+            "value {i} to encode is {} (finite values up to {MAX_ENCODE_VALUE:e} in \
+             magnitude: rows about unit variance)",
+            values[i]
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -2398,6 +2428,72 @@ mod tests {
     }
 
     #[test]
+    fn the_kernels_hash_states_with_the_trellis_crates_constants() {
+        use hypercodec_trellis::{CODE_ADD, CODE_MUL, PAIR_ADD, PAIR_MUL};
+        // nvcc writes the immediates of `mad.lo.s32` as signed decimals.
+        let code = format!(", {}, {};", CODE_MUL as i32, CODE_ADD as i32);
+        let pair = format!(", {}, {};", PAIR_MUL as i32, PAIR_ADD as i32);
+        let gemv = include_str!("../ptx/gemv.ptx");
+        assert!(
+            gemv.contains(&code),
+            "the 1MAD hash {code} is not in gemv.ptx"
+        );
+        assert!(
+            gemv.contains(&pair),
+            "the pair hash {pair} is not in gemv.ptx"
+        );
+        let encode = include_str!("../ptx/trellis_encode.ptx");
+        assert!(encode.contains(&format!(", {};", CODE_MUL as i32)));
+        assert!(encode.contains(&format!(", {};", CODE_ADD as i32)));
+    }
+
+    #[test]
+    fn the_gpu_encoder_refuses_bad_host_inputs_before_the_device() {
+        let (rows, cols, k) = (3, 40, 2u8);
+        let values = vec![0.5f32; rows * cols];
+        let bits = vec![0u8; rows * 10];
+        assert!(encode_host_inputs(&values, rows, cols, (k, 1), &bits).is_ok());
+        for (why, r) in [
+            (
+                "pairs",
+                encode_host_inputs(&values, rows, cols, (k, 2), &bits),
+            ),
+            (
+                "short values",
+                encode_host_inputs(&values[1..], rows, cols, (k, 1), &bits),
+            ),
+            (
+                "short bits",
+                encode_host_inputs(&values, rows, cols, (k, 1), &bits[1..]),
+            ),
+            (
+                "overflowing rows",
+                encode_host_inputs(&values, usize::MAX, cols, (k, 1), &bits),
+            ),
+            (
+                "overflowing cols",
+                encode_host_inputs(&[], 0, usize::MAX, (k, 1), &[]),
+            ),
+        ] {
+            assert!(
+                matches!(r, Err(CudaError::InvalidArgument(_))),
+                "{why}: {r:?}"
+            );
+        }
+        for bad in [f32::NAN, f32::INFINITY, 2.0 * MAX_ENCODE_VALUE] {
+            let mut v = values.clone();
+            v[77] = bad;
+            let r = encode_host_inputs(&v, rows, cols, (k, 1), &bits);
+            assert!(
+                matches!(&r, Err(CudaError::InvalidArgument(m)) if m.contains("value 77")),
+                "{bad}: {r:?}"
+            );
+        }
+        // Nothing to code is no error.
+        assert!(encode_host_inputs(&[], 0, cols, (k, 1), &[]).is_ok());
+    }
+
+    #[test]
     fn every_kernel_the_host_launches_is_in_the_ptx_at_its_index() {
         let ptx = [
             include_str!("../ptx/gemv.ptx"),
@@ -2659,7 +2755,12 @@ mod tests {
             let b = TrellisGemv { y_dtype, ..t };
             assert!(b.tensor_core() && b.fused_batch() == MAX_MMA_BATCH);
             assert!(!TrellisGemv { seq: 48, ..b }.tensor_core());
+            // One row of the 1MAD code keeps the f32 group kernel; the pair code's does not.
+            assert_eq!(b.mma_min_batch(), Some(2));
+            assert_eq!(TrellisGemv { v: 2, ..b }.mma_min_batch(), Some(1));
+            assert_eq!(TrellisGemv { seq: 48, ..b }.mma_min_batch(), None);
         }
+        assert_eq!(t.mma_min_batch(), None);
         // Pairs take it too; the pair code's limits are checked.
         assert!(TrellisGemv { v: 2, ..t }.validate().is_ok());
         assert!(TrellisGemv { v: 3, ..t }.validate().is_err());

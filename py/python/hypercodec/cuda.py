@@ -80,6 +80,11 @@ def rht(x2: torch.Tensor, width: int, tile: int, seed: int, out16: torch.Tensor 
     kernel, as float32 zero-padded to ``width`` columns, on PyTorch's current stream; also
     written in f16 into ``out16`` (``m × width``) when given."""
     m, cols = x2.shape
+    if out16 is not None and (out16.dtype != torch.float16 or tuple(out16.shape) != (m, width)
+                              or not out16.is_contiguous() or out16.device != x2.device):
+        raise _native.InvalidInputError(
+            f"out16 must be a contiguous float16 tensor of shape {(m, width)} on {x2.device}; got "
+            f"{out16.dtype} {tuple(out16.shape)} on {out16.device}")
     out = torch.empty(m, width, dtype=torch.float32, device=x2.device)
     kernels(x2.device).rht(
         {
@@ -166,7 +171,7 @@ class DeviceLinear:
             form = None  # no GEMV of its own: the decode fallback (W8A8 reads it, in nn)
         self.kind = "dense" if form is None else form["kind"]
         self._dense: dict[torch.dtype, torch.Tensor] = {}
-        self._fused: dict[torch.dtype, int] = {}
+        self._fused: dict[torch.dtype, tuple[int, int | None]] = {}
         if form is None:
             return
 
@@ -317,26 +322,32 @@ class DeviceLinear:
     def _fused_batch(self, dtype: torch.dtype) -> int:
         """Activation rows up to which the fused kernel runs for activations of ``dtype`` (asked
         of the kernels once per dtype: it is read on every forward)."""
-        n = self._fused.get(dtype)
-        if n is None:
-            n = GEMV_MAX_BATCH.get(self.kind, 0)
+        return self._kernel_batches(dtype)[0]
+
+    def _kernel_batches(self, dtype: torch.dtype) -> tuple[int, int | None]:
+        """The fused kernels' most activation rows for ``dtype``, and the fewest for which the
+        trellis tensor-core kernel runs (None: never), asked of the kernels once per dtype."""
+        got = self._fused.get(dtype)
+        if got is None:
+            n, mma_from = GEMV_MAX_BATCH.get(self.kind, 0), None
             if self.kind == "affine" and dtype in _DTYPES:
                 n = self.kernels.affine_fused_batch(dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1))
             elif self.kind == "trellis" and dtype in _DTYPES:
-                n = self.kernels.trellis_fused_batch(dict(self.args, xr=0, y=0, y_dtype=_DTYPES[dtype], batch=1))
-            self._fused[dtype] = n
-        return n
+                a = dict(self.args, xr=0, y=0, y_dtype=_DTYPES[dtype], batch=1)
+                n, mma_from = self.kernels.trellis_fused_batch(a), self.kernels.trellis_mma_min_batch(a)
+            got = self._fused[dtype] = (n, mma_from)
+        return got
 
     def route(self, batch: int, dtype: torch.dtype = torch.float32) -> str:
         """The route a batch of ``batch`` rows of ``dtype`` takes."""
         if self.kind == "dense":
             return "cuda-decode-fallback+linear"
-        fused = self._fused_batch(dtype)
+        fused, mma_from = self._kernel_batches(dtype)
         if batch <= fused:
             if self.kind == "affine" and fused >= MMA_MAX_BATCH:
                 return "cuda-affine-mma" if batch <= MMA_MAX_BATCH else "cuda-affine-gemm"
-            if self.kind == "trellis" and fused >= MMA_MAX_BATCH and (batch > 1 or self.args["v"] == 2):
-                return "cuda-trellis-mma"  # (one row of the 1MAD code: the f32 group kernel, faster)
+            if mma_from is not None and batch >= mma_from:
+                return "cuda-trellis-mma"
             return f"cuda-{self.kind}-gemv"
         return f"cuda-{self.kind}-decode+linear"
 
