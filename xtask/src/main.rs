@@ -18,6 +18,8 @@
 //! - `ptx [--check]` — builds `kernels/*.cu` to PTX in `crates/kernels-cuda/ptx/` with nvcc
 //!   13.0 (pip's NVIDIA wheels, installed into `.tools/cuda/` once; no GPU needed); each PTX
 //!   starts with a hash of the sources, which `--check` compares without nvcc (what CI runs).
+//! - `gpu-bundle` — the wheel (release, stripped, abi3) in `.dev/gpu/` for a GPU machine without
+//!   Rust, where `bash scripts/gpu_suite.sh .dev/gpu` runs every CUDA test and the benchmarks.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -411,20 +413,7 @@ fn py() -> Result<(), String> {
             )?;
         }
     }
-    let wheels = target_dir().join("wheels");
-    let _ = std::fs::remove_dir_all(&wheels);
-    run(
-        "maturin build --release (py/)",
-        Command::new(&py)
-            .args(["-m", "maturin", "build", "--release", "-o"])
-            .arg(&wheels)
-            .current_dir(root().join("py")),
-    )?;
-    let wheel = std::fs::read_dir(&wheels)
-        .map_err(|e| format!("{}: {e}", wheels.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or("maturin built no wheel")?;
+    let wheel = build_wheel(&py, &target_dir().join("wheels"))?;
     run(
         "pip install the wheel",
         Command::new(&py)
@@ -445,6 +434,44 @@ fn py() -> Result<(), String> {
             .args(["-m", "pytest", "-q", "-rs", "py/tests"])
             .current_dir(root()),
     )
+}
+
+/// Builds the wheel (release, stripped; abi3, so any CPython >= 3.10 takes it) into an emptied
+/// `dir` and returns its path.
+fn build_wheel(py: &Path, dir: &Path) -> Result<PathBuf, String> {
+    let _ = std::fs::remove_dir_all(dir);
+    run(
+        "maturin build --release (py/)",
+        Command::new(py)
+            .args(["-m", "maturin", "build", "--release", "-o"])
+            .arg(dir)
+            .current_dir(root().join("py")),
+    )?;
+    std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| "maturin built no wheel".to_string())
+}
+
+/// What a GPU machine without Rust needs to run `scripts/gpu_suite.sh`: the wheel, in
+/// `.dev/gpu/` (ignored; carry it along with the source tree).
+fn gpu_bundle() -> Result<(), String> {
+    let py = venv_python()?;
+    if !has_module(&py, "maturin") {
+        run(
+            "pip install maturin (once, cached in .venv/)",
+            pip_install(&py).arg("maturin>=1.5,<2"),
+        )?;
+    }
+    let wheel = build_wheel(&py, &root().join(".dev/gpu"))?;
+    let size = std::fs::metadata(&wheel).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "{} ({:.1} MB)\ncarry .dev/gpu with the tree; on the GPU machine: bash scripts/gpu_suite.sh .dev/gpu [STEP ...]",
+        wheel.display(),
+        size as f64 / 1e6
+    );
+    Ok(())
 }
 
 fn calibrate(check: bool) -> Result<(), String> {
@@ -651,8 +678,9 @@ fn main() -> ExitCode {
         "web-test" => web_test(),
         "py" => py(),
         "ptx" => ptx(std::env::args().any(|a| a == "--check")),
+        "gpu-bundle" => gpu_bundle(),
         _ => {
-            eprintln!("usage: cargo xtask <ci | wasm-check | fuzz-build | rss | web | web-test | py | calibrate [--check] | ptx [--check]>");
+            eprintln!("usage: cargo xtask <ci | wasm-check | fuzz-build | rss | web | web-test | py | calibrate [--check] | ptx [--check] | gpu-bundle>");
             return ExitCode::from(2);
         }
     };
