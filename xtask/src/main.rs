@@ -18,8 +18,9 @@
 //! - `ptx [--check]` — builds `kernels/*.cu` to PTX in `crates/kernels-cuda/ptx/` with nvcc
 //!   13.0 (pip's NVIDIA wheels, installed into `.tools/cuda/` once; no GPU needed); each PTX
 //!   starts with a hash of the sources, which `--check` compares without nvcc (what CI runs).
-//! - `gpu-bundle` — the wheel (release, stripped, abi3) in `.dev/gpu/` for a GPU machine without
-//!   Rust, where `bash scripts/gpu_suite.sh .dev/gpu` runs every CUDA test and the benchmarks.
+//! - `gpu-bundle` — checks the PTX is current, then builds the wheel (release, stripped, abi3)
+//!   into `.dev/gpu/` for a GPU machine without Rust, where `bash scripts/gpu_suite.sh` runs
+//!   every CUDA test and the benchmarks.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -436,10 +437,14 @@ fn py() -> Result<(), String> {
     )
 }
 
-/// Builds the wheel (release, stripped; abi3, so any CPython >= 3.10 takes it) into an emptied
-/// `dir` and returns its path.
+/// Builds the wheel (release, stripped; abi3, so any CPython >= 3.10 takes it) into `dir`,
+/// whose earlier wheels are removed first, and returns its path.
 fn build_wheel(py: &Path, dir: &Path) -> Result<PathBuf, String> {
-    let _ = std::fs::remove_dir_all(dir);
+    for old in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if old.path().extension().is_some_and(|x| x == "whl") {
+            let _ = std::fs::remove_file(old.path());
+        }
+    }
     run(
         "maturin build --release (py/)",
         Command::new(py)
@@ -457,6 +462,8 @@ fn build_wheel(py: &Path, dir: &Path) -> Result<PathBuf, String> {
 /// What a GPU machine without Rust needs to run `scripts/gpu_suite.sh`: the wheel, in
 /// `.dev/gpu/` (ignored; carry it along with the source tree).
 fn gpu_bundle() -> Result<(), String> {
+    // The wheel embeds the committed PTX: it must be built from the current kernels.
+    ptx(true)?;
     let py = venv_python()?;
     if !has_module(&py, "maturin") {
         run(
@@ -467,7 +474,7 @@ fn gpu_bundle() -> Result<(), String> {
     let wheel = build_wheel(&py, &root().join(".dev/gpu"))?;
     let size = std::fs::metadata(&wheel).map(|m| m.len()).unwrap_or(0);
     println!(
-        "{} ({:.1} MB)\ncarry .dev/gpu with the tree; on the GPU machine: bash scripts/gpu_suite.sh .dev/gpu [STEP ...]",
+        "{} ({:.1} MB)\ncarry .dev/gpu with the tree; on the GPU machine: bash scripts/gpu_suite.sh [STEP ...]",
         wheel.display(),
         size as f64 / 1e6
     );
