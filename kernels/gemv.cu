@@ -1616,34 +1616,47 @@ HC_TRELLIS_K(4)
 // funnel shift, a shift, the multiply-add, the byte sum and one FADD (− 2^23, exact) — no
 // conversion and no mask — then an FFMA per activation row.
 
-// Value I (0..15) of a half as 2^23 + its byte sum (f32); `c`: the history word, then the
-// half's words; `sh` = 32 − L.
-template <int K, int I>
-__device__ __forceinline__ float hc_tg_code(const uint32_t (&c)[3], int sh) {
-    constexpr int p = (I + 1) * K, j = p / 32, s = p % 32;
-    uint32_t win;
+// The 32-bit window of a half that ends at bit E (its top L bits: the state whose value ends
+// there); `c`: the history word, then the half's words.
+template <int E>
+__device__ __forceinline__ uint32_t hc_tg_win(const uint32_t (&c)[3]) {
+    constexpr int j = E / 32, s = E % 32;
     if constexpr (s == 0) {
-        win = c[j];
+        return c[j];
     } else {
-        win = __funnelshift_r(c[j], c[j + 1], s);
+        return __funnelshift_r(c[j], c[j + 1], s);
     }
-    return __int_as_float(__dp4a((win >> sh) * 34038481u + 76625530u, 0x01010101u, 0x4B000000u));
 }
 
-// Pair P (0..7) of a half (values 2P and 2P+1) as 2^23 + their byte sums (f32): the state is
-// the top L bits of the 32-bit window that ends with the pair's 2K bits.
+// Value I (0..15) of a half, one value per state, as ADD + its byte sum (`__dp4a`'s addend:
+// 0x4B000000 gives the f32 2^23 + sum, 0x6400 the f16 1024 + sum); `sh` = 32 − L.
+template <int K, int I, uint32_t ADD>
+__device__ __forceinline__ uint32_t hc_tg_sum(const uint32_t (&c)[3], int sh) {
+    return __dp4a((hc_tg_win<(I + 1) * K>(c) >> sh) * 34038481u + 76625530u, 0x01010101u, ADD);
+}
+
+// Pair P (0..7) of a half (values 2P and 2P+1) as ADD + their byte sums: the state is the top L
+// bits of the 32-bit window that ends with the pair's 2K bits.
+template <int K, int P, uint32_t ADD>
+__device__ __forceinline__ void hc_tg_sums2(const uint32_t (&c)[3], int sh, uint32_t& v0, uint32_t& v1) {
+    const uint32_t x = (hc_tg_win<(P + 1) * 2 * K>(c) >> sh) * 34038481u + 76625530u;
+    v0 = __dp4a(x, 0x01010101u, ADD);
+    v1 = __dp4a(hc_pair_second(x), 0x01010101u, ADD);
+}
+
+// Value I as the f32 2^23 + its byte sum.
+template <int K, int I>
+__device__ __forceinline__ float hc_tg_code(const uint32_t (&c)[3], int sh) {
+    return __int_as_float(hc_tg_sum<K, I, 0x4B000000u>(c, sh));
+}
+
+// Pair P as the f32 2^23 + their byte sums.
 template <int K, int P>
 __device__ __forceinline__ void hc_tg_pair(const uint32_t (&c)[3], int sh, float& f0, float& f1) {
-    constexpr int p = (P + 1) * 2 * K, j = p / 32, s = p % 32;
-    uint32_t win;
-    if constexpr (s == 0) {
-        win = c[j];
-    } else {
-        win = __funnelshift_r(c[j], c[j + 1], s);
-    }
-    const uint32_t x = (win >> sh) * 34038481u + 76625530u;
-    f0 = __int_as_float(__dp4a(x, 0x01010101u, 0x4B000000u));
-    f1 = __int_as_float(__dp4a(hc_pair_second(x), 0x01010101u, 0x4B000000u));
+    uint32_t v0, v1;
+    hc_tg_sums2<K, P, 0x4B000000u>(c, sh, v0, v1);
+    f0 = __int_as_float(v0);
+    f1 = __int_as_float(v1);
 }
 
 // Values 4Q .. 4Q+3 of a half as their byte sums (f32, exact: 2^23 + sum − 2^23), under one
@@ -1892,22 +1905,13 @@ template <int K, int V, int Q>
 __device__ __forceinline__ void hc_tm_four(const uint32_t (&c)[3], int sh, uint32_t (&p)[2]) {
     uint32_t v[4];
     if constexpr (V == 2) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int pr = 2 * Q + i;  // pair pr of the half ends at bit (pr + 1)·2K
-            const int e = (pr + 1) * 2 * K, j = e / 32, s = e % 32;
-            const uint32_t win = s == 0 ? c[j] : __funnelshift_r(c[j], c[j + 1 < 3 ? j + 1 : 2], s);
-            const uint32_t x = (win >> sh) * 34038481u + 76625530u;
-            v[2 * i] = __dp4a(x, 0x01010101u, 0x6400u);
-            v[2 * i + 1] = __dp4a(hc_pair_second(x), 0x01010101u, 0x6400u);
-        }
+        hc_tg_sums2<K, 2 * Q, 0x6400u>(c, sh, v[0], v[1]);
+        hc_tg_sums2<K, 2 * Q + 1, 0x6400u>(c, sh, v[2], v[3]);
     } else {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int e = (4 * Q + i + 1) * K, j = e / 32, s = e % 32;
-            const uint32_t win = s == 0 ? c[j] : __funnelshift_r(c[j], c[j + 1 < 3 ? j + 1 : 2], s);
-            v[i] = __dp4a((win >> sh) * 34038481u + 76625530u, 0x01010101u, 0x6400u);
-        }
+        v[0] = hc_tg_sum<K, 4 * Q + 0, 0x6400u>(c, sh);
+        v[1] = hc_tg_sum<K, 4 * Q + 1, 0x6400u>(c, sh);
+        v[2] = hc_tg_sum<K, 4 * Q + 2, 0x6400u>(c, sh);
+        v[3] = hc_tg_sum<K, 4 * Q + 3, 0x6400u>(c, sh);
     }
     p[0] = __byte_perm(v[0], v[1], 0x5410);
     p[1] = __byte_perm(v[2], v[3], 0x5410);
