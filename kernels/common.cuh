@@ -9,6 +9,15 @@
 #define HC_F16 1
 #define HC_BF16 2
 
+// The bitshift trellis's hashes (`hypercodec_trellis::{CODE,PAIR}_{MUL,ADD}`; a kernels-cuda
+// test finds them in the PTX): a state's value under the 1MAD code is the byte sum of
+// CODE_MUL·state + CODE_ADD (mod 2^32); under the pair code that gives the first value, and the
+// second is the byte sum of PAIR_MUL·x + PAIR_ADD of that first hash x.
+constexpr uint32_t HC_CODE_MUL = 34038481u, HC_CODE_ADD = 76625530u;
+constexpr uint32_t HC_PAIR_MUL = 0x9E3779B9u, HC_PAIR_ADD = 0x7F4A7C15u;
+__device__ __forceinline__ uint32_t hc_code_hash(uint32_t state) { return state * HC_CODE_MUL + HC_CODE_ADD; }
+__device__ __forceinline__ uint32_t hc_pair_second(uint32_t x) { return x * HC_PAIR_MUL + HC_PAIR_ADD; }
+
 // Rows of activations the generic GEMV keeps in registers (the host runs larger batches in
 // passes of MAX_GEMV_BATCH = 4).
 #define HC_MAX_M 4

@@ -1439,9 +1439,6 @@ struct TrellisArgs {
     const uint16_t* xr16;  // RHT(x) in f16 (the tensor-core kernel; null: converted from xr)
 };
 
-// The pair code's second hash of a state's first, x = 34038481·state + 76625530.
-__device__ __forceinline__ uint32_t hc_pair_second(uint32_t x) { return x * 0x9E3779B9u + 0x7F4A7C15u; }
-
 // `n` (≤ 16) bits of a byte stream from bit `bit`, little-endian; bytes past `n_bytes` read 0.
 __device__ __forceinline__ uint32_t hc_bits(const uint8_t* p, long long bit, int n, long long n_bytes) {
     const long long b = bit >> 3;
@@ -1472,7 +1469,7 @@ __device__ __forceinline__ uint32_t hc_trellis_sum(const TrellisArgs& a, long lo
         const uint32_t hi = hc_bits(a.bits, base, end, a.n_bytes);
         state = lo | (hi << tail);
     }
-    uint32_t x = state * 34038481u + 76625530u;
+    uint32_t x = hc_code_hash(state);
     if (a.v == 2 && (t & 1)) x = hc_pair_second(x);
     return __dp4a(x, 0x01010101u, 0u);
 }
@@ -1524,7 +1521,7 @@ __device__ __forceinline__ void hc_trellis_sums(const TrellisArgs& a, const HcCh
             // The chunk starts a pair (sequences are whole chunks of 8, or end the row).
 #pragma unroll
             for (int i = 0; i < 8; i += 2) {
-                const uint32_t x = ((uint32_t)(w >> ((i + 1) * k)) & lmask) * 34038481u + 76625530u;
+                const uint32_t x = hc_code_hash((uint32_t)(w >> ((i + 1) * k)) & lmask);
                 sums[i] = __dp4a(x, 0x01010101u, 0u);
                 sums[i + 1] = __dp4a(hc_pair_second(x), 0x01010101u, 0u);
             }
@@ -1533,7 +1530,7 @@ __device__ __forceinline__ void hc_trellis_sums(const TrellisArgs& a, const HcCh
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const uint32_t state = (uint32_t)(w >> (i * k)) & lmask;
-            sums[i] = __dp4a(state * 34038481u + 76625530u, 0x01010101u, 0u);
+            sums[i] = __dp4a(hc_code_hash(state), 0x01010101u, 0u);
         }
         return;
     }
@@ -1632,14 +1629,14 @@ __device__ __forceinline__ uint32_t hc_tg_win(const uint32_t (&c)[3]) {
 // 0x4B000000 gives the f32 2^23 + sum, 0x6400 the f16 1024 + sum); `sh` = 32 − L.
 template <int K, int I, uint32_t ADD>
 __device__ __forceinline__ uint32_t hc_tg_sum(const uint32_t (&c)[3], int sh) {
-    return __dp4a((hc_tg_win<(I + 1) * K>(c) >> sh) * 34038481u + 76625530u, 0x01010101u, ADD);
+    return __dp4a(hc_code_hash(hc_tg_win<(I + 1) * K>(c) >> sh), 0x01010101u, ADD);
 }
 
 // Pair P (0..7) of a half (values 2P and 2P+1) as ADD + their byte sums: the state is the top L
 // bits of the 32-bit window that ends with the pair's 2K bits.
 template <int K, int P, uint32_t ADD>
 __device__ __forceinline__ void hc_tg_sums2(const uint32_t (&c)[3], int sh, uint32_t& v0, uint32_t& v1) {
-    const uint32_t x = (hc_tg_win<(P + 1) * 2 * K>(c) >> sh) * 34038481u + 76625530u;
+    const uint32_t x = hc_code_hash(hc_tg_win<(P + 1) * 2 * K>(c) >> sh);
     v0 = __dp4a(x, 0x01010101u, ADD);
     v1 = __dp4a(hc_pair_second(x), 0x01010101u, ADD);
 }

@@ -213,9 +213,8 @@ template <int K> struct HcTeSearch {
         // The 1MAD state of state s = t·groups + j', j' = run·2^K + u, run = T + threads·r:
         // the L-bit reversal of s is a sum of disjoint bit fields, so its product with the
         // multiplier is a sum of per-run, per-u and per-t terms.
-        const uint32_t MUL = 34038481u, ADD = 76625530u;
         const int rsh = 32 - (lb - K);    // reverses the run index's lb − K bits
-        const uint32_t mul_run = MUL << K, mul_u = MUL << lb;
+        const uint32_t mul_run = HC_CODE_MUL << K, mul_u = HC_CODE_MUL << lb;
         const float off = -a.c0;
         double offset = 0.0;
         float xnext = x_at(b);
@@ -245,7 +244,7 @@ template <int K> struct HcTeSearch {
                 for (int r = 0; r < rpt; r++) {
                     {
                         const int run = T + threads * r;
-                        const uint32_t xrun = (lb - K > 0 ? (__brev((uint32_t)run) >> rsh) : 0u) * mul_run + ADD;
+                        const uint32_t xrun = (lb - K > 0 ? (__brev((uint32_t)run) >> rsh) : 0u) * mul_run + HC_CODE_ADD;
                         uint32_t xu[FAN];
                         float best[FAN];
 #pragma unroll
@@ -256,7 +255,7 @@ template <int K> struct HcTeSearch {
 #pragma unroll
                         for (int t = 0; t < FAN; t++) {
                             const float bt = __uint_as_float(Gp[t * runs + run] & ~TM) - sub;
-                            const uint32_t xt = (__brev((uint32_t)t) >> (32 - K)) * MUL;
+                            const uint32_t xt = (__brev((uint32_t)t) >> (32 - K)) * HC_CODE_MUL;
                             // The tag from a register: one LOP3 (LUT 0xEA: (a & b) | c) for
                             // (cost & ~TM) | t.
                             uint32_t treg;
