@@ -25,6 +25,7 @@ is counted: set-up and the final reduction, shared over a few trips a thread, ar
 
 import argparse
 import collections
+import dataclasses
 import os
 import pathlib
 import re
@@ -49,13 +50,19 @@ ALU = {"LOP3", "SHF", "IADD3", "LEA", "PRMT", "ISETP", "SEL", "MOV", "VIADD", "V
 MEM = {"LDG", "LDS", "LDGSTS", "STS", "STG", "LDSM", "LD", "ST", "LDC", "LDL", "STL", "SHFL"}
 
 
+@dataclasses.dataclass(frozen=True)
 class Spec:
     """One kernel: what it runs, how many weights a lane handles per trip, how to check that."""
 
-    def __init__(self, kernel, form, bytes_per_weight, per_trip, signature, measured=None, loop="longest",
-                 note="", avoid=()):
-        self.kernel, self.form, self.bytes_per_weight, self.avoid = kernel, form, bytes_per_weight, frozenset(avoid)
-        self.per_trip, self.signature, self.measured, self.loop, self.note = per_trip, signature, measured, loop, note
+    kernel: str
+    form: str
+    bytes_per_weight: float
+    per_trip: int
+    signature: tuple[str, int]  # (opcode, count on a trip's path)
+    measured: tuple[float, float, str] | None = None  # (µs, bf16 µs in the same run, source)
+    loop: str = "longest"
+    note: str = ""
+    avoid: frozenset[str] = frozenset()
 
 
 # INT4/INT2 g128 with 16-bit scale and offset per group (4 bytes per 128 weights); E8 fixed-rate
@@ -65,7 +72,7 @@ class Spec:
 # lengths that are not powers of two (its reciprocal, MUFU); the trellis tensor-core loop's body
 # for f32 activations (F2FP: the layers pass the RHT's f16 copy); the rANS step's window refill
 # (LDG) and row end (STG).
-DIV = {"MUFU"}
+DIV = frozenset({"MUFU"})
 E8_LAYER = "docs/eval/cuda.md, the layer: its activation RHT (4.6 µs there) included"
 MMA_NOTE = "2 row tiles × rows g, g + 8 × a group of 32, one dp4a a value; the f16-activation body"
 T, I, R = "docs/eval/cuda_trellis.md", "docs/eval/cuda_int4_variants.md", "docs/eval/cuda_rans.md"
@@ -87,14 +94,14 @@ SPECS = [
     Spec("hc_trellis_groups_m1_k4", "trellis 1MAD K=4, f32 (batch 1 route)", 0.5, 128, ("IDP", 128),
          (25.7, 33.6, T + ", 2026-12-03"), note="one dp4a a weight"),
     Spec("hc_trellis_mma_k2_v1_n1", "trellis 1MAD K=2, tensor cores", 0.25, 128, ("IDP", 128),
-         (25.9, 33.6, T + ", 2026-12-03"), note=MMA_NOTE, avoid={"F2FP"}),
+         (25.9, 33.6, T + ", 2026-12-03"), note=MMA_NOTE, avoid=frozenset({"F2FP"})),
     Spec("hc_trellis_mma_k2_v2_n1", "trellis pairs K=2, tensor cores", 0.25, 128, ("IDP", 128),
-         (23.7, 33.6, T + ", 2026-12-03"), note=MMA_NOTE, avoid={"F2FP"}),
+         (23.7, 33.6, T + ", 2026-12-03"), note=MMA_NOTE, avoid=frozenset({"F2FP"})),
     Spec("hc_trellis_mma_k4_v2_n1", "trellis pairs K=4, tensor cores", 0.5, 128, ("IDP", 128),
-         (25.1, 33.6, T + ", 2026-12-03"), note=MMA_NOTE, avoid={"F2FP"}),
+         (25.1, 33.6, T + ", 2026-12-03"), note=MMA_NOTE, avoid=frozenset({"F2FP"})),
     Spec("hc_e8_rans_gemv_m1", "E8 @4 bits, GPU rANS chunks", 0.5, 1, ("VOTE", 2),
          (235.8, 33.4, R), loop="shortest-vote",
-         note="a step: one symbol a lane, no refill and no row end", avoid={"STG", "LDG"}),
+         note="a step: one symbol a lane, no refill and no row end", avoid=frozenset({"STG", "LDG"})),
 ]
 
 
@@ -218,10 +225,13 @@ def table(text: str) -> list[str]:
         "| bounds, T weights/s: bytes · issue · ALU · FMA-heavy · FMA | limit | measured, T weights/s (× bf16, µs) | of the limit |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|",
     ]
+    spills = []
     for s in SPECS:
         if s.kernel not in funs:
             raise SystemExit(f"{s.kernel}: not in the PTX")
         c = main_loop(funs[s.kernel], s.loop, s.avoid)
+        if c["STL"] or c["LDL"]:
+            spills.append((s.kernel, c["STL"], c["LDL"]))
         op, want = s.signature
         if c[op] != want:
             raise SystemExit(f"{s.kernel}: its main loop has {c[op]} {op}, the spec expects {want}: "
@@ -252,8 +262,6 @@ def table(text: str) -> list[str]:
     lines.append("")
     lines.append("Per trip of each main loop: " + "; ".join(f"`{s.kernel}` {s.per_trip} weights a lane ({s.note})"
                                                            for s in SPECS) + ".")
-    spills = [(s.kernel, c["STL"], c["LDL"]) for s in SPECS for c in [main_loop(funs[s.kernel], s.loop, s.avoid)]
-              if c["STL"] or c["LDL"]]
     if spills:
         lines.append("")
         lines.append("Register spills on a trip's path: " + ", ".join(
