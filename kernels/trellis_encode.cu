@@ -26,6 +26,10 @@
 // state the later stretch started from. Either way the result is the CPU's. (Survivor paths
 // of this code take about 128 values to merge at L = 16, K = 2, so deciding values from a
 // ring of a few dozen instead would cost about a dB.)
+//
+// The pair code (`V = 2`, `hc_trellis_encode_k{1,2}_v2`) runs the same search a step of two
+// values at a time, with `K` the step's 2K bits: each state's cost adds the second value's
+// squared error, its sum from the pair's second hash, as the CPU's pair step does.
 #include "common.cuh"
 
 // Field for field `args::TrellisEncodeArgs`.
@@ -130,7 +134,7 @@ __device__ void hc_te_emit(uint8_t* out, const uint8_t* sym, int count) {
 }
 
 // The group costs a search holds in shared memory, and what a pass of it needs.
-template <int K> struct HcTeSearch {
+template <int K, int V> struct HcTeSearch {
     const TrellisEncodeArgs& a;
     uint32_t* G;                          // the group costs: two buffers of `groups`
     typename HcTe<K>::Word* ring;         // back pointers, `a.ring` values × threads
@@ -138,7 +142,7 @@ template <int K> struct HcTeSearch {
     int bp_len;                           // values `bp` holds (value m at m % bp_len)
     const float* __restrict__ xs;         // the sequence
     int xlen;                             // its values
-    int before;                           // ≥ 0: the boundary pass's rotation
+    int before;                           // ≥ 0: the boundary pass's rotation, in steps of V values
     int lb, groups, runs, T, threads, tshift, nwarps;
 
     __device__ HcTeSearch(const TrellisEncodeArgs& a_, uint32_t* G_, typename HcTe<K>::Word* ring_,
@@ -156,8 +160,10 @@ template <int K> struct HcTeSearch {
     // The group costs value `i` reads (those after value i − 1): two buffers, by parity.
     __device__ uint32_t* costs(int i) const { return G + (size_t)(i & 1) * groups; }
 
+    // Value `i` of the pass (step i / V's value i % V).
     __device__ float x_at(int i) const {
-        const int idx = before >= 0 ? (i < before ? xlen - before + i : i - before) : i;
+        const int bv = before * V;
+        const int idx = before >= 0 ? (i < bv ? xlen - bv + i : i - bv) : i;
         return __ldg(xs + idx);
     }
 
@@ -217,7 +223,7 @@ template <int K> struct HcTeSearch {
         const uint32_t mul_run = HC_CODE_MUL << K, mul_u = HC_CODE_MUL << lb;
         const float off = -a.c0;
         double offset = 0.0;
-        float xnext = x_at(b);
+        float xnext = x_at(V * b), xnext2 = V == 2 ? x_at(V * b + 1) : 0.f;
         for (int i = b; i <= e; i++) {
             const uint32_t* Gp = costs(i);
             uint32_t* Gn = costs(i + 1);
@@ -233,8 +239,11 @@ template <int K> struct HcTeSearch {
                     offset += (double)sub;
                 }
             }
-            const float xc = xnext + off;
-            if (i < e) xnext = x_at(i + 1);
+            const float xc = xnext + off, xc2 = xnext2 + off;
+            if (i < e) {
+                xnext = x_at(V * (i + 1));
+                if (V == 2) xnext2 = x_at(V * (i + 1) + 1);
+            }
             Word tags = 0;
             float lmin = __uint_as_float(0x7F800000u);
             if (active) {
@@ -262,10 +271,18 @@ template <int K> struct HcTeSearch {
                             asm("mov.b32 %0, %1;" : "=r"(treg) : "r"((uint32_t)t));
 #pragma unroll
                             for (int u = 0; u < FAN; u++) {
-                                const float sum =
-                                    __uint_as_float(__dp4a(xu[u] + xt, 0x01010101u, 0x4B000000u)) - 8388608.f;
+                                const uint32_t h = xu[u] + xt;
+                                const float sum = __uint_as_float(__dp4a(h, 0x01010101u, 0x4B000000u)) - 8388608.f;
                                 const float d = fmaf(-sum, a.c1, xc);
-                                const float c = fmaf(d, d, bt);
+                                float c = fmaf(d, d, bt);
+                                if constexpr (V == 2) {
+                                    // The pair's second value: its hash from the first's.
+                                    const float sum2 =
+                                        __uint_as_float(__dp4a(hc_pair_second(h), 0x01010101u, 0x4B000000u)) -
+                                        8388608.f;
+                                    const float d2 = fmaf(-sum2, a.c1, xc2);
+                                    c = fmaf(d2, d2, c);
+                                }
                                 uint32_t tagged;
                                 asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(tagged) : "r"(__float_as_uint(c)), "n"(~TM), "r"(treg));
                                 best[u] = fminf(best[u], __uint_as_float(tagged));
@@ -319,18 +336,18 @@ template <int K> struct HcTeSearch {
     }
 };
 
-// One Viterbi pass over `n` values (value `i` is `xs[i]`, or with `before` ≥ 0 the sequence
-// `xs[xlen − before ..] ++ xs[..]`: the boundary-crossing pass). `fixed` < 0 starts from every
-// state; else only from states whose low L − K bits are `fixed`, and only ends with them count.
-// Writes the symbols to `out` (unless null); leaves in shared memory (from thread 0) the low
-// bits of the path's state after value `before − 1` and, for a sequence within the ring, the
-// path's cost.
-template <int K>
+// One Viterbi pass over `n` steps of V values (value `i` is `xs[i]`, or with `before` ≥ 0 the
+// sequence `xs[xlen − V·before ..] ++ xs[..]`: the boundary-crossing pass). `fixed` < 0 starts
+// from every state; else only from states whose low L − K bits are `fixed`, and only ends with
+// them count. Writes the symbols to `out` (unless null); leaves in shared memory (from thread
+// 0) the low bits of the path's state after step `before − 1` and, for a sequence within the
+// ring, the path's cost.
+template <int K, int V>
 __device__ __forceinline__ void hc_te_pass(const TrellisEncodeArgs& a, uint32_t* G, typename HcTe<K>::Word* ring,
                                            uint8_t* sym, uint32_t* scratch, const float* __restrict__ xs, int xlen,
                                            int n, int before, int fixed, uint8_t* out) {
     constexpr uint32_t TM = HcTe<K>::FAN - 1;
-    HcTeSearch<K> v(a, G, ring, xs, xlen, before);
+    HcTeSearch<K, V> v(a, G, ring, xs, xlen, before);
     const int mark = before - 1;
     if (threadIdx.x == 0) hc_te_boundary = 0;
     // A sequence within the ring: one pass, traced back from its end. Else three passes (see
@@ -426,8 +443,9 @@ __device__ __forceinline__ void hc_te_pass(const TrellisEncodeArgs& a, uint32_t*
     }
 }
 
-// Blocks take sequences `blockIdx.x, + gridDim.x, …` (sequence = row · per_row + j).
-template <int K>
+// Blocks take sequences `blockIdx.x, + gridDim.x, …` (sequence = row · per_row + j); `K` bits
+// a step of `V` values.
+template <int K, int V>
 __device__ void hc_trellis_encode(const TrellisEncodeArgs& a) {
     typedef typename HcTe<K>::Word Word;
     extern __shared__ __align__(16) unsigned char hc_te_smem[];
@@ -443,24 +461,25 @@ __device__ void hc_trellis_encode(const TrellisEncodeArgs& a) {
         const int start = jq * a.seq;
         const int n = jq + 1 == a.per_row ? a.cols - start : a.seq;
         const float* xs = a.x + (long long)row * a.cols + start;
-        uint8_t* out = a.bits + (long long)row * a.row_bytes + (long long)start * K / 8;
+        uint8_t* out = a.bits + (long long)row * a.row_bytes + (long long)(start / V) * K / 8;
         // Few boundaries and a short sequence: a pass from every boundary, the cheapest kept
         // (the first on ties), then its path written. Else the boundary pass over the values
         // around the sequence's boundary (its end, then its start: 64 of each, or the whole
         // sequence rotated by half), then the pass from the boundary it found. One call site,
-        // so the pass is inlined once.
+        // so the pass is inlined once. Counted in values here (as the CPU does), in steps by
+        // the passes.
         const bool every = groups <= 64 && n <= 128;
         const int w = 64;
         const int rn = every ? n : n > 2 * w ? 2 * w : n;
-        const int rbefore = every ? -1 : n > 2 * w ? w : n - n / 2;
+        const int rbefore = every ? -1 : n > 2 * w ? w : n - n / 2 / V * V;
         const int passes = every ? groups + 1 : 2;
         double best = 0.0;
         int best_start = 0, boundary = 0;
         for (int p = 0; p < passes; p++) {
             const bool last = p + 1 == passes;
             const int fixed = every ? (last ? best_start : p) : (last ? boundary : -1);
-            hc_te_pass<K>(a, G, ring, sym, scratch, xs, n, last ? n : rn, last ? -1 : rbefore, fixed,
-                          last ? out : nullptr);
+            hc_te_pass<K, V>(a, G, ring, sym, scratch, xs, n, (last ? n : rn) / V,
+                             last || rbefore < 0 ? -1 : rbefore / V, fixed, last ? out : nullptr);
             if (every && !last) {
                 const double c = hc_te_cost;
                 if (p == 0 || c < best) {
@@ -476,9 +495,19 @@ __device__ void hc_trellis_encode(const TrellisEncodeArgs& a) {
 
 #define HC_TE_KERNEL(K) \
     extern "C" __global__ void __launch_bounds__(512, 1) hc_trellis_encode_k##K(TrellisEncodeArgs a) { \
-        hc_trellis_encode<K>(a); \
+        hc_trellis_encode<K, 1>(a); \
     }
 HC_TE_KERNEL(1)
 HC_TE_KERNEL(2)
 HC_TE_KERNEL(3)
 HC_TE_KERNEL(4)
+// The pair code (`V = 2`) at K bits a value: a step of 2K bits. K = 3 and 4 would fan out to
+// 64 and 256 predecessors a state, past the ring's 64-bit words: they encode on the CPU. At
+// K = 2 a block has at most 2^(L−8) ≤ 256 threads (one run each), so the bound leaves each
+// 255 registers: the 16 states' chains of a run with the second hash, without spills.
+#define HC_TE_PAIR_KERNEL(K, THREADS) \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1) hc_trellis_encode_k##K##_v2(TrellisEncodeArgs a) { \
+        hc_trellis_encode<2 * K, 2>(a); \
+    }
+HC_TE_PAIR_KERNEL(1, 512)
+HC_TE_PAIR_KERNEL(2, 256)

@@ -12,7 +12,7 @@
 #   trellis  py/benches/cuda_trellis.py: the trellis kernels (1MAD and pair code) on 8192x8192, batches 1, 4, 16
 #   e2e      py/benches/cuda_e2e.py: tokens/s of a 4-block Llama-shaped decoder, bf16 against compressed
 #   gemm     py/benches/cuda_gemm.py: the affine GEMM for batches 17-64 (4096x4096, 8192x8192)
-#   encode   py/benches/cuda_trellis_encode.py: the GPU trellis encoder of a 4096x4096 tensor at L = 16
+#   encode   py/benches/cuda_trellis_encode.py: the GPU trellis encoder of a 4096x4096 tensor at L = 16 (1MAD and pairs)
 #   kv       py/benches/cuda_kv.py: the compressed KV cache's decode step (2 layers; needs transformers)
 #
 # Each step runs under `timeout` (its own limit below, or STEP_LIMIT seconds for every step) so
@@ -96,7 +96,7 @@ for step in "${steps[@]}"; do
         e2e) limit=90 cmd=("$py" py/benches/cuda_e2e.py --layers 4 --iters 30 --out "$out/e2e.md") ;;
         gemm) limit=150 cmd=("$py" py/benches/cuda_gemm.py --shapes 4096x4096,8192x8192 --batches 17,32,64
                              --out "$out/gemm.md") ;;
-        encode) limit=120 cmd=("$py" py/benches/cuda_trellis_encode.py --sizes 4096x4096 --configs 16:2:1024
+        encode) limit=120 cmd=("$py" py/benches/cuda_trellis_encode.py --sizes 4096x4096 --configs 16:2:1024,16:2:1024:2,16:1:1024:2
                                --out "$out/encode.md") ;;
         kv) limit=150 cmd=("$py" py/benches/cuda_kv.py --layers 2 --context 1024) ;;
     esac

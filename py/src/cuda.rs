@@ -192,6 +192,7 @@ fn trellis_enc(d: &Bound<'_, PyDict>) -> PyResult<TrellisEncode> {
         seq: get(d, "seq")?,
         l: get(d, "l")?,
         k: get(d, "k")?,
+        v: get(d, "v")?,
         c1: get(d, "c1")?,
         c0: get(d, "c0")?,
     })

@@ -1563,8 +1563,23 @@ fn lattice_predict(alpha: f32, lattice: &str) -> PyResult<(f32, f32)> {
     ))
 }
 
-fn trellis_params(l: u8, k: u8, scale: Option<f32>) -> PyResult<hypercodec_trellis::TrellisParams> {
-    let mut p = hypercodec_trellis::TrellisParams::new(l, k);
+/// The code `(l, k)` with `v` values per state (1: 1MAD, 2: pairs) at its calibrated scale
+/// unless `scale` is given.
+fn trellis_params(
+    l: u8,
+    k: u8,
+    scale: Option<f32>,
+    v: u8,
+) -> PyResult<hypercodec_trellis::TrellisParams> {
+    let mut p = match v {
+        1 => hypercodec_trellis::TrellisParams::new(l, k),
+        2 => hypercodec_trellis::TrellisParams::pairs(l, k),
+        _ => {
+            return Err(InvalidInputError::new_err(format!(
+                "{v} values per trellis state (1, or 2 for pairs)"
+            )))
+        }
+    };
     if let Some(s) = scale {
         p.scale = s;
     }
@@ -1573,21 +1588,23 @@ fn trellis_params(l: u8, k: u8, scale: Option<f32>) -> PyResult<hypercodec_trell
     Ok(p)
 }
 
-/// `(scale, c1, c0)` of the trellis code `(l, k)`: the calibrated scale unless `scale` is
-/// given, and the affine map `value = c1·sum + c0` every decoder and encoder uses.
+/// `(scale, c1, c0)` of the trellis code `(l, k)` with `v` values per state (2: pairs): the
+/// calibrated scale unless `scale` is given, and the affine map `value = c1·sum + c0` every
+/// decoder and encoder uses.
 #[pyfunction]
-#[pyo3(signature = (l, k, scale=None))]
-fn trellis_code(l: u8, k: u8, scale: Option<f32>) -> PyResult<(f32, f32, f32)> {
-    let p = trellis_params(l, k, scale)?;
+#[pyo3(signature = (l, k, scale=None, v=1))]
+fn trellis_code(l: u8, k: u8, scale: Option<f32>, v: u8) -> PyResult<(f32, f32, f32)> {
+    let p = trellis_params(l, k, scale, v)?;
     let (c1, c0) = p.affine();
     Ok((p.scale, c1, c0))
 }
 
 /// Encodes the rows of `values` (f32, `rows × cols`) with the bitshift trellis on the CPU
 /// (`hypercodec_trellis::Encoder`, rows across threads), each row cut into tail-biting
-/// sequences of `seq` values (the last takes the rest): `rows · ceil(cols·k/8)` bytes.
+/// sequences of `seq` values (the last takes the rest): `rows · ceil(cols·k/8)` bytes; `v`
+/// values per state (2: the pair code).
 #[pyfunction]
-#[pyo3(signature = (values, l, k, seq, scale=None))]
+#[pyo3(signature = (values, l, k, seq, scale=None, v=1))]
 fn trellis_encode<'py>(
     py: Python<'py>,
     values: PyReadonlyArrayDyn<'py, f32>,
@@ -1595,8 +1612,9 @@ fn trellis_encode<'py>(
     k: u8,
     seq: usize,
     scale: Option<f32>,
+    v: u8,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let p = trellis_params(l, k, scale)?;
+    let p = trellis_params(l, k, scale, v)?;
     let shape = values.shape().to_vec();
     let [rows, cols] = shape[..] else {
         return Err(InvalidInputError::new_err(format!(
@@ -1640,7 +1658,7 @@ fn trellis_encode<'py>(
 
 /// Decodes `rows` rows of `cols` trellis values from `bits` (as [`trellis_encode`] wrote them).
 #[pyfunction]
-#[pyo3(signature = (bits, rows, cols, l, k, seq, scale=None))]
+#[pyo3(signature = (bits, rows, cols, l, k, seq, scale=None, v=1))]
 #[allow(clippy::too_many_arguments)]
 fn trellis_decode<'py>(
     py: Python<'py>,
@@ -1651,8 +1669,9 @@ fn trellis_decode<'py>(
     k: u8,
     seq: usize,
     scale: Option<f32>,
+    v: u8,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
-    let p = trellis_params(l, k, scale)?;
+    let p = trellis_params(l, k, scale, v)?;
     let rb = (cols * k as usize).div_ceil(8);
     if bits.len() != rows * rb || seq == 0 {
         return Err(InvalidInputError::new_err(format!(

@@ -593,8 +593,8 @@ def _trellis_lengths(cols: int, seq: int) -> list[int]:
 
 @needs_cuda
 @pytest.mark.parametrize(
-    "l,k,seq,rows,cols,max_scratch",
-    [
+    "l,k,seq,rows,cols,max_scratch,v",
+    [(*case, 1) for case in [
         (8, 2, 64, 5, 200, 0),  # every boundary tried (64 groups); the last sequence takes 72 more
         (10, 4, 16, 3, 72, 0),  # every boundary tried at K = 4
         (12, 2, 16, 9, 256, 0),  # calibrated rows: sequences of 16
@@ -610,19 +610,31 @@ def _trellis_lengths(cols: int, seq: int) -> list[int]:
         (16, 4, 256, 3, 512, 1 << 16),
         (12, 2, 4096, 2, 5000, 0),  # one sequence per row, thousands of values long
         (12, 2, 4096, 2, 5000, 1 << 16),
+    ]]
+    # The pair code (two values a state, a step of 2K bits).
+    + [
+        (8, 1, 64, 5, 200, 0, 2),  # 64 boundaries: every one tried; the last sequence takes 72 more
+        (12, 2, 16, 9, 256, 0, 2),  # calibrated rows: sequences of 16 (8 steps)
+        (12, 1, 32, 4, 100, 0, 2),
+        (16, 2, 16, 4, 64, 0, 2),
+        (16, 2, 1024, 3, 2088, 0, 2),  # longer than the ring: back pointers in scratch
+        (16, 2, 1024, 3, 2088, 1 << 20, 2),  # ... or, under a small cap, checkpoints
+        (16, 1, 256, 2, 600, 0, 2),  # L = 16 at one bit: 2^14 groups
+        (10, 2, 4096, 2, 5000, 1 << 16, 2),  # one sequence per row, thousands of values long
+        (14, 2, 1024, 3, 702, 0, 2),  # rows shorter than a sequence: one each
     ],
 )
-def test_cuda_trellis_encoder_matches_the_cpu_encoder(l, k, seq, rows, cols, max_scratch):
-    rng = np.random.default_rng(l * 100 + k * 10 + rows)
+def test_cuda_trellis_encoder_matches_the_cpu_encoder(l, k, seq, rows, cols, max_scratch, v):
+    rng = np.random.default_rng(l * 100 + k * 10 + rows + v)
     x = rng.standard_normal((rows, cols)).astype(np.float32)
     x[0, :8] *= 6.0  # a few outliers
-    cpu = np.frombuffer(hypercodec._native.trellis_encode(x, l, k, seq), np.uint8).reshape(rows, -1)
-    plan = hcuda.trellis_encode_plan(rows, cols, l, k, seq, max_scratch=max_scratch)
-    gpu = hcuda.trellis_encode(torch.from_numpy(x).cuda(), l, k, seq, max_scratch=max_scratch).cpu().numpy()
+    cpu = np.frombuffer(hypercodec._native.trellis_encode(x, l, k, seq, v=v), np.uint8).reshape(rows, -1)
+    plan = hcuda.trellis_encode_plan(rows, cols, l, k, seq, max_scratch=max_scratch, v=v)
+    gpu = hcuda.trellis_encode(torch.from_numpy(x).cuda(), l, k, seq, max_scratch=max_scratch, v=v).cpu().numpy()
     assert gpu.shape == cpu.shape
     # Sequences within the ring need no scratch; longer ones keep their back pointers there
     # or, under the cap, are searched from checkpoints: the CPU's bits every way.
-    longer = max(_trellis_lengths(cols, seq)) >= plan["ring"]
+    longer = max(_trellis_lengths(cols, seq)) // v >= plan["ring"]
     assert longer == (plan["scratch_bytes"] > 0)
     if longer:
         assert plan["back_pointers_in_scratch"] == (max_scratch == 0), plan
@@ -640,6 +652,10 @@ def test_cuda_trellis_encoder_refuses_what_it_cannot_encode():
         hcuda.trellis_encode(x, 16, 1, 8)  # 8 values of 1 bit cannot hold a 16-bit state
     with pytest.raises(hypercodec.InvalidInputError):
         hcuda.trellis_encode(x, 16, 1, 64)  # two buffers of 2^15 costs: more than a block has
+    with pytest.raises(hypercodec.InvalidInputError):
+        hcuda.trellis_encode(x, 12, 3, 16, v=2)  # pairs of 3 bits: a 6-bit step (the CPU codes them)
+    with pytest.raises(hypercodec.InvalidInputError):
+        hcuda.trellis_encode(x[:, :63], 12, 2, 16, v=2)  # pairs need rows of an even length
     x[1, 3] = 1e20  # squared errors near f32's overflow
     with pytest.raises(hypercodec.InvalidInputError):
         hcuda.trellis_encode(x, 12, 2, 16)
@@ -652,9 +668,10 @@ def test_cuda_trellis_encoder_refuses_what_it_cannot_encode():
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["tcq@2", "tcq@4-l12", "tcq@3-l14", "tcq@2-l12-v2"])
+@pytest.mark.parametrize("spec", ["tcq@2", "tcq@4-l12", "tcq@3-l14", "tcq@2-l12-v2", "tcq@1-v2", "tcq@4-l12-v2"])
 def test_trellis_layers_of_cuda_weights_are_coded_on_the_gpu_with_the_cpus_bits(spec):
-    # tcq@2-l12-v2: the GPU encoder refuses pairs, so the CPU codes them: the same archive.
+    # tcq@2-l12-v2, tcq@1-v2: pairs on the GPU; tcq@4-l12-v2: pairs of 4 bits, which the GPU
+    # encoder refuses, so the CPU codes them: the same archive every way.
     torch.manual_seed(5)
     lin = torch.nn.Linear(512, 96)
     with torch.no_grad():
@@ -670,7 +687,7 @@ def test_trellis_layers_of_cuda_weights_are_coded_on_the_gpu_with_the_cpus_bits(
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["tcq@2", "tcq@3-l12"])
+@pytest.mark.parametrize("spec", ["tcq@2", "tcq@3-l12", "tcq@2-l12-v2"])
 def test_calibrated_trellis_on_the_gpu_gives_the_cpus_bits(spec):
     rng = np.random.default_rng(11)
     w = rng.standard_normal((96, 512)).astype(np.float32)

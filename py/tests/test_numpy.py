@@ -376,3 +376,16 @@ def test_trellis_encoder_bindings_round_trip_and_refuse_bad_input():
         hypercodec._native.trellis_encode(bad, 12, 2, 64)
     with pytest.raises(hypercodec.InvalidInputError):
         hypercodec._native.trellis_decode(bits[:-1], 3, 272, 12, 2, 64)
+    # The pair code (v=2): its own calibrated scale, the same bytes per row, a near SNR.
+    pscale, _, _ = hypercodec._native.trellis_code(12, 2, v=2)
+    assert pscale != scale
+    pbits = hypercodec._native.trellis_encode(x, 12, 2, 64, v=2)
+    assert len(pbits) == len(bits) and pbits != bits
+    py = hypercodec._native.trellis_decode(pbits, 3, 272, 12, 2, 64, v=2)
+    psnr = 10 * np.log10((x**2).sum() / ((x - py) ** 2).sum())
+    assert 9.5 < psnr < 12.04, psnr
+    for v in (0, 3):
+        with pytest.raises(hypercodec.InvalidInputError):
+            hypercodec._native.trellis_encode(x, 12, 2, 64, v=v)
+    with pytest.raises(hypercodec.InvalidInputError):
+        hypercodec._native.trellis_encode(x, 8, 4, 64, v=2)  # 2K = L

@@ -95,6 +95,9 @@ pub(crate) fn function_names() -> Vec<String> {
             }
         }
     }
+    for k in 1..=PAIR_ENCODE_KS {
+        v.push(format!("hc_trellis_encode_k{k}_v2"));
+    }
     v
 }
 
@@ -111,7 +114,7 @@ pub(crate) fn affine_gemm(bits: usize, dtype: crate::Dtype, r: usize, nt: usize)
     let shape = GEMM_SHAPES
         .iter()
         .position(|&(a, b, _)| (a, b) == (r, nt))?;
-    Some(trellis_encode(4) + 1 + CPA_KINDS.len() + GEMM_SHAPES.len() * kind + shape)
+    Some(trellis_encode(4, 1) + 1 + CPA_KINDS.len() + GEMM_SHAPES.len() * kind + shape)
 }
 
 /// Weight rows one block of the GEMM computes with `r` row tiles of 16 per warp.
@@ -172,7 +175,7 @@ pub(crate) fn affine_cpa(bits: usize, dtype: crate::Dtype) -> Option<usize> {
         crate::Dtype::F32 => return None,
     };
     let kind = CPA_KINDS.iter().position(|&k| k == (bits, t))?;
-    Some(trellis_encode(4) + 1 + kind)
+    Some(trellis_encode(4, 1) + 1 + kind)
 }
 
 /// Dynamic shared memory of [`affine_cpa`]'s kernel: `HC_CPA_WARPS · (HC_CPA_STAGES ·
@@ -294,7 +297,7 @@ pub(crate) fn trellis_groups(batch: usize, k: usize, v: u8) -> usize {
 
 /// The first of the pair code's group kernels (after the tensor-core GEMMs).
 fn pair_kernels() -> usize {
-    trellis_encode(4) + 1 + CPA_KINDS.len() * (1 + GEMM_SHAPES.len())
+    trellis_encode(4, 1) + 1 + CPA_KINDS.len() * (1 + GEMM_SHAPES.len())
 }
 /// Weight rows one block of the trellis group GEMV computes for a pass of `batch` rows
 /// (`HC_TG_R`).
@@ -324,10 +327,19 @@ pub(crate) fn trellis_mma(k: usize, v: u8, nt: usize) -> usize {
 pub(crate) const TRELLIS_MMA_WARPS: u32 = 8;
 /// Weight rows per block of the trellis tensor-core kernel (16·`HC_TM_R`).
 pub(crate) const TRELLIS_MMA_ROWS: usize = 32;
-/// The trellis encoder for `k` (1..=4) bits: `hc_trellis_encode_k{k}`.
-pub(crate) fn trellis_encode(k: usize) -> usize {
-    trellis_decode_groups(4, 1) + k.clamp(1, 4)
+/// The trellis encoder for `k` (1..=4) bits and `v` values per state:
+/// `hc_trellis_encode_k{k}`, or for pairs (`k` up to [`PAIR_ENCODE_KS`])
+/// `hc_trellis_encode_k{k}_v2`.
+pub(crate) fn trellis_encode(k: usize, v: u8) -> usize {
+    if v == 2 {
+        trellis_mma(4, 2, 2) + k.clamp(1, PAIR_ENCODE_KS)
+    } else {
+        trellis_decode_groups(4, 1) + k.clamp(1, 4)
+    }
 }
+/// The pair code's largest `K` the GPU encoder runs: a step of `2K` bits fans out to `2^2K`
+/// predecessors a state, whose back pointers fill the ring's 64-bit words at `2K = 4`.
+pub(crate) const PAIR_ENCODE_KS: usize = 2;
 /// The kernels' batch tiles (activation rows held in registers).
 const BATCH_TILES: [usize; 2] = [1, 4];
 

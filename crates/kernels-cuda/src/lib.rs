@@ -671,6 +671,9 @@ pub struct TrellisEncode {
     pub l: u8,
     /// Bits per value `K` (1..=4, below `L`).
     pub k: u8,
+    /// Values per state: 1 (the 1MAD code) or 2 (the pair code, `K` ≤ 2 and `2K < L`, rows of
+    /// an even length: a step codes two values in `2K` bits).
+    pub v: u8,
     /// The code's slope (`hypercodec_trellis::TrellisParams::affine`).
     pub c1: f32,
     /// The code's offset (the same).
@@ -722,19 +725,25 @@ impl TrellisEncode {
         self.cols - (m - 1) * self.seq
     }
 
+    /// Values a step of the search codes (`v`, at least 1).
+    fn per_step(&self) -> usize {
+        self.v.max(1) as usize
+    }
+
     /// The launch shape for a device with `max_shared` bytes of shared memory per block that
     /// runs `resident(threads, shared)` such blocks at once: the ring takes what the group
-    /// costs leave (up to 256 values; blocks of fewer than 1024 threads leave room for a second
+    /// costs leave (up to 256 steps; blocks of fewer than 1024 threads leave room for a second
     /// block per multiprocessor); short sequences with few boundaries (every boundary tried,
     /// as on the CPU) need a ring that holds them whole; longer sequences keep every back
     /// pointer in scratch, or, where that passes `max_scratch`, checkpoints every
-    /// `w1 ≈ √(n·w2)` values.
+    /// `w1 ≈ √(n·w2)` steps. A step codes one value, or a pair (`v = 2`) in `2K` bits: the
+    /// plan's `K` and lengths are the steps'.
     pub fn plan(
         &self,
         max_shared: usize,
         resident: impl Fn(usize, usize) -> Result<usize>,
     ) -> Result<TrellisEncodePlan> {
-        let (l, k) = (self.l as usize, self.k as usize);
+        let (l, k) = (self.l as usize, self.k as usize * self.per_step());
         let groups = 1usize << (l - k);
         let runs = groups >> k;
         // Up to 512 threads, each with at most 64 bits of back pointers a value (the kernel's
@@ -760,8 +769,8 @@ impl TrellisEncode {
         }
         let shared = groups * 8 + ring * step;
         let w2 = (ring - 1) / 8 * 8;
-        // The longest pass (the boundary pass takes at most the sequence's length).
-        let n = self.longest();
+        // The longest pass (the boundary pass takes at most the sequence's length), in steps.
+        let n = self.longest() / self.per_step();
         let resident = self.sequences().min(resident(threads, shared)?).max(1);
         let cap = match self.max_scratch {
             0 => DEFAULT_ENCODE_SCRATCH,
@@ -813,6 +822,26 @@ impl TrellisEncode {
                 "the trellis encoder takes 8 <= L <= 16 and 1 <= K <= 4, got L = {}, K = {}",
                 self.l, self.k
             ));
+        }
+        match self.v {
+            1 => {}
+            2 if self.k as usize <= args::PAIR_ENCODE_KS && 2 * self.k < self.l => {
+                if !self.cols.is_multiple_of(2) {
+                    return bad(format!(
+                        "pairs (V = 2) split rows of an even length, not {}",
+                        self.cols
+                    ));
+                }
+            }
+            v => {
+                return bad(format!(
+                    "the GPU trellis encoder codes one value per state, or pairs at K <= {} \
+                     with 2K < L; got V = {v}, K = {}, L = {}",
+                    args::PAIR_ENCODE_KS,
+                    self.k,
+                    self.l
+                ))
+            }
         }
         if self.cols > i32::MAX as usize || self.sequences() > i32::MAX as usize {
             return bad(format!(
@@ -1863,7 +1892,7 @@ impl Kernels {
     /// The launch shape of `a` on this device ([`TrellisEncode::plan`]).
     pub fn trellis_encode_plan(&self, a: &TrellisEncode) -> Result<TrellisEncodePlan> {
         a.validate()?;
-        let f = args::trellis_encode(a.k as usize);
+        let f = args::trellis_encode(a.k as usize, a.v);
         a.plan(self.inner.max_shared() as usize, |threads, shared| {
             Ok(self
                 .inner
@@ -1876,8 +1905,9 @@ impl Kernels {
     /// device memory this call allocates (up to about 256 MiB of values at a time, plus the
     /// plan's scratch) and frees, on the legacy default stream. For offline compression,
     /// where no framework owns the buffers; [`Kernels::trellis_encode`] takes device pointers.
-    /// `(l, k, v)`: state bits, bits per value and values per state; the search codes one value
-    /// per state (the 1MAD code), so `v` = 2 (pairs) is refused and the caller codes on the CPU.
+    /// `(l, k, v)`: state bits, bits per value and values per state: the 1MAD code (`v` = 1),
+    /// or pairs (`v` = 2) at `k` up to 2; pairs at larger `k` are refused (the caller codes
+    /// them on the CPU).
     #[allow(clippy::too_many_arguments)]
     pub fn trellis_encode_host(
         &self,
@@ -1889,7 +1919,7 @@ impl Kernels {
         (c1, c0): (f32, f32),
         bits: &mut [u8],
     ) -> Result<()> {
-        encode_host_inputs(values, rows, cols, (k, v), bits)?;
+        encode_host_inputs(values, rows, cols, (l, k, v), bits)?;
         if rows == 0 || cols == 0 {
             return Ok(());
         }
@@ -1907,6 +1937,7 @@ impl Kernels {
             seq,
             l,
             k,
+            v,
             c1,
             c0,
         };
@@ -1970,7 +2001,7 @@ impl Kernels {
         // SAFETY: validated; the pointers are the caller's contract.
         unsafe {
             self.inner.launch(
-                args::trellis_encode(a.k as usize),
+                args::trellis_encode(a.k as usize, a.v),
                 (plan.blocks as u32, 1),
                 plan.threads as u32,
                 plan.shared as u32,
@@ -2087,19 +2118,22 @@ fn grid_for(n: usize) -> u32 {
 }
 
 /// What [`Kernels::trellis_encode_host`] checks before it touches the device: one value per
-/// state (the GPU encoder has no pair step), `values` and `bits` sized for `rows × cols` at
-/// `k` bits (sizes that overflow are refused), and every value finite and within
-/// [`MAX_ENCODE_VALUE`].
+/// state, or pairs at `k` up to [`args::PAIR_ENCODE_KS`] with `2k < l` (the GPU encoder has
+/// no wider pair step), `values` and `bits` sized for `rows × cols` at `k` bits (sizes that
+/// overflow are refused), and every value finite and within [`MAX_ENCODE_VALUE`].
 fn encode_host_inputs(
     values: &[f32],
     rows: usize,
     cols: usize,
-    (k, v): (u8, u8),
+    (l, k, v): (u8, u8, u8),
     bits: &[u8],
 ) -> Result<()> {
-    if v != 1 {
+    let pairs = v == 2 && k as usize <= args::PAIR_ENCODE_KS && 2 * k < l;
+    if v != 1 && !pairs {
         return Err(CudaError::InvalidArgument(format!(
-            "the GPU trellis encoder codes one value per state, not {v}"
+            "the GPU trellis encoder codes one value per state, or pairs at K <= {}; not V = \
+             {v} at K = {k}, L = {l}",
+            args::PAIR_ENCODE_KS
         )));
     }
     let rb = cols.checked_mul(k as usize).map(|b| b.div_ceil(8));
@@ -2361,6 +2395,7 @@ mod tests {
             seq,
             l,
             k,
+            v: 1,
             c1: 0.007,
             c0: -3.6,
         };
@@ -2425,6 +2460,39 @@ mod tests {
         assert!(enc(15, 1, 4096, 1024).plan(h200, resident).is_ok());
         assert!(enc(16, 5, 4096, 1024).validate().is_err());
         assert!(enc(16, 2, 4096, 12).validate().is_err());
+        // Pairs: the plan of K = 2 pairs is the plan of a 4-bit step over half the values
+        // (rows of 4096 in sequences of 1024 hold 512 steps).
+        let pairs = |l: u8, k: u8, cols: usize, seq: usize| TrellisEncode {
+            v: 2,
+            ..enc(l, k, cols, seq)
+        };
+        let p2 = pairs(16, 2, 4096, 1024).plan(h200, resident).unwrap();
+        let one = enc(16, 4, 2048, 512).plan(h200, resident).unwrap();
+        assert_eq!(p2, one);
+        assert_eq!(p2.scratch_bytes, 132 * 513 * 256 * 8);
+        // Pairs of 1 bit at L = 16 fit where the 1MAD code's K = 1 does not.
+        assert!(pairs(16, 1, 4096, 1024).plan(h200, resident).is_ok());
+        // The K = 2 pair kernel is compiled for blocks of at most 256 threads.
+        for l in 8..=16 {
+            let p = pairs(l, 2, 4096, 1024).plan(h200, resident).unwrap();
+            assert!(p.threads <= 256, "L = {l}: {p:?}");
+        }
+        assert!(pairs(12, 2, 4096, 16).validate().is_ok());
+        for bad in [
+            pairs(12, 3, 4096, 16), // a 6-bit step: past the ring's words
+            pairs(8, 4, 4096, 16),  // 2K = L
+            pairs(12, 2, 4095, 16), // an odd row
+            TrellisEncode {
+                v: 3,
+                ..enc(12, 2, 4096, 16)
+            },
+            TrellisEncode {
+                v: 0,
+                ..enc(12, 2, 4096, 16)
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]
@@ -2445,6 +2513,9 @@ mod tests {
         let encode = include_str!("../ptx/trellis_encode.ptx");
         assert!(encode.contains(&format!(", {};", CODE_MUL as i32)));
         assert!(encode.contains(&format!(", {};", CODE_ADD as i32)));
+        // The pair encoder's second hash.
+        assert!(encode.contains(&format!(", {};", PAIR_MUL as i32)));
+        assert!(encode.contains(&format!(", {};", PAIR_ADD as i32)));
     }
 
     #[test]
@@ -2452,27 +2523,39 @@ mod tests {
         let (rows, cols, k) = (3, 40, 2u8);
         let values = vec![0.5f32; rows * cols];
         let bits = vec![0u8; rows * 10];
-        assert!(encode_host_inputs(&values, rows, cols, (k, 1), &bits).is_ok());
+        let l = 12;
+        assert!(encode_host_inputs(&values, rows, cols, (l, k, 1), &bits).is_ok());
+        // Pairs at K <= 2 (a step of 2K bits below L) run on the GPU.
+        assert!(encode_host_inputs(&values, rows, cols, (l, k, 2), &bits).is_ok());
+        let bits3 = vec![0u8; rows * 15];
         for (why, r) in [
             (
-                "pairs",
-                encode_host_inputs(&values, rows, cols, (k, 2), &bits),
+                "pairs at K = 3",
+                encode_host_inputs(&values, rows, cols, (l, 3, 2), &bits3),
+            ),
+            (
+                "pairs with 2K = L",
+                encode_host_inputs(&values, rows, cols, (4, k, 2), &bits),
+            ),
+            (
+                "three values a state",
+                encode_host_inputs(&values, rows, cols, (l, k, 3), &bits),
             ),
             (
                 "short values",
-                encode_host_inputs(&values[1..], rows, cols, (k, 1), &bits),
+                encode_host_inputs(&values[1..], rows, cols, (l, k, 1), &bits),
             ),
             (
                 "short bits",
-                encode_host_inputs(&values, rows, cols, (k, 1), &bits[1..]),
+                encode_host_inputs(&values, rows, cols, (l, k, 1), &bits[1..]),
             ),
             (
                 "overflowing rows",
-                encode_host_inputs(&values, usize::MAX, cols, (k, 1), &bits),
+                encode_host_inputs(&values, usize::MAX, cols, (l, k, 1), &bits),
             ),
             (
                 "overflowing cols",
-                encode_host_inputs(&[], 0, usize::MAX, (k, 1), &[]),
+                encode_host_inputs(&[], 0, usize::MAX, (l, k, 1), &[]),
             ),
         ] {
             assert!(
@@ -2483,14 +2566,14 @@ mod tests {
         for bad in [f32::NAN, f32::INFINITY, 2.0 * MAX_ENCODE_VALUE] {
             let mut v = values.clone();
             v[77] = bad;
-            let r = encode_host_inputs(&v, rows, cols, (k, 1), &bits);
+            let r = encode_host_inputs(&v, rows, cols, (l, k, 1), &bits);
             assert!(
                 matches!(&r, Err(CudaError::InvalidArgument(m)) if m.contains("value 77")),
                 "{bad}: {r:?}"
             );
         }
         // Nothing to code is no error.
-        assert!(encode_host_inputs(&[], 0, cols, (k, 1), &[]).is_ok());
+        assert!(encode_host_inputs(&[], 0, cols, (l, k, 1), &[]).is_ok());
     }
 
     #[test]
@@ -2551,9 +2634,11 @@ mod tests {
         ] {
             assert_eq!(names[i], want);
         }
-        assert_eq!(names.len(), args::trellis_mma(4, 2, 2) + 1);
-        assert_eq!(names[args::trellis_encode(1)], "hc_trellis_encode_k1");
-        assert_eq!(names[args::trellis_encode(4)], "hc_trellis_encode_k4");
+        assert_eq!(names.len(), args::trellis_encode(2, 2) + 1);
+        assert_eq!(names[args::trellis_encode(1, 1)], "hc_trellis_encode_k1");
+        assert_eq!(names[args::trellis_encode(4, 1)], "hc_trellis_encode_k4");
+        assert_eq!(names[args::trellis_encode(1, 2)], "hc_trellis_encode_k1_v2");
+        assert_eq!(names[args::trellis_encode(2, 2)], "hc_trellis_encode_k2_v2");
         assert_eq!(
             names[args::affine_cpa(2, Dtype::Bf16).unwrap()],
             "hc_affine_cpa_b2_bf16"

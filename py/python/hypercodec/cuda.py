@@ -104,20 +104,21 @@ def rht(x2: torch.Tensor, width: int, tile: int, seed: int, out16: torch.Tensor 
 
 
 def _trellis_args(x_ptr: int, bits_ptr: int, rows: int, cols: int, l: int, k: int, seq: int,
-                  scale: float | None, max_scratch: int) -> dict[str, Any]:
-    _, c1, c0 = _native.trellis_code(l, k, scale)
+                  scale: float | None, max_scratch: int, v: int = 1) -> dict[str, Any]:
+    _, c1, c0 = _native.trellis_code(l, k, scale, v)
     rb = (cols * k + 7) // 8
     return {"x": x_ptr, "bits": bits_ptr, "scratch": 0, "max_scratch": max_scratch, "bit_bytes": rows * rb,
-            "row_bytes": rb, "rows": rows, "cols": cols, "seq": seq, "l": l, "k": k, "c1": c1, "c0": c0}
+            "row_bytes": rb, "rows": rows, "cols": cols, "seq": seq, "l": l, "k": k, "v": v, "c1": c1, "c0": c0}
 
 
 def trellis_encode(values: torch.Tensor, l: int, k: int, seq: int, scale: float | None = None,
-                   max_scratch: int = 0) -> torch.Tensor:
+                   max_scratch: int = 0, v: int = 1) -> torch.Tensor:
     """Bitshift-trellis bits of the rows of ``values`` (CUDA, ``rows × cols`` float32, each row
     about unit variance: RHT and row scale already applied), encoded on the GPU on PyTorch's
     current stream: ``rows × ceil(cols·k/8)`` uint8, each row cut into tail-biting sequences of
     ``seq`` values (the last takes the rest), ``L = l`` state bits and ``k`` (1..4) bits per
-    value, at the calibrated code scale unless ``scale`` is given.
+    value, at the calibrated code scale unless ``scale`` is given. ``v = 2`` codes pairs (two
+    values per state, ``k`` up to 2, rows of an even length; the CPU codes larger ``k``).
 
     The search is the CPU encoder's (:func:`hypercodec._native.trellis_encode`), operation for
     operation, and so are the bits. Sequences longer than the back pointers shared memory holds
@@ -133,7 +134,7 @@ def trellis_encode(values: torch.Tensor, l: int, k: int, seq: int, scale: float 
         raise _native.InvalidInputError("values must be finite and at most 1e15 in magnitude (rows about unit variance)")
     rows, cols = x.shape
     bits = torch.empty(rows, (cols * k + 7) // 8, dtype=torch.uint8, device=x.device)
-    args = _trellis_args(_ptr(x), _ptr(bits), rows, cols, l, k, seq, scale, max_scratch)
+    args = _trellis_args(_ptr(x), _ptr(bits), rows, cols, l, k, seq, scale, max_scratch, v)
     if rows and cols:
         need = kernels(x.device).trellis_encode_plan(args)["scratch_bytes"]
         scratch = torch.empty(need, dtype=torch.uint8, device=x.device) if need else None
@@ -144,14 +145,14 @@ def trellis_encode(values: torch.Tensor, l: int, k: int, seq: int, scale: float 
 
 
 def trellis_encode_plan(rows: int, cols: int, l: int, k: int, seq: int, device: torch.device | int = 0,
-                        max_scratch: int = 0) -> dict:
+                        max_scratch: int = 0, v: int = 1) -> dict:
     """How :func:`trellis_encode` runs on ``device``: ``threads`` per block, ``runs_per_thread``,
-    the values whose back pointers shared memory holds (``ring``: sequences shorter than it
-    need no scratch), ``shared`` memory per block, ``blocks`` launched, the ``scratch_bytes``
+    the steps (of ``v`` values) whose back pointers shared memory holds (``ring``: sequences
+    shorter than it need no scratch), ``shared`` memory per block, ``blocks`` launched, the ``scratch_bytes``
     they need, whether longer sequences keep every back pointer there
     (``back_pointers_in_scratch``) or are searched from checkpoints every ``w1`` and ``w2``."""
     dev = torch.device("cuda", device) if isinstance(device, int) else device
-    return kernels(dev).trellis_encode_plan(_trellis_args(16, 16, rows, cols, l, k, seq, None, max_scratch))
+    return kernels(dev).trellis_encode_plan(_trellis_args(16, 16, rows, cols, l, k, seq, None, max_scratch, v))
 
 
 class DeviceLinear:
