@@ -1,8 +1,11 @@
-"""W8A8 on CUDA (``hypercodec.nn.quantize_activations``) against bf16 ``F.linear`` and the
-weight-only route of the same int8 layer, in one run (needs a CUDA device).
+"""Quantized activations on CUDA (``hypercodec.nn.quantize_activations``: int8 W8A8, FP8 E4M3)
+against bf16 ``F.linear`` and the weight-only route of the same layer, in one run (needs a
+CUDA device).
 
     python py/benches/cuda_w8a8.py [--sizes 4096x4096,8192x8192,28672x8192] [--batches 32,256,1024]
+        [--specs int8-row:int8,z1-fixed8:int8,int4-row:fp8,z1-fixed4:fp8]
 
+Each spec is timed weight-only and with its activation mode (after the colon).
 Times are medians over replays of a CUDA graph of back-to-back calls (``_graph_timing``); the
 error is ‖y − y_bf16‖ / ‖y_bf16‖ with the bf16 weight as reference.
 """
@@ -20,6 +23,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="4096x4096,8192x8192,28672x8192")
     ap.add_argument("--batches", default="32,256,1024")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--specs", default="int8-row:int8,z1-fixed8:int8,int4-row:fp8,z1-fixed4:fp8",
+                    help="layers as SPEC:MODE (MODE: int8 or fp8)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -32,17 +37,18 @@ def main() -> None:
             lin.weight.normal_(0, 0.02)
         wb = lin.weight.detach().to(dev, torch.bfloat16)
         layers = {}
-        for spec in ("int8-row", "z1-fixed8"):
+        for item in a.specs.split(","):
+            spec, mode = item.split(":")
             m = torch.nn.Sequential(hnn.HyperLinear.from_linear(lin, spec)).to(dev)
-            layers[spec] = m
+            layers[spec] = (m, mode)
         for batch in (int(b) for b in a.batches.split(",")):
             x = torch.randn(batch, cols, device=dev, dtype=torch.bfloat16)
             ref = torch.nn.functional.linear(x, wb).float()
             base = graph_time_us(lambda: torch.nn.functional.linear(x, wb), a.iters)
             print(f"| {size} | {batch} | torch bf16 F.linear | {base:.1f} | 1.00 | 0 |")
-            for spec, m in layers.items():
-                for acts in ("weight-only", "W8A8"):
-                    hnn.quantize_activations(m, "int8" if acts == "W8A8" else None)
+            for spec, (m, mode) in layers.items():
+                for acts in ("weight-only", "W8A8" if mode == "int8" else "FP8 activations"):
+                    hnn.quantize_activations(m, None if acts == "weight-only" else mode)
                     with torch.no_grad():
                         y = m(x).float()
                         t = graph_time_us(lambda: m(x), a.iters)

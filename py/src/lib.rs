@@ -666,8 +666,9 @@ impl Linear {
         PyArray1::from_vec(py, out).reshape(vec![ids.len(), cols])
     }
 
-    /// The stored weight as an int8 matrix and a scale per row, when it is one (`int8-row`,
-    /// `int8-tensor`, `z1-fixed8`; `hypercodec_runtime::Int8Weight`): a dict of `values` (int8,
+    /// The stored weight as an int8 matrix and a scale per row, when it is one (symmetric
+    /// affine codes with a scale per row or for the tensor: `int8-row`, `int4-row`, …; fixed-rate
+    /// Z1 symbols: `z1-fixed8`, `z1-fixed4`, …; `hypercodec_runtime::Int8Weight`): a dict of `values` (int8,
     /// `rows × cols`), `scales` (float32, `rows`), `tile` (the RHT domain's tile, 0 for none)
     /// and `seed`; None otherwise. What the W8A8 route multiplies.
     fn int8_weight<'py>(

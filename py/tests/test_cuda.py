@@ -311,7 +311,7 @@ def test_cuda_constant_weights_and_layers_without_inputs():
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int8-row", "z1-fixed8"])
+@pytest.mark.parametrize("spec", ["int8-row", "z1-fixed8", "int4-row"])
 def test_cuda_w8a8_matches_the_host_w8a8(spec):
     """The int8 GEMM (cuBLASLt through torch._int_mm; fewer than 17 rows padded) gives the
     host's W8A8 result: the same int8 codes and int32 sums (the RHT's float rounding may move
@@ -323,7 +323,7 @@ def test_cuda_w8a8_matches_the_host_w8a8(spec):
     for rows in (1, 3, 17, 64):
         x = torch.randn(rows, 512)
         host = m(x)
-        if spec == "int8-row" and rows <= hnn.W8A8_GEMV_BATCH:
+        if rows <= {"int8-row": hnn.W8A8_GEMV_BATCH, "int4-row": hnn.LOWBIT_GEMV_BATCH}.get(spec, 0):
             hnn.quantize_activations(m, None)  # the device keeps the weight-only GEMV here
             host = m(x)
             hnn.quantize_activations(m)
@@ -339,6 +339,36 @@ def test_cuda_w8a8_matches_the_host_w8a8(spec):
     got = m(x.cuda()).cpu()
     assert torch.isnan(got[3]).all() and torch.equal(torch.isnan(m(x)[3]), torch.isnan(got[3]))
     assert torch.equal(got[torch.arange(32) != 3], clean[torch.arange(32) != 3])
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", ["int4-row", "z1-fixed4"])
+def test_cuda_fp8_activations_match_the_host(spec, monkeypatch):
+    """FP8 activations on CUDA (torch._scaled_mm, E4M3 against the weight's exact E4M3 copy,
+    a scale per token and per weight row; fewer than 16 rows padded) give the host's product
+    (the RHT's float rounding may move an activation to a neighbouring E4M3 value), in f32,
+    f16 and bf16; where the device has no FP8 GEMM the layer runs weight-only."""
+    torch.manual_seed(10)
+    m = torch.nn.Sequential(torch.nn.Linear(512, 256))
+    hnn.quantize(m, method=spec, skip=())
+    x = torch.randn(40, 512)
+    weight_only = m(x.cuda())
+    assert hnn.quantize_activations(m, "fp8") == 1
+    assert torch.equal(m(x.cuda()), weight_only)  # a layer under FP8_MIN_WEIGHTS stays weight-only
+    monkeypatch.setattr(hnn, "FP8_MIN_WEIGHTS", 0)
+    fp8 = hnn._fp8_device(torch.device("cuda"))
+    for rows in (1, 3, 17, 64):
+        x = torch.randn(rows, 512)
+        host = m(x)
+        if not fp8 or (spec == "int4-row" and rows <= hnn.LOWBIT_GEMV_BATCH):
+            hnn.quantize_activations(m, None)  # the device runs weight-only here
+            host = m(x)
+            hnn.quantize_activations(m, "fp8")
+        for dt in (torch.float32, torch.float16, torch.bfloat16):
+            dev = m(x.cuda().to(dt))
+            assert dev.dtype == dt and dev.shape == (rows, 256)
+            tol = 1e-2 if dt != torch.bfloat16 else 2e-2
+            assert torch.allclose(dev.float().cpu(), host, rtol=tol, atol=tol * host.abs().max().item()), (rows, dt)
 
 
 @needs_cuda

@@ -775,13 +775,13 @@ def test_a_layer_without_inputs_keeps_its_outputs(method):
 
 
 def test_w8a8_multiplies_int8_activations_by_the_stored_int8_weight():
-    """``quantize_activations``: int8-row (no rotation) and z1-fixed8 (after its RHT) layers
+    """``quantize_activations``: int8-row, int4-row (no rotation), z1-fixed8 and z1-fixed4 (after their RHT) layers
     quantize each activation row by its absolute maximum and multiply in int8; the result is
     that integer product, scaled, and stays near the weight-only output; other forms are left."""
     torch.manual_seed(4)
     base = torch.nn.Sequential(torch.nn.Linear(256, 96), torch.nn.ReLU(), torch.nn.Linear(96, 40))
     x = torch.randn(7, 256)
-    for spec in ("int8-row", "z1-fixed8"):
+    for spec in ("int8-row", "z1-fixed8", "int4-row", "z1-fixed4"):
         m = copy.deepcopy(base)
         hnn.quantize(m, method=spec, skip=())
         weight_only = m(x)
@@ -806,6 +806,41 @@ def test_w8a8_multiplies_int8_activations_by_the_stored_int8_weight():
     assert hnn.quantize_activations(m) == 0
     with pytest.raises(hypercodec.InvalidInputError):
         hnn.quantize_activations(m, "fp4")
+
+
+def test_fp8_activations_multiply_the_exact_e4m3_weight():
+    """``quantize_activations(m, "fp8")``: layers whose integer weight fits E4M3 exactly (codes
+    of up to 5 bits) round each activation row, scaled to ±448, to E4M3 and sum the products in
+    f32; the result is that product written out, near the weight-only output. 8-bit codes and
+    group-scaled forms are left as they are."""
+    torch.manual_seed(11)
+    base = torch.nn.Sequential(torch.nn.Linear(256, 96), torch.nn.ReLU(), torch.nn.Linear(96, 48))
+    x = torch.randn(5, 256) * 3
+    x[1, 7] = 40.0  # an outlier sets its row's scale
+    for spec in ("int4-row", "z1-fixed4", "int3-tensor", "int2-row"):
+        m = copy.deepcopy(base)
+        hnn.quantize(m, method=spec, skip=())
+        weight_only = m(x)
+        assert hnn.quantize_activations(m, "fp8") == 2, spec
+        got = m(x)
+        layer = m[0]
+        q, scales, tile, seed = hnn._int8_form(layer.op)
+        assert np.abs(q).max() <= 16
+        xr = hnn._rht(x, tile, seed) if tile else x
+        step = xr.abs().amax(1, keepdim=True) / 448
+        xq = (xr / step).to(torch.float8_e4m3fn).to(torch.float64)
+        assert not torch.equal(xq, (xr / step).to(torch.float64))  # E4M3 rounded them
+        acc = xq @ torch.from_numpy(q).to(torch.float64).T
+        want = (acc * step * torch.from_numpy(scales) + torch.from_numpy(np.asarray(layer.op.bias))).float()
+        assert torch.allclose(layer(x), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()), spec
+        err = ((got - weight_only).norm() / weight_only.norm()).item()
+        assert 0 < err < 0.08, (spec, err)
+        assert hnn.quantize_activations(m, None) == 0
+        assert torch.equal(m(x), weight_only)
+    for spec in ("int8-row", "z1-fixed8", "int4"):
+        m = copy.deepcopy(base)
+        hnn.quantize(m, method=spec, skip=())
+        assert hnn.quantize_activations(m, "fp8") == 0, spec
 
 
 def test_w8a8_models_mix_forms_copy_pickle_and_reload():

@@ -530,16 +530,38 @@ impl CompressedLinear {
     }
 
     /// The stored weight as an int8 matrix and a scale per row ([`Int8Weight`]), when it is
-    /// one: affine 8-bit symmetric codes with a scale per row or for the tensor (`int8-row`,
-    /// `int8-tensor`: `s·(q − 128)`), or fixed-rate Z1 symbols of 8 bits (`z1-fixed8`:
-    /// `σ/α·(sym − 128)` in the RHT domain). `None` for every other form.
+    /// one: affine symmetric codes of 1 to 8 bits with a scale per row or for the tensor
+    /// (`int8-row`, `int4-row`, `int2-tensor`, …: `s·(q − 2^(bits−1))`, `s·(2q − 1)` at one
+    /// bit), or fixed-rate Z1
+    /// symbols of 1 to 8 bits (`z1-fixed8`, `z1-fixed4`: `σ/α·(sym − 2^(bits−1))` in the RHT
+    /// domain). `None` for every other form. Codes of up to 5 bits (values in −16..15) are
+    /// also exact in FP8 E4M3.
     pub fn int8_weight(&self) -> Result<Option<Int8Weight>> {
         let (rows, cols) = (self.rows, self.cols);
-        let signed = |codes: &[u8]| -> Vec<i8> {
-            codes[..rows * cols]
+        // Codes `q` of `bits` bits as the integers `mul·q − bias`.
+        let signed = |packed: &[u8], bits: u8, mul: i16, bias: i16| -> Result<Vec<i8>> {
+            let mut codes = vec![0u8; rows * cols];
+            scalar::unpack_bits_range_into(packed, bits, rows * cols, 0, &mut codes).map_err(
+                |e| RuntimeError::Corrupt {
+                    tensor: "int8 weight".into(),
+                    message: format!("codes: {e}"),
+                },
+            )?;
+            Ok(codes
                 .iter()
-                .map(|&q| (q as i16 - 128) as i8)
-                .collect()
+                .map(|&q| (mul * q as i16 - bias) as i8)
+                .collect())
+        };
+        // Whether `mul·q − bias` is an integer in i8 for every code of `bits` bits (symmetric
+        // codes: `q − 2^(bits−1)`, or `2q − 1` at one bit).
+        let integral = |bits: u8, mul: f32, bias: f32| {
+            let top = mul * ((1u32 << bits) - 1) as f32 - bias;
+            (1..=8).contains(&bits)
+                && mul.fract() == 0.0
+                && bias.fract() == 0.0
+                && (1.0..=2.0).contains(&mul)
+                && bias <= 128.0
+                && top <= 127.0
         };
         if rows == 0 || cols == 0 {
             return Ok(None);
@@ -549,14 +571,14 @@ impl CompressedLinear {
                 codes,
                 scales,
                 offsets,
-                bits: 8,
+                bits,
                 scales_per_row,
                 qmul,
                 qbias,
                 ..
-            }) if offsets.is_empty() && qmul == 1.0 && qbias == 128.0 && scales_per_row <= 1 => {
+            }) if offsets.is_empty() && scales_per_row <= 1 && integral(bits, qmul, qbias) => {
                 Some(Int8Weight {
-                    values: signed(codes),
+                    values: signed(codes, bits, qmul as i16, qbias as i16)?,
                     scales: if scales_per_row == 0 {
                         vec![scales[0]; rows]
                     } else {
@@ -569,11 +591,11 @@ impl CompressedLinear {
             Some(DeviceForm::Z1Fixed {
                 packed,
                 row_scales,
-                bits: 8,
+                bits,
                 tile,
                 seed,
-            }) => Some(Int8Weight {
-                values: signed(packed),
+            }) if (1..=8).contains(&bits) => Some(Int8Weight {
+                values: signed(packed, bits, 1, 1 << (bits - 1))?,
                 scales: row_scales,
                 tile,
                 seed,

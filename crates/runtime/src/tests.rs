@@ -1051,8 +1051,9 @@ fn a_corrupt_rans_chunk_table_is_refused_before_the_gpu_sees_it() {
     }
 }
 
-/// The W8A8 form: `int8-row` / `int8-tensor` codes and `z1-fixed8` symbols (in their RHT
-/// domain) times their row scales are the decoded weight; other forms have none.
+/// The W8A8 form: symmetric affine codes of 1-8 bits with a scale per row or for the tensor,
+/// and fixed-rate Z1 symbols (in their RHT domain), times their row scales are the decoded
+/// weight; group scales, offsets and E8 have none.
 #[test]
 fn int8_weights_times_their_scales_are_the_stored_weight() {
     use hypercodec_lattice::Rht;
@@ -1062,12 +1063,20 @@ fn int8_weights_times_their_scales_are_the_stored_weight() {
     for (e, rotated) in [
         (affine(8, Group::Row, true, FloatDtype::F16), false),
         (affine(8, Group::Tensor, true, FloatDtype::F16), false),
+        (affine(4, Group::Row, true, FloatDtype::F16), false),
+        (affine(3, Group::Tensor, true, FloatDtype::F32), false),
+        (affine(1, Group::Row, true, FloatDtype::F16), false),
         (lattice(Lattice::Z1, Coding::Fixed { bits: 8 }, 256), true),
+        (lattice(Lattice::Z1, Coding::Fixed { bits: 4 }, 256), true),
+        (lattice(Lattice::Z1, Coding::Fixed { bits: 3 }, 64), true),
     ] {
         let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
         let op =
             CompressedLinear::from_encoded("w", &t, &shape, None, &LoadOptions::default()).unwrap();
-        let w8 = op.int8_weight().unwrap().expect("an int8 form");
+        let w8 = op
+            .int8_weight()
+            .unwrap()
+            .unwrap_or_else(|| panic!("{}: no int8 form", e.label()));
         assert_eq!((w8.values.len(), w8.scales.len()), (rows * cols, rows));
         assert_eq!(w8.tile != 0, rotated);
         let want = op.decode_weight().unwrap();
@@ -1088,8 +1097,9 @@ fn int8_weights_times_their_scales_are_the_stored_weight() {
     }
     for e in [
         affine(8, Group::Size(128), false, FloatDtype::F16),
-        affine(4, Group::Row, true, FloatDtype::F16),
-        lattice(Lattice::Z1, Coding::Fixed { bits: 4 }, 256),
+        affine(4, Group::Size(128), true, FloatDtype::F16),
+        affine(4, Group::Row, false, FloatDtype::F16),
+        lattice(Lattice::E8, Coding::Fixed { bits: 4 }, 256),
     ] {
         let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
         let op =

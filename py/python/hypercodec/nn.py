@@ -330,6 +330,17 @@ def _rht(v: torch.Tensor, tile: int, seed: int) -> torch.Tensor:
 #: Rows of the int8 GEMM on CUDA (cuBLASLt's, through ``torch._int_mm``, takes more than 16):
 #: smaller batches are padded with zero rows.
 W8A8_MIN_BATCH_CUDA = 17
+#: The largest magnitude of E4M3 (``torch.float8_e4m3fn``): FP8 activations are scaled per
+#: token to it; integer weights of magnitude up to 16 are exact in it.
+FP8_MAX = 448.0
+#: Activation rows up to which affine codes of at most 5 bits keep their weight-only kernels on
+#: CUDA when activations are quantized (the tensor-core kernels run up to 16 rows at 1.5-2×
+#: bf16, ``docs/eval/cuda.md``).
+LOWBIT_GEMV_BATCH = 16
+#: Weights a layer needs before FP8 activations run on CUDA (smaller layers stay weight-only):
+#: on an H200 FP8 ran 1.1-1.3× slower than the weight-only route on 4096² at 64-1024 rows and
+#: faster on 8192² and 28672×8192 from 64 rows (``py/benches/cuda_w8a8.py``, docs/eval/w8a8.md).
+FP8_MIN_WEIGHTS = 1 << 26
 #: Activation rows up to which affine int8 layers keep their weight-only GEMV on CUDA when
 #: W8A8 is on (``py/benches/cuda_w8a8.py`` on an H200, 8192²: the GEMV at 1.59× bf16 for one
 #: row and 0.64× for four, W8A8 at 0.83–0.87× for either; at 16 rows 0.38× against 0.80×).
@@ -337,16 +348,21 @@ W8A8_GEMV_BATCH = 2
 
 
 class _W8A8:
-    """A layer's int8 weight and per-row scales for W8A8 (see :func:`quantize_activations`), on
-    one device: ``w`` is ``rows × cols`` int8, ``scales`` float32, ``tile`` the RHT tile of the
-    Z1 form (0: none)."""
+    """A layer's integer weight and per-row scales for quantized activations (see
+    :func:`quantize_activations`), on one device: ``w`` is ``rows × cols`` int8 (or its exact
+    E4M3 copy for ``fp8``), ``scales`` float32, ``tile`` the RHT tile of the Z1 form (0: none)."""
 
-    def __init__(self, op: _native.Linear, form: tuple[np.ndarray, np.ndarray, int, int], device: torch.device) -> None:
+    def __init__(self, op: _native.Linear, form: tuple[np.ndarray, np.ndarray, int, int], device: torch.device,
+                 fp8: bool = False) -> None:
         q, scales, self.tile, self.seed = form
+        self.fp8 = fp8
         self.w = torch.from_numpy(q).to(device)
+        if fp8:  # integers of magnitude <= 16: exact in E4M3
+            self.w = self.w.to(torch.float32 if device.type == "cpu" else torch.float8_e4m3fn)
         self.scales = torch.from_numpy(scales).to(device)
         bias = op.bias
         self.bias = None if bias is None else torch.from_numpy(np.asarray(bias, np.float32)).to(device)
+        self._bias16: torch.Tensor | None = None  # the FP8 GEMM's bias (bf16, made on first use)
         self.op = op
 
     def forward(self, x2: torch.Tensor) -> torch.Tensor:
@@ -354,7 +370,11 @@ class _W8A8:
         rotated (Z1) and scaled by its absolute maximum to int8, one int8 GEMM with int32 sums,
         then both scales (on CUDA: the RHT kernel, :func:`hc_quant_i8 <hypercodec.cuda>`,
         ``torch._int_mm`` on at least 17 rows, zero rows padding smaller batches, and one
-        epilogue kernel)."""
+        epilogue kernel). ``fp8``: each row scaled to ±:data:`FP8_MAX` and rounded to E4M3, the
+        products summed in f32 (CUDA: ``torch._scaled_mm`` with both scales per row and the
+        bias in bf16, a bf16 result; the host computes the same products in f32)."""
+        if self.fp8:
+            return self._fp8(x2)
         if not x2.is_cuda:
             xr = x2.to(torch.float32)
             xr = _rht(xr, self.tile, self.seed) if self.tile else xr
@@ -384,66 +404,121 @@ class _W8A8:
                     "y_dtype": hcuda._DTYPES[dt], "rows": m, "cols": self.w.shape[0]}, stream)
         return y.to(x2.dtype)
 
+    def _fp8(self, x2: torch.Tensor) -> torch.Tensor:
+        m = x2.shape[0]
+        if not x2.is_cuda:
+            xr = x2.to(torch.float32)
+            xr = _rht(xr, self.tile, self.seed) if self.tile else xr
+            step = xr.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / FP8_MAX
+            xq = (xr / step).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+            y = (xq.to(torch.float32) @ self.w.t()) * step * self.scales
+            return (y if self.bias is None else y + self.bias).to(x2.dtype)
+        from . import cuda as hcuda
+
+        # Few launches (each costs microseconds at these sizes): the FP8 GEMM takes rows in
+        # multiples of 16, so the activations are zero-padded first (a zero row's scale is
+        # 1e-30/448 and its codes 0); |x/step| <= 448 rounds to E4M3 without a clamp.
+        xr = x2 if x2.dtype in (torch.float32, torch.bfloat16, torch.float16) else x2.float()
+        if self.tile:
+            xr = hcuda.rht(xr.contiguous(), xr.shape[1], self.tile, self.seed)
+        if m % 16:
+            xr = torch.nn.functional.pad(xr, (0, 0, 0, 16 - m % 16))
+        step = torch.linalg.vector_norm(xr, float("inf"), dim=1, keepdim=True, dtype=torch.float32)
+        step = step.clamp_min_(1e-30).div_(FP8_MAX)
+        xq = torch.div(xr, step).to(torch.float8_e4m3fn)
+        if self._bias16 is None and self.bias is not None:
+            self._bias16 = self.bias.to(torch.bfloat16)
+        y = torch._scaled_mm(xq, self.w.t(), scale_a=step, scale_b=self.scales.view(1, -1), bias=self._bias16,
+                             out_dtype=torch.bfloat16)
+        return (y if m % 16 == 0 else y[:m]).to(x2.dtype)
+
 
 def _int8_form(op: _native.Linear) -> tuple[np.ndarray, np.ndarray, int, int] | None:
     """``(int8 weight rows × cols, float32 row scales, RHT tile, seed)`` when the stored form
-    is an int8 matrix times a scale per row (:meth:`hypercodec.Linear.int8_weight`: ``int8-row``,
-    ``int8-tensor``, ``z1-fixed8`` in its RHT domain). Otherwise ``None``."""
+    is an integer matrix times a scale per row (:meth:`hypercodec.Linear.int8_weight`:
+    symmetric affine codes per row or tensor, ``int8-row``, ``int4-row``, …; Z1 symbols,
+    ``z1-fixed8``, ``z1-fixed4``, …, in their RHT domain). Otherwise ``None``."""
     w = op.int8_weight()
     if w is None:
         return None
     return w["values"], w["scales"], int(w["tile"]), int(w["seed"])
 
 
+def _fp8_device(device: torch.device) -> bool:
+    """Whether ``torch._scaled_mm`` multiplies E4M3 on ``device`` (compute capability 8.9+)."""
+    return device.type == "cpu" or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9))
+
+
 def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
-    """The layer's :class:`_W8A8` on ``x``'s device when W8A8 is on and this batch takes it."""
-    if getattr(layer, "activations", None) != "int8":
+    """The layer's :class:`_W8A8` on ``x``'s device when quantized activations are on and this
+    batch takes them."""
+    mode = getattr(layer, "activations", None)
+    if mode not in ("int8", "fp8"):
         return None
-    if x.is_cuda and (layer.op.cols % 8 or layer.op.rows % 8):
-        return None  # cuBLASLt's int8 GEMM takes multiples of 8
+    fp8 = mode == "fp8"
+    if x.is_cuda and (layer.op.cols % (16 if fp8 else 8) or layer.op.rows % (16 if fp8 else 8)):
+        return None  # cuBLASLt's int8 GEMM takes multiples of 8, the FP8 one of 16
+    if fp8 and (not _fp8_device(x.device) or (x.is_cuda and layer.op.rows * layer.op.cols < FP8_MIN_WEIGHTS)):
+        return None
     known = layer.__dict__.get("_w8a8_form")
     if known is None or known[0] is not layer.op:
-        # Whether the operator has an int8 form, and its RHT tile (a weight loaded since the
-        # switch may have none: weight-only then). The int8 values stay on the devices only.
+        # Whether the operator has an integer form, its RHT tile (a weight loaded since the
+        # switch may have none: weight-only then) and its largest magnitude. The values stay
+        # on the devices only.
         form = _int8_form(layer.op)
-        known = layer.__dict__["_w8a8_form"] = (layer.op, None if form is None else form[2])
-    tile = known[1]
-    if tile is None:
+        known = layer.__dict__["_w8a8_form"] = (
+            layer.op, None if form is None else form[2], 0 if form is None else int(np.abs(form[0]).max(initial=0)))
+    tile, span = known[1], known[2]
+    if tile is None or (fp8 and span > 16):
         return None
-    if x.is_cuda and not tile and x.numel() // layer.op.cols <= W8A8_GEMV_BATCH:
-        return None  # affine int8 codes have a faster GEMV of their own at small batches
+    # Affine codes have weight-only kernels of their own at small batches: up to 2 rows for
+    # 8-bit codes, up to 16 on the tensor cores for the narrower ones.
+    if x.is_cuda and not tile and x.numel() // layer.op.cols <= (W8A8_GEMV_BATCH if span > 16 else LOWBIT_GEMV_BATCH):
+        return None
     cache = layer.__dict__.setdefault("_w8a8", {})
     hit = cache.get(x.device)
-    if hit is None or hit.op is not layer.op:
+    if hit is None or hit.op is not layer.op or hit.fp8 != fp8:
         form = _int8_form(layer.op)
         if form is None:
             return None
-        hit = cache[x.device] = _W8A8(layer.op, form, x.device)
+        hit = cache[x.device] = _W8A8(layer.op, form, x.device, fp8)
     return hit
 
 
 def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
-    """W8A8: every :class:`HyperLinear` of ``model`` whose stored weight is an int8 matrix with a
-    scale per row (``int8-row``, ``int8-tensor``, ``z1-fixed8``) quantizes its activations too,
-    per token to int8 by their absolute maximum (after the weight's RHT for ``z1-fixed8``), and
-    multiplies in int8 with int32 sums (``torch._int_mm``: cuBLASLt's int8 tensor-core GEMM on
-    CUDA, batches under :data:`W8A8_MIN_BATCH_CUDA` rows padded with zeros; affine layers keep
-    their GEMV up to :data:`W8A8_GEMV_BATCH` rows). ``mode=None`` turns it off. Returns the
-    number of layers switched on (0 for ``None``); others are left as they are. The accuracy
-    cost is measured by ``py/benches/w8a8_accuracy.py``.
+    """Quantized activations: every :class:`HyperLinear` of ``model`` whose stored weight is an
+    integer matrix with a scale per row (symmetric affine codes per row or tensor: ``int8-row``,
+    ``int4-row``, …; fixed-rate Z1 symbols: ``z1-fixed8``, ``z1-fixed4``, …) quantizes its
+    activations too, per token by their absolute maximum (after the weight's RHT for Z1):
+
+    - ``"int8"`` (W8A8): to int8, multiplied in int8 with int32 sums (``torch._int_mm``:
+      cuBLASLt's int8 tensor-core GEMM on CUDA, batches under :data:`W8A8_MIN_BATCH_CUDA` rows
+      padded with zeros);
+    - ``"fp8"``: to FP8 E4M3, against the weight's exact E4M3 copy (codes of up to 5 bits:
+      magnitudes up to 16; other layers are left as they are), products summed in f32
+      (``torch._scaled_mm`` with a scale per token and per weight row on CUDA devices of compute
+      capability 8.9 or more, for layers of at least :data:`FP8_MIN_WEIGHTS` weights; elsewhere
+      on CUDA the layer stays weight-only; the host computes the same products in f32).
+
+    On CUDA, affine layers keep their weight-only kernels up to :data:`W8A8_GEMV_BATCH` rows
+    (8-bit codes) or :data:`LOWBIT_GEMV_BATCH` (narrower ones). ``mode=None`` turns it off.
+    Returns the number of layers switched on (0 for ``None``); others are left as they are. The
+    accuracy cost is measured by ``py/benches/w8a8_accuracy.py``. Each switched layer holds its
+    integer weight (1 byte per parameter) on every device it runs on, beside the stored form.
 
     A backward pass through a switched layer takes the weight-only input gradient (straight
     through the activations' rounding). The setting is not part of ``state_dict``: call this
     again after loading a model (before loading, it switches nothing). Needs torch ≥ 2.3 (CPU
-    int8 GEMM)."""
-    if mode not in ("int8", None):
-        raise _native.InvalidInputError(f"activation quantization {mode!r}: use 'int8' or None")
+    int8 GEMM); ``"fp8"`` needs ``torch.float8_e4m3fn`` (torch ≥ 2.1)."""
+    if mode not in ("int8", "fp8", None):
+        raise _native.InvalidInputError(f"activation quantization {mode!r}: use 'int8', 'fp8' or None")
     if mode is not None and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 3):
-        raise _native.InvalidInputError(f"W8A8 needs torch >= 2.3 (torch._int_mm); this is {torch.__version__}")
+        raise _native.InvalidInputError(f"quantized activations need torch >= 2.3 (torch._int_mm); this is {torch.__version__}")
     n = 0
     for layer in model.modules():
         if isinstance(layer, HyperLinear) and layer.op is not None:
-            if mode is None or _int8_form(layer.op) is not None:
+            form = None if mode is None else _int8_form(layer.op)
+            if mode is None or (form is not None and (mode == "int8" or int(np.abs(form[0]).max(initial=0)) <= 16)):
                 layer.activations = mode
                 layer.__dict__.pop("_w8a8", None)
                 layer.__dict__.pop("_w8a8_form", None)
