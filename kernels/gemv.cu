@@ -2688,6 +2688,59 @@ extern "C" __global__ void __launch_bounds__(256) hc_quant_i8(const void* __rest
 
 // The W8A8 epilogue: y[r, n] = acc[r, n]·step[r]·scale[n] (+ bias[n]) in `ydtype`, from the
 // int8 GEMM's int32 sums, in one pass (rows × cols, grid-stride).
+// f32 → FP8 E4M3 (OCP "e4m3fn": bias 7, no infinities, largest 448) by round to nearest even,
+// for |v| <= 448 and v finite (larger magnitudes saturate to ±448; NaN gives 0x7F). Written out
+// so that the sm_80 PTX carries it (cvt.rn.satfinite.e4m3x2 needs sm_89).
+__device__ __forceinline__ uint32_t hc_f32_to_e4m3(float v) {
+    const uint32_t sign = (__float_as_uint(v) >> 24) & 0x80u;
+    const float a = fabsf(v);
+    if (!(a == a)) return 0x7Fu;
+    uint32_t code;
+    if (a < 0.015625f) {
+        // Subnormals: m·2^-9, m = 0..7; m = 8 is 2^-6, the smallest normal (code 8).
+        code = (uint32_t)__float2int_rn(a * 512.f);
+    } else {
+        const uint32_t b = __float_as_uint(a);
+        const uint32_t r = (b + 0x7FFFFu + ((b >> 20) & 1u)) & 0xFFF00000u;  // 3 mantissa bits, RNE
+        code = ((((r >> 23) - 127u + 7u) << 3) | ((r >> 20) & 7u));
+        code = min(code, 0x7Eu);  // 448
+    }
+    return sign | code;
+}
+
+// Per-token FP8 E4M3 activations for the FP8 GEMM: row r of `x` (rows × cols of xdtype) is
+// scaled by its absolute maximum to ±448 and rounded to E4M3 (q, bytes), its step
+// (max / 448) written to step[r]; a block per row of `padded` rows (the GEMM takes multiples of
+// 16), rows past `rows` zeros with step 1. A row holding NaN gets a NaN step (NaN outputs).
+extern "C" __global__ void __launch_bounds__(256) hc_quant_f8(const void* __restrict__ x, int xdtype,
+                                                              uint8_t* __restrict__ q, float* __restrict__ step,
+                                                              int rows, int cols) {
+    __shared__ float part[8];
+    const long long base = (long long)blockIdx.x * cols;
+    uint8_t* qr = q + base;
+    if ((int)blockIdx.x >= rows) {
+        for (int j = threadIdx.x; j < cols; j += blockDim.x) qr[j] = 0;
+        if (threadIdx.x == 0) step[blockIdx.x] = 1.f;
+        return;
+    }
+    float a = 0.f;
+    int nan = 0;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        const float v = hc_load(x, xdtype, base + j);
+        nan |= isnan(v);
+        a = fmaxf(a, fabsf(v));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = a;
+    nan = __syncthreads_or(nan);
+    a = part[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) a = fmaxf(a, part[w]);
+    const float s = nan ? __int_as_float(0x7fc00000) : fmaxf(a, 1e-30f) / 448.f;
+    if (threadIdx.x == 0) step[blockIdx.x] = s;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) qr[j] = (uint8_t)hc_f32_to_e4m3(hc_load(x, xdtype, base + j) / s);
+}
+
 extern "C" __global__ void __launch_bounds__(256) hc_w8a8_out(const int32_t* __restrict__ acc,
                                                               const float* __restrict__ step,
                                                               const float* __restrict__ scale,

@@ -4,7 +4,7 @@
 
 use crate::{CudaError as PyCudaError, InvalidInputError};
 use hypercodec_kernels_cuda::{
-    AffineGemv, CudaError, Dtype, E8Gemv, E8RansGemv, Kernels, KvE8, KvE8Attend, QuantI8, RhtArgs,
+    AffineGemv, CudaError, Dtype, E8Gemv, E8RansGemv, Kernels, KvE8, KvE8Attend, QuantF8, QuantI8, RhtArgs,
     TrellisEncode, TrellisGemv, W8A8Out,
 };
 use pyo3::prelude::*;
@@ -368,6 +368,22 @@ impl CudaKernels {
         };
         // SAFETY: as in `rht`.
         unsafe { self.k.quant_i8(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// Per-token FP8 E4M3 activations for the FP8 GEMM (keys: x, x_dtype, q, step, rows,
+    /// padded_rows, cols; see `hypercodec_kernels_cuda::QuantF8`).
+    fn quant_f8(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = QuantF8 {
+            x: get(args, "x")?,
+            x_dtype: dtype(get(args, "x_dtype")?)?,
+            q: get(args, "q")?,
+            step: get(args, "step")?,
+            rows: get(args, "rows")?,
+            padded_rows: get(args, "padded_rows")?,
+            cols: get(args, "cols")?,
+        };
+        // SAFETY: as in `rht`.
+        unsafe { self.k.quant_f8(&a, stream) }.map_err(cuda_err)
     }
 
     /// The trellis GEMV (keys: bits, bit_bytes, row_bytes, row_scales, xr, y, y_dtype, bias,

@@ -342,6 +342,40 @@ def test_cuda_w8a8_matches_the_host_w8a8(spec):
 
 
 @needs_cuda
+def test_cuda_fp8_quantization_rounds_as_torch_casts():
+    """hc_quant_f8: each row scaled by its absolute maximum to ±448 and rounded to E4M3 to
+    nearest even, byte for byte what torch's cast of x / step gives (subnormals, ties, the
+    largest value, zero rows); padding rows zeros with step 1; a row holding NaN gets a NaN
+    step; f32, f16 and bf16 activations."""
+    k = hcuda.kernels(torch.cuda.current_device())
+    g = torch.Generator().manual_seed(3)
+    rows, cols, padded = 21, 1000, 32
+    x = torch.randn(rows, cols, generator=g) * torch.logspace(-6, 3, rows).unsqueeze(1)
+    x[2, :8] = torch.tensor([448.0, -448.0, 1.0, 2 ** -7, 2 ** -9, 3 * 2 ** -10, 2 ** -6, -(2 ** -10)])
+    x[3, 0] = 6e4  # one large value: the rest of its row falls to E4M3's subnormals and zeros
+    x[4] = 0.0
+    x[5, 7] = float("nan")
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        xs = x.to(dt).cuda()
+        q = torch.full((padded, cols), 0x55, dtype=torch.uint8, device="cuda")  # poisoned
+        step = torch.full((padded, 1), float("nan"), device="cuda")
+        k.quant_f8({"x": xs.data_ptr(), "x_dtype": hcuda._DTYPES[dt], "q": q.data_ptr(), "step": step.data_ptr(),
+                    "rows": rows, "padded_rows": padded, "cols": cols}, torch.cuda.current_stream().cuda_stream)
+        xf = xs.float().cpu()
+        want_step = xf.abs().amax(1, keepdim=True).clamp_min(1e-30) / 448
+        got_step = step.cpu()
+        assert torch.isnan(got_step[5]).all() and torch.equal(got_step[:5], want_step[:5])
+        assert torch.equal(got_step[6:rows], want_step[6:]), dt
+        want = (xf / want_step).to(torch.float8_e4m3fn).view(torch.uint8)
+        ok = torch.arange(rows) != 5
+        assert torch.equal(q[:rows].cpu()[ok], want[ok]), dt
+        assert (q[rows:] == 0).all() and (step[rows:] == 1).all()
+    with pytest.raises(hypercodec.InvalidInputError):
+        k.quant_f8({"x": xs.data_ptr(), "x_dtype": 2, "q": q.data_ptr(), "step": step.data_ptr(),
+                    "rows": rows, "padded_rows": rows - 1, "cols": cols}, 0)
+
+
+@needs_cuda
 @pytest.mark.parametrize("spec", ["int4-row", "z1-fixed4"])
 def test_cuda_fp8_activations_match_the_host(spec, monkeypatch):
     """FP8 activations on CUDA (torch._scaled_mm, E4M3 against the weight's exact E4M3 copy,

@@ -7,7 +7,8 @@ use crate::{AffineGemv, E8Gemv};
 /// Kernel names: the fixed ones, then the affine GEMVs by (bits, batch tile), then the E8
 /// GEMVs by (bits, pass of 1, 2 or 4 rows), the trellis GEMVs, the tensor-core kernels, the
 /// trellis group kernels and encoders, the cp.async kernels, the tensor-core GEMMs, then the
-/// pair code's trellis group kernels and the trellis tensor-core kernels; indices from
+/// pair code's trellis group kernels, the trellis tensor-core kernels, the pair encoders and
+/// `hc_quant_f8`; indices from
 /// [`affine_gemv`], [`e8_gemv`], [`trellis_gemv`], [`affine_mma`], [`affine_cpa`],
 /// [`affine_gemm`], [`trellis_groups`], [`trellis_decode_groups`] and [`trellis_mma`].
 pub(crate) fn function_names() -> Vec<String> {
@@ -98,6 +99,7 @@ pub(crate) fn function_names() -> Vec<String> {
     for k in 1..=PAIR_ENCODE_KS {
         v.push(format!("hc_trellis_encode_k{k}_v2"));
     }
+    v.push("hc_quant_f8".into());
     v
 }
 
@@ -256,6 +258,10 @@ pub(crate) fn e8_rans_gemv(batch: usize) -> usize {
     14 + batch.clamp(1, 4) - 1
 }
 pub(crate) const QUANT_I8: usize = 18;
+/// The per-token FP8 E4M3 activation kernel (`hc_quant_f8`, after the pair encoders).
+pub(crate) fn quant_f8() -> usize {
+    trellis_encode(PAIR_ENCODE_KS, 2) + 1
+}
 pub(crate) const W8A8_OUT: usize = 19;
 pub(crate) const KV_E8_ATTEND: usize = 20;
 pub(crate) const KV_ATTEND_MERGE: usize = 21;

@@ -430,6 +430,49 @@ impl QuantI8 {
     }
 }
 
+/// Per-token FP8 E4M3 activations for an FP8 GEMM (`hc_quant_f8`): each of `rows` rows scaled
+/// by its absolute maximum to ±448 and rounded to E4M3 (round to nearest even), its step
+/// (max / 448) written out; rows `rows..padded_rows` become zeros with step 1 (FP8 GEMMs take
+/// rows in multiples of 16). A row holding NaN gets a NaN step.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantF8 {
+    /// The activations, `rows × cols` of `x_dtype`.
+    pub x: u64,
+    /// Their type.
+    pub x_dtype: Dtype,
+    /// Output codes, E4M3 bytes, `padded_rows × cols`.
+    pub q: u64,
+    /// Output steps, f32, `padded_rows`.
+    pub step: u64,
+    /// Rows (tokens).
+    pub rows: usize,
+    /// Rows of `q` and `step` (at least `rows`).
+    pub padded_rows: usize,
+    /// Values per row.
+    pub cols: usize,
+}
+
+impl QuantF8 {
+    /// Checks what the kernel relies on.
+    pub fn validate(&self) -> Result<()> {
+        if self.padded_rows < self.rows {
+            return Err(CudaError::InvalidArgument(format!(
+                "{} padded rows for {} rows",
+                self.padded_rows, self.rows
+            )));
+        }
+        QuantI8 {
+            x: self.x,
+            x_dtype: self.x_dtype,
+            q: self.q,
+            step: self.step,
+            rows: self.padded_rows,
+            cols: self.cols,
+        }
+        .validate()
+    }
+}
+
 /// The W8A8 epilogue: `y[r, n] = acc[r, n]·step[r]·scales[n] (+ bias[n])` in `y_dtype`, from
 /// the int8 GEMM's int32 sums (`rows × cols`), in one pass.
 #[derive(Debug, Clone, Copy)]
@@ -1708,6 +1751,38 @@ impl Kernels {
         }
     }
 
+    /// Quantizes activations per row to FP8 E4M3 (see [`QuantF8`]; a block per padded row).
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn quant_f8(&self, a: &QuantF8, stream: u64) -> Result<()> {
+        a.validate()?;
+        if a.padded_rows == 0 || a.cols == 0 {
+            return Ok(());
+        }
+        let (mut x, mut q, mut step) = (a.x, a.q, a.step);
+        let (mut rows, mut cols, mut xd) = (a.rows as i32, a.cols as i32, a.x_dtype as i32);
+        let mut params = [
+            &mut x as *mut _ as *mut std::ffi::c_void,
+            &mut xd as *mut _ as *mut _,
+            &mut q as *mut _ as *mut _,
+            &mut step as *mut _ as *mut _,
+            &mut rows as *mut _ as *mut _,
+            &mut cols as *mut _ as *mut _,
+        ];
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe {
+            self.inner.launch(
+                args::quant_f8(),
+                (a.padded_rows as u32, 1),
+                256,
+                0,
+                stream,
+                &mut params,
+            )
+        }
+    }
+
     /// The W8A8 epilogue (see [`W8A8Out`]).
     ///
     /// # Safety
@@ -2634,7 +2709,8 @@ mod tests {
         ] {
             assert_eq!(names[i], want);
         }
-        assert_eq!(names.len(), args::trellis_encode(2, 2) + 1);
+        assert_eq!(names.len(), args::quant_f8() + 1);
+        assert_eq!(names[args::quant_f8()], "hc_quant_f8");
         assert_eq!(names[args::trellis_encode(1, 1)], "hc_trellis_encode_k1");
         assert_eq!(names[args::trellis_encode(4, 1)], "hc_trellis_encode_k4");
         assert_eq!(names[args::trellis_encode(1, 2)], "hc_trellis_encode_k1_v2");
