@@ -53,7 +53,7 @@ def check(quick: bool) -> bool:
     specs = [
         "int4", "int4-row", "int4-tensor", "int8-row", "int8", "int2", "int2-row", "int3", "int5", "int1-row",
         "e8-fixed2", "e8-fixed3", "e8-fixed4", "e8-fixed5", "e8-fixed8", "e8@4", "e8@4-gpu", "e8@2-gpu", "tcq@2", "tcq@1-l12", "tcq@3-l12",
-        "tcq@4-l12", "codebook@2",
+        "tcq@4-l12", "cb-b4-k256",
     ]
     shapes = [(256, 1024), (48, 768), (100, 250), (33, 72)] if not quick else [(256, 1024), (48, 768), (33, 72)]
     tol = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
