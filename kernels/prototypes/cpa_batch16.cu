@@ -138,3 +138,6 @@ HC_CPA2(2, 8, 3)
 HC_CPA2(1, 8, 4)
 HC_CPA2(2, 4, 4)
 HC_CPA2(2, 8, 2)
+// Four row tiles a warp: the activations read once per 64 weight rows (R = 2 reads them per 32).
+HC_CPA2(4, 4, 3)
+HC_CPA2(4, 8, 2)

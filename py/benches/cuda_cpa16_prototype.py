@@ -23,7 +23,7 @@ from _driver import Driver, tile_scales
 from _graph_timing import graph_time_us
 
 # (row tiles R, warps, stages) of the prototype's kernels; a stage holds R·(1024 + 128) bytes.
-PROTOS = [(1, 8, 3), (1, 8, 4), (2, 8, 3), (2, 8, 2), (2, 4, 4)]
+PROTOS = [(1, 8, 3), (2, 8, 3), (2, 8, 2), (2, 4, 4), (4, 4, 3), (4, 8, 2)]
 
 
 def main() -> int:
