@@ -2658,12 +2658,12 @@ extern "C" __global__ void __launch_bounds__(256) hc_e8_rans_decode(E8RansArgs a
 // x (`xdtype`, rows × cols), step[r] = max(max_j |x[r, j]|, 1e-30) / 127 and q[r, j] =
 // round-half-even(x[r, j] / step[r]) clamped to ±127: the host's torch expression, operation
 // for operation (IEEE division), so both give the same codes. A block per row.
-extern "C" __global__ void __launch_bounds__(256) hc_quant_i8(const void* __restrict__ x, int xdtype,
-                                                              int8_t* __restrict__ q, float* __restrict__ step,
-                                                              int cols) {
+// The step of one activation row (a block of at most 256 threads per row): its absolute
+// maximum (at least 1e-30) divided by `top`, NaN where the row holds one (fmaxf drops NaN; a
+// NaN step makes NaN outputs, as torch's amax); written to step[blockIdx.x] and returned.
+__device__ __forceinline__ float hc_row_step(const void* __restrict__ x, int xdtype, long long base, int cols,
+                                             float top, float* __restrict__ step) {
     __shared__ float part[8];
-    const long long base = (long long)blockIdx.x * cols;
-    int8_t* qr = q + base;
     float a = 0.f;
     int nan = 0;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
@@ -2674,12 +2674,20 @@ extern "C" __global__ void __launch_bounds__(256) hc_quant_i8(const void* __rest
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = a;
-    // fmaxf drops NaN: a row holding one gets a NaN step (so NaN outputs), as torch's amax.
     nan = __syncthreads_or(nan);
     a = part[0];
     for (int w = 1; w < (int)(blockDim.x >> 5); w++) a = fmaxf(a, part[w]);
-    const float s = nan ? __int_as_float(0x7fc00000) : fmaxf(a, 1e-30f) / 127.f;
+    const float s = nan ? __int_as_float(0x7fc00000) : fmaxf(a, 1e-30f) / top;
     if (threadIdx.x == 0) step[blockIdx.x] = s;
+    return s;
+}
+
+extern "C" __global__ void __launch_bounds__(256) hc_quant_i8(const void* __restrict__ x, int xdtype,
+                                                              int8_t* __restrict__ q, float* __restrict__ step,
+                                                              int cols) {
+    const long long base = (long long)blockIdx.x * cols;
+    int8_t* qr = q + base;
+    const float s = hc_row_step(x, xdtype, base, cols, 127.f, step);
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         const int v = __float2int_rn(hc_load(x, xdtype, base + j) / s);
         qr[j] = (int8_t)max(-127, min(127, v));
@@ -2715,7 +2723,6 @@ __device__ __forceinline__ uint32_t hc_f32_to_e4m3(float v) {
 extern "C" __global__ void __launch_bounds__(256) hc_quant_f8(const void* __restrict__ x, int xdtype,
                                                               uint8_t* __restrict__ q, float* __restrict__ step,
                                                               int rows, int cols) {
-    __shared__ float part[8];
     const long long base = (long long)blockIdx.x * cols;
     uint8_t* qr = q + base;
     if ((int)blockIdx.x >= rows) {
@@ -2723,21 +2730,7 @@ extern "C" __global__ void __launch_bounds__(256) hc_quant_f8(const void* __rest
         if (threadIdx.x == 0) step[blockIdx.x] = 1.f;
         return;
     }
-    float a = 0.f;
-    int nan = 0;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        const float v = hc_load(x, xdtype, base + j);
-        nan |= isnan(v);
-        a = fmaxf(a, fabsf(v));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = a;
-    nan = __syncthreads_or(nan);
-    a = part[0];
-    for (int w = 1; w < (int)(blockDim.x >> 5); w++) a = fmaxf(a, part[w]);
-    const float s = nan ? __int_as_float(0x7fc00000) : fmaxf(a, 1e-30f) / 448.f;
-    if (threadIdx.x == 0) step[blockIdx.x] = s;
+    const float s = hc_row_step(x, xdtype, base, cols, 448.f, step);
     for (int j = threadIdx.x; j < cols; j += blockDim.x) qr[j] = (uint8_t)hc_f32_to_e4m3(hc_load(x, xdtype, base + j) / s);
 }
 
