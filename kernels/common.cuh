@@ -65,6 +65,24 @@ __device__ __forceinline__ void hc_load8(const void* p, int dtype, long long i, 
     }
 }
 
+// Four consecutive activations from index `i` (a multiple of 4; 16-byte aligned rows) as f32.
+__device__ __forceinline__ void hc_load4(const void* p, int dtype, long long i, float* out) {
+    if (dtype == HC_F32) {
+        const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+        out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+        return;
+    }
+    const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p) + i);
+    uint32_t w[2] = {v.x, v.y};
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const float2 f = dtype == HC_BF16 ? __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&w[k]))
+                                          : __half22float2(*reinterpret_cast<__half2*>(&w[k]));
+        out[2 * k] = f.x;
+        out[2 * k + 1] = f.y;
+    }
+}
+
 __device__ __forceinline__ bool hc_aligned16(const void* p) {
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }

@@ -2734,6 +2734,109 @@ extern "C" __global__ void __launch_bounds__(256) hc_quant_f8(const void* __rest
     for (int j = threadIdx.x; j < cols; j += blockDim.x) qr[j] = (uint8_t)hc_f32_to_e4m3(hc_load(x, xdtype, base + j) / s);
 }
 
+// Block-scaled FP8 E4M3 activations for an FP8 GEMM with 1×128 scales (weights with a scale per
+// group): as hc_quant_f8, but each run of `block` columns of a row has its own step, written
+// column-major for cuBLASLt, step[b · gridDim.x + r] (`gridDim.x` = the padded rows). Grid:
+// (padded rows, ⌈runs / (8 · HC_QF8_RUNS)⌉), a warp per HC_QF8_RUNS runs; rows past `rows`
+// zeros with step 1. With `sums` (else null) each run's sum of the activations as given (f32,
+// before rounding; the offsets' term of asymmetric weights) goes to sums[r · runs + b], 0 past
+// `rows`.
+#define HC_QF8_RUNS 4
+
+// One run at x[base ..< base + block], any length and alignment: lanes stride the run twice.
+__device__ __forceinline__ void hc_qf8_run(const void* __restrict__ x, int xdtype, uint8_t* __restrict__ q, float* st,
+                                           float* sum, long long base, int block, int lane) {
+    float a = 0.f, t = 0.f;
+    int nan = 0;
+    for (int j = lane; j < block; j += 32) {
+        const float u = hc_load(x, xdtype, base + j);
+        nan |= isnan(u);
+        a = fmaxf(a, fabsf(u));
+        t += u;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        t += __shfl_xor_sync(0xffffffffu, t, o);
+    }
+    const float s = __any_sync(0xffffffffu, nan) ? __int_as_float(0x7fc00000) : fmaxf(a, 1e-30f) / 448.f;
+    if (lane == 0) {
+        *st = s;
+        if (sum) *sum = t;
+    }
+    for (int j = lane; j < block; j += 32) q[base + j] = (uint8_t)hc_f32_to_e4m3(hc_load(x, xdtype, base + j) / s);
+}
+
+extern "C" __global__ void __launch_bounds__(256) hc_quant_f8_blocks(const void* __restrict__ x, int xdtype,
+                                                                     uint8_t* __restrict__ q, float* __restrict__ step,
+                                                                     int rows, int cols, int block,
+                                                                     float* __restrict__ sums) {
+    constexpr int R = HC_QF8_RUNS;
+    const int lane = threadIdx.x & 31, nb = cols / block;
+    const int b0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * R;
+    if (b0 >= nb) return;
+    const long long row = (long long)blockIdx.x * cols;
+    float* st = step + (long long)b0 * gridDim.x + blockIdx.x;  // run b0 + i: st[i · gridDim.x]
+    float* sum = sums ? sums + (long long)blockIdx.x * nb + b0 : nullptr;
+    if ((int)blockIdx.x >= rows) {
+        for (int i = 0; i < R && b0 + i < nb; i++) {
+            for (int j = lane; j < block; j += 32) q[row + (long long)(b0 + i) * block + j] = 0;
+            if (lane == 0) {
+                st[(long long)i * gridDim.x] = 1.f;
+                if (sum) sum[i] = 0.f;
+            }
+        }
+        return;
+    }
+    // Runs of 128 at 16-byte aligned rows: each lane holds 4 values of each of the warp's runs
+    // in registers, all loaded before any reduction (one 8- or 16-byte load and one 4-byte
+    // store a lane and run). Otherwise the loop of hc_qf8_run, run after run.
+    if (block != 128 || (cols & 7) || !hc_aligned16(x) || (reinterpret_cast<uintptr_t>(q) & 3)) {
+        for (int i = 0; i < R && b0 + i < nb; i++)
+            hc_qf8_run(x, xdtype, q, st + (long long)i * gridDim.x, sum ? sum + i : nullptr,
+                       row + (long long)(b0 + i) * block, block, lane);
+        return;
+    }
+    float v[R][4], a[R], t[R];
+    int nan[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        a[i] = t[i] = 0.f;
+        nan[i] = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[i][k] = 0.f;
+        if (b0 + i < nb) hc_load4(x, xdtype, row + (long long)(b0 + i) * 128 + 4 * lane, v[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            nan[i] |= isnan(v[i][k]);
+            a[i] = fmaxf(a[i], fabsf(v[i][k]));
+            t[i] += v[i][k];
+        }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            a[i] = fmaxf(a[i], __shfl_xor_sync(0xffffffffu, a[i], o));
+            t[i] += __shfl_xor_sync(0xffffffffu, t[i], o);
+        }
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (b0 + i >= nb) break;
+        const float s = __any_sync(0xffffffffu, nan[i]) ? __int_as_float(0x7fc00000) : fmaxf(a[i], 1e-30f) / 448.f;
+        if (lane == 0) {
+            st[(long long)i * gridDim.x] = s;
+            if (sum) sum[i] = t[i];
+        }
+        uint32_t w = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) w |= hc_f32_to_e4m3(v[i][k] / s) << (8 * k);
+        *reinterpret_cast<uint32_t*>(q + row + (long long)(b0 + i) * 128 + 4 * lane) = w;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256) hc_w8a8_out(const int32_t* __restrict__ acc,
                                                               const float* __restrict__ step,
                                                               const float* __restrict__ scale,

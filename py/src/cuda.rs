@@ -371,7 +371,9 @@ impl CudaKernels {
     }
 
     /// Per-token FP8 E4M3 activations for the FP8 GEMM (keys: x, x_dtype, q, step, rows,
-    /// padded_rows, cols; see `hypercodec_kernels_cuda::QuantF8`).
+    /// padded_rows, cols, and block: 0 or absent for a step per row, else a step per run of
+    /// `block` columns, column-major, with sums: each run's sum, or absent; see
+    /// `hypercodec_kernels_cuda::QuantF8`).
     fn quant_f8(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
         let a = QuantF8 {
             x: get(args, "x")?,
@@ -381,6 +383,8 @@ impl CudaKernels {
             rows: get(args, "rows")?,
             padded_rows: get(args, "padded_rows")?,
             cols: get(args, "cols")?,
+            block: opt(args, "block")? as usize,
+            sums: opt(args, "sums")?,
         };
         // SAFETY: as in `rht`.
         unsafe { self.k.quant_f8(&a, stream) }.map_err(cuda_err)

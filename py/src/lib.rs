@@ -666,11 +666,14 @@ impl Linear {
         PyArray1::from_vec(py, out).reshape(vec![ids.len(), cols])
     }
 
-    /// The stored weight as an int8 matrix and a scale per row, when it is one (symmetric
-    /// affine codes with a scale per row or for the tensor: `int8-row`, `int4-row`, …; fixed-rate
-    /// Z1 symbols: `z1-fixed8`, `z1-fixed4`, …; `hypercodec_runtime::Int8Weight`): a dict of `values` (int8,
-    /// `rows × cols`), `scales` (float32, `rows`), `tile` (the RHT domain's tile, 0 for none)
-    /// and `seed`; None otherwise. What the W8A8 route multiplies.
+    /// The stored weight as an int8 matrix and a scale per row or group, when it is one
+    /// (affine codes with a scale per row, per group or for the tensor: `int8-row`,
+    /// `int4-row`, `int4`, …; fixed-rate Z1 symbols: `z1-fixed8`, `z1-fixed4`, …;
+    /// `hypercodec_runtime::Int8Weight`): a dict of `values` (int8, `rows × cols`), `scales`
+    /// (float32, `rows`, or `rows × groups` for group scales), `offsets` (like `scales`, only
+    /// for asymmetric codes, which `values` then holds centred: `q − 2^(bits−1)`), `group_len`
+    /// (the columns a scale covers: `cols` for a scale per row), `tile` (the RHT domain's tile,
+    /// 0 for none) and `seed`; None otherwise. What the quantized-activation routes multiply.
     fn int8_weight<'py>(
         &self,
         py: Python<'py>,
@@ -681,7 +684,20 @@ impl Linear {
         let d = pyo3::types::PyDict::new(py);
         let shape = vec![self.op.rows(), self.op.cols()];
         d.set_item("values", PyArray1::from_vec(py, w.values).reshape(shape)?)?;
-        d.set_item("scales", PyArray1::from_vec(py, w.scales))?;
+        let groups = self.op.cols().div_ceil(w.group_len.max(1));
+        let shaped = |v: Vec<f32>| {
+            let a = PyArray1::from_vec(py, v);
+            if groups == 1 {
+                a.reshape(vec![self.op.rows()])
+            } else {
+                a.reshape(vec![self.op.rows(), groups])
+            }
+        };
+        d.set_item("scales", shaped(w.scales)?)?;
+        if !w.offsets.is_empty() {
+            d.set_item("offsets", shaped(w.offsets)?)?;
+        }
+        d.set_item("group_len", w.group_len)?;
         d.set_item("tile", w.tile)?;
         d.set_item("seed", w.seed)?;
         Ok(Some(d))

@@ -1,6 +1,8 @@
 """CUDA execution of compressed layers (`hypercodec.cuda`): the device tests skip, with the
 reason printed, where torch sees no CUDA device (CI); the error path runs everywhere."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -376,12 +378,56 @@ def test_cuda_fp8_quantization_rounds_as_torch_casts():
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int4-row", "z1-fixed4"])
+def test_cuda_fp8_block_quantization_rounds_as_torch_casts():
+    """hc_quant_f8_blocks: each run of 128 columns of a row scaled by its own absolute maximum
+    and rounded to E4M3, byte for byte what torch's cast gives; the steps column-major (as
+    cuBLASLt's 1×128 scales), the runs' sums of the activations as given row-major; padding rows
+    zeros, step 1, sum 0; a NaN makes its run's step NaN and no other's; runs of 128 (the
+    kernel's vector path) and of 64 (its loop). Run lengths that do not tile a row, and sums
+    without runs, are refused."""
+    k = hcuda.kernels(torch.cuda.current_device())
+    g = torch.Generator().manual_seed(4)
+    rows, cols, padded = 19, 1152, 32
+    x = torch.randn(rows, cols, generator=g) * torch.logspace(-5, 3, 9).repeat_interleave(128)
+    x[2, :6] = torch.tensor([448.0, -448.0, 2 ** -9, 3 * 2 ** -10, 2 ** -6, -(2 ** -10)])
+    x[3, 130] = 6e4
+    x[4] = 0.0
+    x[5, 7] = float("nan")
+    for dt, block in itertools.product((torch.float32, torch.float16, torch.bfloat16), (128, 64)):
+        runs = cols // block
+        xs = x.to(dt).cuda()
+        q = torch.full((padded, cols), 0x55, dtype=torch.uint8, device="cuda")
+        step = torch.full((runs, padded), float("nan"), device="cuda").t()  # column-major
+        sums = torch.full((padded, runs), float("nan"), device="cuda")
+        k.quant_f8({"x": xs.data_ptr(), "x_dtype": hcuda._DTYPES[dt], "q": q.data_ptr(), "step": step.data_ptr(),
+                    "rows": rows, "padded_rows": padded, "cols": cols, "block": block, "sums": sums.data_ptr()},
+                    torch.cuda.current_stream().cuda_stream)
+        xf = xs.float().cpu().reshape(rows, runs, block)
+        want_step = xf.abs().amax(2).clamp_min(1e-30) / 448
+        got_step = step.cpu()
+        assert torch.isnan(got_step[5, 0]) and not torch.isnan(got_step[5, 1:]).any()
+        ok = torch.ones(rows, runs, dtype=torch.bool)
+        ok[5, 0] = False
+        assert torch.equal(got_step[:rows][ok], want_step[ok]), dt
+        want = (xf / want_step.unsqueeze(2)).to(torch.float8_e4m3fn).view(torch.uint8)
+        assert torch.equal(q[:rows].cpu().reshape(rows, runs, block)[ok], want[ok]), dt
+        assert torch.allclose(sums[:rows].cpu()[ok], xf.sum(2)[ok], rtol=1e-5, atol=1e-5 * xf[ok].abs().max().item())
+        assert (q[rows:] == 0).all() and (got_step[rows:] == 1).all() and (sums[rows:] == 0).all()
+    base = {"x": xs.data_ptr(), "x_dtype": 2, "q": q.data_ptr(), "step": step.data_ptr(), "rows": rows,
+            "padded_rows": padded, "cols": cols}
+    for bad in ({"block": 100}, {"sums": sums.data_ptr()}):
+        with pytest.raises(hypercodec.InvalidInputError):
+            k.quant_f8({**base, **bad}, 0)
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", ["int4-row", "z1-fixed4", "int4"])
 def test_cuda_fp8_activations_match_the_host(spec, monkeypatch):
     """FP8 activations on CUDA (torch._scaled_mm, E4M3 against the weight's exact E4M3 copy,
-    a scale per token and per weight row; fewer than 16 rows padded) give the host's product
-    (the RHT's float rounding may move an activation to a neighbouring E4M3 value), in f32,
-    f16 and bf16; where the device has no FP8 GEMM the layer runs weight-only."""
+    a scale per token and per weight row, or for ``int4`` per token and group of 128 on both
+    sides plus the offsets' term; fewer than 16 rows padded) give the host's product (the RHT's
+    float rounding may move an activation to a neighbouring E4M3 value), in f32, f16 and bf16;
+    where the device has no such FP8 GEMM the layer runs weight-only."""
     torch.manual_seed(10)
     m = torch.nn.Sequential(torch.nn.Linear(512, 256))
     hnn.quantize(m, method=spec, skip=())
@@ -391,10 +437,12 @@ def test_cuda_fp8_activations_match_the_host(spec, monkeypatch):
     assert torch.equal(m(x.cuda()), weight_only)  # a layer under FP8_MIN_WEIGHTS stays weight-only
     monkeypatch.setattr(hnn, "FP8_MIN_WEIGHTS", 0)
     fp8 = hnn._fp8_device(torch.device("cuda"))
+    if spec == "int4":  # cuBLASLt's 1×128 block scales: compute capability 9.0
+        fp8 = fp8 and torch.cuda.get_device_capability()[0] == 9
     for rows in (1, 3, 17, 64):
         x = torch.randn(rows, 512)
         host = m(x)
-        if not fp8 or (spec == "int4-row" and rows <= hnn.LOWBIT_GEMV_BATCH):
+        if not fp8 or (spec != "z1-fixed4" and rows <= hnn.LOWBIT_GEMV_BATCH):
             hnn.quantize_activations(m, None)  # the device runs weight-only here
             host = m(x)
             hnn.quantize_activations(m, "fp8")

@@ -789,7 +789,7 @@ def test_w8a8_multiplies_int8_activations_by_the_stored_int8_weight():
         got = m(x)
         # The integer product written out for the first layer.
         layer = m[0]
-        q, scales, tile, seed = hnn._int8_form(layer.op)
+        q, scales, tile, seed, _, _ = hnn._int8_form(layer.op)
         xr = hnn._rht(x, tile, seed) if tile else x
         step = xr.abs().amax(1, keepdim=True) / 127
         xq = torch.round(xr / step).clamp(-127, 127).to(torch.int64)
@@ -811,8 +811,8 @@ def test_w8a8_multiplies_int8_activations_by_the_stored_int8_weight():
 def test_fp8_activations_multiply_the_exact_e4m3_weight():
     """``quantize_activations(m, "fp8")``: layers whose integer weight fits E4M3 exactly (codes
     of up to 5 bits) round each activation row, scaled to ±448, to E4M3 and sum the products in
-    f32; the result is that product written out, near the weight-only output. 8-bit codes and
-    group-scaled forms are left as they are."""
+    f32; the result is that product written out, near the weight-only output. 8-bit codes are
+    left as they are (group-scaled forms: the next test)."""
     torch.manual_seed(11)
     base = torch.nn.Sequential(torch.nn.Linear(256, 96), torch.nn.ReLU(), torch.nn.Linear(96, 48))
     x = torch.randn(5, 256) * 3
@@ -824,7 +824,7 @@ def test_fp8_activations_multiply_the_exact_e4m3_weight():
         assert hnn.quantize_activations(m, "fp8") == 2, spec
         got = m(x)
         layer = m[0]
-        q, scales, tile, seed = hnn._int8_form(layer.op)
+        q, scales, tile, seed, _, _ = hnn._int8_form(layer.op)
         assert np.abs(q).max() <= 16
         xr = hnn._rht(x, tile, seed) if tile else x
         step = xr.abs().amax(1, keepdim=True) / 448
@@ -837,11 +837,50 @@ def test_fp8_activations_multiply_the_exact_e4m3_weight():
         assert 0 < err < 0.08, (spec, err)
         assert hnn.quantize_activations(m, None) == 0
         assert torch.equal(m(x), weight_only)
-    for spec in ("int8-row", "z1-fixed8", "int4"):
+    for spec in ("int8-row", "z1-fixed8", "int8"):
         m = copy.deepcopy(base)
         hnn.quantize(m, method=spec, skip=())
         assert hnn.quantize_activations(m, "fp8") == 0, spec
 
+
+def test_fp8_activations_of_group_scaled_codes_scale_each_group():
+    """Group-scaled codes (``int4``: asymmetric, groups of 128) take FP8 activations with a step
+    per token and group of columns, the same groups as the weight's scales, against the codes
+    centred (``q − 8``, exact in E4M3) and their offsets moved to match: y is the sum over groups
+    of step·scale·(E4M3 activations · centred codes) plus each group's activation sum times its
+    offset, written out here, near the weight-only output. int8 W8A8 has neither group scales
+    nor offsets: it leaves them."""
+    torch.manual_seed(12)
+    base = torch.nn.Sequential(torch.nn.Linear(512, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    x = torch.randn(6, 512) * 2 + 0.5
+    x[0, 300] = 60.0  # an outlier sets its group's step, not its row's
+    m = copy.deepcopy(base)
+    hnn.quantize(m, method="int4", skip=())
+    weight_only = m(x)
+    layer = m[0]
+    q, scales, tile, seed, glen, offsets = hnn._int8_form(layer.op)
+    assert (tile, glen, scales.shape, offsets.shape) == (0, 128, (64, 4), (64, 4))
+    assert (q.min(), q.max()) == (-8, 7)  # centred
+    w = torch.from_numpy(np.asarray(layer.op.weight())).to(torch.float64)
+    mine = (torch.from_numpy(q).to(torch.float64).reshape(64, 4, 128) * torch.from_numpy(scales)[:, :, None]
+            + torch.from_numpy(offsets)[:, :, None]).reshape(64, 512)
+    assert torch.allclose(mine, w, atol=1e-6)
+    assert hnn.quantize_activations(m, "int8") == 0
+    assert hnn.quantize_activations(m, "fp8") == 2  # the 64-column layer: one group, a row's
+    got = layer(x)
+    xb = x.to(torch.float64).reshape(6, 4, 128)
+    step = xb.abs().amax(2, keepdim=True) / 448
+    xq = (xb / step).to(torch.float8_e4m3fn).to(torch.float64)
+    parts = torch.einsum("mgk,ngk->mng", xq, torch.from_numpy(q).to(torch.float64).reshape(64, 4, 128))
+    want = (parts * step.reshape(6, 1, 4) * torch.from_numpy(scales).to(torch.float64)).sum(2)
+    want = want + xb.sum(2) @ torch.from_numpy(offsets).to(torch.float64).T
+    want = (want + torch.from_numpy(np.asarray(layer.op.bias))).float()
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    hnn.quantize_activations(m, None)
+    plain = layer(x)
+    err = ((got - plain).norm() / plain.norm()).item()
+    assert 0 < err < 0.05, err  # E4M3's 3 mantissa bits
+    assert torch.equal(m(x), weight_only)
 
 def test_w8a8_models_mix_forms_copy_pickle_and_reload():
     """A model mixing int8, trellis, GPU-shaped rANS and int4 layers switches only its int8

@@ -7,8 +7,8 @@ use crate::{AffineGemv, E8Gemv};
 /// Kernel names: the fixed ones, then the affine GEMVs by (bits, batch tile), then the E8
 /// GEMVs by (bits, pass of 1, 2 or 4 rows), the trellis GEMVs, the tensor-core kernels, the
 /// trellis group kernels and encoders, the cp.async kernels, the tensor-core GEMMs, then the
-/// pair code's trellis group kernels, the trellis tensor-core kernels, the pair encoders and
-/// `hc_quant_f8`; indices from
+/// pair code's trellis group kernels, the trellis tensor-core kernels, the pair encoders,
+/// `hc_quant_f8` and `hc_quant_f8_blocks`; indices from
 /// [`affine_gemv`], [`e8_gemv`], [`trellis_gemv`], [`affine_mma`], [`affine_cpa`],
 /// [`affine_gemm`], [`trellis_groups`], [`trellis_decode_groups`] and [`trellis_mma`].
 pub(crate) fn function_names() -> Vec<String> {
@@ -100,6 +100,7 @@ pub(crate) fn function_names() -> Vec<String> {
         v.push(format!("hc_trellis_encode_k{k}_v2"));
     }
     v.push("hc_quant_f8".into());
+    v.push("hc_quant_f8_blocks".into());
     v
 }
 
@@ -262,6 +263,12 @@ pub(crate) const QUANT_I8: usize = 18;
 pub(crate) fn quant_f8() -> usize {
     trellis_encode(PAIR_ENCODE_KS, 2) + 1
 }
+/// Its block-scaled form (`hc_quant_f8_blocks`, last).
+pub(crate) fn quant_f8_blocks() -> usize {
+    quant_f8() + 1
+}
+/// Runs of `hc_quant_f8_blocks` a warp takes (`HC_QF8_RUNS`; 8 warps a block).
+pub(crate) const QF8_RUNS: usize = 4;
 pub(crate) const W8A8_OUT: usize = 19;
 pub(crate) const KV_E8_ATTEND: usize = 20;
 pub(crate) const KV_ATTEND_MERGE: usize = 21;

@@ -434,6 +434,13 @@ impl QuantI8 {
 /// by its absolute maximum to ±448 and rounded to E4M3 (round to nearest even), its step
 /// (max / 448) written out; rows `rows..padded_rows` become zeros with step 1 (FP8 GEMMs take
 /// rows in multiples of 16). A row holding NaN gets a NaN step.
+///
+/// With `block` > 0 (`hc_quant_f8_blocks`) each run of `block` columns of a row is scaled by its
+/// own absolute maximum: the 1×128 activation scales of a block-scaled FP8 GEMM (weights with a
+/// scale per group of 128), written column-major as cuBLASLt reads them, the step of row `r`,
+/// run `b` at `step[b·padded_rows + r]`; and where `sums` is not 0 each run's sum of the
+/// activations as given (f32, row-major `padded_rows × cols/block`, zeros past `rows`): the
+/// term that asymmetric weights' offsets multiply.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantF8 {
     /// The activations, `rows × cols` of `x_dtype`.
@@ -442,7 +449,7 @@ pub struct QuantF8 {
     pub x_dtype: Dtype,
     /// Output codes, E4M3 bytes, `padded_rows × cols`.
     pub q: u64,
-    /// Output steps, f32, `padded_rows`.
+    /// Output steps, f32: `padded_rows`, or `padded_rows × cols / block` (column-major).
     pub step: u64,
     /// Rows (tokens).
     pub rows: usize,
@@ -450,6 +457,11 @@ pub struct QuantF8 {
     pub padded_rows: usize,
     /// Values per row.
     pub cols: usize,
+    /// Columns per step: 0 for one step per row, else a divisor of `cols`.
+    pub block: usize,
+    /// Output sums of each run (f32, `padded_rows × cols / block`), or 0 for none; only with
+    /// `block` > 0.
+    pub sums: u64,
 }
 
 impl QuantF8 {
@@ -459,6 +471,25 @@ impl QuantF8 {
             return Err(CudaError::InvalidArgument(format!(
                 "{} padded rows for {} rows",
                 self.padded_rows, self.rows
+            )));
+        }
+        if self.block > 0
+            && (!self.cols.is_multiple_of(self.block) || self.block > i32::MAX as usize)
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "runs of {} columns do not tile rows of {}",
+                self.block, self.cols
+            )));
+        }
+        if self.block == 0 && self.sums != 0 {
+            return Err(CudaError::InvalidArgument(
+                "sums of runs need a run length (block)".into(),
+            ));
+        }
+        if self.block > 0 && (self.cols / self.block).div_ceil(8 * args::QF8_RUNS) > 65_535 {
+            return Err(CudaError::InvalidArgument(format!(
+                "{} runs a row: more than the grid holds",
+                self.cols / self.block
             )));
         }
         QuantI8 {
@@ -1751,7 +1782,8 @@ impl Kernels {
         }
     }
 
-    /// Quantizes activations per row to FP8 E4M3 (see [`QuantF8`]; a block per padded row).
+    /// Quantizes activations per row, or per run of `block` columns, to FP8 E4M3 (see
+    /// [`QuantF8`]; a block per padded row, or a warp per 4 runs).
     ///
     /// # Safety
     /// As [`Kernels::rht`].
@@ -1762,6 +1794,8 @@ impl Kernels {
         }
         let (mut x, mut q, mut step) = (a.x, a.q, a.step);
         let (mut rows, mut cols, mut xd) = (a.rows as i32, a.cols as i32, a.x_dtype as i32);
+        let mut block = a.block as i32;
+        let mut sums = a.sums;
         let mut params = [
             &mut x as *mut _ as *mut std::ffi::c_void,
             &mut xd as *mut _ as *mut _,
@@ -1769,18 +1803,23 @@ impl Kernels {
             &mut step as *mut _ as *mut _,
             &mut rows as *mut _ as *mut _,
             &mut cols as *mut _ as *mut _,
+            &mut block as *mut _ as *mut _,
+            &mut sums as *mut _ as *mut _,
         ];
-        // SAFETY: validated; the pointers are the caller's contract.
-        unsafe {
-            self.inner.launch(
-                args::quant_f8(),
-                (a.padded_rows as u32, 1),
-                256,
-                0,
-                stream,
-                &mut params,
-            )
-        }
+        let (f, grid, n) = match a.cols.checked_div(a.block) {
+            None => (args::quant_f8(), (a.padded_rows as u32, 1), 6),
+            Some(runs) => (
+                args::quant_f8_blocks(),
+                (
+                    a.padded_rows as u32,
+                    runs.div_ceil(8 * args::QF8_RUNS) as u32,
+                ),
+                8,
+            ),
+        };
+        // SAFETY: validated; the pointers are the caller's contract (`hc_quant_f8` takes the
+        // first six parameters).
+        unsafe { self.inner.launch(f, grid, 256, 0, stream, &mut params[..n]) }
     }
 
     /// The W8A8 epilogue (see [`W8A8Out`]).
@@ -2709,8 +2748,9 @@ mod tests {
         ] {
             assert_eq!(names[i], want);
         }
-        assert_eq!(names.len(), args::quant_f8() + 1);
+        assert_eq!(names.len(), args::quant_f8_blocks() + 1);
         assert_eq!(names[args::quant_f8()], "hc_quant_f8");
+        assert_eq!(names[args::quant_f8_blocks()], "hc_quant_f8_blocks");
         assert_eq!(names[args::trellis_encode(1, 1)], "hc_trellis_encode_k1");
         assert_eq!(names[args::trellis_encode(4, 1)], "hc_trellis_encode_k4");
         assert_eq!(names[args::trellis_encode(1, 2)], "hc_trellis_encode_k1_v2");

@@ -215,15 +215,23 @@ pub enum DeviceForm<'a> {
     },
 }
 
-/// A weight that is an int8 matrix times a scale per row, as stored: what an int8 GEMM (W8A8)
-/// multiplies ([`CompressedLinear::int8_weight`]). Value `(r, j)` is
-/// `scales[r]·values[r·cols + j]`, in the RHT domain of `tile` and `seed` when `tile` is not 0.
+/// A weight that is an int8 matrix times a scale per row, or per group of columns, plus an
+/// offset per group where the codes are asymmetric, as stored: what an int8 or FP8 GEMM with
+/// quantized activations multiplies ([`CompressedLinear::int8_weight`]). With
+/// `i = r·⌈cols/group_len⌉ + j/group_len`, value `(r, j)` is
+/// `scales[i]·values[r·cols + j] (+ offsets[i])`, in the RHT domain of `tile` and `seed` when
+/// `tile` is not 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Int8Weight {
     /// `rows × cols` signed codes, row-major.
     pub values: Vec<i8>,
-    /// One scale per row.
+    /// `rows × ⌈cols/group_len⌉` scales, row-major: one per row when `group_len` is `cols`.
     pub scales: Vec<f32>,
+    /// Columns one scale covers: `cols`, or the group length of group-scaled codes.
+    pub group_len: usize,
+    /// Offsets like `scales`, or empty (symmetric codes). Asymmetric codes `q` are held as
+    /// `q − 2^(bits−1)` (centred, so that the offsets stay small), their offsets moved to match.
+    pub offsets: Vec<f32>,
     /// RHT tile of the values' domain (0: the weight's own).
     pub tile: usize,
     /// RHT seed.
@@ -529,10 +537,11 @@ impl CompressedLinear {
         })
     }
 
-    /// The stored weight as an int8 matrix and a scale per row ([`Int8Weight`]), when it is
-    /// one: affine symmetric codes of 1 to 8 bits with a scale per row or for the tensor
-    /// (`int8-row`, `int4-row`, `int2-tensor`, …: `s·(q − 2^(bits−1))`, `s·(2q − 1)` at one
-    /// bit), or fixed-rate Z1
+    /// The stored weight as an int8 matrix and a scale per row or group ([`Int8Weight`]), when
+    /// it is one: affine symmetric codes of 1 to 8 bits with a scale per row, per group or for
+    /// the tensor (`int8-row`, `int4-row`, `int2-tensor`, …: `s·(q − 2^(bits−1))`,
+    /// `s·(2q − 1)` at one bit), asymmetric ones with an offset too (`int4` in groups of 128:
+    /// `s·q + o`, held as `s·(q − 2^(bits−1)) + (o + s·2^(bits−1))`), or fixed-rate Z1
     /// symbols of 1 to 8 bits (`z1-fixed8`, `z1-fixed4`: `σ/α·(sym − 2^(bits−1))` in the RHT
     /// domain). `None` for every other form. Codes of up to 5 bits (values in −16..15) are
     /// also exact in FP8 E4M3.
@@ -575,15 +584,42 @@ impl CompressedLinear {
                 scales_per_row,
                 qmul,
                 qbias,
+                group_len,
                 ..
-            }) if offsets.is_empty() && scales_per_row <= 1 && integral(bits, qmul, qbias) => {
-                Some(Int8Weight {
-                    values: signed(codes, bits, qmul as i16, qbias as i16)?,
-                    scales: if scales_per_row == 0 {
-                        vec![scales[0]; rows]
+            }) if (offsets.is_empty() && integral(bits, qmul, qbias))
+                || (!offsets.is_empty()
+                    && qmul == 1.0
+                    && qbias == 0.0
+                    && (1..=8).contains(&bits)) =>
+            {
+                // Asymmetric codes: centred by `shift`, the offsets moved by `s·shift`.
+                let shift = if offsets.is_empty() {
+                    0
+                } else {
+                    1i16 << (bits - 1)
+                };
+                let per_row = |v: Vec<f32>| {
+                    if scales_per_row == 0 {
+                        vec![v[0]; rows]
                     } else {
-                        scales
-                    },
+                        v
+                    }
+                };
+                let offsets = if offsets.is_empty() {
+                    Vec::new()
+                } else {
+                    let s = per_row(scales.clone());
+                    per_row(offsets)
+                        .iter()
+                        .zip(&s)
+                        .map(|(o, s)| o + s * shift as f32)
+                        .collect()
+                };
+                Some(Int8Weight {
+                    values: signed(codes, bits, qmul as i16, qbias as i16 + shift)?,
+                    scales: per_row(scales),
+                    group_len: if scales_per_row <= 1 { cols } else { group_len },
+                    offsets,
                     tile: 0,
                     seed: 0,
                 })
@@ -597,6 +633,8 @@ impl CompressedLinear {
             }) if (1..=8).contains(&bits) => Some(Int8Weight {
                 values: signed(packed, bits, 1, 1 << (bits - 1))?,
                 scales: row_scales,
+                group_len: cols,
+                offsets: Vec::new(),
                 tile,
                 seed,
             }),

@@ -1051,24 +1051,55 @@ fn a_corrupt_rans_chunk_table_is_refused_before_the_gpu_sees_it() {
     }
 }
 
-/// The W8A8 form: symmetric affine codes of 1-8 bits with a scale per row or for the tensor,
-/// and fixed-rate Z1 symbols (in their RHT domain), times their row scales are the decoded
-/// weight; group scales, offsets and E8 have none.
+/// The integer form: affine codes of 1-8 bits with a scale per row, per group or for the
+/// tensor (asymmetric ones centred, with their offsets), and fixed-rate Z1 symbols (in their
+/// RHT domain), times their row or group scales (plus the offsets) are the decoded weight; E8
+/// has none.
 #[test]
 fn int8_weights_times_their_scales_are_the_stored_weight() {
     use hypercodec_lattice::Rht;
     let (rows, cols) = (12usize, 256usize);
     let shape = [rows as u64, cols as u64];
     let x = values(rows * cols, 17);
-    for (e, rotated) in [
-        (affine(8, Group::Row, true, FloatDtype::F16), false),
-        (affine(8, Group::Tensor, true, FloatDtype::F16), false),
-        (affine(4, Group::Row, true, FloatDtype::F16), false),
-        (affine(3, Group::Tensor, true, FloatDtype::F32), false),
-        (affine(1, Group::Row, true, FloatDtype::F16), false),
-        (lattice(Lattice::Z1, Coding::Fixed { bits: 8 }, 256), true),
-        (lattice(Lattice::Z1, Coding::Fixed { bits: 4 }, 256), true),
-        (lattice(Lattice::Z1, Coding::Fixed { bits: 3 }, 64), true),
+    // (encoding, in the RHT domain, columns a scale covers)
+    for (e, rotated, glen) in [
+        (affine(8, Group::Row, true, FloatDtype::F16), false, cols),
+        (affine(8, Group::Tensor, true, FloatDtype::F16), false, cols),
+        (affine(4, Group::Row, true, FloatDtype::F16), false, cols),
+        (affine(3, Group::Tensor, true, FloatDtype::F32), false, cols),
+        (affine(1, Group::Row, true, FloatDtype::F16), false, cols),
+        (
+            affine(4, Group::Size(128), true, FloatDtype::F16),
+            false,
+            128,
+        ),
+        (affine(5, Group::Size(64), true, FloatDtype::F32), false, 64),
+        (
+            affine(4, Group::Size(128), false, FloatDtype::F16),
+            false,
+            128,
+        ),
+        (
+            affine(8, Group::Size(128), false, FloatDtype::F16),
+            false,
+            128,
+        ),
+        (affine(4, Group::Row, false, FloatDtype::Bf16), false, cols),
+        (
+            lattice(Lattice::Z1, Coding::Fixed { bits: 8 }, 256),
+            true,
+            cols,
+        ),
+        (
+            lattice(Lattice::Z1, Coding::Fixed { bits: 4 }, 256),
+            true,
+            cols,
+        ),
+        (
+            lattice(Lattice::Z1, Coding::Fixed { bits: 3 }, 64),
+            true,
+            cols,
+        ),
     ] {
         let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
         let op =
@@ -1077,8 +1108,18 @@ fn int8_weights_times_their_scales_are_the_stored_weight() {
             .int8_weight()
             .unwrap()
             .unwrap_or_else(|| panic!("{}: no int8 form", e.label()));
-        assert_eq!((w8.values.len(), w8.scales.len()), (rows * cols, rows));
+        let groups = cols.div_ceil(glen);
+        assert_eq!(
+            (w8.values.len(), w8.scales.len(), w8.group_len),
+            (rows * cols, rows * groups, glen)
+        );
         assert_eq!(w8.tile != 0, rotated);
+        assert!(w8.offsets.is_empty() || w8.offsets.len() == rows * groups);
+        // Asymmetric codes are centred: their values straddle zero.
+        if !w8.offsets.is_empty() {
+            let (lo, hi) = (w8.values.iter().min(), w8.values.iter().max());
+            assert!(lo < Some(&0) && hi >= Some(&0), "{}", e.label());
+        }
         let want = op.decode_weight().unwrap();
         for r in 0..rows {
             let mut row = want[r * cols..(r + 1) * cols].to_vec();
@@ -1086,7 +1127,9 @@ fn int8_weights_times_their_scales_are_the_stored_weight() {
                 Rht::new(cols, w8.tile, w8.seed).unwrap().forward(&mut row);
             }
             for (j, &e) in row.iter().enumerate() {
-                let got = w8.scales[r] * w8.values[r * cols + j] as f32;
+                let i = r * groups + j / glen;
+                let off = w8.offsets.get(i).copied().unwrap_or(0.0);
+                let got = w8.scales[i] * w8.values[r * cols + j] as f32 + off;
                 assert!(
                     (got - e).abs() <= 1e-4 * (1.0 + e.abs()),
                     "{} ({r}, {j}): {got} vs {e}",
@@ -1096,10 +1139,8 @@ fn int8_weights_times_their_scales_are_the_stored_weight() {
         }
     }
     for e in [
-        affine(8, Group::Size(128), false, FloatDtype::F16),
-        affine(4, Group::Size(128), true, FloatDtype::F16),
-        affine(4, Group::Row, false, FloatDtype::F16),
         lattice(Lattice::E8, Coding::Fixed { bits: 4 }, 256),
+        lattice(Lattice::D4, Coding::Fixed { bits: 4 }, 256),
     ] {
         let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
         let op =

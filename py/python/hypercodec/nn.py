@@ -333,6 +333,10 @@ W8A8_MIN_BATCH_CUDA = 17
 #: The largest magnitude of E4M3 (``torch.float8_e4m3fn``): FP8 activations are scaled per
 #: token to it; integer weights of magnitude up to 16 are exact in it.
 FP8_MAX = 448.0
+#: The group length whose scales the FP8 GEMM applies on CUDA (cuBLASLt's 1×128 block scales,
+#: ``torch._scaled_mm`` on compute capability 9.0 with CUDA 12.9 or later): group-scaled codes
+#: with other groups stay weight-only there.
+FP8_BLOCK = 128
 #: Activation rows up to which affine codes of at most 5 bits keep their weight-only kernels on
 #: CUDA when activations are quantized (the tensor-core kernels run up to 16 rows at 1.5-2×
 #: bf16, ``docs/eval/cuda.md``).
@@ -348,18 +352,28 @@ W8A8_GEMV_BATCH = 2
 
 
 class _W8A8:
-    """A layer's integer weight and per-row scales for quantized activations (see
-    :func:`quantize_activations`), on one device: ``w`` is ``rows × cols`` int8 (or its exact
-    E4M3 copy for ``fp8``), ``scales`` float32, ``tile`` the RHT tile of the Z1 form (0: none)."""
+    """A layer's integer weight and per-row (or, for ``fp8``, per-group) scales for quantized
+    activations (see :func:`quantize_activations`), on one device: ``w`` is ``rows × cols``
+    int8 (or its exact E4M3 copy for ``fp8``), ``scales`` float32 (``rows``, or ``rows ×
+    groups`` of ``glen`` columns: column-major on CUDA, as cuBLASLt's block-scaled FP8 GEMM
+    reads them), ``offsets`` the group offsets of asymmetric codes (``groups × rows``: float32
+    on the host, bf16 on CUDA) or None, ``tile`` the RHT tile of the Z1 form (0: none)."""
 
-    def __init__(self, op: _native.Linear, form: tuple[np.ndarray, np.ndarray, int, int], device: torch.device,
-                 fp8: bool = False) -> None:
-        q, scales, self.tile, self.seed = form
+    def __init__(self, op: _native.Linear, form: tuple[np.ndarray, np.ndarray, int, int, int, np.ndarray | None],
+                 device: torch.device, fp8: bool = False) -> None:
+        q, scales, self.tile, self.seed, self.glen, offsets = form
         self.fp8 = fp8
+        self.grouped = scales.ndim == 2
         self.w = torch.from_numpy(q).to(device)
         if fp8:  # integers of magnitude <= 16: exact in E4M3
             self.w = self.w.to(torch.float32 if device.type == "cpu" else torch.float8_e4m3fn)
         self.scales = torch.from_numpy(scales).to(device)
+        if self.grouped and device.type == "cuda":
+            self.scales = torch.empty(scales.shape[1], scales.shape[0], device=device).t().copy_(self.scales)
+        self.offsets = None
+        if offsets is not None:
+            o = torch.from_numpy(offsets.reshape(offsets.shape[0], -1).T.copy()).to(device)
+            self.offsets = o if device.type == "cpu" else o.to(torch.bfloat16)
         bias = op.bias
         self.bias = None if bias is None else torch.from_numpy(np.asarray(bias, np.float32)).to(device)
         self._bias16: torch.Tensor | None = None  # the FP8 GEMM's bias (bf16, made on first use)
@@ -372,7 +386,11 @@ class _W8A8:
         ``torch._int_mm`` on at least 17 rows, zero rows padding smaller batches, and one
         epilogue kernel). ``fp8``: each row scaled to ±:data:`FP8_MAX` and rounded to E4M3, the
         products summed in f32 (CUDA: ``torch._scaled_mm`` with both scales per row and the
-        bias in bf16, a bf16 result; the host computes the same products in f32)."""
+        bias in bf16, a bf16 result; the host computes the same products in f32). With group
+        scales each run of ``glen`` columns of a row has its own activation scale (CUDA: 1×128
+        block scales on both sides of ``torch._scaled_mm``); with offsets, each run's sum of the
+        activations (unrounded) times them is added (CUDA: one bf16 ``addmm_`` of the sums
+        against the offsets)."""
         if self.fp8:
             return self._fp8(x2)
         if not x2.is_cuda:
@@ -409,9 +427,23 @@ class _W8A8:
         if not x2.is_cuda:
             xr = x2.to(torch.float32)
             xr = _rht(xr, self.tile, self.seed) if self.tile else xr
+            if self.grouped:
+                # A step per run of glen columns, products of the scaled values summed in f32.
+                rows, cols = self.w.shape
+                g = cols // self.glen
+                xb = xr.reshape(m, g, self.glen)
+                step = xb.abs().amax(dim=2, keepdim=True).clamp_min(1e-30) / FP8_MAX
+                xq = (xb / step).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+                xd = (xq.to(torch.float32) * step).reshape(m, cols)
+                y = xd @ (self.w.reshape(rows, g, self.glen) * self.scales[:, :, None]).reshape(rows, cols).t()
+                if self.offsets is not None:
+                    y = y + xb.sum(2) @ self.offsets
+                return (y if self.bias is None else y + self.bias).to(x2.dtype)
             step = xr.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / FP8_MAX
             xq = (xr / step).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
             y = (xq.to(torch.float32) @ self.w.t()) * step * self.scales
+            if self.offsets is not None:
+                y = y + xr.sum(1, keepdim=True) @ self.offsets
             return (y if self.bias is None else y + self.bias).to(x2.dtype)
         if m == 0:
             return torch.zeros(0, self.w.shape[0], dtype=x2.dtype, device=x2.device)
@@ -426,26 +458,44 @@ class _W8A8:
             xr = hcuda.rht(xr, cols, self.tile, self.seed)
         pm = -(-m // 16) * 16
         xq = torch.empty(pm, cols, dtype=torch.float8_e4m3fn, device=xr.device)
-        step = torch.empty(pm, 1, dtype=torch.float32, device=xr.device)
-        hcuda.kernels(xr.device).quant_f8(
-            {"x": xr.data_ptr(), "x_dtype": hcuda._DTYPES[xr.dtype], "q": xq.data_ptr(), "step": step.data_ptr(),
-             "rows": m, "padded_rows": pm, "cols": cols}, torch.cuda.current_stream(xr.device).cuda_stream)
+        # Block scales column-major (pm × groups, strides 1 and pm), as cuBLASLt reads them.
+        step = (torch.empty(cols // self.glen, pm, dtype=torch.float32, device=xr.device).t() if self.grouped
+                else torch.empty(pm, 1, dtype=torch.float32, device=xr.device))
+        sums = None if self.offsets is None else torch.empty(pm, cols // self.glen, dtype=torch.float32, device=xr.device)
+        args = {"x": xr.data_ptr(), "x_dtype": hcuda._DTYPES[xr.dtype], "q": xq.data_ptr(), "step": step.data_ptr(),
+                "rows": m, "padded_rows": pm, "cols": cols, "block": self.glen if self.grouped else 0}
+        if sums is not None:
+            args["sums"] = sums.data_ptr()
+        hcuda.kernels(xr.device).quant_f8(args, torch.cuda.current_stream(xr.device).cuda_stream)
         if self._bias16 is None and self.bias is not None:
             self._bias16 = self.bias.to(torch.bfloat16)
-        y = torch._scaled_mm(xq, self.w.t(), scale_a=step, scale_b=self.scales.view(1, -1), bias=self._bias16,
-                             out_dtype=torch.bfloat16)
+        if self.grouped:
+            y = torch._scaled_mm(xq, self.w.t(), scale_a=step, scale_b=self.scales.t(), out_dtype=torch.bfloat16)
+            if sums is not None:
+                y.addmm_(sums.to(torch.bfloat16), self.offsets)
+            if self._bias16 is not None:
+                y += self._bias16
+        else:
+            y = torch._scaled_mm(xq, self.w.t(), scale_a=step, scale_b=self.scales.view(1, -1), bias=self._bias16,
+                                 out_dtype=torch.bfloat16)
         return (y if m % 16 == 0 else y[:m]).to(x2.dtype)
 
 
-def _int8_form(op: _native.Linear) -> tuple[np.ndarray, np.ndarray, int, int] | None:
-    """``(int8 weight rows × cols, float32 row scales, RHT tile, seed)`` when the stored form
-    is an integer matrix times a scale per row (:meth:`hypercodec.Linear.int8_weight`:
-    symmetric affine codes per row or tensor, ``int8-row``, ``int4-row``, …; Z1 symbols,
-    ``z1-fixed8``, ``z1-fixed4``, …, in their RHT domain). Otherwise ``None``."""
+def _int8_form(op: _native.Linear) -> tuple[np.ndarray, np.ndarray, int, int, int, np.ndarray | None] | None:
+    """``(int8 weight rows × cols, float32 scales, RHT tile, seed, group length, offsets)`` when
+    the stored form is an integer matrix times a scale per row or per group, plus an offset where
+    the codes are asymmetric (:meth:`hypercodec.Linear.int8_weight`: affine codes per row, group
+    or tensor, ``int8-row``, ``int4-row``, ``int4``, …; Z1 symbols, ``z1-fixed8``, ``z1-fixed4``,
+    …, in their RHT domain): the scales (and offsets, else ``None``) are ``rows`` values, or
+    ``rows × groups`` for group scales (whole groups only: a shorter last group has no form
+    here). Otherwise ``None``."""
     w = op.int8_weight()
     if w is None:
         return None
-    return w["values"], w["scales"], int(w["tile"]), int(w["seed"])
+    glen = int(w["group_len"])
+    if w["scales"].ndim == 2 and op.cols % glen:
+        return None
+    return w["values"], w["scales"], int(w["tile"]), int(w["seed"]), glen, w.get("offsets")
 
 
 def _fp8_device(device: torch.device) -> bool:
@@ -467,14 +517,21 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
     known = layer.__dict__.get("_w8a8_form")
     if known is None or known[0] is not layer.op:
         # Whether the operator has an integer form, its RHT tile (a weight loaded since the
-        # switch may have none: weight-only then) and its largest magnitude. The values stay
-        # on the devices only.
+        # switch may have none: weight-only then), its largest magnitude and whether it has
+        # group scales (their length). The values stay on the devices only.
         form = _int8_form(layer.op)
         known = layer.__dict__["_w8a8_form"] = (
-            layer.op, None if form is None else form[2], 0 if form is None else int(np.abs(form[0]).max(initial=0)))
-    tile, span = known[1], known[2]
-    if tile is None or (fp8 and span > 16):
+            layer.op, None if form is None else form[2], 0 if form is None else int(np.abs(form[0]).max(initial=0)),
+            0 if form is None or form[1].ndim == 1 else form[4], form is not None and form[5] is not None)
+    tile, span, glen, offsets = known[1], known[2], known[3], known[4]
+    if tile is None or (fp8 and span > 16) or (offsets and not fp8):
         return None
+    # Group scales and offsets: FP8 only (the int8 GEMM has neither), and on CUDA only groups
+    # of 128 (cuBLASLt's 1×128 block scales).
+    if glen and (not fp8 or (x.is_cuda and (glen != FP8_BLOCK or torch.cuda.get_device_capability(x.device)[0] != 9))):
+        return None
+    if offsets and not glen and x.is_cuda:
+        return None  # per-row offsets: the row-scaled FP8 GEMM has no term for them
     # Affine codes have weight-only kernels of their own at small batches: up to 2 rows for
     # 8-bit codes, up to 16 on the tensor cores for the narrower ones.
     if x.is_cuda and not tile and x.numel() // layer.op.cols <= (W8A8_GEMV_BATCH if span > 16 else LOWBIT_GEMV_BATCH):
@@ -492,8 +549,10 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
 def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
     """Quantized activations: every :class:`HyperLinear` of ``model`` whose stored weight is an
     integer matrix with a scale per row (symmetric affine codes per row or tensor: ``int8-row``,
-    ``int4-row``, …; fixed-rate Z1 symbols: ``z1-fixed8``, ``z1-fixed4``, …) quantizes its
-    activations too, per token by their absolute maximum (after the weight's RHT for Z1):
+    ``int4-row``, …; fixed-rate Z1 symbols: ``z1-fixed8``, ``z1-fixed4``, …), or for ``"fp8"``
+    also per group and with offsets (group-scaled asymmetric codes: ``int4``, groups of 128),
+    quantizes its activations too, per token by their absolute maximum (after the weight's RHT
+    for Z1; for group scales, per token and group of columns):
 
     - ``"int8"`` (W8A8): to int8, multiplied in int8 with int32 sums (``torch._int_mm``:
       cuBLASLt's int8 tensor-core GEMM on CUDA, batches under :data:`W8A8_MIN_BATCH_CUDA` rows
@@ -501,8 +560,10 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
     - ``"fp8"``: to FP8 E4M3, against the weight's exact E4M3 copy (codes of up to 5 bits:
       magnitudes up to 16; other layers are left as they are), products summed in f32
       (``torch._scaled_mm`` with a scale per token and per weight row on CUDA devices of compute
-      capability 8.9 or more, for layers of at least :data:`FP8_MIN_WEIGHTS` weights; elsewhere
-      on CUDA the layer stays weight-only; the host computes the same products in f32).
+      capability 8.9 or more, for layers of at least :data:`FP8_MIN_WEIGHTS` weights; group
+      scales as 1×128 block scales on both sides, for groups of :data:`FP8_BLOCK` only and on
+      compute capability 9.0 (cuBLASLt's block-scaled FP8 GEMM); elsewhere on CUDA the layer
+      stays weight-only; the host computes the same products in f32).
 
     On CUDA, affine layers keep their weight-only kernels up to :data:`W8A8_GEMV_BATCH` rows
     (8-bit codes) or :data:`LOWBIT_GEMV_BATCH` (narrower ones). ``mode=None`` turns it off.
@@ -522,7 +583,9 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
     for layer in model.modules():
         if isinstance(layer, HyperLinear) and layer.op is not None:
             form = None if mode is None else _int8_form(layer.op)
-            if mode is None or (form is not None and (mode == "int8" or int(np.abs(form[0]).max(initial=0)) <= 16)):
+            if mode is None or (form is not None and (
+                    (mode == "int8" and form[1].ndim == 1 and form[5] is None)
+                    or (mode == "fp8" and int(np.abs(form[0]).max(initial=0)) <= 16))):
                 layer.activations = mode
                 layer.__dict__.pop("_w8a8", None)
                 layer.__dict__.pop("_w8a8_form", None)
