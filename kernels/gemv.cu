@@ -2658,19 +2658,10 @@ extern "C" __global__ void __launch_bounds__(256) hc_e8_rans_decode(E8RansArgs a
 // x (`xdtype`, rows × cols), step[r] = max(max_j |x[r, j]|, 1e-30) / 127 and q[r, j] =
 // round-half-even(x[r, j] / step[r]) clamped to ±127: the host's torch expression, operation
 // for operation (IEEE division), so both give the same codes. A block per row.
-// The step of one activation row (a block of at most 256 threads per row): its absolute
-// maximum (at least 1e-30) divided by `top`, NaN where the row holds one (fmaxf drops NaN; a
-// NaN step makes NaN outputs, as torch's amax); written to step[blockIdx.x] and returned.
-__device__ __forceinline__ float hc_row_step(const void* __restrict__ x, int xdtype, long long base, int cols,
-                                             float top, float* __restrict__ step) {
+// The reduction of hc_row_step (below): the row's step from each thread's partial absolute
+// maximum and NaN flag.
+__device__ __forceinline__ float hc_block_step(float a, int nan, float top, float* __restrict__ step) {
     __shared__ float part[8];
-    float a = 0.f;
-    int nan = 0;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        const float v = hc_load(x, xdtype, base + j);
-        nan |= isnan(v);
-        a = fmaxf(a, fabsf(v));
-    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = a;
@@ -2680,6 +2671,21 @@ __device__ __forceinline__ float hc_row_step(const void* __restrict__ x, int xdt
     const float s = nan ? __int_as_float(0x7fc00000) : fmaxf(a, 1e-30f) / top;
     if (threadIdx.x == 0) step[blockIdx.x] = s;
     return s;
+}
+
+// The step of one activation row (a block of at most 256 threads per row): its absolute
+// maximum (at least 1e-30) divided by `top`, NaN where the row holds one (fmaxf drops NaN; a
+// NaN step makes NaN outputs, as torch's amax); written to step[blockIdx.x] and returned.
+__device__ __forceinline__ float hc_row_step(const void* __restrict__ x, int xdtype, long long base, int cols,
+                                             float top, float* __restrict__ step) {
+    float a = 0.f;
+    int nan = 0;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        const float v = hc_load(x, xdtype, base + j);
+        nan |= isnan(v);
+        a = fmaxf(a, fabsf(v));
+    }
+    return hc_block_step(a, nan, top, step);
 }
 
 extern "C" __global__ void __launch_bounds__(256) hc_quant_i8(const void* __restrict__ x, int xdtype,
@@ -2728,6 +2734,34 @@ extern "C" __global__ void __launch_bounds__(256) hc_quant_f8(const void* __rest
     if ((int)blockIdx.x >= rows) {
         for (int j = threadIdx.x; j < cols; j += blockDim.x) qr[j] = 0;
         if (threadIdx.x == 0) step[blockIdx.x] = 1.f;
+        return;
+    }
+    // Rows of whole 16-byte pieces at aligned addresses: 8 values a load and an 8-byte store
+    // (the row's second read mostly from L2); otherwise value by value.
+    if ((cols & 7) == 0 && hc_aligned16(x) && (reinterpret_cast<uintptr_t>(q) & 7) == 0) {
+        float a = 0.f;
+        int nan = 0;
+        for (int j = 8 * threadIdx.x; j < cols; j += 8 * blockDim.x) {
+            float v[8];
+            hc_load8(x, xdtype, base + j, v);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                nan |= isnan(v[k]);
+                a = fmaxf(a, fabsf(v[k]));
+            }
+        }
+        const float s = hc_block_step(a, nan, 448.f, step);
+        for (int j = 8 * threadIdx.x; j < cols; j += 8 * blockDim.x) {
+            float v[8];
+            hc_load8(x, xdtype, base + j, v);
+            uint32_t lo = 0, hi = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                lo |= hc_f32_to_e4m3(v[k] / s) << (8 * k);
+                hi |= hc_f32_to_e4m3(v[4 + k] / s) << (8 * k);
+            }
+            *reinterpret_cast<uint2*>(qr + j) = make_uint2(lo, hi);
+        }
         return;
     }
     const float s = hc_row_step(x, xdtype, base, cols, 448.f, step);

@@ -348,17 +348,18 @@ def test_cuda_fp8_quantization_rounds_as_torch_casts():
     """hc_quant_f8: each row scaled by its absolute maximum to ±448 and rounded to E4M3 to
     nearest even, byte for byte what torch's cast of x / step gives (subnormals, ties, the
     largest value, zero rows); padding rows zeros with step 1; a row holding NaN gets a NaN
-    step; f32, f16 and bf16 activations."""
+    step; f32, f16 and bf16 activations; rows of whole 16-byte pieces (the kernel's vector
+    path) and not (its loop)."""
     k = hcuda.kernels(torch.cuda.current_device())
     g = torch.Generator().manual_seed(3)
-    rows, cols, padded = 21, 1000, 32
-    x = torch.randn(rows, cols, generator=g) * torch.logspace(-6, 3, rows).unsqueeze(1)
-    x[2, :8] = torch.tensor([448.0, -448.0, 1.0, 2 ** -7, 2 ** -9, 3 * 2 ** -10, 2 ** -6, -(2 ** -10)])
-    x[3, 0] = 6e4  # one large value: the rest of its row falls to E4M3's subnormals and zeros
-    x[4] = 0.0
-    x[5, 7] = float("nan")
-    for dt in (torch.float32, torch.float16, torch.bfloat16):
-        xs = x.to(dt).cuda()
+    rows, padded = 21, 32
+    x0 = torch.randn(rows, 1000, generator=g) * torch.logspace(-6, 3, rows).unsqueeze(1)
+    x0[2, :8] = torch.tensor([448.0, -448.0, 1.0, 2 ** -7, 2 ** -9, 3 * 2 ** -10, 2 ** -6, -(2 ** -10)])
+    x0[3, 0] = 6e4  # one large value: the rest of its row falls to E4M3's subnormals and zeros
+    x0[4] = 0.0
+    x0[5, 7] = float("nan")
+    for dt, cols in itertools.product((torch.float32, torch.float16, torch.bfloat16), (1000, 997)):
+        xs = x0[:, :cols].to(dt).contiguous().cuda()
         q = torch.full((padded, cols), 0x55, dtype=torch.uint8, device="cuda")  # poisoned
         step = torch.full((padded, 1), float("nan"), device="cuda")
         k.quant_f8({"x": xs.data_ptr(), "x_dtype": hcuda._DTYPES[dt], "q": q.data_ptr(), "step": step.data_ptr(),
