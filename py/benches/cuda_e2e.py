@@ -1,13 +1,19 @@
 """End to end on CUDA: a Llama-shaped decoder at batch 1, bf16 against compressed layers.
 
     python py/benches/cuda_e2e.py [--layers 8] [--specs int4,e8-fixed4,int8-row] [--out FILE]
+        [--prefill N] [--acts fp8]
 
 A stack of Llama-3-8B-shaped blocks (hidden 4096, MLP 14336, 32 query heads and 8 key/value
 heads of 128, RMS norms, SiLU gate) plus a 32000-row output head, random weights (bf16), one
 decode step = every block over one new token attending to a fixed context of ``--context``
 cached tokens, then the head. Each configuration's step is captured in one CUDA graph (Python
 launch overhead is not counted, for bf16 and for us alike) and timed with CUDA events over
-``--iters`` replays, median of 5; tokens/s = 1 / step time. The compressed rows replace every
+``--iters`` replays, median of 5; tokens/s = 1 / step time. With ``--prefill N`` the step is a prompt of N
+tokens instead (causal attention over them, no cache; the head on the last token only) and
+tokens/s = N / step time. ``--acts fp8`` (or ``int8``) also quantizes the compressed layers'
+activations (``hypercodec.nn.quantize_activations``; layers it does not take, or that stay
+weight-only on CUDA under its size and batch rules, run weight-only, while the host reference
+quantizes every layer it takes). The compressed rows replace every
 linear layer (blocks and head) by ``hypercodec.nn.HyperLinear`` with the named candidate;
 "resident bytes per parameter" is the device memory those layers hold (PyTorch's allocator:
 every buffer of ours is a PyTorch tensor) over their parameters. Before timing, each
@@ -50,7 +56,9 @@ class Block(nn.Module):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * w
 
-    def forward(self, x: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kc: torch.Tensor | None, vc: torch.Tensor | None) -> torch.Tensor:
+        if kc is None:
+            return self.prefill(x)
         h = self.rms(x, self.n1)
         q = self.q(h).view(1, 1, self.heads, self.hd).transpose(1, 2)
         # The new token's key and value go into the cache's last slot (a fixed place, so
@@ -59,6 +67,18 @@ class Block(nn.Module):
         vc[:, :, -1:].copy_(self.v(h).view(1, 1, self.kv_heads, self.hd).transpose(1, 2))
         a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
         x = x + self.o(a.transpose(1, 2).reshape(1, 1, -1))
+        h = self.rms(x, self.n2)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        """A prompt of n tokens: causal attention among them (no cache)."""
+        n = x.shape[1]
+        h = self.rms(x, self.n1)
+        q = self.q(h).reshape(1, n, self.heads, self.hd).transpose(1, 2)
+        k = self.k(h).reshape(1, n, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.v(h).reshape(1, n, self.kv_heads, self.hd).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o(a.transpose(1, 2).reshape(1, n, -1))
         h = self.rms(x, self.n2)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
@@ -74,7 +94,7 @@ class Decoder(nn.Module):
     def forward(self, x: torch.Tensor, caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         for b, (kc, vc) in zip(self.blocks, caches):
             x = b(x, kc, vc)
-        return self.head(Block.rms(x, self.norm))
+        return self.head(Block.rms(x[:, -1:], self.norm))
 
 
 class NoLinear(nn.Module):
@@ -87,7 +107,7 @@ class NoLinear(nn.Module):
         self.register_buffer("out", torch.randn(1, 1, like.out_features, device=w.device, dtype=w.dtype) * 0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out
+        return self.out.expand(*x.shape[:-1], -1)
 
 
 def without_linears(model: nn.Module) -> nn.Module:
@@ -133,7 +153,13 @@ def main() -> int:
     ap.add_argument("--specs", default="int4,e8-fixed4,int8-row")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out")
+    ap.add_argument("--prefill", type=int, default=0, help="time a prompt of this many tokens instead of a decode step")
+    ap.add_argument("--acts", choices=["fp8", "int8"], help="also quantize the compressed layers' activations")
+    ap.add_argument("--fp8-min-weights", type=int, default=None,
+                    help="override hypercodec.nn.FP8_MIN_WEIGHTS (the size under which FP8 layers stay weight-only)")
     a = ap.parse_args()
+    if a.fp8_min_weights is not None:
+        hnn.FP8_MIN_WEIGHTS = a.fp8_min_weights
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure")
         return 0
@@ -145,15 +171,24 @@ def main() -> int:
             nn.init.normal_(m.weight, std=0.02)
     params = linear_params(base)
     hd = 128
-    caches = [
-        (torch.randn(1, 8, a.context, hd, device=dev, dtype=torch.bfloat16),
-         torch.randn(1, 8, a.context, hd, device=dev, dtype=torch.bfloat16))
-        for _ in range(a.layers)
-    ]
-    x = torch.randn(1, 1, 4096, device=dev, dtype=torch.bfloat16)
+    if a.prefill:
+        caches = [(None, None)] * a.layers
+        x = torch.randn(1, a.prefill, 4096, device=dev, dtype=torch.bfloat16)
+    else:
+        caches = [
+            (torch.randn(1, 8, a.context, hd, device=dev, dtype=torch.bfloat16),
+             torch.randn(1, 8, a.context, hd, device=dev, dtype=torch.bfloat16))
+            for _ in range(a.layers)
+        ]
+        x = torch.randn(1, 1, 4096, device=dev, dtype=torch.bfloat16)
+    tokens = max(a.prefill, 1)
+    what = (f"a prompt of {a.prefill} tokens (causal attention among them, the head on the last)" if a.prefill
+            else f"batch 1, context {a.context}")
+    if a.acts:
+        what += f", compressed layers' activations {a.acts} (`quantize_activations`)"
     lines = [
         f"Llama-shaped decoder, {a.layers} blocks of hidden 4096 / MLP 14336 / 32 heads (8 KV) + a 32000-row "
-        f"head: {params / 1e9:.2f} G linear parameters, batch 1, context {a.context}; "
+        f"head: {params / 1e9:.2f} G linear parameters, {what}; "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, hypercodec {hypercodec.__version__}, "
         f"{platform.python_version()}. Command: `python py/benches/cuda_e2e.py {' '.join(sys.argv[1:])}`.",
         "",
@@ -167,7 +202,7 @@ def main() -> int:
     ms_bf16, _ = time_step(dense, x, caches, a.iters)
     ms_rest, _ = time_step(without_linears(dense), x, caches, a.iters)
     lin_bf16 = ms_bf16 - ms_rest
-    lines.append(f"| bf16 (`F.linear`) | {held / params:.3f} | {ms_bf16:.3f} | {1000 / ms_bf16:.1f} | 1.00× "
+    lines.append(f"| bf16 (`F.linear`) | {held / params:.3f} | {ms_bf16:.3f} | {1000 * tokens / ms_bf16:.1f} | 1.00× "
                  f"| {lin_bf16:.3f} | 1.00× | – |")
     print(lines[-1], flush=True)
     del dense
@@ -175,8 +210,10 @@ def main() -> int:
     for spec in [s for s in a.specs.split(",") if s]:
         q = copy.deepcopy(base)
         hnn.quantize(q, bps=4, method=spec, skip=())
+        if a.acts:
+            hnn.quantize_activations(q, a.acts)
         # The host reference first (CPU runtime), on the same compressed layers.
-        host_caches = [(k.float().cpu(), v.float().cpu()) for k, v in caches]
+        host_caches = [(None, None) if k is None else (k.float().cpu(), v.float().cpu()) for k, v in caches]
         with torch.no_grad():
             want = q.float()(x.float().cpu(), host_caches)
         q = q.to(torch.bfloat16)
@@ -184,12 +221,12 @@ def main() -> int:
         m0 = torch.cuda.memory_allocated()
         q = q.to(dev)
         with torch.no_grad():
-            q(x, [(k.clone(), v.clone()) for k, v in caches])  # builds every device form
+            q(x, [(None, None) if k is None else (k.clone(), v.clone()) for k, v in caches])  # builds every device form
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated() - m0
         ms, got = time_step(q, x, caches, a.iters)
         err = float((got.float().cpu() - want).abs().max() / want.abs().max())
-        lines.append(f"| {spec} | {held / params:.3f} | {ms:.3f} | {1000 / ms:.1f} | {ms_bf16 / ms:.2f}× "
+        lines.append(f"| {spec} | {held / params:.3f} | {ms:.3f} | {1000 * tokens / ms:.1f} | {ms_bf16 / ms:.2f}× "
                      f"| {ms - ms_rest:.3f} | {lin_bf16 / (ms - ms_rest):.2f}× | {err:.2e} |")
         print(lines[-1], flush=True)
         del q

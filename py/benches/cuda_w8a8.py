@@ -25,7 +25,11 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--specs", default="int8-row:int8,z1-fixed8:int8,int4-row:fp8,z1-fixed4:fp8",
                     help="layers as SPEC:MODE (MODE: int8 or fp8)")
+    ap.add_argument("--fp8-min-weights", type=int, default=None,
+                    help="override hypercodec.nn.FP8_MIN_WEIGHTS (the size under which FP8 layers stay weight-only)")
     a = ap.parse_args()
+    if a.fp8_min_weights is not None:
+        hnn.FP8_MIN_WEIGHTS = a.fp8_min_weights
     dev = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| size | batch | method | µs per call | × bf16 speed | rel. error vs bf16 |")

@@ -342,9 +342,12 @@ FP8_BLOCK = 128
 #: bf16, ``docs/eval/cuda.md``).
 LOWBIT_GEMV_BATCH = 16
 #: Weights a layer needs before FP8 activations run on CUDA (smaller layers stay weight-only):
-#: on an H200 FP8 ran 1.1-1.3× slower than the weight-only route on 4096² at 64-1024 rows and
-#: faster on 8192² and 28672×8192 from 64 rows (``py/benches/cuda_w8a8.py``, docs/eval/w8a8.md).
-FP8_MIN_WEIGHTS = 1 << 26
+#: 2^25 takes a Llama-8B MLP's 14336×4096 and 4096×14336 layers, where FP8 ran 1.06-1.53×
+#: bf16 at 64-1024 rows on an H200 against 0.46-0.80× weight-only (int4, int4-row;
+#: ``py/benches/cuda_w8a8.py``, docs/eval/w8a8.md). With the quantization kernels of
+#: 2026-12-04 FP8 also beat weight-only on 4096² (0.51-1.23× against 0.38-0.78×), but Z1
+#: layers there, whose weight-only route is a bf16 copy, were not timed.
+FP8_MIN_WEIGHTS = 1 << 25
 #: Activation rows up to which affine int8 layers keep their weight-only GEMV on CUDA when
 #: W8A8 is on (``py/benches/cuda_w8a8.py`` on an H200, 8192²: the GEMV at 1.59× bf16 for one
 #: row and 0.64× for four, W8A8 at 0.83–0.87× for either; at 16 rows 0.38× against 0.80×).
