@@ -876,6 +876,18 @@ def test_fp8_activations_of_group_scaled_codes_scale_each_group():
     want = want + xb.sum(2) @ torch.from_numpy(offsets).to(torch.float64).T
     want = (want + torch.from_numpy(np.asarray(layer.op.bias))).float()
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    # The 64-column layer: one group, so a scale and an offset per row, the same sum written out.
+    h = torch.relu(got)
+    q2, s2, _, _, glen2, o2 = hnn._int8_form(m[2].op)
+    assert (glen2, s2.shape, o2.shape) == (64, (32,), (32,))
+    hd = h.to(torch.float64)
+    step2 = hd.abs().amax(1, keepdim=True) / 448
+    xq2 = (hd / step2).to(torch.float8_e4m3fn).to(torch.float64)
+    want2 = (xq2 @ torch.from_numpy(q2).to(torch.float64).T) * step2 * torch.from_numpy(s2).to(torch.float64)
+    want2 = (want2 + hd.sum(1, keepdim=True) * torch.from_numpy(o2).to(torch.float64)
+             + torch.from_numpy(np.asarray(m[2].op.bias))).float()
+    got2 = m(x)
+    assert torch.allclose(got2, want2, rtol=1e-4, atol=1e-4 * want2.abs().max().item())
     hnn.quantize_activations(m, None)
     plain = layer(x)
     err = ((got - plain).norm() / plain.norm()).item()
