@@ -357,7 +357,8 @@ W8A8_GEMV_BATCH = 2
 class _W8A8:
     """A layer's integer weight and per-row (or, for ``fp8``, per-group) scales for quantized
     activations (see :func:`quantize_activations`), on one device: ``w`` is ``rows × cols``
-    int8 (or its exact E4M3 copy for ``fp8``), ``scales`` float32 (``rows``, or ``rows ×
+    int8 (or its exact E4M3 copy for ``fp8``; on the host float32, times the group scales for
+    group-scaled forms), ``scales`` float32 (``rows``, or ``rows ×
     groups`` of ``glen`` columns: column-major on CUDA, as cuBLASLt's block-scaled FP8 GEMM
     reads them), ``offsets`` the group offsets of asymmetric codes (``groups × rows``: float32
     on the host, bf16 on CUDA) or None, ``tile`` the RHT tile of the Z1 form (0: none)."""
@@ -373,6 +374,11 @@ class _W8A8:
         self.scales = torch.from_numpy(scales).to(device)
         if self.grouped and device.type == "cuda":
             self.scales = torch.empty(scales.shape[1], scales.shape[0], device=device).t().copy_(self.scales)
+        if self.grouped and fp8 and device.type == "cpu":
+            # The host sums the products of the scaled values: the weight times its group scales,
+            # made once (float32, as the per-row form's copy).
+            rows, cols = self.w.shape
+            self.w = (self.w.reshape(rows, -1, self.glen) * self.scales[:, :, None]).reshape(rows, cols)
         self.offsets = None
         if offsets is not None:
             o = torch.from_numpy(offsets.reshape(offsets.shape[0], -1).T.copy()).to(device)
@@ -432,13 +438,13 @@ class _W8A8:
             xr = _rht(xr, self.tile, self.seed) if self.tile else xr
             if self.grouped:
                 # A step per run of glen columns, products of the scaled values summed in f32.
-                rows, cols = self.w.shape
+                cols = self.w.shape[1]
                 g = cols // self.glen
                 xb = xr.reshape(m, g, self.glen)
                 step = xb.abs().amax(dim=2, keepdim=True).clamp_min(1e-30) / FP8_MAX
                 xq = (xb / step).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
                 xd = (xq.to(torch.float32) * step).reshape(m, cols)
-                y = xd @ (self.w.reshape(rows, g, self.glen) * self.scales[:, :, None]).reshape(rows, cols).t()
+                y = xd @ self.w.t()  # the group scales are in it (__init__)
                 if self.offsets is not None:
                     y = y + xb.sum(2) @ self.offsets
                 return (y if self.bias is None else y + self.bias).to(x2.dtype)
