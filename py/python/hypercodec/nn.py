@@ -342,7 +342,7 @@ FP8_BLOCK = 128
 #: bf16, ``docs/eval/cuda.md``).
 LOWBIT_GEMV_BATCH = 16
 #: Weights a layer needs before FP8 activations run on CUDA (smaller layers stay weight-only):
-#: 2^25 takes a Llama-8B MLP's 14336×4096 and 4096×14336 layers, where FP8 ran 1.06-1.53×
+#: 2^25 takes a Llama-8B MLP's 14336×4096 and 4096×14336 layers, where FP8 ran 0.78-1.53×
 #: bf16 at 64-1024 rows on an H200 against 0.46-0.80× weight-only (int4, int4-row;
 #: ``py/benches/cuda_w8a8.py``, docs/eval/w8a8.md). With the quantization kernels of
 #: 2026-12-04 FP8 also beat weight-only on 4096² (0.51-1.23× against 0.38-0.78×), but Z1
