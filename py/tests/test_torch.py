@@ -868,12 +868,14 @@ def test_fp8_activations_of_group_scaled_codes_scale_each_group():
     assert hnn.quantize_activations(m, "int8") == 0
     assert hnn.quantize_activations(m, "fp8") == 2  # the 64-column layer: one group, a row's
     got = layer(x)
-    xb = x.to(torch.float64).reshape(6, 4, 128)
+    # The codes as the host rounds them (float32 steps and quotients), the sums in float64.
+    xb = x.reshape(6, 4, 128)
     step = xb.abs().amax(2, keepdim=True) / 448
     xq = (xb / step).to(torch.float8_e4m3fn).to(torch.float64)
+    step = step.to(torch.float64)
     parts = torch.einsum("mgk,ngk->mng", xq, torch.from_numpy(q).to(torch.float64).reshape(64, 4, 128))
     want = (parts * step.reshape(6, 1, 4) * torch.from_numpy(scales).to(torch.float64)).sum(2)
-    want = want + xb.sum(2) @ torch.from_numpy(offsets).to(torch.float64).T
+    want = want + xb.to(torch.float64).sum(2) @ torch.from_numpy(offsets).to(torch.float64).T
     want = (want + torch.from_numpy(np.asarray(layer.op.bias))).float()
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     # The 64-column layer: one group, so a scale and an offset per row, the same sum written out.
@@ -881,8 +883,9 @@ def test_fp8_activations_of_group_scaled_codes_scale_each_group():
     q2, s2, _, _, glen2, o2 = hnn._int8_form(m[2].op)
     assert (glen2, s2.shape, o2.shape) == (64, (32,), (32,))
     hd = h.to(torch.float64)
-    step2 = hd.abs().amax(1, keepdim=True) / 448
-    xq2 = (hd / step2).to(torch.float8_e4m3fn).to(torch.float64)
+    step2 = h.abs().amax(1, keepdim=True) / 448
+    xq2 = (h / step2).to(torch.float8_e4m3fn).to(torch.float64)
+    step2 = step2.to(torch.float64)
     want2 = (xq2 @ torch.from_numpy(q2).to(torch.float64).T) * step2 * torch.from_numpy(s2).to(torch.float64)
     want2 = (want2 + hd.sum(1, keepdim=True) * torch.from_numpy(o2).to(torch.float64)
              + torch.from_numpy(np.asarray(m[2].op.bias))).float()

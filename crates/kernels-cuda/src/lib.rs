@@ -481,6 +481,9 @@ impl QuantF8 {
                 self.block, self.cols
             )));
         }
+        if !self.sums.is_multiple_of(4) {
+            return Err(CudaError::InvalidArgument("misaligned sums".into()));
+        }
         if self.block == 0 && self.sums != 0 {
             return Err(CudaError::InvalidArgument(
                 "sums of runs need a run length (block)".into(),
@@ -2277,6 +2280,60 @@ fn encode_host_inputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fp8_quantization_checks_its_runs_and_sums() {
+        let ok = QuantF8 {
+            x: 0x1000,
+            x_dtype: Dtype::Bf16,
+            q: 0x2000,
+            step: 0x3000,
+            rows: 5,
+            padded_rows: 16,
+            cols: 1024,
+            block: 0,
+            sums: 0,
+        };
+        ok.validate().unwrap();
+        QuantF8 {
+            block: 128,
+            sums: 0x4000,
+            ..ok
+        }
+        .validate()
+        .unwrap();
+        QuantF8 { block: 64, ..ok }.validate().unwrap();
+        for (bad, why) in [
+            (QuantF8 { block: 100, ..ok }, "runs"),
+            (QuantF8 { sums: 0x4000, ..ok }, "block"),
+            (
+                QuantF8 {
+                    block: 128,
+                    sums: 0x4002,
+                    ..ok
+                },
+                "misaligned sums",
+            ),
+            (
+                QuantF8 {
+                    padded_rows: 4,
+                    ..ok
+                },
+                "padded rows",
+            ),
+            (
+                QuantF8 {
+                    block: 1,
+                    cols: 8 * args::QF8_RUNS * 65_536,
+                    ..ok
+                },
+                "grid",
+            ),
+        ] {
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains(why), "{why}: {e}");
+        }
+    }
 
     #[test]
     fn tiled_scales_put_rows_g_and_g_plus_8_of_a_tile_side_by_side() {

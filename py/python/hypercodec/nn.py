@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -337,6 +338,8 @@ FP8_MAX = 448.0
 #: ``torch._scaled_mm`` on compute capability 9.0 with CUDA 12.9 or later): group-scaled codes
 #: with other groups stay weight-only there.
 FP8_BLOCK = 128
+#: CUDA devices where ``torch._scaled_mm`` refused 1×128 block scales (found on first use).
+_NO_FP8_BLOCKS: set[torch.device] = set()
 #: Activation rows up to which affine codes of at most 5 bits keep their weight-only kernels on
 #: CUDA when activations are quantized (the tensor-core kernels run up to 16 rows at 1.5-2×
 #: bf16, ``docs/eval/cuda.md``).
@@ -373,7 +376,8 @@ class _W8A8:
             self.w = self.w.to(torch.float32 if device.type == "cpu" else torch.float8_e4m3fn)
         self.scales = torch.from_numpy(scales).to(device)
         if self.grouped and device.type == "cuda":
-            self.scales = torch.empty(scales.shape[1], scales.shape[0], device=device).t().copy_(self.scales)
+            self.scales = torch.empty(scales.shape[1], scales.shape[0], dtype=torch.float32, device=device).t().copy_(
+                self.scales)
         if self.grouped and fp8 and device.type == "cpu":
             # The host sums the products of the scaled values: the weight times its group scales,
             # made once (float32, as the per-row form's copy).
@@ -388,8 +392,10 @@ class _W8A8:
         self._bias16: torch.Tensor | None = None  # the FP8 GEMM's bias (bf16, made on first use)
         self.op = op
 
-    def forward(self, x2: torch.Tensor) -> torch.Tensor:
-        """``y`` (``m × rows``, ``x2``'s dtype) for activations ``x2`` (``m × cols``): each row
+    def forward(self, x2: torch.Tensor) -> torch.Tensor | None:
+        """``y`` (``m × rows``, ``x2``'s dtype) for activations ``x2`` (``m × cols``), or None
+        where the device turns out to lack the block-scaled FP8 GEMM (the caller then runs the
+        layer weight-only): each row
         rotated (Z1) and scaled by its absolute maximum to int8, one int8 GEMM with int32 sums,
         then both scales (on CUDA: the RHT kernel, :func:`hc_quant_i8 <hypercodec.cuda>`,
         ``torch._int_mm`` on at least 17 rows, zero rows padding smaller batches, and one
@@ -431,7 +437,7 @@ class _W8A8:
                     "y_dtype": hcuda._DTYPES[dt], "rows": m, "cols": self.w.shape[0]}, stream)
         return y.to(x2.dtype)
 
-    def _fp8(self, x2: torch.Tensor) -> torch.Tensor:
+    def _fp8(self, x2: torch.Tensor) -> torch.Tensor | None:
         m = x2.shape[0]
         if not x2.is_cuda:
             xr = x2.to(torch.float32)
@@ -479,7 +485,17 @@ class _W8A8:
         if self._bias16 is None and self.bias is not None:
             self._bias16 = self.bias.to(torch.bfloat16)
         if self.grouped:
-            y = torch._scaled_mm(xq, self.w.t(), scale_a=step, scale_b=self.scales.t(), out_dtype=torch.bfloat16)
+            try:
+                y = torch._scaled_mm(xq, self.w.t(), scale_a=step, scale_b=self.scales.t(), out_dtype=torch.bfloat16)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except RuntimeError as e:
+                # A torch or cuBLASLt without 1×128 block scales: this device runs group-scaled
+                # layers weight-only from now on (the caller reruns this call so).
+                _NO_FP8_BLOCKS.add(xr.device)
+                warnings.warn(f"FP8 with 1x128 block scales is not available on {xr.device} ({e}); "
+                              "group-scaled layers run weight-only there", RuntimeWarning, stacklevel=4)
+                return None
             if sums is not None:
                 y.addmm_(sums.to(torch.bfloat16), self.offsets)
             if self._bias16 is not None:
@@ -537,7 +553,8 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
         return None
     # Group scales and offsets: FP8 only (the int8 GEMM has neither), and on CUDA only groups
     # of 128 (cuBLASLt's 1×128 block scales).
-    if glen and (not fp8 or (x.is_cuda and (glen != FP8_BLOCK or torch.cuda.get_device_capability(x.device)[0] != 9))):
+    if glen and (not fp8 or (x.is_cuda and (glen != FP8_BLOCK or torch.cuda.get_device_capability(x.device)[0] != 9
+                                            or x.device in _NO_FP8_BLOCKS))):
         return None
     if offsets and not glen and x.is_cuda:
         return None  # per-row offsets: the row-scaled FP8 GEMM has no term for them
@@ -716,7 +733,8 @@ class HyperLinear(_StoredForm, nn.Module):
         if w8 is not None:
             lead = x.shape[:-1]
             y = w8.forward(x.reshape(math.prod(lead), self.in_features))
-            return y.reshape(*lead, self.out_features)
+            if y is not None:
+                return y.reshape(*lead, self.out_features)
         if x.is_cuda:
             return _on_device(self, x.device).forward(x)
         y = torch.from_numpy(self.op.forward(_f32(x)))
