@@ -490,6 +490,9 @@ def test_cuda_fp8_activations_match_the_host(spec, monkeypatch):
             assert dev.dtype == dt and dev.shape == (rows, 256)
             tol = 1e-2 if dt != torch.bfloat16 else 2e-2
             assert torch.allclose(dev.float().cpu(), host, rtol=tol, atol=tol * host.abs().max().item()), (rows, dt)
+        # The FP8 route ran (its device copy exists) exactly where it should.
+        ran = torch.device("cuda", torch.cuda.current_device()) in m[0].__dict__.get("_w8a8", {})
+        assert ran == (fp8 and not (spec != "z1-fixed4" and rows <= hnn.LOWBIT_GEMV_BATCH)), rows
 
 
 @needs_cuda
