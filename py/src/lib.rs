@@ -668,12 +668,14 @@ impl Linear {
 
     /// The stored weight as an int8 matrix and a scale per row or group, when it is one
     /// (affine codes with a scale per row, per group or for the tensor: `int8-row`,
-    /// `int4-row`, `int4`, …; fixed-rate Z1 symbols: `z1-fixed8`, `z1-fixed4`, …;
+    /// `int4-row`, `int4`, …; the points of Z1, D4 and E8 tensors in their RHT domain,
+    /// E8's doubled: `z1-fixed4`, `e8-fixed4`, `e8@4`, …;
     /// `hypercodec_runtime::Int8Weight`): a dict of `values` (int8, `rows × cols`), `scales`
     /// (float32, `rows`, or `rows × groups` for group scales), `offsets` (like `scales`, only
     /// for asymmetric codes, which `values` then holds centred: `q − 2^(bits−1)`), `group_len`
     /// (the columns a scale covers: `cols` for a scale per row), `tile` (the RHT domain's tile,
-    /// 0 for none) and `seed`; None otherwise. What the quantized-activation routes multiply.
+    /// 0 for none), `seed` and `fused` (whether the CUDA kernels run the stored form without
+    /// decoding it); None otherwise. What the quantized-activation routes multiply.
     fn int8_weight<'py>(
         &self,
         py: Python<'py>,
@@ -700,6 +702,14 @@ impl Linear {
         d.set_item("group_len", w.group_len)?;
         d.set_item("tile", w.tile)?;
         d.set_item("seed", w.seed)?;
+        // Whether the CUDA kernels run this form without decoding it (`device_form`, less
+        // the Z1 symbols that only this route reads).
+        use hypercodec_runtime::DeviceForm;
+        let fused = matches!(
+            self.op.device_form().map_err(runtime_err)?,
+            Some(DeviceForm::Affine { .. } | DeviceForm::E8Fixed { .. } | DeviceForm::E8Rans { .. })
+        );
+        d.set_item("fused", fused)?;
         Ok(Some(d))
     }
 

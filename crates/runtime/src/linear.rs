@@ -541,10 +541,12 @@ impl CompressedLinear {
     /// it is one: affine symmetric codes of 1 to 8 bits with a scale per row, per group or for
     /// the tensor (`int8-row`, `int4-row`, `int2-tensor`, …: `s·(q − 2^(bits−1))`,
     /// `s·(2q − 1)` at one bit), asymmetric ones with an offset too (`int4` in groups of 128:
-    /// `s·q + o`, held as `s·(q − 2^(bits−1)) + (o + s·2^(bits−1))`), or fixed-rate Z1
-    /// symbols of 1 to 8 bits (`z1-fixed8`, `z1-fixed4`: `σ/α·(sym − 2^(bits−1))` in the RHT
-    /// domain). `None` for every other form. Codes of up to 5 bits (values in −16..15) are
-    /// also exact in FP8 E4M3.
+    /// `s·q + o`, held as `s·(q − 2^(bits−1)) + (o + s·2^(bits−1))`), or the points of a Z1,
+    /// D4 or E8 tensor, fixed-rate or entropy-coded, in the RHT domain (`z1-fixed4`,
+    /// `e8-fixed4`, `e8@4`, …: `σ/α·p` with integer points `p`, E8's half-integer points
+    /// held doubled with `σ/2α`) where every point fits in i8 and the rows are not padded
+    /// past the weight's columns. `None` for every other form. Values of magnitude up to 16
+    /// (codes of up to 5 bits, E8 points of up to 4 bits) are also exact in FP8 E4M3.
     pub fn int8_weight(&self) -> Result<Option<Int8Weight>> {
         let (rows, cols) = (self.rows, self.cols);
         // Codes `q` of `bits` bits as the integers `mul·q − bias`.
@@ -574,6 +576,15 @@ impl CompressedLinear {
         };
         if rows == 0 || cols == 0 {
             return Ok(None);
+        }
+        if let Op::Leaf {
+            view,
+            kind: Kind::E8Fixed | Kind::LatticeWords | Kind::LatticeResident,
+        } = &self.op
+        {
+            if let Parts::Lattice(l) = view.parts_ref() {
+                return lattice_int8(view, l, rows, cols);
+            }
         }
         Ok(match self.device_form()? {
             Some(DeviceForm::Affine {
@@ -624,20 +635,6 @@ impl CompressedLinear {
                     seed: 0,
                 })
             }
-            Some(DeviceForm::Z1Fixed {
-                packed,
-                row_scales,
-                bits,
-                tile,
-                seed,
-            }) if (1..=8).contains(&bits) => Some(Int8Weight {
-                values: signed(packed, bits, 1, 1 << (bits - 1))?,
-                scales: row_scales,
-                group_len: cols,
-                offsets: Vec::new(),
-                tile,
-                seed,
-            }),
             _ => None,
         })
     }
@@ -1887,6 +1884,92 @@ fn fixed_rows(
         return Err(corrupt(view, "symbols do not fill the tensor".into()));
     }
     Ok(Some((fixed, scales)))
+}
+
+/// [`CompressedLinear::int8_weight`] of a lattice tensor: every point, in the RHT domain,
+/// as an integer (E8's doubled), or `None` where one is not (A2, a dithered tensor, a point
+/// outside i8) or the rows are padded past the weight's columns. Entropy-coded symbols are
+/// decoded a chunk at a time.
+fn lattice_int8(
+    view: &TensorView<'_>,
+    l: &hwz::LatticeParts<'_>,
+    rows: usize,
+    cols: usize,
+) -> Result<Option<Int8Weight>> {
+    let p = &l.params;
+    let lat = p.lattice;
+    let mul = match lat {
+        Lattice::Z1 | Lattice::D4 => 1.0,
+        Lattice::E8 => 2.0,
+        Lattice::A2 => return Ok(None),
+    };
+    if p.dither || l.symbols_per_row != cols || l.scales.len() != rows {
+        return Ok(None);
+    }
+    let (d, n) = (lat.dim(), rows * cols);
+    let mut values: Vec<i8> = Vec::with_capacity(n);
+    let mut point = [0f32; 8];
+    // One word's point appended as integers; false where a coordinate is not one in i8.
+    let push = |point: &[f32], values: &mut Vec<i8>| {
+        point.iter().all(|&v| {
+            let q = v * mul;
+            let ok = q.fract() == 0.0 && (-128.0..=127.0).contains(&q);
+            values.push(q as i8);
+            ok
+        })
+    };
+    match &l.symbols {
+        Symbols::Fixed { bits, packed } => {
+            let mut codes = vec![0u8; n];
+            scalar::unpack_bits_range_into(packed, *bits, n, 0, &mut codes)
+                .map_err(|e| corrupt(view, format!("lattice symbols: {e}")))?;
+            let mut syms = [0u32; 8];
+            for word in codes.chunks_exact(d) {
+                syms[..d]
+                    .iter_mut()
+                    .zip(word)
+                    .for_each(|(s, &c)| *s = c as u32);
+                lat.decode_word_fixed(&syms[..d], *bits, &mut point[..d]);
+                if !push(&point[..d], &mut values) {
+                    return Ok(None);
+                }
+            }
+        }
+        Symbols::Rans(_) | Symbols::Rice(_) => {
+            let chunks = match &l.symbols {
+                Symbols::Rans(dec) => dec.chunks(),
+                Symbols::Rice(dec) => dec.chunks(),
+                Symbols::Fixed { .. } => 0,
+            };
+            let (mut buf, mut carry) = (Vec::new(), Vec::<u32>::new());
+            for c in 0..chunks {
+                decode_chunk(view, &l.symbols, lat, c, &mut buf)?;
+                carry.extend_from_slice(&buf);
+                let whole = carry.len() / d * d;
+                if values.len() + whole > n {
+                    return Err(corrupt(view, "symbols beyond the tensor's rows".into()));
+                }
+                for word in carry[..whole].chunks_exact(d) {
+                    lat.decode_word(word, &mut point[..d]);
+                    if !push(&point[..d], &mut values) {
+                        return Ok(None);
+                    }
+                }
+                carry.drain(..whole);
+            }
+        }
+    }
+    if values.len() != n {
+        return Err(corrupt(view, "symbols do not fill the tensor".into()));
+    }
+    Ok(Some(Int8Weight {
+        values,
+        scales: l.scales.iter().map(|s| s / (p.alpha * mul)).collect(),
+        group_len: cols,
+        offsets: Vec::new(),
+        tile: p.tile,
+        seed: p.seed,
+    }))
 }
 
 /// Re-quantizes an entropy-coded lattice tensor into its fixed-rate form of `bits` bits, and

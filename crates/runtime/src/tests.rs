@@ -1052,9 +1052,10 @@ fn a_corrupt_rans_chunk_table_is_refused_before_the_gpu_sees_it() {
 }
 
 /// The integer form: affine codes of 1-8 bits with a scale per row, per group or for the
-/// tensor (asymmetric ones centred, with their offsets), and fixed-rate Z1 symbols (in their
-/// RHT domain), times their row or group scales (plus the offsets) are the decoded weight; E8
-/// has none.
+/// tensor (asymmetric ones centred, with their offsets), and the points of Z1, D4 and E8
+/// tensors, fixed-rate or entropy-coded (in their RHT domain, E8's doubled), times their row
+/// or group scales (plus the offsets) are the decoded weight; A2, points outside i8 and
+/// padded rows have none.
 #[test]
 fn int8_weights_times_their_scales_are_the_stored_weight() {
     use hypercodec_lattice::Rht;
@@ -1100,6 +1101,45 @@ fn int8_weights_times_their_scales_are_the_stored_weight() {
             true,
             cols,
         ),
+        (
+            lattice(Lattice::E8, Coding::Fixed { bits: 4 }, 256),
+            true,
+            cols,
+        ),
+        (
+            lattice(Lattice::E8, Coding::Fixed { bits: 2 }, 64),
+            true,
+            cols,
+        ),
+        (
+            lattice(Lattice::E8, Coding::Fixed { bits: 8 }, 256),
+            true,
+            cols,
+        ),
+        (
+            lattice(Lattice::D4, Coding::Fixed { bits: 4 }, 256),
+            true,
+            cols,
+        ),
+        (lattice(Lattice::E8, Coding::RANS_DEFAULT, 256), true, cols),
+        (
+            lattice(
+                Lattice::D4,
+                Coding::Rans {
+                    chunk: 24,
+                    lanes: 3,
+                    prob_bits: 12,
+                },
+                256,
+            ),
+            true,
+            cols,
+        ),
+        (
+            lattice(Lattice::Z1, Coding::Rice { chunk: 40 }, 256),
+            true,
+            cols,
+        ),
     ] {
         let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
         let op =
@@ -1138,10 +1178,35 @@ fn int8_weights_times_their_scales_are_the_stored_weight() {
             }
         }
     }
-    for e in [
-        lattice(Lattice::E8, Coding::Fixed { bits: 4 }, 256),
-        lattice(Lattice::D4, Coding::Fixed { bits: 4 }, 256),
+    // A2's points are not integers; 8-bit E8 points scaled to α = 100 pass ±64 (±128
+    // doubled); E8 rows of 12 columns are padded to 16 in the RHT domain.
+    let wide = match lattice(Lattice::E8, Coding::Fixed { bits: 8 }, 256) {
+        Encoding::Lattice {
+            alpha: _,
+            lattice,
+            tile,
+            seed,
+            scale_dtype,
+            coding,
+        } => Encoding::Lattice {
+            lattice,
+            alpha: 100.0,
+            tile,
+            seed,
+            scale_dtype,
+            coding,
+        },
+        _ => unreachable!(),
+    };
+    for (e, shape) in [
+        (lattice(Lattice::A2, Coding::RANS_DEFAULT, 256), shape),
+        (wide, shape),
+        (
+            lattice(Lattice::E8, Coding::Fixed { bits: 4 }, 12),
+            [24, 12],
+        ),
     ] {
+        let x = values((shape[0] * shape[1]) as usize, 5);
         let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
         let op =
             CompressedLinear::from_encoded("w", &t, &shape, None, &LoadOptions::default()).unwrap();
