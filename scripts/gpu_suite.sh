@@ -14,7 +14,7 @@
 #   gemm     py/benches/cuda_gemm.py: the affine GEMM for batches 17-64 (4096x4096, 8192x8192)
 #   encode   py/benches/cuda_trellis_encode.py: the GPU trellis encoder of a 4096x4096 tensor at L = 16 (1MAD and pairs)
 #   kv       py/benches/cuda_kv.py: the compressed KV cache's decode step (2 layers; needs transformers)
-#   acts     py/benches/cuda_w8a8.py: quantized activations (FP8 E4M3 for int4, int4-row and z1-fixed4,
+#   acts     py/benches/cuda_w8a8.py: quantized activations (FP8 E4M3 for int4, int4-row, z1-fixed4 and e8-fixed4,
 #            int8 W8A8 for int8-row) against weight-only and bf16 on 8192x8192 and 28672x8192, batches 16-1024
 #
 # Each step runs under `timeout` (its own limit below, or STEP_LIMIT seconds for every step) so
@@ -101,8 +101,8 @@ for step in "${steps[@]}"; do
         encode) limit=120 cmd=("$py" py/benches/cuda_trellis_encode.py --sizes 4096x4096 --configs 16:2:1024,16:2:1024:2,16:1:1024:2
                                --out "$out/encode.md") ;;
         kv) limit=150 cmd=("$py" py/benches/cuda_kv.py --layers 2 --context 1024) ;;
-        acts) limit=200 cmd=("$py" py/benches/cuda_w8a8.py --sizes 8192x8192,28672x8192 --batches 16,64,256,1024
-                             --specs int4:fp8,int4-row:fp8,z1-fixed4:fp8,int8-row:int8) ;;
+        acts) limit=260 cmd=("$py" py/benches/cuda_w8a8.py --sizes 8192x8192,28672x8192 --batches 16,64,256,1024
+                             --specs int4:fp8,int4-row:fp8,z1-fixed4:fp8,e8-fixed4:fp8,int8-row:int8) ;;
     esac
     limit=${STEP_LIMIT:-$limit}
     echo "== $step: ${cmd[*]}"

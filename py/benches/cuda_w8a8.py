@@ -3,9 +3,11 @@ against bf16 ``F.linear`` and the weight-only route of the same layer, in one ru
 CUDA device).
 
     python py/benches/cuda_w8a8.py [--sizes 4096x4096,8192x8192,28672x8192] [--batches 32,256,1024]
-        [--specs int8-row:int8,z1-fixed8:int8,int4-row:fp8,z1-fixed4:fp8]
+        [--specs int8-row:int8,z1-fixed8:int8,int4-row:fp8,z1-fixed4:fp8] [--fp8-min-weights N]
+        [--lattice-gemv-batch N]
 
-Each spec is timed weight-only and with its activation mode (after the colon).
+Each spec is timed weight-only and with its activation mode (after the colon); a layer the
+mode leaves as it is (no integer form, or too large for E4M3) is marked "not switched".
 Times are medians over replays of a CUDA graph of back-to-back calls (``_graph_timing``); the
 error is ‖y − y_bf16‖ / ‖y_bf16‖ with the bf16 weight as reference.
 """
@@ -27,9 +29,13 @@ def main() -> None:
                     help="layers as SPEC:MODE (MODE: int8 or fp8)")
     ap.add_argument("--fp8-min-weights", type=int, default=None,
                     help="override hypercodec.nn.FP8_MIN_WEIGHTS (the size under which FP8 layers stay weight-only)")
+    ap.add_argument("--lattice-gemv-batch", type=int, default=None,
+                    help="override hypercodec.nn.LATTICE_GEMV_BATCH (rows up to which fixed-rate E8 layers keep their GEMV)")
     a = ap.parse_args()
     if a.fp8_min_weights is not None:
         hnn.FP8_MIN_WEIGHTS = a.fp8_min_weights
+    if a.lattice_gemv_batch is not None:
+        hnn.LATTICE_GEMV_BATCH = a.lattice_gemv_batch
     dev = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| size | batch | method | µs per call | × bf16 speed | rel. error vs bf16 |")
@@ -45,19 +51,31 @@ def main() -> None:
             spec, mode = item.split(":")
             m = torch.nn.Sequential(hnn.HyperLinear.from_linear(lin, spec)).to(dev)
             layers[spec] = (m, mode)
-        for batch in (int(b) for b in a.batches.split(",")):
+        batches = [int(b) for b in a.batches.split(",")]
+        xs, rows_out = {}, []  # rows_out: (batch, order, text), printed by batch
+        for batch in batches:
             x = torch.randn(batch, cols, device=dev, dtype=torch.bfloat16)
             ref = torch.nn.functional.linear(x, wb).float()
             base = graph_time_us(lambda: torch.nn.functional.linear(x, wb), a.iters)
-            print(f"| {size} | {batch} | torch bf16 F.linear | {base:.1f} | 1.00 | 0 |")
-            for spec, (m, mode) in layers.items():
-                for acts in ("weight-only", "W8A8" if mode == "int8" else "FP8 activations"):
-                    hnn.quantize_activations(m, None if acts == "weight-only" else mode)
+            xs[batch] = (x, ref, base)
+            rows_out.append((batch, 0, f"| {size} | {batch} | torch bf16 F.linear | {base:.1f} | 1.00 | 0 |"))
+        # Each mode is switched on once per layer (an entropy-coded layer decodes its points then).
+        order = 1
+        for spec, (m, mode) in layers.items():
+            for acts in ("weight-only", "W8A8" if mode == "int8" else "FP8 activations"):
+                n = hnn.quantize_activations(m, None if acts == "weight-only" else mode)
+                if acts != "weight-only" and n == 0:
+                    acts += " (not switched)"
+                for batch in batches:
+                    x, ref, base = xs[batch]
                     with torch.no_grad():
                         y = m(x).float()
                         t = graph_time_us(lambda: m(x), a.iters)
                     e = float((y - ref).norm() / ref.norm())
-                    print(f"| {size} | {batch} | {spec} {acts} | {t:.1f} | {base / t:.2f} | {e:.4f} |")
+                    rows_out.append((batch, order, f"| {size} | {batch} | {spec} {acts} | {t:.1f} | {base / t:.2f} | {e:.4f} |"))
+                order += 1
+        for _, _, text in sorted(rows_out, key=lambda r: r[:2]):
+            print(text)
         del layers
         torch.cuda.empty_cache()
 

@@ -313,7 +313,7 @@ def test_cuda_constant_weights_and_layers_without_inputs():
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int8-row", "z1-fixed8", "int4-row"])
+@pytest.mark.parametrize("spec", ["int8-row", "z1-fixed8", "int4-row", "e8-fixed4", "e8@4"])
 def test_cuda_w8a8_matches_the_host_w8a8(spec):
     """The int8 GEMM (cuBLASLt through torch._int_mm; fewer than 17 rows padded) gives the
     host's W8A8 result: the same int8 codes and int32 sums (the RHT's float rounding may move
@@ -325,7 +325,8 @@ def test_cuda_w8a8_matches_the_host_w8a8(spec):
     for rows in (1, 3, 17, 64):
         x = torch.randn(rows, 512)
         host = m(x)
-        if rows <= {"int8-row": hnn.W8A8_GEMV_BATCH, "int4-row": hnn.LOWBIT_GEMV_BATCH}.get(spec, 0):
+        if rows <= {"int8-row": hnn.W8A8_GEMV_BATCH, "int4-row": hnn.LOWBIT_GEMV_BATCH,
+                    "e8-fixed4": hnn.LATTICE_GEMV_BATCH}.get(spec, 0):
             hnn.quantize_activations(m, None)  # the device keeps the weight-only GEMV here
             host = m(x)
             hnn.quantize_activations(m)
@@ -433,7 +434,8 @@ def test_cuda_fp8_block_quantization_rounds_as_torch_casts():
 def test_cuda_fp8_without_block_scales_runs_weight_only(monkeypatch):
     """Where ``torch._scaled_mm`` refuses 1×128 block scales (an older torch or cuBLASLt), a
     group-scaled layer warns once, gives the weight-only output, and its device runs such layers
-    weight-only from then on; row-scaled FP8 layers are not affected."""
+    weight-only from then on; row-scaled FP8 layers take a scale per token there instead of one
+    per run, at any batch."""
     if not hnn._fp8_device(torch.device("cuda")) or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("no block-scaled FP8 route on this device")
     torch.manual_seed(13)
@@ -457,14 +459,30 @@ def test_cuda_fp8_without_block_scales_runs_weight_only(monkeypatch):
     assert torch.equal(got, weight_only)
     assert x.device in hnn._NO_FP8_BLOCKS
     assert torch.equal(m(x), weight_only)  # no second attempt
+    # A row-scaled layer, first to meet the refusal or after it: FP8 with a step per token.
+    row = torch.nn.Sequential(torch.nn.Linear(512, 256))
+    hnn.quantize(row, method="int4-row", skip=())
+    want = row(x)
+    assert hnn.quantize_activations(row, "fp8") == 1
+    for fresh in (True, False):
+        if fresh:
+            monkeypatch.setattr(hnn, "_NO_FP8_BLOCKS", set())
+            with pytest.warns(RuntimeWarning, match="block scales"):
+                y = row(x)
+        else:
+            y = row(x)
+        assert "_w8a8" in row[0].__dict__  # the FP8 route ran
+        err = ((y - want).norm() / want.norm()).item()
+        assert 0 < err < 0.08, (fresh, err)
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int4-row", "z1-fixed4", "int4"])
+@pytest.mark.parametrize("spec", ["int4-row", "z1-fixed4", "int4", "e8-fixed4"])
 def test_cuda_fp8_activations_match_the_host(spec, monkeypatch):
     """FP8 activations on CUDA (torch._scaled_mm, E4M3 against the weight's exact E4M3 copy,
     a scale per token and per weight row, or for ``int4`` per token and group of 128 on both
-    sides plus the offsets' term; fewer than 16 rows padded) give the host's product (the RHT's
+    sides plus the offsets' term, as row-scaled layers at up to 64 rows on compute capability 9.x;
+    fewer than 16 rows padded) give the host's product (the RHT's
     float rounding may move an activation to a neighbouring E4M3 value), in f32, f16 and bf16;
     where the device has no such FP8 GEMM the layer runs weight-only."""
     torch.manual_seed(10)
@@ -478,21 +496,25 @@ def test_cuda_fp8_activations_match_the_host(spec, monkeypatch):
     fp8 = hnn._fp8_device(torch.device("cuda"))
     if spec == "int4":  # cuBLASLt's 1×128 block scales: compute capability 9.0
         fp8 = fp8 and torch.cuda.get_device_capability()[0] == 9
-    for rows in (1, 3, 17, 64):
+    # Rows up to which the device keeps the layer's own weight-only kernel.
+    own = {"z1-fixed4": 0, "e8-fixed4": hnn.LATTICE_GEMV_BATCH}.get(spec, hnn.LOWBIT_GEMV_BATCH)
+    # 112: a row-scaled layer's step per token (above FP8_BLOCK_MAX_ROWS).
+    for rows in (1, 3, 17, 64, 112):
         x = torch.randn(rows, 512)
-        host = m(x)
-        if not fp8 or (spec != "z1-fixed4" and rows <= hnn.LOWBIT_GEMV_BATCH):
-            hnn.quantize_activations(m, None)  # the device runs weight-only here
-            host = m(x)
-            hnn.quantize_activations(m, "fp8")
         for dt in (torch.float32, torch.float16, torch.bfloat16):
-            dev = m(x.cuda().to(dt))
+            xd = x.to(dt)  # the host rounds what the device rounds
+            host = m(xd.float())
+            if not fp8 or rows <= own:
+                hnn.quantize_activations(m, None)  # the device runs weight-only here
+                host = m(xd.float())
+                hnn.quantize_activations(m, "fp8")
+            dev = m(xd.cuda())
             assert dev.dtype == dt and dev.shape == (rows, 256)
             tol = 1e-2 if dt != torch.bfloat16 else 2e-2
             assert torch.allclose(dev.float().cpu(), host, rtol=tol, atol=tol * host.abs().max().item()), (rows, dt)
         # The FP8 route ran (its device copy exists) exactly where it should.
         ran = torch.device("cuda", torch.cuda.current_device()) in m[0].__dict__.get("_w8a8", {})
-        assert ran == (fp8 and not (spec != "z1-fixed4" and rows <= hnn.LOWBIT_GEMV_BATCH)), rows
+        assert ran == (fp8 and rows > own), rows
 
 
 @needs_cuda

@@ -775,21 +775,23 @@ def test_a_layer_without_inputs_keeps_its_outputs(method):
 
 
 def test_w8a8_multiplies_int8_activations_by_the_stored_int8_weight():
-    """``quantize_activations``: int8-row, int4-row (no rotation), z1-fixed8 and z1-fixed4 (after their RHT) layers
-    quantize each activation row by its absolute maximum and multiply in int8; the result is
-    that integer product, scaled, and stays near the weight-only output; other forms are left."""
+    """``quantize_activations``: int8-row, int4-row (no rotation), z1-fixed8, z1-fixed4, e8-fixed4 and
+    entropy-coded e8@4 (after their RHT; E8's points doubled) layers quantize each activation row by its
+    absolute maximum and multiply in int8; the result is that integer product, scaled, and stays near the
+    weight-only output; other forms are left."""
     torch.manual_seed(4)
     base = torch.nn.Sequential(torch.nn.Linear(256, 96), torch.nn.ReLU(), torch.nn.Linear(96, 40))
     x = torch.randn(7, 256)
-    for spec in ("int8-row", "z1-fixed8", "int4-row", "z1-fixed4"):
+    for spec in ("int8-row", "z1-fixed8", "int4-row", "z1-fixed4", "e8-fixed4", "e8@4"):
         m = copy.deepcopy(base)
         hnn.quantize(m, method=spec, skip=())
         weight_only = m(x)
-        assert hnn.quantize_activations(m) == 2
+        assert hnn.quantize_activations(m) == 2, spec
         got = m(x)
         # The integer product written out for the first layer.
         layer = m[0]
-        q, scales, tile, seed, _, _ = hnn._int8_form(layer.op)
+        q, scales, tile, seed, _, _, _ = hnn._int8_form(layer.op)
+        assert (tile > 0) == (spec[:2] in ("z1", "e8")), spec
         xr = hnn._rht(x, tile, seed) if tile else x
         step = xr.abs().amax(1, keepdim=True) / 127
         xq = torch.round(xr / step).clamp(-127, 127).to(torch.int64)
@@ -811,33 +813,41 @@ def test_w8a8_multiplies_int8_activations_by_the_stored_int8_weight():
 def test_fp8_activations_multiply_the_exact_e4m3_weight():
     """``quantize_activations(m, "fp8")``: layers whose integer weight fits E4M3 exactly (codes
     of up to 5 bits) round each activation row, scaled to ±448, to E4M3 and sum the products in
-    f32; the result is that product written out, near the weight-only output. 8-bit codes are
+    f32; the result is that product written out, near the weight-only output. Up to
+    ``FP8_BLOCK_MAX_ROWS`` rows, a layer whose columns are whole runs of 128 scales each run of
+    a row on its own (as the block-scaled GEMM on CUDA takes them). E8 points of up to 4 bits,
+    doubled, are integers in -16..15: they take it too. 8-bit codes and 5-bit E8 points are
     left as they are (group-scaled forms: the next test)."""
     torch.manual_seed(11)
     base = torch.nn.Sequential(torch.nn.Linear(256, 96), torch.nn.ReLU(), torch.nn.Linear(96, 48))
-    x = torch.randn(5, 256) * 3
-    x[1, 7] = 40.0  # an outlier sets its row's scale
-    for spec in ("int4-row", "z1-fixed4", "int3-tensor", "int2-row"):
+    for spec in ("int4-row", "z1-fixed4", "int3-tensor", "int2-row", "e8-fixed4", "e8-fixed2"):
         m = copy.deepcopy(base)
         hnn.quantize(m, method=spec, skip=())
-        weight_only = m(x)
-        assert hnn.quantize_activations(m, "fp8") == 2, spec
-        got = m(x)
         layer = m[0]
-        q, scales, tile, seed, _, _ = hnn._int8_form(layer.op)
+        q, scales, tile, seed, _, _, _ = hnn._int8_form(layer.op)
         assert np.abs(q).max() <= 16
-        xr = hnn._rht(x, tile, seed) if tile else x
-        step = xr.abs().amax(1, keepdim=True) / 448
-        xq = (xr / step).to(torch.float8_e4m3fn).to(torch.float64)
-        assert not torch.equal(xq, (xr / step).to(torch.float64))  # E4M3 rounded them
-        acc = xq @ torch.from_numpy(q).to(torch.float64).T
-        want = (acc * step * torch.from_numpy(scales) + torch.from_numpy(np.asarray(layer.op.bias))).float()
-        assert torch.allclose(layer(x), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()), spec
-        err = ((got - weight_only).norm() / weight_only.norm()).item()
-        assert 0 < err < 0.08, (spec, err)
+        for rows in (5, hnn.FP8_BLOCK_MAX_ROWS + 16):
+            x = torch.randn(rows, 256) * 3
+            x[1, 7] = 40.0  # an outlier sets its row's (or run's) scale
+            assert hnn.quantize_activations(m, None) == 0
+            weight_only = m(x)
+            assert hnn.quantize_activations(m, "fp8") == 2, spec
+            got = m(x)
+            xr = hnn._rht(x, tile, seed) if tile else x
+            # A step per run of 128 columns at few rows, per row above.
+            xb = xr.reshape(rows, 2, 128) if rows <= hnn.FP8_BLOCK_MAX_ROWS else xr.reshape(rows, 1, 256)
+            step = xb.abs().amax(2, keepdim=True) / 448
+            xq = (xb / step).to(torch.float8_e4m3fn).to(torch.float64)
+            assert not torch.equal(xq, (xb / step).to(torch.float64))  # E4M3 rounded them
+            xd = (xq * step.to(torch.float64)).reshape(rows, 256)
+            acc = xd @ torch.from_numpy(q).to(torch.float64).T
+            want = (acc * torch.from_numpy(scales) + torch.from_numpy(np.asarray(layer.op.bias))).float()
+            assert torch.allclose(layer(x), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()), (spec, rows)
+            err = ((got - weight_only).norm() / weight_only.norm()).item()
+            assert 0 < err < 0.08, (spec, rows, err)
         assert hnn.quantize_activations(m, None) == 0
         assert torch.equal(m(x), weight_only)
-    for spec in ("int8-row", "z1-fixed8", "int8"):
+    for spec in ("int8-row", "z1-fixed8", "int8", "e8-fixed5"):
         m = copy.deepcopy(base)
         hnn.quantize(m, method=spec, skip=())
         assert hnn.quantize_activations(m, "fp8") == 0, spec
@@ -858,7 +868,7 @@ def test_fp8_activations_of_group_scaled_codes_scale_each_group():
     hnn.quantize(m, method="int4", skip=())
     weight_only = m(x)
     layer = m[0]
-    q, scales, tile, seed, glen, offsets = hnn._int8_form(layer.op)
+    q, scales, tile, seed, glen, offsets, _ = hnn._int8_form(layer.op)
     assert (tile, glen, scales.shape, offsets.shape) == (0, 128, (64, 4), (64, 4))
     assert (q.min(), q.max()) == (-8, 7)  # centred
     w = torch.from_numpy(np.asarray(layer.op.weight())).to(torch.float64)
@@ -880,7 +890,7 @@ def test_fp8_activations_of_group_scaled_codes_scale_each_group():
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     # The 64-column layer: one group, so a scale and an offset per row, the same sum written out.
     h = torch.relu(got)
-    q2, s2, _, _, glen2, o2 = hnn._int8_form(m[2].op)
+    q2, s2, _, _, glen2, o2, _ = hnn._int8_form(m[2].op)
     assert (glen2, s2.shape, o2.shape) == (64, (32,), (32,))
     hd = h.to(torch.float64)
     step2 = h.abs().amax(1, keepdim=True) / 448
@@ -898,8 +908,8 @@ def test_fp8_activations_of_group_scaled_codes_scale_each_group():
     assert torch.equal(m(x), weight_only)
 
 def test_w8a8_models_mix_forms_copy_pickle_and_reload():
-    """A model mixing int8, trellis, GPU-shaped rANS and int4 layers switches only its int8
-    ones; a switched model deep-copies and pickles after running (its int8 copies are caches,
+    """A model mixing int8, trellis, GPU-shaped rANS E8 and int4 layers switches its int8 and
+    E8 ones (the E8 points doubled are integers in i8); a switched model deep-copies and pickles after running (its int8 copies are caches,
     rebuilt), and a weight loaded later without an int8 form runs weight-only."""
     import io
 
@@ -909,7 +919,7 @@ def test_w8a8_models_mix_forms_copy_pickle_and_reload():
     )
     for i, spec in enumerate(["z1-fixed8", "tcq@2-l12", "e8@4-gpu", "int4"]):
         m[i] = hnn.HyperLinear.from_linear(m[i], spec)
-    assert hnn.quantize_activations(m) == 1
+    assert hnn.quantize_activations(m) == 2
     x = torch.randn(3, 256)
     y = m(x)
     twin = copy.deepcopy(m)

@@ -340,6 +340,14 @@ FP8_MAX = 448.0
 FP8_BLOCK = 128
 #: CUDA devices where ``torch._scaled_mm`` refused 1×128 block scales (found on first use).
 _NO_FP8_BLOCKS: set[torch.device] = set()
+#: Activation rows (padded to 16) up to which row-scaled FP8 layers whose columns are whole
+#: runs of :data:`FP8_BLOCK` scale their activations per token and run (as group-scaled ones
+#: do), their row scales repeated per run, so that CUDA devices of compute capability 9.x take
+#: cuBLASLt's block-scaled FP8 GEMM: on an H200 it ran in 0.50-0.99 of the row-scaled GEMM's
+#: time at 16-96 rows (4096², 8192², 14336×4096, 4096×14336, 28672×8192), which is up to 12 %
+#: faster at 112-128 rows and 1.1-1.3× faster at 256 (``docs/eval/w8a8.md``). The host
+#: computes the same products.
+FP8_BLOCK_MAX_ROWS = 96
 #: Activation rows up to which affine codes of at most 5 bits keep their weight-only kernels on
 #: CUDA when activations are quantized (the tensor-core kernels run up to 16 rows at 1.5-2×
 #: bf16, ``docs/eval/cuda.md``).
@@ -351,6 +359,11 @@ LOWBIT_GEMV_BATCH = 16
 #: 2026-12-04 FP8 also beat weight-only on 4096² (0.51-1.23× against 0.38-0.78×), but Z1
 #: layers there, whose weight-only route is a bf16 copy, were not timed.
 FP8_MIN_WEIGHTS = 1 << 25
+#: Activation rows up to which lattice layers with a fused kernel (fixed-rate E8, E8 in
+#: GPU-shaped rANS chunks) keep it on CUDA when activations are quantized; Z1 and
+#: CPU-shaped entropy-coded layers, whose weight-only route decodes to a dense copy, take the
+#: quantized route at every batch.
+LATTICE_GEMV_BATCH = 1
 #: Activation rows up to which affine int8 layers keep their weight-only GEMV on CUDA when
 #: W8A8 is on (``py/benches/cuda_w8a8.py`` on an H200, 8192²: the GEMV at 1.59× bf16 for one
 #: row and 0.64× for four, W8A8 at 0.83–0.87× for either; at 16 rows 0.38× against 0.80×).
@@ -364,11 +377,10 @@ class _W8A8:
     group-scaled forms), ``scales`` float32 (``rows``, or ``rows ×
     groups`` of ``glen`` columns: column-major on CUDA, as cuBLASLt's block-scaled FP8 GEMM
     reads them), ``offsets`` the group offsets of asymmetric codes (``groups × rows``: float32
-    on the host, bf16 on CUDA) or None, ``tile`` the RHT tile of the Z1 form (0: none)."""
+    on the host, bf16 on CUDA) or None, ``tile`` the RHT tile of a lattice form (0: none)."""
 
-    def __init__(self, op: _native.Linear, form: tuple[np.ndarray, np.ndarray, int, int, int, np.ndarray | None],
-                 device: torch.device, fp8: bool = False) -> None:
-        q, scales, self.tile, self.seed, self.glen, offsets = form
+    def __init__(self, op: _native.Linear, form: _Int8Form, device: torch.device, fp8: bool = False) -> None:
+        q, scales, self.tile, self.seed, self.glen, offsets, _ = form
         self.fp8 = fp8
         self.grouped = scales.ndim == 2
         self.w = torch.from_numpy(q).to(device)
@@ -383,6 +395,8 @@ class _W8A8:
             # made once (float32, as the per-row form's copy).
             rows, cols = self.w.shape
             self.w = (self.w.reshape(rows, -1, self.glen) * self.scales[:, :, None]).reshape(rows, cols)
+        self._block_scales: torch.Tensor | None = None  # row scales per run (CUDA, made on first use)
+        self._sm90 = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
         self.offsets = None
         if offsets is not None:
             o = torch.from_numpy(offsets.reshape(offsets.shape[0], -1).T.copy()).to(device)
@@ -396,7 +410,7 @@ class _W8A8:
         """``y`` (``m × rows``, ``x2``'s dtype) for activations ``x2`` (``m × cols``), or None
         where the device turns out to lack the block-scaled FP8 GEMM (the caller then runs the
         layer weight-only): each row
-        rotated (Z1) and scaled by its absolute maximum to int8, one int8 GEMM with int32 sums,
+        rotated (lattice forms) and scaled by its absolute maximum to int8, one int8 GEMM with int32 sums,
         then both scales (on CUDA: the RHT kernel, :func:`hc_quant_i8 <hypercodec.cuda>`,
         ``torch._int_mm`` on at least 17 rows, zero rows padding smaller batches, and one
         epilogue kernel). ``fp8``: each row scaled to ±:data:`FP8_MAX` and rounded to E4M3, the
@@ -405,7 +419,10 @@ class _W8A8:
         scales each run of ``glen`` columns of a row has its own activation scale (CUDA: 1×128
         block scales on both sides of ``torch._scaled_mm``); with offsets, each run's sum of the
         activations (unrounded) times them is added (CUDA: one bf16 ``addmm_`` of the sums
-        against the offsets)."""
+        against the offsets). Row-scaled layers whose columns are whole runs of
+        :data:`FP8_BLOCK` scale each run of a token too at up to :data:`FP8_BLOCK_MAX_ROWS`
+        rows (CUDA: the block-scaled GEMM, their row scales repeated per run; on devices without
+        it, a scale per token)."""
         if self.fp8:
             return self._fp8(x2)
         if not x2.is_cuda:
@@ -437,22 +454,32 @@ class _W8A8:
                     "y_dtype": hcuda._DTYPES[dt], "rows": m, "cols": self.w.shape[0]}, stream)
         return y.to(x2.dtype)
 
+    def _row_runs(self, m: int) -> bool:
+        """Whether a row-scaled layer scales ``m`` activation rows per token and run of
+        :data:`FP8_BLOCK` columns (:data:`FP8_BLOCK_MAX_ROWS`; on CUDA also only where the
+        block-scaled GEMM runs, compute capability 9.x)."""
+        return (not self.grouped and -(-m // 16) * 16 <= FP8_BLOCK_MAX_ROWS
+                and self.w.shape[1] % FP8_BLOCK == 0)
+
     def _fp8(self, x2: torch.Tensor) -> torch.Tensor | None:
         m = x2.shape[0]
         if not x2.is_cuda:
             xr = x2.to(torch.float32)
             xr = _rht(xr, self.tile, self.seed) if self.tile else xr
-            if self.grouped:
+            if self.grouped or self._row_runs(m):
                 # A step per run of glen columns, products of the scaled values summed in f32.
                 cols = self.w.shape[1]
-                g = cols // self.glen
-                xb = xr.reshape(m, g, self.glen)
+                glen = self.glen if self.grouped else FP8_BLOCK
+                g = cols // glen
+                xb = xr.reshape(m, g, glen)
                 step = xb.abs().amax(dim=2, keepdim=True).clamp_min(1e-30) / FP8_MAX
                 xq = (xb / step).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
                 xd = (xq.to(torch.float32) * step).reshape(m, cols)
-                y = xd @ self.w.t()  # the group scales are in it (__init__)
+                y = xd @ self.w.t()  # group scales are in it (__init__), row scales not
+                if not self.grouped:
+                    y = y * self.scales
                 if self.offsets is not None:
-                    y = y + xb.sum(2) @ self.offsets
+                    y = y + (xb.sum(2) if self.grouped else xr.sum(1, keepdim=True)) @ self.offsets
                 return (y if self.bias is None else y + self.bias).to(x2.dtype)
             step = xr.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / FP8_MAX
             xq = (xr / step).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
@@ -472,30 +499,42 @@ class _W8A8:
         if self.tile:
             xr = hcuda.rht(xr, cols, self.tile, self.seed)
         pm = -(-m // 16) * 16
+        # Row-scaled layers take the block-scaled GEMM too at few rows (their row scales
+        # repeated per run), where the device has it.
+        runs = self._row_runs(m) and self._sm90 and xr.device not in _NO_FP8_BLOCKS
+        blocked = self.grouped or runs
+        glen = self.glen if self.grouped else FP8_BLOCK
         xq = torch.empty(pm, cols, dtype=torch.float8_e4m3fn, device=xr.device)
         # Block scales column-major (pm × groups, strides 1 and pm), as cuBLASLt reads them.
-        step = (torch.empty(cols // self.glen, pm, dtype=torch.float32, device=xr.device).t() if self.grouped
+        step = (torch.empty(cols // glen, pm, dtype=torch.float32, device=xr.device).t() if blocked
                 else torch.empty(pm, 1, dtype=torch.float32, device=xr.device))
         sums = None if self.offsets is None else torch.empty(pm, cols // self.glen, dtype=torch.float32, device=xr.device)
         args = {"x": xr.data_ptr(), "x_dtype": hcuda._DTYPES[xr.dtype], "q": xq.data_ptr(), "step": step.data_ptr(),
-                "rows": m, "padded_rows": pm, "cols": cols, "block": self.glen if self.grouped else 0}
+                "rows": m, "padded_rows": pm, "cols": cols, "block": glen if blocked else 0}
         if sums is not None:
             args["sums"] = sums.data_ptr()
         hcuda.kernels(xr.device).quant_f8(args, torch.cuda.current_stream(xr.device).cuda_stream)
         if self._bias16 is None and self.bias is not None:
             self._bias16 = self.bias.to(torch.bfloat16)
-        if self.grouped:
+        if blocked:
+            if runs and self._block_scales is None:
+                g = cols // FP8_BLOCK
+                self._block_scales = torch.empty(g, self.scales.shape[0], dtype=torch.float32, device=xr.device).t()
+                self._block_scales.copy_(self.scales[:, None].expand(-1, g))
             try:
-                y = torch._scaled_mm(xq, self.w.t(), scale_a=step, scale_b=self.scales.t(), out_dtype=torch.bfloat16)
+                y = torch._scaled_mm(xq, self.w.t(), scale_a=step,
+                                     scale_b=(self._block_scales if runs else self.scales).t(), out_dtype=torch.bfloat16)
             except torch.cuda.OutOfMemoryError:
                 raise
             except RuntimeError as e:
                 # A torch or cuBLASLt without 1×128 block scales: this device runs group-scaled
-                # layers weight-only from now on (the caller reruns this call so).
+                # layers weight-only from now on (the caller reruns this call so), row-scaled
+                # ones with a scale per token.
                 _NO_FP8_BLOCKS.add(xr.device)
                 warnings.warn(f"FP8 with 1x128 block scales is not available on {xr.device} ({e}); "
                               "group-scaled layers run weight-only there", RuntimeWarning, stacklevel=4)
-                return None
+                self._block_scales = None
+                return self._fp8(x2) if runs else None
             if sums is not None:
                 y.addmm_(sums.to(torch.bfloat16), self.offsets)
             if self._bias16 is not None:
@@ -506,21 +545,36 @@ class _W8A8:
         return (y if m % 16 == 0 else y[:m]).to(x2.dtype)
 
 
-def _int8_form(op: _native.Linear) -> tuple[np.ndarray, np.ndarray, int, int, int, np.ndarray | None] | None:
-    """``(int8 weight rows × cols, float32 scales, RHT tile, seed, group length, offsets)`` when
-    the stored form is an integer matrix times a scale per row or per group, plus an offset where
-    the codes are asymmetric (:meth:`hypercodec.Linear.int8_weight`: affine codes per row, group
-    or tensor, ``int8-row``, ``int4-row``, ``int4``, …; Z1 symbols, ``z1-fixed8``, ``z1-fixed4``,
-    …, in their RHT domain): the scales (and offsets, else ``None``) are ``rows`` values, or
-    ``rows × groups`` for group scales (whole groups only: a shorter last group has no form
-    here). Otherwise ``None``."""
+_Int8Form = tuple[np.ndarray, np.ndarray, int, int, int, "np.ndarray | None", bool]
+
+
+def _int8_form(op: _native.Linear) -> _Int8Form | None:
+    """``(int8 weight rows × cols, float32 scales, RHT tile, seed, group length, offsets, fused)``
+    when the stored form is an integer matrix times a scale per row or per group, plus an offset
+    where the codes are asymmetric (:meth:`hypercodec.Linear.int8_weight`: affine codes per row,
+    group or tensor, ``int8-row``, ``int4-row``, ``int4``, …; lattice points, ``z1-fixed4``,
+    ``e8-fixed4``, ``e8@4``, …, in their RHT domain): the scales (and offsets, else ``None``)
+    are ``rows`` values, or ``rows × groups`` for group scales (whole groups only: a shorter
+    last group has no form here); ``fused``: whether the CUDA kernels run the stored form
+    without decoding it. Otherwise ``None``."""
     w = op.int8_weight()
     if w is None:
         return None
     glen = int(w["group_len"])
     if w["scales"].ndim == 2 and op.cols % glen:
         return None
-    return w["values"], w["scales"], int(w["tile"]), int(w["seed"]), glen, w.get("offsets")
+    return (w["values"], w["scales"], int(w["tile"]), int(w["seed"]), glen, w.get("offsets"),
+            bool(w.get("fused", True)))
+
+
+def _form_summary(op: _native.Linear, form: _Int8Form | None) -> tuple[Any, ...]:
+    """What :func:`_w8a8_ready` reads of a layer's integer form on every call, without its
+    values: ``(op, RHT tile or None (no form), largest magnitude, group length (0: a scale per
+    row), whether it has offsets, fused)``."""
+    if form is None:
+        return (op, None, 0, 0, False, False)
+    return (op, form[2], int(np.abs(form[0]).max(initial=0)), 0 if form[1].ndim == 1 else form[4],
+            form[5] is not None, form[6])
 
 
 def _fp8_device(device: torch.device) -> bool:
@@ -541,14 +595,10 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
         return None
     known = layer.__dict__.get("_w8a8_form")
     if known is None or known[0] is not layer.op:
-        # Whether the operator has an integer form, its RHT tile (a weight loaded since the
-        # switch may have none: weight-only then), its largest magnitude and whether it has
-        # group scales (their length). The values stay on the devices only.
-        form = _int8_form(layer.op)
-        known = layer.__dict__["_w8a8_form"] = (
-            layer.op, None if form is None else form[2], 0 if form is None else int(np.abs(form[0]).max(initial=0)),
-            0 if form is None or form[1].ndim == 1 else form[4], form is not None and form[5] is not None)
-    tile, span, glen, offsets = known[1], known[2], known[3], known[4]
+        # A weight loaded since the switch may have no integer form: weight-only then. The
+        # values stay on the devices only.
+        known = layer.__dict__["_w8a8_form"] = _form_summary(layer.op, _int8_form(layer.op))
+    tile, span, glen, offsets, fused = known[1:]
     if tile is None or (fp8 and span > 16) or (offsets and not fp8):
         return None
     # Group scales and offsets: FP8 only (the int8 GEMM has neither), and on CUDA only groups
@@ -559,8 +609,10 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
     if offsets and not glen and x.is_cuda:
         return None  # per-row offsets: the row-scaled FP8 GEMM has no term for them
     # Affine codes have weight-only kernels of their own at small batches: up to 2 rows for
-    # 8-bit codes, up to 16 on the tensor cores for the narrower ones.
-    if x.is_cuda and not tile and x.numel() // layer.op.cols <= (W8A8_GEMV_BATCH if span > 16 else LOWBIT_GEMV_BATCH):
+    # 8-bit codes, up to 16 on the tensor cores for the narrower ones; fused lattice kernels
+    # up to LATTICE_GEMV_BATCH.
+    if x.is_cuda and fused and x.numel() // layer.op.cols <= (
+            LATTICE_GEMV_BATCH if tile else W8A8_GEMV_BATCH if span > 16 else LOWBIT_GEMV_BATCH):
         return None
     cache = layer.__dict__.setdefault("_w8a8", {})
     hit = cache.get(x.device)
@@ -575,24 +627,28 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
 def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
     """Quantized activations: every :class:`HyperLinear` of ``model`` whose stored weight is an
     integer matrix with a scale per row (symmetric affine codes per row or tensor: ``int8-row``,
-    ``int4-row``, …; fixed-rate Z1 symbols: ``z1-fixed8``, ``z1-fixed4``, …), or for ``"fp8"``
-    also per group and with offsets (group-scaled asymmetric codes: ``int4``, groups of 128),
-    quantizes its activations too, per token by their absolute maximum (after the weight's RHT
-    for Z1; for group scales, per token and group of columns):
+    ``int4-row``, …; the points of Z1, D4 and E8 tensors, fixed-rate or entropy-coded, in their
+    RHT domain: ``z1-fixed8``, ``e8-fixed4``, ``e8@4``, …, E8's half-integer points doubled),
+    or for ``"fp8"`` also per group and with offsets (group-scaled asymmetric codes: ``int4``,
+    groups of 128), quantizes its activations too, per token by their absolute maximum (after
+    the weight's RHT for lattice forms; for group scales, per token and group of columns):
 
     - ``"int8"`` (W8A8): to int8, multiplied in int8 with int32 sums (``torch._int_mm``:
       cuBLASLt's int8 tensor-core GEMM on CUDA, batches under :data:`W8A8_MIN_BATCH_CUDA` rows
       padded with zeros);
-    - ``"fp8"``: to FP8 E4M3, against the weight's exact E4M3 copy (codes of up to 5 bits:
-      magnitudes up to 16; other layers are left as they are), products summed in f32
+    - ``"fp8"``: to FP8 E4M3, against the weight's exact E4M3 copy (magnitudes up to 16: codes
+      of up to 5 bits, E8 points of up to 4; other layers are left as they are), products summed in f32
       (``torch._scaled_mm`` with a scale per token and per weight row on CUDA devices of compute
       capability 8.9 or more, for layers of at least :data:`FP8_MIN_WEIGHTS` weights; group
       scales as 1×128 block scales on both sides, for groups of :data:`FP8_BLOCK` only and on
       compute capability 9.0 (cuBLASLt's block-scaled FP8 GEMM); elsewhere on CUDA the layer
-      stays weight-only; the host computes the same products in f32).
+      stays weight-only; row-scaled layers take that GEMM too, a scale per token and run of 128
+      columns, at up to :data:`FP8_BLOCK_MAX_ROWS` rows, where it is faster; the host computes
+      the same products in f32).
 
     On CUDA, affine layers keep their weight-only kernels up to :data:`W8A8_GEMV_BATCH` rows
-    (8-bit codes) or :data:`LOWBIT_GEMV_BATCH` (narrower ones). ``mode=None`` turns it off.
+    (8-bit codes) or :data:`LOWBIT_GEMV_BATCH` (narrower ones), fused lattice layers (fixed-rate
+    E8) up to :data:`LATTICE_GEMV_BATCH`. ``mode=None`` turns it off.
     Returns the number of layers switched on (0 for ``None``); others are left as they are. The
     accuracy cost is measured by ``py/benches/w8a8_accuracy.py``. Each switched layer holds its
     integer weight (1 byte per parameter) on every device it runs on, beside the stored form.
@@ -615,6 +671,8 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
                 layer.activations = mode
                 layer.__dict__.pop("_w8a8", None)
                 layer.__dict__.pop("_w8a8_form", None)
+                if form is not None:  # decoded once here (entropy-coded points take a while)
+                    layer.__dict__["_w8a8_form"] = _form_summary(layer.op, form)
                 n += mode is not None
     return n
 
