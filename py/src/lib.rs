@@ -674,8 +674,9 @@ impl Linear {
     /// (float32, `rows`, or `rows × groups` for group scales), `offsets` (like `scales`, only
     /// for asymmetric codes, which `values` then holds centred: `q − 2^(bits−1)`), `group_len`
     /// (the columns a scale covers: `cols` for a scale per row), `tile` (the RHT domain's tile,
-    /// 0 for none), `seed` and `fused` (whether the CUDA kernels run the stored form without
-    /// decoding it); None otherwise. What the quantized-activation routes multiply.
+    /// 0 for none), `seed` and `kernel` (the CUDA kernels that run the stored form without
+    /// decoding it: `"affine"`, `"e8"`, `"e8rans"`, or None); None otherwise. What the
+    /// quantized-activation routes multiply.
     fn int8_weight<'py>(
         &self,
         py: Python<'py>,
@@ -702,14 +703,16 @@ impl Linear {
         d.set_item("group_len", w.group_len)?;
         d.set_item("tile", w.tile)?;
         d.set_item("seed", w.seed)?;
-        // Whether the CUDA kernels run this form without decoding it (`device_form`, less
-        // the Z1 symbols that only this route reads).
+        // The CUDA kernels that run the stored form without decoding it (`device_form`'s
+        // kind, less the Z1 symbols that only this route reads).
         use hypercodec_runtime::DeviceForm;
-        let fused = matches!(
-            self.op.device_form().map_err(runtime_err)?,
-            Some(DeviceForm::Affine { .. } | DeviceForm::E8Fixed { .. } | DeviceForm::E8Rans { .. })
-        );
-        d.set_item("fused", fused)?;
+        let kernel = match self.op.device_form().map_err(runtime_err)? {
+            Some(DeviceForm::Affine { .. }) => Some("affine"),
+            Some(DeviceForm::E8Fixed { .. }) => Some("e8"),
+            Some(DeviceForm::E8Rans { .. }) => Some("e8rans"),
+            _ => None,
+        };
+        d.set_item("kernel", kernel)?;
         Ok(Some(d))
     }
 

@@ -313,7 +313,7 @@ def test_cuda_constant_weights_and_layers_without_inputs():
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int8-row", "z1-fixed8", "int4-row", "e8-fixed4", "e8@4"])
+@pytest.mark.parametrize("spec", ["int8-row", "z1-fixed8", "int4-row", "e8-fixed4", "e8@4", "e8@4-gpu"])
 def test_cuda_w8a8_matches_the_host_w8a8(spec):
     """The int8 GEMM (cuBLASLt through torch._int_mm; fewer than 17 rows padded) gives the
     host's W8A8 result: the same int8 codes and int32 sums (the RHT's float rounding may move

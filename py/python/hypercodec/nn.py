@@ -359,10 +359,11 @@ LOWBIT_GEMV_BATCH = 16
 #: 2026-12-04 FP8 also beat weight-only on 4096² (0.51-1.23× against 0.38-0.78×), but Z1
 #: layers there, whose weight-only route is a bf16 copy, were not timed.
 FP8_MIN_WEIGHTS = 1 << 25
-#: Activation rows up to which lattice layers with a fused kernel (fixed-rate E8, E8 in
-#: GPU-shaped rANS chunks) keep it on CUDA when activations are quantized; Z1 and
-#: CPU-shaped entropy-coded layers, whose weight-only route decodes to a dense copy, take the
-#: quantized route at every batch.
+#: Activation rows up to which fixed-rate E8 layers keep their GEMV on CUDA when activations
+#: are quantized (an H200 ran it at 0.67-1.37× bf16 at one row, FP8 at 0.47-1.06×; at two rows
+#: FP8 won, ``docs/eval/w8a8.md``). Other lattice forms take the quantized route at every
+#: batch: Z1 and CPU-shaped entropy-coded E8, whose weight-only route is a dense copy, and E8 in
+#: GPU-shaped rANS chunks, whose GEMV ran 0.07-0.14× against W8A8's 0.46-1.13× at one row.
 LATTICE_GEMV_BATCH = 1
 #: Activation rows up to which affine int8 layers keep their weight-only GEMV on CUDA when
 #: W8A8 is on (``py/benches/cuda_w8a8.py`` on an H200, 8192²: the GEMV at 1.59× bf16 for one
@@ -545,34 +546,33 @@ class _W8A8:
         return (y if m % 16 == 0 else y[:m]).to(x2.dtype)
 
 
-_Int8Form = tuple[np.ndarray, np.ndarray, int, int, int, "np.ndarray | None", bool]
+_Int8Form = tuple[np.ndarray, np.ndarray, int, int, int, "np.ndarray | None", "str | None"]
 
 
 def _int8_form(op: _native.Linear) -> _Int8Form | None:
-    """``(int8 weight rows × cols, float32 scales, RHT tile, seed, group length, offsets, fused)``
+    """``(int8 weight rows × cols, float32 scales, RHT tile, seed, group length, offsets, kernel)``
     when the stored form is an integer matrix times a scale per row or per group, plus an offset
     where the codes are asymmetric (:meth:`hypercodec.Linear.int8_weight`: affine codes per row,
     group or tensor, ``int8-row``, ``int4-row``, ``int4``, …; lattice points, ``z1-fixed4``,
     ``e8-fixed4``, ``e8@4``, …, in their RHT domain): the scales (and offsets, else ``None``)
     are ``rows`` values, or ``rows × groups`` for group scales (whole groups only: a shorter
-    last group has no form here); ``fused``: whether the CUDA kernels run the stored form
-    without decoding it. Otherwise ``None``."""
+    last group has no form here); ``kernel``: the CUDA kernels that run the stored form without
+    decoding it (``"affine"``, ``"e8"``, ``"e8rans"``, or None). Otherwise ``None``."""
     w = op.int8_weight()
     if w is None:
         return None
     glen = int(w["group_len"])
     if w["scales"].ndim == 2 and op.cols % glen:
         return None
-    return (w["values"], w["scales"], int(w["tile"]), int(w["seed"]), glen, w.get("offsets"),
-            bool(w.get("fused", True)))
+    return w["values"], w["scales"], int(w["tile"]), int(w["seed"]), glen, w.get("offsets"), w.get("kernel")
 
 
 def _form_summary(op: _native.Linear, form: _Int8Form | None) -> tuple[Any, ...]:
     """What :func:`_w8a8_ready` reads of a layer's integer form on every call, without its
     values: ``(op, RHT tile or None (no form), largest magnitude, group length (0: a scale per
-    row), whether it has offsets, fused)``."""
+    row), whether it has offsets, kernel)``."""
     if form is None:
-        return (op, None, 0, 0, False, False)
+        return (op, None, 0, 0, False, None)
     return (op, form[2], int(np.abs(form[0]).max(initial=0)), 0 if form[1].ndim == 1 else form[4],
             form[5] is not None, form[6])
 
@@ -598,7 +598,7 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
         # A weight loaded since the switch may have no integer form: weight-only then. The
         # values stay on the devices only.
         known = layer.__dict__["_w8a8_form"] = _form_summary(layer.op, _int8_form(layer.op))
-    tile, span, glen, offsets, fused = known[1:]
+    tile, span, glen, offsets, kernel = known[1:]
     if tile is None or (fp8 and span > 16) or (offsets and not fp8):
         return None
     # Group scales and offsets: FP8 only (the int8 GEMM has neither), and on CUDA only groups
@@ -609,10 +609,10 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
     if offsets and not glen and x.is_cuda:
         return None  # per-row offsets: the row-scaled FP8 GEMM has no term for them
     # Affine codes have weight-only kernels of their own at small batches: up to 2 rows for
-    # 8-bit codes, up to 16 on the tensor cores for the narrower ones; fused lattice kernels
-    # up to LATTICE_GEMV_BATCH.
-    if x.is_cuda and fused and x.numel() // layer.op.cols <= (
-            LATTICE_GEMV_BATCH if tile else W8A8_GEMV_BATCH if span > 16 else LOWBIT_GEMV_BATCH):
+    # 8-bit codes, up to 16 on the tensor cores for the narrower ones; fixed-rate E8 up to
+    # LATTICE_GEMV_BATCH (E8 in rANS chunks decodes slower than the quantized route at any batch).
+    own = {"affine": W8A8_GEMV_BATCH if span > 16 else LOWBIT_GEMV_BATCH, "e8": LATTICE_GEMV_BATCH}.get(kernel, 0)
+    if x.is_cuda and x.numel() // layer.op.cols <= own:
         return None
     cache = layer.__dict__.setdefault("_w8a8", {})
     hit = cache.get(x.device)
@@ -647,8 +647,8 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
       the same products in f32).
 
     On CUDA, affine layers keep their weight-only kernels up to :data:`W8A8_GEMV_BATCH` rows
-    (8-bit codes) or :data:`LOWBIT_GEMV_BATCH` (narrower ones), fused lattice layers (fixed-rate
-    E8) up to :data:`LATTICE_GEMV_BATCH`. ``mode=None`` turns it off.
+    (8-bit codes) or :data:`LOWBIT_GEMV_BATCH` (narrower ones), fixed-rate E8 layers
+    up to :data:`LATTICE_GEMV_BATCH`. ``mode=None`` turns it off.
     Returns the number of layers switched on (0 for ``None``); others are left as they are. The
     accuracy cost is measured by ``py/benches/w8a8_accuracy.py``. Each switched layer holds its
     integer weight (1 byte per parameter) on every device it runs on, beside the stored form.
