@@ -4,10 +4,12 @@ CUDA device).
 
     python py/benches/cuda_w8a8.py [--sizes 4096x4096,8192x8192,28672x8192] [--batches 32,256,1024]
         [--specs int8-row:int8,z1-fixed8:int8,int4-row:fp8,z1-fixed4:fp8] [--fp8-min-weights N]
-        [--lattice-gemv-batch N]
+        [--lattice-gemv-batch N] [--trellis-gemv-batch N]
 
-Each spec is timed weight-only and with its activation mode (after the colon); a layer the
-mode leaves as it is (no integer form, or too large for E4M3) is marked "not switched".
+Each spec is timed weight-only and with its activation mode (after the colon: ``int8``, ``fp8``,
+or ``fp8-rounded`` for FP8 with ``round_weights=True``); a layer the mode leaves as it is (no
+integer form, or too large for E4M3) is marked "not switched". The float weight is made on the
+GPU, so trellis specs are coded by the GPU encoder.
 Times are medians over replays of a CUDA graph of back-to-back calls (``_graph_timing``); the
 error is ‖y − y_bf16‖ / ‖y_bf16‖ with the bf16 weight as reference.
 """
@@ -31,7 +33,11 @@ def main() -> None:
                     help="override hypercodec.nn.FP8_MIN_WEIGHTS (the size under which FP8 layers stay weight-only)")
     ap.add_argument("--lattice-gemv-batch", type=int, default=None,
                     help="override hypercodec.nn.LATTICE_GEMV_BATCH (rows up to which fixed-rate E8 layers keep their GEMV)")
+    ap.add_argument("--trellis-gemv-batch", type=int, default=None,
+                    help="override hypercodec.nn.TRELLIS_GEMV_BATCH (rows up to which trellis layers keep their own kernels)")
     a = ap.parse_args()
+    if a.trellis_gemv_batch is not None:
+        hnn.TRELLIS_GEMV_BATCH = a.trellis_gemv_batch
     if a.fp8_min_weights is not None:
         hnn.FP8_MIN_WEIGHTS = a.fp8_min_weights
     if a.lattice_gemv_batch is not None:
@@ -42,7 +48,7 @@ def main() -> None:
     print("|---|---:|---|---:|---:|---:|")
     for size in a.sizes.split(","):
         rows, cols = (int(v) for v in size.split("x"))
-        lin = torch.nn.Linear(cols, rows, bias=False)
+        lin = torch.nn.Linear(cols, rows, bias=False, device=dev)
         with torch.no_grad():
             lin.weight.normal_(0, 0.02)
         wb = lin.weight.detach().to(dev, torch.bfloat16)
@@ -62,8 +68,9 @@ def main() -> None:
         # Each mode is switched on once per layer (an entropy-coded layer decodes its points then).
         order = 1
         for spec, (m, mode) in layers.items():
-            for acts in ("weight-only", "W8A8" if mode == "int8" else "FP8 activations"):
-                n = hnn.quantize_activations(m, None if acts == "weight-only" else mode)
+            for acts in ("weight-only", {"int8": "W8A8", "fp8": "FP8 activations"}.get(mode, "FP8, rounded weight")):
+                n = hnn.quantize_activations(m, None if acts == "weight-only" else mode.removesuffix("-rounded"),
+                                             round_weights=acts != "weight-only" and mode == "fp8-rounded")
                 if acts != "weight-only" and n == 0:
                     acts += " (not switched)"
                 for batch in batches:

@@ -7,8 +7,9 @@ float32 original, in one run.
 
 Every linear layer is quantized (the tied embedding stays float32: this measures the linear
 layers' arithmetic); activations are quantized per token by their absolute maximum, after the
-weight's RHT for the Z1 forms, to int8 or to FP8 E4M3 (the host computes what the GPU's FP8
-GEMM does: E4M3 products summed in f32).
+weight's RHT for the lattice forms, to int8 or to FP8 E4M3 (the host computes what the GPU's FP8
+GEMM does: E4M3 products summed in f32). ``fp8-rounded``: FP8 with ``round_weights=True`` (forms
+without an exact E4M3 weight multiply their decoded weight rounded to E4M3, a scale per row).
 """
 
 import argparse
@@ -43,7 +44,10 @@ def main() -> None:
         m = copy.deepcopy(lm.model)
         hnn.quantize(m, method=spec, skip=())
         for acts in ["float32"] + [f"{mode} per token" for mode in acts_list]:
-            hnn.quantize_activations(m, None if acts == "float32" else acts.split()[0])
+            mode = None if acts == "float32" else acts.split()[0]
+            n = hnn.quantize_activations(m, "fp8" if mode == "fp8-rounded" else mode, round_weights=mode == "fp8-rounded")
+            if mode and n == 0:
+                acts += " (no layer switched)"
             t0 = time.time()
             r = lm.measure(m)
             d = 100 * (r["ppl"] / base - 1)

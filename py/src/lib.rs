@@ -674,9 +674,7 @@ impl Linear {
     /// (float32, `rows`, or `rows × groups` for group scales), `offsets` (like `scales`, only
     /// for asymmetric codes, which `values` then holds centred: `q − 2^(bits−1)`), `group_len`
     /// (the columns a scale covers: `cols` for a scale per row), `tile` (the RHT domain's tile,
-    /// 0 for none), `seed` and `kernel` (the CUDA kernels that run the stored form without
-    /// decoding it: `"affine"`, `"e8"`, `"e8rans"`, or None); None otherwise. What the
-    /// quantized-activation routes multiply.
+    /// 0 for none) and `seed`; None otherwise. What the quantized-activation routes multiply.
     fn int8_weight<'py>(
         &self,
         py: Python<'py>,
@@ -703,17 +701,21 @@ impl Linear {
         d.set_item("group_len", w.group_len)?;
         d.set_item("tile", w.tile)?;
         d.set_item("seed", w.seed)?;
-        // The CUDA kernels that run the stored form without decoding it (`device_form`'s
-        // kind, less the Z1 symbols that only this route reads).
+        Ok(Some(d))
+    }
+
+    /// The kind of [`Linear::device_form`] (`"affine"`, `"e8"`, `"e8rans"`, `"z1"` or
+    /// `"trellis"`) without building it, or None: which CUDA kernels run the stored form.
+    fn device_kind(&self) -> PyResult<Option<&'static str>> {
         use hypercodec_runtime::DeviceForm;
-        let kernel = match self.op.device_form().map_err(runtime_err)? {
+        Ok(match self.op.device_form().map_err(runtime_err)? {
             Some(DeviceForm::Affine { .. }) => Some("affine"),
+            Some(DeviceForm::Z1Fixed { .. }) => Some("z1"),
             Some(DeviceForm::E8Fixed { .. }) => Some("e8"),
             Some(DeviceForm::E8Rans { .. }) => Some("e8rans"),
+            Some(DeviceForm::Trellis { .. }) => Some("trellis"),
             _ => None,
-        };
-        d.set_item("kernel", kernel)?;
-        Ok(Some(d))
+        })
     }
 
     /// The stored form as the CUDA kernels read it (`"z1"`: read by the W8A8 route only), or

@@ -477,27 +477,30 @@ def test_cuda_fp8_without_block_scales_runs_weight_only(monkeypatch):
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int4-row", "z1-fixed4", "int4", "e8-fixed4"])
+@pytest.mark.parametrize("spec", ["int4-row", "z1-fixed4", "int4", "e8-fixed4", "tcq@2-l12", "e8@4"])
 def test_cuda_fp8_activations_match_the_host(spec, monkeypatch):
     """FP8 activations on CUDA (torch._scaled_mm, E4M3 against the weight's exact E4M3 copy,
+    or for the trellis and entropy-coded E8 its decoded weight rounded to E4M3 (``round_weights``),
     a scale per token and per weight row, or for ``int4`` per token and group of 128 on both
-    sides plus the offsets' term, as row-scaled layers at up to 64 rows on compute capability 9.x;
+    sides plus the offsets' term, as row-scaled layers at up to 96 rows on compute capability 9.x;
     fewer than 16 rows padded) give the host's product (the RHT's
     float rounding may move an activation to a neighbouring E4M3 value), in f32, f16 and bf16;
     where the device has no such FP8 GEMM the layer runs weight-only."""
     torch.manual_seed(10)
     m = torch.nn.Sequential(torch.nn.Linear(512, 256))
     hnn.quantize(m, method=spec, skip=())
+    rw = spec in ("tcq@2-l12", "e8@4")
     x = torch.randn(40, 512)
     weight_only = m(x.cuda())
-    assert hnn.quantize_activations(m, "fp8") == 1
+    assert hnn.quantize_activations(m, "fp8", round_weights=rw) == 1
     assert torch.equal(m(x.cuda()), weight_only)  # a layer under FP8_MIN_WEIGHTS stays weight-only
     monkeypatch.setattr(hnn, "FP8_MIN_WEIGHTS", 0)
     fp8 = hnn._fp8_device(torch.device("cuda"))
     if spec == "int4":  # cuBLASLt's 1×128 block scales: compute capability 9.0
         fp8 = fp8 and torch.cuda.get_device_capability()[0] == 9
     # Rows up to which the device keeps the layer's own weight-only kernel.
-    own = {"z1-fixed4": 0, "e8-fixed4": hnn.LATTICE_GEMV_BATCH}.get(spec, hnn.LOWBIT_GEMV_BATCH)
+    own = {"z1-fixed4": 0, "e8-fixed4": hnn.LATTICE_GEMV_BATCH, "tcq@2-l12": hnn.TRELLIS_GEMV_BATCH,
+           "e8@4": 0}.get(spec, hnn.LOWBIT_GEMV_BATCH)
     # 112: a row-scaled layer's step per token (above FP8_BLOCK_MAX_ROWS).
     for rows in (1, 3, 17, 64, 112):
         x = torch.randn(rows, 512)
@@ -507,7 +510,7 @@ def test_cuda_fp8_activations_match_the_host(spec, monkeypatch):
             if not fp8 or rows <= own:
                 hnn.quantize_activations(m, None)  # the device runs weight-only here
                 host = m(xd.float())
-                hnn.quantize_activations(m, "fp8")
+                hnn.quantize_activations(m, "fp8", round_weights=rw)
             dev = m(xd.cuda())
             assert dev.dtype == dt and dev.shape == (rows, 256)
             tol = 1e-2 if dt != torch.bfloat16 else 2e-2

@@ -790,7 +790,7 @@ def test_w8a8_multiplies_int8_activations_by_the_stored_int8_weight():
         got = m(x)
         # The integer product written out for the first layer.
         layer = m[0]
-        q, scales, tile, seed, _, _, _ = hnn._int8_form(layer.op)
+        q, scales, tile, seed, _, _ = hnn._int8_form(layer.op)
         assert (tile > 0) == (spec[:2] in ("z1", "e8")), spec
         xr = hnn._rht(x, tile, seed) if tile else x
         step = xr.abs().amax(1, keepdim=True) / 127
@@ -824,7 +824,7 @@ def test_fp8_activations_multiply_the_exact_e4m3_weight():
         m = copy.deepcopy(base)
         hnn.quantize(m, method=spec, skip=())
         layer = m[0]
-        q, scales, tile, seed, _, _, _ = hnn._int8_form(layer.op)
+        q, scales, tile, seed, _, _ = hnn._int8_form(layer.op)
         assert np.abs(q).max() <= 16
         for rows in (5, hnn.FP8_BLOCK_MAX_ROWS + 16):
             x = torch.randn(rows, 256) * 3
@@ -853,6 +853,52 @@ def test_fp8_activations_multiply_the_exact_e4m3_weight():
         assert hnn.quantize_activations(m, "fp8") == 0, spec
 
 
+def test_fp8_rounded_weights_take_every_form():
+    """``quantize_activations(m, "fp8", round_weights=True)``: layers without an exact E4M3
+    weight (trellis, entropy-coded E8) multiply their decoded weight rounded to E4M3 with a scale
+    per row (max/448), written out here for both activation scalings (per run of 128 at few rows,
+    per token above); layers with an exact form keep it; int8 refuses the option."""
+    torch.manual_seed(14)
+    base = torch.nn.Sequential(torch.nn.Linear(256, 96), torch.nn.ReLU(), torch.nn.Linear(96, 48))
+    for spec in ("tcq@2-l12", "e8@4"):
+        m = copy.deepcopy(base)
+        hnn.quantize(m, method=spec, skip=())
+        x = torch.randn(hnn.FP8_BLOCK_MAX_ROWS + 16, 256)
+        weight_only = m(x)
+        if spec.startswith("tcq"):
+            assert hnn.quantize_activations(m, "fp8") == 0  # no exact E4M3 weight
+        assert hnn.quantize_activations(m, "fp8", round_weights=True) == 2, spec
+        layer = m[0]
+        assert layer.round_weights or spec == "e8@4"
+        # Rounded as the host rounds them: float32 scales and quotients.
+        w = torch.from_numpy(np.asarray(layer.op.weight())).reshape(96, 256)
+        s = w.abs().amax(1) / 448
+        q = (w / s[:, None]).to(torch.float8_e4m3fn).to(torch.float64)
+        w, s = w.to(torch.float64), s.to(torch.float64)
+        rel = ((q * s[:, None] - w).norm() / w.norm()).item()
+        assert 0 < rel < 0.04, rel  # E4M3's 3 mantissa bits: about 2^-4.5
+        for rows in (5, len(x)):
+            xs = x[:rows]
+            xb = xs.reshape(rows, 2, 128) if rows <= hnn.FP8_BLOCK_MAX_ROWS else xs.reshape(rows, 1, 256)
+            step = xb.abs().amax(2, keepdim=True) / 448
+            xq = (xb / step).to(torch.float8_e4m3fn).to(torch.float64) * step.to(torch.float64)
+            if layer.round_weights:
+                want = (xq.reshape(rows, 256) @ q.T) * s + torch.from_numpy(np.asarray(layer.op.bias))
+                got = layer(xs)
+                assert torch.allclose(got, want.float(), rtol=1e-4, atol=1e-4 * want.abs().max().item()), (spec, rows)
+            y = m(xs)
+            err = ((y - weight_only[:rows]).norm() / weight_only[:rows].norm()).item()
+            assert 0 < err < 0.08, (spec, rows, err)
+        assert hnn.quantize_activations(m, None) == 0 and not layer.round_weights
+        assert torch.equal(m(x), weight_only)
+    m = copy.deepcopy(base)
+    hnn.quantize(m, method="e8-fixed4", skip=())
+    assert hnn.quantize_activations(m, "fp8", round_weights=True) == 2
+    assert not m[0].round_weights  # its exact form
+    with pytest.raises(hypercodec.InvalidInputError):
+        hnn.quantize_activations(m, "int8", round_weights=True)
+
+
 def test_fp8_activations_of_group_scaled_codes_scale_each_group():
     """Group-scaled codes (``int4``: asymmetric, groups of 128) take FP8 activations with a step
     per token and group of columns, the same groups as the weight's scales, against the codes
@@ -868,7 +914,7 @@ def test_fp8_activations_of_group_scaled_codes_scale_each_group():
     hnn.quantize(m, method="int4", skip=())
     weight_only = m(x)
     layer = m[0]
-    q, scales, tile, seed, glen, offsets, _ = hnn._int8_form(layer.op)
+    q, scales, tile, seed, glen, offsets = hnn._int8_form(layer.op)
     assert (tile, glen, scales.shape, offsets.shape) == (0, 128, (64, 4), (64, 4))
     assert (q.min(), q.max()) == (-8, 7)  # centred
     w = torch.from_numpy(np.asarray(layer.op.weight())).to(torch.float64)
@@ -890,7 +936,7 @@ def test_fp8_activations_of_group_scaled_codes_scale_each_group():
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     # The 64-column layer: one group, so a scale and an offset per row, the same sum written out.
     h = torch.relu(got)
-    q2, s2, _, _, glen2, o2, _ = hnn._int8_form(m[2].op)
+    q2, s2, _, _, glen2, o2 = hnn._int8_form(m[2].op)
     assert (glen2, s2.shape, o2.shape) == (64, (32,), (32,))
     hd = h.to(torch.float64)
     step2 = h.abs().amax(1, keepdim=True) / 448

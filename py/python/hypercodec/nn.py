@@ -365,6 +365,12 @@ FP8_MIN_WEIGHTS = 1 << 25
 #: batch: Z1 and CPU-shaped entropy-coded E8, whose weight-only route is a dense copy, and E8 in
 #: GPU-shaped rANS chunks, whose GEMV ran 0.07-0.14× against W8A8's 0.46-1.13× at one row.
 LATTICE_GEMV_BATCH = 1
+#: Activation rows up to which trellis layers keep their own kernels on CUDA when FP8
+#: activations run against their rounded weight (``quantize_activations(..., round_weights=True)``):
+#: none, since on an H200 the FP8 route ran faster from one row (``tcq@2``: 1.31-1.37× bf16 on
+#: 8192², 1.63-1.67× on 28672×8192 at 1-16 rows, against the trellis kernels' 0.91-1.34×;
+#: ``docs/eval/w8a8.md``). A knob for devices where it does not.
+TRELLIS_GEMV_BATCH = 0
 #: Activation rows up to which affine int8 layers keep their weight-only GEMV on CUDA when
 #: W8A8 is on (``py/benches/cuda_w8a8.py`` on an H200, 8192²: the GEMV at 1.59× bf16 for one
 #: row and 0.64× for four, W8A8 at 0.83–0.87× for either; at 16 rows 0.38× against 0.80×).
@@ -381,7 +387,7 @@ class _W8A8:
     on the host, bf16 on CUDA) or None, ``tile`` the RHT tile of a lattice form (0: none)."""
 
     def __init__(self, op: _native.Linear, form: _Int8Form, device: torch.device, fp8: bool = False) -> None:
-        q, scales, self.tile, self.seed, self.glen, offsets, _ = form
+        q, scales, self.tile, self.seed, self.glen, offsets = form
         self.fp8 = fp8
         self.grouped = scales.ndim == 2
         self.w = torch.from_numpy(q).to(device)
@@ -546,35 +552,56 @@ class _W8A8:
         return (y if m % 16 == 0 else y[:m]).to(x2.dtype)
 
 
-_Int8Form = tuple[np.ndarray, np.ndarray, int, int, int, "np.ndarray | None", "str | None"]
+_Int8Form = tuple[np.ndarray, np.ndarray, int, int, int, "np.ndarray | None"]
 
 
 def _int8_form(op: _native.Linear) -> _Int8Form | None:
-    """``(int8 weight rows × cols, float32 scales, RHT tile, seed, group length, offsets, kernel)``
+    """``(int8 weight rows × cols, float32 scales, RHT tile, seed, group length, offsets)``
     when the stored form is an integer matrix times a scale per row or per group, plus an offset
     where the codes are asymmetric (:meth:`hypercodec.Linear.int8_weight`: affine codes per row,
     group or tensor, ``int8-row``, ``int4-row``, ``int4``, …; lattice points, ``z1-fixed4``,
     ``e8-fixed4``, ``e8@4``, …, in their RHT domain): the scales (and offsets, else ``None``)
     are ``rows`` values, or ``rows × groups`` for group scales (whole groups only: a shorter
-    last group has no form here); ``kernel``: the CUDA kernels that run the stored form without
-    decoding it (``"affine"``, ``"e8"``, ``"e8rans"``, or None). Otherwise ``None``."""
+    last group has no form here). Otherwise ``None``."""
     w = op.int8_weight()
     if w is None:
         return None
     glen = int(w["group_len"])
     if w["scales"].ndim == 2 and op.cols % glen:
         return None
-    return w["values"], w["scales"], int(w["tile"]), int(w["seed"]), glen, w.get("offsets"), w.get("kernel")
+    return w["values"], w["scales"], int(w["tile"]), int(w["seed"]), glen, w.get("offsets")
+
+
+def _rounded_form(op: _native.Linear) -> _Int8Form:
+    """The decoded weight rounded to E4M3 with a scale per row (its largest magnitude over
+    :data:`FP8_MAX`), as an :func:`_int8_form` whose values are float32 on E4M3's grid: the
+    weight of ``quantize_activations(..., round_weights=True)`` for forms without an exact one."""
+    w = _op_weight(op).reshape(op.rows, op.cols)
+    s = w.abs().amax(dim=1).clamp_min(1e-30) / FP8_MAX
+    q = (w / s[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    return q.numpy(), s.numpy(), 0, 0, op.cols, None
+
+
+def _layer_form(layer: Any) -> _Int8Form | None:
+    """The integer (or E4M3-rounded) weight that ``layer``'s quantized activations multiply: its
+    exact form, or where ``round_weights`` was asked for FP8 and it has none that E4M3 holds,
+    the rounded one."""
+    form = _int8_form(layer.op)
+    if (getattr(layer, "round_weights", False) and getattr(layer, "activations", None) == "fp8"
+            and (form is None or int(np.abs(form[0]).max(initial=0)) > 16)):
+        form = _rounded_form(layer.op)
+    return form
 
 
 def _form_summary(op: _native.Linear, form: _Int8Form | None) -> tuple[Any, ...]:
     """What :func:`_w8a8_ready` reads of a layer's integer form on every call, without its
-    values: ``(op, RHT tile or None (no form), largest magnitude, group length (0: a scale per
-    row), whether it has offsets, kernel)``."""
+    values: ``(op, RHT tile or None (no form), largest integer magnitude (0 for values rounded
+    to E4M3), group length (0: a scale per row), whether it has offsets, the CUDA kernels of
+    the stored form (:meth:`hypercodec.Linear.device_kind`))``."""
     if form is None:
         return (op, None, 0, 0, False, None)
-    return (op, form[2], int(np.abs(form[0]).max(initial=0)), 0 if form[1].ndim == 1 else form[4],
-            form[5] is not None, form[6])
+    span = int(np.abs(form[0]).max(initial=0)) if form[0].dtype.kind == "i" else 0
+    return (op, form[2], span, 0 if form[1].ndim == 1 else form[4], form[5] is not None, op.device_kind())
 
 
 def _fp8_device(device: torch.device) -> bool:
@@ -597,7 +624,7 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
     if known is None or known[0] is not layer.op:
         # A weight loaded since the switch may have no integer form: weight-only then. The
         # values stay on the devices only.
-        known = layer.__dict__["_w8a8_form"] = _form_summary(layer.op, _int8_form(layer.op))
+        known = layer.__dict__["_w8a8_form"] = _form_summary(layer.op, _layer_form(layer))
     tile, span, glen, offsets, kernel = known[1:]
     if tile is None or (fp8 and span > 16) or (offsets and not fp8):
         return None
@@ -610,21 +637,23 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
         return None  # per-row offsets: the row-scaled FP8 GEMM has no term for them
     # Affine codes have weight-only kernels of their own at small batches: up to 2 rows for
     # 8-bit codes, up to 16 on the tensor cores for the narrower ones; fixed-rate E8 up to
-    # LATTICE_GEMV_BATCH (E8 in rANS chunks decodes slower than the quantized route at any batch).
-    own = {"affine": W8A8_GEMV_BATCH if span > 16 else LOWBIT_GEMV_BATCH, "e8": LATTICE_GEMV_BATCH}.get(kernel, 0)
+    # LATTICE_GEMV_BATCH, the trellis up to TRELLIS_GEMV_BATCH (E8 in rANS chunks decodes
+    # slower than the quantized route at any batch).
+    own = {"affine": W8A8_GEMV_BATCH if span > 16 else LOWBIT_GEMV_BATCH, "e8": LATTICE_GEMV_BATCH,
+           "trellis": TRELLIS_GEMV_BATCH}.get(kernel, 0)
     if x.is_cuda and x.numel() // layer.op.cols <= own:
         return None
     cache = layer.__dict__.setdefault("_w8a8", {})
     hit = cache.get(x.device)
     if hit is None or hit.op is not layer.op or hit.fp8 != fp8:
-        form = _int8_form(layer.op)
+        form = _layer_form(layer)
         if form is None:
             return None
         hit = cache[x.device] = _W8A8(layer.op, form, x.device, fp8)
     return hit
 
 
-def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
+def quantize_activations(model: nn.Module, mode: str | None = "int8", round_weights: bool = False) -> int:
     """Quantized activations: every :class:`HyperLinear` of ``model`` whose stored weight is an
     integer matrix with a scale per row (symmetric affine codes per row or tensor: ``int8-row``,
     ``int4-row``, …; the points of Z1, D4 and E8 tensors, fixed-rate or entropy-coded, in their
@@ -644,11 +673,15 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
       compute capability 9.0 (cuBLASLt's block-scaled FP8 GEMM); elsewhere on CUDA the layer
       stays weight-only; row-scaled layers take that GEMM too, a scale per token and run of 128
       columns, at up to :data:`FP8_BLOCK_MAX_ROWS` rows, where it is faster; the host computes
-      the same products in f32).
+      the same products in f32). With ``round_weights=True`` every other layer takes it too
+      (trellis, entropy-coded E8 with points past ±16, codebooks, …): its decoded weight rounded
+      to E4M3 with a scale per row, which adds E4M3's rounding error (3 mantissa bits: about
+      29 dB below the weight) to the stored form's.
 
     On CUDA, affine layers keep their weight-only kernels up to :data:`W8A8_GEMV_BATCH` rows
     (8-bit codes) or :data:`LOWBIT_GEMV_BATCH` (narrower ones), fixed-rate E8 layers
-    up to :data:`LATTICE_GEMV_BATCH`. ``mode=None`` turns it off.
+    up to :data:`LATTICE_GEMV_BATCH`, trellis layers up to :data:`TRELLIS_GEMV_BATCH`.
+    ``mode=None`` turns it off.
     Returns the number of layers switched on (0 for ``None``); others are left as they are. The
     accuracy cost is measured by ``py/benches/w8a8_accuracy.py``. Each switched layer holds its
     integer weight (1 byte per parameter) on every device it runs on, beside the stored form.
@@ -659,16 +692,23 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8") -> int:
     int8 GEMM); ``"fp8"`` needs ``torch.float8_e4m3fn`` (torch ≥ 2.1)."""
     if mode not in ("int8", "fp8", None):
         raise _native.InvalidInputError(f"activation quantization {mode!r}: use 'int8', 'fp8' or None")
+    if round_weights and mode != "fp8":
+        raise _native.InvalidInputError("round_weights applies to 'fp8' only")
     if mode is not None and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 3):
         raise _native.InvalidInputError(f"quantized activations need torch >= 2.3 (torch._int_mm); this is {torch.__version__}")
     n = 0
     for layer in model.modules():
         if isinstance(layer, HyperLinear) and layer.op is not None:
             form = None if mode is None else _int8_form(layer.op)
-            if mode is None or (form is not None and (
-                    (mode == "int8" and form[1].ndim == 1 and form[5] is None)
-                    or (mode == "fp8" and int(np.abs(form[0]).max(initial=0)) <= 16))):
+            exact = form is not None and (
+                (mode == "int8" and form[1].ndim == 1 and form[5] is None)
+                or (mode == "fp8" and int(np.abs(form[0]).max(initial=0)) <= 16))
+            rounded = round_weights and not exact
+            if rounded:
+                form = _rounded_form(layer.op)
+            if mode is None or exact or rounded:
                 layer.activations = mode
+                layer.round_weights = rounded
                 layer.__dict__.pop("_w8a8", None)
                 layer.__dict__.pop("_w8a8_form", None)
                 if form is not None:  # decoded once here (entropy-coded points take a while)
