@@ -1,7 +1,7 @@
 """End to end on CUDA: a Llama-shaped decoder at batch 1, bf16 against compressed layers.
 
     python py/benches/cuda_e2e.py [--layers 8] [--specs int4,e8-fixed4,int8-row] [--out FILE]
-        [--prefill N] [--acts fp8]
+        [--prefill N] [--acts fp8 [--round-weights]]
 
 A stack of Llama-3-8B-shaped blocks (hidden 4096, MLP 14336, 32 query heads and 8 key/value
 heads of 128, RMS norms, SiLU gate) plus a 32000-row output head, random weights (bf16), one
@@ -13,7 +13,9 @@ tokens instead (causal attention over them, no cache; the head on the last token
 tokens/s = N / step time. ``--acts fp8`` (or ``int8``) also quantizes the compressed layers'
 activations (``hypercodec.nn.quantize_activations``; layers it does not take, or that stay
 weight-only on CUDA under its size and batch rules, run weight-only, while the host reference
-quantizes every layer it takes). The compressed rows replace every
+quantizes every layer it takes; ``--round-weights`` passes ``round_weights=True``, so that the
+trellis and entropy-coded forms take FP8 too). The layers are coded from the weights on the GPU
+(the trellis on the GPU encoder, the same bits as the CPU's). The compressed rows replace every
 linear layer (blocks and head) by ``hypercodec.nn.HyperLinear`` with the named candidate;
 "resident bytes per parameter" is the device memory those layers hold (PyTorch's allocator:
 every buffer of ours is a PyTorch tensor) over their parameters. Before timing, each
@@ -155,6 +157,8 @@ def main() -> int:
     ap.add_argument("--out")
     ap.add_argument("--prefill", type=int, default=0, help="time a prompt of this many tokens instead of a decode step")
     ap.add_argument("--acts", choices=["fp8", "int8"], help="also quantize the compressed layers' activations")
+    ap.add_argument("--round-weights", action="store_true",
+                    help="with --acts fp8: layers without an exact E4M3 weight use their decoded weight rounded to E4M3")
     ap.add_argument("--fp8-min-weights", type=int, default=None,
                     help="override hypercodec.nn.FP8_MIN_WEIGHTS (the size under which FP8 layers stay weight-only)")
     a = ap.parse_args()
@@ -208,10 +212,11 @@ def main() -> int:
     del dense
     torch.cuda.empty_cache()
     for spec in [s for s in a.specs.split(",") if s]:
-        q = copy.deepcopy(base)
+        q = copy.deepcopy(base).to(dev)  # the GPU codes trellis specs (the same bits as the CPU)
         hnn.quantize(q, bps=4, method=spec, skip=())
+        q = q.cpu()
         if a.acts:
-            hnn.quantize_activations(q, a.acts)
+            hnn.quantize_activations(q, a.acts, round_weights=a.round_weights)
         # The host reference first (CPU runtime), on the same compressed layers.
         host_caches = [(None, None) if k is None else (k.float().cpu(), v.float().cpu()) for k, v in caches]
         with torch.no_grad():

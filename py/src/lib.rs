@@ -679,7 +679,7 @@ impl Linear {
         &self,
         py: Python<'py>,
     ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
-        let Some(w) = self.op.int8_weight().map_err(runtime_err)? else {
+        let Some(w) = py.detach(|| self.op.int8_weight()).map_err(runtime_err)? else {
             return Ok(None);
         };
         let d = pyo3::types::PyDict::new(py);
@@ -705,7 +705,9 @@ impl Linear {
     }
 
     /// The kind of [`Linear::device_form`] (`"affine"`, `"e8"`, `"e8rans"`, `"z1"` or
-    /// `"trellis"`) without building it, or None: which CUDA kernels run the stored form.
+    /// `"trellis"`), or None: which CUDA kernels run the stored form. It builds the form to
+    /// answer (the scales' copy, a GPU-shaped rANS slot table and its chunk-table check), so a
+    /// corrupt tensor fails here as it would on the device.
     fn device_kind(&self) -> PyResult<Option<&'static str>> {
         use hypercodec_runtime::DeviceForm;
         Ok(match self.op.device_form().map_err(runtime_err)? {

@@ -433,18 +433,16 @@ def test_cuda_fp8_block_quantization_rounds_as_torch_casts():
 @needs_cuda
 def test_cuda_fp8_without_block_scales_runs_weight_only(monkeypatch):
     """Where ``torch._scaled_mm`` refuses 1×128 block scales (an older torch or cuBLASLt), a
-    group-scaled layer warns once, gives the weight-only output, and its device runs such layers
-    weight-only from then on; row-scaled FP8 layers take a scale per token there instead of one
-    per run, at any batch."""
+    row-scaled layer warns once and takes a scale per token from then on (the host's product at
+    that scaling), leaving the device unmarked; a group-scaled layer warns once, gives the
+    weight-only output, and its device runs such layers weight-only from then on."""
+    import warnings
+
     if not hnn._fp8_device(torch.device("cuda")) or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("no block-scaled FP8 route on this device")
     torch.manual_seed(13)
-    m = torch.nn.Sequential(torch.nn.Linear(512, 256))
-    hnn.quantize(m, method="int4", skip=())
     x = torch.randn(40, 512, device="cuda")
-    weight_only = m(x)
     monkeypatch.setattr(hnn, "FP8_MIN_WEIGHTS", 0)
-    assert hnn.quantize_activations(m, "fp8") == 1
     real = torch._scaled_mm
 
     def refuse(a, b, *args, scale_a=None, scale_b=None, **kw):
@@ -454,26 +452,33 @@ def test_cuda_fp8_without_block_scales_runs_weight_only(monkeypatch):
 
     monkeypatch.setattr(torch, "_scaled_mm", refuse)
     monkeypatch.setattr(hnn, "_NO_FP8_BLOCKS", set())
+    row = torch.nn.Sequential(torch.nn.Linear(512, 256))
+    hnn.quantize(row, method="int4-row", skip=())
+    want = row(x)
+    assert hnn.quantize_activations(row, "fp8") == 1
+    with pytest.warns(RuntimeWarning, match="per token"):
+        y = row(x)
+    assert x.device not in hnn._NO_FP8_BLOCKS
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second attempt, no second warning
+        assert torch.equal(row(x), y)
+    runs = hnn.FP8_BLOCK_MAX_ROWS
+    monkeypatch.setattr(hnn, "FP8_BLOCK_MAX_ROWS", 0)  # the host's step per token
+    host = row(x.cpu())
+    monkeypatch.setattr(hnn, "FP8_BLOCK_MAX_ROWS", runs)
+    assert torch.allclose(y.cpu(), host, rtol=1e-2, atol=1e-2 * host.abs().max().item())
+    err = ((y - want).norm() / want.norm()).item()
+    assert 0 < err < 0.08, err
+    # A group-scaled layer.
+    m = torch.nn.Sequential(torch.nn.Linear(512, 256))
+    hnn.quantize(m, method="int4", skip=())
+    weight_only = m(x)
+    assert hnn.quantize_activations(m, "fp8") == 1
     with pytest.warns(RuntimeWarning, match="block scales"):
         got = m(x)
     assert torch.equal(got, weight_only)
     assert x.device in hnn._NO_FP8_BLOCKS
     assert torch.equal(m(x), weight_only)  # no second attempt
-    # A row-scaled layer, first to meet the refusal or after it: FP8 with a step per token.
-    row = torch.nn.Sequential(torch.nn.Linear(512, 256))
-    hnn.quantize(row, method="int4-row", skip=())
-    want = row(x)
-    assert hnn.quantize_activations(row, "fp8") == 1
-    for fresh in (True, False):
-        if fresh:
-            monkeypatch.setattr(hnn, "_NO_FP8_BLOCKS", set())
-            with pytest.warns(RuntimeWarning, match="block scales"):
-                y = row(x)
-        else:
-            y = row(x)
-        assert "_w8a8" in row[0].__dict__  # the FP8 route ran
-        err = ((y - want).norm() / want.norm()).item()
-        assert 0 < err < 0.08, (fresh, err)
 
 
 @needs_cuda
@@ -498,6 +503,8 @@ def test_cuda_fp8_activations_match_the_host(spec, monkeypatch):
     fp8 = hnn._fp8_device(torch.device("cuda"))
     if spec == "int4":  # cuBLASLt's 1×128 block scales: compute capability 9.0
         fp8 = fp8 and torch.cuda.get_device_capability()[0] == 9
+    if torch.cuda.get_device_capability()[0] != 9:
+        monkeypatch.setattr(hnn, "FP8_BLOCK_MAX_ROWS", 0)  # no block-scaled GEMM: a step per token, host too
     # Rows up to which the device keeps the layer's own weight-only kernel.
     own = {"z1-fixed4": 0, "e8-fixed4": hnn.LATTICE_GEMV_BATCH, "tcq@2-l12": hnn.TRELLIS_GEMV_BATCH,
            "e8@4": 0}.get(spec, hnn.LOWBIT_GEMV_BATCH)

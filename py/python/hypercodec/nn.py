@@ -346,7 +346,7 @@ _NO_FP8_BLOCKS: set[torch.device] = set()
 #: cuBLASLt's block-scaled FP8 GEMM: on an H200 it ran in 0.50-0.99 of the row-scaled GEMM's
 #: time at 16-96 rows (4096², 8192², 14336×4096, 4096×14336, 28672×8192), which is up to 12 %
 #: faster at 112-128 rows and 1.1-1.3× faster at 256 (``docs/eval/w8a8.md``). The host
-#: computes the same products.
+#: computes the products a device of compute capability 9.x does (others scale per token).
 FP8_BLOCK_MAX_ROWS = 96
 #: Activation rows up to which affine codes of at most 5 bits keep their weight-only kernels on
 #: CUDA when activations are quantized (the tensor-core kernels run up to 16 rows at 1.5-2×
@@ -380,8 +380,8 @@ W8A8_GEMV_BATCH = 2
 class _W8A8:
     """A layer's integer weight and per-row (or, for ``fp8``, per-group) scales for quantized
     activations (see :func:`quantize_activations`), on one device: ``w`` is ``rows × cols``
-    int8 (or its exact E4M3 copy for ``fp8``; on the host float32, times the group scales for
-    group-scaled forms), ``scales`` float32 (``rows``, or ``rows ×
+    int8 (or its exact, or with ``round_weights`` rounded, E4M3 copy for ``fp8``; on the host
+    float32, times the group scales for group-scaled forms), ``scales`` float32 (``rows``, or ``rows ×
     groups`` of ``glen`` columns: column-major on CUDA, as cuBLASLt's block-scaled FP8 GEMM
     reads them), ``offsets`` the group offsets of asymmetric codes (``groups × rows``: float32
     on the host, bf16 on CUDA) or None, ``tile`` the RHT tile of a lattice form (0: none)."""
@@ -390,9 +390,10 @@ class _W8A8:
         q, scales, self.tile, self.seed, self.glen, offsets = form
         self.fp8 = fp8
         self.grouped = scales.ndim == 2
-        self.w = torch.from_numpy(q).to(device)
-        if fp8:  # integers of magnitude <= 16: exact in E4M3
-            self.w = self.w.to(torch.float32 if device.type == "cpu" else torch.float8_e4m3fn)
+        # Integers of magnitude <= 16 (or values already rounded to E4M3): exact in E4M3. Cast
+        # on the host, so that the device never holds a wider copy.
+        w = torch.from_numpy(q)
+        self.w = (w.to(torch.float32 if device.type == "cpu" else torch.float8_e4m3fn) if fp8 else w).to(device)
         self.scales = torch.from_numpy(scales).to(device)
         if self.grouped and device.type == "cuda":
             self.scales = torch.empty(scales.shape[1], scales.shape[0], dtype=torch.float32, device=device).t().copy_(
@@ -403,6 +404,7 @@ class _W8A8:
             rows, cols = self.w.shape
             self.w = (self.w.reshape(rows, -1, self.glen) * self.scales[:, :, None]).reshape(rows, cols)
         self._block_scales: torch.Tensor | None = None  # row scales per run (CUDA, made on first use)
+        self._no_runs = False  # the block-scaled GEMM failed for this row-scaled layer
         self._sm90 = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
         self.offsets = None
         if offsets is not None:
@@ -429,7 +431,7 @@ class _W8A8:
         against the offsets). Row-scaled layers whose columns are whole runs of
         :data:`FP8_BLOCK` scale each run of a token too at up to :data:`FP8_BLOCK_MAX_ROWS`
         rows (CUDA: the block-scaled GEMM, their row scales repeated per run; on devices without
-        it, a scale per token)."""
+        it, other than compute capability 9.x, a scale per token, so the host matches 9.x)."""
         if self.fp8:
             return self._fp8(x2)
         if not x2.is_cuda:
@@ -508,7 +510,7 @@ class _W8A8:
         pm = -(-m // 16) * 16
         # Row-scaled layers take the block-scaled GEMM too at few rows (their row scales
         # repeated per run), where the device has it.
-        runs = self._row_runs(m) and self._sm90 and xr.device not in _NO_FP8_BLOCKS
+        runs = self._row_runs(m) and self._sm90 and xr.device not in _NO_FP8_BLOCKS and not self._no_runs
         blocked = self.grouped or runs
         glen = self.glen if self.grouped else FP8_BLOCK
         xq = torch.empty(pm, cols, dtype=torch.float8_e4m3fn, device=xr.device)
@@ -534,14 +536,19 @@ class _W8A8:
             except torch.cuda.OutOfMemoryError:
                 raise
             except RuntimeError as e:
-                # A torch or cuBLASLt without 1×128 block scales: this device runs group-scaled
-                # layers weight-only from now on (the caller reruns this call so), row-scaled
-                # ones with a scale per token.
+                # A torch or cuBLASLt without 1×128 block scales: a row-scaled layer takes a
+                # scale per token from now on; a group-scaled one marks the device, which runs
+                # such layers weight-only from now on (the caller reruns this call so).
+                if runs:
+                    self._no_runs = True
+                    self._block_scales = None
+                    warnings.warn(f"FP8 with 1x128 block scales failed on {xr.device} ({e}); this layer scales its "
+                                  "activations per token", RuntimeWarning, stacklevel=4)
+                    return self._fp8(x2)
                 _NO_FP8_BLOCKS.add(xr.device)
                 warnings.warn(f"FP8 with 1x128 block scales is not available on {xr.device} ({e}); "
                               "group-scaled layers run weight-only there", RuntimeWarning, stacklevel=4)
-                self._block_scales = None
-                return self._fp8(x2) if runs else None
+                return None
             if sums is not None:
                 y.addmm_(sums.to(torch.bfloat16), self.offsets)
             if self._bias16 is not None:
@@ -582,26 +589,33 @@ def _rounded_form(op: _native.Linear) -> _Int8Form:
     return q.numpy(), s.numpy(), 0, 0, op.cols, None
 
 
-def _layer_form(layer: Any) -> _Int8Form | None:
-    """The integer (or E4M3-rounded) weight that ``layer``'s quantized activations multiply: its
-    exact form, or where ``round_weights`` was asked for FP8 and it has none that E4M3 holds,
-    the rounded one."""
+def _span(form: _Int8Form) -> int:
+    """The largest magnitude of an integer form's values (int8's −128 counted as 128)."""
+    return int(np.abs(form[0].astype(np.int16)).max(initial=0))
+
+
+def _layer_summary(layer: Any) -> tuple[Any, ...]:
+    """:func:`_form_summary` of the weight ``layer``'s quantized activations multiply: its exact
+    form, or where ``round_weights`` was asked for FP8 and it has none that E4M3 holds, the
+    rounded one (not decoded here)."""
     form = _int8_form(layer.op)
-    if (getattr(layer, "round_weights", False) and getattr(layer, "activations", None) == "fp8"
-            and (form is None or int(np.abs(form[0]).max(initial=0)) > 16)):
-        form = _rounded_form(layer.op)
-    return form
+    rounded = (getattr(layer, "round_weights", False) and getattr(layer, "activations", None) == "fp8"
+               and (form is None or _span(form) > 16))
+    return _form_summary(layer.op, None if rounded else form, rounded)
 
 
-def _form_summary(op: _native.Linear, form: _Int8Form | None) -> tuple[Any, ...]:
+def _form_summary(op: _native.Linear, form: _Int8Form | None, rounded: bool = False) -> tuple[Any, ...]:
     """What :func:`_w8a8_ready` reads of a layer's integer form on every call, without its
-    values: ``(op, RHT tile or None (no form), largest integer magnitude (0 for values rounded
-    to E4M3), group length (0: a scale per row), whether it has offsets, the CUDA kernels of
-    the stored form (:meth:`hypercodec.Linear.device_kind`))``."""
+    values: ``(op, RHT tile or None (no form), largest integer magnitude, group length (0: a
+    scale per row), whether it has offsets, the CUDA kernels of the stored form
+    (:meth:`hypercodec.Linear.device_kind`), whether the weight is the decoded one rounded to
+    E4M3 (:func:`_rounded_form`: no RHT, a scale per row, no integer magnitude))``."""
+    if rounded:
+        return (op, 0, 0, 0, False, op.device_kind(), True)
     if form is None:
-        return (op, None, 0, 0, False, None)
-    span = int(np.abs(form[0]).max(initial=0)) if form[0].dtype.kind == "i" else 0
-    return (op, form[2], span, 0 if form[1].ndim == 1 else form[4], form[5] is not None, op.device_kind())
+        return (op, None, 0, 0, False, None, False)
+    return (op, form[2], _span(form), 0 if form[1].ndim == 1 else form[4], form[5] is not None, op.device_kind(),
+            False)
 
 
 def _fp8_device(device: torch.device) -> bool:
@@ -624,8 +638,8 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
     if known is None or known[0] is not layer.op:
         # A weight loaded since the switch may have no integer form: weight-only then. The
         # values stay on the devices only.
-        known = layer.__dict__["_w8a8_form"] = _form_summary(layer.op, _layer_form(layer))
-    tile, span, glen, offsets, kernel = known[1:]
+        known = layer.__dict__["_w8a8_form"] = _layer_summary(layer)
+    tile, span, glen, offsets, kernel, rounded = known[1:]
     if tile is None or (fp8 and span > 16) or (offsets and not fp8):
         return None
     # Group scales and offsets: FP8 only (the int8 GEMM has neither), and on CUDA only groups
@@ -639,14 +653,14 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
     # 8-bit codes, up to 16 on the tensor cores for the narrower ones; fixed-rate E8 up to
     # LATTICE_GEMV_BATCH, the trellis up to TRELLIS_GEMV_BATCH (E8 in rANS chunks decodes
     # slower than the quantized route at any batch).
-    own = {"affine": W8A8_GEMV_BATCH if span > 16 else LOWBIT_GEMV_BATCH, "e8": LATTICE_GEMV_BATCH,
+    own = {"affine": W8A8_GEMV_BATCH if span > 16 or rounded else LOWBIT_GEMV_BATCH, "e8": LATTICE_GEMV_BATCH,
            "trellis": TRELLIS_GEMV_BATCH}.get(kernel, 0)
     if x.is_cuda and x.numel() // layer.op.cols <= own:
         return None
     cache = layer.__dict__.setdefault("_w8a8", {})
     hit = cache.get(x.device)
     if hit is None or hit.op is not layer.op or hit.fp8 != fp8:
-        form = _layer_form(layer)
+        form = _rounded_form(layer.op) if rounded else _int8_form(layer.op)
         if form is None:
             return None
         hit = cache[x.device] = _W8A8(layer.op, form, x.device, fp8)
@@ -666,7 +680,7 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8", round_weig
       cuBLASLt's int8 tensor-core GEMM on CUDA, batches under :data:`W8A8_MIN_BATCH_CUDA` rows
       padded with zeros);
     - ``"fp8"``: to FP8 E4M3, against the weight's exact E4M3 copy (magnitudes up to 16: codes
-      of up to 5 bits, E8 points of up to 4; other layers are left as they are), products summed in f32
+      of up to 5 bits, E8 points of up to 4; other layers run weight-only), products summed in f32
       (``torch._scaled_mm`` with a scale per token and per weight row on CUDA devices of compute
       capability 8.9 or more, for layers of at least :data:`FP8_MIN_WEIGHTS` weights; group
       scales as 1×128 block scales on both sides, for groups of :data:`FP8_BLOCK` only and on
@@ -682,11 +696,13 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8", round_weig
     (8-bit codes) or :data:`LOWBIT_GEMV_BATCH` (narrower ones), fixed-rate E8 layers
     up to :data:`LATTICE_GEMV_BATCH`, trellis layers up to :data:`TRELLIS_GEMV_BATCH`.
     ``mode=None`` turns it off.
-    Returns the number of layers switched on (0 for ``None``); others are left as they are. The
+    Returns the number of layers switched on (0 for ``None``); every other layer is switched
+    off (weight-only), so a call sets the whole model whatever earlier calls did. The
     accuracy cost is measured by ``py/benches/w8a8_accuracy.py``. Each switched layer holds its
-    integer (or rounded E4M3) weight, 1 byte per parameter, on every device it runs on, beside the
-    stored form; row-scaled FP8 layers on compute capability 9.x also their row scales repeated
-    per run of 128 columns (float32: 0.031 bytes per parameter) once they run at few rows.
+    integer (or rounded E4M3) weight beside the stored form on every device it runs on: 1 byte
+    per parameter on CUDA (a float32 copy, 4 bytes, on the host); row-scaled FP8 layers on
+    compute capability 9.x also their row scales repeated per run of 128 columns (float32: 0.031
+    bytes per parameter) once they run at few rows.
 
     A backward pass through a switched layer takes the weight-only input gradient (straight
     through the activations' rounding). The setting is not part of ``state_dict``: call this
@@ -704,18 +720,17 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8", round_weig
             form = None if mode is None else _int8_form(layer.op)
             exact = form is not None and (
                 (mode == "int8" and form[1].ndim == 1 and form[5] is None)
-                or (mode == "fp8" and int(np.abs(form[0]).max(initial=0)) <= 16))
+                or (mode == "fp8" and _span(form) <= 16))
             rounded = round_weights and not exact
-            if rounded:
-                form = _rounded_form(layer.op)
-            if mode is None or exact or rounded:
-                layer.activations = mode
-                layer.round_weights = rounded
-                layer.__dict__.pop("_w8a8", None)
-                layer.__dict__.pop("_w8a8_form", None)
-                if form is not None:  # decoded once here (entropy-coded points take a while)
-                    layer.__dict__["_w8a8_form"] = _form_summary(layer.op, form)
-                n += mode is not None
+            taken = exact or rounded
+            # Every layer is set: the ones this mode takes on, the others off (weight-only).
+            layer.activations = mode if taken else None
+            layer.round_weights = rounded
+            layer.__dict__.pop("_w8a8", None)
+            layer.__dict__.pop("_w8a8_form", None)
+            if taken:  # the summary kept (an entropy-coded form's points take a while to decode)
+                layer.__dict__["_w8a8_form"] = _form_summary(layer.op, None if rounded else form, rounded)
+            n += taken
     return n
 
 
