@@ -162,6 +162,8 @@ def main() -> int:
     ap.add_argument("--fp8-min-weights", type=int, default=None,
                     help="override hypercodec.nn.FP8_MIN_WEIGHTS (the size under which FP8 layers stay weight-only)")
     a = ap.parse_args()
+    if a.round_weights and a.acts != "fp8":
+        ap.error("--round-weights needs --acts fp8")
     if a.fp8_min_weights is not None:
         hnn.FP8_MIN_WEIGHTS = a.fp8_min_weights
     if not torch.cuda.is_available():

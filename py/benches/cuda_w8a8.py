@@ -7,8 +7,8 @@ CUDA device).
         [--lattice-gemv-batch N] [--trellis-gemv-batch N]
 
 Each spec is timed weight-only and with its activation mode (after the colon: ``int8``, ``fp8``,
-or ``fp8-rounded`` for FP8 with ``round_weights=True``); a layer the mode leaves as it is (no
-integer form, or too large for E4M3) is marked "not switched". The float weight is made on the
+or ``fp8-rounded`` for FP8 with ``round_weights=True``); a layer the mode does not take (no
+integer form, or too large for E4M3: it runs weight-only) is marked "not switched". The float weight is made on the
 GPU, so trellis specs are coded by the GPU encoder.
 Times are medians over replays of a CUDA graph of back-to-back calls (``_graph_timing``); the
 error is ‖y − y_bf16‖ / ‖y_bf16‖ with the bf16 weight as reference.

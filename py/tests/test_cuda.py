@@ -460,7 +460,7 @@ def test_cuda_fp8_without_block_scales_runs_weight_only(monkeypatch):
         y = row(x)
     assert x.device not in hnn._NO_FP8_BLOCKS
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no second attempt, no second warning
+        warnings.simplefilter("error", RuntimeWarning)  # no second attempt, no second warning
         assert torch.equal(row(x), y)
     runs = hnn.FP8_BLOCK_MAX_ROWS
     monkeypatch.setattr(hnn, "FP8_BLOCK_MAX_ROWS", 0)  # the host's step per token
@@ -479,6 +479,17 @@ def test_cuda_fp8_without_block_scales_runs_weight_only(monkeypatch):
     assert torch.equal(got, weight_only)
     assert x.device in hnn._NO_FP8_BLOCKS
     assert torch.equal(m(x), weight_only)  # no second attempt
+    # A row-scaled layer on the marked device: a step per token from the start, no warning.
+    row2 = torch.nn.Sequential(torch.nn.Linear(512, 256))
+    hnn.quantize(row2, method="int4-row", skip=())
+    want2 = row2(x)
+    assert hnn.quantize_activations(row2, "fp8") == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        y2 = row2(x)
+    assert torch.device("cuda", torch.cuda.current_device()) in row2[0].__dict__.get("_w8a8", {})
+    err = ((y2 - want2).norm() / want2.norm()).item()
+    assert 0 < err < 0.08, err
 
 
 @needs_cuda

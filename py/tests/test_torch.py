@@ -882,10 +882,9 @@ def test_fp8_rounded_weights_take_every_form():
             xb = xs.reshape(rows, 2, 128) if rows <= hnn.FP8_BLOCK_MAX_ROWS else xs.reshape(rows, 1, 256)
             step = xb.abs().amax(2, keepdim=True) / 448
             xq = (xb / step).to(torch.float8_e4m3fn).to(torch.float64) * step.to(torch.float64)
-            if layer.round_weights:
-                want = (xq.reshape(rows, 256) @ q.T) * s + torch.from_numpy(np.asarray(layer.op.bias))
-                got = layer(xs)
-                assert torch.allclose(got, want.float(), rtol=1e-4, atol=1e-4 * want.abs().max().item()), (spec, rows)
+            want = (xq.reshape(rows, 256) @ q.T) * s + torch.from_numpy(np.asarray(layer.op.bias))
+            got = layer(xs)
+            assert torch.allclose(got, want.float(), rtol=1e-4, atol=1e-4 * want.abs().max().item()), (spec, rows)
             y = m(xs)
             err = ((y - weight_only[:rows]).norm() / weight_only[:rows].norm()).item()
             assert 0 < err < 0.08, (spec, rows, err)

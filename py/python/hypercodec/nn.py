@@ -530,23 +530,26 @@ class _W8A8:
                 g = cols // FP8_BLOCK
                 self._block_scales = torch.empty(g, self.scales.shape[0], dtype=torch.float32, device=xr.device).t()
                 self._block_scales.copy_(self.scales[:, None].expand(-1, g))
+            refused: RuntimeError | None = None
             try:
                 y = torch._scaled_mm(xq, self.w.t(), scale_a=step,
                                      scale_b=(self._block_scales if runs else self.scales).t(), out_dtype=torch.bfloat16)
             except torch.cuda.OutOfMemoryError:
                 raise
             except RuntimeError as e:
+                refused = e
+            if refused is not None:
                 # A torch or cuBLASLt without 1×128 block scales: a row-scaled layer takes a
                 # scale per token from now on; a group-scaled one marks the device, which runs
                 # such layers weight-only from now on (the caller reruns this call so).
                 if runs:
                     self._no_runs = True
                     self._block_scales = None
-                    warnings.warn(f"FP8 with 1x128 block scales failed on {xr.device} ({e}); this layer scales its "
-                                  "activations per token", RuntimeWarning, stacklevel=4)
+                    warnings.warn(f"FP8 with 1x128 block scales failed on {xr.device} ({refused}); this layer "
+                                  "scales its activations per token", RuntimeWarning, stacklevel=4)
                     return self._fp8(x2)
                 _NO_FP8_BLOCKS.add(xr.device)
-                warnings.warn(f"FP8 with 1x128 block scales is not available on {xr.device} ({e}); "
+                warnings.warn(f"FP8 with 1x128 block scales is not available on {xr.device} ({refused}); "
                               "group-scaled layers run weight-only there", RuntimeWarning, stacklevel=4)
                 return None
             if sums is not None:
@@ -591,7 +594,8 @@ def _rounded_form(op: _native.Linear) -> _Int8Form:
 
 def _span(form: _Int8Form) -> int:
     """The largest magnitude of an integer form's values (int8's −128 counted as 128)."""
-    return int(np.abs(form[0].astype(np.int16)).max(initial=0))
+    q = form[0]
+    return max(int(q.max(initial=0)), -int(q.min(initial=0)))
 
 
 def _layer_summary(layer: Any) -> tuple[Any, ...]:
@@ -601,7 +605,7 @@ def _layer_summary(layer: Any) -> tuple[Any, ...]:
     form = _int8_form(layer.op)
     rounded = (getattr(layer, "round_weights", False) and getattr(layer, "activations", None) == "fp8"
                and (form is None or _span(form) > 16))
-    return _form_summary(layer.op, None if rounded else form, rounded)
+    return _form_summary(layer.op, form, rounded)
 
 
 def _form_summary(op: _native.Linear, form: _Int8Form | None, rounded: bool = False) -> tuple[Any, ...]:
@@ -609,9 +613,10 @@ def _form_summary(op: _native.Linear, form: _Int8Form | None, rounded: bool = Fa
     values: ``(op, RHT tile or None (no form), largest integer magnitude, group length (0: a
     scale per row), whether it has offsets, the CUDA kernels of the stored form
     (:meth:`hypercodec.Linear.device_kind`), whether the weight is the decoded one rounded to
-    E4M3 (:func:`_rounded_form`: no RHT, a scale per row, no integer magnitude))``."""
+    E4M3 (:func:`_rounded_form`: no RHT, a scale per row, no offsets; the span is then the
+    stored integer form's, if any, which sets how long affine kernels keep the small batches))``."""
     if rounded:
-        return (op, 0, 0, 0, False, op.device_kind(), True)
+        return (op, 0, 0 if form is None else _span(form), 0, False, op.device_kind(), True)
     if form is None:
         return (op, None, 0, 0, False, None, False)
     return (op, form[2], _span(form), 0 if form[1].ndim == 1 else form[4], form[5] is not None, op.device_kind(),
@@ -640,7 +645,7 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
         # values stay on the devices only.
         known = layer.__dict__["_w8a8_form"] = _layer_summary(layer)
     tile, span, glen, offsets, kernel, rounded = known[1:]
-    if tile is None or (fp8 and span > 16) or (offsets and not fp8):
+    if tile is None or (fp8 and span > 16 and not rounded) or (offsets and not fp8):
         return None
     # Group scales and offsets: FP8 only (the int8 GEMM has neither), and on CUDA only groups
     # of 128 (cuBLASLt's 1×128 block scales).
@@ -653,7 +658,7 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
     # 8-bit codes, up to 16 on the tensor cores for the narrower ones; fixed-rate E8 up to
     # LATTICE_GEMV_BATCH, the trellis up to TRELLIS_GEMV_BATCH (E8 in rANS chunks decodes
     # slower than the quantized route at any batch).
-    own = {"affine": W8A8_GEMV_BATCH if span > 16 or rounded else LOWBIT_GEMV_BATCH, "e8": LATTICE_GEMV_BATCH,
+    own = {"affine": W8A8_GEMV_BATCH if span > 16 else LOWBIT_GEMV_BATCH, "e8": LATTICE_GEMV_BATCH,
            "trellis": TRELLIS_GEMV_BATCH}.get(kernel, 0)
     if x.is_cuda and x.numel() // layer.op.cols <= own:
         return None
@@ -718,9 +723,9 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8", round_weig
     for layer in model.modules():
         if isinstance(layer, HyperLinear) and layer.op is not None:
             form = None if mode is None else _int8_form(layer.op)
+            span = None if form is None else _span(form)
             exact = form is not None and (
-                (mode == "int8" and form[1].ndim == 1 and form[5] is None)
-                or (mode == "fp8" and _span(form) <= 16))
+                (mode == "int8" and form[1].ndim == 1 and form[5] is None) or (mode == "fp8" and span <= 16))
             rounded = round_weights and not exact
             taken = exact or rounded
             # Every layer is set: the ones this mode takes on, the others off (weight-only).
@@ -729,7 +734,7 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8", round_weig
             layer.__dict__.pop("_w8a8", None)
             layer.__dict__.pop("_w8a8_form", None)
             if taken:  # the summary kept (an entropy-coded form's points take a while to decode)
-                layer.__dict__["_w8a8_form"] = _form_summary(layer.op, None if rounded else form, rounded)
+                layer.__dict__["_w8a8_form"] = _form_summary(layer.op, form, rounded)
             n += taken
     return n
 
