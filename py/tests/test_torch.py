@@ -869,7 +869,7 @@ def test_fp8_rounded_weights_take_every_form():
             assert hnn.quantize_activations(m, "fp8") == 0  # no exact E4M3 weight
         assert hnn.quantize_activations(m, "fp8", round_weights=True) == 2, spec
         layer = m[0]
-        assert layer.round_weights  # e8@4's points here pass ±16
+        assert layer.round_weights and layer.__dict__["_w8a8_form"][6]  # rounded: e8@4's points here pass ±16
         # Rounded as the host rounds them: float32 scales and quotients.
         w = torch.from_numpy(np.asarray(layer.op.weight())).reshape(96, 256)
         s = w.abs().amax(1) / 448
@@ -899,7 +899,12 @@ def test_fp8_rounded_weights_take_every_form():
     m = copy.deepcopy(base)
     hnn.quantize(m, method="e8-fixed4", skip=())
     assert hnn.quantize_activations(m, "fp8", round_weights=True) == 2
-    assert not m[0].round_weights  # its exact form
+    assert not m[0].__dict__["_w8a8_form"][6]  # its exact form, though rounding was allowed
+    # A weight loaded later without an exact E4M3 form is rounded, as the call allowed.
+    m[0].op = hypercodec.Linear.quantize(np.asarray(m[0].weight_dense().reshape(96, 256)), "tcq@2-l12")
+    x = torch.randn(3, 256)
+    m(x)
+    assert m[0].__dict__["_w8a8_form"][6] and torch.device("cpu") in m[0].__dict__["_w8a8"]
     with pytest.raises(hypercodec.InvalidInputError):
         hnn.quantize_activations(m, "int8", round_weights=True)
 

@@ -730,7 +730,7 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8", round_weig
             taken = exact or rounded
             # Every layer is set: the ones this mode takes on, the others off (weight-only).
             layer.activations = mode if taken else None
-            layer.round_weights = rounded
+            layer.round_weights = round_weights and taken  # asked for: a weight loaded later may need it
             layer.__dict__.pop("_w8a8", None)
             layer.__dict__.pop("_w8a8_form", None)
             if taken:  # the summary kept (an entropy-coded form's points take a while to decode)
