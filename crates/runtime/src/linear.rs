@@ -1907,15 +1907,14 @@ fn lattice_int8(
         return Ok(None);
     }
     let (d, n) = (lat.dim(), rows * cols);
-    let mut values: Vec<i8> = Vec::with_capacity(n);
+    let mut values: Vec<i8> = Vec::new();
     let mut point = [0f32; 8];
-    // One word's point appended as integers; false where a coordinate is not one in i8.
-    let push = |point: &[f32], values: &mut Vec<i8>| {
-        point.iter().all(|&v| {
+    // One word's point written as integers; false where a coordinate is not one in i8.
+    let put = |point: &[f32], dst: &mut [i8]| {
+        point.iter().zip(dst).all(|(&v, o)| {
             let q = v * mul;
-            let ok = q.fract() == 0.0 && (-128.0..=127.0).contains(&q);
-            values.push(q as i8);
-            ok
+            *o = q as i8;
+            q.fract() == 0.0 && (-128.0..=127.0).contains(&q)
         })
     };
     match &l.symbols {
@@ -1924,38 +1923,80 @@ fn lattice_int8(
             scalar::unpack_bits_range_into(packed, *bits, n, 0, &mut codes)
                 .map_err(|e| corrupt(view, format!("lattice symbols: {e}")))?;
             let mut syms = [0u32; 8];
-            for word in codes.chunks_exact(d) {
+            values.resize(n, 0);
+            for (word, dst) in codes.chunks_exact(d).zip(values.chunks_exact_mut(d)) {
                 syms[..d]
                     .iter_mut()
                     .zip(word)
                     .for_each(|(s, &c)| *s = c as u32);
                 lat.decode_word_fixed(&syms[..d], *bits, &mut point[..d]);
-                if !push(&point[..d], &mut values) {
+                if !put(&point[..d], dst) {
                     return Ok(None);
                 }
             }
         }
         Symbols::Rans(_) | Symbols::Rice(_) => {
-            let chunks = match &l.symbols {
-                Symbols::Rans(dec) => dec.chunks(),
-                Symbols::Rice(dec) => dec.chunks(),
-                Symbols::Fixed { .. } => 0,
+            let (chunks, range): (usize, &dyn Fn(Range<usize>) -> Range<usize>) = match &l.symbols {
+                Symbols::Rans(dec) => (dec.chunks(), &|r| dec.symbol_range(r)),
+                Symbols::Rice(dec) => (dec.chunks(), &|r| dec.symbol_range(r)),
+                Symbols::Fixed { .. } => (0, &|_| 0..0),
             };
-            let (mut buf, mut carry) = (Vec::new(), Vec::<u32>::new());
-            for c in 0..chunks {
-                decode_chunk(view, &l.symbols, lat, c, &mut buf)?;
-                carry.extend_from_slice(&buf);
-                let whole = carry.len() / d * d;
-                if values.len() + whole > n {
-                    return Err(corrupt(view, "symbols beyond the tensor's rows".into()));
-                }
-                for word in carry[..whole].chunks_exact(d) {
-                    lat.decode_word(word, &mut point[..d]);
-                    if !push(&point[..d], &mut values) {
-                        return Ok(None);
+            if range(0..chunks).len() != n {
+                return Err(corrupt(view, "symbols do not fill the tensor".into()));
+            }
+            // Runs of chunks decoded in parallel, each starting on a word boundary (so every
+            // word lies in one run) and writing its own stretch of `values`.
+            let aligned: Vec<usize> = (0..chunks)
+                .filter(|&c| range(c..c + 1).start % d == 0)
+                .collect();
+            let per = aligned
+                .len()
+                .div_ceil(4 * rayon::current_num_threads())
+                .max(1);
+            let firsts: Vec<usize> = aligned.iter().step_by(per).copied().collect();
+            values.resize(n, 0);
+            let mut tasks = Vec::with_capacity(firsts.len());
+            let mut rest = &mut values[..];
+            for (i, &c0) in firsts.iter().enumerate() {
+                let c1 = firsts.get(i + 1).copied().unwrap_or(chunks);
+                let (head, tail) = rest.split_at_mut(range(c0..c1).len().min(rest.len()));
+                tasks.push((c0..c1, head));
+                rest = tail;
+            }
+            let done: Vec<Result<bool>> = tasks
+                .into_par_iter()
+                .map(|(cs, out)| {
+                    let (mut buf, mut carry, mut at) = (Vec::new(), Vec::<u32>::new(), 0usize);
+                    let mut point = [0f32; 8];
+                    for c in cs {
+                        decode_chunk(view, &l.symbols, lat, c, &mut buf)?;
+                        carry.extend_from_slice(&buf);
+                        let whole = carry.len() / d * d;
+                        if at + whole > out.len() {
+                            return Err(corrupt(view, "symbols beyond the tensor's rows".into()));
+                        }
+                        for (word, dst) in carry[..whole]
+                            .chunks_exact(d)
+                            .zip(out[at..at + whole].chunks_exact_mut(d))
+                        {
+                            lat.decode_word(word, &mut point[..d]);
+                            if !put(&point[..d], dst) {
+                                return Ok(false);
+                            }
+                        }
+                        at += whole;
+                        carry.drain(..whole);
                     }
+                    if at != out.len() {
+                        return Err(corrupt(view, "symbols do not fill the tensor".into()));
+                    }
+                    Ok(true)
+                })
+                .collect();
+            for r in done {
+                if !r? {
+                    return Ok(None);
                 }
-                carry.drain(..whole);
             }
         }
     }

@@ -1140,6 +1140,13 @@ fn int8_weights_times_their_scales_are_the_stored_weight() {
             true,
             cols,
         ),
+        // Chunks of 20 symbols: words of 8 straddle every other chunk boundary (decoded in
+        // parallel runs that start on word boundaries).
+        (
+            lattice(Lattice::E8, Coding::Rice { chunk: 20 }, 256),
+            true,
+            cols,
+        ),
     ] {
         let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
         let op =
@@ -1178,9 +1185,10 @@ fn int8_weights_times_their_scales_are_the_stored_weight() {
             }
         }
     }
-    // A2's points are not integers; 8-bit E8 points scaled to α = 100 pass ±64 (±128
-    // doubled); E8 rows of 12 columns are padded to 16 in the RHT domain.
-    let wide = match lattice(Lattice::E8, Coding::Fixed { bits: 8 }, 256) {
+    // A2's points are not integers; E8 points scaled to α = 100 (8-bit fixed-rate, or
+    // entropy-coded) pass ±64 (±128 doubled); E8 rows of 12 columns are padded to 16 in the
+    // RHT domain.
+    let wide = |coding: Coding| match lattice(Lattice::E8, coding, 256) {
         Encoding::Lattice {
             alpha: _,
             lattice,
@@ -1200,7 +1208,8 @@ fn int8_weights_times_their_scales_are_the_stored_weight() {
     };
     for (e, shape) in [
         (lattice(Lattice::A2, Coding::RANS_DEFAULT, 256), shape),
-        (wide, shape),
+        (wide(Coding::Fixed { bits: 8 }), shape),
+        (wide(Coding::Rice { chunk: 20 }), shape),
         (
             lattice(Lattice::E8, Coding::Fixed { bits: 4 }, 12),
             [24, 12],
