@@ -709,15 +709,11 @@ impl Linear {
     /// answer (the scales' copy, a GPU-shaped rANS slot table and its chunk-table check), so a
     /// corrupt tensor fails here as it would on the device.
     fn device_kind(&self) -> PyResult<Option<&'static str>> {
-        use hypercodec_runtime::DeviceForm;
-        Ok(match self.op.device_form().map_err(runtime_err)? {
-            Some(DeviceForm::Affine { .. }) => Some("affine"),
-            Some(DeviceForm::Z1Fixed { .. }) => Some("z1"),
-            Some(DeviceForm::E8Fixed { .. }) => Some("e8"),
-            Some(DeviceForm::E8Rans { .. }) => Some("e8rans"),
-            Some(DeviceForm::Trellis { .. }) => Some("trellis"),
-            _ => None,
-        })
+        Ok(self
+            .op
+            .device_form()
+            .map_err(runtime_err)?
+            .map(|f| f.kind()))
     }
 
     /// The stored form as the CUDA kernels read it (`"z1"`: read by the W8A8 route only), or
@@ -735,6 +731,7 @@ impl Linear {
             return Ok(None);
         };
         let d = pyo3::types::PyDict::new(py);
+        d.set_item("kind", form.kind())?;
         match form {
             DeviceForm::Affine {
                 codes,
@@ -778,7 +775,6 @@ impl Linear {
                         }
                     })
                 };
-                d.set_item("kind", "affine")?;
                 d.set_item("codes", PyArray1::from_slice(py, codes))?;
                 d.set_item("scales", tile(&scales)?)?;
                 if offsets.is_empty() {
@@ -800,7 +796,6 @@ impl Linear {
                 tile,
                 seed,
             } => {
-                d.set_item("kind", "z1")?;
                 d.set_item("packed", PyArray1::from_slice(py, packed))?;
                 d.set_item("row_scales", PyArray1::from_vec(py, row_scales))?;
                 d.set_item("bits", bits)?;
@@ -815,7 +810,6 @@ impl Linear {
                 tile,
                 seed,
             } => {
-                d.set_item("kind", "e8")?;
                 d.set_item("packed", PyArray1::from_slice(py, packed))?;
                 d.set_item("row_scales", PyArray1::from_vec(py, row_scales))?;
                 d.set_item("words", words)?;
@@ -834,7 +828,6 @@ impl Linear {
                 tile,
                 seed,
             } => {
-                d.set_item("kind", "e8rans")?;
                 d.set_item("payload", PyArray1::from_slice(py, payload))?;
                 d.set_item("index", PyArray1::from_slice(py, index))?;
                 d.set_item("slots", PyArray1::from_vec(py, slots))?;
@@ -858,7 +851,6 @@ impl Linear {
                 tile,
                 seed,
             } => {
-                d.set_item("kind", "trellis")?;
                 d.set_item("bits", PyArray1::from_slice(py, bits))?;
                 d.set_item("row_bytes", row_bytes)?;
                 d.set_item("row_scales", PyArray1::from_vec(py, row_scales))?;

@@ -909,6 +909,28 @@ def test_fp8_rounded_weights_take_every_form():
         hnn.quantize_activations(m, "int8", round_weights=True)
 
 
+def test_fp8_rounded_weights_of_empty_tiny_and_huge_layers():
+    """``round_weights`` leaves layers without weights alone and keeps the relative precision of
+    rows of any magnitude (a scale per row, no floor): the FP8 product stays within E4M3's
+    rounding of the weight-only one for weights scaled by 1e-35 as by 1e30."""
+    z = torch.nn.Sequential(torch.nn.Linear(0, 8), torch.nn.Linear(8, 0))
+    hnn.quantize(z, method="tcq@2-l12", skip=())
+    assert hnn.quantize_activations(z, "fp8", round_weights=True) == 0
+    assert z(torch.zeros(3, 0)).shape == (3, 0)
+    torch.manual_seed(15)
+    for scale in (1e-35, 1e30):
+        lin = torch.nn.Linear(256, 32, bias=False)
+        with torch.no_grad():
+            lin.weight.mul_(scale)
+        m = torch.nn.Sequential(hnn.HyperLinear.from_linear(lin, "tcq@2-l12"))
+        x = torch.randn(4, 256)
+        weight_only = m(x).double()
+        assert hnn.quantize_activations(m, "fp8", round_weights=True) == 1
+        y = m(x).double()
+        rel = ((y - weight_only).abs().max() / weight_only.abs().max()).item()
+        assert torch.isfinite(y).all() and 0 < rel < 0.08, (scale, rel)
+
+
 def test_fp8_activations_of_group_scaled_codes_scale_each_group():
     """Group-scaled codes (``int4``: asymmetric, groups of 128) take FP8 activations with a step
     per token and group of columns, the same groups as the weight's scales, against the codes

@@ -215,6 +215,20 @@ pub enum DeviceForm<'a> {
     },
 }
 
+impl DeviceForm<'_> {
+    /// The form's name, as the front ends report it: `"affine"`, `"trellis"`, `"e8rans"`,
+    /// `"z1"` or `"e8"`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DeviceForm::Affine { .. } => "affine",
+            DeviceForm::Trellis { .. } => "trellis",
+            DeviceForm::E8Rans { .. } => "e8rans",
+            DeviceForm::Z1Fixed { .. } => "z1",
+            DeviceForm::E8Fixed { .. } => "e8",
+        }
+    }
+}
+
 /// A weight that is an int8 matrix times a scale per row, or per group of columns, plus an
 /// offset per group where the codes are asymmetric, as stored: what an int8 or FP8 GEMM with
 /// quantized activations multiplies ([`CompressedLinear::int8_weight`]). With

@@ -587,7 +587,8 @@ def _rounded_form(op: _native.Linear) -> _Int8Form:
     :data:`FP8_MAX`), as an :func:`_int8_form` whose values are float32 on E4M3's grid: the
     weight of ``quantize_activations(..., round_weights=True)`` for forms without an exact one."""
     w = _op_weight(op).reshape(op.rows, op.cols)
-    s = w.abs().amax(dim=1).clamp_min(1e-30) / FP8_MAX
+    s = w.abs().amax(dim=1) / FP8_MAX
+    s = torch.where(s > 0, s, torch.ones_like(s))  # a row of zeros: any scale (no floor for tiny rows)
     q = (w / s[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
     return q.numpy(), s.numpy(), 0, 0, op.cols, None
 
@@ -598,13 +599,22 @@ def _span(form: _Int8Form) -> int:
     return max(int(q.max(initial=0)), -int(q.min(initial=0)))
 
 
+def _route(op: _native.Linear, form: _Int8Form | None, mode: str | None, round_weights: bool) -> tuple[bool, bool]:
+    """``(exact, rounded)``: whether activations quantized by ``mode`` multiply ``op``'s integer
+    ``form`` as it is (int8: a scale per row and no offsets; FP8: magnitudes up to 16), or, with
+    ``round_weights`` (FP8 only), its decoded weight rounded to E4M3 (a weight with elements)."""
+    exact = form is not None and (
+        (mode == "int8" and form[1].ndim == 1 and form[5] is None) or (mode == "fp8" and _span(form) <= 16))
+    rounded = round_weights and mode == "fp8" and not exact and op.rows * op.cols > 0
+    return exact, rounded
+
+
 def _layer_summary(layer: Any) -> tuple[Any, ...]:
     """:func:`_form_summary` of the weight ``layer``'s quantized activations multiply: its exact
     form, or where ``round_weights`` was asked for FP8 and it has none that E4M3 holds, the
     rounded one (not decoded here)."""
     form = _int8_form(layer.op)
-    rounded = (getattr(layer, "round_weights", False) and getattr(layer, "activations", None) == "fp8"
-               and (form is None or _span(form) > 16))
+    _, rounded = _route(layer.op, form, getattr(layer, "activations", None), getattr(layer, "round_weights", False))
     return _form_summary(layer.op, form, rounded)
 
 
@@ -723,10 +733,7 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8", round_weig
     for layer in model.modules():
         if isinstance(layer, HyperLinear) and layer.op is not None:
             form = None if mode is None else _int8_form(layer.op)
-            span = None if form is None else _span(form)
-            exact = form is not None and (
-                (mode == "int8" and form[1].ndim == 1 and form[5] is None) or (mode == "fp8" and span <= 16))
-            rounded = round_weights and not exact
+            exact, rounded = _route(layer.op, form, mode, round_weights)
             taken = exact or rounded
             # Every layer is set: the ones this mode takes on, the others off (weight-only).
             layer.activations = mode if taken else None
