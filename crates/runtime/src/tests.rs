@@ -1222,3 +1222,45 @@ fn int8_weights_times_their_scales_are_the_stored_weight() {
         assert!(op.int8_weight().unwrap().is_none(), "{}", e.label());
     }
 }
+
+/// `int8_weight` of a hostile lattice tensor: garbage symbol bytes (rANS and Rice) give an
+/// error or a form of the tensor's size, never a panic; a chunk table that runs backwards is
+/// refused.
+#[test]
+fn int8_weight_of_corrupt_lattice_symbols_is_an_error_or_a_whole_form() {
+    let shape = [64u64, 256];
+    let x = values(64 * 256, 9);
+    for e in [
+        lattice(Lattice::E8, Coding::RANS_GPU, 256)
+            .for_matrix(256, 4096)
+            .with_row_aligned_chunks(256, 4),
+        lattice(Lattice::E8, Coding::Rice { chunk: 20 }, 256),
+    ] {
+        let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
+        let at = t.streams.iter().position(|(r, _)| *r == "symbols").unwrap();
+        for seed in 0..8u32 {
+            let mut bad = t.clone();
+            for (i, b) in bad.streams[at].1.iter_mut().enumerate() {
+                if (i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 7 == 0 {
+                    *b ^= 0x5a ^ seed as u8;
+                }
+            }
+            let Ok(op) =
+                CompressedLinear::from_encoded("w", &bad, &shape, None, &LoadOptions::default())
+            else {
+                continue;
+            };
+            if let Ok(Some(w)) = op.int8_weight() {
+                assert_eq!(w.values.len(), 64 * 256, "{}", e.label());
+            }
+        }
+        if let Some(at) = t.streams.iter().position(|(r, _)| *r == "index") {
+            let mut bad = t.clone();
+            bad.streams[at].1[2 * 4 * 33..2 * 4 * 33 + 4].copy_from_slice(&0u32.to_le_bytes());
+            let op =
+                CompressedLinear::from_encoded("w", &bad, &shape, None, &LoadOptions::default())
+                    .unwrap();
+            assert!(op.int8_weight().is_err(), "{}", e.label());
+        }
+    }
+}
