@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--batches", default="32,256,1024")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--specs", default="int8-row:int8,z1-fixed8:int8,int4-row:fp8,z1-fixed4:fp8",
-                    help="layers as SPEC:MODE (MODE: int8 or fp8)")
+                    help="layers as SPEC:MODE (MODE: int8, fp8, or fp8-rounded for round_weights=True)")
     ap.add_argument("--fp8-min-weights", type=int, default=None,
                     help="override hypercodec.nn.FP8_MIN_WEIGHTS (the size under which FP8 layers stay weight-only)")
     ap.add_argument("--lattice-gemv-batch", type=int, default=None,
