@@ -1,7 +1,7 @@
 """End to end on CUDA: a Llama-shaped decoder at batch 1, bf16 against compressed layers.
 
     python py/benches/cuda_e2e.py [--layers 8] [--specs int4,e8-fixed4,int8-row] [--out FILE]
-        [--prefill N] [--acts fp8 [--round-weights]]
+        [--prefill N] [--acts fp8 [--round-weights]] [--compile]
 
 A stack of Llama-3-8B-shaped blocks (hidden 4096, MLP 14336, 32 query heads and 8 key/value
 heads of 128, RMS norms, SiLU gate) plus a 32000-row output head, random weights (bf16), one
@@ -20,7 +20,9 @@ linear layer (blocks and head) by ``hypercodec.nn.HyperLinear`` with the named c
 "resident bytes per parameter" is the device memory those layers hold (PyTorch's allocator:
 every buffer of ours is a PyTorch tensor) over their parameters. Before timing, each
 compressed step is checked against the same compressed model run on the host (the CPU
-runtime). Needs a CUDA device (exits 0 with a message when there is none).
+runtime). ``--compile`` runs every configuration through ``torch.compile(fullgraph=True)``
+(inductor fuses the norms, activations and adds; each compressed layer is one opaque operator)
+before the graph is captured. Needs a CUDA device (exits 0 with a message when there is none).
 """
 
 from __future__ import annotations
@@ -101,22 +103,26 @@ class Decoder(nn.Module):
 
 class NoLinear(nn.Module):
     """A linear layer's place taken by a fixed output (no kernel): a step of these times the
-    rest of the step (norms, attention, cache writes, adds)."""
+    rest of the step (norms, attention, cache writes, adds). ``reads``: the output also reads
+    one column of the input, so that a compiler cannot drop the work that feeds the layer (an
+    add that it fuses into that work)."""
 
-    def __init__(self, like: nn.Linear) -> None:
+    def __init__(self, like: nn.Linear, reads: bool = False) -> None:
         super().__init__()
         w = like.weight
+        self.reads = reads
         self.register_buffer("out", torch.randn(1, 1, like.out_features, device=w.device, dtype=w.dtype) * 0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out.expand(*x.shape[:-1], -1)
+        out = self.out.expand(*x.shape[:-1], -1)
+        return out + x[..., :1] if self.reads else out
 
 
-def without_linears(model: nn.Module) -> nn.Module:
+def without_linears(model: nn.Module, reads: bool = False) -> nn.Module:
     for m in list(model.modules()):
         for name, c in list(m.named_children()):
             if isinstance(c, nn.Linear):
-                setattr(m, name, NoLinear(c))
+                setattr(m, name, NoLinear(c, reads))
     return model
 
 
@@ -125,8 +131,12 @@ def linear_params(model: nn.Module) -> int:
                if isinstance(m, (nn.Linear, hnn.HyperLinear)))
 
 
-def time_step(model: nn.Module, x: torch.Tensor, caches, iters: int) -> tuple[float, torch.Tensor]:
-    """Median milliseconds per decode step (CUDA graph replays) and the step's output."""
+def time_step(model: nn.Module, x: torch.Tensor, caches, iters: int, compile: bool = False) -> tuple[float, torch.Tensor]:
+    """Median milliseconds per decode step (CUDA graph replays) and the step's output
+    (``compile``: of ``torch.compile(model, fullgraph=True)``)."""
+    if compile:
+        torch._dynamo.reset()
+        model = torch.compile(model, fullgraph=True)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), torch.no_grad():
@@ -159,6 +169,7 @@ def main() -> int:
     ap.add_argument("--acts", choices=["fp8", "int8"], help="also quantize the compressed layers' activations")
     ap.add_argument("--round-weights", action="store_true",
                     help="with --acts fp8: layers without an exact E4M3 weight use their decoded weight rounded to E4M3")
+    ap.add_argument("--compile", action="store_true", help="torch.compile(fullgraph=True) every configuration before capturing")
     ap.add_argument("--fp8-min-weights", type=int, default=None,
                     help="override hypercodec.nn.FP8_MIN_WEIGHTS (the size under which FP8 layers stay weight-only)")
     a = ap.parse_args()
@@ -192,6 +203,8 @@ def main() -> int:
             else f"batch 1, context {a.context}")
     if a.acts:
         what += f", compressed layers' activations {a.acts} (`quantize_activations`)"
+    if a.compile:
+        what += ", every configuration `torch.compile(fullgraph=True)`"
     lines = [
         f"Llama-shaped decoder, {a.layers} blocks of hidden 4096 / MLP 14336 / 32 heads (8 KV) + a 32000-row "
         f"head: {params / 1e9:.2f} G linear parameters, {what}; "
@@ -205,8 +218,8 @@ def main() -> int:
     m0 = torch.cuda.memory_allocated()
     dense = copy.deepcopy(base).to(dev)
     held = torch.cuda.memory_allocated() - m0
-    ms_bf16, _ = time_step(dense, x, caches, a.iters)
-    ms_rest, _ = time_step(without_linears(dense), x, caches, a.iters)
+    ms_bf16, _ = time_step(dense, x, caches, a.iters, a.compile)
+    ms_rest, _ = time_step(without_linears(dense, reads=a.compile), x, caches, a.iters, a.compile)
     lin_bf16 = ms_bf16 - ms_rest
     lines.append(f"| bf16 (`F.linear`) | {held / params:.3f} | {ms_bf16:.3f} | {1000 * tokens / ms_bf16:.1f} | 1.00× "
                  f"| {lin_bf16:.3f} | 1.00× | – |")
@@ -231,7 +244,7 @@ def main() -> int:
             q(x, [(None, None) if k is None else (k.clone(), v.clone()) for k, v in caches])  # builds every device form
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated() - m0
-        ms, got = time_step(q, x, caches, a.iters)
+        ms, got = time_step(q, x, caches, a.iters, a.compile)
         err = float((got.float().cpu() - want).abs().max() / want.abs().max())
         lines.append(f"| {spec} | {held / params:.3f} | {ms:.3f} | {1000 * tokens / ms:.1f} | {ms_bf16 / ms:.2f}× "
                      f"| {ms - ms_rest:.3f} | {lin_bf16 / (ms - ms_rest):.2f}× | {err:.2e} |")

@@ -229,6 +229,49 @@ def test_compressed_layers_replay_in_a_cuda_graph(spec):
 
 
 @needs_cuda
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_cuda_compressed_models_compile_whole(mode, monkeypatch):
+    """`torch.compile(model, fullgraph=True)` with inductor on CUDA: each compressed layer is one
+    operator between fused kernels, and under reduce-overhead the whole step is one CUDA graph
+    of torch's; the outputs match the eager model's. Kernels of three kinds, one layer taking
+    FP8 or int8 activations, batches 1 and 16."""
+    torch.manual_seed(16)
+
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = torch.nn.Linear(256, 512)
+            self.mid = torch.nn.Linear(512, 512, bias=False)
+            self.down = torch.nn.Linear(512, 256)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype)
+            return x + self.down(torch.nn.functional.silu(self.mid(torch.relu(self.up(h)))))
+
+    model = Mlp()
+    model.up = hnn.HyperLinear.from_linear(model.up, "int4")
+    model.mid = hnn.HyperLinear.from_linear(model.mid, "e8-fixed4")
+    model.down = hnn.HyperLinear.from_linear(model.down, "tcq@2-l12")
+    model = model.to(device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setattr(hnn, "FP8_MIN_WEIGHTS", 0)
+    acts = "fp8" if torch.cuda.get_device_capability() >= (8, 9) else "int8"
+    for quantized in (False, True):
+        if quantized:  # before compiling: a CUDA graph replays the kernels it recorded
+            hnn.quantize_activations(model.mid, acts)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, mode=mode)
+        for m in (1, 16):
+            for _ in range(3):  # reduce-overhead records on a later call: check every one
+                x = torch.randn(m, 256, device="cuda", dtype=torch.bfloat16)
+                with torch.no_grad():
+                    ref = model(x)
+                    got = compiled(x).clone()
+                assert got.dtype == torch.bfloat16 and got.shape == ref.shape
+                tol = 2e-2 * ref.float().abs().max().item()
+                torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol, msg=f"{mode} {quantized} {m}")
+
+
+@needs_cuda
 @pytest.mark.parametrize("spec", ["int4", "e8-fixed4", "tcq@2-l12", "e8@4", "e8@4-gpu"])
 def test_cuda_gradients_reach_the_inputs_of_compressed_layers(spec):
     torch.manual_seed(6)

@@ -565,6 +565,62 @@ def test_compressed_models_deep_copy_and_pickle_whole(tmp_path, tied):
     assert torch.equal(back(x), fixed(x))
 
 
+class _ConvNet(torch.nn.Module):
+    """Convolutions (a padded 3×3, a strided depthwise 3×3, a 1×1), then a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(4, 16, 3, padding=1)
+        self.dw = torch.nn.Conv2d(16, 16, 3, stride=2, groups=16)
+        self.pw = torch.nn.Conv2d(16, 8, 1)
+        self.fc = torch.nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.pw(torch.relu(self.dw(torch.relu(self.c1(x))))))
+        return self.fc(x.flatten(1))
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="torch.compile support needs torch >= 2.4")
+def test_compressed_models_compile_whole_and_train_through_the_compiled_graph():
+    """`torch.compile(model, fullgraph=True)`: every stored layer is one traced operator (the
+    runtime's calls broke the graph at every layer before, and fullgraph raised), with the
+    eager outputs and input gradients."""
+    import gc
+
+    torch.manual_seed(15)
+    lm = _Lm(tied=True)
+    hnn.quantize(lm, bps=4, method="lattice", skip=(), embeddings=True)
+    net = _ConvNet()
+    hnn.quantize(net, bps=8, method="affine", skip=())
+    assert isinstance(net.dw, hnn.HyperConv2d) and net.pw.pointwise and not net.c1.pointwise
+    ids = torch.randint(0, 300, (2, 16))
+    img = torch.randn(2, 4, 9, 9, requires_grad=True)
+    for model, x in ((lm, ids), (net, img)):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        ref = model(x)
+        got = compiled(x)
+        assert got.dtype == ref.dtype and torch.allclose(got, ref, rtol=1e-5, atol=1e-6)
+        if x.is_floating_point():
+            (gx,) = torch.autograd.grad((ref**2).sum(), x)
+            (gc_,) = torch.autograd.grad((got**2).sum(), x)
+            assert gx.abs().sum() > 0 and torch.allclose(gc_, gx, rtol=1e-4, atol=1e-5)
+    # A compiled bf16 layer keeps bf16, and a copy runs its own operator under its own handle.
+    h = hnn.HyperLinear.from_linear(torch.nn.Linear(64, 32), "int4")
+    twin = copy.deepcopy(h)
+    assert twin._op_handle != h._op_handle
+    xb = torch.randn(5, 64, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    out = torch.compile(twin, fullgraph=True, backend="aot_eager")(xb)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, h(xb))
+    # A freed layer leaves no entry behind.
+    handle = twin._op_handle
+    del twin
+    torch._dynamo.reset()
+    gc.collect()
+    assert handle not in hnn._LAYERS
+
+
 def test_an_embedding_tied_to_a_skipped_head_stays_float():
     model = _Lm(tied=True)
     hnn.quantize(model, bps=4, skip=("head",), embeddings=True)

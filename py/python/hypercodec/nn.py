@@ -7,7 +7,9 @@ fallback* (the weight is decoded for the call, then ``F.conv2d``). :func:`quanti
 layers of a model in place; :func:`load_into` builds them from an archive without ever holding
 their dense weights. Built from a compressed form, these layers are inference-only; a
 ``HyperLinear(..., trainable=True)`` keeps a float master weight and trains through a
-straight-through estimator, re-quantizing every ``refresh_every`` steps.
+straight-through estimator, re-quantizing every ``refresh_every`` steps. Under
+``torch.compile`` each compressed layer traces as one operator (``hypercodec::stored_forward``),
+so ``fullgraph=True`` compiles a whole model around them.
 
     >>> import torch, hypercodec.nn as hnn
     >>> model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
@@ -18,9 +20,11 @@ straight-through estimator, re-quantizing every ``refresh_every`` steps.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -100,7 +104,7 @@ def _quantize(w: torch.Tensor, spec: str, bias: np.ndarray | None, hessian: np.n
 HWZ_KEY = "weight_hwz"
 #: Per-layer entries that copies and pickles rebuild instead of carrying: device forms and W8A8
 #: weights (raw device pointers, device tensors), a compiled call (it would run the original).
-_CACHES = ("_device_forms", "_compiled_call_impl", "_w8a8", "_w8a8_form")
+_CACHES = ("_device_forms", "_compiled_call_impl", "_w8a8", "_w8a8_form", "_op_handle")
 
 
 class _StoredForm:
@@ -125,6 +129,7 @@ class _StoredForm:
         self._hwz_source = source
         self._hwz: torch.Tensor | None = None
         self.tied = tied
+        _register(self)
 
     @property
     def weight_hwz(self) -> torch.Tensor:
@@ -188,6 +193,7 @@ class _StoredForm:
             if k in _CACHES:
                 continue  # (a compiled call would run the original layer)
             new.__dict__[k] = v if k == "op" else copy.deepcopy(v, memo)
+        _register(new)
         return new
 
     def __copy__(self) -> Any:
@@ -195,6 +201,7 @@ class _StoredForm:
         submodule tables); device forms are rebuilt at its first call."""
         new = type(self).__new__(type(self))
         new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in _CACHES})
+        _register(new)
         return new
 
     def __getstate__(self) -> dict[str, Any]:
@@ -202,7 +209,7 @@ class _StoredForm:
         (rebuilt on load); device forms are dropped. A tied layer pickles its owner's bytes
         too, and comes back with an operator of its own (``state_dict`` stores them once)."""
         state = nn.Module.__getstate__(self)
-        for k in ("_device_forms", "_w8a8", "_w8a8_form"):
+        for k in ("_device_forms", "_w8a8", "_w8a8_form", "_op_handle"):
             state.pop(k, None)
         state["_hwz_source"] = None
         if state.get("op") is not None:
@@ -224,6 +231,7 @@ class _StoredForm:
     def __setstate__(self, state: dict[str, Any]) -> None:
         tied_bytes = state.pop("_tied_hwz", None)
         nn.Module.__setstate__(self, state)
+        _register(self)
         data = tied_bytes if tied_bytes is not None else self._hwz
         if self.op is None and data is not None and data.numel():
             # (a layer read with `fixed_bits` converts again: `hf.from_hwz` records it)
@@ -275,6 +283,64 @@ def _through_stored(x: torch.Tensor, forward: Callable, backward: Callable) -> t
     if torch.is_grad_enabled() and x.requires_grad:
         return _Stored.apply(x, forward, backward)
     return forward(x)
+
+
+# torch.compile: a traced stored layer is one opaque operator, ``hypercodec::stored_forward(x,
+# layer)``, so a model with compressed layers compiles whole (``fullgraph=True``, CUDA graphs
+# around the kernels) instead of breaking its graph at every layer. The operator names its layer
+# by a handle (a string, which the tracer keeps constant), looked up in a table of weak
+# references; its fake form gives the output's shape and dtype, and its backward is the layer's
+# input gradient. Eager calls do not go through it (the dispatcher would cost every call
+# microseconds).
+_LAYERS: dict[str, weakref.ref] = {}
+_HANDLES = itertools.count()
+
+
+def _register(layer: Any) -> None:
+    """Gives ``layer`` a handle of its own (copies and unpickled layers get fresh ones)."""
+    handle = str(next(_HANDLES))
+    layer.__dict__["_op_handle"] = handle
+    _LAYERS[handle] = weakref.ref(layer, lambda _ref, h=handle: _LAYERS.pop(h, None))
+
+
+def _layer_of(handle: str) -> Any:
+    ref = _LAYERS.get(handle)
+    layer = None if ref is None else ref()
+    if layer is None:
+        raise _native.InvalidInputError(f"hypercodec layer {handle} no longer exists (a compiled graph outlived it)")
+    return layer
+
+
+_custom_op = getattr(torch.library, "custom_op", None)  # torch >= 2.4
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+if _custom_op is not None:
+
+    @_custom_op("hypercodec::stored_forward", mutates_args=())
+    def _stored_forward_op(x: torch.Tensor, layer: str) -> torch.Tensor:
+        return _layer_of(layer)._op_forward(x)
+
+    @_stored_forward_op.register_fake
+    def _(x: torch.Tensor, layer: str) -> torch.Tensor:
+        return _layer_of(layer)._op_fake(x)
+
+    def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        x, ctx.layer = inputs
+        ctx.x_shape, ctx.x_dtype = tuple(x.shape), x.dtype
+
+    def _op_backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, None]:
+        gx = _layer_of(ctx.layer)._op_backward(gy, ctx.x_shape)
+        return (None if gx is None else gx.to(ctx.x_dtype)), None
+
+    _stored_forward_op.register_autograd(_op_backward, setup_context=_op_setup)
+
+
+def _traced() -> bool:
+    """True while torch.compile traces a stored layer's forward (which then calls :func:`_as_op`)."""
+    return _custom_op is not None and _is_compiling is not None and _is_compiling()
+
+
+def _as_op(layer: Any, x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.hypercodec.stored_forward(x, layer._op_handle)
 
 
 def _decoded(layer: Any, device: torch.device) -> torch.Tensor:
@@ -721,8 +787,10 @@ def quantize_activations(model: nn.Module, mode: str | None = "int8", round_weig
 
     A backward pass through a switched layer takes the weight-only input gradient (straight
     through the activations' rounding). The setting is not part of ``state_dict``: call this
-    again after loading a model (before loading, it switches nothing). Needs torch ≥ 2.3 (CPU
-    int8 GEMM); ``"fp8"`` needs ``torch.float8_e4m3fn`` (torch ≥ 2.1)."""
+    again after loading a model (before loading, it switches nothing), and before capturing
+    the model in a CUDA graph (``torch.compile(mode="reduce-overhead")`` too): a captured graph
+    replays the kernels it recorded. Needs torch ≥ 2.3 (CPU int8 GEMM); ``"fp8"`` needs
+    ``torch.float8_e4m3fn`` (torch ≥ 2.1)."""
     if mode not in ("int8", "fp8", None):
         raise _native.InvalidInputError(f"activation quantization {mode!r}: use 'int8', 'fp8' or None")
     if round_weights and mode != "fp8":
@@ -853,6 +921,8 @@ class HyperLinear(_StoredForm, nn.Module):
             # Left training: the compressed form reflects the latest master weight.
             self.refresh()
             self._steps = 0
+        if _traced():
+            return _as_op(self, x)
         return _through_stored(x, self._stored_forward, self._input_grad)
 
     def _stored_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -866,6 +936,14 @@ class HyperLinear(_StoredForm, nn.Module):
             return _on_device(self, x.device).forward(x)
         y = torch.from_numpy(self.op.forward(_f32(x)))
         return y.to(dtype=x.dtype, device=x.device)
+
+    _op_forward = _stored_forward
+
+    def _op_fake(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], self.out_features))
+
+    def _op_backward(self, gy: torch.Tensor, x_shape: tuple[int, ...]) -> torch.Tensor:
+        return self._input_grad(gy)
 
     def weight_dense(self) -> torch.Tensor:
         """The decoded weight (for checks; the layer itself never holds it)."""
@@ -932,15 +1010,39 @@ class HyperConv2d(_StoredForm, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.op is None:
             raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
+        if _traced():
+            return _as_op(self, x)
         if self.pointwise and x.shape[1] > 0:
-            # A 1×1 convolution runs on the matrix form; its input gradient is ∂y's channels
-            # times the decoded matrix. (Without input channels it takes the decoded weight's
-            # path below, so its output is PyTorch's: empty.)
-            return _through_stored(
-                x,
-                self._pointwise_forward,
-                lambda gy: self._input_grad(gy.permute(0, 2, 3, 1)).permute(0, 3, 1, 2),
-            )
+            # A 1×1 convolution runs on the matrix form. (Without input channels it takes the
+            # decoded weight's path, so its output is PyTorch's: empty.)
+            return _through_stored(x, self._pointwise_forward, self._pointwise_grad)
+        return self._decoded_forward(x)
+
+    def _pointwise_grad(self, gy: torch.Tensor) -> torch.Tensor:
+        """A 1×1 convolution's input gradient: ``∂y``'s channels times the decoded matrix."""
+        return self._input_grad(gy.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+    def _op_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pointwise and x.shape[1] > 0:
+            return self._pointwise_forward(x)
+        return self._decoded_forward(x)
+
+    def _op_fake(self, x: torch.Tensor) -> torch.Tensor:
+        w = x.new_empty(self.weight_shape)
+        return nn.functional.conv2d(x, w, None, self.stride, self.padding, self.dilation, self.groups)
+
+    def _op_backward(self, gy: torch.Tensor, x_shape: tuple[int, ...]) -> torch.Tensor:
+        if self.pointwise and x_shape[1] > 0:
+            return self._pointwise_grad(gy)
+        # The convolution is linear in its input: its gradient is that of any input (zeros).
+        w = _op_weight(self.op).reshape(self.weight_shape).to(gy.device)
+        with torch.enable_grad():
+            x0 = torch.zeros(x_shape, device=gy.device, requires_grad=True)
+            y = nn.functional.conv2d(x0, w, None, self.stride, self.padding, self.dilation, self.groups)
+            return torch.autograd.grad(y, x0, gy.float())[0]
+
+    def _decoded_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The decode fallback: ``F.conv2d`` with the decoded weight."""
         if x.is_cuda:
             # The decode fallback, with the weight decoded once and kept on the device (its
             # stored form is not uploaded: nothing would read it).
@@ -1029,6 +1131,17 @@ class HyperEmbedding(_StoredForm, nn.Module):
             raise _native.InvalidInputError("this HyperEmbedding has no table yet: load its state dict (weight_hwz) first")
         if ids.is_floating_point() or ids.is_complex():
             raise _native.InvalidInputError(f"embedding ids must be integers, got {ids.dtype}")
+        if _traced():
+            return _as_op(self, ids)
+        return self._op_forward(ids)
+
+    def _op_fake(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.new_empty((*ids.shape, self.embedding_dim), dtype=self.dtype)
+
+    def _op_backward(self, gy: torch.Tensor, x_shape: tuple[int, ...]) -> None:
+        return None  # (integer ids take no gradient)
+
+    def _op_forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.detach().reshape(-1).to(torch.int64).cpu().numpy()
         rows = torch.from_numpy(self.op.rows_of(flat))
         return rows.reshape(*ids.shape, self.embedding_dim).to(device=ids.device, dtype=self.dtype)
