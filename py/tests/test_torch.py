@@ -613,9 +613,32 @@ def test_compressed_models_compile_whole_and_train_through_the_compiled_graph():
     torch._dynamo.reset()
     out = torch.compile(twin, fullgraph=True, backend="aot_eager")(xb)
     assert out.dtype == torch.bfloat16 and torch.equal(out, h(xb))
+    # The compiled backward reads the layer when it runs: new weights loaded after compiling
+    # give the new input gradient (a traced product would keep the old weight as a constant).
+    xg = torch.randn(4, 64, requires_grad=True)
+    torch._dynamo.reset()
+    c = torch.compile(twin, fullgraph=True, backend="aot_eager")
+    c(xg).sum().backward()
+    twin.load_state_dict(hnn.HyperLinear.from_linear(torch.nn.Linear(64, 32), "int4").state_dict())
+    (g_compiled,) = torch.autograd.grad(c(xg).sum(), xg)
+    (g_eager,) = torch.autograd.grad(twin(xg).sum(), xg)
+    assert torch.allclose(g_compiled, g_eager, rtol=1e-5, atol=1e-6)
+    # The fake forms agree with the real outputs in shape, dtype and strides (a 1×1 convolution
+    # of a channels_last image returns a contiguous one), for both operators.
+    img_cl = torch.randn(2, 16, 5, 5).to(memory_format=torch.channels_last).requires_grad_(True)
+    for layer, x in ((net.pw, img_cl), (net.dw, img_cl), (h, torch.randn(3, 7, 64, requires_grad=True))):
+        torch.library.opcheck(torch.ops.hypercodec.stored_forward.default, (x, layer._op_handle))
+        gy = layer(x).detach()
+        torch.library.opcheck(torch.ops.hypercodec.stored_input_grad.default, (gy, layer._op_handle, list(x.shape)))
+    # One unbatched image, as nn.Conv2d takes it.
+    one = img_cl.detach()
+    assert torch.allclose(net.pw(one[0]), net.pw(one[:1])[0]) and torch.allclose(net.dw(one[0]), net.dw(one[:1])[0])
+    # Handles are unique to the process: a graph from elsewhere names no layer here.
+    with pytest.raises(hypercodec.InvalidInputError, match="not in this process"):
+        torch.ops.hypercodec.stored_forward(torch.randn(2, 64), "0123456789ab.0")
     # A freed layer leaves no entry behind.
     handle = twin._op_handle
-    del twin
+    del twin, c
     torch._dynamo.reset()
     gc.collect()
     assert handle not in hnn._LAYERS

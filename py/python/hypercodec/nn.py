@@ -8,8 +8,8 @@ layers of a model in place; :func:`load_into` builds them from an archive withou
 their dense weights. Built from a compressed form, these layers are inference-only; a
 ``HyperLinear(..., trainable=True)`` keeps a float master weight and trains through a
 straight-through estimator, re-quantizing every ``refresh_every`` steps. Under
-``torch.compile`` each compressed layer traces as one operator (``hypercodec::stored_forward``),
-so ``fullgraph=True`` compiles a whole model around them.
+``torch.compile`` each inference layer traces as one operator (``hypercodec::stored_forward``,
+``stored_lookup`` for tables), so ``fullgraph=True`` compiles a whole model around them.
 
     >>> import torch, hypercodec.nn as hnn
     >>> model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -288,17 +289,21 @@ def _through_stored(x: torch.Tensor, forward: Callable, backward: Callable) -> t
 # torch.compile: a traced stored layer is one opaque operator, ``hypercodec::stored_forward(x,
 # layer)``, so a model with compressed layers compiles whole (``fullgraph=True``, CUDA graphs
 # around the kernels) instead of breaking its graph at every layer. The operator names its layer
-# by a handle (a string, which the tracer keeps constant), looked up in a table of weak
-# references; its fake form gives the output's shape and dtype, and its backward is the layer's
-# input gradient. Eager calls do not go through it (the dispatcher would cost every call
+# by a handle (a string, which the tracer keeps constant; unique to this process, so a graph
+# saved elsewhere cannot run another layer), looked up in a table of weak references; its fake
+# form gives the output's shape, dtype and strides. Its backward is a second operator,
+# ``hypercodec::stored_input_grad(∂y, layer, x_shape)``, so that the traced backward reads the
+# layer when it runs (a traced product would keep the weight decoded at trace time as a
+# constant). Eager calls do not go through them (the dispatcher would cost every call
 # microseconds).
 _LAYERS: dict[str, weakref.ref] = {}
 _HANDLES = itertools.count()
+_PROCESS = uuid.uuid4().hex[:12]
 
 
 def _register(layer: Any) -> None:
     """Gives ``layer`` a handle of its own (copies and unpickled layers get fresh ones)."""
-    handle = str(next(_HANDLES))
+    handle = f"{_PROCESS}.{next(_HANDLES)}"
     layer.__dict__["_op_handle"] = handle
     _LAYERS[handle] = weakref.ref(layer, lambda _ref, h=handle: _LAYERS.pop(h, None))
 
@@ -307,7 +312,10 @@ def _layer_of(handle: str) -> Any:
     ref = _LAYERS.get(handle)
     layer = None if ref is None else ref()
     if layer is None:
-        raise _native.InvalidInputError(f"hypercodec layer {handle} no longer exists (a compiled graph outlived it)")
+        raise _native.InvalidInputError(
+            f"hypercodec layer {handle} is not in this process (a compiled graph outlived it, or an "
+            "exported program was loaded elsewhere: such a program names layers, it does not hold them)"
+        )
     return layer
 
 
@@ -323,15 +331,40 @@ if _custom_op is not None:
     def _(x: torch.Tensor, layer: str) -> torch.Tensor:
         return _layer_of(layer)._op_fake(x)
 
+    @_custom_op("hypercodec::stored_input_grad", mutates_args=())
+    def _stored_input_grad_op(gy: torch.Tensor, layer: str, x_shape: list[int]) -> torch.Tensor:
+        return _layer_of(layer)._op_backward(gy, tuple(x_shape)).to(gy.dtype).contiguous()
+
+    @_stored_input_grad_op.register_fake
+    def _(gy: torch.Tensor, layer: str, x_shape: list[int]) -> torch.Tensor:
+        return gy.new_empty(x_shape)
+
     def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
         x, ctx.layer = inputs
-        ctx.x_shape, ctx.x_dtype = tuple(x.shape), x.dtype
+        ctx.x_shape, ctx.x_dtype = list(x.shape), x.dtype
 
     def _op_backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, None]:
-        gx = _layer_of(ctx.layer)._op_backward(gy, ctx.x_shape)
-        return (None if gx is None else gx.to(ctx.x_dtype)), None
+        gx = torch.ops.hypercodec.stored_input_grad(gy.contiguous(), ctx.layer, ctx.x_shape)
+        return gx.to(ctx.x_dtype), None
 
     _stored_forward_op.register_autograd(_op_backward, setup_context=_op_setup)
+
+    # An embedding reads its ids on the host: a CUDA graph cannot hold that (torch.compile's
+    # reduce-overhead leaves a step with one out of its graphs, where torch knows the tag).
+    _unsafe = getattr(torch.Tag, "cudagraph_unsafe", None)
+    try:
+        _lookup = _custom_op("hypercodec::stored_lookup", mutates_args=(), tags=() if _unsafe is None else (_unsafe,))
+    except TypeError:  # a torch without tags here
+        _lookup = _custom_op("hypercodec::stored_lookup", mutates_args=())
+
+    @_lookup
+    def _stored_lookup_op(ids: torch.Tensor, layer: str) -> torch.Tensor:
+        return _layer_of(layer)._op_forward(ids)
+
+    @_stored_lookup_op.register_fake
+    def _(ids: torch.Tensor, layer: str) -> torch.Tensor:
+        return _layer_of(layer)._op_fake(ids)
+
 
 
 def _traced() -> bool:
@@ -1010,6 +1043,8 @@ class HyperConv2d(_StoredForm, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.op is None:
             raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
+        if x.dim() == 3:  # one unbatched image, as nn.Conv2d takes
+            return self(x.unsqueeze(0)).squeeze(0)
         if _traced():
             return _as_op(self, x)
         if self.pointwise and x.shape[1] > 0:
@@ -1029,17 +1064,26 @@ class HyperConv2d(_StoredForm, nn.Module):
 
     def _op_fake(self, x: torch.Tensor) -> torch.Tensor:
         w = x.new_empty(self.weight_shape)
-        return nn.functional.conv2d(x, w, None, self.stride, self.padding, self.dilation, self.groups)
+        y = nn.functional.conv2d(x, w, None, self.stride, self.padding, self.dilation, self.groups)
+        return y.contiguous() if self.pointwise and x.shape[1] > 0 else y  # (as _pointwise_forward)
 
     def _op_backward(self, gy: torch.Tensor, x_shape: tuple[int, ...]) -> torch.Tensor:
         if self.pointwise and x_shape[1] > 0:
             return self._pointwise_grad(gy)
-        # The convolution is linear in its input: its gradient is that of any input (zeros).
+        # The transposed convolution, on the input padded explicitly ("same" may pad one more
+        # on the far side), then cropped; no autograd (this runs inside an operator).
         w = _op_weight(self.op).reshape(self.weight_shape).to(gy.device)
-        with torch.enable_grad():
-            x0 = torch.zeros(x_shape, device=gy.device, requires_grad=True)
-            y = nn.functional.conv2d(x0, w, None, self.stride, self.padding, self.dilation, self.groups)
-            return torch.autograd.grad(y, x0, gy.float())[0]
+        pads = []
+        for d in range(2):
+            if isinstance(self.padding, str):
+                total = 0 if self.padding == "valid" else self.dilation[d] * (self.weight_shape[2 + d] - 1)
+                pads.append((total // 2, total - total // 2))
+            else:
+                pads.append((self.padding[d], self.padding[d]))
+        n, c, h, wd = x_shape
+        padded = (n, c, h + sum(pads[0]), wd + sum(pads[1]))
+        g = torch.nn.grad.conv2d_input(padded, w, gy.float(), self.stride, 0, self.dilation, self.groups)
+        return g[:, :, pads[0][0] : pads[0][0] + h, pads[1][0] : pads[1][0] + wd]
 
     def _decoded_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The decode fallback: ``F.conv2d`` with the decoded weight."""
@@ -1132,14 +1176,11 @@ class HyperEmbedding(_StoredForm, nn.Module):
         if ids.is_floating_point() or ids.is_complex():
             raise _native.InvalidInputError(f"embedding ids must be integers, got {ids.dtype}")
         if _traced():
-            return _as_op(self, ids)
+            return torch.ops.hypercodec.stored_lookup(ids, self._op_handle)
         return self._op_forward(ids)
 
     def _op_fake(self, ids: torch.Tensor) -> torch.Tensor:
         return ids.new_empty((*ids.shape, self.embedding_dim), dtype=self.dtype)
-
-    def _op_backward(self, gy: torch.Tensor, x_shape: tuple[int, ...]) -> None:
-        return None  # (integer ids take no gradient)
 
     def _op_forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.detach().reshape(-1).to(torch.int64).cpu().numpy()
