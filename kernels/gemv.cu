@@ -83,9 +83,64 @@ __device__ __forceinline__ void hc_fwht8_warp(float* v, int tile, int lane) {
     }
 }
 
+// The last log2(G) butterfly stages of a tile of 256·G values (G = 2..16) whose first 8 stages
+// are done, in shared memory `s`: the G values s[p + 256·g] of each p < 256 combine in
+// registers (G = 16: two lanes of a warp hold 8 each, the last stage across them), after one
+// barrier, and go straight to `out` (f32) and `out16` (f16 unless null) at `base + index`.
+template <int G>
+__device__ __forceinline__ void hc_rht_tail(const float* s, int t, float norm, float* out, void* out16,
+                                            long long base) {
+    if constexpr (G <= 8) {
+#pragma unroll
+        for (int j = 0; j < 8 / G; j++) {
+            const int p = t + 32 * G * j;
+            float v[G];
+#pragma unroll
+            for (int g = 0; g < G; g++) v[g] = s[p + 256 * g];
+#pragma unroll
+            for (int h = 1; h < G; h <<= 1)
+#pragma unroll
+                for (int g = 0; g < G; g++)
+                    if (!(g & h)) {
+                        const float a = v[g], b = v[g + h];
+                        v[g] = a + b;
+                        v[g + h] = a - b;
+                    }
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                out[base + p + 256 * g] = v[g] * norm;
+                if (out16) hc_store(out16, HC_F16, base + p + 256 * g, v[g] * norm);
+            }
+        }
+    } else {
+        static_assert(G == 16, "tiles of 512..4096 values");
+        const int lane = t & 31, half = lane >> 4, p = (lane & 15) + 16 * (t >> 5);
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = s[p + 256 * (8 * half + i)];
+#pragma unroll
+        for (int h = 1; h < 8; h <<= 1)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (!(i & h)) {
+                    const float a = v[i], b = v[i + h];
+                    v[i] = a + b;
+                    v[i + h] = a - b;
+                }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[i], 16);
+            const float r = (half ? o - v[i] : v[i] + o) * norm;
+            out[base + p + 256 * (8 * half + i)] = r;
+            if (out16) hc_store(out16, HC_F16, base + p + 256 * (8 * half + i), r);
+        }
+    }
+}
+
 // The same for tiles of 256..4096 values and 16-byte aligned activations: tile / 8 threads per
 // block, each holding 8 values: the first 3 butterfly stages in registers, the next 5 across
-// the warp's lanes (shuffles), the rest in shared memory (tiles above 256 only).
+// the warp's lanes (shuffles), the rest (tiles above 256 only) after one barrier in registers
+// again (hc_rht_tail).
 extern "C" __global__ void hc_rht_fast(const void* __restrict__ x, int xdtype, float* __restrict__ out,
                                        int cols, int width, int tile, unsigned long long seed,
                                        void* __restrict__ out16) {
@@ -97,27 +152,25 @@ extern "C" __global__ void hc_rht_fast(const void* __restrict__ x, int xdtype, f
     hc_load8(x, xdtype, (long long)m * cols + j0, v);
     hc_signs8(v, seed, j0);
     hc_fwht8_warp(v, tile, lane);
-    if (tile > 256) {
+    const float norm = rsqrtf((float)tile);
+    if (tile == 256) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] *= norm;
+        hc_store8(out, HC_F32, (long long)m * width + j0, v, 8, true);
+        if (out16)
+            hc_store8(out16, HC_F16, (long long)m * width + j0, v, 8, hc_aligned16(out16) && (width & 7) == 0);
+    } else {
 #pragma unroll
         for (int k = 0; k < 8; k++) s[8 * t + k] = v[k];
         __syncthreads();
-        for (int h = 256; h < tile; h <<= 1) {
-            for (int k = t; k < tile / 2; k += blockDim.x) {
-                const int i = (k / h) * 2 * h + (k % h);
-                const float a = s[i], b = s[i + h];
-                s[i] = a + b;
-                s[i + h] = a - b;
-            }
-            __syncthreads();
+        const long long base = (long long)m * width + t0;
+        switch (tile) {
+            case 512: hc_rht_tail<2>(s, t, norm, out, out16, base); break;
+            case 1024: hc_rht_tail<4>(s, t, norm, out, out16, base); break;
+            case 2048: hc_rht_tail<8>(s, t, norm, out, out16, base); break;
+            default: hc_rht_tail<16>(s, t, norm, out, out16, base); break;
         }
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = s[8 * t + k];
     }
-    const float norm = rsqrtf((float)tile);
-#pragma unroll
-    for (int k = 0; k < 8; k++) v[k] *= norm;
-    hc_store8(out, HC_F32, (long long)m * width + j0, v, 8, true);
-    if (out16) hc_store8(out16, HC_F16, (long long)m * width + j0, v, 8, hc_aligned16(out16) && (width & 7) == 0);
     if (blockIdx.x == 0) {
         for (int j = cols + t; j < width; j += blockDim.x) {
             out[(long long)m * width + j] = 0.f;

@@ -269,6 +269,25 @@ def test_cuda_compressed_models_compile_whole(mode, monkeypatch):
                 assert got.dtype == torch.bfloat16 and got.shape == ref.shape
                 tol = 2e-2 * ref.float().abs().max().item()
                 torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol, msg=f"{mode} {quantized} {m}")
+    # An embedding (its ids read on the host) in front: compiled whole, and left out of the
+    # CUDA graphs under reduce-overhead rather than failing to capture.
+    lm = torch.nn.Sequential(torch.nn.Embedding(100, 256), model)
+    lm[0] = hnn.HyperEmbedding.from_embedding(lm[0], "int8").to("cuda")
+    lm[0].dtype = torch.bfloat16
+    torch._dynamo.reset()
+    compiled_lm = torch.compile(lm, fullgraph=True, mode=mode)
+    for _ in range(3):
+        ids = torch.randint(0, 100, (2, 5), device="cuda")
+        with torch.no_grad():
+            ref, got = lm(ids), compiled_lm(ids).clone()
+        tol = 2e-2 * ref.float().abs().max().item()
+        torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol, msg=f"{mode} embedding")
+    if mode == "default":  # the compiled backward: each layer's input gradient on the device
+        x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        (want,) = torch.autograd.grad(model(x).float().square().sum(), x)
+        (got,) = torch.autograd.grad(compiled(x).float().square().sum(), x)
+        tol = 2e-2 * want.float().abs().max().item()
+        torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=tol, msg="input gradient")
 
 
 @needs_cuda
@@ -700,6 +719,27 @@ def test_cuda_rht_f16_copy_is_its_f32_output_rounded(m, cols, width, tile, offse
                 torch.empty(m, width, dtype=torch.float16)]:
         with pytest.raises(hypercodec.InvalidInputError):
             hcuda.rht(x2, width, tile, 11, bad)
+
+
+@needs_cuda
+@pytest.mark.parametrize("tile", [32, 256, 512, 1024, 2048, 4096])
+def test_cuda_rht_matches_the_host_for_every_tile(tile):
+    """Each tile size's butterfly path (hc_rht below 256; hc_rht_fast's warp stages, then one
+    barrier and the last 1-4 stages in registers, the 4096 tile's last across two lanes)
+    against the host's signs and Walsh–Hadamard transform; two tiles a row, three rows, rows
+    padded past the columns, bf16 input."""
+    from hypercodec.nn import _rht
+
+    torch.manual_seed(tile)
+    cols, width = 2 * tile, 2 * tile + 8
+    x = torch.randn(3, cols, device="cuda")
+    out16 = torch.full((3, width), float("nan"), dtype=torch.float16, device="cuda")
+    for xin in (x, x.bfloat16()):
+        got = hcuda.rht(xin, width, tile, 77, out16)
+        want = _rht(xin.float().cpu(), tile, 77)
+        torch.testing.assert_close(got[:, :cols].cpu(), want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got[:, cols:].cpu(), torch.zeros(3, 8))
+        assert torch.equal(out16, got.half())
 
 
 def _kv_args(p, rows, toks, dtype_code):
