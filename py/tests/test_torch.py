@@ -609,6 +609,7 @@ def test_compressed_models_compile_whole_and_train_through_the_compiled_graph():
     h = hnn.HyperLinear.from_linear(torch.nn.Linear(64, 32), "int4")
     twin = copy.deepcopy(h)
     assert twin._op_handle != h._op_handle
+    assert h._replicate_for_data_parallel()._op_handle != h._op_handle  # nn.DataParallel's replicas
     xb = torch.randn(5, 64, dtype=torch.bfloat16)
     torch._dynamo.reset()
     out = torch.compile(twin, fullgraph=True, backend="aot_eager")(xb)

@@ -205,6 +205,12 @@ class _StoredForm:
         _register(new)
         return new
 
+    def _replicate_for_data_parallel(self) -> Any:
+        """``nn.DataParallel``'s replica (it copies ``__dict__``) under a handle of its own."""
+        replica = super()._replicate_for_data_parallel()
+        _register(replica)
+        return replica
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickling (``torch.save(model)``): the stored form as bytes in place of the operator
         (rebuilt on load); device forms are dropped. A tied layer pickles its owner's bytes
