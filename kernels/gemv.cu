@@ -58,19 +58,25 @@ __device__ __forceinline__ void hc_signs8(float* v, unsigned long long seed, lon
         if ((w >> ((j0 + k) % 64)) & 1ull) v[k] = -v[k];
 }
 
-// The unnormalized Walsh–Hadamard butterflies of 8 values per lane over tiles of `tile`
-// values, as far as a warp reaches (tiles up to 256): 3 stages in registers, the rest across
-// lanes (every lane of the warp takes part).
-__device__ __forceinline__ void hc_fwht8_warp(float* v, int tile, int lane) {
+// The unnormalized Walsh–Hadamard butterflies of N values held in registers (all log2 N stages).
+template <int N>
+__device__ __forceinline__ void hc_fwht_regs(float* v) {
 #pragma unroll
-    for (int h = 1; h < 8; h <<= 1)
+    for (int h = 1; h < N; h <<= 1)
 #pragma unroll
-        for (int k = 0; k < 8; k++)
+        for (int k = 0; k < N; k++)
             if (!(k & h)) {
                 const float a = v[k], b = v[k + h];
                 v[k] = a + b;
                 v[k + h] = a - b;
             }
+}
+
+// The unnormalized Walsh–Hadamard butterflies of 8 values per lane over tiles of `tile`
+// values, as far as a warp reaches (tiles up to 256): 3 stages in registers, the rest across
+// lanes (every lane of the warp takes part).
+__device__ __forceinline__ void hc_fwht8_warp(float* v, int tile, int lane) {
+    hc_fwht_regs<8>(v);
 #pragma unroll
     for (int b = 0; b < 5; b++) {
         if ((8 << b) >= tile) break;
@@ -97,15 +103,7 @@ __device__ __forceinline__ void hc_rht_tail(const float* s, int t, float norm, f
             float v[G];
 #pragma unroll
             for (int g = 0; g < G; g++) v[g] = s[p + 256 * g];
-#pragma unroll
-            for (int h = 1; h < G; h <<= 1)
-#pragma unroll
-                for (int g = 0; g < G; g++)
-                    if (!(g & h)) {
-                        const float a = v[g], b = v[g + h];
-                        v[g] = a + b;
-                        v[g + h] = a - b;
-                    }
+            hc_fwht_regs<G>(v);
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 out[base + p + 256 * g] = v[g] * norm;
@@ -118,15 +116,7 @@ __device__ __forceinline__ void hc_rht_tail(const float* s, int t, float norm, f
         float v[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) v[i] = s[p + 256 * (8 * half + i)];
-#pragma unroll
-        for (int h = 1; h < 8; h <<= 1)
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (!(i & h)) {
-                    const float a = v[i], b = v[i + h];
-                    v[i] = a + b;
-                    v[i + h] = a - b;
-                }
+        hc_fwht_regs<8>(v);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const float o = __shfl_xor_sync(0xffffffffu, v[i], 16);
