@@ -197,6 +197,36 @@ def test_straight_through_training_reaches_the_float_loss():
     assert q4 <= 1.1 * f32, (q4, f32)
 
 
+@pytest.mark.skipif(not hasattr(torch, "compiler"), reason="torch.compile support needs torch >= 2.2")
+def test_straight_through_training_compiles_without_a_graph_per_step():
+    """Under torch.compile the re-quantizing step is left out of the graph: the step counter
+    used to be traced, so every step recompiled (until the cache limit sent it back to eager)."""
+    torch.manual_seed(3)
+    base = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    hnn.quantize(base, bps=4, method="affine", skip=(), trainable=True, refresh_every=3)
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x, y = torch.randn(64, 32), torch.randn(64, 1)
+    trained = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        model = copy.deepcopy(base).train()
+        run = torch.compile(model, backend=backend) if compiled else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(12):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(run(x), y).backward()
+            opt.step()
+        trained.append(model)
+    for a, b in zip(trained[0].parameters(), trained[1].parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert 0 < len(graphs) <= 4, len(graphs)
+
+
 def test_seed_aliases_map_onto_hypercodec(tmp_path):
     from hypercodec import compat
 

@@ -373,6 +373,12 @@ if _custom_op is not None:
 
 
 
+def _compiler_disable(fn: Callable) -> Callable:
+    """``torch.compiler.disable`` where torch has it (≥ 2.2)."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return fn if disable is None else disable(fn)
+
+
 def _traced() -> bool:
     """True while torch.compile traces a stored layer's forward (which then calls :func:`_as_op`)."""
     return _custom_op is not None and _is_compiling is not None and _is_compiling()
@@ -948,12 +954,7 @@ class HyperLinear(_StoredForm, nn.Module):
         if self.op is None:
             raise _native.InvalidInputError("this HyperLinear has no weight yet: load its state dict (weight_hwz) first")
         if self.weight is not None and self.training and torch.is_grad_enabled():
-            if self._steps % self.refresh_every == 0 or self._wq is None:
-                if self._steps > 0:
-                    self.refresh()
-                self._wq = _op_weight(self.op)
-            self._steps += 1
-            wq = self._wq.to(device=self.weight.device)
+            wq = self._training_weight().to(device=self.weight.device)
             w = self.weight + (wq - self.weight).detach()
             return nn.functional.linear(x, w.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         if self.weight is not None and self._steps > 0 and self._wq is not None:
@@ -963,6 +964,18 @@ class HyperLinear(_StoredForm, nn.Module):
         if _traced():
             return _as_op(self, x)
         return _through_stored(x, self._stored_forward, self._input_grad)
+
+    @_compiler_disable
+    def _training_weight(self) -> torch.Tensor:
+        """The quantized weight of this training step, re-quantized from the master weight every
+        ``refresh_every`` steps (not traced: torch.compile breaks its graph here instead of
+        recompiling at every step for the step counter)."""
+        if self._steps % self.refresh_every == 0 or self._wq is None:
+            if self._steps > 0:
+                self.refresh()
+            self._wq = _op_weight(self.op)
+        self._steps += 1
+        return self._wq
 
     def _stored_forward(self, x: torch.Tensor) -> torch.Tensor:
         w8 = _w8a8_ready(self, x)
