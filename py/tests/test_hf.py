@@ -99,6 +99,12 @@ def test_quantize_on_load_through_transformers_registry(monkeypatch, tmp_path):
         a = base(**batch).last_hidden_state.mean(1)
         b = q(**batch).last_hidden_state.mean(1)
     assert torch.nn.functional.cosine_similarity(a, b, dim=1).min() > 0.99
+    # The quantized transformers model compiles whole (each stored layer one operator).
+    if hasattr(torch.library, "custom_op"):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            compiled = torch.compile(q, fullgraph=True, backend="aot_eager")(**batch).last_hidden_state.mean(1)
+        assert torch.allclose(compiled, b, rtol=1e-5, atol=1e-6)
     # save_pretrained / from_pretrained round-trip the quantized model: each layer's stored
     # form travels as its `weight_hwz` tensor, loaded into placeholders (no dense weight).
     q.save_pretrained(tmp_path / "q")
