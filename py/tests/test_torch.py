@@ -664,6 +664,18 @@ def test_compressed_models_compile_whole_and_train_through_the_compiled_graph():
     # One unbatched image, as nn.Conv2d takes it.
     one = img_cl.detach()
     assert torch.allclose(net.pw(one[0]), net.pw(one[:1])[0]) and torch.allclose(net.dw(one[0]), net.dw(one[:1])[0])
+    calls = []
+    hook = net.dw.register_forward_hook(lambda m, i, o: calls.append(o.shape))
+    net.dw(one[0])
+    hook.remove()
+    assert len(calls) == 1  # (the batch of one went round the module's hooks a second time)
+    # A bias set to train gets its gradient through the compiled graph, as in eager mode.
+    net.dw.bias.requires_grad_(True)
+    torch._dynamo.reset()
+    (gb_compiled,) = torch.autograd.grad(torch.compile(net.dw, fullgraph=True, backend="aot_eager")(one).sum(), net.dw.bias)
+    (gb_eager,) = torch.autograd.grad(net.dw(one).sum(), net.dw.bias)
+    assert gb_eager.abs().sum() > 0 and torch.allclose(gb_compiled, gb_eager)
+    net.dw.bias.requires_grad_(False)
     # Handles are unique to the process: a graph from elsewhere names no layer here.
     with pytest.raises(hypercodec.InvalidInputError, match="not in this process"):
         torch.ops.hypercodec.stored_forward(torch.randn(2, 64), "0123456789ab.0")

@@ -239,6 +239,8 @@ class _StoredForm:
         tied_bytes = state.pop("_tied_hwz", None)
         nn.Module.__setstate__(self, state)
         _register(self)
+        if getattr(self, "weight", None) is not None:  # a trainable layer
+            _untraced_training_weight()
         data = tied_bytes if tied_bytes is not None else self._hwz
         if self.op is None and data is not None and data.numel():
             # (a layer read with `fixed_bits` converts again: `hf.from_hwz` records it)
@@ -373,10 +375,16 @@ if _custom_op is not None:
 
 
 
-def _compiler_disable(fn: Callable) -> Callable:
-    """``torch.compiler.disable`` where torch has it (≥ 2.2)."""
+#: ``HyperLinear._training_weight`` under ``torch.compiler.disable`` (torch ≥ 2.2), made when a
+#: trainable layer is (``torch.compiler.disable`` imports dynamo: 2 s that inference skips).
+_TRAINING_WEIGHT: Callable | None = None
+
+
+def _untraced_training_weight() -> None:
+    global _TRAINING_WEIGHT
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    return fn if disable is None else disable(fn)
+    if _TRAINING_WEIGHT is None and disable is not None:
+        _TRAINING_WEIGHT = disable(HyperLinear._training_weight)
 
 
 def _traced() -> bool:
@@ -890,6 +898,7 @@ class HyperLinear(_StoredForm, nn.Module):
         self._steps = 0
         self._wq: torch.Tensor | None = None
         if master is not None:
+            _untraced_training_weight()
             self.weight = nn.Parameter(master.weight.detach().to(torch.float32).clone())
             self.bias = (
                 nn.Parameter(master.bias.detach().to(torch.float32).clone()) if master.bias is not None else None
@@ -954,7 +963,8 @@ class HyperLinear(_StoredForm, nn.Module):
         if self.op is None:
             raise _native.InvalidInputError("this HyperLinear has no weight yet: load its state dict (weight_hwz) first")
         if self.weight is not None and self.training and torch.is_grad_enabled():
-            wq = self._training_weight().to(device=self.weight.device)
+            step = _TRAINING_WEIGHT or HyperLinear._training_weight
+            wq = step(self).to(device=self.weight.device)
             w = self.weight + (wq - self.weight).detach()
             return nn.functional.linear(x, w.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         if self.weight is not None and self._steps > 0 and self._wq is not None:
@@ -965,11 +975,10 @@ class HyperLinear(_StoredForm, nn.Module):
             return _as_op(self, x)
         return _through_stored(x, self._stored_forward, self._input_grad)
 
-    @_compiler_disable
     def _training_weight(self) -> torch.Tensor:
         """The quantized weight of this training step, re-quantized from the master weight every
-        ``refresh_every`` steps (not traced: torch.compile breaks its graph here instead of
-        recompiling at every step for the step counter)."""
+        ``refresh_every`` steps (called through :data:`_TRAINING_WEIGHT`, untraced: torch.compile
+        breaks its graph here instead of recompiling at every step for the step counter)."""
         if self._steps % self.refresh_every == 0 or self._wq is None:
             if self._steps > 0:
                 self.refresh()
@@ -1062,10 +1071,12 @@ class HyperConv2d(_StoredForm, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.op is None:
             raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
-        if x.dim() == 3:  # one unbatched image, as nn.Conv2d takes
-            return self(x.unsqueeze(0)).squeeze(0)
+        if x.dim() == 3:  # one unbatched image, as nn.Conv2d takes (hooks ran once already)
+            return self.forward(x.unsqueeze(0)).squeeze(0)
         if _traced():
-            return _as_op(self, x)
+            # The bias is added outside the operator, so that a bias set to train gets its gradient.
+            y = _as_op(self, x)
+            return y if self.bias is None else y + self.bias.to(y.dtype)[None, :, None, None]
         if self.pointwise and x.shape[1] > 0:
             # A 1×1 convolution runs on the matrix form. (Without input channels it takes the
             # decoded weight's path, so its output is PyTorch's: empty.)
@@ -1078,8 +1089,8 @@ class HyperConv2d(_StoredForm, nn.Module):
 
     def _op_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pointwise and x.shape[1] > 0:
-            return self._pointwise_forward(x)
-        return self._decoded_forward(x)
+            return self._pointwise_forward(x, bias=False)
+        return self._decoded_forward(x, bias=False)
 
     def _op_fake(self, x: torch.Tensor) -> torch.Tensor:
         w = x.new_empty(self.weight_shape)
@@ -1091,7 +1102,7 @@ class HyperConv2d(_StoredForm, nn.Module):
             return self._pointwise_grad(gy)
         # The transposed convolution, on the input padded explicitly ("same" may pad one more
         # on the far side), then cropped; no autograd (this runs inside an operator).
-        w = _op_weight(self.op).reshape(self.weight_shape).to(gy.device)
+        w = self._dense_weight(gy.device, torch.float32)
         pads = []
         for d in range(2):
             if isinstance(self.padding, str):
@@ -1104,37 +1115,40 @@ class HyperConv2d(_StoredForm, nn.Module):
         g = torch.nn.grad.conv2d_input(padded, w, gy.float(), self.stride, 0, self.dilation, self.groups)
         return g[:, :, pads[0][0] : pads[0][0] + h, pads[1][0] : pads[1][0] + wd]
 
-    def _decoded_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The decode fallback: ``F.conv2d`` with the decoded weight."""
-        if x.is_cuda:
-            # The decode fallback, with the weight decoded once and kept on the device (its
-            # stored form is not uploaded: nothing would read it).
-            cache = self.__dict__.setdefault("_dense_on_device", {})
-            key = (x.device, x.dtype, id(self.op))
-            if key not in cache:
-                cache.clear()
-                w = _op_weight(self.op).reshape(self.weight_shape)
-                cache[key] = w.to(device=x.device, dtype=x.dtype)
-            wd = cache[key]
-            bias = None if self.bias is None else self.bias.detach().to(device=x.device, dtype=x.dtype)
-            return nn.functional.conv2d(x, wd, bias, self.stride, self.padding, self.dilation, self.groups)
-        wd = _op_weight(self.op).reshape(self.weight_shape)
-        bias = None if self.bias is None else self.bias.to(torch.float32)
-        y = nn.functional.conv2d(x.to(torch.float32), wd, bias, self.stride, self.padding, self.dilation, self.groups)
+    def _dense_weight(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The decoded weight: decoded for the call on the host; on a CUDA device decoded once
+        and kept there (its stored form is not uploaded: nothing would read it)."""
+        if device.type != "cuda":
+            return _op_weight(self.op).reshape(self.weight_shape).to(dtype)
+        cache = self.__dict__.setdefault("_dense_on_device", {})
+        key = (device, dtype, id(self.op))
+        if key not in cache:
+            cache.clear()
+            cache[key] = _op_weight(self.op).reshape(self.weight_shape).to(device=device, dtype=dtype)
+        return cache[key]
+
+    def _decoded_forward(self, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
+        """The decode fallback: ``F.conv2d`` with the decoded weight (``bias``: added too)."""
+        dt = x.dtype if x.is_cuda else torch.float32
+        b = self.bias if bias else None
+        b = None if b is None else b.to(device=x.device, dtype=dt)
+        y = nn.functional.conv2d(
+            x.to(dt), self._dense_weight(x.device, dt), b, self.stride, self.padding, self.dilation, self.groups
+        )
         return y.to(x.dtype)
 
-    def _pointwise_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _pointwise_forward(self, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
         n, c, h, w = x.shape
         o = self.op.rows  # explicit sizes: `-1` is ambiguous when a dimension is 0
         if x.is_cuda:
             y = _on_device(self, x.device).forward(x.permute(0, 2, 3, 1).reshape(n * h * w, c))
             y = y.reshape(n, h, w, o).permute(0, 3, 1, 2)
-            if self.bias is not None:
+            if bias and self.bias is not None:
                 y = y + self.bias.detach().to(device=x.device, dtype=y.dtype)[None, :, None, None]
             return y.contiguous()
         xs = _f32(x.permute(0, 2, 3, 1).reshape(n * h * w, c))
         y = torch.from_numpy(self.op.forward(xs)).reshape(n, h, w, o).permute(0, 3, 1, 2)
-        if self.bias is not None:
+        if bias and self.bias is not None:
             y = y + self.bias.detach().to(torch.float32)[None, :, None, None]
         return y.to(dtype=x.dtype, device=x.device).contiguous()
 
