@@ -1102,7 +1102,8 @@ class HyperConv2d(_StoredForm, nn.Module):
             return self._pointwise_grad(gy)
         # The transposed convolution, on the input padded explicitly ("same" may pad one more
         # on the far side), then cropped; no autograd (this runs inside an operator).
-        w = self._dense_weight(gy.device, torch.float32)
+        dt = gy.dtype if gy.is_cuda else torch.float32  # (the forward's weight, kept on a device)
+        w = self._dense_weight(gy.device, dt)
         pads = []
         for d in range(2):
             if isinstance(self.padding, str):
@@ -1112,7 +1113,7 @@ class HyperConv2d(_StoredForm, nn.Module):
                 pads.append((self.padding[d], self.padding[d]))
         n, c, h, wd = x_shape
         padded = (n, c, h + sum(pads[0]), wd + sum(pads[1]))
-        g = torch.nn.grad.conv2d_input(padded, w, gy.float(), self.stride, 0, self.dilation, self.groups)
+        g = torch.nn.grad.conv2d_input(padded, w, gy.to(dt), self.stride, 0, self.dilation, self.groups)
         return g[:, :, pads[0][0] : pads[0][0] + h, pads[1][0] : pads[1][0] + wd]
 
     def _dense_weight(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
