@@ -571,6 +571,12 @@ def test_compressed_models_deep_copy_and_pickle_whole(tmp_path, tied):
     assert torch.equal(again(ids), ref) and torch.equal(copy.deepcopy(again)(ids), ref)
     # A shallow copy shares the operator; a compiled layer's copy runs its own operator.
     assert copy.copy(model.mid).op is model.mid.op
+    # A decoded weight kept on a device (the conv decode fallback's) is never copied or pickled.
+    model.conv.__dict__["_dense_on_device"] = {("cuda", torch.float32, 0): torch.ones(3)}
+    for back in (copy.deepcopy(model.conv), pickle.loads(pickle.dumps(model.conv)), copy.copy(model.conv)):
+        assert "_dense_on_device" not in back.__dict__ and torch.equal(back(img), ref_conv)
+    assert "_dense_on_device" not in model.conv._replicate_for_data_parallel().__dict__  # (its parameters come later)
+    del model.conv.__dict__["_dense_on_device"]
     mid = copy.deepcopy(model.mid)
     mid.compile()
     assert "_compiled_call_impl" in mid.__dict__

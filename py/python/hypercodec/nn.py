@@ -105,7 +105,7 @@ def _quantize(w: torch.Tensor, spec: str, bias: np.ndarray | None, hessian: np.n
 HWZ_KEY = "weight_hwz"
 #: Per-layer entries that copies and pickles rebuild instead of carrying: device forms and W8A8
 #: weights (raw device pointers, device tensors), a compiled call (it would run the original).
-_CACHES = ("_device_forms", "_compiled_call_impl", "_w8a8", "_w8a8_form", "_op_handle")
+_CACHES = ("_device_forms", "_compiled_call_impl", "_w8a8", "_w8a8_form", "_op_handle", "_dense_on_device")
 
 
 class _StoredForm:
@@ -209,6 +209,7 @@ class _StoredForm:
         """``nn.DataParallel``'s replica (it copies ``__dict__``) under a handle of its own."""
         replica = super()._replicate_for_data_parallel()
         _register(replica)
+        replica.__dict__.pop("_dense_on_device", None)  # (each replica its own: one is cleared when the operator changes)
         return replica
 
     def __getstate__(self) -> dict[str, Any]:
@@ -216,7 +217,7 @@ class _StoredForm:
         (rebuilt on load); device forms are dropped. A tied layer pickles its owner's bytes
         too, and comes back with an operator of its own (``state_dict`` stores them once)."""
         state = nn.Module.__getstate__(self)
-        for k in ("_device_forms", "_w8a8", "_w8a8_form", "_op_handle"):
+        for k in ("_device_forms", "_w8a8", "_w8a8_form", "_op_handle", "_dense_on_device"):
             state.pop(k, None)
         state["_hwz_source"] = None
         if state.get("op") is not None:
