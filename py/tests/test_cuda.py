@@ -492,6 +492,16 @@ def test_cuda_fp8_block_quantization_rounds_as_torch_casts():
             k.quant_f8({**base, **bad}, 0)
 
 
+def _fp8_switched(method: str, x: torch.Tensor) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A 512 → 256 layer quantized with ``method``, its weight-only output for ``x``, then
+    switched to FP8 activations."""
+    m = torch.nn.Sequential(torch.nn.Linear(512, 256))
+    hnn.quantize(m, method=method, skip=())
+    weight_only = m(x)
+    assert hnn.quantize_activations(m, "fp8") == 1
+    return m, weight_only
+
+
 @needs_cuda
 def test_cuda_fp8_without_block_scales_runs_weight_only(monkeypatch):
     """Where ``torch._scaled_mm`` refuses 1×128 block scales (an older torch or cuBLASLt), a
@@ -514,10 +524,7 @@ def test_cuda_fp8_without_block_scales_runs_weight_only(monkeypatch):
 
     monkeypatch.setattr(torch, "_scaled_mm", refuse)
     monkeypatch.setattr(hnn, "_NO_FP8_BLOCKS", set())
-    row = torch.nn.Sequential(torch.nn.Linear(512, 256))
-    hnn.quantize(row, method="int4-row", skip=())
-    want = row(x)
-    assert hnn.quantize_activations(row, "fp8") == 1
+    row, want = _fp8_switched("int4-row", x)
     with pytest.warns(RuntimeWarning, match="per token"):
         y = row(x)
     assert x.device not in hnn._NO_FP8_BLOCKS
@@ -532,20 +539,14 @@ def test_cuda_fp8_without_block_scales_runs_weight_only(monkeypatch):
     err = ((y - want).norm() / want.norm()).item()
     assert 0 < err < 0.08, err
     # A group-scaled layer.
-    m = torch.nn.Sequential(torch.nn.Linear(512, 256))
-    hnn.quantize(m, method="int4", skip=())
-    weight_only = m(x)
-    assert hnn.quantize_activations(m, "fp8") == 1
+    m, weight_only = _fp8_switched("int4", x)
     with pytest.warns(RuntimeWarning, match="block scales"):
         got = m(x)
     assert torch.equal(got, weight_only)
     assert x.device in hnn._NO_FP8_BLOCKS
     assert torch.equal(m(x), weight_only)  # no second attempt
     # A row-scaled layer on the marked device: a step per token from the start, no warning.
-    row2 = torch.nn.Sequential(torch.nn.Linear(512, 256))
-    hnn.quantize(row2, method="int4-row", skip=())
-    want2 = row2(x)
-    assert hnn.quantize_activations(row2, "fp8") == 1
+    row2, want2 = _fp8_switched("int4-row", x)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         y2 = row2(x)

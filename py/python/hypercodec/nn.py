@@ -103,8 +103,9 @@ def _quantize(w: torch.Tensor, spec: str, bias: np.ndarray | None, hessian: np.n
 
 
 HWZ_KEY = "weight_hwz"
-#: Per-layer entries that copies and pickles rebuild instead of carrying: device forms and W8A8
-#: weights (raw device pointers, device tensors), a compiled call (it would run the original).
+#: Per-layer entries that copies and pickles rebuild instead of carrying: device forms, W8A8 and
+#: decoded weights (raw device pointers, device tensors), a compiled call (it would run the
+#: original), the handle of the compiled operators (each layer its own).
 _CACHES = ("_device_forms", "_compiled_call_impl", "_w8a8", "_w8a8_form", "_op_handle", "_dense_on_device")
 
 
@@ -217,7 +218,7 @@ class _StoredForm:
         (rebuilt on load); device forms are dropped. A tied layer pickles its owner's bytes
         too, and comes back with an operator of its own (``state_dict`` stores them once)."""
         state = nn.Module.__getstate__(self)
-        for k in ("_device_forms", "_w8a8", "_w8a8_form", "_op_handle", "_dense_on_device"):
+        for k in _CACHES:
             state.pop(k, None)
         state["_hwz_source"] = None
         if state.get("op") is not None:
@@ -373,7 +374,6 @@ if _custom_op is not None:
     @_stored_lookup_op.register_fake
     def _(ids: torch.Tensor, layer: str) -> torch.Tensor:
         return _layer_of(layer)._op_fake(ids)
-
 
 
 #: ``HyperLinear._training_weight`` under ``torch.compiler.disable`` (torch ≥ 2.2), made when a
