@@ -1209,9 +1209,10 @@ fn gemm_decoded_tiles(
         })
 }
 
-/// `yt` (`rows × batch`) cut into tiles of `tile_rows` rows, each with its first row.
+/// `yt` (`rows × batch`) cut into tiles of `tile_rows` rows, each with its first row (none
+/// for an empty batch).
 fn row_tiles(yt: &mut [f32], tile_rows: usize, batch: usize) -> Vec<(usize, &mut [f32])> {
-    yt.chunks_mut(tile_rows * batch)
+    yt.chunks_mut((tile_rows * batch).max(1))
         .enumerate()
         .map(|(i, c)| (i * tile_rows, c))
         .collect()

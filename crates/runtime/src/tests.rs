@@ -334,6 +334,7 @@ fn each_encoding_takes_its_fast_path() {
         let op = check(&t, &shape, 1, 9, false);
         check(&t, &shape, 7, 9, true);
         check(&t, &shape, 33, 9, true);
+        check(&t, &shape, 0, 9, true); // an empty batch (entropy-coded E8 panicked on it)
         let path = op.path();
         match want {
             Some(p) => assert_eq!(path, p, "{:?}", t.encoding),
