@@ -255,6 +255,9 @@ def test_cuda_compressed_models_compile_whole(mode, monkeypatch):
     model = model.to(device="cuda", dtype=torch.bfloat16)
     monkeypatch.setattr(hnn, "FP8_MIN_WEIGHTS", 0)
     acts = "fp8" if torch.cuda.get_device_capability() >= (8, 9) else "int8"
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     for quantized in (False, True):
         if quantized:  # before compiling: a CUDA graph replays the kernels it recorded
             hnn.quantize_activations(model.mid, acts)
@@ -269,6 +272,18 @@ def test_cuda_compressed_models_compile_whole(mode, monkeypatch):
                 assert got.dtype == torch.bfloat16 and got.shape == ref.shape
                 tol = 2e-2 * ref.float().abs().max().item()
                 torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol, msg=f"{mode} {quantized} {m}")
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])  # (every step in CUDA graphs)
+    # New weights loaded into a compiled layer: a graph recorded with the old codes' device
+    # pointers is recorded again (the layer's key moved), not replayed.
+    fresh = hnn.HyperLinear.from_linear(torch.nn.Linear(256, 512), "int4")
+    model.up.load_state_dict(fresh.state_dict())
+    for _ in range(3):
+        x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            ref = model(x)
+            got = compiled(x).clone()
+        tol = 2e-2 * ref.float().abs().max().item()
+        torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol, msg=f"{mode} new weights")
     # An embedding (its ids read on the host) in front: compiled whole, and left out of the
     # CUDA graphs under reduce-overhead rather than failing to capture.
     lm = torch.nn.Sequential(torch.nn.Embedding(100, 256), model)
@@ -288,6 +303,98 @@ def test_cuda_compressed_models_compile_whole(mode, monkeypatch):
         (got,) = torch.autograd.grad(compiled(x).float().square().sum(), x)
         tol = 2e-2 * want.float().abs().max().item()
         torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=tol, msg="input gradient")
+
+
+@needs_cuda
+def test_cuda_repeated_blocks_compiled_one_by_one_share_one_graph():
+    """Regional compilation with inductor: 6 blocks of one shape, each `block.compile()`d, share
+    one compiled graph (each layer's key is an input, as a weight is); the outputs match the
+    eager blocks', before and after new weights are loaded into one block. (Not under
+    reduce-overhead: torch's CUDA graph trees take a second call of one function in a step for
+    a new step, and refuse the previous block's output, with nn.Linear as with these.)"""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(22)
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(torch.nn.functional.silu(self.up(x)))
+
+    blocks = torch.nn.Sequential(*(Block() for _ in range(6)))
+    for b in blocks:
+        b.up = hnn.HyperLinear.from_linear(b.up, "int4")
+        b.down = hnn.HyperLinear.from_linear(b.down, "tcq@2-l12")
+    blocks = blocks.to(device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    counters.clear()
+    for b in blocks:
+        b.compile(fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            got = blocks(x).clone()
+            ref = x
+            for b in blocks:
+                ref = b._call_impl(ref)  # (the eager forward: _call_impl skips the compiled call)
+        tol = 2e-2 * ref.float().abs().max().item()
+        torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    fresh = hnn.HyperLinear.from_linear(torch.nn.Linear(256, 512), "int4")
+    blocks[2].up.load_state_dict(fresh.state_dict())
+    for _ in range(3):
+        x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            got = blocks(x).clone()
+            ref = x
+            for b in blocks:
+                ref = b._call_impl(ref)
+        tol = 2e-2 * ref.float().abs().max().item()
+        torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol, msg="new weights")
+    torch._dynamo.reset()
+
+
+@needs_cuda
+def test_cuda_transformers_generate_compiled_with_a_static_cache(tmp_path):
+    """transformers' own recipe for fast decoding, on a quantized model: a static cache, with which
+    `generate` compiles the decode step (reduce-overhead here: the step in CUDA graphs, each
+    compressed layer one operator in it). Greedy tokens equal the eager model's (weights scaled up so that the
+    logits' gaps dwarf the compiled graph's rounding)."""
+    transformers = pytest.importorskip("transformers")
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(23)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)
+    import hypercodec.hf as hhf
+
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "dense")
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "dense", quantization_config=hhf.HypercodecConfig(bps=4, method="affine")
+    ).eval()  # (quantized on load: transformers compiles only what its quantizer says it may)
+    assert sum(isinstance(mod, hnn.HyperLinear) for mod in m.modules()) >= 7 * 3  # (every block's linears)
+    m = m.to("cuda")
+    ids = torch.randint(0, 256, (1, 12), device="cuda")
+
+    def gen(**kw):
+        with torch.no_grad():
+            return m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                              min_new_tokens=12, do_sample=False, cache_implementation="static", **kw)
+
+    want = gen(disable_compile=True)
+    torch._dynamo.reset()
+    counters.clear()
+    compile_config = transformers.CompileConfig(fullgraph=True, mode="reduce-overhead")
+    try:
+        got = [gen(compile_config=compile_config) for _ in range(2)]  # (the second replays)
+    finally:
+        torch._dynamo.reset()
+    assert counters["stats"]["unique_graphs"] >= 1, dict(counters["stats"])  # (generate compiled the step)
+    for out in got:
+        assert torch.equal(out, want), (out, want)
 
 
 @needs_cuda

@@ -622,6 +622,8 @@ def test_compressed_models_compile_whole_and_train_through_the_compiled_graph():
     runtime's calls broke the graph at every layer before, and fullgraph raised), with the
     eager outputs and input gradients."""
     import gc
+    import pickle
+    import weakref
 
     torch.manual_seed(15)
     lm = _Lm(tied=True)
@@ -641,11 +643,13 @@ def test_compressed_models_compile_whole_and_train_through_the_compiled_graph():
             (gx,) = torch.autograd.grad((ref**2).sum(), x)
             (gc_,) = torch.autograd.grad((got**2).sum(), x)
             assert gx.abs().sum() > 0 and torch.allclose(gc_, gx, rtol=1e-4, atol=1e-5)
-    # A compiled bf16 layer keeps bf16, and a copy runs its own operator under its own handle.
+    # A compiled bf16 layer keeps bf16, and a copy runs its own operator under its own key (a
+    # buffer that never enters the state dict).
     h = hnn.HyperLinear.from_linear(torch.nn.Linear(64, 32), "int4")
     twin = copy.deepcopy(h)
-    assert twin._op_handle != h._op_handle
-    assert h._replicate_for_data_parallel()._op_handle != h._op_handle  # nn.DataParallel's replicas
+    keys = {hnn._key_of(m) for m in (h, twin, copy.copy(h), pickle.loads(pickle.dumps(h)), h._replicate_for_data_parallel())}
+    assert len(keys) == 5 and None not in keys  # (the last: nn.DataParallel's replicas)
+    assert "_op_key" not in h.state_dict() and "_op_key" in dict(h.named_buffers())
     xb = torch.randn(5, 64, dtype=torch.bfloat16)
     torch._dynamo.reset()
     out = torch.compile(twin, fullgraph=True, backend="aot_eager")(xb)
@@ -664,9 +668,9 @@ def test_compressed_models_compile_whole_and_train_through_the_compiled_graph():
     # of a channels_last image returns a contiguous one), for both operators.
     img_cl = torch.randn(2, 16, 5, 5).to(memory_format=torch.channels_last).requires_grad_(True)
     for layer, x in ((net.pw, img_cl), (net.dw, img_cl), (h, torch.randn(3, 7, 64, requires_grad=True))):
-        torch.library.opcheck(torch.ops.hypercodec.stored_forward.default, (x, layer._op_handle))
+        torch.library.opcheck(torch.ops.hypercodec.stored_forward.default, (x, layer._op_key, layer._op_meta()))
         gy = layer(x).detach()
-        torch.library.opcheck(torch.ops.hypercodec.stored_input_grad.default, (gy, layer._op_handle, list(x.shape)))
+        torch.library.opcheck(torch.ops.hypercodec.stored_input_grad.default, (gy, layer._op_key, list(x.shape)))
     # One unbatched image, as nn.Conv2d takes it.
     one = img_cl.detach()
     assert torch.allclose(net.pw(one[0]), net.pw(one[:1])[0]) and torch.allclose(net.dw(one[0]), net.dw(one[:1])[0])
@@ -682,15 +686,107 @@ def test_compressed_models_compile_whole_and_train_through_the_compiled_graph():
     (gb_eager,) = torch.autograd.grad(net.dw(one).sum(), net.dw.bias)
     assert gb_eager.abs().sum() > 0 and torch.allclose(gb_compiled, gb_eager)
     net.dw.bias.requires_grad_(False)
-    # Handles are unique to the process: a graph from elsewhere names no layer here.
-    with pytest.raises(hypercodec.InvalidInputError, match="not in this process"):
-        torch.ops.hypercodec.stored_forward(torch.randn(2, 64), "0123456789ab.0")
+    # A copy of a key (opcheck clones its inputs; so may a tracer) names its layer by number.
+    xk = torch.randn(2, 64)
+    assert torch.equal(torch.ops.hypercodec.stored_forward(xk, twin._op_key.clone(), twin._op_meta()), twin(xk))
+    # A key that no layer holds (a graph from elsewhere) names no layer here.
+    with pytest.raises(hypercodec.InvalidInputError, match="no hypercodec layer"):
+        torch.ops.hypercodec.stored_forward(torch.randn(2, 64), torch.zeros(1, dtype=torch.int64), [0, 32])
     # A freed layer leaves no entry behind.
-    handle = twin._op_handle
+    key, ref = hnn._key_of(twin), weakref.ref(twin)
+    assert key in hnn._BY_ADDRESS
     del twin, c
     torch._dynamo.reset()
     gc.collect()
-    assert handle not in hnn._LAYERS
+    assert ref() is None and key not in hnn._BY_ADDRESS
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="torch.compile support needs torch >= 2.4")
+def test_layer_keys_survive_conversions_loaders_and_new_weights():
+    """The key that names a layer to its compiled operator stays an int64 holding the layer's
+    number whatever is done to the layer's buffers, no two keys ever share an address, and new
+    weights give a new key (a CUDA graph recorded for the old weights is recorded again)."""
+    torch.manual_seed(24)
+    h = hnn.HyperLinear.from_linear(torch.nn.Linear(64, 32), "int4")
+    x = torch.randn(3, 64)
+
+    def compiled_equals_eager(layer):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = torch.compile(layer, fullgraph=True, backend="aot_eager")(x)
+        return torch.equal(got, layer(x)) and int(layer._op_key) == layer._op_number
+
+    h.type(torch.float16)  # (Module.type converts every buffer)
+    assert h._op_key.dtype == torch.int64 and compiled_equals_eager(h.float())
+    h.to_empty(device="cpu")  # (empty buffers: the operator is not a buffer and stays)
+    assert compiled_equals_eager(h)
+    h._op_key = torch.empty(1)  # a loader's placeholder (transformers fills non-persistent buffers so)
+    assert compiled_equals_eager(h)
+    seen = set()
+    for _ in range(40):  # freed layers' key addresses are never given out again
+        seen.add(hnn._key_of(hnn.HyperLinear.from_linear(torch.nn.Linear(8, 8), "int8")))
+    assert len(seen) == 40
+    before = hnn._key_of(h)
+    h.load_state_dict(hnn.HyperLinear.from_linear(torch.nn.Linear(64, 32), "int4").state_dict())
+    assert hnn._key_of(h) != before and compiled_equals_eager(h)
+    # An embedding of any dtype names it to the fake form.
+    e = hnn.HyperEmbedding.from_embedding(torch.nn.Embedding(50, 16), "int8")
+    e.dtype = torch.float64
+    ids = torch.randint(0, 50, (2, 5))
+    torch._dynamo.reset()
+    got = torch.compile(e, fullgraph=True, backend="aot_eager")(ids)
+    assert got.dtype == torch.float64 and torch.equal(got, e(ids))
+    torch._dynamo.reset()
+
+
+class _Block(torch.nn.Module):
+    """A residual block of a decoder (norm, two linears) or of a CNN (3×3 conv, 1×1 conv)."""
+
+    def __init__(self, conv: bool) -> None:
+        super().__init__()
+        self.conv = conv
+        if conv:
+            self.a, self.b = torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.Conv2d(16, 8, 1)
+        else:
+            self.a, self.b = torch.nn.Linear(64, 128), torch.nn.Linear(128, 64, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x if self.conv else x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return x + self.b(torch.relu(self.a(h)))
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="torch.compile support needs torch >= 2.4")
+@pytest.mark.parametrize("conv", [False, True])
+def test_repeated_blocks_compiled_one_by_one_share_one_graph(conv):
+    """Regional compilation (`block.compile()` on each of a model's repeated blocks, as PyTorch
+    recommends for compile time): blocks of one shape share one compiled graph, as they do with
+    nn.Linear. Each stored layer's operator takes its key as an input, like a weight; a handle
+    kept constant in the graph compiled a graph per block, and past dynamo's recompile limit
+    (8) left the other blocks uncompiled without a word."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch.manual_seed(21)
+    blocks = torch.nn.Sequential(*(_Block(conv) for _ in range(12)))
+    hnn.quantize(blocks, bps=4, method="affine", skip=())
+    assert all(isinstance(m, (hnn.HyperConv2d if conv else hnn.HyperLinear)) for b in blocks for m in (b.a, b.b))
+    x = torch.randn(2, 8, 6, 6) if conv else torch.randn(3, 5, 64)
+    with torch.no_grad():
+        ref = blocks(x)
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    for b in blocks:
+        b.compile(backend=counter, fullgraph=True)
+    with torch.no_grad():
+        got = blocks(x)
+    assert counter.frame_count == 1, f"{counter.frame_count} graphs for 12 blocks of one shape"
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
+    # Each block still runs its own weights through the shared graph.
+    y = x.clone()
+    with torch.no_grad():
+        for b in blocks:
+            y = b(y)
+    assert torch.equal(y, got) and not torch.allclose(blocks[0](x), blocks[1](x))
+    torch._dynamo.reset()
 
 
 def test_an_embedding_tied_to_a_skipped_head_stays_float():

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from . import _native
-from .nn import _op_weight, _rht_signs, _wht_tiles
+from .nn import _lasting, _op_weight, _rht_signs, _wht_tiles
 
 #: Activation rows up to which the fused GEMV runs, per form (in passes of 4; above: decode,
 #: then cuBLAS): the crossover measured on an H200 by ``py/benches/cuda_linear.py`` (rANS:
@@ -303,7 +303,7 @@ class DeviceLinear:
         the device in ``dtype``: the decode fallback."""
         w = self._dense.get(dtype)
         if w is None:
-            w = self._dense[dtype] = _op_weight(self._op).to(self.device, dtype)
+            w = self._dense[dtype] = _lasting(self.device, lambda: _op_weight(self._op).to(self.device, dtype))
         return w
 
     @property

@@ -243,6 +243,12 @@ def _register() -> type | None:
         def is_trainable(self):
             return False
 
+        @property
+        def is_compileable(self):
+            # Each stored layer traces as one operator (hypercodec.nn): `generate` with a
+            # static cache may compile the step, as it does for unquantized models.
+            return True
+
     return HypercodecConfig
 
 

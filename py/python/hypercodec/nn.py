@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-import uuid
+import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -105,8 +105,8 @@ def _quantize(w: torch.Tensor, spec: str, bias: np.ndarray | None, hessian: np.n
 HWZ_KEY = "weight_hwz"
 #: Per-layer entries that copies and pickles rebuild instead of carrying: device forms, W8A8 and
 #: decoded weights (raw device pointers, device tensors), a compiled call (it would run the
-#: original), the handle of the compiled operators (each layer its own).
-_CACHES = ("_device_forms", "_compiled_call_impl", "_w8a8", "_w8a8_form", "_op_handle", "_dense_on_device")
+#: original).
+_CACHES = ("_device_forms", "_compiled_call_impl", "_w8a8", "_w8a8_form", "_dense_on_device")
 
 
 class _StoredForm:
@@ -194,8 +194,11 @@ class _StoredForm:
         for k, v in self.__dict__.items():
             if k in _CACHES:
                 continue  # (a compiled call would run the original layer)
+            if k == "_buffers":  # (the key is a slot of an arena: copied, it would copy the arena)
+                v = {b: t for b, t in v.items() if b != _OP_KEY}
             new.__dict__[k] = v if k == "op" else copy.deepcopy(v, memo)
-        _register(new)
+        key = self._buffers.get(_OP_KEY)
+        _register(new, None if key is None else key.device)
         return new
 
     def __copy__(self) -> Any:
@@ -207,7 +210,8 @@ class _StoredForm:
         return new
 
     def _replicate_for_data_parallel(self) -> Any:
-        """``nn.DataParallel``'s replica (it copies ``__dict__``) under a handle of its own."""
+        """``nn.DataParallel``'s replica (it copies ``__dict__``) with a key of its own (which
+        ``replicate`` then replaces by a copy on the replica's device, like any buffer)."""
         replica = super()._replicate_for_data_parallel()
         _register(replica)
         replica.__dict__.pop("_dense_on_device", None)  # (each replica its own: one is cleared when the operator changes)
@@ -220,6 +224,8 @@ class _StoredForm:
         state = nn.Module.__getstate__(self)
         for k in _CACHES:
             state.pop(k, None)
+        state["_buffers"] = {b: t for b, t in state["_buffers"].items() if b != _OP_KEY}  # (made again)
+        state.pop("_op_number", None)
         state["_hwz_source"] = None
         if state.get("op") is not None:
             if self.tied is None:
@@ -253,8 +259,26 @@ class _StoredForm:
     def __setattr__(self, name: str, value: Any) -> None:
         if name == HWZ_KEY:
             self._load_hwz(value)
-        else:
-            super().__setattr__(name, value)
+            return
+        before = self.__dict__.get("op")
+        super().__setattr__(name, value)
+        if "_op_number" not in self.__dict__:
+            return
+        if name == _OP_KEY and isinstance(value, torch.Tensor):
+            # A loader's replacement (transformers fills non-persistent buffers with empty
+            # ones): a key again, where it was put.
+            _rekey(self, value.device)
+        elif name == "op" and value is not before:
+            # New weights: a new key, so that a CUDA graph recorded for the old operator's
+            # device pointers is recorded again rather than replayed.
+            _rekey(self)
+
+    def _apply(self, *args: Any, **kwargs: Any) -> Any:
+        key = self._buffers.get(_OP_KEY)
+        out = super()._apply(*args, **kwargs)
+        if self._buffers.get(_OP_KEY) is not key:  # moved or converted: a key of its own again
+            _rekey(self)
+        return out
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -297,36 +321,149 @@ def _through_stored(x: torch.Tensor, forward: Callable, backward: Callable) -> t
 
 
 # torch.compile: a traced stored layer is one opaque operator, ``hypercodec::stored_forward(x,
-# layer)``, so a model with compressed layers compiles whole (``fullgraph=True``, CUDA graphs
+# key, meta)``, so a model with compressed layers compiles whole (``fullgraph=True``, CUDA graphs
 # around the kernels) instead of breaking its graph at every layer. The operator names its layer
-# by a handle (a string, which the tracer keeps constant; unique to this process, so a graph
-# saved elsewhere cannot run another layer), looked up in a table of weak references; its fake
-# form gives the output's shape, dtype and strides. Its backward is a second operator,
-# ``hypercodec::stored_input_grad(∂y, layer, x_shape)``, so that the traced backward reads the
-# layer when it runs (a traced product would keep the weight decoded at trace time as a
-# constant). Eager calls do not go through them (the dispatcher would cost every call
-# microseconds).
-_LAYERS: dict[str, weakref.ref] = {}
-_HANDLES = itertools.count()
-_PROCESS = uuid.uuid4().hex[:12]
+# by a *key*: a buffer of the layer's own (``_op_key``, not saved) holding a number unique to
+# the layer, which the tracer takes as an input like a weight, so that blocks of the same shape
+# share one compiled graph (``block.compile()`` on each of 32 blocks compiles once; a handle
+# kept constant in the graph compiled a graph per block and, past dynamo's recompile limit, left
+# the rest uncompiled). The operator finds the layer by the key's address (no read of a device
+# tensor), or, for a copy of a key, by its number (a read: a device synchronization); numbers
+# start at a random point per process, so a graph run in another process finds no layer.
+# ``meta`` (ints) is all the fake form needs for the output's shape, dtype and strides. The
+# backward is a second operator, ``hypercodec::stored_input_grad(∂y, key, x_shape)``, so that
+# the traced backward reads the layer when it runs (a traced product would keep the weight
+# decoded at trace time as a constant). Eager calls do not go through them (the dispatcher
+# would cost every call microseconds).
+_OP_KEY = "_op_key"
+_NUMBERS = itertools.count(int.from_bytes(os.urandom(4), "little") << 24)
+_BY_NUMBER: dict[int, weakref.ref] = {}
+_BY_ADDRESS: dict[tuple[str, int], weakref.ref] = {}
+# Keys are slots of arenas that are never freed, so that no two keys ever share an address: a
+# CUDA graph recorded for one layer (its kernels hold that layer's device pointers) is never
+# replayed for another whose key took the first one's place.
+_ARENAS: dict[torch.device, list[Any]] = {}
+_ARENA_SLOTS = 1024
 
 
-def _register(layer: Any) -> None:
-    """Gives ``layer`` a handle of its own (copies and unpickled layers get fresh ones)."""
-    handle = f"{_PROCESS}.{next(_HANDLES)}"
-    layer.__dict__["_op_handle"] = handle
-    _LAYERS[handle] = weakref.ref(layer, lambda _ref, h=handle: _LAYERS.pop(h, None))
+def _new_key(number: int, device: Any) -> torch.Tensor:
+    device = torch.device(device)
+    if device.type == "meta":
+        return torch.empty(1, dtype=torch.int64, device=device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    arena = _ARENAS.get(device)
+    if arena is None or arena[1] == _ARENA_SLOTS:
+        arena = [torch.empty(_ARENA_SLOTS, 8, dtype=torch.int64, device=device), 0]
+        _ARENAS[device] = arena
+        _ARENAS.setdefault(None, []).append(arena[0])  # (every arena kept)
+    # A slot of 64 bytes: inductor copies a CUDA input that is not 16-byte aligned (and the
+    # operator would then meet a copy while capturing a CUDA graph).
+    key = arena[0][arena[1], :1]
+    arena[1] += 1
+    key.fill_(number)
+    # What torch._dynamo.mark_static_address(key) sets (without importing dynamo): a fixed
+    # address, which CUDA graph trees read in place, as they do a weight, instead of copying
+    # it into a graph's own input (the operator would then meet a copy while capturing, and
+    # a copy can only be named by reading its number). A block with other keys records anew.
+    key._dynamo_static_input_type = "unguarded"
+    return key
 
 
-def _layer_of(handle: str) -> Any:
-    ref = _LAYERS.get(handle)
+def _register(layer: Any, device: Any = None) -> None:
+    """Gives ``layer`` a key of its own (copies and unpickled layers get fresh ones): a
+    non-persistent buffer, so that it moves with the layer and never enters a state dict. Made
+    on ``device``, else where its present key is, else on the host (even under a
+    ``torch.device("meta")`` context: loaders build layers there)."""
+    number = next(_NUMBERS)
+    layer.__dict__["_op_number"] = number
+    _BY_NUMBER[number] = weakref.ref(layer, lambda _ref, n=number: _BY_NUMBER.pop(n, None))
+    d = layer.__dict__
+    d["_buffers"] = dict(d["_buffers"])  # (a shallow copy's table is its original's)
+    d["_non_persistent_buffers_set"] = d["_non_persistent_buffers_set"] | {_OP_KEY}
+    _rekey(layer, device)
+
+
+def _rekey(layer: Any, device: Any = None) -> None:
+    """A new key, holding the layer's number, in place of the present one (moved, converted,
+    overwritten by a loader, or naming an operator that has changed): on ``device``, else
+    where the present one is, else where the layer's other tensors are."""
+    d = layer.__dict__
+    old = d["_buffers"].get(_OP_KEY)
+    if device is None:
+        held = [t for t in (old, *d["_parameters"].values(), *d["_buffers"].values()) if t is not None and not t.is_meta]
+        device = held[0].device if held else "cpu"
+    layer.__dict__["_buffers"][_OP_KEY] = _new_key(layer.__dict__["_op_number"], device)
+    _remember(layer)
+
+
+def _keyed_on(layer: Any, weight: torch.Tensor) -> Any:
+    """``layer`` with its key where the weight it was made from is (a layer made from a CUDA
+    model's weight is called on CUDA tensors: a host key would keep its graphs off CUDA graphs)."""
+    if not weight.is_meta and weight.device != layer._buffers[_OP_KEY].device:
+        _rekey(layer, weight.device)
+    return layer
+
+
+def _remember(layer: Any) -> None:
+    """Files ``layer`` under its key's present address."""
+    k = _key_of(layer)
+    if k is not None:
+
+        def drop(ref: weakref.ref, k: tuple[str, int] = k) -> None:
+            if _BY_ADDRESS.get(k) is ref:  # (not a later entry at the same address)
+                del _BY_ADDRESS[k]
+
+        _BY_ADDRESS[k] = weakref.ref(layer, drop)
+
+
+def _address(key: torch.Tensor | None) -> tuple[str, int] | None:
+    return None if key is None or key.is_meta else (str(key.device), key.data_ptr())
+
+
+def _key_of(layer: Any) -> tuple[str, int] | None:
+    return _address(layer.__dict__.get("_buffers", {}).get(_OP_KEY))
+
+
+def _layer_of(key: torch.Tensor) -> Any:
+    """The live layer whose key ``key`` is (by address), or holds the number of (a copy)."""
+    k = _address(key)
+    ref = _BY_ADDRESS.get(k)
+    layer = None if ref is None else ref()
+    if layer is not None and _key_of(layer) == k:
+        return layer
+    copy = key.numel() == 1 and key.dtype == torch.int64 and not key.is_meta
+    if copy and key.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise _native.InvalidInputError(
+            "a copy of a hypercodec layer's key met while capturing a CUDA graph (naming its layer "
+            "would read the device): pass the layer's own key (torch._dynamo.mark_static_address)"
+        )
+    ref = _BY_NUMBER.get(int(key.reshape(-1)[0])) if copy else None
     layer = None if ref is None else ref()
     if layer is None:
         raise _native.InvalidInputError(
-            f"hypercodec layer {handle} is not in this process (a compiled graph outlived it, or an "
-            "exported program was loaded elsewhere: such a program names layers, it does not hold them)"
+            "no hypercodec layer in this process holds this key (a compiled graph outlived its "
+            "layer, or an exported program was loaded elsewhere: such a program names layers, "
+            "it does not hold them)"
         )
+    if _key_of(layer) == k:  # the layer's own key, moved: found by its address from now on
+        _remember(layer)
     return layer
+
+
+# ``meta`` of the operators: what the fake forms compute the output from.
+_LINEAR, _CONV = 0, 1
+_PAD_MODES = ("same", "valid")
+
+
+def _fake_forward(x: torch.Tensor, meta: list[int]) -> torch.Tensor:
+    if meta[0] == _LINEAR:  # [_LINEAR, out_features]
+        return x.new_empty((*x.shape[:-1], meta[1]))
+    # [_CONV, *weight_shape, *stride, *dilation, groups, pointwise, pad_mode (-1: numeric), *padding]
+    _, oc, icg, kh, kw, sh, sw, dh, dw, groups, pointwise, mode, ph, pw = meta
+    padding: Any = _PAD_MODES[mode] if mode >= 0 else (ph, pw)
+    y = nn.functional.conv2d(x, x.new_empty((oc, icg, kh, kw)), None, (sh, sw), padding, (dh, dw), groups)
+    return y.contiguous() if pointwise and x.shape[1] > 0 else y  # (as _pointwise_forward)
 
 
 _custom_op = getattr(torch.library, "custom_op", None)  # torch >= 2.4
@@ -334,28 +471,30 @@ _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 if _custom_op is not None:
 
     @_custom_op("hypercodec::stored_forward", mutates_args=())
-    def _stored_forward_op(x: torch.Tensor, layer: str) -> torch.Tensor:
-        return _layer_of(layer)._op_forward(x)
+    def _stored_forward_op(x: torch.Tensor, key: torch.Tensor, meta: list[int]) -> torch.Tensor:
+        return _layer_of(key)._op_forward(x)
 
     @_stored_forward_op.register_fake
-    def _(x: torch.Tensor, layer: str) -> torch.Tensor:
-        return _layer_of(layer)._op_fake(x)
+    def _(x: torch.Tensor, key: torch.Tensor, meta: list[int]) -> torch.Tensor:
+        return _fake_forward(x, meta)
 
     @_custom_op("hypercodec::stored_input_grad", mutates_args=())
-    def _stored_input_grad_op(gy: torch.Tensor, layer: str, x_shape: list[int]) -> torch.Tensor:
-        return _layer_of(layer)._op_backward(gy, tuple(x_shape)).to(gy.dtype).contiguous()
+    def _stored_input_grad_op(gy: torch.Tensor, key: torch.Tensor, x_shape: list[int]) -> torch.Tensor:
+        return _layer_of(key)._op_backward(gy, tuple(x_shape)).to(gy.dtype).contiguous()
 
     @_stored_input_grad_op.register_fake
-    def _(gy: torch.Tensor, layer: str, x_shape: list[int]) -> torch.Tensor:
+    def _(gy: torch.Tensor, key: torch.Tensor, x_shape: list[int]) -> torch.Tensor:
         return gy.new_empty(x_shape)
 
     def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-        x, ctx.layer = inputs
+        x, key, _meta = inputs
+        ctx.save_for_backward(key)
         ctx.x_shape, ctx.x_dtype = list(x.shape), x.dtype
 
-    def _op_backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, None]:
-        gx = torch.ops.hypercodec.stored_input_grad(gy.contiguous(), ctx.layer, ctx.x_shape)
-        return gx.to(ctx.x_dtype), None
+    def _op_backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, None, None]:
+        (key,) = ctx.saved_tensors
+        gx = torch.ops.hypercodec.stored_input_grad(gy.contiguous(), key, ctx.x_shape)
+        return gx.to(ctx.x_dtype), None, None
 
     _stored_forward_op.register_autograd(_op_backward, setup_context=_op_setup)
 
@@ -368,12 +507,12 @@ if _custom_op is not None:
         _lookup = _custom_op("hypercodec::stored_lookup", mutates_args=())
 
     @_lookup
-    def _stored_lookup_op(ids: torch.Tensor, layer: str) -> torch.Tensor:
-        return _layer_of(layer)._op_forward(ids)
+    def _stored_lookup_op(ids: torch.Tensor, key: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+        return _layer_of(key)._op_forward(ids)
 
     @_stored_lookup_op.register_fake
-    def _(ids: torch.Tensor, layer: str) -> torch.Tensor:
-        return _layer_of(layer)._op_fake(ids)
+    def _(ids: torch.Tensor, key: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+        return ids.new_empty((*ids.shape, dim), dtype=dtype)
 
 
 #: ``HyperLinear._training_weight`` under ``torch.compiler.disable`` (torch ≥ 2.2), made when a
@@ -394,13 +533,50 @@ def _traced() -> bool:
 
 
 def _as_op(layer: Any, x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.hypercodec.stored_forward(x, layer._op_handle)
+    return torch.ops.hypercodec.stored_forward(x, getattr(layer, _OP_KEY), layer._op_meta())
 
 
 def _decoded(layer: Any, device: torch.device) -> torch.Tensor:
     """``layer.op``'s weight as a float32 ``rows × cols`` matrix on ``device`` (for a backward
     pass: decoded on the host, not kept)."""
     return _op_weight(layer.op).reshape(layer.op.rows, layer.op.cols).to(device)
+
+
+_BUILDER: Any = None  # the thread that makes lasting device tensors (see _lasting)
+_BUILD_STREAMS: dict[int, Any] = {}
+
+
+def _lasting(device: torch.device, make: Callable[[], Any]) -> Any:
+    """``make()``, whose device tensors outlive the call (a layer's device form, a weight
+    decoded and kept), made outside any private memory pool of the caller's: torch.compile's
+    CUDA graph trees send a thread's allocations to a graph's pool while they warm the graph up,
+    and refuse to record one from which a tensor outlives the step ("tensors in the cudagraph pool
+    not tracked as outputs"). ``make`` runs on a thread and stream of its own, after the work so
+    far on the caller's stream, which then waits for it (no host synchronization)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return make()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    caller = torch.cuda.current_stream(index)
+
+    def run() -> tuple[Any, Any]:
+        stream = _BUILD_STREAMS.get(index)
+        if stream is None:
+            stream = _BUILD_STREAMS[index] = torch.cuda.Stream(index)
+        stream.wait_stream(caller)
+        with torch.cuda.device(index), torch.cuda.stream(stream):
+            out = make()
+            done = torch.cuda.Event()
+            done.record(stream)
+        return out, done
+
+    global _BUILDER
+    if _BUILDER is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _BUILDER = ThreadPoolExecutor(1, thread_name_prefix="hypercodec-device")
+    out, done = _BUILDER.submit(run).result()
+    caller.wait_event(done)
+    return out
 
 
 def _on_device(layer: Any, device: torch.device) -> Any:
@@ -411,7 +587,8 @@ def _on_device(layer: Any, device: torch.device) -> Any:
     cache = layer.__dict__.setdefault("_device_forms", {})
     hit = cache.get(device)
     if hit is None or hit[0] is not layer.op:
-        hit = cache[device] = (layer.op, DeviceLinear(layer.op, device))
+        op = layer.op
+        hit = cache[device] = (op, _lasting(device, lambda: DeviceLinear(op, device)))
     return hit[1]
 
 
@@ -438,7 +615,7 @@ def _rht_signs(seed: int, n: int, device: torch.device) -> torch.Tensor:
     key = (seed, n, device)
     hit = _SIGNS.get(key)
     if hit is None:
-        hit = _SIGNS[key] = torch.from_numpy(_native.rht_signs(seed, n)).to(device)
+        hit = _SIGNS[key] = _lasting(device, lambda: torch.from_numpy(_native.rht_signs(seed, n)).to(device))
     return hit
 
 
@@ -798,7 +975,8 @@ def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
         form = _rounded_form(layer.op) if rounded else _int8_form(layer.op)
         if form is None:
             return None
-        hit = cache[x.device] = _W8A8(layer.op, form, x.device, fp8)
+        op = layer.op
+        hit = cache[x.device] = _lasting(x.device, lambda: _W8A8(op, form, x.device, fp8))
     return hit
 
 
@@ -949,7 +1127,7 @@ class HyperLinear(_StoredForm, nn.Module):
         b = _f32(layer.bias) if layer.bias is not None else None
         h = None if hessian is None else np.ascontiguousarray(hessian, dtype=np.float32)
         op = _quantize(layer.weight, spec, b, h)
-        return cls(op, layer if trainable else None, spec, refresh_every)
+        return _keyed_on(cls(op, layer if trainable else None, spec, refresh_every), layer.weight)
 
     def refresh(self) -> None:
         """Re-quantizes the master weight (and bias) into the compressed form."""
@@ -1001,8 +1179,8 @@ class HyperLinear(_StoredForm, nn.Module):
 
     _op_forward = _stored_forward
 
-    def _op_fake(self, x: torch.Tensor) -> torch.Tensor:
-        return x.new_empty((*x.shape[:-1], self.out_features))
+    def _op_meta(self) -> list[int]:
+        return [_LINEAR, self.out_features]
 
     def _op_backward(self, gy: torch.Tensor, x_shape: tuple[int, ...]) -> torch.Tensor:
         return self._input_grad(gy)
@@ -1057,7 +1235,7 @@ class HyperConv2d(_StoredForm, nn.Module):
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, spec: str) -> "HyperConv2d":
         """Quantizes ``conv``'s weight with the candidate ``spec``."""
-        return cls(_quantize(conv.weight, spec, None), conv)
+        return _keyed_on(cls(_quantize(conv.weight, spec, None), conv), conv.weight)
 
     def _check_loaded(self, op: "_native.Linear") -> None:
         rows, cols = self.weight_shape[0], int(np.prod(self.weight_shape[1:]))
@@ -1093,10 +1271,13 @@ class HyperConv2d(_StoredForm, nn.Module):
             return self._pointwise_forward(x, bias=False)
         return self._decoded_forward(x, bias=False)
 
-    def _op_fake(self, x: torch.Tensor) -> torch.Tensor:
-        w = x.new_empty(self.weight_shape)
-        y = nn.functional.conv2d(x, w, None, self.stride, self.padding, self.dilation, self.groups)
-        return y.contiguous() if self.pointwise and x.shape[1] > 0 else y  # (as _pointwise_forward)
+    def _op_meta(self) -> list[int]:
+        def pair(v: Any) -> tuple[int, int]:
+            return (v, v) if isinstance(v, int) else tuple(v)
+
+        pad = self.padding
+        mode, padding = (_PAD_MODES.index(pad), (0, 0)) if isinstance(pad, str) else (-1, pair(pad))
+        return [_CONV, *self.weight_shape, *pair(self.stride), *pair(self.dilation), self.groups, int(self.pointwise), mode, *padding]
 
     def _op_backward(self, gy: torch.Tensor, x_shape: tuple[int, ...]) -> torch.Tensor:
         if self.pointwise and x_shape[1] > 0:
@@ -1126,7 +1307,8 @@ class HyperConv2d(_StoredForm, nn.Module):
         key = (device, dtype, id(self.op))
         if key not in cache:
             cache.clear()
-            cache[key] = _op_weight(self.op).reshape(self.weight_shape).to(device=device, dtype=dtype)
+            op = self.op
+            cache[key] = _lasting(device, lambda: _op_weight(op).reshape(self.weight_shape).to(device=device, dtype=dtype))
         return cache[key]
 
     def _decoded_forward(self, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
@@ -1197,7 +1379,7 @@ class HyperEmbedding(_StoredForm, nn.Module):
     def from_embedding(cls, emb: nn.Embedding, spec: str) -> "HyperEmbedding":
         """Quantizes ``emb``'s table with the candidate ``spec``, without error feedback (an
         embedding's inputs are one-hot: every row is its own output)."""
-        return cls(_quantize(emb.weight, spec, None), emb.padding_idx, dtype=emb.weight.dtype)
+        return _keyed_on(cls(_quantize(emb.weight, spec, None), emb.padding_idx, dtype=emb.weight.dtype), emb.weight)
 
     def _check_loaded(self, op: "_native.Linear") -> None:
         if (op.rows, op.cols) != (self.num_embeddings, self.embedding_dim):
@@ -1211,11 +1393,8 @@ class HyperEmbedding(_StoredForm, nn.Module):
         if ids.is_floating_point() or ids.is_complex():
             raise _native.InvalidInputError(f"embedding ids must be integers, got {ids.dtype}")
         if _traced():
-            return torch.ops.hypercodec.stored_lookup(ids, self._op_handle)
+            return torch.ops.hypercodec.stored_lookup(ids, getattr(self, _OP_KEY), self.embedding_dim, self.dtype)
         return self._op_forward(ids)
-
-    def _op_fake(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids.new_empty((*ids.shape, self.embedding_dim), dtype=self.dtype)
 
     def _op_forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.detach().reshape(-1).to(torch.int64).cpu().numpy()
