@@ -306,6 +306,44 @@ def test_cuda_compressed_models_compile_whole(mode, monkeypatch):
 
 
 @needs_cuda
+def test_cuda_a_model_compiled_before_any_eager_call_records_its_cuda_graphs():
+    """Compiled with reduce-overhead and called compiled first: each layer's device form (and a
+    convolution's kept decoded weight) is made during torch's warm-up, outside the pool of the
+    CUDA graph about to be recorded (made inside it, the recording failed: "tensors in the
+    cudagraph pool not tracked as outputs"); every step replays in CUDA graphs, equal to eager."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(25)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(4, 8, 3, padding=1, padding_mode="reflect")
+            self.a, self.b = torch.nn.Linear(8 * 6 * 6, 256), torch.nn.Linear(256, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(torch.relu(self.conv(x)).flatten(1))))
+
+    model = Net()
+    model.conv = hnn.HyperConv2d.from_conv(model.conv, "int8")
+    model.a = hnn.HyperLinear.from_linear(model.a, "int4")
+    model.b = hnn.HyperLinear.from_linear(model.b, "tcq@2-l12")
+    model = model.to(device="cuda", dtype=torch.bfloat16)
+    assert "_device_forms" not in model.a.__dict__  # (nothing on the device yet)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, fullgraph=True, mode="reduce-overhead")
+    xs = [torch.randn(2, 4, 6, 6, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    with torch.no_grad():
+        got = [compiled(x).clone() for x in xs]
+        want = [model(x) for x in xs]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.float(), w.float(), rtol=0, atol=2e-2 * w.float().abs().max().item())
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    torch._dynamo.reset()
+
+
+@needs_cuda
 def test_cuda_repeated_blocks_compiled_one_by_one_share_one_graph():
     """Regional compilation with inductor: 6 blocks of one shape, each `block.compile()`d, share
     one compiled graph (each layer's key is an input, as a weight is); the outputs match the

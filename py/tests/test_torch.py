@@ -168,6 +168,40 @@ def test_conv2d_pointwise_runs_on_the_runtime_and_others_decode():
     assert all(isinstance(m, hnn.HyperConv2d) for m in (model[0], model[2]))
 
 
+@pytest.mark.parametrize("mode", ["zeros", "reflect", "replicate", "circular"])
+def test_conv2d_padding_modes_pad_as_nn_conv2d_does(mode):
+    """`padding_mode` (reflect in style-transfer and image-to-image nets, circular in periodic
+    data) is kept: the input is padded first, as nn.Conv2d does; before, every mode zero-padded
+    without a word. Eager, compiled, pickled, through a placeholder loaded from a state dict, and
+    the input gradient."""
+    import pickle
+
+    torch.manual_seed(26)
+    for kw in ({"padding": 1}, {"padding": (2, 1), "stride": 2}, {"padding": "same", "dilation": 2}, {"padding": 1, "groups": 4}):
+        conv = torch.nn.Conv2d(8, 12, 3, padding_mode=mode, **kw)
+        h = hnn.HyperConv2d.from_conv(conv, "int8-row")
+        ref = torch.nn.Conv2d(8, 12, 3, padding_mode=mode, **kw)
+        with torch.no_grad():
+            ref.weight.copy_(torch.from_numpy(np.asarray(h.op.weight())).reshape(ref.weight.shape))
+            ref.bias.copy_(conv.bias)
+        x = torch.randn(2, 8, 9, 7, requires_grad=True)
+        want = ref(x)
+        got = h(x)
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4), (mode, kw)
+        (g_want,) = torch.autograd.grad(want.square().sum(), x)
+        (g_got,) = torch.autograd.grad(h(x).square().sum(), x)
+        assert torch.allclose(g_got, g_want, atol=1e-3, rtol=1e-3), (mode, kw)
+        assert torch.allclose(pickle.loads(pickle.dumps(h))(x), got)
+        empty = hnn.HyperConv2d.placeholder(conv)
+        empty.load_state_dict(h.state_dict())
+        assert torch.allclose(empty(x), got)
+        if hasattr(torch.library, "custom_op"):
+            torch._dynamo.reset()
+            with torch.no_grad():
+                assert torch.allclose(torch.compile(h, fullgraph=True, backend="aot_eager")(x), got, atol=1e-5)
+    torch._dynamo.reset()
+
+
 def test_straight_through_training_reaches_the_float_loss():
     # A toy regression: a 2-layer MLP at 4 bits per weight (straight-through estimator, the
     # master weights re-quantized every 5 steps) trains to within 1.1x of f32's held-out loss.

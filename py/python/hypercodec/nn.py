@@ -1208,18 +1208,26 @@ class HyperConv2d(_StoredForm, nn.Module):
         super().__init__()
         self._init_stored()
         self.op = op
-        self.weight_shape = tuple(conv.weight.shape)
-        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
+        self._geometry(conv)
         self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
         self.pointwise = self._is_pointwise()
+
+    def _geometry(self, conv: nn.Conv2d) -> None:
+        self.weight_shape = tuple(conv.weight.shape)
+        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
+        # padding_mode "reflect", "replicate" or "circular": the input padded first (F.pad, as
+        # nn.Conv2d does), then a convolution without padding.
+        self.padding_mode = conv.padding_mode
+        if conv.padding_mode != "zeros":
+            self.padding = (0, 0)
+            self._pad = tuple(conv._reversed_padding_repeated_twice)
 
     @classmethod
     def placeholder(cls, conv: nn.Conv2d) -> "HyperConv2d":
         """An empty layer of ``conv``'s geometry whose ``weight_hwz`` (and ``bias``) are filled
         by ``load_state_dict``."""
         self = cls._empty()
-        self.weight_shape = tuple(conv.weight.shape)
-        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
+        self._geometry(conv)
         self.bias = None if conv.bias is None else nn.Parameter(torch.empty_like(conv.bias, device="cpu"), requires_grad=False)
         self.pointwise = cls._is_pointwise(self)
         return self
@@ -1252,6 +1260,8 @@ class HyperConv2d(_StoredForm, nn.Module):
             raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
         if x.dim() == 3:  # one unbatched image, as nn.Conv2d takes (hooks ran once already)
             return self.forward(x.unsqueeze(0)).squeeze(0)
+        if getattr(self, "padding_mode", "zeros") != "zeros":
+            x = nn.functional.pad(x, self._pad, mode=self.padding_mode)
         if _traced():
             # The bias is added outside the operator, so that a bias set to train gets its gradient.
             y = _as_op(self, x)
@@ -1339,7 +1349,9 @@ class HyperConv2d(_StoredForm, nn.Module):
     def extra_repr(self) -> str:
         if self.op is None:
             return f"weight_shape={self.weight_shape}, not loaded"
-        return f"weight_shape={self.weight_shape}, path={self.path}, held_bytes={self.op.held_bytes}"
+        mode = getattr(self, "padding_mode", "zeros")
+        pad = "" if mode == "zeros" else f", padding_mode={mode}"
+        return f"weight_shape={self.weight_shape}{pad}, path={self.path}, held_bytes={self.op.held_bytes}"
 
 
 class HyperEmbedding(_StoredForm, nn.Module):
