@@ -823,6 +823,32 @@ def test_repeated_blocks_compiled_one_by_one_share_one_graph(conv):
     torch._dynamo.reset()
 
 
+def test_an_embedding_with_max_norm_renormalizes_its_rows_as_nn_embedding_does():
+    """nn.Embedding(max_norm=...) scales each looked-up row whose norm passes max_norm down to it
+    (in place, in its table); the stored table gives each lookup what that table would. Before,
+    max_norm was dropped without a word."""
+    torch.manual_seed(27)
+    for norm_type in (2.0, 1.0):
+        emb = torch.nn.Embedding(40, 16, max_norm=1.5, norm_type=norm_type)
+        with torch.no_grad():
+            emb.weight.mul_(torch.linspace(0.05, 1.0, 40)[:, None])  # rows on both sides of max_norm
+        model = torch.nn.Sequential(emb)
+        hnn.quantize(model, bps=8, method="int8-row", skip=(), embeddings=True)
+        h = model[0]
+        assert isinstance(h, hnn.HyperEmbedding) and h.max_norm == 1.5
+        ref = torch.nn.Embedding(40, 16, max_norm=1.5, norm_type=norm_type)
+        with torch.no_grad():
+            ref.weight.copy_(torch.from_numpy(np.asarray(h.op.weight())).reshape(40, 16))
+        ids = torch.tensor([[0, 39, 20, 39], [5, 5, 33, 1]])
+        got, want = h(ids), ref(ids)
+        norms = torch.linalg.vector_norm(want, ord=norm_type, dim=-1)
+        assert norms.max() <= 1.5 + 1e-5 and (norms < 1.4).any()  # (both kinds of row looked up)
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-5), norm_type
+        empty = hnn.HyperEmbedding.placeholder(emb)
+        empty.load_state_dict(h.state_dict())
+        assert empty.max_norm == 1.5 and torch.equal(empty(ids), got)
+
+
 def test_an_embedding_tied_to_a_skipped_head_stays_float():
     model = _Lm(tied=True)
     hnn.quantize(model, bps=4, skip=("head",), embeddings=True)

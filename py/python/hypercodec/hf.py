@@ -114,7 +114,9 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
         if encoding.get("type") != "raw":
             op = archive.linear(f"{emb_name}.weight", None, fixed_bits)
             source = _archive_source(archive, emb_name, False)
-            _set(model, emb_name, HyperEmbedding(op, emb.padding_idx, source=source, dtype=emb.weight.dtype))
+            table = HyperEmbedding(op, emb.padding_idx, source=source, dtype=emb.weight.dtype)
+            table.max_norm, table.norm_type = emb.max_norm, emb.norm_type
+            _set(model, emb_name, table)
             shared[f"{emb_name}.weight"] = op
     for alias, source in tied.items():
         if source in shared and alias.endswith(".weight"):

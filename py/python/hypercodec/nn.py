@@ -1358,8 +1358,10 @@ class HyperEmbedding(_StoredForm, nn.Module):
     """``nn.Embedding`` on the stored form: each looked-up row is decoded from the compressed
     weight (a :class:`hypercodec.Linear`, which a tied output head can share), returned in
     ``dtype`` (the original table's: a bf16 model stays bf16). Saved like :class:`HyperLinear`
-    (``weight_hwz``); ``max_norm`` and sparse gradients are not kept (the table is
-    inference-only)."""
+    (``weight_hwz``). ``max_norm`` scales each looked-up row whose ``norm_type`` norm passes it
+    down to it, as ``nn.Embedding`` does to the rows of its table (the stored table is not
+    changed: every lookup gives what the renormalized table would); sparse gradients are not
+    kept (the table is inference-only)."""
 
     def __init__(
         self,
@@ -1376,6 +1378,8 @@ class HyperEmbedding(_StoredForm, nn.Module):
         self.embedding_dim = op.cols
         self.padding_idx = padding_idx
         self.dtype = dtype
+        self.max_norm: float | None = None
+        self.norm_type = 2.0
 
     @classmethod
     def placeholder(cls, emb: nn.Embedding, tied: str | None = None) -> "HyperEmbedding":
@@ -1385,13 +1389,16 @@ class HyperEmbedding(_StoredForm, nn.Module):
         self.num_embeddings, self.embedding_dim = emb.num_embeddings, emb.embedding_dim
         self.padding_idx = emb.padding_idx
         self.dtype = emb.weight.dtype
+        self.max_norm, self.norm_type = emb.max_norm, emb.norm_type
         return self
 
     @classmethod
     def from_embedding(cls, emb: nn.Embedding, spec: str) -> "HyperEmbedding":
         """Quantizes ``emb``'s table with the candidate ``spec``, without error feedback (an
         embedding's inputs are one-hot: every row is its own output)."""
-        return _keyed_on(cls(_quantize(emb.weight, spec, None), emb.padding_idx, dtype=emb.weight.dtype), emb.weight)
+        layer = cls(_quantize(emb.weight, spec, None), emb.padding_idx, dtype=emb.weight.dtype)
+        layer.max_norm, layer.norm_type = emb.max_norm, emb.norm_type
+        return _keyed_on(layer, emb.weight)
 
     def _check_loaded(self, op: "_native.Linear") -> None:
         if (op.rows, op.cols) != (self.num_embeddings, self.embedding_dim):
@@ -1405,8 +1412,15 @@ class HyperEmbedding(_StoredForm, nn.Module):
         if ids.is_floating_point() or ids.is_complex():
             raise _native.InvalidInputError(f"embedding ids must be integers, got {ids.dtype}")
         if _traced():
-            return torch.ops.hypercodec.stored_lookup(ids, getattr(self, _OP_KEY), self.embedding_dim, self.dtype)
-        return self._op_forward(ids)
+            rows = torch.ops.hypercodec.stored_lookup(ids, getattr(self, _OP_KEY), self.embedding_dim, self.dtype)
+        else:
+            rows = self._op_forward(ids)
+        max_norm = getattr(self, "max_norm", None)
+        if max_norm is None:
+            return rows
+        # nn.Embedding's renormalization (embedding_renorm_): rows past max_norm scaled to it.
+        norms = torch.linalg.vector_norm(rows, ord=self.norm_type, dim=-1, keepdim=True)
+        return torch.where(norms > max_norm, rows * (max_norm / (norms + 1e-7)), rows)
 
     def _op_forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.detach().reshape(-1).to(torch.int64).cpu().numpy()
@@ -1558,7 +1572,9 @@ def quantize(
         head = owner.get(id(emb.weight))
         if head is not None:
             op = model.get_submodule(head).op
-            _replace(model, name, HyperEmbedding(op, emb.padding_idx, tied=head, dtype=emb.weight.dtype))
+            table = HyperEmbedding(op, emb.padding_idx, tied=head, dtype=emb.weight.dtype)
+            table.max_norm, table.norm_type = emb.max_norm, emb.norm_type
+            _replace(model, name, table)
         elif id(emb.weight) not in linear_weights:
             _replace(model, name, HyperEmbedding.from_embedding(emb, spec))
             owner[id(emb.weight)] = name
@@ -1639,7 +1655,9 @@ def quantize_budget(
         for n, m in tables:
             op = archive.linear(f"{n}.weight", None)
             source = _archive_source(archive, n, False)
-            _replace(model, n, HyperEmbedding(op, m.padding_idx, source=source, dtype=m.weight.dtype))
+            table = HyperEmbedding(op, m.padding_idx, source=source, dtype=m.weight.dtype)
+            table.max_norm, table.norm_type = m.max_norm, m.norm_type
+            _replace(model, n, table)
         load_into(model, path)
     return model
 
