@@ -202,6 +202,23 @@ def test_conv2d_padding_modes_pad_as_nn_conv2d_does(mode):
     torch._dynamo.reset()
 
 
+def test_compressed_layers_follow_autocast_as_nn_linear_and_conv2d_do():
+    """Under torch.autocast a float32 input reaches nn.Linear / nn.Conv2d in the autocast dtype;
+    the compressed layers take it so too (their output's dtype is the one the model expects, and
+    on CUDA the bf16 kernels run instead of the float32 passes)."""
+    torch.manual_seed(28)
+    lin, conv = torch.nn.Linear(64, 32), torch.nn.Conv2d(4, 8, 3, padding=1)
+    hl, hc = hnn.HyperLinear.from_linear(lin, "int8-row"), hnn.HyperConv2d.from_conv(conv, "int8-row")
+    for dense, h, x in ((lin, hl, torch.randn(3, 64)), (conv, hc, torch.randn(2, 4, 5, 5))):
+        with torch.no_grad():
+            dense.weight.copy_(torch.from_numpy(np.asarray(h.op.weight())).reshape(dense.weight.shape))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want, got = dense(x), h(x)
+        assert want.dtype == got.dtype == torch.bfloat16
+        assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2 * want.float().abs().max().item())
+        assert h(x).dtype == torch.float32  # (outside autocast: the input's dtype)
+
+
 def test_straight_through_training_reaches_the_float_loss():
     # A toy regression: a 2-layer MLP at 4 bits per weight (straight-through estimator, the
     # master weights re-quantized every 5 steps) trains to within 1.1x of f32's held-out loss.

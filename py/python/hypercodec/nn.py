@@ -313,6 +313,20 @@ class _Stored(torch.autograd.Function):
         return ctx.backward_fn(gy).to(ctx.x_dtype), None, None
 
 
+def _autocast(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in autocast's dtype where ``torch.autocast`` is on for its device, as ``nn.Linear``
+    and ``nn.Conv2d`` take their inputs (a float32 input then runs the bf16 / f16 kernels, and
+    the output has the dtype the model around it expects)."""
+    if not x.is_floating_point():
+        return x
+    try:
+        on = torch.is_autocast_enabled(x.device.type)
+    except TypeError:  # torch < 2.4: no per-device query
+        return x
+    dtype = torch.get_autocast_dtype(x.device.type) if on else x.dtype
+    return x if dtype == x.dtype else x.to(dtype)
+
+
 def _through_stored(x: torch.Tensor, forward: Callable, backward: Callable) -> torch.Tensor:
     """``forward(x)``, through :class:`_Stored` when a gradient w.r.t. ``x`` is wanted."""
     if torch.is_grad_enabled() and x.requires_grad:
@@ -1141,6 +1155,7 @@ class HyperLinear(_StoredForm, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.op is None:
             raise _native.InvalidInputError("this HyperLinear has no weight yet: load its state dict (weight_hwz) first")
+        x = _autocast(x)
         if self.weight is not None and self.training and torch.is_grad_enabled():
             step = _TRAINING_WEIGHT or HyperLinear._training_weight
             wq = step(self).to(device=self.weight.device)
@@ -1260,6 +1275,7 @@ class HyperConv2d(_StoredForm, nn.Module):
             raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
         if x.dim() == 3:  # one unbatched image, as nn.Conv2d takes (hooks ran once already)
             return self.forward(x.unsqueeze(0)).squeeze(0)
+        x = _autocast(x)
         if getattr(self, "padding_mode", "zeros") != "zeros":
             x = nn.functional.pad(x, self._pad, mode=self.padding_mode)
         if _traced():
