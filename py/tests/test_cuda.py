@@ -371,27 +371,24 @@ def test_cuda_repeated_blocks_compiled_one_by_one_share_one_graph():
     counters.clear()
     for b in blocks:
         b.compile(fullgraph=True)
-    for _ in range(3):
-        x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
-        with torch.no_grad():
-            got = blocks(x).clone()
-            ref = x
-            for b in blocks:
-                ref = b._call_impl(ref)  # (the eager forward: _call_impl skips the compiled call)
-        tol = 2e-2 * ref.float().abs().max().item()
-        torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol)
+
+    def check(msg: str) -> None:
+        for _ in range(3):
+            x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+            with torch.no_grad():
+                got = blocks(x).clone()
+                ref = x
+                for b in blocks:
+                    ref = b._call_impl(ref)  # (the eager forward: _call_impl skips the compiled call)
+            tol = 2e-2 * ref.float().abs().max().item()
+            torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol, msg=msg)
+
+    check("compiled")
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    # New weights loaded into one block.
     fresh = hnn.HyperLinear.from_linear(torch.nn.Linear(256, 512), "int4")
     blocks[2].up.load_state_dict(fresh.state_dict())
-    for _ in range(3):
-        x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
-        with torch.no_grad():
-            got = blocks(x).clone()
-            ref = x
-            for b in blocks:
-                ref = b._call_impl(ref)
-        tol = 2e-2 * ref.float().abs().max().item()
-        torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol, msg="new weights")
+    check("new weights")
     torch._dynamo.reset()
 
 
