@@ -217,6 +217,8 @@ def test_compressed_layers_follow_autocast_as_nn_linear_and_conv2d_do():
         assert want.dtype == got.dtype == torch.bfloat16
         assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2 * want.float().abs().max().item())
         assert h(x).dtype == torch.float32  # (outside autocast: the input's dtype)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert h(x.double()).dtype == torch.float64  # (autocast leaves float64 alone)
 
 
 def test_straight_through_training_reaches_the_float_loss():
@@ -698,8 +700,18 @@ def test_compressed_models_compile_whole_and_train_through_the_compiled_graph():
     # buffer that never enters the state dict).
     h = hnn.HyperLinear.from_linear(torch.nn.Linear(64, 32), "int4")
     twin = copy.deepcopy(h)
-    keys = {hnn._key_of(m) for m in (h, twin, copy.copy(h), pickle.loads(pickle.dumps(h)), h._replicate_for_data_parallel())}
-    assert len(keys) == 5 and None not in keys  # (the last: nn.DataParallel's replicas)
+    keys = {hnn._key_of(m) for m in (h, twin, copy.copy(h), pickle.loads(pickle.dumps(h)))}
+    assert len(keys) == 4 and None not in keys
+    # nn.DataParallel's replica keeps its original's number: replicate sets its key on the
+    # replica's device, where that number has one slot (not a new one at every step).
+    replica = h._replicate_for_data_parallel()
+    replica._op_key = h._op_key.clone()  # (what replicate does, on the host)
+    assert replica._op_number == h._op_number and hnn._key_of(replica) == hnn._key_of(h)
+    arena = hnn._ARENAS[torch.device("cpu")][1]
+    for _ in range(5):
+        step = h._replicate_for_data_parallel()
+        step._op_key = h._op_key.clone()
+    assert hnn._ARENAS[torch.device("cpu")][1] == arena  # (no slot per step)
     assert "_op_key" not in h.state_dict() and "_op_key" in dict(h.named_buffers())
     xb = torch.randn(5, 64, dtype=torch.bfloat16)
     torch._dynamo.reset()
@@ -767,6 +779,11 @@ def test_layer_keys_survive_conversions_loaders_and_new_weights():
             got = torch.compile(layer, fullgraph=True, backend="aot_eager")(x)
         return torch.equal(got, layer(x)) and int(layer._op_key) == layer._op_number
 
+    with torch.inference_mode():  # a first arena made here stays a normal tensor
+        hnn._ARENAS.pop(torch.device("cpu"), None)
+        made = hnn.HyperLinear.from_linear(torch.nn.Linear(64, 32), "int4")
+    assert not made._op_key.is_inference() and compiled_equals_eager(made)
+    assert not hnn.HyperLinear.from_linear(torch.nn.Linear(64, 32), "int4")._op_key.is_inference()
     h.type(torch.float16)  # (Module.type converts every buffer)
     assert h._op_key.dtype == torch.int64 and compiled_equals_eager(h.float())
     h.to_empty(device="cpu")  # (empty buffers: the operator is not a buffer and stays)

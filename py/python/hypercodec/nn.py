@@ -24,6 +24,7 @@ import itertools
 import math
 import numbers
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -210,10 +211,10 @@ class _StoredForm:
         return new
 
     def _replicate_for_data_parallel(self) -> Any:
-        """``nn.DataParallel``'s replica (it copies ``__dict__``) with a key of its own (which
-        ``replicate`` then replaces by a copy on the replica's device, like any buffer)."""
+        """``nn.DataParallel``'s replica (it copies ``__dict__``). It keeps its original's number:
+        ``replicate`` then sets its key on the replica's device, where that number has its slot
+        (the same one at every step, not a new slot per step)."""
         replica = super()._replicate_for_data_parallel()
-        _register(replica)
         replica.__dict__.pop("_dense_on_device", None)  # (each replica its own: one is cleared when the operator changes)
         return replica
 
@@ -271,6 +272,7 @@ class _StoredForm:
         elif name == "op" and value is not before:
             # New weights: a new key, so that a CUDA graph recorded for the old operator's
             # device pointers is recorded again rather than replayed.
+            self.__dict__["_op_generation"] = self.__dict__.get("_op_generation", 0) + 1
             _rekey(self)
 
     def _apply(self, *args: Any, **kwargs: Any) -> Any:
@@ -317,7 +319,7 @@ def _autocast(x: torch.Tensor) -> torch.Tensor:
     """``x`` in autocast's dtype where ``torch.autocast`` is on for its device, as ``nn.Linear``
     and ``nn.Conv2d`` take their inputs (a float32 input then runs the bf16 / f16 kernels, and
     the output has the dtype the model around it expects)."""
-    if not x.is_floating_point():
+    if not x.is_floating_point() or x.dtype == torch.float64:  # (autocast leaves float64 alone)
         return x
     try:
         on = torch.is_autocast_enabled(x.device.type)
@@ -355,32 +357,42 @@ _BY_NUMBER: dict[int, weakref.ref] = {}
 _BY_ADDRESS: dict[tuple[str, int], weakref.ref] = {}
 # Keys are slots of arenas that are never freed, so that no two keys ever share an address: a
 # CUDA graph recorded for one layer (its kernels hold that layer's device pointers) is never
-# replayed for another whose key took the first one's place.
-_ARENAS: dict[torch.device, list[Any]] = {}
+# replayed for another whose key took the first one's place. A layer has one slot per device and
+# weights (``_op_generation``, counted up when its operator changes): moving it back and forth,
+# or nn.DataParallel's replicas (which keep their original's number) at every step, reuse them.
+_ARENAS: dict[Any, list[Any]] = {}
 _ARENA_SLOTS = 1024
+_SLOTS: dict[tuple[int, torch.device, int], torch.Tensor] = {}
 
 
-def _new_key(number: int, device: Any) -> torch.Tensor:
+def _new_key(number: int, device: Any, generation: int = 0) -> torch.Tensor:
     device = torch.device(device)
     if device.type == "meta":
         return torch.empty(1, dtype=torch.int64, device=device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    arena = _ARENAS.get(device)
-    if arena is None or arena[1] == _ARENA_SLOTS:
-        arena = [torch.empty(_ARENA_SLOTS, 8, dtype=torch.int64, device=device), 0]
-        _ARENAS[device] = arena
-        _ARENAS.setdefault(None, []).append(arena[0])  # (every arena kept)
-    # A slot of 64 bytes: inductor copies a CUDA input that is not 16-byte aligned (and the
-    # operator would then meet a copy while capturing a CUDA graph).
-    key = arena[0][arena[1], :1]
-    arena[1] += 1
-    key.fill_(number)
+    key = _SLOTS.get((number, device, generation))
+    if key is not None:
+        return key
+    # (Normal tensors even under torch.inference_mode: a key is saved for backward, and an
+    # arena made there would refuse the next fill outside it.)
+    with torch.inference_mode(False), torch.no_grad():
+        arena = _ARENAS.get(device)
+        if arena is None or arena[1] == _ARENA_SLOTS:
+            arena = [torch.empty(_ARENA_SLOTS, 8, dtype=torch.int64, device=device), 0]
+            _ARENAS[device] = arena
+            _ARENAS.setdefault(None, []).append(arena[0])  # (every arena kept)
+        # A slot of 64 bytes: inductor copies a CUDA input that is not 16-byte aligned (and the
+        # operator would then meet a copy while capturing a CUDA graph).
+        key = arena[0][arena[1], :1]
+        arena[1] += 1
+        key.fill_(number)
     # What torch._dynamo.mark_static_address(key) sets (without importing dynamo): a fixed
     # address, which CUDA graph trees read in place, as they do a weight, instead of copying
     # it into a graph's own input (the operator would then meet a copy while capturing, and
     # a copy can only be named by reading its number). A block with other keys records anew.
     key._dynamo_static_input_type = "unguarded"
+    _SLOTS[(number, device, generation)] = key
     return key
 
 
@@ -391,6 +403,7 @@ def _register(layer: Any, device: Any = None) -> None:
     ``torch.device("meta")`` context: loaders build layers there)."""
     number = next(_NUMBERS)
     layer.__dict__["_op_number"] = number
+    layer.__dict__["_op_generation"] = 0
     _BY_NUMBER[number] = weakref.ref(layer, lambda _ref, n=number: _BY_NUMBER.pop(n, None))
     d = layer.__dict__
     d["_buffers"] = dict(d["_buffers"])  # (a shallow copy's table is its original's)
@@ -399,15 +412,15 @@ def _register(layer: Any, device: Any = None) -> None:
 
 
 def _rekey(layer: Any, device: Any = None) -> None:
-    """A new key, holding the layer's number, in place of the present one (moved, converted,
-    overwritten by a loader, or naming an operator that has changed): on ``device``, else
-    where the present one is, else where the layer's other tensors are."""
+    """The layer's key on ``device`` (else where the present one is, else where its other
+    tensors are) in place of the present one: moved, converted, or overwritten by a loader or by
+    nn.DataParallel's replicate."""
     d = layer.__dict__
     old = d["_buffers"].get(_OP_KEY)
     if device is None:
         held = [t for t in (old, *d["_parameters"].values(), *d["_buffers"].values()) if t is not None and not t.is_meta]
         device = held[0].device if held else "cpu"
-    layer.__dict__["_buffers"][_OP_KEY] = _new_key(layer.__dict__["_op_number"], device)
+    d["_buffers"][_OP_KEY] = _new_key(d["_op_number"], device, d.get("_op_generation", 0))
     _remember(layer)
 
 
@@ -558,6 +571,7 @@ def _decoded(layer: Any, device: torch.device) -> torch.Tensor:
 
 _BUILDER: Any = None  # the thread that makes lasting device tensors (see _lasting)
 _BUILD_STREAMS: dict[int, Any] = {}
+_BUILDER_LOCK = threading.Lock()
 
 
 def _lasting(device: torch.device, make: Callable[[], Any]) -> Any:
@@ -567,29 +581,39 @@ def _lasting(device: torch.device, make: Callable[[], Any]) -> Any:
     and refuse to record one from which a tensor outlives the step ("tensors in the cudagraph pool
     not tracked as outputs"). ``make`` runs on a thread and stream of its own, after the work so
     far on the caller's stream, which then waits for it (no host synchronization)."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return make()
+    global _BUILDER
+    if device.type != "cuda" or threading.current_thread().name.startswith("hypercodec-device"):
+        return make()  # (on the host, or already on the worker)
     index = device.index if device.index is not None else torch.cuda.current_device()
     caller = torch.cuda.current_stream(index)
+    # While torch captures a CUDA graph (a recording again after new weights, which may follow
+    # no warm-up), the caller's stream cannot be waited on or wait: the worker orders nothing
+    # against it and the host waits for the worker's stream instead (torch captures in
+    # thread-local mode, which lets another thread do so).
+    capturing = torch.cuda.is_current_stream_capturing()
 
     def run() -> tuple[Any, Any]:
         stream = _BUILD_STREAMS.get(index)
         if stream is None:
             stream = _BUILD_STREAMS[index] = torch.cuda.Stream(index)
-        stream.wait_stream(caller)
+        if not capturing:
+            stream.wait_stream(caller)
         with torch.cuda.device(index), torch.cuda.stream(stream):
             out = make()
             done = torch.cuda.Event()
             done.record(stream)
+        if capturing:
+            stream.synchronize()
         return out, done
 
-    global _BUILDER
-    if _BUILDER is None:
-        from concurrent.futures import ThreadPoolExecutor
+    with _BUILDER_LOCK:
+        if _BUILDER is None:
+            from concurrent.futures import ThreadPoolExecutor
 
-        _BUILDER = ThreadPoolExecutor(1, thread_name_prefix="hypercodec-device")
+            _BUILDER = ThreadPoolExecutor(1, thread_name_prefix="hypercodec-device")
     out, done = _BUILDER.submit(run).result()
-    caller.wait_event(done)
+    if not capturing:
+        caller.wait_event(done)
     return out
 
 
@@ -1376,8 +1400,9 @@ class HyperEmbedding(_StoredForm, nn.Module):
     ``dtype`` (the original table's: a bf16 model stays bf16). Saved like :class:`HyperLinear`
     (``weight_hwz``). ``max_norm`` scales each looked-up row whose ``norm_type`` norm passes it
     down to it, as ``nn.Embedding`` does to the rows of its table (the stored table is not
-    changed: every lookup gives what the renormalized table would); sparse gradients are not
-    kept (the table is inference-only)."""
+    changed: every lookup gives what the renormalized table would; a tied output head, which
+    ``nn.Embedding`` would renormalize too, keeps the stored rows); sparse gradients are not kept
+    (the table is inference-only)."""
 
     def __init__(
         self,
@@ -1447,7 +1472,8 @@ class HyperEmbedding(_StoredForm, nn.Module):
         if self.op is None:
             return f"{self.num_embeddings}, {self.embedding_dim}, not loaded"
         tied = f", tied={self.tied}" if self.tied else ""
-        return f"{self.num_embeddings}, {self.embedding_dim}, path={self.op.path}, held_bytes={self.op.held_bytes}{tied}"
+        norm = "" if getattr(self, "max_norm", None) is None else f", max_norm={self.max_norm}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{norm}, path={self.op.path}, held_bytes={self.op.held_bytes}{tied}"
 
 
 def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
