@@ -32,6 +32,7 @@ import copy
 import platform
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -131,18 +132,35 @@ def linear_params(model: nn.Module) -> int:
                if isinstance(m, (nn.Linear, hnn.HyperLinear)))
 
 
-def time_step(model: nn.Module, x: torch.Tensor, caches, iters: int, compile: bool = False) -> tuple[float, torch.Tensor]:
+COMPILED: list[str] = []  # per timed configuration: its graphs and compile seconds
+
+
+def time_step(model: nn.Module, x: torch.Tensor, caches, iters: int, compile: str | None = None) -> tuple[float, torch.Tensor]:
     """Median milliseconds per decode step (CUDA graph replays) and the step's output
-    (``compile``: of ``torch.compile(model, fullgraph=True)``)."""
+    (``compile``: ``"whole"``, of ``torch.compile(model, fullgraph=True)``; ``"regional"``, with
+    each block compiled on its own, ``block.compile(fullgraph=True)``)."""
+    from torch._dynamo.utils import counters
+
     if compile:
         torch._dynamo.reset()
-        model = torch.compile(model, fullgraph=True)
+        counters.clear()
+        if compile == "whole":
+            model = torch.compile(model, fullgraph=True)
+        else:
+            for b in model.blocks:
+                b.compile(fullgraph=True)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), torch.no_grad():
-        for _ in range(3):
+        t0 = time.perf_counter()
+        model(x, caches)  # (compiles)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        for _ in range(2):
             model(x, caches)
     torch.cuda.current_stream().wait_stream(s)
+    if compile:
+        COMPILED.append(f"{counters['stats']['unique_graphs']} graphs, {first:.1f} s to the first output")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g), torch.no_grad():
         out = model(x, caches)
@@ -170,11 +188,16 @@ def main() -> int:
     ap.add_argument("--round-weights", action="store_true",
                     help="with --acts fp8: layers without an exact E4M3 weight use their decoded weight rounded to E4M3")
     ap.add_argument("--compile", action="store_true", help="torch.compile(fullgraph=True) every configuration before capturing")
+    ap.add_argument("--regional", action="store_true",
+                    help="instead of --compile: compile each block on its own (block.compile(fullgraph=True)), as for a model's repeated blocks")
     ap.add_argument("--fp8-min-weights", type=int, default=None,
                     help="override hypercodec.nn.FP8_MIN_WEIGHTS (the size under which FP8 layers stay weight-only)")
     a = ap.parse_args()
     if a.round_weights and a.acts != "fp8":
         ap.error("--round-weights needs --acts fp8")
+    if a.regional and a.compile:
+        ap.error("--regional and --compile are two ways to compile: choose one")
+    mode = "regional" if a.regional else "whole" if a.compile else None
     if a.fp8_min_weights is not None:
         hnn.FP8_MIN_WEIGHTS = a.fp8_min_weights
     if not torch.cuda.is_available():
@@ -205,6 +228,8 @@ def main() -> int:
         what += f", compressed layers' activations {a.acts} (`quantize_activations`)"
     if a.compile:
         what += ", every configuration `torch.compile(fullgraph=True)`"
+    if a.regional:
+        what += ", every configuration's blocks compiled one by one (`block.compile(fullgraph=True)`)"
     lines = [
         f"Llama-shaped decoder, {a.layers} blocks of hidden 4096 / MLP 14336 / 32 heads (8 KV) + a 32000-row "
         f"head: {params / 1e9:.2f} G linear parameters, {what}; "
@@ -218,8 +243,8 @@ def main() -> int:
     m0 = torch.cuda.memory_allocated()
     dense = copy.deepcopy(base).to(dev)
     held = torch.cuda.memory_allocated() - m0
-    ms_bf16, _ = time_step(dense, x, caches, a.iters, a.compile)
-    ms_rest, _ = time_step(without_linears(dense, reads=a.compile), x, caches, a.iters, a.compile)
+    ms_bf16, _ = time_step(dense, x, caches, a.iters, mode)
+    ms_rest, _ = time_step(without_linears(dense, reads=mode is not None), x, caches, a.iters, mode)
     lin_bf16 = ms_bf16 - ms_rest
     lines.append(f"| bf16 (`F.linear`) | {held / params:.3f} | {ms_bf16:.3f} | {1000 * tokens / ms_bf16:.1f} | 1.00× "
                  f"| {lin_bf16:.3f} | 1.00× | – |")
@@ -244,7 +269,7 @@ def main() -> int:
             q(x, [(None, None) if k is None else (k.clone(), v.clone()) for k, v in caches])  # builds every device form
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated() - m0
-        ms, got = time_step(q, x, caches, a.iters, a.compile)
+        ms, got = time_step(q, x, caches, a.iters, mode)
         err = float((got.float().cpu() - want).abs().max() / want.abs().max())
         lines.append(f"| {spec} | {held / params:.3f} | {ms:.3f} | {1000 * tokens / ms:.1f} | {ms_bf16 / ms:.2f}× "
                      f"| {ms - ms_rest:.3f} | {lin_bf16 / (ms - ms_rest):.2f}× | {err:.2e} |")
@@ -259,6 +284,9 @@ def main() -> int:
         f"the linear layers; 2× needs them {lin_bf16 / max(ms_bf16 / 2 - ms_rest, 1e-9):.2f}× faster than bf16's"
         + (" (more than the step's rest allows)." if ms_bf16 / 2 <= ms_rest else "."),
     ]
+    if COMPILED:
+        names = ["bf16", "the rest"] + [sp for sp in a.specs.split(",") if sp]
+        lines += ["", "Compiled: " + "; ".join(f"{n} {c}" for n, c in zip(names, COMPILED)) + "."]
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
