@@ -1257,9 +1257,12 @@ class HyperConv2d(_StoredForm, nn.Module):
         # padding_mode "reflect", "replicate" or "circular": the input padded first (F.pad, as
         # nn.Conv2d does), then a convolution without padding.
         self.padding_mode = conv.padding_mode
-        if conv.padding_mode != "zeros":
-            self.padding = (0, 0)
-            self._pad = tuple(conv._reversed_padding_repeated_twice)
+        self._pad = tuple(conv._reversed_padding_repeated_twice)
+
+    @property
+    def _conv_padding(self) -> Any:
+        """The padding of the convolution proper: none after an explicit F.pad."""
+        return self.padding if getattr(self, "padding_mode", "zeros") == "zeros" else (0, 0)
 
     @classmethod
     def placeholder(cls, conv: nn.Conv2d) -> "HyperConv2d":
@@ -1275,7 +1278,7 @@ class HyperConv2d(_StoredForm, nn.Module):
         return (
             self.weight_shape[2:] == (1, 1)
             and tuple(self.stride) == (1, 1)
-            and tuple(self.padding) in ((0, 0), 0)
+            and tuple(self._conv_padding) in ((0, 0), 0)
             and self.groups == 1
         )
 
@@ -1325,7 +1328,7 @@ class HyperConv2d(_StoredForm, nn.Module):
         def pair(v: Any) -> tuple[int, int]:
             return (v, v) if isinstance(v, int) else tuple(v)
 
-        pad = self.padding
+        pad = self._conv_padding
         mode, padding = (_PAD_MODES.index(pad), (0, 0)) if isinstance(pad, str) else (-1, pair(pad))
         return [_CONV, *self.weight_shape, *pair(self.stride), *pair(self.dilation), self.groups, int(self.pointwise), mode, *padding]
 
@@ -1338,11 +1341,12 @@ class HyperConv2d(_StoredForm, nn.Module):
         w = self._dense_weight(gy.device, dt)
         pads = []
         for d in range(2):
-            if isinstance(self.padding, str):
-                total = 0 if self.padding == "valid" else self.dilation[d] * (self.weight_shape[2 + d] - 1)
+            padding = self._conv_padding
+            if isinstance(padding, str):
+                total = 0 if padding == "valid" else self.dilation[d] * (self.weight_shape[2 + d] - 1)
                 pads.append((total // 2, total - total // 2))
             else:
-                pads.append((self.padding[d], self.padding[d]))
+                pads.append((padding[d], padding[d]))
         n, c, h, wd = x_shape
         padded = (n, c, h + sum(pads[0]), wd + sum(pads[1]))
         g = torch.nn.grad.conv2d_input(padded, w, gy.to(dt), self.stride, 0, self.dilation, self.groups)
@@ -1367,7 +1371,7 @@ class HyperConv2d(_StoredForm, nn.Module):
         b = self.bias if bias else None
         b = None if b is None else b.to(device=x.device, dtype=dt)
         y = nn.functional.conv2d(
-            x.to(dt), self._dense_weight(x.device, dt), b, self.stride, self.padding, self.dilation, self.groups
+            x.to(dt), self._dense_weight(x.device, dt), b, self.stride, self._conv_padding, self.dilation, self.groups
         )
         return y.to(x.dtype)
 
@@ -2052,6 +2056,7 @@ def _dense_layer(m: nn.Module) -> nn.Module:
             m.dilation,
             m.groups,
             bias=m.bias is not None,
+            padding_mode=getattr(m, "padding_mode", "zeros"),
         )
         bias = m.bias
     else:
