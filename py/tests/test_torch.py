@@ -758,6 +758,9 @@ def test_compressed_models_compile_whole_and_train_through_the_compiled_graph():
     # A copy of a key (opcheck clones its inputs; so may a tracer) names its layer by number.
     xk = torch.randn(2, 64)
     assert torch.equal(torch.ops.hypercodec.stored_forward(xk, twin._op_key.clone(), twin._op_meta()), twin(xk))
+    # A key with the geometry of another layer (the fake output was shaped by it) is refused.
+    with pytest.raises(hypercodec.InvalidInputError, match="names a layer of"):
+        torch.ops.hypercodec.stored_forward(xk, twin._op_key, [0, 33])
     # A key that no layer holds (a graph from elsewhere) names no layer here.
     with pytest.raises(hypercodec.InvalidInputError, match="no hypercodec layer"):
         torch.ops.hypercodec.stored_forward(torch.randn(2, 64), torch.zeros(1, dtype=torch.int64), [0, 32])

@@ -497,9 +497,15 @@ _custom_op = getattr(torch.library, "custom_op", None)  # torch >= 2.4
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 if _custom_op is not None:
 
+    def _checked(layer: Any, meta: Any, what: Any) -> Any:
+        if meta != what:  # (a graph's fake outputs were shaped by `meta`)
+            raise _native.InvalidInputError(f"this key names a layer of {what}, not {meta}")
+        return layer
+
     @_custom_op("hypercodec::stored_forward", mutates_args=())
     def _stored_forward_op(x: torch.Tensor, key: torch.Tensor, meta: list[int]) -> torch.Tensor:
-        return _layer_of(key)._op_forward(x)
+        layer = _layer_of(key)
+        return _checked(layer, list(meta), layer._op_meta())._op_forward(x)
 
     @_stored_forward_op.register_fake
     def _(x: torch.Tensor, key: torch.Tensor, meta: list[int]) -> torch.Tensor:
@@ -535,7 +541,8 @@ if _custom_op is not None:
 
     @_lookup
     def _stored_lookup_op(ids: torch.Tensor, key: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
-        return _layer_of(key)._op_forward(ids)
+        layer = _layer_of(key)
+        return _checked(layer, (dim, dtype), (layer.embedding_dim, layer.dtype))._op_forward(ids)
 
     @_stored_lookup_op.register_fake
     def _(ids: torch.Tensor, key: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
