@@ -227,6 +227,32 @@ def test_compressed_layers_follow_autocast_as_nn_linear_and_conv2d_do():
             assert h(x.double()).dtype == torch.float64  # (autocast leaves float64 alone)
 
 
+def test_torch_transformer_modules_run_after_quantize():
+    """nn.TransformerEncoder / DecoderLayer / MultiheadAttention read some of their linear
+    layers' weights themselves: MultiheadAttention's out_proj (in every call) and the encoder
+    layer's linear1/linear2 (its inference fast path). quantize raised AttributeError /
+    TypeError in their forward; now out_proj stays float and the encoder layer keeps its own
+    forward, which calls the compressed feed-forward layers."""
+    torch.manual_seed(29)
+    enc = torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True), num_layers=2
+    ).eval()
+    dec = torch.nn.TransformerDecoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True).eval()
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    x, mem = torch.randn(2, 7, 64), torch.randn(2, 5, 64)
+    runs = ((enc, lambda m: m(x)), (dec, lambda m: m(x, mem)), (mha, lambda m: m(x, x, x)[0]))
+    for model, run in runs:
+        with torch.no_grad():
+            want = run(model)
+        hnn.quantize(model, bps=8, method="affine", skip=())
+        with torch.no_grad():
+            got = run(model)
+        assert got.shape == want.shape and (got - want).abs().max() < 0.05 * want.abs().max(), type(model).__name__
+        kinds = {n: type(m) for n, m in model.named_modules()}
+        assert all(k is not hnn.HyperLinear for n, k in kinds.items() if n.endswith("out_proj"))
+        assert (hnn.HyperLinear in kinds.values()) == (model is not mha)  # (the feed-forward layers are compressed)
+
+
 def test_straight_through_training_reaches_the_float_loss():
     # A toy regression: a 2-layer MLP at 4 bits per weight (straight-through estimator, the
     # master weights re-quantized every 5 steps) trains to within 1.1x of f32's held-out loss.

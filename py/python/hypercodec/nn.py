@@ -1567,12 +1567,25 @@ class HyperAttention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.num_heads * d))
 
 
+def _parent(model: nn.Module, name: str) -> nn.Module:
+    return model.get_submodule(name.rpartition(".")[0])
+
+
+def _replaceable(model: nn.Module, name: str) -> bool:
+    """Whether the linear layer ``name`` may become a stored layer: not the output projection of
+    an ``nn.MultiheadAttention``, whose forward reads ``out_proj.weight`` itself (so it stays
+    float, like the attention's packed input projection, a bare parameter)."""
+    return not isinstance(_parent(model, name), nn.MultiheadAttention)
+
+
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent = model
-    *path, last = name.split(".")
-    for p in path:
-        parent = getattr(parent, p)
-    setattr(parent, last, new)
+    parent = _parent(model, name)
+    setattr(parent, name.rpartition(".")[2], new)
+    if isinstance(parent, nn.TransformerEncoderLayer) and isinstance(new, _StoredForm):
+        # Its inference fast path (torch._transformer_encoder_layer_fwd) reads linear1.weight
+        # and linear2.weight itself; this flag, which only gates that path, keeps the module's
+        # own forward, which calls the layers (self.activation is unchanged).
+        parent.activation_relu_or_gelu = 0
 
 
 def quantize(
@@ -1605,7 +1618,8 @@ def quantize(
     targets = [
         (n, m)
         for n, m in model.named_modules()
-        if (isinstance(m, nn.Linear) or (conv and isinstance(m, nn.Conv2d))) and not any(s in n for s in skip)
+        if (isinstance(m, nn.Linear) and _replaceable(model, n) or (conv and isinstance(m, nn.Conv2d)))
+        and not any(s in n for s in skip)
     ]
     tables = [
         (n, m)
@@ -1672,7 +1686,7 @@ def quantize_budget(
     gpu = _coding_gpu(model, device)
     sd: dict[str, np.ndarray] = {}
     for n, m in model.named_modules():
-        if isinstance(m, nn.Linear) and not any(s in n for s in skip):
+        if isinstance(m, nn.Linear) and _replaceable(model, n) and not any(s in n for s in skip):
             sd[f"{n}.weight"] = m.weight.detach().to(torch.float32).cpu().numpy()
             if m.bias is not None:
                 sd[f"{n}.bias"] = m.bias.detach().to(torch.float32).cpu().numpy()
@@ -2272,7 +2286,9 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
     other parameters and buffers are decoded into place. Returns ``model``."""
     archive = _native.Archive(path)
     names = set(archive.names())
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and f"{n}.weight" in names]
+    linears = [
+        (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and f"{n}.weight" in names and _replaceable(model, n)
+    ]
     done = set()
     for name, layer in linears:
         bias = None
