@@ -253,6 +253,55 @@ def test_torch_transformer_modules_run_after_quantize():
         assert (hnn.HyperLinear in kinds.values()) == (model is not mha)  # (the feed-forward layers are compressed)
 
 
+def test_subclasses_with_a_forward_of_their_own_stay_float():
+    """A Linear or Conv2d subclass whose forward does more (timm's Conv2dSame pads by the input's
+    size, StdConv2d standardizes its weight, a LoRA layer adds its update) was replaced by a
+    stored layer that did only the base class's product: a silent change of the model's output.
+    Such layers stay float; a subclass that only renames (no forward of its own) is compressed."""
+
+    class SameConv(torch.nn.Conv2d):
+        def forward(self, x):
+            ih, iw = x.shape[-2:]
+            ph, pw = max((-(-ih // 2) - 1) * 2 + 3 - ih, 0), max((-(-iw // 2) - 1) * 2 + 3 - iw, 0)
+            return super().forward(torch.nn.functional.pad(x, [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2]))
+
+    class StdConv(torch.nn.Conv2d):
+        def _conv_forward(self, x, weight, bias):
+            w = (weight - weight.mean((1, 2, 3), keepdim=True)) / (weight.std((1, 2, 3), keepdim=True) + 1e-5)
+            return super()._conv_forward(x, w, bias)
+
+    class LoraLinear(torch.nn.Linear):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.down, self.up = torch.nn.Parameter(torch.randn(4, self.in_features)), torch.nn.Parameter(torch.randn(self.out_features, 4))
+
+        def forward(self, x):
+            return super().forward(x) + x @ self.down.T @ self.up.T
+
+    class Renamed(torch.nn.Linear):
+        pass
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.same, self.std = SameConv(3, 8, 3, stride=2), StdConv(8, 8, 3, padding=1)
+            self.lora, self.plain = LoraLinear(8, 16), Renamed(16, 4)
+
+        def forward(self, x):
+            h = self.std(self.same(x)).mean((2, 3))
+            return self.plain(torch.relu(self.lora(h)))
+
+    torch.manual_seed(30)
+    net = Net().eval()
+    x = torch.randn(2, 3, 11, 9)
+    with torch.no_grad():
+        want = net(x)
+    hnn.quantize(net, bps=8, method="affine", skip=())
+    assert [type(getattr(net, n)).__name__ for n in ("same", "std", "lora", "plain")] == ["SameConv", "StdConv", "LoraLinear", "HyperLinear"]
+    with torch.no_grad():
+        assert (net(x) - want).abs().max() < 0.02 * want.abs().max()
+
+
 def test_straight_through_training_reaches_the_float_loss():
     # A toy regression: a 2-layer MLP at 4 bits per weight (straight-through estimator, the
     # master weights re-quantized every 5 steps) trains to within 1.1x of f32's held-out loss.

@@ -1572,10 +1572,16 @@ def _parent(model: nn.Module, name: str) -> nn.Module:
 
 
 def _replaceable(model: nn.Module, name: str) -> bool:
-    """Whether the linear layer ``name`` may become a stored layer: not the output projection of
-    an ``nn.MultiheadAttention``, whose forward reads ``out_proj.weight`` itself (so it stays
-    float, like the attention's packed input projection, a bare parameter)."""
-    return not isinstance(_parent(model, name), nn.MultiheadAttention)
+    """Whether the linear or conv layer ``name`` may become a stored layer: it computes what its
+    base class does (a subclass with a forward of its own, such as timm's ``Conv2dSame`` or
+    ``StdConv2d`` or a LoRA layer, stays float: replacing it would drop what its forward adds),
+    and it is not the output projection of an ``nn.MultiheadAttention``, whose forward reads
+    ``out_proj.weight`` itself (so it stays float, like the attention's packed input
+    projection, a bare parameter)."""
+    m = model.get_submodule(name)
+    base = nn.Linear if isinstance(m, nn.Linear) else nn.Conv2d
+    own = type(m).forward is not base.forward or (base is nn.Conv2d and type(m)._conv_forward is not nn.Conv2d._conv_forward)
+    return not own and not isinstance(_parent(model, name), nn.MultiheadAttention)
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -1603,7 +1609,9 @@ def quantize(
     does not contain one of ``skip`` by a :class:`HyperLinear` (:class:`HyperConv2d`) quantized
     with ``method`` at ``bps`` (see :func:`method_spec`); ``trainable`` keeps float master
     weights for straight-through training; ``hessians`` (by layer name, from
-    :func:`collect_hessians`) turns on error-feedback rounding.
+    :func:`collect_hessians`) turns on error-feedback rounding. A subclass with a forward of its
+    own (timm's ``Conv2dSame``, ``StdConv2d``, a LoRA layer) and ``nn.MultiheadAttention``'s
+    ``out_proj`` (which the attention reads as a weight) stay float.
 
     With ``embeddings``, every ``nn.Embedding`` not skipped becomes a :class:`HyperEmbedding`
     too: one whose weight a quantized linear layer shares (a tied output head) reads that
@@ -1618,7 +1626,8 @@ def quantize(
     targets = [
         (n, m)
         for n, m in model.named_modules()
-        if (isinstance(m, nn.Linear) and _replaceable(model, n) or (conv and isinstance(m, nn.Conv2d)))
+        if (isinstance(m, nn.Linear) or (conv and isinstance(m, nn.Conv2d)))
+        and _replaceable(model, n)
         and not any(s in n for s in skip)
     ]
     tables = [
