@@ -136,3 +136,44 @@ def test_quantize_on_load_through_transformers_registry(monkeypatch, tmp_path):
     save_file(sd, tmp_path / "q" / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(hypercodec.FormatError, match="intermediate"):
         AutoModel.from_pretrained(tmp_path / "q")
+
+
+def test_gpt2_conv1d_layers_are_compressed_and_round_trip(tmp_path, monkeypatch):
+    """GPT-2's linear layers are transformers' Conv1D (weight stored [in, out], y = x·W + b), not
+    nn.Linear: quantize left them all float (a GPT-2 was not compressed at all). They become
+    HyperLinear on the transposed weight, through quantize, quantize-on-load and a
+    save_pretrained / from_pretrained round trip, and compile."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    torch.manual_seed(31)
+    cfg = transformers.GPT2Config(vocab_size=128, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    base = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 128, (2, 12))
+    with torch.no_grad():
+        want = base(ids).logits
+    q = hnn.quantize(copy.deepcopy(base), bps=8, method="affine")
+    names = [n for n, m in q.named_modules() if isinstance(m, hnn.HyperLinear)]
+    assert len(names) == 4 * 2 and all(n.split(".")[-1] in ("c_attn", "c_proj", "c_fc") for n in names)
+    with torch.no_grad():
+        got = q(ids).logits
+    assert (got - want).abs().max() < 0.02 * want.abs().max()
+    # Quantized on load, saved, loaded back into placeholders: the same logits.
+    base.save_pretrained(tmp_path / "dense")
+    ql = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "dense", quantization_config=hhf.HypercodecConfig(bps=8, method="affine")
+    ).eval()
+    with torch.no_grad():
+        loaded = ql(ids).logits
+    assert torch.allclose(loaded, got, atol=1e-5)
+    ql.save_pretrained(tmp_path / "q")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "q").eval()
+    assert sum(isinstance(m, hnn.HyperLinear) for m in back.modules()) == 8
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, loaded)
+    if hasattr(torch.library, "custom_op"):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            compiled = torch.compile(back, fullgraph=True, backend="aot_eager")(ids).logits
+        assert torch.allclose(compiled, loaded, atol=1e-5)
+        torch._dynamo.reset()

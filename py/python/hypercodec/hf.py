@@ -22,7 +22,7 @@ from torch import nn
 
 from . import _native
 from .api import compress_state_dict
-from .nn import HWZ_KEY, HyperEmbedding, HyperLinear, _archive_source, _state_keys, quantize
+from .nn import HWZ_KEY, HyperEmbedding, HyperLinear, _archive_source, _as_linear, _is_conv1d, _state_keys, quantize
 
 __all__ = ["quantize", "save_hwz", "from_hwz"]
 
@@ -217,9 +217,15 @@ def _register() -> type | None:
                 raise _native.FormatError("the checkpoint's hypercodec config lists no quantized modules")
             for name in c.modules:
                 layer = model.get_submodule(name)
-                if not isinstance(layer, nn.Linear):
+                if not isinstance(layer, nn.Linear) and not _is_conv1d(layer):
                     raise _native.FormatError(f"`{name}` is quantized in the checkpoint but is {type(layer).__name__} here")
-                _set(model, name, HyperLinear.placeholder(layer))
+                _set(model, name, HyperLinear.placeholder(_as_linear(layer)))
+                # Loaded from the checkpoint, so nothing to initialize: some models' weight init
+                # writes a child's weight from its parent (GPT-2 scales attention and MLP
+                # c_proj.weight there), which a stored layer does not have.
+                parent = model.get_submodule(name.rpartition(".")[0])
+                if not any(True for _ in parent.parameters(recurse=False)):
+                    parent._is_hf_initialized = True
             return model
 
         def param_needs_quantization(self, model, param_name: str, **kwargs) -> bool:

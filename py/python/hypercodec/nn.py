@@ -1571,6 +1571,23 @@ def _parent(model: nn.Module, name: str) -> nn.Module:
     return model.get_submodule(name.rpartition(".")[0])
 
 
+def _is_conv1d(m: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2 and its kin): a linear layer that holds its weight
+    transposed, ``[in, out]``, and computes ``x·W + b``."""
+    t = type(m)
+    return t.__name__ == "Conv1D" and t.__module__.startswith("transformers") and getattr(m, "weight", None) is not None
+
+
+def _as_linear(m: nn.Module) -> Any:
+    """``m`` seen as an ``nn.Linear`` (``weight`` ``[out, in]``): itself, or a view of a ``Conv1D``."""
+    if not _is_conv1d(m):
+        return m
+    from types import SimpleNamespace
+
+    w = m.weight
+    return SimpleNamespace(weight=w.t(), bias=m.bias, in_features=w.shape[0], out_features=w.shape[1])
+
+
 def _replaceable(model: nn.Module, name: str) -> bool:
     """Whether the linear or conv layer ``name`` may become a stored layer: it computes what its
     base class does (a subclass with a forward of its own, such as timm's ``Conv2dSame`` or
@@ -1579,7 +1596,7 @@ def _replaceable(model: nn.Module, name: str) -> bool:
     ``out_proj.weight`` itself (so it stays float, like the attention's packed input
     projection, a bare parameter)."""
     m = model.get_submodule(name)
-    base = nn.Linear if isinstance(m, nn.Linear) else nn.Conv2d
+    base = nn.Linear if isinstance(m, nn.Linear) else nn.Conv2d if isinstance(m, nn.Conv2d) else type(m)
     own = type(m).forward is not base.forward or (base is nn.Conv2d and type(m)._conv_forward is not nn.Conv2d._conv_forward)
     return not own and not isinstance(_parent(model, name), nn.MultiheadAttention)
 
@@ -1607,7 +1624,8 @@ def quantize(
 ) -> nn.Module:
     """Replaces every ``nn.Linear`` (and, with ``conv``, ``nn.Conv2d``) of ``model`` whose name
     does not contain one of ``skip`` by a :class:`HyperLinear` (:class:`HyperConv2d`) quantized
-    with ``method`` at ``bps`` (see :func:`method_spec`); ``trainable`` keeps float master
+    with ``method`` at ``bps`` (see :func:`method_spec`); transformers' ``Conv1D`` (GPT-2's
+    linear layers, their weight transposed) becomes a :class:`HyperLinear` too; ``trainable`` keeps float master
     weights for straight-through training; ``hessians`` (by layer name, from
     :func:`collect_hessians`) turns on error-feedback rounding. A subclass with a forward of its
     own (timm's ``Conv2dSame``, ``StdConv2d``, a LoRA layer) and ``nn.MultiheadAttention``'s
@@ -1626,7 +1644,7 @@ def quantize(
     targets = [
         (n, m)
         for n, m in model.named_modules()
-        if (isinstance(m, nn.Linear) or (conv and isinstance(m, nn.Conv2d)))
+        if (isinstance(m, nn.Linear) or _is_conv1d(m) or (conv and isinstance(m, nn.Conv2d)))
         and _replaceable(model, n)
         and not any(s in n for s in skip)
     ]
@@ -1638,9 +1656,9 @@ def quantize(
     owner = {} if trainable else {id(m.weight): n for n, m in targets}
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     for name, layer in targets:
-        if isinstance(layer, nn.Linear):
+        if not isinstance(layer, nn.Conv2d):
             h = None if hessians is None else hessians.get(name)
-            new: nn.Module = HyperLinear.from_linear(layer, spec, trainable, refresh_every, h)
+            new: nn.Module = HyperLinear.from_linear(_as_linear(layer), spec, trainable, refresh_every, h)
         else:
             new = HyperConv2d.from_conv(layer, spec)
         _replace(model, name, new)
