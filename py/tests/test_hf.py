@@ -177,3 +177,27 @@ def test_gpt2_conv1d_layers_are_compressed_and_round_trip(tmp_path, monkeypatch)
             compiled = torch.compile(back, fullgraph=True, backend="aot_eager")(ids).logits
         assert torch.allclose(compiled, loaded, atol=1e-5)
         torch._dynamo.reset()
+
+
+def test_a_reloaded_quantized_model_keeps_what_weight_init_fills(tmp_path, monkeypatch):
+    """Loading a quantized checkpoint runs the model's weight init on what the checkpoint lacks.
+    GPT-Neo fills its attention's causal mask there: an early fix for GPT-2 (whose init writes
+    c_proj.weight from the parent) skipped the parents' init, and GPT-Neo came back with a mask
+    of uninitialized memory (no error, logits off by 7-48 %). The reloaded model now gives the
+    quantized model's logits exactly."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    torch.manual_seed(32)
+    cfg = transformers.GPTNeoConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, max_position_embeddings=64,
+                                    attention_types=[[["global", "local"], 1]], window_size=16)
+    transformers.GPTNeoForCausalLM(cfg).save_pretrained(tmp_path / "dense")
+    q = transformers.GPTNeoForCausalLM.from_pretrained(
+        tmp_path / "dense", quantization_config=hhf.HypercodecConfig(bps=8, method="affine")
+    ).eval()
+    q.save_pretrained(tmp_path / "q")
+    back = transformers.GPTNeoForCausalLM.from_pretrained(tmp_path / "q").eval()
+    ids = torch.randint(0, 128, (2, 20))
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, q(ids).logits)
+    assert all("_init_weights" not in m.__dict__ for m in back.modules())  # (the load's wrappers are gone)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -170,6 +170,7 @@ def _register() -> type | None:
     so ``from_pretrained(..., quantization_config=HypercodecConfig(...))`` quantizes on load;
     returns the config class (None when this transformers has no third-party registry)."""
     try:
+        from transformers import PreTrainedModel
         from transformers.quantizers import HfQuantizer, register_quantization_config, register_quantizer
         from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
         from transformers.utils.quantization_config import QuantizationConfigMixin
@@ -201,6 +202,31 @@ def _register() -> type | None:
             self.skip = list(skip)
             self.modules = None if modules is None else list(modules)
 
+    def _init_around_placeholders(model: nn.Module) -> None:
+        """Some models' weight init writes a child's weight from its parent (GPT-2 scales its
+        attention's and MLP's ``c_proj.weight`` there), which a stored layer does not have: while
+        a module is initialized, its placeholder children show an empty meta ``weight`` (writes
+        to it do nothing; the stored form arrives from the checkpoint). The rest of that
+        module's init runs as written (GPT-Neo fills its attention's causal mask there)."""
+
+        def around(init: Callable[[nn.Module], None]) -> Callable[[nn.Module], None]:
+            def call(module: nn.Module) -> None:
+                shown = [m for m in module.children() if isinstance(m, HyperLinear) and m.weight is None]
+                for m in shown:
+                    m._parameters["weight"] = nn.Parameter(torch.empty(m.out_features, m.in_features, device="meta"), False)
+                try:
+                    init(module)
+                finally:
+                    for m in shown:
+                        m._parameters["weight"] = None
+
+            return call
+
+        # (Each sub-model initializes its own modules: GPT2LMHeadModel's GPT2Model.)
+        for m in model.modules():
+            if isinstance(m, PreTrainedModel):
+                m._init_weights = around(m._init_weights)
+
     @register_quantizer("hypercodec")
     class HypercodecQuantizer(HfQuantizer):
         """Quantizes once the dense weights are loaded; for a saved quantized model, puts empty
@@ -220,12 +246,7 @@ def _register() -> type | None:
                 if not isinstance(layer, nn.Linear) and not _is_conv1d(layer):
                     raise _native.FormatError(f"`{name}` is quantized in the checkpoint but is {type(layer).__name__} here")
                 _set(model, name, HyperLinear.placeholder(_as_linear(layer)))
-                # Loaded from the checkpoint, so nothing to initialize: some models' weight init
-                # writes a child's weight from its parent (GPT-2 scales attention and MLP
-                # c_proj.weight there), which a stored layer does not have.
-                parent = model.get_submodule(name.rpartition(".")[0])
-                if not any(True for _ in parent.parameters(recurse=False)):
-                    parent._is_hf_initialized = True
+            _init_around_placeholders(model)
             return model
 
         def param_needs_quantization(self, model, param_name: str, **kwargs) -> bool:
@@ -236,6 +257,8 @@ def _register() -> type | None:
         def _process_model_after_weight_loading(self, model, **kwargs):
             c = self.quantization_config
             if self.pre_quantized:
+                for m in model.modules():
+                    m.__dict__.pop("_init_weights", None)  # (_init_around_placeholders' wrappers)
                 empty = [n for n, m in model.named_modules() if isinstance(m, HyperLinear) and m.op is None]
                 if empty:
                     raise _native.FormatError(f"stored weights missing from the checkpoint: {empty[:5]}")
