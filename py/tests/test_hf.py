@@ -201,3 +201,21 @@ def test_a_reloaded_quantized_model_keeps_what_weight_init_fills(tmp_path, monke
     with torch.no_grad():
         assert torch.equal(back(ids).logits, q(ids).logits)
     assert all("_init_weights" not in m.__dict__ for m in back.modules())  # (the load's wrappers are gone)
+
+
+def test_falcon_linear_layers_are_compressed():
+    """FalconLinear subclasses nn.Linear with a forward of its own that computes the same
+    product: it is compressed (subclasses with a forward of their own otherwise stay float)."""
+    import transformers
+
+    torch.manual_seed(33)
+    m = transformers.FalconForCausalLM(
+        transformers.FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    ).eval()
+    ids = torch.randint(0, 128, (1, 8))
+    with torch.no_grad():
+        want = m(ids).logits
+    hnn.quantize(m, bps=8, method="affine")
+    assert sum(isinstance(x, hnn.HyperLinear) for x in m.modules()) == 4 * 2
+    with torch.no_grad():
+        assert (m(ids).logits - want).abs().max() < 0.02 * want.abs().max()

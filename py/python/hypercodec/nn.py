@@ -1595,10 +1595,20 @@ def _replaceable(model: nn.Module, name: str) -> bool:
     and it is not the output projection of an ``nn.MultiheadAttention``, whose forward reads
     ``out_proj.weight`` itself (so it stays float, like the attention's packed input
     projection, a bare parameter)."""
-    m = model.get_submodule(name)
-    base = nn.Linear if isinstance(m, nn.Linear) else nn.Conv2d if isinstance(m, nn.Conv2d) else type(m)
-    own = type(m).forward is not base.forward or (base is nn.Conv2d and type(m)._conv_forward is not nn.Conv2d._conv_forward)
-    return not own and not isinstance(_parent(model, name), nn.MultiheadAttention)
+    return not _own_forward(model.get_submodule(name)) and not isinstance(_parent(model, name), nn.MultiheadAttention)
+
+
+# Subclasses whose forward of their own computes the base class's product (replaced as it is).
+_SAME_PRODUCT = {"transformers.models.falcon.modeling_falcon.FalconLinear"}
+
+
+def _own_forward(m: nn.Module) -> bool:
+    """Whether ``m`` (a Linear, Conv2d or Conv1D) computes more than its base class's product."""
+    t = type(m)
+    if f"{t.__module__}.{t.__qualname__}" in _SAME_PRODUCT:
+        return False
+    base = nn.Linear if isinstance(m, nn.Linear) else nn.Conv2d if isinstance(m, nn.Conv2d) else t
+    return t.forward is not base.forward or (base is nn.Conv2d and t._conv_forward is not nn.Conv2d._conv_forward)
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -1641,6 +1651,17 @@ def quantize(
     Returns ``model``."""
     spec = method_spec(method, bps)
     skip = tuple(skip)
+    kept = [
+        f"{n} ({type(m).__name__})"
+        for n, m in model.named_modules()
+        if (isinstance(m, nn.Linear) or (conv and isinstance(m, nn.Conv2d))) and _own_forward(m) and not any(s in n for s in skip)
+    ]
+    if kept:
+        warnings.warn(
+            f"left float, their forward does more than the product a stored layer computes: {', '.join(kept[:5])}"
+            + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""),
+            stacklevel=2,
+        )
     targets = [
         (n, m)
         for n, m in model.named_modules()
