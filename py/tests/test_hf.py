@@ -219,3 +219,29 @@ def test_falcon_linear_layers_are_compressed():
     assert sum(isinstance(x, hnn.HyperLinear) for x in m.modules()) == 4 * 2
     with torch.no_grad():
         assert (m(ids).logits - want).abs().max() < 0.02 * want.abs().max()
+
+
+@pytest.mark.parametrize("skip", [("lm_head",), ()])
+def test_a_tied_head_not_named_lm_head_stays_float_and_reloads(tmp_path, monkeypatch, skip):
+    """BERT's cls.predictions.decoder (DistilBERT's vocab_projector, Whisper's proj_out) is tied to
+    the input embedding but not named lm_head: quantized on load, its checkpoint failed to load
+    again (transformers re-ties the head by parameter: "'weight' is not an nn.Parameter"). Tied
+    heads stay float, with the default skip and with none."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    torch.manual_seed(34)
+    cfg = transformers.BertConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, max_position_embeddings=64)
+    transformers.BertForMaskedLM(cfg).save_pretrained(tmp_path / "dense")
+    q = transformers.BertForMaskedLM.from_pretrained(
+        tmp_path / "dense", quantization_config=hhf.HypercodecConfig(bps=8, method="affine", skip=skip)
+    ).eval()
+    assert isinstance(q.cls.predictions.decoder, torch.nn.Linear)
+    assert q.cls.predictions.decoder.weight is q.bert.embeddings.word_embeddings.weight
+    q.save_pretrained(tmp_path / "q")
+    back = transformers.BertForMaskedLM.from_pretrained(tmp_path / "q").eval()
+    ids = torch.randint(0, 128, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, q(ids).logits)
+    assert sum(isinstance(m, hnn.HyperLinear) for m in back.modules()) == 6 * 2 + 1

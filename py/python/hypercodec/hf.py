@@ -263,7 +263,14 @@ def _register() -> type | None:
                 if empty:
                     raise _native.FormatError(f"stored weights missing from the checkpoint: {empty[:5]}")
                 return model
-            quantize(model, bps=c.bps, method=c.method, skip=tuple(c.skip), conv=False)
+            # A head whose weight is tied to the input embedding (BERT's cls.predictions.decoder,
+            # Whisper's proj_out, any head with skip=()) stays float: transformers re-ties it
+            # by parameter when the checkpoint is loaded again.
+            seen: dict[int, int] = {}
+            for _, p in model.named_parameters(remove_duplicate=False):
+                seen[id(p)] = seen.get(id(p), 0) + 1
+            tied = tuple(n for n, m in model.named_modules() if isinstance(getattr(m, "weight", None), torch.Tensor) and seen.get(id(m.weight), 0) > 1)
+            quantize(model, bps=c.bps, method=c.method, skip=tuple(c.skip) + tied, conv=False)
             c.modules = [n for n, m in model.named_modules() if isinstance(m, HyperLinear)]
             return model
 
