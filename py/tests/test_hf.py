@@ -171,6 +171,10 @@ def test_gpt2_conv1d_layers_are_compressed_and_round_trip(tmp_path, monkeypatch)
     assert sum(isinstance(m, hnn.HyperLinear) for m in back.modules()) == 8
     with torch.no_grad():
         assert torch.equal(back(ids).logits, loaded)
+    # Its state dict into a fresh float GPT-2 (hypercodec.nn.load_state_dict).
+    fresh = hnn.load_state_dict(transformers.GPT2LMHeadModel(cfg).eval(), q.state_dict())
+    with torch.no_grad():
+        assert torch.equal(fresh(ids).logits, got)
     if hasattr(torch.library, "custom_op"):
         torch._dynamo.reset()
         with torch.no_grad():

@@ -2281,16 +2281,20 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
     """
     kinds = {nn.Linear: HyperLinear, nn.Conv2d: HyperConv2d, nn.Embedding: HyperEmbedding}
     modules = list(model.named_modules())
-    stored = {id(m.weight): n for n, m in modules if f"{n}.{HWZ_KEY}" in state_dict and isinstance(m, tuple(kinds))}
+
+    def kind_of(m: nn.Module) -> Any:
+        return HyperLinear if _is_conv1d(m) else next((v for k, v in kinds.items() if isinstance(m, k)), None)
+
+    stored = {id(m.weight): n for n, m in modules if f"{n}.{HWZ_KEY}" in state_dict and kind_of(m) is not None}
     tied: list[tuple[str, str]] = []
     for name, m in modules:
-        kind = next((v for k, v in kinds.items() if isinstance(m, k)), None)
+        kind = kind_of(m)
         if f"{name}.{HWZ_KEY}" in state_dict:
             if kind is None:
                 raise _native.InvalidInputError(
-                    f"`{name}` has a stored weight but is {type(m).__name__}, not Linear, Conv2d or Embedding"
+                    f"`{name}` has a stored weight but is {type(m).__name__}, not Linear, Conv1D, Conv2d or Embedding"
                 )
-            _replace(model, name, kind.placeholder(m))
+            _replace(model, name, kind.placeholder(_as_linear(m)))
         elif (
             kind in (HyperLinear, HyperEmbedding)
             and id(m.weight) in stored
