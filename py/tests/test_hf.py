@@ -249,3 +249,34 @@ def test_a_tied_head_not_named_lm_head_stays_float_and_reloads(tmp_path, monkeyp
     with torch.no_grad():
         assert torch.equal(back(ids).logits, q(ids).logits)
     assert sum(isinstance(m, hnn.HyperLinear) for m in back.modules()) == 6 * 2 + 1
+
+
+def test_vision_models_with_compressed_convolutions_run():
+    """Code around a convolution reads its nn.Conv2d attributes: ViT and CLIP cast the pixels to
+    patch_embedding.weight.dtype, MobileNetV2's TF padding reads kernel_size, stride and dilation.
+    HyperConv2d raised AttributeError in both; it now has them (weight: a meta tensor of the
+    dense weight's shape and dtype, following .to(dtype))."""
+    import transformers
+
+    torch.manual_seed(35)
+    vit = transformers.ViTModel(transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=64, intermediate_size=128,
+                                                       num_hidden_layers=2, num_attention_heads=4)).eval()
+    mnv2 = transformers.MobileNetV2ForImageClassification(
+        transformers.MobileNetV2Config(image_size=32, depth_multiplier=0.35, num_labels=10, tf_padding=True)
+    ).eval()
+    for model, out in ((vit, lambda m, px: m(pixel_values=px).last_hidden_state), (mnv2, lambda m, px: m(pixel_values=px).logits)):
+        px = torch.randn(1, 3, 32, 32)
+        with torch.no_grad():
+            want = out(model, px)
+        hnn.quantize(model, bps=8, method="affine")
+        convs = [m for m in model.modules() if isinstance(m, hnn.HyperConv2d)]
+        assert convs and all(c.weight.is_meta and c.weight.shape == c.weight_shape and c.kernel_size for c in convs)
+        with torch.no_grad():
+            got = out(model, px)
+        assert got.shape == want.shape and torch.isfinite(got).all()
+        if model is vit:  # (MobileNetV2's 52 random layers amplify any rounding: its float model does too)
+            assert (got - want).abs().max() < 0.05 * want.abs().max()
+    vit.to(torch.bfloat16)
+    assert vit.embeddings.patch_embeddings.projection.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert vit(pixel_values=torch.randn(1, 3, 32, 32)).last_hidden_state.dtype == torch.bfloat16

@@ -248,7 +248,7 @@ class _StoredForm:
         tied_bytes = state.pop("_tied_hwz", None)
         nn.Module.__setstate__(self, state)
         _register(self)
-        if getattr(self, "weight", None) is not None:  # a trainable layer
+        if self._parameters.get("weight") is not None:  # a trainable layer
             _untraced_training_weight()
         data = tied_bytes if tied_bytes is not None else self._hwz
         if self.op is None and data is not None and data.numel():
@@ -278,20 +278,23 @@ class _StoredForm:
     def _apply(self, *args: Any, **kwargs: Any) -> Any:
         key = self._buffers.get(_OP_KEY)
         out = super()._apply(*args, **kwargs)
+        probe = self.__dict__.get("_dtype_of")
+        if probe is not None and args:
+            self.__dict__["_dtype_of"] = args[0](probe)  # (the dtype a converted weight would have)
         if self._buffers.get(_OP_KEY) is not key:  # moved or converted: a key of its own again
             _rekey(self)
         return out
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        if getattr(self, "weight", None) is None and self.tied is None:
+        if self._parameters.get("weight") is None and self.tied is None:
             destination[prefix + HWZ_KEY] = self.weight_hwz
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         key = prefix + HWZ_KEY
         if key in state_dict:
             self._load_hwz(state_dict[key])
-        elif strict and getattr(self, "weight", None) is None and self.tied is None:
+        elif strict and self._parameters.get("weight") is None and self.tied is None:
             missing_keys.append(key)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -1260,11 +1263,21 @@ class HyperConv2d(_StoredForm, nn.Module):
 
     def _geometry(self, conv: nn.Conv2d) -> None:
         self.weight_shape = tuple(conv.weight.shape)
+        self.in_channels, self.out_channels, self.kernel_size = conv.in_channels, conv.out_channels, conv.kernel_size
+        self.__dict__["_dtype_of"] = torch.empty(0, dtype=conv.weight.dtype)  # (follows .to() and .half())
         self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
         # padding_mode "reflect", "replicate" or "circular": the input padded first (F.pad, as
         # nn.Conv2d does), then a convolution without padding.
         self.padding_mode = conv.padding_mode
         self._pad = tuple(conv._reversed_padding_repeated_twice)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A meta tensor of the dense weight's shape and dtype, for code that reads
+        ``conv.weight.dtype`` or ``.shape`` (ViT's and CLIP's patch embeddings cast their input
+        so): the values live in the stored form (``op.weight()``), nowhere on a device."""
+        probe = self.__dict__.get("_dtype_of")
+        return torch.empty(self.weight_shape, dtype=torch.float32 if probe is None else probe.dtype, device="meta")
 
     @property
     def _conv_padding(self) -> Any:
