@@ -276,6 +276,23 @@ def test_vision_models_with_compressed_convolutions_run():
         assert got.shape == want.shape and torch.isfinite(got).all()
         if model is vit:  # (MobileNetV2's 52 random layers amplify any rounding: its float model does too)
             assert (got - want).abs().max() < 0.05 * want.abs().max()
+    # CLIP with its embeddings compressed too: its text embeddings read the position table's
+    # length from position_embedding.weight.
+    clip = transformers.CLIPModel(transformers.CLIPConfig(
+        text_config=dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         max_position_embeddings=32),
+        vision_config=dict(image_size=32, patch_size=8, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4),
+        projection_dim=32,
+    )).eval()
+    ids, px = torch.randint(0, 128, (2, 7)), torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = clip(input_ids=ids, pixel_values=px).logits_per_image
+    hnn.quantize(clip, bps=8, method="affine", embeddings=True)
+    assert isinstance(clip.text_model.embeddings.position_embedding, hnn.HyperEmbedding)
+    with torch.no_grad():
+        got = clip(input_ids=ids, pixel_values=px).logits_per_image
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
     vit.to(torch.bfloat16)
     assert vit.embeddings.patch_embeddings.projection.weight.dtype == torch.bfloat16
     with torch.no_grad():

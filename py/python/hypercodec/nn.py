@@ -1465,6 +1465,13 @@ class HyperEmbedding(_StoredForm, nn.Module):
         layer.max_norm, layer.norm_type = emb.max_norm, emb.norm_type
         return _keyed_on(layer, emb.weight)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """A meta tensor of the table's shape and dtype, for code that reads ``emb.weight.shape``
+        or ``.dtype`` (CLIP's text embeddings check the position table's length so): the rows
+        live in the stored form (``op.weight()``), nowhere on a device."""
+        return torch.empty(self.num_embeddings, self.embedding_dim, dtype=self.dtype, device="meta")
+
     def _check_loaded(self, op: "_native.Linear") -> None:
         if (op.rows, op.cols) != (self.num_embeddings, self.embedding_dim):
             raise _native.InvalidInputError(
