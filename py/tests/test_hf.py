@@ -183,27 +183,33 @@ def test_gpt2_conv1d_layers_are_compressed_and_round_trip(tmp_path, monkeypatch)
         torch._dynamo.reset()
 
 
-def test_a_reloaded_quantized_model_keeps_what_weight_init_fills(tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", ["gpt-neo", "wav2vec2"])
+def test_a_reloaded_quantized_model_keeps_what_weight_init_fills(tmp_path, monkeypatch, arch):
     """Loading a quantized checkpoint runs the model's weight init on what the checkpoint lacks.
     GPT-Neo fills its attention's causal mask there: an early fix for GPT-2 (whose init writes
     c_proj.weight from the parent) skipped the parents' init, and GPT-Neo came back with a mask
-    of uninitialized memory (no error, logits off by 7-48 %). The reloaded model now gives the
-    quantized model's logits exactly."""
+    of uninitialized memory (no error, logits off by 7-48 %). Wav2Vec2's init writes its feature
+    projection's weight and bias from the parent. The reloaded model gives the quantized model's
+    outputs exactly."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import transformers
 
     torch.manual_seed(32)
-    cfg = transformers.GPTNeoConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, max_position_embeddings=64,
-                                    attention_types=[[["global", "local"], 1]], window_size=16)
-    transformers.GPTNeoForCausalLM(cfg).save_pretrained(tmp_path / "dense")
-    q = transformers.GPTNeoForCausalLM.from_pretrained(
-        tmp_path / "dense", quantization_config=hhf.HypercodecConfig(bps=8, method="affine")
-    ).eval()
+    if arch == "gpt-neo":
+        cls, inputs = transformers.GPTNeoForCausalLM, {"input_ids": torch.randint(0, 128, (2, 20))}
+        cfg = transformers.GPTNeoConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, max_position_embeddings=64,
+                                        attention_types=[[["global", "local"], 1]], window_size=16)
+    else:
+        cls, inputs = transformers.Wav2Vec2Model, {"input_values": torch.randn(1, 1600)}
+        cfg = transformers.Wav2Vec2Config(vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+                                          num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+    cls(cfg).save_pretrained(tmp_path / "dense")
+    q = cls.from_pretrained(tmp_path / "dense", quantization_config=hhf.HypercodecConfig(bps=8, method="affine")).eval()
     q.save_pretrained(tmp_path / "q")
-    back = transformers.GPTNeoForCausalLM.from_pretrained(tmp_path / "q").eval()
-    ids = torch.randint(0, 128, (2, 20))
+    back = cls.from_pretrained(tmp_path / "q").eval()
     with torch.no_grad():
-        assert torch.equal(back(ids).logits, q(ids).logits)
+        assert torch.equal(back(**inputs)[0], q(**inputs)[0])
     assert all("_init_weights" not in m.__dict__ for m in back.modules())  # (the load's wrappers are gone)
 
 

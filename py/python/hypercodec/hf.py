@@ -214,11 +214,13 @@ def _register() -> type | None:
                 shown = [m for m in module.children() if isinstance(m, HyperLinear) and m.weight is None]
                 for m in shown:
                     m._parameters["weight"] = nn.Parameter(torch.empty(m.out_features, m.in_features, device="meta"), False)
+                    if m.__dict__.get("_init_bias"):  # (Wav2Vec2 initializes its projection's bias there too)
+                        m._parameters["bias"] = nn.Parameter(torch.empty(m.out_features, device="meta"), False)
                 try:
                     init(module)
                 finally:
                     for m in shown:
-                        m._parameters["weight"] = None
+                        m._parameters["weight"] = m._parameters["bias"] = None
 
             return call
 
@@ -245,7 +247,9 @@ def _register() -> type | None:
                 layer = model.get_submodule(name)
                 if not isinstance(layer, nn.Linear) and not _is_conv1d(layer):
                     raise _native.FormatError(f"`{name}` is quantized in the checkpoint but is {type(layer).__name__} here")
-                _set(model, name, HyperLinear.placeholder(_as_linear(layer)))
+                placeholder = HyperLinear.placeholder(_as_linear(layer))
+                placeholder.__dict__["_init_bias"] = getattr(layer, "bias", None) is not None
+                _set(model, name, placeholder)
             _init_around_placeholders(model)
             return model
 
@@ -259,6 +263,7 @@ def _register() -> type | None:
             if self.pre_quantized:
                 for m in model.modules():
                     m.__dict__.pop("_init_weights", None)  # (_init_around_placeholders' wrappers)
+                    m.__dict__.pop("_init_bias", None)
                 empty = [n for n, m in model.named_modules() if isinstance(m, HyperLinear) and m.op is None]
                 if empty:
                     raise _native.FormatError(f"stored weights missing from the checkpoint: {empty[:5]}")
