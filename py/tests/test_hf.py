@@ -158,6 +158,14 @@ def test_gpt2_conv1d_layers_are_compressed_and_round_trip(tmp_path, monkeypatch)
     with torch.no_grad():
         got = q(ids).logits
     assert (got - want).abs().max() < 0.02 * want.abs().max()
+    # Error feedback from calibration statistics reaches the Conv1D layers too.
+    hessians = hnn.collect_hessians(base, [torch.randint(0, 128, (2, 12)) for _ in range(2)])
+    assert hessians["transformer.h.0.attn.c_attn"].shape == (64, 64) and hessians["transformer.h.1.mlp.c_proj"].shape == (256, 256)
+    fed = hnn.quantize(copy.deepcopy(base), bps=3, method="affine", hessians=hessians)
+    plain = hnn.quantize(copy.deepcopy(base), bps=3, method="affine")
+    with torch.no_grad():
+        err_fed, err_plain = ((m(ids).logits - want).abs().mean() for m in (fed, plain))
+    assert err_fed < err_plain, (err_fed, err_plain)
     # Quantized on load, saved, loaded back into placeholders: the same logits.
     base.save_pretrained(tmp_path / "dense")
     ql = transformers.AutoModelForCausalLM.from_pretrained(

@@ -1905,7 +1905,7 @@ class InputStatistics:
 
     def __enter__(self) -> "InputStatistics":
         for name, m in self.model.named_modules():
-            if isinstance(m, nn.Linear):
+            if isinstance(m, nn.Linear) or _is_conv1d(m):  # (Conv1D: GPT-2's, its input as a Linear's)
                 self._hooks.append(m.register_forward_pre_hook(self._hook(name)))
         return self
 
@@ -1932,7 +1932,7 @@ class InputStatistics:
 
 
 def collect_hessians(model: nn.Module, batches: Iterable[Any]) -> dict[str, np.ndarray]:
-    """The second moment ``E[x·xᵀ]`` of every ``nn.Linear``'s inputs (by layer name, float32
+    """The second moment ``E[x·xᵀ]`` of every ``nn.Linear``'s (and transformers ``Conv1D``'s) inputs (by layer name, float32
     ``in × in``), over the calibration ``batches`` (each passed as ``model(**b)`` when a mapping,
     else ``model(b)``), by forward hooks (:class:`InputStatistics`: each batch's product in
     float32, accumulated in float64; layers fed the same tensor share its product)."""
