@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections import Counter
 from typing import Any, Callable
 
 import torch
@@ -114,9 +115,7 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
         if encoding.get("type") != "raw":
             op = archive.linear(f"{emb_name}.weight", None, fixed_bits)
             source = _archive_source(archive, emb_name, False)
-            table = HyperEmbedding(op, emb.padding_idx, source=source, dtype=emb.weight.dtype)
-            table.max_norm, table.norm_type = emb.max_norm, emb.norm_type
-            _set(model, emb_name, table)
+            _set(model, emb_name, HyperEmbedding._like(emb, op, source=source))
             shared[f"{emb_name}.weight"] = op
     for alias, source in tied.items():
         if source in shared and alias.endswith(".weight"):
@@ -271,10 +270,8 @@ def _register() -> type | None:
             # A head whose weight is tied to the input embedding (BERT's cls.predictions.decoder,
             # Whisper's proj_out, any head with skip=()) stays float: transformers re-ties it
             # by parameter when the checkpoint is loaded again.
-            seen: dict[int, int] = {}
-            for _, p in model.named_parameters(remove_duplicate=False):
-                seen[id(p)] = seen.get(id(p), 0) + 1
-            tied = tuple(n for n, m in model.named_modules() if isinstance(getattr(m, "weight", None), torch.Tensor) and seen.get(id(m.weight), 0) > 1)
+            uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+            tied = tuple(n for n, m in model.named_modules() if isinstance(getattr(m, "weight", None), torch.Tensor) and uses[id(m.weight)] > 1)
             quantize(model, bps=c.bps, method=c.method, skip=tuple(c.skip) + tied, conv=False)
             c.modules = [n for n, m in model.named_modules() if isinstance(m, HyperLinear)]
             return model

@@ -1345,12 +1345,11 @@ class HyperConv2d(_StoredForm, nn.Module):
         return self._decoded_forward(x, bias=False)
 
     def _op_meta(self) -> list[int]:
-        def pair(v: Any) -> tuple[int, int]:
-            return (v, v) if isinstance(v, int) else tuple(v)
+        from torch.nn.modules.utils import _pair
 
         pad = self._conv_padding
-        mode, padding = (_PAD_MODES.index(pad), (0, 0)) if isinstance(pad, str) else (-1, pair(pad))
-        return [_CONV, *self.weight_shape, *pair(self.stride), *pair(self.dilation), self.groups, int(self.pointwise), mode, *padding]
+        mode, padding = (_PAD_MODES.index(pad), (0, 0)) if isinstance(pad, str) else (-1, _pair(pad))
+        return [_CONV, *self.weight_shape, *_pair(self.stride), *_pair(self.dilation), self.groups, int(self.pointwise), mode, *padding]
 
     def _op_backward(self, gy: torch.Tensor, x_shape: tuple[int, ...]) -> torch.Tensor:
         if self.pointwise and x_shape[1] > 0:
@@ -1360,8 +1359,8 @@ class HyperConv2d(_StoredForm, nn.Module):
         dt = gy.dtype if gy.is_cuda else torch.float32  # (the forward's weight, kept on a device)
         w = self._dense_weight(gy.device, dt)
         pads = []
+        padding = self._conv_padding
         for d in range(2):
-            padding = self._conv_padding
             if isinstance(padding, str):
                 total = 0 if padding == "valid" else self.dilation[d] * (self.weight_shape[2 + d] - 1)
                 pads.append((total // 2, total - total // 2))
@@ -1461,9 +1460,14 @@ class HyperEmbedding(_StoredForm, nn.Module):
     def from_embedding(cls, emb: nn.Embedding, spec: str) -> "HyperEmbedding":
         """Quantizes ``emb``'s table with the candidate ``spec``, without error feedback (an
         embedding's inputs are one-hot: every row is its own output)."""
-        layer = cls(_quantize(emb.weight, spec, None), emb.padding_idx, dtype=emb.weight.dtype)
+        return _keyed_on(cls._like(emb, _quantize(emb.weight, spec, None)), emb.weight)
+
+    @classmethod
+    def _like(cls, emb: nn.Embedding, op: "_native.Linear", **kw: Any) -> "HyperEmbedding":
+        """A table on ``op`` that looks rows up as ``emb`` does (padding index, dtype, max_norm)."""
+        layer = cls(op, emb.padding_idx, dtype=emb.weight.dtype, **kw)
         layer.max_norm, layer.norm_type = emb.max_norm, emb.norm_type
-        return _keyed_on(layer, emb.weight)
+        return layer
 
     @property
     def weight(self) -> torch.Tensor:
@@ -1671,24 +1675,19 @@ def quantize(
     Returns ``model``."""
     spec = method_spec(method, bps)
     skip = tuple(skip)
-    kept = [
-        f"{n} ({type(m).__name__})"
+    candidates = [
+        (n, m)
         for n, m in model.named_modules()
-        if (isinstance(m, nn.Linear) or (conv and isinstance(m, nn.Conv2d))) and _own_forward(m) and not any(s in n for s in skip)
+        if (isinstance(m, nn.Linear) or _is_conv1d(m) or (conv and isinstance(m, nn.Conv2d))) and not any(s in n for s in skip)
     ]
+    kept = [f"{n} ({type(m).__name__})" for n, m in candidates if _own_forward(m)]
     if kept:
         warnings.warn(
             f"left float, their forward does more than the product a stored layer computes: {', '.join(kept[:5])}"
             + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""),
             stacklevel=2,
         )
-    targets = [
-        (n, m)
-        for n, m in model.named_modules()
-        if (isinstance(m, nn.Linear) or _is_conv1d(m) or (conv and isinstance(m, nn.Conv2d)))
-        and _replaceable(model, n)
-        and not any(s in n for s in skip)
-    ]
+    targets = [(n, m) for n, m in candidates if _replaceable(model, n)]
     tables = [
         (n, m)
         for n, m in model.named_modules()
@@ -1707,9 +1706,7 @@ def quantize(
         head = owner.get(id(emb.weight))
         if head is not None:
             op = model.get_submodule(head).op
-            table = HyperEmbedding(op, emb.padding_idx, tied=head, dtype=emb.weight.dtype)
-            table.max_norm, table.norm_type = emb.max_norm, emb.norm_type
-            _replace(model, name, table)
+            _replace(model, name, HyperEmbedding._like(emb, op, tied=head))
         elif id(emb.weight) not in linear_weights:
             _replace(model, name, HyperEmbedding.from_embedding(emb, spec))
             owner[id(emb.weight)] = name
@@ -1790,9 +1787,7 @@ def quantize_budget(
         for n, m in tables:
             op = archive.linear(f"{n}.weight", None)
             source = _archive_source(archive, n, False)
-            table = HyperEmbedding(op, m.padding_idx, source=source, dtype=m.weight.dtype)
-            table.max_norm, table.norm_type = m.max_norm, m.norm_type
-            _replace(model, n, table)
+            _replace(model, n, HyperEmbedding._like(m, op, source=source))
         load_into(model, path)
     return model
 
