@@ -206,7 +206,7 @@ CPAL(8, 4, 2, 0)
 // The committed hc_affine_cpa (4-bit, bf16) at other warps and stages.
 #define CPAC(NW, S)                                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * NW) hc_cpac_w##NW##_s##S(AffineArgs a) {       \
-        hc_affine_cpa<4, true, NW, S>(a);                                                            \
+        hc_affine_cpa<4, true, NW, S>(a, blockIdx.x);                                                          \
     }
 CPAC(8, 3)
 CPAC(8, 2)

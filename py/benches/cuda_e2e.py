@@ -1,7 +1,7 @@
 """End to end on CUDA: a Llama-shaped decoder at batch 1, bf16 against compressed layers.
 
     python py/benches/cuda_e2e.py [--layers 8] [--specs int4,e8-fixed4,int8-row] [--out FILE]
-        [--prefill N] [--acts fp8 [--round-weights]] [--compile]
+        [--prefill N] [--acts fp8 [--round-weights]] [--compile [--grouping on|off|both]] [--merged-bf16]
 
 A stack of Llama-3-8B-shaped blocks (hidden 4096, MLP 14336, 32 query heads and 8 key/value
 heads of 128, RMS norms, SiLU gate) plus a 32000-row output head, random weights (bf16), one
@@ -22,7 +22,11 @@ every buffer of ours is a PyTorch tensor) over their parameters. Before timing, 
 compressed step is checked against the same compressed model run on the host (the CPU
 runtime). ``--compile`` runs every configuration through ``torch.compile(fullgraph=True)``
 (inductor fuses the norms, activations and adds; each compressed layer is one opaque operator)
-before the graph is captured. Needs a CUDA device (exits 0 with a message when there is none).
+before the graph is captured; stored linear layers that read one input (q, k, v; gate, up) then
+run in one launch at batch 1 (``hypercodec.nn.set_compile_grouping``; ``--grouping both`` times
+each compressed configuration with and without). ``--merged-bf16`` also times a bf16 model whose
+q/k/v and gate/up weights are concatenated into one ``F.linear`` each (as vLLM merges them), the
+peer for grouped launches. Needs a CUDA device (exits 0 with a message when there is none).
 """
 
 from __future__ import annotations
@@ -65,15 +69,27 @@ class Block(nn.Module):
         if kc is None:
             return self.prefill(x)
         h = self.rms(x, self.n1)
-        q = self.q(h).view(1, 1, self.heads, self.hd).transpose(1, 2)
+        q, k, v = self.qkv(h)
+        q = q.view(1, 1, self.heads, self.hd).transpose(1, 2)
         # The new token's key and value go into the cache's last slot (a fixed place, so
         # that the step is one graph).
-        kc[:, :, -1:].copy_(self.k(h).view(1, 1, self.kv_heads, self.hd).transpose(1, 2))
-        vc[:, :, -1:].copy_(self.v(h).view(1, 1, self.kv_heads, self.hd).transpose(1, 2))
+        kc[:, :, -1:].copy_(k.view(1, 1, self.kv_heads, self.hd).transpose(1, 2))
+        vc[:, :, -1:].copy_(v.view(1, 1, self.kv_heads, self.hd).transpose(1, 2))
         a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
         x = x + self.o(a.transpose(1, 2).reshape(1, 1, -1))
         h = self.rms(x, self.n2)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return x + self.down(self.mlp_in(h))
+
+    def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if "merged_qkv" in self._modules:  # (see `merged`)
+            return self.merged_qkv(h).split([self.q.out_features, self.k.out_features, self.v.out_features], -1)
+        return self.q(h), self.k(h), self.v(h)
+
+    def mlp_in(self, h: torch.Tensor) -> torch.Tensor:
+        if "merged_gate_up" in self._modules:
+            g, u = self.merged_gate_up(h).split([self.gate.out_features, self.up.out_features], -1)
+            return F.silu(g) * u
+        return F.silu(self.gate(h)) * self.up(h)
 
     def prefill(self, x: torch.Tensor) -> torch.Tensor:
         """A prompt of n tokens: causal attention among them (no cache)."""
@@ -124,6 +140,20 @@ def without_linears(model: nn.Module, reads: bool = False) -> nn.Module:
         for name, c in list(m.named_children()):
             if isinstance(c, nn.Linear):
                 setattr(m, name, NoLinear(c, reads))
+    return model
+
+
+def merged(model: nn.Module) -> nn.Module:
+    """A bf16 model whose blocks compute q, k and v in one ``F.linear`` (their weights
+    concatenated, as vLLM's merged projections do), and gate and up in another."""
+    for b in model.blocks:
+        for name, parts in (("merged_qkv", (b.q, b.k, b.v)), ("merged_gate_up", (b.gate, b.up))):
+            w = torch.cat([p.weight.detach() for p in parts])
+            m = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+            m.weight.data.copy_(w)
+            setattr(b, name, m)
+        for p in (b.q, b.k, b.v, b.gate, b.up):
+            p.weight.data = p.weight.data[:0]  # (shapes kept for the split; weights freed)
     return model
 
 
@@ -190,6 +220,11 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true", help="torch.compile(fullgraph=True) every configuration before capturing")
     ap.add_argument("--regional", action="store_true",
                     help="instead of --compile: compile each block on its own (block.compile(fullgraph=True)), as for a model's repeated blocks")
+    ap.add_argument("--grouping", choices=["on", "off", "both"], default="on",
+                    help="compiled: stored layers that read one input in one launch at batch 1 "
+                    "(hypercodec.nn.set_compile_grouping); both: time each compressed configuration both ways")
+    ap.add_argument("--merged-bf16", action="store_true",
+                    help="also time a bf16 model with q/k/v and gate/up merged into one F.linear each")
     ap.add_argument("--fp8-min-weights", type=int, default=None,
                     help="override hypercodec.nn.FP8_MIN_WEIGHTS (the size under which FP8 layers stay weight-only)")
     a = ap.parse_args()
@@ -197,6 +232,8 @@ def main() -> int:
         ap.error("--round-weights needs --acts fp8")
     if a.regional and a.compile:
         ap.error("--regional and --compile are two ways to compile: choose one")
+    if a.merged_bf16 and a.prefill:
+        ap.error("--merged-bf16 times a decode step")
     mode = "regional" if a.regional else "whole" if a.compile else None
     if a.fp8_min_weights is not None:
         hnn.FP8_MIN_WEIGHTS = a.fp8_min_weights
@@ -243,6 +280,7 @@ def main() -> int:
     m0 = torch.cuda.memory_allocated()
     dense = copy.deepcopy(base).to(dev)
     held = torch.cuda.memory_allocated() - m0
+    names = ["bf16", "the rest"]  # (the configurations compiled, in order)
     ms_bf16, _ = time_step(dense, x, caches, a.iters, mode)
     ms_rest, _ = time_step(without_linears(dense, reads=mode is not None), x, caches, a.iters, mode)
     lin_bf16 = ms_bf16 - ms_rest
@@ -251,6 +289,13 @@ def main() -> int:
     print(lines[-1], flush=True)
     del dense
     torch.cuda.empty_cache()
+    if a.merged_bf16:
+        names.append("bf16 merged")
+        ms_m, _ = time_step(merged(copy.deepcopy(base).to(dev)), x, caches, a.iters, mode)
+        lines.append(f"| bf16, q/k/v and gate/up merged (one `F.linear` each) | 2.000 | {ms_m:.3f} | {1000 * tokens / ms_m:.1f} "
+                     f"| {ms_bf16 / ms_m:.2f}× | {ms_m - ms_rest:.3f} | {lin_bf16 / (ms_m - ms_rest):.2f}× | – |")
+        print(lines[-1], flush=True)
+        torch.cuda.empty_cache()
     for spec in [s for s in a.specs.split(",") if s]:
         q = copy.deepcopy(base).to(dev)  # the GPU codes trellis specs (the same bits as the CPU)
         hnn.quantize(q, bps=4, method=spec, skip=())
@@ -269,11 +314,16 @@ def main() -> int:
             q(x, [(None, None) if k is None else (k.clone(), v.clone()) for k, v in caches])  # builds every device form
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated() - m0
-        ms, got = time_step(q, x, caches, a.iters, mode)
-        err = float((got.float().cpu() - want).abs().max() / want.abs().max())
-        lines.append(f"| {spec} | {held / params:.3f} | {ms:.3f} | {1000 * tokens / ms:.1f} | {ms_bf16 / ms:.2f}× "
-                     f"| {ms - ms_rest:.3f} | {lin_bf16 / (ms - ms_rest):.2f}× | {err:.2e} |")
-        print(lines[-1], flush=True)
+        for grouping in ("on", "off") if a.grouping == "both" else (a.grouping,):
+            hnn.set_compile_grouping(grouping == "on")
+            label = spec + (" (grouping off)" if grouping == "off" and mode else "")
+            names.append(label)
+            ms, got = time_step(q, x, caches, a.iters, mode)
+            err = float((got.float().cpu() - want).abs().max() / want.abs().max())
+            lines.append(f"| {label} | {held / params:.3f} | {ms:.3f} | {1000 * tokens / ms:.1f} | {ms_bf16 / ms:.2f}× "
+                         f"| {ms - ms_rest:.3f} | {lin_bf16 / (ms - ms_rest):.2f}× | {err:.2e} |")
+            print(lines[-1], flush=True)
+        hnn.set_compile_grouping(True)
         del q
         torch.cuda.empty_cache()
     lines += [
@@ -285,7 +335,6 @@ def main() -> int:
         + (" (more than the step's rest allows)." if ms_bf16 / 2 <= ms_rest else "."),
     ]
     if COMPILED:
-        names = ["bf16", "the rest"] + [sp for sp in a.specs.split(",") if sp]
         lines += ["", "Compiled: " + "; ".join(f"{n} {c}" for n, c in zip(names, COMPILED)) + "."]
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:

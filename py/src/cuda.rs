@@ -277,6 +277,15 @@ impl CudaKernels {
         unsafe { self.k.affine_gemv(&a, stream) }.map_err(cuda_err)
     }
 
+    /// The affine GEMVs of up to `AFFINE_GROUP_MAX` layers that read one activation row, in
+    /// one launch (a list of `affine_gemv`'s argument dicts); False, launching nothing, where
+    /// they do not fit it (kernels-cuda `Kernels::affine_gemv_group`).
+    fn affine_gemv_group(&self, layers: Vec<Bound<'_, PyDict>>, stream: u64) -> PyResult<bool> {
+        let a = layers.iter().map(affine).collect::<PyResult<Vec<_>>>()?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.affine_gemv_group(&a, stream) }.map_err(cuda_err)
+    }
+
     /// The most activation rows the routes hand the fused affine kernels for these arguments
     /// (kernels-cuda `AffineGemv::fused_batch`: `MAX_GEMM_BATCH` where the tensor-core GEMM
     /// takes the layer, 16 on the tensor-core GEMV, else 4 per pass). Pointers are not read.

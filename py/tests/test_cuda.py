@@ -1173,3 +1173,105 @@ def test_quantize_budget_of_a_cuda_model_codes_on_the_gpu_with_the_cpus_choice()
         assert named[i].op.to_hwz() == cpu[i].op.to_hwz()
     x = torch.randn(4, 256)
     torch.testing.assert_close(gpu(x.cuda()).cpu(), cpu(x), rtol=2e-3, atol=2e-3)
+
+
+@needs_cuda
+def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
+    """`hcuda.forward_group`: affine layers that read one activation row run as one launch of
+    the batch-1 kernel (row tiles end to end, at most GROUP_MAX layers a launch). Each output
+    equals the layer's own launch bit for bit: full and partial row tiles, with and without a
+    bias, f32 and 16-bit scales, 2 and 4 bits, five layers (two launches). A group the kernel
+    does not take (codes of two widths, an f32 input, two rows) runs layer by layer or is left
+    to the caller."""
+    rng = np.random.default_rng(31)
+    cols = 1024
+
+    def layer(rows, spec, bias=True):
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        b = rng.standard_normal(rows).astype(np.float32) if bias else None
+        return hcuda.DeviceLinear(hypercodec.Linear.quantize(w, spec, b), torch.device("cuda"))
+
+    groups = {
+        "qkv": [layer(256, "int4"), layer(64, "int4", False), layer(64, "int4")],
+        "partial tiles": [layer(1000, "int4"), layer(37, "int4"), layer(16, "int4", False), layer(5, "int4")],
+        "five": [layer(r, "int4") for r in (48, 32, 16, 80, 21)],
+        "int2": [layer(96, "int2"), layer(40, "int2", False)],
+        "f32 scales": [layer(64, "int4-row"), layer(48, "int4-row")],
+        "two widths": [layer(64, "int4"), layer(64, "int2")],
+    }
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.from_numpy(rng.standard_normal((1, 1, cols)).astype(np.float32)).to("cuda", dtype)
+        for name, ds in groups.items():
+            ys = hcuda.forward_group(ds, x)
+            assert ys is not None and len(ys) == len(ds), name
+            for d, y in zip(ds, ys):
+                want = d.forward(x)
+                assert y.shape == want.shape == (1, 1, d.rows) and y.dtype == dtype, name
+                assert torch.isfinite(y).all() and torch.equal(y, want), (name, dtype, d.rows)
+    d = groups["qkv"]
+    assert hcuda.forward_group(d, torch.randn(1, cols, device="cuda")) is None  # f32
+    assert hcuda.forward_group(d, torch.randn(2, cols, device="cuda", dtype=torch.bfloat16)) is None
+    assert hcuda.forward_group(d, torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)) is None
+
+
+@needs_cuda
+def test_cuda_compiled_projections_of_one_input_run_as_one_launch():
+    """Under torch.compile (inductor) the stored linear layers that read one node (q, k, v;
+    gate, up) become one `stored_forward_group` call, which launches once at batch 1: the
+    compiled block gives what it gives with grouping off, bit for bit, in the default mode and
+    under CUDA graphs, at batch 1 and 3."""
+    from torch._inductor import config
+
+    torch.manual_seed(33)
+    blk = _ProjBlock().cuda().to(torch.bfloat16)
+    hnn.quantize(blk, bps=4, method="affine", skip=())
+    made = []
+    real = hnn._group_stored_linears
+
+    def spy(graph):
+        made.append(real(graph))
+        return made[-1]
+
+    out = {}
+    try:
+        hnn._group_stored_linears = spy
+        with config.patch(fx_graph_cache=False):
+            for grouping in (True, False):
+                hnn.set_compile_grouping(grouping)
+                for mode in ("default", "reduce-overhead"):
+                    torch._dynamo.reset()
+                    c = torch.compile(blk, fullgraph=True, mode=mode)
+                    for m in (1, 3):
+                        torch.manual_seed(m)
+                        x = torch.randn(m, 1, 256, device="cuda").to(torch.bfloat16)
+                        with torch.no_grad():
+                            for _ in range(3):
+                                y = c(x).clone()
+                        out[(grouping, mode, m)] = y
+    finally:
+        hnn._group_stored_linears = real
+        hnn.set_compile_grouping(True)
+        torch._dynamo.reset()
+    assert made and all(n == 2 for n in made), made  # (the pass runs only with grouping on)
+    for mode in ("default", "reduce-overhead"):
+        for m in (1, 3):
+            assert torch.equal(out[(True, mode, m)], out[(False, mode, m)]), (mode, m)
+    with torch.no_grad():
+        ref = blk(torch.randn(1, 1, 256, device="cuda").to(torch.bfloat16))
+    assert torch.isfinite(ref).all()
+
+
+class _ProjBlock(torch.nn.Module):
+    """A decoder block's projections: q, k, v of one normed input; gate and up of another."""
+
+    def __init__(self):
+        super().__init__()
+        L = torch.nn.Linear
+        self.q, self.k, self.v, self.o = L(256, 256, bias=False), L(256, 128, bias=False), L(256, 128, bias=False), L(512, 256, bias=False)
+        self.g, self.u, self.d = L(256, 512, bias=False), L(256, 512, bias=False), L(512, 256, bias=False)
+
+    def forward(self, x):
+        h = torch.nn.functional.rms_norm(x, (256,))
+        a = self.o(torch.cat([self.q(h), self.k(h), self.v(h)], -1)) + x
+        h = torch.nn.functional.rms_norm(a, (256,))
+        return self.d(torch.nn.functional.silu(self.g(h)) * self.u(h)) + a

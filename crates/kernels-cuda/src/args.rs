@@ -8,7 +8,7 @@ use crate::{AffineGemv, E8Gemv};
 /// GEMVs by (bits, pass of 1, 2 or 4 rows), the trellis GEMVs, the tensor-core kernels, the
 /// trellis group kernels and encoders, the cp.async kernels, the tensor-core GEMMs, then the
 /// pair code's trellis group kernels, the trellis tensor-core kernels, the pair encoders,
-/// `hc_quant_f8` and `hc_quant_f8_blocks`; indices from
+/// `hc_quant_f8`, `hc_quant_f8_blocks` and the grouped cp.async kernels; indices from
 /// [`affine_gemv`], [`e8_gemv`], [`trellis_gemv`], [`affine_mma`], [`affine_cpa`],
 /// [`affine_gemm`], [`trellis_groups`], [`trellis_decode_groups`] and [`trellis_mma`].
 pub(crate) fn function_names() -> Vec<String> {
@@ -101,6 +101,9 @@ pub(crate) fn function_names() -> Vec<String> {
     }
     v.push("hc_quant_f8".into());
     v.push("hc_quant_f8_blocks".into());
+    for (b, t) in CPA_KINDS {
+        v.push(format!("hc_affine_cpa_group_b{b}_{t}"));
+    }
     v
 }
 
@@ -263,9 +266,15 @@ pub(crate) const QUANT_I8: usize = 18;
 pub(crate) fn quant_f8() -> usize {
     trellis_encode(PAIR_ENCODE_KS, 2) + 1
 }
-/// Its block-scaled form (`hc_quant_f8_blocks`, last).
+/// Its block-scaled form (`hc_quant_f8_blocks`).
 pub(crate) fn quant_f8_blocks() -> usize {
     quant_f8() + 1
+}
+/// The batch-1 cp.async kernel over several layers that read one activation row
+/// (`hc_affine_cpa_group_b{bits}_{dtype}`, last), where [`affine_cpa`] has a kernel.
+pub(crate) fn affine_cpa_group(bits: usize, dtype: crate::Dtype) -> Option<usize> {
+    let kind = affine_cpa(bits, dtype)? - affine_cpa(2, crate::Dtype::Bf16)?;
+    Some(quant_f8_blocks() + 1 + kind)
 }
 /// Runs of `hc_quant_f8_blocks` a warp takes (`HC_QF8_RUNS`; 8 warps a block).
 pub(crate) const QF8_RUNS: usize = 4;
@@ -420,6 +429,41 @@ pub(crate) struct AffineArgs {
     qbias: f32,
     glen_log2: i32,
     sdtype: i32,
+}
+
+/// The kernels' `AffineGroupArgs` (kernels/gemv.cu): up to [`crate::AFFINE_GROUP_MAX`]
+/// layers' arguments and the row tiles before each.
+#[repr(C)]
+pub(crate) struct AffineGroupArgs {
+    a: [AffineArgs; crate::AFFINE_GROUP_MAX],
+    first: [i32; crate::AFFINE_GROUP_MAX + 1],
+    n: i32,
+}
+
+impl AffineGroupArgs {
+    /// The arguments of `layers` (1 to `AFFINE_GROUP_MAX`, each of at most `i32::MAX / 2`
+    /// rows: the caller checks); the slots past them repeat the last layer (never read).
+    pub(crate) fn new(layers: &[AffineGemv]) -> Self {
+        let n = layers.len().clamp(1, crate::AFFINE_GROUP_MAX);
+        let mut first = [0i32; crate::AFFINE_GROUP_MAX + 1];
+        for i in 0..crate::AFFINE_GROUP_MAX {
+            let tiles = layers
+                .get(i)
+                .filter(|_| i < n)
+                .map_or(0, |a| a.rows.div_ceil(16));
+            first[i + 1] = first[i] + tiles as i32;
+        }
+        AffineGroupArgs {
+            a: std::array::from_fn(|i| AffineArgs::new(&layers[i.min(n - 1)])),
+            first,
+            n: n as i32,
+        }
+    }
+
+    /// Blocks of the launch: every layer's row tiles.
+    pub(crate) fn tiles(&self) -> u32 {
+        self.first[crate::AFFINE_GROUP_MAX] as u32
+    }
 }
 
 impl AffineArgs {

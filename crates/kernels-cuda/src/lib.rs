@@ -163,6 +163,9 @@ pub const MAX_MMA_BATCH: usize = 16;
 /// of cuBLAS's rate). [`Kernels::affine_gemv`] itself runs any batch.
 pub const MAX_GEMM_BATCH: usize = 64;
 
+/// Layers one launch of [`Kernels::affine_gemv_group`] takes (the kernels' `HC_GROUP_MAX`).
+pub const AFFINE_GROUP_MAX: usize = 4;
+
 /// Columns of one chunk of the tensor-core GEMM (`HC_GEMM_BK`).
 pub const GEMM_CHUNK: usize = 128;
 
@@ -1477,6 +1480,60 @@ impl Kernels {
             }
         }
         Ok(())
+    }
+
+    /// Launches `y_l = x·W_lᵀ (+ b_l)` for 1 to [`AFFINE_GROUP_MAX`] affine layers that read one
+    /// activation row `x`, as one launch of the batch-1 cp.async kernel over the layers' row
+    /// tiles end to end: each layer's outputs are those [`Kernels::affine_gemv`] computes, bit
+    /// for bit. At batch 1 a launch costs a few µs beyond its bytes, so a block's q, k and v
+    /// projections (or gate and up) run faster as one.
+    ///
+    /// Returns `Ok(false)` and launches nothing where the layers do not fit that kernel: more
+    /// than [`AFFINE_GROUP_MAX`] or none, a batch other than 1, another `x`, column count,
+    /// code width or activation type than the first layer's, or a layer the batch-1 kernel does
+    /// not take (see [`AffineGemv::tensor_core_words`]); the caller then launches them one by one.
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`], for every layer.
+    pub unsafe fn affine_gemv_group(&self, layers: &[AffineGemv], stream: u64) -> Result<bool> {
+        let Some(a0) = layers.first() else {
+            return Ok(false);
+        };
+        for a in layers {
+            a.validate()?;
+        }
+        let fits = |a: &AffineGemv| {
+            a.batch == 1
+                && a.rows > 0
+                && a.rows <= i32::MAX as usize / 2
+                && (a.x, a.cols, a.bits, a.x_dtype) == (a0.x, a0.cols, a0.bits, a0.x_dtype)
+                && a.tensor_core_words() == 4
+                && a.codes.is_multiple_of(16)
+                && a.x.is_multiple_of(16)
+        };
+        let f = args::affine_cpa_group(a0.bits as usize, a0.x_dtype);
+        let tiles: usize = layers.iter().map(|a| a.rows.div_ceil(16)).sum();
+        let Some(f) = f.filter(|_| {
+            layers.len() <= AFFINE_GROUP_MAX
+                && tiles <= i32::MAX as usize
+                && layers.iter().all(fits)
+        }) else {
+            return Ok(false);
+        };
+        let mut k = args::AffineGroupArgs::new(layers);
+        let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe {
+            self.inner.launch(
+                f,
+                (k.tiles(), 1),
+                32 * args::CPA_WARPS,
+                args::affine_cpa_shared(a0.bits as usize),
+                stream,
+                &mut params,
+            )?;
+        }
+        Ok(true)
     }
 
     /// Launches `y = x·Wᵀ (+ b)` on the affine codes, any batch: the cp.async kernel at batch 1
@@ -2805,9 +2862,21 @@ mod tests {
         ] {
             assert_eq!(names[i], want);
         }
-        assert_eq!(names.len(), args::quant_f8_blocks() + 1);
         assert_eq!(names[args::quant_f8()], "hc_quant_f8");
         assert_eq!(names[args::quant_f8_blocks()], "hc_quant_f8_blocks");
+        assert_eq!(
+            names[args::affine_cpa_group(4, Dtype::Bf16).unwrap()],
+            "hc_affine_cpa_group_b4_bf16"
+        );
+        assert_eq!(
+            names[args::affine_cpa_group(2, Dtype::F16).unwrap()],
+            "hc_affine_cpa_group_b2_f16"
+        );
+        assert_eq!(
+            names.len(),
+            args::affine_cpa_group(4, Dtype::F16).unwrap() + 1
+        );
+        assert_eq!(args::affine_cpa_group(8, Dtype::F16), None);
         assert_eq!(names[args::trellis_encode(1, 1)], "hc_trellis_encode_k1");
         assert_eq!(names[args::trellis_encode(4, 1)], "hc_trellis_encode_k4");
         assert_eq!(names[args::trellis_encode(1, 2)], "hc_trellis_encode_k1_v2");
@@ -2846,6 +2915,10 @@ mod tests {
         assert_eq!(
             std::mem::size_of::<args::AffineArgs>(),
             param("hc_affine_gemv_b4_m1")
+        );
+        assert_eq!(
+            std::mem::size_of::<args::AffineGroupArgs>(),
+            param("hc_affine_cpa_group_b4_bf16")
         );
         assert_eq!(
             std::mem::size_of::<args::E8Args>(),

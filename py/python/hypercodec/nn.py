@@ -512,7 +512,23 @@ if _custom_op is not None:
 
     @_stored_forward_op.register_fake
     def _(x: torch.Tensor, key: torch.Tensor, meta: list[int]) -> torch.Tensor:
+        _install_grouping()  # (runs while a graph with stored layers is traced)
         return _fake_forward(x, meta)
+
+    # Linear layers that read one input, as inductor's post-grad pass groups them (see
+    # `_GroupStoredLinears`): `outs` holds each layer's out_features.
+    @_custom_op("hypercodec::stored_forward_group", mutates_args=())
+    def _stored_forward_group_op(x: torch.Tensor, keys: list[torch.Tensor], outs: list[int]) -> list[torch.Tensor]:
+        if len(keys) != len(outs):
+            raise _native.InvalidInputError(f"{len(keys)} keys for {len(outs)} layers")
+        layers = [_layer_of(k) for k in keys]
+        for layer, out in zip(layers, outs):
+            _checked(layer, [_LINEAR, out], layer._op_meta())
+        return _grouped_forward(x, layers)
+
+    @_stored_forward_group_op.register_fake
+    def _(x: torch.Tensor, keys: list[torch.Tensor], outs: list[int]) -> list[torch.Tensor]:
+        return [_fake_forward(x, [_LINEAR, out]) for out in outs]
 
     @_custom_op("hypercodec::stored_input_grad", mutates_args=())
     def _stored_input_grad_op(gy: torch.Tensor, key: torch.Tensor, x_shape: list[int]) -> torch.Tensor:
@@ -550,6 +566,102 @@ if _custom_op is not None:
     @_stored_lookup_op.register_fake
     def _(ids: torch.Tensor, key: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
         return ids.new_empty((*ids.shape, dim), dtype=dtype)
+
+
+def _grouped_forward(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor]:
+    """Each linear layer's output for ``x``: on CUDA at batch 1, affine layers in one launch
+    (:func:`hypercodec.cuda.forward_group`, the same outputs bit for bit), else one by one."""
+    if x.is_cuda and all(_w8a8_ready(layer, x) is None for layer in layers):
+        from .cuda import forward_group
+
+        ys = forward_group([_on_device(layer, x.device) for layer in layers], x)
+        if ys is not None:
+            return ys
+    return [layer._op_forward(x) for layer in layers]
+
+
+# Grouped launches under torch.compile. At batch 1 a launch of a 4096-wide layer costs a few µs
+# beyond its bytes, so the projections of one input (a Llama block's q, k and v; gate and up)
+# run faster as one launch. Models call them one by one, so a post-grad pass of inductor's
+# (``torch._inductor.config.post_grad_custom_post_pass``) replaces the ``stored_forward`` calls
+# of linear layers that read one node by one ``stored_forward_group`` call. It is installed the
+# first time a graph with stored layers is traced, unless that setting holds another pass (a
+# user's: then nothing is grouped) or :func:`set_compile_grouping` turned it off.
+_GROUPING = {"on": True, "pass": None}
+
+
+def set_compile_grouping(enabled: bool) -> None:
+    """Whether ``torch.compile`` (inductor) runs stored linear layers that read one input in one
+    launch at batch 1 (on by default; the outputs are the same bit for bit). Takes effect for
+    graphs compiled from then on."""
+    _GROUPING["on"] = bool(enabled)
+    if not enabled and _GROUPING["pass"] is not None:
+        from torch._inductor import config
+
+        if config.post_grad_custom_post_pass is _GROUPING["pass"]:
+            config.post_grad_custom_post_pass = None
+
+
+def _install_grouping() -> None:
+    if not _GROUPING["on"]:
+        return
+    try:
+        from torch._inductor import config
+        from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+    except ImportError:  # a torch without custom passes
+        _GROUPING["on"] = False
+        return
+    if _GROUPING["pass"] is None:
+
+        class _GroupStoredLinears(CustomGraphPass):
+            def __call__(self, graph: torch.fx.Graph) -> None:
+                _group_stored_linears(graph)
+
+            def uuid(self) -> Any:
+                return get_hash_for_files((__file__,))
+
+        _GROUPING["pass"] = _GroupStoredLinears()
+    if getattr(config, "post_grad_custom_post_pass", _GROUPING) is None:
+        config.post_grad_custom_post_pass = _GROUPING["pass"]
+
+
+def _group_stored_linears(graph: torch.fx.Graph) -> int:
+    """Replaces the ``stored_forward`` calls of linear layers that read one node by
+    ``stored_forward_group`` calls of up to :data:`hypercodec.cuda.GROUP_MAX` layers, placed
+    where the first of them was; returns the groups made."""
+    import operator
+
+    from .cuda import GROUP_MAX
+
+    one = torch.ops.hypercodec.stored_forward.default
+    group = torch.ops.hypercodec.stored_forward_group.default
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    by_input: dict[Any, list[Any]] = {}
+    for n in graph.nodes:
+        if n.op != "call_function" or n.target is not one or n.kwargs or len(n.args) != 3:
+            continue
+        _x, key, meta = n.args
+        if isinstance(meta, (list, tuple)) and len(meta) == 2 and meta[0] == _LINEAR and "val" in n.meta:
+            by_input.setdefault(n.args[0], []).append(n)
+    made = 0
+    for x, nodes in by_input.items():
+        for i in range(0, len(nodes) - 1, GROUP_MAX):
+            part = nodes[i : i + GROUP_MAX]
+            first = part[0]
+            # Every key must exist where the group goes (they are graph inputs).
+            if len(part) < 2 or any(not isinstance(n.args[1], torch.fx.Node) or order[n.args[1]] > order[first] for n in part):
+                continue
+            with graph.inserting_before(first):
+                g = graph.call_function(group, (x, [n.args[1] for n in part], [int(n.args[2][1]) for n in part]))
+                g.meta["val"] = [n.meta["val"] for n in part]
+                for j, n in enumerate(part):
+                    item = graph.call_function(operator.getitem, (g, j))
+                    item.meta.update(n.meta)
+                    n.replace_all_uses_with(item)
+            for n in part:
+                graph.erase_node(n)
+            made += 1
+    return made
 
 
 #: ``HyperLinear._training_weight`` under ``torch.compiler.disable`` (torch ≥ 2.2), made when a

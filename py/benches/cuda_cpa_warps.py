@@ -1,0 +1,90 @@
+"""The batch-1 INT4 kernel (`hc_affine_cpa`) at 8, 16 and 32 warps a block, against the
+committed PTX and torch bf16 `F.linear`, in one run.
+
+    nvcc -cubin -arch=sm_90 -O3 -I kernels -o .dev/gpu/cpaw.cubin kernels/prototypes/cpa_warps.cu   # here
+    python py/benches/cuda_cpa_warps.py .dev/gpu/cpaw.cubin [--out FILE]                            # on the GPU
+
+Random INT4 g128 codes (row-major, as stored) with f16 scales in tiles of 16 rows and no offsets
+(the `int4` spec's device form). Each call is checked against x·Ŵᵀ in float32 and timed as 40
+launches in a CUDA graph over ≥ 400 MB of weight copies (L2 never holds them), median of 7
+replays (`_graph_timing.graph_time_us`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import torch
+import torch.nn.functional as F
+from _driver import AffineArgs as Args
+from _driver import Driver, print_table, tile_scales
+from _graph_timing import graph_time_us
+
+STAGE = 1408  # sizeof(HcCpaStage<4>)
+VARIANTS = [(8, 3), (16, 2), (16, 3), (32, 1), (32, 2), (32, 3)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cubin", help="kernels/prototypes/cpa_warps.cu built for sm_90")
+    ap.add_argument("--out", default=None, help="also write the table here")
+    ap.add_argument("--shapes", default="1024x4096,4096x4096,14336x4096,4096x14336,8192x8192,28672x8192,32000x4096")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("cuda_cpa_warps: no CUDA device; nothing to do")
+        return 0
+    drv = Driver({"proto": args.cubin})
+    committed = drv.fn("ptx", "hc_affine_cpa_b4_bf16")
+    kernels = [("hc_affine_cpa_b4_bf16 (committed PTX, 8 warps × 3 stages)", committed, 8, 3)]
+    kernels += [(f"{nw} warps × {s} stages", drv.fn("proto", f"hc_cpaw_w{nw}_s{s}"), nw, s) for nw, s in VARIANTS]
+    for _, f, nw, s in kernels:
+        drv.check(drv.cu.cuFuncSetAttribute(f, 8, nw * (s * STAGE + 64)), "max dynamic shared memory")
+    torch.manual_seed(0)
+    rows_out = []
+    for shape in args.shapes.split(","):
+        n_rows, k = (int(v) for v in shape.split("x"))
+        steps, glen = k // 128, 128
+        copies = int(400e6 // (n_rows * k // 2)) + 1
+        w = [torch.randint(0, 256, (n_rows, k // 2), dtype=torch.uint8, device="cuda") for _ in range(copies)]
+        sc = [(torch.rand(n_rows, steps, device="cuda") * 0.01 + 0.001).half() for _ in range(copies)]
+        sct = [tile_scales(a) for a in sc]
+        q = torch.stack([(w[0].int() >> (4 * i)) & 15 for i in range(2)], -1).reshape(n_rows, k).float()
+        wd = (q - 8.0) * sc[0].float().repeat_interleave(glen, 1)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty(1, n_rows, device="cuda", dtype=torch.bfloat16)
+        ref = x.float() @ wd.T
+        kept = []  # ctypes values must outlive the graph's capture
+
+        def args_for(i: int) -> Args:
+            a = Args(w[i].data_ptr(), sct[i].data_ptr(), None, x.data_ptr(), y.data_ptr(), None,
+                     w[i].numel(), 2, 2, 1, n_rows, k, 4, glen, steps, 1.0, 8.0, 7, 1)
+            kept.append(a)
+            return a
+
+        for name, f, nw, s in kernels:
+            smem = nw * (s * STAGE + 64)
+            calls = itertools.count()
+
+            def make(i: int, f=f, nw=nw, smem=smem) -> None:
+                drv.launch(f, (n_rows + 15) // 16, 32 * nw, [args_for(i)], smem)
+
+            us = graph_time_us(lambda: make(next(calls) % copies), 40, replays=7)
+            y.fill_(float("nan"))
+            make(0)
+            torch.cuda.synchronize()
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            rows_out.append((shape, name, us, err))
+        wb = [torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(int(400e6 // (n_rows * k * 2)) + 1)]
+        bf16_calls = itertools.count()
+        rows_out.append((shape, "torch bf16 F.linear",
+                         graph_time_us(lambda: F.linear(x, wb[next(bf16_calls) % len(wb)]), 40, replays=7), 0.0))
+        del w, sc, sct, wb
+        torch.cuda.empty_cache()
+    print_table(rows_out, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
