@@ -1215,6 +1215,46 @@ def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
 
 
 @needs_cuda
+def test_cuda_rotated_layers_of_one_input_share_their_activation_rht():
+    """`hcuda.forward_group` on E8 and trellis layers with the same activation RHT (width, tile,
+    seed): one RHT, then each layer's kernel, each output equal to the layer's own forward bit
+    for bit, at batches on the GEMV, tensor-core and decode routes, and mixed forms. Layers of
+    another rotation or an affine layer among them are left to the caller."""
+    rng = np.random.default_rng(37)
+    cols = 512
+
+    def layer(rows, spec, bias=True):
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        b = rng.standard_normal(rows).astype(np.float32) if bias else None
+        return hcuda.DeviceLinear(hypercodec.Linear.quantize(w, spec, b), torch.device("cuda"))
+
+    groups = {
+        "trellis": [layer(64, "tcq@2-l12"), layer(32, "tcq@2-l12", False), layer(16, "tcq@2-l12")],
+        "pairs": [layer(48, "tcq@2-l12-v2"), layer(21, "tcq@4-l12-v2")],
+        "e8": [layer(40, "e8-fixed4"), layer(24, "e8-fixed3", False)],
+        "e8 rans": [layer(64, "e8@4-gpu"), layer(8, "e8@3-gpu")],
+        "mixed": [layer(64, "tcq@2-l12"), layer(32, "e8-fixed4"), layer(16, "e8@4-gpu")],
+    }
+    assert all(len({d.rotation() for d in ds}) == 1 for ds in groups.values())
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for m in (1, 3, 16, 40):
+            x = torch.from_numpy(rng.standard_normal((m, 1, cols)).astype(np.float32)).to("cuda", dtype)
+            for name, ds in groups.items():
+                ys = hcuda.forward_group(ds, x)
+                assert ys is not None and len(ys) == len(ds), name
+                for d, y in zip(ds, ys):
+                    want = d.forward(x)
+                    assert y.shape == want.shape == (m, 1, d.rows) and y.dtype == dtype, name
+                    assert torch.isfinite(y).all() and torch.equal(y, want), (name, dtype, m, d.route(m, dtype))
+    x = torch.randn(1, cols, device="cuda", dtype=torch.bfloat16)
+    assert hcuda.forward_group(groups["trellis"] + [layer(16, "int4")], x) is None
+    wide = hcuda.DeviceLinear(hypercodec.Linear.quantize(rng.standard_normal((16, 2 * cols)).astype(np.float32), "tcq@2-l12"),
+                              torch.device("cuda"))
+    assert wide.rotation() != groups["trellis"][0].rotation()
+    assert hcuda.forward_group(groups["trellis"] + [wide], x) is None  # (another width: not one input)
+
+
+@needs_cuda
 def test_cuda_compiled_projections_of_one_input_run_as_one_launch():
     """Under torch.compile (inductor) the stored linear layers that read one node (q, k, v;
     gate, up) become one `stored_forward_group` call, which launches once at batch 1: the

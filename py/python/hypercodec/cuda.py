@@ -354,6 +354,36 @@ class DeviceLinear:
             return f"cuda-{self.kind}-gemv"
         return f"cuda-{self.kind}-decode+linear"
 
+    def rotation(self) -> tuple[int, int, int] | None:
+        """The activation RHT an E8 or trellis layer applies, ``(width, tile, seed)`` (None for
+        the other forms): layers with the same one can share it (:func:`forward_group`)."""
+        if self.kind not in ("trellis", "e8", "e8rans"):
+            return None
+        return (self.cols if self.kind == "trellis" else 8 * self.words, self.tile, self.seed)
+
+    def _wants_xr16(self, m: int, dt: torch.dtype, gemv: bool) -> bool:
+        return gemv and self.route(min(m, MMA_MAX_BATCH), dt) == "cuda-trellis-mma"
+
+    def _from_rotated(self, xr: torch.Tensor, xr16: torch.Tensor | None, dt: torch.dtype, gemv: bool,
+                      stream: int) -> torch.Tensor:
+        """``m × rows`` outputs in ``dt`` of an E8 or trellis layer from its rotated activations
+        ``xr`` (f32, ``m × width``; ``xr16``: their f16 copy, where the route reads it)."""
+        m, code = xr.shape[0], _DTYPES[dt]
+        b = None if self.bias is None else self.bias.to(dt)
+        if not gemv:
+            return torch.nn.functional.linear(xr.to(dt), self._decode(dt, stream), b)
+        y = torch.empty(m, self.rows, dtype=dt, device=self.device)
+        if self.kind in ("trellis", "e8rans"):
+            args = dict(self.args, xr=_ptr(xr), batch=m, y=_ptr(y), y_dtype=code)
+            if xr16 is not None:
+                args["xr16"] = _ptr(xr16)
+            launch = self.kernels.trellis_gemv if self.kind == "trellis" else self.kernels.e8_rans_gemv
+            launch(args, stream)
+        else:
+            half = torch.empty(m, self.words, dtype=torch.float32, device=self.device)
+            self.kernels.e8_gemv(dict(self.args, xr=_ptr(xr), half=_ptr(half), batch=m, y=_ptr(y), y_dtype=code), stream)
+        return y
+
     def forward(self, x: torch.Tensor, route: str | None = None) -> torch.Tensor:
         """``y = x·Wᵀ + b`` for ``x`` of shape ``(..., cols)`` on this device; the output has
         ``x``'s dtype (f32, f16 or bf16; other dtypes compute in f32). ``route`` forces
@@ -389,49 +419,45 @@ class DeviceLinear:
                 b = None if self.bias is None else self.bias.to(dt)
                 y = torch.nn.functional.linear(x2, self._decode(dt, stream), b)
         else:
-            width = self.cols if self.kind == "trellis" else 8 * self.words
+            width = self.rotation()[0]
             # The trellis tensor-core kernel (its passes of up to 16 rows) reads the rotated
             # activations in f16 (half the bytes of f32): the RHT writes that copy too.
-            xr16 = None
-            if gemv and self.route(min(m, MMA_MAX_BATCH), dt) == "cuda-trellis-mma":
-                xr16 = torch.empty(m, width, dtype=torch.float16, device=self.device)
-            xr = rht(x2, width, self.tile, self.seed, xr16)
-            if self.kind in ("trellis", "e8rans"):
-                args = dict(self.args, xr=_ptr(xr), batch=m)
-                if xr16 is not None:
-                    args["xr16"] = _ptr(xr16)
-                launch = self.kernels.trellis_gemv if self.kind == "trellis" else self.kernels.e8_rans_gemv
-                b = None if self.bias is None else self.bias.to(dt)
-                if gemv:
-                    y = torch.empty(m, self.rows, dtype=dt, device=self.device)
-                    launch(dict(args, y=_ptr(y), y_dtype=code), stream)
-                else:
-                    y = torch.nn.functional.linear(xr.to(dt), self._decode(dt, stream), b)
-                return y.reshape(*lead, self.rows).to(x.dtype)
-            half = torch.empty(m, self.words, dtype=torch.float32, device=self.device)
-            args = dict(self.args, xr=_ptr(xr), half=_ptr(half), batch=m)
-            if gemv:
-                y = torch.empty(m, self.rows, dtype=dt, device=self.device)
-                self.kernels.e8_gemv(dict(args, y=_ptr(y), y_dtype=code), stream)
-            else:
-                b = None if self.bias is None else self.bias.to(dt)
-                y = torch.nn.functional.linear(xr.to(dt), self._decode(dt, stream), b)
+            xr16 = torch.empty(m, width, dtype=torch.float16, device=self.device) if self._wants_xr16(m, dt, gemv) else None
+            y = self._from_rotated(rht(x2, width, self.tile, self.seed, xr16), xr16, dt, gemv, stream)
         return y.reshape(*lead, self.rows).to(x.dtype) if dt != x.dtype else y.reshape(*lead, self.rows)
 
 
 def forward_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Tensor] | None:
-    """``[x·W_lᵀ + b_l for each layer]`` for affine layers that read one activation row ``x``
-    (bf16 or f16, shape ``(..., cols)`` with one row, on the layers' device), one kernel launch
-    per :data:`GROUP_MAX` layers: each output equals :meth:`DeviceLinear.forward`'s bit for bit.
-    At batch 1 a launch of a 4096-wide layer costs a few µs beyond its bytes, so a Llama block's
-    q, k and v projections run about 1.7× faster as one launch (``docs/eval/cuda_e2e.md``).
-    None where the layers are not all of that kind (the caller runs them one by one); a group
-    the kernel does not take (another code width, say) runs layer by layer here."""
-    if not layers or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() == 0:
+    """``[x·W_lᵀ + b_l for each layer]`` for layers on ``x``'s device that read the one input
+    ``x`` (shape ``(..., cols)``), each output equal to :meth:`DeviceLinear.forward`'s bit for
+    bit, with fewer launches:
+
+    - affine layers under one bf16 or f16 activation row: one launch of the batch-1 kernel per
+      :data:`GROUP_MAX` layers. At batch 1 a launch of a 4096-wide layer costs a few µs beyond
+      its bytes, so a Llama block's q, k and v projections run about 1.7× faster as one launch
+      (``docs/eval/cuda_e2e.md``); a group the kernel does not take (codes of two widths, say)
+      runs layer by layer here;
+    - E8 and trellis layers with the same activation RHT (:meth:`DeviceLinear.rotation`), any
+      batch: the RHT once, then each layer's kernel.
+
+    None where the layers are not all of one of these kinds (the caller runs them one by one)."""
+    if not layers or x.dim() == 0:
         return None
     cols = x.shape[-1]
-    if math.prod(x.shape[:-1]) != 1 or any(d.kind != "affine" or d.cols != cols or d.device != x.device for d in layers):
+    if any(d.cols != cols or d.device != x.device or d.rows == 0 for d in layers) or cols == 0:
         return None
+    if all(d.kind == "affine" for d in layers):
+        return _affine_group(layers, x)
+    rotations = {d.rotation() for d in layers}
+    if len(rotations) == 1 and None not in rotations:
+        return _rotated_group(layers, x)
+    return None
+
+
+def _affine_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Tensor] | None:
+    if x.dtype not in (torch.bfloat16, torch.float16) or math.prod(x.shape[:-1]) != 1:
+        return None
+    cols = x.shape[-1]
     x2 = x.reshape(1, cols).contiguous()
     if x2.data_ptr() % 16:
         x2 = x2.clone()  # (the kernel reads 16-byte pieces)
@@ -446,3 +472,19 @@ def forward_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
                 ys[i + j] = d.forward(x2)
     return [y.reshape(*x.shape[:-1], d.rows) for d, y in zip(layers, ys)]
 
+
+def _rotated_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Tensor] | None:
+    lead = x.shape[:-1]
+    dt = x.dtype if x.dtype in _DTYPES else torch.float32
+    x2 = x.reshape(math.prod(lead), x.shape[-1]).to(dtype=dt).contiguous()
+    m = x2.shape[0]
+    if m == 0:
+        return None
+    width, tile, seed = layers[0].rotation()
+    gemv = [m <= d._fused_batch(dt) for d in layers]
+    want16 = [d._wants_xr16(m, dt, g) for d, g in zip(layers, gemv)]
+    xr16 = torch.empty(m, width, dtype=torch.float16, device=x.device) if any(want16) else None
+    xr = rht(x2, width, tile, seed, xr16)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    ys = [d._from_rotated(xr, xr16 if w else None, dt, g, stream) for d, g, w in zip(layers, gemv, want16)]
+    return [y.reshape(*lead, d.rows).to(x.dtype) for d, y in zip(layers, ys)]
