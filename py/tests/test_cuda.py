@@ -1175,6 +1175,13 @@ def test_quantize_budget_of_a_cuda_model_codes_on_the_gpu_with_the_cpus_choice()
     torch.testing.assert_close(gpu(x.cuda()).cpu(), cpu(x), rtol=2e-3, atol=2e-3)
 
 
+def _device_layer(rng, rows, cols, spec, bias=True):
+    """A random layer of `spec` on the CUDA device (`hcuda.DeviceLinear`), with a bias or not."""
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    b = rng.standard_normal(rows).astype(np.float32) if bias else None
+    return hcuda.DeviceLinear(hypercodec.Linear.quantize(w, spec, b), torch.device("cuda"))
+
+
 @needs_cuda
 def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
     """`hcuda.forward_group`: affine layers that read one activation row run as one launch of
@@ -1187,9 +1194,7 @@ def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
     cols = 1024
 
     def layer(rows, spec, bias=True):
-        w = rng.standard_normal((rows, cols)).astype(np.float32)
-        b = rng.standard_normal(rows).astype(np.float32) if bias else None
-        return hcuda.DeviceLinear(hypercodec.Linear.quantize(w, spec, b), torch.device("cuda"))
+        return _device_layer(rng, rows, cols, spec, bias)
 
     groups = {
         "qkv": [layer(256, "int4"), layer(64, "int4", False), layer(64, "int4")],
@@ -1224,9 +1229,7 @@ def test_cuda_rotated_layers_of_one_input_share_their_activation_rht():
     cols = 512
 
     def layer(rows, spec, bias=True):
-        w = rng.standard_normal((rows, cols)).astype(np.float32)
-        b = rng.standard_normal(rows).astype(np.float32) if bias else None
-        return hcuda.DeviceLinear(hypercodec.Linear.quantize(w, spec, b), torch.device("cuda"))
+        return _device_layer(rng, rows, cols, spec, bias)
 
     groups = {
         "trellis": [layer(64, "tcq@2-l12"), layer(32, "tcq@2-l12", False), layer(16, "tcq@2-l12")],
@@ -1248,70 +1251,35 @@ def test_cuda_rotated_layers_of_one_input_share_their_activation_rht():
                     assert torch.isfinite(y).all() and torch.equal(y, want), (name, dtype, m, d.route(m, dtype))
     x = torch.randn(1, cols, device="cuda", dtype=torch.bfloat16)
     assert hcuda.forward_group(groups["trellis"] + [layer(16, "int4")], x) is None
-    wide = hcuda.DeviceLinear(hypercodec.Linear.quantize(rng.standard_normal((16, 2 * cols)).astype(np.float32), "tcq@2-l12"),
-                              torch.device("cuda"))
+    wide = _device_layer(rng, 16, 2 * cols, "tcq@2-l12")
     assert wide.rotation() != groups["trellis"][0].rotation()
     assert hcuda.forward_group(groups["trellis"] + [wide], x) is None  # (another width: not one input)
 
 
 @needs_cuda
-def test_cuda_compiled_projections_of_one_input_run_as_one_launch():
+def test_cuda_compiled_projections_of_one_input_run_as_one_launch(grouped_graphs, projections):
     """Under torch.compile (inductor) the stored linear layers that read one node (q, k, v;
     gate, up) become one `stored_forward_group` call, which launches once at batch 1: the
     compiled block gives what it gives with grouping off, bit for bit, in the default mode and
     under CUDA graphs, at batch 1 and 3."""
-    from torch._inductor import config
-
     torch.manual_seed(33)
-    blk = _ProjBlock().cuda().to(torch.bfloat16)
+    blk = projections(256, bias=False).cuda().to(torch.bfloat16)
     hnn.quantize(blk, bps=4, method="affine", skip=())
-    made = []
-    real = hnn._group_stored_linears
-
-    def spy(graph):
-        made.append(real(graph))
-        return made[-1]
-
     out = {}
-    try:
-        hnn._group_stored_linears = spy
-        with config.patch(fx_graph_cache=False):
-            for grouping in (True, False):
-                hnn.set_compile_grouping(grouping)
-                for mode in ("default", "reduce-overhead"):
-                    torch._dynamo.reset()
-                    c = torch.compile(blk, fullgraph=True, mode=mode)
-                    for m in (1, 3):
-                        torch.manual_seed(m)
-                        x = torch.randn(m, 1, 256, device="cuda").to(torch.bfloat16)
-                        with torch.no_grad():
-                            for _ in range(3):
-                                y = c(x).clone()
-                        out[(grouping, mode, m)] = y
-    finally:
-        hnn._group_stored_linears = real
-        hnn.set_compile_grouping(True)
-        torch._dynamo.reset()
-    assert made and all(n == 2 for n in made), made  # (the pass runs only with grouping on)
+    for grouping in (True, False):
+        hnn.set_compile_grouping(grouping)
+        for mode in ("default", "reduce-overhead"):
+            torch._dynamo.reset()
+            c = torch.compile(blk, fullgraph=True, mode=mode)
+            for m in (1, 3):
+                torch.manual_seed(m)
+                x = torch.randn(m, 1, 256, device="cuda").to(torch.bfloat16)
+                with torch.no_grad():
+                    for _ in range(3):
+                        y = c(x).clone()
+                assert torch.isfinite(y).all()
+                out[(grouping, mode, m)] = y
+    assert grouped_graphs and all(n == 2 for n in grouped_graphs), grouped_graphs  # (the pass runs only with grouping on)
     for mode in ("default", "reduce-overhead"):
         for m in (1, 3):
             assert torch.equal(out[(True, mode, m)], out[(False, mode, m)]), (mode, m)
-    with torch.no_grad():
-        ref = blk(torch.randn(1, 1, 256, device="cuda").to(torch.bfloat16))
-    assert torch.isfinite(ref).all()
-
-
-class _ProjBlock(torch.nn.Module):
-    """A decoder block's projections: q, k, v of one normed input; gate and up of another."""
-
-    def __init__(self):
-        super().__init__()
-        L = torch.nn.Linear
-        self.q, self.k, self.v, self.o = L(256, 256, bias=False), L(256, 128, bias=False), L(256, 128, bias=False), L(512, 256, bias=False)
-        self.g, self.u, self.d = L(256, 512, bias=False), L(256, 512, bias=False), L(512, 256, bias=False)
-
-    def forward(self, x):
-        h = torch.nn.functional.rms_norm(x, (256,))
-        a = self.o(torch.cat([self.q(h), self.k(h), self.v(h)], -1)) + x
-        h = torch.nn.functional.rms_norm(a, (256,))
-        return self.d(torch.nn.functional.silu(self.g(h)) * self.u(h)) + a

@@ -1415,54 +1415,22 @@ def test_w8a8_models_mix_forms_copy_pickle_and_reload():
     assert torch.allclose(m[0](x), torch.from_numpy(m[0].op.forward(x.numpy())))
 
 
-class _Projections(torch.nn.Module):
-    """A decoder block's projections: q, k and v of one normed input; gate and up of another."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        L = torch.nn.Linear
-        self.q, self.k, self.v, self.o = L(64, 64), L(64, 32, bias=False), L(64, 32), L(128, 64)
-        self.g, self.u, self.d = L(64, 96), L(64, 96), L(96, 64)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.nn.functional.layer_norm(x, (64,))
-        a = self.o(torch.cat([self.q(h), self.k(h), self.v(h)], -1)) + x
-        h = torch.nn.functional.layer_norm(a, (64,))
-        return self.d(torch.nn.functional.silu(self.g(h)) * self.u(h)) + a
-
-
-def test_stored_linears_of_one_input_are_grouped_under_inductor():
+def test_stored_linears_of_one_input_are_grouped_under_inductor(grouped_graphs, projections):
     """inductor's post-grad pass (installed the first time a graph with stored layers is traced)
     turns the `stored_forward` calls of linear layers that read one node into one
     `stored_forward_group` call (one launch at batch 1 on CUDA; here, on the host, the layers one
     by one): 2 groups in this block, and outputs equal to the ungrouped compile's bit for bit."""
-    from torch._inductor import config
-
     torch.manual_seed(35)
-    blk = _Projections()
+    blk = projections(64)
     hnn.quantize(blk, bps=4, method="affine", skip=())
-    made = []
-    real = hnn._group_stored_linears
-
-    def spy(graph):
-        made.append(real(graph))
-        return made[-1]
-
     got = {}
-    try:
-        hnn._group_stored_linears = spy
-        with config.patch(fx_graph_cache=False):
-            for grouping in (True, False):
-                hnn.set_compile_grouping(grouping)
-                torch._dynamo.reset()
-                c = torch.compile(blk, fullgraph=True)
-                with torch.no_grad():
-                    got[grouping] = [c(torch.randn(m, 1, 64, generator=torch.Generator().manual_seed(m))) for m in (1, 1, 3)]
-    finally:
-        hnn._group_stored_linears = real
-        hnn.set_compile_grouping(True)
+    for grouping in (True, False):
+        hnn.set_compile_grouping(grouping)
         torch._dynamo.reset()
-    assert made and all(n == 2 for n in made), made
+        c = torch.compile(blk, fullgraph=True)
+        with torch.no_grad():
+            got[grouping] = [c(torch.randn(m, 1, 64, generator=torch.Generator().manual_seed(m))) for m in (1, 1, 3)]
+    assert grouped_graphs and all(n == 2 for n in grouped_graphs), grouped_graphs  # (the pass runs only with grouping on)
     for a, b in zip(got[True], got[False]):
         assert torch.equal(a, b)
     with torch.no_grad():
