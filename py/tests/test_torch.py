@@ -1450,3 +1450,38 @@ def test_the_group_operator_checks_its_layers():
         torch.ops.hypercodec.stored_forward_group(x, [a._op_key, b._op_key], [48, 48])
     with pytest.raises(hypercodec.InvalidInputError):
         torch.ops.hypercodec.stored_forward_group(x, [a._op_key, b._op_key], [48])
+
+
+def test_the_grouping_pass_leaves_a_users_post_grad_pass_in_place(grouped_graphs, projections):
+    """A post-grad pass the user set stays set and runs (no grouping then), and turning grouping
+    off removes only hypercodec's own pass."""
+    from torch._inductor import config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class Theirs(CustomGraphPass):
+        runs = 0
+
+        def __call__(self, graph):
+            Theirs.runs += 1
+
+        def uuid(self):
+            return "theirs"
+
+    torch.manual_seed(38)
+    blk = projections(64)
+    hnn.quantize(blk, bps=4, method="affine", skip=())
+    theirs = Theirs()
+    with config.patch(post_grad_custom_post_pass=theirs):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.compile(blk, fullgraph=True)(torch.randn(1, 1, 64))
+        assert config.post_grad_custom_post_pass is theirs and Theirs.runs >= 1 and not grouped_graphs
+        hnn.set_compile_grouping(False)
+        assert config.post_grad_custom_post_pass is theirs
+    torch._dynamo.reset()
+    hnn.set_compile_grouping(True)
+    with torch.no_grad():
+        torch.compile(blk, fullgraph=True)(torch.randn(1, 1, 64))
+    assert grouped_graphs == [2] and config.post_grad_custom_post_pass is not None
+    hnn.set_compile_grouping(False)
+    assert config.post_grad_custom_post_pass is None
