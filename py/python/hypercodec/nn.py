@@ -9,7 +9,9 @@ their dense weights. Built from a compressed form, these layers are inference-on
 ``HyperLinear(..., trainable=True)`` keeps a float master weight and trains through a
 straight-through estimator, re-quantizing every ``refresh_every`` steps. Under
 ``torch.compile`` each inference layer traces as one operator (``hypercodec::stored_forward``,
-``stored_lookup`` for tables), so ``fullgraph=True`` compiles a whole model around them.
+``stored_lookup`` for tables), so ``fullgraph=True`` compiles a whole model around them; under
+inductor the linear layers that read one input (q, k, v; gate, up) become one operator that
+launches once on CUDA at batch 1 (:func:`set_compile_grouping`).
 
     >>> import torch, hypercodec.nn as hnn
     >>> model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
