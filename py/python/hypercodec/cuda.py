@@ -21,6 +21,10 @@ on PyTorch's current stream, without synchronizing:
   the documented *decode fallback* — the weight is decoded once on the host and kept on the
   device in the activation dtype.
 
+:func:`forward_group` runs layers that read one input with fewer launches (affine layers at
+batch 1 in one launch, E8 and trellis layers with one activation RHT); ``torch.compile`` calls
+it for the layers it groups (:func:`hypercodec.nn.set_compile_grouping`).
+
     >>> import torch, hypercodec.nn as hnn
     >>> lin = hnn.HyperLinear.from_linear(torch.nn.Linear(4096, 4096), "int4")  # doctest: +SKIP
     >>> y = lin(torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16))      # doctest: +SKIP

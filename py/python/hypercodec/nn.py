@@ -518,7 +518,7 @@ if _custom_op is not None:
         return _fake_forward(x, meta)
 
     # Linear layers that read one input, as inductor's post-grad pass groups them (see
-    # `_GroupStoredLinears`): `outs` holds each layer's out_features.
+    # `_group_stored_linears`): `outs` holds each layer's out_features.
     @_custom_op("hypercodec::stored_forward_group", mutates_args=())
     def _stored_forward_group_op(x: torch.Tensor, keys: list[torch.Tensor], outs: list[int]) -> list[torch.Tensor]:
         if len(keys) != len(outs):
@@ -571,8 +571,9 @@ if _custom_op is not None:
 
 
 def _grouped_forward(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor]:
-    """Each linear layer's output for ``x``: on CUDA at batch 1, affine layers in one launch
-    (:func:`hypercodec.cuda.forward_group`, the same outputs bit for bit), else one by one."""
+    """Each linear layer's output for ``x``: on CUDA with fewer launches where
+    :func:`hypercodec.cuda.forward_group` takes the layers (affine ones at batch 1 in one launch;
+    E8 and trellis ones with one activation RHT; the same outputs bit for bit), else one by one."""
     if x.is_cuda and all(_w8a8_ready(layer, x) is None for layer in layers):
         from .cuda import forward_group
 
@@ -642,7 +643,7 @@ def _group_stored_linears(graph: torch.fx.Graph) -> int:
     for n in graph.nodes:
         if n.op != "call_function" or n.target is not one or n.kwargs or len(n.args) != 3:
             continue
-        _x, key, meta = n.args
+        meta = n.args[2]
         if isinstance(meta, (list, tuple)) and len(meta) == 2 and meta[0] == _LINEAR and "val" in n.meta:
             by_input.setdefault(n.args[0], []).append(n)
     made = 0
