@@ -10,9 +10,13 @@ four ways, each against the float model or the step before:
    quantized model;
 3. ``torch.compile(fullgraph=True, backend="aot_eager")`` of the quantized model: equal to eager;
 4. ``generate`` (5 greedy tokens) for the generative ones: the quantized model's tokens against
-   the float model's, with and without the KV cache.
+   the float model's, with and without the KV cache;
+5. with ``--inductor``: ``torch.compile(fullgraph=True)`` with inductor, with the grouping of
+   stored linear layers that read one input (``hypercodec.nn.set_compile_grouping``) on and
+   off: the groups its pass made, whether the two compiles give the same outputs bit for bit,
+   and the grouped compile's relative max error against eager.
 
-    python py/benches/hf_arch_sweep.py [ARCH ...] [--out table.md]
+    python py/benches/hf_arch_sweep.py [ARCH ...] [--inductor] [--out table.md]
 
 Each architecture runs in a process of its own (dynamo's state and caches stay apart); the
 table is printed, and the exit status is 1 when any check raised. Needs torch and transformers.
@@ -96,7 +100,7 @@ def _rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(((x - y).abs().max() / y.abs().max().clamp_min(1e-12)).item() for x, y in zip(a, b))
 
 
-def run(name: str) -> dict[str, Any]:
+def run(name: str, inductor: bool = False) -> dict[str, Any]:
     """The four checks of one architecture; a check that raises is recorded as ``{"FAIL": ...}``."""
     spec = ARCHS[name]
     result: dict[str, Any] = {"arch": name}
@@ -155,6 +159,26 @@ def run(name: str) -> dict[str, Any]:
         torch._dynamo.reset()
         return _rel(_outs(spec, torch.compile(m, fullgraph=True, backend="aot_eager"), inp), e)
 
+    def grouped() -> dict[str, Any]:
+        from torch._inductor import config
+
+        m = quantized(embeddings=True, skip=())
+        e = _outs(spec, m, inp)
+        made: list[int] = []
+        real = hnn._group_stored_linears
+        hnn._group_stored_linears = lambda g: made.append(real(g)) or made[-1]
+        try:
+            outs = {}
+            with config.patch(fx_graph_cache=False):
+                for on in (True, False):
+                    hnn.set_compile_grouping(on)
+                    torch._dynamo.reset()
+                    outs[on] = _outs(spec, torch.compile(m, fullgraph=True), inp)
+        finally:
+            hnn._group_stored_linears = real
+            hnn.set_compile_grouping(True)
+        return {"groups": sum(made), "same": _rel(outs[True], outs[False]) == 0, "vs_eager": _rel(outs[True], e)}
+
     def generated() -> dict[str, bool]:
         m = quantized()
         tokens = gen(m)
@@ -165,6 +189,8 @@ def run(name: str) -> dict[str, Any]:
     step("compiled", compiled)
     if spec.get("gen"):
         step("generate", generated)
+    if inductor:
+        step("inductor", grouped)
     return result
 
 
@@ -181,9 +207,10 @@ def main() -> int:
     ap.add_argument("archs", nargs="*", help=f"default: all ({', '.join(ARCHS)})")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # (a child process: one architecture, JSON out)
     ap.add_argument("--out")
+    ap.add_argument("--inductor", action="store_true", help="also compile with inductor, grouping on and off (check 5)")
     a = ap.parse_args()
     if a.one:
-        print("RESULT " + json.dumps(run(a.one), default=str), flush=True)
+        print("RESULT " + json.dumps(run(a.one, a.inductor), default=str), flush=True)
         return 0
     names = a.archs or list(ARCHS)
     unknown = [n for n in names if n not in ARCHS]
@@ -193,18 +220,19 @@ def main() -> int:
         f"torch {torch.__version__}, transformers {T.__version__}, INT8 affine (`bps=8, method=\"affine\"`), "
         f"CPU, tiny random configs. Command: `python py/benches/hf_arch_sweep.py {' '.join(sys.argv[1:])}`.",
         "",
-        "| architecture | quantize: max rel. error (variants) | on load: vs float | reload = load | stored layers | compiled = eager | greedy tokens = float | s |",
-        "|---|---|---:|---|---:|---|---|---:|",
+        "| architecture | quantize: max rel. error (variants) | on load: vs float | reload = load | stored layers | compiled = eager | greedy tokens = float |"
+        + (" inductor: groups | grouped = ungrouped | grouped vs eager |" if a.inductor else "") + " s |",
+        "|---|---|---:|---|---:|---|---|" + ("---:|---|---:|" if a.inductor else "") + "---:|",
     ]
     failed = False
     for n in names:
         t = time.time()
-        p = subprocess.run([sys.executable, __file__, "--one", n], capture_output=True, text=True)
+        p = subprocess.run([sys.executable, __file__, "--one", n] + ["--inductor"] * a.inductor, capture_output=True, text=True)
         rows = [json.loads(x[7:]) for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         last = p.stderr.strip().splitlines()[-1:] or [""]
         r = rows[0] if rows else {"quantize": {"FAIL": f"exit {p.returncode}: {last[0]}"}}
-        q, ol, c, g = r.get("quantize"), r.get("on_load"), r.get("compiled"), r.get("generate")
-        failed |= any(isinstance(v, dict) and "FAIL" in v for v in (q, ol, c, g))
+        q, ol, c, g, ind = r.get("quantize"), r.get("on_load"), r.get("compiled"), r.get("generate"), r.get("inductor")
+        failed |= any(isinstance(v, dict) and "FAIL" in v for v in (q, ol, c, g, ind))
         def reload(v: dict[str, Any]) -> str:
             return "yes" if v["reload_vs_load"] == 0 else f"no ({v['reload_vs_load']:.2g})"
 
@@ -219,8 +247,11 @@ def main() -> int:
             _cell(ol, lambda v: str(v["stored_layers"])),
             _cell(c, lambda v: "yes" if v == 0 else f"no ({v:.2g})"),
             _cell(g, tokens),
-            f"{time.time() - t:.0f}",
         ]
+        if a.inductor:
+            cells += [_cell(ind, lambda v: str(v["groups"])), _cell(ind, lambda v: "yes" if v["same"] else "**no**"),
+                      _cell(ind, lambda v: f"{v['vs_eager']:.1e}")]
+        cells.append(f"{time.time() - t:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
     if a.out:
