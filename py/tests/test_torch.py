@@ -1485,3 +1485,34 @@ def test_the_grouping_pass_leaves_a_users_post_grad_pass_in_place(grouped_graphs
     assert grouped_graphs == [2] and config.post_grad_custom_post_pass is not None
     hnn.set_compile_grouping(False)
     assert config.post_grad_custom_post_pass is None
+
+
+def test_grouping_layers_whose_input_is_a_grouped_layers_output(grouped_graphs):
+    """h = a(x) with a grouped with b(x), then c(h) and d(h) grouped too: the second group reads
+    the first group's output (the pass once kept the node it had replaced, and inductor failed
+    on the graph: "topological sort did not consume all nodes")."""
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)
+            self.c, self.d = torch.nn.Linear(64, 48), torch.nn.Linear(64, 16)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.c(h), self.d(h), self.b(x)
+
+    torch.manual_seed(39)
+    m = M()
+    hnn.quantize(m, bps=4, method="affine", skip=())
+    x = torch.randn(1, 64)
+    got = {}
+    with torch.no_grad():
+        for grouping in (True, False):
+            hnn.set_compile_grouping(grouping)
+            torch._dynamo.reset()
+            got[grouping] = torch.compile(m, fullgraph=True)(x)
+        ref = m(x)
+    assert grouped_graphs == [2]
+    assert all(torch.equal(p, q) for p, q in zip(got[True], got[False]))
+    assert all(torch.allclose(p, q, atol=1e-5) for p, q in zip(got[True], ref))

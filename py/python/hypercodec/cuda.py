@@ -373,8 +373,8 @@ class DeviceLinear:
         """``m × rows`` outputs in ``dt`` of an E8 or trellis layer from its rotated activations
         ``xr`` (f32, ``m × width``; ``xr16``: their f16 copy, where the route reads it)."""
         m, code = xr.shape[0], _DTYPES[dt]
-        b = None if self.bias is None else self.bias.to(dt)
         if not gemv:
+            b = None if self.bias is None else self.bias.to(dt)
             return torch.nn.functional.linear(xr.to(dt), self._decode(dt, stream), b)
         y = torch.empty(m, self.rows, dtype=dt, device=self.device)
         if self.kind in ("trellis", "e8rans"):

@@ -647,10 +647,12 @@ def _group_stored_linears(graph: torch.fx.Graph) -> int:
         if isinstance(meta, (list, tuple)) and len(meta) == 2 and meta[0] == _LINEAR and "val" in n.meta:
             by_input.setdefault(n.args[0], []).append(n)
     made = 0
-    for x, nodes in by_input.items():
+    for nodes in by_input.values():
         for i in range(0, len(nodes) - 1, GROUP_MAX):
             part = nodes[i : i + GROUP_MAX]
             first = part[0]
+            # (The input as it is now: an earlier group may have replaced the node that made it.)
+            x = first.args[0]
             # Every key must exist where the group goes (they are graph inputs).
             if len(part) < 2 or any(not isinstance(n.args[1], torch.fx.Node) or order[n.args[1]] > order[first] for n in part):
                 continue
