@@ -63,6 +63,20 @@ def tile_scales(a: torch.Tensor) -> torch.Tensor:
     return p.view(-1, 2, 8, groups).permute(0, 3, 2, 1).contiguous()
 
 
+def int4_copies(n_rows: int, k: int, device: str = "cuda") -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """Random INT4 g128 layers as the `int4` spec's device form holds them, in enough copies
+    (≥ 400 MB) that L2 never holds them: the codes (`n_rows × k/2` bytes each), the f16 scales in
+    tiles (`tile_scales`, no offsets), and the first copy's decoded weight in float32 (codes
+    less 8, times the scale)."""
+    steps, glen = k // 128, 128
+    copies = int(400e6 // (n_rows * k // 2)) + 1
+    w = [torch.randint(0, 256, (n_rows, k // 2), dtype=torch.uint8, device=device) for _ in range(copies)]
+    sc = [(torch.rand(n_rows, steps, device=device) * 0.01 + 0.001).half() for _ in range(copies)]
+    q = torch.stack([(w[0].int() >> (4 * i)) & 15 for i in range(2)], -1).reshape(n_rows, k).float()
+    wd = (q - 8.0) * sc[0].float().repeat_interleave(glen, 1)
+    return w, [tile_scales(a) for a in sc], wd
+
+
 def print_table(rows: list[tuple[str, str, float, float]], out: str | None) -> None:
     """`(shape, kernel, µs, relative error)` rows as markdown, with each row's speed against the
     shape's `torch bf16 F.linear` row; also written to `out` when given."""

@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from _driver import AffineArgs as Args
-from _driver import Driver, print_table, tile_scales
+from _driver import Driver, int4_copies, print_table
 from _graph_timing import graph_time_us
 
 STAGE = 1408  # sizeof(HcCpaStage<4>)
@@ -46,12 +46,8 @@ def main() -> int:
     for shape in args.shapes.split(","):
         n_rows, k = (int(v) for v in shape.split("x"))
         steps, glen = k // 128, 128
-        copies = int(400e6 // (n_rows * k // 2)) + 1
-        w = [torch.randint(0, 256, (n_rows, k // 2), dtype=torch.uint8, device="cuda") for _ in range(copies)]
-        sc = [(torch.rand(n_rows, steps, device="cuda") * 0.01 + 0.001).half() for _ in range(copies)]
-        sct = [tile_scales(a) for a in sc]
-        q = torch.stack([(w[0].int() >> (4 * i)) & 15 for i in range(2)], -1).reshape(n_rows, k).float()
-        wd = (q - 8.0) * sc[0].float().repeat_interleave(glen, 1)
+        w, sct, wd = int4_copies(n_rows, k)
+        copies = len(w)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         y = torch.empty(1, n_rows, device="cuda", dtype=torch.bfloat16)
         ref = x.float() @ wd.T
@@ -80,7 +76,7 @@ def main() -> int:
         bf16_calls = itertools.count()
         rows_out.append((shape, "torch bf16 F.linear",
                          graph_time_us(lambda: F.linear(x, wb[next(bf16_calls) % len(wb)]), 40, replays=7), 0.0))
-        del w, sc, sct, wb
+        del w, sct, wb
         torch.cuda.empty_cache()
     print_table(rows_out, args.out)
     return 0

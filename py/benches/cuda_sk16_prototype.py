@@ -22,7 +22,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from _driver import AffineArgs as Args
-from _driver import Driver, tile_scales
+from _driver import Driver, int4_copies
 from _graph_timing import graph_time_us
 
 # (row tiles R a warp, warps, stages) of the prototype's kernels.
@@ -57,12 +57,8 @@ def main() -> int:
     for shape in args.shapes.split(","):
         n_rows, k = (int(v) for v in shape.split("x"))
         steps, glen = k // 128, 128
-        copies = int(400e6 // (n_rows * k // 2)) + 1
-        w = [torch.randint(0, 256, (n_rows, k // 2), dtype=torch.uint8, device="cuda") for _ in range(copies)]
-        sc = [(torch.rand(n_rows, steps, device="cuda") * 0.01 + 0.001).half() for _ in range(copies)]
-        sct = [tile_scales(a) for a in sc]
-        q = torch.stack([(w[0].int() >> (4 * i)) & 15 for i in range(2)], -1).reshape(n_rows, k).float()
-        wd = (q - 8.0) * sc[0].float().repeat_interleave(glen, 1)
+        w, sct, wd = int4_copies(n_rows, k)
+        copies = len(w)
         wb = [torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(int(400e6 // (n_rows * k * 2)) + 1)]
         for m in (int(v) for v in args.batches.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -124,7 +120,7 @@ def main() -> int:
                     best_all = us
             print("\n".join(lines[-2 - len(protos):]), flush=True)
             print(f"best: {best_all:.1f} µs = {base / best_all:.2f}× bf16, {cu / best_all:.2f}× committed", flush=True)
-        w = sc = sct = wb = []  # freed before the next shape
+        w = sct = wb = []  # freed before the next shape
         torch.cuda.empty_cache()
     text = "\n".join(lines + sweep) + "\n"
     if args.out:
