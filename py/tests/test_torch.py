@@ -1516,3 +1516,18 @@ def test_grouping_layers_whose_input_is_a_grouped_layers_output(grouped_graphs):
     assert grouped_graphs == [2]
     assert all(torch.equal(p, q) for p, q in zip(got[True], got[False]))
     assert all(torch.allclose(p, q, atol=1e-5) for p, q in zip(got[True], ref))
+
+
+def test_the_group_operator_on_empty_inputs_and_layers_without_outputs():
+    """Zero input rows, a layer with no outputs and one with no inputs' columns to read: the
+    group gives each layer what its own call gives."""
+    torch.manual_seed(40)
+    a = hnn.HyperLinear.from_linear(torch.nn.Linear(64, 48), "int4")
+    none_out = hnn.HyperLinear.from_linear(torch.nn.Linear(64, 0), "int4")
+    keys, outs = [a._op_key, none_out._op_key], [48, 0]
+    for x in (torch.randn(0, 64), torch.randn(2, 0, 64), torch.randn(3, 64) * 1e30, torch.randn(1, 64) * 1e-30):
+        ys = torch.ops.hypercodec.stored_forward_group(x, keys, outs)
+        with torch.no_grad():
+            want = [a(x), none_out(x)]
+        assert [y.shape for y in ys] == [w.shape for w in want]
+        assert all(torch.equal(y, w) for y, w in zip(ys, want))
