@@ -1271,6 +1271,16 @@ impl AffineGemv {
         0
     }
 
+    /// Whether the batch-1 cp.async kernel's shape fits (where one is compiled for the bits and
+    /// activation type, [`Kernels::affine_gemv`] and [`Kernels::affine_gemv_group`] run it): one
+    /// activation row, 4 code words per lane and step, 16-byte aligned codes and activations.
+    fn cpa_shaped(&self) -> bool {
+        self.batch == 1
+            && self.tensor_core_words() == 4
+            && self.codes.is_multiple_of(16)
+            && self.x.is_multiple_of(16)
+    }
+
     /// Whether the tensor-core GEMM takes this layer for batches above [`MAX_MMA_BATCH`]: 2- or
     /// 4-bit codes under bf16 or f16 activations, rows of whole chunks of [`GEMM_CHUNK`]
     /// columns, and groups of whole chunks (or one scale per row or for the tensor).
@@ -1503,13 +1513,10 @@ impl Kernels {
             a.validate()?;
         }
         let fits = |a: &AffineGemv| {
-            a.batch == 1
+            a.cpa_shaped()
                 && a.rows > 0
                 && a.rows <= i32::MAX as usize / 2
                 && (a.x, a.cols, a.bits, a.x_dtype) == (a0.x, a0.cols, a0.bits, a0.x_dtype)
-                && a.tensor_core_words() == 4
-                && a.codes.is_multiple_of(16)
-                && a.x.is_multiple_of(16)
         };
         let f = args::affine_cpa_group(a0.bits as usize, a0.x_dtype);
         let tiles: usize = layers.iter().map(|a| a.rows.div_ceil(16)).sum();
@@ -1551,7 +1558,7 @@ impl Kernels {
         let words = a.tensor_core_words();
         let aligned = a.codes.is_multiple_of(16) && a.x.is_multiple_of(16);
         // Batch 1 with 4 code words per lane: the cp.async kernel.
-        if words == 4 && a.batch == 1 && aligned {
+        if a.cpa_shaped() {
             if let Some(f) = args::affine_cpa(a.bits as usize, a.x_dtype) {
                 let mut k = args::AffineArgs::new(a);
                 let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
