@@ -1,0 +1,48 @@
+// Host driver of kernels/prototypes/e8_prefix_gemv.cu under host_simt.h (see there). Built and run
+// by `python py/benches/cuda_e8_prefix_prototype.py --host`:
+//   e8_prefix_host DIR KERNEL(8|10|12) WARPS_PER_BLOCK GRID
+// reads DIR/{meta,words,index,table,scales,x}.bin (meta: nwords rows cols rows_per_chunk chunks as
+// int64) and writes DIR/y.bin (rows f32).
+#include "host_simt.h"
+#include "e8_prefix_gemv.cu"
+
+#include <cstdio>
+#include <string>
+
+template <class T>
+static std::vector<T> read(const std::string& path) {
+    std::vector<T> v;
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return v;
+    T t;
+    while (std::fread(&t, sizeof t, 1, f) == 1) v.push_back(t);
+    std::fclose(f);
+    return v;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 5) {
+        std::fprintf(stderr, "usage: %s DIR L WARPS GRID\n", argv[0]);
+        return 2;
+    }
+    const std::string d = argv[1];
+    const int L = std::atoi(argv[2]), warps = std::atoi(argv[3]), grid = std::atoi(argv[4]);
+    auto meta = read<long long>(d + "/meta.bin");
+    auto words = read<uint32_t>(d + "/words.bin");
+    auto index = read<uint32_t>(d + "/index.bin");
+    auto table = read<uint32_t>(d + "/table.bin");
+    auto scales = read<float>(d + "/scales.bin");
+    auto x = read<float>(d + "/x.bin");
+    if (meta.size() != 5) return 3;
+    std::vector<float> y(meta[1], NAN);
+    E8PrefixArgs a{words.data(), index.data(), table.data(), scales.data(), x.data(), y.data(), nullptr,
+                   meta[0], (int)meta[1], (int)meta[2], (int)meta[3], (int)meta[4]};
+    if (L == 8) hc_host::launch(grid, 32 * warps, [&] { hc_e8_prefix_l8(a); });
+    else if (L == 10) hc_host::launch(grid, 32 * warps, [&] { hc_e8_prefix_l10(a); });
+    else if (L == 12) hc_host::launch(grid, 32 * warps, [&] { hc_e8_prefix_l12(a); });
+    else return 4;
+    FILE* f = std::fopen((d + "/y.bin").c_str(), "wb");
+    std::fwrite(y.data(), 4, y.size(), f);
+    std::fclose(f);
+    return 0;
+}

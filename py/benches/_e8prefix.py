@@ -1,0 +1,308 @@
+"""Lane-interleaved prefix codes for E8 symbols: the numpy model (encoder, warp emulator, rates) of
+the prototype GEMV kernels/prototypes/e8_prefix_gemv.cu.
+
+Why: the committed rANS GEMV (`hc_e8_rans_gemv_m1`) spends about 79 warp instructions a symbol
+(docs/eval/cuda_rans.md), so it runs at 0.14× bf16 where issue 15 asks 0.7×. This shape aims at
+about a tenth of that:
+
+- **A whole E8 word a lane.** Lane l of a warp decodes words l, l + 32, … of a row, its 8 symbols
+  one after the other, so the context (the word's coset bit) and the parity of s₀…s₆ stay in the
+  lane's registers: no shuffle, no ballot per symbol.
+- **Canonical prefix codes of at most L bits** (package-merge, per context: the word's first symbol
+  `2·zz(t) + c`, then `zz(s)` under coset 0 or 1), decoded by one shared-memory lookup of the next
+  L bits. The entry is the coordinate's doubled value as float32 bits (`4t + c`, `2s + c`) with the
+  code length in bits 0–4 and the coordinate's parity (or the coset, for the first symbol) in bit 5:
+  one mask turns it into the FFMA's operand, and the funnel shift that consumes the code reads the
+  length from the low 5 bits by itself.
+- **A 64-bit bit buffer with a marker bit** below the valid bits: a lane needs words exactly when
+  its low half is zero, and no count is kept per symbol.
+- **Refills at fixed points** of a word (before symbols 0, G, 2G, … with G·L ≤ 32): the lanes with
+  fewer than 32 bits left take the chunk's next 32-bit words in lane order (a ballot's prefix
+  count). The encoder writes each lane's codes as its own bit string and then interleaves its
+  words in the order the warp will ask for them, so a chunk is one compact run of words.
+- **Chunks of whole rows** of about 2^14 symbols (the committed rANS-gpu chunking): one warp per
+  chunk owns its rows' outputs, so sums are deterministic; a chunk costs its word offset (32 bits)
+  and each lane's last, partly filled word.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+WARP = 32
+CHUNK_SYMBOLS = 1 << 14
+M32 = np.uint64(0xFFFFFFFF)
+
+
+def zz(v: np.ndarray) -> np.ndarray:
+    return np.where(v >= 0, 2 * v, -2 * v - 1)
+
+
+def unzz(u: np.ndarray) -> np.ndarray:
+    return np.where(u & 1, -((u + 1) >> 1), u >> 1)
+
+
+def _nearest_dn(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r = np.rint(a)
+    d = a - r
+    odd = (r.sum(1).astype(np.int64) & 1) == 1
+    i = np.abs(d).argmax(1)
+    rows = np.arange(len(a))
+    step = np.where(d[rows, i] > 0, 1.0, -1.0)
+    r[rows[odd], i[odd]] += step[odd]
+    return r, ((a - r) ** 2).sum(1)
+
+
+def e8_symbols(u: np.ndarray) -> np.ndarray:
+    """The nearest E8 points of the words `u` (n × 8, in lattice units) as the format's symbols
+    (n × 8, int64): `2·zz(t) + c`, then `zz(s₀)` … `zz(s₆)` (crates/lattice `encode_word`)."""
+    ra, da = _nearest_dn(u)
+    rb, db = _nearest_dn(u - 0.5)
+    c = (db < da).astype(np.int64)
+    s = np.where(c[:, None] == 1, rb, ra).astype(np.int64)
+    p = s[:, :7].sum(1) & 1
+    t = (s[:, 7] - p) >> 1
+    return np.concatenate([(2 * zz(t) + c)[:, None], zz(s[:, :7])], 1)
+
+
+def doubled_coords(sym: np.ndarray) -> np.ndarray:
+    """Twice the lattice point of each word of symbols (n × 8 → n × 8 integers)."""
+    c = sym[:, 0] & 1
+    t = unzz(sym[:, 0] >> 1)
+    s = unzz(sym[:, 1:])
+    p = s.sum(1) & 1
+    out = np.empty(sym.shape, np.int64)
+    out[:, :7] = 2 * s + c[:, None]
+    out[:, 7] = 2 * (2 * t + p) + c
+    return out
+
+
+def contexts(sym: np.ndarray) -> list[np.ndarray]:
+    """The symbols of each context: first symbols, then the others under coset 0 and 1."""
+    c = sym[:, 0] & 1
+    return [sym[:, 0], sym[c == 0, 1:].ravel(), sym[c == 1, 1:].ravel()]
+
+
+def entropy_bits(sym: np.ndarray) -> float:
+    """Empirical entropy of the symbols under the three contexts, in bits (all symbols)."""
+    tot = 0.0
+    for s in contexts(sym):
+        if s.size:
+            cnt = np.bincount(s)
+            p = cnt[cnt > 0] / s.size
+            tot -= float((cnt[cnt > 0] * np.log2(p)).sum())
+    return tot
+
+
+def limited_lengths(counts: np.ndarray, limit: int) -> np.ndarray:
+    """Optimal prefix-code lengths of at most `limit` bits (package-merge) for the symbols with a
+    nonzero count; 0 for the others. Raises where more than 2^limit symbols occur."""
+    syms = np.flatnonzero(counts)
+    lengths = np.zeros(len(counts), np.int64)
+    if len(syms) == 0:
+        return lengths
+    if len(syms) > (1 << limit):
+        raise ValueError(f"{len(syms)} symbols do not fit codes of {limit} bits")
+    if len(syms) == 1:
+        lengths[syms[0]] = 1
+        return lengths
+    items = sorted((int(counts[s]), (int(s),)) for s in syms)
+    cur = list(items)
+    for _ in range(limit - 1):
+        packages = [(cur[i][0] + cur[i + 1][0], cur[i][1] + cur[i + 1][1]) for i in range(0, len(cur) - 1, 2)]
+        cur = sorted(items + packages, key=lambda t: t[0])
+    for _, group in cur[: 2 * len(syms) - 2]:
+        for s in group:
+            lengths[s] += 1
+    return lengths
+
+
+def canonical_codes(lengths: np.ndarray) -> np.ndarray:
+    """Canonical codes (MSB first) of the given lengths: by length, then symbol."""
+    codes = np.zeros(len(lengths), np.int64)
+    code, prev = 0, 0
+    for s in sorted(np.flatnonzero(lengths), key=lambda s: (lengths[s], s)):
+        code <<= int(lengths[s]) - prev
+        prev = int(lengths[s])
+        codes[s] = code
+        code += 1
+    return codes
+
+
+class Model:
+    """Per-context code lengths and codes, and the decode tables the kernel loads (3 << L u32)."""
+
+    def __init__(self, sym: np.ndarray, limit: int) -> None:
+        self.limit = limit
+        size = int(sym.max()) + 1
+        self.lengths = [limited_lengths(np.bincount(s, minlength=size), limit) for s in contexts(sym)]
+        self.codes = [canonical_codes(lg) for lg in self.lengths]
+        self.table = np.zeros(3 << limit, np.uint32)
+        for k in range(3):
+            t = self.table[k << limit : (k + 1) << limit]
+            t[:] = 1  # slots no code reaches (the code space is not full): length 1, value 0
+            for s in np.flatnonzero(self.lengths[k]):
+                lg, code = int(self.lengths[k][s]), int(self.codes[k][s])
+                if k == 0:
+                    c = s & 1
+                    value, flag = 4 * int(unzz(np.int64(s >> 1))) + c, c
+                else:
+                    sv = int(unzz(np.int64(s)))
+                    value, flag = 2 * sv + (k - 1), sv & 1
+                bits = int(np.float32(value).view(np.uint32))
+                assert bits & 63 == 0, "a value too large for the entry's low 6 bits"
+                lo = code << (limit - lg)
+                t[lo : lo + (1 << (limit - lg))] = bits | lg | (flag << 5)
+
+    def model_bytes(self) -> int:
+        """Stored size of the model: one byte per symbol of each context's alphabet, plus a
+        two-byte alphabet size per context."""
+        return sum(int(np.flatnonzero(lg).max(initial=-1)) + 1 + 2 for lg in self.lengths)
+
+
+def checks(group: int) -> list[int]:
+    """The symbols of a word before which the warp refills (every `group` symbols)."""
+    return list(range(0, 8, group))
+
+
+class Encoded:
+    """One matrix's payload: `words` (the chunks' words, end to end), `index` (chunks + 1 word
+    offsets), the model's `table`, rows per chunk."""
+
+    def __init__(self, words, index, table, rows_per_chunk, rows, cols, limit, group):
+        self.words, self.index, self.table = words, index, table
+        self.rows_per_chunk, self.rows, self.cols = rows_per_chunk, rows, cols
+        self.limit, self.group = limit, group
+
+    def stored_bits(self, model: Model) -> int:
+        """Every stored bit: words, chunk offsets and the model (row scales not included)."""
+        return 32 * len(self.words) + 32 * (len(self.index) - 1) + 8 * model.model_bytes()
+
+
+def _layout(sym: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """Symbols as (chunk, lane, row, step, 8) in each lane's decode order, and their activity."""
+    wpr = cols // 8
+    steps = -(-wpr // WARP)
+    rpc = max(1, CHUNK_SYMBOLS // cols)
+    chunks = -(-rows // rpc)
+    s = np.zeros((chunks * rpc, steps * WARP, 8), np.int64)
+    s[:rows, :wpr] = sym.reshape(rows, wpr, 8)
+    active = np.zeros((chunks * rpc, steps * WARP), bool)
+    active[:rows, :wpr] = True
+    s = s.reshape(chunks, rpc, steps, WARP, 8).transpose(0, 3, 1, 2, 4)
+    active = active.reshape(chunks, rpc, steps, WARP).transpose(0, 3, 1, 2)
+    return s, active, rpc, chunks, steps
+
+
+def encode(sym: np.ndarray, rows: int, cols: int, model: Model, group: int) -> Encoded:
+    """The chunks' word stream for the symbols of a rows × cols matrix (cols a multiple of 8)."""
+    assert cols % 8 == 0 and group * model.limit <= 32
+    s, active, rpc, chunks, steps = _layout(sym, rows, cols)
+    ctx = np.empty(s.shape, np.int64)
+    ctx[..., 0] = 0
+    ctx[..., 1:] = 1 + (s[..., :1] & 1)
+    lengths = np.zeros(s.shape, np.int64)
+    codes = np.zeros(s.shape, np.int64)
+    for k in range(3):
+        m = ctx == k
+        lengths[m] = model.lengths[k][s[m]]
+        codes[m] = model.codes[k][s[m]]
+    lengths *= active[..., None]
+    if np.any(active[..., None] & (lengths == 0)):
+        raise ValueError("a symbol the model has no code for")
+    # Each lane's bit string, word aligned: the bit offset of every code.
+    flat_len = lengths.reshape(chunks, WARP, -1)
+    flat_code = codes.reshape(chunks, WARP, -1)
+    ends = np.cumsum(flat_len, axis=2)
+    bits = ends[..., -1]
+    # The warp's refills: at each check, the active lanes with fewer than 32 bits take a word.
+    points = checks(group)
+    per_word = [flat_len.reshape(chunks, WARP, rpc, steps, 8)[..., a : a + group].sum(-1) for a in points]
+    v = np.zeros((chunks, WARP), np.int64)
+    need = np.zeros((chunks, rpc * steps * len(points), WARP), bool)
+    k = 0
+    for r in range(rpc):
+        for st in range(steps):
+            for pi in range(len(points)):
+                n = active[:, :, r, st] & (v < 32)
+                v += 32 * n
+                v -= per_word[pi][:, :, r, st]
+                assert np.all(v >= 0)
+                need[:, k] = n
+                k += 1
+    asked = need.sum(1)  # words each lane reads
+    assert np.all(asked * 32 >= bits)
+    wmax = int(asked.max(initial=0))
+    lane_words = np.zeros(chunks * WARP * wmax + 1, np.float64)
+    base = (np.arange(chunks * WARP) * wmax).reshape(chunks, WARP, 1)
+    start = ends - flat_len
+    live = flat_len > 0
+    o, ln, cd = start[live], flat_len[live], flat_code[live]
+    b = np.broadcast_to(base, flat_len.shape)[live]
+    shifted = (cd.astype(np.uint64) << (np.uint64(64) - ln.astype(np.uint64) - (o & 31).astype(np.uint64)))
+    w = b + (o >> 5)
+    lane_words += np.bincount(w, weights=(shifted >> np.uint64(32)).astype(np.float64), minlength=len(lane_words))
+    lane_words += np.bincount(w + 1, weights=(shifted & M32).astype(np.float64), minlength=len(lane_words))
+    lane_words = lane_words[:-1].astype(np.uint64).astype(np.uint32).reshape(chunks, WARP, max(wmax, 1) if wmax else 0)
+    # Interleave: in each chunk, by check, then lane.
+    j = np.cumsum(need, axis=1) - 1
+    c_idx, _, l_idx = np.nonzero(need)
+    words = lane_words[c_idx, l_idx, j[need.nonzero()]] if wmax else np.zeros(0, np.uint32)
+    counts = need.sum((1, 2))
+    index = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint32)
+    return Encoded(words.astype(np.uint32), index, model.table, rpc, rows, cols, model.limit, group)
+
+
+def _fshl(lo: np.ndarray, hi: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """CUDA's `__funnelshift_l(lo, hi, n)` (wrap mode: n & 31), on uint64 arrays of 32-bit values."""
+    n = n & np.uint64(31)
+    return ((hi << n) | (lo >> (np.uint64(32) - n))) & M32
+
+
+def emulate(e: Encoded) -> np.ndarray:
+    """Decode `e` as the kernel's warps do (the marker buffer, the ballot's refills, the entries'
+    bit fields), returning the doubled coordinates (rows × cols)."""
+    lim, group = np.uint64(e.limit), e.group
+    wpr, rpc = e.cols // 8, e.rows_per_chunk
+    steps = -(-wpr // WARP)
+    chunks = len(e.index) - 1
+    words = np.concatenate([e.words.astype(np.uint64), np.zeros(1, np.uint64)])
+    table = e.table.astype(np.uint64)
+    start = e.index[:-1].astype(np.int64)
+    stop = e.index[1:].astype(np.int64)
+    hi = np.full((chunks, WARP), 0x80000000, np.uint64)
+    lo = np.zeros((chunks, WARP), np.uint64)
+    rel = np.zeros(chunks, np.int64)
+    out = np.zeros((chunks, rpc, steps, WARP, 8), np.int64)
+    lane = np.arange(WARP)
+    rows_of = np.arange(chunks)[:, None] * rpc
+    for r in range(rpc):
+        for st in range(steps):
+            active = ((st * WARP + lane)[None, :] < wpr) & (rows_of + r < e.rows)
+            base = np.zeros((chunks, WARP), np.uint64)
+            par = np.zeros((chunks, WARP), np.uint64)
+            e0 = np.zeros((chunks, WARP), np.uint64)
+            for i in range(8):
+                if i % group == 0:
+                    need = active & (lo == 0)
+                    off = rel[:, None] + np.cumsum(need, 1) - need
+                    at = start[:, None] + off
+                    w = np.where(need & (at < stop[:, None]), words[np.minimum(at, len(words) - 1)], 0)
+                    m = hi & ((~hi + np.uint64(1)) & M32)
+                    p = w * m
+                    hi = np.where(need, (hi ^ m) | ((p >> np.uint64(31)) & M32), hi)
+                    lo = np.where(need, ((p << np.uint64(1)) & M32) | m, lo)
+                    rel += need.sum(1)
+                idx = (hi >> (np.uint64(32) - lim)).astype(np.int64) + (base.astype(np.int64) if i else 0)
+                ent = np.where(active, table[idx], 0)
+                hi, lo = np.where(active, _fshl(lo, hi, ent), hi), np.where(active, _fshl(np.zeros_like(lo), lo, ent), lo)
+                val = (ent & ~np.uint64(63)).astype(np.uint32).view(np.float32).astype(np.int64)
+                if i == 0:
+                    e0 = val
+                    base = ((1 + ((ent >> np.uint64(5)) & np.uint64(1))) << lim)
+                else:
+                    out[:, r, st, :, i - 1] = val
+                    par ^= ent
+            out[:, r, st, :, 7] = e0 + 2 * ((par >> np.uint64(5)) & np.uint64(1)).astype(np.int64)
+    out = out.transpose(0, 1, 2, 3, 4).reshape(chunks * rpc, steps * WARP * 8)
+    return out[: e.rows, : e.cols]
