@@ -35,6 +35,9 @@ __device__ __forceinline__ uint32_t hc_ep_lds(HcSmem base, uint32_t off) {
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(base + off));
     return v;
 }
+__device__ __forceinline__ void hc_ep_lds2(HcSmem base, uint32_t off, uint32_t& x, uint32_t& y) {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "r"(base + off));
+}
 // Opaque to the compiler, so that it keeps the table's address in a register instead of
 // rebuilding it (three instructions) in every trip.
 __device__ __forceinline__ HcSmem hc_ep_smem(const uint32_t* p) {
@@ -45,7 +48,15 @@ __device__ __forceinline__ HcSmem hc_ep_smem(const uint32_t* p) {
 #else
 typedef const uint32_t* HcSmem;
 inline uint32_t hc_ep_lds(HcSmem base, uint32_t off) { return base[off / 4]; }
+inline void hc_ep_lds2(HcSmem base, uint32_t off, uint32_t& x, uint32_t& y) { x = base[off / 4], y = base[off / 4 + 1]; }
 inline HcSmem hc_ep_smem(const uint32_t* p) { return p; }
+#endif
+
+// The tables, in dynamic shared memory (the pair tables take 67 KB at 12 bits).
+#ifdef __CUDA_ARCH__
+extern __shared__ uint32_t hc_ep_tab[];
+#else
+static uint32_t hc_ep_tab[(3 << 8) + (4 << 12)];
 #endif
 
 __device__ __forceinline__ float hc_ep_warp_sum(float v) {
@@ -72,6 +83,13 @@ struct Lane {
     const uint32_t* next;     // this lane's word of b2's next load
 };
 
+
+// Consumes the code whose length is the entry's bits 0–4.
+__device__ __forceinline__ void hc_ep_consume(Lane& s, uint32_t e) {
+    const uint32_t nh = __funnelshift_l(s.lo, s.hi, e);
+    s.lo = __funnelshift_l(0u, s.lo, e);
+    s.hi = nh;
+}
 
 template <bool TAIL>
 __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
@@ -109,9 +127,7 @@ __device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, const float (&x)
         const uint32_t idx = s.hi >> (32 - L);
         uint32_t e = hc_ep_lds(tab, 4 * (base + idx));
         if (TAIL) e = on ? e : 0u;
-        const uint32_t nh = __funnelshift_l(s.lo, s.hi, e);
-        s.lo = __funnelshift_l(0u, s.lo, e);
-        s.hi = nh;
+        hc_ep_consume(s, e);
         if (i == 0) {
             e0 = e;
             base = (((e >> 5) & 1u) + 1u) << L;
@@ -124,6 +140,41 @@ __device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, const float (&x)
     acc = fmaf(v7, x[7], acc);
 }
 
+// One E8 word in pairs (`_e8prefix.PairModel`): the first symbol (8-bit codes), the pairs
+// (s₀, s₁), (s₂, s₃), (s₄, s₅) (LP-bit codes, 8-byte entries: the first coordinate with the
+// length and the pair's parity, the second exact), s₆ (8-bit codes under the coset); refills
+// before the first symbol (8 + LP ≤ 32 bits follow) and before the second pair (2·LP + 8 ≤ 32).
+template <int LP, bool TAIL>
+__device__ __forceinline__ void hc_ep_word_pairs(Lane& s, HcSmem tab, const float (&x)[8], float& acc, bool on,
+                                                 unsigned below) {
+    hc_ep_refill<TAIL>(s, on, below);
+    uint32_t e0 = hc_ep_lds(tab, 4 * (s.hi >> 24));
+    if (TAIL) e0 = on ? e0 : 0u;
+    hc_ep_consume(s, e0);
+    const uint32_t c = (e0 >> 5) & 1u;
+    const uint32_t pb = 4u * (768u + (c << (LP + 1)));
+    const uint32_t lb = 4u * (256u + (c << 8));
+    uint32_t par = 0;
+#pragma unroll
+    for (int k = 0; k < 3; k++) {
+        if (k == 1) hc_ep_refill<TAIL>(s, on, below);
+        uint32_t ea, eb;
+        hc_ep_lds2(tab, pb + 8u * (s.hi >> (32 - LP)), ea, eb);
+        if (TAIL) ea = on ? ea : 0u;
+        hc_ep_consume(s, ea);
+        acc = fmaf(__uint_as_float(ea & ~63u), x[2 * k], acc);
+        acc = fmaf(__uint_as_float(eb), x[2 * k + 1], acc);
+        par ^= ea;
+    }
+    uint32_t e6 = hc_ep_lds(tab, lb + 4 * (s.hi >> 24));
+    if (TAIL) e6 = on ? e6 : 0u;
+    hc_ep_consume(s, e6);
+    acc = fmaf(__uint_as_float(e6 & ~63u), x[6], acc);
+    par ^= e6;
+    const float v7 = __uint_as_float(e0 & ~63u) + ((par & 32u) ? 2.f : 0.f);
+    acc = fmaf(v7, x[7], acc);
+}
+
 __device__ __forceinline__ void hc_ep_x(const float* xr, int w, bool on, float (&x)[8]) {
     const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
     const float4 p = on ? __ldg(reinterpret_cast<const float4*>(xr) + 2 * w) : z;
@@ -131,12 +182,13 @@ __device__ __forceinline__ void hc_ep_x(const float* xr, int w, bool on, float (
     x[0] = p.x, x[1] = p.y, x[2] = p.z, x[3] = p.w, x[4] = q.x, x[5] = q.y, x[6] = q.z, x[7] = q.w;
 }
 
-template <int L, int G>
+// L, G: singles of at most L bits, refills every G symbols; LP > 0: pairs of at most LP bits.
+template <int L, int G, int LP>
 __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
-    __shared__ uint32_t tab[3 << L];
-    for (int i = threadIdx.x; i < (3 << L); i += blockDim.x) tab[i] = a.table[i];
+    constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) hc_ep_tab[i] = a.table[i];
     __syncthreads();
-    const HcSmem tabs = hc_ep_smem(tab);
+    const HcSmem tabs = hc_ep_smem(hc_ep_tab);
     const int lane = threadIdx.x & 31;
     const unsigned below = (1u << lane) - 1u;
     const int wpr = a.cols >> 3, full_steps = wpr >> 5;
@@ -160,12 +212,20 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
             const float* xp = a.xr + 8 * lane;
             for (int st = full_steps; st > 0; st--, xp += 256) {
                 hc_ep_x(xp, 0, true, x);
-                hc_ep_word<L, G, false>(s, tabs, x, acc, true, below);
+                if constexpr (LP > 0) {
+                    hc_ep_word_pairs<LP, false>(s, tabs, x, acc, true, below);
+                } else {
+                    hc_ep_word<L, G, false>(s, tabs, x, acc, true, below);
+                }
             }
             if (wpr & 31) {
                 const int w = (full_steps << 5) + lane;
                 hc_ep_x(a.xr, w, w < wpr, x);
-                hc_ep_word<L, G, true>(s, tabs, x, acc, w < wpr, below);
+                if constexpr (LP > 0) {
+                    hc_ep_word_pairs<LP, true>(s, tabs, x, acc, w < wpr, below);
+                } else {
+                    hc_ep_word<L, G, true>(s, tabs, x, acc, w < wpr, below);
+                }
             }
             const float t = hc_ep_warp_sum(acc);
             if (lane == 0) a.y[row] = 0.5f * a.row_scales[row] * t + (a.bias ? a.bias[row] : 0.f);
@@ -173,6 +233,9 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l8(E8PrefixArgs a) { hc_e8_prefix<8, 4>(a); }
-extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l10(E8PrefixArgs a) { hc_e8_prefix<10, 3>(a); }
-extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l12(E8PrefixArgs a) { hc_e8_prefix<12, 2>(a); }
+// Launched with the tables' bytes of dynamic shared memory (4 × entries).
+extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l8(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0>(a); }
+extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l10(E8PrefixArgs a) { hc_e8_prefix<10, 3, 0>(a); }
+extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l12(E8PrefixArgs a) { hc_e8_prefix<12, 2, 0>(a); }
+extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_pairs11(E8PrefixArgs a) { hc_e8_prefix<8, 0, 11>(a); }
+extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_pairs12(E8PrefixArgs a) { hc_e8_prefix<8, 0, 12>(a); }

@@ -1,6 +1,6 @@
 // Host driver of kernels/prototypes/e8_prefix_gemv.cu under host_simt.h (see there). Built and run
 // by `python py/benches/cuda_e8_prefix_prototype.py --host`:
-//   e8_prefix_host DIR KERNEL(8|10|12) WARPS_PER_BLOCK GRID
+//   e8_prefix_host DIR KERNEL(l8|l10|l12|pairs11|pairs12) WARPS_PER_BLOCK GRID
 // reads DIR/{meta,words,index,table,scales,x}.bin (meta: nwords rows cols rows_per_chunk chunks as
 // int64) and writes DIR/y.bin (rows f32).
 #include "host_simt.h"
@@ -22,11 +22,12 @@ static std::vector<T> read(const std::string& path) {
 
 int main(int argc, char** argv) {
     if (argc != 5) {
-        std::fprintf(stderr, "usage: %s DIR L WARPS GRID\n", argv[0]);
+        std::fprintf(stderr, "usage: %s DIR KERNEL WARPS GRID\n", argv[0]);
         return 2;
     }
     const std::string d = argv[1];
-    const int L = std::atoi(argv[2]), warps = std::atoi(argv[3]), grid = std::atoi(argv[4]);
+    const std::string k = argv[2];
+    const int warps = std::atoi(argv[3]), grid = std::atoi(argv[4]);
     auto meta = read<long long>(d + "/meta.bin");
     auto words = read<uint32_t>(d + "/words.bin");
     auto index = read<uint32_t>(d + "/index.bin");
@@ -37,10 +38,10 @@ int main(int argc, char** argv) {
     std::vector<float> y(meta[1], NAN);
     E8PrefixArgs a{words.data(), index.data(), table.data(), scales.data(), x.data(), y.data(), nullptr,
                    meta[0], (int)meta[1], (int)meta[2], (int)meta[3], (int)meta[4]};
-    if (L == 8) hc_host::launch(grid, 32 * warps, [&] { hc_e8_prefix_l8(a); });
-    else if (L == 10) hc_host::launch(grid, 32 * warps, [&] { hc_e8_prefix_l10(a); });
-    else if (L == 12) hc_host::launch(grid, 32 * warps, [&] { hc_e8_prefix_l12(a); });
-    else return 4;
+    void (*kern)(E8PrefixArgs) = k == "l8" ? hc_e8_prefix_l8 : k == "l10" ? hc_e8_prefix_l10 : k == "l12" ? hc_e8_prefix_l12
+                            : k == "pairs11" ? hc_e8_prefix_pairs11 : k == "pairs12" ? hc_e8_prefix_pairs12 : nullptr;
+    if (!kern) return 4;
+    hc_host::launch(grid, 32 * warps, [&] { kern(a); });
     FILE* f = std::fopen((d + "/y.bin").c_str(), "wb");
     std::fwrite(y.data(), 4, y.size(), f);
     std::fclose(f);

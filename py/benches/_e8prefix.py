@@ -21,8 +21,11 @@ about a tenth of that:
   count). The encoder writes each lane's codes as its own bit string and then interleaves its
   words in the order the warp will ask for them, so a chunk is one compact run of words.
 - **Chunks of whole rows** of about 2^14 symbols (the committed rANS-gpu chunking): one warp per
-  chunk owns its rows' outputs, so sums are deterministic; a chunk costs its word offset (32 bits)
-  and each lane's last, partly filled word.
+  chunk owns its rows' outputs, so sums are deterministic; a chunk costs its word offset (32 bits),
+  each lane's last, partly filled word, and the words lanes ask for after their last code (zeros;
+  those at the chunk's end are not stored, as reads past a chunk's end give 0).
+- **Pairs** (`PairModel`): the word's pairs of free coordinates coded jointly, one lookup of an
+  8-byte entry each, so a word takes 5 lookups: fewer instructions and a lower rate at 2–4 bits.
 """
 
 from __future__ import annotations
@@ -154,39 +157,125 @@ class Model:
                 lo = code << (limit - lg)
                 t[lo : lo + (1 << (limit - lg))] = bits | lg | (flag << 5)
 
+        self.group = 32 // limit if limit > 8 else 4
+        # Decode units of a word: (first symbol, symbols, table of coset 0, of coset 1, L).
+        size = 1 << limit
+        self.units = [(0, 1, 0, 0, limit)] + [(i, 1, size, 2 * size, limit) for i in range(1, 8)]
+        self.checks = list(range(0, 8, self.group))  # refills before these symbols
+
     def model_bytes(self) -> int:
         """Stored size of the model: one byte per symbol of each context's alphabet, plus a
         two-byte alphabet size per context."""
         return sum(int(np.flatnonzero(lg).max(initial=-1)) + 1 + 2 for lg in self.lengths)
 
+    def word_codes(self, sym: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Code length and code of every symbol (n × 8 each)."""
+        lengths, codes = np.zeros(sym.shape, np.int64), np.zeros(sym.shape, np.int64)
+        c = sym[:, :1] & 1
+        for k, m in ((0, np.arange(8)[None, :] == 0), (1, (np.arange(8)[None, :] > 0) & (c == 0)),
+                     (2, (np.arange(8)[None, :] > 0) & (c == 1))):
+            m = np.broadcast_to(m, sym.shape)
+            lengths[m] = self.lengths[k][sym[m]]
+            codes[m] = self.codes[k][sym[m]]
+        return lengths, codes
 
-def checks(group: int) -> list[int]:
-    """The symbols of a word before which the warp refills (every `group` symbols)."""
-    return list(range(0, 8, group))
+
+class PairModel:
+    """Pairs: a word's first symbol and its last free coordinate `zz(s₆)` singly (codes of at most
+    `ls` bits), `zz(s₀), zz(s₁)`, `zz(s₂), zz(s₃)` and `zz(s₄), zz(s₅)` as pairs (at most `lp` bits)
+    under the word's coset: 5 lookups a word instead of 8. A pair's entry is two u32 (one 8-byte
+    load): the first coordinate with the code length and the pair's parity in bits 0–5, the second
+    exact. Refills before the first symbol and the second pair: ls + lp ≤ 32 and 2·lp + ls ≤ 32."""
+
+    def __init__(self, sym: np.ndarray, ls: int = 8, lp: int = 12) -> None:
+        assert ls + lp <= 32 and 2 * lp + ls <= 32
+        self.ls, self.lp = ls, lp
+        c = sym[:, 0] & 1
+        self.base = int(sym[:, 1:7].max(initial=0)) + 1
+        pairs = [self._pairs(sym[c == k]) for k in (0, 1)]
+        size = int(sym.max()) + 1
+        self.lengths = {"first": limited_lengths(np.bincount(sym[:, 0], minlength=size), ls)}
+        for k in (0, 1):
+            self.lengths[f"last{k}"] = limited_lengths(np.bincount(sym[c == k, 7], minlength=size), ls)
+            self.lengths[f"pair{k}"] = limited_lengths(np.bincount(pairs[k], minlength=self.base**2), lp)
+        self.codes = {k: canonical_codes(v) for k, v in self.lengths.items()}
+        s1, s2 = 1 << ls, 1 << lp
+        # u32 layout: first [s1], last0 [s1], last1 [s1], pair0 [2·s2], pair1 [2·s2]
+        self.offsets = {"first": 0, "last0": s1, "last1": 2 * s1, "pair0": 3 * s1, "pair1": 3 * s1 + 2 * s2}
+        self.table = np.zeros(3 * s1 + 4 * s2, np.uint32)
+        for name, lg in self.lengths.items():
+            limit = lp if name.startswith("pair") else ls
+            width = 2 if name.startswith("pair") else 1
+            t = self.table[self.offsets[name] : self.offsets[name] + width * (1 << limit)].reshape(-1, width)
+            t[:, 0] = 1
+            for sv in np.flatnonzero(lg):
+                n, code = int(lg[sv]), int(self.codes[name][sv])
+                if name == "first":
+                    cc = sv & 1
+                    first, flag, second = 4 * int(unzz(np.int64(sv >> 1))) + cc, cc, None
+                elif name.startswith("last"):
+                    cc = int(name[-1])
+                    v = int(unzz(np.int64(sv)))
+                    first, flag, second = 2 * v + cc, v & 1, None
+                else:
+                    cc = int(name[-1])
+                    a, b = int(unzz(np.int64(sv // self.base))), int(unzz(np.int64(sv % self.base)))
+                    first, flag, second = 2 * a + cc, (a + b) & 1, 2 * b + cc
+                bits = int(np.float32(first).view(np.uint32))
+                assert bits & 63 == 0, "a value too large for the entry's low 6 bits"
+                lo = code << (limit - n)
+                t[lo : lo + (1 << (limit - n)), 0] = bits | n | (flag << 5)
+                if second is not None:
+                    t[lo : lo + (1 << (limit - n)), 1] = np.float32(second).view(np.uint32)
+        # (first symbol, symbols, table of coset 0, of coset 1, L)
+        o = self.offsets
+        self.units = [(0, 1, 0, 0, ls), (1, 2, o["pair0"], o["pair1"], lp), (3, 2, o["pair0"], o["pair1"], lp),
+                      (5, 2, o["pair0"], o["pair1"], lp), (7, 1, o["last0"], o["last1"], ls)]
+        self.checks = [0, 3]
+
+    def _pairs(self, w: np.ndarray) -> np.ndarray:
+        return (w[:, 1:7:2] * self.base + w[:, 2:7:2]).ravel()
+
+    def model_bytes(self) -> int:
+        """One byte a symbol of each single alphabet and a pair's alphabet, two-byte sizes."""
+        return sum(int(np.flatnonzero(lg).max(initial=-1)) + 1 + 2 for lg in self.lengths.values())
+
+    def word_codes(self, sym: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Code length and code of every unit, at its first symbol (0 at a pair's second)."""
+        lengths, codes = np.zeros(sym.shape, np.int64), np.zeros(sym.shape, np.int64)
+        lengths[:, 0], codes[:, 0] = self.lengths["first"][sym[:, 0]], self.codes["first"][sym[:, 0]]
+        c = sym[:, 0] & 1
+        for k in (0, 1):
+            m = c == k
+            lengths[m, 7], codes[m, 7] = self.lengths[f"last{k}"][sym[m, 7]], self.codes[f"last{k}"][sym[m, 7]]
+            for i in (1, 3, 5):
+                pr = sym[m, i] * self.base + sym[m, i + 1]
+                lengths[m, i], codes[m, i] = self.lengths[f"pair{k}"][pr], self.codes[f"pair{k}"][pr]
+        return lengths, codes
 
 
 class Encoded:
     """One matrix's payload: `words` (the chunks' words, end to end), `index` (chunks + 1 word
     offsets), the model's `table`, rows per chunk."""
 
-    def __init__(self, words, index, table, rows_per_chunk, rows, cols, limit, group):
-        self.words, self.index, self.table = words, index, table
+    def __init__(self, words, index, model, rows_per_chunk, rows, cols):
+        self.words, self.index, self.model, self.table = words, index, model, model.table
         self.rows_per_chunk, self.rows, self.cols = rows_per_chunk, rows, cols
-        self.limit, self.group = limit, group
 
-    def stored_bits(self, model: Model) -> int:
+    def stored_bits(self, model) -> int:
         """Every stored bit: words, chunk offsets and the model (row scales not included)."""
         return 32 * len(self.words) + 32 * (len(self.index) - 1) + 8 * model.model_bytes()
 
 
-def _layout(sym: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, int, int, int]:
-    """Symbols as (chunk, lane, row, step, 8) in each lane's decode order, and their activity."""
+def _layout(a: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """Per-symbol values (words × 8) as (chunk, lane, row, step, 8) in each lane's decode order,
+    and the words' activity."""
     wpr = cols // 8
     steps = -(-wpr // WARP)
     rpc = max(1, CHUNK_SYMBOLS // cols)
     chunks = -(-rows // rpc)
     s = np.zeros((chunks * rpc, steps * WARP, 8), np.int64)
-    s[:rows, :wpr] = sym.reshape(rows, wpr, 8)
+    s[:rows, :wpr] = a.reshape(rows, wpr, 8)
     active = np.zeros((chunks * rpc, steps * WARP), bool)
     active[:rows, :wpr] = True
     s = s.reshape(chunks, rpc, steps, WARP, 8).transpose(0, 3, 1, 2, 4)
@@ -194,30 +283,24 @@ def _layout(sym: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarr
     return s, active, rpc, chunks, steps
 
 
-def encode(sym: np.ndarray, rows: int, cols: int, model: Model, group: int) -> Encoded:
+def encode(sym: np.ndarray, rows: int, cols: int, model) -> Encoded:
     """The chunks' word stream for the symbols of a rows × cols matrix (cols a multiple of 8)."""
-    assert cols % 8 == 0 and group * model.limit <= 32
-    s, active, rpc, chunks, steps = _layout(sym, rows, cols)
-    ctx = np.empty(s.shape, np.int64)
-    ctx[..., 0] = 0
-    ctx[..., 1:] = 1 + (s[..., :1] & 1)
-    lengths = np.zeros(s.shape, np.int64)
-    codes = np.zeros(s.shape, np.int64)
-    for k in range(3):
-        m = ctx == k
-        lengths[m] = model.lengths[k][s[m]]
-        codes[m] = model.codes[k][s[m]]
-    lengths *= active[..., None]
-    if np.any(active[..., None] & (lengths == 0)):
+    assert cols % 8 == 0
+    wl, wc = model.word_codes(sym)
+    if np.any(wl[:, [u[0] for u in model.units]] == 0):
         raise ValueError("a symbol the model has no code for")
+    lengths, active, rpc, chunks, steps = _layout(wl, rows, cols)
+    codes = _layout(wc, rows, cols)[0]
+    lengths *= active[..., None]
     # Each lane's bit string, word aligned: the bit offset of every code.
     flat_len = lengths.reshape(chunks, WARP, -1)
     flat_code = codes.reshape(chunks, WARP, -1)
     ends = np.cumsum(flat_len, axis=2)
     bits = ends[..., -1]
     # The warp's refills: at each check, the active lanes with fewer than 32 bits take a word.
-    points = checks(group)
-    per_word = [flat_len.reshape(chunks, WARP, rpc, steps, 8)[..., a : a + group].sum(-1) for a in points]
+    points = model.checks
+    bounds = points + [8]
+    per_word = [flat_len.reshape(chunks, WARP, rpc, steps, 8)[..., a:b].sum(-1) for a, b in zip(bounds, bounds[1:])]
     v = np.zeros((chunks, WARP), np.int64)
     need = np.zeros((chunks, rpc * steps * len(points), WARP), bool)
     k = 0
@@ -249,8 +332,19 @@ def encode(sym: np.ndarray, rows: int, cols: int, model: Model, group: int) -> E
     c_idx, _, l_idx = np.nonzero(need)
     words = lane_words[c_idx, l_idx, j[need.nonzero()]] if wmax else np.zeros(0, np.uint32)
     counts = need.sum((1, 2))
+    # A chunk's trailing zero words are not stored: the kernel reads 0 past a chunk's end.
+    owner = np.repeat(np.arange(chunks), counts)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    pos = np.where(words != 0, np.arange(len(words)), -1)
+    last = np.full(chunks, -1, np.int64)
+    some = counts > 0
+    if len(words):
+        last[some] = np.maximum.reduceat(pos, starts[some])
+    keep = np.arange(len(words)) <= last[owner]
+    words = words[keep]
+    counts = np.bincount(owner[keep], minlength=chunks)
     index = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint32)
-    return Encoded(words.astype(np.uint32), index, model.table, rpc, rows, cols, model.limit, group)
+    return Encoded(words.astype(np.uint32), index, model, rpc, rows, cols)
 
 
 def _fshl(lo: np.ndarray, hi: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -261,13 +355,13 @@ def _fshl(lo: np.ndarray, hi: np.ndarray, n: np.ndarray) -> np.ndarray:
 
 def emulate(e: Encoded) -> np.ndarray:
     """Decode `e` as the kernel's warps do (the marker buffer, the ballot's refills, the entries'
-    bit fields), returning the doubled coordinates (rows × cols)."""
-    lim, group = np.uint64(e.limit), e.group
+    bit fields, unit by unit), returning the doubled coordinates (rows × cols)."""
+    model = e.model
     wpr, rpc = e.cols // 8, e.rows_per_chunk
     steps = -(-wpr // WARP)
     chunks = len(e.index) - 1
     words = np.concatenate([e.words.astype(np.uint64), np.zeros(1, np.uint64)])
-    table = e.table.astype(np.uint64)
+    table = np.concatenate([e.table.astype(np.uint64), np.zeros(1, np.uint64)])
     start = e.index[:-1].astype(np.int64)
     stop = e.index[1:].astype(np.int64)
     hi = np.full((chunks, WARP), 0x80000000, np.uint64)
@@ -276,14 +370,15 @@ def emulate(e: Encoded) -> np.ndarray:
     out = np.zeros((chunks, rpc, steps, WARP, 8), np.int64)
     lane = np.arange(WARP)
     rows_of = np.arange(chunks)[:, None] * rpc
+    f32 = lambda u: u.astype(np.uint32).view(np.float32).astype(np.int64)  # noqa: E731
     for r in range(rpc):
         for st in range(steps):
             active = ((st * WARP + lane)[None, :] < wpr) & (rows_of + r < e.rows)
-            base = np.zeros((chunks, WARP), np.uint64)
             par = np.zeros((chunks, WARP), np.uint64)
-            e0 = np.zeros((chunks, WARP), np.uint64)
-            for i in range(8):
-                if i % group == 0:
+            c = np.zeros((chunks, WARP), np.int64)
+            e0 = np.zeros((chunks, WARP), np.int64)
+            for first, width, t0, t1, lim in model.units:
+                if first in model.checks:
                     need = active & (lo == 0)
                     off = rel[:, None] + np.cumsum(need, 1) - need
                     at = start[:, None] + off
@@ -293,16 +388,18 @@ def emulate(e: Encoded) -> np.ndarray:
                     hi = np.where(need, (hi ^ m) | ((p >> np.uint64(31)) & M32), hi)
                     lo = np.where(need, ((p << np.uint64(1)) & M32) | m, lo)
                     rel += need.sum(1)
-                idx = (hi >> (np.uint64(32) - lim)).astype(np.int64) + (base.astype(np.int64) if i else 0)
+                idx = (hi >> np.uint64(32 - lim)).astype(np.int64) * width + np.where(c == 1, t1, t0)
                 ent = np.where(active, table[idx], 0)
-                hi, lo = np.where(active, _fshl(lo, hi, ent), hi), np.where(active, _fshl(np.zeros_like(lo), lo, ent), lo)
-                val = (ent & ~np.uint64(63)).astype(np.uint32).view(np.float32).astype(np.int64)
-                if i == 0:
-                    e0 = val
-                    base = ((1 + ((ent >> np.uint64(5)) & np.uint64(1))) << lim)
-                else:
-                    out[:, r, st, :, i - 1] = val
-                    par ^= ent
+                hi, lo = (np.where(active, _fshl(lo, hi, ent), hi),
+                          np.where(active, _fshl(np.zeros_like(lo), lo, ent), lo))
+                val = f32(ent & ~np.uint64(63))
+                if first == 0:
+                    e0, c = val, ((ent >> np.uint64(5)) & np.uint64(1)).astype(np.int64)
+                    continue
+                par ^= ent
+                out[:, r, st, :, first - 1] = val
+                if width == 2:
+                    out[:, r, st, :, first] = np.where(active, f32(table[idx + 1]), 0)
             out[:, r, st, :, 7] = e0 + 2 * ((par >> np.uint64(5)) & np.uint64(1)).astype(np.int64)
-    out = out.transpose(0, 1, 2, 3, 4).reshape(chunks * rpc, steps * WARP * 8)
+    out = out.reshape(chunks * rpc, steps * WARP * 8)
     return out[: e.rows, : e.cols]

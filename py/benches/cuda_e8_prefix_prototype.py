@@ -11,8 +11,10 @@ torch bf16 `F.linear` and the committed rANS GEMV (`e8@4-gpu`), in one run.
 The GPU run quantizes N(0, 1) rows (the RHT's output is Gaussian) to E8 at about 4 bits a value
 all-in, encodes them here in numpy, checks each kernel's y against x·Ŵᵀ in float64, and times 40
 launches in a CUDA graph, median of 5 replays (`_graph_timing.graph_time_us`). The prototype reads
-RHT(x) in f32 like the committed kernel; the committed layer's time includes its RHT, which is
-also timed alone. Needs a CUDA device of compute capability 9.0 for the GPU run (exits 0 with a
+RHT(x) in f32 like the committed kernel and rotates over copies of its payload (≥ 400 MB, so L2
+never holds it); the committed layer's time includes its activation RHT and reads one payload
+(≤ 34 MB at 8192², which L2 can hold); its kernel alone (from RHT(x)) and its RHT alone are
+timed too. Needs a CUDA device of compute capability 9.0 for the GPU run (exits 0 with a
 message otherwise).
 """
 
@@ -29,7 +31,20 @@ import numpy as np
 
 import _e8prefix as P
 
-KERNELS = {"l8": (8, 4), "l10": (10, 3), "l12": (12, 2)}  # name: (L, G)
+# name: (code limits, refill group) and the model of its format
+KERNELS = {"l8": (8, 4), "l10": (10, 3), "l12": (12, 2), "pairs12": (12, 0), "pairs11": (11, 0)}
+
+
+def describe(key: str) -> str:
+    L, G = KERNELS[key]
+    if key.startswith("pairs"):
+        return f"pairs: singles ≤ 8 bits, pairs ≤ {L} bits, 2 refills a word"
+    return f"singles ≤ {L} bits, refills every {G}"
+
+
+def model_of(key: str, sym: np.ndarray):
+    L, _ = KERNELS[key]
+    return P.PairModel(sym, 8, L) if key.startswith("pairs") else P.Model(sym, L)
 
 
 def sass(cubin: str) -> None:
@@ -40,19 +55,20 @@ def sass(cubin: str) -> None:
     env["PATH"] = os.path.dirname(R.tool("nvdisasm")) + os.pathsep + env.get("PATH", "")
     text = subprocess.run([R.tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True,
                           env=env).stdout
-    print("| kernel | L, G | SASS a word (8 symbols a lane): no window advance · both | a symbol | LDS | SHFL | VOTE |")
+    print("| kernel | codes | SASS a word (8 symbols a lane): no window advance · both | a symbol | LDS | SHFL | VOTE |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, ins in sorted(R.functions(text).items()):
         key = name.rsplit("_", 1)[-1]
-        # The full-step loop: the shortest backward branch around 8 table lookups.
+        lookups = 5 if key.startswith("pairs") else 8
+        # The full-step loop: the shortest backward branch around a word's table lookups.
         lo, hi = min(((a, b) for a, b in R.loops(ins)
-                      if sum(1 for i in ins if a <= i[0] <= b and i[1] == "LDS") >= 8), key=lambda p: p[1] - p[0])
+                      if sum(1 for i in ins if a <= i[0] <= b and i[1] == "LDS") >= lookups),
+                     key=lambda p: p[1] - p[0])
         bare = R.executed_path(ins, lo, hi, frozenset({"LDG"}))  # the window's advance loads words
         full = R.executed_path(ins, lo, hi, frozenset())
-        assert bare["LDS"] == 8, "one table lookup a symbol"
+        assert bare["LDS"] == lookups, "one table lookup a unit"
         n0, n1 = sum(bare.values()), sum(full.values())
-        L, G = KERNELS[key]
-        print(f"| `{name}` | {L}, {G} | {n0} · {n1} | {n0 / 8:.1f}–{n1 / 8:.1f} | {bare['LDS']} | {bare['SHFL']} | "
+        print(f"| `{name}` | {describe(key)} | {n0} · {n1} | {n0 / 8:.1f}–{n1 / 8:.1f} | {bare['LDS']} | {bare['SHFL']} | "
               f"{bare['VOTE']} |")
 
 
@@ -63,11 +79,11 @@ def quantize(w: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     return P.e8_symbols(u), sigma / alpha
 
 
-def build(w: np.ndarray, alpha: float, limit: int, group: int):
+def build(w: np.ndarray, alpha: float, key: str, quantized=None):
     rows, cols = w.shape
-    sym, scales = quantize(w, alpha)
-    model = P.Model(sym, limit)
-    enc = P.encode(sym, rows, cols, model, group)
+    sym, scales = quantized if quantized is not None else quantize(w, alpha)
+    model = model_of(key, sym)
+    enc = P.encode(sym, rows, cols, model)
     bits = enc.stored_bits(model) + 32 * rows  # f32 row scales
     what = 0.5 * scales.astype(np.float32).astype(np.float64)[:, None] * P.doubled_coords(sym).reshape(rows, cols)
     return enc, bits / (rows * cols), what, scales
@@ -87,14 +103,14 @@ def rate(rows: int, cols: int) -> None:
     for alpha in (2.0, 3.0, 4.0):
         sym, scales = quantize(w, alpha)
         h = P.entropy_bits(sym) / sym.size
-        for key, (L, G) in KERNELS.items():
+        for key in KERNELS:
             try:
-                enc, bpv, what, _ = build(w, alpha, L, G)
+                enc, bpv, what, _ = build(w, alpha, key)
             except ValueError as e:
                 print(f"| prefix {key} | {alpha} | ({e}) | | | |")
                 continue
             s = snr_db(w, what)
-            print(f"| prefix L={L} (checks every {G}) | {alpha} | {bpv:.3f} | {s:.2f} | {6.02 * bpv:.2f} | {h:.3f} |")
+            print(f"| prefix {key} ({describe(key)}) | {alpha} | {bpv:.3f} | {s:.2f} | {6.02 * bpv:.2f} | {h:.3f} |")
     try:
         import hypercodec
     except ImportError:
@@ -110,7 +126,9 @@ def rate(rows: int, cols: int) -> None:
 HOST_CASES = [  # rows, cols, α, kernel, warps a block, grid (a grid smaller than the chunks strides)
     (37, 1024, 4.0, "l8", 8, 1), (5, 896, 3.0, "l10", 2, 2), (3, 4104, 2.0, "l12", 1, 3), (40, 64, 4.0, "l8", 2, 1),
     (1, 8, 1.0, "l8", 1, 1), (4, 8192, 6.0, "l10", 4, 1), (9, 1000, 4.0, "l12", 1, 2), (70, 256, 0.5, "l8", 8, 2),
-    (300, 512, 4.0, "l8", 2, 1), (33, 4096, 4.0, "l10", 8, 3),
+    (300, 512, 4.0, "l8", 2, 1), (33, 4096, 4.0, "l10", 8, 3), (37, 1024, 4.0, "pairs12", 8, 1),
+    (5, 896, 3.0, "pairs11", 2, 2), (1, 8, 1.0, "pairs12", 1, 1), (9, 1000, 4.0, "pairs12", 1, 2),
+    (300, 512, 2.0, "pairs11", 2, 1), (33, 4096, 4.5, "pairs12", 8, 3),
 ]
 
 
@@ -134,8 +152,7 @@ def host(sanitize: bool) -> int:
     for rows, cols, alpha, key, warps, grid in HOST_CASES:
         w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.1, 10, (rows, 1)).astype(np.float32)
         x = rng.standard_normal(cols).astype(np.float32)
-        L, G = KERNELS[key]
-        enc, _, what, scales = build(w, alpha, L, G)
+        enc, _, what, scales = build(w, alpha, key)
         assert np.array_equal(P.emulate(enc), P.doubled_coords(quantize(w, alpha)[0]).reshape(rows, cols))
         ref = what @ x.astype(np.float64)
 
@@ -146,7 +163,7 @@ def host(sanitize: bool) -> int:
                 for name, arr in (("words", words), ("index", index), ("table", enc.table),
                                   ("scales", scales.astype(np.float32)), ("x", x)):
                     np.ascontiguousarray(arr).tofile(f"{d}/{name}.bin")
-                r = subprocess.run([str(exe), d, str(L), str(warps), str(grid)], capture_output=True, text=True)
+                r = subprocess.run([str(exe), d, key, str(warps), str(grid)], capture_output=True, text=True)
                 if r.returncode != 0:
                     print(r.stderr[-2000:])
                     return None
@@ -171,7 +188,7 @@ def host(sanitize: bool) -> int:
     return 1 if bad else 0
 
 
-def gpu(cubin: str, shapes: list[tuple[int, int]], alpha: float, iters: int) -> int:
+def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], alpha: float, iters: int) -> int:
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
@@ -210,32 +227,53 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], alpha: float, iters: int) -> 
             t = graph_time_us(lambda: d.forward(x), iters)
             print(f"| {rows}x{cols} | ours e8@4-gpu, committed rANS GEMV + RHT ({d.route(1, torch.float32)}) | "
                   f"{op.stored_bytes * 8 / w.size:.3f} | {t:.1f} | {base / t:.2f} | {err} | {enc_s:.0f} |")
+            # The same layer from its rotated input (the kernel alone), and its RHT alone.
+            stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+            xr = torch.empty(1, 8 * d.words, device=dev)
+            rargs = {"x": x.data_ptr(), "x_dtype": 0, "out": xr.data_ptr(), "batch": 1, "cols": cols,
+                     "width": 8 * d.words, "tile": d.tile, "seed": d.seed}
+            t_rht = graph_time_us(lambda: d.kernels.rht(rargs, stream()), iters)
+            d.kernels.rht(rargs, stream())
+            t_k = graph_time_us(lambda: d._from_rotated(xr, None, torch.float32, True, stream()), iters)
+            print(f"| {rows}x{cols} | (its rANS GEMV alone, from RHT(x)) | | {t_k:.1f} | {base / t_k:.2f} | | |")
+            print(f"| {rows}x{cols} | (its activation RHT alone) | | {t_rht:.1f} | | | |")
         except ImportError:
             print("(hypercodec not importable: no committed row)")
-        for key, (L, G) in KERNELS.items():
+        t0 = time.time()
+        quantized = quantize(w, alpha)
+        q_s = time.time() - t0
+        for key in kernels:
             t0 = time.time()
             try:
-                enc, bpv, what, scales = build(w, alpha, L, G)
+                enc, bpv, what, scales = build(w, alpha, key, quantized)
             except ValueError as e:
                 print(f"| {rows}x{cols} | prototype {key} | ({e}) | | | | |")
                 continue
-            enc_s = time.time() - t0
+            enc_s = time.time() - t0 + q_s
             to = lambda arr: torch.from_numpy(np.ascontiguousarray(arr).view(np.int32)).to(dev)  # noqa: E731
-            words, index, table = to(enc.words), to(enc.index), to(enc.table)
+            # Copies of the payload, rotated call by call, so that no call finds it in L2 (≥ 400 MB).
+            copies = max(1, min(iters, -(-400_000_000 // max(4 * len(enc.words), 1))))
+            words = [to(enc.words) for _ in range(copies)]
+            index, table = to(enc.index), to(enc.table)
             row_scales = torch.from_numpy(scales.astype(np.float32)).to(dev)
             y = torch.full((rows,), float("nan"), device=dev)
             chunks = len(enc.index) - 1
-            a = Args(words.data_ptr(), index.data_ptr(), table.data_ptr(), row_scales.data_ptr(), x.data_ptr(),
-                     y.data_ptr(), None, len(enc.words), rows, cols, enc.rows_per_chunk, chunks)
+            argv = [Args(wd.data_ptr(), index.data_ptr(), table.data_ptr(), row_scales.data_ptr(), x.data_ptr(),
+                         y.data_ptr(), None, len(enc.words), rows, cols, enc.rows_per_chunk, chunks) for wd in words]
+            a = argv[0]
             fn = drv.fn("proto", f"hc_e8_prefix_{key}")
+            smem = 4 * len(enc.table)  # the kernel's dynamic shared memory: its tables
+            drv.check(drv.cu.cuFuncSetAttribute(fn, 8, smem), "max dynamic shared memory")
             grid = (chunks + 7) // 8
-            drv.launch(fn, grid, 256, [a])
+            drv.launch(fn, grid, 256, [a], smem)
             torch.cuda.synchronize()
             ref = what.astype(np.float64) @ x.double().cpu().numpy()[0]
             got = y.double().cpu().numpy()
             err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-            t = graph_time_us(lambda: drv.launch(fn, grid, 256, [a]), iters)
-            print(f"| {rows}x{cols} | prototype {key} (L={L}, checks every {G}) | {bpv:.3f} | {t:.1f} | "
+            turn = iter(range(10**9))
+            t = graph_time_us(lambda: drv.launch(fn, grid, 256, [argv[next(turn) % copies]], smem), iters)
+            del words
+            print(f"| {rows}x{cols} | prototype {key} ({describe(key)}) | {bpv:.3f} | {t:.1f} | "
                   f"{base / t:.2f} | {err:.1e} | {enc_s:.0f} |")
         torch.cuda.empty_cache()
     return 0
@@ -248,7 +286,9 @@ def main() -> int:
     ap.add_argument("--rate", action="store_true", help="bits against SNR on the CPU")
     ap.add_argument("--host", action="store_true", help="run the kernel's source on the CPU (g++)")
     ap.add_argument("--asan", action="store_true", help="with --host: build with AddressSanitizer")
-    ap.add_argument("--shapes", default="4096x4096,8192x8192,28672x8192")
+    ap.add_argument("--shapes", default="4096x4096,8192x8192",
+                    help="GPU run: rows×cols list (28672x8192 takes about 4 minutes of numpy encoding)")
+    ap.add_argument("--kernels", default="l8,l10,pairs12", help="GPU run: " + ",".join(KERNELS))
     ap.add_argument("--alpha", type=float, default=4.0, help="lattice scale (4: about 4.2 bits a value)")
     ap.add_argument("--iters", type=int, default=40)
     args = ap.parse_args()
@@ -262,7 +302,7 @@ def main() -> int:
             return rc
     if args.cubin:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-        return gpu(args.cubin, shapes, args.alpha, args.iters)
+        return gpu(args.cubin, shapes, args.kernels.split(","), args.alpha, args.iters)
     if not (args.sass or args.rate or args.host):
         ap.print_help()
     return 0
