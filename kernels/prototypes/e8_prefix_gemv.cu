@@ -56,7 +56,7 @@ inline HcSmem hc_ep_smem(const uint32_t* p) { return p; }
 #ifdef __CUDA_ARCH__
 extern __shared__ uint32_t hc_ep_tab[];
 #else
-static uint32_t hc_ep_tab[(3 << 8) + (4 << 12)];
+static uint32_t hc_ep_tab[(3 << 8) * 32 + (4 << 12)];
 #endif
 
 __device__ __forceinline__ float hc_ep_warp_sum(float v) {
@@ -117,7 +117,9 @@ __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
 }
 
 // One E8 word of lane `s`: its dot product with x[0..8) added to acc.
-template <int L, int G, bool TAIL>
+// `tab` is this lane's copy of the tables: entry i at byte 4·C·i (C copies interleaved, see
+// hc_e8_prefix).
+template <int L, int G, int C, bool TAIL>
 __device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, const float (&x)[8], float& acc, bool on,
                                            unsigned below) {
     uint32_t base = 0, par = 0, e0 = 0;
@@ -125,7 +127,7 @@ __device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, const float (&x)
     for (int i = 0; i < 8; i++) {
         if (i % G == 0) hc_ep_refill<TAIL>(s, on, below);
         const uint32_t idx = s.hi >> (32 - L);
-        uint32_t e = hc_ep_lds(tab, 4 * (base + idx));
+        uint32_t e = hc_ep_lds(tab, 4 * C * (base + idx));
         if (TAIL) e = on ? e : 0u;
         hc_ep_consume(s, e);
         if (i == 0) {
@@ -183,12 +185,15 @@ __device__ __forceinline__ void hc_ep_x(const float* xr, int w, bool on, float (
 }
 
 // L, G: singles of at most L bits, refills every G symbols; LP > 0: pairs of at most LP bits.
-template <int L, int G, int LP>
+// C: copies of the singles' tables, interleaved (entry i of copy j at u32 C·i + j), lane l
+// reading copy l mod C: random lookups from a warp then meet bank conflicts of at most 32 / C
+// lanes (C = 32: none), where one copy averages 3.5 wavefronts a lookup.
+template <int L, int G, int LP, int C = 1>
 __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
     constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
-    for (int i = threadIdx.x; i < entries; i += blockDim.x) hc_ep_tab[i] = a.table[i];
+    for (int i = threadIdx.x; i < entries * C; i += blockDim.x) hc_ep_tab[i] = a.table[i / C];
     __syncthreads();
-    const HcSmem tabs = hc_ep_smem(hc_ep_tab);
+    const HcSmem tabs = hc_ep_smem(hc_ep_tab + (LP ? 0 : (threadIdx.x & 31) % C));
     const int lane = threadIdx.x & 31;
     const unsigned below = (1u << lane) - 1u;
     const int wpr = a.cols >> 3, full_steps = wpr >> 5;
@@ -215,7 +220,7 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
                 if constexpr (LP > 0) {
                     hc_ep_word_pairs<LP, false>(s, tabs, x, acc, true, below);
                 } else {
-                    hc_ep_word<L, G, false>(s, tabs, x, acc, true, below);
+                    hc_ep_word<L, G, C, false>(s, tabs, x, acc, true, below);
                 }
             }
             if (wpr & 31) {
@@ -224,7 +229,7 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
                 if constexpr (LP > 0) {
                     hc_ep_word_pairs<LP, true>(s, tabs, x, acc, w < wpr, below);
                 } else {
-                    hc_ep_word<L, G, true>(s, tabs, x, acc, w < wpr, below);
+                    hc_ep_word<L, G, C, true>(s, tabs, x, acc, w < wpr, below);
                 }
             }
             const float t = hc_ep_warp_sum(acc);
@@ -233,9 +238,11 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
     }
 }
 
-// Launched with the tables' bytes of dynamic shared memory (4 × entries).
+// Launched with the tables' bytes of dynamic shared memory (4 × entries × copies).
 extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l8(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0>(a); }
 extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l10(E8PrefixArgs a) { hc_e8_prefix<10, 3, 0>(a); }
 extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l12(E8PrefixArgs a) { hc_e8_prefix<12, 2, 0>(a); }
+extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l8c16(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0, 16>(a); }
+extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l8c32(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0, 32>(a); }
 extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_pairs11(E8PrefixArgs a) { hc_e8_prefix<8, 0, 11>(a); }
 extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_pairs12(E8PrefixArgs a) { hc_e8_prefix<8, 0, 12>(a); }

@@ -1,6 +1,6 @@
 // Host driver of kernels/prototypes/e8_prefix_gemv.cu under host_simt.h (see there). Built and run
 // by `python py/benches/cuda_e8_prefix_prototype.py --host`:
-//   e8_prefix_host DIR KERNEL(l8|l10|l12|pairs11|pairs12) WARPS_PER_BLOCK GRID
+//   e8_prefix_host DIR KERNEL(l8|l10|l12|l8c16|l8c32|pairs11|pairs12) WARPS_PER_BLOCK GRID
 // reads DIR/{meta,words,index,table,scales,x}.bin (meta: nwords rows cols rows_per_chunk chunks as
 // int64) and writes DIR/y.bin (rows f32).
 #include "host_simt.h"
@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
     E8PrefixArgs a{words.data(), index.data(), table.data(), scales.data(), x.data(), y.data(), nullptr,
                    meta[0], (int)meta[1], (int)meta[2], (int)meta[3], (int)meta[4]};
     void (*kern)(E8PrefixArgs) = k == "l8" ? hc_e8_prefix_l8 : k == "l10" ? hc_e8_prefix_l10 : k == "l12" ? hc_e8_prefix_l12
+                            : k == "l8c16" ? hc_e8_prefix_l8c16 : k == "l8c32" ? hc_e8_prefix_l8c32
                             : k == "pairs11" ? hc_e8_prefix_pairs11 : k == "pairs12" ? hc_e8_prefix_pairs12 : nullptr;
     if (!kern) return 4;
     hc_host::launch(grid, 32 * warps, [&] { kern(a); });

@@ -32,14 +32,17 @@ import numpy as np
 import _e8prefix as P
 
 # name: (code limits, refill group) and the model of its format
-KERNELS = {"l8": (8, 4), "l10": (10, 3), "l12": (12, 2), "pairs12": (12, 0), "pairs11": (11, 0)}
+KERNELS = {"l8": (8, 4), "l10": (10, 3), "l12": (12, 2), "l8c16": (8, 4), "l8c32": (8, 4), "pairs12": (12, 0),
+           "pairs11": (11, 0)}
+COPIES = {"l8c16": 16, "l8c32": 32}  # copies of the tables in shared memory (1 otherwise)
 
 
 def describe(key: str) -> str:
     L, G = KERNELS[key]
     if key.startswith("pairs"):
         return f"pairs: singles ≤ 8 bits, pairs ≤ {L} bits, 2 refills a word"
-    return f"singles ≤ {L} bits, refills every {G}"
+    copies = f", {COPIES[key]} table copies" if key in COPIES else ""
+    return f"singles ≤ {L} bits, refills every {G}{copies}"
 
 
 def model_of(key: str, sym: np.ndarray):
@@ -103,7 +106,7 @@ def rate(rows: int, cols: int) -> None:
     for alpha in (2.0, 3.0, 4.0):
         sym, scales = quantize(w, alpha)
         h = P.entropy_bits(sym) / sym.size
-        for key in KERNELS:
+        for key in (k for k in KERNELS if k not in COPIES):
             try:
                 enc, bpv, what, _ = build(w, alpha, key)
             except ValueError as e:
@@ -128,7 +131,8 @@ HOST_CASES = [  # rows, cols, α, kernel, warps a block, grid (a grid smaller th
     (1, 8, 1.0, "l8", 1, 1), (4, 8192, 6.0, "l10", 4, 1), (9, 1000, 4.0, "l12", 1, 2), (70, 256, 0.5, "l8", 8, 2),
     (300, 512, 4.0, "l8", 2, 1), (33, 4096, 4.0, "l10", 8, 3), (37, 1024, 4.0, "pairs12", 8, 1),
     (5, 896, 3.0, "pairs11", 2, 2), (1, 8, 1.0, "pairs12", 1, 1), (9, 1000, 4.0, "pairs12", 1, 2),
-    (300, 512, 2.0, "pairs11", 2, 1), (33, 4096, 4.5, "pairs12", 8, 3),
+    (300, 512, 2.0, "pairs11", 2, 1), (33, 4096, 4.5, "pairs12", 8, 3), (37, 1024, 4.0, "l8c16", 8, 1),
+    (9, 1000, 3.0, "l8c32", 2, 2), (300, 512, 4.0, "l8c32", 2, 1),
 ]
 
 
@@ -262,7 +266,7 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], alpha: fl
                          y.data_ptr(), None, len(enc.words), rows, cols, enc.rows_per_chunk, chunks) for wd in words]
             a = argv[0]
             fn = drv.fn("proto", f"hc_e8_prefix_{key}")
-            smem = 4 * len(enc.table)  # the kernel's dynamic shared memory: its tables
+            smem = 4 * len(enc.table) * COPIES.get(key, 1)  # the kernel's dynamic shared memory: its tables
             drv.check(drv.cu.cuFuncSetAttribute(fn, 8, smem), "max dynamic shared memory")
             grid = (chunks + 7) // 8
             drv.launch(fn, grid, 256, [a], smem)
@@ -288,7 +292,7 @@ def main() -> int:
     ap.add_argument("--asan", action="store_true", help="with --host: build with AddressSanitizer")
     ap.add_argument("--shapes", default="4096x4096,8192x8192",
                     help="GPU run: rows×cols list (28672x8192 takes about 4 minutes of numpy encoding)")
-    ap.add_argument("--kernels", default="l8,l10,pairs12", help="GPU run: " + ",".join(KERNELS))
+    ap.add_argument("--kernels", default="l8,l8c32,l10,pairs12", help="GPU run: " + ",".join(KERNELS))
     ap.add_argument("--alpha", type=float, default=4.0, help="lattice scale (4: about 4.2 bits a value)")
     ap.add_argument("--iters", type=int, default=40)
     args = ap.parse_args()
