@@ -25,6 +25,7 @@
 // the warp's votes and shuffles through barriers): `--host` of the script above runs it there
 // against the numpy model, without a GPU.
 #ifdef __CUDACC__
+#include <cuda_fp16.h>
 #include <stdint.h>
 #endif
 
@@ -64,16 +65,40 @@ __device__ __forceinline__ float hc_ep_warp_sum(float v) {
     return v;
 }
 
+#ifdef __CUDA_ARCH__
+// Two floats as f16x2 (lo in the low half).
+__device__ __forceinline__ uint32_t hc_ep_h2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+// c += A·B, mma.m16n8k16 (f16 inputs, f32 accumulators; PTX ISA fragment layouts).
+__device__ __forceinline__ void hc_ep_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint4 hc_ep_ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+#else
+inline uint32_t hc_ep_h2(float lo, float hi) { return hc_host::h2(lo, hi); }
+inline void hc_ep_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { hc_host::mma16816(c, a, b0, b1); }
+inline uint4 hc_ep_ldg16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+#endif
+
 struct E8PrefixArgs {
     const uint32_t* words;     // the chunks' words, end to end
     const uint32_t* index;     // chunks + 1 word offsets
     const uint32_t* table;     // 3 << L entries: contexts 0, 1 (coset 0), 2 (coset 1)
     const float* row_scales;   // per row: y = ½ · scale · Σ doubled coordinate · x
-    const float* xr;           // RHT(x): cols f32
-    float* y;                  // rows f32
+    const float* xr;           // RHT(x): cols f32 (rows8 layouts: permuted; the mma kernels: M × cols f16)
+    float* y;                  // M × rows f32
     const float* bias;         // rows f32 or null
     long long nwords;
     int rows, cols, rows_per_chunk, chunks;
+    int segments, seg_blocks;  // rows8 layouts: column segments a row (a warp each), 32-column blocks a segment
+    int M;                     // the mma kernels: activation rows, 1..16
 };
 
 struct Lane {
@@ -118,10 +143,9 @@ __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
 
 // One E8 word of lane `s`: its dot product with x[0..8) added to acc.
 // `tab` is this lane's copy of the tables: entry i at byte 4·C·i (C copies interleaved, see
-// hc_e8_prefix).
+// hc_e8_prefix). The word's 8 doubled coordinates go to v.
 template <int L, int G, int C, bool TAIL>
-__device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, const float (&x)[8], float& acc, bool on,
-                                           unsigned below) {
+__device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
     uint32_t base = 0, par = 0, e0 = 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -134,12 +158,11 @@ __device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, const float (&x)
             e0 = e;
             base = (((e >> 5) & 1u) + 1u) << L;
         } else {
-            acc = fmaf(__uint_as_float(e & ~63u), x[i - 1], acc);
+            v[i - 1] = __uint_as_float(e & ~63u);
             par ^= e;
         }
     }
-    const float v7 = __uint_as_float(e0 & ~63u) + ((par & 32u) ? 2.f : 0.f);
-    acc = fmaf(v7, x[7], acc);
+    v[7] = __uint_as_float(e0 & ~63u) + ((par & 32u) ? 2.f : 0.f);
 }
 
 // One E8 word in pairs (`_e8prefix.PairModel`): the first symbol (8-bit codes), the pairs
@@ -147,8 +170,7 @@ __device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, const float (&x)
 // length and the pair's parity, the second exact), s₆ (8-bit codes under the coset); refills
 // before the first symbol (8 + LP ≤ 32 bits follow) and before the second pair (2·LP + 8 ≤ 32).
 template <int LP, bool TAIL>
-__device__ __forceinline__ void hc_ep_word_pairs(Lane& s, HcSmem tab, const float (&x)[8], float& acc, bool on,
-                                                 unsigned below) {
+__device__ __forceinline__ void hc_ep_word_pairs(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
     hc_ep_refill<TAIL>(s, on, below);
     uint32_t e0 = hc_ep_lds(tab, 4 * (s.hi >> 24));
     if (TAIL) e0 = on ? e0 : 0u;
@@ -164,17 +186,35 @@ __device__ __forceinline__ void hc_ep_word_pairs(Lane& s, HcSmem tab, const floa
         hc_ep_lds2(tab, pb + 8u * (s.hi >> (32 - LP)), ea, eb);
         if (TAIL) ea = on ? ea : 0u;
         hc_ep_consume(s, ea);
-        acc = fmaf(__uint_as_float(ea & ~63u), x[2 * k], acc);
-        acc = fmaf(__uint_as_float(eb), x[2 * k + 1], acc);
+        v[2 * k] = __uint_as_float(ea & ~63u);
+        v[2 * k + 1] = __uint_as_float(eb);
         par ^= ea;
     }
     uint32_t e6 = hc_ep_lds(tab, lb + 4 * (s.hi >> 24));
     if (TAIL) e6 = on ? e6 : 0u;
     hc_ep_consume(s, e6);
-    acc = fmaf(__uint_as_float(e6 & ~63u), x[6], acc);
+    v[6] = __uint_as_float(e6 & ~63u);
     par ^= e6;
-    const float v7 = __uint_as_float(e0 & ~63u) + ((par & 32u) ? 2.f : 0.f);
-    acc = fmaf(v7, x[7], acc);
+    v[7] = __uint_as_float(e0 & ~63u) + ((par & 32u) ? 2.f : 0.f);
+}
+
+// One word of any variant: its values into v.
+template <int L, int G, int LP, int C, bool TAIL>
+__device__ __forceinline__ void hc_ep_values(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
+    if constexpr (LP > 0) {
+        hc_ep_word_pairs<LP, TAIL>(s, tab, v, on, below);
+    } else {
+        hc_ep_word<L, G, C, TAIL>(s, tab, v, on, below);
+    }
+}
+
+template <int L, int G, int LP, int C, bool TAIL>
+__device__ __forceinline__ void hc_ep_dot(Lane& s, HcSmem tab, const float (&x)[8], float& acc, bool on,
+                                          unsigned below) {
+    float v[8];
+    hc_ep_values<L, G, LP, C, TAIL>(s, tab, v, on, below);
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc = fmaf(v[i], x[i], acc);
 }
 
 __device__ __forceinline__ void hc_ep_x(const float* xr, int w, bool on, float (&x)[8]) {
@@ -217,24 +257,113 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
             const float* xp = a.xr + 8 * lane;
             for (int st = full_steps; st > 0; st--, xp += 256) {
                 hc_ep_x(xp, 0, true, x);
-                if constexpr (LP > 0) {
-                    hc_ep_word_pairs<LP, false>(s, tabs, x, acc, true, below);
-                } else {
-                    hc_ep_word<L, G, C, false>(s, tabs, x, acc, true, below);
-                }
+                hc_ep_dot<L, G, LP, C, false>(s, tabs, x, acc, true, below);
             }
             if (wpr & 31) {
                 const int w = (full_steps << 5) + lane;
                 hc_ep_x(a.xr, w, w < wpr, x);
-                if constexpr (LP > 0) {
-                    hc_ep_word_pairs<LP, true>(s, tabs, x, acc, w < wpr, below);
-                } else {
-                    hc_ep_word<L, G, C, true>(s, tabs, x, acc, w < wpr, below);
-                }
+                hc_ep_dot<L, G, LP, C, true>(s, tabs, x, acc, w < wpr, below);
             }
             const float t = hc_ep_warp_sum(acc);
             if (lane == 0) a.y[row] = 0.5f * a.row_scales[row] * t + (a.bias ? a.bias[row] : 0.f);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The rows8 layout (`_e8prefix.Rows8Layout`): a block of `segments` warps takes a group of 8
+// rows, warp w the row's w-th segment of 32-column blocks (chunk group · segments + w). Lane
+// 4n + q decodes word q of each block of row n: the values at the block's columns 2q, 2q + 1,
+// 2q + 8, 2q + 9, 16 + (the same), which are mma.m16n8k16's B fragments (k-tiles 0 and 1, column
+// n) for that lane. The activations come permuted the same way, so a lane's 8 activations of a
+// block are contiguous: f32 for the GEMV (MMA false: FFMA, the 4 lanes of a row summed by two
+// shuffles), f16 M × cols for the tensor cores (MMA true, batches up to 16: rows n and n + 8 of
+// the A fragments are lane 4n + q's two 16-byte loads). The segments' sums meet in shared memory
+// and are added in warp order (deterministic). Needs cols % 32 == 0.
+// One warp's segment of a group in the rows8 layout: nb blocks from block b0 (see below).
+template <int L, int G, int LP, int C, bool MMA, bool TAIL>
+__device__ __forceinline__ void hc_ep_r8_span(Lane& s, HcSmem tabs, const E8PrefixArgs& a, int b0, int nb, bool on,
+                                              unsigned below, float (&acc)[4]) {
+    const int lane = threadIdx.x & 31, n = lane >> 2, q = lane & 3;
+    float v[8];
+    if (!MMA) {
+        const float* xp = a.xr + 32 * b0 + 8 * q;
+        for (int j = 0; j < nb; j++, xp += 32) {
+            float x[8];
+            hc_ep_x(xp, 0, true, x);
+            hc_ep_values<L, G, LP, C, TAIL>(s, tabs, v, on, below);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[0] = fmaf(v[i], x[i], acc[0]);
+        }
+    } else {
+        const __half* x16 = reinterpret_cast<const __half*>(a.xr);
+        const bool m0 = n < a.M, m1 = n + 8 < a.M;
+        const __half* xa = x16 + (long long)n * a.cols + 32 * b0 + 8 * q;
+        const __half* xb = xa + 8ll * a.cols;
+        for (int j = 0; j < nb; j++, xa += 32, xb += 32) {
+            const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+            const uint4 ra = m0 ? hc_ep_ldg16(xa) : z, rb = m1 ? hc_ep_ldg16(xb) : z;
+            hc_ep_values<L, G, LP, C, TAIL>(s, tabs, v, on, below);
+            const uint32_t fa[4] = {ra.x, rb.x, ra.y, rb.y}, fb[4] = {ra.z, rb.z, ra.w, rb.w};
+            hc_ep_mma(acc, fa, hc_ep_h2(v[0], v[1]), hc_ep_h2(v[2], v[3]));
+            hc_ep_mma(acc, fb, hc_ep_h2(v[4], v[5]), hc_ep_h2(v[6], v[7]));
+        }
+    }
+}
+
+template <int L, int G, int LP, int C, bool MMA>
+__device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
+    constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
+    for (int i = threadIdx.x; i < entries * C; i += blockDim.x) hc_ep_tab[i] = a.table[i / C];
+    __shared__ float red[16][16][8];  // [segment][activation row][row of the group]
+    __syncthreads();
+    const HcSmem tabs = hc_ep_smem(hc_ep_tab + (LP ? 0 : (threadIdx.x & 31) % C));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, q = lane & 3;
+    const unsigned below = (1u << lane) - 1u;
+    const int groups = (a.rows + 7) >> 3, blocks = a.cols >> 5;
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+        const int c = g * a.segments + warp;
+        const long long start = min((long long)a.index[c], a.nwords);
+        const long long stop = min((long long)a.index[c + 1], a.nwords);
+        Lane s;
+        const int len = (int)max(stop - start, 0ll);
+        const uint32_t* pl = a.words + start;
+        s.b0 = lane < len ? pl[lane] : 0u;
+        s.b1 = 32 + lane < len ? pl[32 + lane] : 0u;
+        s.b2 = 64 + lane < len ? pl[64 + lane] : 0u;
+        s.next = pl + 96 + lane;
+        s.left = len - 96 - lane;
+        s.rel = 0;
+        s.hi = 0x80000000u, s.lo = 0u;
+        const int b0 = warp * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
+        const bool on = g * 8 + n < a.rows, full = g * 8 + 8 <= a.rows;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (full) {
+            hc_ep_r8_span<L, G, LP, C, MMA, false>(s, tabs, a, b0, nb, true, below, acc);
+        } else {
+            hc_ep_r8_span<L, G, LP, C, MMA, true>(s, tabs, a, b0, nb, on, below, acc);
+        }
+        if (!MMA) {
+            acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
+            acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
+            if (q == 0) red[warp][0][n] = acc[0];
+        } else {
+            // c0, c1: activation row n, rows 2q, 2q + 1 of the group; c2, c3: activation row n + 8.
+            red[warp][n][2 * q] = acc[0];
+            red[warp][n][2 * q + 1] = acc[1];
+            red[warp][n + 8][2 * q] = acc[2];
+            red[warp][n + 8][2 * q + 1] = acc[3];
+        }
+        __syncthreads();
+        const int M = MMA ? a.M : 1;
+        for (int i = threadIdx.x; i < 8 * M; i += blockDim.x) {
+            const int m = i >> 3, r = g * 8 + (i & 7);
+            if (r >= a.rows) continue;
+            float t = 0.f;
+            for (int w = 0; w < a.segments; w++) t += red[w][m][i & 7];
+            a.y[(long long)m * a.rows + r] = 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f);
+        }
+        __syncthreads();
     }
 }
 
@@ -244,5 +373,11 @@ extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l10(E8PrefixArgs 
 extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l12(E8PrefixArgs a) { hc_e8_prefix<12, 2, 0>(a); }
 extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l8c16(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0, 16>(a); }
 extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l8c32(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0, 32>(a); }
+extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_l8(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 1, false>(a); }
+extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_l8c32(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 32, false>(a); }
+extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_pairs12(E8PrefixArgs a) { hc_e8_prefix_r8<8, 0, 12, 1, false>(a); }
+extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_l8_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 1, true>(a); }
+extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_l8c32_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 32, true>(a); }
+extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_pairs12_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 0, 12, 1, true>(a); }
 extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_pairs11(E8PrefixArgs a) { hc_e8_prefix<8, 0, 11>(a); }
 extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_pairs12(E8PrefixArgs a) { hc_e8_prefix<8, 0, 12>(a); }

@@ -1,8 +1,9 @@
 // Host driver of kernels/prototypes/e8_prefix_gemv.cu under host_simt.h (see there). Built and run
 // by `python py/benches/cuda_e8_prefix_prototype.py --host`:
-//   e8_prefix_host DIR KERNEL(l8|l10|l12|l8c16|l8c32|pairs11|pairs12) WARPS_PER_BLOCK GRID
-// reads DIR/{meta,words,index,table,scales,x}.bin (meta: nwords rows cols rows_per_chunk chunks as
-// int64) and writes DIR/y.bin (rows f32).
+//   e8_prefix_host DIR KERNEL(l8|…|pairs12|r8_l8|…|r8_pairs12_mma) WARPS_PER_BLOCK GRID
+// reads DIR/{meta,words,index,table,scales,x}.bin (meta: nwords rows cols rows_per_chunk chunks
+// segments seg_blocks M as int64; x: f32, or f16 bits for the _mma kernels) and writes DIR/y.bin
+// (M × rows f32).
 #include "host_simt.h"
 #include "e8_prefix_gemv.cu"
 
@@ -34,13 +35,18 @@ int main(int argc, char** argv) {
     auto table = read<uint32_t>(d + "/table.bin");
     auto scales = read<float>(d + "/scales.bin");
     auto x = read<float>(d + "/x.bin");
-    if (meta.size() != 5) return 3;
-    std::vector<float> y(meta[1], NAN);
+    if (meta.size() != 8) return 3;
+    std::vector<float> y(meta[1] * meta[7], NAN);
     E8PrefixArgs a{words.data(), index.data(), table.data(), scales.data(), x.data(), y.data(), nullptr,
-                   meta[0], (int)meta[1], (int)meta[2], (int)meta[3], (int)meta[4]};
+                   meta[0], (int)meta[1], (int)meta[2], (int)meta[3], (int)meta[4], (int)meta[5], (int)meta[6],
+                   (int)meta[7]};
     void (*kern)(E8PrefixArgs) = k == "l8" ? hc_e8_prefix_l8 : k == "l10" ? hc_e8_prefix_l10 : k == "l12" ? hc_e8_prefix_l12
                             : k == "l8c16" ? hc_e8_prefix_l8c16 : k == "l8c32" ? hc_e8_prefix_l8c32
-                            : k == "pairs11" ? hc_e8_prefix_pairs11 : k == "pairs12" ? hc_e8_prefix_pairs12 : nullptr;
+                            : k == "pairs11" ? hc_e8_prefix_pairs11 : k == "pairs12" ? hc_e8_prefix_pairs12
+                            : k == "r8_l8" ? hc_e8_prefix_r8_l8 : k == "r8_l8c32" ? hc_e8_prefix_r8_l8c32
+                            : k == "r8_pairs12" ? hc_e8_prefix_r8_pairs12 : k == "r8_l8_mma" ? hc_e8_prefix_r8_l8_mma
+                            : k == "r8_l8c32_mma" ? hc_e8_prefix_r8_l8c32_mma
+                            : k == "r8_pairs12_mma" ? hc_e8_prefix_r8_pairs12_mma : nullptr;
     if (!kern) return 4;
     hc_host::launch(grid, 32 * warps, [&] { kern(a); });
     FILE* f = std::fopen((d + "/y.bin").c_str(), "wb");

@@ -27,9 +27,15 @@ struct HcDim3 {
 struct float4 {
     float x, y, z, w;
 };
+struct uint4 {
+    uint32_t x, y, z, w;
+};
+inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
+using __half = uint16_t;
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float4 __ldg(const float4* p) { return *p; }
 inline uint32_t __ldg(const uint32_t* p) { return *p; }
+inline uint4 __ldg(const uint4* p) { return *p; }
 using std::max;
 using std::min;
 
@@ -37,6 +43,7 @@ namespace hc_host {
 struct Warp {
     std::barrier<> bar{32};
     uint64_t slot[32];
+    uint32_t frag[32][6];
 };
 struct Block {
     std::unique_ptr<std::barrier<>> bar;
@@ -56,6 +63,40 @@ inline uint64_t exchange(uint64_t v, F src) {
     const uint64_t r = src(w.slot, lane);
     w.bar.arrive_and_wait();
     return r;
+}
+inline uint32_t h2(float lo, float hi) {
+    const _Float16 a = (_Float16)lo, b = (_Float16)hi;
+    uint16_t ua, ub;
+    std::memcpy(&ua, &a, 2);
+    std::memcpy(&ub, &b, 2);
+    return (uint32_t)ua | (uint32_t)ub << 16;
+}
+inline float hf(uint32_t w, int upper) {
+    const uint16_t u = (uint16_t)(upper ? w >> 16 : w);
+    _Float16 h;
+    std::memcpy(&h, &u, 2);
+    return (float)h;
+}
+// mma.sync.m16n8k16.row.col f32 += f16·f16 with the PTX ISA's fragment layouts: every lane's
+// fragments are exchanged, then each lane sums its own four outputs over k in order.
+inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    Warp& w = *block->warps[tid.x / 32];
+    const unsigned lane = tid.x & 31;
+    for (int i = 0; i < 4; i++) w.frag[lane][i] = a[i];
+    w.frag[lane][4] = b0, w.frag[lane][5] = b1;
+    w.bar.arrive_and_wait();
+    const int g = lane >> 2, t = lane & 3;
+    for (int o = 0; o < 4; o++) {
+        const int row = g + (o >= 2 ? 8 : 0), col = 2 * t + (o & 1);
+        float acc = c[o];
+        for (int k = 0; k < 16; k++) {
+            const int al = (row % 8) * 4 + (k % 8) / 2, ar = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+            const int bl = col * 4 + (k % 8) / 2, br = k >= 8 ? 5 : 4;
+            acc += hf(w.frag[al][ar], k & 1) * hf(w.frag[bl][br], k & 1);
+        }
+        c[o] = acc;
+    }
+    w.bar.arrive_and_wait();
 }
 // Runs `kernel()` as a <<<grid, block>>> launch (block a multiple of 32).
 inline void launch(unsigned grid, unsigned threads, const std::function<void()>& kernel) {

@@ -254,44 +254,111 @@ class PairModel:
         return lengths, codes
 
 
+class RowLayout:
+    """Lane l of a warp decodes words l, l + 32, … of each row (a word: 8 consecutive columns);
+    a chunk is `rows_per_chunk` whole rows of about CHUNK_SYMBOLS symbols."""
+
+    name = "rows"
+
+    def __init__(self, rows: int, cols: int) -> None:
+        assert cols % 8 == 0
+        self.rows, self.cols = rows, cols
+        self.rows_per_chunk = max(1, CHUNK_SYMBOLS // cols)
+        self.chunks = -(-rows // self.rows_per_chunk)
+        wpr = cols // 8
+        spr = -(-wpr // WARP)
+        self.steps = self.rows_per_chunk * spr  # a lane's words in a chunk
+        c, lane, t = np.ogrid[: self.chunks, :WARP, : self.steps]
+        self.row = c * self.rows_per_chunk + t // spr
+        self.word = (t % spr) * WARP + lane
+        self.active = (self.row < rows) & (self.word < wpr)
+
+    def words(self, w: np.ndarray) -> np.ndarray:
+        """The matrix as its E8 words (rows × cols/8 × 8)."""
+        return w.reshape(self.rows, self.cols // 8, 8)
+
+    def matrix(self, v: np.ndarray) -> np.ndarray:
+        """Inverse of `words`."""
+        return v.reshape(self.rows, self.cols)
+
+
+# Column offsets, in a block of 32 columns, of word q's 8 values in the tensor-core order: the
+# values a lane of group q holds as mma.m16n8k16's B fragments of the block's two k-tiles.
+def _r8_offsets() -> np.ndarray:
+    q = np.arange(4)[:, None]
+    return np.array([0, 1, 8, 9, 16, 17, 24, 25])[None, :] + 2 * q
+
+
+class Rows8Layout:
+    """Eight rows a chunk: lane 4n + q decodes word q of every 32-column block of row n, its
+    values at the block's columns 2q, 2q + 1, 2q + 8, 2q + 9, 16 + (the same) — the B fragments
+    of mma.m16n8k16 for the block's two k-tiles, so one stream serves the GEMV (FFMA) and the
+    tensor cores (batches up to 16). Rows are cut into `segments` of `seg_cols` columns (a warp
+    each, a block of `segments` warps sums them); activations are read permuted the same way
+    (`permute_x`). Needs cols % 32 == 0."""
+
+    name = "rows8"
+
+    def __init__(self, rows: int, cols: int, seg_cols: int | None = None) -> None:
+        assert cols % 32 == 0
+        self.rows, self.cols = rows, cols
+        blocks = cols // 32
+        if seg_cols is None:  # about CHUNK_SYMBOLS a chunk, at most 16 segments
+            seg_cols = max(32 * -(-blocks // 16), 32 * max(1, CHUNK_SYMBOLS // 8 // 32))
+        self.seg_blocks = -(-min(seg_cols, cols) // 32)
+        self.segments = -(-blocks // self.seg_blocks)
+        self.groups = -(-rows // 8)
+        self.chunks = self.groups * self.segments
+        self.steps = self.seg_blocks
+        self.rows_per_chunk = 8
+        c, lane, t = np.ogrid[: self.chunks, :WARP, : self.steps]
+        self.row = (c // self.segments) * 8 + lane // 4
+        blk = (c % self.segments) * self.seg_blocks + t
+        self.word = blk * 4 + lane % 4
+        self.active = (self.row < rows) & (blk < blocks)
+
+    def words(self, w: np.ndarray) -> np.ndarray:
+        cols = (np.arange(self.cols // 32)[:, None, None] * 32 + _r8_offsets()[None]).reshape(-1, 8)
+        return w[:, cols]
+
+    def matrix(self, v: np.ndarray) -> np.ndarray:
+        out = np.empty((self.rows, self.cols), v.dtype)
+        cols = (np.arange(self.cols // 32)[:, None, None] * 32 + _r8_offsets()[None]).reshape(-1, 8)
+        out[:, cols] = v.reshape(self.rows, self.cols // 8, 8)
+        return out
+
+    def permute_x(self, x: np.ndarray) -> np.ndarray:
+        """Activations (… × cols) in the order the kernel reads them: block, q, the word's 8."""
+        cols = (np.arange(self.cols // 32)[:, None, None] * 32 + _r8_offsets()[None]).reshape(-1)
+        return x[..., cols]
+
+
 class Encoded:
     """One matrix's payload: `words` (the chunks' words, end to end), `index` (chunks + 1 word
-    offsets), the model's `table`, rows per chunk."""
+    offsets), the model and its `table`, the layout."""
 
-    def __init__(self, words, index, model, rows_per_chunk, rows, cols):
+    def __init__(self, words, index, model, layout):
         self.words, self.index, self.model, self.table = words, index, model, model.table
-        self.rows_per_chunk, self.rows, self.cols = rows_per_chunk, rows, cols
+        self.layout = layout
+        self.rows, self.cols, self.rows_per_chunk = layout.rows, layout.cols, layout.rows_per_chunk
 
     def stored_bits(self, model) -> int:
         """Every stored bit: words, chunk offsets and the model (row scales not included)."""
         return 32 * len(self.words) + 32 * (len(self.index) - 1) + 8 * model.model_bytes()
 
 
-def _layout(a: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, int, int, int]:
-    """Per-symbol values (words × 8) as (chunk, lane, row, step, 8) in each lane's decode order,
-    and the words' activity."""
-    wpr = cols // 8
-    steps = -(-wpr // WARP)
-    rpc = max(1, CHUNK_SYMBOLS // cols)
-    chunks = -(-rows // rpc)
-    s = np.zeros((chunks * rpc, steps * WARP, 8), np.int64)
-    s[:rows, :wpr] = a.reshape(rows, wpr, 8)
-    active = np.zeros((chunks * rpc, steps * WARP), bool)
-    active[:rows, :wpr] = True
-    s = s.reshape(chunks, rpc, steps, WARP, 8).transpose(0, 3, 1, 2, 4)
-    active = active.reshape(chunks, rpc, steps, WARP).transpose(0, 3, 1, 2)
-    return s, active, rpc, chunks, steps
-
-
-def encode(sym: np.ndarray, rows: int, cols: int, model) -> Encoded:
-    """The chunks' word stream for the symbols of a rows × cols matrix (cols a multiple of 8)."""
-    assert cols % 8 == 0
+def encode(sym: np.ndarray, rows: int, cols: int, model, layout=None) -> Encoded:
+    """The chunks' word stream for the symbols (one E8 word a row of `sym`, in the order of the
+    layout's `words`) of a rows × cols matrix; the row layout by default."""
+    layout = layout or RowLayout(rows, cols)
     wl, wc = model.word_codes(sym)
     if np.any(wl[:, [u[0] for u in model.units]] == 0):
         raise ValueError("a symbol the model has no code for")
-    lengths, active, rpc, chunks, steps = _layout(wl, rows, cols)
-    codes = _layout(wc, rows, cols)[0]
-    lengths *= active[..., None]
+    wpr = cols // 8
+    chunks, steps, active = layout.chunks, layout.steps, layout.active
+    at = (np.minimum(layout.row, rows - 1) * wpr + np.minimum(layout.word, wpr - 1))
+    lengths = wl[at] * active[..., None]  # (chunk, lane, step, 8)
+    codes = wc[at]
     # Each lane's bit string, word aligned: the bit offset of every code.
     flat_len = lengths.reshape(chunks, WARP, -1)
     flat_code = codes.reshape(chunks, WARP, -1)
@@ -300,19 +367,18 @@ def encode(sym: np.ndarray, rows: int, cols: int, model) -> Encoded:
     # The warp's refills: at each check, the active lanes with fewer than 32 bits take a word.
     points = model.checks
     bounds = points + [8]
-    per_word = [flat_len.reshape(chunks, WARP, rpc, steps, 8)[..., a:b].sum(-1) for a, b in zip(bounds, bounds[1:])]
+    per_word = [lengths[..., a:b].sum(-1) for a, b in zip(bounds, bounds[1:])]
     v = np.zeros((chunks, WARP), np.int64)
-    need = np.zeros((chunks, rpc * steps * len(points), WARP), bool)
+    need = np.zeros((chunks, steps * len(points), WARP), bool)
     k = 0
-    for r in range(rpc):
-        for st in range(steps):
-            for pi in range(len(points)):
-                n = active[:, :, r, st] & (v < 32)
-                v += 32 * n
-                v -= per_word[pi][:, :, r, st]
-                assert np.all(v >= 0)
-                need[:, k] = n
-                k += 1
+    for st in range(steps):
+        for pi in range(len(points)):
+            n = active[:, :, st] & (v < 32)
+            v += 32 * n
+            v -= per_word[pi][:, :, st]
+            assert np.all(v >= 0)
+            need[:, k] = n
+            k += 1
     asked = need.sum(1)  # words each lane reads
     assert np.all(asked * 32 >= bits)
     wmax = int(asked.max(initial=0))
@@ -344,7 +410,7 @@ def encode(sym: np.ndarray, rows: int, cols: int, model) -> Encoded:
     words = words[keep]
     counts = np.bincount(owner[keep], minlength=chunks)
     index = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint32)
-    return Encoded(words.astype(np.uint32), index, model, rpc, rows, cols)
+    return Encoded(words.astype(np.uint32), index, model, layout)
 
 
 def _fshl(lo: np.ndarray, hi: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -355,11 +421,10 @@ def _fshl(lo: np.ndarray, hi: np.ndarray, n: np.ndarray) -> np.ndarray:
 
 def emulate(e: Encoded) -> np.ndarray:
     """Decode `e` as the kernel's warps do (the marker buffer, the ballot's refills, the entries'
-    bit fields, unit by unit), returning the doubled coordinates (rows × cols)."""
-    model = e.model
-    wpr, rpc = e.cols // 8, e.rows_per_chunk
-    steps = -(-wpr // WARP)
-    chunks = len(e.index) - 1
+    bit fields, unit by unit), returning the doubled coordinates as the layout's words
+    (rows × cols/8 × 8)."""
+    model, layout = e.model, e.layout
+    chunks, steps = layout.chunks, layout.steps
     words = np.concatenate([e.words.astype(np.uint64), np.zeros(1, np.uint64)])
     table = np.concatenate([e.table.astype(np.uint64), np.zeros(1, np.uint64)])
     start = e.index[:-1].astype(np.int64)
@@ -367,39 +432,39 @@ def emulate(e: Encoded) -> np.ndarray:
     hi = np.full((chunks, WARP), 0x80000000, np.uint64)
     lo = np.zeros((chunks, WARP), np.uint64)
     rel = np.zeros(chunks, np.int64)
-    out = np.zeros((chunks, rpc, steps, WARP, 8), np.int64)
-    lane = np.arange(WARP)
-    rows_of = np.arange(chunks)[:, None] * rpc
+    out = np.zeros((chunks, WARP, steps, 8), np.int64)
     f32 = lambda u: u.astype(np.uint32).view(np.float32).astype(np.int64)  # noqa: E731
-    for r in range(rpc):
-        for st in range(steps):
-            active = ((st * WARP + lane)[None, :] < wpr) & (rows_of + r < e.rows)
-            par = np.zeros((chunks, WARP), np.uint64)
-            c = np.zeros((chunks, WARP), np.int64)
-            e0 = np.zeros((chunks, WARP), np.int64)
-            for first, width, t0, t1, lim in model.units:
-                if first in model.checks:
-                    need = active & (lo == 0)
-                    off = rel[:, None] + np.cumsum(need, 1) - need
-                    at = start[:, None] + off
-                    w = np.where(need & (at < stop[:, None]), words[np.minimum(at, len(words) - 1)], 0)
-                    m = hi & ((~hi + np.uint64(1)) & M32)
-                    p = w * m
-                    hi = np.where(need, (hi ^ m) | ((p >> np.uint64(31)) & M32), hi)
-                    lo = np.where(need, ((p << np.uint64(1)) & M32) | m, lo)
-                    rel += need.sum(1)
-                idx = (hi >> np.uint64(32 - lim)).astype(np.int64) * width + np.where(c == 1, t1, t0)
-                ent = np.where(active, table[idx], 0)
-                hi, lo = (np.where(active, _fshl(lo, hi, ent), hi),
-                          np.where(active, _fshl(np.zeros_like(lo), lo, ent), lo))
-                val = f32(ent & ~np.uint64(63))
-                if first == 0:
-                    e0, c = val, ((ent >> np.uint64(5)) & np.uint64(1)).astype(np.int64)
-                    continue
-                par ^= ent
-                out[:, r, st, :, first - 1] = val
-                if width == 2:
-                    out[:, r, st, :, first] = np.where(active, f32(table[idx + 1]), 0)
-            out[:, r, st, :, 7] = e0 + 2 * ((par >> np.uint64(5)) & np.uint64(1)).astype(np.int64)
-    out = out.reshape(chunks * rpc, steps * WARP * 8)
-    return out[: e.rows, : e.cols]
+    for st in range(steps):
+        active = layout.active[:, :, st]
+        par = np.zeros((chunks, WARP), np.uint64)
+        c = np.zeros((chunks, WARP), np.int64)
+        e0 = np.zeros((chunks, WARP), np.int64)
+        for first, width, t0, t1, lim in model.units:
+            if first in model.checks:
+                need = active & (lo == 0)
+                off = rel[:, None] + np.cumsum(need, 1) - need
+                at = start[:, None] + off
+                w = np.where(need & (at < stop[:, None]), words[np.minimum(at, len(words) - 1)], 0)
+                m = hi & ((~hi + np.uint64(1)) & M32)
+                p = w * m
+                hi = np.where(need, (hi ^ m) | ((p >> np.uint64(31)) & M32), hi)
+                lo = np.where(need, ((p << np.uint64(1)) & M32) | m, lo)
+                rel += need.sum(1)
+            idx = (hi >> np.uint64(32 - lim)).astype(np.int64) * width + np.where(c == 1, t1, t0)
+            ent = np.where(active, table[idx], 0)
+            hi, lo = (np.where(active, _fshl(lo, hi, ent), hi),
+                      np.where(active, _fshl(np.zeros_like(lo), lo, ent), lo))
+            val = f32(ent & ~np.uint64(63))
+            if first == 0:
+                e0, c = val, ((ent >> np.uint64(5)) & np.uint64(1)).astype(np.int64)
+                continue
+            par ^= ent
+            out[:, :, st, first - 1] = val
+            if width == 2:
+                out[:, :, st, first] = np.where(active, f32(table[idx + 1]), 0)
+        out[:, :, st, 7] = e0 + 2 * ((par >> np.uint64(5)) & np.uint64(1)).astype(np.int64)
+    wpr = e.cols // 8
+    res = np.zeros((e.rows, wpr, 8), np.int64)
+    a = layout.active
+    res[np.broadcast_to(layout.row, a.shape)[a], np.broadcast_to(layout.word, a.shape)[a]] = out[a]
+    return res

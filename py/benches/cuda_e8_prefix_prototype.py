@@ -31,23 +31,31 @@ import numpy as np
 
 import _e8prefix as P
 
-# name: (code limits, refill group) and the model of its format
+# name: (code limits, refill group). "r8_…": the rows8 layout (…_mma: tensor cores, batches ≤ 16).
 KERNELS = {"l8": (8, 4), "l10": (10, 3), "l12": (12, 2), "l8c16": (8, 4), "l8c32": (8, 4), "pairs12": (12, 0),
-           "pairs11": (11, 0)}
-COPIES = {"l8c16": 16, "l8c32": 32}  # copies of the tables in shared memory (1 otherwise)
+           "pairs11": (11, 0), "r8_l8": (8, 4), "r8_l8c32": (8, 4), "r8_pairs12": (12, 0), "r8_l8_mma": (8, 4),
+           "r8_l8c32_mma": (8, 4), "r8_pairs12_mma": (12, 0)}
+# copies of the tables in shared memory (1 otherwise)
+COPIES = {"l8c16": 16, "l8c32": 32, "r8_l8c32": 32, "r8_l8c32_mma": 32}
 
 
 def describe(key: str) -> str:
     L, G = KERNELS[key]
-    if key.startswith("pairs"):
-        return f"pairs: singles ≤ 8 bits, pairs ≤ {L} bits, 2 refills a word"
+    where = ("8-row layout, tensor cores, " if key.endswith("_mma") else "8-row layout, ") if key.startswith("r8") \
+        else ""
+    if "pairs" in key:
+        return f"{where}pairs: singles ≤ 8 bits, pairs ≤ {L} bits, 2 refills a word"
     copies = f", {COPIES[key]} table copies" if key in COPIES else ""
-    return f"singles ≤ {L} bits, refills every {G}{copies}"
+    return f"{where}singles ≤ {L} bits, refills every {G}{copies}"
 
 
 def model_of(key: str, sym: np.ndarray):
     L, _ = KERNELS[key]
-    return P.PairModel(sym, 8, L) if key.startswith("pairs") else P.Model(sym, L)
+    return P.PairModel(sym, 8, L) if "pairs" in key else P.Model(sym, L)
+
+
+def layout_of(key: str, rows: int, cols: int):
+    return P.Rows8Layout(rows, cols) if key.startswith("r8") else P.RowLayout(rows, cols)
 
 
 def sass(cubin: str) -> None:
@@ -58,37 +66,44 @@ def sass(cubin: str) -> None:
     env["PATH"] = os.path.dirname(R.tool("nvdisasm")) + os.pathsep + env.get("PATH", "")
     text = subprocess.run([R.tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True,
                           env=env).stdout
-    print("| kernel | codes | SASS a word (8 symbols a lane): no window advance · both | a symbol | LDS | SHFL | VOTE |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| kernel | codes | SASS a word (8 symbols a lane): no window advance · all | a symbol | LDS | SHFL | VOTE | HMMA |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for name, ins in sorted(R.functions(text).items()):
-        key = name.rsplit("_", 1)[-1]
-        lookups = 5 if key.startswith("pairs") else 8
-        # The full-step loop: the shortest backward branch around a word's table lookups.
+        key = name.removeprefix("hc_e8_prefix_")
+        lookups = 5 if "pairs" in key else 8
+        # The full-step loop: the shortest backward branch around exactly a word's table lookups
+        # (the rows8 kernels' final sums are a loop of other shared-memory reads).
         lo, hi = min(((a, b) for a, b in R.loops(ins)
-                      if sum(1 for i in ins if a <= i[0] <= b and i[1] == "LDS") >= lookups),
+                      if sum(1 for i in ins if a <= i[0] <= b and i[1] == "LDS") == lookups),
                      key=lambda p: p[1] - p[0])
         bare = R.executed_path(ins, lo, hi, frozenset({"LDG"}))  # the window's advance loads words
         full = R.executed_path(ins, lo, hi, frozenset())
         assert bare["LDS"] == lookups, "one table lookup a unit"
         n0, n1 = sum(bare.values()), sum(full.values())
         print(f"| `{name}` | {describe(key)} | {n0} · {n1} | {n0 / 8:.1f}–{n1 / 8:.1f} | {bare['LDS']} | {bare['SHFL']} | "
-              f"{bare['VOTE']} |")
+              f"{bare['VOTE']} | {bare['HMMA']} |")
 
 
-def quantize(w: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """E8 symbols of each row scaled to unit RMS times `alpha`, and the row scales (σ/α)."""
+def quantize(w: np.ndarray, alpha: float, layout=None) -> tuple[np.ndarray, np.ndarray]:
+    """E8 symbols of each row scaled to unit RMS times `alpha` (words in the layout's order), and
+    the row scales (σ/α)."""
+    layout = layout or P.RowLayout(*w.shape)
     sigma = np.sqrt((w.astype(np.float64) ** 2).mean(1)).clip(1e-30)
-    u = (w / sigma[:, None] * alpha).reshape(-1, 8)
+    u = layout.words(w / sigma[:, None] * alpha).reshape(-1, 8)
     return P.e8_symbols(u), sigma / alpha
 
 
 def build(w: np.ndarray, alpha: float, key: str, quantized=None):
+    """The payload of kernel `key` for w at lattice scale α: the encoding, bits a value all-in,
+    the decoded matrix Ŵ (float64) and the row scales."""
     rows, cols = w.shape
-    sym, scales = quantized if quantized is not None else quantize(w, alpha)
+    layout = layout_of(key, rows, cols)
+    sym, scales = quantized if quantized is not None else quantize(w, alpha, layout)
     model = model_of(key, sym)
-    enc = P.encode(sym, rows, cols, model)
+    enc = P.encode(sym, rows, cols, model, layout)
     bits = enc.stored_bits(model) + 32 * rows  # f32 row scales
-    what = 0.5 * scales.astype(np.float32).astype(np.float64)[:, None] * P.doubled_coords(sym).reshape(rows, cols)
+    doubled = P.doubled_coords(sym).reshape(rows, cols // 8, 8)
+    what = 0.5 * scales.astype(np.float32).astype(np.float64)[:, None] * layout.matrix(doubled)
     return enc, bits / (rows * cols), what, scales
 
 
@@ -106,7 +121,8 @@ def rate(rows: int, cols: int) -> None:
     for alpha in (2.0, 3.0, 4.0):
         sym, scales = quantize(w, alpha)
         h = P.entropy_bits(sym) / sym.size
-        for key in (k for k in KERNELS if k not in COPIES):
+        # (the tensor-core kernels and table copies read the same payloads as these)
+        for key in ("l8", "l10", "l12", "pairs12", "pairs11", "r8_l8", "r8_pairs12"):
             try:
                 enc, bpv, what, _ = build(w, alpha, key)
             except ValueError as e:
@@ -126,20 +142,27 @@ def rate(rows: int, cols: int) -> None:
         print(f"| ours {spec} (committed) | | {bpv:.3f} | {snr_db(w, what):.2f} | {6.02 * bpv:.2f} | |")
 
 
-HOST_CASES = [  # rows, cols, α, kernel, warps a block, grid (a grid smaller than the chunks strides)
-    (37, 1024, 4.0, "l8", 8, 1), (5, 896, 3.0, "l10", 2, 2), (3, 4104, 2.0, "l12", 1, 3), (40, 64, 4.0, "l8", 2, 1),
-    (1, 8, 1.0, "l8", 1, 1), (4, 8192, 6.0, "l10", 4, 1), (9, 1000, 4.0, "l12", 1, 2), (70, 256, 0.5, "l8", 8, 2),
-    (300, 512, 4.0, "l8", 2, 1), (33, 4096, 4.0, "l10", 8, 3), (37, 1024, 4.0, "pairs12", 8, 1),
-    (5, 896, 3.0, "pairs11", 2, 2), (1, 8, 1.0, "pairs12", 1, 1), (9, 1000, 4.0, "pairs12", 1, 2),
-    (300, 512, 2.0, "pairs11", 2, 1), (33, 4096, 4.5, "pairs12", 8, 3), (37, 1024, 4.0, "l8c16", 8, 1),
-    (9, 1000, 3.0, "l8c32", 2, 2), (300, 512, 4.0, "l8c32", 2, 1),
+HOST_CASES = [  # rows, cols, α, kernel, warps a block, grid (a grid smaller than the chunks strides), M
+    (37, 1024, 4.0, "l8", 8, 1, 1), (5, 896, 3.0, "l10", 2, 2, 1), (3, 4104, 2.0, "l12", 1, 3, 1),
+    (40, 64, 4.0, "l8", 2, 1, 1), (1, 8, 1.0, "l8", 1, 1, 1), (4, 8192, 6.0, "l10", 4, 1, 1),
+    (9, 1000, 4.0, "l12", 1, 2, 1), (70, 256, 0.5, "l8", 8, 2, 1), (300, 512, 4.0, "l8", 2, 1, 1),
+    (33, 4096, 4.0, "l10", 8, 3, 1), (37, 1024, 4.0, "pairs12", 8, 1, 1), (5, 896, 3.0, "pairs11", 2, 2, 1),
+    (1, 8, 1.0, "pairs12", 1, 1, 1), (9, 1000, 4.0, "pairs12", 1, 2, 1), (300, 512, 2.0, "pairs11", 2, 1, 1),
+    (33, 4096, 4.5, "pairs12", 8, 3, 1), (37, 1024, 4.0, "l8c16", 8, 1, 1), (9, 1000, 3.0, "l8c32", 2, 2, 1),
+    (300, 512, 4.0, "l8c32", 2, 1, 1),
+    # The rows8 layout: a block is the layout's segments (warps column ignored); partial groups.
+    (37, 1024, 4.0, "r8_l8", 0, 2, 1), (8, 4096, 3.0, "r8_pairs12", 0, 1, 1), (1, 32, 1.0, "r8_l8", 0, 1, 1),
+    (20, 8192, 4.0, "r8_l8c32", 0, 1, 1), (300, 512, 2.0, "r8_pairs12", 0, 7, 1), (13, 96, 6.0, "r8_l8", 0, 1, 1),
+    (37, 1024, 4.0, "r8_l8_mma", 0, 2, 16), (8, 4096, 3.0, "r8_pairs12_mma", 0, 1, 5), (1, 32, 1.0, "r8_l8_mma", 0, 1, 1),
+    (20, 8192, 4.0, "r8_l8c32_mma", 0, 1, 9), (300, 512, 2.0, "r8_pairs12_mma", 0, 7, 16),
+    (13, 96, 6.0, "r8_l8_mma", 0, 1, 8),
 ]
 
 
 def host(sanitize: bool) -> int:
     """Runs the kernel's own source on the CPU (kernels/prototypes/host_simt.h) on odd shapes and
-    on corrupt payloads; y is checked against x·Ŵᵀ in float64. With `sanitize`, built with
-    AddressSanitizer: a read off any array stops the run."""
+    on corrupt payloads; y is checked against x·Ŵᵀ in float64 (x rounded to f16 for the tensor
+    cores). With `sanitize`, built with AddressSanitizer: a read off any array stops the run."""
     import pathlib
     import tempfile
 
@@ -151,27 +174,36 @@ def host(sanitize: bool) -> int:
                     str(root / "kernels/prototypes/e8_prefix_host.cpp")], check=True)
     rng = np.random.default_rng(7)
     bad = 0
-    print("| rows × cols | α | kernel | warps, grid | chunks | rel. error of y | corrupt payloads |")
-    print("|---|---:|---|---|---:|---:|---|")
-    for rows, cols, alpha, key, warps, grid in HOST_CASES:
+    print("| rows × cols | α | kernel | M | warps, grid | chunks | rel. error of y | corrupt payloads |")
+    print("|---|---:|---|---:|---|---:|---:|---|")
+    for rows, cols, alpha, key, warps, grid, m in HOST_CASES:
         w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.1, 10, (rows, 1)).astype(np.float32)
-        x = rng.standard_normal(cols).astype(np.float32)
-        enc, _, what, scales = build(w, alpha, key)
-        assert np.array_equal(P.emulate(enc), P.doubled_coords(quantize(w, alpha)[0]).reshape(rows, cols))
-        ref = what @ x.astype(np.float64)
+        x = rng.standard_normal((m, cols)).astype(np.float32)
+        layout = layout_of(key, rows, cols)
+        sym, _ = quantize(w, alpha, layout)
+        enc, _, what, scales = build(w, alpha, key, quantize(w, alpha, layout))
+        assert np.array_equal(P.emulate(enc), P.doubled_coords(sym).reshape(rows, cols // 8, 8))
+        mma = key.endswith("_mma")
+        xk = x.astype(np.float16) if mma else x
+        ref = xk.astype(np.float64) @ what.T  # m × rows
+        xin = layout.permute_x(xk) if key.startswith("r8") else xk
+        segs = getattr(layout, "segments", 1)
+        if key.startswith("r8"):
+            warps = segs
 
         def run(words, index) -> np.ndarray | None:
             with tempfile.TemporaryDirectory() as d:
                 chunks = len(index) - 1
-                np.array([len(words), rows, cols, enc.rows_per_chunk, chunks], np.int64).tofile(f"{d}/meta.bin")
+                np.array([len(words), rows, cols, enc.rows_per_chunk, chunks, segs,
+                          getattr(layout, "seg_blocks", 0), m], np.int64).tofile(f"{d}/meta.bin")
                 for name, arr in (("words", words), ("index", index), ("table", enc.table),
-                                  ("scales", scales.astype(np.float32)), ("x", x)):
+                                  ("scales", scales.astype(np.float32)), ("x", xin)):
                     np.ascontiguousarray(arr).tofile(f"{d}/{name}.bin")
                 r = subprocess.run([str(exe), d, key, str(warps), str(grid)], capture_output=True, text=True)
                 if r.returncode != 0:
                     print(r.stderr[-2000:])
                     return None
-                return np.fromfile(f"{d}/y.bin", np.float32)
+                return np.fromfile(f"{d}/y.bin", np.float32).reshape(m, rows)
 
         y = run(enc.words, enc.index)
         err = float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-300)) if y is not None else float("nan")
@@ -186,13 +218,14 @@ def host(sanitize: bool) -> int:
             outcomes.append("ran" if yc is not None else "FAILED")
         ok = ok and all(o == "ran" for o in outcomes)
         bad += not ok
-        print(f"| {rows} × {cols} | {alpha} | {key} | {warps}, {grid} | {len(enc.index) - 1} | {err:.1e} | "
+        print(f"| {rows} × {cols} | {alpha} | {key} | {m} | {warps}, {grid} | {len(enc.index) - 1} | {err:.1e} | "
               f"{', '.join(outcomes)} |")
     print("host run:", "every case checks" if not bad else f"{bad} case(s) failed")
     return 1 if bad else 0
 
 
-def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], alpha: float, iters: int) -> int:
+def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: list[int], alpha: float,
+        iters: int) -> int:
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
@@ -204,19 +237,24 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], alpha: fl
     class Args(C.Structure):
         _fields_ = [("words", C.c_void_p), ("index", C.c_void_p), ("table", C.c_void_p), ("row_scales", C.c_void_p),
                     ("xr", C.c_void_p), ("y", C.c_void_p), ("bias", C.c_void_p), ("nwords", C.c_longlong),
-                    ("rows", C.c_int), ("cols", C.c_int), ("rows_per_chunk", C.c_int), ("chunks", C.c_int)]
+                    ("rows", C.c_int), ("cols", C.c_int), ("rows_per_chunk", C.c_int), ("chunks", C.c_int),
+                    ("segments", C.c_int), ("seg_blocks", C.c_int), ("M", C.c_int)]
 
     drv = Driver({"proto": cubin})
     dev = torch.device("cuda")
-    print("| size | method | bits a value all-in | µs a call | × bf16 speed | rel. error of y vs float64 x·Ŵᵀ | encode s |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+    print("| size | batch | method | bits a value all-in | µs a call | × bf16 speed | rel. error of y vs float64 "
+          "x·Ŵᵀ | encode s |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
     for rows, cols in shapes:
         w = np.random.default_rng(1).standard_normal((rows, cols)).astype(np.float32)
-        x = torch.randn(1, cols, device=dev)
         wb = torch.from_numpy(w).to(dev, torch.bfloat16)
-        xb = x.to(torch.bfloat16)
-        base = graph_time_us(lambda: torch.nn.functional.linear(xb, wb), iters)
-        print(f"| {rows}x{cols} | torch bf16 F.linear | 16 | {base:.1f} | 1.00 | |  |")
+        xs = {m: torch.randn(m, cols, device=dev) for m in batches}
+        base = {}
+        for m in batches:
+            xb = xs[m].to(torch.bfloat16)
+            base[m] = graph_time_us(lambda: torch.nn.functional.linear(xb, wb), iters)
+            print(f"| {rows}x{cols} | {m} | torch bf16 F.linear | 16 | {base[m]:.1f} | 1.00 | | |")
         try:
             import hypercodec
             import hypercodec.cuda as hcuda
@@ -225,60 +263,75 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], alpha: fl
             op = hypercodec.Linear.quantize(w, "e8@4-gpu")
             d = hcuda.DeviceLinear(op, dev)
             enc_s = time.time() - t0
-            y = d.forward(x).double().cpu().numpy()
-            ref = x.double().cpu().numpy() @ np.asarray(op.weight(), dtype=np.float64).reshape(rows, cols).T
-            err = f"{np.linalg.norm(y - ref) / np.linalg.norm(ref):.1e}"
-            t = graph_time_us(lambda: d.forward(x), iters)
-            print(f"| {rows}x{cols} | ours e8@4-gpu, committed rANS GEMV + RHT ({d.route(1, torch.float32)}) | "
-                  f"{op.stored_bytes * 8 / w.size:.3f} | {t:.1f} | {base / t:.2f} | {err} | {enc_s:.0f} |")
-            # The same layer from its rotated input (the kernel alone), and its RHT alone.
-            stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+            wt = np.asarray(op.weight(), dtype=np.float64).reshape(rows, cols).T
+            for m in batches:
+                x = xs[m]
+                y = d.forward(x).double().cpu().numpy()
+                ref = x.double().cpu().numpy() @ wt
+                err = f"{np.linalg.norm(y - ref) / np.linalg.norm(ref):.1e}"
+                t = graph_time_us(lambda: d.forward(x), iters)
+                print(f"| {rows}x{cols} | {m} | ours e8@4-gpu, committed, whole layer ({d.route(m, torch.float32)}) | "
+                      f"{op.stored_bytes * 8 / w.size:.3f} | {t:.1f} | {base[m] / t:.2f} | {err} | {enc_s:.0f} |")
+            # The same layer from its rotated input (the kernel alone), and its RHT alone, batch 1.
+            x = xs[1] if 1 in xs else xs[batches[0]][:1]
             xr = torch.empty(1, 8 * d.words, device=dev)
             rargs = {"x": x.data_ptr(), "x_dtype": 0, "out": xr.data_ptr(), "batch": 1, "cols": cols,
                      "width": 8 * d.words, "tile": d.tile, "seed": d.seed}
             t_rht = graph_time_us(lambda: d.kernels.rht(rargs, stream()), iters)
             d.kernels.rht(rargs, stream())
             t_k = graph_time_us(lambda: d._from_rotated(xr, None, torch.float32, True, stream()), iters)
-            print(f"| {rows}x{cols} | (its rANS GEMV alone, from RHT(x)) | | {t_k:.1f} | {base / t_k:.2f} | | |")
-            print(f"| {rows}x{cols} | (its activation RHT alone) | | {t_rht:.1f} | | | |")
+            print(f"| {rows}x{cols} | 1 | (its rANS GEMV alone, from RHT(x)) | | {t_k:.1f} | {base.get(1, t_k) / t_k:.2f} "
+                  f"| | |")
+            print(f"| {rows}x{cols} | 1 | (its activation RHT alone) | | {t_rht:.1f} | | | |")
         except ImportError:
             print("(hypercodec not importable: no committed row)")
-        t0 = time.time()
-        quantized = quantize(w, alpha)
-        q_s = time.time() - t0
+        quantized = {}
         for key in kernels:
+            mma, r8 = key.endswith("_mma"), key.startswith("r8")
+            layout = layout_of(key, rows, cols)
             t0 = time.time()
+            if layout.name not in quantized:
+                quantized[layout.name] = quantize(w, alpha, layout)
             try:
-                enc, bpv, what, scales = build(w, alpha, key, quantized)
+                enc, bpv, what, scales = build(w, alpha, key, quantized[layout.name])
             except ValueError as e:
-                print(f"| {rows}x{cols} | prototype {key} | ({e}) | | | | |")
+                print(f"| {rows}x{cols} | | prototype {key} | ({e}) | | | | |")
                 continue
-            enc_s = time.time() - t0 + q_s
+            enc_s = time.time() - t0
             to = lambda arr: torch.from_numpy(np.ascontiguousarray(arr).view(np.int32)).to(dev)  # noqa: E731
             # Copies of the payload, rotated call by call, so that no call finds it in L2 (≥ 400 MB).
             copies = max(1, min(iters, -(-400_000_000 // max(4 * len(enc.words), 1))))
             words = [to(enc.words) for _ in range(copies)]
             index, table = to(enc.index), to(enc.table)
             row_scales = torch.from_numpy(scales.astype(np.float32)).to(dev)
-            y = torch.full((rows,), float("nan"), device=dev)
             chunks = len(enc.index) - 1
-            argv = [Args(wd.data_ptr(), index.data_ptr(), table.data_ptr(), row_scales.data_ptr(), x.data_ptr(),
-                         y.data_ptr(), None, len(enc.words), rows, cols, enc.rows_per_chunk, chunks) for wd in words]
-            a = argv[0]
+            segs, seg_blocks = getattr(layout, "segments", 1), getattr(layout, "seg_blocks", 0)
             fn = drv.fn("proto", f"hc_e8_prefix_{key}")
             smem = 4 * len(enc.table) * COPIES.get(key, 1)  # the kernel's dynamic shared memory: its tables
             drv.check(drv.cu.cuFuncSetAttribute(fn, 8, smem), "max dynamic shared memory")
-            grid = (chunks + 7) // 8
-            drv.launch(fn, grid, 256, [a], smem)
-            torch.cuda.synchronize()
-            ref = what.astype(np.float64) @ x.double().cpu().numpy()[0]
-            got = y.double().cpu().numpy()
-            err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-            turn = iter(range(10**9))
-            t = graph_time_us(lambda: drv.launch(fn, grid, 256, [argv[next(turn) % copies]], smem), iters)
+            block = 32 * segs if r8 else 256
+            grid = layout.groups if r8 else (chunks + 7) // 8
+            for m in batches if mma else [1]:
+                if m not in xs:
+                    continue
+                x = xs[m]
+                xk = x.half() if mma else x
+                ref = xk.double().cpu().numpy() @ what.T
+                perm = torch.from_numpy(layout.permute_x(np.arange(cols))).to(dev) if r8 else None
+                xin = (xk[:, perm] if r8 else xk).contiguous()
+                y = torch.full((m, rows), float("nan"), device=dev)
+                argv = [Args(wd.data_ptr(), index.data_ptr(), table.data_ptr(), row_scales.data_ptr(), xin.data_ptr(),
+                             y.data_ptr(), None, len(enc.words), rows, cols, enc.rows_per_chunk, chunks, segs,
+                             seg_blocks, m) for wd in words]
+                drv.launch(fn, grid, block, [argv[0]], smem)
+                torch.cuda.synchronize()
+                got = y.double().cpu().numpy()
+                err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+                turn = iter(range(10**9))
+                t = graph_time_us(lambda: drv.launch(fn, grid, block, [argv[next(turn) % copies]], smem), iters)
+                print(f"| {rows}x{cols} | {m} | prototype {key} ({describe(key)}) | {bpv:.3f} | {t:.1f} | "
+                      f"{base[m] / t:.2f} | {err:.1e} | {enc_s:.0f} |")
             del words
-            print(f"| {rows}x{cols} | prototype {key} ({describe(key)}) | {bpv:.3f} | {t:.1f} | "
-                  f"{base / t:.2f} | {err:.1e} | {enc_s:.0f} |")
         torch.cuda.empty_cache()
     return 0
 
@@ -292,7 +345,9 @@ def main() -> int:
     ap.add_argument("--asan", action="store_true", help="with --host: build with AddressSanitizer")
     ap.add_argument("--shapes", default="4096x4096,8192x8192",
                     help="GPU run: rows×cols list (28672x8192 takes about 4 minutes of numpy encoding)")
-    ap.add_argument("--kernels", default="l8,l8c32,l10,pairs12", help="GPU run: " + ",".join(KERNELS))
+    ap.add_argument("--kernels", default="l8,l8c32,l10,pairs12,r8_l8,r8_pairs12,r8_l8_mma,r8_pairs12_mma",
+                    help="GPU run: " + ",".join(KERNELS))
+    ap.add_argument("--batches", default="1,4,16", help="GPU run: activation rows (the _mma kernels take 1–16)")
     ap.add_argument("--alpha", type=float, default=4.0, help="lattice scale (4: about 4.2 bits a value)")
     ap.add_argument("--iters", type=int, default=40)
     args = ap.parse_args()
@@ -306,7 +361,8 @@ def main() -> int:
             return rc
     if args.cubin:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-        return gpu(args.cubin, shapes, args.kernels.split(","), args.alpha, args.iters)
+        return gpu(args.cubin, shapes, args.kernels.split(","), [int(b) for b in args.batches.split(",")], args.alpha,
+                   args.iters)
     if not (args.sass or args.rate or args.host):
         ap.print_help()
     return 0
