@@ -15,11 +15,15 @@
 //   consume the code take the length from the entry's low 5 bits (wrap mode);
 // - the lane's bit buffer is hi:lo with a marker 1 below the valid bits, so the lane holds fewer
 //   than 32 bits exactly when lo is 0; before symbols 0, G, 2G, … (G·L ≤ 32) those lanes take
-//   the chunk's next words in lane order (a ballot's prefix count) from a window of two 32-word
-//   registers (a third loading ahead; one shuffle a check), and the new word goes under the valid bits: with m the
-//   marker (hi's lowest set bit), w·m as a 64-bit product is the word at the marker's place;
+//   the chunk's next words in lane order (a ballot's prefix count) from the warp's ring in
+//   shared memory (cp.async keeps it at least 96 words ahead), and the new word goes under the
+//   valid bits: with m the marker (hi's lowest set bit), w·m as a 64-bit product is the word
+//   at the marker's place;
 // - s₇ = 2t + p is rebuilt from the first entry (4t + c) and the parity p of s₀…s₆ (the entries'
 //   bit 5, xor-accumulated). Reads never leave the chunk's words (past its end they read 0).
+// Variants: singles (L = 8, 10, 12; `l8c16`/`l8c32` with interleaved table copies against bank
+// conflicts), pairs (`pairs11`/`pairs12`: 5 lookups a word), and the 8-row layout (`r8_…`, see
+// hc_e8_prefix_r8) whose stream also feeds the tensor cores (`…_mma`, batches up to 16).
 //
 // The same source compiles for the host under kernels/prototypes/host_simt.h (one thread a lane,
 // the warp's votes and shuffles through barriers): `--host` of the script above runs it there
@@ -28,6 +32,13 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #endif
+
+// Words a warp's ring in shared memory holds: the chunk's words are copied in (cp.async) in
+// groups of 64, at least 96 words ahead of the reads, so a refill reads shared memory and no
+// register ever waits on a global load.
+#define HC_EP_RING 256
+// Warps a block has at most (their rings: 16 KB).
+#define HC_EP_WARPS 16
 
 #ifdef __CUDA_ARCH__
 typedef uint32_t HcSmem;  // a shared-memory address
@@ -53,11 +64,16 @@ inline void hc_ep_lds2(HcSmem base, uint32_t off, uint32_t& x, uint32_t& y) { x 
 inline HcSmem hc_ep_smem(const uint32_t* p) { return p; }
 #endif
 
-// The tables, in dynamic shared memory (the pair tables take 67 KB at 12 bits).
+// The tables, in dynamic shared memory (the pair tables take 67 KB at 12 bits), and the warps'
+// word rings.
 #ifdef __CUDA_ARCH__
 extern __shared__ uint32_t hc_ep_tab[];
+__shared__ __align__(4 * HC_EP_RING) uint32_t hc_ep_rings[HC_EP_WARPS * HC_EP_RING];
 #else
 static uint32_t hc_ep_tab[(3 << 8) * 32 + (4 << 12)];
+alignas(4 * HC_EP_RING) static uint32_t hc_ep_rings[HC_EP_WARPS * HC_EP_RING];
+inline void hc_ep_cp4(uint32_t dst, const uint32_t* src, bool ok) { hc_ep_rings[dst / 4] = ok ? *src : 0u; }
+inline uint32_t hc_ep_ring_lds(uint32_t addr) { return hc_ep_rings[addr / 4]; }
 #endif
 
 __device__ __forceinline__ float hc_ep_warp_sum(float v) {
@@ -102,12 +118,76 @@ struct E8PrefixArgs {
 };
 
 struct Lane {
-    uint32_t hi, lo;          // the bit buffer with its marker
-    uint32_t b0, b1, b2;      // the word window: b0, b1 read, b2 loading
-    int rel, left;            // left: the chunk's words from b2's next load on, less this lane
-    const uint32_t* next;     // this lane's word of b2's next load
+    uint32_t hi, lo;       // the bit buffer with its marker
+    uint32_t ring;         // this warp's ring (its address, 512-byte aligned: base | offset)
+    uint32_t pos4;         // 4 × words taken, mod the ring (warp-uniform)
+    int ahead;             // words asked for and not taken (warp-uniform)
+    int left;              // this lane's next fetch: words of the chunk from it on (≤ 0: none)
+    const uint32_t* src;   // its address
 };
 
+#ifdef __CUDA_ARCH__
+// 4 bytes global → shared, zero-filled when !ok (nothing read then).
+__device__ __forceinline__ void hc_ep_cp4(uint32_t dst, const uint32_t* src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void hc_ep_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void hc_ep_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void hc_ep_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ uint32_t hc_ep_ring_lds(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
+}
+#else
+// On the host a ring "address" is a byte offset into hc_ep_rings.
+inline void hc_ep_cp4(uint32_t dst, const uint32_t* src, bool ok);
+inline uint32_t hc_ep_ring_lds(uint32_t addr);
+inline void hc_ep_commit() {}
+inline void hc_ep_wait1() {}
+inline void hc_ep_wait0() {}
+#endif
+
+#define HC_EP_RING_MASK (4 * HC_EP_RING - 4)
+
+// Warp w's ring: its shared-memory address (the host: its byte offset in hc_ep_rings).
+__device__ __forceinline__ uint32_t hc_ep_ring_of(int w) {
+#ifdef __CUDA_ARCH__
+    uint32_t a;
+    asm volatile("mov.u32 %0, %1;" : "=r"(a) : "r"((uint32_t)__cvta_generic_to_shared(hc_ep_rings + HC_EP_RING * w)));
+    return a;
+#else
+    return 4u * HC_EP_RING * (uint32_t)w;
+#endif
+}
+
+// Asks for the chunk's next 64 words (zeros past its end) into the ring, at pos + ahead.
+__device__ __forceinline__ void hc_ep_fetch(Lane& s) {
+    const uint32_t at = s.pos4 + 4u * (uint32_t)(s.ahead + (int)(threadIdx.x & 31));
+    // With !ok nothing is read (src-size 0).
+    hc_ep_cp4(s.ring | (at & HC_EP_RING_MASK), s.src, s.left > 0);
+    hc_ep_cp4(s.ring | ((at + 128u) & HC_EP_RING_MASK), s.src + 32, s.left > 32);
+    hc_ep_commit();
+    s.src += 64;
+    s.left -= 64;
+    s.ahead += 64;
+}
+
+// A lane's state at the start of a chunk of `len` words from `pl`; `ring` is its warp's ring.
+__device__ __forceinline__ void hc_ep_start(Lane& s, uint32_t ring, const uint32_t* pl, int len) {
+    const int lane = threadIdx.x & 31;
+    s.hi = 0x80000000u, s.lo = 0u;
+    s.ring = ring, s.pos4 = 0, s.ahead = 0;
+    s.src = pl + lane, s.left = len - lane;
+    // The previous chunk's reads are done and its copies (fetched past what it took) have landed,
+    // so none of them can land over this chunk's words.
+    hc_ep_wait0();
+    __syncwarp();
+    hc_ep_fetch(s);
+    hc_ep_fetch(s);
+    hc_ep_wait1();
+    __syncwarp();  // words 0 … 63 have landed
+}
 
 // Consumes the code whose length is the entry's bits 0–4.
 __device__ __forceinline__ void hc_ep_consume(Lane& s, uint32_t e) {
@@ -120,24 +200,24 @@ template <bool TAIL>
 __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
     const bool need = (!TAIL || on) && s.lo == 0u;
     const unsigned bal = __ballot_sync(0xffffffffu, need);
-    const int off = s.rel + __popc(bal & below);
-    // Words rel … rel + 31 of the window: lane j holds the one that is ≡ j (mod 32), in b0 from
-    // rel on and in b1 below it, so one shuffle reads it.
-    const uint32_t w = __shfl_sync(0xffffffffu, (int)(threadIdx.x & 31) >= s.rel ? s.b0 : s.b1, off);
+    // Words pos … pos + 31 have landed (see below); the lanes that need one take them in order.
+    const uint32_t w = hc_ep_ring_lds(s.ring | ((s.pos4 + 4u * __popc(bal & below)) & HC_EP_RING_MASK));
     if (need) {
         const uint32_t m = s.hi & (0u - s.hi);
         const unsigned long long p = (unsigned long long)w * m;
         s.hi = (s.hi ^ m) | (uint32_t)(p >> 31);
         s.lo = 2u * (uint32_t)p + m;  // the bits are disjoint: one IMAD
     }
-    s.rel += __popc(bal);
-    if (s.rel >= 32) {
-        s.rel -= 32;
-        s.b0 = s.b1;
-        s.b1 = s.b2;
-        s.b2 = s.left > 0 ? *s.next : 0u;
-        s.next += 32;
-        s.left -= 32;
+    const int taken = __popc(bal);
+    s.pos4 += 4u * taken;
+    s.ahead -= taken;
+    // Stay ahead: after this, ahead ≥ 96, and every group but the newest has landed, so the next
+    // check's words (below pos + 32 ≤ pos + ahead − 64) are there. The slots a new group
+    // overwrites held words below pos + ahead − 256 < pos: all taken.
+    if (s.ahead < 96) {
+        hc_ep_fetch(s);
+        hc_ep_wait1();
+        __syncwarp();
     }
 }
 
@@ -224,6 +304,28 @@ __device__ __forceinline__ void hc_ep_x(const float* xr, int w, bool on, float (
     x[0] = p.x, x[1] = p.y, x[2] = p.z, x[3] = p.w, x[4] = q.x, x[5] = q.y, x[6] = q.z, x[7] = q.w;
 }
 
+// The tables into shared memory, C interleaved copies (entry i of copy j at C·i + j): 16-byte
+// loads, four in flight a thread (entries is a multiple of 4, the table 16-byte aligned).
+template <int C>
+__device__ __forceinline__ void hc_ep_fill(const uint32_t* table, int entries) {
+    const uint4* t4 = reinterpret_cast<const uint4*>(table);
+    const int n4 = entries >> 2, step = blockDim.x;
+    for (int i = threadIdx.x; i < n4; i += 4 * step) {
+        uint4 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = i + k * step < n4 ? __ldg(t4 + i + k * step) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (i + k * step >= n4) break;
+            const uint32_t e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int c = 0; c < C; c++) hc_ep_tab[(4 * (i + k * step) + u) * C + c] = e[u];
+        }
+    }
+}
+
 // L, G: singles of at most L bits, refills every G symbols; LP > 0: pairs of at most LP bits.
 // C: copies of the singles' tables, interleaved (entry i of copy j at u32 C·i + j), lane l
 // reading copy l mod C: random lookups from a warp then meet bank conflicts of at most 32 / C
@@ -231,9 +333,10 @@ __device__ __forceinline__ void hc_ep_x(const float* xr, int w, bool on, float (
 template <int L, int G, int LP, int C = 1>
 __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
     constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
-    for (int i = threadIdx.x; i < entries * C; i += blockDim.x) hc_ep_tab[i] = a.table[i / C];
+    hc_ep_fill<C>(a.table, entries);
     __syncthreads();
     const HcSmem tabs = hc_ep_smem(hc_ep_tab + (LP ? 0 : (threadIdx.x & 31) % C));
+    const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     const unsigned below = (1u << lane) - 1u;
     const int wpr = a.cols >> 3, full_steps = wpr >> 5;
@@ -242,15 +345,7 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
         const long long start = min((long long)a.index[c], a.nwords);
         const long long stop = min((long long)a.index[c + 1], a.nwords);
         Lane s;
-        const int len = (int)max(stop - start, 0ll);
-        const uint32_t* pl = a.words + start;
-        s.b0 = lane < len ? pl[lane] : 0u;
-        s.b1 = 32 + lane < len ? pl[32 + lane] : 0u;
-        s.b2 = 64 + lane < len ? pl[64 + lane] : 0u;
-        s.next = pl + 96 + lane;
-        s.left = len - 96 - lane;
-        s.rel = 0;
-        s.hi = 0x80000000u, s.lo = 0u;
+        hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
         const int r0 = c * a.rows_per_chunk, r1 = min(r0 + a.rows_per_chunk, a.rows);
         for (int row = r0; row < r1; row++) {
             float acc = 0.f, x[8];
@@ -314,10 +409,11 @@ __device__ __forceinline__ void hc_ep_r8_span(Lane& s, HcSmem tabs, const E8Pref
 template <int L, int G, int LP, int C, bool MMA>
 __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
     constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
-    for (int i = threadIdx.x; i < entries * C; i += blockDim.x) hc_ep_tab[i] = a.table[i / C];
+    hc_ep_fill<C>(a.table, entries);
     __shared__ float red[16][16][8];  // [segment][activation row][row of the group]
     __syncthreads();
     const HcSmem tabs = hc_ep_smem(hc_ep_tab + (LP ? 0 : (threadIdx.x & 31) % C));
+    const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, q = lane & 3;
     const unsigned below = (1u << lane) - 1u;
     const int groups = (a.rows + 7) >> 3, blocks = a.cols >> 5;
@@ -326,15 +422,7 @@ __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
         const long long start = min((long long)a.index[c], a.nwords);
         const long long stop = min((long long)a.index[c + 1], a.nwords);
         Lane s;
-        const int len = (int)max(stop - start, 0ll);
-        const uint32_t* pl = a.words + start;
-        s.b0 = lane < len ? pl[lane] : 0u;
-        s.b1 = 32 + lane < len ? pl[32 + lane] : 0u;
-        s.b2 = 64 + lane < len ? pl[64 + lane] : 0u;
-        s.next = pl + 96 + lane;
-        s.left = len - 96 - lane;
-        s.rel = 0;
-        s.hi = 0x80000000u, s.lo = 0u;
+        hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
         const int b0 = warp * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
         const bool on = g * 8 + n < a.rows, full = g * 8 + 8 <= a.rows;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};

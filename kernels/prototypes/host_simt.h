@@ -142,6 +142,7 @@ inline float __shfl_xor_sync(unsigned, float v, int m) {
     return v;
 }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline void __syncwarp(unsigned = 0xffffffffu) { hc_host::block->warps[hc_host::tid.x / 32]->bar.arrive_and_wait(); }
 inline uint32_t __funnelshift_l(uint32_t lo, uint32_t hi, uint32_t s) {
     return (uint32_t)((((uint64_t)hi << 32 | lo) << (s & 31)) >> 32);
 }
