@@ -366,8 +366,9 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The rows8 layout (`_e8prefix.Rows8Layout`): a block of `segments` warps takes a group of 8
-// rows, warp w the row's w-th segment of 32-column blocks (chunk group · segments + w). Lane
+// The rows8 layout (`_e8prefix.Rows8Layout`): a block of gpb × `segments` warps (at most 16)
+// takes gpb groups of 8 rows, warp w group w / segments and that row's segment w % segments of
+// 32-column blocks (chunk group · segments + segment). Lane
 // 4n + q decodes word q of each block of row n: the values at the block's columns 2q, 2q + 1,
 // 2q + 8, 2q + 9, 16 + (the same), which are mma.m16n8k16's B fragments (k-tiles 0 and 1, column
 // n) for that lane. The activations come permuted the same way, so a lane's 8 activations of a
@@ -417,55 +418,62 @@ __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, q = lane & 3;
     const unsigned below = (1u << lane) - 1u;
     const int groups = (a.rows + 7) >> 3, blocks = a.cols >> 5;
-    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-        const int c = g * a.segments + warp;
-        const long long start = min((long long)a.index[c], a.nwords);
-        const long long stop = min((long long)a.index[c + 1], a.nwords);
-        Lane s;
-        hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
-        const int b0 = warp * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
-        const bool on = g * 8 + n < a.rows, full = g * 8 + 8 <= a.rows;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (full) {
-            hc_ep_r8_span<L, G, LP, C, MMA, false>(s, tabs, a, b0, nb, true, below, acc);
-        } else {
-            hc_ep_r8_span<L, G, LP, C, MMA, true>(s, tabs, a, b0, nb, on, below, acc);
-        }
-        if (!MMA) {
-            acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
-            acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
-            if (q == 0) red[warp][0][n] = acc[0];
-        } else {
-            // c0, c1: activation row n, rows 2q, 2q + 1 of the group; c2, c3: activation row n + 8.
-            red[warp][n][2 * q] = acc[0];
-            red[warp][n][2 * q + 1] = acc[1];
-            red[warp][n + 8][2 * q] = acc[2];
-            red[warp][n + 8][2 * q + 1] = acc[3];
+    // A block holds gpb row groups, `segments` warps each: warp w takes group base + w / segments
+    // and its segment w % segments. Every warp runs every trip (the barriers), idle past the end.
+    const int gpb = (blockDim.x >> 5) / a.segments, wg = warp / a.segments, seg = warp % a.segments;
+    for (int base = blockIdx.x * gpb; base < groups; base += gridDim.x * gpb) {
+        const int g = base + wg;
+        if (wg < gpb && g < groups) {
+            const int c = g * a.segments + seg;
+            const long long start = min((long long)a.index[c], a.nwords);
+            const long long stop = min((long long)a.index[c + 1], a.nwords);
+            Lane s;
+            hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
+            const int b0 = seg * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
+            const bool on = g * 8 + n < a.rows, full = g * 8 + 8 <= a.rows;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            if (full) {
+                hc_ep_r8_span<L, G, LP, C, MMA, false>(s, tabs, a, b0, nb, true, below, acc);
+            } else {
+                hc_ep_r8_span<L, G, LP, C, MMA, true>(s, tabs, a, b0, nb, on, below, acc);
+            }
+            if (!MMA) {
+                acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
+                acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
+                if (q == 0) red[warp][0][n] = acc[0];
+            } else {
+                // c0, c1: activation row n, rows 2q, 2q + 1 of the group; c2, c3: activation row n + 8.
+                red[warp][n][2 * q] = acc[0];
+                red[warp][n][2 * q + 1] = acc[1];
+                red[warp][n + 8][2 * q] = acc[2];
+                red[warp][n + 8][2 * q + 1] = acc[3];
+            }
         }
         __syncthreads();
         const int M = MMA ? a.M : 1;
-        for (int i = threadIdx.x; i < 8 * M; i += blockDim.x) {
-            const int m = i >> 3, r = g * 8 + (i & 7);
+        for (int i = threadIdx.x; i < gpb * 8 * M; i += blockDim.x) {
+            const int gl = i / (8 * M), m = (i >> 3) % M, r = (base + gl) * 8 + (i & 7);
             if (r >= a.rows) continue;
             float t = 0.f;
-            for (int w = 0; w < a.segments; w++) t += red[w][m][i & 7];
+            for (int w = 0; w < a.segments; w++) t += red[gl * a.segments + w][m][i & 7];
             a.y[(long long)m * a.rows + r] = 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f);
         }
         __syncthreads();
     }
 }
 
-// Launched with the tables' bytes of dynamic shared memory (4 × entries × copies).
-extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l8(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0>(a); }
-extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l10(E8PrefixArgs a) { hc_e8_prefix<10, 3, 0>(a); }
-extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l12(E8PrefixArgs a) { hc_e8_prefix<12, 2, 0>(a); }
-extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l8c16(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0, 16>(a); }
-extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_l8c32(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0, 32>(a); }
-extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_l8(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 1, false>(a); }
-extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_l8c32(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 32, false>(a); }
-extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_pairs12(E8PrefixArgs a) { hc_e8_prefix_r8<8, 0, 12, 1, false>(a); }
-extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_l8_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 1, true>(a); }
-extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_l8c32_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 32, true>(a); }
-extern "C" __global__ void __launch_bounds__(512) hc_e8_prefix_r8_pairs12_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 0, 12, 1, true>(a); }
-extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_pairs11(E8PrefixArgs a) { hc_e8_prefix<8, 0, 11>(a); }
-extern "C" __global__ void __launch_bounds__(256) hc_e8_prefix_pairs12(E8PrefixArgs a) { hc_e8_prefix<8, 0, 12>(a); }
+// Launched with the tables' bytes of dynamic shared memory (4 × entries × copies) and at most 16
+// warps a block.
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_l8(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_l10(E8PrefixArgs a) { hc_e8_prefix<10, 3, 0>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_l12(E8PrefixArgs a) { hc_e8_prefix<12, 2, 0>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_l8c16(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0, 16>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_l8c32(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0, 32>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_l8(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 1, false>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_l8c32(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 32, false>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs12(E8PrefixArgs a) { hc_e8_prefix_r8<8, 0, 12, 1, false>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_l8_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 1, true>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_l8c32_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 32, true>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs12_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 0, 12, 1, true>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_pairs11(E8PrefixArgs a) { hc_e8_prefix<8, 0, 11>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_pairs12(E8PrefixArgs a) { hc_e8_prefix<8, 0, 12>(a); }

@@ -162,7 +162,8 @@ HOST_CASES = [  # rows, cols, α, kernel, warps a block, grid (a grid smaller th
     (1, 8, 1.0, "pairs12", 1, 1, 1), (9, 1000, 4.0, "pairs12", 1, 2, 1), (300, 512, 2.0, "pairs11", 2, 1, 1),
     (33, 4096, 4.5, "pairs12", 8, 3, 1), (37, 1024, 4.0, "l8c16", 8, 1, 1), (9, 1000, 3.0, "l8c32", 2, 2, 1),
     (300, 512, 4.0, "l8c32", 2, 1, 1),
-    # The rows8 layout: a block is the layout's segments (warps column ignored); partial groups.
+    # The rows8 layout: a block is 2 row groups' segments where they fit (warps column ignored);
+    # partial groups.
     (37, 1024, 4.0, "r8_l8", 0, 2, 1), (8, 4096, 3.0, "r8_pairs12", 0, 1, 1), (1, 32, 1.0, "r8_l8", 0, 1, 1),
     (20, 8192, 4.0, "r8_l8c32", 0, 1, 1), (300, 512, 2.0, "r8_pairs12", 0, 7, 1), (13, 96, 6.0, "r8_l8", 0, 1, 1),
     (37, 1024, 4.0, "r8_l8_mma", 0, 2, 16), (8, 4096, 3.0, "r8_pairs12_mma", 0, 1, 5), (1, 32, 1.0, "r8_l8_mma", 0, 1, 1),
@@ -205,8 +206,8 @@ def host(sanitize: bool) -> int:
         ref = xk.astype(np.float64) @ what.T  # m × rows
         xin = layout.permute_x(xk) if key.startswith("r8") else xk
         segs = getattr(layout, "segments", 1)
-        if key.startswith("r8"):
-            warps = segs
+        if key.startswith("r8"):  # blocks of 2 row groups where they fit, else 1
+            warps = segs * (2 if 2 * segs <= 16 else 1)
 
         def run(words, index) -> np.ndarray | None:
             with tempfile.TemporaryDirectory() as d:
@@ -330,13 +331,14 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
             fn = drv.fn("proto", f"hc_e8_prefix_{key}")
             smem = 4 * len(enc.table) * COPIES.get(key, 1)  # the kernel's dynamic shared memory: its tables
             drv.check(drv.cu.cuFuncSetAttribute(fn, 8, smem), "max dynamic shared memory")
-            block = 32 * segs if r8 else 256
+            gpb = 16 // segs if r8 else 1  # row groups a block (8-row layout): 16 warps at most
+            block = 32 * segs * gpb if r8 else 512
             # A persistent grid (the kernels stride over chunks or row groups): each block loads
             # the tables once.
             per_sm = C.c_int()
             drv.check(drv.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(C.byref(per_sm), fn, block, C.c_size_t(smem)),
                       "occupancy")
-            need = layout.groups if r8 else (chunks + 7) // 8
+            need = -(-layout.groups // gpb) if r8 else -(-chunks // 16)
             grid = max(1, min(need, per_sm.value * sms))
             for m in batches if mma else [1]:
                 if m not in xs:
