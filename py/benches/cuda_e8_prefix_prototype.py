@@ -331,14 +331,18 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
             fn = drv.fn("proto", f"hc_e8_prefix_{key}")
             smem = 4 * len(enc.table) * COPIES.get(key, 1)  # the kernel's dynamic shared memory: its tables
             drv.check(drv.cu.cuFuncSetAttribute(fn, 8, smem), "max dynamic shared memory")
-            gpb = 16 // segs if r8 else 1  # row groups a block (8-row layout): 16 warps at most
-            block = 32 * segs * gpb if r8 else 512
+            # At most 16 warps a block, fewer where the chunks would not fill every SM.
+            if r8:
+                gpb = max(1, min(16 // segs, layout.groups // sms))  # row groups a block
+                block = 32 * segs * gpb
+            else:
+                block = 32 * max(1, min(16, chunks // sms))
             # A persistent grid (the kernels stride over chunks or row groups): each block loads
             # the tables once.
             per_sm = C.c_int()
             drv.check(drv.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(C.byref(per_sm), fn, block, C.c_size_t(smem)),
                       "occupancy")
-            need = -(-layout.groups // gpb) if r8 else -(-chunks // 16)
+            need = -(-layout.groups // gpb) if r8 else -(-chunks // (block // 32))
             grid = max(1, min(need, per_sm.value * sms))
             for m in batches if mma else [1]:
                 if m not in xs:
@@ -383,8 +387,11 @@ def main() -> int:
                     help="GPU run: " + ",".join(KERNELS))
     ap.add_argument("--batches", default="1,4,16", help="GPU run: activation rows (the _mma kernels take 1–16)")
     ap.add_argument("--alpha", type=float, default=4.0, help="lattice scale (4: about 4.2 bits a value)")
+    ap.add_argument("--chunk-symbols", type=int, default=P.CHUNK_SYMBOLS,
+                    help="symbols a chunk aims at (fewer: more warps, more padding)")
     ap.add_argument("--iters", type=int, default=40)
     args = ap.parse_args()
+    P.CHUNK_SYMBOLS = args.chunk_symbols
     if args.sass:
         sass(args.sass)
     if args.rate:
