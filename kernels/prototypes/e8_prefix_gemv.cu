@@ -34,10 +34,10 @@
 #endif
 
 // Words a warp's ring in shared memory holds: the chunk's words are copied in (cp.async) in
-// groups of 64, at least 96 words ahead of the reads, so a refill reads shared memory and no
-// register ever waits on a global load.
+// groups of 64, at least 160 words (three groups) ahead of the reads, so a refill reads shared
+// memory and no register ever waits on a global load.
 #define HC_EP_RING 256
-// Warps a block has at most (their rings: 16 KB).
+// Warps a block has at most.
 #define HC_EP_WARPS 16
 
 #ifdef __CUDA_ARCH__
@@ -64,17 +64,18 @@ inline void hc_ep_lds2(HcSmem base, uint32_t off, uint32_t& x, uint32_t& y) { x 
 inline HcSmem hc_ep_smem(const uint32_t* p) { return p; }
 #endif
 
-// The tables, in dynamic shared memory (the pair tables take 67 KB at 12 bits), and the warps'
-// word rings.
+// Dynamic shared memory: the warps' word rings (1 KB each, so a ring's address is base | offset),
+// then the tables (the pair tables take 67 KB at 12 bits). A block is launched with
+// 1024 · warps + 4 · entries · copies bytes.
 #ifdef __CUDA_ARCH__
-extern __shared__ uint32_t hc_ep_tab[];
-__shared__ __align__(4 * HC_EP_RING) uint32_t hc_ep_rings[HC_EP_WARPS * HC_EP_RING];
+extern __shared__ __align__(4 * HC_EP_RING) uint32_t hc_ep_dyn[];
 #else
-static uint32_t hc_ep_tab[(3 << 8) * 32 + (4 << 12)];
-alignas(4 * HC_EP_RING) static uint32_t hc_ep_rings[HC_EP_WARPS * HC_EP_RING];
-inline void hc_ep_cp4(uint32_t dst, const uint32_t* src, bool ok) { hc_ep_rings[dst / 4] = ok ? *src : 0u; }
-inline uint32_t hc_ep_ring_lds(uint32_t addr) { return hc_ep_rings[addr / 4]; }
+alignas(4 * HC_EP_RING) static uint32_t hc_ep_dyn[HC_EP_WARPS * HC_EP_RING + (3 << 8) * 32 + (4 << 12)];
+inline void hc_ep_cp4(uint32_t dst, const uint32_t* src, bool ok) { hc_ep_dyn[dst / 4] = ok ? *src : 0u; }
+inline uint32_t hc_ep_ring_lds(uint32_t addr) { return hc_ep_dyn[addr / 4]; }
 #endif
+// The tables: after the block's rings.
+__device__ __forceinline__ uint32_t* hc_ep_tables() { return hc_ep_dyn + HC_EP_RING * (blockDim.x >> 5); }
 
 __device__ __forceinline__ float hc_ep_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -119,7 +120,7 @@ struct E8PrefixArgs {
 
 struct Lane {
     uint32_t hi, lo;       // the bit buffer with its marker
-    uint32_t ring;         // this warp's ring (its address, 512-byte aligned: base | offset)
+    uint32_t ring;         // this warp's ring (its address, 1 KB aligned: base | offset)
     uint32_t pos4;         // 4 × words taken, mod the ring (warp-uniform)
     int ahead;             // words asked for and not taken (warp-uniform)
     int left;              // this lane's next fetch: words of the chunk from it on (≤ 0: none)
@@ -132,7 +133,7 @@ __device__ __forceinline__ void hc_ep_cp4(uint32_t dst, const uint32_t* src, boo
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
 __device__ __forceinline__ void hc_ep_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void hc_ep_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void hc_ep_wait2() { asm volatile("cp.async.wait_group 2;" ::: "memory"); }
 __device__ __forceinline__ void hc_ep_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 __device__ __forceinline__ uint32_t hc_ep_ring_lds(uint32_t addr) {
     uint32_t v;
@@ -140,21 +141,21 @@ __device__ __forceinline__ uint32_t hc_ep_ring_lds(uint32_t addr) {
     return v;
 }
 #else
-// On the host a ring "address" is a byte offset into hc_ep_rings.
+// On the host a ring "address" is a byte offset into hc_ep_dyn.
 inline void hc_ep_cp4(uint32_t dst, const uint32_t* src, bool ok);
 inline uint32_t hc_ep_ring_lds(uint32_t addr);
 inline void hc_ep_commit() {}
-inline void hc_ep_wait1() {}
+inline void hc_ep_wait2() {}
 inline void hc_ep_wait0() {}
 #endif
 
 #define HC_EP_RING_MASK (4 * HC_EP_RING - 4)
 
-// Warp w's ring: its shared-memory address (the host: its byte offset in hc_ep_rings).
+// Warp w's ring: its shared-memory address (the host: its byte offset in hc_ep_dyn).
 __device__ __forceinline__ uint32_t hc_ep_ring_of(int w) {
 #ifdef __CUDA_ARCH__
     uint32_t a;
-    asm volatile("mov.u32 %0, %1;" : "=r"(a) : "r"((uint32_t)__cvta_generic_to_shared(hc_ep_rings + HC_EP_RING * w)));
+    asm volatile("mov.u32 %0, %1;" : "=r"(a) : "r"((uint32_t)__cvta_generic_to_shared(hc_ep_dyn + HC_EP_RING * w)));
     return a;
 #else
     return 4u * HC_EP_RING * (uint32_t)w;
@@ -185,7 +186,8 @@ __device__ __forceinline__ void hc_ep_start(Lane& s, uint32_t ring, const uint32
     __syncwarp();
     hc_ep_fetch(s);
     hc_ep_fetch(s);
-    hc_ep_wait1();
+    hc_ep_fetch(s);
+    hc_ep_wait2();
     __syncwarp();  // words 0 … 63 have landed
 }
 
@@ -211,12 +213,14 @@ __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
     const int taken = __popc(bal);
     s.pos4 += 4u * taken;
     s.ahead -= taken;
-    // Stay ahead: after this, ahead ≥ 96, and every group but the newest has landed, so the next
-    // check's words (below pos + 32 ≤ pos + ahead − 64) are there. The slots a new group
-    // overwrites held words below pos + ahead − 256 < pos: all taken.
-    if (s.ahead < 96) {
+    // Stay ahead: after this, ahead ≥ 160, and every group but the two newest has landed, so the
+    // next check's words (below pos + 32 ≤ pos + ahead − 128) are there. The slots a new group
+    // overwrites held words below pos + ahead − 256 < pos − 32: all taken, by reads the first
+    // __syncwarp orders before the copies.
+    if (s.ahead < 160) {
+        __syncwarp();
         hc_ep_fetch(s);
-        hc_ep_wait1();
+        hc_ep_wait2();
         __syncwarp();
     }
 }
@@ -304,24 +308,35 @@ __device__ __forceinline__ void hc_ep_x(const float* xr, int w, bool on, float (
     x[0] = p.x, x[1] = p.y, x[2] = p.z, x[3] = p.w, x[4] = q.x, x[5] = q.y, x[6] = q.z, x[7] = q.w;
 }
 
-// The tables into shared memory, C interleaved copies (entry i of copy j at C·i + j): 16-byte
-// loads, four in flight a thread (entries is a multiple of 4, the table 16-byte aligned).
+// The tables into shared memory, C interleaved copies (entry i of copy j at C·i + j). C = 1:
+// 16-byte loads, four in flight a thread (entries is a multiple of 4, the table 16-byte
+// aligned). C > 1: consecutive threads write consecutive words (no bank conflict), reading one
+// entry a C-thread group (a broadcast), four loads in flight.
 template <int C>
 __device__ __forceinline__ void hc_ep_fill(const uint32_t* table, int entries) {
-    const uint4* t4 = reinterpret_cast<const uint4*>(table);
-    const int n4 = entries >> 2, step = blockDim.x;
-    for (int i = threadIdx.x; i < n4; i += 4 * step) {
-        uint4 v[4];
+    uint32_t* tab = hc_ep_tables();
+    const int step = blockDim.x;
+    if (C == 1) {
+        const uint4* t4 = reinterpret_cast<const uint4*>(table);
+        uint4* d4 = reinterpret_cast<uint4*>(tab);
+        const int n4 = entries >> 2;
+        for (int i = threadIdx.x; i < n4; i += 4 * step) {
+            uint4 v[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) v[k] = i + k * step < n4 ? __ldg(t4 + i + k * step) : make_uint4(0u, 0u, 0u, 0u);
+            for (int k = 0; k < 4; k++) v[k] = i + k * step < n4 ? __ldg(t4 + i + k * step) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            if (i + k * step >= n4) break;
-            const uint32_t e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+            for (int k = 0; k < 4; k++)
+                if (i + k * step < n4) d4[i + k * step] = v[k];
+        }
+    } else {
+        const int n = entries * C;
+        for (int i = threadIdx.x; i < n; i += 4 * step) {
+            uint32_t v[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int k = 0; k < 4; k++) v[k] = i + k * step < n ? __ldg(table + (i + k * step) / C) : 0u;
 #pragma unroll
-                for (int c = 0; c < C; c++) hc_ep_tab[(4 * (i + k * step) + u) * C + c] = e[u];
+            for (int k = 0; k < 4; k++)
+                if (i + k * step < n) tab[i + k * step] = v[k];
         }
     }
 }
@@ -335,7 +350,7 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
     constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
     hc_ep_fill<C>(a.table, entries);
     __syncthreads();
-    const HcSmem tabs = hc_ep_smem(hc_ep_tab + (LP ? 0 : (threadIdx.x & 31) % C));
+    const HcSmem tabs = hc_ep_smem(hc_ep_tables() + (LP ? 0 : (threadIdx.x & 31) % C));
     const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     const unsigned below = (1u << lane) - 1u;
@@ -363,6 +378,7 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
             if (lane == 0) a.y[row] = 0.5f * a.row_scales[row] * t + (a.bias ? a.bias[row] : 0.f);
         }
     }
+    hc_ep_wait0();  // no copy outlives the block
 }
 
 // ---------------------------------------------------------------------------------------
@@ -374,8 +390,9 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
 // n) for that lane. The activations come permuted the same way, so a lane's 8 activations of a
 // block are contiguous: f32 for the GEMV (MMA false: FFMA, the 4 lanes of a row summed by two
 // shuffles), f16 M × cols for the tensor cores (MMA true, batches up to 16: rows n and n + 8 of
-// the A fragments are lane 4n + q's two 16-byte loads). The segments' sums meet in shared memory
-// and are added in warp order (deterministic). Needs cols % 32 == 0.
+// the A fragments are lane 4n + q's two 16-byte loads). The segments' sums meet in the warps'
+// rings and are added in warp order (deterministic). Needs cols % 32 == 0, and M ≤ 16 with
+// doubled coordinates of at most 2048 in magnitude for the tensor cores (f16 holds them exactly).
 // One warp's segment of a group in the rows8 layout: nb blocks from block b0 (see below).
 template <int L, int G, int LP, int C, bool MMA, bool TAIL>
 __device__ __forceinline__ void hc_ep_r8_span(Lane& s, HcSmem tabs, const E8PrefixArgs& a, int b0, int nb, bool on,
@@ -411,9 +428,8 @@ template <int L, int G, int LP, int C, bool MMA>
 __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
     constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
     hc_ep_fill<C>(a.table, entries);
-    __shared__ float red[16][16][8];  // [segment][activation row][row of the group]
     __syncthreads();
-    const HcSmem tabs = hc_ep_smem(hc_ep_tab + (LP ? 0 : (threadIdx.x & 31) % C));
+    const HcSmem tabs = hc_ep_smem(hc_ep_tables() + (LP ? 0 : (threadIdx.x & 31) % C));
     const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, q = lane & 3;
     const unsigned below = (1u << lane) - 1u;
@@ -437,33 +453,39 @@ __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
             } else {
                 hc_ep_r8_span<L, G, LP, C, MMA, true>(s, tabs, a, b0, nb, on, below, acc);
             }
+            // The warp's sums go to its own ring (its copies have all landed): [activation row][row
+            // of the group], 128 floats at most.
+            hc_ep_wait0();
+            __syncwarp();
+            float* red = reinterpret_cast<float*>(hc_ep_dyn + HC_EP_RING * warp);
             if (!MMA) {
                 acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
                 acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
-                if (q == 0) red[warp][0][n] = acc[0];
+                if (q == 0) red[n] = acc[0];
             } else {
                 // c0, c1: activation row n, rows 2q, 2q + 1 of the group; c2, c3: activation row n + 8.
-                red[warp][n][2 * q] = acc[0];
-                red[warp][n][2 * q + 1] = acc[1];
-                red[warp][n + 8][2 * q] = acc[2];
-                red[warp][n + 8][2 * q + 1] = acc[3];
+                red[8 * n + 2 * q] = acc[0];
+                red[8 * n + 2 * q + 1] = acc[1];
+                red[8 * (n + 8) + 2 * q] = acc[2];
+                red[8 * (n + 8) + 2 * q + 1] = acc[3];
             }
         }
         __syncthreads();
-        const int M = MMA ? a.M : 1;
+        const int M = MMA ? min(a.M, 16) : 1;
         for (int i = threadIdx.x; i < gpb * 8 * M; i += blockDim.x) {
             const int gl = i / (8 * M), m = (i >> 3) % M, r = (base + gl) * 8 + (i & 7);
             if (r >= a.rows) continue;
             float t = 0.f;
-            for (int w = 0; w < a.segments; w++) t += red[gl * a.segments + w][m][i & 7];
+            for (int w = 0; w < a.segments; w++)
+                t += reinterpret_cast<const float*>(hc_ep_dyn + HC_EP_RING * (gl * a.segments + w))[8 * m + (i & 7)];
             a.y[(long long)m * a.rows + r] = 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f);
         }
         __syncthreads();
     }
 }
 
-// Launched with the tables' bytes of dynamic shared memory (4 × entries × copies) and at most 16
-// warps a block.
+// Launched with 1024 · warps + 4 · entries · copies bytes of dynamic shared memory (the rings,
+// then the tables) and at most 16 warps a block.
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_l8(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0>(a); }
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_l10(E8PrefixArgs a) { hc_e8_prefix<10, 3, 0>(a); }
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_l12(E8PrefixArgs a) { hc_e8_prefix<12, 2, 0>(a); }

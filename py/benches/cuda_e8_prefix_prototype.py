@@ -115,6 +115,8 @@ def build(w: np.ndarray, alpha: float, key: str, quantized=None):
     enc = P.encode(sym, rows, cols, model, layout)
     bits = enc.stored_bits(model) + 32 * rows  # f32 row scales
     doubled = P.doubled_coords(sym).reshape(rows, cols // 8, 8)
+    if key.endswith("_mma") and np.abs(doubled).max(initial=0) > 2048:
+        raise ValueError("doubled coordinates beyond 2048: f16 fragments would round them")
     what = 0.5 * scales.astype(np.float32).astype(np.float64)[:, None] * layout.matrix(doubled)
     return enc, bits / (rows * cols), what, scales
 
@@ -172,6 +174,8 @@ HOST_CASES = [  # rows, cols, α, kernel, warps a block, grid (a grid smaller th
     # α = 0: an all-zero matrix (one code a context, every word zero: no word is stored).
     (16, 256, 0.0, "l8", 2, 1, 1), (16, 256, 0.0, "r8_pairs12_mma", 0, 1, 3), (16, 256, 0.05, "pairs12", 2, 1, 1),
     (5, 264, 4.0, "pairs12", 1, 1, 1), (2, 16392, 4.0, "pairs11", 1, 1, 1),
+    # Short last segments (2080 = 2048 + 32 columns, 6176 = 3 · 2048 + 32).
+    (11, 2080, 4.0, "r8_l8", 0, 1, 1), (11, 2080, 4.0, "r8_pairs12_mma", 0, 1, 7), (9, 6176, 3.0, "r8_l8c32_mma", 0, 2, 16),
 ]
 
 
@@ -247,8 +251,8 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
         iters: int) -> int:
     import torch
 
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        print("cuda_e8_prefix_prototype: no CUDA device of compute capability 9.0; nothing to do")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("cuda_e8_prefix_prototype: no CUDA device of compute capability 9.0 (the cubin is sm_90); nothing to do")
         return 0
     from _driver import Driver
     from _graph_timing import graph_time_us
@@ -329,8 +333,7 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
             chunks = len(enc.index) - 1
             segs, seg_blocks = getattr(layout, "segments", 1), getattr(layout, "seg_blocks", 0)
             fn = drv.fn("proto", f"hc_e8_prefix_{key}")
-            smem = 4 * len(enc.table) * COPIES.get(key, 1)  # the kernel's dynamic shared memory: its tables
-            drv.check(drv.cu.cuFuncSetAttribute(fn, 8, smem), "max dynamic shared memory")
+
             # At most 16 warps a block, fewer where the chunks would not fill every SM.
             if r8:
                 gpb = max(1, min(16 // segs, layout.groups // sms))  # row groups a block
@@ -339,12 +342,20 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
                 block = 32 * max(1, min(16, chunks // sms))
             # A persistent grid (the kernels stride over chunks or row groups): each block loads
             # the tables once.
+            smem = 1024 * (block // 32) + 4 * len(enc.table) * COPIES.get(key, 1)  # rings, then tables
+            drv.check(drv.cu.cuFuncSetAttribute(fn, 8, smem), "max dynamic shared memory")
             per_sm = C.c_int()
             drv.check(drv.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(C.byref(per_sm), fn, block, C.c_size_t(smem)),
                       "occupancy")
             need = -(-layout.groups // gpb) if r8 else -(-chunks // (block // 32))
-            grid = max(1, min(need, per_sm.value * sms))
-            for m in batches if mma else [1]:
+            if per_sm.value < 1:
+                failed.append(f"{key} {rows}x{cols}: no block fits an SM ({smem} B of shared memory)")
+                continue
+            grid = min(need, per_sm.value * sms)
+            runs = [m for m in batches if m <= 16] if mma else [1]
+            if not set(runs) & set(xs):
+                print(f"| {rows}x{cols} | | prototype {key} | (no batch it takes in --batches) | | | | |")
+            for m in runs:
                 if m not in xs:
                     continue
                 x = xs[m]
