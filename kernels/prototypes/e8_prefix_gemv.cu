@@ -341,16 +341,22 @@ __device__ __forceinline__ void hc_ep_fill(const uint32_t* table, int entries) {
     }
 }
 
+// Every kernel's start: the tables into shared memory, then this lane's copy of them.
+template <int L, int LP, int C>
+__device__ __forceinline__ HcSmem hc_ep_setup(const E8PrefixArgs& a) {
+    constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
+    hc_ep_fill<C>(a.table, entries);
+    __syncthreads();
+    return hc_ep_smem(hc_ep_tables() + (LP ? 0 : (threadIdx.x & 31) % C));
+}
+
 // L, G: singles of at most L bits, refills every G symbols; LP > 0: pairs of at most LP bits.
 // C: copies of the singles' tables, interleaved (entry i of copy j at u32 C·i + j), lane l
 // reading copy l mod C: random lookups from a warp then meet bank conflicts of at most 32 / C
 // lanes (C = 32: none), where one copy averages 3.5 wavefronts a lookup.
 template <int L, int G, int LP, int C = 1>
 __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
-    constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
-    hc_ep_fill<C>(a.table, entries);
-    __syncthreads();
-    const HcSmem tabs = hc_ep_smem(hc_ep_tables() + (LP ? 0 : (threadIdx.x & 31) % C));
+    const HcSmem tabs = hc_ep_setup<L, LP, C>(a);
     const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     const unsigned below = (1u << lane) - 1u;
@@ -426,10 +432,7 @@ __device__ __forceinline__ void hc_ep_r8_span(Lane& s, HcSmem tabs, const E8Pref
 
 template <int L, int G, int LP, int C, bool MMA>
 __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
-    constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
-    hc_ep_fill<C>(a.table, entries);
-    __syncthreads();
-    const HcSmem tabs = hc_ep_smem(hc_ep_tables() + (LP ? 0 : (threadIdx.x & 31) % C));
+    const HcSmem tabs = hc_ep_setup<L, LP, C>(a);
     const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, q = lane & 3;
     const unsigned below = (1u << lane) - 1u;
