@@ -310,15 +310,22 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
             print(f"| {rows}x{cols} | 1 | (its activation RHT alone) | | {t_rht:.1f} | | | |")
         except ImportError:
             print("(hypercodec not importable: no committed row)")
-        quantized = {}
+        quantized, built = {}, {}
         for key in kernels:
             mma, r8 = key.endswith("_mma"), key.startswith("r8")
             layout = layout_of(key, rows, cols)
             t0 = time.time()
             if layout.name not in quantized:
                 quantized[layout.name] = quantize(w, alpha, layout)
+            # Kernels of one layout and code share a payload (table copies and tensor cores
+            # read the same stream): encoded once.
+            same = (layout.name, key.replace("r8_", "").replace("_mma", "").replace("c16", "").replace("c32", ""))
             try:
-                enc, bpv, what, scales = build(w, alpha, key, quantized[layout.name])
+                if same not in built:
+                    built[same] = build(w, alpha, key, quantized[layout.name])
+                enc, bpv, what, scales = built[same]
+                if mma and np.abs(P.doubled_coords(quantized[layout.name][0])).max(initial=0) > 2048:
+                    raise ValueError("doubled coordinates beyond 2048: f16 fragments would round them")
             except ValueError as e:
                 print(f"| {rows}x{cols} | | prototype {key} | ({e}) | | | | |")
                 continue

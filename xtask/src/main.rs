@@ -473,10 +473,20 @@ fn gpu_bundle() -> Result<(), String> {
     }
     let wheel = build_wheel(&py, &root().join(".dev/gpu"))?;
     let size = std::fs::metadata(&wheel).map(|m| m.len()).unwrap_or(0);
+    // The entropy-coded E8 prototype (not in the PTX build), for the suite's `e8prefix` step.
+    let cubin = root().join(".dev/gpu/e8p.cubin");
+    let mut cmd = nvcc_command(&nvcc()?)?;
+    cmd.args(["-cubin", "-arch=sm_90", "-O3", "-I"])
+        .arg(root().join("kernels"))
+        .arg(root().join("kernels/prototypes/e8_prefix_gemv.cu"))
+        .arg("-o")
+        .arg(&cubin);
+    run("nvcc -cubin kernels/prototypes/e8_prefix_gemv.cu", &mut cmd)?;
     println!(
-        "{} ({:.1} MB)\ncarry .dev/gpu with the tree; on the GPU machine: bash scripts/gpu_suite.sh [STEP ...]",
+        "{} ({:.1} MB), {}\ncarry .dev/gpu with the tree; on the GPU machine: bash scripts/gpu_suite.sh [STEP ...]",
         wheel.display(),
-        size as f64 / 1e6
+        size as f64 / 1e6,
+        cubin.display()
     );
     Ok(())
 }
@@ -613,6 +623,21 @@ fn nvcc() -> Result<PathBuf, String> {
     Ok(bin)
 }
 
+/// A command running `nvcc` with its own folder first on PATH (where its ptxas is).
+fn nvcc_command(nvcc: &Path) -> Result<Command, String> {
+    let mut cmd = Command::new(nvcc);
+    if let Some(bin) = nvcc.parent() {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut paths = vec![bin.to_path_buf()];
+        paths.extend(std::env::split_paths(&path));
+        cmd.env(
+            "PATH",
+            std::env::join_paths(paths).map_err(|e| e.to_string())?,
+        );
+    }
+    Ok(cmd)
+}
+
 fn ptx(check: bool) -> Result<(), String> {
     let hash = kernel_sources_hash()?;
     let stamp = format!("{PTX_STAMP}{hash}");
@@ -646,21 +671,12 @@ fn ptx(check: bool) -> Result<(), String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     for u in &units {
         let tmp = dir.join(".nvcc-out.ptx");
-        let mut cmd = Command::new(&nvcc);
+        let mut cmd = nvcc_command(&nvcc)?;
         cmd.args(["-ptx", "-arch=sm_80", "-O3", "-I"])
             .arg(root().join("kernels"))
             .arg(u)
             .arg("-o")
             .arg(&tmp);
-        if let Some(bin) = nvcc.parent() {
-            let path = std::env::var_os("PATH").unwrap_or_default();
-            let mut paths = vec![bin.to_path_buf()];
-            paths.extend(std::env::split_paths(&path));
-            cmd.env(
-                "PATH",
-                std::env::join_paths(paths).map_err(|e| e.to_string())?,
-            );
-        }
         run(&format!("nvcc -ptx {}", u.display()), &mut cmd)?;
         let body = std::fs::read_to_string(&tmp).map_err(|e| e.to_string())?;
         let _ = std::fs::remove_file(&tmp);
