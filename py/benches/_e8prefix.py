@@ -25,7 +25,8 @@ about a tenth of that:
   each lane's last, partly filled word, and the words lanes ask for after their last code (zeros;
   those at the chunk's end are not stored, as reads past a chunk's end give 0).
 - **Pairs** (`PairModel`): the word's pairs of free coordinates coded jointly, one lookup of an
-  8-byte entry each, so a word takes 5 lookups: fewer instructions and a lower rate at 2–4 bits.
+  8-byte entry each, so a word takes 5 lookups: fewer instructions, and fewer bits than singles
+  of at most 8 bits (singles of 10 or 12 bits still take fewer, at 3 or 4 refills a word).
 """
 
 from __future__ import annotations
