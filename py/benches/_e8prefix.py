@@ -27,6 +27,9 @@ about a tenth of that:
 - **Pairs** (`PairModel`): the word's pairs of free coordinates coded jointly, one lookup of an
   8-byte entry each, so a word takes 5 lookups: fewer instructions, and fewer bits than singles
   of at most 8 bits (singles of 10 or 12 bits still take fewer, at 3 or 4 refills a word).
+- **Two layouts** of the words over lanes: `RowLayout` (lane l: words l, l + 32, … of a row) and
+  `Rows8Layout` (8 rows a chunk, lane 4n + q: word q of each 32-column block of row n, its values
+  in mma.m16n8k16's B-fragment order), whose one stream serves the GEMV and the tensor cores.
 """
 
 from __future__ import annotations
