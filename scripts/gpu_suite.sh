@@ -17,7 +17,7 @@
 #   acts     py/benches/cuda_w8a8.py: quantized activations (FP8 E4M3 for int4, int4-row, z1-fixed4 and e8-fixed4,
 #            int8 W8A8 for int8-row) against weight-only and bf16 on 8192x8192 and 28672x8192, batches 16-1024
 #   e8prefix py/benches/cuda_e8_prefix_prototype.py: the entropy-coded E8 prototype (WHEEL_DIR/e8p.cubin, which
-#            gpu-bundle builds) against bf16 and the committed rANS GEMV on 4096x4096 and 8192x8192, batches 1 and 16
+#            gpu-bundle builds) against bf16 and the committed rANS layer on 4096x4096 and 8192x8192, batches 1, 16, 256
 #
 # Each step runs under `timeout` (its own limit below, or STEP_LIMIT seconds for every step) so
 # that one slow step cannot take the rest down with it, and the default steps end within 530 s,
@@ -106,7 +106,7 @@ for step in "${steps[@]}"; do
         acts) limit=260 cmd=("$py" py/benches/cuda_w8a8.py --sizes 8192x8192,28672x8192 --batches 16,64,256,1024
                              --specs int4:fp8,int4-row:fp8,z1-fixed4:fp8,e8-fixed4:fp8,int8-row:int8) ;;
         e8prefix) limit=420 cmd=("$py" py/benches/cuda_e8_prefix_prototype.py "$wheels/e8p.cubin"
-                                 --shapes 4096x4096,8192x8192 --batches 1,16) ;;
+                                 --shapes 4096x4096,8192x8192 --batches 1,16,256) ;;
     esac
     limit=${STEP_LIMIT:-$limit}
     echo "== $step: ${cmd[*]}"

@@ -98,10 +98,17 @@ __device__ __forceinline__ void hc_ep_mma(float (&c)[4], const uint32_t (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ uint4 hc_ep_ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+// Two floats as bf16x2 (lo in the low half), rounded to nearest even.
+__device__ __forceinline__ uint32_t hc_ep_bf2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 #else
 inline uint32_t hc_ep_h2(float lo, float hi) { return hc_host::h2(lo, hi); }
 inline void hc_ep_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { hc_host::mma16816(c, a, b0, b1); }
 inline uint4 hc_ep_ldg16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+inline uint32_t hc_ep_bf2(float lo, float hi) { return hc_host::bf16(lo) | (uint32_t)hc_host::bf16(hi) << 16; }
 #endif
 
 struct E8PrefixArgs {
@@ -487,6 +494,44 @@ __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
     }
 }
 
+// Decode for batches above 16 (a GEMM then takes the weights): chunk c of the rows8 layout by
+// warp, grid-striding; lane 4n + q writes each of its words scaled, as bf16, in the layout's
+// permuted column order (rows × cols at a.y; the activations are permuted alike), one 16-byte
+// store a word. No shared sums: any number of warps a block.
+template <int L, int G, int LP, int C>
+__device__ __forceinline__ void hc_e8_prefix_r8_decode(const E8PrefixArgs& a) {
+    const HcSmem tabs = hc_ep_setup<L, LP, C>(a);
+    const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31, n = lane >> 2, q = lane & 3;
+    const unsigned below = (1u << lane) - 1u;
+    const int warps = blockDim.x >> 5, blocks = a.cols >> 5;
+    uint4* out = reinterpret_cast<uint4*>(a.y);  // 8 bf16 a uint4: cols / 8 a row
+    for (int c = blockIdx.x * warps + (threadIdx.x >> 5); c < a.chunks; c += gridDim.x * warps) {
+        const int g = c / a.segments, seg = c % a.segments;
+        const long long start = min((long long)a.index[c], a.nwords);
+        const long long stop = min((long long)a.index[c + 1], a.nwords);
+        Lane s;
+        hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
+        const int b0 = seg * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
+        const int r = g * 8 + n;
+        const bool on = r < a.rows, full = g * 8 + 8 <= a.rows;
+        const float sc = on ? 0.5f * a.row_scales[r] : 0.f;
+        uint4* o = out + (long long)min(r, a.rows - 1) * (a.cols >> 3) + 4 * b0 + q;
+        float v[8];
+        for (int j = 0; j < nb; j++, o += 4) {
+            if (full) {
+                hc_ep_values<L, G, LP, C, false>(s, tabs, v, true, below);
+            } else {
+                hc_ep_values<L, G, LP, C, true>(s, tabs, v, on, below);
+            }
+            if (on)
+                *o = make_uint4(hc_ep_bf2(sc * v[0], sc * v[1]), hc_ep_bf2(sc * v[2], sc * v[3]),
+                                hc_ep_bf2(sc * v[4], sc * v[5]), hc_ep_bf2(sc * v[6], sc * v[7]));
+        }
+    }
+    hc_ep_wait0();
+}
+
 // Launched with 1024 · warps + 4 · entries · copies bytes of dynamic shared memory (the rings,
 // then the tables) and at most 16 warps a block.
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_l8(E8PrefixArgs a) { hc_e8_prefix<8, 4, 0>(a); }
@@ -500,5 +545,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs12(E8P
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_l8_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 1, true>(a); }
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_l8c32_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 4, 0, 32, true>(a); }
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs12_mma(E8PrefixArgs a) { hc_e8_prefix_r8<8, 0, 12, 1, true>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_l8_decode(E8PrefixArgs a) { hc_e8_prefix_r8_decode<8, 4, 0, 1>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs12_decode(E8PrefixArgs a) { hc_e8_prefix_r8_decode<8, 0, 12, 1>(a); }
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_pairs11(E8PrefixArgs a) { hc_e8_prefix<8, 0, 11>(a); }
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_pairs12(E8PrefixArgs a) { hc_e8_prefix<8, 0, 12>(a); }

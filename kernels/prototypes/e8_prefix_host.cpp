@@ -36,7 +36,9 @@ int main(int argc, char** argv) {
     auto scales = read<float>(d + "/scales.bin");
     auto x = read<float>(d + "/x.bin");
     if (meta.size() != 8) return 3;
-    std::vector<float> y(meta[1] * meta[7], NAN);
+    // y: M × rows f32, or the decoded weights (rows × cols bf16) for the _decode kernels.
+    const bool decode = k.size() > 7 && k.compare(k.size() - 7, 7, "_decode") == 0;
+    std::vector<float> y(decode ? (meta[1] * meta[2] + 1) / 2 : meta[1] * meta[7], NAN);
     E8PrefixArgs a{words.data(), index.data(), table.data(), scales.data(), x.data(), y.data(), nullptr,
                    meta[0], (int)meta[1], (int)meta[2], (int)meta[3], (int)meta[4], (int)meta[5], (int)meta[6],
                    (int)meta[7]};
@@ -46,11 +48,13 @@ int main(int argc, char** argv) {
                             : k == "r8_l8" ? hc_e8_prefix_r8_l8 : k == "r8_l8c32" ? hc_e8_prefix_r8_l8c32
                             : k == "r8_pairs12" ? hc_e8_prefix_r8_pairs12 : k == "r8_l8_mma" ? hc_e8_prefix_r8_l8_mma
                             : k == "r8_l8c32_mma" ? hc_e8_prefix_r8_l8c32_mma
-                            : k == "r8_pairs12_mma" ? hc_e8_prefix_r8_pairs12_mma : nullptr;
+                            : k == "r8_pairs12_mma" ? hc_e8_prefix_r8_pairs12_mma
+                            : k == "r8_l8_decode" ? hc_e8_prefix_r8_l8_decode
+                            : k == "r8_pairs12_decode" ? hc_e8_prefix_r8_pairs12_decode : nullptr;
     if (!kern) return 4;
     hc_host::launch(grid, 32 * warps, [&] { kern(a); });
     FILE* f = std::fopen((d + "/y.bin").c_str(), "wb");
-    std::fwrite(y.data(), 4, y.size(), f);
+    std::fwrite(y.data(), 1, decode ? 2 * meta[1] * meta[2] : 4 * y.size(), f);
     std::fclose(f);
     return 0;
 }

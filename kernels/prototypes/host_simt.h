@@ -71,6 +71,12 @@ inline uint32_t h2(float lo, float hi) {
     std::memcpy(&ub, &b, 2);
     return (uint32_t)ua | (uint32_t)ub << 16;
 }
+// f32 → bf16 bits, rounded to nearest even (finite inputs).
+inline uint16_t bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 inline float hf(uint32_t w, int upper) {
     const uint16_t u = (uint16_t)(upper ? w >> 16 : w);
     _Float16 h;

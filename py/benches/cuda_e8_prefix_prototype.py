@@ -36,15 +36,15 @@ import _e8prefix as P
 # name: (code limits, refill group). "r8_…": the rows8 layout (…_mma: tensor cores, batches ≤ 16).
 KERNELS = {"l8": (8, 4), "l10": (10, 3), "l12": (12, 2), "l8c16": (8, 4), "l8c32": (8, 4), "pairs12": (12, 0),
            "pairs11": (11, 0), "r8_l8": (8, 4), "r8_l8c32": (8, 4), "r8_pairs12": (12, 0), "r8_l8_mma": (8, 4),
-           "r8_l8c32_mma": (8, 4), "r8_pairs12_mma": (12, 0)}
+           "r8_l8c32_mma": (8, 4), "r8_pairs12_mma": (12, 0), "r8_l8_decode": (8, 4), "r8_pairs12_decode": (12, 0)}
 # copies of the tables in shared memory (1 otherwise)
 COPIES = {"l8c16": 16, "l8c32": 32, "r8_l8c32": 32, "r8_l8c32_mma": 32}
 
 
 def describe(key: str) -> str:
     L, G = KERNELS[key]
-    where = ("8-row layout, tensor cores, " if key.endswith("_mma") else "8-row layout, ") if key.startswith("r8") \
-        else ""
+    where = ("8-row layout, tensor cores, " if key.endswith("_mma") else "8-row layout, decode to bf16, "
+             if key.endswith("_decode") else "8-row layout, ") if key.startswith("r8") else ""
     if "pairs" in key:
         return f"{where}pairs: singles ≤ 8 bits, pairs ≤ {L} bits, 2 refills a word"
     copies = f", {COPIES[key]} table copies" if key in COPIES else ""
@@ -94,6 +94,12 @@ def sass(cubin: str) -> None:
         n0, n1 = sum(bare.values()), sum(full.values())
         print(f"| `{name}` | {describe(key)} | {n0} · {n1} | {n0 / 8:.1f}–{n1 / 8:.1f} | {bare['LDS']} | "
               f"{bare['VOTE']} | {bare['HMMA']} |")
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 → bf16 bits, rounded to nearest even (finite values), as the kernels round."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 def quantize(w: np.ndarray, alpha: float, layout=None) -> tuple[np.ndarray, np.ndarray]:
@@ -176,6 +182,9 @@ HOST_CASES = [  # rows, cols, α, kernel, warps a block, grid (a grid smaller th
     (5, 264, 4.0, "pairs12", 1, 1, 1), (2, 16392, 4.0, "pairs11", 1, 1, 1),
     # Short last segments (2080 = 2048 + 32 columns, 6176 = 3 · 2048 + 32).
     (11, 2080, 4.0, "r8_l8", 0, 1, 1), (11, 2080, 4.0, "r8_pairs12_mma", 0, 1, 7), (9, 6176, 3.0, "r8_l8c32_mma", 0, 2, 16),
+    # Decode to bf16 (the weights, compared bit for bit; warps column: warps a block).
+    (37, 1024, 4.0, "r8_l8_decode", 2, 3, 1), (11, 2080, 3.0, "r8_pairs12_decode", 4, 1, 1),
+    (1, 32, 1.0, "r8_l8_decode", 1, 1, 1), (16, 256, 0.0, "r8_pairs12_decode", 1, 2, 1),
 ]
 
 
@@ -210,8 +219,13 @@ def host(sanitize: bool) -> int:
         ref = xk.astype(np.float64) @ what.T  # m × rows
         xin = layout.permute_x(xk) if key.startswith("r8") else xk
         segs = getattr(layout, "segments", 1)
-        if key.startswith("r8"):  # blocks of 2 row groups where they fit, else 1
+        decode = key.endswith("_decode")
+        if key.startswith("r8") and not decode:  # blocks of 2 row groups where they fit, else 1
             warps = segs * (2 if 2 * segs <= 16 else 1)
+        if decode:  # the weights in the layout's column order, scaled in f32, rounded to bf16
+            sc32 = (np.float32(0.5) * scales.astype(np.float32))[:, None]
+            doubled = P.doubled_coords(sym).reshape(rows, cols).astype(np.float32)
+            want = bf16_bits(sc32 * doubled)
 
         def run(words, index) -> np.ndarray | None:
             with tempfile.TemporaryDirectory() as d:
@@ -225,12 +239,18 @@ def host(sanitize: bool) -> int:
                 if r.returncode != 0:
                     print(r.stderr[-2000:])
                     return None
+                if decode:
+                    return np.fromfile(f"{d}/y.bin", np.uint16).reshape(rows, cols)
                 return np.fromfile(f"{d}/y.bin", np.float32).reshape(m, rows)
 
         y = run(enc.words, enc.index)
-        scale = max(np.linalg.norm(ref), 1e-300)
-        err = float(np.linalg.norm(y - ref) / scale) if y is not None else float("nan")
-        ok = y is not None and (err < 1e-5 or (not ref.any() and not y.any()))
+        if decode:  # bit for bit: the fraction of weights that differ
+            err = float(np.mean(y != want)) if y is not None else float("nan")
+            ok = y is not None and err == 0
+        else:
+            scale = max(np.linalg.norm(ref), 1e-300)
+            err = float(np.linalg.norm(y - ref) / scale) if y is not None else float("nan")
+            ok = y is not None and (err < 1e-5 or (not ref.any() and not y.any()))
         # Corrupt payloads: random words, a truncated stream, an index past the end and out of order.
         outcomes = []
         for words, index in ((rng.integers(0, 2**32, len(enc.words), dtype=np.uint64).astype(np.uint32), enc.index),
@@ -310,16 +330,49 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
             print(f"| {rows}x{cols} | 1 | (its activation RHT alone) | | {t_rht:.1f} | | | |")
         except ImportError:
             print("(hypercodec not importable: no committed row)")
+        def decode_run(key, layout, enc, sym, scales, what, bpv, enc_s, fn, grid, block, smem, words, index, table,
+                       row_scales, chunks, segs, seg_blocks, copies):
+            """The decode kernel: its bf16 weights checked bit for bit, timed alone, then timed
+            with the GEMM (torch F.linear on the permuted activations) at every batch."""
+            wout = torch.empty(rows, cols, dtype=torch.bfloat16, device=dev)
+            argv = [Args(wd.data_ptr(), index.data_ptr(), table.data_ptr(), row_scales.data_ptr(), None,
+                         wout.data_ptr(), None, len(enc.words), rows, cols, enc.rows_per_chunk, chunks, segs,
+                         seg_blocks, 1) for wd in words]
+            drv.launch(fn, grid, block, [argv[0]], smem)
+            torch.cuda.synchronize()
+            sc32 = (np.float32(0.5) * scales.astype(np.float32))[:, None]
+            want = bf16_bits(sc32 * P.doubled_coords(sym).reshape(rows, cols).astype(np.float32))
+            diff = float(np.mean(wout.view(torch.int16).cpu().numpy().view(np.uint16) != want))
+            if diff:
+                failed.append(f"{key} {rows}x{cols}: {diff:.1e} of the decoded weights differ")
+            turn = iter(range(10**9))
+            launch = lambda: drv.launch(fn, grid, block, [argv[next(turn) % copies]], smem)  # noqa: E731
+            t = graph_time_us(launch, max(iters, copies))
+            print(f"| {rows}x{cols} | – | prototype {key} ({describe(key)}), decode alone | {bpv:.3f} | {t:.1f} | | "
+                  f"{diff:.0e} of weights differ | {enc_s:.0f} |")
+            perm = torch.from_numpy(layout.permute_x(np.arange(cols))).to(dev)
+            for m, x in xs.items():
+                xin = x.to(torch.bfloat16)[:, perm].contiguous()
+                ref = x.to(torch.bfloat16).double().cpu().numpy() @ what.T
+                got = torch.nn.functional.linear(xin, wout).double().cpu().numpy()
+                err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+                if not err < 2e-2:  # bf16 weights and outputs
+                    failed.append(f"{key} {rows}x{cols} batch {m}: rel. error {err:.1e}")
+                t = graph_time_us(lambda: (launch(), torch.nn.functional.linear(xin, wout)), max(iters, copies))
+                print(f"| {rows}x{cols} | {m} | prototype {key}, decode + F.linear | {bpv:.3f} | {t:.1f} | "
+                      f"{base[m] / t:.2f} | {err:.1e} | |")
+
         quantized, built = {}, {}
         for key in kernels:
-            mma, r8 = key.endswith("_mma"), key.startswith("r8")
+            mma, r8, decode = key.endswith("_mma"), key.startswith("r8"), key.endswith("_decode")
             layout = layout_of(key, rows, cols)
             t0 = time.time()
             if layout.name not in quantized:
                 quantized[layout.name] = quantize(w, alpha, layout)
             # Kernels of one layout and code share a payload (table copies and tensor cores
             # read the same stream): encoded once.
-            same = (layout.name, key.replace("r8_", "").replace("_mma", "").replace("c16", "").replace("c32", ""))
+            same = (layout.name, key.replace("r8_", "").replace("_mma", "").replace("_decode", "").replace("c16", "")
+                    .replace("c32", ""))
             try:
                 if same not in built:
                     built[same] = build(w, alpha, key, quantized[layout.name])
@@ -342,10 +395,10 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
             fn = drv.fn("proto", f"hc_e8_prefix_{key}")
 
             # At most 16 warps a block, fewer where the chunks would not fill every SM.
-            if r8:
+            if r8 and not decode:
                 gpb = max(1, min(16 // segs, layout.groups // sms))  # row groups a block
                 block = 32 * segs * gpb
-            else:
+            else:  # a chunk a warp
                 block = 32 * max(1, min(16, chunks // sms))
             # A persistent grid (the kernels stride over chunks or row groups): each block loads
             # the tables once.
@@ -354,11 +407,16 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
             per_sm = C.c_int()
             drv.check(drv.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(C.byref(per_sm), fn, block, C.c_size_t(smem)),
                       "occupancy")
-            need = -(-layout.groups // gpb) if r8 else -(-chunks // (block // 32))
+            need = -(-layout.groups // gpb) if r8 and not decode else -(-chunks // (block // 32))
             if per_sm.value < 1:
                 failed.append(f"{key} {rows}x{cols}: no block fits an SM ({smem} B of shared memory)")
                 continue
             grid = min(need, per_sm.value * sms)
+            if decode:
+                decode_run(key, layout, enc, quantized[layout.name][0], scales, what, bpv, enc_s, fn, grid, block, smem,
+                           words, index, table, row_scales, chunks, segs, seg_blocks, copies)
+                del words
+                continue
             runs = [m for m in batches if m <= 16] if mma else [1]
             if not set(runs) & set(xs):
                 print(f"| {rows}x{cols} | | prototype {key} | (no batch it takes in --batches) | | | | |")
@@ -401,9 +459,11 @@ def main() -> int:
     ap.add_argument("--asan", action="store_true", help="with --host: build with AddressSanitizer")
     ap.add_argument("--shapes", default="4096x4096,8192x8192",
                     help="GPU run: rows×cols list (28672x8192 takes about 4 minutes of numpy encoding)")
-    ap.add_argument("--kernels", default="l8,l8c32,l10,pairs12,r8_l8,r8_pairs12,r8_l8_mma,r8_pairs12_mma",
+    ap.add_argument("--kernels", default="l8,l8c32,l10,pairs12,r8_l8,r8_pairs12,r8_l8_mma,r8_pairs12_mma,"
+                    "r8_l8_decode,r8_pairs12_decode",
                     help="GPU run: " + ",".join(KERNELS))
-    ap.add_argument("--batches", default="1,4,16", help="GPU run: activation rows (the _mma kernels take 1–16)")
+    ap.add_argument("--batches", default="1,4,16,256",
+                    help="GPU run: activation rows (the GEMVs take 1, the _mma kernels 1–16, _decode any)")
     ap.add_argument("--alpha", type=float, default=4.0, help="lattice scale (4: about 4.2 bits a value)")
     ap.add_argument("--chunk-symbols", type=int, default=P.CHUNK_SYMBOLS,
                     help="symbols a chunk aims at (fewer: more warps, more padding)")
