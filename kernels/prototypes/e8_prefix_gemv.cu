@@ -116,7 +116,7 @@ struct E8PrefixArgs {
     const uint32_t* index;     // chunks + 1 word offsets
     const uint32_t* table;     // 3 << L entries: contexts 0, 1 (coset 0), 2 (coset 1)
     const float* row_scales;   // per row: y = ½ · scale · Σ doubled coordinate · x
-    const float* xr;           // RHT(x): cols f32 (rows8 layouts: permuted; the mma kernels: M × cols f16)
+    const float* xr;           // RHT(x): cols f32 (the mma kernels: M × cols f16)
     float* y;                  // M × rows f32
     const float* bias;         // rows f32 or null
     long long nwords;
@@ -397,15 +397,18 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
 // ---------------------------------------------------------------------------------------
 // The rows8 layout (`_e8prefix.Rows8Layout`): a block of gpb × `segments` warps (at most 16)
 // takes gpb groups of 8 rows, warp w group w / segments and that row's segment w % segments of
-// 32-column blocks (chunk group · segments + segment). Lane
-// 4n + q decodes word q of each block of row n: the values at the block's columns 2q, 2q + 1,
-// 2q + 8, 2q + 9, 16 + (the same), which are mma.m16n8k16's B fragments (k-tiles 0 and 1, column
-// n) for that lane. The activations come permuted the same way, so a lane's 8 activations of a
-// block are contiguous: f32 for the GEMV (MMA false: FFMA, the 4 lanes of a row summed by two
-// shuffles), f16 M × cols for the tensor cores (MMA true, batches up to 16: rows n and n + 8 of
-// the A fragments are lane 4n + q's two 16-byte loads). The segments' sums meet in the warps'
-// rings and are added in warp order (deterministic). Needs cols % 32 == 0, and M ≤ 16 with
-// doubled coordinates of at most 2048 in magnitude for the tensor cores (f16 holds them exactly).
+// 32-column blocks (chunk group · segments + segment). Lane 4n + q decodes word q of each block
+// of row n (columns 8q … 8q + 7 of the block) and reads the activations of the same 8 columns:
+// f32 for the GEMV (MMA false: FFMA, the 4 lanes of a row summed by two shuffles), f16 M × cols
+// for the tensor cores (MMA true, batches up to 16). For mma.m16n8k16 the lane's values 0–3 are
+// its B-fragment slots k = 2q, 2q + 1, 2q + 8, 2q + 9 of k-tile 0 (values 4–7: k-tile 1), column
+// n, and the activations of rows n and n + 8 at those columns (two 16-byte loads) its A-fragment
+// slots of the same k: every lane of group q maps those k to the same 4 columns, so the mma sums
+// the block's 32 products in another order and nothing is permuted. The segments' sums meet in
+// the warps' rings and are added in warp order (deterministic). Needs cols % 32 == 0, and M ≤ 16
+// with doubled coordinates of at most 2048 in magnitude for the tensor cores (f16 holds them
+// exactly).
+//
 // One warp's segment of a group in the rows8 layout: nb blocks from block b0 (see below).
 template <int L, int G, int LP, int C, bool MMA, bool TAIL>
 __device__ __forceinline__ void hc_ep_r8_span(Lane& s, HcSmem tabs, const E8PrefixArgs& a, int b0, int nb, bool on,
@@ -495,9 +498,8 @@ __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
 }
 
 // Decode for batches above 16 (a GEMM then takes the weights): chunk c of the rows8 layout by
-// warp, grid-striding; lane 4n + q writes each of its words scaled, as bf16, in the layout's
-// permuted column order (rows × cols at a.y; the activations are permuted alike), one 16-byte
-// store a word. No shared sums: any number of warps a block.
+// warp, grid-striding; lane 4n + q writes each of its words scaled, as bf16 (rows × cols at a.y),
+// one 16-byte store a word. No shared sums: any number of warps a block.
 template <int L, int G, int LP, int C>
 __device__ __forceinline__ void hc_e8_prefix_r8_decode(const E8PrefixArgs& a) {
     const HcSmem tabs = hc_ep_setup<L, LP, C>(a);

@@ -28,8 +28,9 @@ about a tenth of that:
   8-byte entry each, so a word takes 5 lookups: fewer instructions, and fewer bits than singles
   of at most 8 bits (singles of 10 or 12 bits still take fewer, at 3 or 4 refills a word).
 - **Two layouts** of the words over lanes: `RowLayout` (lane l: words l, l + 32, … of a row) and
-  `Rows8Layout` (8 rows a chunk, lane 4n + q: word q of each 32-column block of row n, its values
-  in mma.m16n8k16's B-fragment order), whose one stream serves the GEMV and the tensor cores.
+  `Rows8Layout` (8 rows a chunk, lane 4n + q: word q of each 32-column block of row n, which is
+  that lane's share of mma.m16n8k16's B fragments), whose one stream serves the GEMV and the
+  tensor cores. Words are 8 consecutive columns in both, as in the format.
 """
 
 from __future__ import annotations
@@ -286,20 +287,14 @@ class RowLayout:
         return v.reshape(self.rows, self.cols)
 
 
-# Column offsets, in a block of 32 columns, of word q's 8 values in the tensor-core order: the
-# values a lane of group q holds as mma.m16n8k16's B fragments of the block's two k-tiles.
-def _r8_offsets() -> np.ndarray:
-    q = np.arange(4)[:, None]
-    return np.array([0, 1, 8, 9, 16, 17, 24, 25])[None, :] + 2 * q
-
-
 class Rows8Layout:
-    """Eight rows a chunk: lane 4n + q decodes word q of every 32-column block of row n, its
-    values at the block's columns 2q, 2q + 1, 2q + 8, 2q + 9, 16 + (the same) — the B fragments
-    of mma.m16n8k16 for the block's two k-tiles, so one stream serves the GEMV (FFMA) and the
-    tensor cores (batches up to 16). Rows are cut into `segments` of `seg_cols` columns (a warp
-    each, a block of `segments` warps sums them); activations are read permuted the same way
-    (`permute_x`). Needs cols % 32 == 0."""
+    """Eight rows a chunk: lane 4n + q decodes word q of every 32-column block of row n (a word:
+    8 consecutive columns, as in the format). Those are the values that lane feeds mma.m16n8k16
+    as B fragments for the block's two k-tiles, the activations of the same columns as A
+    fragments: the tensor cores sum the block's 32 products in another order, and the data stay
+    in place. So one stream serves the GEMV (FFMA) and the tensor cores (batches up to 16). Rows
+    are cut into `segments` of `seg_cols` columns (a warp each, summed in order). Needs
+    cols % 32 == 0."""
 
     name = "rows8"
 
@@ -322,19 +317,10 @@ class Rows8Layout:
         self.active = (self.row < rows) & (blk < blocks)
 
     def words(self, w: np.ndarray) -> np.ndarray:
-        cols = (np.arange(self.cols // 32)[:, None, None] * 32 + _r8_offsets()[None]).reshape(-1, 8)
-        return w[:, cols]
+        return w.reshape(self.rows, self.cols // 8, 8)
 
     def matrix(self, v: np.ndarray) -> np.ndarray:
-        out = np.empty((self.rows, self.cols), v.dtype)
-        cols = (np.arange(self.cols // 32)[:, None, None] * 32 + _r8_offsets()[None]).reshape(-1, 8)
-        out[:, cols] = v.reshape(self.rows, self.cols // 8, 8)
-        return out
-
-    def permute_x(self, x: np.ndarray) -> np.ndarray:
-        """Activations (… × cols) in the order the kernel reads them: block, q, the word's 8."""
-        cols = (np.arange(self.cols // 32)[:, None, None] * 32 + _r8_offsets()[None]).reshape(-1)
-        return x[..., cols]
+        return v.reshape(self.rows, self.cols)
 
 
 class Encoded:

@@ -11,8 +11,7 @@ torch bf16 `F.linear` and the committed rANS GEMV (`e8@4-gpu`), in one run.
 The GPU run quantizes N(0, 1) rows (the RHT's output is Gaussian) to E8 at about 4 bits a value
 all-in, encodes them here in numpy, checks each kernel's y against x·Ŵᵀ in float64, and times 40
 launches in a CUDA graph, median of 5 replays (`_graph_timing.graph_time_us`). The prototype reads
-RHT(x) in f32 like the committed kernel (permuted for the 8-row layout; f16 for the tensor
-cores), runs a persistent grid (the occupancy API's blocks per SM), and rotates over copies of its
+RHT(x) in f32 like the committed kernel (f16 for the tensor cores), runs a persistent grid (the occupancy API's blocks per SM), and rotates over copies of its
 payload (≥ 400 MB, so L2 never holds it); a y off by more than 1e-4 relative fails the run (exit
 1) after the table; the committed layer's time includes its activation RHT and reads one payload
 (≤ 34 MB at 8192², which L2 can hold); its kernel alone (from RHT(x)) and its RHT alone are
@@ -217,12 +216,12 @@ def host(sanitize: bool) -> int:
         mma = key.endswith("_mma")
         xk = x.astype(np.float16) if mma else x
         ref = xk.astype(np.float64) @ what.T  # m × rows
-        xin = layout.permute_x(xk) if key.startswith("r8") else xk
+        xin = xk
         segs = getattr(layout, "segments", 1)
         decode = key.endswith("_decode")
         if key.startswith("r8") and not decode:  # blocks of 2 row groups where they fit, else 1
             warps = segs * (2 if 2 * segs <= 16 else 1)
-        if decode:  # the weights in the layout's column order, scaled in f32, rounded to bf16
+        if decode:  # the weights, scaled in f32, rounded to bf16
             sc32 = (np.float32(0.5) * scales.astype(np.float32))[:, None]
             doubled = P.doubled_coords(sym).reshape(rows, cols).astype(np.float32)
             want = bf16_bits(sc32 * doubled)
@@ -333,7 +332,7 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
         def decode_run(key, layout, enc, sym, scales, what, bpv, enc_s, fn, grid, block, smem, words, index, table,
                        row_scales, chunks, segs, seg_blocks, copies):
             """The decode kernel: its bf16 weights checked bit for bit, timed alone, then timed
-            with the GEMM (torch F.linear on the permuted activations) at every batch."""
+            with the GEMM (torch F.linear) at every batch."""
             wout = torch.empty(rows, cols, dtype=torch.bfloat16, device=dev)
             argv = [Args(wd.data_ptr(), index.data_ptr(), table.data_ptr(), row_scales.data_ptr(), None,
                          wout.data_ptr(), None, len(enc.words), rows, cols, enc.rows_per_chunk, chunks, segs,
@@ -350,9 +349,8 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
             t = graph_time_us(launch, max(iters, copies))
             print(f"| {rows}x{cols} | – | prototype {key} ({describe(key)}), decode alone | {bpv:.3f} | {t:.1f} | | "
                   f"{diff:.0e} of weights differ | {enc_s:.0f} |")
-            perm = torch.from_numpy(layout.permute_x(np.arange(cols))).to(dev)
             for m, x in xs.items():
-                xin = x.to(torch.bfloat16)[:, perm].contiguous()
+                xin = x.to(torch.bfloat16)
                 ref = x.to(torch.bfloat16).double().cpu().numpy() @ what.T
                 got = torch.nn.functional.linear(xin, wout).double().cpu().numpy()
                 err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
@@ -426,8 +424,7 @@ def gpu(cubin: str, shapes: list[tuple[int, int]], kernels: list[str], batches: 
                 x = xs[m]
                 xk = x.half() if mma else x
                 ref = xk.double().cpu().numpy() @ what.T
-                perm = torch.from_numpy(layout.permute_x(np.arange(cols))).to(dev) if r8 else None
-                xin = (xk[:, perm] if r8 else xk).contiguous()
+                xin = xk.contiguous()
                 y = torch.full((m, rows), float("nan"), device=dev)
                 argv = [Args(wd.data_ptr(), index.data_ptr(), table.data_ptr(), row_scales.data_ptr(), xin.data_ptr(),
                              y.data_ptr(), None, len(enc.words), rows, cols, enc.rows_per_chunk, chunks, segs,
