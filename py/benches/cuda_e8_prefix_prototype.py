@@ -11,14 +11,15 @@ torch bf16 `F.linear` and the committed rANS GEMV (`e8@4-gpu`), in one run.
     python py/benches/cuda_e8_prefix_prototype.py .dev/e8p.cubin            # on the GPU
 
 The GPU run quantizes N(0, 1) rows (the RHT's output is Gaussian) to E8 at about 4 bits a value
-all-in, encodes them here in numpy, checks each kernel's y against x·Ŵᵀ in float64, and times 40
-launches in a CUDA graph, median of 5 replays (`_graph_timing.graph_time_us`). The prototype reads
-RHT(x) in f32 like the committed kernel (f16 for the tensor cores), runs a persistent grid (the occupancy API's blocks per SM), and rotates over copies of its
-payload (≥ 400 MB, so L2 never holds it); a y off by more than 2e-5 relative fails the run (exit
-1) after the table; the committed layer's time includes its activation RHT and reads one payload
-(≤ 34 MB at 8192², which L2 can hold); its kernel alone (from RHT(x)) and its RHT alone are
-timed too. Needs a CUDA device of compute capability 9.0 for the GPU run (exits 0 with a
-message otherwise).
+all-in, encodes them here in numpy, and checks each kernel's y against x·Ŵᵀ in float64 (a y off
+by more than 2e-5 relative, or a decoded weight off by a bit, fails the run with exit 1 after the
+table). It times at least 40 launches in a CUDA graph, median of 5 replays
+(`_graph_timing.graph_time_us`), on a persistent grid (the occupancy API's blocks per SM),
+rotating over copies of the payload (≥ 400 MB or 64 copies: L2 holds none at 4096² and up). The
+prototype reads RHT(x) in f32 like the committed kernel (f16 for the tensor cores). The committed
+`e8@4-gpu` layer's time includes its activation RHT and reads one payload (≤ 34 MB at 8192²,
+which L2 can hold); its kernel alone (from RHT(x)) and its RHT alone are timed too. The GPU run
+needs a CUDA device of compute capability 9.0 (it exits 0 with a message otherwise).
 """
 
 from __future__ import annotations
