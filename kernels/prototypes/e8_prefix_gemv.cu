@@ -16,18 +16,20 @@
 // - the lane's bit buffer is hi:lo with a marker 1 below the valid bits, so the lane holds fewer
 //   than 32 bits exactly when lo is 0; before symbols 0, G, 2G, … (G·L ≤ 32) those lanes take
 //   the chunk's next words in lane order (a ballot's prefix count) from the warp's ring in
-//   shared memory (cp.async keeps it at least 96 words ahead), and the new word goes under the
+//   shared memory (cp.async keeps it at least 160 words ahead), and the new word goes under the
 //   valid bits: with m the marker (hi's lowest set bit), w·m as a 64-bit product is the word
 //   at the marker's place;
 // - s₇ = 2t + p is rebuilt from the first entry (4t + c) and the parity p of s₀…s₆ (the entries'
 //   bit 5, xor-accumulated). Reads never leave the chunk's words (past its end they read 0).
 // Variants: singles (L = 8, 10, 12; `l8c16`/`l8c32` with interleaved table copies against bank
 // conflicts), pairs (`pairs11`/`pairs12`: 5 lookups a word), and the 8-row layout (`r8_…`, see
-// hc_e8_prefix_r8) whose stream also feeds the tensor cores (`…_mma`, batches up to 16).
+// hc_e8_prefix_r8) whose stream also feeds the tensor cores (`…_mma`, batches up to 16) and a
+// bf16 decoder (`…_decode`, larger batches).
 //
 // The same source compiles for the host under kernels/prototypes/host_simt.h (one thread a lane,
-// the warp's votes and shuffles through barriers): `--host` of the script above runs it there
-// against the numpy model, without a GPU.
+// the warp's votes, shuffles and mma.sync through barriers): `--host` of the script above runs it
+// there against the numpy model, and `--dry-run` runs the script's GPU mode with it, without a
+// GPU.
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -114,10 +116,10 @@ inline uint32_t hc_ep_bf2(float lo, float hi) { return hc_host::bf16(lo) | (uint
 struct E8PrefixArgs {
     const uint32_t* words;     // the chunks' words, end to end
     const uint32_t* index;     // chunks + 1 word offsets
-    const uint32_t* table;     // 3 << L entries: contexts 0, 1 (coset 0), 2 (coset 1)
+    const uint32_t* table;     // the decode tables (_e8prefix: Model.table, PairModel.table)
     const float* row_scales;   // per row: y = ½ · scale · Σ doubled coordinate · x
     const float* xr;           // RHT(x): cols f32 (the mma kernels: M × cols f16)
-    float* y;                  // M × rows f32
+    float* y;                  // M × rows f32 (the decoders: rows × cols bf16)
     const float* bias;         // rows f32 or null
     long long nwords;
     int rows, cols, rows_per_chunk, chunks;
