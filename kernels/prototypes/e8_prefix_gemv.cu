@@ -234,7 +234,6 @@ __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
     }
 }
 
-// One E8 word of lane `s`: its dot product with x[0..8) added to acc.
 // `tab` is this lane's copy of the tables: entry i at byte 4·C·i (C copies interleaved, see
 // hc_e8_prefix). The word's 8 doubled coordinates go to v.
 template <int L, int G, int C, bool TAIL>
