@@ -234,8 +234,8 @@ __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
     }
 }
 
-// One E8 word of lane `s` in singles. `tab` is this lane's copy of the tables: entry i at byte 4·C·i
-// (C copies interleaved, see hc_e8_prefix). The word's 8 doubled coordinates go to v.
+// One E8 word of lane `s` in singles. `tab` is this lane's copy of the tables: entry i at byte
+// 4·C·i (C copies interleaved, see hc_e8_prefix). The word's 8 doubled coordinates go to v.
 template <int L, int G, int C, bool TAIL>
 __device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
     uint32_t base = 0, par = 0, e0 = 0;
