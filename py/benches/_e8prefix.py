@@ -328,13 +328,15 @@ class Encoded:
     offsets), the model and its `table`, the layout."""
 
     def __init__(self, words, index, model, layout):
-        self.words, self.index, self.model, self.table = words, index, model, model.table
-        self.layout = layout
-        self.rows, self.cols, self.rows_per_chunk = layout.rows, layout.cols, layout.rows_per_chunk
+        self.words, self.index, self.model, self.layout = words, index, model, layout
 
-    def stored_bits(self, model) -> int:
+    @property
+    def table(self) -> np.ndarray:
+        return self.model.table
+
+    def stored_bits(self) -> int:
         """Every stored bit: words, chunk offsets and the model (row scales not included)."""
-        return 32 * len(self.words) + 32 * (len(self.index) - 1) + 8 * model.model_bytes()
+        return 32 * len(self.words) + 32 * (len(self.index) - 1) + 8 * self.model.model_bytes()
 
 
 def encode(sym: np.ndarray, rows: int, cols: int, model, layout=None) -> Encoded:
@@ -453,8 +455,8 @@ def emulate(e: Encoded) -> np.ndarray:
             if width == 2:
                 out[:, :, st, first] = np.where(active, f32(table[idx + 1]), 0)
         out[:, :, st, 7] = e0 + 2 * ((par >> np.uint64(5)) & np.uint64(1)).astype(np.int64)
-    wpr = e.cols // 8
-    res = np.zeros((e.rows, wpr, 8), np.int64)
+    wpr = layout.cols // 8
+    res = np.zeros((layout.rows, wpr, 8), np.int64)
     a = layout.active
     res[np.broadcast_to(layout.row, a.shape)[a], np.broadcast_to(layout.word, a.shape)[a]] = out[a]
     return res

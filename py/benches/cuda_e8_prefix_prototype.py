@@ -121,7 +121,7 @@ def build(w: np.ndarray, alpha: float, key: str, quantized=None):
     sym, scales = quantized if quantized is not None else quantize(w, alpha, layout)
     model = model_of(key, sym)
     enc = P.encode(sym, rows, cols, model, layout)
-    bits = enc.stored_bits(model) + 32 * rows  # f32 row scales
+    bits = enc.stored_bits() + 32 * rows  # f32 row scales
     doubled = P.doubled_coords(sym).reshape(rows, cols // 8, 8)
     if key.endswith("_mma") and np.abs(doubled).max(initial=0) > 2048:
         raise ValueError("doubled coordinates beyond 2048: f16 fragments would round them")
@@ -213,8 +213,9 @@ def host(sanitize: bool) -> int:
             w, alpha = np.zeros_like(w), 1.0
         x = rng.standard_normal((m, cols)).astype(np.float32)
         layout = layout_of(key, rows, cols)
-        sym, _ = quantize(w, alpha, layout)
-        enc, _, what, scales = build(w, alpha, key, quantize(w, alpha, layout))
+        quantized = quantize(w, alpha, layout)
+        sym = quantized[0]
+        enc, _, what, scales = build(w, alpha, key, quantized)
         assert np.array_equal(P.emulate(enc), P.doubled_coords(sym).reshape(rows, cols // 8, 8))
         mma = key.endswith("_mma")
         xk = x.astype(np.float16) if mma else x
@@ -232,7 +233,7 @@ def host(sanitize: bool) -> int:
         def run(words, index) -> np.ndarray | None:
             with tempfile.TemporaryDirectory() as d:
                 chunks = len(index) - 1
-                np.array([len(words), rows, cols, enc.rows_per_chunk, chunks, segs,
+                np.array([len(words), rows, cols, enc.layout.rows_per_chunk, chunks, segs,
                           getattr(layout, "seg_blocks", 0), m], np.int64).tofile(f"{d}/meta.bin")
                 for name, arr in (("words", words), ("index", index), ("table", enc.table),
                                   ("scales", scales.astype(np.float32)), ("x", xin)):
@@ -419,7 +420,7 @@ def gpu(be, shapes: list[tuple[int, int]], kernels: list[str], batches: list[int
             with the GEMM (torch F.linear) at every batch."""
             wout = torch.empty(rows, cols, dtype=torch.bfloat16, device=dev)
             argv = [Args(wd.data_ptr(), index.data_ptr(), table.data_ptr(), row_scales.data_ptr(), None,
-                         wout.data_ptr(), None, len(enc.words), rows, cols, enc.rows_per_chunk, chunks, segs,
+                         wout.data_ptr(), None, len(enc.words), rows, cols, enc.layout.rows_per_chunk, chunks, segs,
                          seg_blocks, 1) for wd in words]
             be.launch(fn, grid, block, argv[0], smem)
             be.sync()
@@ -509,7 +510,7 @@ def gpu(be, shapes: list[tuple[int, int]], kernels: list[str], batches: list[int
                 xin = xk.contiguous()
                 y = torch.full((m, rows), float("nan"), device=dev)
                 argv = [Args(wd.data_ptr(), index.data_ptr(), table.data_ptr(), row_scales.data_ptr(), xin.data_ptr(),
-                             y.data_ptr(), None, len(enc.words), rows, cols, enc.rows_per_chunk, chunks, segs,
+                             y.data_ptr(), None, len(enc.words), rows, cols, enc.layout.rows_per_chunk, chunks, segs,
                              seg_blocks, m) for wd in words]
                 be.launch(fn, grid, block, argv[0], smem)
                 be.sync()
