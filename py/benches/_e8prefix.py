@@ -342,6 +342,8 @@ class Encoded:
 def encode(sym: np.ndarray, rows: int, cols: int, model, layout=None) -> Encoded:
     """The chunks' word stream for the symbols (one E8 word a row of `sym`, in the order of the
     layout's `words`) of a rows × cols matrix; the row layout by default."""
+    if rows == 0 or cols == 0:
+        raise ValueError(f"a {rows}x{cols} matrix has no weights to encode")
     layout = layout or RowLayout(rows, cols)
     wl, wc = model.word_codes(sym)
     if np.any(wl[:, [u[0] for u in model.units]] == 0):

@@ -117,6 +117,8 @@ def build(w: np.ndarray, alpha: float, key: str, quantized=None):
     """The payload of kernel `key` for w at lattice scale α: the encoding, bits a value all-in,
     the decoded matrix Ŵ (float64) and the row scales."""
     rows, cols = w.shape
+    if w.size == 0:
+        raise ValueError(f"a {rows}x{cols} matrix has no weights to encode")
     layout = layout_of(key, rows, cols)
     sym, scales = quantized if quantized is not None else quantize(w, alpha, layout)
     model = model_of(key, sym)
