@@ -12,8 +12,13 @@
 //! - [`rans`]: interleaved rANS (32-bit states, 16-bit renormalization, `lanes` states per
 //!   chunk — one per GPU lane) with a static model of several contexts fitted to the
 //!   histogram and stored compactly; within a few thousandths of a bit of the empirical entropy.
+//! - [`prefix`]: lane-interleaved canonical prefix codes of E8 words (codes of at most 8–12
+//!   bits, optionally pairs of symbols coded jointly) in chunks of eight rows, shaped for a GPU
+//!   warp that decodes one word a lane inside a GEMV; no escapes, so symbols beyond its tables
+//!   are refused with [`CodingError::Unrepresentable`].
 #![deny(missing_docs)]
 
+pub mod prefix;
 pub mod rans;
 pub mod rice;
 #[cfg(target_arch = "x86_64")]
@@ -43,6 +48,17 @@ pub enum CodingError {
     Corrupt {
         /// Chunk index.
         chunk: usize,
+    },
+    /// A symbol or alphabet that a coder without escapes cannot hold (a prefix table's limit):
+    /// code the data with rANS instead.
+    #[error("{what} {value} exceeds what the coder holds ({max}); use rANS for this data")]
+    Unrepresentable {
+        /// What overflowed.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+        /// The largest value held, or the count allowed.
+        max: u64,
     },
     /// Sizes do not match.
     #[error("{what}: expected {expected}, got {actual}")]

@@ -1,0 +1,1148 @@
+//! Lane-interleaved prefix codes for E8 words, shaped for a GPU warp that decodes them inside a
+//! GEMV: a whole word a lane, one table lookup a symbol (or a pair of symbols), refills at fixed
+//! points of a word.
+//!
+//! **Words.** Symbols come in words of [`WORD`] = 8 (the E8 lattice's): the first symbol's low
+//! bit (the coset) selects the tables of the other seven, as in the rANS contexts of E8.
+//!
+//! **Codes.** Canonical prefix codes of at most `limit` bits (8..=12; lengths by package-merge,
+//! so they are the best codes within the limit), MSB first: codes of one length are consecutive
+//! in symbol order, shorter lengths first. A decoder looks up the next `limit` bits. With pairs
+//! (`pair_limit` > 0) a word is five *units*: the first symbol, the pairs (s₁, s₂), (s₃, s₄),
+//! (s₅, s₆) coded jointly as `a·base + b` under codes of at most `pair_limit` bits, and s₇; else
+//! eight units of one symbol.
+//!
+//! **Layout: eight rows a chunk.** A matrix of `rows × words` words is cut into groups of 8
+//! rows and segments of `segment` blocks of 4 words (32 columns). A chunk is one group's
+//! segment, decoded by one warp: at step `t` lane `4n + q` decodes word `4·(s·segment + t) + q`
+//! of the group's row `n` (a lane whose word is past the matrix is idle at that step). Those
+//! are the values that lane feeds `mma.m16n8k16` as B fragments, so one stream serves a GEMV
+//! and the tensor cores.
+//!
+//! **Bits and refills.** A lane keeps its own bit string: its units' codes in the order it
+//! decodes them. Before fixed units of each word (*checks*) every active lane holding fewer than
+//! 32 unread bits takes the chunk's next 32-bit word; lanes take them in lane order (a warp's
+//! ballot and prefix count), checks in word order. Between checks a word's units use at most 32
+//! bits, so no lane ever runs short. Singles check before units 0, G, 2G, … with
+//! `G = ⌊32/limit⌋`; pairs before units 0 and 2. The encoder writes each lane's string as
+//! 32-bit words (first bit in bit 31) and interleaves them in the order the warp asks for them;
+//! a lane that asks for a word past its string gets a zero word. A chunk's trailing zero words
+//! are not stored: reads past a chunk's end give 0.
+//!
+//! Streams: `model` (with pairs one byte `base`; then per table a `u16` alphabet size and the
+//! code lengths as 4-bit nibbles, low nibble first; tables: first, the others under coset 0 and
+//! 1 — with pairs: first, s₇ under coset 0 and 1, pairs under coset 0 and 1), `index` (a `u32`
+//! word offset per chunk), `payload` (32-bit words, little-endian).
+
+use crate::{CodingError, Result};
+use std::ops::{Range, RangeInclusive};
+
+/// Lanes of a warp, and chunks' lanes.
+pub const WARP: usize = 32;
+/// Symbols per word (E8).
+pub const WORD: usize = 8;
+/// Code-length limits a table may have.
+pub const LIMITS: RangeInclusive<u8> = 8..=12;
+/// Single symbols are below this (as rANS's directly coded symbols): a single table holds at
+/// most this many entries.
+pub const MAX_SINGLE: u32 = 256;
+/// Pair coordinates are below this: a pair table holds at most `64² = 4096` entries, the
+/// symbols of a 12-bit code space.
+pub const MAX_PAIR_BASE: u32 = 64;
+/// Most 32-column blocks a chunk's rows hold (2^16: 2^21 columns).
+pub const MAX_SEGMENT: usize = 1 << 16;
+/// Columns of a block: 4 words.
+pub const BLOCK_WORDS: usize = 4;
+/// Rows of a chunk.
+pub const GROUP_ROWS: usize = 8;
+
+/// Parameters of the prefix coder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixParams {
+    /// Longest single code (8..=12). By default, 8.
+    pub limit: u8,
+    /// Longest pair code, or 0 for singles only; with pairs `limit + pair_limit ≤ 32` and
+    /// `2·pair_limit + limit ≤ 32`. By default, 12.
+    pub pair_limit: u8,
+    /// 32-column blocks a chunk holds of each of its 8 rows (1..=[`MAX_SEGMENT`]). By default,
+    /// 64: chunks of 2^14 symbols.
+    pub segment: usize,
+}
+
+impl Default for PrefixParams {
+    fn default() -> Self {
+        PrefixParams {
+            limit: 8,
+            pair_limit: 12,
+            segment: 64,
+        }
+    }
+}
+
+impl PrefixParams {
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<()> {
+        if !LIMITS.contains(&self.limit) {
+            return Err(CodingError::Invalid {
+                what: "prefix limit",
+                value: self.limit as u64,
+            });
+        }
+        let (l, p) = (self.limit as u32, self.pair_limit as u32);
+        if p != 0 && (!LIMITS.contains(&self.pair_limit) || l + 2 * p > 32) {
+            return Err(CodingError::Invalid {
+                what: "prefix pair_limit (8..=12, 2·pair_limit + limit ≤ 32)",
+                value: p as u64,
+            });
+        }
+        if self.segment == 0 || self.segment > MAX_SEGMENT {
+            return Err(CodingError::Invalid {
+                what: "prefix segment",
+                value: self.segment as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether pairs are coded jointly.
+    pub fn pairs(&self) -> bool {
+        self.pair_limit != 0
+    }
+
+    /// The segment that gives chunks of about `symbols` symbols for rows of `words` words,
+    /// with at most 16 segments a row (a GPU block's warps sum a row's segments).
+    pub fn segment_for(words: usize, symbols: usize) -> usize {
+        let blocks = words.div_ceil(BLOCK_WORDS).max(1);
+        let per_chunk = (symbols / (GROUP_ROWS * BLOCK_WORDS * WORD)).max(1);
+        per_chunk.max(blocks.div_ceil(16)).min(blocks)
+    }
+
+    /// The units of a word: (first symbol, symbols, table under coset 0, under coset 1).
+    fn units(&self) -> &'static [(usize, usize, usize, usize)] {
+        if self.pairs() {
+            &[
+                (0, 1, 0, 0),
+                (1, 2, 3, 4),
+                (3, 2, 3, 4),
+                (5, 2, 3, 4),
+                (7, 1, 1, 2),
+            ]
+        } else {
+            &[
+                (0, 1, 0, 0),
+                (1, 1, 1, 2),
+                (2, 1, 1, 2),
+                (3, 1, 1, 2),
+                (4, 1, 1, 2),
+                (5, 1, 1, 2),
+                (6, 1, 1, 2),
+                (7, 1, 1, 2),
+            ]
+        }
+    }
+
+    /// Whether a refill check comes before unit `u`.
+    fn check(&self, u: usize) -> bool {
+        if self.pairs() {
+            u == 0 || u == 2
+        } else {
+            u.is_multiple_of(32 / self.limit as usize)
+        }
+    }
+
+    /// Code-length limit of table `t`.
+    fn table_limit(&self, t: usize) -> u8 {
+        if self.pairs() && t >= 3 {
+            self.pair_limit
+        } else {
+            self.limit
+        }
+    }
+
+    /// Tables: 3 for singles, 5 with pairs.
+    fn tables(&self) -> usize {
+        if self.pairs() {
+            5
+        } else {
+            3
+        }
+    }
+}
+
+/// A matrix of `rows × words` E8 words as the chunks of [`PrefixParams::segment`] blocks of
+/// eight rows (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Rows.
+    pub rows: usize,
+    /// Words a row.
+    pub words: usize,
+    /// Blocks a chunk's rows hold.
+    pub segment: usize,
+}
+
+impl Layout {
+    fn blocks(&self) -> usize {
+        self.words.div_ceil(BLOCK_WORDS)
+    }
+
+    /// Segments a row.
+    pub fn segments(&self) -> usize {
+        self.blocks().div_ceil(self.segment.max(1))
+    }
+
+    /// Groups of 8 rows.
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(GROUP_ROWS)
+    }
+
+    /// Chunks: groups × segments (0 for an empty matrix).
+    pub fn chunks(&self) -> usize {
+        if self.words == 0 {
+            0
+        } else {
+            self.groups() * self.segments()
+        }
+    }
+
+    /// The chunks of groups `groups` (chunks of one group are consecutive).
+    pub fn group_chunks(&self, groups: Range<usize>) -> Range<usize> {
+        let s = if self.words == 0 { 0 } else { self.segments() };
+        groups.start * s..groups.end * s
+    }
+
+    /// Steps of chunk `c` (blocks in its segment).
+    fn steps(&self, c: usize) -> usize {
+        let s = c % self.segments();
+        self.segment.min(self.blocks() - s * self.segment)
+    }
+
+    /// The (row, word) lane `lane` decodes at step `t` of chunk `c`, if any.
+    fn word_at(&self, c: usize, lane: usize, t: usize) -> Option<(usize, usize)> {
+        let (g, s) = (c / self.segments(), c % self.segments());
+        let row = g * GROUP_ROWS + lane / BLOCK_WORDS;
+        let word = (s * self.segment + t) * BLOCK_WORDS + lane % BLOCK_WORDS;
+        (row < self.rows && word < self.words).then_some((row, word))
+    }
+}
+
+/// One table's codes: length (0: no code) and canonical code of each symbol.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Code {
+    lengths: Vec<u8>,
+    codes: Vec<u32>,
+}
+
+impl Code {
+    fn new(lengths: Vec<u8>) -> Code {
+        let mut order: Vec<usize> = (0..lengths.len()).filter(|&s| lengths[s] > 0).collect();
+        order.sort_by_key(|&s| (lengths[s], s));
+        let mut codes = vec![0u32; lengths.len()];
+        let (mut code, mut prev) = (0u32, 0u8);
+        for s in order {
+            code <<= lengths[s] - prev;
+            prev = lengths[s];
+            codes[s] = code;
+            code += 1;
+        }
+        Code { lengths, codes }
+    }
+
+    /// Slots of a `limit`-bit lookup: (symbol, length), length 0 where no code leads.
+    fn slots(&self, limit: u8) -> Vec<(u32, u8)> {
+        let mut t = vec![(0u32, 0u8); 1 << limit];
+        for (s, (&n, &c)) in self.lengths.iter().zip(&self.codes).enumerate() {
+            if n > 0 {
+                let lo = (c as usize) << (limit - n);
+                t[lo..lo + (1 << (limit - n))].fill((s as u32, n));
+            }
+        }
+        t
+    }
+}
+
+/// The per-table codes of a tensor's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Model {
+    params: PrefixParams,
+    /// Pair coordinates are below this (1 without pairs).
+    base: u32,
+    tables: Vec<Code>,
+}
+
+/// Optimal code lengths of at most `limit` bits for the symbols with a non-zero count
+/// (package-merge); 0 for the others.
+fn limited_lengths(counts: &[u64], limit: u8) -> Result<Vec<u8>> {
+    let mut leaves: Vec<(u64, usize)> = (0..counts.len())
+        .filter(|&s| counts[s] > 0)
+        .map(|s| (counts[s], s))
+        .collect();
+    let mut lengths = vec![0u8; counts.len()];
+    let n = leaves.len();
+    if n > 1 << limit {
+        return Err(CodingError::Unrepresentable {
+            what: "distinct symbols of a prefix table",
+            value: n as u64,
+            max: 1 << limit,
+        });
+    }
+    if n <= 1 {
+        if let Some(&(_, s)) = leaves.first() {
+            lengths[s] = 1;
+        }
+        return Ok(lengths);
+    }
+    leaves.sort_unstable();
+    // Nodes: leaves are 0..n (by weight), packages after; a package holds two nodes.
+    let mut kids: Vec<(usize, usize)> = Vec::new();
+    let leaf_list: Vec<(u64, usize)> = leaves.iter().enumerate().map(|(i, l)| (l.0, i)).collect();
+    let mut cur = leaf_list.clone();
+    for _ in 1..limit {
+        let packages: Vec<(u64, usize)> = cur
+            .chunks_exact(2)
+            .map(|p| {
+                kids.push((p[0].1, p[1].1));
+                (p[0].0 + p[1].0, n + kids.len() - 1)
+            })
+            .collect();
+        // Merge, leaves first on ties.
+        let mut merged = Vec::with_capacity(n + packages.len());
+        let (mut a, mut b) = (0, 0);
+        while a < n || b < packages.len() {
+            if b >= packages.len() || (a < n && leaf_list[a].0 <= packages[b].0) {
+                merged.push(leaf_list[a]);
+                a += 1;
+            } else {
+                merged.push(packages[b]);
+                b += 1;
+            }
+        }
+        cur = merged;
+    }
+    let mut stack: Vec<usize> = cur[..2 * n - 2].iter().map(|&(_, i)| i).collect();
+    while let Some(i) = stack.pop() {
+        if i < n {
+            lengths[leaves[i].1] += 1;
+        } else {
+            let (x, y) = kids[i - n];
+            stack.push(x);
+            stack.push(y);
+        }
+    }
+    Ok(lengths)
+}
+
+impl Model {
+    /// The best codes within the limits for `symbols` (whole words).
+    pub fn fit(symbols: &[u32], params: &PrefixParams) -> Result<Model> {
+        params.validate()?;
+        if !symbols.len().is_multiple_of(WORD) {
+            return Err(CodingError::Length {
+                what: "prefix symbols (whole words)",
+                expected: symbols.len().next_multiple_of(WORD) as u64,
+                actual: symbols.len() as u64,
+            });
+        }
+        let too_large = |value: u32, max: u32| CodingError::Unrepresentable {
+            what: "symbol of a prefix table",
+            value: value as u64,
+            max: max as u64,
+        };
+        let base = if params.pairs() {
+            let m = symbols
+                .chunks_exact(WORD)
+                .flat_map(|w| w[1..7].iter())
+                .copied()
+                .max()
+                .unwrap_or(0);
+            if m >= MAX_PAIR_BASE {
+                return Err(too_large(m, MAX_PAIR_BASE));
+            }
+            m + 1
+        } else {
+            1
+        };
+        let units = params.units();
+        let mut counts: Vec<Vec<u64>> = (0..params.tables())
+            .map(|t| {
+                let size = if params.pairs() && t >= 3 {
+                    base * base
+                } else {
+                    MAX_SINGLE
+                };
+                vec![0u64; size as usize]
+            })
+            .collect();
+        for w in symbols.chunks_exact(WORD) {
+            let c = (w[0] & 1) as usize;
+            for &(first, width, t0, t1) in units {
+                let t = if c == 0 { t0 } else { t1 };
+                let s = if width == 2 {
+                    w[first] * base + w[first + 1]
+                } else if w[first] >= MAX_SINGLE {
+                    return Err(too_large(w[first], MAX_SINGLE));
+                } else {
+                    w[first]
+                };
+                counts[t][s as usize] += 1;
+            }
+        }
+        let tables = counts
+            .iter()
+            .enumerate()
+            .map(|(t, c)| {
+                let mut l = limited_lengths(c, params.table_limit(t))?;
+                let used = l.iter().rposition(|&n| n > 0).map_or(0, |i| i + 1);
+                l.truncate(used);
+                Ok(Code::new(l))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Model {
+            params: *params,
+            base,
+            tables,
+        })
+    }
+
+    /// The serialized model (module docs).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if self.params.pairs() {
+            out.push(self.base as u8);
+        }
+        for t in &self.tables {
+            out.extend_from_slice(&(t.lengths.len() as u16).to_le_bytes());
+            for p in t.lengths.chunks(2) {
+                out.push(p[0] | p.get(1).map_or(0, |h| h << 4));
+            }
+        }
+        out
+    }
+
+    /// Parses a model written by [`Model::to_bytes`] for `params`, checking every length
+    /// against its table's limit and the code space (Kraft's inequality).
+    pub fn from_bytes(bytes: &[u8], params: &PrefixParams) -> Result<Model> {
+        params.validate()?;
+        let truncated = CodingError::Truncated {
+            what: "prefix model",
+        };
+        let mut at = 0usize;
+        let base = if params.pairs() {
+            let b = *bytes.first().ok_or(truncated.clone())? as u32;
+            at = 1;
+            if b == 0 || b > MAX_PAIR_BASE {
+                return Err(CodingError::Invalid {
+                    what: "prefix pair base",
+                    value: b as u64,
+                });
+            }
+            b
+        } else {
+            1
+        };
+        let mut tables = Vec::with_capacity(params.tables());
+        for t in 0..params.tables() {
+            let size = bytes.get(at..at + 2).ok_or(truncated.clone())?;
+            let n = u16::from_le_bytes([size[0], size[1]]) as usize;
+            at += 2;
+            let max = if params.pairs() && t >= 3 {
+                (base * base) as usize
+            } else {
+                MAX_SINGLE as usize
+            };
+            if n > max {
+                return Err(CodingError::Invalid {
+                    what: "prefix table size",
+                    value: n as u64,
+                });
+            }
+            let packed = bytes.get(at..at + n.div_ceil(2)).ok_or(truncated.clone())?;
+            at += n.div_ceil(2);
+            let lengths: Vec<u8> = (0..n)
+                .map(|i| (packed[i / 2] >> (4 * (i % 2))) & 15)
+                .collect();
+            let limit = params.table_limit(t);
+            let mut kraft = 0u64;
+            for &l in &lengths {
+                if l > limit {
+                    return Err(CodingError::Invalid {
+                        what: "prefix code length",
+                        value: l as u64,
+                    });
+                }
+                if l > 0 {
+                    kraft += 1 << (limit - l);
+                }
+            }
+            if kraft > 1 << limit {
+                return Err(CodingError::Invalid {
+                    what: "prefix code space (Kraft sum, in units of the longest code)",
+                    value: kraft,
+                });
+            }
+            tables.push(Code::new(lengths));
+        }
+        if at != bytes.len() {
+            return Err(CodingError::Length {
+                what: "prefix model bytes",
+                expected: at as u64,
+                actual: bytes.len() as u64,
+            });
+        }
+        Ok(Model {
+            params: *params,
+            base,
+            tables,
+        })
+    }
+
+    /// The parameters the model was fitted or read for.
+    pub fn params(&self) -> &PrefixParams {
+        &self.params
+    }
+
+    /// Pair coordinates are below this (1 without pairs).
+    pub fn base(&self) -> u32 {
+        self.base
+    }
+
+    /// Per table, the code length of each symbol (0: no code): singles' tables are first, the
+    /// others under coset 0 and 1; with pairs, first, s₇ under coset 0 and 1, pairs under
+    /// coset 0 and 1 (a pair's symbol `a·base + b`).
+    pub fn lengths(&self) -> Vec<&[u8]> {
+        self.tables.iter().map(|t| t.lengths.as_slice()).collect()
+    }
+
+    /// Per table, its `2^limit` lookup slots: the symbol and code length the next `limit` bits
+    /// begin with (length 0 where no code does), as a GPU table is built from them.
+    pub fn slots(&self) -> Vec<Vec<(u32, u8)>> {
+        (0..self.tables.len())
+            .map(|t| self.tables[t].slots(self.params.table_limit(t)))
+            .collect()
+    }
+
+    /// Code and length of unit symbol `s` in table `t` (length 0: none).
+    fn code(&self, t: usize, s: u32) -> (u32, u8) {
+        let c = &self.tables[t];
+        match c.lengths.get(s as usize) {
+            Some(&n) if n > 0 => (c.codes[s as usize], n),
+            _ => (0, 0),
+        }
+    }
+}
+
+/// Packs a lane's codes MSB-first into 32-bit words.
+#[derive(Default)]
+struct BitString {
+    words: Vec<u32>,
+    acc: u64,
+    bits: u32,
+}
+
+impl BitString {
+    fn push(&mut self, code: u32, len: u8) {
+        self.acc = (self.acc << len) | code as u64;
+        self.bits += len as u32;
+        if self.bits >= 32 {
+            self.bits -= 32;
+            self.words.push((self.acc >> self.bits) as u32);
+        }
+    }
+
+    fn finish(mut self) -> Vec<u32> {
+        if self.bits > 0 {
+            self.words.push((self.acc << (32 - self.bits)) as u32);
+        }
+        self.words
+    }
+}
+
+/// Encodes chunk `c` of the `layout.rows × layout.words` words `symbols` (row after row) with
+/// `model`: its words in the order the warp reads them, trailing zeros dropped.
+pub fn encode_chunk(symbols: &[u32], layout: &Layout, model: &Model, c: usize) -> Result<Vec<u32>> {
+    let p = &model.params;
+    check_layout(symbols.len(), layout, p)?;
+    let units = p.units();
+    let mut lanes: Vec<BitString> = (0..WARP).map(|_| BitString::default()).collect();
+    let mut unread = [0u32; WARP];
+    // Which lane takes each word, in the warp's order.
+    let mut order: Vec<u8> = Vec::new();
+    for t in 0..layout.steps(c) {
+        let mut u = 0;
+        while u < units.len() {
+            let end = (u + 1..units.len())
+                .find(|&k| p.check(k))
+                .unwrap_or(units.len());
+            for (lane, bits) in lanes.iter_mut().enumerate() {
+                let Some((row, word)) = layout.word_at(c, lane, t) else {
+                    continue;
+                };
+                let w = &symbols[(row * layout.words + word) * WORD..][..WORD];
+                if unread[lane] < 32 {
+                    order.push(lane as u8);
+                    unread[lane] += 32;
+                }
+                let cset = (w[0] & 1) as usize;
+                for &(first, width, t0, t1) in &units[u..end] {
+                    let table = if cset == 0 { t0 } else { t1 };
+                    let s = if width == 2 {
+                        if w[first].max(w[first + 1]) >= model.base {
+                            return Err(CodingError::Unrepresentable {
+                                what: "symbol of a prefix pair",
+                                value: w[first].max(w[first + 1]) as u64,
+                                max: model.base as u64,
+                            });
+                        }
+                        w[first] * model.base + w[first + 1]
+                    } else {
+                        w[first]
+                    };
+                    let (code, len) = model.code(table, s);
+                    if len == 0 {
+                        return Err(CodingError::Unrepresentable {
+                            what: "symbol without a prefix code",
+                            value: s as u64,
+                            max: model.tables[table].lengths.len() as u64,
+                        });
+                    }
+                    bits.push(code, len);
+                    unread[lane] -= len as u32;
+                }
+            }
+            u = end;
+        }
+    }
+    let strings: Vec<Vec<u32>> = lanes.into_iter().map(BitString::finish).collect();
+    let mut next = [0usize; WARP];
+    let mut out: Vec<u32> = order
+        .iter()
+        .map(|&l| {
+            let l = l as usize;
+            next[l] += 1;
+            strings[l].get(next[l] - 1).copied().unwrap_or(0)
+        })
+        .collect();
+    let keep = out.iter().rposition(|&w| w != 0).map_or(0, |i| i + 1);
+    out.truncate(keep);
+    Ok(out)
+}
+
+fn check_layout(n: usize, layout: &Layout, p: &PrefixParams) -> Result<()> {
+    p.validate()?;
+    if layout.segment != p.segment {
+        return Err(CodingError::Invalid {
+            what: "prefix layout segment (differs from the parameters')",
+            value: layout.segment as u64,
+        });
+    }
+    let want = layout
+        .rows
+        .checked_mul(layout.words)
+        .and_then(|w| w.checked_mul(WORD));
+    if want != Some(n) {
+        return Err(CodingError::Length {
+            what: "prefix symbols",
+            expected: want.unwrap_or(u64::MAX as usize) as u64,
+            actual: n as u64,
+        });
+    }
+    Ok(())
+}
+
+/// The streams of an encoded matrix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixStreams {
+    /// The serialized model.
+    pub model: Vec<u8>,
+    /// A `u32` word offset per chunk, little-endian.
+    pub index: Vec<u8>,
+    /// 32-bit words, little-endian.
+    pub payload: Vec<u8>,
+}
+
+/// Assembles encoded chunks (in chunk order) into streams.
+pub fn assemble(chunks: &[Vec<u32>], model: &Model) -> Result<PrefixStreams> {
+    let mut index = Vec::with_capacity(chunks.len() * 4);
+    let mut payload = Vec::new();
+    for c in chunks {
+        let at = u32::try_from(payload.len() / 4).map_err(|_| CodingError::Invalid {
+            what: "prefix payload words (over 2^32)",
+            value: (payload.len() / 4) as u64,
+        })?;
+        index.extend_from_slice(&at.to_le_bytes());
+        for w in c {
+            payload.extend_from_slice(&w.to_le_bytes());
+        }
+    }
+    Ok(PrefixStreams {
+        model: model.to_bytes(),
+        index,
+        payload,
+    })
+}
+
+/// Encodes a matrix's words with a model fitted to them.
+pub fn encode(symbols: &[u32], layout: &Layout, params: &PrefixParams) -> Result<PrefixStreams> {
+    check_layout(symbols.len(), layout, params)?;
+    let model = Model::fit(symbols, params)?;
+    let chunks = (0..layout.chunks())
+        .map(|c| encode_chunk(symbols, layout, &model, c))
+        .collect::<Result<Vec<_>>>()?;
+    assemble(&chunks, &model)
+}
+
+/// Decodes the streams of one matrix, a group of 8 rows at a time.
+#[derive(Debug)]
+pub struct Decoder<'a> {
+    model: Model,
+    layout: Layout,
+    /// `chunks + 1` word offsets (checked: they never decrease and end at the payload's end).
+    starts: Vec<u32>,
+    payload: &'a [u8],
+    slots: Vec<Vec<(u32, u8)>>,
+}
+
+impl<'a> Decoder<'a> {
+    /// Checks the streams against `layout` and `params`.
+    pub fn new(
+        model: &[u8],
+        index: &[u8],
+        payload: &'a [u8],
+        layout: Layout,
+        params: &PrefixParams,
+    ) -> Result<Decoder<'a>> {
+        let model = Model::from_bytes(model, params)?;
+        let chunks = layout.chunks();
+        if index.len() as u64 != chunks as u64 * 4 {
+            return Err(CodingError::Length {
+                what: "prefix index bytes",
+                expected: chunks as u64 * 4,
+                actual: index.len() as u64,
+            });
+        }
+        if !payload.len().is_multiple_of(4) {
+            return Err(CodingError::Invalid {
+                what: "prefix payload bytes (whole 32-bit words)",
+                value: payload.len() as u64,
+            });
+        }
+        let total = (payload.len() / 4) as u64;
+        let mut starts: Vec<u32> = index
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        if starts.first().is_some_and(|&s| s != 0)
+            || starts.windows(2).any(|w| w[1] < w[0])
+            || starts.last().is_some_and(|&s| s as u64 > total)
+        {
+            return Err(CodingError::Invalid {
+                what: "prefix chunk offsets (must start at 0, never decrease, stay in the payload)",
+                value: total,
+            });
+        }
+        if total > u32::MAX as u64 || (chunks == 0 && total > 0) {
+            return Err(CodingError::Invalid {
+                what: "prefix payload words (over 2^32, or any without a chunk)",
+                value: total,
+            });
+        }
+        starts.push(total as u32);
+        let slots = model.slots();
+        Ok(Decoder {
+            model,
+            layout,
+            starts,
+            payload,
+            slots,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Chunk `c`'s stored words.
+    fn words(&self, c: usize) -> &[u8] {
+        &self.payload[self.starts[c] as usize * 4..self.starts[c + 1] as usize * 4]
+    }
+
+    /// Word offsets of the chunks: `chunks + 1` of them, the last the payload's length.
+    pub fn starts(&self) -> &[u32] {
+        &self.starts
+    }
+
+    /// Decodes groups `groups` (of 8 rows) into `out`: their rows' symbols, row after row
+    /// (`8·words·8` a group, fewer for the last). A chunk whose codes reach a slot no code
+    /// leads to, or that stores words its lanes never read (other than zeros), is corrupt.
+    pub fn decode_groups(&self, groups: Range<usize>, out: &mut [u32]) -> Result<()> {
+        let l = &self.layout;
+        if groups.end > l.groups() || groups.start > groups.end {
+            return Err(CodingError::Invalid {
+                what: "prefix group range end",
+                value: groups.end as u64,
+            });
+        }
+        let first_row = groups.start * GROUP_ROWS;
+        let rows = (groups.end * GROUP_ROWS)
+            .min(l.rows)
+            .saturating_sub(first_row);
+        let want = rows * l.words * WORD;
+        if out.len() != want {
+            return Err(CodingError::Length {
+                what: "prefix output symbols",
+                expected: want as u64,
+                actual: out.len() as u64,
+            });
+        }
+        for c in l.group_chunks(groups) {
+            self.decode_chunk(c, first_row, out)?;
+        }
+        Ok(())
+    }
+
+    /// Decodes every word.
+    pub fn decode(&self) -> Result<Vec<u32>> {
+        let mut out = vec![0u32; self.layout.rows * self.layout.words * WORD];
+        self.decode_groups(0..self.layout.groups(), &mut out)?;
+        Ok(out)
+    }
+
+    fn decode_chunk(&self, c: usize, first_row: usize, out: &mut [u32]) -> Result<()> {
+        let (l, p) = (&self.layout, &self.model.params);
+        let units = p.units();
+        let words = self.words(c);
+        let stored = words.len() / 4;
+        let mut taken = 0usize;
+        let mut buf = [0u64; WARP];
+        let mut unread = [0u32; WARP];
+        let base = self.model.base;
+        for t in 0..l.steps(c) {
+            let mut u = 0;
+            while u < units.len() {
+                let end = (u + 1..units.len())
+                    .find(|&k| p.check(k))
+                    .unwrap_or(units.len());
+                for lane in 0..WARP {
+                    let Some((row, word)) = l.word_at(c, lane, t) else {
+                        continue;
+                    };
+                    if unread[lane] < 32 {
+                        let w = words
+                            .get(taken * 4..taken * 4 + 4)
+                            .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                        taken += 1;
+                        buf[lane] |= (w as u64) << (32 - unread[lane]);
+                        unread[lane] += 32;
+                    }
+                    let at = ((row - first_row) * l.words + word) * WORD;
+                    let w = &mut out[at..at + WORD];
+                    for &(first, width, t0, t1) in &units[u..end] {
+                        let table = if first == 0 || w[0] & 1 == 0 { t0 } else { t1 };
+                        let limit = p.table_limit(table);
+                        let (s, n) = self.slots[table][(buf[lane] >> (64 - limit)) as usize];
+                        if n == 0 {
+                            return Err(CodingError::Corrupt { chunk: c });
+                        }
+                        buf[lane] <<= n;
+                        unread[lane] -= n as u32;
+                        if width == 2 {
+                            w[first] = s / base;
+                            w[first + 1] = s % base;
+                        } else {
+                            w[first] = s;
+                        }
+                    }
+                }
+                u = end;
+            }
+        }
+        // Words past those the lanes read must be zeros (a writer's padding).
+        if words
+            .get(taken.min(stored) * 4..)
+            .is_some_and(|rest| rest.iter().any(|&b| b != 0))
+        {
+            return Err(CodingError::Corrupt { chunk: c });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Symbols of E8 words at about `bits` bits a coordinate: zig-zag coordinates of a rounded
+    /// Gaussian, the first symbol `2·zz(t) + c`.
+    fn words(n: usize, spread: f64, seed: u64) -> Vec<u32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut uniform = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let zz = |v: i64| {
+            if v >= 0 {
+                2 * v as u32
+            } else {
+                (-2 * v - 1) as u32
+            }
+        };
+        let mut out = Vec::with_capacity(n * WORD);
+        for _ in 0..n {
+            let mut gauss = || {
+                let (a, b) = (uniform().max(1e-12), uniform());
+                (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
+            };
+            let t = zz((gauss() * spread / 2.0).round() as i64);
+            let rest: Vec<u32> = (1..WORD)
+                .map(|_| zz((gauss() * spread).round() as i64))
+                .collect();
+            out.push(2 * t + (uniform() < 0.5) as u32);
+            out.extend(rest);
+        }
+        out
+    }
+
+    fn roundtrip(symbols: &[u32], layout: Layout, params: PrefixParams) -> PrefixStreams {
+        let s = encode(symbols, &layout, &params).unwrap();
+        let d = Decoder::new(&s.model, &s.index, &s.payload, layout, &params).unwrap();
+        assert_eq!(d.decode().unwrap(), symbols);
+        s
+    }
+
+    const PARAMS: [(u8, u8); 5] = [(8, 0), (10, 0), (12, 0), (8, 12), (8, 11)];
+
+    #[test]
+    fn package_merge_is_optimal_within_the_limit() {
+        // Fibonacci weights: an unlimited Huffman code would be 12 deep.
+        let counts: Vec<u64> = {
+            let mut f = vec![1u64, 1];
+            for i in 2..13 {
+                f.push(f[i - 1] + f[i - 2]);
+            }
+            f
+        };
+        for limit in [4u8, 6, 8, 12] {
+            let l = limited_lengths(&counts, limit).unwrap();
+            assert!(l.iter().all(|&n| n >= 1 && n <= limit));
+            let kraft: f64 = l.iter().map(|&n| 0.5f64.powi(n as i32)).sum();
+            assert!((kraft - 1.0).abs() < 1e-12, "a full code: {kraft}");
+        }
+        // Against exhaustive search on a small alphabet: no code within the limit is cheaper.
+        let counts = [40u64, 30, 10, 9, 5, 3, 2, 1];
+        let l = limited_lengths(&counts, 3).unwrap();
+        let cost = |l: &[u8]| {
+            l.iter()
+                .zip(&counts)
+                .map(|(&n, &c)| n as u64 * c)
+                .sum::<u64>()
+        };
+        let mut best = u64::MAX;
+        for code in 0..3u32.pow(8) {
+            let ls: Vec<u8> = (0..8).map(|i| (code / 3u32.pow(i) % 3 + 1) as u8).collect();
+            if ls.iter().map(|&n| 0.5f64.powi(n as i32)).sum::<f64>() <= 1.0 {
+                best = best.min(cost(&ls));
+            }
+        }
+        assert_eq!(cost(&l), best);
+        assert!(matches!(
+            limited_lengths(&[1; 257], 8),
+            Err(CodingError::Unrepresentable { value: 257, .. })
+        ));
+    }
+
+    /// Empirical entropy of the words' symbols under E8's three contexts, bits a symbol.
+    fn entropy(s: &[u32]) -> f64 {
+        let mut counts = std::collections::HashMap::new();
+        for w in s.chunks_exact(WORD) {
+            for (j, &x) in w.iter().enumerate() {
+                let ctx = if j == 0 { 0 } else { 1 + (w[0] & 1) };
+                *counts.entry((ctx, x)).or_insert(0u64) += 1;
+            }
+        }
+        let mut per_ctx = [0u64; 3];
+        for (&(c, _), &n) in &counts {
+            per_ctx[c as usize] += n;
+        }
+        let bits: f64 = counts
+            .iter()
+            .map(|(&(c, _), &n)| -(n as f64) * (n as f64 / per_ctx[c as usize] as f64).log2())
+            .sum();
+        bits / s.len() as f64
+    }
+
+    /// Bits a symbol a form may spend over the entropy on whole-row chunks: the code limit
+    /// (0.14 bits for 8-bit singles on Gaussian data, docs/eval/cuda_rans.md) and the lanes'
+    /// last, partly filled words.
+    const OVERHEAD_BITS: f64 = 0.45;
+
+    #[test]
+    fn every_form_roundtrips_at_its_rate() {
+        let (rows, words_per_row) = (64, 128);
+        let s = words(rows * words_per_row, 3.0, 1);
+        let h = entropy(&s);
+        for (limit, pair_limit) in PARAMS {
+            for segment in [1, 3, 10, 32] {
+                let p = PrefixParams {
+                    limit,
+                    pair_limit,
+                    segment,
+                };
+                let layout = Layout {
+                    rows,
+                    words: words_per_row,
+                    segment,
+                };
+                let streams = roundtrip(&s, layout, p);
+                let bits = (streams.payload.len() + streams.index.len() + streams.model.len())
+                    as f64
+                    * 8.0
+                    / s.len() as f64;
+                if segment == 32 {
+                    assert!(
+                        bits < h + OVERHEAD_BITS,
+                        "{limit}/{pair_limit}: {bits} vs {h}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn limits_hold_and_cost_little() {
+        // A wide spread: singles of 8 bits lose more than 12-bit ones to the limit.
+        let s = words(4096, 6.0, 2);
+        let layout = |segment| Layout {
+            rows: 64,
+            words: 64,
+            segment,
+        };
+        let size = |limit, pair_limit| {
+            let p = PrefixParams {
+                limit,
+                pair_limit,
+                segment: 16,
+            };
+            roundtrip(&s, layout(16), p).payload.len()
+        };
+        assert!(size(12, 0) < size(8, 0));
+        let m = Model::fit(&s, &PrefixParams::default()).unwrap();
+        for (t, l) in m.lengths().iter().enumerate() {
+            let limit = if t >= 3 { 12 } else { 8 };
+            assert!(l.iter().all(|&n| n <= limit));
+        }
+    }
+
+    #[test]
+    fn symbols_beyond_the_tables_are_refused() {
+        let mut s = words(64, 2.0, 3);
+        s[9] = MAX_PAIR_BASE;
+        let p = PrefixParams::default();
+        assert!(matches!(
+            Model::fit(&s, &p),
+            Err(CodingError::Unrepresentable { .. })
+        ));
+        let singles = PrefixParams { pair_limit: 0, ..p };
+        assert!(Model::fit(&s, &singles).is_ok());
+        s[9] = MAX_SINGLE;
+        assert!(matches!(
+            Model::fit(&s, &singles),
+            Err(CodingError::Unrepresentable { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_streams_are_refused() {
+        let p = PrefixParams {
+            segment: 2,
+            ..PrefixParams::default()
+        };
+        let layout = Layout {
+            rows: 9,
+            words: 12,
+            segment: 2,
+        };
+        let s = words(9 * 12, 2.0, 4);
+        let e = roundtrip(&s, layout, p);
+        fn new<'a>(
+            m: &[u8],
+            i: &[u8],
+            pl: &'a [u8],
+            l: Layout,
+            p: &PrefixParams,
+        ) -> Result<Decoder<'a>> {
+            Decoder::new(m, i, pl, l, p)
+        }
+        assert!(new(
+            &e.model[..e.model.len() - 1],
+            &e.index,
+            &e.payload,
+            layout,
+            &p
+        )
+        .is_err());
+        assert!(new(&e.model, &e.index[4..], &e.payload, layout, &p).is_err());
+        assert!(new(&e.model, &e.index, &e.payload[1..], layout, &p).is_err());
+        let mut idx = e.index.clone();
+        idx[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(new(&e.model, &idx, &e.payload, layout, &p).is_err());
+        // A length over the limit, a code space over full.
+        let mut m = e.model.clone();
+        m[3] = 0xFF;
+        assert!(new(&m, &e.index, &e.payload, layout, &p).is_err());
+        // Padding zeros are fine; other extra words are not.
+        let mut padded = e.payload.clone();
+        padded.extend_from_slice(&[0; 16]);
+        let d = new(&e.model, &e.index, &padded, layout, &p).unwrap();
+        assert_eq!(d.decode().unwrap(), s);
+        padded.extend_from_slice(&[1, 0, 0, 0]);
+        let d = new(&e.model, &e.index, &padded, layout, &p).unwrap();
+        assert!(matches!(d.decode(), Err(CodingError::Corrupt { .. })));
+    }
+
+    proptest! {
+        #[test]
+        fn any_matrix_roundtrips(rows in 1usize..20, words_per_row in 1usize..30, segment in 1usize..9,
+                                 spread in 0.0f64..6.0, form in 0usize..5, seed in any::<u64>()) {
+            let s = words(rows * words_per_row, spread, seed);
+            let (limit, pair_limit) = PARAMS[form];
+            let p = PrefixParams { limit, pair_limit, segment };
+            let layout = Layout { rows, words: words_per_row, segment };
+            match encode(&s, &layout, &p) {
+                Ok(e) => {
+                    let d = Decoder::new(&e.model, &e.index, &e.payload, layout, &p).unwrap();
+                    prop_assert_eq!(d.decode().unwrap(), s.clone());
+                    // Any group range decodes alone.
+                    let g = layout.groups();
+                    let mut out = vec![0u32; (rows.min(16) - rows.min(8)) * words_per_row * 8];
+                    if g >= 2 {
+                        d.decode_groups(1..2, &mut out).unwrap();
+                        prop_assert_eq!(&out[..], &s[8 * words_per_row * 8..(rows.min(16)) * words_per_row * 8]);
+                    }
+                }
+                Err(e) => prop_assert!(matches!(e, CodingError::Unrepresentable { .. }), "{}", e),
+            }
+        }
+
+        #[test]
+        fn garbage_never_panics(model in proptest::collection::vec(any::<u8>(), 0..40),
+                                index in proptest::collection::vec(any::<u8>(), 0..40),
+                                payload in proptest::collection::vec(any::<u8>(), 0..80),
+                                rows in 0usize..20, words_per_row in 0usize..20, form in 0usize..5) {
+            let (limit, pair_limit) = PARAMS[form];
+            let p = PrefixParams { limit, pair_limit, segment: 2 };
+            let layout = Layout { rows, words: words_per_row, segment: 2 };
+            if let Ok(d) = Decoder::new(&model, &index, &payload, layout, &p) {
+                let _ = d.decode();
+            }
+        }
+    }
+}
