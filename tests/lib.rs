@@ -116,6 +116,30 @@ pub fn golden_lattice_encodings() -> Vec<Encoding> {
     ]
 }
 
+/// The prefix-coded E8 encodings of `golden-v1-prefix.hwz` (6×40 tensors: a partial group of
+/// rows, 5 words a row so the last block is short), frozen: pairs in one- and two-block
+/// segments, singles of 10 and 12 bits.
+pub fn golden_prefix_encodings() -> Vec<Encoding> {
+    let l = |alpha, limit, pair_limit, segment| Encoding::Lattice {
+        lattice: Lattice::E8,
+        alpha,
+        tile: 8,
+        seed: 9,
+        scale_dtype: FloatDtype::F16,
+        coding: Coding::Prefix {
+            limit,
+            pair_limit,
+            segment,
+        },
+    };
+    vec![
+        l(3.8, 8, 12, 1),
+        l(3.0, 8, 12, 2),
+        l(4.5, 10, 0, 1),
+        l(2.5, 12, 0, 2),
+    ]
+}
+
 /// The trellis encodings of `golden-v1-trellis.hwz` (6×40 tensors): the default L = 16, one
 /// sequence per row or several (the last one longer), 1 to 4 bits, every scale storage.
 pub fn golden_trellis_encodings() -> Vec<Encoding> {
@@ -230,6 +254,7 @@ pub fn sample_encodings() -> Vec<Encoding> {
     let mut v = golden_encodings();
     v.extend(golden_lattice_encodings());
     v.extend(golden_codebook_encodings());
+    v.extend(golden_prefix_encodings());
     v
 }
 

@@ -1,9 +1,9 @@
-//! Arbitrary bytes as Rice and rANS streams (model, tables, payload) with arbitrary
+//! Arbitrary bytes as Rice, rANS and prefix streams (model, tables, payload) with arbitrary
 //! parameters: the decoders return symbols or a typed error, never panic, and decode valid
 //! re-encodings of what they return back to the same symbols.
 #![no_main]
 
-use hypercodec_rice::{rans, rice};
+use hypercodec_rice::{prefix, rans, rice};
 use libfuzzer_sys::fuzz_target;
 
 fn e8(j: usize, first: u32) -> usize {
@@ -43,5 +43,17 @@ fuzz_target!(|data: &[u8]| {
         let mut back = vec![0u32; n];
         rans::decode(&again, ctx, &params, &mut back).unwrap();
         assert_eq!(back, out);
+    }
+    // Prefix codes
+    let forms = [(8, 0), (10, 0), (12, 0), (8, 12), (8, 11)];
+    let (limit, pair_limit) = forms[head[6] as usize % forms.len()];
+    let params = prefix::PrefixParams { limit, pair_limit, segment: 1 + head[7] as usize % 4 };
+    let layout = prefix::Layout { rows: n % 40, words: n / 40 % 20, segment: params.segment };
+    if let Ok(d) = prefix::Decoder::new(a, b, c, layout, &params) {
+        if let Ok(out) = d.decode() {
+            let again = prefix::encode(&out, &layout, &params).unwrap();
+            let d = prefix::Decoder::new(&again.model, &again.index, &again.payload, layout, &params).unwrap();
+            assert_eq!(d.decode().unwrap(), out);
+        }
     }
 });

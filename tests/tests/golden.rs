@@ -6,6 +6,8 @@
 //!   residuals, per row/block/tensor scales), lowrank, sparse, mixed and exceptions.
 //! - `golden-v1-trellis.hwz`: trellis codes (L 8 to 16, K 1 to 4, one or several sequences
 //!   per row).
+//! - `golden-v1-prefix.hwz`: E8 in lane-interleaved prefix codes (pairs and singles, one- and
+//!   two-block segments, a partial group of rows, a short last block).
 //!
 //! Each `*.expected.f32` holds what its tensors decoded to when the file was made. A reader
 //! change that alters a single bit fails here. To remake them (only for a deliberate format
@@ -19,7 +21,7 @@ use hypercodec_hwz::{
 };
 use hypercodec_tests::{
     fixture_values, golden_codebook_encodings, golden_encodings, golden_lattice_encodings,
-    golden_trellis_encodings, golden_trellis_pair_encodings,
+    golden_prefix_encodings, golden_trellis_encodings, golden_trellis_pair_encodings,
 };
 use std::path::PathBuf;
 
@@ -90,6 +92,11 @@ fn golden_v1_trellis_pairs_decode_to_their_recorded_values() {
 }
 
 #[test]
+fn golden_v1_prefix_decodes_to_its_recorded_values() {
+    check("golden-v1-prefix", &golden_prefix_encodings());
+}
+
+#[test]
 fn golden_v1_codebook_decodes_to_its_recorded_values() {
     check("golden-v1-codebook", &golden_codebook_encodings());
 }
@@ -139,6 +146,9 @@ fn write_golden() {
     }
     if !data("golden-v1-trellis.hwz").exists() {
         write("golden-v1-trellis", &golden_trellis_encodings(), 400);
+    }
+    if !data("golden-v1-prefix.hwz").exists() {
+        write("golden-v1-prefix", &golden_prefix_encodings(), 600);
     }
     if !data("golden-v1-trellis-pairs.hwz").exists() {
         write(

@@ -111,12 +111,18 @@ fn lattice_case() -> impl Strategy<Value = (u64, u64, Encoding, u64)> {
         1u64..70,
         lattice,
         0.3f32..24.0,
-        0u8..3,
+        0u8..4,
         2u8..=8,
         any::<u64>(),
     )
         .prop_map(|(rows, cols, lattice, alpha, c, bits, seed)| {
             let coding = match c {
+                3 if lattice == Lattice::E8 => Coding::Prefix {
+                    limit: 8 + (seed % 5) as u8,
+                    pair_limit: [0, 8, 10, 11, 12][(seed / 5 % 5) as usize]
+                        .min((32 - 8 - (seed % 5) as u8) / 2),
+                    segment: 1 + (seed / 25 % 4) as u32,
+                },
                 0 => Coding::Rans {
                     chunk: 8 * (1 + (seed % 20) as u32),
                     lanes: 1 + (seed % 33) as u8,
@@ -151,6 +157,26 @@ proptest! {
         let values = hypercodec_tests::fixture_values((rows * cols) as usize, seed);
         let named = vec![("w".to_string(), vec![rows, cols], values.clone(), enc.clone())];
         let compression = if zstd { Compression::Zstd } else { Compression::None };
+        // Prefix codes have no escapes: a symbol beyond their tables is a typed refusal.
+        if let Err(e) = encode("w", &values, &[rows, cols], &enc, EncodeOptions::default()) {
+            let unfit = matches!(
+                e,
+                hypercodec_hwz::HwzError::Coding { source: hypercodec_hwz::CodingError::Unrepresentable { .. }, .. }
+            );
+            prop_assert!(unfit && matches!(enc, Encoding::Lattice { coding: Coding::Prefix { .. }, .. }), "{}", e);
+            prop_assert!(roundtrip(&named, compression).is_err());
+            return Ok(());
+        }
+        // Prefix codes have no escapes: a symbol beyond their tables is a typed refusal.
+        if let Err(e) = encode("w", &values, &[rows, cols], &enc, EncodeOptions::default()) {
+            let unfit = matches!(
+                e,
+                hypercodec_hwz::HwzError::Coding { source: hypercodec_hwz::CodingError::Unrepresentable { .. }, .. }
+            );
+            prop_assert!(unfit && matches!(enc, Encoding::Lattice { coding: Coding::Prefix { .. }, .. }), "{}", e);
+            prop_assert!(roundtrip(&named, compression).is_err());
+            return Ok(());
+        }
         let (_, decoded) = roundtrip(&named, compression).unwrap();
         let t = encode("w", &values, &[rows, cols], &enc, EncodeOptions::default()).unwrap();
         let refs: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
@@ -158,7 +184,7 @@ proptest! {
         hypercodec_hwz::decode_into("w", &enc, &[rows, cols], &refs, &mut direct).unwrap();
         prop_assert_eq!(&decoded[0], &direct);
         // Fixed-rate forms clamp outliers, so only entropy-coded points obey the radius bound.
-        if let Encoding::Lattice { lattice, alpha, coding: Coding::Rans { .. } | Coding::Rice { .. }, .. } = enc {
+        if let Encoding::Lattice { lattice, alpha, coding: Coding::Rans { .. } | Coding::Rice { .. } | Coding::Prefix { .. }, .. } = enc {
             // Per row: ‖x − x̂‖ ≤ (covering radius · √(words) · σ/α) plus the rounding of σ,
             // the row's RMS (the default `LatticeScale::Row`).
             for r in 0..rows as usize {

@@ -87,6 +87,10 @@ pub enum CodingArg {
     /// rANS shaped for the CUDA GEMV that decodes it: chunks of whole rows (about 2^14
     /// symbols), 12-bit probabilities; about 0.07 bit per value larger.
     RansGpu,
+    /// E8 only: lane-interleaved prefix codes (8-bit singles, 12-bit pairs) in chunks of eight
+    /// rows, the form a GPU warp decodes a word a lane; about 0.1 bit per value larger than
+    /// rans-gpu at 4 bits. A tensor whose symbols its tables cannot hold gets rans-gpu.
+    PrefixGpu,
     /// Rice codes with one parameter per chunk: simpler, about 0.1 bit per value larger.
     Rice,
     /// Fixed-rate symbols (the execution form): `--bps` rounds down to whole bits per value.
@@ -389,7 +393,14 @@ impl EncodingArgs {
                          kernel decodes); --chunk does not apply",
                     ));
                 }
+                if self.coding == CodingArg::PrefixGpu && self.lattice != LatticeArg::E8 {
+                    return Err(PipelineError::option(
+                        "coding",
+                        "prefix-gpu codes E8 words; use --lattice e8",
+                    ));
+                }
                 let (coding, bps) = match self.coding {
+                    CodingArg::PrefixGpu => (Coding::PREFIX_GPU, target.map(target_bps)),
                     CodingArg::Rans => (Coding::RANS_DEFAULT, target.map(target_bps)),
                     CodingArg::RansGpu => (Coding::RANS_GPU, target.map(target_bps)),
                     CodingArg::Rice => (Coding::RICE_DEFAULT, target.map(target_bps)),

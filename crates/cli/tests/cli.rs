@@ -397,6 +397,7 @@ fn lattice_compress_meets_its_rate_and_decompresses() {
     for (coding, bps) in [
         ("rans", "3"),
         ("rans-gpu", "3"),
+        ("prefix-gpu", "3"),
         ("rice", "3.5"),
         ("fixed", "4"),
     ] {
@@ -422,6 +423,16 @@ fn lattice_compress_meets_its_rate_and_decompresses() {
             assert_eq!(
                 (&c["chunk"], &c["prob_bits"], &c["lanes"]),
                 (&16384.into(), &12.into(), &32.into()),
+                "{c}"
+            );
+        }
+        if coding == "prefix-gpu" {
+            // 8-bit singles, 12-bit pairs, chunks of eight rows of 32 blocks (2^13 symbols:
+            // a row of 128 words is 32 blocks).
+            let c = &t["encoding"]["coding"];
+            assert_eq!(
+                (&c["type"], &c["limit"], &c["pair_limit"], &c["segment"]),
+                (&"prefix".into(), &8.into(), &12.into(), &32.into()),
                 "{c}"
             );
         }
@@ -463,6 +474,40 @@ fn lattice_compress_meets_its_rate_and_decompresses() {
         .status
         .code(),
         Some(1)
+    );
+    // Prefix codes are E8's; at 7 bits a value the symbols outgrow the pair tables and the
+    // tensor falls back to rans-gpu, said on the report.
+    let out = run(&[
+        "compress",
+        "gaussian:8x64",
+        p(&hwz),
+        "--encoding",
+        "lattice",
+        "--lattice",
+        "d4",
+        "--coding",
+        "prefix-gpu",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--lattice e8"));
+    let report = ok(&[
+        "compress",
+        "gaussian:64x1024:3",
+        p(&hwz),
+        "--encoding",
+        "lattice",
+        "--coding",
+        "prefix-gpu",
+        "--bps",
+        "7",
+    ]);
+    assert!(report.contains("prefix codes"), "{report}");
+    let json: Value = serde_json::from_str(&ok(&["inspect", p(&hwz), "--json"])).unwrap();
+    let c = &json["tensors"][0]["encoding"]["coding"];
+    assert_eq!(
+        (&c["type"], &c["lanes"]),
+        (&"rans".into(), &32.into()),
+        "{c}"
     );
     // GPU-shaped chunks are whole rows: a chunk size is refused, not silently misshaped.
     let out = run(&[

@@ -102,7 +102,7 @@ impl Spec {
 
     /// Parses a candidate name: `f32`, `bf16`, `f16`; `intN` (affine N bits, groups of 128,
     /// asymmetric, f16 scales), `intN-row` (one symmetric scale per row); `e8@B`, `d4@B`,
-    /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps; `e8@B-gpu` with [`Coding::RANS_GPU`]); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
+    /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps; `e8@B-gpu` with [`Coding::RANS_GPU`], `e8@B-prefix` with [`Coding::PREFIX_GPU`]); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
     /// (fixed-rate lattice symbols of N bits); `tcq@K`, `tcq@K-lL` (trellis, K bits per value,
     /// L state bits, by default 16; a `-v2` suffix codes a pair of values per state); `cb-bB-kK[-rR][-sMODE]` (a codebook of `K` prototypes of
     /// `B` values, `R` int8 residual corrections per block, scales per `channel` (default),
@@ -200,10 +200,14 @@ impl Spec {
                         "z1" => Lattice::Z1,
                         _ => return Err(bad()),
                     };
-                    // `e8@B-gpu`: rANS shaped for the CUDA GEMV that decodes it.
-                    let (bps, coding) = match bps.strip_suffix("-gpu") {
-                        // Only E8 has the kernel that decodes it.
-                        Some(b) if lattice == Lattice::E8 => (b, Coding::RANS_GPU),
+                    // `e8@B-gpu`: rANS shaped for the CUDA GEMV that decodes it;
+                    // `e8@B-prefix`: the GPU-shaped prefix codes.
+                    let gpu = [("-gpu", Coding::RANS_GPU), ("-prefix", Coding::PREFIX_GPU)]
+                        .into_iter()
+                        .find_map(|(suffix, c)| Some((bps.strip_suffix(suffix)?, c)));
+                    let (bps, coding) = match gpu {
+                        // Only E8 has the kernels that decode them.
+                        Some((b, c)) if lattice == Lattice::E8 => (b, c),
                         Some(_) => return Err(bad()),
                         None => (bps, Coding::RANS_DEFAULT),
                     };

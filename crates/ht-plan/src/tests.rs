@@ -577,3 +577,42 @@ fn gpu_shaped_rans_candidates_resolve_to_chunks_of_whole_rows() {
         assert!(Spec::parse(bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn gpu_shaped_prefix_candidates_meet_their_rate() {
+    use hypercodec_hwz::{Coding, EncodeOptions, Encoding};
+    // `e8@B-prefix`: 8-bit singles and 12-bit pairs in chunks of eight rows of about 2^14
+    // symbols (one segment here: 640 columns are 20 blocks), fitted to B bits a value all in.
+    let w: Vec<f32> = (0..48 * 640)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
+        .collect();
+    let spec = Spec::parse("e8@3-prefix").unwrap();
+    let t = spec
+        .encode("w", &w, &[48, 640], EncodeOptions::default())
+        .unwrap();
+    match t.encoding {
+        Encoding::Lattice {
+            coding:
+                Coding::Prefix {
+                    limit,
+                    pair_limit,
+                    segment,
+                },
+            ..
+        } => assert_eq!((limit, pair_limit, segment), (8, 12, 20)),
+        ref e => panic!("{e:?}"),
+    }
+    let bps = t.payload_bytes() as f64 * 8.0 / w.len() as f64;
+    assert!(bps <= 3.0 && bps > 2.7, "{bps}");
+    let back = t.decode("w", &[48, 640]).unwrap();
+    let noise: f64 = w
+        .iter()
+        .zip(&back)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let signal: f64 = w.iter().map(|&a| (a as f64).powi(2)).sum();
+    assert!(10.0 * (signal / noise).log10() > 12.0);
+    for bad in ["d4@3-prefix", "z1@3-prefix", "e8@-prefix"] {
+        assert!(Spec::parse(bad).is_err(), "{bad}");
+    }
+}

@@ -176,6 +176,16 @@ pub enum Coding {
         /// Bits per symbol, 2..=8.
         bits: u8,
     },
+    /// E8 only: lane-interleaved canonical prefix codes in chunks of eight rows
+    /// (`hypercodec_rice::prefix`), what a GPU warp decodes a word a lane inside the GEMV.
+    Prefix {
+        /// Longest single code, 8..=12 bits.
+        limit: u8,
+        /// Longest code of a pair of symbols, or 0 for singles only.
+        pair_limit: u8,
+        /// 32-column blocks a chunk holds of each of its eight rows.
+        segment: u32,
+    },
 }
 
 impl Coding {
@@ -199,7 +209,18 @@ impl Coding {
         prob_bits: 12,
     };
 
-    /// The same coding with `chunk` symbols per chunk (fixed-rate coding has no chunks).
+    /// Prefix codes shaped for the GPU ([`Coding::Prefix`]): singles of at most 8 bits and
+    /// pairs of at most 12 (five table lookups a word), chunks of eight rows of about
+    /// [`GPU_CHUNK_SYMBOLS`] symbols. In a template the segment is 0: [`Encoding::for_matrix`]
+    /// sets it from the row length.
+    pub const PREFIX_GPU: Coding = Coding::Prefix {
+        limit: 8,
+        pair_limit: 12,
+        segment: 0,
+    };
+
+    /// The same coding with `chunk` symbols per chunk (fixed-rate coding has no chunks; prefix
+    /// codes take chunks of eight rows of `chunk / 8` symbols, in whole 32-column blocks).
     pub fn with_chunk(self, chunk: u32) -> Coding {
         match self {
             Coding::Rice { .. } => Coding::Rice { chunk },
@@ -211,10 +232,35 @@ impl Coding {
                 prob_bits,
             },
             f @ Coding::Fixed { .. } => f,
+            Coding::Prefix {
+                limit, pair_limit, ..
+            } => Coding::Prefix {
+                limit,
+                pair_limit,
+                segment: (chunk / 256).max(1),
+            },
         }
     }
 
-    /// Short name: `rice`, `rans`, `rans-gpu` ([`Coding::RANS_GPU`]'s shape), `fixed4`, ...
+    /// The prefix coder's parameters, for a [`Coding::Prefix`].
+    pub fn prefix_params(&self) -> Option<hypercodec_rice::prefix::PrefixParams> {
+        match *self {
+            Coding::Prefix {
+                limit,
+                pair_limit,
+                segment,
+            } => Some(hypercodec_rice::prefix::PrefixParams {
+                limit,
+                pair_limit,
+                segment: segment as usize,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Short name: `rice`, `rans`, `rans-gpu` ([`Coding::RANS_GPU`]'s shape), `fixed4`,
+    /// `prefix-gpu` ([`Coding::PREFIX_GPU`]'s codes), `prefix10` (singles of 10 bits),
+    /// `prefix8p11` (pairs of 11), ...
     pub fn label(&self) -> String {
         match self {
             Coding::Rice { .. } => "rice".into(),
@@ -225,6 +271,17 @@ impl Coding {
             } => "rans-gpu".into(),
             Coding::Rans { .. } => "rans".into(),
             Coding::Fixed { bits } => format!("fixed{bits}"),
+            Coding::Prefix {
+                limit: 8,
+                pair_limit: 12,
+                ..
+            } => "prefix-gpu".into(),
+            Coding::Prefix {
+                limit, pair_limit, ..
+            } => match pair_limit {
+                0 => format!("prefix{limit}"),
+                p => format!("prefix{limit}p{p}"),
+            },
         }
     }
 }
@@ -471,6 +528,7 @@ impl Encoding {
     /// The encoding of a template for a matrix of `cols` columns: the RHT tile
     /// ([`tile_for`](crate::tile_for) of `cols` up to `max_tile`); for
     /// [`Coding::RANS_GPU`]'s chunk 0, chunks of whole rows (as many as fit [`GPU_CHUNK_SYMBOLS`], at least one);
+    /// for a [`Coding::Prefix`] of segment 0, chunks of eight rows of about [`GPU_CHUNK_SYMBOLS`];
     /// for trellis pairs (`v = 2`) on rows of an odd length, one value per state at its own
     /// calibrated scale (pairs need an even length).
     pub fn for_matrix(&self, cols: u64, max_tile: u32) -> Self {
@@ -492,6 +550,29 @@ impl Encoding {
             } if *c == Coding::RANS_GPU => {
                 let spr = hypercodec_lattice::symbols_per_row(*lattice, cols as usize);
                 e.with_row_aligned_chunks(cols, (GPU_CHUNK_SYMBOLS / spr.max(1)).max(1) as u64)
+            }
+            Encoding::Lattice {
+                coding:
+                    Coding::Prefix {
+                        limit,
+                        pair_limit,
+                        segment: 0,
+                    },
+                ..
+            } => {
+                let words = cols.div_ceil(8) as usize;
+                let mut e = e.clone();
+                if let Encoding::Lattice { coding, .. } = &mut e {
+                    *coding = Coding::Prefix {
+                        limit: *limit,
+                        pair_limit: *pair_limit,
+                        segment: hypercodec_rice::prefix::PrefixParams::segment_for(
+                            words,
+                            GPU_CHUNK_SYMBOLS,
+                        ) as u32,
+                    };
+                }
+                e
             }
             _ => e,
         }

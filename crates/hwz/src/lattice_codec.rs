@@ -4,7 +4,7 @@
 use crate::encoding::{role, Coding, Encoding, StreamLen};
 use crate::{HwzError, Result};
 use hypercodec_lattice::{self as lat, Lattice};
-use hypercodec_rice::{rans, rice, CodingError};
+use hypercodec_rice::{prefix, rans, rice, CodingError};
 use hypercodec_scalar::{self as scalar, FloatDtype, ScalarError};
 
 pub(crate) fn lat_err(tensor: &str) -> impl Fn(lat::LatticeError) -> HwzError + '_ {
@@ -221,6 +221,17 @@ pub(crate) fn encode(
                 scalar::pack_bits(&codes, bits).map_err(crate::encoding::scalar_err(tensor))?;
             streams.push((role::SYMBOLS, packed));
         }
+        (c @ Coding::Prefix { .. }, Held::Full(symbols), None) => {
+            let p = c.prefix_params().unwrap_or_default();
+            let s =
+                prefix_streams(&symbols, r, spr / lattice.dim(), &p).map_err(coding_err(tensor))?;
+            streams.push((role::MODEL, s.model));
+            streams.push((role::INDEX, s.index));
+            // Whole 32-bit words of zeros: a chunk reads zeros past its end anyway.
+            let mut payload = pad(s.payload);
+            payload.resize(payload.len().next_multiple_of(4), 0);
+            streams.push((role::SYMBOLS, payload));
+        }
         _ => unreachable!("only rANS holds compact symbols, and only rANS has rANS parameters"),
     }
     Ok(streams)
@@ -306,6 +317,26 @@ fn rans_chunks<F: Fn(usize, u32) -> usize + Copy + Sync + Send>(
         }
     }
     Ok(out.finish(model))
+}
+
+/// Prefix streams of a `rows × words` matrix of E8 words, chunks encoded on the pool.
+fn prefix_streams(
+    symbols: &[u32],
+    rows: usize,
+    words: usize,
+    p: &prefix::PrefixParams,
+) -> std::result::Result<prefix::PrefixStreams, CodingError> {
+    let layout = prefix::Layout {
+        rows,
+        words,
+        segment: p.segment,
+    };
+    let model = prefix::Model::fit(symbols, p)?;
+    let jobs: Vec<usize> = (0..layout.chunks()).collect();
+    let chunks = crate::par::map(jobs, |c| prefix::encode_chunk(symbols, &layout, &model, c))
+        .into_iter()
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    prefix::assemble(&chunks, &model)
 }
 
 /// Row ranges `(start, count)` for the pool's threads to share a tensor's rows: one range for

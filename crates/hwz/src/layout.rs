@@ -152,6 +152,42 @@ impl Encoding {
                             .div_ceil(8);
                         v.push((role::SYMBOLS, StreamLen::exact(len)));
                     }
+                    c @ Coding::Prefix { .. } => {
+                        use hypercodec_rice::prefix as px;
+                        let p = c.prefix_params().unwrap_or_default();
+                        p.validate().map_err(|e| invalid(e.to_string()))?;
+                        if lattice != hypercodec_lattice::Lattice::E8 {
+                            return Err(invalid(format!(
+                                "prefix codes are for e8 words, not {lattice}"
+                            )));
+                        }
+                        let layout = px::Layout {
+                            rows: usize::try_from(rows)
+                                .map_err(|_| invalid("too many rows".into()))?,
+                            words: (cols as usize).div_ceil(px::WORD),
+                            segment: p.segment,
+                        };
+                        let (singles, pairs) = if p.pairs() { (3, 2) } else { (3, 0) };
+                        let model_max = p.pairs() as u64
+                            + singles * (2 + px::MAX_SINGLE as u64 / 2)
+                            + pairs * (2 + (px::MAX_PAIR_BASE * px::MAX_PAIR_BASE) as u64 / 2);
+                        let model_min = p.pairs() as u64 + 2 * (singles + pairs);
+                        v.push((
+                            role::MODEL,
+                            StreamLen {
+                                min: model_min,
+                                max: model_max,
+                            },
+                        ));
+                        v.push((role::INDEX, StreamLen::exact(layout.chunks() as u64 * 4)));
+                        v.push((
+                            role::SYMBOLS,
+                            StreamLen {
+                                min: coded_min.next_multiple_of(4),
+                                max: u64::MAX,
+                            },
+                        ));
+                    }
                 }
                 Ok(v)
             }

@@ -29,6 +29,7 @@ pub use error::{HwzError, Result};
 pub use hypercodec_hdc::residual::top_k as top_k_errors;
 pub use hypercodec_hdc::{HdcParams, ResidualDtype, ScaleMode};
 pub use hypercodec_lattice::{tile_for, Lattice};
+pub use hypercodec_rice::CodingError;
 pub use hypercodec_scalar::{AffineParams, FloatDtype, Group};
 pub use layout::MAX_PARTS;
 pub use manifest::{

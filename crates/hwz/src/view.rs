@@ -20,7 +20,7 @@ use half::{bf16, f16};
 use hypercodec_hdc::residual::Corrections;
 use hypercodec_hdc::{codebook, pack, HdcError, ScaleMode};
 use hypercodec_lattice as lat;
-use hypercodec_rice::{rans, rice};
+use hypercodec_rice::{prefix, rans, rice};
 use hypercodec_scalar::{self as scalar, AffineParams, FloatDtype};
 use std::borrow::Cow;
 use std::ops::Range;
@@ -145,6 +145,60 @@ pub enum Symbols<'a> {
         /// The packed symbols.
         packed: Cow<'a, [u8]>,
     },
+    /// Lane-interleaved prefix codes in chunks of eight rows, with the parsed model and
+    /// validated chunk table.
+    Prefix(prefix::Decoder<'a>),
+}
+
+impl Symbols<'_> {
+    /// For entropy-coded symbols, the symbols a chunk holds and the number of chunks, as
+    /// [`Symbols::decode_chunk`] walks them (prefix codes: a group of eight whole rows, all its
+    /// segments); `None` for fixed-rate symbols.
+    pub fn chunking(&self) -> Option<(usize, usize)> {
+        match self {
+            Symbols::Rans(d) => Some((d.chunk_symbols(), d.chunks())),
+            Symbols::Rice(d) => Some((d.chunk_symbols(), d.chunks())),
+            Symbols::Prefix(d) => {
+                let l = d.layout();
+                Some((prefix::GROUP_ROWS * l.words * prefix::WORD, l.groups()))
+            }
+            Symbols::Fixed { .. } => None,
+        }
+    }
+
+    /// The symbols of chunks `chunks` (of [`Symbols::chunking`]); empty for fixed-rate symbols.
+    pub fn symbol_range(&self, chunks: Range<usize>) -> Range<usize> {
+        match self {
+            Symbols::Rans(d) => d.symbol_range(chunks),
+            Symbols::Rice(d) => d.symbol_range(chunks),
+            Symbols::Prefix(d) => {
+                let l = d.layout();
+                let row = |c: usize| c.saturating_mul(prefix::GROUP_ROWS).min(l.rows);
+                let spr = l.words * prefix::WORD;
+                row(chunks.start) * spr..row(chunks.end) * spr
+            }
+            Symbols::Fixed { .. } => 0..0,
+        }
+    }
+
+    /// Decodes chunk `c` (of [`Symbols::chunking`]) of a `lattice`'s symbols into `buf`,
+    /// returning its symbol range; fixed-rate symbols have no chunks (an empty range).
+    pub fn decode_chunk(
+        &self,
+        lattice: lat::Lattice,
+        c: usize,
+        buf: &mut Vec<u32>,
+    ) -> std::result::Result<Range<usize>, hypercodec_rice::CodingError> {
+        let have = self.symbol_range(c..c + 1);
+        buf.resize(have.len(), 0);
+        match self {
+            Symbols::Rans(d) => d.decode_chunks(c..c + 1, contexts(&lattice), buf)?,
+            Symbols::Rice(d) => d.decode_chunks(c..c + 1, buf)?,
+            Symbols::Prefix(d) => d.decode_groups(c..c + 1, buf)?,
+            Symbols::Fixed { .. } => {}
+        }
+        Ok(have)
+    }
 }
 
 /// The parts of a `codebook` tensor.
@@ -345,6 +399,20 @@ impl<'a> TensorView<'a> {
                         bits,
                         packed: Cow::Borrowed(get(role::SYMBOLS)),
                     },
+                    c @ Coding::Prefix { .. } => Symbols::Prefix(
+                        prefix::Decoder::new(
+                            get(role::MODEL),
+                            get(role::INDEX),
+                            get(role::SYMBOLS),
+                            prefix::Layout {
+                                rows: rows as usize,
+                                words: spr / prefix::WORD,
+                                segment: c.prefix_params().unwrap_or_default().segment,
+                            },
+                            &c.prefix_params().unwrap_or_default(),
+                        )
+                        .map_err(coding_err(tensor))?,
+                    ),
                 };
                 Parts::Lattice(LatticeParts {
                     params,
@@ -657,6 +725,7 @@ impl<'a> TensorView<'a> {
                     Symbols::Rans(d) => d
                         .payload_bytes(chunk_range(spr, d.chunk_symbols() as u64, &range))
                         .map_err(coding_err(&self.tensor))?,
+                    Symbols::Prefix(d) => d.payload_bytes(prefix_groups(&range)),
                 }
             }
             Parts::Trellis(t) => (range.end - range.start) * t.row_bytes(cols as usize) as u64,
@@ -883,10 +952,33 @@ impl TensorView<'_> {
                     flush(&mut pending, &mut row)?;
                 }
             }
+            Symbols::Prefix(d) => {
+                let g = prefix::GROUP_ROWS;
+                let mut buf = Vec::new();
+                for group in prefix_groups(&(a as u64..b as u64)) {
+                    let rows = (group * g..((group + 1) * g).min(self.rows as usize)).len();
+                    buf.resize(rows * spr, 0);
+                    d.decode_groups(group..group + 1, &mut buf)
+                        .map_err(coding_err(tensor))?;
+                    let have = group * g * spr..(group * g + rows) * spr;
+                    let (x, y) = (have.start.max(first), have.end.min(end));
+                    pending.extend_from_slice(&buf[x - have.start..y - have.start]);
+                    flush(&mut pending, &mut row)?;
+                }
+            }
         }
         debug_assert!(row == b && pending.is_empty());
         Ok(())
     }
+}
+
+/// The groups of eight rows (prefix chunks' rows) that rows `range` lie in.
+fn prefix_groups(range: &Range<u64>) -> Range<usize> {
+    let g = prefix::GROUP_ROWS as u64;
+    if range.start >= range.end {
+        return 0..0;
+    }
+    (range.start / g) as usize..range.end.div_ceil(g) as usize
 }
 
 fn own(b: Cow<'_, [u8]>) -> Cow<'static, [u8]> {
@@ -940,6 +1032,7 @@ impl Parts<'_> {
                 symbols: match l.symbols {
                     Symbols::Rice(d) => Symbols::Rice(d.into_owned()),
                     Symbols::Rans(d) => Symbols::Rans(d.into_owned()),
+                    Symbols::Prefix(d) => Symbols::Prefix(d.into_owned()),
                     Symbols::Fixed { bits, packed } => Symbols::Fixed {
                         bits,
                         packed: own(packed),
@@ -1000,6 +1093,7 @@ impl Parts<'_> {
                     + match &l.symbols {
                         Symbols::Rice(d) => d.stream_bytes(),
                         Symbols::Rans(d) => d.stream_bytes(),
+                        Symbols::Prefix(d) => d.stream_bytes(),
                         Symbols::Fixed { packed, .. } => packed.len() as u64,
                     }
             }

@@ -191,17 +191,32 @@ pub fn compress(
     for (i, t) in source.tensors.iter().enumerate() {
         cancel.check()?;
         let values = source.read(i)?;
-        // A spec's encoding, with error feedback where calibration statistics are given.
+        // A spec's encoding, with error feedback where calibration statistics are given; where
+        // prefix codes cannot hold the tensor's symbols (they have no escapes), GPU-shaped rANS.
+        let cols = hwz::matrix_view(&t.shape, values.len() as u64).1;
+        let mut unfit = None;
         let mut encode = |spec: &Spec| {
-            encode_spec(
-                spec,
-                &t.name,
-                &values,
-                &t.shape,
-                opts,
-                calibration,
-                &mut calibrated,
-            )
+            let mut go = |spec: &Spec| {
+                encode_spec(
+                    spec,
+                    &t.name,
+                    &values,
+                    &t.shape,
+                    opts,
+                    calibration,
+                    &mut calibrated,
+                )
+            };
+            match go(spec) {
+                Err(hypercodec_plan::PlanError::Hwz(hwz::HwzError::Coding {
+                    source: why @ hwz::CodingError::Unrepresentable { .. },
+                    ..
+                })) if prefix_fallback(spec, cols).is_some() => {
+                    unfit = Some(why);
+                    go(&prefix_fallback(spec, cols).expect("checked"))
+                }
+                other => other,
+            }
         };
         // The planner measured its choice on this very encoding: its sums replace a decode.
         let mut measured = None;
@@ -277,6 +292,10 @@ pub fn compress(
         } else {
             unreachable!("every route is handled above")
         };
+        if let Some(why) = unfit {
+            let e = encoded.encoding.label();
+            fallbacks.push((t.name.clone(), format!("{e} (prefix codes: {why})")));
+        }
         let mut one = match measured {
             Some(s) => ErrorAcc::from(s),
             None => {
@@ -418,6 +437,41 @@ fn encode_spec(
             Ok(t)
         }
         _ => spec.encode(name, values, shape, opts),
+    }
+}
+
+/// The spec with its prefix codes replaced by GPU-shaped rANS, which escapes the rare large
+/// symbols that prefix tables cannot hold; `None` for a spec without prefix codes.
+fn prefix_fallback(spec: &Spec, cols: u64) -> Option<Spec> {
+    let rans = |e: &Encoding| {
+        let mut e = e.clone();
+        match &mut e {
+            Encoding::Lattice {
+                coding: c @ hwz::Coding::Prefix { .. },
+                ..
+            } => *c = hwz::Coding::RANS_GPU,
+            _ => return None,
+        }
+        Some(e)
+    };
+    match spec {
+        Spec::Rate {
+            template,
+            bps,
+            max_tile,
+        } => Some(Spec::Rate {
+            template: rans(template)?,
+            bps: *bps,
+            max_tile: *max_tile,
+        }),
+        Spec::Fixed { encoding } => {
+            let spr = cols.div_ceil(8).max(1) * 8;
+            let rows = (hwz::GPU_CHUNK_SYMBOLS as u64 / spr).max(1);
+            Some(Spec::Fixed {
+                encoding: rans(encoding)?.with_row_aligned_chunks(cols, rows),
+            })
+        }
+        _ => None,
     }
 }
 

@@ -95,11 +95,13 @@ fn lattice_cost(
         .filter(|(r, _)| *r != hwz::role::SYMBOLS && *r != hwz::role::MODEL)
         .map(|(_, l)| l.min)
         .sum();
-    // A model of a few contexts of short alphabets: about a hundred bytes.
-    let model = if matches!(coding, Coding::Rans { .. }) {
-        96
-    } else {
-        0
+    // A model of a few contexts of short alphabets: about a hundred bytes; prefix codes of
+    // pairs store a length for each pair of the two pair alphabets: about a kilobyte.
+    let model = match coding {
+        Coding::Rans { .. } => 96,
+        Coding::Prefix { pair_limit: 0, .. } => 96,
+        Coding::Prefix { .. } => 1024,
+        _ => 0,
     };
     let symbols = rows * hypercodec_lattice::symbols_per_row(lattice, cols as usize) as u64;
     let entropy = hypercodec_lattice::calibration::table(lattice)[0][2] as f64;

@@ -51,7 +51,9 @@ pub enum CodingError {
     },
     /// A symbol or alphabet that a coder without escapes cannot hold (a prefix table's limit):
     /// code the data with rANS instead.
-    #[error("{what} {value} exceeds what the coder holds ({max}); use rANS for this data")]
+    #[error(
+        "prefix codes hold no {what} above {max}, and this data has {value}: code it with rANS"
+    )]
     Unrepresentable {
         /// What overflowed.
         what: &'static str,

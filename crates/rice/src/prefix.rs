@@ -35,6 +35,7 @@
 //! word offset per chunk), `payload` (32-bit words, little-endian).
 
 use crate::{CodingError, Result};
+use std::borrow::Cow;
 use std::ops::{Range, RangeInclusive};
 
 /// Lanes of a warp, and chunks' lanes.
@@ -281,7 +282,7 @@ fn limited_lengths(counts: &[u64], limit: u8) -> Result<Vec<u8>> {
     let n = leaves.len();
     if n > 1 << limit {
         return Err(CodingError::Unrepresentable {
-            what: "distinct symbols of a prefix table",
+            what: "count of distinct symbols in one table",
             value: n as u64,
             max: 1 << limit,
         });
@@ -344,9 +345,9 @@ impl Model {
             });
         }
         let too_large = |value: u32, max: u32| CodingError::Unrepresentable {
-            what: "symbol of a prefix table",
+            what: "single symbol",
             value: value as u64,
-            max: max as u64,
+            max: max as u64 - 1,
         };
         let base = if params.pairs() {
             let m = symbols
@@ -356,7 +357,11 @@ impl Model {
                 .max()
                 .unwrap_or(0);
             if m >= MAX_PAIR_BASE {
-                return Err(too_large(m, MAX_PAIR_BASE));
+                return Err(CodingError::Unrepresentable {
+                    what: "pair coordinate symbol",
+                    value: m as u64,
+                    max: MAX_PAIR_BASE as u64 - 1,
+                });
             }
             m + 1
         } else {
@@ -586,11 +591,11 @@ pub fn encode_chunk(symbols: &[u32], layout: &Layout, model: &Model, c: usize) -
                 for &(first, width, t0, t1) in &units[u..end] {
                     let table = if cset == 0 { t0 } else { t1 };
                     let s = if width == 2 {
-                        if w[first].max(w[first + 1]) >= model.base {
-                            return Err(CodingError::Unrepresentable {
-                                what: "symbol of a prefix pair",
-                                value: w[first].max(w[first + 1]) as u64,
-                                max: model.base as u64,
+                        let m = w[first].max(w[first + 1]);
+                        if m >= model.base {
+                            return Err(CodingError::Invalid {
+                                what: "pair coordinate symbol (beyond the model's base)",
+                                value: m as u64,
                             });
                         }
                         w[first] * model.base + w[first + 1]
@@ -599,10 +604,9 @@ pub fn encode_chunk(symbols: &[u32], layout: &Layout, model: &Model, c: usize) -
                     };
                     let (code, len) = model.code(table, s);
                     if len == 0 {
-                        return Err(CodingError::Unrepresentable {
-                            what: "symbol without a prefix code",
+                        return Err(CodingError::Invalid {
+                            what: "symbol (the model has no code for it)",
                             value: s as u64,
-                            max: model.tables[table].lengths.len() as u64,
                         });
                     }
                     bits.push(code, len);
@@ -692,14 +696,16 @@ pub fn encode(symbols: &[u32], layout: &Layout, params: &PrefixParams) -> Result
 }
 
 /// Decodes the streams of one matrix, a group of 8 rows at a time.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Decoder<'a> {
     model: Model,
     layout: Layout,
     /// `chunks + 1` word offsets (checked: they never decrease and end at the payload's end).
     starts: Vec<u32>,
-    payload: &'a [u8],
+    payload: Cow<'a, [u8]>,
     slots: Vec<Vec<(u32, u8)>>,
+    /// Bytes of the model and index streams.
+    side_bytes: u64,
 }
 
 impl<'a> Decoder<'a> {
@@ -711,6 +717,7 @@ impl<'a> Decoder<'a> {
         layout: Layout,
         params: &PrefixParams,
     ) -> Result<Decoder<'a>> {
+        let model_len = model.len();
         let model = Model::from_bytes(model, params)?;
         let chunks = layout.chunks();
         if index.len() as u64 != chunks as u64 * 4 {
@@ -748,13 +755,46 @@ impl<'a> Decoder<'a> {
         }
         starts.push(total as u32);
         let slots = model.slots();
+        let side_bytes = (model_len + index.len()) as u64;
         Ok(Decoder {
             model,
             layout,
             starts,
-            payload,
+            payload: Cow::Borrowed(payload),
             slots,
+            side_bytes,
         })
+    }
+
+    /// The same decoder owning a copy of the payload.
+    pub fn into_owned(self) -> Decoder<'static> {
+        Decoder {
+            payload: Cow::Owned(self.payload.into_owned()),
+            model: self.model,
+            layout: self.layout,
+            starts: self.starts,
+            slots: self.slots,
+            side_bytes: self.side_bytes,
+        }
+    }
+
+    /// Bytes of the three streams as stored.
+    pub fn stream_bytes(&self) -> u64 {
+        self.side_bytes + self.payload.len() as u64
+    }
+
+    /// The payload (32-bit words, little-endian).
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// Payload bytes of the chunks of groups `groups`.
+    pub fn payload_bytes(&self, groups: Range<usize>) -> u64 {
+        let c = self
+            .layout
+            .group_chunks(groups.start.min(groups.end)..groups.end);
+        let c = c.start.min(self.starts.len() - 1)..c.end.min(self.starts.len() - 1);
+        (self.starts[c.end] - self.starts[c.start]) as u64 * 4
     }
 
     /// The model.
@@ -1141,7 +1181,12 @@ mod tests {
             let p = PrefixParams { limit, pair_limit, segment: 2 };
             let layout = Layout { rows, words: words_per_row, segment: 2 };
             if let Ok(d) = Decoder::new(&model, &index, &payload, layout, &p) {
-                let _ = d.decode();
+                // What decodes re-encodes (the model's tables bound every symbol) to itself.
+                if let Ok(out) = d.decode() {
+                    let again = encode(&out, &layout, &p).unwrap();
+                    let d = Decoder::new(&again.model, &again.index, &again.payload, layout, &p).unwrap();
+                    prop_assert_eq!(d.decode().unwrap(), out);
+                }
             }
         }
     }

@@ -6,7 +6,6 @@ use hwz::{AssignmentsRef, Coding, Encoding, Group, Parts, Symbols, TensorView};
 use hypercodec_hdc::residual::Corrections;
 use hypercodec_hdc::{pack, ScaleMode};
 use hypercodec_lattice::{Lattice, Rht};
-use hypercodec_rice::rans;
 use hypercodec_scalar::{self as scalar, FloatDtype};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -791,7 +790,7 @@ impl Op {
             Parts::Lattice(l) => match l.symbols {
                 Symbols::Fixed { .. } if l.params.lattice == Lattice::E8 => Kind::E8Fixed,
                 Symbols::Fixed { .. } => Kind::LatticeWords,
-                Symbols::Rans(_) | Symbols::Rice(_) => Kind::LatticeResident,
+                Symbols::Rans(_) | Symbols::Rice(_) | Symbols::Prefix(_) => Kind::LatticeResident,
             },
             Parts::Codebook(c) => match c.assignments {
                 AssignmentsRef::Packed { .. } => Kind::Codebook,
@@ -1316,10 +1315,8 @@ fn lattice_coded_gemm(
     let (rows, cols) = (view.rows() as usize, view.cols() as usize);
     let spr = l.symbols_per_row;
     let p = &l.params;
-    let chunk = match &l.symbols {
-        Symbols::Rans(d) => d.chunk_symbols(),
-        Symbols::Rice(d) => d.chunk_symbols(),
-        Symbols::Fixed { .. } => return lattice_points_gemm(view, l, x, batch, yt),
+    let Some((chunk, _)) = l.symbols.chunking() else {
+        return lattice_points_gemm(view, l, x, batch, yt);
     };
     if rows == 0 || cols == 0 || spr == 0 {
         yt.fill(0.0);
@@ -1668,27 +1665,9 @@ fn decode_chunk(
     c: usize,
     buf: &mut Vec<u32>,
 ) -> Result<Range<usize>> {
-    let have = match symbols {
-        Symbols::Rans(d) => d.symbol_range(c..c + 1),
-        Symbols::Rice(d) => d.symbol_range(c..c + 1),
-        Symbols::Fixed { .. } => 0..0,
-    };
-    buf.resize(have.len(), 0);
-    let res = match symbols {
-        Symbols::Rans(d) => d.decode_chunks(
-            c..c + 1,
-            rans::Contexts {
-                word: lattice.dim(),
-                count: lattice.contexts(),
-                map: move |j, first| lattice.context(j, first),
-            },
-            buf,
-        ),
-        Symbols::Rice(d) => d.decode_chunks(c..c + 1, buf),
-        Symbols::Fixed { .. } => Ok(()),
-    };
-    res.map_err(|e| corrupt(view, format!("symbols: {e}")))?;
-    Ok(have)
+    symbols
+        .decode_chunk(lattice, c, buf)
+        .map_err(|e| corrupt(view, format!("symbols: {e}")))
 }
 
 /// Entropy-coded rows: the chunks are split over the pool; each task decodes its chunks one at
@@ -1702,12 +1681,8 @@ fn resident(
     row_value: impl Fn(usize, &[u32]) -> f32 + Sync,
 ) -> Result<()> {
     let rows = y.len();
-    let (chunk, chunks) = match symbols {
-        Symbols::Rans(d) => (d.chunk_symbols(), d.chunks()),
-        Symbols::Rice(d) => (d.chunk_symbols(), d.chunks()),
-        Symbols::Fixed { .. } => {
-            return Err(corrupt(view, "fixed symbols are not resident".into()))
-        }
+    let Some((chunk, chunks)) = symbols.chunking() else {
+        return Err(corrupt(view, "fixed symbols are not resident".into()));
     };
     let lattice = match view.parts_ref() {
         Parts::Lattice(l) => l.params.lattice,
@@ -1845,11 +1820,7 @@ fn fixed_rows(
 ) -> Result<Option<(Vec<u8>, Vec<f32>)>> {
     let (rows, spr) = (view.rows() as usize, l.symbols_per_row);
     let d = lattice.dim();
-    let chunks = match &l.symbols {
-        Symbols::Rans(dec) => dec.chunks(),
-        Symbols::Rice(dec) => dec.chunks(),
-        Symbols::Fixed { .. } => 0,
-    };
+    let chunks = l.symbols.chunking().map_or(0, |(_, n)| n);
     let mut fixed = Vec::with_capacity(rows * spr);
     let mut scales = Vec::with_capacity(rows);
     let (mut out, mut back) = ([0u32; 8], [0f32; 8]);
@@ -1950,12 +1921,9 @@ fn lattice_int8(
                 }
             }
         }
-        Symbols::Rans(_) | Symbols::Rice(_) => {
-            let (chunks, range): (usize, &dyn Fn(Range<usize>) -> Range<usize>) = match &l.symbols {
-                Symbols::Rans(dec) => (dec.chunks(), &|r| dec.symbol_range(r)),
-                Symbols::Rice(dec) => (dec.chunks(), &|r| dec.symbol_range(r)),
-                Symbols::Fixed { .. } => (0, &|_| 0..0),
-            };
+        coded => {
+            let chunks = coded.chunking().map_or(0, |(_, n)| n);
+            let range = |r: Range<usize>| coded.symbol_range(r);
             if range(0..chunks).len() != n {
                 return Err(corrupt(view, "symbols do not fill the tensor".into()));
             }
