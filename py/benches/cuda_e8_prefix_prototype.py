@@ -203,7 +203,7 @@ def host(sanitize: bool) -> int:
     exe = root / ".dev" / ("e8p_host_asan" if sanitize else "e8p_host")
     exe.parent.mkdir(exist_ok=True)
     flags = ["-fsanitize=address", "-g", "-O1"] if sanitize else ["-O2"]
-    subprocess.run(["g++", "-std=c++20", "-pthread", *flags, "-x", "c++", "-o", str(exe),
+    subprocess.run(["g++", "-std=c++20", "-pthread", *flags, "-I", str(root / "kernels"), "-x", "c++", "-o", str(exe),
                     str(root / "kernels/prototypes/e8_prefix_host.cpp")], check=True)
     rng = np.random.default_rng(7)
     bad = 0
@@ -333,8 +333,9 @@ class HostBackend:
         root = pathlib.Path(__file__).resolve().parents[2]
         lib = root / ".dev" / "e8p_host.so"
         lib.parent.mkdir(exist_ok=True)
-        subprocess.run(["g++", "-std=c++20", "-O2", "-pthread", "-shared", "-fPIC", "-DHC_EP_LIBRARY", "-x", "c++",
-                        "-o", str(lib), str(root / "kernels/prototypes/e8_prefix_host.cpp")], check=True)
+        subprocess.run(["g++", "-std=c++20", "-O2", "-pthread", "-shared", "-fPIC", "-DHC_EP_LIBRARY", "-I",
+                        str(root / "kernels"), "-x", "c++", "-o", str(lib),
+                        str(root / "kernels/prototypes/e8_prefix_host.cpp")], check=True)
         self.lib = C.CDLL(str(lib))
         self.lib.hc_ep_host_launch.argtypes = [C.c_char_p, C.c_void_p, C.c_int, C.c_int]
         self.torch, self.dev, self.sms = torch, torch.device("cpu"), 4

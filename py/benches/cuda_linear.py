@@ -52,7 +52,7 @@ def check(quick: bool) -> bool:
     rng = np.random.default_rng(7)
     specs = [
         "int4", "int4-row", "int4-tensor", "int8-row", "int8", "int2", "int2-row", "int3", "int5", "int1-row",
-        "e8-fixed2", "e8-fixed3", "e8-fixed4", "e8-fixed5", "e8-fixed8", "e8@4", "e8@4-gpu", "e8@2-gpu", "tcq@2", "tcq@1-l12", "tcq@3-l12",
+        "e8-fixed2", "e8-fixed3", "e8-fixed4", "e8-fixed5", "e8-fixed8", "e8@4", "e8@4-gpu", "e8@2-gpu", "e8@4-prefix", "e8@3-prefix10", "tcq@2", "tcq@1-l12", "tcq@3-l12",
         "tcq@4-l12", "cb-b4-k256",
     ]
     shapes = [(256, 1024), (48, 768), (100, 250), (33, 72)] if not quick else [(256, 1024), (48, 768), (33, 72)]
@@ -176,7 +176,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sizes", default="4096x4096,8192x8192,28672x8192")
-    ap.add_argument("--specs", default="int4,int8-row,e8-fixed4,e8-fixed2,tcq@2-l12")
+    ap.add_argument("--specs", default="int4,int8-row,e8-fixed4,e8-fixed2,tcq@2-l12,e8@4-prefix")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--batches", default="1,2,4,16,32,64,256", help="activation rows to time")
     ap.add_argument("--skip-check", action="store_true")

@@ -4,7 +4,7 @@
 
 use crate::{CudaError as PyCudaError, InvalidInputError};
 use hypercodec_kernels_cuda::{
-    AffineGemv, CudaError, Dtype, E8Gemv, E8RansGemv, Kernels, KvE8, KvE8Attend, QuantF8, QuantI8, RhtArgs,
+    AffineGemv, CudaError, Dtype, E8Gemv, E8PrefixGemv, E8RansGemv, Kernels, KvE8, KvE8Attend, QuantF8, QuantI8, RhtArgs,
     TrellisEncode, TrellisGemv, W8A8Out,
 };
 use pyo3::prelude::*;
@@ -153,6 +153,26 @@ fn e8_rans(d: &Bound<'_, PyDict>) -> PyResult<E8RansGemv> {
         batch: get(d, "batch")?,
         rows: get(d, "rows")?,
         words: get(d, "words")?,
+    })
+}
+
+fn e8_prefix(d: &Bound<'_, PyDict>) -> PyResult<E8PrefixGemv> {
+    Ok(E8PrefixGemv {
+        words: get(d, "words_ptr")?,
+        payload_words: get(d, "payload_words")?,
+        index: get(d, "index")?,
+        table: get(d, "table")?,
+        limit: get(d, "limit")?,
+        pair_limit: get(d, "pair_limit")?,
+        segment: get(d, "segment")?,
+        row_scales: get(d, "row_scales")?,
+        xr: get(d, "xr")?,
+        xr16: get(d, "xr16")?,
+        y: get(d, "y")?,
+        bias: get(d, "bias")?,
+        batch: get(d, "batch")?,
+        rows: get(d, "rows")?,
+        cols: get(d, "cols")?,
     })
 }
 
@@ -347,6 +367,29 @@ impl CudaKernels {
         let a = e8_rans(args)?;
         // SAFETY: as in `rht`.
         unsafe { self.k.e8_rans_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
+    }
+
+    /// The prefix-coded E8 GEMV, f32 `y` (keys: words_ptr, payload_words, index, table,
+    /// limit, pair_limit, segment, row_scales, xr (f32, one row), xr16 (f16, 2–16 rows), y,
+    /// bias, batch, rows, cols).
+    fn e8_prefix_gemv(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
+        let a = e8_prefix(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.e8_prefix_gemv(&a, stream) }.map_err(cuda_err)
+    }
+
+    /// The scaled E8 points of prefix chunks (rotated domain) decoded into `out` (`rows ×
+    /// cols` of `out_dtype`; the same keys, `xr`, `xr16`, `y` and `batch` unused).
+    fn e8_prefix_decode(
+        &self,
+        args: &Bound<'_, PyDict>,
+        out: u64,
+        out_dtype: i32,
+        stream: u64,
+    ) -> PyResult<()> {
+        let a = e8_prefix(args)?;
+        // SAFETY: as in `rht`.
+        unsafe { self.k.e8_prefix_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
     }
 
     /// The W8A8 epilogue (keys: acc, step, scales, bias, y, y_dtype, rows, cols).

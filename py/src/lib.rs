@@ -704,8 +704,8 @@ impl Linear {
         Ok(Some(d))
     }
 
-    /// The kind of [`Linear::device_form`] (`"affine"`, `"e8"`, `"e8rans"`, `"z1"` or
-    /// `"trellis"`), or None: which CUDA kernels run the stored form. It builds the form to
+    /// The kind of [`Linear::device_form`] (`"affine"`, `"e8"`, `"e8rans"`, `"e8prefix"`,
+    /// `"z1"` or `"trellis"`), or None: which CUDA kernels run the stored form. It builds the form to
     /// answer (the scales' copy, a GPU-shaped rANS slot table and its chunk-table check), so a
     /// corrupt tensor fails here as it would on the device.
     fn device_kind(&self) -> PyResult<Option<&'static str>> {
@@ -718,7 +718,7 @@ impl Linear {
 
     /// The stored form as the CUDA kernels read it (`"z1"`: read by the W8A8 route only), or
     /// None for forms without a device kernel (decoded instead). A dict: `kind` (`"affine"`,
-    /// `"e8"`, `"e8rans"`, `"z1"` or `"trellis"`), the stored codes, words or bits as a uint8
+    /// `"e8"`, `"e8rans"`, `"e8prefix"`, `"z1"` or `"trellis"`), the stored codes, words or bits as a uint8
     /// array, f32 side information, and the kernels' parameters; affine scales and offsets in
     /// the kernels' tiled layout (`⌈rows/16⌉·16·scales_per_row` values, see
     /// `hypercodec_kernels_cuda::tiled_scales`).
@@ -833,6 +833,29 @@ impl Linear {
                 d.set_item("slots", PyArray1::from_vec(py, slots))?;
                 d.set_item("prob_bits", prob_bits)?;
                 d.set_item("chunk", chunk)?;
+                d.set_item("row_scales", PyArray1::from_vec(py, row_scales))?;
+                d.set_item("words", words)?;
+                d.set_item("tile", tile)?;
+                d.set_item("seed", seed)?;
+            }
+            DeviceForm::E8Prefix {
+                payload,
+                starts,
+                table,
+                limit,
+                pair_limit,
+                segment,
+                row_scales,
+                words,
+                tile,
+                seed,
+            } => {
+                d.set_item("payload", PyArray1::from_slice(py, payload))?;
+                d.set_item("starts", PyArray1::from_vec(py, starts))?;
+                d.set_item("table", PyArray1::from_vec(py, table))?;
+                d.set_item("limit", limit)?;
+                d.set_item("pair_limit", pair_limit)?;
+                d.set_item("segment", segment)?;
                 d.set_item("row_scales", PyArray1::from_vec(py, row_scales))?;
                 d.set_item("words", words)?;
                 d.set_item("tile", tile)?;

@@ -42,6 +42,12 @@ def test_device_forms_name_the_stored_codes():
     r = hypercodec.Linear.quantize(w, "e8@4-gpu").device_form()
     assert r["kind"] == "e8rans" and r["words"] == 32 and r["chunk"] == 64 * 256 and r["prob_bits"] == 12
     assert r["slots"].shape == (3 << 12,) and r["index"].nbytes == 1 * 33 * 4 and r["payload"].nbytes % 2 == 0
+    # Prefix codes: chunks of eight rows (here one segment of 8 blocks a row), the GPU tables of
+    # 8-bit singles and 12-bit pairs, `chunks + 1` word offsets.
+    p = hypercodec.Linear.quantize(w, "e8@4-prefix").device_form()
+    assert p["kind"] == "e8prefix" and (p["limit"], p["pair_limit"], p["segment"]) == (8, 12, 8)
+    assert p["table"].shape == (3 * 256 + 4 * 4096,) and p["starts"].shape == (6 + 1,)
+    assert p["starts"][-1] * 4 == p["payload"].nbytes and p["words"] == 32
     # Rows longer than a chunk's aim take one chunk each.
     wide = rng.standard_normal((3, 24576)).astype(np.float32)
     r = hypercodec.Linear.quantize(wide, "e8@3-gpu").device_form()
@@ -82,7 +88,8 @@ def test_affine_device_forms_hold_scales_tiled_as_the_kernels_read_them(spec, sc
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int4", "int8-row", "int3", "e8-fixed4", "e8-fixed3", "tcq@2-l12", "tcq@2-l12-v2", "e8@4", "e8@4-gpu", "e8@2-gpu"])
+@pytest.mark.parametrize("spec", ["int4", "int8-row", "int3", "e8-fixed4", "e8-fixed3", "tcq@2-l12", "tcq@2-l12-v2", "e8@4", "e8@4-gpu", "e8@2-gpu",
+                                  "e8@4-prefix", "e8@3-prefix10"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("scale", [1.0, 1e-9])
 def test_cuda_forward_matches_the_cpu_runtime(spec, dtype, scale):

@@ -102,7 +102,7 @@ impl Spec {
 
     /// Parses a candidate name: `f32`, `bf16`, `f16`; `intN` (affine N bits, groups of 128,
     /// asymmetric, f16 scales), `intN-row` (one symmetric scale per row); `e8@B`, `d4@B`,
-    /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps; `e8@B-gpu` with [`Coding::RANS_GPU`], `e8@B-prefix` with [`Coding::PREFIX_GPU`]); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
+    /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps; `e8@B-gpu` with [`Coding::RANS_GPU`], `e8@B-prefix` with [`Coding::PREFIX_GPU`], `e8@B-prefix10`, `e8@B-prefix8p11` for other code limits); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
     /// (fixed-rate lattice symbols of N bits); `tcq@K`, `tcq@K-lL` (trellis, K bits per value,
     /// L state bits, by default 16; a `-v2` suffix codes a pair of values per state); `cb-bB-kK[-rR][-sMODE]` (a codebook of `K` prototypes of
     /// `B` values, `R` int8 residual corrections per block, scales per `channel` (default),
@@ -201,10 +201,12 @@ impl Spec {
                         _ => return Err(bad()),
                     };
                     // `e8@B-gpu`: rANS shaped for the CUDA GEMV that decodes it;
-                    // `e8@B-prefix`: the GPU-shaped prefix codes.
-                    let gpu = [("-gpu", Coding::RANS_GPU), ("-prefix", Coding::PREFIX_GPU)]
-                        .into_iter()
-                        .find_map(|(suffix, c)| Some((bps.strip_suffix(suffix)?, c)));
+                    // `e8@B-prefix`: the GPU-shaped prefix codes, `e8@B-prefixL` singles of at
+                    // most L bits, `e8@B-prefixLpP` pairs of at most P (`Coding::label`).
+                    let gpu = match bps.split_once("-prefix") {
+                        Some((b, form)) => Some((b, prefix_form(form).ok_or_else(bad)?)),
+                        None => bps.strip_suffix("-gpu").map(|b| (b, Coding::RANS_GPU)),
+                    };
                     let (bps, coding) = match gpu {
                         // Only E8 has the kernels that decode them.
                         Some((b, c)) if lattice == Lattice::E8 => (b, c),
@@ -453,4 +455,25 @@ fn parse_in<T: std::str::FromStr + PartialOrd>(
     range: std::ops::RangeInclusive<T>,
 ) -> Option<T> {
     value.parse::<T>().ok().filter(|v| range.contains(v))
+}
+
+/// The prefix coding a spec's `-prefix…` suffix names: `""` [`Coding::PREFIX_GPU`], `"L"`
+/// singles of at most L bits, `"LpP"` pairs of at most P bits; `None` for anything else or
+/// limits the coder refuses.
+fn prefix_form(form: &str) -> Option<Coding> {
+    let (limit, pair_limit) = match form {
+        "" => return Some(Coding::PREFIX_GPU),
+        f => match f.split_once('p') {
+            Some((l, p)) => (l.parse().ok()?, p.parse().ok()?),
+            None => (f.parse().ok()?, 0),
+        },
+    };
+    let c = Coding::Prefix {
+        limit,
+        pair_limit,
+        segment: 0,
+    };
+    let mut p = c.prefix_params()?;
+    p.segment = 1;
+    p.validate().ok().map(|()| c)
 }

@@ -612,7 +612,34 @@ fn gpu_shaped_prefix_candidates_meet_their_rate() {
         .sum();
     let signal: f64 = w.iter().map(|&a| (a as f64).powi(2)).sum();
     assert!(10.0 * (signal / noise).log10() > 12.0);
-    for bad in ["d4@3-prefix", "z1@3-prefix", "e8@-prefix"] {
+    // Other forms by their labels: singles of 10 bits, pairs of 11.
+    for (name, limit, pair_limit) in [("e8@3-prefix10", 10, 0), ("e8@3-prefix8p11", 8, 11)] {
+        match Spec::parse(name).unwrap() {
+            Spec::Rate {
+                template:
+                    Encoding::Lattice {
+                        coding:
+                            Coding::Prefix {
+                                limit: l,
+                                pair_limit: p,
+                                ..
+                            },
+                        ..
+                    },
+                ..
+            } => assert_eq!((l, p), (limit, pair_limit), "{name}"),
+            s => panic!("{name}: {s:?}"),
+        }
+    }
+    for bad in [
+        "d4@3-prefix",
+        "z1@3-prefix",
+        "e8@-prefix",
+        "e8@3-prefix7",
+        "e8@3-prefix12p12",
+        "e8@3-prefix8p",
+        "e8@3-prefixx",
+    ] {
         assert!(Spec::parse(bad).is_err(), "{bad}");
     }
 }

@@ -104,7 +104,41 @@ pub(crate) fn function_names() -> Vec<String> {
     for (b, t) in CPA_KINDS {
         v.push(format!("hc_affine_cpa_group_b{b}_{t}"));
     }
+    // kernels/e8_prefix.cu
+    for f in E8P_FORMS {
+        for k in E8P_KINDS {
+            v.push(format!("hc_e8p_{k}_{}", f.0));
+        }
+    }
     v
+}
+
+/// The prefix-coded E8 kernels' forms: (name, single code limit, pair code limit).
+pub(crate) const E8P_FORMS: [(&str, u8, u8); 5] = [
+    ("l8", 8, 0),
+    ("l10", 10, 0),
+    ("l12", 12, 0),
+    ("p11", 8, 11),
+    ("p12", 8, 12),
+];
+/// Their kernels, in this order for each form.
+const E8P_KINDS: [&str; 5] = ["gemv", "mma", "decode_bf16", "decode_f16", "decode_f32"];
+/// The GEMV (FFMA, one activation row) of a prefix form.
+pub(crate) const E8P_GEMV: usize = 0;
+/// Its tensor-core form (1–16 rows, f16 activations).
+pub(crate) const E8P_MMA: usize = 1;
+/// Its bf16 decoder (`E8P_DECODE_BF16 + 1`: f16, `+ 2`: f32).
+pub(crate) const E8P_DECODE_BF16: usize = 2;
+
+/// Kernel `kind` (`E8P_GEMV`, `E8P_MMA`, `E8P_DECODE_BF16` or the f16 and f32 decoders after it) of
+/// the prefix form with these limits, if compiled (`hc_e8p_{kind}_{form}`, after
+/// [`affine_cpa_group`]'s kernels).
+pub(crate) fn e8_prefix(limit: u8, pair_limit: u8, kind: usize) -> Option<usize> {
+    let form = E8P_FORMS
+        .iter()
+        .position(|&(_, l, p)| (l, p) == (limit, pair_limit))?;
+    let base = quant_f8_blocks() + 1 + CPA_KINDS.len();
+    Some(base + E8P_KINDS.len() * form + kind)
 }
 
 /// The tensor-core GEMM's (row tiles per warp, batch tiles of 8, stages) shapes, in the order
@@ -568,6 +602,48 @@ impl E8RansArgs {
             chunk: a.chunk as i32,
             chunks: a.chunks() as i32,
             pb: a.prob_bits as i32,
+        }
+    }
+}
+
+/// The kernels' `E8PrefixArgs` (kernels/e8_prefix.cuh).
+#[repr(C)]
+pub(crate) struct E8PrefixArgs {
+    words: u64,
+    index: u64,
+    table: u64,
+    row_scales: u64,
+    xr: u64,
+    y: u64,
+    bias: u64,
+    nwords: i64,
+    rows: i32,
+    cols: i32,
+    rows_per_chunk: i32,
+    chunks: i32,
+    segments: i32,
+    seg_blocks: i32,
+    m: i32,
+}
+
+impl E8PrefixArgs {
+    pub(crate) fn new(a: &crate::E8PrefixGemv) -> Self {
+        E8PrefixArgs {
+            words: a.words,
+            index: a.index,
+            table: a.table,
+            row_scales: a.row_scales,
+            xr: a.xr,
+            y: a.y,
+            bias: a.bias,
+            nwords: a.payload_words as i64,
+            rows: a.rows as i32,
+            cols: a.cols as i32,
+            rows_per_chunk: 8,
+            chunks: a.chunks() as i32,
+            segments: a.segments() as i32,
+            seg_blocks: a.segment as i32,
+            m: a.batch as i32,
         }
     }
 }

@@ -7,9 +7,10 @@ use std::ffi::{c_void, CString};
 
 /// The PTX modules built from `kernels/*.cu` by `cargo xtask ptx`; a function is looked up in
 /// each in turn.
-const PTX: [&str; 2] = [
+const PTX: [&str; 3] = [
     include_str!("../ptx/gemv.ptx"),
     include_str!("../ptx/trellis_encode.ptx"),
+    include_str!("../ptx/e8_prefix.ptx"),
 ];
 
 /// Dynamic shared memory a launch gets without opting in.
@@ -150,6 +151,11 @@ impl Module {
     /// Dynamic shared memory a block may use (bytes).
     pub(crate) fn max_shared(&self) -> u32 {
         self.max_shared
+    }
+
+    /// Streaming multiprocessors of the device.
+    pub(crate) fn sms(&self) -> u32 {
+        self.sms
     }
 
     /// Blocks of function `f` (`threads` each, `shared` bytes of dynamic shared memory) the

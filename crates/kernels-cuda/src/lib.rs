@@ -44,6 +44,10 @@ mod driver {
             48 * 1024
         }
 
+        pub(crate) fn sms(&self) -> u32 {
+            1
+        }
+
         pub(crate) fn resident_blocks(&self, _f: usize, _t: u32, _s: u32) -> Result<u32> {
             Err(CudaError::NotCompiled)
         }
@@ -388,6 +392,140 @@ impl E8RansGemv {
             || !self.xr.is_multiple_of(4)
         {
             return bad("misaligned rANS streams or activations".into());
+        }
+        Ok(())
+    }
+}
+
+/// `y = ½·s_r·⟨2p_r, x'⟩ (+ b)` for E8 words in the format's prefix codes, as stored in `.hwz`
+/// (`hwz::Coding::Prefix`, `hypercodec_rice::prefix`): chunks of eight rows, one warp each, lane
+/// `4n + q` decoding word `q` of each 32-column block of row `n` inside the GEMV. `2p_r` are
+/// the doubled lattice coordinates, `x' = RHT(x)` from [`Kernels::rht`], `s_r` the row scale
+/// divided by α. One activation row runs on FFMA (`xr`, f32), 2–16 on the tensor cores (`xr16`,
+/// f16); larger batches decode the weight ([`Kernels::e8_prefix_decode`]) for a GEMM.
+#[derive(Debug, Clone, Copy)]
+pub struct E8PrefixGemv {
+    /// The chunks' 32-bit words, end to end (`payload_words` of them; may be null when 0).
+    pub words: u64,
+    /// Words of `words`.
+    pub payload_words: usize,
+    /// `chunks + 1` `u32` word offsets, the last `payload_words`. Offsets that decrease or pass
+    /// the payload give wrong values, but the kernels clamp them: reads stay in the payload.
+    pub index: u64,
+    /// The decode tables, `u32` entries, 16-byte aligned
+    /// (`hypercodec_rice::prefix::Model::warp_table`): [`E8PrefixGemv::table_entries`].
+    pub table: u64,
+    /// Longest single code: 8, 10 or 12 ([`E8PrefixGemv::compiled`]).
+    pub limit: u8,
+    /// Longest pair code: 0 (singles), 11 or 12 (with `limit` 8).
+    pub pair_limit: u8,
+    /// 32-column blocks a chunk's rows hold (at most 16 chunks a row).
+    pub segment: usize,
+    /// f32 row scales (already divided by α), `rows` values.
+    pub row_scales: u64,
+    /// `RHT(x)`, f32, `batch × cols`, 16-byte aligned: read at one activation row.
+    pub xr: u64,
+    /// Its f16 copy, `batch × cols`, 16-byte aligned: read at 2–16 rows.
+    pub xr16: u64,
+    /// Output, f32, `batch × rows`.
+    pub y: u64,
+    /// f32 bias, or 0.
+    pub bias: u64,
+    /// Activation rows, 1..=16.
+    pub batch: usize,
+    /// Weight rows.
+    pub rows: usize,
+    /// Columns of the rotated domain (8 × words a row), a multiple of 32.
+    pub cols: usize,
+}
+
+impl E8PrefixGemv {
+    /// Whether kernels are compiled for prefix codes of these limits.
+    pub fn compiled(limit: u8, pair_limit: u8) -> bool {
+        args::e8_prefix(limit, pair_limit, 0).is_some()
+    }
+
+    /// Segments (chunks) a row.
+    pub fn segments(&self) -> usize {
+        (self.cols / 32).div_ceil(self.segment.max(1))
+    }
+
+    /// Groups of eight rows.
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(8)
+    }
+
+    /// Chunks of the tensor.
+    pub fn chunks(&self) -> usize {
+        self.groups() * self.segments()
+    }
+
+    /// Entries of the decode tables: `3 << limit` for singles, `3·256 + 4 << pair_limit` with
+    /// pairs (two `u32` a pair).
+    pub fn table_entries(&self) -> usize {
+        if self.pair_limit > 0 {
+            (3 << 8) + (4 << self.pair_limit)
+        } else {
+            3 << self.limit
+        }
+    }
+
+    /// Dynamic shared memory of a block of `warps` warps: the warps' word rings (1 KiB each),
+    /// then the tables.
+    fn shared(&self, warps: usize) -> u32 {
+        (1024 * warps + 4 * self.table_entries()) as u32
+    }
+
+    /// Checks what the kernels rely on.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(CudaError::InvalidArgument(why));
+        if !Self::compiled(self.limit, self.pair_limit) {
+            return bad(format!(
+                "no kernel for prefix codes of {} / {} bits (compiled: 8, 10, 12; pairs 11, 12                  with 8)",
+                self.limit, self.pair_limit
+            ));
+        }
+        if self.cols == 0 || !self.cols.is_multiple_of(32) || self.cols > i32::MAX as usize {
+            return bad(format!(
+                "{} columns: the kernels need a multiple of 32",
+                self.cols
+            ));
+        }
+        if self.rows > i32::MAX as usize
+            || self.segment == 0
+            || self.segments() > 16
+            || self.payload_words > i64::MAX as usize
+        {
+            return bad(format!(
+                "{} rows in segments of {} blocks ({} a row; the kernels sum at most 16)",
+                self.rows,
+                self.segment,
+                self.segments()
+            ));
+        }
+        if self.batch > MAX_MMA_BATCH {
+            return bad(format!(
+                "{} activation rows: the GEMV takes up to {MAX_MMA_BATCH} (decode above)",
+                self.batch
+            ));
+        }
+        if (self.words == 0 && self.payload_words > 0)
+            || self.index == 0
+            || self.table == 0
+            || self.row_scales == 0
+            || self.y == 0
+            || (self.batch == 1 && self.xr == 0)
+            || (self.batch > 1 && self.xr16 == 0)
+        {
+            return bad("a null pointer".into());
+        }
+        if !self.words.is_multiple_of(4)
+            || !self.index.is_multiple_of(4)
+            || !self.table.is_multiple_of(16)
+            || !self.xr.is_multiple_of(16)
+            || !self.xr16.is_multiple_of(16)
+        {
+            return bad("misaligned prefix streams, tables or activations".into());
         }
         Ok(())
     }
@@ -1818,6 +1956,100 @@ impl Kernels {
         unsafe { self.rans_launch(args::E8_RANS_DECODE, &a, stream) }
     }
 
+    /// Launches the prefix-coded E8 GEMV: FFMA at one activation row, the tensor cores at
+    /// 2–16 ([`E8PrefixGemv`]). Blocks take whole row groups (`segments` warps each, at most
+    /// 16 warps, fewer where the groups would not fill the SMs) on a persistent grid, so each
+    /// block loads the tables once.
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn e8_prefix_gemv(&self, a: &E8PrefixGemv, stream: u64) -> Result<()> {
+        if a.rows == 0 || a.batch == 0 {
+            return Ok(());
+        }
+        a.validate()?;
+        let mma = a.batch > 1;
+        let kind = if mma { args::E8P_MMA } else { args::E8P_GEMV };
+        let f = args::e8_prefix(a.limit, a.pair_limit, kind).expect("validated");
+        let (segs, groups) = (a.segments(), a.groups());
+        let sms = self.inner.sms() as usize;
+        let gpb = (16 / segs).min(groups / sms.max(1)).max(1);
+        let warps = segs * gpb;
+        let pass = E8PrefixGemv {
+            xr: if mma { a.xr16 } else { a.xr },
+            ..*a
+        };
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe { self.prefix_launch(f, &pass, warps, groups.div_ceil(gpb), stream) }
+    }
+
+    /// Decodes the scaled E8 points of prefix chunks (rotated domain) into `out` (`rows ×
+    /// cols` of `dtype`), a warp per chunk.
+    ///
+    /// # Safety
+    /// As [`Kernels::rht`].
+    pub unsafe fn e8_prefix_decode(
+        &self,
+        a: &E8PrefixGemv,
+        out: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<()> {
+        let a = E8PrefixGemv {
+            y: out,
+            batch: 0,
+            ..*a
+        };
+        if a.rows == 0 {
+            return Ok(());
+        }
+        a.validate()?;
+        if !out.is_multiple_of(16) {
+            return Err(CudaError::InvalidArgument(
+                "the decoded weight must be 16-byte aligned".into(),
+            ));
+        }
+        let kind = match dtype {
+            Dtype::Bf16 => args::E8P_DECODE_BF16,
+            Dtype::F16 => args::E8P_DECODE_BF16 + 1,
+            Dtype::F32 => args::E8P_DECODE_BF16 + 2,
+        };
+        let f = args::e8_prefix(a.limit, a.pair_limit, kind).expect("validated");
+        let chunks = a.chunks();
+        let sms = self.inner.sms() as usize;
+        let warps = (chunks / sms.max(1)).clamp(1, 16);
+        // SAFETY: validated; the pointers are the caller's contract.
+        unsafe { self.prefix_launch(f, &a, warps, chunks.div_ceil(warps), stream) }
+    }
+
+    /// One launch of a prefix kernel: `warps` a block, at most `need` blocks (fewer where they
+    /// would not all be resident: the kernels stride).
+    unsafe fn prefix_launch(
+        &self,
+        f: usize,
+        a: &E8PrefixGemv,
+        warps: usize,
+        need: usize,
+        stream: u64,
+    ) -> Result<()> {
+        let (threads, shared) = (32 * warps as u32, a.shared(warps));
+        if shared > self.inner.max_shared() {
+            return Err(CudaError::InvalidArgument(format!(
+                "{shared} bytes of shared memory a block; the device has {}",
+                self.inner.max_shared()
+            )));
+        }
+        let resident = self.inner.resident_blocks(f, threads, shared)? as usize;
+        let grid = need.min(resident).clamp(1, 1 << 20) as u32;
+        let mut k = args::E8PrefixArgs::new(a);
+        let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+        // SAFETY: the caller validated `a`; the pointers are its contract.
+        unsafe {
+            self.inner
+                .launch(f, (grid, 1), threads, shared, stream, &mut params)
+        }
+    }
+
     /// Quantizes activations per row to int8 for W8A8 (a block per row).
     ///
     /// # Safety
@@ -2590,6 +2822,78 @@ mod tests {
             words: 32,
         };
         assert!(rans.validate().is_ok());
+        let prefix = E8PrefixGemv {
+            words: 256,
+            payload_words: 100,
+            index: 512,
+            table: 1024,
+            limit: 8,
+            pair_limit: 12,
+            segment: 64,
+            row_scales: 2048,
+            xr: 4096,
+            xr16: 8192,
+            y: 16384,
+            bias: 0,
+            batch: 1,
+            rows: 40,
+            cols: 4096,
+        };
+        assert!(prefix.validate().is_ok());
+        assert_eq!((prefix.segments(), prefix.chunks()), (2, 10));
+        assert_eq!(prefix.table_entries(), 768 + (4 << 12));
+        assert!(E8PrefixGemv {
+            batch: 16,
+            ..prefix
+        }
+        .validate()
+        .is_ok());
+        for bad in [
+            E8PrefixGemv {
+                limit: 10,
+                ..prefix
+            }, // pairs need 8-bit singles
+            E8PrefixGemv {
+                pair_limit: 9,
+                ..prefix
+            }, // not compiled
+            E8PrefixGemv {
+                cols: 4104,
+                ..prefix
+            }, // not whole blocks
+            E8PrefixGemv {
+                segment: 7,
+                ..prefix
+            }, // 19 segments a row
+            E8PrefixGemv {
+                segment: 0,
+                ..prefix
+            },
+            E8PrefixGemv {
+                batch: 17,
+                ..prefix
+            },
+            E8PrefixGemv {
+                table: 1028,
+                ..prefix
+            }, // the tables are read 16 bytes at a time
+            E8PrefixGemv { xr: 0, ..prefix },
+            E8PrefixGemv {
+                batch: 2,
+                xr16: 0,
+                ..prefix
+            },
+            E8PrefixGemv { words: 0, ..prefix },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+        assert!(E8PrefixGemv {
+            words: 0,
+            payload_words: 0,
+            ..prefix
+        }
+        .validate()
+        .is_ok());
         // An empty payload (a constant weight) may be null; a non-empty one may not.
         assert!(E8RansGemv {
             payload: 0,
@@ -2816,6 +3120,7 @@ mod tests {
         let ptx = [
             include_str!("../ptx/gemv.ptx"),
             include_str!("../ptx/trellis_encode.ptx"),
+            include_str!("../ptx/e8_prefix.ptx"),
         ]
         .concat();
         let names = args::function_names();
@@ -2880,7 +3185,7 @@ mod tests {
             "hc_affine_cpa_group_b2_f16"
         );
         assert_eq!(
-            names.len(),
+            args::e8_prefix(8, 0, args::E8P_GEMV).unwrap(),
             args::affine_cpa_group(4, Dtype::F16).unwrap() + 1
         );
         assert_eq!(args::affine_cpa_group(8, Dtype::F16), None);
@@ -2943,6 +3248,24 @@ mod tests {
             std::mem::size_of::<args::TrellisEncodeArgs>(),
             param("hc_trellis_encode_k2")
         );
+        assert_eq!(
+            std::mem::size_of::<args::E8PrefixArgs>(),
+            param("hc_e8p_gemv_p12")
+        );
+        let e8p = |l, p, k| names[args::e8_prefix(l, p, k).unwrap()].as_str();
+        assert_eq!(e8p(8, 0, args::E8P_GEMV), "hc_e8p_gemv_l8");
+        assert_eq!(e8p(12, 0, args::E8P_MMA), "hc_e8p_mma_l12");
+        assert_eq!(e8p(8, 12, args::E8P_DECODE_BF16), "hc_e8p_decode_bf16_p12");
+        assert_eq!(
+            e8p(8, 11, args::E8P_DECODE_BF16 + 1),
+            "hc_e8p_decode_f16_p11"
+        );
+        assert!(args::e8_prefix(10, 11, 0).is_none() && args::e8_prefix(9, 0, 0).is_none());
+        assert_eq!(
+            e8p(10, 0, args::E8P_DECODE_BF16 + 2),
+            "hc_e8p_decode_f32_l10"
+        );
+        assert_eq!(names.len(), args::e8_prefix(8, 12, 4).unwrap() + 1);
         assert_eq!(names[args::KV_E8_DECODE], "hc_kv_e8_decode");
         assert_eq!(names[args::KV_E8_ATTEND], "hc_kv_e8_attend");
         assert_eq!(names[args::KV_ATTEND_MERGE], "hc_kv_attend_merge");

@@ -152,7 +152,8 @@ fn rate(template: Encoding, bps: Option<f64>) -> Rep {
 
 /// Every representation measured: raw floats; affine INT1..INT8 per row and in groups of 128
 /// (asymmetric), and in groups of 128 symmetric; each lattice with rANS at 2, 3, 4 and 5 bits
-/// per value; E8 with Rice at 3 and 4; E8 fixed-rate at 2..5 bits; the trellis (L = 12) at 2..4
+/// per value; E8 with Rice at 3 and 4, with GPU-shaped rANS and prefix codes at 2, 3 and 4;
+/// E8 fixed-rate at 2..5 bits; the trellis (L = 12) at 2..4
 /// bits; codebooks; low-rank; AUTO.
 pub fn representations() -> Vec<Rep> {
     let mut v: Vec<Rep> = FloatDtype::ALL
@@ -180,6 +181,13 @@ pub fn representations() -> Vec<Rep> {
     }
     for bps in [4.0, 3.0] {
         v.push(rate(lattice(Lattice::E8, Coding::RICE_DEFAULT), Some(bps)));
+    }
+    // The GPU-shaped entropy codings of E8: rANS in chunks of whole rows, and prefix codes in
+    // chunks of eight rows (what a warp decodes inside the GEMV; 8-bit singles, 12-bit pairs).
+    for coding in [Coding::RANS_GPU, Coding::PREFIX_GPU] {
+        for bps in [4.0, 3.0, 2.0] {
+            v.push(rate(lattice(Lattice::E8, coding), Some(bps)));
+        }
     }
     for bits in (2..=5).rev() {
         v.push(rate(lattice(Lattice::E8, Coding::Fixed { bits }), None));

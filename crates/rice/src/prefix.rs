@@ -526,6 +526,47 @@ impl Model {
             .collect()
     }
 
+    /// The decode tables a GPU warp reads (kernels/e8_prefix.cuh), `u32` entries: per table
+    /// its `2^limit` slots (pair tables two `u32` a slot), tables in [`Model::lengths`]'s order.
+    /// A slot holds the doubled E8 coordinate its code gives, as f32 bits, with the code length
+    /// in bits 0–4 and a parity in bit 5: the first symbol's `4t + c` with the coset c; under
+    /// coset c a single's `2s + c` with the parity of s, a pair's `2a + c` with the parity of
+    /// a + b, then `2b + c` exact in the second `u32`. Slots no code reaches hold 1 (length 1,
+    /// value 0), so a corrupt stream decodes to wrong values, never out of bounds.
+    pub fn warp_table(&self) -> Vec<u32> {
+        let unzz = |z: u32| ((z >> 1) as i32) ^ -((z & 1) as i32);
+        let bits = |v: i32| (v as f32).to_bits();
+        let mut out = Vec::new();
+        for (t, slots) in self.slots().iter().enumerate() {
+            let pair = self.params.pairs() && t >= 3;
+            // The coset of the tables after the first: 1 + c (singles, or s₇ with pairs) or
+            // 3 + c (pairs).
+            let c = if t == 0 { 0 } else { ((t - 1) % 2) as i32 };
+            for &(s, n) in slots {
+                if n == 0 {
+                    out.push(1);
+                    if pair {
+                        out.push(0);
+                    }
+                    continue;
+                }
+                let n = n as u32;
+                if t == 0 {
+                    let c = (s & 1) as i32;
+                    out.push(bits(4 * unzz(s >> 1) + c) | n | (c as u32) << 5);
+                } else if pair {
+                    let (a, b) = (unzz(s / self.base), unzz(s % self.base));
+                    out.push(bits(2 * a + c) | n | (((a + b) & 1) as u32) << 5);
+                    out.push(bits(2 * b + c));
+                } else {
+                    let v = unzz(s);
+                    out.push(bits(2 * v + c) | n | ((v & 1) as u32) << 5);
+                }
+            }
+        }
+        out
+    }
+
     /// Code and length of unit symbol `s` in table `t` (length 0: none).
     fn code(&self, t: usize, s: u32) -> (u32, u8) {
         let c = &self.tables[t];

@@ -182,6 +182,31 @@ pub enum DeviceForm<'a> {
         /// RHT seed.
         seed: u64,
     },
+    /// E8 words in the format's prefix codes ([`hwz::Coding::Prefix`]: chunks of eight rows, a
+    /// warp each, lane `4n + q` decoding word `q` of each 32-column block of row `n`), decoded
+    /// inside the GEMV and dotted against `RHT(x)`.
+    E8Prefix {
+        /// The chunks' 32-bit words, little-endian, as stored.
+        payload: &'a [u8],
+        /// `chunks + 1` word offsets (checked: they never decrease and end at the payload's end).
+        starts: Vec<u32>,
+        /// The decode tables (`hypercodec_rice::prefix::Model::warp_table`).
+        table: Vec<u32>,
+        /// Longest single code.
+        limit: u8,
+        /// Longest pair code (0: singles).
+        pair_limit: u8,
+        /// 32-column blocks a chunk's rows hold.
+        segment: usize,
+        /// Row scale divided by α, per row.
+        row_scales: Vec<f32>,
+        /// Words per row (a multiple of 4).
+        words: usize,
+        /// RHT tile.
+        tile: usize,
+        /// RHT seed.
+        seed: u64,
+    },
     /// Fixed-rate Z1 symbols (scalar integers in the RHT domain): value `j` of row `r` is
     /// `row_scales[r]·(sym − 2^(bits−1))` against `RHT(x)`; at 8 bits, the int8 weight of the
     /// W8A8 route (`hypercodec.nn.quantize_activations`).
@@ -216,12 +241,13 @@ pub enum DeviceForm<'a> {
 
 impl DeviceForm<'_> {
     /// The form's name, as the front ends report it: `"affine"`, `"trellis"`, `"e8rans"`,
-    /// `"z1"` or `"e8"`.
+    /// `"e8prefix"`, `"z1"` or `"e8"`.
     pub fn kind(&self) -> &'static str {
         match self {
             DeviceForm::Affine { .. } => "affine",
             DeviceForm::Trellis { .. } => "trellis",
             DeviceForm::E8Rans { .. } => "e8rans",
+            DeviceForm::E8Prefix { .. } => "e8prefix",
             DeviceForm::Z1Fixed { .. } => "z1",
             DeviceForm::E8Fixed { .. } => "e8",
         }
@@ -479,6 +505,35 @@ impl CompressedLinear {
                     v: t.params.v,
                     tile: t.tile,
                     seed: t.seed,
+                })
+            }
+            (Kind::LatticeResident, Parts::Lattice(l))
+                if l.params.lattice == Lattice::E8 && matches!(l.symbols, Symbols::Prefix(_)) =>
+            {
+                let Symbols::Prefix(d) = &l.symbols else {
+                    return Ok(None);
+                };
+                let (p, layout) = (d.model().params(), d.layout());
+                // The kernels' shape: whole 32-column blocks, at most 16 chunks a row (a
+                // block's warps sum them), a compiled form.
+                if layout.words == 0
+                    || !layout.words.is_multiple_of(4)
+                    || layout.segments() > 16
+                    || !matches!((p.limit, p.pair_limit), (8 | 10 | 12, 0) | (8, 11 | 12))
+                {
+                    return Ok(None);
+                }
+                Some(DeviceForm::E8Prefix {
+                    payload: d.payload(),
+                    starts: d.starts().to_vec(),
+                    table: d.model().warp_table(),
+                    limit: p.limit,
+                    pair_limit: p.pair_limit,
+                    segment: p.segment,
+                    row_scales: l.scales.iter().map(|s| s / l.params.alpha).collect(),
+                    words: layout.words,
+                    tile: l.params.tile,
+                    seed: l.params.seed,
                 })
             }
             (Kind::LatticeResident, Parts::Lattice(l)) if l.params.lattice == Lattice::E8 => {
@@ -864,6 +919,7 @@ impl Op {
                 (Kind::LatticeResident, Parts::Lattice(l)) => Path::LatticeResident {
                     coding: match l.symbols {
                         Symbols::Rice(_) => "rice",
+                        Symbols::Prefix(_) => "prefix",
                         _ => "rans",
                     },
                 },

@@ -112,6 +112,21 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
         lattice(Lattice::E8, Coding::RANS_DEFAULT, cols),
         Some(Path::LatticeResident { coding: "rans" }),
     ));
+    // Prefix codes: pairs in one-block segments, 10-bit singles in two-block ones; at a lower
+    // α (about 2.5 bits), since pair coordinates beyond ±31 are refused and the test values
+    // have heavy tails.
+    for (limit, pair_limit, segment) in [(8, 12, 1), (10, 0, 2)] {
+        let coding = Coding::Prefix {
+            limit,
+            pair_limit,
+            segment,
+        };
+        let mut e = lattice(Lattice::E8, coding, cols);
+        if let Encoding::Lattice { alpha, .. } = &mut e {
+            *alpha = 1.5;
+        }
+        v.push((e, Some(Path::LatticeResident { coding: "prefix" })));
+    }
     // Trellis codes where a row holds the state (cols·K ≥ L; f32 in their place otherwise, so
     // the zoo's length does not depend on the shape); short sequences, so rows hold several,
     // the last one longer.
@@ -665,7 +680,7 @@ fn huge_and_tiny_weights_stay_finite_and_match_the_reference() {
 fn device_forms_decode_to_the_stored_weight() {
     use crate::DeviceForm;
     use hypercodec_lattice::Rht;
-    let mut seen = [0usize; 6];
+    let mut seen = [0usize; 7];
     for shape in [[7u64, 100], [5, 256], [3, 8]] {
         let (rows, cols) = (shape[0] as usize, shape[1] as usize);
         let x = values(rows * cols, 41);
@@ -857,6 +872,114 @@ fn device_forms_decode_to_the_stored_weight() {
                         }
                     }
                 }
+                DeviceForm::E8Prefix {
+                    payload,
+                    starts,
+                    table,
+                    limit,
+                    pair_limit,
+                    segment,
+                    row_scales,
+                    words,
+                    tile,
+                    seed,
+                } => {
+                    // The kernels' walk (kernels/e8_prefix.cuh), written out: per chunk of eight
+                    // rows, 32 lanes with a bit buffer each; at each refill check the lanes
+                    // holding fewer than 32 bits take the chunk's next words in lane order;
+                    // each unit is one lookup of the table, whose entry is the doubled
+                    // coordinate as f32 bits (code length in bits 0–4, parity in bit 5).
+                    seen[6] += 1;
+                    let w32: Vec<u32> = payload
+                        .chunks_exact(4)
+                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    let (l, lp) = (limit as u32, pair_limit as u32);
+                    // Units of a word between checks.
+                    let groups: Vec<Vec<usize>> = if lp > 0 {
+                        vec![vec![0, 1], vec![2, 3, 4]]
+                    } else {
+                        let g = (32 / l) as usize;
+                        (0..8)
+                            .step_by(g)
+                            .map(|a| (a..(a + g).min(8)).collect())
+                            .collect()
+                    };
+                    let blocks = words / 4;
+                    let segs = blocks.div_ceil(segment);
+                    let mut doubled = vec![0f32; rows * 8 * words];
+                    for c in 0..rows.div_ceil(8) * segs {
+                        let (g, s0) = (c / segs, c % segs);
+                        let (mut at, end) = (starts[c] as usize, starts[c + 1] as usize);
+                        let (mut buf, mut have) = ([0u64; 32], [0u32; 32]);
+                        for t in 0..segment.min(blocks - s0 * segment) {
+                            let (mut e0, mut par) = ([0u32; 32], [0u32; 32]);
+                            let mut vals = [[0f32; 8]; 32];
+                            for units in &groups {
+                                for lane in (0..32).filter(|&n| g * 8 + n / 4 < rows) {
+                                    if have[lane] < 32 {
+                                        let w = if at < end { w32[at] } else { 0 };
+                                        at += 1;
+                                        buf[lane] |= (w as u64) << (32 - have[lane]);
+                                        have[lane] += 32;
+                                    }
+                                }
+                                for lane in (0..32).filter(|&n| g * 8 + n / 4 < rows) {
+                                    let (b, h) = (&mut buf[lane], &mut have[lane]);
+                                    // The entry the buffer's top `bits` bits index from
+                                    // `base`, its code consumed.
+                                    let mut look = |base: usize, bits: u32, width: usize| {
+                                        let i = base + width * (*b >> (64 - bits)) as usize;
+                                        *b <<= table[i] & 31;
+                                        *h -= table[i] & 31;
+                                        i
+                                    };
+                                    let v = &mut vals[lane];
+                                    for &u in units {
+                                        // The word's coset: bit 5 of its first entry.
+                                        let cs = ((e0[lane] >> 5) & 1) as usize;
+                                        let e = if u == 0 {
+                                            e0[lane] = table[look(0, l, 1)];
+                                            continue;
+                                        } else if lp > 0 && u < 4 {
+                                            let i = look(768 + (cs << (lp + 1)), lp, 2);
+                                            v[2 * u - 1] = f32::from_bits(table[i + 1]);
+                                            v[2 * u - 2] = f32::from_bits(table[i] & !63);
+                                            table[i]
+                                        } else {
+                                            let e = table[look((1 + cs) << l, l, 1)];
+                                            v[if lp > 0 { 6 } else { u - 1 }] =
+                                                f32::from_bits(e & !63);
+                                            e
+                                        };
+                                        par[lane] ^= e;
+                                    }
+                                }
+                            }
+                            for lane in (0..32).filter(|&n| g * 8 + n / 4 < rows) {
+                                let mut v = vals[lane];
+                                v[7] = f32::from_bits(e0[lane] & !63)
+                                    + if par[lane] & 32 != 0 { 2.0 } else { 0.0 };
+                                let (r, wd) = (g * 8 + lane / 4, (s0 * segment + t) * 4 + lane % 4);
+                                doubled[(r * words + wd) * 8..][..8].copy_from_slice(&v);
+                            }
+                        }
+                        // Every stored word is read (the last chunk may be followed by padding).
+                        assert!(at >= end, "chunk {c}: {at} of {end} words read");
+                    }
+                    let rht = Rht::new(cols, tile, seed).unwrap();
+                    for r in 0..rows {
+                        let mut rotated = want[r * cols..(r + 1) * cols].to_vec();
+                        rht.forward(&mut rotated);
+                        for (j, &e) in rotated.iter().enumerate() {
+                            let got = 0.5 * row_scales[r] * doubled[r * 8 * words + j];
+                            assert!(
+                                (got - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                                "e8 prefix ({r}, {j}): {got} vs {e}"
+                            );
+                        }
+                    }
+                }
                 DeviceForm::Z1Fixed {
                     packed,
                     row_scales,
@@ -930,7 +1053,8 @@ fn device_forms_decode_to_the_stored_weight() {
             && seen[2] >= 8
             && seen[3] >= 1
             && seen[4] >= 3
-            && seen[5] >= 1,
+            && seen[5] >= 1
+            && seen[6] >= 2,
         "{seen:?}"
     );
 }

@@ -17,6 +17,10 @@ on PyTorch's current stream, without synchronizing:
 - E8 symbols in GPU-shaped rANS chunks (``e8@B-gpu``, CLI ``--coding rans-gpu``): one warp
   decodes each chunk inside the GEMV, so the entropy-coded bytes are all the device holds;
   larger batches decode them on the device for the call, then ``F.linear``;
+- E8 symbols in the format's prefix codes (``e8@B-prefix``, CLI ``--coding prefix-gpu``): one
+  warp decodes each chunk of eight rows inside the GEMV, on FFMA for one activation row and on
+  the tensor cores for 2–16 bf16/f16 rows (:data:`MMA_MAX_BATCH`; f32 rows: up to 4, one by
+  one on FFMA); larger batches decode the weight on the device for the call, then ``F.linear``;
 - forms without a kernel (other entropy-coded or Z1/D4 lattice symbols, codebook, nested):
   the documented *decode fallback* — the weight is decoded once on the host and kept on the
   device in the activation dtype.
@@ -44,7 +48,7 @@ from .nn import _lasting, _op_weight, _rht_signs, _wht_tiles
 #: Activation rows up to which the fused GEMV runs, per form (in passes of 4; above: decode,
 #: then cuBLAS): the crossover measured on an H200 by ``py/benches/cuda_linear.py`` (rANS:
 #: each pass decodes the whole weight, so decoding once wins from 3 rows).
-GEMV_MAX_BATCH = {"affine": 4, "e8": 4, "trellis": 4, "e8rans": 2}
+GEMV_MAX_BATCH = {"affine": 4, "e8": 4, "trellis": 4, "e8rans": 2, "e8prefix": 16}
 #: Activation rows of the tensor-core affine and trellis kernels (bf16/f16 activations, see above).
 MMA_MAX_BATCH = 16
 #: Layers one launch of :func:`forward_group` takes (kernels-cuda ``AFFINE_GROUP_MAX``).
@@ -247,6 +251,25 @@ class DeviceLinear:
                 "rows": self.rows,
                 "words": self.words,
             }
+        elif self.kind == "e8prefix":
+            self.payload = up(form["payload"].view(np.int32))
+            self.index = up(form["starts"].view(np.int32))
+            self.table = up(form["table"].view(np.int32))
+            self.row_scales = up(form["row_scales"])
+            self.words, self.tile, self.seed = form["words"], form["tile"], form["seed"]
+            self.args = {
+                "words_ptr": _ptr(self.payload),
+                "payload_words": self.payload.numel(),
+                "index": _ptr(self.index),
+                "table": _ptr(self.table),
+                "limit": form["limit"],
+                "pair_limit": form["pair_limit"],
+                "segment": form["segment"],
+                "row_scales": _ptr(self.row_scales),
+                "bias": _ptr(self.bias),
+                "rows": self.rows,
+                "cols": 8 * self.words,
+            }
         else:
             self.packed = up(form["packed"])
             self.row_scales = up(form["row_scales"])
@@ -273,6 +296,9 @@ class DeviceLinear:
         if self.kind == "e8rans":
             args = dict(self.args, xr=_ptr(w), batch=0, y=_ptr(w), y_dtype=code)
             self.kernels.e8_rans_decode(args, _ptr(w), code, stream)
+        elif self.kind == "e8prefix":
+            args = dict(self.args, xr=0, xr16=0, batch=0, y=_ptr(w))
+            self.kernels.e8_prefix_decode(args, _ptr(w), code, stream)
         elif self.kind == "e8":
             args = dict(self.args, xr=_ptr(w), half=_ptr(w), batch=1, y=_ptr(w), y_dtype=code)
             self.kernels.e8_decode(args, _ptr(w), code, stream)
@@ -324,6 +350,8 @@ class DeviceLinear:
             ts += [self.bits, self.row_scales]
         elif self.kind == "e8rans":
             ts += [self.payload, self.index, self.slots, self.row_scales]
+        elif self.kind == "e8prefix":
+            ts += [self.payload, self.index, self.table, self.row_scales]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def _fused_batch(self, dtype: torch.dtype) -> int:
@@ -339,6 +367,8 @@ class DeviceLinear:
             n, mma_from = GEMV_MAX_BATCH.get(self.kind, 0), None
             if self.kind == "affine" and dtype in _DTYPES:
                 n = self.kernels.affine_fused_batch(dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1))
+            elif self.kind == "e8prefix" and dtype not in (torch.bfloat16, torch.float16):
+                n = 4  # f32 rows one at a time on FFMA (f16 tensor cores would round them)
             elif self.kind == "trellis" and dtype in _DTYPES:
                 a = dict(self.args, xr=0, y=0, y_dtype=_DTYPES[dtype], batch=1)
                 n, mma_from = self.kernels.trellis_fused_batch(a), self.kernels.trellis_mma_min_batch(a)
@@ -355,18 +385,20 @@ class DeviceLinear:
                 return "cuda-affine-mma" if batch <= MMA_MAX_BATCH else "cuda-affine-gemm"
             if mma_from is not None and batch >= mma_from:
                 return "cuda-trellis-mma"
+            if self.kind == "e8prefix" and batch > 1 and dtype in (torch.bfloat16, torch.float16):
+                return "cuda-e8prefix-mma"
             return f"cuda-{self.kind}-gemv"
         return f"cuda-{self.kind}-decode+linear"
 
     def rotation(self) -> tuple[int, int, int] | None:
         """The activation RHT an E8 or trellis layer applies, ``(width, tile, seed)`` (None for
         the other forms): layers with the same one can share it (:func:`forward_group`)."""
-        if self.kind not in ("trellis", "e8", "e8rans"):
+        if self.kind not in ("trellis", "e8", "e8rans", "e8prefix"):
             return None
         return (self.cols if self.kind == "trellis" else 8 * self.words, self.tile, self.seed)
 
     def _wants_xr16(self, m: int, dt: torch.dtype, gemv: bool) -> bool:
-        return gemv and self.route(min(m, MMA_MAX_BATCH), dt) == "cuda-trellis-mma"
+        return gemv and self.route(min(m, MMA_MAX_BATCH), dt) in ("cuda-trellis-mma", "cuda-e8prefix-mma")
 
     def _from_rotated(self, xr: torch.Tensor, xr16: torch.Tensor | None, dt: torch.dtype, gemv: bool,
                       stream: int) -> torch.Tensor:
@@ -376,6 +408,20 @@ class DeviceLinear:
         if not gemv:
             b = None if self.bias is None else self.bias.to(dt)
             return torch.nn.functional.linear(xr.to(dt), self._decode(dt, stream), b)
+        if self.kind == "e8prefix":
+            # f32 outputs (the kernels' sums): bf16/f16 activations in passes of up to 16 rows on
+            # the tensor cores (from the f16 copy), a lone row and f32 rows one by one on FFMA.
+            y32 = torch.empty(m, self.rows, dtype=torch.float32, device=self.device)
+            mma = m > 1 and dt in (torch.bfloat16, torch.float16)
+            if mma and xr16 is None:
+                xr16 = xr.to(torch.float16)
+            step = MMA_MAX_BATCH if mma else 1
+            for m0 in range(0, m, step):
+                n = min(step, m - m0)
+                args = dict(self.args, xr=_ptr(xr[m0:]), xr16=_ptr(xr16[m0:]) if n > 1 else 0, batch=n,
+                            y=_ptr(y32[m0:]))
+                self.kernels.e8_prefix_gemv(args, stream)
+            return y32 if dt == torch.float32 else y32.to(dt)
         y = torch.empty(m, self.rows, dtype=dt, device=self.device)
         if self.kind in ("trellis", "e8rans"):
             args = dict(self.args, xr=_ptr(xr), batch=m, y=_ptr(y), y_dtype=code)

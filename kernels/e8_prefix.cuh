@@ -1,0 +1,541 @@
+// Entropy-coded E8 decoded inside the GEMV: lane-interleaved prefix codes, one E8 word a lane
+// (`hypercodec_rice::prefix`; the format is `Coding::Prefix` in crates/hwz/README.md). Shared by
+// the committed kernels (e8_prefix.cu: the 8-row layout the format stores) and the prototype
+// (prototypes/e8_prefix_gemv.cu, which also times a one-row layout the format does not store).
+//
+// One warp decodes one chunk; each lane decodes whole words, symbol after symbol:
+// - a word's first symbol from the context-0 table, the others from the tables of the word's
+//   coset c (bit 5 of the first entry), each with one lookup of the buffer's next L bits (pairs:
+//   one lookup of an 8-byte entry per pair of coordinates);
+// - an entry is the doubled coordinate as f32 bits with the code length in bits 0–4 and the
+//   coordinate's parity in bit 5: `e & ~63` is the FFMA operand, and the funnel shifts that
+//   consume the code take the length from the entry's low 5 bits (wrap mode);
+// - the lane's bit buffer is hi:lo with a marker 1 below the valid bits, so the lane holds fewer
+//   than 32 bits exactly when lo is 0; at the format's checks those lanes take the chunk's next
+//   words in lane order (a ballot's prefix count) from the warp's ring in shared memory (cp.async
+//   keeps it at least 160 words ahead), and the new word goes under the valid bits: with m the
+//   marker (hi's lowest set bit), w·m as a 64-bit product is the word at the marker's place;
+// - s₇ = 2t + p is rebuilt from the first entry (4t + c) and the parity p of s₀…s₆ (the entries'
+//   bit 5, xor-accumulated). Reads never leave the chunk's words (past its end they read 0).
+//
+// The same source compiles for the host under prototypes/host_simt.h (one thread a lane, the
+// warp's votes, shuffles and mma.sync through barriers): py/benches/cuda_e8_prefix_prototype.py
+// `--host` runs it there, and `--format` runs the committed kernels on the streams the Rust
+// encoder writes, without a GPU.
+#pragma once
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#include <stdint.h>
+#endif
+
+// Words a warp's ring in shared memory holds: the chunk's words are copied in (cp.async) in
+// groups of 64, at least 160 words (three groups) ahead of the reads, so a refill reads shared
+// memory and no register ever waits on a global load.
+#define HC_EP_RING 256
+// Warps a block has at most.
+#define HC_EP_WARPS 16
+
+#ifdef __CUDA_ARCH__
+typedef uint32_t HcSmem;  // a shared-memory address
+__device__ __forceinline__ uint32_t hc_ep_lds(HcSmem base, uint32_t off) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(base + off));
+    return v;
+}
+__device__ __forceinline__ void hc_ep_lds2(HcSmem base, uint32_t off, uint32_t& x, uint32_t& y) {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "r"(base + off));
+}
+// Opaque to the compiler, so that it keeps the table's address in a register instead of
+// rebuilding it (three instructions) in every trip.
+__device__ __forceinline__ HcSmem hc_ep_smem(const uint32_t* p) {
+    uint32_t a;
+    asm volatile("mov.u32 %0, %1;" : "=r"(a) : "r"((uint32_t)__cvta_generic_to_shared(p)));
+    return a;
+}
+#else
+typedef const uint32_t* HcSmem;
+inline uint32_t hc_ep_lds(HcSmem base, uint32_t off) { return base[off / 4]; }
+inline void hc_ep_lds2(HcSmem base, uint32_t off, uint32_t& x, uint32_t& y) { x = base[off / 4], y = base[off / 4 + 1]; }
+inline HcSmem hc_ep_smem(const uint32_t* p) { return p; }
+#endif
+
+// Dynamic shared memory: the warps' word rings (1 KB each, so a ring's address is base | offset),
+// then the tables (the pair tables take 67 KB at 12 bits). A block is launched with
+// 1024 · warps + 4 · entries · copies bytes.
+#ifdef __CUDA_ARCH__
+extern __shared__ __align__(4 * HC_EP_RING) uint32_t hc_ep_dyn[];
+#else
+alignas(4 * HC_EP_RING) static uint32_t hc_ep_dyn[HC_EP_WARPS * HC_EP_RING + (3 << 8) * 32 + (4 << 12)];
+inline void hc_ep_cp4(uint32_t dst, const uint32_t* src, bool ok) { hc_ep_dyn[dst / 4] = ok ? *src : 0u; }
+inline uint32_t hc_ep_ring_lds(uint32_t addr) { return hc_ep_dyn[addr / 4]; }
+#endif
+// The tables: after the block's rings.
+__device__ __forceinline__ uint32_t* hc_ep_tables() { return hc_ep_dyn + HC_EP_RING * (blockDim.x >> 5); }
+
+__device__ __forceinline__ float hc_ep_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+#ifdef __CUDA_ARCH__
+// Two floats as f16x2 (lo in the low half).
+__device__ __forceinline__ uint32_t hc_ep_h2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+// c += A·B, mma.m16n8k16 (f16 inputs, f32 accumulators; PTX ISA fragment layouts).
+__device__ __forceinline__ void hc_ep_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint4 hc_ep_ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+// Two floats as bf16x2 (lo in the low half), rounded to nearest even.
+__device__ __forceinline__ uint32_t hc_ep_bf2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#else
+inline uint32_t hc_ep_h2(float lo, float hi) { return hc_host::h2(lo, hi); }
+inline void hc_ep_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { hc_host::mma16816(c, a, b0, b1); }
+inline uint4 hc_ep_ldg16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+inline uint32_t hc_ep_bf2(float lo, float hi) { return hc_host::bf16(lo) | (uint32_t)hc_host::bf16(hi) << 16; }
+#endif
+
+struct E8PrefixArgs {
+    const uint32_t* words;     // the chunks' words, end to end
+    const uint32_t* index;     // chunks + 1 word offsets
+    const uint32_t* table;     // the decode tables (_e8prefix: Model.table, PairModel.table)
+    const float* row_scales;   // per row: y = ½ · scale · Σ doubled coordinate · x
+    const float* xr;           // RHT(x): cols f32 (the mma kernels: M × cols f16)
+    float* y;                  // M × rows f32 (the decoders: rows × cols bf16)
+    const float* bias;         // rows f32 or null
+    long long nwords;
+    int rows, cols, rows_per_chunk, chunks;
+    int segments, seg_blocks;  // rows8 layouts: column segments a row (a warp each), 32-column blocks a segment
+    int M;                     // the mma kernels: activation rows, 1..16
+};
+
+struct Lane {
+    uint32_t hi, lo;       // the bit buffer with its marker
+    uint32_t ring;         // this warp's ring (its address, 1 KB aligned: base | offset)
+    uint32_t pos4;         // 4 × words taken, mod the ring (warp-uniform)
+    int ahead;             // words asked for and not taken (warp-uniform)
+    int left;              // this lane's next fetch: words of the chunk from it on (≤ 0: none)
+    const uint32_t* src;   // its address
+};
+
+#ifdef __CUDA_ARCH__
+// 4 bytes global → shared, zero-filled when !ok (nothing read then).
+__device__ __forceinline__ void hc_ep_cp4(uint32_t dst, const uint32_t* src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void hc_ep_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void hc_ep_wait2() { asm volatile("cp.async.wait_group 2;" ::: "memory"); }
+__device__ __forceinline__ void hc_ep_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ uint32_t hc_ep_ring_lds(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
+}
+#else
+// On the host a ring "address" is a byte offset into hc_ep_dyn.
+inline void hc_ep_cp4(uint32_t dst, const uint32_t* src, bool ok);
+inline uint32_t hc_ep_ring_lds(uint32_t addr);
+inline void hc_ep_commit() {}
+inline void hc_ep_wait2() {}
+inline void hc_ep_wait0() {}
+#endif
+
+#define HC_EP_RING_MASK (4 * HC_EP_RING - 4)
+
+// Warp w's ring: its shared-memory address (the host: its byte offset in hc_ep_dyn).
+__device__ __forceinline__ uint32_t hc_ep_ring_of(int w) {
+#ifdef __CUDA_ARCH__
+    uint32_t a;
+    asm volatile("mov.u32 %0, %1;" : "=r"(a) : "r"((uint32_t)__cvta_generic_to_shared(hc_ep_dyn + HC_EP_RING * w)));
+    return a;
+#else
+    return 4u * HC_EP_RING * (uint32_t)w;
+#endif
+}
+
+// Asks for the chunk's next 64 words (zeros past its end) into the ring, at pos + ahead.
+__device__ __forceinline__ void hc_ep_fetch(Lane& s) {
+    const uint32_t at = s.pos4 + 4u * (uint32_t)(s.ahead + (int)(threadIdx.x & 31));
+    // With !ok nothing is read (src-size 0).
+    hc_ep_cp4(s.ring | (at & HC_EP_RING_MASK), s.src, s.left > 0);
+    hc_ep_cp4(s.ring | ((at + 128u) & HC_EP_RING_MASK), s.src + 32, s.left > 32);
+    hc_ep_commit();
+    s.src += 64;
+    s.left -= 64;
+    s.ahead += 64;
+}
+
+// A lane's state at the start of a chunk of `len` words from `pl`; `ring` is its warp's ring.
+__device__ __forceinline__ void hc_ep_start(Lane& s, uint32_t ring, const uint32_t* pl, int len) {
+    const int lane = threadIdx.x & 31;
+    s.hi = 0x80000000u, s.lo = 0u;
+    s.ring = ring, s.pos4 = 0, s.ahead = 0;
+    s.src = pl + lane, s.left = len - lane;
+    // The previous chunk's reads are done and its copies (fetched past what it took) have landed,
+    // so none of them can land over this chunk's words.
+    hc_ep_wait0();
+    __syncwarp();
+    hc_ep_fetch(s);
+    hc_ep_fetch(s);
+    hc_ep_fetch(s);
+    hc_ep_wait2();
+    __syncwarp();  // words 0 … 63 have landed
+}
+
+// Consumes the code whose length is the entry's bits 0–4.
+__device__ __forceinline__ void hc_ep_consume(Lane& s, uint32_t e) {
+    const uint32_t nh = __funnelshift_l(s.lo, s.hi, e);
+    s.lo = __funnelshift_l(0u, s.lo, e);
+    s.hi = nh;
+}
+
+template <bool TAIL>
+__device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
+    const bool need = (!TAIL || on) && s.lo == 0u;
+    const unsigned bal = __ballot_sync(0xffffffffu, need);
+    // Words pos … pos + 31 have landed (see below); the lanes that need one take them in order.
+    const uint32_t w = hc_ep_ring_lds(s.ring | ((s.pos4 + 4u * __popc(bal & below)) & HC_EP_RING_MASK));
+    if (need) {
+        const uint32_t m = s.hi & (0u - s.hi);
+        const unsigned long long p = (unsigned long long)w * m;
+        s.hi = (s.hi ^ m) | (uint32_t)(p >> 31);
+        s.lo = 2u * (uint32_t)p + m;  // the bits are disjoint: one IMAD
+    }
+    const int taken = __popc(bal);
+    s.pos4 += 4u * taken;
+    s.ahead -= taken;
+    // Stay ahead: after this, ahead ≥ 160, and every group but the two newest has landed, so the
+    // next check's words (below pos + 32 ≤ pos + ahead − 128) are there. The slots a new group
+    // overwrites held words below pos + ahead − 256 < pos − 32: all taken, by reads the first
+    // __syncwarp orders before the copies.
+    if (s.ahead < 160) {
+        __syncwarp();
+        hc_ep_fetch(s);
+        hc_ep_wait2();
+        __syncwarp();
+    }
+}
+
+// One E8 word of lane `s` in singles. `tab` is this lane's copy of the tables: entry i at byte
+// 4·C·i (C copies interleaved, see hc_e8_prefix). The word's 8 doubled coordinates go to v.
+template <int L, int G, int C, bool TAIL>
+__device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
+    uint32_t base = 0, par = 0, e0 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (i % G == 0) hc_ep_refill<TAIL>(s, on, below);
+        const uint32_t idx = s.hi >> (32 - L);
+        uint32_t e = hc_ep_lds(tab, 4 * C * (base + idx));
+        if (TAIL) e = on ? e : 0u;
+        hc_ep_consume(s, e);
+        if (i == 0) {
+            e0 = e;
+            base = (((e >> 5) & 1u) + 1u) << L;
+        } else {
+            v[i - 1] = __uint_as_float(e & ~63u);
+            par ^= e;
+        }
+    }
+    v[7] = __uint_as_float(e0 & ~63u) + ((par & 32u) ? 2.f : 0.f);
+}
+
+// One E8 word in pairs (`_e8prefix.PairModel`): the first symbol (8-bit codes), the pairs
+// (s₀, s₁), (s₂, s₃), (s₄, s₅) (LP-bit codes, 8-byte entries: the first coordinate with the
+// length and the pair's parity, the second exact), s₆ (8-bit codes under the coset); refills
+// before the first symbol (8 + LP ≤ 32 bits follow) and before the second pair (2·LP + 8 ≤ 32).
+template <int LP, bool TAIL>
+__device__ __forceinline__ void hc_ep_word_pairs(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
+    hc_ep_refill<TAIL>(s, on, below);
+    uint32_t e0 = hc_ep_lds(tab, 4 * (s.hi >> 24));
+    if (TAIL) e0 = on ? e0 : 0u;
+    hc_ep_consume(s, e0);
+    const uint32_t c = (e0 >> 5) & 1u;
+    const uint32_t pb = 4u * (768u + (c << (LP + 1)));
+    const uint32_t lb = 4u * (256u + (c << 8));
+    uint32_t par = 0;
+#pragma unroll
+    for (int k = 0; k < 3; k++) {
+        if (k == 1) hc_ep_refill<TAIL>(s, on, below);
+        uint32_t ea, eb;
+        hc_ep_lds2(tab, pb + 8u * (s.hi >> (32 - LP)), ea, eb);
+        if (TAIL) ea = on ? ea : 0u;
+        hc_ep_consume(s, ea);
+        v[2 * k] = __uint_as_float(ea & ~63u);
+        v[2 * k + 1] = __uint_as_float(eb);
+        par ^= ea;
+    }
+    uint32_t e6 = hc_ep_lds(tab, lb + 4 * (s.hi >> 24));
+    if (TAIL) e6 = on ? e6 : 0u;
+    hc_ep_consume(s, e6);
+    v[6] = __uint_as_float(e6 & ~63u);
+    par ^= e6;
+    v[7] = __uint_as_float(e0 & ~63u) + ((par & 32u) ? 2.f : 0.f);
+}
+
+// One word of any variant: its values into v.
+template <int L, int G, int LP, int C, bool TAIL>
+__device__ __forceinline__ void hc_ep_values(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
+    if constexpr (LP > 0) {
+        hc_ep_word_pairs<LP, TAIL>(s, tab, v, on, below);
+    } else {
+        hc_ep_word<L, G, C, TAIL>(s, tab, v, on, below);
+    }
+}
+
+template <int L, int G, int LP, int C, bool TAIL>
+__device__ __forceinline__ void hc_ep_dot(Lane& s, HcSmem tab, const float (&x)[8], float& acc, bool on,
+                                          unsigned below) {
+    float v[8];
+    hc_ep_values<L, G, LP, C, TAIL>(s, tab, v, on, below);
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc = fmaf(v[i], x[i], acc);
+}
+
+__device__ __forceinline__ void hc_ep_x(const float* xr, int w, bool on, float (&x)[8]) {
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 p = on ? __ldg(reinterpret_cast<const float4*>(xr) + 2 * w) : z;
+    const float4 q = on ? __ldg(reinterpret_cast<const float4*>(xr) + 2 * w + 1) : z;
+    x[0] = p.x, x[1] = p.y, x[2] = p.z, x[3] = p.w, x[4] = q.x, x[5] = q.y, x[6] = q.z, x[7] = q.w;
+}
+
+// The tables into shared memory, C interleaved copies (entry i of copy j at C·i + j). C = 1:
+// 16-byte loads, four in flight a thread (entries is a multiple of 4, the table 16-byte
+// aligned). C > 1: consecutive threads write consecutive words (no bank conflict), reading one
+// entry a C-thread group (a broadcast), four loads in flight.
+template <int C>
+__device__ __forceinline__ void hc_ep_fill(const uint32_t* table, int entries) {
+    uint32_t* tab = hc_ep_tables();
+    const int step = blockDim.x;
+    if (C == 1) {
+        const uint4* t4 = reinterpret_cast<const uint4*>(table);
+        uint4* d4 = reinterpret_cast<uint4*>(tab);
+        const int n4 = entries >> 2;
+        for (int i = threadIdx.x; i < n4; i += 4 * step) {
+            uint4 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[k] = i + k * step < n4 ? __ldg(t4 + i + k * step) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (i + k * step < n4) d4[i + k * step] = v[k];
+        }
+    } else {
+        const int n = entries * C;
+        for (int i = threadIdx.x; i < n; i += 4 * step) {
+            uint32_t v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[k] = i + k * step < n ? __ldg(table + (i + k * step) / C) : 0u;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (i + k * step < n) tab[i + k * step] = v[k];
+        }
+    }
+}
+
+// Every kernel's start: the tables into shared memory, then this lane's copy of them.
+template <int L, int LP, int C>
+__device__ __forceinline__ HcSmem hc_ep_setup(const E8PrefixArgs& a) {
+    constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
+    hc_ep_fill<C>(a.table, entries);
+    __syncthreads();
+    return hc_ep_smem(hc_ep_tables() + (LP ? 0 : (threadIdx.x & 31) % C));
+}
+
+// L, G: singles of at most L bits, refills every G symbols; LP > 0: pairs of at most LP bits.
+// C: copies of the singles' tables, interleaved (entry i of copy j at u32 C·i + j), lane l
+// reading copy l mod C: random lookups from a warp then meet bank conflicts of at most 32 / C
+// lanes (C = 32: none), where one copy averages 3.5 wavefronts a lookup.
+template <int L, int G, int LP, int C = 1>
+__device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
+    const HcSmem tabs = hc_ep_setup<L, LP, C>(a);
+    const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const unsigned below = (1u << lane) - 1u;
+    const int wpr = a.cols >> 3, full_steps = wpr >> 5;
+    const int warps = blockDim.x >> 5;
+    for (int c = blockIdx.x * warps + (threadIdx.x >> 5); c < a.chunks; c += gridDim.x * warps) {
+        const long long start = min((long long)a.index[c], a.nwords);
+        const long long stop = min((long long)a.index[c + 1], a.nwords);
+        Lane s;
+        hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
+        const int r0 = c * a.rows_per_chunk, r1 = min(r0 + a.rows_per_chunk, a.rows);
+        for (int row = r0; row < r1; row++) {
+            float acc = 0.f, x[8];
+            const float* xp = a.xr + 8 * lane;
+            for (int st = full_steps; st > 0; st--, xp += 256) {
+                hc_ep_x(xp, 0, true, x);
+                hc_ep_dot<L, G, LP, C, false>(s, tabs, x, acc, true, below);
+            }
+            if (wpr & 31) {
+                const int w = (full_steps << 5) + lane;
+                hc_ep_x(a.xr, w, w < wpr, x);
+                hc_ep_dot<L, G, LP, C, true>(s, tabs, x, acc, w < wpr, below);
+            }
+            const float t = hc_ep_warp_sum(acc);
+            if (lane == 0) a.y[row] = 0.5f * a.row_scales[row] * t + (a.bias ? a.bias[row] : 0.f);
+        }
+    }
+    hc_ep_wait0();  // no copy outlives the block
+}
+
+// ---------------------------------------------------------------------------------------
+// The rows8 layout (`_e8prefix.Rows8Layout`): a block of gpb × `segments` warps (at most 16)
+// takes gpb groups of 8 rows, warp w group w / segments and that row's segment w % segments of
+// 32-column blocks (chunk group · segments + segment). Lane 4n + q decodes word q of each block
+// of row n (columns 8q … 8q + 7 of the block) and reads the activations of the same 8 columns:
+// f32 for the GEMV (MMA false: FFMA, the 4 lanes of a row summed by two shuffles), f16 M × cols
+// for the tensor cores (MMA true, batches up to 16). For mma.m16n8k16 the lane's values 0–3 are
+// its B-fragment slots k = 2q, 2q + 1, 2q + 8, 2q + 9 of k-tile 0 (values 4–7: k-tile 1), column
+// n, and the activations of rows n and n + 8 at those columns (two 16-byte loads) its A-fragment
+// slots of the same k: every lane of group q maps those k to the same 4 columns, so the mma sums
+// the block's 32 products in another order and nothing is permuted. The segments' sums meet in
+// the warps' rings and are added in warp order (deterministic). Needs cols % 32 == 0, and M ≤ 16
+// with doubled coordinates of at most 2048 in magnitude for the tensor cores (f16 holds them
+// exactly).
+//
+// One warp's segment of a group in the rows8 layout: nb blocks from block b0 (see below).
+template <int L, int G, int LP, int C, bool MMA, bool TAIL>
+__device__ __forceinline__ void hc_ep_r8_span(Lane& s, HcSmem tabs, const E8PrefixArgs& a, int b0, int nb, bool on,
+                                              unsigned below, float (&acc)[4]) {
+    const int lane = threadIdx.x & 31, n = lane >> 2, q = lane & 3;
+    float v[8];
+    if (!MMA) {
+        const float* xp = a.xr + 32 * b0 + 8 * q;
+        for (int j = 0; j < nb; j++, xp += 32) {
+            float x[8];
+            hc_ep_x(xp, 0, true, x);
+            hc_ep_values<L, G, LP, C, TAIL>(s, tabs, v, on, below);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[0] = fmaf(v[i], x[i], acc[0]);
+        }
+    } else {
+        const __half* x16 = reinterpret_cast<const __half*>(a.xr);
+        const bool m0 = n < a.M, m1 = n + 8 < a.M;
+        const __half* xa = x16 + (long long)n * a.cols + 32 * b0 + 8 * q;
+        const __half* xb = xa + 8ll * a.cols;
+        for (int j = 0; j < nb; j++, xa += 32, xb += 32) {
+            const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+            const uint4 ra = m0 ? hc_ep_ldg16(xa) : z, rb = m1 ? hc_ep_ldg16(xb) : z;
+            hc_ep_values<L, G, LP, C, TAIL>(s, tabs, v, on, below);
+            const uint32_t fa[4] = {ra.x, rb.x, ra.y, rb.y}, fb[4] = {ra.z, rb.z, ra.w, rb.w};
+            hc_ep_mma(acc, fa, hc_ep_h2(v[0], v[1]), hc_ep_h2(v[2], v[3]));
+            hc_ep_mma(acc, fb, hc_ep_h2(v[4], v[5]), hc_ep_h2(v[6], v[7]));
+        }
+    }
+}
+
+template <int L, int G, int LP, int C, bool MMA>
+__device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
+    const HcSmem tabs = hc_ep_setup<L, LP, C>(a);
+    const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, q = lane & 3;
+    const unsigned below = (1u << lane) - 1u;
+    const int groups = (a.rows + 7) >> 3, blocks = a.cols >> 5;
+    // A block holds gpb row groups, `segments` warps each: warp w takes group base + w / segments
+    // and its segment w % segments. Every warp runs every trip (the barriers), idle past the end.
+    const int gpb = (blockDim.x >> 5) / a.segments, wg = warp / a.segments, seg = warp % a.segments;
+    for (int base = blockIdx.x * gpb; base < groups; base += gridDim.x * gpb) {
+        const int g = base + wg;
+        if (wg < gpb && g < groups) {
+            const int c = g * a.segments + seg;
+            const long long start = min((long long)a.index[c], a.nwords);
+            const long long stop = min((long long)a.index[c + 1], a.nwords);
+            Lane s;
+            hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
+            const int b0 = seg * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
+            const bool on = g * 8 + n < a.rows, full = g * 8 + 8 <= a.rows;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            if (full) {
+                hc_ep_r8_span<L, G, LP, C, MMA, false>(s, tabs, a, b0, nb, true, below, acc);
+            } else {
+                hc_ep_r8_span<L, G, LP, C, MMA, true>(s, tabs, a, b0, nb, on, below, acc);
+            }
+            // The warp's sums go to its own ring (its copies have all landed): [activation row][row
+            // of the group], 128 floats at most.
+            hc_ep_wait0();
+            __syncwarp();
+            float* red = reinterpret_cast<float*>(hc_ep_dyn + HC_EP_RING * warp);
+            if (!MMA) {
+                acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
+                acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
+                if (q == 0) red[n] = acc[0];
+            } else {
+                // c0, c1: activation row n, rows 2q, 2q + 1 of the group; c2, c3: activation row n + 8.
+                red[8 * n + 2 * q] = acc[0];
+                red[8 * n + 2 * q + 1] = acc[1];
+                red[8 * (n + 8) + 2 * q] = acc[2];
+                red[8 * (n + 8) + 2 * q + 1] = acc[3];
+            }
+        }
+        __syncthreads();
+        const int M = MMA ? min(a.M, 16) : 1;
+        for (int i = threadIdx.x; i < gpb * 8 * M; i += blockDim.x) {
+            const int gl = i / (8 * M), m = (i >> 3) % M, r = (base + gl) * 8 + (i & 7);
+            if (r >= a.rows) continue;
+            float t = 0.f;
+            for (int w = 0; w < a.segments; w++)
+                t += reinterpret_cast<const float*>(hc_ep_dyn + HC_EP_RING * (gl * a.segments + w))[8 * m + (i & 7)];
+            a.y[(long long)m * a.rows + r] = 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f);
+        }
+        __syncthreads();
+    }
+}
+
+// Decode for batches above 16 (a GEMM then takes the weights): chunk c of the rows8 layout by
+// warp, grid-striding; lane 4n + q writes each of its words scaled (rows × cols at a.y) as bf16
+// (OUT 0) or f16 (OUT 1), one 16-byte store a word, or f32 (OUT 2), two. No shared sums: any
+// number of warps a block.
+template <int L, int G, int LP, int C, int OUT = 0>
+__device__ __forceinline__ void hc_e8_prefix_r8_decode(const E8PrefixArgs& a) {
+    const HcSmem tabs = hc_ep_setup<L, LP, C>(a);
+    const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31, n = lane >> 2, q = lane & 3;
+    const unsigned below = (1u << lane) - 1u;
+    const int warps = blockDim.x >> 5, blocks = a.cols >> 5;
+    constexpr int P = OUT == 2 ? 2 : 1;  // 16-byte pieces a word
+    uint4* out = reinterpret_cast<uint4*>(a.y);  // P pieces a word: P · cols / 8 a row
+    for (int c = blockIdx.x * warps + (threadIdx.x >> 5); c < a.chunks; c += gridDim.x * warps) {
+        const int g = c / a.segments, seg = c % a.segments;
+        const long long start = min((long long)a.index[c], a.nwords);
+        const long long stop = min((long long)a.index[c + 1], a.nwords);
+        Lane s;
+        hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
+        const int b0 = seg * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
+        const int r = g * 8 + n;
+        const bool on = r < a.rows, full = g * 8 + 8 <= a.rows;
+        const float sc = on ? 0.5f * a.row_scales[r] : 0.f;
+        uint4* o = out + P * ((long long)min(r, a.rows - 1) * (a.cols >> 3) + 4 * b0 + q);
+        float v[8];
+        for (int j = 0; j < nb; j++, o += 4 * P) {
+            if (full) {
+                hc_ep_values<L, G, LP, C, false>(s, tabs, v, true, below);
+            } else {
+                hc_ep_values<L, G, LP, C, true>(s, tabs, v, on, below);
+            }
+            if (!on) continue;
+            if (OUT == 2) {
+                float4* f = reinterpret_cast<float4*>(o);
+                f[0] = make_float4(sc * v[0], sc * v[1], sc * v[2], sc * v[3]);
+                f[1] = make_float4(sc * v[4], sc * v[5], sc * v[6], sc * v[7]);
+            } else if (OUT == 1) {
+                *o = make_uint4(hc_ep_h2(sc * v[0], sc * v[1]), hc_ep_h2(sc * v[2], sc * v[3]),
+                                hc_ep_h2(sc * v[4], sc * v[5]), hc_ep_h2(sc * v[6], sc * v[7]));
+            } else {
+                *o = make_uint4(hc_ep_bf2(sc * v[0], sc * v[1]), hc_ep_bf2(sc * v[2], sc * v[3]),
+                                hc_ep_bf2(sc * v[4], sc * v[5]), hc_ep_bf2(sc * v[6], sc * v[7]));
+            }
+        }
+    }
+    hc_ep_wait0();
+}
+

@@ -1,0 +1,141 @@
+"""The committed CUDA kernels of prefix-coded E8 (kernels/e8_prefix.cu) run on the CPU: their own
+source built with g++ under kernels/prototypes/host_simt.h (one thread a lane; votes, shuffles
+and mma.sync through barriers), fed the device form the wheel builds from the Rust encoder's
+streams (`Linear.device_form()`), and checked against the stored weight in the rotated domain
+(`Linear.int8_weight()`: the doubled E8 points and their row scales). Skips, with the reason,
+where g++ is missing."""
+
+import ctypes as C
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import hypercodec
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SOURCE = ROOT / "kernels" / "prototypes" / "e8_prefix_format_host.cpp"
+# The host runs lanes as threads: the sums differ from float64 by f32 rounding only.
+Y_RTOL = 2e-5
+# The tensor cores take f16 activations (the doubled points are f16-exact).
+MMA_RTOL = 1e-5
+# Host "SMs": the launch shapes follow hypercodec_kernels_cuda (whole row groups a block).
+SMS = 4
+
+
+class Args(C.Structure):
+    """`E8PrefixArgs` of kernels/e8_prefix.cuh (96 bytes, as `hypercodec_kernels_cuda`'s)."""
+
+    _fields_ = [("words", C.c_void_p), ("index", C.c_void_p), ("table", C.c_void_p), ("row_scales", C.c_void_p),
+                ("xr", C.c_void_p), ("y", C.c_void_p), ("bias", C.c_void_p), ("nwords", C.c_longlong),
+                ("rows", C.c_int), ("cols", C.c_int), ("rows_per_chunk", C.c_int), ("chunks", C.c_int),
+                ("segments", C.c_int), ("seg_blocks", C.c_int), ("M", C.c_int)]
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("no g++: the kernels' source was not run on the host")
+    out = tmp_path_factory.mktemp("e8p") / "e8p_format.so"
+    subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-I", str(ROOT / "kernels"),
+                    "-I", str(ROOT / "kernels" / "prototypes"), "-x", "c++", "-o", str(out), str(SOURCE)],
+                   check=True)
+    so = C.CDLL(str(out))
+    so.hc_e8p_host_launch.argtypes = [C.c_char_p, C.c_void_p, C.c_int, C.c_int]
+    return so
+
+
+def _form(f):
+    return {(8, 0): "l8", (10, 0): "l10", (12, 0): "l12", (8, 11): "p11", (8, 12): "p12"}[(f["limit"], f["pair_limit"])]
+
+
+def _launch(lib, kind, f, rows, xr, y, m, keep):
+    """One launch shaped as `Kernels::e8_prefix_gemv` / `e8_prefix_decode` shape it."""
+    cols = 8 * f["words"]
+    blocks = cols // 32
+    segs = -(-blocks // f["segment"])
+    groups = -(-rows // 8)
+    chunks = groups * segs
+    payload = np.ascontiguousarray(f["payload"]).view(np.uint32)
+    starts = np.ascontiguousarray(f["starts"], np.uint32)
+    table = np.ascontiguousarray(f["table"], np.uint32)
+    scales = np.ascontiguousarray(f["row_scales"], np.float32)
+    keep += [payload, starts, table, scales]
+    ptr = lambda a: a.ctypes.data if a is not None and a.size else None  # noqa: E731
+    a = Args(ptr(payload), ptr(starts), ptr(table), ptr(scales), ptr(xr), ptr(y), None, len(payload), rows, cols, 8,
+             chunks, segs, f["segment"], m)
+    if kind.startswith("decode"):
+        warps = min(max(chunks // SMS, 1), 16)
+        grid = min(-(-chunks // warps), 2 * SMS)
+    else:
+        gpb = max(1, min(16 // segs, groups // SMS))
+        warps, grid = segs * gpb, min(-(-groups // gpb), 2 * SMS)
+    assert lib.hc_e8p_host_launch(f"hc_e8p_{kind}_{_form(f)}".encode(), C.addressof(a), warps, grid) == 0
+
+
+# Specs of every compiled form; shapes with a partial row group, one or several segments a row
+# (6176 columns: 4 segments, the last one block), a short row (96 columns: 3 blocks).
+CASES = [("e8@4-prefix", 40, 1024), ("e8@3-prefix8", 13, 2080), ("e8@4-prefix10", 41, 96),
+         ("e8@4-prefix12", 16, 256), ("e8@3-prefix8p11", 3, 6176), ("e8@2-prefix", 63, 512)]
+
+
+@pytest.mark.parametrize("spec, rows, cols", CASES)
+def test_the_kernels_source_computes_the_stored_weight(lib, spec, rows, cols):
+    rng = np.random.default_rng(rows * cols)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    op = hypercodec.Linear.quantize(w, spec)
+    f = op.device_form()
+    assert f is not None and f["kind"] == "e8prefix", f
+    ref = op.int8_weight()
+    wr = ref["values"].astype(np.float64) * ref["scales"].astype(np.float64)[:, None]  # rows × cols, rotated
+    keep = []
+    # The GEMV (one f32 row) and the tensor cores (f16 rows, 2 to 16).
+    for m in (1, 5, 16):
+        if m == 1:
+            x = rng.standard_normal((1, cols)).astype(np.float32)
+            xk, kind, tol = x, "gemv", Y_RTOL
+        else:
+            x = rng.standard_normal((m, cols)).astype(np.float16).astype(np.float32)
+            xk, kind, tol = x.astype(np.float16), "mma", MMA_RTOL
+        y = np.full((m, rows), np.nan, np.float32)
+        _launch(lib, kind, f, rows, xk, y, m, keep)
+        want = x.astype(np.float64) @ wr.T
+        err = np.abs(y - want).max() / max(np.abs(want).max(), 1e-30)
+        assert err <= tol, (spec, kind, m, err)
+    # The decoders: the scaled weight, rounded as the kernels round it.
+    # `int8_weight` holds E8's doubled points; the kernels scale them by ½·σ/α in f32.
+    sc = (np.float32(0.5) * np.asarray(f["row_scales"], np.float32))[:, None]
+    exact = sc * ref["values"].astype(np.float32)
+    for kind, dt in (("decode_f32", np.float32), ("decode_f16", np.float16)):
+        out = np.full((rows, cols), np.nan, dt)
+        _launch(lib, kind, f, rows, None, out, 0, keep)
+        assert np.array_equal(out, exact.astype(dt)), (spec, kind)
+    out = np.zeros((rows, cols), np.uint16)
+    _launch(lib, "decode_bf16", f, rows, None, out, 0, keep)
+    u = exact.view(np.uint32).astype(np.uint64)
+    bf16 = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+    assert np.array_equal(out, bf16), spec
+
+
+def test_corrupt_words_stay_in_bounds(lib):
+    """Random words, a payload cut short and chunk offsets past its end decode to wrong values,
+    never outside the buffers (the offsets are clamped, reads past a chunk's end give 0)."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 512)).astype(np.float32)
+    f = dict(hypercodec.Linear.quantize(w, "e8@4-prefix").device_form())
+    keep = []
+    payload = np.ascontiguousarray(f["payload"]).view(np.uint32)
+    for bad in ("random", "short", "offsets"):
+        g = dict(f)
+        if bad == "random":
+            g["payload"] = rng.integers(0, 2**32, len(payload), dtype=np.uint64).astype(np.uint32).view(np.uint8)
+        elif bad == "short":
+            g["payload"] = payload[: len(payload) // 2].view(np.uint8)
+            g["starts"] = np.minimum(np.asarray(f["starts"]), len(payload) // 2).astype(np.uint32)
+        else:
+            g["starts"] = np.asarray(f["starts"], np.uint32) + np.uint32(1 << 20)
+        y = np.zeros((1, 16), np.float32)
+        _launch(lib, "gemv", g, 16, rng.standard_normal((1, 512)).astype(np.float32), y, 1, keep)
+        assert np.isfinite(y).all(), bad
