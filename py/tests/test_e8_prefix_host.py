@@ -51,8 +51,9 @@ def _form(f):
     return {(8, 0): "l8", (10, 0): "l10", (12, 0): "l12", (8, 11): "p11", (8, 12): "p12"}[(f["limit"], f["pair_limit"])]
 
 
-def _launch(lib, kind, f, rows, xr, y, m, keep):
-    """One launch shaped as `Kernels::e8_prefix_gemv` / `e8_prefix_decode` shape it."""
+def _launch(lib, kind, f, rows, xr, y, m, keep, bias=None, max_grid=2 * SMS):
+    """One launch shaped as `Kernels::e8_prefix_gemv` / `e8_prefix_decode` shape it (their grid
+    is capped by the blocks resident at once: `max_grid` here; 1 makes every block stride)."""
     cols = 8 * f["words"]
     blocks = cols // 32
     segs = -(-blocks // f["segment"])
@@ -64,14 +65,14 @@ def _launch(lib, kind, f, rows, xr, y, m, keep):
     scales = np.ascontiguousarray(f["row_scales"], np.float32)
     keep += [payload, starts, table, scales]
     ptr = lambda a: a.ctypes.data if a is not None and a.size else None  # noqa: E731
-    a = Args(ptr(payload), ptr(starts), ptr(table), ptr(scales), ptr(xr), ptr(y), None, len(payload), rows, cols, 8,
-             chunks, segs, f["segment"], m)
+    a = Args(ptr(payload), ptr(starts), ptr(table), ptr(scales), ptr(xr), ptr(y), ptr(bias), len(payload), rows,
+             cols, 8, chunks, segs, min(f["segment"], blocks), m)
     if kind.startswith("decode"):
         warps = min(max(chunks // SMS, 1), 16)
-        grid = min(-(-chunks // warps), 2 * SMS)
+        grid = min(-(-chunks // warps), max_grid)
     else:
         gpb = max(1, min(16 // segs, groups // SMS))
-        warps, grid = segs * gpb, min(-(-groups // gpb), 2 * SMS)
+        warps, grid = segs * gpb, min(-(-groups // gpb), max_grid)
     assert lib.hc_e8p_host_launch(f"hc_e8p_{kind}_{_form(f)}".encode(), C.addressof(a), warps, grid) == 0
 
 
@@ -91,8 +92,10 @@ def test_the_kernels_source_computes_the_stored_weight(lib, spec, rows, cols):
     ref = op.int8_weight()
     wr = ref["values"].astype(np.float64) * ref["scales"].astype(np.float64)[:, None]  # rows × cols, rotated
     keep = []
-    # The GEMV (one f32 row) and the tensor cores (f16 rows, 2 to 16).
-    for m in (1, 5, 16):
+    bias = rng.standard_normal(rows).astype(np.float32)
+    # The GEMV (one f32 row) and the tensor cores (f16 rows, 2 to 16), with a bias, on the
+    # launch's grid and on one block that strides over every row group.
+    for m, max_grid in ((1, 2 * SMS), (5, 2 * SMS), (16, 2 * SMS), (1, 1), (7, 1)):
         if m == 1:
             x = rng.standard_normal((1, cols)).astype(np.float32)
             xk, kind, tol = x, "gemv", Y_RTOL
@@ -100,18 +103,19 @@ def test_the_kernels_source_computes_the_stored_weight(lib, spec, rows, cols):
             x = rng.standard_normal((m, cols)).astype(np.float16).astype(np.float32)
             xk, kind, tol = x.astype(np.float16), "mma", MMA_RTOL
         y = np.full((m, rows), np.nan, np.float32)
-        _launch(lib, kind, f, rows, xk, y, m, keep)
-        want = x.astype(np.float64) @ wr.T
+        _launch(lib, kind, f, rows, xk, y, m, keep, bias, max_grid)
+        want = x.astype(np.float64) @ wr.T + bias
         err = np.abs(y - want).max() / max(np.abs(want).max(), 1e-30)
-        assert err <= tol, (spec, kind, m, err)
+        assert err <= tol, (spec, kind, m, max_grid, err)
     # The decoders: the scaled weight, rounded as the kernels round it.
     # `int8_weight` holds E8's doubled points; the kernels scale them by ½·σ/α in f32.
     sc = (np.float32(0.5) * np.asarray(f["row_scales"], np.float32))[:, None]
     exact = sc * ref["values"].astype(np.float32)
-    for kind, dt in (("decode_f32", np.float32), ("decode_f16", np.float16)):
+    for kind, dt, max_grid in (("decode_f32", np.float32, 2 * SMS), ("decode_f16", np.float16, 2 * SMS),
+                               ("decode_f32", np.float32, 1)):
         out = np.full((rows, cols), np.nan, dt)
-        _launch(lib, kind, f, rows, None, out, 0, keep)
-        assert np.array_equal(out, exact.astype(dt)), (spec, kind)
+        _launch(lib, kind, f, rows, None, out, 0, keep, max_grid=max_grid)
+        assert np.array_equal(out, exact.astype(dt)), (spec, kind, max_grid)
     out = np.zeros((rows, cols), np.uint16)
     _launch(lib, "decode_bf16", f, rows, None, out, 0, keep)
     u = exact.view(np.uint32).astype(np.uint64)

@@ -429,7 +429,14 @@ pub fn encode_to_rate(
         let sample_shape = [(sample.len() / cols) as u64, cols as u64];
         let sn = sample.len().max(1) as f64;
         for _ in 0..8 {
-            let enc = encode(tensor, &sample, &sample_shape, &with_alpha(alpha), options)?;
+            let enc = match encode(tensor, &sample, &sample_shape, &with_alpha(alpha), options) {
+                // Symbols a coder without escapes cannot hold (prefix codes): too many bits.
+                Err(e) if unfit(&e) => {
+                    alpha *= UNFIT_STEP;
+                    continue;
+                }
+                r => r?,
+            };
             let gap = target_bps - enc.payload_bytes() as f64 * 8.0 / sn;
             if (0.0..0.002).contains(&gap) {
                 break;
@@ -444,8 +451,16 @@ pub fn encode_to_rate(
     let min_alpha = lat::calibration::table(lattice)[0][0];
     let mut floor_tried = false;
     let mut best: Option<(f32, EncodedTensor)> = None;
+    let mut unfit_error = None;
     for _ in 0..8 {
-        let enc = encode(tensor, values, shape, &with_alpha(alpha), options)?;
+        let enc = match encode(tensor, values, shape, &with_alpha(alpha), options) {
+            Err(e) if unfit(&e) => {
+                unfit_error = Some(e);
+                alpha *= UNFIT_STEP;
+                continue;
+            }
+            r => r?,
+        };
         let bps = enc.payload_bytes() as f64 * 8.0 / n;
         // Below the calibration's smallest α nearly every coordinate rounds to zero: such an
         // encoding meets any rate and carries nothing (0 dB), so it never counts as reached.
@@ -473,13 +488,36 @@ pub fn encode_to_rate(
             floor_tried = true;
         }
     }
-    match best {
-        Some((_, enc)) => Ok(enc),
-        None => Err(HwzError::RateUnreachable {
+    let short =
+        |enc: &EncodedTensor| enc.payload_bytes() as f64 * 8.0 / n < target_bps - UNFIT_SHORT_BPS;
+    match (best, unfit_error) {
+        // Symbols the coder cannot hold capped the rate well below the target (prefix codes at
+        // 5 bits and more): say so, and the pipeline takes rANS, which escapes them.
+        (Some((_, enc)), Some(e)) if short(&enc) => Err(e),
+        (Some((_, enc)), _) => Ok(enc),
+        // Every α tried gave symbols the coder cannot hold.
+        (None, Some(e)) => Err(e),
+        (None, None) => Err(HwzError::RateUnreachable {
             tensor: tensor.into(),
             target_bps,
         }),
     }
+}
+
+/// α's factor after a scale whose symbols the coder cannot hold.
+const UNFIT_STEP: f32 = 0.8;
+/// Bits a value below the target at which a rate capped by such symbols counts as missed.
+const UNFIT_SHORT_BPS: f64 = 0.1;
+
+/// Whether `e` is a coder's refusal of symbols beyond its tables (prefix codes have no escapes).
+fn unfit(e: &HwzError) -> bool {
+    matches!(
+        e,
+        HwzError::Coding {
+            source: hypercodec_rice::CodingError::Unrepresentable { .. },
+            ..
+        }
+    )
 }
 
 impl EncodedTensor {

@@ -1140,3 +1140,45 @@ fn trellis_seq16(l: u8, k: u8, tile: u32, seed: u64) -> Encoding {
     }
     e
 }
+
+/// Rate control with prefix codes, whose tables cap a coordinate's size: a rate they reach is
+/// met (α shrinks past the scales whose symbols they cannot hold); one they cannot reach within
+/// 0.1 bits is refused with the coder's typed error, for the pipeline's fallback to rANS.
+#[test]
+fn prefix_rate_control_meets_what_the_tables_hold_and_refuses_the_rest() {
+    let (rows, cols) = (64usize, 1024usize);
+    let x = gaussian(rows * cols, 9);
+    let shape = [rows as u64, cols as u64];
+    let template = Encoding::Lattice {
+        lattice: Lattice::E8,
+        alpha: 1.0,
+        tile: 1024,
+        seed: 3,
+        scale_dtype: FloatDtype::F16,
+        coding: Coding::PREFIX_GPU.with_chunk(1 << 14),
+    };
+    let opts = EncodeOptions::default();
+    for target in [3.0, 4.5] {
+        let t = encode_to_rate("w", &x, &shape, &template, target, opts).unwrap();
+        let bps = t.payload_bytes() as f64 * 8.0 / x.len() as f64;
+        assert!(bps <= target && bps > target - 0.1, "{target}: {bps}");
+        assert!(matches!(
+            t.encoding,
+            Encoding::Lattice {
+                coding: Coding::Prefix { .. },
+                ..
+            }
+        ));
+    }
+    let err = encode_to_rate("w", &x, &shape, &template, 6.0, opts).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            HwzError::Coding {
+                source: crate::CodingError::Unrepresentable { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

@@ -642,7 +642,8 @@ impl E8PrefixArgs {
             rows_per_chunk: 8,
             chunks: a.chunks() as i32,
             segments: a.segments() as i32,
-            seg_blocks: a.segment as i32,
+            // A segment past the row is the row (one segment).
+            seg_blocks: a.segment.min(a.cols / 32) as i32,
             m: a.batch as i32,
         }
     }

@@ -494,6 +494,7 @@ impl E8PrefixGemv {
         if self.rows > i32::MAX as usize
             || self.segment == 0
             || self.segments() > 16
+            || self.chunks() > i32::MAX as usize
             || self.payload_words > i64::MAX as usize
         {
             return bad(format!(

@@ -293,8 +293,11 @@ pub fn compress(
             unreachable!("every route is handled above")
         };
         if let Some(why) = unfit {
-            let e = encoded.encoding.label();
-            fallbacks.push((t.name.clone(), format!("{e} (prefix codes: {why})")));
+            // One line per tensor: a later fallback (the rate's) already says what it became.
+            if !fallbacks.iter().any(|(name, _)| name == &t.name) {
+                let e = encoded.encoding.label();
+                fallbacks.push((t.name.clone(), format!("{e} ({why})")));
+            }
         }
         let mut one = match measured {
             Some(s) => ErrorAcc::from(s),

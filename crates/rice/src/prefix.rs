@@ -115,7 +115,10 @@ impl PrefixParams {
     pub fn segment_for(words: usize, symbols: usize) -> usize {
         let blocks = words.div_ceil(BLOCK_WORDS).max(1);
         let per_chunk = (symbols / (GROUP_ROWS * BLOCK_WORDS * WORD)).max(1);
-        per_chunk.max(blocks.div_ceil(16)).min(blocks)
+        per_chunk
+            .max(blocks.div_ceil(16))
+            .min(blocks)
+            .min(MAX_SEGMENT)
     }
 
     /// The units of a word: (first symbol, symbols, table under coset 0, under coset 1).
@@ -608,6 +611,12 @@ impl BitString {
 pub fn encode_chunk(symbols: &[u32], layout: &Layout, model: &Model, c: usize) -> Result<Vec<u32>> {
     let p = &model.params;
     check_layout(symbols.len(), layout, p)?;
+    if c >= layout.chunks() {
+        return Err(CodingError::Invalid {
+            what: "prefix chunk index",
+            value: c as u64,
+        });
+    }
     let units = p.units();
     let mut lanes: Vec<BitString> = (0..WARP).map(|_| BitString::default()).collect();
     let mut unread = [0u32; WARP];
@@ -744,9 +753,25 @@ pub struct Decoder<'a> {
     /// `chunks + 1` word offsets (checked: they never decrease and end at the payload's end).
     starts: Vec<u32>,
     payload: Cow<'a, [u8]>,
-    slots: Vec<Vec<(u32, u8)>>,
+    /// Every table's slots end to end, each `len | a << 8` (singles) or `len | a << 8 | b << 16`
+    /// (pairs), 0 where no code leads.
+    flat: Vec<u32>,
+    /// The units of a word.
+    units: Vec<Unit>,
+    /// The units between consecutive refill checks: `units[a..b]`.
+    groups: Vec<(usize, usize)>,
     /// Bytes of the model and index streams.
     side_bytes: u64,
+}
+
+/// A decode unit: its first symbol, whether it is a pair, its code limit, and the offsets of
+/// its table in [`Decoder::flat`] under coset 0 and 1.
+#[derive(Debug, Clone, Copy)]
+struct Unit {
+    first: usize,
+    pair: bool,
+    limit: u32,
+    off: [usize; 2],
 }
 
 impl<'a> Decoder<'a> {
@@ -760,6 +785,23 @@ impl<'a> Decoder<'a> {
     ) -> Result<Decoder<'a>> {
         let model_len = model.len();
         let model = Model::from_bytes(model, params)?;
+        if layout.segment != params.segment {
+            return Err(CodingError::Invalid {
+                what: "prefix layout segment (differs from the parameters')",
+                value: layout.segment as u64,
+            });
+        }
+        if layout
+            .rows
+            .checked_mul(layout.words)
+            .and_then(|w| w.checked_mul(WORD))
+            .is_none()
+        {
+            return Err(CodingError::Invalid {
+                what: "prefix matrix size (rows × words overflows)",
+                value: layout.rows as u64,
+            });
+        }
         let chunks = layout.chunks();
         if index.len() as u64 != chunks as u64 * 4 {
             return Err(CodingError::Length {
@@ -795,14 +837,41 @@ impl<'a> Decoder<'a> {
             });
         }
         starts.push(total as u32);
-        let slots = model.slots();
+        let (mut flat, mut offsets) = (Vec::new(), Vec::new());
+        for (t, slots) in model.slots().iter().enumerate() {
+            offsets.push(flat.len());
+            let pair = params.pairs() && t >= 3;
+            flat.extend(slots.iter().map(|&(sym, n)| match (n, pair) {
+                (0, _) => 0,
+                (n, false) => n as u32 | sym << 8,
+                (n, true) => n as u32 | (sym / model.base) << 8 | (sym % model.base) << 16,
+            }));
+        }
+        let units: Vec<Unit> = params
+            .units()
+            .iter()
+            .map(|&(first, width, t0, t1)| Unit {
+                first,
+                pair: width == 2,
+                limit: params.table_limit(t0) as u32,
+                off: [offsets[t0], offsets[t1]],
+            })
+            .collect();
+        let checks: Vec<usize> = (0..units.len()).filter(|&u| params.check(u)).collect();
+        let groups = checks
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| (a, checks.get(i + 1).copied().unwrap_or(units.len())))
+            .collect();
         let side_bytes = (model_len + index.len()) as u64;
         Ok(Decoder {
             model,
             layout,
             starts,
             payload: Cow::Borrowed(payload),
-            slots,
+            flat,
+            units,
+            groups,
             side_bytes,
         })
     }
@@ -814,7 +883,9 @@ impl<'a> Decoder<'a> {
             model: self.model,
             layout: self.layout,
             starts: self.starts,
-            slots: self.slots,
+            flat: self.flat,
+            units: self.units,
+            groups: self.groups,
             side_bytes: self.side_bytes,
         }
     }
@@ -895,24 +966,22 @@ impl<'a> Decoder<'a> {
     }
 
     fn decode_chunk(&self, c: usize, first_row: usize, out: &mut [u32]) -> Result<()> {
-        let (l, p) = (&self.layout, &self.model.params);
-        let units = p.units();
+        let l = &self.layout;
         let words = self.words(c);
         let stored = words.len() / 4;
         let mut taken = 0usize;
         let mut buf = [0u64; WARP];
         let mut unread = [0u32; WARP];
-        let base = self.model.base;
+        let (g, seg) = (c / l.segments(), c % l.segments());
         for t in 0..l.steps(c) {
-            let mut u = 0;
-            while u < units.len() {
-                let end = (u + 1..units.len())
-                    .find(|&k| p.check(k))
-                    .unwrap_or(units.len());
+            let block = seg * l.segment + t;
+            for &(u0, u1) in &self.groups {
                 for lane in 0..WARP {
-                    let Some((row, word)) = l.word_at(c, lane, t) else {
+                    let row = g * GROUP_ROWS + lane / BLOCK_WORDS;
+                    let word = block * BLOCK_WORDS + lane % BLOCK_WORDS;
+                    if row >= l.rows || word >= l.words {
                         continue;
-                    };
+                    }
                     if unread[lane] < 32 {
                         let w = words
                             .get(taken * 4..taken * 4 + 4)
@@ -923,24 +992,26 @@ impl<'a> Decoder<'a> {
                     }
                     let at = ((row - first_row) * l.words + word) * WORD;
                     let w = &mut out[at..at + WORD];
-                    for &(first, width, t0, t1) in &units[u..end] {
-                        let table = if first == 0 || w[0] & 1 == 0 { t0 } else { t1 };
-                        let limit = p.table_limit(table);
-                        let (s, n) = self.slots[table][(buf[lane] >> (64 - limit)) as usize];
+                    let (mut b, mut r) = (buf[lane], unread[lane]);
+                    for u in &self.units[u0..u1] {
+                        // The first unit's tables are one: its coset index does not matter.
+                        let e =
+                            self.flat[u.off[(w[0] & 1) as usize] + (b >> (64 - u.limit)) as usize];
+                        let n = e & 0xFF;
                         if n == 0 {
                             return Err(CodingError::Corrupt { chunk: c });
                         }
-                        buf[lane] <<= n;
-                        unread[lane] -= n as u32;
-                        if width == 2 {
-                            w[first] = s / base;
-                            w[first + 1] = s % base;
+                        b <<= n;
+                        r -= n;
+                        if u.pair {
+                            w[u.first] = (e >> 8) & 0xFF;
+                            w[u.first + 1] = e >> 16;
                         } else {
-                            w[first] = s;
+                            w[u.first] = e >> 8;
                         }
                     }
+                    (buf[lane], unread[lane]) = (b, r);
                 }
-                u = end;
             }
         }
         // Words past those the lanes read must be zeros (a writer's padding).
