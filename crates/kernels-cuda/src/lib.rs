@@ -1,5 +1,5 @@
 //! hypercodec-kernels-cuda: the CUDA kernels of hypercodec — GEMV on the stored form of a
-//! weight (affine codes, fixed-rate and rANS-coded E8 words, bitshift-trellis bits), the
+//! weight (affine codes, fixed-rate, rANS- and prefix-coded E8 words, bitshift-trellis bits), the
 //! activation RHT, decoders to a dense weight for large batches, the KV cache's codec and
 //! attention, and the trellis encoder (the CPU's Viterbi search and bits) — built to PTX from
 //! `kernels/` by `cargo xtask ptx`, embedded with `include_str!` and launched through the CUDA
