@@ -167,16 +167,6 @@ proptest! {
             prop_assert!(roundtrip(&named, compression).is_err());
             return Ok(());
         }
-        // Prefix codes have no escapes: a symbol beyond their tables is a typed refusal.
-        if let Err(e) = encode("w", &values, &[rows, cols], &enc, EncodeOptions::default()) {
-            let unfit = matches!(
-                e,
-                hypercodec_hwz::HwzError::Coding { source: hypercodec_hwz::CodingError::Unrepresentable { .. }, .. }
-            );
-            prop_assert!(unfit && matches!(enc, Encoding::Lattice { coding: Coding::Prefix { .. }, .. }), "{}", e);
-            prop_assert!(roundtrip(&named, compression).is_err());
-            return Ok(());
-        }
         let (_, decoded) = roundtrip(&named, compression).unwrap();
         let t = encode("w", &values, &[rows, cols], &enc, EncodeOptions::default()).unwrap();
         let refs: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
