@@ -16,6 +16,8 @@
 #   kv       py/benches/cuda_kv.py: the compressed KV cache's decode step (2 layers; needs transformers)
 #   acts     py/benches/cuda_w8a8.py: quantized activations (FP8 E4M3 for int4, int4-row, z1-fixed4 and e8-fixed4,
 #            int8 W8A8 for int8-row) against weight-only and bf16 on 8192x8192 and 28672x8192, batches 16-1024
+#   prefix   py/benches/cuda_linear.py --skip-check: the format's prefix-coded E8 (e8@4-prefix) beside the rANS layer
+#            (e8@4-gpu), bf16 and torch's int4 on 4096x4096, 8192x8192 and 28672x8192, batches 1, 4, 16, 64, 256
 #   e8prefix py/benches/cuda_e8_prefix_prototype.py: the entropy-coded E8 prototype (WHEEL_DIR/e8p.cubin, which
 #            gpu-bundle builds) against bf16 and the committed rANS layer on 4096x4096 and 8192x8192, batches 1, 16, 256
 #
@@ -27,7 +29,7 @@
 # kernels do not load on it (saying why); 3 where the wheel cannot be installed or imported.
 set -u -o pipefail
 
-known="tests linear trellis e2e gemm encode kv acts e8prefix"
+known="tests linear trellis e2e gemm encode kv acts prefix e8prefix"
 is_step() { [[ " $known " == *" $1 "* ]]; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -105,6 +107,8 @@ for step in "${steps[@]}"; do
         kv) limit=150 cmd=("$py" py/benches/cuda_kv.py --layers 2 --context 1024) ;;
         acts) limit=260 cmd=("$py" py/benches/cuda_w8a8.py --sizes 8192x8192,28672x8192 --batches 16,64,256,1024
                              --specs int4:fp8,int4-row:fp8,z1-fixed4:fp8,e8-fixed4:fp8,int8-row:int8) ;;
+        prefix) limit=240 cmd=("$py" py/benches/cuda_linear.py --skip-check --sizes 4096x4096,8192x8192,28672x8192
+                               --batches 1,4,16,64,256 --specs e8@4-prefix,e8@4-gpu --iters 100 --out "$out/prefix.md") ;;
         e8prefix) limit=420 cmd=("$py" py/benches/cuda_e8_prefix_prototype.py "$wheels/e8p.cubin"
                                  --shapes 4096x4096,8192x8192 --batches 1,16,256) ;;
     esac

@@ -176,7 +176,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sizes", default="4096x4096,8192x8192,28672x8192")
-    ap.add_argument("--specs", default="int4,int8-row,e8-fixed4,e8-fixed2,tcq@2-l12,e8@4-prefix")
+    ap.add_argument("--specs", default="int4,int8-row,e8-fixed4,e8-fixed2,tcq@2-l12")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--batches", default="1,2,4,16,32,64,256", help="activation rows to time")
     ap.add_argument("--skip-check", action="store_true")
