@@ -1155,6 +1155,24 @@ def test_lattice_gpu_layers_store_warp_shaped_chunks_and_run_on_the_host():
     assert torch.allclose(m[0](x), x @ w0.T + b0, rtol=1e-4, atol=1e-5)
 
 
+def test_lattice_prefix_layers_store_eight_row_chunks_and_run_on_the_host():
+    """``lattice-prefix``: E8 in the prefix codes a CUDA warp decodes a word a lane; on the host
+    an entropy-coded layer like any other (within its rate, the same outputs as its decode)."""
+    assert hnn.method_spec("lattice-prefix", 3) == "e8@3-prefix"
+    torch.manual_seed(4)
+    m = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    x = torch.randn(4, 512)
+    hnn.quantize(m, bps=4, method="lattice-prefix")
+    for layer in (m[0], m[2]):
+        form = layer.op.device_form()
+        assert form["kind"] == "e8prefix" and (form["limit"], form["pair_limit"]) == (8, 12)
+        assert len(form["starts"]) == -(-layer.op.rows // 8) * -(-form["words"] // 4 // form["segment"]) + 1
+        assert layer.op.stored_bytes * 8 <= 4.0 * layer.op.rows * layer.op.cols
+    w0 = m[0].weight_dense().reshape(256, 512)
+    b0 = torch.from_numpy(np.asarray(m[0].op.bias, np.float32))
+    assert torch.allclose(m[0](x), x @ w0.T + b0, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("method", ["int4", "lattice", "bf16"])
 def test_a_layer_without_inputs_keeps_its_outputs(method):
     """``nn.Linear(0, 8)``: no weight values, 8 outputs, each its bias (it used to be refused

@@ -42,7 +42,9 @@ from . import _native
 def method_spec(method: str, bps: float) -> str:
     """The candidate name of ``method`` at ``bps`` bits per value: ``lattice`` → ``e8@{bps}``
     (E8 + rANS, all-in rate), ``lattice-gpu`` → ``e8@{bps}-gpu`` (rANS in chunks a CUDA warp
-    decodes inside the GEMV: the device holds the coded bytes), ``lattice-fixed`` → ``e8-fixed{bits}`` (fixed-rate E8, the fastest
+    decodes inside the GEMV: the device holds the coded bytes), ``lattice-prefix`` →
+    ``e8@{bps}-prefix`` (lane-interleaved prefix codes, the GPU's cheaper entropy decode; up to
+    about 4.6 bits, rANS beyond), ``lattice-fixed`` → ``e8-fixed{bits}`` (fixed-rate E8, the fastest
     form), ``affine`` → ``int{bits}`` (groups of 128), ``affine-row`` → ``int{bits}-row``,
     ``trellis`` → ``tcq@{bits}`` (bitshift trellis, L = 16), ``trellis-l12`` → ``tcq@{bits}-l12``
     (16× faster to encode, about 0.3 dB lower), ``trellis-lL`` → ``tcq@{bits}-lL`` (L = 8..16);
@@ -68,6 +70,7 @@ def method_spec(method: str, bps: float) -> str:
         "lattice": f"e8@{bps:g}",
         "lattice:tensor": f"e8@{bps:g}:tensor",
         "lattice-gpu": f"e8@{bps:g}-gpu",
+        "lattice-prefix": f"e8@{bps:g}-prefix",
         "lattice-d4": f"d4@{bps:g}",
         "lattice-a2": f"a2@{bps:g}",
         "lattice-z1": f"z1@{bps:g}",
