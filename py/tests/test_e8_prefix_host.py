@@ -143,3 +143,82 @@ def test_corrupt_words_stay_in_bounds(lib):
         y = np.zeros((1, 16), np.float32)
         _launch(lib, "gemv", g, 16, rng.standard_normal((1, 512)).astype(np.float32), y, 1, keep)
         assert np.isfinite(y).all(), bad
+
+
+class _HostKernels:
+    """The two `CudaKernels` methods a prefix-coded `DeviceLinear` calls, run by the host build
+    of the kernels over host tensors' pointers, launched as `Kernels::e8_prefix_gemv` /
+    `e8_prefix_decode` launch them."""
+
+    def __init__(self, lib) -> None:
+        self.lib = lib
+
+    def _run(self, kind: str, a: dict, y: int, batch: int) -> None:
+        rows, cols, seg = a["rows"], a["cols"], a["segment"]
+        blocks = cols // 32
+        segs = -(-blocks // seg)
+        groups = -(-rows // 8)
+        chunks = groups * segs
+        form = {(8, 0): "l8", (10, 0): "l10", (12, 0): "l12", (8, 11): "p11", (8, 12): "p12"}[(a["limit"], a["pair_limit"])]
+        xr = a["xr16"] if batch > 1 else a["xr"]
+        args = Args(a["words_ptr"] or None, a["index"], a["table"], a["row_scales"], xr or None, y, a["bias"] or None,
+                    a["payload_words"], rows, cols, 8, chunks, segs, min(seg, blocks), batch)
+        if kind.startswith("decode"):
+            warps = min(max(chunks // SMS, 1), 16)
+            grid = min(-(-chunks // warps), 2 * SMS)
+        else:
+            gpb = max(1, min(16 // segs, groups // SMS))
+            warps, grid = segs * gpb, min(-(-groups // gpb), 2 * SMS)
+        assert self.lib.hc_e8p_host_launch(f"hc_e8p_{kind}_{form}".encode(), C.addressof(args), warps, grid) == 0
+
+    def e8_prefix_gemv(self, a: dict, stream: int) -> None:
+        assert 1 <= a["batch"] <= 16 and stream == 0
+        self._run("mma" if a["batch"] > 1 else "gemv", a, a["y"], a["batch"])
+
+    def e8_prefix_decode(self, a: dict, out: int, dtype: int, stream: int) -> None:
+        self._run({0: "decode_f32", 1: "decode_f16", 2: "decode_bf16"}[dtype], a, out, 0)
+
+
+def test_device_linear_routes_prefix_layers_through_the_kernels_source(lib, monkeypatch):
+    """`hypercodec.cuda.DeviceLinear` on a prefix-coded layer, run on the host: the kernels'
+    source stands in for the GPU (and the torch RHT for the RHT kernel), so every route's Python
+    side — passes of 16 rows on the tensor cores, f32 rows one by one, the decode route, a forced
+    GEMV past 16 rows — is checked against the CPU runtime without a GPU."""
+    torch = pytest.importorskip("torch")
+    import types
+
+    import hypercodec.cuda as hcuda
+    import hypercodec.nn as hnn
+
+    host = _HostKernels(lib)
+    monkeypatch.setattr(hcuda, "kernels", lambda device: host)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: types.SimpleNamespace(cuda_stream=0))
+
+    def rht(x2, width, tile, seed, out16=None):
+        assert width == x2.shape[1]
+        xr = hnn._rht(x2.float(), tile, seed).contiguous()
+        if out16 is not None:
+            out16.copy_(xr.half())
+        return xr
+
+    monkeypatch.setattr(hcuda, "rht", rht)
+    rng = np.random.default_rng(11)
+    rows, cols = 44, 512
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    b = rng.standard_normal(rows).astype(np.float32)
+    op = hypercodec.Linear.quantize(w, "e8@4-prefix", b)
+    d = hcuda.DeviceLinear(op, torch.device("cpu", 0))
+    assert d.kind == "e8prefix" and d.rotation() == (cols, d.tile, d.seed)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)):
+        for m in (1, 2, 5, 16, 17, 20):
+            x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
+            want = op.forward(x.float().numpy())
+            for route in (None, "gemv"):
+                got = d.forward(x, route=route).float().numpy()
+                err = np.abs(got - want).max() / np.abs(want).max()
+                assert err <= tol, (dtype, m, route, d.route(m, dtype), err)
+    assert d.route(1, torch.bfloat16) == "cuda-e8prefix-gemv"
+    assert d.route(16, torch.bfloat16) == "cuda-e8prefix-mma"
+    assert d.route(4, torch.float32) == "cuda-e8prefix-gemv"
+    assert d.route(5, torch.float32) == "cuda-e8prefix-decode+linear"
+    assert d.route(17, torch.float16) == "cuda-e8prefix-decode+linear"
