@@ -217,13 +217,14 @@ def test_device_linear_routes_prefix_layers_through_the_kernels_source(lib, monk
                 got = d.forward(x, route=route).float().numpy()
                 err = np.abs(got - want).max() / np.abs(want).max()
                 assert err <= tol, (dtype, m, route, d.route(m, dtype), err)
-    # Layers that read one input share the RHT (forward_group), each output its forward's.
+    # Layers that read one input share the RHT (forward_group's rotated path; its device check
+    # needs a CUDA tensor), each output its forward's.
     w2 = rng.standard_normal((24, cols)).astype(np.float32)
     d2 = hcuda.DeviceLinear(hypercodec.Linear.quantize(w2, "e8@3-prefix10"), torch.device("cpu", 0))
     assert d2.rotation() == d.rotation()
     for m in (1, 7):
         x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(torch.bfloat16)
-        ys = hcuda.forward_group([d, d2], x)
+        ys = hcuda._rotated_group([d, d2], x)
         assert ys is not None and all(torch.equal(y, e.forward(x)) for y, e in zip(ys, (d, d2)))
     assert d.route(1, torch.bfloat16) == "cuda-e8prefix-gemv"
     assert d.route(16, torch.bfloat16) == "cuda-e8prefix-mma"
