@@ -1,6 +1,7 @@
 """Entropy-coded E8 with lane-interleaved prefix codes (kernels/prototypes/e8_prefix_gemv.cu, the
 format modelled in _e8prefix.py): its instruction count, its rate, and on a GPU its speed beside
-torch bf16 `F.linear` and the committed rANS GEMV (`e8@4-gpu`), in one run.
+torch bf16 `F.linear` and the committed layers (`e8@4-gpu`: rANS; `e8@4-prefix`: the format's
+prefix codes, whose kernels are this file's 8-row layout), in one run.
 
     nvcc -cubin -arch=sm_90 -O3 -I kernels -o .dev/e8p.cubin kernels/prototypes/e8_prefix_gemv.cu   # here
     python py/benches/cuda_e8_prefix_prototype.py --sass .dev/e8p.cubin     # here: SASS a symbol
@@ -17,8 +18,9 @@ table). It times at least 40 launches in a CUDA graph, median of 5 replays
 (`_graph_timing.graph_time_us`), on a persistent grid (the occupancy API's blocks per SM),
 rotating over copies of the payload (≥ 400 MB or 64 copies: L2 holds none at 4096² and up). The
 prototype reads RHT(x) in f32 like the committed kernel (f16 for the tensor cores). The committed
-`e8@4-gpu` layer's time includes its activation RHT and reads one payload (≤ 34 MB at 8192²,
-which L2 can hold); its kernel alone (from RHT(x)) and its RHT alone are timed too. The GPU run
+layers' times include their activation RHT and read one payload (≤ 34 MB at 8192², which L2 can
+hold); their kernels alone (from RHT(x)) and the RHT alone are timed too; `e8@4-prefix` with
+f32 and bf16 activations (bf16 rows up to 16 take its tensor cores). The GPU run
 needs a CUDA device of compute capability 9.0 (it exits 0 with a message otherwise).
 """
 
@@ -391,30 +393,35 @@ def gpu(be, shapes: list[tuple[int, int]], kernels: list[str], batches: list[int
             import hypercodec
             import hypercodec.cuda as hcuda
 
-            t0 = time.time()
-            op = hypercodec.Linear.quantize(w, "e8@4-gpu")
-            d = hcuda.DeviceLinear(op, dev)
-            enc_s = time.time() - t0
-            wt = np.asarray(op.weight(), dtype=np.float64).reshape(rows, cols).T
-            for m in batches:
-                x = xs[m]
-                y = d.forward(x).double().cpu().numpy()
-                ref = x.double().cpu().numpy() @ wt
-                err = f"{np.linalg.norm(y - ref) / np.linalg.norm(ref):.1e}"
-                t = graph_time_us(lambda: d.forward(x), iters)
-                print(f"| {rows}x{cols} | {m} | ours e8@4-gpu, committed, whole layer ({d.route(m, torch.float32)}) | "
-                      f"{op.stored_bytes * 8 / w.size:.3f} | {t:.1f} | {base[m] / t:.2f} | {err} | {enc_s:.0f} |")
-            # The same layer from its rotated input (the kernel alone), and its RHT alone, batch 1.
-            x = xs[1] if 1 in xs else xs[batches[0]][:1]
-            xr = torch.empty(1, 8 * d.words, device=dev)
-            rargs = {"x": x.data_ptr(), "x_dtype": 0, "out": xr.data_ptr(), "batch": 1, "cols": cols,
-                     "width": 8 * d.words, "tile": d.tile, "seed": d.seed}
-            t_rht = graph_time_us(lambda: d.kernels.rht(rargs, stream()), iters)
-            d.kernels.rht(rargs, stream())
-            t_k = graph_time_us(lambda: d._from_rotated(xr, None, torch.float32, True, stream()), iters)
-            print(f"| {rows}x{cols} | 1 | (its rANS GEMV alone, from RHT(x)) | | {t_k:.1f} | {base.get(1, t_k) / t_k:.2f} "
-                  f"| | |")
-            print(f"| {rows}x{cols} | 1 | (its activation RHT alone) | | {t_rht:.1f} | | | |")
+            # The committed layers: rANS in chunks of whole rows, and the format's prefix codes
+            # (the 8-row layout's kernels in the PTX; bf16 rows take its tensor cores).
+            for spec in ("e8@4-gpu", "e8@4-prefix"):
+                t0 = time.time()
+                op = hypercodec.Linear.quantize(w, spec)
+                d = hcuda.DeviceLinear(op, dev)
+                enc_s = time.time() - t0
+                wt = np.asarray(op.weight(), dtype=np.float64).reshape(rows, cols).T
+                for m in batches:
+                    for dt in (torch.float32, torch.bfloat16) if spec.endswith("prefix") else (torch.float32,):
+                        x = xs[m].to(dt)
+                        y = d.forward(x).double().cpu().numpy()
+                        ref = x.double().cpu().numpy() @ wt
+                        err = f"{np.linalg.norm(y - ref) / np.linalg.norm(ref):.1e}"
+                        t = graph_time_us(lambda: d.forward(x), iters)
+                        print(f"| {rows}x{cols} | {m} | ours {spec}, committed, whole layer, {str(dt)[6:]} "
+                              f"({d.route(m, dt)}) | {op.stored_bytes * 8 / w.size:.3f} | {t:.1f} | "
+                              f"{base[m] / t:.2f} | {err} | {enc_s:.0f} |")
+                # The same layer from its rotated input (the kernel alone), and its RHT alone, batch 1.
+                x = xs[1] if 1 in xs else xs[batches[0]][:1]
+                xr = torch.empty(1, 8 * d.words, device=dev)
+                rargs = {"x": x.data_ptr(), "x_dtype": 0, "out": xr.data_ptr(), "batch": 1, "cols": cols,
+                         "width": 8 * d.words, "tile": d.tile, "seed": d.seed}
+                t_rht = graph_time_us(lambda: d.kernels.rht(rargs, stream()), iters)
+                d.kernels.rht(rargs, stream())
+                t_k = graph_time_us(lambda: d._from_rotated(xr, None, torch.float32, True, stream()), iters)
+                print(f"| {rows}x{cols} | 1 | (its GEMV alone, from RHT(x): {spec}) | | {t_k:.1f} | "
+                      f"{base.get(1, t_k) / t_k:.2f} | | |")
+                print(f"| {rows}x{cols} | 1 | (its activation RHT alone) | | {t_rht:.1f} | | | |")
         except ImportError as e:
             print(f"(no committed row: {e})")
         def decode_run(key, layout, enc, sym, scales, what, bpv, enc_s, fn, grid, block, smem, words, index, table,
