@@ -4,8 +4,9 @@ fixed-rate forms, in one run on the CPU (no GPU needed):
     python py/benches/e8_gpu_codings.py [--size 2048x4096] [--bits 4,3,2]
 
 For each rate: bits a value as stored (every stream: words, chunk offsets, the model, the row
-scales), the SNR of the decoded weight, the Gaussian bound 6.02·R dB at that rate, and the CPU
-runtime's decode and batch-1 forward times (medians of 5; the CPU decoder is the reference, the
+scales), the SNR of the decoded weight, the Gaussian bound 6.02·R dB at that rate, the bytes a
+GPU holds per weight (the device form's arrays; 2.0 for the decode fallback's bf16 copy), and the
+CPU runtime's decode and batch-1 forward times (medians of 5; the CPU decoder is the reference, the
 GPU decodes these forms inside its GEMV). Forms: `e8@B` (rANS in CPU chunks), `e8@B-gpu` (rANS
 in chunks of whole rows), `e8@B-prefix` (prefix codes: 8-bit singles, 12-bit pairs, chunks of
 eight rows), `e8@B-prefix10`, `e8@B-prefix12` (singles of 10 and 12 bits) and `e8-fixedB`.
@@ -31,8 +32,9 @@ def main() -> None:
     x = np.random.default_rng(1).standard_normal((1, cols)).astype(np.float32)
     power = float((w.astype(np.float64) ** 2).sum())
     print(f"N(0, 1) {rows}x{cols}; SNR of the decoded weight; times: CPU, medians of 5")
-    print("| spec | bits a value, all-in | SNR dB | bound 6.02·R dB | vs e8@B-gpu dB | decode ms | forward (batch 1) ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| spec | bits a value, all-in | SNR dB | bound 6.02·R dB | vs e8@B-gpu dB | GPU bytes a weight | decode ms | "
+          "forward (batch 1) ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for b in (int(v) for v in args.bits.split(",")):
         peer = None
         for spec in (f"e8@{b}-gpu", f"e8@{b}", f"e8@{b}-prefix", f"e8@{b}-prefix10", f"e8@{b}-prefix12",
@@ -56,8 +58,13 @@ def main() -> None:
                 op.forward(x)
                 fwd.append(time.perf_counter() - t0)
             rel = "" if peer is None or spec.endswith("-gpu") else f"{snr - peer:+.2f}"
-            print(f"| {spec} | {bits:.3f} | {snr:.2f} | {6.0206 * bits:.2f} | {rel} | {1e3 * np.median(dec):.1f} | "
-                  f"{1e3 * np.median(fwd):.1f} |", flush=True)
+            # What a GPU holds of the layer (its device form's arrays), or the decode fallback's
+            # bf16 copy where no kernel runs the form.
+            form = op.device_form()
+            held = (sum(np.asarray(v).nbytes for v in form.values() if isinstance(v, np.ndarray)) / w.size
+                    if form is not None else 2.0)
+            print(f"| {spec} | {bits:.3f} | {snr:.2f} | {6.0206 * bits:.2f} | {rel} | {held:.4f} | "
+                  f"{1e3 * np.median(dec):.1f} | {1e3 * np.median(fwd):.1f} |", flush=True)
 
 
 if __name__ == "__main__":
