@@ -5,12 +5,14 @@ use crate::{CudaError, Result};
 use cudarc::driver::sys;
 use std::ffi::{c_void, CString};
 
-/// The PTX modules built from `kernels/*.cu` by `cargo xtask ptx`; a function is looked up in
-/// each in turn.
-const PTX: [&str; 3] = [
-    include_str!("../ptx/gemv.ptx"),
-    include_str!("../ptx/trellis_encode.ptx"),
-    include_str!("../ptx/e8_prefix.ptx"),
+/// The PTX modules built from `kernels/*.cu` by `cargo xtask ptx`, and whether the kernels
+/// cannot load without it; a function is looked up in each in turn. A module that is not
+/// required and fails to load (its JIT refused by a driver) leaves its kernels missing, each
+/// launch of one an error naming the failed load, and the other modules' kernels running.
+const PTX: [(&str, bool); 3] = [
+    (include_str!("../ptx/gemv.ptx"), true),
+    (include_str!("../ptx/trellis_encode.ptx"), true),
+    (include_str!("../ptx/e8_prefix.ptx"), false),
 ];
 
 /// Dynamic shared memory a launch gets without opting in.
@@ -32,7 +34,10 @@ pub(crate) struct Module {
     device: sys::CUdevice,
     ctx: sys::CUcontext,
     modules: Vec<sys::CUmodule>,
-    functions: Vec<sys::CUfunction>,
+    /// By the index of `function_names`; `None` for a kernel of a module that failed to load.
+    functions: Vec<Option<sys::CUfunction>>,
+    /// The failed load of a module that is not required, if any.
+    unloaded: Option<CudaError>,
     /// Dynamic shared memory a block may opt in to (bytes).
     max_shared: u32,
     /// Multiprocessors.
@@ -94,6 +99,7 @@ impl Module {
                 ctx,
                 modules: Vec::new(),
                 functions: Vec::new(),
+                unloaded: None,
                 max_shared: DEFAULT_SHARED,
                 sms: 1,
             };
@@ -118,14 +124,17 @@ impl Module {
             )?;
             m.max_shared = (optin.max(0) as u32).max(DEFAULT_SHARED);
             let _p = Pushed::new(ctx)?;
-            for text in PTX {
+            for (text, required) in PTX {
                 let ptx = CString::new(text).expect("the embedded PTX has no NUL");
                 let mut module = std::ptr::null_mut();
-                check(
+                match check(
                     "cuModuleLoadData",
                     sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void),
-                )?;
-                m.modules.push(module);
+                ) {
+                    Ok(()) => m.modules.push(module),
+                    Err(e) if !required => m.unloaded = Some(e),
+                    Err(e) => return Err(e),
+                }
             }
             for name in function_names() {
                 let cname = CString::new(name).expect("kernel names have no NUL");
@@ -139,13 +148,26 @@ impl Module {
                         break;
                     }
                 }
-                m.functions.push(found.ok_or(CudaError::Driver {
-                    call: "cuModuleGetFunction",
-                    code: sys::CUresult::CUDA_ERROR_NOT_FOUND as i32,
-                })?);
+                if found.is_none() && m.unloaded.is_none() {
+                    return Err(CudaError::Driver {
+                        call: "cuModuleGetFunction",
+                        code: sys::CUresult::CUDA_ERROR_NOT_FOUND as i32,
+                    });
+                }
+                m.functions.push(found);
             }
             Ok(m)
         }
+    }
+
+    /// Function `f`, or the error of the module load that left it missing.
+    fn function(&self, f: usize) -> Result<sys::CUfunction> {
+        self.functions[f].ok_or_else(|| {
+            self.unloaded.clone().unwrap_or(CudaError::Driver {
+                call: "cuModuleGetFunction",
+                code: sys::CUresult::CUDA_ERROR_NOT_FOUND as i32,
+            })
+        })
     }
 
     /// Dynamic shared memory a block may use (bytes).
@@ -163,12 +185,13 @@ impl Module {
     pub(crate) fn resident_blocks(&self, f: usize, threads: u32, shared: u32) -> Result<u32> {
         let _p = Pushed::new(self.ctx)?;
         self.opt_in(f, shared)?;
+        let func = self.function(f)?;
         let mut n = 0;
         // SAFETY: a function of this module; plain out-pointer.
         check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 &mut n,
-                self.functions[f],
+                func,
                 threads as i32,
                 shared as usize,
             )
@@ -179,10 +202,11 @@ impl Module {
     /// Lets function `f` take `shared` bytes of dynamic shared memory (above 48 KiB).
     fn opt_in(&self, f: usize, shared: u32) -> Result<()> {
         if shared > DEFAULT_SHARED {
+            let func = self.function(f)?;
             // SAFETY: a function of this module; the size is capped at the device's.
             check("cuFuncSetAttribute", unsafe {
                 sys::cuFuncSetAttribute(
-                    self.functions[f],
+                    func,
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     shared.min(self.max_shared) as i32,
                 )
@@ -208,10 +232,11 @@ impl Module {
     ) -> Result<()> {
         let _p = Pushed::new(self.ctx)?;
         self.opt_in(f, shared)?;
+        let func = self.function(f)?;
         // SAFETY: the function belongs to this module; the caller vouches for the parameters.
         check("cuLaunchKernel", unsafe {
             sys::cuLaunchKernel(
-                self.functions[f],
+                func,
                 grid.0,
                 grid.1,
                 1,
