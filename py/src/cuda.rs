@@ -369,6 +369,11 @@ impl CudaKernels {
         unsafe { self.k.e8_rans_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
     }
 
+    /// Whether the prefix-coded E8 kernels loaded on this device.
+    fn e8_prefix_loaded(&self) -> bool {
+        self.k.e8_prefix_loaded()
+    }
+
     /// The prefix-coded E8 GEMV, f32 `y` (keys: words_ptr, payload_words, index, table,
     /// limit, pair_limit, segment, row_scales, xr (f32, one row), xr16 (f16, 2–16 rows), y,
     /// bias, batch, rows, cols).

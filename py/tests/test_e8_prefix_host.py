@@ -153,6 +153,9 @@ class _HostKernels:
     def __init__(self, lib) -> None:
         self.lib = lib
 
+    def e8_prefix_loaded(self) -> bool:
+        return True
+
     def _run(self, kind: str, a: dict, y: int, batch: int) -> None:
         rows, cols, seg = a["rows"], a["cols"], a["segment"]
         blocks = cols // 32

@@ -160,6 +160,11 @@ impl Module {
         }
     }
 
+    /// Whether function `f` loaded.
+    pub(crate) fn has(&self, f: usize) -> bool {
+        self.functions[f].is_some()
+    }
+
     /// Function `f`, or the error of the module load that left it missing.
     fn function(&self, f: usize) -> Result<sys::CUfunction> {
         self.functions[f].ok_or_else(|| {

@@ -48,6 +48,10 @@ mod driver {
             1
         }
 
+        pub(crate) fn has(&self, _f: usize) -> bool {
+            false
+        }
+
         pub(crate) fn resident_blocks(&self, _f: usize, _t: u32, _s: u32) -> Result<u32> {
             Err(CudaError::NotCompiled)
         }
@@ -1955,6 +1959,12 @@ impl Kernels {
         a.validate()?;
         // SAFETY: validated; the pointers are the caller's contract.
         unsafe { self.rans_launch(args::E8_RANS_DECODE, &a, stream) }
+    }
+
+    /// Whether the prefix-coded E8 kernels loaded (their module may fail its JIT alone; the
+    /// caller then decodes such layers instead).
+    pub fn e8_prefix_loaded(&self) -> bool {
+        args::e8_prefix(8, 12, args::E8P_GEMV).is_some_and(|f| self.inner.has(f))
     }
 
     /// Launches the prefix-coded E8 GEMV: FFMA at one activation row, the tensor cores at
