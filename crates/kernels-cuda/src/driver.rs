@@ -38,6 +38,8 @@ pub(crate) struct Module {
     functions: Vec<Option<sys::CUfunction>>,
     /// The failed load of a module that is not required, if any.
     unloaded: Option<CudaError>,
+    /// Blocks resident at once by (function, threads, dynamic shared memory).
+    resident: std::sync::Mutex<std::collections::HashMap<(usize, u32, u32), u32>>,
     /// Dynamic shared memory a block may opt in to (bytes).
     max_shared: u32,
     /// Multiprocessors.
@@ -100,6 +102,7 @@ impl Module {
                 modules: Vec::new(),
                 functions: Vec::new(),
                 unloaded: None,
+                resident: Default::default(),
                 max_shared: DEFAULT_SHARED,
                 sms: 1,
             };
@@ -188,6 +191,11 @@ impl Module {
     /// Blocks of function `f` (`threads` each, `shared` bytes of dynamic shared memory) the
     /// whole device runs at once.
     pub(crate) fn resident_blocks(&self, f: usize, threads: u32, shared: u32) -> Result<u32> {
+        // Asked of the driver once per shape: launches on a persistent grid ask on every call.
+        let key = (f, threads, shared);
+        if let Some(&n) = self.resident.lock().ok().as_ref().and_then(|m| m.get(&key)) {
+            return Ok(n);
+        }
         let _p = Pushed::new(self.ctx)?;
         self.opt_in(f, shared)?;
         let func = self.function(f)?;
@@ -201,7 +209,11 @@ impl Module {
                 shared as usize,
             )
         })?;
-        Ok(n.max(1) as u32 * self.sms)
+        let n = n.max(1) as u32 * self.sms;
+        if let Ok(mut m) = self.resident.lock() {
+            m.insert(key, n);
+        }
+        Ok(n)
     }
 
     /// Lets function `f` take `shared` bytes of dynamic shared memory (above 48 KiB).
