@@ -449,7 +449,8 @@ impl CompressedLinear {
         let Op::Leaf { view, kind } = &self.op else {
             return Ok(None);
         };
-        if self.cols == 0 {
+        // Nothing to run (and a 0-row tensor-scaled grid stores no scale to read).
+        if self.cols == 0 || self.rows == 0 {
             return Ok(None);
         }
         let rows = self.rows;

@@ -673,6 +673,18 @@ fn huge_and_tiny_weights_stay_finite_and_match_the_reference() {
     }
 }
 
+/// A tensor of no rows has no device form (nothing to run), whatever its encoding; the
+/// tensor-scaled grid it falls back to stores no scale, which the form used to try to read.
+#[test]
+fn empty_tensors_have_no_device_form() {
+    let shape = [0u64, 512];
+    for which in 0..zoo(512).len() {
+        let (t, _) = encode_any(&[], &shape, which);
+        let op = CompressedLinear::new(view_of(&t, &shape), None, &LoadOptions::default()).unwrap();
+        assert!(op.device_form().unwrap().is_none(), "zoo entry {which}");
+    }
+}
+
 /// The device form's contract (what `hypercodec-kernels-cuda` computes), decoded here on the
 /// host: affine `s·(qmul·q − qbias) + lo` per group, and E8 words scaled per row in the RHT
 /// domain; both must give the weight the operator decodes.
