@@ -145,13 +145,25 @@ impl PrefixParams {
         }
     }
 
-    /// Whether a refill check comes before unit `u`.
-    fn check(&self, u: usize) -> bool {
-        if self.pairs() {
-            u == 0 || u == 2
-        } else {
-            u.is_multiple_of(32 / self.limit as usize)
-        }
+    /// The units of a word between consecutive refill checks, `units()[a..b]`: checks before
+    /// units 0, G, 2G, … (`G = ⌊32/limit⌋`) for singles, before units 0 and 2 with pairs.
+    fn groups(&self) -> Vec<(usize, usize)> {
+        let n = self.units().len();
+        let step = 32 / self.limit as usize;
+        let checks: Vec<usize> = (0..n)
+            .filter(|&u| {
+                if self.pairs() {
+                    u == 0 || u == 2
+                } else {
+                    u.is_multiple_of(step)
+                }
+            })
+            .collect();
+        checks
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| (a, checks.get(i + 1).copied().unwrap_or(n)))
+            .collect()
     }
 
     /// Code-length limit of table `t`.
@@ -617,17 +629,13 @@ pub fn encode_chunk(symbols: &[u32], layout: &Layout, model: &Model, c: usize) -
             value: c as u64,
         });
     }
-    let units = p.units();
+    let (units, groups) = (p.units(), p.groups());
     let mut lanes: Vec<BitString> = (0..WARP).map(|_| BitString::default()).collect();
     let mut unread = [0u32; WARP];
     // Which lane takes each word, in the warp's order.
     let mut order: Vec<u8> = Vec::new();
     for t in 0..layout.steps(c) {
-        let mut u = 0;
-        while u < units.len() {
-            let end = (u + 1..units.len())
-                .find(|&k| p.check(k))
-                .unwrap_or(units.len());
+        for &(u, end) in &groups {
             for (lane, bits) in lanes.iter_mut().enumerate() {
                 let Some((row, word)) = layout.word_at(c, lane, t) else {
                     continue;
@@ -663,7 +671,6 @@ pub fn encode_chunk(symbols: &[u32], layout: &Layout, model: &Model, c: usize) -
                     unread[lane] -= len as u32;
                 }
             }
-            u = end;
         }
     }
     let strings: Vec<Vec<u32>> = lanes.into_iter().map(BitString::finish).collect();
@@ -857,12 +864,7 @@ impl<'a> Decoder<'a> {
                 off: [offsets[t0], offsets[t1]],
             })
             .collect();
-        let checks: Vec<usize> = (0..units.len()).filter(|&u| params.check(u)).collect();
-        let groups = checks
-            .iter()
-            .enumerate()
-            .map(|(i, &a)| (a, checks.get(i + 1).copied().unwrap_or(units.len())))
-            .collect();
+        let groups = params.groups();
         let side_bytes = (model_len + index.len()) as u64;
         Ok(Decoder {
             model,
