@@ -369,9 +369,9 @@ impl CudaKernels {
         unsafe { self.k.e8_rans_decode(&a, out, dtype(out_dtype)?, stream) }.map_err(cuda_err)
     }
 
-    /// Whether the prefix-coded E8 kernels loaded on this device.
-    fn e8_prefix_loaded(&self) -> bool {
-        self.k.e8_prefix_loaded()
+    /// Whether kernels for prefix codes of these limits are compiled and loaded on this device.
+    fn e8_prefix_loaded(&self, limit: u8, pair_limit: u8) -> bool {
+        self.k.e8_prefix_loaded(limit, pair_limit)
     }
 
     /// The prefix-coded E8 GEMV, f32 `y` (keys: words_ptr, payload_words, index, table,

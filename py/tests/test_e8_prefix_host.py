@@ -47,33 +47,48 @@ def lib(tmp_path_factory):
     return so
 
 
+# The compiled forms' kernel suffixes, by (limit, pair_limit).
+FORMS = {(8, 0): "l8", (10, 0): "l10", (12, 0): "l12", (8, 11): "p11", (8, 12): "p12"}
+
+
 def _form(f):
-    return {(8, 0): "l8", (10, 0): "l10", (12, 0): "l12", (8, 11): "p11", (8, 12): "p12"}[(f["limit"], f["pair_limit"])]
+    return FORMS[(f["limit"], f["pair_limit"])]
 
 
-def _launch(lib, kind, f, rows, xr, y, m, keep, bias=None, max_grid=2 * SMS):
-    """One launch shaped as `Kernels::e8_prefix_gemv` / `e8_prefix_decode` shape it (their grid
-    is capped by the blocks resident at once: `max_grid` here; 1 makes every block stride)."""
-    cols = 8 * f["words"]
+def _launch_args(lib, kind, a, y, batch, max_grid=2 * SMS):
+    """One launch of kernel `kind` over the wheel's argument dict `a` (host pointers: the keys
+    `DeviceLinear` passes), shaped as `Kernels::e8_prefix_gemv` / `e8_prefix_decode` shape it:
+    their grid is capped by the blocks resident at once, `max_grid` here (1 makes every block
+    stride)."""
+    rows, cols, seg = a["rows"], a["cols"], a["segment"]
     blocks = cols // 32
-    segs = -(-blocks // f["segment"])
+    segs = -(-blocks // seg)
     groups = -(-rows // 8)
     chunks = groups * segs
-    payload = np.ascontiguousarray(f["payload"]).view(np.uint32)
-    starts = np.ascontiguousarray(f["starts"], np.uint32)
-    table = np.ascontiguousarray(f["table"], np.uint32)
-    scales = np.ascontiguousarray(f["row_scales"], np.float32)
-    keep += [payload, starts, table, scales]
-    ptr = lambda a: a.ctypes.data if a is not None and a.size else None  # noqa: E731
-    a = Args(ptr(payload), ptr(starts), ptr(table), ptr(scales), ptr(xr), ptr(y), ptr(bias), len(payload), rows,
-             cols, 8, chunks, segs, min(f["segment"], blocks), m)
+    xr = a["xr16"] if batch > 1 else a["xr"]
+    args = Args(a["words_ptr"] or None, a["index"], a["table"], a["row_scales"], xr or None, y, a["bias"] or None,
+                a["payload_words"], rows, cols, 8, chunks, segs, min(seg, blocks), batch)
     if kind.startswith("decode"):
         warps = min(max(chunks // SMS, 1), 16)
         grid = min(-(-chunks // warps), max_grid)
     else:
         gpb = max(1, min(16 // segs, groups // SMS))
         warps, grid = segs * gpb, min(-(-groups // gpb), max_grid)
-    assert lib.hc_e8p_host_launch(f"hc_e8p_{kind}_{_form(f)}".encode(), C.addressof(a), warps, grid) == 0
+    assert lib.hc_e8p_host_launch(f"hc_e8p_{kind}_{_form(a)}".encode(), C.addressof(args), warps, grid) == 0
+
+
+def _launch(lib, kind, f, rows, xr, y, m, keep, bias=None, max_grid=2 * SMS):
+    """`_launch_args` over a device form `f` and host arrays (kept alive in `keep`)."""
+    payload = np.ascontiguousarray(f["payload"]).view(np.uint32)
+    starts = np.ascontiguousarray(f["starts"], np.uint32)
+    table = np.ascontiguousarray(f["table"], np.uint32)
+    scales = np.ascontiguousarray(f["row_scales"], np.float32)
+    keep += [payload, starts, table, scales]
+    ptr = lambda a: a.ctypes.data if a is not None and a.size else 0  # noqa: E731
+    a = {"words_ptr": ptr(payload), "payload_words": len(payload), "index": ptr(starts), "table": ptr(table),
+         "row_scales": ptr(scales), "bias": ptr(bias), "rows": rows, "cols": 8 * f["words"], "segment": f["segment"],
+         "limit": f["limit"], "pair_limit": f["pair_limit"], "xr": ptr(xr), "xr16": ptr(xr)}
+    _launch_args(lib, kind, a, ptr(y), m, max_grid)
 
 
 # Specs of every compiled form; shapes with a partial row group, one or several segments a row
@@ -153,33 +168,15 @@ class _HostKernels:
     def __init__(self, lib) -> None:
         self.lib = lib
 
-    def e8_prefix_loaded(self) -> bool:
-        return True
-
-    def _run(self, kind: str, a: dict, y: int, batch: int) -> None:
-        rows, cols, seg = a["rows"], a["cols"], a["segment"]
-        blocks = cols // 32
-        segs = -(-blocks // seg)
-        groups = -(-rows // 8)
-        chunks = groups * segs
-        form = {(8, 0): "l8", (10, 0): "l10", (12, 0): "l12", (8, 11): "p11", (8, 12): "p12"}[(a["limit"], a["pair_limit"])]
-        xr = a["xr16"] if batch > 1 else a["xr"]
-        args = Args(a["words_ptr"] or None, a["index"], a["table"], a["row_scales"], xr or None, y, a["bias"] or None,
-                    a["payload_words"], rows, cols, 8, chunks, segs, min(seg, blocks), batch)
-        if kind.startswith("decode"):
-            warps = min(max(chunks // SMS, 1), 16)
-            grid = min(-(-chunks // warps), 2 * SMS)
-        else:
-            gpb = max(1, min(16 // segs, groups // SMS))
-            warps, grid = segs * gpb, min(-(-groups // gpb), 2 * SMS)
-        assert self.lib.hc_e8p_host_launch(f"hc_e8p_{kind}_{form}".encode(), C.addressof(args), warps, grid) == 0
+    def e8_prefix_loaded(self, limit: int, pair_limit: int) -> bool:
+        return (limit, pair_limit) in FORMS
 
     def e8_prefix_gemv(self, a: dict, stream: int) -> None:
         assert 1 <= a["batch"] <= 16 and stream == 0
-        self._run("mma" if a["batch"] > 1 else "gemv", a, a["y"], a["batch"])
+        _launch_args(self.lib, "mma" if a["batch"] > 1 else "gemv", a, a["y"], a["batch"])
 
     def e8_prefix_decode(self, a: dict, out: int, dtype: int, stream: int) -> None:
-        self._run({0: "decode_f32", 1: "decode_f16", 2: "decode_bf16"}[dtype], a, out, 0)
+        _launch_args(self.lib, {0: "decode_f32", 1: "decode_f16", 2: "decode_bf16"}[dtype], a, out, 0)
 
 
 def test_device_linear_routes_prefix_layers_through_the_kernels_source(lib, monkeypatch):

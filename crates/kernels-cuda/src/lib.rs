@@ -1961,10 +1961,10 @@ impl Kernels {
         unsafe { self.rans_launch(args::E8_RANS_DECODE, &a, stream) }
     }
 
-    /// Whether the prefix-coded E8 kernels loaded (their module may fail its JIT alone; the
-    /// caller then decodes such layers instead).
-    pub fn e8_prefix_loaded(&self) -> bool {
-        args::e8_prefix(8, 12, args::E8P_GEMV).is_some_and(|f| self.inner.has(f))
+    /// Whether kernels for prefix codes of these limits are compiled and loaded (their module
+    /// may fail its JIT alone); where not, the caller decodes such layers instead.
+    pub fn e8_prefix_loaded(&self, limit: u8, pair_limit: u8) -> bool {
+        args::e8_prefix(limit, pair_limit, args::E8P_GEMV).is_some_and(|f| self.inner.has(f))
     }
 
     /// Launches the prefix-coded E8 GEMV: FFMA at one activation row, the tensor cores at

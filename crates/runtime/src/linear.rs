@@ -516,12 +516,9 @@ impl CompressedLinear {
                 };
                 let (p, layout) = (d.model().params(), d.layout());
                 // The kernels' shape: whole 32-column blocks, at most 16 chunks a row (a
-                // block's warps sum them), a compiled form.
-                if layout.words == 0
-                    || !layout.words.is_multiple_of(4)
-                    || layout.segments() > 16
-                    || !matches!((p.limit, p.pair_limit), (8 | 10 | 12, 0) | (8, 11 | 12))
-                {
+                // block's warps sum them). Which limits have kernels is the kernels' to say
+                // (`hypercodec_kernels_cuda::E8PrefixGemv::compiled`).
+                if layout.words == 0 || !layout.words.is_multiple_of(4) || layout.segments() > 16 {
                     return Ok(None);
                 }
                 Some(DeviceForm::E8Prefix {

@@ -180,8 +180,9 @@ class DeviceLinear:
         form = op.device_form()
         if form is not None and form["kind"] == "z1":
             form = None  # no GEMV of its own: the decode fallback (W8A8 reads it, in nn)
-        if form is not None and form["kind"] == "e8prefix" and not self.kernels.e8_prefix_loaded():
-            form = None  # its PTX module did not load on this driver: the decode fallback
+        if form is not None and form["kind"] == "e8prefix" and not self.kernels.e8_prefix_loaded(form["limit"],
+                                                                                                  form["pair_limit"]):
+            form = None  # no kernel for its limits, or its PTX module did not load: the decode fallback
         self.kind = "dense" if form is None else form["kind"]
         self._dense: dict[torch.dtype, torch.Tensor] = {}
         self._fused: dict[torch.dtype, tuple[int, int | None]] = {}
