@@ -923,44 +923,14 @@ impl TensorView<'_> {
                     s += n;
                 }
             }
-            Symbols::Rice(d) => {
-                let chunks =
-                    chunk_range(spr as u64, d.chunk_symbols() as u64, &(a as u64..b as u64));
+            coded => {
+                // Rice, rANS and prefix chunks alike (prefix: a group of eight rows a chunk).
+                let (chunk, _) = coded.chunking().unwrap_or((1, 0));
                 let mut buf = Vec::new();
-                for c in chunks {
-                    let have = d.symbol_range(c..c + 1);
-                    buf.resize(have.len(), 0);
-                    d.decode_chunks(c..c + 1, &mut buf)
+                for c in chunk_range(spr as u64, chunk as u64, &(a as u64..b as u64)) {
+                    let have = coded
+                        .decode_chunk(l.params.lattice, c, &mut buf)
                         .map_err(coding_err(tensor))?;
-                    let (x, y) = (have.start.max(first), have.end.min(end));
-                    pending.extend_from_slice(&buf[x - have.start..y - have.start]);
-                    flush(&mut pending, &mut row)?;
-                }
-            }
-            Symbols::Rans(d) => {
-                let chunks =
-                    chunk_range(spr as u64, d.chunk_symbols() as u64, &(a as u64..b as u64));
-                let ctx = contexts(&l.params.lattice);
-                let mut buf = Vec::new();
-                for c in chunks {
-                    let have = d.symbol_range(c..c + 1);
-                    buf.resize(have.len(), 0);
-                    d.decode_chunks(c..c + 1, ctx, &mut buf)
-                        .map_err(coding_err(tensor))?;
-                    let (x, y) = (have.start.max(first), have.end.min(end));
-                    pending.extend_from_slice(&buf[x - have.start..y - have.start]);
-                    flush(&mut pending, &mut row)?;
-                }
-            }
-            Symbols::Prefix(d) => {
-                let g = prefix::GROUP_ROWS;
-                let mut buf = Vec::new();
-                for group in prefix_groups(&(a as u64..b as u64)) {
-                    let rows = (group * g..((group + 1) * g).min(self.rows as usize)).len();
-                    buf.resize(rows * spr, 0);
-                    d.decode_groups(group..group + 1, &mut buf)
-                        .map_err(coding_err(tensor))?;
-                    let have = group * g * spr..(group * g + rows) * spr;
                     let (x, y) = (have.start.max(first), have.end.min(end));
                     pending.extend_from_slice(&buf[x - have.start..y - have.start]);
                     flush(&mut pending, &mut row)?;
