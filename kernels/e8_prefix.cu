@@ -1,6 +1,7 @@
 // Entropy-coded E8 in the format's prefix codes (`Coding::Prefix`, hypercodec_rice::prefix),
-// decoded inside the GEMV: chunks of eight rows, a warp each; lane 4n + q decodes word q of each
-// 32-column block of the chunk's row n (see e8_prefix.cuh). One stream, three consumers:
+// decoded inside the GEMV: chunks of eight rows (where a row is one segment, of rows_per_chunk / 8
+// groups of eight rows), a warp each; lane 4n + q decodes word q of each 32-column block of the
+// group's row n (see e8_prefix.cuh). One stream, three consumers:
 // - hc_e8p_gemv_*: y = ½·s_r·⟨2p_r, x'⟩ for one activation row (x' = RHT(x), f32; FFMA);
 // - hc_e8p_mma_*: the same for 1–16 rows on the tensor cores (x' as f16, M × cols; the doubled
 //   coordinates are f16-exact up to 2048, far above any the tables hold);
@@ -9,7 +10,7 @@
 // 2 symbols) and p11, p12 (8-bit singles, pairs of at most 11 or 12 bits). Needs cols % 32 == 0.
 // Launched with 1024 · warps + 4 · entries bytes of dynamic shared memory (the warps' rings, then
 // the tables: 3 << L entries, or 768 + 4 << LP with pairs), at most 16 warps a block; the GEMV
-// and mma blocks take whole groups of `segments` warps.
+// and mma blocks take whole groups of `segments` warps (chunks of several groups: a warp each).
 #include "e8_prefix.cuh"
 
 #define HC_E8P_FORM(NAME, L, G, LP)                                                                     \

@@ -434,9 +434,56 @@ __device__ __forceinline__ void hc_ep_r8_span(Lane& s, HcSmem tabs, const E8Pref
     }
 }
 
+// Chunks of several row groups (`span` = rows_per_chunk / 8 > 1, where a row is one segment): a
+// warp a chunk, grid-striding; its lanes' bit strings run on from group to group, and it writes
+// each group's outputs itself (a row's sum is the warp's alone), no shared sums.
+template <int L, int G, int LP, int C, bool MMA>
+__device__ __forceinline__ void hc_e8_prefix_r8_spans(const E8PrefixArgs& a, HcSmem tabs) {
+    const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31, n = lane >> 2, q = lane & 3;
+    const unsigned below = (1u << lane) - 1u;
+    const int groups = (a.rows + 7) >> 3, blocks = a.cols >> 5, span = a.rows_per_chunk >> 3;
+    const int warps = blockDim.x >> 5;
+    for (int c = blockIdx.x * warps + (threadIdx.x >> 5); c < a.chunks; c += gridDim.x * warps) {
+        const long long start = min((long long)a.index[c], a.nwords);
+        const long long stop = min((long long)a.index[c + 1], a.nwords);
+        Lane s;
+        hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
+        const int g1 = min(c * span + span, groups);
+        for (int g = c * span; g < g1; g++) {
+            const bool on = g * 8 + n < a.rows, full = g * 8 + 8 <= a.rows;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            if (full) {
+                hc_ep_r8_span<L, G, LP, C, MMA, false>(s, tabs, a, 0, blocks, true, below, acc);
+            } else {
+                hc_ep_r8_span<L, G, LP, C, MMA, true>(s, tabs, a, 0, blocks, on, below, acc);
+            }
+            if (!MMA) {
+                acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
+                acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
+                const int r = g * 8 + n;
+                if (q == 0 && on) a.y[r] = 0.5f * a.row_scales[r] * acc[0] + (a.bias ? a.bias[r] : 0.f);
+            } else {
+                // c0, c1: activation row n, rows 2q, 2q + 1 of the group; c2, c3: activation row n + 8.
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int m = n + 8 * (i >> 1), r = g * 8 + 2 * q + (i & 1);
+                    if (m < a.M && r < a.rows)
+                        a.y[(long long)m * a.rows + r] = 0.5f * a.row_scales[r] * acc[i] + (a.bias ? a.bias[r] : 0.f);
+                }
+            }
+        }
+    }
+    hc_ep_wait0();  // no copy outlives the block
+}
+
 template <int L, int G, int LP, int C, bool MMA>
 __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
     const HcSmem tabs = hc_ep_setup<L, LP, C>(a);
+    if (a.rows_per_chunk > 8) {
+        hc_e8_prefix_r8_spans<L, G, LP, C, MMA>(a, tabs);
+        return;
+    }
     const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, q = lane & 3;
     const unsigned below = (1u << lane) - 1u;
@@ -504,35 +551,39 @@ __device__ __forceinline__ void hc_e8_prefix_r8_decode(const E8PrefixArgs& a) {
     const int warps = blockDim.x >> 5, blocks = a.cols >> 5;
     constexpr int P = OUT == 2 ? 2 : 1;  // 16-byte pieces a word
     uint4* out = reinterpret_cast<uint4*>(a.y);  // P pieces a word: P · cols / 8 a row
+    const int groups = (a.rows + 7) >> 3, span = max(a.rows_per_chunk >> 3, 1);
     for (int c = blockIdx.x * warps + (threadIdx.x >> 5); c < a.chunks; c += gridDim.x * warps) {
-        const int g = c / a.segments, seg = c % a.segments;
+        const int sp = c / a.segments, seg = c % a.segments;
         const long long start = min((long long)a.index[c], a.nwords);
         const long long stop = min((long long)a.index[c + 1], a.nwords);
         Lane s;
         hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
         const int b0 = seg * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
-        const int r = g * 8 + n;
-        const bool on = r < a.rows, full = g * 8 + 8 <= a.rows;
-        const float sc = on ? 0.5f * a.row_scales[r] : 0.f;
-        uint4* o = out + P * ((long long)min(r, a.rows - 1) * (a.cols >> 3) + 4 * b0 + q);
-        float v[8];
-        for (int j = 0; j < nb; j++, o += 4 * P) {
-            if (full) {
-                hc_ep_values<L, G, LP, C, false>(s, tabs, v, true, below);
-            } else {
-                hc_ep_values<L, G, LP, C, true>(s, tabs, v, on, below);
-            }
-            if (!on) continue;
-            if (OUT == 2) {
-                float4* f = reinterpret_cast<float4*>(o);
-                f[0] = make_float4(sc * v[0], sc * v[1], sc * v[2], sc * v[3]);
-                f[1] = make_float4(sc * v[4], sc * v[5], sc * v[6], sc * v[7]);
-            } else if (OUT == 1) {
-                *o = make_uint4(hc_ep_h2(sc * v[0], sc * v[1]), hc_ep_h2(sc * v[2], sc * v[3]),
-                                hc_ep_h2(sc * v[4], sc * v[5]), hc_ep_h2(sc * v[6], sc * v[7]));
-            } else {
-                *o = make_uint4(hc_ep_bf2(sc * v[0], sc * v[1]), hc_ep_bf2(sc * v[2], sc * v[3]),
-                                hc_ep_bf2(sc * v[4], sc * v[5]), hc_ep_bf2(sc * v[6], sc * v[7]));
+        // The chunk's groups one after the other (several only where a row is one segment).
+        for (int g = sp * span, g1 = min(sp * span + span, groups); g < g1; g++) {
+            const int r = g * 8 + n;
+            const bool on = r < a.rows, full = g * 8 + 8 <= a.rows;
+            const float sc = on ? 0.5f * a.row_scales[r] : 0.f;
+            uint4* o = out + P * ((long long)min(r, a.rows - 1) * (a.cols >> 3) + 4 * b0 + q);
+            float v[8];
+            for (int j = 0; j < nb; j++, o += 4 * P) {
+                if (full) {
+                    hc_ep_values<L, G, LP, C, false>(s, tabs, v, true, below);
+                } else {
+                    hc_ep_values<L, G, LP, C, true>(s, tabs, v, on, below);
+                }
+                if (!on) continue;
+                if (OUT == 2) {
+                    float4* f = reinterpret_cast<float4*>(o);
+                    f[0] = make_float4(sc * v[0], sc * v[1], sc * v[2], sc * v[3]);
+                    f[1] = make_float4(sc * v[4], sc * v[5], sc * v[6], sc * v[7]);
+                } else if (OUT == 1) {
+                    *o = make_uint4(hc_ep_h2(sc * v[0], sc * v[1]), hc_ep_h2(sc * v[2], sc * v[3]),
+                                    hc_ep_h2(sc * v[4], sc * v[5]), hc_ep_h2(sc * v[6], sc * v[7]));
+                } else {
+                    *o = make_uint4(hc_ep_bf2(sc * v[0], sc * v[1]), hc_ep_bf2(sc * v[2], sc * v[3]),
+                                    hc_ep_bf2(sc * v[4], sc * v[5]), hc_ep_bf2(sc * v[6], sc * v[7]));
+                }
             }
         }
     }

@@ -130,6 +130,7 @@ pub fn golden_prefix_encodings() -> Vec<Encoding> {
             limit,
             pair_limit,
             segment,
+            span: 1,
         },
     };
     vec![
@@ -247,6 +248,26 @@ pub fn golden_codebook_encodings() -> Vec<Encoding> {
             dtype: FloatDtype::F32,
         },
     ]
+}
+
+/// The prefix-coded E8 encodings of `golden-v1-prefix-span.hwz` (20×40 tensors: three groups
+/// of rows, the last partial; a row is one segment of 2 blocks), frozen: chunks spanning 2 and 3
+/// groups (pairs, 8- and 10-bit singles).
+pub fn golden_prefix_span_encodings() -> Vec<Encoding> {
+    let l = |alpha, limit, pair_limit, span| Encoding::Lattice {
+        lattice: Lattice::E8,
+        alpha,
+        tile: 8,
+        seed: 11,
+        scale_dtype: FloatDtype::F16,
+        coding: Coding::Prefix {
+            limit,
+            pair_limit,
+            segment: 2,
+            span,
+        },
+    };
+    vec![l(3.8, 8, 12, 2), l(4.5, 10, 0, 3), l(3.0, 8, 0, 2)]
 }
 
 /// Every encoding family with a few parameter choices (all fit 6×40 tensors).

@@ -47,8 +47,14 @@ fuzz_target!(|data: &[u8]| {
     // Prefix codes
     let forms = [(8, 0), (10, 0), (12, 0), (8, 12), (8, 11)];
     let (limit, pair_limit) = forms[head[6] as usize % forms.len()];
-    let params = prefix::PrefixParams { limit, pair_limit, segment: 1 + head[7] as usize % 4 };
-    let layout = prefix::Layout { rows: n % 40, words: n / 40 % 20, segment: params.segment };
+    // Spans of 1–3 row groups (a span above 1 where a row is longer than a segment is refused).
+    let params = prefix::PrefixParams {
+        limit,
+        pair_limit,
+        segment: 1 + head[7] as usize % 4,
+        span: 1 + head[7] as usize / 4 % 3,
+    };
+    let layout = prefix::Layout::new(n % 40, n / 40 % 20, &params);
     if let Ok(d) = prefix::Decoder::new(a, b, c, layout, &params) {
         if let Ok(out) = d.decode() {
             let again = prefix::encode(&out, &layout, &params).unwrap();

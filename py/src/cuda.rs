@@ -165,6 +165,7 @@ fn e8_prefix(d: &Bound<'_, PyDict>) -> PyResult<E8PrefixGemv> {
         limit: get(d, "limit")?,
         pair_limit: get(d, "pair_limit")?,
         segment: get(d, "segment")?,
+        span: get(d, "span")?,
         row_scales: get(d, "row_scales")?,
         xr: get(d, "xr")?,
         xr16: get(d, "xr16")?,
@@ -375,7 +376,7 @@ impl CudaKernels {
     }
 
     /// The prefix-coded E8 GEMV, f32 `y` (keys: words_ptr, payload_words, index, table,
-    /// limit, pair_limit, segment, row_scales, xr (f32, one row), xr16 (f16, 2–16 rows), y,
+    /// limit, pair_limit, segment, span, row_scales, xr (f32, one row), xr16 (f16, 2–16 rows), y,
     /// bias, batch, rows, cols).
     fn e8_prefix_gemv(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
         let a = e8_prefix(args)?;

@@ -845,6 +845,7 @@ impl Linear {
                 limit,
                 pair_limit,
                 segment,
+                span,
                 row_scales,
                 words,
                 tile,
@@ -856,6 +857,7 @@ impl Linear {
                 d.set_item("limit", limit)?;
                 d.set_item("pair_limit", pair_limit)?;
                 d.set_item("segment", segment)?;
+                d.set_item("span", span)?;
                 d.set_item("row_scales", PyArray1::from_vec(py, row_scales))?;
                 d.set_item("words", words)?;
                 d.set_item("tile", tile)?;

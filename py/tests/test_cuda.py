@@ -42,11 +42,12 @@ def test_device_forms_name_the_stored_codes():
     r = hypercodec.Linear.quantize(w, "e8@4-gpu").device_form()
     assert r["kind"] == "e8rans" and r["words"] == 32 and r["chunk"] == 64 * 256 and r["prob_bits"] == 12
     assert r["slots"].shape == (3 << 12,) and r["index"].nbytes == 1 * 33 * 4 and r["payload"].nbytes % 2 == 0
-    # Prefix codes: chunks of eight rows (here one segment of 8 blocks a row), the GPU tables of
-    # 8-bit singles and 12-bit pairs, `chunks + 1` word offsets.
+    # Prefix codes: a row is one segment of 8 blocks, so a chunk spans 8 groups of eight rows
+    # (2^14 symbols; the 6 groups here make one chunk); the GPU tables of 8-bit singles and 12-bit
+    # pairs, `chunks + 1` word offsets.
     p = hypercodec.Linear.quantize(w, "e8@4-prefix").device_form()
-    assert p["kind"] == "e8prefix" and (p["limit"], p["pair_limit"], p["segment"]) == (8, 12, 8)
-    assert p["table"].shape == (3 * 256 + 4 * 4096,) and p["starts"].shape == (6 + 1,)
+    assert p["kind"] == "e8prefix" and (p["limit"], p["pair_limit"], p["segment"], p["span"]) == (8, 12, 8, 8)
+    assert p["table"].shape == (3 * 256 + 4 * 4096,) and p["starts"].shape == (1 + 1,)
     assert p["starts"][-1] * 4 == p["payload"].nbytes and p["words"] == 32
     # Rows longer than a chunk's aim take one chunk each.
     wide = rng.standard_normal((3, 24576)).astype(np.float32)
@@ -112,6 +113,17 @@ def test_cuda_forward_matches_the_cpu_runtime(spec, dtype, scale):
         got = d.forward(x.cuda(), route="gemv").float().cpu().numpy()
         want = op.forward(x.float().numpy())
         assert np.abs(got - want).max() <= tol * np.abs(want).max(), (spec, "forced gemv")
+        # 512 columns make chunks spanning 4 row groups; 4096 make two segments a row, of one.
+        assert op.device_form()["span"] == 4
+        w2 = rng.standard_normal((20, 4096)).astype(np.float32) * np.float32(scale)
+        op2 = hypercodec.Linear.quantize(w2, spec)
+        assert op2.device_form()["span"] == 1
+        d2 = hcuda.DeviceLinear(op2, torch.device("cuda"))
+        for m in (1, 5, 20):
+            x = torch.from_numpy(rng.standard_normal((m, 4096)).astype(np.float32)).to(dtype)
+            want = op2.forward(x.float().numpy())
+            got = d2.forward(x.cuda()).float().cpu().numpy()
+            assert np.abs(got - want).max() <= tol * np.abs(want).max(), (spec, "4096 columns", m)
 
 
 @needs_cuda

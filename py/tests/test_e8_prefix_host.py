@@ -60,15 +60,15 @@ def _launch_args(lib, kind, a, y, batch, max_grid=2 * SMS):
     `DeviceLinear` passes), shaped as `Kernels::e8_prefix_gemv` / `e8_prefix_decode` shape it:
     their grid is capped by the blocks resident at once, `max_grid` here (1 makes every block
     stride)."""
-    rows, cols, seg = a["rows"], a["cols"], a["segment"]
+    rows, cols, seg, span = a["rows"], a["cols"], a["segment"], a["span"]
     blocks = cols // 32
     segs = -(-blocks // seg)
     groups = -(-rows // 8)
-    chunks = groups * segs
+    chunks = -(-groups // span) * segs
     xr = a["xr16"] if batch > 1 else a["xr"]
     args = Args(a["words_ptr"] or None, a["index"], a["table"], a["row_scales"], xr or None, y, a["bias"] or None,
-                a["payload_words"], rows, cols, 8, chunks, segs, min(seg, blocks), batch)
-    if kind.startswith("decode"):
+                a["payload_words"], rows, cols, 8 * span, chunks, segs, min(seg, blocks), batch)
+    if kind.startswith("decode") or span > 1:
         warps = min(max(chunks // SMS, 1), 16)
         grid = min(-(-chunks // warps), max_grid)
     else:
@@ -87,12 +87,14 @@ def _launch(lib, kind, f, rows, xr, y, m, keep, bias=None, max_grid=2 * SMS):
     ptr = lambda a: a.ctypes.data if a is not None and a.size else 0  # noqa: E731
     a = {"words_ptr": ptr(payload), "payload_words": len(payload), "index": ptr(starts), "table": ptr(table),
          "row_scales": ptr(scales), "bias": ptr(bias), "rows": rows, "cols": 8 * f["words"], "segment": f["segment"],
-         "limit": f["limit"], "pair_limit": f["pair_limit"], "xr": ptr(xr), "xr16": ptr(xr)}
+         "span": f["span"], "limit": f["limit"], "pair_limit": f["pair_limit"], "xr": ptr(xr), "xr16": ptr(xr)}
     _launch_args(lib, kind, a, ptr(y), m, max_grid)
 
 
 # Specs of every compiled form; shapes with a partial row group, one or several segments a row
-# (6176 columns: 4 segments, the last one block), a short row (96 columns: 3 blocks).
+# (6176 columns: 4 segments, the last one block), a short row (96 columns: 3 blocks). Rows of one
+# segment make chunks of several row groups (spans of 2, 21, 8 and 4 groups here, the last span
+# short, the last group partial); 2080 and 6176 columns make chunks of one.
 CASES = [("e8@4-prefix", 40, 1024), ("e8@3-prefix8", 13, 2080), ("e8@4-prefix10", 41, 96),
          ("e8@4-prefix12", 16, 256), ("e8@3-prefix8p11", 3, 6176), ("e8@2-prefix", 63, 512)]
 
@@ -104,6 +106,7 @@ def test_the_kernels_source_computes_the_stored_weight(lib, spec, rows, cols):
     op = hypercodec.Linear.quantize(w, spec)
     f = op.device_form()
     assert f is not None and f["kind"] == "e8prefix", f
+    assert (f["span"] > 1) == (cols <= 1024), (spec, f["span"])
     ref = op.int8_weight()
     wr = ref["values"].astype(np.float64) * ref["scales"].astype(np.float64)[:, None]  # rows × cols, rotated
     keep = []

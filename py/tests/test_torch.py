@@ -1155,9 +1155,11 @@ def test_lattice_gpu_layers_store_warp_shaped_chunks_and_run_on_the_host():
     assert torch.allclose(m[0](x), x @ w0.T + b0, rtol=1e-4, atol=1e-5)
 
 
-def test_lattice_prefix_layers_store_eight_row_chunks_and_run_on_the_host():
-    """``lattice-prefix``: E8 in the prefix codes a CUDA warp decodes a word a lane; on the host
-    an entropy-coded layer like any other (within its rate, the same outputs as its decode)."""
+def test_lattice_prefix_layers_store_row_group_chunks_and_run_on_the_host():
+    """``lattice-prefix``: E8 in the prefix codes a CUDA warp decodes a word a lane, in chunks of
+    groups of eight rows (rows this short make one segment, so a chunk spans 2^14 / (8 · cols)
+    groups); on the host an entropy-coded layer like any other (within its rate, the same outputs
+    as its decode)."""
     assert hnn.method_spec("lattice-prefix", 3) == "e8@3-prefix"
     torch.manual_seed(4)
     m = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
@@ -1166,7 +1168,8 @@ def test_lattice_prefix_layers_store_eight_row_chunks_and_run_on_the_host():
     for layer in (m[0], m[2]):
         form = layer.op.device_form()
         assert form["kind"] == "e8prefix" and (form["limit"], form["pair_limit"]) == (8, 12)
-        assert len(form["starts"]) == -(-layer.op.rows // 8) * -(-form["words"] // 4 // form["segment"]) + 1
+        assert form["segment"] == form["words"] // 4 and form["span"] == 16384 // (8 * layer.op.cols)
+        assert len(form["starts"]) == -(-layer.op.rows // (8 * form["span"])) + 1
         assert layer.op.stored_bytes * 8 <= 4.0 * layer.op.rows * layer.op.cols
     w0 = m[0].weight_dense().reshape(256, 512)
     b0 = torch.from_numpy(np.asarray(m[0].op.bias, np.float32))

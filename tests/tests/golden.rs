@@ -8,6 +8,7 @@
 //!   per row).
 //! - `golden-v1-prefix.hwz`: E8 in lane-interleaved prefix codes (pairs and singles, one- and
 //!   two-block segments, a partial group of rows, a short last block).
+//! - `golden-v1-prefix-span.hwz`: prefix codes in chunks spanning several groups of rows.
 //!
 //! Each `*.expected.f32` holds what its tensors decoded to when the file was made. A reader
 //! change that alters a single bit fails here. To remake them (only for a deliberate format
@@ -21,7 +22,8 @@ use hypercodec_hwz::{
 };
 use hypercodec_tests::{
     fixture_values, golden_codebook_encodings, golden_encodings, golden_lattice_encodings,
-    golden_prefix_encodings, golden_trellis_encodings, golden_trellis_pair_encodings,
+    golden_prefix_encodings, golden_prefix_span_encodings, golden_trellis_encodings,
+    golden_trellis_pair_encodings,
 };
 use std::path::PathBuf;
 
@@ -97,11 +99,20 @@ fn golden_v1_prefix_decodes_to_its_recorded_values() {
 }
 
 #[test]
+fn golden_v1_prefix_spans_decode_to_their_recorded_values() {
+    check("golden-v1-prefix-span", &golden_prefix_span_encodings());
+}
+
+#[test]
 fn golden_v1_codebook_decodes_to_its_recorded_values() {
     check("golden-v1-codebook", &golden_codebook_encodings());
 }
 
 fn write(stem: &str, encodings: &[Encoding], seed: u64) {
+    write_shaped(stem, encodings, seed, [6, 40]);
+}
+
+fn write_shaped(stem: &str, encodings: &[Encoding], seed: u64, shape: [u64; 2]) {
     let options = WriterOptions {
         compression: Compression::Zstd,
         generator: "hypercodec golden".into(),
@@ -110,8 +121,7 @@ fn write(stem: &str, encodings: &[Encoding], seed: u64) {
     w.insert_metadata("purpose", "golden file of the .hwz v1 format".into());
     let mut expected = Vec::new();
     for (i, enc) in encodings.iter().enumerate() {
-        let shape = [6u64, 40];
-        let values = fixture_values(240, seed + i as u64);
+        let values = fixture_values((shape[0] * shape[1]) as usize, seed + i as u64);
         let name = format!("{i}.{}", enc.label());
         let t = encode(&name, &values, &shape, enc, EncodeOptions::default()).unwrap();
         let refs: Vec<(&str, &[u8])> = t.streams.iter().map(|(r, b)| (*r, b.as_slice())).collect();
@@ -149,6 +159,14 @@ fn write_golden() {
     }
     if !data("golden-v1-prefix.hwz").exists() {
         write("golden-v1-prefix", &golden_prefix_encodings(), 600);
+    }
+    if !data("golden-v1-prefix-span.hwz").exists() {
+        write_shaped(
+            "golden-v1-prefix-span",
+            &golden_prefix_span_encodings(),
+            700,
+            [20, 40],
+        );
     }
     if !data("golden-v1-trellis-pairs.hwz").exists() {
         write(

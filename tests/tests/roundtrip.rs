@@ -122,6 +122,13 @@ fn lattice_case() -> impl Strategy<Value = (u64, u64, Encoding, u64)> {
                     pair_limit: [0, 8, 10, 11, 12][(seed / 5 % 5) as usize]
                         .min((32 - 8 - (seed % 5) as u8) / 2),
                     segment: 1 + (seed / 25 % 4) as u32,
+                    // Spans of several row groups where a row is one segment (32 columns a
+                    // block).
+                    span: if cols.div_ceil(32) <= 1 + seed / 25 % 4 {
+                        1 + (seed / 100 % 3) as u32
+                    } else {
+                        1
+                    },
                 },
                 0 => Coding::Rans {
                     chunk: 8 * (1 + (seed % 20) as u32),

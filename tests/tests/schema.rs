@@ -27,6 +27,7 @@ fn written_manifests_validate() {
         "golden-v1-trellis.hwz",
         "golden-v1-trellis-pairs.hwz",
         "golden-v1-prefix.hwz",
+        "golden-v1-prefix-span.hwz",
     ] {
         let path = format!("{}/data/{name}", env!("CARGO_MANIFEST_DIR"));
         let golden = std::fs::read(path).unwrap();

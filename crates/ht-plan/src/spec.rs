@@ -472,8 +472,9 @@ fn prefix_form(form: &str) -> Option<Coding> {
         limit,
         pair_limit,
         segment: 0,
+        span: 0,
     };
     let mut p = c.prefix_params()?;
-    p.segment = 1;
+    (p.segment, p.span) = (1, 1);
     p.validate().ok().map(|()| c)
 }

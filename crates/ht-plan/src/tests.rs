@@ -582,7 +582,8 @@ fn gpu_shaped_rans_candidates_resolve_to_chunks_of_whole_rows() {
 fn gpu_shaped_prefix_candidates_meet_their_rate() {
     use hypercodec_hwz::{Coding, EncodeOptions, Encoding};
     // `e8@B-prefix`: 8-bit singles and 12-bit pairs in chunks of eight rows of about 2^14
-    // symbols (one segment here: 640 columns are 20 blocks), fitted to B bits a value all in.
+    // symbols (one segment here: 640 columns are 20 blocks, so chunks span 3 groups of eight
+    // rows), fitted to B bits a value all in.
     let w: Vec<f32> = (0..48 * 640)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
         .collect();
@@ -597,9 +598,10 @@ fn gpu_shaped_prefix_candidates_meet_their_rate() {
                     limit,
                     pair_limit,
                     segment,
+                    span,
                 },
             ..
-        } => assert_eq!((limit, pair_limit, segment), (8, 12, 20)),
+        } => assert_eq!((limit, pair_limit, segment, span), (8, 12, 20, 3)),
         ref e => panic!("{e:?}"),
     }
     let bps = t.payload_bytes() as f64 * 8.0 / w.len() as f64;

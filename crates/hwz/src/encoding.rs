@@ -185,6 +185,9 @@ pub enum Coding {
         pair_limit: u8,
         /// 32-column blocks a chunk holds of each of its eight rows.
         segment: u32,
+        /// Groups of eight rows a chunk spans, where a row is one segment (absent: 1).
+        #[serde(default = "one_u32", skip_serializing_if = "is_one_u32")]
+        span: u32,
     },
 }
 
@@ -211,16 +214,20 @@ impl Coding {
 
     /// Prefix codes shaped for the GPU ([`Coding::Prefix`]): singles of at most 8 bits and
     /// pairs of at most 12 (five table lookups a word), chunks of eight rows of about
-    /// [`GPU_CHUNK_SYMBOLS`] symbols. In a template the segment is 0: [`Encoding::for_matrix`]
-    /// sets it from the row length.
+    /// [`GPU_CHUNK_SYMBOLS`] symbols (of several groups of eight rows where a row is shorter).
+    /// In a template the segment and span are 0: [`Encoding::for_matrix`] sets them from the
+    /// row length.
     pub const PREFIX_GPU: Coding = Coding::Prefix {
         limit: 8,
         pair_limit: 12,
         segment: 0,
+        span: 0,
     };
 
     /// The same coding with `chunk` symbols per chunk (fixed-rate coding has no chunks; prefix
-    /// codes take chunks of eight rows of `chunk / 8` symbols, in whole 32-column blocks).
+    /// codes take chunks of eight rows of `chunk / 8` symbols, in whole 32-column blocks, and
+    /// where a row is shorter, of as many groups of eight rows as fit: span 0 here, set by
+    /// [`Encoding::for_matrix`]).
     pub fn with_chunk(self, chunk: u32) -> Coding {
         match self {
             Coding::Rice { .. } => Coding::Rice { chunk },
@@ -238,6 +245,8 @@ impl Coding {
                 limit,
                 pair_limit,
                 segment: (chunk / 256).max(1),
+                // Set by `Encoding::for_matrix` from the row length.
+                span: 0,
             },
         }
     }
@@ -249,10 +258,12 @@ impl Coding {
                 limit,
                 pair_limit,
                 segment,
+                span,
             } => Some(hypercodec_rice::prefix::PrefixParams {
                 limit,
                 pair_limit,
                 segment: segment as usize,
+                span: span as usize,
             }),
             _ => None,
         }
@@ -293,6 +304,14 @@ pub const GPU_CHUNK_SYMBOLS: usize = 1 << 14;
 pub const MAX_RANK: usize = 8;
 /// Most elements in one tensor: 2^40 (4 TiB of f32), beyond any single weight today.
 pub const MAX_ELEMENTS: u64 = 1 << 40;
+
+fn one_u32() -> u32 {
+    1
+}
+
+fn is_one_u32(v: &u32) -> bool {
+    *v == 1
+}
 
 fn one_value() -> u8 {
     1
@@ -528,7 +547,9 @@ impl Encoding {
     /// The encoding of a template for a matrix of `cols` columns: the RHT tile
     /// ([`tile_for`](crate::tile_for) of `cols` up to `max_tile`); for
     /// [`Coding::RANS_GPU`]'s chunk 0, chunks of whole rows (as many as fit [`GPU_CHUNK_SYMBOLS`], at least one);
-    /// for a [`Coding::Prefix`] of segment 0, chunks of eight rows of about [`GPU_CHUNK_SYMBOLS`];
+    /// for a [`Coding::Prefix`] of segment 0, chunks of about [`GPU_CHUNK_SYMBOLS`] (eight rows,
+    /// or where a row is one segment, as many groups of eight rows as fit); of span 0 (what
+    /// [`Coding::with_chunk`] leaves), as many groups as fit the chunk where a row is one segment;
     /// for trellis pairs (`v = 2`) on rows of an odd length, one value per state at its own
     /// calibrated scale (pairs need an even length).
     pub fn for_matrix(&self, cols: u64, max_tile: u32) -> Self {
@@ -556,20 +577,32 @@ impl Encoding {
                     Coding::Prefix {
                         limit,
                         pair_limit,
-                        segment: 0,
+                        segment,
+                        span,
                     },
                 ..
-            } => {
+            } if *segment == 0 || *span == 0 => {
+                use hypercodec_rice::prefix::{PrefixParams, BLOCK_WORDS, GROUP_ROWS, WORD};
                 let words = cols.div_ceil(8) as usize;
+                // Chunks of about GPU_CHUNK_SYMBOLS, or of what the segment given holds.
+                let (segment, aim) = match *segment as usize {
+                    0 => (
+                        PrefixParams::segment_for(words, GPU_CHUNK_SYMBOLS),
+                        GPU_CHUNK_SYMBOLS,
+                    ),
+                    s => (s, s * GROUP_ROWS * BLOCK_WORDS * WORD),
+                };
+                let span = match *span {
+                    0 => PrefixParams::span_for(words, segment, aim) as u32,
+                    n => n,
+                };
                 let mut e = e.clone();
                 if let Encoding::Lattice { coding, .. } = &mut e {
                     *coding = Coding::Prefix {
                         limit: *limit,
                         pair_limit: *pair_limit,
-                        segment: hypercodec_rice::prefix::PrefixParams::segment_for(
-                            words,
-                            GPU_CHUNK_SYMBOLS,
-                        ) as u32,
+                        segment: segment as u32,
+                        span,
                     };
                 }
                 e

@@ -326,11 +326,7 @@ fn prefix_streams(
     words: usize,
     p: &prefix::PrefixParams,
 ) -> std::result::Result<prefix::PrefixStreams, CodingError> {
-    let layout = prefix::Layout {
-        rows,
-        words,
-        segment: p.segment,
-    };
+    let layout = prefix::Layout::new(rows, words, p);
     let model = prefix::Model::fit(symbols, p)?;
     let jobs: Vec<usize> = (0..layout.chunks()).collect();
     let chunks = crate::par::map(jobs, |c| prefix::encode_chunk(symbols, &layout, &model, c))

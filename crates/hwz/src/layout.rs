@@ -161,12 +161,12 @@ impl Encoding {
                                 "prefix codes are for e8 words, not {lattice}"
                             )));
                         }
-                        let layout = px::Layout {
-                            rows: usize::try_from(rows)
-                                .map_err(|_| invalid("too many rows".into()))?,
-                            words: (cols as usize).div_ceil(px::WORD),
-                            segment: p.segment,
-                        };
+                        let layout = px::Layout::new(
+                            usize::try_from(rows).map_err(|_| invalid("too many rows".into()))?,
+                            (cols as usize).div_ceil(px::WORD),
+                            &p,
+                        );
+                        layout.check(&p).map_err(|e| invalid(e.to_string()))?;
                         let (singles, pairs) = if p.pairs() { (3, 2) } else { (3, 0) };
                         let model_max = p.pairs() as u64
                             + singles * (2 + px::MAX_SINGLE as u64 / 2)

@@ -1156,7 +1156,20 @@ fn prefix_rate_control_meets_what_the_tables_hold_and_refuses_the_rest() {
         seed: 3,
         scale_dtype: FloatDtype::F16,
         coding: Coding::PREFIX_GPU.with_chunk(1 << 14),
-    };
+    }
+    .for_matrix(cols as u64, 1024);
+    // 1024 columns are 32 blocks: one segment of 64, and chunks spanning 2 groups of 8 rows.
+    assert!(matches!(
+        template,
+        Encoding::Lattice {
+            coding: Coding::Prefix {
+                segment: 64,
+                span: 2,
+                ..
+            },
+            ..
+        }
+    ));
     let opts = EncodeOptions::default();
     for target in [3.0, 4.5] {
         let t = encode_to_rate("w", &x, &shape, &template, target, opts).unwrap();

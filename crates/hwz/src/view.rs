@@ -152,15 +152,16 @@ pub enum Symbols<'a> {
 
 impl Symbols<'_> {
     /// For entropy-coded symbols, the symbols a chunk holds and the number of chunks, as
-    /// [`Symbols::decode_chunk`] walks them (prefix codes: a group of eight whole rows, all its
-    /// segments); `None` for fixed-rate symbols.
+    /// [`Symbols::decode_chunk`] walks them (prefix codes: a span of groups of eight whole
+    /// rows, all its segments); `None` for fixed-rate symbols.
     pub fn chunking(&self) -> Option<(usize, usize)> {
         match self {
             Symbols::Rans(d) => Some((d.chunk_symbols(), d.chunks())),
             Symbols::Rice(d) => Some((d.chunk_symbols(), d.chunks())),
             Symbols::Prefix(d) => {
                 let l = d.layout();
-                Some((prefix::GROUP_ROWS * l.words * prefix::WORD, l.groups()))
+                let rows = prefix::GROUP_ROWS * l.span;
+                Some((rows * l.words * prefix::WORD, l.spans()))
             }
             Symbols::Fixed { .. } => None,
         }
@@ -173,7 +174,7 @@ impl Symbols<'_> {
             Symbols::Rice(d) => d.symbol_range(chunks),
             Symbols::Prefix(d) => {
                 let l = d.layout();
-                let row = |c: usize| c.saturating_mul(prefix::GROUP_ROWS).min(l.rows);
+                let row = |c: usize| c.saturating_mul(prefix::GROUP_ROWS * l.span).min(l.rows);
                 let spr = l.words * prefix::WORD;
                 row(chunks.start) * spr..row(chunks.end) * spr
             }
@@ -194,7 +195,11 @@ impl Symbols<'_> {
         match self {
             Symbols::Rans(d) => d.decode_chunks(c..c + 1, contexts(&lattice), buf)?,
             Symbols::Rice(d) => d.decode_chunks(c..c + 1, buf)?,
-            Symbols::Prefix(d) => d.decode_groups(c..c + 1, buf)?,
+            Symbols::Prefix(d) => {
+                let l = d.layout();
+                let g = (c * l.span).min(l.groups())..((c + 1) * l.span).min(l.groups());
+                d.decode_groups(g, buf)?
+            }
             Symbols::Fixed { .. } => {}
         }
         Ok(have)
@@ -404,11 +409,11 @@ impl<'a> TensorView<'a> {
                             get(role::MODEL),
                             get(role::INDEX),
                             get(role::SYMBOLS),
-                            prefix::Layout {
-                                rows: rows as usize,
-                                words: spr / prefix::WORD,
-                                segment: c.prefix_params().unwrap_or_default().segment,
-                            },
+                            prefix::Layout::new(
+                                rows as usize,
+                                spr / prefix::WORD,
+                                &c.prefix_params().unwrap_or_default(),
+                            ),
                             &c.prefix_params().unwrap_or_default(),
                         )
                         .map_err(coding_err(tensor))?,

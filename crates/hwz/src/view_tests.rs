@@ -74,11 +74,12 @@ fn encodings(cols: u64) -> Vec<Encoding> {
     v.push(lattice(Lattice::E8, Coding::Fixed { bits: 4 }, cols));
     v.push(lattice(Lattice::Z1, Coding::Fixed { bits: 3 }, cols));
     v.push(lattice(Lattice::E8, Coding::RANS_DEFAULT, cols).with_row_aligned_chunks(cols, 3));
-    for (limit, pair_limit, segment) in [(8, 12, 1), (10, 0, 2), (8, 0, 64)] {
+    for (limit, pair_limit, segment, span) in [(8, 12, 1, 1), (10, 0, 2, 1), (8, 0, 64, 3)] {
         let prefix = Coding::Prefix {
             limit,
             pair_limit,
             segment,
+            span,
         };
         v.push(lattice(Lattice::E8, prefix, cols));
     }

@@ -639,7 +639,8 @@ impl E8PrefixArgs {
             nwords: a.payload_words as i64,
             rows: a.rows as i32,
             cols: a.cols as i32,
-            rows_per_chunk: 8,
+            // The rows8 kernels: rows a chunk spans (8 · span).
+            rows_per_chunk: (8 * a.span) as i32,
             chunks: a.chunks() as i32,
             segments: a.segments() as i32,
             // A segment past the row is the row (one segment).

@@ -402,7 +402,8 @@ impl E8RansGemv {
 }
 
 /// `y = ½·s_r·⟨2p_r, x'⟩ (+ b)` for E8 words in the format's prefix codes, as stored in `.hwz`
-/// (`hwz::Coding::Prefix`, `hypercodec_rice::prefix`): chunks of eight rows, one warp each, lane
+/// (`hwz::Coding::Prefix`, `hypercodec_rice::prefix`): chunks of eight rows (or of `span`
+/// groups of eight rows where a row is one segment), one warp each, lane
 /// `4n + q` decoding word `q` of each 32-column block of row `n` inside the GEMV. `2p_r` are
 /// the doubled lattice coordinates, `x' = RHT(x)` from [`Kernels::rht`], `s_r` the row scale
 /// divided by α. One activation row runs on FFMA (`xr`, f32), 2–16 on the tensor cores (`xr16`,
@@ -425,6 +426,8 @@ pub struct E8PrefixGemv {
     pub pair_limit: u8,
     /// 32-column blocks a chunk's rows hold (at most 16 chunks a row).
     pub segment: usize,
+    /// Groups of eight rows a chunk spans: 1, or more where a row is one segment.
+    pub span: usize,
     /// f32 row scales (already divided by α), `rows` values.
     pub row_scales: u64,
     /// `RHT(x)`, f32, `batch × cols`, 16-byte aligned: read at one activation row.
@@ -459,9 +462,9 @@ impl E8PrefixGemv {
         self.rows.div_ceil(8)
     }
 
-    /// Chunks of the tensor.
+    /// Chunks of the tensor: spans of `span` groups × segments.
     pub fn chunks(&self) -> usize {
-        self.groups() * self.segments()
+        self.groups().div_ceil(self.span.max(1)) * self.segments()
     }
 
     /// Entries of the decode tables: `3 << limit` for singles, `3·256 + 4 << pair_limit` with
@@ -493,6 +496,13 @@ impl E8PrefixGemv {
             return bad(format!(
                 "{} columns: the kernels need a multiple of 32",
                 self.cols
+            ));
+        }
+        if self.span == 0 || self.span > 1 << 16 || (self.span > 1 && self.segments() > 1) {
+            return bad(format!(
+                "chunks of {} row groups: above 1 only where a row is one segment ({} here)",
+                self.span,
+                self.segments()
             ));
         }
         if self.rows > i32::MAX as usize
@@ -1969,8 +1979,8 @@ impl Kernels {
 
     /// Launches the prefix-coded E8 GEMV: FFMA at one activation row, the tensor cores at
     /// 2–16 ([`E8PrefixGemv`]). Blocks take whole row groups (`segments` warps each, at most
-    /// 16 warps, fewer where the groups would not fill the SMs) on a persistent grid, so each
-    /// block loads the tables once.
+    /// 16 warps, fewer where the groups would not fill the SMs; chunks of several groups a warp
+    /// each) on a persistent grid, so each block loads the tables once.
     ///
     /// # Safety
     /// As [`Kernels::rht`].
@@ -1984,12 +1994,19 @@ impl Kernels {
         let f = args::e8_prefix(a.limit, a.pair_limit, kind).expect("validated");
         let (segs, groups) = (a.segments(), a.groups());
         let sms = self.inner.sms() as usize;
-        let gpb = (16 / segs).min(groups / sms.max(1)).max(1);
-        let warps = segs * gpb;
         let pass = E8PrefixGemv {
             xr: if mma { a.xr16 } else { a.xr },
             ..*a
         };
+        if a.span > 1 {
+            // Chunks of several groups: a warp each, no shared sums (as the decoder).
+            let chunks = a.chunks();
+            let warps = (chunks / sms.max(1)).clamp(1, 16);
+            // SAFETY: validated; the pointers are the caller's contract.
+            return unsafe { self.prefix_launch(f, &pass, warps, chunks.div_ceil(warps), stream) };
+        }
+        let gpb = (16 / segs).min(groups / sms.max(1)).max(1);
+        let warps = segs * gpb;
         // SAFETY: validated; the pointers are the caller's contract.
         unsafe { self.prefix_launch(f, &pass, warps, groups.div_ceil(gpb), stream) }
     }
@@ -2841,6 +2858,7 @@ mod tests {
             limit: 8,
             pair_limit: 12,
             segment: 64,
+            span: 1,
             row_scales: 2048,
             xr: 4096,
             xr16: 8192,
@@ -2852,6 +2870,15 @@ mod tests {
         };
         assert!(prefix.validate().is_ok());
         assert_eq!((prefix.segments(), prefix.chunks()), (2, 10));
+        // Spans of 3 row groups where a row is one segment: 5 groups make 2 chunks.
+        let spans = E8PrefixGemv {
+            span: 3,
+            cols: 576,
+            segment: 18,
+            ..prefix
+        };
+        assert!(spans.validate().is_ok());
+        assert_eq!((spans.segments(), spans.chunks()), (1, 2));
         assert_eq!(prefix.table_entries(), 768 + (4 << 12));
         assert!(E8PrefixGemv {
             batch: 16,
@@ -2876,6 +2903,8 @@ mod tests {
                 segment: 7,
                 ..prefix
             }, // 19 segments a row
+            E8PrefixGemv { span: 2, ..prefix }, // spans need a row in one segment
+            E8PrefixGemv { span: 0, ..prefix },
             E8PrefixGemv {
                 segment: 0,
                 ..prefix

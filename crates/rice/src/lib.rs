@@ -13,7 +13,8 @@
 //!   chunk — one per GPU lane) with a static model of several contexts fitted to the
 //!   histogram and stored compactly; within a few thousandths of a bit of the empirical entropy.
 //! - [`prefix`]: lane-interleaved canonical prefix codes of E8 words (codes of at most 8–12
-//!   bits, optionally pairs of symbols coded jointly) in chunks of eight rows, shaped for a GPU
+//!   bits, optionally pairs of symbols coded jointly) in chunks of eight rows (or spans of
+//!   several groups of eight where a row is short), shaped for a GPU
 //!   warp that decodes one word a lane inside a GEMV; no escapes, so symbols beyond its tables
 //!   are refused with [`CodingError::Unrepresentable`].
 #![deny(missing_docs)]

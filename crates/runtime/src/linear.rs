@@ -182,9 +182,10 @@ pub enum DeviceForm<'a> {
         /// RHT seed.
         seed: u64,
     },
-    /// E8 words in the format's prefix codes ([`hwz::Coding::Prefix`]: chunks of eight rows, a
-    /// warp each, lane `4n + q` decoding word `q` of each 32-column block of row `n`), decoded
-    /// inside the GEMV and dotted against `RHT(x)`.
+    /// E8 words in the format's prefix codes ([`hwz::Coding::Prefix`]: chunks of eight rows, or
+    /// of `span` groups of eight rows where a row is one segment, a warp each, lane `4n + q`
+    /// decoding word `q` of each 32-column block of row `n`), decoded inside the GEMV and
+    /// dotted against `RHT(x)`.
     E8Prefix {
         /// The chunks' 32-bit words, little-endian, as stored.
         payload: &'a [u8],
@@ -198,6 +199,8 @@ pub enum DeviceForm<'a> {
         pair_limit: u8,
         /// 32-column blocks a chunk's rows hold.
         segment: usize,
+        /// Groups of eight rows a chunk spans (above 1 only where a row is one segment).
+        span: usize,
         /// Row scale divided by α, per row.
         row_scales: Vec<f32>,
         /// Words per row (a multiple of 4).
@@ -528,6 +531,7 @@ impl CompressedLinear {
                     limit: p.limit,
                     pair_limit: p.pair_limit,
                     segment: p.segment,
+                    span: p.span,
                     row_scales: l.scales.iter().map(|s| s / l.params.alpha).collect(),
                     words: layout.words,
                     tile: l.params.tile,

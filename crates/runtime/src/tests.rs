@@ -112,14 +112,19 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
         lattice(Lattice::E8, Coding::RANS_DEFAULT, cols),
         Some(Path::LatticeResident { coding: "rans" }),
     ));
-    // Prefix codes: pairs in one-block segments, 10-bit singles in two-block ones; at a lower
-    // α (about 2.5 bits), since pair coordinates beyond ±31 are refused and the test values
-    // have heavy tails.
+    // Prefix codes: pairs in one-block segments, 10-bit singles in two-block ones, chunks of
+    // two row groups where a row is one segment; at a lower α (about 2.5 bits), since pair
+    // coordinates beyond ±31 are refused and the test values have heavy tails.
     for (limit, pair_limit, segment) in [(8, 12, 1), (10, 0, 2)] {
         let coding = Coding::Prefix {
             limit,
             pair_limit,
             segment,
+            span: if cols.div_ceil(32) <= segment as u64 {
+                2
+            } else {
+                1
+            },
         };
         let mut e = lattice(Lattice::E8, coding, cols);
         if let Encoding::Lattice { alpha, .. } = &mut e {
@@ -692,8 +697,8 @@ fn empty_tensors_have_no_device_form() {
 fn device_forms_decode_to_the_stored_weight() {
     use crate::DeviceForm;
     use hypercodec_lattice::Rht;
-    let mut seen = [0usize; 7];
-    for shape in [[7u64, 100], [5, 256], [3, 8]] {
+    let mut seen = [0usize; 8];
+    for shape in [[7u64, 100], [5, 256], [3, 8], [21, 64]] {
         let (rows, cols) = (shape[0] as usize, shape[1] as usize);
         let x = values(rows * cols, 41);
         for which in 0..zoo(shape[1]).len() + EXTRA {
@@ -891,13 +896,15 @@ fn device_forms_decode_to_the_stored_weight() {
                     limit,
                     pair_limit,
                     segment,
+                    span,
                     row_scales,
                     words,
                     tile,
                     seed,
                 } => {
-                    // The kernels' walk (kernels/e8_prefix.cuh), written out: per chunk of eight
-                    // rows, 32 lanes with a bit buffer each; at each refill check the lanes
+                    // The kernels' walk (kernels/e8_prefix.cuh), written out: per chunk of `span`
+                    // groups of eight rows, 32 lanes with a bit buffer each, kept from group to
+                    // group; at each refill check the lanes
                     // holding fewer than 32 bits take the chunk's next words in lane order;
                     // each unit is one lookup of the table, whose entry is the doubled
                     // coordinate as f32 bits (code length in bits 0–4, parity in bit 5).
@@ -920,11 +927,15 @@ fn device_forms_decode_to_the_stored_weight() {
                     let blocks = words / 4;
                     let segs = blocks.div_ceil(segment);
                     let mut doubled = vec![0f32; rows * 8 * words];
-                    for c in 0..rows.div_ceil(8) * segs {
-                        let (g, s0) = (c / segs, c % segs);
+                    let groups_n = rows.div_ceil(8);
+                    seen[7] += (span > 1 && groups_n > 1) as usize;
+                    for c in 0..groups_n.div_ceil(span) * segs {
+                        let (sp, s0) = (c / segs, c % segs);
                         let (mut at, end) = (starts[c] as usize, starts[c + 1] as usize);
                         let (mut buf, mut have) = ([0u64; 32], [0u32; 32]);
-                        for t in 0..segment.min(blocks - s0 * segment) {
+                        let steps = segment.min(blocks - s0 * segment);
+                        let span_groups = sp * span..((sp + 1) * span).min(groups_n);
+                        for (g, t) in span_groups.flat_map(|g| (0..steps).map(move |t| (g, t))) {
                             let (mut e0, mut par) = ([0u32; 32], [0u32; 32]);
                             let mut vals = [[0f32; 8]; 32];
                             for units in &groups {
@@ -1066,7 +1077,8 @@ fn device_forms_decode_to_the_stored_weight() {
             && seen[3] >= 1
             && seen[4] >= 3
             && seen[5] >= 1
-            && seen[6] >= 2,
+            && seen[6] >= 2
+            && seen[7] >= 1,
         "{seen:?}"
     );
 }

@@ -18,7 +18,8 @@ on PyTorch's current stream, without synchronizing:
   decodes each chunk inside the GEMV, so the entropy-coded bytes are all the device holds;
   larger batches decode them on the device for the call, then ``F.linear``;
 - E8 symbols in the format's prefix codes (``e8@B-prefix``, CLI ``--coding prefix-gpu``): one
-  warp decodes each chunk of eight rows inside the GEMV, on FFMA for one activation row and on
+  warp decodes each chunk of eight rows (of several groups of eight where a row is short) inside
+  the GEMV, on FFMA for one activation row and on
   the tensor cores for 2–16 bf16/f16 rows (:data:`MMA_MAX_BATCH`; f32 rows: up to 4, one by
   one on FFMA); larger batches decode the weight on the device for the call, then ``F.linear``;
 - forms without a kernel (other entropy-coded or Z1/D4 lattice symbols, codebook, nested):
@@ -268,6 +269,7 @@ class DeviceLinear:
                 "limit": form["limit"],
                 "pair_limit": form["pair_limit"],
                 "segment": form["segment"],
+                "span": form["span"],
                 "row_scales": _ptr(self.row_scales),
                 "bias": _ptr(self.bias),
                 "rows": self.rows,
