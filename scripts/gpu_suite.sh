@@ -18,6 +18,8 @@
 #            int8 W8A8 for int8-row) against weight-only and bf16 on 8192x8192 and 28672x8192, batches 16-1024
 #   prefix   py/benches/cuda_linear.py --skip-check: the format's prefix-coded E8 (e8@4-prefix) beside the rANS layer
 #            (e8@4-gpu), bf16 and torch's int4 on 4096x4096, 8192x8192 and 28672x8192, batches 1, 4, 16, 64, 256
+#   e2eprefix py/benches/cuda_e2e.py --specs e8@4-prefix,e8@4-gpu,int4: tokens/s of the 4-block decoder with
+#            the entropy-coded E8 layers (prefix codes, rANS) beside INT4 and bf16
 #   e8prefix py/benches/cuda_e8_prefix_prototype.py: the entropy-coded E8 prototype (WHEEL_DIR/e8p.cubin, which
 #            gpu-bundle builds) against bf16 and the committed rANS layer on 4096x4096 and 8192x8192, batches 1, 16, 256
 #
@@ -29,7 +31,7 @@
 # kernels do not load on it (saying why); 3 where the wheel cannot be installed or imported.
 set -u -o pipefail
 
-known="tests linear trellis e2e gemm encode kv acts prefix e8prefix"
+known="tests linear trellis e2e gemm encode kv acts prefix e2eprefix e8prefix"
 is_step() { [[ " $known " == *" $1 "* ]]; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -109,6 +111,8 @@ for step in "${steps[@]}"; do
                              --specs int4:fp8,int4-row:fp8,z1-fixed4:fp8,e8-fixed4:fp8,int8-row:int8) ;;
         prefix) limit=240 cmd=("$py" py/benches/cuda_linear.py --skip-check --sizes 4096x4096,8192x8192,28672x8192
                                --batches 1,4,16,64,256 --specs e8@4-prefix,e8@4-gpu --iters 100 --out "$out/prefix.md") ;;
+        e2eprefix) limit=200 cmd=("$py" py/benches/cuda_e2e.py --layers 4 --iters 30 --specs e8@4-prefix,e8@4-gpu,int4
+                                  --out "$out/e2eprefix.md") ;;
         e8prefix) limit=420 cmd=("$py" py/benches/cuda_e8_prefix_prototype.py "$wheels/e8p.cubin"
                                  --shapes 4096x4096,8192x8192 --batches 1,16,256) ;;
     esac
