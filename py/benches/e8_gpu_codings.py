@@ -9,7 +9,7 @@ GPU holds per weight (the device form's arrays; 2.0 for the decode fallback's bf
 CPU runtime's decode and batch-1 forward times (medians of 5; the CPU decoder is the reference, the
 GPU decodes these forms inside its GEMV). Forms: `e8@B` (rANS in CPU chunks), `e8@B-gpu` (rANS
 in chunks of whole rows), `e8@B-prefix` (prefix codes: 8-bit singles, 12-bit pairs, chunks of
-eight rows), `e8@B-prefix10`, `e8@B-prefix12` (singles of 10 and 12 bits) and `e8-fixedB`.
+eight rows, or of several groups of eight where a row is short), `e8@B-prefix10`, `e8@B-prefix12` (singles of 10 and 12 bits) and `e8-fixedB`.
 """
 
 from __future__ import annotations

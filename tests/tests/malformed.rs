@@ -319,6 +319,35 @@ fn invalid_encoding_fields() {
 }
 
 #[test]
+fn prefix_spans_out_of_their_bounds_are_refused() {
+    // The sample's prefix tensors: 6×40 (5 words, 2 blocks a row), segments of 1 and 2 blocks.
+    let set_span = |segment: u64, span: u64| {
+        with_manifest(|m| {
+            let i = m["tensors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .position(|t| {
+                    t["encoding"]["coding"]["type"] == "prefix"
+                        && t["encoding"]["coding"]["segment"] == segment
+                })
+                .unwrap();
+            m["tensors"][i]["encoding"]["coding"]["span"] = json!(span);
+        })
+    };
+    // A row in one segment may span groups (one group here: the same chunk).
+    open_and_decode(&set_span(2, 2)).unwrap();
+    // Not with two segments a row, not past 2^16 blocks a chunk, not 0.
+    for (segment, span) in [(1, 2), (2, 1 << 16), (2, 0)] {
+        let b = set_span(segment, span);
+        assert!(
+            matches!(open(&b), Err(HwzError::InvalidEncoding { .. })),
+            "segment {segment}, span {span}"
+        );
+    }
+}
+
+#[test]
 fn shape_overflow_and_caps() {
     let b = with_manifest(|m| m["tensors"][0]["shape"] = json!([u64::MAX, 3]));
     assert!(matches!(open(&b), Err(HwzError::ShapeOverflow { .. })));

@@ -427,8 +427,8 @@ fn lattice_compress_meets_its_rate_and_decompresses() {
             );
         }
         if coding == "prefix-gpu" {
-            // 8-bit singles, 12-bit pairs, chunks of eight rows of 32 blocks (2^13 symbols:
-            // a row of 128 words is 32 blocks).
+            // 8-bit singles, 12-bit pairs, a row of 128 words in one segment of 32 blocks, so
+            // chunks span 2 groups of eight rows (2^14 symbols).
             let c = &t["encoding"]["coding"];
             assert_eq!(
                 (&c["type"], &c["limit"], &c["pair_limit"], &c["segment"]),

@@ -176,8 +176,9 @@ pub enum Coding {
         /// Bits per symbol, 2..=8.
         bits: u8,
     },
-    /// E8 only: lane-interleaved canonical prefix codes in chunks of eight rows
-    /// (`hypercodec_rice::prefix`), what a GPU warp decodes a word a lane inside the GEMV.
+    /// E8 only: lane-interleaved canonical prefix codes in chunks of eight rows, or of `span`
+    /// groups of eight rows where a row is one segment (`hypercodec_rice::prefix`), what a GPU
+    /// warp decodes a word a lane inside the GEMV.
     Prefix {
         /// Longest single code, 8..=12 bits.
         limit: u8,
@@ -225,9 +226,9 @@ impl Coding {
     };
 
     /// The same coding with `chunk` symbols per chunk (fixed-rate coding has no chunks; prefix
-    /// codes take chunks of eight rows of `chunk / 8` symbols, in whole 32-column blocks, and
-    /// where a row is shorter, of as many groups of eight rows as fit: span 0 here, set by
-    /// [`Encoding::for_matrix`]).
+    /// codes take chunks of eight rows of `chunk / 8` symbols rounded down to whole 32-column
+    /// blocks, and where a row is shorter, of as many groups of eight rows as fit those
+    /// `256·⌊chunk/256⌋` symbols: span 0 here, set by [`Encoding::for_matrix`]).
     pub fn with_chunk(self, chunk: u32) -> Coding {
         match self {
             Coding::Rice { .. } => Coding::Rice { chunk },

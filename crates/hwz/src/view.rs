@@ -145,8 +145,8 @@ pub enum Symbols<'a> {
         /// The packed symbols.
         packed: Cow<'a, [u8]>,
     },
-    /// Lane-interleaved prefix codes in chunks of eight rows, with the parsed model and
-    /// validated chunk table.
+    /// Lane-interleaved prefix codes in chunks of eight rows (or spans of several groups of
+    /// eight), with the parsed model and validated chunk table.
     Prefix(prefix::Decoder<'a>),
 }
 
@@ -929,7 +929,7 @@ impl TensorView<'_> {
                 }
             }
             coded => {
-                // Rice, rANS and prefix chunks alike (prefix: a group of eight rows a chunk).
+                // Rice, rANS and prefix chunks alike (prefix: a span of groups of eight rows).
                 let (chunk, _) = coded.chunking().unwrap_or((1, 0));
                 let mut buf = Vec::new();
                 for c in chunk_range(spr as u64, chunk as u64, &(a as u64..b as u64)) {
@@ -947,7 +947,7 @@ impl TensorView<'_> {
     }
 }
 
-/// The groups of eight rows (prefix chunks' rows) that rows `range` lie in.
+/// The groups of eight rows that rows `range` lie in (`payload_bytes` counts their chunks).
 fn prefix_groups(range: &Range<u64>) -> Range<usize> {
     let g = prefix::GROUP_ROWS as u64;
     if range.start >= range.end {

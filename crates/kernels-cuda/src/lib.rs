@@ -498,9 +498,12 @@ impl E8PrefixGemv {
                 self.cols
             ));
         }
-        if self.span == 0 || self.span > 1 << 16 || (self.span > 1 && self.segments() > 1) {
+        if self.span == 0
+            || (self.span > 1 && (self.segments() > 1 || self.span * self.cols / 32 > 1 << 16))
+        {
             return bad(format!(
-                "chunks of {} row groups: above 1 only where a row is one segment ({} here)",
+                "chunks of {} row groups: above 1 only where a row is one segment ({} here), \
+                 at most 2^16 blocks a chunk",
                 self.span,
                 self.segments()
             ));

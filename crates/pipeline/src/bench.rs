@@ -183,7 +183,8 @@ pub fn representations() -> Vec<Rep> {
         v.push(rate(lattice(Lattice::E8, Coding::RICE_DEFAULT), Some(bps)));
     }
     // The GPU-shaped entropy codings of E8: rANS in chunks of whole rows, and prefix codes in
-    // chunks of eight rows (what a warp decodes inside the GEMV; 8-bit singles, 12-bit pairs).
+    // chunks of eight rows or more (what a warp decodes inside the GEMV; 8-bit singles, 12-bit
+    // pairs).
     for coding in [Coding::RANS_GPU, Coding::PREFIX_GPU] {
         for bps in [4.0, 3.0, 2.0] {
             v.push(rate(lattice(Lattice::E8, coding), Some(bps)));

@@ -77,7 +77,9 @@ pub struct PrefixParams {
     /// 64: chunks of 2^14 symbols.
     pub segment: usize,
     /// Groups of 8 rows a chunk spans (1..=[`MAX_SPAN`]); above 1 only where a row is one
-    /// segment: short rows then still make chunks of many symbols. By default, 1.
+    /// segment, and at most [`MAX_SEGMENT`] blocks in all (a chunk holds at most 2^24 symbols,
+    /// as with one segment of the most blocks): short rows then still make chunks of many
+    /// symbols. By default, 1.
     pub span: usize,
 }
 
@@ -146,7 +148,7 @@ impl PrefixParams {
         if blocks > segment {
             return 1;
         }
-        (symbols / (GROUP_ROWS * words.max(1) * WORD)).clamp(1, MAX_SPAN)
+        (symbols / (GROUP_ROWS * words.max(1) * WORD)).clamp(1, MAX_SEGMENT / blocks)
     }
 
     /// The units of a word: (first symbol, symbols, table under coset 0, under coset 1).
@@ -278,10 +280,11 @@ impl Layout {
         groups.start / span * s..groups.end.div_ceil(span) * s
     }
 
-    /// The groups chunk `c` holds.
+    /// The groups chunk `c` holds (none for an empty matrix).
     pub fn chunk_groups(&self, c: usize) -> Range<usize> {
-        let g = c / self.segments() * self.span;
-        g..(g + self.span).min(self.groups())
+        let (segs, span) = (self.segments().max(1), self.span.max(1));
+        let g = (c / segs).saturating_mul(span).min(self.groups());
+        g..g.saturating_add(span).min(self.groups())
     }
 
     /// Blocks a row of chunk `c` holds (its segment's).
@@ -308,15 +311,27 @@ impl Layout {
     /// a row is one segment, a size that fits.
     pub fn check(&self, params: &PrefixParams) -> Result<()> {
         params.validate()?;
-        if self.segment != params.segment || self.span != params.span {
+        if self.segment != params.segment {
             return Err(CodingError::Invalid {
-                what: "prefix layout segment or span (differs from the parameters')",
+                what: "prefix layout segment (differs from the parameters')",
                 value: self.segment as u64,
+            });
+        }
+        if self.span != params.span {
+            return Err(CodingError::Invalid {
+                what: "prefix layout span (differs from the parameters')",
+                value: self.span as u64,
             });
         }
         if self.span > 1 && self.words > 0 && self.segments() > 1 {
             return Err(CodingError::Invalid {
                 what: "prefix span (above 1 only where a row is one segment)",
+                value: self.span as u64,
+            });
+        }
+        if self.span > 1 && self.span.saturating_mul(self.blocks()) > MAX_SEGMENT {
+            return Err(CodingError::Invalid {
+                what: "prefix span (a chunk holds at most 2^16 blocks of its rows)",
                 value: self.span as u64,
             });
         }
@@ -1264,6 +1279,18 @@ mod tests {
         let (one, three) = (bits(1), bits(3));
         assert_eq!(PrefixParams::span_for(words_per_row, 18, 1 << 14), 3);
         assert!(three < one - 0.05, "span 3: {three} bits, span 1: {one}");
+        // A chunk holds at most 2^16 blocks of its rows (2^24 symbols); spans above 1 need a
+        // row in one segment.
+        let p = |segment, span| PrefixParams {
+            segment,
+            span,
+            ..PrefixParams::default()
+        };
+        let fits = |segment, span| Layout::new(8, 1024, &p(segment, span)).check(&p(segment, span));
+        assert!(fits(256, 256).is_ok());
+        assert!(fits(256, 257).is_err() && fits(256, MAX_SPAN).is_err());
+        assert!(fits(128, 2).is_err() && fits(128, 1).is_ok());
+        assert_eq!(PrefixParams::span_for(1024, 256, 1 << 30), 256);
     }
 
     #[test]
