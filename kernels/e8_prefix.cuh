@@ -24,6 +24,7 @@
 // encoder writes, without a GPU.
 #pragma once
 #ifdef __CUDACC__
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 #endif
@@ -112,13 +113,35 @@ struct E8PrefixArgs {
     const uint32_t* table;     // the decode tables (_e8prefix: Model.table, PairModel.table)
     const float* row_scales;   // per row: y = ½ · scale · Σ doubled coordinate · x
     const float* xr;           // RHT(x): cols f32 (the mma kernels: M × cols f16)
-    float* y;                  // M × rows f32 (the decoders: rows × cols bf16)
+    float* y;                  // M × rows of y_dtype (the decoders: rows × cols of theirs)
     const float* bias;         // rows f32 or null
     long long nwords;
     int rows, cols, rows_per_chunk, chunks;
     int segments, seg_blocks;  // rows8 layouts: column segments a row (a warp each), 32-column blocks a segment
     int M;                     // the mma kernels: activation rows, 1..16
+    int y_dtype;               // the GEMV and mma kernels' y: 0 f32, 1 f16, 2 bf16 (rounded to nearest even)
 };
+
+// y[i] = v as a.y_dtype.
+__device__ __forceinline__ void hc_ep_store_y(const E8PrefixArgs& a, long long i, float v) {
+#ifdef __CUDA_ARCH__
+    if (a.y_dtype == 1) {
+        reinterpret_cast<__half*>(a.y)[i] = __float2half_rn(v);
+    } else if (a.y_dtype == 2) {
+        reinterpret_cast<__nv_bfloat16*>(a.y)[i] = __float2bfloat16_rn(v);
+    } else {
+        a.y[i] = v;
+    }
+#else
+    if (a.y_dtype == 1) {
+        reinterpret_cast<uint16_t*>(a.y)[i] = (uint16_t)hc_host::h2(v, 0.f);
+    } else if (a.y_dtype == 2) {
+        reinterpret_cast<uint16_t*>(a.y)[i] = hc_host::bf16(v);
+    } else {
+        a.y[i] = v;
+    }
+#endif
+}
 
 struct Lane {
     uint32_t hi, lo;       // the bit buffer with its marker
@@ -382,7 +405,7 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
                 hc_ep_dot<L, G, LP, C, true>(s, tabs, x, acc, w < wpr, below);
             }
             const float t = hc_ep_warp_sum(acc);
-            if (lane == 0) a.y[row] = 0.5f * a.row_scales[row] * t + (a.bias ? a.bias[row] : 0.f);
+            if (lane == 0) hc_ep_store_y(a, row, 0.5f * a.row_scales[row] * t + (a.bias ? a.bias[row] : 0.f));
         }
     }
     hc_ep_wait0();  // no copy outlives the block
@@ -462,14 +485,15 @@ __device__ __forceinline__ void hc_e8_prefix_r8_spans(const E8PrefixArgs& a, HcS
                 acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
                 acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
                 const int r = g * 8 + n;
-                if (q == 0 && on) a.y[r] = 0.5f * a.row_scales[r] * acc[0] + (a.bias ? a.bias[r] : 0.f);
+                if (q == 0 && on) hc_ep_store_y(a, r, 0.5f * a.row_scales[r] * acc[0] + (a.bias ? a.bias[r] : 0.f));
             } else {
                 // c0, c1: activation row n, rows 2q, 2q + 1 of the group; c2, c3: activation row n + 8.
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int m = n + 8 * (i >> 1), r = g * 8 + 2 * q + (i & 1);
                     if (m < a.M && r < a.rows)
-                        a.y[(long long)m * a.rows + r] = 0.5f * a.row_scales[r] * acc[i] + (a.bias ? a.bias[r] : 0.f);
+                        hc_ep_store_y(a, (long long)m * a.rows + r,
+                                      0.5f * a.row_scales[r] * acc[i] + (a.bias ? a.bias[r] : 0.f));
                 }
             }
         }
@@ -532,7 +556,7 @@ __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
             float t = 0.f;
             for (int w = 0; w < a.segments; w++)
                 t += reinterpret_cast<const float*>(hc_ep_dyn + HC_EP_RING * (gl * a.segments + w))[8 * m + (i & 7)];
-            a.y[(long long)m * a.rows + r] = 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f);
+            hc_ep_store_y(a, (long long)m * a.rows + r, 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f));
         }
         __syncthreads();
     }

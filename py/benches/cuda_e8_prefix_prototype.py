@@ -280,7 +280,8 @@ class Args(C.Structure):
     _fields_ = [("words", C.c_void_p), ("index", C.c_void_p), ("table", C.c_void_p), ("row_scales", C.c_void_p),
                 ("xr", C.c_void_p), ("y", C.c_void_p), ("bias", C.c_void_p), ("nwords", C.c_longlong),
                 ("rows", C.c_int), ("cols", C.c_int), ("rows_per_chunk", C.c_int), ("chunks", C.c_int),
-                ("segments", C.c_int), ("seg_blocks", C.c_int), ("M", C.c_int)]
+                ("segments", C.c_int), ("seg_blocks", C.c_int), ("M", C.c_int),
+                ("y_dtype", C.c_int)]
 
 
 class CudaBackend:

@@ -170,6 +170,7 @@ fn e8_prefix(d: &Bound<'_, PyDict>) -> PyResult<E8PrefixGemv> {
         xr: get(d, "xr")?,
         xr16: get(d, "xr16")?,
         y: get(d, "y")?,
+        y_dtype: dtype(get(d, "y_dtype")?)?,
         bias: get(d, "bias")?,
         batch: get(d, "batch")?,
         rows: get(d, "rows")?,
@@ -377,7 +378,7 @@ impl CudaKernels {
 
     /// The prefix-coded E8 GEMV, f32 `y` (keys: words_ptr, payload_words, index, table,
     /// limit, pair_limit, segment, span, row_scales, xr (f32, one row), xr16 (f16, 2–16 rows), y,
-    /// bias, batch, rows, cols).
+    /// y_dtype (0 f32, 1 f16, 2 bf16), bias, batch, rows, cols).
     fn e8_prefix_gemv(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
         let a = e8_prefix(args)?;
         // SAFETY: as in `rht`.

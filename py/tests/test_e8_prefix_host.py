@@ -31,7 +31,8 @@ class Args(C.Structure):
     _fields_ = [("words", C.c_void_p), ("index", C.c_void_p), ("table", C.c_void_p), ("row_scales", C.c_void_p),
                 ("xr", C.c_void_p), ("y", C.c_void_p), ("bias", C.c_void_p), ("nwords", C.c_longlong),
                 ("rows", C.c_int), ("cols", C.c_int), ("rows_per_chunk", C.c_int), ("chunks", C.c_int),
-                ("segments", C.c_int), ("seg_blocks", C.c_int), ("M", C.c_int)]
+                ("segments", C.c_int), ("seg_blocks", C.c_int), ("M", C.c_int),
+                ("y_dtype", C.c_int)]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def _launch_args(lib, kind, a, y, batch, max_grid=2 * SMS):
     chunks = -(-groups // span) * segs
     xr = a["xr16"] if batch > 1 else a["xr"]
     args = Args(a["words_ptr"] or None, a["index"], a["table"], a["row_scales"], xr or None, y, a["bias"] or None,
-                a["payload_words"], rows, cols, 8 * span, chunks, segs, min(seg, blocks), batch)
+                a["payload_words"], rows, cols, 8 * span, chunks, segs, min(seg, blocks), batch, a.get("y_dtype", 0))
     if kind.startswith("decode") or span > 1:
         warps = min(max(chunks // SMS, 1), 16)
         grid = min(-(-chunks // warps), max_grid)
@@ -77,7 +78,7 @@ def _launch_args(lib, kind, a, y, batch, max_grid=2 * SMS):
     assert lib.hc_e8p_host_launch(f"hc_e8p_{kind}_{_form(a)}".encode(), C.addressof(args), warps, grid) == 0
 
 
-def _launch(lib, kind, f, rows, xr, y, m, keep, bias=None, max_grid=2 * SMS):
+def _launch(lib, kind, f, rows, xr, y, m, keep, bias=None, max_grid=2 * SMS, y_dtype=0):
     """`_launch_args` over a device form `f` and host arrays (kept alive in `keep`)."""
     payload = np.ascontiguousarray(f["payload"]).view(np.uint32)
     starts = np.ascontiguousarray(f["starts"], np.uint32)
@@ -87,7 +88,7 @@ def _launch(lib, kind, f, rows, xr, y, m, keep, bias=None, max_grid=2 * SMS):
     ptr = lambda a: a.ctypes.data if a is not None and a.size else 0  # noqa: E731
     a = {"words_ptr": ptr(payload), "payload_words": len(payload), "index": ptr(starts), "table": ptr(table),
          "row_scales": ptr(scales), "bias": ptr(bias), "rows": rows, "cols": 8 * f["words"], "segment": f["segment"],
-         "span": f["span"], "limit": f["limit"], "pair_limit": f["pair_limit"], "xr": ptr(xr), "xr16": ptr(xr)}
+         "span": f["span"], "y_dtype": y_dtype, "limit": f["limit"], "pair_limit": f["pair_limit"], "xr": ptr(xr), "xr16": ptr(xr)}
     _launch_args(lib, kind, a, ptr(y), m, max_grid)
 
 
@@ -125,6 +126,13 @@ def test_the_kernels_source_computes_the_stored_weight(lib, spec, rows, cols):
         want = x.astype(np.float64) @ wr.T + bias
         err = np.abs(y - want).max() / max(np.abs(want).max(), 1e-30)
         assert err <= tol, (spec, kind, m, max_grid, err)
+        # y as f16 and bf16: the same f32 sums, rounded to nearest even.
+        y16 = np.full((m, rows), 0xFFFF, np.uint16)
+        _launch(lib, kind, f, rows, xk, y16, m, keep, bias, max_grid, y_dtype=1)
+        assert np.array_equal(y16.view(np.float16), y.astype(np.float16)), (spec, kind, m, "f16 y")
+        _launch(lib, kind, f, rows, xk, y16, m, keep, bias, max_grid, y_dtype=2)
+        u = y.view(np.uint32).astype(np.uint64)
+        assert np.array_equal(y16, ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)), (spec, kind, m, "bf16 y")
     # The decoders: the scaled weight, rounded as the kernels round it.
     # `int8_weight` holds E8's doubled points; the kernels scale them by ½·σ/α in f32.
     sc = (np.float32(0.5) * np.asarray(f["row_scales"], np.float32))[:, None]

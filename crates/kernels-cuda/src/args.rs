@@ -624,6 +624,7 @@ pub(crate) struct E8PrefixArgs {
     segments: i32,
     seg_blocks: i32,
     m: i32,
+    y_dtype: i32,
 }
 
 impl E8PrefixArgs {
@@ -646,6 +647,7 @@ impl E8PrefixArgs {
             // A segment past the row is the row (one segment).
             seg_blocks: a.segment.min(a.cols / 32) as i32,
             m: a.batch as i32,
+            y_dtype: a.y_dtype as i32,
         }
     }
 }

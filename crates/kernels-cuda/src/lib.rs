@@ -434,8 +434,10 @@ pub struct E8PrefixGemv {
     pub xr: u64,
     /// Its f16 copy, `batch × cols`, 16-byte aligned: read at 2–16 rows.
     pub xr16: u64,
-    /// Output, f32, `batch × rows`.
+    /// Output, `batch × rows` of `y_dtype`.
     pub y: u64,
+    /// The output's type (the sums are f32; f16 and bf16 round to nearest even).
+    pub y_dtype: Dtype,
     /// f32 bias, or 0.
     pub bias: u64,
     /// Activation rows, 1..=16.
@@ -2866,6 +2868,7 @@ mod tests {
             xr: 4096,
             xr16: 8192,
             y: 16384,
+            y_dtype: Dtype::Bf16,
             bias: 0,
             batch: 1,
             rows: 40,

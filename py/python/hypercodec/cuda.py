@@ -270,6 +270,7 @@ class DeviceLinear:
                 "pair_limit": form["pair_limit"],
                 "segment": form["segment"],
                 "span": form["span"],
+                "y_dtype": 0,
                 "row_scales": _ptr(self.row_scales),
                 "bias": _ptr(self.bias),
                 "rows": self.rows,
@@ -413,10 +414,11 @@ class DeviceLinear:
         if not gemv:
             b = None if self.bias is None else self.bias.to(dt)
             return torch.nn.functional.linear(xr.to(dt), self._decode(dt, stream), b)
+        y = torch.empty(m, self.rows, dtype=dt, device=self.device)
         if self.kind == "e8prefix":
-            # f32 outputs (the kernels' sums): bf16/f16 activations in passes of up to 16 rows on
-            # the tensor cores (from the f16 copy), a lone row and f32 rows one by one on FFMA.
-            y32 = torch.empty(m, self.rows, dtype=torch.float32, device=self.device)
+            # Outputs in ``dt`` (the kernels' f32 sums, rounded once): bf16/f16 activations in
+            # passes of up to 16 rows on the tensor cores (from the f16 copy), a lone row and f32
+            # rows one by one on FFMA.
             mma = m > 1 and dt in (torch.bfloat16, torch.float16)
             if mma and xr16 is None:
                 xr16 = xr.to(torch.float16)
@@ -424,10 +426,9 @@ class DeviceLinear:
             for m0 in range(0, m, step):
                 n = min(step, m - m0)
                 args = dict(self.args, xr=_ptr(xr[m0:]), xr16=_ptr(xr16[m0:]) if n > 1 else 0, batch=n,
-                            y=_ptr(y32[m0:]))
+                            y=_ptr(y[m0:]), y_dtype=code)
                 self.kernels.e8_prefix_gemv(args, stream)
-            return y32 if dt == torch.float32 else y32.to(dt)
-        y = torch.empty(m, self.rows, dtype=dt, device=self.device)
+            return y
         if self.kind in ("trellis", "e8rans"):
             args = dict(self.args, xr=_ptr(xr), batch=m, y=_ptr(y), y_dtype=code)
             if xr16 is not None:
