@@ -216,6 +216,14 @@ __device__ __forceinline__ void hc_ep_start(Lane& s, uint32_t ring, const uint32
     __syncwarp();  // words 0 … 63 have landed
 }
 
+// A lane's state at the start of chunk c of `a` (its offsets clamped to the payload, so that
+// reads never leave it).
+__device__ __forceinline__ void hc_ep_start_chunk(Lane& s, uint32_t ring, const E8PrefixArgs& a, int c) {
+    const long long start = min((long long)a.index[c], a.nwords);
+    const long long stop = min((long long)a.index[c + 1], a.nwords);
+    hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
+}
+
 // Consumes the code whose length is the entry's bits 0–4.
 __device__ __forceinline__ void hc_ep_consume(Lane& s, uint32_t e) {
     const uint32_t nh = __funnelshift_l(s.lo, s.hi, e);
@@ -387,10 +395,8 @@ __device__ __forceinline__ void hc_e8_prefix(const E8PrefixArgs& a) {
     const int wpr = a.cols >> 3, full_steps = wpr >> 5;
     const int warps = blockDim.x >> 5;
     for (int c = blockIdx.x * warps + (threadIdx.x >> 5); c < a.chunks; c += gridDim.x * warps) {
-        const long long start = min((long long)a.index[c], a.nwords);
-        const long long stop = min((long long)a.index[c + 1], a.nwords);
         Lane s;
-        hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
+        hc_ep_start_chunk(s, ring, a, c);
         const int r0 = c * a.rows_per_chunk, r1 = min(r0 + a.rows_per_chunk, a.rows);
         for (int row = r0; row < r1; row++) {
             float acc = 0.f, x[8];
@@ -468,10 +474,8 @@ __device__ __forceinline__ void hc_e8_prefix_r8_spans(const E8PrefixArgs& a, HcS
     const int groups = (a.rows + 7) >> 3, blocks = a.cols >> 5, span = a.rows_per_chunk >> 3;
     const int warps = blockDim.x >> 5;
     for (int c = blockIdx.x * warps + (threadIdx.x >> 5); c < a.chunks; c += gridDim.x * warps) {
-        const long long start = min((long long)a.index[c], a.nwords);
-        const long long stop = min((long long)a.index[c + 1], a.nwords);
         Lane s;
-        hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
+        hc_ep_start_chunk(s, ring, a, c);
         const int g1 = min(c * span + span, groups);
         for (int g = c * span; g < g1; g++) {
             const bool on = g * 8 + n < a.rows, full = g * 8 + 8 <= a.rows;
@@ -519,10 +523,8 @@ __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
         const int g = base + wg;
         if (wg < gpb && g < groups) {
             const int c = g * a.segments + seg;
-            const long long start = min((long long)a.index[c], a.nwords);
-            const long long stop = min((long long)a.index[c + 1], a.nwords);
             Lane s;
-            hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
+            hc_ep_start_chunk(s, ring, a, c);
             const int b0 = seg * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
             const bool on = g * 8 + n < a.rows, full = g * 8 + 8 <= a.rows;
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -578,10 +580,8 @@ __device__ __forceinline__ void hc_e8_prefix_r8_decode(const E8PrefixArgs& a) {
     const int groups = (a.rows + 7) >> 3, span = max(a.rows_per_chunk >> 3, 1);
     for (int c = blockIdx.x * warps + (threadIdx.x >> 5); c < a.chunks; c += gridDim.x * warps) {
         const int sp = c / a.segments, seg = c % a.segments;
-        const long long start = min((long long)a.index[c], a.nwords);
-        const long long stop = min((long long)a.index[c + 1], a.nwords);
         Lane s;
-        hc_ep_start(s, ring, a.words + start, (int)max(stop - start, 0ll));
+        hc_ep_start_chunk(s, ring, a, c);
         const int b0 = seg * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
         // The chunk's groups one after the other (several only where a row is one segment).
         for (int g = sp * span, g1 = min(sp * span + span, groups); g < g1; g++) {
