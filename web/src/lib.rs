@@ -385,6 +385,8 @@ mod tests {
             "golden-v1-lattice.hwz",
             "golden-v1-trellis.hwz",
             "golden-v1-trellis-pairs.hwz",
+            "golden-v1-prefix.hwz",
+            "golden-v1-prefix-span.hwz",
         ] {
             let bytes = golden(file);
             let i = open(&bytes).expect("valid");
@@ -405,7 +407,7 @@ mod tests {
                         .iter()
                         .map(|c| c.as_u64().unwrap_or(0))
                         .sum::<u64>(),
-                    240
+                    t["elements"].as_u64().expect("elements")
                 );
             }
             let roles: u64 = s["roles"]
