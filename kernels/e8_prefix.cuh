@@ -231,7 +231,23 @@ __device__ __forceinline__ void hc_ep_consume(Lane& s, uint32_t e) {
     s.hi = nh;
 }
 
-template <bool TAIL>
+// Keeps the ring ahead of a whole word of at most two checks (64 words): after this, ahead ≥ 192
+// and every group but the two newest has landed, so the word's checks (words below pos + 64 ≤
+// pos + ahead − 128) are there. The ahead was at least 192 at the previous word and fell by at
+// most 64, so one group is enough; the slots it overwrites held words below pos + ahead − 192 ≤
+// pos: all taken, by reads the first __syncwarp orders before the copies.
+__device__ __forceinline__ void hc_ep_keep_ahead(Lane& s) {
+    if (s.ahead < 192) {
+        __syncwarp();
+        hc_ep_fetch(s);
+        hc_ep_wait2();
+        __syncwarp();
+    }
+}
+
+// A refill check. FETCH: keep the ring ahead here (words of more than two checks); else the
+// word's caller did, once (hc_ep_keep_ahead).
+template <bool TAIL, bool FETCH = true>
 __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
     const bool need = (!TAIL || on) && s.lo == 0u;
     const unsigned bal = __ballot_sync(0xffffffffu, need);
@@ -246,6 +262,7 @@ __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
     const int taken = __popc(bal);
     s.pos4 += 4u * taken;
     s.ahead -= taken;
+    if (!FETCH) return;
     // Stay ahead: after this, ahead ≥ 160, and every group but the two newest has landed, so the
     // next check's words (below pos + 32 ≤ pos + ahead − 128) are there. The slots a new group
     // overwrites held words below pos + ahead − 256 < pos − 32: all taken, by reads the first
@@ -263,9 +280,12 @@ __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
 template <int L, int G, int C, bool TAIL>
 __device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
     uint32_t base = 0, par = 0, e0 = 0;
+    // Two checks a word (G ≥ 4): the ring is kept ahead once, before the word.
+    constexpr bool WORDWISE = G >= 4;
+    if (WORDWISE) hc_ep_keep_ahead(s);
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        if (i % G == 0) hc_ep_refill<TAIL>(s, on, below);
+        if (i % G == 0) hc_ep_refill<TAIL, !WORDWISE>(s, on, below);
         const uint32_t idx = s.hi >> (32 - L);
         uint32_t e = hc_ep_lds(tab, 4 * C * (base + idx));
         if (TAIL) e = on ? e : 0u;
@@ -287,7 +307,8 @@ __device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, float (&v)[8], b
 // before the first symbol (8 + LP ≤ 32 bits follow) and before the second pair (2·LP + 8 ≤ 32).
 template <int LP, bool TAIL>
 __device__ __forceinline__ void hc_ep_word_pairs(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
-    hc_ep_refill<TAIL>(s, on, below);
+    hc_ep_keep_ahead(s);  // two checks a word: the ring is kept ahead once, here
+    hc_ep_refill<TAIL, false>(s, on, below);
     uint32_t e0 = hc_ep_lds(tab, 4 * (s.hi >> 24));
     if (TAIL) e0 = on ? e0 : 0u;
     hc_ep_consume(s, e0);
@@ -297,7 +318,7 @@ __device__ __forceinline__ void hc_ep_word_pairs(Lane& s, HcSmem tab, float (&v)
     uint32_t par = 0;
 #pragma unroll
     for (int k = 0; k < 3; k++) {
-        if (k == 1) hc_ep_refill<TAIL>(s, on, below);
+        if (k == 1) hc_ep_refill<TAIL, false>(s, on, below);
         uint32_t ea, eb;
         hc_ep_lds2(tab, pb + 8u * (s.hi >> (32 - LP)), ea, eb);
         if (TAIL) ea = on ? ea : 0u;

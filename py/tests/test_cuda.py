@@ -90,7 +90,7 @@ def test_affine_device_forms_hold_scales_tiled_as_the_kernels_read_them(spec, sc
 
 @needs_cuda
 @pytest.mark.parametrize("spec", ["int4", "int8-row", "int3", "e8-fixed4", "e8-fixed3", "tcq@2-l12", "tcq@2-l12-v2", "e8@4", "e8@4-gpu", "e8@2-gpu",
-                                  "e8@4-prefix", "e8@3-prefix10"])
+                                  "e8@4-prefix", "e8@3-prefix10", "e8@3-prefix8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("scale", [1.0, 1e-9])
 def test_cuda_forward_matches_the_cpu_runtime(spec, dtype, scale):
