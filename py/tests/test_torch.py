@@ -1140,16 +1140,26 @@ def test_lattice_gpu_layers_store_warp_shaped_chunks_and_run_on_the_host():
     """``lattice-gpu``: E8 + rANS in chunks of whole rows a CUDA warp decodes; on the host it is
     an entropy-coded layer like any other (the same rate, the same outputs as its decode)."""
     assert hnn.method_spec("lattice-gpu", 3) == "e8@3-gpu"
-    torch.manual_seed(3)
-    m = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
-    x = torch.randn(4, 512)
-    hnn.quantize(m, bps=4, method="lattice-gpu")
+    m, x = _two_layers_at_4_bits("lattice-gpu", seed=3)
     for layer in (m[0], m[2]):
         assert isinstance(layer, hnn.HyperLinear)
         form = layer.op.device_form()
         assert form["kind"] == "e8rans" and form["prob_bits"] == 12
         assert form["chunk"] % (8 * form["words"]) == 0
         assert layer.op.stored_bytes * 8 <= 4.0 * layer.op.rows * layer.op.cols
+    _first_layer_matches_its_decode(m, x)
+
+
+def _two_layers_at_4_bits(method, seed):
+    """A 512 → 256 → 64 MLP quantized with ``method`` at 4 bits, and a batch of 4 inputs."""
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    x = torch.randn(4, 512)
+    hnn.quantize(m, bps=4, method=method)
+    return m, x
+
+
+def _first_layer_matches_its_decode(m, x):
     w0 = m[0].weight_dense().reshape(256, 512)
     b0 = torch.from_numpy(np.asarray(m[0].op.bias, np.float32))
     assert torch.allclose(m[0](x), x @ w0.T + b0, rtol=1e-4, atol=1e-5)
@@ -1161,19 +1171,14 @@ def test_lattice_prefix_layers_store_row_group_chunks_and_run_on_the_host():
     groups); on the host an entropy-coded layer like any other (within its rate, the same outputs
     as its decode)."""
     assert hnn.method_spec("lattice-prefix", 3) == "e8@3-prefix"
-    torch.manual_seed(4)
-    m = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
-    x = torch.randn(4, 512)
-    hnn.quantize(m, bps=4, method="lattice-prefix")
+    m, x = _two_layers_at_4_bits("lattice-prefix", seed=4)
     for layer in (m[0], m[2]):
         form = layer.op.device_form()
         assert form["kind"] == "e8prefix" and (form["limit"], form["pair_limit"]) == (8, 12)
         assert form["segment"] == form["words"] // 4 and form["span"] == 16384 // (8 * layer.op.cols)
         assert len(form["starts"]) == -(-layer.op.rows // (8 * form["span"])) + 1
         assert layer.op.stored_bytes * 8 <= 4.0 * layer.op.rows * layer.op.cols
-    w0 = m[0].weight_dense().reshape(256, 512)
-    b0 = torch.from_numpy(np.asarray(m[0].op.bias, np.float32))
-    assert torch.allclose(m[0](x), x @ w0.T + b0, rtol=1e-4, atol=1e-5)
+    _first_layer_matches_its_decode(m, x)
 
 
 @pytest.mark.parametrize("method", ["int4", "lattice", "bf16"])
