@@ -46,6 +46,14 @@ __device__ __forceinline__ uint32_t hc_ep_lds(HcSmem base, uint32_t off) {
 __device__ __forceinline__ void hc_ep_lds2(HcSmem base, uint32_t off, uint32_t& x, uint32_t& y) {
     asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "r"(base + off));
 }
+// base + (v >> SH) · 2^K as a shift and one LEA (ptxas otherwise shifts, masks and adds).
+template <int SH, int K>
+__device__ __forceinline__ uint32_t hc_ep_at(uint32_t v, uint32_t base) {
+    uint32_t r;
+    asm("{\n\t.reg .u32 t;\n\tshr.u32 t, %1, %2;\n\tmad.lo.u32 %0, t, %3, %4;\n\t}"
+        : "=r"(r) : "r"(v), "n"(SH), "n"(1 << K), "r"(base));
+    return r;
+}
 // Opaque to the compiler, so that it keeps the table's address in a register instead of
 // rebuilding it (three instructions) in every trip.
 __device__ __forceinline__ HcSmem hc_ep_smem(const uint32_t* p) {
@@ -54,6 +62,8 @@ __device__ __forceinline__ HcSmem hc_ep_smem(const uint32_t* p) {
     return a;
 }
 #else
+template <int SH, int K>
+inline uint32_t hc_ep_at(uint32_t v, uint32_t base) { return base + ((v >> SH) << K); }
 typedef const uint32_t* HcSmem;
 inline uint32_t hc_ep_lds(HcSmem base, uint32_t off) { return base[off / 4]; }
 inline void hc_ep_lds2(HcSmem base, uint32_t off, uint32_t& x, uint32_t& y) { x = base[off / 4], y = base[off / 4 + 1]; }
@@ -275,9 +285,31 @@ __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
     }
 }
 
+// A value's entry bits: the doubled coordinate as f32 (EXACT), or the entry as it is, its low six
+// bits (code length, parity) left in the mantissa: at most 63 units in the last place over, 2^-17
+// of the value (0 stays a denormal of at most 63 · 2^-149). The products (GEMV, tensor cores) take
+// it as is: one instruction a value fewer; the tensor cores' f16 rounding gives back the exact
+// coordinate (it lies within half an f16 unit of it), the f32 FFMA sums carry at most 2^-17 of
+// each product, far below the bf16 rounding of the activations they multiply (2^-9). The decoders
+// write exact weights.
+#define HC_EP_VALUE(EXACT) ((EXACT) ? ~63u : ~0u)
+
+// The GEMV's products: a·b + c with subnormal inputs and result read as zero (FTZ), so that a zero
+// coordinate's entry taken as it is (HC_EP_VALUE) adds exactly nothing.
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ float hc_ep_fma(float a, float b, float c) {
+    float r;
+    asm("fma.rn.ftz.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+}
+#else
+inline float hc_ep_ftz(float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.f, v) : v; }
+inline float hc_ep_fma(float a, float b, float c) { return hc_ep_ftz(std::fmaf(hc_ep_ftz(a), hc_ep_ftz(b), hc_ep_ftz(c))); }
+#endif
+
 // One E8 word of lane `s` in singles. `tab` is this lane's copy of the tables: entry i at byte
 // 4·C·i (C copies interleaved, see hc_e8_prefix). The word's 8 doubled coordinates go to v.
-template <int L, int G, int C, bool TAIL>
+template <int L, int G, int C, bool TAIL, bool EXACT>
 __device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
     uint32_t base = 0, par = 0, e0 = 0;
     // Two checks a word (G ≥ 4): the ring is kept ahead once, before the word.
@@ -294,18 +326,18 @@ __device__ __forceinline__ void hc_ep_word(Lane& s, HcSmem tab, float (&v)[8], b
             e0 = e;
             base = (((e >> 5) & 1u) + 1u) << L;
         } else {
-            v[i - 1] = __uint_as_float(e & ~63u);
+            v[i - 1] = __uint_as_float(e & HC_EP_VALUE(EXACT));
             par ^= e;
         }
     }
-    v[7] = __uint_as_float(e0 & ~63u) + ((par & 32u) ? 2.f : 0.f);
+    v[7] = __uint_as_float(e0 & HC_EP_VALUE(EXACT)) + ((par & 32u) ? 2.f : 0.f);
 }
 
 // One E8 word in pairs (`_e8prefix.PairModel`): the first symbol (8-bit codes), the pairs
 // (s₀, s₁), (s₂, s₃), (s₄, s₅) (LP-bit codes, 8-byte entries: the first coordinate with the
 // length and the pair's parity, the second exact), s₆ (8-bit codes under the coset); refills
 // before the first symbol (8 + LP ≤ 32 bits follow) and before the second pair (2·LP + 8 ≤ 32).
-template <int LP, bool TAIL>
+template <int LP, bool TAIL, bool EXACT>
 __device__ __forceinline__ void hc_ep_word_pairs(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
     hc_ep_keep_ahead(s);  // two checks a word: the ring is kept ahead once, here
     hc_ep_refill<TAIL, false>(s, on, below);
@@ -320,28 +352,28 @@ __device__ __forceinline__ void hc_ep_word_pairs(Lane& s, HcSmem tab, float (&v)
     for (int k = 0; k < 3; k++) {
         if (k == 1) hc_ep_refill<TAIL, false>(s, on, below);
         uint32_t ea, eb;
-        hc_ep_lds2(tab, pb + 8u * (s.hi >> (32 - LP)), ea, eb);
+        hc_ep_lds2(tab, hc_ep_at<32 - LP, 3>(s.hi, pb), ea, eb);
         if (TAIL) ea = on ? ea : 0u;
         hc_ep_consume(s, ea);
-        v[2 * k] = __uint_as_float(ea & ~63u);
+        v[2 * k] = __uint_as_float(ea & HC_EP_VALUE(EXACT));
         v[2 * k + 1] = __uint_as_float(eb);
         par ^= ea;
     }
-    uint32_t e6 = hc_ep_lds(tab, lb + 4 * (s.hi >> 24));
+    uint32_t e6 = hc_ep_lds(tab, hc_ep_at<24, 2>(s.hi, lb));
     if (TAIL) e6 = on ? e6 : 0u;
     hc_ep_consume(s, e6);
-    v[6] = __uint_as_float(e6 & ~63u);
+    v[6] = __uint_as_float(e6 & HC_EP_VALUE(EXACT));
     par ^= e6;
-    v[7] = __uint_as_float(e0 & ~63u) + ((par & 32u) ? 2.f : 0.f);
+    v[7] = __uint_as_float(e0 & HC_EP_VALUE(EXACT)) + ((par & 32u) ? 2.f : 0.f);
 }
 
-// One word of any variant: its values into v.
-template <int L, int G, int LP, int C, bool TAIL>
+// One word of any variant: its values into v (EXACT false: see HC_EP_VALUE).
+template <int L, int G, int LP, int C, bool TAIL, bool EXACT = true>
 __device__ __forceinline__ void hc_ep_values(Lane& s, HcSmem tab, float (&v)[8], bool on, unsigned below) {
     if constexpr (LP > 0) {
-        hc_ep_word_pairs<LP, TAIL>(s, tab, v, on, below);
+        hc_ep_word_pairs<LP, TAIL, EXACT>(s, tab, v, on, below);
     } else {
-        hc_ep_word<L, G, C, TAIL>(s, tab, v, on, below);
+        hc_ep_word<L, G, C, TAIL, EXACT>(s, tab, v, on, below);
     }
 }
 
@@ -349,9 +381,9 @@ template <int L, int G, int LP, int C, bool TAIL>
 __device__ __forceinline__ void hc_ep_dot(Lane& s, HcSmem tab, const float (&x)[8], float& acc, bool on,
                                           unsigned below) {
     float v[8];
-    hc_ep_values<L, G, LP, C, TAIL>(s, tab, v, on, below);
+    hc_ep_values<L, G, LP, C, TAIL, false>(s, tab, v, on, below);
 #pragma unroll
-    for (int i = 0; i < 8; i++) acc = fmaf(v[i], x[i], acc);
+    for (int i = 0; i < 8; i++) acc = hc_ep_fma(v[i], x[i], acc);
 }
 
 __device__ __forceinline__ void hc_ep_x(const float* xr, int w, bool on, float (&x)[8]) {
@@ -464,9 +496,9 @@ __device__ __forceinline__ void hc_ep_r8_span(Lane& s, HcSmem tabs, const E8Pref
         for (int j = 0; j < nb; j++, xp += 32) {
             float x[8];
             hc_ep_x(xp, 0, true, x);
-            hc_ep_values<L, G, LP, C, TAIL>(s, tabs, v, on, below);
+            hc_ep_values<L, G, LP, C, TAIL, false>(s, tabs, v, on, below);
 #pragma unroll
-            for (int i = 0; i < 8; i++) acc[0] = fmaf(v[i], x[i], acc[0]);
+            for (int i = 0; i < 8; i++) acc[0] = hc_ep_fma(v[i], x[i], acc[0]);
         }
     } else {
         const __half* x16 = reinterpret_cast<const __half*>(a.xr);
@@ -476,7 +508,7 @@ __device__ __forceinline__ void hc_ep_r8_span(Lane& s, HcSmem tabs, const E8Pref
         for (int j = 0; j < nb; j++, xa += 32, xb += 32) {
             const uint4 z = make_uint4(0u, 0u, 0u, 0u);
             const uint4 ra = m0 ? hc_ep_ldg16(xa) : z, rb = m1 ? hc_ep_ldg16(xb) : z;
-            hc_ep_values<L, G, LP, C, TAIL>(s, tabs, v, on, below);
+            hc_ep_values<L, G, LP, C, TAIL, false>(s, tabs, v, on, below);
             const uint32_t fa[4] = {ra.x, rb.x, ra.y, rb.y}, fb[4] = {ra.z, rb.z, ra.w, rb.w};
             hc_ep_mma(acc, fa, hc_ep_h2(v[0], v[1]), hc_ep_h2(v[2], v[3]));
             hc_ep_mma(acc, fb, hc_ep_h2(v[4], v[5]), hc_ep_h2(v[6], v[7]));
