@@ -344,22 +344,23 @@ __device__ __forceinline__ void hc_ep_word_pairs(Lane& s, HcSmem tab, float (&v)
     uint32_t e0 = hc_ep_lds(tab, 4 * (s.hi >> 24));
     if (TAIL) e0 = on ? e0 : 0u;
     hc_ep_consume(s, e0);
-    const uint32_t c = (e0 >> 5) & 1u;
-    const uint32_t pb = 4u * (768u + (c << (LP + 1)));
-    const uint32_t lb = 4u * (256u + (c << 8));
+    // The coset's tables (bit 5 of e0): pairs at byte 4 · (768 + (c << (LP + 1))), s₆ at
+    // 4 · (256 + (c << 8)); the constant parts go to the loads' immediates.
+    const uint32_t pb = (e0 << (LP - 2)) & (1u << (LP + 3));
+    const uint32_t lb = (e0 << 5) & (1u << 10);
     uint32_t par = 0;
 #pragma unroll
     for (int k = 0; k < 3; k++) {
         if (k == 1) hc_ep_refill<TAIL, false>(s, on, below);
         uint32_t ea, eb;
-        hc_ep_lds2(tab, hc_ep_at<32 - LP, 3>(s.hi, pb), ea, eb);
+        hc_ep_lds2(tab, hc_ep_at<32 - LP, 3>(s.hi, pb) + 4u * 768u, ea, eb);
         if (TAIL) ea = on ? ea : 0u;
         hc_ep_consume(s, ea);
         v[2 * k] = __uint_as_float(ea & HC_EP_VALUE(EXACT));
         v[2 * k + 1] = __uint_as_float(eb);
         par ^= ea;
     }
-    uint32_t e6 = hc_ep_lds(tab, hc_ep_at<24, 2>(s.hi, lb));
+    uint32_t e6 = hc_ep_lds(tab, hc_ep_at<24, 2>(s.hi, lb) + 4u * 256u);
     if (TAIL) e6 = on ? e6 : 0u;
     hc_ep_consume(s, e6);
     v[6] = __uint_as_float(e6 & HC_EP_VALUE(EXACT));
