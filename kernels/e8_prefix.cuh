@@ -8,8 +8,9 @@
 //   coset c (bit 5 of the first entry), each with one lookup of the buffer's next L bits (pairs:
 //   one lookup of an 8-byte entry per pair of coordinates);
 // - an entry is the doubled coordinate as f32 bits with the code length in bits 0–4 and the
-//   coordinate's parity in bit 5: `e & ~63` is the FFMA operand, and the funnel shifts that
-//   consume the code take the length from the entry's low 5 bits (wrap mode);
+//   coordinate's parity in bit 5: the GEMV and tensor cores multiply by `e` as it is (within
+//   2^-17 of the coordinate, HC_EP_VALUE), the decoders write `e & ~63`, and the funnel shifts
+//   that consume the code take the length from the entry's low 5 bits (wrap mode);
 // - the lane's bit buffer is hi:lo with a marker 1 below the valid bits, so the lane holds fewer
 //   than 32 bits exactly when lo is 0; at the format's checks those lanes take the chunk's next
 //   words in lane order (a ballot's prefix count) from the warp's ring in shared memory (cp.async
