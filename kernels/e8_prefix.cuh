@@ -504,12 +504,12 @@ __device__ __forceinline__ void hc_ep_r8_span(Lane& s, HcSmem tabs, const E8Pref
         }
     } else {
         const __half* x16 = reinterpret_cast<const __half*>(a.xr);
-        const bool m0 = n < a.M, m1 = n + 8 < a.M;
-        const __half* xa = x16 + (long long)n * a.cols + 32 * b0 + 8 * q;
-        const __half* xb = xa + 8ll * a.cols;
+        // Activation rows n and n + 8; past the batch a copy of its last row (the products of
+        // those rows are never stored), so that every load is unconditional.
+        const __half* xa = x16 + (long long)min(n, a.M - 1) * a.cols + 32 * b0 + 8 * q;
+        const __half* xb = x16 + (long long)min(n + 8, a.M - 1) * a.cols + 32 * b0 + 8 * q;
         for (int j = 0; j < nb; j++, xa += 32, xb += 32) {
-            const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-            const uint4 ra = m0 ? hc_ep_ldg16(xa) : z, rb = m1 ? hc_ep_ldg16(xb) : z;
+            const uint4 ra = hc_ep_ldg16(xa), rb = hc_ep_ldg16(xb);
             hc_ep_values<L, G, LP, C, TAIL, false>(s, tabs, v, on, below);
             const uint32_t fa[4] = {ra.x, rb.x, ra.y, rb.y}, fb[4] = {ra.z, rb.z, ra.w, rb.w};
             hc_ep_mma(acc, fa, hc_ep_h2(v[0], v[1]), hc_ep_h2(v[2], v[3]));
