@@ -865,22 +865,16 @@ pub struct Decoder<'a> {
     /// Every table's slots end to end, each `len | a << 8` (singles) or `len | a << 8 | b << 16`
     /// (pairs), 0 where no code leads.
     flat: Vec<u32>,
-    /// The units of a word.
-    units: Vec<Unit>,
+    /// Each table's (offset, slots) in `flat`.
+    tables: Vec<(usize, usize)>,
+    /// Code limits: (singles, pairs).
+    limits: (u32, u32),
+    /// Whether pairs are coded jointly.
+    pairs: bool,
     /// The units between consecutive refill checks: `units[a..b]`.
     groups: Vec<(usize, usize)>,
     /// Bytes of the model and index streams.
     side_bytes: u64,
-}
-
-/// A decode unit: its first symbol, whether it is a pair, its code limit, and the offsets of
-/// its table in [`Decoder::flat`] under coset 0 and 1.
-#[derive(Debug, Clone, Copy)]
-struct Unit {
-    first: usize,
-    pair: bool,
-    limit: u32,
-    off: [usize; 2],
 }
 
 impl<'a> Decoder<'a> {
@@ -940,16 +934,15 @@ impl<'a> Decoder<'a> {
                 (n, true) => n as u32 | (sym / model.base) << 8 | (sym % model.base) << 16,
             }));
         }
-        let units: Vec<Unit> = params
-            .units()
-            .iter()
-            .map(|&(first, width, t0, t1)| Unit {
-                first,
-                pair: width == 2,
-                limit: params.table_limit(t0) as u32,
-                off: [offsets[t0], offsets[t1]],
-            })
+        let tables: Vec<(usize, usize)> = (0..offsets.len())
+            .map(|t| (offsets[t], 1usize << params.table_limit(t)))
             .collect();
+        if tables.iter().any(|&(at, n)| at + n > flat.len()) {
+            return Err(CodingError::Invalid {
+                what: "prefix decode tables (shorter than their code limits)",
+                value: flat.len() as u64,
+            });
+        }
         let groups = params.groups();
         let side_bytes = (model_len + index.len()) as u64;
         Ok(Decoder {
@@ -958,7 +951,9 @@ impl<'a> Decoder<'a> {
             starts,
             payload: Cow::Borrowed(payload),
             flat,
-            units,
+            tables,
+            limits: (params.limit as u32, params.pair_limit as u32),
+            pairs: params.pairs(),
             groups,
             side_bytes,
         })
@@ -972,7 +967,9 @@ impl<'a> Decoder<'a> {
             layout: self.layout,
             starts: self.starts,
             flat: self.flat,
-            units: self.units,
+            tables: self.tables,
+            limits: self.limits,
+            pairs: self.pairs,
             groups: self.groups,
             side_bytes: self.side_bytes,
         }
@@ -1060,48 +1057,63 @@ impl<'a> Decoder<'a> {
         let mut taken = 0usize;
         let mut buf = [0u64; WARP];
         let mut unread = [0u32; WARP];
-        let rows = first_row..first_row + out.len() / (l.words * WORD).max(1);
+        let out_rows = out.len() / (l.words * WORD).max(1);
+        // Rows of the chunk's other groups outside `out` are decoded here and dropped (a lane's
+        // word spans the checks, so each lane has its own).
         let mut scratch = [[0u32; WORD]; WARP];
+        let tabs: Vec<&[u32]> = self
+            .tables
+            .iter()
+            .map(|&(at, len)| &self.flat[at..at + len])
+            .collect();
+        let (s, n) = (c % l.segments(), l.seg_steps(c));
+        let g0 = l.chunk_groups(c).start;
         for t in 0..l.steps(c) {
+            // Step t: block `blk` of group `g`; lane 4·r + q holds word 4·blk + q of row 8·g + r,
+            // where both exist (the others are idle).
+            let (g, blk) = (g0 + t / n, s * l.segment + t % n);
+            let (row0, word0) = (g * GROUP_ROWS, blk * BLOCK_WORDS);
+            let live_rows = l.rows.saturating_sub(row0).min(GROUP_ROWS);
+            let live_words = l.words.saturating_sub(word0).min(BLOCK_WORDS);
             for &(u0, u1) in &self.groups {
-                for lane in 0..WARP {
-                    let Some((row, word)) = l.word_at(c, lane, t) else {
-                        continue;
-                    };
-                    if unread[lane] < 32 {
-                        let w = words
-                            .get(taken * 4..taken * 4 + 4)
-                            .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                        taken += 1;
-                        buf[lane] |= (w as u64) << (32 - unread[lane]);
-                        unread[lane] += 32;
-                    }
-                    // Rows of the chunk's other groups outside `out` are decoded and dropped.
-                    let w = if rows.contains(&row) {
-                        let at = ((row - first_row) * l.words + word) * WORD;
-                        &mut out[at..at + WORD]
-                    } else {
-                        &mut scratch[lane][..]
-                    };
-                    let (mut b, mut r) = (buf[lane], unread[lane]);
-                    for u in &self.units[u0..u1] {
-                        // The first unit's tables are one: its coset index does not matter.
-                        let e =
-                            self.flat[u.off[(w[0] & 1) as usize] + (b >> (64 - u.limit)) as usize];
-                        let n = e & 0xFF;
-                        if n == 0 {
-                            return Err(CodingError::Corrupt { chunk: c });
-                        }
-                        b <<= n;
-                        r -= n;
-                        if u.pair {
-                            w[u.first] = (e >> 8) & 0xFF;
-                            w[u.first + 1] = e >> 16;
+                for r in 0..live_rows {
+                    let row = row0 + r;
+                    let local = row.wrapping_sub(first_row);
+                    for q in 0..live_words {
+                        let lane = r * BLOCK_WORDS + q;
+                        let (mut b, mut left) = (buf[lane], unread[lane]);
+                        // Branch-free: whether a lane takes a word is as good as random.
+                        let need = left < 32;
+                        let w = if taken < stored {
+                            let at = taken * 4;
+                            u32::from_le_bytes([
+                                words[at],
+                                words[at + 1],
+                                words[at + 2],
+                                words[at + 3],
+                            ])
                         } else {
-                            w[u.first] = e >> 8;
-                        }
+                            0
+                        };
+                        b |= ((w as u64) << (32 - left.min(32))) * need as u64;
+                        taken += need as usize;
+                        left += 32 * need as u32;
+                        let w = if local < out_rows {
+                            let at = (local * l.words + word0 + q) * WORD;
+                            &mut out[at..at + WORD]
+                        } else {
+                            &mut scratch[lane][..]
+                        };
+                        let used = if self.pairs {
+                            pair_units(&tabs, self.limits, u0, &mut b, w)
+                        } else {
+                            single_units(&tabs, self.limits.0, u0..u1, &mut b, w)
+                        };
+                        let Some(used) = used else {
+                            return Err(CodingError::Corrupt { chunk: c });
+                        };
+                        (buf[lane], unread[lane]) = (b, left - used);
                     }
-                    (buf[lane], unread[lane]) = (b, r);
                 }
             }
         }
@@ -1114,6 +1126,98 @@ impl<'a> Decoder<'a> {
         }
         Ok(())
     }
+}
+
+/// A table's entry for the buffer's next `limit` bits: `len | a << 8` (singles) or
+/// `len | a << 8 | b << 16` (pairs); `len` 0 where no code leads.
+#[inline(always)]
+fn lookup(t: &[u32], b: u64, limit: u32) -> u32 {
+    t[(b >> (64 - limit)) as usize]
+}
+
+/// Decodes the singles `units` of a word into `w` from the buffer `b` (MSB first, consumed),
+/// returning the bits they took, or `None` at bits no code leads with. Tables: `tabs[0]` for the
+/// first symbol, `tabs[1 + c]` for the others (`c`: the first symbol's low bit).
+#[inline(always)]
+fn single_units(
+    tabs: &[&[u32]],
+    limit: u32,
+    units: Range<usize>,
+    b: &mut u64,
+    w: &mut [u32],
+) -> Option<u32> {
+    let mut used = 0;
+    let mut from = units.start;
+    if from == 0 {
+        let e = lookup(tabs[0], *b, limit);
+        let len = e & 0xFF;
+        if len == 0 {
+            return None;
+        }
+        *b <<= len;
+        used += len;
+        w[0] = e >> 8;
+        from = 1;
+    }
+    let t = tabs[1 + (w[0] & 1) as usize];
+    for sym in &mut w[from..units.end] {
+        let e = lookup(t, *b, limit);
+        let len = e & 0xFF;
+        if len == 0 {
+            return None;
+        }
+        *b <<= len;
+        used += len;
+        *sym = e >> 8;
+    }
+    Some(used)
+}
+
+/// As [`single_units`] for a word in pairs: from unit 0, the first symbol and the pair
+/// (s₁, s₂); from unit 2, the pairs (s₃, s₄), (s₅, s₆) and s₇. Tables: first, s₇ under coset 0
+/// and 1, pairs under coset 0 and 1; `limits`: (singles, pairs).
+#[inline(always)]
+fn pair_units(
+    tabs: &[&[u32]],
+    limits: (u32, u32),
+    from: usize,
+    b: &mut u64,
+    w: &mut [u32],
+) -> Option<u32> {
+    let mut used = 0;
+    let mut take = |e: u32, b: &mut u64| {
+        let len = e & 0xFF;
+        *b <<= len;
+        used += len;
+        len
+    };
+    if from == 0 {
+        let e = lookup(tabs[0], *b, limits.0);
+        if take(e, b) == 0 {
+            return None;
+        }
+        w[0] = e >> 8;
+        let e = lookup(tabs[3 + ((e >> 8) & 1) as usize], *b, limits.1);
+        if take(e, b) == 0 {
+            return None;
+        }
+        (w[1], w[2]) = ((e >> 8) & 0xFF, e >> 16);
+    } else {
+        let c = (w[0] & 1) as usize;
+        for i in [3, 5] {
+            let e = lookup(tabs[3 + c], *b, limits.1);
+            if take(e, b) == 0 {
+                return None;
+            }
+            (w[i], w[i + 1]) = ((e >> 8) & 0xFF, e >> 16);
+        }
+        let e = lookup(tabs[1 + c], *b, limits.0);
+        if take(e, b) == 0 {
+            return None;
+        }
+        w[7] = e >> 8;
+    }
+    Some(used)
 }
 
 #[cfg(test)]
