@@ -291,8 +291,9 @@ __device__ __forceinline__ void hc_ep_refill(Lane& s, bool on, unsigned below) {
 // of the value (0 stays a denormal of at most 63 · 2^-149). The products (GEMV, tensor cores) take
 // it as is: one instruction a value fewer; the tensor cores' f16 rounding gives back the exact
 // coordinate (it lies within half an f16 unit of it), the f32 FFMA sums carry at most 2^-17 of
-// each product, far below the bf16 rounding of the activations they multiply (2^-9). The decoders
-// write exact weights.
+// each product, far below the bf16 rounding of the activations they multiply (2^-9). (s₇ is the
+// first entry plus 2·parity: its error is 2^-17 of that entry, |4t + c| ≤ 3·|s₇|, e.g. −3 + 2.)
+// The decoders write exact weights.
 #define HC_EP_VALUE(EXACT) ((EXACT) ? ~63u : ~0u)
 
 // The GEMV's products: a·b + c with subnormal inputs and result read as zero (FTZ), so that a zero
@@ -506,8 +507,9 @@ __device__ __forceinline__ void hc_ep_r8_span(Lane& s, HcSmem tabs, const E8Pref
         const __half* x16 = reinterpret_cast<const __half*>(a.xr);
         // Activation rows n and n + 8; past the batch a copy of its last row (the products of
         // those rows are never stored), so that every load is unconditional.
-        const __half* xa = x16 + (long long)min(n, a.M - 1) * a.cols + 32 * b0 + 8 * q;
-        const __half* xb = x16 + (long long)min(n + 8, a.M - 1) * a.cols + 32 * b0 + 8 * q;
+        const int last = max(a.M, 1) - 1;  // (launchers never pass M = 0; row 0 then, not −1)
+        const __half* xa = x16 + (long long)min(n, last) * a.cols + 32 * b0 + 8 * q;
+        const __half* xb = x16 + (long long)min(n + 8, last) * a.cols + 32 * b0 + 8 * q;
         for (int j = 0; j < nb; j++, xa += 32, xb += 32) {
             const uint4 ra = hc_ep_ldg16(xa), rb = hc_ep_ldg16(xb);
             hc_ep_values<L, G, LP, C, TAIL, false>(s, tabs, v, on, below);

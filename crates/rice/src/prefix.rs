@@ -871,7 +871,7 @@ pub struct Decoder<'a> {
     limits: (u32, u32),
     /// Whether pairs are coded jointly.
     pairs: bool,
-    /// The units between consecutive refill checks: `units[a..b]`.
+    /// The units between consecutive refill checks: `PrefixParams::units()[a..b]`.
     groups: Vec<(usize, usize)>,
     /// Bytes of the model and index streams.
     side_bytes: u64,
