@@ -1778,7 +1778,11 @@ def quantize(
 ) -> nn.Module:
     """Replaces every ``nn.Linear`` (and, with ``conv``, ``nn.Conv2d``) of ``model`` whose name
     does not contain one of ``skip`` by a :class:`HyperLinear` (:class:`HyperConv2d`) quantized
-    with ``method`` at ``bps`` (see :func:`method_spec`); transformers' ``Conv1D`` (GPT-2's
+    with ``method`` at ``bps`` (see :func:`method_spec`; a layer too small for the lattice at
+    ``bps`` — its row scales and chunk tables alone over the rate, or a per-tensor grid better,
+    as 3×3 depthwise kernels — falls back to affine INT(⌊bps⌋ + 2) with one scale, so a model of
+    many tiny layers lands a little above ``bps``: :func:`quantize_budget` holds a model-wide
+    budget); transformers' ``Conv1D`` (GPT-2's
     linear layers, their weight transposed) becomes a :class:`HyperLinear` too; ``trainable`` keeps float master
     weights for straight-through training; ``hessians`` (by layer name, from
     :func:`collect_hessians`) turns on error-feedback rounding. A subclass with a forward of its
