@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(back, out);
     }
     // rANS
-    let ctx = rans::Contexts { word: 8, count: 3, map: &e8 };
+    let ctx = rans::Contexts { word: 8, count: 3, map: &e8, first_free: false };
     let params = rans::RansParams { chunk: 8 * (1 + head[3] as usize), lanes: 1 + head[4] as usize % 64, prob_bits: 8 + head[5] % 8 };
     let parts = rans::RansParts { model: a, index: b, payload: c };
     let mut out = vec![0u32; n];

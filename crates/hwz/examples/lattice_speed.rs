@@ -59,6 +59,7 @@ fn main() {
         word: 8,
         count: 3,
         map: &e8,
+        first_free: false,
     };
     let rp = rans::RansParams::default();
     let q = quantize_rows(&x, rows, cols, &p, |s| FloatDtype::F16.round(s)).expect("quantize");

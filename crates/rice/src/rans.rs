@@ -98,14 +98,18 @@ pub struct Contexts<F> {
     pub count: usize,
     /// Context of symbol `j` of a word whose first symbol is `first`.
     pub map: F,
+    /// Whether `map` ignores `first` (each position of a word has its own fixed context, as
+    /// for Z1, A2 and D4): words of 1, 2, 4 or 8 symbols then decode 32 symbols at a time in
+    /// vector lanes where the CPU allows.
+    pub first_free: bool,
 }
 
 impl<F> std::fmt::Debug for Contexts<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Contexts {{ word: {}, count: {} }}",
-            self.word, self.count
+            "Contexts {{ word: {}, count: {}, first_free: {} }}",
+            self.word, self.count, self.first_free
         )
     }
 }
@@ -1023,16 +1027,57 @@ fn decode_chunk<F: Fn(usize, u32) -> usize + Copy>(
     let (mut j, mut lane) = (0usize, 0usize);
     #[cfg(target_arch = "x86_64")]
     let simd32 = simd && lanes.is_multiple_of(32);
+    // Contexts that ignore the first symbol: every lane of a 32-symbol group that starts a word
+    // in lane 0 has a fixed table (None where a table is missing: the scalar path reports it).
+    #[cfg(target_arch = "x86_64")]
+    let free32: Option<[u32; 32]> = (ctx.first_free
+        && 32 % ctx.word.max(1) == 0
+        && lanes.is_multiple_of(32)
+        && crate::simd::has_avx2())
+    .then(|| {
+        let mut b = [0u32; 32];
+        for (i, base) in b.iter_mut().enumerate() {
+            *base = model.dec_table((ctx.map)(i % ctx.word, 0))?.base;
+        }
+        Some(b)
+    })
+    .flatten();
     let mut i = 0;
     while i < out.len() {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(bases) = &free32 {
+            if j == 0 && lane % 32 == 0 && i + 32 <= out.len() {
+                // SAFETY: AVX2 is present; lanes lane..lane+32 exist (lanes % 32 == 0, lane %
+                // 32 == 0); out has 32 symbols from i; every base is a table's start.
+                let done = unsafe {
+                    crate::simd::rans_group32(
+                        &model.fb,
+                        &model.sy,
+                        model.tables.iter().any(|t| t.escape),
+                        bases,
+                        pb,
+                        &mut states[lane..lane + 32],
+                        stream,
+                        pos,
+                        &mut out[i..i + 32],
+                    )
+                };
+                if done {
+                    first = out[i + 32 - ctx.word];
+                    i += 32;
+                    lane = (lane + 32) % lanes;
+                    continue;
+                }
+            }
+        }
         // Four whole words over 32 lanes: every symbol and state update in vector lanes, the
         // renormalization words assigned by a prefix count over the 32 lanes.
         #[cfg(target_arch = "x86_64")]
         if simd32 && j == 0 && lane % 32 == 0 && i + 32 <= out.len() {
-            let mut bases = [[0u32; 2]; 4];
+            let mut bases = [0u32; 32];
             let mut ok = true;
             let mut f = first;
-            for (k, b) in bases.iter_mut().enumerate() {
+            for (k, b) in bases.chunks_exact_mut(8).enumerate() {
                 // The first symbol of word k (its context may depend on the previous word's).
                 let (Some(t0), x) = (model.dec_table((ctx.map)(0, f)), states[lane + 8 * k]) else {
                     ok = false;
@@ -1055,7 +1100,8 @@ fn decode_chunk<F: Fn(usize, u32) -> usize + Copy>(
                     ok = false;
                     break;
                 }
-                *b = [t0.base, t1.base];
+                b[0] = t0.base;
+                b[1..].fill(t1.base);
             }
             // SAFETY: AVX2 is present (simd); lanes lane..lane+32 exist (lanes % 32 == 0,
             // lane % 32 == 0); out has 32 symbols from i; every base is a table's start in
@@ -1150,6 +1196,7 @@ mod tests {
             word: 8,
             count: 3,
             map: e8_like,
+            first_free: false,
         }
     }
 
@@ -1446,7 +1493,66 @@ mod tests {
         assert!(decode(&s, ctx(), &p, &mut vec![0u32; v.len() + 1]).is_err());
     }
 
+    /// Z1-, A2- and D4-like contexts (word 1, 2, 4: position 0 table 0, the others table 1),
+    /// which ignore the first symbol.
+    fn positional(j: usize, _first: u32) -> usize {
+        (j > 0) as usize
+    }
+
+    fn positional_ctx(word: usize) -> Contexts<fn(usize, u32) -> usize> {
+        Contexts {
+            word,
+            count: 2,
+            map: positional,
+            first_free: true,
+        }
+    }
+
+    #[test]
+    fn positional_contexts_roundtrip_in_vector_groups() {
+        // 32 lanes: whole groups of 32 symbols go through the vector path where AVX2 is
+        // present; chunks of 200 words leave partial groups to the scalar path.
+        for word in [1usize, 2, 4] {
+            let v = skewed(40_000, word as u64);
+            let p = RansParams {
+                chunk: 1600,
+                lanes: 32,
+                prob_bits: 12,
+            };
+            let s = encode(&v, positional_ctx(word), &p).unwrap();
+            let mut out = vec![0u32; v.len()];
+            decode(&s, positional_ctx(word), &p, &mut out).unwrap();
+            assert_eq!(out, v, "word {word}");
+            // The same streams read with first_free off (every symbol scalar) agree.
+            let slow = Contexts {
+                first_free: false,
+                ..positional_ctx(word)
+            };
+            let mut again = vec![0u32; v.len()];
+            decode(&s, slow, &p, &mut again).unwrap();
+            assert_eq!(again, v, "word {word}, scalar");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn positional_symbols_roundtrip(v in proptest::collection::vec(prop_oneof![20 => 0u32..30, 1 => any::<u32>()], 0..3000),
+                                        word in prop_oneof![Just(1usize), Just(2), Just(4)], chunk_words in 1usize..80) {
+            let p = RansParams { chunk: chunk_words * 8, lanes: 32, prob_bits: 12 };
+            let s = encode(&v, positional_ctx(word), &p).unwrap();
+            let mut out = vec![0u32; v.len()];
+            decode(&s, positional_ctx(word), &p, &mut out).unwrap();
+            prop_assert_eq!(out, v);
+        }
+
+        #[test]
+        fn positional_garbage_never_panics(model in proptest::collection::vec(any::<u8>(), 0..60), index in proptest::collection::vec(any::<u8>(), 0..300),
+                                           payload in proptest::collection::vec(any::<u8>(), 0..400), n in 0usize..200, word in prop_oneof![Just(1usize), Just(2), Just(4)]) {
+            let s = RansStreams { model, index, payload };
+            let mut out = vec![0u32; n];
+            let _ = decode(&s, positional_ctx(word), &RansParams { chunk: 64, lanes: 32, prob_bits: 10 }, &mut out);
+        }
+
         #[test]
         fn any_symbols_roundtrip(v in proptest::collection::vec(prop_oneof![20 => 0u32..30, 1 => any::<u32>()], 0..700),
                                  lanes in 1usize..40, chunk_words in 1usize..40, prob_bits in 8u8..=15) {

@@ -99,11 +99,11 @@ pub(crate) unsafe fn rans_step7(
     true
 }
 
-/// Decodes 32 symbols — four words of 8, one per group of 8 lanes — entirely in vector lanes:
-/// lane `8k` (word k's first symbol) reads the table at `bases[k][0]`, lanes `8k+1..8k+8` the
-/// one at `bases[k][1]` (chosen by the caller from the first symbol, which the slot alone
-/// determines); then the lanes whose state fell below 2^16 take the next words of the stream
-/// in lane order. Returns `false`, having changed nothing, when a lane meets an escape (if
+/// Decodes 32 symbols entirely in vector lanes: lane `i` reads the table at `bases[i]` (E8:
+/// lane `8k`, word k's first symbol, its table 0; lanes `8k+1..8k+8` the table the caller chose
+/// from that first symbol, which the slot alone determines; words of 1, 2 or 4 symbols: each
+/// position's fixed table); then the lanes whose state fell below 2^16 take the next words of
+/// the stream in lane order. Returns `false`, having changed nothing, when a lane meets an escape (if
 /// `escape`) or fewer than 80 bytes of stream are left.
 ///
 /// # Safety
@@ -115,7 +115,7 @@ pub(crate) unsafe fn rans_group32(
     fb: &[u32],
     sy: &[u16],
     escape: bool,
-    bases: &[[u32; 2]; 4],
+    bases: &[u32; 32],
     pb: u32,
     states: &mut [u32],
     stream: &[u8],
@@ -141,16 +141,7 @@ pub(crate) unsafe fn rans_group32(
         let mut any_escape = _mm256_setzero_si256();
         for k in 0..4 {
             let x = _mm256_loadu_si256(states.as_ptr().add(8 * k) as *const __m256i);
-            let base = _mm256_setr_epi32(
-                bases[k][0] as i32,
-                bases[k][1] as i32,
-                bases[k][1] as i32,
-                bases[k][1] as i32,
-                bases[k][1] as i32,
-                bases[k][1] as i32,
-                bases[k][1] as i32,
-                bases[k][1] as i32,
-            );
+            let base = _mm256_loadu_si256(bases.as_ptr().add(8 * k) as *const __m256i);
             let idx = _mm256_add_epi32(base, _mm256_and_si256(x, mask));
             let f = _mm256_i32gather_epi32::<4>(fb.as_ptr() as *const i32, idx);
             let s = _mm256_and_si256(

@@ -1605,16 +1605,14 @@ fn lattice_gemv(
     let lat = p.lattice;
     let e8 = (lat == Lattice::E8).then(|| E8Activation::new(&xr));
     let scale = |r: usize| l.scales[r] / p.alpha;
-    // The dot product of one row of symbols (unbounded or fixed) by decoding its words.
-    let words_dot = |syms: &[u32], fixed: Option<u8>| -> f32 {
+    // The dot product of one row of fixed-rate symbols by decoding its words (entropy-coded
+    // symbols: `Lattice::coded_dot`).
+    let fixed_dot = |syms: &[u32], bits: u8| -> f32 {
         let d = lat.dim();
         let mut point = [0f32; 8];
         let mut acc = 0f32;
         for (s, xw) in syms.chunks_exact(d).zip(xr.chunks_exact(d)) {
-            match fixed {
-                Some(b) => lat.decode_word_fixed(s, b, &mut point[..d]),
-                None => lat.decode_word(s, &mut point[..d]),
-            }
+            lat.decode_word_fixed(s, bits, &mut point[..d]);
             acc += point[..d].iter().zip(xw).map(|(a, b)| a * b).sum::<f32>();
         }
         acc
@@ -1646,7 +1644,7 @@ fn lattice_gemv(
                             syms.iter_mut()
                                 .zip(&codes)
                                 .for_each(|(s, &c)| *s = c as u32);
-                            words_dot(&syms, Some(bits))
+                            fixed_dot(&syms, bits)
                         }
                     };
                     *o = scale(r) * dot;
@@ -1657,7 +1655,7 @@ fn lattice_gemv(
         symbols => {
             let row_dot = |syms: &[u32]| match &e8 {
                 Some(a) => kernels::e8_coded_dot(syms, a),
-                None => words_dot(syms, None),
+                None => lat.coded_dot(syms, &xr),
             };
             resident(view, symbols, spr, y, |r, syms| scale(r) * row_dot(syms))
         }
