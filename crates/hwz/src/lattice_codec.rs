@@ -27,7 +27,7 @@ pub(crate) fn contexts(l: &Lattice) -> rans::Contexts<impl Fn(usize, u32) -> usi
         word: l.dim(),
         count: l.contexts(),
         map: move |j, first| l.context(j, first),
-        first_free: *l != Lattice::E8,
+        first_free: matches!(l, Lattice::Z1 | Lattice::A2 | Lattice::D4),
     }
 }
 

@@ -272,6 +272,8 @@ impl Lattice {
     /// decode and the dot product in one pass, with partial sums in independent lanes so that
     /// Z1, A2 and D4 vectorize (the CPU runtime's batch-1 product on entropy-coded symbols).
     pub fn coded_dot(self, syms: &[u32], x: &[f32]) -> f32 {
+        let n = syms.len().min(x.len()) / self.dim() * self.dim();
+        let (syms, x) = (&syms[..n], &x[..n]);
         match self {
             Lattice::Z1 => {
                 let mut acc = [0f32; 8];
@@ -505,6 +507,13 @@ mod tests {
                     }).sum()
                 };
                 prop_assert!((got - want).abs() <= 1e-5 * mag + 1e-6, "{:?}: {} vs {}", l, got, want);
+                // Word by word while both last: a longer x (or a partial last word) is ignored.
+                let mut longer = x.clone();
+                longer.extend([3.0; 11]);
+                prop_assert_eq!(l.coded_dot(&syms, &longer), l.coded_dot(&syms, &x));
+                if n > 0 {
+                    prop_assert_eq!(l.coded_dot(&syms[..n - 1], &x), l.coded_dot(&syms[..n - l.dim()], &x[..n - l.dim()]));
+                }
             }
         }
     }

@@ -99,8 +99,8 @@ pub struct Contexts<F> {
     /// Context of symbol `j` of a word whose first symbol is `first`.
     pub map: F,
     /// Whether `map` ignores `first` (each position of a word has its own fixed context, as
-    /// for Z1, A2 and D4): words of 1, 2, 4 or 8 symbols then decode 32 symbols at a time in
-    /// vector lanes where the CPU allows.
+    /// for Z1, A2 and D4): words whose size divides 32 then decode 32 symbols at a time in
+    /// vector lanes where the CPU allows (a wrong `true` gives wrong symbols, never unsafety).
     pub first_free: bool,
 }
 
@@ -1005,8 +1005,11 @@ fn step(
 }
 
 /// Decodes one chunk's symbols into `out` from `stream`, its lanes' `states` set from the
-/// chunk table. With AVX2, words of 8 symbols (E8's) whose last 7 share one table decode
-/// those 7 in vector lanes; everything else, one symbol at a time.
+/// chunk table. With AVX2: groups of 32 symbols over 32 lanes in vector lanes, for words of 8
+/// (E8's: the tables of each word chosen from its first symbol) and for contexts that ignore
+/// the first symbol (words whose size divides 32: each lane's table fixed); otherwise words of
+/// 8 whose last 7 share one table decode those 7 in vector lanes; everything else, one symbol
+/// at a time.
 fn decode_chunk<F: Fn(usize, u32) -> usize + Copy>(
     model: &Model,
     ctx: Contexts<F>,
@@ -1031,7 +1034,8 @@ fn decode_chunk<F: Fn(usize, u32) -> usize + Copy>(
     // in lane 0 has a fixed table (None where a table is missing: the scalar path reports it).
     #[cfg(target_arch = "x86_64")]
     let free32: Option<[u32; 32]> = (ctx.first_free
-        && 32 % ctx.word.max(1) == 0
+        && ctx.word != 0
+        && 32 % ctx.word == 0
         && lanes.is_multiple_of(32)
         && crate::simd::has_avx2())
     .then(|| {
