@@ -188,6 +188,23 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
         lattice(Lattice::E8, Coding::RANS_GPU, cols).for_matrix(cols, 4096),
         Some(Path::LatticeResident { coding: "rans" }),
     ));
+    // 32 lanes, chunks of 640 symbols: whole groups of 32 take the vector decoder (with AVX2),
+    // E8's and the positional lattices', until fewer than 80 stream bytes are left; the rest
+    // and partial groups the scalar one.
+    for l in Lattice::ALL {
+        v.push((
+            lattice(
+                l,
+                Coding::Rans {
+                    chunk: 640,
+                    lanes: 32,
+                    prob_bits: 12,
+                },
+                cols,
+            ),
+            Some(Path::LatticeResident { coding: "rans" }),
+        ));
+    }
     v
 }
 
