@@ -190,7 +190,8 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
     ));
     // 32 lanes, chunks of 640 symbols: whole groups of 32 take the vector decoder (with AVX2),
     // E8's and the positional lattices', until fewer than 80 stream bytes are left; the rest
-    // and partial groups the scalar one.
+    // and partial groups the scalar one (the decoders' symbols are checked in hypercodec-rice;
+    // here each lattice's product runs end to end on them).
     for l in Lattice::ALL {
         v.push((
             lattice(
