@@ -162,6 +162,7 @@ pub struct KvCodec {
     /// Row-major `dim × dim` orthogonal matrix for [`Rotation::Haar`].
     haar: Vec<f32>,
     /// E8 words of 2 to 4 bits decode in AVX2 (bit-identical to the portable path).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     avx2: bool,
     /// The trellis' reconstruction of every state (`2^l` values), for vectors whose code bits
     /// fill whole bytes: each value is one window read and one lookup.

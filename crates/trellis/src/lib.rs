@@ -528,6 +528,7 @@ pub fn decode_into(bits: &[u8], p: &TrellisParams, out: &mut [f32]) -> Result<()
     for (i, o) in out[..first].iter_mut().enumerate() {
         *o = p.value(wrapped_state(bits, total, l, i * k + k));
     }
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut i = first;
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
@@ -546,8 +547,11 @@ fn decode_pairs_into(bits: &[u8], p: &TrellisParams, out: &mut [f32]) {
     let (l, sb) = (p.l as usize, p.step_bits());
     let total = out.len() * p.k as usize;
     // Steps whose windows wrap, then (AVX2) eight steps at a time, then the rest.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     let first = (l - sb).div_ceil(sb).min(out.len() / 2);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut simd_from = out.len() / 2;
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut simd_to = simd_from;
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
@@ -649,6 +653,7 @@ const FORBIDDEN: f32 = 1e30;
 
 /// The fastest step this CPU runs for `groups` predecessor groups (of one value per state,
 /// or of `pairs`): AVX-512 (16 groups at a time), AVX2 (8), or the portable loops.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn step_fn(groups: usize, pairs: bool) -> StepFn {
     #[cfg(target_arch = "x86_64")]
     {
