@@ -14,6 +14,11 @@ fn e8(j: usize, first: u32) -> usize {
     }
 }
 
+/// Z1/A2/D4-like: each position's context fixed (the decoders' positional vector path).
+fn positional(j: usize, _first: u32) -> usize {
+    (j > 0) as usize
+}
+
 fuzz_target!(|data: &[u8]| {
     if data.len() < 8 {
         return;
@@ -36,6 +41,18 @@ fuzz_target!(|data: &[u8]| {
     // rANS
     let ctx = rans::Contexts { word: 8, count: 3, map: &e8, first_free: false };
     let params = rans::RansParams { chunk: 8 * (1 + head[3] as usize), lanes: 1 + head[4] as usize % 64, prob_bits: 8 + head[5] % 8 };
+    let parts = rans::RansParts { model: a, index: b, payload: c };
+    let mut out = vec![0u32; n];
+    if rans::decode_parts(parts, ctx, &params, &mut out).is_ok() {
+        let again = rans::encode(&out, ctx, &params).unwrap();
+        let mut back = vec![0u32; n];
+        rans::decode(&again, ctx, &params, &mut back).unwrap();
+        assert_eq!(back, out);
+    }
+    // rANS with positional contexts (words of 1, 2 or 4), 32 or 64 lanes: the vector path.
+    let word = [1usize, 2, 4][head[6] as usize % 3];
+    let ctx = rans::Contexts { word, count: 2, map: &positional, first_free: true };
+    let params = rans::RansParams { chunk: 32 * (1 + head[3] as usize), lanes: 32 * (1 + head[4] as usize % 2), prob_bits: 8 + head[5] % 8 };
     let parts = rans::RansParts { model: a, index: b, payload: c };
     let mut out = vec![0u32; n];
     if rans::decode_parts(parts, ctx, &params, &mut out).is_ok() {
