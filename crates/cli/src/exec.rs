@@ -108,7 +108,7 @@ pub fn runtime_benchmark(args: &BenchArgs) -> Result<()> {
         if options.encodings.is_empty() {
             return Err(PipelineError::option(
                 "--encodings",
-                "no encoding matches; labels: int4-g128, int8-row, e8-fixed4, e8-rans@4, e8-rans@4→fixed6",
+                "no encoding matches; labels: int4-g128, int8-row, e8-fixed4, tcq4-l12, e8-rans@4, e8-prefix, e8-rans@4→fixed6",
             ));
         }
     }

@@ -93,7 +93,11 @@ fn runtime_benchmark_reports_every_encoding_and_batch() {
     ]);
     let rows: Value = serde_json::from_str(&out).unwrap();
     let rows = rows.as_array().unwrap();
-    assert_eq!(rows.len(), 2 * 6 * 3);
+    assert_eq!(rows.len(), 2 * 7 * 3);
+    // The prefix codes run on the CPU from their stored chunks at batch 1.
+    assert!(rows.iter().any(|r| r["encoding"] == "e8-prefix"
+        && r["batch"] == 1
+        && r["path"] == "lattice-resident-prefix"));
     for r in rows {
         for key in ["ours_us", "dense_us", "speedup"] {
             assert!(r[key].as_f64().unwrap() > 0.0, "{r}");
