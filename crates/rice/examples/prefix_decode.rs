@@ -1,45 +1,39 @@
-//! Times the CPU decoder of lane-interleaved prefix codes (`hypercodec_rice::prefix`) on a
-//! 4096 × 4096 matrix of E8 words at about 4 bits a value (rounded Gaussian coordinates, the
-//! GPU shape's chunks), pairs and 8-bit singles; median of 7, one thread:
+//! Times the CPU decoder of lane-interleaved prefix codes (`hypercodec_rice::prefix`) on the E8
+//! symbols of a 4096 × 4096 matrix at the lattice scale of 4 bits a value in rANS (the RHT makes
+//! the seeded uniform input Gaussian), in the GPU shape's chunks, pairs and 8-bit singles;
+//! median of 7, one thread:
 //!
 //! ```text
 //! cargo run --release -p hypercodec-rice --example prefix_decode
 //! ```
 
+use hypercodec_lattice::{calibration, quantize_rows, tile_for, Lattice, LatticeParams};
 use hypercodec_rice::prefix::{encode, Decoder, Layout, PrefixParams, WORD};
 use std::time::Instant;
 
 fn main() {
     let (rows, cols) = (4096usize, 4096usize);
     let words = cols / WORD;
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut uniform = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x >> 11) as f64 / (1u64 << 53) as f64
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    let x: Vec<f32> = (0..rows * cols)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect();
+    let params = LatticeParams {
+        lattice: Lattice::E8,
+        alpha: calibration::alpha_for_bps(Lattice::E8, 4.0),
+        tile: tile_for(cols, 4096),
+        seed: 1,
+        fixed_bits: None,
+        dither: false,
     };
-    let zz = |v: i64| {
-        if v >= 0 {
-            2 * v as u32
-        } else {
-            (-2 * v - 1) as u32
-        }
-    };
-    let spread = 4.0;
-    let mut symbols = Vec::with_capacity(rows * cols);
-    for _ in 0..rows * words {
-        let mut gauss = || {
-            let (a, b) = (uniform().max(1e-12), uniform());
-            (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
-        };
-        let t = zz((gauss() * spread / 2.0).round() as i64);
-        let rest: Vec<u32> = (1..WORD)
-            .map(|_| zz((gauss() * spread).round() as i64))
-            .collect();
-        symbols.push(2 * t + (uniform() < 0.5) as u32);
-        symbols.extend(rest);
-    }
+    let symbols = quantize_rows(&x, rows, cols, &params, |v| v)
+        .expect("quantizes")
+        .symbols;
     println!("| codes | ms (median of 7) | ns a symbol | payload bits a symbol |");
     println!("|---|---:|---:|---:|");
     for (name, pair_limit) in [("pairs (8, 12)", 12u8), ("singles (8)", 0)] {
