@@ -498,12 +498,18 @@ fn gpu_bundle() -> Result<(), String> {
 }
 
 fn calibrate(check: bool) -> Result<(), String> {
-    for (krate, what) in [
-        ("hypercodec-lattice", "lattice calibration table"),
-        ("hypercodec-trellis", "trellis scale table"),
+    // (Example names differ across the workspace: cargo's outputs of same-named examples
+    // collide.)
+    for (krate, example, what) in [
+        (
+            "hypercodec-lattice",
+            "calibrate",
+            "lattice calibration table",
+        ),
+        ("hypercodec-trellis", "scale_table", "trellis scale table"),
     ] {
         let mut c = cargo();
-        c.args(["run", "--release", "-p", krate, "--example", "calibrate"]);
+        c.args(["run", "--release", "-p", krate, "--example", example]);
         if check {
             c.args(["--", "--check"]);
         }

@@ -137,7 +137,7 @@ impl Default for TrellisParams {
 impl TrellisParams {
     /// The reconstruction scale of `(l, k)` for unit-variance input: the fixed point of
     /// encode-then-refit on Gaussian data (`src/scale_table.rs`, written by `cargo run
-    /// --release -p hypercodec-trellis --example calibrate`, checked in CI); 1.0 outside the
+    /// --release -p hypercodec-trellis --example scale_table`, checked in CI); 1.0 outside the
     /// ranges.
     pub fn default_scale(l: u8, k: u8) -> f32 {
         calibrated(SCALES, l, k).map_or(1.0, |(s, _)| s)
