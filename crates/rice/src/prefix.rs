@@ -867,10 +867,6 @@ pub struct Decoder<'a> {
     flat: Vec<u32>,
     /// Each table's (offset, slots) in `flat`.
     tables: Vec<(usize, usize)>,
-    /// Code limits: (singles, pairs).
-    limits: (u32, u32),
-    /// Whether pairs are coded jointly.
-    pairs: bool,
     /// The units between consecutive refill checks: `PrefixParams::units()[a..b]`.
     groups: Vec<(usize, usize)>,
     /// Bytes of the model and index streams.
@@ -952,8 +948,6 @@ impl<'a> Decoder<'a> {
             payload: Cow::Borrowed(payload),
             flat,
             tables,
-            limits: (params.limit as u32, params.pair_limit as u32),
-            pairs: params.pairs(),
             groups,
             side_bytes,
         })
@@ -968,8 +962,6 @@ impl<'a> Decoder<'a> {
             starts: self.starts,
             flat: self.flat,
             tables: self.tables,
-            limits: self.limits,
-            pairs: self.pairs,
             groups: self.groups,
             side_bytes: self.side_bytes,
         }
@@ -1066,6 +1058,8 @@ impl<'a> Decoder<'a> {
             .iter()
             .map(|&(at, len)| &self.flat[at..at + len])
             .collect();
+        let p = self.model.params();
+        let (pairs, limits) = (p.pairs(), (p.limit as u32, p.pair_limit as u32));
         let (s, n) = (c % l.segments(), l.seg_steps(c));
         let g0 = l.chunk_groups(c).start;
         for t in 0..l.steps(c) {
@@ -1104,10 +1098,10 @@ impl<'a> Decoder<'a> {
                         } else {
                             &mut scratch[lane][..]
                         };
-                        let used = if self.pairs {
-                            pair_units(&tabs, self.limits, u0, &mut b, w)
+                        let used = if pairs {
+                            pair_units(&tabs, limits, u0, &mut b, w)
                         } else {
-                            single_units(&tabs, self.limits.0, u0..u1, &mut b, w)
+                            single_units(&tabs, limits.0, u0..u1, &mut b, w)
                         };
                         let Some(used) = used else {
                             return Err(CodingError::Corrupt { chunk: c });
@@ -1128,16 +1122,24 @@ impl<'a> Decoder<'a> {
     }
 }
 
-/// A table's entry for the buffer's next `limit` bits: `len | a << 8` (singles) or
-/// `len | a << 8 | b << 16` (pairs); `len` 0 where no code leads.
+/// Decodes one unit from the buffer `b` (MSB first) with table `t` of `limit`-bit slots: its
+/// slot's symbol bits (`a`, or `a | b << 8` for a pair), the code consumed and its length added
+/// to `used`; `None` at bits no code leads with.
 #[inline(always)]
-fn lookup(t: &[u32], b: u64, limit: u32) -> u32 {
-    t[(b >> (64 - limit)) as usize]
+fn unit(t: &[u32], limit: u32, b: &mut u64, used: &mut u32) -> Option<u32> {
+    let e = t[(*b >> (64 - limit)) as usize];
+    let len = e & 0xFF;
+    if len == 0 {
+        return None;
+    }
+    *b <<= len;
+    *used += len;
+    Some(e >> 8)
 }
 
-/// Decodes the singles `units` of a word into `w` from the buffer `b` (MSB first, consumed),
-/// returning the bits they took, or `None` at bits no code leads with. Tables: `tabs[0]` for the
-/// first symbol, `tabs[1 + c]` for the others (`c`: the first symbol's low bit).
+/// Decodes the singles `units` of a word into `w` from the buffer `b` (consumed), returning the
+/// bits they took, or `None` at bits no code leads with. Tables: `tabs[0]` for the first
+/// symbol, `tabs[1 + c]` for the others (`c`: the first symbol's low bit).
 #[inline(always)]
 fn single_units(
     tabs: &[&[u32]],
@@ -1149,26 +1151,12 @@ fn single_units(
     let mut used = 0;
     let mut from = units.start;
     if from == 0 {
-        let e = lookup(tabs[0], *b, limit);
-        let len = e & 0xFF;
-        if len == 0 {
-            return None;
-        }
-        *b <<= len;
-        used += len;
-        w[0] = e >> 8;
+        w[0] = unit(tabs[0], limit, b, &mut used)?;
         from = 1;
     }
     let t = tabs[1 + (w[0] & 1) as usize];
     for sym in &mut w[from..units.end] {
-        let e = lookup(t, *b, limit);
-        let len = e & 0xFF;
-        if len == 0 {
-            return None;
-        }
-        *b <<= len;
-        used += len;
-        *sym = e >> 8;
+        *sym = unit(t, limit, b, &mut used)?;
     }
     Some(used)
 }
@@ -1185,37 +1173,19 @@ fn pair_units(
     w: &mut [u32],
 ) -> Option<u32> {
     let mut used = 0;
-    let mut take = |e: u32, b: &mut u64| {
-        let len = e & 0xFF;
-        *b <<= len;
-        used += len;
-        len
+    let pair = |t: &[u32], b: &mut u64, used: &mut u32| {
+        unit(t, limits.1, b, used).map(|v| (v & 0xFF, v >> 8))
     };
     if from == 0 {
-        let e = lookup(tabs[0], *b, limits.0);
-        if take(e, b) == 0 {
-            return None;
-        }
-        w[0] = e >> 8;
-        let e = lookup(tabs[3 + ((e >> 8) & 1) as usize], *b, limits.1);
-        if take(e, b) == 0 {
-            return None;
-        }
-        (w[1], w[2]) = ((e >> 8) & 0xFF, e >> 16);
+        // (The coset from the symbol in hand, not read back from `w`.)
+        let s0 = unit(tabs[0], limits.0, b, &mut used)?;
+        w[0] = s0;
+        (w[1], w[2]) = pair(tabs[3 + (s0 & 1) as usize], b, &mut used)?;
     } else {
         let c = (w[0] & 1) as usize;
-        for i in [3, 5] {
-            let e = lookup(tabs[3 + c], *b, limits.1);
-            if take(e, b) == 0 {
-                return None;
-            }
-            (w[i], w[i + 1]) = ((e >> 8) & 0xFF, e >> 16);
-        }
-        let e = lookup(tabs[1 + c], *b, limits.0);
-        if take(e, b) == 0 {
-            return None;
-        }
-        w[7] = e >> 8;
+        (w[3], w[4]) = pair(tabs[3 + c], b, &mut used)?;
+        (w[5], w[6]) = pair(tabs[3 + c], b, &mut used)?;
+        w[7] = unit(tabs[1 + c], limits.0, b, &mut used)?;
     }
     Some(used)
 }

@@ -1006,6 +1006,39 @@ fn step(
     Ok(sym)
 }
 
+/// The tables of four words of 8 symbols over 32 lanes whose states are `states`: lane `8k`
+/// (word k's first symbol) its table 0, lanes `8k+1..8k+8` the one table that first symbol
+/// (which the state's slot alone determines) picks for them; `None` where a word meets an
+/// escape, a missing table or positions of differing tables (the scalar path takes it).
+#[cfg(target_arch = "x86_64")]
+fn word_bases<F: Fn(usize, u32) -> usize + Copy>(
+    model: &Model,
+    ctx: Contexts<F>,
+    states: &[u32],
+    mut first: u32,
+    pb: u32,
+) -> Option<[u32; 32]> {
+    let mut bases = [0u32; 32];
+    for (b, &x) in bases.chunks_exact_mut(8).zip(states.iter().step_by(8)) {
+        // The first symbol of the word (its context may depend on the previous word's).
+        let t0 = model.dec_table((ctx.map)(0, first))?;
+        let sym0 = t0.sy[(x & ((1u32 << pb) - 1)) as usize] as u32;
+        if t0.escape && sym0 == MAX_DIRECT {
+            return None;
+        }
+        first = sym0;
+        // Symbols 1..8 of the word must share one table.
+        let c1 = (ctx.map)(1, first);
+        let t1 = model.dec_table(c1)?;
+        if !(2..8).all(|q| (ctx.map)(q, first) == c1) {
+            return None;
+        }
+        b[0] = t0.base;
+        b[1..].fill(t1.base);
+    }
+    Some(bases)
+}
+
 /// Decodes one chunk's symbols into `out` from `stream`, its lanes' `states` set from the
 /// chunk table. With AVX2: groups of 32 symbols over 32 lanes in vector lanes, for words of 8
 /// (E8's: the tables of each word chosen from its first symbol) and for contexts that ignore
@@ -1048,76 +1081,26 @@ fn decode_chunk<F: Fn(usize, u32) -> usize + Copy>(
         Some(b)
     })
     .flatten();
+    #[cfg(target_arch = "x86_64")]
+    let any_escape = model.tables.iter().any(|t| t.escape);
     let mut i = 0;
     while i < out.len() {
+        // 32 symbols over 32 lanes, every symbol and state update in vector lanes, the
+        // renormalization words assigned by a prefix count over the 32 lanes; the lanes' tables
+        // fixed by position, or (four words of 8) each word's chosen from its first symbol.
         #[cfg(target_arch = "x86_64")]
-        if let Some(bases) = &free32 {
-            if j == 0 && lane % 32 == 0 && i + 32 <= out.len() {
-                // SAFETY: AVX2 is present; lanes lane..lane+32 exist (lanes % 32 == 0, lane %
-                // 32 == 0); out has 32 symbols from i; every base is a table's start.
-                let done = unsafe {
+        if (free32.is_some() || simd32) && j == 0 && lane % 32 == 0 && i + 32 <= out.len() {
+            let bases =
+                free32.or_else(|| word_bases(model, ctx, &states[lane..lane + 32], first, pb));
+            // SAFETY: AVX2 is present (free32, simd32); lanes lane..lane+32 exist (lanes % 32
+            // == 0, lane % 32 == 0); out has 32 symbols from i; every base is a table's start
+            // in the model's concatenated slots.
+            if let Some(bases) = bases {
+                if unsafe {
                     crate::simd::rans_group32(
                         &model.fb,
                         &model.sy,
-                        model.tables.iter().any(|t| t.escape),
-                        bases,
-                        pb,
-                        &mut states[lane..lane + 32],
-                        stream,
-                        pos,
-                        &mut out[i..i + 32],
-                    )
-                };
-                if done {
-                    first = out[i + 32 - ctx.word];
-                    i += 32;
-                    lane = (lane + 32) % lanes;
-                    continue;
-                }
-            }
-        }
-        // Four whole words over 32 lanes: every symbol and state update in vector lanes, the
-        // renormalization words assigned by a prefix count over the 32 lanes.
-        #[cfg(target_arch = "x86_64")]
-        if simd32 && j == 0 && lane % 32 == 0 && i + 32 <= out.len() {
-            let mut bases = [0u32; 32];
-            let mut ok = true;
-            let mut f = first;
-            for (k, b) in bases.chunks_exact_mut(8).enumerate() {
-                // The first symbol of word k (its context may depend on the previous word's).
-                let (Some(t0), x) = (model.dec_table((ctx.map)(0, f)), states[lane + 8 * k]) else {
-                    ok = false;
-                    break;
-                };
-                let slot = (x & ((1u32 << pb) - 1)) as usize;
-                let sym0 = t0.sy[slot] as u32;
-                if t0.escape && sym0 == MAX_DIRECT {
-                    ok = false;
-                    break;
-                }
-                f = sym0;
-                // Symbols 1..8 of the word must share one table.
-                let c1 = (ctx.map)(1, f);
-                let Some(t1) = model.dec_table(c1) else {
-                    ok = false;
-                    break;
-                };
-                if !(2..8).all(|q| (ctx.map)(q, f) == c1) {
-                    ok = false;
-                    break;
-                }
-                b[0] = t0.base;
-                b[1..].fill(t1.base);
-            }
-            // SAFETY: AVX2 is present (simd); lanes lane..lane+32 exist (lanes % 32 == 0,
-            // lane % 32 == 0); out has 32 symbols from i; every base is a table's start in
-            // the model's concatenated slots.
-            if ok
-                && unsafe {
-                    crate::simd::rans_group32(
-                        &model.fb,
-                        &model.sy,
-                        model.tables.iter().any(|t| t.escape),
+                        any_escape,
                         &bases,
                         pb,
                         &mut states[lane..lane + 32],
@@ -1125,12 +1108,12 @@ fn decode_chunk<F: Fn(usize, u32) -> usize + Copy>(
                         pos,
                         &mut out[i..i + 32],
                     )
+                } {
+                    first = out[i + 32 - ctx.word];
+                    i += 32;
+                    lane = (lane + 32) % lanes;
+                    continue;
                 }
-            {
-                first = f;
-                i += 32;
-                lane = (lane + 32) % lanes;
-                continue;
             }
         }
         #[cfg(target_arch = "x86_64")]
