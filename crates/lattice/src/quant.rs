@@ -275,78 +275,28 @@ impl Lattice {
         let n = syms.len().min(x.len()) / self.dim() * self.dim();
         let (syms, x) = (&syms[..n], &x[..n]);
         match self {
-            Lattice::Z1 => {
-                let mut acc = [0f32; 8];
-                let (s8, x8) = (syms.chunks_exact(8), x.chunks_exact(8));
-                let tail: f32 = s8
-                    .remainder()
-                    .iter()
-                    .zip(x8.remainder())
-                    .map(|(&s, &v)| unzz(s) as f32 * v)
-                    .sum();
-                for (s, v) in s8.zip(x8) {
-                    for k in 0..8 {
-                        acc[k] += unzz(s[k]) as f32 * v[k];
-                    }
-                }
-                acc.iter().sum::<f32>() + tail
-            }
+            Lattice::Z1 => lane_dot::<1>(syms, x, |s, v| [unzz(s[0]) as f32 * v[0]])[0],
             Lattice::A2 => {
-                let (mut ax, mut ay) = ([0f32; 4], [0f32; 4]);
-                let (s8, x8) = (syms.chunks_exact(8), x.chunks_exact(8));
-                let word = |s: &[u32], v: &[f32]| {
+                let sum = lane_dot::<2>(syms, x, |s, v| {
                     let ny = unzz(s[0]) as i64;
                     let nx = unzz(s[1]) as i64 * 2 + (ny & 1);
-                    (nx as f32 * v[0], ny as f32 * v[1])
-                };
-                let (mut tx, mut ty) = (0f32, 0f32);
-                for (s, v) in s8
-                    .remainder()
-                    .chunks_exact(2)
-                    .zip(x8.remainder().chunks_exact(2))
-                {
-                    let (a, b) = word(s, v);
-                    (tx, ty) = (tx + a, ty + b);
-                }
-                for (s, v) in s8.zip(x8) {
-                    for k in 0..4 {
-                        let (a, b) = word(&s[2 * k..2 * k + 2], &v[2 * k..2 * k + 2]);
-                        ax[k] += a;
-                        ay[k] += b;
-                    }
-                }
-                0.5 * (ax.iter().sum::<f32>() + tx) + SQRT3 * 0.5 * (ay.iter().sum::<f32>() + ty)
+                    [nx as f32 * v[0], ny as f32 * v[1]]
+                });
+                // lane_dot sums positions apart: even lanes hold nₓ·x, odd ones n_y·x.
+                0.5 * sum[0] + SQRT3 * 0.5 * sum[1]
             }
-            Lattice::D4 => {
-                let mut acc = [0f32; 8];
-                let (s8, x8) = (syms.chunks_exact(8), x.chunks_exact(8));
-                let word = |s: &[u32], v: &[f32]| {
-                    let z = [unzz(s[1]) as i64, unzz(s[2]) as i64, unzz(s[3]) as i64];
-                    let last = 2 * unzz(s[0]) as i64 + ((z[0] + z[1] + z[2]) & 1);
-                    [
-                        z[0] as f32 * v[0],
-                        z[1] as f32 * v[1],
-                        z[2] as f32 * v[2],
-                        last as f32 * v[3],
-                    ]
-                };
-                let mut tail = 0f32;
-                for (s, v) in s8
-                    .remainder()
-                    .chunks_exact(4)
-                    .zip(x8.remainder().chunks_exact(4))
-                {
-                    tail += word(s, v).iter().sum::<f32>();
-                }
-                for (s, v) in s8.zip(x8) {
-                    let (a, b) = (word(&s[..4], &v[..4]), word(&s[4..], &v[4..]));
-                    for k in 0..4 {
-                        acc[k] += a[k];
-                        acc[4 + k] += b[k];
-                    }
-                }
-                acc.iter().sum::<f32>() + tail
-            }
+            Lattice::D4 => lane_dot::<4>(syms, x, |s, v| {
+                let z = [unzz(s[1]) as i64, unzz(s[2]) as i64, unzz(s[3]) as i64];
+                let last = 2 * unzz(s[0]) as i64 + ((z[0] + z[1] + z[2]) & 1);
+                [
+                    z[0] as f32 * v[0],
+                    z[1] as f32 * v[1],
+                    z[2] as f32 * v[2],
+                    last as f32 * v[3],
+                ]
+            })
+            .iter()
+            .sum(),
             Lattice::E8 => {
                 let mut point = [0f32; 8];
                 let mut acc = 0f32;
@@ -358,6 +308,41 @@ impl Lattice {
             }
         }
     }
+}
+
+/// Σ over words of `D` values of `word(symbols, x)`'s products, position by position: eight
+/// partial sums (words of 8 / D a step) so that the loop vectorizes; `[Σ position 0, …]` summed
+/// over the lanes of each position (Z1's one sum; A2 keeps its coordinates apart).
+#[inline(always)]
+fn lane_dot<const D: usize>(
+    syms: &[u32],
+    x: &[f32],
+    word: impl Fn(&[u32], &[f32]) -> [f32; D],
+) -> [f32; D] {
+    let mut acc = [0f32; 8];
+    let (s8, x8) = (syms.chunks_exact(8), x.chunks_exact(8));
+    let mut out = [0f32; D];
+    for (s, v) in s8
+        .remainder()
+        .chunks_exact(D)
+        .zip(x8.remainder().chunks_exact(D))
+    {
+        for (o, p) in out.iter_mut().zip(word(s, v)) {
+            *o += p;
+        }
+    }
+    for (s, v) in s8.zip(x8) {
+        for k in 0..8 / D {
+            let p = word(&s[k * D..k * D + D], &v[k * D..k * D + D]);
+            for (a, q) in acc[k * D..k * D + D].iter_mut().zip(p) {
+                *a += q;
+            }
+        }
+    }
+    for (k, a) in acc.iter().enumerate() {
+        out[k % D] += a;
+    }
+    out
 }
 
 /// Box-constrained nearest point of D_n-like sets: every coordinate in `[lo, hi]`, and (when
