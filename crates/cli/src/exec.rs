@@ -102,13 +102,15 @@ pub fn runtime_benchmark(args: &BenchArgs) -> Result<()> {
         ..RuntimeBenchOptions::default()
     };
     if !args.encodings.is_empty() {
+        // The labels, from the benchmark's own list.
+        let labels: Vec<String> = options.encodings.iter().map(|e| e.label.clone()).collect();
         options
             .encodings
             .retain(|e| args.encodings.iter().any(|f| e.label.contains(f.as_str())));
         if options.encodings.is_empty() {
             return Err(PipelineError::option(
                 "--encodings",
-                "no encoding matches; labels: int4-g128, int8-row, e8-fixed4, tcq4-l12, e8-rans@4, e8-prefix, e8-rans@4→fixed6",
+                format!("no encoding matches; labels: {}", labels.join(", ")),
             ));
         }
     }

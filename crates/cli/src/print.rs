@@ -246,8 +246,8 @@ pub struct BenchArgs {
     /// `--runtime`: batch sizes, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub batches: Vec<usize>,
-    /// `--runtime`: only encodings whose label contains one of these (labels: int4-g128,
-    /// int8-row, e8-fixed4, tcq4-l12, e8-rans@4, e8-prefix, e8-rans@4→fixed6).
+    /// `--runtime`: only encodings whose label contains one of these (a filter matching none
+    /// lists the labels).
     #[arg(long, value_delimiter = ',')]
     pub encodings: Vec<String>,
     /// Also write the table as Markdown to this file.
