@@ -509,16 +509,23 @@ impl Linear {
         };
         let mut spec = Spec::parse(spec).map_err(|e| InvalidInputError::new_err(e.to_string()))?;
         // A lattice rate the tensor cannot serve (its side information alone would eat the
-        // budget: small layers) falls back as in the pipeline: a per-tensor integer grid.
+        // budget: small layers) falls back as in the pipeline: prefix codes to GPU-shaped rANS,
+        // then a per-tensor integer grid.
         if let Spec::Rate {
             template,
             bps: Some(bps),
             max_tile,
         } = &spec
         {
-            if !rate::lattice_serves("weight", &shape, template, *max_tile, *bps) {
-                spec = Spec::fixed(rate::fallback_encoding(*bps));
-            }
+            spec = match rate::serving_template("weight", &shape, template, *max_tile, *bps) {
+                // Prefix codes whose code lengths the rate cannot carry: their rANS rung.
+                Some(template) => Spec::Rate {
+                    template,
+                    max_tile: *max_tile,
+                    bps: Some(*bps),
+                },
+                None => Spec::fixed(rate::fallback_encoding(*bps)),
+            };
         }
         let (op, stored, hwz) =
             py.detach(|| -> Result<(CompressedLinear, u64, Vec<u8>), PyErr> {

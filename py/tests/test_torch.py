@@ -1160,7 +1160,7 @@ def _two_layers_at_4_bits(method, seed):
 
 
 def _first_layer_matches_its_decode(m, x):
-    w0 = m[0].weight_dense().reshape(256, 512)
+    w0 = m[0].weight_dense().reshape(m[0].op.rows, m[0].op.cols)
     b0 = torch.from_numpy(np.asarray(m[0].op.bias, np.float32))
     assert torch.allclose(m[0](x), x @ w0.T + b0, rtol=1e-4, atol=1e-5)
 
@@ -1178,6 +1178,20 @@ def test_lattice_prefix_layers_store_row_group_chunks_and_run_on_the_host():
         assert form["segment"] == form["words"] // 4 and form["span"] == 16384 // (8 * layer.op.cols)
         assert len(form["starts"]) == -(-layer.op.rows // (8 * form["span"])) + 1
         assert layer.op.stored_bytes * 8 <= 4.0 * layer.op.rows * layer.op.cols
+    _first_layer_matches_its_decode(m, x)
+
+
+def test_lattice_prefix_layers_too_small_for_their_code_lengths_take_gpu_rans():
+    """A 64 → 100 layer at 4 bits: a kilobyte of prefix code lengths is a third of its budget,
+    so it takes ``lattice-gpu``'s rANS (the same lattice, a model of about a hundred bytes, the
+    warp kernel's form) within the rate, not the INT6 grid."""
+    torch.manual_seed(5)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 100))
+    x = torch.randn(3, 64)
+    hnn.quantize(m, bps=4, method="lattice-prefix")
+    form = m[0].op.device_form()
+    assert form["kind"] == "e8rans" and form["prob_bits"] == 12
+    assert m[0].op.stored_bytes * 8 <= 4.0 * 100 * 64
     _first_layer_matches_its_decode(m, x)
 
 

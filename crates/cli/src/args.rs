@@ -89,7 +89,8 @@ pub enum CodingArg {
     RansGpu,
     /// E8 only: lane-interleaved prefix codes (8-bit singles, 12-bit pairs) in chunks of eight
     /// rows, the form a GPU warp decodes a word a lane; about 0.1 bit per value larger than
-    /// rans-gpu at 4 bits. A tensor whose symbols its tables cannot hold gets rans-gpu.
+    /// rans-gpu at 4 bits. A tensor whose symbols its tables cannot hold, or too small to carry
+    /// its code lengths (about a kilobyte) at the rate, gets rans-gpu.
     PrefixGpu,
     /// Rice codes with one parameter per chunk: simpler, about 0.1 bit per value larger.
     Rice,

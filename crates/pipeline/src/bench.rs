@@ -307,13 +307,29 @@ pub fn measure(
                 let e = crate::rate::fallback_encoding(b);
                 hwz::encode(&t.name, &values, &t.shape, &e, EncodeOptions::default())
             };
-            let encoded = match rate {
-                Some((template, max_tile, b))
-                    if !crate::rate::lattice_serves(&t.name, &t.shape, template, max_tile, b) =>
-                {
-                    fallback(row, b)?
+            // Prefix codes that do not serve the tensor: their rANS rung, counted in the row.
+            let rung;
+            let rep = match rate {
+                Some((template, max_tile, b)) => {
+                    match crate::rate::serving_template(&t.name, &t.shape, template, max_tile, b) {
+                        Some(e) if &e != template => {
+                            row.fallbacks += 1;
+                            rung = Rep::Spec(Spec::Rate {
+                                template: e,
+                                max_tile,
+                                bps: Some(b),
+                            });
+                            Some(&rung)
+                        }
+                        Some(_) => Some(rep),
+                        None => None,
+                    }
                 }
-                _ => match (rep.encode(&t.name, &values, &t.shape), rate) {
+                None => Some(rep),
+            };
+            let encoded = match rep {
+                None => fallback(row, rate.expect("a rate").2)?,
+                Some(rep) => match (rep.encode(&t.name, &values, &t.shape), rate) {
                     (Ok(e), _) => e,
                     (
                         Err(PipelineError::Plan(hypercodec_plan::PlanError::Hwz(

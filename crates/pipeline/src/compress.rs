@@ -256,17 +256,43 @@ pub fn compress(
                 hwz::encode(&t.name, &values, &t.shape, &e, opts)
             };
             match rp.choices.get(&t.name) {
-                Some(crate::rate::RateChoice::Lattice(b)) => {
-                    let spec = Spec::Rate {
-                        template: template.clone(),
-                        max_tile: *max_tile,
-                        bps: Some(*b),
-                    };
-                    match encode(&spec) {
-                        Err(hypercodec_plan::PlanError::Hwz(hwz::HwzError::RateUnreachable {
-                            ..
-                        })) => fallback("rate control found no scale", &mut fallbacks)?,
-                        other => other?,
+                Some(crate::rate::RateChoice::Lattice {
+                    bps,
+                    template: chosen,
+                }) => {
+                    // The planned template; where it is prefix codes and rate control finds
+                    // no scale for them, their rANS rung; then the grid.
+                    let rungs = std::iter::once(chosen.clone())
+                        .chain(crate::rate::rans_gpu_rung(chosen))
+                        .enumerate();
+                    let mut found = None;
+                    for (k, e) in rungs {
+                        let spec = Spec::Rate {
+                            template: e.clone(),
+                            max_tile: *max_tile,
+                            bps: Some(*bps),
+                        };
+                        match encode(&spec) {
+                            Err(hypercodec_plan::PlanError::Hwz(
+                                hwz::HwzError::RateUnreachable { .. },
+                            )) => continue,
+                            other => {
+                                if &e != template {
+                                    let why = match k {
+                                        0 => "prefix code lengths exceed the rate",
+                                        _ => "rate control found no scale for prefix codes",
+                                    };
+                                    fallbacks
+                                        .push((t.name.clone(), format!("{} ({why})", e.label())));
+                                }
+                                found = Some(other?);
+                                break;
+                            }
+                        }
+                    }
+                    match found {
+                        Some(e) => e,
+                        None => fallback("rate control found no scale", &mut fallbacks)?,
                     }
                 }
                 Some(crate::rate::RateChoice::Fallback(_)) => {
@@ -446,17 +472,7 @@ fn encode_spec(
 /// The spec with its prefix codes replaced by GPU-shaped rANS, which escapes the rare large
 /// symbols that prefix tables cannot hold; `None` for a spec without prefix codes.
 fn prefix_fallback(spec: &Spec, cols: u64) -> Option<Spec> {
-    let rans = |e: &Encoding| {
-        let mut e = e.clone();
-        match &mut e {
-            Encoding::Lattice {
-                coding: c @ hwz::Coding::Prefix { .. },
-                ..
-            } => *c = hwz::Coding::RANS_GPU,
-            _ => return None,
-        }
-        Some(e)
-    };
+    let rans = crate::rate::rans_gpu_rung;
     match spec {
         Spec::Rate {
             template,
@@ -591,6 +607,62 @@ mod tests {
         assert_eq!(fb(&[64, 24]), None);
         assert_eq!(fb(&[16, 8, 3, 3]), None);
         assert_eq!(fb(&[0, 9]), None);
+    }
+
+    #[test]
+    fn prefix_routes_keep_small_tensors_entropy_coded() {
+        // A layer too small for the prefix codes' kilobyte of code lengths at 4 bits takes
+        // GPU-shaped rANS (the same lattice), not the INT6 grid, and the archive keeps its rate.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let input = dir.path().join("m.safetensors");
+        let gauss = |n: usize, seed: u64| {
+            let mut v = vec![0f32; n];
+            crate::source::SplitMix64(seed).fill_gaussian(&mut v);
+            v
+        };
+        let tensors = vec![
+            ("big".to_string(), vec![256u64, 1024], gauss(256 * 1024, 1)),
+            ("small".to_string(), vec![100u64, 40], gauss(4000, 2)),
+        ];
+        crate::synth::write_tensors(&input, &tensors).expect("write");
+        let source = TensorSource::open(input.to_str().expect("utf-8")).expect("open");
+        let template = Encoding::Lattice {
+            lattice: hwz::Lattice::E8,
+            alpha: 1.0,
+            tile: 1,
+            seed: 0,
+            scale_dtype: FloatDtype::F16,
+            coding: hwz::Coding::PREFIX_GPU,
+        };
+        let options = CompressOptions {
+            route: Route::Fixed(Spec::Rate {
+                template,
+                max_tile: 4096,
+                bps: Some(4.0),
+            }),
+            ..CompressOptions::default()
+        };
+        let out = dir.path().join("m.hwz");
+        let r = compress_to_file(&source, &options, &out, false, &mut |_| {}, &Cancel::new())
+            .expect("compress");
+        assert!(r.bps() <= 4.0 && r.bps() > 3.9, "{}", r.bps());
+        assert_eq!(r.report.fallbacks.len(), 1, "{:?}", r.report.fallbacks);
+        assert_eq!(r.report.fallbacks[0].0, "small");
+        assert!(r.report.fallbacks[0].1.contains("rans-gpu"));
+        let file = hwz::Archive::open_file(&out).expect("open");
+        let coding = |name: &str| match &file.tensor(name).expect("tensor").encoding {
+            Encoding::Lattice { coding, .. } => *coding,
+            e => panic!("{name}: {e:?}"),
+        };
+        assert!(matches!(coding("big"), hwz::Coding::Prefix { .. }));
+        assert!(matches!(
+            coding("small"),
+            hwz::Coding::Rans {
+                lanes: 32,
+                prob_bits: 12,
+                ..
+            }
+        ));
     }
 
     #[test]

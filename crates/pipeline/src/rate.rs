@@ -16,6 +16,11 @@
 //! 3. Only a target below what the cheapest choice of every tensor needs is an error, and it
 //!    states the smallest reachable average ([`PipelineError::RateUnreachable`]).
 //!
+//! A route of prefix codes (`--coding prefix-gpu`) has one rung between the two: a tensor
+//! whose code lengths (about a kilobyte) the rate cannot carry but whose GPU-shaped rANS model
+//! (about a hundred bytes) it can takes the same lattice with [`Coding::RANS_GPU`]
+//! ([`rans_gpu_rung`]), which the same runtimes execute, before the grid.
+//!
 //! A lattice tensor that rate control still cannot fit at encode time (the estimate is from
 //! shapes) falls back then, and is reported like the others.
 
@@ -32,8 +37,14 @@ const FLOOR_MARGIN: f64 = 1.1;
 /// What one tensor gets under a model-wide rate.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RateChoice {
-    /// The lattice at this rate (bits per value, all-in).
-    Lattice(f64),
+    /// The lattice at a rate.
+    Lattice {
+        /// Bits per value, all-in.
+        bps: f64,
+        /// The route's template, or its [`rans_gpu_rung`] where the route's prefix codes do not
+        /// serve the tensor.
+        template: Encoding,
+    },
     /// The fallback encoding, and why.
     Fallback(Encoding),
 }
@@ -112,6 +123,38 @@ fn lattice_cost(
     ))
 }
 
+/// The GPU-shaped rANS form of a prefix-coded lattice `template` (the same lattice, scale and
+/// seed): the rung a tensor takes where the prefix codes cannot serve it (their code lengths
+/// cost more than the rate leaves, or its symbols exceed their tables). `None` for any other
+/// template.
+pub fn rans_gpu_rung(template: &Encoding) -> Option<Encoding> {
+    let mut e = template.clone();
+    match &mut e {
+        Encoding::Lattice {
+            coding: c @ Coding::Prefix { .. },
+            ..
+        } => *c = Coding::RANS_GPU,
+        _ => return None,
+    }
+    Some(e)
+}
+
+/// The lattice template that serves a tensor of `shape` at `bps` ([`lattice_serves`]): the
+/// route's `template`, else its [`rans_gpu_rung`]; `None` where the tensor takes the grid
+/// fallback.
+pub fn serving_template(
+    name: &str,
+    shape: &[u64],
+    template: &Encoding,
+    max_tile: u32,
+    bps: f64,
+) -> Option<Encoding> {
+    if lattice_serves(name, shape, template, max_tile, bps) {
+        return Some(template.clone());
+    }
+    rans_gpu_rung(template).filter(|rung| lattice_serves(name, shape, rung, max_tile, bps))
+}
+
 /// Whether the lattice `template` serves a tensor of `shape` at `bps` (the rule [`plan_rate`]
 /// applies to every tensor): it must reach the rate by the estimate of the module docs, and
 /// its expected SNR there — about 6.02 dB per bit left per coded coordinate once the side
@@ -180,8 +223,8 @@ fn share(
         };
         let mut moved = false;
         for (k, t) in tensors.iter().enumerate() {
-            let serves =
-                floors[k].is_some() && lattice_serves(t.0, t.1, template, max_tile, lattice_bps);
+            let serves = floors[k].is_some()
+                && serving_template(t.0, t.1, template, max_tile, lattice_bps).is_some();
             if on_lattice[k] && !serves {
                 on_lattice[k] = false;
                 moved = true;
@@ -210,9 +253,16 @@ pub fn plan_rate(
         .collect();
     let total: u64 = tensors.iter().map(|t| t.2).sum();
     let budget_bits = bps * total as f64;
+    // The smallest lattice floor of each tensor, over the route's template and its rung.
+    let rung = rans_gpu_rung(template);
     let floors: Vec<Option<u64>> = tensors
         .iter()
-        .map(|(name, shape, _)| lattice_cost(name, shape, template, max_tile).map(|c| c.0))
+        .map(|(name, shape, _)| {
+            std::iter::once(template)
+                .chain(rung.as_ref())
+                .filter_map(|e| lattice_cost(name, shape, e, max_tile).map(|c| c.0))
+                .min()
+        })
         .collect();
     // The fallback's width: ⌊B⌋ + 2 bits, fewer when the budget cannot afford it (a model of
     // only small tensors has no lattice tensors to give bits back).
@@ -268,10 +318,15 @@ pub fn plan_rate(
         .iter()
         .enumerate()
         .map(|(k, t)| {
-            let c = if on_lattice[k] {
-                RateChoice::Lattice(lattice_bps)
-            } else {
-                RateChoice::Fallback(fallback.clone())
+            let serving = on_lattice[k]
+                .then(|| serving_template(t.0, t.1, template, max_tile, lattice_bps))
+                .flatten();
+            let c = match serving {
+                Some(template) => RateChoice::Lattice {
+                    bps: lattice_bps,
+                    template,
+                },
+                None => RateChoice::Fallback(fallback.clone()),
             };
             (t.0.to_string(), c)
         })
@@ -299,6 +354,68 @@ mod tests {
         }
     }
 
+    /// E8 with GPU prefix codes, as a route's template.
+    fn e8_prefix() -> Encoding {
+        let mut e = e8();
+        if let Encoding::Lattice { coding, .. } = &mut e {
+            *coding = Coding::PREFIX_GPU;
+        }
+        e
+    }
+
+    #[test]
+    fn prefix_codes_step_down_to_gpu_rans_before_the_grid() {
+        let (big, small) = ([1024u64, 1024], [100u64, 40]);
+        let rung = rans_gpu_rung(&e8_prefix()).expect("a rung");
+        assert!(matches!(
+            rung,
+            Encoding::Lattice {
+                coding: Coding::RANS_GPU,
+                ..
+            }
+        ));
+        // Only prefix codes have a rung.
+        assert_eq!(rans_gpu_rung(&e8()), None);
+        // 4000 values at 4 bits: a kilobyte of code lengths is half the budget, a hundred
+        // bytes of rANS model is not.
+        assert!(!lattice_serves("s", &small, &e8_prefix(), 4096, 4.0));
+        assert_eq!(
+            serving_template("s", &small, &e8_prefix(), 4096, 4.0),
+            Some(rung.clone())
+        );
+        assert_eq!(
+            serving_template("b", &big, &e8_prefix(), 4096, 4.0),
+            Some(e8_prefix())
+        );
+        // 3×3 depthwise rows: neither coding serves them.
+        assert_eq!(
+            serving_template("d", &[64, 1, 3, 3], &e8_prefix(), 4096, 4.0),
+            None
+        );
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m.safetensors");
+        let tensors = vec![
+            ("big".to_string(), big.to_vec(), vec![0.1f32; 1 << 20]),
+            ("small".to_string(), small.to_vec(), vec![0.1f32; 4000]),
+            ("dw".to_string(), vec![64u64, 1, 3, 3], vec![0.1f32; 576]),
+        ];
+        crate::synth::write_tensors(&path, &tensors).expect("write");
+        let source = TensorSource::open(path.to_str().expect("utf-8")).expect("open");
+        let p = plan_rate(&source, Selection::default(), &e8_prefix(), 4096, 4.0).expect("plan");
+        let lattice = |template| RateChoice::Lattice {
+            bps: p.lattice_bps,
+            template,
+        };
+        assert_eq!(p.choices["big"], lattice(e8_prefix()));
+        assert_eq!(p.choices["small"], lattice(rung));
+        assert!(matches!(p.choices["dw"], RateChoice::Fallback(_)));
+        // The depthwise kernel's INT6 is paid by the two lattice tensors alike.
+        let fb = 576.0 * 6.0 + 16.0;
+        let expected = (4.0 * (576.0 + 4000.0 + 1048576.0) - fb) / (4000.0 + 1048576.0);
+        assert!((p.lattice_bps - expected).abs() < 1e-9, "{}", p.lattice_bps);
+    }
+
     #[test]
     fn narrow_kernels_fall_back_and_the_rest_share_the_budget() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -324,7 +441,13 @@ mod tests {
         let source = TensorSource::open(path.to_str().expect("utf-8")).expect("open");
         let p = plan_rate(&source, Selection::default(), &e8(), 4096, 3.0).expect("plan");
         assert!(matches!(p.choices["dw.weight"], RateChoice::Fallback(_)));
-        assert_eq!(p.choices["fc.weight"], RateChoice::Lattice(p.lattice_bps));
+        assert_eq!(
+            p.choices["fc.weight"],
+            RateChoice::Lattice {
+                bps: p.lattice_bps,
+                template: e8()
+            }
+        );
         // INT5 for 576 values costs 5 + 16/576 bits: the others give that back.
         let fb = 576.0 * 5.0 + 16.0;
         let expected = (3.0 * (576.0 + 16384.0 + 131072.0) - fb) / (16384.0 + 131072.0);

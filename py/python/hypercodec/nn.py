@@ -1780,7 +1780,9 @@ def quantize(
     does not contain one of ``skip`` by a :class:`HyperLinear` (:class:`HyperConv2d`) quantized
     with ``method`` at ``bps`` (see :func:`method_spec`; a layer too small for the lattice at
     ``bps`` — its row scales and chunk tables alone over the rate, or a per-tensor grid better,
-    as 3×3 depthwise kernels — falls back to affine INT(⌊bps⌋ + 2) with one scale, so a model of
+    as 3×3 depthwise kernels — falls back to affine INT(⌊bps⌋ + 2) with one scale, or, for
+    ``lattice-prefix`` where only its kilobyte of code lengths is too much, to ``lattice-gpu``'s
+    rANS; so a model of
     many tiny layers lands a little above ``bps``: :func:`quantize_budget` holds a model-wide
     budget); transformers' ``Conv1D`` (GPT-2's
     linear layers, their weight transposed) becomes a :class:`HyperLinear` too; ``trainable`` keeps float master
