@@ -25,6 +25,40 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use std::path::PathBuf;
 
+/// Numpy arrays read in their logical (row-major) order: a C-contiguous array borrowed, any
+/// other layout (Fortran order, a strided view such as `a.T` or `a[:, ::2]`) copied.
+/// rust-numpy's `as_slice` also accepts Fortran-ordered arrays, whose memory holds the values
+/// in the other order: read as they lie, they would give wrong results without an error.
+trait RowMajor<T: Clone> {
+    /// The values in row-major order.
+    fn row_major(&self) -> PyResult<std::borrow::Cow<'_, [T]>>;
+}
+
+impl<T: numpy::Element + Clone, D: numpy::ndarray::Dimension> RowMajor<T>
+    for numpy::PyReadonlyArray<'_, T, D>
+{
+    fn row_major(&self) -> PyResult<std::borrow::Cow<'_, [T]>> {
+        if self.is_c_contiguous() {
+            return Ok(std::borrow::Cow::Borrowed(self.as_slice()?));
+        }
+        Ok(std::borrow::Cow::Owned(self.as_array().iter().cloned().collect()))
+    }
+}
+
+/// An output array as a row-major slice: a C-contiguous one only (results written into any
+/// other layout would land in the wrong places).
+fn row_major_mut<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
+    a: &'a mut numpy::PyReadwriteArray<'_, T, D>,
+    name: &str,
+) -> PyResult<&'a mut [T]> {
+    if !a.is_c_contiguous() {
+        return Err(InvalidInputError::new_err(format!(
+            "{name} must be a C-contiguous array (np.ascontiguousarray)"
+        )));
+    }
+    Ok(a.as_slice_mut()?)
+}
+
 create_exception!(
     _native,
     HypercodecError,
@@ -386,7 +420,7 @@ impl Archive {
         let k = self.index(name)?;
         let set = self.set(name)?;
         let bias = bias
-            .map(|b| b.as_slice().map(<[f32]>::to_vec))
+            .map(|b| b.row_major().map(std::borrow::Cow::into_owned))
             .transpose()?;
         let op = py.detach(|| -> Result<CompressedLinear, PyErr> {
             let view = set.view(k).map_err(pipeline_err)?;
@@ -491,12 +525,12 @@ impl Linear {
         device: Option<usize>,
     ) -> PyResult<Linear> {
         let shape: Vec<u64> = weight.shape().iter().map(|&d| d as u64).collect();
-        let values = weight.as_slice()?;
+        let values = &*weight.row_major()?;
         let hessian = hessian
-            .map(|h| h.as_slice().map(<[f32]>::to_vec))
+            .map(|h| h.row_major().map(std::borrow::Cow::into_owned))
             .transpose()?;
         let bias = bias
-            .map(|b| b.as_slice().map(<[f32]>::to_vec))
+            .map(|b| b.row_major().map(std::borrow::Cow::into_owned))
             .transpose()?;
         // `NAME:tensor`: an entropy-coded lattice with one step for every row.
         let (spec, lattice_scale) = match spec.strip_suffix(":tensor") {
@@ -580,9 +614,9 @@ impl Linear {
                 .map_err(|_| {
                     InvalidInputError::new_err("from_hwz takes bytes or a 1-D uint8 array")
                 })?;
-            match array.as_slice() {
-                Ok(s) => s,
-                Err(_) => {
+            match array.is_c_contiguous().then(|| array.as_slice()) {
+                Some(Ok(s)) => s,
+                _ => {
                     owned = array.as_array().to_vec();
                     &owned
                 }
@@ -635,7 +669,7 @@ impl Linear {
             )));
         }
         let batch: usize = shape[..shape.len() - 1].iter().product();
-        let xs = x.as_slice()?;
+        let xs = &*x.row_major()?;
         let rows = self.op.rows();
         let y = py
             .detach(|| {
@@ -659,7 +693,7 @@ impl Linear {
     ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
         let rows = self.op.rows();
         let ids: Vec<usize> = ids
-            .as_slice()?
+            .row_major()?
             .iter()
             .map(|&i| usize::try_from(i).unwrap_or(rows))
             .collect();
@@ -1165,8 +1199,9 @@ impl KvCodec {
                 "x has shape {shape:?}; its last dimension must be {d}"
             )));
         }
-        let xs = x.as_slice()?;
-        let keys = keys.as_ref().map(|k| k.as_slice()).transpose()?;
+        let xs = &*x.row_major()?;
+        let keys = keys.as_ref().map(|k| k.row_major()).transpose()?;
+        let keys = keys.as_deref();
         let n = xs.len() / d.max(1);
         check_keys(keys, n)?;
         let cb = self.codec.code_bytes();
@@ -1262,9 +1297,9 @@ impl KvCodec {
         if n == 0 || rows == 0 || tokens == 0 {
             return Ok(());
         }
-        let cs = codes.as_slice()?;
-        let ss = scales.as_slice()?;
-        let os = out.as_slice_mut()?;
+        let cs = &*codes.row_major()?;
+        let ss = &*scales.row_major()?;
+        let os = row_major_mut(&mut out, "out")?;
         let codec = &self.codec;
         let dither = codec.dithers();
         py.detach(|| -> PyResult<()> {
@@ -1379,10 +1414,14 @@ impl KvCodec {
                 }
             }
         }
-        let kms = kmean.as_ref().map(|a| a.as_slice()).transpose()?;
-        let vms = vmean.as_ref().map(|a| a.as_slice()).transpose()?;
-        let kws = kmix.as_ref().map(|a| a.as_slice()).transpose()?;
-        let vws = vmix.as_ref().map(|a| a.as_slice()).transpose()?;
+        let kms = kmean.as_ref().map(|a| a.row_major()).transpose()?;
+        let kms = kms.as_deref();
+        let vms = vmean.as_ref().map(|a| a.row_major()).transpose()?;
+        let vms = vms.as_deref();
+        let kws = kmix.as_ref().map(|a| a.row_major()).transpose()?;
+        let kws = kws.as_deref();
+        let vws = vmix.as_ref().map(|a| a.row_major()).transpose()?;
+        let vws = vws.as_deref();
         let [rows, g, dk]: [usize; 3] = q.shape().try_into().expect("rank 3");
         let [_, kcap, kcb]: [usize; 3] = kcodes.shape().try_into().expect("rank 3");
         let [_, vcap, vcb]: [usize; 3] = vcodes.shape().try_into().expect("rank 3");
@@ -1428,12 +1467,18 @@ impl KvCodec {
         if rows == 0 || g == 0 {
             return Ok(());
         }
-        let (qs, kcs, kss) = (q.as_slice()?, kcodes.as_slice()?, kscales.as_slice()?);
-        let eks = exact_keys.as_ref().map(|e| e.as_slice()).transpose()?;
-        let evs = exact_values.as_ref().map(|e| e.as_slice()).transpose()?;
-        let (vcs, vss) = (vcodes.as_slice()?, vscales.as_slice()?);
-        let bs = bias.as_ref().map(|b| b.as_slice()).transpose()?;
-        let (os, ls) = (out.as_slice_mut()?, lse.as_slice_mut()?);
+        let (qs, kcs, kss) = (q.row_major()?, kcodes.row_major()?, kscales.row_major()?);
+        let (qs, kcs, kss) = (&*qs, &*kcs, &*kss);
+        let eks = exact_keys.as_ref().map(|e| e.row_major()).transpose()?;
+        let eks = eks.as_deref();
+        let evs = exact_values.as_ref().map(|e| e.row_major()).transpose()?;
+        let evs = evs.as_deref();
+        let (vcs, vss) = (vcodes.row_major()?, vscales.row_major()?);
+        let (vcs, vss) = (&*vcs, &*vss);
+        let bs = bias.as_ref().map(|b| b.row_major()).transpose()?;
+        let bs = bs.as_deref();
+        let os = row_major_mut(&mut out, "out")?;
+        let ls = row_major_mut(&mut lse, "lse")?;
         let dither = kc.dithers() || vc.dithers();
         let (ksl, vsl) = (kc.scale_len(kcap), vc.scale_len(vcap));
         py.detach(|| -> PyResult<()> {
@@ -1526,9 +1571,10 @@ impl KvCodec {
                 codes.shape()
             )));
         }
-        let cs = codes.as_slice()?;
-        let ss = scales.as_slice()?;
-        let keys = keys.as_ref().map(|k| k.as_slice()).transpose()?;
+        let cs = &*codes.row_major()?;
+        let ss = &*scales.row_major()?;
+        let keys = keys.as_ref().map(|k| k.row_major()).transpose()?;
+        let keys = keys.as_deref();
         let n = cs.len() / cb;
         check_keys(keys, n)?;
         let m = shape.last().copied().unwrap_or(1);
@@ -1684,7 +1730,7 @@ fn trellis_encode<'py>(
             "sequences of {seq} values (use a multiple of 8)"
         )));
     }
-    let x = values.as_slice()?.to_vec();
+    let x = values.row_major()?.into_owned();
     let rb = (cols * k as usize).div_ceil(8);
     let bits = py.detach(|| -> Result<Vec<u8>, hypercodec_trellis::TrellisError> {
         use rayon::prelude::*;

@@ -60,6 +60,34 @@ def test_save_load_inspect_roundtrip(tmp_path):
     assert hypercodec.inspect(path)["tensors"][0]["encoding"]["type"] == "lattice"
 
 
+def test_integer_buffers_are_left_out_with_a_warning(tmp_path):
+    """A state dict with batch norm's ``num_batches_tracked`` (int64) and a bool mask saves its
+    floating tensors, as the command line does for a safetensors file, and says which it left."""
+    sd = {"w": gaussian((16, 32)), "bn.num_batches_tracked": np.array(3, np.int64), "mask": np.ones(4, bool)}
+    with pytest.warns(UserWarning, match=r"2 non-floating tensors.*bn\.num_batches_tracked"):
+        info = hypercodec.save(sd, tmp_path / "m.hwz")
+    assert [t["name"] for t in info["tensors"]] == ["w"]
+    assert list(hypercodec.load(tmp_path / "m.hwz")) == ["w"]
+
+
+def test_fortran_ordered_and_strided_arrays_are_read_in_their_logical_order():
+    """``a.T`` and ``np.asfortranarray(a)`` hold their values in another memory order: inputs,
+    weights and KV rows must give what their C-ordered copies give."""
+    w = gaussian((16, 32), 6)
+    x = gaussian((3, 32), 7)
+    lin = hypercodec.Linear.quantize(w, "bf16")
+    y = lin.forward(x)
+    np.testing.assert_array_equal(lin.forward(np.asfortranarray(x)), y)
+    np.testing.assert_array_equal(lin.forward(np.ascontiguousarray(x.T).T), y)
+    np.testing.assert_array_equal(lin.forward(np.repeat(x, 2, axis=1)[:, ::2]), y)
+    wf = hypercodec.Linear.quantize(np.asfortranarray(w), "bf16")
+    np.testing.assert_array_equal(wf.weight(), lin.weight())
+    kv = hypercodec.KvCodec(32, 4)
+    rows = gaussian((6, 32), 8)
+    for got, want in zip(kv.encode(np.asfortranarray(rows)), kv.encode(rows)):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_float16_input_and_planner_modes(tmp_path):
     sd = {"w": gaussian((128, 256)).astype(np.float16)}
     info = hypercodec.save(sd, tmp_path / "b.hwz", mode="budget", target_bps=3)

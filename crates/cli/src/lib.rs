@@ -410,10 +410,12 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
 
 /// Ctrl-C, SIGTERM and SIGHUP set the cancel flag: the running step stops at its next tensor
 /// and the partial archive or safetensors file (a temporary beside the output) is removed as
-/// the writer drops. A second signal exits at once (exit code 130).
+/// the writer drops. A second signal removes the temporary files and exits at once (exit
+/// code 130).
 pub fn install_signal_handler() {
     let result = ctrlc::set_handler(|| {
         if CANCEL.is_cancelled() {
+            hypercodec_hwz::remove_unfinished();
             std::process::exit(130);
         }
         CANCEL.cancel();

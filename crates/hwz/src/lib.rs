@@ -45,7 +45,7 @@ pub use view::{
     TrellisParts,
 };
 #[cfg(feature = "std-fs")]
-pub use write::{temp_file_in, FileWriter};
+pub use write::{remove_unfinished, temp_file_in, FileWriter, Unfinished};
 pub use write::{Writer, WriterOptions};
 
 #[cfg(test)]

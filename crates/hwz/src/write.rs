@@ -303,6 +303,7 @@ mod file {
         writer: Writer<BufWriter<File>>,
         temp: tempfile::TempPath,
         path: PathBuf,
+        _listed: super::Unfinished,
     }
 
     impl FileWriter {
@@ -315,7 +316,13 @@ mod file {
             };
             let (file, temp) = super::temp_file_in(&dir, ".hwz-")?.into_parts();
             let writer = Writer::new(BufWriter::with_capacity(1 << 20, file), options)?;
-            Ok(FileWriter { writer, temp, path })
+            let _listed = super::Unfinished::new(&temp);
+            Ok(FileWriter {
+                writer,
+                temp,
+                path,
+                _listed,
+            })
         }
 
         /// Completes the archive, syncs it to disk and renames it to its final name.
@@ -347,6 +354,51 @@ mod file {
 
 #[cfg(feature = "std-fs")]
 pub use file::FileWriter;
+
+/// The temporary files of writers in progress ([`Unfinished`]), for [`remove_unfinished`].
+#[cfg(feature = "std-fs")]
+static UNFINISHED: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// A temporary file being written, listed for [`remove_unfinished`] until this guard drops
+/// (after the file is renamed into place or removed).
+#[cfg(feature = "std-fs")]
+#[derive(Debug)]
+pub struct Unfinished(std::path::PathBuf);
+
+#[cfg(feature = "std-fs")]
+impl Unfinished {
+    /// Lists `path` as unfinished.
+    pub fn new(path: &std::path::Path) -> Self {
+        if let Ok(mut v) = UNFINISHED.lock() {
+            v.push(path.to_path_buf());
+        }
+        Unfinished(path.to_path_buf())
+    }
+}
+
+#[cfg(feature = "std-fs")]
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Ok(mut v) = UNFINISHED.lock() {
+            if let Some(i) = v.iter().position(|p| *p == self.0) {
+                v.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// Removes the temporary files of every writer still in progress: for a process about to
+/// exit without running destructors (a second Ctrl-C), which would otherwise leave them
+/// beside their outputs. Files already renamed into place are not touched.
+#[cfg(feature = "std-fs")]
+pub fn remove_unfinished() {
+    // A handler may run while a writer holds the lock for a moment: take it if free.
+    if let Ok(v) = UNFINISHED.try_lock() {
+        for p in v.iter() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
 
 /// Creates a temporary file in `dir` for a file that will be renamed into place when
 /// complete. On Unix it gets `rw-r--r--` less the umask, like any file a program creates

@@ -519,6 +519,8 @@ pub fn compress_to_file(
     };
     let mut writer = FileWriter::create(path, writer_options).map_err(|e| io_at(path, e))?;
     let report = compress(source, options, &mut *writer, progress, cancel)?;
+    // A signal during the last tensor: no archive either.
+    cancel.check()?;
     let manifest = writer.finish().map_err(|e| io_at(path, e))?;
     let file_bytes = std::fs::metadata(path)
         .map_err(PipelineError::io(path))?
@@ -677,6 +679,31 @@ mod tests {
             &out,
             true,
             &mut |_| {},
+            &cancel,
+        );
+        assert!(matches!(r, Err(PipelineError::Cancelled)), "{r:?}");
+        assert!(!out.exists());
+        let left: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
+        assert!(left.is_empty(), "temporary file left: {left:?}");
+    }
+
+    #[test]
+    fn a_cancel_during_the_last_tensor_writes_no_archive() {
+        // The flag is set while the only tensor is encoded (its progress report comes after
+        // the loop's last check): the run ends cancelled, not with an archive.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("c.hwz");
+        let cancel = Cancel::new();
+        let r = compress_to_file(
+            &source(),
+            &CompressOptions::default(),
+            &out,
+            true,
+            &mut |p| {
+                if p.phase == Phase::Compress {
+                    cancel.cancel()
+                }
+            },
             &cancel,
         );
         assert!(matches!(r, Err(PipelineError::Cancelled)), "{r:?}");

@@ -84,6 +84,7 @@ pub fn write_safetensors(
         .unwrap_or(Path::new("."));
     let tmp = hypercodec_hwz::temp_file_in(dir, ".st-").map_err(PipelineError::io(dir))?;
     let (file, temp_path) = tmp.into_parts();
+    let _listed = hypercodec_hwz::Unfinished::new(&temp_path);
     let mut w = BufWriter::with_capacity(1 << 20, file);
     let io = PipelineError::io(path);
     let mut go = || -> std::io::Result<()> {

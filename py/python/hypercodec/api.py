@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,14 +51,33 @@ def _to_buffer(name: str, value: Any) -> tuple[str, tuple[int, ...], bytes]:
     return _ST_DTYPES[arr.dtype], tuple(arr.shape), arr.tobytes()
 
 
+def _is_floating(value: Any) -> bool:
+    """Whether a torch tensor or array-like holds floating values (what an archive stores)."""
+    if hasattr(value, "is_floating_point"):
+        return bool(value.is_floating_point())
+    return bool(np.issubdtype(np.asarray(value).dtype, np.floating))
+
+
 def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> None:
     """Stages ``state_dict`` as a safetensors file through the library's writer (names and
     sizes checked, atomic rename); ``metadata`` (strings) goes to ``__metadata__``, which the
     archive keeps as its ``safetensors`` metadata."""
-    tensors = []
+    tensors, skipped = [], []
     for name, value in state_dict.items():
+        if not _is_floating(value):
+            # Integer and bool buffers (batch norm's ``num_batches_tracked``, position ids):
+            # left out, as the command line leaves a safetensors file's (the archive lists them).
+            skipped.append(f"{name} ({getattr(value, 'dtype', type(value).__name__)})")
+            continue
         dtype, shape, data = _to_buffer(name, value)
         tensors.append((name, dtype, list(shape), data))
+    if skipped:
+        warnings.warn(
+            f"{len(skipped)} non-floating tensors are not stored: {', '.join(skipped[:8])}"
+            + (" ..." if len(skipped) > 8 else "")
+            + " (load_state_dict(..., strict=False) takes the archive back)",
+            stacklevel=3,
+        )
     meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
     _native.write_safetensors(os.fspath(path), tensors, meta)
 
