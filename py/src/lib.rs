@@ -543,9 +543,14 @@ impl Linear {
         };
         let mut spec = Spec::parse(spec).map_err(|e| InvalidInputError::new_err(e.to_string()))?;
         // A lattice rate the tensor cannot serve (its side information alone would eat the
-        // budget: small layers) falls back as in the pipeline: prefix codes to GPU-shaped rANS,
-        // then a per-tensor integer grid.
-        if let Spec::Rate {
+        // budget: small layers; or below the lattice's least rate) falls back as in the
+        // pipeline: prefix codes to GPU-shaped rANS, then a per-tensor integer grid
+        // (`rate::alone_fallback`: two extra bits for a small layer, within the rate otherwise).
+        if let Some((e, _)) = rate::narrow_fallback(&spec, "weight", &shape) {
+            // Rows a fixed-rate recipe serves badly (a trellis state longer than a row, or a
+            // scale and padding of a bit per value or more): the pipeline's per-tensor grid.
+            spec = Spec::fixed(e);
+        } else if let Spec::Rate {
             template,
             bps: Some(bps),
             max_tile,
@@ -558,7 +563,16 @@ impl Linear {
                     max_tile: *max_tile,
                     bps: Some(*bps),
                 },
-                None => Spec::fixed(rate::fallback_encoding(*bps)),
+                // Quantized alone: no model budget takes back a large layer's extra bits.
+                None => match rate::alone_fallback("weight", &shape, *bps).map_err(pipeline_err)? {
+                    Some(e) => Spec::fixed(e),
+                    None => {
+                        return Err(InvalidInputError::new_err(format!(
+                            "the lattice cannot reach {bps} bits per value on a {shape:?} weight, \
+                             and no integer grid fits that rate: ask for at least 1 bit per value"
+                        )))
+                    }
+                },
             };
         }
         let (op, stored, hwz) =

@@ -88,6 +88,33 @@ def test_fortran_ordered_and_strided_arrays_are_read_in_their_logical_order():
         np.testing.assert_array_equal(got, want)
 
 
+def test_a_lattice_rate_below_its_reach_falls_back_within_the_rate():
+    """E8 cannot code 1 bit per value: a large layer then takes the widest grid within the
+    rate (it took INT3, three times the rate); a small one keeps the two extra bits; below one
+    bit nothing fits, and that is an error rather than a silent 3 bits."""
+    w = gaussian((1024, 1024), 9)
+    lin = hypercodec.Linear.quantize(w, "e8@1")
+    assert lin.stored_bytes * 8 <= 1.0 * w.size + 8192 * 8
+    assert snr_db(w, lin.weight().reshape(w.shape)) > 3.0
+    small = hypercodec.Linear.quantize(gaussian((64, 128), 10), "e8@1.5")
+    assert small.stored_bytes * 8 > 2.5 * 64 * 128
+    with pytest.raises(hypercodec.InvalidInputError, match="at least 1 bit"):
+        hypercodec.Linear.quantize(w, "e8@0.5")
+
+
+@pytest.mark.parametrize("spec", ["e8-fixed4", "tcq@2-l12"])
+def test_fixed_rate_recipes_fall_back_on_rows_they_serve_badly(spec):
+    """Rows of one value (E8 pads each to a word and a scale: 48 bits a value at 4) and rows of
+    5 values (fewer bits than a 12-bit trellis state, which refused them) take the per-tensor
+    INT(K + 2) grid, as the command line does."""
+    for shape in ((300, 1), (64, 5)):
+        w = gaussian(shape, 11)
+        lin = hypercodec.Linear.quantize(w, spec)
+        k = 4 if spec == "e8-fixed4" else 2
+        assert lin.stored_bytes * 8 <= (k + 2) * w.size + 16
+        assert snr_db(w, lin.weight().reshape(shape)) > 6.02 * (k + 2) - 10
+
+
 def test_float16_input_and_planner_modes(tmp_path):
     sd = {"w": gaussian((128, 256)).astype(np.float16)}
     info = hypercodec.save(sd, tmp_path / "b.hwz", mode="budget", target_bps=3)

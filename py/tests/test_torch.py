@@ -1181,6 +1181,34 @@ def test_lattice_prefix_layers_store_row_group_chunks_and_run_on_the_host():
     _first_layer_matches_its_decode(m, x)
 
 
+def test_load_state_dict_names_meta_buffers_it_cannot_rebuild():
+    """A plain model built on the meta device keeps its non-persistent buffers there (a state
+    dict never holds them): loading says so and how to build it, instead of a forward failing
+    with "Cannot copy out of meta tensor"; built with its buffers on the CPU, it loads."""
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(32, 16)
+            self.register_buffer("gain", torch.linspace(0.5, 2.0, 16), persistent=False)
+
+        def forward(self, x):
+            return self.fc(x) * self.gain
+
+    torch.manual_seed(6)
+    m = Scaled()
+    hnn.quantize(m, bps=4, method="int4")
+    sd = m.state_dict()
+    with torch.device("meta"):
+        fresh = Scaled()
+    with pytest.raises(hypercodec.InvalidInputError, match=r"\['gain'\].*init_empty_weights"):
+        hnn.load_state_dict(fresh, sd)
+    fresh = Scaled()
+    hnn.load_state_dict(fresh, sd)
+    x = torch.randn(3, 32)
+    assert torch.equal(fresh(x), m(x))
+
+
 def test_lattice_prefix_layers_too_small_for_their_code_lengths_take_gpu_rans():
     """A 64 → 100 layer at 4 bits: a kilobyte of prefix code lengths is a third of its budget,
     so it takes ``lattice-gpu``'s rANS (the same lattice, a model of about a hundred bytes, the

@@ -308,9 +308,12 @@ pub fn compress(
                     opts,
                 )?,
             }
-        } else if let Some((e, why)) = trellis_fallback(&options.route, &t.shape) {
-            // Rows the trellis serves badly (too short for its state, or for its row scale):
-            // the lattice's fallback rule.
+        } else if let Some((e, why)) = match &options.route {
+            Route::Fixed(spec) => crate::rate::narrow_fallback(spec, &t.name, &t.shape),
+            _ => None,
+        } {
+            // Rows a fixed-rate recipe serves badly (too short for a trellis state, or for
+            // their scale and padding): the lattice's fallback rule.
             fallbacks.push((t.name.clone(), format!("{} ({why})", e.label())));
             hwz::encode(&t.name, &values, &t.shape, &e, opts)?
         } else if let Route::Fixed(spec) = &options.route {
@@ -403,39 +406,6 @@ pub fn compress(
         fallbacks,
         plan,
     })
-}
-
-/// The fallback of a tensor a fixed trellis recipe serves badly — rows holding fewer bits than
-/// its state (`cols·K < L`), or rows so short that their scale and byte padding cost a bit
-/// per value or more (3×3 depthwise kernels: 9-value rows at 2 bits code at 6 dB for 4.4 bits
-/// per value, where a per-tensor INT3 grid gives 11 dB at 3) — affine INT(K + 2) with one
-/// scale for the tensor, as for the lattice ([`crate::rate::fallback_encoding`]), and why.
-fn trellis_fallback(route: &Route, shape: &[u64]) -> Option<(Encoding, String)> {
-    let Route::Fixed(Spec::Rate {
-        template: Encoding::Trellis {
-            l, k, scale_dtype, ..
-        },
-        ..
-    }) = route
-    else {
-        return None;
-    };
-    let n: u64 = shape.iter().product();
-    let (rows, cols) = hwz::matrix_view(shape, n);
-    if rows == 0 || cols == 0 {
-        return None;
-    }
-    let k = *k as u64;
-    let why = if cols * k < *l as u64 {
-        format!("rows of {cols} values hold fewer than the {l}-bit trellis state")
-    } else {
-        let row_bits = (cols * k).div_ceil(8) * 8 + 8 * scale_dtype.size() as u64;
-        if row_bits < cols * (k + 1) {
-            return None;
-        }
-        format!("rows of {cols} values spend a bit per value or more on their scale and padding")
-    };
-    Some((crate::rate::fallback_encoding(k as f64), why))
 }
 
 /// Encodes with `spec`, with error feedback from `calibration`'s statistics for the tensor
@@ -592,23 +562,6 @@ mod tests {
 
     fn source() -> TensorSource {
         TensorSource::open("gaussian:32x64:3").expect("synthetic")
-    }
-
-    #[test]
-    fn the_trellis_falls_back_on_rows_it_serves_badly() {
-        let route = Route::Fixed(Spec::trellis(12, 2, 4096, 0).expect("spec"));
-        let fb = |shape: &[u64]| trellis_fallback(&route, shape).map(|(e, _)| e);
-        let int4 = crate::rate::fallback_encoding(2.0);
-        // Depthwise 3×3 (9-value rows) and 16-value rows: scale and padding ≥ 1 bit per value.
-        assert_eq!(fb(&[32, 1, 3, 3]), Some(int4.clone()));
-        assert_eq!(fb(&[64, 16]), Some(int4.clone()));
-        // Five values: fewer bits than the state.
-        let (_, why) = trellis_fallback(&route, &[8, 5]).expect("fallback");
-        assert!(why.contains("state"), "{why}");
-        // 24 values and more: the trellis (10.7 dB at 2.67 bits against the grid's 4.7 at 2).
-        assert_eq!(fb(&[64, 24]), None);
-        assert_eq!(fb(&[16, 8, 3, 3]), None);
-        assert_eq!(fb(&[0, 9]), None);
     }
 
     #[test]

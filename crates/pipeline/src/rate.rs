@@ -28,6 +28,7 @@ use crate::error::{PipelineError, Result};
 use crate::plan::Selection;
 use crate::source::TensorSource;
 use hypercodec_hwz::{self as hwz, AffineParams, Coding, Encoding, FloatDtype, Group};
+use hypercodec_plan::Spec;
 use std::collections::HashMap;
 
 /// Margin on the estimated smallest lattice rate (rANS and Rice cost a little more than the
@@ -75,6 +76,80 @@ pub fn fallback_encoding(bps: f64) -> Encoding {
             .saturating_add(FALLBACK_EXTRA_BITS)
             .clamp(1, 8),
     )
+}
+
+/// The fallback of a tensor whose rows a fixed-rate recipe serves badly, and why: rows holding
+/// fewer bits than a trellis state (`cols·K < L`), or rows so short that their scale and
+/// padding cost a bit per value or more (3×3 depthwise kernels: 9-value trellis rows at 2 bits
+/// code at 6 dB for 4.4 bits per value, where a per-tensor INT3 grid gives 11 dB at 3; a
+/// one-value row of fixed-rate E8 pads to a word and a scale: 48 bits at 4) — affine
+/// INT(K + 2) with one scale for the tensor ([`fallback_encoding`]). `None` for other recipes
+/// and shapes (entropy-coded lattice rates have [`plan_rate`]'s rule).
+pub fn narrow_fallback(spec: &Spec, name: &str, shape: &[u64]) -> Option<(Encoding, String)> {
+    let Spec::Rate {
+        template, max_tile, ..
+    } = spec
+    else {
+        return None;
+    };
+    let n: u64 = shape.iter().product();
+    let (rows, cols) = hwz::matrix_view(shape, n);
+    if rows == 0 || cols == 0 {
+        return None;
+    }
+    let (k, stored_bits) = match *template {
+        Encoding::Trellis {
+            l, k, scale_dtype, ..
+        } => {
+            let k = k as u64;
+            if cols * k < l as u64 {
+                let why =
+                    format!("rows of {cols} values hold fewer than the {l}-bit trellis state");
+                return Some((fallback_encoding(k as f64), why));
+            }
+            let row_bits = (cols * k).div_ceil(8) * 8 + 8 * scale_dtype.size() as u64;
+            (k, rows * row_bits)
+        }
+        Encoding::Lattice {
+            coding: Coding::Fixed { bits },
+            ..
+        } => {
+            let e = template.for_matrix(cols, *max_tile);
+            (bits as u64, exact_bytes(name, shape, &e).ok()? * 8)
+        }
+        _ => return None,
+    };
+    if stored_bits < n * (k + 1) {
+        return None;
+    }
+    let why =
+        format!("rows of {cols} values spend a bit per value or more on their scale and padding");
+    Some((fallback_encoding(k as f64), why))
+}
+
+/// Bytes beyond the rate that the fallback of a tensor quantized alone may spend (one layer at a
+/// time, as the Python layers are: no model budget to give the bits back): a small layer still
+/// takes the fallback's [`FALLBACK_EXTRA_BITS`] (a 3×3 depthwise kernel of 64 channels: 576
+/// values), a large one a grid within the rate.
+pub const ALONE_OVERSPEND_BYTES: u64 = 8192;
+
+/// The fallback of a tensor quantized alone at `bps` ([`ALONE_OVERSPEND_BYTES`]): the widest
+/// per-tensor grid of at most ⌊bps⌋ + [`FALLBACK_EXTRA_BITS`] bits whose bytes exceed the rate
+/// by no more than that. `None` where not even INT1 does (a rate below one bit per value on a
+/// large tensor).
+pub fn alone_fallback(name: &str, shape: &[u64], bps: f64) -> Result<Option<Encoding>> {
+    let n = hwz::element_count(name, shape)?;
+    let allowed = (bps * n as f64 / 8.0).floor() as u64 + ALONE_OVERSPEND_BYTES;
+    let widest = (bps.floor() as u8)
+        .saturating_add(FALLBACK_EXTRA_BITS)
+        .clamp(1, 8);
+    for bits in (1..=widest).rev() {
+        let e = tensor_grid(bits);
+        if exact_bytes(name, shape, &e)? <= allowed {
+            return Ok(Some(e));
+        }
+    }
+    Ok(None)
 }
 
 /// Exact stored bytes of `e` for `shape`, when every stream has a fixed length.
@@ -414,6 +489,63 @@ mod tests {
         let fb = 576.0 * 6.0 + 16.0;
         let expected = (4.0 * (576.0 + 4000.0 + 1048576.0) - fb) / (4000.0 + 1048576.0);
         assert!((p.lattice_bps - expected).abs() < 1e-9, "{}", p.lattice_bps);
+    }
+
+    #[test]
+    fn fixed_rate_recipes_fall_back_on_rows_they_serve_badly() {
+        let trellis = Spec::trellis(12, 2, 4096, 0).expect("spec");
+        let fb = |spec: &Spec, shape: &[u64]| narrow_fallback(spec, "t", shape).map(|(e, _)| e);
+        let int4 = fallback_encoding(2.0);
+        // Depthwise 3×3 (9-value rows) and 16-value rows: scale and padding ≥ 1 bit per value.
+        assert_eq!(fb(&trellis, &[32, 1, 3, 3]), Some(int4.clone()));
+        assert_eq!(fb(&trellis, &[64, 16]), Some(int4.clone()));
+        // Five values: fewer bits than the state.
+        let (_, why) = narrow_fallback(&trellis, "t", &[8, 5]).expect("fallback");
+        assert!(why.contains("state"), "{why}");
+        // 24 values and more: the trellis (10.7 dB at 2.67 bits against the grid's 4.7 at 2).
+        assert_eq!(fb(&trellis, &[64, 24]), None);
+        assert_eq!(fb(&trellis, &[16, 8, 3, 3]), None);
+        assert_eq!(fb(&trellis, &[0, 9]), None);
+        // Fixed-rate E8 at 4 bits: a one-value row is a padded word and a scale (48 bits);
+        // rows of 64 spend 4.25 bits; 3×3 kernels pad 9 values to 16 (≥ 5 bits).
+        let mut e8_fixed = e8();
+        if let Encoding::Lattice { coding, .. } = &mut e8_fixed {
+            *coding = Coding::Fixed { bits: 4 };
+        }
+        let fixed = Spec::Rate {
+            template: e8_fixed,
+            bps: None,
+            max_tile: 4096,
+        };
+        let int6 = fallback_encoding(4.0);
+        assert_eq!(fb(&fixed, &[300, 1]), Some(int6.clone()));
+        assert_eq!(fb(&fixed, &[32, 1, 3, 3]), Some(int6));
+        assert_eq!(fb(&fixed, &[300, 64]), None);
+        // Entropy-coded rates have plan_rate's rule instead.
+        let rate = Spec::Rate {
+            template: e8(),
+            bps: Some(4.0),
+            max_tile: 4096,
+        };
+        assert_eq!(fb(&rate, &[300, 1]), None);
+    }
+
+    #[test]
+    fn a_tensor_alone_falls_back_within_the_rate_unless_it_is_small() {
+        let bits = |shape: &[u64], bps: f64| match alone_fallback("t", shape, bps).expect("shape") {
+            Some(Encoding::Affine { bits, .. }) => Some(bits),
+            None => None,
+            Some(e) => panic!("{e:?}"),
+        };
+        // Small: the two extra bits (a depthwise kernel, a 64 × 128 layer).
+        assert_eq!(bits(&[64, 1, 3, 3], 4.0), Some(6));
+        assert_eq!(bits(&[64, 128], 1.5), Some(3));
+        // Large: the widest grid within the rate (8 KB of slack is 0.06 bits on 1024²).
+        assert_eq!(bits(&[1024, 1024], 1.0), Some(1));
+        assert_eq!(bits(&[1024, 1024], 4.0), Some(4));
+        assert_eq!(bits(&[1024, 1024], 2.5), Some(2));
+        // Below one bit per value on a large tensor: nothing fits.
+        assert_eq!(bits(&[1024, 1024], 0.5), None);
     }
 
     #[test]

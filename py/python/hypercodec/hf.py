@@ -23,7 +23,17 @@ from torch import nn
 
 from . import _native
 from .api import compress_state_dict
-from .nn import HWZ_KEY, HyperEmbedding, HyperLinear, _archive_source, _as_linear, _is_conv1d, _state_keys, quantize
+from .nn import (
+    HWZ_KEY,
+    HyperEmbedding,
+    HyperLinear,
+    _archive_source,
+    _as_linear,
+    _is_conv1d,
+    _state_keys,
+    quantize,
+    rebuild_meta_buffers,
+)
 
 __all__ = ["quantize", "save_hwz", "from_hwz"]
 
@@ -68,22 +78,6 @@ def _set(model: nn.Module, name: str, new: nn.Module) -> None:
     for p in path:
         parent = getattr(parent, p)
     setattr(parent, last, new)
-
-
-def _rebuild_meta_buffers(model: nn.Module, config: Any) -> None:
-    """Modules whose buffers are computed at construction (rotary embeddings) are built again
-    on the CPU: a model made on the meta device has none of their values."""
-    for name, module in list(model.named_modules()):
-        if any(b.is_meta for b in module.buffers(recurse=False)):
-            try:
-                fresh = type(module)(config=config)
-            except TypeError as e:
-                raise _native.InvalidInputError(f"cannot rebuild module `{name}` ({type(module).__name__}): {e}")
-            parent = model
-            *path, last = name.split(".")
-            for p in path:
-                parent = getattr(parent, p)
-            setattr(parent, last, fresh)
 
 
 def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
@@ -148,7 +142,7 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
         src = params.get(source)
         if src is not None:
             setattr(mod, attr, src)
-    _rebuild_meta_buffers(model, config)
+    rebuild_meta_buffers(model, config)
     left = [n for n, p in model.named_parameters() if p.is_meta]
     if left:
         raise _native.FormatError(f"{path}: tensors missing from the archive: {left[:5]}")

@@ -1780,9 +1780,10 @@ def quantize(
     does not contain one of ``skip`` by a :class:`HyperLinear` (:class:`HyperConv2d`) quantized
     with ``method`` at ``bps`` (see :func:`method_spec`; a layer too small for the lattice at
     ``bps`` — its row scales and chunk tables alone over the rate, or a per-tensor grid better,
-    as 3×3 depthwise kernels — falls back to affine INT(⌊bps⌋ + 2) with one scale, or, for
-    ``lattice-prefix`` where only its kilobyte of code lengths is too much, to ``lattice-gpu``'s
-    rANS; so a model of
+    as 3×3 depthwise kernels — falls back to affine INT(⌊bps⌋ + 2) with one scale (as many
+    bits as keep it within 8 KB of the rate: a large layer at a rate below the lattice's reach
+    gets a grid within the rate), or, for ``lattice-prefix`` where only its kilobyte of code
+    lengths is too much, to ``lattice-gpu``'s rANS; so a model of
     many tiny layers lands a little above ``bps``: :func:`quantize_budget` holds a model-wide
     budget); transformers' ``Conv1D`` (GPT-2's
     linear layers, their weight transposed) becomes a :class:`HyperLinear` too; ``trainable`` keeps float master
@@ -2414,8 +2415,11 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
     architecture: each ``nn.Linear`` / ``nn.Conv2d`` / ``nn.Embedding`` whose ``weight_hwz`` is
     in ``state_dict`` becomes a :class:`HyperLinear` / :class:`HyperConv2d` /
     :class:`HyperEmbedding` on that stored form (its dense weight is dropped unused; build
-    ``model`` on the meta device to never allocate it); a layer tied to one of them (the same
-    weight ``Parameter``, no entry of its own) shares its operator. Returns ``model``.
+    ``model`` on the meta device to never allocate it: a Hugging Face model's computed buffers,
+    such as rotary frequencies, are then rebuilt from its ``config``; for other models use
+    accelerate's ``init_empty_weights()``, which keeps buffers on the CPU); a layer tied to one
+    of them (the same weight ``Parameter``, no entry of its own) shares its operator. Returns
+    ``model``.
 
         >>> sd = quantized.state_dict()                                  # doctest: +SKIP
         >>> fresh = load_state_dict(make_model(), sd)                    # doctest: +SKIP
@@ -2445,6 +2449,7 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
             tied.append((name, stored[id(m.weight)]))
             _replace(model, name, kind.placeholder(m, tied=stored[id(m.weight)]))
     model.load_state_dict(state_dict, strict=strict, assign=True)
+    _restore_meta_buffers(model)
     for name, source in tied:
         owner = model.get_submodule(source)
         layer, op = model.get_submodule(name), owner.op
@@ -2454,6 +2459,38 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
         # What pickling the tied layer carries (the bytes the owner was loaded from).
         layer._hwz_source = lambda t=owner._hwz: None if t is None else t.numpy()
     return model
+
+
+def rebuild_meta_buffers(model: nn.Module, config: Any) -> None:
+    """Modules whose buffers are computed at construction (rotary embeddings) are built again
+    on the CPU from ``config``: a model made on the meta device has none of their values."""
+    for name, module in list(model.named_modules()):
+        if any(b.is_meta for b in module.buffers(recurse=False)):
+            try:
+                fresh = type(module)(config=config)
+            except TypeError as e:
+                raise _native.InvalidInputError(f"cannot rebuild module `{name}` ({type(module).__name__}): {e}")
+            _replace(model, name, fresh)
+
+
+def _restore_meta_buffers(model: nn.Module) -> None:
+    """After a state dict is loaded into a model built on the meta device: its non-persistent
+    buffers (rotary frequencies, masks: computed when a module is built, never saved) are still
+    meta. A Hugging Face model's modules are rebuilt from its ``config``; any other model's
+    meta buffers are an error that says how to build it, rather than a failing forward."""
+    if not any(b.is_meta for b in model.buffers()):
+        return
+    config = getattr(model, "config", None)
+    if config is not None:
+        rebuild_meta_buffers(model, config)
+    left = [n for n, b in model.named_buffers() if b.is_meta]
+    if left:
+        raise _native.InvalidInputError(
+            f"buffers {left[:4]}{' ...' if len(left) > 4 else ''} are still on the meta device: a state "
+            "dict does not hold non-persistent buffers (computed when the module is built). Build the "
+            "model under accelerate's init_empty_weights() (parameters on meta, buffers on the CPU) "
+            'instead of torch.device("meta"), or set those buffers before the forward'
+        )
 
 
 def _state_keys(model: nn.Module) -> list[str]:
