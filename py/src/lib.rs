@@ -103,6 +103,16 @@ fn hwz_err(e: HwzError) -> PyErr {
         | HwzError::RowRange { .. }
         | HwzError::InvalidName { .. }
         | HwzError::RateUnreachable { .. } => InvalidInputError::new_err(e.to_string()),
+        // What the values given to an encoder hold (NaN, a value a scale cannot carry): the
+        // input's fault, not an archive's.
+        HwzError::Scalar {
+            source:
+                hypercodec_hwz::ScalarError::NonFinite { .. }
+                | hypercodec_hwz::ScalarError::OutOfRange { .. }
+                | hypercodec_hwz::ScalarError::ScaleOverflow { .. }
+                | hypercodec_hwz::ScalarError::NotPositiveDefinite { .. },
+            ..
+        } => InvalidInputError::new_err(e.to_string()),
         HwzError::TensorNotFound { .. } => pyo3::exceptions::PyKeyError::new_err(e.to_string()),
         _ => FormatError::new_err(e.to_string()),
     }
@@ -529,6 +539,16 @@ impl Linear {
         let hessian = hessian
             .map(|h| h.row_major().map(std::borrow::Cow::into_owned))
             .transpose()?;
+        if let Some((i, v)) = hessian
+            .iter()
+            .flatten()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite())
+        {
+            return Err(InvalidInputError::new_err(format!(
+                "hessian: value {v} at index {i} is not finite"
+            )));
+        }
         let bias = bias
             .map(|b| b.row_major().map(std::borrow::Cow::into_owned))
             .transpose()?;
@@ -709,8 +729,14 @@ impl Linear {
         let ids: Vec<usize> = ids
             .row_major()?
             .iter()
-            .map(|&i| usize::try_from(i).unwrap_or(rows))
-            .collect();
+            .map(|&i| match usize::try_from(i) {
+                Ok(r) if r < rows => Ok(r),
+                // Named as given (a negative id too).
+                _ => Err(InvalidInputError::new_err(format!(
+                    "id {i} is out of range for an embedding of {rows} rows"
+                ))),
+            })
+            .collect::<PyResult<_>>()?;
         let cols = self.op.cols();
         let out = py
             .detach(|| {

@@ -1209,6 +1209,61 @@ def test_load_state_dict_names_meta_buffers_it_cannot_rebuild():
     assert torch.equal(fresh(x), m(x))
 
 
+def test_python_m_compress_reads_checkpoints_after_global_options(tmp_path):
+    """``python -m hypercodec --threads 1 compress m.pt out.hwz``: the checkpoint is read through
+    torch wherever ``compress`` stands; a pickled module is one line of error, no traceback."""
+    import subprocess
+    import sys
+
+    torch.save({"w": torch.randn(16, 32)}, tmp_path / "m.pt")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "hypercodec", *a], capture_output=True, text=True)
+    r = run("--threads", "1", "compress", str(tmp_path / "m.pt"), str(tmp_path / "m.hwz"))
+    assert r.returncode == 0, r.stderr
+    assert hypercodec.inspect(tmp_path / "m.hwz")["tensors"][0]["name"] == "w"
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")
+    r = run("compress", str(tmp_path / "module.pt"), str(tmp_path / "x.hwz"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "not read as a state dict" in r.stderr, r.stderr
+    assert not (tmp_path / "x.hwz").exists()
+
+
+def test_bad_inputs_are_typed_errors(tmp_path):
+    """Integer activations are refused as nn.Linear refuses them (not returned as truncated
+    integers); NaN weights and biases are the input's fault (InvalidInputError, with or without
+    allow_non_finite, which only raw formats honour); a NaN hessian is named as such."""
+    m = torch.nn.Sequential(torch.nn.Linear(32, 16))
+    hnn.quantize(m, bps=4, method="int4")
+    with pytest.raises(TypeError, match="floating-point"):
+        m(torch.ones(2, 32, dtype=torch.int64))
+    w = torch.randn(16, 32).numpy()
+    w[0, 0] = float("nan")
+    for kw in ({}, {"allow_non_finite": True}):
+        with pytest.raises(hypercodec.InvalidInputError, match="not finite"):
+            hypercodec.save({"w": w}, tmp_path / "w.hwz", encoding="lattice", bps=4, **kw)
+        assert not (tmp_path / "w.hwz").exists()
+    b = np.zeros(16, np.float32)
+    b[0] = np.nan
+    with pytest.raises(hypercodec.InvalidInputError, match="bias"):
+        hypercodec.Linear.quantize(np.ones((16, 32), np.float32), "int4", b)
+    h = np.full((32, 32), np.nan, np.float32)
+    with pytest.raises(hypercodec.InvalidInputError, match="hessian"):
+        hypercodec.Linear.quantize(np.ones((16, 32), np.float32), "int4", None, h)
+    with torch.device("meta"):
+        empty = torch.nn.Sequential(torch.nn.Linear(32, 16))
+    with pytest.raises(hypercodec.InvalidInputError, match=r"\['0'\].*meta device"):
+        hnn.quantize(empty, bps=4, method="int4")
+
+
+def test_embedding_ids_out_of_range_are_errors_naming_the_id():
+    m = torch.nn.Sequential(torch.nn.Embedding(50, 16))
+    hnn.quantize(m, bps=4, method="int4", embeddings=True)
+    assert isinstance(m[0], hnn.HyperEmbedding)
+    assert m(torch.tensor([0, 49])).shape == (2, 16)
+    for bad in (50, -1):
+        with pytest.raises(hypercodec.InvalidInputError, match=f"id {bad} is out of range for an embedding of 50 rows"):
+            m(torch.tensor([3, bad]))
+
+
 def test_lattice_prefix_layers_too_small_for_their_code_lengths_take_gpu_rans():
     """A 64 → 100 layer at 4 bits: a kilobyte of prefix code lengths is a third of its budget,
     so it takes ``lattice-gpu``'s rANS (the same lattice, a model of about a hundred bytes, the

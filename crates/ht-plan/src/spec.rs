@@ -109,7 +109,12 @@ impl Spec {
     /// `block` or `tensor`, HDC-bucketed search); `lowrank@R`; `sparse` (the nonzeros, f32).
     pub fn parse(name: &str) -> Result<Self> {
         let bad = || PlanError::Candidate {
-            message: format!("unknown candidate `{name}`"),
+            message: format!(
+                "unknown candidate `{name}`: the names are f32, bf16, f16, intN, intN-row, \
+                 intN-tensor, e8@B (also d4, a2, z1; e8@B-gpu, e8@B-prefix), e8-fixedN \
+                 (d4, z1), tcq@K[-lL][-v2], cb-bB-kK[-rR][-sMODE] (codebooks, e.g. \
+                 cb-b8-k256), lowrank@R, sparse"
+            ),
         };
         let raw = |dtype| Spec::fixed(Encoding::Raw { dtype });
         Ok(match name {

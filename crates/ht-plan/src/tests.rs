@@ -645,3 +645,16 @@ fn gpu_shaped_prefix_candidates_meet_their_rate() {
         assert!(Spec::parse(bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn unknown_candidates_list_the_name_families() {
+    for name in ["codebook", "lowrank", "int", "e9@4"] {
+        let msg = Spec::parse(name).expect_err(name).to_string();
+        assert!(
+            msg.contains(&format!("`{name}`"))
+                && msg.contains("cb-b8-k256")
+                && msg.contains("lowrank@R"),
+            "{msg}"
+        );
+    }
+}

@@ -30,7 +30,7 @@ pub use hypercodec_hdc::residual::top_k as top_k_errors;
 pub use hypercodec_hdc::{HdcParams, ResidualDtype, ScaleMode};
 pub use hypercodec_lattice::{tile_for, Lattice};
 pub use hypercodec_rice::CodingError;
-pub use hypercodec_scalar::{AffineParams, FloatDtype, Group};
+pub use hypercodec_scalar::{AffineParams, FloatDtype, Group, ScalarError};
 pub use layout::MAX_PARTS;
 pub use manifest::{
     check_name, min_stored_bytes, parse_head, sniff, Compression, Manifest, Sniff, StreamEntry,

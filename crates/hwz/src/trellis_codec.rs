@@ -227,8 +227,8 @@ fn encode_rows(
             u.iter_mut().for_each(|v| *v = 0.0);
             continue;
         }
-        let inv = (1.0 / rms) as f32;
-        u.iter_mut().for_each(|v| *v *= inv);
+        // In f64: an RMS below 2.9e-39 (subnormal rows) has no f32 reciprocal.
+        u.iter_mut().for_each(|v| *v = (*v as f64 / rms) as f32);
         // With feedback, the job's rows are coded together below.
         if feedback.is_none() {
             for r in tcq::row_sequences(cols, t.seq) {
@@ -365,8 +365,8 @@ fn encode_batched(
                 rht.forward(u);
                 *r = (u.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64).sqrt();
                 if *r > 0.0 && r.is_finite() {
-                    let inv = (1.0 / *r) as f32;
-                    u.iter_mut().for_each(|v| *v *= inv);
+                    let r = *r;
+                    u.iter_mut().for_each(|v| *v = (*v as f64 / r) as f32);
                 } else {
                     u.iter_mut().for_each(|v| *v = 0.0);
                 }

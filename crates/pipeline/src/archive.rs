@@ -66,7 +66,8 @@ pub fn float_bytes(name: &str, values: &[f32], dtype: FloatDtype) -> Result<Vec<
 }
 
 /// Restores an archive (native or legacy) to a `.safetensors` file; each tensor in `dtype`,
-/// by default its source type (f32 for GGUF block types and legacy archives).
+/// by default its source type (f32 for GGUF block types and legacy archives), with the source
+/// file's `__metadata__` when the archive kept it.
 pub fn decompress(
     input: &Path,
     output: &Path,
@@ -112,8 +113,19 @@ pub fn decompress(
     let total: u64 = archive.tensors().map(|t| t.numel()).sum();
     let entries: Vec<_> = archive.tensors().collect();
     let mut bar = Tracker::new(Phase::Decompress, total, progress);
+    // The source file's `__metadata__` (kept under `safetensors`), strings only as the format
+    // requires.
+    let metadata = archive.parts.first().and_then(|(_, a)| {
+        let m = a.manifest().metadata.get("safetensors")?.as_object()?;
+        Some(
+            m.iter()
+                .filter(|(_, v)| v.is_string())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )
+    });
     let mut values = Vec::new();
-    write_safetensors(output, &tensors, None, |i, out| {
+    write_safetensors(output, &tensors, metadata, |i, out| {
         cancel.check()?;
         let entry = entries[i];
         values.resize(entry.numel() as usize, 0.0);
@@ -190,5 +202,46 @@ mod tests {
             ));
         }
         assert!(check_names(["a", "b"]).is_ok());
+    }
+
+    #[test]
+    fn decompress_restores_the_source_metadata() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (input, hwz, out) = (
+            dir.path().join("m.safetensors"),
+            dir.path().join("m.hwz"),
+            dir.path().join("back.safetensors"),
+        );
+        let meta: serde_json::Map<String, Value> = [
+            ("format".to_string(), json!("pt")),
+            ("k".to_string(), json!("v")),
+        ]
+        .into_iter()
+        .collect();
+        let t = crate::safetensors_out::OutTensor {
+            name: "w".into(),
+            shape: vec![4, 8],
+            dtype: FloatDtype::F32,
+        };
+        crate::safetensors_out::write_safetensors(&input, &[t], Some(meta.clone()), |_, buf| {
+            buf.extend((0..32).flat_map(|i| (i as f32).to_le_bytes()));
+            Ok(())
+        })
+        .expect("write");
+        let source = crate::TensorSource::open(input.to_str().expect("utf-8")).expect("open");
+        crate::compress_to_file(
+            &source,
+            &crate::CompressOptions::default(),
+            &hwz,
+            true,
+            &mut |_| {},
+            &Cancel::new(),
+        )
+        .expect("compress");
+        decompress(&hwz, &out, None, &mut |_| {}, &Cancel::new()).expect("decompress");
+        let bytes = std::fs::read(&out).expect("read");
+        let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+        let header: Value = serde_json::from_slice(&bytes[8..8 + n]).expect("json");
+        assert_eq!(header["__metadata__"], Value::Object(meta));
     }
 }

@@ -74,6 +74,16 @@ pub enum PipelineError {
         /// The input.
         path: PathBuf,
     },
+    /// The input is a PyTorch checkpoint, which only the Python wheel reads (through torch).
+    #[error(
+        "{path}: a PyTorch checkpoint; the command line reads safetensors and GGUF files: \
+         `python -m hypercodec compress` reads it through torch (weights only), or save it \
+         with safetensors' save_file"
+    )]
+    TorchCheckpoint {
+        /// The input.
+        path: PathBuf,
+    },
     /// The input is already a `.hwz` archive.
     #[error("{path} is already a .hwz archive")]
     AlreadyArchive {

@@ -119,6 +119,9 @@ pub struct Gguf {
     pub tensors: Vec<GgufTensor>,
     /// Scalar and small-array metadata, for the archive's metadata.
     pub metadata: serde_json::Map<String, Value>,
+    /// Integer tensors (I8, I16, I32, I64: token ids, positions), left out as a safetensors
+    /// file's are: (name, type).
+    pub skipped: Vec<(String, String)>,
 }
 
 struct Cursor<'a> {
@@ -266,7 +269,12 @@ impl Gguf {
         }
         let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
         let mut tensors = Vec::with_capacity(infos.len());
+        let mut skipped = Vec::new();
         for (name, dims, t, offset) in infos {
+            if let Some(int) = ["I8", "I16", "I32", "I64"].get((t as usize).wrapping_sub(24)) {
+                skipped.push((name, int.to_string()));
+                continue;
+            }
             let ty = GgmlType::from_u32(t).ok_or_else(|| PipelineError::UnsupportedDtype {
                 tensor: name.clone(),
                 dtype: format!("ggml type {t}"),
@@ -300,7 +308,11 @@ impl Gguf {
                 len: (end - start) as usize,
             });
         }
-        Ok(Gguf { tensors, metadata })
+        Ok(Gguf {
+            tensors,
+            metadata,
+            skipped,
+        })
     }
 }
 
@@ -436,4 +448,55 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GGUF v3 file of `(name, dims, ggml type, bytes)` tensors and no metadata.
+    fn gguf(tensors: &[(&str, &[u64], u32, Vec<u8>)]) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend((tensors.len() as u64).to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        let mut offset = 0u64;
+        for (name, dims, t, data) in tensors {
+            b.extend((name.len() as u64).to_le_bytes());
+            b.extend(name.as_bytes());
+            b.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
+            b.extend(t.to_le_bytes());
+            b.extend(offset.to_le_bytes());
+            offset += (data.len() as u64).div_ceil(32) * 32;
+        }
+        for (_, _, _, data) in tensors {
+            b.resize(b.len().div_ceil(32) * 32, 0);
+            b.extend(data);
+        }
+        b
+    }
+
+    #[test]
+    fn integer_tensors_are_left_out_and_unknown_types_refused() {
+        let f32s: Vec<u8> = [1f32, 2.0, 3.0, 4.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let ids: Vec<u8> = [7i32, 8, 9, 10]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let bytes = gguf(&[("w", &[4], 0, f32s.clone()), ("ids", &[4], 26, ids)]);
+        let g = Gguf::parse(&bytes).expect("parse");
+        assert_eq!(g.tensors.len(), 1);
+        assert_eq!(g.tensors[0].name, "w");
+        assert_eq!(g.skipped, vec![("ids".to_string(), "I32".to_string())]);
+        // A type this reader does not know (not an integer) still stops the run.
+        let bytes = gguf(&[("w", &[4], 0, f32s), ("k", &[256], 99, vec![0; 64])]);
+        assert!(matches!(
+            Gguf::parse(&bytes),
+            Err(PipelineError::UnsupportedDtype { .. })
+        ));
+    }
 }

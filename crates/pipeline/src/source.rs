@@ -131,6 +131,22 @@ fn parse_dims(spec: &str) -> Option<(Vec<u64>, u64)> {
     shape.filter(|s| !s.is_empty()).map(|s| (s, seed))
 }
 
+/// Whether `path` is a PyTorch checkpoint: a zip whose first entry is `…/data.pkl` (what
+/// `torch.save` writes), or an older pickle (protocol 2+) named `.pt`, `.pth` or `.ckpt`.
+fn is_torch_checkpoint(path: &Path, map: &[u8]) -> bool {
+    if map.starts_with(b"PK\x03\x04") && map.len() >= 30 {
+        let name_len = u16::from_le_bytes([map[26], map[27]]) as usize;
+        return map
+            .get(30..30 + name_len)
+            .is_some_and(|name| name.ends_with(b"data.pkl"));
+    }
+    let torch_name = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("pt" | "pth" | "ckpt")
+    );
+    torch_name && map.first() == Some(&0x80)
+}
+
 /// True when `bytes` starts like a safetensors file: an 8-byte header length, then the
 /// header's JSON object.
 fn looks_like_safetensors(bytes: &[u8]) -> bool {
@@ -219,6 +235,8 @@ impl TensorSource {
         let map = unsafe { Mmap::map(&file) }.map_err(PipelineError::io(path))?;
         let source = if is_gguf(&map) {
             Self::from_gguf(map)
+        } else if is_torch_checkpoint(path, &map) {
+            Err(PipelineError::TorchCheckpoint { path: path.into() })
         } else if map.starts_with(b"HWZ1") || map.starts_with(b"PK\x03\x04") {
             Err(PipelineError::AlreadyArchive { path: path.into() })
         } else if looks_like_safetensors(&map) {
@@ -298,7 +316,11 @@ impl TensorSource {
             maps: vec![map],
             path: None,
             tensors,
-            skipped: vec![],
+            skipped: g
+                .skipped
+                .into_iter()
+                .map(|(name, dtype)| SkippedTensor { name, dtype })
+                .collect(),
             metadata: vec![("gguf".into(), Value::Object(g.metadata))],
         })
     }
@@ -495,6 +517,34 @@ fn shard_files(path: &Path) -> Result<Option<(Vec<PathBuf>, Vec<String>)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pytorch_checkpoints_are_named_as_such() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A zip whose first entry is `m/data.pkl` (torch.save's format), under any name.
+        let mut zip = b"PK\x03\x04".to_vec();
+        zip.extend([0u8; 22]);
+        zip.extend(10u16.to_le_bytes());
+        zip.extend(0u16.to_le_bytes());
+        zip.extend(b"m/data.pkl");
+        // An older pickle named .pt; another zip (a legacy archive) stays an archive.
+        let mut other = zip.clone();
+        other[30..40].copy_from_slice(b"manifest.j");
+        for (name, bytes, torch) in [
+            ("a.bin", zip, true),
+            ("old.pt", vec![0x80, 2, 0x8a, 0x0a], true),
+            ("z.hwz", other, false),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, &bytes).expect("write");
+            let r = TensorSource::open(path.to_str().expect("utf-8"));
+            match r {
+                Err(PipelineError::TorchCheckpoint { .. }) if torch => {}
+                Err(PipelineError::AlreadyArchive { .. }) if !torch => {}
+                other => panic!("{name}: {:?}", other.map(|_| ())),
+            }
+        }
+    }
 
     #[test]
     fn sharded_safetensors_and_split_gguf_open_as_one_model() {

@@ -72,6 +72,14 @@ pub enum RuntimeError {
         /// Its actual length.
         actual: usize,
     },
+    /// A row index past the weight's rows (an embedding id out of range).
+    #[error("row index {index} is out of range for {rows} rows")]
+    RowIndex {
+        /// The index asked for.
+        index: usize,
+        /// The weight's rows.
+        rows: usize,
+    },
     /// The tensor cannot act as a linear layer's weight.
     #[error("tensor `{tensor}` of shape {shape:?} is not a weight matrix (rank ≥ 2 needed)")]
     NotAMatrix {

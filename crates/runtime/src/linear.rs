@@ -724,10 +724,9 @@ impl CompressedLinear {
     pub fn decode_rows(&self, rows: &[usize], out: &mut [f32]) -> Result<()> {
         check_len("rows out", rows.len() * self.cols, out.len())?;
         if let Some(&r) = rows.iter().find(|&&r| r >= self.rows) {
-            return Err(RuntimeError::Length {
-                what: "row index",
-                expected: self.rows,
-                actual: r,
+            return Err(RuntimeError::RowIndex {
+                index: r,
+                rows: self.rows,
             });
         }
         for (&r, o) in rows.iter().zip(out.chunks_exact_mut(self.cols.max(1))) {

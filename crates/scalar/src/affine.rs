@@ -537,7 +537,7 @@ fn two_centroids(g: &[f32]) -> (f32, f32) {
 
 impl GroupQuant {
     /// The parameters of the group `g` under `params` (asymmetric: min and range, at 1 bit the
-    /// two levels of a Lloyd split ([`two_centroids`]); symmetric: the value of largest
+    /// two levels of a Lloyd split: the means below and above its threshold; symmetric: the value of largest
     /// magnitude; 1-bit symmetric: the mean magnitude). Err: the parameter
     /// that overflowed the scale type (infinite), or the scale that underflows f16
     /// ([`crate::FloatDtype::underflows`]; finite): a symmetric group's step below f16's normal
@@ -670,9 +670,7 @@ impl GroupQuant {
             QuantKind::Asymmetric => {
                 if self.scale > 0.0 {
                     let levels = ((1u32 << self.bits) - 1) as f32;
-                    ((x - self.offset) * (1.0 / self.scale))
-                        .round()
-                        .clamp(0.0, levels) as u32
+                    over(x - self.offset, self.scale).round().clamp(0.0, levels) as u32
                 } else {
                     0
                 }
@@ -682,7 +680,7 @@ impl GroupQuant {
                 let half = 1i32 << (self.bits - 1);
                 if self.scale != 0.0 {
                     let (qmin, qmax) = (-half as f32, (half - 1) as f32);
-                    let q = (x * (1.0 / self.scale)).round().clamp(qmin, qmax) as i32;
+                    let q = over(x, self.scale).round().clamp(qmin, qmax) as i32;
                     (q + half) as u32
                 } else {
                     half as u32
@@ -705,6 +703,19 @@ impl GroupQuant {
             }
             QuantKind::Symmetric => (q as i32 - (1i32 << (self.bits - 1))) as f32 * self.scale,
         }
+    }
+}
+
+/// `x / s`, through the reciprocal where it is finite (a multiply per value), else by division:
+/// a step below 2.9e-39 (values of about 1e-37 at 8 bits) has no f32 reciprocal, and
+/// multiplying by infinity would clamp every code to an end of the grid.
+#[inline]
+fn over(x: f32, s: f32) -> f32 {
+    let inv = 1.0 / s;
+    if inv.is_finite() {
+        x * inv
+    } else {
+        x / s
     }
 }
 
@@ -1021,6 +1032,29 @@ mod tests {
         });
         let snr = 10.0 * (sig / err).log10();
         assert!(snr > 4.0 && snr < 5.0, "{snr} dB");
+    }
+
+    #[test]
+    fn groups_of_tiny_values_keep_their_codes() {
+        // Steps near 1e-40 (subnormal: no f32 reciprocal) for every grid.
+        let v: Vec<f32> = (0..128).map(|i| (i as f32 - 63.5) * 1e-39).collect();
+        for (bits, symmetric) in [(8, false), (8, true), (4, false), (4, true)] {
+            let p = AffineParams {
+                bits,
+                group: Group::Size(128),
+                symmetric,
+                scale_dtype: FloatDtype::F32,
+            };
+            let got = roundtrip(&v, 1, 128, &p);
+            let (sig, err) = v.iter().zip(&got).fold((0f64, 0f64), |(s, e), (&x, &y)| {
+                (s + (x as f64).powi(2), e + (x as f64 - y as f64).powi(2))
+            });
+            let snr = 10.0 * (sig / err).log10();
+            assert!(
+                snr > 6.0 * bits as f64 - 8.0,
+                "{bits} bits, symmetric {symmetric}: {snr} dB"
+            );
+        }
     }
 
     #[test]

@@ -39,6 +39,17 @@ class _ClosedPipeSafe:
         return getattr(self._out, name)
 
 
+def _is_torch_file(path: str) -> bool:
+    """Whether ``path`` is a file in one of torch.save's formats (a zip, or a pickle); a
+    ``.bin`` may be anything else."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line on ``argv`` (default: ``sys.argv[1:]``) and returns its exit code.
     ``eval`` runs the evaluation suite (:mod:`hypercodec.eval`; needs torch and transformers),
@@ -61,20 +72,38 @@ def main(argv: list[str] | None = None) -> int:
         from .kv_eval import main as kv_eval_main
 
         return kv_eval_main(args[1:])
-    if len(args) >= 3 and args[0] == "compress" and args[1].endswith((".pt", ".pth", ".bin", ".ckpt")):
+    # `compress` anywhere (global options such as --threads may come first), and an input
+    # that is a PyTorch checkpoint: staged as safetensors beside the output.
+    if "compress" in args:
         import os
-        import tempfile
 
-        from .api import _write_safetensors, read_pt
+        from .api import PT_SUFFIXES
 
-        out_dir = os.path.dirname(os.path.abspath(args[2]))
-        fd, tmp = tempfile.mkstemp(suffix=".safetensors", dir=out_dir)
-        os.close(fd)
-        try:
-            _write_safetensors(tmp, read_pt(args[1]))
-            return cli([args[0], tmp, *args[2:]])
-        finally:
-            os.unlink(tmp)
+        c = args.index("compress")
+        pt = next(
+            (i for i in range(c + 1, len(args)) if args[i].endswith(PT_SUFFIXES) and _is_torch_file(args[i])), None
+        )
+        if pt is not None:
+            import tempfile
+
+            from .api import _write_safetensors, read_pt
+
+            # Staged beside the output (the same file system), else beside the input.
+            out = next((a for a in args[c + 1 :] if a.endswith(".hwz")), args[pt])
+            out_dir = os.path.dirname(os.path.abspath(out))
+            try:
+                state = read_pt(args[pt])
+            except Exception as e:  # a pickled module, a corrupt file, no torch: one line, no traceback
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                print(f"error: {args[pt]}: not read as a state dict by torch.load(weights_only=True): {first}", file=sys.stderr)
+                return 1
+            fd, tmp = tempfile.mkstemp(suffix=".safetensors", dir=out_dir)
+            os.close(fd)
+            try:
+                _write_safetensors(tmp, state)
+                return cli([*args[:pt], tmp, *args[pt + 1 :]])
+            finally:
+                os.unlink(tmp)
     return cli(args)
 
 

@@ -326,8 +326,11 @@ class _Stored(torch.autograd.Function):
 def _autocast(x: torch.Tensor) -> torch.Tensor:
     """``x`` in autocast's dtype where ``torch.autocast`` is on for its device, as ``nn.Linear``
     and ``nn.Conv2d`` take their inputs (a float32 input then runs the bf16 / f16 kernels, and
-    the output has the dtype the model around it expects)."""
-    if not x.is_floating_point() or x.dtype == torch.float64:  # (autocast leaves float64 alone)
+    the output has the dtype the model around it expects). An integer or bool input is refused,
+    as ``nn.Linear`` refuses it (it used to come back as truncated integers)."""
+    if not x.is_floating_point():
+        raise TypeError(f"a compressed layer takes floating-point inputs, not {x.dtype}")
+    if x.dtype == torch.float64:  # (autocast leaves float64 alone)
         return x
     try:
         on = torch.is_autocast_enabled(x.device.type)
@@ -1807,6 +1810,13 @@ def quantize(
         for n, m in model.named_modules()
         if (isinstance(m, nn.Linear) or _is_conv1d(m) or (conv and isinstance(m, nn.Conv2d))) and not any(s in n for s in skip)
     ]
+    meta = [n for n, m in candidates if any(p.is_meta for p in m.parameters(recurse=False))]
+    if meta:
+        raise _native.InvalidInputError(
+            f"layers {meta[:3]}{' ...' if len(meta) > 3 else ''} have their weights on the meta device: "
+            "quantize needs their values (load the weights first; a saved quantized model loads "
+            "with hnn.load_state_dict)"
+        )
     kept = [f"{n} ({type(m).__name__})" for n, m in candidates if _own_forward(m)]
     if kept:
         warnings.warn(
