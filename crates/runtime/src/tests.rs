@@ -556,7 +556,7 @@ fn row_lookups_equal_the_decoded_rows() {
         }
         assert!(matches!(
             op.decode_rows(&[40], &mut got[..96]),
-            Err(RuntimeError::Length { .. })
+            Err(RuntimeError::RowIndex { index: 40, rows: 40 })
         ));
     }
 }
