@@ -223,6 +223,190 @@ unsafe fn fields_pass512<const B: u32>(codes: &[u8], xp: &[f32], sign: Signed) -
     _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), t)
 }
 
+/// [`affine_row`] for `M` activation rows at once: `out[m]` for the permuted activation
+/// `a.xp[m·x_stride..]` and group sums `a.gsum[m·g_stride..]` of a `cols`-value row. Each code
+/// field is unpacked and converted once and feeds `M` FMAs, where `M` calls of [`affine_row`]
+/// would unpack it `M` times (a small batch: prompts of a few tokens, beams, drafts).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; the row's parts must be consistent, and `a.xp` and
+/// `a.gsum` must hold `M` rows at their strides.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn affine_rows<const M: usize>(
+    a: &crate::kernels::AffineRow<'_>,
+    cols: usize,
+    (x_stride, g_stride): (usize, usize),
+    out: &mut [f32],
+) {
+    let sign = Signed::of(a);
+    let mut row = [_mm256_setzero_ps(); M];
+    let mut scalar = [0f32; M];
+    for j in 0..cols.div_ceil(a.glen.max(1)) {
+        let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
+        let codes = &a.codes[lo / a.per..hi / a.per];
+        // SAFETY: the caller's bounds: every row's group holds 8/bits values per code byte.
+        let d = unsafe {
+            match a.field_bits {
+                1 => fields_pass_rows::<1, M>(codes, a.xp, lo, x_stride, sign),
+                2 => fields_pass_rows::<2, M>(codes, a.xp, lo, x_stride, sign),
+                4 => fields_pass_rows::<4, M>(codes, a.xp, lo, x_stride, sign),
+                _ => fields_pass_rows::<8, M>(codes, a.xp, lo, x_stride, sign),
+            }
+        };
+        let si = j.min(a.scales.len() - 1);
+        let s = _mm256_set1_ps(a.scales[si]);
+        for m in 0..M {
+            row[m] = _mm256_fmadd_ps(s, d[m], row[m]);
+            if !a.offsets.is_empty() {
+                scalar[m] += a.offsets[si] * a.gsum[m * g_stride + j];
+            }
+        }
+    }
+    for m in 0..M {
+        out[m] = hsum(row[m]) + scalar[m];
+    }
+}
+
+/// [`fields_pass`] for `M` activation rows (`xp[m·stride + lo..]`): each 16 bytes of codes
+/// loaded and each field unpacked once, two accumulators a row.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fields_pass_rows<const B: u32, const M: usize>(
+    codes: &[u8],
+    xp: &[f32],
+    lo: usize,
+    stride: usize,
+    sign: Signed,
+) -> [__m256; M] {
+    let per = (8 / B) as usize;
+    let n = codes.len();
+    let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
+    let mut acc = [[_mm256_setzero_ps(); 2]; M];
+    let full = n / 16 * 16;
+    // SAFETY: i + 16 <= full <= n bytes of codes; field k of row m reads
+    // xp[m·stride + lo + k·n..][..n], within the caller's bounds.
+    unsafe {
+        let mut i = 0;
+        while i < full {
+            let c = _mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i);
+            let c_lo = _mm256_cvtepu8_epi32(c);
+            let c_hi = _mm256_cvtepu8_epi32(_mm_srli_si128(c, 8));
+            for k in 0..per {
+                let shift = _mm_cvtsi32_si128((k as u32 * B) as i32);
+                let fl = sign.apply256(_mm256_and_si256(_mm256_srl_epi32(c_lo, shift), mask));
+                let fh = sign.apply256(_mm256_and_si256(_mm256_srl_epi32(c_hi, shift), mask));
+                for (m, a) in acc.iter_mut().enumerate() {
+                    let xs = xp.as_ptr().add(m * stride + lo + k * n + i);
+                    a[0] = _mm256_fmadd_ps(fl, _mm256_loadu_ps(xs), a[0]);
+                    a[1] = _mm256_fmadd_ps(fh, _mm256_loadu_ps(xs.add(8)), a[1]);
+                }
+            }
+            i += 16;
+        }
+    }
+    let mut d = [_mm256_setzero_ps(); M];
+    for (m, (dm, a)) in d.iter_mut().zip(&acc).enumerate() {
+        let mut tail = 0f32;
+        for k in 0..per {
+            for j in full..n {
+                let q = (codes[j] >> (k as u32 * B)) & ((1u32 << B) - 1) as u8;
+                tail += sign.apply(q) * xp[m * stride + lo + k * n + j];
+            }
+        }
+        *dm = _mm256_add_ps(
+            _mm256_add_ps(a[0], a[1]),
+            _mm256_setr_ps(tail, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+        );
+    }
+    d
+}
+
+/// [`affine_rows`] with 512-bit vectors (up to 8 rows: 8 accumulators of 16 lanes).
+///
+/// # Safety
+/// As [`affine_rows`], with AVX-512F/BW.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+pub(crate) unsafe fn affine_rows512<const M: usize>(
+    a: &crate::kernels::AffineRow<'_>,
+    cols: usize,
+    (x_stride, g_stride): (usize, usize),
+    out: &mut [f32],
+) {
+    let sign = Signed::of(a);
+    let mut row = [_mm512_setzero_ps(); M];
+    let mut scalar = [0f32; M];
+    for j in 0..cols.div_ceil(a.glen.max(1)) {
+        let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
+        let codes = &a.codes[lo / a.per..hi / a.per];
+        // SAFETY: as in affine_rows.
+        let d = unsafe {
+            match a.field_bits {
+                1 => fields_pass_rows512::<1, M>(codes, a.xp, lo, x_stride, sign),
+                2 => fields_pass_rows512::<2, M>(codes, a.xp, lo, x_stride, sign),
+                4 => fields_pass_rows512::<4, M>(codes, a.xp, lo, x_stride, sign),
+                _ => fields_pass_rows512::<8, M>(codes, a.xp, lo, x_stride, sign),
+            }
+        };
+        let si = j.min(a.scales.len() - 1);
+        let s = _mm512_set1_ps(a.scales[si]);
+        for m in 0..M {
+            row[m] = _mm512_fmadd_ps(s, d[m], row[m]);
+            if !a.offsets.is_empty() {
+                scalar[m] += a.offsets[si] * a.gsum[m * g_stride + j];
+            }
+        }
+    }
+    for m in 0..M {
+        out[m] = _mm512_reduce_add_ps(row[m]) + scalar[m];
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+unsafe fn fields_pass_rows512<const B: u32, const M: usize>(
+    codes: &[u8],
+    xp: &[f32],
+    lo: usize,
+    stride: usize,
+    sign: Signed,
+) -> [__m512; M] {
+    let per = (8 / B) as usize;
+    let n = codes.len();
+    let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
+    let mut acc = [_mm512_setzero_ps(); M];
+    let full = n / 16 * 16;
+    // SAFETY: as in fields_pass_rows.
+    unsafe {
+        let mut i = 0;
+        while i < full {
+            let c = _mm512_cvtepu8_epi32(_mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i));
+            for k in 0..per {
+                let shift = _mm_cvtsi32_si128((k as u32 * B) as i32);
+                let q = sign.apply512(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
+                for (m, a) in acc.iter_mut().enumerate() {
+                    let xs = xp.as_ptr().add(m * stride + lo + k * n + i);
+                    *a = _mm512_fmadd_ps(q, _mm512_loadu_ps(xs), *a);
+                }
+            }
+            i += 16;
+        }
+    }
+    for (m, a) in acc.iter_mut().enumerate() {
+        let mut tail = 0f32;
+        for k in 0..per {
+            for j in full..n {
+                let q = (codes[j] >> (k as u32 * B)) & ((1u32 << B) - 1) as u8;
+                tail += sign.apply(q) * xp[m * stride + lo + k * n + j];
+            }
+        }
+        let mut t = [0f32; 16];
+        t[0] = tail;
+        // SAFETY: t holds 16 floats.
+        *a = _mm512_add_ps(*a, unsafe { _mm512_loadu_ps(t.as_ptr()) });
+    }
+    acc
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn hsum(v: __m256) -> f32 {

@@ -97,6 +97,7 @@ fn dot_fields<const B: u32>(codes: &[u8], xp: &[f32]) -> f32 {
 }
 
 /// One row of affine codes: everything [`affine_row`] reads.
+#[derive(Clone, Copy)]
 pub(crate) struct AffineRow<'r> {
     /// Bits of the dot product's fields (the codes' bits, or 8 when unpacked to bytes).
     pub(crate) field_bits: u8,
@@ -137,6 +138,66 @@ pub(crate) fn affine_row(a: &AffineRow<'_>) -> f32 {
         4 => dot_fields::<4>(codes, xs),
         _ => dot_fields::<8>(codes, xs),
     })
+}
+
+/// [`affine_row`] for `out.len()` activation rows: `a.xp` holds each row's permuted
+/// activation (`cols` values a row) and `a.gsum` its group sums (`groups` a row), one after
+/// the other; the codes are unpacked once for up to 8 rows (AVX-512) or 4 (AVX2).
+pub(crate) fn affine_rows(a: &AffineRow<'_>, cols: usize, groups: usize, out: &mut [f32]) {
+    let part = |m: usize| AffineRow {
+        xp: &a.xp[m * cols..],
+        gsum: &a.gsum[m * groups..],
+        ..*a
+    };
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx512() {
+        for (k, o) in out.chunks_mut(8).enumerate() {
+            let p = part(8 * k);
+            let s = (cols, groups);
+            // SAFETY: AVX-512F/BW, AVX2 and FMA are present; p's activation and group sums
+            // hold o.len() rows at these strides.
+            unsafe {
+                use crate::avx2::affine_rows512 as f;
+                match o.len() {
+                    8 => f::<8>(&p, cols, s, o),
+                    7 => f::<7>(&p, cols, s, o),
+                    6 => f::<6>(&p, cols, s, o),
+                    5 => f::<5>(&p, cols, s, o),
+                    4 => f::<4>(&p, cols, s, o),
+                    3 => f::<3>(&p, cols, s, o),
+                    2 => f::<2>(&p, cols, s, o),
+                    _ => f::<1>(&p, cols, s, o),
+                }
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        for (k, o) in out.chunks_mut(4).enumerate() {
+            let p = part(4 * k);
+            let s = (cols, groups);
+            // SAFETY: AVX2 and FMA are present; as above.
+            unsafe {
+                use crate::avx2::affine_rows as f;
+                match o.len() {
+                    4 => f::<4>(&p, cols, s, o),
+                    3 => f::<3>(&p, cols, s, o),
+                    2 => f::<2>(&p, cols, s, o),
+                    _ => f::<1>(&p, cols, s, o),
+                }
+            }
+        }
+        return;
+    }
+    for (m, o) in out.iter_mut().enumerate() {
+        let p = AffineRow {
+            xp: &a.xp[m * cols..(m + 1) * cols],
+            gsum: &a.gsum[m * groups..(m + 1) * groups],
+            ..*a
+        };
+        *o = affine_row(&p);
+    }
 }
 
 #[inline(always)]

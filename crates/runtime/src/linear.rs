@@ -12,8 +12,29 @@ use std::ops::Range;
 
 /// Values of `W` a batch > 1 decodes at a time per thread (1 MB of f32: an L2-sized tile).
 const TILE_VALUES: usize = 1 << 20;
-/// Batches up to this size run the batch-1 path once per activation row.
+/// Batches up to this size run the batch-1 path once per activation row (affine codes: every
+/// row at once), larger ones decode tiles for a GEMM; by kind ([`small_batch`]), where the
+/// crossover was measured on 4096² (`hypercodec benchmark --runtime --batches 2,4,8,16`).
 const SMALL_BATCH: usize = 16;
+/// Affine codes: unpacked once for up to this many activation rows
+/// ([`kernels::affine_rows`]); at 16 the GEMM on decoded tiles is faster.
+const AFFINE_ROWS_BATCH: usize = 8;
+/// Trellis and fixed-rate lattice rows decode their codes once per activation row: from this
+/// many rows on for the trellis (its decode costs most), and above it for the lattice words,
+/// decoding tiles once for the GEMM is faster.
+const TRELLIS_ROWS_BATCH: usize = 4;
+const LATTICE_ROWS_BATCH: usize = 8;
+
+/// The largest batch that takes the batch-1 kernels (per row, or all rows at once for affine
+/// codes) rather than decoded tiles and a GEMM.
+fn small_batch(kind: Kind) -> usize {
+    match kind {
+        Kind::Affine { .. } => AFFINE_ROWS_BATCH,
+        Kind::Trellis => TRELLIS_ROWS_BATCH,
+        Kind::E8Fixed | Kind::LatticeWords => LATTICE_ROWS_BATCH,
+        _ => SMALL_BATCH,
+    }
+}
 /// Work (values of `W`) below which rows are not split into another task.
 const TASK_MIN_VALUES: usize = 1 << 15;
 
@@ -411,18 +432,29 @@ impl CompressedLinear {
         self.op.detail()
     }
 
-    /// The route at `batch` activation rows: the batch-1 path; run once per row up to 16 rows
-    /// (entropy-coded lattice tensors excepted: their chunks are decoded once per call);
-    /// otherwise tiles decoded to f32 (lattice and trellis: scaled points or codes against
-    /// `RHT(X)`) and a GEMM.
+    /// The route at `batch` activation rows: the batch-1 path; for a few rows (up to 8 for
+    /// affine codes, which are unpacked once for all of them, and fixed-rate lattice words, 4
+    /// for the trellis, 16 for the rest) run once per row (entropy-coded lattice tensors
+    /// excepted: their chunks are decoded once per call); otherwise tiles decoded to f32
+    /// (lattice and trellis: scaled points or codes against `RHT(X)`) and a GEMM.
     pub fn route(&self, batch: usize) -> String {
         let detail = self.path_detail();
-        match (batch, self.path()) {
+        let path = self.path();
+        let small = match path {
+            Path::AffineFused { .. } | Path::AffineUnpacked { .. } => AFFINE_ROWS_BATCH,
+            Path::Trellis { .. } => TRELLIS_ROWS_BATCH,
+            Path::E8Fixed { .. } | Path::LatticeWords => LATTICE_ROWS_BATCH,
+            _ => SMALL_BATCH,
+        };
+        match (batch, path) {
             (0 | 1, _) => detail,
             (b, Path::Sparse) => format!("{detail} (batch {b})"),
             (_, Path::DecodeTiles) => "decode-tiles+gemm".into(),
             (_, Path::LatticeResident { .. }) => "lattice-coded-points+gemm".into(),
-            (b, _) if b <= SMALL_BATCH => format!("{detail} ×{b}"),
+            (b, Path::AffineFused { .. } | Path::AffineUnpacked { .. }) if b <= small => {
+                format!("{detail} ({b} rows at once)")
+            }
+            (b, _) if b <= small => format!("{detail} ×{b}"),
             (_, Path::E8Fixed { .. } | Path::LatticeWords) => "lattice-points+gemm".into(),
             (_, Path::Trellis { .. }) => "trellis-codes+gemm".into(),
             _ => "decode-tiles+gemm".into(),
@@ -1013,7 +1045,28 @@ impl Op {
                     yt.fill(0.0);
                     add_sparse(entries, view.cols() as usize, x, batch, yt);
                     Ok(())
-                } else if batch <= SMALL_BATCH
+                } else if let (
+                    true,
+                    Kind::Affine { glen, gpr, fused },
+                    Parts::Affine {
+                        params,
+                        codes,
+                        scales,
+                        offsets,
+                    },
+                ) = (batch <= small_batch(*kind), kind, view.parts_ref())
+                {
+                    // A few activation rows: each code unpacked once for all of them.
+                    affine_gemv(
+                        view,
+                        params,
+                        (codes, scales, offsets),
+                        (*glen, *gpr, *fused),
+                        x,
+                        batch,
+                        yt,
+                    )
+                } else if batch <= small_batch(*kind)
                     && !matches!(kind, Kind::Tiles | Kind::LatticeResident)
                 {
                     // A few activation rows: the batch-1 fast path per row reads the stored
@@ -1472,6 +1525,7 @@ fn leaf_gemv(view: &TensorView<'_>, kind: Kind, x: &[f32], y: &mut [f32]) -> Res
             (codes, scales, offsets),
             (glen, gpr, fused),
             x,
+            1,
             y,
         ),
         (Kind::E8Fixed | Kind::LatticeWords | Kind::LatticeResident, Parts::Lattice(l)) => {
@@ -1517,23 +1571,35 @@ fn affine_gemv(
     (codes, scales, offsets): AffineBytes<'_>,
     (glen, gpr, fused): (usize, usize, bool),
     x: &[f32],
-    y: &mut [f32],
+    batch: usize,
+    yt: &mut [f32],
 ) -> Result<()> {
     let cols = view.cols() as usize;
     let rows = view.rows() as usize;
+    if batch == 0 || rows == 0 || cols == 0 {
+        yt.fill(0.0);
+        return Ok(());
+    }
     let bits = params.bits;
     let per = if fused { 8 / bits as usize } else { 1 };
-    // The activation permuted per group so each field of the codes meets a contiguous run,
-    // and the sum of x over each group (what the offsets and the code bias multiply).
-    let mut xp = vec![0f32; cols];
-    let mut gsum = vec![0f32; gpr];
-    for (j, g) in x.chunks(glen).enumerate() {
-        let n = g.len() / per;
-        let out = &mut xp[j * glen..j * glen + g.len()];
-        for (i, &v) in g.iter().enumerate() {
-            out[(i % per) * n + i / per] = v;
+    // Each activation row permuted per group so each field of the codes meets a contiguous
+    // run, and its sum over each group (what the offsets and the code bias multiply).
+    let mut xp = vec![0f32; batch * cols];
+    let mut gsum = vec![0f32; batch * gpr];
+    for ((xm, pm), sm) in x
+        .chunks_exact(cols)
+        .zip(xp.chunks_exact_mut(cols))
+        .zip(gsum.chunks_exact_mut(gpr))
+        .take(batch)
+    {
+        for (j, g) in xm.chunks(glen).enumerate() {
+            let n = g.len() / per;
+            let out = &mut pm[j * glen..j * glen + g.len()];
+            for (i, &v) in g.iter().enumerate() {
+                out[(i % per) * n + i / per] = v;
+            }
+            sm[j] = g.iter().sum();
         }
-        gsum[j] = g.iter().sum();
     }
     let tensor_scale = matches!(params.group, Group::Tensor);
     let bias = if params.bits == 1 {
@@ -1544,11 +1610,11 @@ fn affine_gemv(
     let sd = params.scale_dtype;
     let row_bytes = cols * bits as usize / 8;
     let per_row_scales = if tensor_scale { 1 } else { gpr };
-    par_rows(y, 1, cols, |r0, out| {
+    par_rows(yt, batch, cols, |r0, out| {
         let mut buf = vec![0u8; if fused { 0 } else { cols }];
         let mut sc = vec![0f32; per_row_scales];
         let mut of = vec![0f32; if params.symmetric { 0 } else { per_row_scales }];
-        for (i, o) in out.iter_mut().enumerate() {
+        for (i, o) in out.chunks_exact_mut(batch).enumerate() {
             let r = r0 + i;
             let row: &[u8] = if fused {
                 &codes[r * row_bytes..(r + 1) * row_bytes]
@@ -1561,7 +1627,7 @@ fn affine_gemv(
             let bad = |e| corrupt(view, format!("affine scales: {e}"));
             scales_into(scales, sd, first, &mut sc).map_err(bad)?;
             scales_into(offsets, sd, first, &mut of).map_err(bad)?;
-            *o = kernels::affine_row(&kernels::AffineRow {
+            let a = kernels::AffineRow {
                 field_bits: if fused { bits } else { 8 },
                 per,
                 glen,
@@ -1571,7 +1637,12 @@ fn affine_gemv(
                 scales: &sc,
                 offsets: &of,
                 bias,
-            });
+            };
+            if batch == 1 {
+                o[0] = kernels::affine_row(&a);
+            } else {
+                kernels::affine_rows(&a, cols, gpr, o);
+            }
         }
         Ok(())
     })
