@@ -198,9 +198,10 @@ pub struct PlanArgs {
     /// Target compression ratio versus f32 (BUDGET, AUTO; for --encoding lattice the rate 32/ratio).
     #[arg(long, conflicts_with = "target_bps")]
     pub target_ratio: Option<f64>,
-    /// What a BUDGET target counts: `all-in` (the archive's stored plan, manifest entries and
-    /// stream alignment come out of the budget first) or `streams` (the planned tensors'
-    /// streams alone: for layers taken out of the archive, as `hypercodec.nn.quantize_budget`).
+    /// What a BUDGET target counts: `all-in` (the whole file over every value it holds: the
+    /// tensors kept raw, the stored plan, manifest entries and stream alignment come out of
+    /// the budget first) or `streams` (the planned tensors' streams alone: for layers taken
+    /// out of the archive, as `hypercodec.nn.quantize_budget`).
     #[arg(long, value_enum, default_value = "all-in")]
     pub target_scope: TargetScope,
     /// Candidates, comma separated: f32, bf16, f16, intN (g128 asym), intN-row, intN-tensor,

@@ -724,6 +724,55 @@ fn auto_picks_by_measurement_and_records_the_plan() {
 }
 
 #[test]
+fn budget_targets_hold_for_the_whole_archive() {
+    // Two matrices and a large 1-D norm kept raw (f32, 32 bits a value): the all-in target is
+    // over every value the archive holds, its manifest, plan and raw tensors included (the
+    // raw norm alone used to push a 2-bit target to 2.5).
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.safetensors");
+    let bytes = |n: usize, seed: u32| -> Vec<u8> {
+        values(n, seed)
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect()
+    };
+    let (a, b, norm) = (bytes(256 * 256, 1), bytes(128 * 256, 2), bytes(2048, 3));
+    let tensors = vec![
+        (
+            "a.weight",
+            TensorView::new(Dtype::F32, vec![256, 256], &a).unwrap(),
+        ),
+        (
+            "b.weight",
+            TensorView::new(Dtype::F32, vec![128, 256], &b).unwrap(),
+        ),
+        (
+            "norm.weight",
+            TensorView::new(Dtype::F32, vec![2048], &norm).unwrap(),
+        ),
+    ];
+    std::fs::write(&model, serialize(tensors, None).unwrap()).unwrap();
+    let out = dir.path().join("b.hwz");
+    for target in [2.0, 3.0, 4.0] {
+        ok(&[
+            "compress",
+            p(&model),
+            p(&out),
+            "--mode",
+            "budget",
+            "--target-bps",
+            &target.to_string(),
+        ]);
+        let file = std::fs::metadata(&out).unwrap().len() as f64;
+        let bps = file * 8.0 / (256.0 * 256.0 + 128.0 * 256.0 + 2048.0);
+        assert!(
+            bps <= target && bps > 0.6 * target,
+            "{bps} bits for a target of {target}"
+        );
+    }
+}
+
+#[test]
 fn plan_then_compress_with_the_plan_and_budget_mode() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.safetensors");

@@ -400,27 +400,29 @@ impl Chooser {
     /// plan, the manifest entries and the stream alignment of these and of `other_tensors`
     /// tensors kept raw, [`side_bytes`]) come out of the budget first — unless that leaves
     /// less than the cheapest choices, when the target counts the streams alone.
-    pub fn allocate(&self, plan: &mut Plan, other_tensors: usize) -> Result<u64> {
+    pub fn allocate(&self, plan: &mut Plan, others: Unplanned) -> Result<u64> {
         let target = self
             .options
             .target
             .ok_or_else(|| PipelineError::option("target", "budget needs a target"))?;
-        let full = target.bytes(plan.total_elements());
         let cheapest: u64 = plan
             .tensors
             .iter()
             .map(|t| t.candidates.iter().map(|c| c.bytes).min().unwrap_or(0))
             .sum();
-        // Where the side bytes leave less than the cheapest choices (a tiny model), the target
-        // counts the tensors' streams alone, as it did before.
-        let side = if self.options.side_bytes_in_target {
-            side_bytes(plan, other_tensors)
+        // All-in: the target is over every value the archive holds, and what it spends beside
+        // the planned streams — the tensors kept raw, the manifest, the stored plan, the
+        // alignment — comes out of it first. Where that leaves less than the cheapest choices
+        // (a tiny model), the target counts the tensors' streams alone, as it did before.
+        let streams = target.bytes(plan.total_elements());
+        let budget = if self.options.side_bytes_in_target {
+            let full = target.bytes(plan.total_elements() + others.values);
+            match full.saturating_sub(side_bytes(plan, others.tensors) + others.bytes) {
+                b if b >= cheapest => b,
+                _ => streams,
+            }
         } else {
-            0
-        };
-        let budget = match full.saturating_sub(side) {
-            b if b >= cheapest => b,
-            _ => full,
+            streams
         };
         Ok(plan::allocate(
             plan,
@@ -430,27 +432,61 @@ impl Chooser {
     }
 }
 
+/// The tensors an archive keeps beside the planned ones (raw, in their source type).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Unplanned {
+    /// How many.
+    pub tensors: usize,
+    /// Their values.
+    pub values: u64,
+    /// Their bytes as stored raw.
+    pub bytes: u64,
+}
+
 /// Manifest bytes per tensor entry once the manifest is compressed (measured: 33 on a
 /// 262-tensor CNN), plus half an alignment gap per stream.
 const SIDE_BYTES_PER_TENSOR: u64 = 40;
 const SIDE_BYTES_PER_STREAM: u64 = hwz::ALIGN / 2;
 const STREAMS_PER_PLANNED_TENSOR: u64 = 4;
+/// A manifest entry as plain JSON (name, shape, encoding, streams, error figures; 667 measured
+/// on a 6-tensor BUDGET archive): a manifest of at most [`INLINE_BYTES`] is stored so.
+const PLAIN_BYTES_PER_TENSOR: u64 = 700;
+/// A compressed manifest's cost beyond its entries (a small one compresses less well).
+const COMPRESSED_MANIFEST_BASE: u64 = 2048;
+/// The writer's limit for a plan kept inline in the manifest, and for a manifest stored plain.
+const INLINE_BYTES: u64 = 4096;
 
 /// An estimate of what an archive of `plan` spends beside the planned tensors' streams: the
-/// stored plan (compressed as the writer compresses it), each tensor's manifest entry and the
+/// stored plan (inline in the manifest, or a compressed stream when larger), each tensor's
+/// manifest entry (plain JSON in a small manifest, compressed in a large one) and the
 /// alignment of its streams — for the planned tensors and `other_tensors` stored raw (one
-/// stream each). On a MobileNetV2-shaped CNN (53 planned, 209 raw tensors) it estimates 38 KB
-/// where the archive spends 35 KB.
+/// stream each; their data is not included). On a MobileNetV2-shaped CNN (53 planned, 209 raw
+/// tensors) it estimates 40 KB where the archive spends 35 KB.
 pub fn side_bytes(plan: &Plan, other_tensors: usize) -> u64 {
-    let plan_bytes = serde_json::to_vec(&plan.for_archive())
-        .map(|j| {
-            hwz::zstd_codec::compress_at(&j, hwz::zstd_codec::manifest_level(j.len())).len() as u64
-        })
-        .unwrap_or(0);
+    let json = serde_json::to_vec(&plan.for_archive()).unwrap_or_default();
+    let zipped = || {
+        hwz::zstd_codec::compress_at(&json, hwz::zstd_codec::manifest_level(json.len())).len()
+            as u64
+    };
+    let inline = json.len() as u64 <= INLINE_BYTES;
     let planned = plan.tensors.len() as u64;
     let others = other_tensors as u64;
-    plan_bytes
-        + (planned + others) * SIDE_BYTES_PER_TENSOR
+    let entries = planned + others;
+    let plain = entries * PLAIN_BYTES_PER_TENSOR + if inline { json.len() as u64 } else { 0 };
+    let manifest = if plain <= INLINE_BYTES {
+        plain
+    } else {
+        plain.min(
+            COMPRESSED_MANIFEST_BASE
+                + entries * SIDE_BYTES_PER_TENSOR
+                + if inline { zipped() } else { 0 },
+        )
+    };
+    let plan_stream = if inline { 0 } else { zipped() };
+    hwz::HEADER_LEN
+        + hwz::TAIL_LEN
+        + manifest
+        + plan_stream
         + (planned * STREAMS_PER_PLANNED_TENSOR + others) * SIDE_BYTES_PER_STREAM
 }
 
@@ -493,7 +529,16 @@ pub fn plan_source(
         bar.step(&t.name, t.numel());
     }
     if chooser.mode() == Mode::Budget {
-        let others = source.tensors.len() - plan.tensors.len();
+        let mut others = Unplanned::default();
+        for t in source
+            .tensors
+            .iter()
+            .filter(|t| !selection.planned(&t.shape))
+        {
+            others.tensors += 1;
+            others.values += t.numel();
+            others.bytes += t.numel() * t.ty.raw_dtype().size() as u64;
+        }
         chooser.allocate(&mut plan, others)?;
     }
     Ok(plan)
