@@ -418,7 +418,8 @@ impl Archive {
     }
 
     /// The tensor as a compressed linear operator (its matrix view), with an optional bias;
-    /// `fixed_bits` converts an entropy-coded lattice tensor to fixed-rate symbols at load.
+    /// `fixed_bits` converts an entropy-coded lattice tensor to fixed-rate symbols at load
+    /// (other tensors load as they are).
     #[pyo3(signature = (name, bias=None, fixed_bits=None))]
     fn linear(
         &self,
@@ -434,8 +435,9 @@ impl Archive {
             .transpose()?;
         let op = py.detach(|| -> Result<CompressedLinear, PyErr> {
             let view = set.view(k).map_err(pipeline_err)?;
-            CompressedLinear::new(view, bias.as_deref(), &LoadOptions { fixed_bits })
-                .map_err(runtime_err)
+            // Where it applies: a model's affine fallbacks load as they are.
+            let load = LoadOptions { fixed_bits }.for_tensor(&view);
+            CompressedLinear::new(view, bias.as_deref(), &load).map_err(runtime_err)
         })?;
         let stored = set.stored_bytes(k).map_err(pipeline_err)?;
         Ok(Linear {
@@ -671,8 +673,8 @@ impl Linear {
             let shape = a.manifest().coded_shape(t);
             let view = hypercodec_hwz::TensorView::new(&t.name, &t.encoding, &shape, &refs)
                 .map_err(hwz_err)?;
-            let op = CompressedLinear::new(view, bias.as_deref(), &LoadOptions { fixed_bits })
-                .map_err(runtime_err)?;
+            let load = LoadOptions { fixed_bits }.for_tensor(&view);
+            let op = CompressedLinear::new(view, bias.as_deref(), &load).map_err(runtime_err)?;
             Ok((op, a.stored_bytes(t)))
         })?;
         Ok(Linear {
@@ -1052,6 +1054,33 @@ fn lattice_err(e: hypercodec_lattice::LatticeError) -> PyErr {
 }
 
 /// One dither key per vector, when keys are given.
+/// Dither keys as given: an array of unsigned or non-negative signed integers of any shape (one
+/// per vector, in the vectors' order, e.g. `(batch, heads)` for `(batch, heads, dim)`
+/// vectors), read flat.
+fn dither_keys(keys: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u64>>> {
+    let Some(k) = keys else {
+        return Ok(None);
+    };
+    if let Ok(a) = k.extract::<PyReadonlyArrayDyn<'_, u64>>() {
+        return Ok(Some(a.row_major()?.into_owned()));
+    }
+    if let Ok(a) = k.extract::<PyReadonlyArrayDyn<'_, i64>>() {
+        return a
+            .row_major()?
+            .iter()
+            .map(|&v| {
+                u64::try_from(v).map_err(|_| {
+                    InvalidInputError::new_err(format!("dither key {v} is negative"))
+                })
+            })
+            .collect::<PyResult<Vec<u64>>>()
+            .map(Some);
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(
+        "dither keys must be a uint64 or int64 array, one key per vector",
+    ))
+}
+
 fn check_keys(keys: Option<&[u64]>, n: usize) -> PyResult<()> {
     match keys {
         Some(k) if k.len() != n => Err(InvalidInputError::new_err(format!(
@@ -1230,7 +1259,7 @@ impl KvCodec {
         &self,
         py: Python<'py>,
         x: PyReadonlyArrayDyn<'py, f32>,
-        keys: Option<numpy::PyReadonlyArray1<'py, u64>>,
+        keys: Option<Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyArrayDyn<u8>>, Bound<'py, PyArrayDyn<u16>>)> {
         let shape = x.shape().to_vec();
         let d = self.codec.dim();
@@ -1240,7 +1269,7 @@ impl KvCodec {
             )));
         }
         let xs = &*x.row_major()?;
-        let keys = keys.as_ref().map(|k| k.row_major()).transpose()?;
+        let keys = dither_keys(keys.as_ref())?;
         let keys = keys.as_deref();
         let n = xs.len() / d.max(1);
         check_keys(keys, n)?;
@@ -1601,7 +1630,7 @@ impl KvCodec {
         py: Python<'py>,
         codes: PyReadonlyArrayDyn<'py, u8>,
         scales: PyReadonlyArrayDyn<'py, u16>,
-        keys: Option<numpy::PyReadonlyArray1<'py, u64>>,
+        keys: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
         let (d, cb) = (self.codec.dim(), self.codec.code_bytes());
         let mut shape = codes.shape().to_vec();
@@ -1613,7 +1642,7 @@ impl KvCodec {
         }
         let cs = &*codes.row_major()?;
         let ss = &*scales.row_major()?;
-        let keys = keys.as_ref().map(|k| k.row_major()).transpose()?;
+        let keys = dither_keys(keys.as_ref())?;
         let keys = keys.as_deref();
         let n = cs.len() / cb;
         check_keys(keys, n)?;

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 pytest.importorskip("transformers", reason="transformers is not installed")
 pytest.importorskip("gguf", reason="gguf is not installed")
 
+import hypercodec  # noqa: E402
 from hypercodec.kv import ATTENTION, HypercodecCache, HypercodecKVLayer, bits_at, kv_calibrate, kv_means, make_codec  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -423,3 +424,23 @@ def test_bits_at_counts_the_window_and_the_sinks_in_bf16():
     mixed = bits_at({**opts, "value_bits": [2, 1, 1, 1]}, 64, 2048)
     vcodes = (2 + 1 + 1 + 1) / 4 + 16 / 64
     assert mixed == pytest.approx(((2048 - 32) * (2 + 16 / 64 + vcodes) / 2 + 32 * 16) / 2048)
+
+
+def test_dither_keys_take_the_vectors_shape_and_signed_integers():
+    """One key per vector, shaped like the vectors' leading dimensions ((2, 6) for (2, 6, 64)
+    vectors) or flat, uint64 or non-negative int64; the same codes either way."""
+    codec = hypercodec.KvCodec(64, 3, "e8", dither=True)
+    x = np.random.default_rng(3).standard_normal((2, 6, 64)).astype(np.float32)
+    flat = np.arange(12, dtype=np.uint64)
+    want = codec.encode(x, flat)
+    for keys in (flat.reshape(2, 6), np.arange(12, dtype=np.int64), np.arange(12).reshape(2, 6)):
+        got = codec.encode(x, keys)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+        np.testing.assert_array_equal(codec.decode(*got, keys), codec.decode(*want, flat))
+    with pytest.raises(hypercodec.InvalidInputError, match="negative"):
+        codec.encode(x, -np.arange(12))
+    with pytest.raises(TypeError, match="one key per vector"):
+        codec.encode(x, np.zeros(12, np.float32))
+    # The trellis has no dithered form, and says so.
+    with pytest.raises(hypercodec.HypercodecError, match="no dithered form"):
+        hypercodec.KvCodec(64, 2, "trellis", dither=True)

@@ -1119,6 +1119,9 @@ def test_a_candidate_name_in_the_rate_argument_is_a_clear_type_error():
         hnn.quantize(m, "int4")
     with pytest.raises(TypeError, match="bits per value"):
         hnn.method_spec("affine", None)
+    for bad in (0, -2, 100, float("nan")):
+        with pytest.raises(ValueError, match="at most 16 bits per value"):
+            hnn.method_spec("lattice", bad)
     # The model is untouched, and the keyword form works.
     assert isinstance(m[0], torch.nn.Linear)
     hnn.quantize(m, method="int4")

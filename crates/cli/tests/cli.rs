@@ -1095,6 +1095,17 @@ fn odd_arguments_and_inputs_are_usage_errors() {
         fails(args);
     }
     assert!(!hwz.exists());
+    // An SNR target beyond the lattice's calibrated range is refused, not clamped.
+    let err = fails(&[
+        "compress",
+        "gaussian:8x64",
+        p(&hwz),
+        "--encoding",
+        "lattice",
+        "--snr-db",
+        "60",
+    ]);
+    assert!(err.contains("dB on Gaussian data, not 60 dB"), "{err}");
     // --sensitivity: the JSON object itself, or a file holding it.
     let budget = [
         "plan",

@@ -220,7 +220,12 @@ impl Spec {
                     };
                     let bps: f64 = bps.parse().map_err(|_| bad())?;
                     if !(bps > 0.0 && bps <= 16.0) {
-                        return Err(bad());
+                        return Err(PlanError::Candidate {
+                            message: format!(
+                                "`{name}`: a lattice rate is more than 0 and at most 16 bits per \
+                                 value, not {bps}"
+                            ),
+                        });
                     }
                     Spec::Rate {
                         max_tile: 4096,

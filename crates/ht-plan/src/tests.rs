@@ -658,3 +658,11 @@ fn unknown_candidates_list_the_name_families() {
         );
     }
 }
+
+#[test]
+fn lattice_rates_out_of_range_say_so() {
+    for name in ["e8@0", "e8@-1", "d4@1000", "e8@NaN"] {
+        let msg = Spec::parse(name).expect_err(name).to_string();
+        assert!(msg.contains("at most 16 bits per value"), "{msg}");
+    }
+}

@@ -63,8 +63,9 @@ pub enum ScaleFormat {
     /// One byte after each vector's codes (the `scales` arrays are empty): 0 for a scale of 0
     /// (a zero vector), else `k` in 1..=255 for `2^((k − 128)/8)`, rounded to the nearer grid
     /// value (the least squared error for the decoded point), so scales from about 1.7e-5 to
-    /// 5.9e4 keep a relative error of at most 4.4 % (about −32 dB beside the signal); scales
-    /// outside that range clamp to its ends.
+    /// 5.9e4 keep a relative error of at most 4.4 % (about −32 dB beside the signal); larger
+    /// scales clamp to its top, and scales below half its least value are 0 (the vector
+    /// decodes to zeros rather than amplified).
     Log8,
     /// Four bits per vector in the `scales` arrays, four vectors to a `u16` entry (vector `i`
     /// of a call or a [`Side`]: entry `i / 4`, bits `4·(i % 4)`): 0 for a scale of 0, else `k`
@@ -79,9 +80,10 @@ pub enum ScaleFormat {
 }
 
 impl ScaleFormat {
-    /// The stored byte of scale `c` (`c ≤ 0`, NaN: 0).
+    /// The stored byte of scale `c` (`c` below half the grid's least value, NaN: 0, a zero
+    /// vector: nearer than the least value, which would amplify it up to 2^16 times).
     pub fn log8(c: f32) -> u8 {
-        if c.is_nan() || c <= 0.0 {
+        if c.is_nan() || c < 0.5 * Self::unlog8(1) {
             return 0;
         }
         Self::nearer(c, c.log2() * 8.0 + 128.0, 255.0, Self::unlog8)
@@ -201,11 +203,15 @@ impl KvCodec {
                 // The encoder checks (L, K) and the sequence length; fail here, not per call.
                 hypercodec_trellis::encode(&vec![0f32; dim], &p)
                     .map_err(|e| LatticeError::Trellis(e.to_string()))?;
-                if dither || !(1..=8).contains(&bits) {
-                    return Err(LatticeError::InvalidFixed {
-                        lattice: "trellis (no dither)",
-                        bits,
-                    });
+                if dither {
+                    return Err(LatticeError::Trellis(
+                        "the trellis has no dithered form; dither is for the lattices".into(),
+                    ));
+                }
+                if !(1..=8).contains(&bits) {
+                    return Err(LatticeError::Trellis(format!(
+                        "{bits} bits per value: the KV trellis codes 1..=8"
+                    )));
                 }
                 (Lattice::Z1, 1.0, Some(p))
             }
@@ -584,9 +590,12 @@ impl KvCodec {
                 self.put_scale(0.0, out, scales, i);
                 continue;
             }
-            let k = 1.0 / ms.sqrt() as f32;
+            // In f64: a vector of subnormal values has no f32 reciprocal RMS.
+            let rms = ms.sqrt();
             let u = &mut u[..d];
-            u.iter_mut().zip(y.iter()).for_each(|(a, &b)| *a = b * k);
+            u.iter_mut()
+                .zip(y.iter())
+                .for_each(|(a, &b)| *a = (b as f64 / rms) as f32);
             let pb = self.payload_bytes();
             enc.encode_into(u, &mut out[..pb]).map_err(err)?;
             hypercodec_trellis::decode_into(&out[..pb], p, u).map_err(err)?;
@@ -1932,15 +1941,39 @@ mod tests {
     }
 
     #[test]
+    fn vectors_of_subnormal_values_encode() {
+        // Their RMS (about 1e-40) has no f32 reciprocal; the trellis refused them as "not
+        // finite". They code like any vector (bf16 scales hold the RMS, coarsely).
+        let d = 64;
+        let x: Vec<f32> = gauss(d, 3).iter().map(|v| v * 1e-40).collect();
+        let c = KvCodec::new(
+            d,
+            2,
+            KvQuantizer::Trellis { l: 10 },
+            Rotation::Rht,
+            1,
+            false,
+        )
+        .unwrap();
+        let (mut codes, mut scales) = (vec![0u8; c.code_bytes()], vec![0u16; 1]);
+        c.encode_into(&x, None, &mut codes, &mut scales).unwrap();
+        let mut back = vec![f32::NAN; d];
+        c.decode_into(&codes, &scales, None, &mut back).unwrap();
+        assert!(back.iter().all(|v| v.is_finite() && v.abs() < 1e-37));
+    }
+
+    #[test]
     fn log8_scales_are_one_byte_after_the_codes_and_cost_little() {
         let (log8, unlog8) = (ScaleFormat::log8, ScaleFormat::unlog8);
         assert_eq!((log8(0.0), log8(-1.0), log8(f32::NAN)), (0, 0, 0));
         assert_eq!((log8(1.0), unlog8(128), unlog8(0)), (128, 1.0, 0.0));
-        // Outside the grid's range: its ends.
+        // Above the grid's range: its top; below half its least value: 0 (a zero vector, not
+        // one amplified to the least scale); between, the least value.
         assert_eq!(
             (log8(1e-30), log8(1e30), log8(f32::INFINITY)),
-            (1, 255, 255)
+            (0, 255, 255)
         );
+        assert_eq!((log8(0.4 * unlog8(1)), log8(0.6 * unlog8(1))), (0, 1));
         let mut c = 2e-5f32;
         while c < 5e4 {
             let k = log8(c);
@@ -2167,6 +2200,18 @@ mod tests {
 
     #[test]
     fn bad_input_is_a_typed_error() {
+        // A dithered trellis says what is wrong (it used to name a missing fixed-rate form).
+        let msg = KvCodec::new(
+            64,
+            4,
+            KvQuantizer::Trellis { l: 10 },
+            Rotation::Rht,
+            0,
+            true,
+        )
+        .expect_err("no dithered trellis")
+        .to_string();
+        assert!(msg.contains("no dithered form"), "{msg}");
         assert!(KvCodec::new(
             64,
             1,

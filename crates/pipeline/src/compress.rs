@@ -111,9 +111,15 @@ impl FileReport {
     }
 }
 
-/// Bytes of every stream of a manifest as stored.
+/// Bytes of the tensors' streams of a manifest as stored: every stream but the stored plan's
+/// (which `inspect` counts beside the manifest, as the side information it is).
 pub fn payload_bytes(m: &Manifest) -> u64 {
-    m.streams.iter().map(|s| s.length).sum()
+    m.streams
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| m.plan_stream != Some(*i as u64))
+        .map(|(_, s)| s.length)
+        .sum()
 }
 
 /// Encodes every tensor of `source` into `writer` (source metadata, skipped tensors and the

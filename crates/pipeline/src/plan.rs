@@ -183,6 +183,22 @@ impl LatticeOptions {
             c => (c, cal::alpha_for_bps(l, bps as f32)),
         };
         if let LatticeRate::SnrDb(snr) = self.rate {
+            // The calibration spans the lattice's useful range; outside it the step would be
+            // clamped to an end, silently missing the target.
+            let t = cal::table(l);
+            let (lo, hi) = (
+                t[0][1].min(t[t.len() - 1][1]),
+                t[0][1].max(t[t.len() - 1][1]),
+            );
+            if !(lo..=hi).contains(&snr) {
+                return Err(PipelineError::option(
+                    "snr-db",
+                    format!(
+                        "{l} steps reach {lo:.1} to {hi:.1} dB on Gaussian data, not {snr} dB \
+                         (use --bps for a rate instead)"
+                    ),
+                ));
+            }
             alpha = cal::alpha_for_snr(l, snr);
         }
         if !self.max_tile.is_power_of_two() || self.max_tile > 4096 {

@@ -130,7 +130,8 @@ pub fn run(archive: &Path, original: Option<&str>, options: &RunOptions) -> Resu
                 message: format!("`{}` has another size in the original", t.name),
             });
         }
-        ops.push(CompressedLinear::new(view, None, &options.load)?);
+        let load = options.load.for_tensor(&view);
+        ops.push(CompressedLinear::new(view, None, &load)?);
         dense.push(w);
     }
     if ops.is_empty() {

@@ -49,6 +49,25 @@ pub struct LoadOptions {
     pub fixed_bits: Option<u8>,
 }
 
+impl LoadOptions {
+    /// These options for one tensor of a whole model: `fixed_bits` is kept only where it
+    /// applies (an entropy-coded lattice with a fixed-rate form), so that a model mixing
+    /// encodings (a plan's, or a lattice rate's fallbacks) converts its entropy-coded tensors
+    /// and loads the rest as they are, where [`CompressedLinear::new`] refuses the option for
+    /// any other tensor.
+    pub fn for_tensor(self, view: &TensorView<'_>) -> LoadOptions {
+        let applies = match view.encoding() {
+            Encoding::Lattice {
+                lattice, coding, ..
+            } => !matches!(coding, Coding::Fixed { .. }) && lattice.has_fixed(),
+            _ => false,
+        };
+        LoadOptions {
+            fixed_bits: self.fixed_bits.filter(|_| applies),
+        }
+    }
+}
+
 /// The batch-1 route an operator takes (larger batches always decode row tiles and run a GEMM,
 /// except [`Path::Sparse`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -503,6 +503,15 @@ fn load_time_fixed_rate_conversion_is_measured() {
         },
     );
     assert!(matches!(err, Err(RuntimeError::Option { .. })));
+    // For a whole model: kept for the entropy-coded lattice tensor, dropped for the others.
+    let four = LoadOptions {
+        fixed_bits: Some(4),
+    };
+    assert_eq!(four.for_tensor(&view), four);
+    assert_eq!(
+        four.for_tensor(&view_of(&t, &shape)),
+        LoadOptions::default()
+    );
 }
 
 #[test]

@@ -31,6 +31,7 @@ from .nn import (
     _as_linear,
     _is_conv1d,
     _state_keys,
+    method_spec,
     quantize,
     rebuild_meta_buffers,
 )
@@ -192,6 +193,7 @@ def _register() -> type | None:
             self.quant_method = "hypercodec"
             self.bps = float(bps)
             self.method = method
+            method_spec(method, self.bps)  # a bad rate fails here, before any weight loads
             self.skip = list(skip)
             self.modules = None if modules is None else list(modules)
 

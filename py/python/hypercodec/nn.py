@@ -57,10 +57,12 @@ def method_spec(method: str, bps: float) -> str:
     (at most 4096) of ``B`` values, ``R`` residual corrections per block, scales per ``channel``,
     ``block`` or ``tensor``; any other string is taken as a candidate name itself (``int8-row``,
     ``e8@3.5``, ``bf16``, ``cb-b8-k256``, ...). A ``bps`` that is not a number raises
-    ``TypeError``."""
+    ``TypeError``, one outside (0, 16] ``ValueError``."""
     if isinstance(bps, bool) or not isinstance(bps, numbers.Real):
         hint = f"; a candidate name goes in method=, as in quantize(model, method={bps!r})" if isinstance(bps, str) else ""
         raise TypeError(f"bps must be a number of bits per value, not {bps!r}{hint}")
+    if not (0 < bps <= 16):  # (NaN fails too)
+        raise ValueError(f"bps must be more than 0 and at most 16 bits per value, not {bps!r}")
     bits = int(round(bps))
     if method.startswith("codebook-b"):
         block, _, rest = method.removeprefix("codebook-b").partition("-")
