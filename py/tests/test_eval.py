@@ -409,3 +409,27 @@ def test_embeddings_read_stored_values_and_count_their_bytes():
         assert not torch.equal(m.model.embed_tokens.weight.detach(), original)
         if method.startswith("budget"):
             assert bps <= 3.0 + 1e-6
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["eval", "--bps", "abc"], "not a number of bits"),
+        (["eval", "--bps", "0"], "more than 0"),
+        (["eval", "--threads", "0"], "less than 1"),
+        (["eval", "--window", "1"], "less than 2"),
+        (["eval", "--text", "/nonexistent/moby.txt"], "no such file"),
+        (["eval", "--models", ""], "an empty list"),
+        (["eval", "--models", "gpt9"], "unknown gpt9"),
+        (["eval", "--ablation", "--methods", "lattice"], "instead of --methods"),
+        (["kv-eval", "--chunk", "0"], "less than 1"),
+        (["kv-eval", "--kv-window", "-1"], "less than 0"),
+    ],
+)
+def test_bad_arguments_are_usage_errors_before_any_model_loads(args, says):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "hypercodec", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert says in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -17,8 +17,8 @@ pub struct RunArgs {
     /// decompressed weights.
     #[arg(long)]
     pub original: Option<String>,
-    /// Rows of activations per call.
-    #[arg(long, default_value_t = 1)]
+    /// Rows of activations per call (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     pub batch: usize,
     /// Only weights whose name contains this.
     #[arg(long)]
@@ -167,4 +167,13 @@ fn print_json(what: &str, value: &impl serde::Serialize) -> Result<()> {
     })?;
     outln!("{v:#}");
     Ok(())
+}
+
+/// A count of at least one (clap's parser for `--batch`).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }

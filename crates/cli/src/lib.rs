@@ -102,7 +102,7 @@ enum Command {
         /// parameters: depthwise, pointwise and stem convolutions, batch norms, a classifier)
         /// into OUTPUT; `llm7b` (Mistral-7B's shapes, 7.24 G parameters, bf16) into the folder
         /// OUTPUT as 2 GB safetensors shards plus model.safetensors.index.json.
-        #[arg(long, value_parser = ["cnn", "llm7b"])]
+        #[arg(long, value_parser = ["cnn", "llm7b"], conflicts_with_all = ["shape", "tensors"])]
         model: Option<String>,
         /// `llm7b`: decoder layers (32 is the real model's).
         #[arg(long, default_value_t = 32)]

@@ -363,6 +363,19 @@ fn usage_errors_are_reported() {
         Some(1)
     );
     assert_eq!(run(&["frobnicate"]).status.code(), Some(2));
+    // A batch of 0 rows, and a model's shapes with --shape (it used to be ignored).
+    let r = run(&["run", "/tmp/x.hwz", "--batch", "0"]);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("at least 1"));
+    let r = run(&[
+        "synth",
+        "/tmp/x.safetensors",
+        "--model",
+        "cnn",
+        "--shape",
+        "4x4",
+    ]);
+    assert_eq!(r.status.code(), Some(2));
     // `--device`: a malformed name, and (on a machine without a GPU, as in CI) no device; on a
     // GPU machine the run succeeds with the CPU's bits.
     let dir = tempfile::tempdir().unwrap();
@@ -805,6 +818,26 @@ fn plan_then_compress_with_the_plan_and_budget_mode() {
         "replayed plan, same bytes"
     );
     assert_eq!(v["plan"]["mode"], "budget");
+    // Edited plans that do not fit the input are refused, naming what is wrong, and nothing
+    // is written.
+    let edited = dir.path().join("edited.json");
+    let bad_out = dir.path().join("bad.hwz");
+    let edit = |f: &dyn Fn(&mut Value)| {
+        let mut v = plan.clone();
+        f(&mut v);
+        std::fs::write(&edited, v.to_string()).unwrap();
+        let err = fails(&["compress", p(&model), p(&bad_out), "--plan", p(&edited)]);
+        assert!(!bad_out.exists());
+        err
+    };
+    let err = edit(&|v| v["tensors"][0]["shape"] = serde_json::json!([256, 64]));
+    assert!(err.contains("planned with shape [256, 64]"), "{err}");
+    let err = edit(&|v| v["tensors"][1]["name"] = v["tensors"][0]["name"].clone());
+    assert!(err.contains("planned twice"), "{err}");
+    let err = edit(&|v| v["tensors"][0]["name"] = "ghost".into());
+    assert!(err.contains("`ghost` is not in the input"), "{err}");
+    let err = edit(&|v| v["version"] = 99.into());
+    assert!(err.contains("version 99"), "{err}");
     // Budget directly in compress gives the same archive payload.
     ok(&[
         "compress",

@@ -161,7 +161,10 @@ pub fn compress(
             cancel,
         )?),
         (Some(c), _) => Some(c.empty_plan()),
-        (None, Route::PlanFile(p)) => Some(p.clone()),
+        (None, Route::PlanFile(p)) => {
+            check_plan(p, source, sel)?;
+            Some(p.clone())
+        }
         _ => None,
     };
     let replay = matches!(options.route, Route::PlanFile(_))
@@ -412,6 +415,49 @@ pub fn compress(
         fallbacks,
         plan,
     })
+}
+
+/// A plan file read back for `source` (one written by `hypercodec plan`, possibly edited): a
+/// version this build reads, each tensor once, every entry a planned tensor of the input with
+/// its shape. A plan made for another model or edited wrongly is refused before anything is
+/// written, naming the entry.
+fn check_plan(plan: &Plan, source: &TensorSource, sel: Selection) -> Result<()> {
+    let bad = |message: String| PipelineError::Json {
+        what: "plan".into(),
+        message,
+    };
+    if plan.version != 1 {
+        return Err(bad(format!(
+            "version {} (this build reads version 1)",
+            plan.version
+        )));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for t in &plan.tensors {
+        if !seen.insert(t.name.as_str()) {
+            return Err(bad(format!("tensor `{}` is planned twice", t.name)));
+        }
+        let Some(s) = source.tensors.iter().find(|s| s.name == t.name) else {
+            return Err(bad(format!(
+                "tensor `{}` is not in the input (a plan for another model?)",
+                t.name
+            )));
+        };
+        if s.shape != t.shape {
+            return Err(bad(format!(
+                "tensor `{}` is planned with shape {:?}, the input's is {:?}",
+                t.name, t.shape, s.shape
+            )));
+        }
+        if !sel.planned(&s.shape) {
+            return Err(bad(format!(
+                "tensor `{}` is planned, but the selection keeps it raw (--include-1d, \
+                 --min-tensor-size)",
+                t.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Encodes with `spec`, with error feedback from `calibration`'s statistics for the tensor

@@ -982,28 +982,81 @@ def plots(rows: list[Row], out_dir: str) -> list[str]:
     return made
 
 
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``low`` (a usage error otherwise, before any
+    model loads)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{v} is less than {low}")
+        return v
+
+    return parse
+
+
+def existing_file(text: str) -> str:
+    """An argparse type: a file that exists."""
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
+
+
+def rates(text: str) -> list[float]:
+    """An argparse type: comma-separated bits per value, each in (0, 16]."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            b = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a number of bits per value") from None
+        if not 0 < b <= 16:
+            raise argparse.ArgumentTypeError(f"{part} bits per value: use more than 0 and at most 16")
+        out.append(b)
+    return out
+
+
+def names(allowed: Iterable[str] | None = None) -> Callable[[str], list[str]]:
+    """An argparse type: a non-empty comma-separated list (of ``allowed`` names, when given)."""
+    allowed = None if allowed is None else list(allowed)
+
+    def parse(text: str) -> list[str]:
+        out = [n.strip() for n in text.split(",") if n.strip()]
+        if not out:
+            raise argparse.ArgumentTypeError("an empty list")
+        bad = [n for n in out if allowed is not None and n not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)} (use {', '.join(allowed or [])})")
+        return out
+
+    return parse
+
+
 def main(argv: list[str]) -> int:
     """The ``eval`` command."""
     ap = argparse.ArgumentParser(prog="python -m hypercodec eval", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="smollm2,minilm", help="comma-separated: smollm2, minilm")
-    ap.add_argument("--bps", default="2,3,4", help="comma-separated target bits per value")
-    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated method names")
+    ap.add_argument("--models", type=names(["smollm2", "minilm"]), default="smollm2,minilm", help="comma-separated: smollm2, minilm")
+    ap.add_argument("--bps", type=rates, default="2,3,4", help="comma-separated target bits per value")
+    ap.add_argument("--methods", type=names(), default=None, help="comma-separated method names (default: " + ",".join(DEFAULT_METHODS) + ")")
     ap.add_argument(
         "--ablation",
         action="store_true",
         help="run the ablation sweep (" + ", ".join(ABLATION) + ") instead of --methods",
     )
-    ap.add_argument("--tokens", type=int, default=4096, help="evaluation tokens (causal LM)")
-    ap.add_argument("--window", type=int, default=512, help="tokens per perplexity window, BOS included")
-    ap.add_argument("--sentences", type=int, default=256, help="sentences (encoder)")
-    ap.add_argument("--calibration-windows", type=int, default=32, help="calibration windows (causal LM)")
+    ap.add_argument("--tokens", type=at_least(2), default=4096, help="evaluation tokens (causal LM)")
+    ap.add_argument("--window", type=at_least(2), default=512, help="tokens per perplexity window, BOS included")
+    ap.add_argument("--sentences", type=at_least(1), default=256, help="sentences (encoder)")
+    ap.add_argument("--calibration-windows", type=at_least(1), default=32, help="calibration windows (causal LM)")
     ap.add_argument(
         "--distill-windows",
         type=int,
         default=None,
         help="distilled rows (`+kd`) of a causal LM tune on the first N calibration windows (default: all)",
     )
-    ap.add_argument("--text", default=None, help="the evaluation text (default: Moby Dick, fetched once)")
+    ap.add_argument("--text", type=existing_file, default=None, help="the evaluation text (default: Moby Dick, fetched once)")
     ap.add_argument(
         "--float-embeddings",
         action="store_true",
@@ -1014,9 +1067,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="skip the causal LM's generation speed (tok/s) on the compressed layers",
     )
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=at_least(1), default=2)
     ap.add_argument("--out", default="docs/eval", help="output folder")
     a = ap.parse_args(argv)
+    if a.ablation and a.methods is not None:
+        ap.error("--ablation runs its own sweep instead of --methods: give one of them")
     import torch
     import transformers
 
@@ -1027,11 +1082,11 @@ def main(argv: list[str]) -> int:
     set_threads(a.threads)
     start = time.time()
     text = a.text or fetch_text()
-    bps_list = [float(b) for b in a.bps.split(",") if b]
-    methods = list(ABLATION) if a.ablation else [m for m in a.methods.split(",") if m]
+    bps_list = a.bps
+    methods = list(ABLATION) if a.ablation else (a.methods or list(DEFAULT_METHODS))
     rows: list[Row] = []
     tensors: list[dict[str, Any]] = []
-    for model in [m for m in a.models.split(",") if m]:
+    for model in a.models:
         if model == "smollm2":
             subject: CausalLM | Encoder = smollm2(text, a.tokens, a.window, a.calibration_windows)
             subject.distill_windows = a.distill_windows

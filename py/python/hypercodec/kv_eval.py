@@ -151,15 +151,17 @@ def _snr(ref: list[Any], got: list[Any]) -> tuple[float, float]:
 
 def main(argv: list[str]) -> int:
     """The ``kv-eval`` command."""
+    from .eval import at_least, existing_file
+
     ap = argparse.ArgumentParser(prog="python -m hypercodec kv-eval", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=2048, help="evaluation tokens")
-    ap.add_argument("--window", type=int, default=512, help="tokens per perplexity window, BOS included")
-    ap.add_argument("--chunk", type=int, default=16, help="tokens fed per forward call")
-    ap.add_argument("--kv-window", type=int, default=KV_WINDOW, help="exact residual window of the caches")
-    ap.add_argument("--context", type=int, default=2048, help="context of the decode-step timing")
-    ap.add_argument("--steps", type=int, default=16, help="decode steps timed")
-    ap.add_argument("--text", default=None)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=at_least(2), default=2048, help="evaluation tokens")
+    ap.add_argument("--window", type=at_least(2), default=512, help="tokens per perplexity window, BOS included")
+    ap.add_argument("--chunk", type=at_least(1), default=16, help="tokens fed per forward call")
+    ap.add_argument("--kv-window", type=at_least(0), default=KV_WINDOW, help="exact residual window of the caches")
+    ap.add_argument("--context", type=at_least(1), default=2048, help="context of the decode-step timing")
+    ap.add_argument("--steps", type=at_least(1), default=16, help="decode steps timed")
+    ap.add_argument("--text", type=existing_file, default=None)
+    ap.add_argument("--threads", type=at_least(1), default=2)
     ap.add_argument("--out", default="docs/eval")
     a = ap.parse_args(argv)
     import torch
