@@ -868,6 +868,14 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The SNR (dB) of `got` against `want`, in f64.
+    fn snr_db(want: &[f32], got: &[f32]) -> f64 {
+        let (sig, err) = want.iter().zip(got).fold((0f64, 0f64), |(s, e), (&x, &y)| {
+            (s + (x as f64).powi(2), e + (x as f64 - y as f64).powi(2))
+        });
+        10.0 * (sig / err).log10()
+    }
+
     fn roundtrip(values: &[f32], rows: usize, cols: usize, p: &AffineParams) -> Vec<f32> {
         let enc = affine_encode(values, rows, cols, p).unwrap();
         affine_decode(&enc, rows, cols, p).unwrap()
@@ -1026,11 +1034,7 @@ mod tests {
             scale_dtype: FloatDtype::F16,
             ..p
         };
-        let got = roundtrip(&g, 64, 128, &p);
-        let (sig, err) = g.iter().zip(&got).fold((0f64, 0f64), |(s, e), (&x, &y)| {
-            (s + (x * x) as f64, e + ((x - y) * (x - y)) as f64)
-        });
-        let snr = 10.0 * (sig / err).log10();
+        let snr = snr_db(&g, &roundtrip(&g, 64, 128, &p));
         assert!(snr > 4.0 && snr < 5.0, "{snr} dB");
     }
 
@@ -1045,11 +1049,7 @@ mod tests {
                 symmetric,
                 scale_dtype: FloatDtype::F32,
             };
-            let got = roundtrip(&v, 1, 128, &p);
-            let (sig, err) = v.iter().zip(&got).fold((0f64, 0f64), |(s, e), (&x, &y)| {
-                (s + (x as f64).powi(2), e + (x as f64 - y as f64).powi(2))
-            });
-            let snr = 10.0 * (sig / err).log10();
+            let snr = snr_db(&v, &roundtrip(&v, 1, 128, &p));
             assert!(
                 snr > 6.0 * bits as f64 - 8.0,
                 "{bits} bits, symmetric {symmetric}: {snr} dB"
