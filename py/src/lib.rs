@@ -108,6 +108,7 @@ fn hwz_err(e: HwzError) -> PyErr {
         HwzError::Scalar {
             source:
                 hypercodec_hwz::ScalarError::NonFinite { .. }
+                | hypercodec_hwz::ScalarError::NonFiniteStatistics { .. }
                 | hypercodec_hwz::ScalarError::OutOfRange { .. }
                 | hypercodec_hwz::ScalarError::ScaleOverflow { .. }
                 | hypercodec_hwz::ScalarError::NotPositiveDefinite { .. },
@@ -541,16 +542,6 @@ impl Linear {
         let hessian = hessian
             .map(|h| h.row_major().map(std::borrow::Cow::into_owned))
             .transpose()?;
-        if let Some((i, v)) = hessian
-            .iter()
-            .flatten()
-            .enumerate()
-            .find(|(_, v)| !v.is_finite())
-        {
-            return Err(InvalidInputError::new_err(format!(
-                "hessian: value {v} at index {i} is not finite"
-            )));
-        }
         let bias = bias
             .map(|b| b.row_major().map(std::borrow::Cow::into_owned))
             .transpose()?;

@@ -45,7 +45,9 @@ pub use view::{
     TrellisParts,
 };
 #[cfg(feature = "std-fs")]
-pub use write::{remove_unfinished, temp_file_in, FileWriter, Unfinished};
+pub use write::{
+    remove_unfinished, temp_file_in, FileWriter, Unfinished, MANIFEST_COMPRESS_MIN, PLAN_INLINE_MAX,
+};
 pub use write::{Writer, WriterOptions};
 
 #[cfg(test)]

@@ -53,10 +53,10 @@ const ZEROS: [u8; ALIGN as usize] = [0; ALIGN as usize];
 /// Plans up to this many bytes of JSON stay inline in the manifest; larger ones are written as
 /// a zstd-compressed stream when the writer compresses (a BUDGET plan of a few hundred tensors
 /// is a few hundred KB of JSON, several times smaller compressed).
-const PLAN_INLINE_MAX: usize = 4096;
+pub const PLAN_INLINE_MAX: usize = 4096;
 
 /// Manifests longer than this are stored as a zstd frame when that is smaller.
-const MANIFEST_COMPRESS_MIN: usize = 4096;
+pub const MANIFEST_COMPRESS_MIN: usize = 4096;
 
 impl<W: Write> Writer<W> {
     /// Starts an archive: writes the header.

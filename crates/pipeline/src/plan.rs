@@ -465,31 +465,31 @@ const SIDE_BYTES_PER_TENSOR: u64 = 40;
 const SIDE_BYTES_PER_STREAM: u64 = hwz::ALIGN / 2;
 const STREAMS_PER_PLANNED_TENSOR: u64 = 4;
 /// A manifest entry as plain JSON (name, shape, encoding, streams, error figures; 667 measured
-/// on a 6-tensor BUDGET archive): a manifest of at most [`INLINE_BYTES`] is stored so.
+/// on a 6-tensor BUDGET archive): a manifest of at most [`hwz::MANIFEST_COMPRESS_MIN`] bytes
+/// is stored so.
 const PLAIN_BYTES_PER_TENSOR: u64 = 700;
 /// A compressed manifest's cost beyond its entries (a small one compresses less well).
 const COMPRESSED_MANIFEST_BASE: u64 = 2048;
-/// The writer's limit for a plan kept inline in the manifest, and for a manifest stored plain.
-const INLINE_BYTES: u64 = 4096;
 
 /// An estimate of what an archive of `plan` spends beside the planned tensors' streams: the
 /// stored plan (inline in the manifest, or a compressed stream when larger), each tensor's
 /// manifest entry (plain JSON in a small manifest, compressed in a large one) and the
 /// alignment of its streams — for the planned tensors and `other_tensors` stored raw (one
 /// stream each; their data is not included). On a MobileNetV2-shaped CNN (53 planned, 209 raw
-/// tensors) it estimates 40 KB where the archive spends 35 KB.
+/// tensors, `--target-bps 2`) it estimates 42 KB where the archive spends 34 KB beside its
+/// tensors' streams.
 pub fn side_bytes(plan: &Plan, other_tensors: usize) -> u64 {
     let json = serde_json::to_vec(&plan.for_archive()).unwrap_or_default();
     let zipped = || {
         hwz::zstd_codec::compress_at(&json, hwz::zstd_codec::manifest_level(json.len())).len()
             as u64
     };
-    let inline = json.len() as u64 <= INLINE_BYTES;
+    let inline = json.len() <= hwz::PLAN_INLINE_MAX;
     let planned = plan.tensors.len() as u64;
     let others = other_tensors as u64;
     let entries = planned + others;
     let plain = entries * PLAIN_BYTES_PER_TENSOR + if inline { json.len() as u64 } else { 0 };
-    let manifest = if plain <= INLINE_BYTES {
+    let manifest = if plain <= hwz::MANIFEST_COMPRESS_MIN as u64 {
         plain
     } else {
         plain.min(

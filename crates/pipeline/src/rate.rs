@@ -71,11 +71,14 @@ pub const FALLBACK_EXTRA_BITS: u8 = 2;
 /// The fallback of a tensor that the lattice cannot serve at `bps`: affine
 /// INT(⌊bps⌋ + [`FALLBACK_EXTRA_BITS`]) (at most 8) with one symmetric f16 scale for the tensor.
 pub fn fallback_encoding(bps: f64) -> Encoding {
-    tensor_grid(
-        (bps.floor() as u8)
-            .saturating_add(FALLBACK_EXTRA_BITS)
-            .clamp(1, 8),
-    )
+    tensor_grid(fallback_bits(bps))
+}
+
+/// The fallback's width at `bps`: ⌊bps⌋ + [`FALLBACK_EXTRA_BITS`], within 1..=8.
+fn fallback_bits(bps: f64) -> u8 {
+    (bps.floor() as u8)
+        .saturating_add(FALLBACK_EXTRA_BITS)
+        .clamp(1, 8)
 }
 
 /// The fallback of a tensor whose rows a fixed-rate recipe serves badly, and why: rows holding
@@ -97,28 +100,23 @@ pub fn narrow_fallback(spec: &Spec, name: &str, shape: &[u64]) -> Option<(Encodi
     if rows == 0 || cols == 0 {
         return None;
     }
-    let (k, stored_bits) = match *template {
-        Encoding::Trellis {
-            l, k, scale_dtype, ..
-        } => {
-            let k = k as u64;
-            if cols * k < l as u64 {
+    let k = match *template {
+        Encoding::Trellis { l, k, .. } => {
+            if cols * (k as u64) < l as u64 {
                 let why =
                     format!("rows of {cols} values hold fewer than the {l}-bit trellis state");
                 return Some((fallback_encoding(k as f64), why));
             }
-            let row_bits = (cols * k).div_ceil(8) * 8 + 8 * scale_dtype.size() as u64;
-            (k, rows * row_bits)
+            k as u64
         }
         Encoding::Lattice {
             coding: Coding::Fixed { bits },
             ..
-        } => {
-            let e = template.for_matrix(cols, *max_tile);
-            (bits as u64, exact_bytes(name, shape, &e).ok()? * 8)
-        }
+        } => bits as u64,
         _ => return None,
     };
+    // Both forms have streams of fixed lengths: the bits, the row scales, the padding.
+    let stored_bits = exact_bytes(name, shape, &template.for_matrix(cols, *max_tile)).ok()? * 8;
     if stored_bits < n * (k + 1) {
         return None;
     }
@@ -140,10 +138,7 @@ pub const ALONE_OVERSPEND_BYTES: u64 = 8192;
 pub fn alone_fallback(name: &str, shape: &[u64], bps: f64) -> Result<Option<Encoding>> {
     let n = hwz::element_count(name, shape)?;
     let allowed = (bps * n as f64 / 8.0).floor() as u64 + ALONE_OVERSPEND_BYTES;
-    let widest = (bps.floor() as u8)
-        .saturating_add(FALLBACK_EXTRA_BITS)
-        .clamp(1, 8);
-    for bits in (1..=widest).rev() {
+    for bits in (1..=fallback_bits(bps)).rev() {
         let e = tensor_grid(bits);
         if exact_bytes(name, shape, &e)? <= allowed {
             return Ok(Some(e));
@@ -341,9 +336,7 @@ pub fn plan_rate(
         .collect();
     // The fallback's width: ⌊B⌋ + 2 bits, fewer when the budget cannot afford it (a model of
     // only small tensors has no lattice tensors to give bits back).
-    let widest = (bps.floor() as u8)
-        .saturating_add(FALLBACK_EXTRA_BITS)
-        .clamp(1, 8);
+    let widest = fallback_bits(bps);
     let mut found = None;
     for bits in (1..=widest).rev() {
         let fallback = tensor_grid(bits);

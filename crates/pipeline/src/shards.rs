@@ -80,7 +80,8 @@ pub struct ShardedWriter {
     options: WriterOptions,
     current: Option<FileWriter>,
     current_tensors: Vec<String>,
-    done: Vec<(tempfile::TempPath, Vec<String>, Manifest)>,
+    /// Finished shards at their scratch paths (listed as unfinished until renamed).
+    done: Vec<(tempfile::TempPath, hwz::Unfinished, Vec<String>, Manifest)>,
     metadata: Vec<(String, Value)>,
     plan: Option<Value>,
 }
@@ -121,7 +122,8 @@ impl ShardedWriter {
         let temp =
             tempfile::TempPath::try_from_path(&scratch).map_err(PipelineError::io(&scratch))?;
         let names = std::mem::take(&mut self.current_tensors);
-        self.done.push((temp, names, manifest));
+        let listed = hwz::Unfinished::new(&scratch);
+        self.done.push((temp, listed, names, manifest));
         if self.done.len() > MAX_SHARDS {
             return Err(PipelineError::Shards {
                 message: format!("more than {MAX_SHARDS} shards: use a larger --shard-size"),
@@ -167,7 +169,9 @@ impl ShardedWriter {
         let mut weight_map = Map::new();
         let mut out = Vec::with_capacity(n);
         let mut total = 0u64;
-        for (k, (temp, names, manifest)) in std::mem::take(&mut self.done).into_iter().enumerate() {
+        for (k, (temp, _listed, names, manifest)) in
+            std::mem::take(&mut self.done).into_iter().enumerate()
+        {
             let name = shard_name(&self.out, k + 1, n);
             let path = dir.join(&name);
             temp.persist(&path)

@@ -459,10 +459,8 @@ impl CompressedLinear {
     pub fn route(&self, batch: usize) -> String {
         let detail = self.path_detail();
         let path = self.path();
-        let small = match path {
-            Path::AffineFused { .. } | Path::AffineUnpacked { .. } => AFFINE_ROWS_BATCH,
-            Path::Trellis { .. } => TRELLIS_ROWS_BATCH,
-            Path::E8Fixed { .. } | Path::LatticeWords => LATTICE_ROWS_BATCH,
+        let small = match &self.op {
+            Op::Leaf { kind, .. } => small_batch(*kind),
             _ => SMALL_BATCH,
         };
         match (batch, path) {
@@ -1064,27 +1062,11 @@ impl Op {
                     yt.fill(0.0);
                     add_sparse(entries, view.cols() as usize, x, batch, yt);
                     Ok(())
-                } else if let (
-                    true,
-                    Kind::Affine { glen, gpr, fused },
-                    Parts::Affine {
-                        params,
-                        codes,
-                        scales,
-                        offsets,
-                    },
-                ) = (batch <= small_batch(*kind), kind, view.parts_ref())
+                } else if let (true, Kind::Affine { glen, gpr, fused }) =
+                    (batch <= small_batch(*kind), kind)
                 {
                     // A few activation rows: each code unpacked once for all of them.
-                    affine_gemv(
-                        view,
-                        params,
-                        (codes, scales, offsets),
-                        (*glen, *gpr, *fused),
-                        x,
-                        batch,
-                        yt,
-                    )
+                    affine_gemv(view, (*glen, *gpr, *fused), x, batch, yt)
                 } else if batch <= small_batch(*kind)
                     && !matches!(kind, Kind::Tiles | Kind::LatticeResident)
                 {
@@ -1530,23 +1512,7 @@ fn leaf_gemv(view: &TensorView<'_>, kind: Kind, x: &[f32], y: &mut [f32]) -> Res
                 Ok(())
             })
         }
-        (
-            Kind::Affine { glen, gpr, fused },
-            Parts::Affine {
-                params,
-                codes,
-                scales,
-                offsets,
-            },
-        ) => affine_gemv(
-            view,
-            params,
-            (codes, scales, offsets),
-            (glen, gpr, fused),
-            x,
-            1,
-            y,
-        ),
+        (Kind::Affine { glen, gpr, fused }, _) => affine_gemv(view, (glen, gpr, fused), x, 1, y),
         (Kind::E8Fixed | Kind::LatticeWords | Kind::LatticeResident, Parts::Lattice(l)) => {
             lattice_gemv(view, l, x, y)
         }
@@ -1582,17 +1548,24 @@ fn leaf_gemv(view: &TensorView<'_>, kind: Kind, x: &[f32], y: &mut [f32]) -> Res
     }
 }
 
-type AffineBytes<'b> = (&'b [u8], &'b [u8], &'b [u8]);
-
+/// `yt = W·xᵀ` for `batch` rows of `x` (`yt` is `rows × batch`) on affine codes: one row at a
+/// time ([`kernels::affine_row`]) or several at once ([`kernels::affine_rows`]).
 fn affine_gemv(
     view: &TensorView<'_>,
-    params: &hwz::AffineParams,
-    (codes, scales, offsets): AffineBytes<'_>,
     (glen, gpr, fused): (usize, usize, bool),
     x: &[f32],
     batch: usize,
     yt: &mut [f32],
 ) -> Result<()> {
+    let Parts::Affine {
+        params,
+        codes,
+        scales,
+        offsets,
+    } = view.parts_ref()
+    else {
+        return Err(corrupt(view, "not an affine tensor".into()));
+    };
     let cols = view.cols() as usize;
     let rows = view.rows() as usize;
     if batch == 0 || rows == 0 || cols == 0 {

@@ -35,7 +35,12 @@ impl Ldlq {
                 len: h.len(),
             });
         }
-        crate::check_finite(h)?;
+        crate::check_finite(h).map_err(|e| match e {
+            ScalarError::NonFinite { index, value } => {
+                ScalarError::NonFiniteStatistics { index, value }
+            }
+            e => e,
+        })?;
         let mean_diag = (0..n).map(|i| h[i * n + i].max(0.0) as f64).sum::<f64>() / n as f64;
         let base = if mean_diag > 0.0 { mean_diag } else { 1.0 };
         let mut lambda = damp.max(1e-6) * base;

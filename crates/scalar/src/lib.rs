@@ -100,6 +100,14 @@ pub enum ScalarError {
     /// A group size of zero was requested.
     #[error("group size must be at least 1")]
     InvalidGroup,
+    /// Input statistics for error feedback (a hessian) that hold NaN or an infinity.
+    #[error("the input statistics (hessian): value {value} at index {index} is not finite")]
+    NonFiniteStatistics {
+        /// Position of the first offending value.
+        index: usize,
+        /// The value itself.
+        value: f32,
+    },
     /// Input statistics for error feedback that no damping makes positive definite.
     #[error("the {n}x{n} input statistics are not positive definite, even damped")]
     NotPositiveDefinite {

@@ -84,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             (i for i in range(c + 1, len(args)) if args[i].endswith(PT_SUFFIXES) and _is_torch_file(args[i])), None
         )
         if pt is not None:
-            import tempfile
-
-            from .api import _write_safetensors, read_pt
+            from .api import read_pt, staged_safetensors
 
             # Staged beside the output (the same file system), else beside the input.
             out = next((a for a in args[c + 1 :] if a.endswith(".hwz")), args[pt])
@@ -97,13 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 print(f"error: {args[pt]}: not read as a state dict by torch.load(weights_only=True): {first}", file=sys.stderr)
                 return 1
-            fd, tmp = tempfile.mkstemp(suffix=".safetensors", dir=out_dir)
-            os.close(fd)
-            try:
-                _write_safetensors(tmp, state)
+            with staged_safetensors(state, out_dir) as tmp:
                 return cli([*args[:pt], tmp, *args[pt + 1 :]])
-            finally:
-                os.unlink(tmp)
     return cli(args)
 
 

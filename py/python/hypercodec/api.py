@@ -8,11 +8,12 @@ becomes the bare flag). See ``python -m hypercodec compress --help``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,9 @@ from . import _native
 _ST_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
 
 
-def _to_buffer(name: str, value: Any) -> tuple[str, tuple[int, ...], bytes]:
-    """A tensor (numpy array or torch tensor) as (safetensors dtype, shape, bytes)."""
+def _to_buffer(value: Any) -> tuple[str, tuple[int, ...], bytes]:
+    """A floating tensor (numpy array or torch tensor; :func:`_is_floating`) as (safetensors
+    dtype, shape, bytes): f32, f16 and bf16 as they are, other floats as f32."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, without importing torch
         t = value.detach().cpu().contiguous()
         kind = str(t.dtype)
@@ -35,17 +37,11 @@ def _to_buffer(name: str, value: Any) -> tuple[str, tuple[int, ...], bytes]:
             return "BF16", tuple(t.shape), bits.tobytes()
         if kind in ("torch.float32", "torch.float16"):
             arr = t.numpy()
-        elif t.is_floating_point():
-            arr = t.to(dtype=__import__("torch").float32).numpy()
         else:
-            raise _native.InvalidInputError(f"tensor `{name}` has type {kind}; only floating tensors are compressed")
+            arr = t.to(dtype=__import__("torch").float32).numpy()
     else:
         arr = np.asarray(value)
         if arr.dtype not in _ST_DTYPES:
-            if not np.issubdtype(arr.dtype, np.floating):
-                raise _native.InvalidInputError(
-                    f"tensor `{name}` has dtype {arr.dtype}; only floating arrays are compressed"
-                )
             arr = arr.astype(np.float32)
     arr = np.ascontiguousarray(arr)
     return _ST_DTYPES[arr.dtype], tuple(arr.shape), arr.tobytes()
@@ -69,7 +65,7 @@ def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mappi
             # left out, as the command line leaves a safetensors file's (the archive lists them).
             skipped.append(f"{name} ({getattr(value, 'dtype', type(value).__name__)})")
             continue
-        dtype, shape, data = _to_buffer(name, value)
+        dtype, shape, data = _to_buffer(value)
         tensors.append((name, dtype, list(shape), data))
     if skipped:
         warnings.warn(
@@ -145,12 +141,21 @@ def compress_state_dict(
     4.0
     """
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
+    with staged_safetensors(state_dict, os.path.dirname(os.path.abspath(path)), metadata) as tmp:
+        return compress_file(tmp, path, **options)
+
+
+@contextlib.contextmanager
+def staged_safetensors(
+    state_dict: Mapping[str, Any], folder: str, metadata: Mapping[str, str] | None = None
+) -> Iterator[str]:
+    """``state_dict`` written as a temporary safetensors file in ``folder`` (beside the archive
+    to come: the same file system), removed on leaving."""
     fd, tmp = tempfile.mkstemp(suffix=".safetensors", dir=folder)
     os.close(fd)
     try:
         _write_safetensors(tmp, state_dict, metadata)
-        return compress_file(tmp, path, **options)
+        yield tmp
     finally:
         os.unlink(tmp)
 
