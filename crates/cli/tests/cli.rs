@@ -783,6 +783,49 @@ fn budget_targets_hold_for_the_whole_archive() {
             "{bps} bits for a target of {target}"
         );
     }
+    // Six planned tensors, conv-shaped too: a manifest near the writer's 4 KB limit for a
+    // plain one (a 3-bit target gave 3.042 when it was estimated as compressed).
+    let shapes: [&[usize]; 6] = [
+        &[32, 1, 3, 3],
+        &[64, 32, 1, 1],
+        &[16, 3, 7, 7],
+        &[10, 64],
+        &[256, 512],
+        &[64, 96],
+    ];
+    let data: Vec<Vec<u8>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| bytes(s.iter().product(), i as u32 + 7))
+        .collect();
+    let names: Vec<String> = (0..6).map(|i| format!("t{i}.weight")).collect();
+    let tensors: Vec<_> = shapes
+        .iter()
+        .zip(&data)
+        .zip(&names)
+        .map(|((s, d), n)| {
+            (
+                n.as_str(),
+                TensorView::new(Dtype::F32, s.to_vec(), d).unwrap(),
+            )
+        })
+        .collect();
+    std::fs::write(&model, serialize(tensors, None).unwrap()).unwrap();
+    let values: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
+    for target in [2.0, 3.0, 4.0] {
+        let t = target.to_string();
+        ok(&[
+            "compress",
+            p(&model),
+            p(&out),
+            "--mode",
+            "budget",
+            "--target-bps",
+            &t,
+        ]);
+        let bps = std::fs::metadata(&out).unwrap().len() as f64 * 8.0 / values as f64;
+        assert!(bps <= target, "{bps} bits for a target of {target}");
+    }
 }
 
 #[test]

@@ -489,14 +489,16 @@ pub fn side_bytes(plan: &Plan, other_tensors: usize) -> u64 {
     let others = other_tensors as u64;
     let entries = planned + others;
     let plain = entries * PLAIN_BYTES_PER_TENSOR + if inline { json.len() as u64 } else { 0 };
-    let manifest = if plain <= hwz::MANIFEST_COMPRESS_MIN as u64 {
+    // Above the writer's limit the manifest is compressed, but an estimate just above it may
+    // be a manifest stored plain just below it: at least the limit, at most the plain size.
+    let limit = hwz::MANIFEST_COMPRESS_MIN as u64;
+    let manifest = if plain <= limit {
         plain
     } else {
-        plain.min(
-            COMPRESSED_MANIFEST_BASE
-                + entries * SIDE_BYTES_PER_TENSOR
-                + if inline { zipped() } else { 0 },
-        )
+        (COMPRESSED_MANIFEST_BASE
+            + entries * SIDE_BYTES_PER_TENSOR
+            + if inline { zipped() } else { 0 })
+        .clamp(limit, plain)
     };
     let plan_stream = if inline { 0 } else { zipped() };
     hwz::HEADER_LEN
