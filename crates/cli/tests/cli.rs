@@ -451,16 +451,22 @@ fn lattice_compress_meets_its_rate_and_decompresses() {
         }
         let got = t["bps"].as_f64().unwrap();
         let target: f64 = bps.parse().unwrap();
-        // Fixed-rate adds the row scales (16 bits per 1024-value row); the others fit the rate.
-        let limit = if coding == "fixed" {
-            target + 16.0 / 1024.0 + 1e-9
+        if coding == "fixed" {
+            // Fixed-rate adds the row scales (16 bits per 1024-value row).
+            assert!(
+                got <= target + 16.0 / 1024.0 + 1e-9 && got > target - 0.1,
+                "{coding}: {got} bps for target {target}"
+            );
         } else {
-            target
-        };
-        assert!(
-            got <= limit && got > target - 0.1,
-            "{coding}: {got} bps for target {target}"
-        );
+            // The others fit the rate all-in: this 64K-value file's manifest and alignment
+            // (about 1 KB, 0.13 bits a value) are taken from the tensor's rate. The estimate
+            // is within 2 % here.
+            let all_in = json["totals"]["lossy"]["all_in_bps"].as_f64().unwrap();
+            assert!(
+                all_in <= target * 1.02 && got < target - 0.05 && got > target - 0.3,
+                "{coding}: {got} bps, {all_in} all-in, for target {target}"
+            );
+        }
         let snr = t["stats"]["snr_db"].as_f64().unwrap();
         // Below the Gaussian bound, and within 2.5 dB of it (rANS ≈ 1, Rice ≈ 1.6, fixed ≈ 4 at 4 bits).
         let bound = 6.0206 * got;
@@ -699,8 +705,13 @@ fn min_tensor_size_compress_bias_and_target_ratio() {
         "10",
         "--no-zstd",
     ]);
-    let bps = inspect_json(&out)["tensors"][0]["bps"].as_f64().unwrap();
-    assert!(bps <= 3.2 && bps > 3.1, "{bps}");
+    // 10× smaller than f32 is 3.2 bits a value, all-in (its manifest's share taken from the
+    // tensor's rate, estimated within 2 % on this 32K-value file).
+    let json = inspect_json(&out);
+    let all_in = json["totals"]["lossy"]["all_in_bps"].as_f64().unwrap();
+    let bps = json["tensors"][0]["bps"].as_f64().unwrap();
+    assert!(all_in <= 3.2 * 1.02 && all_in > 3.1, "{all_in}");
+    assert!(bps < 3.1, "{bps}");
 }
 
 #[test]

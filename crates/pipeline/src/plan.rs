@@ -480,12 +480,25 @@ const COMPRESSED_MANIFEST_BASE: u64 = 2048;
 /// tensors' streams.
 pub fn side_bytes(plan: &Plan, other_tensors: usize) -> u64 {
     let json = serde_json::to_vec(&plan.for_archive()).unwrap_or_default();
+    archive_side_bytes(&json, plan.tensors.len(), other_tensors)
+}
+
+/// [`side_bytes`] of an archive that stores no plan (`--encoding lattice --bps`): `planned`
+/// encoded tensors and `other_tensors` kept raw.
+pub fn unplanned_side_bytes(planned: usize, other_tensors: usize) -> u64 {
+    archive_side_bytes(&[], planned, other_tensors)
+}
+
+/// [`side_bytes`] for a plan serialized as `json` (empty: none stored).
+fn archive_side_bytes(json: &[u8], planned: usize, other_tensors: usize) -> u64 {
     let zipped = || {
-        hwz::zstd_codec::compress_at(&json, hwz::zstd_codec::manifest_level(json.len())).len()
-            as u64
+        if json.is_empty() {
+            return 0;
+        }
+        hwz::zstd_codec::compress_at(json, hwz::zstd_codec::manifest_level(json.len())).len() as u64
     };
     let inline = json.len() <= hwz::PLAN_INLINE_MAX;
-    let planned = plan.tensors.len() as u64;
+    let planned = planned as u64;
     let others = other_tensors as u64;
     let entries = planned + others;
     let plain = entries * PLAIN_BYTES_PER_TENSOR + if inline { json.len() as u64 } else { 0 };

@@ -1,5 +1,6 @@
 //! A uniform lattice rate over a whole model (`--encoding lattice --bps B`): B is the average
-//! over the encoded tensors, all side information included, and no tensor aborts the model.
+//! over the encoded tensors, all side information included (the archive's manifest and
+//! alignment too, where the model is large enough to carry them), and no tensor aborts the model.
 //!
 //! The rule, decided from the shapes alone before any tensor is read:
 //! 1. A tensor that the lattice cannot serve at the rate ([`lattice_serves`]) — its row scales,
@@ -322,7 +323,12 @@ pub fn plan_rate(
         .map(|t| (t.name.as_str(), t.shape.as_slice(), t.numel()))
         .collect();
     let total: u64 = tensors.iter().map(|t| t.2).sum();
-    let budget_bits = bps * total as f64;
+    // All-in where the model can carry its archive's manifest and alignment
+    // ([`crate::plan::unplanned_side_bytes`], the tensors kept raw counted as entries); a model
+    // too small for that gets the rate over its tensors' streams instead.
+    let side =
+        crate::plan::unplanned_side_bytes(tensors.len(), source.tensors.len() - tensors.len());
+    let budgets = [bps * total as f64 - side as f64 * 8.0, bps * total as f64];
     // The smallest lattice floor of each tensor, over the route's template and its rung.
     let rung = rans_gpu_rung(template);
     let floors: Vec<Option<u64>> = tensors
@@ -338,7 +344,13 @@ pub fn plan_rate(
     // only small tensors has no lattice tensors to give bits back).
     let widest = fallback_bits(bps);
     let mut found = None;
-    for bits in (1..=widest).rev() {
+    for (budget_bits, bits) in budgets
+        .into_iter()
+        .flat_map(|b| (1..=widest).rev().map(move |bits| (b, bits)))
+    {
+        if budget_bits < 0.0 {
+            continue;
+        }
         let fallback = tensor_grid(bits);
         let fallback_bytes: Vec<u64> = tensors
             .iter()
@@ -478,8 +490,8 @@ mod tests {
         assert_eq!(p.choices["big"], lattice(e8_prefix()));
         assert_eq!(p.choices["small"], lattice(rung));
         assert!(matches!(p.choices["dw"], RateChoice::Fallback(_)));
-        // The depthwise kernel's INT6 is paid by the two lattice tensors alike.
-        let fb = 576.0 * 6.0 + 16.0;
+        // The depthwise kernel's INT6 and the manifest are paid by the two lattice tensors alike.
+        let fb = 576.0 * 6.0 + 16.0 + crate::plan::unplanned_side_bytes(3, 0) as f64 * 8.0;
         let expected = (4.0 * (576.0 + 4000.0 + 1048576.0) - fb) / (4000.0 + 1048576.0);
         assert!((p.lattice_bps - expected).abs() < 1e-9, "{}", p.lattice_bps);
     }
@@ -573,10 +585,24 @@ mod tests {
                 template: e8()
             }
         );
-        // INT5 for 576 values costs 5 + 16/576 bits: the others give that back.
+        // INT5 for 576 values costs 5 + 16/576 bits, and the archive's manifest and alignment
+        // its estimate: the others give that back.
         let fb = 576.0 * 5.0 + 16.0;
-        let expected = (3.0 * (576.0 + 16384.0 + 131072.0) - fb) / (16384.0 + 131072.0);
+        let side = crate::plan::unplanned_side_bytes(3, 0) as f64 * 8.0;
+        assert!(side > 8.0 * 2100.0, "{side}");
+        let expected = (3.0 * (576.0 + 16384.0 + 131072.0) - fb - side) / (16384.0 + 131072.0);
         assert!((p.lattice_bps - expected).abs() < 1e-9, "{}", p.lattice_bps);
+        // One 64×64 tensor cannot carry a manifest of ~1 KB at 2 bits a value: the rate is
+        // then over its stream, not refused.
+        let one = dir.path().join("one.safetensors");
+        crate::synth::write_tensors(
+            &one,
+            &[("w".to_string(), vec![64u64, 64], vec![0.1f32; 4096])],
+        )
+        .expect("write");
+        let source1 = TensorSource::open(one.to_str().expect("utf-8")).expect("open");
+        let p1 = plan_rate(&source1, Selection::default(), &e8(), 4096, 2.0).expect("plan");
+        assert_eq!(p1.lattice_bps, 2.0);
         // Far below what anything can store: an error that names the least reachable rate.
         match plan_rate(&source, Selection::default(), &e8(), 4096, 0.2) {
             Err(PipelineError::RateUnreachable { min_bps, .. }) => {
