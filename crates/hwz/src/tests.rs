@@ -1016,6 +1016,20 @@ fn scales_f16_cannot_hold_are_stored_as_bf16_and_decode() {
             EncodeOptions::default()
         ),
         Err(HwzError::Scalar {
+            source: hypercodec_scalar::ScalarError::SpanOverflow { group: 0, .. },
+            ..
+        })
+    ));
+    // A scale that overflows bf16 (symmetric codes of f32's largest value at 1 bit).
+    assert!(matches!(
+        encode(
+            "w",
+            &[f32::MAX, f32::MAX],
+            &[1, 2],
+            &affine(1, hypercodec_scalar::Group::Row, true),
+            EncodeOptions::default()
+        ),
+        Err(HwzError::Scalar {
             source: hypercodec_scalar::ScalarError::ScaleOverflow {
                 dtype: FloatDtype::Bf16,
                 ..

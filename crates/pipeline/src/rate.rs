@@ -323,12 +323,6 @@ pub fn plan_rate(
         .map(|t| (t.name.as_str(), t.shape.as_slice(), t.numel()))
         .collect();
     let total: u64 = tensors.iter().map(|t| t.2).sum();
-    // All-in where the model can carry its archive's manifest and alignment
-    // ([`crate::plan::unplanned_side_bytes`], the tensors kept raw counted as entries); a model
-    // too small for that gets the rate over its tensors' streams instead.
-    let side =
-        crate::plan::unplanned_side_bytes(tensors.len(), source.tensors.len() - tensors.len());
-    let budgets = [bps * total as f64 - side as f64 * 8.0, bps * total as f64];
     // The smallest lattice floor of each tensor, over the route's template and its rung.
     let rung = rans_gpu_rung(template);
     let floors: Vec<Option<u64>> = tensors
@@ -343,44 +337,55 @@ pub fn plan_rate(
     // The fallback's width: ⌊B⌋ + 2 bits, fewer when the budget cannot afford it (a model of
     // only small tensors has no lattice tensors to give bits back).
     let widest = fallback_bits(bps);
-    let mut found = None;
-    for (budget_bits, bits) in budgets
-        .into_iter()
-        .flat_map(|b| (1..=widest).rev().map(move |bits| (b, bits)))
-    {
+    // For a budget of bits: the widest fallback it affords, the tensors on the lattice and
+    // their rate.
+    let plan_for = |budget_bits: f64| -> Result<Option<(u8, Vec<bool>, f64)>> {
         if budget_bits < 0.0 {
-            continue;
+            return Ok(None);
         }
-        let fallback = tensor_grid(bits);
-        let fallback_bytes: Vec<u64> = tensors
-            .iter()
-            .map(|(name, shape, _)| exact_bytes(name, shape, &fallback))
-            .collect::<Result<_>>()?;
-        let (on_lattice, lattice_bps) = share(
-            &tensors,
-            &floors,
-            &fallback_bytes,
-            template,
-            max_tile,
-            bps,
-            budget_bits,
-        );
-        let spent: f64 = tensors
-            .iter()
-            .enumerate()
-            .map(|(k, t)| {
-                if on_lattice[k] {
-                    lattice_bps * t.2 as f64
-                } else {
-                    fallback_bytes[k] as f64 * 8.0
-                }
-            })
-            .sum();
-        if spent <= budget_bits * 1.000_001 && lattice_bps > 0.0 {
-            found = Some((fallback, on_lattice, lattice_bps));
-            break;
+        for bits in (1..=widest).rev() {
+            let fallback_bytes: Vec<u64> = tensors
+                .iter()
+                .map(|(name, shape, _)| exact_bytes(name, shape, &tensor_grid(bits)))
+                .collect::<Result<_>>()?;
+            let (on_lattice, lattice_bps) = share(
+                &tensors,
+                &floors,
+                &fallback_bytes,
+                template,
+                max_tile,
+                bps,
+                budget_bits,
+            );
+            let spent: f64 = tensors
+                .iter()
+                .enumerate()
+                .map(|(k, t)| {
+                    if on_lattice[k] {
+                        lattice_bps * t.2 as f64
+                    } else {
+                        fallback_bytes[k] as f64 * 8.0
+                    }
+                })
+                .sum();
+            if spent <= budget_bits * 1.000_001 && lattice_bps > 0.0 {
+                return Ok(Some((bits, on_lattice, lattice_bps)));
+            }
         }
+        Ok(None)
+    };
+    // All-in (the archive's manifest and alignment, [`crate::plan::unplanned_side_bytes`], the
+    // tensors kept raw counted as entries, taken from the lattice tensors' rate) where that
+    // changes no tensor's choice; a model too small to carry them (the all-in budget would
+    // push tensors to the grid) gets the rate over its tensors' streams instead.
+    let side =
+        crate::plan::unplanned_side_bytes(tensors.len(), source.tensors.len() - tensors.len());
+    let streams = plan_for(bps * total as f64)?;
+    let found = match (streams, plan_for(bps * total as f64 - side as f64 * 8.0)?) {
+        (Some(s), Some(a)) if a.0 == s.0 && a.1 == s.1 => Some(a),
+        (s, _) => s,
     }
+    .map(|(bits, on_lattice, lattice_bps)| (tensor_grid(bits), on_lattice, lattice_bps));
     let Some((fallback, on_lattice, lattice_bps)) = found else {
         // The cheapest choice of every tensor: its lattice floor or INT1 with one scale.
         let int1 = tensor_grid(1);
@@ -603,6 +608,23 @@ mod tests {
         let source1 = TensorSource::open(one.to_str().expect("utf-8")).expect("open");
         let p1 = plan_rate(&source1, Selection::default(), &e8(), 4096, 2.0).expect("plan");
         assert_eq!(p1.lattice_bps, 2.0);
+        // Two small tensors at 4 bits: taking a ~2 KB manifest from their 3 KB would push the
+        // 64×64 one to the grid (INT1); it keeps the lattice at the streams' rate instead.
+        let two = dir.path().join("two.safetensors");
+        crate::synth::write_tensors(
+            &two,
+            &[
+                ("a".to_string(), vec![32u64, 64], vec![0.1f32; 2048]),
+                ("b".to_string(), vec![64u64, 64], vec![0.1f32; 4096]),
+            ],
+        )
+        .expect("write");
+        let source2 = TensorSource::open(two.to_str().expect("utf-8")).expect("open");
+        let p2 = plan_rate(&source2, Selection::default(), &e8(), 4096, 4.0).expect("plan");
+        assert!(
+            matches!(p2.choices["b"], RateChoice::Lattice { .. }),
+            "{p2:?}"
+        );
         // Far below what anything can store: an error that names the least reachable rate.
         match plan_rate(&source, Selection::default(), &e8(), 4096, 0.2) {
             Err(PipelineError::RateUnreachable { min_bps, .. }) => {

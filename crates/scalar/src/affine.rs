@@ -329,14 +329,14 @@ pub fn affine_encode(
     let mut packer = BitPacker::new(bits, lens.codes);
     let mut scales = Vec::with_capacity(lens.scales);
     let mut offsets = Vec::with_capacity(lens.offsets);
-    let overflow = |group: usize, value: f32| ScalarError::scale_range(group, value, dt);
+    let overflow = |group: usize, e: FitError| e.error(group, dt);
     for (group_index, g) in values
         .chunks(layout.cols.max(1))
         .take(layout.rows)
         .flat_map(|row| row.chunks(layout.group_len.max(1)))
         .enumerate()
     {
-        let q = GroupQuant::fit(g, params).map_err(|v| overflow(group_index, v))?;
+        let q = GroupQuant::fit(g, params).map_err(|e| overflow(group_index, e))?;
         q.push_params(dt, &mut scales, &mut offsets);
         g.iter().for_each(|&x| packer.push(q.code(x)));
     }
@@ -372,10 +372,9 @@ pub fn affine_ldlq_codes(
         });
     }
     let layout = GroupLayout::new(rows, cols, params.group)?;
-    let overflow =
-        |group: usize, value: f32| ScalarError::scale_range(group, value, params.scale_dtype);
+    let overflow = |group: usize, e: FitError| e.error(group, params.scale_dtype);
     let tensor = match params.group {
-        Group::Tensor => Some(GroupQuant::fit_clipped(values, params).map_err(|v| overflow(0, v))?),
+        Group::Tensor => Some(GroupQuant::fit_clipped(values, params).map_err(|e| overflow(0, e))?),
         _ => None,
     };
     let glen = match params.group {
@@ -407,7 +406,7 @@ pub fn affine_ldlq_codes(
         let mut fitted: Vec<Vec<GroupQuant>> =
             (0..k).map(|_| Vec::with_capacity(per_row)).collect();
         // The first group (row-major) that could not be fitted.
-        let mut failed: Option<(usize, f32)> = None;
+        let mut failed: Option<(usize, FitError)> = None;
         f.rows_ranges(w, k, (0..cols).map(|j| j..j + 1), |i, j, upcoming| {
             let r = b * ROWS + i;
             if tensor.is_none() && j % glen == 0 {
@@ -417,10 +416,10 @@ pub fn affine_ldlq_codes(
                         fitted[i].push(q);
                         current[i] = Some(q);
                     }
-                    Err(v) => {
+                    Err(e) => {
                         let at = r * per_row + j / glen;
                         if failed.is_none_or(|(g, _)| at < g) {
-                            failed = Some((at, v));
+                            failed = Some((at, e));
                         }
                         current[i] = None;
                     }
@@ -433,8 +432,8 @@ pub fn affine_ldlq_codes(
             out[i * cols + j] = c as u8;
             upcoming[0] = q.value(c);
         });
-        if let Some((g, v)) = failed {
-            return Err(overflow(g, v));
+        if let Some((g, e)) = failed {
+            return Err(overflow(g, e));
         }
         groups.extend(fitted.into_iter().flatten());
     }
@@ -537,15 +536,41 @@ fn two_centroids(g: &[f32]) -> (f32, f32) {
     (a as f32, b as f32)
 }
 
+/// Why [`GroupQuant::fit`] found no parameters for a group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FitError {
+    /// A scale or offset the scale type cannot hold: infinite when it overflows, finite when it
+    /// underflows ([`ScalarError::scale_range`]).
+    Scale(f32),
+    /// An asymmetric group whose values span more than f32's largest value.
+    Span {
+        /// Its smallest value.
+        low: f32,
+        /// Its largest value.
+        high: f32,
+    },
+}
+
+impl FitError {
+    /// The crate's error for group `group` under scales of `dtype`.
+    pub fn error(self, group: usize, dtype: FloatDtype) -> ScalarError {
+        match self {
+            FitError::Scale(v) => ScalarError::scale_range(group, v, dtype),
+            FitError::Span { low, high } => ScalarError::SpanOverflow { group, low, high },
+        }
+    }
+}
+
 impl GroupQuant {
     /// The parameters of the group `g` under `params` (asymmetric: min and range, at 1 bit the
     /// two levels of a Lloyd split: the means below and above its threshold; symmetric: the value of largest
-    /// magnitude; 1-bit symmetric: the mean magnitude). Err: the parameter
+    /// magnitude; 1-bit symmetric: the mean magnitude). Err ([`FitError`]): the parameter
     /// that overflowed the scale type (infinite), or the scale that underflows f16
     /// ([`crate::FloatDtype::underflows`]; finite): a symmetric group's step below f16's normal
     /// range, an asymmetric group's when its values are (a larger offset hides the step's
-    /// rounding).
-    pub fn fit(g: &[f32], params: &AffineParams) -> std::result::Result<Self, f32> {
+    /// rounding); or an asymmetric group wider than f32's largest value (its top level,
+    /// `offset + q·scale`, would overflow every decoder's arithmetic).
+    pub fn fit(g: &[f32], params: &AffineParams) -> std::result::Result<Self, FitError> {
         let dt = params.scale_dtype;
         let bits = params.bits;
         if !params.symmetric {
@@ -559,21 +584,31 @@ impl GroupQuant {
             };
             let levels = ((1u32 << bits) - 1) as f32;
             // Computed in f64: (hi - lo) can overflow f32 for extreme but finite values.
-            let u = ((hi as f64 - lo as f64) / levels as f64) as f32;
+            let span = hi as f64 - lo as f64;
+            if span > f32::MAX as f64 {
+                return Err(FitError::Span { low: lo, high: hi });
+            }
+            let u = (span / levels as f64) as f32;
             let s = dt.round(u);
             if !s.is_finite() {
-                return Err(s);
+                return Err(FitError::Scale(s));
             }
             // A step below f16's normal range matters where the values are that small too:
             // beside a larger offset (a narrow group away from zero) its rounding is noise
             // under the values' own precision.
             let m = lo.abs().max(hi.abs());
+            let (low, high) = (lo, hi);
             let lo = dt.round(lo);
             if !lo.is_finite() {
-                return Err(lo);
+                return Err(FitError::Scale(lo));
             }
             if dt.underflows(m) {
-                return Err(u);
+                return Err(FitError::Scale(u));
+            }
+            // The top level must be an f32 too: a group spanning more than f32's range, or
+            // reaching its end with a scale rounded up, would decode to infinity.
+            if lo as f64 + levels as f64 * s as f64 > f32::MAX as f64 {
+                return Err(FitError::Span { low, high });
             }
             Ok(GroupQuant {
                 kind: QuantKind::Asymmetric,
@@ -586,7 +621,7 @@ impl GroupQuant {
                 (g.iter().map(|x| x.abs() as f64).sum::<f64>() / g.len().max(1) as f64) as f32;
             let s = dt.round(mean_abs);
             if !dt.holds_scale(mean_abs) {
-                return Err(if s.is_finite() { mean_abs } else { s });
+                return Err(FitError::Scale(if s.is_finite() { mean_abs } else { s }));
             }
             Ok(GroupQuant {
                 kind: QuantKind::Sign,
@@ -602,11 +637,11 @@ impl GroupQuant {
             let u = m / -(half as f32);
             let d = dt.round(u);
             if !d.is_finite() {
-                return Err(d);
+                return Err(FitError::Scale(d));
             }
             // No offset hides a symmetric step's rounding: a subnormal one is an underflow.
             if dt.underflows(u) {
-                return Err(u);
+                return Err(FitError::Scale(u));
             }
             Ok(GroupQuant {
                 kind: QuantKind::Symmetric,
@@ -625,7 +660,7 @@ impl GroupQuant {
     /// perplexity at 3 and 4 bits (the clipped values matter more than their share of the
     /// error), so [`affine_encode`] does not clip. A 1-bit symmetric group keeps its mean
     /// magnitude. Err: as `fit`.
-    pub fn fit_clipped(g: &[f32], params: &AffineParams) -> std::result::Result<Self, f32> {
+    pub fn fit_clipped(g: &[f32], params: &AffineParams) -> std::result::Result<Self, FitError> {
         let full = Self::fit(g, params)?;
         if full.kind == QuantKind::Sign || g.is_empty() {
             return Ok(full);
@@ -1013,6 +1048,49 @@ mod tests {
         assert!(GroupQuant::fit_clipped(&g, &p).is_ok());
         assert!(GroupQuant::fit_clipped(&[], &p).is_ok());
         assert!(GroupQuant::fit_clipped(&[1e-7], &p).is_err());
+    }
+
+    #[test]
+    fn groups_wider_than_f32_are_span_errors_not_infinities() {
+        let p = |bits, symmetric| AffineParams {
+            bits,
+            group: Group::Size(4),
+            symmetric,
+            scale_dtype: FloatDtype::Bf16,
+        };
+        // ±3e38: the top level (offset + 15·scale) is past f32's largest value.
+        let wide = [-3e38f32, -1e38, 1e38, 3e38];
+        for bits in [1, 4, 8] {
+            match affine_encode(&wide, 1, 4, &p(bits, false)) {
+                Err(ScalarError::SpanOverflow {
+                    group: 0,
+                    low,
+                    high,
+                }) => {
+                    assert!(low < 0.0 && high > 0.0, "{low} {high}");
+                    let msg = ScalarError::SpanOverflow {
+                        group: 0,
+                        low,
+                        high,
+                    }
+                    .to_string();
+                    assert!(msg.contains("symmetric"), "{msg}");
+                }
+                other => panic!("{bits} bits: {other:?}"),
+            }
+            // Symmetric codes step from zero: they hold it.
+            let back = roundtrip(&wide, 1, 4, &p(bits.max(2), true));
+            assert!(back.iter().all(|v| v.is_finite()), "{back:?}");
+        }
+        // A narrow group at the end of the range: finite levels, or the same error.
+        let top = [3.0e38f32, 3.1e38, 3.3e38, 3.4e38];
+        match affine_encode(&top, 1, 4, &p(4, false)) {
+            Ok(e) => {
+                let back = affine_decode(&e, 1, 4, &p(4, false)).unwrap();
+                assert!(back.iter().all(|v| v.is_finite()), "{back:?}");
+            }
+            Err(e) => assert!(matches!(e, ScalarError::SpanOverflow { .. }), "{e}"),
+        }
     }
 
     #[test]

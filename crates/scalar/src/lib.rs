@@ -36,8 +36,8 @@ pub mod ldlq;
 
 pub use affine::{
     affine_decode, affine_decode_into, affine_decode_rows_into, affine_encode, affine_ldlq_codes,
-    affine_pack, AffineEncoded, AffineParams, AffineStreams, Group, GroupLayout, GroupQuant,
-    StreamLens, MAX_BITS,
+    affine_pack, AffineEncoded, AffineParams, AffineStreams, FitError, Group, GroupLayout,
+    GroupQuant, StreamLens, MAX_BITS,
 };
 pub use bits::{pack_bits, packed_len, unpack_bits, unpack_bits_into, unpack_bits_range_into};
 pub use float::{
@@ -77,6 +77,20 @@ pub enum ScalarError {
         value: f32,
         /// The scale type.
         dtype: FloatDtype,
+    },
+    /// An asymmetric group's values span more than f32's largest value (about 3.4e38): the top
+    /// level `offset + q·scale` cannot be computed in f32, by this crate or any runtime.
+    #[error(
+        "group {group} spans {low:e} to {high:e}, wider than f32's range: asymmetric codes \
+         cannot hold it; use symmetric codes or a float type"
+    )]
+    SpanOverflow {
+        /// Index of the group.
+        group: usize,
+        /// Its smallest value.
+        low: f32,
+        /// Its largest value.
+        high: f32,
     },
     /// A group's nonzero scale is below the smallest normal value of f16, the one scale type
     /// whose range is narrower than f32's: stored, it would lose its precision or become zero
