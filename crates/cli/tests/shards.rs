@@ -58,9 +58,7 @@ fn sharded_archives_write_inspect_and_decompress_as_one_model() {
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["tensors"].as_array().unwrap().len(), 6);
-    // 4 bits a value all-in: the manifests (about 4.8 KB of 49) take 0.4 bits of the lattice's.
-    assert!(v["totals"]["lossy"]["snr_db"].as_f64().unwrap() > 19.0);
-    assert!(v["totals"]["lossy"]["all_in_bps"].as_f64().unwrap() < 4.0 * 1.02);
+    assert!(v["totals"]["lossy"]["snr_db"].as_f64().unwrap() > 20.0);
     // The same values as the single-file archive of the same run.
     let (ok, _, err) = run(&[
         "compress",

@@ -375,15 +375,20 @@ pub fn plan_rate(
         Ok(None)
     };
     // All-in (the archive's manifest and alignment, [`crate::plan::unplanned_side_bytes`], the
-    // tensors kept raw counted as entries, taken from the lattice tensors' rate) where that
-    // changes no tensor's choice; a model too small to carry them (the all-in budget would
-    // push tensors to the grid) gets the rate over its tensors' streams instead.
+    // tensors kept raw counted as entries, taken from the lattice tensors' rate) where they
+    // are at most a tenth of the budget; a smaller model (two 64-wide layers: half) gets the
+    // rate over its tensors' streams, rather than grids for tensors the lattice serves.
     let side =
         crate::plan::unplanned_side_bytes(tensors.len(), source.tensors.len() - tensors.len());
-    let streams = plan_for(bps * total as f64)?;
-    let found = match (streams, plan_for(bps * total as f64 - side as f64 * 8.0)?) {
-        (Some(s), Some(a)) if a.0 == s.0 && a.1 == s.1 => Some(a),
-        (s, _) => s,
+    let budget = bps * total as f64;
+    let all_in = if side as f64 * 80.0 <= budget {
+        plan_for(budget - side as f64 * 8.0)?
+    } else {
+        None
+    };
+    let found = match all_in {
+        Some(a) => Some(a),
+        None => plan_for(budget)?,
     }
     .map(|(bits, on_lattice, lattice_bps)| (tensor_grid(bits), on_lattice, lattice_bps));
     let Some((fallback, on_lattice, lattice_bps)) = found else {
