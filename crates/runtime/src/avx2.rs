@@ -775,14 +775,14 @@ pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// The CPU must have AVX2 and FMA; `bits` holds the sequence's `x.len()·k` bits; `first·k +
 /// k ≥ l` (with `PAIRS`: `first` even, `first·k + 2k ≥ l`); `k ≤ 8`.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn trellis_sums_dot<const PAIRS: bool>(
+pub(crate) unsafe fn trellis_sums_dot<const PAIRS: bool, const M: usize>(
     bits: &[u8],
     l: usize,
     k: usize,
     first: usize,
-    x: &[f32],
-) -> (f32, f32, usize) {
-    let n = x.len();
+    x: [&[f32]; M],
+) -> ([f32; M], [f32; M], usize) {
+    let n = x[0].len();
     // Lane j's window starts at bit s0 + (j·k, or (j rounded down to even)·k for pairs).
     let s0 = if PAIRS {
         (first + 2) * k - l
@@ -832,34 +832,46 @@ pub(crate) unsafe fn trellis_sums_dot<const PAIRS: bool>(
     };
     // Group g covers values first + 8g .. first + 8g + 8.
     let fits = |g: usize| first + 8 * g + 8 <= n && byte0 + g * k + 16 <= bits.len();
+    // One row: two accumulator chains; several rows are independent chains already.
     let (mut acc, mut acc2, mut xs) = (
+        [_mm256_setzero_ps(); M],
         _mm256_setzero_ps(),
-        _mm256_setzero_ps(),
-        _mm256_setzero_ps(),
+        [_mm256_setzero_ps(); M],
     );
     let mut g = 0;
     while fits(g + 1) {
         let i = first + 8 * g;
-        // SAFETY: i + 16 ≤ n.
-        let (x0, x1) = unsafe {
-            (
-                _mm256_loadu_ps(x.as_ptr().add(i)),
-                _mm256_loadu_ps(x.as_ptr().add(i + 8)),
-            )
-        };
-        acc = _mm256_fmadd_ps(sums(g), x0, acc);
-        acc2 = _mm256_fmadd_ps(sums(g + 1), x1, acc2);
-        xs = _mm256_add_ps(xs, _mm256_add_ps(x0, x1));
+        let (s0, s1) = (sums(g), sums(g + 1));
+        for r in 0..M {
+            // SAFETY: i + 16 ≤ n, the length of every row of `x`.
+            let (x0, x1) = unsafe {
+                (
+                    _mm256_loadu_ps(x[r].as_ptr().add(i)),
+                    _mm256_loadu_ps(x[r].as_ptr().add(i + 8)),
+                )
+            };
+            acc[r] = _mm256_fmadd_ps(s0, x0, acc[r]);
+            if M == 1 {
+                acc2 = _mm256_fmadd_ps(s1, x1, acc2);
+            } else {
+                acc[r] = _mm256_fmadd_ps(s1, x1, acc[r]);
+            }
+            xs[r] = _mm256_add_ps(xs[r], _mm256_add_ps(x0, x1));
+        }
         g += 2;
     }
     while fits(g) {
-        // SAFETY: first + 8g + 8 ≤ n.
-        let x0 = unsafe { _mm256_loadu_ps(x.as_ptr().add(first + 8 * g)) };
-        acc = _mm256_fmadd_ps(sums(g), x0, acc);
-        xs = _mm256_add_ps(xs, x0);
+        let s0 = sums(g);
+        for r in 0..M {
+            // SAFETY: first + 8g + 8 ≤ n.
+            let x0 = unsafe { _mm256_loadu_ps(x[r].as_ptr().add(first + 8 * g)) };
+            acc[r] = _mm256_fmadd_ps(s0, x0, acc[r]);
+            xs[r] = _mm256_add_ps(xs[r], x0);
+        }
         g += 1;
     }
-    (hsum(_mm256_add_ps(acc, acc2)), hsum(xs), first + 8 * g)
+    acc[0] = _mm256_add_ps(acc[0], acc2);
+    (acc.map(|v| hsum(v)), xs.map(|v| hsum(v)), first + 8 * g)
 }
 
 /// `(Σ sum_i·x_i, Σ x_i)` over `x.len() / 16` whole tail-biting sequences of 16 values each
@@ -873,7 +885,12 @@ pub(crate) unsafe fn trellis_sums_dot<const PAIRS: bool>(
 /// The CPU must have AVX2 and FMA; `bits` holds `x.len() / 16 · 2k` bytes; `1 ≤ k ≤ 4` and
 /// `l ≤ 16·k`, `l ≤ 16`.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn trellis_seq16_dot(bits: &[u8], l: usize, k: usize, x: &[f32]) -> (f32, f32) {
+pub(crate) unsafe fn trellis_seq16_dot<const M: usize>(
+    bits: &[u8],
+    l: usize,
+    k: usize,
+    x: [&[f32]; M],
+) -> ([f32; M], [f32; M]) {
     let nb = 16 * k; // bits per sequence
     let bytes = 2 * k;
     // Value i's window starts at bit nb + (i + 1)·k − l of the doubled stream (4k bytes); the
@@ -915,12 +932,12 @@ pub(crate) unsafe fn trellis_seq16_dot(bits: &[u8], l: usize, k: usize, x: &[f32
         _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(h, ones8), ones16))
     };
     let (mut acc, mut acc2, mut xs) = (
+        [_mm256_setzero_ps(); M],
         _mm256_setzero_ps(),
-        _mm256_setzero_ps(),
-        _mm256_setzero_ps(),
+        [_mm256_setzero_ps(); M],
     );
     let keep = if nb == 64 { u64::MAX } else { (1u64 << nb) - 1 };
-    for q in 0..x.len() / 16 {
+    for q in 0..x[0].len() / 16 {
         let at = q * bytes;
         let s = if at + 8 <= bits.len() {
             // SAFETY: 8 bytes from `at` are inside `bits`.
@@ -933,18 +950,26 @@ pub(crate) unsafe fn trellis_seq16_dot(bits: &[u8], l: usize, k: usize, x: &[f32
         let d = s | (s << nb);
         let d = _mm_set_epi64x((d >> 64) as u64 as i64, d as u64 as i64);
         let d = _mm256_broadcastsi128_si256(d);
-        // SAFETY: q·16 + 16 ≤ x.len().
-        let (x0, x1) = unsafe {
-            (
-                _mm256_loadu_ps(x.as_ptr().add(16 * q)),
-                _mm256_loadu_ps(x.as_ptr().add(16 * q + 8)),
-            )
-        };
-        acc = _mm256_fmadd_ps(sums(d, c0, s0), x0, acc);
-        acc2 = _mm256_fmadd_ps(sums(d, c1, s1), x1, acc2);
-        xs = _mm256_add_ps(xs, _mm256_add_ps(x0, x1));
+        let (v0, v1) = (sums(d, c0, s0), sums(d, c1, s1));
+        for r in 0..M {
+            // SAFETY: q·16 + 16 ≤ the length of every row of `x`.
+            let (x0, x1) = unsafe {
+                (
+                    _mm256_loadu_ps(x[r].as_ptr().add(16 * q)),
+                    _mm256_loadu_ps(x[r].as_ptr().add(16 * q + 8)),
+                )
+            };
+            acc[r] = _mm256_fmadd_ps(v0, x0, acc[r]);
+            if M == 1 {
+                acc2 = _mm256_fmadd_ps(v1, x1, acc2);
+            } else {
+                acc[r] = _mm256_fmadd_ps(v1, x1, acc[r]);
+            }
+            xs[r] = _mm256_add_ps(xs[r], _mm256_add_ps(x0, x1));
+        }
     }
-    (hsum(_mm256_add_ps(acc, acc2)), hsum(xs))
+    acc[0] = _mm256_add_ps(acc[0], acc2);
+    (acc.map(|v| hsum(v)), xs.map(|v| hsum(v)))
 }
 
 /// [`trellis_sums_dot`] sixteen values at a time in AVX-512: one 32-byte load, a byte
@@ -954,14 +979,14 @@ pub(crate) unsafe fn trellis_seq16_dot(bits: &[u8], l: usize, k: usize, x: &[f32
 /// # Safety
 /// As [`trellis_sums_dot`], and the CPU must have AVX-512 F, BW, VBMI and VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,avx2,fma")]
-pub(crate) unsafe fn trellis_sums_dot512(
+pub(crate) unsafe fn trellis_sums_dot512<const M: usize>(
     bits: &[u8],
     l: usize,
     k: usize,
     first: usize,
-    x: &[f32],
-) -> (f32, f32, usize) {
-    let n = x.len();
+    x: [&[f32]; M],
+) -> ([f32; M], [f32; M], usize) {
+    let n = x[0].len();
     let s0 = (first + 1) * k - l;
     let (byte0, sh0) = (s0 / 8, s0 % 8);
     let mut ctrl = [0u8; 64];
@@ -999,39 +1024,52 @@ pub(crate) unsafe fn trellis_sums_dot512(
     // Group g covers values first + 16g .. first + 16g + 16.
     let fits = |g: usize| first + 16 * g + 16 <= n && byte0 + 2 * g * k + 32 <= bits.len();
     let (mut acc, mut acc2, mut xs) = (
+        [_mm512_setzero_ps(); M],
         _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
+        [_mm512_setzero_ps(); M],
     );
     let mut g = 0;
     while fits(g + 1) {
         let i = first + 16 * g;
-        // SAFETY: i + 32 ≤ n.
-        let (x0, x1) = unsafe {
-            (
-                _mm512_loadu_ps(x.as_ptr().add(i)),
-                _mm512_loadu_ps(x.as_ptr().add(i + 16)),
-            )
-        };
-        acc = _mm512_fmadd_ps(sums(g), x0, acc);
-        acc2 = _mm512_fmadd_ps(sums(g + 1), x1, acc2);
-        xs = _mm512_add_ps(xs, _mm512_add_ps(x0, x1));
+        let (s0, s1) = (sums(g), sums(g + 1));
+        for r in 0..M {
+            // SAFETY: i + 32 ≤ n, the length of every row of `x`.
+            let (x0, x1) = unsafe {
+                (
+                    _mm512_loadu_ps(x[r].as_ptr().add(i)),
+                    _mm512_loadu_ps(x[r].as_ptr().add(i + 16)),
+                )
+            };
+            acc[r] = _mm512_fmadd_ps(s0, x0, acc[r]);
+            if M == 1 {
+                acc2 = _mm512_fmadd_ps(s1, x1, acc2);
+            } else {
+                acc[r] = _mm512_fmadd_ps(s1, x1, acc[r]);
+            }
+            xs[r] = _mm512_add_ps(xs[r], _mm512_add_ps(x0, x1));
+        }
         g += 2;
     }
     while fits(g) {
-        // SAFETY: first + 16g + 16 ≤ n.
-        let x0 = unsafe { _mm512_loadu_ps(x.as_ptr().add(first + 16 * g)) };
-        acc = _mm512_fmadd_ps(sums(g), x0, acc);
-        xs = _mm512_add_ps(xs, x0);
+        let s0 = sums(g);
+        for r in 0..M {
+            // SAFETY: first + 16g + 16 ≤ n.
+            let x0 = unsafe { _mm512_loadu_ps(x[r].as_ptr().add(first + 16 * g)) };
+            acc[r] = _mm512_fmadd_ps(s0, x0, acc[r]);
+            xs[r] = _mm512_add_ps(xs[r], x0);
+        }
         g += 1;
     }
+    acc[0] = _mm512_add_ps(acc[0], acc2);
     let i = first + 16 * g;
     // The rest, eight at a time.
     // SAFETY: as the caller's (the same stream and activations, from value i).
-    let (s, xr, done) = unsafe { trellis_sums_dot::<false>(bits, l, k, i, x) };
-    (
-        _mm512_reduce_add_ps(_mm512_add_ps(acc, acc2)) + s,
-        _mm512_reduce_add_ps(xs) + xr,
-        done,
-    )
+    let (s, xr, done) = unsafe { trellis_sums_dot::<false, M>(bits, l, k, i, x) };
+    let mut sum = [0f32; M];
+    let mut xsum = [0f32; M];
+    for r in 0..M {
+        sum[r] = _mm512_reduce_add_ps(acc[r]) + s[r];
+        xsum[r] = _mm512_reduce_add_ps(xs[r]) + xr[r];
+    }
+    (sum, xsum, done)
 }

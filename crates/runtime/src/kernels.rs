@@ -446,23 +446,26 @@ multiversion! {
     }
 }
 
-/// `⟨decoded trellis row, xr⟩` (before the row scale) of the row whose bits start at byte
-/// `start` of `bits` (the tensor's): per tail-biting sequence, AVX2 computes the code sums of
-/// the values whose windows do not wrap (`c1·Σ sum·x + c0·Σ x`, reading up to 16 bytes ahead,
-/// into the next rows where there are any; the 1MAD code or pairs); the first few (wrapped)
-/// values go through the trellis crate's reference decoder, the last few through a scalar
-/// window read; without AVX2 every sequence is decoded by the reference decoder, then dotted.
-pub(crate) fn trellis_row_dot(
+/// `⟨decoded trellis row, xr⟩` (before the row scale) for each of `M` activation rows of the
+/// same length, of the row whose bits start at byte `start` of `bits` (the tensor's): per
+/// tail-biting sequence, AVX2 computes the code sums of the values whose windows do not wrap
+/// (`c1·Σ sum·x + c0·Σ x`, reading up to 16 bytes ahead, into the next rows where there are
+/// any; the 1MAD code or pairs), once for all `M` rows (one call per activation row paid the
+/// decode `M` times); the first few (wrapped) values go through the trellis crate's
+/// reference decoder, the last few through a scalar window read; without AVX2 every sequence
+/// is decoded by the reference decoder, then dotted.
+pub(crate) fn trellis_rows_dot<const M: usize>(
     bits: &[u8],
     start: usize,
     p: &hypercodec_trellis::TrellisParams,
     seq: usize,
-    xr: &[f32],
+    xr: [&[f32]; M],
     buf: &mut Vec<f32>,
-) -> Result<f32, hypercodec_trellis::TrellisError> {
+) -> Result<[f32; M], hypercodec_trellis::TrellisError> {
     let (l, k) = (p.l as usize, p.k as usize);
     let (c1, c0) = p.affine();
-    let mut acc = 0f32;
+    let mut acc = [0f32; M];
+    let n_row = xr[0].len();
     // Calibrated rows: sequences of 16 values at once (all but a longer last one).
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
@@ -472,11 +475,10 @@ pub(crate) fn trellis_row_dot(
         #[cfg(target_arch = "x86_64")]
         {
             // The last sequence takes the rest: whole when the row is a multiple of 16.
-            let n = xr.len();
-            let whole = if n.is_multiple_of(16) {
-                n
+            let whole = if n_row.is_multiple_of(16) {
+                n_row
             } else {
-                (n / 16).saturating_sub(1) * 16
+                (n_row / 16).saturating_sub(1) * 16
             };
             // SAFETY: AVX2 and FMA are present; the row's first `whole / 16` sequences are
             // `2k` bytes each from `start`.
@@ -485,21 +487,23 @@ pub(crate) fn trellis_row_dot(
                     &bits[start..start + whole / 8 * k],
                     l,
                     k,
-                    &xr[..whole],
+                    xr.map(|x| &x[..whole]),
                 )
             };
-            acc += c1 * s + c0 * xs;
+            for r in 0..M {
+                acc[r] += c1 * s[r] + c0 * xs[r];
+            }
             done = whole;
         }
     }
-    for q in hypercodec_trellis::row_sequences(xr.len(), seq) {
+    for q in hypercodec_trellis::row_sequences(n_row, seq) {
         if q.end <= done {
             continue;
         }
         let from = start + q.start * k / 8;
         let src = &bits[from..start + (q.end * k).div_ceil(8)];
-        let x = &xr[q.clone()];
-        let n = x.len();
+        let x = xr.map(|x| &x[q.clone()]);
+        let n = q.len();
         // The first value whose window does not wrap (with pairs: the first pair's first value).
         let first = if pairs {
             2 * l.saturating_sub(2 * k).div_ceil(2 * k)
@@ -515,30 +519,34 @@ pub(crate) fn trellis_row_dot(
                 // even for pairs).
                 let (s, xs, done) = unsafe {
                     if pairs {
-                        crate::avx2::trellis_sums_dot::<true>(&bits[from..], l, k, first, x)
+                        crate::avx2::trellis_sums_dot::<true, M>(&bits[from..], l, k, first, x)
                     } else if crate::simd::has_avx512_vnni() {
                         crate::avx2::trellis_sums_dot512(&bits[from..], l, k, first, x)
                     } else {
-                        crate::avx2::trellis_sums_dot::<false>(&bits[from..], l, k, first, x)
+                        crate::avx2::trellis_sums_dot::<false, M>(&bits[from..], l, k, first, x)
                     }
                 };
-                acc += c1 * s + c0 * xs;
-                for (i, &xi) in x.iter().enumerate().take(first) {
-                    acc += hypercodec_trellis::value_at(src, n, p, i)? * xi;
+                for r in 0..M {
+                    acc[r] += c1 * s[r] + c0 * xs[r];
                 }
-                for (i, &xi) in x.iter().enumerate().skip(done) {
-                    acc += if pairs {
+                for i in (0..first).chain(done..n) {
+                    let v = if i < first || pairs {
                         hypercodec_trellis::value_at(src, n, p, i)?
                     } else {
                         p.value(hypercodec_trellis::window(src, (i + 1) * k - l, l as u32))
-                    } * xi;
+                    };
+                    for r in 0..M {
+                        acc[r] += v * x[r][i];
+                    }
                 }
                 continue;
             }
         }
         buf.resize(n, 0.0);
         hypercodec_trellis::decode_into(src, p, buf)?;
-        acc += dot_f32(buf, x);
+        for r in 0..M {
+            acc[r] += dot_f32(buf, x[r]);
+        }
     }
     Ok(acc)
 }
@@ -576,7 +584,7 @@ mod tests {
             let mut dec = vec![0f32; cols];
             decode_row(&bits, seq, &p, &mut dec).unwrap();
             let want: f32 = dec.iter().zip(&x).map(|(a, b)| a * b).sum();
-            let got = trellis_row_dot(&bits, 0, &p, seq, &x, &mut Vec::new()).unwrap();
+            let [got] = trellis_rows_dot(&bits, 0, &p, seq, [&x], &mut Vec::new()).unwrap();
             assert!(
                 (got - want).abs() <= 1e-4 * want.abs().max(1.0),
                 "L {l} K {k}: {got} vs {want}"
@@ -639,7 +647,15 @@ mod tests {
                 } else {
                     (l - k).div_ceil(k) as usize
                 };
-                let check = |(s, xs, done): (f32, f32, usize), what: &str| {
+                // Three more activation rows for the multi-row forms.
+                let x2: Vec<f32> = x.iter().rev().copied().collect();
+                let x3: Vec<f32> = x.iter().map(|v| v * v - 0.3).collect();
+                let x4: Vec<f32> = x
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v * (i % 3) as f32)
+                    .collect();
+                let check = |x: &[f32], s: f32, xs: f32, done: usize, what: &str| {
                     let ours = c1 * s + c0 * xs;
                     let reference: f32 = (first..done).map(|i| want[i] * x[i]).sum();
                     let tol = 1e-4 * (first..done).map(|i| (want[i] * x[i]).abs()).sum::<f32>();
@@ -648,26 +664,42 @@ mod tests {
                         "{what} L {l} K {k} pairs {pairs}: {ours} vs {reference} ({done} of {n})"
                     );
                 };
+                let one = |(s, xs, done): ([f32; 1], [f32; 1], usize), what: &str| {
+                    check(&x, s[0], xs[0], done, what)
+                };
+                let four = |(s, xs, done): ([f32; 4], [f32; 4], usize), what: &str| {
+                    for (r, x) in [&x, &x2, &x3, &x4].into_iter().enumerate() {
+                        check(x, s[r], xs[r], done, &format!("{what}, row {r} of 4"));
+                    }
+                };
+                let rows = [&x[..], &x2, &x3, &x4];
                 let (l, k) = (l as usize, k as usize);
                 // SAFETY: AVX2 checked above; `bits` holds the stream and 40 bytes beyond.
                 unsafe {
+                    use crate::avx2::{trellis_sums_dot, trellis_sums_dot512};
                     if pairs {
-                        check(
-                            crate::avx2::trellis_sums_dot::<true>(&bits, l, k, first, &x),
+                        one(
+                            trellis_sums_dot::<true, 1>(&bits, l, k, first, [&x]),
+                            "avx2",
+                        );
+                        four(
+                            trellis_sums_dot::<true, 4>(&bits, l, k, first, rows),
                             "avx2",
                         );
                         continue;
                     }
-                    check(
-                        crate::avx2::trellis_sums_dot::<false>(&bits, l, k, first, &x),
+                    one(
+                        trellis_sums_dot::<false, 1>(&bits, l, k, first, [&x]),
+                        "avx2",
+                    );
+                    four(
+                        trellis_sums_dot::<false, 4>(&bits, l, k, first, rows),
                         "avx2",
                     );
                     if crate::simd::has_avx512_vnni() {
                         // AVX-512 VBMI and VNNI checked.
-                        check(
-                            crate::avx2::trellis_sums_dot512(&bits, l, k, first, &x),
-                            "avx512",
-                        );
+                        one(trellis_sums_dot512::<1>(&bits, l, k, first, [&x]), "avx512");
+                        four(trellis_sums_dot512::<4>(&bits, l, k, first, rows), "avx512");
                     }
                 }
             }
