@@ -1020,23 +1020,30 @@ fn scales_f16_cannot_hold_are_stored_as_bf16_and_decode() {
             ..
         })
     ));
-    // A scale that overflows bf16 (symmetric codes of f32's largest value at 1 bit).
-    assert!(matches!(
-        encode(
-            "w",
-            &[f32::MAX, f32::MAX],
-            &[1, 2],
-            &affine(1, hypercodec_scalar::Group::Row, true),
-            EncodeOptions::default()
-        ),
-        Err(HwzError::Scalar {
-            source: hypercodec_scalar::ScalarError::ScaleOverflow {
-                dtype: FloatDtype::Bf16,
+    // A scale that overflows bf16 (symmetric codes of f32's largest value at 1 bit): the
+    // message points past bf16.
+    let err = encode(
+        "w",
+        &[f32::MAX, f32::MAX],
+        &[1, 2],
+        &affine(1, hypercodec_scalar::Group::Row, true),
+        EncodeOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            HwzError::Scalar {
+                source: hypercodec_scalar::ScalarError::ScaleOverflow {
+                    dtype: FloatDtype::Bf16,
+                    ..
+                },
                 ..
-            },
-            ..
-        })
-    ));
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().ends_with("store scales as f32"), "{err}");
 }
 
 /// A stand-in rows encoder that codes every row with the CPU's encoder (so its bits are the

@@ -67,9 +67,7 @@ pub enum ScalarError {
         dtype: FloatDtype,
     },
     /// A group's scale or offset does not fit the scale type.
-    #[error(
-        "scale or offset {value} of group {group} overflows {dtype}; store scales as bf16 or f32"
-    )]
+    #[error("scale or offset {value} of group {group} overflows {dtype}; {}", wider(*.dtype))]
     ScaleOverflow {
         /// Index of the group.
         group: usize,
@@ -96,7 +94,7 @@ pub enum ScalarError {
     /// whose range is narrower than f32's: stored, it would lose its precision or become zero
     /// (see [`FloatDtype::underflows`]; an asymmetric affine group only when its values are
     /// that small too). Encoders retry such a tensor with bf16 scales.
-    #[error("scale {value} of group {group} underflows {dtype}; store scales as bf16 or f32")]
+    #[error("scale {value} of group {group} underflows {dtype}; {}", wider(*.dtype))]
     ScaleUnderflow {
         /// Index of the group.
         group: usize,
@@ -148,6 +146,15 @@ pub enum ScalarError {
         /// The length given.
         actual: usize,
     },
+}
+
+/// What to do about a scale that `dtype` cannot hold.
+fn wider(dtype: FloatDtype) -> &'static str {
+    match dtype {
+        FloatDtype::F16 => "store scales as bf16 or f32",
+        FloatDtype::Bf16 => "store scales as f32",
+        FloatDtype::F32 => "no scale type holds it",
+    }
 }
 
 /// Result alias of this crate.
