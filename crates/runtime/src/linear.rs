@@ -21,8 +21,8 @@ const SMALL_BATCH: usize = 16;
 const AFFINE_ROWS_BATCH: usize = 8;
 /// Trellis rows decode their codes once for up to four activation rows
 /// ([`kernels::trellis_rows_dot`]), fixed-rate lattice words once per activation row; above
-/// these batches decoding tiles once for the GEMM is faster (4096², `tcq4`: 0.82× dense at 8
-/// rows against the GEMM's 0.58×, 0.50× at 16 against 0.67×).
+/// these batches decoding tiles once for the GEMM is faster (4096², `tcq4`: 0.79–0.84× dense
+/// at 8 rows against the GEMM's 0.58–0.60×; at 16, 0.50× against 0.67×).
 const TRELLIS_ROWS_BATCH: usize = 8;
 const LATTICE_ROWS_BATCH: usize = 8;
 
