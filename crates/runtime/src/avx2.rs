@@ -423,38 +423,50 @@ fn hsum(v: __m256) -> f32 {
 /// The CPU must have AVX2 and FMA; `bytes.len() == 4·a.words`, `t.len() == 7·a.words`,
 /// `half.len() == last.len() == a.words`.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn e8_fixed4(bytes: &[u8], t: &[f32], half: &[f32], last: &[f32]) -> f32 {
+pub(crate) unsafe fn e8_fixed4<const M: usize>(
+    bytes: &[u8],
+    t: [&[f32]; M],
+    half: [&[f32]; M],
+    last: [&[f32]; M],
+) -> [f32; M] {
     // SAFETY: the caller guarantees the CPU features and the lengths (see above).
     unsafe {
-        let nw = half.len();
-        debug_assert!(bytes.len() == 4 * nw && t.len() == 7 * nw && last.len() == nw);
+        let nw = half[0].len();
+        debug_assert!(bytes.len() == 4 * nw);
+        debug_assert!((0..M).all(|r| t[r].len() == 7 * nw && last[r].len() == nw));
         let nib = _mm256_set1_epi32(15);
         let one = _mm256_set1_epi32(1);
         let even = _mm256_set1_epi32(14);
         let pbits = _mm256_set1_epi32(0x1111_1110);
-        let mut acc = [_mm256_setzero_ps(); 4];
+        // Accumulator chains: four for one row, two a row for several (their rows are
+        // independent chains already).
+        let chains = if M == 1 { 4 } else { 2 };
+        let mut acc = [[_mm256_setzero_ps(); M]; 4];
         let full = nw / 8 * 8;
         let mut w = 0;
         while w < full {
             // SAFETY (all loads): w + 8 <= nw words of bytes, half, last and of each t row.
             let v = _mm256_loadu_si256(bytes.as_ptr().add(4 * w) as *const __m256i);
             macro_rules! field {
-                ($i:literal, $k:literal) => {
+                ($i:literal) => {
                     let q = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4 * $i), nib));
-                    acc[$k] = _mm256_fmadd_ps(
-                        q,
-                        _mm256_loadu_ps(t.as_ptr().add(($i - 1) * nw + w)),
-                        acc[$k],
-                    );
+                    let k = ($i - 1) % chains;
+                    for r in 0..M {
+                        acc[k][r] = _mm256_fmadd_ps(
+                            q,
+                            _mm256_loadu_ps(t[r].as_ptr().add(($i - 1) * nw + w)),
+                            acc[k][r],
+                        );
+                    }
                 };
             }
-            field!(1, 0);
-            field!(2, 1);
-            field!(3, 2);
-            field!(4, 3);
-            field!(5, 0);
-            field!(6, 1);
-            field!(7, 2);
+            field!(1);
+            field!(2);
+            field!(3);
+            field!(4);
+            field!(5);
+            field!(6);
+            field!(7);
             let s0 = _mm256_and_si256(v, nib);
             let mut p = _mm256_and_si256(v, pbits);
             p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 16));
@@ -463,23 +475,37 @@ pub(crate) unsafe fn e8_fixed4(bytes: &[u8], t: &[f32], half: &[f32], last: &[f3
             let par = _mm256_and_si256(p, one);
             let c = _mm256_cvtepi32_ps(_mm256_and_si256(s0, one));
             let l = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_and_si256(s0, even), par));
-            acc[3] = _mm256_fmadd_ps(c, _mm256_loadu_ps(half.as_ptr().add(w)), acc[3]);
-            acc[0] = _mm256_fmadd_ps(l, _mm256_loadu_ps(last.as_ptr().add(w)), acc[0]);
+            for r in 0..M {
+                acc[chains - 1][r] = _mm256_fmadd_ps(
+                    c,
+                    _mm256_loadu_ps(half[r].as_ptr().add(w)),
+                    acc[chains - 1][r],
+                );
+                acc[0][r] = _mm256_fmadd_ps(l, _mm256_loadu_ps(last[r].as_ptr().add(w)), acc[0][r]);
+            }
             w += 8;
         }
-        let mut tail = 0f32;
+        let mut out = [0f32; M];
         for w in full..nw {
             let c = &bytes[4 * w..4 * w + 4];
             let v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            for i in 1..8 {
-                tail += ((v >> (4 * i)) & 15) as f32 * t[(i - 1) * nw + w];
-            }
             let s0 = v & 15;
             let par = (v & 0x1111_1110).count_ones() & 1;
-            tail += (s0 & 1) as f32 * half[w] + ((s0 & 14) + par) as f32 * last[w];
+            for r in 0..M {
+                for i in 1..8 {
+                    out[r] += ((v >> (4 * i)) & 15) as f32 * t[r][(i - 1) * nw + w];
+                }
+                out[r] += (s0 & 1) as f32 * half[r][w] + ((s0 & 14) + par) as f32 * last[r][w];
+            }
         }
-        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        hsum(s) + tail
+        for r in 0..M {
+            let s = _mm256_add_ps(
+                _mm256_add_ps(acc[0][r], acc[1][r]),
+                _mm256_add_ps(acc[2][r], acc[3][r]),
+            );
+            out[r] += hsum(s);
+        }
+        out
     }
 }
 

@@ -356,15 +356,43 @@ fn e8_fields4(bytes: &[u8], a: &E8Activation) -> f32 {
 
 /// `⟨p, x'⟩` of one fixed-rate E8 row of `bits` (2..=8) bits per symbol.
 pub(crate) fn e8_fixed_dot(bits: u8, bytes: &[u8], a: &E8Activation) -> f32 {
+    e8_fixed_dots(bits, bytes, [a])[0]
+}
+
+/// [`e8_fixed_dot`] against `M` activations at once: 4-bit words (the common width) are
+/// decoded once for all of them; other widths row by row.
+pub(crate) fn e8_fixed_dots<const M: usize>(
+    bits: u8,
+    bytes: &[u8],
+    a: [&E8Activation; M],
+) -> [f32; M] {
     #[cfg(target_arch = "x86_64")]
     if bits == 4 && crate::simd::has_avx2() {
-        // SAFETY: AVX2 and FMA are present; the row holds 4 bytes per word and the activation
-        // 7 + 1 + 1 values per word (E8Activation::new).
-        return unsafe { crate::avx2::e8_fixed4(bytes, &a.t, &a.half, &a.last) } - 8.0 * a.sum;
+        // SAFETY: AVX2 and FMA are present; the row holds 4 bytes per word and each
+        // activation 7 + 1 + 1 values per word (E8Activation::new, the same words).
+        let dots = unsafe {
+            crate::avx2::e8_fixed4(
+                bytes,
+                a.map(|a| &a.t[..]),
+                a.map(|a| &a.half[..]),
+                a.map(|a| &a.last[..]),
+            )
+        };
+        let mut out = [0f32; M];
+        for r in 0..M {
+            out[r] = dots[r] - 8.0 * a[r].sum;
+        }
+        return out;
     }
+    a.map(|a| e8_fixed_dot_one(bits, bytes, a))
+}
+
+/// [`e8_fixed_dot`] of one activation, at any width.
+fn e8_fixed_dot_one(bits: u8, bytes: &[u8], a: &E8Activation) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if (2..=8).contains(&bits) && crate::simd::has_avx2() {
-        // SAFETY: as above, with `bits` bytes per word.
+        // SAFETY: AVX2 and FMA are present; the row holds `bits` bytes per word and the
+        // activation 7 + 1 + 1 values per word (E8Activation::new).
         let dot = unsafe { crate::avx2::e8_fixed_any(bits as u32, bytes, &a.t, &a.half, &a.last) };
         return dot - (1u32 << (bits - 1)) as f32 * a.sum;
     }

@@ -20,7 +20,8 @@ const SMALL_BATCH: usize = 16;
 /// ([`kernels::affine_rows`]); at 16 the GEMM on decoded tiles is faster.
 const AFFINE_ROWS_BATCH: usize = 8;
 /// Trellis rows decode their codes once for up to four activation rows
-/// ([`kernels::trellis_rows_dot`]), fixed-rate lattice words once per activation row; above
+/// ([`kernels::trellis_rows_dot`]), as do 4-bit E8 words ([`kernels::e8_fixed_dots`]); other
+/// fixed-rate lattice words are decoded once per activation row; above
 /// these batches decoding tiles once for the GEMM is faster (4096², `tcq4`: 0.79–0.84× dense
 /// at 8 rows against the GEMM's 0.58–0.60×; at 16, 0.50× against 0.67×).
 const TRELLIS_ROWS_BATCH: usize = 8;
@@ -472,7 +473,7 @@ impl CompressedLinear {
             (b, Path::AffineFused { .. } | Path::AffineUnpacked { .. }) if b <= small => {
                 format!("{detail} ({b} rows at once)")
             }
-            (b, Path::Trellis { .. }) if b <= small => {
+            (b, Path::Trellis { .. } | Path::E8Fixed { bits: 4 }) if b <= small => {
                 format!("{detail} ({b} rows, up to 4 at once)")
             }
             (b, _) if b <= small => format!("{detail} ×{b}"),
@@ -1076,6 +1077,19 @@ impl Op {
                 {
                     // A few activation rows: each row's bits decoded once for four of them.
                     trellis_gemv(view, t, x, batch, yt)
+                } else if let (
+                    true,
+                    Kind::E8Fixed,
+                    Parts::Lattice(
+                        l @ hwz::LatticeParts {
+                            symbols: Symbols::Fixed { .. },
+                            ..
+                        },
+                    ),
+                ) = (batch <= small_batch(*kind), kind, view.parts_ref())
+                {
+                    // A few activation rows: 4-bit words decoded once for four of them.
+                    e8_fixed_rows(view, l, x, batch, yt)
                 } else if batch <= small_batch(*kind)
                     && !matches!(kind, Kind::Tiles | Kind::LatticeResident)
                 {
@@ -1812,6 +1826,56 @@ fn trellis_dots<const M: usize>(
         &t.bits, start, &t.params, t.seq, x, buf,
     )?);
     Ok(())
+}
+
+/// Fixed-rate E8 rows at up to [`LATTICE_ROWS_BATCH`] activation rows: `X' = RHT(X)` once,
+/// then each row's words dotted with up to four rows of `X'` at once
+/// ([`kernels::e8_fixed_dots`]: 4-bit words decoded once for all of them), times the row
+/// scale. `yt` is `rows × batch`.
+fn e8_fixed_rows(
+    view: &TensorView<'_>,
+    l: &hwz::LatticeParts<'_>,
+    x: &[f32],
+    batch: usize,
+    yt: &mut [f32],
+) -> Result<()> {
+    let Symbols::Fixed { bits, packed } = &l.symbols else {
+        return tiles(view, x, batch, yt);
+    };
+    let spr = l.symbols_per_row;
+    if batch == 0 || spr == 0 {
+        yt.fill(0.0);
+        return Ok(());
+    }
+    let xr = rotated(view, l, x, batch)?;
+    let acts: Vec<E8Activation> = xr.chunks_exact(spr).map(E8Activation::new).collect();
+    let (wb, nw) = (*bits as usize, spr / 8);
+    par_rows(yt, batch, spr * batch, |r0, out| {
+        for (i, o) in out.chunks_exact_mut(batch).enumerate() {
+            let r = r0 + i;
+            let bytes = &packed[r * nw * wb..(r + 1) * nw * wb];
+            for (part, a) in o.chunks_mut(4).zip(acts.chunks(4)) {
+                match a {
+                    [a0] => part.copy_from_slice(&kernels::e8_fixed_dots(*bits, bytes, [a0])),
+                    [a0, a1] => {
+                        part.copy_from_slice(&kernels::e8_fixed_dots(*bits, bytes, [a0, a1]))
+                    }
+                    [a0, a1, a2] => {
+                        part.copy_from_slice(&kernels::e8_fixed_dots(*bits, bytes, [a0, a1, a2]))
+                    }
+                    [a0, a1, a2, a3] => part.copy_from_slice(&kernels::e8_fixed_dots(
+                        *bits,
+                        bytes,
+                        [a0, a1, a2, a3],
+                    )),
+                    _ => unreachable!("chunks of one to four rows"),
+                }
+                let s = l.scales[r] / l.params.alpha;
+                part.iter_mut().for_each(|v| *v *= s);
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Decodes chunk `c` of entropy-coded lattice symbols into `buf`; returns its symbol range.
