@@ -376,21 +376,34 @@ pub fn plan_rate(
     };
     // All-in (the archive's manifest and alignment, [`crate::plan::unplanned_side_bytes`], the
     // tensors kept raw counted as entries, taken from the lattice tensors' rate) where they
-    // are at most a tenth of the budget; a smaller model (two 64-wide layers: half) gets the
-    // rate over its tensors' streams, rather than grids for tensors the lattice serves.
+    // are at most a tenth of the budget and taking them moves at most 1 % of the values from
+    // the lattice to the grid; otherwise (a small model, or a rate near the lattice's floor,
+    // where the all-in rate would put every tensor on INT1) the rate is over the tensors'
+    // streams.
     let side =
         crate::plan::unplanned_side_bytes(tensors.len(), source.tensors.len() - tensors.len());
     let budget = bps * total as f64;
+    let streams = plan_for(budget)?;
+    let on = |plan: &(u8, Vec<bool>, f64)| -> u64 {
+        tensors
+            .iter()
+            .zip(&plan.1)
+            .filter(|(_, &on)| on)
+            .map(|(t, _)| t.2)
+            .sum()
+    };
     let all_in = if side as f64 * 80.0 <= budget {
-        plan_for(budget - side as f64 * 8.0)?
+        plan_for(budget - side as f64 * 8.0)?.filter(|a| {
+            streams
+                .as_ref()
+                .is_none_or(|s| a.0 == s.0 && on(a) as f64 >= 0.99 * on(s) as f64)
+        })
     } else {
         None
     };
-    let found = match all_in {
-        Some(a) => Some(a),
-        None => plan_for(budget)?,
-    }
-    .map(|(bits, on_lattice, lattice_bps)| (tensor_grid(bits), on_lattice, lattice_bps));
+    let found = all_in
+        .or(streams)
+        .map(|(bits, on_lattice, lattice_bps)| (tensor_grid(bits), on_lattice, lattice_bps));
     let Some((fallback, on_lattice, lattice_bps)) = found else {
         // The cheapest choice of every tensor: its lattice floor or INT1 with one scale.
         let int1 = tensor_grid(1);
@@ -629,6 +642,20 @@ mod tests {
         assert!(
             matches!(p2.choices["b"], RateChoice::Lattice { .. }),
             "{p2:?}"
+        );
+        // Near the lattice's floor (1.5 bits on 160×960): the manifest's share would take the
+        // rate below it and the tensor to INT1; it keeps the lattice at the streams' rate.
+        let near = dir.path().join("near.safetensors");
+        crate::synth::write_tensors(
+            &near,
+            &[("w".to_string(), vec![160u64, 960], vec![0.1f32; 153600])],
+        )
+        .expect("write");
+        let source3 = TensorSource::open(near.to_str().expect("utf-8")).expect("open");
+        let p3 = plan_rate(&source3, Selection::default(), &e8(), 4096, 1.5).expect("plan");
+        assert!(
+            matches!(p3.choices["w"], RateChoice::Lattice { .. }),
+            "{p3:?}"
         );
         // Far below what anything can store: an error that names the least reachable rate.
         match plan_rate(&source, Selection::default(), &e8(), 4096, 0.2) {

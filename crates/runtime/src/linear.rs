@@ -27,11 +27,18 @@ const AFFINE_ROWS_BATCH: usize = 8;
 const TRELLIS_ROWS_BATCH: usize = 8;
 const LATTICE_ROWS_BATCH: usize = 8;
 
+/// Trellis rows shorter than this take the GEMM on decoded tiles above 4 activation rows: the
+/// wrapped windows at each sequence's start (a scalar decode per value) weigh more in them
+/// (256×256 at 5–8 rows: 111–121 µs against the GEMM's 81–84; 576×1536 at 8: 0.93× dense
+/// against 0.84×).
+const TRELLIS_SHORT_ROW: usize = 1024;
+
 /// The largest batch that takes the batch-1 kernels (per row, or all rows at once for affine
-/// codes) rather than decoded tiles and a GEMM.
-fn small_batch(kind: Kind) -> usize {
+/// codes) rather than decoded tiles and a GEMM, for a weight of `cols` columns.
+fn small_batch(kind: Kind, cols: usize) -> usize {
     match kind {
         Kind::Affine { .. } => AFFINE_ROWS_BATCH,
+        Kind::Trellis if cols < TRELLIS_SHORT_ROW => 4,
         Kind::Trellis => TRELLIS_ROWS_BATCH,
         Kind::E8Fixed | Kind::LatticeWords => LATTICE_ROWS_BATCH,
         _ => SMALL_BATCH,
@@ -462,7 +469,7 @@ impl CompressedLinear {
         let detail = self.path_detail();
         let path = self.path();
         let small = match &self.op {
-            Op::Leaf { kind, .. } => small_batch(*kind),
+            Op::Leaf { kind, view } => small_batch(*kind, view.cols() as usize),
             _ => SMALL_BATCH,
         };
         match (batch, path) {
@@ -1068,13 +1075,15 @@ impl Op {
                     add_sparse(entries, view.cols() as usize, x, batch, yt);
                     Ok(())
                 } else if let (true, Kind::Affine { glen, gpr, fused }) =
-                    (batch <= small_batch(*kind), kind)
+                    (batch <= small_batch(*kind, view.cols() as usize), kind)
                 {
                     // A few activation rows: each code unpacked once for all of them.
                     affine_gemv(view, (*glen, *gpr, *fused), x, batch, yt)
-                } else if let (true, Kind::Trellis, Parts::Trellis(t)) =
-                    (batch <= small_batch(*kind), kind, view.parts_ref())
-                {
+                } else if let (true, Kind::Trellis, Parts::Trellis(t)) = (
+                    batch <= small_batch(*kind, view.cols() as usize),
+                    kind,
+                    view.parts_ref(),
+                ) {
                     // A few activation rows: each row's bits decoded once for four of them.
                     trellis_gemv(view, t, x, batch, yt)
                 } else if let (
@@ -1086,11 +1095,14 @@ impl Op {
                             ..
                         },
                     ),
-                ) = (batch <= small_batch(*kind), kind, view.parts_ref())
-                {
+                ) = (
+                    batch <= small_batch(*kind, view.cols() as usize),
+                    kind,
+                    view.parts_ref(),
+                ) {
                     // A few activation rows: 4-bit words decoded once for four of them.
                     e8_fixed_rows(view, l, x, batch, yt)
-                } else if batch <= small_batch(*kind)
+                } else if batch <= small_batch(*kind, view.cols() as usize)
                     && !matches!(kind, Kind::Tiles | Kind::LatticeResident)
                 {
                     // A few activation rows: the batch-1 fast path per row reads the stored
