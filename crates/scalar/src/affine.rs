@@ -536,6 +536,26 @@ fn two_centroids(g: &[f32]) -> (f32, f32) {
     (a as f32, b as f32)
 }
 
+/// `scale` (of `dt`) stepped towards zero until the grid's extreme level, `base + levels·scale`,
+/// and `levels·scale` itself are f32 values: a group reaching f32's largest value with a scale
+/// rounded up would otherwise decode its top codes to infinity. Values past the stepped-down
+/// top clamp to it (a relative error of at most a step of `dt`, 2^-8 for bf16).
+fn within_f32(scale: f32, base: f32, levels: f32, dt: FloatDtype) -> f32 {
+    let fits = |s: f32| {
+        let span = levels as f64 * s.abs() as f64;
+        span <= f32::MAX as f64 && (base as f64 + span).abs() <= f32::MAX as f64
+    };
+    let mut s = scale;
+    // A step down of a bf16 unit or more per turn: a few turns at most.
+    for _ in 0..16 {
+        if fits(s) {
+            break;
+        }
+        s = dt.round(s * (1.0 - 1.0 / 128.0));
+    }
+    s
+}
+
 /// Why [`GroupQuant::fit`] found no parameters for a group.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FitError {
@@ -597,7 +617,6 @@ impl GroupQuant {
             // beside a larger offset (a narrow group away from zero) its rounding is noise
             // under the values' own precision.
             let m = lo.abs().max(hi.abs());
-            let (low, high) = (lo, hi);
             let lo = dt.round(lo);
             if !lo.is_finite() {
                 return Err(FitError::Scale(lo));
@@ -605,14 +624,9 @@ impl GroupQuant {
             if dt.underflows(m) {
                 return Err(FitError::Scale(u));
             }
-            // The top level must be an f32 too: a group spanning more than f32's range, or
-            // reaching its end with a scale rounded up, would decode to infinity.
-            if lo as f64 + levels as f64 * s as f64 > f32::MAX as f64 {
-                return Err(FitError::Span { low, high });
-            }
             Ok(GroupQuant {
                 kind: QuantKind::Asymmetric,
-                scale: s,
+                scale: within_f32(s, lo, levels, dt),
                 offset: lo,
                 bits,
             })
@@ -645,7 +659,7 @@ impl GroupQuant {
             }
             Ok(GroupQuant {
                 kind: QuantKind::Symmetric,
-                scale: d,
+                scale: within_f32(d, 0.0, half as f32, dt),
                 offset: 0.0,
                 bits,
             })
@@ -1082,14 +1096,27 @@ mod tests {
             let back = roundtrip(&wide, 1, 4, &p(bits.max(2), true));
             assert!(back.iter().all(|v| v.is_finite()), "{back:?}");
         }
-        // A narrow group at the end of the range: finite levels, or the same error.
-        let top = [3.0e38f32, 3.1e38, 3.3e38, 3.4e38];
-        match affine_encode(&top, 1, 4, &p(4, false)) {
-            Ok(e) => {
-                let back = affine_decode(&e, 1, 4, &p(4, false)).unwrap();
-                assert!(back.iter().all(|v| v.is_finite()), "{back:?}");
-            }
-            Err(e) => assert!(matches!(e, ScalarError::SpanOverflow { .. }), "{e}"),
+        // Groups at the end of the range (the largest value f32's, or a scale rounded up past
+        // it): the scale steps down so that every level is finite; the top values clamp by at
+        // most a bf16 step.
+        let top = [3.0e38f32, 3.1e38, 3.3e38, f32::MAX];
+        let near = [-3.3e38f32, 1.0, 2.0e38, 3.39e38];
+        for (g, symmetric, bits) in [
+            (top, false, 4),
+            (top, true, 4),
+            (top, true, 8),
+            (near, true, 2),
+            ([-3.3e38, -3.0e38, -3.1e38, -3.2e38], false, 8),
+        ] {
+            let back = roundtrip(&g, 1, 4, &p(bits, symmetric));
+            assert!(
+                back.iter().all(|v| v.is_finite()),
+                "{g:?} {symmetric} {bits}: {back:?}"
+            );
+            // (2-bit symmetric codes reach only -1 step on the negative side.)
+            let db = snr_db(&g, &back);
+            let want = if bits == 2 { 5.0 } else { 10.0 };
+            assert!(db > want, "{g:?} {symmetric} {bits}: {db:.1} dB, {back:?}");
         }
     }
 
