@@ -412,6 +412,20 @@ pub fn encode_to_rate(
             message: format!("target rate {target_bps} bps is not positive"),
         });
     }
+    // Above the calibration's largest α the search has no start and no scale that works
+    // (asked for 9 to 16 bits, it settled at 1.3 to 2.5 bits and 5 to 14 dB).
+    let max_bps = lat::calibration::table(lattice)
+        .last()
+        .map_or(8.0, |row| row[2] as f64);
+    if target_bps > max_bps {
+        return Err(HwzError::InvalidEncoding {
+            tensor: tensor.into(),
+            message: format!(
+                "target rate {target_bps:.3} bits per value is above what the {lattice:?} lattice's \
+                 rate control covers ({max_bps:.2}); use affine INT8 or a float type"
+            ),
+        });
+    }
     let n = values.len().max(1) as f64;
     let mut alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
     // Fit α on a sample of whole rows first (a sixteenth, at least 64 rows): the rate of a

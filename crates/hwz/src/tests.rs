@@ -1216,3 +1216,33 @@ fn prefix_rate_control_meets_what_the_tables_hold_and_refuses_the_rest() {
         "{err}"
     );
 }
+
+/// Rates above the lattice calibration's largest α are refused with the range: asked for 9 to
+/// 16 bits, the search settled at 1.3 to 2.5 bits and 5 to 14 dB.
+#[test]
+fn rates_above_the_calibration_are_refused_not_missed() {
+    let x = gaussian(64 * 256, 3);
+    let shape = [64u64, 256];
+    let template = Encoding::Lattice {
+        lattice: Lattice::E8,
+        alpha: 1.0,
+        tile: 256,
+        seed: 1,
+        scale_dtype: FloatDtype::F16,
+        coding: Coding::RANS_DEFAULT,
+    };
+    let opts = EncodeOptions::default();
+    let t = encode_to_rate("w", &x, &shape, &template, 7.5, opts).unwrap();
+    assert!(t.payload_bytes() as f64 * 8.0 / x.len() as f64 > 7.0);
+    for target in [9.0, 16.0] {
+        match encode_to_rate("w", &x, &shape, &template, target, opts) {
+            Err(HwzError::InvalidEncoding { message, .. }) => {
+                assert!(
+                    message.contains("8.05") && message.contains("INT8"),
+                    "{message}"
+                )
+            }
+            other => panic!("{target}: {other:?}"),
+        }
+    }
+}
