@@ -313,7 +313,8 @@ fn check_shape(len: usize, rows: usize, cols: usize) -> Result<()> {
 /// no clipping, which raises the weights' SNR but lowered SmolLM2's perplexity at 3 and 4 bits,
 /// `examples/clip_probe.rs`). Non-finite input is [`ScalarError::NonFinite`]; a scale that
 /// overflows the scale type is [`ScalarError::ScaleOverflow`], a nonzero scale below f16's
-/// normal range [`ScalarError::ScaleUnderflow`].
+/// normal range [`ScalarError::ScaleUnderflow`], an asymmetric group spanning more than f32's
+/// range [`ScalarError::SpanOverflow`].
 pub fn affine_encode(
     values: &[f32],
     rows: usize,
