@@ -1356,3 +1356,30 @@ fn lattice_scale_tensor_lowers_the_squared_error_of_rows_of_unequal_size() {
         assert!(mse[1] < 0.8 * mse[0], "{route:?}: {mse:?}");
     }
 }
+
+/// Rice codes spend at least a bit a symbol, so near 1.5 bits a value their rate control finds
+/// no scale: the tensor takes rANS on the same lattice within the rate (it took INT3 at 2.49
+/// bits), and the fallback is listed with its reason.
+#[test]
+fn rice_below_its_reach_steps_down_to_rans_within_the_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let hwz = dir.path().join("r.hwz");
+    let out = ok(&[
+        "compress",
+        "gaussian:256x1024:1",
+        p(&hwz),
+        "--encoding",
+        "lattice",
+        "--coding",
+        "rice",
+        "--bps",
+        "1.5",
+    ]);
+    assert!(out.contains("no scale for Rice codes"), "{out}");
+    let json = inspect_json(&hwz);
+    let t = &json["tensors"][0];
+    assert_eq!(t["encoding"]["type"], "lattice", "{t}");
+    assert_eq!(t["encoding"]["coding"]["type"], "rans", "{t}");
+    let all_in = json["totals"]["lossy"]["all_in_bps"].as_f64().unwrap();
+    assert!(all_in <= 1.5 * 1.02, "{all_in}");
+}

@@ -269,10 +269,11 @@ pub fn compress(
                     bps,
                     template: chosen,
                 }) => {
-                    // The planned template; where it is prefix codes and rate control finds
-                    // no scale for them, their rANS rung; then the grid.
+                    // The planned template; where it is prefix or Rice codes and rate
+                    // control finds no scale for them, their rANS rung; then the grid.
                     let rungs = std::iter::once(chosen.clone())
                         .chain(crate::rate::rans_gpu_rung(chosen))
+                        .chain(crate::rate::rice_rung(chosen))
                         .enumerate();
                     let mut found = None;
                     for (k, e) in rungs {
@@ -287,8 +288,15 @@ pub fn compress(
                             )) => continue,
                             other => {
                                 if &e != template {
-                                    let why = match k {
-                                        0 => "prefix code lengths exceed the rate",
+                                    let why = match (k, chosen) {
+                                        (0, _) => "prefix code lengths exceed the rate",
+                                        (
+                                            _,
+                                            Encoding::Lattice {
+                                                coding: hwz::Coding::Rice { .. },
+                                                ..
+                                            },
+                                        ) => "rate control found no scale for Rice codes",
                                         _ => "rate control found no scale for prefix codes",
                                     };
                                     fallbacks

@@ -210,6 +210,21 @@ pub fn rans_gpu_rung(template: &Encoding) -> Option<Encoding> {
     Some(e)
 }
 
+/// The rung below Rice codes on the same lattice: rANS (CPU-shaped), whose rate reaches lower
+/// (Rice spends at least a bit a symbol, so near 1.5 bits a value its rate control finds no
+/// scale: 1024² then fell to INT3 at 2.49 bits). `None` for other codings.
+pub fn rice_rung(template: &Encoding) -> Option<Encoding> {
+    let mut e = template.clone();
+    match &mut e {
+        Encoding::Lattice {
+            coding: c @ Coding::Rice { .. },
+            ..
+        } => *c = Coding::RANS_DEFAULT,
+        _ => return None,
+    }
+    Some(e)
+}
+
 /// The lattice template that serves a tensor of `shape` at `bps` ([`lattice_serves`]): the
 /// route's `template`, else its [`rans_gpu_rung`]; `None` where the tensor takes the grid
 /// fallback.
