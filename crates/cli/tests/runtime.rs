@@ -66,6 +66,11 @@ fn run_chains_a_compressed_mlp_and_matches_the_dense_stack() {
             .map(|l| l["chained"].as_bool().unwrap())
             .collect();
         assert_eq!(chained, [false, true, true]);
+        // Each layer's route at the run's batch (it printed the batch-1 path).
+        if label == "tcq" {
+            let path = layers[0]["path"].as_str().unwrap();
+            assert!(path.contains("2 rows"), "{path}");
+        }
         // Against the decompressed weights: the same product, up to f32 summation order.
         let snr = r["output_snr_db"].as_f64().unwrap_or(f64::INFINITY);
         assert!(snr > 80.0, "{label}: {snr}");

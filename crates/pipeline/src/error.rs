@@ -135,7 +135,7 @@ pub enum PipelineError {
         message: String,
     },
     /// A model-wide rate below what the cheapest choice of every tensor needs.
-    #[error("{target_bps} bits per value cannot be reached: the smallest reachable average is {min_bps:.3} bits per value")]
+    #[error("{target_bps:.4} bits per value cannot be reached: the smallest reachable average is {min_bps:.6} bits per value")]
     RateUnreachable {
         /// The target, bits per value all-in.
         target_bps: f64,

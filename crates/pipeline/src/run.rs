@@ -39,7 +39,7 @@ pub struct LayerReport {
     pub name: String,
     /// `[rows, cols]` of its matrix view.
     pub shape: [usize; 2],
-    /// The operator's batch-1 route.
+    /// The operator's route at the run's batch ([`CompressedLinear::route`]).
     pub path: String,
     /// Bytes the operator holds.
     pub held_bytes: u64,
@@ -184,7 +184,7 @@ pub fn run(archive: &Path, original: Option<&str>, options: &RunOptions) -> Resu
         .map(|(op, &chained)| LayerReport {
             name: op.name().to_string(),
             shape: [op.rows(), op.cols()],
-            path: op.path_detail(),
+            path: op.route(batch),
             held_bytes: op.held_bytes(),
             chained,
         })
