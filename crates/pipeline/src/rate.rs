@@ -199,27 +199,29 @@ fn lattice_cost(
 /// cost more than the rate leaves, or its symbols exceed their tables). `None` for any other
 /// template.
 pub fn rans_gpu_rung(template: &Encoding) -> Option<Encoding> {
-    let mut e = template.clone();
-    match &mut e {
-        Encoding::Lattice {
-            coding: c @ Coding::Prefix { .. },
-            ..
-        } => *c = Coding::RANS_GPU,
-        _ => return None,
-    }
-    Some(e)
+    recoded(
+        template,
+        |c| matches!(c, Coding::Prefix { .. }),
+        Coding::RANS_GPU,
+    )
 }
 
 /// The rung below Rice codes on the same lattice: rANS (CPU-shaped), whose rate reaches lower
 /// (Rice spends at least a bit a symbol, so near 1.5 bits a value its rate control finds no
 /// scale: 1024² then fell to INT3 at 2.49 bits). `None` for other codings.
 pub fn rice_rung(template: &Encoding) -> Option<Encoding> {
+    recoded(
+        template,
+        |c| matches!(c, Coding::Rice { .. }),
+        Coding::RANS_DEFAULT,
+    )
+}
+
+/// The lattice `template` with `to` for a coding that `from` accepts, else `None`.
+fn recoded(template: &Encoding, from: impl Fn(&Coding) -> bool, to: Coding) -> Option<Encoding> {
     let mut e = template.clone();
     match &mut e {
-        Encoding::Lattice {
-            coding: c @ Coding::Rice { .. },
-            ..
-        } => *c = Coding::RANS_DEFAULT,
+        Encoding::Lattice { coding, .. } if from(coding) => *coding = to,
         _ => return None,
     }
     Some(e)

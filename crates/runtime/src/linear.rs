@@ -1867,27 +1867,25 @@ fn e8_fixed_rows(
             let r = r0 + i;
             let bytes = &packed[r * nw * wb..(r + 1) * nw * wb];
             for (part, a) in o.chunks_mut(4).zip(acts.chunks(4)) {
-                match a {
-                    [a0] => part.copy_from_slice(&kernels::e8_fixed_dots(*bits, bytes, [a0])),
-                    [a0, a1] => {
-                        part.copy_from_slice(&kernels::e8_fixed_dots(*bits, bytes, [a0, a1]))
-                    }
-                    [a0, a1, a2] => {
-                        part.copy_from_slice(&kernels::e8_fixed_dots(*bits, bytes, [a0, a1, a2]))
-                    }
-                    [a0, a1, a2, a3] => part.copy_from_slice(&kernels::e8_fixed_dots(
-                        *bits,
-                        bytes,
-                        [a0, a1, a2, a3],
-                    )),
-                    _ => unreachable!("chunks of one to four rows"),
-                }
+                let dots = match a.len() {
+                    1 => e8_dots::<1>,
+                    2 => e8_dots::<2>,
+                    3 => e8_dots::<3>,
+                    _ => e8_dots::<4>,
+                };
+                dots(*bits, bytes, a, part);
                 let s = l.scales[r] / l.params.alpha;
                 part.iter_mut().for_each(|v| *v *= s);
             }
         }
         Ok(())
     })
+}
+
+/// The dots of a row of fixed-rate E8 words with `M` activations (`a.len()`), into `out`.
+fn e8_dots<const M: usize>(bits: u8, bytes: &[u8], a: &[E8Activation], out: &mut [f32]) {
+    let a: [&E8Activation; M] = std::array::from_fn(|i| &a[i]);
+    out.copy_from_slice(&kernels::e8_fixed_dots(bits, bytes, a));
 }
 
 /// Decodes chunk `c` of entropy-coded lattice symbols into `buf`; returns its symbol range.

@@ -968,6 +968,20 @@ mod tests {
         10.0 * (sig / err).log10()
     }
 
+    /// `n` Gaussian-like values (sums of four uniforms from a 64-bit LCG seeded by `seed`).
+    fn gaussianish(n: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed;
+        let mut uniform = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        (0..n)
+            .map(|_| uniform() + uniform() + uniform() + uniform())
+            .collect()
+    }
+
     fn roundtrip(values: &[f32], rows: usize, cols: usize, p: &AffineParams) -> Vec<f32> {
         let enc = affine_encode(values, rows, cols, p).unwrap();
         affine_decode(&enc, rows, cols, p).unwrap()
@@ -1035,16 +1049,7 @@ mod tests {
         }
         // Gaussian-like values (a sum of four uniforms): at 2 and 3 bits clipping the tails
         // pays, the other values getting a finer step.
-        let mut state = 12345u64;
-        let mut uniform = || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        };
-        let gauss: Vec<f32> = (0..128)
-            .map(|_| uniform() + uniform() + uniform() + uniform())
-            .collect();
+        let gauss = gaussianish(128, 12345);
         for symmetric in [false, true] {
             for bits in 2..=3 {
                 let (full, clipped) = fits(&gauss, bits, symmetric);
@@ -1125,16 +1130,7 @@ mod tests {
     fn clipped_fits_compare_at_any_magnitude() {
         // Gaussian-like groups of 128 (sums of four uniforms) at INT2 asymmetric: the search
         // clips the same way at 1e-30 (squared errors below f32's range) and 1e30 as at 1.
-        let mut state = 99u64;
-        let mut uniform = || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        };
-        let unit: Vec<f32> = (0..128)
-            .map(|_| uniform() + uniform() + uniform() + uniform())
-            .collect();
+        let unit = gaussianish(128, 99);
         let p = AffineParams {
             bits: 2,
             group: Group::Size(128),
@@ -1209,15 +1205,9 @@ mod tests {
         assert_eq!(got, vec![1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 1.0, 5.0]);
         // Gaussian-like groups of 128 (a sum of four uniforms, unit variance): near the 2-level
         // optimum (4.4 dB on Gaussian values, 4.7 here) with f16 scales; min and max gave −5.
-        let mut state = 7u64;
-        let mut uniform = || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        };
-        let g: Vec<f32> = (0..128 * 64)
-            .map(|_| (0..4).map(|_| uniform()).sum::<f32>() * 3f32.sqrt())
+        let g: Vec<f32> = gaussianish(128 * 64, 7)
+            .into_iter()
+            .map(|v| v * 3f32.sqrt())
             .collect();
         let p = AffineParams {
             group: Group::Size(128),
