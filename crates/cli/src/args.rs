@@ -319,9 +319,10 @@ pub struct EncodingArgs {
     /// Lattice: which lattice.
     #[arg(long, value_enum, default_value = "e8")]
     pub lattice: LatticeArg,
-    /// Lattice: target bits per value, all side information included (the scale is fitted).
-    #[arg(long, default_value_t = 4.0, conflicts_with = "snr_db")]
-    pub bps: f64,
+    /// Lattice: target bits per value, all side information included (the scale is fitted);
+    /// 4 unless given. `--target-bps` and `--target-ratio` set it too: give one of them.
+    #[arg(long, conflicts_with = "snr_db")]
+    pub bps: Option<f64>,
     /// Lattice: target SNR in dB on Gaussian-like data instead of a rate (scale from the calibration table).
     #[arg(long)]
     pub snr_db: Option<f32>,
@@ -401,6 +402,16 @@ impl EncodingArgs {
                         "prefix-gpu codes E8 words; use --lattice e8",
                     ));
                 }
+                if let (Some(_), Some(t)) = (self.bps, target) {
+                    let flag = match t {
+                        Target::Bps(_) => "--target-bps",
+                        _ => "--target-ratio",
+                    };
+                    return Err(PipelineError::option(
+                        "bps",
+                        format!("{flag} sets the lattice's rate too; give one of --bps and {flag}"),
+                    ));
+                }
                 let (coding, bps) = match self.coding {
                     CodingArg::PrefixGpu => (Coding::PREFIX_GPU, target.map(target_bps)),
                     CodingArg::Rans => (Coding::RANS_DEFAULT, target.map(target_bps)),
@@ -418,7 +429,7 @@ impl EncodingArgs {
                     },
                     rate: match self.snr_db {
                         Some(snr) => LatticeRate::SnrDb(snr),
-                        None => LatticeRate::Bps(bps.unwrap_or(self.bps)),
+                        None => LatticeRate::Bps(bps.or(self.bps).unwrap_or(4.0)),
                     },
                     coding: self.chunk.map_or(coding, |c| coding.with_chunk(c)),
                     max_tile: self.max_tile,

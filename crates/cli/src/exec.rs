@@ -64,7 +64,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         "the decompressed weights in f32"
     };
     outln!(
-        "{} layers, batch {}, {} threads ({}): compressed {:.1} µs per pass, dense f32 ({against}) {:.1} µs: {:.2}× ; held {:.1} MB vs {:.1} MB dense; output SNR vs dense {:.1} dB",
+        "{} layers, batch {}, {} threads ({}): compressed {:.1} µs per pass, dense f32 ({against}) {:.1} µs: {:.2}× ; held {:.1} MB vs {:.1} MB dense; output SNR vs dense {}",
         r.layers.len(),
         r.batch,
         r.threads,
@@ -74,7 +74,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
         r.speedup,
         r.held_bytes as f64 / 1e6,
         r.dense_bytes as f64 / 1e6,
-        r.output_snr_db
+        if r.output_snr_db.is_finite() {
+            format!("{:.1} dB", r.output_snr_db)
+        } else {
+            "exact".into()
+        }
     );
     Ok(())
 }
@@ -104,15 +108,20 @@ pub fn runtime_benchmark(args: &BenchArgs) -> Result<()> {
     if !args.encodings.is_empty() {
         // The labels, from the benchmark's own list.
         let labels: Vec<String> = options.encodings.iter().map(|e| e.label.clone()).collect();
+        // Every filter has to match a label: a misspelt one would silently time less.
+        if let Some(f) = args
+            .encodings
+            .iter()
+            .find(|f| !labels.iter().any(|l| l.contains(f.as_str())))
+        {
+            return Err(PipelineError::option(
+                "--encodings",
+                format!("`{f}` matches no encoding; labels: {}", labels.join(", ")),
+            ));
+        }
         options
             .encodings
             .retain(|e| args.encodings.iter().any(|f| e.label.contains(f.as_str())));
-        if options.encodings.is_empty() {
-            return Err(PipelineError::option(
-                "--encodings",
-                format!("no encoding matches; labels: {}", labels.join(", ")),
-            ));
-        }
     }
     if !args.json {
         outln!(

@@ -276,6 +276,17 @@ fn compress(args: &CompressArgs) -> Result<()> {
             "apply to --encoding lattice or auto and to --mode budget or auto",
         ));
     }
+    if args.encoding.bps.is_some()
+        && (mode.is_some()
+            || args.plan.is_some()
+            || args.encoding.encoding != EncodingKind::Lattice)
+    {
+        return Err(PipelineError::option(
+            "--bps",
+            "sets the rate of --encoding lattice; a planner mode takes --target-bps, affine and \
+             trellis take --bits",
+        ));
+    }
     let codebook = args.encoding.codebook.options(args.encoding.seed);
     let route = match (&args.plan, mode) {
         (Some(path), _) => Route::PlanFile(pipeline::read_plan(path)?),

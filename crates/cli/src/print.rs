@@ -81,7 +81,7 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) -> Result<
     );
     if !rep.fallbacks.is_empty() {
         outln!(
-            "{} tensors fell back (the lattice rate could not serve them, or their SNR was <= 0 dB): {}",
+            "{} tensors fell back to another encoding (each with its reason): {}",
             rep.fallbacks.len(),
             rep.fallbacks
                 .iter()

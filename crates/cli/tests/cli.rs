@@ -1193,6 +1193,72 @@ fn odd_arguments_and_inputs_are_usage_errors() {
         "60",
     ]);
     assert!(err.contains("dB on Gaussian data, not 60 dB"), "{err}");
+    // Rates that one flag would silently override or round are refused, naming the flags.
+    let lattice = [
+        "compress",
+        "gaussian:8x64",
+        p(&hwz),
+        "--encoding",
+        "lattice",
+    ];
+    for (extra, says) in [
+        (
+            &["--bps", "3", "--target-ratio", "10"][..],
+            "give one of --bps and --target-ratio",
+        ),
+        (
+            &["--bps", "3", "--target-bps", "2"],
+            "give one of --bps and --target-bps",
+        ),
+        (
+            &["--coding", "fixed", "--bps", "1.5"],
+            "2 to 8 whole bits per value, not 1.5",
+        ),
+        (
+            &["--coding", "fixed", "--bps", "9"],
+            "2 to 8 whole bits per value, not 9",
+        ),
+        (&["--coding", "fixed", "--snr-db", "20"], "not from an SNR"),
+    ] {
+        let args: Vec<&str> = lattice.iter().chain(extra).copied().collect();
+        let err = fails(&args);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    for extra in [
+        &["--encoding", "affine", "--bps", "3"][..],
+        &["--mode", "budget", "--target-bps", "3", "--bps", "3"],
+    ] {
+        let mut args = vec!["compress", "gaussian:8x64", p(&hwz)];
+        args.extend(extra);
+        let err = fails(&args);
+        assert!(
+            err.contains("sets the rate of --encoding lattice"),
+            "{args:?}: {err}"
+        );
+    }
+    // The one that asks for a rate alone still works.
+    ok(&[
+        "compress",
+        "gaussian:8x64",
+        p(&hwz),
+        "--encoding",
+        "lattice",
+        "--target-ratio",
+        "10",
+    ]);
+    std::fs::remove_file(&hwz).unwrap();
+    // A benchmark filter that matches nothing is named, even beside one that matches.
+    let err = fails(&[
+        "benchmark",
+        "--runtime",
+        "--shapes",
+        "16x64",
+        "--batches",
+        "1",
+        "--encodings",
+        "int4-g128,int9",
+    ]);
+    assert!(err.contains("`int9` matches no encoding"), "{err}");
     // --sensitivity: the JSON object itself, or a file holding it.
     let budget = [
         "plan",

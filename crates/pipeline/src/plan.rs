@@ -169,7 +169,23 @@ impl LatticeOptions {
         };
         let (coding, mut alpha) = match self.coding {
             Coding::Fixed { .. } => {
-                let bits = (bps.floor() as u8).clamp(2, 8);
+                if let LatticeRate::SnrDb(_) = self.rate {
+                    return Err(PipelineError::option(
+                        "coding",
+                        "the fixed-rate form takes its width from --bps (2 to 8 whole bits per \
+                         value), not from an SNR",
+                    ));
+                }
+                if !(2.0..9.0).contains(&bps) {
+                    return Err(PipelineError::option(
+                        "bps",
+                        format!(
+                            "the fixed-rate form stores 2 to 8 whole bits per value, not {bps}; \
+                             an entropy coding (rans, rice) reaches rates below 2"
+                        ),
+                    ));
+                }
+                let bits = bps.floor() as u8;
                 let alpha = cal::fixed_alpha(l, bits)
                     .ok_or_else(|| {
                         PipelineError::option(
