@@ -313,7 +313,14 @@ pub fn compress(
                     }
                 }
                 Some(crate::rate::RateChoice::Fallback(_)) => {
-                    fallback("side information exceeds the rate", &mut fallbacks)?
+                    let why = crate::rate::why_not_served(
+                        &t.name,
+                        &t.shape,
+                        template,
+                        *max_tile,
+                        rp.lattice_bps,
+                    );
+                    fallback(&why, &mut fallbacks)?
                 }
                 None => hwz::encode(
                     &t.name,

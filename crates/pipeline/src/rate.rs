@@ -243,6 +243,29 @@ pub fn serving_template(
     rans_gpu_rung(template).filter(|rung| lattice_serves(name, shape, rung, max_tile, bps))
 }
 
+/// Why the lattice `template` does not serve a tensor of `shape` at the shared rate `bps`
+/// (the reason [`lattice_serves`] gives no), for the fallback's line in the report.
+pub fn why_not_served(
+    name: &str,
+    shape: &[u64],
+    template: &Encoding,
+    max_tile: u32,
+    bps: f64,
+) -> String {
+    let n = shape.iter().product::<u64>().max(1) as f64;
+    match lattice_cost(name, shape, template, max_tile) {
+        None => "the lattice cannot code its shape".into(),
+        Some((floor, ..)) if floor as f64 * 8.0 / n > bps => format!(
+            "its scales and padding alone take {:.2} bits a value, over the lattice's rate of {bps:.2}",
+            floor as f64 * 8.0 / n
+        ),
+        Some(_) => format!(
+            "at the lattice's rate of {bps:.2} bits it would score below the INT{} grid",
+            bps.floor().clamp(1.0, 8.0)
+        ),
+    }
+}
+
 /// Whether the lattice `template` serves a tensor of `shape` at `bps` (the rule [`plan_rate`]
 /// applies to every tensor): it must reach the rate by the estimate of the module docs, and
 /// its expected SNR there — about 6.02 dB per bit left per coded coordinate once the side
@@ -717,6 +740,9 @@ mod tests {
         let source = TensorSource::open(path.to_str().expect("utf-8")).expect("open");
         let p = plan_rate(&source, Selection::default(), &e8(), 4096, 3.0).expect("plan");
         assert!(matches!(p.choices["dw.weight"], RateChoice::Fallback(_)));
+        // Rows of 9 values padded to 16 coordinates with a scale each: the report says so.
+        let why = why_not_served("dw.weight", &[64, 1, 3, 3], &e8(), 4096, p.lattice_bps);
+        assert!(why.starts_with("its scales and padding alone take"), "{why}");
         assert_eq!(
             p.choices["fc.weight"],
             RateChoice::Lattice {
