@@ -270,7 +270,7 @@ pub fn why_not_served(
 /// applies to every tensor): it must reach the rate by the estimate of the module docs, and
 /// its expected SNR there — about 6.02 dB per bit left per coded coordinate once the side
 /// information is paid, less 1.5 dB — must not fall below that of the per-tensor grid at
-/// ⌊bps⌋ bits on Gaussian values (`12·(2^k−1)² / (8·ln n)`, the grid spanning the largest of
+/// the same rate on Gaussian values (`12·(2^k−1)² / (8·ln n)` at k = bps, the grid spanning the largest of
 /// `n` values). Narrow tensors (9-value rows padded to 16 coordinates, a 16-bit scale per row)
 /// fail it at every rate.
 pub fn lattice_serves(
@@ -289,7 +289,10 @@ pub fn lattice_serves(
     }
     let per_coordinate = (bps * n - side as f64 * 8.0) / symbols.max(1) as f64;
     let lattice_db = 6.02 * per_coordinate - 1.5;
-    let k = bps.floor().clamp(1.0, 8.0);
+    // The grid's curve taken at the rate itself, not at ⌊bps⌋: a threshold that fell by 6 dB
+    // as the rate crossed below a whole bit (4.0 → 3.95 once the manifest's share came out of
+    // it) kept EfficientNet-Lite0's 5×5 depthwise kernels on the lattice at 16 dB.
+    let k = bps.clamp(1.0, 8.0);
     let levels = 2f64.powf(k) - 1.0;
     let grid_db = 10.0 * (12.0 * levels * levels / (8.0 * n.max(2.0).ln())).log10();
     lattice_db >= grid_db
@@ -658,6 +661,30 @@ mod tests {
     }
 
     #[test]
+    fn the_lattice_verdict_does_not_jump_where_the_rate_crosses_a_whole_bit() {
+        // Its bar is the per-tensor grid's curve at the rate: with the grid at ⌊bps⌋ it fell
+        // 6 dB from 4.01 to 3.99 bits, and 5×5 depthwise kernels (25 values padded to 32
+        // coordinates) went from the grid at 27 dB to the lattice at 16.
+        let shapes: [&[u64]; 5] = [
+            &[672, 1, 5, 5],
+            &[1152, 1, 5, 5],
+            &[144, 24, 1, 1],
+            &[96, 1, 3, 3],
+            &[256, 1000],
+        ];
+        for shape in shapes {
+            for k in 2..8 {
+                let k = k as f64;
+                let below = lattice_serves("t", shape, &e8(), 4096, k - 0.01);
+                let above = lattice_serves("t", shape, &e8(), 4096, k + 0.01);
+                assert_eq!(below, above, "{shape:?} at {k} bits");
+            }
+        }
+        assert!(!lattice_serves("t", &[672, 1, 5, 5], &e8(), 4096, 3.95));
+        assert!(lattice_serves("t", &[256, 1000], &e8(), 4096, 3.95));
+    }
+
+    #[test]
     fn no_tensor_left_off_the_lattice_would_be_served_at_the_rate_its_return_leaves() {
         // The CNN's 53 planned shapes (depthwise, pointwise, stem, classifier): at low rates
         // the first pass moves small tensors to the grid while the rate is still low; as the
@@ -742,7 +769,10 @@ mod tests {
         assert!(matches!(p.choices["dw.weight"], RateChoice::Fallback(_)));
         // Rows of 9 values padded to 16 coordinates with a scale each: the report says so.
         let why = why_not_served("dw.weight", &[64, 1, 3, 3], &e8(), 4096, p.lattice_bps);
-        assert!(why.starts_with("its scales and padding alone take"), "{why}");
+        assert!(
+            why.starts_with("its scales and padding alone take"),
+            "{why}"
+        );
         assert_eq!(
             p.choices["fc.weight"],
             RateChoice::Lattice {
