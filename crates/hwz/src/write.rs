@@ -77,7 +77,8 @@ impl<W: Write> Writer<W> {
     }
 
     /// Appends one encoded tensor. Its streams are written at once; nothing of it is kept but
-    /// its manifest entry.
+    /// its manifest entry. Returns the bytes they took in the file (after zstd where it pays,
+    /// their alignment included).
     pub fn add_tensor(
         &mut self,
         name: &str,
@@ -85,7 +86,8 @@ impl<W: Write> Writer<W> {
         source_dtype: &str,
         tensor: &EncodedTensor,
         stats: Option<TensorStats>,
-    ) -> Result<()> {
+    ) -> Result<u64> {
+        let start = self.pos;
         check_name(name)?;
         if self.names.contains(name) {
             return Err(HwzError::InvalidName {
@@ -149,7 +151,7 @@ impl<W: Write> Writer<W> {
             streams: roles,
             stats: stats.map(finite_stats),
         });
-        Ok(())
+        Ok(self.pos - start)
     }
 
     /// The zstd form of a stream, when compression is on and it pays.

@@ -191,6 +191,24 @@ pub fn compress(
         )?),
         _ => None,
     };
+    // What the rate plan gave the tensors written so far less what they took (container zstd
+    // shrinks the fallback grids; rate control lands under its target), in bits: handed on to
+    // the lattice tensors still to come, in proportion to their values.
+    let mut surplus_bits = 0.0f64;
+    let mut lattice_left: u64 = rate_plan.as_ref().map_or(0, |rp| {
+        source
+            .tensors
+            .iter()
+            .filter(|t| {
+                sel.planned(&t.shape)
+                    && matches!(
+                        rp.choices.get(&t.name),
+                        Some(crate::rate::RateChoice::Lattice { .. })
+                    )
+            })
+            .map(|t| t.numel())
+            .sum()
+    });
     let mut fallbacks = Vec::new();
     let mut acc = ErrorAcc::default();
     let mut decoded = Vec::new();
@@ -229,6 +247,8 @@ pub fn compress(
         };
         // The planner measured its choice on this very encoding: its sums replace a decode.
         let mut measured = None;
+        // Bits the rate plan gives this lattice tensor (before its share of the surplus).
+        let mut given_bits = None;
         let mut encoded = if !sel.planned(&t.shape) {
             let raw = Encoding::Raw {
                 dtype: t.ty.raw_dtype(),
@@ -269,6 +289,21 @@ pub fn compress(
                     bps,
                     template: chosen,
                 }) => {
+                    // The plan's rate and this tensor's share of the surplus, within what
+                    // the lattice's rate control covers.
+                    let n = t.numel();
+                    let share = surplus_bits.max(0.0) / lattice_left.max(1) as f64;
+                    let ceiling = match chosen {
+                        Encoding::Lattice { lattice, .. } => {
+                            hypercodec_lattice::calibration::table(*lattice)
+                                .last()
+                                .map_or(8.0, |row| row[2] as f64)
+                        }
+                        _ => *bps,
+                    };
+                    given_bits = Some(bps * n as f64);
+                    let bps = &(*bps + share).min(ceiling.max(*bps));
+                    lattice_left = lattice_left.saturating_sub(n);
                     // The planned template; where it is prefix or Rice codes and rate
                     // control finds no scale for them, their rANS rung; then the grid.
                     let rungs = std::iter::once(chosen.clone())
@@ -398,13 +433,22 @@ pub fn compress(
             one.add(&values, &values);
         }
         acc.merge(&one);
-        writer.add_tensor(
+        let stored = writer.add_tensor(
             &t.name,
             &t.shape,
             t.ty.label(),
             &encoded,
             Some(one.to_stats()),
         )?;
+        if let Some(rp) = rate_plan.as_ref().filter(|_| sel.planned(&t.shape)) {
+            // A tensor off the lattice was given its grid's bytes before zstd (the plan's
+            // count), whatever it became.
+            let given = match given_bits {
+                Some(b) => b,
+                None => 8.0 * crate::rate::exact_bytes(&t.name, &t.shape, &rp.fallback)? as f64,
+            };
+            surplus_bits += given - 8.0 * stored as f64;
+        }
         bar.step(&t.name, t.numel());
     }
     if let Some(c) = calibration {

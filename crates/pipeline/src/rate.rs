@@ -149,7 +149,7 @@ pub fn alone_fallback(name: &str, shape: &[u64], bps: f64) -> Result<Option<Enco
 }
 
 /// Exact stored bytes of `e` for `shape`, when every stream has a fixed length.
-fn exact_bytes(name: &str, shape: &[u64], e: &Encoding) -> Result<u64> {
+pub(crate) fn exact_bytes(name: &str, shape: &[u64], e: &Encoding) -> Result<u64> {
     Ok(e.stream_lens(name, shape)?.iter().map(|(_, l)| l.min).sum())
 }
 

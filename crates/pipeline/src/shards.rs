@@ -21,7 +21,7 @@ pub const MAX_SHARDS: usize = 10_000;
 pub trait ArchiveSink {
     /// Adds a free metadata entry.
     fn insert_metadata(&mut self, key: &str, value: Value);
-    /// Adds one encoded tensor.
+    /// Adds one encoded tensor; returns the bytes its streams took (alignment included).
     fn add_tensor(
         &mut self,
         name: &str,
@@ -29,7 +29,7 @@ pub trait ArchiveSink {
         source_dtype: &str,
         tensor: &EncodedTensor,
         stats: Option<TensorStats>,
-    ) -> hwz::Result<()>;
+    ) -> hwz::Result<u64>;
     /// Stores the plan that chose the encodings.
     fn set_plan(&mut self, plan: Value);
 }
@@ -45,7 +45,7 @@ impl<W: std::io::Write> ArchiveSink for hwz::Writer<W> {
         source_dtype: &str,
         tensor: &EncodedTensor,
         stats: Option<TensorStats>,
-    ) -> hwz::Result<()> {
+    ) -> hwz::Result<u64> {
         hwz::Writer::add_tensor(self, name, shape, source_dtype, tensor, stats)
     }
     fn set_plan(&mut self, plan: Value) {
@@ -214,7 +214,7 @@ impl ArchiveSink for ShardedWriter {
         source_dtype: &str,
         tensor: &EncodedTensor,
         stats: Option<TensorStats>,
-    ) -> hwz::Result<()> {
+    ) -> hwz::Result<u64> {
         let full = self.current.as_ref().is_some_and(|w| {
             !self.current_tensors.is_empty()
                 && w.position() + tensor.payload_bytes() > self.shard_bytes
@@ -231,9 +231,9 @@ impl ArchiveSink for ShardedWriter {
             self.open_new().map_err(to_hwz)?;
         }
         let w = self.current.as_mut().expect("a shard is open");
-        w.add_tensor(name, shape, source_dtype, tensor, stats)?;
+        let bytes = w.add_tensor(name, shape, source_dtype, tensor, stats)?;
         self.current_tensors.push(name.to_string());
-        Ok(())
+        Ok(bytes)
     }
 
     fn set_plan(&mut self, plan: Value) {
