@@ -83,6 +83,37 @@ pub(crate) fn underflow(
     })
 }
 
+/// A row too large for the rotation both codecs apply in f32. The Hadamard transform of a
+/// tile sums its values before it normalizes: every partial sum is at most the tile's L1
+/// norm, and the decoder's inverse sums rotated values whose L1 norm is at most √tile times
+/// the tile's L2 norm (twice that for the quantization's error). Where either can pass
+/// f32's largest value the row surfaced as a scale "that no type holds"; this names the row,
+/// its largest value and the way out instead.
+pub(crate) fn too_large_to_rotate(
+    tensor: &str,
+    values: &[f32],
+    cols: usize,
+    tile: usize,
+) -> Option<HwzError> {
+    let tile = tile.clamp(1, cols.max(1));
+    let max = f32::MAX as f64;
+    let at = values.chunks(tile).position(|t| {
+        let l1: f64 = t.iter().map(|&v| (v as f64).abs()).sum();
+        let l2 = t.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+        l1 > max || 2.0 * (tile as f64).sqrt() * l2 > max
+    })?;
+    let part = &values[at * tile..((at + 1) * tile).min(values.len())];
+    let value = part.iter().fold(0f32, |m, v| m.max(v.abs()));
+    Some(HwzError::InvalidEncoding {
+        tensor: tensor.into(),
+        message: format!(
+            "row {} holds values up to {value:.3e}: its rotation (a Hadamard transform of \
+             {tile} values, in f32) would overflow; store the tensor as f32 or with affine codes",
+            at * tile / cols.max(1)
+        ),
+    })
+}
+
 /// Streams of a lattice-encoded tensor, in the order of [`Encoding::stream_lens`].
 pub(crate) fn encode(
     tensor: &str,
@@ -123,6 +154,9 @@ pub(crate) fn encode(
     // Checked here, so that the index is the tensor's whichever block or part meets it.
     if let Some(index) = values.iter().position(|v| !v.is_finite()) {
         return Err(lat_err(tensor)(lat::LatticeError::NonFinite { index }));
+    }
+    if let Some(e) = too_large_to_rotate(tensor, values, c, params.tile) {
+        return Err(e);
     }
     // A huge tensor's symbols are held as 16 bits while its model is counted (u32 symbols
     // would double the memory of its values); others are quantized in one go.

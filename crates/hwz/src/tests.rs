@@ -1246,3 +1246,41 @@ fn rates_above_the_calibration_are_refused_not_missed() {
         }
     }
 }
+
+#[test]
+fn rows_too_large_for_the_rotation_are_named_and_large_lone_values_still_code() {
+    // A row of values near f32's largest: the lattice's and the trellis's Hadamard transforms
+    // would overflow. Before, the error blamed a scale "that no type holds", printed in full
+    // digits and called the row a group.
+    let big: Vec<f32> = (0..4 * 256)
+        .map(|j| if j % 2 == 0 { 3.0e38 } else { -2.0e38 })
+        .collect();
+    let lattice = |scale_dtype| Encoding::Lattice {
+        lattice: Lattice::E8,
+        alpha: 2.5,
+        tile: 256,
+        seed: 1,
+        scale_dtype,
+        coding: Coding::RANS_DEFAULT,
+    };
+    for e in [
+        lattice(FloatDtype::F16),
+        lattice(FloatDtype::F32),
+        Encoding::trellis(12, 2, 256, 3),
+    ] {
+        let err = encode("w", &big, &[4, 256], &e, EncodeOptions::default()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("row 0 holds values up to 3.000e38") && text.contains("would overflow"),
+            "{text}"
+        );
+    }
+    // One large value among small ones sums without overflow: it codes, and decodes finite.
+    let mut lone = gaussian(4 * 256, 5);
+    lone[300] = 1.0e37;
+    for e in [lattice(FloatDtype::F32), Encoding::trellis(12, 2, 256, 3)] {
+        let t = encode("w", &lone, &[4, 256], &e, EncodeOptions::default()).unwrap();
+        let y = through_archive("w", &[4, 256], &t);
+        assert!(y.iter().all(|v| v.is_finite()), "{e:?}");
+    }
+}

@@ -91,6 +91,11 @@ pub(crate) fn encode(
             source: tcq::TrellisError::NonFinite { index },
         });
     }
+    if let Some(e) =
+        crate::lattice_codec::too_large_to_rotate(tensor, values, cols, t.tile.min(cols.max(1)))
+    {
+        return Err(e);
+    }
     let rb = t.row_bytes(cols);
     let mut bits = vec![0u8; rows * rb];
     let mut scales = vec![0f32; rows];

@@ -57,7 +57,7 @@ pub enum ScalarError {
         value: f32,
     },
     /// A finite input value does not fit the target float type (it would become infinite).
-    #[error("value {value} at index {index} overflows {dtype}; use bf16 or f32")]
+    #[error("value {value:.3e} at index {index} overflows {dtype}; use bf16 or f32")]
     OutOfRange {
         /// Position of the first offending value.
         index: usize,
@@ -67,7 +67,7 @@ pub enum ScalarError {
         dtype: FloatDtype,
     },
     /// A group's scale or offset does not fit the scale type.
-    #[error("scale or offset {value} of group {group} overflows {dtype}; {}", wider(*.dtype))]
+    #[error("scale or offset {value:.3e} of group {group} overflows {dtype}; {}", wider(*.dtype))]
     ScaleOverflow {
         /// Index of the group.
         group: usize,
