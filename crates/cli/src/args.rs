@@ -402,6 +402,19 @@ impl EncodingArgs {
                         "prefix-gpu codes E8 words; use --lattice e8",
                     ));
                 }
+                if let (Some(_), Some(_)) = (self.snr_db, target) {
+                    return Err(PipelineError::option(
+                        "snr-db",
+                        "--target-bps and --target-ratio set a rate; give one of them or --snr-db",
+                    ));
+                }
+                if let (CodingArg::Fixed, Some(_)) = (self.coding, target) {
+                    return Err(PipelineError::option(
+                        "coding",
+                        "the fixed-rate form takes its width from --bps (2 to 8 whole bits per \
+                         value), not from --target-bps or --target-ratio",
+                    ));
+                }
                 if let (Some(_), Some(t)) = (self.bps, target) {
                     let flag = match t {
                         Target::Bps(_) => "--target-bps",

@@ -74,10 +74,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
         r.speedup,
         r.held_bytes as f64 / 1e6,
         r.dense_bytes as f64 / 1e6,
-        if r.output_snr_db.is_finite() {
-            format!("{:.1} dB", r.output_snr_db)
-        } else {
-            "exact".into()
+        match r.output_snr_db {
+            s if s.is_finite() => format!("{s:.1} dB"),
+            s if s > 0.0 => "exact".into(),
+            _ => "undefined (the outputs are not finite)".into(),
         }
     );
     Ok(())

@@ -1216,7 +1216,15 @@ fn odd_arguments_and_inputs_are_usage_errors() {
         ),
         (
             &["--coding", "fixed", "--bps", "9"],
-            "2 to 8 whole bits per value, not 9",
+            "not 9; above 8 bits take affine INT8",
+        ),
+        (
+            &["--coding", "fixed", "--target-bps", "3"],
+            "not from --target-bps",
+        ),
+        (
+            &["--snr-db", "20", "--target-ratio", "10"],
+            "give one of them or --snr-db",
         ),
         (&["--coding", "fixed", "--snr-db", "20"], "not from an SNR"),
     ] {

@@ -1274,6 +1274,19 @@ fn rows_too_large_for_the_rotation_are_named_and_large_lone_values_still_code() 
             text.contains("row 0 holds values up to 3.000e38") && text.contains("would overflow"),
             "{text}"
         );
+        if let Encoding::Lattice { .. } = e {
+            // Rate control says so too, rather than that no scale reaches the rate (which
+            // sent the tensor to a tensor-wide grid that zeroed its other rows).
+            let err =
+                crate::encode_to_rate("w", &big, &[4, 256], &e, 3.0, EncodeOptions::default())
+                    .unwrap_err();
+            assert!(err.to_string().contains("would overflow"), "{err}");
+        }
+        let text = err.to_string();
+        assert!(
+            text.contains("row 0 holds values up to 3.000e38") && text.contains("would overflow"),
+            "{text}"
+        );
     }
     // One large value among small ones sums without overflow: it codes, and decodes finite.
     let mut lone = gaussian(4 * 256, 5);

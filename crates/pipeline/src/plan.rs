@@ -180,8 +180,12 @@ impl LatticeOptions {
                     return Err(PipelineError::option(
                         "bps",
                         format!(
-                            "the fixed-rate form stores 2 to 8 whole bits per value, not {bps}; \
-                             an entropy coding (rans, rice) reaches rates below 2"
+                            "the fixed-rate form stores 2 to 8 whole bits per value, not {bps}; {}",
+                            if bps < 2.0 {
+                                "an entropy coding (rans, rice) reaches rates below 2"
+                            } else {
+                                "above 8 bits take affine INT8 or a float type"
+                            }
                         ),
                     ));
                 }

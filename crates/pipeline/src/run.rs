@@ -65,7 +65,8 @@ pub struct RunReport {
     /// Bytes of the dense f32 weights.
     pub dense_bytes: u64,
     /// SNR (dB) of the stack's outputs against the dense stack's (all layers' outputs); infinite
-    /// where they match exactly (`null` in JSON, as every report's SNR).
+    /// where they match exactly, NaN where the outputs are not finite (`null` in JSON either
+    /// way, as every report's SNR).
     pub output_snr_db: f64,
     /// Whether the dense weights are the original's (else the decompressed ones).
     pub against_original: bool,
