@@ -108,20 +108,34 @@ pub fn runtime_benchmark(args: &BenchArgs) -> Result<()> {
     if !args.encodings.is_empty() {
         // The labels, from the benchmark's own list.
         let labels: Vec<String> = options.encodings.iter().map(|e| e.label.clone()).collect();
-        // Every filter has to match a label: a misspelt one would silently time less.
-        if let Some(f) = args
+        // Filters as typed in a list ("int4, e8"): spaces around them and case do not count.
+        let filters: Vec<String> = args
             .encodings
             .iter()
-            .find(|f| !labels.iter().any(|l| l.contains(f.as_str())))
-        {
+            .map(|f| f.trim().to_lowercase())
+            .filter(|f| !f.is_empty())
+            .collect();
+        let matches = |label: &str, f: &str| label.to_lowercase().contains(f);
+        // Every filter has to match a label: a misspelt one would silently time less.
+        let unknown: Vec<&String> = filters
+            .iter()
+            .filter(|f| !labels.iter().any(|l| matches(l, f)))
+            .collect();
+        if filters.is_empty() || !unknown.is_empty() {
+            let what = if filters.is_empty() {
+                "names no encoding".to_string()
+            } else {
+                let names: Vec<String> = unknown.iter().map(|f| format!("`{f}`")).collect();
+                format!("{} match no encoding", names.join(", "))
+            };
             return Err(PipelineError::option(
                 "--encodings",
-                format!("`{f}` matches no encoding; labels: {}", labels.join(", ")),
+                format!("{what}; labels: {}", labels.join(", ")),
             ));
         }
         options
             .encodings
-            .retain(|e| args.encodings.iter().any(|f| e.label.contains(f.as_str())));
+            .retain(|e| filters.iter().any(|f| matches(&e.label, f)));
     }
     if !args.json {
         outln!(

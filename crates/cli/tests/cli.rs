@@ -1266,7 +1266,22 @@ fn odd_arguments_and_inputs_are_usage_errors() {
         "--encodings",
         "int4-g128,int9",
     ]);
-    assert!(err.contains("`int9` matches no encoding"), "{err}");
+    assert!(err.contains("`int9` match no encoding"), "{err}");
+    // Spaces and case as typed in a list still match; an empty list is named.
+    let tiny = [
+        "benchmark",
+        "--runtime",
+        "--shapes",
+        "16x64",
+        "--batches",
+        "1",
+    ];
+    let mut spaced = tiny.to_vec();
+    spaced.extend(["--encodings", "INT4-g128, int8"]);
+    ok(&spaced);
+    let mut empty = tiny.to_vec();
+    empty.extend(["--encodings", ","]);
+    assert!(fails(&empty).contains("names no encoding"));
     // --sensitivity: the JSON object itself, or a file holding it.
     let budget = [
         "plan",
@@ -1510,4 +1525,46 @@ fn lattice_bps_hands_what_the_grid_tensors_leave_to_the_lattice_tensors() {
     let all_in = v["totals"]["lossy"]["all_in_bps"].as_f64().unwrap();
     // Without the hand-on: 2.71 (the layer at the plan's 2.80 bits).
     assert!((2.88..=3.0).contains(&all_in), "{all_in}");
+    // The large layer first and a small one last: the kernels' surplus accrues after the
+    // large layer, and the small one takes at most a bit a value more than the plan's rate
+    // (uncapped it took all of it: 8 bits).
+    owned.iter_mut().for_each(|t| {
+        if t.0 == "fc.weight" {
+            t.0 = "a.weight".into()
+        }
+    });
+    let small: Vec<u8> = values(64 * 256, 10)
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    owned.push(("z.weight".into(), vec![64, 256], small));
+    let views: Vec<(&str, TensorView<'_>)> = owned
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.as_str(),
+                TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    std::fs::write(&model, serialize(views, None).unwrap()).unwrap();
+    ok(&[
+        "compress",
+        p(&model),
+        p(&out),
+        "--encoding",
+        "lattice",
+        "--bps",
+        "3",
+    ]);
+    let v = inspect_json(&out);
+    let z = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "z.weight")
+        .unwrap();
+    let z_bps = z["bps"].as_f64().unwrap();
+    assert!((3.0..=4.05).contains(&z_bps), "{z_bps}");
+    assert!(v["totals"]["lossy"]["all_in_bps"].as_f64().unwrap() <= 3.0);
 }

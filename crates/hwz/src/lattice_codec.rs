@@ -86,7 +86,7 @@ pub(crate) fn underflow(
 /// A row too large for the rotation both codecs apply in f32. The Hadamard transform of a
 /// tile sums its values before it normalizes: every partial sum is at most the tile's L1
 /// norm, and the decoder's inverse sums rotated values whose L1 norm is at most √tile times
-/// the tile's L2 norm (twice that for the quantization's error). Where either can pass
+/// the tile's L2 norm (a quarter more for the quantization's error). Where either can pass
 /// f32's largest value the row surfaced as a scale "that no type holds"; this names the row,
 /// its largest value and the way out instead.
 pub(crate) fn too_large_to_rotate(
@@ -100,7 +100,7 @@ pub(crate) fn too_large_to_rotate(
     let at = values.chunks(tile).position(|t| {
         let l1: f64 = t.iter().map(|&v| (v as f64).abs()).sum();
         let l2 = t.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
-        l1 > max || 2.0 * (tile as f64).sqrt() * l2 > max
+        l1 > max || 1.25 * (tile as f64).sqrt() * l2 > max
     })?;
     let part = &values[at * tile..((at + 1) * tile).min(values.len())];
     let value = part.iter().fold(0f32, |m, v| m.max(v.abs()));

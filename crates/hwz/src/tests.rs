@@ -1288,9 +1288,11 @@ fn rows_too_large_for_the_rotation_are_named_and_large_lone_values_still_code() 
             "{text}"
         );
     }
-    // One large value among small ones sums without overflow: it codes, and decodes finite.
+    // Two large values among small ones sum without overflow: they code, and decode finite
+    // (a bound with twice the rotated row's L1 norm refused them).
     let mut lone = gaussian(4 * 256, 5);
     lone[300] = 1.0e37;
+    lone[301] = -1.0e37;
     for e in [lattice(FloatDtype::F32), Encoding::trellis(12, 2, 256, 3)] {
         let t = encode("w", &lone, &[4, 256], &e, EncodeOptions::default()).unwrap();
         let y = through_archive("w", &[4, 256], &t);

@@ -292,7 +292,9 @@ pub fn compress(
                     // The plan's rate and this tensor's share of the surplus, within what
                     // the lattice's rate control covers.
                     let n = t.numel();
-                    let share = surplus_bits.max(0.0) / lattice_left.max(1) as f64;
+                    // At most a bit a value: a surplus that accrues late would otherwise pile
+                    // onto the last few small tensors (4.8 bits where the large layer had 1.9).
+                    let share = (surplus_bits.max(0.0) / lattice_left.max(1) as f64).min(1.0);
                     let ceiling = match chosen {
                         Encoding::Lattice { lattice, .. } => {
                             hypercodec_lattice::calibration::table(*lattice)
