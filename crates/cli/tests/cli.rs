@@ -1494,27 +1494,31 @@ fn lattice_bps_hands_what_the_grid_tensors_leave_to_the_lattice_tensors() {
         .flat_map(|x| x.to_le_bytes())
         .collect();
     owned.push(("fc.weight".into(), vec![512, 1024], big));
-    let views: Vec<(&str, TensorView<'_>)> = owned
-        .iter()
-        .map(|(n, s, b)| {
-            (
-                n.as_str(),
-                TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
-            )
-        })
-        .collect();
-    std::fs::write(&model, serialize(views, None).unwrap()).unwrap();
     let out = dir.path().join("m.hwz");
-    ok(&[
-        "compress",
-        p(&model),
-        p(&out),
-        "--encoding",
-        "lattice",
-        "--bps",
-        "3",
-    ]);
-    let v = inspect_json(&out);
+    // The model written, compressed at 3 bits, and inspected.
+    let at_3 = |owned: &[(String, Vec<usize>, Vec<u8>)]| {
+        let views: Vec<(&str, TensorView<'_>)> = owned
+            .iter()
+            .map(|(n, s, b)| {
+                (
+                    n.as_str(),
+                    TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        std::fs::write(&model, serialize(views, None).unwrap()).unwrap();
+        ok(&[
+            "compress",
+            p(&model),
+            p(&out),
+            "--encoding",
+            "lattice",
+            "--bps",
+            "3",
+        ]);
+        inspect_json(&out)
+    };
+    let v = at_3(&owned);
     let grid = v["tensors"]
         .as_array()
         .unwrap()
@@ -1538,26 +1542,7 @@ fn lattice_bps_hands_what_the_grid_tensors_leave_to_the_lattice_tensors() {
         .flat_map(|x| x.to_le_bytes())
         .collect();
     owned.push(("z.weight".into(), vec![64, 256], small));
-    let views: Vec<(&str, TensorView<'_>)> = owned
-        .iter()
-        .map(|(n, s, b)| {
-            (
-                n.as_str(),
-                TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
-            )
-        })
-        .collect();
-    std::fs::write(&model, serialize(views, None).unwrap()).unwrap();
-    ok(&[
-        "compress",
-        p(&model),
-        p(&out),
-        "--encoding",
-        "lattice",
-        "--bps",
-        "3",
-    ]);
-    let v = inspect_json(&out);
+    let v = at_3(&owned);
     let z = v["tensors"]
         .as_array()
         .unwrap()

@@ -332,23 +332,27 @@ fn share(
     bps: f64,
     budget_bits: f64,
 ) -> (Vec<bool>, f64) {
-    // Start with every tensor on the lattice; move the ones it cannot serve at the shared rate.
-    let mut on_lattice: Vec<bool> = floors.iter().map(Option::is_some).collect();
-    let mut lattice_bps = bps;
-    for _ in 0..=tensors.len() {
+    // The rate the lattice tensors share when `on` says which they are.
+    let rate_with = |on: &[bool]| -> f64 {
         let (mut fb_bits, mut lat_values) = (0.0, 0u64);
         for (k, t) in tensors.iter().enumerate() {
-            if on_lattice[k] {
+            if on[k] {
                 lat_values += t.2;
             } else {
                 fb_bits += fallback_bytes[k] as f64 * 8.0;
             }
         }
-        lattice_bps = if lat_values == 0 {
+        if lat_values == 0 {
             bps
         } else {
             (budget_bits - fb_bits) / lat_values as f64
-        };
+        }
+    };
+    // Start with every tensor on the lattice; move the ones it cannot serve at the shared rate.
+    let mut on_lattice: Vec<bool> = floors.iter().map(Option::is_some).collect();
+    let mut lattice_bps = bps;
+    for _ in 0..=tensors.len() {
+        lattice_bps = rate_with(&on_lattice);
         let mut moved = false;
         for (k, t) in tensors.iter().enumerate() {
             let serves = floors[k].is_some()
@@ -366,21 +370,6 @@ fn share(
     // fallbacks cost less than the lattice's share the rate rose as tensors left, and some
     // that left early would be served now. Bring back, one at a time, each that the rate it
     // leaves still serves together with every tensor on the lattice.
-    let rate_with = |on: &[bool]| -> f64 {
-        let (mut fb_bits, mut lat_values) = (0.0, 0u64);
-        for (k, t) in tensors.iter().enumerate() {
-            if on[k] {
-                lat_values += t.2;
-            } else {
-                fb_bits += fallback_bytes[k] as f64 * 8.0;
-            }
-        }
-        if lat_values == 0 {
-            bps
-        } else {
-            (budget_bits - fb_bits) / lat_values as f64
-        }
-    };
     let serves = |k: usize, rate: f64| {
         serving_template(tensors[k].0, tensors[k].1, template, max_tile, rate).is_some()
     };
