@@ -464,9 +464,9 @@ pub fn plan_rate(
     // All-in (the archive's manifest and alignment, [`crate::plan::unplanned_side_bytes`], the
     // tensors kept raw counted as entries, taken from the lattice tensors' rate) where they
     // are at most a tenth of the budget and taking them moves at most 1 % of the values from
-    // the lattice to the grid; otherwise (a small model, or a rate near the lattice's floor,
-    // where the all-in rate would put every tensor on INT1) the rate is over the tensors'
-    // streams.
+    // the lattice to the grid; near the lattice's floor, where taking them all would (the
+    // all-in rate would put every tensor on INT1), as much of them as that rule allows; in a
+    // small model the rate is over the tensors' streams.
     let side =
         crate::plan::unplanned_side_bytes(tensors.len(), source.tensors.len() - tensors.len());
     let budget = bps * total as f64;
@@ -479,12 +479,28 @@ pub fn plan_rate(
             .map(|(t, _)| t.2)
             .sum()
     };
+    let keeps = |a: &(u8, Vec<bool>, f64)| {
+        streams
+            .as_ref()
+            .is_none_or(|s| a.0 == s.0 && on(a) as f64 >= 0.99 * on(s) as f64)
+    };
     let all_in = if side as f64 * 80.0 <= budget {
-        plan_for(budget - side as f64 * 8.0)?.filter(|a| {
-            streams
-                .as_ref()
-                .is_none_or(|s| a.0 == s.0 && on(a) as f64 >= 0.99 * on(s) as f64)
-        })
+        match plan_for(budget - side as f64 * 8.0)?.filter(keeps) {
+            Some(a) => Some(a),
+            None => {
+                // Near the lattice's floor: as much of the side as the rule allows (CNN at
+                // 1.5 bits: 1.530 bits all-in where it took none).
+                let (mut lo, mut hi, mut best) = (0.0, side as f64 * 8.0, None);
+                for _ in 0..10 {
+                    let mid = (lo + hi) / 2.0;
+                    match plan_for(budget - mid)?.filter(keeps) {
+                        Some(a) => (lo, best) = (mid, Some(a)),
+                        None => hi = mid,
+                    }
+                }
+                best
+            }
+        }
     } else {
         None
     };
@@ -834,6 +850,12 @@ mod tests {
         assert!(
             matches!(p3.choices["w"], RateChoice::Lattice { .. }),
             "{p3:?}"
+        );
+        // ... but takes as much of the side as keeps it there (it took none: 1.5 bits).
+        assert!(
+            p3.lattice_bps < 1.5 && p3.lattice_bps > 1.4,
+            "{}",
+            p3.lattice_bps
         );
         // Far below what anything can store: an error that names the least reachable rate.
         match plan_rate(&source, Selection::default(), &e8(), 4096, 0.2) {
