@@ -414,9 +414,7 @@ pub fn encode_to_rate(
     }
     // Above the calibration's largest α the search has no start and no scale that works
     // (asked for 9 to 16 bits, it settled at 1.3 to 2.5 bits and 5 to 14 dB).
-    let max_bps = lat::calibration::table(lattice)
-        .last()
-        .map_or(8.0, |row| row[2] as f64);
+    let max_bps = lat::calibration::max_bps(lattice);
     if target_bps > max_bps {
         return Err(HwzError::InvalidEncoding {
             tensor: tensor.into(),

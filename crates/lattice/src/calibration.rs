@@ -50,6 +50,15 @@ fn interpolate(points: &[[f32; 3]], key: usize, value: f32, out: usize) -> f32 {
     last[out]
 }
 
+/// The largest rate the calibration covers (its smallest α): rate control has no scale above
+/// it (E8: 8.05 bits per value).
+pub fn max_bps(lattice: Lattice) -> f64 {
+    table(lattice)
+        .iter()
+        .map(|row| row[2] as f64)
+        .fold(0.0, f64::max)
+}
+
 /// The α whose ideal-coder rate on Gaussian data is `bps` (clamped to the table's range).
 pub fn alpha_for_bps(lattice: Lattice, bps: f32) -> f32 {
     interpolate(table(lattice), 2, bps, 0)

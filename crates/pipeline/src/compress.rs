@@ -297,9 +297,7 @@ pub fn compress(
                     let share = (surplus_bits.max(0.0) / lattice_left.max(1) as f64).min(1.0);
                     let ceiling = match chosen {
                         Encoding::Lattice { lattice, .. } => {
-                            hypercodec_lattice::calibration::table(*lattice)
-                                .last()
-                                .map_or(8.0, |row| row[2] as f64)
+                            hypercodec_lattice::calibration::max_bps(*lattice)
                         }
                         _ => *bps,
                     };

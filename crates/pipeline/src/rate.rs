@@ -294,10 +294,7 @@ pub fn lattice_serves(
     // Above its calibration the lattice's rate control has no scale (a small tensor left
     // alone on the lattice by a low target was given 21.9 bits and failed the archive).
     if let Encoding::Lattice { lattice, .. } = template {
-        let ceiling = hypercodec_lattice::calibration::table(*lattice)
-            .last()
-            .map_or(8.0, |row| row[2] as f64);
-        if bps > ceiling {
+        if bps > hypercodec_lattice::calibration::max_bps(*lattice) {
             return false;
         }
     }
