@@ -354,7 +354,12 @@ pub fn compress(
                         template,
                         *max_tile,
                         rp.lattice_bps,
-                    );
+                    )
+                    .unwrap_or_else(|| {
+                        "taking it onto the lattice would leave the others a rate that does \
+                         not serve them"
+                            .into()
+                    });
                     fallback(&why, &mut fallbacks)?
                 }
                 None => hwz::encode(

@@ -244,30 +244,41 @@ pub fn serving_template(
 }
 
 /// Why the lattice `template` does not serve a tensor of `shape` at the shared rate `bps`
-/// (the reason [`lattice_serves`] gives no), for the fallback's line in the report.
+/// ([`lattice_serves`]'s verdict put in words), for the fallback's line in the report; `None`
+/// where it does serve it.
 pub fn why_not_served(
     name: &str,
     shape: &[u64],
     template: &Encoding,
     max_tile: u32,
     bps: f64,
-) -> String {
-    let n = shape.iter().product::<u64>().max(1) as f64;
-    match lattice_cost(name, shape, template, max_tile) {
-        None => "the lattice cannot code its shape".into(),
-        Some((floor, ..)) if floor as f64 * 8.0 / n > bps => format!(
-            "its smallest coded size (scales, padding, the coder's least rate) is {:.2} bits a \
-             value, over the lattice's rate of {bps:.2}",
-            floor as f64 * 8.0 / n
+) -> Option<String> {
+    Some(match unserved(name, shape, template, max_tile, bps)? {
+        Unserved::Shape => "the lattice cannot code its shape".into(),
+        Unserved::Floor(floor_bps) => format!(
+            "its smallest coded size (scales, padding, the coder's least rate) is \
+             {floor_bps:.2} bits a value, over the lattice's rate of {bps:.2}"
         ),
-        Some(_) if !lattice_serves(name, shape, template, max_tile, bps.min(8.0)) => format!(
+        Unserved::Ceiling => format!(
+            "the lattice's rate left to it ({bps:.2} bits) is above what its rate control covers"
+        ),
+        Unserved::BelowGrid => format!(
             "at the lattice's rate of {bps:.2} bits it would score below a per-tensor grid of \
              that rate"
         ),
-        Some(_) => format!(
-            "the lattice's rate left to it ({bps:.2} bits) is above what its rate control covers"
-        ),
-    }
+    })
+}
+
+/// Why a lattice does not serve a tensor (see [`lattice_serves`]).
+enum Unserved {
+    /// No lattice cost for this shape and template.
+    Shape,
+    /// Its smallest coded size, in bits a value, is over the rate.
+    Floor(f64),
+    /// The rate is above what the lattice's rate control covers.
+    Ceiling,
+    /// Its expected SNR is below a per-tensor grid's at the rate.
+    BelowGrid,
 }
 
 /// Whether the lattice `template` serves a tensor of `shape` at `bps` (the rule [`plan_rate`]
@@ -284,18 +295,29 @@ pub fn lattice_serves(
     max_tile: u32,
     bps: f64,
 ) -> bool {
+    unserved(name, shape, template, max_tile, bps).is_none()
+}
+
+/// [`lattice_serves`]'s rule: `None` where the lattice serves the tensor, else why not.
+fn unserved(
+    name: &str,
+    shape: &[u64],
+    template: &Encoding,
+    max_tile: u32,
+    bps: f64,
+) -> Option<Unserved> {
     let n = shape.iter().product::<u64>().max(1) as f64;
     let Some((floor, side, symbols)) = lattice_cost(name, shape, template, max_tile) else {
-        return false;
+        return Some(Unserved::Shape);
     };
     if floor as f64 * 8.0 / n > bps {
-        return false;
+        return Some(Unserved::Floor(floor as f64 * 8.0 / n));
     }
     // Above its calibration the lattice's rate control has no scale (a small tensor left
     // alone on the lattice by a low target was given 21.9 bits and failed the archive).
     if let Encoding::Lattice { lattice, .. } = template {
         if bps > hypercodec_lattice::calibration::max_bps(*lattice) {
-            return false;
+            return Some(Unserved::Ceiling);
         }
     }
     let per_coordinate = (bps * n - side as f64 * 8.0) / symbols.max(1) as f64;
@@ -306,7 +328,7 @@ pub fn lattice_serves(
     let k = bps.clamp(1.0, 8.0);
     let levels = 2f64.powf(k) - 1.0;
     let grid_db = 10.0 * (12.0 * levels * levels / (8.0 * n.max(2.0).ln())).log10();
-    lattice_db >= grid_db
+    (lattice_db < grid_db).then_some(Unserved::BelowGrid)
 }
 
 /// Affine INT`bits` with one symmetric f16 scale for the tensor.
@@ -787,7 +809,8 @@ mod tests {
         let p = plan_rate(&source, Selection::default(), &e8(), 4096, 3.0).expect("plan");
         assert!(matches!(p.choices["dw.weight"], RateChoice::Fallback(_)));
         // Rows of 9 values padded to 16 coordinates with a scale each: the report says so.
-        let why = why_not_served("dw.weight", &[64, 1, 3, 3], &e8(), 4096, p.lattice_bps);
+        let why = why_not_served("dw.weight", &[64, 1, 3, 3], &e8(), 4096, p.lattice_bps)
+            .expect("not served");
         assert!(
             why.starts_with("its smallest coded size (scales, padding"),
             "{why}"
