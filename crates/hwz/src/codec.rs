@@ -424,17 +424,6 @@ pub fn encode_to_rate(
             ),
         });
     }
-    // A row its rotation would overflow fails every scale: say so, rather than that no scale
-    // reaches the rate (which sends the tensor to a grid).
-    let (rows, cols) = matrix_view(shape, values.len() as u64);
-    let tile = template.lattice_params().map_or(1, |p| p.tile);
-    if rows > 0 {
-        if let Some(e) =
-            crate::lattice_codec::too_large_to_rotate(tensor, values, cols as usize, tile)
-        {
-            return Err(e);
-        }
-    }
     let n = values.len().max(1) as f64;
     let mut alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
     // Fit α on a sample of whole rows first (a sixteenth, at least 64 rows): the rate of a
