@@ -255,6 +255,59 @@ fn constant_tensor_uses_run_lengths_or_is_refused() {
 }
 
 #[test]
+fn a_tensor_zstd_takes_below_the_floor_keeps_only_what_the_floor_needs_uncompressed() {
+    // 256x512 zeros with a one at about 0.5 % of the places, in affine INT4 g128: its codes
+    // (64 KB), f16 scales and offsets (2 KB each) all shrink within zstd's cap, together below
+    // the floor of 2 KB (1/64 byte a value).
+    let (rows, cols) = (256usize, 512usize);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            if (state >> 33).is_multiple_of(200) {
+                1.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let shape = [rows as u64, cols as u64];
+    let t = encode(
+        "c",
+        &w,
+        &shape,
+        &Encoding::affine(AffineParams {
+            bits: 4,
+            group: Group::Size(128),
+            symmetric: false,
+            scale_dtype: FloatDtype::F16,
+        }),
+        EncodeOptions::default(),
+    )
+    .unwrap();
+    let options = WriterOptions {
+        compression: Compression::Zstd,
+        ..Default::default()
+    };
+    let mut writer = Writer::new(Vec::new(), options).unwrap();
+    let stored = writer.add_tensor("c", &shape, "f32", &t, None).unwrap();
+    let floor = min_stored_bytes((rows * cols) as u64);
+    // One f16 stream uncompressed (2 KB) and two zstd frames, not the 68 KB of all three raw.
+    assert!(
+        stored >= floor && stored < 2 * floor,
+        "{stored} bytes, floor {floor}"
+    );
+    let bytes = writer.finish().unwrap().0;
+    let a = Archive::open(&bytes[..]).unwrap();
+    assert_eq!(
+        a.decode_tensor("c").unwrap(),
+        through_archive("c", &shape, &t)
+    );
+}
+
+#[test]
 fn lowrank_and_sparse_round_trip() {
     let (rows, cols) = (40usize, 48usize);
     let w: Vec<f32> = (0..rows * cols)

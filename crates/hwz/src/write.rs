@@ -111,22 +111,25 @@ impl<W: Write> Writer<W> {
             &lens,
             tensor.streams.iter().map(|(r, b)| (*r, b.len() as u64)),
         )?;
-        // Compress first, then check the tensor's floor of stored bytes per value: a tensor
-        // that zstd shrinks below it (a constant tensor) is stored uncompressed instead.
+        // Compress first, then check the tensor's floor of stored bytes per value: where zstd
+        // shrinks a tensor below it (a constant tensor), its smallest streams are stored
+        // uncompressed, one by one, until the floor is met (all of them, before: an affine
+        // INT4 constant kept its 4 bits a value where its f16 scales alone reach the floor).
         let mut candidates: Vec<Option<Vec<u8>>> = tensor
             .streams
             .iter()
             .map(|(_, raw)| self.try_compress(raw, crate::zstd_codec::LEVEL))
             .collect();
-        let stored: u64 = tensor
-            .streams
-            .iter()
-            .zip(&candidates)
-            .map(|((_, raw), z)| z.as_ref().map_or(raw.len(), Vec::len) as u64)
-            .sum();
+        let sizes = |c: &[Option<Vec<u8>>]| -> u64 {
+            tensor
+                .streams
+                .iter()
+                .zip(c)
+                .map(|((_, raw), z)| z.as_ref().map_or(raw.len(), Vec::len) as u64)
+                .sum()
+        };
         let floor = min_stored_bytes(tensor_numel(shape));
-        if stored < floor {
-            candidates.iter_mut().for_each(|c| *c = None);
+        if sizes(&candidates) < floor {
             let raw: u64 = tensor.streams.iter().map(|(_, b)| b.len() as u64).sum();
             if raw < floor {
                 // Readers would refuse the file: refuse the tensor instead.
@@ -135,6 +138,14 @@ impl<W: Write> Writer<W> {
                     value: tensor_numel(shape) / raw.max(1),
                     max: crate::MAX_VALUES_PER_STORED_BYTE,
                 });
+            }
+            let mut order: Vec<usize> = (0..candidates.len()).collect();
+            order.sort_by_key(|&k| tensor.streams[k].1.len());
+            for k in order {
+                if sizes(&candidates) >= floor {
+                    break;
+                }
+                candidates[k] = None;
             }
         }
         let mut roles = BTreeMap::new();
