@@ -418,6 +418,43 @@ pub fn compress(
                 one
             }
         };
+        // A constant tensor (an untrained norm or gate, a zeroed adapter) that its encoding
+        // stores with loss (a lattice or trellis rotates it into noise-like coordinates: 9 dB
+        // at 2 bits) or in more bytes than its exact form (a trellis's 2 bits of zeros) is
+        // stored in that form instead ([`constant_form`]).
+        // Only rotations: an affine grid holds a constant within its scale type's rounding
+        // (73 dB at f16) in the form the GPU kernels run, and raw types are what was asked for.
+        if matches!(
+            encoded.encoding,
+            Encoding::Lattice { .. } | Encoding::Trellis { .. }
+        ) && constant_value(&values).is_some()
+        {
+            let exact = hwz::encode(&t.name, &values, &t.shape, &constant_form(), opts)?;
+            let bytes =
+                |e: &hwz::EncodedTensor| -> usize { e.streams.iter().map(|(_, b)| b.len()).sum() };
+            if one.noise > 0.0 || bytes(&encoded) > bytes(&exact) {
+                let why = if one.noise > 0.0 {
+                    format!(
+                        "a constant tensor, which {} stored at {:.2} dB",
+                        encoded.encoding.label(),
+                        one.snr_db()
+                    )
+                } else {
+                    format!(
+                        "a constant tensor, which {} stored in {} bytes, not {}",
+                        encoded.encoding.label(),
+                        bytes(&encoded),
+                        bytes(&exact)
+                    )
+                };
+                encoded = exact;
+                fallbacks.retain(|(name, _)| name != &t.name);
+                let label = encoded.encoding.label();
+                fallbacks.push((t.name.clone(), format!("{label} ({why})")));
+                one = ErrorAcc::default();
+                one.add(&values, &values);
+            }
+        }
         // A lossy tensor that comes back no better than zeros (SNR <= 0 dB: values below what
         // its scales can hold, e.g. std 1e-8 or subnormals under f16 scales) is never reported
         // as a success: it is stored raw in its source type instead, and listed in fallbacks.
@@ -478,6 +515,24 @@ pub fn compress(
         error: acc,
         fallbacks,
         plan,
+    })
+}
+
+/// The value of a tensor whose values are all one finite value (bit for bit), else `None`.
+fn constant_value(values: &[f32]) -> Option<f32> {
+    let first = *values.first()?;
+    (first.is_finite() && values.iter().all(|v| v.to_bits() == first.to_bits())).then_some(first)
+}
+
+/// The exact form of a constant tensor: affine INT1 with one f32 scale (zero) and offset (the
+/// value) for the tensor. Its codes are stored as they are (a bit a value): zstd would shrink
+/// them past what readers accept of a stream (256 times) or of a tensor (64 values a byte).
+fn constant_form() -> Encoding {
+    Encoding::affine(AffineParams {
+        bits: 1,
+        group: Group::Tensor,
+        symmetric: false,
+        scale_dtype: FloatDtype::F32,
     })
 }
 
@@ -734,6 +789,58 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn constant_tensors_under_a_rotation_are_stored_exactly() {
+        // A lattice or trellis rotates a constant into noise-like coordinates (9-12 dB at
+        // 2 bits) and spends its bits on zeros; its exact form is smaller.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let input = dir.path().join("m.safetensors");
+        let mut gauss = vec![0f32; 128 * 256];
+        crate::source::SplitMix64(5).fill_gaussian(&mut gauss);
+        let tensors = vec![
+            ("w".to_string(), vec![128u64, 256], gauss),
+            ("ones".to_string(), vec![64u64, 256], vec![1.0; 64 * 256]),
+            ("small".to_string(), vec![32u64, 512], vec![-0.02; 32 * 512]),
+            ("zero".to_string(), vec![64u64, 256], vec![0.0; 64 * 256]),
+        ];
+        crate::synth::write_tensors(&input, &tensors).expect("write");
+        let source = TensorSource::open(input.to_str().expect("utf-8")).expect("open");
+        let lattice = Spec::Rate {
+            template: Encoding::Lattice {
+                lattice: hwz::Lattice::E8,
+                alpha: 1.0,
+                tile: 1,
+                seed: 0,
+                scale_dtype: FloatDtype::F16,
+                coding: hwz::Coding::RANS_DEFAULT,
+            },
+            max_tile: 4096,
+            bps: Some(2.0),
+        };
+        let trellis = Spec::trellis(8, 2, 4096, 0).expect("trellis");
+        for (spec, replaced) in [(lattice, 2), (trellis, 3)] {
+            let options = CompressOptions {
+                route: Route::Fixed(spec),
+                ..CompressOptions::default()
+            };
+            let out = dir.path().join("m.hwz");
+            let r = compress_to_file(&source, &options, &out, false, &mut |_| {}, &Cancel::new())
+                .expect("compress");
+            let names: Vec<&str> = r.report.fallbacks.iter().map(|f| f.0.as_str()).collect();
+            assert_eq!(names.len(), replaced, "{:?}", r.report.fallbacks);
+            assert!(r
+                .report
+                .fallbacks
+                .iter()
+                .all(|f| f.1.contains("a constant tensor")));
+            let file = hwz::Archive::open_file(&out).expect("open");
+            for (name, _, values) in &tensors[1..] {
+                assert_eq!(&file.decode_tensor(name).expect("decode"), values, "{name}");
+            }
+            assert!(!names.contains(&"w"));
+        }
     }
 
     #[test]
