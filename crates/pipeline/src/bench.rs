@@ -304,7 +304,7 @@ pub fn measure(
             };
             let fallback = |row: &mut BenchRow, b: f64| {
                 row.fallbacks += 1;
-                let e = crate::rate::fallback_encoding(b);
+                let e = crate::rate::fallback_encoding(b, &t.shape);
                 hwz::encode(&t.name, &values, &t.shape, &e, EncodeOptions::default())
             };
             // Prefix codes that do not serve the tensor: their rANS rung, counted in the row.

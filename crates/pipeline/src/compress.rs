@@ -280,7 +280,7 @@ pub fn compress(
         ) = (&rate_plan, &options.route)
         {
             let fallback = |why: &str, fallbacks: &mut Vec<(String, String)>| {
-                let e = rp.fallback.clone();
+                let e = crate::rate::grid(rp.fallback_bits, &t.shape);
                 fallbacks.push((t.name.clone(), format!("{} ({why})", e.label())));
                 hwz::encode(&t.name, &values, &t.shape, &e, opts)
             };
@@ -487,7 +487,10 @@ pub fn compress(
             // count), whatever it became.
             let given = match given_bits {
                 Some(b) => b,
-                None => 8.0 * crate::rate::exact_bytes(&t.name, &t.shape, &rp.fallback)? as f64,
+                None => {
+                    let e = crate::rate::grid(rp.fallback_bits, &t.shape);
+                    8.0 * crate::rate::exact_bytes(&t.name, &t.shape, &e)? as f64
+                }
             };
             surplus_bits += given - 8.0 * stored as f64;
         }
@@ -840,6 +843,61 @@ mod tests {
                 assert_eq!(&file.decode_tensor(name).expect("decode"), values, "{name}");
             }
             assert!(!names.contains(&"w"));
+        }
+    }
+
+    #[test]
+    fn a_depthwise_kernel_that_falls_back_keeps_every_channel() {
+        // Trained depthwise channels differ in range by orders of magnitude: under one scale
+        // for the tensor the small ones decoded as zeros (EfficientNet-Lite0: 25-166 channels).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let input = dir.path().join("m.safetensors");
+        let gauss = |n: usize, seed: u64| {
+            let mut v = vec![0f32; n];
+            crate::source::SplitMix64(seed).fill_gaussian(&mut v);
+            v
+        };
+        let mut dw = gauss(64 * 9, 7);
+        dw.iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v *= if i / 9 == 5 { 300.0 } else { 1.0 });
+        let tensors = vec![
+            ("fc".to_string(), vec![256u64, 512], gauss(256 * 512, 8)),
+            ("dw".to_string(), vec![64u64, 1, 3, 3], dw.clone()),
+        ];
+        crate::synth::write_tensors(&input, &tensors).expect("write");
+        let source = TensorSource::open(input.to_str().expect("utf-8")).expect("open");
+        let template = Encoding::Lattice {
+            lattice: hwz::Lattice::E8,
+            alpha: 1.0,
+            tile: 1,
+            seed: 0,
+            scale_dtype: FloatDtype::F16,
+            coding: hwz::Coding::RANS_DEFAULT,
+        };
+        for bps in [2.0, 3.0, 4.0] {
+            let options = CompressOptions {
+                route: Route::Fixed(Spec::Rate {
+                    template: template.clone(),
+                    max_tile: 4096,
+                    bps: Some(bps),
+                }),
+                ..CompressOptions::default()
+            };
+            let out = dir.path().join("m.hwz");
+            let r = compress_to_file(&source, &options, &out, false, &mut |_| {}, &Cancel::new())
+                .expect("compress");
+            assert_eq!(r.report.fallbacks.len(), 1, "{:?}", r.report.fallbacks);
+            let file = hwz::Archive::open_file(&out).expect("open");
+            let back = file.decode_tensor("dw").expect("decode");
+            for (c, (x, y)) in dw.chunks(9).zip(back.chunks(9)).enumerate() {
+                let signal: f32 = x.iter().map(|v| v * v).sum();
+                let noise: f32 = x.iter().zip(y).map(|(a, b)| (a - b) * (a - b)).sum();
+                assert!(
+                    noise < 0.25 * signal,
+                    "{bps} bits, channel {c}: {x:?} -> {y:?}"
+                );
+            }
         }
     }
 

@@ -6,7 +6,9 @@
 //! 1. A tensor that the lattice cannot serve at the rate ([`lattice_serves`]) — its row scales,
 //!    chunk tables and the coarsest useful scale (the calibration's smallest α) already cost
 //!    more, or what is left per coded coordinate would do worse than a per-tensor grid —
-//!    falls back to affine INT(⌊B⌋ + 2) with one symmetric f16 scale for the whole tensor
+//!    falls back to affine INT(⌊B⌋ + 2) with a symmetric f16 scale per row, that is per output
+//!    channel ([`grid`]; one for the tensor where rows hold fewer than [`ROW_SCALE_MIN_COLS`]
+//!    values)
 //!    (fewer bits when the budget cannot afford two more): small and narrow tensors such as
 //!    3×3 depthwise kernels (9 values per row) and stems. They hold few of the values, so the
 //!    extra bits cost the others little, while a coarser grid over such large-magnitude kernels
@@ -58,21 +60,21 @@ pub struct RatePlan {
     pub target_bps: f64,
     /// The rate every lattice tensor targets after the fallbacks' bytes are accounted.
     pub lattice_bps: f64,
-    /// The fallback's encoding (its width is ⌊B⌋ + 2 bits, or fewer when the budget is short).
-    pub fallback: Encoding,
+    /// The fallback's width: ⌊B⌋ + 2 bits, or fewer when the budget is short ([`grid`]).
+    pub fallback_bits: u8,
     /// By tensor name.
     pub choices: HashMap<String, RateChoice>,
 }
 
 /// Bits the fallback spends beyond ⌊bps⌋: the tensors that fall back are few and small, and
-/// their error (a max-scaled grid over the whole tensor, often of large-magnitude weights such
+/// their error (a max-scaled grid over each row, often of large-magnitude weights such
 /// as depthwise kernels) would otherwise dominate the model's total noise.
 pub const FALLBACK_EXTRA_BITS: u8 = 2;
 
-/// The fallback of a tensor that the lattice cannot serve at `bps`: affine
-/// INT(⌊bps⌋ + [`FALLBACK_EXTRA_BITS`]) (at most 8) with one symmetric f16 scale for the tensor.
-pub fn fallback_encoding(bps: f64) -> Encoding {
-    tensor_grid(fallback_bits(bps))
+/// The fallback of a tensor of `shape` that the lattice cannot serve at `bps`: the [`grid`] of
+/// INT(⌊bps⌋ + [`FALLBACK_EXTRA_BITS`]) bits (at most 8).
+pub fn fallback_encoding(bps: f64, shape: &[u64]) -> Encoding {
+    grid(fallback_bits(bps), shape)
 }
 
 /// The fallback's width at `bps`: ⌊bps⌋ + [`FALLBACK_EXTRA_BITS`], within 1..=8.
@@ -87,7 +89,7 @@ fn fallback_bits(bps: f64) -> u8 {
 /// padding cost a bit per value or more (3×3 depthwise kernels: 9-value trellis rows at 2 bits
 /// code at 6 dB for 4.4 bits per value, where a per-tensor INT3 grid gives 11 dB at 3; a
 /// one-value row of fixed-rate E8 pads to a word and a scale: 48 bits at 4) — affine
-/// INT(K + 2) with one scale for the tensor ([`fallback_encoding`]). `None` for other recipes
+/// INT(K + 2) with a scale per row ([`fallback_encoding`]). `None` for other recipes
 /// and shapes (entropy-coded lattice rates have [`plan_rate`]'s rule).
 pub fn narrow_fallback(spec: &Spec, name: &str, shape: &[u64]) -> Option<(Encoding, String)> {
     let Spec::Rate {
@@ -106,7 +108,7 @@ pub fn narrow_fallback(spec: &Spec, name: &str, shape: &[u64]) -> Option<(Encodi
             if cols * (k as u64) < l as u64 {
                 let why =
                     format!("rows of {cols} values hold fewer than the {l}-bit trellis state");
-                return Some((fallback_encoding(k as f64), why));
+                return Some((fallback_encoding(k as f64, shape), why));
             }
             k as u64
         }
@@ -123,7 +125,7 @@ pub fn narrow_fallback(spec: &Spec, name: &str, shape: &[u64]) -> Option<(Encodi
     }
     let why =
         format!("rows of {cols} values spend a bit per value or more on their scale and padding");
-    Some((fallback_encoding(k as f64), why))
+    Some((fallback_encoding(k as f64, shape), why))
 }
 
 /// Bytes beyond the rate that the fallback of a tensor quantized alone may spend (one layer at a
@@ -133,14 +135,14 @@ pub fn narrow_fallback(spec: &Spec, name: &str, shape: &[u64]) -> Option<(Encodi
 pub const ALONE_OVERSPEND_BYTES: u64 = 8192;
 
 /// The fallback of a tensor quantized alone at `bps` ([`ALONE_OVERSPEND_BYTES`]): the widest
-/// per-tensor grid of at most ⌊bps⌋ + [`FALLBACK_EXTRA_BITS`] bits whose bytes exceed the rate
+/// [`grid`] of at most ⌊bps⌋ + [`FALLBACK_EXTRA_BITS`] bits whose bytes exceed the rate
 /// by no more than that. `None` where not even INT1 does (a rate below one bit per value on a
 /// large tensor).
 pub fn alone_fallback(name: &str, shape: &[u64], bps: f64) -> Result<Option<Encoding>> {
     let n = hwz::element_count(name, shape)?;
     let allowed = (bps * n as f64 / 8.0).floor() as u64 + ALONE_OVERSPEND_BYTES;
     for bits in (1..=fallback_bits(bps)).rev() {
-        let e = tensor_grid(bits);
+        let e = grid(bits, shape);
         if exact_bytes(name, shape, &e)? <= allowed {
             return Ok(Some(e));
         }
@@ -331,11 +333,27 @@ fn unserved(
     (lattice_db < grid_db).then_some(Unserved::BelowGrid)
 }
 
-/// Affine INT`bits` with one symmetric f16 scale for the tensor.
-fn tensor_grid(bits: u8) -> Encoding {
+/// Rows shorter than this share one scale in the fallback [`grid`]: a row's f16 scale would
+/// cost more than two bits a value.
+pub const ROW_SCALE_MIN_COLS: u64 = 8;
+
+/// The fallback grid of a tensor of `shape`: affine INT`bits` with a symmetric f16 scale per
+/// row (per output channel), or one for the tensor where rows hold fewer than
+/// [`ROW_SCALE_MIN_COLS`] values. Not one scale for every tensor: the channels of a trained
+/// depthwise kernel differ in range by orders of magnitude, and one grid over them all decoded
+/// 25 to 166 of EfficientNet-Lite0's 22 008 channels as zeros (at 3 and 2 bits) where a scale
+/// per channel decodes none, at the same size within a hundredth of a bit and the same SNR.
+pub fn grid(bits: u8, shape: &[u64]) -> Encoding {
+    let n: u64 = shape.iter().product();
+    let (rows, cols) = hwz::matrix_view(shape, n);
+    let group = if rows > 1 && cols >= ROW_SCALE_MIN_COLS {
+        Group::Row
+    } else {
+        Group::Tensor
+    };
     Encoding::affine(AffineParams {
         bits,
-        group: Group::Tensor,
+        group,
         symmetric: true,
         scale_dtype: FloatDtype::F16,
     })
@@ -452,7 +470,7 @@ pub fn plan_rate(
         for bits in (1..=widest).rev() {
             let fallback_bytes: Vec<u64> = tensors
                 .iter()
-                .map(|(name, shape, _)| exact_bytes(name, shape, &tensor_grid(bits)))
+                .map(|(name, shape, _)| exact_bytes(name, shape, &grid(bits, shape)))
                 .collect::<Result<_>>()?;
             let (on_lattice, lattice_bps) = share(
                 &tensors,
@@ -523,15 +541,11 @@ pub fn plan_rate(
     } else {
         None
     };
-    let found = all_in
-        .or(streams)
-        .map(|(bits, on_lattice, lattice_bps)| (tensor_grid(bits), on_lattice, lattice_bps));
-    let Some((fallback, on_lattice, lattice_bps)) = found else {
-        // The cheapest choice of every tensor: its lattice floor or INT1 with one scale.
-        let int1 = tensor_grid(1);
+    let Some((fallback_bits, on_lattice, lattice_bps)) = all_in.or(streams) else {
+        // The cheapest choice of every tensor: its lattice floor or its INT1 grid.
         let mut least = 0.0;
         for (k, (name, shape, _)) in tensors.iter().enumerate() {
-            let fb = exact_bytes(name, shape, &int1)?;
+            let fb = exact_bytes(name, shape, &grid(1, shape))?;
             least += floors[k].map_or(fb, |f| f.min(fb)) as f64 * 8.0;
         }
         return Err(PipelineError::RateUnreachable {
@@ -551,7 +565,7 @@ pub fn plan_rate(
                     bps: lattice_bps,
                     template,
                 },
-                None => RateChoice::Fallback(fallback.clone()),
+                None => RateChoice::Fallback(grid(fallback_bits, t.1)),
             };
             (t.0.to_string(), c)
         })
@@ -559,7 +573,7 @@ pub fn plan_rate(
     Ok(RatePlan {
         target_bps: bps,
         lattice_bps,
-        fallback,
+        fallback_bits,
         choices,
     })
 }
@@ -635,8 +649,9 @@ mod tests {
         assert_eq!(p.choices["big"], lattice(e8_prefix()));
         assert_eq!(p.choices["small"], lattice(rung));
         assert!(matches!(p.choices["dw"], RateChoice::Fallback(_)));
-        // The depthwise kernel's INT6 and the manifest are paid by the two lattice tensors alike.
-        let fb = 576.0 * 6.0 + 16.0 + crate::plan::unplanned_side_bytes(3, 0) as f64 * 8.0;
+        // The depthwise kernel's INT6 (a 16-bit scale per channel) and the manifest are paid by
+        // the two lattice tensors alike.
+        let fb = 576.0 * 6.0 + 64.0 * 16.0 + crate::plan::unplanned_side_bytes(3, 0) as f64 * 8.0;
         let expected = (4.0 * (576.0 + 4000.0 + 1048576.0) - fb) / (4000.0 + 1048576.0);
         assert!((p.lattice_bps - expected).abs() < 1e-9, "{}", p.lattice_bps);
     }
@@ -645,10 +660,10 @@ mod tests {
     fn fixed_rate_recipes_fall_back_on_rows_they_serve_badly() {
         let trellis = Spec::trellis(12, 2, 4096, 0).expect("spec");
         let fb = |spec: &Spec, shape: &[u64]| narrow_fallback(spec, "t", shape).map(|(e, _)| e);
-        let int4 = fallback_encoding(2.0);
+        let int4 = |shape: &[u64]| Some(fallback_encoding(2.0, shape));
         // Depthwise 3×3 (9-value rows) and 16-value rows: scale and padding ≥ 1 bit per value.
-        assert_eq!(fb(&trellis, &[32, 1, 3, 3]), Some(int4.clone()));
-        assert_eq!(fb(&trellis, &[64, 16]), Some(int4.clone()));
+        assert_eq!(fb(&trellis, &[32, 1, 3, 3]), int4(&[32, 1, 3, 3]));
+        assert_eq!(fb(&trellis, &[64, 16]), int4(&[64, 16]));
         // Five values: fewer bits than the state.
         let (_, why) = narrow_fallback(&trellis, "t", &[8, 5]).expect("fallback");
         assert!(why.contains("state"), "{why}");
@@ -667,9 +682,9 @@ mod tests {
             bps: None,
             max_tile: 4096,
         };
-        let int6 = fallback_encoding(4.0);
-        assert_eq!(fb(&fixed, &[300, 1]), Some(int6.clone()));
-        assert_eq!(fb(&fixed, &[32, 1, 3, 3]), Some(int6));
+        let int6 = |shape: &[u64]| Some(fallback_encoding(4.0, shape));
+        assert_eq!(fb(&fixed, &[300, 1]), int6(&[300, 1]));
+        assert_eq!(fb(&fixed, &[32, 1, 3, 3]), int6(&[32, 1, 3, 3]));
         assert_eq!(fb(&fixed, &[300, 64]), None);
         // Entropy-coded rates have plan_rate's rule instead.
         let rate = Spec::Rate {
@@ -749,7 +764,7 @@ mod tests {
         for (bps, bits) in [(1.25, 1u8), (1.5, 1), (1.75, 1), (2.0, 2), (3.0, 3)] {
             let fallback: Vec<u64> = tensors
                 .iter()
-                .map(|t| exact_bytes(t.0, t.1, &tensor_grid(bits)).expect("bytes"))
+                .map(|t| exact_bytes(t.0, t.1, &grid(bits, t.1)).expect("bytes"))
                 .collect();
             let budget = bps * total as f64;
             let (on, rate) = share(&tensors, &floors, &fallback, &e8(), 4096, bps, budget);
@@ -822,9 +837,9 @@ mod tests {
                 template: e8()
             }
         );
-        // INT5 for 576 values costs 5 + 16/576 bits, and the archive's manifest and alignment
-        // its estimate: the others give that back.
-        let fb = 576.0 * 5.0 + 16.0;
+        // INT5 for 576 values with a 16-bit scale for each of the 64 channels costs 5 + 16/9
+        // bits, and the archive's manifest and alignment its estimate: the others give that back.
+        let fb = 576.0 * 5.0 + 64.0 * 16.0;
         let side = crate::plan::unplanned_side_bytes(3, 0) as f64 * 8.0;
         assert!(side > 8.0 * 2100.0, "{side}");
         let expected = (3.0 * (576.0 + 16384.0 + 131072.0) - fb - side) / (16384.0 + 131072.0);

@@ -1785,7 +1785,8 @@ def quantize(
     does not contain one of ``skip`` by a :class:`HyperLinear` (:class:`HyperConv2d`) quantized
     with ``method`` at ``bps`` (see :func:`method_spec`; a layer too small for the lattice at
     ``bps`` — its row scales and chunk tables alone over the rate, or a per-tensor grid better,
-    as 3×3 depthwise kernels — falls back to affine INT(⌊bps⌋ + 2) with one scale (as many
+    as 3×3 depthwise kernels — falls back to affine INT(⌊bps⌋ + 2) with a scale per output
+    channel (as many
     bits as keep it within 8 KB of the rate: a large layer at a rate below the lattice's reach
     gets a grid within the rate), or, for ``lattice-prefix`` where only its kilobyte of code
     lengths is too much, to ``lattice-gpu``'s rANS; so a model of
