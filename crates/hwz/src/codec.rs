@@ -440,6 +440,7 @@ pub fn encode_to_rate(
             .collect();
         let sample_shape = [(sample.len() / cols) as u64, cols as u64];
         let sn = sample.len().max(1) as f64;
+        let mut bracket = Bracket::default();
         for _ in 0..8 {
             let enc = match encode(tensor, &sample, &sample_shape, &with_alpha(alpha), options) {
                 // Symbols a coder without escapes cannot hold (prefix codes): too many bits.
@@ -449,11 +450,12 @@ pub fn encode_to_rate(
                 }
                 r => r?,
             };
-            let gap = target_bps - enc.payload_bytes() as f64 * 8.0 / sn;
+            let bps = enc.payload_bytes() as f64 * 8.0 / sn;
+            let gap = target_bps - bps;
             if (0.0..0.002).contains(&gap) {
                 break;
             }
-            alpha *= 2f32.powf((gap - 0.0005) as f32);
+            alpha = bracket.next(alpha, bps, target_bps);
             if !(alpha.is_finite() && alpha > 1e-6) {
                 alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
                 break;
@@ -464,6 +466,7 @@ pub fn encode_to_rate(
     let mut floor_tried = false;
     let mut best: Option<(f32, EncodedTensor)> = None;
     let mut unfit_error = None;
+    let mut bracket = Bracket::default();
     for _ in 0..8 {
         let enc = match encode(tensor, values, shape, &with_alpha(alpha), options) {
             Err(e) if unfit(&e) => {
@@ -486,8 +489,7 @@ pub fn encode_to_rate(
         if (0.0..tolerance).contains(&gap) {
             break;
         }
-        // Aim a little below the target so the next try lands inside it.
-        alpha *= 2f32.powf((gap - 0.0005) as f32);
+        alpha = bracket.next(alpha, bps, target_bps);
         if !alpha.is_finite() {
             break;
         }
@@ -513,6 +515,39 @@ pub fn encode_to_rate(
             tensor: tensor.into(),
             target_bps,
         }),
+    }
+}
+
+/// The next α of rate control's search from the last one tried and its rate: a step of the
+/// gap's bits in log₂ α (rate is close to a bit per doubling), aiming a little below the target
+/// so the try lands inside it; once an α below the target and one above are known, a secant
+/// between them kept inside the bracket. Near 8 bits rANS escapes make the rate rise about
+/// 2.4 bits per doubling, and the plain step diverged there (`--bps 8` landed at 7.56).
+#[derive(Default)]
+struct Bracket {
+    /// The largest α tried that landed under the target, and its rate.
+    under: Option<(f32, f64)>,
+    /// The smallest α tried that landed over the target, and its rate.
+    over: Option<(f32, f64)>,
+}
+
+impl Bracket {
+    fn next(&mut self, alpha: f32, bps: f64, target_bps: f64) -> f32 {
+        let aim = target_bps - 0.0005;
+        if bps <= target_bps {
+            if self.under.is_none_or(|(a, _)| alpha > a) {
+                self.under = Some((alpha, bps));
+            }
+        } else if self.over.is_none_or(|(a, _)| alpha < a) {
+            self.over = Some((alpha, bps));
+        }
+        match (self.under, self.over) {
+            (Some((lo, lo_bps)), Some((hi, hi_bps))) if hi > lo && hi_bps > lo_bps => {
+                let t = ((aim - lo_bps) / (hi_bps - lo_bps)).clamp(0.1, 0.9) as f32;
+                lo * (hi / lo).powf(t)
+            }
+            _ => alpha * 2f32.powf((aim - bps) as f32),
+        }
     }
 }
 

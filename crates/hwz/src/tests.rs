@@ -1300,6 +1300,28 @@ fn rates_above_the_calibration_are_refused_not_missed() {
     }
 }
 
+/// Near 8 bits rANS escapes make the rate rise about 2.4 bits per doubling of α, where rate
+/// control's step assumed one: its tries diverged, and `--bps 8` landed at 7.56.
+#[test]
+fn rate_control_lands_under_high_rans_targets_where_the_rate_steepens() {
+    let x = gaussian(512 * 1024, 1);
+    let shape = [512u64, 1024];
+    let template = Encoding::Lattice {
+        lattice: Lattice::E8,
+        alpha: 1.0,
+        tile: 1024,
+        seed: 1,
+        scale_dtype: FloatDtype::F16,
+        coding: Coding::RANS_DEFAULT,
+    };
+    for target in [7.8, 7.9, 8.0] {
+        let t =
+            encode_to_rate("w", &x, &shape, &template, target, EncodeOptions::default()).unwrap();
+        let bps = t.payload_bytes() as f64 * 8.0 / x.len() as f64;
+        assert!(bps <= target && bps > target - 0.05, "{target}: {bps}");
+    }
+}
+
 #[test]
 fn rows_too_large_for_the_rotation_are_named_and_large_lone_values_still_code() {
     // A row of values near f32's largest: the lattice's and the trellis's Hadamard transforms
