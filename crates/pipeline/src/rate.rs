@@ -447,6 +447,13 @@ pub fn plan_rate(
         .map(|t| (t.name.as_str(), t.shape.as_slice(), t.numel()))
         .collect();
     let total: u64 = tensors.iter().map(|t| t.2).sum();
+    // A template that codes no shape at all (`--chunk 0`) is the options' error, said as such:
+    // not a fallback of every tensor "because the lattice cannot code its shape".
+    if let Some((name, _, _)) = tensors.first() {
+        template
+            .for_matrix(256, max_tile)
+            .stream_lens(name, &[8, 256])?;
+    }
     // The smallest lattice floor of each tensor, over the route's template and its rung.
     let rung = rans_gpu_rung(template);
     let floors: Vec<Option<u64>> = tensors
@@ -654,6 +661,29 @@ mod tests {
         let fb = 576.0 * 6.0 + 64.0 * 16.0 + crate::plan::unplanned_side_bytes(3, 0) as f64 * 8.0;
         let expected = (4.0 * (576.0 + 4000.0 + 1048576.0) - fb) / (4000.0 + 1048576.0);
         assert!((p.lattice_bps - expected).abs() < 1e-9, "{}", p.lattice_bps);
+    }
+
+    #[test]
+    fn a_template_that_codes_no_shape_is_refused_not_a_fallback_for_every_tensor() {
+        // `--chunk 0` gave every tensor INT3 "because the lattice cannot code its shape".
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m.safetensors");
+        let tensors = vec![("w".to_string(), vec![64u64, 256], vec![0.1f32; 64 * 256])];
+        crate::synth::write_tensors(&path, &tensors).expect("write");
+        let source = TensorSource::open(path.to_str().expect("utf-8")).expect("open");
+        let mut bad = e8();
+        if let Encoding::Lattice { coding, .. } = &mut bad {
+            *coding = coding.with_chunk(0);
+        }
+        let err = plan_rate(&source, Selection::default(), &bad, 4096, 4.0).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PipelineError::Hwz(hwz::HwzError::InvalidEncoding { .. })
+            ),
+            "{err}"
+        );
+        assert!(plan_rate(&source, Selection::default(), &e8(), 4096, 4.0).is_ok());
     }
 
     #[test]
