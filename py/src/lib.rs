@@ -41,7 +41,9 @@ impl<T: numpy::Element + Clone, D: numpy::ndarray::Dimension> RowMajor<T>
         if self.is_c_contiguous() {
             return Ok(std::borrow::Cow::Borrowed(self.as_slice()?));
         }
-        Ok(std::borrow::Cow::Owned(self.as_array().iter().cloned().collect()))
+        Ok(std::borrow::Cow::Owned(
+            self.as_array().iter().cloned().collect(),
+        ))
     }
 }
 
@@ -166,7 +168,7 @@ fn layer_archive(
 
 #[pyfunction]
 fn cli(py: Python<'_>, argv: Vec<String>) -> u8 {
-    py.detach(move || {
+    detach(py, move || {
         let args = std::iter::once("hypercodec".to_string()).chain(argv);
         hypercodec::main_with_args(args)
     })
@@ -176,7 +178,7 @@ fn cli(py: Python<'_>, argv: Vec<String>) -> u8 {
 /// instead of printing it.
 #[pyfunction]
 fn run(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
-    py.detach(move || {
+    detach(py, move || {
         let args = std::iter::once("hypercodec".to_string()).chain(argv);
         hypercodec::run_args(args)
     })
@@ -186,9 +188,7 @@ fn run(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
 /// The summary `hypercodec inspect --json` prints (native and legacy archives), as JSON text.
 #[pyfunction]
 fn inspect_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
-    let v = py
-        .detach(|| hypercodec_pipeline::inspect_file(&path))
-        .map_err(pipeline_err)?;
+    let v = detach(py, || hypercodec_pipeline::inspect_file(&path)).map_err(pipeline_err)?;
     Ok(v.to_string())
 }
 
@@ -229,7 +229,7 @@ fn write_safetensors(
             .map(|(k, v)| (k, serde_json::Value::String(v)))
             .collect()
     });
-    py.detach(|| {
+    detach(py, || {
         st::write_safetensors(&path, &out, meta, |i, buf| {
             buf.extend_from_slice(&tensors[i].3);
             Ok(())
@@ -243,6 +243,58 @@ fn write_safetensors(
 #[pyfunction]
 fn simd_level() -> &'static str {
     hypercodec_runtime::simd_level()
+}
+
+/// The process that first ran work on rayon's global pool (0 before any work).
+static POOL_OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// A `fork()`ed child's own pool, with the child's process id.
+static CHILD_POOL: std::sync::Mutex<Option<(u32, std::sync::Arc<rayon::ThreadPool>)>> =
+    std::sync::Mutex::new(None);
+
+/// `f` without the GIL, on the process's thread pool. A process `fork()`ed after its parent ran
+/// work on rayon's global pool inherits that pool without its threads, and any parallel work
+/// there waited forever (a torch DataLoader worker calling `load` after the parent's `inspect`);
+/// such a child runs on a pool of its own, of the parent's size, made at its first call.
+fn detach<T, F>(py: Python<'_>, f: F) -> T
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    use std::sync::atomic::Ordering;
+    py.detach(|| {
+        let pid = std::process::id();
+        let owner = match POOL_OWNER.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => pid,
+            Err(owner) => owner,
+        };
+        if owner == pid {
+            return f();
+        }
+        let pool = {
+            let mut child = CHILD_POOL.lock().unwrap_or_else(|e| e.into_inner());
+            match child.as_ref() {
+                Some((p, pool)) if *p == pid => pool.clone(),
+                _ => {
+                    let built = rayon::ThreadPoolBuilder::new()
+                        .num_threads(rayon::current_num_threads())
+                        .build();
+                    match built {
+                        Ok(pool) => {
+                            let pool = std::sync::Arc::new(pool);
+                            *child = Some((pid, pool.clone()));
+                            pool
+                        }
+                        // No thread could be started: the caller's thread runs it, as before.
+                        Err(_) => {
+                            drop(child);
+                            return f();
+                        }
+                    }
+                }
+            }
+        };
+        pool.install(f)
+    })
 }
 
 /// Sets the size of the one thread pool (call before any heavy work; `None`: one per core,
@@ -295,15 +347,14 @@ impl Archive {
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         let legacy = hypercodec_pipeline::is_legacy(&path).map_err(pipeline_err)?;
-        let inner = py
-            .detach(|| -> Result<Inner, PipelineError> {
-                Ok(if legacy {
-                    Inner::Legacy(hypercodec_pipeline::open_legacy(&path)?)
-                } else {
-                    Inner::Native(ArchiveSet::open(&path)?)
-                })
+        let inner = detach(py, || -> Result<Inner, PipelineError> {
+            Ok(if legacy {
+                Inner::Legacy(hypercodec_pipeline::open_legacy(&path)?)
+            } else {
+                Inner::Native(ArchiveSet::open(&path)?)
             })
-            .map_err(pipeline_err)?;
+        })
+        .map_err(pipeline_err)?;
         let (names, shapes) = match &inner {
             Inner::Native(s) => s
                 .tensors()
@@ -399,7 +450,7 @@ impl Archive {
         let k = self.index(name)?;
         let shape: Vec<usize> = self.shapes[k].iter().map(|&d| d as usize).collect();
         let n: usize = shape.iter().product();
-        let values = py.detach(|| -> Result<Vec<f32>, PyErr> {
+        let values = detach(py, || -> Result<Vec<f32>, PyErr> {
             match &self.inner {
                 Inner::Native(s) => {
                     let mut out = vec![0f32; n];
@@ -434,7 +485,7 @@ impl Archive {
         let bias = bias
             .map(|b| b.row_major().map(std::borrow::Cow::into_owned))
             .transpose()?;
-        let op = py.detach(|| -> Result<CompressedLinear, PyErr> {
+        let op = detach(py, || -> Result<CompressedLinear, PyErr> {
             let view = set.view(k).map_err(pipeline_err)?;
             // Where it applies: a model's affine fallbacks load as they are.
             let load = LoadOptions { fixed_bits }.for_tensor(&view);
@@ -464,7 +515,7 @@ impl Archive {
             None => None,
         };
         let set = self.set(name)?;
-        let bytes = py.detach(|| -> Result<Vec<u8>, PyErr> {
+        let bytes = detach(py, || -> Result<Vec<u8>, PyErr> {
             let bias = match b {
                 Some((j, _)) => {
                     let len = set
@@ -589,7 +640,7 @@ impl Linear {
             };
         }
         let (op, stored, hwz) =
-            py.detach(|| -> Result<(CompressedLinear, u64, Vec<u8>), PyErr> {
+            detach(py, || -> Result<(CompressedLinear, u64, Vec<u8>), PyErr> {
                 let encoded = cuda::with_trellis_device(device, |trellis_rows| {
                     let opts = EncodeOptions {
                         trellis_rows,
@@ -649,7 +700,7 @@ impl Linear {
                 }
             }
         };
-        let (op, stored) = py.detach(|| -> Result<(CompressedLinear, u64), PyErr> {
+        let (op, stored) = detach(py, || -> Result<(CompressedLinear, u64), PyErr> {
             let a = hypercodec_hwz::Archive::open(bytes).map_err(hwz_err)?;
             let bias = match a.tensor("bias") {
                 Ok(_) => Some(a.decode_tensor("bias").map_err(hwz_err)?),
@@ -698,12 +749,11 @@ impl Linear {
         let batch: usize = shape[..shape.len() - 1].iter().product();
         let xs = &*x.row_major()?;
         let rows = self.op.rows();
-        let y = py
-            .detach(|| {
-                let mut y = vec![0f32; batch * rows];
-                self.op.forward(xs, batch, &mut y).map(|()| y)
-            })
-            .map_err(runtime_err)?;
+        let y = detach(py, || {
+            let mut y = vec![0f32; batch * rows];
+            self.op.forward(xs, batch, &mut y).map(|()| y)
+        })
+        .map_err(runtime_err)?;
         let mut out_shape = shape;
         if let Some(last) = out_shape.last_mut() {
             *last = rows;
@@ -731,12 +781,11 @@ impl Linear {
             })
             .collect::<PyResult<_>>()?;
         let cols = self.op.cols();
-        let out = py
-            .detach(|| {
-                let mut out = vec![0f32; ids.len() * cols];
-                self.op.decode_rows(&ids, &mut out).map(|()| out)
-            })
-            .map_err(runtime_err)?;
+        let out = detach(py, || {
+            let mut out = vec![0f32; ids.len() * cols];
+            self.op.decode_rows(&ids, &mut out).map(|()| out)
+        })
+        .map_err(runtime_err)?;
         PyArray1::from_vec(py, out).reshape(vec![ids.len(), cols])
     }
 
@@ -753,7 +802,7 @@ impl Linear {
         &self,
         py: Python<'py>,
     ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
-        let Some(w) = py.detach(|| self.op.int8_weight()).map_err(runtime_err)? else {
+        let Some(w) = detach(py, || self.op.int8_weight()).map_err(runtime_err)? else {
             return Ok(None);
         };
         let d = pyo3::types::PyDict::new(py);
@@ -970,7 +1019,7 @@ impl Linear {
     /// The weight decoded to float32 (`rows × cols`).
     fn weight<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
         let (rows, cols) = (self.op.rows(), self.op.cols());
-        let w = py.detach(|| self.op.decode_weight()).map_err(runtime_err)?;
+        let w = detach(py, || self.op.decode_weight()).map_err(runtime_err)?;
         PyArray1::from_vec(py, w).reshape(vec![rows, cols])
     }
 
@@ -1060,9 +1109,8 @@ fn dither_keys(keys: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u64>>> {
             .row_major()?
             .iter()
             .map(|&v| {
-                u64::try_from(v).map_err(|_| {
-                    InvalidInputError::new_err(format!("dither key {v} is negative"))
-                })
+                u64::try_from(v)
+                    .map_err(|_| InvalidInputError::new_err(format!("dither key {v} is negative")))
             })
             .collect::<PyResult<Vec<u64>>>()
             .map(Some);
@@ -1272,7 +1320,7 @@ impl KvCodec {
         };
         let rows = n.checked_div(m).unwrap_or(0);
         let pieces = kv_pieces(rows, m, n);
-        let (codes, scales) = py.detach(|| -> PyResult<(Vec<u8>, Vec<u16>)> {
+        let (codes, scales) = detach(py, || -> PyResult<(Vec<u8>, Vec<u16>)> {
             let mut codes = vec![0u8; n * cb];
             let mut scales = vec![0u16; rows * self.codec.scale_len(m)];
             // Disjoint (codes, scales) slices of the pieces, in memory order.
@@ -1362,7 +1410,7 @@ impl KvCodec {
         let os = row_major_mut(&mut out, "out")?;
         let codec = &self.codec;
         let dither = codec.dithers();
-        py.detach(|| -> PyResult<()> {
+        detach(py, || -> PyResult<()> {
             use rayon::prelude::*;
             // (row, first token, output slice) pieces of 256 vectors, for the thread pool.
             let per = 256;
@@ -1541,7 +1589,7 @@ impl KvCodec {
         let ls = row_major_mut(&mut lse, "lse")?;
         let dither = kc.dithers() || vc.dithers();
         let (ksl, vsl) = (kc.scale_len(kcap), vc.scale_len(vcap));
-        py.detach(|| -> PyResult<()> {
+        detach(py, || -> PyResult<()> {
             use rayon::prelude::*;
             let run = |(r, (o, l)): (usize, (&mut [f32], &mut [f32]))| -> PyResult<()> {
                 let keys: Option<Vec<u64>> = dither.then(|| {
@@ -1658,7 +1706,7 @@ impl KvCodec {
         }
         let sl = self.codec.scale_len(m);
         let pieces = kv_pieces(rows, m, n);
-        let out = py.detach(|| -> PyResult<Vec<f32>> {
+        let out = detach(py, || -> PyResult<Vec<f32>> {
             let mut out = vec![0f32; n * d];
             let mut work = Vec::with_capacity(pieces.len());
             let mut rest = &mut out[..];
@@ -1792,30 +1840,33 @@ fn trellis_encode<'py>(
     }
     let x = values.row_major()?.into_owned();
     let rb = (cols * k as usize).div_ceil(8);
-    let bits = py.detach(|| -> Result<Vec<u8>, hypercodec_trellis::TrellisError> {
-        use rayon::prelude::*;
-        let mut bits = vec![0u8; rows * rb];
-        if cols == 0 {
-            return Ok(bits);
-        }
-        bits.par_chunks_mut(rb)
-            .zip(x.par_chunks(cols))
-            .try_for_each_init(
-                || hypercodec_trellis::Encoder::new(&p),
-                |enc, (b, row)| {
-                    let enc = enc.as_mut().map_err(|e| e.clone())?;
-                    for r in hypercodec_trellis::row_sequences(cols, seq) {
-                        let kk = k as usize;
-                        enc.encode_into(
-                            &row[r.clone()],
-                            &mut b[r.start * kk / 8..(r.end * kk).div_ceil(8)],
-                        )?;
-                    }
-                    Ok(())
-                },
-            )?;
-        Ok(bits)
-    });
+    let bits = detach(
+        py,
+        || -> Result<Vec<u8>, hypercodec_trellis::TrellisError> {
+            use rayon::prelude::*;
+            let mut bits = vec![0u8; rows * rb];
+            if cols == 0 {
+                return Ok(bits);
+            }
+            bits.par_chunks_mut(rb)
+                .zip(x.par_chunks(cols))
+                .try_for_each_init(
+                    || hypercodec_trellis::Encoder::new(&p),
+                    |enc, (b, row)| {
+                        let enc = enc.as_mut().map_err(|e| e.clone())?;
+                        for r in hypercodec_trellis::row_sequences(cols, seq) {
+                            let kk = k as usize;
+                            enc.encode_into(
+                                &row[r.clone()],
+                                &mut b[r.start * kk / 8..(r.end * kk).div_ceil(8)],
+                            )?;
+                        }
+                        Ok(())
+                    },
+                )?;
+            Ok(bits)
+        },
+    );
     let bits = bits.map_err(|e| InvalidInputError::new_err(e.to_string()))?;
     Ok(PyBytes::new(py, &bits))
 }

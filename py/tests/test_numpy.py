@@ -444,3 +444,59 @@ def test_trellis_encoder_bindings_round_trip_and_refuse_bad_input():
             hypercodec._native.trellis_encode(x, 12, 2, 64, v=v)
     with pytest.raises(hypercodec.InvalidInputError):
         hypercodec._native.trellis_encode(x, 8, 4, 64, v=2)  # 2K = L
+
+
+# A parent that ran parallel work, then a fork()ed child doing the same (torch DataLoader
+# workers, multiprocessing.Pool's default start on Linux). Run in a subprocess: the child
+# hung for ever on the parent's rayon pool, which a fork copies without its threads.
+FORK_AFTER_PARALLEL_WORK = """
+import multiprocessing as mp, sys, numpy as np, hypercodec
+path = sys.argv[1]
+w = np.random.default_rng(0).standard_normal((512, 1024), dtype=np.float32)
+hypercodec.save({"w": w}, path, encoding="lattice", bps=4)
+hypercodec.inspect(path)
+def child(q):
+    q.put(float(np.abs(hypercodec.load(path)["w"] - w).max()))
+    q.put(hypercodec.Linear.quantize(w, "e8@4").forward(np.ones((4, 1024), np.float32)).shape)
+ctx = mp.get_context("fork")
+q = ctx.Queue()
+p = ctx.Process(target=child, args=(q,))
+p.start()
+p.join(60)
+print("hung" if p.is_alive() else f"{q.get():.3f} {q.get()}")
+if p.is_alive():
+    p.kill()
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork() on this platform")
+def test_a_forked_child_runs_parallel_work_after_its_parent_did(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_PARALLEL_WORK, str(tmp_path / "f.hwz")],
+        capture_output=True, text=True, check=True, timeout=120,
+    ).stdout.split("\n")[-2]
+    err, shape = out.split(" ", 1)
+    assert float(err) < 1.0 and shape == "(4, 512)", out
+
+
+def test_save_takes_negative_values_dash_paths_shards_scalars_and_names_an_empty_state_dict(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    w = gaussian((64, 256))
+    # Options went to the parser as `--bps -1`: "unexpected argument '-1'" with the CLI's usage.
+    with pytest.raises(hypercodec.InvalidInputError) as e:
+        hypercodec.save({"w": w}, "n.hwz", encoding="lattice", bps=-1)
+    assert "unexpected argument" not in str(e.value) and "-1" in str(e.value), str(e.value)
+    # A file named like a flag is a path.
+    hypercodec.save({"w": w}, "-model.hwz", encoding="raw-f32")
+    assert np.array_equal(hypercodec.load("-model.hwz")["w"], w)
+    # Shards: the files were written, then the summary looked for `m.hwz` and raised.
+    sd = {f"l{i}": gaussian((256, 256), i) for i in range(4)}
+    info = hypercodec.save(sd, tmp_path / "m.hwz", encoding="lattice", bps=4, shard_size="64KB")
+    assert len(info["tensors"]) == 4
+    assert len(hypercodec.load(tmp_path / "m.hwz.index.json")) == 4
+    # A 0-d tensor keeps its shape (it came back (1,)).
+    hypercodec.save({"t": np.array(2.5, np.float32), "w": w}, "s.hwz", encoding="raw-f32")
+    assert hypercodec.load("s.hwz")["t"].shape == ()
+    # Nothing to store: said so, not "a temporary file holds no tensor".
+    with pytest.raises(hypercodec.InvalidInputError, match="no floating-point tensor"):
+        hypercodec.save({"ids": np.arange(4)}, "e.hwz")
