@@ -312,3 +312,29 @@ def test_vision_models_with_compressed_convolutions_run():
     assert vit.embeddings.patch_embeddings.projection.weight.dtype == torch.bfloat16
     with torch.no_grad():
         assert vit(pixel_values=torch.randn(1, 3, 32, 32)).last_hidden_state.dtype == torch.bfloat16
+
+
+def test_a_tokenizer_file_that_is_not_text_travels_as_bytes(tmp_path):
+    # SentencePiece tokenizers (Marian, SigLIP, M2M100) write a binary `tokenizer.model`;
+    # save_hwz read every file as UTF-8 and failed with UnicodeDecodeError, writing nothing.
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    blob = bytes([0x0A, 0x8F, 0xFF, 0xFE, 0x00, 0x12]) * 40
+
+    class SpmLike:
+        def save_pretrained(self, d):
+            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                f.write('{"model_max_length": 64}')
+            with open(os.path.join(d, "tokenizer.model"), "wb") as f:
+                f.write(blob)
+            os.mkdir(os.path.join(d, "extra"))  # a folder among the files is passed over
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    path = tmp_path / "spm.hwz"
+    hhf.save_hwz(LlamaForCausalLM(cfg), str(path), SpmLike(), encoding="lattice", bps=4)
+    meta = hypercodec.metadata(path)["safetensors"]
+    assert meta[hhf.TOKENIZER_PREFIX + "tokenizer_config.json"] == '{"model_max_length": 64}'
+    import base64
+
+    assert base64.b64decode(meta[hhf.TOKENIZER_B64_PREFIX + "tokenizer.model"]) == blob

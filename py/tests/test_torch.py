@@ -49,7 +49,9 @@ def test_tiny_and_huge_weights_keep_their_precision(spec):
     for factor in [1e-9, 1e8]:
         db, h, layer = snr(base * factor)
         assert db > unit - 1.5, (spec, factor, db, unit)
-        assert h.op.stored_bytes == h_unit.op.stored_bytes
+        # The same bytes within rate control's tolerance (the scales' rounding moves its last
+        # try by a few bytes).
+        assert abs(h.op.stored_bytes - h_unit.op.stored_bytes) <= 0.005 * h_unit.op.stored_bytes
         # The stored form says so, and loads back to the same outputs.
         back = hnn.HyperLinear.placeholder(layer)
         back.load_state_dict(h.state_dict())
@@ -83,6 +85,15 @@ def test_skip_and_load_into_from_an_archive(tmp_path):
     m2 = torch.nn.Sequential(torch.nn.Linear(8, 8))
     hnn.quantize(m2, skip=("0",))
     assert isinstance(m2[0], torch.nn.Linear)
+    # An archive of another width is refused before any layer changes (the model had become
+    # 20 wide in silence), and so is a weight whose bias the archive lacks (it was dropped).
+    narrow = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16))
+    with pytest.raises(hypercodec.InvalidInputError, match=r"`0.weight` is stored as \[32, 64\]; the model's is \[16, 64\]"):
+        hnn.load_into(narrow, str(path))
+    assert all(type(m) is not hnn.HyperLinear for m in narrow.modules())
+    hypercodec.save({"0.weight": model[0].weight.detach()}, tmp_path / "w.hwz", bits=8)
+    with pytest.raises(hypercodec.FormatError, match="not `0.bias`"):
+        hnn.load_into(torch.nn.Sequential(torch.nn.Linear(64, 32)), str(tmp_path / "w.hwz"))
 
 
 def _convnet() -> torch.nn.Module:

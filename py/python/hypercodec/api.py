@@ -43,8 +43,10 @@ def _to_buffer(value: Any) -> tuple[str, tuple[int, ...], bytes]:
         arr = np.asarray(value)
         if arr.dtype not in _ST_DTYPES:
             arr = arr.astype(np.float32)
+    # The shape before ascontiguousarray, which makes a 0-d array 1-d (a scalar came back (1,)).
+    shape = tuple(arr.shape)
     arr = np.ascontiguousarray(arr)
-    return _ST_DTYPES[arr.dtype], tuple(arr.shape), arr.tobytes()
+    return _ST_DTYPES[arr.dtype], shape, arr.tobytes()
 
 
 def _is_floating(value: Any) -> bool:
@@ -67,6 +69,11 @@ def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mappi
             continue
         dtype, shape, data = _to_buffer(value)
         tensors.append((name, dtype, list(shape), data))
+    if not tensors:
+        raise _native.InvalidInputError(
+            "the state dict holds no floating-point tensor to store"
+            + (f" ({len(skipped)} non-floating left out: {', '.join(skipped[:4])})" if skipped else "")
+        )
     if skipped:
         warnings.warn(
             f"{len(skipped)} non-floating tensors are not stored: {', '.join(skipped[:8])}"
@@ -79,6 +86,8 @@ def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mappi
 
 
 def _flags(options: Mapping[str, Any]) -> list[str]:
+    """Keyword options as ``--flag=value`` (one argument each: a negative number is the flag's
+    value, not another flag)."""
     argv: list[str] = []
     for key, value in options.items():
         if value is None or value is False:
@@ -87,9 +96,9 @@ def _flags(options: Mapping[str, Any]) -> list[str]:
         if value is True:
             argv.append(flag)
         elif isinstance(value, (list, tuple)):
-            argv += [flag, ",".join(str(v) for v in value)]
+            argv.append(f"{flag}={','.join(str(v) for v in value)}")
         else:
-            argv += [flag, str(value)]
+            argv.append(f"{flag}={value}")
     return argv
 
 
@@ -119,7 +128,12 @@ def compress_file(input: str | os.PathLike, output: str | os.PathLike, **options
     """
     if os.fspath(input).endswith(PT_SUFFIXES):
         return compress_state_dict(read_pt(input), output, **options)
-    _native.run(["compress", os.fspath(input), os.fspath(output), *_flags(options)])
+    # The paths after `--`: a file named `-model.hwz` or `--help` is a path, not a flag.
+    _native.run(["compress", *_flags(options), "--", os.fspath(input), os.fspath(output)])
+    index = os.fspath(output) + ".index.json"
+    if not os.path.exists(output) and os.path.exists(index):
+        # Written as shards (`shard_size`): their index stands for the archive.
+        return inspect(index)
     return inspect(output)
 
 
@@ -135,7 +149,7 @@ def compress_state_dict(
     values) is kept in the archive under ``safetensors``. Returns the archive's summary.
 
     >>> import numpy as np
-    >>> sd = {"w": np.random.default_rng(0).standard_normal((64, 256), dtype=np.float32)}
+    >>> sd = {"w": np.random.default_rng(0).standard_normal((256, 512), dtype=np.float32)}
     >>> info = compress_state_dict(sd, "w.hwz", encoding="lattice", bps=4)  # doctest: +SKIP
     >>> round(info["totals"]["bps_file"], 1)  # doctest: +SKIP
     4.0

@@ -12,6 +12,7 @@ run from the stored form (their dense weights are never built). Requires torch a
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import tempfile
@@ -39,6 +40,8 @@ from .nn import (
 __all__ = ["quantize", "save_hwz", "from_hwz"]
 
 TOKENIZER_PREFIX = "hf_tokenizer/"
+# A tokenizer file that is not UTF-8 text (SentencePiece's ``tokenizer.model``), as base64.
+TOKENIZER_B64_PREFIX = "hf_tokenizer_b64/"
 
 
 def _unique_state_dict(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -68,8 +71,14 @@ def save_hwz(model: nn.Module, path: str, tokenizer: Any = None, **options: Any)
         with tempfile.TemporaryDirectory() as d:
             tokenizer.save_pretrained(d)
             for name in sorted(os.listdir(d)):
-                with open(os.path.join(d, name), encoding="utf-8") as f:
-                    meta[TOKENIZER_PREFIX + name] = f.read()
+                if not os.path.isfile(os.path.join(d, name)):
+                    continue
+                with open(os.path.join(d, name), "rb") as f:
+                    data = f.read()
+                try:
+                    meta[TOKENIZER_PREFIX + name] = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    meta[TOKENIZER_B64_PREFIX + name] = base64.b64encode(data).decode("ascii")
     return compress_state_dict(sd, path, metadata=meta, **options)
 
 
@@ -149,12 +158,15 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
         raise _native.FormatError(f"{path}: tensors missing from the archive: {left[:5]}")
     model.eval()
     tokenizer = None
-    files = {k[len(TOKENIZER_PREFIX) :]: v for k, v in meta.items() if k.startswith(TOKENIZER_PREFIX)}
+    files = {k[len(TOKENIZER_PREFIX) :]: v.encode("utf-8") for k, v in meta.items() if k.startswith(TOKENIZER_PREFIX)}
+    files.update(
+        {k[len(TOKENIZER_B64_PREFIX) :]: base64.b64decode(v) for k, v in meta.items() if k.startswith(TOKENIZER_B64_PREFIX)}
+    )
     if files:
         with tempfile.TemporaryDirectory() as d:
-            for name, text in files.items():
-                with open(os.path.join(d, os.path.basename(name)), "w", encoding="utf-8") as f:
-                    f.write(text)
+            for name, data in files.items():
+                with open(os.path.join(d, os.path.basename(name)), "wb") as f:
+                    f.write(data)
             tokenizer = AutoTokenizer.from_pretrained(d)
     return model, tokenizer
 

@@ -2526,12 +2526,24 @@ def _archive_source(archive: "_native.Archive", layer: str, bias: bool) -> Any:
 def load_into(model: nn.Module, path: str) -> nn.Module:
     """Fills ``model`` from the archive ``path``: each ``nn.Linear`` whose weight is stored
     becomes a :class:`HyperLinear` on the stored form (its dense weight is never built); the
-    other parameters and buffers are decoded into place. Returns ``model``."""
+    other parameters and buffers are decoded into place. Returns ``model``.
+
+    As ``load_state_dict(..., strict=False)``: a stored tensor whose shape differs from the
+    model's is an error, naming both, and so is a stored weight whose layer has a bias the
+    archive does not hold (it was dropped), both before any layer is replaced."""
     archive = _native.Archive(path)
     names = set(archive.names())
     linears = [
         (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and f"{n}.weight" in names and _replaceable(model, n)
     ]
+    for name, layer in linears:
+        for key, own in ((f"{name}.weight", layer.weight), (f"{name}.bias", layer.bias)):
+            if own is not None and key in names and tuple(archive.shape(key)) != tuple(own.shape):
+                raise _native.InvalidInputError(
+                    f"{path}: `{key}` is stored as {list(archive.shape(key))}; the model's is {list(own.shape)}"
+                )
+        if layer.bias is not None and f"{name}.bias" not in names:
+            raise _native.FormatError(f"{path}: holds `{name}.weight` but not `{name}.bias`, which the model's layer has")
     done = set()
     for name, layer in linears:
         bias = None
