@@ -4,8 +4,8 @@
 
 use crate::{CudaError as PyCudaError, InvalidInputError};
 use hypercodec_kernels_cuda::{
-    AffineGemv, CudaError, Dtype, E8Gemv, E8PrefixGemv, E8RansGemv, Kernels, KvE8, KvE8Attend, QuantF8, QuantI8, RhtArgs,
-    TrellisEncode, TrellisGemv, W8A8Out,
+    AffineGemv, CudaError, Dtype, E8Gemv, E8PrefixGemv, E8RansGemv, Kernels, KvE8, KvE8Attend,
+    QuantF8, QuantI8, RhtArgs, TrellisEncode, TrellisGemv, W8A8Out,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

@@ -514,6 +514,17 @@ impl Archive {
             Some(b) => Some((self.index(b)?, b)),
             None => None,
         };
+        if let Some((j, b)) = b {
+            // A bias of another length made a blob that `from_hwz` refused later.
+            let shape = &self.shapes[k];
+            let rows = hypercodec_hwz::matrix_view(shape, shape.iter().product()).0;
+            let len: u64 = self.shapes[j].iter().product();
+            if len != rows {
+                return Err(InvalidInputError::new_err(format!(
+                    "`{b}` holds {len} values; `{name}` has {rows} rows"
+                )));
+            }
+        }
         let set = self.set(name)?;
         let bytes = detach(py, || -> Result<Vec<u8>, PyErr> {
             let bias = match b {

@@ -500,3 +500,14 @@ def test_save_takes_negative_values_dash_paths_shards_scalars_and_names_an_empty
     # Nothing to store: said so, not "a temporary file holds no tensor".
     with pytest.raises(hypercodec.InvalidInputError, match="no floating-point tensor"):
         hypercodec.save({"ids": np.arange(4)}, "e.hwz")
+
+
+def test_tensor_hwz_refuses_a_bias_of_another_length(tmp_path):
+    # It made a blob that Linear.from_hwz refused later.
+    path = tmp_path / "b.hwz"
+    hypercodec.save({"w": gaussian((16, 64)), "b": gaussian((16,)), "c": gaussian((1024,))}, path, encoding="raw-f32")
+    a = hypercodec.Archive(str(path))
+    lin = hypercodec.Linear.from_hwz(a.tensor_hwz("w", "b"))
+    assert lin.rows == 16
+    with pytest.raises(hypercodec.InvalidInputError, match="`c` holds 1024 values; `w` has 16 rows"):
+        a.tensor_hwz("w", "c")

@@ -1138,6 +1138,11 @@ def test_a_candidate_name_in_the_rate_argument_is_a_clear_type_error():
     hnn.quantize(m, method="int4")
     assert isinstance(m[0], hnn.HyperLinear)
     assert hnn.method_spec("affine", np.float32(3.0)) == "int3"
+    # Integer widths round half up (2.5 gave int2 and 3.5 int4), and none rounds to 0 bits.
+    assert [hnn.method_spec("affine", b) for b in (2.5, 3.5, 3.4)] == ["int3", "int4", "int3"]
+    with pytest.raises(ValueError, match="whole bits"):
+        hnn.method_spec("trellis", 0.4)
+    assert hnn.method_spec("lattice", 0.4) == "e8@0.4"
     assert hnn.method_spec("trellis-pairs", 2) == "tcq@2-v2"
     assert hnn.method_spec("trellis-pairs-l12", 3) == "tcq@3-l12-v2"
     # A model quantized with pairs runs (on the CPU) like its decoded weights.

@@ -63,7 +63,11 @@ def method_spec(method: str, bps: float) -> str:
         raise TypeError(f"bps must be a number of bits per value, not {bps!r}{hint}")
     if not (0 < bps <= 16):  # (NaN fails too)
         raise ValueError(f"bps must be more than 0 and at most 16 bits per value, not {bps!r}")
-    bits = int(round(bps))
+    # Integer widths round half up (round() went to even: 2.5 gave int2, 3.5 int4).
+    bits = math.floor(bps + 0.5)
+    integer_width = method.startswith(("codebook-b", "affine", "trellis")) or method == "lattice-fixed"
+    if integer_width and bits < 1:
+        raise ValueError(f"{method} stores whole bits per value: bps={bps!r} rounds to {bits}; ask for at least 0.5")
     if method.startswith("codebook-b"):
         block, _, rest = method.removeprefix("codebook-b").partition("-")
         k = min(2 ** (int(block) * bits), 4096)
