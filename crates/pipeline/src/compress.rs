@@ -738,31 +738,42 @@ mod tests {
         TensorSource::open("gaussian:32x64:3").expect("synthetic")
     }
 
-    #[test]
-    fn prefix_routes_keep_small_tensors_entropy_coded() {
-        // A layer too small for the prefix codes' kilobyte of code lengths at 4 bits takes
-        // GPU-shaped rANS (the same lattice), not the INT6 grid, and the archive keeps its rate.
-        let dir = tempfile::tempdir().expect("tempdir");
-        let input = dir.path().join("m.safetensors");
-        let gauss = |n: usize, seed: u64| {
-            let mut v = vec![0f32; n];
-            crate::source::SplitMix64(seed).fill_gaussian(&mut v);
-            v
-        };
-        let tensors = vec![
-            ("big".to_string(), vec![256u64, 1024], gauss(256 * 1024, 1)),
-            ("small".to_string(), vec![100u64, 40], gauss(4000, 2)),
-        ];
-        crate::synth::write_tensors(&input, &tensors).expect("write");
-        let source = TensorSource::open(input.to_str().expect("utf-8")).expect("open");
-        let template = Encoding::Lattice {
+    fn gauss(n: usize, seed: u64) -> Vec<f32> {
+        let mut v = vec![0f32; n];
+        crate::source::SplitMix64(seed).fill_gaussian(&mut v);
+        v
+    }
+
+    /// E8 with `coding`, its scale and tile left to rate control and the matrix.
+    fn e8(coding: hwz::Coding) -> Encoding {
+        Encoding::Lattice {
             lattice: hwz::Lattice::E8,
             alpha: 1.0,
             tile: 1,
             seed: 0,
             scale_dtype: FloatDtype::F16,
-            coding: hwz::Coding::PREFIX_GPU,
-        };
+            coding,
+        }
+    }
+
+    /// `tensors` written as a safetensors file in `dir`, opened as a source.
+    fn written(dir: &Path, tensors: &[(String, Vec<u64>, Vec<f32>)]) -> TensorSource {
+        let input = dir.join("m.safetensors");
+        crate::synth::write_tensors(&input, tensors).expect("write");
+        TensorSource::open(input.to_str().expect("utf-8")).expect("open")
+    }
+
+    #[test]
+    fn prefix_routes_keep_small_tensors_entropy_coded() {
+        // A layer too small for the prefix codes' kilobyte of code lengths at 4 bits takes
+        // GPU-shaped rANS (the same lattice), not the INT6 grid, and the archive keeps its rate.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tensors = vec![
+            ("big".to_string(), vec![256u64, 1024], gauss(256 * 1024, 1)),
+            ("small".to_string(), vec![100u64, 40], gauss(4000, 2)),
+        ];
+        let source = written(dir.path(), &tensors);
+        let template = e8(hwz::Coding::PREFIX_GPU);
         let options = CompressOptions {
             route: Route::Fixed(Spec::Rate {
                 template,
@@ -799,7 +810,6 @@ mod tests {
         // A lattice or trellis rotates a constant into noise-like coordinates (9-12 dB at
         // 2 bits) and spends its bits on zeros; its exact form is smaller.
         let dir = tempfile::tempdir().expect("tempdir");
-        let input = dir.path().join("m.safetensors");
         let mut gauss = vec![0f32; 128 * 256];
         crate::source::SplitMix64(5).fill_gaussian(&mut gauss);
         let tensors = vec![
@@ -808,17 +818,9 @@ mod tests {
             ("small".to_string(), vec![32u64, 512], vec![-0.02; 32 * 512]),
             ("zero".to_string(), vec![64u64, 256], vec![0.0; 64 * 256]),
         ];
-        crate::synth::write_tensors(&input, &tensors).expect("write");
-        let source = TensorSource::open(input.to_str().expect("utf-8")).expect("open");
+        let source = written(dir.path(), &tensors);
         let lattice = Spec::Rate {
-            template: Encoding::Lattice {
-                lattice: hwz::Lattice::E8,
-                alpha: 1.0,
-                tile: 1,
-                seed: 0,
-                scale_dtype: FloatDtype::F16,
-                coding: hwz::Coding::RANS_DEFAULT,
-            },
+            template: e8(hwz::Coding::RANS_DEFAULT),
             max_tile: 4096,
             bps: Some(2.0),
         };
@@ -851,12 +853,6 @@ mod tests {
         // Trained depthwise channels differ in range by orders of magnitude: under one scale
         // for the tensor the small ones decoded as zeros (EfficientNet-Lite0: 25-166 channels).
         let dir = tempfile::tempdir().expect("tempdir");
-        let input = dir.path().join("m.safetensors");
-        let gauss = |n: usize, seed: u64| {
-            let mut v = vec![0f32; n];
-            crate::source::SplitMix64(seed).fill_gaussian(&mut v);
-            v
-        };
         let mut dw = gauss(64 * 9, 7);
         dw.iter_mut()
             .enumerate()
@@ -865,16 +861,8 @@ mod tests {
             ("fc".to_string(), vec![256u64, 512], gauss(256 * 512, 8)),
             ("dw".to_string(), vec![64u64, 1, 3, 3], dw.clone()),
         ];
-        crate::synth::write_tensors(&input, &tensors).expect("write");
-        let source = TensorSource::open(input.to_str().expect("utf-8")).expect("open");
-        let template = Encoding::Lattice {
-            lattice: hwz::Lattice::E8,
-            alpha: 1.0,
-            tile: 1,
-            seed: 0,
-            scale_dtype: FloatDtype::F16,
-            coding: hwz::Coding::RANS_DEFAULT,
-        };
+        let source = written(dir.path(), &tensors);
+        let template = e8(hwz::Coding::RANS_DEFAULT);
         for bps in [2.0, 3.0, 4.0] {
             let options = CompressOptions {
                 route: Route::Fixed(Spec::Rate {
