@@ -51,8 +51,9 @@ fn encode_as(
     options: EncodeOptions,
 ) -> Result<EncodedTensor> {
     let n = checked_count(tensor, values.len(), shape)?;
-    let lens = encoding.stream_lens(tensor, shape)?;
     let (rows, cols) = matrix_view(shape, n);
+    let encoding = &encoding.sized_for(rows, cols);
+    let lens = encoding.stream_lens(tensor, shape)?;
     let streams = match encoding {
         Encoding::Raw { dtype } => {
             let bytes = scalar::encode_floats(values, *dtype, options.allow_non_finite)
@@ -230,8 +231,9 @@ impl<'a> Calibrated<'a> {
     fn encode_as(&self, encoding: &Encoding) -> Result<EncodedTensor> {
         let (tensor, values, shape, options) = (self.tensor, self.values, self.shape, self.options);
         let n = checked_count(tensor, values.len(), shape)?;
-        let lens = encoding.stream_lens(tensor, shape)?;
         let (rows, cols) = matrix_view(shape, n);
+        let encoding = &encoding.sized_for(rows, cols);
+        let lens = encoding.stream_lens(tensor, shape)?;
         let (r, c) = (rows as usize, cols as usize);
         let bad = |message: String| HwzError::InvalidEncoding {
             tensor: tensor.into(),

@@ -335,6 +335,10 @@ pub const KNOWN_ENCODINGS: &[&str] = &[
     "exceptions",
 ];
 
+/// The fewest probability bits [`Encoding::sized_for`] gives CPU-shaped rANS: 2048 slots a
+/// context, for alphabets of up to 257 symbols.
+pub const MIN_SIZED_PROB_BITS: u8 = 11;
+
 /// An entropy-coded `symbols` stream holds at least one byte per this many symbols; writers pad
 /// shorter ones (only near-constant tensors are that compressible). It bounds what a reader
 /// allocates per stored byte, like [`crate::MAX_ZSTD_EXPANSION`] does for zstd.
@@ -541,6 +545,36 @@ impl Encoding {
             let rows_cap = ((1u64 << 24) / spr.max(1)).max(1);
             let chunk = (spr * block_rows.clamp(1, rows_cap)).clamp(lattice.dim() as u64, 1 << 24);
             *coding = coding.with_chunk(chunk as u32);
+        }
+        e
+    }
+
+    /// The encoding as the codec writes a tensor of `rows × cols`: rANS of the CPU's shape
+    /// (asked at more than the GPU shape's 12 probability bits) with at most ⌈log₂(symbols /
+    /// 4)⌉ bits, at least [`MIN_SIZED_PROB_BITS`], and never the GPU shape's 12 with its 32
+    /// lanes (13 instead: the label `rans-gpu` stays the GPU shape's). A model finer than its
+    /// symbols can fill decodes through `2^prob_bits` slots a context: at 14 bits a 64×64
+    /// layer's runtime held 298 KB of tables for 16 KB of f32 weights.
+    pub fn sized_for(&self, rows: u64, cols: u64) -> Self {
+        let mut e = self.clone();
+        if let Encoding::Lattice {
+            lattice,
+            coding: Coding::Rans {
+                lanes, prob_bits, ..
+            },
+            ..
+        } = &mut e
+        {
+            if *prob_bits > 12 {
+                let spr = hypercodec_lattice::symbols_per_row(*lattice, cols as usize) as u64;
+                let symbols = rows.saturating_mul(spr);
+                let fit = (symbols / 4).max(1).next_power_of_two().trailing_zeros() as u8;
+                let mut p = fit.clamp(MIN_SIZED_PROB_BITS, *prob_bits);
+                if p == 12 && *lanes == 32 {
+                    p = 13;
+                }
+                *prob_bits = p;
+            }
         }
         e
     }

@@ -23,7 +23,7 @@ pub use encoding::{
     element_count, legacy_matrix_shape, matrix_view, role, Assignments, Coding, EncodeOptions,
     EncodedTensor, Encoding, LatticeScale, Residual, StreamLen, TrellisRowsEncoder,
     GPU_CHUNK_SYMBOLS, KNOWN_ENCODINGS, MAX_ELEMENTS, MAX_MODEL_LEN, MAX_RANK,
-    MAX_SYMBOLS_PER_BYTE,
+    MAX_SYMBOLS_PER_BYTE, MIN_SIZED_PROB_BITS,
 };
 pub use error::{HwzError, Result};
 pub use hypercodec_hdc::residual::top_k as top_k_errors;
