@@ -191,7 +191,11 @@ def decompress_state_dict(path: str | os.PathLike, framework: str = "numpy") -> 
 
 class LazyStateDict(Mapping):
     """A read-only state dict over an archive: each tensor is decoded when it is looked up
-    (and not kept), so opening a large archive costs nothing until a tensor is used."""
+    (and not kept), so opening a large archive costs nothing until a tensor is used.
+
+    The archive is memory-mapped, as safetensors files are: truncating or overwriting the file
+    in place while it is open ends the process with SIGBUS. :func:`save` and the command line
+    never do (they write a temporary file and rename it over the old one)."""
 
     def __init__(self, path: str | os.PathLike, framework: str = "numpy") -> None:
         self.archive = _native.Archive(os.fspath(path))
