@@ -427,7 +427,7 @@ pub fn compress(
         if matches!(
             encoded.encoding,
             Encoding::Lattice { .. } | Encoding::Trellis { .. }
-        ) && constant_value(&values).is_some()
+        ) && is_constant(&values)
         {
             let exact = hwz::encode(&t.name, &values, &t.shape, &constant_form(), opts)?;
             let bytes =
@@ -521,10 +521,11 @@ pub fn compress(
     })
 }
 
-/// The value of a tensor whose values are all one finite value (bit for bit), else `None`.
-fn constant_value(values: &[f32]) -> Option<f32> {
-    let first = *values.first()?;
-    (first.is_finite() && values.iter().all(|v| v.to_bits() == first.to_bits())).then_some(first)
+/// Whether a tensor's values are all one finite value (bit for bit).
+fn is_constant(values: &[f32]) -> bool {
+    values.first().is_some_and(|first| {
+        first.is_finite() && values.iter().all(|v| v.to_bits() == first.to_bits())
+    })
 }
 
 /// The exact form of a constant tensor: affine INT1 with one f32 scale (zero) and offset (the
