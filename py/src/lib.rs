@@ -281,7 +281,11 @@ where
                     match built {
                         Ok(pool) => {
                             let pool = std::sync::Arc::new(pool);
-                            *child = Some((pid, pool.clone()));
+                            // A grandchild's inherited pool has no threads here: not dropped
+                            // (its drop would signal workers of another process), forgotten.
+                            if let Some(old) = child.replace((pid, pool.clone())) {
+                                std::mem::forget(old);
+                            }
                             pool
                         }
                         // No thread could be started: the caller's thread runs it, as before.
