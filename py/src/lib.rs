@@ -245,31 +245,32 @@ fn simd_level() -> &'static str {
     hypercodec_runtime::simd_level()
 }
 
-/// The process that first ran work on rayon's global pool (0 before any work).
-static POOL_OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// Set in a `fork()`ed child (`pthread_atfork`, registered when the module loads).
+static FORKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// A `fork()`ed child's own pool, with the child's process id.
 static CHILD_POOL: std::sync::Mutex<Option<(u32, std::sync::Arc<rayon::ThreadPool>)>> =
     std::sync::Mutex::new(None);
 
+#[cfg(unix)]
+extern "C" fn after_fork_in_child() {
+    FORKED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// `f` without the GIL, on the process's thread pool. A process `fork()`ed after its parent ran
 /// work on rayon's global pool inherits that pool without its threads, and any parallel work
 /// there waited forever (a torch DataLoader worker calling `load` after the parent's `inspect`);
-/// such a child runs on a pool of its own, of the parent's size, made at its first call.
+/// a forked child runs on a pool of its own, of the parent's size, made at its first call. The
+/// process that was never forked pays one relaxed load.
 fn detach<T, F>(py: Python<'_>, f: F) -> T
 where
     F: FnOnce() -> T + Send,
     T: Send,
 {
-    use std::sync::atomic::Ordering;
     py.detach(|| {
-        let pid = std::process::id();
-        let owner = match POOL_OWNER.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => pid,
-            Err(owner) => owner,
-        };
-        if owner == pid {
+        if !FORKED.load(std::sync::atomic::Ordering::Relaxed) {
             return f();
         }
+        let pid = std::process::id();
         let pool = {
             let mut child = CHILD_POOL.lock().unwrap_or_else(|e| e.into_inner());
             match child.as_ref() {
@@ -1924,6 +1925,12 @@ fn trellis_decode<'py>(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    // SAFETY: the handler only stores to an atomic (async-signal-safe, as a forked child of a
+    // threaded process requires); registering it has no other effect.
+    #[cfg(unix)]
+    unsafe {
+        libc::pthread_atfork(None, None, Some(after_fork_in_child));
+    }
     m.add("HypercodecError", py.get_type::<HypercodecError>())?;
     m.add("FormatError", py.get_type::<FormatError>())?;
     m.add("InvalidInputError", py.get_type::<InvalidInputError>())?;
