@@ -91,9 +91,7 @@ pub(crate) fn encode(
             source: tcq::TrellisError::NonFinite { index },
         });
     }
-    if let Some(e) =
-        crate::lattice_codec::too_large_to_rotate(tensor, values, cols, t.tile.min(cols.max(1)))
-    {
+    if let Some(e) = crate::lattice_codec::too_large_to_rotate(tensor, values, cols, t.tile) {
         return Err(e);
     }
     let rb = t.row_bytes(cols);

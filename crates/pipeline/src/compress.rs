@@ -280,7 +280,7 @@ pub fn compress(
         ) = (&rate_plan, &options.route)
         {
             let fallback = |why: &str, fallbacks: &mut Vec<(String, String)>| {
-                let e = crate::rate::grid(rp.fallback_bits, &t.shape);
+                let e = rp.fallback(&t.shape);
                 fallbacks.push((t.name.clone(), format!("{} ({why})", e.label())));
                 hwz::encode(&t.name, &values, &t.shape, &e, opts)
             };
@@ -488,8 +488,8 @@ pub fn compress(
             let given = match given_bits {
                 Some(b) => b,
                 None => {
-                    let e = crate::rate::grid(rp.fallback_bits, &t.shape);
-                    8.0 * crate::rate::exact_bytes(&t.name, &t.shape, &e)? as f64
+                    8.0 * crate::rate::exact_bytes(&t.name, &t.shape, &rp.fallback(&t.shape))?
+                        as f64
                 }
             };
             surplus_bits += given - 8.0 * stored as f64;
@@ -811,10 +811,8 @@ mod tests {
         // A lattice or trellis rotates a constant into noise-like coordinates (9-12 dB at
         // 2 bits) and spends its bits on zeros; its exact form is smaller.
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut gauss = vec![0f32; 128 * 256];
-        crate::source::SplitMix64(5).fill_gaussian(&mut gauss);
         let tensors = vec![
-            ("w".to_string(), vec![128u64, 256], gauss),
+            ("w".to_string(), vec![128u64, 256], gauss(128 * 256, 5)),
             ("ones".to_string(), vec![64u64, 256], vec![1.0; 64 * 256]),
             ("small".to_string(), vec![32u64, 512], vec![-0.02; 32 * 512]),
             ("zero".to_string(), vec![64u64, 256], vec![0.0; 64 * 256]),

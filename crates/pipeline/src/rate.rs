@@ -66,6 +66,13 @@ pub struct RatePlan {
     pub choices: HashMap<String, RateChoice>,
 }
 
+impl RatePlan {
+    /// The fallback encoding of a tensor of `shape`: the [`grid`] of the plan's width.
+    pub fn fallback(&self, shape: &[u64]) -> Encoding {
+        grid(self.fallback_bits, shape)
+    }
+}
+
 /// Bits the fallback spends beyond ⌊bps⌋: the tensors that fall back are few and small, and
 /// their error (a max-scaled grid over each row, often of large-magnitude weights such
 /// as depthwise kernels) would otherwise dominate the model's total noise.
