@@ -51,7 +51,8 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) -> Result<
         ),
         None => (f64::INFINITY, None, None, 0.0, 0, 0),
     };
-    let all_in = r.file_bytes as f64 * 8.0 / rep.elements.max(1) as f64;
+    // No rate for an archive of no values (its manifest over "one" value read 3688 bits).
+    let all_in = (rep.elements > 0).then(|| r.file_bytes as f64 * 8.0 / rep.elements as f64);
     if as_json {
         let summary = json!({
             "output": output, "tensors": rep.tensors, "skipped": rep.skipped,
@@ -71,8 +72,9 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) -> Result<
         ),
         _ => "every tensor exact".to_string(),
     };
+    let rate = all_in.map_or(String::new(), |b| format!(", {b:.3} bits/value all-in"));
     outln!(
-        "wrote {} ({} tensors, {} values, {} bytes, {all_in:.3} bits/value all-in); {quality}; {:.1} s",
+        "wrote {} ({} tensors, {} values, {} bytes{rate}); {quality}; {:.1} s",
         output.display(),
         rep.tensors,
         rep.elements,

@@ -1544,3 +1544,26 @@ fn lattice_bps_hands_what_the_grid_tensors_leave_to_the_lattice_tensors() {
     assert!((3.0..=4.05).contains(&z_bps), "{z_bps}");
     assert!(v["totals"]["lossy"]["all_in_bps"].as_f64().unwrap() <= 3.0);
 }
+
+#[test]
+fn an_archive_of_no_values_states_no_rate() {
+    // Its manifest over "one" value read 3688 bits/value all-in.
+    let dir = tempfile::tempdir().unwrap();
+    let hwz = dir.path().join("z.hwz");
+    let text = ok(&[
+        "compress",
+        "gaussian:0x16",
+        p(&hwz),
+        "--encoding",
+        "lattice",
+        "--bps",
+        "2",
+    ]);
+    assert!(
+        text.contains("0 values") && !text.contains("bits/value all-in"),
+        "{text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["compress", "gaussian:0x16", p(&hwz), "--json"])).unwrap();
+    assert!(json["bps_file"].is_null(), "{json}");
+}
