@@ -175,14 +175,27 @@ fn cli(py: Python<'_>, argv: Vec<String>) -> u8 {
 }
 
 /// Runs the command line on `argv` and raises its error (a subclass of `HypercodecError`)
-/// instead of printing it.
+/// instead of printing it. What the command prints is returned as `(stdout, stderr)` text for
+/// Python to write through `sys.stdout` and `sys.stderr` (a notebook shows it; a redirect
+/// catches it), not written to the process's descriptors.
 #[pyfunction]
-fn run(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
-    detach(py, move || {
+fn run(py: Python<'_>, argv: Vec<String>) -> PyResult<(String, String)> {
+    let (result, text) = detach(py, move || {
         let args = std::iter::once("hypercodec".to_string()).chain(argv);
-        hypercodec::run_args(args)
-    })
-    .map_err(pipeline_err)
+        hypercodec::run_args_captured(args)
+    });
+    match result {
+        Ok(()) => Ok((text.stdout, text.stderr)),
+        Err(e) => {
+            // The warnings printed before the error are not lost.
+            if !text.stderr.is_empty() {
+                py.import("sys")?
+                    .getattr("stderr")?
+                    .call_method1("write", (text.stderr,))?;
+            }
+            Err(pipeline_err(e))
+        }
+    }
 }
 
 /// The summary `hypercodec inspect --json` prints (native and legacy archives), as JSON text.

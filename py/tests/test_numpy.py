@@ -511,3 +511,28 @@ def test_tensor_hwz_refuses_a_bias_of_another_length(tmp_path):
     assert lin.rows == 16
     with pytest.raises(hypercodec.InvalidInputError, match="`c` holds 1024 values; `w` has 16 rows"):
         a.tensor_hwz("w", "c")
+
+
+def test_save_prints_through_python_streams_not_the_process_descriptors(tmp_path, capfd):
+    """A notebook shows `sys.stdout`, and `redirect_stdout` replaces it: the summary (and a
+    warning on stderr) must go there, never straight to file descriptors 1 and 2."""
+    import contextlib
+    import io
+    import json
+
+    sd = {"w": np.random.default_rng(0).standard_normal((64, 64), dtype=np.float32)}
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        hypercodec.save(sd, tmp_path / "m.hwz", encoding="lattice", bps=4)
+        # A safetensors file with an integer tensor: the command line warns that it skips it.
+        src = tmp_path / "mixed.safetensors"
+        header = json.dumps(
+            {"w": {"dtype": "F32", "shape": [4, 8], "data_offsets": [0, 128]},
+             "ids": {"dtype": "I64", "shape": [3], "data_offsets": [128, 152]}}
+        ).encode()
+        src.write_bytes(len(header).to_bytes(8, "little") + header + np.ones(32, np.float32).tobytes() + bytes(24))
+        hypercodec.compress_file(src, tmp_path / "mixed.hwz")
+    assert "wrote" in out.getvalue() and str(tmp_path / "m.hwz") in out.getvalue()
+    assert "skipping tensor `ids`" in err.getvalue()
+    fd = capfd.readouterr()
+    assert fd.out == "" and fd.err == ""

@@ -1,6 +1,7 @@
 //! Execution on the compressed form: `hypercodec run` and `hypercodec benchmark --runtime`.
 
-use crate::print::{outln, BenchArgs};
+use crate::print::BenchArgs;
+use crate::sink::outln;
 use clap::Args;
 use hypercodec_pipeline::run::{self, RunOptions};
 use hypercodec_pipeline::{PipelineError, Result};
@@ -168,8 +169,7 @@ pub fn runtime_benchmark(args: &BenchArgs) -> Result<()> {
             r.weight_gbps,
             r.snr_db
         );
-        use std::io::Write as _;
-        if let Err(e) = writeln!(std::io::stdout().lock(), "{line}") {
+        if let Err(e) = crate::sink::write_out(format_args!("{line}\n")) {
             failed = Some(e);
         }
     })?;

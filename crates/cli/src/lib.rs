@@ -9,6 +9,9 @@
 mod args;
 mod exec;
 mod print;
+mod sink;
+
+pub use sink::Captured;
 
 use args::{CodebookArgs, DtypeArg, EncodingArgs, EncodingKind, PlanArgs};
 use clap::{Args, Parser, Subcommand};
@@ -315,9 +318,10 @@ fn compress(args: &CompressArgs) -> Result<()> {
     };
     let source = TensorSource::open(&args.input)?;
     for s in &source.skipped {
-        eprintln!(
+        sink::errln!(
             "warning: skipping tensor `{}` of type {} (not a float tensor)",
-            s.name, s.dtype
+            s.name,
+            s.dtype
         );
     }
     let shard_bytes = args
@@ -371,7 +375,7 @@ fn plan(
 fn demo(dir: &Path, shape: &str) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(PipelineError::io(dir))?;
     let st = dir.join("gaussian.safetensors");
-    print::outln!("== 1. a seeded Gaussian {shape} tensor -> {}", st.display());
+    sink::outln!("== 1. a seeded Gaussian {shape} tensor -> {}", st.display());
     pipeline::write_synthetic(&st, shape, 1, 0)?;
     let input = st.display().to_string();
     for (step, file, extra) in [
@@ -391,7 +395,7 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
             vec!["--encoding", "auto", "--target-ratio", "10"],
         ),
     ] {
-        print::outln!("== {step}");
+        sink::outln!("== {step}");
         let out = dir.join(file);
         let out_str = out.display().to_string();
         let mut argv = vec!["hypercodec", "compress", input.as_str(), out_str.as_str()];
@@ -404,9 +408,9 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
         }
         print::inspect(&out, false)?;
     }
-    print::outln!("== 5. benchmark every representation on the same tensor");
+    sink::outln!("== 5. benchmark every representation on the same tensor");
     print::benchmark(&print::BenchArgs::for_input(input.clone()))?;
-    print::outln!(
+    sink::outln!(
         "== 6. run the INT4 archive as a compressed linear layer (y = x·Wᵀ from the stored codes) against the original f32 weight"
     );
     exec::run(&exec::RunArgs {
@@ -521,6 +525,24 @@ where
         }
         Err(e) => Err(PipelineError::option("arguments", e.render().to_string())),
     }
+}
+
+/// [`run_args`] with what the command prints captured instead of written to the process's
+/// stdout and stderr: for an embedding caller that writes it through streams of its own (the
+/// Python wheel, whose users redirect `sys.stdout` or read it in a notebook). A progress bar
+/// still draws on a terminal. Only this thread's text is captured.
+pub fn run_args_captured<I, T>(args: I) -> (Result<()>, Captured)
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    sink::capture(|| match Cli::try_parse_from(args) {
+        Ok(cli) => run(cli),
+        Err(e) if e.exit_code() == 0 => {
+            sink::write_out(format_args!("{}", e.render())).map_err(stdout_error)
+        }
+        Err(e) => Err(PipelineError::option("arguments", e.render().to_string())),
+    })
 }
 
 /// Runs the command line on `args` (the first is the program name) and returns the exit

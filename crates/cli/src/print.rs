@@ -1,5 +1,6 @@
 //! What the commands print: compress and plan summaries, the inspect table, the benchmark.
 
+use crate::sink::{errln, out, outln};
 use crate::{with_bar, CANCEL};
 use clap::Args;
 use hypercodec_pipeline::bench::{self, BenchOptions, PeerOutcome};
@@ -7,24 +8,6 @@ use hypercodec_pipeline::{FileReport, PipelineError, Result, TensorSource};
 use hypercodec_plan::Plan;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-
-/// `println!` through a locked stdout that returns a write error (a closed pipe: the reader,
-/// e.g. `head`, went away) instead of panicking; `main` ends quietly on a broken pipe.
-macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        writeln!(std::io::stdout().lock(), $($arg)*).map_err(crate::stdout_error)?
-    }};
-}
-pub(crate) use outln;
-
-/// `print!` as [`outln!`].
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        write!(std::io::stdout().lock(), $($arg)*).map_err(crate::stdout_error)?
-    }};
-}
 
 fn finite(x: f64) -> Value {
     if x.is_finite() {
@@ -103,7 +86,7 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) -> Result<
 /// `plan`: a line on stderr, the Plan as JSON on stdout.
 pub fn plan(plan: &Plan, seconds: f64) -> Result<()> {
     let elements = plan.total_elements();
-    eprintln!(
+    errln!(
         "planned {} tensors ({} values) in {:.1} s: {} bytes, {:.3} bits/value",
         plan.tensors.len(),
         elements,
@@ -314,15 +297,15 @@ pub fn benchmark(args: &BenchArgs) -> Result<()> {
     let mut rows = with_bar(|progress| bench::measure(&source, &chosen, &reps, progress, &CANCEL))?;
     if !args.no_peer {
         match bench::hyperglyph_peer(&source, &chosen)? {
-            PeerOutcome::NotInstalled { python } => eprintln!(
+            PeerOutcome::NotInstalled { python } => errln!(
                 "peer Hyper Glyph not run: `{python}` cannot import hyperglyph (set HYPERCODEC_PYTHON)"
             ),
-            PeerOutcome::Failed { stderr } => eprintln!("peer Hyper Glyph failed: {stderr}"),
+            PeerOutcome::Failed { stderr } => errln!("peer Hyper Glyph failed: {stderr}"),
             PeerOutcome::Ran {
                 row,
                 peak_rss_bytes,
             } => {
-                eprintln!(
+                errln!(
                     "peer Hyper Glyph: {:.1} s, peak RSS {:.0} MB",
                     row.encode_s,
                     peak_rss_bytes / 1e6
@@ -335,7 +318,7 @@ pub fn benchmark(args: &BenchArgs) -> Result<()> {
     // below the 1/8-bit floor) is left out of the totals and named here.
     for r in rows.iter().filter(|r| r.failed.is_some()) {
         let why = r.failed.as_deref().unwrap_or("");
-        eprintln!("not in the table: {} ({why})", r.label);
+        errln!("not in the table: {} ({why})", r.label);
     }
     rows.retain(|r| r.failed.is_none());
     let table: Vec<Value> = rows.iter().map(|r| r.to_json(total)).collect();
@@ -378,7 +361,7 @@ fn budget_table(
     );
     outln!("| allocation | bytes | bps | total SSE | SNR dB | SSE saved vs uniform |\n|---|---:|---:|---:|---:|---:|");
     for (what, why) in &t.left_out {
-        eprintln!("not in the table: {what} ({why})");
+        errln!("not in the table: {what} ({why})");
     }
     for r in &t.rows {
         let saved = r

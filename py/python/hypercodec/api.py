@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
@@ -102,6 +103,17 @@ def _flags(options: Mapping[str, Any]) -> list[str]:
     return argv
 
 
+def _run(argv: list[str]) -> None:
+    """Runs the command line on ``argv`` (``["inspect", "m.hwz"]``), raising its error as a
+    :class:`HypercodecError` subclass; what it prints goes through ``sys.stdout`` and
+    ``sys.stderr``, so a notebook shows it and ``contextlib.redirect_stdout`` catches it."""
+    out, err = _native.run(list(argv))
+    if out:
+        sys.stdout.write(out)
+    if err:
+        sys.stderr.write(err)
+
+
 PT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
@@ -129,7 +141,7 @@ def compress_file(input: str | os.PathLike, output: str | os.PathLike, **options
     if os.fspath(input).endswith(PT_SUFFIXES):
         return compress_state_dict(read_pt(input), output, **options)
     # The paths after `--`: a file named `-model.hwz` or `--help` is a path, not a flag.
-    _native.run(["compress", *_flags(options), "--", os.fspath(input), os.fspath(output)])
+    _run(["compress", *_flags(options), "--", os.fspath(input), os.fspath(output)])
     index = os.fspath(output) + ".index.json"
     if not os.path.exists(output) and os.path.exists(index):
         # Written as shards (`shard_size`): their index stands for the archive.
