@@ -683,6 +683,16 @@ impl Linear {
                     }
                 })?;
                 let t = encoded.map_err(|e| InvalidInputError::new_err(e.to_string()))?;
+                // A constant weight (a zeroed adapter) that a lattice or trellis stores with
+                // loss or in more bytes: its exact form, as the pipeline stores it.
+                let t = match hypercodec_pipeline::constant_instead(
+                    "weight", values, &shape, &t, None, opts,
+                )
+                .map_err(pipeline_err)?
+                {
+                    Some((exact, _)) => exact,
+                    None => t,
+                };
                 let op = CompressedLinear::from_encoded(
                     "weight",
                     &t,

@@ -536,3 +536,19 @@ def test_save_prints_through_python_streams_not_the_process_descriptors(tmp_path
     assert "skipping tensor `ids`" in err.getvalue()
     fd = capfd.readouterr()
     assert fd.out == "" and fd.err == ""
+
+
+def test_a_constant_weight_is_stored_exactly_under_a_rotation():
+    """A lattice or trellis rotates a constant weight into noise (17 dB for ones at e8@2) and a
+    trellis stores zeros in 2 bits a value; `Linear.quantize` keeps such a weight exactly, as
+    the pipeline does (a zeroed LoRA B matrix, an untrained gate)."""
+    x = gaussian((4, 256), 3)
+    for value in (1.0, -0.02, 0.0):
+        w = np.full((256, 256), value, np.float32)
+        for spec in ("e8@2", "e8@4", "tcq@2", "e8-fixed4"):
+            lin = hypercodec.Linear.quantize(w, spec)
+            y = lin.forward(x)
+            np.testing.assert_allclose(y, x @ w.T, rtol=1e-5, atol=1e-5 * abs(value) * 256, err_msg=f"{value} {spec}")
+            assert lin.stored_bytes <= w.size // 8 + 64, (value, spec, lin.stored_bytes)
+    # A weight that is not constant keeps its encoding (2 bits a value, not 1).
+    assert hypercodec.Linear.quantize(gaussian((256, 256), 4), "e8@2").stored_bytes > 256 * 256 // 8 + 64

@@ -211,7 +211,6 @@ pub fn compress(
     });
     let mut fallbacks = Vec::new();
     let mut acc = ErrorAcc::default();
-    let mut decoded = Vec::new();
     let mut bar = Tracker::new(Phase::Compress, total, progress);
     let calibration = options.calibration.as_deref();
     let mut calibrated = 0usize;
@@ -394,66 +393,22 @@ pub fn compress(
         }
         let mut one = match measured {
             Some(s) => ErrorAcc::from(s),
-            None => {
-                // Measured in row blocks through the tensor's view: the decoded copy never
-                // holds more than a block (about 4 MB of f32), whatever the tensor's size.
-                let refs: Vec<(&str, &[u8])> = encoded
-                    .streams
-                    .iter()
-                    .map(|(r, b)| (*r, b.as_slice()))
-                    .collect();
-                let view = hwz::TensorView::new(&t.name, &encoded.encoding, &t.shape, &refs)?;
-                let cols = view.cols() as usize;
-                let block = ((STATS_BLOCK_VALUES / cols.max(1)).max(1)) as u64;
-                let mut one = ErrorAcc::default();
-                let mut r = 0u64;
-                while r < view.rows() {
-                    let e = (r + block).min(view.rows());
-                    let (a, b) = (r as usize * cols, e as usize * cols);
-                    decoded.resize(b - a, 0.0);
-                    view.decode_rows_into(r..e, &mut decoded)?;
-                    one.add(&values[a..b], &decoded);
-                    r = e;
-                }
-                one
-            }
+            None => measure(&t.name, &values, &t.shape, &encoded)?,
         };
-        // A constant tensor (an untrained norm or gate, a zeroed adapter) that its encoding
-        // stores with loss (a lattice or trellis rotates it into noise-like coordinates: 9 dB
-        // at 2 bits) or in more bytes than its exact form (a trellis's 2 bits of zeros) is
-        // stored in that form instead ([`constant_form`]).
-        // Only rotations: an affine grid holds a constant within its scale type's rounding
-        // (73 dB at f16) in the form the GPU kernels run, and raw types are what was asked for.
-        if matches!(
-            encoded.encoding,
-            Encoding::Lattice { .. } | Encoding::Trellis { .. }
-        ) && is_constant(&values)
-        {
-            let exact = hwz::encode(&t.name, &values, &t.shape, &constant_form(), opts)?;
-            let bytes =
-                |e: &hwz::EncodedTensor| -> usize { e.streams.iter().map(|(_, b)| b.len()).sum() };
-            if one.noise > 0.0 || bytes(&encoded) > bytes(&exact) {
-                let why = if one.noise > 0.0 {
-                    format!(
-                        "a constant tensor, which {} stored at {:.2} dB",
-                        encoded.encoding.label(),
-                        one.snr_db()
-                    )
-                } else {
-                    format!(
-                        "a constant tensor, which {} stored in {} bytes, not {}",
-                        encoded.encoding.label(),
-                        bytes(&encoded),
-                        bytes(&exact)
-                    )
-                };
-                encoded = exact;
-                fallbacks.retain(|(name, _)| name != &t.name);
-                let label = encoded.encoding.label();
-                fallbacks.push((t.name.clone(), format!("{label} ({why})")));
-                one = ErrorAcc::default();
-                one.add(&values, &values);
-            }
+        if let Some((exact, why)) = constant_instead(
+            &t.name,
+            &values,
+            &t.shape,
+            &encoded,
+            Some(one.snr_db()),
+            opts,
+        )? {
+            encoded = exact;
+            fallbacks.retain(|(name, _)| name != &t.name);
+            let label = encoded.encoding.label();
+            fallbacks.push((t.name.clone(), format!("{label} ({why})")));
+            one = ErrorAcc::default();
+            one.add(&values, &values);
         }
         // A lossy tensor that comes back no better than zeros (SNR <= 0 dB: values below what
         // its scales can hold, e.g. std 1e-8 or subnormals under f16 scales) is never reported
@@ -522,6 +477,84 @@ pub fn compress(
 }
 
 /// Whether a tensor's values are all one finite value (bit for bit).
+/// The error of `encoded` against `values`, decoded in row blocks through the tensor's view:
+/// the decoded copy never holds more than a block (about 4 MB of f32), whatever the size.
+fn measure(
+    name: &str,
+    values: &[f32],
+    shape: &[u64],
+    encoded: &hwz::EncodedTensor,
+) -> Result<ErrorAcc> {
+    let refs: Vec<(&str, &[u8])> = encoded
+        .streams
+        .iter()
+        .map(|(r, b)| (*r, b.as_slice()))
+        .collect();
+    let view = hwz::TensorView::new(name, &encoded.encoding, shape, &refs)?;
+    let cols = view.cols() as usize;
+    let block = ((STATS_BLOCK_VALUES / cols.max(1)).max(1)) as u64;
+    let mut decoded = Vec::new();
+    let mut acc = ErrorAcc::default();
+    let mut r = 0u64;
+    while r < view.rows() {
+        let e = (r + block).min(view.rows());
+        let (a, b) = (r as usize * cols, e as usize * cols);
+        decoded.resize(b - a, 0.0);
+        view.decode_rows_into(r..e, &mut decoded)?;
+        acc.add(&values[a..b], &decoded);
+        r = e;
+    }
+    Ok(acc)
+}
+
+/// The exact form of a constant tensor (an untrained norm or gate, a zeroed adapter) where
+/// `encoded` stores it with loss or in more bytes than that form, with the reason (for the
+/// fallbacks list); `None` for any other tensor. `snr_db` is what `encoded` measured (infinite
+/// where exact); `None` decodes it here.
+///
+/// Only rotations are replaced (a lattice or trellis turns a constant into noise-like
+/// coordinates: 9 dB at 2 bits; a trellis stores zeros in its 2 bits a value): an affine grid
+/// holds a constant within its scale type's rounding (73 dB at f16) in the form the GPU
+/// kernels run, and raw types are what was asked for. The pipeline applies this to every
+/// tensor it writes; a front end that encodes one layer itself (Python's `Linear.quantize`)
+/// calls it too.
+pub fn constant_instead(
+    name: &str,
+    values: &[f32],
+    shape: &[u64],
+    encoded: &hwz::EncodedTensor,
+    snr_db: Option<f64>,
+    opts: EncodeOptions,
+) -> Result<Option<(hwz::EncodedTensor, String)>> {
+    if !matches!(
+        encoded.encoding,
+        Encoding::Lattice { .. } | Encoding::Trellis { .. }
+    ) || !is_constant(values)
+    {
+        return Ok(None);
+    }
+    let snr_db = match snr_db {
+        Some(db) => db,
+        None => measure(name, values, shape, encoded)?.snr_db(),
+    };
+    let exact = hwz::encode(name, values, shape, &constant_form(), opts)?;
+    let bytes = |e: &hwz::EncodedTensor| -> usize { e.streams.iter().map(|(_, b)| b.len()).sum() };
+    let label = encoded.encoding.label();
+    // Lossy is anything short of +∞ (a zero tensor stored with noise measures −∞).
+    let why = if snr_db != f64::INFINITY {
+        format!("a constant tensor, which {label} stored at {snr_db:.2} dB")
+    } else if bytes(encoded) > bytes(&exact) {
+        format!(
+            "a constant tensor, which {label} stored in {} bytes, not {}",
+            bytes(encoded),
+            bytes(&exact)
+        )
+    } else {
+        return Ok(None);
+    };
+    Ok(Some((exact, why)))
+}
+
 fn is_constant(values: &[f32]) -> bool {
     values.first().is_some_and(|first| {
         first.is_finite() && values.iter().all(|v| v.to_bits() == first.to_bits())

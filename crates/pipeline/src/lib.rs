@@ -67,8 +67,8 @@ pub use archive::{
 pub use calibration::Calibration;
 #[cfg(feature = "fs")]
 pub use compress::{
-    compress, compress_to_file, compress_to_shards, payload_bytes, CompressOptions, CompressReport,
-    FileReport, Route, GENERATOR,
+    compress, compress_to_file, compress_to_shards, constant_instead, payload_bytes,
+    CompressOptions, CompressReport, FileReport, Route, GENERATOR,
 };
 #[cfg(feature = "fs")]
 pub use output::check_output;
