@@ -282,8 +282,9 @@ impl PlanArgs {
                 None => Default::default(),
             },
             codebook,
-            // `compress` sets them from its own flags (`--lattice-scale`).
+            // `compress` sets them from its own flags (`--lattice-scale`, `--no-zstd`).
             encode_options: Default::default(),
+            container: hypercodec_hwz::Compression::Zstd,
             side_bytes_in_target: matches!(self.target_scope, TargetScope::AllIn),
         })
     }

@@ -294,7 +294,11 @@ fn compress(args: &CompressArgs) -> Result<()> {
     let route = match (&args.plan, mode) {
         (Some(path), _) => Route::PlanFile(pipeline::read_plan(path)?),
         (None, Some(m)) => {
-            let options = args.planning.options(m, codebook)?;
+            let mut options = args.planning.options(m, codebook)?;
+            // Candidates' bytes are counted as this run's writer stores them.
+            if args.no_zstd {
+                options.container = hwz::Compression::None;
+            }
             Chooser::new(options.clone())?;
             Route::Planner(options)
         }

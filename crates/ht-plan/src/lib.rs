@@ -348,6 +348,11 @@ pub struct Planner {
     pub screen_rows: Option<u64>,
     /// Encoder choices applied to every candidate (e.g. [`hypercodec_hwz::LatticeScale`]).
     pub encode_options: hypercodec_hwz::EncodeOptions,
+    /// The compression of the archive the plan is written into: candidates' bytes are
+    /// counted as its writer stores them (zstd takes nothing off entropy-coded streams and
+    /// part of some integer codes). By default, [`Compression::None`](hypercodec_hwz::Compression::None):
+    /// the streams' own bytes.
+    pub container: hypercodec_hwz::Compression,
 }
 
 /// The default candidates: `f32`, `bf16`, `f16`, `int8-row`, `int4`, `e8@4`.
@@ -400,6 +405,7 @@ impl Planner {
             threads: rayon::current_num_threads(),
             screen_rows: (mode == Mode::Auto).then_some(512),
             encode_options: hypercodec_hwz::EncodeOptions::default(),
+            container: hypercodec_hwz::Compression::None,
         }
     }
 

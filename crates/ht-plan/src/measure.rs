@@ -3,7 +3,7 @@
 
 use crate::spec::Spec;
 use crate::Result;
-use hypercodec_hwz::{EncodeOptions, EncodedTensor};
+use hypercodec_hwz::{Compression, EncodeOptions, EncodedTensor};
 use serde::{Deserialize, Serialize};
 
 /// What one candidate costs and how wrong it is, measured.
@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 pub struct Measured {
     /// The candidate's label.
     pub label: String,
-    /// Stored bytes of all its streams (before container zstd; all side information).
+    /// Stored bytes of all its streams, all side information, as the archive's writer stores
+    /// them ([`EncodedTensor::stored_bytes`] under the planner's `container` compression).
     pub bytes: u64,
     /// `8 · bytes / elements`.
     pub bps: f64,
@@ -69,7 +70,9 @@ pub fn energies(values: &[f32], block_len: usize) -> (Vec<f64>, f64) {
     (blocks, total)
 }
 
-/// Encodes `values` with `spec`, decodes, and measures; `block_len` values per row block.
+/// Encodes `values` with `spec`, decodes, and measures; `block_len` values per row block; the
+/// bytes are counted as a writer with `container` compression stores them.
+#[allow(clippy::too_many_arguments)]
 pub fn measure(
     name: &str,
     values: &[f32],
@@ -78,10 +81,11 @@ pub fn measure(
     block_len: usize,
     energy: f64,
     options: EncodeOptions,
+    container: Compression,
 ) -> Result<(Measured, EncodedTensor)> {
     let t = spec.encode(name, values, shape, options)?;
     let out = decode(name, shape, &t)?;
-    let bytes = t.payload_bytes();
+    let bytes = t.stored_bytes(container);
     let mut block_sse = Vec::with_capacity(values.len().div_ceil(block_len.max(1)));
     let mut block_max_rel = Vec::with_capacity(block_sse.capacity());
     let mut sums = Sums {

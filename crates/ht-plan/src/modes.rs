@@ -16,6 +16,7 @@ struct Subject<'a> {
     /// The tensor's signal energy.
     energy: f64,
     options: EncodeOptions,
+    container: hypercodec_hwz::Compression,
 }
 
 impl<'a> Subject<'a> {
@@ -36,6 +37,7 @@ impl<'a> Subject<'a> {
             block_len,
             energy,
             options: p.encode_options,
+            container: p.container,
         };
         (sub, block_e)
     }
@@ -50,6 +52,7 @@ impl<'a> Subject<'a> {
             self.block_len,
             self.energy,
             self.options,
+            self.container,
         )
     }
 }
@@ -285,7 +288,16 @@ fn plan_empty(
     let spec = Spec::fixed(Encoding::Raw {
         dtype: FloatDtype::F32,
     });
-    let (m, t) = measure(name, &[], shape, &spec, 1, 0.0, p.encode_options)?;
+    let (m, t) = measure(
+        name,
+        &[],
+        shape,
+        &spec,
+        1,
+        0.0,
+        p.encode_options,
+        p.container,
+    )?;
     let budget = p.mode == Mode::Budget;
     let plan = TensorPlan {
         name: name.to_string(),

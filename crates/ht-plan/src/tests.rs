@@ -666,3 +666,42 @@ fn lattice_rates_out_of_range_say_so() {
         assert!(msg.contains("at most 16 bits per value"), "{msg}");
     }
 }
+
+/// LOWEST compares bytes as the archive stores them: INT8 codes of a three-level tensor take
+/// 8 bits a value raw but shrink under the container's zstd below the lattice's entropy-coded
+/// 4 bits, which zstd leaves as they are.
+#[test]
+fn lowest_counts_bytes_after_the_containers_zstd() {
+    let mut s = 1u64;
+    let v: Vec<f32> = (0..256 * 256)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % 3) as f32 - 1.0
+        })
+        .collect();
+    let shape = [256, 256];
+    let mut p = planner(Mode::Lowest, &["int8-row", "e8@4"]);
+    let (raw, _) = plan(&p, &v, &shape);
+    let label = |n: &str| Spec::parse(n).unwrap().label();
+    assert_eq!(raw.label, label("e8@4"), "{:?}", raw.candidates);
+    p.container = hypercodec_hwz::Compression::Zstd;
+    let (zstd, _) = plan(&p, &v, &shape);
+    assert_eq!(zstd.label, label("int8-row"), "{:?}", zstd.candidates);
+    // The bytes counted are the stored ones: the chosen encoding under the writer's rule.
+    let t = zstd
+        .spec
+        .encode("w", &v, &shape, Default::default())
+        .unwrap();
+    assert_eq!(
+        zstd.bytes,
+        t.stored_bytes(hypercodec_hwz::Compression::Zstd)
+    );
+    assert!(
+        zstd.bytes < t.payload_bytes() / 2,
+        "{} of {}",
+        zstd.bytes,
+        t.payload_bytes()
+    );
+}

@@ -866,6 +866,22 @@ impl EncodedTensor {
     pub fn payload_bytes(&self) -> u64 {
         self.streams.iter().map(|(_, b)| b.len() as u64).sum()
     }
+
+    /// Bytes of all streams as a writer with `compression` stores them: each stream's zstd
+    /// form where that is smaller (the writer's rule), else the stream. This is what a planner
+    /// compares: zstd shrinks integer codes whose values cluster (a three-level tensor's INT8
+    /// codes to under half) and leaves entropy-coded streams as they are.
+    /// (The writer may store a nearly constant tensor's smallest streams raw to keep its floor
+    /// of a byte per 64 values; that rare difference is not counted here.)
+    pub fn stored_bytes(&self, compression: crate::Compression) -> u64 {
+        self.streams
+            .iter()
+            .map(|(_, b)| {
+                crate::write::zstd_if_it_pays(b, compression, crate::zstd_codec::LEVEL)
+                    .map_or(b.len(), |z| z.len()) as u64
+            })
+            .sum()
+    }
 }
 
 pub(crate) fn scalar_err(tensor: &str) -> impl Fn(scalar::ScalarError) -> HwzError + '_ {

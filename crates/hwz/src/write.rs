@@ -167,15 +167,7 @@ impl<W: Write> Writer<W> {
 
     /// The zstd form of a stream, when compression is on and it pays.
     fn try_compress(&self, raw: &[u8], level: i32) -> Option<Vec<u8>> {
-        match self.options.compression {
-            Compression::Zstd if !raw.is_empty() => {
-                let z = crate::zstd_codec::compress_at(raw, level);
-                let within_cap =
-                    (raw.len() as u64) <= (z.len() as u64).saturating_mul(MAX_ZSTD_EXPANSION);
-                (z.len() < raw.len() && within_cap).then_some(z)
-            }
-            _ => None,
-        }
+        zstd_if_it_pays(raw, self.options.compression, level)
     }
 
     fn write_stream(&mut self, raw: &[u8], compressed: Option<Vec<u8>>) -> Result<u64> {
@@ -426,4 +418,18 @@ pub fn temp_file_in(
     #[cfg(unix)]
     builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
     builder.tempfile_in(dir)
+}
+
+/// The zstd form of a stream under `compression`, where it is smaller than the stream and
+/// within readers' [`MAX_ZSTD_EXPANSION`]: the writer's rule for every stream it stores.
+pub(crate) fn zstd_if_it_pays(raw: &[u8], compression: Compression, level: i32) -> Option<Vec<u8>> {
+    match compression {
+        Compression::Zstd if !raw.is_empty() => {
+            let z = crate::zstd_codec::compress_at(raw, level);
+            let within_cap =
+                (raw.len() as u64) <= (z.len() as u64).saturating_mul(MAX_ZSTD_EXPANSION);
+            (z.len() < raw.len() && within_cap).then_some(z)
+        }
+        _ => None,
+    }
 }

@@ -275,6 +275,12 @@ pub struct PlanOptions {
     /// BUDGET: the target counts the archive's own bytes beside the streams
     /// ([`side_bytes`]). By default, true.
     pub side_bytes_in_target: bool,
+    /// The compression of the archive the plan goes into: candidates' bytes are counted as its
+    /// writer stores them, so that `LOWEST` or a budget never prefers an entropy-coded
+    /// candidate that zstd leaves as it is over an integer grid that zstd shrinks below it. By
+    /// default, [`hwz::Compression::Zstd`], as [`compress_to_file`](crate::compress_to_file)
+    /// writes unless told not to.
+    pub container: hwz::Compression,
 }
 
 impl Default for PlanOptions {
@@ -289,6 +295,7 @@ impl Default for PlanOptions {
             codebook: CodebookOptions::default(),
             encode_options: hwz::EncodeOptions::default(),
             side_bytes_in_target: true,
+            container: hwz::Compression::Zstd,
         }
     }
 }
@@ -393,6 +400,7 @@ impl Chooser {
         p.block_rows = o.block_rows.max(1);
         p.target = o.target;
         p.encode_options = o.encode_options;
+        p.container = o.container;
         let names = if !o.candidates.is_empty() {
             o.candidates.clone()
         } else if o.mode == Mode::Auto {
