@@ -118,6 +118,10 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
     }
     let rows = v["tensors"].as_array().cloned().unwrap_or_default();
     let num = |x: &Value| x.as_f64().unwrap_or(0.0);
+    // An archive of no values has no rate: its figures read "–".
+    let opt = |x: &Value, digits: usize| -> String {
+        x.as_f64().map_or("–".into(), |x| format!("{x:.digits$}"))
+    };
     let s = |x: &Value| x.as_str().unwrap_or("").to_string();
     if v["format"].is_string() {
         let version = v["format_version"].as_str().unwrap_or("?");
@@ -144,8 +148,8 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
             );
         }
         outln!(
-            "{} tensors, {} values, file {} B ({:.3} bps all-in); * = stream bytes before zstd; metadata skipped_tensors: {}",
-            rows.len(), v["elements"], v["file_bytes"], num(&v["bps_file"]), v["skipped_tensors"]
+            "{} tensors, {} values, file {} B ({} bps all-in); * = stream bytes before zstd; metadata skipped_tensors: {}",
+            rows.len(), v["elements"], v["file_bytes"], opt(&v["bps_file"], 3), v["skipped_tensors"]
         );
         return Ok(());
     }
@@ -195,9 +199,9 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
     }
     let t = &v["totals"];
     outln!(
-        "{} tensors, {} values; payload {} B ({:.3} bps), manifest {} B, file {} B ({:.3} bps all-in, {:.2}x vs f32)",
-        t["tensors"], t["elements"], t["payload_bytes"], num(&t["bps_payload"]), t["manifest_bytes"],
-        t["file_bytes"], num(&t["bps_file"]), num(&t["ratio_vs_f32"])
+        "{} tensors, {} values; payload {} B ({} bps), manifest {} B, file {} B ({} bps all-in, {}x vs f32)",
+        t["tensors"], t["elements"], t["payload_bytes"], opt(&t["bps_payload"], 3), t["manifest_bytes"],
+        t["file_bytes"], opt(&t["bps_file"], 3), opt(&t["ratio_vs_f32"], 2)
     );
     let l = &t["lossy"];
     if l.is_object() {

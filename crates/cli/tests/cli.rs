@@ -1583,4 +1583,11 @@ fn an_archive_of_no_values_states_no_rate() {
     let json: serde_json::Value =
         serde_json::from_str(&ok(&["compress", "gaussian:0x16", p(&hwz), "--json"])).unwrap();
     assert!(json["bps_file"].is_null(), "{json}");
+    // `inspect` agrees: no rate and no ratio (it printed 0.000 bps all-in for 461 bytes).
+    let totals = &inspect_json(&hwz)["totals"];
+    for key in ["bps_file", "bps_payload", "ratio_vs_f32"] {
+        assert!(totals[key].is_null(), "{key}: {totals}");
+    }
+    let text = ok(&["inspect", p(&hwz)]);
+    assert!(text.contains("(– bps all-in, –x vs f32)"), "{text}");
 }

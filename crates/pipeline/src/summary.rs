@@ -57,12 +57,13 @@ pub struct Totals {
     pub manifest_bytes: u64,
     /// Bytes of the file.
     pub file_bytes: u64,
-    /// Bits per scalar of the streams.
-    pub bps_payload: f64,
-    /// Bits per scalar of the whole file.
-    pub bps_file: f64,
-    /// f32 bytes over file bytes.
-    pub ratio_vs_f32: f64,
+    /// Bits per scalar of the streams; `None` (JSON `null`) for an archive of no values,
+    /// which has no rate.
+    pub bps_payload: Option<f64>,
+    /// Bits per scalar of the whole file; `None` for an archive of no values.
+    pub bps_file: Option<f64>,
+    /// f32 bytes over file bytes; `None` for an archive of no values.
+    pub ratio_vs_f32: Option<f64>,
     /// The lossy tensors alone (those with a finite stored SNR): what every quality figure is
     /// quoted over, so that an exactly stored tensor never inflates it. `None` when every
     /// tensor is exact or unmeasured.
@@ -209,13 +210,10 @@ pub fn summarize(m: &Manifest, manifest_bytes: u64, file_bytes: u64) -> ArchiveS
         payload_bytes: payload,
         manifest_bytes,
         file_bytes,
-        bps_payload: per_value(payload, elements),
-        bps_file: per_value(file_bytes, elements),
-        ratio_vs_f32: if file_bytes == 0 {
-            0.0
-        } else {
-            elements as f64 * 4.0 / file_bytes as f64
-        },
+        bps_payload: (elements > 0).then(|| per_value(payload, elements)),
+        bps_file: (elements > 0).then(|| per_value(file_bytes, elements)),
+        ratio_vs_f32: (elements > 0 && file_bytes > 0)
+            .then(|| elements as f64 * 4.0 / file_bytes as f64),
         lossy: lossy_totals(
             tensors.iter().filter_map(lossy_row),
             file_bytes,
@@ -273,7 +271,7 @@ pub fn legacy_summary<R: ReadAt>(a: &LegacyArchive<R>, file_bytes: u64) -> Value
         .unwrap_or(Value::Null);
     json!({"format": "hyperglyph (legacy zip)", "format_version": a.metadata().get("format_version"),
         "tensors": rows, "streams": streams, "skipped_tensors": skipped, "file_bytes": file_bytes,
-        "elements": elements, "bps_file": per_value(file_bytes, elements)})
+        "elements": elements, "bps_file": (elements > 0).then(|| per_value(file_bytes, elements))})
 }
 
 #[cfg(test)]
