@@ -15,7 +15,7 @@ use hypercodec_hwz::{
     WriterOptions,
 };
 use hypercodec_pipeline::shards::ArchiveSet;
-use hypercodec_pipeline::{rate, PipelineError};
+use hypercodec_pipeline::{prefix_fallback, prefix_unfit, rate, PipelineError};
 use hypercodec_plan::Spec;
 use hypercodec_runtime::{CompressedLinear, LoadOptions, RuntimeError};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
@@ -670,18 +670,27 @@ impl Linear {
         }
         let (op, stored, hwz) =
             detach(py, || -> Result<(CompressedLinear, u64, Vec<u8>), PyErr> {
-                let encoded = cuda::with_trellis_device(device, |trellis_rows| {
-                    let opts = EncodeOptions {
-                        trellis_rows,
-                        ..opts
-                    };
-                    match &hessian {
-                        Some(h) => spec
-                            .encode_calibrated("weight", values, &shape, opts, h, damp)
-                            .map(|(t, _)| t),
-                        None => spec.encode("weight", values, &shape, opts),
-                    }
-                })?;
+                let encode = |spec: &Spec| {
+                    cuda::with_trellis_device(device, |trellis_rows| {
+                        let opts = EncodeOptions {
+                            trellis_rows,
+                            ..opts
+                        };
+                        match &hessian {
+                            Some(h) => spec
+                                .encode_calibrated("weight", values, &shape, opts, h, damp)
+                                .map(|(t, _)| t),
+                            None => spec.encode("weight", values, &shape, opts),
+                        }
+                    })
+                };
+                // Prefix codes whose tables cannot hold the symbols (about 5 bits a value and
+                // above): GPU-shaped rANS, as the pipeline does.
+                let cols = hypercodec_hwz::matrix_view(&shape, values.len() as u64).1;
+                let encoded = match (encode(&spec)?, prefix_fallback(&spec, cols)) {
+                    (Err(e), Some(fallback)) if prefix_unfit(&e) => encode(&fallback)?,
+                    (other, _) => other,
+                };
                 let t = encoded.map_err(|e| InvalidInputError::new_err(e.to_string()))?;
                 // A constant weight (a zeroed adapter) that a lattice or trellis stores with
                 // loss or in more bytes: its exact form, as the pipeline stores it.

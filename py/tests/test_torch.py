@@ -1675,3 +1675,94 @@ def test_the_group_operator_on_empty_inputs_and_layers_without_outputs():
             want = [a(x), none_out(x)]
         assert [y.shape for y in ys] == [w.shape for w in want]
         assert all(torch.equal(y, w) for y, w in zip(ys, want))
+
+
+def _rel(a, b):
+    return float(((a - b).norm() / b.norm()).detach())
+
+
+def test_quantize_replaces_a_layer_at_every_name_and_a_bare_layer_comes_back():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 32)
+    m = torch.nn.Sequential(lin, torch.nn.ReLU(), lin)
+    x = torch.randn(4, 32)
+    ref = m(x)
+    hnn.quantize(m, bps=8, method="affine")
+    assert isinstance(m[0], hnn.HyperLinear) and m[2] is m[0]
+    assert not any(k.endswith(".weight") for k in m.state_dict())
+    assert _rel(m(x), ref) < 0.02
+    # A bare layer cannot replace itself: its stored form is returned, and it gains no child.
+    for bare, inp in [
+        (torch.nn.Linear(64, 32), torch.randn(3, 64)),
+        (torch.nn.Conv2d(4, 8, 3), torch.randn(2, 4, 9, 9)),
+    ]:
+        ref = bare(inp)
+        q = hnn.quantize(bare, bps=8, method="affine")
+        assert isinstance(q, (hnn.HyperLinear, hnn.HyperConv2d)), type(q)
+        assert list(bare.named_children()) == []
+        assert _rel(q(inp), ref) < 0.02
+    emb = torch.nn.Embedding(100, 16)
+    q = hnn.quantize(emb, bps=8, method="affine", embeddings=True)
+    assert isinstance(q, hnn.HyperEmbedding)
+
+
+def test_quantize_takes_one_skipped_name_as_a_string():
+    m = torch.nn.ModuleDict({"lm_head": torch.nn.Linear(16, 16), "layer": torch.nn.Linear(16, 16)})
+    hnn.quantize(m, bps=4, method="affine", skip="lm_head")
+    assert isinstance(m["layer"], hnn.HyperLinear)
+    assert isinstance(m["lm_head"], torch.nn.Linear)
+
+
+def test_a_failed_quantize_names_the_layer_and_leaves_the_model_float():
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
+    with torch.no_grad():
+        m[2].weight[3, 4] = float("nan")
+    with pytest.raises(hypercodec.HypercodecError, match="layer `2`"):
+        hnn.quantize(m, bps=4, method="affine")
+    assert type(m[0]) is torch.nn.Linear and type(m[2]) is torch.nn.Linear
+
+
+def test_lattice_prefix_above_its_tables_falls_back_to_rans():
+    # Prefix codes hold pair coordinates up to 63: about 5 bits a value and above they cannot.
+    torch.manual_seed(1)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 256))
+    x = torch.randn(4, 256)
+    ref = m(x)
+    hnn.quantize(m, bps=7, method="lattice-prefix")
+    assert _rel(m(x), ref) < 0.02
+
+
+def test_a_trainable_layer_runs_its_loaded_or_edited_master_weight_in_eval():
+    torch.manual_seed(2)
+    a, b = torch.nn.Linear(32, 16), torch.nn.Linear(32, 16)
+    qa = hnn.HyperLinear.from_linear(a, "int8", trainable=True)
+    qb = hnn.HyperLinear.from_linear(b, "int8", trainable=True)
+    qa.load_state_dict(qb.state_dict())
+    qa.eval()
+    x = torch.randn(5, 32)
+    assert _rel(qa(x), b(x)) < 0.02
+    with torch.no_grad():
+        qa.weight.mul_(-1.0)
+    assert _rel(qa(x), -(b(x) - b.bias) + b.bias) < 0.02
+
+
+def test_a_stored_embedding_follows_half_and_to():
+    emb = torch.nn.Embedding(50, 8)
+    q = hnn.HyperEmbedding.from_embedding(emb, "int8")
+    ids = torch.tensor([[1, 2, 3]])
+    assert q(ids).dtype == torch.float32
+    q.half()
+    assert q(ids).dtype == torch.float16 and q.weight.dtype == torch.float16
+    q.to(torch.bfloat16)
+    assert q(ids).dtype == torch.bfloat16
+    q.float()
+    assert torch.allclose(q(ids), emb(ids), atol=0.02)
+    assert copy.deepcopy(q)(ids).dtype == torch.float32
+
+
+def test_saving_a_quantized_state_dict_is_refused_not_emptied(tmp_path):
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16))
+    hnn.quantize(m, bps=4, method="affine")
+    with pytest.raises(hypercodec.InvalidInputError, match="0.weight_hwz"):
+        hypercodec.save(m.state_dict(), tmp_path / "q.hwz")
+    assert not (tmp_path / "q.hwz").exists()

@@ -233,15 +233,17 @@ pub fn compress(
                     &mut calibrated,
                 )
             };
-            match go(spec) {
-                Err(hypercodec_plan::PlanError::Hwz(hwz::HwzError::Coding {
-                    source: why @ hwz::CodingError::Unrepresentable { .. },
-                    ..
-                })) if prefix_fallback(spec, cols).is_some() => {
-                    unfit = Some(why);
-                    go(&prefix_fallback(spec, cols).expect("checked"))
+            match (go(spec), prefix_fallback(spec, cols)) {
+                (Err(e), Some(fallback)) if prefix_unfit(&e) => {
+                    if let hypercodec_plan::PlanError::Hwz(hwz::HwzError::Coding {
+                        source, ..
+                    }) = e
+                    {
+                        unfit = Some(source);
+                    }
+                    go(&fallback)
                 }
-                other => other,
+                (other, _) => other,
             }
         };
         // The planner measured its choice on this very encoding: its sums replace a decode.
@@ -647,9 +649,23 @@ fn encode_spec(
     }
 }
 
+/// Whether `e` is a prefix coder's refusal of symbols beyond its tables (prefix codes have no
+/// escapes; at about 5 bits a value and above, E8's pair coordinates outgrow them): the
+/// encoding is then retried with [`prefix_fallback`].
+pub fn prefix_unfit(e: &hypercodec_plan::PlanError) -> bool {
+    matches!(
+        e,
+        hypercodec_plan::PlanError::Hwz(hwz::HwzError::Coding {
+            source: hwz::CodingError::Unrepresentable { .. },
+            ..
+        })
+    )
+}
+
 /// The spec with its prefix codes replaced by GPU-shaped rANS, which escapes the rare large
-/// symbols that prefix tables cannot hold; `None` for a spec without prefix codes.
-fn prefix_fallback(spec: &Spec, cols: u64) -> Option<Spec> {
+/// symbols that prefix tables cannot hold; `None` for a spec without prefix codes. `cols` is
+/// the tensor's row length (a fixed encoding's chunks are aligned to rows).
+pub fn prefix_fallback(spec: &Spec, cols: u64) -> Option<Spec> {
     let rans = crate::rate::rans_gpu_rung;
     match spec {
         Spec::Rate {

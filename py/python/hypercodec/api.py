@@ -61,6 +61,18 @@ def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mappi
     """Stages ``state_dict`` as a safetensors file through the library's writer (names and
     sizes checked, atomic rename); ``metadata`` (strings) goes to ``__metadata__``, which the
     archive keeps as its ``safetensors`` metadata."""
+    stored = [name for name in state_dict if name.endswith(".weight_hwz") or name == "weight_hwz"]
+    if stored:
+        # A quantized model's state dict: its layers are already compressed (uint8 stored
+        # forms), and an archive of its float tensors alone would lose them.
+        raise _native.InvalidInputError(
+            f"the state dict holds {len(stored)} stored layers ({', '.join(stored[:3])}"
+            + (" ..." if len(stored) > 3 else "")
+            + "): it is a model quantized by hypercodec.nn, already compressed. Save it with "
+            "torch.save(model.state_dict(), path) (or safetensors) and load it with "
+            "hypercodec.nn.load_state_dict, or save the float model here and load it with "
+            "hypercodec.nn.load_into"
+        )
     tensors, skipped = [], []
     for name, value in state_dict.items():
         if not _is_floating(value):

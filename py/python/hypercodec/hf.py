@@ -206,7 +206,7 @@ def _register() -> type | None:
             self.bps = float(bps)
             self.method = method
             method_spec(method, self.bps)  # a bad rate fails here, before any weight loads
-            self.skip = list(skip)
+            self.skip = [skip] if isinstance(skip, str) else list(skip)
             self.modules = None if modules is None else list(modules)
 
     def _init_around_placeholders(model: nn.Module) -> None:

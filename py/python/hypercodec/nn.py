@@ -1259,6 +1259,7 @@ class HyperLinear(_StoredForm, nn.Module):
             self.bias = (
                 nn.Parameter(master.bias.detach().to(torch.float32).clone()) if master.bias is not None else None
             )
+            self._quantized_version = self._master_version()
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
@@ -1307,13 +1308,21 @@ class HyperLinear(_StoredForm, nn.Module):
         return _keyed_on(cls(op, layer if trainable else None, spec, refresh_every), layer.weight)
 
     def refresh(self) -> None:
-        """Re-quantizes the master weight (and bias) into the compressed form."""
+        """Re-quantizes the master weight (and bias) into the compressed form (without error
+        feedback: the ``hessian`` of :meth:`from_linear` is not kept). Eval mode calls it
+        itself once the master weight has changed (after training steps, ``load_state_dict``
+        or an in-place edit)."""
         if self.weight is None or self.spec is None:
             return
         b = _f32(self.bias) if self.bias is not None else None
         self.op = _quantize(self.weight, self.spec, b)
+        self._quantized_version = self._master_version()
         self._wq = None
         self._hwz = None
+
+    def _master_version(self) -> tuple[int, int]:
+        """Versions of the master weight and bias (PyTorch counts their in-place writes)."""
+        return (self.weight._version, -1 if self.bias is None else self.bias._version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.op is None:
@@ -1328,6 +1337,9 @@ class HyperLinear(_StoredForm, nn.Module):
             # Left training: the compressed form reflects the latest master weight.
             self.refresh()
             self._steps = 0
+        elif self.weight is not None and not _traced() and self._master_version() != self.__dict__.get("_quantized_version"):
+            # The master weight changed outside training (load_state_dict, an in-place edit).
+            self.refresh()
         if _traced():
             return _as_op(self, x)
         return _through_stored(x, self._stored_forward, self._input_grad)
@@ -1574,6 +1586,17 @@ class HyperEmbedding(_StoredForm, nn.Module):
         self.max_norm: float | None = None
         self.norm_type = 2.0
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the rows looked up: the original table's, converted by ``.half()``,
+        ``.to(dtype)`` and their kin as a table's weight would be."""
+        probe = self.__dict__.get("_dtype_of")
+        return self.__dict__.get("dtype", torch.float32) if probe is None else probe.dtype
+
+    @dtype.setter
+    def dtype(self, value: torch.dtype) -> None:
+        self.__dict__["_dtype_of"] = torch.empty(0, dtype=value)  # (follows .to() and .half())
+
     @classmethod
     def placeholder(cls, emb: nn.Embedding, tied: str | None = None) -> "HyperEmbedding":
         """An empty table of ``emb``'s shape whose ``weight_hwz`` is filled by
@@ -1602,7 +1625,10 @@ class HyperEmbedding(_StoredForm, nn.Module):
     def weight(self) -> torch.Tensor:
         """A meta tensor of the table's shape and dtype, for code that reads ``emb.weight.shape``
         or ``.dtype`` (CLIP's text embeddings check the position table's length so): the rows
-        live in the stored form (``op.weight()``), nowhere on a device."""
+        live in the stored form (``op.weight()``), nowhere on a device. Code that computes with
+        the table itself (a tied head written as ``F.linear(h, wte.weight)``) cannot use it
+        (PyTorch's CPU kernels may return garbage for a meta operand instead of raising):
+        leave such a table float (``skip``)."""
         return torch.empty(self.num_embeddings, self.embedding_dim, dtype=self.dtype, device="meta")
 
     def _check_loaded(self, op: "_native.Linear") -> None:
@@ -1809,12 +1835,20 @@ def quantize(
     stays float with it; tables sharing one weight (T5's) share one operator; any other is
     quantized at the same ``bps`` without error feedback. A subclass of ``nn.Embedding`` (a
     scaled one, as in Gemma or BART, whose ``forward`` does more than a lookup) stays float.
-    Returns ``model``."""
+    A module reached by several names (one layer used twice) is quantized once and replaced
+    at every name. Every layer is quantized before any is replaced: an error (naming the layer)
+    leaves ``model`` as it was. Returns ``model``; a bare layer (``model`` itself an
+    ``nn.Linear``, ``nn.Conv2d`` or ``nn.Embedding``) cannot replace itself in place, and its
+    stored replacement is returned instead. With ``trainable``, re-quantizations of the master
+    weights round without the ``hessians``' error feedback (they are not kept)."""
     spec = method_spec(method, bps)
-    skip = tuple(skip)
+    # A single name is one name, not its letters ("lm_head" skipped every layer with an "l").
+    skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    # Every name of every module: a layer used at two places is replaced at both.
+    named = list(model.named_modules(remove_duplicate=False))
     candidates = [
         (n, m)
-        for n, m in model.named_modules()
+        for n, m in named
         if (isinstance(m, nn.Linear) or _is_conv1d(m) or (conv and isinstance(m, nn.Conv2d))) and not any(s in n for s in skip)
     ]
     meta = [n for n, m in candidates if any(p.is_meta for p in m.parameters(recurse=False))]
@@ -1831,29 +1865,52 @@ def quantize(
             + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""),
             stacklevel=2,
         )
-    targets = [(n, m) for n, m in candidates if _replaceable(model, n)]
+    targets = [(n, m) for n, m in candidates if n == "" or _replaceable(model, n)]
     tables = [
         (n, m)
-        for n, m in model.named_modules()
+        for n, m in named
         if embeddings and type(m) is nn.Embedding and not any(s in n for s in skip)
     ]
-    owner = {} if trainable else {id(m.weight): n for n, m in targets}
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    # Quantized first, replaced after: a failure leaves the model untouched.
+    made: dict[int, nn.Module] = {}
+    # A weight's first quantized layer and its name (a table tied to it reads its operator).
+    heads: dict[int, tuple[nn.Module, str]] = {}
+    replacements: list[tuple[str, nn.Module]] = []
+
+    def stored(name: str, make: Callable[[], nn.Module]) -> nn.Module:
+        try:
+            return make()
+        except _native.HypercodecError as e:
+            raise type(e)(f"layer `{name or type(model).__name__}`: {e}") from e
+
     for name, layer in targets:
-        if not isinstance(layer, nn.Conv2d):
-            h = None if hessians is None else hessians.get(name)
-            new: nn.Module = HyperLinear.from_linear(_as_linear(layer), spec, trainable, refresh_every, h)
-        else:
-            new = HyperConv2d.from_conv(layer, spec)
-        _replace(model, name, new)
+        if id(layer) not in made:
+            if not isinstance(layer, nn.Conv2d):
+                h = None if hessians is None else hessians.get(name)
+                made[id(layer)] = stored(
+                    name, lambda: HyperLinear.from_linear(_as_linear(layer), spec, trainable, refresh_every, h)
+                )
+                if not trainable:
+                    heads.setdefault(id(layer.weight), (made[id(layer)], name))
+            else:
+                made[id(layer)] = stored(name, lambda: HyperConv2d.from_conv(layer, spec))
+        replacements.append((name, made[id(layer)]))
     for name, emb in tables:
-        head = owner.get(id(emb.weight))
-        if head is not None:
-            op = model.get_submodule(head).op
-            _replace(model, name, HyperEmbedding._like(emb, op, tied=head))
-        elif id(emb.weight) not in linear_weights:
-            _replace(model, name, HyperEmbedding.from_embedding(emb, spec))
-            owner[id(emb.weight)] = name
+        if id(emb) not in made:
+            head = heads.get(id(emb.weight))
+            if head is not None:
+                made[id(emb)] = HyperEmbedding._like(emb, head[0].op, tied=head[1])
+            elif id(emb.weight) in linear_weights:
+                continue  # shared with a layer left float (skipped or trainable): float with it
+            else:
+                made[id(emb)] = stored(name, lambda: HyperEmbedding.from_embedding(emb, spec))
+                heads.setdefault(id(emb.weight), (made[id(emb)], name))
+        replacements.append((name, made[id(emb)]))
+    for name, new in replacements:
+        if name == "":
+            return new  # a bare layer: its replacement
+        _replace(model, name, new)
     return model
 
 
@@ -1891,7 +1948,7 @@ def quantize_budget(
 
     from . import api
 
-    skip = tuple(skip)
+    skip = (skip,) if isinstance(skip, str) else tuple(skip)
     gpu = _coding_gpu(model, device)
     sd: dict[str, np.ndarray] = {}
     for n, m in model.named_modules():
