@@ -1145,6 +1145,19 @@ def test_a_candidate_name_in_the_rate_argument_is_a_clear_type_error():
     assert hnn.method_spec("lattice", 0.4) == "e8@0.4"
     assert hnn.method_spec("trellis-pairs", 2) == "tcq@2-v2"
     assert hnn.method_spec("trellis-pairs-l12", 3) == "tcq@3-l12-v2"
+    # A width the method's format does not hold names the method's range (it raised "unknown
+    # candidate e8-fixed1" or a native error), as does a block size that is not a number.
+    for method, bps, what in [
+        ("lattice-fixed", 1, "2 to 8"),
+        ("lattice-fixed", 9, "2 to 8"),
+        ("affine", 12, "1 to 8"),
+        ("affine-row", 16, "1 to 8"),
+        ("trellis-pairs", 8, "1 to 4"),
+        ("codebook-bx", 4, "block size"),
+    ]:
+        with pytest.raises(ValueError, match=what):
+            hnn.method_spec(method, bps)
+    assert hnn.method_spec("lattice-fixed", 8) == "e8-fixed8" and hnn.method_spec("trellis", 8) == "tcq@8"
     # A model quantized with pairs runs (on the CPU) like its decoded weights.
     m = torch.nn.Sequential(torch.nn.Linear(64, 8))
     x = torch.randn(2, 64)
@@ -1766,3 +1779,28 @@ def test_saving_a_quantized_state_dict_is_refused_not_emptied(tmp_path):
     with pytest.raises(hypercodec.InvalidInputError, match="0.weight_hwz"):
         hypercodec.save(m.state_dict(), tmp_path / "q.hwz")
     assert not (tmp_path / "q.hwz").exists()
+
+
+def test_attention_shapes_that_cannot_run_are_refused_when_built():
+    for args, kw, what in [
+        ((60, 8), {}, "not num_heads 8 heads"),
+        ((64, 8), {"num_kv_heads": 3}, "must divide"),
+        ((40, 8), {}, "even size"),
+        ((64, 0), {}, "num_heads 0"),
+    ]:
+        with pytest.raises(hypercodec.InvalidInputError, match=what):
+            hnn.HyperAttention(*args, method="affine", **kw)
+    q, k, v, o = (torch.nn.Linear(64, n) for n in (64, 32, 16, 64))
+    with pytest.raises(hypercodec.InvalidInputError, match="key and value"):
+        hnn.HyperAttention.from_projections(q, k, v, o, num_heads=8, num_kv_heads=4, method="affine")
+    att = hnn.HyperAttention(64, 8, num_kv_heads=2, method="affine", bps=8)
+    assert att(torch.randn(1, 5, 64)).shape == (1, 5, 64)
+
+
+def test_a_stored_conv_names_the_input_shape_it_takes():
+    for k in (1, 3):
+        q = hnn.HyperConv2d.from_conv(torch.nn.Conv2d(16, 8, k), "int8")
+        for bad in (torch.randn(2, 15, 9, 9), torch.randn(1, 2, 16, 9, 9), torch.randn(16, 9)):
+            with pytest.raises(hypercodec.InvalidInputError, match=r"\(N, 16, H, W\)"):
+                q(bad)
+        assert q(torch.randn(16, 9, 9)).shape[0] == 8

@@ -57,7 +57,8 @@ def method_spec(method: str, bps: float) -> str:
     (at most 4096) of ``B`` values, ``R`` residual corrections per block, scales per ``channel``,
     ``block`` or ``tensor``; any other string is taken as a candidate name itself (``int8-row``,
     ``e8@3.5``, ``bf16``, ``cb-b8-k256``, ...). A ``bps`` that is not a number raises
-    ``TypeError``, one outside (0, 16] ``ValueError``."""
+    ``TypeError``, one outside (0, 16] ``ValueError``, as does a width the method's format does
+    not hold (``lattice-fixed`` 2–8 bits, ``affine`` 1–8, ``trellis-pairs`` 1–4)."""
     if isinstance(bps, bool) or not isinstance(bps, numbers.Real):
         hint = f"; a candidate name goes in method=, as in quantize(model, method={bps!r})" if isinstance(bps, str) else ""
         raise TypeError(f"bps must be a number of bits per value, not {bps!r}{hint}")
@@ -68,8 +69,21 @@ def method_spec(method: str, bps: float) -> str:
     integer_width = method.startswith(("codebook-b", "affine", "trellis")) or method == "lattice-fixed"
     if integer_width and bits < 1:
         raise ValueError(f"{method} stores whole bits per value: bps={bps!r} rounds to {bits}; ask for at least 0.5")
+    # The widths each integer-width method's format holds.
+    widths = (
+        (2, 8) if method == "lattice-fixed"
+        else (1, 8) if method.startswith("affine")
+        else (1, 4) if method.startswith("trellis-pairs")
+        else None
+    )
+    if widths is not None and not widths[0] <= bits <= widths[1]:
+        raise ValueError(
+            f"{method} stores {widths[0]} to {widths[1]} bits per value: bps={bps!r} rounds to {bits}"
+        )
     if method.startswith("codebook-b"):
         block, _, rest = method.removeprefix("codebook-b").partition("-")
+        if not block.isdigit() or int(block) < 1:
+            raise ValueError(f"{method}: the block size after codebook-b must be a whole number of values, as in codebook-b4")
         k = min(2 ** (int(block) * bits), 4096)
         return f"cb-b{block}-k{k}" + (f"-{rest}" if rest else "")
     table = {
@@ -1463,6 +1477,11 @@ class HyperConv2d(_StoredForm, nn.Module):
             raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
         if x.dim() == 3:  # one unbatched image, as nn.Conv2d takes (hooks ran once already)
             return self.forward(x.unsqueeze(0)).squeeze(0)
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise _native.InvalidInputError(
+                f"HyperConv2d takes (N, {self.in_channels}, H, W) or ({self.in_channels}, H, W) inputs, "
+                f"not {tuple(x.shape)}"
+            )
         x = _autocast(x)
         if getattr(self, "padding_mode", "zeros") != "zeros":
             x = nn.functional.pad(x, self._pad, mode=self.padding_mode)
@@ -1696,6 +1715,8 @@ class HyperAttention(nn.Module):
     ) -> None:
         super().__init__()
         kv = num_kv_heads or num_heads
+        if num_heads < 1 or hidden_size % num_heads:
+            raise _native.InvalidInputError(f"HyperAttention: hidden_size {hidden_size} is not num_heads {num_heads} heads")
         d = hidden_size // num_heads
         dense = [
             nn.Linear(hidden_size, num_heads * d, bias=bias),
@@ -1726,8 +1747,23 @@ class HyperAttention(nn.Module):
         return self
 
     def _setup(self, dense, heads: int, kv: int, theta: float, spec: str, trainable: bool) -> None:
+        q, k, v, o = dense
+        d = q.out_features // heads if heads > 0 else 0
+        # Shapes the forward pass needs, checked here rather than met as a reshape error there.
+        problem = (
+            f"num_heads {heads} must be at least 1" if heads < 1
+            else f"num_kv_heads {kv} must divide num_heads {heads}" if kv < 1 or heads % kv
+            else f"the query projection's {q.out_features} outputs are not num_heads {heads} heads of an even size (rotary positions pair a head's halves)"
+            if q.out_features % heads or d % 2
+            else f"the key and value projections must have num_kv_heads {kv} × head size {d} = {kv * d} outputs, not {k.out_features} and {v.out_features}"
+            if k.out_features != kv * d or v.out_features != kv * d
+            else f"the output projection must take {heads * d} inputs, not {o.in_features}" if o.in_features != heads * d
+            else None
+        )
+        if problem is not None:
+            raise _native.InvalidInputError(f"HyperAttention: {problem}")
         self.num_heads, self.num_kv_heads, self.rope_theta = heads, kv, theta
-        self.head_dim = dense[0].out_features // heads
+        self.head_dim = d
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
             HyperLinear.from_linear(layer, spec, trainable) for layer in dense
         )
