@@ -187,11 +187,16 @@ fn run(py: Python<'_>, argv: Vec<String>) -> PyResult<(String, String)> {
     match result {
         Ok(()) => Ok((text.stdout, text.stderr)),
         Err(e) => {
-            // The warnings printed before the error are not lost.
-            if !text.stderr.is_empty() {
-                py.import("sys")?
-                    .getattr("stderr")?
-                    .call_method1("write", (text.stderr,))?;
+            // What the run printed before the error is not lost (nor does a missing stream,
+            // as under pythonw, hide the error).
+            if let Ok(sys) = py.import("sys") {
+                for (stream, text) in [("stdout", text.stdout), ("stderr", text.stderr)] {
+                    if !text.is_empty() {
+                        let _ = sys
+                            .getattr(stream)
+                            .and_then(|s| s.call_method1("write", (text,)));
+                    }
+                }
             }
             Err(pipeline_err(e))
         }

@@ -1717,6 +1717,26 @@ def test_quantize_replaces_a_layer_at_every_name_and_a_bare_layer_comes_back():
     emb = torch.nn.Embedding(100, 16)
     q = hnn.quantize(emb, bps=8, method="affine", embeddings=True)
     assert isinstance(q, hnn.HyperEmbedding)
+    # A bare layer whose forward does more than the product stays itself.
+    class Scaled(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    s = Scaled(8, 8)
+    with pytest.warns(UserWarning, match="left float"):
+        assert hnn.quantize(s, bps=8, method="affine") is s
+    # The model of two names saves under both and loads back into a fresh model.
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 32)
+    fresh_lin = torch.nn.Linear(32, 32)
+    m = hnn.quantize(torch.nn.Sequential(lin, torch.nn.ReLU(), lin), bps=8, method="affine")
+    fresh = hnn.load_state_dict(torch.nn.Sequential(fresh_lin, torch.nn.ReLU(), fresh_lin), m.state_dict())
+    assert fresh[0] is fresh[2] and isinstance(fresh[0], hnn.HyperLinear)
+    assert torch.equal(fresh(x), m(x))
+    # A layer skipped under one of its names stays float under all of them.
+    m = torch.nn.ModuleDict({"lm_head": lin, "layer": lin, "other": torch.nn.Linear(32, 32)})
+    hnn.quantize(m, bps=8, method="affine")
+    assert m["lm_head"] is lin and m["layer"] is lin and isinstance(m["other"], hnn.HyperLinear)
 
 
 def test_quantize_takes_one_skipped_name_as_a_string():
@@ -1754,9 +1774,13 @@ def test_a_trainable_layer_runs_its_loaded_or_edited_master_weight_in_eval():
     qa.eval()
     x = torch.randn(5, 32)
     assert _rel(qa(x), b(x)) < 0.02
+    # An edit in place is followed once the layer is told (refresh).
     with torch.no_grad():
         qa.weight.mul_(-1.0)
+    qa.refresh()
     assert _rel(qa(x), -(b(x) - b.bias) + b.bias) < 0.02
+    # A copy runs what it copied: the same stored form, not a re-quantization.
+    assert torch.equal(copy.deepcopy(qa)(x), qa(x))
 
 
 def test_a_stored_embedding_follows_half_and_to():

@@ -81,6 +81,10 @@ enum Command {
         /// Tensors with fewer values are left out of the plan.
         #[arg(long, default_value_t = 0)]
         min_tensor_size: u64,
+        /// Count candidates' bytes without the container's zstd: for a plan replayed by
+        /// `compress --plan FILE --no-zstd`.
+        #[arg(long)]
+        no_zstd: bool,
     },
     /// Measure every representation (FP32, FP16, BF16, affine INT1..INT8 per row and g128) on a
     /// file's tensors: bytes, bits per scalar, error, gap to the Gaussian bound, speed.
@@ -294,11 +298,9 @@ fn compress(args: &CompressArgs) -> Result<()> {
     let route = match (&args.plan, mode) {
         (Some(path), _) => Route::PlanFile(pipeline::read_plan(path)?),
         (None, Some(m)) => {
-            let mut options = args.planning.options(m, codebook)?;
-            // Candidates' bytes are counted as this run's writer stores them.
-            if args.no_zstd {
-                options.container = hwz::Compression::None;
-            }
+            // (Its candidates' bytes are counted as this run's writer stores them:
+            // `compress_to_file` sets the planner's container from --no-zstd.)
+            let options = args.planning.options(m, codebook)?;
             Chooser::new(options.clone())?;
             Route::Planner(options)
         }
@@ -365,9 +367,14 @@ fn plan(
     codebook: &CodebookArgs,
     seed: u64,
     selection: Selection,
+    no_zstd: bool,
 ) -> Result<()> {
     let mode = planning.mode()?.unwrap_or(Mode::Best);
-    let chooser = Chooser::new(planning.options(mode, codebook.options(seed))?)?;
+    let mut options = planning.options(mode, codebook.options(seed))?;
+    if no_zstd {
+        options.container = hwz::Compression::None;
+    }
+    let chooser = Chooser::new(options)?;
     let source = TensorSource::open(input)?;
     let started = std::time::Instant::now();
     let plan = with_bar(|progress| {
@@ -467,6 +474,7 @@ fn run(cli: Cli) -> Result<()> {
             seed,
             include_1d,
             min_tensor_size,
+            no_zstd,
         } => plan(
             &input,
             &planning,
@@ -476,6 +484,7 @@ fn run(cli: Cli) -> Result<()> {
                 include_1d,
                 min_tensor_size,
             },
+            no_zstd,
         ),
         Command::Synth {
             output,

@@ -25,8 +25,21 @@ thread_local! {
 /// Runs `f` with this thread's text going to a fresh [`Captured`], returned beside `f`'s
 /// result; a capture already under way (a nested call) is restored afterwards.
 pub(crate) fn capture<T>(f: impl FnOnce() -> T) -> (T, Captured) {
-    let outer = CAPTURE.with_borrow_mut(|c| c.replace(Captured::default()));
+    /// Puts the outer capture back however `f` ends: a panic that unwinds through it (which
+    /// pyo3 turns into an exception) must not leave this thread's later text in a stale buffer.
+    struct Restore(Option<Option<Captured>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(outer) = self.0.take() {
+                CAPTURE.with_borrow_mut(|c| *c = outer);
+            }
+        }
+    }
+    let mut restore = Restore(Some(
+        CAPTURE.with_borrow_mut(|c| c.replace(Captured::default())),
+    ));
     let value = f();
+    let outer = restore.0.take().unwrap_or_default();
     let captured = CAPTURE.with_borrow_mut(|c| std::mem::replace(c, outer));
     (value, captured.unwrap_or_default())
 }
@@ -109,6 +122,18 @@ mod tests {
         });
         assert_eq!(outer.stdout, "ac");
         assert_eq!(outer.stderr, "");
+    }
+
+    #[test]
+    fn a_panic_inside_a_capture_restores_the_outer_state() {
+        let caught = std::panic::catch_unwind(|| {
+            capture(|| {
+                write_out(format_args!("lost")).unwrap();
+                panic!("inside");
+            })
+        });
+        assert!(caught.is_err());
+        CAPTURE.with_borrow(|c| assert!(c.is_none()));
     }
 
     #[test]

@@ -1591,3 +1591,55 @@ fn an_archive_of_no_values_states_no_rate() {
     let text = ok(&["inspect", p(&hwz)]);
     assert!(text.contains("(– bps all-in, –x vs f32)"), "{text}");
 }
+
+/// The planner counts bytes as the run's writer stores them: a three-level tensor's INT8 codes
+/// shrink under zstd below the lattice's 4 bits, so LOWEST takes INT8 with zstd and the lattice
+/// without (`compress --no-zstd`, and `plan --no-zstd` for a plan replayed so).
+#[test]
+fn lowest_counts_bytes_as_the_run_stores_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.safetensors");
+    let data: Vec<u8> = noise(256 * 256, 5)
+        .iter()
+        .flat_map(|x| ((x * 1.5).round().clamp(-1.0, 1.0)).to_le_bytes())
+        .collect();
+    write_st_header(
+        &model,
+        serde_json::json!({"w": {"dtype": "F32", "shape": [256, 256], "data_offsets": [0, data.len()]}}),
+        &data,
+    );
+    let out = dir.path().join("o.hwz");
+    let label = |extra: &[&str]| -> String {
+        let mut args = vec![
+            "compress",
+            p(&model),
+            p(&out),
+            "--mode",
+            "lowest",
+            "--candidates",
+            "int8-row,e8@4",
+        ];
+        args.extend_from_slice(extra);
+        ok(&args);
+        inspect_json(&out)["tensors"][0]["label"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(label(&[]).starts_with("affine-int8"), "{}", label(&[]));
+    assert!(label(&["--no-zstd"]).starts_with("lattice"));
+    for (extra, expect) in [(&[][..], "affine-int8"), (&["--no-zstd"][..], "lattice")] {
+        let mut args = vec![
+            "plan",
+            p(&model),
+            "--mode",
+            "lowest",
+            "--candidates",
+            "int8-row,e8@4",
+        ];
+        args.extend_from_slice(extra);
+        let plan: Value = serde_json::from_str(&ok(&args)).unwrap();
+        let got = plan["tensors"][0]["label"].as_str().unwrap();
+        assert!(got.starts_with(expect), "{extra:?}: {got}");
+    }
+}

@@ -85,7 +85,7 @@ pub fn measure(
 ) -> Result<(Measured, EncodedTensor)> {
     let t = spec.encode(name, values, shape, options)?;
     let out = decode(name, shape, &t)?;
-    let bytes = t.stored_bytes(container);
+    let bytes = t.stored_bytes(values.len() as u64, container);
     let mut block_sse = Vec::with_capacity(values.len().div_ceil(block_len.max(1)));
     let mut block_max_rel = Vec::with_capacity(block_sse.capacity());
     let mut sums = Sums {

@@ -867,20 +867,22 @@ impl EncodedTensor {
         self.streams.iter().map(|(_, b)| b.len() as u64).sum()
     }
 
-    /// Bytes of all streams as a writer with `compression` stores them: each stream's zstd
-    /// form where that is smaller (the writer's rule), else the stream. This is what a planner
-    /// compares: zstd shrinks integer codes whose values cluster (a three-level tensor's INT8
-    /// codes to under half) and leaves entropy-coded streams as they are.
-    /// (The writer may store a nearly constant tensor's smallest streams raw to keep its floor
-    /// of a byte per 64 values; that rare difference is not counted here.)
-    pub fn stored_bytes(&self, compression: crate::Compression) -> u64 {
-        self.streams
-            .iter()
-            .map(|(_, b)| {
-                crate::write::zstd_if_it_pays(b, compression, crate::zstd_codec::LEVEL)
-                    .map_or(b.len(), |z| z.len()) as u64
-            })
-            .sum()
+    /// Bytes of all streams of this tensor of `numel` values as a writer with `compression`
+    /// stores them (the writer's rule: each stream's zstd form where that is smaller, and the
+    /// tensor's floor of a byte per 64 values kept by storing its smallest streams as they
+    /// are). This is what a planner compares: zstd shrinks integer codes whose values cluster
+    /// (a three-level tensor's INT8 codes to under half) and leaves entropy-coded streams as
+    /// they are. A tensor the writer would refuse counts its streams' own bytes.
+    pub fn stored_bytes(&self, numel: u64, compression: crate::Compression) -> u64 {
+        match crate::write::stored_forms(self, numel, compression) {
+            Ok(forms) => self
+                .streams
+                .iter()
+                .zip(&forms)
+                .map(|((_, raw), z)| z.as_ref().map_or(raw.len(), Vec::len) as u64)
+                .sum(),
+            Err(_) => self.payload_bytes(),
+        }
     }
 }
 

@@ -111,43 +111,7 @@ impl<W: Write> Writer<W> {
             &lens,
             tensor.streams.iter().map(|(r, b)| (*r, b.len() as u64)),
         )?;
-        // Compress first, then check the tensor's floor of stored bytes per value: where zstd
-        // shrinks a tensor below it (a nearly constant one), its smallest streams are stored
-        // uncompressed, one by one, until the floor is met (all of them, before: a 99.5 %-zero
-        // INT4 tensor kept 4 bits a value where its f16 scales alone reach the floor).
-        let mut candidates: Vec<Option<Vec<u8>>> = tensor
-            .streams
-            .iter()
-            .map(|(_, raw)| self.try_compress(raw, crate::zstd_codec::LEVEL))
-            .collect();
-        let sizes = |c: &[Option<Vec<u8>>]| -> u64 {
-            tensor
-                .streams
-                .iter()
-                .zip(c)
-                .map(|((_, raw), z)| z.as_ref().map_or(raw.len(), Vec::len) as u64)
-                .sum()
-        };
-        let floor = min_stored_bytes(tensor_numel(shape));
-        if sizes(&candidates) < floor {
-            let raw: u64 = tensor.streams.iter().map(|(_, b)| b.len() as u64).sum();
-            if raw < floor {
-                // Readers would refuse the file: refuse the tensor instead.
-                return Err(HwzError::LimitExceeded {
-                    what: "values per stored byte",
-                    value: tensor_numel(shape) / raw.max(1),
-                    max: crate::MAX_VALUES_PER_STORED_BYTE,
-                });
-            }
-            let mut order: Vec<usize> = (0..candidates.len()).collect();
-            order.sort_by_key(|&k| tensor.streams[k].1.len());
-            for k in order {
-                if sizes(&candidates) >= floor {
-                    break;
-                }
-                candidates[k] = None;
-            }
-        }
+        let candidates = stored_forms(tensor, tensor_numel(shape), self.options.compression)?;
         let mut roles = BTreeMap::new();
         for ((role, raw), z) in tensor.streams.iter().zip(candidates) {
             let index = self.write_stream(raw, z)?;
@@ -432,4 +396,51 @@ pub(crate) fn zstd_if_it_pays(raw: &[u8], compression: Compression, level: i32) 
         }
         _ => None,
     }
+}
+
+/// Each stream of `tensor` (of `numel` values) as a writer with `compression` stores it: its
+/// zstd form where that pays ([`zstd_if_it_pays`]), else `None` (stored as it is). Compressed
+/// first, then the tensor's floor of stored bytes per value is checked: where zstd shrinks a
+/// tensor below it (a nearly constant one), its smallest streams are stored uncompressed, one by
+/// one, until the floor is met (all of them, before: a 99.5 %-zero INT4 tensor kept 4 bits a
+/// value where its f16 scales alone reach the floor). A tensor whose raw streams are below the
+/// floor is refused: readers would refuse the file.
+pub(crate) fn stored_forms(
+    tensor: &EncodedTensor,
+    numel: u64,
+    compression: Compression,
+) -> Result<Vec<Option<Vec<u8>>>> {
+    let mut candidates: Vec<Option<Vec<u8>>> = tensor
+        .streams
+        .iter()
+        .map(|(_, raw)| zstd_if_it_pays(raw, compression, crate::zstd_codec::LEVEL))
+        .collect();
+    let sizes = |c: &[Option<Vec<u8>>]| -> u64 {
+        tensor
+            .streams
+            .iter()
+            .zip(c)
+            .map(|((_, raw), z)| z.as_ref().map_or(raw.len(), Vec::len) as u64)
+            .sum()
+    };
+    let floor = min_stored_bytes(numel);
+    if sizes(&candidates) < floor {
+        let raw: u64 = tensor.streams.iter().map(|(_, b)| b.len() as u64).sum();
+        if raw < floor {
+            return Err(HwzError::LimitExceeded {
+                what: "values per stored byte",
+                value: numel / raw.max(1),
+                max: crate::MAX_VALUES_PER_STORED_BYTE,
+            });
+        }
+        let mut order: Vec<usize> = (0..candidates.len()).collect();
+        order.sort_by_key(|&k| tensor.streams[k].1.len());
+        for k in order {
+            if sizes(&candidates) >= floor {
+                break;
+            }
+            candidates[k] = None;
+        }
+    }
+    Ok(candidates)
 }

@@ -92,6 +92,8 @@ impl Rep {
                 let chooser = Chooser::new(PlanOptions {
                     mode: Mode::Auto,
                     target: target.map(Target::Bps),
+                    // The benchmark's rows count streams' own bytes: so does its choice.
+                    container: hwz::Compression::None,
                     ..PlanOptions::default()
                 })?;
                 let (tp, enc) = chooser.plan_tensor(name, values, shape)?;

@@ -478,7 +478,16 @@ pub fn compress(
     })
 }
 
-/// Whether a tensor's values are all one finite value (bit for bit).
+/// `options` with a planner that counts candidates' bytes as a writer with `compression`
+/// stores them.
+fn for_container(options: &CompressOptions, compression: Compression) -> CompressOptions {
+    let mut options = options.clone();
+    if let Route::Planner(p) = &mut options.route {
+        p.container = compression;
+    }
+    options
+}
+
 /// The error of `encoded` against `values`, decoded in row blocks through the tensor's view:
 /// the decoded copy never holds more than a block (about 4 MB of f32), whatever the size.
 fn measure(
@@ -557,6 +566,7 @@ pub fn constant_instead(
     Ok(Some((exact, why)))
 }
 
+/// Whether a tensor's values are all one finite value (bit for bit).
 fn is_constant(values: &[f32]) -> bool {
     values.first().is_some_and(|first| {
         first.is_finite() && values.iter().all(|v| v.to_bits() == first.to_bits())
@@ -711,6 +721,7 @@ pub fn compress_to_file(
         },
         generator: GENERATOR.into(),
     };
+    let options = &for_container(options, writer_options.compression);
     let mut writer = FileWriter::create(path, writer_options).map_err(|e| io_at(path, e))?;
     let report = compress(source, options, &mut *writer, progress, cancel)?;
     // A signal during the last tensor: no archive either.
@@ -751,6 +762,7 @@ pub fn compress_to_shards(
     };
     let index = crate::shards::index_path(out);
     crate::output::check_output(&index, source.path())?;
+    let options = &for_container(options, writer_options.compression);
     let mut writer = crate::shards::ShardedWriter::new(out, shard_bytes, writer_options)?;
     let report = compress(source, options, &mut writer, progress, cancel)?;
     writer.finish()?;

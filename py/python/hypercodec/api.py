@@ -120,9 +120,9 @@ def _run(argv: list[str]) -> None:
     :class:`HypercodecError` subclass; what it prints goes through ``sys.stdout`` and
     ``sys.stderr``, so a notebook shows it and ``contextlib.redirect_stdout`` catches it."""
     out, err = _native.run(list(argv))
-    if out:
+    if out and sys.stdout is not None:  # (None under pythonw)
         sys.stdout.write(out)
-    if err:
+    if err and sys.stderr is not None:
         sys.stderr.write(err)
 
 

@@ -250,13 +250,18 @@ def _register() -> type | None:
             c = self.quantization_config
             if c.modules is None:
                 raise _native.FormatError("the checkpoint's hypercodec config lists no quantized modules")
+            placed: dict[int, nn.Module] = {}  # a layer at two names: one placeholder at both
             for name in c.modules:
                 layer = model.get_submodule(name)
+                if isinstance(layer, HyperLinear) and id(layer) in {id(p) for p in placed.values()}:
+                    continue  # (its other name, already placed)
                 if not isinstance(layer, nn.Linear) and not _is_conv1d(layer):
                     raise _native.FormatError(f"`{name}` is quantized in the checkpoint but is {type(layer).__name__} here")
-                placeholder = HyperLinear.placeholder(_as_linear(layer))
-                placeholder.__dict__["_init_bias"] = getattr(layer, "bias", None) is not None
-                _set(model, name, placeholder)
+                if id(layer) not in placed:
+                    placeholder = HyperLinear.placeholder(_as_linear(layer))
+                    placeholder.__dict__["_init_bias"] = getattr(layer, "bias", None) is not None
+                    placed[id(layer)] = placeholder
+                _set(model, name, placed[id(layer)])
             _init_around_placeholders(model)
             return model
 
@@ -281,7 +286,7 @@ def _register() -> type | None:
             uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
             tied = tuple(n for n, m in model.named_modules() if isinstance(getattr(m, "weight", None), torch.Tensor) and uses[id(m.weight)] > 1)
             quantize(model, bps=c.bps, method=c.method, skip=tuple(c.skip) + tied, conv=False)
-            c.modules = [n for n, m in model.named_modules() if isinstance(m, HyperLinear)]
+            c.modules = [n for n, m in model.named_modules(remove_duplicate=False) if isinstance(m, HyperLinear)]
             return model
 
         def is_serializable(self, **kwargs):

@@ -271,6 +271,9 @@ class _StoredForm:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         tied_bytes = state.pop("_tied_hwz", None)
+        if isinstance(state.get("dtype"), torch.dtype) and "_dtype_of" not in state:
+            # A table pickled before its dtype followed .half() / .to(): the probe that does.
+            state["_dtype_of"] = torch.empty(0, dtype=state.pop("dtype"))
         nn.Module.__setstate__(self, state)
         _register(self)
         if self._parameters.get("weight") is not None:  # a trainable layer
@@ -1273,7 +1276,6 @@ class HyperLinear(_StoredForm, nn.Module):
             self.bias = (
                 nn.Parameter(master.bias.detach().to(torch.float32).clone()) if master.bias is not None else None
             )
-            self._quantized_version = self._master_version()
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
@@ -1323,20 +1325,24 @@ class HyperLinear(_StoredForm, nn.Module):
 
     def refresh(self) -> None:
         """Re-quantizes the master weight (and bias) into the compressed form (without error
-        feedback: the ``hessian`` of :meth:`from_linear` is not kept). Eval mode calls it
-        itself once the master weight has changed (after training steps, ``load_state_dict``
-        or an in-place edit)."""
+        feedback: the ``hessian`` of :meth:`from_linear` is not kept). The layer calls it
+        itself after training steps and after ``load_state_dict`` of master weights without
+        their stored form; call it after editing the master weight in place."""
         if self.weight is None or self.spec is None:
             return
         b = _f32(self.bias) if self.bias is not None else None
         self.op = _quantize(self.weight, self.spec, b)
-        self._quantized_version = self._master_version()
         self._wq = None
         self._hwz = None
 
-    def _master_version(self) -> tuple[int, int]:
-        """Versions of the master weight and bias (PyTorch counts their in-place writes)."""
-        return (self.weight._version, -1 if self.bias is None else self.bias._version)
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        if self._parameters.get("weight") is not None and prefix + "weight" in state_dict:
+            # Master weights loaded (a training run resumed): the stored form follows them,
+            # the one saved beside them where the state dict has it, else quantized afresh.
+            self._wq, self._steps = None, 0
+            if prefix + HWZ_KEY not in state_dict:
+                self.refresh()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.op is None:
@@ -1351,9 +1357,6 @@ class HyperLinear(_StoredForm, nn.Module):
             # Left training: the compressed form reflects the latest master weight.
             self.refresh()
             self._steps = 0
-        elif self.weight is not None and not _traced() and self._master_version() != self.__dict__.get("_quantized_version"):
-            # The master weight changed outside training (load_state_dict, an in-place edit).
-            self.refresh()
         if _traced():
             return _as_op(self, x)
         return _through_stored(x, self._stored_forward, self._input_grad)
@@ -1874,18 +1877,26 @@ def quantize(
     A module reached by several names (one layer used twice) is quantized once and replaced
     at every name. Every layer is quantized before any is replaced: an error (naming the layer)
     leaves ``model`` as it was. Returns ``model``; a bare layer (``model`` itself an
-    ``nn.Linear``, ``nn.Conv2d`` or ``nn.Embedding``) cannot replace itself in place, and its
-    stored replacement is returned instead. With ``trainable``, re-quantizations of the master
+    ``nn.Linear`` or ``nn.Conv2d``, or with ``embeddings`` an ``nn.Embedding``) cannot replace
+    itself in place, and its stored replacement is returned instead. With ``trainable``, re-quantizations of the master
     weights round without the ``hessians``' error feedback (they are not kept)."""
     spec = method_spec(method, bps)
     # A single name is one name, not its letters ("lm_head" skipped every layer with an "l").
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
-    # Every name of every module: a layer used at two places is replaced at both.
+    # Every name of every module: a layer used at two places is replaced at both, and left
+    # float where any of its names is skipped.
     named = list(model.named_modules(remove_duplicate=False))
+    names_of: dict[int, list[str]] = {}
+    for n, m in named:
+        names_of.setdefault(id(m), []).append(n)
+
+    def skipped(m: nn.Module) -> bool:
+        return any(s in n for n in names_of[id(m)] for s in skip)
+
     candidates = [
         (n, m)
         for n, m in named
-        if (isinstance(m, nn.Linear) or _is_conv1d(m) or (conv and isinstance(m, nn.Conv2d))) and not any(s in n for s in skip)
+        if (isinstance(m, nn.Linear) or _is_conv1d(m) or (conv and isinstance(m, nn.Conv2d))) and not skipped(m)
     ]
     meta = [n for n, m in candidates if any(p.is_meta for p in m.parameters(recurse=False))]
     if meta:
@@ -1901,12 +1912,8 @@ def quantize(
             + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""),
             stacklevel=2,
         )
-    targets = [(n, m) for n, m in candidates if n == "" or _replaceable(model, n)]
-    tables = [
-        (n, m)
-        for n, m in named
-        if embeddings and type(m) is nn.Embedding and not any(s in n for s in skip)
-    ]
+    targets = [(n, m) for n, m in candidates if _replaceable(model, n)]
+    tables = [(n, m) for n, m in named if embeddings and type(m) is nn.Embedding and not skipped(m)]
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     # Quantized first, replaced after: a failure leaves the model untouched.
     made: dict[int, nn.Module] = {}
@@ -2535,7 +2542,10 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
         >>> fresh = load_state_dict(make_model(), sd)                    # doctest: +SKIP
     """
     kinds = {nn.Linear: HyperLinear, nn.Conv2d: HyperConv2d, nn.Embedding: HyperEmbedding}
-    modules = list(model.named_modules())
+    # Every name of every module: a layer used at two places (saved under both) is one
+    # placeholder at both.
+    modules = list(model.named_modules(remove_duplicate=False))
+    placed: dict[int, nn.Module] = {}
 
     def kind_of(m: nn.Module) -> Any:
         return HyperLinear if _is_conv1d(m) else next((v for k, v in kinds.items() if isinstance(m, k)), None)
@@ -2549,7 +2559,9 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
                 raise _native.InvalidInputError(
                     f"`{name}` has a stored weight but is {type(m).__name__}, not Linear, Conv1D, Conv2d or Embedding"
                 )
-            _replace(model, name, kind.placeholder(_as_linear(m)))
+            if id(m) not in placed:
+                placed[id(m)] = kind.placeholder(_as_linear(m))
+            _replace(model, name, placed[id(m)])
         elif (
             kind in (HyperLinear, HyperEmbedding)
             and id(m.weight) in stored
