@@ -1828,3 +1828,26 @@ def test_a_stored_conv_names_the_input_shape_it_takes():
             with pytest.raises(hypercodec.InvalidInputError, match=r"\(N, 16, H, W\)"):
                 q(bad)
         assert q(torch.randn(16, 9, 9)).shape[0] == 8
+
+
+def test_quantize_budget_is_quiet_and_replaces_a_layer_at_every_name(capsys, tmp_path):
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(64, 64)
+    m = torch.nn.Sequential(lin, torch.nn.ReLU(), lin, torch.nn.Linear(64, 8))
+    x = torch.randn(3, 64)
+    ref = m(x)
+    hnn.quantize_budget(m, 6, skip=())
+    assert isinstance(m[0], hnn.HyperLinear) and m[2] is m[0] and isinstance(m[3], hnn.HyperLinear)
+    assert _rel(m(x), ref) < 0.2  # (BUDGET spends its 6 bits unevenly on these small layers)
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == "", out
+    # load_into alike: an archive of the float model fills both names with one stored layer.
+    lin2 = torch.nn.Linear(64, 64)
+    twin = torch.nn.Sequential(lin2, torch.nn.ReLU(), lin2)
+    path = str(tmp_path / "t.hwz")
+    hypercodec.save(twin.state_dict(), path, encoding="lattice", bps=6, verbose=False)
+    assert capsys.readouterr().out == ""
+    fresh_lin = torch.nn.Linear(64, 64)
+    fresh = hnn.load_into(torch.nn.Sequential(fresh_lin, torch.nn.ReLU(), fresh_lin), path)
+    assert isinstance(fresh[0], hnn.HyperLinear) and fresh[2] is fresh[0]
+    assert _rel(fresh(x), twin(x)) < 0.1

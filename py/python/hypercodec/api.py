@@ -115,14 +115,15 @@ def _flags(options: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-def _run(argv: list[str]) -> None:
+def _run(argv: list[str], verbose: bool = True) -> None:
     """Runs the command line on ``argv`` (``["inspect", "m.hwz"]``), raising its error as a
     :class:`HypercodecError` subclass; what it prints goes through ``sys.stdout`` and
-    ``sys.stderr``, so a notebook shows it and ``contextlib.redirect_stdout`` catches it."""
+    ``sys.stderr`` (so a notebook shows it and ``contextlib.redirect_stdout`` catches it), or
+    nowhere unless ``verbose``."""
     out, err = _native.run(list(argv))
-    if out and sys.stdout is not None:  # (None under pythonw)
+    if verbose and out and sys.stdout is not None:  # (None under pythonw)
         sys.stdout.write(out)
-    if err and sys.stderr is not None:
+    if verbose and err and sys.stderr is not None:
         sys.stderr.write(err)
 
 
@@ -142,18 +143,20 @@ def read_pt(path: str | os.PathLike) -> dict:
     return {k: v for k, v in obj.items() if hasattr(v, "is_floating_point") and v.is_floating_point()}
 
 
-def compress_file(input: str | os.PathLike, output: str | os.PathLike, **options: Any) -> dict:
+def compress_file(input: str | os.PathLike, output: str | os.PathLike, verbose: bool = True, **options: Any) -> dict:
     """Compresses a ``.safetensors``/``.gguf`` file (or a sharded model, or a PyTorch
     ``.pt``/``.pth``/``.bin`` checkpoint read safely through torch) into ``output`` exactly as
-    ``hypercodec compress`` does; returns the archive's summary (:func:`inspect`).
+    ``hypercodec compress`` does; returns the archive's summary (:func:`inspect`). With
+    ``verbose`` (the default) what the command line prints (its summary line, the fallbacks,
+    warnings) goes to ``sys.stdout`` / ``sys.stderr``; ``verbose=False`` keeps it quiet.
 
     >>> hypercodec.compress_file("model.safetensors", "model.hwz", encoding="lattice", bps=4)  # doctest: +SKIP
     >>> hypercodec.compress_file("model.safetensors", "model.hwz", encoding="trellis", bits=2, device="cuda")  # doctest: +SKIP
     """
     if os.fspath(input).endswith(PT_SUFFIXES):
-        return compress_state_dict(read_pt(input), output, **options)
+        return compress_state_dict(read_pt(input), output, verbose=verbose, **options)
     # The paths after `--`: a file named `-model.hwz` or `--help` is a path, not a flag.
-    _run(["compress", *_flags(options), "--", os.fspath(input), os.fspath(output)])
+    _run(["compress", *_flags(options), "--", os.fspath(input), os.fspath(output)], verbose)
     index = os.fspath(output) + ".index.json"
     if not os.path.exists(output) and os.path.exists(index):
         # Written as shards (`shard_size`): their index stands for the archive.
@@ -165,12 +168,14 @@ def compress_state_dict(
     state_dict: Mapping[str, Any],
     path: str | os.PathLike,
     metadata: Mapping[str, str] | None = None,
+    verbose: bool = True,
     **options: Any,
 ) -> dict:
     """Writes ``state_dict`` (numpy arrays or torch tensors, float32/float16/bfloat16) to the
     ``.hwz`` archive ``path`` through the command line's pipeline (same encodings, planner
     modes, targets and plan files; see the module docs for the options); ``metadata`` (string
-    values) is kept in the archive under ``safetensors``. Returns the archive's summary.
+    values) is kept in the archive under ``safetensors``; ``verbose=False`` keeps what the
+    command line prints quiet (:func:`compress_file`). Returns the archive's summary.
 
     >>> import numpy as np
     >>> sd = {"w": np.random.default_rng(0).standard_normal((256, 512), dtype=np.float32)}
@@ -180,7 +185,7 @@ def compress_state_dict(
     """
     path = os.fspath(path)
     with staged_safetensors(state_dict, os.path.dirname(os.path.abspath(path)), metadata) as tmp:
-        return compress_file(tmp, path, **options)
+        return compress_file(tmp, path, verbose=verbose, **options)
 
 
 @contextlib.contextmanager

@@ -1839,6 +1839,15 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
         parent.activation_relu_or_gelu = 0
 
 
+def _skipped_under_any_name(model: nn.Module, skip: tuple[str, ...]) -> Callable[[nn.Module], bool]:
+    """Whether a module of ``model`` has a name containing one of ``skip`` (a module used at
+    several places has several names: one skipped keeps it float at all of them)."""
+    names_of: dict[int, list[str]] = {}
+    for n, m in model.named_modules(remove_duplicate=False):
+        names_of.setdefault(id(m), []).append(n)
+    return lambda m: any(s in n for n in names_of.get(id(m), ()) for s in skip)
+
+
 def quantize(
     model: nn.Module,
     bps: float = 4.0,
@@ -1886,13 +1895,7 @@ def quantize(
     # Every name of every module: a layer used at two places is replaced at both, and left
     # float where any of its names is skipped.
     named = list(model.named_modules(remove_duplicate=False))
-    names_of: dict[int, list[str]] = {}
-    for n, m in named:
-        names_of.setdefault(id(m), []).append(n)
-
-    def skipped(m: nn.Module) -> bool:
-        return any(s in n for n in names_of[id(m)] for s in skip)
-
+    skipped = _skipped_under_any_name(model, skip)
     candidates = [
         (n, m)
         for n, m in named
@@ -1993,9 +1996,10 @@ def quantize_budget(
 
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
     gpu = _coding_gpu(model, device)
+    skipped = _skipped_under_any_name(model, skip)
     sd: dict[str, np.ndarray] = {}
     for n, m in model.named_modules():
-        if isinstance(m, nn.Linear) and _replaceable(model, n) and not any(s in n for s in skip):
+        if isinstance(m, nn.Linear) and _replaceable(model, n) and not skipped(m):
             sd[f"{n}.weight"] = m.weight.detach().to(torch.float32).cpu().numpy()
             if m.bias is not None:
                 sd[f"{n}.bias"] = m.bias.detach().to(torch.float32).cpu().numpy()
@@ -2003,7 +2007,7 @@ def quantize_budget(
     tables = [
         (n, m)
         for n, m in model.named_modules()
-        if embeddings and isinstance(m, nn.Embedding) and id(m.weight) not in shared and not any(s in n for s in skip)
+        if embeddings and isinstance(m, nn.Embedding) and id(m.weight) not in shared and not skipped(m)
     ]
     for n, m in tables:
         sd[f"{n}.weight"] = m.weight.detach().to(torch.float32).cpu().numpy()
@@ -2026,7 +2030,7 @@ def quantize_budget(
             stats = os.path.join(d, "calibration.safetensors")
             save_hessians(stats, dict(hessians))
             options["calibration"] = stats
-        api.compress_state_dict(sd, path, **options)
+        api.compress_state_dict(sd, path, verbose=False, **options)
         archive = _native.Archive(path)
         for n, m in tables:
             op = archive.linear(f"{n}.weight", None)
@@ -2654,13 +2658,20 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
         if layer.bias is not None and f"{name}.bias" not in names:
             raise _native.FormatError(f"{path}: holds `{name}.weight` but not `{name}.bias`, which the model's layer has")
     done = set()
+    every = list(model.named_modules(remove_duplicate=False))  # (before any is replaced)
+    made: dict[int, nn.Module] = {}
     for name, layer in linears:
         bias = None
         if layer.bias is not None and f"{name}.bias" in names:
             bias = np.ascontiguousarray(archive.read(f"{name}.bias"), dtype=np.float32)
             done.add(f"{name}.bias")
-        _replace(model, name, HyperLinear(archive.linear(f"{name}.weight", bias), source=_archive_source(archive, name, bias is not None)))
+        made[id(layer)] = HyperLinear(archive.linear(f"{name}.weight", bias), source=_archive_source(archive, name, bias is not None))
+        _replace(model, name, made[id(layer)])
         done.add(f"{name}.weight")
+    # A layer used at several names is the one stored layer at all of them.
+    for name, layer in every:
+        if id(layer) in made and name:
+            _replace(model, name, made[id(layer)])
     rest = {}
     for key in _state_keys(model):
         if key in names and key not in done:
