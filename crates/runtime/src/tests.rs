@@ -1474,3 +1474,26 @@ fn int8_weight_of_corrupt_lattice_symbols_is_an_error_or_a_whole_form() {
         }
     }
 }
+
+/// A small entropy-coded layer holds less than its f32 weights: its rANS model is written with
+/// as few probability bits as its symbols need (`Encoding::sized_for`), so its decode tables
+/// (`2^prob_bits` slots a context) stay in proportion (at 14 and 13 bits a 256×256 layer held
+/// 1.26× and a 128×128 one 2.40× its f32 weights).
+#[test]
+fn small_rans_layers_hold_less_than_their_f32_weights() {
+    for (rows, cols) in [(128usize, 128usize), (256, 256), (384, 384), (64, 1024)] {
+        let shape = [rows as u64, cols as u64];
+        let x = values(rows * cols, 9);
+        let e = lattice(Lattice::E8, Coding::RANS_DEFAULT, cols as u64);
+        let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
+        let op =
+            CompressedLinear::from_encoded("w", &t, &shape, None, &LoadOptions::default()).unwrap();
+        let f32_bytes = 4 * (rows * cols) as u64;
+        assert!(
+            op.held_bytes() < f32_bytes,
+            "{rows}x{cols}: held {} of {f32_bytes} f32 bytes ({:?})",
+            op.held_bytes(),
+            t.encoding
+        );
+    }
+}
