@@ -18,8 +18,8 @@ pub struct RunArgs {
     /// decompressed weights.
     #[arg(long)]
     pub original: Option<String>,
-    /// Rows of activations per call (at least 1).
-    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
+    /// Rows of activations per call (1 to 65536).
+    #[arg(long, default_value_t = 1, value_parser = batch_size)]
     pub batch: usize,
     /// Only weights whose name contains this.
     #[arg(long)]
@@ -103,7 +103,7 @@ pub fn runtime_benchmark(args: &BenchArgs) -> Result<()> {
             .iter()
             .map(|s| parse_shape(s))
             .collect::<Result<_>>()?,
-        batches: args.batches.iter().map(|&b| b.max(1)).collect(),
+        batches: args.batches.clone(),
         ..RuntimeBenchOptions::default()
     };
     if !args.encodings.is_empty() {
@@ -192,11 +192,15 @@ fn print_json(what: &str, value: &impl serde::Serialize) -> Result<()> {
     Ok(())
 }
 
-/// A count of at least one (clap's parser for `--batch`).
-fn at_least_one(s: &str) -> Result<usize, String> {
+/// The most activation rows `run` and `benchmark --runtime` take a call: their buffers are
+/// sized by it (2^64 - 1 overflowed an allocation; 2^32 asked for terabytes).
+pub(crate) const MAX_BATCH: usize = 1 << 16;
+
+/// A batch size from 1 to [`MAX_BATCH`] (clap's parser for `--batch` and `--batches`).
+pub(crate) fn batch_size(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
+        Ok(n) if (1..=MAX_BATCH).contains(&n) => Ok(n),
+        Ok(_) => Err(format!("must be from 1 to {MAX_BATCH}")),
         Err(e) => Err(e.to_string()),
     }
 }

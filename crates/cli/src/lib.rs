@@ -294,6 +294,19 @@ fn compress(args: &CompressArgs) -> Result<()> {
              trellis take --bits",
         ));
     }
+    // The files the run reads beside its input must survive it too (`--plan X` with output X
+    // replaced the plan with the archive).
+    let sensitivity = args.planning.sensitivity.as_deref();
+    let read: Vec<&Path> = [args.plan.as_deref(), args.calibration.as_deref()]
+        .into_iter()
+        .flatten()
+        .chain(
+            sensitivity
+                .filter(|v| !v.trim_start().starts_with('{'))
+                .map(Path::new),
+        )
+        .collect();
+    pipeline::check_output(&args.output, read)?;
     let codebook = args.encoding.codebook.options(args.encoding.seed);
     let route = match (&args.plan, mode) {
         (Some(path), _) => Route::PlanFile(pipeline::read_plan(path)?),

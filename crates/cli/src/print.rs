@@ -232,8 +232,8 @@ pub struct BenchArgs {
         default_value = "4096x4096,11008x4096,4096x11008,576x1536"
     )]
     pub shapes: Vec<String>,
-    /// `--runtime`: batch sizes, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    /// `--runtime`: batch sizes (1 to 65536), comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64", value_parser = crate::exec::batch_size)]
     pub batches: Vec<usize>,
     /// `--runtime`: only encodings whose label contains one of these (a filter matching none
     /// lists the labels).
@@ -288,6 +288,10 @@ pub fn benchmark(args: &BenchArgs) -> Result<()> {
     }
     let input = args.input.as_deref().unwrap_or_default();
     let source = TensorSource::open(input)?;
+    if let Some(md) = &args.markdown {
+        // Refused before the measuring, not after it.
+        hypercodec_pipeline::check_output(md, source.files())?;
+    }
     let options = BenchOptions {
         include_1d: args.include_1d,
         filter: args.filter.clone(),
@@ -341,7 +345,7 @@ pub fn benchmark(args: &BenchArgs) -> Result<()> {
             "# hypercodec benchmark: {input}\n\n{n} tensors, {total} values.\n\n{}",
             bench::markdown(&table)
         );
-        std::fs::write(path, text).map_err(PipelineError::io(path))?;
+        hypercodec_pipeline::write_text(path, &text, source.files())?;
     }
     Ok(())
 }

@@ -381,7 +381,7 @@ fn usage_errors_are_reported() {
     // A batch of 0 rows, and a model's shapes with --shape (it used to be ignored).
     let r = run(&["run", "/tmp/x.hwz", "--batch", "0"]);
     assert_eq!(r.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&r.stderr).contains("at least 1"));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("must be from 1 to 65536"));
     let r = run(&[
         "synth",
         "/tmp/x.safetensors",
@@ -978,6 +978,16 @@ fn threads_flag_and_env_size_the_one_pool() {
     }
     let zero = run(&["--threads", "0", "inspect", out_s]);
     assert_eq!(zero.status.code(), Some(1));
+    // Too many threads is refused before any starts (100000 started 17 000 of them).
+    let many = run(&["--threads", "100000", "inspect", out_s]);
+    assert_eq!(many.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&many.stderr).contains("from 1 to 1024"));
+    let env_zero = bin()
+        .args(["inspect", out_s])
+        .env("HYPERCODEC_THREADS", "0")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&env_zero.stderr).contains("HYPERCODEC_THREADS"));
     let bad = bin()
         .args(["inspect", out_s])
         .env("HYPERCODEC_THREADS", "many")
@@ -1642,4 +1652,98 @@ fn lowest_counts_bytes_as_the_run_stores_them() {
         let got = plan["tensors"][0]["label"].as_str().unwrap();
         assert!(got.starts_with(expect), "{extra:?}: {got}");
     }
+}
+
+/// Inputs no issue names (a hostile pass): a run never panics on a tensor of no values or a
+/// huge batch, no file the run reads is overwritten by its output (a shard of the input, a
+/// plan, the benchmark's model), a FIFO or a sparse 3 GB "plan" is refused without blocking or
+/// reading it, and `synth` caps its tensor count.
+#[test]
+fn hostile_inputs_and_outputs_are_refused_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name);
+    let code = |args: &[&str]| run(args).status.code();
+    // A [0, 2^64 - 1] tensor has no values: compress takes it, run has nothing to run.
+    let empty = d("empty.safetensors");
+    write_st_header(
+        &empty,
+        serde_json::json!({"w": {"dtype": "F32", "shape": [0u64, u64::MAX], "data_offsets": [0, 0]}}),
+        &[],
+    );
+    ok(&["compress", p(&empty), p(&d("e.hwz"))]);
+    assert_eq!(code(&["run", p(&d("e.hwz"))]), Some(1));
+    // Batches past the cap are usage errors, 0 too.
+    let a = d("a.hwz");
+    ok(&["compress", "gaussian:64x256", p(&a)]);
+    assert_eq!(code(&["run", p(&a), "--batch", "4294967296"]), Some(2));
+    for b in ["0", "18446744073709551615"] {
+        assert_eq!(
+            code(&[
+                "benchmark",
+                "--runtime",
+                "--shapes",
+                "64x64",
+                "--batches",
+                b
+            ]),
+            Some(2)
+        );
+    }
+    // Outputs over files the run reads: refused, the file unchanged.
+    let model = d("m.safetensors");
+    ok(&["synth", p(&model), "--shape", "16x64"]);
+    let before = std::fs::read(&model).unwrap();
+    assert_eq!(
+        code(&["benchmark", p(&model), "--markdown", p(&model)]),
+        Some(1)
+    );
+    let plan = d("plan.json");
+    std::fs::write(&plan, ok(&["plan", p(&model), "--mode", "lowest"])).unwrap();
+    let plan_text = std::fs::read(&plan).unwrap();
+    assert_eq!(
+        code(&["compress", p(&model), p(&plan), "--plan", p(&plan)]),
+        Some(1)
+    );
+    assert_eq!(std::fs::read(&plan).unwrap(), plan_text);
+    let shards = d("sh");
+    std::fs::create_dir(&shards).unwrap();
+    let shard = shards.join("s1.safetensors");
+    std::fs::copy(&model, &shard).unwrap();
+    std::fs::write(
+        shards.join("model.safetensors.index.json"),
+        r#"{"weight_map": {"layers.0.weight": "s1.safetensors"}}"#,
+    )
+    .unwrap();
+    assert_eq!(code(&["compress", p(&shards), p(&shard)]), Some(1));
+    assert_eq!(std::fs::read(&shard).unwrap(), before);
+    assert_eq!(std::fs::read(&model).unwrap(), before);
+    // A 3 GB sparse file given as a plan is refused by its size, not read.
+    let big = d("big.json");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(3 << 30)
+        .unwrap();
+    let err = fails(&["compress", p(&model), p(&d("o.hwz")), "--plan", p(&big)]);
+    assert!(err.contains("more than a plan holds"), "{err}");
+    // A FIFO is no input: refused at once, not opened (which would block for ever).
+    #[cfg(unix)]
+    {
+        let fifo = d("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let err = fails(&["compress", p(&fifo), p(&d("f.hwz"))]);
+            assert!(err.contains("a FIFO"), "{err}");
+            let err = fails(&["inspect", p(&fifo)]);
+            assert!(err.contains("a FIFO"), "{err}");
+        }
+    }
+    let err = fails(&[
+        "synth",
+        p(&d("s.safetensors")),
+        "--shape",
+        "1x1",
+        "--tensors",
+        "10000000",
+    ]);
+    assert!(err.contains("at most 65536"), "{err}");
 }

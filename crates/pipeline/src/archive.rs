@@ -15,19 +15,20 @@ use std::path::Path;
 /// True when the file starts like a legacy (zip) archive.
 pub fn is_legacy(path: &Path) -> Result<bool> {
     let mut head = [0u8; 4];
-    let mut f = std::fs::File::open(path).map_err(PipelineError::io(path))?;
+    let mut f = crate::output::open_input(path)?;
     let n = std::io::Read::read(&mut f, &mut head).map_err(PipelineError::io(path))?;
     Ok(n == 4 && head == hwz::ZIP_MAGIC)
 }
 
 /// Opens a native archive through a memory map.
 pub fn open_archive(path: &Path) -> Result<Archive<Mmap>> {
+    crate::output::open_input(path)?; // (a FIFO is refused before the open would block)
     Archive::open_path(path).map_err(|e| io_at(path, e))
 }
 
 /// Opens a legacy Hyper Glyph zip archive (memory-mapped).
 pub fn open_legacy(path: &Path) -> Result<LegacyArchive<Mmap>> {
-    let file = std::fs::File::open(path).map_err(PipelineError::io(path))?;
+    let file = crate::output::open_input(path)?;
     // SAFETY: read-only map of a file the user names, assumed unchanged while we run; every
     // access is bounds-checked by the legacy reader.
     let map = unsafe { Mmap::map(&file) }.map_err(PipelineError::io(path))?;
@@ -100,6 +101,8 @@ pub fn decompress(
         });
     }
     let archive = crate::shards::ArchiveSet::open(input)?;
+    // A shard of an index is an input too (the rename would destroy it).
+    crate::output::check_output(output, archive.files())?;
     let tensors: Vec<_> = archive
         .tensors()
         .map(|t| OutTensor {
@@ -141,6 +144,14 @@ pub fn decompress(
 /// `gaussian:SHAPE:{seed + i}`.
 pub fn write_synthetic(output: &Path, shape: &str, count: usize, seed: u64) -> Result<()> {
     crate::output::check_output(output, [])?;
+    // Its header is built in memory: ten million tensors took 3.7 GB before a byte was written.
+    const MAX_SYNTH_TENSORS: usize = 1 << 16;
+    if count > MAX_SYNTH_TENSORS {
+        return Err(PipelineError::Synthetic {
+            spec: format!("{count} tensors"),
+            reason: format!("at most {MAX_SYNTH_TENSORS}"),
+        });
+    }
     let (dims, _) = shape.split_once(':').unwrap_or((shape, ""));
     let parsed: Vec<u64> = dims
         .split('x')

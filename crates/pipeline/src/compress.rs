@@ -712,7 +712,7 @@ pub fn compress_to_file(
     cancel: &Cancel,
 ) -> Result<FileReport> {
     let started = Instant::now();
-    crate::output::check_output(path, source.path())?;
+    crate::output::check_output(path, source.files())?;
     let writer_options = WriterOptions {
         compression: if zstd {
             Compression::Zstd
@@ -761,9 +761,10 @@ pub fn compress_to_shards(
         generator: GENERATOR.into(),
     };
     let index = crate::shards::index_path(out);
-    crate::output::check_output(&index, source.path())?;
+    crate::output::check_output(&index, source.files())?;
     let options = &for_container(options, writer_options.compression);
-    let mut writer = crate::shards::ShardedWriter::new(out, shard_bytes, writer_options)?;
+    let mut writer = crate::shards::ShardedWriter::new(out, shard_bytes, writer_options)?
+        .reading(source.files());
     let report = compress(source, options, &mut writer, progress, cancel)?;
     writer.finish()?;
     let set = crate::shards::ArchiveSet::open(&index)?;

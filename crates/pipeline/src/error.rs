@@ -166,6 +166,28 @@ pub enum PipelineError {
         /// What is there.
         kind: &'static str,
     },
+    /// An input path names something other than a regular file (a FIFO would block the open
+    /// for ever; a device or a folder is no model).
+    #[error("{path} is {kind}, not a regular file to read")]
+    InputNotAFile {
+        /// The input path.
+        path: PathBuf,
+        /// What is there.
+        kind: &'static str,
+    },
+    /// A JSON input (a plan, sensitivity weights, a shard index) larger than any this program
+    /// writes: refused before it is read whole.
+    #[error("{path}: {bytes} bytes is more than a {what} holds (at most {max})")]
+    InputTooLarge {
+        /// The input path.
+        path: PathBuf,
+        /// What it should be.
+        what: &'static str,
+        /// Its size.
+        bytes: u64,
+        /// The most accepted.
+        max: u64,
+    },
     /// The caller's cancel flag was set; no archive was left under the final name.
     #[error("cancelled")]
     Cancelled,

@@ -71,7 +71,7 @@ pub use compress::{
     prefix_fallback, prefix_unfit, CompressOptions, CompressReport, FileReport, Route, GENERATOR,
 };
 #[cfg(feature = "fs")]
-pub use output::check_output;
+pub use output::{check_output, write_text};
 #[cfg(feature = "fs")]
 pub use plan::{
     auto_candidates, plan_source, read_plan, read_sensitivity, sensitivity_arg, side_bytes,

@@ -30,6 +30,64 @@ fn kind(meta: &std::fs::Metadata) -> &'static str {
     }
 }
 
+/// Opens the input `path` for reading, once it is known to be a regular file: opening a FIFO
+/// blocks until something writes to it (`compress FIFO out.hwz` hung for ever), and a device
+/// or a folder is no input. The check reads metadata only, which never blocks.
+pub fn open_input(path: &Path) -> Result<std::fs::File> {
+    let meta = std::fs::metadata(path).map_err(PipelineError::io(path))?;
+    if !meta.is_file() {
+        return Err(PipelineError::InputNotAFile {
+            path: path.into(),
+            kind: kind(&meta),
+        });
+    }
+    std::fs::File::open(path).map_err(PipelineError::io(path))
+}
+
+/// The most bytes of a JSON input read whole (a plan, sensitivity weights, a shard index):
+/// the archive reader's cap on a manifest, 64 MiB.
+pub const MAX_JSON_INPUT: u64 = 64 << 20;
+
+/// The JSON input `path` (a `what`) read whole, refused above [`MAX_JSON_INPUT`] before it
+/// is read (`--plan` of a sparse 3 GB file took 3 GB of memory to say "not a plan").
+pub fn read_json_input(path: &Path, what: &'static str) -> Result<String> {
+    let file = open_input(path)?;
+    let bytes = file.metadata().map_err(PipelineError::io(path))?.len();
+    if bytes > MAX_JSON_INPUT {
+        return Err(PipelineError::InputTooLarge {
+            path: path.into(),
+            what,
+            bytes,
+            max: MAX_JSON_INPUT,
+        });
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_JSON_INPUT), &mut text)
+        .map_err(PipelineError::io(path))?;
+    Ok(text)
+}
+
+/// Writes `text` to `path` as the archives are written: into a temporary file beside it, then
+/// renamed over it, so that a failure leaves no half-written file under the final name; an
+/// output that is one of `inputs`, or not a regular file, is refused first.
+pub fn write_text<'a>(
+    path: &Path,
+    text: &str,
+    inputs: impl IntoIterator<Item = &'a Path>,
+) -> Result<()> {
+    check_output(path, inputs)?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut tmp =
+        hypercodec_hwz::temp_file_in(dir, ".hwz-text-").map_err(PipelineError::io(dir))?;
+    std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(PipelineError::io(path))?;
+    tmp.persist(path)
+        .map_err(|e| PipelineError::io(path)(e.error))?;
+    Ok(())
+}
+
 /// True when both metadata describe one file (same device and inode on unix).
 fn same_file(a: &Path, am: &std::fs::Metadata, b: &Path, bm: &std::fs::Metadata) -> bool {
     #[cfg(unix)]

@@ -606,7 +606,7 @@ pub fn plan_source(
 
 /// Reads a plan written by `hypercodec plan`.
 pub fn read_plan(path: &Path) -> Result<Plan> {
-    let text = std::fs::read_to_string(path).map_err(PipelineError::io(path))?;
+    let text = crate::output::read_json_input(path, "plan")?;
     serde_json::from_str(&text).map_err(|e| PipelineError::Json {
         what: format!("{}: not a plan", path.display()),
         message: e.to_string(),
@@ -615,7 +615,7 @@ pub fn read_plan(path: &Path) -> Result<Plan> {
 
 /// Reads BUDGET's sensitivity weights: a JSON object `{tensor name: weight}`.
 pub fn read_sensitivity(path: &Path) -> Result<HashMap<String, f64>> {
-    let text = std::fs::read_to_string(path).map_err(PipelineError::io(path))?;
+    let text = crate::output::read_json_input(path, "sensitivity file")?;
     parse_weights(&text, &path.display().to_string())
 }
 

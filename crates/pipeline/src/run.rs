@@ -110,6 +110,11 @@ pub fn run(archive: &Path, original: Option<&str>, options: &RunOptions) -> Resu
         }
         let view = set.view(k)?;
         let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+        if rows == 0 || cols == 0 {
+            // No weights to run (a `[0, N]` tensor): its width alone would size the buffers
+            // (`[0, 2^64 - 1]` asked for an allocation that overflows).
+            continue;
+        }
         let w = match &source {
             Some(src) => {
                 let i = src

@@ -84,6 +84,8 @@ pub struct ShardedWriter {
     done: Vec<(tempfile::TempPath, hwz::Unfinished, Vec<String>, Manifest)>,
     metadata: Vec<(String, Value)>,
     plan: Option<Value>,
+    /// Files the run reads: no shard may land on one.
+    inputs: Vec<PathBuf>,
 }
 
 impl ShardedWriter {
@@ -101,7 +103,15 @@ impl ShardedWriter {
             done: Vec::new(),
             metadata: Vec::new(),
             plan: None,
+            inputs: Vec::new(),
         })
+    }
+
+    /// This writer for a run that reads `inputs`: [`finish`](Self::finish) refuses a shard
+    /// name that is one of them (the rename would destroy it), before any shard is renamed.
+    pub fn reading<'a>(mut self, inputs: impl IntoIterator<Item = &'a Path>) -> Self {
+        self.inputs = inputs.into_iter().map(Path::to_path_buf).collect();
+        self
     }
 
     fn dir(&self) -> PathBuf {
@@ -166,6 +176,10 @@ impl ShardedWriter {
         self.close_current()?;
         let n = self.done.len();
         let dir = self.dir();
+        for k in 0..n {
+            let path = dir.join(shard_name(&self.out, k + 1, n));
+            crate::output::check_output(&path, self.inputs.iter().map(PathBuf::as_path))?;
+        }
         let mut weight_map = Map::new();
         let mut out = Vec::with_capacity(n);
         let mut total = 0u64;
@@ -256,7 +270,7 @@ pub struct ShardIndex {
 /// beside the index (never a path elsewhere).
 pub fn read_index(path: &Path) -> Result<ShardIndex> {
     let bad = |message: String| PipelineError::Shards { message };
-    let text = std::fs::read_to_string(path).map_err(PipelineError::io(path))?;
+    let text = crate::output::read_json_input(path, "shard index")?;
     let v: Value =
         serde_json::from_str(&text).map_err(|e| bad(format!("{}: {e}", path.display())))?;
     let map = v["weight_map"]
@@ -293,6 +307,11 @@ pub struct ArchiveSet {
 }
 
 impl ArchiveSet {
+    /// The files of the set: its archive, or its shards.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.parts.iter().map(|(p, _)| p.as_path())
+    }
+
     /// Opens `path`: a `*.hwz.index.json` (its shards beside it) or a single `.hwz`.
     pub fn open(path: &Path) -> Result<ArchiveSet> {
         if !path.to_string_lossy().ends_with(".index.json") {

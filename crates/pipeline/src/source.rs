@@ -76,6 +76,8 @@ pub struct TensorSource {
     /// One map per file (several for a sharded model).
     maps: Vec<Mmap>,
     path: Option<PathBuf>,
+    /// Every file read (a sharded model's index and shards).
+    files: Vec<PathBuf>,
     /// Readable tensors, in file order.
     pub tensors: Vec<SourceTensor>,
     /// Tensors left out because their type is not a float.
@@ -189,10 +191,12 @@ impl TensorSource {
                 .metadata
                 .push(("shards".into(), Value::from(shards.len())));
             source.path = Some(path.into());
+            source.files = std::iter::once(path.to_path_buf()).chain(shards).collect();
             return Ok(source);
         }
         let mut source = Self::open_file(path)?;
         source.path = Some(path.into());
+        source.files = vec![path.into()];
         Ok(source)
     }
 
@@ -202,6 +206,7 @@ impl TensorSource {
         let mut out = TensorSource {
             maps: Vec::new(),
             path: None,
+            files: Vec::new(),
             tensors: Vec::new(),
             skipped: Vec::new(),
             metadata: Vec::new(),
@@ -229,7 +234,7 @@ impl TensorSource {
 
     /// Opens one `.safetensors` or `.gguf` file.
     fn open_file(path: &Path) -> Result<TensorSource> {
-        let file = std::fs::File::open(path).map_err(PipelineError::io(path))?;
+        let file = crate::output::open_input(path)?;
         // SAFETY: read-only map of an input the user names; it is assumed not to change while
         // this process runs. Every access below is bounds-checked.
         let map = unsafe { Mmap::map(&file) }.map_err(PipelineError::io(path))?;
@@ -270,6 +275,12 @@ impl TensorSource {
         self.path.as_deref()
     }
 
+    /// Every file this source reads: the file, or a sharded model's index (or folder) and its
+    /// shards; none for synthetic data. An output must be none of them.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(PathBuf::as_path)
+    }
+
     /// One seeded i.i.d. N(0, 1) tensor `gaussian.weight` of `shape`, with no metadata.
     pub fn synthetic(shape: Vec<u64>, seed: u64) -> Result<TensorSource> {
         let values = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
@@ -283,6 +294,7 @@ impl TensorSource {
         Ok(TensorSource {
             maps: Vec::new(),
             path: None,
+            files: Vec::new(),
             tensors: vec![SourceTensor {
                 name: "gaussian.weight".into(),
                 shape,
@@ -315,6 +327,7 @@ impl TensorSource {
         Ok(TensorSource {
             maps: vec![map],
             path: None,
+            files: Vec::new(),
             tensors,
             skipped: g
                 .skipped
@@ -374,6 +387,7 @@ impl TensorSource {
         Ok(TensorSource {
             maps: vec![map],
             path: None,
+            files: Vec::new(),
             tensors,
             skipped,
             metadata,
