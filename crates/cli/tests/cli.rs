@@ -1746,4 +1746,17 @@ fn hostile_inputs_and_outputs_are_refused_cleanly() {
         "10000000",
     ]);
     assert!(err.contains("at most 65536"), "{err}");
+    for budget in ["nan", "-1"] {
+        let err = fails(&[
+            "compress",
+            "gaussian:64x256",
+            p(&d("c.hwz")),
+            "--encoding",
+            "codebook",
+            "--residual-k",
+            "1",
+            &format!("--residual-budget={budget}"),
+        ]);
+        assert!(err.contains("residual budget"), "{err}");
+    }
 }

@@ -80,6 +80,15 @@ impl CodebookOptions {
         if self.residual_k < 0.0 || !self.residual_k.is_finite() {
             return Err(PipelineError::option("residual k", "must be >= 0"));
         }
+        if let Some(b) = self
+            .residual_budget
+            .filter(|b| !(b.is_finite() && *b >= 0.0))
+        {
+            return Err(PipelineError::option(
+                "residual budget",
+                format!("{b} is not a fraction >= 0"),
+            ));
+        }
         template
             .stream_lens("check", &[1, 64])
             .map_err(|e| PipelineError::option("block size / prototypes", e.to_string()))?;

@@ -57,7 +57,7 @@ pub enum ScalarError {
         value: f32,
     },
     /// A finite input value does not fit the target float type (it would become infinite).
-    #[error("value {value:.3e} at index {index} overflows {dtype}; use bf16 or f32")]
+    #[error("value {value:.3e} at index {index} overflows {dtype}; {}", wider_values(*.dtype))]
     OutOfRange {
         /// Position of the first offending value.
         index: usize,
@@ -146,6 +146,14 @@ pub enum ScalarError {
         /// The length given.
         actual: usize,
     },
+}
+
+/// What to do about a value that `dtype` cannot hold (it said "use bf16 or f32" for bf16 too).
+fn wider_values(dtype: FloatDtype) -> &'static str {
+    match dtype {
+        FloatDtype::F16 => "use bf16 or f32",
+        FloatDtype::Bf16 | FloatDtype::F32 => "use f32",
+    }
 }
 
 /// What to do about a scale that `dtype` cannot hold.
