@@ -292,9 +292,9 @@ impl PlanArgs {
 
 #[derive(Args, Clone)]
 pub struct EncodingArgs {
-    /// How to store each tensor.
-    #[arg(long, value_enum, default_value = "affine")]
-    pub encoding: EncodingKind,
+    /// How to store each tensor. By default, affine.
+    #[arg(long, value_enum)]
+    pub encoding: Option<EncodingKind>,
     /// Affine: bits per code, 1..=8; trellis: bits per value, 1..=8.
     #[arg(long, default_value_t = 4)]
     pub bits: u8,
@@ -344,6 +344,11 @@ pub struct EncodingArgs {
 }
 
 impl EncodingArgs {
+    /// The encoding asked for, affine by default.
+    pub fn kind(&self) -> EncodingKind {
+        self.encoding.unwrap_or(EncodingKind::Affine)
+    }
+
     /// The recipe for every tensor; `target` (a size target) replaces `--bps` of the lattice.
     pub fn spec(&self, target: Option<Target>) -> Result<Spec> {
         if let Some(snr) = self.snr_db.filter(|s| !s.is_finite()) {
@@ -353,7 +358,7 @@ impl EncodingArgs {
             ));
         }
         let raw = |dtype| Ok(Spec::fixed(Encoding::Raw { dtype }));
-        match self.encoding {
+        match self.kind() {
             EncodingKind::Codebook => self.codebook.options(self.seed).spec(),
             EncodingKind::Lowrank => Ok(self.codebook.options(self.seed).lowrank()),
             EncodingKind::Sparse => Ok(Spec::parse("sparse")?),

@@ -269,24 +269,37 @@ pub fn with_bar<T>(f: impl FnOnce(&mut dyn FnMut(Progress<'_>)) -> Result<T>) ->
 
 fn compress(args: &CompressArgs) -> Result<()> {
     // Reject bad arguments before reading anything.
-    let mode = match (args.planning.mode()?, args.encoding.encoding) {
+    let mode = match (args.planning.mode()?, args.encoding.kind()) {
         (Some(m), _) => Some(m),
         (None, EncodingKind::Auto) => Some(Mode::Auto),
         _ => None,
     };
     let target = args.planning.target()?;
     let target_used = matches!(mode, Some(Mode::Auto | Mode::Budget))
-        || (mode.is_none() && args.encoding.encoding == EncodingKind::Lattice);
+        || (mode.is_none() && args.encoding.kind() == EncodingKind::Lattice);
     if target.is_some() && !target_used {
         return Err(PipelineError::option(
             "--target-bps / --target-ratio",
             "apply to --encoding lattice or auto and to --mode budget or auto",
         ));
     }
+    // An encoding named beside a planner mode or a plan was dropped without a word (`--encoding
+    // trellis --mode lowest` wrote INT4): the mode's candidates or the plan choose.
+    if let (Some(e), true) = (
+        args.encoding.encoding.filter(|e| *e != EncodingKind::Auto),
+        args.planning.mode()?.is_some() || args.plan.is_some(),
+    ) {
+        let e = clap::ValueEnum::to_possible_value(&e)
+            .map_or_else(String::new, |v| v.get_name().to_string());
+        return Err(PipelineError::option(
+            "--encoding",
+            format!(
+                "{e} is not used with --mode or --plan: they choose each tensor's encoding                  (name candidates with --candidates)"
+            ),
+        ));
+    }
     if args.encoding.bps.is_some()
-        && (mode.is_some()
-            || args.plan.is_some()
-            || args.encoding.encoding != EncodingKind::Lattice)
+        && (mode.is_some() || args.plan.is_some() || args.encoding.kind() != EncodingKind::Lattice)
     {
         return Err(PipelineError::option(
             "--bps",

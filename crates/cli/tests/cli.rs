@@ -1759,4 +1759,12 @@ fn hostile_inputs_and_outputs_are_refused_cleanly() {
         ]);
         assert!(err.contains("residual budget"), "{err}");
     }
+    // An encoding beside a planner mode or a plan is refused, not dropped (it wrote INT4).
+    let t_out = d("t.hwz");
+    for extra in [&["--mode", "lowest"][..], &["--plan", p(&plan)]] {
+        let mut args = vec!["compress", p(&model), p(&t_out), "--encoding", "trellis"];
+        args.extend_from_slice(extra);
+        let err = fails(&args);
+        assert!(err.contains("--encoding"), "{err}");
+    }
 }
