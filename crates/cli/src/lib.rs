@@ -621,7 +621,18 @@ where
         }
         // Every error the pipeline reports is exit code 1 (clap's own are 2).
         Err(e) => {
-            eprintln!("error: {e}");
+            // Names from the input (tensor names, paths) may hold control characters: escaped,
+            // so that a crafted file cannot send escape sequences to the terminal.
+            let text: String = e
+                .to_string()
+                .chars()
+                .map(|c| match c {
+                    '\n' => c.to_string(),
+                    c if c.is_control() => c.escape_default().to_string(),
+                    c => c.to_string(),
+                })
+                .collect();
+            eprintln!("error: {text}");
             1
         }
     }

@@ -1759,6 +1759,18 @@ fn hostile_inputs_and_outputs_are_refused_cleanly() {
         ]);
         assert!(err.contains("residual budget"), "{err}");
     }
+    // A name that holds an escape sequence is printed escaped in the error.
+    let esc = d("esc.safetensors");
+    write_st_header(
+        &esc,
+        serde_json::json!({"w\u{1b}[2J": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}),
+        &[0, 0, 0xc0, 0x7f].repeat(4),
+    );
+    let err = fails(&["compress", p(&esc), p(&d("esc.hwz"))]);
+    assert!(
+        !err.contains('\u{1b}') && err.contains("\\u{1b}"),
+        "{err:?}"
+    );
     // An encoding beside a planner mode or a plan is refused, not dropped (it wrote INT4).
     let t_out = d("t.hwz");
     for extra in [&["--mode", "lowest"][..], &["--plan", p(&plan)]] {

@@ -249,6 +249,16 @@ impl TensorSource {
         } else {
             Err(PipelineError::UnknownFormat { path: path.into() })
         }?;
+        // A GGUF tensor may bear safetensors' reserved name; its archive could never be
+        // decompressed (the name is the header's metadata entry).
+        if source.tensors.iter().any(|t| t.name == "__metadata__") {
+            return Err(PipelineError::NoTensors {
+                message: format!(
+                    "{}: a tensor is named `__metadata__`, a name safetensors reserves",
+                    path.display()
+                ),
+            });
+        }
         if source.tensors.is_empty() {
             let skipped: Vec<String> = source
                 .skipped
