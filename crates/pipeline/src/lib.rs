@@ -28,7 +28,7 @@ pub use stats::{gaussian_bound_db, ErrorAcc};
 pub use summary::{
     legacy_summary, summarize, ArchiveSummary, LossyTotals, StreamSummary, TensorSummary, Totals,
 };
-pub use threads::{init_threads, THREADS_ENV};
+pub use threads::{init_threads, MAX_THREADS, THREADS_ENV};
 
 #[cfg(feature = "fs")]
 mod archive;
