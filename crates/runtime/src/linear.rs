@@ -605,8 +605,17 @@ impl CompressedLinear {
                 };
                 let (p, spr) = (d.params(), l.symbols_per_row);
                 // The warp kernel's shape: a warp per chunk of whole rows, each step of 32
-                // symbols inside one row, slots that pack into 32 bits.
-                if p.lanes != 32 || spr == 0 || spr % 32 != 0 || p.chunk % spr != 0 {
+                // symbols inside one row, slots that pack into 32 bits; chunks of the GPU
+                // shape's size (a row, or rows up to 2^14 symbols). A CPU-shaped chunk of 2^18
+                // symbols would be one warp's serial work: such a tensor is decoded instead,
+                // even where its model's few probability bits would pack.
+                let gpu_chunk = spr.max(hwz::GPU_CHUNK_SYMBOLS);
+                if p.lanes != 32
+                    || spr == 0
+                    || spr % 32 != 0
+                    || p.chunk % spr != 0
+                    || p.chunk > gpu_chunk
+                {
                     return Ok(None);
                 }
                 // The slots carry each symbol's signed coordinate (E8's symbols, zigzagged:
