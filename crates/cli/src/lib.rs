@@ -294,7 +294,8 @@ fn compress(args: &CompressArgs) -> Result<()> {
         return Err(PipelineError::option(
             "--encoding",
             format!(
-                "{e} is not used with --mode or --plan: they choose each tensor's encoding                  (name candidates with --candidates)"
+                "{e} is not used with --mode or --plan: they choose each tensor's encoding \
+                 (name candidates with --candidates)"
             ),
         ));
     }
@@ -559,8 +560,7 @@ where
     match Cli::try_parse_from(args) {
         Ok(cli) => run(cli),
         Err(e) if e.exit_code() == 0 => {
-            let _ = e.print();
-            Ok(())
+            sink::write_out(format_args!("{}", e.render())).map_err(stdout_error)
         }
         Err(e) => Err(PipelineError::option("arguments", e.render().to_string())),
     }
@@ -575,13 +575,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    sink::capture(|| match Cli::try_parse_from(args) {
-        Ok(cli) => run(cli),
-        Err(e) if e.exit_code() == 0 => {
-            sink::write_out(format_args!("{}", e.render())).map_err(stdout_error)
-        }
-        Err(e) => Err(PipelineError::option("arguments", e.render().to_string())),
-    })
+    sink::capture(|| run_args(args))
 }
 
 /// Runs the command line on `args` (the first is the program name) and returns the exit

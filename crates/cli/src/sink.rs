@@ -25,23 +25,20 @@ thread_local! {
 /// Runs `f` with this thread's text going to a fresh [`Captured`], returned beside `f`'s
 /// result; a capture already under way (a nested call) is restored afterwards.
 pub(crate) fn capture<T>(f: impl FnOnce() -> T) -> (T, Captured) {
-    /// Puts the outer capture back however `f` ends: a panic that unwinds through it (which
+    /// The outer capture, put back however `f` ends: a panic that unwinds through it (which
     /// pyo3 turns into an exception) must not leave this thread's later text in a stale buffer.
-    struct Restore(Option<Option<Captured>>);
+    struct Restore(Option<Captured>);
     impl Drop for Restore {
         fn drop(&mut self) {
-            if let Some(outer) = self.0.take() {
-                CAPTURE.with_borrow_mut(|c| *c = outer);
-            }
+            let outer = self.0.take();
+            CAPTURE.with_borrow_mut(|c| *c = outer);
         }
     }
-    let mut restore = Restore(Some(
-        CAPTURE.with_borrow_mut(|c| c.replace(Captured::default())),
-    ));
+    let restore = Restore(CAPTURE.with_borrow_mut(|c| c.replace(Captured::default())));
     let value = f();
-    let outer = restore.0.take().unwrap_or_default();
-    let captured = CAPTURE.with_borrow_mut(|c| std::mem::replace(c, outer));
-    (value, captured.unwrap_or_default())
+    let captured = CAPTURE.with_borrow_mut(Option::take).unwrap_or_default();
+    drop(restore);
+    (value, captured)
 }
 
 /// Writes to the captured stdout, else to the process's (locked, so that a closed pipe is an
@@ -78,7 +75,7 @@ pub(crate) fn err_line(args: fmt::Arguments<'_>) {
     }
 }
 
-/// `println!` through [`out`]: a write error (a closed pipe: the reader, e.g. `head`, went
+/// `println!` through [`write_out`]: a write error (a closed pipe: the reader, e.g. `head`, went
 /// away) returns from the enclosing function instead of panicking; `main` ends quietly on a
 /// broken pipe.
 macro_rules! outln {
