@@ -880,12 +880,7 @@ impl EncodedTensor {
     /// they are. A tensor the writer would refuse counts its streams' own bytes.
     pub fn stored_bytes(&self, numel: u64, compression: crate::Compression) -> u64 {
         match crate::write::stored_forms(self, numel, compression) {
-            Ok(forms) => self
-                .streams
-                .iter()
-                .zip(&forms)
-                .map(|((_, raw), z)| z.as_ref().map_or(raw.len(), Vec::len) as u64)
-                .sum(),
+            Ok(forms) => crate::write::stored_len(self, &forms),
             Err(_) => self.payload_bytes(),
         }
     }

@@ -415,14 +415,7 @@ pub(crate) fn stored_forms(
         .iter()
         .map(|(_, raw)| zstd_if_it_pays(raw, compression, crate::zstd_codec::LEVEL))
         .collect();
-    let sizes = |c: &[Option<Vec<u8>>]| -> u64 {
-        tensor
-            .streams
-            .iter()
-            .zip(c)
-            .map(|((_, raw), z)| z.as_ref().map_or(raw.len(), Vec::len) as u64)
-            .sum()
-    };
+    let sizes = |c: &[Option<Vec<u8>>]| stored_len(tensor, c);
     let floor = min_stored_bytes(numel);
     if sizes(&candidates) < floor {
         let raw: u64 = tensor.streams.iter().map(|(_, b)| b.len() as u64).sum();
@@ -443,4 +436,14 @@ pub(crate) fn stored_forms(
         }
     }
     Ok(candidates)
+}
+
+/// Bytes of `tensor`'s streams stored as `forms` says ([`stored_forms`]).
+pub(crate) fn stored_len(tensor: &EncodedTensor, forms: &[Option<Vec<u8>>]) -> u64 {
+    tensor
+        .streams
+        .iter()
+        .zip(forms)
+        .map(|((_, raw), z)| z.as_ref().map_or(raw.len(), Vec::len) as u64)
+        .sum()
 }

@@ -22,7 +22,7 @@ pub fn is_legacy(path: &Path) -> Result<bool> {
 
 /// Opens a native archive through a memory map.
 pub fn open_archive(path: &Path) -> Result<Archive<Mmap>> {
-    crate::output::open_input(path)?; // (a FIFO is refused before the open would block)
+    crate::output::check_input(path)?; // (a FIFO is refused before the open would block)
     Archive::open_path(path).map_err(|e| io_at(path, e))
 }
 

@@ -479,13 +479,21 @@ pub fn compress(
 }
 
 /// `options` with a planner that counts candidates' bytes as a writer with `compression`
-/// stores them.
-fn for_container(options: &CompressOptions, compression: Compression) -> CompressOptions {
-    let mut options = options.clone();
-    if let Route::Planner(p) = &mut options.route {
-        p.container = compression;
+/// stores them (copied only where that changes them).
+fn for_container(
+    options: &CompressOptions,
+    compression: Compression,
+) -> std::borrow::Cow<'_, CompressOptions> {
+    match &options.route {
+        Route::Planner(p) if p.container != compression => {
+            let mut options = options.clone();
+            if let Route::Planner(p) = &mut options.route {
+                p.container = compression;
+            }
+            std::borrow::Cow::Owned(options)
+        }
+        _ => std::borrow::Cow::Borrowed(options),
     }
-    options
 }
 
 /// The error of `encoded` against `values`, decoded in row blocks through the tensor's view:
@@ -549,17 +557,13 @@ pub fn constant_instead(
         None => measure(name, values, shape, encoded)?.snr_db(),
     };
     let exact = hwz::encode(name, values, shape, &constant_form(), opts)?;
-    let bytes = |e: &hwz::EncodedTensor| -> usize { e.streams.iter().map(|(_, b)| b.len()).sum() };
+    let (bytes, exact_bytes) = (encoded.payload_bytes(), exact.payload_bytes());
     let label = encoded.encoding.label();
     // Lossy is anything short of +∞ (a zero tensor stored with noise measures −∞).
     let why = if snr_db != f64::INFINITY {
         format!("a constant tensor, which {label} stored at {snr_db:.2} dB")
-    } else if bytes(encoded) > bytes(&exact) {
-        format!(
-            "a constant tensor, which {label} stored in {} bytes, not {}",
-            bytes(encoded),
-            bytes(&exact)
-        )
+    } else if bytes > exact_bytes {
+        format!("a constant tensor, which {label} stored in {bytes} bytes, not {exact_bytes}")
     } else {
         return Ok(None);
     };

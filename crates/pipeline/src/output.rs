@@ -34,6 +34,12 @@ fn kind(meta: &std::fs::Metadata) -> &'static str {
 /// blocks until something writes to it (`compress FIFO out.hwz` hung for ever), and a device
 /// or a folder is no input. The check reads metadata only, which never blocks.
 pub fn open_input(path: &Path) -> Result<std::fs::File> {
+    check_input(path)?;
+    std::fs::File::open(path).map_err(PipelineError::io(path))
+}
+
+/// [`open_input`]'s check alone, for a reader that opens the file itself.
+pub fn check_input(path: &Path) -> Result<()> {
     let meta = std::fs::metadata(path).map_err(PipelineError::io(path))?;
     if !meta.is_file() {
         return Err(PipelineError::InputNotAFile {
@@ -41,7 +47,7 @@ pub fn open_input(path: &Path) -> Result<std::fs::File> {
             kind: kind(&meta),
         });
     }
-    std::fs::File::open(path).map_err(PipelineError::io(path))
+    Ok(())
 }
 
 /// The most bytes of a JSON input read whole (a plan, sensitivity weights, a shard index):
