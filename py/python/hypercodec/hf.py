@@ -253,8 +253,8 @@ def _register() -> type | None:
             placed: dict[int, nn.Module] = {}  # a layer at two names: one placeholder at both
             for name in c.modules:
                 layer = model.get_submodule(name)
-                if isinstance(layer, HyperLinear) and id(layer) in {id(p) for p in placed.values()}:
-                    continue  # (its other name, already placed)
+                if isinstance(layer, HyperLinear):
+                    continue  # a fresh model holds none: a name whose parent was placed already
                 if not isinstance(layer, nn.Linear) and not _is_conv1d(layer):
                     raise _native.FormatError(f"`{name}` is quantized in the checkpoint but is {type(layer).__name__} here")
                 if id(layer) not in placed:

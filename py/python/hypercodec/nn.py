@@ -2666,9 +2666,8 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
             bias = np.ascontiguousarray(archive.read(f"{name}.bias"), dtype=np.float32)
             done.add(f"{name}.bias")
         made[id(layer)] = HyperLinear(archive.linear(f"{name}.weight", bias), source=_archive_source(archive, name, bias is not None))
-        _replace(model, name, made[id(layer)])
         done.add(f"{name}.weight")
-    # A layer used at several names is the one stored layer at all of them.
+    # Every name of a stored layer (a layer used at several places: one stored layer at all).
     for name, layer in every:
         if id(layer) in made and name:
             _replace(model, name, made[id(layer)])
