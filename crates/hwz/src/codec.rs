@@ -384,7 +384,9 @@ fn encode_nested(
 /// Encodes with the lattice encoding `template` (its `alpha` is ignored), choosing α so that
 /// the stored bytes of all streams stay at or below `target_bps` bits per value: α starts from
 /// the committed calibration and is corrected by the measured rate (rate is close to linear in
-/// log₂ α), keeping the largest α that fits. For fixed-rate coding the rate is set by `bits`,
+/// log₂ α), keeping the largest α that fits. α stays within the calibration's range: a tensor
+/// whose values sit in a few rows (the rest zero) cannot spend the target on them, and is
+/// coded at the largest α, below the target. For fixed-rate coding the rate is set by `bits`,
 /// so α is the calibrated best-SNR value and `target_bps` is not used.
 pub fn encode_to_rate(
     tensor: &str,
@@ -428,6 +430,13 @@ pub fn encode_to_rate(
     }
     let n = values.len().max(1) as f64;
     let mut alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
+    // Above the calibration's largest α nothing is gained but coordinates that outgrow the
+    // coders (a weight with 4 non-zero rows of 256 asked for 4 bits went on to α = 4e15 and
+    // decoded to zeros).
+    let max_alpha = lat::calibration::table(lattice)
+        .iter()
+        .map(|row| row[0])
+        .fold(0.0, f32::max);
     // Fit α on a sample of whole rows first (a sixteenth, at least 64 rows): the rate of a
     // row sample tracks the tensor's closely, so the full tensor is then encoded once or twice.
     let (rows, cols) = matrix_view(shape, values.len() as u64);
@@ -457,7 +466,10 @@ pub fn encode_to_rate(
             if (0.0..0.002).contains(&gap) {
                 break;
             }
-            alpha = bracket.next(alpha, bps, target_bps);
+            if alpha >= max_alpha && bps < target_bps {
+                break; // the target is out of reach: the largest α it is
+            }
+            alpha = bracket.next(alpha, bps, target_bps).min(max_alpha);
             if !(alpha.is_finite() && alpha > 1e-6) {
                 alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
                 break;
@@ -491,7 +503,10 @@ pub fn encode_to_rate(
         if (0.0..tolerance).contains(&gap) {
             break;
         }
-        alpha = bracket.next(alpha, bps, target_bps);
+        if alpha >= max_alpha && bps < target_bps {
+            break; // the largest α is under the target: kept above
+        }
+        alpha = bracket.next(alpha, bps, target_bps).min(max_alpha);
         if !alpha.is_finite() {
             break;
         }

@@ -1375,3 +1375,40 @@ fn rows_too_large_for_the_rotation_are_named_and_large_lone_values_still_code() 
         assert!(y.iter().all(|v| v.is_finite()), "{e:?}");
     }
 }
+
+/// A weight whose values sit in a few rows cannot spend the target on them: rate control kept
+/// raising α (to 4e15 for 4 non-zero rows of 256 asked for 4 bits), and the tensor decoded to
+/// zeros at 0 dB. It now stops at the calibration's largest α: far fewer bits than asked, at
+/// that α's SNR (Gaussian rows: 47.6 dB).
+#[test]
+fn rate_control_stops_at_the_largest_alpha_where_the_target_is_out_of_reach() {
+    let (rows, cols) = (256usize, 1024usize);
+    let g = gaussian(rows * cols, 5);
+    let shape = [rows as u64, cols as u64];
+    let opts = EncodeOptions::default();
+    for nonzero in [1, 4, 16] {
+        let x: Vec<f32> = g
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if i / cols < nonzero { 50.0 * v } else { 0.0 })
+            .collect();
+        for coding in [Coding::RANS_DEFAULT, Coding::RICE_DEFAULT] {
+            let template = Encoding::Lattice {
+                lattice: Lattice::E8,
+                alpha: 1.0,
+                tile: 1024,
+                seed: 1,
+                scale_dtype: FloatDtype::F16,
+                coding,
+            };
+            let t = encode_to_rate("w", &x, &shape, &template, 4.0, opts).unwrap();
+            let bps = t.payload_bytes() as f64 * 8.0 / x.len() as f64;
+            let y = through_archive("w", &shape, &t);
+            let db = snr(&x, &y);
+            assert!(
+                bps < 4.0 && db > 45.0,
+                "{nonzero} rows, {coding:?}: {bps:.3} bps, {db:.2} dB"
+            );
+        }
+    }
+}
