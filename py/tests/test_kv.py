@@ -444,3 +444,128 @@ def test_dither_keys_take_the_vectors_shape_and_signed_integers():
     # The trellis has no dithered form, and says so.
     with pytest.raises(hypercodec.HypercodecError, match="no dithered form"):
         hypercodec.KvCodec(64, 2, "trellis", dither=True)
+
+
+def _tiny_llama(attn="eager", **extra):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                      num_hidden_layers=2, vocab_size=100, attn_implementation=attn, **extra)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_the_layer_holds_no_view_of_the_tokens_it_coded():
+    """With no sinks the first keys were kept alive by an empty view of them (a 32k-token
+    prefill held 288 MiB a layer where its codes take 33), and the window by a view of the whole
+    concatenation: every exact tensor now owns only its own tokens."""
+    layer = HypercodecKVLayer(key_bits=2, value_bits=2, window=8, block=4)
+    k, v = torch.randn(1, 2, 600, 64), torch.randn(1, 2, 600, 64)
+    layer.update(k, v)
+    for name in ("keys", "values", "sink_keys", "sink_values"):
+        t = getattr(layer, name)
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), name
+    assert layer.keys.shape[2] == 8 and layer.sink_keys.shape[2] == 0
+    held = sum(getattr(layer, n).untyped_storage().nbytes() for n in ("keys", "values", "sink_keys", "sink_values"))
+    assert held == 2 * 8 * 2 * 64 * 4
+
+
+def test_tokens_the_codec_refuses_leave_the_layer_as_it_was():
+    layer = HypercodecKVLayer(key_bits=4, value_bits=4, window=4, block=2)
+    layer.update(torch.randn(1, 2, 10, 64), torch.randn(1, 2, 10, 64))
+    before = (layer.cumulative_length, layer._k.n, layer._v.n, layer.keys.clone(), layer.values.clone())
+    bad = torch.randn(1, 2, 6, 64)
+    bad[0, 1, 0, 5] = float("nan")  # (coded in this update: the window keeps 4)
+    with pytest.raises(hypercodec.InvalidInputError, match="finite"):
+        layer.update(torch.randn(1, 2, 6, 64), bad)
+    assert (layer.cumulative_length, layer._k.n, layer._v.n) == before[:3]
+    assert torch.equal(layer.keys, before[3]) and torch.equal(layer.values, before[4])
+    k, _ = layer.update(torch.randn(1, 2, 6, 64), torch.randn(1, 2, 6, 64))  # and it goes on
+    assert k.shape[2] == 16 and layer._k.n == layer._v.n
+
+
+def test_a_boolean_mask_selects_batch_rows_as_torch_indexing_does():
+    x = torch.randn(3, 2, 40, 64)
+    a, b = (HypercodecKVLayer(window=4, block=2) for _ in range(2))
+    for layer in (a, b):
+        layer.update(x, x + 1)
+    a.batch_select_indices(torch.tensor([True, False, True]))
+    b.batch_select_indices(torch.tensor([0, 2]))
+    ka, va = a.update(torch.zeros(2, 2, 1, 64), torch.zeros(2, 2, 1, 64))
+    kb, vb = b.update(torch.zeros(2, 2, 1, 64), torch.zeros(2, 2, 1, 64))
+    assert ka.shape[0] == 2 and torch.equal(ka, kb) and torch.equal(va, vb)
+
+
+def test_gradients_reach_the_exact_tokens_and_the_fused_attention_says_it_passes_none():
+    from transformers import DynamicCache
+
+    ids = torch.randint(0, 100, (1, 40))
+    grads = {}
+    for name in ("dynamic", "hypercodec"):
+        model = _tiny_llama()
+
+        def cache():
+            if name == "dynamic":
+                return DynamicCache(config=model.config)
+            return HypercodecCache(model.config, window=8, block=4)
+
+        # A prefill that codes tokens, with grad (it raised: numpy() of a tensor that needs grad).
+        model(ids, past_key_values=cache(), use_cache=True).logits.sum().backward()
+        assert model.model.layers[1].self_attn.q_proj.weight.grad is not None, name
+        model.zero_grad()
+        c = cache()
+        with torch.no_grad():
+            model(ids, past_key_values=c, use_cache=True)
+        model(ids[:, :2], past_key_values=c, use_cache=True).logits.sum().backward()  # a step over the cache
+        grads[name] = model.model.layers[1].self_attn.q_proj.weight.grad
+    assert grads["hypercodec"] is not None and grads["hypercodec"].abs().sum() > 0
+    model = _tiny_llama(ATTENTION)
+    cache = HypercodecCache(model.config, window=8, block=4)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)
+    with pytest.warns(UserWarning, match="no gradient"):
+        model(ids[:, :2], past_key_values=cache, use_cache=True)
+
+
+def test_the_fused_attention_refuses_what_it_does_not_compute():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    cfg = Gemma2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                       num_hidden_layers=2, vocab_size=100, attn_logit_softcapping=50.0,
+                       layer_types=["full_attention"] * 2, attn_implementation=ATTENTION)
+    model = Gemma2ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 100, (1, 40))
+    cache = HypercodecCache(model.config, window=8, block=4)
+    with torch.no_grad(), pytest.raises(hypercodec.InvalidInputError, match="soft-capping"):
+        model(ids, past_key_values=cache, use_cache=True)
+        model(ids[:, :1], past_key_values=cache, use_cache=True)
+
+
+def test_kv_arguments_out_of_range_are_refused():
+    with pytest.raises(hypercodec.InvalidInputError, match="skip"):
+        kv_means(None, [], skip=-1)
+    with pytest.raises(hypercodec.InvalidInputError, match="skip"):
+        kv_calibrate(None, [], skip=-2)
+    opts = {"quantizer": "e8", "key_bits": 2, "value_bits": 2, "window": 32, "sinks": 4}
+    assert bits_at(opts, 64, 10) == pytest.approx(16.0)  # every token exact
+    with pytest.raises(hypercodec.InvalidInputError, match="context"):
+        bits_at(opts, 64, 0)
+    from hypercodec.kv import IntCodec
+
+    for dim in (0, -1):
+        with pytest.raises(hypercodec.InvalidInputError, match="dim"):
+            IntCodec(dim, 4)
+    c = IntCodec(64, 4)
+    with pytest.raises(hypercodec.InvalidInputError, match="64 values"):
+        c.encode(np.zeros((2, 63), np.float32))
+    with pytest.raises(hypercodec.InvalidInputError, match="finite"):
+        c.encode(np.full((1, 64), np.inf, np.float32))
+    with pytest.raises(hypercodec.InvalidInputError, match="dither"):
+        make_codec(64, 4, "int", dither=True)
+
+
+def test_f16_keys_near_the_largest_f16_decode_finite():
+    layer = HypercodecKVLayer(key_bits=2, value_bits=2, window=4, block=2)
+    k = (torch.rand(1, 2, 40, 64) * 2 - 1).mul(65000).to(torch.float16)
+    out, _ = layer.update(k, k)
+    assert torch.isfinite(out).all()

@@ -46,6 +46,7 @@ rows of a batch agree with the same rows run alone only when their padding agree
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -78,12 +79,19 @@ class IntCodec:
     def __init__(self, dim: int, bits: int) -> None:
         if bits not in (2, 4, 8):
             raise _native.InvalidInputError(f"int baseline bits must be 2, 4 or 8, not {bits}")
-        self.dim, self.bits = dim, bits
+        if not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise _native.InvalidInputError(f"vectors of dim >= 1 values, not {dim!r}")
+        self.dim, self.bits = int(dim), bits
         self.per = 8 // bits
         self.code_bytes = -(-dim * bits // 8)
         self.bits_per_value = (8 * self.code_bytes + 16) / dim
 
     def encode(self, x: np.ndarray, keys: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        x = np.asarray(x, np.float32)
+        if x.ndim == 0 or x.shape[-1] != self.dim:
+            raise _native.InvalidInputError(f"vectors of {self.dim} values, not an array of shape {x.shape}")
+        if not np.isfinite(x).all():
+            raise _native.InvalidInputError("the int baseline codes finite values only")
         qmax = (1 << (self.bits - 1)) - 1
         amax = np.abs(x).max(axis=-1)
         # f16 scales: larger ones saturate (and their values clip) instead of becoming inf.
@@ -118,6 +126,8 @@ def make_codec(dim: int, bits: int, quantizer: str = "e8", **options: Any) -> An
     trellis' state bits default to 10 below 4 bits and 12 from 4 bits (at ``l − bits ≤ 6`` and
     short vectors its tail-biting search tries every boundary: exact but 30× slower)."""
     if quantizer == "int":
+        if options.get("dither"):
+            raise _native.InvalidInputError("the int baseline has no dithered form")
         return IntCodec(dim, bits)
     options = dict(options)
     if quantizer == "trellis" and options.get("trellis_l") is None:
@@ -331,10 +341,10 @@ class HypercodecKVLayer(DynamicLayer):
         self.kcodec = make_codec(d, self.key_bits, self.quantizer, **self.options)
         self.vcodec = make_codec(value_states.shape[-1], self.value_bits, self.quantizer, **self.options)
         self._k.scale_len, self._v.scale_len = self.kcodec.scale_len, self.vcodec.scale_len
-        self.keys = key_states[:, :, :0]
-        self.values = value_states[:, :, :0]
-        self.sink_keys = key_states[:, :, :0]
-        self.sink_values = value_states[:, :, :0]
+        # Empty tensors of their own: a view of the first keys would hold all of them.
+        self.keys = key_states.new_empty((b, h, 0, d))
+        self.values = value_states.new_empty((*value_states.shape[:2], 0, value_states.shape[3]))
+        self.sink_keys, self.sink_values = self.keys.clone(), self.values.clone()
         self.is_initialized = True
         want = ((key_states.shape[1], key_states.shape[3]), (value_states.shape[1], value_states.shape[3]))
         if self.mean is not None:
@@ -395,6 +405,7 @@ class HypercodecKVLayer(DynamicLayer):
         kernels, kp, vp = self._gpu
         b, h, m, _ = k.shape
         stream = torch.cuda.current_stream(self.device).cuda_stream
+        coded = []
         for store, p, x in ((self._k, kp, k), (self._v, vp, v)):
             xs = x.detach().to(self.dtype).contiguous()
             if xs.data_ptr() % 16:
@@ -405,6 +416,8 @@ class HypercodecKVLayer(DynamicLayer):
             args = self._kv_args(p, b * h, m)
             args.update(x=xs.data_ptr(), codes=codes.data_ptr(), scales=scales.data_ptr(), codes_row=m * cb, scales_row=m)
             kernels.kv_e8_encode(args, stream)
+            coded.append((store, codes, scales))
+        for store, codes, scales in coded:
             store.append(codes, scales)
 
     def _assemble_gpu(self, sink: torch.Tensor, store: _Store, p: dict, window: torch.Tensor) -> torch.Tensor:
@@ -434,17 +447,16 @@ class HypercodecKVLayer(DynamicLayer):
         keys = self._keys(self.sink_keys.shape[2] + self._k.n, m, b)
         means = self.mean if self.mean is not None else (None, None)
         mixes = self.mix if self.mix is not None else (None, None)
-        for store, codec, x, mu, t in (
-            (self._k, self.kcodec, k, means[0], mixes[0]),
-            (self._v, self.vcodec, v, means[1], mixes[1]),
-        ):
+        coded = []
+        for codec, x, mu, t in ((self.kcodec, k, means[0], mixes[0]), (self.vcodec, v, means[1], mixes[1])):
             x = x.detach().to(device="cpu", dtype=torch.float32)
             if mu is not None:
                 x = x - mu[None, :, None, :]
             if t is not None:
                 x = torch.einsum("hij,bhtj->bhti", t, x)
-            a = x.contiguous().numpy()
-            codes, scales = codec.encode(a, keys)
+            coded.append(codec.encode(x.contiguous().numpy(), keys))
+        # Appended once both are coded: an input the codecs refuse changes nothing.
+        for store, (codes, scales) in zip((self._k, self._v), coded):
             store.append(codes.reshape(b * h, m, -1), scales.reshape(b * h, -1))
 
     def _assemble(self, sink: torch.Tensor, store: _Store, codec: Any, window: torch.Tensor) -> torch.Tensor:
@@ -452,8 +464,8 @@ class HypercodecKVLayer(DynamicLayer):
         b, h, s, d = sink.shape
         n, w = store.n, window.shape[2]
         out = torch.empty((b, h, s + n + w, d), dtype=torch.float32)
-        out[:, :, :s] = sink
-        out[:, :, s + n :] = window
+        out[:, :, :s] = sink.detach()
+        out[:, :, s + n :] = window.detach()
         o = out.numpy().reshape(b * h, s + n + w, d)
         if isinstance(codec, IntCodec):
             x = codec.decode(store.codes[:, :n], store.scales[:, :n])
@@ -468,23 +480,37 @@ class HypercodecKVLayer(DynamicLayer):
             out[:, :, s : s + n] = torch.einsum("hij,bhtj->bhti", self.inverse[side], y)
         elif self.mean is not None and n:
             out[:, :, s : s + n] += self.mean[side][None, :, None, :]
-        return out.to(device=self.device, dtype=self.dtype)
+        if self.dtype == torch.float16 and n:
+            # A coded value a little past f16's largest (its coding error) stays finite.
+            out[:, :, s : s + n].clamp_(-65504.0, 65504.0)
+        out = out.to(device=self.device, dtype=self.dtype)
+        if torch.is_grad_enabled() and (sink.requires_grad or window.requires_grad):
+            # The exact tokens carry their gradients, as in transformers' own caches (the coded
+            # history has none).
+            return torch.cat([sink, out[:, :, s : s + n], window], 2)
+        return out
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.cumulative_length += key_states.shape[-2]
-        take = min(self.sinks - self.sink_keys.shape[2], key_states.shape[2])
+        # Nothing changes until the new tokens are coded: tokens the codecs refuse (not finite)
+        # leave the layer as it was.
+        n_new = key_states.shape[-2]
+        sink_keys, sink_values = self.sink_keys, self.sink_values
+        take = min(self.sinks - sink_keys.shape[2], key_states.shape[2])
         if take > 0:
-            self.sink_keys = torch.cat([self.sink_keys, key_states[:, :, :take]], dim=2)
-            self.sink_values = torch.cat([self.sink_values, value_states[:, :, :take]], dim=2)
+            sink_keys = torch.cat([sink_keys, key_states[:, :, :take]], dim=2)
+            sink_values = torch.cat([sink_values, value_states[:, :, :take]], dim=2)
             key_states, value_states = key_states[:, :, take:], value_states[:, :, take:]
-        self.keys = torch.cat([self.keys, key_states], dim=2)
-        self.values = torch.cat([self.values, value_states], dim=2)
-        over = self.keys.shape[2] - self.window
+        keys = torch.cat([self.keys, key_states], dim=2)
+        values = torch.cat([self.values, value_states], dim=2)
+        over = keys.shape[2] - self.window
         if over >= self.block:
-            self._compress(self.keys[:, :, :over], self.values[:, :, :over])
-            self.keys, self.values = self.keys[:, :, over:], self.values[:, :, over:]
+            self._compress(keys[:, :, :over], values[:, :, :over])
+            # Copies: views would hold the coded tokens too.
+            keys, values = keys[:, :, over:].clone(), values[:, :, over:].clone()
+        self.sink_keys, self.sink_values, self.keys, self.values = sink_keys, sink_values, keys, values
+        self.cumulative_length += n_new
         if self._k.n == 0:
             return torch.cat([self.sink_keys, self.keys], 2), torch.cat([self.sink_values, self.values], 2)
         # On the device, attention over the codes needs keys and values of one head size.
@@ -644,6 +670,9 @@ class HypercodecKVLayer(DynamicLayer):
         self._gpu = None
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        indices = torch.as_tensor(indices)
+        if indices.dtype == torch.bool:  # a mask of the rows kept
+            indices = indices.nonzero().reshape(-1)
         idx = np.asarray(indices.detach().cpu().numpy(), dtype=np.int64)
         self._k.select(idx, self.heads)
         self._v.select(idx, self.heads)
@@ -726,6 +755,7 @@ def kv_means(model: Any, batches: Any, skip: int = 4) -> list[tuple[torch.Tensor
     then codes ``k − mean`` and adds the mean back, for every batch row alike."""
     from transformers import DynamicCache
 
+    _check_skip(skip)
     sums: list[list[torch.Tensor]] | None = None
     count = 0
     for ids in batches:
@@ -743,6 +773,11 @@ def kv_means(model: Any, batches: Any, skip: int = 4) -> list[tuple[torch.Tensor
     return [(k / count, v / count) for k, v in sums]
 
 
+def _check_skip(skip: int) -> None:
+    if not isinstance(skip, (int, np.integer)) or skip < 0:
+        raise _native.InvalidInputError(f"skip: a count of tokens >= 0, not {skip!r}")
+
+
 def bits_at(options: dict[str, Any], head_dim: int, context: int) -> float:
     """Bits per cached value of a cache made with ``options`` (``HypercodecCache``'s keyword
     arguments: ``quantizer``, ``key_bits``, ``value_bits``, ``window``, ``sinks``, ``scale``) at
@@ -750,8 +785,11 @@ def bits_at(options: dict[str, Any], head_dim: int, context: int) -> float:
     mean (every layer holds as many values). ``quantizer="group"`` stands for transformers'
     quantized caches: ``bits`` per value plus an f16 scale and zero point per group of 64 (their
     documented layout; counted, not measured)."""
+    if not context >= 1:
+        raise _native.InvalidInputError(f"context: at least 1 token, not {context}")
     q = options["quantizer"]
-    w = options["window"] + options.get("sinks", 0)
+    # Up to the window and sinks every token is exact.
+    w = min(options["window"] + options.get("sinks", 0), context)
     sides = []
     for rates in (options["key_bits"], options["value_bits"]):
         rates = list(rates) if isinstance(rates, (list, tuple)) else [rates]
@@ -813,6 +851,7 @@ def kv_calibrate(model: Any, batches: Any, skip: int = 4, eps: float = 1e-3) -> 
     so that few tokens give a mild ``T`` and ``T`` stays well conditioned; ``F`` is the
     empirical Fisher, from the text's own next tokens; ``gains`` are predicted for the shrunk
     ``C`` and ``F``). The batches go to the model's device; padding is not masked out."""
+    _check_skip(skip)
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -908,6 +947,22 @@ def attention(
 
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    # What the attention over the codes does not compute is refused, never skipped.
+    if kwargs.get("softcap") is not None:
+        raise _native.InvalidInputError(
+            f"the {ATTENTION!r} attention has no logit soft-capping (softcap={kwargs['softcap']}): "
+            "run this model with attn_implementation='eager' or 'sdpa' and the same HypercodecCache"
+        )
+    if dropout:
+        raise _native.InvalidInputError(
+            f"the {ATTENTION!r} attention has no dropout (dropout={dropout}): put the model in eval mode"
+        )
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        warnings.warn(
+            f"the {ATTENTION!r} attention passes no gradient to the queries or the exact tokens; "
+            "run it under torch.no_grad(), or train with attn_implementation='eager' or 'sdpa'",
+            stacklevel=2,
         )
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
