@@ -174,6 +174,14 @@ fn cli(py: Python<'_>, argv: Vec<String>) -> u8 {
     })
 }
 
+/// `(input, output)` of `argv` where it parses as a `compress` command (the CLI's parser:
+/// an option's value is never taken for a path), else None.
+#[pyfunction]
+fn compress_paths(argv: Vec<String>) -> Option<(String, String)> {
+    let args = std::iter::once("hypercodec".to_string()).chain(argv);
+    hypercodec::compress_paths(args).map(|(i, o)| (i, o.display().to_string()))
+}
+
 /// Runs the command line on `argv` and raises its error (a subclass of `HypercodecError`)
 /// instead of printing it. What the command prints is returned as `(stdout, stderr)` text for
 /// Python to write through `sys.stdout` and `sys.stderr` (a notebook shows it; a redirect
@@ -1977,6 +1985,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cuda::CudaKernels>()?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(compress_paths, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;

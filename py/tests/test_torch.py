@@ -1261,6 +1261,67 @@ def test_python_m_compress_reads_checkpoints_after_global_options(tmp_path):
     assert not (tmp_path / "x.hwz").exists()
 
 
+def test_a_checkpoint_is_never_overwritten_and_an_output_never_taken_for_an_input(tmp_path):
+    """``compress_file("m.pt", "m.pt")`` and ``python -m hypercodec compress m.pt m.pt`` wrote the
+    archive over the checkpoint (the command line saw only the staged copy); ``python -m
+    hypercodec compress m.safetensors old.bin`` with an old torch file at ``old.bin`` took the
+    output for the input and wrote nothing. A safetensors file named ``.bin`` is compressed as
+    what it is."""
+    import subprocess
+    import sys
+
+    torch.save({"w": torch.randn(16, 32)}, tmp_path / "m.pt")
+    before = (tmp_path / "m.pt").read_bytes()
+    with pytest.raises(hypercodec.InvalidInputError, match="the output is an input"):
+        hypercodec.compress_file(tmp_path / "m.pt", tmp_path / "m.pt")
+    with pytest.raises(hypercodec.InvalidInputError, match="the output is an input"):
+        hypercodec.compress_file(tmp_path / "m.pt", str(tmp_path / "sub" / ".." / "m.pt"))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "hypercodec", *a], capture_output=True, text=True, cwd=tmp_path)
+    r = run("compress", "m.pt", "./m.pt")
+    assert r.returncode == 1 and "the output is an input" in r.stderr, r.stderr
+    assert (tmp_path / "m.pt").read_bytes() == before
+    hypercodec.save({"w": np.ones((8, 64), np.float32)}, tmp_path / "x.hwz")
+    hypercodec.decompress_state_dict  # (the safetensors input below)
+    from safetensors.numpy import save_file
+
+    save_file({"v": np.ones((8, 64), np.float32)}, str(tmp_path / "in.safetensors"))
+    torch.save({"old": torch.zeros(2)}, tmp_path / "old.bin")
+    r = run("compress", "in.safetensors", "old.bin", "--bits", "8")
+    assert r.returncode == 0, r.stderr
+    assert [t["name"] for t in hypercodec.inspect(tmp_path / "old.bin")["tensors"]] == ["v"]
+    save_file({"u": np.ones((8, 64), np.float32)}, str(tmp_path / "st.bin"))
+    info = hypercodec.compress_file(tmp_path / "st.bin", tmp_path / "st.hwz", bits=8, verbose=False)
+    assert [t["name"] for t in info["tensors"]] == ["u"]
+
+
+def test_save_names_what_it_cannot_store_and_reads_back_what_it_wrote(tmp_path):
+    """Typed errors for a name that is not a string, metadata that is not a mapping, a folder
+    that does not exist and a meta tensor (they were AttributeError, FileNotFoundError of a
+    temporary file, NotImplementedError); a sparse tensor is stored densely; with ``shard_size``
+    the summary is the index just written, not an older file at the output's name; ``in`` on
+    a lazy archive reads no tensor."""
+    w = np.ones((8, 64), np.float32)
+    with pytest.raises(hypercodec.InvalidInputError, match="names are strings"):
+        hypercodec.save({1: w}, tmp_path / "a.hwz")
+    with pytest.raises(hypercodec.InvalidInputError, match="metadata"):
+        hypercodec.save({"w": w}, tmp_path / "a.hwz", metadata=["x"])
+    with pytest.raises(hypercodec.InvalidInputError, match="no folder"):
+        hypercodec.save({"w": w}, tmp_path / "nowhere" / "a.hwz")
+    with pytest.raises(hypercodec.InvalidInputError, match="meta device"):
+        hypercodec.save({"w": torch.empty(8, 64, device="meta")}, tmp_path / "a.hwz")
+    sparse = torch.eye(64)[:8].to_sparse()
+    hypercodec.save({"s": sparse}, tmp_path / "s.hwz", bits=8, verbose=False)
+    assert np.allclose(hypercodec.load(tmp_path / "s.hwz")["s"], sparse.to_dense().numpy(), atol=0.01)
+    hypercodec.save({"old": w}, tmp_path / "m.hwz", verbose=False)
+    info = hypercodec.save({"new": w}, tmp_path / "m.hwz", shard_size="1MB", verbose=False)
+    assert [t["name"] for t in info["tensors"]] == ["new"]
+    lazy = hypercodec.load(tmp_path / "s.hwz")
+    calls = []
+    read = lazy.archive
+    lazy.archive = type("Counting", (), {"read": lambda self, n: calls.append(n) or read.read(n)})()
+    assert "s" in lazy and "t" not in lazy and calls == []
+
+
 def test_bad_inputs_are_typed_errors(tmp_path):
     """Integer activations are refused as nn.Linear refuses them (not returned as truncated
     integers); NaN weights and biases are the input's fault (InvalidInputError, with or without

@@ -578,6 +578,21 @@ where
     sink::capture(|| run_args(args))
 }
 
+/// The input and output of `args` (the first is the program name) where they parse as a
+/// `compress` command, as its parser reads them (an option's value is never taken for a
+/// path): for a front end that prepares the input first (the Python wheel stages a PyTorch
+/// checkpoint as safetensors). None for any other command or arguments that do not parse.
+pub fn compress_paths<I, T>(args: I) -> Option<(String, PathBuf)>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match Cli::try_parse_from(args).ok()?.command {
+        Command::Compress(c) => Some((c.input, c.output)),
+        _ => None,
+    }
+}
+
 /// Runs the command line on `args` (the first is the program name) and returns the exit
 /// code: 0, 1 for an error the pipeline reports, 2 for arguments clap rejects.
 pub fn main_with_args<I, T>(args: I) -> u8

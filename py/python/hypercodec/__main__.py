@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from . import _native
 from ._native import cli
 
 
@@ -39,17 +40,6 @@ class _ClosedPipeSafe:
         return getattr(self._out, name)
 
 
-def _is_torch_file(path: str) -> bool:
-    """Whether ``path`` is a file in one of torch.save's formats (a zip, or a pickle); a
-    ``.bin`` may be anything else."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError:
-        return False
-    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line on ``argv`` (default: ``sys.argv[1:]``) and returns its exit code.
     ``eval`` runs the evaluation suite (:mod:`hypercodec.eval`; needs torch and transformers),
@@ -77,26 +67,28 @@ def main(argv: list[str] | None = None) -> int:
     if "compress" in args:
         import os
 
-        from .api import PT_SUFFIXES
+        from .api import PT_SUFFIXES, check_output_is_not, is_torch_file
 
-        c = args.index("compress")
-        pt = next(
-            (i for i in range(c + 1, len(args)) if args[i].endswith(PT_SUFFIXES) and _is_torch_file(args[i])), None
-        )
-        if pt is not None:
+        paths = _native.compress_paths(args)
+        if paths is not None and paths[0].endswith(PT_SUFFIXES) and is_torch_file(paths[0]):
             from .api import read_pt, staged_safetensors
 
-            # Staged beside the output (the same file system), else beside the input.
-            out = next((a for a in args[c + 1 :] if a.endswith(".hwz")), args[pt])
-            out_dir = os.path.dirname(os.path.abspath(out))
+            inp, out = paths
             try:
-                state = read_pt(args[pt])
+                check_output_is_not(inp, out)
+            except _native.HypercodecError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+            try:
+                state = read_pt(inp)
             except Exception as e:  # a pickled module, a corrupt file, no torch: one line, no traceback
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
-                print(f"error: {args[pt]}: not read as a state dict by torch.load(weights_only=True): {first}", file=sys.stderr)
+                print(f"error: {inp}: not read as a state dict by torch.load(weights_only=True): {first}", file=sys.stderr)
                 return 1
-            with staged_safetensors(state, out_dir) as tmp:
-                return cli([*args[:pt], tmp, *args[pt + 1 :]])
+            # Staged beside the output (the same file system), in the input's place.
+            at = args.index(inp, args.index("compress") + 1)
+            with staged_safetensors(state, os.path.dirname(os.path.abspath(out))) as tmp:
+                return cli([*args[:at], tmp, *args[at + 1 :]])
     return cli(args)
 
 

@@ -28,6 +28,10 @@ def _to_buffer(value: Any) -> tuple[str, tuple[int, ...], bytes]:
     """A floating tensor (numpy array or torch tensor; :func:`_is_floating`) as (safetensors
     dtype, shape, bytes): f32, f16 and bf16 as they are, other floats as f32."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, without importing torch
+        if getattr(value, "is_meta", False):
+            raise _native.InvalidInputError("a tensor on the meta device holds no values to store")
+        if getattr(value, "is_sparse", False) or str(getattr(value, "layout", "torch.strided")) != "torch.strided":
+            value = value.to_dense()  # (sparse layouts: their values, densely)
         t = value.detach().cpu().contiguous()
         kind = str(t.dtype)
         if kind == "torch.bfloat16":
@@ -61,6 +65,9 @@ def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mappi
     """Stages ``state_dict`` as a safetensors file through the library's writer (names and
     sizes checked, atomic rename); ``metadata`` (strings) goes to ``__metadata__``, which the
     archive keeps as its ``safetensors`` metadata."""
+    for name in state_dict:
+        if not isinstance(name, str):
+            raise _native.InvalidInputError(f"tensor names are strings, not {name!r} ({type(name).__name__})")
     stored = [name for name in state_dict if name.endswith(".weight_hwz") or name == "weight_hwz"]
     if stored:
         # A quantized model's state dict: its layers are already compressed (uint8 stored
@@ -73,6 +80,8 @@ def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mappi
             "hypercodec.nn.load_state_dict, or save the float model here and load it with "
             "hypercodec.nn.load_into"
         )
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise _native.InvalidInputError(f"metadata: a mapping of strings to strings, not a {type(metadata).__name__}")
     tensors, skipped = [], []
     for name, value in state_dict.items():
         if not _is_floating(value):
@@ -130,6 +139,32 @@ def _run(argv: list[str], verbose: bool = True) -> None:
 PT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
+def is_torch_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a file in one of torch.save's formats (a zip, or a pickle); a
+    ``.bin`` may be anything else (a safetensors file, say)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
+def check_output_is_not(input: str | os.PathLike, output: str | os.PathLike) -> None:
+    """Refuses an ``output`` that is the file ``input`` (the checkpoint staged before the
+    command line runs, which cannot see it)."""
+    same = os.path.realpath(input) == os.path.realpath(output)
+    if not same and os.path.exists(output):
+        try:
+            same = os.path.samefile(input, output)
+        except OSError:
+            pass
+    if same:
+        raise _native.InvalidInputError(
+            f"{os.fspath(output)}: the output is an input of this command; choose another output path"
+        )
+
+
 def read_pt(path: str | os.PathLike) -> dict:
     """A PyTorch checkpoint's tensors, read with ``torch.load(weights_only=True)`` (never
     unpickling code); a ``{"state_dict": ...}`` wrapper is unwrapped. Needs torch."""
@@ -153,13 +188,15 @@ def compress_file(input: str | os.PathLike, output: str | os.PathLike, verbose: 
     >>> hypercodec.compress_file("model.safetensors", "model.hwz", encoding="lattice", bps=4)  # doctest: +SKIP
     >>> hypercodec.compress_file("model.safetensors", "model.hwz", encoding="trellis", bits=2, device="cuda")  # doctest: +SKIP
     """
-    if os.fspath(input).endswith(PT_SUFFIXES):
+    if os.fspath(input).endswith(PT_SUFFIXES) and is_torch_file(input):
+        check_output_is_not(input, output)
         return compress_state_dict(read_pt(input), output, verbose=verbose, **options)
     # The paths after `--`: a file named `-model.hwz` or `--help` is a path, not a flag.
     _run(["compress", *_flags(options), "--", os.fspath(input), os.fspath(output)], verbose)
     index = os.fspath(output) + ".index.json"
-    if not os.path.exists(output) and os.path.exists(index):
-        # Written as shards (`shard_size`): their index stands for the archive.
+    if options.get("shard_size") is not None or (not os.path.exists(output) and os.path.exists(index)):
+        # Written as shards (`shard_size`): their index stands for the archive (a file at
+        # `output` itself is not what this run wrote).
         return inspect(index)
     return inspect(output)
 
@@ -184,7 +221,10 @@ def compress_state_dict(
     4.0
     """
     path = os.fspath(path)
-    with staged_safetensors(state_dict, os.path.dirname(os.path.abspath(path)), metadata) as tmp:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise _native.InvalidInputError(f"{path}: no folder {folder} to write the archive in")
+    with staged_safetensors(state_dict, folder, metadata) as tmp:
         return compress_file(tmp, path, verbose=verbose, **options)
 
 
@@ -230,9 +270,10 @@ class LazyStateDict(Mapping):
         self.archive = _native.Archive(os.fspath(path))
         self.framework = framework
         self._names = self.archive.names()
+        self._name_set = set(self._names)
 
     def __getitem__(self, name: str) -> Any:
-        if name not in self._names:
+        if name not in self._name_set:
             raise KeyError(name)
         arr = self.archive.read(name)
         if self.framework == "torch":
@@ -247,6 +288,10 @@ class LazyStateDict(Mapping):
 
     def __iter__(self):
         return iter(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        # (Mapping's own decodes the tensor to answer.)
+        return name in self._name_set
 
     def __len__(self) -> int:
         return len(self._names)
