@@ -41,10 +41,33 @@ impl<T: numpy::Element + Clone, D: numpy::ndarray::Dimension> RowMajor<T>
         if self.is_c_contiguous() {
             return Ok(std::borrow::Cow::Borrowed(self.as_slice()?));
         }
-        Ok(std::borrow::Cow::Owned(
-            self.as_array().iter().cloned().collect(),
-        ))
+        let mut v = Vec::new();
+        v.try_reserve_exact(self.len()).map_err(|_| {
+            pyo3::exceptions::PyMemoryError::new_err(format!(
+                "a row-major copy of {} values does not fit in memory",
+                self.len()
+            ))
+        })?;
+        v.extend(self.as_array().iter().cloned());
+        Ok(std::borrow::Cow::Owned(v))
     }
+}
+
+/// `n` zeroed f32 values (`what` names them), or `MemoryError` where they do not fit: an
+/// output sized by the caller's shapes (a broadcast input of 2^40 rows) must not abort the
+/// process.
+fn zeroed(n: Option<usize>, what: &str) -> PyResult<Vec<f32>> {
+    let too_big = || {
+        pyo3::exceptions::PyMemoryError::new_err(format!(
+            "{what}: {} float32 values do not fit in memory",
+            n.map_or("more than 2^64".to_string(), |n| n.to_string())
+        ))
+    };
+    let n = n.ok_or_else(too_big)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| too_big())?;
+    v.resize(n, 0.0);
+    Ok(v)
 }
 
 /// An output array as a row-major slice: a C-contiguous one only (results written into any
@@ -188,10 +211,10 @@ fn compress_paths(argv: Vec<String>) -> Option<(String, String)> {
 /// catches it), not written to the process's descriptors.
 #[pyfunction]
 fn run(py: Python<'_>, argv: Vec<String>) -> PyResult<(String, String)> {
-    let (result, text) = detach(py, move || {
+    let (result, text) = interruptible(py, move || {
         let args = std::iter::once("hypercodec".to_string()).chain(argv);
         hypercodec::run_args_captured(args)
-    });
+    })?;
     match result {
         Ok(()) => Ok((text.stdout, text.stderr)),
         Err(e) => {
@@ -292,7 +315,16 @@ where
     F: FnOnce() -> T + Send,
     T: Send,
 {
-    py.detach(|| {
+    py.detach(|| on_pool(f))
+}
+
+/// `f` on the process's thread pool (a forked child's own: see [`detach`]).
+fn on_pool<T, F>(f: F) -> T
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    {
         if !FORKED.load(std::sync::atomic::Ordering::Relaxed) {
             return f();
         }
@@ -325,6 +357,53 @@ where
             }
         };
         pool.install(f)
+    }
+}
+
+/// A command-line run `f` on a thread of its own while this one waits without the GIL and
+/// looks at Python's signals every 50 ms: an interrupt (Ctrl-C, a notebook's "interrupt
+/// kernel") cancels the run, which stops before its next tensor and removes its temporary
+/// file, and is raised once the run has ended. (A run on the calling thread could not see it
+/// before it finished: `save` of a large model wrote the archive, then raised.)
+fn interruptible<T, F>(py: Python<'_>, f: F) -> PyResult<T>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    hypercodec::clear_cancel();
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let worker = s.spawn(move || {
+            let out = on_pool(f);
+            let _ = tx.send(());
+            out
+        });
+        let mut interrupt = None;
+        let mut rx = Some(rx);
+        loop {
+            // (The receiver goes into the closure and back: it is not Sync.)
+            let (done, back) = py.detach(move || {
+                let rx = rx.take().expect("the receiver is back after each wait");
+                (rx.recv_timeout(std::time::Duration::from_millis(50)), rx)
+            });
+            rx = Some(back);
+            if !matches!(done, Err(std::sync::mpsc::RecvTimeoutError::Timeout)) {
+                break;
+            }
+            if interrupt.is_none() {
+                if let Err(e) = py.check_signals() {
+                    hypercodec::cancel_runs();
+                    interrupt = Some(e);
+                }
+            }
+        }
+        let out = worker
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        match interrupt {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     })
 }
 
@@ -808,13 +887,11 @@ impl Linear {
             )));
         }
         let batch: usize = shape[..shape.len() - 1].iter().product();
-        let xs = &*x.row_major()?;
         let rows = self.op.rows();
-        let y = detach(py, || {
-            let mut y = vec![0f32; batch * rows];
-            self.op.forward(xs, batch, &mut y).map(|()| y)
-        })
-        .map_err(runtime_err)?;
+        let mut y = zeroed(batch.checked_mul(rows), "the output")?;
+        let xs = &*x.row_major()?;
+        let y =
+            detach(py, || self.op.forward(xs, batch, &mut y).map(|()| y)).map_err(runtime_err)?;
         let mut out_shape = shape;
         if let Some(last) = out_shape.last_mut() {
             *last = rows;
@@ -1820,16 +1897,25 @@ fn rht_signs<'py>(py: Python<'py>, seed: u64, n: usize) -> Bound<'py, PyArray1<f
 #[pyfunction]
 #[pyo3(signature = (bps, lattice="e8"))]
 fn lattice_alpha(bps: f32, lattice: &str) -> PyResult<f32> {
-    Ok(hypercodec_lattice::calibration::alpha_for_bps(
-        lattice_named(lattice)?,
-        bps,
-    ))
+    let lat = lattice_named(lattice)?;
+    let max = hypercodec_lattice::calibration::max_bps(lat) as f32;
+    if !(bps > 0.0 && bps <= max) {
+        return Err(InvalidInputError::new_err(format!(
+            "bps {bps}: the {lattice} calibration covers rates in (0, {max:.2}]"
+        )));
+    }
+    Ok(hypercodec_lattice::calibration::alpha_for_bps(lat, bps))
 }
 
 /// `(snr_db, bps)` the lattice reaches at scale `alpha` on Gaussian data (shipped table).
 #[pyfunction]
 #[pyo3(signature = (alpha, lattice="e8"))]
 fn lattice_predict(alpha: f32, lattice: &str) -> PyResult<(f32, f32)> {
+    if !(alpha.is_finite() && alpha > 0.0) {
+        return Err(InvalidInputError::new_err(format!(
+            "alpha {alpha}: a finite scale above 0"
+        )));
+    }
     Ok(hypercodec_lattice::calibration::predict(
         lattice_named(lattice)?,
         alpha,

@@ -569,3 +569,24 @@ def test_f16_keys_near_the_largest_f16_decode_finite():
     k = (torch.rand(1, 2, 40, 64) * 2 - 1).mul(65000).to(torch.float16)
     out, _ = layer.update(k, k)
     assert torch.isfinite(out).all()
+
+
+def test_a_cache_checks_its_options_when_made_and_its_layers_when_used():
+    """Rates, quantizer and options are checked when the layer is made (they raised at the
+    first forward); a NaN window switched compression off; a model with more layers than the
+    cache met a bare IndexError; rates per layer may come as an array; a batch of no rows
+    runs."""
+    for bad in ({"key_bits": 0}, {"quantizer": "bogus"}, {"rotation": "nope"}, {"window": float("nan")},
+                {"block": 0}, {"sinks": 1.5}):
+        with pytest.raises(hypercodec.InvalidInputError):
+            HypercodecKVLayer(**bad)
+    with pytest.raises(TypeError):  # (rates are integers)
+        HypercodecKVLayer(value_bits=2.5)
+    model = _tiny_llama()
+    cache = HypercodecCache(model.config, key_bits=np.array([4, 2]), value_bits=torch.tensor([2, 2]), window=8, block=4)
+    assert [layer.key_bits for layer in cache.layers] == [4, 2]
+    with pytest.raises(hypercodec.InvalidInputError, match="made for 2 layers"):
+        cache.update(torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16), 2)
+    layer = HypercodecKVLayer(window=4, block=2)
+    k, v = layer.update(torch.randn(0, 2, 40, 64), torch.randn(0, 2, 40, 64))
+    assert k.shape == (0, 2, 40, 64) and layer.get_seq_length() == 40

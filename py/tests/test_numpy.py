@@ -552,3 +552,31 @@ def test_a_constant_weight_is_stored_exactly_under_a_rotation():
             assert lin.stored_bytes <= w.size // 8 + 64, (value, spec, lin.stored_bytes)
     # A weight that is not constant keeps its encoding (2 bits a value, not 1).
     assert hypercodec.Linear.quantize(gaussian((256, 256), 4), "e8@2").stored_bytes > 256 * 256 // 8 + 64
+
+
+def test_an_interrupt_cancels_a_save_and_leaves_no_file(tmp_path):
+    """Ctrl-C during ``save`` (SIGINT: KeyboardInterrupt) stops the run before its next tensor
+    and raises once the temporary files are gone; before, the whole archive was written and
+    the interrupt raised after it."""
+    import os
+    import signal
+    import threading
+    import time
+
+    rng = np.random.default_rng(0)
+    sd = {f"t{i}": rng.standard_normal((512, 1024), dtype=np.float32) for i in range(64)}
+    out = tmp_path / "m.hwz"
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            hypercodec.save(sd, out, encoding="lattice", bps=4, verbose=False)
+    finally:
+        timer.cancel()
+    took = time.monotonic() - t0
+    assert not out.exists() and os.listdir(tmp_path) == [], os.listdir(tmp_path)
+    # The same save runs to its end: the interrupt cut it short.
+    t1 = time.monotonic()
+    hypercodec.save(sd, out, encoding="lattice", bps=4, verbose=False)
+    assert took < (time.monotonic() - t1) / 2, took

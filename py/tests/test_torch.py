@@ -1322,6 +1322,22 @@ def test_save_names_what_it_cannot_store_and_reads_back_what_it_wrote(tmp_path):
     assert "s" in lazy and "t" not in lazy and calls == []
 
 
+def test_outputs_too_large_for_memory_are_a_memory_error_and_compat_checks_its_arguments():
+    """A broadcast input of 2^50 rows asked the runtime for a 4 PiB output and aborted the
+    process; the compatibility helpers took NaN and negative rates and unknown modes."""
+    from hypercodec import compat
+
+    lin = hypercodec.Linear.quantize(np.ones((16, 64), np.float32), "int8")
+    x = np.broadcast_to(np.ones((1, 64), np.float32), (1 << 50, 64))
+    with pytest.raises(MemoryError):
+        lin.forward(x)
+    for bps in (float("nan"), -1.0, 0.0, 40.0):
+        with pytest.raises(hypercodec.InvalidInputError, match="calibration covers"):
+            compat.lattice_alpha(bps)
+    with pytest.raises(hypercodec.InvalidInputError, match="mode"):
+        compat.HyperGlyphConfig(mode="nonsense")
+
+
 def test_bad_inputs_are_typed_errors(tmp_path):
     """Integer activations are refused as nn.Linear refuses them (not returned as truncated
     integers); NaN weights and biases are the input's fault (InvalidInputError, with or without

@@ -218,9 +218,22 @@ fn device_encoder(device: Option<&str>) -> Result<Option<hwz::TrellisRowsEncoder
     Ok(Some(hwz::TrellisRowsEncoder(trellis_rows_on_gpu)))
 }
 
-/// Nothing cancels a command-line run but the process ending (the archive's temporary file
-/// goes with it).
+/// The runs' cancel flag: set by a signal ([`install_signal_handler`]) or an embedding
+/// caller ([`cancel_runs`]).
 static CANCEL: Cancel = Cancel::new();
+
+/// Cancels the runs in progress ([`run_args`] and the others, on any thread): each stops before
+/// its next tensor with [`PipelineError::Cancelled`] and removes its temporary file. For an
+/// embedding caller's interrupt (Ctrl-C in Python); [`clear_cancel`] before the next run.
+pub fn cancel_runs() {
+    CANCEL.cancel();
+}
+
+/// Clears what [`cancel_runs`] set, for the runs that start next (one a run in progress on
+/// another thread has not reached yet goes on).
+pub fn clear_cancel() {
+    CANCEL.reset();
+}
 
 /// A progress bar on a terminal that follows the pipeline's progress reports, one bar per phase.
 #[derive(Default)]

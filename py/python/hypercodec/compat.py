@@ -134,6 +134,10 @@ class HyperGlyphConfig:
     hdc_dim: int | None = None
     n_buckets: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", "compact", "standard"):
+            raise _native.InvalidInputError(f"mode {self.mode!r}: one of 'auto', 'compact', 'standard'")
+
     def options(self) -> dict:
         opts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "mode"}
         opts["encoding"] = "codebook" if self.mode == "standard" else "auto"

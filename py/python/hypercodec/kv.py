@@ -273,8 +273,11 @@ class HypercodecKVLayer(DynamicLayer):
         mix: tuple[Any, Any] | None = None,
     ) -> None:
         super().__init__()
-        if window < 0 or sinks < 0 or block < 1:
-            raise _native.InvalidInputError("window and sinks must be >= 0 and block >= 1")
+        counts = (window, sinks, block)
+        if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in counts) or not (
+            window >= 0 and sinks >= 0 and block >= 1
+        ):
+            raise _native.InvalidInputError(f"window and sinks must be integers >= 0 and block >= 1, not {counts}")
         if quantizer == "int" and scale != "bf16":
             raise _native.InvalidInputError("the int baseline keeps an f16 scale per vector (scale='bf16')")
         if scale == "log4" and mix is None:
@@ -288,6 +291,10 @@ class HypercodecKVLayer(DynamicLayer):
         if quantizer == "trellis":
             self.options["trellis_l"] = trellis_l
         self.dither = dither and quantizer != "int"
+        # Rates, quantizer and options checked now (a codec of 64 values, a usual head size),
+        # not at the first forward.
+        for bits in {key_bits, value_bits}:
+            make_codec(64, bits, quantizer, **self.options)
         self.mean = None
         if mean is not None:
             km, vm = (torch.as_tensor(m, dtype=torch.float32).detach().cpu().contiguous() for m in mean)
@@ -505,7 +512,7 @@ class HypercodecKVLayer(DynamicLayer):
         keys = torch.cat([self.keys, key_states], dim=2)
         values = torch.cat([self.values, value_states], dim=2)
         over = keys.shape[2] - self.window
-        if over >= self.block:
+        if over >= self.block and keys.shape[0] * keys.shape[1] > 0:  # (no rows: nothing to code)
             self._compress(keys[:, :, :over], values[:, :, :over])
             # Copies: views would hold the coded tokens too.
             keys, values = keys[:, :, over:].clone(), values[:, :, over:].clone()
@@ -706,6 +713,8 @@ class HypercodecCache(Cache):
         per_layer = {}
         for name in ("key_bits", "value_bits"):
             bits = layer_options.get(name)
+            if hasattr(bits, "tolist"):  # a numpy array or tensor of rates (or one rate)
+                bits = layer_options[name] = bits.tolist()
             if isinstance(bits, (list, tuple)):
                 if len(bits) != n:
                     raise _native.InvalidInputError(f"{name}: {len(bits)} rates for {n} layers")
@@ -734,6 +743,11 @@ class HypercodecCache(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # Attention over the codes when the model runs `attention` (read at each call: the
         # model's implementation can change after the cache is built).
+        if not 0 <= layer_idx < len(self.layers):
+            raise _native.InvalidInputError(
+                f"this cache was made for {len(self.layers)} layers (its config's num_hidden_layers), "
+                f"and a layer {layer_idx} writes to it"
+            )
         self.layers[layer_idx].fused = getattr(self._config, "_attn_implementation", None) == ATTENTION
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
