@@ -1308,6 +1308,7 @@ impl KvCodec {
     #[pyo3(signature = (dim, bits, quantizer="e8", rotation="rht", seed=0, dither=false, trellis_l=10, scale="bf16"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         dim: usize,
         bits: u8,
         quantizer: &str,
@@ -1342,9 +1343,12 @@ impl KvCodec {
                 )))
             }
         };
-        let codec = hypercodec_lattice::kv::KvCodec::new(dim, bits, q, r, seed, dither)
-            .map_err(lattice_err)?
-            .with_scale_format(format);
+        // Without the GIL: a Haar rotation of 2048 values takes seconds to build.
+        let codec = detach(py, || {
+            hypercodec_lattice::kv::KvCodec::new(dim, bits, q, r, seed, dither)
+        })
+        .map_err(lattice_err)?
+        .with_scale_format(format);
         Ok(KvCodec { codec })
     }
 
