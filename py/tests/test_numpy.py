@@ -567,6 +567,8 @@ def test_an_interrupt_cancels_a_save_and_leaves_no_file(tmp_path):
     sd = {f"t{i}": rng.standard_normal((512, 1024), dtype=np.float32) for i in range(64)}
     out = tmp_path / "m.hwz"
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    # Python's own handler (a process started in the background of a shell ignores SIGINT).
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     t0 = time.monotonic()
     timer.start()
     try:
@@ -574,6 +576,7 @@ def test_an_interrupt_cancels_a_save_and_leaves_no_file(tmp_path):
             hypercodec.save(sd, out, encoding="lattice", bps=4, verbose=False)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, handler)
     took = time.monotonic() - t0
     assert not out.exists() and os.listdir(tmp_path) == [], os.listdir(tmp_path)
     # The same save runs to its end: the interrupt cut it short.
