@@ -1225,7 +1225,12 @@ impl Linear {
 #[pyclass(module = "hypercodec._native", frozen)]
 struct KvCodec {
     codec: hypercodec_lattice::kv::KvCodec,
+    /// The constructor's arguments, for pickling (`__reduce__`).
+    args: KvCodecArgs,
 }
+
+/// `KvCodec(dim, bits, quantizer, rotation, seed, dither, trellis_l, scale)`.
+type KvCodecArgs = (usize, u8, String, String, u64, bool, u8, String);
 
 fn lattice_err(e: hypercodec_lattice::LatticeError) -> PyErr {
     InvalidInputError::new_err(e.to_string())
@@ -1349,7 +1354,23 @@ impl KvCodec {
         })
         .map_err(lattice_err)?
         .with_scale_format(format);
-        Ok(KvCodec { codec })
+        let args = (
+            dim,
+            bits,
+            quantizer.to_string(),
+            rotation.to_string(),
+            seed,
+            dither,
+            trellis_l,
+            scale.to_string(),
+        );
+        Ok(KvCodec { codec, args })
+    }
+
+    /// Pickles as its constructor's call (the codec is rebuilt, bit for bit the same).
+    fn __reduce__<'py>(slf: Bound<'py, Self>) -> (Bound<'py, pyo3::types::PyType>, KvCodecArgs) {
+        let args = slf.get().args.clone();
+        (slf.get_type(), args)
     }
 
     /// What the CUDA kernels need to encode and decode this codec's vectors on the GPU, or None

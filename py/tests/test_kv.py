@@ -590,3 +590,23 @@ def test_a_cache_checks_its_options_when_made_and_its_layers_when_used():
     layer = HypercodecKVLayer(window=4, block=2)
     k, v = layer.update(torch.randn(0, 2, 40, 64), torch.randn(0, 2, 40, 64))
     assert k.shape == (0, 2, 40, 64) and layer.get_seq_length() == 40
+
+
+def test_a_cache_pickles_and_goes_on_as_the_original():
+    """Caches pickled as transformers' own do (a lambda and the native codec refused)."""
+    import pickle
+
+    codec = make_codec(64, 3, "e8", rotation="haar", seed=5, scale="log8")
+    again = pickle.loads(pickle.dumps(codec))
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    assert all(np.array_equal(a, b) for a, b in zip(codec.encode(x), again.encode(x)))
+    model = _tiny_llama()
+    ids = torch.randint(0, 100, (1, 40))
+    cache = HypercodecCache(model.config, key_bits=4, value_bits=2, window=8, block=4, sinks=2)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)
+        copy = pickle.loads(pickle.dumps(cache))
+        step = ids[:, :1]
+        a = model(step, past_key_values=cache, use_cache=True).logits
+        b = model(step, past_key_values=copy, use_cache=True).logits
+    assert torch.equal(a, b) and copy.stored_bytes() == cache.stored_bytes()

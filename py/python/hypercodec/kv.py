@@ -150,6 +150,11 @@ def _pack(nibbles: np.ndarray) -> np.ndarray:
     return (padded.reshape(rows, -1, 4) << shifts).sum(-1, dtype=np.uint16)
 
 
+def _one_each(n: int) -> int:
+    """One scale entry a vector (a function, not a lambda: caches pickle)."""
+    return n
+
+
 class _Store:
     """Compressed rows ``[batch·heads, capacity, code_bytes]`` and their scales (16-bit,
     ``[batch·heads, scale_len(capacity)]``: one per vector, none where the codec keeps its
@@ -162,7 +167,7 @@ class _Store:
         self.scales: Any = None
         self.n = 0
         #: Scale entries of ``n`` vectors of a row (the codec's ``scale_len``).
-        self.scale_len: Any = lambda n: n
+        self.scale_len: Any = _one_each
 
     def _empty(self, shape: tuple[int, ...], host: Any, dev: torch.dtype) -> Any:
         if self.device is None:
