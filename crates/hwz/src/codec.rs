@@ -539,9 +539,15 @@ pub fn encode_to_rate(
 /// gap's bits in log₂ α (rate is close to a bit per doubling), aiming a little below the target
 /// so the try lands inside it; once an α below the target and one above are known, a secant
 /// between them kept inside the bracket. Near 8 bits rANS escapes make the rate rise about
-/// 2.4 bits per doubling, and the plain step diverged there (`--bps 8` landed at 7.56).
+/// 2.4 bits per doubling, and the plain step diverged there (`--bps 8` landed at 7.56). Until
+/// the target is bracketed the step uses the slope of the last two tries (a quarter to four
+/// bits per doubling): where the rate rises half a bit per doubling (prefix codes of a weight
+/// with three non-zero columns) steps of one bit halved the gap each try and never crossed it,
+/// and 4 bits was "unreachable" between 3.9 and 4.3 that were met.
 #[derive(Default)]
 struct Bracket {
+    /// The last α tried and its rate.
+    last: Option<(f32, f64)>,
     /// The largest α tried that landed under the target, and its rate.
     under: Option<(f32, f64)>,
     /// The smallest α tried that landed over the target, and its rate.
@@ -563,7 +569,18 @@ impl Bracket {
                 let t = ((aim - lo_bps) / (hi_bps - lo_bps)).clamp(0.1, 0.9) as f32;
                 lo * (hi / lo).powf(t)
             }
-            _ => alpha * 2f32.powf((aim - bps) as f32),
+            _ => {
+                let slope = self
+                    .last
+                    .and_then(|(a0, b0)| {
+                        let doublings = (alpha / a0).log2() as f64;
+                        (doublings.abs() > 1e-3).then(|| (bps - b0) / doublings)
+                    })
+                    .filter(|s| (0.25..=4.0).contains(s))
+                    .unwrap_or(1.0);
+                self.last = Some((alpha, bps));
+                alpha * 2f32.powf(((aim - bps) / slope) as f32)
+            }
         }
     }
 }
