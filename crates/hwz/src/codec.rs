@@ -384,9 +384,9 @@ fn encode_nested(
 /// Encodes with the lattice encoding `template` (its `alpha` is ignored), choosing α so that
 /// the stored bytes of all streams stay at or below `target_bps` bits per value: α starts from
 /// the committed calibration and is corrected by the measured rate (rate is close to linear in
-/// log₂ α), keeping the largest α that fits. α stays within the calibration's range: a tensor
-/// whose values sit in a few rows (the rest zero) cannot spend the target on them, and is
-/// coded at the largest α, below the target. For fixed-rate coding the rate is set by `bits`,
+/// log₂ α), keeping the largest α that fits. α stays below 16 times the calibration's largest:
+/// a tensor whose values sit in a few rows (the rest zero) cannot spend the target on them,
+/// and is coded at that α (about 72 dB on its rows), below the target. For fixed-rate coding the rate is set by `bits`,
 /// so α is the calibrated best-SNR value and `target_bps` is not used.
 pub fn encode_to_rate(
     tensor: &str,
@@ -430,13 +430,16 @@ pub fn encode_to_rate(
     }
     let n = values.len().max(1) as f64;
     let mut alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
-    // Above the calibration's largest α nothing is gained but coordinates that outgrow the
-    // coders (a weight with 4 non-zero rows of 256 asked for 4 bits went on to α = 4e15 and
-    // decoded to zeros).
-    let max_alpha = lat::calibration::table(lattice)
-        .iter()
-        .map(|row| row[0])
-        .fold(0.0, f32::max);
+    // α stops at 16 times the calibration's largest (64: 1024, about 72 dB on Gaussian rows,
+    // where E8 + rANS still codes and decodes exactly): a weight whose values sit in a few rows
+    // cannot spend the target on them, and its rate control went on doubling α (to 4e15 for 4
+    // non-zero rows of 256 asked for 4 bits) until the coordinates outgrew the coders and the
+    // tensor decoded to zeros.
+    let max_alpha = MAX_ALPHA_FACTOR
+        * lat::calibration::table(lattice)
+            .iter()
+            .map(|row| row[0])
+            .fold(0.0, f32::max);
     // Fit α on a sample of whole rows first (a sixteenth, at least 64 rows): the rate of a
     // row sample tracks the tensor's closely, so the full tensor is then encoded once or twice.
     let (rows, cols) = matrix_view(shape, values.len() as u64);
@@ -522,8 +525,9 @@ pub fn encode_to_rate(
     let short =
         |enc: &EncodedTensor| enc.payload_bytes() as f64 * 8.0 / n < target_bps - UNFIT_SHORT_BPS;
     match (best, unfit_error) {
-        // Symbols the coder cannot hold capped the rate well below the target (prefix codes at
-        // 5 bits and more): say so, and the pipeline takes rANS, which escapes them.
+        // Symbols the coder cannot hold capped the rate more than UNFIT_SHORT_BPS below the
+        // target (prefix codes above about 5 bits): say so, and the pipeline takes rANS, which
+        // escapes them. Closer to the target the prefix codes are kept (the GPU's fast form).
         (Some((_, enc)), Some(e)) if short(&enc) => Err(e),
         (Some((_, enc)), _) => Ok(enc),
         // Every α tried gave symbols the coder cannot hold.
@@ -576,14 +580,17 @@ impl Bracket {
                         let doublings = (alpha / a0).log2() as f64;
                         (doublings.abs() > 1e-3).then(|| (bps - b0) / doublings)
                     })
-                    .filter(|s| (0.25..=4.0).contains(s))
-                    .unwrap_or(1.0);
+                    .filter(|s| *s > 0.0)
+                    .map_or(1.0, |s| s.clamp(0.25, 4.0));
                 self.last = Some((alpha, bps));
                 alpha * 2f32.powf(((aim - bps) / slope) as f32)
             }
         }
     }
 }
+
+/// Rate control's largest α, in units of the calibration table's largest.
+const MAX_ALPHA_FACTOR: f32 = 16.0;
 
 /// α's factor after a scale whose symbols the coder cannot hold.
 const UNFIT_STEP: f32 = 0.8;

@@ -1378,8 +1378,9 @@ fn rows_too_large_for_the_rotation_are_named_and_large_lone_values_still_code() 
 
 /// A weight whose values sit in a few rows cannot spend the target on them: rate control kept
 /// raising α (to 4e15 for 4 non-zero rows of 256 asked for 4 bits), and the tensor decoded to
-/// zeros at 0 dB. It now stops at the calibration's largest α: far fewer bits than asked, at
-/// that α's SNR (Gaussian rows: 47.6 dB).
+/// zeros at 0 dB. It now stops at 16 times the calibration's largest α: far fewer bits than
+/// asked, at that α's SNR (Gaussian rows: about 72 dB). A quarter of the rows zero, asked for
+/// 7.9 bits, is not held back by that α.
 #[test]
 fn rate_control_stops_at_the_largest_alpha_where_the_target_is_out_of_reach() {
     let (rows, cols) = (256usize, 1024usize);
@@ -1406,11 +1407,30 @@ fn rate_control_stops_at_the_largest_alpha_where_the_target_is_out_of_reach() {
             let y = through_archive("w", &shape, &t);
             let db = snr(&x, &y);
             assert!(
-                bps < 4.0 && db > 45.0,
+                bps < 4.0 && db > 65.0,
                 "{nonzero} rows, {coding:?}: {bps:.3} bps, {db:.2} dB"
             );
         }
     }
+    let x: Vec<f32> = g
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| if i / cols % 4 == 0 { 0.0 } else { v })
+        .collect();
+    let template = Encoding::Lattice {
+        lattice: Lattice::E8,
+        alpha: 1.0,
+        tile: 1024,
+        seed: 1,
+        scale_dtype: FloatDtype::F16,
+        coding: Coding::RANS_DEFAULT,
+    };
+    let t = encode_to_rate("w", &x, &shape, &template, 7.9, opts).unwrap();
+    let bps = t.payload_bytes() as f64 * 8.0 / x.len() as f64;
+    assert!(
+        bps <= 7.9 && bps > 7.2, // (the search lands short here, 7.33: before these changes 6.62)
+        "a quarter of the rows zero: {bps:.3}"
+    );
 }
 
 /// Rate control's steps assumed a bit per doubling of α until the target was bracketed. Prefix
