@@ -189,20 +189,23 @@ fn layer_archive(
     Ok(w.finish()?.0)
 }
 
+/// Runs the command line on `argv` and returns its exit code; an interrupt cancels the run
+/// (see [`interruptible`]) and is raised.
 #[pyfunction]
-fn cli(py: Python<'_>, argv: Vec<String>) -> u8 {
-    detach(py, move || {
+fn cli(py: Python<'_>, argv: Vec<String>) -> PyResult<u8> {
+    interruptible(py, move |cancel| {
         let args = std::iter::once("hypercodec".to_string()).chain(argv);
-        hypercodec::main_with_args(args)
+        hypercodec::main_with_args_cancellable(args, cancel)
     })
 }
 
-/// `(input, output)` of `argv` where it parses as a `compress` command (the CLI's parser:
-/// an option's value is never taken for a path), else None.
+/// `(input, output, the input's place after "compress": 1 for the next argument)` where `argv`
+/// parses as a `compress` command (the CLI's parser: an option's value is never taken for a
+/// path), else None.
 #[pyfunction]
-fn compress_paths(argv: Vec<String>) -> Option<(String, String)> {
+fn compress_paths(argv: Vec<String>) -> Option<(String, String, usize)> {
     let args = std::iter::once("hypercodec".to_string()).chain(argv);
-    hypercodec::compress_paths(args).map(|(i, o)| (i, o.display().to_string()))
+    hypercodec::compress_paths(args).map(|(i, o, at)| (i, o.display().to_string(), at))
 }
 
 /// Runs the command line on `argv` and raises its error (a subclass of `HypercodecError`)
@@ -211,9 +214,9 @@ fn compress_paths(argv: Vec<String>) -> Option<(String, String)> {
 /// catches it), not written to the process's descriptors.
 #[pyfunction]
 fn run(py: Python<'_>, argv: Vec<String>) -> PyResult<(String, String)> {
-    let (result, text) = interruptible(py, move || {
+    let (result, text) = interruptible(py, move |cancel| {
         let args = std::iter::once("hypercodec".to_string()).chain(argv);
-        hypercodec::run_args_captured(args)
+        hypercodec::run_args_cancellable(args, cancel)
     })?;
     match result {
         Ok(()) => Ok((text.stdout, text.stderr)),
@@ -360,21 +363,23 @@ where
     }
 }
 
-/// A command-line run `f` on a thread of its own while this one waits without the GIL and
-/// looks at Python's signals every 50 ms: an interrupt (Ctrl-C, a notebook's "interrupt
-/// kernel") cancels the run, which stops before its next tensor and removes its temporary
-/// file, and is raised once the run has ended. (A run on the calling thread could not see it
-/// before it finished: `save` of a large model wrote the archive, then raised.)
+/// A command-line run `f` (given its own cancel flag) on a thread of its own while this one
+/// waits without the GIL and looks at Python's signals every 50 ms: an interrupt (Ctrl-C, a
+/// notebook's "interrupt kernel") sets the run's flag, the run stops before its next tensor and
+/// removes its temporary file, and the interrupt is raised once the run has ended (further
+/// interrupts while it stops are taken, not left pending). A run on the calling thread could
+/// not see it before it finished: `save` of a large model wrote the archive, then raised.
 fn interruptible<T, F>(py: Python<'_>, f: F) -> PyResult<T>
 where
-    F: FnOnce() -> T + Send,
+    F: FnOnce(std::sync::Arc<hypercodec_pipeline::Cancel>) -> T + Send,
     T: Send,
 {
-    hypercodec::clear_cancel();
+    let cancel = std::sync::Arc::new(hypercodec_pipeline::Cancel::new());
+    let flag = cancel.clone();
     std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel();
         let worker = s.spawn(move || {
-            let out = on_pool(f);
+            let out = on_pool(move || f(flag));
             let _ = tx.send(());
             out
         });
@@ -390,11 +395,9 @@ where
             if !matches!(done, Err(std::sync::mpsc::RecvTimeoutError::Timeout)) {
                 break;
             }
-            if interrupt.is_none() {
-                if let Err(e) = py.check_signals() {
-                    hypercodec::cancel_runs();
-                    interrupt = Some(e);
-                }
+            if let Err(e) = py.check_signals() {
+                cancel.cancel();
+                interrupt.get_or_insert(e);
             }
         }
         let out = worker
@@ -919,11 +922,9 @@ impl Linear {
             })
             .collect::<PyResult<_>>()?;
         let cols = self.op.cols();
-        let out = detach(py, || {
-            let mut out = vec![0f32; ids.len() * cols];
-            self.op.decode_rows(&ids, &mut out).map(|()| out)
-        })
-        .map_err(runtime_err)?;
+        let mut out = zeroed(ids.len().checked_mul(cols), "the rows")?;
+        let out = detach(py, || self.op.decode_rows(&ids, &mut out).map(|()| out))
+            .map_err(runtime_err)?;
         PyArray1::from_vec(py, out).reshape(vec![ids.len(), cols])
     }
 
@@ -1869,8 +1870,8 @@ impl KvCodec {
         }
         let sl = self.codec.scale_len(m);
         let pieces = kv_pieces(rows, m, n);
+        let mut out = zeroed(n.checked_mul(d), "the vectors")?;
         let out = detach(py, || -> PyResult<Vec<f32>> {
-            let mut out = vec![0f32; n * d];
             let mut work = Vec::with_capacity(pieces.len());
             let mut rest = &mut out[..];
             for &(r, t0, len) in &pieces {

@@ -610,3 +610,17 @@ def test_a_cache_pickles_and_goes_on_as_the_original():
         a = model(step, past_key_values=cache, use_cache=True).logits
         b = model(step, past_key_values=copy, use_cache=True).logits
     assert torch.equal(a, b) and copy.stored_bytes() == cache.stored_bytes()
+
+
+def test_dither_keys_follow_the_sinks_of_the_same_update():
+    """A prefill that fills the sinks and codes tokens at once keyed the dither of the coded
+    tokens as if there were no sinks (16.1 dB against 20.6 at 4 bits): it now equals the same
+    tokens given in two updates."""
+    torch.manual_seed(3)
+    k, v = torch.randn(1, 2, 64, 64), torch.randn(1, 2, 64, 64)
+    opts = {"key_bits": 4, "value_bits": 4, "window": 8, "block": 4, "sinks": 4, "dither": True, "seed": 7}
+    one, two = HypercodecKVLayer(**opts), HypercodecKVLayer(**opts)
+    ka, va = one.update(k, v)
+    two.update(k[:, :, :4], v[:, :, :4])
+    kb, vb = two.update(k[:, :, 4:], v[:, :, 4:])
+    assert torch.equal(ka, kb) and torch.equal(va, vb)

@@ -583,3 +583,46 @@ def test_an_interrupt_cancels_a_save_and_leaves_no_file(tmp_path):
     t1 = time.monotonic()
     hypercodec.save(sd, out, encoding="lattice", bps=4, verbose=False)
     assert took < (time.monotonic() - t1) / 2, took
+    # Each run has its own flag: an interrupt of this thread's save leaves another thread's.
+    other, errors = tmp_path / "other.hwz", []
+
+    def save_other():
+        try:
+            hypercodec.save(sd, other, encoding="lattice", bps=4, verbose=False)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    worker = threading.Thread(target=save_other)
+    worker.start()
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            hypercodec.save(sd, tmp_path / "main.hwz", encoding="lattice", bps=4, verbose=False)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, handler)
+    worker.join()
+    assert errors == [] and other.exists() and not (tmp_path / "main.hwz").exists()
+
+
+def test_python_m_compress_stops_on_an_interrupt(tmp_path):
+    """``python -m hypercodec compress`` on Ctrl-C: no archive, no temporary file, exit 130."""
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hypercodec", "compress", "gaussian:8192x8192:1", str(tmp_path / "g.hwz"),
+         "--encoding", "lattice", "--bps", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # (Python's SIGINT handler, even under a shell that started this test in the background.)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(2.0)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err)
+    assert time.monotonic() - t0 < 30 and os.listdir(tmp_path) == []

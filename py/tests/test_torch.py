@@ -1279,6 +1279,9 @@ def test_a_checkpoint_is_never_overwritten_and_an_output_never_taken_for_an_inpu
     run = lambda *a: subprocess.run([sys.executable, "-m", "hypercodec", *a], capture_output=True, text=True, cwd=tmp_path)
     r = run("compress", "m.pt", "./m.pt")
     assert r.returncode == 1 and "the output is an input" in r.stderr, r.stderr
+    r = run("--threads", "1", "compress", "--bits", "8", "m.pt", "opt.hwz")  # the input after an option
+    assert r.returncode == 0, r.stderr
+    assert [t["name"] for t in hypercodec.inspect(tmp_path / "opt.hwz")["tensors"]] == ["w"]
     assert (tmp_path / "m.pt").read_bytes() == before
     hypercodec.save({"w": np.ones((8, 64), np.float32)}, tmp_path / "x.hwz")
     hypercodec.decompress_state_dict  # (the safetensors input below)

@@ -218,21 +218,50 @@ fn device_encoder(device: Option<&str>) -> Result<Option<hwz::TrellisRowsEncoder
     Ok(Some(hwz::TrellisRowsEncoder(trellis_rows_on_gpu)))
 }
 
-/// The runs' cancel flag: set by a signal ([`install_signal_handler`]) or an embedding
-/// caller ([`cancel_runs`]).
+/// The process's cancel flag, set by a signal ([`install_signal_handler`]).
 static CANCEL: Cancel = Cancel::new();
 
-/// Cancels the runs in progress ([`run_args`] and the others, on any thread): each stops before
-/// its next tensor with [`PipelineError::Cancelled`] and removes its temporary file. For an
-/// embedding caller's interrupt (Ctrl-C in Python); [`clear_cancel`] before the next run.
-pub fn cancel_runs() {
-    CANCEL.cancel();
+thread_local! {
+    /// The cancel flag of the run on this thread where its caller gave one
+    /// ([`run_args_cancellable`]).
+    static RUN_CANCEL: std::cell::RefCell<Option<std::sync::Arc<Cancel>>> =
+        const { std::cell::RefCell::new(None) };
 }
 
-/// Clears what [`cancel_runs`] set, for the runs that start next (one a run in progress on
-/// another thread has not reached yet goes on).
-pub fn clear_cancel() {
-    CANCEL.reset();
+/// The flag a run stops on: its caller's, else the process's.
+enum Flag {
+    Process,
+    Run(std::sync::Arc<Cancel>),
+}
+
+impl std::ops::Deref for Flag {
+    type Target = Cancel;
+    fn deref(&self) -> &Cancel {
+        match self {
+            Flag::Process => &CANCEL,
+            Flag::Run(c) => c,
+        }
+    }
+}
+
+fn cancel_flag() -> Flag {
+    RUN_CANCEL
+        .with(|c| c.borrow().clone())
+        .map_or(Flag::Process, Flag::Run)
+}
+
+/// Runs `f` (a run of the command line) with `cancel` as its cancel flag on this thread; the
+/// previous one comes back after, a panic included.
+fn with_run_cancel<T>(cancel: std::sync::Arc<Cancel>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<std::sync::Arc<Cancel>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let old = self.0.take();
+            RUN_CANCEL.with(|c| *c.borrow_mut() = old);
+        }
+    }
+    let _restore = Restore(RUN_CANCEL.with(|c| c.borrow_mut().replace(cancel)));
+    f()
 }
 
 /// A progress bar on a terminal that follows the pipeline's progress reports, one bar per phase.
@@ -383,7 +412,7 @@ fn compress(args: &CompressArgs) -> Result<()> {
             !args.no_zstd,
             bytes,
             progress,
-            &CANCEL,
+            &cancel_flag(),
         ),
         None => pipeline::compress_to_file(
             &source,
@@ -391,7 +420,7 @@ fn compress(args: &CompressArgs) -> Result<()> {
             &args.output,
             !args.no_zstd,
             progress,
-            &CANCEL,
+            &cancel_flag(),
         ),
     })?;
     let written = match shard_bytes {
@@ -418,7 +447,7 @@ fn plan(
     let source = TensorSource::open(input)?;
     let started = std::time::Instant::now();
     let plan = with_bar(|progress| {
-        pipeline::plan_source(&source, &chooser, selection, progress, &CANCEL)
+        pipeline::plan_source(&source, &chooser, selection, progress, &cancel_flag())
     })?;
     print::plan(&plan, started.elapsed().as_secs_f64())
 }
@@ -502,7 +531,13 @@ fn run(cli: Cli) -> Result<()> {
             output,
             dtype,
         } => with_bar(|progress| {
-            pipeline::decompress(&input, &output, dtype.map(Into::into), progress, &CANCEL)
+            pipeline::decompress(
+                &input,
+                &output,
+                dtype.map(Into::into),
+                progress,
+                &cancel_flag(),
+            )
         }),
         Command::Inspect { input, json } => print::inspect(&input, json),
         Command::Benchmark(args) => print::benchmark(&args),
@@ -591,17 +626,43 @@ where
     sink::capture(|| run_args(args))
 }
 
-/// The input and output of `args` (the first is the program name) where they parse as a
-/// `compress` command, as its parser reads them (an option's value is never taken for a
-/// path): for a front end that prepares the input first (the Python wheel stages a PyTorch
-/// checkpoint as safetensors). None for any other command or arguments that do not parse.
-pub fn compress_paths<I, T>(args: I) -> Option<(String, PathBuf)>
+/// [`run_args_captured`] that stops, before its next tensor, once `cancel` is set (from another
+/// thread: an embedding caller's interrupt), with [`PipelineError::Cancelled`], its temporary
+/// file removed. Each run has its own flag: cancelling one never touches another.
+pub fn run_args_cancellable<I, T>(args: I, cancel: std::sync::Arc<Cancel>) -> (Result<()>, Captured)
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    match Cli::try_parse_from(args).ok()?.command {
-        Command::Compress(c) => Some((c.input, c.output)),
+    with_run_cancel(cancel, || run_args_captured(args))
+}
+
+/// [`main_with_args`] that stops once `cancel` is set, as [`run_args_cancellable`] does.
+pub fn main_with_args_cancellable<I, T>(args: I, cancel: std::sync::Arc<Cancel>) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    with_run_cancel(cancel, || main_with_args(args))
+}
+
+/// The input, the output and the input's place among the arguments after `compress` (1: the
+/// first after it) where `args` (the first is the program name) parse as a `compress`
+/// command, as its parser reads them (an option's value is never taken for a path): for a
+/// front end that prepares the input first (the Python wheel stages a PyTorch checkpoint as
+/// safetensors and puts its path in the input's place). None for any other command or
+/// arguments that do not parse.
+pub fn compress_paths<I, T>(args: I) -> Option<(String, PathBuf, usize)>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().try_get_matches_from(args).ok()?;
+    let (name, sub) = matches.subcommand()?;
+    let at = sub.index_of("input")?;
+    match Cli::from_arg_matches(&matches).ok()?.command {
+        Command::Compress(c) if name == "compress" => Some((c.input, c.output, at)),
         _ => None,
     }
 }

@@ -1,7 +1,7 @@
 //! What the commands print: compress and plan summaries, the inspect table, the benchmark.
 
 use crate::sink::{errln, out, outln};
-use crate::{with_bar, CANCEL};
+use crate::{cancel_flag, with_bar};
 use clap::Args;
 use hypercodec_pipeline::bench::{self, BenchOptions, PeerOutcome};
 use hypercodec_pipeline::{FileReport, PipelineError, Result, TensorSource};
@@ -302,7 +302,8 @@ pub fn benchmark(args: &BenchArgs) -> Result<()> {
         return budget_table(args, input, &source, &chosen);
     }
     let reps = bench::representations();
-    let mut rows = with_bar(|progress| bench::measure(&source, &chosen, &reps, progress, &CANCEL))?;
+    let mut rows =
+        with_bar(|progress| bench::measure(&source, &chosen, &reps, progress, &cancel_flag()))?;
     if !args.no_peer {
         match bench::hyperglyph_peer(&source, &chosen)? {
             PeerOutcome::NotInstalled { python } => errln!(
@@ -357,7 +358,7 @@ fn budget_table(
     chosen: &[usize],
 ) -> Result<()> {
     let t = with_bar(|progress| {
-        bench::budget_table(source, chosen, &args.budget_at, progress, &CANCEL)
+        bench::budget_table(source, chosen, &args.budget_at, progress, &cancel_flag())
     })?;
     outln!(
         "{} — {} tensors, {} values; {} candidates per tensor measured in {:.1} s; distortion = total SSE",

@@ -62,11 +62,6 @@ impl Cancel {
         self.0.store(true, Ordering::Relaxed);
     }
 
-    /// Clears the flag (for the calls that start next).
-    pub fn reset(&self) {
-        self.0.store(false, Ordering::Relaxed);
-    }
-
     /// Whether the flag is set.
     pub fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::Relaxed)

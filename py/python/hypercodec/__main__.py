@@ -40,6 +40,16 @@ class _ClosedPipeSafe:
         return getattr(self._out, name)
 
 
+def _cli(args: list[str]) -> int:
+    """The command line's exit code; Ctrl-C cancels the run (its temporary file removed) and
+    exits 130, as the command line itself does."""
+    try:
+        return cli(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line on ``argv`` (default: ``sys.argv[1:]``) and returns its exit code.
     ``eval`` runs the evaluation suite (:mod:`hypercodec.eval`; needs torch and transformers),
@@ -73,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         if paths is not None and paths[0].endswith(PT_SUFFIXES) and is_torch_file(paths[0]):
             from .api import read_pt, staged_safetensors
 
-            inp, out = paths
+            inp, out, after = paths
+            # (Only global options, whose values are never `compress`, come before it.)
+            at = args.index("compress") + after
             try:
                 check_output_is_not(inp, out)
             except _native.HypercodecError as e:
@@ -86,10 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {inp}: not read as a state dict by torch.load(weights_only=True): {first}", file=sys.stderr)
                 return 1
             # Staged beside the output (the same file system), in the input's place.
-            at = args.index(inp, args.index("compress") + 1)
             with staged_safetensors(state, os.path.dirname(os.path.abspath(out))) as tmp:
-                return cli([*args[:at], tmp, *args[at + 1 :]])
-    return cli(args)
+                return _cli([*args[:at], tmp, *args[at + 1 :]])
+    return _cli(args)
 
 
 if __name__ == "__main__":

@@ -451,12 +451,13 @@ class HypercodecKVLayer(DynamicLayer):
         kernels.kv_e8_decode(args, torch.cuda.current_stream(self.device).cuda_stream)
         return out
 
-    def _compress(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Appends ``[B, H, m, d]`` tokens to the compressed history."""
+    def _compress(self, k: torch.Tensor, v: torch.Tensor, sinks: int) -> None:
+        """Appends ``[B, H, m, d]`` tokens to the compressed history, which follows ``sinks``
+        exact tokens (the count after this update: the dither keys are cache indices)."""
         if self._gpu is not None:
             return self._compress_gpu(k, v)
         b, h, m, _ = k.shape
-        keys = self._keys(self.sink_keys.shape[2] + self._k.n, m, b)
+        keys = self._keys(sinks + self._k.n, m, b)
         means = self.mean if self.mean is not None else (None, None)
         mixes = self.mix if self.mix is not None else (None, None)
         coded = []
@@ -518,7 +519,7 @@ class HypercodecKVLayer(DynamicLayer):
         values = torch.cat([self.values, value_states], dim=2)
         over = keys.shape[2] - self.window
         if over >= self.block and keys.shape[0] * keys.shape[1] > 0:  # (no rows: nothing to code)
-            self._compress(keys[:, :, :over], values[:, :, :over])
+            self._compress(keys[:, :, :over], values[:, :, :over], sink_keys.shape[2])
             # Copies: views would hold the coded tokens too.
             keys, values = keys[:, :, over:].clone(), values[:, :, over:].clone()
         self.sink_keys, self.sink_values, self.keys, self.values = sink_keys, sink_values, keys, values
