@@ -1924,10 +1924,13 @@ fn rht_signs<'py>(py: Python<'py>, seed: u64, n: usize) -> Bound<'py, PyArray1<f
 #[pyo3(signature = (bps, lattice="e8"))]
 fn lattice_alpha(bps: f32, lattice: &str) -> PyResult<f32> {
     let lat = lattice_named(lattice)?;
-    let max = hypercodec_lattice::calibration::max_bps(lat) as f32;
-    if !(bps > 0.0 && bps <= max) {
+    let table = hypercodec_lattice::calibration::table(lat);
+    let (min, max) = table.iter().fold((f32::MAX, 0f32), |(lo, hi), row| {
+        (lo.min(row[2]), hi.max(row[2]))
+    });
+    if !(bps >= min && bps <= max) {
         return Err(InvalidInputError::new_err(format!(
-            "bps {bps}: the {lattice} calibration covers rates in (0, {max:.2}]"
+            "bps {bps}: the {lattice} calibration covers rates in [{min:.2}, {max:.2}]"
         )));
     }
     Ok(hypercodec_lattice::calibration::alpha_for_bps(lat, bps))

@@ -1334,7 +1334,7 @@ def test_outputs_too_large_for_memory_are_a_memory_error_and_compat_checks_its_a
     x = np.broadcast_to(np.ones((1, 64), np.float32), (1 << 50, 64))
     with pytest.raises(MemoryError):
         lin.forward(x)
-    for bps in (float("nan"), -1.0, 0.0, 40.0):
+    for bps in (float("nan"), -1.0, 0.0, 0.5, 40.0):
         with pytest.raises(hypercodec.InvalidInputError, match="calibration covers"):
             compat.lattice_alpha(bps)
     with pytest.raises(hypercodec.InvalidInputError, match="mode"):
