@@ -1224,15 +1224,8 @@ fn prefix_rate_control_meets_what_the_tables_hold_and_refuses_the_rest() {
     let (rows, cols) = (64usize, 1024usize);
     let x = gaussian(rows * cols, 9);
     let shape = [rows as u64, cols as u64];
-    let template = Encoding::Lattice {
-        lattice: Lattice::E8,
-        alpha: 1.0,
-        tile: 1024,
-        seed: 3,
-        scale_dtype: FloatDtype::F16,
-        coding: Coding::PREFIX_GPU.with_chunk(1 << 14),
-    }
-    .for_matrix(cols as u64, 1024);
+    let template =
+        e8_template(1024, 3, Coding::PREFIX_GPU.with_chunk(1 << 14)).for_matrix(cols as u64, 1024);
     // 1024 columns are 32 blocks: one segment of 64, and chunks spanning 2 groups of 8 rows.
     assert!(matches!(
         template,
@@ -1277,14 +1270,7 @@ fn prefix_rate_control_meets_what_the_tables_hold_and_refuses_the_rest() {
 fn rates_above_the_calibration_are_refused_not_missed() {
     let x = gaussian(64 * 256, 3);
     let shape = [64u64, 256];
-    let template = Encoding::Lattice {
-        lattice: Lattice::E8,
-        alpha: 1.0,
-        tile: 256,
-        seed: 1,
-        scale_dtype: FloatDtype::F16,
-        coding: Coding::RANS_DEFAULT,
-    };
+    let template = e8_template(256, 1, Coding::RANS_DEFAULT);
     let opts = EncodeOptions::default();
     let t = encode_to_rate("w", &x, &shape, &template, 7.5, opts).unwrap();
     assert!(t.payload_bytes() as f64 * 8.0 / x.len() as f64 > 7.0);
@@ -1307,14 +1293,7 @@ fn rates_above_the_calibration_are_refused_not_missed() {
 fn rate_control_lands_under_high_rans_targets_where_the_rate_steepens() {
     let x = gaussian(512 * 1024, 1);
     let shape = [512u64, 1024];
-    let template = Encoding::Lattice {
-        lattice: Lattice::E8,
-        alpha: 1.0,
-        tile: 1024,
-        seed: 1,
-        scale_dtype: FloatDtype::F16,
-        coding: Coding::RANS_DEFAULT,
-    };
+    let template = e8_template(1024, 1, Coding::RANS_DEFAULT);
     for target in [7.8, 7.9, 8.0] {
         let t =
             encode_to_rate("w", &x, &shape, &template, target, EncodeOptions::default()).unwrap();
@@ -1394,14 +1373,7 @@ fn rate_control_stops_at_the_largest_alpha_where_the_target_is_out_of_reach() {
             .map(|(i, &v)| if i / cols < nonzero { 50.0 * v } else { 0.0 })
             .collect();
         for coding in [Coding::RANS_DEFAULT, Coding::RICE_DEFAULT] {
-            let template = Encoding::Lattice {
-                lattice: Lattice::E8,
-                alpha: 1.0,
-                tile: 1024,
-                seed: 1,
-                scale_dtype: FloatDtype::F16,
-                coding,
-            };
+            let template = e8_template(1024, 1, coding);
             let t = encode_to_rate("w", &x, &shape, &template, 4.0, opts).unwrap();
             let bps = t.payload_bytes() as f64 * 8.0 / x.len() as f64;
             let y = through_archive("w", &shape, &t);
@@ -1417,14 +1389,7 @@ fn rate_control_stops_at_the_largest_alpha_where_the_target_is_out_of_reach() {
         .enumerate()
         .map(|(i, &v)| if i / cols % 4 == 0 { 0.0 } else { v })
         .collect();
-    let template = Encoding::Lattice {
-        lattice: Lattice::E8,
-        alpha: 1.0,
-        tile: 1024,
-        seed: 1,
-        scale_dtype: FloatDtype::F16,
-        coding: Coding::RANS_DEFAULT,
-    };
+    let template = e8_template(1024, 1, Coding::RANS_DEFAULT);
     let t = encode_to_rate("w", &x, &shape, &template, 7.9, opts).unwrap();
     let bps = t.payload_bytes() as f64 * 8.0 / x.len() as f64;
     assert!(
@@ -1446,19 +1411,24 @@ fn rate_control_follows_a_shallow_rate_curve_to_its_target() {
         .map(|(i, &v)| if i % cols < 3 { v } else { 0.0 })
         .collect();
     let shape = [rows as u64, cols as u64];
-    let template = Encoding::Lattice {
-        lattice: Lattice::E8,
-        alpha: 1.0,
-        tile: 1024,
-        seed: 3,
-        scale_dtype: FloatDtype::F16,
-        coding: Coding::PREFIX_GPU.with_chunk(1 << 14),
-    }
-    .for_matrix(cols as u64, 1024);
+    let template =
+        e8_template(1024, 3, Coding::PREFIX_GPU.with_chunk(1 << 14)).for_matrix(cols as u64, 1024);
     for target in [3.9, 4.0, 4.1, 4.3] {
         let t = encode_to_rate("w", &x, &shape, &template, target, EncodeOptions::default())
             .unwrap_or_else(|e| panic!("{target}: {e}"));
         let bps = t.payload_bytes() as f64 * 8.0 / x.len() as f64;
         assert!(bps <= target && bps > target - 0.05, "{target}: {bps}");
+    }
+}
+
+/// An E8 encoding of `coding` with f16 row scales (α: rate control's to choose).
+fn e8_template(tile: u32, seed: u64, coding: Coding) -> Encoding {
+    Encoding::Lattice {
+        lattice: Lattice::E8,
+        alpha: 1.0,
+        tile,
+        seed,
+        scale_dtype: FloatDtype::F16,
+        coding,
     }
 }
