@@ -338,3 +338,35 @@ def test_a_tokenizer_file_that_is_not_text_travels_as_bytes(tmp_path):
     import base64
 
     assert base64.b64decode(meta[hhf.TOKENIZER_B64_PREFIX + "tokenizer.model"]) == blob
+
+
+def test_bert_reloads_with_its_embeddings_and_its_tied_head_bias(tmp_path):
+    """``from_hwz`` of a BERT decoder rebuilt its embeddings module whole (for the meta
+    position ids) and put random tables in place of the loaded ones (logits 1.36 away at 8
+    bits), and its head lost the bias it shares with the prediction layer; ``save_hwz`` of a
+    quantized model wrote an archive without its stored layers, and of a plain module raised
+    AttributeError."""
+    import transformers
+
+    torch.manual_seed(0)
+    for tied in (False, True):
+        cfg = transformers.BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                      num_hidden_layers=2, vocab_size=100, is_decoder=True, tie_word_embeddings=tied)
+        m = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        with torch.no_grad():
+            m.cls.predictions.bias.fill_(1.0)
+        ids = torch.tensor([[1, 5, 7, 9, 11, 3, 2, 4]])
+        with torch.no_grad():
+            ref = m(input_ids=ids).logits
+        hhf.save_hwz(m, tmp_path / f"b{tied}.hwz", encoding="lattice", bps=8, verbose=False)
+        r, _ = hhf.from_hwz(tmp_path / f"b{tied}.hwz")
+        with torch.no_grad():
+            got = r(input_ids=ids).logits
+        err = float((got - ref).norm() / ref.norm())
+        assert err < 0.05, (tied, err)
+        assert abs(float((got - ref).mean())) < 0.05, tied  # the head's bias is there
+    hnn.quantize(m, bps=4, method="int4")
+    with pytest.raises(hypercodec.InvalidInputError, match="already quantized"):
+        hhf.save_hwz(m, tmp_path / "q.hwz")
+    with pytest.raises(hypercodec.InvalidInputError, match="Hugging Face model"):
+        hhf.save_hwz(torch.nn.Linear(4, 4), tmp_path / "l.hwz")

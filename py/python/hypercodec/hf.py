@@ -26,6 +26,7 @@ from . import _native
 from .api import compress_state_dict
 from .nn import (
     HWZ_KEY,
+    HyperConv2d,
     HyperEmbedding,
     HyperLinear,
     _archive_source,
@@ -65,8 +66,23 @@ def save_hwz(model: nn.Module, path: str, tokenizer: Any = None, **options: Any)
     """Compresses the dense ``model`` into the archive ``path`` with the ``compress`` options
     (``encoding="lattice", bps=4``, ``mode="budget", target_bps=3``, ...), its config and
     (when given) its tokenizer's files in the archive's metadata. Returns the summary."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_json_string"):
+        raise _native.InvalidInputError(
+            f"save_hwz takes a Hugging Face model (with a config), not a {type(model).__name__}: "
+            "hypercodec.save(model.state_dict(), path) stores any module's tensors"
+        )
+    stored = [n for n, m in model.named_modules() if isinstance(m, (HyperLinear, HyperEmbedding, HyperConv2d))]
+    if stored:
+        # Its state dict holds those layers as uint8 stored forms, which an archive of float
+        # tensors would leave out (the reload then found them missing).
+        raise _native.InvalidInputError(
+            f"the model is already quantized by hypercodec ({len(stored)} stored layers, e.g. `{stored[0]}`): "
+            "save it with model.save_pretrained(folder) (or torch.save of its state dict), or call "
+            "save_hwz on the float model"
+        )
     sd, tied = _unique_state_dict(model)
-    meta = {"hf_config": model.config.to_json_string(), "hf_tied": json.dumps(tied)}
+    meta = {"hf_config": config.to_json_string(), "hf_tied": json.dumps(tied)}
     if tokenizer is not None:
         with tempfile.TemporaryDirectory() as d:
             tokenizer.save_pretrained(d)
@@ -108,6 +124,12 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     names = set(archive.names())
     tied = json.loads(meta.get("hf_tied", "{}"))
+
+    def stored(name: str) -> str | None:
+        """Where the archive holds ``name``: itself, or the tensor it is tied to (BERT's head
+        bias is its prediction layer's)."""
+        return name if name in names else tied.get(name) if tied.get(name) in names else None
+
     # The input embedding on the stored form when it is compressed (a plain lookup: a scaled
     # subclass, as Gemma's, is decoded instead); a tied output head then runs on the same
     # operator (one compressed copy serves both).
@@ -129,14 +151,19 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
                 _set(model, head, HyperLinear(shared[source], tied=emb_name, source=_archive_source(archive, emb_name, False)))
             elif isinstance(layer, nn.Linear):
                 # A head with a bias of its own: its operator holds the bias (the codes twice).
-                b = f"{head}.bias" if f"{head}.bias" in names else None
+                b = stored(f"{head}.bias")
                 op = archive.linear(source, None if b is None else archive.read(b), fixed_bits)
                 _set(model, head, HyperLinear(op, source=lambda s=source, b=b: archive.tensor_hwz(s, b)))
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and f"{name}.weight" in names:
-            bias = archive.read(f"{name}.bias") if f"{name}.bias" in names else None
+            b = stored(f"{name}.bias")
+            bias = archive.read(b) if b is not None else None
             op = archive.linear(f"{name}.weight", bias, fixed_bits)
-            _set(model, name, HyperLinear(op, source=_archive_source(archive, name, bias is not None)))
+            if b in (None, f"{name}.bias"):
+                source = _archive_source(archive, name, bias is not None)
+            else:  # a bias tied to another tensor
+                source = lambda w=f"{name}.weight", b=b: archive.tensor_hwz(w, b)  # noqa: E731
+            _set(model, name, HyperLinear(op, source=source))
     if fixed_bits is not None:  # what a pickle of the model rebuilds its operators with
         for m in model.modules():
             if isinstance(m, (HyperLinear, HyperEmbedding)):

@@ -2588,15 +2588,25 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
 
 
 def rebuild_meta_buffers(model: nn.Module, config: Any) -> None:
-    """Modules whose buffers are computed at construction (rotary embeddings) are built again
-    on the CPU from ``config``: a model made on the meta device has none of their values."""
+    """Buffers computed at construction (rotary frequencies, BERT's position ids) are built
+    again on the CPU from ``config``: a model made on the meta device has none of their values.
+    A module that holds nothing loaded (no parameters, no children: a rotary embedding) is
+    replaced by a fresh one; any other keeps what was loaded into it and takes only its meta
+    buffers from a fresh one (replacing BERT's embeddings whole put random tables in place of
+    the loaded ones)."""
     for name, module in list(model.named_modules()):
-        if any(b.is_meta for b in module.buffers(recurse=False)):
-            try:
-                fresh = type(module)(config=config)
-            except TypeError as e:
-                raise _native.InvalidInputError(f"cannot rebuild module `{name}` ({type(module).__name__}): {e}")
+        if not any(b.is_meta for b in module.buffers(recurse=False)):
+            continue
+        try:
+            fresh = type(module)(config=config)
+        except TypeError as e:
+            raise _native.InvalidInputError(f"cannot rebuild module `{name}` ({type(module).__name__}): {e}")
+        if next(module.parameters(), None) is None and next(module.children(), None) is None:
             _replace(model, name, fresh)
+            continue
+        for key, b in list(module.named_buffers(recurse=False)):
+            if b.is_meta:
+                module._buffers[key] = fresh._buffers[key]
 
 
 def _restore_meta_buffers(model: nn.Module) -> None:
