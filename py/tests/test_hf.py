@@ -370,3 +370,13 @@ def test_bert_reloads_with_its_embeddings_and_its_tied_head_bias(tmp_path):
         hhf.save_hwz(m, tmp_path / "q.hwz")
     with pytest.raises(hypercodec.InvalidInputError, match="Hugging Face model"):
         hhf.save_hwz(torch.nn.Linear(4, 4), tmp_path / "l.hwz")
+
+
+def test_hf_arguments_are_checked_with_typed_errors():
+    for kw in ({"method": None}, {"bps": None}, {"bps": "4"}):
+        with pytest.raises(hypercodec.InvalidInputError):
+            hhf.HypercodecConfig(**kw)
+    assert hhf.HypercodecConfig(skip=None).skip == [] and hhf.HypercodecConfig(modules="abc").modules == ["abc"]
+    for fixed_bits in (-1, 2.5, True):
+        with pytest.raises(hypercodec.InvalidInputError, match="fixed_bits"):
+            hhf.from_hwz("no.hwz", fixed_bits=fixed_bits)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import numbers
 import os
 import tempfile
 from collections import Counter
@@ -114,6 +115,8 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
     layer ever exists."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    if fixed_bits is not None and (isinstance(fixed_bits, bool) or not isinstance(fixed_bits, int) or fixed_bits < 1):
+        raise _native.InvalidInputError(f"fixed_bits: a whole number of bits per value, not {fixed_bits!r}")
     archive = _native.Archive(os.fspath(path))
     meta = json.loads(archive.metadata_json()).get("safetensors") or {}
     if "hf_config" not in meta:
@@ -230,11 +233,16 @@ def _register() -> type | None:
             **kwargs: Any,
         ) -> None:
             self.quant_method = "hypercodec"
+            if not isinstance(method, str):
+                raise _native.InvalidInputError(f"method: a method name such as 'lattice' or 'int4', not {method!r}")
+            if isinstance(bps, bool) or not isinstance(bps, numbers.Real):
+                raise _native.InvalidInputError(f"bps: a number of bits per value, not {bps!r}")
             self.bps = float(bps)
             self.method = method
             method_spec(method, self.bps)  # a bad rate fails here, before any weight loads
-            self.skip = [skip] if isinstance(skip, str) else list(skip)
-            self.modules = None if modules is None else list(modules)
+            # One name is one name (not its letters); None skips nothing.
+            self.skip = [] if skip is None else [skip] if isinstance(skip, str) else list(skip)
+            self.modules = None if modules is None else [modules] if isinstance(modules, str) else list(modules)
 
     def _init_around_placeholders(model: nn.Module) -> None:
         """Some models' weight init writes a child's weight from its parent (GPT-2 scales its
