@@ -386,7 +386,8 @@ fn encode_nested(
 /// the committed calibration and is corrected by the measured rate (rate is close to linear in
 /// log₂ α), keeping the largest α that fits. α stays below 16 times the calibration's largest:
 /// a tensor whose values sit in a few rows (the rest zero) cannot spend the target on them,
-/// and is coded at that α (about 72 dB on its rows), below the target. For fixed-rate coding the rate is set by `bits`,
+/// and is coded at that α (about 72 dB on its rows), below the target. For fixed-rate coding
+/// the rate is set by `bits`,
 /// so α is the calibrated best-SNR value and `target_bps` is not used.
 pub fn encode_to_rate(
     tensor: &str,
@@ -435,11 +436,8 @@ pub fn encode_to_rate(
     // cannot spend the target on them, and its rate control went on doubling α (to 4e15 for 4
     // non-zero rows of 256 asked for 4 bits) until the coordinates outgrew the coders and the
     // tensor decoded to zeros.
-    let max_alpha = MAX_ALPHA_FACTOR
-        * lat::calibration::table(lattice)
-            .iter()
-            .map(|row| row[0])
-            .fold(0.0, f32::max);
+    let table = lat::calibration::table(lattice);
+    let max_alpha = MAX_ALPHA_FACTOR * table[table.len() - 1][0];
     // Fit α on a sample of whole rows first (a sixteenth, at least 64 rows): the rate of a
     // row sample tracks the tensor's closely, so the full tensor is then encoded once or twice.
     let (rows, cols) = matrix_view(shape, values.len() as u64);
@@ -454,7 +452,7 @@ pub fn encode_to_rate(
             .collect();
         let sample_shape = [(sample.len() / cols) as u64, cols as u64];
         let sn = sample.len().max(1) as f64;
-        let mut bracket = Bracket::default();
+        let mut bracket = Bracket::up_to(max_alpha);
         for _ in 0..8 {
             let enc = match encode(tensor, &sample, &sample_shape, &with_alpha(alpha), options) {
                 // Symbols a coder without escapes cannot hold (prefix codes): too many bits.
@@ -469,21 +467,21 @@ pub fn encode_to_rate(
             if (0.0..0.002).contains(&gap) {
                 break;
             }
-            if alpha >= max_alpha && bps < target_bps {
+            let Some(next) = bracket.next(alpha, bps, target_bps) else {
                 break; // the target is out of reach: the largest α it is
-            }
-            alpha = bracket.next(alpha, bps, target_bps).min(max_alpha);
+            };
+            alpha = next;
             if !(alpha.is_finite() && alpha > 1e-6) {
                 alpha = lat::calibration::alpha_for_bps(lattice, target_bps as f32);
                 break;
             }
         }
     }
-    let min_alpha = lat::calibration::table(lattice)[0][0];
+    let min_alpha = table[0][0];
     let mut floor_tried = false;
     let mut best: Option<(f32, EncodedTensor)> = None;
     let mut unfit_error = None;
-    let mut bracket = Bracket::default();
+    let mut bracket = Bracket::up_to(max_alpha);
     for _ in 0..8 {
         let enc = match encode(tensor, values, shape, &with_alpha(alpha), options) {
             Err(e) if unfit(&e) => {
@@ -506,10 +504,10 @@ pub fn encode_to_rate(
         if (0.0..tolerance).contains(&gap) {
             break;
         }
-        if alpha >= max_alpha && bps < target_bps {
+        let Some(next) = bracket.next(alpha, bps, target_bps) else {
             break; // the largest α is under the target: kept above
-        }
-        alpha = bracket.next(alpha, bps, target_bps).min(max_alpha);
+        };
+        alpha = next;
         if !alpha.is_finite() {
             break;
         }
@@ -548,8 +546,9 @@ pub fn encode_to_rate(
 /// bits per doubling): where the rate rises half a bit per doubling (prefix codes of a weight
 /// with three non-zero columns) steps of one bit halved the gap each try and never crossed it,
 /// and 4 bits was "unreachable" between 3.9 and 4.3 that were met.
-#[derive(Default)]
 struct Bracket {
+    /// The largest α to try.
+    max: f32,
     /// The last α tried and its rate.
     last: Option<(f32, f64)>,
     /// The largest α tried that landed under the target, and its rate.
@@ -559,7 +558,25 @@ struct Bracket {
 }
 
 impl Bracket {
-    fn next(&mut self, alpha: f32, bps: f64, target_bps: f64) -> f32 {
+    fn up_to(max: f32) -> Self {
+        Bracket {
+            max,
+            last: None,
+            under: None,
+            over: None,
+        }
+    }
+
+    /// The next α to try (at most `max`), or None where `max` was tried and landed under the
+    /// target: nothing larger is tried, so nothing comes closer.
+    fn next(&mut self, alpha: f32, bps: f64, target_bps: f64) -> Option<f32> {
+        if alpha >= self.max && bps < target_bps {
+            return None;
+        }
+        Some(self.step(alpha, bps, target_bps).min(self.max))
+    }
+
+    fn step(&mut self, alpha: f32, bps: f64, target_bps: f64) -> f32 {
         let aim = target_bps - 0.0005;
         if bps <= target_bps {
             if self.under.is_none_or(|(a, _)| alpha > a) {
