@@ -376,25 +376,16 @@ where
 {
     let cancel = std::sync::Arc::new(hypercodec_pipeline::Cancel::new());
     let flag = cancel.clone();
+    let waiting = std::thread::current();
     std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::channel();
         let worker = s.spawn(move || {
             let out = on_pool(move || f(flag));
-            let _ = tx.send(());
+            waiting.unpark();
             out
         });
         let mut interrupt = None;
-        let mut rx = Some(rx);
-        loop {
-            // (The receiver goes into the closure and back: it is not Sync.)
-            let (done, back) = py.detach(move || {
-                let rx = rx.take().expect("the receiver is back after each wait");
-                (rx.recv_timeout(std::time::Duration::from_millis(50)), rx)
-            });
-            rx = Some(back);
-            if !matches!(done, Err(std::sync::mpsc::RecvTimeoutError::Timeout)) {
-                break;
-            }
+        while !worker.is_finished() {
+            py.detach(|| std::thread::park_timeout(std::time::Duration::from_millis(50)));
             if let Err(e) = py.check_signals() {
                 cancel.cancel();
                 interrupt.get_or_insert(e);

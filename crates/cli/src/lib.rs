@@ -219,7 +219,8 @@ fn device_encoder(device: Option<&str>) -> Result<Option<hwz::TrellisRowsEncoder
 }
 
 /// The process's cancel flag, set by a signal ([`install_signal_handler`]).
-static CANCEL: Cancel = Cancel::new();
+static CANCEL: std::sync::LazyLock<std::sync::Arc<Cancel>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(Cancel::new()));
 
 thread_local! {
     /// The cancel flag of the run on this thread where its caller gave one
@@ -229,25 +230,10 @@ thread_local! {
 }
 
 /// The flag a run stops on: its caller's, else the process's.
-enum Flag {
-    Process,
-    Run(std::sync::Arc<Cancel>),
-}
-
-impl std::ops::Deref for Flag {
-    type Target = Cancel;
-    fn deref(&self) -> &Cancel {
-        match self {
-            Flag::Process => &CANCEL,
-            Flag::Run(c) => c,
-        }
-    }
-}
-
-fn cancel_flag() -> Flag {
+fn cancel_flag() -> std::sync::Arc<Cancel> {
     RUN_CANCEL
         .with(|c| c.borrow().clone())
-        .map_or(Flag::Process, Flag::Run)
+        .unwrap_or_else(|| CANCEL.clone())
 }
 
 /// Runs `f` (a run of the command line) with `cancel` as its cancel flag on this thread; the
