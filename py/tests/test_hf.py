@@ -380,3 +380,37 @@ def test_hf_arguments_are_checked_with_typed_errors():
     for fixed_bits in (-1, 2.5, True):
         with pytest.raises(hypercodec.InvalidInputError, match="fixed_bits"):
             hhf.from_hwz("no.hwz", fixed_bits=fixed_bits)
+
+
+def test_a_model_read_from_hwz_round_trips_through_save_pretrained(tmp_path):
+    """A model from ``from_hwz`` carried no quantization config: ``save_pretrained`` wrote its
+    stored forms as unknown tensors and ``from_pretrained`` made random dense layers in their
+    place (logits 0.46 away, behind transformers' missing-keys report). It now carries the
+    config of its stored layers, embeddings, tied head and ``fixed_bits``; the reloaded model
+    computes exactly what the archive's did, saved and reloaded twice."""
+    import pickle
+
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 5, 7, 9]])
+    for tied, fixed_bits in ((False, None), (True, 4)):
+        cfg = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                          num_attention_heads=2, tie_word_embeddings=tied)
+        hhf.save_hwz(LlamaForCausalLM(cfg), tmp_path / "m.hwz", encoding="lattice", bps=6, verbose=False)
+        r, _ = hhf.from_hwz(tmp_path / "m.hwz", fixed_bits=fixed_bits)
+        with torch.no_grad():
+            want = r(input_ids=ids).logits
+        r.save_pretrained(tmp_path / f"a{tied}")
+        again = AutoModelForCausalLM.from_pretrained(tmp_path / f"a{tied}")
+        again.save_pretrained(tmp_path / f"b{tied}")
+        again = AutoModelForCausalLM.from_pretrained(tmp_path / f"b{tied}")
+        with torch.no_grad():
+            assert torch.equal(again(input_ids=ids).logits, want), tied
+        assert isinstance(again.model.embed_tokens, hnn.HyperEmbedding)
+        head = again.lm_head
+        assert isinstance(head, hnn.HyperLinear) and (head.op is again.model.embed_tokens.op) == tied
+        want_path = "e8-fixed4" if fixed_bits else "lattice-resident-rans"
+        assert again.model.layers[0].mlp.up_proj.op.path == want_path
+        c = pickle.loads(pickle.dumps(again.config.quantization_config))
+        assert (c.tied, c.fixed_bits) == ({"lm_head": "model.embed_tokens"} if tied else {}, fixed_bits)

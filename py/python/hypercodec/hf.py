@@ -111,8 +111,10 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
     """The causal LM and tokenizer saved by :func:`save_hwz`: every stored linear weight becomes
     a :class:`hypercodec.nn.HyperLinear` on the stored form (``fixed_bits`` converts
     entropy-coded lattice weights to fixed-rate symbols at load, for speed); the other tensors
-    are decoded. The model is built on the meta device first, so no dense copy of a quantized
-    layer ever exists."""
+    are decoded (GPT-2's ``Conv1D`` weights among them: they are stored transposed). The model is
+    built on the meta device first, so no dense copy of a quantized layer ever exists. It carries
+    a :class:`HypercodecConfig` naming its stored layers, so ``save_pretrained`` /
+    ``from_pretrained`` round-trip it as they do a model quantized on load."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if fixed_bits is not None and (isinstance(fixed_bits, bool) or not isinstance(fixed_bits, int) or fixed_bits < 1):
@@ -167,6 +169,7 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
             else:  # a bias tied to another tensor
                 source = lambda w=f"{name}.weight", b=b: archive.tensor_hwz(w, b)  # noqa: E731
             _set(model, name, HyperLinear(op, source=source))
+    _mark_quantized(model, fixed_bits)
     if fixed_bits is not None:  # what a pickle of the model rebuilds its operators with
         for m in model.modules():
             if isinstance(m, (HyperLinear, HyperEmbedding)):
@@ -201,7 +204,27 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
     return model, tokenizer
 
 
-def _register() -> type | None:
+def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
+    """Gives a model read by :func:`from_hwz` the quantization config (and quantizer) a model
+    quantized on load has, naming its stored layers, so that ``save_pretrained`` writes a
+    checkpoint ``from_pretrained`` rebuilds on the stored forms (without it the reload made
+    random dense layers where the stored ones were)."""
+    if HypercodecConfig is None:
+        return
+    stored = {
+        n: m for n, m in model.named_modules(remove_duplicate=False) if isinstance(m, (HyperLinear, HyperEmbedding))
+    }
+    config = HypercodecConfig(
+        modules=[n for n, m in stored.items() if isinstance(m, HyperLinear) and m.tied is None],
+        embeddings=[n for n, m in stored.items() if isinstance(m, HyperEmbedding)],
+        tied={n: m.tied for n, m in stored.items() if m.tied is not None},
+        fixed_bits=fixed_bits,
+    )
+    model.config.quantization_config = config
+    model.hf_quantizer = HypercodecQuantizer(config, pre_quantized=True)
+
+
+def _register() -> tuple[type, type] | tuple[None, None]:
     """Registers hypercodec with transformers' quantizer registry (``quant_method="hypercodec"``)
     so ``from_pretrained(..., quantization_config=HypercodecConfig(...))`` quantizes on load;
     returns the config class (None when this transformers has no third-party registry)."""
@@ -211,9 +234,11 @@ def _register() -> type | None:
         from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
         from transformers.utils.quantization_config import QuantizationConfigMixin
     except ImportError:
-        return None
+        return None, None
     if "hypercodec" in AUTO_QUANTIZATION_CONFIG_MAPPING:
-        return AUTO_QUANTIZATION_CONFIG_MAPPING["hypercodec"]
+        from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING
+
+        return AUTO_QUANTIZATION_CONFIG_MAPPING["hypercodec"], AUTO_QUANTIZER_MAPPING["hypercodec"]
 
     @register_quantization_config("hypercodec")
     class HypercodecConfig(QuantizationConfigMixin):
@@ -222,7 +247,10 @@ def _register() -> type | None:
         with ``method`` at ``bps`` (see :func:`hypercodec.nn.method_spec`). The quantized model
         round-trips through ``save_pretrained`` / ``from_pretrained`` (each layer's stored form is
         its ``weight_hwz`` tensor; ``import hypercodec.hf`` first so transformers knows the
-        method); ``modules`` lists the quantized layers once that is known."""
+        method); ``modules`` lists the quantized layers once that is known. A model read by
+        :func:`from_hwz` carries one too, which also names its stored ``embeddings``, the heads
+        ``tied`` to them (``{head: embedding}``: the codes are saved once) and the
+        ``fixed_bits`` its lattice layers were converted to at load (done again at reload)."""
 
         def __init__(
             self,
@@ -230,6 +258,9 @@ def _register() -> type | None:
             method: str = "lattice",
             skip=("lm_head",),
             modules: list[str] | None = None,
+            embeddings: list[str] | None = None,
+            tied: dict[str, str] | None = None,
+            fixed_bits: int | None = None,
             **kwargs: Any,
         ) -> None:
             self.quant_method = "hypercodec"
@@ -243,6 +274,11 @@ def _register() -> type | None:
             # One name is one name (not its letters); None skips nothing.
             self.skip = [] if skip is None else [skip] if isinstance(skip, str) else list(skip)
             self.modules = None if modules is None else [modules] if isinstance(modules, str) else list(modules)
+            self.embeddings = [] if embeddings is None else [embeddings] if isinstance(embeddings, str) else list(embeddings)
+            self.tied = dict(tied or {})
+            if fixed_bits is not None and (isinstance(fixed_bits, bool) or not isinstance(fixed_bits, int) or fixed_bits < 1):
+                raise _native.InvalidInputError(f"fixed_bits: a whole number of bits per value, not {fixed_bits!r}")
+            self.fixed_bits = fixed_bits
 
     def _init_around_placeholders(model: nn.Module) -> None:
         """Some models' weight init writes a child's weight from its parent (GPT-2 scales its
@@ -286,17 +322,27 @@ def _register() -> type | None:
             if c.modules is None:
                 raise _native.FormatError("the checkpoint's hypercodec config lists no quantized modules")
             placed: dict[int, nn.Module] = {}  # a layer at two names: one placeholder at both
-            for name in c.modules:
+            wanted = [(n, None) for n in c.modules] + [(n, None) for n in c.embeddings] + list(c.tied.items())
+            for name, tie in wanted:
                 layer = model.get_submodule(name)
-                if isinstance(layer, HyperLinear):
+                if isinstance(layer, (HyperLinear, HyperEmbedding)):
                     continue  # a fresh model holds none: a name whose parent was placed already
-                if not isinstance(layer, nn.Linear) and not _is_conv1d(layer):
+                embedding = name in c.embeddings
+                if not (isinstance(layer, nn.Embedding) if embedding else isinstance(layer, nn.Linear) or _is_conv1d(layer)):
                     raise _native.FormatError(f"`{name}` is quantized in the checkpoint but is {type(layer).__name__} here")
                 if id(layer) not in placed:
-                    placeholder = HyperLinear.placeholder(_as_linear(layer))
-                    placeholder.__dict__["_init_bias"] = getattr(layer, "bias", None) is not None
+                    if embedding:
+                        placeholder = HyperEmbedding.placeholder(layer)
+                    else:
+                        placeholder = HyperLinear.placeholder(_as_linear(layer), tied=tie)
+                        placeholder.__dict__["_init_bias"] = getattr(layer, "bias", None) is not None
+                    if c.fixed_bits is not None:
+                        placeholder._fixed_bits = c.fixed_bits
                     placed[id(layer)] = placeholder
                 _set(model, name, placed[id(layer)])
+                # A head that shares a stored table's codes is tied here (after loading), not
+                # by transformers' tie of their dense weights (neither has one).
+                getattr(model, "all_tied_weights_keys", {}).pop(f"{name}.weight", None)
             _init_around_placeholders(model)
             return model
 
@@ -311,7 +357,13 @@ def _register() -> type | None:
                 for m in model.modules():
                     m.__dict__.pop("_init_weights", None)  # (_init_around_placeholders' wrappers)
                     m.__dict__.pop("_init_bias", None)
-                empty = [n for n, m in model.named_modules() if isinstance(m, HyperLinear) and m.op is None]
+                for head, table in c.tied.items():
+                    layer, owner = model.get_submodule(head), model.get_submodule(table)
+                    if owner.op is not None:
+                        layer._check_loaded(owner.op)
+                        layer.op = owner.op
+                        layer._hwz_source = lambda t=owner._hwz: None if t is None else t.numpy()
+                empty = [n for n, m in model.named_modules() if isinstance(m, (HyperLinear, HyperEmbedding)) and m.op is None]
                 if empty:
                     raise _native.FormatError(f"stored weights missing from the checkpoint: {empty[:5]}")
                 return model
@@ -337,8 +389,11 @@ def _register() -> type | None:
             # static cache may compile the step, as it does for unquantized models.
             return True
 
-    return HypercodecConfig
+    # Importable by these names (pickle finds them so).
+    HypercodecConfig.__qualname__ = "HypercodecConfig"
+    HypercodecQuantizer.__qualname__ = "HypercodecQuantizer"
+    return HypercodecConfig, HypercodecQuantizer
 
 
-HypercodecConfig = _register()
+HypercodecConfig, HypercodecQuantizer = _register()
 __all__.append("HypercodecConfig")

@@ -179,7 +179,8 @@ class _StoredForm:
         if t.is_meta or t.numel() == 0:
             return  # a loader initializing what it found missing: the layer stays unloaded
         t = t.to(device="cpu", dtype=torch.uint8).reshape(-1).contiguous()
-        op = _native.Linear.from_hwz(t.numpy())
+        # (a layer read with `fixed_bits` converts again: `hf.from_hwz` records it)
+        op = _native.Linear.from_hwz(t.numpy(), self.__dict__.get("_fixed_bits"))
         self._check_loaded(op)
         self.op = op
         self._hwz = t
