@@ -414,3 +414,22 @@ def test_a_model_read_from_hwz_round_trips_through_save_pretrained(tmp_path):
         assert again.model.layers[0].mlp.up_proj.op.path == want_path
         c = pickle.loads(pickle.dumps(again.config.quantization_config))
         assert (c.tied, c.fixed_bits) == ({"lm_head": "model.embed_tokens"} if tied else {}, fixed_bits)
+
+
+def test_from_hwz_builds_the_dtype_asked_for(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 5, 7, 9]])
+    cfg = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2)
+    hhf.save_hwz(LlamaForCausalLM(cfg), tmp_path / "m.hwz", encoding="lattice", bps=6, verbose=False)
+    f32, _ = hhf.from_hwz(tmp_path / "m.hwz")
+    bf16, _ = hhf.from_hwz(tmp_path / "m.hwz", dtype=torch.bfloat16)
+    assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
+    with torch.no_grad():
+        want, got = f32(input_ids=ids).logits, bf16(input_ids=ids).logits
+    assert got.dtype == torch.bfloat16
+    assert float((got.float() - want).norm() / want.norm()) < 0.02
+    for bad in (torch.int8, "bfloat16"):
+        with pytest.raises(hypercodec.InvalidInputError, match="dtype"):
+            hhf.from_hwz(tmp_path / "m.hwz", dtype=bad)

@@ -107,11 +107,12 @@ def _set(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, last, new)
 
 
-def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
+def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
     """The causal LM and tokenizer saved by :func:`save_hwz`: every stored linear weight becomes
     a :class:`hypercodec.nn.HyperLinear` on the stored form (``fixed_bits`` converts
     entropy-coded lattice weights to fixed-rate symbols at load, for speed); the other tensors
-    are decoded (GPT-2's ``Conv1D`` weights among them: they are stored transposed). The model is
+    are decoded, to ``dtype`` (the stored layers compute in float32 and answer in their input's
+    dtype; an embedding's rows come in ``dtype``) (GPT-2's ``Conv1D`` weights among them: they are stored transposed). The model is
     built on the meta device first, so no dense copy of a quantized layer ever exists. It carries
     a :class:`HypercodecConfig` naming its stored layers, so ``save_pretrained`` /
     ``from_pretrained`` round-trip it as they do a model quantized on load."""
@@ -119,6 +120,8 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
 
     if fixed_bits is not None and (isinstance(fixed_bits, bool) or not isinstance(fixed_bits, int) or fixed_bits < 1):
         raise _native.InvalidInputError(f"fixed_bits: a whole number of bits per value, not {fixed_bits!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise _native.InvalidInputError(f"dtype: a floating-point torch dtype, not {dtype!r}")
     archive = _native.Archive(os.fspath(path))
     meta = json.loads(archive.metadata_json()).get("safetensors") or {}
     if "hf_config" not in meta:
@@ -126,7 +129,7 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
     cfg = json.loads(meta["hf_config"])
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     names = set(archive.names())
     tied = json.loads(meta.get("hf_tied", "{}"))
 
@@ -174,7 +177,7 @@ def from_hwz(path: str, fixed_bits: int | None = None) -> tuple[nn.Module, Any]:
         for m in model.modules():
             if isinstance(m, (HyperLinear, HyperEmbedding)):
                 m._fixed_bits = fixed_bits
-    rest = {k: torch.from_numpy(archive.read(k)) for k in _state_keys(model) if k in names}
+    rest = {k: torch.from_numpy(archive.read(k)).to(dtype) for k in _state_keys(model) if k in names}
     model.load_state_dict(rest, strict=False, assign=True)
     params = dict(model.named_parameters())
     for alias, source in tied.items():
