@@ -2400,6 +2400,12 @@ extern "C" __global__ void hc_kv_e8_decode(KvArgs a) {
         if (on) hc_signs8(y, a.seed, 8 * lane);
     }
     if (on) {
+        if (a.dtype == HC_F16) {
+            // A coded value a little past f16's largest (its coding error) stays finite, as the
+            // host decode keeps it.
+#pragma unroll
+            for (int i = 0; i < 8; i++) y[i] = fminf(fmaxf(y[i], -65504.0f), 65504.0f);
+        }
         const long long at = row * a.out_row + (long long)t * a.d + 8 * lane;
         const int size = a.dtype == HC_F32 ? 4 : 2;
         const bool aligned = ((reinterpret_cast<uintptr_t>(a.out) + at * size) & 15) == 0;

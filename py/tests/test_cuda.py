@@ -964,6 +964,24 @@ def test_cuda_kv_codec_matches_the_host_codec(dim, bits, rotation):
 
 
 @needs_cuda
+def test_cuda_kv_cache_decodes_f16_keys_near_the_largest_f16_finite():
+    """The device decode converted to f16 as it wrote: a coded value a little past 65504 (its
+    coding error) became inf, where the host decode clamps it."""
+    from hypercodec.kv import HypercodecKVLayer
+
+    torch.manual_seed(0)
+    layer = HypercodecKVLayer(key_bits=2, value_bits=2, window=4, block=2)
+    k = (torch.rand(1, 2, 40, 64, device="cuda") * 2 - 1).mul(65000).to(torch.float16)
+    k[:, :, :, 0] = 65504.0
+    out, _ = layer.update(k, k)
+    assert layer._gpu is not None and out.is_cuda
+    assert torch.isfinite(out).all()
+    host, _ = HypercodecKVLayer(key_bits=2, value_bits=2, window=4, block=2).update(k.cpu(), k.cpu())
+    err = (out.float().cpu() - host.float()).norm() / host.float().norm()
+    assert err < 0.02, float(err)
+
+
+@needs_cuda
 def test_cuda_kv_cache_generates_batch_8_equal_to_batch_1_on_the_device():
     transformers = pytest.importorskip("transformers")
     from hypercodec.kv import HypercodecCache
