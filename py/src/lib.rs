@@ -237,6 +237,16 @@ fn run(py: Python<'_>, argv: Vec<String>) -> PyResult<(String, String)> {
     }
 }
 
+/// Checks a candidate name (`Linear.quantize`'s `spec`: `int4`, `e8@4`, `e8@4:tensor`, ...)
+/// without data, raising `InvalidInputError` for one the planner does not know: what a
+/// quantization config checks when it is made, before any weight loads.
+#[pyfunction]
+fn check_spec(spec: &str) -> PyResult<()> {
+    let name = spec.strip_suffix(":tensor").unwrap_or(spec);
+    Spec::parse(name).map_err(|e| InvalidInputError::new_err(e.to_string()))?;
+    Ok(())
+}
+
 /// The summary `hypercodec inspect --json` prints (native and legacy archives), as JSON text.
 #[pyfunction]
 fn inspect_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
@@ -2093,6 +2103,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(compress_paths, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
+    m.add_function(wrap_pyfunction!(check_spec, m)?)?;
     m.add_function(wrap_pyfunction!(write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;

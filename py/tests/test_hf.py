@@ -373,7 +373,7 @@ def test_bert_reloads_with_its_embeddings_and_its_tied_head_bias(tmp_path):
 
 
 def test_hf_arguments_are_checked_with_typed_errors():
-    for kw in ({"method": None}, {"bps": None}, {"bps": "4"}):
+    for kw in ({"method": None}, {"bps": None}, {"bps": "4"}, {"method": "nope"}, {"method": "int4-rows"}):
         with pytest.raises(hypercodec.InvalidInputError):
             hhf.HypercodecConfig(**kw)
     assert hhf.HypercodecConfig(skip=None).skip == [] and hhf.HypercodecConfig(modules="abc").modules == ["abc"]

@@ -273,7 +273,8 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                 raise _native.InvalidInputError(f"bps: a number of bits per value, not {bps!r}")
             self.bps = float(bps)
             self.method = method
-            method_spec(method, self.bps)  # a bad rate fails here, before any weight loads
+            # A bad rate or method fails here, before any weight loads.
+            _native.check_spec(method_spec(method, self.bps))
             # One name is one name (not its letters); None skips nothing.
             self.skip = [] if skip is None else [skip] if isinstance(skip, str) else list(skip)
             self.modules = None if modules is None else [modules] if isinstance(modules, str) else list(modules)
