@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import pickle
 
@@ -433,3 +434,54 @@ def test_from_hwz_builds_the_dtype_asked_for(tmp_path):
     for bad in (torch.int8, "bfloat16"):
         with pytest.raises(hypercodec.InvalidInputError, match="dtype"):
             hhf.from_hwz(tmp_path / "m.hwz", dtype=bad)
+
+
+def test_gemma_reads_from_hwz_with_its_embedding_scale():
+    """Gemma's scaled embedding keeps its scale in a non-persistent buffer and takes no config:
+    ``from_hwz`` could not rebuild it (a typed error for Gemma, Gemma 2 and Gemma 3)."""
+    import tempfile
+
+    import transformers
+
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 5, 7, 9, 11]])
+    for cls, cfg_cls in ((transformers.GemmaForCausalLM, transformers.GemmaConfig),
+                         (transformers.Gemma2ForCausalLM, transformers.Gemma2Config)):
+        cfg = cfg_cls(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+        m = cls(cfg).eval()
+        with torch.no_grad():
+            want = m(input_ids=ids).logits
+        with tempfile.TemporaryDirectory() as d:
+            hhf.save_hwz(m, os.path.join(d, "g.hwz"), encoding="lattice", bps=8, verbose=False)
+            r, _ = hhf.from_hwz(os.path.join(d, "g.hwz"))
+        with torch.no_grad():
+            got = r(input_ids=ids).logits
+        assert float((got - want).norm() / want.norm()) < 0.05, cls.__name__
+
+
+def test_a_checkpoint_config_that_does_not_fit_the_model_is_a_typed_error(tmp_path):
+    """A saved model's hypercodec config naming modules the model lacks (built with fewer
+    layers, or the config edited) raised AttributeError; a head tied to a module that is not a
+    stored embedding raised AttributeError or, with a layer of the same shape, loaded wrong
+    logits silently; config values of the wrong type raised TypeError / ValueError."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, tie_word_embeddings=True)
+    hhf.save_hwz(LlamaForCausalLM(cfg), tmp_path / "m.hwz", encoding="lattice", bps=6, verbose=False)
+    r, _ = hhf.from_hwz(tmp_path / "m.hwz")
+    r.save_pretrained(tmp_path / "a")
+    with pytest.raises(hypercodec.FormatError, match="does not have"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "a", num_hidden_layers=1)
+    path = tmp_path / "a" / "config.json"
+    saved = json.loads(path.read_text())
+    for tied in ({"lm_head": "model.norm"}, {"lm_head": "model.layers.0.mlp.up_proj"}):
+        edited = dict(saved, quantization_config=dict(saved["quantization_config"], tied=tied))
+        path.write_text(json.dumps(edited))
+        with pytest.raises(hypercodec.FormatError, match="not a stored embedding"):
+            AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    for kw in ({"modules": 5}, {"embeddings": [1]}, {"tied": ["lm_head"]}, {"tied": {"lm_head": 3}}):
+        with pytest.raises(hypercodec.InvalidInputError):
+            hhf.HypercodecConfig(**kw)

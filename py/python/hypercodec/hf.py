@@ -207,6 +207,27 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
     return model, tokenizer
 
 
+def _names(what: str, names: Any) -> list[str]:
+    """A list of module names (one string is one name)."""
+    if isinstance(names, str):
+        return [names]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise _native.InvalidInputError(f"{what}: a list of module names, not {names!r}")
+    return list(names)
+
+
+def _stored_module(model: nn.Module, name: str) -> nn.Module:
+    """The module a checkpoint's hypercodec config names (a typed error where the model has none
+    of that name: a config edited, or a model built with fewer layers than were saved)."""
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        raise _native.FormatError(
+            f"the checkpoint's hypercodec config names `{name}`, which this model does not have "
+            "(was it built with another config than the one saved?)"
+        ) from None
+
+
 def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
     """Gives a model read by :func:`from_hwz` the quantization config (and quantizer) a model
     quantized on load has, naming its stored layers, so that ``save_pretrained`` writes a
@@ -277,8 +298,12 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             _native.check_spec(method_spec(method, self.bps))
             # One name is one name (not its letters); None skips nothing.
             self.skip = [] if skip is None else [skip] if isinstance(skip, str) else list(skip)
-            self.modules = None if modules is None else [modules] if isinstance(modules, str) else list(modules)
-            self.embeddings = [] if embeddings is None else [embeddings] if isinstance(embeddings, str) else list(embeddings)
+            self.modules = None if modules is None else _names("modules", modules)
+            self.embeddings = [] if embeddings is None else _names("embeddings", embeddings)
+            if tied is not None and not (
+                isinstance(tied, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tied.items())
+            ):
+                raise _native.InvalidInputError(f"tied: a mapping of head names to embedding names, not {tied!r}")
             self.tied = dict(tied or {})
             if fixed_bits is not None and (isinstance(fixed_bits, bool) or not isinstance(fixed_bits, int) or fixed_bits < 1):
                 raise _native.InvalidInputError(f"fixed_bits: a whole number of bits per value, not {fixed_bits!r}")
@@ -326,9 +351,14 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             if c.modules is None:
                 raise _native.FormatError("the checkpoint's hypercodec config lists no quantized modules")
             placed: dict[int, nn.Module] = {}  # a layer at two names: one placeholder at both
+            for head, table in c.tied.items():
+                if table not in c.embeddings:
+                    raise _native.FormatError(
+                        f"the checkpoint's hypercodec config ties `{head}` to `{table}`, which is not a stored embedding"
+                    )
             wanted = [(n, None) for n in c.modules] + [(n, None) for n in c.embeddings] + list(c.tied.items())
             for name, tie in wanted:
-                layer = model.get_submodule(name)
+                layer = _stored_module(model, name)
                 if isinstance(layer, (HyperLinear, HyperEmbedding)):
                     continue  # a fresh model holds none: a name whose parent was placed already
                 embedding = name in c.embeddings
@@ -362,7 +392,7 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                     m.__dict__.pop("_init_weights", None)  # (_init_around_placeholders' wrappers)
                     m.__dict__.pop("_init_bias", None)
                 for head, table in c.tied.items():
-                    layer, owner = model.get_submodule(head), model.get_submodule(table)
+                    layer, owner = _stored_module(model, head), _stored_module(model, table)
                     if owner.op is not None:
                         layer._check_loaded(owner.op)
                         layer.op = owner.op

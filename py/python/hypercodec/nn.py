@@ -2598,6 +2598,13 @@ def rebuild_meta_buffers(model: nn.Module, config: Any) -> None:
     for name, module in list(model.named_modules()):
         if not any(b.is_meta for b in module.buffers(recurse=False)):
             continue
+        meta = [k for k, b in module.named_buffers(recurse=False) if b.is_meta]
+        if all(isinstance(getattr(module, f"scalar_{k}", None), numbers.Real) for k in meta):
+            # A buffer that holds a number the module keeps beside it (Gemma's scaled embedding:
+            # `embed_scale` and `scalar_embed_scale`; its constructor takes no config).
+            for k in meta:
+                module._buffers[k] = torch.tensor(getattr(module, f"scalar_{k}"))
+            continue
         try:
             fresh = type(module)(config=config)
         except TypeError as e:
