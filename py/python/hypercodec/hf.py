@@ -108,14 +108,15 @@ def _set(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-    """The causal LM and tokenizer saved by :func:`save_hwz`: every stored linear weight becomes
-    a :class:`hypercodec.nn.HyperLinear` on the stored form (``fixed_bits`` converts
-    entropy-coded lattice weights to fixed-rate symbols at load, for speed); the other tensors
-    are decoded, to ``dtype`` (the stored layers compute in float32 and answer in their input's
-    dtype; an embedding's rows come in ``dtype``) (GPT-2's ``Conv1D`` weights among them: they are stored transposed). The model is
-    built on the meta device first, so no dense copy of a quantized layer ever exists. It carries
-    a :class:`HypercodecConfig` naming its stored layers, so ``save_pretrained`` /
-    ``from_pretrained`` round-trip it as they do a model quantized on load."""
+    """The causal LM and tokenizer saved by :func:`save_hwz`: every stored ``nn.Linear`` weight
+    becomes a :class:`hypercodec.nn.HyperLinear` on the stored form (``fixed_bits`` converts
+    entropy-coded lattice weights to fixed-rate symbols at load, for speed), and a plain input
+    embedding a :class:`hypercodec.nn.HyperEmbedding`. The other tensors are decoded, to
+    ``dtype``: norms, GPT-2's ``Conv1D`` weights (stored transposed), experts held as one
+    parameter (Mixtral's in transformers 5). The stored layers compute in float32 and answer in
+    their input's dtype. The model is built on the meta device first, so no dense copy of a
+    stored layer ever exists. It carries a :class:`HypercodecConfig` naming its stored layers, so
+    ``save_pretrained`` / ``from_pretrained`` round-trip it as they do a model quantized on load."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if fixed_bits is not None and (isinstance(fixed_bits, bool) or not isinstance(fixed_bits, int) or fixed_bits < 1):
