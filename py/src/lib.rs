@@ -70,6 +70,11 @@ fn zeroed(n: Option<usize>, what: &str) -> PyResult<Vec<f32>> {
     Ok(v)
 }
 
+/// A float32 input array: any array-like (float64, float16, integer arrays, nested lists) is
+/// converted by numpy first, as `np.asarray(x, dtype=np.float32)` would (numpy's default float64
+/// was refused with "type mismatch").
+type F32Like<'py> = numpy::PyArrayLikeDyn<'py, f32, numpy::AllowTypeChange>;
+
 /// An output array as a row-major slice: a C-contiguous one only (results written into any
 /// other layout would land in the wrong places).
 fn row_major_mut<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
@@ -591,7 +596,7 @@ impl Archive {
         &self,
         py: Python<'_>,
         name: &str,
-        bias: Option<PyReadonlyArrayDyn<'_, f32>>,
+        bias: Option<F32Like<'_>>,
         fixed_bits: Option<u8>,
     ) -> PyResult<Linear> {
         let k = self.index(name)?;
@@ -706,10 +711,10 @@ impl Linear {
     #[pyo3(signature = (weight, spec, bias=None, hessian=None, damp=0.01, device=None))]
     fn quantize(
         py: Python<'_>,
-        weight: PyReadonlyArrayDyn<'_, f32>,
+        weight: F32Like<'_>,
         spec: &str,
-        bias: Option<PyReadonlyArrayDyn<'_, f32>>,
-        hessian: Option<PyReadonlyArrayDyn<'_, f32>>,
+        bias: Option<F32Like<'_>>,
+        hessian: Option<F32Like<'_>>,
         damp: f64,
         device: Option<usize>,
     ) -> PyResult<Linear> {
@@ -877,11 +882,12 @@ impl Linear {
         self.hwz.as_deref().map(|b| PyBytes::new(py, b))
     }
 
-    /// `y = x·Wᵀ (+ b)` for float32 `x` of shape `(..., cols)`; returns `(..., rows)`.
+    /// `y = x·Wᵀ (+ b)` for `x` of shape `(..., cols)` (float32; other arrays are converted);
+    /// returns `(..., rows)` float32.
     fn forward<'py>(
         &self,
         py: Python<'py>,
-        x: PyReadonlyArrayDyn<'py, f32>,
+        x: F32Like<'py>,
     ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
         let shape = x.shape().to_vec();
         let cols = self.op.cols();
@@ -1462,7 +1468,7 @@ impl KvCodec {
     fn encode<'py>(
         &self,
         py: Python<'py>,
-        x: PyReadonlyArrayDyn<'py, f32>,
+        x: F32Like<'py>,
         keys: Option<Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyArrayDyn<u8>>, Bound<'py, PyArrayDyn<u16>>)> {
         let shape = x.shape().to_vec();
@@ -1996,7 +2002,7 @@ fn trellis_code(l: u8, k: u8, scale: Option<f32>, v: u8) -> PyResult<(f32, f32, 
 #[pyo3(signature = (values, l, k, seq, scale=None, v=1))]
 fn trellis_encode<'py>(
     py: Python<'py>,
-    values: PyReadonlyArrayDyn<'py, f32>,
+    values: F32Like<'py>,
     l: u8,
     k: u8,
     seq: usize,

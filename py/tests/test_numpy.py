@@ -136,6 +136,25 @@ def test_linear_matches_numpy_on_its_decoded_weight(spec):
     assert lin.rows == 96 and lin.cols == 320 and lin.held_bytes > 0 and lin.path
 
 
+def test_linear_takes_numpys_default_float64_and_lists():
+    """numpy's default dtype was refused ("type mismatch: from=float64, to=float32") by
+    quantize, forward, the KV codec and the trellis coder; any array-like is now converted to
+    float32 first, and gives what the float32 conversion gives."""
+    rng = np.random.default_rng(0)
+    w, b, x = rng.standard_normal((16, 256)), np.arange(16), rng.standard_normal((3, 256))
+    lin = hypercodec.Linear.quantize(w, "int4", b)
+    ref = hypercodec.Linear.quantize(w.astype(np.float32), "int4", b.astype(np.float32))
+    assert np.array_equal(lin.weight(), ref.weight())
+    y = lin.forward(x)
+    assert y.dtype == np.float32 and np.array_equal(y, ref.forward(x.astype(np.float32)))
+    assert np.array_equal(lin.forward(x.tolist()), y)
+    codec = hypercodec.KvCodec(64, 4, "e8")
+    xs = rng.standard_normal((5, 64))
+    assert all(np.array_equal(a, c) for a, c in zip(codec.encode(xs), codec.encode(xs.astype(np.float32))))
+    with pytest.raises(ValueError):
+        lin.forward(np.array(["a"] * 256))
+
+
 def test_archive_layers_run_from_the_stored_form(tmp_path):
     sd = {"fc.weight": gaussian((128, 512), 6)}
     path = tmp_path / "fc.hwz"
