@@ -2402,9 +2402,9 @@ extern "C" __global__ void hc_kv_e8_decode(KvArgs a) {
     if (on) {
         if (a.dtype == HC_F16) {
             // A coded value a little past f16's largest (its coding error) stays finite, as the
-            // host decode keeps it.
+            // host decode keeps it (a NaN stays NaN, as there).
 #pragma unroll
-            for (int i = 0; i < 8; i++) y[i] = fminf(fmaxf(y[i], -65504.0f), 65504.0f);
+            for (int i = 0; i < 8; i++) y[i] = fabsf(y[i]) > 65504.0f ? copysignf(65504.0f, y[i]) : y[i];
         }
         const long long at = row * a.out_row + (long long)t * a.d + 8 * lane;
         const int size = a.dtype == HC_F32 ? 4 : 2;

@@ -374,13 +374,40 @@ def test_bert_reloads_with_its_embeddings_and_its_tied_head_bias(tmp_path):
 
 
 def test_hf_arguments_are_checked_with_typed_errors():
-    for kw in ({"method": None}, {"bps": None}, {"bps": "4"}, {"method": "nope"}, {"method": "int4-rows"}):
+    for kw in ({"method": None}, {"bps": None}, {"bps": "4"}, {"method": "nope"}, {"method": "int4-rows"},
+               {"bps": 100}, {"bps": float("nan")}, {"fixed_bits": 300}, {"fixed_bits": 1}):
         with pytest.raises(hypercodec.InvalidInputError):
             hhf.HypercodecConfig(**kw)
     assert hhf.HypercodecConfig(skip=None).skip == [] and hhf.HypercodecConfig(modules="abc").modules == ["abc"]
-    for fixed_bits in (-1, 2.5, True):
+    for fixed_bits in (-1, 2.5, True, 300):
         with pytest.raises(hypercodec.InvalidInputError, match="fixed_bits"):
             hhf.from_hwz("no.hwz", fixed_bits=fixed_bits)
+    for dtype in (torch.int8, torch.float8_e4m3fn):
+        with pytest.raises(hypercodec.InvalidInputError, match="dtype"):
+            hhf.from_hwz("no.hwz", dtype=dtype)
+
+
+def test_fixed_bits_given_to_quantize_on_load_holds_before_and_after_a_reload(tmp_path):
+    """``HypercodecConfig(fixed_bits=4)`` was ignored when quantizing on load and applied at the
+    reload, so the saved model reloaded with other outputs (0.1 relative); a config of a saved
+    model's stored layers (embeddings, tied heads, no method) cannot quantize."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "dense")
+    ids = torch.tensor([[1, 5, 7, 9]])
+    q = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "dense", quantization_config=hhf.HypercodecConfig(bps=6, method="lattice", fixed_bits=4)
+    )
+    assert q.model.layers[0].mlp.up_proj.op.path == "e8-fixed4"
+    q.save_pretrained(tmp_path / "q")
+    r = AutoModelForCausalLM.from_pretrained(tmp_path / "q")
+    with torch.no_grad():
+        assert torch.equal(r(input_ids=ids).logits, q(input_ids=ids).logits)
+    for kw in ({"embeddings": ["model.embed_tokens"]}, {"modules": ["x"], "method": None, "bps": None}):
+        with pytest.raises(hypercodec.InvalidInputError, match="describes a saved model"):
+            AutoModelForCausalLM.from_pretrained(tmp_path / "dense", quantization_config=hhf.HypercodecConfig(**kw))
 
 
 def test_a_model_read_from_hwz_round_trips_through_save_pretrained(tmp_path):
@@ -415,6 +442,7 @@ def test_a_model_read_from_hwz_round_trips_through_save_pretrained(tmp_path):
         assert again.model.layers[0].mlp.up_proj.op.path == want_path
         c = pickle.loads(pickle.dumps(again.config.quantization_config))
         assert (c.tied, c.fixed_bits) == ({"lm_head": "model.embed_tokens"} if tied else {}, fixed_bits)
+        assert (c.method, c.bps, c.skip) == (None, None, [])  # (the archive's own rates)
 
 
 def test_from_hwz_builds_the_dtype_asked_for(tmp_path):

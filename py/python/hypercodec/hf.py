@@ -119,10 +119,9 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
     ``save_pretrained`` / ``from_pretrained`` round-trip it as they do a model quantized on load."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    if fixed_bits is not None and (isinstance(fixed_bits, bool) or not isinstance(fixed_bits, int) or fixed_bits < 1):
-        raise _native.InvalidInputError(f"fixed_bits: a whole number of bits per value, not {fixed_bits!r}")
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise _native.InvalidInputError(f"dtype: a floating-point torch dtype, not {dtype!r}")
+    _check_fixed_bits(fixed_bits)
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise _native.InvalidInputError(f"dtype: torch.float16, bfloat16, float32 or float64, not {dtype!r}")
     archive = _native.Archive(os.fspath(path))
     meta = json.loads(archive.metadata_json()).get("safetensors") or {}
     if "hf_config" not in meta:
@@ -208,6 +207,14 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
     return model, tokenizer
 
 
+def _check_fixed_bits(fixed_bits: Any) -> None:
+    """``fixed_bits``: None, or the fixed-rate lattice widths the format holds (2 to 8)."""
+    if fixed_bits is not None and (
+        isinstance(fixed_bits, bool) or not isinstance(fixed_bits, int) or not 2 <= fixed_bits <= 8
+    ):
+        raise _native.InvalidInputError(f"fixed_bits: a whole number of bits per value from 2 to 8, not {fixed_bits!r}")
+
+
 def _names(what: str, names: Any) -> list[str]:
     """A list of module names (one string is one name)."""
     if isinstance(names, str):
@@ -240,6 +247,9 @@ def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
         n: m for n, m in model.named_modules(remove_duplicate=False) if isinstance(m, (HyperLinear, HyperEmbedding))
     }
     config = HypercodecConfig(
+        bps=None,  # (the archive's own rates: no method or rate describes them)
+        method=None,
+        skip=None,
         modules=[n for n, m in stored.items() if isinstance(m, HyperLinear) and m.tied is None],
         embeddings=[n for n, m in stored.items() if isinstance(m, HyperEmbedding)],
         tied={n: m.tied for n, m in stored.items() if m.tied is not None},
@@ -252,7 +262,8 @@ def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
 def _register() -> tuple[type, type] | tuple[None, None]:
     """Registers hypercodec with transformers' quantizer registry (``quant_method="hypercodec"``)
     so ``from_pretrained(..., quantization_config=HypercodecConfig(...))`` quantizes on load;
-    returns the config class (None when this transformers has no third-party registry)."""
+    returns the config and quantizer classes (None, None when this transformers has no
+    third-party registry)."""
     try:
         from transformers import PreTrainedModel
         from transformers.quantizers import HfQuantizer, register_quantization_config, register_quantizer
@@ -275,7 +286,10 @@ def _register() -> tuple[type, type] | tuple[None, None]:
         method); ``modules`` lists the quantized layers once that is known. A model read by
         :func:`from_hwz` carries one too, which also names its stored ``embeddings``, the heads
         ``tied`` to them (``{head: embedding}``: the codes are saved once) and the
-        ``fixed_bits`` its lattice layers were converted to at load (done again at reload)."""
+        ``fixed_bits`` its lattice layers were converted to at load (done again at reload; given
+        to quantize on load, the quantized lattice layers are converted so). A config of stored
+        layers (``modules`` given) may leave ``method`` and ``bps`` None: a model read by
+        ``from_hwz`` holds the archive's own rates."""
 
         def __init__(
             self,
@@ -289,14 +303,20 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             **kwargs: Any,
         ) -> None:
             self.quant_method = "hypercodec"
-            if not isinstance(method, str):
+            stored = modules is not None and method is None and bps is None
+            if not stored and not isinstance(method, str):
                 raise _native.InvalidInputError(f"method: a method name such as 'lattice' or 'int4', not {method!r}")
-            if isinstance(bps, bool) or not isinstance(bps, numbers.Real):
+            if not stored and (isinstance(bps, bool) or not isinstance(bps, numbers.Real)):
                 raise _native.InvalidInputError(f"bps: a number of bits per value, not {bps!r}")
-            self.bps = float(bps)
+            self.bps = None if stored else float(bps)
             self.method = method
-            # A bad rate or method fails here, before any weight loads.
-            _native.check_spec(method_spec(method, self.bps))
+            if not stored:
+                # A bad rate or method fails here, before any weight loads.
+                try:
+                    spec = method_spec(method, self.bps)
+                except ValueError as e:
+                    raise _native.InvalidInputError(str(e)) from None
+                _native.check_spec(spec)
             # One name is one name (not its letters); None skips nothing.
             self.skip = [] if skip is None else [skip] if isinstance(skip, str) else list(skip)
             self.modules = None if modules is None else _names("modules", modules)
@@ -306,8 +326,7 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             ):
                 raise _native.InvalidInputError(f"tied: a mapping of head names to embedding names, not {tied!r}")
             self.tied = dict(tied or {})
-            if fixed_bits is not None and (isinstance(fixed_bits, bool) or not isinstance(fixed_bits, int) or fixed_bits < 1):
-                raise _native.InvalidInputError(f"fixed_bits: a whole number of bits per value, not {fixed_bits!r}")
+            _check_fixed_bits(fixed_bits)
             self.fixed_bits = fixed_bits
 
     def _init_around_placeholders(model: nn.Module) -> None:
@@ -340,13 +359,21 @@ def _register() -> tuple[type, type] | tuple[None, None]:
     @register_quantizer("hypercodec")
     class HypercodecQuantizer(HfQuantizer):
         """Quantizes once the dense weights are loaded; for a saved quantized model, puts empty
-        :meth:`hypercodec.nn.HyperLinear.placeholder` layers where the config's ``modules`` are,
-        which the loader fills from their ``weight_hwz`` tensors (no dense weight is built)."""
+        :meth:`hypercodec.nn.HyperLinear.placeholder` layers where the config's ``modules`` are
+        (and :class:`hypercodec.nn.HyperEmbedding` ones at its ``embeddings``, heads sharing
+        their codes at its ``tied`` names), which the loader fills from their ``weight_hwz``
+        tensors (no dense weight is built)."""
 
         requires_calibration = False
 
         def _process_model_before_weight_loading(self, model, **kwargs):
             if not self.pre_quantized:
+                c = self.quantization_config
+                if c.embeddings or c.tied or c.method is None:
+                    raise _native.InvalidInputError(
+                        "this hypercodec config describes a saved model's stored layers (embeddings, tied "
+                        "heads or no method): to quantize on load, give method and bps"
+                    )
                 return model
             c = self.quantization_config
             if c.modules is None:
@@ -409,6 +436,12 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             tied = tuple(n for n, m in model.named_modules() if isinstance(getattr(m, "weight", None), torch.Tensor) and uses[id(m.weight)] > 1)
             quantize(model, bps=c.bps, method=c.method, skip=tuple(c.skip) + tied, conv=False)
             c.modules = [n for n, m in model.named_modules(remove_duplicate=False) if isinstance(m, HyperLinear)]
+            if c.fixed_bits is not None:
+                # Converted now as a reload of the saved model converts them (the stored bytes
+                # stay the lattice's).
+                for m in {id(m): m for m in model.modules() if isinstance(m, HyperLinear)}.values():
+                    m._fixed_bits = c.fixed_bits
+                    m._load_hwz(m.weight_hwz)
             return model
 
         def is_serializable(self, **kwargs):
