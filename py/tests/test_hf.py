@@ -488,6 +488,29 @@ def test_gemma_reads_from_hwz_with_its_embedding_scale():
         assert float((got - want).norm() / want.norm()) < 0.05, cls.__name__
 
 
+def test_gpt_neo_reads_from_hwz_with_its_local_attention(tmp_path):
+    """GPT-Neo's attention takes an ``attention_type`` besides the config, so ``from_hwz`` could
+    not rebuild its causal masks (a typed refusal); it now builds them from the module's own
+    ``attention_type`` and ``layer_id``: a local layer keeps its window (10 tokens over a
+    window of 4: a global mask in its place gives other logits)."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPTNeoConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, window_size=4,
+                                    attention_types=[[["global", "local"], 1]], max_position_embeddings=64)
+    m = transformers.GPTNeoForCausalLM(cfg).eval()
+    ids = torch.tensor([[1, 5, 7, 9, 11, 3, 2, 4, 8, 9]])
+    with torch.no_grad():
+        want = m(input_ids=ids).logits
+    hhf.save_hwz(m, tmp_path / "n.hwz", encoding="lattice", bps=8, verbose=False)
+    r, _ = hhf.from_hwz(tmp_path / "n.hwz")
+    assert r.transformer.h[1].attn.attention.attention_type == "local"
+    assert isinstance(r.transformer.h[0].attn.attention.q_proj, hnn.HyperLinear)
+    with torch.no_grad():
+        got = r(input_ids=ids).logits
+    assert float((got - want).norm() / want.norm()) < 0.05
+
+
 def test_a_checkpoint_config_that_does_not_fit_the_model_is_a_typed_error(tmp_path):
     """A saved model's hypercodec config naming modules the model lacks (built with fewer
     layers, or the config edited) raised AttributeError; a head tied to a module that is not a

@@ -2588,6 +2588,33 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
     return model
 
 
+def _fresh_like(module: nn.Module, config: Any) -> nn.Module:
+    """A new module of ``module``'s class built from ``config``; constructor arguments besides the
+    config are taken from the module's attributes of the same names (GPT-Neo's attention takes
+    its ``attention_type`` and ``layer_id`` so)."""
+    try:
+        return type(module)(config=config)
+    except TypeError as first:
+        import inspect
+
+        try:
+            params = list(inspect.signature(type(module).__init__).parameters.values())[1:]
+        except (TypeError, ValueError):
+            raise first from None
+        kwargs: dict[str, Any] = {}
+        for p in params:
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            value = config if p.name == "config" else getattr(module, p.name, inspect.Parameter.empty)
+            if isinstance(value, (torch.Tensor, nn.Module)):
+                value = inspect.Parameter.empty  # (a state, not a constructor argument)
+            if value is not inspect.Parameter.empty:
+                kwargs[p.name] = value
+            elif p.default is inspect.Parameter.empty:
+                raise first from None
+        return type(module)(**kwargs)
+
+
 def rebuild_meta_buffers(model: nn.Module, config: Any) -> None:
     """Buffers computed at construction (rotary frequencies, BERT's position ids) are built
     again on the CPU from ``config``: a model made on the meta device has none of their values.
@@ -2606,7 +2633,7 @@ def rebuild_meta_buffers(model: nn.Module, config: Any) -> None:
                 module._buffers[k] = torch.tensor(getattr(module, f"scalar_{k}"))
             continue
         try:
-            fresh = type(module)(config=config)
+            fresh = _fresh_like(module, config)
         except TypeError as e:
             raise _native.InvalidInputError(f"cannot rebuild module `{name}` ({type(module).__name__}): {e}")
         if next(module.parameters(), None) is None and next(module.children(), None) is None:
