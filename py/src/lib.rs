@@ -615,6 +615,7 @@ impl Archive {
             op,
             stored,
             hwz: None,
+            shape: self.shapes[k].clone(),
         })
     }
 
@@ -676,10 +677,20 @@ struct Linear {
     /// copy of its encoded streams besides the operator (a layer read from an archive is
     /// serialized from the archive instead).
     hwz: Option<Vec<u8>>,
+    /// The stored tensor's own shape (a convolution's four dimensions; `rows × cols` is its
+    /// matrix view).
+    shape: Vec<u64>,
 }
 
 #[pymethods]
 impl Linear {
+    /// The stored weight's own shape, e.g. `(out, in / groups, kh, kw)` for a convolution
+    /// (`rows`, `cols` are its matrix view).
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.shape.iter().copied())
+    }
+
     /// The object itself: it is immutable, so `copy.copy` shares it (a deep copy of a model
     /// keeps one operator per stored form, as ties need).
     fn __copy__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -818,6 +829,7 @@ impl Linear {
             op,
             stored,
             hwz: Some(hwz),
+            shape,
         })
     }
 
@@ -849,29 +861,34 @@ impl Linear {
                 }
             }
         };
-        let (op, stored) = detach(py, || -> Result<(CompressedLinear, u64), PyErr> {
-            let a = hypercodec_hwz::Archive::open(bytes).map_err(hwz_err)?;
-            let bias = match a.tensor("bias") {
-                Ok(_) => Some(a.decode_tensor("bias").map_err(hwz_err)?),
-                Err(_) => None,
-            };
-            let t = a.tensor("weight").map_err(hwz_err)?;
-            let streams = a.tensor_streams(t).map_err(hwz_err)?;
-            let refs: Vec<(&str, &[u8])> = streams
-                .iter()
-                .map(|(r, b)| (r.as_str(), b.as_ref()))
-                .collect();
-            let shape = a.manifest().coded_shape(t);
-            let view = hypercodec_hwz::TensorView::new(&t.name, &t.encoding, &shape, &refs)
-                .map_err(hwz_err)?;
-            let load = LoadOptions { fixed_bits }.for_tensor(&view);
-            let op = CompressedLinear::new(view, bias.as_deref(), &load).map_err(runtime_err)?;
-            Ok((op, a.stored_bytes(t)))
-        })?;
+        let (op, stored, source_shape) = detach(
+            py,
+            || -> Result<(CompressedLinear, u64, Vec<u64>), PyErr> {
+                let a = hypercodec_hwz::Archive::open(bytes).map_err(hwz_err)?;
+                let bias = match a.tensor("bias") {
+                    Ok(_) => Some(a.decode_tensor("bias").map_err(hwz_err)?),
+                    Err(_) => None,
+                };
+                let t = a.tensor("weight").map_err(hwz_err)?;
+                let streams = a.tensor_streams(t).map_err(hwz_err)?;
+                let refs: Vec<(&str, &[u8])> = streams
+                    .iter()
+                    .map(|(r, b)| (r.as_str(), b.as_ref()))
+                    .collect();
+                let shape = a.manifest().coded_shape(t);
+                let view = hypercodec_hwz::TensorView::new(&t.name, &t.encoding, &shape, &refs)
+                    .map_err(hwz_err)?;
+                let load = LoadOptions { fixed_bits }.for_tensor(&view);
+                let op =
+                    CompressedLinear::new(view, bias.as_deref(), &load).map_err(runtime_err)?;
+                Ok((op, a.stored_bytes(t), t.shape.clone()))
+            },
+        )?;
         Ok(Linear {
             op,
             stored,
             hwz: None,
+            shape: source_shape,
         })
     }
 

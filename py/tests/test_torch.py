@@ -1931,3 +1931,35 @@ def test_quantize_budget_is_quiet_and_replaces_a_layer_at_every_name(capsys, tmp
     fresh = hnn.load_into(torch.nn.Sequential(fresh_lin, torch.nn.ReLU(), fresh_lin), path)
     assert isinstance(fresh[0], hnn.HyperLinear) and fresh[2] is fresh[0]
     assert _rel(fresh(x), twin(x)) < 0.1
+
+
+def test_conv_biases_train_and_round_once_and_stored_kernels_keep_their_geometry():
+    """A helper's hostile pass over HyperConv2d: a 1×1 convolution's bias set to train got no
+    gradient (it was added inside the stored product, detached); compiled and eager outputs of
+    f16 inputs differed where a bias was added after the output's rounding; a stored 8×4×3×3
+    kernel loaded into an 8×9×2×2 convolution (the same 8×36 matrix view) and computed
+    garbage; quantize left the layers of a model in eval mode training (BatchNorm fusion then
+    refused them), and dropped their forward hooks."""
+    torch.manual_seed(0)
+    q = hnn.HyperConv2d.from_conv(torch.nn.Conv2d(8, 4, 1), "int8")
+    q.bias.requires_grad_(True)
+    q(torch.randn(2, 8, 5, 5)).sum().backward()
+    assert q.bias.grad is not None and torch.allclose(q.bias.grad, torch.full((4,), 50.0))
+    for k in (1, 3):
+        m = torch.nn.Sequential(torch.nn.Conv2d(16, 32, k))
+        hnn.quantize(m, bps=8, method="affine")
+        x = torch.randn(2, 16, 10, 10).half()
+        assert torch.equal(m(x), torch.compile(m, fullgraph=True, backend="aot_eager")(x)), k
+    m = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3))
+    hnn.quantize(m, bps=8, method="affine")
+    with pytest.raises(hypercodec.InvalidInputError, match=r"\(8, 9, 2, 2\)"):
+        hnn.load_state_dict(torch.nn.Sequential(torch.nn.Conv2d(9, 8, 2)), m.state_dict())
+    m = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.BatchNorm2d(8)).eval()
+    seen = []
+    handle = m[0].register_forward_hook(lambda mod, i, o: seen.append(o.shape))
+    hnn.quantize(m, bps=8, method="affine")
+    m(torch.randn(1, 4, 6, 6))
+    assert not m[0].training and len(seen) == 1
+    handle.remove()
+    m(torch.randn(1, 4, 6, 6))
+    assert len(seen) == 1

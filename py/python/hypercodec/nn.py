@@ -1434,7 +1434,10 @@ class HyperConv2d(_StoredForm, nn.Module):
     def weight(self) -> torch.Tensor:
         """A meta tensor of the dense weight's shape and dtype, for code that reads
         ``conv.weight.dtype`` or ``.shape`` (ViT's and CLIP's patch embeddings cast their input
-        so): the values live in the stored form (``op.weight()``), nowhere on a device."""
+        so): the values live in the stored form (``op.weight()``), nowhere on a device. Code that
+        computes with the weight itself (a decoder tied to it, ``F.conv_transpose2d(h,
+        enc.weight)``) cannot use it (PyTorch's CPU kernels may return garbage for a meta operand
+        instead of raising): leave such a layer float (``skip``)."""
         probe = self.__dict__.get("_dtype_of")
         return torch.empty(self.weight_shape, dtype=torch.float32 if probe is None else probe.dtype, device="meta")
 
@@ -1467,9 +1470,11 @@ class HyperConv2d(_StoredForm, nn.Module):
         return _keyed_on(cls(_quantize(conv.weight, spec, None), conv), conv.weight)
 
     def _check_loaded(self, op: "_native.Linear") -> None:
-        rows, cols = self.weight_shape[0], int(np.prod(self.weight_shape[1:]))
-        if (op.rows, op.cols) != (rows, cols):
-            raise _native.InvalidInputError(f"stored weight is {op.rows}x{op.cols}; this convolution's view is {rows}x{cols}")
+        # The stored tensor's own shape (its matrix view alone let a 8×4×3×3 kernel load into
+        # a 8×9×2×2 convolution, or one of other groups, and compute garbage).
+        shape = tuple(getattr(op, "shape", ()))
+        if shape != tuple(self.weight_shape):
+            raise _native.InvalidInputError(f"stored weight is {shape}; this convolution's is {tuple(self.weight_shape)}")
 
     @property
     def path(self) -> str:
@@ -1490,23 +1495,33 @@ class HyperConv2d(_StoredForm, nn.Module):
         if getattr(self, "padding_mode", "zeros") != "zeros":
             x = nn.functional.pad(x, self._pad, mode=self.padding_mode)
         if _traced():
-            # The bias is added outside the operator, so that a bias set to train gets its gradient.
+            # A bias set to train is added outside the operator, where its gradient is taken;
+            # any other is added inside, in float32 before the output's rounding, as eagerly.
             y = _as_op(self, x)
-            return y if self.bias is None else y + self.bias.to(y.dtype)[None, :, None, None]
+            return y + self.bias.to(y.dtype)[None, :, None, None] if self._trained_bias() else y
         if self.pointwise and x.shape[1] > 0:
             # A 1×1 convolution runs on the matrix form. (Without input channels it takes the
             # decoded weight's path, so its output is PyTorch's: empty.)
+            if self._trained_bias():
+                y = _through_stored(x, lambda t: self._pointwise_forward(t, bias=False), self._pointwise_grad)
+                return y + self.bias.to(y.dtype)[None, :, None, None]
             return _through_stored(x, self._pointwise_forward, self._pointwise_grad)
         return self._decoded_forward(x)
+
+    def _trained_bias(self) -> bool:
+        """Whether the bias is set to train (``requires_grad``): then added outside the stored
+        product, where autograd sees it (added inside, it got no gradient on 1×1 convolutions)."""
+        return self.bias is not None and self.bias.requires_grad
 
     def _pointwise_grad(self, gy: torch.Tensor) -> torch.Tensor:
         """A 1×1 convolution's input gradient: ``∂y``'s channels times the decoded matrix."""
         return self._input_grad(gy.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
     def _op_forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = not self._trained_bias()  # (the traced forward adds a trained bias itself)
         if self.pointwise and x.shape[1] > 0:
-            return self._pointwise_forward(x, bias=False)
-        return self._decoded_forward(x, bias=False)
+            return self._pointwise_forward(x, bias=bias)
+        return self._decoded_forward(x, bias=bias)
 
     def _op_meta(self) -> list[int]:
         from torch.nn.modules.utils import _pair
@@ -1832,12 +1847,31 @@ def _own_forward(m: nn.Module) -> bool:
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     parent = _parent(model, name)
+    old = getattr(parent, name.rpartition(".")[2], None)
+    if isinstance(old, nn.Module):
+        # The layer it replaces: its mode (a model put in eval mode stays so: BatchNorm fusion
+        # checks it) and its forward hooks (feature extractors; the same tables, so their
+        # handles still remove them).
+        new.train(old.training)
+        for hooks in _HOOK_TABLES:
+            if getattr(old, hooks, None) and not getattr(new, hooks, None):
+                setattr(new, hooks, getattr(old, hooks))
     setattr(parent, name.rpartition(".")[2], new)
     if isinstance(parent, nn.TransformerEncoderLayer) and isinstance(new, _StoredForm):
         # Its inference fast path (torch._transformer_encoder_layer_fwd) reads linear1.weight
         # and linear2.weight itself; this flag, which only gates that path, keeps the module's
         # own forward, which calls the layers (self.activation is unchanged).
         parent.activation_relu_or_gelu = 0
+
+
+# A module's forward hook tables that a replacement takes over.
+_HOOK_TABLES = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+)
 
 
 def _skipped_under_any_name(model: nn.Module, skip: tuple[str, ...]) -> Callable[[nn.Module], bool]:
