@@ -190,8 +190,13 @@ pub fn encode(
     }
     let mut assignments = vec![0u32; n_blocks];
     match params.hdc {
-        Some(h) => HdcIndex::new(&protos, block, h)?.assign(&blocks, &mut assignments),
-        None => kmeans::assign_brute(&protos, block, &blocks, &mut assignments),
+        // No more blocks than prototypes: each block is a prototype of its own (k-means seeds
+        // them all), which only the exhaustive search is sure to find (a bucket may hold
+        // another: a 1 × 16 weight came back 0.78 off); and it costs at most k² distances.
+        Some(h) if n_blocks > params.prototypes => {
+            HdcIndex::new(&protos, block, h)?.assign(&blocks, &mut assignments)
+        }
+        _ => kmeans::assign_brute(&protos, block, &blocks, &mut assignments),
     }
     drop(blocks);
     // Least-squares scales against the chosen prototypes, then rounded to storage.
