@@ -436,6 +436,10 @@ def test_a_model_read_from_hwz_round_trips_through_save_pretrained(tmp_path):
         with torch.no_grad():
             assert torch.equal(again(input_ids=ids).logits, want), tied
         assert isinstance(again.model.embed_tokens, hnn.HyperEmbedding)
+        r.tie_weights()  # (a tied head raised AttributeError: neither it nor its table has a weight)
+        again.tie_weights()
+        with torch.no_grad():
+            assert torch.equal(again(input_ids=ids).logits, want), tied
         head = again.lm_head
         assert isinstance(head, hnn.HyperLinear) and (head.op is again.model.embed_tokens.op) == tied
         want_path = "e8-fixed4" if fixed_bits else "lattice-resident-rans"

@@ -257,6 +257,16 @@ def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
     )
     model.config.quantization_config = config
     model.hf_quantizer = HypercodecQuantizer(config, pre_quantized=True)
+    _untie_stored_heads(model, config.tied)
+
+
+def _untie_stored_heads(model: nn.Module, tied: dict[str, str]) -> None:
+    """Takes the heads that share a stored table's codes out of transformers' weight tying for
+    this model (neither has a weight to tie: ``model.tie_weights()`` raised AttributeError)."""
+    keys = getattr(type(model), "_tied_weights_keys", None)
+    heads = {f"{h}.weight" for h in tied}
+    if heads and isinstance(keys, dict):
+        model._tied_weights_keys = {k: v for k, v in keys.items() if k not in heads}
 
 
 def _register() -> tuple[type, type] | tuple[None, None]:
@@ -425,6 +435,7 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                         layer._check_loaded(owner.op)
                         layer.op = owner.op
                         layer._hwz_source = lambda t=owner._hwz: None if t is None else t.numpy()
+                _untie_stored_heads(model, c.tied)
                 empty = [n for n, m in model.named_modules() if isinstance(m, (HyperLinear, HyperEmbedding)) and m.op is None]
                 if empty:
                     raise _native.FormatError(f"stored weights missing from the checkpoint: {empty[:5]}")
