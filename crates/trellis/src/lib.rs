@@ -75,7 +75,7 @@ pub enum TrellisError {
         l: u8,
     },
     /// A value is NaN or infinite.
-    #[error("value {index} is not finite")]
+    #[error("value at index {index} is not finite")]
     NonFinite {
         /// Its position.
         index: usize,
