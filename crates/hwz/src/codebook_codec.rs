@@ -116,6 +116,10 @@ pub(crate) fn encode_as(
             assignments,
             residual,
         } => {
+            // No more prototypes than blocks: each block is then a prototype of its own, and
+            // the rest would be stored for nothing (a 1 × 16 weight at k4096 stored 32 KB).
+            let blocks_in = rows * cols.div_ceil(block.max(1) as usize);
+            let prototypes = prototypes.min(blocks_in.max(1).try_into().unwrap_or(u32::MAX));
             let params = CodebookParams {
                 block: block as usize,
                 prototypes: prototypes as usize,

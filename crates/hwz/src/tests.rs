@@ -212,6 +212,23 @@ fn codebook_round_trips_and_residual_helps() {
 }
 
 #[test]
+fn a_codebook_keeps_no_more_prototypes_than_blocks() {
+    // A 1 × 16 weight in blocks of 4 asked for 4096 prototypes stored all of them (32 KB for
+    // 16 values); it keeps its 4 blocks as prototypes, exactly.
+    let w = wave(16);
+    let shape = [1u64, 16];
+    let tmpl = codebook_template(4, 4096, ScaleMode::Channel, ResidualDtype::Int8);
+    let t = encode_codebook("w", &w, &shape, &tmpl, &CodebookSettings::default()).unwrap();
+    let Encoding::Codebook { prototypes, .. } = t.encoding else {
+        panic!("not a codebook")
+    };
+    assert_eq!(prototypes, 4);
+    let stored: usize = t.streams.iter().map(|(_, b)| b.len()).sum();
+    assert!(stored < 64, "{stored} bytes");
+    assert!(snr(&w, &through_archive("w", &shape, &t)) > 40.0);
+}
+
+#[test]
 fn codebook_residual_budget_is_kept() {
     let w = wave(64 * 96);
     let tmpl = codebook_template(8, 16, ScaleMode::Block, ResidualDtype::Int8);
