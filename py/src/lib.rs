@@ -247,9 +247,18 @@ fn run(py: Python<'_>, argv: Vec<String>) -> PyResult<(String, String)> {
 /// quantization config checks when it is made, before any weight loads.
 #[pyfunction]
 fn check_spec(spec: &str) -> PyResult<()> {
-    let name = spec.strip_suffix(":tensor").unwrap_or(spec);
-    Spec::parse(name).map_err(|e| InvalidInputError::new_err(e.to_string()))?;
-    Ok(())
+    parse_spec(spec).map(|_| ())
+}
+
+/// A candidate name as `Linear.quantize` takes it: `NAME:tensor` is an entropy-coded lattice
+/// with one step for every row.
+fn parse_spec(spec: &str) -> PyResult<(Spec, LatticeScale)> {
+    let (name, scale) = match spec.strip_suffix(":tensor") {
+        Some(name) => (name, LatticeScale::Tensor),
+        None => (spec, LatticeScale::Row),
+    };
+    let spec = Spec::parse(name).map_err(|e| InvalidInputError::new_err(e.to_string()))?;
+    Ok((spec, scale))
 }
 
 /// The summary `hypercodec inspect --json` prints (native and legacy archives), as JSON text.
@@ -737,16 +746,11 @@ impl Linear {
         let bias = bias
             .map(|b| b.row_major().map(std::borrow::Cow::into_owned))
             .transpose()?;
-        // `NAME:tensor`: an entropy-coded lattice with one step for every row.
-        let (spec, lattice_scale) = match spec.strip_suffix(":tensor") {
-            Some(name) => (name, LatticeScale::Tensor),
-            None => (spec, LatticeScale::Row),
-        };
+        let (mut spec, lattice_scale) = parse_spec(spec)?;
         let opts = EncodeOptions {
             lattice_scale,
             ..EncodeOptions::default()
         };
-        let mut spec = Spec::parse(spec).map_err(|e| InvalidInputError::new_err(e.to_string()))?;
         // A lattice rate the tensor cannot serve (its side information alone would eat the
         // budget: small layers; or below the lattice's least rate) falls back as in the
         // pipeline: prefix codes to GPU-shaped rANS, then a per-tensor integer grid

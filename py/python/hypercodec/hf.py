@@ -412,8 +412,8 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                         placeholder._fixed_bits = c.fixed_bits
                     placed[id(layer)] = placeholder
                 _set(model, name, placed[id(layer)])
-                # A head that shares a stored table's codes is tied here (after loading), not
-                # by transformers' tie of their dense weights (neither has one).
+                # A stored layer is tied by hypercodec (a head to its table's codes, after
+                # loading), never by transformers' tie of dense weights (it has none).
                 getattr(model, "all_tied_weights_keys", {}).pop(f"{name}.weight", None)
             _init_around_placeholders(model)
             return model

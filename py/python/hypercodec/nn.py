@@ -1472,7 +1472,7 @@ class HyperConv2d(_StoredForm, nn.Module):
     def _check_loaded(self, op: "_native.Linear") -> None:
         # The stored tensor's own shape (its matrix view alone let a 8×4×3×3 kernel load into
         # a 8×9×2×2 convolution, or one of other groups, and compute garbage).
-        shape = tuple(getattr(op, "shape", ()))
+        shape = tuple(op.shape)
         if shape != tuple(self.weight_shape):
             raise _native.InvalidInputError(f"stored weight is {shape}; this convolution's is {tuple(self.weight_shape)}")
 
@@ -1498,20 +1498,23 @@ class HyperConv2d(_StoredForm, nn.Module):
             # A bias set to train is added outside the operator, where its gradient is taken;
             # any other is added inside, in float32 before the output's rounding, as eagerly.
             y = _as_op(self, x)
-            return y + self.bias.to(y.dtype)[None, :, None, None] if self._trained_bias() else y
+            return self._add_trained_bias(y)
         if self.pointwise and x.shape[1] > 0:
             # A 1×1 convolution runs on the matrix form. (Without input channels it takes the
             # decoded weight's path, so its output is PyTorch's: empty.)
-            if self._trained_bias():
-                y = _through_stored(x, lambda t: self._pointwise_forward(t, bias=False), self._pointwise_grad)
-                return y + self.bias.to(y.dtype)[None, :, None, None]
-            return _through_stored(x, self._pointwise_forward, self._pointwise_grad)
+            inside = not self._trained_bias()
+            y = _through_stored(x, lambda t: self._pointwise_forward(t, bias=inside), self._pointwise_grad)
+            return self._add_trained_bias(y)
         return self._decoded_forward(x)
 
     def _trained_bias(self) -> bool:
         """Whether the bias is set to train (``requires_grad``): then added outside the stored
         product, where autograd sees it (added inside, it got no gradient on 1×1 convolutions)."""
         return self.bias is not None and self.bias.requires_grad
+
+    def _add_trained_bias(self, y: torch.Tensor) -> torch.Tensor:
+        """``y`` of the stored product plus a bias set to train (any other was added inside)."""
+        return y + self.bias.to(y.dtype)[None, :, None, None] if self._trained_bias() else y
 
     def _pointwise_grad(self, gy: torch.Tensor) -> torch.Tensor:
         """A 1×1 convolution's input gradient: ``∂y``'s channels times the decoded matrix."""
@@ -2657,9 +2660,9 @@ def rebuild_meta_buffers(model: nn.Module, config: Any) -> None:
     buffers from a fresh one (replacing BERT's embeddings whole put random tables in place of
     the loaded ones)."""
     for name, module in list(model.named_modules()):
-        if not any(b.is_meta for b in module.buffers(recurse=False)):
-            continue
         meta = [k for k, b in module.named_buffers(recurse=False) if b.is_meta]
+        if not meta:
+            continue
         if all(isinstance(getattr(module, f"scalar_{k}", None), numbers.Real) for k in meta):
             # A buffer that holds a number the module keeps beside it (Gemma's scaled embedding:
             # `embed_scale` and `scalar_embed_scale`; its constructor takes no config).
@@ -2673,9 +2676,8 @@ def rebuild_meta_buffers(model: nn.Module, config: Any) -> None:
         if next(module.parameters(), None) is None and next(module.children(), None) is None:
             _replace(model, name, fresh)
             continue
-        for key, b in list(module.named_buffers(recurse=False)):
-            if b.is_meta:
-                module._buffers[key] = fresh._buffers[key]
+        for key in meta:
+            module._buffers[key] = fresh._buffers[key]
 
 
 def _restore_meta_buffers(model: nn.Module) -> None:
