@@ -77,12 +77,14 @@ inline HcSmem hc_ep_smem(const uint32_t* p) { return p; }
 #ifdef __CUDA_ARCH__
 extern __shared__ __align__(4 * HC_EP_RING) uint32_t hc_ep_dyn[];
 #else
-alignas(4 * HC_EP_RING) static uint32_t hc_ep_dyn[HC_EP_WARPS * HC_EP_RING + (3 << 8) * 32 + (4 << 12)];
+alignas(4 * HC_EP_RING) static uint32_t hc_ep_dyn[2 * HC_EP_WARPS * HC_EP_RING + (3 << 8) * 32 + (4 << 12)];
 inline void hc_ep_cp4(uint32_t dst, const uint32_t* src, bool ok) { hc_ep_dyn[dst / 4] = ok ? *src : 0u; }
 inline uint32_t hc_ep_ring_lds(uint32_t addr) { return hc_ep_dyn[addr / 4]; }
 #endif
-// The tables: after the block's rings.
-__device__ __forceinline__ uint32_t* hc_ep_tables() { return hc_ep_dyn + HC_EP_RING * (blockDim.x >> 5); }
+// The tables: after the block's rings (`rings` a warp).
+__device__ __forceinline__ uint32_t* hc_ep_tables(int rings = 1) {
+    return hc_ep_dyn + HC_EP_RING * rings * (blockDim.x >> 5);
+}
 
 __device__ __forceinline__ float hc_ep_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -401,8 +403,8 @@ __device__ __forceinline__ void hc_ep_x(const float* xr, int w, bool on, float (
 // aligned). C > 1: consecutive threads write consecutive words (no bank conflict), reading one
 // entry a C-thread group (a broadcast), four loads in flight.
 template <int C>
-__device__ __forceinline__ void hc_ep_fill(const uint32_t* table, int entries) {
-    uint32_t* tab = hc_ep_tables();
+__device__ __forceinline__ void hc_ep_fill(const uint32_t* table, int entries, int rings = 1) {
+    uint32_t* tab = hc_ep_tables(rings);
     const int step = blockDim.x;
     if (C == 1) {
         const uint4* t4 = reinterpret_cast<const uint4*>(table);
@@ -431,11 +433,11 @@ __device__ __forceinline__ void hc_ep_fill(const uint32_t* table, int entries) {
 
 // Every kernel's start: the tables into shared memory, then this lane's copy of them.
 template <int L, int LP, int C>
-__device__ __forceinline__ HcSmem hc_ep_setup(const E8PrefixArgs& a) {
+__device__ __forceinline__ HcSmem hc_ep_setup(const E8PrefixArgs& a, int rings = 1) {
     constexpr int entries = LP ? (3 << 8) + (4 << LP) : 3 << L;
-    hc_ep_fill<C>(a.table, entries);
+    hc_ep_fill<C>(a.table, entries, rings);
     __syncthreads();
-    return hc_ep_smem(hc_ep_tables() + (LP ? 0 : (threadIdx.x & 31) % C));
+    return hc_ep_smem(hc_ep_tables(rings) + (LP ? 0 : (threadIdx.x & 31) % C));
 }
 
 // L, G: singles of at most L bits, refills every G symbols; LP > 0: pairs of at most LP bits.
@@ -671,3 +673,129 @@ __device__ __forceinline__ void hc_e8_prefix_r8_decode(const E8PrefixArgs& a) {
     hc_ep_wait0();
 }
 
+
+// ---------------------------------------------------------------------------------------
+// Two chunks a warp in the rows8 layout: the GEMV at batch 1 in pairs (hc_e8p_gemv2_*). Warp w
+// of a block takes row groups g and g + 1 (the same segment of each, so the same activations),
+// each lane two bit strings decoded side by side: two independent lookup chains a lane, where
+// hc_e8_prefix_r8 has one (measured 5–9 % faster on 8192², docs/eval/cuda_rans.md). Each warp
+// has two rings (2 KB of dynamic shared memory a warp before the tables). Chunks of one row group
+// only (rows_per_chunk 8); a last group without a partner runs the one-chunk span.
+//
+// One word of each of two lanes in pairs (hc_ep_word_pairs's steps, interleaved, so that the
+// two chains share basic blocks and ptxas can overlap them).
+template <int LP, bool TAIL, bool EXACT>
+__device__ __forceinline__ void hc_ep_word_pairs2(Lane& s, Lane& t, HcSmem tab, float (&v)[8], float (&u)[8], bool on,
+                                                  bool onb, unsigned below) {
+    hc_ep_keep_ahead(s);
+    hc_ep_keep_ahead(t);
+    hc_ep_refill<TAIL, false>(s, on, below);
+    hc_ep_refill<TAIL, false>(t, onb, below);
+    uint32_t e0 = hc_ep_lds(tab, 4 * (s.hi >> 24));
+    uint32_t f0 = hc_ep_lds(tab, 4 * (t.hi >> 24));
+    if (TAIL) e0 = on ? e0 : 0u, f0 = onb ? f0 : 0u;
+    hc_ep_consume(s, e0);
+    hc_ep_consume(t, f0);
+    const uint32_t pb = (e0 << (LP - 2)) & (1u << (LP + 3)), qb = (f0 << (LP - 2)) & (1u << (LP + 3));
+    const uint32_t lb = (e0 << 5) & (1u << 10), mb = (f0 << 5) & (1u << 10);
+    uint32_t par = 0, pat = 0;
+#pragma unroll
+    for (int k = 0; k < 3; k++) {
+        if (k == 1) {
+            hc_ep_refill<TAIL, false>(s, on, below);
+            hc_ep_refill<TAIL, false>(t, onb, below);
+        }
+        uint32_t ea, eb, fa, fb;
+        hc_ep_lds2(tab, hc_ep_at<32 - LP, 3>(s.hi, pb) + 4u * 768u, ea, eb);
+        hc_ep_lds2(tab, hc_ep_at<32 - LP, 3>(t.hi, qb) + 4u * 768u, fa, fb);
+        if (TAIL) ea = on ? ea : 0u, fa = onb ? fa : 0u;
+        hc_ep_consume(s, ea);
+        hc_ep_consume(t, fa);
+        v[2 * k] = __uint_as_float(ea & HC_EP_VALUE(EXACT));
+        v[2 * k + 1] = __uint_as_float(eb);
+        u[2 * k] = __uint_as_float(fa & HC_EP_VALUE(EXACT));
+        u[2 * k + 1] = __uint_as_float(fb);
+        par ^= ea, pat ^= fa;
+    }
+    uint32_t e6 = hc_ep_lds(tab, hc_ep_at<24, 2>(s.hi, lb) + 4u * 256u);
+    uint32_t f6 = hc_ep_lds(tab, hc_ep_at<24, 2>(t.hi, mb) + 4u * 256u);
+    if (TAIL) e6 = on ? e6 : 0u, f6 = onb ? f6 : 0u;
+    hc_ep_consume(s, e6);
+    hc_ep_consume(t, f6);
+    v[6] = __uint_as_float(e6 & HC_EP_VALUE(EXACT));
+    u[6] = __uint_as_float(f6 & HC_EP_VALUE(EXACT));
+    par ^= e6, pat ^= f6;
+    v[7] = __uint_as_float(e0 & HC_EP_VALUE(EXACT)) + ((par & 32u) ? 2.f : 0.f);
+    u[7] = __uint_as_float(f0 & HC_EP_VALUE(EXACT)) + ((pat & 32u) ? 2.f : 0.f);
+}
+
+template <int LP, bool TAIL>
+__device__ __forceinline__ void hc_ep_r8_span2(Lane& s, Lane& t, HcSmem tabs, const E8PrefixArgs& a, int b0, int nb,
+                                               bool on, bool onb, unsigned below, float& acc, float& accb) {
+    const float* xp = a.xr + 32 * b0 + 8 * (threadIdx.x & 3);
+    for (int j = 0; j < nb; j++, xp += 32) {
+        float x[8], v[8], u[8];
+        hc_ep_x(xp, 0, true, x);
+        hc_ep_word_pairs2<LP, TAIL, false>(s, t, tabs, v, u, on, onb, below);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc = hc_ep_fma(v[i], x[i], acc), accb = hc_ep_fma(u[i], x[i], accb);
+    }
+}
+
+template <int LP>
+__device__ __forceinline__ void hc_e8_prefix_r8_d2(const E8PrefixArgs& a) {
+    const HcSmem tabs = hc_ep_setup<8, LP, 1>(a, 2);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, q = lane & 3;
+    const uint32_t ring = hc_ep_ring_of(2 * warp), ringb = hc_ep_ring_of(2 * warp + 1);
+    const unsigned below = (1u << lane) - 1u;
+    const int groups = (a.rows + 7) >> 3, blocks = a.cols >> 5;
+    // A block holds `pairs` pairs of row groups, `segments` warps each.
+    const int pairs = (blockDim.x >> 5) / a.segments, wp = warp / a.segments, seg = warp % a.segments;
+    const int gpb = 2 * pairs;
+    for (int base = blockIdx.x * gpb; base < groups; base += gridDim.x * gpb) {
+        const int g = base + 2 * wp;
+        if (wp < pairs && g < groups) {
+            const int b0 = seg * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
+            const bool on = g * 8 + n < a.rows, full = g * 8 + 8 <= a.rows;
+            float acc = 0.f, accb = 0.f;
+            Lane s;
+            hc_ep_start_chunk(s, ring, a, g * a.segments + seg);
+            if (g + 1 < groups) {
+                Lane t;
+                hc_ep_start_chunk(t, ringb, a, (g + 1) * a.segments + seg);
+                const bool onb = (g + 1) * 8 + n < a.rows, fullb = (g + 1) * 8 + 8 <= a.rows;
+                if (fullb) {
+                    hc_ep_r8_span2<LP, false>(s, t, tabs, a, b0, nb, true, true, below, acc, accb);
+                } else {
+                    hc_ep_r8_span2<LP, true>(s, t, tabs, a, b0, nb, true, onb, below, acc, accb);
+                }
+            } else {
+                float acc4[4] = {0.f, 0.f, 0.f, 0.f};
+                if (full) {
+                    hc_ep_r8_span<8, 0, LP, 1, false, false>(s, tabs, a, b0, nb, true, below, acc4);
+                } else {
+                    hc_ep_r8_span<8, 0, LP, 1, false, true>(s, tabs, a, b0, nb, on, below, acc4);
+                }
+                acc = acc4[0];
+            }
+            hc_ep_wait0();
+            __syncwarp();
+            float* red = reinterpret_cast<float*>(hc_ep_dyn + HC_EP_RING * 2 * warp);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+            accb += __shfl_xor_sync(0xffffffffu, accb, 1);
+            accb += __shfl_xor_sync(0xffffffffu, accb, 2);
+            if (q == 0) red[n] = acc, red[8 + n] = accb;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < gpb * 8; i += blockDim.x) {
+            const int gl = i >> 3, r = (base + gl) * 8 + (i & 7);
+            if (r >= a.rows) continue;
+            float t = 0.f;
+            for (int w = 0; w < a.segments; w++)
+                t += reinterpret_cast<const float*>(hc_ep_dyn + HC_EP_RING * 2 * ((gl >> 1) * a.segments + w))[8 * (gl & 1) + (i & 7)];
+            hc_ep_store_y(a, r, 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f));
+        }
+        __syncthreads();
+    }
+}

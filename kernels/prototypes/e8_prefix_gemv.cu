@@ -36,3 +36,9 @@ extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_l8_decode(E
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs12_decode(E8PrefixArgs a) { hc_e8_prefix_r8_decode<8, 0, 12, 1>(a); }
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_pairs11(E8PrefixArgs a) { hc_e8_prefix<8, 0, 11>(a); }
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_pairs12(E8PrefixArgs a) { hc_e8_prefix<8, 0, 12>(a); }
+// Two chunks a warp (row groups g and g + 1, two bit strings a lane; the committed
+// hc_e8p_gemv2_* run the same code): 2 KB of rings a warp. `_d2w8`: at most 8 warps a block.
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs12_d2(E8PrefixArgs a) { hc_e8_prefix_r8_d2<12>(a); }
+extern "C" __global__ void __launch_bounds__(256, 4) hc_e8_prefix_r8_pairs12_d2w8(E8PrefixArgs a) { hc_e8_prefix_r8_d2<12>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs11(E8PrefixArgs a) { hc_e8_prefix_r8<8, 0, 11, 1, false>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs11_d2(E8PrefixArgs a) { hc_e8_prefix_r8_d2<11>(a); }

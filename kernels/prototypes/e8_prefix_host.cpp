@@ -21,7 +21,10 @@ static void (*hc_ep_kernel(const std::string& k))(E8PrefixArgs) {
          : k == "r8_pairs12" ? hc_e8_prefix_r8_pairs12 : k == "r8_l8_mma" ? hc_e8_prefix_r8_l8_mma
          : k == "r8_l8c32_mma" ? hc_e8_prefix_r8_l8c32_mma : k == "r8_pairs12_mma" ? hc_e8_prefix_r8_pairs12_mma
          : k == "r8_l8_decode" ? hc_e8_prefix_r8_l8_decode
-         : k == "r8_pairs12_decode" ? hc_e8_prefix_r8_pairs12_decode : nullptr;
+         : k == "r8_pairs12_decode" ? hc_e8_prefix_r8_pairs12_decode
+         : k == "r8_pairs11" ? hc_e8_prefix_r8_pairs11 : k == "r8_pairs11_d2" ? hc_e8_prefix_r8_pairs11_d2
+         : k == "r8_pairs12_d2" ? hc_e8_prefix_r8_pairs12_d2 : k == "r8_pairs12_d2w8" ? hc_e8_prefix_r8_pairs12_d2w8
+         : nullptr;
 }
 
 // For the driver's dry run (`--dry-run`, built with -shared -DHC_EP_LIBRARY): one launch of

@@ -40,7 +40,10 @@ import _e8prefix as P
 # name: (code limits, refill group). "r8_…": the rows8 layout (…_mma: tensor cores, batches ≤ 16).
 KERNELS = {"l8": (8, 4), "l10": (10, 3), "l12": (12, 2), "l8c16": (8, 4), "l8c32": (8, 4), "pairs12": (12, 0),
            "pairs11": (11, 0), "r8_l8": (8, 4), "r8_l8c32": (8, 4), "r8_pairs12": (12, 0), "r8_l8_mma": (8, 4),
-           "r8_l8c32_mma": (8, 4), "r8_pairs12_mma": (12, 0), "r8_l8_decode": (8, 4), "r8_pairs12_decode": (12, 0)}
+           "r8_l8c32_mma": (8, 4), "r8_pairs12_mma": (12, 0), "r8_l8_decode": (8, 4), "r8_pairs12_decode": (12, 0),
+           "r8_pairs12_d2": (12, 0), "r8_pairs12_d2w8": (12, 0), "r8_pairs11": (11, 0),
+           "r8_pairs11_d2": (11, 0)}
+D2_PAIRS = 0  # --d2-pairs: pairs of row groups a block for the _d2 kernels (0: as many as fill the SMs)
 # copies of the tables in shared memory (1 otherwise)
 COPIES = {"l8c16": 16, "l8c32": 32, "r8_l8c32": 32, "r8_l8c32_mma": 32}
 
@@ -49,6 +52,8 @@ def describe(key: str) -> str:
     L, G = KERNELS[key]
     where = ("8-row layout, tensor cores, " if key.endswith("_mma") else "8-row layout, decode to bf16, "
              if key.endswith("_decode") else "8-row layout, ") if key.startswith("r8") else ""
+    if key.endswith(("_d2", "_d2w8")):
+        where += "two chunks a warp (row groups g, g + 1), "
     if "pairs" in key:
         return f"{where}pairs: singles ≤ 8 bits, pairs ≤ {L} bits, 2 refills a word"
     copies = f", {COPIES[key]} table copies" if key in COPIES else ""
@@ -62,6 +67,11 @@ def model_of(key: str, sym: np.ndarray):
 
 def layout_of(key: str, rows: int, cols: int):
     return P.Rows8Layout(rows, cols) if key.startswith("r8") else P.RowLayout(rows, cols)
+
+
+def dual(key: str) -> bool:
+    """Two chunks a warp (`hc_e8_prefix_r8_d2`): 2 KB of rings a warp, pairs of row groups."""
+    return key.endswith(("_d2", "_d2w8"))
 
 
 def sass(cubin: str) -> None:
@@ -188,6 +198,12 @@ HOST_CASES = [  # rows, cols, α, kernel, warps a block, grid (a grid smaller th
     (5, 264, 4.0, "pairs12", 1, 1, 1), (2, 16392, 4.0, "pairs11", 1, 1, 1),
     # Short last segments (2080 = 2048 + 32 columns, 6176 = 3 · 2048 + 32).
     (11, 2080, 4.0, "r8_l8", 0, 1, 1), (11, 2080, 4.0, "r8_pairs12_mma", 0, 1, 7), (9, 6176, 3.0, "r8_l8c32_mma", 0, 2, 16),
+    # Two chunks a warp: odd group counts (the last pair a single group), partial groups, short segments.
+    (37, 1024, 4.0, "r8_pairs12_d2", 0, 1, 1), (8, 4096, 3.0, "r8_pairs12_d2", 0, 1, 1),
+    (300, 512, 2.0, "r8_pairs12_d2", 0, 7, 1), (11, 2080, 4.0, "r8_pairs12_d2w8", 0, 1, 1),
+    (20, 8192, 4.0, "r8_pairs12_d2w8", 0, 2, 1), (16, 256, 0.0, "r8_pairs12_d2", 0, 1, 1),
+    (13, 96, 6.0, "r8_pairs12_d2", 0, 1, 1), (64, 6176, 3.0, "r8_pairs12_d2", 0, 3, 1),
+    (37, 1024, 4.0, "r8_pairs11_d2", 0, 1, 1), (40, 4096, 4.0, "r8_pairs11", 0, 2, 1),
     # Decode to bf16 (the weights, compared bit for bit; warps column: warps a block).
     (37, 1024, 4.0, "r8_l8_decode", 2, 3, 1), (11, 2080, 3.0, "r8_pairs12_decode", 4, 1, 1),
     (1, 32, 1.0, "r8_l8_decode", 1, 1, 1), (16, 256, 0.0, "r8_pairs12_decode", 1, 2, 1),
@@ -229,6 +245,8 @@ def host(sanitize: bool) -> int:
         decode = key.endswith("_decode")
         if key.startswith("r8") and not decode:  # blocks of 2 row groups where they fit, else 1
             warps = segs * (2 if 2 * segs <= 16 else 1)
+            if dual(key):  # pairs of row groups: one pair a block (two where they fit)
+                warps = segs * (2 if 2 * segs <= 8 else 1)
         if decode:  # the weights, scaled in f32, rounded to bf16
             sc32 = (np.float32(0.5) * scales.astype(np.float32))[:, None]
             doubled = P.doubled_coords(sym).reshape(rows, cols).astype(np.float32)
@@ -490,14 +508,21 @@ def gpu(be, shapes: list[tuple[int, int]], kernels: list[str], batches: list[int
             fn = be.fn(f"hc_e8_prefix_{key}")
 
             # At most 16 warps a block, fewer where the chunks would not fill every SM.
-            if r8 and not decode:
+            if r8 and not decode and dual(key):  # pairs of row groups, a warp a pair's segment
+                most = 8 if key.endswith("w8") else 16
+                pairs = max(1, min(most // segs, layout.groups // (2 * sms)))
+                if D2_PAIRS:
+                    pairs = max(1, min(16 // segs, D2_PAIRS))
+                block, gpb = 32 * segs * pairs, 2 * pairs
+            elif r8 and not decode:
                 gpb = max(1, min(16 // segs, layout.groups // sms))  # row groups a block
                 block = 32 * segs * gpb
             else:  # a chunk a warp
                 block = 32 * max(1, min(16, chunks // sms))
             # A persistent grid (the kernels stride over chunks or row groups): each block loads
             # the tables once.
-            smem = 1024 * (block // 32) + 4 * len(enc.table) * COPIES.get(key, 1)  # rings, then tables
+            rings = 2 if dual(key) else 1
+            smem = 1024 * rings * (block // 32) + 4 * len(enc.table) * COPIES.get(key, 1)  # rings, then tables
             be.set_smem(fn, smem)
             per_sm = be.blocks_per_sm(fn, block, smem)
             need = -(-layout.groups // gpb) if r8 and not decode else -(-chunks // (block // 32))
@@ -562,8 +587,12 @@ def main() -> int:
     ap.add_argument("--chunk-symbols", type=int, default=P.CHUNK_SYMBOLS,
                     help="symbols a chunk aims at (fewer: more warps, more padding)")
     ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--d2-pairs", type=int, default=0,
+                    help="pairs of row groups a block for the _d2 kernels (0: as many as fill the SMs)")
     args = ap.parse_args()
     P.CHUNK_SYMBOLS = args.chunk_symbols
+    global D2_PAIRS
+    D2_PAIRS = args.d2_pairs
     if args.sass:
         sass(args.sass)
     if args.rate:

@@ -114,16 +114,19 @@ def test_cuda_forward_matches_the_cpu_runtime(spec, dtype, scale):
         want = op.forward(x.float().numpy())
         assert np.abs(got - want).max() <= tol * np.abs(want).max(), (spec, "forced gemv")
         # 512 columns make chunks spanning 4 row groups; 4096 make two segments a row, of one.
+        # At one row the pair forms decode two row groups a warp: 20 rows leave a partial group
+        # without a partner, 44 rows a partial group in the last pair.
         assert op.device_form()["span"] == 4
-        w2 = rng.standard_normal((20, 4096)).astype(np.float32) * np.float32(scale)
-        op2 = hypercodec.Linear.quantize(w2, spec)
-        assert op2.device_form()["span"] == 1
-        d2 = hcuda.DeviceLinear(op2, torch.device("cuda"))
-        for m in (1, 5, 20):
-            x = torch.from_numpy(rng.standard_normal((m, 4096)).astype(np.float32)).to(dtype)
-            want = op2.forward(x.float().numpy())
-            got = d2.forward(x.cuda()).float().cpu().numpy()
-            assert np.abs(got - want).max() <= tol * np.abs(want).max(), (spec, "4096 columns", m)
+        for rows2, cols2 in ((20, 4096), (44, 2080)):
+            w2 = rng.standard_normal((rows2, cols2)).astype(np.float32) * np.float32(scale)
+            op2 = hypercodec.Linear.quantize(w2, spec)
+            assert op2.device_form()["span"] == 1
+            d2 = hcuda.DeviceLinear(op2, torch.device("cuda"))
+            for m in (1, 5, 20):
+                x = torch.from_numpy(rng.standard_normal((m, cols2)).astype(np.float32)).to(dtype)
+                want = op2.forward(x.float().numpy())
+                got = d2.forward(x.cuda()).float().cpu().numpy()
+                assert np.abs(got - want).max() <= tol * np.abs(want).max(), (spec, rows2, cols2, m)
 
 
 @needs_cuda

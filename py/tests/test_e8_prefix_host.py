@@ -72,6 +72,10 @@ def _launch_args(lib, kind, a, y, batch, max_grid=2 * SMS):
     if kind.startswith("decode") or span > 1:
         warps = min(max(chunks // SMS, 1), 16)
         grid = min(-(-chunks // warps), max_grid)
+    elif kind == "gemv2":  # pairs of row groups, as `e8_prefix_pairs` picks them (residency aside)
+        most = max(16 // segs, 1)
+        pairs = min(range(1, most + 1), key=lambda p: (-(-(-(-groups // (2 * p))) // SMS) * p, -p))
+        warps, grid = segs * pairs, min(-(-groups // (2 * pairs)), max_grid)
     else:
         gpb = max(1, min(16 // segs, groups // SMS))
         warps, grid = segs * gpb, min(-(-groups // gpb), max_grid)
@@ -97,7 +101,14 @@ def _launch(lib, kind, f, rows, xr, y, m, keep, bias=None, max_grid=2 * SMS, y_d
 # segment make chunks of several row groups (spans of 2, 21, 8 and 4 groups here, the last span
 # short, the last group partial); 2080 and 6176 columns make chunks of one.
 CASES = [("e8@4-prefix", 40, 1024), ("e8@3-prefix8", 13, 2080), ("e8@4-prefix10", 41, 96),
-         ("e8@4-prefix12", 16, 256), ("e8@3-prefix8p11", 3, 6176), ("e8@2-prefix", 63, 512)]
+         ("e8@4-prefix12", 16, 256), ("e8@3-prefix8p11", 3, 6176), ("e8@2-prefix", 63, 512),
+         ("e8@4-prefix", 37, 2080), ("e8@3-prefix8p11", 24, 6176), ("e8@4-prefix", 16, 4096)]
+
+
+def _gemv(f, rows):
+    """The batch-1 kernel `Kernels::e8_prefix_gemv` launches: two chunks a warp for the pair
+    forms where chunks are one row group and there are two groups or more."""
+    return "gemv2" if f["pair_limit"] and f["span"] == 1 and rows > 8 else "gemv"
 
 
 @pytest.mark.parametrize("spec, rows, cols", CASES)
@@ -108,19 +119,23 @@ def test_the_kernels_source_computes_the_stored_weight(lib, spec, rows, cols):
     f = op.device_form()
     assert f is not None and f["kind"] == "e8prefix", f
     assert (f["span"] > 1) == (cols <= 1024), (spec, f["span"])
+    assert _gemv(f, rows) == ("gemv2" if spec.endswith(("-prefix", "p11")) and cols > 1024 and rows > 8 else "gemv")
     ref = op.int8_weight()
     wr = ref["values"].astype(np.float64) * ref["scales"].astype(np.float64)[:, None]  # rows × cols, rotated
     keep = []
     bias = rng.standard_normal(rows).astype(np.float32)
     # The GEMV (one f32 row) and the tensor cores (f16 rows, 2 to 16), with a bias, on the
     # launch's grid and on one block that strides over every row group.
-    for m, max_grid in ((1, 2 * SMS), (5, 2 * SMS), (16, 2 * SMS), (1, 1), (7, 1)):
+    runs = [(1, 2 * SMS, "gemv"), (5, 2 * SMS, "mma"), (16, 2 * SMS, "mma"), (1, 1, "gemv"), (7, 1, "mma")]
+    if _gemv(f, rows) == "gemv2":  # and the kernel of two chunks a warp
+        runs += [(1, 2 * SMS, "gemv2"), (1, 1, "gemv2")]
+    for m, max_grid, kind in runs:
         if m == 1:
             x = rng.standard_normal((1, cols)).astype(np.float32)
-            xk, kind, tol = x, "gemv", Y_RTOL
+            xk, tol = x, Y_RTOL
         else:
             x = rng.standard_normal((m, cols)).astype(np.float16).astype(np.float32)
-            xk, kind, tol = x.astype(np.float16), "mma", MMA_RTOL
+            xk, tol = x.astype(np.float16), MMA_RTOL
         y = np.full((m, rows), np.nan, np.float32)
         _launch(lib, kind, f, rows, xk, y, m, keep, bias, max_grid)
         want = x.astype(np.float64) @ wr.T + bias
@@ -149,11 +164,13 @@ def test_the_kernels_source_computes_the_stored_weight(lib, spec, rows, cols):
     assert np.array_equal(out, bf16), spec
 
 
-def test_corrupt_words_stay_in_bounds(lib):
+@pytest.mark.parametrize("rows, cols", [(16, 512), (24, 2080)])
+def test_corrupt_words_stay_in_bounds(lib, rows, cols):
     """Random words, a payload cut short and chunk offsets past its end decode to wrong values,
-    never outside the buffers (the offsets are clamped, reads past a chunk's end give 0)."""
+    never outside the buffers (the offsets are clamped, reads past a chunk's end give 0); chunks
+    of several row groups (512 columns) and of one, two a warp (2080)."""
     rng = np.random.default_rng(5)
-    w = rng.standard_normal((16, 512)).astype(np.float32)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
     f = dict(hypercodec.Linear.quantize(w, "e8@4-prefix").device_form())
     keep = []
     payload = np.ascontiguousarray(f["payload"]).view(np.uint32)
@@ -166,8 +183,8 @@ def test_corrupt_words_stay_in_bounds(lib):
             g["starts"] = np.minimum(np.asarray(f["starts"]), len(payload) // 2).astype(np.uint32)
         else:
             g["starts"] = np.asarray(f["starts"], np.uint32) + np.uint32(1 << 20)
-        y = np.zeros((1, 16), np.float32)
-        _launch(lib, "gemv", g, 16, rng.standard_normal((1, 512)).astype(np.float32), y, 1, keep)
+        y = np.zeros((1, rows), np.float32)
+        _launch(lib, _gemv(f, rows), g, rows, rng.standard_normal((1, cols)).astype(np.float32), y, 1, keep)
         assert np.isfinite(y).all(), bad
 
 
@@ -184,7 +201,8 @@ class _HostKernels:
 
     def e8_prefix_gemv(self, a: dict, stream: int) -> None:
         assert 1 <= a["batch"] <= 16 and stream == 0
-        _launch_args(self.lib, "mma" if a["batch"] > 1 else "gemv", a, a["y"], a["batch"])
+        kind = "mma" if a["batch"] > 1 else _gemv(a, a["rows"])
+        _launch_args(self.lib, kind, a, a["y"], a["batch"])
 
     def e8_prefix_decode(self, a: dict, out: int, dtype: int, stream: int) -> None:
         _launch_args(self.lib, {0: "decode_f32", 1: "decode_f16", 2: "decode_bf16"}[dtype], a, out, 0)

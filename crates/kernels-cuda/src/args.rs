@@ -110,6 +110,9 @@ pub(crate) fn function_names() -> Vec<String> {
             v.push(format!("hc_e8p_{k}_{}", f.0));
         }
     }
+    for (name, _) in E8P_GEMV2_FORMS {
+        v.push(format!("hc_e8p_gemv2_{name}"));
+    }
     v
 }
 
@@ -139,6 +142,16 @@ pub(crate) fn e8_prefix(limit: u8, pair_limit: u8, kind: usize) -> Option<usize>
         .position(|&(_, l, p)| (l, p) == (limit, pair_limit))?;
     let base = quant_f8_blocks() + 1 + CPA_KINDS.len();
     Some(base + E8P_KINDS.len() * form + kind)
+}
+
+/// The pair forms whose batch-1 GEMV also comes in two chunks a warp (`hc_e8p_gemv2_*`, after
+/// the other prefix kernels): (name, pair code limit).
+const E8P_GEMV2_FORMS: [(&str, u8); 2] = [("p11", 11), ("p12", 12)];
+
+/// The two-chunks-a-warp GEMV of the pair form of `pair_limit`, if compiled.
+pub(crate) fn e8_prefix_gemv2(pair_limit: u8) -> Option<usize> {
+    let form = E8P_GEMV2_FORMS.iter().position(|&(_, p)| p == pair_limit)?;
+    Some(e8_prefix(8, 12, E8P_KINDS.len() - 1)? + 1 + form)
 }
 
 /// The tensor-core GEMM's (row tiles per warp, batch tiles of 8, stages) shapes, in the order

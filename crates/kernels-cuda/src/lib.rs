@@ -479,10 +479,10 @@ impl E8PrefixGemv {
         }
     }
 
-    /// Dynamic shared memory of a block of `warps` warps: the warps' word rings (1 KiB each),
-    /// then the tables.
-    fn shared(&self, warps: usize) -> u32 {
-        (1024 * warps + 4 * self.table_entries()) as u32
+    /// Dynamic shared memory of a block of `warps` warps with `rings` word rings each (1 KiB
+    /// a ring), then the tables.
+    fn shared(&self, warps: usize, rings: usize) -> u32 {
+        (1024 * rings * warps + 4 * self.table_entries()) as u32
     }
 
     /// Checks what the kernels rely on.
@@ -2008,12 +2008,28 @@ impl Kernels {
             let chunks = a.chunks();
             let warps = (chunks / sms.max(1)).clamp(1, 16);
             // SAFETY: validated; the pointers are the caller's contract.
-            return unsafe { self.prefix_launch(f, &pass, warps, chunks.div_ceil(warps), stream) };
+            return unsafe {
+                self.prefix_launch(f, &pass, warps, chunks.div_ceil(warps), 1, stream)
+            };
+        }
+        if !mma && groups >= 2 {
+            // Pair forms at one row: two chunks a warp (row groups g and g + 1 of a segment),
+            // two independent bit strings a lane.
+            if let Some(f2) = args::e8_prefix_gemv2(a.pair_limit).filter(|&f| self.inner.has(f)) {
+                let resident = |p: usize| {
+                    let (threads, shared) = (32 * (segs * p) as u32, a.shared(segs * p, 2));
+                    self.inner.resident_blocks(f2, threads, shared).unwrap_or(0) as usize
+                };
+                let pairs = e8_prefix_pairs(groups, segs, sms, resident);
+                let need = groups.div_ceil(2 * pairs);
+                // SAFETY: validated; the pointers are the caller's contract.
+                return unsafe { self.prefix_launch(f2, &pass, segs * pairs, need, 2, stream) };
+            }
         }
         let gpb = (16 / segs).min(groups / sms.max(1)).max(1);
         let warps = segs * gpb;
         // SAFETY: validated; the pointers are the caller's contract.
-        unsafe { self.prefix_launch(f, &pass, warps, groups.div_ceil(gpb), stream) }
+        unsafe { self.prefix_launch(f, &pass, warps, groups.div_ceil(gpb), 1, stream) }
     }
 
     /// Decodes the scaled E8 points of prefix chunks (rotated domain) into `out` (`rows ×
@@ -2052,20 +2068,21 @@ impl Kernels {
         let sms = self.inner.sms() as usize;
         let warps = (chunks / sms.max(1)).clamp(1, 16);
         // SAFETY: validated; the pointers are the caller's contract.
-        unsafe { self.prefix_launch(f, &a, warps, chunks.div_ceil(warps), stream) }
+        unsafe { self.prefix_launch(f, &a, warps, chunks.div_ceil(warps), 1, stream) }
     }
 
-    /// One launch of a prefix kernel: `warps` a block, at most `need` blocks (fewer where they
-    /// would not all be resident: the kernels stride).
+    /// One launch of a prefix kernel: `warps` a block with `rings` word rings each, at most
+    /// `need` blocks (fewer where they would not all be resident: the kernels stride).
     unsafe fn prefix_launch(
         &self,
         f: usize,
         a: &E8PrefixGemv,
         warps: usize,
         need: usize,
+        rings: usize,
         stream: u64,
     ) -> Result<()> {
-        let (threads, shared) = (32 * warps as u32, a.shared(warps));
+        let (threads, shared) = (32 * warps as u32, a.shared(warps, rings));
         if shared > self.inner.max_shared() {
             return Err(CudaError::InvalidArgument(format!(
                 "{shared} bytes of shared memory a block; the device has {}",
@@ -2606,9 +2623,56 @@ fn encode_host_inputs(
     Ok(())
 }
 
+/// Pairs of row groups a block of the two-chunks-a-warp GEMV (`segs` warps a pair, at most 16
+/// warps): the count that leaves the busiest multiprocessor the fewest pairs to decode, the
+/// larger count where two tie. `resident(p)` is how many blocks of `p` pairs the device holds at
+/// once; the grid strides where the blocks are more. Measured on an H100 (8192², 14336×4096,
+/// 4096×14336), the time followed that load: 4 pairs a block on 14336×4096 (a load of 8) ran
+/// 44.0 µs, 6 pairs (150 blocks, so some multiprocessors hold two: 12) 61.5 µs.
+fn e8_prefix_pairs(
+    groups: usize,
+    segs: usize,
+    sms: usize,
+    resident: impl Fn(usize) -> usize,
+) -> usize {
+    let (most, sms) = ((16 / segs.max(1)).max(1), sms.max(1));
+    let load = |p: usize| {
+        let need = groups.div_ceil(2 * p);
+        let grid = need.min(resident(p).max(1));
+        need.div_ceil(grid) * grid.div_ceil(sms) * p
+    };
+    (1..=most)
+        .min_by_key(|&p| (load(p), usize::MAX - p))
+        .unwrap_or(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn two_chunk_gemv_blocks_spread_the_load_evenly() {
+        // An H100's residency for the pair tables of 12 bits (64 registers, 2 KiB of rings a
+        // warp): 32 warps a multiprocessor, 228 KiB of shared memory.
+        let sms = 132;
+        let resident = |segs: usize| {
+            move |p: usize| {
+                let warps = segs * p;
+                let shared = 2048 * warps + 4 * ((3 << 8) + (4 << 12));
+                sms * (32 / warps).min(228 * 1024 / shared)
+            }
+        };
+        // 8192²: 1024 groups of 4 segments. One pair a block would need a second wave.
+        assert_eq!(e8_prefix_pairs(1024, 4, sms, resident(4)), 4);
+        // 14336×4096: 6 pairs (150 blocks: some multiprocessors take two) measured 1.4× slower
+        // than 4; 7 leaves each multiprocessor one block.
+        assert_eq!(e8_prefix_pairs(1792, 2, sms, resident(2)), 7);
+        // 4096×14336: 7 segments, so at most 2 pairs.
+        assert_eq!(e8_prefix_pairs(512, 7, sms, resident(7)), 2);
+        // Few groups: a pair a block, a block a pair.
+        assert_eq!(e8_prefix_pairs(2, 16, sms, resident(16)), 1);
+        assert_eq!(e8_prefix_pairs(9, 1, sms, |_| 0), 5);
+    }
 
     #[test]
     fn fp8_quantization_checks_its_runs_and_sums() {
@@ -3311,7 +3375,16 @@ mod tests {
             e8p(10, 0, args::E8P_DECODE_BF16 + 2),
             "hc_e8p_decode_f32_l10"
         );
-        assert_eq!(names.len(), args::e8_prefix(8, 12, 4).unwrap() + 1);
+        assert_eq!(
+            names[args::e8_prefix_gemv2(11).unwrap()],
+            "hc_e8p_gemv2_p11"
+        );
+        assert_eq!(
+            names[args::e8_prefix_gemv2(12).unwrap()],
+            "hc_e8p_gemv2_p12"
+        );
+        assert!(args::e8_prefix_gemv2(0).is_none() && args::e8_prefix_gemv2(10).is_none());
+        assert_eq!(names.len(), args::e8_prefix_gemv2(12).unwrap() + 1);
         assert_eq!(names[args::KV_E8_DECODE], "hc_kv_e8_decode");
         assert_eq!(names[args::KV_E8_ATTEND], "hc_kv_e8_attend");
         assert_eq!(names[args::KV_ATTEND_MERGE], "hc_kv_attend_merge");
