@@ -36,8 +36,12 @@ HC_E8P_FORM(l12, 12, 2, 0)
 HC_E8P_FORM(p11, 8, 0, 11)
 HC_E8P_FORM(p12, 8, 0, 12)
 
-// Batch 1 in the pair forms, two chunks a warp: row groups g and g + 1 of one segment, two bit
-// strings a lane decoded side by side (hc_e8_prefix_r8_d2). Launched with 2048 · warps + 4 ·
-// entries bytes (two rings a warp), `segments` warps a pair of groups, at most 16 warps.
+// The pair forms, two chunks a warp: row groups g and g + 1 of one segment, two bit strings a lane
+// decoded side by side (hc_e8_prefix_r8_d2); gemv2 at one activation row (FFMA), mma2 at 1–16 on
+// the tensor cores (85 registers where 64 spill: one block of 16 warps an SM). Launched with
+// 2048 · warps + 4 · entries bytes (two rings a warp), `segments` warps a pair of groups, at most
+// 16 warps.
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8p_gemv2_p11(E8PrefixArgs a) { hc_e8_prefix_r8_d2<11>(a); }
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8p_gemv2_p12(E8PrefixArgs a) { hc_e8_prefix_r8_d2<12>(a); }
+extern "C" __global__ void __launch_bounds__(512, 1) hc_e8p_mma2_p11(E8PrefixArgs a) { hc_e8_prefix_r8_d2<11, true>(a); }
+extern "C" __global__ void __launch_bounds__(512, 1) hc_e8p_mma2_p12(E8PrefixArgs a) { hc_e8_prefix_r8_d2<12, true>(a); }

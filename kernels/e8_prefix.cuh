@@ -729,23 +729,61 @@ __device__ __forceinline__ void hc_ep_word_pairs2(Lane& s, Lane& t, HcSmem tab, 
     u[7] = __uint_as_float(f0 & HC_EP_VALUE(EXACT)) + ((pat & 32u) ? 2.f : 0.f);
 }
 
-template <int LP, bool TAIL>
+// Both chunks' words of one segment: FFMA against f32 activations (MMA false: acc[0], accb[0]),
+// or the tensor cores (MMA true: f16 activation rows n and n + 8 as A fragments, shared by the
+// two groups' B fragments; c0–c3 as in hc_ep_r8_span).
+template <int LP, bool MMA, bool TAIL>
 __device__ __forceinline__ void hc_ep_r8_span2(Lane& s, Lane& t, HcSmem tabs, const E8PrefixArgs& a, int b0, int nb,
-                                               bool on, bool onb, unsigned below, float& acc, float& accb) {
-    const float* xp = a.xr + 32 * b0 + 8 * (threadIdx.x & 3);
-    for (int j = 0; j < nb; j++, xp += 32) {
-        float x[8], v[8], u[8];
-        hc_ep_x(xp, 0, true, x);
-        hc_ep_word_pairs2<LP, TAIL, false>(s, t, tabs, v, u, on, onb, below);
+                                               bool on, bool onb, unsigned below, float (&acc)[4], float (&accb)[4]) {
+    const int n = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+    float v[8], u[8];
+    if (!MMA) {
+        const float* xp = a.xr + 32 * b0 + 8 * q;
+        for (int j = 0; j < nb; j++, xp += 32) {
+            float x[8];
+            hc_ep_x(xp, 0, true, x);
+            hc_ep_word_pairs2<LP, TAIL, false>(s, t, tabs, v, u, on, onb, below);
 #pragma unroll
-        for (int i = 0; i < 8; i++) acc = hc_ep_fma(v[i], x[i], acc), accb = hc_ep_fma(u[i], x[i], accb);
+            for (int i = 0; i < 8; i++) acc[0] = hc_ep_fma(v[i], x[i], acc[0]), accb[0] = hc_ep_fma(u[i], x[i], accb[0]);
+        }
+    } else {
+        const __half* x16 = reinterpret_cast<const __half*>(a.xr);
+        const int last = max(a.M, 1) - 1;
+        const __half* xa = x16 + (long long)min(n, last) * a.cols + 32 * b0 + 8 * q;
+        const __half* xb = x16 + (long long)min(n + 8, last) * a.cols + 32 * b0 + 8 * q;
+        for (int j = 0; j < nb; j++, xa += 32, xb += 32) {
+            const uint4 ra = hc_ep_ldg16(xa), rb = hc_ep_ldg16(xb);
+            hc_ep_word_pairs2<LP, TAIL, false>(s, t, tabs, v, u, on, onb, below);
+            const uint32_t fa[4] = {ra.x, rb.x, ra.y, rb.y}, fb[4] = {ra.z, rb.z, ra.w, rb.w};
+            hc_ep_mma(acc, fa, hc_ep_h2(v[0], v[1]), hc_ep_h2(v[2], v[3]));
+            hc_ep_mma(accb, fa, hc_ep_h2(u[0], u[1]), hc_ep_h2(u[2], u[3]));
+            hc_ep_mma(acc, fb, hc_ep_h2(v[4], v[5]), hc_ep_h2(v[6], v[7]));
+            hc_ep_mma(accb, fb, hc_ep_h2(u[4], u[5]), hc_ep_h2(u[6], u[7]));
+        }
     }
 }
 
-template <int LP>
+// A warp's sums of one row group into ring `red` (its copies have all landed): [activation
+// row][row of the group], as hc_e8_prefix_r8 lays them out.
+template <bool MMA>
+__device__ __forceinline__ void hc_ep_r8_sums(float* red, float (&acc)[4]) {
+    const int n = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+    if (!MMA) {
+        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
+        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
+        if (q == 0) red[n] = acc[0];
+    } else {
+        red[8 * n + 2 * q] = acc[0];
+        red[8 * n + 2 * q + 1] = acc[1];
+        red[8 * (n + 8) + 2 * q] = acc[2];
+        red[8 * (n + 8) + 2 * q + 1] = acc[3];
+    }
+}
+
+template <int LP, bool MMA = false>
 __device__ __forceinline__ void hc_e8_prefix_r8_d2(const E8PrefixArgs& a) {
     const HcSmem tabs = hc_ep_setup<8, LP, 1>(a, 2);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, q = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2;
     const uint32_t ring = hc_ep_ring_of(2 * warp), ringb = hc_ep_ring_of(2 * warp + 1);
     const unsigned below = (1u << lane) - 1u;
     const int groups = (a.rows + 7) >> 3, blocks = a.cols >> 5;
@@ -757,44 +795,40 @@ __device__ __forceinline__ void hc_e8_prefix_r8_d2(const E8PrefixArgs& a) {
         if (wp < pairs && g < groups) {
             const int b0 = seg * a.seg_blocks, nb = max(min(a.seg_blocks, blocks - b0), 0);
             const bool on = g * 8 + n < a.rows, full = g * 8 + 8 <= a.rows;
-            float acc = 0.f, accb = 0.f;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f}, accb[4] = {0.f, 0.f, 0.f, 0.f};
             Lane s;
             hc_ep_start_chunk(s, ring, a, g * a.segments + seg);
-            if (g + 1 < groups) {
+            const bool both = g + 1 < groups;
+            if (both) {
                 Lane t;
                 hc_ep_start_chunk(t, ringb, a, (g + 1) * a.segments + seg);
                 const bool onb = (g + 1) * 8 + n < a.rows, fullb = (g + 1) * 8 + 8 <= a.rows;
                 if (fullb) {
-                    hc_ep_r8_span2<LP, false>(s, t, tabs, a, b0, nb, true, true, below, acc, accb);
+                    hc_ep_r8_span2<LP, MMA, false>(s, t, tabs, a, b0, nb, true, true, below, acc, accb);
                 } else {
-                    hc_ep_r8_span2<LP, true>(s, t, tabs, a, b0, nb, true, onb, below, acc, accb);
+                    hc_ep_r8_span2<LP, MMA, true>(s, t, tabs, a, b0, nb, true, onb, below, acc, accb);
                 }
+            } else if (full) {
+                hc_ep_r8_span<8, 0, LP, 1, MMA, false>(s, tabs, a, b0, nb, true, below, acc);
             } else {
-                float acc4[4] = {0.f, 0.f, 0.f, 0.f};
-                if (full) {
-                    hc_ep_r8_span<8, 0, LP, 1, false, false>(s, tabs, a, b0, nb, true, below, acc4);
-                } else {
-                    hc_ep_r8_span<8, 0, LP, 1, false, true>(s, tabs, a, b0, nb, on, below, acc4);
-                }
-                acc = acc4[0];
+                hc_ep_r8_span<8, 0, LP, 1, MMA, true>(s, tabs, a, b0, nb, on, below, acc);
             }
+            // Group g's sums to the warp's first ring, g + 1's to its second.
             hc_ep_wait0();
             __syncwarp();
-            float* red = reinterpret_cast<float*>(hc_ep_dyn + HC_EP_RING * 2 * warp);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-            accb += __shfl_xor_sync(0xffffffffu, accb, 1);
-            accb += __shfl_xor_sync(0xffffffffu, accb, 2);
-            if (q == 0) red[n] = acc, red[8 + n] = accb;
+            hc_ep_r8_sums<MMA>(reinterpret_cast<float*>(hc_ep_dyn + HC_EP_RING * 2 * warp), acc);
+            if (both) hc_ep_r8_sums<MMA>(reinterpret_cast<float*>(hc_ep_dyn + HC_EP_RING * (2 * warp + 1)), accb);
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < gpb * 8; i += blockDim.x) {
-            const int gl = i >> 3, r = (base + gl) * 8 + (i & 7);
+        const int M = MMA ? min(a.M, 16) : 1;
+        for (int i = threadIdx.x; i < gpb * 8 * M; i += blockDim.x) {
+            const int gl = i / (8 * M), m = (i >> 3) % M, r = (base + gl) * 8 + (i & 7);
             if (r >= a.rows) continue;
             float t = 0.f;
             for (int w = 0; w < a.segments; w++)
-                t += reinterpret_cast<const float*>(hc_ep_dyn + HC_EP_RING * 2 * ((gl >> 1) * a.segments + w))[8 * (gl & 1) + (i & 7)];
-            hc_ep_store_y(a, r, 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f));
+                t += reinterpret_cast<const float*>(
+                    hc_ep_dyn + HC_EP_RING * (2 * ((gl >> 1) * a.segments + w) + (gl & 1)))[8 * m + (i & 7)];
+            hc_ep_store_y(a, (long long)m * a.rows + r, 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f));
         }
         __syncthreads();
     }

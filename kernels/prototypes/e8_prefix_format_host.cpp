@@ -24,6 +24,8 @@ static void (*hc_e8p_kernel(const std::string& k))(E8PrefixArgs) {
     HC_E8P_NAMES(p12)
     if (k == "hc_e8p_gemv2_p11") return hc_e8p_gemv2_p11;
     if (k == "hc_e8p_gemv2_p12") return hc_e8p_gemv2_p12;
+    if (k == "hc_e8p_mma2_p11") return hc_e8p_mma2_p11;
+    if (k == "hc_e8p_mma2_p12") return hc_e8p_mma2_p12;
     return nullptr;
 }
 

@@ -42,3 +42,5 @@ extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs12_d2(
 extern "C" __global__ void __launch_bounds__(256, 4) hc_e8_prefix_r8_pairs12_d2w8(E8PrefixArgs a) { hc_e8_prefix_r8_d2<12>(a); }
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs11(E8PrefixArgs a) { hc_e8_prefix_r8<8, 0, 11, 1, false>(a); }
 extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs11_d2(E8PrefixArgs a) { hc_e8_prefix_r8_d2<11>(a); }
+extern "C" __global__ void __launch_bounds__(512, 2) hc_e8_prefix_r8_pairs12_d2_mma(E8PrefixArgs a) { hc_e8_prefix_r8_d2<12, true>(a); }
+extern "C" __global__ void __launch_bounds__(512, 1) hc_e8_prefix_r8_pairs12_d2_mma1(E8PrefixArgs a) { hc_e8_prefix_r8_d2<12, true>(a); }

@@ -23,6 +23,7 @@ static void (*hc_ep_kernel(const std::string& k))(E8PrefixArgs) {
          : k == "r8_l8_decode" ? hc_e8_prefix_r8_l8_decode
          : k == "r8_pairs12_decode" ? hc_e8_prefix_r8_pairs12_decode
          : k == "r8_pairs11" ? hc_e8_prefix_r8_pairs11 : k == "r8_pairs11_d2" ? hc_e8_prefix_r8_pairs11_d2
+         : k == "r8_pairs12_d2_mma" ? hc_e8_prefix_r8_pairs12_d2_mma : k == "r8_pairs12_d2_mma1" ? hc_e8_prefix_r8_pairs12_d2_mma1
          : k == "r8_pairs12_d2" ? hc_e8_prefix_r8_pairs12_d2 : k == "r8_pairs12_d2w8" ? hc_e8_prefix_r8_pairs12_d2w8
          : nullptr;
 }

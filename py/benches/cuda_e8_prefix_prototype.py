@@ -42,7 +42,7 @@ KERNELS = {"l8": (8, 4), "l10": (10, 3), "l12": (12, 2), "l8c16": (8, 4), "l8c32
            "pairs11": (11, 0), "r8_l8": (8, 4), "r8_l8c32": (8, 4), "r8_pairs12": (12, 0), "r8_l8_mma": (8, 4),
            "r8_l8c32_mma": (8, 4), "r8_pairs12_mma": (12, 0), "r8_l8_decode": (8, 4), "r8_pairs12_decode": (12, 0),
            "r8_pairs12_d2": (12, 0), "r8_pairs12_d2w8": (12, 0), "r8_pairs11": (11, 0),
-           "r8_pairs11_d2": (11, 0)}
+           "r8_pairs11_d2": (11, 0), "r8_pairs12_d2_mma": (12, 0), "r8_pairs12_d2_mma1": (12, 0)}
 D2_PAIRS = 0  # --d2-pairs: pairs of row groups a block for the _d2 kernels (0: as many as fill the SMs)
 # copies of the tables in shared memory (1 otherwise)
 COPIES = {"l8c16": 16, "l8c32": 32, "r8_l8c32": 32, "r8_l8c32_mma": 32}
@@ -50,9 +50,9 @@ COPIES = {"l8c16": 16, "l8c32": 32, "r8_l8c32": 32, "r8_l8c32_mma": 32}
 
 def describe(key: str) -> str:
     L, G = KERNELS[key]
-    where = ("8-row layout, tensor cores, " if key.endswith("_mma") else "8-row layout, decode to bf16, "
+    where = ("8-row layout, tensor cores, " if "_mma" in key else "8-row layout, decode to bf16, "
              if key.endswith("_decode") else "8-row layout, ") if key.startswith("r8") else ""
-    if key.endswith(("_d2", "_d2w8")):
+    if "_d2" in key:
         where += "two chunks a warp (row groups g, g + 1), "
     if "pairs" in key:
         return f"{where}pairs: singles ≤ 8 bits, pairs ≤ {L} bits, 2 refills a word"
@@ -71,7 +71,7 @@ def layout_of(key: str, rows: int, cols: int):
 
 def dual(key: str) -> bool:
     """Two chunks a warp (`hc_e8_prefix_r8_d2`): 2 KB of rings a warp, pairs of row groups."""
-    return key.endswith(("_d2", "_d2w8"))
+    return "_d2" in key
 
 
 def sass(cubin: str) -> None:
@@ -137,7 +137,7 @@ def build(w: np.ndarray, alpha: float, key: str, quantized=None):
     enc = P.encode(sym, rows, cols, model, layout)
     bits = enc.stored_bits() + 32 * rows  # f32 row scales
     doubled = P.doubled_coords(sym).reshape(rows, cols // 8, 8)
-    if key.endswith("_mma") and np.abs(doubled).max(initial=0) > 2048:
+    if "_mma" in key and np.abs(doubled).max(initial=0) > 2048:
         raise ValueError("doubled coordinates beyond 2048: f16 fragments would round them")
     what = 0.5 * scales.astype(np.float32).astype(np.float64)[:, None] * layout.matrix(doubled)
     return enc, bits / (rows * cols), what, scales
@@ -203,7 +203,9 @@ HOST_CASES = [  # rows, cols, α, kernel, warps a block, grid (a grid smaller th
     (300, 512, 2.0, "r8_pairs12_d2", 0, 7, 1), (11, 2080, 4.0, "r8_pairs12_d2w8", 0, 1, 1),
     (20, 8192, 4.0, "r8_pairs12_d2w8", 0, 2, 1), (16, 256, 0.0, "r8_pairs12_d2", 0, 1, 1),
     (13, 96, 6.0, "r8_pairs12_d2", 0, 1, 1), (64, 6176, 3.0, "r8_pairs12_d2", 0, 3, 1),
-    (37, 1024, 4.0, "r8_pairs11_d2", 0, 1, 1), (40, 4096, 4.0, "r8_pairs11", 0, 2, 1),
+    (37, 1024, 4.0, "r8_pairs11_d2", 0, 1, 1), (37, 1024, 4.0, "r8_pairs12_d2_mma", 0, 1, 16),
+    (300, 512, 2.0, "r8_pairs12_d2_mma1", 0, 7, 5), (11, 2080, 4.0, "r8_pairs12_d2_mma", 0, 1, 7),
+    (64, 6176, 3.0, "r8_pairs12_d2_mma", 0, 3, 2), (8, 4096, 3.0, "r8_pairs12_d2_mma1", 0, 1, 9), (40, 4096, 4.0, "r8_pairs11", 0, 2, 1),
     # Decode to bf16 (the weights, compared bit for bit; warps column: warps a block).
     (37, 1024, 4.0, "r8_l8_decode", 2, 3, 1), (11, 2080, 3.0, "r8_pairs12_decode", 4, 1, 1),
     (1, 32, 1.0, "r8_l8_decode", 1, 1, 1), (16, 256, 0.0, "r8_pairs12_decode", 1, 2, 1),
@@ -237,7 +239,7 @@ def host(sanitize: bool) -> int:
         sym = quantized[0]
         enc, _, what, scales = build(w, alpha, key, quantized)
         assert np.array_equal(P.emulate(enc), P.doubled_coords(sym).reshape(rows, cols // 8, 8))
-        mma = key.endswith("_mma")
+        mma = "_mma" in key
         xk = x.astype(np.float16) if mma else x
         ref = xk.astype(np.float64) @ what.T  # m × rows
         xin = xk
@@ -477,14 +479,14 @@ def gpu(be, shapes: list[tuple[int, int]], kernels: list[str], batches: list[int
 
         quantized, built = {}, {}
         for key in kernels:
-            mma, r8, decode = key.endswith("_mma"), key.startswith("r8"), key.endswith("_decode")
+            mma, r8, decode = "_mma" in key, key.startswith("r8"), key.endswith("_decode")
             layout = layout_of(key, rows, cols)
             t0 = time.time()
             if layout.name not in quantized:
                 quantized[layout.name] = quantize(w, alpha, layout)
             # Kernels of one layout and code share a payload (table copies and tensor cores
             # read the same stream): encoded once.
-            same = (layout.name, key.replace("r8_", "").replace("_mma", "").replace("_decode", "").replace("c16", "")
+            same = (layout.name, key.replace("r8_", "").replace("_mma1", "").replace("_mma", "").replace("_decode", "").replace("c16", "")
                     .replace("c32", ""))
             try:
                 if same not in built:

@@ -72,7 +72,7 @@ def _launch_args(lib, kind, a, y, batch, max_grid=2 * SMS):
     if kind.startswith("decode") or span > 1:
         warps = min(max(chunks // SMS, 1), 16)
         grid = min(-(-chunks // warps), max_grid)
-    elif kind == "gemv2":  # pairs of row groups, as `e8_prefix_pairs` picks them (residency aside)
+    elif kind in ("gemv2", "mma2"):  # pairs of row groups, as `e8_prefix_pairs` picks them (residency aside)
         most = max(16 // segs, 1)
         pairs = min(range(1, most + 1), key=lambda p: (-(-(-(-groups // (2 * p))) // SMS) * p, -p))
         warps, grid = segs * pairs, min(-(-groups // (2 * pairs)), max_grid)
@@ -105,10 +105,12 @@ CASES = [("e8@4-prefix", 40, 1024), ("e8@3-prefix8", 13, 2080), ("e8@4-prefix10"
          ("e8@4-prefix", 37, 2080), ("e8@3-prefix8p11", 24, 6176), ("e8@4-prefix", 16, 4096)]
 
 
-def _gemv(f, rows):
-    """The batch-1 kernel `Kernels::e8_prefix_gemv` launches: two chunks a warp for the pair
-    forms where chunks are one row group and there are two groups or more."""
-    return "gemv2" if f["pair_limit"] and f["span"] == 1 and rows > 8 else "gemv"
+def _kind(f, rows, m):
+    """The kernel `Kernels::e8_prefix_gemv` launches for `m` activation rows: two chunks a warp
+    (`gemv2`, `mma2`) for the pair forms where chunks are one row group and there are two groups
+    or more."""
+    two = "2" if f["pair_limit"] and f["span"] == 1 and rows > 8 else ""
+    return ("mma" if m > 1 else "gemv") + two
 
 
 @pytest.mark.parametrize("spec, rows, cols", CASES)
@@ -119,7 +121,8 @@ def test_the_kernels_source_computes_the_stored_weight(lib, spec, rows, cols):
     f = op.device_form()
     assert f is not None and f["kind"] == "e8prefix", f
     assert (f["span"] > 1) == (cols <= 1024), (spec, f["span"])
-    assert _gemv(f, rows) == ("gemv2" if spec.endswith(("-prefix", "p11")) and cols > 1024 and rows > 8 else "gemv")
+    two = spec.endswith(("-prefix", "p11")) and cols > 1024 and rows > 8
+    assert _kind(f, rows, 1) == ("gemv2" if two else "gemv") and _kind(f, rows, 5) == ("mma2" if two else "mma")
     ref = op.int8_weight()
     wr = ref["values"].astype(np.float64) * ref["scales"].astype(np.float64)[:, None]  # rows × cols, rotated
     keep = []
@@ -127,8 +130,8 @@ def test_the_kernels_source_computes_the_stored_weight(lib, spec, rows, cols):
     # The GEMV (one f32 row) and the tensor cores (f16 rows, 2 to 16), with a bias, on the
     # launch's grid and on one block that strides over every row group.
     runs = [(1, 2 * SMS, "gemv"), (5, 2 * SMS, "mma"), (16, 2 * SMS, "mma"), (1, 1, "gemv"), (7, 1, "mma")]
-    if _gemv(f, rows) == "gemv2":  # and the kernel of two chunks a warp
-        runs += [(1, 2 * SMS, "gemv2"), (1, 1, "gemv2")]
+    if two:  # and the kernels of two chunks a warp
+        runs += [(1, 2 * SMS, "gemv2"), (1, 1, "gemv2"), (5, 2 * SMS, "mma2"), (16, 2 * SMS, "mma2"), (7, 1, "mma2")]
     for m, max_grid, kind in runs:
         if m == 1:
             x = rng.standard_normal((1, cols)).astype(np.float32)
@@ -184,8 +187,12 @@ def test_corrupt_words_stay_in_bounds(lib, rows, cols):
         else:
             g["starts"] = np.asarray(f["starts"], np.uint32) + np.uint32(1 << 20)
         y = np.zeros((1, rows), np.float32)
-        _launch(lib, _gemv(f, rows), g, rows, rng.standard_normal((1, cols)).astype(np.float32), y, 1, keep)
+        _launch(lib, _kind(f, rows, 1), g, rows, rng.standard_normal((1, cols)).astype(np.float32), y, 1, keep)
         assert np.isfinite(y).all(), bad
+        if _kind(f, rows, 3) == "mma2":  # the tensor cores, two chunks a warp
+            y3 = np.zeros((3, rows), np.float32)
+            _launch(lib, "mma2", g, rows, rng.standard_normal((3, cols)).astype(np.float16), y3, 3, keep)
+            assert np.isfinite(y3).all(), (bad, "mma2")
 
 
 class _HostKernels:
@@ -201,7 +208,7 @@ class _HostKernels:
 
     def e8_prefix_gemv(self, a: dict, stream: int) -> None:
         assert 1 <= a["batch"] <= 16 and stream == 0
-        kind = "mma" if a["batch"] > 1 else _gemv(a, a["rows"])
+        kind = _kind(a, a["rows"], a["batch"])
         _launch_args(self.lib, kind, a, a["y"], a["batch"])
 
     def e8_prefix_decode(self, a: dict, out: int, dtype: int, stream: int) -> None:

@@ -110,8 +110,9 @@ pub(crate) fn function_names() -> Vec<String> {
             v.push(format!("hc_e8p_{k}_{}", f.0));
         }
     }
-    for (name, _) in E8P_GEMV2_FORMS {
+    for (name, _) in E8P_TWO_FORMS {
         v.push(format!("hc_e8p_gemv2_{name}"));
+        v.push(format!("hc_e8p_mma2_{name}"));
     }
     v
 }
@@ -144,14 +145,15 @@ pub(crate) fn e8_prefix(limit: u8, pair_limit: u8, kind: usize) -> Option<usize>
     Some(base + E8P_KINDS.len() * form + kind)
 }
 
-/// The pair forms whose batch-1 GEMV also comes in two chunks a warp (`hc_e8p_gemv2_*`, after
-/// the other prefix kernels): (name, pair code limit).
-const E8P_GEMV2_FORMS: [(&str, u8); 2] = [("p11", 11), ("p12", 12)];
+/// The pair forms whose GEMV and tensor-core kernels also come in two chunks a warp
+/// (`hc_e8p_gemv2_*`, `hc_e8p_mma2_*`, after the other prefix kernels): (name, pair code limit).
+const E8P_TWO_FORMS: [(&str, u8); 2] = [("p11", 11), ("p12", 12)];
 
-/// The two-chunks-a-warp GEMV of the pair form of `pair_limit`, if compiled.
-pub(crate) fn e8_prefix_gemv2(pair_limit: u8) -> Option<usize> {
-    let form = E8P_GEMV2_FORMS.iter().position(|&(_, p)| p == pair_limit)?;
-    Some(e8_prefix(8, 12, E8P_KINDS.len() - 1)? + 1 + form)
+/// The two-chunks-a-warp kernel of the pair form of `pair_limit`, if compiled: the GEMV
+/// (`mma` false) or the tensor cores'.
+pub(crate) fn e8_prefix_two(pair_limit: u8, mma: bool) -> Option<usize> {
+    let form = E8P_TWO_FORMS.iter().position(|&(_, p)| p == pair_limit)?;
+    Some(e8_prefix(8, 12, E8P_KINDS.len() - 1)? + 1 + 2 * form + usize::from(mma))
 }
 
 /// The tensor-core GEMM's (row tiles per warp, batch tiles of 8, stages) shapes, in the order

@@ -2012,10 +2012,11 @@ impl Kernels {
                 self.prefix_launch(f, &pass, warps, chunks.div_ceil(warps), 1, stream)
             };
         }
-        if !mma && groups >= 2 {
-            // Pair forms at one row: two chunks a warp (row groups g and g + 1 of a segment),
-            // two independent bit strings a lane.
-            if let Some(f2) = args::e8_prefix_gemv2(a.pair_limit).filter(|&f| self.inner.has(f)) {
+        if groups >= 2 {
+            // Pair forms: two chunks a warp (row groups g and g + 1 of a segment), two
+            // independent bit strings a lane.
+            if let Some(f2) = args::e8_prefix_two(a.pair_limit, mma).filter(|&f| self.inner.has(f))
+            {
                 let resident = |p: usize| {
                     let (threads, shared) = (32 * (segs * p) as u32, a.shared(segs * p, 2));
                     self.inner.resident_blocks(f2, threads, shared).unwrap_or(0) as usize
@@ -2669,6 +2670,15 @@ mod tests {
         assert_eq!(e8_prefix_pairs(1792, 2, sms, resident(2)), 7);
         // 4096×14336: 7 segments, so at most 2 pairs.
         assert_eq!(e8_prefix_pairs(512, 7, sms, resident(7)), 2);
+        // The tensor cores' kernel holds 85 registers a thread: one block of 16 warps an SM.
+        let mma = |segs: usize| {
+            move |p: usize| {
+                let warps = segs * p;
+                let shared = 2048 * warps + 4 * ((3 << 8) + (4 << 12));
+                sms * (65536 / (85 * 32 * warps)).min(228 * 1024 / shared)
+            }
+        };
+        assert_eq!(e8_prefix_pairs(1024, 4, sms, mma(4)), 4);
         // Few groups: a pair a block, a block a pair.
         assert_eq!(e8_prefix_pairs(2, 16, sms, resident(16)), 1);
         assert_eq!(e8_prefix_pairs(9, 1, sms, |_| 0), 5);
@@ -3376,15 +3386,19 @@ mod tests {
             "hc_e8p_decode_f32_l10"
         );
         assert_eq!(
-            names[args::e8_prefix_gemv2(11).unwrap()],
+            names[args::e8_prefix_two(11, false).unwrap()],
             "hc_e8p_gemv2_p11"
         );
         assert_eq!(
-            names[args::e8_prefix_gemv2(12).unwrap()],
+            names[args::e8_prefix_two(12, false).unwrap()],
             "hc_e8p_gemv2_p12"
         );
-        assert!(args::e8_prefix_gemv2(0).is_none() && args::e8_prefix_gemv2(10).is_none());
-        assert_eq!(names.len(), args::e8_prefix_gemv2(12).unwrap() + 1);
+        assert_eq!(
+            names[args::e8_prefix_two(11, true).unwrap()],
+            "hc_e8p_mma2_p11"
+        );
+        assert!(args::e8_prefix_two(0, false).is_none() && args::e8_prefix_two(10, true).is_none());
+        assert_eq!(names.len(), args::e8_prefix_two(12, true).unwrap() + 1);
         assert_eq!(names[args::KV_E8_DECODE], "hc_kv_e8_decode");
         assert_eq!(names[args::KV_E8_ATTEND], "hc_kv_e8_attend");
         assert_eq!(names[args::KV_ATTEND_MERGE], "hc_kv_attend_merge");
