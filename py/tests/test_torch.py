@@ -1963,3 +1963,31 @@ def test_conv_biases_train_and_round_once_and_stored_kernels_keep_their_geometry
     handle.remove()
     m(torch.randn(1, 4, 6, 6))
     assert len(seen) == 1
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="the stored operator needs torch >= 2.4")
+def test_torch_jit_trace_records_the_stored_operator():
+    """`torch.jit.trace` of a compressed model computes each new input: the graph calls the
+    stored layers' operator (it baked the traced input's output in as a constant before, for
+    linear layers, 1×1 convolutions and embeddings alike)."""
+    import warnings
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.e, self.l, self.c = torch.nn.Embedding(100, 64), torch.nn.Linear(64, 64), torch.nn.Conv2d(64, 16, 1)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.c(self.l(self.e(ids)).permute(0, 2, 1)[..., None])
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    hnn.quantize(model, bps=4, embeddings=True)
+    assert [type(m).__name__ for m in (model.e, model.l, model.c)] == ["HyperEmbedding", "HyperLinear", "HyperConv2d"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.jit.trace is deprecated, and warns of the ids' checks)
+        traced = torch.jit.trace(model, torch.randint(0, 100, (2, 7)))
+    for _ in range(2):
+        ids = torch.randint(0, 100, (2, 7))
+        assert torch.allclose(traced(ids), model(ids), atol=1e-5)
+

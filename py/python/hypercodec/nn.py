@@ -712,8 +712,12 @@ def _untraced_training_weight() -> None:
 
 
 def _traced() -> bool:
-    """True while torch.compile traces a stored layer's forward (which then calls :func:`_as_op`)."""
-    return _custom_op is not None and _is_compiling is not None and _is_compiling()
+    """True while torch.compile or ``torch.jit.trace`` traces a stored layer's forward (which then
+    calls :func:`_as_op`, so that the graph holds the operator; ``torch.jit.trace`` otherwise
+    recorded the eager path's native call as a constant: the first input's output)."""
+    if _custom_op is None:
+        return False
+    return (_is_compiling is not None and _is_compiling()) or torch.jit.is_tracing()
 
 
 def _as_op(layer: Any, x: torch.Tensor) -> torch.Tensor:
