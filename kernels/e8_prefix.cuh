@@ -71,9 +71,9 @@ inline void hc_ep_lds2(HcSmem base, uint32_t off, uint32_t& x, uint32_t& y) { x 
 inline HcSmem hc_ep_smem(const uint32_t* p) { return p; }
 #endif
 
-// Dynamic shared memory: the warps' word rings (1 KB each, so a ring's address is base | offset),
-// then the tables (the pair tables take 67 KB at 12 bits). A block is launched with
-// 1024 · warps + 4 · entries · copies bytes.
+// Dynamic shared memory: the warps' word rings (1 KB each, so a ring's address is base | offset;
+// one a warp, two for the kernels of two chunks a warp), then the tables (the pair tables take
+// 67 KB at 12 bits). A block is launched with 1024 · rings · warps + 4 · entries · copies bytes.
 #ifdef __CUDA_ARCH__
 extern __shared__ __align__(4 * HC_EP_RING) uint32_t hc_ep_dyn[];
 #else
@@ -564,6 +564,39 @@ __device__ __forceinline__ void hc_e8_prefix_r8_spans(const E8PrefixArgs& a, HcS
     hc_ep_wait0();  // no copy outlives the block
 }
 
+// A warp's sums of one row group into ring `red` (its copies have all landed): [activation
+// row][row of the group], 128 floats at most (c0, c1: activation row n, rows 2q, 2q + 1 of the group; c2, c3:
+// activation row n + 8).
+template <bool MMA>
+__device__ __forceinline__ void hc_ep_r8_sums(float* red, float (&acc)[4]) {
+    const int n = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+    if (!MMA) {
+        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
+        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
+        if (q == 0) red[n] = acc[0];
+    } else {
+        red[8 * n + 2 * q] = acc[0];
+        red[8 * n + 2 * q + 1] = acc[1];
+        red[8 * (n + 8) + 2 * q] = acc[2];
+        red[8 * (n + 8) + 2 * q + 1] = acc[3];
+    }
+}
+
+// The block's outputs of groups base … base + gpb − 1 (at most): each the sum of its `segments`
+// warps' sums, in warp order (deterministic), read from ring `ring(gl, w)` of the group's local
+// index gl and segment w as hc_ep_r8_sums laid them out.
+template <class RingOf>
+__device__ __forceinline__ void hc_ep_r8_store(const E8PrefixArgs& a, int base, int gpb, int M, RingOf ring) {
+    for (int i = threadIdx.x; i < gpb * 8 * M; i += blockDim.x) {
+        const int gl = i / (8 * M), m = (i >> 3) % M, r = (base + gl) * 8 + (i & 7);
+        if (r >= a.rows) continue;
+        float t = 0.f;
+        for (int w = 0; w < a.segments; w++)
+            t += reinterpret_cast<const float*>(hc_ep_dyn + HC_EP_RING * ring(gl, w))[8 * m + (i & 7)];
+        hc_ep_store_y(a, (long long)m * a.rows + r, 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f));
+    }
+}
+
 template <int L, int G, int LP, int C, bool MMA>
 __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
     const HcSmem tabs = hc_ep_setup<L, LP, C>(a);
@@ -572,7 +605,7 @@ __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
         return;
     }
     const uint32_t ring = hc_ep_ring_of(threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, q = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2;
     const unsigned below = (1u << lane) - 1u;
     const int groups = (a.rows + 7) >> 3, blocks = a.cols >> 5;
     // A block holds gpb row groups, `segments` warps each: warp w takes group base + w / segments
@@ -592,33 +625,14 @@ __device__ __forceinline__ void hc_e8_prefix_r8(const E8PrefixArgs& a) {
             } else {
                 hc_ep_r8_span<L, G, LP, C, MMA, true>(s, tabs, a, b0, nb, on, below, acc);
             }
-            // The warp's sums go to its own ring (its copies have all landed): [activation row][row
-            // of the group], 128 floats at most.
+            // The warp's sums go to its own ring (its copies have all landed).
             hc_ep_wait0();
             __syncwarp();
-            float* red = reinterpret_cast<float*>(hc_ep_dyn + HC_EP_RING * warp);
-            if (!MMA) {
-                acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
-                acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
-                if (q == 0) red[n] = acc[0];
-            } else {
-                // c0, c1: activation row n, rows 2q, 2q + 1 of the group; c2, c3: activation row n + 8.
-                red[8 * n + 2 * q] = acc[0];
-                red[8 * n + 2 * q + 1] = acc[1];
-                red[8 * (n + 8) + 2 * q] = acc[2];
-                red[8 * (n + 8) + 2 * q + 1] = acc[3];
-            }
+            hc_ep_r8_sums<MMA>(reinterpret_cast<float*>(hc_ep_dyn + HC_EP_RING * warp), acc);
         }
         __syncthreads();
-        const int M = MMA ? min(a.M, 16) : 1;
-        for (int i = threadIdx.x; i < gpb * 8 * M; i += blockDim.x) {
-            const int gl = i / (8 * M), m = (i >> 3) % M, r = (base + gl) * 8 + (i & 7);
-            if (r >= a.rows) continue;
-            float t = 0.f;
-            for (int w = 0; w < a.segments; w++)
-                t += reinterpret_cast<const float*>(hc_ep_dyn + HC_EP_RING * (gl * a.segments + w))[8 * m + (i & 7)];
-            hc_ep_store_y(a, (long long)m * a.rows + r, 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f));
-        }
+        const int segs = a.segments;
+        hc_ep_r8_store(a, base, gpb, MMA ? min(a.M, 16) : 1, [segs](int gl, int w) { return gl * segs + w; });
         __syncthreads();
     }
 }
@@ -763,26 +777,13 @@ __device__ __forceinline__ void hc_ep_r8_span2(Lane& s, Lane& t, HcSmem tabs, co
     }
 }
 
-// A warp's sums of one row group into ring `red` (its copies have all landed): [activation
-// row][row of the group], as hc_e8_prefix_r8 lays them out.
-template <bool MMA>
-__device__ __forceinline__ void hc_ep_r8_sums(float* red, float (&acc)[4]) {
-    const int n = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
-    if (!MMA) {
-        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
-        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
-        if (q == 0) red[n] = acc[0];
-    } else {
-        red[8 * n + 2 * q] = acc[0];
-        red[8 * n + 2 * q + 1] = acc[1];
-        red[8 * (n + 8) + 2 * q] = acc[2];
-        red[8 * (n + 8) + 2 * q + 1] = acc[3];
-    }
-}
-
 template <int LP, bool MMA = false>
 __device__ __forceinline__ void hc_e8_prefix_r8_d2(const E8PrefixArgs& a) {
     const HcSmem tabs = hc_ep_setup<8, LP, 1>(a, 2);
+    if (a.rows_per_chunk > 8) {  // chunks of several groups (launchers route them elsewhere): a warp each
+        hc_e8_prefix_r8_spans<8, 0, LP, 1, MMA>(a, tabs);
+        return;
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2;
     const uint32_t ring = hc_ep_ring_of(2 * warp), ringb = hc_ep_ring_of(2 * warp + 1);
     const unsigned below = (1u << lane) - 1u;
@@ -820,16 +821,10 @@ __device__ __forceinline__ void hc_e8_prefix_r8_d2(const E8PrefixArgs& a) {
             if (both) hc_ep_r8_sums<MMA>(reinterpret_cast<float*>(hc_ep_dyn + HC_EP_RING * (2 * warp + 1)), accb);
         }
         __syncthreads();
-        const int M = MMA ? min(a.M, 16) : 1;
-        for (int i = threadIdx.x; i < gpb * 8 * M; i += blockDim.x) {
-            const int gl = i / (8 * M), m = (i >> 3) % M, r = (base + gl) * 8 + (i & 7);
-            if (r >= a.rows) continue;
-            float t = 0.f;
-            for (int w = 0; w < a.segments; w++)
-                t += reinterpret_cast<const float*>(
-                    hc_ep_dyn + HC_EP_RING * (2 * ((gl >> 1) * a.segments + w) + (gl & 1)))[8 * m + (i & 7)];
-            hc_ep_store_y(a, (long long)m * a.rows + r, 0.5f * a.row_scales[r] * t + (a.bias ? a.bias[r] : 0.f));
-        }
+        // Group gl of the block: pair gl / 2, that warp's ring gl % 2.
+        const int segs = a.segments;
+        hc_ep_r8_store(a, base, gpb, MMA ? min(a.M, 16) : 1,
+                       [segs](int gl, int w) { return 2 * ((gl >> 1) * segs + w) + (gl & 1); });
         __syncthreads();
     }
 }

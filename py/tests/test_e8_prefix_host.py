@@ -96,13 +96,15 @@ def _launch(lib, kind, f, rows, xr, y, m, keep, bias=None, max_grid=2 * SMS, y_d
     _launch_args(lib, kind, a, ptr(y), m, max_grid)
 
 
-# Specs of every compiled form; shapes with a partial row group, one or several segments a row
+# Specs of every compiled form; shapes with a partial row group (pairs of groups a warp: alone
+# at 37 rows, the second of the last pair at 44), one or several segments a row
 # (6176 columns: 4 segments, the last one block), a short row (96 columns: 3 blocks). Rows of one
 # segment make chunks of several row groups (spans of 2, 21, 8 and 4 groups here, the last span
 # short, the last group partial); 2080 and 6176 columns make chunks of one.
 CASES = [("e8@4-prefix", 40, 1024), ("e8@3-prefix8", 13, 2080), ("e8@4-prefix10", 41, 96),
          ("e8@4-prefix12", 16, 256), ("e8@3-prefix8p11", 3, 6176), ("e8@2-prefix", 63, 512),
-         ("e8@4-prefix", 37, 2080), ("e8@3-prefix8p11", 24, 6176), ("e8@4-prefix", 16, 4096)]
+         ("e8@4-prefix", 37, 2080), ("e8@3-prefix8p11", 24, 6176), ("e8@4-prefix", 16, 4096),
+         ("e8@4-prefix", 44, 2080)]
 
 
 def _kind(f, rows, m):
@@ -253,6 +255,16 @@ def test_device_linear_routes_prefix_layers_through_the_kernels_source(lib, monk
                 got = d.forward(x, route=route).float().numpy()
                 err = np.abs(got - want).max() / np.abs(want).max()
                 assert err <= tol, (dtype, m, route, d.route(m, dtype), err)
+    # Chunks of one row group (2080 columns): two a warp at every fused batch (gemv2, mma2).
+    w3 = rng.standard_normal((44, 2080)).astype(np.float32)
+    op3 = hypercodec.Linear.quantize(w3, "e8@4-prefix")
+    d3 = hcuda.DeviceLinear(op3, torch.device("cpu", 0))
+    assert _kind(op3.device_form(), 44, 1) == "gemv2"
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        for m in (1, 5, 16):
+            x = torch.from_numpy(rng.standard_normal((m, 2080)).astype(np.float32)).to(dtype)
+            got, want = d3.forward(x).float().numpy(), op3.forward(x.float().numpy())
+            assert np.abs(got - want).max() <= tol * np.abs(want).max(), (dtype, m, d3.route(m, dtype))
     # Layers that read one input share the RHT (forward_group's rotated path; its device check
     # needs a CUDA tensor), each output its forward's.
     w2 = rng.standard_normal((24, cols)).astype(np.float32)
