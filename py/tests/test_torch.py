@@ -1991,3 +1991,54 @@ def test_torch_jit_trace_records_the_stored_operator():
         ids = torch.randint(0, 100, (2, 7))
         assert torch.allclose(traced(ids), model(ids), atol=1e-5)
 
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="the stored operator needs torch >= 2.4")
+def test_graph_captures_refuse_what_they_would_freeze_or_drop():
+    """What a captured graph or a transform would get silently wrong is refused instead: a
+    trainable layer in training mode under torch.jit.trace / torch.export (its step's weight
+    became a constant), a convolution's graph run after its bias's `requires_grad` changed (the
+    bias went missing or was added twice), vmap (PyTorch's storage error) and forward-mode AD
+    (the tangent was dropped)."""
+    import warnings
+
+    import torch.autograd.forward_ad as fwad
+
+    torch.manual_seed(0)
+    lin = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    hnn.quantize(lin, bps=4, trainable=True)
+    lin.train()
+    x = torch.randn(2, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(hypercodec.InvalidInputError, match="training mode"):
+            torch.jit.trace(lin, x)
+        if hasattr(torch.compiler, "is_exporting"):
+            with pytest.raises(Exception, match="training mode"):
+                torch.export.export(lin, (x,))
+    lin.eval()  # then captured and run as the eager model
+    ep = torch.export.export(lin, (x,)).module()
+    x2 = torch.randn(2, 64)
+    assert torch.allclose(ep(x2), lin(x2), atol=1e-5)
+
+    for k in (1, 3):
+        conv = torch.nn.Sequential(torch.nn.Conv2d(16, 8, k, padding=k // 2))
+        hnn.quantize(conv, bps=4)
+        conv.eval()
+        xc = torch.randn(1, 16, 5, 5)
+        ep = torch.export.export(conv, (xc,)).module()
+        assert torch.allclose(ep(xc), conv(xc), atol=1e-5)
+        conv[0].bias.requires_grad_(not conv[0].bias.requires_grad)
+        with pytest.raises(hypercodec.InvalidInputError, match="names a layer"):
+            ep(xc)
+
+    lin.eval()
+    with pytest.raises(hypercodec.InvalidInputError, match="torch.func"):
+        torch.vmap(lin)(torch.randn(3, 2, 64))
+    with fwad.dual_level():
+        with pytest.raises(hypercodec.InvalidInputError, match="forward-mode"):
+            lin(fwad.make_dual(x, torch.randn_like(x)))
+    emb = torch.nn.Sequential(torch.nn.Embedding(50, 16))
+    hnn.quantize(emb, bps=4, embeddings=True)
+    with pytest.raises(hypercodec.InvalidInputError, match="torch.func"):
+        torch.vmap(emb)(torch.randint(0, 50, (3, 4)))

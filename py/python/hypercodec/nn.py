@@ -364,8 +364,28 @@ def _autocast(x: torch.Tensor) -> torch.Tensor:
     return x if dtype == x.dtype else x.to(dtype)
 
 
+def _check_plain(x: torch.Tensor) -> None:
+    """Refuses inputs the native product cannot honour: tensors wrapped by ``torch.func``
+    transforms (``vmap``, ``grad``, ``jvp``: they failed inside with PyTorch's "tensor that
+    doesn't have storage") and forward-mode dual tensors (their tangent was dropped without a
+    word). Plain reverse-mode autograd, ``torch.compile`` and ``torch.export`` are unaffected."""
+    functorch = getattr(torch._C, "_functorch", None)
+    if functorch is not None and functorch.is_functorch_wrapped_tensor(x):
+        raise _native.InvalidInputError(
+            "torch.func transforms (vmap, grad, jvp, jacrev) cannot run a compressed layer's stored product: "
+            "use reverse-mode autograd, torch.compile, or the decoded weight (weight_dense())"
+        )
+    fwd = torch.autograd.forward_ad
+    if getattr(fwd, "_current_level", -1) >= 0 and fwd.unpack_dual(x).tangent is not None:
+        raise _native.InvalidInputError(
+            "forward-mode AD (dual tensors) does not pass through a compressed layer's stored product: "
+            "use reverse-mode autograd, or the decoded weight (weight_dense())"
+        )
+
+
 def _through_stored(x: torch.Tensor, forward: Callable, backward: Callable) -> torch.Tensor:
     """``forward(x)``, through :class:`_Stored` when a gradient w.r.t. ``x`` is wanted."""
+    _check_plain(x)
     if torch.is_grad_enabled() and x.requires_grad:
         return _Stored.apply(x, forward, backward)
     return forward(x)
@@ -521,8 +541,9 @@ _PAD_MODES = ("same", "valid")
 def _fake_forward(x: torch.Tensor, meta: list[int]) -> torch.Tensor:
     if meta[0] == _LINEAR:  # [_LINEAR, out_features]
         return x.new_empty((*x.shape[:-1], meta[1]))
-    # [_CONV, *weight_shape, *stride, *dilation, groups, pointwise, pad_mode (-1: numeric), *padding]
-    _, oc, icg, kh, kw, sh, sw, dh, dw, groups, pointwise, mode, ph, pw = meta
+    # [_CONV, *weight_shape, *stride, *dilation, groups, pointwise, pad_mode (-1: numeric), *padding,
+    #  bias added outside the operator]
+    _, oc, icg, kh, kw, sh, sw, dh, dw, groups, pointwise, mode, ph, pw, _ = meta
     padding: Any = _PAD_MODES[mode] if mode >= 0 else (ph, pw)
     y = nn.functional.conv2d(x, x.new_empty((oc, icg, kh, kw)), None, (sh, sw), padding, (dh, dw), groups)
     return y.contiguous() if pointwise and x.shape[1] > 0 else y  # (as _pointwise_forward)
@@ -709,6 +730,12 @@ def _untraced_training_weight() -> None:
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     if _TRAINING_WEIGHT is None and disable is not None:
         _TRAINING_WEIGHT = disable(HyperLinear._training_weight)
+
+
+def _exporting() -> bool:
+    """True while ``torch.export`` traces (strict or not)."""
+    is_exporting = getattr(getattr(torch, "compiler", None), "is_exporting", None)
+    return is_exporting is not None and is_exporting()
 
 
 def _traced() -> bool:
@@ -1354,6 +1381,13 @@ class HyperLinear(_StoredForm, nn.Module):
             raise _native.InvalidInputError("this HyperLinear has no weight yet: load its state dict (weight_hwz) first")
         x = _autocast(x)
         if self.weight is not None and self.training and torch.is_grad_enabled():
+            if torch.jit.is_tracing() or _exporting():
+                # The step's weight would be a constant of the graph: later steps' master
+                # weights would not reach it (torch.compile breaks its graph here instead).
+                raise _native.InvalidInputError(
+                    "a trainable HyperLinear in training mode re-quantizes its weight every step, which a traced "
+                    "or exported graph would freeze: capture the model in eval() mode, or torch.compile it"
+                )
             step = _TRAINING_WEIGHT or HyperLinear._training_weight
             wq = step(self).to(device=self.weight.device)
             w = self.weight + (wq - self.weight).detach()
@@ -1535,7 +1569,11 @@ class HyperConv2d(_StoredForm, nn.Module):
 
         pad = self._conv_padding
         mode, padding = (_PAD_MODES.index(pad), (0, 0)) if isinstance(pad, str) else (-1, _pair(pad))
-        return [_CONV, *self.weight_shape, *_pair(self.stride), *_pair(self.dilation), self.groups, int(self.pointwise), mode, *padding]
+        # The last entry says where the graph adds the bias (outside the operator where it
+        # trains): a graph captured before `bias.requires_grad` changed is refused, not run
+        # without its bias or with it twice.
+        return [_CONV, *self.weight_shape, *_pair(self.stride), *_pair(self.dilation), self.groups, int(self.pointwise), mode,
+                *padding, int(self._trained_bias())]
 
     def _op_backward(self, gy: torch.Tensor, x_shape: tuple[int, ...]) -> torch.Tensor:
         if self.pointwise and x_shape[1] > 0:
@@ -1690,6 +1728,7 @@ class HyperEmbedding(_StoredForm, nn.Module):
         if _traced():
             rows = torch.ops.hypercodec.stored_lookup(ids, getattr(self, _OP_KEY), self.embedding_dim, self.dtype)
         else:
+            _check_plain(ids)
             rows = self._op_forward(ids)
         max_norm = getattr(self, "max_norm", None)
         if max_norm is None:
