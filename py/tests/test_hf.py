@@ -540,3 +540,42 @@ def test_a_checkpoint_config_that_does_not_fit_the_model_is_a_typed_error(tmp_pa
     for kw in ({"modules": 5}, {"embeddings": [1]}, {"tied": ["lm_head"]}, {"tied": {"lm_head": 3}}):
         with pytest.raises(hypercodec.InvalidInputError):
             hhf.HypercodecConfig(**kw)
+
+
+def test_from_hwz_builds_the_models_own_class(tmp_path):
+    """``from_hwz`` built every archive as a causal LM: a Whisper model came back as
+    WhisperForCausalLM without its encoder, a BERT masked LM as BertLMHeadModel, a ViT or BART
+    model failed. It now builds the class ``save_hwz`` recorded; each model is near the float one
+    at 8 bits, and its ``save_pretrained`` reloads equal (BERT's decoder bias, held by its stored
+    head, raised AttributeError in transformers' tying before)."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    cases = [
+        (T.WhisperForConditionalGeneration(T.WhisperConfig(
+            vocab_size=99, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=16,
+            max_target_positions=32, decoder_start_token_id=1, pad_token_id=0, eos_token_id=2, bos_token_id=1)),
+         {"input_features": torch.randn(2, 16, 32), "decoder_input_ids": torch.tensor([[1, 5, 7]] * 2)}),
+        (T.BertForMaskedLM(T.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64)), {"input_ids": torch.randint(0, 99, (2, 7))}),
+        (T.ViTForImageClassification(T.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                 intermediate_size=64, image_size=16, patch_size=4, num_labels=3)),
+         {"pixel_values": torch.randn(2, 3, 16, 16)}),
+    ]
+    for i, (m, inputs) in enumerate(cases):
+        m.eval()
+        with torch.no_grad():
+            want = m(**inputs).logits
+        path = tmp_path / f"m{i}.hwz"
+        hhf.save_hwz(m, path, encoding="lattice", bps=8, verbose=False)
+        r, _ = hhf.from_hwz(path)
+        assert type(r) is type(m)
+        assert any(isinstance(x, hnn.HyperLinear) for x in r.modules())
+        with torch.no_grad():
+            got = r(**inputs).logits
+        assert float((got - want).norm() / want.norm()) < 0.05, type(m).__name__
+        r.save_pretrained(tmp_path / f"s{i}")
+        again = type(m).from_pretrained(tmp_path / f"s{i}").eval()
+        with torch.no_grad():
+            assert torch.equal(again(**inputs).logits, got), type(m).__name__

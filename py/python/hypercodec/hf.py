@@ -83,7 +83,8 @@ def save_hwz(model: nn.Module, path: str, tokenizer: Any = None, **options: Any)
             "save_hwz on the float model"
         )
     sd, tied = _unique_state_dict(model)
-    meta = {"hf_config": config.to_json_string(), "hf_tied": json.dumps(tied)}
+    # The model's class, which from_hwz builds again (a Whisper or BERT model is no causal LM).
+    meta = {"hf_config": config.to_json_string(), "hf_tied": json.dumps(tied), "hf_class": type(model).__name__}
     if tokenizer is not None:
         with tempfile.TemporaryDirectory() as d:
             tokenizer.save_pretrained(d)
@@ -107,8 +108,22 @@ def _set(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, last, new)
 
 
+def _model_class(meta: dict, config: Any) -> Any:
+    """The transformers class an archive's model is built as: the class :func:`save_hwz` recorded
+    (``hf_class``), else the config's first architecture that transformers has; None for neither
+    (archives of causal LMs written before classes were recorded)."""
+    import transformers
+
+    for name in [meta.get("hf_class")] + list(getattr(config, "architectures", None) or []):
+        cls = getattr(transformers, name, None) if isinstance(name, str) else None
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+            return cls
+    return None
+
+
 def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-    """The causal LM and tokenizer saved by :func:`save_hwz`: every stored ``nn.Linear`` weight
+    """The model and tokenizer saved by :func:`save_hwz`, built as the model's own transformers
+    class (archives that do not name one: a causal LM); every stored ``nn.Linear`` weight
     becomes a :class:`hypercodec.nn.HyperLinear` on the stored form (``fixed_bits`` converts
     entropy-coded lattice weights to fixed-rate symbols at load, for speed), and a plain input
     embedding a :class:`hypercodec.nn.HyperEmbedding`. The other tensors are decoded, to
@@ -128,8 +143,12 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
         raise _native.InvalidInputError(f"{path}: no Hugging Face config in the archive (write it with save_hwz)")
     cfg = json.loads(meta["hf_config"])
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    cls = _model_class(meta, config)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        try:
+            model = cls._from_config(config, dtype=dtype) if cls is not None else AutoModelForCausalLM.from_config(config, dtype=dtype)
+        except ValueError as e:  # transformers: no causal LM for this config
+            raise _native.FormatError(f"{path}: the archive names no model class transformers has, and {e}") from None
     names = set(archive.names())
     tied = json.loads(meta.get("hf_tied", "{}"))
 
@@ -260,13 +279,26 @@ def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
     _untie_stored_heads(model, config.tied)
 
 
+def _stored_tensor(model: nn.Module, key: str) -> bool:
+    """Whether ``key`` (``module.attr``) is a tensor of a stored layer (it has no parameter to tie)."""
+    owner = key.rpartition(".")[0]
+    try:
+        return isinstance(model.get_submodule(owner), (HyperLinear, HyperEmbedding))
+    except AttributeError:
+        return False
+
+
 def _untie_stored_heads(model: nn.Module, tied: dict[str, str]) -> None:
-    """Takes the heads that share a stored table's codes out of transformers' weight tying for
-    this model (neither has a weight to tie: ``model.tie_weights()`` raised AttributeError)."""
+    """Takes the stored layers' tensors out of transformers' weight tying for this model: the
+    heads that share a stored table's codes, and a stored head's bias (BERT's decoder bias, tied
+    to ``cls.predictions.bias``, which its operator holds). None has a parameter to tie:
+    ``model.tie_weights()`` and the reload of a saved model raised AttributeError."""
     keys = getattr(type(model), "_tied_weights_keys", None)
     heads = {f"{h}.weight" for h in tied}
-    if heads and isinstance(keys, dict):
-        model._tied_weights_keys = {k: v for k, v in keys.items() if k not in heads}
+    if isinstance(keys, dict):
+        kept = {k: v for k, v in keys.items() if k not in heads and not _stored_tensor(model, k)}
+        if len(kept) != len(keys):
+            model._tied_weights_keys = kept
 
 
 def _register() -> tuple[type, type] | tuple[None, None]:
@@ -414,7 +446,9 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                 _set(model, name, placed[id(layer)])
                 # A stored layer is tied by hypercodec (a head to its table's codes, after
                 # loading), never by transformers' tie of dense weights (it has none).
-                getattr(model, "all_tied_weights_keys", {}).pop(f"{name}.weight", None)
+                tying = getattr(model, "all_tied_weights_keys", {})
+                for key in [k for k in tying if k.rpartition(".")[0] == name]:
+                    tying.pop(key)
             _init_around_placeholders(model)
             return model
 
