@@ -579,3 +579,44 @@ def test_from_hwz_builds_the_models_own_class(tmp_path):
         again = type(m).from_pretrained(tmp_path / f"s{i}").eval()
         with torch.no_grad():
             assert torch.equal(again(**inputs).logits, got), type(m).__name__
+
+
+def test_a_model_quantized_in_python_reloads_through_save_pretrained(tmp_path):
+    """``hnn.quantize`` then ``save_pretrained`` wrote the stored forms, and ``from_pretrained``
+    built dense layers of random weights in their place (transformers' load report the only
+    sign). The quantized model now carries hypercodec's config naming its stored layers,
+    convolutions and tables (a table on its tied head's codes too), and reloads equal, twice."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    cases = [
+        (T.ViTForImageClassification(T.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                 intermediate_size=64, image_size=16, patch_size=4, num_labels=3)),
+         {"pixel_values": torch.randn(2, 3, 16, 16)}, {}),
+        (T.LlamaForCausalLM(T.LlamaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                          num_key_value_heads=1, intermediate_size=64, tie_word_embeddings=True)),
+         {"input_ids": torch.randint(0, 99, (2, 7))}, {"embeddings": True, "skip": ()}),
+        (T.BertForMaskedLM(T.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64)), {"input_ids": torch.randint(0, 99, (2, 7))},
+         {"embeddings": True, "skip": ()}),
+    ]
+    for i, (m, inputs, kw) in enumerate(cases):
+        hnn.quantize(m.eval(), bps=4, **kw)
+        with torch.no_grad():
+            want = m(**inputs).logits
+        model = m
+        for k in range(2):
+            model.save_pretrained(tmp_path / f"{i}-{k}")
+            model = type(m).from_pretrained(tmp_path / f"{i}-{k}").eval()
+            with torch.no_grad():
+                assert torch.equal(model(**inputs).logits, want), (type(m).__name__, k)
+        stored = (hnn.HyperLinear, hnn.HyperConv2d, hnn.HyperEmbedding)
+        assert [type(x) for x in model.modules() if isinstance(x, stored)] == [
+            type(x) for x in m.modules() if isinstance(x, stored)
+        ]
+    assert model is not m and isinstance(cases[1][0].model.embed_tokens, hnn.HyperEmbedding)
+    # Trainable layers keep their master weights and no quantization config (Trainer trains them).
+    t = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=64))
+    hnn.quantize(t, bps=4, trainable=True)
+    assert getattr(t.config, "quantization_config", None) is None

@@ -256,14 +256,16 @@ def _stored_module(model: nn.Module, name: str) -> nn.Module:
 
 
 def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
-    """Gives a model read by :func:`from_hwz` the quantization config (and quantizer) a model
-    quantized on load has, naming its stored layers, so that ``save_pretrained`` writes a
-    checkpoint ``from_pretrained`` rebuilds on the stored forms (without it the reload made
-    random dense layers where the stored ones were)."""
+    """Gives a model read by :func:`from_hwz` (or quantized by :func:`hypercodec.nn.quantize`) the
+    quantization config (and quantizer) a model quantized on load has, naming its stored layers,
+    so that ``save_pretrained`` writes a checkpoint ``from_pretrained`` rebuilds on the stored
+    forms (without it the reload made random dense layers where the stored ones were)."""
     if HypercodecConfig is None:
         return
     stored = {
-        n: m for n, m in model.named_modules(remove_duplicate=False) if isinstance(m, (HyperLinear, HyperEmbedding))
+        n: m
+        for n, m in model.named_modules(remove_duplicate=False)
+        if isinstance(m, (HyperLinear, HyperEmbedding, HyperConv2d))
     }
     config = HypercodecConfig(
         bps=None,  # (the archive's own rates: no method or rate describes them)
@@ -271,8 +273,9 @@ def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
         skip=None,
         modules=[n for n, m in stored.items() if isinstance(m, HyperLinear) and m.tied is None],
         embeddings=[n for n, m in stored.items() if isinstance(m, HyperEmbedding)],
-        tied={n: m.tied for n, m in stored.items() if m.tied is not None},
+        tied={n: m.tied for n, m in stored.items() if getattr(m, "tied", None) is not None},
         fixed_bits=fixed_bits,
+        convs=[n for n, m in stored.items() if isinstance(m, HyperConv2d)],
     )
     model.config.quantization_config = config
     model.hf_quantizer = HypercodecQuantizer(config, pre_quantized=True)
@@ -331,7 +334,8 @@ def _register() -> tuple[type, type] | tuple[None, None]:
         ``fixed_bits`` its lattice layers were converted to at load (done again at reload; given
         to quantize on load, the quantized lattice layers are converted so). A config of stored
         layers (``modules`` given) may leave ``method`` and ``bps`` None: a model read by
-        ``from_hwz`` holds the archive's own rates."""
+        ``from_hwz`` holds the archive's own rates, as does a model quantized by
+        :func:`hypercodec.nn.quantize`, whose stored convolutions are its ``convs``."""
 
         def __init__(
             self,
@@ -342,6 +346,7 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             embeddings: list[str] | None = None,
             tied: dict[str, str] | None = None,
             fixed_bits: int | None = None,
+            convs: list[str] | None = None,
             **kwargs: Any,
         ) -> None:
             self.quant_method = "hypercodec"
@@ -363,6 +368,7 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             self.skip = [] if skip is None else [skip] if isinstance(skip, str) else list(skip)
             self.modules = None if modules is None else _names("modules", modules)
             self.embeddings = [] if embeddings is None else _names("embeddings", embeddings)
+            self.convs = [] if convs is None else _names("convs", convs)
             if tied is not None and not (
                 isinstance(tied, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tied.items())
             ):
@@ -422,21 +428,29 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                 raise _native.FormatError("the checkpoint's hypercodec config lists no quantized modules")
             placed: dict[int, nn.Module] = {}  # a layer at two names: one placeholder at both
             for head, table in c.tied.items():
-                if table not in c.embeddings:
+                # A head on a stored table's codes (from_hwz), or a table on a stored head's
+                # (hypercodec.nn.quantize with embeddings=True).
+                if table not in c.embeddings and not (head in c.embeddings and table in c.modules):
                     raise _native.FormatError(
                         f"the checkpoint's hypercodec config ties `{head}` to `{table}`, which is not a stored embedding"
                     )
+            convs = getattr(c, "convs", None) or []  # (configs saved before convolutions were named)
             wanted = [(n, None) for n in c.modules] + [(n, None) for n in c.embeddings] + list(c.tied.items())
-            for name, tie in wanted:
+            for name, tie in wanted + [(n, None) for n in convs]:
                 layer = _stored_module(model, name)
-                if isinstance(layer, (HyperLinear, HyperEmbedding)):
+                if isinstance(layer, (HyperLinear, HyperEmbedding, HyperConv2d)):
                     continue  # a fresh model holds none: a name whose parent was placed already
-                embedding = name in c.embeddings
-                if not (isinstance(layer, nn.Embedding) if embedding else isinstance(layer, nn.Linear) or _is_conv1d(layer)):
+                embedding, conv = name in c.embeddings, name in convs
+                if not (
+                    isinstance(layer, nn.Embedding) if embedding else isinstance(layer, nn.Conv2d) if conv
+                    else isinstance(layer, nn.Linear) or _is_conv1d(layer)
+                ):
                     raise _native.FormatError(f"`{name}` is quantized in the checkpoint but is {type(layer).__name__} here")
                 if id(layer) not in placed:
-                    if embedding:
-                        placeholder = HyperEmbedding.placeholder(layer)
+                    if conv:
+                        placeholder = HyperConv2d.placeholder(layer)
+                    elif embedding:
+                        placeholder = HyperEmbedding.placeholder(layer, tied=c.tied.get(name))
                     else:
                         placeholder = HyperLinear.placeholder(_as_linear(layer), tied=tie)
                         placeholder.__dict__["_init_bias"] = getattr(layer, "bias", None) is not None
@@ -470,7 +484,8 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                         layer.op = owner.op
                         layer._hwz_source = lambda t=owner._hwz: None if t is None else t.numpy()
                 _untie_stored_heads(model, c.tied)
-                empty = [n for n, m in model.named_modules() if isinstance(m, (HyperLinear, HyperEmbedding)) and m.op is None]
+                stored = (HyperLinear, HyperEmbedding, HyperConv2d)
+                empty = [n for n, m in model.named_modules() if isinstance(m, stored) and m.op is None]
                 if empty:
                     raise _native.FormatError(f"stored weights missing from the checkpoint: {empty[:5]}")
                 return model

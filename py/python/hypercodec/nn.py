@@ -2038,7 +2038,33 @@ def quantize(
         if name == "":
             return new  # a bare layer: its replacement
         _replace(model, name, new)
+    _mark_for_transformers(model)
     return model
+
+
+def _mark_for_transformers(model: nn.Module) -> None:
+    """A transformers model with stored layers carries hypercodec's quantization config naming
+    them (:func:`hypercodec.hf._mark_quantized`), so that ``save_pretrained`` then
+    ``from_pretrained`` rebuild it on the stored forms: without it the reload built dense layers
+    of random weights where the stored ones were, behind transformers' load report. A model being
+    quantized on load keeps the config it has (its quantizer names the layers)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_json_string"):
+        return
+    current = getattr(config, "quantization_config", None)
+    if current is not None and not (getattr(current, "quant_method", None) == "hypercodec" and current.method is None):
+        return
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return
+    trains = any(isinstance(m, HyperLinear) and m.weight is not None for m in model.modules())
+    if isinstance(model, PreTrainedModel) and not trains:
+        # (A model with master weights to train stays unmarked: transformers' Trainer refuses
+        # to train a quantized model.)
+        from . import hf
+
+        hf._mark_quantized(model, None)
 
 
 def quantize_budget(
