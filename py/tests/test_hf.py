@@ -615,6 +615,15 @@ def test_a_model_quantized_in_python_reloads_through_save_pretrained(tmp_path):
             type(x) for x in m.modules() if isinstance(x, stored)
         ]
     assert model is not m and isinstance(cases[1][0].model.embed_tokens, hnn.HyperEmbedding)
+    # A model given its stored layers by hnn.load_state_dict (or load_into, quantize_budget)
+    # carries the config too.
+    m, inputs, _ = cases[1]
+    fresh = type(m)(m.config.__class__(**{k: v for k, v in m.config.to_dict().items() if k != "quantization_config"}))
+    hnn.load_state_dict(fresh.eval(), m.state_dict())
+    fresh.save_pretrained(tmp_path / "fresh")
+    with torch.no_grad():
+        want = m(**inputs).logits
+        assert torch.equal(type(m).from_pretrained(tmp_path / "fresh").eval()(**inputs).logits, want)
     # Trainable layers keep their master weights and no quantization config (Trainer trains them).
     t = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                          num_key_value_heads=1, intermediate_size=64))

@@ -2144,6 +2144,7 @@ def quantize_budget(
             source = _archive_source(archive, n, False)
             _replace(model, n, HyperEmbedding._like(m, op, source=source))
         load_into(model, path)
+    _mark_for_transformers(model)
     return model
 
 
@@ -2691,6 +2692,7 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
         layer.op = op
         # What pickling the tied layer carries (the bytes the owner was loaded from).
         layer._hwz_source = lambda t=owner._hwz: None if t is None else t.numpy()
+    _mark_for_transformers(model)
     return model
 
 
@@ -2826,4 +2828,5 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
         if key in names and key not in done:
             rest[key] = torch.from_numpy(archive.read(key))
     model.load_state_dict(rest, strict=False)
+    _mark_for_transformers(model)
     return model
