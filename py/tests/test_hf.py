@@ -624,6 +624,18 @@ def test_a_model_quantized_in_python_reloads_through_save_pretrained(tmp_path):
     with torch.no_grad():
         want = m(**inputs).logits
         assert torch.equal(type(m).from_pretrained(tmp_path / "fresh").eval()(**inputs).logits, want)
+    # A sub-model quantized alone (the language model of a causal LM): its config names its
+    # layers relative to it (`root`), found again in the whole model at reload.
+    lm = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                          num_key_value_heads=1, intermediate_size=64)).eval()
+    hnn.quantize(lm.model, bps=4)
+    assert lm.config.quantization_config.root == "LlamaModel"
+    ids = torch.randint(0, 99, (2, 7))
+    lm.save_pretrained(tmp_path / "sub")
+    with torch.no_grad():
+        back = T.LlamaForCausalLM.from_pretrained(tmp_path / "sub").eval()
+        assert isinstance(back.model.layers[0].mlp.up_proj, hnn.HyperLinear)
+        assert torch.equal(back(input_ids=ids).logits, lm(input_ids=ids).logits)
     # Trainable layers keep their master weights and no quantization config (Trainer trains them).
     t = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                          num_key_value_heads=1, intermediate_size=64))

@@ -108,17 +108,32 @@ def _set(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, last, new)
 
 
-def _model_class(meta: dict, config: Any) -> Any:
-    """The transformers class an archive's model is built as: the class :func:`save_hwz` recorded
-    (``hf_class``), else the config's first architecture that transformers has; None for neither
-    (archives of causal LMs written before classes were recorded)."""
+def _transformers_class(name: Any) -> Any:
+    """The transformers model class of that name, or None."""
     import transformers
 
-    for name in [meta.get("hf_class")] + list(getattr(config, "architectures", None) or []):
-        cls = getattr(transformers, name, None) if isinstance(name, str) else None
-        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
-            return cls
-    return None
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    return cls if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel) else None
+
+
+def _build(meta: dict, config: Any, dtype: torch.dtype, path: Any) -> nn.Module:
+    """An archive's model on the current device: the class :func:`save_hwz` recorded
+    (``hf_class``); for an archive written before classes were recorded, a causal LM as then,
+    else the config's first architecture transformers has (``architectures`` names the
+    checkpoint's original class, which may not be the one saved)."""
+    from transformers import AutoModelForCausalLM
+
+    cls = _transformers_class(meta.get("hf_class"))
+    if cls is not None:
+        return cls._from_config(config, dtype=dtype)
+    try:
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except ValueError as e:  # transformers: no causal LM for this config
+        for name in getattr(config, "architectures", None) or []:
+            cls = _transformers_class(name)
+            if cls is not None:
+                return cls._from_config(config, dtype=dtype)
+        raise _native.FormatError(f"{path}: the archive names no model class transformers has, and {e}") from None
 
 
 def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
@@ -132,7 +147,7 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
     their input's dtype. The model is built on the meta device first, so no dense copy of a
     stored layer ever exists. It carries a :class:`HypercodecConfig` naming its stored layers, so
     ``save_pretrained`` / ``from_pretrained`` round-trip it as they do a model quantized on load."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     _check_fixed_bits(fixed_bits)
     if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
@@ -143,12 +158,8 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
         raise _native.InvalidInputError(f"{path}: no Hugging Face config in the archive (write it with save_hwz)")
     cfg = json.loads(meta["hf_config"])
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    cls = _model_class(meta, config)
     with torch.device("meta"):
-        try:
-            model = cls._from_config(config, dtype=dtype) if cls is not None else AutoModelForCausalLM.from_config(config, dtype=dtype)
-        except ValueError as e:  # transformers: no causal LM for this config
-            raise _native.FormatError(f"{path}: the archive names no model class transformers has, and {e}") from None
+        model = _build(meta, config, dtype, path)
     names = set(archive.names())
     tied = json.loads(meta.get("hf_tied", "{}"))
 
@@ -255,6 +266,27 @@ def _stored_module(model: nn.Module, name: str) -> nn.Module:
         ) from None
 
 
+def _root_names(model: nn.Module, c: Any) -> None:
+    """Makes the stored layers' names of config ``c`` relative to ``model``: where they were
+    written for a sub-model of class ``c.root`` (quantized alone), prefixed with that
+    sub-model's place in ``model`` (the one module of that class)."""
+    root = getattr(c, "root", None)
+    if root is None or type(model).__name__ == root:
+        return
+    places = [n for n, m in model.named_modules() if type(m).__name__ == root and n]
+    if len(places) != 1:
+        raise _native.FormatError(
+            f"the checkpoint's hypercodec config names layers of a {root}; this {type(model).__name__} holds "
+            f"{len(places)} of them"
+        )
+    at = places[0] + "."
+    c.modules = [at + n for n in c.modules]
+    c.embeddings = [at + n for n in c.embeddings]
+    c.convs = [at + n for n in (getattr(c, "convs", None) or [])]
+    c.tied = {at + k: at + v for k, v in c.tied.items()}
+    c.root = type(model).__name__
+
+
 def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
     """Gives a model read by :func:`from_hwz` (or quantized by :func:`hypercodec.nn.quantize`) the
     quantization config (and quantizer) a model quantized on load has, naming its stored layers,
@@ -276,6 +308,7 @@ def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
         tied={n: m.tied for n, m in stored.items() if getattr(m, "tied", None) is not None},
         fixed_bits=fixed_bits,
         convs=[n for n, m in stored.items() if isinstance(m, HyperConv2d)],
+        root=type(model).__name__,
     )
     model.config.quantization_config = config
     model.hf_quantizer = HypercodecQuantizer(config, pre_quantized=True)
@@ -335,7 +368,9 @@ def _register() -> tuple[type, type] | tuple[None, None]:
         to quantize on load, the quantized lattice layers are converted so). A config of stored
         layers (``modules`` given) may leave ``method`` and ``bps`` None: a model read by
         ``from_hwz`` holds the archive's own rates, as does a model quantized by
-        :func:`hypercodec.nn.quantize`, whose stored convolutions are its ``convs``."""
+        :func:`hypercodec.nn.quantize`, whose stored convolutions are its ``convs``. The names are
+        relative to the model of class ``root`` (a sub-model quantized alone, such as a
+        ``LlamaModel`` inside its ``LlamaForCausalLM``: found in the loading model by class)."""
 
         def __init__(
             self,
@@ -347,6 +382,7 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             tied: dict[str, str] | None = None,
             fixed_bits: int | None = None,
             convs: list[str] | None = None,
+            root: str | None = None,
             **kwargs: Any,
         ) -> None:
             self.quant_method = "hypercodec"
@@ -369,6 +405,9 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             self.modules = None if modules is None else _names("modules", modules)
             self.embeddings = [] if embeddings is None else _names("embeddings", embeddings)
             self.convs = [] if convs is None else _names("convs", convs)
+            if root is not None and not isinstance(root, str):
+                raise _native.InvalidInputError(f"root: a model class name, not {root!r}")
+            self.root = root
             if tied is not None and not (
                 isinstance(tied, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tied.items())
             ):
@@ -426,6 +465,7 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             c = self.quantization_config
             if c.modules is None:
                 raise _native.FormatError("the checkpoint's hypercodec config lists no quantized modules")
+            _root_names(model, c)
             placed: dict[int, nn.Module] = {}  # a layer at two names: one placeholder at both
             for head, table in c.tied.items():
                 # A head on a stored table's codes (from_hwz), or a table on a stored head's

@@ -2052,8 +2052,14 @@ def _mark_for_transformers(model: nn.Module) -> None:
     if config is None or not hasattr(config, "to_json_string"):
         return
     current = getattr(config, "quantization_config", None)
-    if current is not None and not (getattr(current, "quant_method", None) == "hypercodec" and current.method is None):
-        return
+    fixed_bits = None
+    if current is not None:
+        get = current.get if isinstance(current, dict) else lambda k, d=None: getattr(current, k, d)
+        if get("quant_method") != "hypercodec":
+            return  # another method's model
+        if get("modules") is None:
+            return  # being quantized on load: its quantizer names the layers next
+        fixed_bits = get("fixed_bits")  # (a model read with fixed_bits keeps them at reload)
     try:
         from transformers import PreTrainedModel
     except ImportError:
@@ -2064,7 +2070,7 @@ def _mark_for_transformers(model: nn.Module) -> None:
         # to train a quantized model.)
         from . import hf
 
-        hf._mark_quantized(model, None)
+        hf._mark_quantized(model, fixed_bits)
 
 
 def quantize_budget(
