@@ -641,3 +641,36 @@ def test_a_model_quantized_in_python_reloads_through_save_pretrained(tmp_path):
                                          num_key_value_heads=1, intermediate_size=64))
     hnn.quantize(t, bps=4, trainable=True)
     assert getattr(t.config, "quantization_config", None) is None
+
+
+def test_dequantize_gives_the_dense_twin_of_every_stored_layer():
+    """``model.dequantize()`` (transformers, through the quantizer) and ``hnn.dequantize`` make
+    every stored layer dense again on its decoded values: the outputs stay the quantized model's,
+    a tied head and table share one dense weight, the quantization config is gone, and a bf16
+    model's dense layers are bf16 (``model.dequantize()`` raised NotImplementedError before)."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    m = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=64, tie_word_embeddings=True)).eval()
+    hnn.quantize(m, bps=4, embeddings=True, skip=())
+    half = copy.deepcopy(m).to(torch.bfloat16)
+    ids = torch.randint(0, 99, (2, 7))
+    with torch.no_grad():
+        want = m(input_ids=ids).logits
+        d = m.dequantize()
+        assert not any(isinstance(x, (hnn.HyperLinear, hnn.HyperEmbedding)) for x in d.modules())
+        assert d.lm_head.weight is d.model.embed_tokens.weight
+        assert getattr(d.config, "quantization_config", None) is None
+        assert torch.allclose(d(input_ids=ids).logits, want, atol=1e-5)
+    hnn.dequantize(half)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    v = T.ViTForImageClassification(T.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                intermediate_size=64, image_size=16, patch_size=4, num_labels=3)).eval()
+    hnn.quantize(v, bps=4)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        want = v(pixel_values=x).logits
+        hnn.dequantize(v)
+        assert type(v.vit.embeddings.patch_embeddings.projection) is torch.nn.Conv2d
+        assert torch.allclose(v(pixel_values=x).logits, want, atol=1e-5)

@@ -544,6 +544,12 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                     m._load_hwz(m.weight_hwz)
             return model
 
+        def _dequantize(self, model, dtype=None):
+            # model.dequantize(): every stored layer dense again (hypercodec.nn.dequantize).
+            from .nn import dequantize
+
+            return dequantize(model, dtype)
+
         def is_serializable(self, **kwargs):
             return True
 

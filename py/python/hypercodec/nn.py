@@ -2644,6 +2644,69 @@ def save_hessians(path: str, hessians: dict[str, np.ndarray]) -> None:
     _write_safetensors(path, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hessians.items()})
 
 
+def dequantize(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """Replaces every stored layer of ``model`` (:class:`HyperLinear`, :class:`HyperConv2d`,
+    :class:`HyperEmbedding`) by the dense ``nn.Linear`` / ``nn.Conv2d`` / ``nn.Embedding`` of its
+    decoded weight (the stored form's values, not the original's), in ``dtype`` (default: each
+    layer's own; a linear layer keeps no dtype: the model's floating parameters'), on the CPU:
+    for export to tools that read dense weights, or full fine-tuning.
+    Layers that share one stored form (a tied head and table) share one dense weight. A
+    transformers model loses hypercodec's quantization config (``model.dequantize()`` does the
+    same through its quantizer). Returns ``model`` (a bare stored layer: its dense twin)."""
+    shared: dict[int, nn.Parameter] = {}
+    floats = (p.dtype for p in model.parameters() if p.is_floating_point() and not p.is_meta)
+    linear_dtype = next(floats, torch.float32)
+
+    def weight(layer: Any, shape: tuple[int, ...], dt: torch.dtype) -> nn.Parameter:
+        key = id(layer.op)
+        if key not in shared or tuple(shared[key].shape) != tuple(shape):
+            values = _op_weight(layer.op).reshape(shape).to(dtype or dt)
+            shared[key] = nn.Parameter(values)
+        return shared[key]
+
+    def dense(layer: nn.Module) -> nn.Module | None:
+        if isinstance(layer, (HyperLinear, HyperConv2d, HyperEmbedding)) and layer.op is None:
+            raise _native.InvalidInputError(f"this {type(layer).__name__} has no weight yet: nothing to dequantize")
+        if isinstance(layer, HyperLinear):
+            bias = layer.op.bias if layer.bias is None else layer.bias.detach().float().numpy()
+            new = nn.Linear(layer.in_features, layer.out_features, bias=bias is not None, device="meta")
+            new.weight = weight(layer, (layer.out_features, layer.in_features), linear_dtype)
+            if bias is not None:
+                new.bias = nn.Parameter(torch.as_tensor(np.asarray(bias, np.float32)).to(dtype or linear_dtype))
+            return new
+        if isinstance(layer, HyperConv2d):
+            oc, icg, kh, kw = layer.weight_shape
+            new = nn.Conv2d(layer.in_channels, oc, (kh, kw), layer.stride, layer.padding, layer.dilation, layer.groups,
+                            bias=layer.bias is not None, padding_mode=layer.padding_mode, device="meta")
+            dt = layer.weight.dtype
+            new.weight = weight(layer, layer.weight_shape, dt)
+            if layer.bias is not None:
+                new.bias = nn.Parameter(layer.bias.detach().to("cpu", dtype or dt).clone())
+            return new
+        if isinstance(layer, HyperEmbedding):
+            new = nn.Embedding(layer.num_embeddings, layer.embedding_dim, layer.padding_idx, layer.max_norm,
+                               layer.norm_type, device="meta")
+            new.weight = weight(layer, (layer.num_embeddings, layer.embedding_dim), layer.dtype)
+            return new
+        return None
+
+    whole = dense(model)
+    if whole is not None:
+        return whole
+    for name, layer in list(model.named_modules(remove_duplicate=False)):
+        new = dense(layer) if name else None
+        if new is not None:
+            _replace(model, name, new)
+    config = getattr(model, "config", None)
+    current = getattr(config, "quantization_config", None)
+    if current is not None and getattr(current, "quant_method", None) == "hypercodec":
+        del config.quantization_config
+        model.__dict__.pop("hf_quantizer", None)
+        if "is_quantized" in model.__dict__:
+            model.is_quantized = False
+    return model
+
+
 def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> nn.Module:
     """Loads a state dict saved from a quantized model (``model.state_dict()``, e.g. through
     ``torch.save`` / ``torch.load(weights_only=True)``) into a fresh dense ``model`` of the same
