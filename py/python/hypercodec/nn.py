@@ -2648,19 +2648,21 @@ def dequantize(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
     """Replaces every stored layer of ``model`` (:class:`HyperLinear`, :class:`HyperConv2d`,
     :class:`HyperEmbedding`) by the dense ``nn.Linear`` / ``nn.Conv2d`` / ``nn.Embedding`` of its
     decoded weight (the stored form's values, not the original's), in ``dtype`` (default: each
-    layer's own; a linear layer keeps no dtype: the model's floating parameters'), on the CPU:
-    for export to tools that read dense weights, or full fine-tuning.
+    layer's own; a linear layer keeps no dtype: the model's floating parameters'), on the device
+    of the model's parameters (the CPU for a model of stored layers only): for export to tools
+    that read dense weights, or full fine-tuning.
     Layers that share one stored form (a tied head and table) share one dense weight. A
     transformers model loses hypercodec's quantization config (``model.dequantize()`` does the
     same through its quantizer). Returns ``model`` (a bare stored layer: its dense twin)."""
     shared: dict[int, nn.Parameter] = {}
-    floats = (p.dtype for p in model.parameters() if p.is_floating_point() and not p.is_meta)
-    linear_dtype = next(floats, torch.float32)
+    floats = [p for p in model.parameters() if p.is_floating_point() and not p.is_meta]
+    linear_dtype = floats[0].dtype if floats else torch.float32
+    home = floats[0].device if floats else torch.device("cpu")
 
     def weight(layer: Any, shape: tuple[int, ...], dt: torch.dtype) -> nn.Parameter:
         key = id(layer.op)
         if key not in shared or tuple(shared[key].shape) != tuple(shape):
-            values = _op_weight(layer.op).reshape(shape).to(dtype or dt)
+            values = _op_weight(layer.op).reshape(shape).to(home, dtype or dt)
             shared[key] = nn.Parameter(values)
         return shared[key]
 
@@ -2672,7 +2674,7 @@ def dequantize(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
             new = nn.Linear(layer.in_features, layer.out_features, bias=bias is not None, device="meta")
             new.weight = weight(layer, (layer.out_features, layer.in_features), linear_dtype)
             if bias is not None:
-                new.bias = nn.Parameter(torch.as_tensor(np.asarray(bias, np.float32)).to(dtype or linear_dtype))
+                new.bias = nn.Parameter(torch.as_tensor(np.asarray(bias, np.float32)).to(home, dtype or linear_dtype))
             return new
         if isinstance(layer, HyperConv2d):
             oc, icg, kh, kw = layer.weight_shape
@@ -2681,7 +2683,7 @@ def dequantize(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
             dt = layer.weight.dtype
             new.weight = weight(layer, layer.weight_shape, dt)
             if layer.bias is not None:
-                new.bias = nn.Parameter(layer.bias.detach().to("cpu", dtype or dt).clone())
+                new.bias = nn.Parameter(layer.bias.detach().to(home, dtype or dt).clone())
             return new
         if isinstance(layer, HyperEmbedding):
             new = nn.Embedding(layer.num_embeddings, layer.embedding_dim, layer.padding_idx, layer.max_norm,
