@@ -364,13 +364,15 @@ def _autocast(x: torch.Tensor) -> torch.Tensor:
     return x if dtype == x.dtype else x.to(dtype)
 
 
+_FUNCTORCH = getattr(torch._C, "_functorch", None)  # (looked up once: every eager forward asks it)
+
+
 def _check_plain(x: torch.Tensor) -> None:
     """Refuses inputs the native product cannot honour: tensors wrapped by ``torch.func``
     transforms (``vmap``, ``grad``, ``jvp``: they failed inside with PyTorch's "tensor that
     doesn't have storage") and forward-mode dual tensors (their tangent was dropped without a
     word). Plain reverse-mode autograd, ``torch.compile`` and ``torch.export`` are unaffected."""
-    functorch = getattr(torch._C, "_functorch", None)
-    if functorch is not None and functorch.is_functorch_wrapped_tensor(x):
+    if _FUNCTORCH is not None and _FUNCTORCH.is_functorch_wrapped_tensor(x):
         raise _native.InvalidInputError(
             "torch.func transforms (vmap, grad, jvp, jacrev) cannot run a compressed layer's stored product: "
             "use reverse-mode autograd, torch.compile, or the decoded weight (weight_dense())"
@@ -2149,8 +2151,7 @@ def quantize_budget(
             op = archive.linear(f"{n}.weight", None)
             source = _archive_source(archive, n, False)
             _replace(model, n, HyperEmbedding._like(m, op, source=source))
-        load_into(model, path)
-    _mark_for_transformers(model)
+        load_into(model, path)  # (which marks a transformers model, as quantize does)
     return model
 
 
