@@ -1985,7 +1985,9 @@ impl Kernels {
     /// Launches the prefix-coded E8 GEMV: FFMA at one activation row, the tensor cores at
     /// 2–16 ([`E8PrefixGemv`]). Blocks take whole row groups (`segments` warps each, at most
     /// 16 warps, fewer where the groups would not fill the SMs; chunks of several groups a warp
-    /// each) on a persistent grid, so each block loads the tables once.
+    /// each) on a persistent grid, so each block loads the tables once. The pair forms' chunks of
+    /// one group go two a warp (groups g and g + 1: `hc_e8p_{gemv2,mma2}_*`), so many pairs a
+    /// block as spreads them most evenly over the SMs.
     ///
     /// # Safety
     /// As [`Kernels::rht`].
@@ -2624,8 +2626,8 @@ fn encode_host_inputs(
     Ok(())
 }
 
-/// Pairs of row groups a block of the two-chunks-a-warp GEMV (`segs` warps a pair, at most 16
-/// warps): the count that leaves the busiest multiprocessor the fewest pairs to decode, the
+/// Pairs of row groups a block of the two-chunks-a-warp kernels (`hc_e8p_gemv2_*`,
+/// `hc_e8p_mma2_*`; `segs` warps a pair, at most 16 warps): the count that leaves the busiest multiprocessor the fewest pairs to decode, the
 /// larger count where two tie. `resident(p)` is how many blocks of `p` pairs the device holds at
 /// once; the grid strides where the blocks are more. Measured on an H100 (8192², 14336×4096,
 /// 4096×14336), the time followed that load: 4 pairs a block on 14336×4096 (a load of 8) ran
