@@ -48,6 +48,9 @@ def test_device_forms_name_the_stored_codes():
     p = hypercodec.Linear.quantize(w, "e8@4-prefix").device_form()
     assert p["kind"] == "e8prefix" and (p["limit"], p["pair_limit"], p["segment"], p["span"]) == (8, 12, 8, 8)
     assert p["table"].shape == (3 * 256 + 4 * 4096,) and p["starts"].shape == (1 + 1,)
+    # Chunks of N symbols by hand (`-cN`): 2^12 here, two groups a chunk.
+    p = hypercodec.Linear.quantize(w, "e8@4-prefix-c4096").device_form()
+    assert (p["segment"], p["span"]) == (16, 2) and p["starts"].shape == (3 + 1,)
     assert p["starts"][-1] * 4 == p["payload"].nbytes and p["words"] == 32
     # Rows longer than a chunk's aim take one chunk each.
     wide = rng.standard_normal((3, 24576)).astype(np.float32)
@@ -113,14 +116,15 @@ def test_cuda_forward_matches_the_cpu_runtime(spec, dtype, scale):
         got = d.forward(x.cuda(), route="gemv").float().cpu().numpy()
         want = op.forward(x.float().numpy())
         assert np.abs(got - want).max() <= tol * np.abs(want).max(), (spec, "forced gemv")
-        # 512 columns make chunks spanning 4 row groups; 4096 make two segments a row, of one.
-        # At one row the pair forms decode two row groups a warp: 20 rows leave a partial group
-        # without a partner, 44 rows a partial group in the last pair.
+        # 512 columns make chunks spanning 4 row groups (the last span short, its last group
+        # partial); 4096 two segments a row, of one; 2080 one segment (65 blocks). At one row the
+        # pair forms decode two row groups a warp: 20 rows leave a partial group without a
+        # partner, 44 rows a partial group in the last pair.
         assert op.device_form()["span"] == 4
-        for rows2, cols2 in ((20, 4096), (44, 2080)):
+        for rows2, cols2, span in ((20, 4096, 1), (44, 2080, 1)):
             w2 = rng.standard_normal((rows2, cols2)).astype(np.float32) * np.float32(scale)
             op2 = hypercodec.Linear.quantize(w2, spec)
-            assert op2.device_form()["span"] == 1
+            assert op2.device_form()["span"] == span
             d2 = hcuda.DeviceLinear(op2, torch.device("cuda"))
             for m in (1, 5, 20):
                 x = torch.from_numpy(rng.standard_normal((m, cols2)).astype(np.float32)).to(dtype)

@@ -97,14 +97,17 @@ def _launch(lib, kind, f, rows, xr, y, m, keep, bias=None, max_grid=2 * SMS, y_d
 
 
 # Specs of every compiled form; shapes with a partial row group (pairs of groups a warp: alone
-# at 37 rows, the second of the last pair at 44), one or several segments a row
-# (6176 columns: 4 segments, the last one block), a short row (96 columns: 3 blocks). Rows of one
-# segment make chunks of several row groups (spans of 2, 21, 8 and 4 groups here, the last span
-# short, the last group partial); 2080 and 6176 columns make chunks of one.
-CASES = [("e8@4-prefix", 40, 1024), ("e8@3-prefix8", 13, 2080), ("e8@4-prefix10", 41, 96),
-         ("e8@4-prefix12", 16, 256), ("e8@3-prefix8p11", 3, 6176), ("e8@2-prefix", 63, 512),
-         ("e8@4-prefix", 37, 2080), ("e8@3-prefix8p11", 24, 6176), ("e8@4-prefix", 16, 4096),
-         ("e8@4-prefix", 44, 2080)]
+# at 37 rows, the second of the last pair at 44), one or several segments a row, a short row
+# (96 columns: 3 blocks). `-c16384`: chunks of 2^14 symbols, the size large matrices take (6176
+# columns: 4 segments, the last one block; rows of one segment make chunks of several row
+# groups: spans of 2, 21, 8 and 4 groups here, the last span short, the last group partial;
+# 2080 and 6176 columns make chunks of one). Without it the writer's rule for matrices this small
+# gives the same chunks, but a row's blocks shared out evenly (6176 columns: 3 segments of 65).
+CASES = [("e8@4-prefix-c16384", 40, 1024), ("e8@3-prefix8-c16384", 13, 2080), ("e8@4-prefix10-c16384", 41, 96),
+         ("e8@4-prefix12-c16384", 16, 256), ("e8@3-prefix8p11-c16384", 3, 6176), ("e8@2-prefix-c16384", 63, 512),
+         ("e8@4-prefix-c16384", 37, 2080), ("e8@3-prefix8p11-c16384", 24, 6176), ("e8@4-prefix-c16384", 16, 4096),
+         ("e8@4-prefix-c16384", 44, 2080), ("e8@4-prefix", 40, 1024), ("e8@3-prefix8p11", 201, 96),
+         ("e8@4-prefix", 24, 6176), ("e8@4-prefix10", 16, 256)]
 
 
 def _kind(f, rows, m):
@@ -122,8 +125,10 @@ def test_the_kernels_source_computes_the_stored_weight(lib, spec, rows, cols):
     op = hypercodec.Linear.quantize(w, spec)
     f = op.device_form()
     assert f is not None and f["kind"] == "e8prefix", f
-    assert (f["span"] > 1) == (cols <= 1024), (spec, f["span"])
-    two = spec.endswith(("-prefix", "p11")) and cols > 1024 and rows > 8
+    base = spec.removesuffix("-c16384")
+    one_segment = cols <= 1024  # a row at most half a chunk's symbols
+    assert (f["span"] > 1) == one_segment, (spec, f["span"])
+    two = base.endswith(("-prefix", "p11")) and not one_segment and rows > 8
     assert _kind(f, rows, 1) == ("gemv2" if two else "gemv") and _kind(f, rows, 5) == ("mma2" if two else "mma")
     ref = op.int8_weight()
     wr = ref["values"].astype(np.float64) * ref["scales"].astype(np.float64)[:, None]  # rows × cols, rotated
@@ -169,11 +174,11 @@ def test_the_kernels_source_computes_the_stored_weight(lib, spec, rows, cols):
     assert np.array_equal(out, bf16), spec
 
 
-@pytest.mark.parametrize("rows, cols", [(16, 512), (24, 2080)])
+@pytest.mark.parametrize("rows, cols", [(64, 256), (24, 2080)])
 def test_corrupt_words_stay_in_bounds(lib, rows, cols):
     """Random words, a payload cut short and chunk offsets past its end decode to wrong values,
     never outside the buffers (the offsets are clamped, reads past a chunk's end give 0); chunks
-    of several row groups (512 columns) and of one, two a warp (2080)."""
+    of several row groups (256 columns) and of one, two a warp (2080)."""
     rng = np.random.default_rng(5)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     f = dict(hypercodec.Linear.quantize(w, "e8@4-prefix").device_form())
@@ -241,10 +246,11 @@ def test_device_linear_routes_prefix_layers_through_the_kernels_source(lib, monk
 
     monkeypatch.setattr(hcuda, "rht", rht)
     rng = np.random.default_rng(11)
-    rows, cols = 44, 512
+    rows, cols = 44, 512  # chunks spanning 4 row groups
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     b = rng.standard_normal(rows).astype(np.float32)
     op = hypercodec.Linear.quantize(w, "e8@4-prefix", b)
+    assert op.device_form()["span"] == 4
     d = hcuda.DeviceLinear(op, torch.device("cpu", 0))
     assert d.kind == "e8prefix" and d.rotation() == (cols, d.tile, d.seed)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)):

@@ -102,7 +102,7 @@ impl Spec {
 
     /// Parses a candidate name: `f32`, `bf16`, `f16`; `intN` (affine N bits, groups of 128,
     /// asymmetric, f16 scales), `intN-row` (one symmetric scale per row); `e8@B`, `d4@B`,
-    /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps; `e8@B-gpu` with [`Coding::RANS_GPU`], `e8@B-prefix` with [`Coding::PREFIX_GPU`], `e8@B-prefix10`, `e8@B-prefix8p11` for other code limits); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
+    /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps; `e8@B-gpu` with [`Coding::RANS_GPU`], `e8@B-prefix` with [`Coding::PREFIX_GPU`], `e8@B-prefix10`, `e8@B-prefix8p11` for other code limits, a `-cN` suffix for chunks of N symbols); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
     /// (fixed-rate lattice symbols of N bits); `tcq@K`, `tcq@K-lL` (trellis, K bits per value,
     /// L state bits, by default 16; a `-v2` suffix codes a pair of values per state); `cb-bB-kK[-rR][-sMODE]` (a codebook of `K` prototypes of
     /// `B` values, `R` int8 residual corrections per block, scales per `channel` (default),
@@ -303,9 +303,8 @@ impl Spec {
         shape: &[u64],
         options: EncodeOptions,
     ) -> Result<EncodedTensor> {
-        let cols = hypercodec_hwz::matrix_view(shape, values.len() as u64)
-            .1
-            .max(1);
+        let (rows, cols) = hypercodec_hwz::matrix_view(shape, values.len() as u64);
+        let cols = cols.max(1);
         Ok(match self {
             Spec::Fixed {
                 encoding: Encoding::Sparse { count, dtype },
@@ -331,7 +330,7 @@ impl Spec {
                 bps,
                 max_tile,
             } => {
-                let t = template.for_matrix(cols, *max_tile);
+                let t = template.for_matrix(rows, cols, *max_tile);
                 match bps {
                     Some(b) => hwz::encode_to_rate(name, values, shape, &t, *b, options)?,
                     None => hwz::encode(name, values, shape, &t, options)?,
@@ -397,9 +396,8 @@ impl Spec {
         h: &[f32],
         damp: f64,
     ) -> Result<(EncodedTensor, bool)> {
-        let cols = hypercodec_hwz::matrix_view(shape, values.len() as u64)
-            .1
-            .max(1);
+        let (rows, cols) = hypercodec_hwz::matrix_view(shape, values.len() as u64);
+        let cols = cols.max(1);
         let (encoding, target) = match self {
             Spec::Fixed {
                 encoding: e @ Encoding::Affine { .. },
@@ -409,7 +407,7 @@ impl Spec {
                 bps,
                 max_tile,
             } if matches!(template, Encoding::Lattice { .. }) => {
-                let t = template.for_matrix(cols, *max_tile);
+                let t = template.for_matrix(rows, cols, *max_tile);
                 match bps {
                     Some(b) => (
                         hwz::encode_to_rate(name, values, shape, &t, *b, options)?.encoding,
@@ -423,7 +421,7 @@ impl Spec {
                 bps: None,
                 max_tile,
             } if matches!(template, Encoding::Trellis { .. }) => {
-                let mut e = template.for_matrix(cols, *max_tile);
+                let mut e = template.for_matrix(rows, cols, *max_tile);
                 // Feedback runs between sequences only (each is searched whole): shorter ones
                 // give it room, at a small tail-biting cost.
                 if let Encoding::Trellis { seq, .. } = &mut e {
@@ -468,9 +466,18 @@ fn parse_in<T: std::str::FromStr + PartialOrd>(
 }
 
 /// The prefix coding a spec's `-prefix…` suffix names: `""` [`Coding::PREFIX_GPU`], `"L"`
-/// singles of at most L bits, `"LpP"` pairs of at most P bits; `None` for anything else or
-/// limits the coder refuses.
+/// singles of at most L bits, `"LpP"` pairs of at most P bits, each optionally followed by
+/// `-cN`: chunks of eight rows of N symbols (a multiple of 256 from 256 to 2^24; segments of
+/// N/256 blocks of 32 columns) instead of the size the matrix calls for
+/// ([`hypercodec_hwz::prefix_gpu_chunk`]); `None` for anything else or limits the coder refuses.
 fn prefix_form(form: &str) -> Option<Coding> {
+    if let Some((form, n)) = form.split_once("-c") {
+        let n: u32 = n.parse().ok()?;
+        if !n.is_multiple_of(256) || !(256..=1 << 24).contains(&n) {
+            return None;
+        }
+        return prefix_form(form).map(|c| c.with_chunk(n));
+    }
     let (limit, pair_limit) = match form {
         "" => return Some(Coding::PREFIX_GPU),
         f => match f.split_once('p') {

@@ -581,9 +581,9 @@ fn gpu_shaped_rans_candidates_resolve_to_chunks_of_whole_rows() {
 #[test]
 fn gpu_shaped_prefix_candidates_meet_their_rate() {
     use hypercodec_hwz::{Coding, EncodeOptions, Encoding};
-    // `e8@B-prefix`: 8-bit singles and 12-bit pairs in chunks of eight rows of about 2^14
-    // symbols (one segment here: 640 columns are 20 blocks, so chunks span 3 groups of eight
-    // rows), fitted to B bits a value all in.
+    // `e8@B-prefix`: 8-bit singles and 12-bit pairs in chunks of eight rows, fitted to B bits a
+    // value all in: chunks of about 2^14 symbols (one segment here: 640 columns are 20 blocks,
+    // so chunks span 3 groups of eight rows).
     let w: Vec<f32> = (0..48 * 640)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
         .collect();
@@ -641,8 +641,48 @@ fn gpu_shaped_prefix_candidates_meet_their_rate() {
         "e8@3-prefix12p12",
         "e8@3-prefix8p",
         "e8@3-prefixx",
+        "e8@3-prefix-c",
+        "e8@3-prefix-c0",
+        "e8@3-prefix-c100",
+        "e8@3-prefix-c33554432",
+        "e8@3-prefix-c256-c256",
     ] {
         assert!(Spec::parse(bad).is_err(), "{bad}");
+    }
+    // `-cN`: chunks of N symbols, whatever the matrix: 2^12 here, a chunk a row group (640
+    // columns are 20 blocks, one segment of 16 and one of 4).
+    for (name, want) in [
+        ("e8@3-prefix-c16384", (8, 12, 64)),
+        ("e8@3-prefix10-c8192", (10, 0, 32)),
+    ] {
+        match Spec::parse(name).unwrap() {
+            Spec::Rate {
+                template:
+                    Encoding::Lattice {
+                        coding:
+                            Coding::Prefix {
+                                limit,
+                                pair_limit,
+                                segment,
+                                ..
+                            },
+                        ..
+                    },
+                ..
+            } => assert_eq!((limit, pair_limit, segment), want, "{name}"),
+            s => panic!("{name}: {s:?}"),
+        }
+    }
+    let t = Spec::parse("e8@3-prefix-c4096")
+        .unwrap()
+        .encode("w", &w, &[48, 640], EncodeOptions::default())
+        .unwrap();
+    match t.encoding {
+        Encoding::Lattice {
+            coding: Coding::Prefix { segment, span, .. },
+            ..
+        } => assert_eq!((segment, span), (16, 1)),
+        ref e => panic!("{e:?}"),
     }
 }
 

@@ -227,7 +227,8 @@ impl Coding {
 
     /// The same coding with `chunk` symbols per chunk (fixed-rate coding has no chunks; prefix
     /// codes take chunks of eight rows of `chunk / 8` symbols rounded down to whole 32-column
-    /// blocks, and where a row is shorter, of as many groups of eight rows as fit those
+    /// blocks, or longer where a row would hold more than 16 such segments (the GPU kernels sum
+    /// at most 16), and where a row is shorter, of as many groups of eight rows as fit those
     /// `256·⌊chunk/256⌋` symbols: span 0 here, set by [`Encoding::for_matrix`]).
     pub fn with_chunk(self, chunk: u32) -> Coding {
         match self {
@@ -298,8 +299,45 @@ impl Coding {
     }
 }
 
-/// The symbols a GPU-shaped rANS chunk aims at ([`Coding::RANS_GPU`]).
+/// The symbols a GPU-shaped rANS chunk aims at ([`Coding::RANS_GPU`]), and the most that a
+/// chunk of [`Coding::PREFIX_GPU`] aims at ([`prefix_gpu_chunk`]).
 pub const GPU_CHUNK_SYMBOLS: usize = 1 << 14;
+
+/// The fewest symbols a chunk of [`Coding::PREFIX_GPU`] aims at: 2^13, where each lane's last,
+/// partly read words cost about 0.04 bits a value more than at 2^14 (2^12 would cost 0.12: about
+/// 0.8 dB at 4 bits, measured on 4096 × 4096, for 1.8× the speed there instead of 1.5×).
+pub const PREFIX_GPU_MIN_CHUNK: usize = 1 << 13;
+
+/// The chunks a matrix coded as [`Coding::PREFIX_GPU`] should have at least, where chunks of
+/// [`PREFIX_GPU_MIN_CHUNK`] symbols or more allow: about 23 an SM of a 132-SM GPU, one warp's
+/// serial decode each. Fewer leave the SMs waiting on each lane's chain of table lookups.
+pub const PREFIX_GPU_CHUNKS: usize = 3072;
+
+/// Matrices of fewer values than this (2^22: 1024 × 4096) keep chunks of [`GPU_CHUNK_SYMBOLS`]
+/// in [`Coding::PREFIX_GPU`]: their short rows gain most from long chunks (spans of several
+/// groups of eight rows: 1536 × 576 at 4 bits is 22.29 dB in chunks of 2^14 symbols, 21.75 in
+/// chunks of 2^13), and no chunk size makes a GPU busy on them.
+pub const PREFIX_GPU_SMALL: u64 = 1 << 22;
+
+/// The symbols a chunk of [`Coding::PREFIX_GPU`] aims at in a matrix of `values` values:
+/// [`GPU_CHUNK_SYMBOLS`] (2^14), halved down to [`PREFIX_GPU_MIN_CHUNK`] (2^13) while the
+/// matrix would have fewer than [`PREFIX_GPU_CHUNKS`] chunks, unless it is smaller than
+/// [`PREFIX_GPU_SMALL`]. The GEMV decodes a chunk a warp,
+/// each lane a chain of dependent lookups as long as the chunk, so a matrix of few long chunks
+/// waits on that chain: 4096 × 4096 ran 1.5× faster in chunks of 2^13 than of 2^14 (H200, 27.5
+/// against 18.4–20.6 µs), 8192 × 8192 no faster (docs/eval/cuda_rans.md). So 8192 × 8192 and
+/// 14336 × 4096 keep 2^14; 11008 × 4096, 4096 × 4096 and 1024 × 4096 take 2^13; 2048 × 1024
+/// and smaller matrices keep 2^14.
+pub fn prefix_gpu_chunk(values: u64) -> usize {
+    let mut chunk = GPU_CHUNK_SYMBOLS;
+    while chunk > PREFIX_GPU_MIN_CHUNK
+        && values >= PREFIX_GPU_SMALL
+        && values < (PREFIX_GPU_CHUNKS * chunk) as u64
+    {
+        chunk /= 2;
+    }
+    chunk
+}
 
 /// Highest tensor rank (PyTorch's own limit is 25; weights use at most 5).
 pub const MAX_RANK: usize = 8;
@@ -584,15 +622,15 @@ impl Encoding {
         e
     }
 
-    /// The encoding of a template for a matrix of `cols` columns: the RHT tile
+    /// The encoding of a template for a matrix of `rows × cols`: the RHT tile
     /// ([`tile_for`](crate::tile_for) of `cols` up to `max_tile`); for
     /// [`Coding::RANS_GPU`]'s chunk 0, chunks of whole rows (as many as fit [`GPU_CHUNK_SYMBOLS`], at least one);
-    /// for a [`Coding::Prefix`] of segment 0, chunks of about [`GPU_CHUNK_SYMBOLS`] (eight rows,
+    /// for a [`Coding::Prefix`] of segment 0, chunks of about [`prefix_gpu_chunk`] symbols (eight rows,
     /// or where a row is one segment, as many groups of eight rows as fit); of span 0 (what
     /// [`Coding::with_chunk`] leaves), as many groups as fit the chunk where a row is one segment;
     /// for trellis pairs (`v = 2`) on rows of an odd length, one value per state at its own
     /// calibrated scale (pairs need an even length).
-    pub fn for_matrix(&self, cols: u64, max_tile: u32) -> Self {
+    pub fn for_matrix(&self, rows: u64, cols: u64, max_tile: u32) -> Self {
         let e = self.with_tile(crate::tile_for(cols as usize, max_tile as usize) as u32);
         match &e {
             Encoding::Trellis { l, k, v: 2, .. } if cols % 2 == 1 => {
@@ -624,13 +662,21 @@ impl Encoding {
             } if *segment == 0 || *span == 0 => {
                 use hypercodec_rice::prefix::{PrefixParams, BLOCK_WORDS, GROUP_ROWS, WORD};
                 let words = cols.div_ceil(8) as usize;
-                // Chunks of about GPU_CHUNK_SYMBOLS, or of what the segment given holds.
+                // Chunks of the size the matrix's values call for, or of what the segment
+                // given holds.
                 let (segment, aim) = match *segment as usize {
-                    0 => (
-                        PrefixParams::segment_for(words, GPU_CHUNK_SYMBOLS),
-                        GPU_CHUNK_SYMBOLS,
-                    ),
-                    s => (s, s * GROUP_ROWS * BLOCK_WORDS * WORD),
+                    0 => {
+                        let aim = prefix_gpu_chunk(rows.saturating_mul(cols));
+                        (PrefixParams::segment_for(words, aim), aim)
+                    }
+                    // At most 16 segments a row: the kernels sum no more.
+                    s => {
+                        let blocks = words.div_ceil(BLOCK_WORDS).max(1);
+                        (
+                            s.max(blocks.div_ceil(16)),
+                            s * GROUP_ROWS * BLOCK_WORDS * WORD,
+                        )
+                    }
                 };
                 let span = match *span {
                     0 => PrefixParams::span_for(words, segment, aim) as u32,

@@ -20,10 +20,11 @@ pub mod zstd_codec;
 pub use codebook_codec::{codebook_template, encode as encode_codebook, CodebookSettings};
 pub use codec::{decode_into, encode, encode_calibrated, encode_to_rate, Calibrated};
 pub use encoding::{
-    element_count, legacy_matrix_shape, matrix_view, role, Assignments, Coding, EncodeOptions,
-    EncodedTensor, Encoding, LatticeScale, Residual, StreamLen, TrellisRowsEncoder,
+    element_count, legacy_matrix_shape, matrix_view, prefix_gpu_chunk, role, Assignments, Coding,
+    EncodeOptions, EncodedTensor, Encoding, LatticeScale, Residual, StreamLen, TrellisRowsEncoder,
     GPU_CHUNK_SYMBOLS, KNOWN_ENCODINGS, MAX_ELEMENTS, MAX_MODEL_LEN, MAX_RANK,
-    MAX_SYMBOLS_PER_BYTE, MIN_SIZED_PROB_BITS,
+    MAX_SYMBOLS_PER_BYTE, MIN_SIZED_PROB_BITS, PREFIX_GPU_CHUNKS, PREFIX_GPU_MIN_CHUNK,
+    PREFIX_GPU_SMALL,
 };
 pub use error::{HwzError, Result};
 pub use hypercodec_hdc::residual::top_k as top_k_errors;

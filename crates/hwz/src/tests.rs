@@ -1233,6 +1233,74 @@ fn trellis_seq16(l: u8, k: u8, tile: u32, seed: u64) -> Encoding {
     e
 }
 
+/// The GPU prefix shape's chunks shrink from 2^14 to 2^13 symbols where a matrix of 2^22 values
+/// or more would have fewer than about 3072 of them (a warp's serial decode each), and a row's
+/// blocks are shared out evenly among its segments; rows shorter than a segment make chunks of
+/// several groups of eight rows.
+#[test]
+fn gpu_prefix_chunks_shrink_until_a_matrix_has_enough_of_them() {
+    assert_eq!(prefix_gpu_chunk((PREFIX_GPU_CHUNKS as u64) << 14), 1 << 14);
+    assert_eq!(
+        prefix_gpu_chunk(((PREFIX_GPU_CHUNKS as u64) << 14) - 1),
+        1 << 13
+    );
+    assert_eq!(prefix_gpu_chunk(PREFIX_GPU_SMALL), 1 << 13);
+    assert_eq!(prefix_gpu_chunk(PREFIX_GPU_SMALL - 1), 1 << 14);
+    assert_eq!(prefix_gpu_chunk(0), 1 << 14);
+    assert_eq!(PREFIX_GPU_MIN_CHUNK, 1 << 13);
+    // (rows, cols) → (segment in blocks of 32 columns, span in groups of eight rows, chunks)
+    for ((rows, cols), want) in [
+        ((28672u64, 8192u64), (64, 1, 14336)),
+        ((8192, 8192), (64, 1, 4096)),
+        ((14336, 4096), (64, 1, 3584)),
+        ((11008, 4096), (32, 1, 5504)),
+        ((4096, 11008), (32, 1, 5632)), // 344 blocks: 11 segments of 32 (the last of 24)
+        ((4096, 4096), (32, 1, 2048)),
+        ((1024, 4096), (32, 1, 512)),
+        ((4096, 1536), (24, 1, 1024)), // 48 blocks: two segments of 24, not 32 and 16
+        ((8192, 640), (20, 1, 1024)),  // 20 blocks: one segment, not 32
+        ((1024, 2048), (64, 1, 128)),  // small: chunks of 2^14
+        ((4096, 640), (20, 3, 171)),   // small: spans of 3 row groups
+        ((256, 256), (8, 8, 4)),
+        ((3, 40), (2, 51, 1)),
+    ] {
+        let e = e8_template(1024, 3, Coding::PREFIX_GPU).for_matrix(rows, cols, 1024);
+        let Encoding::Lattice {
+            coding: Coding::Prefix { segment, span, .. },
+            ..
+        } = e
+        else {
+            panic!("{e:?}")
+        };
+        let blocks = cols.div_ceil(32);
+        let chunks = rows.div_ceil(8).div_ceil(span as u64) * blocks.div_ceil(segment as u64);
+        assert_eq!(
+            (segment, span, chunks),
+            (want.0, want.1, want.2),
+            "{rows}x{cols}"
+        );
+    }
+    // A chunk size given (`e8@B-prefix-cN`) is taken as it is, the last segment as short as it
+    // falls (6176 columns: 193 blocks, the last segment one), but never more than 16 segments a
+    // row (14336 columns in chunks of 2^12 symbols: 28 blocks a segment, not 16).
+    for (chunk, cols, want) in [
+        (1u32 << 14, 6176u64, 64u32),
+        (1 << 12, 14336, 28),
+        (1 << 12, 4096, 16),
+    ] {
+        let e =
+            e8_template(1024, 3, Coding::PREFIX_GPU.with_chunk(chunk)).for_matrix(8, cols, 1024);
+        let Encoding::Lattice {
+            coding: Coding::Prefix { segment, span, .. },
+            ..
+        } = e
+        else {
+            panic!("{e:?}")
+        };
+        assert_eq!((segment, span), (want, 1), "{chunk} {cols}");
+    }
+}
+
 /// Rate control with prefix codes, whose tables cap a coordinate's size: a rate they reach is
 /// met (α shrinks past the scales whose symbols they cannot hold); one they cannot reach within
 /// 0.1 bits is refused with the coder's typed error, for the pipeline's fallback to rANS.
@@ -1241,8 +1309,11 @@ fn prefix_rate_control_meets_what_the_tables_hold_and_refuses_the_rest() {
     let (rows, cols) = (64usize, 1024usize);
     let x = gaussian(rows * cols, 9);
     let shape = [rows as u64, cols as u64];
-    let template =
-        e8_template(1024, 3, Coding::PREFIX_GPU.with_chunk(1 << 14)).for_matrix(cols as u64, 1024);
+    let template = e8_template(1024, 3, Coding::PREFIX_GPU.with_chunk(1 << 14)).for_matrix(
+        rows as u64,
+        cols as u64,
+        1024,
+    );
     // 1024 columns are 32 blocks: one segment of 64, and chunks spanning 2 groups of 8 rows.
     assert!(matches!(
         template,
@@ -1428,8 +1499,11 @@ fn rate_control_follows_a_shallow_rate_curve_to_its_target() {
         .map(|(i, &v)| if i % cols < 3 { v } else { 0.0 })
         .collect();
     let shape = [rows as u64, cols as u64];
-    let template =
-        e8_template(1024, 3, Coding::PREFIX_GPU.with_chunk(1 << 14)).for_matrix(cols as u64, 1024);
+    let template = e8_template(1024, 3, Coding::PREFIX_GPU.with_chunk(1 << 14)).for_matrix(
+        rows as u64,
+        cols as u64,
+        1024,
+    );
     for target in [3.9, 4.0, 4.1, 4.3] {
         let t = encode_to_rate("w", &x, &shape, &template, target, EncodeOptions::default())
             .unwrap_or_else(|e| panic!("{target}: {e}"));

@@ -126,7 +126,8 @@ pub fn narrow_fallback(spec: &Spec, name: &str, shape: &[u64]) -> Option<(Encodi
         _ => return None,
     };
     // Both forms have streams of fixed lengths: the bits, the row scales, the padding.
-    let stored_bits = exact_bytes(name, shape, &template.for_matrix(cols, *max_tile)).ok()? * 8;
+    let stored_bits =
+        exact_bytes(name, shape, &template.for_matrix(rows, cols, *max_tile)).ok()? * 8;
     if stored_bits < n * (k + 1) {
         return None;
     }
@@ -178,7 +179,7 @@ fn lattice_cost(
     let n = hwz::element_count(name, shape).ok()?;
     let (rows, cols) = hwz::matrix_view(shape, n);
     let e = template
-        .for_matrix(cols, max_tile)
+        .for_matrix(rows, cols, max_tile)
         .with_alpha(hypercodec_lattice::calibration::table(lattice)[0][0]);
     let lens = e.stream_lens(name, shape).ok()?;
     let side: u64 = lens
@@ -458,7 +459,7 @@ pub fn plan_rate(
     // not a fallback of every tensor "because the lattice cannot code its shape".
     if let Some((name, _, _)) = tensors.first() {
         template
-            .for_matrix(256, max_tile)
+            .for_matrix(8, 256, max_tile)
             .stream_lens(name, &[8, 256])?;
     }
     // The smallest lattice floor of each tensor, over the route's template and its rung.

@@ -130,15 +130,17 @@ impl PrefixParams {
         self.pair_limit != 0
     }
 
-    /// The segment that gives chunks of about `symbols` symbols for rows of `words` words,
-    /// with at most 16 segments a row (a GPU block's warps sum a row's segments).
+    /// The segment that gives chunks of about `symbols` symbols for rows of `words` words:
+    /// the row's blocks shared out evenly among the nearest whole number of chunks' worth, at
+    /// least one and at most 16 segments a row (a GPU block's warps sum a row's segments).
+    /// At 32 blocks a chunk, 40 blocks make one segment (not 32 and a short one of 8: a warp of
+    /// a quarter of the work, and each lane's partly read last words over fewer symbols), 48
+    /// make two of 24.
     pub fn segment_for(words: usize, symbols: usize) -> usize {
         let blocks = words.div_ceil(BLOCK_WORDS).max(1);
         let per_chunk = (symbols / (GROUP_ROWS * BLOCK_WORDS * WORD)).max(1);
-        per_chunk
-            .max(blocks.div_ceil(16))
-            .min(blocks)
-            .min(MAX_SEGMENT)
+        let segments = ((blocks + per_chunk / 2) / per_chunk).clamp(1, 16);
+        blocks.div_ceil(segments).min(MAX_SEGMENT)
     }
 
     /// The span that gives chunks of about `symbols` symbols for rows of `words` words cut in

@@ -220,7 +220,7 @@ pub fn run(
         let shape = [rows as u64, cols as u64];
         for be in &options.encodings {
             // Tiles for the row length, and GPU-shaped chunks (prefix codes) for the matrix.
-            let encoding = be.encoding.for_matrix(cols as u64, 4096);
+            let encoding = be.encoding.for_matrix(rows as u64, cols as u64, 4096);
             let t = hwz::encode(&be.label, &w, &shape, &encoding, EncodeOptions::default())?;
             let op = CompressedLinear::from_encoded(&be.label, &t, &shape, None, &be.load)?;
             // The decompressed weight the dense baseline multiplies.

@@ -185,7 +185,7 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
     ));
     // GPU-shaped rANS: chunks of whole rows, 32 lanes, 12-bit probabilities.
     v.push((
-        lattice(Lattice::E8, Coding::RANS_GPU, cols).for_matrix(cols, 4096),
+        lattice(Lattice::E8, Coding::RANS_GPU, cols).for_matrix(64, cols, 4096),
         Some(Path::LatticeResident { coding: "rans" }),
     ));
     // 32 lanes, chunks of 640 symbols: whole groups of 32 take the vector decoder (with AVX2),
@@ -1220,7 +1220,7 @@ fn a_matrix_without_columns_keeps_its_rows_and_gives_its_bias() {
 fn a_corrupt_rans_chunk_table_is_refused_before_the_gpu_sees_it() {
     let shape = [64u64, 256];
     let x = values(64 * 256, 7);
-    let e = lattice(Lattice::E8, Coding::RANS_GPU, 256).for_matrix(256, 4096);
+    let e = lattice(Lattice::E8, Coding::RANS_GPU, 256).for_matrix(64, 256, 4096);
     let t = encode("w", &x, &shape, &e, EncodeOptions::default()).unwrap();
     // The GPU shape puts these 64 rows in one chunk; chunks of 4 rows give a table to corrupt.
     let e4 = e.with_row_aligned_chunks(256, 4);
@@ -1442,7 +1442,7 @@ fn int8_weight_of_corrupt_lattice_symbols_is_an_error_or_a_whole_form() {
     let x = values(64 * 256, 9);
     for e in [
         lattice(Lattice::E8, Coding::RANS_GPU, 256)
-            .for_matrix(256, 4096)
+            .for_matrix(64, 256, 4096)
             .with_row_aligned_chunks(256, 4),
         lattice(Lattice::E8, Coding::Rice { chunk: 20 }, 256),
     ] {
