@@ -1287,6 +1287,8 @@ def test_cuda_rotated_layers_of_one_input_share_their_activation_rht():
         "e8": [layer(40, "e8-fixed4"), layer(24, "e8-fixed3", False)],
         "e8 rans": [layer(64, "e8@4-gpu"), layer(8, "e8@3-gpu")],
         "mixed": [layer(64, "tcq@2-l12"), layer(32, "e8-fixed4"), layer(16, "e8@4-gpu")],
+        # (side by side on streams of their own where the fused kernels take the batch)
+        "prefix": [layer(64, "e8@4-prefix"), layer(40, "e8@3-prefix10", False), layer(24, "e8@4-prefix")],
     }
     assert all(len({d.rotation() for d in ds}) == 1 for ds in groups.values())
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -1299,6 +1301,23 @@ def test_cuda_rotated_layers_of_one_input_share_their_activation_rht():
                     want = d.forward(x)
                     assert y.shape == want.shape == (m, 1, d.rows) and y.dtype == dtype, name
                     assert torch.isfinite(y).all() and torch.equal(y, want), (name, dtype, m, d.route(m, dtype))
+    assert len(hcuda._SIDE[torch.cuda.current_device()]) >= 2  # the prefix layers' streams
+    # The streams' fork and join inside a CUDA graph: replays follow new inputs.
+    ds = groups["prefix"]
+    for m in (1, 5):
+        x = torch.zeros(m, cols, device="cuda", dtype=torch.bfloat16)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            hcuda.forward_group(ds, x)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            ys = hcuda.forward_group(ds, x)
+        for _ in range(2):
+            x.copy_(torch.randn(m, cols, device="cuda", dtype=torch.bfloat16))
+            g.replay()
+            assert all(torch.equal(y, d.forward(x)) for d, y in zip(ds, ys)), m
     x = torch.randn(1, cols, device="cuda", dtype=torch.bfloat16)
     assert hcuda.forward_group(groups["trellis"] + [layer(16, "int4")], x) is None
     wide = _device_layer(rng, 16, 2 * cols, "tcq@2-l12")

@@ -56,6 +56,21 @@ MMA_MAX_BATCH = 16
 GROUP_MAX = 4
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+#: Whether :func:`forward_group` runs the fused kernels of prefix-coded E8 layers side by side on
+#: streams of their own (on by default; off only to measure what it gains).
+_PREFIX_STREAMS = True
+#: Side streams per device index, made once (:func:`_side_streams`).
+_SIDE: dict[int, list[torch.cuda.Stream]] = {}
+
+
+def _side_streams(device: torch.device, n: int) -> list[torch.cuda.Stream]:
+    """``n`` streams of ``device`` besides PyTorch's current one, kept for the process."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    streams = _SIDE.setdefault(index, [])
+    while len(streams) < n:
+        streams.append(torch.cuda.Stream(device=device))
+    return streams[:n]
 _KERNELS: dict[int, _native.CudaKernels] = {}
 
 
@@ -494,7 +509,12 @@ def forward_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
       (``docs/eval/cuda_e2e.md``); a group the kernel does not take (codes of two widths, say)
       runs layer by layer here;
     - E8 and trellis layers with the same activation RHT (:meth:`DeviceLinear.rotation`), any
-      batch: the RHT once, then each layer's kernel.
+      batch: the RHT once, then each layer's kernel. Prefix-coded E8 layers at the batches their
+      fused kernels take run those kernels side by side, each beyond the first on a stream of
+      its own that forks from the current one after the RHT and joins it before this returns
+      (the buffers are the current stream's). A chunk is a warp's serial work, so one 4096-wide
+      layer leaves much of the GPU idle, and its neighbours fill it: a Llama block's q, k and v
+      run 1.5–1.6× faster so on an H100 (``docs/eval/cuda_rans.md``).
 
     None where the layers are not all of one of these kinds (the caller runs them one by one)."""
     if not layers or x.dim() == 0:
@@ -541,6 +561,17 @@ def _rotated_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Te
     want16 = [d._wants_xr16(m, dt, g) for d, g in zip(layers, gemv)]
     xr16 = torch.empty(m, width, dtype=torch.float16, device=x.device) if any(want16) else None
     xr = rht(x2, width, tile, seed, xr16)
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    ys = [d._from_rotated(xr, xr16 if w else None, dt, g, stream) for d, g, w in zip(layers, gemv, want16)]
+    main = torch.cuda.current_stream(x.device)
+    forks: list[torch.cuda.Stream] = []
+    if _PREFIX_STREAMS and x.is_cuda and len(layers) > 1 and all(d.kind == "e8prefix" for d in layers) and all(gemv):
+        # (Every launch's inputs exist by now: the kernels take the f16 copy they read from
+        # `rht`, and allocating an output enqueues nothing.)
+        forks = _side_streams(x.device, len(layers) - 1)
+        for s in forks:
+            s.wait_stream(main)
+    streams = [main, *forks] if forks else [main] * len(layers)
+    ys = [d._from_rotated(xr, xr16 if w else None, dt, g, s.cuda_stream)
+          for d, g, w, s in zip(layers, gemv, want16, streams)]
+    for s in forks:
+        main.wait_stream(s)
     return [y.reshape(*lead, d.rows).to(x.dtype) for d, y in zip(layers, ys)]
