@@ -73,10 +73,10 @@ def main() -> None:
 
         t_bf16 = graph_time_us(step(lambda i: [torch.nn.functional.linear(x, w) for w in dense[i]]), args.iters)
         t_one = graph_time_us(step(one_by_one), args.iters)
-        hcuda._PREFIX_STREAMS = False
+        hcuda._GROUP_STREAMS = False
         want = grouped(0)
         t_off = graph_time_us(step(grouped), args.iters)
-        hcuda._PREFIX_STREAMS = True
+        hcuda._GROUP_STREAMS = True
         got = grouped(0)
         t_on = graph_time_us(step(grouped), args.iters)
         torch.cuda.synchronize()

@@ -1301,10 +1301,10 @@ def test_cuda_rotated_layers_of_one_input_share_their_activation_rht():
                     want = d.forward(x)
                     assert y.shape == want.shape == (m, 1, d.rows) and y.dtype == dtype, name
                     assert torch.isfinite(y).all() and torch.equal(y, want), (name, dtype, m, d.route(m, dtype))
-    assert len(hcuda._SIDE[torch.cuda.current_device()]) >= 2  # the prefix layers' streams
-    # The streams' fork and join inside a CUDA graph: replays follow new inputs.
-    ds = groups["prefix"]
-    for m in (1, 5):
+    assert len(hcuda._SIDE[torch.cuda.current_device()]) >= 2  # the fused kernels' streams
+    # The streams' fork and join inside a CUDA graph: replays follow new inputs (fixed-rate E8
+    # with its scratch, kept to the join).
+    for ds, m in itertools.product((groups["prefix"], groups["e8"], groups["trellis"]), (1, 5)):
         x = torch.zeros(m, cols, device="cuda", dtype=torch.bfloat16)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())

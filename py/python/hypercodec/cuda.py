@@ -57,9 +57,11 @@ GROUP_MAX = 4
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
-#: Whether :func:`forward_group` runs the fused kernels of prefix-coded E8 layers side by side on
+#: Whether :func:`forward_group` runs the fused kernels of E8 and trellis layers side by side on
 #: streams of their own (on by default; off only to measure what it gains).
-_PREFIX_STREAMS = True
+_GROUP_STREAMS = True
+#: The layer kinds whose fused kernels run side by side so.
+_STREAM_KINDS = {"e8prefix", "e8rans", "e8", "trellis"}
 #: Side streams per device index, made once (:func:`_side_streams`).
 _SIDE: dict[int, list[torch.cuda.Stream]] = {}
 
@@ -422,9 +424,11 @@ class DeviceLinear:
         return gemv and self.route(min(m, MMA_MAX_BATCH), dt) in ("cuda-trellis-mma", "cuda-e8prefix-mma")
 
     def _from_rotated(self, xr: torch.Tensor, xr16: torch.Tensor | None, dt: torch.dtype, gemv: bool,
-                      stream: int) -> torch.Tensor:
+                      stream: int, keep: list[torch.Tensor] | None = None) -> torch.Tensor:
         """``m × rows`` outputs in ``dt`` of an E8 or trellis layer from its rotated activations
-        ``xr`` (f32, ``m × width``; ``xr16``: their f16 copy, where the route reads it)."""
+        ``xr`` (f32, ``m × width``; ``xr16``: their f16 copy, where the route reads it). Scratch
+        the launch writes goes into ``keep`` where given (a launch on another stream than
+        PyTorch's: its buffers must outlive the join)."""
         m, code = xr.shape[0], _DTYPES[dt]
         if not gemv:
             b = None if self.bias is None else self.bias.to(dt)
@@ -452,6 +456,8 @@ class DeviceLinear:
             launch(args, stream)
         else:
             half = torch.empty(m, self.words, dtype=torch.float32, device=self.device)
+            if keep is not None:
+                keep.append(half)
             self.kernels.e8_gemv(dict(self.args, xr=_ptr(xr), half=_ptr(half), batch=m, y=_ptr(y), y_dtype=code), stream)
         return y
 
@@ -509,12 +515,13 @@ def forward_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
       (``docs/eval/cuda_e2e.md``); a group the kernel does not take (codes of two widths, say)
       runs layer by layer here;
     - E8 and trellis layers with the same activation RHT (:meth:`DeviceLinear.rotation`), any
-      batch: the RHT once, then each layer's kernel. Prefix-coded E8 layers at the batches their
-      fused kernels take run those kernels side by side, each beyond the first on a stream of
-      its own that forks from the current one after the RHT and joins it before this returns
-      (the buffers are the current stream's). A chunk is a warp's serial work, so one 4096-wide
-      layer leaves much of the GPU idle, and its neighbours fill it: a Llama block's q, k and v
-      run 1.5–1.6× faster so on an H100 (``docs/eval/cuda_rans.md``).
+      batch: the RHT once, then each layer's kernel. At the batches their fused kernels take,
+      those kernels run side by side, each beyond the first on a stream of its own that forks
+      from the current one after the RHT and joins it before this returns (every buffer is the
+      current stream's, kept to the join). One 4096-wide layer leaves much of the GPU idle (a
+      prefix-coded chunk is a warp's serial work), and its neighbours fill it: a Llama block's
+      q, k and v run 1.6× faster so on an H100 in prefix codes, 2.4× in trellis or fixed-rate E8
+      (``docs/eval/cuda_rans.md``).
 
     None where the layers are not all of one of these kinds (the caller runs them one by one)."""
     if not layers or x.dim() == 0:
@@ -563,14 +570,15 @@ def _rotated_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Te
     xr = rht(x2, width, tile, seed, xr16)
     main = torch.cuda.current_stream(x.device)
     forks: list[torch.cuda.Stream] = []
-    if _PREFIX_STREAMS and x.is_cuda and len(layers) > 1 and all(d.kind == "e8prefix" for d in layers) and all(gemv):
+    keep: list[torch.Tensor] = []  # scratch of the side streams' launches, freed after the join
+    if _GROUP_STREAMS and x.is_cuda and len(layers) > 1 and all(d.kind in _STREAM_KINDS for d in layers) and all(gemv):
         # (Every launch's inputs exist by now: the kernels take the f16 copy they read from
-        # `rht`, and allocating an output enqueues nothing.)
+        # `rht`, and allocating a buffer enqueues nothing.)
         forks = _side_streams(x.device, len(layers) - 1)
         for s in forks:
             s.wait_stream(main)
     streams = [main, *forks] if forks else [main] * len(layers)
-    ys = [d._from_rotated(xr, xr16 if w else None, dt, g, s.cuda_stream)
+    ys = [d._from_rotated(xr, xr16 if w else None, dt, g, s.cuda_stream, keep)
           for d, g, w, s in zip(layers, gemv, want16, streams)]
     for s in forks:
         main.wait_stream(s)
