@@ -314,25 +314,29 @@ pub const PREFIX_GPU_MIN_CHUNK: usize = 1 << 13;
 pub const PREFIX_GPU_CHUNKS: usize = 3072;
 
 /// Matrices of fewer values than this (2^22: 1024 × 4096) keep chunks of [`GPU_CHUNK_SYMBOLS`]
-/// in [`Coding::PREFIX_GPU`]: their short rows gain most from long chunks (spans of several
-/// groups of eight rows: 1536 × 576 at 4 bits is 22.29 dB in chunks of 2^14 symbols, 21.75 in
-/// chunks of 2^13), and no chunk size makes a GPU busy on them.
+/// in [`Coding::PREFIX_GPU`]: no chunk size makes a GPU busy on them, and in a small model their
+/// bits weigh more.
 pub const PREFIX_GPU_SMALL: u64 = 1 << 22;
 
-/// The symbols a chunk of [`Coding::PREFIX_GPU`] aims at in a matrix of `values` values:
+/// The symbols a chunk of [`Coding::PREFIX_GPU`] aims at in a `rows × cols` matrix:
 /// [`GPU_CHUNK_SYMBOLS`] (2^14), halved down to [`PREFIX_GPU_MIN_CHUNK`] (2^13) while the
-/// matrix would have fewer than [`PREFIX_GPU_CHUNKS`] chunks, unless it is smaller than
-/// [`PREFIX_GPU_SMALL`]. The GEMV decodes a chunk a warp,
-/// each lane a chain of dependent lookups as long as the chunk, so a matrix of few long chunks
-/// waits on that chain: 4096 × 4096 ran 1.5× faster in chunks of 2^13 than of 2^14 (H200, 27.5
-/// against 18.4–20.6 µs), 8192 × 8192 no faster (docs/eval/cuda_rans.md). So 8192 × 8192 and
-/// 14336 × 4096 keep 2^14; 11008 × 4096, 4096 × 4096 and 1024 × 4096 take 2^13; 2048 × 1024
-/// and smaller matrices keep 2^14.
-pub fn prefix_gpu_chunk(values: u64) -> usize {
+/// matrix would have fewer than [`PREFIX_GPU_CHUNKS`] chunks, if it has [`PREFIX_GPU_SMALL`]
+/// values or more and its rows hold the halved chunk's share of a row (`cols ≥ chunk / 16`: 1024
+/// columns). The GEMV decodes a chunk a warp, each lane a chain of dependent lookups as long as
+/// the chunk, so a matrix of few long chunks waits on that chain: 4096 × 4096 ran 1.5× faster in
+/// chunks of 2^13 than of 2^14 (H200, 27.5 against 18.4–20.6 µs), 8192 × 8192 no faster
+/// (docs/eval/cuda_rans.md). So 8192 × 8192 and 14336 × 4096 keep 2^14; 11008 × 4096,
+/// 4096 × 4096 and 1024 × 4096 take 2^13. Shorter rows keep their chunks spanning several
+/// groups of eight rows, which cost them the least bits: halved, 576-value rows would go from
+/// spans of 3 groups to 1 (1536 × 576 at 4 bits: 22.29 dB against 21.75), so a 49152 × 576
+/// embedding keeps 2^14.
+pub fn prefix_gpu_chunk(rows: u64, cols: u64) -> usize {
+    let values = rows.saturating_mul(cols);
     let mut chunk = GPU_CHUNK_SYMBOLS;
     while chunk > PREFIX_GPU_MIN_CHUNK
         && values >= PREFIX_GPU_SMALL
         && values < (PREFIX_GPU_CHUNKS * chunk) as u64
+        && cols >= (chunk / 16) as u64
     {
         chunk /= 2;
     }
@@ -666,7 +670,7 @@ impl Encoding {
                 // given holds.
                 let (segment, aim) = match *segment as usize {
                     0 => {
-                        let aim = prefix_gpu_chunk(rows.saturating_mul(cols));
+                        let aim = prefix_gpu_chunk(rows, cols);
                         (PrefixParams::segment_for(words, aim), aim)
                     }
                     // At most 16 segments a row: the kernels sum no more.

@@ -1234,19 +1234,19 @@ fn trellis_seq16(l: u8, k: u8, tile: u32, seed: u64) -> Encoding {
 }
 
 /// The GPU prefix shape's chunks shrink from 2^14 to 2^13 symbols where a matrix of 2^22 values
-/// or more would have fewer than about 3072 of them (a warp's serial decode each), and a row's
-/// blocks are shared out evenly among its segments; rows shorter than a segment make chunks of
-/// several groups of eight rows.
+/// or more, with rows of 1024 values or more, would have fewer than about 3072 of them (a warp's
+/// serial decode each), and a row's blocks are shared out evenly among its segments; rows
+/// shorter than a segment make chunks of several groups of eight rows.
 #[test]
 fn gpu_prefix_chunks_shrink_until_a_matrix_has_enough_of_them() {
-    assert_eq!(prefix_gpu_chunk((PREFIX_GPU_CHUNKS as u64) << 14), 1 << 14);
-    assert_eq!(
-        prefix_gpu_chunk(((PREFIX_GPU_CHUNKS as u64) << 14) - 1),
-        1 << 13
-    );
-    assert_eq!(prefix_gpu_chunk(PREFIX_GPU_SMALL), 1 << 13);
-    assert_eq!(prefix_gpu_chunk(PREFIX_GPU_SMALL - 1), 1 << 14);
-    assert_eq!(prefix_gpu_chunk(0), 1 << 14);
+    let big = (PREFIX_GPU_CHUNKS as u64) << 14; // values: 3072 chunks of 2^14
+    assert_eq!(prefix_gpu_chunk(big / 4096, 4096), 1 << 14);
+    assert_eq!(prefix_gpu_chunk(big / 4096 - 1, 4096), 1 << 13);
+    assert_eq!(prefix_gpu_chunk(PREFIX_GPU_SMALL / 4096, 4096), 1 << 13);
+    assert_eq!(prefix_gpu_chunk(PREFIX_GPU_SMALL / 4096 - 1, 4096), 1 << 14);
+    assert_eq!(prefix_gpu_chunk(PREFIX_GPU_SMALL / 1024, 1024), 1 << 13);
+    assert_eq!(prefix_gpu_chunk(PREFIX_GPU_SMALL / 1023 + 1, 1023), 1 << 14);
+    assert_eq!(prefix_gpu_chunk(0, 0), 1 << 14);
     assert_eq!(PREFIX_GPU_MIN_CHUNK, 1 << 13);
     // (rows, cols) → (segment in blocks of 32 columns, span in groups of eight rows, chunks)
     for ((rows, cols), want) in [
@@ -1258,7 +1258,9 @@ fn gpu_prefix_chunks_shrink_until_a_matrix_has_enough_of_them() {
         ((4096, 4096), (32, 1, 2048)),
         ((1024, 4096), (32, 1, 512)),
         ((4096, 1536), (24, 1, 1024)), // 48 blocks: two segments of 24, not 32 and 16
-        ((8192, 640), (20, 1, 1024)),  // 20 blocks: one segment, not 32
+        ((4096, 1280), (40, 1, 512)),  // 40 blocks: one segment, not 32 and 8
+        ((8192, 640), (20, 3, 342)),   // short rows keep their spans
+        ((49152, 576), (18, 3, 2048)), // (SmolLM2's embedding)
         ((1024, 2048), (64, 1, 128)),  // small: chunks of 2^14
         ((4096, 640), (20, 3, 171)),   // small: spans of 3 row groups
         ((256, 256), (8, 8, 4)),
