@@ -330,7 +330,7 @@ pub struct EncodingArgs {
     /// Lattice: symbol coding.
     #[arg(long, value_enum, default_value = "rans")]
     pub coding: CodingArg,
-    /// Lattice: symbols per chunk (independently decodable unit). By default 2^18 for rANS, 2048 for Rice; prefix-gpu: chunks of eight rows (of several groups of eight where a row is shorter) of about this many symbols (by default 2^14).
+    /// Lattice: symbols per chunk (independently decodable unit). By default 2^18 for rANS, 2048 for Rice; prefix-gpu: chunks of eight rows (of several groups of eight where a row is shorter) of about this many symbols (by default 2^13 or 2^14, by the matrix: more chunks where a mid-sized matrix would leave a GPU idle).
     #[arg(long)]
     pub chunk: Option<u32>,
     /// Lattice: largest RHT tile (a power of two up to 4096); the tile is the largest power of two dividing the row length.

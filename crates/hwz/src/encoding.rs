@@ -215,7 +215,8 @@ impl Coding {
 
     /// Prefix codes shaped for the GPU ([`Coding::Prefix`]): singles of at most 8 bits and
     /// pairs of at most 12 (five table lookups a word), chunks of eight rows of about
-    /// [`GPU_CHUNK_SYMBOLS`] symbols (of several groups of eight rows where a row is shorter).
+    /// [`prefix_gpu_chunk`] symbols (2^13 or 2^14, by the matrix; of several groups of eight
+    /// rows where a row is shorter).
     /// In a template the segment and span are 0: [`Encoding::for_matrix`] sets them from the
     /// row length.
     pub const PREFIX_GPU: Coding = Coding::Prefix {
@@ -664,7 +665,9 @@ impl Encoding {
                     },
                 ..
             } if *segment == 0 || *span == 0 => {
-                use hypercodec_rice::prefix::{PrefixParams, BLOCK_WORDS, GROUP_ROWS, WORD};
+                use hypercodec_rice::prefix::{
+                    PrefixParams, BLOCK_WORDS, GROUP_ROWS, MAX_SEGMENT, WORD,
+                };
                 let words = cols.div_ceil(8) as usize;
                 // Chunks of the size the matrix's values call for, or of what the segment
                 // given holds.
@@ -676,10 +679,8 @@ impl Encoding {
                     // At most 16 segments a row: the kernels sum no more.
                     s => {
                         let blocks = words.div_ceil(BLOCK_WORDS).max(1);
-                        (
-                            s.max(blocks.div_ceil(16)),
-                            s * GROUP_ROWS * BLOCK_WORDS * WORD,
-                        )
+                        let segment = s.max(blocks.div_ceil(16)).min(MAX_SEGMENT);
+                        (segment, s * GROUP_ROWS * BLOCK_WORDS * WORD)
                     }
                 };
                 let span = match *span {

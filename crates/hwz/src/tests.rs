@@ -1285,10 +1285,12 @@ fn gpu_prefix_chunks_shrink_until_a_matrix_has_enough_of_them() {
     // A chunk size given (`e8@B-prefix-cN`) is taken as it is, the last segment as short as it
     // falls (6176 columns: 193 blocks, the last segment one), but never more than 16 segments a
     // row (14336 columns in chunks of 2^12 symbols: 28 blocks a segment, not 16).
+    // (Rows of over 2^25 columns, a 3-D tensor's matrix view, cap the segment at 2^16 blocks.)
     for (chunk, cols, want) in [
         (1u32 << 14, 6176u64, 64u32),
         (1 << 12, 14336, 28),
         (1 << 12, 4096, 16),
+        (256, 1 << 26, 1 << 16),
     ] {
         let e =
             e8_template(1024, 3, Coding::PREFIX_GPU.with_chunk(chunk)).for_matrix(8, cols, 1024);

@@ -578,8 +578,10 @@ def _rotated_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Te
         for s in forks:
             s.wait_stream(main)
     streams = [main, *forks] if forks else [main] * len(layers)
-    ys = [d._from_rotated(xr, xr16 if w else None, dt, g, s.cuda_stream, keep)
-          for d, g, w, s in zip(layers, gemv, want16, streams)]
-    for s in forks:
-        main.wait_stream(s)
+    try:
+        ys = [d._from_rotated(xr, xr16 if w else None, dt, g, s.cuda_stream, keep)
+              for d, g, w, s in zip(layers, gemv, want16, streams)]
+    finally:  # (joined even where a launch raised: the buffers go back to the current stream)
+        for s in forks:
+            main.wait_stream(s)
     return [y.reshape(*lead, d.rows).to(x.dtype) for d, y in zip(layers, ys)]
