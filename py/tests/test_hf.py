@@ -643,6 +643,46 @@ def test_a_model_quantized_in_python_reloads_through_save_pretrained(tmp_path):
     assert getattr(t.config, "quantization_config", None) is None
 
 
+def test_sub_models_quantized_one_after_another_all_reload(tmp_path):
+    """An encoder and then its decoder quantized alone share one config: the decoder's marking
+    replaced the encoder's names, whose layers then reloaded dense and random. The earlier
+    sub-model's names stay as a part (placed by class at reload); a whole model quantized after
+    its sub-models covers them, and a sub-model quantized after the whole model keeps the rest."""
+    import transformers as T
+
+    torch.manual_seed(0)
+
+    def bart():
+        return T.BartForConditionalGeneration(T.BartConfig(
+            vocab_size=99, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)).eval()
+
+    ids = torch.randint(4, 99, (2, 7))
+    stored = (hnn.HyperLinear, hnn.HyperEmbedding, hnn.HyperConv2d)
+    for k, order in enumerate([("encoder", "decoder"), ("decoder", "encoder"), ("encoder", "", "decoder")]):
+        m = bart()
+        for part in order:
+            hnn.quantize(getattr(m.model, part) if part else m, bps=4)
+        c = m.config.quantization_config
+        assert c.root == ("BartDecoder", "BartEncoder", "BartDecoder")[k]
+        assert [p["root"] for p in c.parts] == (["BartEncoder"], ["BartDecoder"], ["BartForConditionalGeneration"])[k]
+        with torch.no_grad():
+            want = m(input_ids=ids, decoder_input_ids=ids).logits
+        m.save_pretrained(tmp_path / str(k))
+        back = T.BartForConditionalGeneration.from_pretrained(tmp_path / str(k)).eval()
+        assert [n for n, x in back.named_modules() if isinstance(x, stored)] == [
+            n for n, x in m.named_modules() if isinstance(x, stored)
+        ], order
+        assert back.config.quantization_config.parts == []  # (names relative to the whole model now)
+        with torch.no_grad():
+            assert torch.equal(back(input_ids=ids, decoder_input_ids=ids).logits, want), order
+    # The whole model after its sub-models: its names cover theirs.
+    m = bart()
+    hnn.quantize(m.model.encoder, bps=4)
+    hnn.quantize(m, bps=4)
+    assert m.config.quantization_config.parts == []
+
+
 def test_dequantize_gives_the_dense_twin_of_every_stored_layer():
     """``model.dequantize()`` (transformers, through the quantizer) and ``hnn.dequantize`` make
     every stored layer dense again on its decoded values: the outputs stay the quantized model's,

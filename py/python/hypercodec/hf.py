@@ -266,25 +266,41 @@ def _stored_module(model: nn.Module, name: str) -> nn.Module:
         ) from None
 
 
-def _root_names(model: nn.Module, c: Any) -> None:
-    """Makes the stored layers' names of config ``c`` relative to ``model``: where they were
-    written for a sub-model of class ``c.root`` (quantized alone), prefixed with that
-    sub-model's place in ``model`` (the one module of that class)."""
-    root = getattr(c, "root", None)
+_PART_KEYS = ("root", "modules", "embeddings", "tied", "convs")
+
+
+def _place(model: nn.Module, root: str | None) -> str:
+    """The prefix of names written relative to a module of class ``root`` inside ``model``:
+    ``""`` for ``model`` itself (or no root), else that module's place (the one of its class)."""
     if root is None or type(model).__name__ == root:
-        return
+        return ""
     places = [n for n, m in model.named_modules() if type(m).__name__ == root and n]
     if len(places) != 1:
         raise _native.FormatError(
             f"the checkpoint's hypercodec config names layers of a {root}; this {type(model).__name__} holds "
             f"{len(places)} of them"
         )
-    at = places[0] + "."
-    c.modules = [at + n for n in c.modules]
-    c.embeddings = [at + n for n in c.embeddings]
-    c.convs = [at + n for n in (getattr(c, "convs", None) or [])]
-    c.tied = {at + k: at + v for k, v in c.tied.items()}
-    c.root = type(model).__name__
+    return places[0] + "."
+
+
+def _root_names(model: nn.Module, c: Any) -> None:
+    """Makes the stored layers' names of config ``c`` relative to ``model``: where they were
+    written for a sub-model of class ``c.root`` (quantized alone), prefixed with that
+    sub-model's place in ``model`` (the one module of that class); the names of the config's
+    other ``parts`` (sub-models quantized one after another) are placed so too and joined."""
+    parts = [{k: getattr(c, k, None) for k in _PART_KEYS}, *(getattr(c, "parts", None) or [])]
+    modules: dict[str, None] = {}
+    embeddings: dict[str, None] = {}
+    convs: dict[str, None] = {}
+    tied: dict[str, str] = {}
+    for p in parts:
+        at = _place(model, p.get("root"))
+        modules.update((at + n, None) for n in p.get("modules") or [])
+        embeddings.update((at + n, None) for n in p.get("embeddings") or [])
+        convs.update((at + n, None) for n in p.get("convs") or [])
+        tied.update({at + k: at + v for k, v in (p.get("tied") or {}).items()})
+    c.modules, c.embeddings, c.convs, c.tied = list(modules), list(embeddings), list(convs), tied
+    c.root, c.parts = type(model).__name__, []
 
 
 def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
@@ -299,6 +315,16 @@ def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
         for n, m in model.named_modules(remove_duplicate=False)
         if isinstance(m, (HyperLinear, HyperEmbedding, HyperConv2d))
     }
+    # Sub-models quantized one after another (an encoder, then its decoder) share one config:
+    # the names an earlier one wrote stay, as parts, unless they are this model's own (its class,
+    # or a class inside it, whose stored layers this model's names cover).
+    old = getattr(model.config, "quantization_config", None)
+    parts = []
+    if old is not None and not isinstance(old, dict) and getattr(old, "modules", None) is not None:
+        inside = {type(m).__name__ for m in model.modules()}
+        for p in [{k: getattr(old, k, None) for k in _PART_KEYS}, *(getattr(old, "parts", None) or [])]:
+            if p.get("root") is not None and p["root"] not in inside:
+                parts.append(p)
     config = HypercodecConfig(
         bps=None,  # (the archive's own rates: no method or rate describes them)
         method=None,
@@ -309,6 +335,7 @@ def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
         fixed_bits=fixed_bits,
         convs=[n for n, m in stored.items() if isinstance(m, HyperConv2d)],
         root=type(model).__name__,
+        parts=parts,
     )
     model.config.quantization_config = config
     model.hf_quantizer = HypercodecQuantizer(config, pre_quantized=True)
@@ -370,7 +397,9 @@ def _register() -> tuple[type, type] | tuple[None, None]:
         ``from_hwz`` holds the archive's own rates, as does a model quantized by
         :func:`hypercodec.nn.quantize`, whose stored convolutions are its ``convs``. The names are
         relative to the model of class ``root`` (a sub-model quantized alone, such as a
-        ``LlamaModel`` inside its ``LlamaForCausalLM``: found in the loading model by class)."""
+        ``LlamaModel`` inside its ``LlamaForCausalLM``: found in the loading model by class);
+        ``parts`` holds the names of other sub-models quantized one after another, each as
+        ``{"root": class, "modules": [...], "embeddings": [...], "convs": [...], "tied": {...}}``."""
 
         def __init__(
             self,
@@ -383,6 +412,7 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             fixed_bits: int | None = None,
             convs: list[str] | None = None,
             root: str | None = None,
+            parts: list[dict[str, Any]] | None = None,
             **kwargs: Any,
         ) -> None:
             self.quant_method = "hypercodec"
@@ -408,6 +438,17 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             if root is not None and not isinstance(root, str):
                 raise _native.InvalidInputError(f"root: a model class name, not {root!r}")
             self.root = root
+            # Other sub-models' stored layers, each named relative to its own `root`.
+            self.parts = []
+            for p in parts or []:
+                if not isinstance(p, dict) or not isinstance(p.get("root"), str):
+                    raise _native.InvalidInputError(f"parts: dicts of a root class and its stored layers, not {p!r}")
+                tied_p = p.get("tied") or {}
+                if not isinstance(tied_p, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tied_p.items()):
+                    raise _native.InvalidInputError(f"parts: tied, a mapping of head names to embedding names, not {tied_p!r}")
+                self.parts.append({"root": p["root"], "modules": _names("parts: modules", p.get("modules") or []),
+                                   "embeddings": _names("parts: embeddings", p.get("embeddings") or []),
+                                   "convs": _names("parts: convs", p.get("convs") or []), "tied": dict(tied_p)})
             if tied is not None and not (
                 isinstance(tied, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tied.items())
             ):
