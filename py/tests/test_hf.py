@@ -681,6 +681,17 @@ def test_sub_models_quantized_one_after_another_all_reload(tmp_path):
     hnn.quantize(m.model.encoder, bps=4)
     hnn.quantize(m, bps=4)
     assert m.config.quantization_config.parts == []
+    # A config's parts and names are checked as they are read (a saved config.json too): typed
+    # errors, not TypeError, and nothing dropped or taken loosely.
+    import hypercodec.hf as hf
+
+    for kw in (dict(parts=5), dict(parts=""), dict(parts={"root": "A"}), dict(parts=[5]), dict(parts=[{"root": 3}]),
+               dict(parts=[{"root": "A", "bogus": []}]), dict(parts=[{"root": "A", "modules": {}}]),
+               dict(parts=[{"root": "A", "tied": {"a": 1}}]), dict(skip=5), dict(skip=[1])):
+        with pytest.raises(hypercodec.InvalidInputError):
+            hf.HypercodecConfig(**kw)
+    c = hf.HypercodecConfig(skip={"lm_head"}, parts=[{"root": "A", "modules": ["x"], "tied": None}])
+    assert c.skip == ["lm_head"] and c.parts == [{"root": "A", "tied": {}, "modules": ["x"], "embeddings": [], "convs": []}]
 
 
 def test_dequantize_gives_the_dense_twin_of_every_stored_layer():

@@ -472,6 +472,10 @@ fn parse_in<T: std::str::FromStr + PartialOrd>(
 /// ([`hypercodec_hwz::prefix_gpu_chunk`]); `None` for anything else or limits the coder refuses.
 fn prefix_form(form: &str) -> Option<Coding> {
     if let Some((form, n)) = form.split_once("-c") {
+        // Plain decimal digits only: one spelling a chunk size (no `+256`, no `0256`).
+        if !n.bytes().all(|b| b.is_ascii_digit()) || n.starts_with('0') {
+            return None;
+        }
         let n: u32 = n.parse().ok()?;
         if !n.is_multiple_of(256) || !(256..=1 << 24).contains(&n) {
             return None;

@@ -646,6 +646,8 @@ fn gpu_shaped_prefix_candidates_meet_their_rate() {
         "e8@3-prefix-c100",
         "e8@3-prefix-c33554432",
         "e8@3-prefix-c256-c256",
+        "e8@3-prefix-c+256",
+        "e8@3-prefix-c0256",
     ] {
         assert!(Spec::parse(bad).is_err(), "{bad}");
     }

@@ -254,6 +254,17 @@ def _names(what: str, names: Any) -> list[str]:
     return list(names)
 
 
+def _iterable_names(what: str, names: Any) -> list[str]:
+    """The names of any iterable of strings (a set, a tuple, a generator)."""
+    try:
+        out = list(names)
+    except TypeError:
+        out = None
+    if out is None or not all(isinstance(n, str) for n in out):
+        raise _native.InvalidInputError(f"{what}: names (strings), not {names!r}")
+    return out
+
+
 def _stored_module(model: nn.Module, name: str) -> nn.Module:
     """The module a checkpoint's hypercodec config names (a typed error where the model has none
     of that name: a config edited, or a model built with fewer layers than were saved)."""
@@ -418,7 +429,10 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             self.quant_method = "hypercodec"
             stored = modules is not None and method is None and bps is None
             if not stored and not isinstance(method, str):
-                raise _native.InvalidInputError(f"method: a method name such as 'lattice' or 'int4', not {method!r}")
+                raise _native.InvalidInputError(
+                    f"method: a method name such as 'lattice' or 'int4', not {method!r} (a config of stored layers "
+                    "names them in `modules`)"
+                )
             if not stored and (isinstance(bps, bool) or not isinstance(bps, numbers.Real)):
                 raise _native.InvalidInputError(f"bps: a number of bits per value, not {bps!r}")
             self.bps = None if stored else float(bps)
@@ -431,7 +445,7 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                     raise _native.InvalidInputError(str(e)) from None
                 _native.check_spec(spec)
             # One name is one name (not its letters); None skips nothing.
-            self.skip = [] if skip is None else [skip] if isinstance(skip, str) else list(skip)
+            self.skip = [] if skip is None else [skip] if isinstance(skip, str) else _iterable_names("skip", skip)
             self.modules = None if modules is None else _names("modules", modules)
             self.embeddings = [] if embeddings is None else _names("embeddings", embeddings)
             self.convs = [] if convs is None else _names("convs", convs)
@@ -439,16 +453,17 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                 raise _native.InvalidInputError(f"root: a model class name, not {root!r}")
             self.root = root
             # Other sub-models' stored layers, each named relative to its own `root`.
+            if parts is not None and not isinstance(parts, (list, tuple)):
+                raise _native.InvalidInputError(f"parts: a list of dicts ({', '.join(_PART_KEYS)}), not {parts!r}")
             self.parts = []
             for p in parts or []:
-                if not isinstance(p, dict) or not isinstance(p.get("root"), str):
-                    raise _native.InvalidInputError(f"parts: dicts of a root class and its stored layers, not {p!r}")
-                tied_p = p.get("tied") or {}
+                if not isinstance(p, dict) or not isinstance(p.get("root"), str) or set(p) - set(_PART_KEYS):
+                    raise _native.InvalidInputError(f"parts: dicts of keys {', '.join(_PART_KEYS)} (a root class name), not {p!r}")
+                tied_p = {} if p.get("tied") is None else p["tied"]
                 if not isinstance(tied_p, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tied_p.items()):
                     raise _native.InvalidInputError(f"parts: tied, a mapping of head names to embedding names, not {tied_p!r}")
-                self.parts.append({"root": p["root"], "modules": _names("parts: modules", p.get("modules") or []),
-                                   "embeddings": _names("parts: embeddings", p.get("embeddings") or []),
-                                   "convs": _names("parts: convs", p.get("convs") or []), "tied": dict(tied_p)})
+                self.parts.append({"root": p["root"], "tied": dict(tied_p)} | {
+                    k: _names(f"parts: {k}", [] if p.get(k) is None else p[k]) for k in ("modules", "embeddings", "convs")})
             if tied is not None and not (
                 isinstance(tied, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tied.items())
             ):
