@@ -676,6 +676,15 @@ def test_sub_models_quantized_one_after_another_all_reload(tmp_path):
         assert back.config.quantization_config.parts == []  # (names relative to the whole model now)
         with torch.no_grad():
             assert torch.equal(back(input_ids=ids, decoder_input_ids=ids).logits, want), order
+    # A checkpoint holding stored forms its config does not name (a hand-edited config, one that
+    # lost a sub-model's names) is refused: those layers loaded as random dense weights.
+    import json
+
+    cfg = json.loads((tmp_path / "0" / "config.json").read_text())
+    cfg["quantization_config"]["parts"] = []
+    (tmp_path / "0" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(hypercodec.FormatError, match="model.encoder.layers.0"):
+        T.BartForConditionalGeneration.from_pretrained(tmp_path / "0")
     # The whole model after its sub-models: its names cover theirs.
     m = bart()
     hnn.quantize(m.model.encoder, bps=4)

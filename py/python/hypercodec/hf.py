@@ -314,6 +314,37 @@ def _root_names(model: nn.Module, c: Any) -> None:
     c.root, c.parts = type(model).__name__, []
 
 
+def _check_unplaced(model: nn.Module, files: Any) -> None:
+    """Refuses a checkpoint whose safetensors files hold a stored form (``….weight_hwz``) for a
+    layer its hypercodec config does not name: that layer would load as random dense weights,
+    with transformers' load report the only sign (a hand-edited config, or one that lost a
+    sub-model's names). Keys naming no module of ``model`` are left to transformers (renamed
+    checkpoints); pickled checkpoints are not read here."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    modules = dict(model.named_modules())
+    for f in files or []:
+        if not str(f).endswith(".safetensors"):
+            continue
+        with safe_open(str(f), framework="pt") as h:
+            keys = list(h.keys())
+        for key in keys:
+            owner, _, attr = key.rpartition(".")
+            if attr != HWZ_KEY:
+                continue
+            names = [owner, f"{prefix}.{owner}" if prefix else owner, owner.removeprefix(f"{prefix}.")]
+            layer = next((modules[n] for n in names if n in modules), None)
+            if layer is not None and not isinstance(layer, (HyperLinear, HyperEmbedding, HyperConv2d)):
+                raise _native.FormatError(
+                    f"the checkpoint holds a stored form for `{owner}`, which its hypercodec config does not name "
+                    "(it would load as random weights): the config's modules, embeddings, convs and parts must "
+                    "list every stored layer"
+                )
+
+
 def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
     """Gives a model read by :func:`from_hwz` (or quantized by :func:`hypercodec.nn.quantize`) the
     quantization config (and quantizer) a model quantized on load has, naming its stored layers,
@@ -559,6 +590,7 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                 tying = getattr(model, "all_tied_weights_keys", {})
                 for key in [k for k in tying if k.rpartition(".")[0] == name]:
                     tying.pop(key)
+            _check_unplaced(model, kwargs.get("checkpoint_files"))
             _init_around_placeholders(model)
             return model
 
