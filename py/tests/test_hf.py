@@ -703,6 +703,38 @@ def test_sub_models_quantized_one_after_another_all_reload(tmp_path):
     assert c.skip == ["lm_head"] and c.parts == [{"root": "A", "tied": {}, "modules": ["x"], "embeddings": [], "convs": []}]
 
 
+def test_layers_whose_parent_multiplies_their_weight_stay_float(tmp_path):
+    """The Mamba, Falcon-Mamba and Jamba mixers multiply ``self.dt_proj.weight`` themselves: a
+    stored ``dt_proj`` (no dense weight) made every quantized forward raise TypeError. It stays
+    float now, the other projections are stored, and the model computes and reloads."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    cases = [
+        T.MambaForCausalLM(T.MambaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, state_size=8)),
+        T.JambaForCausalLM(T.JambaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                                         num_attention_heads=2, num_key_value_heads=1, mamba_d_state=8,
+                                         attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                                         expert_layer_offset=1, num_experts=2)),
+    ]
+    ids = torch.randint(0, 99, (1, 6))
+    for i, m in enumerate(cases):
+        m.eval()
+        with torch.no_grad():
+            want = m(input_ids=ids).logits
+        hnn.quantize(m, bps=8, method="affine")
+        kinds = {n.rpartition(".")[2]: type(x) for n, x in m.named_modules() if n.endswith("_proj") and "mamba" in n
+                 or n.endswith(("mixer.dt_proj", "mixer.in_proj"))}
+        assert kinds["dt_proj"] is torch.nn.Linear and kinds["in_proj"] is hnn.HyperLinear, kinds
+        with torch.no_grad():
+            got = m(input_ids=ids).logits
+            assert (got - want).abs().max() <= 0.02 * want.abs().max()
+        m.save_pretrained(tmp_path / str(i))
+        back = type(m).from_pretrained(tmp_path / str(i)).eval()
+        with torch.no_grad():
+            assert torch.equal(back(input_ids=ids).logits, got)
+
+
 def test_dequantize_gives_the_dense_twin_of_every_stored_layer():
     """``model.dequantize()`` (transformers, through the quantizer) and ``hnn.dequantize`` make
     every stored layer dense again on its decoded values: the outputs stay the quantized model's,

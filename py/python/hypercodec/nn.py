@@ -1924,13 +1924,42 @@ _HOOK_TABLES = (
 )
 
 
+def _weights_multiplied_by_parents(model: nn.Module) -> set[int]:
+    """The ids of ``model``'s modules whose parent's own code multiplies their ``weight``
+    (``self.dt_proj.weight @ time_step``: the mixers of transformers' Mamba, Falcon-Mamba and
+    Jamba), found in the parents' class sources. A stored layer has no dense weight to give such
+    code (it raised ``TypeError: unsupported operand type(s) for @: 'NoneType'``), so these stay
+    float."""
+    import inspect
+    import re
+
+    pattern = re.compile(r"self\.(\w+)\.weight\s*@|@\s*self\.(\w+)\.weight\b")
+    read: dict[type, set[str]] = {}
+    found: set[int] = set()
+    for parent in model.modules():
+        cls = type(parent)
+        if cls not in read:
+            try:
+                source = inspect.getsource(cls)
+            except (OSError, TypeError):  # (a class without a source file)
+                source = ""
+            read[cls] = {a or b for a, b in pattern.findall(source)}
+        for child in read[cls]:
+            m = parent._modules.get(child)
+            if m is not None:
+                found.add(id(m))
+    return found
+
+
 def _skipped_under_any_name(model: nn.Module, skip: tuple[str, ...]) -> Callable[[nn.Module], bool]:
-    """Whether a module of ``model`` has a name containing one of ``skip`` (a module used at
-    several places has several names: one skipped keeps it float at all of them)."""
+    """Whether a module of ``model`` is left float: it has a name containing one of ``skip`` (a
+    module used at several places has several names: one skipped keeps it float at all of them),
+    or its parent multiplies its weight itself (:func:`_weights_multiplied_by_parents`)."""
     names_of: dict[int, list[str]] = {}
     for n, m in model.named_modules(remove_duplicate=False):
         names_of.setdefault(id(m), []).append(n)
-    return lambda m: any(s in n for n in names_of.get(id(m), ()) for s in skip)
+    multiplied = _weights_multiplied_by_parents(model)
+    return lambda m: id(m) in multiplied or any(s in n for n in names_of.get(id(m), ()) for s in skip)
 
 
 def quantize(
@@ -1958,8 +1987,10 @@ def quantize(
     linear layers, their weight transposed) becomes a :class:`HyperLinear` too; ``trainable`` keeps float master
     weights for straight-through training; ``hessians`` (by layer name, from
     :func:`collect_hessians`) turns on error-feedback rounding. A subclass with a forward of its
-    own (timm's ``Conv2dSame``, ``StdConv2d``, a LoRA layer) and ``nn.MultiheadAttention``'s
-    ``out_proj`` (which the attention reads as a weight) stay float.
+    own (timm's ``Conv2dSame``, ``StdConv2d``, a LoRA layer), ``nn.MultiheadAttention``'s
+    ``out_proj`` (which the attention reads as a weight) and a layer whose parent multiplies
+    its weight in its own code (``self.dt_proj.weight @ …`` in the Mamba, Falcon-Mamba and
+    Jamba mixers) stay float.
 
     With ``embeddings``, every ``nn.Embedding`` not skipped becomes a :class:`HyperEmbedding`
     too: one whose weight a quantized linear layer shares (a tied output head) reads that
