@@ -581,6 +581,24 @@ fn gpu_shaped_rans_candidates_resolve_to_chunks_of_whole_rows() {
 #[test]
 fn gpu_shaped_prefix_candidates_meet_their_rate() {
     use hypercodec_hwz::{Coding, EncodeOptions, Encoding};
+    // (limit, pair limit, segment, span) of a prefix-coded lattice encoding.
+    let prefix = |e: &Encoding| match *e {
+        Encoding::Lattice {
+            coding:
+                Coding::Prefix {
+                    limit,
+                    pair_limit,
+                    segment,
+                    span,
+                },
+            ..
+        } => (limit, pair_limit, segment, span),
+        ref e => panic!("{e:?}"),
+    };
+    let template = |name: &str| match Spec::parse(name).unwrap() {
+        Spec::Rate { template, .. } => template,
+        s => panic!("{name}: {s:?}"),
+    };
     // `e8@B-prefix`: 8-bit singles and 12-bit pairs in chunks of eight rows, fitted to B bits a
     // value all in: chunks of about 2^14 symbols (one segment here: 640 columns are 20 blocks,
     // so chunks span 3 groups of eight rows).
@@ -591,19 +609,7 @@ fn gpu_shaped_prefix_candidates_meet_their_rate() {
     let t = spec
         .encode("w", &w, &[48, 640], EncodeOptions::default())
         .unwrap();
-    match t.encoding {
-        Encoding::Lattice {
-            coding:
-                Coding::Prefix {
-                    limit,
-                    pair_limit,
-                    segment,
-                    span,
-                },
-            ..
-        } => assert_eq!((limit, pair_limit, segment, span), (8, 12, 20, 3)),
-        ref e => panic!("{e:?}"),
-    }
+    assert_eq!(prefix(&t.encoding), (8, 12, 20, 3));
     let bps = t.payload_bytes() as f64 * 8.0 / w.len() as f64;
     assert!(bps <= 3.0 && bps > 2.7, "{bps}");
     let back = t.decode("w", &[48, 640]).unwrap();
@@ -616,22 +622,8 @@ fn gpu_shaped_prefix_candidates_meet_their_rate() {
     assert!(10.0 * (signal / noise).log10() > 12.0);
     // Other forms by their labels: singles of 10 bits, pairs of 11.
     for (name, limit, pair_limit) in [("e8@3-prefix10", 10, 0), ("e8@3-prefix8p11", 8, 11)] {
-        match Spec::parse(name).unwrap() {
-            Spec::Rate {
-                template:
-                    Encoding::Lattice {
-                        coding:
-                            Coding::Prefix {
-                                limit: l,
-                                pair_limit: p,
-                                ..
-                            },
-                        ..
-                    },
-                ..
-            } => assert_eq!((l, p), (limit, pair_limit), "{name}"),
-            s => panic!("{name}: {s:?}"),
-        }
+        let (l, p, _, _) = prefix(&template(name));
+        assert_eq!((l, p), (limit, pair_limit), "{name}");
     }
     for bad in [
         "d4@3-prefix",
@@ -651,41 +643,21 @@ fn gpu_shaped_prefix_candidates_meet_their_rate() {
     ] {
         assert!(Spec::parse(bad).is_err(), "{bad}");
     }
-    // `-cN`: chunks of N symbols, whatever the matrix: 2^12 here, a chunk a row group (640
-    // columns are 20 blocks, one segment of 16 and one of 4).
+    // `-cN`: chunks of N symbols (segments of N/256 blocks), whatever the matrix; 2^12 on this
+    // one makes a chunk a row group (640 columns are 20 blocks: a segment of 16 and one of 4).
     for (name, want) in [
         ("e8@3-prefix-c16384", (8, 12, 64)),
         ("e8@3-prefix10-c8192", (10, 0, 32)),
     ] {
-        match Spec::parse(name).unwrap() {
-            Spec::Rate {
-                template:
-                    Encoding::Lattice {
-                        coding:
-                            Coding::Prefix {
-                                limit,
-                                pair_limit,
-                                segment,
-                                ..
-                            },
-                        ..
-                    },
-                ..
-            } => assert_eq!((limit, pair_limit, segment), want, "{name}"),
-            s => panic!("{name}: {s:?}"),
-        }
+        let (l, p, segment, _) = prefix(&template(name));
+        assert_eq!((l, p, segment), want, "{name}");
     }
     let t = Spec::parse("e8@3-prefix-c4096")
         .unwrap()
         .encode("w", &w, &[48, 640], EncodeOptions::default())
         .unwrap();
-    match t.encoding {
-        Encoding::Lattice {
-            coding: Coding::Prefix { segment, span, .. },
-            ..
-        } => assert_eq!((segment, span), (16, 1)),
-        ref e => panic!("{e:?}"),
-    }
+    let (_, _, segment, span) = prefix(&t.encoding);
+    assert_eq!((segment, span), (16, 1));
 }
 
 #[test]

@@ -305,8 +305,9 @@ impl Coding {
 pub const GPU_CHUNK_SYMBOLS: usize = 1 << 14;
 
 /// The fewest symbols a chunk of [`Coding::PREFIX_GPU`] aims at: 2^13, where each lane's last,
-/// partly read words cost about 0.04 bits a value more than at 2^14 (2^12 would cost 0.12: about
-/// 0.8 dB at 4 bits, measured on 4096 × 4096, for 1.8× the speed there instead of 1.5×).
+/// partly read words cost about 0.04 bits a value more than at 2^14 (2^12 would cost 0.12: 0.5–0.9
+/// dB of a 4096 × 4096 layer's output error at 4 bits in two H100 runs, for 1.8× the speed there
+/// instead of 1.5×).
 pub const PREFIX_GPU_MIN_CHUNK: usize = 1 << 13;
 
 /// The chunks a matrix coded as [`Coding::PREFIX_GPU`] should have at least, where chunks of
@@ -665,9 +666,7 @@ impl Encoding {
                     },
                 ..
             } if *segment == 0 || *span == 0 => {
-                use hypercodec_rice::prefix::{
-                    PrefixParams, BLOCK_WORDS, GROUP_ROWS, MAX_SEGMENT, WORD,
-                };
+                use hypercodec_rice::prefix::{PrefixParams, BLOCK_WORDS, GROUP_ROWS, WORD};
                 let words = cols.div_ceil(8) as usize;
                 // Chunks of the size the matrix's values call for, or of what the segment
                 // given holds.
@@ -677,11 +676,10 @@ impl Encoding {
                         (PrefixParams::segment_for(words, aim), aim)
                     }
                     // At most 16 segments a row: the kernels sum no more.
-                    s => {
-                        let blocks = words.div_ceil(BLOCK_WORDS).max(1);
-                        let segment = s.max(blocks.div_ceil(16)).min(MAX_SEGMENT);
-                        (segment, s * GROUP_ROWS * BLOCK_WORDS * WORD)
-                    }
+                    s => (
+                        PrefixParams::segment_taking(words, s),
+                        s * GROUP_ROWS * BLOCK_WORDS * WORD,
+                    ),
                 };
                 let span = match *span {
                     0 => PrefixParams::span_for(words, segment, aim) as u32,

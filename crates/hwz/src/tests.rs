@@ -1266,14 +1266,8 @@ fn gpu_prefix_chunks_shrink_until_a_matrix_has_enough_of_them() {
         ((256, 256), (8, 8, 4)),
         ((3, 40), (2, 51, 1)),
     ] {
-        let e = e8_template(1024, 3, Coding::PREFIX_GPU).for_matrix(rows, cols, 1024);
-        let Encoding::Lattice {
-            coding: Coding::Prefix { segment, span, .. },
-            ..
-        } = e
-        else {
-            panic!("{e:?}")
-        };
+        let (segment, span) =
+            prefix_shape(&e8_template(1024, 3, Coding::PREFIX_GPU).for_matrix(rows, cols, 1024));
         let blocks = cols.div_ceil(32);
         let chunks = rows.div_ceil(8).div_ceil(span as u64) * blocks.div_ceil(segment as u64);
         assert_eq!(
@@ -1292,16 +1286,20 @@ fn gpu_prefix_chunks_shrink_until_a_matrix_has_enough_of_them() {
         (1 << 12, 4096, 16),
         (256, 1 << 26, 1 << 16),
     ] {
-        let e =
-            e8_template(1024, 3, Coding::PREFIX_GPU.with_chunk(chunk)).for_matrix(8, cols, 1024);
-        let Encoding::Lattice {
+        let e = e8_template(1024, 3, Coding::PREFIX_GPU.with_chunk(chunk));
+        let (segment, span) = prefix_shape(&e.for_matrix(8, cols, 1024));
+        assert_eq!((segment, span), (want, 1), "{chunk} {cols}");
+    }
+}
+
+/// The (segment, span) of a prefix-coded lattice encoding.
+fn prefix_shape(e: &Encoding) -> (u32, u32) {
+    match *e {
+        Encoding::Lattice {
             coding: Coding::Prefix { segment, span, .. },
             ..
-        } = e
-        else {
-            panic!("{e:?}")
-        };
-        assert_eq!((segment, span), (want, 1), "{chunk} {cols}");
+        } => (segment, span),
+        ref e => panic!("{e:?}"),
     }
 }
 

@@ -58,6 +58,10 @@ pub const MAX_SINGLE: u32 = 256;
 pub const MAX_PAIR_BASE: u32 = 64;
 /// Most 32-column blocks a chunk's rows hold (2^16: 2^21 columns).
 pub const MAX_SEGMENT: usize = 1 << 16;
+/// The most segments a row takes in the GPU shapes the writer chooses
+/// ([`PrefixParams::segment_for`], [`PrefixParams::segment_taking`]): a GPU block's warps sum a
+/// row's segments (where a row would need segments over [`MAX_SEGMENT`] blocks, it holds more).
+pub const MAX_ROW_SEGMENTS: usize = 16;
 /// Most row groups a chunk spans (2^16).
 pub const MAX_SPAN: usize = 1 << 16;
 /// Columns of a block: 4 words.
@@ -139,8 +143,17 @@ impl PrefixParams {
     pub fn segment_for(words: usize, symbols: usize) -> usize {
         let blocks = words.div_ceil(BLOCK_WORDS).max(1);
         let per_chunk = (symbols / (GROUP_ROWS * BLOCK_WORDS * WORD)).max(1);
-        let segments = ((blocks + per_chunk / 2) / per_chunk).clamp(1, 16);
+        let segments = ((blocks + per_chunk / 2) / per_chunk).clamp(1, MAX_ROW_SEGMENTS);
         blocks.div_ceil(segments).min(MAX_SEGMENT)
+    }
+
+    /// A segment of `segment` blocks asked for rows of `words` words, lengthened where a row
+    /// would hold more than [`MAX_ROW_SEGMENTS`] of them, at most [`MAX_SEGMENT`].
+    pub fn segment_taking(words: usize, segment: usize) -> usize {
+        let blocks = words.div_ceil(BLOCK_WORDS).max(1);
+        segment
+            .max(blocks.div_ceil(MAX_ROW_SEGMENTS))
+            .min(MAX_SEGMENT)
     }
 
     /// The span that gives chunks of about `symbols` symbols for rows of `words` words cut in

@@ -60,8 +60,6 @@ _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 #: Whether :func:`forward_group` runs the fused kernels of E8 and trellis layers side by side on
 #: streams of their own (on by default; off only to measure what it gains).
 _GROUP_STREAMS = True
-#: The layer kinds whose fused kernels run side by side so.
-_STREAM_KINDS = {"e8prefix", "e8rans", "e8", "trellis"}
 #: Side streams per device index, made once (:func:`_side_streams`).
 _SIDE: dict[int, list[torch.cuda.Stream]] = {}
 
@@ -73,6 +71,8 @@ def _side_streams(device: torch.device, n: int) -> list[torch.cuda.Stream]:
     while len(streams) < n:
         streams.append(torch.cuda.Stream(device=device))
     return streams[:n]
+
+
 _KERNELS: dict[int, _native.CudaKernels] = {}
 
 
@@ -571,7 +571,7 @@ def _rotated_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Te
     main = torch.cuda.current_stream(x.device)
     forks: list[torch.cuda.Stream] = []
     keep: list[torch.Tensor] = []  # scratch of the side streams' launches, freed after the join
-    if _GROUP_STREAMS and x.is_cuda and len(layers) > 1 and all(d.kind in _STREAM_KINDS for d in layers) and all(gemv):
+    if _GROUP_STREAMS and x.is_cuda and len(layers) > 1 and all(gemv):
         # (Every launch's inputs exist by now: the kernels take the f16 copy they read from
         # `rht`, and allocating a buffer enqueues nothing.)
         forks = _side_streams(x.device, len(layers) - 1)
