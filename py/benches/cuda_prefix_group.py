@@ -1,6 +1,6 @@
-"""Prefix-coded E8 layers that read one input, side by side on streams or one after another.
+"""Stored layers that read one input, side by side on streams or one after another.
 
-    python py/benches/cuda_prefix_group.py [--spec e8@4-prefix] [--iters 40]
+    python py/benches/cuda_prefix_group.py [--spec e8@4-prefix] [--batches 1] [--iters 40]
 
 A warp decodes one chunk of a prefix-coded layer as a serial chain of table lookups, so a
 4096-wide layer (a Llama block's q, k, v, o) leaves much of the GPU waiting on that chain.
@@ -37,6 +37,7 @@ GROUPS = {
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", default="e8@4-prefix")
+    ap.add_argument("--batches", default="1", help="activation rows, comma-separated")
     ap.add_argument("--iters", type=int, default=40)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -44,9 +45,10 @@ def main() -> None:
         return
     dev = torch.device("cuda")
     rng = np.random.default_rng(0)
-    print(f"{torch.cuda.get_device_name()}; {args.spec}; batch 1, bf16; µs a group (× the layers one after another)")
-    print("| group | bf16 F.linear | layers one after another | forward_group, streams off | forward_group |")
-    print("|---|---:|---:|---:|---:|")
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"{torch.cuda.get_device_name()}; {args.spec}; bf16; µs a group (× the layers one after another)")
+    print("| group | batch | bf16 F.linear | layers one after another | forward_group, streams off | forward_group |")
+    print("|---|---:|---:|---:|---:|---:|")
     ok = True
     for name, shapes in GROUPS.items():
         # Copies of each layer in device memory of their own (the same codes: L2 holds lines,
@@ -56,34 +58,35 @@ def main() -> None:
         ops = {s: hypercodec.Linear.quantize(rng.standard_normal(s).astype(np.float32), args.spec) for s in set(shapes)}
         layers = [[hcuda.DeviceLinear(ops[s], dev) for s in shapes] for _ in range(copies)]
         dense = [[torch.randn(r, c, device=dev, dtype=torch.bfloat16) for r, c in shapes] for _ in range(copies)]
-        x = torch.randn(1, shapes[0][1], device=dev, dtype=torch.bfloat16)
-        state = {"i": 0}
+        for m in batches:
+            x = torch.randn(m, shapes[0][1], device=dev, dtype=torch.bfloat16)
+            state = {"i": 0}
 
-        def step(run):
-            def fn():
-                run(state["i"] % copies)
-                state["i"] += 1
-            return fn
+            def step(run):
+                def fn():
+                    run(state["i"] % copies)
+                    state["i"] += 1
+                return fn
 
-        def one_by_one(i):
-            return [d.forward(x) for d in layers[i]]
+            def one_by_one(i):
+                return [d.forward(x) for d in layers[i]]
 
-        def grouped(i):
-            return hcuda.forward_group(layers[i], x)
+            def grouped(i):
+                return hcuda.forward_group(layers[i], x)
 
-        t_bf16 = graph_time_us(step(lambda i: [torch.nn.functional.linear(x, w) for w in dense[i]]), args.iters)
-        t_one = graph_time_us(step(one_by_one), args.iters)
-        hcuda._GROUP_STREAMS = False
-        want = grouped(0)
-        t_off = graph_time_us(step(grouped), args.iters)
-        hcuda._GROUP_STREAMS = True
-        got = grouped(0)
-        t_on = graph_time_us(step(grouped), args.iters)
-        torch.cuda.synchronize()
-        same = all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(want, got, one_by_one(0)))
-        ok &= same
-        print(f"| {name} | {t_bf16:.1f} | {t_one:.1f} | {t_off:.1f} ({t_one / t_off:.2f}×) | "
-              f"{t_on:.1f} ({t_one / t_on:.2f}×){'' if same else ' MISMATCH'} |")
+            t_bf16 = graph_time_us(step(lambda i: [torch.nn.functional.linear(x, w) for w in dense[i]]), args.iters)
+            t_one = graph_time_us(step(one_by_one), args.iters)
+            hcuda._GROUP_STREAMS = False
+            want = grouped(0)
+            t_off = graph_time_us(step(grouped), args.iters)
+            hcuda._GROUP_STREAMS = True
+            got = grouped(0)
+            t_on = graph_time_us(step(grouped), args.iters)
+            torch.cuda.synchronize()
+            same = all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(want, got, one_by_one(0)))
+            ok &= same
+            print(f"| {name} | {m} | {t_bf16:.1f} | {t_one:.1f} | {t_off:.1f} ({t_one / t_off:.2f}×) | "
+                  f"{t_on:.1f} ({t_one / t_on:.2f}×){'' if same else ' MISMATCH'} |")
     sys.exit(0 if ok else 1)
 
 

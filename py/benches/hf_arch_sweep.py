@@ -14,9 +14,14 @@ four ways, each against the float model or the step before:
 5. with ``--inductor``: ``torch.compile(fullgraph=True)`` with inductor, with the grouping of
    stored linear layers that read one input (``hypercodec.nn.set_compile_grouping``) on and
    off: the groups its pass made, whether the two compiles give the same outputs bit for bit,
-   and the grouped compile's relative max error against eager.
+   and the grouped compile's relative max error against eager;
+6. with ``--cuda METHOD@BPS,...`` (a CUDA device): the model quantized by each method on the
+   CPU (``skip=()``, embeddings too), moved to the GPU (where its layers run the CUDA kernels),
+   against the same model on the CPU (the host runtime): relative max error in float32, and in
+   bfloat16 (``model.to(torch.bfloat16)``, the GPU's 16-bit kernels) against the float32 host;
+   for generative ones, whether 5 greedy tokens on the GPU equal the host's.
 
-    python py/benches/hf_arch_sweep.py [ARCH ...] [--inductor] [--out table.md]
+    python py/benches/hf_arch_sweep.py [ARCH ...] [--inductor] [--cuda affine@4,trellis@2] [--out table.md]
 
 Each architecture runs in a process of its own (dynamo's state and caches stay apart); the
 table is printed, and the exit status is 1 when any check raised. Needs torch and transformers.
@@ -98,6 +103,49 @@ def _outs(spec: dict[str, Any], m: torch.nn.Module, inp: dict[str, Any]) -> list
 
 def _rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(((x - y).abs().max() / y.abs().max().clamp_min(1e-12)).item() for x, y in zip(a, b))
+
+
+def _to(inp: dict[str, Any], device: str, dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """The inputs on ``device``; floating ones (pixels, audio) in ``dtype`` where given."""
+    return {k: v.to(device, dtype if dtype is not None and v.is_floating_point() else v.dtype) for k, v in inp.items()}
+
+
+def run_cuda(name: str, methods: list[str], device: str = "cuda") -> dict[str, Any]:
+    """Check 6 for one architecture: ``{method: {"f32": err, "bf16": err, "tokens": bool}}``,
+    or ``{"FAIL": ...}`` for a method that raised."""
+    spec = ARCHS[name]
+    torch.manual_seed(1)
+    cls, cfg = spec["cls"], spec["cfg"]()
+    fm = (cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)).eval()
+    if spec.get("kaiming"):
+        for m in fm.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(m.weight)
+    inp = spec["inp"]()
+    result: dict[str, Any] = {"arch": name}
+    for mb in methods:
+        method, _, bps = mb.partition("@")
+        try:
+            m = copy.deepcopy(fm)
+            hnn.quantize(m, bps=float(bps or 4), method=method, skip=(), embeddings=True)
+            host = _outs(spec, m, inp)
+            r: dict[str, Any] = {}
+            if spec.get("gen"):
+                kw = spec["genkw"]() if "genkw" in spec else dict(input_ids=ids)
+                with torch.no_grad():
+                    want = m.generate(**kw, max_new_tokens=5, do_sample=False)[0].tolist()
+            m.to(device)
+            r["f32"] = _rel([o.float().cpu() for o in _outs(spec, m, _to(inp, device))], host)
+            if spec.get("gen"):
+                with torch.no_grad():
+                    r["tokens"] = m.generate(**_to(kw, device), max_new_tokens=5, do_sample=False)[0].tolist() == want
+            m.to(torch.bfloat16)
+            r["bf16"] = _rel([o.float().cpu() for o in _outs(spec, m, _to(inp, device, torch.bfloat16))], host)
+            result[mb] = r
+        except Exception as e:
+            print(f"==== {name} {mb}\n{traceback.format_exc()}", file=sys.stderr)
+            result[mb] = {"FAIL": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    return result
 
 
 def run(name: str, inductor: bool = False) -> dict[str, Any]:
@@ -208,14 +256,19 @@ def main() -> int:
     ap.add_argument("--one", help=argparse.SUPPRESS)  # (a child process: one architecture, JSON out)
     ap.add_argument("--out")
     ap.add_argument("--inductor", action="store_true", help="also compile with inductor, grouping on and off (check 5)")
+    ap.add_argument("--cuda", metavar="METHOD@BPS,...", help="only check 6: these methods on a CUDA device against the host")
     a = ap.parse_args()
+    methods = a.cuda.split(",") if a.cuda else []
     if a.one:
-        print("RESULT " + json.dumps(run(a.one, a.inductor), default=str), flush=True)
+        r = run_cuda(a.one, methods) if methods else run(a.one, a.inductor)
+        print("RESULT " + json.dumps(r, default=str), flush=True)
         return 0
     names = a.archs or list(ARCHS)
     unknown = [n for n in names if n not in ARCHS]
     if unknown:
         ap.error(f"unknown architectures {unknown}; known: {', '.join(ARCHS)}")
+    if methods:
+        return _sweep_cuda(names, methods, a.out)
     lines = [
         f"torch {torch.__version__}, transformers {T.__version__}, INT8 affine (`bps=8, method=\"affine\"`), "
         f"CPU, tiny random configs. Command: `python py/benches/hf_arch_sweep.py {' '.join(sys.argv[1:])}`.",
@@ -258,6 +311,37 @@ def main() -> int:
         with open(a.out, "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+    return 1 if failed else 0
+
+
+def _sweep_cuda(names: list[str], methods: list[str], out: str | None) -> int:
+    if not torch.cuda.is_available():
+        print("hf_arch_sweep --cuda: no CUDA device; nothing to check")
+        return 0
+    lines = [
+        f"torch {torch.__version__}, transformers {T.__version__}, {torch.cuda.get_device_name()}, tiny random "
+        f"configs; each cell: max rel. error of the GPU against the host in f32 · in bf16 · greedy tokens equal. "
+        f"Command: `python py/benches/hf_arch_sweep.py {' '.join(sys.argv[1:])}`.",
+        "",
+        "| architecture | " + " | ".join(methods) + " | s |",
+        "|---|" + "---|" * len(methods) + "---:|",
+    ]
+    failed = False
+    for n in names:
+        t = time.time()
+        r = run_cuda(n, methods)  # (in this process: no compiler state to keep apart)
+        cells = [n]
+        for mb in methods:
+            v = r.get(mb)
+            failed |= isinstance(v, dict) and "FAIL" in v
+            cells.append(_cell(v, lambda v: f"{v['f32']:.1e} · {v['bf16']:.1e}"
+                               + ("" if "tokens" not in v else " · " + ("yes" if v["tokens"] else "**no**"))))
+        cells.append(f"{time.time() - t:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
     return 1 if failed else 0
 
 

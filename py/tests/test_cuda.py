@@ -1238,8 +1238,9 @@ def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
     the batch-1 kernel (row tiles end to end, at most GROUP_MAX layers a launch). Each output
     equals the layer's own launch bit for bit: full and partial row tiles, with and without a
     bias, f32 and 16-bit scales, 2 and 4 bits, five layers (two launches). A group the kernel
-    does not take (codes of two widths, an f32 input, two rows) runs layer by layer or is left
-    to the caller."""
+    does not take (codes of two widths) runs layer by layer. At more rows the fused kernels'
+    launches run side by side on streams of their own (busied here, and captured in a graph);
+    beyond the fused batch and for f32 inputs the group is left to the caller."""
     rng = np.random.default_rng(31)
     cols = 1024
 
@@ -1254,19 +1255,52 @@ def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
         "f32 scales": [layer(64, "int4-row"), layer(48, "int4-row")],
         "two widths": [layer(64, "int4"), layer(64, "int2")],
     }
-    for dtype in (torch.bfloat16, torch.float16):
-        x = torch.from_numpy(rng.standard_normal((1, 1, cols)).astype(np.float32)).to("cuda", dtype)
+    for dtype, m in itertools.product((torch.bfloat16, torch.float16), (1, 3, 16, 40)):
+        x = torch.from_numpy(rng.standard_normal((m, 1, cols)).astype(np.float32)).to("cuda", dtype)
         for name, ds in groups.items():
+            _busy_streams()
             ys = hcuda.forward_group(ds, x)
             assert ys is not None and len(ys) == len(ds), name
             for d, y in zip(ds, ys):
                 want = d.forward(x)
-                assert y.shape == want.shape == (1, 1, d.rows) and y.dtype == dtype, name
-                assert torch.isfinite(y).all() and torch.equal(y, want), (name, dtype, d.rows)
+                assert y.shape == want.shape == (m, 1, d.rows) and y.dtype == dtype, name
+                assert torch.isfinite(y).all() and torch.equal(y, want), (name, dtype, m, d.rows, d.route(m, dtype))
+    assert len(hcuda._SIDE[torch.cuda.current_device()]) >= 4  # (five layers at 3 rows)
+    _replays_follow_inputs(groups["qkv"], 3, cols)
     d = groups["qkv"]
     assert hcuda.forward_group(d, torch.randn(1, cols, device="cuda")) is None  # f32
-    assert hcuda.forward_group(d, torch.randn(2, cols, device="cuda", dtype=torch.bfloat16)) is None
+    big = d[0]._fused_batch(torch.bfloat16) + 1
+    assert hcuda.forward_group(d, torch.randn(big, cols, device="cuda", dtype=torch.bfloat16)) is None
     assert hcuda.forward_group(d, torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)) is None
+
+
+def _busy_streams():
+    """Busy streams make a missing fork (a side launch before the input it reads is written) or
+    a missing join (outputs read before a side launch wrote them) show: PyTorch's current
+    stream and every side stream of :func:`hcuda.forward_group` sleep a while."""
+    for s in hcuda._SIDE.get(torch.cuda.current_device(), []):
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(100_000)
+    torch.cuda._sleep(100_000)
+
+
+def _replays_follow_inputs(ds, m, cols):
+    """`forward_group` on ``m`` rows captured in a CUDA graph (its streams' fork and join
+    inside): replays on new inputs give each layer's own forward."""
+    x = torch.zeros(m, cols, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        hcuda.forward_group(ds, x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ys = hcuda.forward_group(ds, x)
+    for _ in range(2):
+        _busy_streams()
+        x.copy_(torch.randn(m, cols, device="cuda", dtype=torch.bfloat16))
+        g.replay()
+        assert all(torch.equal(y, d.forward(x)) for d, y in zip(ds, ys)), m
 
 
 @needs_cuda
@@ -1295,13 +1329,7 @@ def test_cuda_rotated_layers_of_one_input_share_their_activation_rht():
         for m in (1, 3, 16, 40):
             x = torch.from_numpy(rng.standard_normal((m, 1, cols)).astype(np.float32)).to("cuda", dtype)
             for name, ds in groups.items():
-                # Busy streams make a missing fork (a side launch before the RHT it reads) or a
-                # missing join (the outputs read before a side launch wrote them) show: the
-                # current stream sleeps before the RHT, the side streams before their launches.
-                for s in hcuda._SIDE.get(torch.cuda.current_device(), []):
-                    with torch.cuda.stream(s):
-                        torch.cuda._sleep(100_000)
-                torch.cuda._sleep(100_000)
+                _busy_streams()
                 ys = hcuda.forward_group(ds, x)
                 assert ys is not None and len(ys) == len(ds), name
                 for d, y in zip(ds, ys):
@@ -1312,19 +1340,7 @@ def test_cuda_rotated_layers_of_one_input_share_their_activation_rht():
     # The streams' fork and join inside a CUDA graph: replays follow new inputs (fixed-rate E8
     # with its scratch, kept to the join).
     for ds, m in itertools.product((groups["prefix"], groups["e8"], groups["trellis"]), (1, 3)):
-        x = torch.zeros(m, cols, device="cuda", dtype=torch.bfloat16)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            hcuda.forward_group(ds, x)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            ys = hcuda.forward_group(ds, x)
-        for _ in range(2):
-            x.copy_(torch.randn(m, cols, device="cuda", dtype=torch.bfloat16))
-            g.replay()
-            assert all(torch.equal(y, d.forward(x)) for d, y in zip(ds, ys)), m
+        _replays_follow_inputs(ds, m, cols)
     x = torch.randn(1, cols, device="cuda", dtype=torch.bfloat16)
     assert hcuda.forward_group(groups["trellis"] + [layer(16, "int4")], x) is None
     wide = _device_layer(rng, 16, 2 * cols, "tcq@2-l12")

@@ -37,6 +37,7 @@ it for the layers it groups (:func:`hypercodec.nn.set_compile_grouping`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -513,7 +514,8 @@ def forward_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
       :data:`GROUP_MAX` layers. At batch 1 a launch of a 4096-wide layer costs a few µs beyond
       its bytes, so a Llama block's q, k and v projections run about 1.7× faster as one launch
       (``docs/eval/cuda_e2e.md``); a group the kernel does not take (codes of two widths, say)
-      runs layer by layer here;
+      runs layer by layer here. At 2 rows and more, up to the fused kernels' batch, each
+      layer's launch runs on a stream of its own, as below;
     - E8 and trellis layers with the same activation RHT (:meth:`DeviceLinear.rotation`), any
       batch: the RHT once, then each layer's kernel. At the batches their fused kernels take,
       those kernels run side by side, each beyond the first on a stream of its own that forks
@@ -538,22 +540,53 @@ def forward_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
 
 
 def _affine_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Tensor] | None:
-    if x.dtype not in (torch.bfloat16, torch.float16) or math.prod(x.shape[:-1]) != 1:
+    if x.dtype not in (torch.bfloat16, torch.float16):
         return None
-    cols = x.shape[-1]
-    x2 = x.reshape(1, cols).contiguous()
+    m, cols = math.prod(x.shape[:-1]), x.shape[-1]
+    if m == 0:
+        return None
+    x2 = x.reshape(m, cols).contiguous()
     if x2.data_ptr() % 16:
         x2 = x2.clone()  # (the kernel reads 16-byte pieces)
     code = _DTYPES[x.dtype]
-    ys = [torch.empty(1, d.rows, dtype=x.dtype, device=x.device) for d in layers]
-    stream = torch.cuda.current_stream(x.device).cuda_stream
+    ys = [torch.empty(m, d.rows, dtype=x.dtype, device=x.device) for d in layers]
+    main = torch.cuda.current_stream(x.device)
+    if m > 1:
+        # Batches the fused kernels take: each layer's launch on a stream of its own.
+        if not all(m <= d._fused_batch(x.dtype) for d in layers):
+            return None
+        with _forked(x, len(layers)) as streams:
+            for d, y, s in zip(layers, ys, streams):
+                d.kernels.affine_gemv(dict(d.args, x=_ptr(x2), x_dtype=code, batch=m, y=_ptr(y), y_dtype=code),
+                                      s.cuda_stream)
+        return [y.reshape(*x.shape[:-1], d.rows) for d, y in zip(layers, ys)]
     for i in range(0, len(layers), GROUP_MAX):
         part = list(zip(layers[i : i + GROUP_MAX], ys[i : i + GROUP_MAX]))
         args = [dict(d.args, x=_ptr(x2), x_dtype=code, batch=1, y=_ptr(y), y_dtype=code) for d, y in part]
-        if not layers[0].kernels.affine_gemv_group(args, stream):
+        if not layers[0].kernels.affine_gemv_group(args, main.cuda_stream):
             for j, (d, _) in enumerate(part):
                 ys[i + j] = d.forward(x2)
     return [y.reshape(*x.shape[:-1], d.rows) for d, y in zip(layers, ys)]
+
+
+@contextlib.contextmanager
+def _forked(x: torch.Tensor, n: int, fork: bool = True):
+    """``n`` streams for ``n`` launches that read ``x``: PyTorch's current one, then (where
+    :data:`_GROUP_STREAMS` and ``fork`` allow, on CUDA) side streams that fork from it here and
+    join it on exit, even where a launch raised. Every buffer the launches use must belong to the
+    current stream and live to the exit; allocating one enqueues nothing, so a buffer made
+    before the fork is ready on every stream."""
+    main = torch.cuda.current_stream(x.device)
+    forks: list[torch.cuda.Stream] = []
+    if _GROUP_STREAMS and fork and x.is_cuda and n > 1:
+        forks = _side_streams(x.device, n - 1)
+        for s in forks:
+            s.wait_stream(main)
+    try:
+        yield [main, *forks] if forks else [main] * n
+    finally:
+        for s in forks:
+            main.wait_stream(s)
 
 
 def _rotated_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Tensor] | None:
@@ -568,20 +601,8 @@ def _rotated_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Te
     want16 = [d._wants_xr16(m, dt, g) for d, g in zip(layers, gemv)]
     xr16 = torch.empty(m, width, dtype=torch.float16, device=x.device) if any(want16) else None
     xr = rht(x2, width, tile, seed, xr16)
-    main = torch.cuda.current_stream(x.device)
-    forks: list[torch.cuda.Stream] = []
     keep: list[torch.Tensor] = []  # scratch of the side streams' launches, freed after the join
-    if _GROUP_STREAMS and x.is_cuda and len(layers) > 1 and all(gemv):
-        # (Every launch's inputs exist by now: the kernels take the f16 copy they read from
-        # `rht`, and allocating a buffer enqueues nothing.)
-        forks = _side_streams(x.device, len(layers) - 1)
-        for s in forks:
-            s.wait_stream(main)
-    streams = [main, *forks] if forks else [main] * len(layers)
-    try:
+    with _forked(x, len(layers), all(gemv)) as streams:
         ys = [d._from_rotated(xr, xr16 if w else None, dt, g, s.cuda_stream, keep)
               for d, g, w, s in zip(layers, gemv, want16, streams)]
-    finally:  # (joined even where a launch raised: the buffers go back to the current stream)
-        for s in forks:
-            main.wait_stream(s)
     return [y.reshape(*lead, d.rows).to(x.dtype) for d, y in zip(layers, ys)]

@@ -649,8 +649,9 @@ _GROUPING = {"on": True, "pass": None}
 def set_compile_grouping(enabled: bool) -> None:
     """Whether ``torch.compile`` (inductor) runs stored linear layers that read one input
     together (on by default; the outputs are the same bit for bit): affine layers in one launch
-    at batch 1, E8 and trellis layers after one activation RHT with their kernels side by side
-    on streams of their own (:func:`hypercodec.cuda.forward_group`). Takes effect for graphs
+    at batch 1 and side by side on streams of their own at more rows, E8 and trellis layers
+    after one activation RHT with their kernels side by side on streams
+    (:func:`hypercodec.cuda.forward_group`). Takes effect for graphs
     compiled from then on."""
     _GROUPING["on"] = bool(enabled)
     if not enabled and _GROUPING["pass"] is not None:
