@@ -1,14 +1,15 @@
 """End to end on CUDA: a Llama-shaped decoder at batch 1, bf16 against compressed layers.
 
     python py/benches/cuda_e2e.py [--layers 8] [--specs int4,e8-fixed4,int8-row] [--out FILE]
-        [--prefill N] [--acts fp8 [--round-weights]] [--compile [--grouping on|off|both]] [--merged-bf16]
+        [--batch B] [--prefill N] [--acts fp8 [--round-weights]] [--compile [--grouping on|off|both]] [--merged-bf16]
 
 A stack of Llama-3-8B-shaped blocks (hidden 4096, MLP 14336, 32 query heads and 8 key/value
 heads of 128, RMS norms, SiLU gate) plus a 32000-row output head, random weights (bf16), one
 decode step = every block over one new token attending to a fixed context of ``--context``
 cached tokens, then the head. Each configuration's step is captured in one CUDA graph (Python
 launch overhead is not counted, for bf16 and for us alike) and timed with CUDA events over
-``--iters`` replays, median of 5; tokens/s = 1 / step time. With ``--prefill N`` the step is a prompt of N
+``--iters`` replays, median of 5; tokens/s = 1 / step time (``--batch B``: B sequences, each
+with its own cache, advance a token a step; tokens/s = B / step time). With ``--prefill N`` the step is a prompt of N
 tokens instead (causal attention over them, no cache; the head on the last token only) and
 tokens/s = N / step time. ``--acts fp8`` (or ``int8``) also quantizes the compressed layers'
 activations (``hypercodec.nn.quantize_activations``; layers it does not take, or that stay
@@ -68,15 +69,16 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, kc: torch.Tensor | None, vc: torch.Tensor | None) -> torch.Tensor:
         if kc is None:
             return self.prefill(x)
+        b = x.shape[0]  # (sequences decoded together)
         h = self.rms(x, self.n1)
         q, k, v = self.qkv(h)
-        q = q.view(1, 1, self.heads, self.hd).transpose(1, 2)
+        q = q.view(b, 1, self.heads, self.hd).transpose(1, 2)
         # The new token's key and value go into the cache's last slot (a fixed place, so
         # that the step is one graph).
-        kc[:, :, -1:].copy_(k.view(1, 1, self.kv_heads, self.hd).transpose(1, 2))
-        vc[:, :, -1:].copy_(v.view(1, 1, self.kv_heads, self.hd).transpose(1, 2))
+        kc[:, :, -1:].copy_(k.view(b, 1, self.kv_heads, self.hd).transpose(1, 2))
+        vc[:, :, -1:].copy_(v.view(b, 1, self.kv_heads, self.hd).transpose(1, 2))
         a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
-        x = x + self.o(a.transpose(1, 2).reshape(1, 1, -1))
+        x = x + self.o(a.transpose(1, 2).reshape(b, 1, -1))
         h = self.rms(x, self.n2)
         return x + self.down(self.mlp_in(h))
 
@@ -210,6 +212,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=1, help="sequences a decode step advances together")
     ap.add_argument("--specs", default="int4,e8-fixed4,int8-row")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out")
@@ -253,14 +256,14 @@ def main() -> int:
         x = torch.randn(1, a.prefill, 4096, device=dev, dtype=torch.bfloat16)
     else:
         caches = [
-            (torch.randn(1, 8, a.context, hd, device=dev, dtype=torch.bfloat16),
-             torch.randn(1, 8, a.context, hd, device=dev, dtype=torch.bfloat16))
+            (torch.randn(a.batch, 8, a.context, hd, device=dev, dtype=torch.bfloat16),
+             torch.randn(a.batch, 8, a.context, hd, device=dev, dtype=torch.bfloat16))
             for _ in range(a.layers)
         ]
-        x = torch.randn(1, 1, 4096, device=dev, dtype=torch.bfloat16)
-    tokens = max(a.prefill, 1)
+        x = torch.randn(a.batch, 1, 4096, device=dev, dtype=torch.bfloat16)
+    tokens = max(a.prefill, 1) if a.prefill else a.batch
     what = (f"a prompt of {a.prefill} tokens (causal attention among them, the head on the last)" if a.prefill
-            else f"batch 1, context {a.context}")
+            else f"batch {a.batch}, context {a.context}")
     if a.acts:
         what += f", compressed layers' activations {a.acts} (`quantize_activations`)"
     if a.compile:

@@ -134,11 +134,13 @@ def test_cuda_forward_matches_the_cpu_runtime(spec, dtype, scale):
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int4", "int4-row", "int4-tensor", "int2", "int2-row", "int8", "int8-row"])
+@pytest.mark.parametrize("spec", ["int4", "int4-row", "int4-tensor", "int2", "int2-row", "int8", "int8-row",
+                                  "int4-g64-sym", "int4-g256", "int2-g32", "int4-g96", "int8-g160-sym"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
     # Rows that are not whole tiles of 16, steps of 1, 2 and 4 words per lane, batches of one
-    # and two mma tiles (and their edges), outlier columns, a bias.
+    # and two mma tiles (and their edges), outlier columns, a bias; groups of other lengths
+    # (symmetric ones too), which the tensor-core kernels take where whole groups make steps.
     rng = np.random.default_rng(3)
     for rows, cols in ((37, 96), (16, 128), (130, 640), (8, 1024)):
         w = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -146,13 +148,15 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
         b = rng.standard_normal(rows).astype(np.float32)
         op = hypercodec.Linear.quantize(w, spec, b)
         d = hcuda.DeviceLinear(op, torch.device("cuda"))
-        bits = op.device_form()["bits"]
-        # Steps of at least 4 lanes × one word: 128 / bits columns.
+        f = op.device_form()
+        bits = f["bits"]
+        # Steps of 4 lanes × 1, 2 or 4 words (128 / bits columns a word), each in one group.
         kernel = bits in (2, 4) or (bits == 8 and dtype == torch.float16)
-        expect = kernel and cols % (128 // bits) == 0
+        steps = [4 * w * (32 // bits) for w in (1, 2, 4)]
+        whole = [cols % st == 0 and (f["scales_per_row"] <= 1 or f["group_len"] % st == 0) for st in steps]
+        expect = kernel and any(whole)
         assert (d.route(1, dtype) == "cuda-affine-mma") == expect, (spec, rows, cols, d.route(1, dtype))
         # Above 16 rows: the GEMM, for 2 or 4 bits in chunks (and groups) of 128 columns.
-        f = op.device_form()
         gemm = bits in (2, 4) and cols % 128 == 0 and (f["scales_per_row"] <= 1 or f["group_len"] % 128 == 0)
         assert (d.route(17, dtype) == "cuda-affine-gemm") == gemm, (spec, rows, cols, d.route(17, dtype))
         for m in (1, 2, 7, 8, 9, 16, 17, 33, 70):
@@ -168,7 +172,7 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int4", "int2-row", "int4-tensor"])
+@pytest.mark.parametrize("spec", ["int4", "int2-row", "int4-tensor", "int4-g128-sym"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tensor_core_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
     # 4100 rows (the last tile of 16 partial) and 40, 300 or 520 activation rows, forced onto the

@@ -1158,6 +1158,18 @@ def test_a_candidate_name_in_the_rate_argument_is_a_clear_type_error():
         with pytest.raises(ValueError, match=what):
             hnn.method_spec(method, bps)
     assert hnn.method_spec("lattice-fixed", 8) == "e8-fixed8" and hnn.method_spec("trellis", 8) == "tcq@8"
+    # Affine groups of other lengths: the method names them, the spec parser checks them.
+    assert hnn.method_spec("affine-g256", 4) == "int4-g256"
+    assert hnn.method_spec("affine-g64-sym", 3) == "int3-g64-sym"
+    # 8 rows of 256 columns: 1024 bytes of codes, the f32 bias's 32, and an f16 scale a group
+    # of 64 (no offsets), or a scale and an offset a group of 256.
+    for method, held in (("affine-g64-sym", 1024 + 32 + 8 * 4 * 2), ("affine-g256", 1024 + 32 + 8 * 2 * 2)):
+        m = torch.nn.Sequential(torch.nn.Linear(256, 8))
+        hnn.quantize(m, 4, method=method)
+        assert m[0].op.held_bytes == held, (method, m[0].op)
+    for bad in ("affine-g0", "affine-gx", "affine-g64-asym"):
+        with pytest.raises(hypercodec.InvalidInputError, match="unknown candidate|group"):
+            hnn.quantize(torch.nn.Sequential(torch.nn.Linear(256, 8)), 4, method=bad)
     # A model quantized with pairs runs (on the CPU) like its decoded weights.
     m = torch.nn.Sequential(torch.nn.Linear(64, 8))
     x = torch.randn(2, 64)

@@ -204,7 +204,8 @@ pub struct PlanArgs {
     /// out of the archive, as `hypercodec.nn.quantize_budget`).
     #[arg(long, value_enum, default_value = "all-in")]
     pub target_scope: TargetScope,
-    /// Candidates, comma separated: f32, bf16, f16, intN (g128 asym), intN-row, intN-tensor,
+    /// Candidates, comma separated: f32, bf16, f16, intN (g128 asym), intN-gG (groups of G, asym),
+    /// intN-gG-sym, intN-row, intN-tensor,
     /// e8@B, d4@B, a2@B, z1@B, codebook, lowrank, sparse. Default: f32,bf16,f16,int8-row,int4,e8@4;
     /// for BUDGET bf16,int8-row,int4,int3,int2,e8@2,e8@2.5,e8@3,e8@3.5,e8@4,e8@5,e8@6,
     /// int4-tensor,int2-tensor,int1-tensor; for AUTO bf16,int8-row,int4-row,int4,e8@3,e8@4,codebook

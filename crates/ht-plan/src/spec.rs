@@ -101,7 +101,8 @@ impl Spec {
     }
 
     /// Parses a candidate name: `f32`, `bf16`, `f16`; `intN` (affine N bits, groups of 128,
-    /// asymmetric, f16 scales), `intN-row` (one symmetric scale per row); `e8@B`, `d4@B`,
+    /// asymmetric, f16 scales), `intN-gG` (groups of G, asymmetric), `intN-gG-sym` (groups of G,
+    /// a scale and no offset each), `intN-row` (one symmetric scale per row); `e8@B`, `d4@B`,
     /// `a2@B`, `z1@B` (lattice + rANS fitted to B bps; `e8@B-gpu` with [`Coding::RANS_GPU`], `e8@B-prefix` with [`Coding::PREFIX_GPU`], `e8@B-prefix10`, `e8@B-prefix8p11` for other code limits, a `-cN` suffix for chunks of N symbols); `e8-fixedN`, `d4-fixedN`, `z1-fixedN`
     /// (fixed-rate lattice symbols of N bits); `tcq@K`, `tcq@K-lL` (trellis, K bits per value,
     /// L state bits, by default 16; a `-v2` suffix codes a pair of values per state); `cb-bB-kK[-rR][-sMODE]` (a codebook of `K` prototypes of
@@ -110,8 +111,8 @@ impl Spec {
     pub fn parse(name: &str) -> Result<Self> {
         let bad = || PlanError::Candidate {
             message: format!(
-                "unknown candidate `{name}`: the names are f32, bf16, f16, intN, intN-row, \
-                 intN-tensor, e8@B (also d4, a2, z1; e8@B-gpu, e8@B-prefix), e8-fixedN \
+                "unknown candidate `{name}`: the names are f32, bf16, f16, intN, intN-gG[-sym], \
+                 intN-row, intN-tensor, e8@B (also d4, a2, z1; e8@B-gpu, e8@B-prefix), e8-fixedN \
                  (d4, z1), tcq@K[-lL][-v2], cb-bB-kK[-rR][-sMODE] (codebooks, e.g. \
                  cb-b8-k256), lowrank@R, sparse"
             ),
@@ -127,20 +128,28 @@ impl Spec {
             }),
             _ => {
                 if let Some(rest) = name.strip_prefix("int") {
-                    // `intN` groups of 128 (asymmetric), `intN-row` one scale per row and
-                    // `intN-tensor` one scale for the tensor (both symmetric).
-                    let (bits, group) = if let Some(b) = rest.strip_suffix("-row") {
-                        (b, Group::Row)
+                    // `intN` groups of 128 (asymmetric), `intN-gG` groups of G (asymmetric;
+                    // `intN-gG-sym`: symmetric, a scale and no offset per group), `intN-row`
+                    // one scale per row and `intN-tensor` one scale for the tensor (both
+                    // symmetric).
+                    let (bits, group, symmetric) = if let Some(b) = rest.strip_suffix("-row") {
+                        (b, Group::Row, true)
                     } else if let Some(b) = rest.strip_suffix("-tensor") {
-                        (b, Group::Tensor)
+                        (b, Group::Tensor, true)
+                    } else if let Some((b, g)) = rest.split_once("-g") {
+                        let (g, symmetric) = match g.strip_suffix("-sym") {
+                            Some(g) => (g, true),
+                            None => (g, false),
+                        };
+                        (b, Group::Size(plain_number(g).ok_or_else(bad)?), symmetric)
                     } else {
-                        (rest, Group::Size(128))
+                        (rest, Group::Size(128), false)
                     };
-                    let bits: u8 = bits.parse().map_err(|_| bad())?;
+                    let bits: u8 = plain_number(bits).ok_or_else(bad)?;
                     let params = AffineParams {
                         bits,
                         group,
-                        symmetric: group != Group::Size(128),
+                        symmetric,
                         scale_dtype: FloatDtype::F16,
                     };
                     params.validate().map_err(|e| PlanError::Candidate {
@@ -465,6 +474,15 @@ fn parse_in<T: std::str::FromStr + PartialOrd>(
     value.parse::<T>().ok().filter(|v| range.contains(v))
 }
 
+/// `value` as a number spelled in plain decimal digits without a leading zero (one spelling a
+/// number: no `+4`, no `04`), if it is one that fits `T`.
+fn plain_number<T: std::str::FromStr>(value: &str) -> Option<T> {
+    let plain = !value.is_empty()
+        && value.bytes().all(|b| b.is_ascii_digit())
+        && (value == "0" || !value.starts_with('0'));
+    plain.then(|| value.parse().ok()).flatten()
+}
+
 /// The prefix coding a spec's `-prefix…` suffix names: `""` [`Coding::PREFIX_GPU`], `"L"`
 /// singles of at most L bits, `"LpP"` pairs of at most P bits, each optionally followed by
 /// `-cN`: chunks of eight rows of N symbols (a multiple of 256 from 256 to 2^24; segments of
@@ -472,11 +490,7 @@ fn parse_in<T: std::str::FromStr + PartialOrd>(
 /// ([`hypercodec_hwz::prefix_gpu_chunk`]); `None` for anything else or limits the coder refuses.
 fn prefix_form(form: &str) -> Option<Coding> {
     if let Some((form, n)) = form.split_once("-c") {
-        // Plain decimal digits only: one spelling a chunk size (no `+256`, no `0256`).
-        if !n.bytes().all(|b| b.is_ascii_digit()) || n.starts_with('0') {
-            return None;
-        }
-        let n: u32 = n.parse().ok()?;
+        let n: u32 = plain_number(n)?;
         if !n.is_multiple_of(256) || !(256..=1 << 24).contains(&n) {
             return None;
         }

@@ -751,3 +751,58 @@ fn stored_bytes_keep_the_writers_floor() {
         "{written} {stored}"
     );
 }
+
+/// `intN-gG` names affine groups of G (asymmetric), `intN-gG-sym` symmetric ones; their rates
+/// are the codes plus a 16-bit scale (and offset) per group, and a malformed group is refused.
+#[test]
+fn affine_group_sizes_are_named_by_g() {
+    use hypercodec_hwz::{Encoding, Group};
+    let (rows, cols) = (8u64, 512u64);
+    let v: Vec<f32> = (0..(rows * cols) as usize)
+        .map(|i| ((i * 7919) % 97) as f32 - 48.0)
+        .collect();
+    for (name, group, symmetric, bps) in [
+        ("int4-g256", 256, false, 4.0 + 32.0 / 256.0),
+        ("int4-g64-sym", 64, true, 4.0 + 16.0 / 64.0),
+        ("int2-g32", 32, false, 2.0 + 32.0 / 32.0),
+        ("int8-g128-sym", 128, true, 8.0 + 16.0 / 128.0),
+        ("int4-g128", 128, false, 4.25),
+    ] {
+        let spec = Spec::parse(name).unwrap();
+        let Spec::Fixed {
+            encoding:
+                Encoding::Affine {
+                    group: g,
+                    symmetric: s,
+                    ..
+                },
+        } = spec
+        else {
+            panic!("{name}: {spec:?}")
+        };
+        assert_eq!((g, s), (Group::Size(group), symmetric), "{name}");
+        let t = spec
+            .encode("w", &v, &[rows, cols], Default::default())
+            .unwrap();
+        let got = t.payload_bytes() as f64 * 8.0 / v.len() as f64;
+        assert!((got - bps).abs() < 1e-9, "{name}: {got} bps, want {bps}");
+    }
+    assert_eq!(
+        Spec::parse("int4-g128").unwrap().label(),
+        Spec::parse("int4").unwrap().label()
+    );
+    for bad in [
+        "int4-g0",
+        "int4-g",
+        "int4-g+8",
+        "int4-g08",
+        "int4-gx",
+        "int4-g64-asym",
+        "int4-g64-",
+        "int+4",
+        "int04",
+        "int4-g99999999999",
+    ] {
+        assert!(Spec::parse(bad).is_err(), "{bad} was taken");
+    }
+}

@@ -53,6 +53,8 @@ def method_spec(method: str, bps: float) -> str:
     for, 0.05–0.3 dB lower; coded on the CPU even with a device, run by the CUDA kernels);
     ``lattice-d4`` / ``-a2`` / ``-z1`` → ``d4@{bps}`` ... (the other lattices); ``lattice:tensor``
     → ``e8@{bps}:tensor`` (one step for every row instead of each row's own scale);
+    ``affine-gG`` / ``affine-gG-sym`` → ``int{bits}-gG`` / ``int{bits}-gG-sym`` (groups of ``G``
+    columns, with an offset each or symmetric);
     ``codebook-bB[-rR][-sMODE]`` → ``cb-bB-kK[-rR][-sMODE]`` with ``K = 2^(B·bits)`` prototypes
     (at most 4096) of ``B`` values, ``R`` residual corrections per block, scales per ``channel``,
     ``block`` or ``tensor``; any other string is taken as a candidate name itself (``int8-row``,
@@ -86,6 +88,8 @@ def method_spec(method: str, bps: float) -> str:
             raise ValueError(f"{method}: the block size after codebook-b must be a whole number of values, as in codebook-b4")
         k = min(2 ** (int(block) * bits), 4096)
         return f"cb-b{block}-k{k}" + (f"-{rest}" if rest else "")
+    if method.startswith("affine-g"):
+        return f"int{bits}-{method.removeprefix('affine-')}"  # (the spec parser checks G)
     table = {
         "lattice": f"e8@{bps:g}",
         "lattice:tensor": f"e8@{bps:g}:tensor",
