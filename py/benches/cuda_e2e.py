@@ -1,7 +1,8 @@
-"""End to end on CUDA: a Llama-shaped decoder at batch 1, bf16 against compressed layers.
+"""End to end on CUDA: a Llama-shaped decoder (batch 1 by default), bf16 against compressed layers.
 
-    python py/benches/cuda_e2e.py [--layers 8] [--specs int4,e8-fixed4,int8-row] [--out FILE]
-        [--batch B] [--prefill N] [--acts fp8 [--round-weights]] [--compile [--grouping on|off|both]] [--merged-bf16]
+    python py/benches/cuda_e2e.py [--layers 8] [--specs int4,e8-fixed4,int8-row] [--out FILE] [--batch B]
+        [--prefill N] [--acts fp8 [--round-weights]] [--compile [--grouping on|off|both]
+        [--group-streams on|off|both]] [--merged-bf16]
 
 A stack of Llama-3-8B-shaped blocks (hidden 4096, MLP 14336, 32 query heads and 8 key/value
 heads of 128, RMS norms, SiLU gate) plus a 32000-row output head, random weights (bf16), one
@@ -24,8 +25,9 @@ compressed step is checked against the same compressed model run on the host (th
 runtime). ``--compile`` runs every configuration through ``torch.compile(fullgraph=True)``
 (inductor fuses the norms, activations and adds; each compressed layer is one opaque operator)
 before the graph is captured; stored linear layers that read one input (q, k, v; gate, up) then
-run in one launch at batch 1 (``hypercodec.nn.set_compile_grouping``; ``--grouping both`` times
-each compressed configuration with and without). ``--merged-bf16`` also times a bf16 model whose
+run together (``hypercodec.nn.set_compile_grouping``; ``--grouping both`` times each compressed
+configuration with and without): affine ones in one launch at batch 1, otherwise side by side on
+streams of their own (``--group-streams both`` times that on and off). ``--merged-bf16`` also times a bf16 model whose
 q/k/v and gate/up weights are concatenated into one ``F.linear`` each (as vLLM merges them), the
 peer for grouped launches. Needs a CUDA device (exits 0 with a message when there is none).
 """
@@ -44,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hypercodec
+import hypercodec.cuda as hcuda
 import hypercodec.nn as hnn
 
 
@@ -223,6 +226,9 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true", help="torch.compile(fullgraph=True) every configuration before capturing")
     ap.add_argument("--regional", action="store_true",
                     help="instead of --compile: compile each block on its own (block.compile(fullgraph=True)), as for a model's repeated blocks")
+    ap.add_argument("--group-streams", choices=["on", "off", "both"], default="on",
+                    help="compiled and grouped: the grouped layers' launches side by side on streams of their own "
+                    "(hypercodec.cuda._GROUP_STREAMS, on as shipped) or one after another; both: time each way")
     ap.add_argument("--grouping", choices=["on", "off", "both"], default="on",
                     help="compiled: stored layers that read one input in one launch at batch 1 "
                     "(hypercodec.nn.set_compile_grouping); both: time each compressed configuration both ways")
@@ -237,6 +243,10 @@ def main() -> int:
         ap.error("--regional and --compile are two ways to compile: choose one")
     if a.merged_bf16 and a.prefill:
         ap.error("--merged-bf16 times a decode step")
+    if a.batch != 1 and a.prefill:
+        ap.error("--batch sets the sequences of a decode step; --prefill times one prompt")
+    if a.batch < 1:
+        ap.error("--batch takes one sequence or more")
     mode = "regional" if a.regional else "whole" if a.compile else None
     if a.fp8_min_weights is not None:
         hnn.FP8_MIN_WEIGHTS = a.fp8_min_weights
@@ -261,7 +271,7 @@ def main() -> int:
             for _ in range(a.layers)
         ]
         x = torch.randn(a.batch, 1, 4096, device=dev, dtype=torch.bfloat16)
-    tokens = max(a.prefill, 1) if a.prefill else a.batch
+    tokens = a.prefill or a.batch
     what = (f"a prompt of {a.prefill} tokens (causal attention among them, the head on the last)" if a.prefill
             else f"batch {a.batch}, context {a.context}")
     if a.acts:
@@ -317,9 +327,13 @@ def main() -> int:
             q(x, [(None, None) if k is None else (k.clone(), v.clone()) for k, v in caches])  # builds every device form
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated() - m0
-        for grouping in ("on", "off") if a.grouping == "both" else (a.grouping,):
+        ways = [(g, st) for g in (("on", "off") if a.grouping == "both" else (a.grouping,))
+                for st in (("on", "off") if a.group_streams == "both" and g == "on" and mode else (a.group_streams,))]
+        for grouping, streams in ways:
             hnn.set_compile_grouping(grouping == "on")
-            label = spec + (" (grouping off)" if grouping == "off" and mode else "")
+            hcuda._GROUP_STREAMS = streams == "on"
+            label = spec + (" (grouping off)" if grouping == "off" and mode else "") + (
+                " (streams off)" if streams == "off" and grouping == "on" and mode else "")
             names.append(label)
             ms, got = time_step(q, x, caches, a.iters, mode)
             err = float((got.float().cpu() - want).abs().max() / want.abs().max())
@@ -327,6 +341,7 @@ def main() -> int:
                          f"| {ms - ms_rest:.3f} | {lin_bf16 / (ms - ms_rest):.2f}× | {err:.2e} |")
             print(lines[-1], flush=True)
         hnn.set_compile_grouping(True)
+        hcuda._GROUP_STREAMS = True
         del q
         torch.cuda.empty_cache()
     lines += [

@@ -135,12 +135,13 @@ def test_cuda_forward_matches_the_cpu_runtime(spec, dtype, scale):
 
 @needs_cuda
 @pytest.mark.parametrize("spec", ["int4", "int4-row", "int4-tensor", "int2", "int2-row", "int8", "int8-row",
-                                  "int4-g64-sym", "int4-g256", "int2-g32", "int4-g96", "int8-g160-sym"])
+                                  "int4-g64-sym", "int4-g64", "int4-g256", "int2-g32", "int4-g96", "int8-g160-sym",
+                                  "int3-g5", "int4-g1-sym"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
     # Rows that are not whole tiles of 16, steps of 1, 2 and 4 words per lane, batches of one
     # and two mma tiles (and their edges), outlier columns, a bias; groups of other lengths
-    # (symmetric ones too), which the tensor-core kernels take where whole groups make steps.
+    # (symmetric ones too), which the tensor-core kernels take where each step lies in one group.
     rng = np.random.default_rng(3)
     for rows, cols in ((37, 96), (16, 128), (130, 640), (8, 1024)):
         w = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -150,9 +151,9 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
         d = hcuda.DeviceLinear(op, torch.device("cuda"))
         f = op.device_form()
         bits = f["bits"]
-        # Steps of 4 lanes × 1, 2 or 4 words (128 / bits columns a word), each in one group.
+        # Steps of 4 lanes × 1, 2 or 4 words (32 / bits columns a word), each in one group.
         kernel = bits in (2, 4) or (bits == 8 and dtype == torch.float16)
-        steps = [4 * w * (32 // bits) for w in (1, 2, 4)]
+        steps = [4 * words * (32 // bits) for words in (1, 2, 4)]
         whole = [cols % st == 0 and (f["scales_per_row"] <= 1 or f["group_len"] % st == 0) for st in steps]
         expect = kernel and any(whole)
         assert (d.route(1, dtype) == "cuda-affine-mma") == expect, (spec, rows, cols, d.route(1, dtype))
@@ -204,7 +205,7 @@ def test_tensor_core_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec", ["int4", "int4-row", "int2", "int8-row", "int3"])
+@pytest.mark.parametrize("spec", ["int4", "int4-row", "int2", "int8-row", "int3", "int4-g64", "int4-g64-sym"])
 def test_cuda_affine_kernels_read_f32_and_16_bit_scales_alike(spec):
     """The device holds stored f16/bf16 scales as they are; the same layer with them widened to
     f32 on the device gives bit-identical outputs on every route (the kernels compute in f32
@@ -1263,14 +1264,16 @@ def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
         x = torch.from_numpy(rng.standard_normal((m, 1, cols)).astype(np.float32)).to("cuda", dtype)
         for name, ds in groups.items():
             _busy_streams()
-            ys = hcuda.forward_group(ds, x)
+            xi = x.clone()  # (written after the sleep: a side launch before the fork reads it unwritten)
+            ys = hcuda.forward_group(ds, xi)
             assert ys is not None and len(ys) == len(ds), name
             for d, y in zip(ds, ys):
                 want = d.forward(x)
                 assert y.shape == want.shape == (m, 1, d.rows) and y.dtype == dtype, name
                 assert torch.isfinite(y).all() and torch.equal(y, want), (name, dtype, m, d.rows, d.route(m, dtype))
     assert len(hcuda._SIDE[torch.cuda.current_device()]) >= 4  # (five layers at 3 rows)
-    _replays_follow_inputs(groups["qkv"], 3, cols)
+    for m in (3, 40):  # (the tensor-core GEMV, the GEMM)
+        _replays_follow_inputs(groups["qkv"], m, cols)
     d = groups["qkv"]
     assert hcuda.forward_group(d, torch.randn(1, cols, device="cuda")) is None  # f32
     big = d[0]._fused_batch(torch.bfloat16) + 1
@@ -1334,7 +1337,7 @@ def test_cuda_rotated_layers_of_one_input_share_their_activation_rht():
             x = torch.from_numpy(rng.standard_normal((m, 1, cols)).astype(np.float32)).to("cuda", dtype)
             for name, ds in groups.items():
                 _busy_streams()
-                ys = hcuda.forward_group(ds, x)
+                ys = hcuda.forward_group(ds, x.clone())  # (the clone as above, before the RHT)
                 assert ys is not None and len(ys) == len(ds), name
                 for d, y in zip(ds, ys):
                     want = d.forward(x)

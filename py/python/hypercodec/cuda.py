@@ -26,8 +26,9 @@ on PyTorch's current stream, without synchronizing:
   the documented *decode fallback* — the weight is decoded once on the host and kept on the
   device in the activation dtype.
 
-:func:`forward_group` runs layers that read one input with fewer launches (affine layers at
-batch 1 in one launch, E8 and trellis layers with one activation RHT); ``torch.compile`` calls
+:func:`forward_group` runs layers that read one input together (affine layers at batch 1 in one
+launch, E8 and trellis layers with one activation RHT; the kernels of several rows, and of E8
+and trellis layers, side by side on streams of their own); ``torch.compile`` calls
 it for the layers it groups (:func:`hypercodec.nn.set_compile_grouping`).
 
     >>> import torch, hypercodec.nn as hnn
@@ -58,8 +59,9 @@ GROUP_MAX = 4
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
-#: Whether :func:`forward_group` runs the fused kernels of E8 and trellis layers side by side on
-#: streams of their own (on by default; off only to measure what it gains).
+#: Whether :func:`forward_group` runs the fused kernels of its layers side by side on streams of
+#: their own (E8 and trellis layers at any batch, affine ones at 2 rows and more; on by default;
+#: off only to measure what it gains).
 _GROUP_STREAMS = True
 #: Side streams per device index, made once (:func:`_side_streams`).
 _SIDE: dict[int, list[torch.cuda.Stream]] = {}

@@ -62,6 +62,8 @@ def _spec_of(label: str) -> str | None:
         group = parts[2]
         if group == "g128" and parts[3:4] == ["asym"]:
             return bits
+        if group.startswith("g") and parts[3:4] in (["asym"], ["sym"]):  # (intN-gG, intN-gG-sym)
+            return f"{bits}-{group}" + ("-sym" if parts[3] == "sym" else "")
         if group == "row":
             return f"{bits}-row"
         if group == "tensor":

@@ -26,6 +26,7 @@ import itertools
 import math
 import numbers
 import os
+import re
 import threading
 import warnings
 import weakref
@@ -89,7 +90,9 @@ def method_spec(method: str, bps: float) -> str:
         k = min(2 ** (int(block) * bits), 4096)
         return f"cb-b{block}-k{k}" + (f"-{rest}" if rest else "")
     if method.startswith("affine-g"):
-        return f"int{bits}-{method.removeprefix('affine-')}"  # (the spec parser checks G)
+        if not re.fullmatch(r"affine-g[1-9][0-9]{0,8}(-sym)?", method):
+            raise ValueError(f"{method}: the group after affine-g must be a whole number of columns, as in affine-g64 or affine-g64-sym")
+        return f"int{bits}-{method.removeprefix('affine-')}"
     table = {
         "lattice": f"e8@{bps:g}",
         "lattice:tensor": f"e8@{bps:g}:tensor",
@@ -630,7 +633,8 @@ if _custom_op is not None:
 def _grouped_forward(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor]:
     """Each linear layer's output for ``x``: on CUDA with fewer launches where
     :func:`hypercodec.cuda.forward_group` takes the layers (affine ones at batch 1 in one launch;
-    E8 and trellis ones with one activation RHT; the same outputs bit for bit), else one by one."""
+    E8 and trellis ones with one activation RHT; kernels side by side on streams of their own;
+    the same outputs bit for bit), else one by one."""
     if x.is_cuda and all(_w8a8_ready(layer, x) is None for layer in layers):
         from .cuda import forward_group
 
