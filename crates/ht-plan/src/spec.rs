@@ -165,7 +165,7 @@ impl Spec {
                         "z1" => Lattice::Z1,
                         _ => return Err(bad()),
                     };
-                    let bits: u8 = bits.parse().map_err(|_| bad())?;
+                    let bits: u8 = plain_number(bits).ok_or_else(bad)?;
                     let (alpha, _) = hypercodec_lattice::calibration::fixed_alpha(lattice, bits)
                         .ok_or_else(bad)?;
                     Spec::Rate {
@@ -188,10 +188,10 @@ impl Spec {
                         None => (rest, false),
                     };
                     let (k, l) = match rest.split_once("-l") {
-                        Some((k, l)) => (k, l.parse::<u8>().map_err(|_| bad())?),
+                        Some((k, l)) => (k, plain_number::<u8>(l).ok_or_else(bad)?),
                         None => (rest, hypercodec_trellis::DEFAULT_L),
                     };
-                    let k = k.parse().map_err(|_| bad())?;
+                    let k = plain_number(k).ok_or_else(bad)?;
                     if pairs {
                         Spec::trellis_pairs(l, k, 4096, 0)
                     } else {
@@ -204,7 +204,7 @@ impl Spec {
                     Spec::codebook_named(rest).ok_or_else(bad)?
                 } else if let Some(r) = name.strip_prefix("lowrank@") {
                     Spec::fixed(Encoding::LowRank {
-                        rank: r.parse().map_err(|_| bad())?,
+                        rank: plain_number(r).ok_or_else(bad)?,
                     })
                 } else if let Some((lat, bps)) = name.split_once('@') {
                     let lattice = match lat {
@@ -499,8 +499,8 @@ fn prefix_form(form: &str) -> Option<Coding> {
     let (limit, pair_limit) = match form {
         "" => return Some(Coding::PREFIX_GPU),
         f => match f.split_once('p') {
-            Some((l, p)) => (l.parse().ok()?, p.parse().ok()?),
-            None => (f.parse().ok()?, 0),
+            Some((l, p)) => (plain_number(l)?, plain_number(p)?),
+            None => (plain_number(f)?, 0),
         },
     };
     let c = Coding::Prefix {

@@ -753,7 +753,8 @@ fn stored_bytes_keep_the_writers_floor() {
 }
 
 /// `intN-gG` names affine groups of G (asymmetric), `intN-gG-sym` symmetric ones; their rates
-/// are the codes plus a 16-bit scale (and offset) per group, and a malformed group is refused.
+/// are the codes plus a 16-bit scale (and offset) per group, and a malformed group is refused,
+/// as is any other number of a name not spelled in plain digits.
 #[test]
 fn affine_group_sizes_are_named_by_g() {
     use hypercodec_hwz::{Encoding, Group};
@@ -802,6 +803,13 @@ fn affine_group_sizes_are_named_by_g() {
         "int+4",
         "int04",
         "int4-g99999999999",
+        "e8-fixed04",
+        "e8-fixed+4",
+        "tcq@+2",
+        "tcq@2-l012",
+        "lowrank@+8",
+        "e8@4-prefix08",
+        "e8@4-prefix8p+11",
     ] {
         assert!(Spec::parse(bad).is_err(), "{bad} was taken");
     }
