@@ -277,6 +277,9 @@ def test_mlp_bench_runs_every_planner_mode_and_names_its_recipes(tmp_path):
     assert mlp_bench._spec_of("affine-int8-row-sym-f16") == "int8-row"
     assert mlp_bench._spec_of("affine-int4-g64-sym-f16") == "int4-g64-sym"
     assert mlp_bench._spec_of("affine-int3-g256-asym-f16") == "int3-g256"
+    # Affine groups of other lengths get table labels like the g128 rows'.
+    assert hev.label("affine-g64-sym", 4) == "RTN INT4 g64 sym"
+    assert hev.label("affine-g256+cal", 3) == "INT3 g256 asym, calibrated (GPTQ rule)"
     assert mlp_bench._spec_of("lattice-e8-rans@3.5") == "e8@3.5"
     assert mlp_bench._spec_of("raw-bf16") == "bf16"
     assert mlp_bench._spec_of("mixed[2]") is None

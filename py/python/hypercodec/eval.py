@@ -172,7 +172,16 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def _label_template(method: str) -> str:
     """``method``'s label with its rate fields left to ``format``."""
     stem = method.removesuffix(DISTILLED)
-    return LABELS.get(stem, stem) + (", norms distilled" if stem != method else "")
+    return LABELS.get(stem, _group_label(stem)) + (", norms distilled" if stem != method else "")
+
+
+def _group_label(method: str) -> str:
+    """The label of ``affine-gG[-sym][+cal]`` (groups of G), else ``method`` itself."""
+    m = re.fullmatch(r"affine-g(\d+)(-sym)?(\+cal)?", method)
+    if m is None:
+        return method
+    kind = "sym" if m[2] else "asym"
+    return f"RTN INT{{b}} g{m[1]} {kind}" if not m[3] else f"INT{{b}} g{m[1]} {kind}, calibrated (GPTQ rule)"
 
 
 def label(method: str, bps: float) -> str:
