@@ -657,16 +657,26 @@ __device__ __forceinline__ void hc_mma_load(const AffineArgs& a, int s, int r0, 
     if (!HC_MMA_AHEAD(NT)) hc_mma_terms(a, fmagic, st);
 }
 
+// The scale terms of a step's second group (G = 2 in hc_mma_step): rows g and g + 8.
+struct HcHalfTerms {
+    float mul[2], add[2];
+};
+
 // One macro step of the tensor-core kernel: its k-steps' mmas, then the group's scale terms.
-template <int BITS, int CW, int NT, int R, bool BF16>
+// G = 2 (one tile, one batch tile): the step holds two groups, every lane's words k < CW/2
+// in the first (`cur`'s terms) and the others in the second (`second`'s): the sums of the two
+// halves of the word loop are kept apart.
+template <int BITS, int CW, int NT, int R, bool BF16, int G = 1>
 __device__ __forceinline__ void hc_mma_step(const AffineArgs& a, int s, int g, int t,
-                                            const HcMmaStep<CW, R, NT, 16 / BITS>& cur, float (&acc)[R][NT][4]) {
+                                            const HcMmaStep<CW, R, NT, 16 / BITS>& cur, float (&acc)[R][NT][4],
+                                            const HcHalfTerms* second = nullptr) {
+    static_assert(G == 1 || (G == 2 && NT == 1 && R == 1 && CW % 2 == 0), "two groups a step: one tile, one batch tile");
     constexpr int PER = 32 / BITS;
     constexpr int XW = PER / 2;
     constexpr uint32_t MASK = ((1u << BITS) - 1) * 0x00010001u;
     constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;
     constexpr uint32_t ONES = BF16 ? 0x3F803F80u : 0x3C003C00u;
-    float c[R][NT][4], sx[NT][4];
+    float c[R][NT][4], sx[NT][4], c1[4] = {0.f, 0.f, 0.f, 0.f}, sx1[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int n = 0; n < NT; n++)
 #pragma unroll
@@ -677,6 +687,8 @@ __device__ __forceinline__ void hc_mma_step(const AffineArgs& a, int s, int g, i
         }
 #pragma unroll
     for (int k = 0; k < CW; k++) {
+        // (G = 2: the first half's words sum into c1, sx1; k is a constant once unrolled.)
+        const bool first = G == 2 && k < CW / 2;
         uint32_t xv[NT][XW];
         if (NT == 1) {
 #pragma unroll
@@ -694,7 +706,8 @@ __device__ __forceinline__ void hc_mma_step(const AffineArgs& a, int s, int g, i
             for (int n = 0; n < NT; n++) {
                 b0[n] = __byte_perm(xv[n][i0 / 2], xv[n][i0 / 2 + PER / 4], (i0 & 1) ? 0x7632 : 0x5410);
                 b1[n] = __byte_perm(xv[n][i1 / 2], xv[n][i1 / 2 + PER / 4], (i1 & 1) ? 0x7632 : 0x5410);
-                hc_mma16816<BF16>(sx[n], ONES, ONES, ONES, ONES, b0[n], b1[n]);
+                if (first) hc_mma16816<BF16>(sx1, ONES, ONES, ONES, ONES, b0[n], b1[n]);
+                else hc_mma16816<BF16>(sx[n], ONES, ONES, ONES, ONES, b0[n], b1[n]);
             }
 #pragma unroll
             for (int ti = 0; ti < R; ti++) {
@@ -703,17 +716,30 @@ __device__ __forceinline__ void hc_mma_step(const AffineArgs& a, int s, int g, i
                 const uint32_t a2 = hc_lop3_and_or(cur.w[ti][0][k] >> (BITS * i1), MASK, MAGIC);
                 const uint32_t a3 = hc_lop3_and_or(cur.w[ti][1][k] >> (BITS * i1), MASK, MAGIC);
 #pragma unroll
-                for (int n = 0; n < NT; n++) hc_mma16816<BF16>(c[ti][n], a0, a1, a2, a3, b0[n], b1[n]);
+                for (int n = 0; n < NT; n++) {
+                    if (first) hc_mma16816<BF16>(c1, a0, a1, a2, a3, b0[n], b1[n]);
+                    else hc_mma16816<BF16>(c[ti][n], a0, a1, a2, a3, b0[n], b1[n]);
+                }
             }
         }
     }
+    if constexpr (G == 2) {
 #pragma unroll
-    for (int ti = 0; ti < R; ti++)
+        for (int i = 0; i < 4; i++)
+            acc[0][0][i] = fmaf(cur.mul[0][i >> 1], c1[i],
+                                fmaf(cur.add[0][i >> 1], sx1[i],
+                                     fmaf(second->mul[i >> 1], c[0][0][i],
+                                          fmaf(second->add[i >> 1], sx[0][i], acc[0][0][i]))));
+    } else {
 #pragma unroll
-        for (int n = 0; n < NT; n++)
+        for (int ti = 0; ti < R; ti++)
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                acc[ti][n][i] = fmaf(cur.mul[ti][i >> 1], c[ti][n][i], fmaf(cur.add[ti][i >> 1], sx[n][i], acc[ti][n][i]));
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[ti][n][i] =
+                        fmaf(cur.mul[ti][i >> 1], c[ti][n][i], fmaf(cur.add[ti][i >> 1], sx[n][i], acc[ti][n][i]));
+    }
 }
 
 template <int BITS, int CW, int NT, bool BF16>
@@ -809,18 +835,25 @@ __device__ __forceinline__ void hc_cp_wait() {
 }
 
 // One warp step in shared memory: codes [h][g][t][word] (rows g + 8h of the tile), the scale
-// pairs [g] (scale of rows g, g + 8, then their offsets: 16 bytes of f32, or the first 8 bytes
-// holding the 16-bit pairs as stored) and each lane column's activations.
-template <int BITS>
+// pairs [group][g] of its G groups (scale of rows g, g + 8, then their offsets: 16 bytes of
+// f32, or the first 8 bytes holding the 16-bit pairs as stored) and each lane's activations.
+template <int BITS, int G = 1>
 struct HcCpaStage {
     uint32_t w[2][8][4][4];
-    float so[8][4];
+    float so[G][8][4];
     uint32_t x[4][4 * (16 / BITS)];
 };
 // The host sizes the dynamic shared memory from these (kernels-cuda `affine_cpa_shared`).
 static_assert(sizeof(HcCpaStage<4>) == 1408 && sizeof(HcCpaStage<2>) == 1664, "HcCpaStage size");
+static_assert(sizeof(HcCpaStage<4, 2>) == 1536, "HcCpaStage size");
 
-template <int BITS, bool BF16, int NW = HC_CPA_WARPS, int S = HC_CPA_STAGES>
+// G = 2: groups of half a step (64 columns at 4 bits). A lane then takes its words from both
+// halves: words 0, 1 from the first group's columns [16t, 16t + 16) and 2, 3 from the second's,
+// each half 8 bytes of a row's codes (where G = 1 takes the 16 bytes of columns [32t, 32t + 32)),
+// with the activations to match; lanes t = 2, 3 copy the second group's scale pairs. Every mma
+// then stays inside one group (hc_mma_step's G). A first form that kept G = 1's words and split
+// each mma by lanes (two more mmas a k-step) ran slower than the plain tensor-core kernel.
+template <int BITS, bool BF16, int NW = HC_CPA_WARPS, int S = HC_CPA_STAGES, int G = 1>
 __device__ __forceinline__ void hc_affine_cpa(const AffineArgs& a, int tile) {
     constexpr int CW = 4, PER = 32 / BITS, XW = PER / 2, MC = 4 * CW * PER;
     constexpr float FMAGIC = BF16 ? 128.f : 1024.f;
@@ -828,32 +861,47 @@ __device__ __forceinline__ void hc_affine_cpa(const AffineArgs& a, int tile) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int r0 = tile * 16;
-    HcCpaStage<BITS>* ring = reinterpret_cast<HcCpaStage<BITS>*>(hc_cpa_sm) + warp * S;
-    float* part = reinterpret_cast<float*>(hc_cpa_sm + sizeof(HcCpaStage<BITS>) * NW * S);
+    HcCpaStage<BITS, G>* ring = reinterpret_cast<HcCpaStage<BITS, G>*>(hc_cpa_sm) + warp * S;
+    float* part = reinterpret_cast<float*>(hc_cpa_sm + sizeof(HcCpaStage<BITS, G>) * NW * S);
     const int steps = a.cols / MC;
     const long long row_bytes = (long long)a.cols * BITS / 8;
     // Rows past the weight read its last row (their sums are never stored).
-    const uint8_t* ca = a.codes + min(r0 + g, a.rows - 1) * row_bytes + t * 16;
-    const uint8_t* cb = a.codes + min(r0 + g + 8, a.rows - 1) * row_bytes + t * 16;
-    const void* so_src = t == 0 ? a.scales : a.offsets;
+    const uint8_t* ca = a.codes + min(r0 + g, a.rows - 1) * row_bytes + t * 16 / G;
+    const uint8_t* cb = a.codes + min(r0 + g + 8, a.rows - 1) * row_bytes + t * 16 / G;
+    const void* so_src = (t & 1) == 0 ? a.scales : a.offsets;
     const int s_bytes = a.sdtype ? 2 : 4;
-    const uint16_t* xr = static_cast<const uint16_t*>(a.x) + t * CW * PER;
+    const uint16_t* xr = static_cast<const uint16_t*>(a.x) + t * CW * PER / G;
     const int mine = warp < steps ? (steps - 1 - warp) / NW + 1 : 0;
     auto issue = [&](int i) {
         const int s = warp + i * NW;
-        HcCpaStage<BITS>& st = ring[i % S];
-        hc_cp16(&st.w[0][g][t][0], ca + (long long)s * 64);
-        hc_cp16(&st.w[1][g][t][0], cb + (long long)s * 64);
-        if (a.srs && t < 2 && so_src) {
-            // The pair of rows g, g + 8: 8 bytes of f32 or 4 of a 16-bit type (kept raw).
-            const int grp = a.glen_log2 >= 0 ? (s * MC) >> a.glen_log2 : (s * MC) / a.glen;
-            const uint8_t* src = static_cast<const uint8_t*>(so_src) + hc_si(a, r0 + g, grp) * s_bytes;
-            if (s_bytes == 4) hc_cp8_l1(&st.so[g][2 * t], src);
-            else hc_cp4_l1(&st.so[g][t], src);
-        }
-        if (g == 0)
+        HcCpaStage<BITS, G>& st = ring[i % S];
+        if (G == 1) {
+            hc_cp16(&st.w[0][g][t][0], ca + (long long)s * 64);
+            hc_cp16(&st.w[1][g][t][0], cb + (long long)s * 64);
+        } else {
+            // (8-byte copies exist only through L1.)
 #pragma unroll
-            for (int q = 0; q < CW * XW / 4; q++) hc_cp16_l1(&st.x[t][4 * q], xr + (long long)s * MC + 8 * q);
+            for (int h = 0; h < 2; h++) {
+                hc_cp8_l1(&st.w[0][g][t][2 * h], ca + (long long)s * 64 + 32 * h);
+                hc_cp8_l1(&st.w[1][g][t][2 * h], cb + (long long)s * 64 + 32 * h);
+            }
+        }
+        if (a.srs && (G == 2 || t < 2) && so_src) {
+            // The pair of rows g, g + 8: 8 bytes of f32 or 4 of a 16-bit type (kept raw).
+            const int half = G == 2 ? t >> 1 : 0;
+            const int grp = (a.glen_log2 >= 0 ? (s * MC) >> a.glen_log2 : (s * MC) / a.glen) + half;
+            const uint8_t* src = static_cast<const uint8_t*>(so_src) + hc_si(a, r0 + g, grp) * s_bytes;
+            if (s_bytes == 4) hc_cp8_l1(&st.so[half][g][2 * (t & 1)], src);
+            else hc_cp4_l1(&st.so[half][g][t & 1], src);
+        }
+        if (g == 0) {
+            // The lane's words' activations, 8 a copy: with G = 2 the first half's from the
+            // first group's columns, the second half's MC/2 columns on.
+            constexpr int Q = CW * XW / 4;
+#pragma unroll
+            for (int q = 0; q < Q; q++)
+                hc_cp16_l1(&st.x[t][4 * q], xr + (long long)s * MC + (G == 2 && q >= Q / 2 ? MC / 2 - 4 * Q : 0) + 8 * q);
+        }
     };
 #pragma unroll
     for (int i = 0; i < S - 1; i++) {
@@ -867,7 +915,7 @@ __device__ __forceinline__ void hc_affine_cpa(const AffineArgs& a, int tile) {
         hc_cp_commit();
         hc_cp_wait<S - 1>();
         __syncwarp();
-        const HcCpaStage<BITS>& st = ring[i % S];
+        const HcCpaStage<BITS, G>& st = ring[i % S];
         HcMmaStep<CW, 1, 1, XW> cur;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -886,27 +934,35 @@ __device__ __forceinline__ void hc_affine_cpa(const AffineArgs& a, int tile) {
             cur.x[k][i0 + 2] = v.z;
             cur.x[k][i0 + 3] = v.w;
         }
-        float4 so = make_float4(sc0, sc0, lo0, lo0);
-        if (a.srs) {
-            if (a.sdtype == 0) {
-                so = *reinterpret_cast<const float4*>(&st.so[g][0]);
-            } else {
-                const uint2 v = *reinterpret_cast<const uint2*>(&st.so[g][0]);
-                const float2 sp = hc_spair16(a.sdtype, v.x), op = hc_spair16(a.sdtype, v.y);
-                so = make_float4(sp.x, sp.y, op.x, op.y);
+        float4 so[G];
+#pragma unroll
+        for (int q = 0; q < G; q++) {
+            so[q] = make_float4(sc0, sc0, lo0, lo0);
+            if (a.srs) {
+                if (a.sdtype == 0) {
+                    so[q] = *reinterpret_cast<const float4*>(&st.so[q][g][0]);
+                } else {
+                    const uint2 v = *reinterpret_cast<const uint2*>(&st.so[q][g][0]);
+                    const float2 sp = hc_spair16(a.sdtype, v.x), op = hc_spair16(a.sdtype, v.y);
+                    so[q] = make_float4(sp.x, sp.y, op.x, op.y);
+                }
+                if (!a.offsets) so[q].z = so[q].w = 0.f;
             }
-            if (!a.offsets) so.z = so.w = 0.f;
         }
         __syncwarp();  // every lane has read the slot before any lane refills it
+        HcHalfTerms second;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const float sc = h ? so.y : so.x, lo = h ? so.w : so.z;
+            const float sc = h ? so[0].y : so[0].x, lo = h ? so[0].w : so[0].z;
             cur.mul[0][h] = sc * a.qmul;
             cur.add[0][h] = lo - sc * a.qbias - FMAGIC * cur.mul[0][h];
+            const float sc2 = h ? so[G - 1].y : so[G - 1].x, lo2 = h ? so[G - 1].w : so[G - 1].z;
+            second.mul[h] = sc2 * a.qmul;
+            second.add[h] = lo2 - sc2 * a.qbias - FMAGIC * second.mul[h];
         }
         // Every lane holds the activations (not only batch row g = 0): the other columns of
         // the mma repeat row 0's sums and are never stored.
-        hc_mma_step<BITS, CW, 1, 1, BF16>(a, warp + i * NW, g, t, cur, acc);
+        hc_mma_step<BITS, CW, 1, 1, BF16, G>(a, warp + i * NW, g, t, cur, acc, &second);
     }
     hc_cp_wait<0>();
     if (t == 0) {
@@ -933,6 +989,18 @@ HC_CPA(2, bf16, true)
 HC_CPA(4, bf16, true)
 HC_CPA(2, f16, false)
 HC_CPA(4, f16, false)
+
+// hc_affine_cpa_halves_b4_{bf16,f16}: the same for groups of half a step (64 columns at 4 bits:
+// `int4-g64`, `int4-g64-sym`); dynamic shared memory as above with stages of two groups' scale
+// pairs. At 2 bits (groups of 128, `int2`) the plain tensor-core kernel ran 1.3× faster on an
+// H100, so none is compiled (docs/eval/cuda_int4_variants.md).
+#define HC_CPA_HALVES(B, T, BF)                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * HC_CPA_WARPS) hc_affine_cpa_halves_b##B##_##T( \
+        AffineArgs a) {                                                                            \
+        hc_affine_cpa<B, BF, HC_CPA_WARPS, HC_CPA_STAGES, 2>(a, blockIdx.x);                       \
+    }
+HC_CPA_HALVES(4, bf16, true)
+HC_CPA_HALVES(4, f16, false)
 
 // Several layers that read one activation row (a block's q, k and v projections; gate and up)
 // in one launch of the batch-1 kernel: the grid is the layers' row tiles end to end, and each

@@ -114,6 +114,10 @@ pub(crate) fn function_names() -> Vec<String> {
         v.push(format!("hc_e8p_gemv2_{name}"));
         v.push(format!("hc_e8p_mma2_{name}"));
     }
+    // kernels/gemv.cu again
+    for t in CPA_HALVES_TYPES {
+        v.push(format!("hc_affine_cpa_halves_b4_{t}"));
+    }
     v
 }
 
@@ -233,11 +237,31 @@ pub(crate) fn affine_cpa(bits: usize, dtype: crate::Dtype) -> Option<usize> {
     Some(trellis_encode(4, 1) + 1 + kind)
 }
 
-/// Dynamic shared memory of [`affine_cpa`]'s kernel: `HC_CPA_WARPS · (HC_CPA_STAGES ·
-/// sizeof(HcCpaStage) + 64)`, a stage holding 1 KB of codes, 128 bytes of scales and
-/// 4 lanes' activations.
-pub(crate) fn affine_cpa_shared(bits: usize) -> u32 {
-    let stage = 1024 + 128 + 4 * 4 * (16 / bits.max(1)) * 4;
+/// The activation types of the batch-1 cp.async kernel for groups of half its step, 4-bit
+/// codes only (`hc_affine_cpa_halves_b4_*`: at 2 bits the plain tensor-core kernel ran
+/// 1.3× faster for groups of 128 on an H100, `docs/eval/cuda_int4_variants.md`).
+const CPA_HALVES_TYPES: [&str; 2] = ["bf16", "f16"];
+
+/// The batch-1 cp.async kernel for groups of half its step (two groups' scale pairs a
+/// stage, a lane's words from both), if compiled for the bits and activation type.
+pub(crate) fn affine_cpa_halves(bits: usize, dtype: crate::Dtype) -> Option<usize> {
+    let t = match dtype {
+        crate::Dtype::Bf16 => "bf16",
+        crate::Dtype::F16 => "f16",
+        crate::Dtype::F32 => return None,
+    };
+    let kind = CPA_HALVES_TYPES
+        .iter()
+        .position(|&k| k == t)
+        .filter(|_| bits == 4)?;
+    Some(e8_prefix_two(E8P_TWO_FORMS[E8P_TWO_FORMS.len() - 1].1, true)? + 1 + kind)
+}
+
+/// Dynamic shared memory of [`affine_cpa`]'s kernel (`groups` 1) or [`affine_cpa_halves`]'s
+/// (2): `HC_CPA_WARPS · (HC_CPA_STAGES · sizeof(HcCpaStage) + 64)`, a stage holding 1 KB of
+/// codes, 128 bytes of scale pairs a group and 4 lanes' activations.
+pub(crate) fn affine_cpa_shared(bits: usize, groups: usize) -> u32 {
+    let stage = 1024 + 128 * groups + 4 * 4 * (16 / bits.max(1)) * 4;
     CPA_WARPS * (CPA_STAGES * stage as u32 + 64)
 }
 

@@ -1439,6 +1439,19 @@ impl AffineGemv {
             && self.x.is_multiple_of(16)
     }
 
+    /// Whether the batch-1 cp.async kernel for groups of half its step fits (`int4-g64`,
+    /// `int4-g64-sym`; [`Kernels::affine_gemv`] runs it where one is compiled, at 4 bits): as
+    /// [`AffineGemv::cpa_shaped`], with groups of 64 columns in rows of whole steps of 128.
+    fn cpa_halves_shaped(&self) -> bool {
+        self.batch == 1
+            && self.bits == 4
+            && self.scales_per_row > 1
+            && self.group_len == 64
+            && self.cols.is_multiple_of(128)
+            && self.codes.is_multiple_of(16)
+            && self.x.is_multiple_of(16)
+    }
+
     /// Whether the tensor-core GEMM takes this layer for batches above [`MAX_MMA_BATCH`]: 2- or
     /// 4-bit codes under bf16 or f16 activations, rows of whole chunks of [`GEMM_CHUNK`]
     /// columns, and groups of whole chunks (or one scale per row or for the tensor).
@@ -1693,7 +1706,7 @@ impl Kernels {
                 f,
                 (k.tiles(), 1),
                 32 * args::CPA_WARPS,
-                args::affine_cpa_shared(a0.bits as usize),
+                args::affine_cpa_shared(a0.bits as usize, 1),
                 stream,
                 &mut params,
             )?;
@@ -1715,23 +1728,29 @@ impl Kernels {
         a.validate()?;
         let words = a.tensor_core_words();
         let aligned = a.codes.is_multiple_of(16) && a.x.is_multiple_of(16);
-        // Batch 1 with 4 code words per lane: the cp.async kernel.
-        if a.cpa_shaped() {
-            if let Some(f) = args::affine_cpa(a.bits as usize, a.x_dtype) {
-                let mut k = args::AffineArgs::new(a);
-                let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
-                // SAFETY: validated; the pointers are the caller's contract.
-                return unsafe {
-                    self.inner.launch(
-                        f,
-                        (a.rows.div_ceil(16) as u32, 1),
-                        32 * args::CPA_WARPS,
-                        args::affine_cpa_shared(a.bits as usize),
-                        stream,
-                        &mut params,
-                    )
-                };
-            }
+        // Batch 1 with 4 code words per lane: the cp.async kernel (for groups of one step or
+        // of half of one).
+        let cpa = if a.cpa_shaped() {
+            args::affine_cpa(a.bits as usize, a.x_dtype).map(|f| (f, 1))
+        } else if a.cpa_halves_shaped() {
+            args::affine_cpa_halves(a.bits as usize, a.x_dtype).map(|f| (f, 2))
+        } else {
+            None
+        };
+        if let Some((f, groups)) = cpa {
+            let mut k = args::AffineArgs::new(a);
+            let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+            // SAFETY: validated; the pointers are the caller's contract.
+            return unsafe {
+                self.inner.launch(
+                    f,
+                    (a.rows.div_ceil(16) as u32, 1),
+                    32 * args::CPA_WARPS,
+                    args::affine_cpa_shared(a.bits as usize, groups),
+                    stream,
+                    &mut params,
+                )
+            };
         }
         if words > 0 && a.batch <= MAX_MMA_BATCH && aligned {
             if let Some(f) = args::affine_mma(a.bits as usize, a.x_dtype, words, a.batch) {
@@ -3327,8 +3346,26 @@ mod tests {
         assert_eq!(args::affine_cpa(4, Dtype::F32), None);
         // The cp.async kernel's stages as the kernel lays them out (HcCpaStage).
         assert_eq!(
-            (args::affine_cpa_shared(4), args::affine_cpa_shared(2)),
+            (args::affine_cpa_shared(4, 1), args::affine_cpa_shared(2, 1)),
             (8 * (3 * 1408 + 64), 8 * (3 * 1664 + 64))
+        );
+        assert_eq!(
+            (args::affine_cpa_shared(4, 2), args::affine_cpa_shared(2, 2)),
+            (8 * (3 * 1536 + 64), 8 * (3 * 1792 + 64))
+        );
+        assert_eq!(
+            names[args::affine_cpa_halves(4, Dtype::Bf16).unwrap()],
+            "hc_affine_cpa_halves_b4_bf16"
+        );
+        assert_eq!(args::affine_cpa_halves(2, Dtype::Bf16), None);
+        assert_eq!(
+            names[args::affine_cpa_halves(4, Dtype::F16).unwrap()],
+            "hc_affine_cpa_halves_b4_f16"
+        );
+        assert_eq!(args::affine_cpa_halves(8, Dtype::F16), None);
+        assert_eq!(
+            names.len(),
+            args::affine_cpa_halves(4, Dtype::F16).unwrap() + 1
         );
         assert_eq!(names[args::E8_RANS_DECODE], "hc_e8_rans_decode");
         assert_eq!(names[args::QUANT_I8], "hc_quant_i8");
@@ -3400,7 +3437,10 @@ mod tests {
             "hc_e8p_mma2_p11"
         );
         assert!(args::e8_prefix_two(0, false).is_none() && args::e8_prefix_two(10, true).is_none());
-        assert_eq!(names.len(), args::e8_prefix_two(12, true).unwrap() + 1);
+        assert_eq!(
+            args::affine_cpa_halves(4, Dtype::Bf16).unwrap(),
+            args::e8_prefix_two(12, true).unwrap() + 1
+        );
         assert_eq!(names[args::KV_E8_DECODE], "hc_kv_e8_decode");
         assert_eq!(names[args::KV_E8_ATTEND], "hc_kv_e8_attend");
         assert_eq!(names[args::KV_ATTEND_MERGE], "hc_kv_attend_merge");
