@@ -806,9 +806,9 @@ HC_MMA_N(8, f16, false)
 // ---------------------------------------------------------------------------------------
 // Batch 1 on tensor cores, fed by cp.async: the math of hc_affine_mma (4 code words per lane
 // and step, one batch tile, hc_mma_step), but each warp streams its steps through a ring of
-// HC_CPA_STAGES stages in shared memory that every lane fills with its own 16-byte
-// `cp.async` copies (codes as stored; the scale pairs of the tiled layout; the step's
-// activations), so the bytes in flight cost no registers. A lane reads its warp's stage
+// HC_CPA_STAGES stages in shared memory that every lane fills with its own `cp.async` copies
+// (codes as stored, 16 bytes a row, or two 8-byte pieces for groups of half a step; the scale
+// pairs of the tiled layout; the step's activations), so the bytes in flight cost no registers. A lane reads its warp's stage
 // after `cp.async.wait_group` and `__syncwarp`: no block-wide barrier until the final sum.
 #define HC_CPA_WARPS 8
 #define HC_CPA_STAGES 3

@@ -8,9 +8,11 @@ use crate::{AffineGemv, E8Gemv};
 /// GEMVs by (bits, pass of 1, 2 or 4 rows), the trellis GEMVs, the tensor-core kernels, the
 /// trellis group kernels and encoders, the cp.async kernels, the tensor-core GEMMs, then the
 /// pair code's trellis group kernels, the trellis tensor-core kernels, the pair encoders,
-/// `hc_quant_f8`, `hc_quant_f8_blocks` and the grouped cp.async kernels; indices from
-/// [`affine_gemv`], [`e8_gemv`], [`trellis_gemv`], [`affine_mma`], [`affine_cpa`],
-/// [`affine_gemm`], [`trellis_groups`], [`trellis_decode_groups`] and [`trellis_mma`].
+/// `hc_quant_f8`, `hc_quant_f8_blocks`, the grouped cp.async kernels, the prefix-coded E8
+/// kernels and, last, the half-step cp.async kernels; indices from [`affine_gemv`],
+/// [`e8_gemv`], [`trellis_gemv`], [`affine_mma`], [`affine_cpa`], [`affine_gemm`],
+/// [`trellis_groups`], [`trellis_decode_groups`], [`trellis_mma`], [`e8_prefix`],
+/// [`e8_prefix_two`] and [`affine_cpa_halves`].
 pub(crate) fn function_names() -> Vec<String> {
     let mut v: Vec<String> = [
         "hc_rht",

@@ -1715,6 +1715,7 @@ impl Kernels {
     }
 
     /// Launches `y = x·Wᵀ (+ b)` on the affine codes, any batch: the cp.async kernel at batch 1
+    /// (for groups of its step, or at 4 bits of half of it: `AffineGemv::cpa_halves_shaped`)
     /// and the tensor-core kernel up to [`MAX_MMA_BATCH`] rows where
     /// [`AffineGemv::tensor_core_words`] allows, the tensor-core GEMM above that where
     /// [`AffineGemv::gemm_ok`] does, else the CUDA-core GEMV in passes of [`MAX_GEMV_BATCH`].
@@ -3349,10 +3350,7 @@ mod tests {
             (args::affine_cpa_shared(4, 1), args::affine_cpa_shared(2, 1)),
             (8 * (3 * 1408 + 64), 8 * (3 * 1664 + 64))
         );
-        assert_eq!(
-            (args::affine_cpa_shared(4, 2), args::affine_cpa_shared(2, 2)),
-            (8 * (3 * 1536 + 64), 8 * (3 * 1792 + 64))
-        );
+        assert_eq!(args::affine_cpa_shared(4, 2), 8 * (3 * 1536 + 64));
         assert_eq!(
             names[args::affine_cpa_halves(4, Dtype::Bf16).unwrap()],
             "hc_affine_cpa_halves_b4_bf16"
@@ -3504,6 +3502,26 @@ mod tests {
         assert_eq!(g64.tensor_core_words(), 2);
         assert!(!g64.gemm_ok());
         assert_eq!(g64.fused_batch(), MAX_MMA_BATCH);
+        // At batch 1 they take the half-step cp.async kernel (4 bits only), not the
+        // one-group kernel; groups of 128 the one-group kernel.
+        assert!(g64.cpa_halves_shaped() && !g64.cpa_shaped());
+        assert!(a.cpa_shaped() && !a.cpa_halves_shaped());
+        for other in [
+            AffineGemv { batch: 2, ..g64 },
+            AffineGemv { bits: 2, ..g64 },
+            AffineGemv {
+                cols: 192,
+                scales_per_row: 3,
+                ..g64
+            },
+            AffineGemv {
+                group_len: 32,
+                ..g64
+            },
+            AffineGemv { codes: 8, ..g64 },
+        ] {
+            assert!(!other.cpa_halves_shaped(), "{other:?}");
+        }
         // One scale per row, or for the tensor, whatever the row's length in chunks.
         for (per_row, group_len) in [(1, 256), (0, 256)] {
             let one = AffineGemv {
