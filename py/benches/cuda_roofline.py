@@ -80,6 +80,8 @@ SPECS = [
     Spec("hc_affine_cpa_b4_bf16", "INT4 g128 (batch 1 route)", 0.5 + 4 / 128, 64, ("HMMA", 16),
          (17.3, 34.2, I + ", final run, f16 scales"),
          note="a warp step: 16 rows × 128 columns (8 weight mmas + 8 Σx mmas)", avoid=DIV),
+    Spec("hc_affine_cpa_halves_b4_bf16", "INT4 g64 sym (batch 1 route)", 0.5 + 2 / 64, 64, ("HMMA", 16),
+         note="16 rows × 128 columns a step, two groups of 64, a lane's words from both", avoid=DIV),
     Spec("hc_affine_cpa_b2_bf16", "INT2 g128 (batch 1 route)", 0.25 + 4 / 128, 128, ("HMMA", 32),
          note="16 rows × 256 columns a step", avoid=DIV),
     Spec("hc_affine_mma_b4_w4_n1_bf16", "INT4 g128, f32 scales (batches 2–8)", 0.5 + 8 / 128, 64, ("HMMA", 16),
