@@ -956,9 +956,11 @@ __device__ __forceinline__ void hc_affine_cpa(const AffineArgs& a, int tile) {
             const float sc = h ? so[0].y : so[0].x, lo = h ? so[0].w : so[0].z;
             cur.mul[0][h] = sc * a.qmul;
             cur.add[0][h] = lo - sc * a.qbias - FMAGIC * cur.mul[0][h];
-            const float sc2 = h ? so[G - 1].y : so[G - 1].x, lo2 = h ? so[G - 1].w : so[G - 1].z;
-            second.mul[h] = sc2 * a.qmul;
-            second.add[h] = lo2 - sc2 * a.qbias - FMAGIC * second.mul[h];
+            if constexpr (G == 2) {
+                const float sc2 = h ? so[1].y : so[1].x, lo2 = h ? so[1].w : so[1].z;
+                second.mul[h] = sc2 * a.qmul;
+                second.add[h] = lo2 - sc2 * a.qbias - FMAGIC * second.mul[h];
+            }
         }
         // Every lane holds the activations (not only batch row g = 0): the other columns of
         // the mma repeat row 0's sums and are never stored.

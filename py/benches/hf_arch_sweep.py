@@ -107,6 +107,18 @@ def _rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(((x - y).abs().max() / y.abs().max().clamp_min(1e-12)).item() for x, y in zip(a, b))
 
 
+def _float_model(spec: dict[str, Any]) -> torch.nn.Module:
+    """The architecture's float model from its tiny config (seeded), in eval mode."""
+    torch.manual_seed(1)
+    cls, cfg = spec["cls"], spec["cfg"]()
+    fm = (cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)).eval()
+    if spec.get("kaiming"):  # (the default init shrinks a deep random conv net's activations to ~1e-26)
+        for m in fm.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(m.weight)
+    return fm
+
+
 def _to(inp: dict[str, Any], device: str, dtype: torch.dtype | None = None) -> dict[str, Any]:
     """The inputs on ``device``; floating ones (pixels, audio) in ``dtype`` where given."""
     return {k: v.to(device, dtype if dtype is not None and v.is_floating_point() else v.dtype) for k, v in inp.items()}
@@ -116,13 +128,7 @@ def run_cuda(name: str, methods: list[str], device: str = "cuda") -> dict[str, A
     """Check 6 for one architecture: ``{method: {"f32": err, "bf16": err, "tokens": bool}}``,
     or ``{"FAIL": ...}`` for a method that raised."""
     spec = ARCHS[name]
-    torch.manual_seed(1)
-    cls, cfg = spec["cls"], spec["cfg"]()
-    fm = (cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)).eval()
-    if spec.get("kaiming"):
-        for m in fm.modules():
-            if isinstance(m, torch.nn.Conv2d):
-                torch.nn.init.kaiming_normal_(m.weight)
+    fm = _float_model(spec)
     inp = spec["inp"]()
     result: dict[str, Any] = {"arch": name}
     for mb in methods:
@@ -162,14 +168,8 @@ def run(name: str, inductor: bool = False) -> dict[str, Any]:
             print(f"==== {name} {key}\n{traceback.format_exc()}", file=sys.stderr)
             result[key] = {"FAIL": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
 
-    torch.manual_seed(1)
     cls = spec["cls"]
-    cfg = spec["cfg"]()
-    fm = (cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)).eval()
-    if spec.get("kaiming"):  # (the default init shrinks a deep random conv net's activations to ~1e-26)
-        for m in fm.modules():
-            if isinstance(m, torch.nn.Conv2d):
-                torch.nn.init.kaiming_normal_(m.weight)
+    fm = _float_model(spec)
     inp = spec["inp"]()
     ref = _outs(spec, fm, inp)
 

@@ -2,6 +2,13 @@
 use super::*;
 use crate::measure::decode;
 
+/// `n` values spread over about ±1.67 in a fixed scrambled order (the candidates' test weight).
+fn spread(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
+        .collect()
+}
+
 fn planner(mode: Mode, names: &[&str]) -> Planner {
     let mut p = Planner::new(mode);
     p.candidates = names.iter().map(|n| Spec::parse(n).unwrap()).collect();
@@ -308,9 +315,7 @@ fn plan_json_round_trips() {
 
 #[test]
 fn fixed_rate_lattice_candidates_parse_and_encode_at_their_width() {
-    let w: Vec<f32> = (0..64 * 256)
-        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
-        .collect();
+    let w = spread(64 * 256);
     for (name, bits) in [("e8-fixed4", 4u8), ("d4-fixed3", 3), ("z1-fixed8", 8)] {
         let t = Spec::parse(name)
             .unwrap()
@@ -337,9 +342,7 @@ fn fixed_rate_lattice_candidates_parse_and_encode_at_their_width() {
 
 #[test]
 fn trellis_pair_candidates_parse_and_fall_back_to_one_value_on_odd_rows() {
-    let w: Vec<f32> = (0..32 * 129)
-        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
-        .collect();
+    let w = spread(32 * 129);
     let v_of = |name: &str, cols: u64| {
         let t = Spec::parse(name)
             .unwrap()
@@ -373,9 +376,7 @@ fn trellis_pair_candidates_parse_and_fall_back_to_one_value_on_odd_rows() {
 
 #[test]
 fn codebook_candidates_parse_and_encode_with_their_settings() {
-    let w: Vec<f32> = (0..64 * 256)
-        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
-        .collect();
+    let w = spread(64 * 256);
     for (name, block, k, mode, residual) in [
         ("cb-b8-k256", 8, 256, "channel", 0.0),
         ("cb-b4-k16-r0.5-sblock", 4, 16, "block", 0.5),
@@ -542,9 +543,7 @@ fn gpu_shaped_rans_candidates_resolve_to_chunks_of_whole_rows() {
     use hypercodec_hwz::{Coding, EncodeOptions, Encoding};
     // `e8@B-gpu`: rANS of 32 lanes and 12-bit probabilities, chunks of as many whole rows as
     // fit 2^14 symbols (one row when rows are longer); other lattices have no such kernel.
-    let w: Vec<f32> = (0..48 * 640)
-        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
-        .collect();
+    let w = spread(48 * 640);
     let spec = Spec::parse("e8@3-gpu").unwrap();
     let t = spec
         .encode("w", &w, &[48, 640], EncodeOptions::default())
@@ -602,9 +601,7 @@ fn gpu_shaped_prefix_candidates_meet_their_rate() {
     // `e8@B-prefix`: 8-bit singles and 12-bit pairs in chunks of eight rows, fitted to B bits a
     // value all in: chunks of about 2^14 symbols (one segment here: 640 columns are 20 blocks,
     // so chunks span 3 groups of eight rows).
-    let w: Vec<f32> = (0..48 * 640)
-        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
-        .collect();
+    let w = spread(48 * 640);
     let spec = Spec::parse("e8@3-prefix").unwrap();
     let t = spec
         .encode("w", &w, &[48, 640], EncodeOptions::default())

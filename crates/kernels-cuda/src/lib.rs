@@ -1433,23 +1433,24 @@ impl AffineGemv {
     /// activation type, [`Kernels::affine_gemv`] and [`Kernels::affine_gemv_group`] run it): one
     /// activation row, 4 code words per lane and step, 16-byte aligned codes and activations.
     fn cpa_shaped(&self) -> bool {
-        self.batch == 1
-            && self.tensor_core_words() == 4
-            && self.codes.is_multiple_of(16)
-            && self.x.is_multiple_of(16)
+        self.cpa_row() && self.tensor_core_words() == 4
+    }
+
+    /// One activation row and 16-byte aligned codes and activations: what every batch-1
+    /// cp.async kernel needs besides its groups.
+    fn cpa_row(&self) -> bool {
+        self.batch == 1 && self.codes.is_multiple_of(16) && self.x.is_multiple_of(16)
     }
 
     /// Whether the batch-1 cp.async kernel for groups of half its step fits (`int4-g64`,
     /// `int4-g64-sym`; [`Kernels::affine_gemv`] runs it where one is compiled, at 4 bits): as
     /// [`AffineGemv::cpa_shaped`], with groups of 64 columns in rows of whole steps of 128.
     fn cpa_halves_shaped(&self) -> bool {
-        self.batch == 1
+        self.cpa_row()
             && self.bits == 4
             && self.scales_per_row > 1
             && self.group_len == 64
             && self.cols.is_multiple_of(128)
-            && self.codes.is_multiple_of(16)
-            && self.x.is_multiple_of(16)
     }
 
     /// Whether the tensor-core GEMM takes this layer for batches above [`MAX_MMA_BATCH`]: 2- or

@@ -545,7 +545,8 @@ def _affine_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
     if x.dtype not in (torch.bfloat16, torch.float16):
         return None
     m, cols = math.prod(x.shape[:-1]), x.shape[-1]
-    if m == 0:
+    # (m > 1: batches the fused kernels take, each layer's launch on a stream of its own.)
+    if m == 0 or (m > 1 and not all(m <= d._fused_batch(x.dtype) for d in layers)):
         return None
     x2 = x.reshape(m, cols).contiguous()
     if x2.data_ptr() % 16:
@@ -554,9 +555,6 @@ def _affine_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
     ys = [torch.empty(m, d.rows, dtype=x.dtype, device=x.device) for d in layers]
     main = torch.cuda.current_stream(x.device)
     if m > 1:
-        # Batches the fused kernels take: each layer's launch on a stream of its own.
-        if not all(m <= d._fused_batch(x.dtype) for d in layers):
-            return None
         with _forked(x, len(layers)) as streams:
             for d, y, s in zip(layers, ys, streams):
                 d.kernels.affine_gemv(dict(d.args, x=_ptr(x2), x_dtype=code, batch=m, y=_ptr(y), y_dtype=code),

@@ -280,6 +280,20 @@ def _stored_module(model: nn.Module, name: str) -> nn.Module:
 _PART_KEYS = ("root", "modules", "embeddings", "tied", "convs")
 
 
+def _parts_of(c: Any) -> list[dict[str, Any]]:
+    """Config ``c``'s own names as a part, then its other ``parts``."""
+    return [{k: getattr(c, k, None) for k in _PART_KEYS}, *(getattr(c, "parts", None) or [])]
+
+
+def _tied_names(what: str, tied: Any) -> dict[str, str]:
+    """``tied`` (None: empty) checked as a mapping of head names to embedding names."""
+    if tied is not None and not (
+        isinstance(tied, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tied.items())
+    ):
+        raise _native.InvalidInputError(f"{what}: a mapping of head names to embedding names, not {tied!r}")
+    return dict(tied or {})
+
+
 def _place(model: nn.Module, root: str | None) -> str:
     """The prefix of names written relative to a module of class ``root`` inside ``model``:
     ``""`` for ``model`` itself (or no root), else that module's place (the one of its class)."""
@@ -299,7 +313,7 @@ def _root_names(model: nn.Module, c: Any) -> None:
     written for a sub-model of class ``c.root`` (quantized alone), prefixed with that
     sub-model's place in ``model`` (the one module of that class); the names of the config's
     other ``parts`` (sub-models quantized one after another) are placed so too and joined."""
-    parts = [{k: getattr(c, k, None) for k in _PART_KEYS}, *(getattr(c, "parts", None) or [])]
+    parts = _parts_of(c)
     modules: dict[str, None] = {}
     embeddings: dict[str, None] = {}
     convs: dict[str, None] = {}
@@ -367,7 +381,7 @@ def _mark_quantized(model: nn.Module, fixed_bits: int | None) -> None:
     parts = []
     if old is not None and not isinstance(old, dict) and getattr(old, "modules", None) is not None:
         inside = {type(m).__name__ for m in model.modules()}
-        for p in [{k: getattr(old, k, None) for k in _PART_KEYS}, *(getattr(old, "parts", None) or [])]:
+        for p in _parts_of(old):
             if p.get("root") is not None and p["root"] not in inside:
                 parts.append(p)
     config = HypercodecConfig(
@@ -493,16 +507,9 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             for p in parts or []:
                 if not isinstance(p, dict) or not isinstance(p.get("root"), str) or set(p) - set(_PART_KEYS):
                     raise _native.InvalidInputError(f"parts: dicts of keys {', '.join(_PART_KEYS)} (a root class name), not {p!r}")
-                tied_p = {} if p.get("tied") is None else p["tied"]
-                if not isinstance(tied_p, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tied_p.items()):
-                    raise _native.InvalidInputError(f"parts: tied, a mapping of head names to embedding names, not {tied_p!r}")
-                self.parts.append({"root": p["root"], "tied": dict(tied_p)} | {
+                self.parts.append({"root": p["root"], "tied": _tied_names("parts: tied", p.get("tied"))} | {
                     k: _names(f"parts: {k}", [] if p.get(k) is None else p[k]) for k in ("modules", "embeddings", "convs")})
-            if tied is not None and not (
-                isinstance(tied, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tied.items())
-            ):
-                raise _native.InvalidInputError(f"tied: a mapping of head names to embedding names, not {tied!r}")
-            self.tied = dict(tied or {})
+            self.tied = _tied_names("tied", tied)
             _check_fixed_bits(fixed_bits)
             self.fixed_bits = fixed_bits
 

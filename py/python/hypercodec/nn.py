@@ -646,7 +646,8 @@ def _grouped_forward(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor]:
 
 # Grouped launches under torch.compile. At batch 1 a launch of a 4096-wide layer costs a few µs
 # beyond its bytes and leaves much of the GPU idle, so the projections of one input (a Llama
-# block's q, k and v; gate and up) run faster as one launch, or side by side on streams. Models call them one by one, so a post-grad pass of inductor's
+# block's q, k and v; gate and up) run faster as one launch, or side by side on streams. Models
+# call them one by one, so a post-grad pass of inductor's
 # (``torch._inductor.config.post_grad_custom_post_pass``) replaces the ``stored_forward`` calls
 # of linear layers that read one node by one ``stored_forward_group`` call. It is installed the
 # first time a graph with stored layers is traced, unless that setting holds another pass (a
@@ -659,8 +660,7 @@ def set_compile_grouping(enabled: bool) -> None:
     together (on by default; the outputs are the same bit for bit): affine layers in one launch
     at batch 1 and side by side on streams of their own at more rows, E8 and trellis layers
     after one activation RHT with their kernels side by side on streams
-    (:func:`hypercodec.cuda.forward_group`). Takes effect for graphs
-    compiled from then on."""
+    (:func:`hypercodec.cuda.forward_group`). Takes effect for graphs compiled from then on."""
     _GROUPING["on"] = bool(enabled)
     if not enabled and _GROUPING["pass"] is not None:
         from torch._inductor import config
@@ -1940,7 +1940,6 @@ def _weights_multiplied_by_parents(model: nn.Module) -> set[int]:
     code (it raised ``TypeError: unsupported operand type(s) for @: 'NoneType'``), so these stay
     float."""
     import inspect
-    import re
 
     pattern = re.compile(r"self\.(\w+)\.weight\s*@|@\s*self\.(\w+)\.weight\b")
     read: dict[type, set[str]] = {}
