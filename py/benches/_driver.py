@@ -12,14 +12,17 @@ PTX = pathlib.Path(__file__).resolve().parents[2] / "crates/kernels-cuda/ptx/gem
 
 
 class Driver:
-    """Modules loaded by name (`ptx`: the committed PTX; others from `extra`: name → file)."""
+    """Modules loaded by name (`ptx`: the committed PTX; others from `extra`: name → file, a
+    cubin or PTX)."""
 
     def __init__(self, extra: dict[str, str] | None = None) -> None:
         self.cu = C.CDLL("libcuda.so.1")
         torch.zeros(1, device="cuda")  # PyTorch's context is current
         self.mods = {}
         sources = [("ptx", PTX.read_bytes() + b"\0")]
-        sources += [(name, pathlib.Path(path).read_bytes()) for name, path in (extra or {}).items()]
+        # PTX text is loaded NUL-terminated; a cubin as it is.
+        sources += [(name, pathlib.Path(path).read_bytes() + (b"\0" if str(path).endswith(".ptx") else b""))
+                    for name, path in (extra or {}).items()]
         for name, data in sources:
             m = C.c_void_p()
             self.check(self.cu.cuModuleLoadData(C.byref(m), data), name)

@@ -2,6 +2,7 @@
 bf16 `F.linear`, the decode-then-cuBLAS route and the batch-16 tensor-core kernel, in one run.
 
     python py/benches/cuda_gemm.py [--shapes 4096x4096,8192x8192] [--batches 16,64,256] [--out FILE]
+                                   [--wgmma crates/kernels-cuda/ptx/gemm_sm90a.ptx]
 
 Random INT4 codes in groups of 128 (row-major, as stored), asymmetric, with f16 scales and
 offsets in the tiled layout `DeviceLinear` holds (`_driver.tile_scales`); bf16 activations.
@@ -10,7 +11,9 @@ graph that rotates over weight copies of ≥ 400 MB (L2 never holds them), media
 (`_graph_timing.graph_time_us`). `hc_affine_gemm_b4_r{R}_n{NT}_bf16` computes 64·R weight rows
 for 8·NT activation rows per block; the row marked `*` is the shape kernels-cuda picks
 (`args::gemm_shape`); "decode + F.linear" is the committed decoder (`hc_affine_decode_b4`,
-to bf16) then cuBLAS, the route above `MAX_GEMM_BATCH` rows.
+to bf16) then cuBLAS, the route above `MAX_GEMM_BATCH` rows. `--wgmma` adds the Hopper
+GEMM `kernels/gemm_sm90a.cu` (its committed sm_90a PTX, or a cubin of it) in each compiled
+shape at batches of 64 and more; `--skip-committed` leaves out the sm_80 GEMM's shapes.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from _graph_timing import graph_time_us
 
 # (row tiles per warp, batch tiles of 8, stages): kernels-cuda `args::GEMM_SHAPES`.
 SHAPES = [(1, 4, 4), (1, 8, 4), (2, 4, 3), (2, 8, 3)]
+# The Hopper kernels' (stages, activation rows, columns a chunk) (kernels/gemm_sm90a.cu).
+WG_SHAPES = [(4, 128, 128), (6, 128, 64), (5, 256, 64)]
 
 
 def picked(rows: int, batch: int) -> tuple[int, int]:
@@ -49,13 +54,21 @@ def main() -> int:
     ap.add_argument("--batches", default="16,32,64,128,256,512,1024")
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--out", default=None, help="also write the table here")
+    ap.add_argument("--wgmma", default=None, metavar="CUBIN", help="also time the Hopper GEMM (its PTX or a cubin)")
+    ap.add_argument("--skip-committed", action="store_true", help="leave out the committed GEMM's shapes")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("cuda_gemm: no CUDA device; nothing measured")
         return 0
-    drv = Driver()
+    drv = Driver({"wg": args.wgmma} if args.wgmma else None)
+    wg = {}
+    for st, bn, bk in WG_SHAPES if args.wgmma else ():
+        f = drv.fn("wg", f"hc_wgmma_b4_s{st}_n{bn}_k{bk}_bf16")
+        sm = st * (bn * bk * 2 + 128 * (bk // 2 + 16)) + 1024  # stages (WgStage) + alignment
+        drv.check(drv.cu.cuFuncSetAttribute(f, 8, sm), "max dynamic shared memory")
+        wg[(st, bn, bk)] = (f, sm)
     gemm = {}
-    for r, n, st in SHAPES:
+    for r, n, st in [] if args.skip_committed else SHAPES:
         f = drv.fn("ptx", f"hc_affine_gemm_b4_r{r}_n{n}_bf16")
         drv.check(drv.cu.cuFuncSetAttribute(f, 8, smem(r, n, st)), "max dynamic shared memory")
         gemm[(r, n)] = (f, smem(r, n, st))
@@ -97,6 +110,9 @@ def main() -> int:
                          f"{float((F.linear(x, wb).float() - ref).norm() / ref.norm()):.1e} |")
             cands = [(f"hc_affine_gemm r{r} n{n}" + (" *" if (r, n) == picked(rows, m) else ""), f,
                       (-(-rows // (64 * r)), -(-m // (8 * n))), 128, sm) for (r, n), (f, sm) in gemm.items()]
+            if m >= 64:
+                cands += [(f"hc_wgmma s{st} n{bn} k{bk}", f, (-(-rows // 128), -(-m // bn)), 256, sm)
+                          for (st, bn, bk), (f, sm) in wg.items()]
             if m <= 16:
                 cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0))
             for name, f, grid, block, sm in cands:

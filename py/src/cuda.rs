@@ -309,10 +309,17 @@ impl CudaKernels {
     }
 
     /// The most activation rows the routes hand the fused affine kernels for these arguments
-    /// (kernels-cuda `AffineGemv::fused_batch`: `MAX_GEMM_BATCH` where the tensor-core GEMM
-    /// takes the layer, 16 on the tensor-core GEMV, else 4 per pass). Pointers are not read.
+    /// on this device (kernels-cuda `Kernels::affine_fused_batch`: every batch where the Hopper
+    /// GEMM takes the layer, else `MAX_GEMM_BATCH` where the tensor-core GEMM does, 16 on the
+    /// tensor-core GEMV, else 4 per pass). Pointers are checked for alignment, not read.
     fn affine_fused_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<usize> {
-        Ok(affine(args)?.fused_batch())
+        Ok(self.k.affine_fused_batch(&affine(args)?))
+    }
+
+    /// The fewest activation rows for which `affine_gemv` runs the Hopper GEMM on this device,
+    /// or `None` where it never does (kernels-cuda `Kernels::affine_wgmma_from`).
+    fn affine_wgmma_from(&self, args: &Bound<'_, PyDict>) -> PyResult<Option<usize>> {
+        Ok(self.k.affine_wgmma_from(&affine(args)?))
     }
 
     /// The same for the trellis kernels (kernels-cuda `TrellisGemv::fused_batch`: 16 on the

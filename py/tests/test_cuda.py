@@ -2,6 +2,7 @@
 reason printed, where torch sees no CUDA device (CI); the error path runs everywhere."""
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -205,6 +206,34 @@ def test_tensor_core_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
 
 
 @needs_cuda
+@pytest.mark.parametrize("spec", ["int4", "int4-g128-sym", "int4-g64", "int4-g64-sym", "int4-row", "int4-g256"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_hopper_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
+    """On compute capability 9.0, batches above the other fused kernels' run the wgmma GEMM
+    (kernels/gemm_sm90a.cu): 4100 rows (33 blocks of 128, the last partial) and 200, columns of
+    2 and 3 chunks of 128 (groups of 64, 128, 256 — the last partial — or a row), 65–520
+    activation rows (the last batch tile partial), against the CPU runtime."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper GEMM loads on compute capability 9.0 only")
+    if os.environ.get("HYPERCODEC_WGMMA", "0") == "0":
+        pytest.skip("the Hopper GEMM's route is off by default (kernels-cuda WGMMA_DEFAULT); HYPERCODEC_WGMMA=1 runs it")
+    rng = np.random.default_rng(17)
+    for rows, cols in ((4100, 256), (200, 384)):
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        op = hypercodec.Linear.quantize(w, spec, rng.standard_normal(rows).astype(np.float32))
+        d = hcuda.DeviceLinear(op, torch.device("cuda"))
+        for m in (65, 128, 129, 300, 520):
+            assert d.route(m, dtype) == "cuda-affine-wgmma", (spec, m, d.route(m, dtype))
+            x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
+            want = op.forward(x.float().numpy())
+            got = d.forward(x.cuda()).float().cpu().numpy()
+            assert np.isfinite(got).all()
+            tol = 1e-2 if dtype == torch.bfloat16 else 3e-3
+            err = np.abs(got - want).max() / np.abs(want).max()
+            assert err <= tol, (spec, rows, cols, m, err)
+
+
+@needs_cuda
 @pytest.mark.parametrize("spec", ["int4", "int4-row", "int2", "int8-row", "int3", "int4-g64", "int4-g64-sym"])
 def test_cuda_affine_kernels_read_f32_and_16_bit_scales_alike(spec):
     """The device holds stored f16/bf16 scales as they are; the same layer with them widened to
@@ -221,7 +250,7 @@ def test_cuda_affine_kernels_read_f32_and_16_bit_scales_alike(spec):
     d32.offsets = None if d32.offsets is None else widen(d32.offsets).contiguous()
     d32.args.update(scales=d32.scales.data_ptr(), offsets=0 if d32.offsets is None else d32.offsets.data_ptr(), scale_dtype=0)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for m in (1, 3, 9, 17):
+        for m in (1, 3, 9, 17, 70):
             x = torch.from_numpy(rng.standard_normal((m, 1024)).astype(np.float32)).to("cuda", dtype)
             a, b = d16.forward(x), d32.forward(x)
             assert torch.isfinite(a).all() and torch.equal(a, b), (spec, dtype, m, d16.route(m, dtype))

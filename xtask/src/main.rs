@@ -16,7 +16,8 @@
 //!   accelerate, gguf, matplotlib and two small real models installed once), `maturin build --release` of
 //!   `py/`, the wheel installed there, then `pytest py/tests`.
 //! - `ptx [--check]` — builds `kernels/*.cu` to PTX in `crates/kernels-cuda/ptx/` with nvcc
-//!   13.0 (pip's NVIDIA wheels, installed into `.tools/cuda/` once; no GPU needed); each PTX
+//!   13.0 (pip's NVIDIA wheels, installed into `.tools/cuda/` once; no GPU needed) for sm_80,
+//!   or for sm_90a where the file is named `*_sm90a.cu`; each PTX
 //!   starts with a hash of the sources, which `--check` compares without nvcc (what CI runs).
 //! - `gpu-bundle` — checks the PTX is current, then builds the wheel (release, stripped, abi3)
 //!   into `.dev/gpu/` for a GPU machine without Rust, where `bash scripts/gpu_suite.sh` runs
@@ -605,6 +606,18 @@ fn kernel_files(exts: &[&str]) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
+/// The target of a unit's PTX: `sm_90a` for a file named `*_sm90a.cu` (Hopper's warpgroup
+/// instructions; the driver loads that module on compute capability 9.0 only), else `sm_80`
+/// (JIT-compiled by the driver for any later GPU).
+fn ptx_arch(unit: &Path) -> &'static str {
+    let stem = unit.file_stem().unwrap_or_default().to_string_lossy();
+    if stem.ends_with("_sm90a") {
+        "sm_90a"
+    } else {
+        "sm_80"
+    }
+}
+
 fn ptx_path(unit: &Path) -> PathBuf {
     let stem = unit
         .file_stem()
@@ -684,7 +697,7 @@ fn ptx(check: bool) -> Result<(), String> {
     for u in &units {
         let tmp = dir.join(".nvcc-out.ptx");
         let mut cmd = nvcc_command(&nvcc)?;
-        cmd.args(["-ptx", "-arch=sm_80", "-O3", "-I"])
+        cmd.args(["-ptx", &format!("-arch={}", ptx_arch(u)), "-O3", "-I"])
             .arg(root().join("kernels"))
             .arg(u)
             .arg("-o")

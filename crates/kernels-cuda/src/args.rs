@@ -4,15 +4,28 @@
 
 use crate::{AffineGemv, E8Gemv};
 
+/// The PTX modules built from `kernels/*.cu` by `cargo xtask ptx`, and whether the kernels
+/// cannot load without it; a function is looked up in each in turn. A module that is not
+/// required and fails to load (its JIT refused by a driver) leaves its kernels missing, each
+/// launch of one an error naming the failed load, and the other modules' kernels running.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) const PTX: [(&str, bool); 4] = [
+    (include_str!("../ptx/gemv.ptx"), true),
+    (include_str!("../ptx/trellis_encode.ptx"), true),
+    (include_str!("../ptx/e8_prefix.ptx"), false),
+    // sm_90a: loads on compute capability 9.0 only.
+    (include_str!("../ptx/gemm_sm90a.ptx"), false),
+];
+
 /// Kernel names: the fixed ones, then the affine GEMVs by (bits, batch tile), then the E8
 /// GEMVs by (bits, pass of 1, 2 or 4 rows), the trellis GEMVs, the tensor-core kernels, the
 /// trellis group kernels and encoders, the cp.async kernels, the tensor-core GEMMs, then the
 /// pair code's trellis group kernels, the trellis tensor-core kernels, the pair encoders,
 /// `hc_quant_f8`, `hc_quant_f8_blocks`, the grouped cp.async kernels, the prefix-coded E8
-/// kernels and, last, the half-step cp.async kernels; indices from [`affine_gemv`],
+/// kernels, the half-step cp.async kernels and, last, the Hopper GEMMs; indices from [`affine_gemv`],
 /// [`e8_gemv`], [`trellis_gemv`], [`affine_mma`], [`affine_cpa`], [`affine_gemm`],
 /// [`trellis_groups`], [`trellis_decode_groups`], [`trellis_mma`], [`e8_prefix`],
-/// [`e8_prefix_two`] and [`affine_cpa_halves`].
+/// [`e8_prefix_two`], [`affine_cpa_halves`] and [`wgmma`].
 pub(crate) fn function_names() -> Vec<String> {
     let mut v: Vec<String> = [
         "hc_rht",
@@ -120,7 +133,55 @@ pub(crate) fn function_names() -> Vec<String> {
     for t in CPA_HALVES_TYPES {
         v.push(format!("hc_affine_cpa_halves_b4_{t}"));
     }
+    // kernels/gemm_sm90a.cu (loaded on compute capability 9.0 only)
+    for t in CPA_HALVES_TYPES {
+        for (s, n, k) in WGMMA_SHAPES {
+            v.push(format!("hc_wgmma_b4_s{s}_n{n}_k{k}_{t}"));
+        }
+    }
     v
+}
+
+/// The Hopper GEMM's compiled shapes (`kernels/gemm_sm90a.cu`,
+/// `hc_wgmma_b4_s{S}_n{BN}_k{BK}_{bf16,f16}`): stages, activation rows a block, columns a
+/// chunk.
+pub(crate) const WGMMA_SHAPES: [(usize, usize, usize); 3] =
+    [(4, 128, 128), (6, 128, 64), (5, 256, 64)];
+/// Weight rows a block of the Hopper GEMM (`WG_BM`) and its threads (`WG_THREADS`).
+pub(crate) const WGMMA_ROWS: usize = 128;
+pub(crate) const WGMMA_THREADS: u32 = 256;
+
+/// The Hopper GEMM of shape `shape` (an index of [`WGMMA_SHAPES`]) under bf16 or f16
+/// activations.
+pub(crate) fn wgmma(dtype: crate::Dtype, shape: usize) -> Option<usize> {
+    let kind = match dtype {
+        crate::Dtype::Bf16 => 0,
+        crate::Dtype::F16 => 1,
+        crate::Dtype::F32 => return None,
+    };
+    (shape < WGMMA_SHAPES.len())
+        .then(|| affine_cpa_halves(4, crate::Dtype::F16))
+        .flatten()
+        .map(|last| last + 1 + kind * WGMMA_SHAPES.len() + shape)
+}
+
+/// Dynamic shared memory of the Hopper GEMM of shape `shape`: its stages (`WgStage`: `BN`
+/// activation rows of `2·BK` bytes, then 128 rows of codes `BK/2 + 16` bytes apart) and 1024
+/// bytes to align them to the swizzle's period.
+pub(crate) fn wgmma_shared(shape: usize) -> u32 {
+    let (s, n, k) = WGMMA_SHAPES[shape];
+    (s * (n * k * 2 + WGMMA_ROWS * (k / 2 + 16)) + 1024) as u32
+}
+
+/// The Hopper GEMM's shape for a layer whose groups hold `group_len` columns (a multiple of
+/// 64), at `batch` activation rows.
+pub(crate) fn wgmma_shape(group_len: usize, rows: usize, batch: usize) -> usize {
+    let _ = (rows, batch);
+    if group_len.is_multiple_of(128) {
+        0
+    } else {
+        1
+    }
 }
 
 /// The prefix-coded E8 kernels' forms: (name, single code limit, pair code limit).

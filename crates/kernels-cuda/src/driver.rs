@@ -1,19 +1,9 @@
 //! The driver side: the primary context, the module loaded from the embedded PTX, launches.
 
-use crate::args::function_names;
+use crate::args::{function_names, PTX};
 use crate::{CudaError, Result};
 use cudarc::driver::sys;
 use std::ffi::{c_void, CString};
-
-/// The PTX modules built from `kernels/*.cu` by `cargo xtask ptx`, and whether the kernels
-/// cannot load without it; a function is looked up in each in turn. A module that is not
-/// required and fails to load (its JIT refused by a driver) leaves its kernels missing, each
-/// launch of one an error naming the failed load, and the other modules' kernels running.
-const PTX: [(&str, bool); 3] = [
-    (include_str!("../ptx/gemv.ptx"), true),
-    (include_str!("../ptx/trellis_encode.ptx"), true),
-    (include_str!("../ptx/e8_prefix.ptx"), false),
-];
 
 /// Dynamic shared memory a launch gets without opting in.
 const DEFAULT_SHARED: u32 = 48 * 1024;

@@ -171,6 +171,15 @@ pub const MAX_MMA_BATCH: usize = 16;
 /// of cuBLAS's rate). [`Kernels::affine_gemv`] itself runs any batch.
 pub const MAX_GEMM_BATCH: usize = 64;
 
+/// The environment variable that turns the Hopper GEMM's route on (any value but `0`) or off
+/// (`0`) for the kernels loaded after it is set; unset, [`WGMMA_DEFAULT`] holds.
+pub const WGMMA_ENV: &str = "HYPERCODEC_WGMMA";
+
+/// Whether the routes take the Hopper GEMM (`kernels/gemm_sm90a.cu`) by default. Off until
+/// it has been checked on a GPU against the CPU runtime (`py/tests/test_cuda.py`, run with
+/// `HYPERCODEC_WGMMA=1`).
+pub const WGMMA_DEFAULT: bool = false;
+
 /// Layers one launch of [`Kernels::affine_gemv_group`] takes (the kernels' `HC_GROUP_MAX`).
 pub const AFFINE_GROUP_MAX: usize = 4;
 
@@ -1464,6 +1473,24 @@ impl AffineGemv {
             && (self.scales_per_row <= 1 || self.group_len.is_multiple_of(GEMM_CHUNK))
     }
 
+    /// Whether the Hopper GEMM (`kernels/gemm_sm90a.cu`, loaded on compute capability 9.0
+    /// only) takes this layer at batches above [`AffineGemv::fused_batch`]: 4-bit codes under
+    /// bf16 or f16 activations, rows of whole chunks of 128 columns, a scale per row or per
+    /// group of a multiple of 64 columns (not one for the tensor), the codes and activations
+    /// 16-byte aligned and the scale arrays 8-byte aligned. See [`Kernels::affine_fused_batch`].
+    pub fn wgmma_ok(&self) -> bool {
+        matches!(self.x_dtype, Dtype::Bf16 | Dtype::F16)
+            && self.bits == 4
+            && self.cols > 0
+            && self.cols.is_multiple_of(GEMM_CHUNK)
+            && self.scales_per_row >= 1
+            && self.group_len.is_multiple_of(64)
+            && self.codes.is_multiple_of(16)
+            && self.x.is_multiple_of(16)
+            && self.scales.is_multiple_of(8)
+            && self.offsets.is_multiple_of(8)
+    }
+
     /// The largest batch the routes hand to the fused kernels: [`MAX_GEMM_BATCH`] where the
     /// tensor-core GEMM takes the layer ([`AffineGemv::gemm_ok`]), [`MAX_MMA_BATCH`] on the
     /// tensor-core GEMV (see [`AffineGemv::tensor_core_words`]), else [`MAX_GEMV_BATCH`] per
@@ -1567,6 +1594,8 @@ impl RhtArgs {
 /// returns without synchronizing.
 pub struct Kernels {
     inner: driver::Module,
+    /// Whether the routes take the Hopper GEMM where it loaded ([`WGMMA_ENV`]).
+    wgmma: bool,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -1578,8 +1607,10 @@ impl std::fmt::Debug for Kernels {
 impl Kernels {
     /// Loads the kernels on device `ordinal` (needs the `cuda` feature and a driver).
     pub fn new(ordinal: usize) -> Result<Self> {
+        let wgmma = std::env::var(WGMMA_ENV).map_or(WGMMA_DEFAULT, |v| v != "0");
         Ok(Kernels {
             inner: driver::Module::load(ordinal)?,
+            wgmma,
         })
     }
 
@@ -1715,11 +1746,43 @@ impl Kernels {
         Ok(true)
     }
 
+    /// The Hopper GEMM for this layer and its shape, where the layer fits it
+    /// ([`AffineGemv::wgmma_ok`]) and this device loaded it (compute capability 9.0).
+    fn wgmma_for(&self, a: &AffineGemv) -> Option<(usize, usize)> {
+        if !self.wgmma || !a.wgmma_ok() {
+            return None;
+        }
+        let shape = args::wgmma_shape(a.group_len, a.rows, a.batch);
+        args::wgmma(a.x_dtype, shape)
+            .filter(|&f| self.inner.has(f))
+            .map(|f| (f, shape))
+    }
+
+    /// The fewest activation rows for which [`Kernels::affine_gemv`] runs the Hopper GEMM on
+    /// this layer, or `None` where it never does on this device.
+    pub fn affine_wgmma_from(&self, a: &AffineGemv) -> Option<usize> {
+        self.wgmma_for(a).map(|_| a.fused_batch() + 1)
+    }
+
+    /// The most activation rows for which the routes should hand this layer to
+    /// [`Kernels::affine_gemv`] rather than decode it and run a GEMM: every batch where the
+    /// Hopper GEMM takes it on this device, else [`AffineGemv::fused_batch`]. Pointers are
+    /// checked for alignment only.
+    pub fn affine_fused_batch(&self, a: &AffineGemv) -> usize {
+        if self.wgmma_for(a).is_some() {
+            usize::MAX
+        } else {
+            a.fused_batch()
+        }
+    }
+
     /// Launches `y = x·Wᵀ (+ b)` on the affine codes, any batch: the cp.async kernel at batch 1
     /// (for groups of its step, or at 4 bits of half of it: `AffineGemv::cpa_halves_shaped`)
     /// and the tensor-core kernel up to [`MAX_MMA_BATCH`] rows where
     /// [`AffineGemv::tensor_core_words`] allows, the tensor-core GEMM above that where
-    /// [`AffineGemv::gemm_ok`] does, else the CUDA-core GEMV in passes of [`MAX_GEMV_BATCH`].
+    /// [`AffineGemv::gemm_ok`] does, the Hopper GEMM above [`AffineGemv::fused_batch`] where
+    /// it is loaded and takes the layer, else the CUDA-core GEMV in passes of
+    /// [`MAX_GEMV_BATCH`].
     ///
     /// # Safety
     /// As [`Kernels::rht`].
@@ -1769,6 +1832,31 @@ impl Kernels {
                         &mut params,
                     )
                 };
+            }
+        }
+        // Above the other fused kernels' batches, the Hopper GEMM where it is loaded.
+        if a.batch > a.fused_batch() {
+            if let Some((f, shape)) = self.wgmma_for(a) {
+                let bn = args::WGMMA_SHAPES[shape].1;
+                // grid.y: batch tiles (at most 65535).
+                if a.batch.div_ceil(bn) <= 65_535 {
+                    let mut k = args::AffineArgs::new(a);
+                    let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+                    // SAFETY: validated; the pointers are the caller's contract.
+                    return unsafe {
+                        self.inner.launch(
+                            f,
+                            (
+                                a.rows.div_ceil(args::WGMMA_ROWS) as u32,
+                                a.batch.div_ceil(bn) as u32,
+                            ),
+                            args::WGMMA_THREADS,
+                            args::wgmma_shared(shape),
+                            stream,
+                            &mut params,
+                        )
+                    };
+                }
             }
         }
         // The GEMM stages the scale and offset pairs by 16-byte copies (the device layouts
@@ -3260,12 +3348,7 @@ mod tests {
 
     #[test]
     fn every_kernel_the_host_launches_is_in_the_ptx_at_its_index() {
-        let ptx = [
-            include_str!("../ptx/gemv.ptx"),
-            include_str!("../ptx/trellis_encode.ptx"),
-            include_str!("../ptx/e8_prefix.ptx"),
-        ]
-        .concat();
+        let ptx: String = args::PTX.iter().map(|m| m.0).collect();
         let names = args::function_names();
         for n in &names {
             assert!(
@@ -3363,7 +3446,7 @@ mod tests {
         );
         assert_eq!(args::affine_cpa_halves(8, Dtype::F16), None);
         assert_eq!(
-            names.len(),
+            args::wgmma(Dtype::Bf16, 0).unwrap(),
             args::affine_cpa_halves(4, Dtype::F16).unwrap() + 1
         );
         assert_eq!(names[args::E8_RANS_DECODE], "hc_e8_rans_decode");
@@ -3479,6 +3562,93 @@ mod tests {
         // Stages of activations, codes and scale pairs (kernels/gemv.cu's STAGE).
         assert_eq!(args::affine_gemm_shared(4, 1, 4), 4 * (8192 + 4096 + 512));
         assert_eq!(args::affine_gemm_shared(2, 2, 8), 3 * (16384 + 4096 + 1024));
+        // The Hopper GEMMs come last, bf16 then f16, in WGMMA_SHAPES' order.
+        let wg = |d, shape| names[args::wgmma(d, shape).unwrap()].as_str();
+        assert_eq!(wg(Dtype::Bf16, 0), "hc_wgmma_b4_s4_n128_k128_bf16");
+        assert_eq!(wg(Dtype::Bf16, 2), "hc_wgmma_b4_s5_n256_k64_bf16");
+        assert_eq!(wg(Dtype::F16, 1), "hc_wgmma_b4_s6_n128_k64_f16");
+        assert_eq!(args::wgmma(Dtype::F16, 2).unwrap(), names.len() - 1);
+        assert!(args::wgmma(Dtype::F32, 0).is_none() && args::wgmma(Dtype::Bf16, 3).is_none());
+        // Stages of 1024-byte multiples (WgStage), 1024 bytes to align them, all within the
+        // 227 KB a Hopper block may opt in to.
+        assert_eq!(args::wgmma_shared(0), 4 * (32768 + 128 * 80) + 1024);
+        assert_eq!(args::wgmma_shared(2), 5 * (32768 + 128 * 48) + 1024);
+        for shape in 0..args::WGMMA_SHAPES.len() {
+            assert!(args::wgmma_shared(shape) <= 227 * 1024, "{shape}");
+        }
+    }
+
+    #[test]
+    fn the_hopper_gemm_takes_4_bit_rows_of_whole_chunks_and_aligned_pointers() {
+        let a = AffineGemv {
+            scale_dtype: Dtype::F16,
+            scales_per_row: 2,
+            cols: 256,
+            code_bytes: 64 * 128,
+            batch: 256,
+            ..affine()
+        };
+        assert!(a.wgmma_ok());
+        // Groups of 128 (or longer) take the chunks of 128 columns, groups of 64 those of 64;
+        // a scale per row is one group as long as the row.
+        assert_eq!(args::WGMMA_SHAPES[args::wgmma_shape(128, 4096, 256)].2, 128);
+        assert_eq!(args::WGMMA_SHAPES[args::wgmma_shape(64, 4096, 256)].2, 64);
+        assert_eq!(
+            args::WGMMA_SHAPES[args::wgmma_shape(4096, 4096, 256)].2,
+            128
+        );
+        for ok in [
+            AffineGemv {
+                group_len: 64,
+                scales_per_row: 4,
+                ..a
+            },
+            AffineGemv {
+                group_len: 256,
+                scales_per_row: 1,
+                ..a
+            },
+            AffineGemv {
+                x_dtype: Dtype::F16,
+                offsets: 4096,
+                ..a
+            },
+            AffineGemv {
+                scale_dtype: Dtype::F32,
+                ..a
+            },
+        ] {
+            assert!(ok.wgmma_ok(), "{ok:?}");
+        }
+        for other in [
+            AffineGemv { bits: 2, ..a },
+            AffineGemv { bits: 8, ..a },
+            AffineGemv {
+                x_dtype: Dtype::F32,
+                ..a
+            },
+            AffineGemv {
+                cols: 192,
+                group_len: 64,
+                scales_per_row: 3,
+                ..a
+            },
+            AffineGemv {
+                group_len: 32,
+                scales_per_row: 8,
+                ..a
+            },
+            AffineGemv {
+                scales_per_row: 0,
+                ..a
+            },
+            AffineGemv { codes: 264, ..a },
+            AffineGemv { x: 1032, ..a },
+            AffineGemv { scales: 516, ..a },
+            AffineGemv { offsets: 4100, ..a },
+        ] {
+            assert!(!other.wgmma_ok(), "{other:?}");
+        }
     }
 
     #[test]

@@ -387,12 +387,15 @@ class DeviceLinear:
 
     def _kernel_batches(self, dtype: torch.dtype) -> tuple[int, int | None]:
         """The fused kernels' most activation rows for ``dtype``, and the fewest for which the
-        trellis tensor-core kernel runs (None: never), asked of the kernels once per dtype."""
+        trellis tensor-core kernel (or, for affine layers, the Hopper GEMM) runs (None: never),
+        asked of the kernels once per dtype."""
         got = self._fused.get(dtype)
         if got is None:
             n, mma_from = GEMV_MAX_BATCH.get(self.kind, 0), None
             if self.kind == "affine" and dtype in _DTYPES:
-                n = self.kernels.affine_fused_batch(dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1))
+                a = dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1)
+                # mma_from: for affine layers, the first batch of the Hopper GEMM (sm_90 only).
+                n, mma_from = self.kernels.affine_fused_batch(a), self.kernels.affine_wgmma_from(a)
             elif self.kind == "e8prefix" and dtype not in (torch.bfloat16, torch.float16):
                 n = 4  # f32 rows one at a time on FFMA (f16 tensor cores would round them)
             elif self.kind == "trellis" and dtype in _DTYPES:
@@ -407,6 +410,8 @@ class DeviceLinear:
             return "cuda-decode-fallback+linear"
         fused, mma_from = self._kernel_batches(dtype)
         if batch <= fused:
+            if self.kind == "affine" and mma_from is not None and batch >= mma_from:
+                return "cuda-affine-wgmma"
             if self.kind == "affine" and fused >= MMA_MAX_BATCH:
                 return "cuda-affine-mma" if batch <= MMA_MAX_BATCH else "cuda-affine-gemm"
             if mma_from is not None and batch >= mma_from:

@@ -1,0 +1,236 @@
+// hypercodec GEMM for large batches on Hopper (built for sm_90a only; kernels-cuda loads this
+// module where the device is of compute capability 9.0 and routes to it there): y = x·Wᵀ (+ b)
+// on 4-bit affine codes as stored, bf16 or f16 activations, with the weights decoded in
+// registers as the A operand of warpgroup MMAs (wgmma) and the activations read by the tensor
+// cores from shared memory.
+//
+// Why: above 64 activation rows the sm_80 routes ran 0.32–0.51× bf16 F.linear on an H200
+// (docs/eval/cuda_gemm.md): the mma.sync GEMM is bound by the instructions around its mmas, and
+// the decode route by writing and reading a dense weight. One wgmma m64nNk16 does 64·N·16
+// multiply-adds, so decoding each weight once per N activation rows costs few issue slots.
+//
+// Design: a block of two warpgroups computes 128 weight rows (a warpgroup 64, a warp 16) for
+// BN activation rows (blockIdx.y), walking the columns BK at a time through a ring of S stages
+// that all its threads fill with cp.async, S − 2 chunks ahead (no warp specialisation, one
+// block barrier a chunk):
+// - the chunk's activations, BK / 64 tiles of BN rows × 128 bytes in the 128-byte swizzled
+//   layout that a shared-memory descriptor reads as wgmma's B operand (K-major);
+// - the block's codes as stored (BK / 2 bytes a row, rows BK / 2 + 16 bytes apart so that the
+//   8 rows a warp reads at once, an odd number of 16-byte units apart, hit different banks).
+// The weights: for k-step s (columns 16s .. 16s + 15) lane (g, t) of a warp needs columns
+// 2t, 2t + 1 and 2t + 8, 2t + 9 of its rows g and g + 8 (mma.m16n8k16's A layout, which wgmma
+// takes per warp), that is byte t of code words 2s and 2s + 1 of each row: PRMT puts its two
+// nibbles in the two halves of a register and one LOP3 makes MAGIC + q of each, then
+// hc_dequant2 turns them into ŵ of the activation type (three packed FMAs under bf16, as the
+// mma.sync GEMM). No activation is permuted: the codes are read in stored column order. The A
+// registers are double-buffered (step s + 1 decoded while step s's wgmma runs, at most one
+// wgmma in flight when a buffer is rewritten), so a stage is refilled two chunks after its use.
+#include "affine.cuh"
+
+// d += A · B on the tensor cores (wgmma m64nNk16, f32 accumulation): A (64 weight rows × 16
+// columns; this lane's fragment a[4] in mma.m16n8k16's layout for its warp's 16 rows) from
+// registers, B (16 columns × N activation rows) from shared memory through `desc`.
+template <bool BF16>
+__device__ __forceinline__ void wg_mma_n128(float* d, const uint32_t* a, uint64_t desc) {
+    if (BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+    if (!BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+}
+template <bool BF16>
+__device__ __forceinline__ void wg_mma_n256(float* d, const uint32_t* a, uint64_t desc) {
+    if (BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+    if (!BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+}
+template <int N, bool BF16>
+__device__ __forceinline__ void wg_mma(float* d, const uint32_t* a, uint64_t desc) {
+    if (N == 128) wg_mma_n128<BF16>(d, a, desc);
+    else wg_mma_n256<BF16>(d, a, desc);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// cp.async's writes (generic proxy) made visible to wgmma's reads (async proxy).
+__device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving an accumulator across an asynchronous wgmma.
+__device__ __forceinline__ void wg_keep(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+
+// A shared-memory matrix descriptor: K-major rows of 128 bytes, 128-byte swizzle, 8-row groups
+// 1024 bytes apart (the stride byte offset; the leading one is unused by this layout).
+__device__ __forceinline__ uint64_t wg_desc(const void* p) {
+    const uint32_t a = hc_smem(p);
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+#define WG_THREADS 256
+#define WG_BM 128  // weight rows a block
+
+// A stage of a block computing WG_BM weight rows for BN activation rows, BK columns a chunk
+// (kernels-cuda `args::wgmma_shared`). Every size is a multiple of 1024 bytes, the swizzle's
+// period.
+template <int BN, int BK>
+struct WgStage {
+    static constexpr int CROW = BK / 2 + 16;
+    static constexpr int XST = BN * BK * 2;
+    static constexpr int BYTES = XST + WG_BM * CROW;
+    static_assert(BYTES % 1024 == 0, "stage not a multiple of 1024 bytes");
+    // Byte offset of 16-byte piece p (columns 8p .. 8p + 7 of the chunk) of activation row n:
+    // tile p / 8, row n at 128 n, piece (p mod 8) XOR (n mod 8).
+    static __device__ __forceinline__ int xoff(int n, int p) { return (p >> 3) * (BN * 128) + n * 128 + (((p & 7) ^ (n & 7)) << 4); }
+};
+
+// Two weights of row word w's byte t (columns 2t, 2t + 1 of its 8) as MAGIC + q in the halves of
+// a fragment register; sel = t | t << 4 | (4 + t) << 8 | (4 + t) << 12 takes byte t of w and of
+// w >> 4.
+__device__ __forceinline__ uint32_t wg_pair(uint32_t w, uint32_t sel, uint32_t magic) {
+    return hc_lop3_and_or(__byte_perm(w, w >> 4, sel), 0x000F000Fu, magic);
+}
+
+// The scale (or offset) pair of rows g, g + 8 of a tile in group grp, as f32 (idx: the pair's
+// first entry in group 0, hc_si's layout; 16 entries a group).
+__device__ __forceinline__ float2 wg_pair_of(const void* p, int sdtype, long long idx, int grp) {
+    if (sdtype == 0) return *reinterpret_cast<const float2*>(static_cast<const float*>(p) + idx + 16LL * grp);
+    return hc_spair16(sdtype, __ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p) + idx + 16LL * grp)));
+}
+
+// y[m][r] = Σ_k x[m][k] · ŵ[r][k] (+ bias) for 4-bit codes with a scale per row or per group of
+// a multiple of BK columns (a.srs ≥ 1), a.cols a multiple of 128, codes and activation rows
+// 16-byte aligned (kernels-cuda `AffineGemv::wgmma_ok`).
+template <bool BF16, int S, int BN, int BK>
+__device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
+    using St = WgStage<BN, BK>;
+    constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;
+    constexpr int STEPS = BK / 16, NACC = BN / 2;
+    extern __shared__ uint8_t wg_sm_raw[];
+    uint8_t* sm = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(wg_sm_raw) + 1023) & ~(uintptr_t)1023);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int rb = blockIdx.x * WG_BM, m0 = blockIdx.y * BN;
+    const int chunks = a.cols / BK;
+    const long long row_bytes = a.cols / 2;
+    const uint16_t* x = static_cast<const uint16_t*>(a.x);
+    // Chunk c into its stage: activation rows past the batch and weight rows past the last read
+    // the last one (their sums are never stored).
+    auto issue = [&](int c) {
+        uint8_t* st = sm + (c % S) * St::BYTES;
+#pragma unroll
+        for (int i = 0; i < BN * (BK / 8) / WG_THREADS; i++) {
+            const int e = tid + i * WG_THREADS, n = e / (BK / 8), p = e % (BK / 8);
+            hc_cp16_l1(st + St::xoff(n, p), x + (long long)min(m0 + n, a.M - 1) * a.cols + (long long)c * BK + 8 * p);
+        }
+#pragma unroll
+        for (int i = 0; i < WG_BM * (BK / 32) / WG_THREADS; i++) {
+            const int e = tid + i * WG_THREADS, r = e / (BK / 32), p = e % (BK / 32);
+            hc_cp16(st + St::XST + r * St::CROW + 16 * p,
+                    a.codes + (long long)min(rb + r, a.rows - 1) * row_bytes + (long long)c * (BK / 2) + 16 * p);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < S - 2; i++) {
+        if (i < chunks) issue(i);
+        hc_cp_commit();
+    }
+    // This warp's tile of 16 rows: where its scale pairs start (hc_si of row g, group 0).
+    const int tile = min((rb + 16 * warp) >> 4, (a.rows - 1) >> 4);
+    const long long sidx = (long long)tile * a.srs * 16 + 2 * g;
+    const int chunks_per_group = a.glen / BK;
+    const uint32_t sel = t | (t << 4) | ((4 + t) << 8) | ((4 + t) << 12);
+    float acc[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; i++) acc[i] = 0.f;
+    uint32_t af[2][4];
+    HcTerms tm[2];
+    for (int c = 0; c < chunks; c++) {
+        hc_cp_wait<S - 3>();
+        wg_fence_proxy();
+        __syncthreads();  // chunk c is in; chunk c − 2's wgmmas are done in both warpgroups
+        if (c + S - 2 < chunks) issue(c + S - 2);
+        hc_cp_commit();
+        const uint8_t* st = sm + (c % S) * St::BYTES;
+        if (c % chunks_per_group == 0) {  // a new group: its terms for rows g, g + 8
+            const int grp = c / chunks_per_group;
+            const float2 s = wg_pair_of(a.scales, a.sdtype, sidx, grp);
+            const float2 lo = a.offsets ? wg_pair_of(a.offsets, a.sdtype, sidx, grp) : make_float2(0.f, 0.f);
+            tm[0] = hc_terms<BF16>(s.x * a.qmul, lo.x - s.x * a.qbias);
+            tm[1] = hc_terms<BF16>(s.y * a.qmul, lo.y - s.y * a.qbias);
+        }
+        const uint8_t* cw = st + St::XST + (16 * warp + g) * St::CROW;
+        const uint64_t d0 = wg_desc(st);
+        uint4 w0, w1;  // rows g, g + 8: the code words of k-steps s, s + 1 (s even)
+        auto decode = [&](int s, uint32_t* f) {
+            if ((s & 1) == 0) {
+                w0 = *reinterpret_cast<const uint4*>(cw + 8 * s);
+                w1 = *reinterpret_cast<const uint4*>(cw + 8 * St::CROW + 8 * s);
+            }
+            f[0] = hc_dequant2<BF16>(wg_pair((s & 1) ? w0.z : w0.x, sel, MAGIC), tm[0]);
+            f[1] = hc_dequant2<BF16>(wg_pair((s & 1) ? w1.z : w1.x, sel, MAGIC), tm[1]);
+            f[2] = hc_dequant2<BF16>(wg_pair((s & 1) ? w0.w : w0.y, sel, MAGIC), tm[0]);
+            f[3] = hc_dequant2<BF16>(wg_pair((s & 1) ? w1.w : w1.y, sel, MAGIC), tm[1]);
+        };
+        wg_wait<1>();  // the chunk before's last step but one (which read af[0]) is done
+        decode(0, af[0]);
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            // k-step s: tile s / 4, 32 bytes (16 columns) a step along its rows.
+            const uint64_t desc = d0 + (uint64_t)((s >> 2) * (BN * 128 / 16) + 2 * (s & 3));
+#pragma unroll
+            for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
+            wg_fence();
+            wg_mma<BN, BF16>(acc, af[s & 1], desc);
+            wg_commit();
+#pragma unroll
+            for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
+            if (s + 1 < STEPS) {
+                wg_wait<1>();  // step s − 1 (which read af[(s + 1) & 1]) is done
+                decode(s + 1, af[(s + 1) & 1]);
+            }
+        }
+    }
+    wg_wait<0>();
+    hc_cp_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = rb + 16 * warp + g + 8 * (e >> 1), m = m0 + 8 * j + 2 * t + (e & 1);
+            if (r < a.rows && m < a.M) hc_store(a.y, a.ydtype, (long long)m * a.rows + r, acc[4 * j + e] + (a.bias ? a.bias[r] : 0.f));
+        }
+}
+
+// hc_wgmma_b4_s{S}_n{BN}_k{BK}_{bf16,f16}: 256 threads, dynamic shared memory S · stage + 1024
+// bytes (kernels-cuda `args::wgmma_shared`; the base is aligned to 1024 in the kernel).
+#define HC_WGMMA(S, BN, BK, T, BF)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) hc_wgmma_b4_s##S##_n##BN##_k##BK##_##T(AffineArgs a) { \
+        wg_affine_gemm<BF, S, BN, BK>(a);                                                                             \
+    }
+#define HC_WGMMA_T(T, BF) HC_WGMMA(4, 128, 128, T, BF) HC_WGMMA(6, 128, 64, T, BF) HC_WGMMA(5, 256, 64, T, BF)
+HC_WGMMA_T(bf16, true)
+HC_WGMMA_T(f16, false)
