@@ -175,9 +175,10 @@ pub const MAX_GEMM_BATCH: usize = 64;
 /// (`0`) for the kernels loaded after it is set; unset, [`WGMMA_DEFAULT`] holds.
 pub const WGMMA_ENV: &str = "HYPERCODEC_WGMMA";
 
-/// Whether the routes take the Hopper GEMM (`kernels/gemm_sm90a.cu`) by default. Off until
-/// it has been checked on a GPU against the CPU runtime (`py/tests/test_cuda.py`, run with
-/// `HYPERCODEC_WGMMA=1`).
+/// Whether the routes take the Hopper GEMM (`kernels/gemm_sm90a.cu`) by default. Off: it
+/// matched the CPU runtime on an H100 (`py/tests/test_cuda.py -k hopper`, run with
+/// `HYPERCODEC_WGMMA=1`) but ran 0.36× bf16 at 256 rows on 8192², slower than the decode +
+/// cuBLAS route it would replace (0.43×; `docs/eval/cuda_gemm.md`).
 pub const WGMMA_DEFAULT: bool = false;
 
 /// Layers one launch of [`Kernels::affine_gemv_group`] takes (the kernels' `HC_GROUP_MAX`).
