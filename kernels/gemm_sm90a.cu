@@ -121,10 +121,13 @@ __device__ __forceinline__ float2 wg_pair_of(const void* p, int sdtype, long lon
 
 // y[m][r] = Σ_k x[m][k] · ŵ[r][k] (+ bias) for 4-bit codes with a scale per row or per group of
 // a multiple of BK columns (a.srs ≥ 1), a.cols a multiple of 128, codes and activation rows
-// 16-byte aligned (kernels-cuda `AffineGemv::wgmma_ok`).
-template <bool BF16, int S, int BN, int BK>
+// 16-byte aligned (kernels-cuda `AffineGemv::wgmma_ok`). AD buffers of A fragments: step j + 1 is
+// decoded once step j + 1 − AD has finished, so up to AD − 1 wgmmas stay in flight meanwhile
+// (2 is the form measured; 4 is the next thing to time, docs/eval/cuda_gemm.md).
+template <bool BF16, int S, int BN, int BK, int AD>
 __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
     using St = WgStage<BN, BK>;
+    static_assert((AD == 2 || AD == 4) && (BK / 16) % AD == 0, "A buffers must divide a chunk's steps");
     constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;
     constexpr int STEPS = BK / 16, NACC = BN / 2;
     extern __shared__ uint8_t wg_sm_raw[];
@@ -164,7 +167,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; i++) acc[i] = 0.f;
-    uint32_t af[2][4];
+    uint32_t af[AD][4];
     HcTerms tm[2];
     for (int c = 0; c < chunks; c++) {
         hc_cp_wait<S - 3>();
@@ -193,7 +196,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
             f[2] = hc_dequant2<BF16>(wg_pair((s & 1) ? w0.w : w0.y, sel, MAGIC), tm[0]);
             f[3] = hc_dequant2<BF16>(wg_pair((s & 1) ? w1.w : w1.y, sel, MAGIC), tm[1]);
         };
-        wg_wait<1>();  // the chunk before's last step but one (which read af[0]) is done
+        wg_wait<AD - 1>();  // the chunk before's step that read af[0] (AD from its end) is done
         decode(0, af[0]);
 #pragma unroll
         for (int s = 0; s < STEPS; s++) {
@@ -202,13 +205,13 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
 #pragma unroll
             for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
             wg_fence();
-            wg_mma<BN, BF16>(acc, af[s & 1], desc);
+            wg_mma<BN, BF16>(acc, af[s % AD], desc);
             wg_commit();
 #pragma unroll
             for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
             if (s + 1 < STEPS) {
-                wg_wait<1>();  // step s − 1 (which read af[(s + 1) & 1]) is done
-                decode(s + 1, af[(s + 1) & 1]);
+                wg_wait<AD - 1>();  // step s + 1 − AD (which read af[(s + 1) % AD]) is done
+                decode(s + 1, af[(s + 1) % AD]);
             }
         }
     }
@@ -225,12 +228,15 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
         }
 }
 
-// hc_wgmma_b4_s{S}_n{BN}_k{BK}_{bf16,f16}: 256 threads, dynamic shared memory S · stage + 1024
-// bytes (kernels-cuda `args::wgmma_shared`; the base is aligned to 1024 in the kernel).
-#define HC_WGMMA(S, BN, BK, T, BF)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) hc_wgmma_b4_s##S##_n##BN##_k##BK##_##T(AffineArgs a) { \
-        wg_affine_gemm<BF, S, BN, BK>(a);                                                                             \
+// hc_wgmma_b4_s{S}_n{BN}_k{BK}_a{AD}_{bf16,f16}: 256 threads, dynamic shared memory S · stage +
+// 1024 bytes (kernels-cuda `args::wgmma_shared`; the base is aligned to 1024 in the kernel).
+#define HC_WGMMA(S, BN, BK, AD, T, BF)                                                                   \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)                                         \
+        hc_wgmma_b4_s##S##_n##BN##_k##BK##_a##AD##_##T(AffineArgs a) {                                  \
+        wg_affine_gemm<BF, S, BN, BK, AD>(a);                                                           \
     }
-#define HC_WGMMA_T(T, BF) HC_WGMMA(4, 128, 128, T, BF) HC_WGMMA(6, 128, 64, T, BF) HC_WGMMA(5, 256, 64, T, BF)
+#define HC_WGMMA_T(T, BF)                                                                                \
+    HC_WGMMA(4, 128, 128, 2, T, BF) HC_WGMMA(6, 128, 64, 2, T, BF) HC_WGMMA(5, 256, 64, 2, T, BF)       \
+    HC_WGMMA(4, 128, 128, 4, T, BF) HC_WGMMA(6, 128, 64, 4, T, BF)
 HC_WGMMA_T(bf16, true)
 HC_WGMMA_T(f16, false)

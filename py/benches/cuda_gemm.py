@@ -30,8 +30,9 @@ from _graph_timing import graph_time_us
 
 # (row tiles per warp, batch tiles of 8, stages): kernels-cuda `args::GEMM_SHAPES`.
 SHAPES = [(1, 4, 4), (1, 8, 4), (2, 4, 3), (2, 8, 3)]
-# The Hopper kernels' (stages, activation rows, columns a chunk) (kernels/gemm_sm90a.cu).
-WG_SHAPES = [(4, 128, 128), (6, 128, 64), (5, 256, 64)]
+# The Hopper kernels' (stages, activation rows, columns a chunk, A buffers): kernels-cuda
+# `args::WGMMA_SHAPES` (kernels/gemm_sm90a.cu).
+WG_SHAPES = [(4, 128, 128, 2), (6, 128, 64, 2), (5, 256, 64, 2), (4, 128, 128, 4), (6, 128, 64, 4)]
 
 
 def picked(rows: int, batch: int) -> tuple[int, int]:
@@ -62,11 +63,11 @@ def main() -> int:
         return 0
     drv = Driver({"wg": args.wgmma} if args.wgmma else None)
     wg = {}
-    for st, bn, bk in WG_SHAPES if args.wgmma else ():
-        f = drv.fn("wg", f"hc_wgmma_b4_s{st}_n{bn}_k{bk}_bf16")
+    for st, bn, bk, ad in WG_SHAPES if args.wgmma else ():
+        f = drv.fn("wg", f"hc_wgmma_b4_s{st}_n{bn}_k{bk}_a{ad}_bf16")
         sm = st * (bn * bk * 2 + 128 * (bk // 2 + 16)) + 1024  # stages (WgStage) + alignment
         drv.check(drv.cu.cuFuncSetAttribute(f, 8, sm), "max dynamic shared memory")
-        wg[(st, bn, bk)] = (f, sm)
+        wg[(st, bn, bk, ad)] = (f, sm)
     gemm = {}
     for r, n, st in [] if args.skip_committed else SHAPES:
         f = drv.fn("ptx", f"hc_affine_gemm_b4_r{r}_n{n}_bf16")
@@ -111,8 +112,8 @@ def main() -> int:
             cands = [(f"hc_affine_gemm r{r} n{n}" + (" *" if (r, n) == picked(rows, m) else ""), f,
                       (-(-rows // (64 * r)), -(-m // (8 * n))), 128, sm) for (r, n), (f, sm) in gemm.items()]
             if m >= 64:
-                cands += [(f"hc_wgmma s{st} n{bn} k{bk}", f, (-(-rows // 128), -(-m // bn)), 256, sm)
-                          for (st, bn, bk), (f, sm) in wg.items()]
+                cands += [(f"hc_wgmma s{st} n{bn} k{bk} a{ad}", f, (-(-rows // 128), -(-m // bn)), 256, sm)
+                          for (st, bn, bk, ad), (f, sm) in wg.items()]
             if m <= 16:
                 cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0))
             for name, f, grid, block, sm in cands:
