@@ -23,8 +23,9 @@
 // nibbles in the two halves of a register and one LOP3 makes MAGIC + q of each, then
 // hc_dequant2 turns them into ŵ of the activation type (three packed FMAs under bf16, as the
 // mma.sync GEMM). No activation is permuted: the codes are read in stored column order. The A
-// registers are double-buffered (step s + 1 decoded while step s's wgmma runs, at most one
-// wgmma in flight when a buffer is rewritten), so a stage is refilled two chunks after its use.
+// registers are held in AD buffers (step s + 1 decoded while steps s + 2 − AD .. s run, at most
+// AD − 1 wgmmas in flight when a buffer is rewritten), so a stage is refilled two chunks after
+// its use.
 #include "affine.cuh"
 
 // d += A · B on the tensor cores (wgmma m64nNk16, f32 accumulation): A (64 weight rows × 16

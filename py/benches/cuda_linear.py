@@ -166,7 +166,7 @@ def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str], batches: l
                     y = d.forward(x, route=route).float()
                     e = float((y - ref).norm() / ref.norm())
                     t = graph_time_us(lambda: d.forward(x, route=route), iters)
-                    name = d.route(m if route == "gemv" else 10**9, torch.bfloat16)
+                    name = d.route(m, torch.bfloat16) if route == "gemv" else f"cuda-{d.kind}-decode+linear"
                     print(f"| {rows}x{cols} | {m} | ours {spec} ({name}) | {bpv:.2f} | {t:.1f} | {base / t:.2f} | {e:.3f} |")
         del layers
         torch.cuda.empty_cache()

@@ -309,8 +309,8 @@ impl CudaKernels {
     }
 
     /// The most activation rows the routes hand the fused affine kernels for these arguments
-    /// on this device (kernels-cuda `Kernels::affine_fused_batch`: every batch where the Hopper
-    /// GEMM takes the layer, else `MAX_GEMM_BATCH` where the tensor-core GEMM does, 16 on the
+    /// on this device (kernels-cuda `Kernels::affine_fused_batch`: every batch its grid holds
+    /// where the Hopper GEMM takes the layer, else `MAX_GEMM_BATCH` where the tensor-core GEMM does, 16 on the
     /// tensor-core GEMV, else 4 per pass). Pointers are checked for alignment, not read.
     fn affine_fused_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<usize> {
         Ok(self.k.affine_fused_batch(&affine(args)?))

@@ -4,17 +4,22 @@
 
 use crate::{AffineGemv, E8Gemv};
 
-/// The PTX modules built from `kernels/*.cu` by `cargo xtask ptx`, and whether the kernels
-/// cannot load without it; a function is looked up in each in turn. A module that is not
-/// required and fails to load (its JIT refused by a driver) leaves its kernels missing, each
-/// launch of one an error naming the failed load, and the other modules' kernels running.
+/// A PTX module's text, whether it is required, and the compute capability it alone loads on.
+pub(crate) type PtxModule = (&'static str, bool, Option<(i32, i32)>);
+
+/// The PTX modules built from `kernels/*.cu` by `cargo xtask ptx`: each one's text, whether the
+/// kernels cannot load without it, and the compute capability it is built for where it loads on
+/// that one only (`*_sm90a.cu`: 9.0); a function is looked up in each in turn. A module that is
+/// not required and fails to load (its JIT refused by a driver) leaves its kernels missing, each
+/// launch of one an error naming the failed load, and the other modules' kernels running. A
+/// module for another compute capability is not tried.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) const PTX: [(&str, bool); 4] = [
-    (include_str!("../ptx/gemv.ptx"), true),
-    (include_str!("../ptx/trellis_encode.ptx"), true),
-    (include_str!("../ptx/e8_prefix.ptx"), false),
-    // sm_90a: loads on compute capability 9.0 only.
-    (include_str!("../ptx/gemm_sm90a.ptx"), false),
+pub(crate) const PTX: [PtxModule; 4] = [
+    (include_str!("../ptx/gemv.ptx"), true, None),
+    (include_str!("../ptx/trellis_encode.ptx"), true, None),
+    (include_str!("../ptx/e8_prefix.ptx"), false, None),
+    // The Hopper GEMM; loaded only where its route is on (`Kernels::new`).
+    (include_str!("../ptx/gemm_sm90a.ptx"), false, Some((9, 0))),
 ];
 
 /// Kernel names: the fixed ones, then the affine GEMVs by (bits, batch tile), then the E8
@@ -144,8 +149,9 @@ pub(crate) fn function_names() -> Vec<String> {
 
 /// The Hopper GEMM's compiled shapes (`kernels/gemm_sm90a.cu`,
 /// `hc_wgmma_b4_s{S}_n{BN}_k{BK}_a{AD}_{bf16,f16}`): stages, activation rows a block, columns a
-/// chunk, buffers of A fragments (AD − 1 wgmmas in flight while a step decodes; the last two
-/// shapes, with 4, are compiled for timing and not yet routed to).
+/// chunk, buffers of A fragments (AD − 1 wgmmas in flight while a step decodes). The routes
+/// take the first two ([`wgmma_shape`]); the others are compiled for timing
+/// (`py/benches/cuda_gemm.py --wgmma`).
 pub(crate) const WGMMA_SHAPES: [(usize, usize, usize, usize); 5] = [
     (4, 128, 128, 2),
     (6, 128, 64, 2),

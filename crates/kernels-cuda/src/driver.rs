@@ -62,7 +62,9 @@ impl Drop for Pushed {
 }
 
 impl Module {
-    pub(crate) fn load(ordinal: usize) -> Result<Self> {
+    /// Loads the modules on device `ordinal`; those built for one compute capability
+    /// ([`PTX`]'s third field) only where the device has it and `arch_modules` asks for them.
+    pub(crate) fn load(ordinal: usize, arch_modules: bool) -> Result<Self> {
         // SAFETY: only probes for the driver library.
         if !unsafe { sys::is_culib_present() } {
             return Err(CudaError::NoDevice(
@@ -116,8 +118,27 @@ impl Module {
                 ),
             )?;
             m.max_shared = (optin.max(0) as u32).max(DEFAULT_SHARED);
+            let mut cc = (0, 0);
+            for (attr, out) in [
+                (
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                    &mut cc.0,
+                ),
+                (
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                    &mut cc.1,
+                ),
+            ] {
+                check(
+                    "cuDeviceGetAttribute",
+                    sys::cuDeviceGetAttribute(out, attr, device),
+                )?;
+            }
             let _p = Pushed::new(ctx)?;
-            for (text, required) in PTX {
+            for (text, required, arch) in PTX {
+                if arch.is_some_and(|a| !arch_modules || a != cc) {
+                    continue;
+                }
                 let ptx = CString::new(text).expect("the embedded PTX has no NUL");
                 let mut module = std::ptr::null_mut();
                 match check(

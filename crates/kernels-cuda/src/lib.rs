@@ -36,7 +36,7 @@ mod driver {
     pub(crate) struct Module;
 
     impl Module {
-        pub(crate) fn load(_ordinal: usize) -> Result<Self> {
+        pub(crate) fn load(_ordinal: usize, _arch_modules: bool) -> Result<Self> {
             Err(CudaError::NotCompiled)
         }
 
@@ -171,8 +171,9 @@ pub const MAX_MMA_BATCH: usize = 16;
 /// of cuBLAS's rate). [`Kernels::affine_gemv`] itself runs any batch.
 pub const MAX_GEMM_BATCH: usize = 64;
 
-/// The environment variable that turns the Hopper GEMM's route on (any value but `0`) or off
-/// (`0`) for the kernels loaded after it is set; unset, [`WGMMA_DEFAULT`] holds.
+/// The environment variable that turns the Hopper GEMM's route on (`1`) or off (`0`) for the
+/// kernels loaded after it is set (its module is loaded only where the route is on); unset or
+/// any other value, [`WGMMA_DEFAULT`] holds.
 pub const WGMMA_ENV: &str = "HYPERCODEC_WGMMA";
 
 /// Whether the routes take the Hopper GEMM (`kernels/gemm_sm90a.cu`) by default. Off: it
@@ -1608,9 +1609,13 @@ impl std::fmt::Debug for Kernels {
 impl Kernels {
     /// Loads the kernels on device `ordinal` (needs the `cuda` feature and a driver).
     pub fn new(ordinal: usize) -> Result<Self> {
-        let wgmma = std::env::var(WGMMA_ENV).map_or(WGMMA_DEFAULT, |v| v != "0");
+        let wgmma = match std::env::var(WGMMA_ENV).as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => WGMMA_DEFAULT,
+        };
         Ok(Kernels {
-            inner: driver::Module::load(ordinal)?,
+            inner: driver::Module::load(ordinal, wgmma)?,
             wgmma,
         })
     }
@@ -1766,14 +1771,14 @@ impl Kernels {
     }
 
     /// The most activation rows for which the routes should hand this layer to
-    /// [`Kernels::affine_gemv`] rather than decode it and run a GEMM: every batch where the
-    /// Hopper GEMM takes it on this device, else [`AffineGemv::fused_batch`]. Pointers are
+    /// [`Kernels::affine_gemv`] rather than decode it and run a GEMM: every batch its grid
+    /// holds where the Hopper GEMM takes it on this device, else [`AffineGemv::fused_batch`]. Pointers are
     /// checked for alignment only.
     pub fn affine_fused_batch(&self, a: &AffineGemv) -> usize {
-        if self.wgmma_for(a).is_some() {
-            usize::MAX
-        } else {
-            a.fused_batch()
+        match self.wgmma_for(a) {
+            // (its grid's batch tiles: at most 65535)
+            Some((_, shape)) => 65_535 * args::WGMMA_SHAPES[shape].1,
+            None => a.fused_batch(),
         }
     }
 
@@ -3350,6 +3355,15 @@ mod tests {
     #[test]
     fn every_kernel_the_host_launches_is_in_the_ptx_at_its_index() {
         let ptx: String = args::PTX.iter().map(|m| m.0).collect();
+        assert_eq!(
+            args::PTX.map(|m| (m.1, m.2)),
+            [
+                (true, None),
+                (true, None),
+                (false, None),
+                (false, Some((9, 0)))
+            ]
+        );
         let names = args::function_names();
         for n in &names {
             assert!(
