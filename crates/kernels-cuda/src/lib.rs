@@ -2,8 +2,9 @@
 //! weight (affine codes, fixed-rate, rANS- and prefix-coded E8 words, bitshift-trellis bits), the
 //! activation RHT, decoders to a dense weight for large batches, the KV cache's codec and
 //! attention, and the trellis encoder (the CPU's Viterbi search and bits) — built to PTX from
-//! `kernels/` by `cargo xtask ptx`, embedded with `include_str!` and launched through the CUDA
-//! driver API.
+//! `kernels/` by `cargo xtask ptx` (for sm_80; a Hopper-only GEMM for sm_90a, loaded on compute
+//! capability 9.0 where its route is on: [`WGMMA_ENV`]), embedded with `include_str!` and
+//! launched through the CUDA driver API.
 //!
 //! Key design decision: this crate takes **device pointers and parameter structs** and knows
 //! nothing of `hwz` or of any framework. Buffers are allocated by the caller (PyTorch, in the
