@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument("--batches", default="16,32,64,128,256,512,1024")
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--out", default=None, help="also write the table here")
-    ap.add_argument("--wgmma", default=None, metavar="CUBIN", help="also time the Hopper GEMM (its PTX or a cubin)")
+    ap.add_argument("--wgmma", default=None, metavar="FILE", help="also time the Hopper GEMM (its PTX or a cubin)")
     ap.add_argument("--skip-committed", action="store_true", help="leave out the committed GEMM's shapes")
     args = ap.parse_args()
     if not torch.cuda.is_available():

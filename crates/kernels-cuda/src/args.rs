@@ -159,6 +159,9 @@ pub(crate) const WGMMA_SHAPES: [(usize, usize, usize, usize); 5] = [
     (4, 128, 128, 4),
     (6, 128, 64, 4),
 ];
+/// The most blocks a launch grid's y dimension holds.
+pub(crate) const MAX_GRID_Y: usize = 65_535;
+
 /// Weight rows a block of the Hopper GEMM (`WG_BM`) and its threads (`WG_THREADS`).
 pub(crate) const WGMMA_ROWS: usize = 128;
 pub(crate) const WGMMA_THREADS: u32 = 256;
@@ -185,10 +188,9 @@ pub(crate) fn wgmma_shared(shape: usize) -> u32 {
     (s * (n * k * 2 + WGMMA_ROWS * (k / 2 + 16)) + 1024) as u32
 }
 
-/// The Hopper GEMM's shape for a layer whose groups hold `group_len` columns (a multiple of
-/// 64), at `batch` activation rows.
-pub(crate) fn wgmma_shape(group_len: usize, rows: usize, batch: usize) -> usize {
-    let _ = (rows, batch);
+/// The Hopper GEMM's routed shape for a layer whose groups hold `group_len` columns (a multiple
+/// of 64): chunks of 128 columns where the groups hold whole ones, else of 64.
+pub(crate) fn wgmma_shape(group_len: usize) -> usize {
     if group_len.is_multiple_of(128) {
         0
     } else {

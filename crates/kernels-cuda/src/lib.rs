@@ -662,7 +662,9 @@ impl QuantF8 {
                 "sums of runs need a run length (block)".into(),
             ));
         }
-        if self.block > 0 && (self.cols / self.block).div_ceil(8 * args::QF8_RUNS) > 65_535 {
+        if self.block > 0
+            && (self.cols / self.block).div_ceil(8 * args::QF8_RUNS) > args::MAX_GRID_Y
+        {
             return Err(CudaError::InvalidArgument(format!(
                 "{} runs a row: more than the grid holds",
                 self.cols / self.block
@@ -1759,7 +1761,7 @@ impl Kernels {
         if !self.wgmma || !a.wgmma_ok() {
             return None;
         }
-        let shape = args::wgmma_shape(a.group_len, a.rows, a.batch);
+        let shape = args::wgmma_shape(a.group_len);
         args::wgmma(a.x_dtype, shape)
             .filter(|&f| self.inner.has(f))
             .map(|f| (f, shape))
@@ -1777,8 +1779,7 @@ impl Kernels {
     /// checked for alignment only.
     pub fn affine_fused_batch(&self, a: &AffineGemv) -> usize {
         match self.wgmma_for(a) {
-            // (its grid's batch tiles: at most 65535)
-            Some((_, shape)) => 65_535 * args::WGMMA_SHAPES[shape].1,
+            Some((_, shape)) => args::MAX_GRID_Y * args::WGMMA_SHAPES[shape].1,
             None => a.fused_batch(),
         }
     }
@@ -1845,8 +1846,8 @@ impl Kernels {
         if a.batch > a.fused_batch() {
             if let Some((f, shape)) = self.wgmma_for(a) {
                 let bn = args::WGMMA_SHAPES[shape].1;
-                // grid.y: batch tiles (at most 65535).
-                if a.batch.div_ceil(bn) <= 65_535 {
+                // grid.y: batch tiles.
+                if a.batch.div_ceil(bn) <= args::MAX_GRID_Y {
                     let mut k = args::AffineArgs::new(a);
                     let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
                     // SAFETY: validated; the pointers are the caller's contract.
@@ -1878,7 +1879,7 @@ impl Kernels {
             let (r, nt) = args::gemm_shape(a.rows, a.batch);
             let f = args::affine_gemm(a.bits as usize, a.x_dtype, r, nt);
             // grid.y: batch tiles (at most 65535, about half a million rows).
-            if let Some(f) = f.filter(|_| a.batch.div_ceil(8 * nt) <= 65_535) {
+            if let Some(f) = f.filter(|_| a.batch.div_ceil(8 * nt) <= args::MAX_GRID_Y) {
                 let mut k = args::AffineArgs::new(a);
                 let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
                 // SAFETY: validated; the pointers are the caller's contract.
@@ -3608,12 +3609,9 @@ mod tests {
         assert!(a.wgmma_ok());
         // Groups of 128 (or longer) take the chunks of 128 columns, groups of 64 those of 64;
         // a scale per row is one group as long as the row.
-        assert_eq!(args::WGMMA_SHAPES[args::wgmma_shape(128, 4096, 256)].2, 128);
-        assert_eq!(args::WGMMA_SHAPES[args::wgmma_shape(64, 4096, 256)].2, 64);
-        assert_eq!(
-            args::WGMMA_SHAPES[args::wgmma_shape(4096, 4096, 256)].2,
-            128
-        );
+        assert_eq!(args::WGMMA_SHAPES[args::wgmma_shape(128)].2, 128);
+        assert_eq!(args::WGMMA_SHAPES[args::wgmma_shape(64)].2, 64);
+        assert_eq!(args::WGMMA_SHAPES[args::wgmma_shape(4096)].2, 128);
         for ok in [
             AffineGemv {
                 group_len: 64,
