@@ -22,6 +22,29 @@ pub(crate) const PTX: [PtxModule; 4] = [
     (include_str!("../ptx/gemm_sm90a.ptx"), false, Some((9, 0))),
 ];
 
+/// The kernels a PTX module declares (`.entry NAME(`).
+fn declared(text: &str) -> impl Iterator<Item = &str> {
+    text.split(".entry ")
+        .skip(1)
+        .filter_map(|rest| rest.split_once('(').map(|(name, _)| name.trim()))
+}
+
+/// The module each kernel of `names` is in: its index in [`PTX`], the first module that
+/// declares it. A kernel no module declares is an error (a PTX out of step with the host).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn kernel_modules(names: &[String]) -> std::result::Result<Vec<usize>, String> {
+    let mut by_name = std::collections::HashMap::new();
+    for (i, (text, _, _)) in PTX.iter().enumerate() {
+        for name in declared(text) {
+            by_name.entry(name).or_insert(i);
+        }
+    }
+    names
+        .iter()
+        .map(|n| by_name.get(n.as_str()).copied().ok_or_else(|| n.clone()))
+        .collect()
+}
+
 /// Kernel names: the fixed ones, then the affine GEMVs by (bits, batch tile), then the E8
 /// GEMVs by (bits, pass of 1, 2 or 4 rows), the trellis GEMVs, the tensor-core kernels, the
 /// trellis group kernels and encoders, the cp.async kernels, the tensor-core GEMMs, then the

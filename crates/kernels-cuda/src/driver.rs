@@ -1,6 +1,6 @@
 //! The driver side: the primary context, the module loaded from the embedded PTX, launches.
 
-use crate::args::{function_names, PTX};
+use crate::args::{function_names, kernel_modules, PTX};
 use crate::{CudaError, Result};
 use cudarc::driver::sys;
 use std::ffi::{c_void, CString};
@@ -24,10 +24,9 @@ pub(crate) struct Module {
     device: sys::CUdevice,
     ctx: sys::CUcontext,
     modules: Vec<sys::CUmodule>,
-    /// By the index of `function_names`; `None` for a kernel of a module that failed to load.
-    functions: Vec<Option<sys::CUfunction>>,
-    /// The failed load of a module that is not required, if any.
-    unloaded: Option<CudaError>,
+    /// By the index of `function_names`; for a kernel of a module not loaded (built for another
+    /// compute capability, its route off, or its load failed), the error a launch of it returns.
+    functions: Vec<Result<sys::CUfunction>>,
     /// Blocks resident at once by (function, threads, dynamic shared memory).
     resident: std::sync::Mutex<std::collections::HashMap<(usize, u32, u32), u32>>,
     /// Dynamic shared memory a block may opt in to (bytes).
@@ -93,7 +92,6 @@ impl Module {
                 ctx,
                 modules: Vec::new(),
                 functions: Vec::new(),
-                unloaded: None,
                 resident: Default::default(),
                 max_shared: DEFAULT_SHARED,
                 sms: 1,
@@ -135,7 +133,9 @@ impl Module {
                 )?;
             }
             let _p = Pushed::new(ctx)?;
-            for (text, required, arch) in PTX {
+            let mut loaded = [None; PTX.len()];
+            let mut failed: [Option<CudaError>; PTX.len()] = Default::default();
+            for (i, (text, required, arch)) in PTX.into_iter().enumerate() {
                 if arch.is_some_and(|a| !arch_modules || a != cc) {
                     continue;
                 }
@@ -145,30 +145,36 @@ impl Module {
                     "cuModuleLoadData",
                     sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void),
                 ) {
-                    Ok(()) => m.modules.push(module),
-                    Err(e) if !required => m.unloaded = Some(e),
+                    Ok(()) => {
+                        m.modules.push(module);
+                        loaded[i] = Some(module);
+                    }
+                    Err(e) if !required => failed[i] = Some(e),
                     Err(e) => return Err(e),
                 }
             }
-            for name in function_names() {
-                let cname = CString::new(name).expect("kernel names have no NUL");
-                let mut found = None;
-                for &module in &m.modules {
-                    let mut f = std::ptr::null_mut();
-                    if sys::cuModuleGetFunction(&mut f, module, cname.as_ptr())
-                        == sys::CUresult::CUDA_SUCCESS
-                    {
-                        found = Some(f);
-                        break;
-                    }
-                }
-                if found.is_none() && m.unloaded.is_none() {
-                    return Err(CudaError::Driver {
-                        call: "cuModuleGetFunction",
-                        code: sys::CUresult::CUDA_ERROR_NOT_FOUND as i32,
-                    });
-                }
-                m.functions.push(found);
+            let names = function_names();
+            // Each kernel in the module that declares it: one missing from a loaded module is
+            // an error; those of a module not loaded stay missing (launching one is an error).
+            let homes = kernel_modules(&names).map_err(|name| {
+                CudaError::InvalidArgument(format!("kernel {name} is in no embedded PTX module"))
+            })?;
+            for (name, home) in names.iter().zip(homes) {
+                let Some(module) = loaded[home] else {
+                    m.functions
+                        .push(Err(failed[home].clone().unwrap_or(CudaError::Driver {
+                            call: "cuModuleGetFunction",
+                            code: sys::CUresult::CUDA_ERROR_NOT_FOUND as i32,
+                        })));
+                    continue;
+                };
+                let cname = CString::new(name.as_str()).expect("kernel names have no NUL");
+                let mut f = std::ptr::null_mut();
+                check(
+                    "cuModuleGetFunction",
+                    sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()),
+                )?;
+                m.functions.push(Ok(f));
             }
             Ok(m)
         }
@@ -176,17 +182,12 @@ impl Module {
 
     /// Whether function `f` loaded.
     pub(crate) fn has(&self, f: usize) -> bool {
-        self.functions[f].is_some()
+        self.functions[f].is_ok()
     }
 
-    /// Function `f`, or the error of the module load that left it missing.
+    /// Function `f`, or why it is missing (its module's failed load, or not loaded here).
     fn function(&self, f: usize) -> Result<sys::CUfunction> {
-        self.functions[f].ok_or_else(|| {
-            self.unloaded.clone().unwrap_or(CudaError::Driver {
-                call: "cuModuleGetFunction",
-                code: sys::CUresult::CUDA_ERROR_NOT_FOUND as i32,
-            })
-        })
+        self.functions[f].clone()
     }
 
     /// Dynamic shared memory a block may use (bytes).

@@ -3373,6 +3373,23 @@ mod tests {
                 "{n} missing from the PTX"
             );
         }
+        // The driver looks each kernel up in its own module, so that the kernels of a module
+        // not loaded (the sm_90a one off its device or route) stay missing and no others.
+        let homes = args::kernel_modules(&names).expect("every kernel in a module");
+        for (n, &home) in names.iter().zip(&homes) {
+            let ok = match home {
+                3 => n.starts_with("hc_wgmma_"),
+                2 => n.starts_with("hc_e8p_"),
+                _ => !n.starts_with("hc_wgmma_") && !n.starts_with("hc_e8p_"),
+            };
+            assert!(ok, "{n} in module {home}");
+            assert!(args::PTX[home].0.contains(&format!(".entry {n}(")));
+        }
+        assert!(homes.contains(&0) && homes.contains(&1));
+        assert_eq!(
+            args::kernel_modules(&["hc_no_such_kernel".to_string()]),
+            Err("hc_no_such_kernel".to_string())
+        );
         assert_eq!(names[args::affine_gemv(4, 1)], "hc_affine_gemv_b4_m1");
         assert_eq!(names[args::affine_gemv(8, 3)], "hc_affine_gemv_b8_m4");
         assert_eq!(names[args::e8_gemv(2, 1)], "hc_e8_gemv_b2_m1");
