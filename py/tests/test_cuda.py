@@ -13,8 +13,16 @@ import hypercodec  # noqa: E402
 import hypercodec.cuda as hcuda  # noqa: E402
 import hypercodec.nn as hnn  # noqa: E402
 
-HAS_CUDA = hcuda.available()
+# Where torch sees a device the kernels must load on it: a failed load is a failure below, not a
+# skip (`test_the_kernels_load_where_torch_sees_a_device`).
+HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: the CUDA kernels were not run")
+
+
+@needs_cuda
+def test_the_kernels_load_where_torch_sees_a_device():
+    hcuda.kernels(torch.cuda.current_device())  # raises (a failure) where they do not load
+    assert hcuda.available() is True
 
 
 def test_without_a_device_loading_is_a_typed_error():
