@@ -11,7 +11,7 @@
 //
 // Design: a block of two warpgroups computes 128 weight rows (a warpgroup 64, a warp 16) for
 // BN activation rows (blockIdx.y), walking the columns BK at a time through a ring of S stages
-// that all its threads fill with cp.async, S − 2 chunks ahead (no warp specialisation, one
+// that all its threads fill with cp.async, S − 1 chunks ahead (no warp specialisation, one
 // block barrier a chunk):
 // - the chunk's activations, BK / 64 tiles of BN rows × 128 bytes in the 128-byte swizzled
 //   layout that a shared-memory descriptor reads as wgmma's B operand (K-major);
@@ -19,13 +19,17 @@
 //   8 rows a warp reads at once, an odd number of 16-byte units apart, hit different banks).
 // The weights: for k-step s (columns 16s .. 16s + 15) lane (g, t) of a warp needs columns
 // 2t, 2t + 1 and 2t + 8, 2t + 9 of its rows g and g + 8 (mma.m16n8k16's A layout, which wgmma
-// takes per warp), that is byte t of code words 2s and 2s + 1 of each row: PRMT puts its two
-// nibbles in the two halves of a register and one LOP3 makes MAGIC + q of each, then
+// takes per warp), that is byte t of code words 2s and 2s + 1 of each row: one PRMT and one
+// LOP3 put its two nibbles in the two halves of a register as MAGIC + q (wg_pair), then
 // hc_dequant2 turns them into ŵ of the activation type (three packed FMAs under bf16, as the
-// mma.sync GEMM). No activation is permuted: the codes are read in stored column order. The A
-// registers are held in AD buffers (step s + 1 decoded while steps s + 2 − AD .. s run, at most
-// AD − 1 wgmmas in flight when a buffer is rewritten), so a stage is refilled two chunks after
-// its use.
+// mma.sync GEMM). No activation is permuted: the codes are read in stored column order.
+// The schedule is by chunk: a warpgroup issues all BK / 16 wgmmas of chunk c in one batch, then
+// decodes every step of chunk c + 1 at once (independent chains) into a second set of A
+// registers while they run, and waits only for chunk c − 1's before rewriting its set. (Buffered
+// by k-step, decoding step s + 1 only once step s − 1 had finished, the first form of this
+// kernel kept one or two wgmmas in flight and reached a quarter of the tensor rate on an H100:
+// docs/eval/cuda_gemm.md.) The copies' addresses are worked out once (a chunk adds BK columns)
+// and the next group's scales are loaded a chunk before they are needed.
 #include "affine.cuh"
 
 // d += A · B on the tensor cores (wgmma m64nNk16, f32 accumulation): A (64 weight rows × 16
@@ -108,7 +112,8 @@ struct WgStage {
 
 // Two weights of row word w's byte t (columns 2t, 2t + 1 of its 8) as MAGIC + q in the halves of
 // a fragment register; sel = t | t << 4 | (4 + t) << 8 | (4 + t) << 12 takes byte t of w and of
-// w >> 4.
+// w >> 4. (Reading the high nibble in place, as MAGIC + 16 q, would save the shift, but under
+// bf16 its top bit lands on the exponent: 7 significand bits.)
 __device__ __forceinline__ uint32_t wg_pair(uint32_t w, uint32_t sel, uint32_t magic) {
     return hc_lop3_and_or(__byte_perm(w, w >> 4, sel), 0x000F000Fu, magic);
 }
@@ -122,99 +127,127 @@ __device__ __forceinline__ float2 wg_pair_of(const void* p, int sdtype, long lon
 
 // y[m][r] = Σ_k x[m][k] · ŵ[r][k] (+ bias) for 4-bit codes with a scale per row or per group of
 // a multiple of BK columns (a.srs ≥ 1), a.cols a multiple of 128, codes and activation rows
-// 16-byte aligned (kernels-cuda `AffineGemv::wgmma_ok`). AD buffers of A fragments: step j + 1 is
-// decoded once step j + 1 − AD has finished, so up to AD − 1 wgmmas stay in flight meanwhile
-// (2 is the form measured; 4 is the next thing to time, docs/eval/cuda_gemm.md).
-template <bool BF16, int S, int BN, int BK, int AD>
+// 16-byte aligned (kernels-cuda `AffineGemv::wgmma_ok`).
+template <bool BF16, int S, int BN, int BK>
 __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
     using St = WgStage<BN, BK>;
-    static_assert((AD == 2 || AD == 4) && (BK / 16) % AD == 0, "A buffers must divide a chunk's steps");
+    static_assert(S >= 3, "a stage in use, one being decoded, one filling");
     constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;
     constexpr int STEPS = BK / 16, NACC = BN / 2;
+    constexpr int XN = BN * (BK / 8) / WG_THREADS, CN = WG_BM * (BK / 32) / WG_THREADS;
+    static_assert(XN * WG_THREADS == BN * (BK / 8) && CN * WG_THREADS == WG_BM * (BK / 32), "whole copies");
     extern __shared__ uint8_t wg_sm_raw[];
-    uint8_t* sm = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(wg_sm_raw) + 1023) & ~(uintptr_t)1023);
+    uint8_t* sm = wg_sm_raw + ((1024u - (hc_smem(wg_sm_raw) & 1023u)) & 1023u);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int rb = blockIdx.x * WG_BM, m0 = blockIdx.y * BN;
     const int chunks = a.cols / BK;
-    const long long row_bytes = a.cols / 2;
-    const uint16_t* x = static_cast<const uint16_t*>(a.x);
-    // Chunk c into its stage: activation rows past the batch and weight rows past the last read
-    // the last one (their sums are never stored).
+    // This thread's copies of a chunk (activation rows past the batch and weight rows past the
+    // last read the last one; their sums are never stored): sources at chunk 0, destinations
+    // in a stage.
+    const uint16_t* xs[XN];
+    int xd[XN];
+#pragma unroll
+    for (int i = 0; i < XN; i++) {
+        const int e = tid + i * WG_THREADS, n = e / (BK / 8), p = e % (BK / 8);
+        xs[i] = static_cast<const uint16_t*>(a.x) + (long long)min(m0 + n, a.M - 1) * a.cols + 8 * p;
+        xd[i] = St::xoff(n, p);
+    }
+    const uint8_t* cs[CN];
+    int cd[CN];
+#pragma unroll
+    for (int i = 0; i < CN; i++) {
+        const int e = tid + i * WG_THREADS, r = e / (BK / 32), p = e % (BK / 32);
+        cs[i] = a.codes + (long long)min(rb + r, a.rows - 1) * (a.cols / 2) + 16 * p;
+        cd[i] = St::XST + r * St::CROW + 16 * p;
+    }
     auto issue = [&](int c) {
         uint8_t* st = sm + (c % S) * St::BYTES;
 #pragma unroll
-        for (int i = 0; i < BN * (BK / 8) / WG_THREADS; i++) {
-            const int e = tid + i * WG_THREADS, n = e / (BK / 8), p = e % (BK / 8);
-            hc_cp16_l1(st + St::xoff(n, p), x + (long long)min(m0 + n, a.M - 1) * a.cols + (long long)c * BK + 8 * p);
-        }
+        for (int i = 0; i < XN; i++) hc_cp16_l1(st + xd[i], xs[i] + c * BK);
 #pragma unroll
-        for (int i = 0; i < WG_BM * (BK / 32) / WG_THREADS; i++) {
-            const int e = tid + i * WG_THREADS, r = e / (BK / 32), p = e % (BK / 32);
-            hc_cp16(st + St::XST + r * St::CROW + 16 * p,
-                    a.codes + (long long)min(rb + r, a.rows - 1) * row_bytes + (long long)c * (BK / 2) + 16 * p);
-        }
+        for (int i = 0; i < CN; i++) hc_cp16(st + cd[i], cs[i] + c * (BK / 2));
     };
-#pragma unroll
-    for (int i = 0; i < S - 2; i++) {
-        if (i < chunks) issue(i);
-        hc_cp_commit();
-    }
     // This warp's tile of 16 rows: where its scale pairs start (hc_si of row g, group 0).
     const int tile = min((rb + 16 * warp) >> 4, (a.rows - 1) >> 4);
     const long long sidx = (long long)tile * a.srs * 16 + 2 * g;
-    const int chunks_per_group = a.glen / BK;
+    const int per_group = a.glen / BK;  // chunks a group
+    float2 ps, po;                      // the scale and offset pairs of the next group
+    auto load_pairs = [&](int grp) {
+        ps = wg_pair_of(a.scales, a.sdtype, sidx, grp);
+        po = a.offsets ? wg_pair_of(a.offsets, a.sdtype, sidx, grp) : make_float2(0.f, 0.f);
+    };
+    HcTerms tm[2];
+    int next_group = 0, grp = 0;  // the first chunk of the group after tm's, and its index
+    auto terms_for = [&](int c) {  // called for c = 0, 1, 2, …
+        if (c != next_group) return;
+        tm[0] = hc_terms<BF16>(ps.x * a.qmul, po.x - ps.x * a.qbias);
+        tm[1] = hc_terms<BF16>(ps.y * a.qmul, po.y - ps.y * a.qbias);
+        next_group += per_group;
+        if (next_group < chunks) load_pairs(++grp);
+    };
     const uint32_t sel = t | (t << 4) | ((4 + t) << 8) | ((4 + t) << 12);
+    const int cw_off = St::XST + (16 * warp + g) * St::CROW;
+    // Every step's fragments of chunk c (its stage full): rows g, g + 8, words 2s and 2s + 1.
+    auto decode = [&](int c, uint32_t(&f)[STEPS][4]) {
+        const uint8_t* cw = sm + (c % S) * St::BYTES + cw_off;
+#pragma unroll
+        for (int s = 0; s < STEPS; s += 2) {
+            const uint4 w0 = *reinterpret_cast<const uint4*>(cw + 8 * s);
+            const uint4 w1 = *reinterpret_cast<const uint4*>(cw + 8 * St::CROW + 8 * s);
+            f[s][0] = hc_dequant2<BF16>(wg_pair(w0.x, sel, MAGIC), tm[0]);
+            f[s][1] = hc_dequant2<BF16>(wg_pair(w1.x, sel, MAGIC), tm[1]);
+            f[s][2] = hc_dequant2<BF16>(wg_pair(w0.y, sel, MAGIC), tm[0]);
+            f[s][3] = hc_dequant2<BF16>(wg_pair(w1.y, sel, MAGIC), tm[1]);
+            f[s + 1][0] = hc_dequant2<BF16>(wg_pair(w0.z, sel, MAGIC), tm[0]);
+            f[s + 1][1] = hc_dequant2<BF16>(wg_pair(w1.z, sel, MAGIC), tm[1]);
+            f[s + 1][2] = hc_dequant2<BF16>(wg_pair(w0.w, sel, MAGIC), tm[0]);
+            f[s + 1][3] = hc_dequant2<BF16>(wg_pair(w1.w, sel, MAGIC), tm[1]);
+        }
+    };
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; i++) acc[i] = 0.f;
-    uint32_t af[AD][4];
-    HcTerms tm[2];
-    for (int c = 0; c < chunks; c++) {
-        hc_cp_wait<S - 3>();
-        wg_fence_proxy();
-        __syncthreads();  // chunk c is in; chunk c − 2's wgmmas are done in both warpgroups
-        if (c + S - 2 < chunks) issue(c + S - 2);
+    uint32_t fa[STEPS][4], fb[STEPS][4];
+    // Chunk c's wgmmas on fragments cur; then, while they run, chunk c + 1 into nxt (read by
+    // chunk c − 1's, which are waited for). Stage (c − 1) mod S is refilled with chunk c + S − 1
+    // once both warpgroups are past chunk c − 1.
+    auto step = [&](int c, uint32_t(&cur)[STEPS][4], uint32_t(&nxt)[STEPS][4]) {
+        const uint64_t d0 = wg_desc(sm + (c % S) * St::BYTES);
+#pragma unroll
+        for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < STEPS; s++)
+            wg_mma<BN, BF16>(acc, cur[s], d0 + (uint64_t)((s >> 2) * (BN * 128 / 16) + 2 * (s & 3)));
+        wg_commit();
+#pragma unroll
+        for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
+        if (c + 1 < chunks) {
+            wg_wait<1>();
+            hc_cp_wait<S - 3>();
+            wg_fence_proxy();
+            __syncthreads();  // chunk c + 1 is in; chunk c − 1's wgmmas are done in both warpgroups
+            if (c + S - 1 < chunks) issue(c + S - 1);
+            hc_cp_commit();
+            terms_for(c + 1);
+            decode(c + 1, nxt);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) {
+        if (i < chunks) issue(i);
         hc_cp_commit();
-        const uint8_t* st = sm + (c % S) * St::BYTES;
-        if (c % chunks_per_group == 0) {  // a new group: its terms for rows g, g + 8
-            const int grp = c / chunks_per_group;
-            const float2 s = wg_pair_of(a.scales, a.sdtype, sidx, grp);
-            const float2 lo = a.offsets ? wg_pair_of(a.offsets, a.sdtype, sidx, grp) : make_float2(0.f, 0.f);
-            tm[0] = hc_terms<BF16>(s.x * a.qmul, lo.x - s.x * a.qbias);
-            tm[1] = hc_terms<BF16>(s.y * a.qmul, lo.y - s.y * a.qbias);
-        }
-        const uint8_t* cw = st + St::XST + (16 * warp + g) * St::CROW;
-        const uint64_t d0 = wg_desc(st);
-        uint4 w0, w1;  // rows g, g + 8: the code words of k-steps s, s + 1 (s even)
-        auto decode = [&](int s, uint32_t* f) {
-            if ((s & 1) == 0) {
-                w0 = *reinterpret_cast<const uint4*>(cw + 8 * s);
-                w1 = *reinterpret_cast<const uint4*>(cw + 8 * St::CROW + 8 * s);
-            }
-            f[0] = hc_dequant2<BF16>(wg_pair((s & 1) ? w0.z : w0.x, sel, MAGIC), tm[0]);
-            f[1] = hc_dequant2<BF16>(wg_pair((s & 1) ? w1.z : w1.x, sel, MAGIC), tm[1]);
-            f[2] = hc_dequant2<BF16>(wg_pair((s & 1) ? w0.w : w0.y, sel, MAGIC), tm[0]);
-            f[3] = hc_dequant2<BF16>(wg_pair((s & 1) ? w1.w : w1.y, sel, MAGIC), tm[1]);
-        };
-        wg_wait<AD - 1>();  // the chunk before's step that read af[0] (AD from its end) is done
-        decode(0, af[0]);
-#pragma unroll
-        for (int s = 0; s < STEPS; s++) {
-            // k-step s: tile s / 4, 32 bytes (16 columns) a step along its rows.
-            const uint64_t desc = d0 + (uint64_t)((s >> 2) * (BN * 128 / 16) + 2 * (s & 3));
-#pragma unroll
-            for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
-            wg_fence();
-            wg_mma<BN, BF16>(acc, af[s % AD], desc);
-            wg_commit();
-#pragma unroll
-            for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
-            if (s + 1 < STEPS) {
-                wg_wait<AD - 1>();  // step s + 1 − AD (which read af[(s + 1) % AD]) is done
-                decode(s + 1, af[(s + 1) % AD]);
-            }
-        }
+    }
+    load_pairs(0);
+    hc_cp_wait<S - 2>();
+    wg_fence_proxy();
+    __syncthreads();
+    terms_for(0);
+    decode(0, fa);
+    for (int c = 0; c < chunks; c += 2) {
+        step(c, fa, fb);
+        if (c + 1 < chunks) step(c + 1, fb, fa);
     }
     wg_wait<0>();
     hc_cp_wait<0>();
@@ -229,15 +262,16 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
         }
 }
 
-// hc_wgmma_b4_s{S}_n{BN}_k{BK}_a{AD}_{bf16,f16}: 256 threads, dynamic shared memory S · stage +
-// 1024 bytes (kernels-cuda `args::wgmma_shared`; the base is aligned to 1024 in the kernel).
-#define HC_WGMMA(S, BN, BK, AD, T, BF)                                                                   \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)                                         \
-        hc_wgmma_b4_s##S##_n##BN##_k##BK##_a##AD##_##T(AffineArgs a) {                                  \
-        wg_affine_gemm<BF, S, BN, BK, AD>(a);                                                           \
+
+// hc_wgmma_b4_s{S}_n{BN}_k{BK}_{bf16,f16}: 256 threads, dynamic shared memory S · stage + 1024
+// bytes (kernels-cuda `args::wgmma_shared`; the base is aligned to 1024 in the kernel).
+#define HC_WGMMA(S, BN, BK, T, BF)                                                                      \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) hc_wgmma_b4_s##S##_n##BN##_k##BK##_##T( \
+        AffineArgs a) {                                                                                 \
+        wg_affine_gemm<BF, S, BN, BK>(a);                                                               \
     }
-#define HC_WGMMA_T(T, BF)                                                                                \
-    HC_WGMMA(4, 128, 128, 2, T, BF) HC_WGMMA(6, 128, 64, 2, T, BF) HC_WGMMA(5, 256, 64, 2, T, BF)       \
-    HC_WGMMA(4, 128, 128, 4, T, BF) HC_WGMMA(6, 128, 64, 4, T, BF)
+#define HC_WGMMA_T(T, BF)                                                                     \
+    HC_WGMMA(4, 128, 128, T, BF) HC_WGMMA(6, 128, 64, T, BF) HC_WGMMA(5, 128, 128, T, BF) \
+    HC_WGMMA(4, 256, 64, T, BF) HC_WGMMA(5, 256, 64, T, BF)
 HC_WGMMA_T(bf16, true)
 HC_WGMMA_T(f16, false)

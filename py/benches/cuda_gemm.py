@@ -2,7 +2,7 @@
 bf16 `F.linear`, the decode-then-cuBLAS route and the batch-16 tensor-core kernel, in one run.
 
     python py/benches/cuda_gemm.py [--shapes 4096x4096,8192x8192] [--batches 16,64,256] [--out FILE]
-                                   [--wgmma crates/kernels-cuda/ptx/gemm_sm90a.ptx]
+                                   [--wgmma crates/kernels-cuda/ptx/gemm_sm90a.ptx ...] [--wg-extra NAME:S:BN:BK,...]
 
 Random INT4 codes in groups of 128 (row-major, as stored), asymmetric, with f16 scales and
 offsets in the tiled layout `DeviceLinear` holds (`_driver.tile_scales`); bf16 activations.
@@ -30,9 +30,9 @@ from _graph_timing import graph_time_us
 
 # (row tiles per warp, batch tiles of 8, stages): kernels-cuda `args::GEMM_SHAPES`.
 SHAPES = [(1, 4, 4), (1, 8, 4), (2, 4, 3), (2, 8, 3)]
-# The Hopper kernels' (stages, activation rows, columns a chunk, A buffers): kernels-cuda
+# The Hopper kernels' (stages, activation rows, columns a chunk): kernels-cuda
 # `args::WGMMA_SHAPES` (kernels/gemm_sm90a.cu).
-WG_SHAPES = [(4, 128, 128, 2), (6, 128, 64, 2), (5, 256, 64, 2), (4, 128, 128, 4), (6, 128, 64, 4)]
+WG_SHAPES = [(4, 128, 128), (6, 128, 64), (5, 128, 128), (4, 256, 64), (5, 256, 64)]
 
 
 def picked(rows: int, batch: int) -> tuple[int, int]:
@@ -55,19 +55,33 @@ def main() -> int:
     ap.add_argument("--batches", default="16,32,64,128,256,512,1024")
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--out", default=None, help="also write the table here")
-    ap.add_argument("--wgmma", default=None, metavar="FILE", help="also time the Hopper GEMM (its PTX or a cubin)")
+    ap.add_argument("--wgmma", action="append", default=[], metavar="FILE",
+                    help="also time the Hopper GEMM of this module (its PTX or a cubin; may repeat)")
+    ap.add_argument("--wg-extra", default="", metavar="NAME:S:BN:BK,...",
+                    help="other kernels of the --wgmma modules to time, with the Hopper GEMM's arguments "
+                         "and shared-memory layout (an earlier build's names, say)")
     ap.add_argument("--skip-committed", action="store_true", help="leave out the committed GEMM's shapes")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("cuda_gemm: no CUDA device; nothing measured")
         return 0
-    drv = Driver({"wg": args.wgmma} if args.wgmma else None)
+    mods = {f"wg{i}": path for i, path in enumerate(args.wgmma)}
+    drv = Driver(mods or None)
+    wanted = [(f"hc_wgmma_b4_s{st}_n{bn}_k{bk}_bf16", st, bn, bk) for st, bn, bk in WG_SHAPES]
+    for e in filter(None, args.wg_extra.split(",")):
+        name, st, bn, bk = e.split(":")
+        wanted.append((name, int(st), int(bn), int(bk)))
     wg = {}
-    for st, bn, bk, ad in WG_SHAPES if args.wgmma else ():
-        f = drv.fn("wg", f"hc_wgmma_b4_s{st}_n{bn}_k{bk}_a{ad}_bf16")
-        sm = st * (bn * bk * 2 + 128 * (bk // 2 + 16)) + 1024  # stages (WgStage) + alignment
-        drv.check(drv.cu.cuFuncSetAttribute(f, 8, sm), "max dynamic shared memory")
-        wg[(st, bn, bk, ad)] = (f, sm)
+    for mod in mods:
+        for name, st, bn, bk in wanted:
+            try:
+                f = drv.fn(mod, name)
+            except RuntimeError:
+                continue  # not in this module
+            sm = st * (bn * bk * 2 + 128 * (bk // 2 + 16)) + 1024  # stages (WgStage) + alignment
+            drv.check(drv.cu.cuFuncSetAttribute(f, 8, sm), "max dynamic shared memory")
+            label = name.removeprefix("hc_").removesuffix("_bf16") + (f" ({mod})" if len(mods) > 1 else "")
+            wg[label] = (f, sm, bn)
     gemm = {}
     for r, n, st in [] if args.skip_committed else SHAPES:
         f = drv.fn("ptx", f"hc_affine_gemm_b4_r{r}_n{n}_bf16")
@@ -112,8 +126,7 @@ def main() -> int:
             cands = [(f"hc_affine_gemm r{r} n{n}" + (" *" if (r, n) == picked(rows, m) else ""), f,
                       (-(-rows // (64 * r)), -(-m // (8 * n))), 128, sm) for (r, n), (f, sm) in gemm.items()]
             if m >= 64:
-                cands += [(f"hc_wgmma s{st} n{bn} k{bk} a{ad}", f, (-(-rows // 128), -(-m // bn)), 256, sm)
-                          for (st, bn, bk, ad), (f, sm) in wg.items()]
+                cands += [(label, f, (-(-rows // 128), -(-m // bn)), 256, sm) for label, (f, sm, bn) in wg.items()]
             if m <= 16:
                 cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0))
             for name, f, grid, block, sm in cands:

@@ -163,24 +163,23 @@ pub(crate) fn function_names() -> Vec<String> {
     }
     // kernels/gemm_sm90a.cu (loaded on compute capability 9.0 only)
     for t in CPA_HALVES_TYPES {
-        for (s, n, k, a) in WGMMA_SHAPES {
-            v.push(format!("hc_wgmma_b4_s{s}_n{n}_k{k}_a{a}_{t}"));
+        for (s, n, k) in WGMMA_SHAPES {
+            v.push(format!("hc_wgmma_b4_s{s}_n{n}_k{k}_{t}"));
         }
     }
     v
 }
 
 /// The Hopper GEMM's compiled shapes (`kernels/gemm_sm90a.cu`,
-/// `hc_wgmma_b4_s{S}_n{BN}_k{BK}_a{AD}_{bf16,f16}`): stages, activation rows a block, columns a
-/// chunk, buffers of A fragments (AD − 1 wgmmas in flight while a step decodes). The routes
-/// take the first two ([`wgmma_shape`]); the others are compiled for timing
+/// `hc_wgmma_b4_s{S}_n{BN}_k{BK}_{bf16,f16}`): stages, activation rows a block, columns a
+/// chunk. The routes take the first two ([`wgmma_shape`]); the others are compiled for timing
 /// (`py/benches/cuda_gemm.py --wgmma`).
-pub(crate) const WGMMA_SHAPES: [(usize, usize, usize, usize); 5] = [
-    (4, 128, 128, 2),
-    (6, 128, 64, 2),
-    (5, 256, 64, 2),
-    (4, 128, 128, 4),
-    (6, 128, 64, 4),
+pub(crate) const WGMMA_SHAPES: [(usize, usize, usize); 5] = [
+    (4, 128, 128),
+    (6, 128, 64),
+    (5, 128, 128),
+    (4, 256, 64),
+    (5, 256, 64),
 ];
 /// The most blocks a launch grid's y dimension holds.
 pub(crate) const MAX_GRID_Y: usize = 65_535;
@@ -207,7 +206,7 @@ pub(crate) fn wgmma(dtype: crate::Dtype, shape: usize) -> Option<usize> {
 /// activation rows of `2·BK` bytes, then 128 rows of codes `BK/2 + 16` bytes apart) and 1024
 /// bytes to align them to the swizzle's period.
 pub(crate) fn wgmma_shared(shape: usize) -> u32 {
-    let (s, n, k, _) = WGMMA_SHAPES[shape];
+    let (s, n, k) = WGMMA_SHAPES[shape];
     (s * (n * k * 2 + WGMMA_ROWS * (k / 2 + 16)) + 1024) as u32
 }
 

@@ -3598,16 +3598,16 @@ mod tests {
         assert_eq!(args::affine_gemm_shared(2, 2, 8), 3 * (16384 + 4096 + 1024));
         // The Hopper GEMMs come last, bf16 then f16, in WGMMA_SHAPES' order.
         let wg = |d, shape| names[args::wgmma(d, shape).unwrap()].as_str();
-        assert_eq!(wg(Dtype::Bf16, 0), "hc_wgmma_b4_s4_n128_k128_a2_bf16");
-        assert_eq!(wg(Dtype::Bf16, 2), "hc_wgmma_b4_s5_n256_k64_a2_bf16");
-        assert_eq!(wg(Dtype::F16, 1), "hc_wgmma_b4_s6_n128_k64_a2_f16");
-        assert_eq!(wg(Dtype::F16, 4), "hc_wgmma_b4_s6_n128_k64_a4_f16");
+        assert_eq!(wg(Dtype::Bf16, 0), "hc_wgmma_b4_s4_n128_k128_bf16");
+        assert_eq!(wg(Dtype::Bf16, 4), "hc_wgmma_b4_s5_n256_k64_bf16");
+        assert_eq!(wg(Dtype::F16, 1), "hc_wgmma_b4_s6_n128_k64_f16");
+        assert_eq!(wg(Dtype::F16, 3), "hc_wgmma_b4_s4_n256_k64_f16");
         assert_eq!(args::wgmma(Dtype::F16, 4).unwrap(), names.len() - 1);
         assert!(args::wgmma(Dtype::F32, 0).is_none() && args::wgmma(Dtype::Bf16, 5).is_none());
         // Stages of 1024-byte multiples (WgStage), 1024 bytes to align them, all within the
         // 227 KB a Hopper block may opt in to.
         assert_eq!(args::wgmma_shared(0), 4 * (32768 + 128 * 80) + 1024);
-        assert_eq!(args::wgmma_shared(2), 5 * (32768 + 128 * 48) + 1024);
+        assert_eq!(args::wgmma_shared(4), 5 * (32768 + 128 * 48) + 1024);
         for shape in 0..args::WGMMA_SHAPES.len() {
             assert!(args::wgmma_shared(shape) <= 227 * 1024, "{shape}");
         }
