@@ -1762,6 +1762,8 @@ impl Kernels {
             return None;
         }
         let shape = args::wgmma_shape(a.group_len);
+        // The kernel takes a group as whole chunks (a.glen / BK of them).
+        debug_assert!(a.group_len.is_multiple_of(args::WGMMA_SHAPES[shape].2));
         args::wgmma(a.x_dtype, shape)
             .filter(|&f| self.inner.has(f))
             .map(|f| (f, shape))
