@@ -177,10 +177,11 @@ pub const MAX_GEMM_BATCH: usize = 64;
 /// any other value, [`WGMMA_DEFAULT`] holds.
 pub const WGMMA_ENV: &str = "HYPERCODEC_WGMMA";
 
-/// Whether the routes take the Hopper GEMM (`kernels/gemm_sm90a.cu`) by default. Off: it
-/// matched the CPU runtime on an H100 (`py/tests/test_cuda.py -k hopper`, run with
+/// Whether the routes take the Hopper GEMM (`kernels/gemm_sm90a.cu`) by default. Off: its first
+/// form matched the CPU runtime on an H100 (`py/tests/test_cuda.py -k hopper`, run with
 /// `HYPERCODEC_WGMMA=1`) but ran 0.36× bf16 at 256 rows on 8192², slower than the decode +
-/// cuBLAS route it would replace (0.43×; `docs/eval/cuda_gemm.md`).
+/// cuBLAS route it would replace (0.43×; `docs/eval/cuda_gemm.md`); the form scheduled by chunk
+/// that replaced it has not run on a GPU yet.
 pub const WGMMA_DEFAULT: bool = false;
 
 /// Layers one launch of [`Kernels::affine_gemv_group`] takes (the kernels' `HC_GROUP_MAX`).
