@@ -20,6 +20,9 @@
 #            (e8@4-gpu), bf16 and torch's int4 on 4096x4096, 8192x8192 and 28672x8192, batches 1, 4, 16, 64, 256
 #   e2eprefix py/benches/cuda_e2e.py --specs e8@4-prefix,e8@4-gpu,int4: tokens/s of the 4-block decoder with
 #            the entropy-coded E8 layers (prefix codes, rANS) beside INT4 and bf16
+#   hopper   the Hopper GEMM (kernels/gemm_sm90a.cu; H100/H200 only), its route on (HYPERCODEC_WGMMA=1):
+#            py/tests/test_cuda.py -k hopper against the CPU runtime, then py/benches/cuda_gemm.py timing it
+#            against bf16 and decode + cuBLAS on 8192x8192 and 28672x8192, batches 128, 256, 1024
 #   e8prefix py/benches/cuda_e8_prefix_prototype.py: the entropy-coded E8 prototype (WHEEL_DIR/e8p.cubin, which
 #            gpu-bundle builds) against bf16 and the committed rANS layer on 4096x4096 and 8192x8192, batches 1, 16, 256
 #
@@ -31,7 +34,7 @@
 # kernels do not load on it (saying why); 3 where the wheel cannot be installed or imported.
 set -u -o pipefail
 
-known="tests linear trellis e2e gemm encode kv acts prefix e2eprefix e8prefix"
+known="tests linear trellis e2e gemm encode kv acts prefix e2eprefix hopper e8prefix"
 is_step() { [[ " $known " == *" $1 "* ]]; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -91,6 +94,15 @@ EOF
 ready=$?
 [ $ready -ne 0 ] && exit $ready
 
+# The hopper step: two commands under one time limit (timeout runs it through bash).
+hopper_step() {
+    HYPERCODEC_WGMMA=1 "$py" -m pytest -q -rs py/tests/test_cuda.py -k hopper &&
+        HYPERCODEC_WGMMA=1 "$py" py/benches/cuda_gemm.py --skip-committed --wgmma crates/kernels-cuda/ptx/gemm_sm90a.ptx \
+            --shapes 8192x8192,28672x8192 --batches 128,256,1024 --out "$out/hopper.md"
+}
+export -f hopper_step
+export py out
+
 summary="$out/summary.md"
 printf '| step | exit | seconds |\n|---|---:|---:|\n' > "$summary"
 status=0
@@ -113,6 +125,7 @@ for step in "${steps[@]}"; do
                                --batches 1,4,16,64,256 --specs e8@4-prefix,e8@4-gpu --iters 100 --out "$out/prefix.md") ;;
         e2eprefix) limit=200 cmd=("$py" py/benches/cuda_e2e.py --layers 4 --iters 30 --specs e8@4-prefix,e8@4-gpu,int4
                                   --out "$out/e2eprefix.md") ;;
+        hopper) limit=200 cmd=(bash -c hopper_step) ;;
         e8prefix) limit=420 cmd=("$py" py/benches/cuda_e8_prefix_prototype.py "$wheels/e8p.cubin"
                                  --shapes 4096x4096,8192x8192 --batches 1,16,256) ;;
     esac
