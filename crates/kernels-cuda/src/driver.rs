@@ -23,7 +23,8 @@ fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
 pub(crate) struct Module {
     device: sys::CUdevice,
     ctx: sys::CUcontext,
-    modules: Vec<sys::CUmodule>,
+    /// By the index of [`PTX`]; `None` for a module not loaded.
+    modules: [Option<sys::CUmodule>; PTX.len()],
     /// By the index of `function_names`; for a kernel of a module not loaded (built for another
     /// compute capability, its route off, or its load failed), the error a launch of it returns.
     functions: Vec<Result<sys::CUfunction>>,
@@ -90,7 +91,7 @@ impl Module {
             let mut m = Module {
                 device,
                 ctx,
-                modules: Vec::new(),
+                modules: [None; PTX.len()],
                 functions: Vec::new(),
                 resident: Default::default(),
                 max_shared: DEFAULT_SHARED,
@@ -133,7 +134,6 @@ impl Module {
                 )?;
             }
             let _p = Pushed::new(ctx)?;
-            let mut loaded = [None; PTX.len()];
             let mut failed: [Option<CudaError>; PTX.len()] = Default::default();
             for (i, (text, required, arch)) in PTX.into_iter().enumerate() {
                 if arch.is_some_and(|a| !arch_modules || a != cc) {
@@ -145,10 +145,7 @@ impl Module {
                     "cuModuleLoadData",
                     sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void),
                 ) {
-                    Ok(()) => {
-                        m.modules.push(module);
-                        loaded[i] = Some(module);
-                    }
+                    Ok(()) => m.modules[i] = Some(module),
                     Err(e) if !required => failed[i] = Some(e),
                     Err(e) => return Err(e),
                 }
@@ -160,7 +157,7 @@ impl Module {
                 CudaError::InvalidArgument(format!("kernel {name} is in no embedded PTX module"))
             })?;
             for (name, home) in names.iter().zip(homes) {
-                let Some(module) = loaded[home] else {
+                let Some(module) = m.modules[home] else {
                     m.functions
                         .push(Err(failed[home].clone().unwrap_or(CudaError::Driver {
                             call: "cuModuleGetFunction",
@@ -347,7 +344,7 @@ impl Drop for Module {
         // SAFETY: the module was loaded in this retained context; both are released once.
         unsafe {
             if let Ok(_p) = Pushed::new(self.ctx) {
-                for &module in &self.modules {
+                for &module in self.modules.iter().flatten() {
                     sys::cuModuleUnload(module);
                 }
             }
