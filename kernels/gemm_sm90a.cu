@@ -30,6 +30,12 @@
 // kernel kept one or two wgmmas in flight and reached a quarter of the tensor rate on an H100:
 // docs/eval/cuda_gemm.md.) The copies' addresses are worked out once (a chunk adds BK columns)
 // and the next group's scales are loaded a chunk before they are needed.
+// Split K: a layer with too few rows to fill the device (one block an SM: the stages take most
+// of its shared memory) runs as clusters of KS = 2 blocks over the same 128 rows (clusters of 4
+// ran slower), each block a KS-th of the chunks; each block then leaves its partial sums in its
+// own shared memory, and each sums a KS-th of the outputs over the cluster (distributed shared
+// memory, in rank order: the same sums whichever block adds them) and stores them. No
+// workspace, no atomics.
 #include "affine.cuh"
 
 // d += A · B on the tensor cores (wgmma m64nNk16, f32 accumulation): A (64 weight rows × 16
@@ -86,6 +92,25 @@ __device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.asy
 // Keeps the compiler from moving an accumulator across an asynchronous wgmma.
 __device__ __forceinline__ void wg_keep(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 
+// This block's rank in its cluster, a barrier over the cluster (the writes to shared memory
+// before it seen by the reads after it in every block), and a read of another block's shared
+// memory at the address `p` has in this one.
+__device__ __forceinline__ int wg_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return (int)r;
+}
+__device__ __forceinline__ void wg_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ float4 wg_ld_cluster(const void* p, int rank) {
+    uint32_t a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(hc_smem(p)), "r"(rank));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+    return v;
+}
+
 // A shared-memory matrix descriptor: K-major rows of 128 bytes, 128-byte swizzle, 8-row groups
 // 1024 bytes apart (the stride byte offset; the leading one is unused by this layout).
 __device__ __forceinline__ uint64_t wg_desc(const void* p) {
@@ -127,11 +152,13 @@ __device__ __forceinline__ float2 wg_pair_of(const void* p, int sdtype, long lon
 
 // y[m][r] = Σ_k x[m][k] · ŵ[r][k] (+ bias) for 4-bit codes with a scale per row or per group of
 // a multiple of BK columns (a.srs ≥ 1), a.cols a multiple of 128, codes and activation rows
-// 16-byte aligned (kernels-cuda `AffineGemv::wgmma_ok`).
-template <bool BF16, int S, int BN, int BK>
+// 16-byte aligned (kernels-cuda `AffineGemv::wgmma_ok`); KS > 1: blocks in clusters of KS,
+// at least KS chunks of BK columns a row (kernels-cuda `args::wgmma_shape`).
+template <bool BF16, int S, int BN, int BK, int KS>
 __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
     using St = WgStage<BN, BK>;
     static_assert(S >= 3, "a stage in use, one being decoded, one filling");
+    static_assert(KS == 1 || S * St::BYTES >= (BN / 8) * 16 * WG_THREADS, "the stages hold the partial sums");
     constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;
     constexpr int STEPS = BK / 16, NACC = BN / 2;
     constexpr int XN = BN * (BK / 8) / WG_THREADS, CN = WG_BM * (BK / 32) / WG_THREADS;
@@ -140,8 +167,10 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
     uint8_t* sm = wg_sm_raw + ((1024u - (hc_smem(wg_sm_raw) & 1023u)) & 1023u);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int rb = blockIdx.x * WG_BM, m0 = blockIdx.y * BN;
-    const int chunks = a.cols / BK;
+    const int rank = KS > 1 ? wg_rank() : 0;
+    const int rb = (blockIdx.x / KS) * WG_BM, m0 = blockIdx.y * BN;
+    // This block's chunks: c0 .. c0 + chunks − 1 of the row's.
+    const int c0 = rank * (a.cols / BK) / KS, chunks = (rank + 1) * (a.cols / BK) / KS - c0;
     // This thread's copies of a chunk (activation rows past the batch and weight rows past the
     // last read the last one; their sums are never stored): sources at chunk 0, destinations
     // in a stage.
@@ -150,7 +179,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
 #pragma unroll
     for (int i = 0; i < XN; i++) {
         const int e = tid + i * WG_THREADS, n = e / (BK / 8), p = e % (BK / 8);
-        xs[i] = static_cast<const uint16_t*>(a.x) + (long long)min(m0 + n, a.M - 1) * a.cols + 8 * p;
+        xs[i] = static_cast<const uint16_t*>(a.x) + (long long)min(m0 + n, a.M - 1) * a.cols + c0 * BK + 8 * p;
         xd[i] = St::xoff(n, p);
     }
     const uint8_t* cs[CN];
@@ -158,7 +187,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
 #pragma unroll
     for (int i = 0; i < CN; i++) {
         const int e = tid + i * WG_THREADS, r = e / (BK / 32), p = e % (BK / 32);
-        cs[i] = a.codes + (long long)min(rb + r, a.rows - 1) * (a.cols / 2) + 16 * p;
+        cs[i] = a.codes + (long long)min(rb + r, a.rows - 1) * (a.cols / 2) + c0 * (BK / 2) + 16 * p;
         cd[i] = St::XST + r * St::CROW + 16 * p;
     }
     auto issue = [&](int c) {
@@ -178,12 +207,14 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
         po = a.offsets ? wg_pair_of(a.offsets, a.sdtype, sidx, grp) : make_float2(0.f, 0.f);
     };
     HcTerms tm[2];
-    int next_group = 0, grp = 0;  // the first chunk of the group after tm's, and its index
+    // The group of this block's chunk 0 (maybe part way through it), and the first chunk of the
+    // group after tm's (this block's count).
+    int grp = c0 / per_group, next_group = 0;
     auto terms_for = [&](int c) {  // called for c = 0, 1, 2, …
         if (c != next_group) return;
         tm[0] = hc_terms<BF16>(ps.x * a.qmul, po.x - ps.x * a.qbias);
         tm[1] = hc_terms<BF16>(ps.y * a.qmul, po.y - ps.y * a.qbias);
-        next_group += per_group;
+        next_group = (grp + 1) * per_group - c0;
         if (next_group < chunks) load_pairs(++grp);
     };
     const uint32_t sel = t | (t << 4) | ((4 + t) << 8) | ((4 + t) << 12);
@@ -234,44 +265,76 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
             decode(c + 1, nxt);
         }
     };
+    if (chunks > 0) {  // (the host gives every block of a cluster some)
 #pragma unroll
-    for (int i = 0; i < S - 1; i++) {
-        if (i < chunks) issue(i);
-        hc_cp_commit();
+        for (int i = 0; i < S - 1; i++) {
+            if (i < chunks) issue(i);
+            hc_cp_commit();
+        }
+        load_pairs(grp);
+        hc_cp_wait<S - 2>();
+        wg_fence_proxy();
+        __syncthreads();
+        terms_for(0);
+        decode(0, fa);
+        for (int c = 0; c < chunks; c += 2) {
+            step(c, fa, fb);
+            if (c + 1 < chunks) step(c + 1, fb, fa);
+        }
+        wg_wait<0>();
+        hc_cp_wait<0>();
     }
-    load_pairs(0);
-    hc_cp_wait<S - 2>();
-    wg_fence_proxy();
-    __syncthreads();
-    terms_for(0);
-    decode(0, fa);
-    for (int c = 0; c < chunks; c += 2) {
-        step(c, fa, fb);
-        if (c + 1 < chunks) step(c + 1, fb, fa);
-    }
-    wg_wait<0>();
-    hc_cp_wait<0>();
 #pragma unroll
     for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
+    if (KS > 1) {
+        // Partial sums to this block's shared memory (piece i of every thread, then piece i + 1:
+        // a thread reads its own pieces in the others), then this block's outputs: the
+        // 8-activation-row columns j with j mod KS = rank, summed over the cluster in rank order.
+        float4* part = reinterpret_cast<float4*>(sm);
+        __syncthreads();  // no wgmma reads the stages any more
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) part[j * WG_THREADS + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+        wg_cluster_sync();
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            if (j % KS != rank) continue;
+            float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int q = 0; q < KS; q++) {
+                const float4 v = q == rank ? make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3])
+                                           : wg_ld_cluster(part + j * WG_THREADS + tid, q);
+                sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+            }
+            acc[4 * j] = sum.x, acc[4 * j + 1] = sum.y, acc[4 * j + 2] = sum.z, acc[4 * j + 3] = sum.w;
+        }
+        wg_cluster_sync();  // every read of this block's partial sums is done before it exits
+    }
 #pragma unroll
     for (int j = 0; j < BN / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = rb + 16 * warp + g + 8 * (e >> 1), m = m0 + 8 * j + 2 * t + (e & 1);
-            if (r < a.rows && m < a.M) hc_store(a.y, a.ydtype, (long long)m * a.rows + r, acc[4 * j + e] + (a.bias ? a.bias[r] : 0.f));
+            if (r < a.rows && m < a.M && (KS == 1 || j % KS == rank))
+                hc_store(a.y, a.ydtype, (long long)m * a.rows + r, acc[4 * j + e] + (a.bias ? a.bias[r] : 0.f));
         }
 }
 
 
-// hc_wgmma_b4_s{S}_n{BN}_k{BK}_{bf16,f16}: 256 threads, dynamic shared memory S · stage + 1024
-// bytes (kernels-cuda `args::wgmma_shared`; the base is aligned to 1024 in the kernel).
+// hc_wgmma_b4_s{S}_n{BN}_k{BK}[_x{KS}]_{bf16,f16}: 256 threads, dynamic shared memory S · stage
+// + 1024 bytes (kernels-cuda `args::wgmma_shared`; the base is aligned to 1024 in the kernel);
+// _x{KS}: clusters of KS blocks along x, which holds KS blocks for each 128 rows.
 #define HC_WGMMA(S, BN, BK, T, BF)                                                                      \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) hc_wgmma_b4_s##S##_n##BN##_k##BK##_##T( \
         AffineArgs a) {                                                                                 \
-        wg_affine_gemm<BF, S, BN, BK>(a);                                                               \
+        wg_affine_gemm<BF, S, BN, BK, 1>(a);                                                            \
+    }
+#define HC_WGMMA_X(S, BN, BK, KS, T, BF)                                                         \
+    extern "C" __global__ void __cluster_dims__(KS, 1, 1) __launch_bounds__(WG_THREADS, 1)       \
+        hc_wgmma_b4_s##S##_n##BN##_k##BK##_x##KS##_##T(AffineArgs a) {                           \
+        wg_affine_gemm<BF, S, BN, BK, KS>(a);                                                    \
     }
 #define HC_WGMMA_T(T, BF)                                                                     \
-    HC_WGMMA(4, 128, 128, T, BF) HC_WGMMA(6, 128, 64, T, BF) HC_WGMMA(5, 128, 128, T, BF) \
-    HC_WGMMA(4, 256, 64, T, BF) HC_WGMMA(5, 256, 64, T, BF)
+    HC_WGMMA(4, 128, 128, T, BF) HC_WGMMA(6, 128, 64, T, BF) HC_WGMMA(5, 256, 64, T, BF)  \
+    HC_WGMMA_X(4, 128, 128, 2, T, BF) HC_WGMMA_X(6, 128, 64, 2, T, BF) HC_WGMMA_X(5, 256, 64, 2, T, BF)
 HC_WGMMA_T(bf16, true)
 HC_WGMMA_T(f16, false)

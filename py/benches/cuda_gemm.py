@@ -30,9 +30,9 @@ from _graph_timing import graph_time_us
 
 # (row tiles per warp, batch tiles of 8, stages): kernels-cuda `args::GEMM_SHAPES`.
 SHAPES = [(1, 4, 4), (1, 8, 4), (2, 4, 3), (2, 8, 3)]
-# The Hopper kernels' (stages, activation rows, columns a chunk): kernels-cuda
-# `args::WGMMA_SHAPES` (kernels/gemm_sm90a.cu).
-WG_SHAPES = [(4, 128, 128), (6, 128, 64), (5, 128, 128), (4, 256, 64), (5, 256, 64)]
+# The Hopper kernels' (stages, activation rows, columns a chunk, blocks a cluster splitting the
+# columns): kernels-cuda `args::WGMMA_SHAPES` (kernels/gemm_sm90a.cu).
+WG_SHAPES = [(4, 128, 128, 1), (6, 128, 64, 1), (5, 256, 64, 1), (4, 128, 128, 2), (6, 128, 64, 2), (5, 256, 64, 2)]
 
 
 def picked(rows: int, batch: int) -> tuple[int, int]:
@@ -57,9 +57,11 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="also write the table here")
     ap.add_argument("--wgmma", action="append", default=[], metavar="FILE",
                     help="also time the Hopper GEMM of this module (its PTX or a cubin; may repeat)")
-    ap.add_argument("--wg-extra", default="", metavar="NAME:S:BN:BK,...",
+    ap.add_argument("--wg-extra", default="", metavar="NAME:S:BN:BK[:KS],...",
                     help="other kernels of the --wgmma modules to time, with the Hopper GEMM's arguments "
                          "and shared-memory layout (an earlier build's names, say)")
+    ap.add_argument("--wg-only", default="", metavar="SUBSTR,...",
+                    help="time only the Hopper kernels whose names hold one of these")
     ap.add_argument("--skip-committed", action="store_true", help="leave out the committed GEMM's shapes")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -67,13 +69,16 @@ def main() -> int:
         return 0
     mods = {f"wg{i}": path for i, path in enumerate(args.wgmma)}
     drv = Driver(mods or None)
-    wanted = [(f"hc_wgmma_b4_s{st}_n{bn}_k{bk}_bf16", st, bn, bk) for st, bn, bk in WG_SHAPES]
+    wanted = [(f"hc_wgmma_b4_s{st}_n{bn}_k{bk}{f'_x{ks}' if ks > 1 else ''}_bf16", st, bn, bk, ks)
+              for st, bn, bk, ks in WG_SHAPES]
     for e in filter(None, args.wg_extra.split(",")):
-        name, st, bn, bk = e.split(":")
-        wanted.append((name, int(st), int(bn), int(bk)))
+        name, st, bn, bk, *ks = e.split(":")
+        wanted.append((name, int(st), int(bn), int(bk), int(ks[0]) if ks else 1))
+    only = [o for o in args.wg_only.split(",") if o]
+    wanted = [w for w in wanted if not only or any(o in w[0] for o in only)]
     wg = {}
     for mod in mods:
-        for name, st, bn, bk in wanted:
+        for name, st, bn, bk, ks in wanted:
             try:
                 f = drv.fn(mod, name)
             except RuntimeError:
@@ -81,7 +86,7 @@ def main() -> int:
             sm = st * (bn * bk * 2 + 128 * (bk // 2 + 16)) + 1024  # stages (WgStage) + alignment
             drv.check(drv.cu.cuFuncSetAttribute(f, 8, sm), "max dynamic shared memory")
             label = name.removeprefix("hc_").removesuffix("_bf16") + (f" ({mod})" if len(mods) > 1 else "")
-            wg[label] = (f, sm, bn)
+            wg[label] = (f, sm, bn, bk, ks)
     gemm = {}
     for r, n, st in [] if args.skip_committed else SHAPES:
         f = drv.fn("ptx", f"hc_affine_gemm_b4_r{r}_n{n}_bf16")
@@ -126,7 +131,9 @@ def main() -> int:
             cands = [(f"hc_affine_gemm r{r} n{n}" + (" *" if (r, n) == picked(rows, m) else ""), f,
                       (-(-rows // (64 * r)), -(-m // (8 * n))), 128, sm) for (r, n), (f, sm) in gemm.items()]
             if m >= 64:
-                cands += [(label, f, (-(-rows // 128), -(-m // bn)), 256, sm) for label, (f, sm, bn) in wg.items()]
+                # (a split takes at least 2 chunks a block: kernels-cuda `args::wgmma_shape`)
+                cands += [(label, f, (-(-rows // 128) * ks, -(-m // bn)), 256, sm)
+                          for label, (f, sm, bn, bk, ks) in wg.items() if k // bk >= 2 * ks or ks == 1]
             if m <= 16:
                 cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0))
             for name, f, grid, block, sm in cands:

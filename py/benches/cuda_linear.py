@@ -161,8 +161,8 @@ def bench(sizes: list[tuple[int, int]], iters: int, specs: list[str], batches: l
                 print(f"| {rows}x{cols} | {m} | (our activation RHT alone, tile {e8.tile}) | | {t:.1f} | | |")
             for spec, (op, d, qs) in layers.items():
                 bpv = op.stored_bytes * 8 / (rows * cols)
-                fused = d._fused_batch(torch.bfloat16)
-                for route in ("gemv",) if m == 1 else ("gemv", "decode") if m <= fused else ("decode",):
+                fused = d._takes(m, torch.bfloat16)
+                for route in ("gemv",) if m == 1 else ("gemv", "decode") if fused else ("decode",):
                     y = d.forward(x, route=route).float()
                     e = float((y - ref).norm() / ref.norm())
                     t = graph_time_us(lambda: d.forward(x, route=route), iters)

@@ -308,18 +308,20 @@ impl CudaKernels {
         unsafe { self.k.affine_gemv_group(&a, stream) }.map_err(cuda_err)
     }
 
-    /// The most activation rows the routes hand the fused affine kernels for these arguments
-    /// on this device (kernels-cuda `Kernels::affine_fused_batch`: every batch its grid holds
-    /// where the Hopper GEMM takes the layer, else `MAX_GEMM_BATCH` where the tensor-core GEMM does, 16 on the
-    /// tensor-core GEMV, else 4 per pass). Pointers are checked for alignment, not read.
+    /// The most activation rows the routes hand the fused affine kernels (other than the
+    /// Hopper GEMM) for these arguments on this device (kernels-cuda
+    /// `Kernels::affine_fused_batch`: `MAX_GEMM_BATCH` where the tensor-core GEMM takes the
+    /// layer, 16 on the tensor-core GEMV, else 4 per pass). Pointers are checked for alignment,
+    /// not read.
     fn affine_fused_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<usize> {
         Ok(self.k.affine_fused_batch(&affine(args)?))
     }
 
-    /// The fewest activation rows for which `affine_gemv` runs the Hopper GEMM on this device,
-    /// or `None` where it never does (kernels-cuda `Kernels::affine_wgmma_from`).
-    fn affine_wgmma_from(&self, args: &Bound<'_, PyDict>) -> PyResult<Option<usize>> {
-        Ok(self.k.affine_wgmma_from(&affine(args)?))
+    /// The activation rows `(fewest, most)` the routes hand `affine_gemv`'s Hopper GEMM on this
+    /// device, or `None` where none (kernels-cuda `Kernels::affine_wgmma_batches`: above the
+    /// other fused kernels' batches, up to 256, where its grid fills the device).
+    fn affine_wgmma_batches(&self, args: &Bound<'_, PyDict>) -> PyResult<Option<(usize, usize)>> {
+        Ok(self.k.affine_wgmma_batches(&affine(args)?))
     }
 
     /// The same for the trellis kernels (kernels-cuda `TrellisGemv::fused_batch`: 16 on the

@@ -187,7 +187,8 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
 def test_tensor_core_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
     # 4100 rows (the last tile of 16 partial) and 40, 300 or 520 activation rows, forced onto the
     # GEMM (the routes take it up to 64): blocks of one and of two row tiles per warp, several
-    # batch tiles, the last one partial.
+    # batch tiles, the last one partial. (On compute capability 9.0, int4 and int4-g128-sym take
+    # the Hopper GEMM above 64 rows instead: test_hopper_gemm_matches_the_cpu_runtime_at_large_batches.)
     rng = np.random.default_rng(11)
     w = rng.standard_normal((4100, 256)).astype(np.float32)
     b = rng.standard_normal(4100).astype(np.float32)
@@ -218,24 +219,37 @@ def test_tensor_core_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_hopper_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
     """On compute capability 9.0, batches above the other fused kernels' run the wgmma GEMM
-    (kernels/gemm_sm90a.cu): 4100 rows (33 blocks of 128, the last partial) and 200, columns of
-    2 and 3 chunks of 128 (groups of 64, 128, 256 — the last partial — or a row), 65–520
-    activation rows (the last batch tile partial), against the CPU runtime."""
+    (kernels/gemm_sm90a.cu) in affine_gemv (``route="gemv"``), against the CPU runtime: 13 000
+    rows × 256 columns (unsplit; blocks of 256 activation rows above 128), 4100 × 640 (the last
+    block of 128 rows partial; the columns split over clusters of 2 blocks: 2 and 3 chunks of
+    128, a row's scale starting part way through the second part) and 200 × 384 (split in
+    chunks of 64); groups of 64, 128, 256 (the last partial) or a row; 65–520 activation rows
+    (the last batch tile partial). The routes take it only where its grid fills the device,
+    from above the other fused kernels' batches (64 for groups of 128, 16 for groups of 64) up
+    to 256 rows."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper GEMM loads on compute capability 9.0 only")
-    if os.environ.get("HYPERCODEC_WGMMA") != "1":
-        pytest.skip("the Hopper GEMM's route is off by default (slower than decode + cuBLAS so far; kernels-cuda "
-                    "WGMMA_DEFAULT); HYPERCODEC_WGMMA=1 runs it")
+    if os.environ.get("HYPERCODEC_WGMMA") == "0":
+        pytest.skip("HYPERCODEC_WGMMA=0 turns the Hopper GEMM off")
     rng = np.random.default_rng(17)
-    for rows, cols in ((4100, 256), (200, 384)):
+    # 102 blocks of 13 000 rows fill three quarters of an H100's or H200's 132 multiprocessors
+    # (and of any up to 136); at most 8 of 200 rows fill none with 11 or more.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for rows, cols in ((13000, 256), (4100, 640), (200, 384)):
         w = rng.standard_normal((rows, cols)).astype(np.float32)
         op = hypercodec.Linear.quantize(w, spec, rng.standard_normal(rows).astype(np.float32))
         d = hcuda.DeviceLinear(op, torch.device("cuda"))
+        routed = [m for m in (64, 65, 128, 129, 256, 257, 520) if d.route(m, dtype) == "cuda-affine-wgmma"]
+        if 11 <= sms <= 136 and rows != 4100:
+            fused = d._kernel_batches(dtype)[0]
+            want = [m for m in (64, 65, 128, 129, 256) if m > fused] if rows == 13000 else []
+            assert routed == want, (spec, rows, sms)
         for m in (65, 128, 129, 300, 520):
-            assert d.route(m, dtype) == "cuda-affine-wgmma", (spec, m, d.route(m, dtype))
             x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
             want = op.forward(x.float().numpy())
-            got = d.forward(x.cuda()).float().cpu().numpy()
+            y = torch.full((m, rows), float("nan"), dtype=dtype, device="cuda")
+            y.copy_(d.forward(x.cuda(), route="gemv"))
+            got = y.float().cpu().numpy()
             assert np.isfinite(got).all()
             tol = 1e-2 if dtype == torch.bfloat16 else 3e-3
             err = np.abs(got - want).max() / np.abs(want).max()
@@ -1314,9 +1328,9 @@ def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
         _replays_follow_inputs(groups["qkv"], m, cols)
     d = groups["qkv"]
     assert hcuda.forward_group(d, torch.randn(1, cols, device="cuda")) is None  # f32
-    if d[0]._kernel_batches(torch.bfloat16)[1] is None:  # (the Hopper GEMM, where on, takes every batch)
-        big = d[0]._fused_batch(torch.bfloat16) + 1
-        assert hcuda.forward_group(d, torch.randn(big, cols, device="cuda", dtype=torch.bfloat16)) is None
+    big = d[0]._kernel_batches(torch.bfloat16)[0] + 1  # (small layers: never the Hopper GEMM)
+    assert not d[0]._takes(big, torch.bfloat16)
+    assert hcuda.forward_group(d, torch.randn(big, cols, device="cuda", dtype=torch.bfloat16)) is None
     assert hcuda.forward_group(d, torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)) is None
 
 

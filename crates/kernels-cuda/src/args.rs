@@ -163,24 +163,41 @@ pub(crate) fn function_names() -> Vec<String> {
     }
     // kernels/gemm_sm90a.cu (loaded on compute capability 9.0 only)
     for t in CPA_HALVES_TYPES {
-        for (s, n, k) in WGMMA_SHAPES {
-            v.push(format!("hc_wgmma_b4_s{s}_n{n}_k{k}_{t}"));
+        for (s, n, k, ks) in WGMMA_SHAPES {
+            let x = if ks > 1 {
+                format!("_x{ks}")
+            } else {
+                String::new()
+            };
+            v.push(format!("hc_wgmma_b4_s{s}_n{n}_k{k}{x}_{t}"));
         }
     }
     v
 }
 
 /// The Hopper GEMM's compiled shapes (`kernels/gemm_sm90a.cu`,
-/// `hc_wgmma_b4_s{S}_n{BN}_k{BK}_{bf16,f16}`): stages, activation rows a block, columns a
-/// chunk. The routes take the first two ([`wgmma_shape`]); the others are compiled for timing
-/// (`py/benches/cuda_gemm.py --wgmma`).
-pub(crate) const WGMMA_SHAPES: [(usize, usize, usize); 5] = [
-    (4, 128, 128),
-    (6, 128, 64),
-    (5, 128, 128),
-    (4, 256, 64),
-    (5, 256, 64),
+/// `hc_wgmma_b4_s{S}_n{BN}_k{BK}[_x{KS}]_{bf16,f16}`): stages, activation rows a block, columns
+/// a chunk, and blocks a cluster splitting the columns (1: no cluster); [`wgmma_shape`] picks
+/// one. (Five stages at 128 activation rows, four at 256, and clusters of 4 were timed too and
+/// ran slower: `docs/eval/cuda_gemm.md`.)
+pub(crate) const WGMMA_SHAPES: [(usize, usize, usize, usize); 6] = [
+    (4, 128, 128, 1),
+    (6, 128, 64, 1),
+    (5, 256, 64, 1),
+    (4, 128, 128, 2),
+    (6, 128, 64, 2),
+    (5, 256, 64, 2),
 ];
+/// The Hopper GEMM's shapes unsplit and split in 2: blocks of 128 activation rows in chunks of
+/// 128 columns, of 64, and blocks of 256 rows.
+const WGMMA_N128_K128: [usize; 2] = [0, 3];
+const WGMMA_N128_K64: [usize; 2] = [1, 4];
+const WGMMA_N256: [usize; 2] = [2, 5];
+/// The most activation rows for which the routes prefer the Hopper GEMM to decode + cuBLAS
+/// ([`wgmma_route`]). On an H100 it ran 0.59–0.69× bf16 at 128 and 256 rows on 8192²,
+/// 14336×4096 and 28672×8192 (decode + cuBLAS 0.40–0.45×), but 0.50–0.58× at 512 (decode +
+/// cuBLAS 0.57–0.61×): `docs/eval/cuda_gemm.md`.
+pub(crate) const WGMMA_ROUTE_MAX: usize = 256;
 /// The most blocks a launch grid's y dimension holds.
 pub(crate) const MAX_GRID_Y: usize = 65_535;
 
@@ -203,21 +220,77 @@ pub(crate) fn wgmma(dtype: crate::Dtype, shape: usize) -> Option<usize> {
 }
 
 /// Dynamic shared memory of the Hopper GEMM of shape `shape`: its stages (`WgStage`: `BN`
-/// activation rows of `2·BK` bytes, then 128 rows of codes `BK/2 + 16` bytes apart) and 1024
-/// bytes to align them to the swizzle's period.
+/// activation rows of `2·BK` bytes, then 128 rows of codes `BK/2 + 16` bytes apart; split, they
+/// hold the partial sums at the end) and 1024 bytes to align them to the swizzle's period.
 pub(crate) fn wgmma_shared(shape: usize) -> u32 {
-    let (s, n, k) = WGMMA_SHAPES[shape];
+    let (s, n, k, _) = WGMMA_SHAPES[shape];
     (s * (n * k * 2 + WGMMA_ROWS * (k / 2 + 16)) + 1024) as u32
 }
 
-/// The Hopper GEMM's routed shape for a layer whose groups hold `group_len` columns (a multiple
-/// of 64): chunks of 128 columns where the groups hold whole ones, else of 64.
-pub(crate) fn wgmma_shape(group_len: usize) -> usize {
-    if group_len.is_multiple_of(128) {
-        0
+/// The blocks the Hopper GEMM of shape `shape` launches on `rows` weight rows and `batch`
+/// activation rows: one per 128 rows, `BN` activation rows and split of the columns.
+pub(crate) fn wgmma_blocks(rows: usize, batch: usize, shape: usize) -> usize {
+    let (_, n, _, ks) = WGMMA_SHAPES[shape];
+    rows.div_ceil(WGMMA_ROWS) * ks * batch.div_ceil(n)
+}
+
+/// Whether the Hopper GEMM of shape `shape` on `rows` weight rows and `batch` activation rows
+/// launches blocks enough ([`wgmma_blocks`]) to fill three quarters of a device of `sms`
+/// multiprocessors (one block each: its stages take most of the shared memory).
+pub(crate) fn wgmma_fills(rows: usize, batch: usize, shape: usize, sms: u32) -> bool {
+    4 * wgmma_blocks(rows, batch, shape) >= 3 * sms as usize
+}
+
+/// The Hopper GEMM's shape for a layer of `rows` × `cols` whose groups hold `group_len` columns
+/// (a multiple of 64) at `batch` activation rows on a device of `sms` multiprocessors: blocks of
+/// 256 activation rows above 128 (a block then decodes each weight for twice the rows: 1.5–1.8×
+/// the throughput of 128 on an H100), else of 128 in chunks of 128 columns where the groups hold
+/// whole ones, else of 64; each unsplit where that fills the device ([`wgmma_fills`]), else
+/// split over a cluster of 2 blocks where that does (each taking at least 2 chunks). Where none
+/// fills, the most blocks.
+pub(crate) fn wgmma_shape(
+    group_len: usize,
+    rows: usize,
+    cols: usize,
+    batch: usize,
+    sms: u32,
+) -> usize {
+    let narrow = if group_len.is_multiple_of(128) {
+        WGMMA_N128_K128
     } else {
-        1
-    }
+        WGMMA_N128_K64
+    };
+    let wide = if batch > 128 { &WGMMA_N256[..] } else { &[] };
+    let whole = |&s: &usize| {
+        let (_, _, k, ks) = WGMMA_SHAPES[s];
+        ks == 1 || 2 * ks <= cols / k
+    };
+    let fits = wide.iter().chain(&narrow).filter(|s| whole(s));
+    fits.clone()
+        .find(|&&s| wgmma_fills(rows, batch, s, sms))
+        .or_else(|| fits.max_by_key(|&&s| wgmma_blocks(rows, batch, s)))
+        .copied()
+        .unwrap_or(narrow[0])
+}
+
+/// Whether the routes should prefer the Hopper GEMM ([`wgmma_shape`]) to decode + cuBLAS for this
+/// layer at `batch` activation rows: at most [`WGMMA_ROUTE_MAX`] of them, its grid filling the
+/// device, and each weight decoded once for all of them (blocks of 128 activation rows up to
+/// 128, of 256 above). On an H100 (`docs/eval/cuda_gemm.md`), where the grid did not fill it ran
+/// slower than decode + cuBLAS (8192² at 128 rows unsplit, 64 blocks: 0.37× bf16 against 0.40×;
+/// 4096 rows split in 2, 64 blocks: 0.38–0.48× against 0.46–0.55×), and blocks of 128 at 256
+/// rows (each weight decoded twice) ran level with it (0.38–0.52× against 0.42–0.55×).
+pub(crate) fn wgmma_route(
+    group_len: usize,
+    rows: usize,
+    cols: usize,
+    batch: usize,
+    sms: u32,
+) -> bool {
+    let shape = wgmma_shape(group_len, rows, cols, batch, sms);
+    batch <= WGMMA_ROUTE_MAX
+        && wgmma_fills(rows, batch, shape, sms)
+        && (batch <= 128 || WGMMA_SHAPES[shape].1 == 256)
 }
 
 /// The prefix-coded E8 kernels' forms: (name, single code limit, pair code limit).

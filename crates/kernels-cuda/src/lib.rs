@@ -177,12 +177,12 @@ pub const MAX_GEMM_BATCH: usize = 64;
 /// any other value, [`WGMMA_DEFAULT`] holds.
 pub const WGMMA_ENV: &str = "HYPERCODEC_WGMMA";
 
-/// Whether the routes take the Hopper GEMM (`kernels/gemm_sm90a.cu`) by default. Off: its first
-/// form matched the CPU runtime on an H100 (`py/tests/test_cuda.py -k hopper`, run with
-/// `HYPERCODEC_WGMMA=1`) but ran 0.36× bf16 at 256 rows on 8192², slower than the decode +
-/// cuBLAS route it would replace (0.43×; `docs/eval/cuda_gemm.md`); the form scheduled by chunk
-/// that replaced it has not run on a GPU yet.
-pub const WGMMA_DEFAULT: bool = false;
+/// Whether the routes take the Hopper GEMM (`kernels/gemm_sm90a.cu`) by default. On: its form
+/// scheduled by chunk matched the CPU runtime on an H100 (`py/tests/test_cuda.py -k hopper`) and,
+/// at the batches [`Kernels::affine_wgmma_batches`] gives, ran 0.61–0.69× bf16 where decode +
+/// cuBLAS ran 0.42–0.46× (14336×4096 and 28672×8192 at 128 and 256 rows;
+/// `docs/eval/cuda_gemm.md`). `HYPERCODEC_WGMMA=0` turns it off.
+pub const WGMMA_DEFAULT: bool = true;
 
 /// Layers one launch of [`Kernels::affine_gemv_group`] takes (the kernels' `HC_GROUP_MAX`).
 pub const AFFINE_GROUP_MAX: usize = 4;
@@ -1756,13 +1756,14 @@ impl Kernels {
         Ok(true)
     }
 
-    /// The Hopper GEMM for this layer and its shape, where the layer fits it
-    /// ([`AffineGemv::wgmma_ok`]) and this device loaded it (compute capability 9.0).
+    /// The Hopper GEMM for this layer at its batch and its shape ([`args::wgmma_shape`]), where
+    /// the layer fits it ([`AffineGemv::wgmma_ok`]) and this device loaded it (compute
+    /// capability 9.0 with the route on: [`WGMMA_ENV`]).
     fn wgmma_for(&self, a: &AffineGemv) -> Option<(usize, usize)> {
         if !self.wgmma || !a.wgmma_ok() {
             return None;
         }
-        let shape = args::wgmma_shape(a.group_len);
+        let shape = args::wgmma_shape(a.group_len, a.rows, a.cols, a.batch, self.inner.sms());
         // The kernel takes a group as whole chunks (a.glen / BK of them).
         debug_assert!(a.group_len.is_multiple_of(args::WGMMA_SHAPES[shape].2));
         args::wgmma(a.x_dtype, shape)
@@ -1770,21 +1771,30 @@ impl Kernels {
             .map(|f| (f, shape))
     }
 
-    /// The fewest activation rows for which [`Kernels::affine_gemv`] runs the Hopper GEMM on
-    /// this layer, or `None` where it never does on this device.
-    pub fn affine_wgmma_from(&self, a: &AffineGemv) -> Option<usize> {
-        self.wgmma_for(a).map(|_| a.fused_batch() + 1)
+    /// The activation rows, `(fewest, most)`, for which the routes should hand this layer to
+    /// [`Kernels::affine_gemv`]'s Hopper GEMM rather than decode it and run cuBLAS: the batches
+    /// above [`AffineGemv::fused_batch`] up to 256 at which its grid fills the device and it
+    /// decodes each weight once ([`args::wgmma_route`]; an H100: `docs/eval/cuda_gemm.md`).
+    /// `None` where that is none of them: on 132 multiprocessors, a layer of fewer than 6273
+    /// rows (50 blocks of 128, split in 2) or fewer than 4 chunks of 128 columns a row (8 of 64
+    /// above 128 activation rows), one the GEMM does not take, or a device that did not load
+    /// it. The range is whole: the blocks of the shape it routes to never fall as the batch
+    /// grows.
+    pub fn affine_wgmma_batches(&self, a: &AffineGemv) -> Option<(usize, usize)> {
+        let sms = self.inner.sms();
+        let from = (a.fused_batch() + 1..=args::WGMMA_ROUTE_MAX).find(|&batch| {
+            self.wgmma_for(&AffineGemv { batch, ..*a }).is_some()
+                && args::wgmma_route(a.group_len, a.rows, a.cols, batch, sms)
+        })?;
+        Some((from, args::WGMMA_ROUTE_MAX))
     }
 
     /// The most activation rows for which the routes should hand this layer to
-    /// [`Kernels::affine_gemv`] rather than decode it and run a GEMM: every batch its grid
-    /// holds where the Hopper GEMM takes it on this device, else [`AffineGemv::fused_batch`]. Pointers are
-    /// checked for alignment only.
+    /// [`Kernels::affine_gemv`]'s other fused kernels rather than decode it and run a GEMM:
+    /// [`AffineGemv::fused_batch`] (the Hopper GEMM's batches beyond it:
+    /// [`Kernels::affine_wgmma_batches`]).
     pub fn affine_fused_batch(&self, a: &AffineGemv) -> usize {
-        match self.wgmma_for(a) {
-            Some((_, shape)) => args::MAX_GRID_Y * args::WGMMA_SHAPES[shape].1,
-            None => a.fused_batch(),
-        }
+        a.fused_batch()
     }
 
     /// Launches `y = x·Wᵀ (+ b)` on the affine codes, any batch: the cp.async kernel at batch 1
@@ -1792,8 +1802,9 @@ impl Kernels {
     /// and the tensor-core kernel up to [`MAX_MMA_BATCH`] rows where
     /// [`AffineGemv::tensor_core_words`] allows, the tensor-core GEMM above that where
     /// [`AffineGemv::gemm_ok`] does, the Hopper GEMM above [`AffineGemv::fused_batch`] where
-    /// it is loaded and takes the layer, else the CUDA-core GEMV in passes of
-    /// [`MAX_GEMV_BATCH`].
+    /// it is loaded and takes the layer (any batch its grid holds: 128 or 256 activation rows a
+    /// block, [`Kernels::affine_wgmma_batches`] says where the routes prefer it), else the
+    /// CUDA-core GEMV in passes of [`MAX_GEMV_BATCH`].
     ///
     /// # Safety
     /// As [`Kernels::rht`].
@@ -1848,8 +1859,8 @@ impl Kernels {
         // Above the other fused kernels' batches, the Hopper GEMM where it is loaded.
         if a.batch > a.fused_batch() {
             if let Some((f, shape)) = self.wgmma_for(a) {
-                let bn = args::WGMMA_SHAPES[shape].1;
-                // grid.y: batch tiles.
+                let (_, bn, _, ks) = args::WGMMA_SHAPES[shape];
+                // grid.x: KS blocks (a cluster) for each 128 rows; grid.y: batch tiles.
                 if a.batch.div_ceil(bn) <= args::MAX_GRID_Y {
                     let mut k = args::AffineArgs::new(a);
                     let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
@@ -1858,7 +1869,7 @@ impl Kernels {
                         self.inner.launch(
                             f,
                             (
-                                a.rows.div_ceil(args::WGMMA_ROWS) as u32,
+                                (a.rows.div_ceil(args::WGMMA_ROWS) * ks) as u32,
                                 a.batch.div_ceil(bn) as u32,
                             ),
                             args::WGMMA_THREADS,
@@ -3602,15 +3613,17 @@ mod tests {
         // The Hopper GEMMs come last, bf16 then f16, in WGMMA_SHAPES' order.
         let wg = |d, shape| names[args::wgmma(d, shape).unwrap()].as_str();
         assert_eq!(wg(Dtype::Bf16, 0), "hc_wgmma_b4_s4_n128_k128_bf16");
-        assert_eq!(wg(Dtype::Bf16, 4), "hc_wgmma_b4_s5_n256_k64_bf16");
+        assert_eq!(wg(Dtype::Bf16, 2), "hc_wgmma_b4_s5_n256_k64_bf16");
         assert_eq!(wg(Dtype::F16, 1), "hc_wgmma_b4_s6_n128_k64_f16");
-        assert_eq!(wg(Dtype::F16, 3), "hc_wgmma_b4_s4_n256_k64_f16");
-        assert_eq!(args::wgmma(Dtype::F16, 4).unwrap(), names.len() - 1);
-        assert!(args::wgmma(Dtype::F32, 0).is_none() && args::wgmma(Dtype::Bf16, 5).is_none());
+        assert_eq!(wg(Dtype::Bf16, 3), "hc_wgmma_b4_s4_n128_k128_x2_bf16");
+        assert_eq!(wg(Dtype::F16, 4), "hc_wgmma_b4_s6_n128_k64_x2_f16");
+        assert_eq!(args::wgmma(Dtype::F16, 5).unwrap(), names.len() - 1);
+        assert_eq!(names.last().unwrap(), "hc_wgmma_b4_s5_n256_k64_x2_f16");
+        assert!(args::wgmma(Dtype::F32, 0).is_none() && args::wgmma(Dtype::Bf16, 6).is_none());
         // Stages of 1024-byte multiples (WgStage), 1024 bytes to align them, all within the
         // 227 KB a Hopper block may opt in to.
         assert_eq!(args::wgmma_shared(0), 4 * (32768 + 128 * 80) + 1024);
-        assert_eq!(args::wgmma_shared(4), 5 * (32768 + 128 * 48) + 1024);
+        assert_eq!(args::wgmma_shared(2), 5 * (32768 + 128 * 48) + 1024);
         for shape in 0..args::WGMMA_SHAPES.len() {
             assert!(args::wgmma_shared(shape) <= 227 * 1024, "{shape}");
         }
@@ -3627,11 +3640,59 @@ mod tests {
             ..affine()
         };
         assert!(a.wgmma_ok());
-        // Groups of 128 (or longer) take the chunks of 128 columns, groups of 64 those of 64;
-        // a scale per row is one group as long as the row.
-        assert_eq!(args::WGMMA_SHAPES[args::wgmma_shape(128)].2, 128);
-        assert_eq!(args::WGMMA_SHAPES[args::wgmma_shape(64)].2, 64);
-        assert_eq!(args::WGMMA_SHAPES[args::wgmma_shape(4096)].2, 128);
+        // Blocks of 256 activation rows above 128, else of 128 in chunks of 128 columns where
+        // the groups hold whole ones (a scale per row is one group as long as the row), else
+        // of 64; unsplit where that fills three quarters of the device (99 blocks of 132),
+        // else split in 2 where that does (at least 2 chunks a block), else the most blocks.
+        let shape = |glen, rows, cols, batch| {
+            args::WGMMA_SHAPES[args::wgmma_shape(glen, rows, cols, batch, 132)]
+        };
+        assert_eq!(shape(128, 28672, 8192, 128), (4, 128, 128, 1));
+        assert_eq!(shape(64, 28672, 8192, 100), (6, 128, 64, 1));
+        assert_eq!(shape(128, 28672, 8192, 129), (5, 256, 64, 1));
+        assert_eq!(shape(128, 98 * 128 + 1, 4096, 1024), (5, 256, 64, 1));
+        assert_eq!(shape(128, 8192, 8192, 128), (4, 128, 128, 2));
+        assert_eq!(shape(128, 8192, 8192, 256), (5, 256, 64, 2));
+        assert_eq!(shape(192, 8192, 8192, 256), (5, 256, 64, 2));
+        assert_eq!(shape(4096, 4096, 4096, 128), (4, 128, 128, 2));
+        assert_eq!(shape(64, 4096, 4096, 128), (6, 128, 64, 2));
+        // (128 blocks of 128 activation rows, split: the first that fills.)
+        assert_eq!(shape(128, 4096, 4096, 256), (4, 128, 128, 2));
+        // Too few chunks to split (2 of 128 columns), none filling: the most blocks.
+        assert_eq!(shape(128, 4096, 256, 128), (4, 128, 128, 1));
+        assert_eq!(shape(128, 200, 384, 520), (5, 256, 64, 2));
+        for cols in [128, 256, 384, 512, 640, 1024] {
+            for (glen, rows, batch) in [(64, 200, 65), (128, 4100, 300), (cols, 13_000, 129)] {
+                let (_, _, k, ks) = shape(glen, rows, cols, batch);
+                assert!(
+                    ks == 1 || 2 * ks <= cols / k,
+                    "{cols} {glen} {rows} {batch}"
+                );
+            }
+        }
+        assert_eq!(args::wgmma_blocks(4100, 300, 5), 33 * 2 * 2);
+        assert!(args::wgmma_fills(98 * 128 + 1, 65, 0, 132));
+        assert!(!args::wgmma_fills(98 * 128, 128, 0, 132));
+        assert!(args::wgmma_fills(50 * 128, 65, 3, 132));
+        assert!(!args::wgmma_fills(49 * 128, 65, 3, 132));
+        // The routes: up to 256 activation rows where the grid fills the device and blocks of
+        // 256 take the batches above 128; one range of batches (Kernels::affine_wgmma_batches).
+        for (rows, cols, want) in [
+            (200, 8192, None),
+            (4096, 4096, None),
+            (6272, 8192, None),
+            (6273, 8192, Some(65)),
+            (8192, 8192, Some(65)),
+            (8192, 256, Some(129)),
+            (28_672, 8192, Some(65)),
+            (28_672, 128, Some(65)),
+        ] {
+            let routed = |b| args::wgmma_route(128, rows, cols, b, 132);
+            let first = (65..=256).find(|&b| routed(b));
+            assert_eq!(first, want, "{rows} {cols}");
+            assert!((first.unwrap_or(257)..=256).all(routed), "{rows} {cols}");
+            assert!(!routed(257) && !routed(1024), "{rows} {cols}");
+        }
         for ok in [
             AffineGemv {
                 group_len: 64,

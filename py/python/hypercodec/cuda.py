@@ -12,6 +12,11 @@ on PyTorch's current stream, without synchronizing:
   :data:`MMA_MAX_BATCH` rows in one launch (the codes read once), and 2- or 4-bit codes whose
   rows and groups hold whole chunks of 128 columns on a tensor-core GEMM above that, up to the
   kernels' ``MAX_GEMM_BATCH`` (weights decoded in registers, never in memory);
+- on an H100 or H200 (compute capability 9.0), 4-bit affine layers whose groups hold multiples
+  of 64 columns above that, up to 256 rows, where the layer has rows enough to fill the device
+  (about 6300, its columns split over two blocks below about 12 500): the Hopper GEMM (wgmma,
+  weights decoded in registers), 1.3–1.7× the speed of decoding then cuBLAS there on an H100
+  (``HYPERCODEC_WGMMA=0`` turns it off);
 - larger batches: the weight is decoded to the activation dtype for the call, then
   ``F.linear`` (cuBLAS) — transient memory of one dense weight;
 - E8 symbols in GPU-shaped rANS chunks (``e8@B-gpu``, CLI ``--coding rans-gpu``): one warp
@@ -206,7 +211,7 @@ class DeviceLinear:
             form = None  # no kernel for its limits, or its PTX module did not load: the decode fallback
         self.kind = "dense" if form is None else form["kind"]
         self._dense: dict[torch.dtype, torch.Tensor] = {}
-        self._fused: dict[torch.dtype, tuple[int, int | None]] = {}
+        self._fused: dict[torch.dtype, tuple[int, int | None, int]] = {}
         if form is None:
             return
 
@@ -380,38 +385,42 @@ class DeviceLinear:
             ts += [self.payload, self.index, self.table, self.row_scales]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
-    def _fused_batch(self, dtype: torch.dtype) -> int:
-        """Activation rows up to which the fused kernel runs for activations of ``dtype`` (asked
-        of the kernels once per dtype: it is read on every forward)."""
-        return self._kernel_batches(dtype)[0]
+    def _takes(self, batch: int, dtype: torch.dtype) -> bool:
+        """Whether a fused kernel (rather than decode + ``F.linear``) runs ``batch`` rows of
+        ``dtype`` (asked of the kernels once per dtype: it is read on every forward)."""
+        fused, wg_from, wg_to = self._kernel_batches(dtype)
+        return batch <= fused or (self.kind == "affine" and wg_from is not None and wg_from <= batch <= wg_to)
 
-    def _kernel_batches(self, dtype: torch.dtype) -> tuple[int, int | None]:
-        """The fused kernels' most activation rows for ``dtype``, and the fewest for which the
-        trellis tensor-core kernel (or, for affine layers, the Hopper GEMM) runs (None: never),
-        asked of the kernels once per dtype."""
+    def _kernel_batches(self, dtype: torch.dtype) -> tuple[int, int | None, int]:
+        """The fused kernels' most activation rows for ``dtype`` (beside the Hopper GEMM's), the
+        fewest for which the trellis tensor-core kernel or, for affine layers, the Hopper GEMM
+        runs (None: never), and the Hopper GEMM's most (0: none), asked of the kernels once per
+        dtype."""
         got = self._fused.get(dtype)
         if got is None:
-            n, mma_from = GEMV_MAX_BATCH.get(self.kind, 0), None
+            n, mma_from, wg_to = GEMV_MAX_BATCH.get(self.kind, 0), None, 0
             if self.kind == "affine" and dtype in _DTYPES:
                 a = dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1)
                 # mma_from: for affine layers, the first batch of the Hopper GEMM (sm_90 only).
-                n, mma_from = self.kernels.affine_fused_batch(a), self.kernels.affine_wgmma_from(a)
+                n, wg = self.kernels.affine_fused_batch(a), self.kernels.affine_wgmma_batches(a)
+                if wg is not None:
+                    mma_from, wg_to = wg
             elif self.kind == "e8prefix" and dtype not in (torch.bfloat16, torch.float16):
                 n = 4  # f32 rows one at a time on FFMA (f16 tensor cores would round them)
             elif self.kind == "trellis" and dtype in _DTYPES:
                 a = dict(self.args, xr=0, y=0, y_dtype=_DTYPES[dtype], batch=1)
                 n, mma_from = self.kernels.trellis_fused_batch(a), self.kernels.trellis_mma_min_batch(a)
-            got = self._fused[dtype] = (n, mma_from)
+            got = self._fused[dtype] = (n, mma_from, wg_to)
         return got
 
     def route(self, batch: int, dtype: torch.dtype = torch.float32) -> str:
         """The route a batch of ``batch`` rows of ``dtype`` takes."""
         if self.kind == "dense":
             return "cuda-decode-fallback+linear"
-        fused, mma_from = self._kernel_batches(dtype)
+        fused, mma_from, wg_to = self._kernel_batches(dtype)
+        if self.kind == "affine" and mma_from is not None and mma_from <= batch <= wg_to:
+            return "cuda-affine-wgmma"
         if batch <= fused:
-            if self.kind == "affine" and mma_from is not None and batch >= mma_from:
-                return "cuda-affine-wgmma"
             if self.kind == "affine" and fused >= MMA_MAX_BATCH:
                 return "cuda-affine-mma" if batch <= MMA_MAX_BATCH else "cuda-affine-gemm"
             if mma_from is not None and batch >= mma_from:
@@ -487,7 +496,7 @@ class DeviceLinear:
             if self.bias is not None:
                 y += self.bias.to(dt)
             return y.reshape(*lead, self.rows).to(x.dtype)
-        gemv = m <= self._fused_batch(dt) if route is None else route == "gemv"
+        gemv = self._takes(m, dt) if route is None else route == "gemv"
         stream = torch.cuda.current_stream(self.device).cuda_stream
         if self.kind == "dense":
             b = None if self.bias is None else self.bias.to(dt)
@@ -551,7 +560,7 @@ def _affine_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
         return None
     m, cols = math.prod(x.shape[:-1]), x.shape[-1]
     # (m > 1: batches the fused kernels take, each layer's launch on a stream of its own.)
-    if m == 0 or (m > 1 and not all(m <= d._fused_batch(x.dtype) for d in layers)):
+    if m == 0 or (m > 1 and not all(d._takes(m, x.dtype) for d in layers)):
         return None
     x2 = x.reshape(m, cols).contiguous()
     if x2.data_ptr() % 16:
@@ -602,7 +611,7 @@ def _rotated_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Te
     if m == 0:
         return None
     width, tile, seed = layers[0].rotation()
-    gemv = [m <= d._fused_batch(dt) for d in layers]
+    gemv = [d._takes(m, dt) for d in layers]
     want16 = [d._wants_xr16(m, dt, g) for d, g in zip(layers, gemv)]
     xr16 = torch.empty(m, width, dtype=torch.float16, device=x.device) if any(want16) else None
     xr = rht(x2, width, tile, seed, xr16)
