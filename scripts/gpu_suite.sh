@@ -6,7 +6,8 @@
 #   bash scripts/gpu_suite.sh [WHEEL_DIR] [STEP ...]
 #
 # WHEEL_DIR defaults to the checkout's .dev/gpu. Steps, in the order given (default: tests linear trellis e2e):
-#   tests    py/tests/test_cuda.py: every kernel against the CPU runtime
+#   tests    py/tests/test_cuda.py: every kernel against the CPU runtime (on an H100/H200, the affine
+#            tests again with HYPERCODEC_WGMMA=0: the sm_80 GEMM above 64 rows)
 #   linear   py/benches/cuda_linear.py: every route checked against the CPU runtime, then timed against
 #            torch bf16 F.linear and torch's int4 kernel on 8192x8192 and 28672x8192, batches 1, 4, 16, 256
 #   trellis  py/benches/cuda_trellis.py: the trellis kernels (1MAD and pair code) on 8192x8192, batches 1, 4, 16
@@ -20,14 +21,15 @@
 #            (e8@4-gpu), bf16 and torch's int4 on 4096x4096, 8192x8192 and 28672x8192, batches 1, 4, 16, 64, 256
 #   e2eprefix py/benches/cuda_e2e.py --specs e8@4-prefix,e8@4-gpu,int4: tokens/s of the 4-block decoder with
 #            the entropy-coded E8 layers (prefix codes, rANS) beside INT4 and bf16
-#   hopper   the Hopper GEMM (kernels/gemm_sm90a.cu; H100/H200 only), its route on (HYPERCODEC_WGMMA=1):
-#            py/tests/test_cuda.py -k hopper against the CPU runtime, then py/benches/cuda_gemm.py timing it
-#            against bf16 and decode + cuBLAS on 8192x8192 and 28672x8192, batches 128, 256, 1024
+#   hopper   the Hopper GEMM (kernels/gemm_sm90a.cu; H100/H200 only; on unless HYPERCODEC_WGMMA=0):
+#            py/tests/test_cuda.py -k hopper against the CPU runtime, then py/benches/cuda_gemm.py timing
+#            each of its shapes (unsplit and split over clusters of 2) against bf16 and decode + cuBLAS on
+#            4096x4096, 8192x8192, 14336x4096 and 28672x8192, batches 128, 256, 512
 #   e8prefix py/benches/cuda_e8_prefix_prototype.py: the entropy-coded E8 prototype (WHEEL_DIR/e8p.cubin, which
 #            gpu-bundle builds) against bf16 and the committed rANS layer on 4096x4096 and 8192x8192, batches 1, 16, 256
 #
 # Each step runs under `timeout` (its own limit below, or STEP_LIMIT seconds for every step) so
-# that one slow step cannot take the rest down with it, and the default steps end within 530 s,
+# that one slow step cannot take the rest down with it, and the default steps end within 550 s,
 # inside a 10-minute remote command; its output goes to $OUT/<step>.txt (OUT defaults to the checkout's .dev/gpu-out),
 # and its row of the summary (step, exit status, seconds) is printed as it ends and kept in
 # $OUT/summary.md. Exits 0 only when every step passed; 2 where torch sees no CUDA device or the
@@ -96,11 +98,21 @@ ready=$?
 
 # The hopper step: two commands under one time limit (timeout runs it through bash).
 hopper_step() {
-    HYPERCODEC_WGMMA=1 "$py" -m pytest -q -rs py/tests/test_cuda.py -k hopper &&
-        HYPERCODEC_WGMMA=1 "$py" py/benches/cuda_gemm.py --skip-committed --wgmma crates/kernels-cuda/ptx/gemm_sm90a.ptx \
-            --shapes 8192x8192,28672x8192 --batches 128,256,1024 --out "$out/hopper.md"
+    "$py" -m pytest -q -rs py/tests/test_cuda.py -k hopper &&
+        "$py" py/benches/cuda_gemm.py --skip-committed --wgmma crates/kernels-cuda/ptx/gemm_sm90a.ptx \
+            --shapes 4096x4096,8192x8192,14336x4096,28672x8192 --batches 128,256,512 --iters 20 --out "$out/hopper.md"
 }
 export -f hopper_step
+# The tests step: every CUDA test, then (on compute capability 9.0, where the Hopper GEMM takes
+# 4-bit layers above 64 rows) the affine tests again with it off, so that the sm_80 GEMM's large
+# batches run too (a process of their own: the kernels are loaded once a process).
+tests_step() {
+    "$py" -m pytest -q -rs py/tests/test_cuda.py || return 1
+    if [ "$("$py" -c 'import torch; print(torch.cuda.get_device_capability() == (9, 0))')" = True ]; then
+        HYPERCODEC_WGMMA=0 "$py" -m pytest -q -rs py/tests/test_cuda.py -k "affine or tensor_core or gemm"
+    fi
+}
+export -f tests_step
 export py out
 
 summary="$out/summary.md"
@@ -108,7 +120,7 @@ printf '| step | exit | seconds |\n|---|---:|---:|\n' > "$summary"
 status=0
 for step in "${steps[@]}"; do
     case $step in
-        tests) limit=200 cmd=("$py" -m pytest -q -rs py/tests/test_cuda.py) ;;
+        tests) limit=220 cmd=(bash -c tests_step) ;;
         linear) limit=150 cmd=("$py" py/benches/cuda_linear.py --quick --sizes 8192x8192,28672x8192
                                --batches 1,4,16,256 --iters 100 --out "$out/linear.md") ;;
         trellis) limit=90 cmd=("$py" py/benches/cuda_trellis.py --sizes 8192x8192 --batches 1,4,16

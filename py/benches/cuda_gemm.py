@@ -2,7 +2,8 @@
 bf16 `F.linear`, the decode-then-cuBLAS route and the batch-16 tensor-core kernel, in one run.
 
     python py/benches/cuda_gemm.py [--shapes 4096x4096,8192x8192] [--batches 16,64,256] [--out FILE]
-                                   [--wgmma crates/kernels-cuda/ptx/gemm_sm90a.ptx ...] [--wg-extra NAME:S:BN:BK,...]
+                                   [--wgmma crates/kernels-cuda/ptx/gemm_sm90a.ptx ...] [--wg-extra NAME:S:BN:BK[:KS],...]
+                                   [--wg-only SUBSTR,...]
 
 Random INT4 codes in groups of 128 (row-major, as stored), asymmetric, with f16 scales and
 offsets in the tiled layout `DeviceLinear` holds (`_driver.tile_scales`); bf16 activations.
@@ -13,7 +14,8 @@ for 8·NT activation rows per block; the row marked `*` is the shape kernels-cud
 (`args::gemm_shape`); "decode + F.linear" is the committed decoder (`hc_affine_decode_b4`,
 to bf16) then cuBLAS, the route above `MAX_GEMM_BATCH` rows. `--wgmma` adds the Hopper
 GEMM `kernels/gemm_sm90a.cu` (its committed sm_90a PTX, or a cubin of it) in each compiled
-shape at batches of 64 and more; `--skip-committed` leaves out the sm_80 GEMM's shapes.
+shape at batches of 64 and more (a shape split over a cluster where each block takes at least
+2 chunks; `--wg-only` picks some); `--skip-committed` leaves out the sm_80 GEMM's shapes.
 """
 
 from __future__ import annotations

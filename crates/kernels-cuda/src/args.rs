@@ -221,7 +221,8 @@ pub(crate) fn wgmma(dtype: crate::Dtype, shape: usize) -> Option<usize> {
 
 /// Dynamic shared memory of the Hopper GEMM of shape `shape`: its stages (`WgStage`: `BN`
 /// activation rows of `2·BK` bytes, then 128 rows of codes `BK/2 + 16` bytes apart; split, they
-/// hold the partial sums at the end) and 1024 bytes to align them to the swizzle's period.
+/// hold the partial sums after the main loop, at their start) and 1024 bytes to align them to
+/// the swizzle's period.
 pub(crate) fn wgmma_shared(shape: usize) -> u32 {
     let (s, n, k, _) = WGMMA_SHAPES[shape];
     (s * (n * k * 2 + WGMMA_ROWS * (k / 2 + 16)) + 1024) as u32

@@ -3,7 +3,7 @@
 //! activation RHT, decoders to a dense weight for large batches, the KV cache's codec and
 //! attention, and the trellis encoder (the CPU's Viterbi search and bits) — built to PTX from
 //! `kernels/` by `cargo xtask ptx` (for sm_80; a Hopper-only GEMM for sm_90a, loaded on compute
-//! capability 9.0 where its route is on: [`WGMMA_ENV`]), embedded with `include_str!` and
+//! capability 9.0 unless [`WGMMA_ENV`] turns it off), embedded with `include_str!` and
 //! launched through the CUDA driver API.
 //!
 //! Key design decision: this crate takes **device pointers and parameter structs** and knows
@@ -178,9 +178,10 @@ pub const MAX_GEMM_BATCH: usize = 64;
 pub const WGMMA_ENV: &str = "HYPERCODEC_WGMMA";
 
 /// Whether the routes take the Hopper GEMM (`kernels/gemm_sm90a.cu`) by default. On: its form
-/// scheduled by chunk matched the CPU runtime on an H100 (`py/tests/test_cuda.py -k hopper`) and,
-/// at the batches [`Kernels::affine_wgmma_batches`] gives, ran 0.61–0.69× bf16 where decode +
-/// cuBLAS ran 0.42–0.46× (14336×4096 and 28672×8192 at 128 and 256 rows;
+/// scheduled by chunk (split over clusters of 2 blocks where a layer is too short to fill the
+/// device) matched the CPU runtime on an H100 (`py/tests/test_cuda.py -k hopper`) and, at the
+/// batches [`Kernels::affine_wgmma_batches`] gives, ran 0.59–0.69× bf16 where decode + cuBLAS
+/// ran 0.40–0.45× (8192², 14336×4096 and 28672×8192 at 128 and 256 rows;
 /// `docs/eval/cuda_gemm.md`). `HYPERCODEC_WGMMA=0` turns it off.
 pub const WGMMA_DEFAULT: bool = true;
 
@@ -1483,7 +1484,7 @@ impl AffineGemv {
     /// only) takes this layer at batches above [`AffineGemv::fused_batch`]: 4-bit codes under
     /// bf16 or f16 activations, rows of whole chunks of 128 columns, a scale per row or per
     /// group of a multiple of 64 columns (not one for the tensor), the codes and activations
-    /// 16-byte aligned and the scale arrays 8-byte aligned. See [`Kernels::affine_fused_batch`].
+    /// 16-byte aligned and the scale arrays 8-byte aligned. See [`Kernels::affine_wgmma_batches`].
     pub fn wgmma_ok(&self) -> bool {
         matches!(self.x_dtype, Dtype::Bf16 | Dtype::F16)
             && self.bits == 4
@@ -1776,9 +1777,9 @@ impl Kernels {
     /// above [`AffineGemv::fused_batch`] up to 256 at which its grid fills the device and it
     /// decodes each weight once ([`args::wgmma_route`]; an H100: `docs/eval/cuda_gemm.md`).
     /// `None` where that is none of them: on 132 multiprocessors, a layer of fewer than 6273
-    /// rows (50 blocks of 128, split in 2) or fewer than 4 chunks of 128 columns a row (8 of 64
-    /// above 128 activation rows), one the GEMM does not take, or a device that did not load
-    /// it. The range is whole: the blocks of the shape it routes to never fall as the batch
+    /// rows (50 blocks of 128, split in 2), or below 12 545 rows too few columns to split (fewer
+    /// than 4 chunks of the shape's 128 or 64), one the GEMM does not take, or a device that did
+    /// not load it. The range is whole: the blocks of the shape it routes to never fall as the batch
     /// grows.
     pub fn affine_wgmma_batches(&self, a: &AffineGemv) -> Option<(usize, usize)> {
         let sms = self.inner.sms();
