@@ -1775,7 +1775,7 @@ impl Kernels {
     /// The activation rows, `(fewest, most)`, for which the routes should hand this layer to
     /// [`Kernels::affine_gemv`]'s Hopper GEMM rather than decode it and run cuBLAS: the batches
     /// above [`AffineGemv::fused_batch`] up to 256 at which its grid fills the device and it
-    /// decodes each weight once ([`args::wgmma_route`]; an H100: `docs/eval/cuda_gemm.md`).
+    /// decodes each weight once (`args::wgmma_route`; an H100: `docs/eval/cuda_gemm.md`).
     /// `None` where that is none of them: on 132 multiprocessors, a layer of fewer than 6273
     /// rows (50 blocks of 128, split in 2), or below 12 545 rows too few columns to split (fewer
     /// than 4 chunks of the shape's 128 or 64), one the GEMM does not take, or a device that did
