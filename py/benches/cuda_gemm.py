@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="4096x4096,8192x8192,14336x4096,4096x14336,28672x8192")
     ap.add_argument("--batches", default="16,32,64,128,256,512,1024")
     ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--group", type=int, default=128, help="columns a scale group (64 or 128; the sm_80 GEMM takes 128)")
     ap.add_argument("--out", default=None, help="also write the table here")
     ap.add_argument("--wgmma", action="append", default=[], metavar="FILE",
                     help="also time the Hopper GEMM of this module (its PTX or a cubin; may repeat)")
@@ -101,7 +102,8 @@ def main() -> int:
              "| shape | batch | kernel | µs per call | × bf16 | rel. error vs float32 |", "|---|---:|---|---:|---:|---:|"]
     for shape in args.shapes.split(","):
         rows, k = (int(v) for v in shape.split("x"))
-        groups = k // 128
+        glen = args.group
+        groups = k // glen
         copies = int(400e6 // (rows * k // 2)) + 1
         w = [torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, device="cuda") for _ in range(copies)]
         sc = torch.rand(rows, groups, device="cuda") * 0.01 + 0.001
@@ -109,7 +111,7 @@ def main() -> int:
         sc16, of16 = sc.half(), of.half()
         sct, oft = tile_scales(sc16), tile_scales(of16)
         q = torch.stack([(w[0].int() >> (4 * i)) & 15 for i in range(2)], -1).reshape(rows, k).float()
-        wd = q * sc16.float().repeat_interleave(128, 1) + of16.float().repeat_interleave(128, 1)
+        wd = q * sc16.float().repeat_interleave(glen, 1) + of16.float().repeat_interleave(glen, 1)
         wb = wd.to(torch.bfloat16)
         q = None
         for m in (int(v) for v in args.batches.split(",")):
@@ -120,7 +122,7 @@ def main() -> int:
 
             def args_for(i: int) -> Args:
                 a = Args(w[i].data_ptr(), sct.data_ptr(), oft.data_ptr(), x.data_ptr(), y.data_ptr(), None,
-                         w[i].numel(), 2, 2, m, rows, k, 4, 128, groups, 1.0, 0.0, 7, 1)
+                         w[i].numel(), 2, 2, m, rows, k, 4, glen, groups, 1.0, 0.0, 7, 1)
                 kept.append(a)
                 return a
 
@@ -135,7 +137,8 @@ def main() -> int:
             if m >= 64:
                 # (a split takes at least 2 chunks a block: kernels-cuda `args::wgmma_shape`)
                 cands += [(label, f, (-(-rows // 128) * ks, -(-m // bn)), 256, sm)
-                          for label, (f, sm, bn, bk, ks) in wg.items() if k // bk >= 2 * ks or ks == 1]
+                          for label, (f, sm, bn, bk, ks) in wg.items()
+                          if (k // bk >= 2 * ks or ks == 1) and glen % bk == 0]
             if m <= 16:
                 cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0))
             for name, f, grid, block, sm in cands:
