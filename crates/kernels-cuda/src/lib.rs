@@ -1779,8 +1779,8 @@ impl Kernels {
     /// `None` where that is none of them: on 132 multiprocessors, a layer of fewer than 6273
     /// rows (50 blocks of 128, split in 2), or below 12 545 rows too few columns to split (fewer
     /// than 4 chunks of the shape's 128 or 64), one the GEMM does not take, or a device that did
-    /// not load it. The range is whole: the blocks of the shape it routes to never fall as the batch
-    /// grows.
+    /// not load it. The range is whole: the blocks of the shape it routes to never fall as the
+    /// batch grows.
     pub fn affine_wgmma_batches(&self, a: &AffineGemv) -> Option<(usize, usize)> {
         let sms = self.inner.sms();
         let from = (a.fused_batch() + 1..=args::WGMMA_ROUTE_MAX).find(|&batch| {

@@ -211,7 +211,7 @@ class DeviceLinear:
             form = None  # no kernel for its limits, or its PTX module did not load: the decode fallback
         self.kind = "dense" if form is None else form["kind"]
         self._dense: dict[torch.dtype, torch.Tensor] = {}
-        self._fused: dict[torch.dtype, tuple[int, int | None, int]] = {}
+        self._fused: dict[torch.dtype, tuple[int, int | None, tuple[int, int] | None]] = {}
         if form is None:
             return
 
@@ -388,37 +388,34 @@ class DeviceLinear:
     def _takes(self, batch: int, dtype: torch.dtype) -> bool:
         """Whether a fused kernel (rather than decode + ``F.linear``) runs ``batch`` rows of
         ``dtype`` (asked of the kernels once per dtype: it is read on every forward)."""
-        fused, wg_from, wg_to = self._kernel_batches(dtype)
-        return batch <= fused or (self.kind == "affine" and wg_from is not None and wg_from <= batch <= wg_to)
+        fused, _, wgmma = self._kernel_batches(dtype)
+        return batch <= fused or (wgmma is not None and wgmma[0] <= batch <= wgmma[1])
 
-    def _kernel_batches(self, dtype: torch.dtype) -> tuple[int, int | None, int]:
+    def _kernel_batches(self, dtype: torch.dtype) -> tuple[int, int | None, tuple[int, int] | None]:
         """The fused kernels' most activation rows for ``dtype`` (beside the Hopper GEMM's), the
-        fewest for which the trellis tensor-core kernel or, for affine layers, the Hopper GEMM
-        runs (None: never), and the Hopper GEMM's most (0: none), asked of the kernels once per
-        dtype."""
+        fewest for which the trellis tensor-core kernel runs (None: never), and for affine layers
+        the fewest and most for which the Hopper GEMM runs (None: never; sm_90 only), asked of the
+        kernels once per dtype."""
         got = self._fused.get(dtype)
         if got is None:
-            n, mma_from, wg_to = GEMV_MAX_BATCH.get(self.kind, 0), None, 0
+            n, mma_from, wgmma = GEMV_MAX_BATCH.get(self.kind, 0), None, None
             if self.kind == "affine" and dtype in _DTYPES:
                 a = dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1)
-                # mma_from: for affine layers, the first batch of the Hopper GEMM (sm_90 only).
-                n, wg = self.kernels.affine_fused_batch(a), self.kernels.affine_wgmma_batches(a)
-                if wg is not None:
-                    mma_from, wg_to = wg
+                n, wgmma = self.kernels.affine_fused_batch(a), self.kernels.affine_wgmma_batches(a)
             elif self.kind == "e8prefix" and dtype not in (torch.bfloat16, torch.float16):
                 n = 4  # f32 rows one at a time on FFMA (f16 tensor cores would round them)
             elif self.kind == "trellis" and dtype in _DTYPES:
                 a = dict(self.args, xr=0, y=0, y_dtype=_DTYPES[dtype], batch=1)
                 n, mma_from = self.kernels.trellis_fused_batch(a), self.kernels.trellis_mma_min_batch(a)
-            got = self._fused[dtype] = (n, mma_from, wg_to)
+            got = self._fused[dtype] = (n, mma_from, wgmma)
         return got
 
     def route(self, batch: int, dtype: torch.dtype = torch.float32) -> str:
         """The route a batch of ``batch`` rows of ``dtype`` takes."""
         if self.kind == "dense":
             return "cuda-decode-fallback+linear"
-        fused, mma_from, wg_to = self._kernel_batches(dtype)
-        if self.kind == "affine" and mma_from is not None and mma_from <= batch <= wg_to:
+        fused, mma_from, wgmma = self._kernel_batches(dtype)
+        if wgmma is not None and wgmma[0] <= batch <= wgmma[1]:
             return "cuda-affine-wgmma"
         if batch <= fused:
             if self.kind == "affine" and fused >= MMA_MAX_BATCH:
