@@ -29,7 +29,8 @@
 // by k-step, decoding step s + 1 only once step s − 1 had finished, the first form of this
 // kernel kept one or two wgmmas in flight and reached a quarter of the tensor rate on an H100:
 // docs/eval/cuda_gemm.md.) The copies' addresses are worked out once (a chunk adds BK columns)
-// and the next group's scales are loaded a chunk before they are needed.
+// and each group's scales are loaded two chunks before its terms are made, and converted only
+// then.
 // Split K: a layer with too few rows to fill the device (one block an SM: the stages take most
 // of its shared memory) runs as clusters of KS = 2 blocks over the same 128 rows (clusters of 4
 // ran slower), each block a KS-th of the chunks; each block then leaves its partial sums in its
@@ -143,11 +144,19 @@ __device__ __forceinline__ uint32_t wg_pair(uint32_t w, uint32_t sel, uint32_t m
     return hc_lop3_and_or(__byte_perm(w, w >> 4, sel), 0x000F000Fu, magic);
 }
 
-// The scale (or offset) pair of rows g, g + 8 of a tile in group grp, as f32 (idx: the pair's
-// first entry in group 0, hc_si's layout; 16 entries a group).
-__device__ __forceinline__ float2 wg_pair_of(const void* p, int sdtype, long long idx, int grp) {
-    if (sdtype == 0) return *reinterpret_cast<const float2*>(static_cast<const float*>(p) + idx + 16LL * grp);
-    return hc_spair16(sdtype, __ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p) + idx + 16LL * grp)));
+// The scale (or offset) pair of rows g, g + 8 of a tile in group grp as loaded (idx: the pair's
+// first entry in group 0, hc_si's layout; 16 entries a group): two f32 words, or one word of two
+// 16-bit values. Converted only where used (wg_pair_from): a conversion next to the load makes
+// the warp wait for it there (Nsight Compute: a fifth of the stall samples of the n256 kernel
+// sat on the conversion of a scale load issued just before it).
+__device__ __forceinline__ uint2 wg_raw_of(const void* p, int sdtype, long long idx, int grp) {
+    if (sdtype == 0) return __ldg(reinterpret_cast<const uint2*>(static_cast<const float*>(p) + idx + 16LL * grp));
+    return make_uint2(__ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p) + idx + 16LL * grp)), 0u);
+}
+__device__ __forceinline__ float2 wg_pair_from(int sdtype, uint2 v) {
+    asm volatile("" : "+r"(v.x), "+r"(v.y));  // (the wait for the load stays here)
+    if (sdtype == 0) return make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
+    return hc_spair16(sdtype, v.x);
 }
 
 // y[m][r] = Σ_k x[m][k] · ŵ[r][k] (+ bias) for 4-bit codes with a scale per row or per group of
@@ -201,21 +210,31 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
     const int tile = min((rb + 16 * warp) >> 4, (a.rows - 1) >> 4);
     const long long sidx = (long long)tile * a.srs * 16 + 2 * g;
     const int per_group = a.glen / BK;  // chunks a group
-    float2 ps, po;                      // the scale and offset pairs of the next group
-    auto load_pairs = [&](int grp) {
-        ps = wg_pair_of(a.scales, a.sdtype, sidx, grp);
-        po = a.offsets ? wg_pair_of(a.offsets, a.sdtype, sidx, grp) : make_float2(0.f, 0.f);
+    // The scale and offset pairs as loaded, in two slots: chunk c's group in slot c mod 2 (the
+    // main loop's two bodies name them statically), loaded two chunks before its terms are made
+    // (groups of one chunk ran 25–35 % slower with the loads one chunk ahead).
+    struct Raw {
+        uint2 s, o;
+    };
+    Raw r0{}, r1{};
+    // Whether this block's chunk c starts a group (or is its first chunk), and that group's load.
+    auto starts = [&](int c) { return c == 0 || (c0 + c) % per_group == 0; };
+    auto load = [&](Raw& r, int c) {
+        const int grp = (c0 + c) / per_group;
+        r.s = wg_raw_of(a.scales, a.sdtype, sidx, grp);
+        if (a.offsets) r.o = wg_raw_of(a.offsets, a.sdtype, sidx, grp);
     };
     HcTerms tm[2];
-    // The group of this block's chunk 0 (maybe part way through it), and the first chunk of the
-    // group after tm's (this block's count).
-    int grp = c0 / per_group, next_group = 0;
-    auto terms_for = [&](int c) {  // called for c = 0, 1, 2, …
-        if (c != next_group) return;
-        tm[0] = hc_terms<BF16>(ps.x * a.qmul, po.x - ps.x * a.qbias);
-        tm[1] = hc_terms<BF16>(ps.y * a.qmul, po.y - ps.y * a.qbias);
-        next_group = (grp + 1) * per_group - c0;
-        if (next_group < chunks) load_pairs(++grp);
+    // Chunk c's terms where it starts a group (r: slot c mod 2), then chunk c + 2's load where
+    // that one starts a group (whether or not c does: groups of 4 chunks and more).
+    auto terms_for = [&](int c, Raw& r) {
+        if (starts(c)) {
+            const float2 ps = wg_pair_from(a.sdtype, r.s);
+            const float2 po = a.offsets ? wg_pair_from(a.sdtype, r.o) : make_float2(0.f, 0.f);
+            tm[0] = hc_terms<BF16>(ps.x * a.qmul, po.x - ps.x * a.qbias);
+            tm[1] = hc_terms<BF16>(ps.y * a.qmul, po.y - ps.y * a.qbias);
+        }
+        if (c + 2 < chunks && starts(c + 2)) load(r, c + 2);
     };
     const uint32_t sel = t | (t << 4) | ((4 + t) << 8) | ((4 + t) << 12);
     const int cw_off = St::XST + (16 * warp + g) * St::CROW;
@@ -243,7 +262,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
     // Chunk c's wgmmas on fragments cur; then, while they run, chunk c + 1 into nxt (read by
     // chunk c − 1's, which are waited for). Stage (c − 1) mod S is refilled with chunk c + S − 1
     // once both warpgroups are past chunk c − 1.
-    auto step = [&](int c, uint32_t(&cur)[STEPS][4], uint32_t(&nxt)[STEPS][4]) {
+    auto step = [&](int c, uint32_t(&cur)[STEPS][4], uint32_t(&nxt)[STEPS][4], Raw& rn) {
         const uint64_t d0 = wg_desc(sm + (c % S) * St::BYTES);
 #pragma unroll
         for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
@@ -261,7 +280,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
             __syncthreads();  // chunk c + 1 is in; chunk c − 1's wgmmas are done in both warpgroups
             if (c + S - 1 < chunks) issue(c + S - 1);
             hc_cp_commit();
-            terms_for(c + 1);
+            terms_for(c + 1, rn);
             decode(c + 1, nxt);
         }
     };
@@ -271,15 +290,16 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
             if (i < chunks) issue(i);
             hc_cp_commit();
         }
-        load_pairs(grp);
+        load(r0, 0);
+        if (chunks > 1 && starts(1)) load(r1, 1);
         hc_cp_wait<S - 2>();
         wg_fence_proxy();
         __syncthreads();
-        terms_for(0);
+        terms_for(0, r0);
         decode(0, fa);
         for (int c = 0; c < chunks; c += 2) {
-            step(c, fa, fb);
-            if (c + 1 < chunks) step(c + 1, fb, fa);
+            step(c, fa, fb, r1);
+            if (c + 1 < chunks) step(c + 1, fb, fa, r0);
         }
         wg_wait<0>();
         hc_cp_wait<0>();
