@@ -29,8 +29,8 @@
 // by k-step, decoding step s + 1 only once step s − 1 had finished, the first form of this
 // kernel kept one or two wgmmas in flight and reached a quarter of the tensor rate on an H100:
 // docs/eval/cuda_gemm.md.) The copies' addresses are worked out once (a chunk adds BK columns)
-// and each group's scales are loaded two chunks before its terms are made, and converted only
-// then.
+// and each group's scales are loaded two chunks before its terms are made (the first two at
+// the prologue), and converted only then.
 // Split K: a layer with too few rows to fill the device (one block an SM: the stages take most
 // of its shared memory) runs as clusters of KS = 2 blocks over the same 128 rows (clusters of 4
 // ran slower), each block a KS-th of the chunks; each block then leaves its partial sums in its
@@ -154,7 +154,7 @@ __device__ __forceinline__ uint2 wg_raw_of(const void* p, int sdtype, long long 
     return make_uint2(__ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p) + idx + 16LL * grp)), 0u);
 }
 __device__ __forceinline__ float2 wg_pair_from(int sdtype, uint2 v) {
-    asm volatile("" : "+r"(v.x), "+r"(v.y));  // (the wait for the load stays here)
+    asm volatile("" : "+r"(v.x), "+r"(v.y));  // (keeps the compiler from moving the conversion up to the load)
     if (sdtype == 0) return make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
     return hc_spair16(sdtype, v.x);
 }
@@ -210,9 +210,10 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
     const int tile = min((rb + 16 * warp) >> 4, (a.rows - 1) >> 4);
     const long long sidx = (long long)tile * a.srs * 16 + 2 * g;
     const int per_group = a.glen / BK;  // chunks a group
-    // The scale and offset pairs as loaded, in two slots: chunk c's group in slot c mod 2 (the
-    // main loop's two bodies name them statically), loaded two chunks before its terms are made
-    // (groups of one chunk ran 25–35 % slower with the loads one chunk ahead).
+    // The scale and offset pairs as loaded, in two slots: those of the group starting at chunk c
+    // in slot c mod 2 (the main loop's two bodies name them statically), loaded two chunks
+    // before its terms are made (chunks 0 and 1: at the prologue). With the conversion next to
+    // the load, every warp waited for it there: groups of one chunk ran 25–35 % slower.
     struct Raw {
         uint2 s, o;
     };
@@ -226,7 +227,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
     };
     HcTerms tm[2];
     // Chunk c's terms where it starts a group (r: slot c mod 2), then chunk c + 2's load where
-    // that one starts a group (whether or not c does: groups of 4 chunks and more).
+    // that one starts a group (whether or not c does: groups of 3 chunks and more).
     auto terms_for = [&](int c, Raw& r) {
         if (starts(c)) {
             const float2 ps = wg_pair_from(a.sdtype, r.s);
