@@ -3631,6 +3631,27 @@ mod tests {
     }
 
     #[test]
+    fn the_gemm_bench_times_the_hopper_shapes_this_crate_launches() {
+        // py/benches/cuda_gemm.py runs without the wheel, so it restates args::WGMMA_SHAPES
+        // and the shared memory of a shape; this keeps its copy from drifting.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../py/benches/cuda_gemm.py");
+        let bench = std::fs::read_to_string(path).expect("py/benches/cuda_gemm.py");
+        let line = bench
+            .lines()
+            .find(|l| l.starts_with("WG_SHAPES = "))
+            .expect("WG_SHAPES in the bench");
+        assert_eq!(line, format!("WG_SHAPES = {:?}", args::WGMMA_SHAPES));
+        // Its formula, sm = st * (bn * bk * 2 + 128 * (bk // 2 + 16)) + 1024, for each shape.
+        assert!(bench.contains("sm = st * (bn * bk * 2 + 128 * (bk // 2 + 16)) + 1024"));
+        for (shape, &(st, bn, bk, _)) in args::WGMMA_SHAPES.iter().enumerate() {
+            assert_eq!(
+                args::wgmma_shared(shape) as usize,
+                st * (bn * bk * 2 + 128 * (bk / 2 + 16)) + 1024
+            );
+        }
+    }
+
+    #[test]
     fn the_hopper_gemm_takes_4_bit_rows_of_whole_chunks_and_aligned_pointers() {
         let a = AffineGemv {
             scale_dtype: Dtype::F16,
