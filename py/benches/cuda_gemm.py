@@ -5,7 +5,7 @@ bf16 `F.linear`, the decode-then-cuBLAS route and the batch-16 tensor-core kerne
                                    [--wgmma crates/kernels-cuda/ptx/gemm_sm90a.ptx ...] [--wg-extra NAME:S:BN:BK[:KS],...]
                                    [--wg-only SUBSTR,...]
 
-Random INT4 codes in groups of 128 (row-major, as stored), asymmetric, with f16 scales and
+Random INT4 codes in groups of `--group` columns (128; row-major, as stored), asymmetric, with f16 scales and
 offsets in the tiled layout `DeviceLinear` holds (`_driver.tile_scales`); bf16 activations.
 Each kernel is checked against x·Ŵᵀ in float32, then timed as `--iters` launches in a CUDA
 graph that rotates over weight copies of ≥ 400 MB (L2 never holds them), median of 5 replays

@@ -181,8 +181,10 @@ pub const WGMMA_ENV: &str = "HYPERCODEC_WGMMA";
 /// scheduled by chunk (split over clusters of 2 blocks where a layer is too short to fill the
 /// device) matched the CPU runtime on an H100 (`py/tests/test_cuda.py -k hopper`) and, at the
 /// batches [`Kernels::affine_wgmma_batches`] gives, ran 0.59–0.69× bf16 where decode + cuBLAS
-/// ran 0.40–0.45× (8192², 14336×4096 and 28672×8192 at 128 and 256 rows;
-/// `docs/eval/cuda_gemm.md`). `HYPERCODEC_WGMMA=0` turns it off.
+/// ran 0.40–0.45× (8192², 14336×4096 and 28672×8192 at 128 and 256 rows); since its scale words
+/// are converted only where used, 1.03–1.13× at 128 rows and 0.70–0.73× at 256 (timed on a form
+/// that differs only for groups of 3 chunks and more; `docs/eval/cuda_gemm.md`).
+/// `HYPERCODEC_WGMMA=0` turns it off.
 pub const WGMMA_DEFAULT: bool = true;
 
 /// Layers one launch of [`Kernels::affine_gemv_group`] takes (the kernels' `HC_GROUP_MAX`).
