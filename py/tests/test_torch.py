@@ -2004,6 +2004,57 @@ def test_torch_jit_trace_records_the_stored_operator():
         assert torch.allclose(traced(ids), model(ids), atol=1e-5)
 
 
+@pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="the stored operator needs torch >= 2.4")
+def test_torch_fx_symbolic_trace_records_the_stored_operator():
+    """`torch.fx.symbolic_trace` of a compressed model (it raised TraceError: the layers' input
+    checks branch on the input) records each stored layer's operator, with those checks as calls
+    of the graph: the GraphModule computes what the model does, for inputs of other shapes, an
+    unbatched image and under autocast, and refuses at run time what the layer refuses; a
+    trainable layer in training mode is refused at trace time."""
+    import torch.fx as fx
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.e = torch.nn.Embedding(100, 64, max_norm=2.0)
+            self.l = torch.nn.Linear(64, 48)
+            self.c = torch.nn.Conv2d(48, 16, 3, padding=1, padding_mode="reflect")
+            self.p = torch.nn.Conv2d(16, 8, 1)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            h = self.l(self.e(ids)).permute(0, 2, 1)[..., None].expand(-1, -1, -1, 3)
+            return self.p(torch.relu(self.c(h)))
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    hnn.quantize(model, bps=4, embeddings=True)
+    assert [type(m).__name__ for m in (model.e, model.l, model.c, model.p)] == [
+        "HyperEmbedding", "HyperLinear", "HyperConv2d", "HyperConv2d"]
+    g = fx.symbolic_trace(model)
+    assert "stored_forward" in g.code and "stored_lookup" in g.code
+    for shape in ((2, 7), (1, 3)):
+        ids = torch.randint(0, 100, shape)
+        assert torch.equal(g(ids), model(ids)), shape
+    with pytest.raises(hypercodec.InvalidInputError, match="integers"):
+        g(torch.rand(2, 7))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ids = torch.randint(0, 100, (2, 5))
+        y = g(ids)
+        assert y.dtype == torch.bfloat16 and torch.equal(y, model(ids))
+    conv = fx.symbolic_trace(model.c)
+    x = torch.randn(48, 6, 3)  # one unbatched image
+    assert conv(x).shape == (16, 6, 3) and torch.equal(conv(x), model.c(x))
+    with pytest.raises(hypercodec.InvalidInputError, match=r"\(N, 48, H, W\)"):
+        conv(torch.randn(1, 40, 6, 3))
+    lin = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    hnn.quantize(lin, bps=4, trainable=True)
+    lin.train()
+    with pytest.raises(hypercodec.InvalidInputError, match="training mode"):
+        fx.symbolic_trace(lin)
+    lin.eval()
+    x = torch.randn(3, 64)
+    assert torch.equal(fx.symbolic_trace(lin)(x), lin(x))
+
 
 @pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="the stored operator needs torch >= 2.4")
 def test_graph_captures_refuse_what_they_would_freeze_or_drop():

@@ -764,6 +764,47 @@ def _as_op(layer: Any, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.hypercodec.stored_forward(x, getattr(layer, _OP_KEY), layer._op_meta())
 
 
+_FX_SYMBOLIC = getattr(torch.fx._symbolic_trace, "is_fx_symbolic_tracing", None) or getattr(
+    torch.fx._symbolic_trace, "is_fx_tracing", None
+)
+
+
+def _fx_traced() -> bool:
+    """True while ``torch.fx.symbolic_trace`` (or a tracer built on it: transformers',
+    ``torch.ao``'s) traces a stored layer's forward. The layer then records its operator as
+    torch.compile does, with its input's checks as functions of the graph (:func:`_autocast`,
+    :func:`_conv_input`, :func:`_conv_output`, :func:`_embedding_ids`, which torch.fx keeps as
+    calls), since a traced input cannot steer Python's control flow."""
+    return _custom_op is not None and _FX_SYMBOLIC is not None and _FX_SYMBOLIC()
+
+
+def _conv_input(x: torch.Tensor, channels: int) -> torch.Tensor:
+    """``x`` as a batch of images: one unbatched image ``(C, H, W)`` gets a batch of one, as
+    ``nn.Conv2d`` takes it; any other shape than ``(N, C, H, W)`` is refused."""
+    batch = x.unsqueeze(0) if x.dim() == 3 else x
+    if batch.dim() != 4 or batch.shape[1] != channels:
+        raise _native.InvalidInputError(
+            f"HyperConv2d takes (N, {channels}, H, W) or ({channels}, H, W) inputs, not {tuple(x.shape)}"
+        )
+    return batch
+
+
+def _conv_output(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``y`` without the batch :func:`_conv_input` gave an unbatched input ``x``."""
+    return y.squeeze(0) if x.dim() == 3 else y
+
+
+def _embedding_ids(ids: torch.Tensor) -> torch.Tensor:
+    """``ids`` as a lookup takes them: integers (a float or complex tensor is refused)."""
+    if ids.is_floating_point() or ids.is_complex():
+        raise _native.InvalidInputError(f"embedding ids must be integers, got {ids.dtype}")
+    return ids
+
+
+for _name in ("_autocast", "_conv_input", "_conv_output", "_embedding_ids"):
+    torch.fx.wrap(_name)  # (called by name from this module's forwards: calls of the traced graph)
+
+
 def _decoded(layer: Any, device: torch.device) -> torch.Tensor:
     """``layer.op``'s weight as a float32 ``rows × cols`` matrix on ``device`` (for a backward
     pass: decoded on the host, not kept)."""
@@ -1394,7 +1435,7 @@ class HyperLinear(_StoredForm, nn.Module):
             raise _native.InvalidInputError("this HyperLinear has no weight yet: load its state dict (weight_hwz) first")
         x = _autocast(x)
         if self.weight is not None and self.training and torch.is_grad_enabled():
-            if torch.jit.is_tracing() or _exporting():
+            if torch.jit.is_tracing() or _exporting() or _fx_traced():
                 # The step's weight would be a constant of the graph: later steps' master
                 # weights would not reach it (torch.compile breaks its graph here instead).
                 raise _native.InvalidInputError(
@@ -1409,7 +1450,7 @@ class HyperLinear(_StoredForm, nn.Module):
             # Left training: the compressed form reflects the latest master weight.
             self.refresh()
             self._steps = 0
-        if _traced():
+        if _traced() or _fx_traced():
             return _as_op(self, x)
         return _through_stored(x, self._stored_forward, self._input_grad)
 
@@ -1535,33 +1576,30 @@ class HyperConv2d(_StoredForm, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.op is None:
             raise _native.InvalidInputError("this HyperConv2d has no weight yet: load its state dict (weight_hwz) first")
-        if x.dim() == 3:  # one unbatched image, as nn.Conv2d takes (hooks ran once already)
-            return self.forward(x.unsqueeze(0)).squeeze(0)
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise _native.InvalidInputError(
-                f"HyperConv2d takes (N, {self.in_channels}, H, W) or ({self.in_channels}, H, W) inputs, "
-                f"not {tuple(x.shape)}"
-            )
-        x = _autocast(x)
+        # One unbatched image, as nn.Conv2d takes it, runs as a batch of one.
+        batch = _autocast(_conv_input(x, self.in_channels))
         if getattr(self, "padding_mode", "zeros") != "zeros":
-            x = nn.functional.pad(x, self._pad, mode=self.padding_mode)
-        if _traced():
+            batch = nn.functional.pad(batch, self._pad, mode=self.padding_mode)
+        if _traced() or _fx_traced():
             # A bias set to train is added outside the operator, where its gradient is taken;
             # any other is added inside, in float32 before the output's rounding, as eagerly.
-            y = _as_op(self, x)
-            return self._add_trained_bias(y)
-        if self.pointwise and x.shape[1] > 0:
+            y = self._add_trained_bias(_as_op(self, batch))
+        elif self.pointwise and batch.shape[1] > 0:
             # A 1×1 convolution runs on the matrix form. (Without input channels it takes the
             # decoded weight's path, so its output is PyTorch's: empty.)
             inside = not self._trained_bias()
-            y = _through_stored(x, lambda t: self._pointwise_forward(t, bias=inside), self._pointwise_grad)
-            return self._add_trained_bias(y)
-        return self._decoded_forward(x)
+            y = _through_stored(batch, lambda t: self._pointwise_forward(t, bias=inside), self._pointwise_grad)
+            y = self._add_trained_bias(y)
+        else:
+            y = self._decoded_forward(batch)
+        return _conv_output(y, x)
 
     def _trained_bias(self) -> bool:
         """Whether the bias is set to train (``requires_grad``): then added outside the stored
-        product, where autograd sees it (added inside, it got no gradient on 1×1 convolutions)."""
-        return self.bias is not None and self.bias.requires_grad
+        product, where autograd sees it (added inside, it got no gradient on 1×1 convolutions).
+        (Read from ``_parameters``: under torch.fx, ``self.bias`` is a node of the graph.)"""
+        bias = self._parameters.get("bias")
+        return bias is not None and bias.requires_grad
 
     def _add_trained_bias(self, y: torch.Tensor) -> torch.Tensor:
         """``y`` of the stored product plus a bias set to train (any other was added inside)."""
@@ -1736,9 +1774,8 @@ class HyperEmbedding(_StoredForm, nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.op is None:
             raise _native.InvalidInputError("this HyperEmbedding has no table yet: load its state dict (weight_hwz) first")
-        if ids.is_floating_point() or ids.is_complex():
-            raise _native.InvalidInputError(f"embedding ids must be integers, got {ids.dtype}")
-        if _traced():
+        ids = _embedding_ids(ids)
+        if _traced() or _fx_traced():
             rows = torch.ops.hypercodec.stored_lookup(ids, getattr(self, _OP_KEY), self.embedding_dim, self.dtype)
         else:
             _check_plain(ids)
