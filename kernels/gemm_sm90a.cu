@@ -11,11 +11,14 @@
 //
 // Design: a block of two warpgroups computes 128 weight rows (a warpgroup 64, a warp 16) for
 // BN activation rows (blockIdx.y), walking the columns BK at a time through a ring of S stages
-// that all its threads fill with cp.async, S − 1 chunks ahead (no warp specialisation, one
-// block barrier a chunk):
+// filled S − 1 chunks ahead (no warp specialisation, one block barrier a chunk):
 // - the chunk's activations, BK / 64 tiles of BN rows × 128 bytes in the 128-byte swizzled
-//   layout that a shared-memory descriptor reads as wgmma's B operand (K-major);
-// - the block's codes as stored (BK / 2 bytes a row, rows BK / 2 + 16 bytes apart so that the
+//   layout that a shared-memory descriptor reads as wgmma's B operand (K-major), copied by the
+//   tensor memory accelerator (one thread issues a box of 64 columns × BN rows a tile, from a
+//   tensor map of x that kernels-cuda encodes at each launch; rows past the batch read as
+//   zeros), completing on the stage's mbarrier. (Copied by every thread with cp.async, 16
+//   bytes each, they ran N % slower: docs/eval/cuda_gemm.md.)
+// - the block's codes as stored, by every thread with cp.async (BK / 2 bytes a row, rows BK / 2 + 16 bytes apart so that the
 //   8 rows a warp reads at once, an odd number of 16-byte units apart, hit different banks).
 // The weights: for k-step s (columns 16s .. 16s + 15) lane (g, t) of a warp needs columns
 // 2t, 2t + 1 and 2t + 8, 2t + 9 of its rows g and g + 8 (mma.m16n8k16's A layout, which wgmma
@@ -38,6 +41,36 @@
 // memory, in rank order: the same sums whichever block adds them) and stores them. No
 // workspace, no atomics.
 #include "affine.cuh"
+
+// A tensor map (the driver's CUtensorMap, 128 bytes) passed by value.
+struct __align__(64) WgTmap {
+    unsigned long long w[16];
+};
+// mbarriers: initialised for n arrivals, an arrival expecting `bytes` of copies, and a wait for
+// the phase of parity `parity` to complete.
+__device__ __forceinline__ void wg_bar_init(uint64_t* b, int n) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(hc_smem(b)), "r"(n) : "memory");
+}
+__device__ __forceinline__ void wg_bar_expect(uint64_t* b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(hc_smem(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void wg_bar_wait(uint64_t* b, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred P1;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+        "@P1 bra DONE;\nbra WAIT;\nDONE:\n}\n" ::"r"(hc_smem(b)),
+        "r"(parity)
+        : "memory");
+}
+// The box of `map` at (col, row) (64 columns, the map's rows, in the 128-byte swizzle) copied
+// to dst by the tensor memory accelerator, completing on bar.
+__device__ __forceinline__ void wg_tma2d(void* dst, const WgTmap* map, int col, int row, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            hc_smem(dst)),
+        "l"(map), "r"(col), "r"(row), "r"(hc_smem(bar))
+        : "memory");
+}
 
 // d += A · B on the tensor cores (wgmma m64nNk16, f32 accumulation): A (64 weight rows × 16
 // columns; this lane's fragment a[4] in mma.m16n8k16's layout for its warp's 16 rows) from
@@ -88,8 +121,6 @@ template <int N>
 __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// cp.async's writes (generic proxy) made visible to wgmma's reads (async proxy).
-__device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keeps the compiler from moving an accumulator across an asynchronous wgmma.
 __device__ __forceinline__ void wg_keep(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 
@@ -131,9 +162,9 @@ struct WgStage {
     static constexpr int XST = BN * BK * 2;
     static constexpr int BYTES = XST + WG_BM * CROW;
     static_assert(BYTES % 1024 == 0, "stage not a multiple of 1024 bytes");
-    // Byte offset of 16-byte piece p (columns 8p .. 8p + 7 of the chunk) of activation row n:
-    // tile p / 8, row n at 128 n, piece (p mod 8) XOR (n mod 8).
-    static __device__ __forceinline__ int xoff(int n, int p) { return (p >> 3) * (BN * 128) + n * 128 + (((p & 7) ^ (n & 7)) << 4); }
+    // The activations: 16-byte piece p (columns 8p .. 8p + 7 of the chunk) of row n at tile
+    // p / 8 (BN · 128 bytes each), row n at 128 n, piece (p mod 8) XOR (n mod 8): what the
+    // tensor map's 128-byte swizzle writes.
 };
 
 // Two weights of row word w's byte t (columns 2t, 2t + 1 of its 8) as MAGIC + q in the halves of
@@ -164,14 +195,15 @@ __device__ __forceinline__ float2 wg_pair_from(int sdtype, uint2 v) {
 // 16-byte aligned (kernels-cuda `AffineGemv::wgmma_ok`); KS > 1: blocks in clusters of KS,
 // at least KS chunks of BK columns a row (kernels-cuda `args::wgmma_shape`).
 template <bool BF16, int S, int BN, int BK, int KS>
-__device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
+__device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a, const WgTmap* map) {
+    __shared__ __align__(8) uint64_t full[S];  // stage s holds its chunk's activations
     using St = WgStage<BN, BK>;
     static_assert(S >= 3, "a stage in use, one being decoded, one filling");
     static_assert(KS == 1 || S * St::BYTES >= (BN / 8) * 16 * WG_THREADS, "the stages hold the partial sums");
     constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;
     constexpr int STEPS = BK / 16, NACC = BN / 2;
-    constexpr int XN = BN * (BK / 8) / WG_THREADS, CN = WG_BM * (BK / 32) / WG_THREADS;
-    static_assert(XN * WG_THREADS == BN * (BK / 8) && CN * WG_THREADS == WG_BM * (BK / 32), "whole copies");
+    constexpr int CN = WG_BM * (BK / 32) / WG_THREADS;
+    static_assert(CN * WG_THREADS == WG_BM * (BK / 32), "whole copies");
     extern __shared__ uint8_t wg_sm_raw[];
     uint8_t* sm = wg_sm_raw + ((1024u - (hc_smem(wg_sm_raw) & 1023u)) & 1023u);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -180,17 +212,9 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
     const int rb = (blockIdx.x / KS) * WG_BM, m0 = blockIdx.y * BN;
     // This block's chunks: c0 .. c0 + chunks − 1 of the row's.
     const int c0 = rank * (a.cols / BK) / KS, chunks = (rank + 1) * (a.cols / BK) / KS - c0;
-    // This thread's copies of a chunk (activation rows past the batch and weight rows past the
-    // last read the last one; their sums are never stored): sources at chunk 0, destinations
-    // in a stage.
-    const uint16_t* xs[XN];
-    int xd[XN];
-#pragma unroll
-    for (int i = 0; i < XN; i++) {
-        const int e = tid + i * WG_THREADS, n = e / (BK / 8), p = e % (BK / 8);
-        xs[i] = static_cast<const uint16_t*>(a.x) + (long long)min(m0 + n, a.M - 1) * a.cols + c0 * BK + 8 * p;
-        xd[i] = St::xoff(n, p);
-    }
+    // This thread's copies of a chunk's codes (weight rows past the last read the last one;
+    // their sums are never stored): sources at chunk 0, destinations in a stage. The
+    // activations: BK / 64 boxes of the map (activation rows past the batch read as zeros).
     const uint8_t* cs[CN];
     int cd[CN];
 #pragma unroll
@@ -199,10 +223,19 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
         cs[i] = a.codes + (long long)min(rb + r, a.rows - 1) * (a.cols / 2) + c0 * (BK / 2) + 16 * p;
         cd[i] = St::XST + r * St::CROW + 16 * p;
     }
+    if (tid == 0) {
+#pragma unroll
+        for (int i = 0; i < S; i++) wg_bar_init(&full[i], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
     auto issue = [&](int c) {
         uint8_t* st = sm + (c % S) * St::BYTES;
+        if (tid == 0) {
+            wg_bar_expect(&full[c % S], BN * BK * 2);
 #pragma unroll
-        for (int i = 0; i < XN; i++) hc_cp16_l1(st + xd[i], xs[i] + c * BK);
+            for (int j = 0; j < BK / 64; j++) wg_tma2d(st + j * BN * 128, map, (c0 + c) * BK + 64 * j, m0, &full[c % S]);
+        }
 #pragma unroll
         for (int i = 0; i < CN; i++) hc_cp16(st + cd[i], cs[i] + c * (BK / 2));
     };
@@ -265,6 +298,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
     // once both warpgroups are past chunk c − 1.
     auto step = [&](int c, uint32_t(&cur)[STEPS][4], uint32_t(&nxt)[STEPS][4], Raw& rn) {
         const uint64_t d0 = wg_desc(sm + (c % S) * St::BYTES);
+        wg_bar_wait(&full[c % S], (c / S) & 1);  // chunk c's activations are in
 #pragma unroll
         for (int i = 0; i < NACC; i++) wg_keep(acc[i]);
         wg_fence();
@@ -277,7 +311,6 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
         if (c + 1 < chunks) {
             wg_wait<1>();
             hc_cp_wait<S - 3>();
-            wg_fence_proxy();
             __syncthreads();  // chunk c + 1 is in; chunk c − 1's wgmmas are done in both warpgroups
             if (c + S - 1 < chunks) issue(c + S - 1);
             hc_cp_commit();
@@ -294,7 +327,6 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
         load(r0, 0);
         if (chunks > 1 && starts(1)) load(r1, 1);
         hc_cp_wait<S - 2>();
-        wg_fence_proxy();
         __syncthreads();
         terms_for(0, r0);
         decode(0, fa);
@@ -343,16 +375,18 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a) {
 
 // hc_wgmma_b4_s{S}_n{BN}_k{BK}[_x{KS}]_{bf16,f16}: 256 threads, dynamic shared memory S · stage
 // + 1024 bytes (kernels-cuda `args::wgmma_shared`; the base is aligned to 1024 in the kernel);
-// _x{KS}: clusters of KS blocks along x, which holds KS blocks for each 128 rows.
+// _x{KS}: clusters of KS blocks along x, which holds KS blocks for each 128 rows. `map`: x as a
+// 2-D tensor (columns, then M rows) of the activation type, boxes of 64 columns × BN rows,
+// 128-byte swizzle, zeros out of bounds (kernels-cuda `driver::tensor_map_2d`).
 #define HC_WGMMA(S, BN, BK, T, BF)                                                                      \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) hc_wgmma_b4_s##S##_n##BN##_k##BK##_##T( \
-        AffineArgs a) {                                                                                 \
-        wg_affine_gemm<BF, S, BN, BK, 1>(a);                                                            \
+        AffineArgs a, const __grid_constant__ WgTmap map) {                                             \
+        wg_affine_gemm<BF, S, BN, BK, 1>(a, &map);                                                            \
     }
 #define HC_WGMMA_X(S, BN, BK, KS, T, BF)                                                         \
     extern "C" __global__ void __cluster_dims__(KS, 1, 1) __launch_bounds__(WG_THREADS, 1)       \
-        hc_wgmma_b4_s##S##_n##BN##_k##BK##_x##KS##_##T(AffineArgs a) {                           \
-        wg_affine_gemm<BF, S, BN, BK, KS>(a);                                                    \
+        hc_wgmma_b4_s##S##_n##BN##_k##BK##_x##KS##_##T(AffineArgs a, const __grid_constant__ WgTmap map) { \
+        wg_affine_gemm<BF, S, BN, BK, KS>(a, &map);                                                    \
     }
 #define HC_WGMMA_T(T, BF)                                                                     \
     HC_WGMMA(4, 128, 128, T, BF) HC_WGMMA(6, 128, 64, T, BF) HC_WGMMA(5, 256, 64, T, BF)  \

@@ -39,6 +39,14 @@ class Driver:
         self.check(self.cu.cuModuleGetFunction(C.byref(f), self.mods[mod], name.encode()), name)
         return f
 
+    def params(self, f: C.c_void_p) -> list[int]:
+        """The sizes of function `f`'s parameters, in order (`cuFuncGetParamInfo`)."""
+        sizes = []
+        off, size = C.c_size_t(), C.c_size_t()
+        while self.cu.cuFuncGetParamInfo(f, len(sizes), C.byref(off), C.byref(size)) == 0:
+            sizes.append(size.value)
+        return sizes
+
     def launch(self, f: C.c_void_p, grid: int | tuple[int, int], block: int, params: list, smem: int = 0) -> None:
         """`f<<<grid, block, smem>>>` with the ctypes values `params` (kept alive by the caller
         until the launch has run, or been captured); `grid` is x or (x, y)."""
@@ -46,6 +54,23 @@ class Driver:
         arr = (C.c_void_p * len(params))(*[C.addressof(p) for p in params])
         stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
         self.check(self.cu.cuLaunchKernel(f, gx, gy, 1, block, 1, 1, smem, stream, arr, None), "launch")
+
+
+def tensor_map_2d(drv: Driver, t: torch.Tensor, box_cols: int, box_rows: int) -> tuple:
+    """A CUtensorMap of the row-major 2-D bf16 tensor `t` (boxes of `box_rows` rows of `box_cols`
+    columns in the 128-byte swizzle, zeros past its edges, L2 promotion 256 bytes), as a ctypes
+    value to pass by value (128-byte aligned, as CUDA 13 declares it), and the buffer that holds it."""
+    rows, cols = t.shape
+    buf = C.create_string_buffer(128 + 128)
+    m = (C.c_uint8 * 128).from_address((C.addressof(buf) + 127) & ~127)
+    dims = (C.c_uint64 * 2)(cols, rows)
+    strides = (C.c_uint64 * 1)(cols * t.element_size())
+    box = (C.c_uint32 * 2)(box_cols, box_rows)
+    one = (C.c_uint32 * 2)(1, 1)
+    # BFLOAT16 = 9, no interleave, SWIZZLE_128B = 3, L2_PROMOTION_256B = 3, OOB fill zeros.
+    drv.check(drv.cu.cuTensorMapEncodeTiled(C.byref(m), 9, 2, C.c_void_p(t.data_ptr()), dims, strides, box, one,
+                                            0, 3, 3, 0), "cuTensorMapEncodeTiled")
+    return m, buf
 
 
 class AffineArgs(C.Structure):

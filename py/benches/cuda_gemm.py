@@ -27,7 +27,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from _driver import AffineArgs as Args
-from _driver import Driver, tile_scales
+from _driver import Driver, tensor_map_2d, tile_scales
 from _graph_timing import graph_time_us
 
 # (row tiles per warp, batch tiles of 8, stages): kernels-cuda `args::GEMM_SHAPES`.
@@ -89,7 +89,9 @@ def main() -> int:
             sm = st * (bn * bk * 2 + 128 * (bk // 2 + 16)) + 1024  # stages (WgStage) + alignment
             drv.check(drv.cu.cuFuncSetAttribute(f, 8, sm), "max dynamic shared memory")
             label = name.removeprefix("hc_").removesuffix("_bf16") + (f" ({mod})" if len(mods) > 1 else "")
-            wg[label] = (f, sm, bn, bk, ks)
+            # A kernel taking a tensor map of x after its arguments reads the activations
+            # through the tensor memory accelerator.
+            wg[label] = (f, sm, bn, bk, ks, len(drv.params(f)) == 2, name.endswith("_mc"))
     gemm = {}
     for r, n, st in [] if args.skip_committed else SHAPES:
         f = drv.fn("ptx", f"hc_affine_gemm_b4_r{r}_n{n}_bf16")
@@ -133,21 +135,25 @@ def main() -> int:
             lines.append(f"| {shape} | {m} | torch bf16 F.linear | {base:.1f} | 1.00 | "
                          f"{float((F.linear(x, wb).float() - ref).norm() / ref.norm()):.1e} |")
             cands = [(f"hc_affine_gemm r{r} n{n}" + (" *" if (r, n) == picked(rows, m) else ""), f,
-                      (-(-rows // (64 * r)), -(-m // (8 * n))), 128, sm) for (r, n), (f, sm) in gemm.items()]
+                      (-(-rows // (64 * r)), -(-m // (8 * n))), 128, sm, []) for (r, n), (f, sm) in gemm.items()]
             if m >= 64:
                 # (a split takes at least 2 chunks a block: kernels-cuda `args::wgmma_shape`)
-                cands += [(label, f, (-(-rows // 128) * ks, -(-m // bn)), 256, sm)
-                          for label, (f, sm, bn, bk, ks) in wg.items()
+                # (_mc, a prototype: clusters of 2 blocks along the rows, each copying half of
+                # the activations to both)
+                cands += [(label, f, (-(-rows // 256) * 2 if mc else -(-rows // 128) * ks, -(-m // bn)), 256, sm,
+                           [tensor_map_2d(drv, x, 64, bn // 2 if mc else bn)] if tma else [])
+                          for label, (f, sm, bn, bk, ks, tma, mc) in wg.items()
                           if (k // bk >= 2 * ks or ks == 1) and glen % bk == 0]
             if m <= 16:
-                cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0))
-            for name, f, grid, block, sm in cands:
+                cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0, []))
+            for name, f, grid, block, sm, extra in cands:
+                extra = [e[0] for e in extra]
                 y.fill_(float("nan"))
-                drv.launch(f, grid, block, [args_for(0)], sm)
+                drv.launch(f, grid, block, [args_for(0)] + extra, sm)
                 torch.cuda.synchronize()
                 e = err()
                 it = iter(range(10**9))
-                t = graph_time_us(lambda: drv.launch(f, grid, block, [args_for(next(it) % copies)], sm), args.iters)
+                t = graph_time_us(lambda: drv.launch(f, grid, block, [args_for(next(it) % copies)] + extra, sm), args.iters)
                 lines.append(f"| {shape} | {m} | {name} | {t:.1f} | {base / t:.2f} | {e:.1e} |")
                 kept.clear()
             # The route above MAX_GEMM_BATCH: decode to bf16 (HC_DEC_U = 4 pieces of 8 per

@@ -278,6 +278,53 @@ impl Module {
     }
 }
 
+/// The driver's tensor map (`CUtensorMap`: 128 opaque bytes), a kernel parameter.
+pub(crate) type TensorMap = sys::CUtensorMap;
+
+/// A tensor map of the row-major matrix of `rows` × `cols` 16-bit values (`f16`, else bf16) at
+/// device address `ptr`, as the Hopper GEMM's tensor-memory-accelerator copies read it: boxes of
+/// `box_rows` rows × 64 columns (128 bytes) in the 128-byte swizzle, zeros past the edges, L2
+/// promotion of 256 bytes. Encoded on the host (no device call); `ptr` 16-byte aligned and
+/// `cols` a multiple of 8, else the driver refuses it (`CUDA_ERROR_INVALID_VALUE`).
+pub(crate) fn tensor_map_2d(
+    ptr: u64,
+    f16: bool,
+    rows: usize,
+    cols: usize,
+    box_rows: u32,
+) -> Result<TensorMap> {
+    // (The map is opaque: the driver writes all of it.)
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let dims = [cols as u64, rows as u64];
+    let strides = [2 * cols as u64];
+    let boxes = [64u32, box_rows];
+    let steps = [1u32, 1];
+    let dtype = if f16 {
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    } else {
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    };
+    // SAFETY: every array holds the rank's entries (strides: rank - 1); `map` is writable and
+    // aligned as the driver's type.
+    check("cuTensorMapEncodeTiled", unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            dtype,
+            2,
+            ptr as usize as *mut c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    })?;
+    Ok(map)
+}
+
 /// Device memory the crate allocates itself (host-buffer conveniences only), freed on drop.
 pub(crate) struct DeviceBuffer<'m> {
     module: &'m Module,

@@ -84,6 +84,18 @@ mod driver {
 
     pub(crate) struct DeviceBuffer;
 
+    pub(crate) struct TensorMap;
+
+    pub(crate) fn tensor_map_2d(
+        _ptr: u64,
+        _f16: bool,
+        _rows: usize,
+        _cols: usize,
+        _box_rows: u32,
+    ) -> Result<TensorMap> {
+        Err(CudaError::NotCompiled)
+    }
+
     impl DeviceBuffer {
         pub(crate) fn ptr(&self) -> u64 {
             0
@@ -1866,7 +1878,18 @@ impl Kernels {
                 // grid.x: KS blocks (a cluster) for each 128 rows; grid.y: batch tiles.
                 if a.batch.div_ceil(bn) <= args::MAX_GRID_Y {
                     let mut k = args::AffineArgs::new(a);
-                    let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+                    // The activations, read by the tensor memory accelerator.
+                    let mut map = driver::tensor_map_2d(
+                        a.x,
+                        a.x_dtype == Dtype::F16,
+                        a.batch,
+                        a.cols,
+                        bn as u32,
+                    )?;
+                    let mut params = [
+                        &mut k as *mut _ as *mut std::ffi::c_void,
+                        &mut map as *mut _ as *mut std::ffi::c_void,
+                    ];
                     // SAFETY: validated; the pointers are the caller's contract.
                     return unsafe {
                         self.inner.launch(
