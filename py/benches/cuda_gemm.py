@@ -15,7 +15,10 @@ for 8·NT activation rows per block; the row marked `*` is the shape kernels-cud
 to bf16) then cuBLAS, the route above `MAX_GEMM_BATCH` rows. `--wgmma` adds the Hopper
 GEMM `kernels/gemm_sm90a.cu` (its committed sm_90a PTX, or a cubin of it) in each compiled
 shape at batches of 64 and more (a shape split over a cluster where each block takes at least
-2 chunks; `--wg-only` picks some); `--skip-committed` leaves out the sm_80 GEMM's shapes.
+2 chunks; `--wg-only` picks some; a kernel that takes a second parameter, as the committed one
+does, gets a tensor map of x for its activations' TMA copies, so an earlier build's cubin,
+which copied them with cp.async, runs beside it); `--skip-committed` leaves out the sm_80 GEMM's
+shapes.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def main() -> int:
             label = name.removeprefix("hc_").removesuffix("_bf16") + (f" ({mod})" if len(mods) > 1 else "")
             # A kernel taking a tensor map of x after its arguments reads the activations
             # through the tensor memory accelerator.
-            wg[label] = (f, sm, bn, bk, ks, len(drv.params(f)) == 2, name.endswith("_mc"))
+            wg[label] = (f, sm, bn, bk, ks, len(drv.params(f)) == 2)
     gemm = {}
     for r, n, st in [] if args.skip_committed else SHAPES:
         f = drv.fn("ptx", f"hc_affine_gemm_b4_r{r}_n{n}_bf16")
@@ -138,11 +141,9 @@ def main() -> int:
                       (-(-rows // (64 * r)), -(-m // (8 * n))), 128, sm, []) for (r, n), (f, sm) in gemm.items()]
             if m >= 64:
                 # (a split takes at least 2 chunks a block: kernels-cuda `args::wgmma_shape`)
-                # (_mc, a prototype: clusters of 2 blocks along the rows, each copying half of
-                # the activations to both)
-                cands += [(label, f, (-(-rows // 256) * 2 if mc else -(-rows // 128) * ks, -(-m // bn)), 256, sm,
-                           [tensor_map_2d(drv, x, 64, bn // 2 if mc else bn)] if tma else [])
-                          for label, (f, sm, bn, bk, ks, tma, mc) in wg.items()
+                cands += [(label, f, (-(-rows // 128) * ks, -(-m // bn)), 256, sm,
+                           [tensor_map_2d(drv, x, 64, bn)] if tma else [])
+                          for label, (f, sm, bn, bk, ks, tma) in wg.items()
                           if (k // bk >= 2 * ks or ks == 1) and glen % bk == 0]
             if m <= 16:
                 cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0, []))

@@ -194,9 +194,11 @@ const WGMMA_N128_K128: [usize; 2] = [0, 3];
 const WGMMA_N128_K64: [usize; 2] = [1, 4];
 const WGMMA_N256: [usize; 2] = [2, 5];
 /// The most activation rows for which the routes prefer the Hopper GEMM to decode + cuBLAS
-/// ([`wgmma_route`]). On an H100 it ran 0.59–0.69× bf16 at 128 and 256 rows on 8192²,
-/// 14336×4096 and 28672×8192 (decode + cuBLAS 0.40–0.45×), but 0.50–0.58× at 512 (decode +
-/// cuBLAS 0.57–0.61×): `docs/eval/cuda_gemm.md`.
+/// ([`wgmma_route`]). On an H100, with the activations read by the tensor memory accelerator, its
+/// blocks of 256 rows ran 0.60–0.73× bf16 at 512 rows against decode + cuBLAS's 0.56–0.61×, and
+/// 1.16× / 0.67–0.72× at 448 against 0.56–0.70×, but 0.37–0.54× at 320 against 0.46–0.51× and
+/// 0.47× at 384 on 28672×8192 against 0.51× (a block of 256 rows half empty), and level at 1024
+/// (`docs/eval/cuda_gemm.md`): batches above 256 would need a route that is not one range.
 pub(crate) const WGMMA_ROUTE_MAX: usize = 256;
 /// The most blocks a launch grid's y dimension holds.
 pub(crate) const MAX_GRID_Y: usize = 65_535;
@@ -275,12 +277,13 @@ pub(crate) fn wgmma_shape(
 }
 
 /// Whether the routes should prefer the Hopper GEMM ([`wgmma_shape`]) to decode + cuBLAS for this
-/// layer at `batch` activation rows: at most [`WGMMA_ROUTE_MAX`] of them, its grid filling the
-/// device, and each weight decoded once for all of them (blocks of 128 activation rows up to
-/// 128, of 256 above). On an H100 (`docs/eval/cuda_gemm.md`), where the grid did not fill it ran
-/// slower than decode + cuBLAS (8192² at 128 rows unsplit, 64 blocks: 0.37× bf16 against 0.40×;
-/// 4096 rows split in 2, 64 blocks: 0.38–0.48× against 0.46–0.55×), and blocks of 128 at 256
-/// rows (each weight decoded twice) ran level with it (0.38–0.52× against 0.42–0.55×).
+/// layer at `batch` activation rows: at most [`WGMMA_ROUTE_MAX`] of them and its grid filling the
+/// device. Where the grid did not fill it ran slower than decode + cuBLAS on an H100
+/// (`docs/eval/cuda_gemm.md`: 8192² at 128 rows unsplit, 64 blocks: 0.37× bf16 against 0.40×).
+/// Blocks of 128 activation rows above 128 (each weight decoded once for each block of rows:
+/// 4096-row layers split in 2) ran 0.66–0.71× against 0.47–0.56× at 192 and 256 rows once the
+/// activations came by the tensor memory accelerator (before the scale loads moved ahead they ran
+/// level with it, and the route left them out).
 pub(crate) fn wgmma_route(
     group_len: usize,
     rows: usize,
@@ -289,9 +292,7 @@ pub(crate) fn wgmma_route(
     sms: u32,
 ) -> bool {
     let shape = wgmma_shape(group_len, rows, cols, batch, sms);
-    batch <= WGMMA_ROUTE_MAX
-        && wgmma_fills(rows, batch, shape, sms)
-        && (batch <= 128 || WGMMA_SHAPES[shape].1 == 256)
+    batch <= WGMMA_ROUTE_MAX && wgmma_fills(rows, batch, shape, sms)
 }
 
 /// The prefix-coded E8 kernels' forms: (name, single code limit, pair code limit).

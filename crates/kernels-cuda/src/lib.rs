@@ -193,10 +193,10 @@ pub const WGMMA_ENV: &str = "HYPERCODEC_WGMMA";
 /// scheduled by chunk (split over clusters of 2 blocks where a layer is too short to fill the
 /// device) matched the CPU runtime on an H100 (`py/tests/test_cuda.py -k hopper`) and, at the
 /// batches [`Kernels::affine_wgmma_batches`] gives, ran 0.59–0.69× bf16 where decode + cuBLAS
-/// ran 0.40–0.45× (8192², 14336×4096 and 28672×8192 at 128 and 256 rows); since its scale words
-/// are converted only where used, 1.03–1.13× at 128 rows and 0.70–0.73× at 256 (timed on a form
-/// that differs only for groups of 3 chunks and more; `docs/eval/cuda_gemm.md`).
-/// `HYPERCODEC_WGMMA=0` turns it off.
+/// ran 0.40–0.45× (8192², 14336×4096 and 28672×8192 at 128 and 256 rows); with its scale words
+/// converted only where used and its activations copied by the tensor memory accelerator, it
+/// passed every CUDA test on an H100 and ran 1.01–1.13× at 128 rows and 0.75–0.79× at 256
+/// (`docs/eval/cuda_gemm.md`). `HYPERCODEC_WGMMA=0` turns it off.
 pub const WGMMA_DEFAULT: bool = true;
 
 /// Layers one launch of [`Kernels::affine_gemv_group`] takes (the kernels' `HC_GROUP_MAX`).
@@ -1788,13 +1788,13 @@ impl Kernels {
 
     /// The activation rows, `(fewest, most)`, for which the routes should hand this layer to
     /// [`Kernels::affine_gemv`]'s Hopper GEMM rather than decode it and run cuBLAS: the batches
-    /// above [`AffineGemv::fused_batch`] up to 256 at which its grid fills the device and it
-    /// decodes each weight once (`args::wgmma_route`; an H100: `docs/eval/cuda_gemm.md`).
-    /// `None` where that is none of them: on 132 multiprocessors, a layer of fewer than 6273
-    /// rows (50 blocks of 128, split in 2), or below 12 545 rows too few columns to split (fewer
-    /// than 4 chunks of the shape's 128 or 64), one the GEMM does not take, or a device that did
-    /// not load it. The range is whole: the blocks of the shape it routes to never fall as the
-    /// batch grows.
+    /// above [`AffineGemv::fused_batch`] up to 256 at which its grid fills the device
+    /// (`args::wgmma_route`; an H100: `docs/eval/cuda_gemm.md`). `None` where that is none of
+    /// them: on 132 multiprocessors, a layer of fewer than 3073 rows (25 blocks of 128 for each
+    /// of 2 blocks of activation rows, split in 2), or below 12 545 rows too few columns to
+    /// split (fewer than 4 chunks of the shape's 128 or 64), one the GEMM does not take, or a
+    /// device that did not load it. The range is whole: the blocks of the shape it routes to
+    /// never fall as the batch grows.
     pub fn affine_wgmma_batches(&self, a: &AffineGemv) -> Option<(usize, usize)> {
         let sms = self.inner.sms();
         let from = (a.fused_batch() + 1..=args::WGMMA_ROUTE_MAX).find(|&batch| {
@@ -3722,12 +3722,15 @@ mod tests {
         assert!(!args::wgmma_fills(98 * 128, 128, 0, 132));
         assert!(args::wgmma_fills(50 * 128, 65, 3, 132));
         assert!(!args::wgmma_fills(49 * 128, 65, 3, 132));
-        // The routes: up to 256 activation rows where the grid fills the device and blocks of
-        // 256 take the batches above 128; one range of batches (Kernels::affine_wgmma_batches).
+        // The routes: up to 256 activation rows where the grid fills the device (blocks of 256
+        // rows above 128 where they fill it, else of 128); one range of batches
+        // (Kernels::affine_wgmma_batches).
         for (rows, cols, want) in [
             (200, 8192, None),
-            (4096, 4096, None),
-            (6272, 8192, None),
+            (3072, 8192, None),
+            (3073, 8192, Some(129)),
+            (4096, 4096, Some(129)),
+            (6272, 8192, Some(129)),
             (6273, 8192, Some(65)),
             (8192, 8192, Some(65)),
             (8192, 256, Some(129)),

@@ -14,9 +14,9 @@ on PyTorch's current stream, without synchronizing:
   kernels' ``MAX_GEMM_BATCH`` (weights decoded in registers, never in memory);
 - on an H100 or H200 (compute capability 9.0), 4-bit affine layers whose groups hold multiples
   of 64 columns above that, up to 256 rows, where the layer has rows enough to fill the device
-  (about 6300, its columns split over two blocks below about 12 500): the Hopper GEMM (wgmma,
-  weights decoded in registers), 1.3–1.7× the speed of decoding then cuBLAS there on an H100
-  (``HYPERCODEC_WGMMA=0`` turns it off);
+  (about 6300, its columns split over two blocks below about 12 500; from 129 rows, about 3100):
+  the Hopper GEMM (wgmma, weights decoded in registers, activations copied by TMA), 1.2–2.4× the
+  speed of decoding then cuBLAS there on an H100 (``HYPERCODEC_WGMMA=0`` turns it off);
 - larger batches: the weight is decoded to the activation dtype for the call, then
   ``F.linear`` (cuBLAS) — transient memory of one dense weight;
 - E8 symbols in GPU-shaped rANS chunks (``e8@B-gpu``, CLI ``--coding rans-gpu``): one warp
