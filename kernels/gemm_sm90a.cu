@@ -17,9 +17,10 @@
 //   tensor memory accelerator (one thread issues a box of 64 columns × BN rows a tile, from a
 //   tensor map of x that kernels-cuda encodes at each launch; rows past the batch read as
 //   zeros), completing on the stage's mbarrier. (Copied by every thread with cp.async, 16
-//   bytes each, they ran 3–11 % slower at 256 rows on an H100: docs/eval/cuda_gemm.md.)
-// - the block's codes as stored, by every thread with cp.async (BK / 2 bytes a row, rows BK / 2 + 16 bytes apart so that the
-//   8 rows a warp reads at once, an odd number of 16-byte units apart, hit different banks).
+//   bytes each, they ran 3–10 % slower at 256 rows on an H100: docs/eval/cuda_gemm.md.)
+// - the block's codes as stored, by every thread with cp.async (BK / 2 bytes a row, rows
+//   BK / 2 + 16 bytes apart so that the 8 rows a warp reads at once, an odd number of 16-byte
+//   units apart, hit different banks).
 // The weights: for k-step s (columns 16s .. 16s + 15) lane (g, t) of a warp needs columns
 // 2t, 2t + 1 and 2t + 8, 2t + 9 of its rows g and g + 8 (mma.m16n8k16's A layout, which wgmma
 // takes per warp), that is byte t of code words 2s and 2s + 1 of each row: one PRMT and one
@@ -272,7 +273,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a, const WgTmap
     };
     const uint32_t sel = t | (t << 4) | ((4 + t) << 8) | ((4 + t) << 12);
     const int cw_off = St::XST + (16 * warp + g) * St::CROW;
-    // Every step's fragments of chunk c (its stage full): rows g, g + 8, words 2s and 2s + 1.
+    // Every step's fragments of chunk c (its codes in): rows g, g + 8, words 2s and 2s + 1.
     auto decode = [&](int c, uint32_t(&f)[STEPS][4]) {
         const uint8_t* cw = sm + (c % S) * St::BYTES + cw_off;
 #pragma unroll
@@ -311,7 +312,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a, const WgTmap
         if (c + 1 < chunks) {
             wg_wait<1>();
             hc_cp_wait<S - 3>();
-            __syncthreads();  // chunk c + 1 is in; chunk c − 1's wgmmas are done in both warpgroups
+            __syncthreads();  // chunk c + 1's codes are in; chunk c − 1's wgmmas are done in both warpgroups
             if (c + S - 1 < chunks) issue(c + S - 1);
             hc_cp_commit();
             terms_for(c + 1, rn);

@@ -196,8 +196,8 @@ const WGMMA_N256: [usize; 2] = [2, 5];
 /// The most activation rows for which the routes prefer the Hopper GEMM to decode + cuBLAS
 /// ([`wgmma_route`]). On an H100, with the activations read by the tensor memory accelerator, its
 /// blocks of 256 rows ran 0.60–0.73× bf16 at 512 rows against decode + cuBLAS's 0.56–0.61×, and
-/// 1.16× / 0.67–0.72× at 448 against 0.56–0.70×, but 0.37–0.54× at 320 against 0.46–0.51× and
-/// 0.47× at 384 on 28672×8192 against 0.51× (a block of 256 rows half empty), and level at 1024
+/// ahead at 448 too, but on 28672×8192 0.37× / 0.47× at 320 / 384 rows against 0.48× / 0.51× (a
+/// block of 256 rows a quarter or half full; ahead on 8192² and 4096×14336), and level at 1024
 /// (`docs/eval/cuda_gemm.md`): batches above 256 would need a route that is not one range.
 pub(crate) const WGMMA_ROUTE_MAX: usize = 256;
 /// The most blocks a launch grid's y dimension holds.

@@ -195,8 +195,9 @@ pub const WGMMA_ENV: &str = "HYPERCODEC_WGMMA";
 /// batches [`Kernels::affine_wgmma_batches`] gives, ran 0.59–0.69× bf16 where decode + cuBLAS
 /// ran 0.40–0.45× (8192², 14336×4096 and 28672×8192 at 128 and 256 rows); with its scale words
 /// converted only where used and its activations copied by the tensor memory accelerator, it
-/// passed every CUDA test on an H100 and ran 1.01–1.13× at 128 rows and 0.75–0.79× at 256
-/// (`docs/eval/cuda_gemm.md`). `HYPERCODEC_WGMMA=0` turns it off.
+/// passed every CUDA test on an H100 (a wheel built before the route took blocks of 128 rows
+/// above 128) and ran 1.01–1.13× at 128 rows and 0.75–0.79× at 256 (`docs/eval/cuda_gemm.md`).
+/// `HYPERCODEC_WGMMA=0` turns it off.
 pub const WGMMA_DEFAULT: bool = true;
 
 /// Layers one launch of [`Kernels::affine_gemv_group`] takes (the kernels' `HC_GROUP_MAX`).
@@ -1791,9 +1792,9 @@ impl Kernels {
     /// above [`AffineGemv::fused_batch`] up to 256 at which its grid fills the device
     /// (`args::wgmma_route`; an H100: `docs/eval/cuda_gemm.md`). `None` where that is none of
     /// them: on 132 multiprocessors, a layer of fewer than 3073 rows (25 blocks of 128 for each
-    /// of 2 blocks of activation rows, split in 2), or below 12 545 rows too few columns to
-    /// split (fewer than 4 chunks of the shape's 128 or 64), one the GEMM does not take, or a
-    /// device that did not load it. The range is whole: the blocks of the shape it routes to
+    /// of 2 blocks of activation rows, split in 2), or below 6273 rows too few columns to split
+    /// (fewer than 4 chunks of the shape's 128 or 64; from 6273 to 12 544 rows such a layer is
+    /// taken from 129 rows), one the GEMM does not take, or a device that did not load it. The range is whole: the blocks of the shape it routes to
     /// never fall as the batch grows.
     pub fn affine_wgmma_batches(&self, a: &AffineGemv) -> Option<(usize, usize)> {
         let sms = self.inner.sms();
@@ -3729,6 +3730,8 @@ mod tests {
             (200, 8192, None),
             (3072, 8192, None),
             (3073, 8192, Some(129)),
+            (4096, 256, None),
+            (8192, 128, Some(129)),
             (4096, 4096, Some(129)),
             (6272, 8192, Some(129)),
             (6273, 8192, Some(65)),

@@ -803,6 +803,7 @@ def _embedding_ids(ids: torch.Tensor) -> torch.Tensor:
 
 for _name in ("_autocast", "_conv_input", "_conv_output", "_embedding_ids"):
     torch.fx.wrap(_name)  # (called by name from this module's forwards: calls of the traced graph)
+del _name
 
 
 def _decoded(layer: Any, device: torch.device) -> torch.Tensor:
