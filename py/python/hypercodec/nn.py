@@ -9,7 +9,8 @@ their dense weights. Built from a compressed form, these layers are inference-on
 ``HyperLinear(..., trainable=True)`` keeps a float master weight and trains through a
 straight-through estimator, re-quantizing every ``refresh_every`` steps. Under
 ``torch.compile`` each inference layer traces as one operator (``hypercodec::stored_forward``,
-``stored_lookup`` for tables), so ``fullgraph=True`` compiles a whole model around them; under
+``stored_lookup`` for tables), so ``fullgraph=True`` compiles a whole model around them (and
+``torch.export``, ``torch.jit.trace`` and ``torch.fx.symbolic_trace`` record the same operators); under
 inductor the linear layers that read one input (q, k, v; gate, up) become one operator that
 launches once on CUDA at batch 1 (:func:`set_compile_grouping`).
 
