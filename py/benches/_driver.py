@@ -56,21 +56,26 @@ class Driver:
         self.check(self.cu.cuLaunchKernel(f, gx, gy, 1, block, 1, 1, smem, stream, arr, None), "launch")
 
 
-def tensor_map_2d(drv: Driver, t: torch.Tensor, box_cols: int, box_rows: int) -> tuple:
-    """A CUtensorMap of the row-major 2-D bf16 tensor `t` (boxes of `box_rows` rows of `box_cols`
-    columns in the 128-byte swizzle, zeros past its edges, L2 promotion 256 bytes), as a ctypes
-    value to pass by value (128-byte aligned, as CUDA 13 declares it), and the buffer that holds it."""
+def tensor_map_2d(drv: Driver, t: torch.Tensor, box_cols: int, box_rows: int) -> C.Array:
+    """A CUtensorMap of the row-major 2-D bf16 or f16 tensor `t` (boxes of `box_rows` rows of
+    `box_cols` columns in the 128-byte swizzle, zeros past its edges, L2 promotion 256 bytes),
+    as a ctypes value to pass by value: 128 bytes, 128-byte aligned as CUDA 13 declares it, in a
+    buffer the value keeps alive."""
+    kinds = {torch.bfloat16: 9, torch.float16: 6}  # CU_TENSOR_MAP_DATA_TYPE_{BFLOAT16,FLOAT16}
+    if t.dtype not in kinds:
+        raise ValueError(f"tensor_map_2d: a bf16 or f16 tensor, not {t.dtype}")
     rows, cols = t.shape
     buf = C.create_string_buffer(128 + 128)
     m = (C.c_uint8 * 128).from_address((C.addressof(buf) + 127) & ~127)
+    m._buf = buf
     dims = (C.c_uint64 * 2)(cols, rows)
     strides = (C.c_uint64 * 1)(cols * t.element_size())
     box = (C.c_uint32 * 2)(box_cols, box_rows)
     one = (C.c_uint32 * 2)(1, 1)
-    # BFLOAT16 = 9, no interleave, SWIZZLE_128B = 3, L2_PROMOTION_256B = 3, OOB fill zeros.
-    drv.check(drv.cu.cuTensorMapEncodeTiled(C.byref(m), 9, 2, C.c_void_p(t.data_ptr()), dims, strides, box, one,
-                                            0, 3, 3, 0), "cuTensorMapEncodeTiled")
-    return m, buf
+    # No interleave, SWIZZLE_128B = 3, L2_PROMOTION_256B = 3, OOB fill zeros.
+    drv.check(drv.cu.cuTensorMapEncodeTiled(C.byref(m), kinds[t.dtype], 2, C.c_void_p(t.data_ptr()), dims, strides,
+                                            box, one, 0, 3, 3, 0), "cuTensorMapEncodeTiled")
+    return m
 
 
 class AffineArgs(C.Structure):

@@ -148,7 +148,6 @@ def main() -> int:
             if m <= 16:
                 cands.append(("hc_affine_mma_b4_w4_n2 (batch ≤ 16)", mma16, -(-rows // 32), 256, 0, []))
             for name, f, grid, block, sm, extra in cands:
-                extra = [e[0] for e in extra]
                 y.fill_(float("nan"))
                 drv.launch(f, grid, block, [args_for(0)] + extra, sm)
                 torch.cuda.synchronize()

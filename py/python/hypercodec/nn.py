@@ -753,12 +753,13 @@ def _exporting() -> bool:
 
 
 def _traced() -> bool:
-    """True while torch.compile or ``torch.jit.trace`` traces a stored layer's forward (which then
-    calls :func:`_as_op`, so that the graph holds the operator; ``torch.jit.trace`` otherwise
-    recorded the eager path's native call as a constant: the first input's output)."""
+    """True while torch.compile, ``torch.jit.trace`` or ``torch.fx.symbolic_trace``
+    (:func:`_fx_traced`) traces a stored layer's forward (which then calls :func:`_as_op`, so
+    that the graph holds the operator; ``torch.jit.trace`` otherwise recorded the eager path's
+    native call as a constant: the first input's output)."""
     if _custom_op is None:
         return False
-    return (_is_compiling is not None and _is_compiling()) or torch.jit.is_tracing()
+    return (_is_compiling is not None and _is_compiling()) or torch.jit.is_tracing() or _fx_traced()
 
 
 def _as_op(layer: Any, x: torch.Tensor) -> torch.Tensor:
@@ -1452,7 +1453,7 @@ class HyperLinear(_StoredForm, nn.Module):
             # Left training: the compressed form reflects the latest master weight.
             self.refresh()
             self._steps = 0
-        if _traced() or _fx_traced():
+        if _traced():
             return _as_op(self, x)
         return _through_stored(x, self._stored_forward, self._input_grad)
 
@@ -1582,7 +1583,7 @@ class HyperConv2d(_StoredForm, nn.Module):
         batch = _autocast(_conv_input(x, self.in_channels))
         if getattr(self, "padding_mode", "zeros") != "zeros":
             batch = nn.functional.pad(batch, self._pad, mode=self.padding_mode)
-        if _traced() or _fx_traced():
+        if _traced():
             # A bias set to train is added outside the operator, where its gradient is taken;
             # any other is added inside, in float32 before the output's rounding, as eagerly.
             y = self._add_trained_bias(_as_op(self, batch))
@@ -1777,7 +1778,7 @@ class HyperEmbedding(_StoredForm, nn.Module):
         if self.op is None:
             raise _native.InvalidInputError("this HyperEmbedding has no table yet: load its state dict (weight_hwz) first")
         ids = _embedding_ids(ids)
-        if _traced() or _fx_traced():
+        if _traced():
             rows = torch.ops.hypercodec.stored_lookup(ids, getattr(self, _OP_KEY), self.embedding_dim, self.dtype)
         else:
             _check_plain(ids)
