@@ -317,10 +317,11 @@ impl CudaKernels {
         Ok(self.k.affine_fused_batch(&affine(args)?))
     }
 
-    /// The activation rows `(fewest, most)` the routes hand `affine_gemv`'s Hopper GEMM on this
-    /// device, or `None` where none (kernels-cuda `Kernels::affine_wgmma_batches`: above the
-    /// other fused kernels' batches, up to 256, where its grid fills the device).
-    fn affine_wgmma_batches(&self, args: &Bound<'_, PyDict>) -> PyResult<Option<(usize, usize)>> {
+    /// The activation rows the routes hand `affine_gemv`'s Hopper GEMM on this device, as
+    /// inclusive ranges `(fewest, most)`, ascending and apart; empty where none (kernels-cuda
+    /// `Kernels::affine_wgmma_batches`: above the other fused kernels' batches, up to 256 and
+    /// 448–512, where its grid fills the device).
+    fn affine_wgmma_batches(&self, args: &Bound<'_, PyDict>) -> PyResult<Vec<(usize, usize)>> {
         Ok(self.k.affine_wgmma_batches(&affine(args)?))
     }
 

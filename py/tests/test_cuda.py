@@ -226,7 +226,7 @@ def test_hopper_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
     chunks of 64); groups of 64, 128, 256 (the last partial) or a row; 65–520 activation rows
     (the last batch tile partial). The routes take it only where its grid fills the device,
     from above the other fused kernels' batches (64 for groups of 128, 16 for groups of 64) up
-    to 256 rows."""
+    to 256 rows, and at 448–512 rows (the last block of 256 rows nearly full)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper GEMM loads on compute capability 9.0 only")
     if os.environ.get("HYPERCODEC_WGMMA") == "0":
@@ -239,15 +239,16 @@ def test_hopper_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
         w = rng.standard_normal((rows, cols)).astype(np.float32)
         op = hypercodec.Linear.quantize(w, spec, rng.standard_normal(rows).astype(np.float32))
         d = hcuda.DeviceLinear(op, torch.device("cuda"))
-        routed = [m for m in (64, 65, 128, 129, 256, 257, 520) if d.route(m, dtype) == "cuda-affine-wgmma"]
+        batches = (64, 65, 128, 129, 256, 257, 384, 447, 448, 512, 513, 520)
+        routed = [m for m in batches if d.route(m, dtype) == "cuda-affine-wgmma"]
         if 11 <= sms <= 136 and rows != 4100:
             fused = d._kernel_batches(dtype)[0]
-            want = [m for m in (64, 65, 128, 129, 256) if m > fused] if rows == 13000 else []
+            want = [m for m in (64, 65, 128, 129, 256, 448, 512) if m > fused] if rows == 13000 else []
             assert routed == want, (spec, rows, sms)
         if rows == 4100 and 89 <= sms <= 176:
             # 33 blocks of 128 rows split in 2 fill three quarters of at most 88 multiprocessors;
-            # with 2 blocks of 128 activation rows (129–256), of up to 176.
-            assert routed == [129, 256], (spec, sms)
+            # with 2 blocks of 128 activation rows (129–256) or 2 of 256 (448–512), of up to 176.
+            assert routed == [129, 256, 448, 512], (spec, sms)
         for m in (65, 128, 129, 300, 520):
             x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
             want = op.forward(x.float().numpy())

@@ -194,12 +194,16 @@ const WGMMA_N128_K128: [usize; 2] = [0, 3];
 const WGMMA_N128_K64: [usize; 2] = [1, 4];
 const WGMMA_N256: [usize; 2] = [2, 5];
 /// The most activation rows for which the routes prefer the Hopper GEMM to decode + cuBLAS
-/// ([`wgmma_route`]). On an H100, with the activations read by the tensor memory accelerator, its
-/// blocks of 256 rows ran 0.60–0.73× bf16 at 512 rows against decode + cuBLAS's 0.56–0.61×, and
-/// ahead at 448 too, but on 28672×8192 0.37× / 0.47× at 320 / 384 rows against 0.48× / 0.51× (a
-/// block of 256 rows a quarter or half full; ahead on 8192² and 4096×14336), and level at 1024
-/// (`docs/eval/cuda_gemm.md`): batches above 256 would need a route that is not one range.
-pub(crate) const WGMMA_ROUTE_MAX: usize = 256;
+/// ([`wgmma_route`]): every batch up to 256, above that only batches whose last block of 256
+/// rows is nearly full (at most [`WGMMA_TAIL_EMPTY`] rows of it empty). On an H100, with the
+/// activations read by the tensor memory accelerator, its blocks of 256 rows ran 0.60–0.73× bf16
+/// at 512 rows against decode + cuBLAS's 0.56–0.61×, and 0.67–0.72× against 0.56–0.57× at 448,
+/// but on 28672×8192 0.37× / 0.47× at 320 / 384 rows against 0.48× / 0.51× (the second block of
+/// 256 rows a quarter or half full), and level or behind at 1024 (`docs/eval/cuda_gemm.md`).
+pub(crate) const WGMMA_ROUTE_MAX: usize = 512;
+/// Above 256 activation rows, the most rows of the last block of 256 that may be empty for the
+/// routes to prefer the Hopper GEMM ([`WGMMA_ROUTE_MAX`]): 448–512 rows.
+pub(crate) const WGMMA_TAIL_EMPTY: usize = 64;
 /// The most blocks a launch grid's y dimension holds.
 pub(crate) const MAX_GRID_Y: usize = 65_535;
 
@@ -277,13 +281,15 @@ pub(crate) fn wgmma_shape(
 }
 
 /// Whether the routes should prefer the Hopper GEMM ([`wgmma_shape`]) to decode + cuBLAS for this
-/// layer at `batch` activation rows: at most [`WGMMA_ROUTE_MAX`] of them and its grid filling the
-/// device. Where the grid did not fill it ran slower than decode + cuBLAS on an H100
-/// (`docs/eval/cuda_gemm.md`: 8192² at 128 rows unsplit, 64 blocks: 0.37× bf16 against 0.40×).
-/// Blocks of 128 activation rows above 128 (each weight decoded once for each block of rows:
-/// 4096-row layers split in 2) ran 0.66–0.71× against 0.47–0.56× at 192 and 256 rows once the
-/// activations came by the tensor memory accelerator (before the scale loads moved ahead they ran
-/// level with it, and the route left them out).
+/// layer at `batch` activation rows: its grid filling the device, at up to 256 rows any shape,
+/// above that blocks of 256 rows the last of which is nearly full ([`WGMMA_ROUTE_MAX`],
+/// [`WGMMA_TAIL_EMPTY`]). Where the grid did not fill it ran slower than decode + cuBLAS on an
+/// H100 (`docs/eval/cuda_gemm.md`: 8192² at 128 rows unsplit, 64 blocks: 0.37× bf16 against
+/// 0.40×). Blocks of 128 activation rows above 128 (each weight decoded once for each block of
+/// rows: 4096-row layers split in 2) ran 0.66–0.71× against 0.47–0.56× at 192 and 256 rows once
+/// the activations came by the tensor memory accelerator (before the scale loads moved ahead
+/// they ran level with it, and the route left them out); above 256 rows only blocks of 256 were
+/// timed.
 pub(crate) fn wgmma_route(
     group_len: usize,
     rows: usize,
@@ -292,7 +298,12 @@ pub(crate) fn wgmma_route(
     sms: u32,
 ) -> bool {
     let shape = wgmma_shape(group_len, rows, cols, batch, sms);
-    batch <= WGMMA_ROUTE_MAX && wgmma_fills(rows, batch, shape, sms)
+    let (_, n, _, _) = WGMMA_SHAPES[shape];
+    let rows_ok = batch <= 256
+        || (batch <= WGMMA_ROUTE_MAX
+            && n == 256
+            && batch.next_multiple_of(n) - batch <= WGMMA_TAIL_EMPTY);
+    rows_ok && wgmma_fills(rows, batch, shape, sms)
 }
 
 /// The prefix-coded E8 kernels' forms: (name, single code limit, pair code limit).

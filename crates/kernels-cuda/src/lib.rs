@@ -1787,22 +1787,31 @@ impl Kernels {
             .map(|f| (f, shape))
     }
 
-    /// The activation rows, `(fewest, most)`, for which the routes should hand this layer to
-    /// [`Kernels::affine_gemv`]'s Hopper GEMM rather than decode it and run cuBLAS: the batches
-    /// above [`AffineGemv::fused_batch`] up to 256 at which its grid fills the device
-    /// (`args::wgmma_route`; an H100: `docs/eval/cuda_gemm.md`). `None` where that is none of
-    /// them: on 132 multiprocessors, a layer of fewer than 3073 rows (25 blocks of 128 for each
-    /// of 2 blocks of activation rows, split in 2), or below 6273 rows too few columns to split
-    /// (fewer than 4 chunks of the shape's 128 or 64; from 6273 to 12 544 rows such a layer is
-    /// taken from 129 rows), one the GEMM does not take, or a device that did not load it. The range is whole: the blocks of the shape it routes to
-    /// never fall as the batch grows.
-    pub fn affine_wgmma_batches(&self, a: &AffineGemv) -> Option<(usize, usize)> {
+    /// The activation rows for which the routes should hand this layer to
+    /// [`Kernels::affine_gemv`]'s Hopper GEMM rather than decode it and run cuBLAS, as inclusive
+    /// ranges `(fewest, most)`, ascending and apart: the batches above
+    /// [`AffineGemv::fused_batch`] at which its grid fills the device, up to 256 rows, and 448–512
+    /// where its blocks of 256 rows do (`args::wgmma_route`; an H100: `docs/eval/cuda_gemm.md`).
+    /// Empty where that is none of them: on 132 multiprocessors, a layer of fewer than 3073 rows
+    /// (25 blocks of 128 for each of 2 blocks of activation rows, split in 2), or below 6273 rows
+    /// too few columns to split (fewer than 4 chunks of the shape's 128 or 64; from 6273 to
+    /// 12 544 rows such a layer is taken from 129 rows), one the GEMM does not take, or a device
+    /// that did not load it.
+    pub fn affine_wgmma_batches(&self, a: &AffineGemv) -> Vec<(usize, usize)> {
         let sms = self.inner.sms();
-        let from = (a.fused_batch() + 1..=args::WGMMA_ROUTE_MAX).find(|&batch| {
-            self.wgmma_for(&AffineGemv { batch, ..*a }).is_some()
-                && args::wgmma_route(a.group_len, a.rows, a.cols, batch, sms)
-        })?;
-        Some((from, args::WGMMA_ROUTE_MAX))
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for batch in a.fused_batch() + 1..=args::WGMMA_ROUTE_MAX {
+            if self.wgmma_for(&AffineGemv { batch, ..*a }).is_none()
+                || !args::wgmma_route(a.group_len, a.rows, a.cols, batch, sms)
+            {
+                continue;
+            }
+            match ranges.last_mut() {
+                Some((_, most)) if *most + 1 == batch => *most = batch,
+                _ => ranges.push((batch, batch)),
+            }
+        }
+        ranges
     }
 
     /// The most activation rows for which the routes should hand this layer to
@@ -3724,27 +3733,33 @@ mod tests {
         assert!(args::wgmma_fills(50 * 128, 65, 3, 132));
         assert!(!args::wgmma_fills(49 * 128, 65, 3, 132));
         // The routes: up to 256 activation rows where the grid fills the device (blocks of 256
-        // rows above 128 where they fill it, else of 128); one range of batches
-        // (Kernels::affine_wgmma_batches).
-        for (rows, cols, want) in [
-            (200, 8192, None),
-            (3072, 8192, None),
-            (3073, 8192, Some(129)),
-            (4096, 256, None),
-            (8192, 128, Some(129)),
-            (4096, 4096, Some(129)),
-            (6272, 8192, Some(129)),
-            (6273, 8192, Some(65)),
-            (8192, 8192, Some(65)),
-            (8192, 256, Some(129)),
-            (28_672, 8192, Some(65)),
-            (28_672, 128, Some(65)),
+        // rows above 128 where they fill it, else of 128), and 448-512 where blocks of 256 rows
+        // fill it (Kernels::affine_wgmma_batches).
+        for (rows, cols, want, wide) in [
+            (200, 8192, None, false),
+            // (At 448 rows 24 blocks of 128 split in 2 fill it only in blocks of 128 rows.)
+            (3072, 8192, None, false),
+            (3073, 8192, Some(129), true),
+            // (Too few columns to split in chunks of 128; in 2 chunks of 64 at 448 rows.)
+            (4096, 256, None, true),
+            (8192, 128, Some(129), true),
+            (4096, 4096, Some(129), true),
+            (6272, 8192, Some(129), true),
+            (6273, 8192, Some(65), true),
+            (8192, 8192, Some(65), true),
+            (8192, 256, Some(129), true),
+            (28_672, 8192, Some(65), true),
+            (28_672, 128, Some(65), true),
         ] {
             let routed = |b| args::wgmma_route(128, rows, cols, b, 132);
             let first = (65..=256).find(|&b| routed(b));
             assert_eq!(first, want, "{rows} {cols}");
             assert!((first.unwrap_or(257)..=256).all(routed), "{rows} {cols}");
-            assert!(!routed(257) && !routed(1024), "{rows} {cols}");
+            assert!(
+                (257..448).chain(513..=1024).all(|b| !routed(b)),
+                "{rows} {cols}"
+            );
+            assert!((448..=512).all(|b| routed(b) == wide), "{rows} {cols}");
         }
         for ok in [
             AffineGemv {

@@ -111,6 +111,11 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+def _within(batch: int, ranges: tuple[tuple[int, int], ...]) -> bool:
+    """Whether ``batch`` lies in one of the inclusive ranges ``(fewest, most)``."""
+    return any(lo <= batch <= hi for lo, hi in ranges)
+
+
 def rht(x2: torch.Tensor, width: int, tile: int, seed: int, out16: torch.Tensor | None = None) -> torch.Tensor:
     """``RHT`` of the rows of ``x2`` (CUDA, ``m × cols`` of f32/f16/bf16, contiguous) by the
     kernel, as float32 zero-padded to ``width`` columns, on PyTorch's current stream; also
@@ -389,19 +394,19 @@ class DeviceLinear:
         """Whether a fused kernel (rather than decode + ``F.linear``) runs ``batch`` rows of
         ``dtype`` (asked of the kernels once per dtype: it is read on every forward)."""
         fused, _, wgmma = self._kernel_batches(dtype)
-        return batch <= fused or (wgmma is not None and wgmma[0] <= batch <= wgmma[1])
+        return batch <= fused or _within(batch, wgmma)
 
-    def _kernel_batches(self, dtype: torch.dtype) -> tuple[int, int | None, tuple[int, int] | None]:
+    def _kernel_batches(self, dtype: torch.dtype) -> tuple[int, int | None, tuple[tuple[int, int], ...]]:
         """The fused kernels' most activation rows for ``dtype`` (beside the Hopper GEMM's), the
         fewest for which the trellis tensor-core kernel runs (None: never), and for affine layers
-        the fewest and most for which the Hopper GEMM runs (None: never; sm_90 only), asked of the
-        kernels once per dtype."""
+        the batches the Hopper GEMM runs, as inclusive ranges ``(fewest, most)`` (none for other
+        layers and off sm_90), asked of the kernels once per dtype."""
         got = self._fused.get(dtype)
         if got is None:
-            n, mma_from, wgmma = GEMV_MAX_BATCH.get(self.kind, 0), None, None
+            n, mma_from, wgmma = GEMV_MAX_BATCH.get(self.kind, 0), None, ()
             if self.kind == "affine" and dtype in _DTYPES:
                 a = dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1)
-                n, wgmma = self.kernels.affine_fused_batch(a), self.kernels.affine_wgmma_batches(a)
+                n, wgmma = self.kernels.affine_fused_batch(a), tuple(self.kernels.affine_wgmma_batches(a))
             elif self.kind == "e8prefix" and dtype not in (torch.bfloat16, torch.float16):
                 n = 4  # f32 rows one at a time on FFMA (f16 tensor cores would round them)
             elif self.kind == "trellis" and dtype in _DTYPES:
@@ -415,7 +420,7 @@ class DeviceLinear:
         if self.kind == "dense":
             return "cuda-decode-fallback+linear"
         fused, mma_from, wgmma = self._kernel_batches(dtype)
-        if wgmma is not None and wgmma[0] <= batch <= wgmma[1]:
+        if _within(batch, wgmma):
             return "cuda-affine-wgmma"
         if batch <= fused:
             if self.kind == "affine" and fused >= MMA_MAX_BATCH:
