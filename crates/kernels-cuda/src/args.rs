@@ -193,9 +193,12 @@ pub(crate) const WGMMA_SHAPES: [(usize, usize, usize, usize); 6] = [
 const WGMMA_N128_K128: [usize; 2] = [0, 3];
 const WGMMA_N128_K64: [usize; 2] = [1, 4];
 const WGMMA_N256: [usize; 2] = [2, 5];
+/// The most activation rows for which the routes prefer the Hopper GEMM to decode + cuBLAS in
+/// any of its shapes ([`wgmma_route`]).
+pub(crate) const WGMMA_ROUTE_ANY: usize = 256;
 /// The most activation rows for which the routes prefer the Hopper GEMM to decode + cuBLAS
-/// ([`wgmma_route`]): every batch up to 256, above that only batches whose last block of 256
-/// rows is nearly full (at most [`WGMMA_TAIL_EMPTY`] rows of it empty). On an H100, with the
+/// ([`wgmma_route`]): every batch up to [`WGMMA_ROUTE_ANY`], above that only batches whose last
+/// block of 256 rows is nearly full (at most [`WGMMA_TAIL_EMPTY`] rows of it empty). On an H100, with the
 /// activations read by the tensor memory accelerator, its blocks of 256 rows ran 0.60–0.73× bf16
 /// at 512 rows against decode + cuBLAS's 0.56–0.61×, and 0.67–0.72× against 0.56–0.57× at 448,
 /// but on 28672×8192 0.37× / 0.47× at 320 / 384 rows against 0.48× / 0.51× (the second block of
@@ -299,7 +302,7 @@ pub(crate) fn wgmma_route(
 ) -> bool {
     let shape = wgmma_shape(group_len, rows, cols, batch, sms);
     let (_, n, _, _) = WGMMA_SHAPES[shape];
-    let rows_ok = batch <= 256
+    let rows_ok = batch <= WGMMA_ROUTE_ANY
         || (batch <= WGMMA_ROUTE_MAX
             && n == 256
             && batch.next_multiple_of(n) - batch <= WGMMA_TAIL_EMPTY);

@@ -13,8 +13,9 @@ on PyTorch's current stream, without synchronizing:
   rows and groups hold whole chunks of 128 columns on a tensor-core GEMM above that, up to the
   kernels' ``MAX_GEMM_BATCH`` (weights decoded in registers, never in memory);
 - on an H100 or H200 (compute capability 9.0), 4-bit affine layers whose groups hold multiples
-  of 64 columns above that, up to 256 rows, where the layer has rows enough to fill the device
-  (about 6300, its columns split over two blocks below about 12 500; from 129 rows, about 3100):
+  of 64 columns above that, up to 256 rows and at 448–512, where the layer has rows enough to
+  fill the device (about 6300, its columns split over two blocks below about 12 500; from 129
+  rows, about 3100):
   the Hopper GEMM (wgmma, weights decoded in registers, activations copied by TMA), 1.2–2.4× the
   speed of decoding then cuBLAS there on an H100 (``HYPERCODEC_WGMMA=0`` turns it off);
 - larger batches: the weight is decoded to the activation dtype for the call, then
