@@ -215,6 +215,24 @@ fn crafted_archives() {
         LegacyArchive::open(&b[..]),
         Err(HwzError::ShapeOverflow { .. })
     ));
+    // Lengths whose sum wraps u64 (or passes what the file could decode to) are refused when
+    // the archive opens; they used to wrap to a payload of a few bytes.
+    for (a, b) in [(u64::MAX, 2u64), (1u64 << 63, 1 << 63), (1 << 62, 0)] {
+        let f = raw_int8_archive(|m| {
+            m["tensors"][0]["raw_length"] = json!(a);
+            m["tensors"][0]["scale_length"] = json!(b);
+        });
+        assert!(
+            matches!(
+                LegacyArchive::open(&f[..]),
+                Err(HwzError::LegacyLimit {
+                    what: "payload bytes",
+                    ..
+                })
+            ),
+            "{a} + {b}"
+        );
+    }
     let b = raw_int8_archive(|m| m["streams"]["scales"]["file"] = json!("nope.bin"));
     assert!(matches!(
         LegacyArchive::open(&b[..]).and_then(|a| a.decode_tensor("w")),

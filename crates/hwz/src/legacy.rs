@@ -349,7 +349,14 @@ impl<R: ReadAt> LegacyArchive<R> {
                         && *k != "prototype_scale_length"
                 })
                 .filter_map(|(_, v)| v.as_u64())
-                .sum();
+                .try_fold(0u64, u64::checked_add);
+            // Lengths the file cannot hold (their sum past what its bytes decode to, or past
+            // u64) are refused here rather than wrapped.
+            let budget = expansion_budget(file_len);
+            let payload_bytes = match payload_bytes {
+                Some(n) if n <= budget => n,
+                n => return Err(limit(&name, "payload bytes", n.unwrap_or(u64::MAX), budget)),
+            };
             self.tensors.push(LegacyTensor {
                 name,
                 shape,
