@@ -120,8 +120,54 @@ pub(crate) struct AffineRow<'r> {
 }
 
 /// `⟨ŵ_r, x⟩` of one affine row: per group `s·Σq·x + lo·Σx` (asymmetric), `s·(Σq·x − h·Σx)`
-/// (symmetric) or `s·(2·Σq·x − Σx)` (1-bit sign codes).
+/// (symmetric) or `s·(2·Σq·x − Σx)` (1-bit sign codes). A sum that overflows f32 where the
+/// row's terms cancel (weights within a few powers of two of f32's range) is taken again in
+/// f64 ([`affine_row_f64`]); it costs nothing when the f32 one is finite.
 pub(crate) fn affine_row(a: &AffineRow<'_>) -> f32 {
+    let y = affine_row_f32(a);
+    if y.is_finite() {
+        y
+    } else {
+        affine_row_f64(a)
+    }
+}
+
+/// [`affine_row`] in f64, each group's terms combined before they are added: for a row whose
+/// f32 sums overflowed. Its result is infinite or NaN only where the true one is (or the
+/// activations hold such values).
+#[cold]
+fn affine_row_f64(a: &AffineRow<'_>) -> f32 {
+    let cols = a.xp.len();
+    let bits = u32::from(a.field_bits);
+    let mask = (1u32 << bits) - 1;
+    let mut acc = 0f64;
+    for (j, &gs) in a.gsum.iter().enumerate() {
+        let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
+        let codes = &a.codes[lo / a.per..hi / a.per];
+        let xs = &a.xp[lo..hi];
+        let n = codes.len();
+        let mut d = 0f64;
+        for (i, &c) in codes.iter().enumerate() {
+            for m in 0..a.per {
+                let q = (u32::from(c) >> (m as u32 * bits)) & mask;
+                d += f64::from(q) * f64::from(xs[m * n + i]);
+            }
+        }
+        let si = j.min(a.scales.len() - 1);
+        let (s, gs) = (f64::from(a.scales[si]), f64::from(gs));
+        acc += if !a.offsets.is_empty() {
+            s * d + f64::from(a.offsets[si]) * gs
+        } else if a.bias < 0.0 {
+            s * (2.0 * d - gs)
+        } else {
+            s * (d - f64::from(a.bias) * gs)
+        };
+    }
+    acc as f32
+}
+
+/// [`affine_row`]'s f32 sums (SIMD where the CPU has it).
+fn affine_row_f32(a: &AffineRow<'_>) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx512() {
         // SAFETY: AVX-512F/BW, AVX2 and FMA are present (checked just above).
@@ -143,7 +189,7 @@ pub(crate) fn affine_row(a: &AffineRow<'_>) -> f32 {
 /// [`affine_row`] for `out.len()` activation rows: `a.xp` holds each row's permuted
 /// activation (`cols` values a row) and `a.gsum` its group sums (`groups` a row), one after
 /// the other; the codes are unpacked once for up to 8 rows (AVX-512) or 4 (AVX2).
-pub(crate) fn affine_rows(a: &AffineRow<'_>, cols: usize, groups: usize, out: &mut [f32]) {
+fn affine_rows_f32(a: &AffineRow<'_>, cols: usize, groups: usize, out: &mut [f32]) {
     let part = |m: usize| AffineRow {
         xp: &a.xp[m * cols..],
         gsum: &a.gsum[m * groups..],
@@ -196,7 +242,22 @@ pub(crate) fn affine_rows(a: &AffineRow<'_>, cols: usize, groups: usize, out: &m
             gsum: &a.gsum[m * groups..(m + 1) * groups],
             ..*a
         };
-        *o = affine_row(&p);
+        *o = affine_row_f32(&p);
+    }
+}
+
+/// [`affine_rows`]: the rows' f32 sums, each that overflowed taken again in f64 (as
+/// [`affine_row`] does).
+pub(crate) fn affine_rows(a: &AffineRow<'_>, cols: usize, groups: usize, out: &mut [f32]) {
+    affine_rows_f32(a, cols, groups, out);
+    for (m, o) in out.iter_mut().enumerate() {
+        if !o.is_finite() {
+            *o = affine_row_f64(&AffineRow {
+                xp: &a.xp[m * cols..(m + 1) * cols],
+                gsum: &a.gsum[m * groups..(m + 1) * groups],
+                ..*a
+            });
+        }
     }
 }
 

@@ -739,6 +739,50 @@ fn huge_and_tiny_weights_stay_finite_and_match_the_reference() {
     }
 }
 
+/// Weights within a few powers of two of f32's range: a fused affine row's scale and offset
+/// terms are each past f32's range where their sum is not (they cancel). They came out as
+/// NaN or ±inf at batches the fused kernels take, and right through decode + GEMM.
+#[test]
+fn affine_rows_whose_terms_overflow_f32_but_cancel_stay_finite() {
+    let (rows, cols) = (6usize, 128usize);
+    let w: Vec<f32> = values(rows * cols, 8).iter().map(|v| v * 1e36).collect();
+    let x = vec![1f32; 16 * cols];
+    for (bits, group, symmetric) in [
+        (4, Group::Size(128), false),
+        (4, Group::Size(64), false),
+        (8, Group::Size(128), false),
+        (2, Group::Size(128), false),
+        (4, Group::Size(128), true),
+    ] {
+        let e = affine(bits, group, symmetric, FloatDtype::F32);
+        let shape = [rows as u64, cols as u64];
+        let t = encode("w", &w, &shape, &e, EncodeOptions::default()).unwrap();
+        let view = view_of(&t, &shape);
+        let op = CompressedLinear::new(view.clone(), None, &LoadOptions::default()).unwrap();
+        let dec = op.decode_weight().unwrap();
+        for batch in [1usize, 3, 8, 16] {
+            let mut y = vec![f32::NAN; batch * rows];
+            op.forward(&x[..batch * cols], batch, &mut y).unwrap();
+            for (i, &got) in y.iter().enumerate() {
+                let r = i % rows;
+                let want: f64 = dec[r * cols..(r + 1) * cols]
+                    .iter()
+                    .map(|&v| f64::from(v))
+                    .sum();
+                let norm: f64 = dec[r * cols..(r + 1) * cols]
+                    .iter()
+                    .map(|&v| f64::from(v).abs())
+                    .sum();
+                assert!(
+                    got.is_finite() && (f64::from(got) - want).abs() <= 1e-5 * norm,
+                    "{bits} bits {group:?} sym {symmetric} batch {batch} out {i}: {got} vs {want} ({})",
+                    op.path_detail()
+                );
+            }
+        }
+    }
+}
+
 /// A tensor of no rows has no device form (nothing to run), whatever its encoding; the
 /// tensor-scaled grid it falls back to stores no scale, which the form used to try to read.
 #[test]
