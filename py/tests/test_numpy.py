@@ -187,6 +187,12 @@ def test_errors_are_typed(tmp_path):
         hypercodec.save({"__metadata__": gaussian((8, 8))}, tmp_path / "meta.hwz")
     assert not (tmp_path / "meta.hwz").exists()
     assert [p.name for p in tmp_path.iterdir() if p.suffix == ".safetensors"] == []
+    # A damping of error feedback that is negative or not a number (it acted as none).
+    x = gaussian((16, 64), 3)
+    h = (x.T @ x / 16).astype(np.float32)
+    for damp in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(hypercodec.InvalidInputError, match="damping"):
+            hypercodec.Linear.quantize(gaussian((8, 64)), "int4", hessian=h, damp=damp)
     nan = gaussian((8, 64))
     nan[3, 3] = np.nan
     with pytest.raises(hypercodec.HypercodecError):

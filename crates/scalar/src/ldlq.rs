@@ -35,6 +35,9 @@ impl Ldlq {
                 len: h.len(),
             });
         }
+        if !(damp.is_finite() && damp >= 0.0) {
+            return Err(ScalarError::InvalidDamp { damp });
+        }
         crate::check_finite(h).map_err(|e| match e {
             ScalarError::NonFinite { index, value } => {
                 ScalarError::NonFiniteStatistics { index, value }
@@ -916,6 +919,16 @@ mod tests {
     fn bad_statistics_are_typed_errors() {
         assert!(Ldlq::new(&[1.0, 2.0, 3.0], 2, 0.01).is_err());
         assert!(Ldlq::new(&[f32::NAN, 0.0, 0.0, 1.0], 2, 0.01).is_err());
+        // A damping that is negative or not a number is refused (it acted as none).
+        for damp in [-1.0, f64::NAN, f64::INFINITY] {
+            assert!(
+                matches!(
+                    Ldlq::new(&[1.0, 0.0, 0.0, 1.0], 2, damp),
+                    Err(ScalarError::InvalidDamp { .. })
+                ),
+                "{damp}"
+            );
+        }
         // A zero matrix is damped into the identity: plain rounding.
         let f = Ldlq::new(&[0.0; 4], 2, 0.01).unwrap();
         let mut w = [0.3f32, 0.6];

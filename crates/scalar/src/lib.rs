@@ -120,6 +120,12 @@ pub enum ScalarError {
         /// The value itself.
         value: f32,
     },
+    /// A damping factor for error feedback that is negative, NaN or infinite.
+    #[error("damping {damp} must be a finite number of at least 0 (0.01 is GPTQ's default)")]
+    InvalidDamp {
+        /// The factor given.
+        damp: f64,
+    },
     /// Input statistics for error feedback that no damping makes positive definite.
     #[error("the {n}x{n} input statistics are not positive definite, even damped")]
     NotPositiveDefinite {
