@@ -819,6 +819,23 @@ impl Linear {
                     Some((exact, _)) => exact,
                     None => t,
                 };
+                // A weight the spec stores no better than zeros (values below what its scales
+                // can hold: subnormals, say): raw f32, as the pipeline stores it (`path` and
+                // `encoding` say so).
+                let t = match hypercodec_pipeline::raw_instead(
+                    "weight",
+                    values,
+                    &shape,
+                    &t,
+                    hypercodec_hwz::FloatDtype::F32,
+                    None,
+                    opts,
+                )
+                .map_err(pipeline_err)?
+                {
+                    Some((raw, _)) => raw,
+                    None => t,
+                };
                 let op = CompressedLinear::from_encoded(
                     "weight",
                     &t,

@@ -200,6 +200,26 @@ def test_errors_are_typed(tmp_path):
     assert not (tmp_path / "nan.hwz").exists()
 
 
+def test_weights_near_f32s_range_ends_are_stored_usably_or_raw():
+    """A spec that would store a weight no better than zeros (subnormal values under any scale;
+    f16 of values below its range) stores it raw in f32 instead, as the pipeline does; weights
+    near f32's largest values run through the fused kernels without overflowing to NaN."""
+    w = gaussian((64, 128), 4)
+    for scale, spec in [(1e-40, "int8"), (1e-40, "int4"), (1e-40, "e8-fixed4"), (1e-9, "f16")]:
+        tiny = w * np.float32(scale)
+        lin = hypercodec.Linear.quantize(tiny, spec)
+        assert lin.path == "dense" and np.array_equal(lin.weight(), tiny), (scale, spec, lin.path)
+    # Still encoded as asked where the spec holds the values (1e-9 under f16 scales: bf16 ones).
+    assert hypercodec.Linear.quantize(w * np.float32(1e-9), "int8").path == "affine-int8-fused"
+    big = gaussian((4, 128), 5) * np.float32(1e36)
+    lin = hypercodec.Linear.quantize(big, "int4")
+    want = lin.weight().astype(np.float64).sum(axis=1)
+    for batch in (1, 4, 12):
+        got = lin.forward(np.ones((batch, 128), np.float32))
+        assert np.isfinite(got).all(), (batch, lin.route(batch))
+        assert np.allclose(got, want[None, :], rtol=1e-4, atol=0), (batch, got[0], want)
+
+
 def test_python_m_hypercodec_is_the_command_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "hypercodec", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and "hypercodec" in out.stdout

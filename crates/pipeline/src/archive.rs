@@ -55,16 +55,43 @@ pub fn inspect_file(path: &Path) -> Result<Value> {
 }
 
 /// Little-endian `dtype` bytes of decoded values. Non-finite values an archive holds are
-/// restored as they are; finite values that overflow the type are an error, not an infinity.
+/// restored as they are; finite values that overflow the type are an error, not an infinity,
+/// and so are values that underflow it as a whole (the cast keeps less than
+/// [`MIN_CAST_SNR_DB`] of the tensor: f16 of weights of 1e-9), not zeros.
 pub fn float_bytes(name: &str, values: &[f32], dtype: FloatDtype) -> Result<Vec<u8>> {
-    let keep = values.iter().any(|v| !v.is_finite());
-    hypercodec_scalar::encode_floats(values, dtype, keep).map_err(|source| {
+    let err = |source| {
         PipelineError::Hwz(hwz::HwzError::Scalar {
             tensor: name.to_string(),
             source,
         })
-    })
+    };
+    let keep = values.iter().any(|v| !v.is_finite());
+    let bytes = hypercodec_scalar::encode_floats(values, dtype, keep).map_err(err)?;
+    if !keep && dtype != FloatDtype::F32 {
+        let (mut signal, mut noise) = (0f64, 0f64);
+        let mut back = vec![0f32; values.len().min(1 << 16)];
+        for (v, b) in values.chunks(1 << 16).zip(bytes.chunks(dtype.size() << 16)) {
+            let back = &mut back[..v.len()];
+            hypercodec_scalar::decode_floats_into(b, dtype, back).map_err(err)?;
+            for (&x, &y) in v.iter().zip(back.iter()) {
+                signal += f64::from(x) * f64::from(x);
+                noise += (f64::from(x) - f64::from(y)).powi(2);
+            }
+        }
+        let snr_db = 10.0 * (signal / noise).log10();
+        if noise > 0.0 && snr_db < MIN_CAST_SNR_DB {
+            return Err(err(hypercodec_scalar::ScalarError::ValuesUnderflow {
+                dtype,
+                snr_db,
+            }));
+        }
+    }
+    Ok(bytes)
 }
+
+/// The least signal-to-error ratio (dB) a cast of decoded values to f16 or bf16 must keep:
+/// rounding values within the type's range keeps about 50 (bf16) or 74 dB (f16).
+pub const MIN_CAST_SNR_DB: f64 = 30.0;
 
 /// Restores an archive (native or legacy) to a `.safetensors` file; each tensor in `dtype`,
 /// by default its source type (f32 for GGUF block types and legacy archives), with the source
@@ -213,6 +240,39 @@ mod tests {
             ));
         }
         assert!(check_names(["a", "b"]).is_ok());
+    }
+
+    #[test]
+    fn a_cast_that_loses_the_tensor_is_an_error_not_zeros() {
+        let g: Vec<f32> = (0..300)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
+        // In range: bytes, both types.
+        for dtype in [FloatDtype::F16, FloatDtype::Bf16] {
+            assert_eq!(float_bytes("w", &g, dtype).unwrap().len(), 600);
+        }
+        // Below f16's least subnormal (about 6e-8) every value is zero; at 1e-7 a few bits
+        // are left: both refused with a typed error, as an overflow is. bf16 holds them.
+        for scale in [1e-9f32, 1e-7] {
+            let tiny: Vec<f32> = g.iter().map(|v| v * scale).collect();
+            let r = float_bytes("w", &tiny, FloatDtype::F16);
+            assert!(
+                matches!(
+                    r,
+                    Err(PipelineError::Hwz(hwz::HwzError::Scalar {
+                        source: hypercodec_scalar::ScalarError::ValuesUnderflow { .. },
+                        ..
+                    }))
+                ),
+                "{scale}: {r:?}"
+            );
+            assert!(float_bytes("w", &tiny, FloatDtype::Bf16).is_ok());
+        }
+        // A few tiny values beside normal ones are rounding, not a lost tensor; nor are zeros.
+        let mut mixed = g.clone();
+        mixed[..10].iter_mut().for_each(|v| *v *= 1e-9);
+        assert!(float_bytes("w", &mixed, FloatDtype::F16).is_ok());
+        assert!(float_bytes("w", &[0.0; 8], FloatDtype::F16).is_ok());
     }
 
     #[test]

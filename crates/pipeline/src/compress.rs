@@ -412,22 +412,20 @@ pub fn compress(
             one = ErrorAcc::default();
             one.add(&values, &values);
         }
-        // A lossy tensor that comes back no better than zeros (SNR <= 0 dB: values below what
-        // its scales can hold, e.g. std 1e-8 or subnormals under f16 scales) is never reported
-        // as a success: it is stored raw in its source type instead, and listed in fallbacks.
-        if one.noise > 0.0 && one.snr_db() <= 0.0 {
-            let raw = Encoding::Raw {
-                dtype: t.ty.raw_dtype(),
-            };
-            let why = format!(
-                "{} reached only {:.2} dB",
-                encoded.encoding.label(),
-                one.snr_db()
-            );
-            encoded = hwz::encode(&t.name, &values, &t.shape, &raw, opts)?;
+        if let Some((raw, why)) = raw_instead(
+            &t.name,
+            &values,
+            &t.shape,
+            &encoded,
+            t.ty.raw_dtype(),
+            Some(&one),
+            opts,
+        )? {
+            encoded = raw;
             // One line per tensor: this replaces any fallback it already had.
             fallbacks.retain(|(name, _)| name != &t.name);
-            fallbacks.push((t.name.clone(), format!("{} ({why})", raw.label())));
+            let label = encoded.encoding.label();
+            fallbacks.push((t.name.clone(), format!("{label} ({why})")));
             one = ErrorAcc::default();
             one.add(&values, &values);
         }
@@ -568,6 +566,40 @@ pub fn constant_instead(
         return Ok(None);
     };
     Ok(Some((exact, why)))
+}
+
+/// The raw form (`dtype`, the source type) of a tensor that `encoded` stores no better than
+/// zeros (SNR <= 0 dB: values below what its scales can hold, e.g. std 1e-8 or subnormals
+/// under f16 scales), with the reason; `None` for any other. Such a result is never reported as
+/// a success. `error` is what `encoded` measured; `None` decodes it here. The pipeline applies
+/// this to every tensor it writes, and so does Python's `Linear.quantize`.
+pub fn raw_instead(
+    name: &str,
+    values: &[f32],
+    shape: &[u64],
+    encoded: &hwz::EncodedTensor,
+    dtype: FloatDtype,
+    error: Option<&ErrorAcc>,
+    opts: EncodeOptions,
+) -> Result<Option<(hwz::EncodedTensor, String)>> {
+    let measured;
+    let error = match error {
+        Some(e) => e,
+        None => {
+            measured = measure(name, values, shape, encoded)?;
+            &measured
+        }
+    };
+    if !(error.noise > 0.0 && error.snr_db() <= 0.0) {
+        return Ok(None);
+    }
+    let why = format!(
+        "{} reached only {:.2} dB",
+        encoded.encoding.label(),
+        error.snr_db()
+    );
+    let raw = hwz::encode(name, values, shape, &Encoding::Raw { dtype }, opts)?;
+    Ok(Some((raw, why)))
 }
 
 /// Whether a tensor's values are all one finite value (bit for bit).

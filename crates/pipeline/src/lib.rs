@@ -68,7 +68,8 @@ pub use calibration::Calibration;
 #[cfg(feature = "fs")]
 pub use compress::{
     compress, compress_to_file, compress_to_shards, constant_instead, payload_bytes,
-    prefix_fallback, prefix_unfit, CompressOptions, CompressReport, FileReport, Route, GENERATOR,
+    prefix_fallback, prefix_unfit, raw_instead, CompressOptions, CompressReport, FileReport, Route,
+    GENERATOR,
 };
 #[cfg(feature = "fs")]
 pub use output::{check_output, write_text};

@@ -66,6 +66,15 @@ pub enum ScalarError {
         /// The target type.
         dtype: FloatDtype,
     },
+    /// Finite values that a cast to `dtype` loses most of (they underflow it: f16 keeps
+    /// nothing below about 6e-8), where a cast of values in its range keeps 50 dB or more.
+    #[error("the values underflow {dtype}: cast, they keep only {snr_db:.1} dB of the tensor; {}", wider_values(*.dtype))]
+    ValuesUnderflow {
+        /// The target type.
+        dtype: FloatDtype,
+        /// What the cast kept: signal to error, in dB.
+        snr_db: f64,
+    },
     /// A group's scale or offset does not fit the scale type.
     #[error("scale or offset {value:.3e} of group {group} overflows {dtype}; {}", wider(*.dtype))]
     ScaleOverflow {
