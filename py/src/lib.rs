@@ -142,7 +142,8 @@ fn hwz_err(e: HwzError) -> PyErr {
                 | hypercodec_hwz::ScalarError::OutOfRange { .. }
                 | hypercodec_hwz::ScalarError::ScaleOverflow { .. }
                 | hypercodec_hwz::ScalarError::NotPositiveDefinite { .. }
-                | hypercodec_hwz::ScalarError::InvalidDamp { .. },
+                | hypercodec_hwz::ScalarError::InvalidDamp { .. }
+                | hypercodec_hwz::ScalarError::ValuesUnderflow { .. },
             ..
         } => InvalidInputError::new_err(e.to_string()),
         HwzError::TensorNotFound { .. } => pyo3::exceptions::PyKeyError::new_err(e.to_string()),
