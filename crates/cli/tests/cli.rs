@@ -1567,6 +1567,31 @@ fn lattice_bps_hands_what_the_grid_tensors_leave_to_the_lattice_tensors() {
     let z_bps = z["bps"].as_f64().unwrap();
     assert!((3.0..=4.05).contains(&z_bps), "{z_bps}");
     assert!(v["totals"]["lossy"]["all_in_bps"].as_f64().unwrap() <= 3.0);
+    // A grid that holds most of the values (a 100000×1 column: a scale a row would cost 16
+    // bits a value, so the lattice cannot serve it) shrinks under zstd, and what it leaves
+    // goes to the layer after it up to the model's target, not just a bit a value more than
+    // the plan's rate (it took 2.76 bits at 3).
+    let col: Vec<u8> = values(100_000, 11)
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let conv: Vec<u8> = values(64 * 3 * 7 * 7, 12)
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let v = at_3(&[
+        ("col".into(), vec![100_000, 1], col),
+        ("conv.weight".into(), vec![64, 3, 7, 7], conv),
+    ]);
+    let conv = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "conv.weight")
+        .unwrap();
+    let conv_bps = conv["bps"].as_f64().unwrap();
+    assert!((2.9..=3.05).contains(&conv_bps), "{conv_bps}: {v}");
+    assert!(v["totals"]["lossy"]["all_in_bps"].as_f64().unwrap() <= 3.0);
 }
 
 #[test]

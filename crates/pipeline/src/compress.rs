@@ -293,9 +293,13 @@ pub fn compress(
                     // The plan's rate and this tensor's share of the surplus, within what
                     // the lattice's rate control covers.
                     let n = t.numel();
-                    // At most a bit a value: a surplus that accrues late would otherwise pile
-                    // onto the last few small tensors (4.8 bits where the large layer had 1.9).
-                    let share = (surplus_bits.max(0.0) / lattice_left.max(1) as f64).min(1.0);
+                    // At most a bit a value, or up to the model's target where the plan put
+                    // this tensor further below it (a grid that holds most of the values and
+                    // that zstd shrank: a 100000×1 column took 2.9 of its 4 planned bits): a
+                    // surplus that accrues late would otherwise pile onto the last few small
+                    // tensors (4.8 bits where the large layer had 1.9).
+                    let cap = (rp.target_bps - *bps).max(1.0);
+                    let share = (surplus_bits.max(0.0) / lattice_left.max(1) as f64).min(cap);
                     let ceiling = match chosen {
                         Encoding::Lattice { lattice, .. } => {
                             hypercodec_lattice::calibration::max_bps(*lattice)
