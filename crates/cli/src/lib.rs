@@ -379,8 +379,14 @@ fn compress(args: &CompressArgs) -> Result<()> {
     };
     let source = TensorSource::open(&args.input)?;
     for s in &source.skipped {
+        // (F64 is a float type this reader does not take; Python's `save` casts it to f32.)
+        let why = if s.dtype == "F64" {
+            "not read: cast it to f32 to compress it"
+        } else {
+            "not a float tensor"
+        };
         sink::errln!(
-            "warning: skipping tensor `{}` of type {} (not a float tensor)",
+            "warning: skipping tensor `{}` of type {} ({why})",
             s.name,
             s.dtype
         );

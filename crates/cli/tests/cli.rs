@@ -145,6 +145,32 @@ fn raw_encodings_restore_bit_exact() {
 }
 
 #[test]
+fn an_f64_tensor_is_skipped_with_what_to_do() {
+    // It said "not a float tensor" of F64.
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.safetensors");
+    let (a, b): (Vec<u8>, Vec<u8>) = (
+        values(64, 1).iter().flat_map(|x| x.to_le_bytes()).collect(),
+        values(64, 2)
+            .iter()
+            .flat_map(|&x| f64::from(x).to_le_bytes())
+            .collect(),
+    );
+    let views = vec![
+        ("a", TensorView::new(Dtype::F32, vec![8, 8], &a).unwrap()),
+        ("d", TensorView::new(Dtype::F64, vec![8, 8], &b).unwrap()),
+    ];
+    std::fs::write(&model, serialize(views, None).unwrap()).unwrap();
+    let out = run(&["compress", p(&model), p(&dir.path().join("m.hwz"))]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("skipping tensor `d` of type F64 (not read: cast it to f32"),
+        "{err}"
+    );
+}
+
+#[test]
 fn affine_keeps_1d_raw_and_inspect_lists_everything() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.safetensors");
