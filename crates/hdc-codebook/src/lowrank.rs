@@ -136,6 +136,22 @@ pub fn fit(
     if let Some(i) = a.iter().position(|v| !v.is_finite()) {
         return Err(HdcError::NonFinite { index: i as u64 });
     }
+    // Magnitudes far from 1 (subnormal weights, or near f32's largest) are fitted scaled to a
+    // largest value of 1, each factor's scales taking back the square root: the iteration's
+    // norms and the balance's ratios would otherwise under- or overflow (infinite scales).
+    let amax = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if amax > 0.0 && !(1e-18..=1e18).contains(&amax) {
+        let unit: Vec<f32> = a
+            .iter()
+            .map(|&v| (f64::from(v) / f64::from(amax)) as f32)
+            .collect();
+        let mut lr = fit(&unit, rows, cols, rank, iters, seed)?;
+        let root = f64::from(amax).sqrt();
+        for s in lr.u_scales.iter_mut().chain(&mut lr.v_scales) {
+            *s = (f64::from(*s) * root) as f32;
+        }
+        return Ok(lr);
+    }
     let r = rank;
     let mut rng = Rng::new(seed ^ 0x4c52);
     let mut v: Vec<f32> = (0..cols * r).map(|_| rng.normal()).collect();

@@ -205,6 +205,21 @@ fn low_rank_recovers_a_low_rank_matrix() {
     lowrank::decode_into(&lr1, rows, cols, &mut out).unwrap();
     assert!(snr(&m, &out) < 20.0, "rank 1 cannot be that good");
     assert!(lowrank::fit(&m, rows, cols, 0, 6, 0).is_err());
+    // The same matrix at magnitudes far from 1 (near f32's largest, 1e-30, subnormal): finite
+    // scales and the same fit, relative to its size (subnormals lose their low bits). The
+    // subnormal one had infinite scales, refused as corrupt when decoded.
+    for (scale, floor) in [(1e36f32, 30.0), (1e-30, 30.0), (1e-40, 5.0)] {
+        let big: Vec<f32> = m.iter().map(|v| v * scale).collect();
+        let lr = lowrank::fit(&big, rows, cols, r, 6, 0).unwrap();
+        assert!(lr
+            .u_scales
+            .iter()
+            .chain(&lr.v_scales)
+            .all(|s| s.is_finite()));
+        lowrank::decode_into(&lr, rows, cols, &mut out).unwrap();
+        let db = snr(&big, &out);
+        assert!(db > floor, "{scale}: {db} dB");
+    }
 }
 
 #[test]
