@@ -355,6 +355,9 @@ class _Stored(torch.autograd.Function):
         return ctx.backward_fn(gy).to(ctx.x_dtype), None, None
 
 
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)  # (one call where autocast is off)
+
+
 def _autocast(x: torch.Tensor) -> torch.Tensor:
     """``x`` in autocast's dtype where ``torch.autocast`` is on for its device, as ``nn.Linear``
     and ``nn.Conv2d`` take their inputs (a float32 input then runs the bf16 / f16 kernels, and
@@ -362,8 +365,8 @@ def _autocast(x: torch.Tensor) -> torch.Tensor:
     as ``nn.Linear`` refuses it (it used to come back as truncated integers)."""
     if not x.is_floating_point():
         raise TypeError(f"a compressed layer takes floating-point inputs, not {x.dtype}")
-    if x.dtype == torch.float64:  # (autocast leaves float64 alone)
-        return x
+    if x.dtype == torch.float64 or (_ANY_AUTOCAST is not None and not _ANY_AUTOCAST()):
+        return x  # (autocast leaves float64 alone; and the common case: autocast off, asked once)
     try:
         on = torch.is_autocast_enabled(x.device.type)
     except TypeError:  # torch < 2.4: no per-device query
