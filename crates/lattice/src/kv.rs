@@ -184,9 +184,10 @@ impl KvCodec {
         dither: bool,
     ) -> Result<Self> {
         if dim == 0 || dim > crate::MAX_TILE {
-            return Err(LatticeError::Length {
-                what: "vector length (1..=4096)",
-                expected: crate::MAX_TILE,
+            return Err(LatticeError::OutOfRange {
+                what: "the vector length",
+                min: 1,
+                max: crate::MAX_TILE,
                 actual: dim,
             });
         }
@@ -518,7 +519,7 @@ impl KvCodec {
             let ms = y.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / d as f64;
             if !y.iter().all(|v| v.is_finite()) {
                 // Finite values near f32's limit can overflow in the rotation.
-                return Err(LatticeError::NonFinite { index: i * d });
+                return Err(LatticeError::RotationOverflow { vector: i });
             }
             let out = &mut codes[i * cb..(i + 1) * cb];
             out.iter_mut().for_each(|b| *b = 0);
@@ -582,7 +583,7 @@ impl KvCodec {
             let ms = y.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / d as f64;
             if !y.iter().all(|v| v.is_finite()) {
                 // Finite values near f32's limit can overflow in the rotation.
-                return Err(LatticeError::NonFinite { index: i * d });
+                return Err(LatticeError::RotationOverflow { vector: i });
             }
             let out = &mut codes[i * cb..(i + 1) * cb];
             if ms == 0.0 {
@@ -2258,10 +2259,16 @@ mod tests {
             .is_err());
         // Values near f32's limit overflow in the rotation: refused, not coded as zeros.
         let big = vec![3e38f32; 64];
-        assert!(c.encode_into(&big, None, &mut codes, &mut scales).is_err());
+        assert!(matches!(
+            c.encode_into(&big, None, &mut codes, &mut scales),
+            Err(LatticeError::RotationOverflow { vector: 0 })
+        ));
         // An absurd length is refused before anything is allocated.
         let q = KvQuantizer::Trellis { l: 10 };
         assert!(KvCodec::new(1 << 40, 3, q, Rotation::Rht, 0, false).is_err());
+        // And a length of 0, named as the range it is outside (it said "expected 4096, got 0").
+        let e = KvCodec::new(0, 3, q, Rotation::Rht, 0, false).unwrap_err();
+        assert_eq!(e.to_string(), "the vector length must be 1 to 4096, not 0");
         let mut out = vec![0f32; 64];
         assert!(c
             .decode_into(&codes[..31], &scales, None, &mut out)

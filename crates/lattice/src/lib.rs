@@ -76,6 +76,26 @@ pub enum LatticeError {
     /// The trellis quantizer refused its parameters or input.
     #[error("trellis: {0}")]
     Trellis(String),
+    /// A vector of finite values near f32's largest that overflows in the rotation.
+    #[error(
+        "vector {vector}: its values (near f32's largest) overflow the rotation; scale them down"
+    )]
+    RotationOverflow {
+        /// Which vector (of the values given).
+        vector: usize,
+    },
+    /// A size outside the range this code takes.
+    #[error("{what} must be {min} to {max}, not {actual}")]
+    OutOfRange {
+        /// What was given.
+        what: &'static str,
+        /// The least it may be.
+        min: usize,
+        /// The most it may be.
+        max: usize,
+        /// What it was.
+        actual: usize,
+    },
     /// Sizes do not match the shape.
     #[error("{what}: expected {expected}, got {actual}")]
     Length {
