@@ -54,7 +54,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("cuda_host: no CUDA device; nothing measured")
         return 0
-    import hypercodec.cuda as hcuda
     import hypercodec.nn as hnn
 
     rows, cols = (int(v) for v in args.size.split("x"))
