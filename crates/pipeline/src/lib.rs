@@ -62,6 +62,7 @@ pub mod synth;
 #[cfg(feature = "fs")]
 pub use archive::{
     decompress, float_bytes, inspect_file, is_legacy, open_archive, open_legacy, write_synthetic,
+    MIN_CAST_SNR_DB,
 };
 #[cfg(feature = "fs")]
 pub use calibration::Calibration;
