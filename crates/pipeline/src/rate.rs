@@ -96,8 +96,10 @@ fn fallback_bits(bps: f64) -> u8 {
 /// padding cost a bit per value or more (3×3 depthwise kernels: 9-value trellis rows at 2 bits
 /// code at 6 dB for 4.4 bits per value, where a per-tensor INT3 grid gives 11 dB at 3; a
 /// one-value row of fixed-rate E8 pads to a word and a scale: 48 bits at 4) — affine
-/// INT(K + 2) with a scale per row ([`fallback_encoding`]). `None` for other recipes
-/// and shapes (entropy-coded lattice rates have [`plan_rate`]'s rule).
+/// INT(K + 2) with a scale per row, or as many of the two extra bits as stay within
+/// [`ALONE_OVERSPEND_BYTES`] of K bits a value ([`alone_fallback`]: a 100000×1 column takes
+/// INT4 at 4 bits, not INT6). `None` for other recipes and shapes (entropy-coded lattice rates
+/// have [`plan_rate`]'s rule).
 pub fn narrow_fallback(spec: &Spec, name: &str, shape: &[u64]) -> Option<(Encoding, String)> {
     let Spec::Rate {
         template, max_tile, ..
@@ -115,7 +117,7 @@ pub fn narrow_fallback(spec: &Spec, name: &str, shape: &[u64]) -> Option<(Encodi
             if cols * (k as u64) < l as u64 {
                 let why =
                     format!("rows of {cols} values hold fewer than the {l}-bit trellis state");
-                return Some((fallback_encoding(k as f64, shape), why));
+                return Some((narrow_grid(name, shape, k as f64), why));
             }
             k as u64
         }
@@ -133,7 +135,15 @@ pub fn narrow_fallback(spec: &Spec, name: &str, shape: &[u64]) -> Option<(Encodi
     }
     let why =
         format!("rows of {cols} values spend a bit per value or more on their scale and padding");
-    Some((fallback_encoding(k as f64, shape), why))
+    Some((narrow_grid(name, shape, k as f64), why))
+}
+
+/// [`narrow_fallback`]'s grid at `bps`: [`alone_fallback`]'s, else [`fallback_encoding`]'s.
+fn narrow_grid(name: &str, shape: &[u64], bps: f64) -> Encoding {
+    alone_fallback(name, shape, bps)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| fallback_encoding(bps, shape))
 }
 
 /// Bytes beyond the rate that the fallback of a tensor quantized alone may spend (one layer at a
@@ -724,6 +734,10 @@ mod tests {
         assert_eq!(fb(&fixed, &[300, 1]), int6(&[300, 1]));
         assert_eq!(fb(&fixed, &[32, 1, 3, 3]), int6(&[32, 1, 3, 3]));
         assert_eq!(fb(&fixed, &[300, 64]), None);
+        // A large one: only the extra bits that stay within ALONE_OVERSPEND_BYTES (a 100000×1
+        // column took INT6 at 4 bits, 25 KB over).
+        assert_eq!(fb(&fixed, &[100_000, 1]), Some(grid(4, &[100_000, 1])));
+        assert_eq!(fb(&fixed, &[40_000, 1]), Some(grid(5, &[40_000, 1])));
         // Entropy-coded rates have plan_rate's rule instead.
         let rate = Spec::Rate {
             template: e8(),
