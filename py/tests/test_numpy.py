@@ -209,6 +209,10 @@ def test_weights_near_f32s_range_ends_are_stored_usably_or_raw():
         tiny = w * np.float32(scale)
         lin = hypercodec.Linear.quantize(tiny, spec)
         assert lin.path == "dense" and np.array_equal(lin.weight(), tiny), (scale, spec, lin.path)
+    # A layer of more than 2^20 values is measured where its magnitude is far from a model's.
+    large = gaussian((1100, 1000), 6) * np.float32(1e-40)
+    lin = hypercodec.Linear.quantize(large, "int8")
+    assert lin.path == "dense" and np.array_equal(lin.weight(), large)
     # Still encoded as asked where the spec holds the values (1e-9 under f16 scales: bf16 ones).
     assert hypercodec.Linear.quantize(w * np.float32(1e-9), "int8").path == "affine-int8-fused"
     big = gaussian((4, 128), 5) * np.float32(1e36)
