@@ -822,26 +822,17 @@ impl Linear {
                 };
                 // A weight the spec stores no better than zeros (values below what its scales
                 // can hold: subnormals, say): raw f32, as the pipeline stores it (`path` and
-                // `encoding` say so). Measured (a decode) where that can happen: small layers,
-                // and magnitudes far from a model's; a large layer of ordinary weights is not
-                // decoded again (a trellis layer coded on the GPU would spend as long here).
-                let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let suspect = values.len() <= 1 << 20 || !(1e-3..=1e30).contains(&amax);
-                let t = match suspect
-                    .then(|| {
-                        hypercodec_pipeline::raw_instead(
-                            "weight",
-                            values,
-                            &shape,
-                            &t,
-                            hypercodec_hwz::FloatDtype::F32,
-                            None,
-                            opts,
-                        )
-                    })
-                    .transpose()
-                    .map_err(pipeline_err)?
-                    .flatten()
+                // `encoding` say so), measured where that can happen.
+                let t = match hypercodec_pipeline::raw_instead(
+                    "weight",
+                    values,
+                    &shape,
+                    &t,
+                    hypercodec_hwz::FloatDtype::F32,
+                    None,
+                    opts,
+                )
+                .map_err(pipeline_err)?
                 {
                     Some((raw, _)) => raw,
                     None => t,

@@ -68,21 +68,17 @@ pub fn float_bytes(name: &str, values: &[f32], dtype: FloatDtype) -> Result<Vec<
     let keep = values.iter().any(|v| !v.is_finite());
     let bytes = hypercodec_scalar::encode_floats(values, dtype, keep).map_err(err)?;
     if !keep && dtype != FloatDtype::F32 {
-        let (mut signal, mut noise) = (0f64, 0f64);
+        let mut acc = crate::ErrorAcc::default();
         let mut back = vec![0f32; values.len().min(1 << 16)];
         for (v, b) in values.chunks(1 << 16).zip(bytes.chunks(dtype.size() << 16)) {
             let back = &mut back[..v.len()];
             hypercodec_scalar::decode_floats_into(b, dtype, back).map_err(err)?;
-            for (&x, &y) in v.iter().zip(back.iter()) {
-                signal += f64::from(x) * f64::from(x);
-                noise += (f64::from(x) - f64::from(y)).powi(2);
-            }
+            acc.add(v, back);
         }
-        let snr_db = 10.0 * (signal / noise).log10();
-        if noise > 0.0 && snr_db < MIN_CAST_SNR_DB {
+        if acc.noise > 0.0 && acc.snr_db() < MIN_CAST_SNR_DB {
             return Err(err(hypercodec_scalar::ScalarError::ValuesUnderflow {
                 dtype,
-                snr_db,
+                snr_db: acc.snr_db(),
             }));
         }
     }

@@ -575,8 +575,11 @@ pub fn constant_instead(
 /// The raw form (`dtype`, the source type) of a tensor that `encoded` stores no better than
 /// zeros (SNR <= 0 dB: values below what its scales can hold, e.g. std 1e-8 or subnormals
 /// under f16 scales), with the reason; `None` for any other. Such a result is never reported as
-/// a success. `error` is what `encoded` measured; `None` decodes it here. The pipeline applies
-/// this to every tensor it writes, and so does Python's `Linear.quantize`.
+/// a success. `error` is what `encoded` measured. `None` decodes it here where such a result
+/// can happen: tensors of up to 2^20 values, or whose largest magnitude lies outside
+/// 1e-3..1e30 (a large tensor of ordinary weights is not decoded again: a trellis layer coded on
+/// the GPU would spend as long here). The pipeline applies this to every tensor it writes, and
+/// so does Python's `Linear.quantize`.
 pub fn raw_instead(
     name: &str,
     values: &[f32],
@@ -590,6 +593,10 @@ pub fn raw_instead(
     let error = match error {
         Some(e) => e,
         None => {
+            let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+            if values.len() > 1 << 20 && (1e-3..=1e30).contains(&amax) {
+                return Ok(None);
+            }
             measured = measure(name, values, shape, encoded)?;
             &measured
         }
