@@ -152,9 +152,12 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
     # and two mma tiles (and their edges), outlier columns, a bias; groups of other lengths
     # (symmetric ones too), which the tensor-core kernels take where each step lies in one group.
     rng = np.random.default_rng(3)
+    # (2-bit groups of 128 spanning outliers × 6 are no better than zeros on 16 × 128, and such
+    # a layer is stored raw: pipeline::raw_instead.)
+    outliers = 3 if spec.startswith("int2") else 6
     for rows, cols in ((37, 96), (16, 128), (130, 640), (8, 1024)):
         w = rng.standard_normal((rows, cols)).astype(np.float32)
-        w[:, ::29] *= 6
+        w[:, ::29] *= outliers
         b = rng.standard_normal(rows).astype(np.float32)
         op = hypercodec.Linear.quantize(w, spec, b)
         d = hcuda.DeviceLinear(op, torch.device("cuda"))
@@ -282,6 +285,48 @@ def test_cuda_affine_kernels_read_f32_and_16_bit_scales_alike(spec):
             x = torch.from_numpy(rng.standard_normal((m, 1024)).astype(np.float32)).to("cuda", dtype)
             a, b = d16.forward(x), d32.forward(x)
             assert torch.isfinite(a).all() and torch.equal(a, b), (spec, dtype, m, d16.route(m, dtype))
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", ["int4", "int4-g64", "int4-g128-sym", "int4-row", "int2", "int8", "int8-row", "int3",
+                                  "e8-fixed4", "tcq@2-l12", "e8@4-gpu", "e8@4-prefix"])
+def test_cuda_weights_near_the_f32_range_stay_finite(spec):
+    """Weights of standard deviation 1e36 (a few powers of two below f32's largest): a group's
+    scale and offset terms, and the tensor cores' magic-biased code sums by a scale, pass f32's
+    range where the output does not (the fused kernels gave ±inf and NaN), so such affine
+    layers take the decode route at every batch (``FUSED_TERMS_MAX``); at 1e25 they stay on
+    the fused kernels. Every route, f32 and bf16 activations, against the CPU runtime (bf16
+    keeps f32's range: outputs of about 1e37 are finite)."""
+    rng = np.random.default_rng(23)
+    rows, cols = 40, 512
+    # The rotated forms refuse rows whose Hadamard transform would leave f32: a tenth as large.
+    for scale in (1e25, 1e36) if spec.startswith("int") else (1e35,):
+        w = rng.standard_normal((rows, cols)).astype(np.float32) * np.float32(scale)
+        op = hypercodec.Linear.quantize(w, spec)
+        d = hcuda.DeviceLinear(op, torch.device("cuda"))
+        if d.kind == "affine":
+            assert (d.route(1, torch.bfloat16) == "cuda-affine-decode+linear") == (scale > 1e30), (spec, scale)
+        for dtype in (torch.float32, torch.bfloat16):
+            for m in (1, 3, 8, 16, 17, 70):
+                x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
+                want = op.forward(x.float().numpy()).astype(np.float64)
+                assert np.isfinite(want).all(), (spec, m)
+                for route in (None, "decode"):
+                    y = torch.full((m, rows), float("nan"), dtype=dtype, device="cuda")
+                    y.copy_(d.forward(x.cuda(), route=route))
+                    got = y.double().cpu().numpy()
+                    where = d.route(m, dtype) if route is None else "decode"
+                    assert np.isfinite(got).all(), (spec, scale, dtype, m, where)
+                    tol = 3e-4 if dtype == torch.float32 else 2e-2
+                    err = np.abs(got - want).max() / np.abs(want).max()
+                    assert err <= tol, (spec, scale, dtype, m, where, err)
+        if d.kind == "affine":
+            # One input through a group of such layers: one launch at batch 1 where they fuse,
+            # else none (the caller runs them one by one).
+            x = torch.from_numpy(rng.standard_normal((1, cols)).astype(np.float32)).to("cuda", torch.bfloat16)
+            ys = hcuda.forward_group([d, d], x)
+            assert (ys is None) == (scale > 1e30), (spec, scale)
+            assert ys is None or all(torch.equal(y, d.forward(x)) for y in ys), (spec, scale)
 
 
 @needs_cuda

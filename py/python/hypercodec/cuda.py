@@ -19,7 +19,9 @@ on PyTorch's current stream, without synchronizing:
   the Hopper GEMM (wgmma, weights decoded in registers, activations copied by TMA), 1.2–2.4× the
   speed of decoding then cuBLAS there on an H100 (``HYPERCODEC_WGMMA=0`` turns it off);
 - larger batches: the weight is decoded to the activation dtype for the call, then
-  ``F.linear`` (cuBLAS) — transient memory of one dense weight;
+  ``F.linear`` (cuBLAS) — transient memory of one dense weight; so does every batch of an
+  affine layer whose scales pass :data:`FUSED_TERMS_MAX` (weights near f32's range, where the
+  fused kernels' f32 partial sums would overflow);
 - E8 symbols in GPU-shaped rANS chunks (``e8@B-gpu``, CLI ``--coding rans-gpu``): one warp
   decodes each chunk inside the GEMV, so the entropy-coded bytes are all the device holds;
   larger batches decode them on the device for the call, then ``F.linear``;
@@ -106,6 +108,27 @@ def available() -> bool:
     except _native.HypercodecError:
         return False
     return True
+
+
+#: The largest affine term (:func:`_affine_terms`) the fused kernels take: their f32 partial
+#: sums then stay finite for activations up to about 2^20 (a tensor-core step's sum of up to
+#: 256 products of magic-biased codes, below 2^11, by a scale).
+FUSED_TERMS_MAX = 2.0**100
+
+
+def _affine_terms(form: dict[str, Any]) -> float:
+    """max |s|·(2048·|qmul| + |qbias|) + max |lo| over an affine device form's scales ``s`` and
+    offsets ``lo``: a bound on the terms the fused kernels form in f32 (a group's scaled code
+    sum and offset term, each past f32's range for weights near it while their sum is not)."""
+
+    def amax(a: np.ndarray) -> float:
+        if not len(a):
+            return 0.0
+        if a.dtype == np.uint16:  # 16-bit scales as stored: f16 or bf16 bits
+            a = a.view(np.float16) if form["scale_dtype"] == "f16" else (a.astype(np.uint32) << 16).view(np.float32)
+        return float(np.abs(a.astype(np.float64)).max())
+
+    return amax(form["scales"]) * (2048 * abs(form["qmul"]) + abs(form["qbias"])) + amax(form["offsets"])
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -218,6 +241,8 @@ class DeviceLinear:
         self.kind = "dense" if form is None else form["kind"]
         self._dense: dict[torch.dtype, torch.Tensor] = {}
         self._fused: dict[torch.dtype, tuple[int, int | None, tuple[int, int] | None]] = {}
+        # Affine codes of weights near f32's range take the decode route at every batch.
+        self._fusable = form is None or form["kind"] != "affine" or _affine_terms(form) <= FUSED_TERMS_MAX
         if form is None:
             return
 
@@ -405,7 +430,9 @@ class DeviceLinear:
         got = self._fused.get(dtype)
         if got is None:
             n, mma_from, wgmma = GEMV_MAX_BATCH.get(self.kind, 0), None, ()
-            if self.kind == "affine" and dtype in _DTYPES:
+            if not self._fusable:
+                n = 0  # (terms past FUSED_TERMS_MAX: decoded, then F.linear)
+            elif self.kind == "affine" and dtype in _DTYPES:
                 a = dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1)
                 n, wgmma = self.kernels.affine_fused_batch(a), tuple(self.kernels.affine_wgmma_batches(a))
             elif self.kind == "e8prefix" and dtype not in (torch.bfloat16, torch.float16):
@@ -563,7 +590,7 @@ def _affine_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
         return None
     m, cols = math.prod(x.shape[:-1]), x.shape[-1]
     # (m > 1: batches the fused kernels take, each layer's launch on a stream of its own.)
-    if m == 0 or (m > 1 and not all(d._takes(m, x.dtype) for d in layers)):
+    if m == 0 or not all(d._takes(m, x.dtype) for d in layers):
         return None
     x2 = x.reshape(m, cols).contiguous()
     if x2.data_ptr() % 16:
