@@ -19,9 +19,7 @@ on PyTorch's current stream, without synchronizing:
   the Hopper GEMM (wgmma, weights decoded in registers, activations copied by TMA), 1.2–2.4× the
   speed of decoding then cuBLAS there on an H100 (``HYPERCODEC_WGMMA=0`` turns it off);
 - larger batches: the weight is decoded to the activation dtype for the call, then
-  ``F.linear`` (cuBLAS) — transient memory of one dense weight; so does every batch of an
-  affine layer whose scales pass :data:`FUSED_TERMS_MAX` (weights near f32's range, where the
-  fused kernels' f32 partial sums would overflow);
+  ``F.linear`` (cuBLAS) — transient memory of one dense weight;
 - E8 symbols in GPU-shaped rANS chunks (``e8@B-gpu``, CLI ``--coding rans-gpu``): one warp
   decodes each chunk inside the GEMV, so the entropy-coded bytes are all the device holds;
   larger batches decode them on the device for the call, then ``F.linear``;
@@ -129,6 +127,15 @@ def _affine_terms(form: dict[str, Any]) -> float:
         return float(np.abs(a.astype(np.float64)).max())
 
     return amax(form["scales"]) * (2048 * abs(form["qmul"]) + abs(form["qbias"])) + amax(form["offsets"])
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream(index: int) -> int:
+    """torch's current stream on device ``index``, as the raw handle the kernels take (without
+    building a ``torch.cuda.Stream`` each call: a forward asks it every time)."""
+    return _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -516,8 +523,11 @@ class DeviceLinear:
             raise _native.InvalidInputError(f"x has shape {tuple(x.shape)}; its last dimension must be {self.cols}")
         lead = x.shape[:-1]
         dt = x.dtype if x.dtype in _DTYPES else torch.float32
+        # Rows as they come (the common case, and the cheapest: a reshape, a cast and a copy
+        # check cost as much host time as the launch), or reshaped, cast and made contiguous.
+        plain = x.dim() == 2 and x.dtype == dt and x.get_device() == self.device.index and x.is_contiguous()
         # Explicit sizes: `-1` is ambiguous when a dimension is 0 (a layer without inputs).
-        x2 = x.reshape(math.prod(lead), self.cols).to(device=self.device, dtype=dt).contiguous()
+        x2 = x if plain else x.reshape(math.prod(lead), self.cols).to(device=self.device, dtype=dt).contiguous()
         m = x2.shape[0]
         code = _DTYPES[dt]
         if m == 0 or self.rows == 0 or self.cols == 0:
@@ -527,7 +537,7 @@ class DeviceLinear:
                 y += self.bias.to(dt)
             return y.reshape(*lead, self.rows).to(x.dtype)
         gemv = self._takes(m, dt) if route is None else route == "gemv"
-        stream = torch.cuda.current_stream(self.device).cuda_stream
+        stream = _stream(self.device.index)
         if self.kind == "dense":
             b = None if self.bias is None else self.bias.to(dt)
             y = torch.nn.functional.linear(x2, self.dense_weight(dt), b)
@@ -548,6 +558,8 @@ class DeviceLinear:
             # activations in f16 (half the bytes of f32): the RHT writes that copy too.
             xr16 = torch.empty(m, width, dtype=torch.float16, device=self.device) if self._wants_xr16(m, dt, gemv) else None
             y = self._from_rotated(rht(x2, width, self.tile, self.seed, xr16), xr16, dt, gemv, stream)
+        if plain:
+            return y
         return y.reshape(*lead, self.rows).to(x.dtype) if dt != x.dtype else y.reshape(*lead, self.rows)
 
 
