@@ -2,7 +2,7 @@
 
     python py/benches/cuda_e2e.py [--layers 8] [--specs int4,e8-fixed4,int8-row] [--out FILE] [--batch B]
         [--prefill N] [--acts fp8 [--round-weights]] [--compile [--grouping on|off|both]
-        [--group-streams on|off|both]] [--merged-bf16]
+        [--group-streams on|off|both]] [--merged-bf16] [--eager]
 
 A stack of Llama-3-8B-shaped blocks (hidden 4096, MLP 14336, 32 query heads and 8 key/value
 heads of 128, RMS norms, SiLU gate) plus a 32000-row output head, random weights (bf16), one
@@ -29,7 +29,10 @@ run together (``hypercodec.nn.set_compile_grouping``; ``--grouping both`` times 
 configuration with and without): affine ones in one launch at batch 1, otherwise side by side on
 streams of their own (``--group-streams both`` times that on and off). ``--merged-bf16`` also times a bf16 model whose
 q/k/v and gate/up weights are concatenated into one ``F.linear`` each (as vLLM merges them), the
-peer for grouped launches. Needs a CUDA device (exits 0 with a message when there is none).
+peer for grouped launches. ``--eager`` times the step as an eager PyTorch program runs it (HF
+``generate`` without a compiled step): ``--iters`` calls back to back, no graph, so Python's
+launch cost counts for bf16 and for us alike (CUDA events around the calls, median of 5). Needs
+a CUDA device (exits 0 with a message when there is none).
 """
 
 from __future__ import annotations
@@ -170,10 +173,11 @@ def linear_params(model: nn.Module) -> int:
 COMPILED: list[str] = []  # per timed configuration: its graphs and compile seconds
 
 
-def time_step(model: nn.Module, x: torch.Tensor, caches, iters: int, compile: str | None = None) -> tuple[float, torch.Tensor]:
-    """Median milliseconds per decode step (CUDA graph replays) and the step's output
-    (``compile``: ``"whole"``, of ``torch.compile(model, fullgraph=True)``; ``"regional"``, with
-    each block compiled on its own, ``block.compile(fullgraph=True)``)."""
+def time_step(model: nn.Module, x: torch.Tensor, caches, iters: int, compile: str | None = None,
+              eager: bool = False) -> tuple[float, torch.Tensor]:
+    """Median milliseconds per decode step (CUDA graph replays; ``eager``: calls back to back)
+    and the step's output (``compile``: ``"whole"``, of ``torch.compile(model, fullgraph=True)``;
+    ``"regional"``, with each block compiled on its own, ``block.compile(fullgraph=True)``)."""
     from torch._dynamo.utils import counters
 
     if compile:
@@ -196,6 +200,18 @@ def time_step(model: nn.Module, x: torch.Tensor, caches, iters: int, compile: st
     torch.cuda.current_stream().wait_stream(s)
     if compile:
         COMPILED.append(f"{counters['stats']['unique_graphs']} graphs, {first:.1f} s to the first output")
+    if eager:
+        times = []
+        with torch.no_grad():
+            for _ in range(5):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(iters):
+                    out = model(x, caches)
+                b.record()
+                torch.cuda.synchronize()
+                times.append(a.elapsed_time(b) / iters)
+        return statistics.median(times), out.detach().clone()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g), torch.no_grad():
         out = model(x, caches)
@@ -234,6 +250,8 @@ def main() -> int:
                     "(hypercodec.nn.set_compile_grouping); both: time each compressed configuration both ways")
     ap.add_argument("--merged-bf16", action="store_true",
                     help="also time a bf16 model with q/k/v and gate/up merged into one F.linear each")
+    ap.add_argument("--eager", action="store_true",
+                    help="time eager calls back to back (Python's launch cost counted) instead of CUDA graph replays")
     ap.add_argument("--fp8-min-weights", type=int, default=None,
                     help="override hypercodec.nn.FP8_MIN_WEIGHTS (the size under which FP8 layers stay weight-only)")
     a = ap.parse_args()
@@ -247,6 +265,8 @@ def main() -> int:
         ap.error("--batch sets the sequences of a decode step; --prefill times one prompt")
     if a.batch < 1:
         ap.error("--batch takes one sequence or more")
+    if a.eager and (a.compile or a.regional):
+        ap.error("--eager times uncompiled calls")
     mode = "regional" if a.regional else "whole" if a.compile else None
     if a.fp8_min_weights is not None:
         hnn.FP8_MIN_WEIGHTS = a.fp8_min_weights
@@ -280,6 +300,8 @@ def main() -> int:
         what += ", every configuration `torch.compile(fullgraph=True)`"
     if a.regional:
         what += ", every configuration's blocks compiled one by one (`block.compile(fullgraph=True)`)"
+    if a.eager:
+        what += ", eager calls back to back (no CUDA graph: Python's launch cost counted)"
     lines = [
         f"Llama-shaped decoder, {a.layers} blocks of hidden 4096 / MLP 14336 / 32 heads (8 KV) + a 32000-row "
         f"head: {params / 1e9:.2f} G linear parameters, {what}; "
@@ -294,8 +316,8 @@ def main() -> int:
     dense = copy.deepcopy(base).to(dev)
     held = torch.cuda.memory_allocated() - m0
     names = ["bf16", "the rest"]  # (the configurations compiled, in order)
-    ms_bf16, _ = time_step(dense, x, caches, a.iters, mode)
-    ms_rest, _ = time_step(without_linears(dense, reads=mode is not None), x, caches, a.iters, mode)
+    ms_bf16, _ = time_step(dense, x, caches, a.iters, mode, a.eager)
+    ms_rest, _ = time_step(without_linears(dense, reads=mode is not None), x, caches, a.iters, mode, a.eager)
     lin_bf16 = ms_bf16 - ms_rest
     lines.append(f"| bf16 (`F.linear`) | {held / params:.3f} | {ms_bf16:.3f} | {1000 * tokens / ms_bf16:.1f} | 1.00× "
                  f"| {lin_bf16:.3f} | 1.00× | – |")
@@ -304,7 +326,7 @@ def main() -> int:
     torch.cuda.empty_cache()
     if a.merged_bf16:
         names.append("bf16 merged")
-        ms_m, _ = time_step(merged(copy.deepcopy(base).to(dev)), x, caches, a.iters, mode)
+        ms_m, _ = time_step(merged(copy.deepcopy(base).to(dev)), x, caches, a.iters, mode, a.eager)
         lines.append(f"| bf16, q/k/v and gate/up merged (one `F.linear` each) | 2.000 | {ms_m:.3f} | {1000 * tokens / ms_m:.1f} "
                      f"| {ms_bf16 / ms_m:.2f}× | {ms_m - ms_rest:.3f} | {lin_bf16 / (ms_m - ms_rest):.2f}× | – |")
         print(lines[-1], flush=True)
@@ -335,7 +357,7 @@ def main() -> int:
             label = spec + (" (grouping off)" if grouping == "off" and mode else "") + (
                 " (streams off)" if streams == "off" and grouping == "on" and mode else "")
             names.append(label)
-            ms, got = time_step(q, x, caches, a.iters, mode)
+            ms, got = time_step(q, x, caches, a.iters, mode, a.eager)
             err = float((got.float().cpu() - want).abs().max() / want.abs().max())
             lines.append(f"| {label} | {held / params:.3f} | {ms:.3f} | {1000 * tokens / ms:.1f} | {ms_bf16 / ms:.2f}× "
                          f"| {ms - ms_rest:.3f} | {lin_bf16 / (ms - ms_rest):.2f}× | {err:.2e} |")

@@ -77,6 +77,8 @@ def main() -> int:
         ("nn.Linear (bf16), no_grad", no_grad(lambda: lb(x))),
         ("HyperLinear", lambda: h(x)),
         ("HyperLinear, no_grad", no_grad(lambda: h(x))),
+        ("nn.Linear (bf16), no_grad, 3-D input", no_grad(lambda: lb(x3))),
+        ("HyperLinear, no_grad, 3-D input", no_grad(lambda: h(x3))),
         ("HyperLinear._stored_forward", lambda: h._stored_forward(x)),
         ("DeviceLinear.forward, 2-D input", lambda: d.forward(x)),
         ("DeviceLinear.forward, 3-D input", lambda: d.forward(x3)),

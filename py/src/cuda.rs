@@ -65,22 +65,36 @@ pub(crate) fn cuda_err(e: CudaError) -> PyErr {
     }
 }
 
-/// An optional pointer argument: 0 when `key` is absent.
-fn opt(d: &Bound<'_, PyDict>, key: &str) -> PyResult<u64> {
-    if d.contains(key)? {
-        get(d, key)
-    } else {
-        Ok(0)
-    }
+/// Argument `$key` of dict `$d` ([`get_key`]), its name's Python string made once
+/// (`intern!`): a launch reads 10–20 of them on every eager forward.
+macro_rules! get {
+    ($d:expr, $key:literal) => {
+        get_key($d, pyo3::intern!($d.py(), $key), $key)
+    };
 }
 
-fn get<'py, T: FromPyObjectOwned<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
+/// An optional pointer argument: 0 when `key` is absent.
+macro_rules! opt {
+    ($d:expr, $key:literal) => {
+        match $d.get_item(pyo3::intern!($d.py(), $key))? {
+            Some(_) => get!($d, $key),
+            None => Ok(0u64),
+        }
+    };
+}
+
+/// The value under `key` (named `name` in errors), extracted as `T`.
+fn get_key<'py, T: FromPyObjectOwned<'py>>(
+    d: &Bound<'py, PyDict>,
+    key: &Bound<'py, pyo3::types::PyString>,
+    name: &str,
+) -> PyResult<T> {
     d.get_item(key)?
-        .ok_or_else(|| InvalidInputError::new_err(format!("kernel argument `{key}` missing")))?
+        .ok_or_else(|| InvalidInputError::new_err(format!("kernel argument `{name}` missing")))?
         .extract::<T>()
         .map_err(|e| {
             let e: PyErr = e.into();
-            InvalidInputError::new_err(format!("kernel argument `{key}`: {e}"))
+            InvalidInputError::new_err(format!("kernel argument `{name}`: {e}"))
         })
 }
 
@@ -95,148 +109,148 @@ fn dtype(code: i32) -> PyResult<Dtype> {
 
 fn affine(d: &Bound<'_, PyDict>) -> PyResult<AffineGemv> {
     Ok(AffineGemv {
-        codes: get(d, "codes")?,
-        code_bytes: get(d, "code_bytes")?,
-        scales: get(d, "scales")?,
-        offsets: get(d, "offsets")?,
+        codes: get!(d, "codes")?,
+        code_bytes: get!(d, "code_bytes")?,
+        scales: get!(d, "scales")?,
+        offsets: get!(d, "offsets")?,
         // The scales' type code (as `x_dtype`); f32 when absent.
-        scale_dtype: match d.get_item("scale_dtype")? {
+        scale_dtype: match d.get_item(pyo3::intern!(d.py(), "scale_dtype"))? {
             Some(v) => dtype(v.extract()?)?,
             None => Dtype::F32,
         },
-        x: get(d, "x")?,
-        x_dtype: dtype(get(d, "x_dtype")?)?,
-        y: get(d, "y")?,
-        y_dtype: dtype(get(d, "y_dtype")?)?,
-        bias: get(d, "bias")?,
-        batch: get(d, "batch")?,
-        rows: get(d, "rows")?,
-        cols: get(d, "cols")?,
-        bits: get(d, "bits")?,
-        group_len: get(d, "group_len")?,
-        scales_per_row: get(d, "scales_per_row")?,
-        qmul: get(d, "qmul")?,
-        qbias: get(d, "qbias")?,
+        x: get!(d, "x")?,
+        x_dtype: dtype(get!(d, "x_dtype")?)?,
+        y: get!(d, "y")?,
+        y_dtype: dtype(get!(d, "y_dtype")?)?,
+        bias: get!(d, "bias")?,
+        batch: get!(d, "batch")?,
+        rows: get!(d, "rows")?,
+        cols: get!(d, "cols")?,
+        bits: get!(d, "bits")?,
+        group_len: get!(d, "group_len")?,
+        scales_per_row: get!(d, "scales_per_row")?,
+        qmul: get!(d, "qmul")?,
+        qbias: get!(d, "qbias")?,
     })
 }
 
 fn e8(d: &Bound<'_, PyDict>) -> PyResult<E8Gemv> {
     Ok(E8Gemv {
-        packed: get(d, "packed")?,
-        row_scales: get(d, "row_scales")?,
-        xr: get(d, "xr")?,
-        half: get(d, "half")?,
-        y: get(d, "y")?,
-        y_dtype: dtype(get(d, "y_dtype")?)?,
-        bias: get(d, "bias")?,
-        batch: get(d, "batch")?,
-        rows: get(d, "rows")?,
-        words: get(d, "words")?,
-        bits: get(d, "bits")?,
+        packed: get!(d, "packed")?,
+        row_scales: get!(d, "row_scales")?,
+        xr: get!(d, "xr")?,
+        half: get!(d, "half")?,
+        y: get!(d, "y")?,
+        y_dtype: dtype(get!(d, "y_dtype")?)?,
+        bias: get!(d, "bias")?,
+        batch: get!(d, "batch")?,
+        rows: get!(d, "rows")?,
+        words: get!(d, "words")?,
+        bits: get!(d, "bits")?,
     })
 }
 
 fn e8_rans(d: &Bound<'_, PyDict>) -> PyResult<E8RansGemv> {
     Ok(E8RansGemv {
-        payload: get(d, "payload")?,
-        payload_bytes: get(d, "payload_bytes")?,
-        index: get(d, "index")?,
-        index_bytes: get(d, "index_bytes")?,
-        slots: get(d, "slots")?,
-        prob_bits: get(d, "prob_bits")?,
-        chunk: get(d, "chunk")?,
-        row_scales: get(d, "row_scales")?,
-        xr: get(d, "xr")?,
-        y: get(d, "y")?,
-        y_dtype: dtype(get(d, "y_dtype")?)?,
-        bias: get(d, "bias")?,
-        batch: get(d, "batch")?,
-        rows: get(d, "rows")?,
-        words: get(d, "words")?,
+        payload: get!(d, "payload")?,
+        payload_bytes: get!(d, "payload_bytes")?,
+        index: get!(d, "index")?,
+        index_bytes: get!(d, "index_bytes")?,
+        slots: get!(d, "slots")?,
+        prob_bits: get!(d, "prob_bits")?,
+        chunk: get!(d, "chunk")?,
+        row_scales: get!(d, "row_scales")?,
+        xr: get!(d, "xr")?,
+        y: get!(d, "y")?,
+        y_dtype: dtype(get!(d, "y_dtype")?)?,
+        bias: get!(d, "bias")?,
+        batch: get!(d, "batch")?,
+        rows: get!(d, "rows")?,
+        words: get!(d, "words")?,
     })
 }
 
 fn e8_prefix(d: &Bound<'_, PyDict>) -> PyResult<E8PrefixGemv> {
     Ok(E8PrefixGemv {
-        words: get(d, "words_ptr")?,
-        payload_words: get(d, "payload_words")?,
-        index: get(d, "index")?,
-        table: get(d, "table")?,
-        limit: get(d, "limit")?,
-        pair_limit: get(d, "pair_limit")?,
-        segment: get(d, "segment")?,
-        span: get(d, "span")?,
-        row_scales: get(d, "row_scales")?,
-        xr: get(d, "xr")?,
-        xr16: get(d, "xr16")?,
-        y: get(d, "y")?,
-        y_dtype: dtype(get(d, "y_dtype")?)?,
-        bias: get(d, "bias")?,
-        batch: get(d, "batch")?,
-        rows: get(d, "rows")?,
-        cols: get(d, "cols")?,
+        words: get!(d, "words_ptr")?,
+        payload_words: get!(d, "payload_words")?,
+        index: get!(d, "index")?,
+        table: get!(d, "table")?,
+        limit: get!(d, "limit")?,
+        pair_limit: get!(d, "pair_limit")?,
+        segment: get!(d, "segment")?,
+        span: get!(d, "span")?,
+        row_scales: get!(d, "row_scales")?,
+        xr: get!(d, "xr")?,
+        xr16: get!(d, "xr16")?,
+        y: get!(d, "y")?,
+        y_dtype: dtype(get!(d, "y_dtype")?)?,
+        bias: get!(d, "bias")?,
+        batch: get!(d, "batch")?,
+        rows: get!(d, "rows")?,
+        cols: get!(d, "cols")?,
     })
 }
 
 fn trellis(d: &Bound<'_, PyDict>) -> PyResult<TrellisGemv> {
     Ok(TrellisGemv {
-        bits: get(d, "bits")?,
-        bit_bytes: get(d, "bit_bytes")?,
-        row_bytes: get(d, "row_bytes")?,
-        row_scales: get(d, "row_scales")?,
-        xr: get(d, "xr")?,
-        y: get(d, "y")?,
-        y_dtype: dtype(get(d, "y_dtype")?)?,
-        bias: get(d, "bias")?,
-        batch: get(d, "batch")?,
-        rows: get(d, "rows")?,
-        cols: get(d, "cols")?,
-        l: get(d, "l")?,
-        k: get(d, "k")?,
-        seq: get(d, "seq")?,
-        c1: get(d, "c1")?,
-        c0: get(d, "c0")?,
-        v: get(d, "v")?,
-        xr16: opt(d, "xr16")?,
+        bits: get!(d, "bits")?,
+        bit_bytes: get!(d, "bit_bytes")?,
+        row_bytes: get!(d, "row_bytes")?,
+        row_scales: get!(d, "row_scales")?,
+        xr: get!(d, "xr")?,
+        y: get!(d, "y")?,
+        y_dtype: dtype(get!(d, "y_dtype")?)?,
+        bias: get!(d, "bias")?,
+        batch: get!(d, "batch")?,
+        rows: get!(d, "rows")?,
+        cols: get!(d, "cols")?,
+        l: get!(d, "l")?,
+        k: get!(d, "k")?,
+        seq: get!(d, "seq")?,
+        c1: get!(d, "c1")?,
+        c0: get!(d, "c0")?,
+        v: get!(d, "v")?,
+        xr16: opt!(d, "xr16")?,
     })
 }
 
 fn trellis_enc(d: &Bound<'_, PyDict>) -> PyResult<TrellisEncode> {
     Ok(TrellisEncode {
-        x: get(d, "x")?,
-        bits: get(d, "bits")?,
-        scratch: get(d, "scratch")?,
-        max_scratch: get(d, "max_scratch")?,
-        bit_bytes: get(d, "bit_bytes")?,
-        row_bytes: get(d, "row_bytes")?,
-        rows: get(d, "rows")?,
-        cols: get(d, "cols")?,
-        seq: get(d, "seq")?,
-        l: get(d, "l")?,
-        k: get(d, "k")?,
-        v: get(d, "v")?,
-        c1: get(d, "c1")?,
-        c0: get(d, "c0")?,
+        x: get!(d, "x")?,
+        bits: get!(d, "bits")?,
+        scratch: get!(d, "scratch")?,
+        max_scratch: get!(d, "max_scratch")?,
+        bit_bytes: get!(d, "bit_bytes")?,
+        row_bytes: get!(d, "row_bytes")?,
+        rows: get!(d, "rows")?,
+        cols: get!(d, "cols")?,
+        seq: get!(d, "seq")?,
+        l: get!(d, "l")?,
+        k: get!(d, "k")?,
+        v: get!(d, "v")?,
+        c1: get!(d, "c1")?,
+        c0: get!(d, "c0")?,
     })
 }
 
 fn kv(d: &Bound<'_, PyDict>) -> PyResult<KvE8> {
     Ok(KvE8 {
-        x: get(d, "x")?,
-        out: get(d, "out")?,
-        dtype: dtype(get(d, "dtype")?)?,
-        codes: get(d, "codes")?,
-        scales: get(d, "scales")?,
-        out_row: get(d, "out_row")?,
-        codes_row: get(d, "codes_row")?,
-        scales_row: get(d, "scales_row")?,
-        rows: get(d, "rows")?,
-        toks: get(d, "toks")?,
-        dim: get(d, "dim")?,
-        bits: get(d, "bits")?,
-        tile: get(d, "tile")?,
-        alpha: get(d, "alpha")?,
-        seed: get(d, "seed")?,
+        x: get!(d, "x")?,
+        out: get!(d, "out")?,
+        dtype: dtype(get!(d, "dtype")?)?,
+        codes: get!(d, "codes")?,
+        scales: get!(d, "scales")?,
+        out_row: get!(d, "out_row")?,
+        codes_row: get!(d, "codes_row")?,
+        scales_row: get!(d, "scales_row")?,
+        rows: get!(d, "rows")?,
+        toks: get!(d, "toks")?,
+        dim: get!(d, "dim")?,
+        bits: get!(d, "bits")?,
+        tile: get!(d, "tile")?,
+        alpha: get!(d, "alpha")?,
+        seed: get!(d, "seed")?,
     })
 }
 
@@ -277,15 +291,15 @@ impl CudaKernels {
     /// out16: an f16 copy).
     fn rht(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
         let a = RhtArgs {
-            x: get(args, "x")?,
-            x_dtype: dtype(get(args, "x_dtype")?)?,
-            out: get(args, "out")?,
-            batch: get(args, "batch")?,
-            cols: get(args, "cols")?,
-            width: get(args, "width")?,
-            tile: get(args, "tile")?,
-            seed: get(args, "seed")?,
-            out16: opt(args, "out16")?,
+            x: get!(args, "x")?,
+            x_dtype: dtype(get!(args, "x_dtype")?)?,
+            out: get!(args, "out")?,
+            batch: get!(args, "batch")?,
+            cols: get!(args, "cols")?,
+            width: get!(args, "width")?,
+            tile: get!(args, "tile")?,
+            seed: get!(args, "seed")?,
+            out16: opt!(args, "out16")?,
         };
         // SAFETY: the caller passes device tensors of the stated sizes (`hypercodec.cuda`).
         unsafe { self.k.rht(&a, stream) }.map_err(cuda_err)
@@ -412,14 +426,14 @@ impl CudaKernels {
     /// The W8A8 epilogue (keys: acc, step, scales, bias, y, y_dtype, rows, cols).
     fn w8a8_out(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
         let a = W8A8Out {
-            acc: get(args, "acc")?,
-            step: get(args, "step")?,
-            scales: get(args, "scales")?,
-            bias: get(args, "bias")?,
-            y: get(args, "y")?,
-            y_dtype: dtype(get(args, "y_dtype")?)?,
-            rows: get(args, "rows")?,
-            cols: get(args, "cols")?,
+            acc: get!(args, "acc")?,
+            step: get!(args, "step")?,
+            scales: get!(args, "scales")?,
+            bias: get!(args, "bias")?,
+            y: get!(args, "y")?,
+            y_dtype: dtype(get!(args, "y_dtype")?)?,
+            rows: get!(args, "rows")?,
+            cols: get!(args, "cols")?,
         };
         // SAFETY: as in `rht`.
         unsafe { self.k.w8a8_out(&a, stream) }.map_err(cuda_err)
@@ -428,12 +442,12 @@ impl CudaKernels {
     /// Per-token int8 activations for W8A8 (keys: x, x_dtype, q, step, rows, cols).
     fn quant_i8(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
         let a = QuantI8 {
-            x: get(args, "x")?,
-            x_dtype: dtype(get(args, "x_dtype")?)?,
-            q: get(args, "q")?,
-            step: get(args, "step")?,
-            rows: get(args, "rows")?,
-            cols: get(args, "cols")?,
+            x: get!(args, "x")?,
+            x_dtype: dtype(get!(args, "x_dtype")?)?,
+            q: get!(args, "q")?,
+            step: get!(args, "step")?,
+            rows: get!(args, "rows")?,
+            cols: get!(args, "cols")?,
         };
         // SAFETY: as in `rht`.
         unsafe { self.k.quant_i8(&a, stream) }.map_err(cuda_err)
@@ -445,15 +459,15 @@ impl CudaKernels {
     /// `hypercodec_kernels_cuda::QuantF8`).
     fn quant_f8(&self, args: &Bound<'_, PyDict>, stream: u64) -> PyResult<()> {
         let a = QuantF8 {
-            x: get(args, "x")?,
-            x_dtype: dtype(get(args, "x_dtype")?)?,
-            q: get(args, "q")?,
-            step: get(args, "step")?,
-            rows: get(args, "rows")?,
-            padded_rows: get(args, "padded_rows")?,
-            cols: get(args, "cols")?,
-            block: opt(args, "block")? as usize,
-            sums: opt(args, "sums")?,
+            x: get!(args, "x")?,
+            x_dtype: dtype(get!(args, "x_dtype")?)?,
+            q: get!(args, "q")?,
+            step: get!(args, "step")?,
+            rows: get!(args, "rows")?,
+            padded_rows: get!(args, "padded_rows")?,
+            cols: get!(args, "cols")?,
+            block: opt!(args, "block")? as usize,
+            sums: opt!(args, "sums")?,
         };
         // SAFETY: as in `rht`.
         unsafe { self.k.quant_f8(&a, stream) }.map_err(cuda_err)
@@ -534,24 +548,24 @@ impl CudaKernels {
         let a = KvE8Attend {
             keys: sub("keys")?,
             values: sub("values")?,
-            q: get(args, "q")?,
-            queries: get(args, "queries")?,
-            query_len: get(args, "query_len")?,
-            heads: get(args, "heads")?,
-            bias: get(args, "bias")?,
-            bias_batch: get(args, "bias_batch")?,
-            bias_query: get(args, "bias_query")?,
-            bias_first: get(args, "bias_first")?,
-            scaling: get(args, "scaling")?,
-            chunk: get(args, "chunk")?,
-            part_o: get(args, "part_o")?,
-            part_ml: get(args, "part_ml")?,
-            exact_keys: get(args, "exact_keys")?,
-            exact_values: get(args, "exact_values")?,
-            exact: get(args, "exact")?,
-            exact_dtype: dtype(get(args, "exact_dtype")?)?,
-            out: get(args, "out")?,
-            out_dtype: dtype(get(args, "out_dtype")?)?,
+            q: get!(args, "q")?,
+            queries: get!(args, "queries")?,
+            query_len: get!(args, "query_len")?,
+            heads: get!(args, "heads")?,
+            bias: get!(args, "bias")?,
+            bias_batch: get!(args, "bias_batch")?,
+            bias_query: get!(args, "bias_query")?,
+            bias_first: get!(args, "bias_first")?,
+            scaling: get!(args, "scaling")?,
+            chunk: get!(args, "chunk")?,
+            part_o: get!(args, "part_o")?,
+            part_ml: get!(args, "part_ml")?,
+            exact_keys: get!(args, "exact_keys")?,
+            exact_values: get!(args, "exact_values")?,
+            exact: get!(args, "exact")?,
+            exact_dtype: dtype(get!(args, "exact_dtype")?)?,
+            out: get!(args, "out")?,
+            out_dtype: dtype(get!(args, "out_dtype")?)?,
         };
         // SAFETY: as in `rht`.
         unsafe { self.k.kv_e8_attend(&a, stream) }.map_err(cuda_err)

@@ -523,11 +523,16 @@ class DeviceLinear:
             raise _native.InvalidInputError(f"x has shape {tuple(x.shape)}; its last dimension must be {self.cols}")
         lead = x.shape[:-1]
         dt = x.dtype if x.dtype in _DTYPES else torch.float32
-        # Rows as they come (the common case, and the cheapest: a reshape, a cast and a copy
-        # check cost as much host time as the launch), or reshaped, cast and made contiguous.
-        plain = x.dim() == 2 and x.dtype == dt and x.get_device() == self.device.index and x.is_contiguous()
-        # Explicit sizes: `-1` is ambiguous when a dimension is 0 (a layer without inputs).
-        x2 = x if plain else x.reshape(math.prod(lead), self.cols).to(device=self.device, dtype=dt).contiguous()
+        # Contiguous rows of the right dtype on this device as they come (the common case, and
+        # the cheapest: a reshape, a cast and a copy check cost as much host time as the
+        # launch), viewed as a matrix where they have more dimensions; others reshaped, cast
+        # and made contiguous. (Explicit sizes: `-1` is ambiguous when a dimension is 0.)
+        plain = x.dtype == dt and x.get_device() == self.device.index and x.is_contiguous()
+        two = x.dim() == 2
+        if plain:
+            x2 = x if two else x.view(math.prod(lead), self.cols)
+        else:
+            x2 = x.reshape(math.prod(lead), self.cols).to(device=self.device, dtype=dt).contiguous()
         m = x2.shape[0]
         code = _DTYPES[dt]
         if m == 0 or self.rows == 0 or self.cols == 0:
@@ -545,10 +550,10 @@ class DeviceLinear:
             if x2.data_ptr() % 16:
                 # A view at an odd offset: the tensor-core kernels read 16-byte pieces.
                 x2 = x2.clone()
-            args = dict(self.args, x=_ptr(x2), x_dtype=code, batch=m)
             if gemv:
                 y = torch.empty(m, self.rows, dtype=dt, device=self.device)
-                self.kernels.affine_gemv(dict(args, y=_ptr(y), y_dtype=code), stream)
+                self.kernels.affine_gemv(dict(self.args, x=x2.data_ptr(), x_dtype=code, batch=m, y=y.data_ptr(), y_dtype=code),
+                                         stream)
             else:
                 b = None if self.bias is None else self.bias.to(dt)
                 y = torch.nn.functional.linear(x2, self._decode(dt, stream), b)
@@ -559,7 +564,7 @@ class DeviceLinear:
             xr16 = torch.empty(m, width, dtype=torch.float16, device=self.device) if self._wants_xr16(m, dt, gemv) else None
             y = self._from_rotated(rht(x2, width, self.tile, self.seed, xr16), xr16, dt, gemv, stream)
         if plain:
-            return y
+            return y if two else y.view(*lead, self.rows)
         return y.reshape(*lead, self.rows).to(x.dtype) if dt != x.dtype else y.reshape(*lead, self.rows)
 
 

@@ -868,13 +868,13 @@ def _lasting(device: torch.device, make: Callable[[], Any]) -> Any:
 def _on_device(layer: Any, device: torch.device) -> Any:
     """``layer.op``'s :class:`hypercodec.cuda.DeviceLinear` on ``device`` (built once; dropped
     when the operator changes)."""
-    from .cuda import DeviceLinear
-
-    cache = layer.__dict__.setdefault("_device_forms", {})
-    hit = cache.get(device)
+    cache = layer.__dict__.get("_device_forms")
+    hit = None if cache is None else cache.get(device)
     if hit is None or hit[0] is not layer.op:
+        from .cuda import DeviceLinear
+
         op = layer.op
-        hit = cache[device] = (op, _lasting(device, lambda: DeviceLinear(op, device)))
+        hit = layer.__dict__.setdefault("_device_forms", {})[device] = (op, _lasting(device, lambda: DeviceLinear(op, device)))
     return hit[1]
 
 
@@ -1224,7 +1224,9 @@ def _fp8_device(device: torch.device) -> bool:
 def _w8a8_ready(layer: Any, x: torch.Tensor) -> "_W8A8 | None":
     """The layer's :class:`_W8A8` on ``x``'s device when quantized activations are on and this
     batch takes them."""
-    mode = getattr(layer, "activations", None)
+    # (Read from the instance's dict: a module's getattr of a missing name raises inside, at
+    # about 2 µs of host time on every eager call.)
+    mode = layer.__dict__.get("activations")
     if mode not in ("int8", "fp8"):
         return None
     fp8 = mode == "fp8"
@@ -1440,7 +1442,8 @@ class HyperLinear(_StoredForm, nn.Module):
         if self.op is None:
             raise _native.InvalidInputError("this HyperLinear has no weight yet: load its state dict (weight_hwz) first")
         x = _autocast(x)
-        if self.weight is not None and self.training and torch.is_grad_enabled():
+        # (Cheapest tests first: `self.weight` is a module attribute lookup, asked last.)
+        if self.training and torch.is_grad_enabled() and self.weight is not None:
             if torch.jit.is_tracing() or _exporting() or _fx_traced():
                 # The step's weight would be a constant of the graph: later steps' master
                 # weights would not reach it (torch.compile breaks its graph here instead).
@@ -1452,7 +1455,7 @@ class HyperLinear(_StoredForm, nn.Module):
             wq = step(self).to(device=self.weight.device)
             w = self.weight + (wq - self.weight).detach()
             return nn.functional.linear(x, w.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
-        if self.weight is not None and self._steps > 0 and self._wq is not None:
+        if self._steps > 0 and self._wq is not None and self.weight is not None:
             # Left training: the compressed form reflects the latest master weight.
             self.refresh()
             self._steps = 0
