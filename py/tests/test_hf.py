@@ -562,6 +562,11 @@ def test_from_hwz_builds_the_models_own_class(tmp_path):
         (T.ViTForImageClassification(T.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                                  intermediate_size=64, image_size=16, patch_size=4, num_labels=3)),
          {"pixel_values": torch.randn(2, 3, 16, 16)}),
+        # One embedding module under three names (shared, encoder and decoder embed_tokens):
+        # only the first took the stored one, and the others were left empty ("tensors missing").
+        (T.T5ForConditionalGeneration(T.T5Config(d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16, vocab_size=99,
+                                                 decoder_start_token_id=0)),
+         {"input_ids": torch.randint(0, 99, (2, 7)), "decoder_input_ids": torch.tensor([[0, 5, 7]] * 2)}),
     ]
     for i, (m, inputs) in enumerate(cases):
         m.eval()

@@ -172,20 +172,29 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
     # subclass, as Gemma's, is decoded instead); a tied output head then runs on the same
     # operator (one compressed copy serves both).
     emb = model.get_input_embeddings()
-    emb_name = next((n for n, m in model.named_modules() if m is emb), None)
+    # Every name of the embedding module (one module under several names) takes the stored one.
+    emb_names = [n for n, m in model.named_modules(remove_duplicate=False) if m is emb]
+    emb_name = emb_names[0] if emb_names else None
     shared: dict[str, _native.Linear] = {}
+    stored_emb = None
     if emb_name is not None and f"{emb_name}.weight" in names and type(emb) is nn.Embedding:
         encoding = json.loads(archive.encoding_json(f"{emb_name}.weight"))
         if encoding.get("type") != "raw":
             op = archive.linear(f"{emb_name}.weight", None, fixed_bits)
             source = _archive_source(archive, emb_name, False)
-            _set(model, emb_name, HyperEmbedding._like(emb, op, source=source))
+            stored_emb = HyperEmbedding._like(emb, op, source=source)
+            for n in emb_names:
+                _set(model, n, stored_emb)
             shared[f"{emb_name}.weight"] = op
     for alias, source in tied.items():
         if source in shared and alias.endswith(".weight"):
             head = alias[: -len(".weight")]
             layer = model.get_submodule(head)
-            if isinstance(layer, nn.Linear) and layer.bias is None:
+            if type(layer) is nn.Embedding and stored_emb is not None and layer.weight.shape == emb.weight.shape:
+                # Another embedding module on the same weight (T5's encoder and decoder
+                # `embed_tokens`, tied to `shared`): the stored one, under this name too.
+                _set(model, head, stored_emb)
+            elif isinstance(layer, nn.Linear) and layer.bias is None:
                 _set(model, head, HyperLinear(shared[source], tied=emb_name, source=_archive_source(archive, emb_name, False)))
             elif isinstance(layer, nn.Linear):
                 # A head with a bias of its own: its operator holds the bias (the codes twice).
