@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import zipfile
 
 import numpy as np
 import pytest
@@ -91,6 +92,14 @@ def test_skip_and_load_into_from_an_archive(tmp_path):
     with pytest.raises(hypercodec.InvalidInputError, match=r"`0.weight` is stored as \[32, 64\]; the model's is \[16, 64\]"):
         hnn.load_into(narrow, str(path))
     assert all(type(m) is not hnn.HyperLinear for m in narrow.modules())
+    # The same for a tensor outside the linear layers (a norm of another width: torch's
+    # RuntimeError came after the layers were replaced).
+    normed = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 32))
+    hypercodec.save(normed.state_dict(), tmp_path / "n.hwz", bits=8)
+    other = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(64), torch.nn.Linear(128, 32))
+    with pytest.raises(hypercodec.InvalidInputError, match=r"`1.weight` is stored as \[128\]; the model's is \[64\]"):
+        hnn.load_into(other, str(tmp_path / "n.hwz"))
+    assert all(type(m) is not hnn.HyperLinear for m in other.modules())
     hypercodec.save({"0.weight": model[0].weight.detach()}, tmp_path / "w.hwz", bits=8)
     with pytest.raises(hypercodec.FormatError, match="not `0.bias`"):
         hnn.load_into(torch.nn.Sequential(torch.nn.Linear(64, 32)), str(tmp_path / "w.hwz"))
@@ -406,6 +415,21 @@ def test_pt_checkpoints_are_read_without_unpickling_code(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert hypercodec.load(tmp_path / "n.hwz")["fc.bias"].shape == (32,)
+    # What fails is one line and a typed error, never a traceback or torch's own exception
+    # type: no float tensor, a missing output folder, and files torch cannot read as weights.
+    torch.save({"n": torch.arange(4)}, tmp_path / "ints.pt")
+    (tmp_path / "junk.bin").write_bytes(b"\x80garbage")
+    with zipfile.ZipFile(tmp_path / "z.pt", "w") as z:
+        z.writestr("hello.txt", "hi")
+    for inp, out, said in (("ints.pt", "o.hwz", "no floating-point tensor"), ("m.pt", "nope/o.hwz", "no folder"),
+                           ("junk.bin", "o.hwz", "not read as a state dict"), ("z.pt", "o.hwz", "not read as a state dict")):
+        r = subprocess.run([sys.executable, "-m", "hypercodec", "compress", str(tmp_path / inp), str(tmp_path / out)],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and "Traceback" not in r.stderr and said in r.stderr, (inp, r.stderr)
+    for inp in ("junk.bin", "z.pt"):
+        with pytest.raises(hypercodec.FormatError, match="not read as a state dict"):
+            hypercodec.compress_file(tmp_path / inp, tmp_path / "o.hwz", verbose=False)
+    assert not (tmp_path / "o.hwz").exists()
 
 
 def test_hyper_attention_is_causal_and_close_to_its_dense_twin():

@@ -111,6 +111,16 @@ mod files {
     }
 
     #[test]
+    fn a_missing_folder_is_named_not_the_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nope").join("a.hwz");
+        let e = FileWriter::create(&path, WriterOptions::default()).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("no folder") && msg.contains("nope"), "{msg}");
+        assert!(!msg.contains(".hwz-"), "{msg}");
+    }
+
+    #[test]
     fn file_writer_appears_only_when_finished() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.hwz");

@@ -381,7 +381,22 @@ pub fn temp_file_in(
     builder.prefix(prefix).suffix(".tmp");
     #[cfg(unix)]
     builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
-    builder.tempfile_in(dir)
+    builder.tempfile_in(dir).map_err(|e| {
+        // (The crate's error names the temporary's path, which the user never chose.)
+        if e.kind() == std::io::ErrorKind::NotFound && !dir.is_dir() {
+            let shown = if dir.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                dir
+            };
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no folder {} to write in", shown.display()),
+            )
+        } else {
+            e
+        }
+    })
 }
 
 /// The zstd form of a stream under `compression`, where it is smaller than the stream and

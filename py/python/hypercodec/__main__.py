@@ -98,8 +98,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {inp}: not read as a state dict by torch.load(weights_only=True): {first}", file=sys.stderr)
                 return 1
             # Staged beside the output (the same file system), in the input's place.
-            with staged_safetensors(state, os.path.dirname(os.path.abspath(out))) as tmp:
-                return _cli([*args[:at], tmp, *args[at + 1 :]])
+            folder = os.path.dirname(os.path.abspath(out))
+            if not os.path.isdir(folder):
+                print(f"error: {out}: no folder {folder} to write the archive in", file=sys.stderr)
+                return 1
+            try:
+                with staged_safetensors(state, folder) as tmp:
+                    return _cli([*args[:at], tmp, *args[at + 1 :]])
+            except (_native.HypercodecError, OSError) as e:  # (no float tensor; a folder not writable)
+                print(f"error: {inp}: {e}", file=sys.stderr)
+                return 1
     return _cli(args)
 
 

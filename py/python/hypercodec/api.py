@@ -170,7 +170,15 @@ def read_pt(path: str | os.PathLike) -> dict:
     unpickling code); a ``{"state_dict": ...}`` wrapper is unwrapped. Needs torch."""
     import torch
 
-    obj = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+    try:
+        obj = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except Exception as e:  # a corrupt file, a pickle of code: torch's errors vary by kind
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise _native.FormatError(
+            f"{os.fspath(path)}: not read as a state dict by torch.load(weights_only=True): {first}"
+        ) from e
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict):

@@ -2960,12 +2960,14 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
     linears = [
         (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and f"{n}.weight" in names and _replaceable(model, n)
     ]
+    # Every stored tensor's shape (the layers' and the rest: a norm of the wrong width failed
+    # in torch's load_state_dict after the layers were replaced).
+    for key, own in model.state_dict(keep_vars=True).items():
+        if key in names and tuple(archive.shape(key)) != tuple(own.shape):
+            raise _native.InvalidInputError(
+                f"{path}: `{key}` is stored as {list(archive.shape(key))}; the model's is {list(own.shape)}"
+            )
     for name, layer in linears:
-        for key, own in ((f"{name}.weight", layer.weight), (f"{name}.bias", layer.bias)):
-            if own is not None and key in names and tuple(archive.shape(key)) != tuple(own.shape):
-                raise _native.InvalidInputError(
-                    f"{path}: `{key}` is stored as {list(archive.shape(key))}; the model's is {list(own.shape)}"
-                )
         if layer.bias is not None and f"{name}.bias" not in names:
             raise _native.FormatError(f"{path}: holds `{name}.weight` but not `{name}.bias`, which the model's layer has")
     done = set()
