@@ -2129,3 +2129,26 @@ def test_graph_captures_refuse_what_they_would_freeze_or_drop():
     hnn.quantize(emb, bps=4, embeddings=True)
     with pytest.raises(hypercodec.InvalidInputError, match="torch.func"):
         torch.vmap(emb)(torch.randint(0, 50, (3, 4)))
+
+
+def test_ids_placeholders_and_options_that_misled():
+    """Three answers that misled, from a hostile read of the Python surface: a bool mask (or
+    uint8 ids) was looked up as rows 0 and 1 where ``nn.Embedding`` refuses it; a placeholder
+    without its ``weight_hwz`` reported the key missing twice; ``save(..., help=True)`` printed
+    the command line's help, wrote nothing, then failed on reading the archive."""
+    e = hnn.HyperEmbedding.from_embedding(torch.nn.Embedding(10, 4), "int8")
+    for dtype in (torch.bool, torch.uint8, torch.int16, torch.float32):
+        with pytest.raises(hypercodec.InvalidInputError, match="int64 or int32"):
+            e(torch.zeros(3, dtype=dtype))
+    assert e(torch.tensor([1, 2], dtype=torch.int32)).shape == (2, 4)
+    empty = hnn.HyperLinear.placeholder(torch.nn.Linear(8, 4))
+    got = empty.load_state_dict({}, strict=False)
+    assert got.missing_keys == ["weight_hwz"], got
+    with pytest.raises(RuntimeError, match='Missing key\\(s\\) in state_dict: "weight_hwz"\\.'):
+        empty.load_state_dict({})
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        for flag in ("help", "version"):
+            with pytest.raises(hypercodec.InvalidInputError, match=f"`{flag}` is not an option"):
+                hypercodec.save({"w": np.ones((4, 4), np.float32)}, f"{d}/w.hwz", **{flag: True})

@@ -393,7 +393,22 @@ impl KvCodec {
             Rotation::None => x.copy_from_slice(y),
             Rotation::Rht => {
                 if let Some(r) = &self.rht {
-                    r.inverse(y);
+                    // The inverse's butterflies sum up to `dim` values: a vector near f32's
+                    // range is transformed scaled down by a power of two (exact) and back
+                    // (its sums overflowed to inf − inf = NaN).
+                    let big = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    if big > f32::MAX / y.len() as f32 {
+                        let k = (y.len() as f32).log2().ceil() as i32;
+                        let down = 2f32.powi(-k);
+                        y.iter_mut()
+                            .for_each(|v| *v = v.clamp(-f32::MAX, f32::MAX) * down);
+                        r.inverse(y);
+                        let up = 2f32.powi(k);
+                        y.iter_mut()
+                            .for_each(|v| *v = (*v * up).clamp(-f32::MAX, f32::MAX));
+                    } else {
+                        r.inverse(y);
+                    }
                 }
                 x.copy_from_slice(y);
             }
@@ -639,6 +654,9 @@ impl KvCodec {
             let key = keys.map(|k| k[i]);
             self.rotated_into(src, c, key, &mut y, &mut scratch)?;
             self.unrotate(&mut y[..d], o);
+            // A value within a rounding of f32's largest can decode just past it: finite in,
+            // finite out.
+            o.iter_mut().for_each(|v| *v = v.clamp(-f32::MAX, f32::MAX));
         }
         Ok(())
     }
@@ -1938,6 +1956,32 @@ mod tests {
                     ..
                 })
             ));
+        }
+    }
+
+    #[test]
+    fn values_near_the_f32_range_decode_finite() {
+        // A value of 3e38 among small ones came back as +inf (its decoded value a rounding
+        // past f32's largest).
+        for (quantizer, bits) in [
+            (KvQuantizer::Lattice(Lattice::E8), 4),
+            (KvQuantizer::Lattice(Lattice::Z1), 4),
+            (KvQuantizer::Trellis { l: 10 }, 2),
+        ] {
+            for d in [7usize, 16, 64] {
+                let mut x: Vec<f32> = gauss(d, 5);
+                x[d / 3] = 3e38;
+                let c = KvCodec::new(d, bits, quantizer, Rotation::Rht, 1, false).unwrap();
+                let (mut codes, mut scales) = (vec![0u8; c.code_bytes()], vec![0u16; 1]);
+                c.encode_into(&x, None, &mut codes, &mut scales).unwrap();
+                let mut back = vec![f32::NAN; d];
+                c.decode_into(&codes, &scales, None, &mut back).unwrap();
+                assert!(
+                    back.iter().all(|v| v.is_finite()),
+                    "{quantizer:?} {d}: {back:?}"
+                );
+                assert!(back[d / 3] > 1e38, "{quantizer:?} {d}: {}", back[d / 3]);
+            }
         }
     }
 

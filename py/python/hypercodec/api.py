@@ -112,6 +112,8 @@ def _flags(options: Mapping[str, Any]) -> list[str]:
     value, not another flag)."""
     argv: list[str] = []
     for key, value in options.items():
+        if key in ("help", "version"):  # (the command line's own flags: it would print and write nothing)
+            raise _native.InvalidInputError(f"`{key}` is not an option of compress")
         if value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")

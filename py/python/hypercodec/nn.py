@@ -331,8 +331,8 @@ class _StoredForm:
         key = prefix + HWZ_KEY
         if key in state_dict:
             self._load_hwz(state_dict[key])
-        elif strict and self._parameters.get("weight") is None and self.tied is None:
-            missing_keys.append(key)
+        elif strict and self._parameters.get("weight") is None and self.tied is None and HWZ_KEY not in self._buffers:
+            missing_keys.append(key)  # (a placeholder's stand-in buffer is reported by torch)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
@@ -800,9 +800,10 @@ def _conv_output(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def _embedding_ids(ids: torch.Tensor) -> torch.Tensor:
-    """``ids`` as a lookup takes them: integers (a float or complex tensor is refused)."""
-    if ids.is_floating_point() or ids.is_complex():
-        raise _native.InvalidInputError(f"embedding ids must be integers, got {ids.dtype}")
+    """``ids`` as a lookup takes them: int64 or int32, as ``nn.Embedding`` (a bool mask or a
+    float tensor is refused: a bool one was looked up as rows 0 and 1)."""
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise _native.InvalidInputError(f"embedding ids must be integers, int64 or int32 (as nn.Embedding takes), got {ids.dtype}")
     return ids
 
 
