@@ -50,6 +50,9 @@ def test_save_load_inspect_roundtrip(tmp_path):
     assert list(back) == list(sd)
     with pytest.raises(KeyError):
         back["missing"]
+    # A framework it does not know is refused where the mapping is made (it gave numpy).
+    with pytest.raises(hypercodec.InvalidInputError, match="framework must be"):
+        hypercodec.LazyStateDict(path, framework="jax")
     eager = hypercodec.load(path, lazy=False)
     assert isinstance(eager, dict) and np.array_equal(eager["a.weight"], back["a.weight"])
     for k, v in sd.items():
@@ -628,10 +631,12 @@ def test_an_interrupt_cancels_a_save_and_leaves_no_file(tmp_path):
         signal.signal(signal.SIGINT, handler)
     took = time.monotonic() - t0
     assert not out.exists() and os.listdir(tmp_path) == [], os.listdir(tmp_path)
-    # The same save runs to its end: the interrupt cut it short.
+    # The same save runs to its end: the interrupt (at 0.5 s) cut it short. (Loose: on a loaded
+    # 2-core machine the run after the interrupt took 1.3 s against 2.9 s for a whole save.)
     t1 = time.monotonic()
     hypercodec.save(sd, out, encoding="lattice", bps=4, verbose=False)
-    assert took < (time.monotonic() - t1) / 2, took
+    whole = time.monotonic() - t1
+    assert took < 0.5 + 0.75 * whole, (took, whole)
     # Each run has its own flag: an interrupt of this thread's save leaves another thread's.
     other, errors = tmp_path / "other.hwz", []
 

@@ -548,10 +548,12 @@ pub fn check_name(name: &str) -> Result<()> {
             reason: "empty",
         });
     }
+    // (The reason is a static string: it states the limit's value, checked here.)
+    const _: () = assert!(MAX_NAME_LEN == 1024);
     if name.len() > MAX_NAME_LEN {
         return Err(HwzError::InvalidName {
             name: cut(),
-            reason: "longer than MAX_NAME_LEN bytes",
+            reason: "longer than 1024 bytes",
         });
     }
     if name.chars().any(char::is_control) {

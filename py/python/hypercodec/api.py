@@ -277,6 +277,8 @@ class LazyStateDict(Mapping):
     never do (they write a temporary file and rename it over the old one)."""
 
     def __init__(self, path: str | os.PathLike, framework: str = "numpy") -> None:
+        if framework not in ("numpy", "torch"):
+            raise _native.InvalidInputError(f"framework must be 'numpy' or 'torch', not {framework!r}")
         self.archive = _native.Archive(os.fspath(path))
         self.framework = framework
         self._names = self.archive.names()

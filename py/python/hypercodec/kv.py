@@ -4,7 +4,9 @@
 batch size) whose layers (:class:`HypercodecKVLayer`, the same shape as transformers'
 ``QuantoQuantizedLayer`` / ``HQQQuantizedLayer``) keep
 
-- the first ``sinks`` tokens exact (attention sinks, optional),
+- the first ``sinks`` tokens exact (attention sinks, optional; counted by position in the
+  cache, so in a left-padded batch a padded row's sinks are its pad tokens and its own first
+  tokens are compressed),
 - the newest ``window`` to ``window + block − 1`` tokens exact (the residual window), and
 - every other token compressed per head vector with the native :class:`hypercodec.KvCodec`:
   a rotation (seeded RHT, Haar-random, or none), one scale per vector (bf16, or with
