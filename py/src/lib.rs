@@ -334,6 +334,17 @@ extern "C" fn after_fork_in_child() {
     FORKED.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// A `fixed_bits` argument as the loader takes it: a Python integer outside a byte's range is
+/// a typed error (it raised a bare OverflowError); the loader checks the rest.
+fn fixed_bits_arg(v: Option<i64>) -> PyResult<Option<u8>> {
+    v.map(|b| {
+        u8::try_from(b).map_err(|_| {
+            InvalidInputError::new_err(format!("fixed_bits {b}: bits per symbol, 2..=8"))
+        })
+    })
+    .transpose()
+}
+
 /// `f` without the GIL, on the process's thread pool. A process `fork()`ed after its parent ran
 /// work on rayon's global pool inherits that pool without its threads, and any parallel work
 /// there waited forever (a torch DataLoader worker calling `load` after the parent's `inspect`);
@@ -608,8 +619,9 @@ impl Archive {
         py: Python<'_>,
         name: &str,
         bias: Option<F32Like<'_>>,
-        fixed_bits: Option<u8>,
+        fixed_bits: Option<i64>,
     ) -> PyResult<Linear> {
+        let fixed_bits = fixed_bits_arg(fixed_bits)?;
         let k = self.index(name)?;
         let set = self.set(name)?;
         let bias = bias
@@ -864,8 +876,9 @@ impl Linear {
     fn from_hwz(
         py: Python<'_>,
         data: &Bound<'_, PyAny>,
-        fixed_bits: Option<u8>,
+        fixed_bits: Option<i64>,
     ) -> PyResult<Linear> {
+        let fixed_bits = fixed_bits_arg(fixed_bits)?;
         let owned;
         let array;
         let bytes: &[u8] = if let Ok(b) = data.cast::<PyBytes>() {

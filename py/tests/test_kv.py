@@ -562,6 +562,13 @@ def test_kv_arguments_out_of_range_are_refused():
         c.encode(np.full((1, 64), np.inf, np.float32))
     with pytest.raises(hypercodec.InvalidInputError, match="dither"):
         make_codec(64, 4, "int", dither=True)
+    # The layer as the codec (it dropped the dither in silence), and a seed a u64 cannot hold
+    # (a bare OverflowError from the binding).
+    with pytest.raises(hypercodec.InvalidInputError, match="dither"):
+        HypercodecKVLayer(quantizer="int", dither=True)
+    for seed in (-1, 2**64, 1.5):
+        with pytest.raises(hypercodec.InvalidInputError, match="seed"):
+            HypercodecKVLayer(seed=seed)
 
 
 def test_f16_keys_near_the_largest_f16_decode_finite():

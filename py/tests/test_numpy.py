@@ -183,6 +183,11 @@ def test_errors_are_typed(tmp_path):
     bad.write_bytes(b"HWZ1" + b"\0" * 100)
     with pytest.raises(hypercodec.FormatError):
         hypercodec.Archive(str(bad))
+    # fixed_bits outside a byte (a bare OverflowError from the binding) and outside the widths.
+    hypercodec.save({"w": gaussian((64, 64))}, tmp_path / "e8.hwz", encoding="lattice", bps=4, verbose=False)
+    for fixed_bits in (300, -1, 9):
+        with pytest.raises(hypercodec.InvalidInputError, match="fixed|9 bits"):
+            hypercodec.Archive(str(tmp_path / "e8.hwz")).linear("w", None, fixed_bits)
     with pytest.raises(hypercodec.InvalidInputError):
         hypercodec.save({"w": gaussian((8, 8))}, tmp_path / "x.hwz", bps=-1, encoding="lattice")
     # Names safetensors cannot hold are refused by the library's writer, and nothing is left.

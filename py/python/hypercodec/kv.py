@@ -287,6 +287,10 @@ class HypercodecKVLayer(DynamicLayer):
             raise _native.InvalidInputError(f"window and sinks must be integers >= 0 and block >= 1, not {counts}")
         if quantizer == "int" and scale != "bf16":
             raise _native.InvalidInputError("the int baseline keeps an f16 scale per vector (scale='bf16')")
+        if quantizer == "int" and dither:
+            raise _native.InvalidInputError("the int baseline has no dither (dither is for the lattices)")
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+            raise _native.InvalidInputError(f"seed must be an integer in 0..2^64, not {seed!r}")
         if scale == "log4" and mix is None:
             raise _native.InvalidInputError(
                 "scale='log4' spans sizes 0.30 to 3.4 only: it needs transforms that bring each head's "
