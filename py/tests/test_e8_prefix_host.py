@@ -236,6 +236,7 @@ def test_device_linear_routes_prefix_layers_through_the_kernels_source(lib, monk
     host = _HostKernels(lib)
     monkeypatch.setattr(hcuda, "kernels", lambda device: host)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(hcuda, "_stream", lambda index: 0)  # (the raw stream query a forward asks)
 
     def rht(x2, width, tile, seed, out16=None):
         assert width == x2.shape[1]

@@ -569,6 +569,10 @@ def test_kv_arguments_out_of_range_are_refused():
     for seed in (-1, 2**64, 1.5):
         with pytest.raises(hypercodec.InvalidInputError, match="seed"):
             HypercodecKVLayer(seed=seed)
+    # A quantizer it does not take is named with those it does (a2 was offered and never ran).
+    for q in ("E8", "a2"):
+        with pytest.raises(hypercodec.InvalidInputError, match="use one of e8, d4, z1, trellis, int"):
+            make_codec(64, 4, q)
 
 
 def test_f16_keys_near_the_largest_f16_decode_finite():

@@ -183,6 +183,9 @@ def test_errors_are_typed(tmp_path):
     bad.write_bytes(b"HWZ1" + b"\0" * 100)
     with pytest.raises(hypercodec.FormatError):
         hypercodec.Archive(str(bad))
+    with pytest.raises(hypercodec.InvalidInputError, match="metadata values are strings"):
+        hypercodec.save({"w": gaussian((8, 8))}, tmp_path / "m.hwz", metadata={"k": None})
+    assert not (tmp_path / "m.hwz").exists()
     # fixed_bits outside a byte (a bare OverflowError from the binding) and outside the widths.
     hypercodec.save({"w": gaussian((64, 64))}, tmp_path / "e8.hwz", encoding="lattice", bps=4, verbose=False)
     for fixed_bits in (300, -1, 9):

@@ -103,6 +103,8 @@ def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mappi
             + " (load_state_dict(..., strict=False) takes the archive back)",
             stacklevel=3,
         )
+    if metadata is not None and any(v is None for v in metadata.values()):
+        raise _native.InvalidInputError("metadata values are strings (None was stored as the text 'None')")
     meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
     _native.write_safetensors(os.fspath(path), tensors, meta)
 
@@ -169,7 +171,8 @@ def check_output_is_not(input: str | os.PathLike, output: str | os.PathLike) -> 
 
 def read_pt(path: str | os.PathLike) -> dict:
     """A PyTorch checkpoint's tensors, read with ``torch.load(weights_only=True)`` (never
-    unpickling code); a ``{"state_dict": ...}`` wrapper is unwrapped. Needs torch."""
+    unpickling code); a ``{"state_dict": ...}`` wrapper is unwrapped. Needs torch. Integer and
+    bool tensors are kept: the writer leaves them out with a warning, as ``save`` does."""
     import torch
 
     try:
@@ -185,7 +188,7 @@ def read_pt(path: str | os.PathLike) -> dict:
         obj = obj["state_dict"]
     if not isinstance(obj, dict):
         raise _native.InvalidInputError(f"{os.fspath(path)}: not a state dict (a {type(obj).__name__})")
-    return {k: v for k, v in obj.items() if hasattr(v, "is_floating_point") and v.is_floating_point()}
+    return {k: v for k, v in obj.items() if hasattr(v, "is_floating_point")}
 
 
 def compress_file(input: str | os.PathLike, output: str | os.PathLike, verbose: bool = True, **options: Any) -> dict:

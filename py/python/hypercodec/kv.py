@@ -122,6 +122,10 @@ class IntCodec:
         return n
 
 
+#: The quantizers a KV codec takes (``make_codec``, :class:`HypercodecKVLayer`).
+QUANTIZERS = ("e8", "d4", "z1", "trellis", "int")
+
+
 def make_codec(dim: int, bits: int, quantizer: str = "e8", **options: Any) -> Any:
     """The codec of ``dim``-value vectors: ``e8`` / ``d4`` / ``z1`` / ``trellis`` (native, with
     ``rotation``, ``seed``, ``dither``, ``trellis_l``) or ``int`` (the RTN baseline). The
@@ -131,6 +135,8 @@ def make_codec(dim: int, bits: int, quantizer: str = "e8", **options: Any) -> An
         if options.get("dither"):
             raise _native.InvalidInputError("the int baseline has no dithered form")
         return IntCodec(dim, bits)
+    if quantizer not in QUANTIZERS:
+        raise _native.InvalidInputError(f"unknown KV quantizer {quantizer!r}; use one of {', '.join(QUANTIZERS)}")
     options = dict(options)
     if quantizer == "trellis" and options.get("trellis_l") is None:
         options["trellis_l"] = 10 if bits < 4 else 12
