@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -183,6 +184,11 @@ def test_errors_are_typed(tmp_path):
     bad.write_bytes(b"HWZ1" + b"\0" * 100)
     with pytest.raises(hypercodec.FormatError):
         hypercodec.Archive(str(bad))
+    with pytest.raises(hypercodec.InvalidInputError, match="no UTF-8 form"):
+        hypercodec.save({"\ud800": gaussian((8, 8))}, tmp_path / "s.hwz")
+    # A bytes path works as a str one (it raised "Can't mix bytes and non-bytes").
+    hypercodec.save({"w": gaussian((8, 8))}, os.fsencode(tmp_path / "b.hwz"), verbose=False)
+    assert hypercodec.load(os.fsencode(tmp_path / "b.hwz"))["w"].shape == (8, 8)
     with pytest.raises(hypercodec.InvalidInputError, match="metadata values are strings"):
         hypercodec.save({"w": gaussian((8, 8))}, tmp_path / "m.hwz", metadata={"k": None})
     assert not (tmp_path / "m.hwz").exists()

@@ -428,6 +428,10 @@ def test_pt_checkpoints_are_read_without_unpickling_code(tmp_path):
         r = subprocess.run([sys.executable, "-m", "hypercodec", "compress", str(tmp_path / inp), str(tmp_path / out)],
                            capture_output=True, text=True)
         assert r.returncode == 1 and "Traceback" not in r.stderr and said in r.stderr, (inp, r.stderr)
+    # inspect on a checkpoint says what it is (it said "legacy archive: zip entry
+    # `metadata.json` is missing").
+    with pytest.raises(hypercodec.FormatError, match="a PyTorch checkpoint"):
+        hypercodec.inspect(tmp_path / "m.pt")
     for inp in ("junk.bin", "z.pt"):
         with pytest.raises(hypercodec.FormatError, match="not read as a state dict"):
             hypercodec.compress_file(tmp_path / inp, tmp_path / "o.hwz", verbose=False)

@@ -242,6 +242,16 @@ impl<R: ReadAt> LegacyArchive<R> {
             tensors: vec![],
             streams: BTreeMap::new(),
         };
+        if !archive.entries.contains_key("metadata.json") {
+            // Any other zip (a PyTorch checkpoint is one): say what it is not.
+            let torch = archive.entries.keys().any(|k| k.ends_with("data.pkl"));
+            return Err(bad(if torch {
+                "a zip without metadata.json: a PyTorch checkpoint (torch.save), not an archive; compress it first"
+                    .to_string()
+            } else {
+                "a zip without metadata.json: not a .hwz archive (nor a legacy one)".to_string()
+            }));
+        }
         let meta_bytes = archive.entry("metadata.json", MAX_LEGACY_METADATA)?;
         archive.metadata =
             serde_json::from_slice(&meta_bytes).map_err(|e| bad(format!("metadata.json: {e}")))?;

@@ -68,6 +68,10 @@ def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mappi
     for name in state_dict:
         if not isinstance(name, str):
             raise _native.InvalidInputError(f"tensor names are strings, not {name!r} ({type(name).__name__})")
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # (a lone surrogate: no UTF-8 form to store)
+            raise _native.InvalidInputError(f"tensor name {name!r} has no UTF-8 form") from None
     stored = [name for name in state_dict if name.endswith(".weight_hwz") or name == "weight_hwz"]
     if stored:
         # A quantized model's state dict: its layers are already compressed (uint8 stored
@@ -106,7 +110,7 @@ def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mappi
     if metadata is not None and any(v is None for v in metadata.values()):
         raise _native.InvalidInputError("metadata values are strings (None was stored as the text 'None')")
     meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
-    _native.write_safetensors(os.fspath(path), tensors, meta)
+    _native.write_safetensors(os.fsdecode(path), tensors, meta)
 
 
 def _flags(options: Mapping[str, Any]) -> list[str]:
@@ -165,7 +169,7 @@ def check_output_is_not(input: str | os.PathLike, output: str | os.PathLike) -> 
             pass
     if same:
         raise _native.InvalidInputError(
-            f"{os.fspath(output)}: the output is an input of this command; choose another output path"
+            f"{os.fsdecode(output)}: the output is an input of this command; choose another output path"
         )
 
 
@@ -176,18 +180,18 @@ def read_pt(path: str | os.PathLike) -> dict:
     import torch
 
     try:
-        obj = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+        obj = torch.load(os.fsdecode(path), map_location="cpu", weights_only=True)
     except OSError:
         raise
     except Exception as e:  # a corrupt file, a pickle of code: torch's errors vary by kind
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise _native.FormatError(
-            f"{os.fspath(path)}: not read as a state dict by torch.load(weights_only=True): {first}"
+            f"{os.fsdecode(path)}: not read as a state dict by torch.load(weights_only=True): {first}"
         ) from e
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict):
-        raise _native.InvalidInputError(f"{os.fspath(path)}: not a state dict (a {type(obj).__name__})")
+        raise _native.InvalidInputError(f"{os.fsdecode(path)}: not a state dict (a {type(obj).__name__})")
     return {k: v for k, v in obj.items() if hasattr(v, "is_floating_point")}
 
 
@@ -201,12 +205,12 @@ def compress_file(input: str | os.PathLike, output: str | os.PathLike, verbose: 
     >>> hypercodec.compress_file("model.safetensors", "model.hwz", encoding="lattice", bps=4)  # doctest: +SKIP
     >>> hypercodec.compress_file("model.safetensors", "model.hwz", encoding="trellis", bits=2, device="cuda")  # doctest: +SKIP
     """
-    if os.fspath(input).endswith(PT_SUFFIXES) and is_torch_file(input):
+    if os.fsdecode(input).endswith(PT_SUFFIXES) and is_torch_file(input):
         check_output_is_not(input, output)
         return compress_state_dict(read_pt(input), output, verbose=verbose, **options)
     # The paths after `--`: a file named `-model.hwz` or `--help` is a path, not a flag.
-    _run(["compress", *_flags(options), "--", os.fspath(input), os.fspath(output)], verbose)
-    index = os.fspath(output) + ".index.json"
+    _run(["compress", *_flags(options), "--", os.fsdecode(input), os.fsdecode(output)], verbose)
+    index = os.fsdecode(output) + ".index.json"
     if options.get("shard_size") is not None or (not os.path.exists(output) and os.path.exists(index)):
         # Written as shards (`shard_size`): their index stands for the archive (a file at
         # `output` itself is not what this run wrote).
@@ -233,7 +237,7 @@ def compress_state_dict(
     >>> round(info["totals"]["bps_file"], 1)  # doctest: +SKIP
     4.0
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise _native.InvalidInputError(f"{path}: no folder {folder} to write the archive in")
@@ -282,7 +286,7 @@ class LazyStateDict(Mapping):
     def __init__(self, path: str | os.PathLike, framework: str = "numpy") -> None:
         if framework not in ("numpy", "torch"):
             raise _native.InvalidInputError(f"framework must be 'numpy' or 'torch', not {framework!r}")
-        self.archive = _native.Archive(os.fspath(path))
+        self.archive = _native.Archive(os.fsdecode(path))
         self.framework = framework
         self._names = self.archive.names()
         self._name_set = set(self._names)
@@ -329,7 +333,7 @@ def load(path: str | os.PathLike, framework: str = "numpy", lazy: bool = True) -
 
 def metadata(path: str | os.PathLike) -> dict:
     """The archive's free metadata (``safetensors``: what :func:`compress_state_dict` was given)."""
-    return json.loads(_native.Archive(os.fspath(path)).metadata_json())
+    return json.loads(_native.Archive(os.fsdecode(path)).metadata_json())
 
 
 def inspect(path: str | os.PathLike) -> dict:
@@ -340,4 +344,4 @@ def inspect(path: str | os.PathLike) -> dict:
     >>> inspect("w.hwz")["tensors"][0]["name"]  # doctest: +SKIP
     'w'
     """
-    return json.loads(_native.inspect_json(os.fspath(path)))
+    return json.loads(_native.inspect_json(os.fsdecode(path)))
