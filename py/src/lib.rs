@@ -339,7 +339,7 @@ extern "C" fn after_fork_in_child() {
 fn fixed_bits_arg(v: Option<i64>) -> PyResult<Option<u8>> {
     v.map(|b| {
         u8::try_from(b).map_err(|_| {
-            InvalidInputError::new_err(format!("fixed_bits {b}: bits per symbol, 2..=8"))
+            InvalidInputError::new_err(format!("fixed_bits {b}: bits per symbol, from 2 to 8"))
         })
     })
     .transpose()

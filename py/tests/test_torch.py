@@ -100,6 +100,22 @@ def test_skip_and_load_into_from_an_archive(tmp_path):
     with pytest.raises(hypercodec.InvalidInputError, match=r"`1.weight` is stored as \[128\]; the model's is \[64\]"):
         hnn.load_into(other, str(tmp_path / "n.hwz"))
     assert all(type(m) is not hnn.HyperLinear for m in other.modules())
+    # That check reads no compressed layer's bytes (a layer built without them made it fail),
+    # and a scalar stored as [1] (archives before 0-d tensors kept their shape) still loads.
+    a = hypercodec.Archive(str(tmp_path / "n.hwz"))
+    held = torch.nn.Sequential(hnn.HyperLinear(a.linear("0.weight", a.read("0.bias"))), torch.nn.LayerNorm(128),
+                               torch.nn.Linear(128, 32))
+    hnn.load_into(held, str(tmp_path / "n.hwz"))
+    assert isinstance(held[2], hnn.HyperLinear) and torch.equal(held[1].weight, normed[1].weight)
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(1.0))
+
+    hypercodec.save({"scale": np.array([2.5], np.float32)}, tmp_path / "s.hwz", verbose=False)
+    scaled = hnn.load_into(Scaled(), str(tmp_path / "s.hwz"))
+    assert scaled.scale.shape == () and float(scaled.scale) == 2.5
     hypercodec.save({"0.weight": model[0].weight.detach()}, tmp_path / "w.hwz", bits=8)
     with pytest.raises(hypercodec.FormatError, match="not `0.bias`"):
         hnn.load_into(torch.nn.Sequential(torch.nn.Linear(64, 32)), str(tmp_path / "w.hwz"))

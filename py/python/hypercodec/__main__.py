@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 from . import _native
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             try:
                 state = read_pt(inp)
+            except _native.HypercodecError as e:  # (its message names the file and torch's reason)
+                print(f"error: {e}", file=sys.stderr)
+                return 1
             except Exception as e:  # a pickled module, a corrupt file, no torch: one line, no traceback
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 print(f"error: {inp}: not read as a state dict by torch.load(weights_only=True): {first}", file=sys.stderr)
@@ -103,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {out}: no folder {folder} to write the archive in", file=sys.stderr)
                 return 1
             try:
-                with staged_safetensors(state, folder) as tmp:
-                    return _cli([*args[:at], tmp, *args[at + 1 :]])
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    with staged_safetensors(state, folder) as tmp:
+                        for w in said:  # (the tensors left out: a line as the command line's own)
+                            print(f"warning: {w.message}", file=sys.stderr)
+                        return _cli([*args[:at], tmp, *args[at + 1 :]])
             except (_native.HypercodecError, OSError) as e:  # (no float tensor; a folder not writable)
                 print(f"error: {inp}: {e}", file=sys.stderr)
                 return 1

@@ -105,10 +105,8 @@ def _write_safetensors(path: str, state_dict: Mapping[str, Any], metadata: Mappi
             f"{len(skipped)} non-floating tensors are not stored: {', '.join(skipped[:8])}"
             + (" ..." if len(skipped) > 8 else "")
             + " (load_state_dict(..., strict=False) takes the archive back)",
-            stacklevel=3,
+            stacklevel=5,  # (the caller of save: here, the staging generator, contextlib, compress_state_dict)
         )
-    if metadata is not None and any(v is None for v in metadata.values()):
-        raise _native.InvalidInputError("metadata values are strings (None was stored as the text 'None')")
     meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
     _native.write_safetensors(os.fsdecode(path), tensors, meta)
 
@@ -118,7 +116,7 @@ def _flags(options: Mapping[str, Any]) -> list[str]:
     value, not another flag)."""
     argv: list[str] = []
     for key, value in options.items():
-        if key in ("help", "version"):  # (the command line's own flags: it would print and write nothing)
+        if key in ("help", "version") and value:  # (the command line's own flags: it would print and write nothing)
             raise _native.InvalidInputError(f"`{key}` is not an option of compress")
         if value is None or value is False:
             continue
@@ -238,6 +236,9 @@ def compress_state_dict(
     4.0
     """
     path = os.fsdecode(path)
+    _flags(options)  # (options and metadata refused before any tensor is converted)
+    if metadata is not None and isinstance(metadata, Mapping) and any(v is None for v in metadata.values()):
+        raise _native.InvalidInputError("metadata values are strings (None was stored as the text 'None')")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise _native.InvalidInputError(f"{path}: no folder {folder} to write the archive in")

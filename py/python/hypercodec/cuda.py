@@ -109,7 +109,7 @@ def available() -> bool:
 
 
 #: The largest affine term (:func:`_affine_terms`) the fused kernels take: their f32 partial
-#: sums then stay finite for activations up to about 2^20 (a tensor-core step's sum of up to
+#: sums then stay finite for activations below about 2^20 (a tensor-core step's sum of up to
 #: 256 products of magic-biased codes, below 2^11, by a scale).
 FUSED_TERMS_MAX = 2.0**100
 
@@ -170,7 +170,7 @@ def rht(x2: torch.Tensor, width: int, tile: int, seed: int, out16: torch.Tensor 
             "tile": tile,
             "seed": seed,
         },
-        torch.cuda.current_stream(x2.device).cuda_stream,
+        _stream(x2.get_device()),
     )
     return out
 
@@ -527,7 +527,7 @@ class DeviceLinear:
         # the cheapest: a reshape, a cast and a copy check cost as much host time as the
         # launch), viewed as a matrix where they have more dimensions; others reshaped, cast
         # and made contiguous. (Explicit sizes: `-1` is ambiguous when a dimension is 0.)
-        plain = x.dtype == dt and x.get_device() == self.device.index and x.is_contiguous()
+        plain = x.is_cuda and x.dtype == dt and x.get_device() == self.device.index and x.is_contiguous()
         two = x.dim() == 2
         if plain:
             x2 = x if two else x.view(math.prod(lead), self.cols)
@@ -577,7 +577,8 @@ def forward_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
       :data:`GROUP_MAX` layers. At batch 1 a launch of a 4096-wide layer costs a few µs beyond
       its bytes, so a Llama block's q, k and v projections run about 1.7× faster as one launch
       (``docs/eval/cuda_e2e.md``); a group the kernel does not take (codes of two widths, say)
-      runs layer by layer here. At 2 rows and more, up to the fused kernels' batch, each
+      runs layer by layer here (a layer without a fused route at this batch: None). At 2 rows
+      and more, up to the fused kernels' batch, each
       layer's launch runs on a stream of its own, as below;
     - E8 and trellis layers with the same activation RHT (:meth:`DeviceLinear.rotation`), any
       batch: the RHT once, then each layer's kernel. At the batches their fused kernels take,
@@ -606,7 +607,8 @@ def _affine_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
     if x.dtype not in (torch.bfloat16, torch.float16):
         return None
     m, cols = math.prod(x.shape[:-1]), x.shape[-1]
-    # (m > 1: batches the fused kernels take, each layer's launch on a stream of its own.)
+    # Batches every layer's fused kernels take (at 2 rows and more, each layer's launch on a
+    # stream of its own); else None, and the caller runs them one by one.
     if m == 0 or not all(d._takes(m, x.dtype) for d in layers):
         return None
     x2 = x.reshape(m, cols).contiguous()

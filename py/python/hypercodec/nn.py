@@ -2931,15 +2931,20 @@ def _restore_meta_buffers(model: nn.Module) -> None:
         )
 
 
-def _state_keys(model: nn.Module) -> list[str]:
-    """The names ``model.state_dict()`` would give (tied and shared tensors under each name,
-    persistent buffers only), without serializing every compressed layer to list them."""
-    keys = []
+def _state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors ``model.state_dict()`` would give, by name (tied and shared tensors under
+    each name, persistent buffers only), without serializing every compressed layer."""
+    out = {}
     for prefix, m in model.named_modules(remove_duplicate=False):
         dot = f"{prefix}." if prefix else ""
-        keys += [dot + k for k, v in m._parameters.items() if v is not None]
-        keys += [dot + k for k, v in m._buffers.items() if v is not None and k not in m._non_persistent_buffers_set]
-    return keys
+        out.update({dot + k: v for k, v in m._parameters.items() if v is not None})
+        out.update({dot + k: v for k, v in m._buffers.items() if v is not None and k not in m._non_persistent_buffers_set})
+    return out
+
+
+def _state_keys(model: nn.Module) -> list[str]:
+    """The names ``model.state_dict()`` would give (:func:`_state_tensors`)."""
+    return list(_state_tensors(model))
 
 
 def _archive_source(archive: "_native.Archive", layer: str, bias: bool) -> Any:
@@ -2962,9 +2967,11 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
         (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and f"{n}.weight" in names and _replaceable(model, n)
     ]
     # Every stored tensor's shape (the layers' and the rest: a norm of the wrong width failed
-    # in torch's load_state_dict after the layers were replaced).
-    for key, own in model.state_dict(keep_vars=True).items():
-        if key in names and tuple(archive.shape(key)) != tuple(own.shape):
+    # in torch's load_state_dict after the layers were replaced); a scalar stored as [1] loads,
+    # as torch's load_state_dict takes it.
+    for key, own in _state_tensors(model).items():
+        stored = tuple(archive.shape(key)) if key in names else None
+        if stored is not None and stored != tuple(own.shape) and not (own.dim() == 0 and stored == (1,)):
             raise _native.InvalidInputError(
                 f"{path}: `{key}` is stored as {list(archive.shape(key))}; the model's is {list(own.shape)}"
             )
