@@ -388,9 +388,15 @@ impl KvCodec {
         }
     }
 
+    /// `x` = the inverse rotation of `y`, finite where `y`'s values are finite or just past
+    /// f32's largest (a value within a rounding of it can decode past it: finite in, finite out).
     fn unrotate(&self, y: &mut [f32], x: &mut [f32]) {
+        let finite = |v: f32| v.clamp(-f32::MAX, f32::MAX);
         match self.rotation {
-            Rotation::None => x.copy_from_slice(y),
+            Rotation::None => x
+                .iter_mut()
+                .zip(y.iter())
+                .for_each(|(o, &v)| *o = finite(v)),
             Rotation::Rht => {
                 if let Some(r) = &self.rht {
                     // The inverse's butterflies sum up to `dim` values: a vector near f32's
@@ -400,13 +406,13 @@ impl KvCodec {
                     if big > f32::MAX / y.len() as f32 {
                         let k = (y.len() as f32).log2().ceil() as i32;
                         let down = 2f32.powi(-k);
-                        y.iter_mut()
-                            .for_each(|v| *v = v.clamp(-f32::MAX, f32::MAX) * down);
+                        y.iter_mut().for_each(|v| *v = finite(*v) * down);
                         r.inverse(y);
                         let up = 2f32.powi(k);
-                        y.iter_mut()
-                            .for_each(|v| *v = (*v * up).clamp(-f32::MAX, f32::MAX));
+                        y.iter_mut().for_each(|v| *v = finite(*v * up));
                     } else {
+                        // (Sums of values at most f32's largest over the length, normalized:
+                        // finite.)
                         r.inverse(y);
                     }
                 }
@@ -417,6 +423,7 @@ impl KvCodec {
                 for (yi, row) in y.iter().zip(self.haar.chunks_exact(self.dim)) {
                     x.iter_mut().zip(row).for_each(|(v, a)| *v += a * yi);
                 }
+                x.iter_mut().for_each(|v| *v = finite(*v));
             }
         }
     }
@@ -654,9 +661,6 @@ impl KvCodec {
             let key = keys.map(|k| k[i]);
             self.rotated_into(src, c, key, &mut y, &mut scratch)?;
             self.unrotate(&mut y[..d], o);
-            // A value within a rounding of f32's largest can decode just past it: finite in,
-            // finite out.
-            o.iter_mut().for_each(|v| *v = v.clamp(-f32::MAX, f32::MAX));
         }
         Ok(())
     }

@@ -2973,7 +2973,7 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
         stored = tuple(archive.shape(key)) if key in names else None
         if stored is not None and stored != tuple(own.shape) and not (own.dim() == 0 and stored == (1,)):
             raise _native.InvalidInputError(
-                f"{path}: `{key}` is stored as {list(archive.shape(key))}; the model's is {list(own.shape)}"
+                f"{path}: `{key}` is stored as {list(stored)}; the model's is {list(own.shape)}"
             )
     for name, layer in linears:
         if layer.bias is not None and f"{name}.bias" not in names:
