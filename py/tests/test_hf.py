@@ -562,7 +562,7 @@ def test_from_hwz_builds_the_models_own_class(tmp_path):
         (T.ViTForImageClassification(T.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                                  intermediate_size=64, image_size=16, patch_size=4, num_labels=3)),
          {"pixel_values": torch.randn(2, 3, 16, 16)}),
-        # One embedding module under three names (shared, encoder and decoder embed_tokens):
+        # Three embedding modules on one weight (shared, encoder and decoder embed_tokens):
         # only the first took the stored one, and the others were left empty ("tensors missing").
         (T.T5ForConditionalGeneration(T.T5Config(d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16, vocab_size=99,
                                                  decoder_start_token_id=0)),
@@ -581,6 +581,11 @@ def test_from_hwz_builds_the_models_own_class(tmp_path):
             got = r(**inputs).logits
         assert float((got - want).norm() / want.norm()) < 0.05, type(m).__name__
         r.save_pretrained(tmp_path / f"s{i}")
+        # Each stored form is saved once (T5's three names of one table wrote its bytes thrice).
+        from safetensors.torch import load_file
+
+        saved = [t for k, t in load_file(tmp_path / f"s{i}" / "model.safetensors").items() if k.endswith("weight_hwz")]
+        assert saved and len({bytes(t.numpy()) for t in saved}) == len(saved), type(m).__name__
         again = type(m).from_pretrained(tmp_path / f"s{i}").eval()
         with torch.no_grad():
             assert torch.equal(again(**inputs).logits, got), type(m).__name__

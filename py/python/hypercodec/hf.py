@@ -192,8 +192,10 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
             layer = model.get_submodule(head)
             if type(layer) is nn.Embedding and stored_emb is not None and layer.weight.shape == emb.weight.shape:
                 # Another embedding module on the same weight (T5's encoder and decoder
-                # `embed_tokens`, tied to `shared`): the stored one, under this name too.
-                _set(model, head, stored_emb)
+                # `embed_tokens`, tied to `shared`): a table on the stored one's operator,
+                # tied to it (saved once: the same module under three names saved it thrice).
+                _set(model, head, HyperEmbedding._like(layer, shared[source], tied=emb_name,
+                                                       source=_archive_source(archive, emb_name, False)))
             elif isinstance(layer, nn.Linear) and layer.bias is None:
                 _set(model, head, HyperLinear(shared[source], tied=emb_name, source=_archive_source(archive, emb_name, False)))
             elif isinstance(layer, nn.Linear):
