@@ -1043,7 +1043,8 @@ impl Linear {
     /// `"e8"`, `"e8rans"`, `"e8prefix"`, `"z1"` or `"trellis"`), the stored codes, words or bits as a uint8
     /// array, f32 side information, and the kernels' parameters; affine scales and offsets in
     /// the kernels' tiled layout (`⌈rows/16⌉·16·scales_per_row` values, see
-    /// `hypercodec_kernels_cuda::tiled_scales`).
+    /// `hypercodec_kernels_cuda::tiled_scales`), and `fusable`: whether the fused affine kernels'
+    /// f32 sums hold the layer (`hypercodec_kernels_cuda::affine_fusable`).
     fn device_form<'py>(
         &self,
         py: Python<'py>,
@@ -1110,6 +1111,11 @@ impl Linear {
                 d.set_item("scales_per_row", scales_per_row)?;
                 d.set_item("qmul", qmul)?;
                 d.set_item("qbias", qbias)?;
+                // Whether the fused kernels' f32 sums hold it (else: decode, then F.linear).
+                d.set_item(
+                    "fusable",
+                    hypercodec_kernels_cuda::affine_fusable(&scales, &offsets, qmul, qbias),
+                )?;
             }
             DeviceForm::Z1Fixed {
                 packed,
@@ -1395,10 +1401,7 @@ impl KvCodec {
                 )))
             }
         };
-        let q = match quantizer {
-            "trellis" => KvQuantizer::Trellis { l: trellis_l },
-            name => KvQuantizer::Lattice(lattice_named(name)?),
-        };
+        let q = KvQuantizer::named(quantizer, trellis_l).map_err(lattice_err)?;
         let r = match rotation {
             "rht" => Rotation::Rht,
             "haar" => Rotation::Haar,
@@ -2151,6 +2154,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     unsafe {
         libc::pthread_atfork(None, None, Some(after_fork_in_child));
     }
+    m.add(
+        "KV_QUANTIZERS",
+        hypercodec_lattice::kv::KvQuantizer::NAMES.to_vec(),
+    )?;
     m.add("HypercodecError", py.get_type::<HypercodecError>())?;
     m.add("FormatError", py.get_type::<FormatError>())?;
     m.add("InvalidInputError", py.get_type::<InvalidInputError>())?;

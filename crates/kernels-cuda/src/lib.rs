@@ -253,6 +253,24 @@ pub struct AffineGemv {
     pub qbias: f32,
 }
 
+/// The largest affine term ([`affine_fusable`]) the fused affine kernels take: their f32
+/// partial sums then stay finite for activations below about 2^20 (a tensor-core step's sum of
+/// up to 256 products of magic-biased codes, below 2^11, times a scale).
+pub const FUSED_TERMS_MAX: f64 = 1.2676506002282294e30; // 2^100
+
+/// Whether the fused affine kernels ([`Kernels::affine_gemv`] and its grouped and GEMM forms)
+/// compute `ŵ = s·(qmul·q − qbias) + lo` within f32 for these decoded scales and offsets:
+/// `max|s|·(2048·|qmul| + |qbias|) + max|lo| ≤` [`FUSED_TERMS_MAX`]. A step's scaled code sum
+/// and its offset term can each pass f32's range for weights near it while their sum does not
+/// (std 1e36 gave ±inf and NaN on an H100); such a layer is decoded and multiplied instead.
+/// Non-finite side information is not fusable.
+pub fn affine_fusable(scales: &[f32], offsets: &[f32], qmul: f32, qbias: f32) -> bool {
+    let amax = |v: &[f32]| v.iter().fold(0f64, |m, &x| m.max((x as f64).abs()));
+    let terms =
+        amax(scales) * (2048.0 * (qmul as f64).abs() + (qbias as f64).abs()) + amax(offsets);
+    terms <= FUSED_TERMS_MAX && scales.iter().chain(offsets).all(|v| v.is_finite())
+}
+
 /// Rows of a tile in [`tiled_scales`]: the tensor-core kernel's mma tile.
 pub const SCALE_TILE: usize = 16;
 
@@ -2905,6 +2923,23 @@ mod tests {
             let e = bad.validate().unwrap_err().to_string();
             assert!(e.contains(why), "{why}: {e}");
         }
+    }
+
+    #[test]
+    fn affine_layers_near_the_f32_range_are_not_fusable() {
+        // std 1e25 (scales near 1e24) fuses; 1e36 does not; neither do non-finite scales.
+        assert!(affine_fusable(&[1e24, -3e24], &[5e24], 1.0, 0.0));
+        assert!(affine_fusable(&[1e20], &[], 1.0, 8.0));
+        assert!(!affine_fusable(&[1e35], &[], 1.0, 8.0));
+        assert!(!affine_fusable(&[1.0], &[2e30], 1.0, 0.0));
+        assert!(!affine_fusable(&[f32::NAN], &[], 1.0, 0.0));
+        assert!(!affine_fusable(&[1.0], &[f32::INFINITY], 1.0, 0.0));
+        assert!(affine_fusable(&[], &[], 1.0, 0.0));
+        // The bound: 2048·s at s = 2^100 / 2048 is the largest that fuses.
+        let s = (FUSED_TERMS_MAX / 2048.0) as f32;
+        assert!(affine_fusable(&[s], &[], 1.0, 0.0));
+        assert!(!affine_fusable(&[s * 1.001], &[], 1.0, 0.0));
+        assert_eq!(FUSED_TERMS_MAX, 2f64.powi(100));
     }
 
     #[test]

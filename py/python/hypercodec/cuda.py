@@ -108,27 +108,6 @@ def available() -> bool:
     return True
 
 
-#: The largest affine term (:func:`_affine_terms`) the fused kernels take: their f32 partial
-#: sums then stay finite for activations below about 2^20 (a tensor-core step's sum of up to
-#: 256 products of magic-biased codes, below 2^11, by a scale).
-FUSED_TERMS_MAX = 2.0**100
-
-
-def _affine_terms(form: dict[str, Any]) -> float:
-    """max |s|·(2048·|qmul| + |qbias|) + max |lo| over an affine device form's scales ``s`` and
-    offsets ``lo``: a bound on the terms the fused kernels form in f32 (a group's scaled code
-    sum and offset term, each past f32's range for weights near it while their sum is not)."""
-
-    def amax(a: np.ndarray) -> float:
-        if not len(a):
-            return 0.0
-        if a.dtype == np.uint16:  # 16-bit scales as stored: f16 or bf16 bits
-            a = a.view(np.float16) if form["scale_dtype"] == "f16" else (a.astype(np.uint32) << 16).view(np.float32)
-        return float(np.abs(a.astype(np.float64)).max())
-
-    return amax(form["scales"]) * (2048 * abs(form["qmul"]) + abs(form["qbias"])) + amax(form["offsets"])
-
-
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
@@ -249,7 +228,9 @@ class DeviceLinear:
         self._dense: dict[torch.dtype, torch.Tensor] = {}
         self._fused: dict[torch.dtype, tuple[int, int | None, tuple[int, int] | None]] = {}
         # Affine codes of weights near f32's range take the decode route at every batch.
-        self._fusable = form is None or form["kind"] != "affine" or _affine_terms(form) <= FUSED_TERMS_MAX
+        # An affine layer whose scale and offset terms pass what the fused kernels' f32 sums hold
+        # (weights near f32's range: the native `affine_fusable`) is decoded, then F.linear.
+        self._fusable = form is None or form["kind"] != "affine" or bool(form["fusable"])
         if form is None:
             return
 
@@ -438,7 +419,7 @@ class DeviceLinear:
         if got is None:
             n, mma_from, wgmma = GEMV_MAX_BATCH.get(self.kind, 0), None, ()
             if not self._fusable:
-                n = 0  # (terms past FUSED_TERMS_MAX: decoded, then F.linear)
+                n = 0  # (terms past the fused kernels' range: decoded, then F.linear)
             elif self.kind == "affine" and dtype in _DTYPES:
                 a = dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1)
                 n, wgmma = self.kernels.affine_fused_batch(a), tuple(self.kernels.affine_wgmma_batches(a))
