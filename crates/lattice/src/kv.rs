@@ -54,6 +54,31 @@ pub enum KvQuantizer {
     },
 }
 
+impl KvQuantizer {
+    /// The names [`KvQuantizer::named`] takes, in the order its error lists them.
+    pub const NAMES: [&'static str; 4] = ["e8", "d4", "z1", "trellis"];
+
+    /// The quantizer of this name: `e8`, `d4` or `z1` (the lattice's fixed-rate form), or
+    /// `trellis` with `l` state bits.
+    ///
+    /// # Errors
+    /// [`LatticeError::UnknownKvQuantizer`] for any other name (`a2`, a lattice of the weight
+    /// codecs, has no fixed-rate form).
+    pub fn named(name: &str, l: u8) -> Result<Self> {
+        Ok(match name {
+            "e8" => KvQuantizer::Lattice(Lattice::E8),
+            "d4" => KvQuantizer::Lattice(Lattice::D4),
+            "z1" => KvQuantizer::Lattice(Lattice::Z1),
+            "trellis" => KvQuantizer::Trellis { l },
+            _ => {
+                return Err(LatticeError::UnknownKvQuantizer {
+                    name: name.to_string(),
+                })
+            }
+        })
+    }
+}
+
 /// How each vector's scale is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ScaleFormat {
@@ -1960,6 +1985,22 @@ mod tests {
                     ..
                 })
             ));
+        }
+    }
+
+    #[test]
+    fn quantizers_are_named_as_the_error_lists_them() {
+        for name in KvQuantizer::NAMES {
+            let q = KvQuantizer::named(name, 10).unwrap();
+            assert!(
+                KvCodec::new(64, 4, q, Rotation::Rht, 0, false).is_ok(),
+                "{name}"
+            );
+        }
+        for bad in ["a2", "E8", "", "int"] {
+            let e = KvQuantizer::named(bad, 10).unwrap_err();
+            assert!(matches!(e, LatticeError::UnknownKvQuantizer { .. }));
+            assert!(e.to_string().ends_with("use e8, d4, z1 or trellis"), "{e}");
         }
     }
 

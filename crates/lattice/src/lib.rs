@@ -56,6 +56,12 @@ pub enum LatticeError {
         /// The name given.
         name: String,
     },
+    /// A KV quantizer name is unknown ([`kv::KvQuantizer::named`]).
+    #[error("unknown KV quantizer `{name}`; use e8, d4, z1 or trellis")]
+    UnknownKvQuantizer {
+        /// The name given.
+        name: String,
+    },
     /// α is not a finite positive number.
     #[error("scale alpha must be finite and positive")]
     InvalidAlpha,

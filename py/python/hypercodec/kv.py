@@ -122,8 +122,9 @@ class IntCodec:
         return n
 
 
-#: The quantizers a KV codec takes (``make_codec``, :class:`HypercodecKVLayer`).
-QUANTIZERS = ("e8", "d4", "z1", "trellis", "int")
+#: The quantizers a KV codec takes (``make_codec``, :class:`HypercodecKVLayer`): the native
+#: codec's, and the RTN baseline ``int``.
+QUANTIZERS = (*_native.KV_QUANTIZERS, "int")
 
 
 def make_codec(dim: int, bits: int, quantizer: str = "e8", **options: Any) -> Any:
