@@ -112,6 +112,17 @@ pub enum PipelineError {
         /// What is wrong and what to do.
         message: String,
     },
+    /// A tensor's shape does not describe its stored bytes (a source's shape changed after
+    /// it was read, or a count past the address space).
+    #[error("tensor `{tensor}` of shape {shape:?}: {message}")]
+    Shape {
+        /// Tensor name.
+        tensor: String,
+        /// The shape given.
+        shape: Vec<u64>,
+        /// What is wrong.
+        message: String,
+    },
     /// Nothing of the input is left to work on.
     #[error("{message}")]
     NoTensors {

@@ -79,6 +79,12 @@ impl GgmlType {
         }
     }
 
+    /// The stored bytes of `n` values (whole blocks only: `None` for a partial block).
+    pub(crate) fn stored_bytes(self, n: u64) -> Option<u64> {
+        let (bv, bb) = self.block();
+        n.is_multiple_of(bv).then(|| n / bv * bb)
+    }
+
     /// Lowercase name, as llama.cpp prints it.
     pub fn name(self) -> &'static str {
         match self {

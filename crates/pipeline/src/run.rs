@@ -171,8 +171,7 @@ pub fn run(archive: &Path, original: Option<&str>, options: &RunOptions) -> Resu
     };
     let ours_layer = |i: usize, x: &[f32], y: &mut [f32]| ops[i].forward(x, batch, y);
     let dense_layer = |i: usize, x: &[f32], y: &mut [f32]| -> RunResult<()> {
-        bench::dense(&dense[i], ops[i].rows(), ops[i].cols(), x, batch, y);
-        Ok(())
+        bench::dense(&dense[i], ops[i].rows(), ops[i].cols(), x, batch, y)
     };
     let mut ours_out = vec![Vec::new(); ops.len()];
     let mut dense_out = vec![Vec::new(); ops.len()];

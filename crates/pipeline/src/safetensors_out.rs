@@ -66,7 +66,17 @@ pub fn write_safetensors(
     let mut offset = 0u64;
     let mut sizes = Vec::with_capacity(tensors.len());
     for t in tensors {
-        let size = t.shape.iter().product::<u64>() * t.dtype.size() as u64;
+        // (Checked: a wrapped size wrote offsets that its own reader refuses.)
+        let size = t
+            .shape
+            .iter()
+            .try_fold(t.dtype.size() as u64, |a, &d| a.checked_mul(d))
+            .filter(|&size| offset.checked_add(size).is_some())
+            .ok_or_else(|| PipelineError::Shape {
+                tensor: t.name.clone(),
+                shape: t.shape.clone(),
+                message: "its bytes overflow a safetensors offset".into(),
+            })?;
         header.insert(t.name.clone(), json!({ "dtype": st_dtype(t.dtype), "shape": t.shape, "data_offsets": [offset, offset + size] }));
         offset += size;
         sizes.push(size);

@@ -418,7 +418,24 @@ impl TensorSource {
             .ok_or_else(|| PipelineError::NoTensors {
                 message: format!("no tensor {i} in this source"),
             })?;
-        let n = t.numel() as usize;
+        // The shape is a public field: checked against what is stored before `n` values are
+        // allocated (a shape of [2^40] asked for 4 TiB; [4, 4] over 6 stored values gave zeros).
+        let n = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let stored = match t.ty {
+            SourceType::Synthetic => n.filter(|&n| n <= MAX_SYNTHETIC_VALUES).map(|_| 0),
+            SourceType::Float(d) => n.and_then(|n| n.checked_mul(d.size() as u64)),
+            SourceType::Ggml(g) => n.and_then(|n| g.stored_bytes(n)),
+        };
+        let n = match (n.map(usize::try_from), stored) {
+            (Some(Ok(n)), Some(b)) if b == t.len as u64 => n,
+            _ => {
+                return Err(PipelineError::Shape {
+                    tensor: t.name.clone(),
+                    shape: t.shape.clone(),
+                    message: format!("its values do not fill the {} bytes stored", t.len),
+                })
+            }
+        };
         let mut out = vec![0.0f32; n];
         let map = match (t.ty, self.maps.get(t.file)) {
             (SourceType::Synthetic, _) => {
@@ -541,6 +558,38 @@ fn shard_files(path: &Path) -> Result<Option<(Vec<PathBuf>, Vec<String>)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shape_that_does_not_fill_the_stored_bytes_is_refused_before_allocating() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.safetensors");
+        crate::synth::write_tensors(&path, &[("a".into(), vec![2u64, 3], vec![1.0; 6])])
+            .expect("write");
+        let mut src = TensorSource::open(path.to_str().expect("utf-8")).expect("open");
+        assert_eq!(src.read(0).expect("read"), vec![1.0; 6]);
+        // The tensors are public: a shape changed after reading.
+        for shape in [vec![4u64, 4], vec![1], vec![1 << 40], vec![u64::MAX, 2]] {
+            src.tensors[0].shape = shape.clone();
+            assert!(
+                matches!(src.read(0), Err(PipelineError::Shape { .. })),
+                "{shape:?}"
+            );
+        }
+        let mut syn = TensorSource::synthetic(vec![4, 4], 1).expect("synthetic");
+        assert_eq!(syn.read(0).expect("read").len(), 16);
+        syn.tensors[0].shape = vec![1 << 40];
+        assert!(matches!(syn.read(0), Err(PipelineError::Shape { .. })));
+        // A safetensors output whose size overflows is refused before any byte is written.
+        let out = dir.path().join("o.safetensors");
+        let t = crate::safetensors_out::OutTensor {
+            name: "w".into(),
+            shape: vec![1 << 62, 4],
+            dtype: FloatDtype::F32,
+        };
+        let r = crate::safetensors_out::write_safetensors(&out, &[t], None, |_, _| Ok(()));
+        assert!(matches!(r, Err(PipelineError::Shape { .. })));
+        assert!(!out.exists());
+    }
 
     #[test]
     fn pytorch_checkpoints_are_named_as_such() {

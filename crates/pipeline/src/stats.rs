@@ -20,7 +20,8 @@ pub struct ErrorAcc {
 }
 
 impl ErrorAcc {
-    /// Adds a tensor and its reconstruction.
+    /// Adds a tensor and its reconstruction (of the same length: of unequal ones, the pairs
+    /// their common length holds).
     pub fn add(&mut self, x: &[f32], y: &[f32]) {
         // Per-chunk f32 sums would lose precision on large tensors: accumulate in f64.
         for (&a, &b) in x.iter().zip(y) {
@@ -32,7 +33,7 @@ impl ErrorAcc {
             self.dot += a * b;
             self.max_abs = self.max_abs.max(e.abs());
         }
-        self.n += x.len() as u64;
+        self.n += x.len().min(y.len()) as u64;
     }
 
     /// Adds another accumulator's sums.

@@ -176,10 +176,25 @@ pub fn time_us(min_seconds: f64, mut f: impl FnMut() -> Result<()>) -> Result<f6
 
 /// `y = x·Wᵀ` (`x` batch × cols, `w` rows × cols, `y` batch × rows) with a dense f32 weight, by
 /// the GEMM library the operator uses for tiles, on the whole pool: the baseline.
-pub fn dense(w: &[f32], rows: usize, cols: usize, x: &[f32], batch: usize, y: &mut [f32]) {
+///
+/// # Errors
+/// [`RuntimeError::Length`] or [`RuntimeError::Overflow`](crate::RuntimeError::Overflow) when a
+/// buffer's length is not what the shapes give.
+pub fn dense(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    batch: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    use crate::linear::check_rows;
+    check_rows("w", rows, cols, w.len())?;
+    check_rows("x", batch, cols, x.len())?;
+    check_rows("y", batch, rows, y.len())?;
     let threads = rayon::current_num_threads();
-    // SAFETY: y is batch × rows, x batch × cols, w rows × cols, all row-major; the strides
-    // below address exactly those elements.
+    // SAFETY: y is batch × rows, x batch × cols, w rows × cols (lengths checked above), all
+    // row-major; the strides below address exactly those elements.
     unsafe {
         gemm::gemm(
             batch,
@@ -207,6 +222,7 @@ pub fn dense(w: &[f32], rows: usize, cols: usize, x: &[f32], batch: usize, y: &m
             },
         );
     }
+    Ok(())
 }
 
 /// Runs the benchmark, calling `row` on each figure as it is measured.
@@ -242,8 +258,7 @@ pub fn run(
                 let ours = time_us(options.min_seconds, || op.forward(&x, batch, &mut y))?;
                 let mut yd = vec![0f32; batch * rows];
                 let dense_us = time_us(options.min_seconds, || {
-                    dense(&wd, rows, cols, &x, batch, &mut yd);
-                    Ok(())
+                    dense(&wd, rows, cols, &x, batch, &mut yd)
                 })?;
                 let r = RuntimeRow {
                     shape: [rows, cols],

@@ -72,6 +72,16 @@ pub enum RuntimeError {
         /// Its actual length.
         actual: usize,
     },
+    /// A buffer's required length (rows × values a row) past `usize`.
+    #[error("{what}: {rows} rows of {per_row} values overflow the address space")]
+    Overflow {
+        /// Which buffer.
+        what: &'static str,
+        /// Its rows.
+        rows: usize,
+        /// Values a row.
+        per_row: usize,
+    },
     /// A row index past the weight's rows (an embedding id out of range).
     #[error("row index {index} is out of range for {rows} rows")]
     RowIndex {

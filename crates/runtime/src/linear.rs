@@ -792,7 +792,7 @@ impl CompressedLinear {
     /// Rows `rows` of the weight decoded to f32 (`rows.len() × cols`): an embedding lookup on
     /// the stored form (each row decodes alone; entropy-coded rows decode their chunk).
     pub fn decode_rows(&self, rows: &[usize], out: &mut [f32]) -> Result<()> {
-        check_len("rows out", rows.len() * self.cols, out.len())?;
+        check_rows("rows out", rows.len(), self.cols, out.len())?;
         if let Some(&r) = rows.iter().find(|&&r| r >= self.rows) {
             return Err(RuntimeError::RowIndex {
                 index: r,
@@ -808,8 +808,8 @@ impl CompressedLinear {
     /// `y = x·Wᵀ (+ b)` for `batch` rows of f32 activations: `x` is `batch × cols`, `y`
     /// `batch × rows`, both row-major.
     pub fn forward(&self, x: &[f32], batch: usize, y: &mut [f32]) -> Result<()> {
-        check_len("x", batch * self.cols, x.len())?;
-        check_len("y", batch * self.rows, y.len())?;
+        check_rows("x", batch, self.cols, x.len())?;
+        check_rows("y", batch, self.rows, y.len())?;
         if self.cols == 0 {
             y.fill(0.0);
         } else if batch == 1 {
@@ -833,7 +833,8 @@ impl CompressedLinear {
 
     /// [`CompressedLinear::forward`] for bfloat16 activations and outputs (computed in f32).
     pub fn forward_bf16(&self, x: &[half::bf16], batch: usize, y: &mut [half::bf16]) -> Result<()> {
-        check_len("y", batch * self.rows, y.len())?;
+        check_rows("x", batch, self.cols, x.len())?;
+        check_rows("y", batch, self.rows, y.len())?;
         let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
         let mut yf = vec![0f32; y.len()];
         self.forward(&xf, batch, &mut yf)?;
@@ -853,6 +854,26 @@ pub(crate) fn operator_shape(view: &TensorView<'_>) -> (usize, usize) {
         [r, rest @ ..] if !rest.is_empty() && rest.contains(&0) => (*r as usize, cols),
         _ => (rows, cols),
     }
+}
+
+/// The length of a buffer of `rows` rows of `per_row` values; a product past `usize` is
+/// [`RuntimeError::Overflow`] (wrapped, it could match a small buffer).
+pub(crate) fn rows_len(what: &'static str, rows: usize, per_row: usize) -> Result<usize> {
+    rows.checked_mul(per_row).ok_or(RuntimeError::Overflow {
+        what,
+        rows,
+        per_row,
+    })
+}
+
+/// [`check_len`] for a buffer of `rows` rows of `per_row` values ([`rows_len`]).
+pub(crate) fn check_rows(
+    what: &'static str,
+    rows: usize,
+    per_row: usize,
+    actual: usize,
+) -> Result<()> {
+    check_len(what, rows_len(what, rows, per_row)?, actual)
 }
 
 fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {

@@ -1,7 +1,8 @@
 //! The reference path every fast path is tested against: decode `W` to f32, multiply plainly
 //! (in f64), add the bias. Obviously right, and slow.
 
-use crate::{hwz, Result, RuntimeError};
+use crate::linear::{check_rows, rows_len};
+use crate::{hwz, Result};
 use hwz::TensorView;
 
 /// `y = x·Wᵀ (+ b)` with `W` decoded whole: `x` is `batch × cols`, the result `batch × rows`.
@@ -12,12 +13,10 @@ pub fn linear(
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>> {
     let (rows, cols) = crate::linear::operator_shape(view);
-    if x.len() != batch * cols {
-        return Err(RuntimeError::Length {
-            what: "x",
-            expected: batch * cols,
-            actual: x.len(),
-        });
+    check_rows("x", batch, cols, x.len())?;
+    rows_len("y", batch, rows)?;
+    if let Some(b) = bias {
+        check_rows("bias", 1, rows, b.len())?;
     }
     let mut w = vec![0f32; rows * cols];
     if cols > 0 {
@@ -40,6 +39,8 @@ pub fn linear(
 /// exactly zero in the weight's basis is a sum of rounded nonzero terms).
 pub fn norm_products(view: &TensorView<'_>, x: &[f32], batch: usize) -> Result<Vec<f32>> {
     let (rows, cols) = (view.rows() as usize, view.cols() as usize);
+    check_rows("x", batch, cols, x.len())?;
+    rows_len("y", batch, rows)?;
     let mut w = vec![0f32; rows * cols];
     view.decode_rows_into(0..rows as u64, &mut w)?;
     let norm = |v: &[f32]| v.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();

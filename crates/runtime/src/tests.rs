@@ -641,6 +641,59 @@ fn bad_shapes_are_typed_errors() {
 }
 
 #[test]
+fn batches_whose_lengths_overflow_are_typed_errors() {
+    // batch · 64 wraps to 64 at 2^58 + 1: the length checks passed, and the fast paths
+    // returned Ok without writing y (or indexed past x).
+    let shape = [64u64, 64];
+    let x = values(64 * 64, 2);
+    let batch = (1usize << 58) + 1;
+    for which in [0, 3, 9] {
+        let (t, _) = encode_any(&x, &shape, which);
+        let op =
+            CompressedLinear::from_encoded("w", &t, &shape, None, &LoadOptions::default()).unwrap();
+        let mut y = vec![f32::NAN; 64];
+        assert!(matches!(
+            op.forward(&x[..64], batch, &mut y),
+            Err(RuntimeError::Overflow { what: "x", .. })
+        ));
+        let xb = vec![half::bf16::ZERO; 64];
+        let mut yb = vec![half::bf16::ZERO; 64];
+        assert!(matches!(
+            op.forward_bf16(&xb, batch, &mut yb),
+            Err(RuntimeError::Overflow { .. })
+        ));
+        let view = view_of(&t, &shape);
+        assert!(matches!(
+            crate::reference::linear(&view, &x[..64], batch, None),
+            Err(RuntimeError::Overflow { .. })
+        ));
+        // The reference checks the bias (and the norms their x) instead of indexing past them.
+        assert!(matches!(
+            crate::reference::linear(&view, &x[..64], 1, Some(&[0.0; 3])),
+            Err(RuntimeError::Length { what: "bias", .. })
+        ));
+        assert!(matches!(
+            crate::reference::norm_products(&view, &x[..10], 1),
+            Err(RuntimeError::Length { what: "x", .. })
+        ));
+    }
+    // The dense baseline (safe, over an unsafe GEMM) checks every buffer.
+    let w = values(256 * 256, 3);
+    let mut y = vec![0f32; 4];
+    for (w_, x_, y_) in [
+        (&w[..0], &w[..1024], 1024usize),
+        (&w[..], &w[..1023], 1024),
+        (&w[..], &w[..1024], 4),
+    ] {
+        let mut yy = vec![0f32; y_];
+        assert!(crate::bench::dense(w_, 256, 256, x_, 4, &mut yy).is_err());
+    }
+    assert!(crate::bench::dense(&w, 256, 256, &w[..1024], 4, &mut y).is_err());
+    let mut y = vec![0f32; 1024];
+    crate::bench::dense(&w, 256, 256, &w[..1024], 4, &mut y).unwrap();
+}
+
+#[test]
 fn a_codebook_index_past_the_prototypes_is_an_error() {
     let shape = [16u64, 64];
     let x = values(16 * 64, 2);
