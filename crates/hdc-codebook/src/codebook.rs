@@ -38,8 +38,9 @@ impl ScaleMode {
     /// The number of scales of a `rows × cols` tensor cut into blocks of `block`.
     pub fn count(self, rows: usize, cols: usize, block: usize) -> usize {
         match self {
-            ScaleMode::Block => rows * cols.div_ceil(block.max(1)),
-            ScaleMode::Tensor => usize::from(rows * cols > 0),
+            // (Saturated: no buffer holds that many, so a length check against it fails.)
+            ScaleMode::Block => rows.saturating_mul(cols.div_ceil(block.max(1))),
+            ScaleMode::Tensor => usize::from(rows > 0 && cols > 0),
             ScaleMode::Channel => rows,
         }
     }
@@ -139,7 +140,7 @@ pub fn encode(
     params: &CodebookParams,
 ) -> Result<Codebook> {
     params.validate()?;
-    if values.len() != rows * cols {
+    if values.len() != crate::numel(rows, cols)? {
         return Err(HdcError::Shape {
             message: format!("{} values for a {rows}×{cols} tensor", values.len()),
         });
@@ -183,7 +184,7 @@ pub fn encode(
     }
     let mut rng = crate::rng::Rng::new(params.seed);
     let sample = kmeans::sample(&blocks, block, params.sample_blocks.max(1), &mut rng);
-    let mut protos = kmeans::train(&sample, block, params.prototypes, params.iters, params.seed);
+    let mut protos = kmeans::train(&sample, block, params.prototypes, params.iters, params.seed)?;
     drop(sample);
     for p in &mut protos {
         *p = params.proto_dtype.round(*p);

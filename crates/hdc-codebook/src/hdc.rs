@@ -72,6 +72,11 @@ impl<'a> HdcIndex<'a> {
     /// Builds the index of `protos` (rows of `block` values).
     pub fn new(protos: &'a [f32], block: usize, params: HdcParams) -> Result<Self> {
         params.validate()?;
+        if block == 0 {
+            return Err(HdcError::InvalidParams {
+                message: "an index of prototypes of 0 values".into(),
+            });
+        }
         let mut rng = Rng::new(params.seed ^ 0x4844_4331);
         let k = protos.len() / block;
         let key_bits = params.buckets.trailing_zeros();
@@ -174,13 +179,15 @@ impl<'a> HdcIndex<'a> {
         (self.bucket_ids[s + i as usize], d)
     }
 
-    /// Assigns every block of `blocks` (parallel over blocks).
+    /// Assigns every block of `blocks` (parallel over blocks); entries of `out` past the
+    /// blocks `blocks` holds are left as they are.
     pub fn assign(&self, blocks: &[f32], out: &mut [u32]) {
         let block = self.block;
         par::for_chunks(out, 1, |start, chunk| {
             for (j, a) in chunk.iter_mut().enumerate() {
-                let b = start + j;
-                *a = self.nearest(&blocks[b * block..(b + 1) * block]).0;
+                if let Some(q) = crate::kmeans::held_block(blocks, block, start + j) {
+                    *a = self.nearest(q).0;
+                }
             }
         });
     }

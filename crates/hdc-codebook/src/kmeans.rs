@@ -3,6 +3,7 @@
 
 use crate::par;
 use crate::rng::Rng;
+use crate::{HdcError, Result};
 
 /// Squared Euclidean distance.
 #[inline]
@@ -14,6 +15,9 @@ pub(crate) fn dist2(a: &[f32], b: &[f32]) -> f32 {
 #[inline]
 pub fn nearest_brute(protos: &[f32], block: usize, q: &[f32]) -> (u32, f32) {
     let mut best = (0u32, f32::INFINITY);
+    if block == 0 {
+        return best; // (no prototype of 0 values)
+    }
     for (i, p) in protos.chunks_exact(block).enumerate() {
         let d = dist2(p, q);
         if d < best.1 {
@@ -23,14 +27,22 @@ pub fn nearest_brute(protos: &[f32], block: usize, q: &[f32]) -> (u32, f32) {
     best
 }
 
-/// Exhaustive assignment of every block (parallel over blocks).
+/// Exhaustive assignment of every block (parallel over blocks); entries of `out` past the
+/// blocks `blocks` holds are left as they are.
 pub fn assign_brute(protos: &[f32], block: usize, blocks: &[f32], out: &mut [u32]) {
     par::for_chunks(out, 1, |start, chunk| {
         for (j, a) in chunk.iter_mut().enumerate() {
-            let b = start + j;
-            *a = nearest_brute(protos, block, &blocks[b * block..(b + 1) * block]).0;
+            if let Some(q) = held_block(blocks, block, start + j) {
+                *a = nearest_brute(protos, block, q).0;
+            }
         }
     });
+}
+
+/// Block `b` of `blocks` (rows of `block` values), when it holds one.
+pub(crate) fn held_block(blocks: &[f32], block: usize, b: usize) -> Option<&[f32]> {
+    let start = b.checked_mul(block)?;
+    blocks.get(start..start.checked_add(block)?)
 }
 
 /// Picks up to `max` blocks spread evenly over `blocks` (a deterministic sample).
@@ -53,11 +65,23 @@ pub(crate) fn sample(blocks: &[f32], block: usize, max: usize, rng: &mut Rng) ->
 /// Learns `k` prototypes of `block` values from `data` (a sample of blocks): k-means++ seeding,
 /// then `iters` Lloyd iterations. Fewer distinct blocks than `k` leaves the extra prototypes as
 /// copies of existing ones (harmless: never closer than the original).
-pub fn train(data: &[f32], block: usize, k: usize, iters: usize, seed: u64) -> Vec<f32> {
+///
+/// # Errors
+/// [`HdcError::InvalidParams`] unless `block` is 1..=[`MAX_BLOCK`](crate::codebook::MAX_BLOCK)
+/// and `k` 1..=[`MAX_PROTOTYPES`](crate::codebook::MAX_PROTOTYPES).
+pub fn train(data: &[f32], block: usize, k: usize, iters: usize, seed: u64) -> Result<Vec<f32>> {
+    use crate::codebook::{MAX_BLOCK, MAX_PROTOTYPES};
+    if !(1..=MAX_BLOCK).contains(&block) || !(1..=MAX_PROTOTYPES).contains(&k) {
+        return Err(HdcError::InvalidParams {
+            message: format!(
+                "k-means of {k} prototypes of {block} values: use 1..={MAX_PROTOTYPES} of 1..={MAX_BLOCK}"
+            ),
+        });
+    }
     let n = data.len() / block;
     let mut rng = Rng::new(seed);
     if n == 0 {
-        return vec![0.0; k * block];
+        return Ok(vec![0.0; k * block]);
     }
     let mut protos = Vec::with_capacity(k * block);
     // k-means++ on a strided subsample of at most 8k blocks (seeding is O(k · n)): each new
@@ -127,5 +151,5 @@ pub fn train(data: &[f32], block: usize, k: usize, iters: usize, seed: u64) -> V
             }
         }
     }
-    protos
+    Ok(protos)
 }

@@ -69,5 +69,13 @@ pub enum HdcError {
 /// Result of this crate.
 pub type Result<T, E = HdcError> = std::result::Result<T, E>;
 
+/// `rows·cols`, or [`HdcError::Shape`] where it passes `usize` (wrapped, it could match a
+/// small buffer).
+pub(crate) fn numel(rows: usize, cols: usize) -> Result<usize> {
+    rows.checked_mul(cols).ok_or_else(|| HdcError::Shape {
+        message: format!("a {rows}×{cols} tensor has more values than memory can address"),
+    })
+}
+
 #[cfg(test)]
 mod tests;

@@ -128,7 +128,7 @@ pub fn fit(
             message: format!("rank {rank} must be in 1..=min({rows}, {cols}, {MAX_RANK})"),
         });
     }
-    if a.len() != rows * cols {
+    if a.len() != crate::numel(rows, cols)? {
         return Err(HdcError::Shape {
             message: format!("{} values for {rows}×{cols}", a.len()),
         });
@@ -194,9 +194,9 @@ pub fn decode_into(lr: &LowRank, rows: usize, cols: usize, out: &mut [f32]) -> R
     let r = lr.u_scales.len();
     if r == 0
         || lr.v_scales.len() != r
-        || lr.u.len() != rows * r
-        || lr.v.len() != cols * r
-        || out.len() != rows * cols
+        || lr.u.len() != crate::numel(rows, r)?
+        || lr.v.len() != crate::numel(cols, r)?
+        || out.len() != crate::numel(rows, cols)?
     {
         return Err(HdcError::Shape {
             message: format!("low-rank parts do not match {rows}×{cols}"),

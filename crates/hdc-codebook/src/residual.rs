@@ -35,21 +35,30 @@ impl ResidualDtype {
     }
 }
 
-/// Positions (ascending) and values of the `count` largest `|target − approx|`.
+/// Positions (ascending) and values of the `count` largest `|target − approx|` (a NaN
+/// difference counts as the largest: a non-finite value kept as an exception is kept exactly).
 pub fn top_k(target: &[f32], approx: &[f32], count: usize) -> (Vec<u64>, Vec<f32>) {
     let n = target.len().min(approx.len());
     let count = count.min(n);
     if count == 0 {
         return (Vec::new(), Vec::new());
     }
-    let err = |i: usize| (target[i] - approx[i]).abs();
+    let err = |i: usize| {
+        let e = (target[i] - approx[i]).abs();
+        if e.is_nan() {
+            f32::INFINITY
+        } else {
+            e
+        }
+    };
     // Threshold from a sample, lowered until enough candidates pass, then an exact selection
     // among the candidates: memory stays proportional to `count`, not to the tensor.
     let step = (n / 65536).max(1);
     let mut sample: Vec<f32> = (0..n).step_by(step).map(err).collect();
     let q = ((1.0 - 1.5 * count as f64 / n as f64).max(0.0) * (sample.len() - 1) as f64) as usize;
     let (_, t, _) = sample.select_nth_unstable_by(q, f32::total_cmp);
-    let mut threshold = *t;
+    // (Finite, so that halving reaches 0: an infinite one stayed infinite, and the loop with it.)
+    let mut threshold = t.min(f32::MAX);
     let mut cand: Vec<(f32, u32)>;
     loop {
         cand = (0..n)
@@ -167,14 +176,19 @@ impl Corrections {
     }
 
     /// Applies the corrections whose positions fall in `start .. start + out.len()` to `out`
-    /// (which holds those elements): added, or replacing the value when `replace`.
+    /// (which holds those elements): added, or replacing the value when `replace`. Positions
+    /// are ascending, as [`Corrections::decode`] gives them; of fields set otherwise (out of
+    /// order, or more positions than values) only what lies in range and has a value applies.
     pub fn apply(&self, start: u64, out: &mut [f32], replace: bool) {
-        let end = start + out.len() as u64;
-        let from = self.positions.partition_point(|&p| p < start);
-        let to = self.positions.partition_point(|&p| p < end);
-        for (&p, &v) in self.positions[from..to].iter().zip(&self.values[from..to]) {
-            let o = &mut out[(p - start) as usize];
-            *o = if replace { v } else { *o + v };
+        let end = start.saturating_add(out.len() as u64);
+        let n = self.positions.len().min(self.values.len());
+        let (pos, val) = (&self.positions[..n], &self.values[..n]);
+        let from = pos.partition_point(|&p| p < start);
+        let to = pos.partition_point(|&p| p < end).max(from);
+        for (&p, &v) in pos[from..to].iter().zip(&val[from..to]) {
+            if let Some(o) = p.checked_sub(start).and_then(|i| out.get_mut(i as usize)) {
+                *o = if replace { v } else { *o + v };
+            }
         }
     }
 }
@@ -191,6 +205,44 @@ mod tests {
         assert_eq!(pos.len(), 10);
         assert!(vals.iter().all(|&v| v == 100.0), "{vals:?}");
         assert!(pos.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn top_k_of_nan_differences_ends_and_takes_them_first() {
+        // NaN · 0.5 is NaN: the threshold loop never ended.
+        let mut target: Vec<f32> = (0..5000).map(|i| (i % 7) as f32).collect();
+        let approx = vec![0f32; 5000];
+        for i in [3, 400, 4999] {
+            target[i] = f32::NAN;
+        }
+        let (pos, _) = top_k(&target, &approx, 5);
+        assert_eq!(pos.len(), 5);
+        assert!([3u64, 400, 4999].iter().all(|p| pos.contains(p)), "{pos:?}");
+        // Every difference infinite or NaN.
+        let (pos, _) = top_k(&[f32::INFINITY; 100], &[0.0; 100], 10);
+        assert_eq!(pos.len(), 10);
+        let (pos, _) = top_k(&[f32::NAN; 100], &[f32::NAN; 100], 100);
+        assert_eq!(pos.len(), 100);
+    }
+
+    #[test]
+    fn corrections_apply_within_their_range_whatever_their_fields() {
+        let c = Corrections {
+            positions: vec![1, 5, 2, u64::MAX],
+            values: vec![1.0, 2.0, 3.0],
+        };
+        let mut out = [0f32; 4];
+        c.apply(u64::MAX - 1, &mut out, false);
+        assert_eq!(out, [0.0; 4]);
+        c.apply(0, &mut out, true);
+        assert!(out.iter().all(|v| v.is_finite()));
+        let c = Corrections {
+            positions: vec![1, 3],
+            values: vec![1.0, 2.0],
+        };
+        let mut out = [0f32; 3];
+        c.apply(1, &mut out, false);
+        assert_eq!(out, [1.0, 0.0, 2.0]);
     }
 
     #[test]

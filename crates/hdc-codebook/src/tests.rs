@@ -235,3 +235,68 @@ fn low_rank_rank_one_product() {
         assert!(snr(&w, &out) > 40.0, "rank {r}: {} dB", snr(&w, &out));
     }
 }
+
+#[test]
+fn hostile_sizes_are_typed_errors_or_leave_outputs_alone() {
+    let protos = gaussian(64 * 8, 1);
+    // Blocks of 0 values: an error, not a division by zero.
+    assert!(HdcIndex::new(
+        &protos,
+        0,
+        HdcParams {
+            dim: 64,
+            buckets: 8,
+            seed: 1
+        }
+    )
+    .is_err());
+    assert_eq!(kmeans::nearest_brute(&protos, 0, &[]).1, f32::INFINITY);
+    for (block, k) in [(0, 4), (8, 0), (8, 1 << 40), (1 << 20, 4)] {
+        assert!(
+            matches!(
+                kmeans::train(&protos, block, k, 2, 0),
+                Err(HdcError::InvalidParams { .. })
+            ),
+            "{block} {k}"
+        );
+    }
+    assert_eq!(kmeans::train(&protos, 8, 4, 2, 0).unwrap().len(), 32);
+    // `out` longer than the blocks held: the rest is left as it was.
+    let idx = HdcIndex::new(
+        &protos,
+        8,
+        HdcParams {
+            dim: 64,
+            buckets: 8,
+            seed: 1,
+        },
+    )
+    .unwrap();
+    let mut out = [u32::MAX; 4];
+    idx.assign(&protos[..16], &mut out);
+    assert!(out[..2].iter().all(|&a| a < 64) && out[2..] == [u32::MAX; 2]);
+    let mut out = [u32::MAX; 3];
+    kmeans::assign_brute(&protos, 8, &protos[..8], &mut out);
+    assert!(out[0] == 0 && out[1..] == [u32::MAX; 2]);
+    // rows·cols past usize: typed errors (they wrapped to match an empty buffer).
+    let p = CodebookParams::default();
+    assert!(matches!(
+        codebook::encode(&[], 1 << 32, 1 << 32, &p),
+        Err(HdcError::Shape { .. })
+    ));
+    assert!(matches!(
+        lowrank::fit(&[], 1 << 62, 4, 1, 1, 0),
+        Err(HdcError::Shape { .. })
+    ));
+    let lr = lowrank::LowRank {
+        u: vec![],
+        u_scales: vec![1.0],
+        v: vec![0; 4],
+        v_scales: vec![1.0],
+    };
+    assert!(lowrank::decode_into(&lr, 1 << 62, 4, &mut []).is_err());
+    assert_eq!(
+        ScaleMode::Block.count(usize::MAX, usize::MAX, 1),
+        usize::MAX
+    );
+}
