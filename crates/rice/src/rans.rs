@@ -84,7 +84,10 @@ impl RansParams {
 
     /// Bytes of the chunk table for `n` symbols.
     pub fn index_len(&self, n: usize) -> usize {
-        chunk_count(n, self.chunk) * 4 * (1 + self.lanes)
+        // (Saturated: a wrapped length could pass for a small one.)
+        chunk_count(n, self.chunk)
+            .saturating_mul(4)
+            .saturating_mul(self.lanes.saturating_add(1))
     }
 }
 
@@ -314,7 +317,7 @@ impl Counts {
     /// Counts `symbols`, which start on a word boundary.
     pub fn add<F: Fn(usize, u32) -> usize + Copy>(&mut self, symbols: &[u32], ctx: Contexts<F>) {
         let last = self.counts.len() - 1;
-        for w in symbols.chunks(ctx.word) {
+        for w in symbols.chunks(ctx.word.max(1)) {
             for (j, &s) in w.iter().enumerate() {
                 let c = (ctx.map)(j, w[0]).min(last);
                 self.counts[c][s.min(MAX_DIRECT) as usize] += 1;
@@ -324,7 +327,17 @@ impl Counts {
     }
 
     /// The model of the symbols counted.
+    ///
+    /// # Errors
+    /// [`CodingError::Invalid`] for `prob_bits` outside [`PROB_BITS_RANGE`] (its decode tables
+    /// hold `2^prob_bits` entries a context).
     pub fn model(&self, prob_bits: u8) -> Result<Model> {
+        if !PROB_BITS_RANGE.contains(&prob_bits) {
+            return Err(CodingError::Invalid {
+                what: "rans prob_bits",
+                value: prob_bits as u64,
+            });
+        }
         let mut tables = Vec::with_capacity(self.counts.len());
         for (cnt, &max) in self.counts.iter().zip(&self.max) {
             let escape = max >= MAX_DIRECT;
@@ -445,7 +458,8 @@ impl Model {
         Ok(Model::assemble(prob_bits, tables))
     }
 
-    /// The cost in bits of `symbols` under this model (the ideal rate of an exact coder).
+    /// The cost in bits of `symbols` under this model (the ideal rate of an exact coder);
+    /// infinite where a symbol has no code (past its context's alphabet, or of frequency 0).
     pub fn cost_bits<F: Fn(usize, u32) -> usize + Copy>(
         &self,
         symbols: &[u32],
@@ -453,7 +467,7 @@ impl Model {
     ) -> f64 {
         let m = (1u64 << self.prob_bits) as f64;
         let mut bits = 0.0;
-        for w in symbols.chunks(ctx.word) {
+        for w in symbols.chunks(ctx.word.max(1)) {
             for (j, &s) in w.iter().enumerate() {
                 let t = &self.tables[(ctx.map)(j, w[0]).min(self.tables.len() - 1)];
                 let i = if t.escape && s >= MAX_DIRECT {
@@ -461,8 +475,8 @@ impl Model {
                 } else {
                     s as usize
                 };
-                bits += -(t.freq[i] as f64 / m).log2()
-                    + if i == MAX_DIRECT as usize { 32.0 } else { 0.0 };
+                let f = t.freq.get(i).map_or(0.0, |&f| f as f64);
+                bits += -(f / m).log2() + if i == MAX_DIRECT as usize { 32.0 } else { 0.0 };
             }
         }
         bits
@@ -623,9 +637,12 @@ pub struct ChunkWriter {
 impl ChunkWriter {
     /// An empty sequence, with room for the index of `n` symbols.
     pub fn new(n: usize, params: &RansParams) -> ChunkWriter {
+        // Capacities are hints from the caller's `n`, capped: the buffers grow with what is
+        // pushed (an `n` of 2^40 reserved 512 GiB up front).
+        const HINT_MAX: usize = 1 << 24;
         ChunkWriter {
-            index: Vec::with_capacity(params.index_len(n)),
-            payload: Vec::with_capacity(n / 2),
+            index: Vec::with_capacity(params.index_len(n).min(HINT_MAX)),
+            payload: Vec::with_capacity((n / 2).min(HINT_MAX)),
             words: 0,
             chunk: params.chunk,
             short: false,
@@ -794,7 +811,7 @@ impl<'a> Decoder<'a> {
     /// The symbol range `[start, end)` of chunks `range`.
     pub fn symbol_range(&self, range: std::ops::Range<usize>) -> std::ops::Range<usize> {
         let c = self.params.chunk;
-        (range.start * c).min(self.n)..(range.end.saturating_mul(c)).min(self.n)
+        (range.start.saturating_mul(c)).min(self.n)..(range.end.saturating_mul(c)).min(self.n)
     }
 
     /// The payload bytes that chunks `range` occupy (what decoding them reads, beside the
@@ -1171,6 +1188,44 @@ fn decode_chunk<F: Fn(usize, u32) -> usize + Copy>(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn hostile_parameters_are_errors_or_bounded() {
+        let syms = [0u32, 1, 2, 3];
+        // prob_bits past the range asked for 2^31-entry tables a context.
+        for pb in [0u8, 7, 16, 24, 31] {
+            assert!(
+                matches!(
+                    Model::fit(&syms, ctx(), pb),
+                    Err(CodingError::Invalid {
+                        what: "rans prob_bits",
+                        ..
+                    })
+                ),
+                "{pb}"
+            );
+        }
+        let m = Model::fit(&syms, ctx(), 12).unwrap();
+        // A symbol past the model's alphabet has no code: infinite cost, not a panic; a word
+        // of 0 symbols reads as words of 1.
+        assert_eq!(m.cost_bits(&[0, 1000, 2], ctx()), f64::INFINITY);
+        let zero = Contexts { word: 0, ..ctx() };
+        assert_eq!(
+            m.cost_bits(&[0, 0, 0], zero),
+            3.0 * m.cost_bits(&[0], ctx())
+        );
+        let mut c = Counts::new(ctx()).unwrap();
+        c.add(&syms, zero);
+        // Capacities from a huge `n` are hints, capped; lengths saturate.
+        let p = RansParams::default();
+        let w = ChunkWriter::new(1 << 40, &p);
+        assert!(w.index.capacity() <= 1 << 24 && w.payload.capacity() <= 1 << 24);
+        let lanes = RansParams {
+            lanes: usize::MAX,
+            ..RansParams::default()
+        };
+        assert_eq!(lanes.index_len(1 << 20), usize::MAX);
+    }
 
     fn e8_like(j: usize, first: u32) -> usize {
         if j == 0 {

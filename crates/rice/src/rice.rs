@@ -296,7 +296,8 @@ impl<'a> Decoder<'a> {
 
     /// The symbol range `[start, end)` of chunks `range`.
     pub fn symbol_range(&self, range: std::ops::Range<usize>) -> std::ops::Range<usize> {
-        (range.start * self.chunk).min(self.n)..(range.end.saturating_mul(self.chunk)).min(self.n)
+        (range.start.saturating_mul(self.chunk)).min(self.n)
+            ..(range.end.saturating_mul(self.chunk)).min(self.n)
     }
 
     /// The payload bytes chunks `range` occupy.

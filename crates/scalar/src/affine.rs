@@ -559,7 +559,10 @@ fn within_f32(scale: f32, base: f32, levels: f32, dt: FloatDtype) -> f32 {
 
 /// Why [`GroupQuant::fit`] found no parameters for a group.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum FitError {
+    /// Bits per code outside 1..=8 ([`AffineParams::validate`]).
+    Bits(u8),
     /// A scale or offset the scale type cannot hold: infinite when it overflows, finite when it
     /// underflows ([`ScalarError::scale_range`]).
     Scale(f32),
@@ -576,6 +579,7 @@ impl FitError {
     /// The crate's error for group `group` under scales of `dtype`.
     pub fn error(self, group: usize, dtype: FloatDtype) -> ScalarError {
         match self {
+            FitError::Bits(bits) => ScalarError::InvalidBits { bits },
             FitError::Scale(v) => ScalarError::scale_range(group, v, dtype),
             FitError::Span { low, high } => ScalarError::SpanOverflow { group, low, high },
         }
@@ -594,6 +598,9 @@ impl GroupQuant {
     pub fn fit(g: &[f32], params: &AffineParams) -> std::result::Result<Self, FitError> {
         let dt = params.scale_dtype;
         let bits = params.bits;
+        if bits == 0 || bits > MAX_BITS {
+            return Err(FitError::Bits(bits));
+        }
         if !params.symmetric {
             let (lo, hi) = if bits == 1 {
                 two_centroids(g)
@@ -959,6 +966,23 @@ pub fn affine_decode(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_group_fit_refuses_bits_outside_the_range() {
+        for bits in [0u8, 9, 40] {
+            let p = AffineParams {
+                bits,
+                ..AffineParams::default()
+            };
+            assert!(
+                matches!(GroupQuant::fit(&[1.0, -2.0], &p), Err(FitError::Bits(b)) if b == bits)
+            );
+            assert!(matches!(
+                FitError::Bits(bits).error(0, p.scale_dtype),
+                ScalarError::InvalidBits { .. }
+            ));
+        }
+    }
 
     /// The SNR (dB) of `got` against `want`, in f64.
     fn snr_db(want: &[f32], got: &[f32]) -> f64 {

@@ -134,7 +134,8 @@ impl Ldlq {
         mut quant_all: impl FnMut(usize, usize, &mut [f32]),
     ) {
         let n = self.n;
-        debug_assert_eq!(w.len(), n * k);
+        // (The rows `w` holds: a shorter `w` than `k·n` values rounds fewer rows.)
+        let k = w.len().checked_div(n).map_or(0, |held| k.min(held));
         let mut before = Vec::new();
         let mut e = Vec::new();
         let u = &self.u;
@@ -196,14 +197,16 @@ impl Ldlq {
     /// `H = U⁻¹·U⁻ᵀ`, `aᵀHb = (U⁻ᵀa)·(U⁻ᵀb)`: two triangular solves over `U`'s rows, no copy
     /// of `H`. Rounding with feedback leaves each row's stored scale a little off this optimum.
     pub fn fit(&self, target: &[f32], point: &[f32]) -> Option<f64> {
-        self.fit_rows(target, point, 1)[0]
+        self.fit_rows(target, point, 1).into_iter().next().flatten()
     }
 
     /// [`Ldlq::fit`] for `k` rows held back to back in `target` and `point` (`k·n` values
-    /// each), with each row's arithmetic unchanged and `U` read once for all of them.
+    /// each), with each row's arithmetic unchanged and `U` read once for all of them. One
+    /// entry per row that both hold (of shorter slices, fewer than `k`).
     pub fn fit_rows(&self, target: &[f32], point: &[f32], k: usize) -> Vec<Option<f64>> {
         let n = self.n;
-        debug_assert!(target.len() == n * k && point.len() == n * k);
+        let held = target.len().min(point.len()).checked_div(n);
+        let k = held.map_or(0, |held| k.min(held));
         // Uᵀ·z = v, column by column: z_j = (v_j − acc_j) / U_jj, then row j of U (its entries
         // right of the diagonal) feeds acc. The solves run in float32 (the scale is stored as
         // a 16-bit float), the two sums in float64.
@@ -597,6 +600,27 @@ mod simd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_rows_and_huge_counts_round_or_fit_only_the_rows_held() {
+        let n = 8;
+        let mut h = vec![0f32; n * n];
+        (0..n).for_each(|i| h[i * n + i] = 1.0);
+        let f = Ldlq::new(&h, n, 0.01).unwrap();
+        let row: Vec<f32> = (0..n).map(|i| i as f32 - 3.5).collect();
+        assert!(f.fit(&row, &row).is_some_and(|c| (c - 1.0).abs() < 1e-6));
+        // Shorter than a row, and 2^40 rows asked of one: no panic, no 16 TiB of sums.
+        assert_eq!(f.fit(&row[..3], &row), None);
+        assert_eq!(f.fit_rows(&row, &row, 1 << 40).len(), 1);
+        let mut w = row[..5].to_vec();
+        f.row(&mut w, 1, |_, v| v[0] = v[0].round());
+        assert_eq!(w, &row[..5]);
+        let mut w = row.clone();
+        f.rows_ranges(&mut w, 1 << 40, (0..n).map(|j| j..j + 1), |_, _, v| {
+            v[0] = v[0].round()
+        });
+        assert!(w.iter().all(|v| v.fract() == 0.0), "{w:?}");
+    }
 
     /// The factor one column at a time, every row below it in turn (the unblocked loop).
     fn cholesky_by_columns(a: &mut [f64], n: usize) -> bool {

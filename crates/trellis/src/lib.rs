@@ -40,6 +40,9 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TrellisError {
+    /// The reconstruction scale an encoder was given is not a finite positive number.
+    #[error("trellis scale must be finite and positive")]
+    InvalidScale,
     /// `L` or `K` is out of range.
     #[error("trellis L = {l}, K = {k}: use 8 <= L <= 16 and 1 <= K <= 8 with K < L")]
     InvalidParams {
@@ -308,8 +311,9 @@ const CODE_SCALE: f32 = 1.0 / 147.8019;
 /// optimum). With pairs (`V = 2`) a step codes two values: `2K` bits, both values' squared
 /// errors.
 pub fn encode(x: &[f32], p: &TrellisParams) -> Result<Vec<u8>> {
+    let mut encoder = Encoder::new(p)?;
     let mut out = vec![0u8; (x.len() * p.k as usize).div_ceil(8)];
-    Encoder::new(p)?.encode_into(x, &mut out)?;
+    encoder.encode_into(x, &mut out)?;
     Ok(out)
 }
 
@@ -326,7 +330,14 @@ pub struct Encoder {
 
 impl Encoder {
     /// The encoder of `p`.
+    ///
+    /// # Errors
+    /// [`TrellisError::InvalidScale`] unless `p.scale` is finite and positive (its Viterbi
+    /// costs would be NaN), and what [`encode`] lists for `L`, `K` and `V`.
     pub fn new(p: &TrellisParams) -> Result<Self> {
+        if !(p.scale.is_finite() && p.scale > 0.0) {
+            return Err(TrellisError::InvalidScale);
+        }
         let v = p.v.max(1) as usize;
         p.check(
             (p.l as usize)
@@ -469,6 +480,7 @@ pub fn decode_row(row: &[u8], seq: usize, p: &TrellisParams, out: &mut [f32]) ->
 
 /// Decodes `n` values from `bits` (what [`encode`] wrote for them).
 pub fn decode(bits: &[u8], n: usize, p: &TrellisParams) -> Result<Vec<f32>> {
+    check_stream(bits, n, p)?; // (before `n` values are allocated: `n` is the caller's)
     let mut out = vec![0f32; n];
     decode_into(bits, p, &mut out)?;
     Ok(out)
@@ -486,14 +498,18 @@ fn wrapped_state(bits: &[u8], total: usize, l: usize, end: usize) -> u32 {
 
 /// The `L`-bit window of `bits` that starts at bit `start` (the stream holds bits up to
 /// `start + L`), as a little-endian integer: the state of the value whose bits end at
-/// `start + L` (when its window does not wrap).
+/// `start + L` (when its window does not wrap). Bits past the stream read as 0; `L` up to 24
+/// (the 4 bytes read hold `start % 8 + L` bits).
 #[inline(always)]
 pub fn window(bits: &[u8], start: usize, l: u32) -> u32 {
     let byte = start / 8;
     let mut w = [0u8; 4];
-    let avail = (bits.len() - byte).min(4);
-    w[..avail].copy_from_slice(&bits[byte..byte + avail]);
-    (u32::from_le_bytes(w) >> (start % 8)) & ((1u32 << l) - 1)
+    let avail = bits.len().saturating_sub(byte).min(4);
+    if let Some(src) = bits.get(byte..byte + avail) {
+        w[..avail].copy_from_slice(src);
+    }
+    let mask = 1u32.checked_shl(l).map_or(u32::MAX, |m| m - 1);
+    (u32::from_le_bytes(w) >> (start % 8)) & mask
 }
 
 /// [`decode`] into `out`: value `i` is `scale · code_value(state_i)`, `state_i` the `L` bits of
@@ -576,7 +592,8 @@ fn decode_pairs_into(bits: &[u8], p: &TrellisParams, out: &mut [f32]) {
 
 fn check_stream(bits: &[u8], n: usize, p: &TrellisParams) -> Result<()> {
     p.check(n)?;
-    let expected = (n * p.k as usize).div_ceil(8);
+    // (Saturated: an `n` whose bits pass usize needs more bytes than any stream holds.)
+    let expected = n.saturating_mul(p.k as usize).div_ceil(8);
     if bits.len() != expected {
         return Err(TrellisError::Length {
             n,

@@ -412,3 +412,27 @@ fn wrapped_windows_read_the_circular_stream() {
         }
     }
 }
+
+#[test]
+fn hostile_lengths_scales_and_windows_are_typed_errors_or_zeros() {
+    let p = TrellisParams::new(12, 2);
+    // `n` is checked against the stream before `n` values are allocated (4 TiB here).
+    assert!(matches!(
+        decode(&[0], 1 << 40, &p),
+        Err(TrellisError::Length { .. })
+    ));
+    assert!(matches!(
+        decode(&[0], usize::MAX, &p),
+        Err(TrellisError::Length { .. })
+    ));
+    // An encoder of a scale that is not finite and positive (its Viterbi costs NaN).
+    let x = gaussian(64, 3);
+    for scale in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let q = TrellisParams { scale, ..p };
+        assert_eq!(encode(&x, &q), Err(TrellisError::InvalidScale), "{scale}");
+    }
+    // Windows past the stream read zeros; L = 32 gives all four bytes.
+    assert_eq!(window(&[0xff, 0xff], 100, 12), 0);
+    assert_eq!(window(&[0xff; 4], 0, 32), u32::MAX);
+    assert_eq!(window(&[0xab, 0xcd], 4, 8), 0xda);
+}
