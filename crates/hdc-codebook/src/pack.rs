@@ -121,7 +121,8 @@ pub fn unpack_range_into(
     first: usize,
     out: &mut [u32],
 ) -> Result<()> {
-    let need = (total as u64 * bits as u64).div_ceil(8);
+    // (Saturated: no stream holds a count past u64.)
+    let need = (total as u64).saturating_mul(bits as u64).div_ceil(8);
     if bytes.len() as u64 != need || bits == 0 || bits > 32 {
         return Err(HdcError::Corrupt {
             message: format!(

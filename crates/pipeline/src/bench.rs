@@ -73,7 +73,7 @@ impl Rep {
         let spec = match self {
             Rep::Spec(s) => s.clone(),
             Rep::LowRank(bps) => {
-                let n: u64 = shape.iter().product();
+                let n = crate::numel(shape);
                 let (rows, cols) = hwz::matrix_view(shape, n);
                 let cols = cols.max(1);
                 // rows + cols int8 codes and two f32 scales per rank.

@@ -30,6 +30,12 @@ pub use summary::{
 };
 pub use threads::{init_threads, MAX_THREADS, THREADS_ENV};
 
+/// The values of a tensor of `shape`, saturating at `u64::MAX` (a wrapped count could pass for a
+/// small tensor; no buffer holds a saturated one, so every length check against it fails).
+pub fn numel(shape: &[u64]) -> u64 {
+    shape.iter().fold(1u64, |a, &d| a.saturating_mul(d))
+}
+
 #[cfg(feature = "fs")]
 mod archive;
 #[cfg(feature = "fs")]

@@ -107,7 +107,7 @@ pub fn narrow_fallback(spec: &Spec, name: &str, shape: &[u64]) -> Option<(Encodi
     else {
         return None;
     };
-    let n: u64 = shape.iter().product();
+    let n = crate::numel(shape);
     let (rows, cols) = hwz::matrix_view(shape, n);
     if rows == 0 || cols == 0 {
         return None;
@@ -362,7 +362,7 @@ pub const ROW_SCALE_MIN_COLS: u64 = 8;
 /// 25 to 166 of EfficientNet-Lite0's 22 008 channels as zeros (at 2 to 4 bits) where a scale
 /// per channel decodes none, at the same all-in size and within 0.16 dB of the model's SNR.
 pub fn grid(bits: u8, shape: &[u64]) -> Encoding {
-    let n: u64 = shape.iter().product();
+    let n = crate::numel(shape);
     let (rows, cols) = hwz::matrix_view(shape, n);
     let group = if rows > 1 && cols >= ROW_SCALE_MIN_COLS {
         Group::Row

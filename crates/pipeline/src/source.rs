@@ -57,7 +57,7 @@ pub struct SourceTensor {
 impl SourceTensor {
     /// Element count.
     pub fn numel(&self) -> u64 {
-        self.shape.iter().product()
+        crate::numel(&self.shape)
     }
 }
 

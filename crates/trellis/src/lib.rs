@@ -227,7 +227,7 @@ impl TrellisParams {
         if !n.is_multiple_of(self.v as usize) {
             return Err(TrellisError::OddLength { n });
         }
-        if n * (self.k as usize) < self.l as usize {
+        if n.saturating_mul(self.k as usize) < self.l as usize {
             return Err(TrellisError::TooShort {
                 n,
                 k: self.k,
