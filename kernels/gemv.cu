@@ -2185,6 +2185,34 @@ __device__ __forceinline__ void hc_kv_fwht(float* v, int tile, int lane) {
     for (int k = 0; k < 8; k++) v[k] *= norm;
 }
 
+// y ← the inverse RHT of the warp's words (`hc_kv_fwht`, then the signs), finite where y is.
+// The butterflies sum up to `tile` values, so a vector whose largest value passes f32's largest
+// over the tile is transformed scaled down by 1/tile (a power of two: exact) and scaled back,
+// clamped to f32's range (its sums overflowed to inf − inf = NaN), as the host's `unrotate`.
+// A NaN stays NaN. Every lane of the warp takes part.
+__device__ __forceinline__ void hc_kv_unrotate(float* y, int tile, unsigned long long seed, int lane, bool on) {
+    float big = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) big = fmaxf(big, fabsf(y[k]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) big = fmaxf(big, __shfl_xor_sync(0xffffffffu, big, o));
+    const bool scaled = big > 3.4028234663852886e38f / (float)tile;  // warp-uniform
+    if (scaled) {
+        const float down = 1.f / (float)tile;
+#pragma unroll
+        for (int k = 0; k < 8; k++) y[k] *= down;
+    }
+    hc_kv_fwht(y, tile, lane);
+    if (on) hc_signs8(y, seed, 8 * lane);
+    if (scaled) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float v = y[k] * (float)tile;
+            y[k] = fabsf(v) > 3.4028234663852886e38f ? copysignf(3.4028234663852886e38f, v) : v;
+        }
+    }
+}
+
 // The nearest point of D8 (parity even) or Z8 within [lo, hi]^8 (`nearest_box`), and its
 // squared distance.
 __device__ __forceinline__ float hc_box8(const float* u, int lo, int hi, int* r) {
@@ -2345,17 +2373,14 @@ extern "C" __global__ void hc_kv_e8_decode(KvArgs a) {
     const bool on = lane < (a.d >> 3);
     float y[8];
     hc_kv_point(a, row, t, lane, y);
-    if (a.tile > 0) {
-        hc_kv_fwht(y, a.tile, lane);
-        if (on) hc_signs8(y, a.seed, 8 * lane);
-    }
+    if (a.tile > 0) hc_kv_unrotate(y, a.tile, a.seed, lane, on);
     if (on) {
-        if (a.dtype == HC_F16) {
-            // A coded value a little past f16's largest (its coding error) stays finite, as the
-            // host decode keeps it (a NaN stays NaN, as there).
+        // A coded value a little past the output type's largest (its coding error, or the
+        // scale's rounding) stays finite, as the host decode keeps it (a NaN stays NaN, as there).
+        const float top = a.dtype == HC_F16 ? 65504.0f : a.dtype == HC_BF16 ? 3.3895313892515355e38f
+                                                                            : 3.4028234663852886e38f;
 #pragma unroll
-            for (int i = 0; i < 8; i++) y[i] = fabsf(y[i]) > 65504.0f ? copysignf(65504.0f, y[i]) : y[i];
-        }
+        for (int i = 0; i < 8; i++) y[i] = fabsf(y[i]) > top ? copysignf(top, y[i]) : y[i];
         const long long at = row * a.out_row + (long long)t * a.d + 8 * lane;
         const int size = a.dtype == HC_F32 ? 4 : 2;
         const bool aligned = ((reinterpret_cast<uintptr_t>(a.out) + at * size) & 15) == 0;
@@ -2481,10 +2506,7 @@ extern "C" __global__ void __launch_bounds__(32 * HC_KV_WARPS) hc_kv_e8_attend(K
 #pragma unroll
                 for (int k = 0; k < 8; k++) y[k] = fmaf(e, os[w][g][8 * lane + k], y[k]);
         }
-        if (a.v.tile > 0) {
-            hc_kv_fwht(y, a.v.tile, lane);
-            if (on) hc_signs8(y, a.v.seed, 8 * lane);
-        }
+        if (a.v.tile > 0) hc_kv_unrotate(y, a.v.tile, a.v.seed, lane, on);
         const long long pi = ((long long)row * a.chunks + c) * a.G + g0 + g;
         if (on) hc_store8(a.part_o, HC_F32, pi * d + 8 * lane, y, 8, true);
         if (lane == 0) {

@@ -287,6 +287,17 @@ def test_cuda_affine_kernels_read_f32_and_16_bit_scales_alike(spec):
             assert torch.isfinite(a).all() and torch.equal(a, b), (spec, dtype, m, d16.route(m, dtype))
 
 
+def test_affine_device_forms_say_whether_the_fused_kernels_hold_them():
+    """The route choice for weights near f32's range is the native `affine_fusable` bound,
+    read from the device form (no device needed)."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((40, 512)).astype(np.float32)
+    for spec in ("int4", "int4-g64", "int4-g128-sym", "int8-row", "int2"):
+        for scale, fused in ((1.0, True), (1e25, True), (1e36, False)):
+            form = hypercodec.Linear.quantize(w * np.float32(scale), spec).device_form()
+            assert form["kind"] == "affine" and form["fusable"] is fused, (spec, scale)
+
+
 @needs_cuda
 @pytest.mark.parametrize("spec", ["int4", "int4-g64", "int4-g128-sym", "int4-row", "int2", "int8", "int8-row", "int3",
                                   "e8-fixed4", "tcq@2-l12", "e8@4-gpu", "e8@4-prefix"])
@@ -294,7 +305,7 @@ def test_cuda_weights_near_the_f32_range_stay_finite(spec):
     """Weights of standard deviation 1e36 (a few powers of two below f32's largest): a group's
     scale and offset terms, and the tensor cores' magic-biased code sums by a scale, pass f32's
     range where the output does not (the fused kernels gave ±inf and NaN), so such affine
-    layers take the decode route at every batch (``FUSED_TERMS_MAX``); at 1e25 they stay on
+    layers take the decode route at every batch (the native ``affine_fusable``); at 1e25 they stay on
     the fused kernels. Every route, f32 and bf16 activations, against the CPU runtime (bf16
     keeps f32's range: outputs of about 1e37 are finite)."""
     rng = np.random.default_rng(23)
@@ -1075,6 +1086,49 @@ def test_cuda_kv_codec_matches_the_host_codec(dim, bits, rotation):
     want = codec.decode(hc, hs).reshape(6, 10, dim)
     assert np.abs(got[:, 1:11] - want).max() <= 1e-4 * np.abs(want).max()
     assert (got[:, 0] == 0).all() and (got[:, 11] == 0).all()
+
+
+@needs_cuda
+@pytest.mark.parametrize("dim,bits,rotation", [(64, 4, "rht"), (128, 2, "rht"), (256, 4, "rht"), (64, 4, "none")])
+def test_cuda_kv_codec_decodes_values_near_the_f32_range_finite(dim, bits, rotation):
+    """A value of 3e38 among small ones: the decode's inverse RHT sums up to a tile of values
+    near it, which overflowed to inf − inf = NaN; it now runs scaled down by the tile (a power
+    of two) and back, as the host's does."""
+    codec = hypercodec.KvCodec(dim, bits, "e8", rotation=rotation, seed=9)
+    p = codec.device_params()
+    rng = np.random.default_rng(4)
+    n = 12
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    for i in range(n):
+        x[i, (7 * i) % dim] = 3e38 if i % 2 else -3e38
+    x[5] = 3e38 * rng.uniform(-1, 1, dim).astype(np.float32) / dim  # large everywhere, finite rotated
+    k = hcuda.kernels(torch.device("cuda"))
+    stream = torch.cuda.current_stream().cuda_stream
+    xt = torch.from_numpy(x).cuda()
+    codes = torch.empty((1, n, p["code_bytes"]), dtype=torch.uint8, device="cuda")
+    scales = torch.empty((1, n), dtype=torch.int16, device="cuda")
+    a = _kv_args(p, 1, n, 0)
+    a.update(x=xt.data_ptr(), codes=codes.data_ptr(), scales=scales.data_ptr(), codes_row=n * p["code_bytes"],
+             scales_row=n)
+    k.kv_e8_encode(a, stream)
+    gc = codes.cpu().numpy().reshape(n, -1)
+    gs = scales.cpu().numpy().view(np.uint16).reshape(n)
+    want = codec.decode(gc, gs)
+    assert np.isfinite(want).all()
+    for dtype, code, tol in ((torch.float32, 0, 1e-4), (torch.bfloat16, 2, 1e-2)):
+        out = torch.full((1, n, dim), float("nan"), dtype=dtype, device="cuda")
+        d = _kv_args(p, 1, n, code)
+        d.update(out=out.data_ptr(), out_row=n * dim, codes=codes.data_ptr(), codes_row=n * p["code_bytes"],
+                 scales=scales.data_ptr(), scales_row=n)
+        k.kv_e8_decode(d, stream)
+        got = out.float().cpu().numpy().reshape(n, dim)
+        assert np.isfinite(got).all(), (dtype, np.argwhere(~np.isfinite(got))[:4])
+        for i in range(n):
+            if i != 5:
+                j = (7 * i) % dim
+                assert abs(got[i, j]) > 1e38 and np.sign(got[i, j]) == np.sign(x[i, j]), (dtype, i, got[i, j])
+        err = np.abs(got.astype(np.float64) - want).max(axis=1) / np.abs(want).max(axis=1)
+        assert (err <= tol).all(), (dtype, err)
 
 
 @needs_cuda
