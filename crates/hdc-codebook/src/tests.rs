@@ -6,6 +6,20 @@ fn gaussian(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| r.normal()).collect()
 }
 
+/// The HDC index of `protos` (blocks of 8) the tests use.
+fn index_of(protos: &[f32]) -> HdcIndex<'_> {
+    HdcIndex::new(
+        protos,
+        8,
+        HdcParams {
+            dim: 64,
+            buckets: 8,
+            seed: 1,
+        },
+    )
+    .unwrap()
+}
+
 fn snr(x: &[f32], y: &[f32]) -> f64 {
     let s: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum();
     let e: f64 = x
@@ -109,16 +123,7 @@ fn hdc_assignment_is_close_to_exhaustive() {
 #[test]
 fn hdc_index_returns_an_exactly_compared_prototype() {
     let protos = gaussian(64 * 8, 3);
-    let idx = HdcIndex::new(
-        &protos,
-        8,
-        HdcParams {
-            dim: 64,
-            buckets: 8,
-            seed: 1,
-        },
-    )
-    .unwrap();
+    let idx = index_of(&protos);
     for q in gaussian(100 * 8, 4).chunks_exact(8) {
         let (i, d) = idx.nearest(q);
         let exact = kmeans::dist2(&protos[i as usize * 8..][..8], q);
@@ -262,16 +267,7 @@ fn hostile_sizes_are_typed_errors_or_leave_outputs_alone() {
     }
     assert_eq!(kmeans::train(&protos, 8, 4, 2, 0).unwrap().len(), 32);
     // `out` longer than the blocks held: the rest is left as it was.
-    let idx = HdcIndex::new(
-        &protos,
-        8,
-        HdcParams {
-            dim: 64,
-            buckets: 8,
-            seed: 1,
-        },
-    )
-    .unwrap();
+    let idx = index_of(&protos);
     let mut out = [u32::MAX; 4];
     idx.assign(&protos[..16], &mut out);
     assert!(out[..2].iter().all(|&a| a < 64) && out[2..] == [u32::MAX; 2]);
