@@ -8,6 +8,13 @@ use std::collections::HashMap;
 /// the total weighted distortion `Σ w·SSE` with total stored bytes `≤ target`. `weights` maps
 /// tensor names to sensitivity weights (default 1). Returns the bytes used.
 pub fn allocate(plan: &mut Plan, target: Target, weights: &HashMap<String, f64>) -> Result<u64> {
+    // (A plan's fields are public, and plans are read from JSON: one without candidates would
+    // index an empty hull.)
+    if let Some(t) = plan.tensors.iter().find(|t| t.candidates.is_empty()) {
+        return Err(PlanError::Candidate {
+            message: format!("tensor `{}` has no candidates to allocate from", t.name),
+        });
+    }
     let budget = target.bytes(plan.total_elements());
     // Per tensor: hull points as candidate indices, cheapest first.
     let hulls: Vec<Vec<usize>> = plan
@@ -51,7 +58,7 @@ pub fn allocate(plan: &mut Plan, target: Target, weights: &HashMap<String, f64>)
         let w = weights.get(&plan.tensors[t].name).copied().unwrap_or(1.0);
         w * plan.tensors[t].candidates[hulls[t][h]].sse
     };
-    let mut total: u64 = (0..hulls.len()).map(|t| bytes_of(t, 0)).sum();
+    let mut total: u64 = (0..hulls.len()).fold(0u64, |a, t| a.saturating_add(bytes_of(t, 0)));
     if total > budget {
         return Err(PlanError::BudgetTooSmall {
             budget,

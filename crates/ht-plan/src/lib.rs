@@ -253,9 +253,9 @@ pub struct TensorPlan {
 }
 
 impl TensorPlan {
-    /// Number of values.
+    /// Number of values (saturating at `u64::MAX`: a plan read from JSON may hold any shape).
     pub fn numel(&self) -> u64 {
-        self.shape.iter().product()
+        self.shape.iter().fold(1u64, |a, &d| a.saturating_mul(d))
     }
 }
 
@@ -314,7 +314,9 @@ impl Plan {
 
     /// Values in all tensors.
     pub fn total_elements(&self) -> u64 {
-        self.tensors.iter().map(|t| t.numel()).sum()
+        self.tensors
+            .iter()
+            .fold(0u64, |a, t| a.saturating_add(t.numel()))
     }
 
     /// The plan of tensor `name`.

@@ -229,7 +229,7 @@ pub(crate) fn plan_tensor(
     let rows = values.len() / cols;
     let screen = p
         .screen_rows
-        .filter(|&m| m > 0 && rows as u64 > 2 * m)
+        .filter(|&m| m > 0 && m.checked_mul(2).is_some_and(|twice| rows as u64 > twice))
         .filter(|_| {
             matches!(
                 p.mode,

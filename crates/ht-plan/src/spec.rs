@@ -259,7 +259,8 @@ impl Spec {
     fn codebook_named(rest: &str) -> Option<Self> {
         let (mut block, mut k, mut residual, mut mode) = (None, None, 0.0, ScaleMode::Channel);
         for part in rest.split('-') {
-            let (key, value) = part.split_at(1.min(part.len()));
+            // (The first character, not byte: `split_at(1)` panicked inside a non-ASCII one.)
+            let (key, value) = part.split_at(part.chars().next().map_or(0, char::len_utf8));
             match key {
                 "b" => block = Some(parse_in(value, 1..=64)?),
                 "k" => k = Some(parse_in(value, 2..=65536)?),

@@ -811,3 +811,30 @@ fn affine_group_sizes_are_named_by_g() {
         assert!(Spec::parse(bad).is_err(), "{bad} was taken");
     }
 }
+
+#[test]
+fn hostile_names_screens_and_plans_are_errors_not_panics() {
+    // A non-ASCII key in a codebook name: split inside its first character.
+    for name in ["cb-é", "cb-b8-ké", "cb-€8"] {
+        assert!(Spec::parse(name).is_err(), "{name}");
+    }
+    // Screening of 2^63 rows: `2·m` wrapped to 0, and the screen's stride with it.
+    let mut p = planner(Mode::Lowest, &["int8", "int4"]);
+    p.screen_rows = Some(1 << 63);
+    let values = spread(64 * 128);
+    assert!(p.plan_tensor("w", &values, &[64, 128]).is_ok());
+    // A plan (read from JSON: public fields) with a tensor of no candidates.
+    let p = planner(Mode::Lowest, &["int8", "int4"]);
+    let (mut tp, _) = p.plan_tensor("w", &values, &[64, 128]).unwrap();
+    tp.candidates.clear();
+    let mut plan = Plan {
+        version: 1,
+        mode: Mode::Lowest,
+        thresholds: p.thresholds,
+        target: None,
+        block_rows: 0,
+        tensors: vec![tp],
+    };
+    let r = allocate(&mut plan, Target::Bps(4.0), &Default::default());
+    assert!(matches!(r, Err(PlanError::Candidate { .. })), "{r:?}");
+}

@@ -239,7 +239,7 @@ impl<'a> Calibrated<'a> {
             tensor: tensor.into(),
             message,
         };
-        if self.h.len() != c * c {
+        if self.h.len() != c.saturating_mul(c) {
             return Err(bad(format!(
                 "input statistics of {} values for rows of {c} (need {c}x{c})",
                 self.h.len()

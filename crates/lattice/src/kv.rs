@@ -891,12 +891,18 @@ pub fn attend_into(
         values.scales.len(),
         dither.map(<[u64]>::len),
     )?;
+    if g == 0 {
+        return Ok(()); // no query: nothing to attend (and no query length to split by)
+    }
     if let Some(b) = bias {
         let cols = n + m;
+        // (Saturated: a wrapped need let a stride of usize::MAX pass.)
         let need = if cols == 0 {
             0
         } else {
-            (b.rows.max(1) - 1) * b.stride + cols
+            (b.rows.max(1) - 1)
+                .saturating_mul(b.stride)
+                .saturating_add(cols)
         };
         if b.rows == 0 || !g.is_multiple_of(b.rows) || b.stride < cols || b.values.len() < need {
             return Err(LatticeError::Length {
@@ -2002,6 +2008,56 @@ mod tests {
             assert!(matches!(e, LatticeError::UnknownKvQuantizer { .. }));
             assert!(e.to_string().ends_with("use e8, d4, z1 or trellis"), "{e}");
         }
+    }
+
+    #[test]
+    fn attention_without_queries_or_with_a_wrapping_bias_stride_is_no_panic() {
+        let d = 16;
+        let c = KvCodec::new(
+            d,
+            4,
+            KvQuantizer::Lattice(Lattice::E8),
+            Rotation::Rht,
+            1,
+            false,
+        )
+        .unwrap();
+        let x = gauss(2 * d, 3);
+        let (mut codes, mut scales) = (vec![0u8; 2 * c.code_bytes()], vec![0u16; 2]);
+        c.encode_into(&x, None, &mut codes, &mut scales).unwrap();
+        let side = Side {
+            codec: &c,
+            codes: &codes,
+            scales: &scales,
+            mean: None,
+            mix: None,
+        };
+        // No query over two tokens: nothing to do (it divided by the query count).
+        attend_into(side, side, None, None, &[], 1.0, None, &mut [], &mut []).unwrap();
+        // A bias whose rows · stride wraps: a length error, not an index past the values.
+        let q = gauss(2 * d, 4);
+        let (mut out, mut lse) = (vec![0f32; 2 * d], vec![0f32; 2]);
+        let bias = Bias {
+            values: &[0.0],
+            stride: usize::MAX,
+            rows: 2,
+        };
+        let r = attend_into(
+            side,
+            side,
+            None,
+            None,
+            &q,
+            1.0,
+            Some(bias),
+            &mut out,
+            &mut lse,
+        );
+        assert!(matches!(r, Err(LatticeError::Length { .. })), "{r:?}");
+        // A slice that is not a power of two is refused before the butterflies run past it.
+        assert!(std::panic::catch_unwind(|| crate::rht::fwht(&mut [0f32; 12])).is_err());
+        let h = [0f32; 0];
+        assert!(crate::rotate_hessian(&h, 1 << 32, &crate::LatticeParams::default()).is_err());
     }
 
     #[test]

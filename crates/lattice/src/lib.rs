@@ -333,10 +333,12 @@ pub fn quantize_rows_ldlq_into(
 /// `R·H·Rᵀ` for the input statistics `h` (`cols × cols`) of a layer whose rows are rotated
 /// by the RHT of `params` (`W·x = (W·Rᵀ)·(R·x)`): the statistics of the rotated inputs.
 pub fn rotate_hessian(h: &[f32], cols: usize, params: &LatticeParams) -> Result<Vec<f32>> {
-    if h.len() != cols * cols {
+    // (Saturated: a wrapped `cols²` matched an empty `h`.)
+    let expected = cols.saturating_mul(cols);
+    if h.len() != expected {
         return Err(LatticeError::Length {
             what: "input statistics",
-            expected: cols * cols,
+            expected,
             actual: h.len(),
         });
     }

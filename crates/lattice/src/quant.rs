@@ -385,6 +385,12 @@ impl Lattice {
     /// `[−2^(bits−1), 2^(bits−1) − 1]` (points outside are replaced by the nearest such point),
     /// as `dim` symbols of `bits` bits each (offset binary; E8's first symbol is
     /// `2·(t + 2^(bits−2)) + c`). `bits` is 2..=8. A2 has no fixed-rate form.
+    ///
+    /// A word-level primitive of the hot loops, unchecked: `bits` outside 2..=8 gives
+    /// meaningless symbols (the callers in this crate check it once per tensor).
+    ///
+    /// # Panics
+    /// If `u` or `syms` holds fewer than the lattice's `dim` values.
     #[inline]
     pub fn encode_word_fixed(self, u: &[f32], bits: u8, syms: &mut [u32]) {
         let h = 1i32 << (bits - 1);
@@ -414,7 +420,11 @@ impl Lattice {
         }
     }
 
-    /// The lattice point of fixed-rate symbols (see [`Lattice::encode_word_fixed`]).
+    /// The lattice point of fixed-rate symbols (see [`Lattice::encode_word_fixed`], unchecked
+    /// as it is).
+    ///
+    /// # Panics
+    /// If `syms` or `out` holds fewer than the lattice's `dim` values.
     #[inline]
     pub fn decode_word_fixed(self, syms: &[u32], bits: u8, out: &mut [f32]) {
         let h = 1i64 << (bits - 1);

@@ -76,9 +76,16 @@ impl Signs {
 }
 
 /// In-place fast Walsh–Hadamard transform (unnormalized) of a power-of-two slice.
+///
+/// # Panics
+/// If `x.len()` is not a power of two (or 0): the vector path's butterflies would reach past
+/// the slice.
 pub fn fwht(x: &mut [f32]) {
     let n = x.len();
-    debug_assert!(n.is_power_of_two());
+    assert!(
+        n.is_power_of_two(),
+        "fwht of {n} values: the length must be a power of two"
+    );
     #[cfg(target_arch = "x86_64")]
     if n >= 8 && std::is_x86_feature_detected!("avx") {
         // SAFETY: the CPU has AVX; `n` is a power of two of at least 8.

@@ -178,7 +178,8 @@ pub fn time_us(min_seconds: f64, mut f: impl FnMut() -> Result<()>) -> Result<f6
 /// the GEMM library the operator uses for tiles, on the whole pool: the baseline.
 ///
 /// # Errors
-/// [`RuntimeError::Length`] or [`RuntimeError::Overflow`](crate::RuntimeError::Overflow) when a
+/// [`RuntimeError::Length`](crate::RuntimeError::Length) or
+/// [`RuntimeError::Overflow`](crate::RuntimeError::Overflow) when a
 /// buffer's length is not what the shapes give.
 pub fn dense(
     w: &[f32],
