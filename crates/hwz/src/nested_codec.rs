@@ -3,7 +3,7 @@
 //! lengths, so every inner stream is checked against its own encoding before it is decoded.
 
 use crate::encoding::{role, Encoding};
-use crate::{EncodedTensor, Result};
+use crate::{EncodedTensor, HwzError, Result};
 use hypercodec_hdc::pack;
 use hypercodec_scalar as scalar;
 
@@ -34,7 +34,8 @@ pub fn assemble_mixed(block_rows: u64, parts: &[EncodedTensor]) -> EncodedTensor
 }
 
 /// An `exceptions` tensor: `base` with the values at `positions` (strictly increasing)
-/// replaced by `values` stored as `dtype`.
+/// replaced by `values` stored as `dtype`. Positions out of order, repeated, or not one a
+/// value are an [`HwzError::InvalidEncoding`].
 pub fn assemble_exceptions(
     tensor: &str,
     base: &EncodedTensor,
@@ -42,6 +43,18 @@ pub fn assemble_exceptions(
     values: &[f32],
     dtype: scalar::FloatDtype,
 ) -> Result<EncodedTensor> {
+    // (Checked here, not only at decode: a caller's unordered positions made a tensor that was
+    // written and then could not be read.)
+    if positions.len() != values.len() || positions.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(HwzError::InvalidEncoding {
+            tensor: tensor.into(),
+            message: format!(
+                "exceptions: {} strictly ascending positions for {} values",
+                positions.len(),
+                values.len()
+            ),
+        });
+    }
     let (index, payload) = concat(&[base]);
     let vals =
         scalar::encode_floats(values, dtype, false).map_err(crate::encoding::scalar_err(tensor))?;

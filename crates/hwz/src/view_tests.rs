@@ -250,3 +250,25 @@ fn row_aligned_chunks_read_only_their_block() {
     assert!(one * 2 <= symbols, "{one} of {symbols}");
     assert!(one * 8 >= symbols, "{one} of {symbols}");
 }
+
+#[test]
+fn exception_positions_out_of_order_or_without_values_are_refused_at_encode() {
+    let x: Vec<f32> = (0..64).map(|i| i as f32 / 7.0).collect();
+    let raw = Encoding::Raw {
+        dtype: FloatDtype::F32,
+    };
+    let base = encode("w", &x, &[8, 8], &raw, EncodeOptions::default()).unwrap();
+    let ok = assemble_exceptions("w", &base, &[1, 5], &[1.0, 2.0], FloatDtype::F32);
+    assert!(ok.is_ok());
+    for (positions, vals) in [
+        (&[5u64, 1][..], &[1.0f32, 2.0][..]),
+        (&[3, 3], &[1.0, 2.0]),
+        (&[1, 5], &[1.0]),
+    ] {
+        let r = assemble_exceptions("w", &base, positions, vals, FloatDtype::F32);
+        assert!(
+            matches!(r, Err(HwzError::InvalidEncoding { .. })),
+            "{positions:?} {vals:?}"
+        );
+    }
+}

@@ -210,8 +210,12 @@ impl Rht {
     }
 
     /// `y = H·D·x/√T` per tile, in place, on one row.
+    ///
+    /// # Panics
+    /// If `row` does not hold [`Rht::cols`] values (a shorter row's last partial tile, or a
+    /// longer row's tail, would pass through untransformed).
     pub fn forward(&self, row: &mut [f32]) {
-        debug_assert_eq!(row.len(), self.cols);
+        assert_eq!(row.len(), self.cols, "RHT of a row of the wrong length");
         self.signs.apply(row);
         for t in row.chunks_exact_mut(self.tile) {
             fwht(t);
@@ -220,8 +224,15 @@ impl Rht {
     }
 
     /// `x = D·H·y/√T` per tile, in place, on one row.
+    ///
+    /// # Panics
+    /// As [`Rht::forward`].
     pub fn inverse(&self, row: &mut [f32]) {
-        debug_assert_eq!(row.len(), self.cols);
+        assert_eq!(
+            row.len(),
+            self.cols,
+            "inverse RHT of a row of the wrong length"
+        );
         for t in row.chunks_exact_mut(self.tile) {
             fwht(t);
             t.iter_mut().for_each(|v| *v *= self.scale);
