@@ -1336,6 +1336,17 @@ mod tests {
     }
 
     /// The E8 codec of `dim`-value vectors (the tests' usual one).
+    /// The side of `codes` and `scales` under `c`, without a mean or a mix.
+    fn plain_side<'a>(c: &'a KvCodec, codes: &'a [u8], scales: &'a [u16]) -> Side<'a> {
+        Side {
+            codec: c,
+            codes,
+            scales,
+            mean: None,
+            mix: None,
+        }
+    }
+
     fn e8(dim: usize, bits: u8, rot: Rotation, seed: u64, dither: bool) -> KvCodec {
         KvCodec::new(
             dim,
@@ -1639,13 +1650,7 @@ mod tests {
         let mut codes = vec![0u8; n * c.code_bytes()];
         let mut scales = vec![0u16; n];
         c.encode_into(&x, None, &mut codes, &mut scales).unwrap();
-        let side = Side {
-            codec: &c,
-            codes: &codes,
-            scales: &scales,
-            mean: None,
-            mix: None,
-        };
+        let side = plain_side(&c, &codes, &scales);
         let b = vec![f32::NEG_INFINITY; n];
         let bias = Bias {
             values: &b,
@@ -2013,25 +2018,11 @@ mod tests {
     #[test]
     fn attention_without_queries_or_with_a_wrapping_bias_stride_is_no_panic() {
         let d = 16;
-        let c = KvCodec::new(
-            d,
-            4,
-            KvQuantizer::Lattice(Lattice::E8),
-            Rotation::Rht,
-            1,
-            false,
-        )
-        .unwrap();
+        let c = e8(d, 4, Rotation::Rht, 1, false);
         let x = gauss(2 * d, 3);
         let (mut codes, mut scales) = (vec![0u8; 2 * c.code_bytes()], vec![0u16; 2]);
         c.encode_into(&x, None, &mut codes, &mut scales).unwrap();
-        let side = Side {
-            codec: &c,
-            codes: &codes,
-            scales: &scales,
-            mean: None,
-            mix: None,
-        };
+        let side = plain_side(&c, &codes, &scales);
         // No query over two tokens: nothing to do (it divided by the query count).
         attend_into(side, side, None, None, &[], 1.0, None, &mut [], &mut []).unwrap();
         // A bias whose rows · stride wraps: a length error, not an index past the values.

@@ -73,13 +73,7 @@ impl RansParams {
                 value: self.lanes as u64,
             });
         }
-        if !PROB_BITS_RANGE.contains(&self.prob_bits) {
-            return Err(CodingError::Invalid {
-                what: "rans prob_bits",
-                value: self.prob_bits as u64,
-            });
-        }
-        Ok(())
+        check_prob_bits(self.prob_bits)
     }
 
     /// Bytes of the chunk table for `n` symbols.
@@ -89,6 +83,17 @@ impl RansParams {
             .saturating_mul(4)
             .saturating_mul(self.lanes.saturating_add(1))
     }
+}
+
+/// `prob_bits` within [`PROB_BITS_RANGE`] (decode tables hold `2^prob_bits` entries a context).
+fn check_prob_bits(prob_bits: u8) -> Result<()> {
+    if !PROB_BITS_RANGE.contains(&prob_bits) {
+        return Err(CodingError::Invalid {
+            what: "rans prob_bits",
+            value: prob_bits as u64,
+        });
+    }
+    Ok(())
 }
 
 /// How symbols map to contexts: words of `word` symbols, `map(j, first)` for symbol `j`.
@@ -332,12 +337,7 @@ impl Counts {
     /// [`CodingError::Invalid`] for `prob_bits` outside [`PROB_BITS_RANGE`] (its decode tables
     /// hold `2^prob_bits` entries a context).
     pub fn model(&self, prob_bits: u8) -> Result<Model> {
-        if !PROB_BITS_RANGE.contains(&prob_bits) {
-            return Err(CodingError::Invalid {
-                what: "rans prob_bits",
-                value: prob_bits as u64,
-            });
-        }
+        check_prob_bits(prob_bits)?;
         let mut tables = Vec::with_capacity(self.counts.len());
         for (cnt, &max) in self.counts.iter().zip(&self.max) {
             let escape = max >= MAX_DIRECT;
@@ -393,12 +393,7 @@ impl Model {
             Ok(b)
         };
         let prob_bits = byte()?;
-        if !PROB_BITS_RANGE.contains(&prob_bits) {
-            return Err(CodingError::Invalid {
-                what: "rans prob_bits",
-                value: prob_bits as u64,
-            });
-        }
+        check_prob_bits(prob_bits)?;
         let n = byte()? as usize;
         if n == 0 || n > MAX_CONTEXTS {
             return Err(CodingError::Invalid {

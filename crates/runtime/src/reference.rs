@@ -14,7 +14,7 @@ pub fn linear(
 ) -> Result<Vec<f32>> {
     let (rows, cols) = crate::linear::operator_shape(view);
     check_rows("x", batch, cols, x.len())?;
-    rows_len("y", batch, rows)?;
+    let y_len = rows_len("y", batch, rows)?;
     if let Some(b) = bias {
         check_rows("bias", 1, rows, b.len())?;
     }
@@ -22,7 +22,7 @@ pub fn linear(
     if cols > 0 {
         view.decode_rows_into(0..rows as u64, &mut w)?;
     }
-    let mut y = vec![0f32; batch * rows];
+    let mut y = vec![0f32; y_len];
     for b in 0..batch {
         let xb = &x[b * cols..(b + 1) * cols];
         for r in 0..rows {
@@ -40,12 +40,12 @@ pub fn linear(
 pub fn norm_products(view: &TensorView<'_>, x: &[f32], batch: usize) -> Result<Vec<f32>> {
     let (rows, cols) = (view.rows() as usize, view.cols() as usize);
     check_rows("x", batch, cols, x.len())?;
-    rows_len("y", batch, rows)?;
+    let out_len = rows_len("outputs", batch, rows)?;
     let mut w = vec![0f32; rows * cols];
     view.decode_rows_into(0..rows as u64, &mut w)?;
     let norm = |v: &[f32]| v.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
     let wn: Vec<f64> = w.chunks(cols.max(1)).map(norm).collect();
-    let mut out = vec![0f32; batch * rows];
+    let mut out = vec![0f32; out_len];
     for b in 0..batch {
         let xn = norm(&x[b * cols..(b + 1) * cols]);
         for r in 0..rows {

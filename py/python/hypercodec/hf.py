@@ -195,7 +195,7 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
                 # `embed_tokens`, tied to `shared`): a table on the stored one's operator,
                 # tied to it (saved once: the same module under three names saved it thrice).
                 _set(model, head, HyperEmbedding._like(layer, shared[source], tied=emb_name,
-                                                       source=_archive_source(archive, emb_name, False)))
+                                                       source=stored_emb._hwz_source))
             elif isinstance(layer, nn.Linear) and layer.bias is None:
                 _set(model, head, HyperLinear(shared[source], tied=emb_name, source=_archive_source(archive, emb_name, False)))
             elif isinstance(layer, nn.Linear):
