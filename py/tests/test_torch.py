@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 import zipfile
 
 import numpy as np
@@ -276,10 +277,15 @@ def test_torch_transformer_modules_run_after_quantize():
     dec = torch.nn.TransformerDecoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True).eval()
     mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
     x, mem = torch.randn(2, 7, 64), torch.randn(2, 5, 64)
-    runs = ((enc, lambda m: m(x)), (dec, lambda m: m(x, mem)), (mha, lambda m: m(x, x, x)[0]))
+    # (A padding mask under no_grad: the encoder made its input a nested tensor for the layers'
+    # fast path, which reached the stored layers: "NestedTensorImpl doesn't support sizes".)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[0, 4:] = True
+    runs = ((enc, lambda m: m(x)), (enc, lambda m: m(x, src_key_padding_mask=pad)[~pad]), (dec, lambda m: m(x, mem)),
+            (mha, lambda m: m(x, x, x)[0]))
     for model, run in runs:
         with torch.no_grad():
-            want = run(model)
+            want = run(hnn.dequantize(copy.deepcopy(model)))
         hnn.quantize(model, bps=8, method="affine", skip=())
         with torch.no_grad():
             got = run(model)
@@ -287,6 +293,67 @@ def test_torch_transformer_modules_run_after_quantize():
         kinds = {n: type(m) for n, m in model.named_modules()}
         assert all(k is not hnn.HyperLinear for n, k in kinds.items() if n.endswith("out_proj"))
         assert (hnn.HyperLinear in kinds.values()) == (model is not mha)  # (the feed-forward layers are compressed)
+
+
+def test_layers_under_torchs_older_weight_hooks_are_quantized_from_their_current_weight():
+    """torch.nn.utils.weight_norm, spectral_norm and prune rebuild ``weight`` in a forward
+    pre-hook (from weight_g and weight_v, say). The stored layer took that hook over and its
+    first call raised AttributeError ('HyperLinear' object has no attribute 'weight_g'). Now the
+    weight the hook would compute next is quantized (here after weight_g changed without a
+    call: the attribute the hook last wrote was stale) and such hooks are dropped; a user's
+    own pre-hook stays."""
+    from torch.nn.utils import prune
+
+    torch.manual_seed(41)
+    wraps = {
+        "weight_norm": torch.nn.utils.weight_norm,
+        "spectral_norm": torch.nn.utils.spectral_norm,
+        "prune": lambda m: prune.l1_unstructured(m, "weight", amount=0.5),
+    }
+    for name, wrap in wraps.items():
+        for layer, x in ((torch.nn.Linear(64, 32), torch.randn(3, 64)), (torch.nn.Conv2d(8, 16, 3), torch.randn(2, 8, 7, 7))):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # (weight_norm is deprecated)
+                wrap(layer)
+            model = torch.nn.Sequential(layer).eval()
+            stale = layer.weight.detach().clone()
+            if name == "weight_norm":
+                with torch.no_grad():
+                    layer.weight_g.mul_(2.0)
+            calls = []
+            layer.register_forward_pre_hook(lambda m, args: calls.append(1))
+            with torch.no_grad():
+                want = model(x)
+            layer.weight = stale  # (as the hook left it before weight_g changed)
+            hnn.quantize(model, bps=8, method="affine-row", conv=True)
+            stored = model[0]
+            assert isinstance(stored, (hnn.HyperLinear, hnn.HyperConv2d)), name
+            calls.clear()
+            with torch.no_grad():
+                got = model(x)
+            assert calls == [1], name  # (the user's hook, once; the rebuilding one is gone)
+            err = float((got - want).norm() / want.norm())
+            assert err < 0.02, (name, type(layer).__name__, err)
+
+
+def test_empty_skip_names_skip_nothing_and_unwritable_folders_are_io_errors(tmp_path, monkeypatch):
+    """``skip=""`` skipped every layer ("" is in every name); ``save`` into a folder where no
+    temporary file can be made raised a bare PermissionError, where the archive's own writes
+    raise HypercodecIOError."""
+    import tempfile
+
+    torch.manual_seed(43)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    hnn.quantize(model, bps=4, skip="")
+    assert isinstance(model[0], hnn.HyperLinear) and isinstance(model[2], hnn.HyperLinear)
+
+    def refuse(*args, **kw):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(hypercodec.HypercodecIOError, match="temporary file"):
+        hypercodec.save({"w": np.ones((4, 4), np.float32)}, str(tmp_path / "w.hwz"))
+    assert not (tmp_path / "w.hwz").exists()
 
 
 def test_subclasses_with_a_forward_of_their_own_stay_float():

@@ -252,7 +252,10 @@ def staged_safetensors(
 ) -> Iterator[str]:
     """``state_dict`` written as a temporary safetensors file in ``folder`` (beside the archive
     to come: the same file system), removed on leaving."""
-    fd, tmp = tempfile.mkstemp(suffix=".safetensors", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(suffix=".safetensors", dir=folder)
+    except OSError as e:  # (a folder that is missing or not writable: the archive's own error type)
+        raise _native.HypercodecIOError(f"cannot write a temporary file in {folder!r}: {e}") from e
     os.close(fd)
     try:
         _write_safetensors(tmp, state_dict, metadata)

@@ -1957,8 +1957,12 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     if isinstance(old, nn.Module):
         # The layer it replaces: its mode (a model put in eval mode stays so: BatchNorm fusion
         # checks it) and its forward hooks (feature extractors; the same tables, so their
-        # handles still remove them).
+        # handles still remove them), less those that rebuild its weight from parameters the
+        # replacement does not have (torch's older weight_norm, spectral_norm and prune: the
+        # replacement holds the weight they computed, :func:`_refresh_recomputed`).
         new.train(old.training)
+        for k in [k for k, h in old._forward_pre_hooks.items() if _recomputed(h)]:
+            del old._forward_pre_hooks[k]
         for hooks in _HOOK_TABLES:
             if getattr(old, hooks, None) and not getattr(new, hooks, None):
                 setattr(new, hooks, getattr(old, hooks))
@@ -1966,8 +1970,48 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     if isinstance(parent, nn.TransformerEncoderLayer) and isinstance(new, _StoredForm):
         # Its inference fast path (torch._transformer_encoder_layer_fwd) reads linear1.weight
         # and linear2.weight itself; this flag, which only gates that path, keeps the module's
-        # own forward, which calls the layers (self.activation is unchanged).
+        # own forward, which calls the layers (self.activation is unchanged). An encoder over
+        # such layers made its input a nested tensor (eval, no grad, a padding mask) for that
+        # path, which the stored layers do not take: it keeps plain tensors.
         parent.activation_relu_or_gelu = 0
+        parts = name.split(".")
+        for i in range(len(parts) - 1):
+            up = model.get_submodule(".".join(parts[:i]))
+            if isinstance(up, nn.TransformerEncoder):
+                up.use_nested_tensor = False
+
+
+def _recomputed(hook: Any) -> str | None:
+    """The tensor a forward pre-hook of torch's older reparametrizations rebuilds before every
+    call (``torch.nn.utils.weight_norm``, ``spectral_norm``, ``prune``: ``weight`` from
+    ``weight_g`` and ``weight_v``, say), or None for any other hook."""
+    from torch.nn.utils.prune import BasePruningMethod
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    if isinstance(hook, (WeightNorm, SpectralNorm)):
+        return hook.name
+    if isinstance(hook, BasePruningMethod):
+        return hook._tensor_name
+    return None
+
+
+def _refresh_recomputed(m: nn.Module) -> None:
+    """Sets each tensor of ``m`` that such a hook (:func:`_recomputed`) rebuilds to the value its
+    next call would compute (parameters loaded since the last call included; spectral_norm
+    without a power iteration, as in eval mode), so that it is the one quantized."""
+    from torch.nn.utils.prune import BasePruningMethod
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    with torch.no_grad():
+        for h in list(m._forward_pre_hooks.values()):
+            if isinstance(h, WeightNorm):
+                setattr(m, h.name, h.compute_weight(m))
+            elif isinstance(h, SpectralNorm):
+                setattr(m, h.name, h.compute_weight(m, do_power_iteration=False))
+            elif isinstance(h, BasePruningMethod):
+                setattr(m, h._tensor_name, h.apply_mask(m))
 
 
 # A module's forward hook tables that a replacement takes over.
@@ -2009,7 +2053,9 @@ def _weights_multiplied_by_parents(model: nn.Module) -> set[int]:
 def _skipped_under_any_name(model: nn.Module, skip: tuple[str, ...]) -> Callable[[nn.Module], bool]:
     """Whether a module of ``model`` is left float: it has a name containing one of ``skip`` (a
     module used at several places has several names: one skipped keeps it float at all of them),
-    or its parent multiplies its weight itself (:func:`_weights_multiplied_by_parents`)."""
+    or its parent multiplies its weight itself (:func:`_weights_multiplied_by_parents`). An
+    empty name skips nothing (it is in every name)."""
+    skip = tuple(s for s in skip if s)
     names_of: dict[int, list[str]] = {}
     for n, m in model.named_modules(remove_duplicate=False):
         names_of.setdefault(id(m), []).append(n)
@@ -2088,6 +2134,8 @@ def quantize(
         )
     targets = [(n, m) for n, m in candidates if _replaceable(model, n)]
     tables = [(n, m) for n, m in named if embeddings and type(m) is nn.Embedding and not skipped(m)]
+    for _, m in targets + tables:
+        _refresh_recomputed(m)
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     # Quantized first, replaced after: a failure leaves the model untouched.
     made: dict[int, nn.Module] = {}
@@ -2203,6 +2251,7 @@ def quantize_budget(
     sd: dict[str, np.ndarray] = {}
     for n, m in model.named_modules():
         if isinstance(m, nn.Linear) and _replaceable(model, n) and not skipped(m):
+            _refresh_recomputed(m)
             sd[f"{n}.weight"] = m.weight.detach().to(torch.float32).cpu().numpy()
             if m.bias is not None:
                 sd[f"{n}.bias"] = m.bias.detach().to(torch.float32).cpu().numpy()
