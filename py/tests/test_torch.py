@@ -346,6 +346,11 @@ def test_empty_skip_names_skip_nothing_and_unwritable_folders_are_io_errors(tmp_
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
     hnn.quantize(model, bps=4, skip="")
     assert isinstance(model[0], hnn.HyperLinear) and isinstance(model[2], hnn.HyperLinear)
+    # Quantizing again says that the stored layers keep their form (it changed nothing, silently).
+    before = model[0].op.stored_bytes
+    with pytest.warns(UserWarning, match="stored already"):
+        hnn.quantize(model, bps=2)
+    assert model[0].op.stored_bytes == before
 
     def refuse(*args, **kw):
         raise PermissionError(13, "Permission denied")

@@ -2132,6 +2132,14 @@ def quantize(
             + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""),
             stacklevel=2,
         )
+    stored_already = sorted({n for n, m in named if isinstance(m, _StoredForm)})
+    if stored_already:
+        warnings.warn(
+            f"{len(stored_already)} layers are stored already ({', '.join(stored_already[:3])}"
+            f"{' ...' if len(stored_already) > 3 else ''}) and keep their stored form: quantize does not "
+            "re-quantize them (hnn.dequantize(model) first to quantize them again, from their decoded values)",
+            stacklevel=2,
+        )
     targets = [(n, m) for n, m in candidates if _replaceable(model, n)]
     tables = [(n, m) for n, m in named if embeddings and type(m) is nn.Embedding and not skipped(m)]
     for _, m in targets + tables:
