@@ -200,6 +200,12 @@ def test_conv2d_pointwise_runs_on_the_runtime_and_others_decode():
         want = torch.nn.functional.conv2d(x, wd, conv.bias.detach(), conv.stride, conv.padding, conv.dilation, conv.groups)
         assert torch.allclose(h(x), want, atol=1e-4, rtol=1e-4), h.path
         assert (h.path != "decode-fallback+conv2d") == (conv.kernel_size == (1, 1))
+        # A channels_last input gives a channels_last output, as nn.Conv2d's (the 1×1 path
+        # returned NCHW).
+        xl = x.contiguous(memory_format=torch.channels_last)
+        y = h(xl)
+        assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous(), h.path
+        assert torch.allclose(y, want, atol=1e-4, rtol=1e-4) and h(x).is_contiguous(), h.path
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1))
     hnn.quantize(model, bps=8, method="int8-row")
     assert all(isinstance(m, hnn.HyperConv2d) for m in (model[0], model[2]))

@@ -1682,17 +1682,21 @@ class HyperConv2d(_StoredForm, nn.Module):
     def _pointwise_forward(self, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
         n, c, h, w = x.shape
         o = self.op.rows  # explicit sizes: `-1` is ambiguous when a dimension is 0
+        # The input's memory format, as nn.Conv2d keeps it (channels_last: the rows computed
+        # are already in that order, so no copy).
+        fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() \
+            else torch.contiguous_format
         if x.is_cuda:
             y = _on_device(self, x.device).forward(x.permute(0, 2, 3, 1).reshape(n * h * w, c))
             y = y.reshape(n, h, w, o).permute(0, 3, 1, 2)
             if bias and self.bias is not None:
                 y = y + self.bias.detach().to(device=x.device, dtype=y.dtype)[None, :, None, None]
-            return y.contiguous()
+            return y.contiguous(memory_format=fmt)
         xs = _f32(x.permute(0, 2, 3, 1).reshape(n * h * w, c))
         y = torch.from_numpy(self.op.forward(xs)).reshape(n, h, w, o).permute(0, 3, 1, 2)
         if bias and self.bias is not None:
             y = y + self.bias.detach().to(torch.float32)[None, :, None, None]
-        return y.to(dtype=x.dtype, device=x.device).contiguous()
+        return y.to(dtype=x.dtype, device=x.device).contiguous(memory_format=fmt)
 
     def extra_repr(self) -> str:
         if self.op is None:
