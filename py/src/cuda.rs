@@ -325,10 +325,16 @@ impl CudaKernels {
     /// The most activation rows the routes hand the fused affine kernels (other than the
     /// Hopper GEMM) for these arguments on this device (kernels-cuda
     /// `Kernels::affine_fused_batch`: `MAX_GEMM_BATCH` where the tensor-core GEMM takes the
-    /// layer, 16 on the tensor-core GEMV, else 4 per pass). Pointers are checked for alignment,
-    /// not read.
+    /// layer and it has `GEMM_MIN_ROWS` rows or more, 16 on the tensor-core GEMV, else 4 per
+    /// pass). Pointers are checked for alignment, not read.
     fn affine_fused_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<usize> {
         Ok(self.k.affine_fused_batch(&affine(args)?))
+    }
+
+    /// The same for a layer launched beside others that read one input (kernels-cuda
+    /// `Kernels::affine_group_batch`: the GEMM's batch whatever the layer's height).
+    fn affine_group_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<usize> {
+        Ok(self.k.affine_group_batch(&affine(args)?))
     }
 
     /// The activation rows the routes hand `affine_gemv`'s Hopper GEMM on this device, as

@@ -2158,6 +2158,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "KV_QUANTIZERS",
         hypercodec_lattice::kv::KvQuantizer::NAMES.to_vec(),
     )?;
+    m.add("GEMM_MIN_ROWS", hypercodec_kernels_cuda::GEMM_MIN_ROWS)?;
     m.add("HypercodecError", py.get_type::<HypercodecError>())?;
     m.add("FormatError", py.get_type::<FormatError>())?;
     m.add("InvalidInputError", py.get_type::<InvalidInputError>())?;

@@ -169,14 +169,20 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
         whole = [cols % st == 0 and (f["scales_per_row"] <= 1 or f["group_len"] % st == 0) for st in steps]
         expect = kernel and any(whole)
         assert (d.route(1, dtype) == "cuda-affine-mma") == expect, (spec, rows, cols, d.route(1, dtype))
-        # Above 16 rows: the GEMM, for 2 or 4 bits in chunks (and groups) of 128 columns.
+        # Above 16 rows: the GEMM, for 2 or 4 bits in chunks (and groups) of 128 columns; the
+        # routes give it layers of GEMM_MIN_ROWS rows and more (these short ones decode: forced
+        # onto it here).
         gemm = bits in (2, 4) and cols % 128 == 0 and (f["scales_per_row"] <= 1 or f["group_len"] % 128 == 0)
-        assert (d.route(17, dtype) == "cuda-affine-gemm") == gemm, (spec, rows, cols, d.route(17, dtype))
+        assert d.route(17, dtype) == "cuda-affine-decode+linear", (spec, rows, cols, d.route(17, dtype))
+        if cols % 128 == 0:  # (the GEMM's chunks)
+            tall = hcuda.DeviceLinear(hypercodec.Linear.quantize(np.resize(w, (hcuda.GEMM_MIN_ROWS, cols)), spec),
+                                      torch.device("cuda"))
+            assert (tall.route(17, dtype) == "cuda-affine-gemm") == gemm, (spec, cols, tall.route(17, dtype))
         for m in (1, 2, 7, 8, 9, 16, 17, 33, 70):
             x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
             want = op.forward(x.float().numpy())
             y = torch.full((m, rows), float("nan"), dtype=dtype, device="cuda")
-            y.copy_(d.forward(x.cuda()))
+            y.copy_(d.forward(x.cuda(), route="gemv" if gemm and 16 < m <= 64 else None))
             got = y.float().cpu().numpy()
             assert np.isfinite(got).all()
             tol = 1e-2 if dtype == torch.bfloat16 else 3e-3
@@ -281,10 +287,12 @@ def test_cuda_affine_kernels_read_f32_and_16_bit_scales_alike(spec):
     d32.offsets = None if d32.offsets is None else widen(d32.offsets).contiguous()
     d32.args.update(scales=d32.scales.data_ptr(), offsets=0 if d32.offsets is None else d32.offsets.data_ptr(), scale_dtype=0)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for m in (1, 3, 9, 17, 70):
+        # (17 rows forced onto the fused kernels too: the GEMM, which routes give taller layers;
+        # on compute capability 9.0 the Hopper GEMM for groups of 64.)
+        for m, route in ((1, None), (3, None), (9, None), (17, None), (17, "gemv"), (70, None)):
             x = torch.from_numpy(rng.standard_normal((m, 1024)).astype(np.float32)).to("cuda", dtype)
-            a, b = d16.forward(x), d32.forward(x)
-            assert torch.isfinite(a).all() and torch.equal(a, b), (spec, dtype, m, d16.route(m, dtype))
+            a, b = d16.forward(x, route=route), d32.forward(x, route=route)
+            assert torch.isfinite(a).all() and torch.equal(a, b), (spec, dtype, m, route or d16.route(m, dtype))
 
 
 def test_affine_device_forms_say_whether_the_fused_kernels_hold_them():
@@ -322,11 +330,15 @@ def test_cuda_weights_near_the_f32_range_stay_finite(spec):
                 x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
                 want = op.forward(x.float().numpy()).astype(np.float64)
                 assert np.isfinite(want).all(), (spec, m)
-                for route in (None, "decode"):
+                # (17 rows forced onto the fused kernels too, where they hold the terms: the GEMM,
+                # which routes give taller layers; on compute capability 9.0 the Hopper GEMM for
+                # groups of 64.)
+                gemm = m == 17 and d.kind == "affine" and d.route(1, dtype) != "cuda-affine-decode+linear"
+                for route in (None, "decode", "gemv") if gemm else (None, "decode"):
                     y = torch.full((m, rows), float("nan"), dtype=dtype, device="cuda")
                     y.copy_(d.forward(x.cuda(), route=route))
                     got = y.double().cpu().numpy()
-                    where = d.route(m, dtype) if route is None else "decode"
+                    where = d.route(m, dtype) if route is None else route
                     assert np.isfinite(got).all(), (spec, scale, dtype, m, where)
                     tol = 3e-4 if dtype == torch.float32 else 2e-2
                     err = np.abs(got - want).max() / np.abs(want).max()
@@ -354,7 +366,8 @@ def test_compressed_layers_replay_in_a_cuda_graph(spec):
     """Decoding loops capture their steps in CUDA graphs (static caches, torch.compile's
     reduce-overhead): no route may synchronize, copy from the host or allocate outside PyTorch
     while capturing, and a replay must read the inputs' new values. Every route: the fused
-    kernels at 1-16 rows, the GEMM at 40, decode + cuBLAS at 300, f32 passes."""
+    kernels at 1-16 rows, decode + cuBLAS at 40 (a short layer's route; the GEMM is captured in
+    test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches) and 300, f32 passes."""
     torch.manual_seed(8)
     h = hnn.HyperLinear.from_linear(torch.nn.Linear(512, 192), spec)
     for dtype, batches in ((torch.bfloat16, (1, 4, 16, 40, 300)), (torch.float32, (1, 3, 9))):
@@ -1400,8 +1413,10 @@ def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
     equals the layer's own launch bit for bit: full and partial row tiles, with and without a
     bias, f32 and 16-bit scales, 2 and 4 bits, five layers (two launches). A group the kernel
     does not take (codes of two widths) runs layer by layer. At more rows the fused kernels'
-    launches run side by side on streams of their own (busied here, and captured in a graph);
-    beyond the fused batch and for f32 inputs the group is left to the caller."""
+    launches run side by side on streams of their own (busied here, and captured in a graph),
+    short layers too (alone they decode at 40 rows), and layers that decode at that batch beside
+    them on the current stream; where every layer decodes (beyond the fused batch) and for f32
+    inputs the group is left to the caller."""
     rng = np.random.default_rng(31)
     cols = 1024
 
@@ -1415,7 +1430,15 @@ def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
         "int2": [layer(96, "int2"), layer(40, "int2", False)],
         "f32 scales": [layer(64, "int4-row"), layer(48, "int4-row")],
         "two widths": [layer(64, "int4"), layer(64, "int2")],
+        # Alone at 17-64 rows the tall layer runs the GEMM and the short ones decode; side by
+        # side all run it.
+        "tall beside short": [layer(hcuda.GEMM_MIN_ROWS, "int4"), layer(64, "int4", False), layer(100, "int4")],
+        # At 40 rows groups of 64 have no GEMM: decoded on the current stream beside the others.
+        "decoded beside": [layer(256, "int4"), layer(64, "int4-g64"), layer(48, "int2")],
     }
+    tall = groups["tall beside short"]
+    assert [d.route(40, torch.bfloat16) for d in tall] == ["cuda-affine-gemm"] + ["cuda-affine-decode+linear"] * 2
+    assert [d._takes(40, torch.bfloat16, grouped=True) for d in groups["decoded beside"]] == [True, False, True]
     for dtype, m in itertools.product((torch.bfloat16, torch.float16), (1, 3, 16, 40)):
         x = torch.from_numpy(rng.standard_normal((m, 1, cols)).astype(np.float32)).to("cuda", dtype)
         for name, ds in groups.items():
@@ -1423,16 +1446,15 @@ def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
             xi = x.clone()  # (written after the sleep: a side launch before the fork reads it unwritten)
             ys = hcuda.forward_group(ds, xi)
             assert ys is not None and len(ys) == len(ds), name
-            for d, y in zip(ds, ys):
-                want = d.forward(x)
+            for d, y, want in zip(ds, ys, _group_wants(ds, x)):
                 assert y.shape == want.shape == (m, 1, d.rows) and y.dtype == dtype, name
                 assert torch.isfinite(y).all() and torch.equal(y, want), (name, dtype, m, d.rows, d.route(m, dtype))
     assert len(hcuda._SIDE[torch.cuda.current_device()]) >= 4  # (five layers at 3 rows)
-    for m in (3, 40):  # (the tensor-core GEMV, the GEMM)
-        _replays_follow_inputs(groups["qkv"], m, cols)
+    _replays_follow_inputs(groups["qkv"], 3, cols)  # (the tensor-core GEMV)
+    _replays_follow_inputs(groups["decoded beside"], 40, cols)  # (the GEMM beside a decoded layer)
     d = groups["qkv"]
     assert hcuda.forward_group(d, torch.randn(1, cols, device="cuda")) is None  # f32
-    big = d[0]._kernel_batches(torch.bfloat16)[0] + 1  # (small layers: never the Hopper GEMM)
+    big = d[0]._kernel_batches(torch.bfloat16)[3] + 1  # (small layers: never the Hopper GEMM)
     assert not d[0]._takes(big, torch.bfloat16)
     assert hcuda.forward_group(d, torch.randn(big, cols, device="cuda", dtype=torch.bfloat16)) is None
     assert hcuda.forward_group(d, torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)) is None
@@ -1464,7 +1486,16 @@ def _replays_follow_inputs(ds, m, cols):
         _busy_streams()
         x.copy_(torch.randn(m, cols, device="cuda", dtype=torch.bfloat16))
         g.replay()
-        assert all(torch.equal(y, d.forward(x)) for d, y in zip(ds, ys)), m
+        assert all(torch.equal(y, want) for y, want in zip(ys, _group_wants(ds, x))), m
+
+
+def _group_wants(ds, x):
+    """Each affine layer's output as `forward_group` gives it: its fused launch where a group
+    takes the batch (short layers run the GEMM beside others, and decode alone), else its own
+    forward."""
+    m = x.numel() // x.shape[-1]
+    fused = [len(ds) > 1 and d._takes(m, x.dtype, grouped=True) for d in ds]
+    return [d.forward(x, route="gemv" if f else None) for d, f in zip(ds, fused)]
 
 
 @needs_cuda

@@ -175,14 +175,25 @@ const MMA_WARPS: u32 = 8;
 /// see [`AffineGemv::tensor_core_words`].
 pub const MAX_MMA_BATCH: usize = 16;
 
-/// Activation rows up to which [`AffineGemv::fused_batch`] sends a layer the tensor-core GEMM
-/// takes (see [`AffineGemv::gemm_ok`]) to it, above [`MAX_MMA_BATCH`]; larger batches decode
-/// the weight and run cuBLAS. Measured on an H200 (`py/benches/cuda_gemm.py`,
+/// Activation rows up to which the routes send a layer the tensor-core GEMM takes (see
+/// [`AffineGemv::gemm_ok`]; [`AffineGemv::lone_batch`]: one of [`GEMM_MIN_ROWS`] rows or
+/// more) to it, above [`MAX_MMA_BATCH`]; larger batches decode the weight and run cuBLAS. Measured on an H200 (`py/benches/cuda_gemm.py`,
 /// `py/benches/cuda_linear.py`): at 17–64 rows the GEMM is 1.6–3.2× faster than decode +
 /// cuBLAS on 8192² and 28672×8192 (level on 4096²); from 128 rows cuBLAS's tensor-core rate
 /// wins on some shapes and at 256 on all (the GEMM runs its `mma.sync` loop at about a third
 /// of cuBLAS's rate). [`Kernels::affine_gemv`] itself runs any batch.
 pub const MAX_GEMM_BATCH: usize = 64;
+
+/// Weight rows below which a layer run on its own takes decode + cuBLAS rather than the
+/// tensor-core GEMM above [`MAX_MMA_BATCH`] rows ([`AffineGemv::lone_batch`]). Each of the
+/// GEMM's blocks holds 64–128 weight rows and walks the whole row, so a short layer fills few
+/// of the device's multiprocessors and costs one block's walk whatever its height: on an H100
+/// (4096 columns, 17–64 activation rows) 22–24 µs from 1024 to 4096 rows, where decode + cuBLAS
+/// took 13–14 µs at 1024, 16–18 at 2048, 20–23 at 3072 and 25–27 at 4096
+/// (`docs/eval/cuda_gemm.md`, session 75). Beside other layers of one input
+/// ([`Kernels::affine_group_batch`]) the blocks of several layers fill the device together:
+/// there the GEMMs side by side ran 1.3–1.7× faster than decoding.
+pub const GEMM_MIN_ROWS: usize = 3584;
 
 /// The environment variable that turns the Hopper GEMM's route on (`1`) or off (`0`) for the
 /// kernels loaded after it is set (its module is loaded only where the route is on); unset or
@@ -1531,14 +1542,35 @@ impl AffineGemv {
             && self.offsets.is_multiple_of(8)
     }
 
-    /// The largest batch the routes hand to the fused kernels: [`MAX_GEMM_BATCH`] where the
-    /// tensor-core GEMM takes the layer ([`AffineGemv::gemm_ok`]), [`MAX_MMA_BATCH`] on the
-    /// tensor-core GEMV (see [`AffineGemv::tensor_core_words`]), else [`MAX_GEMV_BATCH`] per
-    /// pass.
+    /// The largest batch the fused kernels other than the Hopper GEMM are built for:
+    /// [`MAX_GEMM_BATCH`] where the tensor-core GEMM takes the layer
+    /// ([`AffineGemv::gemm_ok`]), [`MAX_MMA_BATCH`] on the tensor-core GEMV (see
+    /// [`AffineGemv::tensor_core_words`]), else [`MAX_GEMV_BATCH`] per pass. The routes hand
+    /// them up to [`AffineGemv::lone_batch`] rows for a layer on its own, up to this one beside
+    /// other layers of one input ([`Kernels::affine_group_batch`]).
     pub fn fused_batch(&self) -> usize {
         if self.gemm_ok() {
             MAX_GEMM_BATCH
-        } else if self.tensor_core_words() > 0 {
+        } else {
+            self.gemv_batch()
+        }
+    }
+
+    /// The largest batch the routes hand to the fused kernels other than the Hopper GEMM:
+    /// [`AffineGemv::fused_batch`], but the GEMV's batch for layers shorter than
+    /// [`GEMM_MIN_ROWS`], whose GEMM leaves most of the device idle.
+    pub fn lone_batch(&self) -> usize {
+        if self.rows < GEMM_MIN_ROWS {
+            self.gemv_batch()
+        } else {
+            self.fused_batch()
+        }
+    }
+
+    /// The most rows of the GEMVs: [`MAX_MMA_BATCH`] on the tensor cores, else
+    /// [`MAX_GEMV_BATCH`] per pass.
+    fn gemv_batch(&self) -> usize {
+        if self.tensor_core_words() > 0 {
             MAX_MMA_BATCH
         } else {
             MAX_GEMV_BATCH
@@ -1832,11 +1864,17 @@ impl Kernels {
         ranges
     }
 
-    /// The most activation rows for which the routes should hand this layer to
-    /// [`Kernels::affine_gemv`]'s other fused kernels rather than decode it and run a GEMM:
-    /// [`AffineGemv::fused_batch`] (the Hopper GEMM's batches beyond it:
-    /// [`Kernels::affine_wgmma_batches`]).
+    /// The most activation rows for which the routes should hand this layer, run on its own,
+    /// to [`Kernels::affine_gemv`]'s other fused kernels rather than decode it and run a GEMM:
+    /// [`AffineGemv::lone_batch`] (the Hopper GEMM's batches beyond
+    /// [`AffineGemv::fused_batch`]: [`Kernels::affine_wgmma_batches`]).
     pub fn affine_fused_batch(&self, a: &AffineGemv) -> usize {
+        a.lone_batch()
+    }
+
+    /// The same for a layer launched beside others that read one input, each on a stream of
+    /// its own: [`AffineGemv::fused_batch`] (the GEMM whatever the layer's height).
+    pub fn affine_group_batch(&self, a: &AffineGemv) -> usize {
         a.fused_batch()
     }
 
@@ -3863,6 +3901,19 @@ mod tests {
         // ... and the GEMM takes it above MAX_MMA_BATCH (chunks of 128 columns).
         assert!(a.gemm_ok());
         assert_eq!(a.fused_batch(), MAX_GEMM_BATCH);
+        // The routes keep a short layer to the GEMV's batch (decoded above it); from
+        // GEMM_MIN_ROWS rows they give it the GEMM.
+        assert_eq!(a.lone_batch(), MAX_MMA_BATCH);
+        for (rows, lone) in [
+            (GEMM_MIN_ROWS - 1, MAX_MMA_BATCH),
+            (GEMM_MIN_ROWS, MAX_GEMM_BATCH),
+        ] {
+            let tall = AffineGemv { rows, ..a };
+            assert_eq!(
+                (tall.lone_batch(), tall.fused_batch()),
+                (lone, MAX_GEMM_BATCH)
+            );
+        }
         // Groups of 64 need steps of 64 columns (2 words per lane), and split the GEMM's chunks.
         let g64 = AffineGemv {
             group_len: 64,
@@ -3872,6 +3923,7 @@ mod tests {
         assert_eq!(g64.tensor_core_words(), 2);
         assert!(!g64.gemm_ok());
         assert_eq!(g64.fused_batch(), MAX_MMA_BATCH);
+        assert_eq!(g64.lone_batch(), MAX_MMA_BATCH);
         // At batch 1 they take the half-step cp.async kernel (4 bits only), not the
         // one-group kernel; groups of 128 the one-group kernel.
         assert!(g64.cpa_halves_shaped() && !g64.cpa_shaped());

@@ -11,7 +11,9 @@ on PyTorch's current stream, without synchronizing:
   codes of 2 or 4 bits (8 with f16) under bf16 or f16 activations run on tensor cores up to
   :data:`MMA_MAX_BATCH` rows in one launch (the codes read once), and 2- or 4-bit codes whose
   rows and groups hold whole chunks of 128 columns on a tensor-core GEMM above that, up to the
-  kernels' ``MAX_GEMM_BATCH`` (weights decoded in registers, never in memory);
+  kernels' ``MAX_GEMM_BATCH`` (weights decoded in registers, never in memory), where the layer
+  has :data:`GEMM_MIN_ROWS` rows or more (a shorter one leaves most of the device idle, and
+  decodes);
 - on an H100 or H200 (compute capability 9.0), 4-bit affine layers whose groups hold multiples
   of 64 columns above that, up to 256 rows and at 448–512, where the layer has rows enough to
   fill the device (about 6300, its columns split over two blocks below about 12 500; from 129
@@ -60,6 +62,10 @@ from .nn import _lasting, _op_weight, _rht_signs, _wht_tiles
 GEMV_MAX_BATCH = {"affine": 4, "e8": 4, "trellis": 4, "e8rans": 2, "e8prefix": 16}
 #: Activation rows of the tensor-core affine and trellis kernels (bf16/f16 activations, see above).
 MMA_MAX_BATCH = 16
+#: Weight rows below which an affine layer on its own decodes at 17–64 activation rows rather
+#: than run the tensor-core GEMM, whose blocks would leave most of the device idle (kernels-cuda
+#: ``GEMM_MIN_ROWS``; beside other layers, in :func:`forward_group`, it runs the GEMM).
+GEMM_MIN_ROWS = _native.GEMM_MIN_ROWS
 #: Layers one launch of :func:`forward_group` takes (kernels-cuda ``AFFINE_GROUP_MAX``).
 GROUP_MAX = 4
 
@@ -226,7 +232,7 @@ class DeviceLinear:
             form = None  # no kernel for its limits, or its PTX module did not load: the decode fallback
         self.kind = "dense" if form is None else form["kind"]
         self._dense: dict[torch.dtype, torch.Tensor] = {}
-        self._fused: dict[torch.dtype, tuple[int, int | None, tuple[int, int] | None]] = {}
+        self._fused: dict[torch.dtype, tuple[int, int | None, tuple[tuple[int, int], ...], int]] = {}
         # Affine codes of weights near f32's range take the decode route at every batch.
         # An affine layer whose scale and offset terms pass what the fused kernels' f32 sums hold
         # (weights near f32's range: the native `affine_fusable`) is decoded, then F.linear.
@@ -404,38 +410,42 @@ class DeviceLinear:
             ts += [self.payload, self.index, self.table, self.row_scales]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
-    def _takes(self, batch: int, dtype: torch.dtype) -> bool:
+    def _takes(self, batch: int, dtype: torch.dtype, grouped: bool = False) -> bool:
         """Whether a fused kernel (rather than decode + ``F.linear``) runs ``batch`` rows of
-        ``dtype`` (asked of the kernels once per dtype: it is read on every forward)."""
-        fused, _, wgmma = self._kernel_batches(dtype)
-        return batch <= fused or _within(batch, wgmma)
+        ``dtype`` (asked of the kernels once per dtype: it is read on every forward), for the
+        layer on its own or (``grouped``) launched beside others of one input."""
+        fused, _, wgmma, group = self._kernel_batches(dtype)
+        return batch <= (group if grouped else fused) or _within(batch, wgmma)
 
-    def _kernel_batches(self, dtype: torch.dtype) -> tuple[int, int | None, tuple[tuple[int, int], ...]]:
+    def _kernel_batches(self, dtype: torch.dtype) -> tuple[int, int | None, tuple[tuple[int, int], ...], int]:
         """The fused kernels' most activation rows for ``dtype`` (beside the Hopper GEMM's), the
-        fewest for which the trellis tensor-core kernel runs (None: never), and for affine layers
+        fewest for which the trellis tensor-core kernel runs (None: never), for affine layers
         the batches the Hopper GEMM runs, as inclusive ranges ``(fewest, most)`` (none for other
-        layers and off sm_90), asked of the kernels once per dtype."""
+        layers and off sm_90), and the most rows beside other layers of one input (an affine
+        layer shorter than :data:`GEMM_MIN_ROWS` takes the tensor-core GEMM at 17–64 rows only
+        there: alone it leaves most of the device idle), asked of the kernels once per dtype."""
         got = self._fused.get(dtype)
         if got is None:
-            n, mma_from, wgmma = GEMV_MAX_BATCH.get(self.kind, 0), None, ()
+            n, mma_from, wgmma, group = GEMV_MAX_BATCH.get(self.kind, 0), None, (), None
             if not self._fusable:
                 n = 0  # (terms past the fused kernels' range: decoded, then F.linear)
             elif self.kind == "affine" and dtype in _DTYPES:
                 a = dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=1)
                 n, wgmma = self.kernels.affine_fused_batch(a), tuple(self.kernels.affine_wgmma_batches(a))
+                group = self.kernels.affine_group_batch(a)
             elif self.kind == "e8prefix" and dtype not in (torch.bfloat16, torch.float16):
                 n = 4  # f32 rows one at a time on FFMA (f16 tensor cores would round them)
             elif self.kind == "trellis" and dtype in _DTYPES:
                 a = dict(self.args, xr=0, y=0, y_dtype=_DTYPES[dtype], batch=1)
                 n, mma_from = self.kernels.trellis_fused_batch(a), self.kernels.trellis_mma_min_batch(a)
-            got = self._fused[dtype] = (n, mma_from, wgmma)
+            got = self._fused[dtype] = (n, mma_from, wgmma, n if group is None else group)
         return got
 
     def route(self, batch: int, dtype: torch.dtype = torch.float32) -> str:
         """The route a batch of ``batch`` rows of ``dtype`` takes."""
         if self.kind == "dense":
             return "cuda-decode-fallback+linear"
-        fused, mma_from, wgmma = self._kernel_batches(dtype)
+        fused, mma_from, wgmma, _ = self._kernel_batches(dtype)
         if _within(batch, wgmma):
             return "cuda-affine-wgmma"
         if batch <= fused:
@@ -552,15 +562,19 @@ class DeviceLinear:
 def forward_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Tensor] | None:
     """``[x·W_lᵀ + b_l for each layer]`` for layers on ``x``'s device that read the one input
     ``x`` (shape ``(..., cols)``), each output equal to :meth:`DeviceLinear.forward`'s bit for
-    bit, with fewer launches:
+    bit (but for affine layers shorter than :data:`GEMM_MIN_ROWS` at 17–64 rows: these decode on
+    their own, and here run the GEMM as ``forward(x, route="gemv")`` does), with fewer launches:
 
     - affine layers under one bf16 or f16 activation row: one launch of the batch-1 kernel per
       :data:`GROUP_MAX` layers. At batch 1 a launch of a 4096-wide layer costs a few µs beyond
       its bytes, so a Llama block's q, k and v projections run about 1.7× faster as one launch
       (``docs/eval/cuda_e2e.md``); a group the kernel does not take (codes of two widths, say)
       runs layer by layer here (a layer without a fused route at this batch: None). At 2 rows
-      and more, up to the fused kernels' batch, each
-      layer's launch runs on a stream of its own, as below;
+      and more, each layer's fused launch runs on a stream of its own, as below (short layers
+      too: side by side, q, k and v of 4096, 1024 and 1024 rows ran 1.3–1.5× faster so than
+      with k and v decoded, and of 2048, 512 and 512 rows 1.7× faster than decoded, on an
+      H100), and the layers that decode at this batch (past their fused kernels' batch) run on
+      the current stream beside them (None where every layer decodes);
     - E8 and trellis layers with the same activation RHT (:meth:`DeviceLinear.rotation`), any
       batch: the RHT once, then each layer's kernel. At the batches their fused kernels take,
       those kernels run side by side, each beyond the first on a stream of its own that forks
@@ -588,21 +602,29 @@ def _affine_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Ten
     if x.dtype not in (torch.bfloat16, torch.float16):
         return None
     m, cols = math.prod(x.shape[:-1]), x.shape[-1]
-    # Batches every layer's fused kernels take (at 2 rows and more, each layer's launch on a
-    # stream of its own); else None, and the caller runs them one by one.
-    if m == 0 or not all(d._takes(m, x.dtype) for d in layers):
+    # Beside each other, short layers take the GEMM too: their blocks fill the device together.
+    fused = [d._takes(m, x.dtype, grouped=len(layers) > 1) for d in layers]
+    # One row: every layer on the batch-1 kernel. More: at least one layer's fused kernel (each
+    # launch on a stream of its own; the layers that decode at this batch on the current stream
+    # beside them); else None, and the caller runs them one by one.
+    if m == 0 or not (all(fused) if m == 1 else any(fused)):
         return None
     x2 = x.reshape(m, cols).contiguous()
     if x2.data_ptr() % 16:
         x2 = x2.clone()  # (the kernel reads 16-byte pieces)
     code = _DTYPES[x.dtype]
-    ys = [torch.empty(m, d.rows, dtype=x.dtype, device=x.device) for d in layers]
+    ys = [torch.empty(m, d.rows, dtype=x.dtype, device=x.device) if f else None for d, f in zip(layers, fused)]
     main = torch.cuda.current_stream(x.device)
     if m > 1:
-        with _forked(x, len(layers)) as streams:
-            for d, y, s in zip(layers, ys, streams):
-                d.kernels.affine_gemv(dict(d.args, x=_ptr(x2), x_dtype=code, batch=m, y=_ptr(y), y_dtype=code),
+        launched = [i for i, f in enumerate(fused) if f]
+        decoded = [i for i, f in enumerate(fused) if not f]
+        with _forked(x, len(launched) + bool(decoded)) as streams:
+            for i, s in zip(launched, streams[bool(decoded):]):
+                d = layers[i]
+                d.kernels.affine_gemv(dict(d.args, x=_ptr(x2), x_dtype=code, batch=m, y=_ptr(ys[i]), y_dtype=code),
                                       s.cuda_stream)
+            for i in decoded:
+                ys[i] = layers[i].forward(x2)
         return [y.reshape(*x.shape[:-1], d.rows) for d, y in zip(layers, ys)]
     for i in range(0, len(layers), GROUP_MAX):
         part = list(zip(layers[i : i + GROUP_MAX], ys[i : i + GROUP_MAX]))

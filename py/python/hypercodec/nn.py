@@ -638,7 +638,7 @@ def _grouped_forward(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor]:
     """Each linear layer's output for ``x``: on CUDA with fewer launches where
     :func:`hypercodec.cuda.forward_group` takes the layers (affine ones at batch 1 in one launch;
     E8 and trellis ones with one activation RHT; kernels side by side on streams of their own;
-    the same outputs bit for bit), else one by one."""
+    the same outputs bit for bit but where short affine layers run the GEMM together), else one by one."""
     if x.is_cuda and all(_w8a8_ready(layer, x) is None for layer in layers):
         from .cuda import forward_group
 
@@ -661,8 +661,10 @@ _GROUPING = {"on": True, "pass": None}
 
 def set_compile_grouping(enabled: bool) -> None:
     """Whether ``torch.compile`` (inductor) runs stored linear layers that read one input
-    together (on by default; the outputs are the same bit for bit): affine layers in one launch
-    at batch 1 and side by side on streams of their own at more rows, E8 and trellis layers
+    together (on by default; the outputs are the same bit for bit, but for short affine layers
+    at 17–64 rows, which run the GEMM there and decode alone: :func:`hypercodec.cuda.forward_group`):
+    affine layers in one launch at batch 1 and their fused kernels side by side on streams of
+    their own at more rows (the layers that decode at that batch beside them), E8 and trellis layers
     after one activation RHT with their kernels side by side on streams
     (:func:`hypercodec.cuda.forward_group`). Takes effect for graphs compiled from then on."""
     _GROUPING["on"] = bool(enabled)
