@@ -2106,7 +2106,6 @@ def test_torch_jit_trace_records_the_stored_operator():
     """`torch.jit.trace` of a compressed model computes each new input: the graph calls the
     stored layers' operator (it baked the traced input's output in as a constant before, for
     linear layers, 1×1 convolutions and embeddings alike)."""
-    import warnings
 
     class Net(torch.nn.Module):
         def __init__(self) -> None:
@@ -2126,6 +2125,11 @@ def test_torch_jit_trace_records_the_stored_operator():
     for _ in range(2):
         ids = torch.randint(0, 100, (2, 7))
         assert torch.allclose(traced(ids), model(ids), atol=1e-5)
+    # torch.jit.script cannot compile native code: it says what can (it failed on an annotation).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.jit.script is deprecated)
+        with pytest.raises(hypercodec.InvalidInputError, match="torch.jit.trace, torch.export and torch.compile"):
+            torch.jit.script(model)
 
 
 @pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="the stored operator needs torch >= 2.4")

@@ -159,6 +159,14 @@ class _StoredForm:
 
     op: "_native.Linear | None"
 
+    def __prepare_scriptable__(self) -> Any:
+        # torch.jit.script calls this on every module first; the stored layers run native code
+        # TorchScript cannot compile (it failed on an annotation: "Unknown type annotation").
+        raise _native.InvalidInputError(
+            f"torch.jit.script cannot compile hypercodec's {type(self).__name__} (it runs native code): "
+            "torch.jit.trace, torch.export and torch.compile record its operators"
+        )
+
     def _init_stored(self, source: Any = None, tied: str | None = None) -> None:
         # `source()` gives the bytes of a layer read from an archive; `_hwz` keeps the tensor
         # a layer was loaded from (re-saving it copies nothing).
@@ -559,7 +567,14 @@ def _fake_forward(x: torch.Tensor, meta: list[int]) -> torch.Tensor:
     _, oc, icg, kh, kw, sh, sw, dh, dw, groups, pointwise, mode, ph, pw, _ = meta
     padding: Any = _PAD_MODES[mode] if mode >= 0 else (ph, pw)
     y = nn.functional.conv2d(x, x.new_empty((oc, icg, kh, kw)), None, (sh, sw), padding, (dh, dw), groups)
-    return y.contiguous() if pointwise and x.shape[1] > 0 else y  # (as _pointwise_forward)
+    return y.contiguous(memory_format=_pointwise_format(x)) if pointwise and x.shape[1] > 0 else y  # (as _pointwise_forward)
+
+
+def _pointwise_format(x: torch.Tensor) -> torch.memory_format:
+    """The memory format of a stored 1×1 convolution's output for the input ``x``: the input's,
+    as ``nn.Conv2d`` keeps it (channels_last where ``x`` is so and not also plain contiguous)."""
+    cl = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return torch.channels_last if cl else torch.contiguous_format
 
 
 _custom_op = getattr(torch.library, "custom_op", None)  # torch >= 2.4
@@ -1684,10 +1699,9 @@ class HyperConv2d(_StoredForm, nn.Module):
     def _pointwise_forward(self, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
         n, c, h, w = x.shape
         o = self.op.rows  # explicit sizes: `-1` is ambiguous when a dimension is 0
-        # The input's memory format, as nn.Conv2d keeps it (channels_last: the rows computed
-        # are already in that order, so no copy).
-        fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() \
-            else torch.contiguous_format
+        # The input's memory format (channels_last: the rows computed are already in that
+        # order, so no copy).
+        fmt = _pointwise_format(x)
         if x.is_cuda:
             y = _on_device(self, x.device).forward(x.permute(0, 2, 3, 1).reshape(n * h * w, c))
             y = y.reshape(n, h, w, o).permute(0, 3, 1, 2)
