@@ -779,6 +779,17 @@ impl Linear {
             max_tile,
         } = &spec
         {
+            // Above the lattice's calibrated rates: its rate control has no scale there, and the
+            // grid fallback would give 8 bits for the 12 asked (silently less than asked).
+            if let Encoding::Lattice { lattice, .. } = template {
+                let most = hypercodec_lattice::calibration::max_bps(*lattice);
+                if *bps > most {
+                    return Err(InvalidInputError::new_err(format!(
+                        "{bps} bits per value is above the {lattice:?} lattice's rates (up to \
+                         {most:.2}): ask for int8 (8 bits per value) or f16/bf16 (16)"
+                    )));
+                }
+            }
             spec = match rate::serving_template("weight", &shape, template, *max_tile, *bps) {
                 // Prefix codes whose code lengths the rate cannot carry: their rANS rung.
                 Some(template) => Spec::Rate {

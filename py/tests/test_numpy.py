@@ -104,6 +104,12 @@ def test_a_lattice_rate_below_its_reach_falls_back_within_the_rate():
     assert small.stored_bytes * 8 > 2.5 * 64 * 128
     with pytest.raises(hypercodec.InvalidInputError, match="at least 1 bit"):
         hypercodec.Linear.quantize(w, "e8@0.5")
+    # Above its calibrated rates (8.05 bits for E8) the grid fallback gave 8 bits for the 12
+    # asked, silently; it says so, and the lattice's top rate still codes.
+    with pytest.raises(hypercodec.InvalidInputError, match="above the E8 lattice's rates"):
+        hypercodec.Linear.quantize(w[:64], "e8@12")
+    top = hypercodec.Linear.quantize(w[:64], "e8@8")
+    assert snr_db(w[:64], top.weight().reshape(64, -1)) > 40
 
 
 @pytest.mark.parametrize("spec", ["e8-fixed4", "tcq@2-l12"])
