@@ -26,6 +26,7 @@ use crate::{HwzError, ReadAt, Result, MAX_ELEMENTS, MAX_RANK, MAX_ZSTD_EXPANSION
 use half::f16;
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 /// Most entries in a legacy zip (Hyper Glyph writes a dozen).
 pub const MAX_LEGACY_ENTRIES: usize = 4096;
@@ -168,6 +169,21 @@ pub struct LegacyArchive<R> {
     metadata: Value,
     tensors: Vec<LegacyTensor>,
     streams: BTreeMap<String, LegacyStream>,
+    decoded: Decoded,
+}
+
+/// The streams tensors have decoded so far, each inflated once: every tensor slices one of a
+/// few shared streams, and inflating it again for each (a 20 KB file of 4000 tensors over one
+/// 8 MB stream) took minutes. At most the sum of the streams' budgets, which the file's size
+/// bounds.
+#[derive(Default)]
+struct Decoded(Mutex<BTreeMap<String, Arc<Vec<u8>>>>);
+
+impl std::fmt::Debug for Decoded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map_or(0, |m| m.len());
+        write!(f, "Decoded({n} streams)")
+    }
 }
 
 fn num(meta: &serde_json::Map<String, Value>, key: &str) -> Result<u64> {
@@ -241,6 +257,7 @@ impl<R: ReadAt> LegacyArchive<R> {
             metadata: Value::Null,
             tensors: vec![],
             streams: BTreeMap::new(),
+            decoded: Decoded::default(),
         };
         if !archive.entries.contains_key("metadata.json") {
             // Any other zip (a PyTorch checkpoint is one): say what it is not.
@@ -460,6 +477,24 @@ impl<R: ReadAt> LegacyArchive<R> {
         }
     }
 
+    /// [`LegacyArchive::stream`], inflated once for every tensor that reads it.
+    fn shared_stream(&self, name: &str) -> Result<Arc<Vec<u8>>> {
+        let cached = self
+            .decoded
+            .0
+            .lock()
+            .ok()
+            .and_then(|m| m.get(name).cloned());
+        if let Some(s) = cached {
+            return Ok(s);
+        }
+        let s = Arc::new(self.stream(name)?);
+        if let Ok(mut m) = self.decoded.0.lock() {
+            m.insert(name.to_string(), Arc::clone(&s));
+        }
+        Ok(s)
+    }
+
     /// `metadata.json` as parsed.
     pub fn metadata(&self) -> &Value {
         &self.metadata
@@ -552,8 +587,8 @@ fn decode<R: ReadAt>(a: &LegacyArchive<R>, t: &LegacyTensor) -> Result<Vec<f32>>
     // Every codec's main payload is at least 1/8 byte per value: justify the output first.
     let mut out = if codec == "sparse" {
         let count = num(m, "count")?;
-        let idx = a.stream("sparse_indices")?;
-        let val = a.stream("sparse_values")?;
+        let idx = a.shared_stream("sparse_indices")?;
+        let val = a.shared_stream("sparse_values")?;
         let idx = slice(&idx, m, "sparse_index_offset", "sparse_index_length")?;
         let val = slice(&val, m, "sparse_value_offset", "sparse_value_length")?;
         if count.checked_mul(4) != Some(idx.len() as u64)
@@ -574,9 +609,9 @@ fn decode<R: ReadAt>(a: &LegacyArchive<R>, t: &LegacyTensor) -> Result<Vec<f32>>
         }
         out
     } else if codec == "raw_int8" {
-        let raw = a.stream("raw_values")?;
+        let raw = a.shared_stream("raw_values")?;
         let values = slice(&raw, m, "raw_offset", "raw_length")?;
-        let scales = a.stream("scales")?;
+        let scales = a.shared_stream("scales")?;
         let p = f32s(slice(&scales, m, "scale_offset", "scale_length")?);
         if values.len() != n || p.len() < 2 {
             return Err(bad(format!(
@@ -586,8 +621,8 @@ fn decode<R: ReadAt>(a: &LegacyArchive<R>, t: &LegacyTensor) -> Result<Vec<f32>>
         }
         values.iter().map(|&q| q as f32 * p[0] + p[1]).collect()
     } else if codec.starts_with("low_rank") {
-        let lr = a.stream("low_rank")?;
-        let scales = a.stream("scales")?;
+        let lr = a.shared_stream("low_rank")?;
+        let scales = a.shared_stream("scales")?;
         let p = f32s(slice(&scales, m, "scale_offset", "scale_length")?);
         let dims = |k: &str| -> Result<(usize, usize)> {
             let v = m
@@ -657,10 +692,10 @@ fn decode<R: ReadAt>(a: &LegacyArchive<R>, t: &LegacyTensor) -> Result<Vec<f32>>
             .get("value_stream")
             .and_then(Value::as_str)
             .unwrap_or("assignments");
-        let raw = a.stream(stream)?;
+        let raw = a.shared_stream(stream)?;
         let values = slice(&raw, m, "value_offset", "value_length")?;
-        let scales_s = a.stream("scales")?;
-        let zeros_s = a.stream("zero_points")?;
+        let scales_s = a.shared_stream("scales")?;
+        let zeros_s = a.shared_stream("zero_points")?;
         let scales = floats(slice(&scales_s, m, "scale_offset", "scale_length")?, dtype);
         let zeros = floats(slice(&zeros_s, m, "zero_offset", "zero_length")?, dtype);
         let codes = hypercodec_scalar::unpack_bits(values, bits, n)
@@ -689,8 +724,8 @@ fn decode<R: ReadAt>(a: &LegacyArchive<R>, t: &LegacyTensor) -> Result<Vec<f32>>
             .collect()
     };
     if m.contains_key("residual_count") {
-        let idx_s = a.stream("residual_indices")?;
-        let val_s = a.stream("residual_values")?;
+        let idx_s = a.shared_stream("residual_indices")?;
+        let val_s = a.shared_stream("residual_values")?;
         let idx = varints(slice(
             &idx_s,
             m,
@@ -776,7 +811,7 @@ fn decode_codebook<R: ReadAt>(
             .ok_or_else(|| bad("prototype scales outside their stream"))?,
         None => value_end,
     };
-    let pstream = a.stream("prototypes")?;
+    let pstream = a.shared_stream("prototypes")?;
     let pv = usize::try_from(value_start)
         .ok()
         .zip(usize::try_from(value_end).ok())
@@ -821,7 +856,7 @@ fn decode_codebook<R: ReadAt>(
     }
     // Both at most n, which fits a usize.
     let (count, blocks, group) = (count as usize, blocks as usize, to_usize(group, "group")?);
-    let astream = a.stream("assignments")?;
+    let astream = a.shared_stream("assignments")?;
     let payload = slice(&astream, m, "assignment_offset", "assignment_length")?;
     let assignments: Vec<u64> = match m
         .get("assignment_encoding")
@@ -865,7 +900,7 @@ fn decode_codebook<R: ReadAt>(
             assignments.len()
         )));
     }
-    let sstream = a.stream("scales")?;
+    let sstream = a.shared_stream("scales")?;
     let scales = floats(slice(&sstream, m, "scale_offset", "scale_length")?, dtype);
     if scales.len() < blocks {
         return Err(bad(format!(
@@ -886,4 +921,112 @@ fn decode_codebook<R: ReadAt>(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A file in memory that counts the bytes read from it.
+    struct Counted {
+        bytes: Vec<u8>,
+        read: AtomicU64,
+    }
+
+    impl ReadAt for Counted {
+        fn size(&self) -> u64 {
+            self.bytes.len() as u64
+        }
+        fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.read.fetch_add(buf.len() as u64, Ordering::Relaxed);
+            let at = offset as usize;
+            let src = self.bytes.get(at..at + buf.len()).ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "past the end")
+            })?;
+            buf.copy_from_slice(src);
+            Ok(())
+        }
+    }
+
+    /// A zip of `files`, stored (method 0).
+    fn zip(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
+        let (mut out, mut central) = (Vec::new(), Vec::new());
+        for (name, data) in files {
+            let local = out.len() as u32;
+            let (crc, len, n) = (crc32(data), data.len() as u32, name.len() as u16);
+            out.extend_from_slice(&0x0403_4b50u32.to_le_bytes());
+            out.extend_from_slice(&[0; 4]); // version, flags
+            out.extend_from_slice(&[0; 2]); // method: stored
+            out.extend_from_slice(&[0; 4]); // time, date
+            for v in [crc, len, len] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            out.extend_from_slice(&n.to_le_bytes());
+            out.extend_from_slice(&[0; 2]);
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(data);
+            central.extend_from_slice(&0x0201_4b50u32.to_le_bytes());
+            central.extend_from_slice(&[0; 6]); // versions, flags
+            central.extend_from_slice(&[0; 2]); // method: stored
+            central.extend_from_slice(&[0; 4]);
+            for v in [crc, len, len] {
+                central.extend_from_slice(&v.to_le_bytes());
+            }
+            central.extend_from_slice(&n.to_le_bytes());
+            central.extend_from_slice(&[0; 12]); // extra, comment, disk, attributes
+            central.extend_from_slice(&local.to_le_bytes());
+            central.extend_from_slice(name.as_bytes());
+        }
+        let (cd_off, cd_size) = (out.len() as u32, central.len() as u32);
+        out.extend_from_slice(&central);
+        out.extend_from_slice(&0x0605_4b50u32.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        let count = (files.len() as u16).to_le_bytes();
+        out.extend_from_slice(&count);
+        out.extend_from_slice(&count);
+        out.extend_from_slice(&cd_size.to_le_bytes());
+        out.extend_from_slice(&cd_off.to_le_bytes());
+        out.extend_from_slice(&[0; 2]);
+        out
+    }
+
+    #[test]
+    fn tensors_over_one_shared_stream_read_it_once() {
+        // 300 INT4 tensors, each slicing the start of one 64 KiB stream: each inflated that
+        // stream again (a 20 KB deflated file of 4000 such tensors over 8 MB took minutes).
+        let stream = |file: &str, bytes: usize| serde_json::json!({"file": file, "compression": "raw", "raw_bytes": bytes, "stored_bytes": bytes});
+        let tensors: Vec<Value> = (0..300)
+            .map(|i| {
+                serde_json::json!({"name": format!("t{i}"), "shape": [2, 2], "codec": "packed_int4",
+                    "bits": 4, "value_offset": 0, "value_length": 2, "scale_offset": 0,
+                    "scale_length": 4, "zero_offset": 0, "zero_length": 4})
+            })
+            .collect();
+        let meta = serde_json::json!({"format_version": "0.5", "tensors": tensors, "streams": {
+            "assignments": stream("assignments.bin", 65536),
+            "scales": stream("scales.bin", 16),
+            "zero_points": stream("zero_points.bin", 16)}});
+        let mut codes = vec![0u8; 65536];
+        codes[..2].copy_from_slice(&[0x21, 0x43]); // codes 1, 2, 3, 4
+        let bytes = zip(&[
+            ("metadata.json", meta.to_string().into_bytes()),
+            ("assignments.bin", codes),
+            ("scales.bin", 0.5f32.to_le_bytes().repeat(4)),
+            ("zero_points.bin", 0f32.to_le_bytes().repeat(4)),
+        ]);
+        let len = bytes.len() as u64;
+        let a = LegacyArchive::open(Counted {
+            bytes,
+            read: AtomicU64::new(0),
+        })
+        .unwrap();
+        let first = a.decode_tensor("t0").unwrap();
+        assert_eq!(first.len(), 4);
+        for i in 1..300 {
+            assert_eq!(a.decode_tensor(&format!("t{i}")).unwrap(), first);
+        }
+        let read = a.source.read.load(Ordering::Relaxed);
+        assert!(read < 2 * len, "{read} bytes read from a {len}-byte file");
+    }
 }
