@@ -210,7 +210,7 @@ impl Inspector {
             "version": s.version, "generator": s.generator, "file_bytes": s.totals.file_bytes,
             "manifest_bytes": s.totals.manifest_bytes, "elements": s.totals.elements,
             "payload_bytes": s.totals.payload_bytes, "bps_all_in": s.totals.bps_file,
-            "lossy": s.totals.lossy,
+            "lossy": s.totals.lossy, "lossy_without_snr": s.totals.lossy_without_snr,
             "roles": roles, "tensors": tensors, "metadata_keys": s.metadata_keys,
         }))
     }

@@ -83,9 +83,11 @@ function render(name, s) {
     ["payload", fmtBytes(s.payload_bytes)],
     ["manifest", fmtBytes(s.manifest_bytes)],
     ["bits per value, all-in", fmt(s.bps_all_in, 3)],
-    ["lossy tensors (quality figures count only these)", s.lossy
+    ["lossy tensors (quality figures count only these)", [s.lossy
       ? `${s.lossy.tensors} tensors, ${s.lossy.elements.toLocaleString()} values at ${fmt(s.lossy.bps, 3)} bps (${fmt(s.lossy.all_in_bps, 3)} all-in); SNR ${fmt(s.lossy.snr_db, 2)} dB (per tensor min ${fmt(s.lossy.min_snr_db, 2)}, median ${fmt(s.lossy.median_snr_db, 2)})`
-      : "none: every tensor exact"],
+      : "", s.lossy_without_snr
+      ? `${s.lossy_without_snr} more without a finite SNR (non-finite values)`
+      : ""].filter(Boolean).join("; ") || "none: every tensor exact"],
     ["metadata", s.metadata_keys.join(", ") || "—"],
   ];
   $("totals").replaceChildren(...totals.flatMap(([k, v]) => {

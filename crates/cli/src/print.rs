@@ -42,6 +42,7 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) -> Result<
             "elements": rep.elements, "payload_bytes": r.payload_bytes,
             "file_bytes": r.file_bytes, "bps": r.bps(), "bps_file": all_in,
             "lossy_tensors": lossy_tensors, "lossy_elements": lossy_n, "lossy_bps": lossy_bps,
+            "lossy_without_snr": r.lossy_without_snr,
             "snr_db": finite(snr), "min_snr_db": min.map(finite), "median_snr_db": median.map(finite),
             "fallbacks": rep.fallbacks.iter().map(|(t, e)| json!({"tensor": t, "encoding": e})).collect::<Vec<_>>(),
             "seconds": r.seconds,
@@ -49,12 +50,21 @@ pub fn compress_summary(output: &Path, r: &FileReport, as_json: bool) -> Result<
         outln!("{summary:#}");
         return Ok(());
     }
-    let quality = match (min, median) {
+    let mut quality = match (min, median) {
         (Some(lo), Some(med)) => format!(
             "{lossy_tensors} lossy tensors ({lossy_n} values): {lossy_bps:.3} bits/value stored, SNR {snr:.2} dB (per tensor min {lo:.2}, median {med:.2})"
         ),
+        _ if r.lossy_without_snr > 0 => String::new(),
         _ => "every tensor exact".to_string(),
     };
+    if r.lossy_without_snr > 0 {
+        // (Their SNR is NaN or their error infinite: not exact, and not in the figures above.)
+        let sep = if quality.is_empty() { "" } else { "; " };
+        quality += &format!(
+            "{sep}{} lossy tensors without a finite SNR (non-finite values)",
+            r.lossy_without_snr
+        );
+    }
     let rate = all_in.map_or(String::new(), |b| format!(", {b:.3} bits/value all-in"));
     outln!(
         "wrote {} ({} tensors, {} values, {} bytes{rate}); {quality}; {:.1} s",
@@ -176,9 +186,14 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
         "SNR dB"
     );
     for r in &rows {
-        let snr = r["stats"]["snr_db"]
-            .as_f64()
-            .map_or("exact".to_string(), |v| format!("{v:.2}"));
+        let stats: Option<hypercodec_hwz::TensorStats> =
+            serde_json::from_value(r["stats"].clone()).ok();
+        let snr = match r["stats"]["snr_db"].as_f64() {
+            Some(v) => format!("{v:.2}"),
+            // (A NaN SNR or an infinite error: stored values differ, by no finite measure.)
+            None if hypercodec_pipeline::lossy_without_snr(stats.as_ref()) => "lossy".to_string(),
+            None => "exact".to_string(),
+        };
         let streams = r["streams"].as_object().map(|o| {
             let parts: Vec<String> = o
                 .iter()

@@ -293,15 +293,27 @@ fn nan_input_fails_cleanly_and_leaves_no_file() {
         Some(1)
     );
     assert_eq!(std::fs::read(&hwz).unwrap(), b"previous");
-    // Raw encodings may keep NaN when asked to.
-    ok(&[
-        "compress",
-        p(&model),
-        p(&hwz),
-        "--encoding",
-        "raw-f32",
-        "--allow-non-finite",
-    ]);
+    // Raw encodings may keep NaN when asked to: f32 keeps every value (exact), f16 rounds the
+    // finite ones, which has no finite SNR over NaN (it was printed "every tensor exact").
+    let raw = |enc: &str| {
+        ok(&[
+            "compress",
+            p(&model),
+            p(&hwz),
+            "--encoding",
+            enc,
+            "--allow-non-finite",
+        ])
+    };
+    let table = |hwz: &Path| ok(&["inspect", p(hwz)]);
+    assert!(raw("raw-f32").contains("every tensor exact"));
+    assert!(!table(&hwz).contains("lossy"));
+    let f16 = raw("raw-f16");
+    assert!(
+        f16.contains("lossy tensors without a finite SNR") && !f16.contains("every tensor exact"),
+        "{f16}"
+    );
+    assert!(table(&hwz).contains("lossy"));
 }
 
 #[test]

@@ -102,6 +102,8 @@ pub struct FileReport {
     pub seconds: f64,
     /// The lossy tensors as the archive stores them (the same figures `inspect` shows).
     pub lossy: Option<crate::LossyTotals>,
+    /// Lossy tensors without a finite SNR (`Totals::lossy_without_snr`).
+    pub lossy_without_snr: usize,
 }
 
 impl FileReport {
@@ -777,12 +779,14 @@ pub fn compress_to_file(
     let file_bytes = std::fs::metadata(path)
         .map_err(PipelineError::io(path))?
         .len();
+    let totals = crate::summarize(&manifest, 0, file_bytes).totals;
     Ok(FileReport {
         report,
         payload_bytes: payload_bytes(&manifest),
         file_bytes,
         seconds: started.elapsed().as_secs_f64(),
-        lossy: crate::summarize(&manifest, 0, file_bytes).totals.lossy,
+        lossy: totals.lossy,
+        lossy_without_snr: totals.lossy_without_snr,
     })
 }
 
@@ -826,6 +830,7 @@ pub fn compress_to_shards(
         file_bytes: summary.totals.file_bytes,
         seconds: started.elapsed().as_secs_f64(),
         lossy: summary.totals.lossy,
+        lossy_without_snr: summary.totals.lossy_without_snr,
     })
 }
 

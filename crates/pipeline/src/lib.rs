@@ -26,7 +26,8 @@ mod threads;
 pub use error::{PipelineError, Result};
 pub use stats::{gaussian_bound_db, ErrorAcc};
 pub use summary::{
-    legacy_summary, summarize, ArchiveSummary, LossyTotals, StreamSummary, TensorSummary, Totals,
+    legacy_summary, lossy_without_snr, summarize, ArchiveSummary, LossyTotals, StreamSummary,
+    TensorSummary, Totals,
 };
 pub use threads::{init_threads, MAX_THREADS, THREADS_ENV};
 

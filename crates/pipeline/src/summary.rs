@@ -68,6 +68,9 @@ pub struct Totals {
     /// quoted over, so that an exactly stored tensor never inflates it. `None` when every
     /// tensor is exact or unmeasured.
     pub lossy: Option<LossyTotals>,
+    /// Tensors whose stored values differ from their source where no finite SNR says by how
+    /// much ([`lossy_without_snr`]): not in `lossy`, and not exact either.
+    pub lossy_without_snr: usize,
 }
 
 /// Totals over the lossy tensors of an archive, from their stored statistics.
@@ -124,6 +127,14 @@ fn lossy_totals(
         min_snr_db: snrs[0],
         median_snr_db: snrs[snrs.len() / 2],
     })
+}
+
+/// Whether a tensor's stored values differ from its source with no finite SNR stored: a
+/// source with NaN (its SNR is NaN) or a value that became infinite (its error is). Its largest
+/// error is then absent or positive; a tensor stored exactly has 0 (NaN differences do not
+/// count: `f64::max` passes over them). Unmeasured tensors (no statistics) are not counted.
+pub fn lossy_without_snr(stats: Option<&TensorStats>) -> bool {
+    stats.is_some_and(|s| s.snr_db.is_none() && s.max_abs_err != Some(0.0))
 }
 
 /// `(values, stored bytes, mse, snr_db)` of a lossy tensor: one with a finite stored SNR
@@ -223,6 +234,10 @@ pub fn summarize(m: &Manifest, manifest_bytes: u64, file_bytes: u64) -> ArchiveS
                 .map(|t| t.stored_bytes)
                 .sum(),
         ),
+        lossy_without_snr: tensors
+            .iter()
+            .filter(|t| lossy_without_snr(t.stats.as_ref()))
+            .count(),
     };
     ArchiveSummary {
         version: m.version,
