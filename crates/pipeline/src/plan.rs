@@ -176,6 +176,21 @@ impl LatticeOptions {
             LatticeRate::Bps(b) => b,
             LatticeRate::SnrDb(_) => 4.0,
         };
+        // Above the calibration rate control has no scale, and the grid fallback gave fewer
+        // bits than asked (INT8 at 7.4 bits for --bps 9, below what --bps 8 gives).
+        let most = cal::max_bps(l);
+        if matches!(self.rate, LatticeRate::Bps(_))
+            && !matches!(self.coding, Coding::Fixed { .. })
+            && bps > most
+        {
+            return Err(PipelineError::option(
+                "bps",
+                format!(
+                    "{bps} bits per value is above the {l} lattice's rates (up to {most:.2}): \
+                     ask for --encoding affine --bits 8, or raw-f16 / raw-bf16"
+                ),
+            ));
+        }
         let (coding, mut alpha) = match self.coding {
             Coding::Fixed { .. } => {
                 if let LatticeRate::SnrDb(_) = self.rate {
@@ -638,16 +653,25 @@ pub fn sensitivity_arg(value: &str) -> Result<HashMap<String, f64>> {
     }
 }
 
+/// The largest sensitivity weight: the budget weighs each tensor's squared error by it, and a
+/// squared error of f32 values over a billion of them stays below 1e87, so products stay finite
+/// (a weight of 1e308 overflowed them to infinity, and the tensor it meant to protect got the
+/// cheapest candidate instead).
+pub const MAX_SENSITIVITY: f64 = 1e200;
+
 fn parse_weights(text: &str, what: &str) -> Result<HashMap<String, f64>> {
     let weights: HashMap<String, f64> =
         serde_json::from_str(text).map_err(|e| PipelineError::Json {
             what: format!("{what}: not a {{name: weight}} object"),
             message: e.to_string(),
         })?;
-    if let Some((name, w)) = weights.iter().find(|(_, w)| !(w.is_finite() && **w >= 0.0)) {
+    if let Some((name, w)) = weights
+        .iter()
+        .find(|(_, w)| !(0.0..=MAX_SENSITIVITY).contains(*w))
+    {
         return Err(PipelineError::option(
             "sensitivity",
-            format!("weight {w} of `{name}` is not a finite number ≥ 0"),
+            format!("weight {w} of `{name}` is not a number in 0..={MAX_SENSITIVITY:e}"),
         ));
     }
     Ok(weights)
@@ -705,21 +729,39 @@ mod tests {
                 Err(PipelineError::InvalidOption { .. })
             ));
         }
-        for rate in [LatticeRate::SnrDb(f32::NAN), LatticeRate::Bps(f64::NAN)] {
+        // (9 bits: above E8's calibrated 8.05, which the grid fallback served with 7.4.)
+        for rate in [
+            LatticeRate::SnrDb(f32::NAN),
+            LatticeRate::Bps(f64::NAN),
+            LatticeRate::Bps(9.0),
+        ] {
             let o = LatticeOptions {
                 rate,
                 ..LatticeOptions::default()
             };
             assert!(matches!(o.spec(), Err(PipelineError::InvalidOption { .. })));
         }
+        let top = LatticeOptions {
+            rate: LatticeRate::Bps(8.0),
+            ..LatticeOptions::default()
+        };
+        assert!(top.spec().is_ok());
         assert_eq!(
             sensitivity_arg(r#" {"a": 2}"#).expect("inline").get("a"),
             Some(&2.0)
         );
-        assert!(matches!(
-            sensitivity_arg(r#"{"a": -1}"#),
-            Err(PipelineError::InvalidOption { .. })
-        ));
+        // Negative, or so large that weighted errors overflow (1e308 gave the tensor the
+        // cheapest candidate, as a weight of 0 would).
+        for bad in [r#"{"a": -1}"#, r#"{"a": 1e308}"#, r#"{"a": 1e201}"#] {
+            assert!(
+                matches!(
+                    sensitivity_arg(bad),
+                    Err(PipelineError::InvalidOption { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(sensitivity_arg(r#"{"a": 1e200}"#).is_ok());
         assert!(matches!(
             sensitivity_arg("/nonexistent/w.json"),
             Err(PipelineError::Io { .. })
