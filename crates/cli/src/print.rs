@@ -304,8 +304,15 @@ pub fn benchmark(args: &BenchArgs) -> Result<()> {
     let input = args.input.as_deref().unwrap_or_default();
     let source = TensorSource::open(input)?;
     if let Some(md) = &args.markdown {
-        // Refused before the measuring, not after it.
+        // Refused before the measuring, not after it: the table's path, and its folder.
         hypercodec_pipeline::check_output(md, source.files())?;
+        let folder = md.parent().filter(|f| !f.as_os_str().is_empty());
+        if folder.is_some_and(|f| !f.is_dir()) {
+            return Err(PipelineError::io(md)(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no folder to write the table in",
+            )));
+        }
     }
     let options = BenchOptions {
         include_1d: args.include_1d,

@@ -393,6 +393,12 @@ fn benchmark_reports_every_representation() {
     assert!(std::fs::read_to_string(&md)
         .unwrap()
         .contains("| affine-int4-g128-asym-f16 |"));
+    // A table in a missing folder is refused before measuring (it failed after the whole run).
+    let lost = dir.path().join("missing").join("b.md");
+    let r = run(&["benchmark", "gaussian:32x128", "--markdown", p(&lost)]);
+    assert_eq!(r.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(err.contains("no folder") && r.stdout.is_empty(), "{err}");
 }
 
 #[test]
