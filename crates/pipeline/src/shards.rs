@@ -180,6 +180,9 @@ impl ShardedWriter {
             let path = dir.join(shard_name(&self.out, k + 1, n));
             crate::output::check_output(&path, self.inputs.iter().map(PathBuf::as_path))?;
         }
+        // The shards an earlier index of this archive listed (re-sharded at another size, it
+        // left them beside the new ones): removed once the new index is in place.
+        let before = read_index(&index_path(&self.out)).map_or(Vec::new(), |i| i.files);
         let mut weight_map = Map::new();
         let mut out = Vec::with_capacity(n);
         let mut total = 0u64;
@@ -209,7 +212,38 @@ impl ShardedWriter {
         std::io::Write::write_all(&mut tmp, &text).map_err(PipelineError::io(&index_path))?;
         tmp.persist(&index_path)
             .map_err(|e| PipelineError::io(&index_path)(e.error))?;
+        for old in before {
+            // Only names this archive's shards take (an index is an input: it could name any
+            // file beside it), and none of the new ones.
+            let name = old.file_name().map(|f| f.to_string_lossy().into_owned());
+            let ours = name.as_deref().is_some_and(|f| self.is_shard_name(f));
+            if ours && !out.iter().any(|(p, _)| p == &old) {
+                let _ = std::fs::remove_file(&old);
+            }
+        }
         Ok(out)
+    }
+
+    /// Whether `name` is one of this archive's shard names, `STEM-KKKKK-of-NNNNN.hwz` with
+    /// 1 ≤ K ≤ N ≤ [`MAX_SHARDS`].
+    fn is_shard_name(&self, name: &str) -> bool {
+        // `shard_name(out, 1, 1)` without its `00001-of-00001.hwz`: the stem and its dash.
+        let one = shard_name(&self.out, 1, 1);
+        let Some(numbers) = name
+            .strip_prefix(&one[..one.len() - "00001-of-00001.hwz".len()])
+            .and_then(|rest| rest.strip_suffix(".hwz"))
+        else {
+            return false;
+        };
+        let Some((k, n)) = numbers.split_once("-of-") else {
+            return false;
+        };
+        let count = |s: &str| {
+            (s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse::<usize>().ok())
+                .flatten()
+        };
+        matches!((count(k), count(n)), (Some(k), Some(n)) if 1 <= k && k <= n && n <= MAX_SHARDS)
     }
 }
 
@@ -571,6 +605,39 @@ mod tests {
             .expect("decode copy");
         assert_eq!(again, expected);
         assert!(set.encoded(2).is_err());
+    }
+
+    #[test]
+    fn sharding_again_removes_the_shards_the_old_index_listed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("m.hwz");
+        let write = |shard_bytes: u64, tensors: usize| {
+            let mut w =
+                ShardedWriter::new(&out, shard_bytes, WriterOptions::default()).expect("writer");
+            for i in 0..tensors {
+                w.add_tensor(&format!("t{i}"), &[64, 64], "f32", &tensor(), None)
+                    .expect("add");
+            }
+            w.finish().expect("finish")
+        };
+        let names = || {
+            let mut v: Vec<String> = std::fs::read_dir(dir.path())
+                .expect("dir")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        write(20_000, 3);
+        // A file of the user's beside them, named like no shard of this archive.
+        std::fs::write(dir.path().join("m-notes.hwz"), b"keep").expect("write");
+        assert_eq!(names().len(), 5);
+        write(1 << 20, 3);
+        assert_eq!(
+            names(),
+            ["m-00001-of-00001.hwz", "m-notes.hwz", "m.hwz.index.json"]
+        );
+        assert!(ArchiveSet::open(&index_path(&out)).is_ok());
     }
 
     #[test]
