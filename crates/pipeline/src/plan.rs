@@ -374,7 +374,7 @@ impl Chooser {
         if mode == Mode::Budget && options.target.is_none() {
             return Err(PipelineError::option(
                 "target",
-                "mode budget needs a target (bps or ratio)",
+                "mode budget needs a target (bits per value or a ratio: --target-bps or --target-ratio)",
             ));
         }
         let th = &options.thresholds;
