@@ -419,6 +419,28 @@ fn compress(args: &CompressArgs) -> Result<()> {
         Some(_) => pipeline::shards::index_path(&args.output),
         None => args.output.clone(),
     };
+    // A target the archive's own bytes (manifest, plan, alignment) leave no room for beside
+    // the cheapest choices is met over the tensors' streams alone: say so, all-in it is above.
+    let target = match &options.route {
+        Route::Planner(p) => p.target,
+        _ => None,
+    };
+    let bps = |t: hypercodec_plan::Target| match t {
+        hypercodec_plan::Target::Bps(b) => Some(b),
+        hypercodec_plan::Target::Ratio(r) => Some(32.0 / r),
+        hypercodec_plan::Target::Bytes(_) => None,
+    };
+    let elements = report.report.elements;
+    if let Some(want) = target.and_then(bps).filter(|_| elements > 0) {
+        let all_in = report.file_bytes as f64 * 8.0 / elements as f64;
+        if all_in > want + 1e-9 {
+            sink::errln!(
+                "warning: {all_in:.3} bits/value all-in, above the target of {want:.3}: the \
+                 archive's own bytes (manifest, plan, alignment) do not fit beside the cheapest \
+                 choices at this size, so the target was met over the tensors' streams alone"
+            );
+        }
+    }
     print::compress_summary(&written, &report, args.json)
 }
 

@@ -881,9 +881,9 @@ fn budget_targets_hold_for_the_whole_archive() {
         .collect();
     std::fs::write(&model, serialize(tensors, None).unwrap()).unwrap();
     let values: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
-    for target in [2.0, 3.0, 4.0] {
+    for target in [1.02, 2.0, 3.0, 4.0] {
         let t = target.to_string();
-        ok(&[
+        let r = run(&[
             "compress",
             p(&model),
             p(&out),
@@ -892,8 +892,13 @@ fn budget_targets_hold_for_the_whole_archive() {
             "--target-bps",
             &t,
         ]);
+        assert_eq!(r.status.code(), Some(0));
         let bps = std::fs::metadata(&out).unwrap().len() as f64 * 8.0 / values as f64;
-        assert!(bps <= target, "{bps} bits for a target of {target}");
+        // Just above the cheapest choices' rate the archive's own bytes do not fit beside
+        // them: the target holds over the streams, and the run says so (it was silent).
+        let warned = String::from_utf8_lossy(&r.stderr).contains("above the target");
+        assert_eq!(warned, bps > target, "{bps} bits for a target of {target}");
+        assert_eq!(warned, target < 1.5, "{bps} bits for a target of {target}");
     }
 }
 
