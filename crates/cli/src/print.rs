@@ -218,6 +218,23 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
         t["tensors"], t["elements"], t["payload_bytes"], opt(&t["bps_payload"], 3), t["manifest_bytes"],
         t["file_bytes"], opt(&t["bps_file"], 3), opt(&t["ratio_vs_f32"], 2)
     );
+    if let Some(skipped) = v["skipped_tensors"].as_array().filter(|s| !s.is_empty()) {
+        let names: Vec<String> = skipped
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} ({})",
+                    s["name"].as_str().unwrap_or("?"),
+                    s["dtype"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        outln!(
+            "not stored: {} source tensors of types compress does not read (decompress does not restore them): {}",
+            names.len(),
+            names.join(", ")
+        );
+    }
     let l = &t["lossy"];
     if l.is_object() {
         outln!(

@@ -136,6 +136,12 @@ fn raw_encodings_restore_bit_exact() {
         .cloned()
         .collect();
     assert_eq!(back, floats, "raw round trip must be bit-exact");
+    // The I64 tensor compress skipped is named by inspect (only `--json` had it).
+    let table = ok(&["inspect", p(&hwz)]);
+    assert!(
+        table.contains("not stored: 1 source tensors") && table.contains("(I64)"),
+        "{table}"
+    );
     // raw-bf16 of a bf16 tensor is exact too.
     ok(&["compress", p(&model), p(&hwz), "--encoding", "raw-bf16"]);
     ok(&["decompress", p(&hwz), p(&out)]);

@@ -46,7 +46,21 @@ pub fn inspect_file(path: &Path) -> Result<Value> {
         legacy_summary(&a, file_bytes)
     } else {
         // One archive, or a sharded archive's index: one model either way.
-        crate::shards::ArchiveSet::open(path)?.summary()?.to_value()
+        let set = crate::shards::ArchiveSet::open(path)?;
+        let mut v = set.summary()?.to_value();
+        // The source's tensors compress left out (not float): in no archive, so say which.
+        let skipped: Vec<Value> = set
+            .parts
+            .iter()
+            .filter_map(|(_, a)| a.manifest().metadata.get("skipped_tensors"))
+            .filter_map(Value::as_array)
+            .flatten()
+            .cloned()
+            .collect();
+        if let (Value::Object(m), false) = (&mut v, skipped.is_empty()) {
+            m.insert("skipped_tensors".into(), Value::Array(skipped));
+        }
+        v
     };
     if let Value::Object(m) = &mut v {
         m.insert("file".into(), json!(path));
