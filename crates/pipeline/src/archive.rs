@@ -99,6 +99,28 @@ pub fn float_bytes(name: &str, values: &[f32], dtype: FloatDtype) -> Result<Vec<
     Ok(bytes)
 }
 
+/// [`float_bytes`] in the tensor's own source type: its values were that type's, so a decoded
+/// value past its largest (an f16 weight at 65504 decoded to 65540) is rounding error, and is
+/// clamped to it (nearer the original: it could be no larger); values that were f16 subnormals
+/// are kept as such, not refused as an underflow. Non-finite values stay as they are.
+pub fn source_float_bytes(name: &str, values: &[f32], dtype: FloatDtype) -> Result<Vec<u8>> {
+    let top = match dtype {
+        FloatDtype::F16 => 65504.0, // (f16's largest finite value)
+        _ => return float_bytes(name, values, dtype),
+    };
+    let clamped: Vec<f32> = values
+        .iter()
+        .map(|&v| if v.is_finite() { v.clamp(-top, top) } else { v })
+        .collect();
+    let keep = clamped.iter().any(|v| !v.is_finite());
+    hypercodec_scalar::encode_floats(&clamped, dtype, keep).map_err(|source| {
+        PipelineError::Hwz(hwz::HwzError::Scalar {
+            tensor: name.to_string(),
+            source,
+        })
+    })
+}
+
 /// The least signal-to-error ratio (dB) a cast of decoded values to f16 or bf16 must keep:
 /// rounding values within the type's range keeps about 50 (bf16) or 74 dB (f16).
 pub const MIN_CAST_SNR_DB: f64 = 30.0;
@@ -170,7 +192,9 @@ pub fn decompress(
         let entry = entries[i];
         values.resize(entry.numel() as usize, 0.0);
         archive.decode_into(i, &mut values)?;
-        out.extend_from_slice(&float_bytes(&entry.name, &values, tensors[i].dtype)?);
+        let own = FloatDtype::from_name(&entry.source_dtype) == Some(tensors[i].dtype);
+        let bytes = if own { source_float_bytes } else { float_bytes };
+        out.extend_from_slice(&bytes(&entry.name, &values, tensors[i].dtype)?);
         bar.step(&entry.name, entry.numel());
         Ok(())
     })
@@ -283,6 +307,19 @@ mod tests {
         mixed[..10].iter_mut().for_each(|v| *v *= 1e-9);
         assert!(float_bytes("w", &mixed, FloatDtype::F16).is_ok());
         assert!(float_bytes("w", &[0.0; 8], FloatDtype::F16).is_ok());
+        // In the tensor's own type (f16 weights decoded): past f16's largest is rounding,
+        // clamped; tiny values were f16 subnormals, kept. (Both were refused: compress took
+        // such an f16 model, and decompress gave it back only with --dtype f32.)
+        let back = |v: &[f32]| {
+            let b = source_float_bytes("w", v, FloatDtype::F16).expect("own type");
+            let mut out = vec![0f32; v.len()];
+            hypercodec_scalar::decode_floats_into(&b, FloatDtype::F16, &mut out).expect("decode");
+            out
+        };
+        assert!(float_bytes("w", &[65540.0, 1.0], FloatDtype::F16).is_err());
+        assert_eq!(back(&[65540.0, -70000.0, 1.0]), [65504.0, -65504.0, 1.0]);
+        let tiny: Vec<f32> = g.iter().map(|v| v * 1e-7).collect();
+        assert!(back(&tiny).iter().any(|&v| v != 0.0));
     }
 
     #[test]
