@@ -189,6 +189,13 @@ def test_torch_state_dict_roundtrip_keeps_dtypes(tmp_path):
     back = hypercodec.load(tmp_path / "t.hwz", framework="torch")
     assert back["w"].dtype == torch.bfloat16
     assert torch.equal(back["w"], sd["w"]) and torch.equal(back["b"], sd["b"])
+    # f16 weights up to f16's largest, stored with loss: decoded values past it are rounding,
+    # clamped (the cast to f16 made them inf).
+    w16 = (torch.randn(64, 64) * 20000).clamp(-65504, 65504).to(torch.float16)
+    w16[0, :8] = 65504
+    hypercodec.save({"w": w16}, tmp_path / "h.hwz", encoding="lattice", bps=3)
+    back = hypercodec.load(tmp_path / "h.hwz", framework="torch")["w"]
+    assert back.dtype == torch.float16 and torch.isfinite(back).all()
 
 
 def test_conv2d_pointwise_runs_on_the_runtime_and_others_decode():

@@ -304,8 +304,13 @@ class LazyStateDict(Mapping):
 
             t = torch.from_numpy(arr)
             kind = self.archive.source_dtype(name)
-            if kind in ("bf16", "f16"):
-                t = t.to(torch.bfloat16 if kind == "bf16" else torch.float16)
+            if kind == "bf16":
+                t = t.to(torch.bfloat16)
+            elif kind == "f16":
+                # The source's values were f16: a decoded value past its largest is rounding
+                # error, clamped (the cast made it inf), as the CLI's decompress does.
+                top = torch.finfo(torch.float16).max
+                t = torch.where(t.isfinite(), t.clamp(-top, top), t).to(torch.float16)
             return t
         return arr
 
