@@ -336,6 +336,15 @@ fn compress(args: &CompressArgs) -> Result<()> {
              trellis take --bits",
         ));
     }
+    // (`--encoding affine --snr-db 20` wrote INT4 without a word.)
+    if args.encoding.snr_db.is_some()
+        && (mode.is_some() || args.plan.is_some() || args.encoding.kind() != EncodingKind::Lattice)
+    {
+        return Err(PipelineError::option(
+            "--snr-db",
+            "sets the target SNR of --encoding lattice; a planner mode takes --min-snr-db",
+        ));
+    }
     // The files the run reads beside its input must survive it too (`--plan X` with output X
     // replaced the plan with the archive).
     let sensitivity = args.planning.sensitivity.as_deref();

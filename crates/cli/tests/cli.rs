@@ -1313,6 +1313,19 @@ fn odd_arguments_and_inputs_are_usage_errors() {
             "{args:?}: {err}"
         );
     }
+    // --snr-db likewise (`--encoding affine --snr-db 20` wrote INT4 without a word).
+    for extra in [
+        &["--encoding", "affine", "--snr-db", "20"][..],
+        &["--mode", "best", "--snr-db", "20"],
+    ] {
+        let mut args = vec!["compress", "gaussian:8x64", p(&hwz)];
+        args.extend(extra);
+        let err = fails(&args);
+        assert!(
+            err.contains("sets the target SNR of --encoding lattice"),
+            "{args:?}: {err}"
+        );
+    }
     // The one that asks for a rate alone still works.
     ok(&[
         "compress",
