@@ -1301,30 +1301,25 @@ fn odd_arguments_and_inputs_are_usage_errors() {
         let err = fails(&args);
         assert!(err.contains(says), "{args:?}: {err}");
     }
-    for extra in [
-        &["--encoding", "affine", "--bps", "3"][..],
-        &["--mode", "budget", "--target-bps", "3", "--bps", "3"],
+    // --bps and --snr-db where they do not apply (`--encoding affine --snr-db 20` wrote INT4
+    // without a word).
+    let (rate, snr) = (
+        "sets the rate of --encoding lattice",
+        "sets the target SNR of --encoding lattice",
+    );
+    for (extra, says) in [
+        (&["--encoding", "affine", "--bps", "3"][..], rate),
+        (
+            &["--mode", "budget", "--target-bps", "3", "--bps", "3"],
+            rate,
+        ),
+        (&["--encoding", "affine", "--snr-db", "20"], snr),
+        (&["--mode", "best", "--snr-db", "20"], snr),
     ] {
         let mut args = vec!["compress", "gaussian:8x64", p(&hwz)];
         args.extend(extra);
         let err = fails(&args);
-        assert!(
-            err.contains("sets the rate of --encoding lattice"),
-            "{args:?}: {err}"
-        );
-    }
-    // --snr-db likewise (`--encoding affine --snr-db 20` wrote INT4 without a word).
-    for extra in [
-        &["--encoding", "affine", "--snr-db", "20"][..],
-        &["--mode", "best", "--snr-db", "20"],
-    ] {
-        let mut args = vec!["compress", "gaussian:8x64", p(&hwz)];
-        args.extend(extra);
-        let err = fails(&args);
-        assert!(
-            err.contains("sets the target SNR of --encoding lattice"),
-            "{args:?}: {err}"
-        );
+        assert!(err.contains(says), "{args:?}: {err}");
     }
     // The one that asks for a rate alone still works.
     ok(&[
