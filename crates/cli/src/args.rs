@@ -269,7 +269,12 @@ impl PlanArgs {
         Ok(PlanOptions {
             mode,
             target: self.target()?,
-            candidates: self.candidates.clone(),
+            // (" int4 , e8@3 " named no candidate " int4 "; --encodings trims its names too.)
+            candidates: self
+                .candidates
+                .iter()
+                .map(|c| c.trim().to_string())
+                .collect(),
             thresholds: Thresholds {
                 min_snr_db: self.min_snr_db,
                 eps_fp16: self.eps_fp16,

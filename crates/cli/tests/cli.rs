@@ -988,7 +988,7 @@ fn plan_then_compress_with_the_plan_and_budget_mode() {
         "--mode",
         "per_block",
         "--candidates",
-        "f32,int8-row,int4",
+        " f32 , int8-row,int4 ", // (spaces around the names, as --encodings takes them)
         "--min-snr-db",
         "25",
         "--block-rows",

@@ -326,6 +326,17 @@ pub fn read_index(path: &Path) -> Result<ShardIndex> {
     if files.is_empty() || files.len() > MAX_SHARDS {
         return Err(bad(format!("{} shards (1..={MAX_SHARDS})", files.len())));
     }
+    // Ours records its shard count: a weight map that names fewer lost a shard's tensors
+    // (they were left out, without a word).
+    if let Some(n) = v["metadata"]["shards"].as_u64() {
+        if n != files.len() as u64 {
+            return Err(bad(format!(
+                "{}: its weight_map names {} shard files, its metadata {n}",
+                path.display(),
+                files.len()
+            )));
+        }
+    }
     let dir = path.parent().unwrap_or(Path::new("."));
     let files = files.into_iter().map(|f| dir.join(f)).collect();
     Ok(ShardIndex { files, weight_map })
@@ -638,6 +649,23 @@ mod tests {
             ["m-00001-of-00001.hwz", "m-notes.hwz", "m.hwz.index.json"]
         );
         assert!(ArchiveSet::open(&index_path(&out)).is_ok());
+        // An index whose weight map lost a shard's tensors, against its recorded count.
+        write(20_000, 3);
+        let index = index_path(&out);
+        let mut v: Value =
+            serde_json::from_slice(&std::fs::read(&index).expect("index")).expect("json");
+        v["weight_map"]
+            .as_object_mut()
+            .expect("map")
+            .remove("t2")
+            .expect("t2");
+        std::fs::write(&index, v.to_string()).expect("write");
+        let err = read_index(&index).expect_err("a shard short");
+        assert!(
+            err.to_string()
+                .contains("names 2 shard files, its metadata 3"),
+            "{err}"
+        );
     }
 
     #[test]
