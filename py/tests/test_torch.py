@@ -294,8 +294,9 @@ def test_torch_transformer_modules_run_after_quantize():
     # fast path, which reached the stored layers: "NestedTensorImpl doesn't support sizes".)
     pad = torch.zeros(2, 7, dtype=torch.bool)
     pad[0, 4:] = True
-    runs = ((enc, lambda m: m(x)), (enc, lambda m: m(x, src_key_padding_mask=pad)[~pad]), (dec, lambda m: m(x, mem)),
-            (mha, lambda m: m(x, x, x)[0]))
+    # (Each run quantizes a model of its own: the masked one a float copy of the encoder.)
+    runs = ((copy.deepcopy(enc), lambda m: m(x, src_key_padding_mask=pad)[~pad]), (enc, lambda m: m(x)),
+            (dec, lambda m: m(x, mem)), (mha, lambda m: m(x, x, x)[0]))
     for model, run in runs:
         with torch.no_grad():
             want = run(hnn.dequantize(copy.deepcopy(model)))

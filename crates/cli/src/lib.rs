@@ -434,15 +434,11 @@ fn compress(args: &CompressArgs) -> Result<()> {
         Route::Planner(p) => p.target,
         _ => None,
     };
-    let bps = |t: hypercodec_plan::Target| match t {
-        hypercodec_plan::Target::Bps(b) => Some(b),
-        hypercodec_plan::Target::Ratio(r) => Some(32.0 / r),
-        hypercodec_plan::Target::Bytes(_) => None,
-    };
     let elements = report.report.elements;
-    if let Some(want) = target.and_then(bps).filter(|_| elements > 0) {
-        let all_in = report.file_bytes as f64 * 8.0 / elements as f64;
-        if all_in > want + 1e-9 {
+    if let Some(cap) = target.map(|t| t.bytes(elements)).filter(|_| elements > 0) {
+        if report.file_bytes > cap {
+            let per_value = |bytes: u64| bytes as f64 * 8.0 / elements as f64;
+            let (all_in, want) = (per_value(report.file_bytes), per_value(cap));
             sink::errln!(
                 "warning: {all_in:.3} bits/value all-in, above the target of {want:.3}: the \
                  archive's own bytes (manifest, plan, alignment) do not fit beside the cheapest \

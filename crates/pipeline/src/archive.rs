@@ -73,12 +73,7 @@ pub fn inspect_file(path: &Path) -> Result<Value> {
 /// and so are values that underflow it as a whole (the cast keeps less than
 /// [`MIN_CAST_SNR_DB`] of the tensor: f16 of weights of 1e-9), not zeros.
 pub fn float_bytes(name: &str, values: &[f32], dtype: FloatDtype) -> Result<Vec<u8>> {
-    let err = |source| {
-        PipelineError::Hwz(hwz::HwzError::Scalar {
-            tensor: name.to_string(),
-            source,
-        })
-    };
+    let err = |source| scalar_err(name, source);
     let keep = values.iter().any(|v| !v.is_finite());
     let bytes = hypercodec_scalar::encode_floats(values, dtype, keep).map_err(err)?;
     if !keep && dtype != FloatDtype::F32 {
@@ -113,11 +108,15 @@ pub fn source_float_bytes(name: &str, values: &[f32], dtype: FloatDtype) -> Resu
         .map(|&v| if v.is_finite() { v.clamp(-top, top) } else { v })
         .collect();
     let keep = clamped.iter().any(|v| !v.is_finite());
-    hypercodec_scalar::encode_floats(&clamped, dtype, keep).map_err(|source| {
-        PipelineError::Hwz(hwz::HwzError::Scalar {
-            tensor: name.to_string(),
-            source,
-        })
+    hypercodec_scalar::encode_floats(&clamped, dtype, keep)
+        .map_err(|source| scalar_err(name, source))
+}
+
+/// A cast's error, naming its tensor.
+fn scalar_err(name: &str, source: hypercodec_scalar::ScalarError) -> PipelineError {
+    PipelineError::Hwz(hwz::HwzError::Scalar {
+        tensor: name.to_string(),
+        source,
     })
 }
 

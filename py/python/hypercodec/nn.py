@@ -2001,37 +2001,31 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
                 up.use_nested_tensor = False
 
 
-def _recomputed(hook: Any) -> str | None:
+def _recomputed(hook: Any) -> tuple[str, Callable[[nn.Module], torch.Tensor]] | None:
     """The tensor a forward pre-hook of torch's older reparametrizations rebuilds before every
     call (``torch.nn.utils.weight_norm``, ``spectral_norm``, ``prune``: ``weight`` from
-    ``weight_g`` and ``weight_v``, say), or None for any other hook."""
+    ``weight_g`` and ``weight_v``, say) and how it computes it for a module (spectral_norm
+    without a power iteration, as in eval mode), or None for any other hook."""
     from torch.nn.utils.prune import BasePruningMethod
     from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
-    if isinstance(hook, (WeightNorm, SpectralNorm)):
-        return hook.name
+    if isinstance(hook, WeightNorm):
+        return hook.name, hook.compute_weight
+    if isinstance(hook, SpectralNorm):
+        return hook.name, lambda m: hook.compute_weight(m, do_power_iteration=False)
     if isinstance(hook, BasePruningMethod):
-        return hook._tensor_name
+        return hook._tensor_name, hook.apply_mask
     return None
 
 
 def _refresh_recomputed(m: nn.Module) -> None:
     """Sets each tensor of ``m`` that such a hook (:func:`_recomputed`) rebuilds to the value its
-    next call would compute (parameters loaded since the last call included; spectral_norm
-    without a power iteration, as in eval mode), so that it is the one quantized."""
-    from torch.nn.utils.prune import BasePruningMethod
-    from torch.nn.utils.spectral_norm import SpectralNorm
-    from torch.nn.utils.weight_norm import WeightNorm
-
+    next call would compute (parameters loaded since the last call included), so that it is the
+    one quantized."""
     with torch.no_grad():
-        for h in list(m._forward_pre_hooks.values()):
-            if isinstance(h, WeightNorm):
-                setattr(m, h.name, h.compute_weight(m))
-            elif isinstance(h, SpectralNorm):
-                setattr(m, h.name, h.compute_weight(m, do_power_iteration=False))
-            elif isinstance(h, BasePruningMethod):
-                setattr(m, h._tensor_name, h.apply_mask(m))
+        for name, compute in filter(None, map(_recomputed, list(m._forward_pre_hooks.values()))):
+            setattr(m, name, compute(m))
 
 
 # A module's forward hook tables that a replacement takes over.
