@@ -43,7 +43,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Compress a .safetensors (f32/f16/bf16) or .gguf file into a .hwz archive.
-    Compress(CompressArgs),
+    Compress(Box<CompressArgs>),
     /// Restore a .hwz archive to a .safetensors file.
     Decompress {
         /// The .hwz archive.
@@ -176,6 +176,73 @@ struct CompressArgs {
     /// time; without one the command fails.
     #[arg(long)]
     device: Option<String>,
+    /// The options given on the command line (clap's ids), not defaulted: those no route of
+    /// this run reads are refused ([`unused_options`]).
+    #[arg(skip)]
+    given: Vec<String>,
+}
+
+/// The options of `args` given on the command line that this run would not read, each with
+/// what does read it: an encoding's options beside a planner mode or a plan (which choose each
+/// tensor's encoding) or beside another encoding (`--bits 3 --encoding lattice` kept the
+/// lattice's 4 bits, silently), and the planner's own options without a mode.
+fn unused_options(args: &CompressArgs, mode: Option<Mode>) -> Option<(String, &'static str)> {
+    use EncodingKind as K;
+    let kind = args.encoding.kind();
+    let fixed = mode.is_none() && args.plan.is_none();
+    let encoding = |kinds: &[K]| fixed && kinds.contains(&kind);
+    let reads = |id: &str| -> Option<(bool, &'static str)> {
+        Some(match id {
+            "bits" => (
+                encoding(&[K::Affine, K::Trellis]),
+                "--encoding affine and trellis",
+            ),
+            "group" | "symmetric" => (encoding(&[K::Affine]), "--encoding affine"),
+            "trellis_l" | "trellis_pairs" => (encoding(&[K::Trellis]), "--encoding trellis"),
+            "lattice" | "coding" | "chunk" => (encoding(&[K::Lattice]), "--encoding lattice"),
+            "max_tile" => (
+                encoding(&[K::Lattice, K::Trellis]),
+                "--encoding lattice and trellis",
+            ),
+            "scale_dtype" => (
+                encoding(&[K::Affine, K::Lattice, K::Trellis]),
+                "--encoding affine, lattice and trellis",
+            ),
+            "candidates" | "min_snr_db" | "eps_fp16" | "eps_bf16" | "prefer_bf16"
+            | "block_rows" | "sensitivity" | "target_scope" => {
+                (mode.is_some(), "a planner mode (--mode)")
+            }
+            _ => return None,
+        })
+    };
+    args.given.iter().find_map(|id| match reads(id) {
+        Some((false, by)) => Some((format!("--{}", id.replace('_', "-")), by)),
+        _ => None,
+    })
+}
+
+/// `args` (the first is the program name) parsed, each `compress` command knowing which of its
+/// options were given ([`CompressArgs::given`]).
+fn parse_cli<I, T>(args: I) -> std::result::Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().try_get_matches_from(args)?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    if let (Command::Compress(c), Some(("compress", sub))) =
+        (&mut cli.command, matches.subcommand())
+    {
+        c.given = sub
+            .ids()
+            .filter(|id| {
+                sub.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+            })
+            .map(|id| id.as_str().to_string())
+            .collect();
+    }
+    Ok(cli)
 }
 
 /// The GPU [`trellis_rows_on_gpu`] codes on: the last `--device` of the process (one compress
@@ -345,6 +412,21 @@ fn compress(args: &CompressArgs) -> Result<()> {
             "sets the target SNR of --encoding lattice; a planner mode takes --min-snr-db",
         ));
     }
+    if let Some((flag, by)) = unused_options(args, mode) {
+        let here = match (args.plan.is_some(), mode.is_some()) {
+            (true, _) => "a plan chooses each tensor's encoding".to_string(),
+            (_, true) => "a planner mode chooses each tensor's encoding".to_string(),
+            _ => format!(
+                "this run stores --encoding {}",
+                clap::ValueEnum::to_possible_value(&args.encoding.kind())
+                    .map_or_else(String::new, |v| v.get_name().to_string())
+            ),
+        };
+        return Err(PipelineError::option(
+            flag,
+            format!("applies to {by}, not here: {here}"),
+        ));
+    }
     // The files the run reads beside its input must survive it too (`--plan X` with output X
     // replaced the plan with the archive).
     let sensitivity = args.planning.sensitivity.as_deref();
@@ -499,7 +581,7 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
         let out_str = out.display().to_string();
         let mut argv = vec!["hypercodec", "compress", input.as_str(), out_str.as_str()];
         argv.extend(extra);
-        if let Command::Compress(args) = Cli::try_parse_from(argv)
+        if let Command::Compress(args) = parse_cli(argv)
             .map_err(|e| PipelineError::option("demo", e.to_string()))?
             .command
         {
@@ -624,7 +706,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    match Cli::try_parse_from(args) {
+    match parse_cli(args) {
         Ok(cli) => run(cli),
         Err(e) if e.exit_code() == 0 => {
             sink::write_out(format_args!("{}", e.render())).map_err(stdout_error)
@@ -693,7 +775,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    let cli = match parse_cli(args) {
         Ok(cli) => cli,
         Err(e) => {
             // --help and --version print to stdout and succeed; usage errors to stderr.
@@ -720,6 +802,12 @@ where
             if source.kind() == std::io::ErrorKind::BrokenPipe =>
         {
             0
+        }
+        // Stopped by a signal (the first: the temporary file is gone): 128 + SIGINT, as a
+        // shell reports a process a Ctrl-C ended, so that scripts see the interruption.
+        Err(PipelineError::Cancelled) => {
+            eprintln!("error: {}", PipelineError::Cancelled);
+            130
         }
         // Every error the pipeline reports is exit code 1 (clap's own are 2).
         Err(e) => {

@@ -250,7 +250,8 @@ pub fn inspect(input: &Path, as_json: bool) -> Result<()> {
 pub struct BenchArgs {
     /// Input: .safetensors, .gguf, a sharded model (`*.safetensors.index.json`, its folder, or
     /// any part of a split `NAME-0000K-of-0000N.gguf`), or `gaussian:ROWSxCOLS[:SEED]`.
-    #[arg(required_unless_present = "runtime")]
+    /// (Not with `--runtime`, which measures seeded weights of `--shapes` instead.)
+    #[arg(required_unless_present = "runtime", conflicts_with = "runtime")]
     pub input: Option<String>,
     /// Instead of the representation table: the compressed linear operator of each encoding
     /// against a dense f32 GEMV/GEMM of the decompressed weight (same GEMM library, same run),

@@ -1321,6 +1321,89 @@ fn odd_arguments_and_inputs_are_usage_errors() {
         let err = fails(&args);
         assert!(err.contains(says), "{args:?}: {err}");
     }
+    // Options that this run's route would not read are refused, naming what reads them
+    // (`--encoding lattice --bits 3` kept the lattice's 4 bits without a word).
+    for (extra, says) in [
+        (
+            &["--encoding", "lattice", "--bits", "3"][..],
+            "--bits: applies to --encoding affine and trellis, not here: this run stores --encoding lattice",
+        ),
+        (
+            &["--mode", "best", "--group", "64"],
+            "--group: applies to --encoding affine, not here: a planner mode",
+        ),
+        (
+            &["--encoding", "auto", "--coding", "rice"],
+            "--coding: applies to --encoding lattice, not here: a planner mode",
+        ),
+        (
+            &["--encoding", "affine", "--trellis-l", "12"],
+            "--trellis-l: applies to --encoding trellis",
+        ),
+        (&["--candidates", "int4"], "--candidates: applies to a planner mode"),
+        (
+            &["--encoding", "trellis", "--min-snr-db", "20"],
+            "--min-snr-db: applies to a planner mode (--mode), not here: this run stores --encoding trellis",
+        ),
+        (&["--block-rows", "8"], "--block-rows: applies to a planner mode"),
+        (
+            &["--encoding", "raw-f16", "--scale-dtype", "bf16"],
+            "--scale-dtype: applies to --encoding affine, lattice and trellis",
+        ),
+    ] {
+        let mut args = vec!["compress", "gaussian:8x64", p(&hwz)];
+        args.extend(extra);
+        let err = fails(&args);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert!(!hwz.exists());
+    // The same options where their route reads them.
+    for extra in [
+        &[
+            "--encoding",
+            "affine",
+            "--bits",
+            "3",
+            "--group",
+            "32",
+            "--scale-dtype",
+            "bf16",
+        ][..],
+        &[
+            "--encoding",
+            "trellis",
+            "--bits",
+            "2",
+            "--trellis-l",
+            "10",
+            "--max-tile",
+            "32",
+        ],
+        &[
+            "--mode",
+            "best",
+            "--min-snr-db",
+            "20",
+            "--candidates",
+            "int4,int8-row",
+        ],
+        &[
+            "--encoding",
+            "lattice",
+            "--coding",
+            "rice",
+            "--chunk",
+            "256",
+        ],
+    ] {
+        let mut args = vec!["compress", "gaussian:8x64", p(&hwz)];
+        args.extend(extra);
+        ok(&args);
+    }
+    // A file beside --runtime (which measures weights of --shapes) was ignored: a usage error.
+    let both = run(&["benchmark", "gaussian:8x64", "--runtime"]);
+    assert_eq!(both.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"));
     // The one that asks for a rate alone still works.
     ok(&[
         "compress",
