@@ -717,6 +717,47 @@ class _Lm(torch.nn.Module):
         return self.head(torch.tanh(self.mid(x)))
 
 
+class _Twins(torch.nn.Module):
+    """Two linear layers on one weight Parameter (the second with or without a bias of its own)."""
+
+    def __init__(self, bias: bool) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(64, 48, bias=False)
+        self.b = torch.nn.Linear(64, 48, bias=bias)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + 2 * self.b(torch.tanh(x))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_layers_on_one_weight_share_one_stored_form(tmp_path, bias):
+    """Two nn.Linear layers that share a weight Parameter were quantized and saved twice, their
+    tie lost; now the second runs on the first's operator and saves nothing of its own (as a
+    tied output head does), and a fresh model loads the tie back. One with a bias of its own
+    keeps a stored form of its own (the runtime adds a bias inside the product)."""
+    torch.manual_seed(3)
+    model = _Twins(bias)
+    x = torch.randn(5, 64)
+    hnn.quantize(model, bps=4, method="affine", skip=())
+    assert isinstance(model.a, hnn.HyperLinear) and isinstance(model.b, hnn.HyperLinear)
+    assert (model.b.op is model.a.op) == (not bias) and (model.b.tied == "a") == (not bias)
+    sd = model.state_dict()
+    assert ("b.weight_hwz" in sd) == bias and "a.weight_hwz" in sd
+    ref = model(x)
+    # The tied layer computes with the shared stored weight.
+    w = torch.from_numpy(np.asarray(model.a.op.weight())).reshape(48, 64)
+    want = x @ w.T + 2 * (torch.tanh(x) @ w.T + (torch.from_numpy(np.asarray(model.b.op.bias)) if bias else 0))
+    assert torch.allclose(ref, want, atol=1e-4), (ref - want).abs().max()
+    torch.save(sd, tmp_path / "t.pt")
+    with torch.device("meta"):
+        fresh = _Twins(bias)
+    hnn.load_state_dict(fresh, torch.load(tmp_path / "t.pt", weights_only=True))
+    assert torch.equal(fresh(x), ref)
+    assert (fresh.b.op is fresh.a.op) == (not bias)
+    assert fresh.state_dict().keys() == sd.keys()
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_quantized_embeddings_read_the_stored_table_and_survive_a_state_dict(tmp_path, tied):
     torch.manual_seed(11)

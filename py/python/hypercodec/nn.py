@@ -2173,7 +2173,13 @@ def quantize(
 
     for name, layer in targets:
         if id(layer) not in made:
-            if not isinstance(layer, nn.Conv2d):
+            head = None if trainable else heads.get(id(layer.weight))
+            if head is not None and _shares_operator(layer, head[0]):
+                # Another linear layer on the same weight Parameter (an autoencoder's tied
+                # decoder, a layer reused under two names by parameter): one stored form, tied as
+                # an output head is to its table (it was quantized and stored twice, untied).
+                made[id(layer)] = HyperLinear(head[0].op, tied=head[1])
+            elif not isinstance(layer, nn.Conv2d):
                 h = None if hessians is None else hessians.get(name)
                 made[id(layer)] = stored(
                     name, lambda: HyperLinear.from_linear(_as_linear(layer), spec, trainable, refresh_every, h)
@@ -2200,6 +2206,20 @@ def quantize(
         _replace(model, name, new)
     _mark_for_transformers(model)
     return model
+
+
+def _shares_operator(layer: nn.Module, owner: nn.Module) -> bool:
+    """Whether the linear ``layer`` can run on ``owner``'s operator: a plain ``nn.Linear`` of
+    the same shape whose weight ``owner`` was quantized from, neither adding a bias (the runtime
+    adds the owner's inside its product; a tied layer restored by :func:`load_state_dict` has
+    none of its own either)."""
+    return (
+        isinstance(owner, HyperLinear)
+        and isinstance(layer, nn.Linear)
+        and layer.bias is None
+        and owner.op.bias is None
+        and (owner.op.rows, owner.op.cols) == tuple(layer.weight.shape)
+    )
 
 
 def _mark_for_transformers(model: nn.Module) -> None:
