@@ -192,11 +192,26 @@ __device__ __forceinline__ void hc_load_chunk(const uint8_t* p, uint32_t* w) {
     } else if (BITS == 4) {
         uint4 v = *reinterpret_cast<const uint4*>(p);
         w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-    } else {
+    } else if (BITS == 8) {
         uint4 v = reinterpret_cast<const uint4*>(p)[0], u = reinterpret_cast<const uint4*>(p)[1];
         w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
         w[4] = u.x; w[5] = u.y; w[6] = u.z; w[7] = u.w;
+    } else {
+        // 1, 3, 5, 6 or 7 bits: a chunk is BITS words, 4-byte aligned (rows of whole chunks).
+#pragma unroll
+        for (int k = 0; k < BITS; k++) w[k] = reinterpret_cast<const uint32_t*>(p)[k];
     }
+}
+
+// Code i of a chunk of 32 (BITS bits each, least significant first, as the format packs them):
+// where it straddles two words (3, 5, 6 or 7 bits), a funnel shift joins them. `i` is a
+// constant in every unrolled caller, so the branch and the word indices resolve at compile time.
+template <int BITS>
+__device__ __forceinline__ uint32_t hc_chunk_code(const uint32_t* w, int i) {
+    constexpr uint32_t MASK = (1u << BITS) - 1;
+    const int s = BITS * i, k = s >> 5, sh = s & 31;
+    if (sh + BITS <= 32) return (w[k] >> sh) & MASK;
+    return __funnelshift_r(w[k], w[k + 1], sh) & MASK;
 }
 
 // Sums acc[R][MT] over the block (warp shuffles, then shared memory) and stores row r0 + r of
@@ -224,14 +239,12 @@ __device__ __forceinline__ void hc_block_store(float (&acc)[R][MT], const float*
     }
 }
 
-// Codes of 2, 4 or 8 bits whose rows and groups hold whole chunks of 32 values (cols and
-// glen multiples of 32): a block computes HC_R(MT) rows, its threads splitting the columns a
-// chunk at a time; a chunk's activations are loaded once for all those rows.
+// Codes of 1 to 8 bits whose rows and groups hold whole chunks of 32 values (cols and glen
+// multiples of 32): a block computes HC_R(MT) rows, its threads splitting the columns a chunk
+// (BITS words) at a time; a chunk's activations are loaded once for all those rows.
 template <int BITS, int MT>
 __device__ __forceinline__ void hc_affine_rows(const AffineArgs& a) {
     constexpr int R = HC_R(MT);
-    constexpr int PER_WORD = 32 / BITS;
-    constexpr uint32_t MASK = (1u << BITS) - 1;
     const int r0 = blockIdx.x * R;
     const int chunks = a.cols >> 5;
     const long long row_bytes = (long long)a.cols * BITS / 8;
@@ -270,10 +283,7 @@ __device__ __forceinline__ void hc_affine_rows(const AffineArgs& a) {
             for (int r = 0; r < R; r++) {
                 float dq = 0.f;
 #pragma unroll
-                for (int i = 0; i < 32; i++) {
-                    const uint32_t q = (w[r][i / PER_WORD] >> (BITS * (i % PER_WORD))) & MASK;
-                    dq = fmaf(hc_u2f(q), xv[i], dq);
-                }
+                for (int i = 0; i < 32; i++) dq = fmaf(hc_u2f(hc_chunk_code<BITS>(w[r], i)), xv[i], dq);
                 acc[r][0] += sc[r] * (a.qmul * dq - a.qbias * sx) + lo[r] * sx;
             }
         } else {
@@ -283,10 +293,8 @@ __device__ __forceinline__ void hc_affine_rows(const AffineArgs& a) {
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int i = 0; i < 32; i++) {
-                    const uint32_t q = (w[r][i / PER_WORD] >> (BITS * (i % PER_WORD))) & MASK;
-                    wv[r][i] = fmaf(sc[r], fmaf(a.qmul, hc_u2f(q), -a.qbias), lo[r]);
-                }
+                for (int i = 0; i < 32; i++)
+                    wv[r][i] = fmaf(sc[r], fmaf(a.qmul, hc_u2f(hc_chunk_code<BITS>(w[r], i)), -a.qbias), lo[r]);
 #pragma unroll
             for (int m = 0; m < MT; m++) {
                 if (m < a.M) {
@@ -337,7 +345,7 @@ __device__ __forceinline__ void hc_affine_generic(const AffineArgs& a) {
 }
 
 // One kernel per (bits, batch tile) so each gets its own register allocation:
-// hc_affine_gemv_b{2,4,8}_m{1,4} (aligned, HC_R(M) rows per warp) and
+// hc_affine_gemv_b{1..8}_m{1,4} (aligned, HC_R(M) rows per warp) and
 // hc_affine_gemv_generic (one row per warp), as the host chooses.
 #define HC_AFFINE(B, M) \
     extern "C" __global__ void __launch_bounds__(256) hc_affine_gemv_b##B##_m##M(AffineArgs a) { hc_affine_rows<B, M>(a); }
@@ -345,6 +353,14 @@ __device__ __forceinline__ void hc_affine_generic(const AffineArgs& a) {
 HC_AFFINE_M(2)
 HC_AFFINE_M(4)
 HC_AFFINE_M(8)
+// The widths whose codes straddle words (and 1 bit), after every other kernel in the host's
+// table (kernels-cuda `affine_gemv`); the generic kernel, one code at a time from bytes, ran
+// them 3.5-8x slower than bf16 at batch 1 on an H200.
+HC_AFFINE_M(1)
+HC_AFFINE_M(3)
+HC_AFFINE_M(5)
+HC_AFFINE_M(6)
+HC_AFFINE_M(7)
 
 extern "C" __global__ void __launch_bounds__(256) hc_affine_gemv_generic(AffineArgs a) { hc_affine_generic(a); }
 
@@ -357,8 +373,9 @@ extern "C" __global__ void __launch_bounds__(256) hc_affine_gemv_generic(AffineA
 #define HC_DEC_U 4
 #endif
 
-// The dense weight ŵ of codes of 2, 4 or 8 bits (cols a multiple of 32, the GEMV's alignment),
-// 8 values per piece: consecutive threads load consecutive BITS-byte pieces and store
+// The dense weight ŵ of codes of 1 to 8 bits (cols a multiple of 32, the GEMV's alignment),
+// 8 values per piece: consecutive threads load consecutive BITS-byte pieces (1, 3, 5, 6 and
+// 7 bits byte by byte) and store
 // consecutive 16-byte runs, the row found by a 32-bit division where the index fits (a 64-bit
 // one costs ~70 instructions per piece).
 template <int BITS, int U>
@@ -379,10 +396,17 @@ __device__ __forceinline__ void hc_affine_decode_pieces(const AffineArgs& a, voi
                     w0[u] = reinterpret_cast<const uint16_t*>(a.codes)[k];
                 } else if (BITS == 4) {
                     w0[u] = reinterpret_cast<const uint32_t*>(a.codes)[k];
-                } else {
+                } else if (BITS == 8) {
                     const uint2 v = reinterpret_cast<const uint2*>(a.codes)[k];
                     w0[u] = v.x;
                     w1[u] = v.y;
+                } else {
+                    const uint8_t* p = a.codes + k * BITS;
+#pragma unroll
+                    for (int i = 0; i < BITS; i++) {
+                        if (i < 4) w0[u] |= (uint32_t)p[i] << (8 * i);
+                        else w1[u] |= (uint32_t)p[i] << (8 * (i - 4));
+                    }
                 }
             }
         }
@@ -399,9 +423,15 @@ __device__ __forceinline__ void hc_affine_decode_pieces(const AffineArgs& a, voi
             float v8[8];
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                const uint32_t word = (BITS == 8 && i >= 4) ? w1[u] : w0[u];
-                const int sh = BITS == 8 ? 8 * (i & 3) : BITS * i;
-                v8[i] = fmaf(mul, hc_u2f((word >> sh) & MASK), add);
+                uint32_t q;
+                if (BITS == 2 || BITS == 4 || BITS == 8) {
+                    const uint32_t word = (BITS == 8 && i >= 4) ? w1[u] : w0[u];
+                    q = (word >> (BITS == 8 ? 8 * (i & 3) : BITS * i)) & MASK;
+                } else {
+                    const uint32_t two[2] = {w0[u], w1[u]};
+                    q = hc_chunk_code<BITS>(two, i);
+                }
+                v8[i] = fmaf(mul, hc_u2f(q), add);
             }
             hc_store8(out, odtype, (long long)r * a.cols + j0, v8, 8, true);
         }
@@ -417,6 +447,15 @@ extern "C" __global__ void hc_affine_decode_b4(AffineArgs a, void* __restrict__ 
 extern "C" __global__ void hc_affine_decode_b8(AffineArgs a, void* __restrict__ out, int odtype) {
     hc_affine_decode_pieces<8, HC_DEC_U>(a, out, odtype);
 }
+#define HC_AFFINE_DECODE(B) \
+    extern "C" __global__ void hc_affine_decode_b##B(AffineArgs a, void* __restrict__ out, int odtype) { \
+        hc_affine_decode_pieces<B, HC_DEC_U>(a, out, odtype);                                              \
+    }
+HC_AFFINE_DECODE(1)
+HC_AFFINE_DECODE(3)
+HC_AFFINE_DECODE(5)
+HC_AFFINE_DECODE(6)
+HC_AFFINE_DECODE(7)
 
 // The dense weight ŵ (rows × cols, `odtype`), one thread per 8 values of a row.
 extern "C" __global__ void hc_affine_decode(AffineArgs a, void* __restrict__ out, int odtype) {

@@ -84,7 +84,7 @@ def main() -> int:
     print("| rows | spec | batch | bf16 µs | fused µs | decode + cuBLAS µs | fused / decode | route now | "
           "rel. error vs bf16 |")
     print("|---:|---|---:|---:|---:|---:|---:|---|---:|")
-    for rows in [int(r) for r in a.rows.split(",")]:
+    for rows in [int(r) for r in filter(None, a.rows.split(","))]:
         w = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)) * 0.02
         wbs = [w.to(dev, torch.bfloat16) for _ in range(count(rows * cols * 2, a.mb))]
         for spec in specs:
@@ -107,7 +107,7 @@ def main() -> int:
         del wbs
         torch.cuda.empty_cache()
 
-    for group in filter(None, a.groups.split(";")):  # (affine specs only: the side-by-side column launches them)
+    for group in filter(None, a.groups.split(";")):
         heights = [int(r) for r in group.split(",")]
         part2(heights, cols, specs, batches, a.mb, dev)
     if not ok or not _OK[0]:
@@ -152,12 +152,14 @@ def part2(heights: list[int], cols: int, specs: list[str], batches: list[int], m
 
             each = lambda ls: [d.forward(x) for d in ls]  # noqa: E731
             t_group = "(None)" if got is None else f"{graph_time_us(rotating(sets, lambda ls: hcuda.forward_group(ls, x)), n):.1f}"
-            t_side = graph_time_us(rotating(sets, side_by_side), n)
+            # (The affine kernels alone: an E8 or trellis group's forward_group is its side by side.)
+            affine = sets[0][0].kind == "affine"
+            t_side = f"{graph_time_us(rotating(sets, side_by_side), n):.1f}" if affine else "-"
             t_each = graph_time_us(rotating(sets, each), n)
             t_mixed = graph_time_us(rotating(sets, mixed), n)
             t_dec = graph_time_us(rotating(sets, lambda ls: [d.forward(x, route="decode") for d in ls]), n)
-            routes = ", ".join(d.route(m, torch.bfloat16).removeprefix("cuda-affine-") for d in sets[0])
-            print(f"| {spec} | {m} | {t_group} | {t_side:.1f} | {t_each:.1f} | {t_mixed:.1f} | {t_dec:.1f} | {routes} |")
+            routes = ", ".join(d.route(m, torch.bfloat16).removeprefix("cuda-").removeprefix(d.kind + "-") for d in sets[0])
+            print(f"| {spec} | {m} | {t_group} | {t_side} | {t_each:.1f} | {t_mixed:.1f} | {t_dec:.1f} | {routes} |")
         del sets
         torch.cuda.empty_cache()
 

@@ -271,6 +271,35 @@ def test_hopper_gemm_matches_the_cpu_runtime_at_large_batches(spec, dtype):
 
 
 @needs_cuda
+@pytest.mark.parametrize("spec", ["int1", "int1-row", "int3", "int3-row", "int5", "int5-g64", "int6", "int6-row", "int7",
+                                  "int7-g32-sym"])
+def test_cuda_affine_codes_that_straddle_words_match_the_cpu_runtime(spec):
+    """Codes of 3, 5, 6 and 7 bits (which straddle 32-bit words) and of 1 bit take the aligned
+    GEMV (chunks of 32 codes, a funnel shift joining two words) and the chunked decoder where
+    the columns and groups hold whole chunks; odd columns the generic kernels. Every width
+    against the CPU runtime: GEMV passes of 1 and 4 rows (and their edges), the decode route
+    above, rows that leave the last block partial, f32/bf16/f16 activations, a bias."""
+    rng = np.random.default_rng(29)
+    for rows, cols in ((37, 256), (130, 1024), (9, 96)):
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        w[:, ::17] *= 4  # (outliers: codes at both ends of their range)
+        op = hypercodec.Linear.quantize(w, spec, rng.standard_normal(rows).astype(np.float32))
+        d = hcuda.DeviceLinear(op, torch.device("cuda"))
+        assert d.kind == "affine" and op.device_form()["bits"] == int(spec[3]), spec
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for m in (1, 2, 4, 5, 9, 40):
+                x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
+                want = op.forward(x.float().numpy())
+                got = d.forward(x.cuda()).float().cpu().numpy()
+                tol = 3e-5 if dtype == torch.float32 else 2e-2
+                err = np.abs(got - want).max() / np.abs(want).max()
+                assert err <= tol, (spec, rows, cols, dtype, m, d.route(m, dtype), err)
+        # The device's decoder alone, against the host's decoded weight.
+        dec = d._decode(torch.float32, hcuda._stream(0)).cpu().numpy()
+        np.testing.assert_allclose(dec, op.weight(), rtol=1e-6, atol=1e-6 * np.abs(op.weight()).max())
+
+
+@needs_cuda
 @pytest.mark.parametrize("spec", ["int4", "int4-row", "int2", "int8-row", "int3", "int4-g64", "int4-g64-sym"])
 def test_cuda_affine_kernels_read_f32_and_16_bit_scales_alike(spec):
     """The device holds stored f16/bf16 scales as they are; the same layer with them widened to

@@ -50,7 +50,7 @@ pub(crate) fn kernel_modules(names: &[String]) -> std::result::Result<Vec<usize>
 /// trellis group kernels and encoders, the cp.async kernels, the tensor-core GEMMs, then the
 /// pair code's trellis group kernels, the trellis tensor-core kernels, the pair encoders,
 /// `hc_quant_f8`, `hc_quant_f8_blocks`, the grouped cp.async kernels, the prefix-coded E8
-/// kernels, the half-step cp.async kernels and, last, the Hopper GEMMs; indices from [`affine_gemv`],
+/// kernels, the half-step cp.async kernels, the Hopper GEMMs and, last, the aligned affine GEMVs and decoders of 1, 3, 5, 6 and 7 bits; indices from [`affine_gemv`],
 /// [`e8_gemv`], [`trellis_gemv`], [`affine_mma`], [`affine_cpa`], [`affine_gemm`],
 /// [`trellis_groups`], [`trellis_decode_groups`], [`trellis_mma`], [`e8_prefix`],
 /// [`e8_prefix_two`], [`affine_cpa_halves`] and [`wgmma`].
@@ -172,7 +172,25 @@ pub(crate) fn function_names() -> Vec<String> {
             v.push(format!("hc_wgmma_b4_s{s}_n{n}_k{k}{x}_{t}"));
         }
     }
+    // kernels/gemv.cu: the aligned affine GEMVs and decoders of the other widths
+    for b in ODD_BITS {
+        for m in BATCH_TILES {
+            v.push(format!("hc_affine_gemv_b{b}_m{m}"));
+        }
+    }
+    for b in ODD_BITS {
+        v.push(format!("hc_affine_decode_b{b}"));
+    }
     v
+}
+
+/// The code widths whose aligned affine kernels come after the Hopper GEMMs in the table
+/// ([`affine_gemv`], [`affine_decode_chunks`]): codes that straddle 32-bit words, and 1 bit.
+const ODD_BITS: [usize; 5] = [1, 3, 5, 6, 7];
+
+/// The first of the kernels after the Hopper GEMMs.
+fn after_wgmma() -> usize {
+    wgmma(crate::Dtype::F16, WGMMA_SHAPES.len() - 1).expect("the Hopper GEMMs are in the table") + 1
 }
 
 /// The Hopper GEMM's compiled shapes (`kernels/gemm_sm90a.cu`,
@@ -503,13 +521,22 @@ pub(crate) const E8_HALVES: usize = 3;
 pub(crate) const AFFINE_GENERIC: usize = 4;
 pub(crate) const E8_ANY: usize = 5;
 pub(crate) const RHT_FAST: usize = 6;
-/// The chunked affine decoders of 2, 4 and 8 bits.
+/// The chunked affine decoder of `bits` (1 to 8).
 pub(crate) fn affine_decode_chunks(bits: usize) -> usize {
     match bits {
         2 => 7,
         4 => 8,
-        _ => 9,
+        8 => 9,
+        _ => after_wgmma() + ODD_BITS.len() * BATCH_TILES.len() + odd_index(bits),
     }
+}
+
+/// `bits`' place in [`ODD_BITS`] (the last width for any other).
+fn odd_index(bits: usize) -> usize {
+    ODD_BITS
+        .iter()
+        .position(|&b| b == bits)
+        .unwrap_or(ODD_BITS.len() - 1)
 }
 pub(crate) const TRELLIS_DECODE: usize = 10;
 /// Pieces of 8 values each thread of the chunked affine decoders and of the E8 decoder takes
@@ -639,12 +666,13 @@ pub(crate) fn rows_per_block(batch: usize) -> usize {
     }
 }
 
-/// The aligned affine GEMV of `bits` (2, 4 or 8) for a pass of `batch` rows.
+/// The aligned affine GEMV of `bits` (1 to 8) for a pass of `batch` rows.
 pub(crate) fn affine_gemv(bits: usize, batch: usize) -> usize {
     let b = match bits {
         2 => 0,
         4 => 1,
-        _ => 2,
+        8 => 2,
+        _ => return after_wgmma() + BATCH_TILES.len() * odd_index(bits) + tile_index(batch),
     };
     FIXED + BATCH_TILES.len() * b + tile_index(batch)
 }

@@ -1577,11 +1577,11 @@ impl AffineGemv {
         }
     }
 
-    /// The aligned kernel's width (2, 4 or 8 bits whose rows and groups hold whole chunks of
+    /// The aligned kernel's width (1 to 8 bits whose rows and groups hold whole chunks of
     /// 32 values, codes and activations 16-byte aligned), or 0 for the generic one.
     pub fn path(&self) -> i32 {
         let bits = self.bits as usize;
-        if ![2, 4, 8].contains(&bits) {
+        if !(1..=8).contains(&bits) {
             return 0;
         }
         let groups_ok = self.scales_per_row == 0 || self.group_len.is_multiple_of(32);
@@ -2015,25 +2015,20 @@ impl Kernels {
             };
             let mut k = args::AffineArgs::new(&pass);
             let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
-            let (f, rows_per_block, work) = if path == 0 {
-                (args::AFFINE_GENERIC, 1, a.cols)
+            let (f, blocks, threads) = if path == 0 {
+                (args::AFFINE_GENERIC, a.rows, block_for(a.cols))
             } else {
+                let blocks = a.rows.div_ceil(args::rows_per_block(m));
                 (
                     args::affine_gemv(path as usize, m),
-                    args::rows_per_block(m),
-                    a.cols / 32,
+                    blocks,
+                    gemv_block(a.cols / 32, blocks),
                 )
             };
             // SAFETY: the arguments were validated; the pointers are the caller's contract.
             unsafe {
-                self.inner.launch(
-                    f,
-                    (a.rows.div_ceil(rows_per_block) as u32, 1),
-                    block_for(work),
-                    0,
-                    stream,
-                    &mut params,
-                )
+                self.inner
+                    .launch(f, (blocks as u32, 1), threads, 0, stream, &mut params)
             }?;
         }
         Ok(())
@@ -2111,26 +2106,20 @@ impl Kernels {
             let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
             // Rows of whole groups of 4 words take the templated kernels, others one block per
             // row.
-            let (f, rows_per_block, work) =
-                if a.words.is_multiple_of(4) && a.packed.is_multiple_of(16) {
-                    (
-                        args::e8_gemv(a.bits as usize, m),
-                        args::e8_rows_per_block(m),
-                        a.words / 4,
-                    )
-                } else {
-                    (args::E8_ANY, 1, a.words)
-                };
+            let (f, blocks, threads) = if a.words.is_multiple_of(4) && a.packed.is_multiple_of(16) {
+                let blocks = a.rows.div_ceil(args::e8_rows_per_block(m));
+                (
+                    args::e8_gemv(a.bits as usize, m),
+                    blocks,
+                    gemv_block(a.words / 4, blocks),
+                )
+            } else {
+                (args::E8_ANY, a.rows, block_for(a.words))
+            };
             // SAFETY: the arguments were validated; the pointers are the caller's contract.
             unsafe {
-                self.inner.launch(
-                    f,
-                    (a.rows.div_ceil(rows_per_block) as u32, 1),
-                    block_for(work),
-                    0,
-                    stream,
-                    &mut params,
-                )
+                self.inner
+                    .launch(f, (blocks as u32, 1), threads, 0, stream, &mut params)
             }?;
         }
         Ok(())
@@ -2801,6 +2790,17 @@ fn block_for(work: usize) -> u32 {
     (work.div_ceil(4 * 32) * 32).clamp(32, 256) as u32
 }
 
+/// Threads a block of the aligned CUDA-core GEMVs (affine chunks of 32 values, E8 groups of 4
+/// words) takes for `work` items a row over a grid of `blocks`: one item a thread where the grid
+/// is small (up to 512 blocks, about four a multiprocessor), else two; up to 256. Four items a
+/// thread (as [`block_for`]) left a 4096-wide layer one warp a block: on an H200 the E8 GEMV of
+/// 1024×4096 took 13.6 µs at batch 1 and 34.8 at 4 so, 8.3 and 13.8 with a thread an item, and
+/// INT8 of 14336×4096 23.4 µs so against 21.9 with two (`docs/eval/cuda_gemv.md`).
+fn gemv_block(work: usize, blocks: usize) -> u32 {
+    let per = if blocks <= 512 { 1 } else { 2 };
+    (work.div_ceil(per * 32) * 32).clamp(32, 256) as u32
+}
+
 /// Blocks of 256 threads for a grid-stride loop over `n` items.
 fn grid_for(n: usize) -> u32 {
     n.div_ceil(256).clamp(1, 1 << 20) as u32
@@ -3051,9 +3051,28 @@ mod tests {
     }
 
     #[test]
+    fn gemv_blocks_spread_their_threads_over_small_grids() {
+        // A 4096-wide INT8 layer (128 chunks a row): a thread a chunk on 256 blocks, two on more.
+        assert_eq!(gemv_block(128, 256), 128);
+        assert_eq!(gemv_block(128, 512), 128);
+        assert_eq!(gemv_block(128, 513), 64);
+        // Whole warps, at most 256 threads.
+        assert_eq!(gemv_block(1, 1), 32);
+        assert_eq!(gemv_block(33, 1), 64);
+        assert_eq!(gemv_block(10_000, 1), 256);
+        assert_eq!(gemv_block(10_000, 100_000), 256);
+    }
+
+    #[test]
     fn arguments_are_checked_before_any_launch() {
         assert!(affine().validate().is_ok());
         assert_eq!(affine().path(), 4);
+        // Codes that straddle words take the aligned kernels too.
+        let three = AffineGemv {
+            bits: 3,
+            ..affine()
+        };
+        assert_eq!(three.path(), 3);
         let short = AffineGemv {
             code_bytes: 100,
             ..affine()
@@ -3515,6 +3534,22 @@ mod tests {
         );
         assert_eq!(names[args::affine_gemv(4, 1)], "hc_affine_gemv_b4_m1");
         assert_eq!(names[args::affine_gemv(8, 3)], "hc_affine_gemv_b8_m4");
+        for b in [1, 3, 5, 6, 7] {
+            assert_eq!(
+                names[args::affine_gemv(b, 1)],
+                format!("hc_affine_gemv_b{b}_m1")
+            );
+            assert_eq!(
+                names[args::affine_gemv(b, 4)],
+                format!("hc_affine_gemv_b{b}_m4")
+            );
+        }
+        for b in 1..=8 {
+            assert_eq!(
+                names[args::affine_decode_chunks(b)],
+                format!("hc_affine_decode_b{b}")
+            );
+        }
         assert_eq!(names[args::e8_gemv(2, 1)], "hc_e8_gemv_b2_m1");
         assert_eq!(names[args::e8_gemv(7, 4)], "hc_e8_gemv_b7_m4");
         assert_eq!(names[args::e8_gemv(8, 2)], "hc_e8_gemv_b8_m2");
@@ -3719,15 +3754,20 @@ mod tests {
         // Stages of activations, codes and scale pairs (kernels/gemv.cu's STAGE).
         assert_eq!(args::affine_gemm_shared(4, 1, 4), 4 * (8192 + 4096 + 512));
         assert_eq!(args::affine_gemm_shared(2, 2, 8), 3 * (16384 + 4096 + 1024));
-        // The Hopper GEMMs come last, bf16 then f16, in WGMMA_SHAPES' order.
+        // The Hopper GEMMs come next to last, bf16 then f16, in WGMMA_SHAPES' order, then the
+        // affine GEMVs and decoders of 1, 3, 5, 6 and 7 bits.
         let wg = |d, shape| names[args::wgmma(d, shape).unwrap()].as_str();
         assert_eq!(wg(Dtype::Bf16, 0), "hc_wgmma_b4_s4_n128_k128_bf16");
         assert_eq!(wg(Dtype::Bf16, 2), "hc_wgmma_b4_s5_n256_k64_bf16");
         assert_eq!(wg(Dtype::F16, 1), "hc_wgmma_b4_s6_n128_k64_f16");
         assert_eq!(wg(Dtype::Bf16, 3), "hc_wgmma_b4_s4_n128_k128_x2_bf16");
         assert_eq!(wg(Dtype::F16, 4), "hc_wgmma_b4_s6_n128_k64_x2_f16");
-        assert_eq!(args::wgmma(Dtype::F16, 5).unwrap(), names.len() - 1);
-        assert_eq!(names.last().unwrap(), "hc_wgmma_b4_s5_n256_k64_x2_f16");
+        assert_eq!(
+            args::wgmma(Dtype::F16, 5).unwrap(),
+            args::affine_gemv(1, 1) - 1
+        );
+        assert_eq!(wg(Dtype::F16, 5), "hc_wgmma_b4_s5_n256_k64_x2_f16");
+        assert_eq!(args::affine_decode_chunks(7), names.len() - 1);
         assert!(args::wgmma(Dtype::F32, 0).is_none() && args::wgmma(Dtype::Bf16, 6).is_none());
         // Stages of 1024-byte multiples (WgStage), 1024 bytes to align them, all within the
         // 227 KB a Hopper block may opt in to.
