@@ -154,6 +154,12 @@ fn hwz_err(e: HwzError) -> PyErr {
 fn pipeline_err(e: PipelineError) -> PyErr {
     match e {
         PipelineError::Hwz(h) => hwz_err(h),
+        // The archive layer's kind of error, its message naming the file.
+        PipelineError::Archive { path, source } => {
+            let message = format!("{}: {source}", path.display());
+            let kind = hwz_err(source);
+            Python::attach(|py| PyErr::from_type(kind.get_type(py), message))
+        }
         PipelineError::Runtime(r) => runtime_err(r),
         PipelineError::Io { .. } => HypercodecIOError::new_err(e.to_string()),
         PipelineError::Cancelled => CancelledError::new_err(e.to_string()),

@@ -209,9 +209,8 @@ fn unused_options(args: &CompressArgs, mode: Option<Mode>) -> Option<(String, &'
                 "--encoding affine, lattice and trellis",
             ),
             "candidates" | "min_snr_db" | "eps_fp16" | "eps_bf16" | "prefer_bf16"
-            | "block_rows" | "sensitivity" | "target_scope" => {
-                (mode.is_some(), "a planner mode (--mode)")
-            }
+            | "block_rows" => (mode.is_some(), "a planner mode (--mode)"),
+            "sensitivity" | "target_scope" => (mode == Some(Mode::Budget), "--mode budget"),
             _ => return None,
         })
     };
@@ -413,9 +412,10 @@ fn compress(args: &CompressArgs) -> Result<()> {
         ));
     }
     if let Some((flag, by)) = unused_options(args, mode) {
-        let here = match (args.plan.is_some(), mode.is_some()) {
+        let here = match (args.plan.is_some(), &args.planning.mode) {
             (true, _) => "a plan chooses each tensor's encoding".to_string(),
-            (_, true) => "a planner mode chooses each tensor's encoding".to_string(),
+            (_, Some(m)) => format!("this run plans with --mode {m}"),
+            _ if mode.is_some() => "this run plans with --encoding auto".to_string(),
             _ => format!(
                 "this run stores --encoding {}",
                 clap::ValueEnum::to_possible_value(&args.encoding.kind())
@@ -469,6 +469,29 @@ fn compress(args: &CompressArgs) -> Result<()> {
         },
     };
     let source = TensorSource::open(&args.input)?;
+    // Names that match no tensor of the input weigh or calibrate nothing: say so (a file of
+    // another model, or `lm_head` for `lm_head.weight`, ran as if none were given).
+    let names: Vec<&str> = source.tensors.iter().map(|t| t.name.as_str()).collect();
+    let unmatched = |what: &str, v: Vec<&str>| {
+        if !v.is_empty() {
+            let some: Vec<String> = v.iter().take(3).map(|n| format!("`{n}`")).collect();
+            let more = if v.len() > 3 { ", ..." } else { "" };
+            sink::errln!(
+                "warning: {what} names {} tensors the input does not have ({}{more}): they are not used",
+                v.len(),
+                some.join(", ")
+            );
+        }
+    };
+    if let Route::Planner(p) = &options.route {
+        unmatched(
+            "--sensitivity",
+            pipeline::unmatched_sensitivity(&p.sensitivity, &names),
+        );
+    }
+    if let Some(c) = &options.calibration {
+        unmatched("--calibration", c.unmatched(&names));
+    }
     for s in &source.skipped {
         // (F64 is a float type this reader does not take; Python's `save` casts it to f32.)
         let why = if s.dtype == "F64" {

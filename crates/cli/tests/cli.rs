@@ -119,6 +119,82 @@ fn write_model(path: &Path, nan: bool) {
 }
 
 #[test]
+fn names_that_match_no_tensor_are_named_and_a_non_archive_names_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.safetensors");
+    write_model(&model, false);
+    let hwz = dir.path().join("m.hwz");
+    // Statistics for `a` (a.weight: 48 columns) and for two layers the model does not have.
+    let eye: Vec<u8> = (0..48 * 48)
+        .map(|i| if i % 49 == 0 { 1f32 } else { 0.0 })
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let small: Vec<u8> = [1f32; 4].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let stats = dir.path().join("stats.safetensors");
+    let tensors = vec![
+        (
+            "a",
+            TensorView::new(Dtype::F32, vec![48, 48], &eye).unwrap(),
+        ),
+        (
+            "zz",
+            TensorView::new(Dtype::F32, vec![2, 2], &small).unwrap(),
+        ),
+        (
+            "lm_head",
+            TensorView::new(Dtype::F32, vec![2, 2], &small).unwrap(),
+        ),
+    ];
+    std::fs::write(&stats, serialize(tensors, None).unwrap()).unwrap();
+    let out = run(&["compress", p(&model), p(&hwz), "--calibration", p(&stats)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "warning: --calibration names 2 tensors the input does not have (`lm_head`, `zz`)"
+        ),
+        "{err}"
+    );
+    // Sensitivity weights: `a.weight` is a tensor, `a` is not.
+    let out = run(&[
+        "compress",
+        p(&model),
+        p(&hwz),
+        "--mode",
+        "budget",
+        "--target-bps",
+        "5",
+        "--sensitivity",
+        r#"{"a.weight": 2, "a": 3}"#,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("--sensitivity names 1 tensors the input does not have (`a`)"),
+        "{err}"
+    );
+    // Every name matched: no warning.
+    let out = run(&[
+        "compress",
+        p(&model),
+        p(&hwz),
+        "--mode",
+        "budget",
+        "--target-bps",
+        "5",
+        "--sensitivity",
+        r#"{"a.weight": 2}"#,
+    ]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning: --sensitivity"));
+    // A file that is not an archive: the error names it.
+    let err = fails(&["inspect", p(&model)]);
+    assert!(
+        err.contains(&format!("{}: not a .hwz archive", p(&model))),
+        "{err}"
+    );
+}
+
+#[test]
 fn raw_encodings_restore_bit_exact() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.safetensors");
@@ -1330,11 +1406,11 @@ fn odd_arguments_and_inputs_are_usage_errors() {
         ),
         (
             &["--mode", "best", "--group", "64"],
-            "--group: applies to --encoding affine, not here: a planner mode",
+            "--group: applies to --encoding affine, not here: this run plans with --mode best",
         ),
         (
             &["--encoding", "auto", "--coding", "rice"],
-            "--coding: applies to --encoding lattice, not here: a planner mode",
+            "--coding: applies to --encoding lattice, not here: this run plans with --encoding auto",
         ),
         (
             &["--encoding", "affine", "--trellis-l", "12"],

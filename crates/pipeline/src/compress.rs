@@ -388,7 +388,24 @@ pub fn compress(
             fallbacks.push((t.name.clone(), format!("{} ({why})", e.label())));
             hwz::encode(&t.name, &values, &t.shape, &e, opts)?
         } else if let Route::Fixed(spec) = &options.route {
-            encode(spec)?
+            match encode(spec) {
+                // A constant tensor (a zeroed adapter) that the encoding asked for cannot hold
+                // (sparse or low-rank codes of one below the format's floor of 1/8 bit a value):
+                // its exact form, a bit a value (the run failed on it).
+                Err(hypercodec_plan::PlanError::Hwz(hwz::HwzError::InvalidEncoding {
+                    message,
+                    ..
+                })) if is_constant(&values) => {
+                    let exact = hwz::encode(&t.name, &values, &t.shape, &constant_form(), opts)?;
+                    let label = exact.encoding.label();
+                    fallbacks.push((
+                        t.name.clone(),
+                        format!("{label} (a constant tensor: {message})"),
+                    ));
+                    exact
+                }
+                other => other?,
+            }
         } else {
             unreachable!("every route is handled above")
         };
@@ -959,6 +976,36 @@ mod tests {
             }
             assert!(!names.contains(&"w"));
         }
+    }
+
+    #[test]
+    fn a_constant_tensor_below_a_sparse_codes_floor_is_stored_exactly() {
+        // Sparse codes of a zero tensor store no bytes, below the format's floor of 1/8 bit a
+        // value: the whole run failed on a zeroed adapter. A tensor that is not constant still
+        // gets the encoding asked for.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tensors = vec![
+            ("w".to_string(), vec![64u64, 256], gauss(64 * 256, 5)),
+            ("zero".to_string(), vec![64u64, 256], vec![0.0; 64 * 256]),
+        ];
+        let source = written(dir.path(), &tensors);
+        let options = CompressOptions {
+            route: Route::Fixed(Spec::parse("sparse").expect("spec")),
+            ..CompressOptions::default()
+        };
+        let out = dir.path().join("m.hwz");
+        let r = compress_to_file(&source, &options, &out, false, &mut |_| {}, &Cancel::new())
+            .expect("compress");
+        assert_eq!(r.report.fallbacks.len(), 1, "{:?}", r.report.fallbacks);
+        let (name, why) = &r.report.fallbacks[0];
+        assert!(name == "zero" && why.contains("below the floor"), "{why}");
+        let file = hwz::Archive::open_file(&out).expect("open");
+        assert_eq!(file.decode_tensor("zero").expect("decode"), tensors[1].2);
+        assert!(file
+            .manifest()
+            .tensors
+            .iter()
+            .any(|t| t.name == "w" && t.encoding.label().starts_with("sparse")));
     }
 
     #[test]

@@ -18,6 +18,14 @@ pub enum PipelineError {
     /// The archive layer failed.
     #[error(transparent)]
     Hwz(#[from] HwzError),
+    /// An archive on disk is not one, or is damaged: the archive layer's error, with the file.
+    #[error("{path}: {source}")]
+    Archive {
+        /// The file.
+        path: PathBuf,
+        /// What the archive layer found.
+        source: HwzError,
+    },
     /// The runtime (compressed operators) failed.
     #[cfg(feature = "fs")]
     #[error(transparent)]

@@ -84,7 +84,8 @@ pub use output::{check_output, write_text};
 #[cfg(feature = "fs")]
 pub use plan::{
     auto_candidates, plan_source, read_plan, read_sensitivity, sensitivity_arg, side_bytes,
-    target_bps, Chooser, CodebookOptions, LatticeOptions, LatticeRate, PlanOptions, Selection,
+    target_bps, unmatched_sensitivity, Chooser, CodebookOptions, LatticeOptions, LatticeRate,
+    PlanOptions, Selection,
 };
 #[cfg(feature = "fs")]
 pub use progress::{Cancel, Phase, Progress};

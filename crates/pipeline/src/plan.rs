@@ -371,6 +371,12 @@ impl Chooser {
                 format!("a size target means nothing to mode {mode:?}; use budget or auto"),
             ));
         }
+        if !options.sensitivity.is_empty() && mode != Mode::Budget {
+            return Err(PipelineError::option(
+                "sensitivity",
+                format!("weighs the tensors of mode budget's allocation; mode {mode:?} does not read it"),
+            ));
+        }
         if mode == Mode::Budget && options.target.is_none() {
             return Err(PipelineError::option(
                 "target",
@@ -637,6 +643,23 @@ pub fn read_plan(path: &Path) -> Result<Plan> {
     })
 }
 
+/// The names of `weights` (sensitivity weights) that name none of `tensors`, sorted: weights
+/// of another model, or names spelt otherwise (`lm_head` for `lm_head.weight`); nothing reads
+/// them.
+pub fn unmatched_sensitivity<'a>(
+    weights: &'a HashMap<String, f64>,
+    tensors: &[&str],
+) -> Vec<&'a str> {
+    let have: std::collections::HashSet<&str> = tensors.iter().copied().collect();
+    let mut v: Vec<&str> = weights
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !have.contains(k))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
 /// Reads BUDGET's sensitivity weights: a JSON object `{tensor name: weight}`.
 pub fn read_sensitivity(path: &Path) -> Result<HashMap<String, f64>> {
     let text = crate::output::read_json_input(path, "sensitivity file")?;
@@ -717,6 +740,18 @@ mod tests {
             ..PlanOptions::default()
         };
         assert!(matches!(Chooser::new(bad), Err(PipelineError::Plan(_))));
+        // Sensitivity weights outside BUDGET weighed nothing, silently.
+        let weighed = PlanOptions {
+            mode: Mode::Best,
+            sensitivity: HashMap::from([("w".to_string(), 4.0)]),
+            ..PlanOptions::default()
+        };
+        assert!(matches!(
+            Chooser::new(weighed),
+            Err(PipelineError::InvalidOption { option, .. }) if option == "sensitivity"
+        ));
+        let weights = HashMap::from([("w".to_string(), 4.0), ("b".to_string(), 1.0)]);
+        assert_eq!(unmatched_sensitivity(&weights, &["w", "x"]), ["b"]);
         let mut nan = PlanOptions::default();
         nan.thresholds.min_snr_db = f64::NAN;
         let zero_rows = PlanOptions {
