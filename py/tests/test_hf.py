@@ -610,6 +610,12 @@ def test_a_model_quantized_in_python_reloads_through_save_pretrained(tmp_path):
                                         intermediate_size=64)), {"input_ids": torch.randint(0, 99, (2, 7))},
          {"embeddings": True, "skip": ()}),
     ]
+    # Two bias-free linear layers on one weight Parameter (tied by hand): one stored form, the
+    # second tied to the first, through the reload too (its config's tie named no embedding).
+    tied = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                            num_key_value_heads=1, intermediate_size=64))
+    tied.model.layers[0].mlp.up_proj.weight = tied.model.layers[0].mlp.gate_proj.weight
+    cases.append((tied, {"input_ids": torch.randint(0, 99, (2, 7))}, {}))
     for i, (m, inputs, kw) in enumerate(cases):
         hnn.quantize(m.eval(), bps=4, **kw)
         with torch.no_grad():
@@ -625,6 +631,8 @@ def test_a_model_quantized_in_python_reloads_through_save_pretrained(tmp_path):
             type(x) for x in m.modules() if isinstance(x, stored)
         ]
     assert model is not m and isinstance(cases[1][0].model.embed_tokens, hnn.HyperEmbedding)
+    mlp = model.model.layers[0].mlp
+    assert mlp.up_proj.op is mlp.gate_proj.op and mlp.up_proj.tied is not None
     # A model given its stored layers by hnn.load_state_dict (or load_into, quantize_budget)
     # carries the config too.
     m, inputs, _ = cases[1]

@@ -2,7 +2,8 @@
 //!
 //! A thin front end over `hypercodec-pipeline`: it parses arguments into the pipeline's
 //! option structs, draws a progress bar on the pipeline's progress callback, prints, and
-//! maps every error to exit code 1 (2 for arguments clap rejects). The binary is
+//! maps every error to exit code 1 (2 for arguments clap rejects, 130 for a run a signal
+//! cancelled). The binary is
 //! [`main_with_args`] over the process's arguments; the Python wheel's `python -m hypercodec`
 //! calls the same function, so both front ends are one command line.
 
@@ -208,9 +209,16 @@ fn unused_options(args: &CompressArgs, mode: Option<Mode>) -> Option<(String, &'
                 encoding(&[K::Affine, K::Lattice, K::Trellis]),
                 "--encoding affine, lattice and trellis",
             ),
+            // (A plan's recipes are read as stored: no option of the planner's applies.)
             "candidates" | "min_snr_db" | "eps_fp16" | "eps_bf16" | "prefer_bf16"
-            | "block_rows" => (mode.is_some(), "a planner mode (--mode)"),
-            "sensitivity" | "target_scope" => (mode == Some(Mode::Budget), "--mode budget"),
+            | "block_rows" => (
+                mode.is_some() && args.plan.is_none(),
+                "a planner mode (--mode)",
+            ),
+            "sensitivity" | "target_scope" => (
+                mode == Some(Mode::Budget) && args.plan.is_none(),
+                "--mode budget",
+            ),
             _ => return None,
         })
     };
@@ -792,7 +800,8 @@ where
 }
 
 /// Runs the command line on `args` (the first is the program name) and returns the exit
-/// code: 0, 1 for an error the pipeline reports, 2 for arguments clap rejects.
+/// code: 0, 1 for an error the pipeline reports, 2 for arguments clap rejects, 130 for a run a
+/// signal (or a cancel flag) stopped.
 pub fn main_with_args<I, T>(args: I) -> u8
 where
     I: IntoIterator<Item = T>,

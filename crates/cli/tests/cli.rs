@@ -1433,6 +1433,23 @@ fn odd_arguments_and_inputs_are_usage_errors() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
     assert!(!hwz.exists());
+    // A plan's recipes are read as stored: the planner's options, even beside --encoding auto
+    // (a planner mode of its own), are not read.
+    let plan = dir.path().join("p.json");
+    std::fs::write(&plan, ok(&["plan", "gaussian:8x64"])).unwrap();
+    for extra in [
+        &["--min-snr-db", "3"][..],
+        &["--encoding", "auto", "--candidates", "int4"],
+    ] {
+        let mut args = vec!["compress", "gaussian:8x64", p(&hwz), "--plan", p(&plan)];
+        args.extend(extra);
+        let err = fails(&args);
+        assert!(
+            err.contains("not here: a plan chooses each tensor's encoding"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!hwz.exists());
     // The same options where their route reads them.
     for extra in [
         &[

@@ -53,7 +53,7 @@ pub(crate) fn kernel_modules(names: &[String]) -> std::result::Result<Vec<usize>
 /// kernels, the half-step cp.async kernels, the Hopper GEMMs and, last, the aligned affine GEMVs and decoders of 1, 3, 5, 6 and 7 bits; indices from [`affine_gemv`],
 /// [`e8_gemv`], [`trellis_gemv`], [`affine_mma`], [`affine_cpa`], [`affine_gemm`],
 /// [`trellis_groups`], [`trellis_decode_groups`], [`trellis_mma`], [`e8_prefix`],
-/// [`e8_prefix_two`], [`affine_cpa_halves`] and [`wgmma`].
+/// [`e8_prefix_two`], [`affine_cpa_halves`], [`wgmma`] and [`affine_decode_chunks`].
 pub(crate) fn function_names() -> Vec<String> {
     let mut v: Vec<String> = [
         "hc_rht",

@@ -395,7 +395,7 @@ pub fn compress(
                 Err(hypercodec_plan::PlanError::Hwz(hwz::HwzError::InvalidEncoding {
                     message,
                     ..
-                })) if is_constant(&values) => {
+                })) if is_constant(&values) && codebook_family(spec) => {
                     let exact = hwz::encode(&t.name, &values, &t.shape, &constant_form(), opts)?;
                     let label = exact.encoding.label();
                     fallbacks.push((
@@ -630,6 +630,20 @@ pub fn raw_instead(
     );
     let raw = hwz::encode(name, values, shape, &Encoding::Raw { dtype }, opts)?;
     Ok(Some((raw, why)))
+}
+
+/// Whether `spec` stores a codebook-family encoding (codebook, low-rank, sparse): the codes
+/// the format's floor of 1/8 bit a value can refuse for a constant tensor.
+fn codebook_family(spec: &Spec) -> bool {
+    let e = match spec {
+        Spec::Fixed { encoding } => encoding,
+        Spec::Codebook { template, .. } | Spec::Rate { template, .. } => template,
+        _ => return false,
+    };
+    matches!(
+        e,
+        Encoding::Codebook { .. } | Encoding::LowRank { .. } | Encoding::Sparse { .. }
+    )
 }
 
 /// Whether a tensor's values are all one finite value (bit for bit).

@@ -75,6 +75,13 @@ pub fn default_encodings() -> Vec<BenchEncoding> {
             affine(4, Group::Size(128), false),
             LoadOptions::default(),
         ),
+        // (3 bits: the planner's BUDGET candidates hold it; its codes straddle bytes and are
+        // unpacked a row at a time.)
+        b(
+            "int3-g128",
+            affine(3, Group::Size(128), false),
+            LoadOptions::default(),
+        ),
         b(
             "int8-row",
             affine(8, Group::Row, true),

@@ -79,6 +79,19 @@ pub fn unpack_bits_into(bytes: &[u8], bits: u8, out: &mut [u8]) -> Result<()> {
         }
         return Ok(());
     }
+    // Eight codes fill `bits` whole bytes: whole octets first, with shifts the compiler knows
+    // (a byte-at-a-time refill per code ran the CPU runtime's 3-bit layers at a tenth of
+    // INT4's speed), then the tail code by code.
+    let done = match bits {
+        1 => unpack_octets::<1>(bytes, out),
+        2 => unpack_octets::<2>(bytes, out),
+        3 => unpack_octets::<3>(bytes, out),
+        5 => unpack_octets::<5>(bytes, out),
+        6 => unpack_octets::<6>(bytes, out),
+        7 => unpack_octets::<7>(bytes, out),
+        _ => 0,
+    };
+    let (bytes, out) = (&bytes[done / 8 * bits as usize..], &mut out[done..]);
     let mask = (1u64 << bits) - 1;
     let mut acc: u64 = 0;
     let mut avail: u32 = 0;
@@ -101,6 +114,24 @@ pub fn unpack_bits_into(bytes: &[u8], bits: u8, out: &mut [u8]) -> Result<()> {
         avail = avail.saturating_sub(bits as u32);
     }
     Ok(())
+}
+
+/// Unpacks the whole octets of codes of `B` bits (eight codes in `B` bytes, least significant
+/// first) into `out`; returns how many codes it wrote (a multiple of 8).
+fn unpack_octets<const B: usize>(bytes: &[u8], out: &mut [u8]) -> usize {
+    let mask = (1u64 << B) - 1;
+    let mut done = 0;
+    for (o, b) in out.chunks_exact_mut(8).zip(bytes.chunks_exact(B)) {
+        let v = b
+            .iter()
+            .enumerate()
+            .fold(0u64, |v, (i, &x)| v | (x as u64) << (8 * i));
+        for (i, c) in o.iter_mut().enumerate() {
+            *c = (v >> (B * i) & mask) as u8;
+        }
+        done += 8;
+    }
+    done
 }
 
 /// Unpacks codes `first .. first + out.len()` of a stream of `total` codes of `bits` bits

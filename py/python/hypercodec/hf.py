@@ -576,11 +576,13 @@ def _register() -> tuple[type, type] | tuple[None, None]:
             _root_names(model, c)
             placed: dict[int, nn.Module] = {}  # a layer at two names: one placeholder at both
             for head, table in c.tied.items():
-                # A head on a stored table's codes (from_hwz), or a table on a stored head's
-                # (hypercodec.nn.quantize with embeddings=True).
-                if table not in c.embeddings and not (head in c.embeddings and table in c.modules):
+                # A head on a stored table's codes (from_hwz), a table on a stored head's
+                # (hypercodec.nn.quantize with embeddings=True), or a linear layer on another's
+                # (two on one weight Parameter).
+                if table not in c.embeddings and table not in c.modules:
                     raise _native.FormatError(
-                        f"the checkpoint's hypercodec config ties `{head}` to `{table}`, which is not a stored embedding"
+                        f"the checkpoint's hypercodec config ties `{head}` to `{table}`, which is not a stored "
+                        "embedding or linear layer"
                     )
             convs = getattr(c, "convs", None) or []  # (configs saved before convolutions were named)
             wanted = [(n, None) for n in c.modules] + [(n, None) for n in c.embeddings] + list(c.tied.items())

@@ -2178,7 +2178,7 @@ def quantize(
                 # Another linear layer on the same weight Parameter (an autoencoder's tied
                 # decoder, a layer reused under two names by parameter): one stored form, tied as
                 # an output head is to its table (it was quantized and stored twice, untied).
-                made[id(layer)] = HyperLinear(head[0].op, tied=head[1])
+                made[id(layer)] = _keyed_on(HyperLinear(head[0].op, tied=head[1]), layer.weight)
             elif not isinstance(layer, nn.Conv2d):
                 h = None if hessians is None else hessians.get(name)
                 made[id(layer)] = stored(
