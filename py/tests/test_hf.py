@@ -616,6 +616,13 @@ def test_a_model_quantized_in_python_reloads_through_save_pretrained(tmp_path):
                                             num_key_value_heads=1, intermediate_size=64))
     tied.model.layers[0].mlp.up_proj.weight = tied.model.layers[0].mlp.gate_proj.weight
     cases.append((tied, {"input_ids": torch.randint(0, 99, (2, 7))}, {}))
+    # Conv1d layers (a speech model's feature encoder, its weight-normed positional convolution).
+    speech = T.Wav2Vec2ForCTC(T.Wav2Vec2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                               intermediate_size=64, conv_dim=(16, 16), conv_kernel=(10, 3),
+                                               conv_stride=(5, 2), num_conv_pos_embeddings=16,
+                                               num_conv_pos_embedding_groups=4, vocab_size=12))
+    cases.append((speech, {"input_values": torch.randn(2, 400)}, {}))
+    reloaded = []
     for i, (m, inputs, kw) in enumerate(cases):
         hnn.quantize(m.eval(), bps=4, **kw)
         with torch.no_grad():
@@ -626,13 +633,15 @@ def test_a_model_quantized_in_python_reloads_through_save_pretrained(tmp_path):
             model = type(m).from_pretrained(tmp_path / f"{i}-{k}").eval()
             with torch.no_grad():
                 assert torch.equal(model(**inputs).logits, want), (type(m).__name__, k)
+        reloaded.append(model)
         stored = (hnn.HyperLinear, hnn.HyperConv2d, hnn.HyperEmbedding)
         assert [type(x) for x in model.modules() if isinstance(x, stored)] == [
             type(x) for x in m.modules() if isinstance(x, stored)
         ]
     assert model is not m and isinstance(cases[1][0].model.embed_tokens, hnn.HyperEmbedding)
-    mlp = model.model.layers[0].mlp
+    mlp = reloaded[3].model.layers[0].mlp
     assert mlp.up_proj.op is mlp.gate_proj.op and mlp.up_proj.tied is not None
+    assert sum(isinstance(x, hnn.HyperConv1d) for x in reloaded[4].modules()) == 3
     # A model given its stored layers by hnn.load_state_dict (or load_into, quantize_budget)
     # carries the config too.
     m, inputs, _ = cases[1]

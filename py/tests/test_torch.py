@@ -730,6 +730,56 @@ class _Twins(torch.nn.Module):
         return self.a(x) + 2 * self.b(torch.tanh(x))
 
 
+class _Audio(torch.nn.Module):
+    """Conv1d layers as audio models use them: strided, depthwise with "same" padding, a
+    pointwise one (the runtime's matrix route), dilated with reflect padding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv1d(16, 32, 5, stride=2, padding=2)
+        self.b = torch.nn.Conv1d(32, 32, 3, padding="same", groups=32, bias=False)
+        self.c = torch.nn.Conv1d(32, 24, 1)
+        self.d = torch.nn.Conv1d(24, 8, 4, dilation=2, padding=3, padding_mode="reflect")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.d(torch.relu(self.c(self.b(torch.relu(self.a(x))))))
+
+
+def test_conv1d_layers_are_stored_and_compute_what_conv1d_does(tmp_path):
+    """nn.Conv1d stayed float (audio models, Conv1d-heavy, got little from quantize). Each is
+    now a HyperConv1d holding its weight in its own shape, computing what a Conv1d of the
+    decoded weight does (unbatched inputs, input gradients too), and reloading from its state
+    dict."""
+    torch.manual_seed(5)
+    model = _Audio().eval()
+    x = torch.randn(3, 16, 50, requires_grad=True)
+    ref = model(x)
+    q = hnn.quantize(copy.deepcopy(model), bps=8, method="affine")
+    assert all(type(m) is hnn.HyperConv1d for m in q.children())
+    assert q.c.path == "affine-int8-fused" and q.a.path == "decode-fallback+conv2d"
+    assert q.a.weight.shape == (32, 16, 5) and "weight_shape=(32, 16, 5)" in repr(q.a)
+    y = q(x)
+    assert y.shape == ref.shape and float((y - ref).detach().norm() / ref.detach().norm()) < 0.02
+    # What nn.Conv1d computes on the decoded weights.
+    dense = hnn.dequantize(copy.deepcopy(q))
+    assert all(type(m) is torch.nn.Conv1d for m in dense.children())
+    want = dense(x)
+    assert torch.allclose(y, want, atol=1e-5)
+    (gy,) = torch.autograd.grad(y.sum(), x)
+    (gw,) = torch.autograd.grad(want.sum(), x)
+    assert torch.allclose(gy, gw, atol=1e-5)
+    with torch.no_grad():
+        assert torch.allclose(q(x[1]), want[1], atol=1e-5)  # one unbatched signal
+        with pytest.raises(hypercodec.InvalidInputError, match=r"HyperConv1d takes \(N, 16, L\)"):
+            q(torch.randn(3, 16, 1, 50))
+        torch.save(q.state_dict(), tmp_path / "a.pt")
+        with torch.device("meta"):
+            fresh = _Audio()
+        hnn.load_state_dict(fresh, torch.load(tmp_path / "a.pt", weights_only=True))
+        assert all(type(m) is hnn.HyperConv1d for m in fresh.children())
+        assert torch.equal(fresh(x), y)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_layers_on_one_weight_share_one_stored_form(tmp_path, bias):
     """Two nn.Linear layers that share a weight Parameter were quantized and saved twice, their

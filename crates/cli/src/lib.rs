@@ -585,6 +585,16 @@ fn plan(
 }
 
 fn demo(dir: &Path, shape: &str) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        // (create_dir_all said only "File exists".)
+        return Err(PipelineError::option(
+            "--dir",
+            format!(
+                "{} is a file; the demo writes its files into a folder",
+                dir.display()
+            ),
+        ));
+    }
     std::fs::create_dir_all(dir).map_err(PipelineError::io(dir))?;
     let st = dir.join("gaussian.safetensors");
     sink::outln!("== 1. a seeded Gaussian {shape} tensor -> {}", st.display());

@@ -1493,6 +1493,12 @@ fn odd_arguments_and_inputs_are_usage_errors() {
         args.extend(extra);
         ok(&args);
     }
+    // The demo's folder named as a file: said so (it said "File exists").
+    let err = fails(&["demo", "--dir", m]);
+    assert!(
+        err.contains("is a file; the demo writes its files into a folder"),
+        "{err}"
+    );
     // A file beside --runtime (which measures weights of --shapes) was ignored: a usage error.
     let both = run(&["benchmark", "gaussian:8x64", "--runtime"]);
     assert_eq!(both.status.code(), Some(2));

@@ -27,6 +27,7 @@ from . import _native
 from .api import compress_state_dict
 from .nn import (
     HWZ_KEY,
+    HyperConv1d,
     HyperConv2d,
     HyperEmbedding,
     HyperLinear,
@@ -592,13 +593,14 @@ def _register() -> tuple[type, type] | tuple[None, None]:
                     continue  # a fresh model holds none: a name whose parent was placed already
                 embedding, conv = name in c.embeddings, name in convs
                 if not (
-                    isinstance(layer, nn.Embedding) if embedding else isinstance(layer, nn.Conv2d) if conv
+                    isinstance(layer, nn.Embedding) if embedding else isinstance(layer, (nn.Conv1d, nn.Conv2d)) if conv
                     else isinstance(layer, nn.Linear) or _is_conv1d(layer)
                 ):
                     raise _native.FormatError(f"`{name}` is quantized in the checkpoint but is {type(layer).__name__} here")
                 if id(layer) not in placed:
                     if conv:
-                        placeholder = HyperConv2d.placeholder(layer)
+                        kind = HyperConv1d if isinstance(layer, nn.Conv1d) else HyperConv2d
+                        placeholder = kind.placeholder(layer)
                     elif embedding:
                         placeholder = HyperEmbedding.placeholder(layer, tied=c.tied.get(name))
                     else:

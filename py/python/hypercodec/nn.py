@@ -3,7 +3,8 @@
 :class:`HyperLinear` replaces ``nn.Linear``; its forward pass runs on hypercodec's CPU runtime
 straight from the stored codes. :class:`HyperConv2d` replaces ``nn.Conv2d``: a 1×1 convolution
 runs on the runtime as a linear layer over channels; any other kernel is the documented *decode
-fallback* (the weight is decoded for the call, then ``F.conv2d``). :func:`quantize` swaps the
+fallback* (the weight is decoded for the call, then ``F.conv2d``). :class:`HyperConv1d` replaces
+``nn.Conv1d`` as a convolution of height 1. :func:`quantize` swaps the
 layers of a model in place; :func:`load_into` builds them from an archive without ever holding
 their dense weights. Built from a compressed form, these layers are inference-only; a
 ``HyperLinear(..., trainable=True)`` keeps a float master weight and trains through a
@@ -1722,6 +1723,69 @@ class HyperConv2d(_StoredForm, nn.Module):
         return f"weight_shape={self.weight_shape}{pad}, path={self.path}, held_bytes={self.op.held_bytes}"
 
 
+def _as_conv2d(conv: nn.Conv1d) -> Any:
+    """``conv`` seen as an ``nn.Conv2d`` of height 1: kernel ``1×k``, stride, dilation and
+    padding ``(1 or 0, ·)`` (a padding string as it is), its weight ``[out, in/groups, 1, k]``."""
+    from types import SimpleNamespace
+
+    pad = conv.padding if isinstance(conv.padding, str) else (0, conv.padding[0])
+    left, right = conv._reversed_padding_repeated_twice
+    return SimpleNamespace(
+        weight=conv.weight.unsqueeze(2), bias=conv.bias, in_channels=conv.in_channels,
+        out_channels=conv.out_channels, kernel_size=(1, conv.kernel_size[0]), stride=(1, conv.stride[0]),
+        padding=pad, dilation=(1, conv.dilation[0]), groups=conv.groups, padding_mode=conv.padding_mode,
+        # (F.pad's order: the last dimension first; none above or below the one row)
+        _reversed_padding_repeated_twice=[left, right, 0, 0],
+    )
+
+
+class HyperConv1d(HyperConv2d):
+    """``nn.Conv1d`` with its weight kept compressed (stored in its own shape, ``[out,
+    in/groups, k]``), run as a :class:`HyperConv2d` of height 1 (kernel ``1×k``) on inputs
+    ``(N, C, L)`` or ``(C, L)``: a kernel of 1 (stride 1, no padding, one group) on the runtime as
+    a linear layer over channels, any other on the decode fallback (``F.conv2d`` with the decoded
+    weight, which computes what ``F.conv1d`` does). Audio models (wav2vec2's feature encoder,
+    HiFi-GAN, EnCodec, Conformer's depthwise convolutions) are mostly such layers."""
+
+    def __init__(self, op: _native.Linear, conv: nn.Conv1d) -> None:
+        super().__init__(op, _as_conv2d(conv))
+        self._geometry1d(conv)
+
+    def _geometry1d(self, conv: nn.Conv1d) -> None:
+        self.shape1d = tuple(conv.weight.shape)
+        self.conv1d = dict(kernel_size=conv.kernel_size, stride=conv.stride, padding=conv.padding,
+                           dilation=conv.dilation)
+
+    @classmethod
+    def placeholder(cls, conv: nn.Conv1d) -> "HyperConv1d":
+        """An empty layer of ``conv``'s geometry whose ``weight_hwz`` (and ``bias``) are filled
+        by ``load_state_dict``."""
+        self = super().placeholder(_as_conv2d(conv))
+        self._geometry1d(conv)
+        return self
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A meta tensor of the dense weight's shape (``[out, in/groups, k]``) and dtype (see
+        :attr:`HyperConv2d.weight`)."""
+        return super().weight.reshape(self.shape1d)
+
+    def _check_loaded(self, op: "_native.Linear") -> None:
+        shape = tuple(op.shape)
+        if shape != tuple(self.shape1d):
+            raise _native.InvalidInputError(f"stored weight is {shape}; this convolution's is {tuple(self.shape1d)}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() not in (2, 3) or x.shape[-2] != self.in_channels:
+            raise _native.InvalidInputError(
+                f"HyperConv1d takes (N, {self.in_channels}, L) or ({self.in_channels}, L) inputs, not {tuple(x.shape)}"
+            )
+        return super().forward(x.unsqueeze(-2)).squeeze(-2)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr().replace(f"weight_shape={self.weight_shape}", f"weight_shape={self.shape1d}")
+
+
 class HyperEmbedding(_StoredForm, nn.Module):
     """``nn.Embedding`` on the stored form: each looked-up row is decoded from the compressed
     weight (a :class:`hypercodec.Linear`, which a tied output head can share), returned in
@@ -1967,8 +2031,9 @@ def _own_forward(m: nn.Module) -> bool:
     t = type(m)
     if f"{t.__module__}.{t.__qualname__}" in _SAME_PRODUCT:
         return False
-    base = nn.Linear if isinstance(m, nn.Linear) else nn.Conv2d if isinstance(m, nn.Conv2d) else t
-    return t.forward is not base.forward or (base is nn.Conv2d and t._conv_forward is not nn.Conv2d._conv_forward)
+    base = next((b for b in (nn.Linear, nn.Conv1d, nn.Conv2d) if isinstance(m, b)), t)
+    convs = (nn.Conv1d, nn.Conv2d)
+    return t.forward is not base.forward or (base in convs and t._conv_forward is not base._conv_forward)
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -2088,8 +2153,9 @@ def quantize(
     hessians: dict[str, np.ndarray] | None = None,
     embeddings: bool = False,
 ) -> nn.Module:
-    """Replaces every ``nn.Linear`` (and, with ``conv``, ``nn.Conv2d``) of ``model`` whose name
-    does not contain one of ``skip`` by a :class:`HyperLinear` (:class:`HyperConv2d`) quantized
+    """Replaces every ``nn.Linear`` (and, with ``conv``, ``nn.Conv2d`` and ``nn.Conv1d``) of
+    ``model`` whose name does not contain one of ``skip`` by a :class:`HyperLinear`
+    (:class:`HyperConv2d`, :class:`HyperConv1d`) quantized
     with ``method`` at ``bps`` (see :func:`method_spec`; a layer too small for the lattice at
     ``bps`` — its row scales and chunk tables alone over the rate, or a per-tensor grid better,
     as 3×3 depthwise kernels — falls back to affine INT(⌊bps⌋ + 2) with a scale per output
@@ -2130,7 +2196,8 @@ def quantize(
     candidates = [
         (n, m)
         for n, m in named
-        if (isinstance(m, nn.Linear) or _is_conv1d(m) or (conv and isinstance(m, nn.Conv2d))) and not skipped(m)
+        if (isinstance(m, nn.Linear) or _is_conv1d(m) or (conv and isinstance(m, (nn.Conv1d, nn.Conv2d))))
+        and not skipped(m)
     ]
     meta = [n for n, m in candidates if any(p.is_meta for p in m.parameters(recurse=False))]
     if meta:
@@ -2179,7 +2246,7 @@ def quantize(
                 # decoder, a layer reused under two names by parameter): one stored form, tied as
                 # an output head is to its table (it was quantized and stored twice, untied).
                 made[id(layer)] = _keyed_on(HyperLinear(head[0].op, tied=head[1]), layer.weight)
-            elif not isinstance(layer, nn.Conv2d):
+            elif not isinstance(layer, (nn.Conv1d, nn.Conv2d)):
                 h = None if hessians is None else hessians.get(name)
                 made[id(layer)] = stored(
                     name, lambda: HyperLinear.from_linear(_as_linear(layer), spec, trainable, refresh_every, h)
@@ -2187,7 +2254,8 @@ def quantize(
                 if not trainable:
                     heads.setdefault(id(layer.weight), (made[id(layer)], name))
             else:
-                made[id(layer)] = stored(name, lambda: HyperConv2d.from_conv(layer, spec))
+                kind = HyperConv1d if isinstance(layer, nn.Conv1d) else HyperConv2d
+                made[id(layer)] = stored(name, lambda: kind.from_conv(layer, spec))
         replacements.append((name, made[id(layer)]))
     for name, emb in tables:
         if id(emb) not in made:
@@ -2669,10 +2737,16 @@ def _dense_layer(m: nn.Module) -> nn.Module:
     """A float32 ``nn.Linear`` / ``nn.Conv2d`` holding the compressed ``m``'s decoded weight and
     its bias (a trainable layer's own, else the operator's): what ``m`` computes."""
     w = _op_weight(m.op)
-    if isinstance(m, HyperConv2d):
+    if isinstance(m, HyperConv1d):
+        twin: nn.Module = torch.nn.utils.skip_init(
+            nn.Conv1d, m.in_channels, m.out_channels, groups=m.groups, bias=m.bias is not None,
+            padding_mode=m.padding_mode, **m.conv1d,
+        )
+        bias = m.bias
+    elif isinstance(m, HyperConv2d):
         out, per_group, kh, kw = m.weight_shape
         # (skip_init: the weights are overwritten below, a random init would be wasted work.)
-        twin: nn.Module = torch.nn.utils.skip_init(
+        twin = torch.nn.utils.skip_init(
             nn.Conv2d,
             per_group * m.groups,
             out,
@@ -2856,6 +2930,14 @@ def dequantize(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
             if bias is not None:
                 new.bias = nn.Parameter(torch.as_tensor(np.asarray(bias, np.float32)).to(home, dtype or linear_dtype))
             return new
+        if isinstance(layer, HyperConv1d):
+            new = nn.Conv1d(layer.in_channels, layer.out_channels, groups=layer.groups, bias=layer.bias is not None,
+                            padding_mode=layer.padding_mode, device="meta", **layer.conv1d)
+            dt = layer.weight.dtype
+            new.weight = weight(layer, layer.shape1d, dt)
+            if layer.bias is not None:
+                new.bias = nn.Parameter(layer.bias.detach().to(home, dtype or dt).clone())
+            return new
         if isinstance(layer, HyperConv2d):
             oc, icg, kh, kw = layer.weight_shape
             new = nn.Conv2d(layer.in_channels, oc, (kh, kw), layer.stride, layer.padding, layer.dilation, layer.groups,
@@ -2904,7 +2986,7 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
         >>> sd = quantized.state_dict()                                  # doctest: +SKIP
         >>> fresh = load_state_dict(make_model(), sd)                    # doctest: +SKIP
     """
-    kinds = {nn.Linear: HyperLinear, nn.Conv2d: HyperConv2d, nn.Embedding: HyperEmbedding}
+    kinds = {nn.Linear: HyperLinear, nn.Conv1d: HyperConv1d, nn.Conv2d: HyperConv2d, nn.Embedding: HyperEmbedding}
     # Every name of every module: a layer used at two places (saved under both) is one
     # placeholder at both.
     modules = list(model.named_modules(remove_duplicate=False))
@@ -2920,7 +3002,7 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
         if f"{name}.{HWZ_KEY}" in state_dict:
             if kind is None:
                 raise _native.InvalidInputError(
-                    f"`{name}` has a stored weight but is {type(m).__name__}, not Linear, Conv1D, Conv2d or Embedding"
+                    f"`{name}` has a stored weight but is {type(m).__name__}, not Linear, Conv1D, Conv1d, Conv2d or Embedding"
                 )
             if id(m) not in placed:
                 placed[id(m)] = kind.placeholder(_as_linear(m))
