@@ -649,6 +649,36 @@ def test_cuda_gradients_reach_the_inputs_of_compressed_layers(spec):
 
 
 @needs_cuda
+def test_cuda_conv1d_layers_compute_what_they_do_on_the_host():
+    """HyperConv1d on CUDA tensors (a kernel of 3 on the decoded weight, a kernel of 1 on the
+    device's matrix kernels, a depthwise one), f32 and bf16, against the same layers on the
+    host, and the input gradient through the pointwise one."""
+    import copy
+
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Conv1d(64, 128, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv1d(128, 128, 5, padding="same", groups=128),
+                                torch.nn.Conv1d(128, 96, 1)).eval()
+    hnn.quantize(model, bps=4, method="affine")
+    assert [type(m) for m in model if not isinstance(m, torch.nn.ReLU)] == [hnn.HyperConv1d] * 3
+    x = torch.randn(2, 64, 40)
+    with torch.no_grad():
+        want = model(x)
+    dev = copy.deepcopy(model).cuda()
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+        with torch.no_grad():
+            got = dev.to(dtype)(x.cuda().to(dtype)).float().cpu()
+        assert torch.allclose(got, want, rtol=tol, atol=tol * want.abs().max().item()), dtype
+    point = copy.deepcopy(model[3]).cuda().float()
+    h = torch.randn(2, 128, 40, device="cuda", requires_grad=True)
+    gy = torch.randn(2, 96, 40, device="cuda")
+    point(h).backward(gy)
+    w = torch.from_numpy(np.asarray(model[3].op.weight())).reshape(96, 128).cuda()
+    ref = torch.einsum("nol,oc->ncl", gy, w)
+    assert torch.allclose(h.grad, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+@needs_cuda
 @pytest.mark.parametrize("spec", ["int4", "e8-fixed4", "tcq@2-l12", "e8@4-gpu"])
 def test_a_deep_copy_on_cuda_owns_its_device_codes(spec):
     """A deep copy of a layer that ran on the device rebuilds its device form: the kernels'

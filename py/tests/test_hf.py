@@ -518,12 +518,14 @@ def test_gpt_neo_reads_from_hwz_with_its_local_attention(tmp_path):
 def test_a_checkpoint_config_that_does_not_fit_the_model_is_a_typed_error(tmp_path):
     """A saved model's hypercodec config naming modules the model lacks (built with fewer
     layers, or the config edited) raised AttributeError; a head tied to a module that is not a
-    stored embedding raised AttributeError or, with a layer of the same shape, loaded wrong
-    logits silently; config values of the wrong type raised TypeError / ValueError."""
+    stored embedding or linear layer raised AttributeError, and a tie to a linear layer of
+    another shape is refused by the stored form's shape (a linear layer may share another's
+    codes: two on one weight Parameter); config values of the wrong type raised TypeError /
+    ValueError."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=2, tie_word_embeddings=True)
     hhf.save_hwz(LlamaForCausalLM(cfg), tmp_path / "m.hwz", encoding="lattice", bps=6, verbose=False)
     r, _ = hhf.from_hwz(tmp_path / "m.hwz")
@@ -532,10 +534,12 @@ def test_a_checkpoint_config_that_does_not_fit_the_model_is_a_typed_error(tmp_pa
         AutoModelForCausalLM.from_pretrained(tmp_path / "a", num_hidden_layers=1)
     path = tmp_path / "a" / "config.json"
     saved = json.loads(path.read_text())
-    for tied in ({"lm_head": "model.norm"}, {"lm_head": "model.layers.0.mlp.up_proj"}):
+    for tied, error, says in (({"lm_head": "model.norm"}, hypercodec.FormatError, "not a stored embedding or linear"),
+                              ({"lm_head": "model.layers.0.mlp.up_proj"}, hypercodec.InvalidInputError,
+                               "stored weight is 96x64; this layer is 64x64")):
         edited = dict(saved, quantization_config=dict(saved["quantization_config"], tied=tied))
         path.write_text(json.dumps(edited))
-        with pytest.raises(hypercodec.FormatError, match="not a stored embedding"):
+        with pytest.raises(error, match=says):
             AutoModelForCausalLM.from_pretrained(tmp_path / "a")
     for kw in ({"modules": 5}, {"embeddings": [1]}, {"tied": ["lm_head"]}, {"tied": {"lm_head": 3}}):
         with pytest.raises(hypercodec.InvalidInputError):
@@ -753,6 +757,10 @@ def test_layers_whose_parent_multiplies_their_weight_stay_float(tmp_path):
         kinds = {n.rpartition(".")[2]: type(x) for n, x in m.named_modules() if n.endswith("_proj") and "mamba" in n
                  or n.endswith(("mixer.dt_proj", "mixer.in_proj"))}
         assert kinds["dt_proj"] is torch.nn.Linear and kinds["in_proj"] is hnn.HyperLinear, kinds
+        # Its causal convolution is stored: the mixer passes `conv1d.weight` to its causal
+        # convolution (Jamba from a function of its module), which a HyperConv1d decodes when read.
+        convs = [type(x) for n, x in m.named_modules() if n.endswith("conv1d")]
+        assert convs and all(t is hnn.HyperConv1d for t in convs), convs
         with torch.no_grad():
             got = m(input_ids=ids).logits
             assert (got - want).abs().max() <= 0.02 * want.abs().max()

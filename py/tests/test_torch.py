@@ -765,6 +765,8 @@ def test_conv1d_layers_are_stored_and_compute_what_conv1d_does(tmp_path):
     assert all(type(m) is torch.nn.Conv1d for m in dense.children())
     want = dense(x)
     assert torch.allclose(y, want, atol=1e-5)
+    # Its weight reads as the decoded values (code around a 1-D convolution computes with it).
+    assert torch.equal(q.b.weight, dense.b.weight.detach()) and q.b.weight.shape == (32, 1, 3)
     (gy,) = torch.autograd.grad(y.sum(), x)
     (gw,) = torch.autograd.grad(want.sum(), x)
     assert torch.allclose(gy, gw, atol=1e-5)

@@ -1766,9 +1766,17 @@ class HyperConv1d(HyperConv2d):
 
     @property
     def weight(self) -> torch.Tensor:
-        """A meta tensor of the dense weight's shape (``[out, in/groups, k]``) and dtype (see
-        :attr:`HyperConv2d.weight`)."""
-        return super().weight.reshape(self.shape1d)
+        """The decoded weight (``[out, in/groups, k]``, the layer's dtype, on its device),
+        decoded when read (kept on a CUDA device, as the decode fallback keeps it): code around
+        a 1-D convolution computes with its weight (Mamba's and Jamba's mixers pass it to their
+        causal convolution and step by it, which a meta tensor made NaN). Before loading, a meta
+        tensor of its shape."""
+        meta = super().weight.reshape(self.shape1d)
+        if self.op is None:
+            return meta
+        key = self._buffers.get(_OP_KEY)
+        device = key.device if key is not None else torch.device("cpu")
+        return self._dense_weight(device, meta.dtype).reshape(self.shape1d)
 
     def _check_loaded(self, op: "_native.Linear") -> None:
         shape = tuple(op.shape)
