@@ -758,6 +758,10 @@ def test_conv1d_layers_are_stored_and_compute_what_conv1d_does(tmp_path):
     assert all(type(m) is hnn.HyperConv1d for m in q.children())
     assert q.c.path == "affine-int8-fused" and q.a.path == "decode-fallback+conv2d"
     assert q.a.weight.shape == (32, 16, 5) and "weight_shape=(32, 16, 5)" in repr(q.a)
+    # nn.Conv1d's geometry, which code around it reads (Whisper checks its input's length by
+    # `conv.stride[0]`: the height-1 convolution's (1, 2) made it refuse every input).
+    assert (q.a.kernel_size, q.a.stride, q.a.padding, q.a.dilation) == ((5,), (2,), (2,), (1,))
+    assert (q.d.padding, q.d.dilation, q.b.padding) == ((3,), (2,), "same")
     y = q(x)
     assert y.shape == ref.shape and float((y - ref).detach().norm() / ref.detach().norm()) < 0.02
     # What nn.Conv1d computes on the decoded weights.

@@ -1562,9 +1562,16 @@ class HyperConv2d(_StoredForm, nn.Module):
         return torch.empty(self.weight_shape, dtype=torch.float32 if probe is None else probe.dtype, device="meta")
 
     @property
+    def _g(self) -> tuple[Any, Any, Any]:
+        """Stride, padding and dilation of the 2-D convolution this layer computes: its own, or
+        a :class:`HyperConv1d`'s as a convolution of height 1 (its public ones are ``nn.Conv1d``'s,
+        which code around it reads: Whisper checks its input length by ``conv.stride[0]``)."""
+        return self.__dict__.get("_as_2d") or (self.stride, self.padding, self.dilation)
+
+    @property
     def _conv_padding(self) -> Any:
         """The padding of the convolution proper: none after an explicit F.pad."""
-        return self.padding if getattr(self, "padding_mode", "zeros") == "zeros" else (0, 0)
+        return self._g[1] if getattr(self, "padding_mode", "zeros") == "zeros" else (0, 0)
 
     @classmethod
     def placeholder(cls, conv: nn.Conv2d) -> "HyperConv2d":
@@ -1579,7 +1586,7 @@ class HyperConv2d(_StoredForm, nn.Module):
     def _is_pointwise(self) -> bool:
         return (
             self.weight_shape[2:] == (1, 1)
-            and tuple(self.stride) == (1, 1)
+            and tuple(self._g[0]) == (1, 1)
             and tuple(self._conv_padding) in ((0, 0), 0)
             and self.groups == 1
         )
@@ -1651,7 +1658,8 @@ class HyperConv2d(_StoredForm, nn.Module):
         # The last entry says where the graph adds the bias (outside the operator where it
         # trains): a graph captured before `bias.requires_grad` changed is refused, not run
         # without its bias or with it twice.
-        return [_CONV, *self.weight_shape, *_pair(self.stride), *_pair(self.dilation), self.groups, int(self.pointwise), mode,
+        stride, _, dilation = self._g
+        return [_CONV, *self.weight_shape, *_pair(stride), *_pair(dilation), self.groups, int(self.pointwise), mode,
                 *padding, int(self._trained_bias())]
 
     def _op_backward(self, gy: torch.Tensor, x_shape: tuple[int, ...]) -> torch.Tensor:
@@ -1662,16 +1670,16 @@ class HyperConv2d(_StoredForm, nn.Module):
         dt = gy.dtype if gy.is_cuda else torch.float32  # (the forward's weight, kept on a device)
         w = self._dense_weight(gy.device, dt)
         pads = []
-        padding = self._conv_padding
+        padding, (_, _, dilation) = self._conv_padding, self._g
         for d in range(2):
             if isinstance(padding, str):
-                total = 0 if padding == "valid" else self.dilation[d] * (self.weight_shape[2 + d] - 1)
+                total = 0 if padding == "valid" else dilation[d] * (self.weight_shape[2 + d] - 1)
                 pads.append((total // 2, total - total // 2))
             else:
                 pads.append((padding[d], padding[d]))
         n, c, h, wd = x_shape
         padded = (n, c, h + sum(pads[0]), wd + sum(pads[1]))
-        g = torch.nn.grad.conv2d_input(padded, w, gy.to(dt), self.stride, 0, self.dilation, self.groups)
+        g = torch.nn.grad.conv2d_input(padded, w, gy.to(dt), self._g[0], 0, dilation, self.groups)
         return g[:, :, pads[0][0] : pads[0][0] + h, pads[1][0] : pads[1][0] + wd]
 
     def _dense_weight(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -1693,7 +1701,7 @@ class HyperConv2d(_StoredForm, nn.Module):
         b = self.bias if bias else None
         b = None if b is None else b.to(device=x.device, dtype=dt)
         y = nn.functional.conv2d(
-            x.to(dt), self._dense_weight(x.device, dt), b, self.stride, self._conv_padding, self.dilation, self.groups
+            x.to(dt), self._dense_weight(x.device, dt), b, self._g[0], self._conv_padding, self._g[2], self.groups
         )
         return y.to(x.dtype)
 
@@ -1752,9 +1760,16 @@ class HyperConv1d(HyperConv2d):
         self._geometry1d(conv)
 
     def _geometry1d(self, conv: nn.Conv1d) -> None:
+        # What HyperConv2d computes with (height 1), then nn.Conv1d's own geometry in public.
         self.shape1d = tuple(conv.weight.shape)
-        self.conv1d = dict(kernel_size=conv.kernel_size, stride=conv.stride, padding=conv.padding,
-                           dilation=conv.dilation)
+        self.__dict__["_as_2d"] = (self.stride, self.padding, self.dilation)
+        self.kernel_size, self.stride, self.padding, self.dilation = (
+            conv.kernel_size, conv.stride, conv.padding, conv.dilation)
+
+    @property
+    def conv1d(self) -> dict[str, Any]:
+        """``nn.Conv1d``'s geometry arguments (kernel size, stride, padding, dilation)."""
+        return dict(kernel_size=self.kernel_size, stride=self.stride, padding=self.padding, dilation=self.dilation)
 
     @classmethod
     def placeholder(cls, conv: nn.Conv1d) -> "HyperConv1d":
