@@ -778,6 +778,15 @@ def test_conv1d_layers_are_stored_and_compute_what_conv1d_does(tmp_path):
         assert torch.allclose(q(x[1]), want[1], atol=1e-5)  # one unbatched signal
         with pytest.raises(hypercodec.InvalidInputError, match=r"HyperConv1d takes \(N, 16, L\)"):
             q(torch.randn(3, 16, 1, 50))
+        # A transposed (N, L, C) signal, as Conformer and Mamba pass one: a contiguous output,
+        # as nn.Conv1d's (it came back channels-last at height 1, and `.view` failed).
+        seq = torch.randn(2, 50, 16)
+        out = q(seq.transpose(1, 2))
+        assert out.is_contiguous() and torch.allclose(out, dense(seq.transpose(1, 2)), atol=1e-5)
+        out.view(2, -1)
+        # torch.fx traces it (its input checks are calls of the graph).
+        traced = torch.fx.symbolic_trace(q)
+        assert torch.equal(traced(x), q(x))
         torch.save(q.state_dict(), tmp_path / "a.pt")
         with torch.device("meta"):
             fresh = _Audio()

@@ -825,7 +825,24 @@ def _embedding_ids(ids: torch.Tensor) -> torch.Tensor:
     return ids
 
 
-for _name in ("_autocast", "_conv_input", "_conv_output", "_embedding_ids"):
+def _signal_input(x: torch.Tensor, channels: int) -> torch.Tensor:
+    """``x`` (``(N, C, L)`` or ``(C, L)``, as ``nn.Conv1d`` takes it) as images of height 1;
+    any other shape is refused."""
+    if x.dim() not in (2, 3) or x.shape[-2] != channels:
+        raise _native.InvalidInputError(
+            f"HyperConv1d takes (N, {channels}, L) or ({channels}, L) inputs, not {tuple(x.shape)}"
+        )
+    return x.unsqueeze(-2)
+
+
+def _signal_output(y: torch.Tensor) -> torch.Tensor:
+    """``y`` without the height :func:`_signal_input` gave it, contiguous as ``nn.Conv1d``'s
+    (a transposed ``(N, L, C)`` input, as Conformer and Mamba pass one, is channels-last at
+    height 1, and so was the output: a later ``.view`` failed)."""
+    return y.squeeze(-2).contiguous()
+
+
+for _name in ("_autocast", "_conv_input", "_conv_output", "_embedding_ids", "_signal_input", "_signal_output"):
     torch.fx.wrap(_name)  # (called by name from this module's forwards: calls of the traced graph)
 del _name
 
@@ -1791,7 +1808,9 @@ class HyperConv1d(HyperConv2d):
             return meta
         key = self._buffers.get(_OP_KEY)
         device = key.device if key is not None else torch.device("cpu")
-        return self._dense_weight(device, meta.dtype).reshape(self.shape1d)
+        w = self._dense_weight(device, meta.dtype).reshape(self.shape1d)
+        # (on a CUDA device the forward's kept copy: a copy of it, so that no write changes it)
+        return w.clone() if device.type == "cuda" else w
 
     def _check_loaded(self, op: "_native.Linear") -> None:
         shape = tuple(op.shape)
@@ -1799,11 +1818,8 @@ class HyperConv1d(HyperConv2d):
             raise _native.InvalidInputError(f"stored weight is {shape}; this convolution's is {tuple(self.shape1d)}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() not in (2, 3) or x.shape[-2] != self.in_channels:
-            raise _native.InvalidInputError(
-                f"HyperConv1d takes (N, {self.in_channels}, L) or ({self.in_channels}, L) inputs, not {tuple(x.shape)}"
-            )
-        return super().forward(x.unsqueeze(-2)).squeeze(-2)
+        # (functions torch.fx keeps as calls: a traced input cannot steer Python's control flow)
+        return _signal_output(super().forward(_signal_input(x, self.in_channels)))
 
     def extra_repr(self) -> str:
         return super().extra_repr().replace(f"weight_shape={self.weight_shape}", f"weight_shape={self.shape1d}")
@@ -2956,7 +2972,7 @@ def dequantize(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
         if isinstance(layer, HyperConv1d):
             new = nn.Conv1d(layer.in_channels, layer.out_channels, groups=layer.groups, bias=layer.bias is not None,
                             padding_mode=layer.padding_mode, device="meta", **layer.conv1d)
-            dt = layer.weight.dtype
+            dt = HyperConv2d.weight.fget(layer).dtype  # (its own decodes: the dtype alone here)
             new.weight = weight(layer, layer.shape1d, dt)
             if layer.bias is not None:
                 new.bias = nn.Parameter(layer.bias.detach().to(home, dtype or dt).clone())
