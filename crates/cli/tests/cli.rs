@@ -2017,7 +2017,29 @@ fn hostile_inputs_and_outputs_are_refused_cleanly() {
             "1",
             &format!("--residual-budget={budget}"),
         ]);
-        assert!(err.contains("residual budget"), "{err}");
+        assert!(err.contains("--residual-budget"), "{err}");
+    }
+    // Codebook shapes no format holds: named by their flags, with the format's reason (the
+    // error named a probe tensor, "tensor `check` has an invalid encoding").
+    for (flag, says) in [
+        (
+            "--n-prototypes=0",
+            "--block-size / --n-prototypes: prototypes 0 must be in 1..=65536",
+        ),
+        (
+            "--block-size=0",
+            "--block-size / --n-prototypes: codebook block 0 must be in 2..=64",
+        ),
+    ] {
+        let err = fails(&[
+            "compress",
+            "gaussian:64x256",
+            p(&d("c.hwz")),
+            "--encoding",
+            "codebook",
+            flag,
+        ]);
+        assert!(err.contains(says) && !err.contains("check"), "{err}");
     }
     // A name that holds an escape sequence is printed escaped in the error.
     let esc = d("esc.safetensors");

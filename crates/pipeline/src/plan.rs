@@ -75,23 +75,29 @@ impl CodebookOptions {
         });
         if let Some(h) = hdc {
             h.validate()
-                .map_err(|e| PipelineError::option("hdc dim / buckets", e.to_string()))?;
+                .map_err(|e| PipelineError::option("--hdc-dim / --n-buckets", e.to_string()))?;
         }
         if self.residual_k < 0.0 || !self.residual_k.is_finite() {
-            return Err(PipelineError::option("residual k", "must be >= 0"));
+            return Err(PipelineError::option("--residual-k", "must be >= 0"));
         }
         if let Some(b) = self
             .residual_budget
             .filter(|b| !(b.is_finite() && *b >= 0.0))
         {
             return Err(PipelineError::option(
-                "residual budget",
+                "--residual-budget",
                 format!("{b} is not a fraction >= 0"),
             ));
         }
-        template
-            .stream_lens("check", &[1, 64])
-            .map_err(|e| PipelineError::option("block size / prototypes", e.to_string()))?;
+        // (Its own message: the error named the probe tensor, "tensor `check` has an invalid
+        // encoding".)
+        template.stream_lens("", &[1, 64]).map_err(|e| {
+            let message = match e {
+                hwz::HwzError::InvalidEncoding { message, .. } => message,
+                e => e.to_string(),
+            };
+            PipelineError::option("--block-size / --n-prototypes", message)
+        })?;
         Ok(Spec::Codebook {
             template,
             settings: CodebookSettings {
