@@ -23,7 +23,7 @@ pub fn is_legacy(path: &Path) -> Result<bool> {
 /// Opens a native archive through a memory map.
 pub fn open_archive(path: &Path) -> Result<Archive<Mmap>> {
     crate::output::check_input(path)?; // (a FIFO is refused before the open would block)
-                                       // (Its format errors name the file: `inspect a.hwz b.hwz` said "bad magic" of neither.)
+                                       // Its format errors name the file (`inspect a.hwz b.hwz` said "bad magic" of neither).
     Archive::open_path(path).map_err(|e| match io_at(path, e) {
         PipelineError::Hwz(source) => PipelineError::Archive {
             path: path.into(),

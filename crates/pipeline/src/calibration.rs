@@ -57,18 +57,12 @@ impl Calibration {
     /// The file's layers that none of `tensors` reads (no tensor of that name, nor of that
     /// name and `.weight`), sorted: statistics of another model, or names spelt otherwise.
     pub fn unmatched(&self, tensors: &[&str]) -> Vec<&str> {
-        let have: std::collections::HashSet<&str> = tensors
-            .iter()
-            .flat_map(|t| [*t, t.strip_suffix(".weight").unwrap_or(t)])
-            .collect();
-        let mut v: Vec<&str> = self
-            .by_name
-            .keys()
-            .map(String::as_str)
-            .filter(|k| !have.contains(k))
-            .collect();
-        v.sort_unstable();
-        v
+        crate::plan::unmatched_names(
+            self.by_name.keys().map(String::as_str),
+            tensors
+                .iter()
+                .flat_map(|t| [*t, t.strip_suffix(".weight").unwrap_or(t)]),
+        )
     }
 
     /// The statistics of the weight `tensor` (looked up as its name, then without a trailing

@@ -656,12 +656,17 @@ pub fn unmatched_sensitivity<'a>(
     weights: &'a HashMap<String, f64>,
     tensors: &[&str],
 ) -> Vec<&'a str> {
-    let have: std::collections::HashSet<&str> = tensors.iter().copied().collect();
-    let mut v: Vec<&str> = weights
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !have.contains(k))
-        .collect();
+    unmatched_names(weights.keys().map(String::as_str), tensors.iter().copied())
+}
+
+/// The `names` that are not among `have`, sorted (what [`unmatched_sensitivity`] and
+/// [`crate::Calibration::unmatched`] report).
+pub(crate) fn unmatched_names<'a, 'b>(
+    names: impl Iterator<Item = &'a str>,
+    have: impl Iterator<Item = &'b str>,
+) -> Vec<&'a str> {
+    let have: std::collections::HashSet<&str> = have.collect();
+    let mut v: Vec<&str> = names.filter(|k| !have.contains(k)).collect();
     v.sort_unstable();
     v
 }

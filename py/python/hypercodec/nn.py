@@ -1617,8 +1617,13 @@ class HyperConv2d(_StoredForm, nn.Module):
         # The stored tensor's own shape (its matrix view alone let a 8×4×3×3 kernel load into
         # a 8×9×2×2 convolution, or one of other groups, and compute garbage).
         shape = tuple(op.shape)
-        if shape != tuple(self.weight_shape):
-            raise _native.InvalidInputError(f"stored weight is {shape}; this convolution's is {tuple(self.weight_shape)}")
+        if shape != tuple(self.stored_shape):
+            raise _native.InvalidInputError(f"stored weight is {shape}; this convolution's is {tuple(self.stored_shape)}")
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """The stored weight's shape: the dense weight's (a :class:`HyperConv1d`'s is 3-D)."""
+        return tuple(self.weight_shape)
 
     @property
     def path(self) -> str:
@@ -1742,10 +1747,10 @@ class HyperConv2d(_StoredForm, nn.Module):
 
     def extra_repr(self) -> str:
         if self.op is None:
-            return f"weight_shape={self.weight_shape}, not loaded"
+            return f"weight_shape={self.stored_shape}, not loaded"
         mode = getattr(self, "padding_mode", "zeros")
         pad = "" if mode == "zeros" else f", padding_mode={mode}"
-        return f"weight_shape={self.weight_shape}{pad}, path={self.path}, held_bytes={self.op.held_bytes}"
+        return f"weight_shape={self.stored_shape}{pad}, path={self.path}, held_bytes={self.op.held_bytes}"
 
 
 def _as_conv2d(conv: nn.Conv1d) -> Any:
@@ -1812,17 +1817,13 @@ class HyperConv1d(HyperConv2d):
         # (on a CUDA device the forward's kept copy: a copy of it, so that no write changes it)
         return w.clone() if device.type == "cuda" else w
 
-    def _check_loaded(self, op: "_native.Linear") -> None:
-        shape = tuple(op.shape)
-        if shape != tuple(self.shape1d):
-            raise _native.InvalidInputError(f"stored weight is {shape}; this convolution's is {tuple(self.shape1d)}")
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        return tuple(self.shape1d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (functions torch.fx keeps as calls: a traced input cannot steer Python's control flow)
         return _signal_output(super().forward(_signal_input(x, self.in_channels)))
-
-    def extra_repr(self) -> str:
-        return super().extra_repr().replace(f"weight_shape={self.weight_shape}", f"weight_shape={self.shape1d}")
 
 
 class HyperEmbedding(_StoredForm, nn.Module):
@@ -2969,20 +2970,15 @@ def dequantize(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
             if bias is not None:
                 new.bias = nn.Parameter(torch.as_tensor(np.asarray(bias, np.float32)).to(home, dtype or linear_dtype))
             return new
-        if isinstance(layer, HyperConv1d):
-            new = nn.Conv1d(layer.in_channels, layer.out_channels, groups=layer.groups, bias=layer.bias is not None,
-                            padding_mode=layer.padding_mode, device="meta", **layer.conv1d)
-            dt = HyperConv2d.weight.fget(layer).dtype  # (its own decodes: the dtype alone here)
-            new.weight = weight(layer, layer.shape1d, dt)
-            if layer.bias is not None:
-                new.bias = nn.Parameter(layer.bias.detach().to(home, dtype or dt).clone())
-            return new
         if isinstance(layer, HyperConv2d):
-            oc, icg, kh, kw = layer.weight_shape
-            new = nn.Conv2d(layer.in_channels, oc, (kh, kw), layer.stride, layer.padding, layer.dilation, layer.groups,
-                            bias=layer.bias is not None, padding_mode=layer.padding_mode, device="meta")
-            dt = layer.weight.dtype
-            new.weight = weight(layer, layer.weight_shape, dt)
+            common = dict(groups=layer.groups, bias=layer.bias is not None, padding_mode=layer.padding_mode, device="meta")
+            if isinstance(layer, HyperConv1d):
+                new = nn.Conv1d(layer.in_channels, layer.out_channels, **layer.conv1d, **common)
+            else:
+                oc, _, kh, kw = layer.weight_shape
+                new = nn.Conv2d(layer.in_channels, oc, (kh, kw), layer.stride, layer.padding, layer.dilation, **common)
+            dt = HyperConv2d.weight.fget(layer).dtype  # (a HyperConv1d's own weight decodes: the dtype alone here)
+            new.weight = weight(layer, layer.stored_shape, dt)
             if layer.bias is not None:
                 new.bias = nn.Parameter(layer.bias.detach().to(home, dtype or dt).clone())
             return new
