@@ -42,6 +42,7 @@
 // memory, in rank order: the same sums whichever block adds them) and stores them. No
 // workspace, no atomics.
 #include "affine.cuh"
+#include "gemm_mma.cuh"
 
 // A tensor map (the driver's CUtensorMap, 128 bytes) passed by value.
 struct __align__(64) WgTmap {
@@ -125,25 +126,6 @@ __device__ __forceinline__ void wg_wait() {
 // Keeps the compiler from moving an accumulator across an asynchronous wgmma.
 __device__ __forceinline__ void wg_keep(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 
-// This block's rank in its cluster, a barrier over the cluster (the writes to shared memory
-// before it seen by the reads after it in every block), and a read of another block's shared
-// memory at the address `p` has in this one.
-__device__ __forceinline__ int wg_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return (int)r;
-}
-__device__ __forceinline__ void wg_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ float4 wg_ld_cluster(const void* p, int rank) {
-    uint32_t a;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(hc_smem(p)), "r"(rank));
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
-    return v;
-}
-
 // A shared-memory matrix descriptor: K-major rows of 128 bytes, 128-byte swizzle, 8-row groups
 // 1024 bytes apart (the stride byte offset; the leading one is unused by this layout).
 __device__ __forceinline__ uint64_t wg_desc(const void* p) {
@@ -209,7 +191,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a, const WgTmap
     uint8_t* sm = wg_sm_raw + ((1024u - (hc_smem(wg_sm_raw) & 1023u)) & 1023u);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int rank = KS > 1 ? wg_rank() : 0;
+    const int rank = KS > 1 ? hc_cluster_rank() : 0;
     const int rb = (blockIdx.x / KS) * WG_BM, m0 = blockIdx.y * BN;
     // This block's chunks: c0 .. c0 + chunks − 1 of the row's.
     const int c0 = rank * (a.cols / BK) / KS, chunks = (rank + 1) * (a.cols / BK) / KS - c0;
@@ -348,7 +330,7 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a, const WgTmap
         __syncthreads();  // no wgmma reads the stages any more
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) part[j * WG_THREADS + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-        wg_cluster_sync();
+        hc_cluster_sync();
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) {
             if (j % KS != rank) continue;
@@ -356,12 +338,12 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a, const WgTmap
 #pragma unroll
             for (int q = 0; q < KS; q++) {
                 const float4 v = q == rank ? make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3])
-                                           : wg_ld_cluster(part + j * WG_THREADS + tid, q);
+                                           : hc_ld_cluster(part + j * WG_THREADS + tid, q);
                 sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
             }
             acc[4 * j] = sum.x, acc[4 * j + 1] = sum.y, acc[4 * j + 2] = sum.z, acc[4 * j + 3] = sum.w;
         }
-        wg_cluster_sync();  // every read of this block's partial sums is done before it exits
+        hc_cluster_sync();  // every read of this block's partial sums is done before it exits
     }
 #pragma unroll
     for (int j = 0; j < BN / 8; j++)
@@ -394,3 +376,21 @@ __device__ __forceinline__ void wg_affine_gemm(const AffineArgs& a, const WgTmap
     HC_WGMMA_X(4, 128, 128, 2, T, BF) HC_WGMMA_X(6, 128, 64, 2, T, BF) HC_WGMMA_X(5, 256, 64, 2, T, BF)
 HC_WGMMA_T(bf16, true)
 HC_WGMMA_T(f16, false)
+
+// The tensor-core GEMM of gemm_mma.cuh (mma.sync) split over clusters of KS blocks, for layers
+// too short to fill the device with blocks that each walk the whole row; and unsplit with two
+// batch tiles. hc_affine_gemm_b{2,4}_r1_n{NT}_x{KS}_{bf16,f16}: 128 threads, dynamic shared
+// memory 4 stages as the unsplit GEMM's (kernels-cuda `affine_gemm_shared`).
+#define HC_GEMM_X(B, N, KS, T, BF)                                                                             \
+    extern "C" __global__ void __cluster_dims__(KS, 1, 1) __launch_bounds__(32 * HC_GEMM_WARPS)                \
+        hc_affine_gemm_b##B##_r1_n##N##_x##KS##_##T(AffineArgs a) {                                            \
+        hc_affine_gemm<B, BF, 1, N, 4, KS>(a);                                                                  \
+    }
+#define HC_GEMM_XS(B, T, BF)                                                                                    \
+    HC_GEMM_X(B, 2, 1, T, BF) HC_GEMM_X(B, 2, 2, T, BF) HC_GEMM_X(B, 2, 4, T, BF) HC_GEMM_X(B, 2, 8, T, BF)     \
+    HC_GEMM_X(B, 4, 2, T, BF) HC_GEMM_X(B, 4, 4, T, BF) HC_GEMM_X(B, 4, 8, T, BF)                               \
+    HC_GEMM_X(B, 8, 2, T, BF) HC_GEMM_X(B, 8, 4, T, BF) HC_GEMM_X(B, 8, 8, T, BF)
+HC_GEMM_XS(2, bf16, true)
+HC_GEMM_XS(4, bf16, true)
+HC_GEMM_XS(2, f16, false)
+HC_GEMM_XS(4, f16, false)

@@ -25,6 +25,10 @@
 #            py/tests/test_cuda.py -k hopper against the CPU runtime, then py/benches/cuda_gemm.py timing
 #            each of its shapes (unsplit and split over clusters of 2) against bf16 and decode + cuBLAS on
 #            4096x4096, 8192x8192, 14336x4096 and 28672x8192, batches 128, 256, 512
+#   split    the tensor-core GEMM split over clusters (H100/H200; off by default, HYPERCODEC_GEMM_SPLIT):
+#            py/tests/test_cuda.py's affine tests with it on, then py/benches/cuda_gemm_rows.py on 4096-column
+#            layers of 1024-14336 rows at 17, 32, 64 rows (the rule, then 1, 2, 4, 8 blocks a cluster forced) and
+#            at 9 and 16 rows (the tensor-core GEMV, then the GEMM with two batch tiles, 1-8 blocks a cluster)
 #   e8prefix py/benches/cuda_e8_prefix_prototype.py: the entropy-coded E8 prototype (WHEEL_DIR/e8p.cubin, which
 #            gpu-bundle builds) against bf16 and the committed rANS layer on 4096x4096 and 8192x8192, batches 1, 16, 256
 #
@@ -36,7 +40,7 @@
 # kernels do not load on it (saying why); 3 where the wheel cannot be installed or imported.
 set -u -o pipefail
 
-known="tests linear trellis e2e gemm encode kv acts prefix e2eprefix hopper e8prefix"
+known="tests linear trellis e2e gemm encode kv acts prefix e2eprefix hopper split e8prefix"
 is_step() { [[ " $known " == *" $1 "* ]]; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -103,6 +107,24 @@ hopper_step() {
             --shapes 4096x4096,8192x8192,14336x4096,28672x8192 --batches 128,256,512 --iters 20 --out "$out/hopper.md"
 }
 export -f hopper_step
+# The split step: the affine tests with the split GEMM on, then its sweep (each setting a process of
+# its own: the kernels read HYPERCODEC_GEMM_SPLIT when they load). "rule" is HYPERCODEC_GEMM_SPLIT=1.
+split_step() {
+    HYPERCODEC_GEMM_SPLIT=1 "$py" -m pytest -q -rs py/tests/test_cuda.py -k "affine or tensor_core or gemm or group" || return 1
+    local ks env rc=0
+    for ks in rule 1 2 4 8; do
+        env=$([ $ks = rule ] && echo 1 || echo "ks=$ks")
+        echo "## HYPERCODEC_GEMM_SPLIT=$env, 17-64 rows"
+        HYPERCODEC_GEMM_SPLIT=$env "$py" py/benches/cuda_gemm_rows.py --mb 100 --rows 1024,2048,4096,14336 --cols 4096 \
+            --specs int4 --batches 17,32,64 --groups "" || rc=1
+        env=$([ $ks = rule ] && echo 0 || echo "ks=$ks,from=9")
+        echo "## HYPERCODEC_GEMM_SPLIT=$env, 9 and 16 rows"
+        HYPERCODEC_GEMM_SPLIT=$env "$py" py/benches/cuda_gemm_rows.py --mb 100 --rows 1024,4096,14336 --cols 4096 \
+            --specs int4 --batches 9,16 --groups "" || rc=1
+    done
+    return $rc
+}
+export -f split_step
 # The tests step: every CUDA test, then (on compute capability 9.0, where the Hopper GEMM takes
 # 4-bit layers above 64 rows) the affine tests again with it off, so that the sm_80 GEMM's large
 # batches run too (a process of their own: the kernels are loaded once a process).
@@ -138,6 +160,7 @@ for step in "${steps[@]}"; do
         e2eprefix) limit=200 cmd=("$py" py/benches/cuda_e2e.py --layers 4 --iters 30 --specs e8@4-prefix,e8@4-gpu,int4
                                   --out "$out/e2eprefix.md") ;;
         hopper) limit=200 cmd=(bash -c hopper_step) ;;
+        split) limit=450 cmd=(bash -c split_step) ;;
         e8prefix) limit=420 cmd=("$py" py/benches/cuda_e8_prefix_prototype.py "$wheels/e8p.cubin"
                                  --shapes 4096x4096,8192x8192 --batches 1,16,256) ;;
     esac

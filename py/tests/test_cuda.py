@@ -19,6 +19,15 @@ HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: the CUDA kernels were not run")
 
 
+def _split_gemm(cols: int) -> bool:
+    """Whether a short affine layer of ``cols`` columns takes the tensor-core GEMM at 17-64 rows
+    on its own: where the GEMM split over clusters runs (compute capability 9.0, and
+    ``HYPERCODEC_GEMM_SPLIT=1``: off by default until it has run on a device) and its rows hold
+    chunks enough to split (8 of 128 columns)."""
+    return (torch.cuda.get_device_capability() == (9, 0) and os.environ.get("HYPERCODEC_GEMM_SPLIT") == "1"
+            and cols // 128 >= 8)
+
+
 @needs_cuda
 def test_the_kernels_load_where_torch_sees_a_device():
     hcuda.kernels(torch.cuda.current_device())  # raises (a failure) where they do not load
@@ -170,10 +179,11 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
         expect = kernel and any(whole)
         assert (d.route(1, dtype) == "cuda-affine-mma") == expect, (spec, rows, cols, d.route(1, dtype))
         # Above 16 rows: the GEMM, for 2 or 4 bits in chunks (and groups) of 128 columns; the
-        # routes give it layers of GEMM_MIN_ROWS rows and more (these short ones decode: forced
-        # onto it here).
+        # routes give it layers of GEMM_MIN_ROWS rows and more, and shorter ones where it splits
+        # (else these decode: forced onto it here).
         gemm = bits in (2, 4) and cols % 128 == 0 and (f["scales_per_row"] <= 1 or f["group_len"] % 128 == 0)
-        assert d.route(17, dtype) == "cuda-affine-decode+linear", (spec, rows, cols, d.route(17, dtype))
+        short = "cuda-affine-gemm" if gemm and _split_gemm(cols) else "cuda-affine-decode+linear"
+        assert d.route(17, dtype) == short, (spec, rows, cols, d.route(17, dtype))
         if cols % 128 == 0:  # (the GEMM's chunks)
             tall = hcuda.DeviceLinear(hypercodec.Linear.quantize(np.resize(w, (hcuda.GEMM_MIN_ROWS, cols)), spec),
                                       torch.device("cuda"))
@@ -188,6 +198,51 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
             tol = 1e-2 if dtype == torch.bfloat16 else 3e-3
             err = np.abs(got - want).max() / np.abs(want).max()
             assert err <= tol, (spec, rows, cols, m, err, d.route(m, dtype))
+
+
+_SPLIT_CHECK = """
+import sys
+import numpy as np
+import torch
+import hypercodec
+import hypercodec.cuda as hcuda
+
+rng = np.random.default_rng(int(sys.argv[1]))
+bad = []
+# Chunks of 128 columns: 4 (fewer than 8 blocks a cluster: some walk none), 9 (shares of 1 and
+# 2), 8, 32; rows that leave a tile or a block partial; batches of two, four and eight tiles.
+for (rows, cols), spec in zip([(37, 512), (100, 1152), (64, 1024), (1000, 4096)],
+                              ["int4", "int2-row", "int4-tensor", "int4-g256"]):
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w[:, ::29] *= 4
+    op = hypercodec.Linear.quantize(w, spec, rng.standard_normal(rows).astype(np.float32))
+    d = hcuda.DeviceLinear(op, torch.device("cuda"))
+    for dtype, m in [(t, m) for t in (torch.bfloat16, torch.float16) for m in (9, 16, 17, 40, 64)]:
+        x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
+        want = op.forward(x.float().numpy())
+        got = d.forward(x.cuda(), route="gemv").float().cpu().numpy()
+        err = np.abs(got - want).max() / np.abs(want).max()
+        if not err <= (1e-2 if dtype == torch.bfloat16 else 3e-3):
+            bad.append((spec, rows, cols, str(dtype), m, float(err)))
+print("bad:", bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+@needs_cuda
+@pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0),
+                    reason="the split GEMM is built for compute capability 9.0 only")
+@pytest.mark.parametrize("setting", ["ks=1,from=9", "ks=2,from=9", "ks=4", "ks=8,from=9", "1"])
+def test_cuda_split_gemm_matches_the_cpu_runtime_at_every_cluster_size(setting):
+    """The tensor-core GEMM split over clusters of 1-8 blocks (HYPERCODEC_GEMM_SPLIT, read when
+    the kernels load: a process each) at 9-64 activation rows, against the CPU runtime, with
+    blocks that walk no chunk, shares of unequal length and partial tiles."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HYPERCODEC_GEMM_SPLIT=setting)
+    r = subprocess.run([sys.executable, "-c", _SPLIT_CHECK, "5"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (setting, r.stdout[-2000:], r.stderr[-2000:])
 
 
 @needs_cuda
@@ -1489,14 +1544,15 @@ def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
         "int2": [layer(96, "int2"), layer(40, "int2", False)],
         "f32 scales": [layer(64, "int4-row"), layer(48, "int4-row")],
         "two widths": [layer(64, "int4"), layer(64, "int2")],
-        # Alone at 17-64 rows the tall layer runs the GEMM and the short ones decode; side by
-        # side all run it.
+        # Alone at 17-64 rows the tall layer runs the GEMM and the short ones decode (but where
+        # the GEMM splits over clusters); side by side all run it.
         "tall beside short": [layer(hcuda.GEMM_MIN_ROWS, "int4"), layer(64, "int4", False), layer(100, "int4")],
         # At 40 rows groups of 64 have no GEMM: decoded on the current stream beside the others.
         "decoded beside": [layer(256, "int4"), layer(64, "int4-g64"), layer(48, "int2")],
     }
     tall = groups["tall beside short"]
-    assert [d.route(40, torch.bfloat16) for d in tall] == ["cuda-affine-gemm"] + ["cuda-affine-decode+linear"] * 2
+    short = "cuda-affine-gemm" if _split_gemm(cols) else "cuda-affine-decode+linear"
+    assert [d.route(40, torch.bfloat16) for d in tall] == ["cuda-affine-gemm"] + [short] * 2
     assert [d._takes(40, torch.bfloat16, grouped=True) for d in groups["decoded beside"]] == [True, False, True]
     for dtype, m in itertools.product((torch.bfloat16, torch.float16), (1, 3, 16, 40)):
         x = torch.from_numpy(rng.standard_normal((m, 1, cols)).astype(np.float32)).to("cuda", dtype)

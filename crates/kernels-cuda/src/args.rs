@@ -181,6 +181,12 @@ pub(crate) fn function_names() -> Vec<String> {
     for b in ODD_BITS {
         v.push(format!("hc_affine_decode_b{b}"));
     }
+    // kernels/gemm_sm90a.cu: the tensor-core GEMM split over clusters
+    for (b, t) in CPA_KINDS {
+        for (n, ks) in GEMM_SPLITS {
+            v.push(format!("hc_affine_gemm_b{b}_r1_n{n}_x{ks}_{t}"));
+        }
+    }
     v
 }
 
@@ -372,6 +378,36 @@ const GEMM_SHAPES: [(usize, usize, usize); 4] = [(1, 4, 4), (1, 8, 4), (2, 4, 3)
 /// Warps per block of the tensor-core GEMM (`HC_GEMM_WARPS`).
 pub(crate) const GEMM_WARPS: u32 = 4;
 
+/// The split tensor-core GEMM's (batch tiles of 8, blocks a cluster) forms, one row tile a warp
+/// (`kernels/gemm_sm90a.cu`, `hc_affine_gemm_b{bits}_r1_n{nt}_x{ks}_{dtype}`, loaded on compute
+/// capability 9.0 only), in the order of the names; its (bits, activation type) are
+/// [`CPA_KINDS`]. `(2, 1)` is two batch tiles unsplit (the sm_80 GEMM has four or eight).
+pub(crate) const GEMM_SPLITS: [(usize, usize); 10] = [
+    (2, 1),
+    (2, 2),
+    (2, 4),
+    (2, 8),
+    (4, 2),
+    (4, 4),
+    (4, 8),
+    (8, 2),
+    (8, 4),
+    (8, 8),
+];
+
+/// The tensor-core GEMM of `nt` batch tiles split over clusters of `ks` blocks (one row tile a
+/// warp), if compiled: [`GEMM_SPLITS`].
+pub(crate) fn affine_gemm_split(
+    bits: usize,
+    dtype: crate::Dtype,
+    nt: usize,
+    ks: usize,
+) -> Option<usize> {
+    let kind = affine_cpa(bits, dtype)? - affine_cpa(2, crate::Dtype::Bf16)?;
+    let form = GEMM_SPLITS.iter().position(|&f| f == (nt, ks))?;
+    Some(after_wgmma() + ODD_BITS.len() * (BATCH_TILES.len() + 1) + GEMM_SPLITS.len() * kind + form)
+}
+
 /// The tensor-core GEMM (`hc_affine_gemm_b{bits}_r{r}_n{nt}_{dtype}`) of 2- or 4-bit codes
 /// under bf16 or f16 activations, if compiled for that shape.
 pub(crate) fn affine_gemm(bits: usize, dtype: crate::Dtype, r: usize, nt: usize) -> Option<usize> {
@@ -398,6 +434,37 @@ pub(crate) fn affine_gemm_shared(bits: usize, r: usize, nt: usize) -> u32 {
         .map_or(0, |s| s.2);
     let rows = gemm_rows_per_block(r);
     (stages * (8 * nt * 256 + rows * 16 * bits + rows / 16 * 128)) as u32
+}
+
+/// Dynamic shared memory of the split GEMM of `bits`-bit codes and `nt` batch tiles (one row
+/// tile a warp, 4 stages: `kernels/gemm_sm90a.cu`). Its partial sums reuse the stages.
+pub(crate) fn affine_gemm_split_shared(bits: usize, nt: usize) -> u32 {
+    let rows = gemm_rows_per_block(1);
+    (4 * (8 * nt * 256 + rows * 16 * bits + rows / 16 * 128)) as u32
+}
+
+/// Blocks the split GEMM aims for on each multiprocessor ([`gemm_split`]).
+const SPLIT_BLOCKS_PER_SM: usize = 2;
+/// The fewest chunks of [`crate::GEMM_CHUNK`] columns a block of the split GEMM walks.
+const SPLIT_MIN_CHUNKS: usize = 4;
+
+/// The split GEMM's batch tiles of 8 (2, 4 or 8: the fewest that hold the batch, else 8) and
+/// blocks a cluster (1, 2, 4 or 8) for a layer of `rows` × `cols` at `batch` activation rows
+/// on `sms` multiprocessors: the fewest blocks a cluster that make three quarters of
+/// [`SPLIT_BLOCKS_PER_SM`] blocks an SM, as long as each walks [`SPLIT_MIN_CHUNKS`] chunks or
+/// more. (Not yet measured: `GEMM_SPLIT_DEFAULT`.)
+pub(crate) fn gemm_split(rows: usize, cols: usize, batch: usize, sms: u32) -> (usize, usize) {
+    let nt = [2, 4, 8].into_iter().find(|&n| 8 * n >= batch).unwrap_or(8);
+    let blocks = rows.div_ceil(gemm_rows_per_block(1)) * batch.div_ceil(8 * nt);
+    let chunks = cols / crate::GEMM_CHUNK;
+    let mut ks = 1;
+    while ks < 8
+        && 4 * blocks * ks < 3 * SPLIT_BLOCKS_PER_SM * sms as usize
+        && chunks >= 2 * ks * SPLIT_MIN_CHUNKS
+    {
+        ks *= 2;
+    }
+    (nt, ks)
 }
 
 /// Blocks the GEMM's shape choice aims for (about 1.5 per SM of an H200, whose 132 SMs hold

@@ -211,6 +211,22 @@ pub const WGMMA_ENV: &str = "HYPERCODEC_WGMMA";
 /// `HYPERCODEC_WGMMA=0` turns it off.
 pub const WGMMA_DEFAULT: bool = true;
 
+/// The environment variable that sets how the routes use the tensor-core GEMM split over
+/// clusters of 2–8 blocks (`kernels/gemm_mma.cuh`, built into the sm_90a module: compute
+/// capability 9.0 only) for the kernels loaded after it is set: `1` where a layer is too short
+/// to fill the device unsplit (`args::gemm_split`; such layers then take the GEMM at 17–64 rows
+/// on their own instead of decoding), `0` never; for measurement, `ks=K[,from=B]` runs K blocks
+/// a cluster (1, 2, 4 or 8) on every layer the GEMM takes, and gives it batches from B rows
+/// (9–16 rows then run it with two batch tiles, where the tensor-core GEMV takes them
+/// otherwise). Unset or any other value, [`GEMM_SPLIT_DEFAULT`] holds.
+pub const GEMM_SPLIT_ENV: &str = "HYPERCODEC_GEMM_SPLIT";
+
+/// Whether the routes take the split GEMM by default: off. It was written in a session that
+/// got no GPU (2026-12-07); it compiles for sm_90a without spills (71–128 registers), and
+/// `bash scripts/gpu_suite.sh tests split` checks it against the CPU runtime and times it.
+/// Until that has run it stays off.
+pub const GEMM_SPLIT_DEFAULT: bool = false;
+
 /// Layers one launch of [`Kernels::affine_gemv_group`] takes (the kernels' `HC_GROUP_MAX`).
 pub const AFFINE_GROUP_MAX: usize = 4;
 
@@ -1668,6 +1684,64 @@ pub struct Kernels {
     inner: driver::Module,
     /// Whether the routes take the Hopper GEMM where it loaded ([`WGMMA_ENV`]).
     wgmma: bool,
+    /// The split GEMM's setting ([`GEMM_SPLIT_ENV`]).
+    split: GemmSplit,
+}
+
+/// How the routes use the tensor-core GEMM split over clusters ([`GEMM_SPLIT_ENV`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GemmSplit {
+    /// Never (layers too short to fill the device unsplit decode alone at 17–64 rows).
+    Off,
+    /// Where `args::gemm_split` splits a layer.
+    Rule,
+    /// Measurement: `ks` blocks a cluster for every layer the GEMM takes (1: unsplit), and the
+    /// GEMM from `from` activation rows (9–16 rows then take it with two batch tiles).
+    Forced {
+        /// Blocks a cluster (1, 2, 4 or 8).
+        ks: usize,
+        /// The fewest activation rows given to the GEMM.
+        from: usize,
+    },
+}
+
+impl GemmSplit {
+    /// Reads a value of [`GEMM_SPLIT_ENV`]: `0` off, `1` on, `ks=K[,from=B]` forced; anything
+    /// else (or unset) the default, [`GEMM_SPLIT_DEFAULT`].
+    fn parse(v: Option<&str>) -> GemmSplit {
+        let default = if GEMM_SPLIT_DEFAULT {
+            GemmSplit::Rule
+        } else {
+            GemmSplit::Off
+        };
+        match v {
+            Some("0") => GemmSplit::Off,
+            Some("1") => GemmSplit::Rule,
+            Some(v) => {
+                let (mut ks, mut from) = (None, MAX_MMA_BATCH + 1);
+                for part in v.split(',') {
+                    match part.split_once('=') {
+                        Some(("ks", k)) => ks = k.parse().ok().filter(|k| [1, 2, 4, 8].contains(k)),
+                        Some(("from", b)) => match b.parse() {
+                            Ok(b) if (2..=MAX_GEMM_BATCH).contains(&b) => from = b,
+                            _ => return default,
+                        },
+                        _ => return default,
+                    }
+                }
+                ks.map_or(default, |ks| GemmSplit::Forced { ks, from })
+            }
+            None => default,
+        }
+    }
+
+    /// The fewest activation rows the GEMM takes.
+    fn from(self) -> usize {
+        match self {
+            GemmSplit::Forced { from, .. } => from,
+            _ => MAX_MMA_BATCH + 1,
+        }
+    }
 }
 
 impl std::fmt::Debug for Kernels {
@@ -1684,9 +1758,12 @@ impl Kernels {
             Ok("0") => false,
             _ => WGMMA_DEFAULT,
         };
+        let split = GemmSplit::parse(std::env::var(GEMM_SPLIT_ENV).ok().as_deref());
         Ok(Kernels {
-            inner: driver::Module::load(ordinal, wgmma)?,
+            // (the sm_90a module holds the split GEMM too)
+            inner: driver::Module::load(ordinal, wgmma || split != GemmSplit::Off)?,
             wgmma,
+            split,
         })
     }
 
@@ -1822,6 +1899,55 @@ impl Kernels {
         Ok(true)
     }
 
+    /// The tensor-core GEMM split over clusters for this layer at its batch, where the sm_90a
+    /// module loaded it and the layer is too short to fill the device unsplit
+    /// ([`args::gemm_split`]): its function, batch tiles of 8 a block and blocks a cluster.
+    fn gemm_split_for(&self, a: &AffineGemv) -> Option<(usize, usize, usize)> {
+        let (nt, ks) = args::gemm_split(a.rows, a.cols, a.batch, self.inner.sms());
+        let ks = match self.split {
+            GemmSplit::Off => return None,
+            GemmSplit::Rule => ks,
+            GemmSplit::Forced { ks, .. } => ks,
+        };
+        if ks == 1 && nt > 2 {
+            return None;
+        }
+        args::affine_gemm_split(a.bits as usize, a.x_dtype, nt, ks)
+            .filter(|&f| self.inner.has(f) && a.batch.div_ceil(8 * nt) <= args::MAX_GRID_Y)
+            .map(|f| (f, nt, ks))
+    }
+
+    /// Launches the split GEMM `f` ([`Kernels::gemm_split_for`]): a cluster of `ks` blocks for
+    /// each 64 rows along x, batch tiles of `8·nt` rows along y.
+    ///
+    /// # Safety
+    /// As [`Kernels::affine_gemv`], whose checks it relies on.
+    unsafe fn launch_gemm_split(
+        &self,
+        a: &AffineGemv,
+        f: usize,
+        nt: usize,
+        ks: usize,
+        stream: u64,
+    ) -> Result<()> {
+        let mut k = args::AffineArgs::new(a);
+        let mut params = [&mut k as *mut _ as *mut std::ffi::c_void];
+        // SAFETY: the caller's.
+        unsafe {
+            self.inner.launch(
+                f,
+                (
+                    (a.rows.div_ceil(args::gemm_rows_per_block(1)) * ks) as u32,
+                    a.batch.div_ceil(8 * nt) as u32,
+                ),
+                32 * args::GEMM_WARPS,
+                args::affine_gemm_split_shared(a.bits as usize, nt),
+                stream,
+                &mut params,
+            )
+        }
+    }
+
     /// The Hopper GEMM for this layer at its batch and its shape ([`args::wgmma_shape`]), where
     /// the layer fits it ([`AffineGemv::wgmma_ok`]) and this device loaded it (compute
     /// capability 9.0 with the route on: [`WGMMA_ENV`]).
@@ -1869,7 +1995,16 @@ impl Kernels {
     /// [`AffineGemv::lone_batch`] (the Hopper GEMM's batches beyond
     /// [`AffineGemv::fused_batch`]: [`Kernels::affine_wgmma_batches`]).
     pub fn affine_fused_batch(&self, a: &AffineGemv) -> usize {
-        a.lone_batch()
+        // Split over clusters, the GEMM fills the device with a short layer's blocks too.
+        let split = |batch| {
+            self.gemm_split_for(&AffineGemv { batch, ..*a })
+                .is_some_and(|(_, _, ks)| ks > 1)
+        };
+        if a.rows < GEMM_MIN_ROWS && a.gemm_ok() && split(MAX_MMA_BATCH + 1) {
+            a.fused_batch()
+        } else {
+            a.lone_batch()
+        }
     }
 
     /// The same for a layer launched beside others that read one input, each on a stream of
@@ -1896,6 +2031,15 @@ impl Kernels {
         a.validate()?;
         let words = a.tensor_core_words();
         let aligned = a.codes.is_multiple_of(16) && a.x.is_multiple_of(16);
+        // The GEMM stages the scale and offset pairs by 16-byte copies (the device layouts
+        // hold them at allocations' alignment; others take the passes below).
+        let staged = |p: u64| a.scales_per_row == 0 || p.is_multiple_of(16);
+        let gemm = aligned && staged(a.scales) && staged(a.offsets) && a.gemm_ok();
+        if gemm && a.batch >= self.split.from() && a.batch <= MAX_MMA_BATCH {
+            if let Some((f, nt, ks)) = self.gemm_split_for(a) {
+                return unsafe { self.launch_gemm_split(a, f, nt, ks, stream) };
+            }
+        }
         // Batch 1 with 4 code words per lane: the cp.async kernel (for groups of one step or
         // of half of one).
         let cpa = if a.cpa_shaped() {
@@ -1973,15 +2117,11 @@ impl Kernels {
                 }
             }
         }
-        // The GEMM stages the scale and offset pairs by 16-byte copies (the device layouts
-        // hold them at allocations' alignment; others take the passes below).
-        let staged = |p: u64| a.scales_per_row == 0 || p.is_multiple_of(16);
-        if a.batch > MAX_MMA_BATCH
-            && aligned
-            && staged(a.scales)
-            && staged(a.offsets)
-            && a.gemm_ok()
-        {
+        if a.batch > MAX_MMA_BATCH && gemm {
+            if let Some((f, nt, ks)) = self.gemm_split_for(a) {
+                // SAFETY: validated; the pointers are the caller's contract.
+                return unsafe { self.launch_gemm_split(a, f, nt, ks, stream) };
+            }
             let (r, nt) = args::gemm_shape(a.rows, a.batch);
             let f = args::affine_gemm(a.bits as usize, a.x_dtype, r, nt);
             // grid.y: batch tiles (at most 65535, about half a million rows).
@@ -3520,7 +3660,10 @@ mod tests {
         let homes = args::kernel_modules(&names).expect("every kernel in a module");
         for (n, &home) in names.iter().zip(&homes) {
             let ok = match home {
-                3 => n.starts_with("hc_wgmma_"),
+                3 => {
+                    n.starts_with("hc_wgmma_")
+                        || (n.starts_with("hc_affine_gemm_") && n.contains("_x"))
+                }
                 2 => n.starts_with("hc_e8p_"),
                 _ => !n.starts_with("hc_wgmma_") && !n.starts_with("hc_e8p_"),
             };
@@ -3533,6 +3676,23 @@ mod tests {
             Err("hc_no_such_kernel".to_string())
         );
         assert_eq!(names[args::affine_gemv(4, 1)], "hc_affine_gemv_b4_m1");
+        assert_eq!(
+            names[args::affine_gemm_split(2, Dtype::Bf16, 2, 1).unwrap()],
+            "hc_affine_gemm_b2_r1_n2_x1_bf16"
+        );
+        assert_eq!(
+            names[args::affine_gemm_split(4, Dtype::F16, 8, 8).unwrap()],
+            "hc_affine_gemm_b4_r1_n8_x8_f16"
+        );
+        assert_eq!(
+            names[args::affine_gemm_split(4, Dtype::Bf16, 4, 2).unwrap()],
+            "hc_affine_gemm_b4_r1_n4_x2_bf16"
+        );
+        assert_eq!(args::affine_gemm_split(4, Dtype::Bf16, 4, 1), None);
+        assert_eq!(
+            names.len(),
+            args::affine_gemm_split(4, Dtype::F16, 8, 8).unwrap() + 1
+        );
         assert_eq!(names[args::affine_gemv(8, 3)], "hc_affine_gemv_b8_m4");
         for b in [1, 3, 5, 6, 7] {
             assert_eq!(
@@ -3745,6 +3905,56 @@ mod tests {
         assert!(args::affine_gemm(8, Dtype::F16, 1, 4).is_none());
         assert!(args::affine_gemm(4, Dtype::F32, 1, 4).is_none());
         assert!(args::affine_gemm(4, Dtype::Bf16, 3, 4).is_none());
+        // The split GEMM: the fewest batch tiles that hold the batch, and clusters that make
+        // three quarters of two blocks an SM (132 SMs) while each block walks 4 chunks or more.
+        assert_eq!(args::gemm_split(1024, 4096, 17, 132), (4, 8)); // 16 blocks: 128
+        assert_eq!(args::gemm_split(4096, 4096, 32, 132), (4, 4)); // 64 blocks: 256, 8 chunks each
+        assert_eq!(args::gemm_split(4096, 4096, 64, 132), (8, 4));
+        assert_eq!(args::gemm_split(2048, 4096, 40, 132), (8, 8)); // 32 blocks: 256
+        assert_eq!(args::gemm_split(14336, 4096, 64, 132), (8, 1)); // 224 blocks unsplit
+        assert_eq!(args::gemm_split(1024, 1024, 17, 132), (4, 2)); // 8 chunks: 2 blocks of 4
+        assert_eq!(args::gemm_split(1024, 896, 17, 132), (4, 1));
+        assert_eq!(args::gemm_split(100, 4096, 9, 132), (2, 8));
+        assert_eq!(args::gemm_split(100, 4096, 200, 132), (8, 8));
+        assert_eq!(
+            args::affine_gemm_split_shared(4, 4),
+            4 * (8192 + 4096 + 512)
+        );
+        assert_eq!(
+            args::affine_gemm_split_shared(2, 2),
+            4 * (4096 + 2048 + 512)
+        );
+        // The switch: off by default, on, and the measurement's forced forms.
+        let off = if GEMM_SPLIT_DEFAULT {
+            GemmSplit::Rule
+        } else {
+            GemmSplit::Off
+        };
+        assert_eq!(GemmSplit::parse(None), off);
+        assert_eq!(GemmSplit::parse(Some("0")), GemmSplit::Off);
+        assert_eq!(GemmSplit::parse(Some("1")), GemmSplit::Rule);
+        assert_eq!(
+            GemmSplit::parse(Some("ks=4")),
+            GemmSplit::Forced { ks: 4, from: 17 }
+        );
+        assert_eq!(
+            GemmSplit::parse(Some("ks=1,from=9")),
+            GemmSplit::Forced { ks: 1, from: 9 }
+        );
+        assert_eq!(GemmSplit::parse(Some("ks=4,from=9")).from(), 9);
+        assert_eq!(GemmSplit::parse(Some("1")).from(), 17);
+        for bad in [
+            "ks=3",
+            "ks=16",
+            "from=9",
+            "ks=2,from=1",
+            "ks=2,from=65",
+            "ks=2,x=1",
+            "on",
+            "",
+        ] {
+            assert_eq!(GemmSplit::parse(Some(bad)), off, "{bad}");
+        }
         // The largest tiles that still make 200 blocks (the measured best on an H200).
         assert_eq!(args::gemm_shape(4096, 17), (1, 4));
         assert_eq!(args::gemm_shape(28672, 32), (2, 4));
@@ -3767,7 +3977,10 @@ mod tests {
             args::affine_gemv(1, 1) - 1
         );
         assert_eq!(wg(Dtype::F16, 5), "hc_wgmma_b4_s5_n256_k64_x2_f16");
-        assert_eq!(args::affine_decode_chunks(7), names.len() - 1);
+        assert_eq!(
+            args::affine_decode_chunks(7) + 1,
+            args::affine_gemm_split(2, Dtype::Bf16, 2, 1).unwrap()
+        );
         assert!(args::wgmma(Dtype::F32, 0).is_none() && args::wgmma(Dtype::Bf16, 6).is_none());
         // Stages of 1024-byte multiples (WgStage), 1024 bytes to align them, all within the
         // 227 KB a Hopper block may opt in to.
