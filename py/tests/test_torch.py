@@ -665,6 +665,24 @@ def test_quantize_budget_meets_the_rate_and_keeps_biases_exact():
     assert 8 * (m[0].op.stored_bytes + m[2].op.stored_bytes) / weights <= 3.0 + 1e-6
 
 
+def test_quantize_budget_warns_of_sensitivity_for_weights_it_does_not_code():
+    torch.manual_seed(0)
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+
+    # A key without ".weight", a typo, and a layer skipped by name: each moves nothing.
+    weights = {"0": 2.0, "2.wieght": 1.0, "2.weight": 1.0}
+    with pytest.warns(UserWarning, match=r"2 weight\(s\).*: 0, 2\.wieght$"):
+        hnn.quantize_budget(model(), 4, sensitivity=weights, skip=())
+    with pytest.warns(UserWarning, match=r"1 weight\(s\).*: 2\.weight$"):
+        hnn.quantize_budget(model(), 4, sensitivity={"0.weight": 1.0, "2.weight": 1.0}, skip=("2",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = hnn.quantize_budget(model(), 4, sensitivity={"0.weight": 3.0, "2.weight": 1.0}, skip=())
+    assert isinstance(m[0], hnn.HyperLinear) and isinstance(m[2], hnn.HyperLinear)
+
+
 def test_quantize_budget_codes_on_the_device_asked_for(monkeypatch):
     from hypercodec import api
 

@@ -2415,6 +2415,18 @@ def quantize_budget(
         sd[f"{n}.weight"] = m.weight.detach().to(torch.float32).cpu().numpy()
     if not sd:
         return model
+    if sensitivity is not None:
+        # (as the command line warns: a weight for a name that no coded layer has is a typo or
+        # a layer skipped, and it moves nothing)
+        coded = {k for k in sd if k.endswith(".weight")}
+        unmatched = sorted(k for k in sensitivity if k not in coded)
+        if unmatched:
+            shown = ", ".join(unmatched[:5]) + (f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else "")
+            warnings.warn(
+                f"sensitivity names {len(unmatched)} weight(s) that quantize_budget does not code "
+                f"(keys are '{{layer}}.weight' of the layers it replaces): {shown}",
+                stacklevel=2,
+            )
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "budget.hwz")
         # The layers leave the archive: the target counts their streams, not its manifest.
