@@ -61,25 +61,77 @@ impl Signed {
     }
 }
 
-/// `Σ q·x` over every field of `B`-bit codes in one pass over the bytes (each 16 bytes are
-/// loaded once for all `8/B` fields); the lane sums are left in a register.
+/// Words `i..i + 16` of `W`-byte code words at `p`, each zero-extended into a 32-bit lane
+/// (words `i..i + 8` in the first register).
+///
+/// # Safety
+/// AVX2; `p` must be readable for `16·W` bytes.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn fields_pass<const B: u32>(codes: &[u8], xp: &[f32], sign: Signed) -> __m256 {
-    let per = (8 / B) as usize;
-    let n = codes.len();
+unsafe fn words16<const W: usize>(p: *const u8) -> (__m256i, __m256i) {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        if W == 1 {
+            let c = _mm_loadu_si128(p as *const __m128i);
+            (
+                _mm256_cvtepu8_epi32(c),
+                _mm256_cvtepu8_epi32(_mm_srli_si128(c, 8)),
+            )
+        } else {
+            // Four words from each 12 bytes: bytes 3k, 3k + 1, 3k + 2 of lane k, a zero on top
+            // (the last four from the top 12 bytes of a load at 32, so nothing past 48 is read).
+            let sh = _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
+            let top = _mm_setr_epi8(4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1);
+            let q0 = _mm_shuffle_epi8(_mm_loadu_si128(p as *const __m128i), sh);
+            let q1 = _mm_shuffle_epi8(_mm_loadu_si128(p.add(12) as *const __m128i), sh);
+            let q2 = _mm_shuffle_epi8(_mm_loadu_si128(p.add(24) as *const __m128i), sh);
+            let q3 = _mm_shuffle_epi8(_mm_loadu_si128(p.add(32) as *const __m128i), top);
+            (_mm256_set_m128i(q1, q0), _mm256_set_m128i(q3, q2))
+        }
+    }
+}
+
+/// [`words16`] in one 512-bit register.
+///
+/// # Safety
+/// As [`words16`], with AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+unsafe fn words16_512<const W: usize>(p: *const u8) -> __m512i {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        if W == 1 {
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
+        } else {
+            let (lo, hi) = words16::<W>(p);
+            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+        }
+    }
+}
+
+/// `Σ q·x` over every field of `B`-bit codes in `W`-byte words in one pass over the words
+/// (each 16 words are loaded once for all `8·W/B` fields); the lane sums are left in a
+/// register.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fields_pass<const B: u32, const W: usize>(
+    codes: &[u8],
+    xp: &[f32],
+    sign: Signed,
+) -> __m256 {
+    let per = 8 * W / B as usize;
+    let n = codes.len() / W;
     let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
     // Four chains of additions, so the FMA latency is hidden.
     let mut acc = [_mm256_setzero_ps(); 4];
     let full = n / 16 * 16;
     let mut tail = 0f32;
-    // SAFETY: i + 16 <= full <= n bytes of codes; field m's run of xp is xp[m·n..(m+1)·n].
+    // SAFETY: words i..i + 16 with i + 16 <= full lie in the codes; field m's run of xp is
+    // xp[m·n..(m+1)·n].
     unsafe {
         let mut i = 0;
         while i < full {
-            let c = _mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i);
-            let lo = _mm256_cvtepu8_epi32(c);
-            let hi = _mm256_cvtepu8_epi32(_mm_srli_si128(c, 8));
+            let (lo, hi) = words16::<W>(codes.as_ptr().add(W * i));
             for m in 0..per {
                 let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
                 let xs = xp.as_ptr().add(m * n + i);
@@ -92,10 +144,10 @@ unsafe fn fields_pass<const B: u32>(codes: &[u8], xp: &[f32], sign: Signed) -> _
             i += 16;
         }
     }
-    for m in 0..per {
-        for j in full..n {
-            let q = (codes[j] >> (m as u32 * B)) & ((1u32 << B) - 1) as u8;
-            tail += sign.apply(q) * xp[m * n + j];
+    for j in full..n {
+        let c = crate::kernels::word_at::<W>(codes, j);
+        for m in 0..per {
+            tail += sign.apply(((c >> (m as u32 * B)) & ((1u32 << B) - 1)) as u8) * xp[m * n + j];
         }
     }
     let mut t = [0f32; 8];
@@ -121,15 +173,17 @@ pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
     let mut scalar = 0f32;
     for (j, &gs) in a.gsum.iter().enumerate() {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = &a.codes[lo / a.per..hi / a.per];
+        let codes = a.group_codes(lo, hi);
         let xs = &a.xp[lo..hi];
-        // SAFETY: xs holds 8/bits values per code byte (the group's permuted activation).
+        // SAFETY: xs holds a group's permuted activation: per values a code word.
         let d = unsafe {
             match a.field_bits {
-                1 => fields_pass::<1>(codes, xs, sign),
-                2 => fields_pass::<2>(codes, xs, sign),
-                4 => fields_pass::<4>(codes, xs, sign),
-                _ => fields_pass::<8>(codes, xs, sign),
+                1 => fields_pass::<1, 1>(codes, xs, sign),
+                2 => fields_pass::<2, 1>(codes, xs, sign),
+                3 => fields_pass::<3, 3>(codes, xs, sign),
+                4 => fields_pass::<4, 1>(codes, xs, sign),
+                6 => fields_pass::<6, 3>(codes, xs, sign),
+                _ => fields_pass::<8, 1>(codes, xs, sign),
             }
         };
         let si = j.min(a.scales.len() - 1);
@@ -161,15 +215,17 @@ pub(crate) unsafe fn affine_row512(a: &crate::kernels::AffineRow<'_>) -> f32 {
     let mut scalar = 0f32;
     for (j, &gs) in a.gsum.iter().enumerate() {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = &a.codes[lo / a.per..hi / a.per];
+        let codes = a.group_codes(lo, hi);
         let xs = &a.xp[lo..hi];
-        // SAFETY: xs holds 8/bits values per code byte (the group's permuted activation).
+        // SAFETY: xs holds a group's permuted activation: per values a code word.
         let d = unsafe {
             match a.field_bits {
-                1 => fields_pass512::<1>(codes, xs, sign),
-                2 => fields_pass512::<2>(codes, xs, sign),
-                4 => fields_pass512::<4>(codes, xs, sign),
-                _ => fields_pass512::<8>(codes, xs, sign),
+                1 => fields_pass512::<1, 1>(codes, xs, sign),
+                2 => fields_pass512::<2, 1>(codes, xs, sign),
+                3 => fields_pass512::<3, 3>(codes, xs, sign),
+                4 => fields_pass512::<4, 1>(codes, xs, sign),
+                6 => fields_pass512::<6, 3>(codes, xs, sign),
+                _ => fields_pass512::<8, 1>(codes, xs, sign),
             }
         };
         let si = j.min(a.scales.len() - 1);
@@ -189,18 +245,22 @@ pub(crate) unsafe fn affine_row512(a: &crate::kernels::AffineRow<'_>) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-unsafe fn fields_pass512<const B: u32>(codes: &[u8], xp: &[f32], sign: Signed) -> __m512 {
-    let per = (8 / B) as usize;
-    let n = codes.len();
+unsafe fn fields_pass512<const B: u32, const W: usize>(
+    codes: &[u8],
+    xp: &[f32],
+    sign: Signed,
+) -> __m512 {
+    let per = 8 * W / B as usize;
+    let n = codes.len() / W;
     let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
     let mut acc = [_mm512_setzero_ps(); 2];
     let full = n / 16 * 16;
     let mut tail = 0f32;
-    // SAFETY: i + 16 <= full <= n bytes of codes; field m's run of xp is xp[m·n..(m+1)·n].
+    // SAFETY: as in fields_pass.
     unsafe {
         let mut i = 0;
         while i < full {
-            let c = _mm512_cvtepu8_epi32(_mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i));
+            let c = words16_512::<W>(codes.as_ptr().add(W * i));
             for m in 0..per {
                 let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
                 let q = sign.apply512(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
@@ -210,10 +270,10 @@ unsafe fn fields_pass512<const B: u32>(codes: &[u8], xp: &[f32], sign: Signed) -
             i += 16;
         }
     }
-    for m in 0..per {
-        for j in full..n {
-            let q = (codes[j] >> (m as u32 * B)) & ((1u32 << B) - 1) as u8;
-            tail += sign.apply(q) * xp[m * n + j];
+    for j in full..n {
+        let c = crate::kernels::word_at::<W>(codes, j);
+        for m in 0..per {
+            tail += sign.apply(((c >> (m as u32 * B)) & ((1u32 << B) - 1)) as u8) * xp[m * n + j];
         }
     }
     let mut t = [0f32; 16];
@@ -243,14 +303,16 @@ pub(crate) unsafe fn affine_rows<const M: usize>(
     let mut scalar = [0f32; M];
     for j in 0..cols.div_ceil(a.glen.max(1)) {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = &a.codes[lo / a.per..hi / a.per];
-        // SAFETY: the caller's bounds: every row's group holds 8/bits values per code byte.
+        let codes = a.group_codes(lo, hi);
+        // SAFETY: the caller's bounds: every row's group holds per values a code word.
         let d = unsafe {
             match a.field_bits {
-                1 => fields_pass_rows::<1, M>(codes, a.xp, lo, x_stride, sign),
-                2 => fields_pass_rows::<2, M>(codes, a.xp, lo, x_stride, sign),
-                4 => fields_pass_rows::<4, M>(codes, a.xp, lo, x_stride, sign),
-                _ => fields_pass_rows::<8, M>(codes, a.xp, lo, x_stride, sign),
+                1 => fields_pass_rows::<1, 1, M>(codes, a.xp, lo, x_stride, sign),
+                2 => fields_pass_rows::<2, 1, M>(codes, a.xp, lo, x_stride, sign),
+                3 => fields_pass_rows::<3, 3, M>(codes, a.xp, lo, x_stride, sign),
+                4 => fields_pass_rows::<4, 1, M>(codes, a.xp, lo, x_stride, sign),
+                6 => fields_pass_rows::<6, 3, M>(codes, a.xp, lo, x_stride, sign),
+                _ => fields_pass_rows::<8, 1, M>(codes, a.xp, lo, x_stride, sign),
             }
         };
         let si = j.min(a.scales.len() - 1);
@@ -271,26 +333,24 @@ pub(crate) unsafe fn affine_rows<const M: usize>(
 /// loaded and each field unpacked once, two accumulators a row.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn fields_pass_rows<const B: u32, const M: usize>(
+unsafe fn fields_pass_rows<const B: u32, const W: usize, const M: usize>(
     codes: &[u8],
     xp: &[f32],
     lo: usize,
     stride: usize,
     sign: Signed,
 ) -> [__m256; M] {
-    let per = (8 / B) as usize;
-    let n = codes.len();
+    let per = 8 * W / B as usize;
+    let n = codes.len() / W;
     let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
     let mut acc = [[_mm256_setzero_ps(); 2]; M];
     let full = n / 16 * 16;
-    // SAFETY: i + 16 <= full <= n bytes of codes; field k of row m reads
-    // xp[m·stride + lo + k·n..][..n], within the caller's bounds.
+    // SAFETY: as in fields_pass; field k of row m reads xp[m·stride + lo + k·n..][..n], within
+    // the caller's bounds.
     unsafe {
         let mut i = 0;
         while i < full {
-            let c = _mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i);
-            let c_lo = _mm256_cvtepu8_epi32(c);
-            let c_hi = _mm256_cvtepu8_epi32(_mm_srli_si128(c, 8));
+            let (c_lo, c_hi) = words16::<W>(codes.as_ptr().add(W * i));
             for k in 0..per {
                 let shift = _mm_cvtsi32_si128((k as u32 * B) as i32);
                 let fl = sign.apply256(_mm256_and_si256(_mm256_srl_epi32(c_lo, shift), mask));
@@ -307,9 +367,10 @@ unsafe fn fields_pass_rows<const B: u32, const M: usize>(
     let mut d = [_mm256_setzero_ps(); M];
     for (m, (dm, a)) in d.iter_mut().zip(&acc).enumerate() {
         let mut tail = 0f32;
-        for k in 0..per {
-            for j in full..n {
-                let q = (codes[j] >> (k as u32 * B)) & ((1u32 << B) - 1) as u8;
+        for j in full..n {
+            let c = crate::kernels::word_at::<W>(codes, j);
+            for k in 0..per {
+                let q = ((c >> (k as u32 * B)) & ((1u32 << B) - 1)) as u8;
                 tail += sign.apply(q) * xp[m * stride + lo + k * n + j];
             }
         }
@@ -337,14 +398,16 @@ pub(crate) unsafe fn affine_rows512<const M: usize>(
     let mut scalar = [0f32; M];
     for j in 0..cols.div_ceil(a.glen.max(1)) {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = &a.codes[lo / a.per..hi / a.per];
+        let codes = a.group_codes(lo, hi);
         // SAFETY: as in affine_rows.
         let d = unsafe {
             match a.field_bits {
-                1 => fields_pass_rows512::<1, M>(codes, a.xp, lo, x_stride, sign),
-                2 => fields_pass_rows512::<2, M>(codes, a.xp, lo, x_stride, sign),
-                4 => fields_pass_rows512::<4, M>(codes, a.xp, lo, x_stride, sign),
-                _ => fields_pass_rows512::<8, M>(codes, a.xp, lo, x_stride, sign),
+                1 => fields_pass_rows512::<1, 1, M>(codes, a.xp, lo, x_stride, sign),
+                2 => fields_pass_rows512::<2, 1, M>(codes, a.xp, lo, x_stride, sign),
+                3 => fields_pass_rows512::<3, 3, M>(codes, a.xp, lo, x_stride, sign),
+                4 => fields_pass_rows512::<4, 1, M>(codes, a.xp, lo, x_stride, sign),
+                6 => fields_pass_rows512::<6, 3, M>(codes, a.xp, lo, x_stride, sign),
+                _ => fields_pass_rows512::<8, 1, M>(codes, a.xp, lo, x_stride, sign),
             }
         };
         let si = j.min(a.scales.len() - 1);
@@ -363,15 +426,15 @@ pub(crate) unsafe fn affine_rows512<const M: usize>(
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-unsafe fn fields_pass_rows512<const B: u32, const M: usize>(
+unsafe fn fields_pass_rows512<const B: u32, const W: usize, const M: usize>(
     codes: &[u8],
     xp: &[f32],
     lo: usize,
     stride: usize,
     sign: Signed,
 ) -> [__m512; M] {
-    let per = (8 / B) as usize;
-    let n = codes.len();
+    let per = 8 * W / B as usize;
+    let n = codes.len() / W;
     let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
     let mut acc = [_mm512_setzero_ps(); M];
     let full = n / 16 * 16;
@@ -379,7 +442,7 @@ unsafe fn fields_pass_rows512<const B: u32, const M: usize>(
     unsafe {
         let mut i = 0;
         while i < full {
-            let c = _mm512_cvtepu8_epi32(_mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i));
+            let c = words16_512::<W>(codes.as_ptr().add(W * i));
             for k in 0..per {
                 let shift = _mm_cvtsi32_si128((k as u32 * B) as i32);
                 let q = sign.apply512(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
@@ -393,9 +456,10 @@ unsafe fn fields_pass_rows512<const B: u32, const M: usize>(
     }
     for (m, a) in acc.iter_mut().enumerate() {
         let mut tail = 0f32;
-        for k in 0..per {
-            for j in full..n {
-                let q = (codes[j] >> (k as u32 * B)) & ((1u32 << B) - 1) as u8;
+        for j in full..n {
+            let c = crate::kernels::word_at::<W>(codes, j);
+            for k in 0..per {
+                let q = ((c >> (k as u32 * B)) & ((1u32 << B) - 1)) as u8;
                 tail += sign.apply(q) * xp[m * stride + lo + k * n + j];
             }
         }

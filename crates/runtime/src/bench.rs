@@ -76,7 +76,7 @@ pub fn default_encodings() -> Vec<BenchEncoding> {
             LoadOptions::default(),
         ),
         // (3 bits: the planner's BUDGET candidates hold it; its codes straddle bytes and are
-        // unpacked a row at a time.)
+        // dotted in 3-byte words of 8.)
         b(
             "int3-g128",
             affine(3, Group::Size(128), false),

@@ -67,33 +67,101 @@ multiversion! {
     }
 }
 
-/// `Σ q·x` for `B`-bit codes packed LSB-first, `8/B` per byte, against `xp`, the activation
-/// permuted so that the `m`-th field of every byte meets a contiguous run:
-/// `xp[m·n + i]` is the value under field `m` of byte `i` (`n = codes.len()`).
+/// Bytes of one code word on the fused affine paths: a byte holds `8/bits` codes of 1, 2, 4 or
+/// 8 bits, and three bytes hold 8 codes of 3 bits or 4 of 6 (one 32-bit lane unpacks a word);
+/// 0 for the widths without a fused form (5 and 7 bits: their words would not fit a lane).
+pub(crate) const fn word_bytes(bits: u8) -> usize {
+    match bits {
+        1 | 2 | 4 | 8 => 1,
+        3 | 6 => 3,
+        _ => 0,
+    }
+}
+
+/// Codes per word of [`word_bytes`] (0 without a fused form).
+pub(crate) const fn word_codes(bits: u8) -> usize {
+    match word_bytes(bits) {
+        0 => 0,
+        w => 8 * w / bits as usize,
+    }
+}
+
+/// Word `i` of `W`-byte code words (LSB-first), zero-extended.
 #[inline(always)]
-fn dot_fields<const B: u32>(codes: &[u8], xp: &[f32]) -> f32 {
-    let per = (8 / B) as usize;
-    let n = codes.len();
-    let mask = ((1u32 << B) - 1) as u8;
+pub(crate) fn word_at<const W: usize>(codes: &[u8], i: usize) -> u32 {
+    if W == 1 {
+        u32::from(codes[i])
+    } else {
+        let b = &codes[W * i..W * i + 3];
+        u32::from_le_bytes([b[0], b[1], b[2], 0])
+    }
+}
+
+/// `Σ q·x` for `B`-bit codes packed LSB-first in `W`-byte words ([`word_bytes`]), `8·W/B` per
+/// word, against `xp`, the activation permuted so that the `m`-th field of every word meets a
+/// contiguous run: `xp[m·n + i]` is the value under field `m` of word `i` (`n` words).
+#[inline(always)]
+fn dot_fields<const B: u32, const W: usize>(codes: &[u8], xp: &[f32]) -> f32 {
+    let per = 8 * W / B as usize;
+    let n = codes.len() / W;
+    let mask = (1u32 << B) - 1;
     // Two registers of accumulators: an add's latency is hidden behind the other's.
     let (mut a0, mut a1) = ([0f32; LANES], [0f32; LANES]);
     let mut tail = 0f32;
-    for m in 0..per {
-        let xs = &xp[m * n..(m + 1) * n];
-        let shift = m as u32 * B;
-        let (cc, cx) = (codes.chunks_exact(2 * LANES), xs.chunks_exact(2 * LANES));
-        let (rc, rx) = (cc.remainder(), cx.remainder());
-        for (c, x) in cc.zip(cx) {
-            for l in 0..LANES {
-                a0[l] += ((c[l] >> shift) & mask) as f32 * x[l];
-                a1[l] += ((c[LANES + l] >> shift) & mask) as f32 * x[LANES + l];
+    if W == 1 {
+        let mask = mask as u8;
+        for m in 0..per {
+            let xs = &xp[m * n..(m + 1) * n];
+            let shift = m as u32 * B;
+            let (cc, cx) = (codes.chunks_exact(2 * LANES), xs.chunks_exact(2 * LANES));
+            let (rc, rx) = (cc.remainder(), cx.remainder());
+            for (c, x) in cc.zip(cx) {
+                for l in 0..LANES {
+                    a0[l] += ((c[l] >> shift) & mask) as f32 * x[l];
+                    a1[l] += ((c[LANES + l] >> shift) & mask) as f32 * x[LANES + l];
+                }
+            }
+            for (c, x) in rc.iter().zip(rx) {
+                tail += ((c >> shift) & mask) as f32 * x;
             }
         }
-        for (c, x) in rc.iter().zip(rx) {
-            tail += ((c >> shift) & mask) as f32 * x;
+        return hsum(a0) + hsum(a1) + tail;
+    }
+    // 3-byte words: runs of 2·LANES, each word widened to a u32 once for all its fields.
+    let full = n / (2 * LANES) * (2 * LANES);
+    let mut w = [0u32; 2 * LANES];
+    for i0 in (0..full).step_by(2 * LANES) {
+        for (l, v) in w.iter_mut().enumerate() {
+            *v = word_at::<W>(codes, i0 + l);
+        }
+        for m in 0..per {
+            let x = &xp[m * n + i0..m * n + i0 + 2 * LANES];
+            let shift = m as u32 * B;
+            for l in 0..LANES {
+                a0[l] += ((w[l] >> shift) & mask) as f32 * x[l];
+                a1[l] += ((w[LANES + l] >> shift) & mask) as f32 * x[LANES + l];
+            }
+        }
+    }
+    for i in full..n {
+        let c = word_at::<W>(codes, i);
+        for m in 0..per {
+            tail += ((c >> (m as u32 * B)) & mask) as f32 * xp[m * n + i];
         }
     }
     hsum(a0) + hsum(a1) + tail
+}
+
+/// [`dot_fields`] for a row's field width: its codes' bits on the fused path, 8 on bytes.
+fn dot_fields_of(bits: u8, codes: &[u8], xs: &[f32]) -> f32 {
+    match bits {
+        1 => dot_fields::<1, 1>(codes, xs),
+        2 => dot_fields::<2, 1>(codes, xs),
+        3 => dot_fields::<3, 3>(codes, xs),
+        4 => dot_fields::<4, 1>(codes, xs),
+        6 => dot_fields::<6, 3>(codes, xs),
+        _ => dot_fields::<8, 1>(codes, xs),
+    }
 }
 
 /// One row of affine codes: everything [`affine_row`] reads.
@@ -101,7 +169,7 @@ fn dot_fields<const B: u32>(codes: &[u8], xp: &[f32]) -> f32 {
 pub(crate) struct AffineRow<'r> {
     /// Bits of the dot product's fields (the codes' bits, or 8 when unpacked to bytes).
     pub(crate) field_bits: u8,
-    /// Values per code byte (1 when unpacked).
+    /// Values per code word ([`word_codes`]; 1 when unpacked).
     pub(crate) per: usize,
     /// Values per group and groups per row.
     pub(crate) glen: usize,
@@ -117,6 +185,15 @@ pub(crate) struct AffineRow<'r> {
     pub(crate) offsets: &'r [f32],
     /// The code bias `2^(bits−1)` (symmetric), or −1 for the 1-bit sign code.
     pub(crate) bias: f32,
+}
+
+impl AffineRow<'_> {
+    /// The codes of columns `lo..hi` (a group: whole words).
+    #[inline(always)]
+    pub(crate) fn group_codes(&self, lo: usize, hi: usize) -> &[u8] {
+        let w = word_bytes(self.field_bits);
+        &self.codes[lo / self.per * w..hi / self.per * w]
+    }
 }
 
 /// `⟨ŵ_r, x⟩` of one affine row: per group `s·Σq·x + lo·Σx` (asymmetric), `s·(Σq·x − h·Σx)`
@@ -143,13 +220,18 @@ fn affine_row_f64(a: &AffineRow<'_>) -> f32 {
     let mut acc = 0f64;
     for (j, &gs) in a.gsum.iter().enumerate() {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = &a.codes[lo / a.per..hi / a.per];
+        let codes = a.group_codes(lo, hi);
         let xs = &a.xp[lo..hi];
-        let n = codes.len();
+        let n = (hi - lo) / a.per;
         let mut d = 0f64;
-        for (i, &c) in codes.iter().enumerate() {
+        for i in 0..n {
+            let c = if word_bytes(a.field_bits) == 3 {
+                word_at::<3>(codes, i)
+            } else {
+                word_at::<1>(codes, i)
+            };
             for m in 0..a.per {
-                let q = (u32::from(c) >> (m as u32 * bits)) & mask;
+                let q = (c >> (m as u32 * bits)) & mask;
                 d += f64::from(q) * f64::from(xs[m * n + i]);
             }
         }
@@ -178,12 +260,7 @@ fn affine_row_f32(a: &AffineRow<'_>) -> f32 {
         // SAFETY: AVX2 and FMA are present (checked just above); the row is consistent.
         return unsafe { crate::avx2::affine_row(a) };
     }
-    affine_row_with(a, |bits, codes, xs| match bits {
-        1 => dot_fields::<1>(codes, xs),
-        2 => dot_fields::<2>(codes, xs),
-        4 => dot_fields::<4>(codes, xs),
-        _ => dot_fields::<8>(codes, xs),
-    })
+    affine_row_with(a, dot_fields_of)
 }
 
 /// [`affine_row`] for `out.len()` activation rows: `a.xp` holds each row's permuted
@@ -268,7 +345,7 @@ fn affine_row_with(a: &AffineRow<'_>, dot: impl Fn(u8, &[u8], &[f32]) -> f32) ->
         let mut acc = 0f32;
         for (j, &gs) in a.gsum.iter().enumerate() {
             let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-            let codes = &a.codes[lo / a.per..hi / a.per];
+            let codes = a.group_codes(lo, hi);
             let xs = &a.xp[lo..hi];
             let d = dot(a.field_bits, codes, xs);
             let si = j.min(a.scales.len() - 1);
@@ -810,14 +887,16 @@ mod tests {
             assert!(
                 (a - b).abs() <= 1e-4 * x.iter().zip(&y).map(|(p, q)| (p * q).abs()).sum::<f32>()
             );
-            for bits in [1u8, 2, 4, 8] {
-                let per = 8 / bits as usize;
+            for bits in [1u8, 2, 3, 4, 6, 8] {
+                let per = word_codes(bits);
                 let glen = 128.min(cols / per * per).max(per);
                 let cols = cols / glen * glen;
                 if cols == 0 {
                     continue;
                 }
-                let codes: Vec<u8> = (0..cols / per).map(|i| (i * 37 + 11) as u8).collect();
+                let codes: Vec<u8> = (0..cols / per * word_bytes(bits))
+                    .map(|i| (i * 37 + 11) as u8)
+                    .collect();
                 let gpr = cols / glen;
                 let row = AffineRow {
                     field_bits: bits,
@@ -830,12 +909,13 @@ mod tests {
                     offsets: &rnd(gpr, 5),
                     bias: 0.0,
                 };
-                let portable = affine_row_with(&row, |b, c, xs| match b {
-                    1 => dot_fields::<1>(c, xs),
-                    2 => dot_fields::<2>(c, xs),
-                    4 => dot_fields::<4>(c, xs),
-                    _ => dot_fields::<8>(c, xs),
-                });
+                let portable = affine_row_with(&row, dot_fields_of);
+                // The f64 path (rows whose f32 sums overflow) reads the same words.
+                let wide = affine_row_f64(&row);
+                assert!(
+                    (wide - portable).abs() <= 1e-4 * (1.0 + cols as f32 * 0.01),
+                    "{bits} {cols}: f64 {wide} vs {portable}"
+                );
                 let got = affine_row(&row);
                 let tol = 1e-4 * (1.0 + cols as f32 * 0.01);
                 assert!(
@@ -894,27 +974,60 @@ mod tests {
 
     #[test]
     fn field_dot_matches_the_plain_sum() {
-        for bits in [1u8, 2, 4, 8] {
-            let per = 8 / bits as usize;
-            let n = 37;
-            let codes: Vec<u8> = (0..n).map(|i| (i * 97 + 13) as u8).collect();
+        // Word counts below, at and past the 16-word runs of the vector loops (a 3-byte word
+        // loop leaves its last word to the tail).
+        for (bits, n) in [1u8, 2, 3, 4, 6, 8]
+            .into_iter()
+            .flat_map(|b| [1usize, 16, 17, 37, 64].map(|n| (b, n)))
+        {
+            let (per, w) = (word_codes(bits), word_bytes(bits));
+            let codes: Vec<u8> = (0..n * w).map(|i| (i * 97 + 13) as u8).collect();
             let x: Vec<f32> = (0..n * per).map(|i| (i as f32 * 0.37).sin()).collect();
             let mut xp = vec![0f32; n * per];
             let mut want = 0f64;
             for i in 0..n {
+                // The word's bits, LSB-first across its bytes.
+                let word = (0..w).fold(0u32, |v, k| v | (codes[w * i + k] as u32) << (8 * k));
                 for m in 0..per {
-                    let q = (codes[i] >> (m * bits as usize)) & ((1u16 << bits) - 1) as u8;
+                    let q = (word >> (m * bits as usize)) & ((1u32 << bits) - 1);
                     xp[m * n + i] = x[i * per + m];
                     want += q as f64 * x[i * per + m] as f64;
                 }
             }
-            let got = match bits {
-                1 => dot_fields::<1>(&codes, &xp),
-                2 => dot_fields::<2>(&codes, &xp),
-                4 => dot_fields::<4>(&codes, &xp),
-                _ => dot_fields::<8>(&codes, &xp),
-            } as f64;
-            assert!((got - want).abs() < 1e-3, "{bits}: {got} vs {want}");
+            let got = dot_fields_of(bits, &codes, &xp) as f64;
+            assert!((got - want).abs() < 1e-3, "{bits}, {n}: {got} vs {want}");
+            #[cfg(target_arch = "x86_64")]
+            if crate::simd::has_avx2() {
+                // The AVX2 rows kernel on the same words, its tail and its 16-word runs.
+                let row = AffineRow {
+                    field_bits: bits,
+                    per,
+                    glen: n * per,
+                    codes: &codes,
+                    xp: &xp,
+                    gsum: &[0.0],
+                    scales: &[1.0],
+                    offsets: &[0.0],
+                    bias: 0.0,
+                };
+                let mut out = [0f32; 2];
+                let xp2 = [xp.clone(), xp.clone()].concat();
+                let two = AffineRow {
+                    xp: &xp2,
+                    gsum: &[0.0, 0.0],
+                    ..row
+                };
+                // SAFETY: AVX2 and FMA are present; two rows of n·per values and one group each.
+                unsafe { crate::avx2::affine_rows::<2>(&two, n * per, (n * per, 1), &mut out) };
+                // SAFETY: as above.
+                let one = unsafe { crate::avx2::affine_row(&row) } as f64;
+                for got in [one, out[0] as f64, out[1] as f64] {
+                    assert!(
+                        (got - want).abs() < 1e-3,
+                        "avx2 {bits}, {n}: {got} vs {want}"
+                    );
+                }
+            }
         }
     }
 }

@@ -84,12 +84,13 @@ impl LoadOptions {
 pub enum Path {
     /// Stored floats dotted as they are.
     Dense,
-    /// Affine codes of 1, 2, 4 or 8 bits dotted in groups without unpacking them.
+    /// Affine codes of 1, 2, 3, 4, 6 or 8 bits dotted in groups without unpacking them.
     AffineFused {
         /// Bits per code.
         bits: u8,
     },
-    /// Affine codes unpacked a row at a time (3, 5, 6, 7 bits, or rows not byte-aligned).
+    /// Affine codes unpacked a row at a time (5 and 7 bits, or rows and groups that are not
+    /// whole code words).
     AffineUnpacked {
         /// Bits per code.
         bits: u8,
@@ -924,10 +925,7 @@ impl Op {
                     Group::Size(g) => (g as usize).min(cols).max(1),
                     Group::Row | Group::Tensor => cols.max(1),
                 };
-                let per = match params.bits {
-                    1 | 2 | 4 | 8 => 8 / params.bits as usize,
-                    _ => 0,
-                };
+                let per = kernels::word_codes(params.bits);
                 Kind::Affine {
                     glen,
                     gpr: cols.div_ceil(glen),
@@ -1638,7 +1636,7 @@ fn affine_gemv(
         return Ok(());
     }
     let bits = params.bits;
-    let per = if fused { 8 / bits as usize } else { 1 };
+    let per = if fused { kernels::word_codes(bits) } else { 1 };
     // Each activation row permuted per group so each field of the codes meets a contiguous
     // run, and its sum over each group (what the offsets and the code bias multiply).
     let mut xp = vec![0f32; batch * cols];

@@ -70,6 +70,9 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
         (2, Group::Size(32), false, FloatDtype::F16),
         (1, Group::Row, true, FloatDtype::F16),
         (3, Group::Size(5), true, FloatDtype::F16),
+        (3, Group::Size(128), false, FloatDtype::Bf16),
+        (3, Group::Row, true, FloatDtype::F16),
+        (6, Group::Size(32), true, FloatDtype::F16),
         (5, Group::Size(64), false, FloatDtype::F16),
         (6, Group::Row, false, FloatDtype::F16),
         (7, Group::Tensor, true, FloatDtype::F32),
@@ -377,10 +380,21 @@ fn each_encoding_takes_its_fast_path() {
         match want {
             Some(p) => assert_eq!(path, p, "{:?}", t.encoding),
             None => {
-                let Encoding::Affine { bits, .. } = t.encoding else {
+                let Encoding::Affine { bits, group, .. } = t.encoding else {
                     panic!()
                 };
-                let expect = if [1, 2, 4, 8].contains(&bits) {
+                // Fused where a group is whole code words: 8 codes of 3 bits, 4 of 6, 8/bits.
+                let per = match bits {
+                    3 => 8,
+                    6 => 4,
+                    1 | 2 | 4 | 8 => 8 / bits as u64,
+                    _ => 0,
+                };
+                let whole = match group {
+                    Group::Size(g) => per > 0 && (g as u64).min(shape[1]).is_multiple_of(per),
+                    _ => per > 0,
+                };
+                let expect = if whole {
                     Path::AffineFused { bits }
                 } else {
                     Path::AffineUnpacked { bits }
