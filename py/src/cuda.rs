@@ -331,6 +331,14 @@ impl CudaKernels {
         Ok(self.k.affine_fused_batch(&affine(args)?))
     }
 
+    /// The tensor-core GEMM split over clusters that `affine_gemv` runs for these arguments at
+    /// their batch, as (batch tiles of 8 a block, blocks a cluster); None where another kernel
+    /// runs (kernels-cuda `Kernels::affine_gemm_split`; off unless `HYPERCODEC_GEMM_SPLIT`
+    /// turns it on, compute capability 9.0 only).
+    fn affine_gemm_split(&self, args: &Bound<'_, PyDict>) -> PyResult<Option<(usize, usize)>> {
+        Ok(self.k.affine_gemm_split(&affine(args)?))
+    }
+
     /// The same for a layer launched beside others that read one input (kernels-cuda
     /// `Kernels::affine_group_batch`: the GEMM's batch whatever the layer's height).
     fn affine_group_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<usize> {

@@ -19,13 +19,13 @@ HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: the CUDA kernels were not run")
 
 
-def _split_gemm(cols: int) -> bool:
-    """Whether a short affine layer of ``cols`` columns takes the tensor-core GEMM at 17-64 rows
-    on its own: where the GEMM split over clusters runs (compute capability 9.0, and
-    ``HYPERCODEC_GEMM_SPLIT=1``: off by default until it has run on a device) and its rows hold
-    chunks enough to split (8 of 128 columns)."""
-    return (torch.cuda.get_device_capability() == (9, 0) and os.environ.get("HYPERCODEC_GEMM_SPLIT") == "1"
-            and cols // 128 >= 8)
+def _split_gemm(d, dtype=torch.bfloat16, batch: int = 17):
+    """The tensor-core GEMM split over clusters that the kernels run for layer ``d`` at ``batch``
+    rows, as (batch tiles, blocks a cluster), or None (kernels-cuda ``affine_gemm_split``: off
+    unless ``HYPERCODEC_GEMM_SPLIT`` turns it on, compute capability 9.0 only). A short layer
+    takes the GEMM at 17-64 rows on its own where it splits over 2 blocks or more."""
+    dt = {torch.float16: 1, torch.bfloat16: 2}[dtype]
+    return d.kernels.affine_gemm_split(dict(d.args, x=0, x_dtype=dt, y=0, y_dtype=0, batch=batch))
 
 
 @needs_cuda
@@ -182,7 +182,8 @@ def test_tensor_core_route_matches_the_cpu_runtime(spec, dtype):
         # routes give it layers of GEMM_MIN_ROWS rows and more, and shorter ones where it splits
         # (else these decode: forced onto it here).
         gemm = bits in (2, 4) and cols % 128 == 0 and (f["scales_per_row"] <= 1 or f["group_len"] % 128 == 0)
-        short = "cuda-affine-gemm" if gemm and _split_gemm(cols) else "cuda-affine-decode+linear"
+        split = _split_gemm(d, dtype)
+        short = "cuda-affine-gemm" if gemm and split and split[1] > 1 else "cuda-affine-decode+linear"
         assert d.route(17, dtype) == short, (spec, rows, cols, d.route(17, dtype))
         if cols % 128 == 0:  # (the GEMM's chunks)
             tall = hcuda.DeviceLinear(hypercodec.Linear.quantize(np.resize(w, (hcuda.GEMM_MIN_ROWS, cols)), spec),
@@ -208,15 +209,24 @@ import hypercodec
 import hypercodec.cuda as hcuda
 
 rng = np.random.default_rng(int(sys.argv[1]))
+FORCED = int(sys.argv[2])  # blocks a cluster forced (0: the rule)
 bad = []
 # Chunks of 128 columns: 4 (fewer than 8 blocks a cluster: some walk none), 9 (shares of 1 and
 # 2), 8, 32; rows that leave a tile or a block partial; batches of two, four and eight tiles.
 for (rows, cols), spec in zip([(37, 512), (100, 1152), (64, 1024), (1000, 4096)],
                               ["int4", "int2-row", "int4-tensor", "int4-g256"]):
     w = rng.standard_normal((rows, cols)).astype(np.float32)
-    w[:, ::29] *= 4
+    w[:, ::29] *= 2 if spec.startswith("int2") else 4  # (2-bit rows of large outliers are kept raw)
     op = hypercodec.Linear.quantize(w, spec, rng.standard_normal(rows).astype(np.float32))
     d = hcuda.DeviceLinear(op, torch.device("cuda"))
+    assert d.kind == "affine", (spec, d.kind)  # (not stored raw: the 2-bit path is what is tested)
+    split = d.kernels.affine_gemm_split(dict(d.args, x=0, x_dtype=2, y=0, y_dtype=0, batch=17))
+    # The split kernel is what runs: forced blocks a cluster, or the rule's for short layers of
+    # 8 chunks and more (1 below: the unsplit GEMM).
+    rule = {512: None, 1152: (4, 2), 1024: (4, 2), 4096: (4, 8)}[cols]  # (132 SMs; 9 chunks split once)
+    want = (4, FORCED) if FORCED > 1 else rule if FORCED == 0 else None
+    if split != want or (want and d.route(17, torch.bfloat16) != "cuda-affine-gemm"):
+        bad.append(("route", spec, rows, cols, split, d.route(17, torch.bfloat16)))
     for dtype, m in [(t, m) for t in (torch.bfloat16, torch.float16) for m in (9, 16, 17, 40, 64)]:
         x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(dtype)
         want = op.forward(x.float().numpy())
@@ -232,7 +242,7 @@ sys.exit(1 if bad else 0)
 @needs_cuda
 @pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0),
                     reason="the split GEMM is built for compute capability 9.0 only")
-@pytest.mark.parametrize("setting", ["ks=1,from=9", "ks=2,from=9", "ks=4", "ks=8,from=9", "1"])
+@pytest.mark.parametrize("setting", ["ks=1,from=9", "ks=2,from=9", "ks=4", "ks=4,from=9", "ks=8,from=9", "1"])
 def test_cuda_split_gemm_matches_the_cpu_runtime_at_every_cluster_size(setting):
     """The tensor-core GEMM split over clusters of 1-8 blocks (HYPERCODEC_GEMM_SPLIT, read when
     the kernels load: a process each) at 9-64 activation rows, against the CPU runtime, with
@@ -241,7 +251,9 @@ def test_cuda_split_gemm_matches_the_cpu_runtime_at_every_cluster_size(setting):
     import sys
 
     env = dict(os.environ, HYPERCODEC_GEMM_SPLIT=setting)
-    r = subprocess.run([sys.executable, "-c", _SPLIT_CHECK, "5"], env=env, capture_output=True, text=True, timeout=300)
+    forced = setting.split(",")[0].removeprefix("ks=") if setting.startswith("ks=") else "0"
+    r = subprocess.run([sys.executable, "-c", _SPLIT_CHECK, "5", forced], env=env, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, (setting, r.stdout[-2000:], r.stderr[-2000:])
 
 
@@ -1551,8 +1563,8 @@ def test_cuda_layers_of_one_input_in_one_launch_equal_their_own_launches():
         "decoded beside": [layer(256, "int4"), layer(64, "int4-g64"), layer(48, "int2")],
     }
     tall = groups["tall beside short"]
-    short = "cuda-affine-gemm" if _split_gemm(cols) else "cuda-affine-decode+linear"
-    assert [d.route(40, torch.bfloat16) for d in tall] == ["cuda-affine-gemm"] + [short] * 2
+    short = ["cuda-affine-gemm" if (_split_gemm(d) or (0, 1))[1] > 1 else "cuda-affine-decode+linear" for d in tall[1:]]
+    assert [d.route(40, torch.bfloat16) for d in tall] == ["cuda-affine-gemm"] + short
     assert [d._takes(40, torch.bfloat16, grouped=True) for d in groups["decoded beside"]] == [True, False, True]
     for dtype, m in itertools.product((torch.bfloat16, torch.float16), (1, 3, 16, 40)):
         x = torch.from_numpy(rng.standard_normal((m, 1, cols)).astype(np.float32)).to("cuda", dtype)

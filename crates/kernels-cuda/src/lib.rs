@@ -217,7 +217,7 @@ pub const WGMMA_DEFAULT: bool = true;
 /// to fill the device unsplit (`args::gemm_split`; such layers then take the GEMM at 17–64 rows
 /// on their own instead of decoding), `0` never; for measurement, `ks=K[,from=B]` runs K blocks
 /// a cluster (1, 2, 4 or 8) on every layer the GEMM takes, and gives it batches from B rows
-/// (9–16 rows then run it with two batch tiles, where the tensor-core GEMV takes them
+/// (2 to 17; 9–16 rows then run it with two batch tiles, where the tensor-core GEMV takes them
 /// otherwise). Unset or any other value, [`GEMM_SPLIT_DEFAULT`] holds.
 pub const GEMM_SPLIT_ENV: &str = "HYPERCODEC_GEMM_SPLIT";
 
@@ -1723,7 +1723,7 @@ impl GemmSplit {
                     match part.split_once('=') {
                         Some(("ks", k)) => ks = k.parse().ok().filter(|k| [1, 2, 4, 8].contains(k)),
                         Some(("from", b)) => match b.parse() {
-                            Ok(b) if (2..=MAX_GEMM_BATCH).contains(&b) => from = b,
+                            Ok(b) if (2..=MAX_MMA_BATCH + 1).contains(&b) => from = b,
                             _ => return default,
                         },
                         _ => return default,
@@ -1897,6 +1897,16 @@ impl Kernels {
             )?;
         }
         Ok(true)
+    }
+
+    /// The tensor-core GEMM split over clusters that [`Kernels::affine_gemv`] runs for this
+    /// layer at its batch (given 16-byte aligned pointers), as (batch tiles of 8 a block, blocks
+    /// a cluster); None where it runs another kernel ([`GEMM_SPLIT_ENV`]).
+    pub fn affine_gemm_split(&self, a: &AffineGemv) -> Option<(usize, usize)> {
+        (a.gemm_ok() && a.batch >= self.split.from() && a.batch > 1)
+            .then(|| self.gemm_split_for(a))
+            .flatten()
+            .map(|(_, nt, ks)| (nt, ks))
     }
 
     /// The tensor-core GEMM split over clusters for this layer at its batch, where the sm_90a
