@@ -109,6 +109,28 @@ unsafe fn words16_512<const W: usize>(p: *const u8) -> __m512i {
     }
 }
 
+/// Words `i..i + 8` of `W`-byte code words at `p`, each zero-extended into a 32-bit lane: the
+/// 8 words a group's end leaves after the 16-word runs (a group of 64 3-bit codes is 8 words).
+///
+/// # Safety
+/// AVX2; `p` must be readable for `8·W` bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn words8<const W: usize>(p: *const u8) -> __m256i {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        if W == 1 {
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
+        } else {
+            let sh = _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
+            let top = _mm_setr_epi8(4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1);
+            let q0 = _mm_shuffle_epi8(_mm_loadu_si128(p as *const __m128i), sh);
+            let q1 = _mm_shuffle_epi8(_mm_loadu_si128(p.add(8) as *const __m128i), top);
+            _mm256_set_m128i(q1, q0)
+        }
+    }
+}
+
 /// `Σ q·x` over every field of `B`-bit codes in `W`-byte words in one pass over the words
 /// (each 16 words are loaded once for all `8·W/B` fields); the lane sums are left in a
 /// register.
@@ -144,6 +166,21 @@ unsafe fn fields_pass<const B: u32, const W: usize>(
             i += 16;
         }
     }
+    // SAFETY: words full..full + 8 lie in the codes.
+    let full = if n - full >= 8 {
+        unsafe {
+            let c = words8::<W>(codes.as_ptr().add(W * full));
+            for m in 0..per {
+                let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
+                let f = sign.apply256(_mm256_and_si256(_mm256_srl_epi32(c, shift), mask));
+                let k = 2 * (m & 1);
+                acc[k] = _mm256_fmadd_ps(f, _mm256_loadu_ps(xp.as_ptr().add(m * n + full)), acc[k]);
+            }
+        }
+        full + 8
+    } else {
+        full
+    };
     for j in full..n {
         let c = crate::kernels::word_at::<W>(codes, j);
         for m in 0..per {
@@ -270,6 +307,22 @@ unsafe fn fields_pass512<const B: u32, const W: usize>(
             i += 16;
         }
     }
+    // SAFETY: words full..full + 8 lie in the codes; the upper lanes hold zero codes against
+    // zero activations (a masked load reads 8 floats).
+    let full = if n - full >= 8 {
+        unsafe {
+            let c = _mm512_zextsi256_si512(words8::<W>(codes.as_ptr().add(W * full)));
+            for m in 0..per {
+                let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
+                let q = sign.apply512(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
+                let xs = _mm512_maskz_loadu_ps(0x00FF, xp.as_ptr().add(m * n + full));
+                acc[m & 1] = _mm512_fmadd_ps(q, xs, acc[m & 1]);
+            }
+        }
+        full + 8
+    } else {
+        full
+    };
     for j in full..n {
         let c = crate::kernels::word_at::<W>(codes, j);
         for m in 0..per {
@@ -364,6 +417,23 @@ unsafe fn fields_pass_rows<const B: u32, const W: usize, const M: usize>(
             i += 16;
         }
     }
+    // SAFETY: words full..full + 8 lie in the codes; xp as above.
+    let full = if n - full >= 8 {
+        unsafe {
+            let c = words8::<W>(codes.as_ptr().add(W * full));
+            for k in 0..per {
+                let shift = _mm_cvtsi32_si128((k as u32 * B) as i32);
+                let f = sign.apply256(_mm256_and_si256(_mm256_srl_epi32(c, shift), mask));
+                for (m, a) in acc.iter_mut().enumerate() {
+                    let xs = xp.as_ptr().add(m * stride + lo + k * n + full);
+                    a[k & 1] = _mm256_fmadd_ps(f, _mm256_loadu_ps(xs), a[k & 1]);
+                }
+            }
+        }
+        full + 8
+    } else {
+        full
+    };
     let mut d = [_mm256_setzero_ps(); M];
     for (m, (dm, a)) in d.iter_mut().zip(&acc).enumerate() {
         let mut tail = 0f32;
@@ -454,6 +524,26 @@ unsafe fn fields_pass_rows512<const B: u32, const W: usize, const M: usize>(
             i += 16;
         }
     }
+    // SAFETY: as in fields_pass512.
+    let full = if n - full >= 8 {
+        unsafe {
+            let c = _mm512_zextsi256_si512(words8::<W>(codes.as_ptr().add(W * full)));
+            for k in 0..per {
+                let shift = _mm_cvtsi32_si128((k as u32 * B) as i32);
+                let q = sign.apply512(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
+                for (m, a) in acc.iter_mut().enumerate() {
+                    let xs = _mm512_maskz_loadu_ps(
+                        0x00FF,
+                        xp.as_ptr().add(m * stride + lo + k * n + full),
+                    );
+                    *a = _mm512_fmadd_ps(q, xs, *a);
+                }
+            }
+        }
+        full + 8
+    } else {
+        full
+    };
     for (m, a) in acc.iter_mut().enumerate() {
         let mut tail = 0f32;
         for j in full..n {

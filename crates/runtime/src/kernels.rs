@@ -974,11 +974,10 @@ mod tests {
 
     #[test]
     fn field_dot_matches_the_plain_sum() {
-        // Word counts below, at and past the 16-word runs of the vector loops (a 3-byte word
-        // loop leaves its last word to the tail).
+        // Word counts below, at and past the vector loops' 16-word runs and their 8-word step.
         for (bits, n) in [1u8, 2, 3, 4, 6, 8]
             .into_iter()
-            .flat_map(|b| [1usize, 16, 17, 37, 64].map(|n| (b, n)))
+            .flat_map(|b| [1usize, 8, 16, 17, 24, 31, 37, 64].map(|n| (b, n)))
         {
             let (per, w) = (word_codes(bits), word_bytes(bits));
             let codes: Vec<u8> = (0..n * w).map(|i| (i * 97 + 13) as u8).collect();
@@ -1021,7 +1020,14 @@ mod tests {
                 unsafe { crate::avx2::affine_rows::<2>(&two, n * per, (n * per, 1), &mut out) };
                 // SAFETY: as above.
                 let one = unsafe { crate::avx2::affine_row(&row) } as f64;
-                for got in [one, out[0] as f64, out[1] as f64] {
+                // And the dispatched ones (AVX-512 where the CPU has it).
+                let mut out2 = [0f32; 2];
+                affine_rows(&two, n * per, 1, &mut out2);
+                let dispatched = [affine_row(&row), out2[0], out2[1]].map(f64::from);
+                for got in [one, out[0] as f64, out[1] as f64]
+                    .into_iter()
+                    .chain(dispatched)
+                {
                     assert!(
                         (got - want).abs() < 1e-3,
                         "avx2 {bits}, {n}: {got} vs {want}"
