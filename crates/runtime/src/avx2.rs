@@ -202,6 +202,23 @@ unsafe fn fields_pass<const B: u32, const W: usize>(
 /// The CPU must have AVX2 and FMA; the row's parts must be consistent (`kernels::AffineRow`).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
+    // SAFETY: the caller's (the field width picked once a row, not once a group).
+    unsafe {
+        match a.field_bits {
+            1 => row256::<1, 1>(a),
+            2 => row256::<2, 1>(a),
+            3 => row256::<3, 3>(a),
+            4 => row256::<4, 1>(a),
+            6 => row256::<6, 3>(a),
+            _ => row256::<8, 1>(a),
+        }
+    }
+}
+
+/// [`affine_row`] for `B`-bit fields in `W`-byte words.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row256<const B: u32, const W: usize>(a: &crate::kernels::AffineRow<'_>) -> f32 {
     let cols = a.xp.len();
     let sign = Signed::of(a);
     // Σ_j s_j·(Σ q·x)_j accumulated in a register (one horizontal sum per row, not per
@@ -210,19 +227,10 @@ pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
     let mut scalar = 0f32;
     for (j, &gs) in a.gsum.iter().enumerate() {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = a.group_codes(lo, hi);
+        let codes = &a.codes[lo / a.per * W..hi / a.per * W];
         let xs = &a.xp[lo..hi];
         // SAFETY: xs holds a group's permuted activation: per values a code word.
-        let d = unsafe {
-            match a.field_bits {
-                1 => fields_pass::<1, 1>(codes, xs, sign),
-                2 => fields_pass::<2, 1>(codes, xs, sign),
-                3 => fields_pass::<3, 3>(codes, xs, sign),
-                4 => fields_pass::<4, 1>(codes, xs, sign),
-                6 => fields_pass::<6, 3>(codes, xs, sign),
-                _ => fields_pass::<8, 1>(codes, xs, sign),
-            }
-        };
+        let d = unsafe { fields_pass::<B, W>(codes, xs, sign) };
         let si = j.min(a.scales.len() - 1);
         let s = a.scales[si];
         // The codes are signed in the vector loop (no cancellation against Σx); only the
@@ -246,25 +254,33 @@ pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
 /// The CPU must have AVX-512F and AVX-512BW; the row's parts must be consistent.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
 pub(crate) unsafe fn affine_row512(a: &crate::kernels::AffineRow<'_>) -> f32 {
+    // SAFETY: the caller's (the field width picked once a row, not once a group).
+    unsafe {
+        match a.field_bits {
+            1 => row512::<1, 1>(a),
+            2 => row512::<2, 1>(a),
+            3 => row512::<3, 3>(a),
+            4 => row512::<4, 1>(a),
+            6 => row512::<6, 3>(a),
+            _ => row512::<8, 1>(a),
+        }
+    }
+}
+
+/// [`affine_row512`] for `B`-bit fields in `W`-byte words.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+unsafe fn row512<const B: u32, const W: usize>(a: &crate::kernels::AffineRow<'_>) -> f32 {
     let cols = a.xp.len();
     let sign = Signed::of(a);
     let mut row = _mm512_setzero_ps();
     let mut scalar = 0f32;
     for (j, &gs) in a.gsum.iter().enumerate() {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = a.group_codes(lo, hi);
+        let codes = &a.codes[lo / a.per * W..hi / a.per * W];
         let xs = &a.xp[lo..hi];
         // SAFETY: xs holds a group's permuted activation: per values a code word.
-        let d = unsafe {
-            match a.field_bits {
-                1 => fields_pass512::<1, 1>(codes, xs, sign),
-                2 => fields_pass512::<2, 1>(codes, xs, sign),
-                3 => fields_pass512::<3, 3>(codes, xs, sign),
-                4 => fields_pass512::<4, 1>(codes, xs, sign),
-                6 => fields_pass512::<6, 3>(codes, xs, sign),
-                _ => fields_pass512::<8, 1>(codes, xs, sign),
-            }
-        };
+        let d = unsafe { fields_pass512::<B, W>(codes, xs, sign) };
         let si = j.min(a.scales.len() - 1);
         let s = a.scales[si];
         // The codes are signed in the vector loop (no cancellation against Σx); only the
@@ -292,7 +308,6 @@ unsafe fn fields_pass512<const B: u32, const W: usize>(
     let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
     let mut acc = [_mm512_setzero_ps(); 2];
     let full = n / 16 * 16;
-    let mut tail = 0f32;
     // SAFETY: as in fields_pass.
     unsafe {
         let mut i = 0;
@@ -307,6 +322,32 @@ unsafe fn fields_pass512<const B: u32, const W: usize>(
             i += 16;
         }
     }
+    let s = _mm512_add_ps(acc[0], acc[1]);
+    if full == n {
+        return s;
+    }
+    // SAFETY: as above.
+    _mm512_add_ps(s, unsafe { fields_rest512::<B, W>(codes, xp, full, sign) })
+}
+
+/// [`fields_pass512`]'s words from `full` on (fewer than 16): 8 in one vector step where there
+/// are, the rest one by one. Out of line: most groups have none, and inlined it slowed the
+/// 4-bit loop by a fifth.
+///
+/// # Safety
+/// As [`fields_pass512`].
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+unsafe fn fields_rest512<const B: u32, const W: usize>(
+    codes: &[u8],
+    xp: &[f32],
+    full: usize,
+    sign: Signed,
+) -> __m512 {
+    let per = 8 * W / B as usize;
+    let n = codes.len() / W;
+    let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
+    let mut acc = _mm512_setzero_ps();
     // SAFETY: words full..full + 8 lie in the codes; the upper lanes hold zero codes against
     // zero activations (a masked load reads 8 floats).
     let full = if n - full >= 8 {
@@ -316,13 +357,14 @@ unsafe fn fields_pass512<const B: u32, const W: usize>(
                 let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
                 let q = sign.apply512(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
                 let xs = _mm512_maskz_loadu_ps(0x00FF, xp.as_ptr().add(m * n + full));
-                acc[m & 1] = _mm512_fmadd_ps(q, xs, acc[m & 1]);
+                acc = _mm512_fmadd_ps(q, xs, acc);
             }
         }
         full + 8
     } else {
         full
     };
+    let mut tail = 0f32;
     for j in full..n {
         let c = crate::kernels::word_at::<W>(codes, j);
         for m in 0..per {
@@ -333,7 +375,7 @@ unsafe fn fields_pass512<const B: u32, const W: usize>(
     t[0] = tail;
     // SAFETY: t holds 16 floats.
     let t = unsafe { _mm512_loadu_ps(t.as_ptr()) };
-    _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), t)
+    _mm512_add_ps(acc, t)
 }
 
 /// [`affine_row`] for `M` activation rows at once: `out[m]` for the permuted activation
@@ -351,23 +393,36 @@ pub(crate) unsafe fn affine_rows<const M: usize>(
     (x_stride, g_stride): (usize, usize),
     out: &mut [f32],
 ) {
+    // SAFETY: the caller's (the field width picked once a row, not once a group).
+    unsafe {
+        match a.field_bits {
+            1 => rows256::<1, 1, M>(a, cols, (x_stride, g_stride), out),
+            2 => rows256::<2, 1, M>(a, cols, (x_stride, g_stride), out),
+            3 => rows256::<3, 3, M>(a, cols, (x_stride, g_stride), out),
+            4 => rows256::<4, 1, M>(a, cols, (x_stride, g_stride), out),
+            6 => rows256::<6, 3, M>(a, cols, (x_stride, g_stride), out),
+            _ => rows256::<8, 1, M>(a, cols, (x_stride, g_stride), out),
+        }
+    }
+}
+
+/// [`affine_rows`] for `B`-bit fields in `W`-byte words.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows256<const B: u32, const W: usize, const M: usize>(
+    a: &crate::kernels::AffineRow<'_>,
+    cols: usize,
+    (x_stride, g_stride): (usize, usize),
+    out: &mut [f32],
+) {
     let sign = Signed::of(a);
     let mut row = [_mm256_setzero_ps(); M];
     let mut scalar = [0f32; M];
     for j in 0..cols.div_ceil(a.glen.max(1)) {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = a.group_codes(lo, hi);
+        let codes = &a.codes[lo / a.per * W..hi / a.per * W];
         // SAFETY: the caller's bounds: every row's group holds per values a code word.
-        let d = unsafe {
-            match a.field_bits {
-                1 => fields_pass_rows::<1, 1, M>(codes, a.xp, lo, x_stride, sign),
-                2 => fields_pass_rows::<2, 1, M>(codes, a.xp, lo, x_stride, sign),
-                3 => fields_pass_rows::<3, 3, M>(codes, a.xp, lo, x_stride, sign),
-                4 => fields_pass_rows::<4, 1, M>(codes, a.xp, lo, x_stride, sign),
-                6 => fields_pass_rows::<6, 3, M>(codes, a.xp, lo, x_stride, sign),
-                _ => fields_pass_rows::<8, 1, M>(codes, a.xp, lo, x_stride, sign),
-            }
-        };
+        let d = unsafe { fields_pass_rows::<B, W, M>(codes, a.xp, lo, x_stride, sign) };
         let si = j.min(a.scales.len() - 1);
         let s = _mm256_set1_ps(a.scales[si]);
         for m in 0..M {
@@ -463,23 +518,36 @@ pub(crate) unsafe fn affine_rows512<const M: usize>(
     (x_stride, g_stride): (usize, usize),
     out: &mut [f32],
 ) {
+    // SAFETY: the caller's (the field width picked once a row, not once a group).
+    unsafe {
+        match a.field_bits {
+            1 => rows512::<1, 1, M>(a, cols, (x_stride, g_stride), out),
+            2 => rows512::<2, 1, M>(a, cols, (x_stride, g_stride), out),
+            3 => rows512::<3, 3, M>(a, cols, (x_stride, g_stride), out),
+            4 => rows512::<4, 1, M>(a, cols, (x_stride, g_stride), out),
+            6 => rows512::<6, 3, M>(a, cols, (x_stride, g_stride), out),
+            _ => rows512::<8, 1, M>(a, cols, (x_stride, g_stride), out),
+        }
+    }
+}
+
+/// [`affine_rows512`] for `B`-bit fields in `W`-byte words.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+unsafe fn rows512<const B: u32, const W: usize, const M: usize>(
+    a: &crate::kernels::AffineRow<'_>,
+    cols: usize,
+    (x_stride, g_stride): (usize, usize),
+    out: &mut [f32],
+) {
     let sign = Signed::of(a);
     let mut row = [_mm512_setzero_ps(); M];
     let mut scalar = [0f32; M];
     for j in 0..cols.div_ceil(a.glen.max(1)) {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = a.group_codes(lo, hi);
+        let codes = &a.codes[lo / a.per * W..hi / a.per * W];
         // SAFETY: as in affine_rows.
-        let d = unsafe {
-            match a.field_bits {
-                1 => fields_pass_rows512::<1, 1, M>(codes, a.xp, lo, x_stride, sign),
-                2 => fields_pass_rows512::<2, 1, M>(codes, a.xp, lo, x_stride, sign),
-                3 => fields_pass_rows512::<3, 3, M>(codes, a.xp, lo, x_stride, sign),
-                4 => fields_pass_rows512::<4, 1, M>(codes, a.xp, lo, x_stride, sign),
-                6 => fields_pass_rows512::<6, 3, M>(codes, a.xp, lo, x_stride, sign),
-                _ => fields_pass_rows512::<8, 1, M>(codes, a.xp, lo, x_stride, sign),
-            }
-        };
+        let d = unsafe { fields_pass_rows512::<B, W, M>(codes, a.xp, lo, x_stride, sign) };
         let si = j.min(a.scales.len() - 1);
         let s = _mm512_set1_ps(a.scales[si]);
         for m in 0..M {
