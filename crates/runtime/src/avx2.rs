@@ -61,32 +61,112 @@ impl Signed {
     }
 }
 
-/// Words `i..i + 16` of `W`-byte code words at `p`, each zero-extended into a 32-bit lane
-/// (words `i..i + 8` in the first register).
+/// `pshufb` controls that put 4 lane words of `l` bits (from the first of 16 loaded bytes,
+/// `adj` bytes into the load) each into a 32-bit lane: the bytes lane word `j` starts in and
+/// the ones its bits reach, the rest zero. A word that starts mid-byte is shifted into place
+/// by [`lane_shifts`].
+const fn lane_shuffle(l: usize, adj: usize) -> [i8; 16] {
+    let mut t = [-1i8; 16];
+    let mut j = 0;
+    while j < 4 {
+        let bit = l * j;
+        let need = (bit % 8 + l).div_ceil(8);
+        let mut k = 0;
+        while k < need {
+            t[4 * j + k] = (bit / 8 + adj + k) as i8;
+            k += 1;
+        }
+        j += 1;
+    }
+    t
+}
+
+/// The right shift of each of 8 lanes of [`lane_shuffle`]'s words (their start within a byte).
+const fn lane_shifts(l: usize) -> [i32; 8] {
+    let mut s = [0i32; 8];
+    let mut j = 0;
+    while j < 8 {
+        s[j] = ((l * (j % 4)) % 8) as i32;
+        j += 1;
+    }
+    s
+}
+
+/// The controls of [`lane_shuffle`] and [`lane_shifts`] for lane words of `L` bits, as
+/// constants (made literal vectors: loaded from an array in the loop, the 3-bit rows loop ran a
+/// fifth slower).
+struct Lanes<const L: usize>;
+
+impl<const L: usize> Lanes<L> {
+    const T0: [i8; 16] = lane_shuffle(L, 0);
+    const T1: [i8; 16] = lane_shuffle(L, 16 - L / 2);
+    const SHIFTS: [i32; 8] = lane_shifts(L);
+}
+
+/// A `pshufb` control from constant bytes (a literal vector: the constant is folded).
+#[inline(always)]
+fn control(t: [i8; 16]) -> __m128i {
+    // SAFETY: SSE2 is part of x86_64.
+    unsafe {
+        _mm_setr_epi8(
+            t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11], t[12], t[13],
+            t[14], t[15],
+        )
+    }
+}
+
+/// Four lane words from the 16 bytes at `p` through the shuffle `t`.
 ///
 /// # Safety
-/// AVX2; `p` must be readable for `16·W` bytes.
+/// AVX2; `p` readable for 16 bytes.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn words16<const W: usize>(p: *const u8) -> (__m256i, __m256i) {
+unsafe fn lanes4(p: *const u8, t: __m128i) -> __m128i {
+    // SAFETY: the caller's bounds.
+    unsafe { _mm_shuffle_epi8(_mm_loadu_si128(p as *const __m128i), t) }
+}
+
+/// Eight lane words (two registers' worth of [`lanes4`]) shifted into place.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn placed<const L: usize>(lo: __m128i, hi: __m128i) -> __m256i {
+    let v = _mm256_set_m128i(hi, lo);
+    if L.is_multiple_of(8) {
+        v
+    } else {
+        let s = Lanes::<L>::SHIFTS;
+        _mm256_srlv_epi32(
+            v,
+            _mm256_setr_epi32(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]),
+        )
+    }
+}
+
+/// Lane words `i..i + 16` of `L` bits at `p` (byte codes for `L = 8`; 8 codes of 3 bits or 4
+/// of 6 in 24; 4 codes of 5 bits in 20, of 7 in 28), each zero-extended into a 32-bit lane
+/// (words `i..i + 8` in the first register). The last 4 come from a load that ends at the
+/// 16th word, so nothing past `2·L` bytes is read.
+///
+/// # Safety
+/// AVX2; `p` must be readable for `16·L / 8` bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn words16<const L: usize>(p: *const u8) -> (__m256i, __m256i) {
     // SAFETY: the caller's bounds.
     unsafe {
-        if W == 1 {
+        if L == 8 {
             let c = _mm_loadu_si128(p as *const __m128i);
             (
                 _mm256_cvtepu8_epi32(c),
                 _mm256_cvtepu8_epi32(_mm_srli_si128(c, 8)),
             )
         } else {
-            // Four words from each 12 bytes: bytes 3k, 3k + 1, 3k + 2 of lane k, a zero on top
-            // (the last four from the top 12 bytes of a load at 32, so nothing past 48 is read).
-            let sh = _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
-            let top = _mm_setr_epi8(4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1);
-            let q0 = _mm_shuffle_epi8(_mm_loadu_si128(p as *const __m128i), sh);
-            let q1 = _mm_shuffle_epi8(_mm_loadu_si128(p.add(12) as *const __m128i), sh);
-            let q2 = _mm_shuffle_epi8(_mm_loadu_si128(p.add(24) as *const __m128i), sh);
-            let q3 = _mm_shuffle_epi8(_mm_loadu_si128(p.add(32) as *const __m128i), top);
-            (_mm256_set_m128i(q1, q0), _mm256_set_m128i(q3, q2))
+            let (t0, t1) = (control(Lanes::<L>::T0), control(Lanes::<L>::T1));
+            let q0 = lanes4(p, t0);
+            let q1 = lanes4(p.add(L / 2), t0);
+            let q2 = lanes4(p.add(L), t0);
+            let q3 = lanes4(p.add(2 * L - 16), t1);
+            (placed::<L>(q0, q1), placed::<L>(q2, q3))
         }
     }
 }
@@ -97,52 +177,49 @@ unsafe fn words16<const W: usize>(p: *const u8) -> (__m256i, __m256i) {
 /// As [`words16`], with AVX-512F.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-unsafe fn words16_512<const W: usize>(p: *const u8) -> __m512i {
+unsafe fn words16_512<const L: usize>(p: *const u8) -> __m512i {
     // SAFETY: the caller's bounds.
     unsafe {
-        if W == 1 {
+        if L == 8 {
             _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
         } else {
-            let (lo, hi) = words16::<W>(p);
+            let (lo, hi) = words16::<L>(p);
             _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
         }
     }
 }
 
-/// Words `i..i + 8` of `W`-byte code words at `p`, each zero-extended into a 32-bit lane: the
-/// 8 words a group's end leaves after the 16-word runs (a group of 64 3-bit codes is 8 words).
+/// Lane words `i..i + 8` of `L` bits at `p`, as [`words16`]: the 8 words a group's end leaves
+/// after the 16-word runs (a group of 64 3-bit codes is 8 words).
 ///
 /// # Safety
-/// AVX2; `p` must be readable for `8·W` bytes.
+/// AVX2; `p` must be readable for `8·L / 8` bytes.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn words8<const W: usize>(p: *const u8) -> __m256i {
+unsafe fn words8<const L: usize>(p: *const u8) -> __m256i {
     // SAFETY: the caller's bounds.
     unsafe {
-        if W == 1 {
+        if L == 8 {
             _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
         } else {
-            let sh = _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
-            let top = _mm_setr_epi8(4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1);
-            let q0 = _mm_shuffle_epi8(_mm_loadu_si128(p as *const __m128i), sh);
-            let q1 = _mm_shuffle_epi8(_mm_loadu_si128(p.add(8) as *const __m128i), top);
-            _mm256_set_m128i(q1, q0)
+            let (t0, t1) = (control(Lanes::<L>::T0), control(Lanes::<L>::T1));
+            placed::<L>(lanes4(p, t0), lanes4(p.add(L - 16), t1))
         }
     }
 }
 
-/// `Σ q·x` over every field of `B`-bit codes in `W`-byte words in one pass over the words
-/// (each 16 words are loaded once for all `8·W/B` fields); the lane sums are left in a
+/// `Σ q·x` over every field of `B`-bit codes in lane words of `L` bits in one pass over the
+/// words (each 16 words are loaded once for all `L/B` fields); the lane sums are left in a
 /// register.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn fields_pass<const B: u32, const W: usize>(
+unsafe fn fields_pass<const B: u32, const L: usize>(
     codes: &[u8],
     xp: &[f32],
     sign: Signed,
 ) -> __m256 {
-    let per = 8 * W / B as usize;
-    let n = codes.len() / W;
+    let per = L / B as usize;
+    let n = codes.len() * 8 / L;
     let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
     // Four chains of additions, so the FMA latency is hidden.
     let mut acc = [_mm256_setzero_ps(); 4];
@@ -153,7 +230,7 @@ unsafe fn fields_pass<const B: u32, const W: usize>(
     unsafe {
         let mut i = 0;
         while i < full {
-            let (lo, hi) = words16::<W>(codes.as_ptr().add(W * i));
+            let (lo, hi) = words16::<L>(codes.as_ptr().add(L * i / 8));
             for m in 0..per {
                 let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
                 let xs = xp.as_ptr().add(m * n + i);
@@ -169,7 +246,7 @@ unsafe fn fields_pass<const B: u32, const W: usize>(
     // SAFETY: words full..full + 8 lie in the codes.
     let full = if n - full >= 8 {
         unsafe {
-            let c = words8::<W>(codes.as_ptr().add(W * full));
+            let c = words8::<L>(codes.as_ptr().add(L * full / 8));
             for m in 0..per {
                 let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
                 let f = sign.apply256(_mm256_and_si256(_mm256_srl_epi32(c, shift), mask));
@@ -182,7 +259,7 @@ unsafe fn fields_pass<const B: u32, const W: usize>(
         full
     };
     for j in full..n {
-        let c = crate::kernels::word_at::<W>(codes, j);
+        let c = crate::kernels::word_at::<L>(codes, j);
         for m in 0..per {
             tail += sign.apply(((c >> (m as u32 * B)) & ((1u32 << B) - 1)) as u8) * xp[m * n + j];
         }
@@ -205,20 +282,22 @@ pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
     // SAFETY: the caller's (the field width picked once a row, not once a group).
     unsafe {
         match a.field_bits {
-            1 => row256::<1, 1>(a),
-            2 => row256::<2, 1>(a),
-            3 => row256::<3, 3>(a),
-            4 => row256::<4, 1>(a),
-            6 => row256::<6, 3>(a),
-            _ => row256::<8, 1>(a),
+            1 => row256::<1, 8>(a),
+            2 => row256::<2, 8>(a),
+            3 => row256::<3, 24>(a),
+            4 => row256::<4, 8>(a),
+            5 => row256::<5, 20>(a),
+            6 => row256::<6, 24>(a),
+            7 => row256::<7, 28>(a),
+            _ => row256::<8, 8>(a),
         }
     }
 }
 
-/// [`affine_row`] for `B`-bit fields in `W`-byte words.
+/// [`affine_row`] for `B`-bit fields in lane words of `L` bits.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn row256<const B: u32, const W: usize>(a: &crate::kernels::AffineRow<'_>) -> f32 {
+unsafe fn row256<const B: u32, const L: usize>(a: &crate::kernels::AffineRow<'_>) -> f32 {
     let cols = a.xp.len();
     let sign = Signed::of(a);
     // Σ_j s_j·(Σ q·x)_j accumulated in a register (one horizontal sum per row, not per
@@ -227,10 +306,10 @@ unsafe fn row256<const B: u32, const W: usize>(a: &crate::kernels::AffineRow<'_>
     let mut scalar = 0f32;
     for (j, &gs) in a.gsum.iter().enumerate() {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = &a.codes[lo / a.per * W..hi / a.per * W];
+        let codes = &a.codes[lo * B as usize / 8..hi * B as usize / 8];
         let xs = &a.xp[lo..hi];
         // SAFETY: xs holds a group's permuted activation: per values a code word.
-        let d = unsafe { fields_pass::<B, W>(codes, xs, sign) };
+        let d = unsafe { fields_pass::<B, L>(codes, xs, sign) };
         let si = j.min(a.scales.len() - 1);
         let s = a.scales[si];
         // The codes are signed in the vector loop (no cancellation against Σx); only the
@@ -257,30 +336,32 @@ pub(crate) unsafe fn affine_row512(a: &crate::kernels::AffineRow<'_>) -> f32 {
     // SAFETY: the caller's (the field width picked once a row, not once a group).
     unsafe {
         match a.field_bits {
-            1 => row512::<1, 1>(a),
-            2 => row512::<2, 1>(a),
-            3 => row512::<3, 3>(a),
-            4 => row512::<4, 1>(a),
-            6 => row512::<6, 3>(a),
-            _ => row512::<8, 1>(a),
+            1 => row512::<1, 8>(a),
+            2 => row512::<2, 8>(a),
+            3 => row512::<3, 24>(a),
+            4 => row512::<4, 8>(a),
+            5 => row512::<5, 20>(a),
+            6 => row512::<6, 24>(a),
+            7 => row512::<7, 28>(a),
+            _ => row512::<8, 8>(a),
         }
     }
 }
 
-/// [`affine_row512`] for `B`-bit fields in `W`-byte words.
+/// [`affine_row512`] for `B`-bit fields in lane words of `L` bits.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-unsafe fn row512<const B: u32, const W: usize>(a: &crate::kernels::AffineRow<'_>) -> f32 {
+unsafe fn row512<const B: u32, const L: usize>(a: &crate::kernels::AffineRow<'_>) -> f32 {
     let cols = a.xp.len();
     let sign = Signed::of(a);
     let mut row = _mm512_setzero_ps();
     let mut scalar = 0f32;
     for (j, &gs) in a.gsum.iter().enumerate() {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = &a.codes[lo / a.per * W..hi / a.per * W];
+        let codes = &a.codes[lo * B as usize / 8..hi * B as usize / 8];
         let xs = &a.xp[lo..hi];
         // SAFETY: xs holds a group's permuted activation: per values a code word.
-        let d = unsafe { fields_pass512::<B, W>(codes, xs, sign) };
+        let d = unsafe { fields_pass512::<B, L>(codes, xs, sign) };
         let si = j.min(a.scales.len() - 1);
         let s = a.scales[si];
         // The codes are signed in the vector loop (no cancellation against Σx); only the
@@ -298,13 +379,13 @@ unsafe fn row512<const B: u32, const W: usize>(a: &crate::kernels::AffineRow<'_>
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-unsafe fn fields_pass512<const B: u32, const W: usize>(
+unsafe fn fields_pass512<const B: u32, const L: usize>(
     codes: &[u8],
     xp: &[f32],
     sign: Signed,
 ) -> __m512 {
-    let per = 8 * W / B as usize;
-    let n = codes.len() / W;
+    let per = L / B as usize;
+    let n = codes.len() * 8 / L;
     let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
     let mut acc = [_mm512_setzero_ps(); 2];
     let full = n / 16 * 16;
@@ -312,7 +393,7 @@ unsafe fn fields_pass512<const B: u32, const W: usize>(
     unsafe {
         let mut i = 0;
         while i < full {
-            let c = words16_512::<W>(codes.as_ptr().add(W * i));
+            let c = words16_512::<L>(codes.as_ptr().add(L * i / 8));
             for m in 0..per {
                 let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
                 let q = sign.apply512(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
@@ -327,7 +408,7 @@ unsafe fn fields_pass512<const B: u32, const W: usize>(
         return s;
     }
     // SAFETY: as above.
-    _mm512_add_ps(s, unsafe { fields_rest512::<B, W>(codes, xp, full, sign) })
+    _mm512_add_ps(s, unsafe { fields_rest512::<B, L>(codes, xp, full, sign) })
 }
 
 /// [`fields_pass512`]'s words from `full` on (fewer than 16): 8 in one vector step where there
@@ -338,21 +419,21 @@ unsafe fn fields_pass512<const B: u32, const W: usize>(
 /// As [`fields_pass512`].
 #[inline(never)]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-unsafe fn fields_rest512<const B: u32, const W: usize>(
+unsafe fn fields_rest512<const B: u32, const L: usize>(
     codes: &[u8],
     xp: &[f32],
     full: usize,
     sign: Signed,
 ) -> __m512 {
-    let per = 8 * W / B as usize;
-    let n = codes.len() / W;
+    let per = L / B as usize;
+    let n = codes.len() * 8 / L;
     let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
     let mut acc = _mm512_setzero_ps();
     // SAFETY: words full..full + 8 lie in the codes; the upper lanes hold zero codes against
     // zero activations (a masked load reads 8 floats).
     let full = if n - full >= 8 {
         unsafe {
-            let c = _mm512_zextsi256_si512(words8::<W>(codes.as_ptr().add(W * full)));
+            let c = _mm512_zextsi256_si512(words8::<L>(codes.as_ptr().add(L * full / 8)));
             for m in 0..per {
                 let shift = _mm_cvtsi32_si128((m as u32 * B) as i32);
                 let q = sign.apply512(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
@@ -366,7 +447,7 @@ unsafe fn fields_rest512<const B: u32, const W: usize>(
     };
     let mut tail = 0f32;
     for j in full..n {
-        let c = crate::kernels::word_at::<W>(codes, j);
+        let c = crate::kernels::word_at::<L>(codes, j);
         for m in 0..per {
             tail += sign.apply(((c >> (m as u32 * B)) & ((1u32 << B) - 1)) as u8) * xp[m * n + j];
         }
@@ -396,20 +477,22 @@ pub(crate) unsafe fn affine_rows<const M: usize>(
     // SAFETY: the caller's (the field width picked once a row, not once a group).
     unsafe {
         match a.field_bits {
-            1 => rows256::<1, 1, M>(a, cols, (x_stride, g_stride), out),
-            2 => rows256::<2, 1, M>(a, cols, (x_stride, g_stride), out),
-            3 => rows256::<3, 3, M>(a, cols, (x_stride, g_stride), out),
-            4 => rows256::<4, 1, M>(a, cols, (x_stride, g_stride), out),
-            6 => rows256::<6, 3, M>(a, cols, (x_stride, g_stride), out),
-            _ => rows256::<8, 1, M>(a, cols, (x_stride, g_stride), out),
+            1 => rows256::<1, 8, M>(a, cols, (x_stride, g_stride), out),
+            2 => rows256::<2, 8, M>(a, cols, (x_stride, g_stride), out),
+            3 => rows256::<3, 24, M>(a, cols, (x_stride, g_stride), out),
+            4 => rows256::<4, 8, M>(a, cols, (x_stride, g_stride), out),
+            5 => rows256::<5, 20, M>(a, cols, (x_stride, g_stride), out),
+            6 => rows256::<6, 24, M>(a, cols, (x_stride, g_stride), out),
+            7 => rows256::<7, 28, M>(a, cols, (x_stride, g_stride), out),
+            _ => rows256::<8, 8, M>(a, cols, (x_stride, g_stride), out),
         }
     }
 }
 
-/// [`affine_rows`] for `B`-bit fields in `W`-byte words.
+/// [`affine_rows`] for `B`-bit fields in lane words of `L` bits.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows256<const B: u32, const W: usize, const M: usize>(
+unsafe fn rows256<const B: u32, const L: usize, const M: usize>(
     a: &crate::kernels::AffineRow<'_>,
     cols: usize,
     (x_stride, g_stride): (usize, usize),
@@ -420,9 +503,9 @@ unsafe fn rows256<const B: u32, const W: usize, const M: usize>(
     let mut scalar = [0f32; M];
     for j in 0..cols.div_ceil(a.glen.max(1)) {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = &a.codes[lo / a.per * W..hi / a.per * W];
+        let codes = &a.codes[lo * B as usize / 8..hi * B as usize / 8];
         // SAFETY: the caller's bounds: every row's group holds per values a code word.
-        let d = unsafe { fields_pass_rows::<B, W, M>(codes, a.xp, lo, x_stride, sign) };
+        let d = unsafe { fields_pass_rows::<B, L, M>(codes, a.xp, lo, x_stride, sign) };
         let si = j.min(a.scales.len() - 1);
         let s = _mm256_set1_ps(a.scales[si]);
         for m in 0..M {
@@ -441,15 +524,15 @@ unsafe fn rows256<const B: u32, const W: usize, const M: usize>(
 /// loaded and each field unpacked once, two accumulators a row.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn fields_pass_rows<const B: u32, const W: usize, const M: usize>(
+unsafe fn fields_pass_rows<const B: u32, const L: usize, const M: usize>(
     codes: &[u8],
     xp: &[f32],
     lo: usize,
     stride: usize,
     sign: Signed,
 ) -> [__m256; M] {
-    let per = 8 * W / B as usize;
-    let n = codes.len() / W;
+    let per = L / B as usize;
+    let n = codes.len() * 8 / L;
     let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
     let mut acc = [[_mm256_setzero_ps(); 2]; M];
     let full = n / 16 * 16;
@@ -458,7 +541,7 @@ unsafe fn fields_pass_rows<const B: u32, const W: usize, const M: usize>(
     unsafe {
         let mut i = 0;
         while i < full {
-            let (c_lo, c_hi) = words16::<W>(codes.as_ptr().add(W * i));
+            let (c_lo, c_hi) = words16::<L>(codes.as_ptr().add(L * i / 8));
             for k in 0..per {
                 let shift = _mm_cvtsi32_si128((k as u32 * B) as i32);
                 let fl = sign.apply256(_mm256_and_si256(_mm256_srl_epi32(c_lo, shift), mask));
@@ -475,7 +558,7 @@ unsafe fn fields_pass_rows<const B: u32, const W: usize, const M: usize>(
     // SAFETY: words full..full + 8 lie in the codes; xp as above.
     let full = if n - full >= 8 {
         unsafe {
-            let c = words8::<W>(codes.as_ptr().add(W * full));
+            let c = words8::<L>(codes.as_ptr().add(L * full / 8));
             for k in 0..per {
                 let shift = _mm_cvtsi32_si128((k as u32 * B) as i32);
                 let f = sign.apply256(_mm256_and_si256(_mm256_srl_epi32(c, shift), mask));
@@ -493,7 +576,7 @@ unsafe fn fields_pass_rows<const B: u32, const W: usize, const M: usize>(
     for (m, (dm, a)) in d.iter_mut().zip(&acc).enumerate() {
         let mut tail = 0f32;
         for j in full..n {
-            let c = crate::kernels::word_at::<W>(codes, j);
+            let c = crate::kernels::word_at::<L>(codes, j);
             for k in 0..per {
                 let q = ((c >> (k as u32 * B)) & ((1u32 << B) - 1)) as u8;
                 tail += sign.apply(q) * xp[m * stride + lo + k * n + j];
@@ -521,20 +604,22 @@ pub(crate) unsafe fn affine_rows512<const M: usize>(
     // SAFETY: the caller's (the field width picked once a row, not once a group).
     unsafe {
         match a.field_bits {
-            1 => rows512::<1, 1, M>(a, cols, (x_stride, g_stride), out),
-            2 => rows512::<2, 1, M>(a, cols, (x_stride, g_stride), out),
-            3 => rows512::<3, 3, M>(a, cols, (x_stride, g_stride), out),
-            4 => rows512::<4, 1, M>(a, cols, (x_stride, g_stride), out),
-            6 => rows512::<6, 3, M>(a, cols, (x_stride, g_stride), out),
-            _ => rows512::<8, 1, M>(a, cols, (x_stride, g_stride), out),
+            1 => rows512::<1, 8, M>(a, cols, (x_stride, g_stride), out),
+            2 => rows512::<2, 8, M>(a, cols, (x_stride, g_stride), out),
+            3 => rows512::<3, 24, M>(a, cols, (x_stride, g_stride), out),
+            4 => rows512::<4, 8, M>(a, cols, (x_stride, g_stride), out),
+            5 => rows512::<5, 20, M>(a, cols, (x_stride, g_stride), out),
+            6 => rows512::<6, 24, M>(a, cols, (x_stride, g_stride), out),
+            7 => rows512::<7, 28, M>(a, cols, (x_stride, g_stride), out),
+            _ => rows512::<8, 8, M>(a, cols, (x_stride, g_stride), out),
         }
     }
 }
 
-/// [`affine_rows512`] for `B`-bit fields in `W`-byte words.
+/// [`affine_rows512`] for `B`-bit fields in lane words of `L` bits.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-unsafe fn rows512<const B: u32, const W: usize, const M: usize>(
+unsafe fn rows512<const B: u32, const L: usize, const M: usize>(
     a: &crate::kernels::AffineRow<'_>,
     cols: usize,
     (x_stride, g_stride): (usize, usize),
@@ -545,9 +630,9 @@ unsafe fn rows512<const B: u32, const W: usize, const M: usize>(
     let mut scalar = [0f32; M];
     for j in 0..cols.div_ceil(a.glen.max(1)) {
         let (lo, hi) = (j * a.glen, ((j + 1) * a.glen).min(cols));
-        let codes = &a.codes[lo / a.per * W..hi / a.per * W];
+        let codes = &a.codes[lo * B as usize / 8..hi * B as usize / 8];
         // SAFETY: as in affine_rows.
-        let d = unsafe { fields_pass_rows512::<B, W, M>(codes, a.xp, lo, x_stride, sign) };
+        let d = unsafe { fields_pass_rows512::<B, L, M>(codes, a.xp, lo, x_stride, sign) };
         let si = j.min(a.scales.len() - 1);
         let s = _mm512_set1_ps(a.scales[si]);
         for m in 0..M {
@@ -564,15 +649,15 @@ unsafe fn rows512<const B: u32, const W: usize, const M: usize>(
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-unsafe fn fields_pass_rows512<const B: u32, const W: usize, const M: usize>(
+unsafe fn fields_pass_rows512<const B: u32, const L: usize, const M: usize>(
     codes: &[u8],
     xp: &[f32],
     lo: usize,
     stride: usize,
     sign: Signed,
 ) -> [__m512; M] {
-    let per = 8 * W / B as usize;
-    let n = codes.len() / W;
+    let per = L / B as usize;
+    let n = codes.len() * 8 / L;
     let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
     let mut acc = [_mm512_setzero_ps(); M];
     let full = n / 16 * 16;
@@ -580,7 +665,7 @@ unsafe fn fields_pass_rows512<const B: u32, const W: usize, const M: usize>(
     unsafe {
         let mut i = 0;
         while i < full {
-            let c = words16_512::<W>(codes.as_ptr().add(W * i));
+            let c = words16_512::<L>(codes.as_ptr().add(L * i / 8));
             for k in 0..per {
                 let shift = _mm_cvtsi32_si128((k as u32 * B) as i32);
                 let q = sign.apply512(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
@@ -592,10 +677,35 @@ unsafe fn fields_pass_rows512<const B: u32, const W: usize, const M: usize>(
             i += 16;
         }
     }
+    if full < n {
+        // SAFETY: as above.
+        unsafe { rows_rest512::<B, L, M>(codes, xp, (lo, stride), full, sign, &mut acc) };
+    }
+    acc
+}
+
+/// [`fields_pass_rows512`]'s words from `full` on (fewer than 16), out of line as
+/// [`fields_rest512`].
+///
+/// # Safety
+/// As [`fields_pass_rows512`].
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+unsafe fn rows_rest512<const B: u32, const L: usize, const M: usize>(
+    codes: &[u8],
+    xp: &[f32],
+    (lo, stride): (usize, usize),
+    full: usize,
+    sign: Signed,
+    acc: &mut [__m512; M],
+) {
+    let per = L / B as usize;
+    let n = codes.len() * 8 / L;
+    let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
     // SAFETY: as in fields_pass512.
     let full = if n - full >= 8 {
         unsafe {
-            let c = _mm512_zextsi256_si512(words8::<W>(codes.as_ptr().add(W * full)));
+            let c = _mm512_zextsi256_si512(words8::<L>(codes.as_ptr().add(L * full / 8)));
             for k in 0..per {
                 let shift = _mm_cvtsi32_si128((k as u32 * B) as i32);
                 let q = sign.apply512(_mm512_and_si512(_mm512_srl_epi32(c, shift), mask));
@@ -615,7 +725,7 @@ unsafe fn fields_pass_rows512<const B: u32, const W: usize, const M: usize>(
     for (m, a) in acc.iter_mut().enumerate() {
         let mut tail = 0f32;
         for j in full..n {
-            let c = crate::kernels::word_at::<W>(codes, j);
+            let c = crate::kernels::word_at::<L>(codes, j);
             for k in 0..per {
                 let q = ((c >> (k as u32 * B)) & ((1u32 << B) - 1)) as u8;
                 tail += sign.apply(q) * xp[m * stride + lo + k * n + j];
@@ -626,7 +736,6 @@ unsafe fn fields_pass_rows512<const B: u32, const W: usize, const M: usize>(
         // SAFETY: t holds 16 floats.
         *a = _mm512_add_ps(*a, unsafe { _mm512_loadu_ps(t.as_ptr()) });
     }
-    acc
 }
 
 #[inline]

@@ -67,48 +67,64 @@ multiversion! {
     }
 }
 
-/// Bytes of one code word on the fused affine paths: a byte holds `8/bits` codes of 1, 2, 4 or
-/// 8 bits, and three bytes hold 8 codes of 3 bits or 4 of 6 (one 32-bit lane unpacks a word);
-/// 0 for the widths without a fused form (5 and 7 bits: their words would not fit a lane).
-pub(crate) const fn word_bytes(bits: u8) -> usize {
+/// Bits of one lane word on the fused affine paths, the codes a 32-bit lane unpacks at once: a
+/// byte of `8/bits` codes for 1, 2, 4 and 8 bits; 24 bits (8 codes of 3 bits, 4 of 6); 20 (4
+/// codes of 5 bits) and 28 (4 of 7), every other such word starting mid-byte. 0 for no width.
+pub(crate) const fn lane_bits(bits: u8) -> usize {
     match bits {
-        1 | 2 | 4 | 8 => 1,
-        3 | 6 => 3,
+        1 | 2 | 4 | 8 => 8,
+        3 | 6 => 24,
+        5 => 20,
+        7 => 28,
         _ => 0,
     }
 }
 
-/// Codes per word of [`word_bytes`] (0 without a fused form).
+/// Codes per lane word of [`lane_bits`] (0 without a fused form).
 pub(crate) const fn word_codes(bits: u8) -> usize {
-    match word_bytes(bits) {
+    match lane_bits(bits) {
         0 => 0,
-        w => 8 * w / bits as usize,
+        l => l / bits as usize,
     }
 }
 
-/// Word `i` of `W`-byte code words (LSB-first), zero-extended.
+/// Whether rows of `cols` affine codes of `bits` bits in groups of `glen` run on the fused
+/// loops: every group (and row) whole lane words, starting on a byte.
+pub(crate) fn fused_shape(bits: u8, cols: usize, glen: usize) -> bool {
+    let per = word_codes(bits);
+    let bytes = |n: usize| (n * bits as usize).is_multiple_of(8);
+    per > 0 && cols.is_multiple_of(per) && glen.is_multiple_of(per) && bytes(cols) && bytes(glen)
+}
+
+/// Lane word `i` of `L`-bit lane words (LSB-first) in its low bits (those above `L` are the
+/// next word's or zero).
 #[inline(always)]
-pub(crate) fn word_at<const W: usize>(codes: &[u8], i: usize) -> u32 {
-    if W == 1 {
+pub(crate) fn word_at<const L: usize>(codes: &[u8], i: usize) -> u32 {
+    if L == 8 {
         u32::from(codes[i])
     } else {
-        let b = &codes[W * i..W * i + 3];
-        u32::from_le_bytes([b[0], b[1], b[2], 0])
+        let bit = L * i;
+        let (b, s) = (bit / 8, bit % 8);
+        let mut v = 0u32;
+        for k in 0..(s + L).div_ceil(8) {
+            v |= u32::from(codes[b + k]) << (8 * k);
+        }
+        v >> s
     }
 }
 
-/// `Σ q·x` for `B`-bit codes packed LSB-first in `W`-byte words ([`word_bytes`]), `8·W/B` per
-/// word, against `xp`, the activation permuted so that the `m`-th field of every word meets a
-/// contiguous run: `xp[m·n + i]` is the value under field `m` of word `i` (`n` words).
+/// `Σ q·x` for `B`-bit codes packed LSB-first in lane words of `L` bits ([`lane_bits`]), `L/B`
+/// per word, against `xp`, the activation permuted so that the `m`-th field of every word meets
+/// a contiguous run: `xp[m·n + i]` is the value under field `m` of word `i` (`n` words).
 #[inline(always)]
-fn dot_fields<const B: u32, const W: usize>(codes: &[u8], xp: &[f32]) -> f32 {
-    let per = 8 * W / B as usize;
-    let n = codes.len() / W;
+fn dot_fields<const B: u32, const L: usize>(codes: &[u8], xp: &[f32]) -> f32 {
+    let per = L / B as usize;
+    let n = codes.len() * 8 / L;
     let mask = (1u32 << B) - 1;
     // Two registers of accumulators: an add's latency is hidden behind the other's.
     let (mut a0, mut a1) = ([0f32; LANES], [0f32; LANES]);
     let mut tail = 0f32;
-    if W == 1 {
+    if L == 8 {
         let mask = mask as u8;
         for m in 0..per {
             let xs = &xp[m * n..(m + 1) * n];
@@ -127,12 +143,12 @@ fn dot_fields<const B: u32, const W: usize>(codes: &[u8], xp: &[f32]) -> f32 {
         }
         return hsum(a0) + hsum(a1) + tail;
     }
-    // 3-byte words: runs of 2·LANES, each word widened to a u32 once for all its fields.
+    // Wider lane words: runs of 2·LANES, each word gathered into a u32 once for all its fields.
     let full = n / (2 * LANES) * (2 * LANES);
     let mut w = [0u32; 2 * LANES];
     for i0 in (0..full).step_by(2 * LANES) {
         for (l, v) in w.iter_mut().enumerate() {
-            *v = word_at::<W>(codes, i0 + l);
+            *v = word_at::<L>(codes, i0 + l);
         }
         for m in 0..per {
             let x = &xp[m * n + i0..m * n + i0 + 2 * LANES];
@@ -144,7 +160,7 @@ fn dot_fields<const B: u32, const W: usize>(codes: &[u8], xp: &[f32]) -> f32 {
         }
     }
     for i in full..n {
-        let c = word_at::<W>(codes, i);
+        let c = word_at::<L>(codes, i);
         for m in 0..per {
             tail += ((c >> (m as u32 * B)) & mask) as f32 * xp[m * n + i];
         }
@@ -155,12 +171,14 @@ fn dot_fields<const B: u32, const W: usize>(codes: &[u8], xp: &[f32]) -> f32 {
 /// [`dot_fields`] for a row's field width: its codes' bits on the fused path, 8 on bytes.
 fn dot_fields_of(bits: u8, codes: &[u8], xs: &[f32]) -> f32 {
     match bits {
-        1 => dot_fields::<1, 1>(codes, xs),
-        2 => dot_fields::<2, 1>(codes, xs),
-        3 => dot_fields::<3, 3>(codes, xs),
-        4 => dot_fields::<4, 1>(codes, xs),
-        6 => dot_fields::<6, 3>(codes, xs),
-        _ => dot_fields::<8, 1>(codes, xs),
+        1 => dot_fields::<1, 8>(codes, xs),
+        2 => dot_fields::<2, 8>(codes, xs),
+        3 => dot_fields::<3, 24>(codes, xs),
+        4 => dot_fields::<4, 8>(codes, xs),
+        5 => dot_fields::<5, 20>(codes, xs),
+        6 => dot_fields::<6, 24>(codes, xs),
+        7 => dot_fields::<7, 28>(codes, xs),
+        _ => dot_fields::<8, 8>(codes, xs),
     }
 }
 
@@ -169,7 +187,7 @@ fn dot_fields_of(bits: u8, codes: &[u8], xs: &[f32]) -> f32 {
 pub(crate) struct AffineRow<'r> {
     /// Bits of the dot product's fields (the codes' bits, or 8 when unpacked to bytes).
     pub(crate) field_bits: u8,
-    /// Values per code word ([`word_codes`]; 1 when unpacked).
+    /// Values per lane word ([`word_codes`]; 1 when unpacked).
     pub(crate) per: usize,
     /// Values per group and groups per row.
     pub(crate) glen: usize,
@@ -191,8 +209,8 @@ impl AffineRow<'_> {
     /// The codes of columns `lo..hi` (a group: whole words).
     #[inline(always)]
     pub(crate) fn group_codes(&self, lo: usize, hi: usize) -> &[u8] {
-        let w = word_bytes(self.field_bits);
-        &self.codes[lo / self.per * w..hi / self.per * w]
+        let b = self.field_bits as usize;
+        &self.codes[lo * b / 8..hi * b / 8]
     }
 }
 
@@ -225,10 +243,11 @@ fn affine_row_f64(a: &AffineRow<'_>) -> f32 {
         let n = (hi - lo) / a.per;
         let mut d = 0f64;
         for i in 0..n {
-            let c = if word_bytes(a.field_bits) == 3 {
-                word_at::<3>(codes, i)
-            } else {
-                word_at::<1>(codes, i)
+            let c = match lane_bits(a.field_bits) {
+                20 => word_at::<20>(codes, i),
+                24 => word_at::<24>(codes, i),
+                28 => word_at::<28>(codes, i),
+                _ => word_at::<8>(codes, i),
             };
             for m in 0..a.per {
                 let q = (c >> (m as u32 * bits)) & mask;
@@ -887,14 +906,14 @@ mod tests {
             assert!(
                 (a - b).abs() <= 1e-4 * x.iter().zip(&y).map(|(p, q)| (p * q).abs()).sum::<f32>()
             );
-            for bits in [1u8, 2, 3, 4, 6, 8] {
+            for bits in 1..=8u8 {
                 let per = word_codes(bits);
-                let glen = 128.min(cols / per * per).max(per);
+                let glen = 128.min(cols / 8 * 8).max(8);
                 let cols = cols / glen * glen;
                 if cols == 0 {
                     continue;
                 }
-                let codes: Vec<u8> = (0..cols / per * word_bytes(bits))
+                let codes: Vec<u8> = (0..cols * bits as usize / 8)
                     .map(|i| (i * 37 + 11) as u8)
                     .collect();
                 let gpr = cols / glen;
@@ -975,20 +994,28 @@ mod tests {
     #[test]
     fn field_dot_matches_the_plain_sum() {
         // Word counts below, at and past the vector loops' 16-word runs and their 8-word step.
-        for (bits, n) in [1u8, 2, 3, 4, 6, 8]
-            .into_iter()
-            .flat_map(|b| [1usize, 8, 16, 17, 24, 31, 37, 64].map(|n| (b, n)))
+        for (bits, n) in (1..=8u8).flat_map(|b| [1usize, 8, 16, 17, 24, 31, 37, 64].map(|n| (b, n)))
         {
-            let (per, w) = (word_codes(bits), word_bytes(bits));
-            let codes: Vec<u8> = (0..n * w).map(|i| (i * 97 + 13) as u8).collect();
+            let per = word_codes(bits);
+            // (a group of 5- or 7-bit lane words starts and ends on a byte: an even count)
+            let n = if lane_bits(bits).is_multiple_of(8) {
+                n
+            } else {
+                n + n % 2
+            };
+            let codes: Vec<u8> = (0..n * per * bits as usize / 8)
+                .map(|i| (i * 97 + 13) as u8)
+                .collect();
             let x: Vec<f32> = (0..n * per).map(|i| (i as f32 * 0.37).sin()).collect();
             let mut xp = vec![0f32; n * per];
             let mut want = 0f64;
             for i in 0..n {
-                // The word's bits, LSB-first across its bytes.
-                let word = (0..w).fold(0u32, |v, k| v | (codes[w * i + k] as u32) << (8 * k));
                 for m in 0..per {
-                    let q = (word >> (m * bits as usize)) & ((1u32 << bits) - 1);
+                    // Code i·per + m: its bits, LSB-first across the bytes.
+                    let bit = (i * per + m) * bits as usize;
+                    let q = (0..bits as usize).fold(0u32, |v, k| {
+                        v | ((codes[(bit + k) / 8] as u32 >> ((bit + k) % 8)) & 1) << k
+                    });
                     xp[m * n + i] = x[i * per + m];
                     want += q as f64 * x[i * per + m] as f64;
                 }

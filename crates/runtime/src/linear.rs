@@ -84,13 +84,13 @@ impl LoadOptions {
 pub enum Path {
     /// Stored floats dotted as they are.
     Dense,
-    /// Affine codes of 1, 2, 3, 4, 6 or 8 bits dotted in groups without unpacking them.
+    /// Affine codes dotted in groups without unpacking them (every width; groups and rows of
+    /// whole lane words that start on a byte).
     AffineFused {
         /// Bits per code.
         bits: u8,
     },
-    /// Affine codes unpacked a row at a time (5 and 7 bits, or rows and groups that are not
-    /// whole code words).
+    /// Affine codes unpacked a row at a time (rows or groups that are not whole lane words).
     AffineUnpacked {
         /// Bits per code.
         bits: u8,
@@ -925,11 +925,10 @@ impl Op {
                     Group::Size(g) => (g as usize).min(cols).max(1),
                     Group::Row | Group::Tensor => cols.max(1),
                 };
-                let per = kernels::word_codes(params.bits);
                 Kind::Affine {
                     glen,
                     gpr: cols.div_ceil(glen),
-                    fused: per > 0 && cols.is_multiple_of(per) && glen.is_multiple_of(per),
+                    fused: kernels::fused_shape(params.bits, cols, glen),
                 }
             }
             Parts::Lattice(l) => match l.symbols {

@@ -74,6 +74,8 @@ fn zoo(cols: u64) -> Vec<(Encoding, Option<Path>)> {
         (3, Group::Row, true, FloatDtype::F16),
         (6, Group::Size(32), true, FloatDtype::F16),
         (5, Group::Size(64), false, FloatDtype::F16),
+        (5, Group::Size(12), true, FloatDtype::F16),
+        (7, Group::Size(40), false, FloatDtype::Bf16),
         (6, Group::Row, false, FloatDtype::F16),
         (7, Group::Tensor, true, FloatDtype::F32),
     ] {
@@ -383,16 +385,19 @@ fn each_encoding_takes_its_fast_path() {
                 let Encoding::Affine { bits, group, .. } = t.encoding else {
                     panic!()
                 };
-                // Fused where a group is whole code words: 8 codes of 3 bits, 4 of 6, 8/bits.
+                // Fused where a group is whole lane words (8 codes of 3 bits, 4 of 5, 6 or 7,
+                // 8/bits of the others) that start on a byte.
                 let per = match bits {
                     3 => 8,
-                    6 => 4,
-                    1 | 2 | 4 | 8 => 8 / bits as u64,
-                    _ => 0,
+                    5..=7 => 4,
+                    _ => 8 / bits as u64,
                 };
                 let whole = match group {
-                    Group::Size(g) => per > 0 && (g as u64).min(shape[1]).is_multiple_of(per),
-                    _ => per > 0,
+                    Group::Size(g) => {
+                        let g = (g as u64).min(shape[1]);
+                        g.is_multiple_of(per) && (g * bits as u64).is_multiple_of(8)
+                    }
+                    _ => true,
                 };
                 let expect = if whole {
                     Path::AffineFused { bits }
