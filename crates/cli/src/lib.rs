@@ -2,8 +2,8 @@
 //!
 //! A thin front end over `hypercodec-pipeline`: it parses arguments into the pipeline's
 //! option structs, draws a progress bar on the pipeline's progress callback, prints, and
-//! maps every error to exit code 1 (2 for arguments clap rejects, 130 for a run a signal
-//! cancelled). The binary is
+//! maps every error to exit code 1 (2 for arguments clap rejects, 128 + the signal's number for
+//! a run a signal cancelled: 130 for Ctrl-C). The binary is
 //! [`main_with_args`] over the process's arguments; the Python wheel's `python -m hypercodec`
 //! calls the same function, so both front ends are one command line.
 
@@ -645,10 +645,48 @@ fn demo(dir: &Path, shape: &str) -> Result<()> {
     })
 }
 
+/// The number of the signal that set the cancel flag (0: none).
+static SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// The exit code of a run a signal (or a cancel flag) stopped: 128 + the signal's number, as a
+/// shell reports a process that signal ended (130 for Ctrl-C, 143 for SIGTERM, 129 for
+/// SIGHUP); 130 where no signal is known.
+fn cancelled_exit_code() -> u8 {
+    match SIGNAL.load(std::sync::atomic::Ordering::SeqCst) {
+        s @ 1..=127 => (128 + s) as u8,
+        _ => 130,
+    }
+}
+
 /// Ctrl-C, SIGTERM and SIGHUP set the cancel flag: the running step stops at its next tensor
 /// and the partial archive or safetensors file (a temporary beside the output) is removed as
-/// the writer drops. A second signal removes the temporary files and exits at once (exit
-/// code 130).
+/// the writer drops; the run exits with 128 + the signal's number. A second signal removes the
+/// temporary files and exits at once (with 128 + its number).
+#[cfg(unix)]
+pub fn install_signal_handler() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+        Ok(mut signals) => {
+            std::thread::spawn(move || {
+                for sig in signals.forever() {
+                    if CANCEL.is_cancelled() {
+                        hypercodec_hwz::remove_unfinished();
+                        std::process::exit(128 + sig);
+                    }
+                    SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
+                    CANCEL.cancel();
+                }
+            });
+        }
+        Err(e) => eprintln!(
+            "warning: no signal handler ({e}); an interrupted run may leave a temporary file"
+        ),
+    }
+}
+
+/// Ctrl-C and the console's close events set the cancel flag (as on Unix); a second removes the
+/// temporary files and exits at once (exit code 130).
+#[cfg(not(unix))]
 pub fn install_signal_handler() {
     let result = ctrlc::set_handler(|| {
         if CANCEL.is_cancelled() {
@@ -810,8 +848,8 @@ where
 }
 
 /// Runs the command line on `args` (the first is the program name) and returns the exit
-/// code: 0, 1 for an error the pipeline reports, 2 for arguments clap rejects, 130 for a run a
-/// signal (or a cancel flag) stopped.
+/// code: 0, 1 for an error the pipeline reports, 2 for arguments clap rejects, 128 + the
+/// signal's number for a run a signal stopped (130 for Ctrl-C, and for a cancel flag).
 pub fn main_with_args<I, T>(args: I) -> u8
 where
     I: IntoIterator<Item = T>,
@@ -845,11 +883,11 @@ where
         {
             0
         }
-        // Stopped by a signal (the first: the temporary file is gone): 128 + SIGINT, as a
-        // shell reports a process a Ctrl-C ended, so that scripts see the interruption.
+        // Stopped by a signal (the first: the temporary file is gone): 128 + its number, as a
+        // shell reports a process that signal ended, so that scripts see the interruption.
         Err(PipelineError::Cancelled) => {
             eprintln!("error: {}", PipelineError::Cancelled);
-            130
+            cancelled_exit_code()
         }
         // Every error the pipeline reports is exit code 1 (clap's own are 2).
         Err(e) => {

@@ -5,7 +5,8 @@
 //! Key design decision: the operator runs on the *stored* form. It owns the tensor's validated
 //! [`hwz::TensorView`] (the stored bytes plus parsed side information) and, at batch 1, moves
 //! the work to the activation instead of the weight: affine codes are dotted in groups against
-//! `x` with the group offsets folded into per-group sums of `x`; a lattice row is dotted
+//! `x` with the group offsets folded into per-group sums of `x` (codes of every width 1–8 read
+//! in place, a 32-bit lane word of codes at a time: a byte, or 20, 24 or 28 bits); a lattice row is dotted
 //! against `RHT(x)`, computed once per call (`y_r = (σ_r/α)·⟨p_r, RHT(x)⟩`), with fixed-rate E8
 //! words rebuilt in registers (coset bit and parity coordinate) instead of a dense row;
 //! entropy-coded symbols are decoded a chunk at a time into a per-thread buffer and consumed at
