@@ -280,18 +280,7 @@ unsafe fn fields_pass<const B: u32, const L: usize>(
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn affine_row(a: &crate::kernels::AffineRow<'_>) -> f32 {
     // SAFETY: the caller's (the field width picked once a row, not once a group).
-    unsafe {
-        match a.field_bits {
-            1 => row256::<1, 8>(a),
-            2 => row256::<2, 8>(a),
-            3 => row256::<3, 24>(a),
-            4 => row256::<4, 8>(a),
-            5 => row256::<5, 20>(a),
-            6 => row256::<6, 24>(a),
-            7 => row256::<7, 28>(a),
-            _ => row256::<8, 8>(a),
-        }
-    }
+    unsafe { crate::kernels::by_width!(a.field_bits, B, L => row256::<B, L>(a)) }
 }
 
 /// [`affine_row`] for `B`-bit fields in lane words of `L` bits.
@@ -334,18 +323,7 @@ unsafe fn row256<const B: u32, const L: usize>(a: &crate::kernels::AffineRow<'_>
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
 pub(crate) unsafe fn affine_row512(a: &crate::kernels::AffineRow<'_>) -> f32 {
     // SAFETY: the caller's (the field width picked once a row, not once a group).
-    unsafe {
-        match a.field_bits {
-            1 => row512::<1, 8>(a),
-            2 => row512::<2, 8>(a),
-            3 => row512::<3, 24>(a),
-            4 => row512::<4, 8>(a),
-            5 => row512::<5, 20>(a),
-            6 => row512::<6, 24>(a),
-            7 => row512::<7, 28>(a),
-            _ => row512::<8, 8>(a),
-        }
-    }
+    unsafe { crate::kernels::by_width!(a.field_bits, B, L => row512::<B, L>(a)) }
 }
 
 /// [`affine_row512`] for `B`-bit fields in lane words of `L` bits.
@@ -476,16 +454,7 @@ pub(crate) unsafe fn affine_rows<const M: usize>(
 ) {
     // SAFETY: the caller's (the field width picked once a row, not once a group).
     unsafe {
-        match a.field_bits {
-            1 => rows256::<1, 8, M>(a, cols, (x_stride, g_stride), out),
-            2 => rows256::<2, 8, M>(a, cols, (x_stride, g_stride), out),
-            3 => rows256::<3, 24, M>(a, cols, (x_stride, g_stride), out),
-            4 => rows256::<4, 8, M>(a, cols, (x_stride, g_stride), out),
-            5 => rows256::<5, 20, M>(a, cols, (x_stride, g_stride), out),
-            6 => rows256::<6, 24, M>(a, cols, (x_stride, g_stride), out),
-            7 => rows256::<7, 28, M>(a, cols, (x_stride, g_stride), out),
-            _ => rows256::<8, 8, M>(a, cols, (x_stride, g_stride), out),
-        }
+        crate::kernels::by_width!(a.field_bits, B, L => rows256::<B, L, M>(a, cols, (x_stride, g_stride), out))
     }
 }
 
@@ -603,16 +572,7 @@ pub(crate) unsafe fn affine_rows512<const M: usize>(
 ) {
     // SAFETY: the caller's (the field width picked once a row, not once a group).
     unsafe {
-        match a.field_bits {
-            1 => rows512::<1, 8, M>(a, cols, (x_stride, g_stride), out),
-            2 => rows512::<2, 8, M>(a, cols, (x_stride, g_stride), out),
-            3 => rows512::<3, 24, M>(a, cols, (x_stride, g_stride), out),
-            4 => rows512::<4, 8, M>(a, cols, (x_stride, g_stride), out),
-            5 => rows512::<5, 20, M>(a, cols, (x_stride, g_stride), out),
-            6 => rows512::<6, 24, M>(a, cols, (x_stride, g_stride), out),
-            7 => rows512::<7, 28, M>(a, cols, (x_stride, g_stride), out),
-            _ => rows512::<8, 8, M>(a, cols, (x_stride, g_stride), out),
-        }
+        crate::kernels::by_width!(a.field_bits, B, L => rows512::<B, L, M>(a, cols, (x_stride, g_stride), out))
     }
 }
 

@@ -168,18 +168,34 @@ fn dot_fields<const B: u32, const L: usize>(codes: &[u8], xp: &[f32]) -> f32 {
     hsum(a0) + hsum(a1) + tail
 }
 
+/// Runs `$body` with `$b` and `$l` the constants of a row's field width `$bits`: its bits and
+/// the bits of its lane words ([`lane_bits`]; 8 for any width without lane words of its own,
+/// which is 8, the unpacked bytes). Every affine row kernel dispatches on the width with it, once
+/// a row.
+macro_rules! by_width {
+    ($bits:expr, $b:ident, $l:ident => $body:expr) => {
+        match $bits {
+            1 => $crate::kernels::by_width!(@ 1, 8, $b, $l, $body),
+            2 => $crate::kernels::by_width!(@ 2, 8, $b, $l, $body),
+            3 => $crate::kernels::by_width!(@ 3, 24, $b, $l, $body),
+            4 => $crate::kernels::by_width!(@ 4, 8, $b, $l, $body),
+            5 => $crate::kernels::by_width!(@ 5, 20, $b, $l, $body),
+            6 => $crate::kernels::by_width!(@ 6, 24, $b, $l, $body),
+            7 => $crate::kernels::by_width!(@ 7, 28, $b, $l, $body),
+            _ => $crate::kernels::by_width!(@ 8, 8, $b, $l, $body),
+        }
+    };
+    (@ $bv:literal, $lv:literal, $b:ident, $l:ident, $body:expr) => {{
+        const $b: u32 = $bv;
+        const $l: usize = $lv;
+        $body
+    }};
+}
+pub(crate) use by_width;
+
 /// [`dot_fields`] for a row's field width: its codes' bits on the fused path, 8 on bytes.
 fn dot_fields_of(bits: u8, codes: &[u8], xs: &[f32]) -> f32 {
-    match bits {
-        1 => dot_fields::<1, 8>(codes, xs),
-        2 => dot_fields::<2, 8>(codes, xs),
-        3 => dot_fields::<3, 24>(codes, xs),
-        4 => dot_fields::<4, 8>(codes, xs),
-        5 => dot_fields::<5, 20>(codes, xs),
-        6 => dot_fields::<6, 24>(codes, xs),
-        7 => dot_fields::<7, 28>(codes, xs),
-        _ => dot_fields::<8, 8>(codes, xs),
-    }
+    by_width!(bits, B, L => dot_fields::<B, L>(codes, xs))
 }
 
 /// One row of affine codes: everything [`affine_row`] reads.
