@@ -1736,7 +1736,7 @@ impl GemmSplit {
     }
 
     /// The fewest activation rows the GEMM takes.
-    fn from(self) -> usize {
+    fn first_batch(self) -> usize {
         match self {
             GemmSplit::Forced { from, .. } => from,
             _ => MAX_MMA_BATCH + 1,
@@ -1903,7 +1903,7 @@ impl Kernels {
     /// layer at its batch (given 16-byte aligned pointers), as (batch tiles of 8 a block, blocks
     /// a cluster); None where it runs another kernel ([`GEMM_SPLIT_ENV`]).
     pub fn affine_gemm_split(&self, a: &AffineGemv) -> Option<(usize, usize)> {
-        (a.gemm_ok() && a.batch >= self.split.from() && a.batch > 1)
+        (a.gemm_ok() && a.batch >= self.split.first_batch() && a.batch > 1)
             .then(|| self.gemm_split_for(a))
             .flatten()
             .map(|(_, nt, ks)| (nt, ks))
@@ -2045,8 +2045,9 @@ impl Kernels {
         // hold them at allocations' alignment; others take the passes below).
         let staged = |p: u64| a.scales_per_row == 0 || p.is_multiple_of(16);
         let gemm = aligned && staged(a.scales) && staged(a.offsets) && a.gemm_ok();
-        if gemm && a.batch >= self.split.from() && a.batch <= MAX_MMA_BATCH {
+        if gemm && a.batch >= self.split.first_batch() && a.batch <= MAX_MMA_BATCH {
             if let Some((f, nt, ks)) = self.gemm_split_for(a) {
+                // SAFETY: validated; the pointers are the caller's contract.
                 return unsafe { self.launch_gemm_split(a, f, nt, ks, stream) };
             }
         }
@@ -3951,8 +3952,8 @@ mod tests {
             GemmSplit::parse(Some("ks=1,from=9")),
             GemmSplit::Forced { ks: 1, from: 9 }
         );
-        assert_eq!(GemmSplit::parse(Some("ks=4,from=9")).from(), 9);
-        assert_eq!(GemmSplit::parse(Some("1")).from(), 17);
+        assert_eq!(GemmSplit::parse(Some("ks=4,from=9")).first_batch(), 9);
+        assert_eq!(GemmSplit::parse(Some("1")).first_batch(), 17);
         for bad in [
             "ks=3",
             "ks=16",

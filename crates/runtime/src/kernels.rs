@@ -259,12 +259,7 @@ fn affine_row_f64(a: &AffineRow<'_>) -> f32 {
         let n = (hi - lo) / a.per;
         let mut d = 0f64;
         for i in 0..n {
-            let c = match lane_bits(a.field_bits) {
-                20 => word_at::<20>(codes, i),
-                24 => word_at::<24>(codes, i),
-                28 => word_at::<28>(codes, i),
-                _ => word_at::<8>(codes, i),
-            };
+            let c = by_width!(a.field_bits, _B, L => word_at::<L>(codes, i));
             for m in 0..a.per {
                 let q = (c >> (m as u32 * bits)) & mask;
                 d += f64::from(q) * f64::from(xs[m * n + i]);
