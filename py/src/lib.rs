@@ -179,8 +179,37 @@ fn runtime_err(e: RuntimeError) -> PyErr {
     }
 }
 
+/// The metadata entry of a layer's one-tensor archive ([`layer_archive`]) that marks its weight
+/// as stored `[in, out]` (`{"transposed": true}`: GPT-2's `Conv1D`), run by
+/// [`CompressedLinear::transposed`].
+const LAYER_KEY: &str = "layer";
+
 /// Runs the `hypercodec` command line on `argv` (without the program name) and returns its
 /// exit code, printing errors as the command does; the GIL is released while it runs.
+/// Whether a layer archive's metadata marks its weight as stored `[in, out]` ([`LAYER_KEY`]);
+/// a mark this version does not know is a [`FormatError`] (read as another layout, the layer
+/// would compute a wrong product).
+fn layer_transposed(
+    metadata: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> PyResult<bool> {
+    let Some(mark) = metadata.get(LAYER_KEY) else {
+        return Ok(false);
+    };
+    match mark.as_object() {
+        Some(m) if m.keys().all(|k| k == "transposed") => match m.get("transposed") {
+            None => Ok(false),
+            Some(serde_json::Value::Bool(t)) => Ok(*t),
+            Some(v) => Err(FormatError::new_err(format!(
+                "the layer's `{LAYER_KEY}.transposed` is {v}, not true or false"
+            ))),
+        },
+        _ => Err(FormatError::new_err(format!(
+            "the layer archive's `{LAYER_KEY}` entry is {mark}; this version knows only \
+             {{\"transposed\": true|false}}"
+        ))),
+    }
+}
+
 /// The serialized form of a compressed layer: a one-tensor `.hwz` archive in memory holding
 /// `weight` (its stored form, as is) and, when given, `bias` (raw float32).
 fn layer_archive(
@@ -188,9 +217,13 @@ fn layer_archive(
     source_dtype: &str,
     weight: &EncodedTensor,
     bias: Option<&[f32]>,
+    transposed: bool,
 ) -> Result<Vec<u8>, HwzError> {
     let mut w = Writer::new(Vec::new(), WriterOptions::default())?;
     w.add_tensor("weight", shape, source_dtype, weight, None)?;
+    if transposed {
+        w.insert_metadata(LAYER_KEY, serde_json::json!({ "transposed": true }));
+    }
     if let Some(b) = bias {
         let shape = [b.len() as u64];
         let raw = Encoding::Raw {
@@ -618,14 +651,17 @@ impl Archive {
 
     /// The tensor as a compressed linear operator (its matrix view), with an optional bias;
     /// `fixed_bits` converts an entropy-coded lattice tensor to fixed-rate symbols at load
-    /// (other tensors load as they are).
-    #[pyo3(signature = (name, bias=None, fixed_bits=None))]
+    /// (other tensors load as they are). `transposed`: the tensor is stored `[in, out]`
+    /// (GPT-2's `Conv1D`) and the operator computes `y = x·W (+ b)` on it as stored
+    /// (`rows` are its columns).
+    #[pyo3(signature = (name, bias=None, fixed_bits=None, transposed=false))]
     fn linear(
         &self,
         py: Python<'_>,
         name: &str,
         bias: Option<F32Like<'_>>,
         fixed_bits: Option<i64>,
+        transposed: bool,
     ) -> PyResult<Linear> {
         let fixed_bits = fixed_bits_arg(fixed_bits)?;
         let k = self.index(name)?;
@@ -637,7 +673,12 @@ impl Archive {
             let view = set.view(k).map_err(pipeline_err)?;
             // Where it applies: a model's affine fallbacks load as they are.
             let load = LoadOptions { fixed_bits }.for_tensor(&view);
-            CompressedLinear::new(view, bias.as_deref(), &load).map_err(runtime_err)
+            if transposed {
+                CompressedLinear::transposed(view, bias.as_deref(), &load)
+            } else {
+                CompressedLinear::new(view, bias.as_deref(), &load)
+            }
+            .map_err(runtime_err)
         })?;
         let stored = set.stored_bytes(k).map_err(pipeline_err)?;
         Ok(Linear {
@@ -650,13 +691,15 @@ impl Archive {
 
     /// Tensor `name` as the serialized form of a layer (see [`Linear::from_hwz`]): a one-tensor
     /// `.hwz` archive with its stored streams copied as they are (nothing re-encoded) and, when
-    /// `bias` names a tensor, that tensor decoded to float32.
-    #[pyo3(signature = (name, bias=None))]
+    /// `bias` names a tensor, that tensor decoded to float32; `transposed` marks the weight as
+    /// stored `[in, out]` (see [`Archive::linear`]), which `from_hwz` then runs as such.
+    #[pyo3(signature = (name, bias=None, transposed=false))]
     fn tensor_hwz<'py>(
         &self,
         py: Python<'py>,
         name: &str,
         bias: Option<&str>,
+        transposed: bool,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let k = self.index(name)?;
         let b = match bias {
@@ -666,11 +709,16 @@ impl Archive {
         if let Some((j, b)) = b {
             // A bias of another length made a blob that `from_hwz` refused later.
             let shape = &self.shapes[k];
-            let rows = hypercodec_hwz::matrix_view(shape, shape.iter().product()).0;
+            let (rows, cols) = hypercodec_hwz::matrix_view(shape, shape.iter().product());
+            let (outputs, what) = if transposed {
+                (cols, "columns")
+            } else {
+                (rows, "rows")
+            };
             let len: u64 = self.shapes[j].iter().product();
-            if len != rows {
+            if len != outputs {
                 return Err(InvalidInputError::new_err(format!(
-                    "`{b}` holds {len} values; `{name}` has {rows} rows"
+                    "`{b}` holds {len} values; `{name}` has {outputs} {what}"
                 )));
             }
         }
@@ -689,7 +737,14 @@ impl Archive {
                 None => None,
             };
             let (t, encoded) = set.encoded(k).map_err(pipeline_err)?;
-            layer_archive(&t.shape, &t.source_dtype, &encoded, bias.as_deref()).map_err(hwz_err)
+            layer_archive(
+                &t.shape,
+                &t.source_dtype,
+                &encoded,
+                bias.as_deref(),
+                transposed,
+            )
+            .map_err(hwz_err)
         })?;
         Ok(PyBytes::new(py, &bytes))
     }
@@ -874,7 +929,8 @@ impl Linear {
                     &LoadOptions::default(),
                 )
                 .map_err(runtime_err)?;
-                let hwz = layer_archive(&shape, "f32", &t, bias.as_deref()).map_err(hwz_err)?;
+                let hwz = layer_archive(&shape, "f32", &t, bias.as_deref(), false)
+                    .map_err(hwz_err)?;
                 Ok((op, t.payload_bytes(), hwz))
             })?;
         Ok(Linear {
@@ -932,8 +988,12 @@ impl Linear {
                 let view = hypercodec_hwz::TensorView::new(&t.name, &t.encoding, &shape, &refs)
                     .map_err(hwz_err)?;
                 let load = LoadOptions { fixed_bits }.for_tensor(&view);
-                let op =
-                    CompressedLinear::new(view, bias.as_deref(), &load).map_err(runtime_err)?;
+                let op = if layer_transposed(&a.manifest().metadata)? {
+                    CompressedLinear::transposed(view, bias.as_deref(), &load)
+                } else {
+                    CompressedLinear::new(view, bias.as_deref(), &load)
+                }
+                .map_err(runtime_err)?;
                 Ok((op, a.stored_bytes(t), t.shape.clone()))
             },
         )?;
@@ -1261,6 +1321,13 @@ impl Linear {
     #[getter]
     fn cols(&self) -> usize {
         self.op.cols()
+    }
+
+    /// Whether the weight is stored `[in, out]` and run as such (GPT-2's `Conv1D`, read with
+    /// `Archive.linear(..., transposed=True)`): `rows` are its stored columns.
+    #[getter]
+    fn transposed(&self) -> bool {
+        self.op.is_transposed()
     }
 
     /// The batch-1 route (e.g. `affine-int4-fused`, `e8-fixed4`, `lattice-resident-rans`).

@@ -457,6 +457,24 @@ def test_hyper_linear_runs_on_cuda_tensors():
 
 
 @needs_cuda
+def test_a_weight_stored_in_out_runs_on_cuda_as_on_the_host(tmp_path):
+    """GPT-2's Conv1D weights are stored [in, out] and run so (``Archive.linear(...,
+    transposed=True)``): no device form, so CUDA takes the decode fallback, which must give the
+    transposed weight, at batch 1 and 20, f32 and bf16."""
+    w = np.random.default_rng(3).standard_normal((96, 160)).astype(np.float32)  # [in, out]
+    hypercodec.save({"w": w, "b": np.ones(160, np.float32)}, str(tmp_path / "t.hwz"), encoding="affine", bits=4)
+    archive = hypercodec.Archive(str(tmp_path / "t.hwz"))
+    h = hnn.HyperLinear(archive.linear("w", archive.read("b"), None, True))
+    assert h.op.transposed and (h.in_features, h.out_features) == (96, 160)
+    for batch in (1, 20):
+        x = torch.randn(batch, 96)
+        want = h(x)
+        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+            got = h(x.cuda().to(dtype)).float().cpu()
+            assert torch.allclose(got, want, rtol=tol, atol=tol * want.abs().max().item()), (batch, dtype)
+
+
+@needs_cuda
 @pytest.mark.parametrize("spec", ["int4", "int2-row", "int8-row", "e8-fixed4", "tcq@2-l12", "tcq@2-l12-v2", "e8@4-gpu"])
 def test_compressed_layers_replay_in_a_cuda_graph(spec):
     """Decoding loops capture their steps in CUDA graphs (static caches, torch.compile's

@@ -193,6 +193,75 @@ def test_gpt2_conv1d_layers_are_compressed_and_round_trip(tmp_path, monkeypatch)
         torch._dynamo.reset()
 
 
+def _crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def _with_manifest_text(data: bytes, old: bytes, new: bytes) -> bytes:
+    """A .hwz's bytes with ``old`` replaced by ``new`` (as long) in its manifest, whose checksum
+    is made again (the tail: manifest offset u64, length u64, crc32c u32, magic)."""
+    assert len(old) == len(new) and data.count(old) == 1
+    tail = data[-24:]
+    at, n = int.from_bytes(tail[:8], "little"), int.from_bytes(tail[8:16], "little")
+    out = bytearray(data.replace(old, new))
+    out[-8:-4] = _crc32c(bytes(out[at : at + n])).to_bytes(4, "little")
+    return bytes(out)
+
+
+def test_a_gpt2_archive_runs_its_conv1d_weights_as_stored(tmp_path, monkeypatch):
+    """An archive of a GPT-2 holds its Conv1D weights as the model does, [in, out]. from_hwz and
+    load_into decoded them to dense layers; they now run on the stored form, transposed (no
+    re-encoding), and that survives save_pretrained / from_pretrained, pickling and the
+    layer's own serialized form. A mark this version does not know is refused."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    torch.manual_seed(5)
+    cfg = transformers.GPT2Config(vocab_size=128, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    base = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 128, (3, 10))
+    path = tmp_path / "g.hwz"
+    hhf.save_hwz(base, str(path), encoding="affine", bits=4)
+    # The dense reference: every tensor decoded into a float GPT-2.
+    ref = transformers.GPT2LMHeadModel(cfg).eval()
+    ref.load_state_dict({k: torch.as_tensor(v) for k, v in hypercodec.load(str(path)).items()}, strict=False)
+    with torch.no_grad():
+        want = ref(ids).logits
+    model, _ = hhf.from_hwz(str(path))
+    filled = hnn.load_into(transformers.GPT2LMHeadModel(cfg).eval(), str(path))
+    for m in (model, filled):
+        convs = {n: x for n, x in m.named_modules() if n.split(".")[-1] in ("c_attn", "c_proj", "c_fc")}
+        assert len(convs) == 8 and all(isinstance(x, hnn.HyperLinear) and x.op.transposed for x in convs.values())
+        attn = convs["transformer.h.0.attn.c_attn"]
+        assert (attn.op.rows, attn.op.cols, attn.op.shape) == (192, 64, (64, 192)) and attn.op.route(1) == "transposed-tiles"
+        with torch.no_grad():
+            got = m(ids).logits
+        assert (got - want).abs().max() <= 1e-4 * want.abs().max(), (got - want).abs().max()
+    model.save_pretrained(tmp_path / "q")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "q").eval()
+    again = pickle.loads(pickle.dumps(model))
+    with torch.no_grad():
+        got = model(ids).logits
+        assert torch.equal(back(ids).logits, got) and torch.equal(again(ids).logits, got)
+    assert back.transformer.h[1].mlp.c_fc.op.transposed
+    # The layer's serialized form carries the mark; one this version does not know is refused.
+    archive = hypercodec.Archive(str(path))
+    layer = archive.tensor_hwz("transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.bias", True)
+    op = hypercodec.Linear.from_hwz(layer)
+    assert op.transposed and (op.rows, op.cols) == (256, 64)
+    for bad in (b'"transposed":1234', b'"transposed":null', b'"transpose_":true'):
+        with pytest.raises(hypercodec.FormatError, match="transposed|layer"):
+            hypercodec.Linear.from_hwz(_with_manifest_text(layer, b'"transposed":true', bad))
+    # A bias is as long as the stored columns of a transposed weight.
+    with pytest.raises(hypercodec.InvalidInputError, match="has 64 rows"):
+        archive.tensor_hwz("transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.bias")
+
+
 @pytest.mark.parametrize("arch", ["gpt-neo", "wav2vec2"])
 def test_a_reloaded_quantized_model_keeps_what_weight_init_fills(tmp_path, monkeypatch, arch):
     """Loading a quantized checkpoint runs the model's weight init on what the checkpoint lacks.

@@ -12,6 +12,8 @@ use std::ops::Range;
 
 /// Values of `W` a batch > 1 decodes at a time per thread (1 MB of f32: an L2-sized tile).
 const TILE_VALUES: usize = 1 << 20;
+/// Values in a tile of a transposed weight ([`CompressedLinear::transposed`]): 128 KiB of f32.
+const TRANSPOSED_TILE_VALUES: usize = 1 << 15;
 /// Batches up to this size run the batch-1 path once per activation row (affine codes: every
 /// row at once), larger ones decode tiles for a GEMM; by kind ([`small_batch`]), where the
 /// crossover was measured on 4096² (`hypercodec benchmark --runtime --batches 2,4,8,16`).
@@ -130,6 +132,9 @@ pub enum Path {
     Exceptions,
     /// The fallback: row tiles decoded to f32, then dotted (no fast path for this form).
     DecodeTiles,
+    /// A weight stored `[in, out]` ([`CompressedLinear::transposed`]): tiles of stored rows
+    /// decoded to f32, each added into `y` scaled by its input (a GEMM above batch 1).
+    TransposedTiles,
 }
 
 impl std::fmt::Display for Path {
@@ -149,6 +154,7 @@ impl std::fmt::Display for Path {
             Path::Mixed => f.write_str("mixed"),
             Path::Exceptions => f.write_str("exceptions"),
             Path::DecodeTiles => f.write_str("decode-tiles"),
+            Path::TransposedTiles => f.write_str("transposed-tiles"),
         }
     }
 }
@@ -340,6 +346,8 @@ pub struct CompressedLinear {
     bias: Option<Vec<f32>>,
     op: Op,
     conversion_snr_db: Option<f64>,
+    /// `W` is stored `[in, out]`: `rows` are the stored columns ([`CompressedLinear::transposed`]).
+    transposed: bool,
 }
 
 #[derive(Debug)]
@@ -381,6 +389,30 @@ impl CompressedLinear {
     /// The operator of `view`'s tensor (owning a copy of what the view borrows), with an
     /// optional bias of `rows` values.
     pub fn new(view: TensorView<'_>, bias: Option<&[f32]>, options: &LoadOptions) -> Result<Self> {
+        Self::build(view, bias, options, false)
+    }
+
+    /// The operator `y = x·W (+ b)` of a weight stored `[in, out]`, as GPT-2's `Conv1D` and
+    /// Keras or Flax `Dense` kernels hold it: `rows` (outputs) are the stored columns and
+    /// `cols` (inputs) the stored rows, so it computes what [`CompressedLinear::new`] would on
+    /// the weight transposed, without re-encoding it (groups and scales stay along the stored
+    /// rows). It runs by decoding tiles of stored rows each call and adding each row into `y`
+    /// scaled by its input (a GEMM above batch 1): [`Path::TransposedTiles`] at every batch.
+    /// It has no device form and no int8 form (front ends decode it).
+    pub fn transposed(
+        view: TensorView<'_>,
+        bias: Option<&[f32]>,
+        options: &LoadOptions,
+    ) -> Result<Self> {
+        Self::build(view, bias, options, true)
+    }
+
+    fn build(
+        view: TensorView<'_>,
+        bias: Option<&[f32]>,
+        options: &LoadOptions,
+        transposed: bool,
+    ) -> Result<Self> {
         let name = view.name().to_string();
         if view.shape().len() < 2 {
             return Err(RuntimeError::NotAMatrix {
@@ -388,7 +420,10 @@ impl CompressedLinear {
                 shape: view.shape().to_vec(),
             });
         }
-        let (rows, cols) = operator_shape(&view);
+        let (rows, cols) = match operator_shape(&view) {
+            (r, c) if transposed => (c, r),
+            rc => rc,
+        };
         if let Some(b) = bias {
             if b.len() != rows {
                 return Err(RuntimeError::Length {
@@ -414,6 +449,7 @@ impl CompressedLinear {
             bias: bias.map(<[f32]>::to_vec),
             op: Op::build(view)?,
             conversion_snr_db,
+            transposed,
         })
     }
 
@@ -450,14 +486,25 @@ impl CompressedLinear {
         self.bias.as_deref()
     }
 
+    /// Whether the weight is stored `[in, out]` ([`CompressedLinear::transposed`]).
+    pub fn is_transposed(&self) -> bool {
+        self.transposed
+    }
+
     /// The batch-1 route.
     pub fn path(&self) -> Path {
+        if self.transposed {
+            return Path::TransposedTiles;
+        }
         self.op.path()
     }
 
     /// The route with those of the parts of a mixed or exceptions tensor, e.g.
     /// `mixed[e8-fixed4, affine-int4-fused]`.
     pub fn path_detail(&self) -> String {
+        if self.transposed {
+            return Path::TransposedTiles.to_string();
+        }
         self.op.detail()
     }
 
@@ -475,6 +522,7 @@ impl CompressedLinear {
         };
         match (batch, path) {
             (0 | 1, _) => detail,
+            (_, Path::TransposedTiles) => "transposed-tiles+gemm".into(),
             (b, Path::Sparse) => format!("{detail} (batch {b})"),
             (_, Path::DecodeTiles) => "decode-tiles+gemm".into(),
             (_, Path::LatticeResident { .. }) => "lattice-coded-points+gemm".into(),
@@ -514,8 +562,9 @@ impl CompressedLinear {
         let Op::Leaf { view, kind } = &self.op else {
             return Ok(None);
         };
-        // Nothing to run (and a 0-row tensor-scaled grid stores no scale to read).
-        if self.cols == 0 || self.rows == 0 {
+        // Nothing to run (and a 0-row tensor-scaled grid stores no scale to read); the kernels
+        // read rows of `W`, which a transposed weight does not store.
+        if self.cols == 0 || self.rows == 0 || self.transposed {
             return Ok(None);
         }
         let rows = self.rows;
@@ -715,7 +764,7 @@ impl CompressedLinear {
                 && bias <= 128.0
                 && top <= 127.0
         };
-        if rows == 0 || cols == 0 {
+        if rows == 0 || cols == 0 || self.transposed {
             return Ok(None);
         }
         if let Op::Leaf {
@@ -786,7 +835,14 @@ impl CompressedLinear {
         if w.is_empty() {
             return Ok(w);
         }
-        self.op.decode_into(self.cols, &mut w)?;
+        if self.transposed {
+            // Stored `cols × rows`, decoded then transposed a block at a time.
+            let mut stored = vec![0f32; w.len()];
+            self.op.decode_into(self.rows, &mut stored)?;
+            transpose_into(&stored, self.cols, self.rows, &mut w);
+        } else {
+            self.op.decode_into(self.cols, &mut w)?;
+        }
         Ok(w)
     }
 
@@ -799,6 +855,14 @@ impl CompressedLinear {
                 index: r,
                 rows: self.rows,
             });
+        }
+        if self.transposed {
+            // A row of `W` is a stored column: the weight is decoded once for all of them.
+            let w = self.decode_weight()?;
+            for (&r, o) in rows.iter().zip(out.chunks_exact_mut(self.cols.max(1))) {
+                o.copy_from_slice(&w[r * self.cols..(r + 1) * self.cols]);
+            }
+            return Ok(());
         }
         for (&r, o) in rows.iter().zip(out.chunks_exact_mut(self.cols.max(1))) {
             self.op.decode_row(r, self.cols, o)?;
@@ -813,6 +877,8 @@ impl CompressedLinear {
         check_rows("y", batch, self.rows, y.len())?;
         if self.cols == 0 {
             y.fill(0.0);
+        } else if self.transposed {
+            self.forward_transposed(x, batch, y)?;
         } else if batch == 1 {
             self.op.run(x, 1, y)?;
         } else {
@@ -828,6 +894,49 @@ impl CompressedLinear {
             for row in y.chunks_exact_mut(self.rows.max(1)) {
                 row.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
             }
+        }
+        Ok(())
+    }
+
+    /// `y = x·W` for a weight stored `[in, out]`: tiles of stored rows (inputs) decoded to f32
+    /// and added into `y` scaled by their inputs. Each task walks a run of tiles into its own
+    /// sum; the sums are added in task order.
+    fn forward_transposed(&self, x: &[f32], batch: usize, y: &mut [f32]) -> Result<()> {
+        let (inputs, outputs) = (self.cols, self.rows);
+        y.fill(0.0);
+        if batch == 0 || outputs == 0 {
+            return Ok(());
+        }
+        // Tiles that stay in L2 between their decode and their product (for a batch, deep
+        // enough for the GEMM's inner dimension).
+        let values = TRANSPOSED_TILE_VALUES << (batch.min(8).ilog2());
+        let tile = (values / outputs).clamp(1, inputs);
+        let tiles = inputs.div_ceil(tile);
+        let tasks = rayon::current_num_threads().clamp(1, tiles);
+        let per = tiles.div_ceil(tasks);
+        let run = |task: usize, acc: &mut [f32]| -> Result<()> {
+            let mut w = Vec::new();
+            for k in task * per..((task + 1) * per).min(tiles) {
+                let r0 = k * tile;
+                let n = tile.min(inputs - r0);
+                w.resize(n * outputs, 0.0);
+                self.op.decode_range(r0, outputs, &mut w)?;
+                gemm_xw_add(&x[r0..], inputs, batch, &w, n, outputs, acc);
+            }
+            Ok(())
+        };
+        if tasks == 1 {
+            return run(0, y);
+        }
+        let sums = (0..tasks)
+            .into_par_iter()
+            .map(|task| {
+                let mut acc = vec![0f32; batch * outputs];
+                run(task, &mut acc).map(|()| acc)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for acc in &sums {
+            y.iter_mut().zip(acc).for_each(|(o, &v)| *o += v);
         }
         Ok(())
     }
@@ -1065,6 +1174,37 @@ impl Op {
             Op::Exceptions { base, deltas, .. } => {
                 base.decode_row(r, cols, out)?;
                 deltas.apply((r * cols) as u64, out, false);
+                Ok(())
+            }
+        }
+    }
+
+    /// Decodes rows `r0..r0 + w.len() / cols` into `w`.
+    fn decode_range(&self, r0: usize, cols: usize, w: &mut [f32]) -> Result<()> {
+        let n = w.len() / cols.max(1);
+        match self {
+            Op::Leaf { view, .. } => {
+                if !affine_tile(view, r0, w) {
+                    view.decode_rows_into(r0 as u64..(r0 + n) as u64, w)?;
+                }
+                Ok(())
+            }
+            Op::Mixed { parts } => {
+                let mut first = 0;
+                for (rows, op) in parts {
+                    // This part's rows within `r0..r0 + n`.
+                    let (lo, hi) = (r0.max(first), (r0 + n).min(first + rows));
+                    if lo < hi {
+                        let out = &mut w[(lo - r0) * cols..(hi - r0) * cols];
+                        op.decode_range(lo - first, cols, out)?;
+                    }
+                    first += rows;
+                }
+                Ok(())
+            }
+            Op::Exceptions { base, deltas, .. } => {
+                base.decode_range(r0, cols, w)?;
+                deltas.apply((r0 * cols) as u64, w, false);
                 Ok(())
             }
         }
@@ -1313,6 +1453,64 @@ pub(crate) fn gemm_wxt(w: &[f32], n: usize, cols: usize, x: &[f32], batch: usize
             false,
             gemm::Parallelism::None,
         );
+    }
+}
+
+/// `acc += X·W` for the `batch × n` block of activations at the start of each row of `x`
+/// (rows `stride` apart) and `W` of `n × outputs` (row-major), `acc` `batch × outputs`.
+fn gemm_xw_add(
+    x: &[f32],
+    stride: usize,
+    batch: usize,
+    w: &[f32],
+    n: usize,
+    outputs: usize,
+    acc: &mut [f32],
+) {
+    assert!(
+        w.len() >= n * outputs
+            && acc.len() >= batch * outputs
+            && x.len() >= (batch - 1) * stride + n
+            && n <= stride
+    );
+    // SAFETY: the asserts above: acc is batch × outputs row-major, w is n × outputs row-major,
+    // and the activation block is batch rows of n values, `stride` apart, within x.
+    unsafe {
+        gemm::gemm(
+            batch,
+            outputs,
+            n,
+            acc.as_mut_ptr(),
+            1,
+            outputs as isize,
+            true,
+            x.as_ptr(),
+            1,
+            stride as isize,
+            w.as_ptr(),
+            1,
+            outputs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// `out` (`cols × rows`) = `w` (`rows × cols`) transposed, in blocks that stay in the cache.
+fn transpose_into(w: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+    const B: usize = 32;
+    for r0 in (0..rows).step_by(B) {
+        for c0 in (0..cols).step_by(B) {
+            for r in r0..(r0 + B).min(rows) {
+                for c in c0..(c0 + B).min(cols) {
+                    out[c * rows + r] = w[r * cols + c];
+                }
+            }
+        }
     }
 }
 

@@ -1613,3 +1613,136 @@ fn small_rans_layers_hold_less_than_their_f32_weights() {
         );
     }
 }
+
+/// `y = x·W (+ b)` for `W` stored `[in, out]` against a float64 product of the decoded weight;
+/// the decoded weight, its rows, and the forms a transposed operator does not have.
+fn check_transposed(t: &EncodedTensor, shape: &[u64], batch: usize, seed: u64, with_bias: bool) {
+    let view = view_of(t, shape);
+    let (inputs, outputs) = (view.rows() as usize, view.cols() as usize);
+    let bias: Option<Vec<f32>> = with_bias.then(|| values(outputs, seed ^ 99));
+    let op = CompressedLinear::transposed(view.clone(), bias.as_deref(), &LoadOptions::default())
+        .unwrap();
+    assert_eq!((op.rows(), op.cols()), (outputs, inputs));
+    assert!(op.is_transposed());
+    assert_eq!(op.path(), Path::TransposedTiles);
+    let mut w = vec![0f32; inputs * outputs];
+    view.decode_rows_into(0..inputs as u64, &mut w).unwrap();
+    let x = values(batch * inputs, seed);
+    let mut y = vec![f32::NAN; batch * outputs];
+    op.forward(&x, batch, &mut y).unwrap();
+    for b in 0..batch {
+        for o in 0..outputs {
+            let (mut want, mut scale) = (0f64, 0f64);
+            for i in 0..inputs {
+                let p = x[b * inputs + i] as f64 * w[i * outputs + o] as f64;
+                want += p;
+                scale += p.abs();
+            }
+            let bo = bias.as_ref().map_or(0.0, |v| v[o] as f64);
+            let tol = DOT_REL_TOL as f64 * (scale + bo.abs()) + 1e-30;
+            let got = y[b * outputs + o] as f64;
+            assert!(
+                (got - (want + bo)).abs() <= tol,
+                "{:?} {shape:?} batch {batch} out ({b}, {o}): {got} vs {}",
+                t.encoding,
+                want + bo
+            );
+        }
+    }
+    // The operator's weight is the stored one transposed, exactly.
+    let wt = op.decode_weight().unwrap();
+    for i in 0..inputs {
+        for o in 0..outputs {
+            assert_eq!(wt[o * inputs + i].to_bits(), w[i * outputs + o].to_bits());
+        }
+    }
+    let ids = [outputs - 1, 0, outputs / 2];
+    let mut rows = vec![0f32; 3 * inputs];
+    op.decode_rows(&ids, &mut rows).unwrap();
+    for (k, &o) in ids.iter().enumerate() {
+        assert_eq!(
+            rows[k * inputs..(k + 1) * inputs],
+            wt[o * inputs..(o + 1) * inputs]
+        );
+    }
+    assert!(op.device_form().unwrap().is_none());
+    assert!(op.int8_weight().unwrap().is_none());
+    assert_eq!(
+        op.route(batch),
+        if batch <= 1 {
+            "transposed-tiles"
+        } else {
+            "transposed-tiles+gemm"
+        }
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn transposed_weights_match_a_product_with_the_stored_weight(
+        rows in 1u64..70,
+        cols in prop_oneof![1u64..12, 12u64..300],
+        which in 0usize..(zoo(8).len() + EXTRA),
+        batch in prop_oneof![Just(1usize), 2usize..9],
+        seed in any::<u64>(),
+        bias in any::<bool>(),
+    ) {
+        let shape = [rows, cols];
+        let x = values((rows * cols) as usize, seed);
+        let (t, _) = encode_any(&x, &shape, which);
+        check_transposed(&t, &shape, batch, seed ^ 1, bias);
+    }
+}
+
+#[test]
+fn every_encoding_runs_transposed() {
+    // GPT-2's Conv1D holds [in, out]: taller than wide, and the other way; every stored form.
+    for shape in [[96u64, 40], [40, 256], [1, 7], [300, 1]] {
+        let x = values((shape[0] * shape[1]) as usize, shape[0]);
+        for which in 0..zoo(shape[1]).len() + EXTRA {
+            let (t, _) = encode_any(&x, &shape, which);
+            for batch in [1, 3, 20] {
+                check_transposed(&t, &shape, batch, which as u64, batch == 3);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_transposed_bias_has_one_value_per_stored_column() {
+    let shape = [8u64, 5];
+    let (t, _) = encode_any(&values(40, 1), &shape, 3);
+    let view = view_of(&t, &shape);
+    let err = CompressedLinear::transposed(view.clone(), Some(&[0.0; 8]), &LoadOptions::default())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RuntimeError::Length {
+                what: "bias",
+                expected: 5,
+                actual: 8
+            }
+        ),
+        "{err}"
+    );
+    let op = CompressedLinear::transposed(view, None, &LoadOptions::default()).unwrap();
+    let mut y = vec![0f32; 5];
+    let err = op.forward(&[0.0; 5], 1, &mut y).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RuntimeError::Length {
+                what: "x",
+                expected: 8,
+                actual: 5
+            }
+        ),
+        "{err}"
+    );
+}

@@ -139,12 +139,12 @@ def _build(meta: dict, config: Any, dtype: torch.dtype, path: Any) -> nn.Module:
 
 def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
     """The model and tokenizer saved by :func:`save_hwz`, built as the model's own transformers
-    class (archives that do not name one: a causal LM); every stored ``nn.Linear`` weight
-    becomes a :class:`hypercodec.nn.HyperLinear` on the stored form (``fixed_bits`` converts
+    class (archives that do not name one: a causal LM); every stored ``nn.Linear`` weight (and
+    GPT-2's ``Conv1D``, whose ``[in, out]`` weight runs as stored) becomes a
+    :class:`hypercodec.nn.HyperLinear` on the stored form (``fixed_bits`` converts
     entropy-coded lattice weights to fixed-rate symbols at load, for speed), and a plain input
     embedding a :class:`hypercodec.nn.HyperEmbedding`. The other tensors are decoded, to
-    ``dtype``: norms, GPT-2's ``Conv1D`` weights (stored transposed), experts held as one
-    parameter (Mixtral's in transformers 5). The stored layers compute in float32 and answer in
+    ``dtype``: norms, experts held as one parameter (Mixtral's in transformers 5). The stored layers compute in float32 and answer in
     their input's dtype. The model is built on the meta device first, so no dense copy of a
     stored layer ever exists. It carries a :class:`HypercodecConfig` naming its stored layers, so
     ``save_pretrained`` / ``from_pretrained`` round-trip it as they do a model quantized on load."""
@@ -205,14 +205,16 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
                 op = archive.linear(source, None if b is None else archive.read(b), fixed_bits)
                 _set(model, head, HyperLinear(op, source=lambda s=source, b=b: archive.tensor_hwz(s, b)))
     for name, module in list(model.named_modules()):
-        if isinstance(module, nn.Linear) and f"{name}.weight" in names:
+        if (isinstance(module, nn.Linear) or _is_conv1d(module)) and f"{name}.weight" in names:
             b = stored(f"{name}.bias")
             bias = archive.read(b) if b is not None else None
-            op = archive.linear(f"{name}.weight", bias, fixed_bits)
+            # GPT-2's Conv1D holds (and the archive stores) its weight [in, out]: run as stored.
+            t = _is_conv1d(module)
+            op = archive.linear(f"{name}.weight", bias, fixed_bits, t)
             if b in (None, f"{name}.bias"):
-                source = _archive_source(archive, name, bias is not None)
+                source = _archive_source(archive, name, bias is not None, t)
             else:  # a bias tied to another tensor
-                source = lambda w=f"{name}.weight", b=b: archive.tensor_hwz(w, b)  # noqa: E731
+                source = lambda w=f"{name}.weight", b=b, t=t: archive.tensor_hwz(w, b, t)  # noqa: E731
             _set(model, name, HyperLinear(op, source=source))
     _mark_quantized(model, fixed_bits)
     if fixed_bits is not None:  # what a pickle of the model rebuilds its operators with

@@ -3167,14 +3167,16 @@ def _state_keys(model: nn.Module) -> list[str]:
     return list(_state_tensors(model))
 
 
-def _archive_source(archive: "_native.Archive", layer: str, bias: bool) -> Any:
+def _archive_source(archive: "_native.Archive", layer: str, bias: bool, transposed: bool = False) -> Any:
     """The stored form of ``layer`` (``.weight``, and ``.bias`` when the runtime holds it) read
-    back from ``archive`` when the layer is saved: nothing is kept in memory meanwhile."""
-    return lambda: archive.tensor_hwz(f"{layer}.weight", f"{layer}.bias" if bias else None)
+    back from ``archive`` when the layer is saved: nothing is kept in memory meanwhile.
+    ``transposed``: the weight is stored ``[in, out]`` (a ``Conv1D``'s), marked so."""
+    return lambda: archive.tensor_hwz(f"{layer}.weight", f"{layer}.bias" if bias else None, transposed)
 
 
 def load_into(model: nn.Module, path: str) -> nn.Module:
-    """Fills ``model`` from the archive ``path``: each ``nn.Linear`` whose weight is stored
+    """Fills ``model`` from the archive ``path``: each ``nn.Linear`` (or GPT-2's ``Conv1D``,
+    whose weight is stored ``[in, out]`` and run so) whose weight is stored
     becomes a :class:`HyperLinear` on the stored form (its dense weight is never built); the
     other parameters and buffers are decoded into place. Returns ``model``.
 
@@ -3184,7 +3186,9 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
     archive = _native.Archive(path)
     names = set(archive.names())
     linears = [
-        (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and f"{n}.weight" in names and _replaceable(model, n)
+        (n, m)
+        for n, m in model.named_modules()
+        if (isinstance(m, nn.Linear) or _is_conv1d(m)) and f"{n}.weight" in names and _replaceable(model, n)
     ]
     # Every stored tensor's shape (the layers' and the rest: a norm of the wrong width failed
     # in torch's load_state_dict after the layers were replaced); a scalar stored as [1] loads,
@@ -3206,7 +3210,10 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
         if layer.bias is not None and f"{name}.bias" in names:
             bias = np.ascontiguousarray(archive.read(f"{name}.bias"), dtype=np.float32)
             done.add(f"{name}.bias")
-        made[id(layer)] = HyperLinear(archive.linear(f"{name}.weight", bias), source=_archive_source(archive, name, bias is not None))
+        # A Conv1D's weight is stored as it holds it, [in, out]: its operator runs it so.
+        t = _is_conv1d(layer)
+        op = archive.linear(f"{name}.weight", bias, None, t)
+        made[id(layer)] = HyperLinear(op, source=_archive_source(archive, name, bias is not None, t))
         done.add(f"{name}.weight")
     # Every name of a stored layer (a layer used at several places: one stored layer at all).
     for name, layer in every:
