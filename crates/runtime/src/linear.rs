@@ -899,44 +899,54 @@ impl CompressedLinear {
     }
 
     /// `y = x·W` for a weight stored `[in, out]`: tiles of stored rows (inputs) decoded to f32
-    /// and added into `y` scaled by their inputs. Each task walks a run of tiles into its own
-    /// sum; the sums are added in task order.
+    /// and added into `y` scaled by their inputs (a GEMM). Lattice and trellis rows are summed
+    /// in their RHT domain, as decoded, and each output row is rotated back once at the end
+    /// (`Σ x_i·RHT⁻¹(q_i) = RHT⁻¹(Σ x_i·q_i)`); a task keeps its last entropy-coded chunk for
+    /// its next tile. Each
+    /// task walks a run of tiles into its own sum; the sums are added in task order.
     fn forward_transposed(&self, x: &[f32], batch: usize, y: &mut [f32]) -> Result<()> {
         let (inputs, outputs) = (self.cols, self.rows);
         y.fill(0.0);
         if batch == 0 || outputs == 0 {
             return Ok(());
         }
+        let rotated = self.op.rotated();
+        let width = rotated.as_ref().map_or(outputs, Rotated::width);
         // Tiles that stay in L2 between their decode and their product (for a batch, deep
         // enough for the GEMM's inner dimension).
         let values = TRANSPOSED_TILE_VALUES << (batch.min(8).ilog2());
-        let tile = (values / outputs).clamp(1, inputs);
+        let tile = (values / width).clamp(1, inputs);
         let tiles = inputs.div_ceil(tile);
         let tasks = rayon::current_num_threads().clamp(1, tiles);
         let per = tiles.div_ceil(tasks);
         let run = |task: usize, acc: &mut [f32]| -> Result<()> {
-            let mut w = Vec::new();
+            let (mut w, mut scratch) = (Vec::new(), Points::default());
             for k in task * per..((task + 1) * per).min(tiles) {
                 let r0 = k * tile;
                 let n = tile.min(inputs - r0);
-                w.resize(n * outputs, 0.0);
-                self.op.decode_range(r0, outputs, &mut w)?;
-                gemm_xw_add(&x[r0..], inputs, batch, &w, n, outputs, acc);
+                w.resize(n * width, 0.0);
+                match &rotated {
+                    Some(r) => r.decode(r0, &mut w, &mut scratch)?,
+                    None => self.op.decode_range(r0, outputs, &mut w)?,
+                }
+                gemm_xw_add(&x[r0..], inputs, batch, &w, n, width, acc);
             }
             Ok(())
         };
-        if tasks == 1 {
-            return run(0, y);
-        }
-        let sums = (0..tasks)
+        let mut sums = (0..tasks)
             .into_par_iter()
             .map(|task| {
-                let mut acc = vec![0f32; batch * outputs];
+                let mut acc = vec![0f32; batch * width];
                 run(task, &mut acc).map(|()| acc)
             })
             .collect::<Result<Vec<_>>>()?;
+        let mut total = sums.swap_remove(0);
         for acc in &sums {
-            y.iter_mut().zip(acc).for_each(|(o, &v)| *o += v);
+            total.iter_mut().zip(acc).for_each(|(o, &v)| *o += v);
+        }
+        match &rotated {
+            Some(r) => r.rotate_back(&total, y)?,
+            None => y.copy_from_slice(&total),
         }
         Ok(())
     }
@@ -1176,6 +1186,24 @@ impl Op {
                 deltas.apply((r * cols) as u64, out, false);
                 Ok(())
             }
+        }
+    }
+
+    /// The leaf's rows as their RHT-domain values, where it is a lattice or trellis tensor.
+    fn rotated(&self) -> Option<Rotated<'_>> {
+        let Op::Leaf { view, kind } = self else {
+            return None;
+        };
+        match (kind, view.parts_ref()) {
+            (Kind::E8Fixed | Kind::LatticeWords, Parts::Lattice(l)) => {
+                Some(Rotated::Fixed(view, l, e8_blocked(l)))
+            }
+            (Kind::LatticeResident, Parts::Lattice(l)) => {
+                let (chunk, _) = l.symbols.chunking()?;
+                Some(Rotated::Coded(view, l, chunk))
+            }
+            (Kind::Trellis, Parts::Trellis(t)) => Some(Rotated::Trellis(view, t)),
+            _ => None,
         }
     }
 
@@ -1456,6 +1484,75 @@ pub(crate) fn gemm_wxt(w: &[f32], n: usize, cols: usize, x: &[f32], batch: usize
     }
 }
 
+/// A lattice or trellis leaf read in its RHT domain (a transposed product sums its rows there):
+/// a row's values before the inverse transform, `width` of them, the first `cols` the RHT of
+/// the weight row.
+enum Rotated<'a> {
+    /// Fixed-rate lattice points scaled by `σ_r/α` ([`fixed_points`]; `true`: blocked order).
+    Fixed(
+        &'a TensorView<'static>,
+        &'a hwz::LatticeParts<'static>,
+        bool,
+    ),
+    /// Entropy-coded lattice points, chunks of this many symbols ([`coded_points`]).
+    Coded(
+        &'a TensorView<'static>,
+        &'a hwz::LatticeParts<'static>,
+        usize,
+    ),
+    /// Trellis values times the row scales ([`trellis_values`]).
+    Trellis(&'a TensorView<'static>, &'a hwz::TrellisParts<'static>),
+}
+
+impl Rotated<'_> {
+    fn view(&self) -> &TensorView<'static> {
+        match self {
+            Rotated::Fixed(v, ..) | Rotated::Coded(v, ..) | Rotated::Trellis(v, _) => v,
+        }
+    }
+
+    /// Values a row decodes to (lattice rows: whole words).
+    fn width(&self) -> usize {
+        match self {
+            Rotated::Fixed(_, l, _) | Rotated::Coded(_, l, _) => l.symbols_per_row,
+            Rotated::Trellis(v, _) => v.cols() as usize,
+        }
+    }
+
+    /// Rows `r0..` into `w` (`w.len() / width` rows).
+    fn decode(&self, r0: usize, w: &mut [f32], scratch: &mut Points) -> Result<()> {
+        match self {
+            Rotated::Fixed(v, l, blocked) => fixed_points(v, l, *blocked, r0, w),
+            Rotated::Coded(v, l, chunk) => coded_points(v, l, *chunk, r0, w, scratch),
+            Rotated::Trellis(v, t) => trellis_values(v, t, r0, w),
+        }
+    }
+
+    /// Each row of `y` (`cols` values) = the inverse RHT of that row of `sums` (`width`
+    /// values, put back in order first where they were decoded blocked).
+    fn rotate_back(&self, sums: &[f32], y: &mut [f32]) -> Result<()> {
+        let view = self.view();
+        let (cols, width) = (view.cols() as usize, self.width());
+        let (tile, seed) = match self {
+            Rotated::Fixed(_, l, _) | Rotated::Coded(_, l, _) => (l.params.tile, l.params.seed),
+            Rotated::Trellis(_, t) => (t.tile, t.seed),
+        };
+        let rht =
+            Rht::new(cols, tile, seed).map_err(|e| corrupt(view, format!("transform: {e}")))?;
+        for (sum, out) in sums.chunks_exact(width).zip(y.chunks_exact_mut(cols)) {
+            if let Rotated::Fixed(_, _, true) = self {
+                for (pos, o) in out.iter_mut().enumerate() {
+                    *o = sum[blocked_index(width / 8, pos)];
+                }
+            } else {
+                out.copy_from_slice(&sum[..cols]);
+            }
+            rht.inverse(out);
+        }
+        Ok(())
+    }
+}
+
 /// `acc += X·W` for the `batch × n` block of activations at the start of each row of `x`
 /// (rows `stride` apart) and `W` of `n × outputs` (row-major), `acc` `batch × outputs`.
 fn gemm_xw_add(
@@ -1605,26 +1702,18 @@ fn lattice_points_gemm(
     batch: usize,
     yt: &mut [f32],
 ) -> Result<()> {
-    let Symbols::Fixed { bits, packed } = &l.symbols else {
+    if !matches!(l.symbols, Symbols::Fixed { .. }) {
         return lattice_coded_gemm(view, l, x, batch, yt);
-    };
+    }
     let (rows, cols) = (view.rows() as usize, view.cols() as usize);
     let spr = l.symbols_per_row;
-    let p = &l.params;
     if rows == 0 || cols == 0 {
         yt.fill(0.0);
         return Ok(());
     }
     let mut xr = rotated(view, l, x, batch)?;
-    let lat = p.lattice;
-    let d = lat.dim();
-    // 4-bit E8 in AVX2: points are written field-major per block of 8 words (see
-    // `avx2::e8_points4`); the GEMM's inner dimension may be in any order, so X' is put in
-    // the same order once.
-    #[cfg(target_arch = "x86_64")]
-    let blocked = lat == Lattice::E8 && *bits == 4 && crate::simd::has_avx2();
-    #[cfg(not(target_arch = "x86_64"))]
-    let blocked = false;
+    // The GEMM's inner dimension may be in any order, so X' is put in the points' order once.
+    let blocked = e8_blocked(l);
     if blocked {
         let mut row = vec![0f32; spr];
         for xrow in xr.chunks_exact_mut(spr) {
@@ -1634,11 +1723,48 @@ fn lattice_points_gemm(
             }
         }
     }
-    let nw = spr / 8;
     gemm_decoded_tiles(yt, rows, spr, batch, &xr, |r0, w| {
-        let n = w.len() / spr;
-        if blocked {
-            #[cfg(target_arch = "x86_64")]
+        fixed_points(view, l, blocked, r0, w)
+    })
+}
+
+/// Whether [`fixed_points`] writes `l`'s rows blocked: 4-bit E8 in AVX2 writes each row's
+/// points field-major per block of 8 words ([`blocked_index`]; see `avx2::e8_points4`).
+fn e8_blocked(l: &hwz::LatticeParts<'_>) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        l.params.lattice == Lattice::E8
+            && matches!(l.symbols, Symbols::Fixed { bits: 4, .. })
+            && crate::simd::has_avx2()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = l;
+        false
+    }
+}
+
+/// Rows `r0..` of a fixed-rate lattice tensor as lattice points scaled by `σ_r/α` (`w.len() /
+/// spr` rows of `spr` values: the rows' RHT, zero-padded to whole words); `blocked`: 4-bit E8
+/// rows in AVX2 with each row's coordinates in [`blocked_index`] order.
+fn fixed_points(
+    view: &TensorView<'_>,
+    l: &hwz::LatticeParts<'_>,
+    blocked: bool,
+    r0: usize,
+    w: &mut [f32],
+) -> Result<()> {
+    let Symbols::Fixed { bits, packed } = &l.symbols else {
+        return Err(corrupt(view, "fixed-rate points of coded symbols".into()));
+    };
+    let spr = l.symbols_per_row;
+    let (p, lat) = (&l.params, l.params.lattice);
+    let d = lat.dim();
+    let n = w.len() / spr.max(1);
+    if blocked {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let nw = spr / 8;
             for (i, wr) in w.chunks_exact_mut(spr).enumerate() {
                 let r = r0 + i;
                 let k = l.scales[r] / p.alpha;
@@ -1647,29 +1773,30 @@ fn lattice_points_gemm(
                     crate::avx2::e8_points4(&packed[r * nw * 4..(r + 1) * nw * 4], k, wr);
                 }
             }
-        } else {
-            let mut codes = vec![0u8; n * spr];
-            scalar::unpack_bits_range_into(packed, *bits, rows * spr, r0 * spr, &mut codes)
-                .map_err(|e| corrupt(view, format!("lattice symbols: {e}")))?;
-            let mut syms = [0u32; 8];
-            for (i, (wr, cr)) in w
-                .chunks_exact_mut(spr)
-                .zip(codes.chunks_exact(spr))
-                .enumerate()
-            {
-                let k = l.scales[r0 + i] / p.alpha;
-                for (pw, cw) in wr.chunks_exact_mut(d).zip(cr.chunks_exact(d)) {
-                    syms[..d]
-                        .iter_mut()
-                        .zip(cw)
-                        .for_each(|(s, &c)| *s = c as u32);
-                    lat.decode_word_fixed(&syms[..d], *bits, pw);
-                    pw.iter_mut().for_each(|v| *v *= k);
-                }
-            }
         }
-        Ok(())
-    })
+        return Ok(());
+    }
+    let rows = view.rows() as usize;
+    let mut codes = vec![0u8; n * spr];
+    scalar::unpack_bits_range_into(packed, *bits, rows * spr, r0 * spr, &mut codes)
+        .map_err(|e| corrupt(view, format!("lattice symbols: {e}")))?;
+    let mut syms = [0u32; 8];
+    for (i, (wr, cr)) in w
+        .chunks_exact_mut(spr)
+        .zip(codes.chunks_exact(spr))
+        .enumerate()
+    {
+        let k = l.scales[r0 + i] / p.alpha;
+        for (pw, cw) in wr.chunks_exact_mut(d).zip(cr.chunks_exact(d)) {
+            syms[..d]
+                .iter_mut()
+                .zip(cw)
+                .for_each(|(s, &c)| *s = c as u32);
+            lat.decode_word_fixed(&syms[..d], *bits, pw);
+            pw.iter_mut().for_each(|v| *v *= k);
+        }
+    }
+    Ok(())
 }
 
 /// Entropy-coded lattice rows above [`SMALL_BATCH`]: `X' = RHT(X)` once, then per tile of
@@ -1685,7 +1812,6 @@ fn lattice_coded_gemm(
 ) -> Result<()> {
     let (rows, cols) = (view.rows() as usize, view.cols() as usize);
     let spr = l.symbols_per_row;
-    let p = &l.params;
     let Some((chunk, _)) = l.symbols.chunking() else {
         return lattice_points_gemm(view, l, x, batch, yt);
     };
@@ -1694,42 +1820,82 @@ fn lattice_coded_gemm(
         return Ok(());
     }
     let xr = rotated(view, l, x, batch)?;
-    let lat = p.lattice;
-    let d = lat.dim();
     let tile_rows = tile_rows_for(rows, spr).max(chunk / spr);
     let tasks = row_tiles(yt, tile_rows, batch);
     tasks.into_par_iter().try_for_each_init(
-        || (Vec::new(), Vec::new(), Vec::new()),
-        |(w, syms, buf): &mut (Vec<f32>, Vec<u32>, Vec<u32>), (r0, out)| -> Result<()> {
+        || (Vec::new(), Points::default()),
+        |(w, scratch): &mut (Vec<f32>, Points), (r0, out)| -> Result<()> {
             let n = out.len() / batch;
-            let (first, end) = (r0 * spr, (r0 + n) * spr);
-            syms.clear();
-            for c in first / chunk..end.div_ceil(chunk) {
-                let have = decode_chunk(view, &l.symbols, lat, c, buf)?;
-                let (a, b) = (have.start.max(first), have.end.min(end));
-                if a < b {
-                    syms.extend_from_slice(&buf[a - have.start..b - have.start]);
-                }
-            }
-            if syms.len() != n * spr {
-                return Err(corrupt(view, "symbols end before the last row".into()));
-            }
             w.resize(n * spr, 0.0);
-            for (i, (wr, sr)) in w
-                .chunks_exact_mut(spr)
-                .zip(syms.chunks_exact(spr))
-                .enumerate()
-            {
-                let k = l.scales[r0 + i] / p.alpha;
-                for (pw, sw) in wr.chunks_exact_mut(d).zip(sr.chunks_exact(d)) {
-                    lat.decode_word(sw, pw);
-                    pw.iter_mut().for_each(|v| *v *= k);
-                }
-            }
+            coded_points(view, l, chunk, r0, w, scratch)?;
             gemm_wxt(w, n, spr, &xr, batch, out);
             Ok(())
         },
     )
+}
+
+/// Buffers of [`coded_points`]: the rows' symbols, and the last chunk decoded (tiles walked in
+/// order share the chunk at their boundary: decoded once).
+#[derive(Default)]
+struct Points {
+    symbols: Vec<u32>,
+    chunk: Vec<u32>,
+    /// The chunk `chunk` holds and the symbols it covers.
+    held: Option<(usize, Range<usize>)>,
+}
+
+/// Rows `r0..` of an entropy-coded lattice tensor (chunks of `chunk` symbols) as lattice
+/// points scaled by `σ_r/α` (`w.len() / spr` rows of `spr` values): the chunks that cover them
+/// are decoded (the last one kept in `scratch` for the next tile).
+fn coded_points(
+    view: &TensorView<'_>,
+    l: &hwz::LatticeParts<'_>,
+    chunk: usize,
+    r0: usize,
+    w: &mut [f32],
+    scratch: &mut Points,
+) -> Result<()> {
+    let spr = l.symbols_per_row;
+    let lat = l.params.lattice;
+    let d = lat.dim();
+    let n = w.len() / spr.max(1);
+    let (first, end) = (r0 * spr, (r0 + n) * spr);
+    let Points {
+        symbols: syms,
+        chunk: buf,
+        held,
+    } = scratch;
+    syms.clear();
+    for c in first / chunk..end.div_ceil(chunk) {
+        let have = match held {
+            Some((k, have)) if *k == c => have.clone(),
+            _ => {
+                *held = None; // (until the chunk is whole in `buf`)
+                let have = decode_chunk(view, &l.symbols, lat, c, buf)?;
+                *held = Some((c, have.clone()));
+                have
+            }
+        };
+        let (a, b) = (have.start.max(first), have.end.min(end));
+        if a < b {
+            syms.extend_from_slice(&buf[a - have.start..b - have.start]);
+        }
+    }
+    if syms.len() != n * spr {
+        return Err(corrupt(view, "symbols end before the last row".into()));
+    }
+    for (i, (wr, sr)) in w
+        .chunks_exact_mut(spr)
+        .zip(syms.chunks_exact(spr))
+        .enumerate()
+    {
+        let k = l.scales[r0 + i] / l.params.alpha;
+        for (pw, sw) in wr.chunks_exact_mut(d).zip(sr.chunks_exact(d)) {
+            lat.decode_word(sw, pw);
+            pw.iter_mut().for_each(|v| *v *= k);
+        }
+    }
+    Ok(())
 }
 
 /// Where coordinate `pos` (word `pos / 8`, coordinate `pos % 8`) of a row of `nw` E8 words
@@ -1999,17 +2165,29 @@ fn trellis_points_gemm(
         return Ok(());
     }
     let xr = rotate_rows(view, t.tile, t.seed, cols, x, batch)?;
-    let rb = t.row_bytes(cols);
     gemm_decoded_tiles(yt, rows, cols, batch, &xr, |r0, w| {
-        for (i, wr) in w.chunks_exact_mut(cols).enumerate() {
-            let r = r0 + i;
-            hypercodec_trellis::decode_row(&t.bits[r * rb..(r + 1) * rb], t.seq, &t.params, wr)
-                .map_err(|e| corrupt(view, format!("trellis bits: {e}")))?;
-            let s = t.scales[r];
-            wr.iter_mut().for_each(|v| *v *= s);
-        }
-        Ok(())
+        trellis_values(view, t, r0, w)
     })
+}
+
+/// Rows `r0..` of a trellis tensor as their values in the RHT domain times the row scales
+/// (`w.len() / cols` rows).
+fn trellis_values(
+    view: &TensorView<'_>,
+    t: &hwz::TrellisParts<'_>,
+    r0: usize,
+    w: &mut [f32],
+) -> Result<()> {
+    let cols = view.cols() as usize;
+    let rb = t.row_bytes(cols);
+    for (i, wr) in w.chunks_exact_mut(cols).enumerate() {
+        let r = r0 + i;
+        hypercodec_trellis::decode_row(&t.bits[r * rb..(r + 1) * rb], t.seq, &t.params, wr)
+            .map_err(|e| corrupt(view, format!("trellis bits: {e}")))?;
+        let s = t.scales[r];
+        wr.iter_mut().for_each(|v| *v *= s);
+    }
+    Ok(())
 }
 
 /// Trellis rows at up to [`TRELLIS_ROWS_BATCH`] activation rows: `X' = RHT(X)` once, then each
