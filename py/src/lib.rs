@@ -179,39 +179,15 @@ fn runtime_err(e: RuntimeError) -> PyErr {
     }
 }
 
-/// The metadata entry of a layer's one-tensor archive ([`layer_archive`]) that marks its weight
-/// as stored `[in, out]` (`{"transposed": true}`: GPT-2's `Conv1D`), run by
-/// [`CompressedLinear::transposed`].
-const LAYER_KEY: &str = "layer";
-
-/// Runs the `hypercodec` command line on `argv` (without the program name) and returns its
-/// exit code, printing errors as the command does; the GIL is released while it runs.
-/// Whether a layer archive's metadata marks its weight as stored `[in, out]` ([`LAYER_KEY`]);
-/// a mark this version does not know is a [`FormatError`] (read as another layout, the layer
-/// would compute a wrong product).
-fn layer_transposed(
-    metadata: &std::collections::BTreeMap<String, serde_json::Value>,
-) -> PyResult<bool> {
-    let Some(mark) = metadata.get(LAYER_KEY) else {
-        return Ok(false);
-    };
-    match mark.as_object() {
-        Some(m) if m.keys().all(|k| k == "transposed") => match m.get("transposed") {
-            None => Ok(false),
-            Some(serde_json::Value::Bool(t)) => Ok(*t),
-            Some(v) => Err(FormatError::new_err(format!(
-                "the layer's `{LAYER_KEY}.transposed` is {v}, not true or false"
-            ))),
-        },
-        _ => Err(FormatError::new_err(format!(
-            "the layer archive's `{LAYER_KEY}` entry is {mark}; this version knows only \
-             {{\"transposed\": true|false}}"
-        ))),
-    }
-}
+/// The name a layer archive ([`layer_archive`]) gives a weight stored `[in, out]` (GPT-2's
+/// `Conv1D`, run by [`CompressedLinear::transposed`]) in place of `weight`: a reader that does
+/// not know the layout finds no `weight` and refuses the layer, where a mark beside it could be
+/// overlooked and a square weight run the wrong way round.
+const WEIGHT_IN_OUT: &str = "weight_in_out";
 
 /// The serialized form of a compressed layer: a one-tensor `.hwz` archive in memory holding
-/// `weight` (its stored form, as is) and, when given, `bias` (raw float32).
+/// `weight` (its stored form, as is; [`WEIGHT_IN_OUT`] when `transposed`) and, when given,
+/// `bias` (raw float32).
 fn layer_archive(
     shape: &[u64],
     source_dtype: &str,
@@ -220,10 +196,8 @@ fn layer_archive(
     transposed: bool,
 ) -> Result<Vec<u8>, HwzError> {
     let mut w = Writer::new(Vec::new(), WriterOptions::default())?;
-    w.add_tensor("weight", shape, source_dtype, weight, None)?;
-    if transposed {
-        w.insert_metadata(LAYER_KEY, serde_json::json!({ "transposed": true }));
-    }
+    let name = if transposed { WEIGHT_IN_OUT } else { "weight" };
+    w.add_tensor(name, shape, source_dtype, weight, None)?;
     if let Some(b) = bias {
         let shape = [b.len() as u64];
         let raw = Encoding::Raw {
@@ -376,10 +350,12 @@ extern "C" fn after_fork_in_child() {
 /// A `fixed_bits` argument as the loader takes it: a Python integer outside a byte's range is
 /// a typed error (it raised a bare OverflowError); the loader checks the rest.
 fn fixed_bits_arg(v: Option<i64>) -> PyResult<Option<u8>> {
-    v.map(|b| {
-        u8::try_from(b).map_err(|_| {
-            InvalidInputError::new_err(format!("fixed_bits {b}: bits per symbol, from 2 to 8"))
-        })
+    v.map(|b| match u8::try_from(b) {
+        Ok(b) if (2..=8).contains(&b) => Ok(b),
+        // (refused here for every tensor: the runtime only checks it where it applies)
+        _ => Err(InvalidInputError::new_err(format!(
+            "fixed_bits {b}: bits per symbol, from 2 to 8"
+        ))),
     })
     .transpose()
 }
@@ -691,8 +667,9 @@ impl Archive {
 
     /// Tensor `name` as the serialized form of a layer (see [`Linear::from_hwz`]): a one-tensor
     /// `.hwz` archive with its stored streams copied as they are (nothing re-encoded) and, when
-    /// `bias` names a tensor, that tensor decoded to float32; `transposed` marks the weight as
-    /// stored `[in, out]` (see [`Archive::linear`]), which `from_hwz` then runs as such.
+    /// `bias` names a tensor, that tensor decoded to float32. `transposed`: the weight is stored
+    /// `[in, out]` (see [`Archive::linear`]; 2-D) and is saved as `weight_in_out`, which
+    /// `from_hwz` runs as such.
     #[pyo3(signature = (name, bias=None, transposed=false))]
     fn tensor_hwz<'py>(
         &self,
@@ -702,6 +679,12 @@ impl Archive {
         transposed: bool,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let k = self.index(name)?;
+        if transposed && self.shapes[k].len() != 2 {
+            return Err(InvalidInputError::new_err(format!(
+                "`{name}` of shape {:?} cannot be read as [in, out] (2-D needed)",
+                self.shapes[k]
+            )));
+        }
         let b = match bias {
             Some(b) => Some((self.index(b)?, b)),
             None => None,
@@ -769,7 +752,8 @@ struct Linear {
 #[pymethods]
 impl Linear {
     /// The stored weight's own shape, e.g. `(out, in / groups, kh, kw)` for a convolution
-    /// (`rows`, `cols` are its matrix view).
+    /// (`rows`, `cols` are its matrix view; for a weight stored `[in, out]`, that view
+    /// transposed: see `transposed`).
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, self.shape.iter().copied())
@@ -942,8 +926,9 @@ impl Linear {
     }
 
     /// The layer saved by [`Linear::to_hwz`] or [`Archive::tensor_hwz`] (a one-tensor `.hwz`
-    /// archive as bytes or a uint8 array: `weight`, and `bias` when present), running on its
-    /// stored form; `fixed_bits` as in [`Archive::linear`].
+    /// archive as bytes or a uint8 array: `weight`, or `weight_in_out` for a weight stored
+    /// `[in, out]`, and `bias` when present), running on its stored form; `fixed_bits` as in
+    /// [`Archive::linear`].
     #[staticmethod]
     #[pyo3(signature = (data, fixed_bits=None))]
     fn from_hwz(
@@ -978,7 +963,15 @@ impl Linear {
                     Ok(_) => Some(a.decode_tensor("bias").map_err(hwz_err)?),
                     Err(_) => None,
                 };
-                let t = a.tensor("weight").map_err(hwz_err)?;
+                let (t, transposed) = match (a.tensor("weight"), a.tensor(WEIGHT_IN_OUT)) {
+                    (Ok(_), Ok(_)) => {
+                        return Err(FormatError::new_err(format!(
+                            "the layer holds both `weight` and `{WEIGHT_IN_OUT}`"
+                        )))
+                    }
+                    (Err(_), Ok(t)) => (t, true),
+                    (w, _) => (w.map_err(hwz_err)?, false),
+                };
                 let streams = a.tensor_streams(t).map_err(hwz_err)?;
                 let refs: Vec<(&str, &[u8])> = streams
                     .iter()
@@ -988,7 +981,7 @@ impl Linear {
                 let view = hypercodec_hwz::TensorView::new(&t.name, &t.encoding, &shape, &refs)
                     .map_err(hwz_err)?;
                 let load = LoadOptions { fixed_bits }.for_tensor(&view);
-                let op = if layer_transposed(&a.manifest().metadata)? {
+                let op = if transposed {
                     CompressedLinear::transposed(view, bias.as_deref(), &load)
                 } else {
                     CompressedLinear::new(view, bias.as_deref(), &load)

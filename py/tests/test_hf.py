@@ -193,31 +193,11 @@ def test_gpt2_conv1d_layers_are_compressed_and_round_trip(tmp_path, monkeypatch)
         torch._dynamo.reset()
 
 
-def _crc32c(data: bytes) -> int:
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
-    return crc ^ 0xFFFFFFFF
-
-
-def _with_manifest_text(data: bytes, old: bytes, new: bytes) -> bytes:
-    """A .hwz's bytes with ``old`` replaced by ``new`` (as long) in its manifest, whose checksum
-    is made again (the tail: manifest offset u64, length u64, crc32c u32, magic)."""
-    assert len(old) == len(new) and data.count(old) == 1
-    tail = data[-24:]
-    at, n = int.from_bytes(tail[:8], "little"), int.from_bytes(tail[8:16], "little")
-    out = bytearray(data.replace(old, new))
-    out[-8:-4] = _crc32c(bytes(out[at : at + n])).to_bytes(4, "little")
-    return bytes(out)
-
-
 def test_a_gpt2_archive_runs_its_conv1d_weights_as_stored(tmp_path, monkeypatch):
     """An archive of a GPT-2 holds its Conv1D weights as the model does, [in, out]. from_hwz and
     load_into decoded them to dense layers; they now run on the stored form, transposed (no
     re-encoding), and that survives save_pretrained / from_pretrained, pickling and the
-    layer's own serialized form. A mark this version does not know is refused."""
+    layer's own serialized form."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import transformers
 
@@ -249,17 +229,23 @@ def test_a_gpt2_archive_runs_its_conv1d_weights_as_stored(tmp_path, monkeypatch)
         got = model(ids).logits
         assert torch.equal(back(ids).logits, got) and torch.equal(again(ids).logits, got)
     assert back.transformer.h[1].mlp.c_fc.op.transposed
-    # The layer's serialized form carries the mark; one this version does not know is refused.
+    # The layer's serialized form names the weight `weight_in_out` (a reader that does not know
+    # the layout finds no `weight` and refuses it, rather than run a square one transposed).
     archive = hypercodec.Archive(str(path))
     layer = archive.tensor_hwz("transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.bias", True)
     op = hypercodec.Linear.from_hwz(layer)
-    assert op.transposed and (op.rows, op.cols) == (256, 64)
-    for bad in (b'"transposed":1234', b'"transposed":null', b'"transpose_":true'):
-        with pytest.raises(hypercodec.FormatError, match="transposed|layer"):
-            hypercodec.Linear.from_hwz(_with_manifest_text(layer, b'"transposed":true', bad))
-    # A bias is as long as the stored columns of a transposed weight.
+    assert op.transposed and (op.rows, op.cols) == (256, 64) and b"weight_in_out" in layer
+    assert not hypercodec.Linear.from_hwz(archive.tensor_hwz("transformer.h.0.mlp.c_fc.weight")).transposed
+    for bits in (0, 1, 9):  # (refused for every tensor, not only where it applies)
+        with pytest.raises(hypercodec.InvalidInputError, match=f"fixed_bits {bits}"):
+            hypercodec.Linear.from_hwz(layer, bits)
+    # A bias is as long as the stored columns of a transposed weight; only a 2-D weight is one.
     with pytest.raises(hypercodec.InvalidInputError, match="has 64 rows"):
         archive.tensor_hwz("transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.bias")
+    for call in (lambda: archive.tensor_hwz("transformer.h.0.mlp.c_fc.bias", None, True),
+                 lambda: archive.linear("transformer.h.0.mlp.c_fc.bias", None, None, True)):
+        with pytest.raises(hypercodec.InvalidInputError, match=r"\[in, out\]"):
+            call()
 
 
 @pytest.mark.parametrize("arch", ["gpt-neo", "wav2vec2"])

@@ -99,6 +99,14 @@ pub enum RuntimeError {
         /// Its shape.
         shape: Vec<u64>,
     },
+    /// A weight to be read as stored `[in, out]` ([`CompressedLinear::transposed`]) is not 2-D.
+    #[error("tensor `{tensor}` of shape {shape:?} cannot be read as [in, out] (2-D needed)")]
+    NotInOut {
+        /// The tensor.
+        tensor: String,
+        /// Its shape.
+        shape: Vec<u64>,
+    },
     /// Stored side information is out of range (e.g. a prototype index past the codebook).
     #[error("tensor `{tensor}`: {message}")]
     Corrupt {

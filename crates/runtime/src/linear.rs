@@ -12,8 +12,12 @@ use std::ops::Range;
 
 /// Values of `W` a batch > 1 decodes at a time per thread (1 MB of f32: an L2-sized tile).
 const TILE_VALUES: usize = 1 << 20;
-/// Values in a tile of a transposed weight ([`CompressedLinear::transposed`]): 128 KiB of f32.
+/// Values in a tile of a transposed weight ([`CompressedLinear::transposed`]) whose rows decode
+/// on their own: 128 KiB of f32 at batch 1, doubled for 2, 4 and 8 rows and more.
 const TRANSPOSED_TILE_VALUES: usize = 1 << 15;
+/// Activation rows a transposed weight runs at a time (each task holds a sum of this many rows
+/// of outputs).
+const TRANSPOSED_BATCH: usize = 64;
 /// Batches up to this size run the batch-1 path once per activation row (affine codes: every
 /// row at once), larger ones decode tiles for a GEMM; by kind ([`small_batch`]), where the
 /// crossover was measured on 4096² (`hypercodec benchmark --runtime --batches 2,4,8,16`).
@@ -133,7 +137,7 @@ pub enum Path {
     /// The fallback: row tiles decoded to f32, then dotted (no fast path for this form).
     DecodeTiles,
     /// A weight stored `[in, out]` ([`CompressedLinear::transposed`]): tiles of stored rows
-    /// decoded to f32, each added into `y` scaled by its input (a GEMM above batch 1).
+    /// decoded to f32, each added into `y` scaled by its input (a GEMM).
     TransposedTiles,
 }
 
@@ -337,7 +341,8 @@ pub struct Int8Weight {
 }
 
 /// A linear layer whose weight stays compressed: `y = x·Wᵀ (+ b)` with `W` the `rows × cols`
-/// matrix view of an hwz tensor (a convolution's `[out, in, kh, kw]` is `[out, in·kh·kw]`).
+/// matrix view of an hwz tensor (a convolution's `[out, in, kh, kw]` is `[out, in·kh·kw]`), or
+/// of a 2-D tensor stored `[in, out]`, transposed ([`CompressedLinear::transposed`]).
 #[derive(Debug)]
 pub struct CompressedLinear {
     name: String,
@@ -397,8 +402,9 @@ impl CompressedLinear {
     /// `cols` (inputs) the stored rows, so it computes what [`CompressedLinear::new`] would on
     /// the weight transposed, without re-encoding it (groups and scales stay along the stored
     /// rows). It runs by decoding tiles of stored rows each call and adding each row into `y`
-    /// scaled by its input (a GEMM above batch 1): [`Path::TransposedTiles`] at every batch.
-    /// It has no device form and no int8 form (front ends decode it).
+    /// scaled by its input (a GEMM): [`Path::TransposedTiles`] at every batch.
+    /// It has no device form and no int8 form (front ends decode it). The tensor must be 2-D
+    /// ([`RuntimeError::NotInOut`]).
     pub fn transposed(
         view: TensorView<'_>,
         bias: Option<&[f32]>,
@@ -414,6 +420,12 @@ impl CompressedLinear {
         transposed: bool,
     ) -> Result<Self> {
         let name = view.name().to_string();
+        if transposed && view.shape().len() != 2 {
+            return Err(RuntimeError::NotInOut {
+                tensor: name,
+                shape: view.shape().to_vec(),
+            });
+        }
         if view.shape().len() < 2 {
             return Err(RuntimeError::NotAMatrix {
                 tensor: name,
@@ -540,8 +552,8 @@ impl CompressedLinear {
     }
 
     /// Bytes the operator holds: the stored streams, the side information parsed from them
-    /// and the bias. Per-call buffers (the prepared activation, one chunk or tile per thread)
-    /// are not included.
+    /// and the bias. Per-call buffers (the prepared activation, one chunk or tile per thread,
+    /// a transposed weight's sums of up to 64 rows of outputs per thread) are not included.
     pub fn held_bytes(&self) -> u64 {
         self.op.held_bytes() + 4 * self.bias.as_ref().map_or(0, Vec::len) as u64
     }
@@ -847,7 +859,8 @@ impl CompressedLinear {
     }
 
     /// Rows `rows` of the weight decoded to f32 (`rows.len() × cols`): an embedding lookup on
-    /// the stored form (each row decodes alone; entropy-coded rows decode their chunk).
+    /// the stored form (each row decodes alone; entropy-coded rows decode their chunk; a
+    /// transposed weight's rows are stored columns: it is decoded whole, once a call).
     pub fn decode_rows(&self, rows: &[usize], out: &mut [f32]) -> Result<()> {
         check_rows("rows out", rows.len(), self.cols, out.len())?;
         if let Some(&r) = rows.iter().find(|&&r| r >= self.rows) {
@@ -899,26 +912,61 @@ impl CompressedLinear {
     }
 
     /// `y = x·W` for a weight stored `[in, out]`: tiles of stored rows (inputs) decoded to f32
-    /// and added into `y` scaled by their inputs (a GEMM). Lattice and trellis rows are summed
-    /// in their RHT domain, as decoded, and each output row is rotated back once at the end
-    /// (`Σ x_i·RHT⁻¹(q_i) = RHT⁻¹(Σ x_i·q_i)`); a task keeps its last entropy-coded chunk for
-    /// its next tile. Each
-    /// task walks a run of tiles into its own sum; the sums are added in task order.
+    /// and added into `y` scaled by their inputs (a GEMM, at batch 1 too). Lattice and trellis
+    /// rows are summed in their RHT domain, as decoded, and each output row is rotated back
+    /// once at the end (`Σ x_i·RHT⁻¹(q_i) = RHT⁻¹(Σ x_i·q_i)`); a task keeps its last
+    /// entropy-coded chunk for its next tile. Each task walks a run of tiles into its own sum;
+    /// the sums are added in task order. Batches run [`TRANSPOSED_BATCH`] rows at a time, so the
+    /// sums stay that small (the weight is decoded once for each).
     fn forward_transposed(&self, x: &[f32], batch: usize, y: &mut [f32]) -> Result<()> {
         let (inputs, outputs) = (self.cols, self.rows);
+        for b0 in (0..batch).step_by(TRANSPOSED_BATCH) {
+            let b1 = (b0 + TRANSPOSED_BATCH).min(batch);
+            let (xs, ys) = (
+                &x[b0 * inputs..b1 * inputs],
+                &mut y[b0 * outputs..b1 * outputs],
+            );
+            self.transposed_rows(xs, b1 - b0, ys, None)?;
+        }
+        Ok(())
+    }
+
+    /// [`CompressedLinear::forward_transposed`] for up to [`TRANSPOSED_BATCH`] rows, in tiles of
+    /// about `tile_values` values (by default: L2-sized where the rows decode on their own, else
+    /// [`TILE_VALUES`], for forms that decode from the tensor's start or by whole chunks).
+    pub(crate) fn transposed_rows(
+        &self,
+        x: &[f32],
+        batch: usize,
+        y: &mut [f32],
+        tile_values: Option<usize>,
+    ) -> Result<()> {
+        let (inputs, outputs) = (self.cols, self.rows);
         y.fill(0.0);
-        if batch == 0 || outputs == 0 {
+        if batch == 0 || outputs == 0 || inputs == 0 {
             return Ok(());
         }
         let rotated = self.op.rotated();
         let width = rotated.as_ref().map_or(outputs, Rotated::width);
+        let local = rotated.is_some()
+            || matches!(
+                self.op,
+                Op::Leaf {
+                    kind: Kind::Dense | Kind::Affine { .. },
+                    ..
+                }
+            );
         // Tiles that stay in L2 between their decode and their product (for a batch, deep
         // enough for the GEMM's inner dimension).
-        let values = TRANSPOSED_TILE_VALUES << (batch.min(8).ilog2());
+        let values = tile_values.unwrap_or(if local {
+            TRANSPOSED_TILE_VALUES << batch.min(8).ilog2()
+        } else {
+            TILE_VALUES
+        });
         let tile = (values / width).clamp(1, inputs);
         let tiles = inputs.div_ceil(tile);
-        let tasks = rayon::current_num_threads().clamp(1, tiles);
-        let per = tiles.div_ceil(tasks);
+        let per = tiles.div_ceil(rayon::current_num_threads().max(1));
+        let tasks = tiles.div_ceil(per);
         let run = |task: usize, acc: &mut [f32]| -> Result<()> {
             let (mut w, mut scratch) = (Vec::new(), Points::default());
             for k in task * per..((task + 1) * per).min(tiles) {
@@ -933,16 +981,17 @@ impl CompressedLinear {
             }
             Ok(())
         };
-        let mut sums = (0..tasks)
+        let sums = (0..tasks)
             .into_par_iter()
             .map(|task| {
                 let mut acc = vec![0f32; batch * width];
                 run(task, &mut acc).map(|()| acc)
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut total = sums.swap_remove(0);
-        for acc in &sums {
-            total.iter_mut().zip(acc).for_each(|(o, &v)| *o += v);
+        let mut sums = sums.into_iter();
+        let mut total = sums.next().unwrap_or_default();
+        for acc in sums {
+            total.iter_mut().zip(&acc).for_each(|(o, &v)| *o += v);
         }
         match &rotated {
             Some(r) => r.rotate_back(&total, y)?,
@@ -1195,14 +1244,16 @@ impl Op {
             return None;
         };
         match (kind, view.parts_ref()) {
-            (Kind::E8Fixed | Kind::LatticeWords, Parts::Lattice(l)) => {
-                Some(Rotated::Fixed(view, l, e8_blocked(l)))
-            }
+            (Kind::E8Fixed | Kind::LatticeWords, Parts::Lattice(l)) => Some(Rotated::Fixed {
+                view,
+                l,
+                blocked: e8_blocked(l),
+            }),
             (Kind::LatticeResident, Parts::Lattice(l)) => {
                 let (chunk, _) = l.symbols.chunking()?;
-                Some(Rotated::Coded(view, l, chunk))
+                Some(Rotated::Coded { view, l, chunk })
             }
-            (Kind::Trellis, Parts::Trellis(t)) => Some(Rotated::Trellis(view, t)),
+            (Kind::Trellis, Parts::Trellis(t)) => Some(Rotated::Trellis { view, t }),
             _ => None,
         }
     }
@@ -1488,43 +1539,50 @@ pub(crate) fn gemm_wxt(w: &[f32], n: usize, cols: usize, x: &[f32], batch: usize
 /// a row's values before the inverse transform, `width` of them, the first `cols` the RHT of
 /// the weight row.
 enum Rotated<'a> {
-    /// Fixed-rate lattice points scaled by `σ_r/α` ([`fixed_points`]; `true`: blocked order).
-    Fixed(
-        &'a TensorView<'static>,
-        &'a hwz::LatticeParts<'static>,
-        bool,
-    ),
-    /// Entropy-coded lattice points, chunks of this many symbols ([`coded_points`]).
-    Coded(
-        &'a TensorView<'static>,
-        &'a hwz::LatticeParts<'static>,
-        usize,
-    ),
+    /// Fixed-rate lattice points scaled by `σ_r/α` ([`fixed_points`]).
+    Fixed {
+        view: &'a TensorView<'static>,
+        l: &'a hwz::LatticeParts<'static>,
+        /// Each row's points in [`blocked_index`] order ([`e8_blocked`]).
+        blocked: bool,
+    },
+    /// Entropy-coded lattice points ([`coded_points`]).
+    Coded {
+        view: &'a TensorView<'static>,
+        l: &'a hwz::LatticeParts<'static>,
+        /// Symbols a chunk.
+        chunk: usize,
+    },
     /// Trellis values times the row scales ([`trellis_values`]).
-    Trellis(&'a TensorView<'static>, &'a hwz::TrellisParts<'static>),
+    Trellis {
+        view: &'a TensorView<'static>,
+        t: &'a hwz::TrellisParts<'static>,
+    },
 }
 
 impl Rotated<'_> {
     fn view(&self) -> &TensorView<'static> {
         match self {
-            Rotated::Fixed(v, ..) | Rotated::Coded(v, ..) | Rotated::Trellis(v, _) => v,
+            Rotated::Fixed { view, .. }
+            | Rotated::Coded { view, .. }
+            | Rotated::Trellis { view, .. } => view,
         }
     }
 
     /// Values a row decodes to (lattice rows: whole words).
     fn width(&self) -> usize {
         match self {
-            Rotated::Fixed(_, l, _) | Rotated::Coded(_, l, _) => l.symbols_per_row,
-            Rotated::Trellis(v, _) => v.cols() as usize,
+            Rotated::Fixed { l, .. } | Rotated::Coded { l, .. } => l.symbols_per_row,
+            Rotated::Trellis { view, .. } => view.cols() as usize,
         }
     }
 
     /// Rows `r0..` into `w` (`w.len() / width` rows).
     fn decode(&self, r0: usize, w: &mut [f32], scratch: &mut Points) -> Result<()> {
         match self {
-            Rotated::Fixed(v, l, blocked) => fixed_points(v, l, *blocked, r0, w),
-            Rotated::Coded(v, l, chunk) => coded_points(v, l, *chunk, r0, w, scratch),
-            Rotated::Trellis(v, t) => trellis_values(v, t, r0, w),
+            Rotated::Fixed { view, l, blocked } => fixed_points(view, l, *blocked, r0, w),
+            Rotated::Coded { view, l, chunk } => coded_points(view, l, *chunk, r0, w, scratch),
+            Rotated::Trellis { view, t } => trellis_values(view, t, r0, w),
         }
     }
 
@@ -1534,13 +1592,13 @@ impl Rotated<'_> {
         let view = self.view();
         let (cols, width) = (view.cols() as usize, self.width());
         let (tile, seed) = match self {
-            Rotated::Fixed(_, l, _) | Rotated::Coded(_, l, _) => (l.params.tile, l.params.seed),
-            Rotated::Trellis(_, t) => (t.tile, t.seed),
+            Rotated::Fixed { l, .. } | Rotated::Coded { l, .. } => (l.params.tile, l.params.seed),
+            Rotated::Trellis { t, .. } => (t.tile, t.seed),
         };
         let rht =
             Rht::new(cols, tile, seed).map_err(|e| corrupt(view, format!("transform: {e}")))?;
         for (sum, out) in sums.chunks_exact(width).zip(y.chunks_exact_mut(cols)) {
-            if let Rotated::Fixed(_, _, true) = self {
+            if let Rotated::Fixed { blocked: true, .. } = self {
                 for (pos, o) in out.iter_mut().enumerate() {
                     *o = sum[blocked_index(width / 8, pos)];
                 }
@@ -1564,6 +1622,9 @@ fn gemm_xw_add(
     outputs: usize,
     acc: &mut [f32],
 ) {
+    if batch == 0 || n == 0 || outputs == 0 {
+        return;
+    }
     assert!(
         w.len() >= n * outputs
             && acc.len() >= batch * outputs

@@ -1614,6 +1614,37 @@ fn small_rans_layers_hold_less_than_their_f32_weights() {
     }
 }
 
+/// `y` against a float64 `x·w (+ b)` for `w` of `inputs × outputs` (row-major) and the rows of
+/// `x` (`inputs` values each), within [`DOT_REL_TOL`] of each output's `Σ|x·w| + |b|`.
+fn assert_in_out_product(
+    what: &str,
+    (w, inputs, outputs): (&[f32], usize, usize),
+    x: &[f32],
+    bias: Option<&[f32]>,
+    y: &[f32],
+) {
+    let batch = x.len() / inputs.max(1);
+    assert_eq!(y.len(), batch * outputs, "{what}");
+    for b in 0..batch {
+        for o in 0..outputs {
+            let (mut want, mut scale) = (0f64, 0f64);
+            for i in 0..inputs {
+                let p = x[b * inputs + i] as f64 * w[i * outputs + o] as f64;
+                want += p;
+                scale += p.abs();
+            }
+            let bo = bias.map_or(0.0, |v| v[o] as f64);
+            let tol = DOT_REL_TOL as f64 * (scale + bo.abs()) + 1e-30;
+            let got = y[b * outputs + o] as f64;
+            assert!(
+                (got - (want + bo)).abs() <= tol,
+                "{what} out ({b}, {o}): {got} vs {}",
+                want + bo
+            );
+        }
+    }
+}
+
 /// `y = x·W (+ b)` for `W` stored `[in, out]` against a float64 product of the decoded weight;
 /// the decoded weight, its rows, and the forms a transposed operator does not have.
 fn check_transposed(t: &EncodedTensor, shape: &[u64], batch: usize, seed: u64, with_bias: bool) {
@@ -1630,25 +1661,8 @@ fn check_transposed(t: &EncodedTensor, shape: &[u64], batch: usize, seed: u64, w
     let x = values(batch * inputs, seed);
     let mut y = vec![f32::NAN; batch * outputs];
     op.forward(&x, batch, &mut y).unwrap();
-    for b in 0..batch {
-        for o in 0..outputs {
-            let (mut want, mut scale) = (0f64, 0f64);
-            for i in 0..inputs {
-                let p = x[b * inputs + i] as f64 * w[i * outputs + o] as f64;
-                want += p;
-                scale += p.abs();
-            }
-            let bo = bias.as_ref().map_or(0.0, |v| v[o] as f64);
-            let tol = DOT_REL_TOL as f64 * (scale + bo.abs()) + 1e-30;
-            let got = y[b * outputs + o] as f64;
-            assert!(
-                (got - (want + bo)).abs() <= tol,
-                "{:?} {shape:?} batch {batch} out ({b}, {o}): {got} vs {}",
-                t.encoding,
-                want + bo
-            );
-        }
-    }
+    let what = format!("{:?} {shape:?} batch {batch}", t.encoding);
+    assert_in_out_product(&what, (&w, inputs, outputs), &x, bias.as_deref(), &y);
     // The operator's weight is the stored one transposed, exactly.
     let wt = op.decode_weight().unwrap();
     for i in 0..inputs {
@@ -1745,4 +1759,50 @@ fn a_transposed_bias_has_one_value_per_stored_column() {
         ),
         "{err}"
     );
+}
+
+#[test]
+fn transposed_weights_match_across_tiles_tasks_and_batch_slices() {
+    // Tiles of one row, of three and whole: later tiles' offsets into x and into the stored
+    // rows, sums of several tasks, chunks shared by two tiles (the zoo's rANS chunks of 24
+    // symbols and Rice chunks of 40 straddle rows); and a batch of three slices of 64 rows.
+    let shape = [37u64, 72];
+    let (inputs, outputs) = (37, 72);
+    let x = values(37 * 72, 21);
+    for which in 0..zoo(72).len() + EXTRA {
+        let (t, _) = encode_any(&x, &shape, which);
+        let view = view_of(&t, &shape);
+        let mut w = vec![0f32; inputs * outputs];
+        view.decode_rows_into(0..inputs as u64, &mut w).unwrap();
+        let bias = values(outputs, 5);
+        let op = CompressedLinear::transposed(view, Some(&bias), &LoadOptions::default()).unwrap();
+        for (tile, batch) in [(1, 1), (1, 5), (3 * 72, 2), (usize::MAX, 3)] {
+            let xs = values(batch * inputs, tile as u64 ^ batch as u64);
+            let mut y = vec![f32::NAN; batch * outputs];
+            op.transposed_rows(&xs, batch, &mut y, Some(tile)).unwrap();
+            // (transposed_rows leaves the bias to forward)
+            let what = format!("{:?} tiles of {tile} values, batch {batch}", t.encoding);
+            assert_in_out_product(&what, (&w, inputs, outputs), &xs, None, &y);
+        }
+        let xs = values(130 * inputs, 8);
+        let mut y = vec![f32::NAN; 130 * outputs];
+        op.forward(&xs, 130, &mut y).unwrap();
+        let what = format!("{:?} batch 130", t.encoding);
+        assert_in_out_product(&what, (&w, inputs, outputs), &xs, Some(&bias), &y);
+    }
+}
+
+#[test]
+fn only_a_2d_tensor_runs_transposed() {
+    for shape in [vec![4u64, 3, 2, 2], vec![48]] {
+        let n = shape.iter().product::<u64>() as usize;
+        let e = affine(4, Group::Row, false, FloatDtype::F16);
+        let t = encode("w", &values(n, 3), &shape, &e, EncodeOptions::default()).unwrap();
+        let view = view_of(&t, &shape);
+        let err = CompressedLinear::transposed(view, None, &LoadOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, RuntimeError::NotInOut { .. }),
+            "{shape:?}: {err}"
+        );
+    }
 }
