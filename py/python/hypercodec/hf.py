@@ -144,10 +144,11 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
     :class:`hypercodec.nn.HyperLinear` on the stored form (``fixed_bits`` converts
     entropy-coded lattice weights to fixed-rate symbols at load, for speed), and a plain input
     embedding a :class:`hypercodec.nn.HyperEmbedding`. The other tensors are decoded, to
-    ``dtype``: norms, experts held as one parameter (Mixtral's in transformers 5). The stored layers compute in float32 and answer in
-    their input's dtype. The model is built on the meta device first, so no dense copy of a
-    stored layer ever exists. It carries a :class:`HypercodecConfig` naming its stored layers, so
-    ``save_pretrained`` / ``from_pretrained`` round-trip it as they do a model quantized on load."""
+    ``dtype``: norms, experts held as one parameter (Mixtral's in transformers 5). The stored
+    layers compute in float32 and answer in their input's dtype. The model is built on the meta
+    device first, so no dense copy of a stored layer ever exists. It carries a
+    :class:`HypercodecConfig` naming its stored layers, so ``save_pretrained`` /
+    ``from_pretrained`` round-trip it as they do a model quantized on load."""
     from transformers import AutoConfig, AutoTokenizer
 
     _check_fixed_bits(fixed_bits)
