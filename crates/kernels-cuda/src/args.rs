@@ -450,21 +450,39 @@ const SPLIT_MIN_CHUNKS: usize = 4;
 
 /// The split GEMM's batch tiles of 8 (2, 4 or 8: the fewest that hold the batch, else 8) and
 /// blocks a cluster (1, 2, 4 or 8) for a layer of `rows` × `cols` at `batch` activation rows
-/// on `sms` multiprocessors: the fewest blocks a cluster that make three quarters of
-/// [`SPLIT_BLOCKS_PER_SM`] blocks an SM, as long as each walks [`SPLIT_MIN_CHUNKS`] chunks or
-/// more. (Not yet measured: `GEMM_SPLIT_DEFAULT`.)
+/// on `sms` multiprocessors, as long as each block walks [`SPLIT_MIN_CHUNKS`] chunks or more:
+/// with 2 or 4 batch tiles, the fewest blocks a cluster that make three quarters of
+/// [`SPLIT_BLOCKS_PER_SM`] blocks an SM; with 8 (128 registers a thread, and twice the partial
+/// sums to add), the most that keep to one block an SM. Measured on an H100
+/// (`py/benches/cuda_gemm_rows.py`, 4096 columns, every cluster size forced): at 17–32 rows
+/// 1024 and 2048 rows ran fastest at 8 a cluster and 4096 at 2–4; at 64 rows 1024, 2048 and
+/// 4096 rows ran fastest at 8, 4 and 2, 128 blocks each, where 1.5 an SM took 1.2–1.5× longer.
 pub(crate) fn gemm_split(rows: usize, cols: usize, batch: usize, sms: u32) -> (usize, usize) {
     let nt = [2, 4, 8].into_iter().find(|&n| 8 * n >= batch).unwrap_or(8);
     let blocks = rows.div_ceil(gemm_rows_per_block(1)) * batch.div_ceil(8 * nt);
     let chunks = cols / crate::GEMM_CHUNK;
+    let sms = sms as usize;
+    let room = |ks: usize| {
+        if nt == 8 {
+            blocks * 2 * ks <= sms
+        } else {
+            4 * blocks * ks < 3 * SPLIT_BLOCKS_PER_SM * sms
+        }
+    };
     let mut ks = 1;
-    while ks < 8
-        && 4 * blocks * ks < 3 * SPLIT_BLOCKS_PER_SM * sms as usize
-        && chunks >= 2 * ks * SPLIT_MIN_CHUNKS
-    {
+    while ks < 8 && room(ks) && chunks >= 2 * ks * SPLIT_MIN_CHUNKS {
         ks *= 2;
     }
     (nt, ks)
+}
+
+/// Whether the split GEMM (`ks` blocks a cluster) runs a batch of 9–16 rows of a layer of
+/// `rows` rows faster than the tensor-core GEMV: where the layer is too short for that GEMV to
+/// fill the device, a cluster of 8 for each 64 rows making no more than a block an SM. Measured
+/// on an H100 at 9 and 16 rows of 4096 columns: 1024 rows 7.3 µs against the GEMV's 8.6–8.9
+/// (bf16 8.2–8.8); 4096 rows 11.2–11.8 against 10.2–10.5, and 14 336 rows 27–28 against 23–25.
+pub(crate) fn split_beats_gemv(rows: usize, ks: usize, sms: u32) -> bool {
+    ks == 8 && rows.div_ceil(gemm_rows_per_block(1)) * ks <= sms as usize
 }
 
 /// Blocks the GEMM's shape choice aims for (about 1.5 per SM of an H200, whose 132 SMs hold

@@ -218,14 +218,18 @@ pub const WGMMA_DEFAULT: bool = true;
 /// on their own instead of decoding), `0` never; for measurement, `ks=K[,from=B]` runs K blocks
 /// a cluster (1, 2, 4 or 8) on every layer the GEMM takes, and gives it batches from B rows
 /// (2 to 17; 9–16 rows then run it with two batch tiles, where the tensor-core GEMV takes them
-/// otherwise). Unset or any other value, [`GEMM_SPLIT_DEFAULT`] holds.
+/// otherwise; the rule gives it 9–16 rows of short layers only). Unset or any other value,
+/// [`GEMM_SPLIT_DEFAULT`] holds.
 pub const GEMM_SPLIT_ENV: &str = "HYPERCODEC_GEMM_SPLIT";
 
-/// Whether the routes take the split GEMM by default: off. It was written in a session that
-/// got no GPU (2026-12-07); it compiles for sm_90a without spills (71–128 registers), and
-/// `bash scripts/gpu_suite.sh tests split` checks it against the CPU runtime and times it.
-/// Until that has run it stays off.
-pub const GEMM_SPLIT_DEFAULT: bool = false;
+/// Whether the routes take the split GEMM by default: on. Measured on an H100 (2026-12-08,
+/// `py/benches/cuda_gemm_rows.py`, int4 g128, 4096 columns): layers of 1024 and 2048 rows at
+/// 17–64 rows ran 8.3–10.7 and 10.0–16.2 µs against 12.8–13.7 and 16.3–17.0 decoded then
+/// cuBLAS (their route before) and bf16's 8.0–9.3 and 11.5–12.1; 4096 rows 15.0–20.4 against
+/// the unsplit GEMM's 22.8–22.9 (bf16 15.7–16.5); 1024 rows at 9–16 rows 7.3 against the
+/// tensor-core GEMV's 8.6–8.9 ([`args::split_beats_gemv`]). Taller layers fill the device
+/// unsplit and keep their kernels.
+pub const GEMM_SPLIT_DEFAULT: bool = true;
 
 /// Layers one launch of [`Kernels::affine_gemv_group`] takes (the kernels' `HC_GROUP_MAX`).
 pub const AFFINE_GROUP_MAX: usize = 4;
@@ -1735,11 +1739,13 @@ impl GemmSplit {
         }
     }
 
-    /// The fewest activation rows the GEMM takes.
+    /// The fewest activation rows the GEMM takes (by the rule, a short layer's from 9:
+    /// [`args::split_beats_gemv`]).
     fn first_batch(self) -> usize {
         match self {
             GemmSplit::Forced { from, .. } => from,
-            _ => MAX_MMA_BATCH + 1,
+            GemmSplit::Rule => 9,
+            GemmSplit::Off => MAX_MMA_BATCH + 1,
         }
     }
 }
@@ -1913,9 +1919,16 @@ impl Kernels {
     /// module loaded it and the layer is too short to fill the device unsplit
     /// ([`args::gemm_split`]): its function, batch tiles of 8 a block and blocks a cluster.
     fn gemm_split_for(&self, a: &AffineGemv) -> Option<(usize, usize, usize)> {
-        let (nt, ks) = args::gemm_split(a.rows, a.cols, a.batch, self.inner.sms());
+        let sms = self.inner.sms();
+        let (nt, ks) = args::gemm_split(a.rows, a.cols, a.batch, sms);
         let ks = match self.split {
             GemmSplit::Off => return None,
+            // 9-16 rows: only where the tensor-core GEMV leaves the device idle.
+            GemmSplit::Rule
+                if a.batch <= MAX_MMA_BATCH && !args::split_beats_gemv(a.rows, ks, sms) =>
+            {
+                return None
+            }
             GemmSplit::Rule => ks,
             GemmSplit::Forced { ks, .. } => ks,
         };
@@ -3700,6 +3713,24 @@ mod tests {
             "hc_affine_gemm_b4_r1_n4_x2_bf16"
         );
         assert_eq!(args::affine_gemm_split(4, Dtype::Bf16, 4, 1), None);
+        // The split rule on 132 SMs and 4096 columns, as measured on an H100: 17-32 rows aim for
+        // 1.5 blocks an SM, 64 rows (8 batch tiles) for one; tall layers stay unsplit; 9-16 rows
+        // take the split only for layers of up to 1024 rows.
+        let rule = |rows, batch| args::gemm_split(rows, 4096, batch, 132);
+        assert_eq!(
+            [
+                rule(1024, 17),
+                rule(2048, 32),
+                rule(4096, 17),
+                rule(14336, 17)
+            ],
+            [(4, 8), (4, 8), (4, 4), (4, 1)]
+        );
+        assert_eq!(rule(1024, 64), (8, 8));
+        assert_eq!([rule(1024, 16), rule(4096, 9)], [(2, 8), (2, 4)]);
+        assert_eq!(args::gemm_split(1024, 512, 17, 132), (4, 1)); // (4 chunks: none to split)
+        assert!(args::split_beats_gemv(1024, 8, 132) && args::split_beats_gemv(100, 8, 132));
+        assert!(!args::split_beats_gemv(1088, 8, 132) && !args::split_beats_gemv(512, 4, 132));
         assert_eq!(
             names.len(),
             args::affine_gemm_split(4, Dtype::F16, 8, 8).unwrap() + 1
@@ -3917,11 +3948,12 @@ mod tests {
         assert!(args::affine_gemm(4, Dtype::F32, 1, 4).is_none());
         assert!(args::affine_gemm(4, Dtype::Bf16, 3, 4).is_none());
         // The split GEMM: the fewest batch tiles that hold the batch, and clusters that make
-        // three quarters of two blocks an SM (132 SMs) while each block walks 4 chunks or more.
+        // three quarters of two blocks an SM (132 SMs; one an SM at 8 batch tiles) while each
+        // block walks 4 chunks or more.
         assert_eq!(args::gemm_split(1024, 4096, 17, 132), (4, 8)); // 16 blocks: 128
         assert_eq!(args::gemm_split(4096, 4096, 32, 132), (4, 4)); // 64 blocks: 256, 8 chunks each
-        assert_eq!(args::gemm_split(4096, 4096, 64, 132), (8, 4));
-        assert_eq!(args::gemm_split(2048, 4096, 40, 132), (8, 8)); // 32 blocks: 256
+        assert_eq!(args::gemm_split(4096, 4096, 64, 132), (8, 2)); // 64 blocks: 128
+        assert_eq!(args::gemm_split(2048, 4096, 40, 132), (8, 4)); // 32 blocks: 128
         assert_eq!(args::gemm_split(14336, 4096, 64, 132), (8, 1)); // 224 blocks unsplit
         assert_eq!(args::gemm_split(1024, 1024, 17, 132), (4, 2)); // 8 chunks: 2 blocks of 4
         assert_eq!(args::gemm_split(1024, 896, 17, 132), (4, 1));
@@ -3953,7 +3985,8 @@ mod tests {
             GemmSplit::Forced { ks: 1, from: 9 }
         );
         assert_eq!(GemmSplit::parse(Some("ks=4,from=9")).first_batch(), 9);
-        assert_eq!(GemmSplit::parse(Some("1")).first_batch(), 17);
+        assert_eq!(GemmSplit::parse(Some("1")).first_batch(), 9);
+        assert_eq!(GemmSplit::parse(Some("0")).first_batch(), 17);
         for bad in [
             "ks=3",
             "ks=16",
