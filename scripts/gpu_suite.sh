@@ -25,10 +25,10 @@
 #            py/tests/test_cuda.py -k hopper against the CPU runtime, then py/benches/cuda_gemm.py timing
 #            each of its shapes (unsplit and split over clusters of 2) against bf16 and decode + cuBLAS on
 #            4096x4096, 8192x8192, 14336x4096 and 28672x8192, batches 128, 256, 512
-#   split    the tensor-core GEMM split over clusters (H100/H200; off by default, HYPERCODEC_GEMM_SPLIT):
-#            py/tests/test_cuda.py's affine tests with it on, then py/benches/cuda_gemm_rows.py on 4096-column
-#            layers of 1024-14336 rows at 17, 32, 64 rows (the rule, then 1, 2, 4, 8 blocks a cluster forced) and
-#            at 9 and 16 rows (the tensor-core GEMV, then the GEMM with two batch tiles, 1-8 blocks a cluster)
+#   split    the tensor-core GEMM split over clusters (H100/H200; on by default, HYPERCODEC_GEMM_SPLIT):
+#            py/tests/test_cuda.py's affine tests with it off, then py/benches/cuda_gemm_rows.py on 4096-column
+#            layers of 1024-14336 rows at 9, 16, 17, 32, 64 rows: the rule, off, then 1, 2, 4, 8 blocks a cluster
+#            forced (at 9 and 16 rows: the GEMM with two batch tiles against the tensor-core GEMV)
 #   e8prefix py/benches/cuda_e8_prefix_prototype.py: the entropy-coded E8 prototype (WHEEL_DIR/e8p.cubin, which
 #            gpu-bundle builds) against bf16 and the committed rANS layer on 4096x4096 and 8192x8192, batches 1, 16, 256
 #
@@ -107,20 +107,17 @@ hopper_step() {
             --shapes 4096x4096,8192x8192,14336x4096,28672x8192 --batches 128,256,512 --iters 20 --out "$out/hopper.md"
 }
 export -f hopper_step
-# The split step: the affine tests with the split GEMM on, then its sweep (each setting a process of
-# its own: the kernels read HYPERCODEC_GEMM_SPLIT when they load). "rule" is HYPERCODEC_GEMM_SPLIT=1.
+# The split step: the affine tests with the split GEMM off (the tests step ran them with it on),
+# then its sweep (each setting a process of its own: the kernels read HYPERCODEC_GEMM_SPLIT when they
+# load). "rule" is HYPERCODEC_GEMM_SPLIT=1, "off" 0.
 split_step() {
-    HYPERCODEC_GEMM_SPLIT=1 "$py" -m pytest -q -rs py/tests/test_cuda.py -k "affine or tensor_core or gemm or group" || return 1
+    HYPERCODEC_GEMM_SPLIT=0 "$py" -m pytest -q -rs py/tests/test_cuda.py -k "affine or tensor_core or gemm or group" || return 1
     local ks env rc=0
-    for ks in rule 1 2 4 8; do
-        env=$([ $ks = rule ] && echo 1 || echo "ks=$ks")
-        echo "## HYPERCODEC_GEMM_SPLIT=$env, 17-64 rows"
+    for ks in rule off 1 2 4 8; do
+        case $ks in rule) env=1 ;; off) env=0 ;; *) env="ks=$ks,from=9" ;; esac
+        echo "## HYPERCODEC_GEMM_SPLIT=$env, 9-64 rows"
         HYPERCODEC_GEMM_SPLIT=$env "$py" py/benches/cuda_gemm_rows.py --mb 100 --rows 1024,2048,4096,14336 --cols 4096 \
-            --specs int4 --batches 17,32,64 --groups "" || rc=1
-        env=$([ $ks = rule ] && echo 0 || echo "ks=$ks,from=9")
-        echo "## HYPERCODEC_GEMM_SPLIT=$env, 9 and 16 rows"
-        HYPERCODEC_GEMM_SPLIT=$env "$py" py/benches/cuda_gemm_rows.py --mb 100 --rows 1024,4096,14336 --cols 4096 \
-            --specs int4 --batches 9,16 --groups "" || rc=1
+            --specs int4 --batches 9,16,17,32,64 --groups "" || rc=1
     done
     return $rc
 }

@@ -21,8 +21,8 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: the CUDA k
 
 def _split_gemm(d, dtype=torch.bfloat16, batch: int = 17):
     """The tensor-core GEMM split over clusters that the kernels run for layer ``d`` at ``batch``
-    rows, as (batch tiles, blocks a cluster), or None (kernels-cuda ``affine_gemm_split``: off
-    unless ``HYPERCODEC_GEMM_SPLIT`` turns it on, compute capability 9.0 only). A short layer
+    rows, as (batch tiles, blocks a cluster), or None (kernels-cuda ``affine_gemm_split``: on
+    unless ``HYPERCODEC_GEMM_SPLIT=0`` turns it off, compute capability 9.0 only). A short layer
     takes the GEMM at 17-64 rows on its own where it splits over 2 blocks or more."""
     dt = {torch.float16: 1, torch.bfloat16: 2}[dtype]
     return d.kernels.affine_gemm_split(dict(d.args, x=0, x_dtype=dt, y=0, y_dtype=0, batch=batch))
