@@ -248,6 +248,42 @@ def test_a_gpt2_archive_runs_its_conv1d_weights_as_stored(tmp_path, monkeypatch)
             call()
 
 
+def test_from_hwz_builds_models_whose_buffers_need_more_than_the_config(tmp_path, monkeypatch):
+    """OpenAI GPT's attention computes its causal mask from constructor arguments besides the
+    config (built on the meta device, the mask could not be rebuilt: from_hwz failed); a
+    Decision Transformer names no input embedding (get_input_embeddings raised
+    NotImplementedError). Both load, with their Conv1D layers stored, and compute what the
+    float model does on the decoded weights."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    torch.manual_seed(9)
+    models = [
+        transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(vocab_size=120, n_positions=32, n_embd=48,
+                                                                       n_layer=2, n_head=4)),
+        transformers.DecisionTransformerModel(transformers.DecisionTransformerConfig(
+            state_dim=5, act_dim=3, hidden_size=32, n_layer=1, n_head=2, n_positions=64, max_ep_len=50)),
+    ]
+    for base in models:
+        base.eval()
+        path = tmp_path / f"{type(base).__name__}.hwz"
+        hhf.save_hwz(base, str(path), encoding="affine", bits=4)
+        ref = type(base)(base.config).eval()
+        ref.load_state_dict({k: torch.as_tensor(v) for k, v in hypercodec.load(str(path)).items()}, strict=False)
+        model, _ = hhf.from_hwz(str(path))
+        assert not [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        assert sum(isinstance(m, hnn.HyperLinear) and m.op.transposed for m in model.modules()) >= 4
+        if isinstance(base, transformers.OpenAIGPTLMHeadModel):
+            args = {"input_ids": torch.randint(0, 120, (2, 10))}
+        else:
+            args = {"states": torch.randn(2, 7, 5), "actions": torch.randn(2, 7, 3), "rewards": torch.randn(2, 7, 1),
+                    "returns_to_go": torch.randn(2, 7, 1), "timesteps": torch.arange(7).expand(2, 7),
+                    "attention_mask": torch.ones(2, 7, dtype=torch.long)}
+        with torch.no_grad():
+            got, want = model(**args)[0], ref(**args)[0]
+        assert torch.allclose(got, want, atol=1e-5 * want.abs().max().item()), type(base).__name__
+
+
 @pytest.mark.parametrize("arch", ["gpt-neo", "wav2vec2"])
 def test_a_reloaded_quantized_model_keeps_what_weight_init_fills(tmp_path, monkeypatch, arch):
     """Loading a quantized checkpoint runs the model's weight init on what the checkpoint lacks.

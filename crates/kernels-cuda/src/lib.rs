@@ -227,7 +227,7 @@ pub const GEMM_SPLIT_ENV: &str = "HYPERCODEC_GEMM_SPLIT";
 /// 17–64 rows ran 8.3–10.7 and 10.0–16.2 µs against 12.8–13.7 and 16.3–17.0 decoded then
 /// cuBLAS (their route before) and bf16's 8.0–9.3 and 11.5–12.1; 4096 rows 15.0–20.4 against
 /// the unsplit GEMM's 22.8–22.9 (bf16 15.7–16.5); 1024 rows at 9–16 rows 7.3 against the
-/// tensor-core GEMV's 8.6–8.9 ([`args::split_beats_gemv`]). Taller layers fill the device
+/// tensor-core GEMV's 8.6–8.9 (`args::split_beats_gemv`). Taller layers fill the device
 /// unsplit and keep their kernels.
 pub const GEMM_SPLIT_DEFAULT: bool = true;
 

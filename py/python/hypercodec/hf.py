@@ -13,7 +13,9 @@ run from the stored form (their dense weights are never built). Requires torch a
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import threading
 import numbers
 import os
 import tempfile
@@ -160,7 +162,7 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
         raise _native.InvalidInputError(f"{path}: no Hugging Face config in the archive (write it with save_hwz)")
     cfg = json.loads(meta["hf_config"])
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    with torch.device("meta"):
+    with _parameters_on_meta():
         model = _build(meta, config, dtype, path)
     names = set(archive.names())
     tied = json.loads(meta.get("hf_tied", "{}"))
@@ -173,7 +175,10 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
     # The input embedding on the stored form when it is compressed (a plain lookup: a scaled
     # subclass, as Gemma's, is decoded instead); a tied output head then runs on the same
     # operator (one compressed copy serves both).
-    emb = model.get_input_embeddings()
+    try:
+        emb = model.get_input_embeddings()
+    except NotImplementedError:  # (a model that names none: Decision Transformer)
+        emb = None
     # Every name of the embedding module (one module under several names) takes the stored one.
     emb_names = [n for n, m in model.named_modules(remove_duplicate=False) if m is emb]
     emb_name = emb_names[0] if emb_names else None
@@ -250,6 +255,35 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
                     f.write(data)
             tokenizer = AutoTokenizer.from_pretrained(d)
     return model, tokenizer
+
+
+_META_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _parameters_on_meta():
+    """Modules built inside keep their parameters on the meta device (no dense weight is ever
+    filled) and their buffers where they are made, with the values their constructors compute
+    (causal masks, rotary frequencies). Built wholly on the meta device, such buffers had to be
+    rebuilt from the config afterwards, which fails for a module whose constructor takes more
+    than the config (OpenAI GPT's attention). Parameters are made, then moved: ``torch.empty``
+    commits no memory, and weight init then runs on meta tensors. One build at a time: this
+    replaces ``nn.Module.register_parameter`` while it runs."""
+
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: Any) -> None:
+        register(module, name, param)
+        p = module._parameters.get(name)
+        if p is not None and not p.is_meta:
+            module._parameters[name] = type(p)(p.to("meta"), **{**p.__dict__, "requires_grad": p.requires_grad})
+
+    with _META_LOCK:
+        nn.Module.register_parameter = on_meta
+        try:
+            yield
+        finally:
+            nn.Module.register_parameter = register
 
 
 def _check_fixed_bits(fixed_bits: Any) -> None:
