@@ -886,14 +886,14 @@ pub(crate) unsafe fn e8_fixed_any(
     hsum(s) + tail
 }
 
-/// One affine row of 4- or 8-bit codes dequantized into `out`: per group `j`,
-/// `ŵ = q·mul[j] + add[j]`; values in natural order.
+/// One affine row of 4- or 8-bit codes dequantized into `out` (`ACC`: added into it): per
+/// group `j`, `ŵ = q·mul[j] + add[j]`; values in natural order.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA; `bits` is 4 or 8; `codes` holds `out.len()·bits/8` bytes;
 /// `mul` and `add` one value per group of `glen` values (`glen` even for 4 bits).
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn affine_dequant(
+pub(crate) unsafe fn affine_dequant<const ACC: bool>(
     bits: u8,
     codes: &[u8],
     glen: usize,
@@ -922,7 +922,8 @@ pub(crate) unsafe fn affine_dequant(
                         .enumerate()
                     {
                         let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part));
-                        _mm256_storeu_ps(o.as_mut_ptr().add(i + 8 * k), _mm256_fmadd_ps(q, m, a));
+                        let p = o.as_mut_ptr().add(i + 8 * k);
+                        _mm256_storeu_ps(p, value::<ACC>(p, _mm256_fmadd_ps(q, m, a)));
                     }
                     i += 32;
                 }
@@ -930,7 +931,8 @@ pub(crate) unsafe fn affine_dequant(
                 while i + 8 <= o.len() {
                     let v = _mm_loadl_epi64(c.as_ptr().add(i) as *const __m128i);
                     let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-                    _mm256_storeu_ps(o.as_mut_ptr().add(i), _mm256_fmadd_ps(q, m, a));
+                    let p = o.as_mut_ptr().add(i);
+                    _mm256_storeu_ps(p, value::<ACC>(p, _mm256_fmadd_ps(q, m, a)));
                     i += 8;
                 }
             }
@@ -941,8 +943,23 @@ pub(crate) unsafe fn affine_dequant(
             } else {
                 c[k]
             };
-            o[k] = q as f32 * mul[j] + add[j];
+            let v = q as f32 * mul[j] + add[j];
+            o[k] = if ACC { o[k] + v } else { v };
         }
+    }
+}
+
+/// `v`, or (`ACC`) `v` plus the 8 values at `p`.
+///
+/// # Safety
+/// AVX2; with `ACC`, `p` addresses 8 readable values.
+#[inline(always)]
+unsafe fn value<const ACC: bool>(p: *const f32, v: __m256) -> __m256 {
+    if ACC {
+        // SAFETY: the caller's.
+        unsafe { _mm256_add_ps(_mm256_loadu_ps(p), v) }
+    } else {
+        v
     }
 }
 

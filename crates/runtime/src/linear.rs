@@ -946,6 +946,11 @@ impl CompressedLinear {
         if batch == 0 || outputs == 0 || inputs == 0 {
             return Ok(());
         }
+        if let (1, Op::Leaf { view, .. }) = (batch, &self.op) {
+            if let Some(rows) = AffineRows::new(view) {
+                return transposed_affine_row(&rows, x, y);
+            }
+        }
         let rotated = self.op.rotated();
         let width = rotated.as_ref().map_or(outputs, Rotated::width);
         let local = rotated.is_some()
@@ -1440,68 +1445,159 @@ fn tiles(view: &TensorView<'_>, x: &[f32], batch: usize, yt: &mut [f32]) -> Resu
 /// Rows `r0..` of a byte-aligned 4- or 8-bit affine tensor dequantized in AVX2 into `w`
 /// (whole rows); `false` (nothing written) when another decoder must do it.
 fn affine_tile(view: &TensorView<'_>, r0: usize, w: &mut [f32]) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if let Parts::Affine {
-        params,
-        codes,
-        scales,
-        offsets,
-    } = view.parts_ref()
-    {
-        let cols = view.cols() as usize;
-        let bits = params.bits;
-        let glen = match params.group {
-            Group::Size(g) => (g as usize).min(cols).max(1),
-            Group::Row | Group::Tensor => cols.max(1),
-        };
-        if !(bits == 4 && cols.is_multiple_of(2) && glen.is_multiple_of(2) || bits == 8)
-            || !crate::simd::has_avx2()
-        {
+    let Some(rows) = AffineRows::new(view) else {
+        return false;
+    };
+    let cols = view.cols() as usize;
+    let (mut mul, mut add) = (vec![0f32; rows.gpr], vec![0f32; rows.gpr]);
+    for (i, out) in w.chunks_exact_mut(cols).enumerate() {
+        if !rows.terms(r0 + i, 1.0, &mut mul, &mut add) {
             return false;
         }
-        let gpr = cols.div_ceil(glen);
-        let tensor_scale = matches!(params.group, Group::Tensor);
-        let n = if tensor_scale { 1 } else { gpr };
-        let (mut s, mut o) = (vec![0f32; n], vec![0f32; n]);
-        let (mut mul, mut add) = (vec![0f32; gpr], vec![0f32; gpr]);
-        let h = (1u32 << (bits - 1)) as f32;
-        let row_bytes = cols * bits as usize / 8;
-        for (i, out) in w.chunks_exact_mut(cols).enumerate() {
-            let r = r0 + i;
-            let first = if tensor_scale { 0 } else { r * gpr };
-            if scales_into(scales, params.scale_dtype, first, &mut s).is_err() {
+        rows.row::<false>(r0 + i, &mul, &add, out);
+    }
+    true
+}
+
+/// `y = x·W` at batch 1 for byte-aligned affine codes stored `[in, out]`: each stored row's
+/// codes dequantized straight into the sum, its scales and offsets times its input (no tile of
+/// f32 between), the rows split over the pool, each task into its own sum, added in task order.
+fn transposed_affine_row(rows: &AffineRows<'_>, x: &[f32], y: &mut [f32]) -> Result<()> {
+    let inputs = x.len();
+    let per = inputs
+        .div_ceil(rayon::current_num_threads().max(1))
+        .max(TASK_MIN_VALUES / y.len().max(1))
+        .max(1);
+    let sums = x
+        .par_chunks(per)
+        .enumerate()
+        .map(|(t, xs)| {
+            let mut acc = vec![0f32; y.len()];
+            let (mut mul, mut add) = (vec![0f32; rows.gpr], vec![0f32; rows.gpr]);
+            for (i, &xi) in xs.iter().enumerate() {
+                let r = t * per + i;
+                if !rows.terms(r, xi, &mut mul, &mut add) {
+                    return Err(RuntimeError::Corrupt {
+                        tensor: rows.name.to_string(),
+                        message: format!("the scales of row {r} do not decode"),
+                    });
+                }
+                rows.row::<true>(r, &mul, &add, &mut acc);
+            }
+            Ok(acc)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    y.fill(0.0);
+    for acc in &sums {
+        y.iter_mut().zip(acc).for_each(|(o, &v)| *o += v);
+    }
+    Ok(())
+}
+
+/// A byte-aligned 4- or 8-bit affine tensor (bits 8, or 4 with even rows and groups) on a CPU
+/// with AVX2 and FMA: its rows dequantized by `avx2::affine_dequant`.
+struct AffineRows<'a> {
+    name: &'a str,
+    params: &'a hwz::AffineParams,
+    codes: &'a [u8],
+    scales: &'a [u8],
+    offsets: &'a [u8],
+    glen: usize,
+    /// Groups a row.
+    gpr: usize,
+    row_bytes: usize,
+}
+
+impl<'a> AffineRows<'a> {
+    fn new(view: &'a TensorView<'_>) -> Option<AffineRows<'a>> {
+        #[cfg(target_arch = "x86_64")]
+        if let Parts::Affine {
+            params,
+            codes,
+            scales,
+            offsets,
+        } = view.parts_ref()
+        {
+            let cols = view.cols() as usize;
+            let bits = params.bits;
+            let glen = match params.group {
+                Group::Size(g) => (g as usize).min(cols).max(1),
+                Group::Row | Group::Tensor => cols.max(1),
+            };
+            let aligned =
+                bits == 4 && cols.is_multiple_of(2) && glen.is_multiple_of(2) || bits == 8;
+            return (aligned && crate::simd::has_avx2()).then_some(AffineRows {
+                name: view.name(),
+                params,
+                codes,
+                scales,
+                offsets,
+                glen,
+                gpr: cols.div_ceil(glen),
+                row_bytes: cols * bits as usize / 8,
+            });
+        }
+        let _ = view;
+        None
+    }
+
+    /// Row `r`'s `mul` and `add` per group (`ŵ = q·mul + add`), times `k`; `false` where its
+    /// scales do not decode.
+    fn terms(&self, r: usize, k: f32, mul: &mut [f32], add: &mut [f32]) -> bool {
+        let p = self.params;
+        let tensor_scale = matches!(p.group, Group::Tensor);
+        let n = if tensor_scale { 1 } else { self.gpr };
+        let first = if tensor_scale { 0 } else { r * self.gpr };
+        let (mut s, mut o) = ([0f32; 64], [0f32; 64]);
+        let h = (1u32 << (p.bits - 1)) as f32;
+        // Groups a batch of 64 at a time (no allocation a row).
+        for j0 in (0..n).step_by(64) {
+            let m = (n - j0).min(64);
+            if scales_into(self.scales, p.scale_dtype, first + j0, &mut s[..m]).is_err()
+                || !p.symmetric
+                    && scales_into(self.offsets, p.scale_dtype, first + j0, &mut o[..m]).is_err()
+            {
                 return false;
             }
-            if params.symmetric {
-                o.fill(0.0);
-            } else if scales_into(offsets, params.scale_dtype, first, &mut o).is_err() {
-                return false;
-            }
-            for j in 0..gpr {
-                let k = j.min(n - 1);
-                (mul[j], add[j]) = if params.symmetric {
-                    (s[k], -h * s[k])
-                } else {
-                    (s[k], o[k])
-                };
-            }
-            // SAFETY: AVX2 and FMA are present; the row's codes are byte-aligned (bits 8, or
-            // 4 with even rows and groups) and mul/add hold one value per group.
-            unsafe {
-                crate::avx2::affine_dequant(
-                    bits,
-                    &codes[r * row_bytes..(r + 1) * row_bytes],
-                    glen,
-                    &mul,
-                    &add,
-                    out,
+            for j in j0..j0 + m {
+                let (sj, oj) = (
+                    s[j - j0],
+                    if p.symmetric {
+                        -h * s[j - j0]
+                    } else {
+                        o[j - j0]
+                    },
                 );
+                (mul[j], add[j]) = (k * sj, k * oj);
             }
         }
-        return true;
+        if tensor_scale {
+            let (m0, a0) = (mul[0], add[0]);
+            mul.fill(m0);
+            add.fill(a0);
+        }
+        true
     }
-    let _ = (view, r0, w);
-    false
+
+    /// Row `r` dequantized with `mul` and `add` ([`AffineRows::terms`]) into `out` (`ACC`:
+    /// added into it).
+    fn row<const ACC: bool>(&self, r: usize, mul: &[f32], add: &[f32], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA are present (new); the row's codes are byte-aligned (bits 8, or
+        // 4 with even rows and groups) and mul/add hold one value per group.
+        unsafe {
+            crate::avx2::affine_dequant::<ACC>(
+                self.params.bits,
+                &self.codes[r * self.row_bytes..(r + 1) * self.row_bytes],
+                self.glen,
+                mul,
+                add,
+                out,
+            );
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (r, mul, add, out);
+    }
 }
 
 /// `out (n × batch) = w (n × cols) · xᵀ` with `x` `batch × cols`, on the calling thread.

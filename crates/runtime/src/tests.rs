@@ -1615,7 +1615,8 @@ fn small_rans_layers_hold_less_than_their_f32_weights() {
 }
 
 /// `y` against a float64 `x·w (+ b)` for `w` of `inputs × outputs` (row-major) and the rows of
-/// `x` (`inputs` values each), within [`DOT_REL_TOL`] of each output's `Σ|x·w| + |b|`.
+/// `x` (`inputs` values each), within [`DOT_REL_TOL`] of `‖x_b‖·‖w_o‖ + |b|` per output (the
+/// scale `check` takes: affine terms `s·q + lo` that cancel leave an error relative to `lo`).
 fn assert_in_out_product(
     what: &str,
     (w, inputs, outputs): (&[f32], usize, usize),
@@ -1625,14 +1626,15 @@ fn assert_in_out_product(
 ) {
     let batch = x.len() / inputs.max(1);
     assert_eq!(y.len(), batch * outputs, "{what}");
+    let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|a| (a as f64).powi(2)).sum::<f64>().sqrt();
     for b in 0..batch {
+        let xb = &x[b * inputs..(b + 1) * inputs];
+        let xn = norm(&mut xb.iter().copied());
         for o in 0..outputs {
-            let (mut want, mut scale) = (0f64, 0f64);
-            for i in 0..inputs {
-                let p = x[b * inputs + i] as f64 * w[i * outputs + o] as f64;
-                want += p;
-                scale += p.abs();
-            }
+            let want: f64 = (0..inputs)
+                .map(|i| xb[i] as f64 * w[i * outputs + o] as f64)
+                .sum();
+            let scale = xn * norm(&mut (0..inputs).map(|i| w[i * outputs + o]));
             let bo = bias.map_or(0.0, |v| v[o] as f64);
             let tol = DOT_REL_TOL as f64 * (scale + bo.abs()) + 1e-30;
             let got = y[b * outputs + o] as f64;
@@ -1804,5 +1806,32 @@ fn only_a_2d_tensor_runs_transposed() {
             matches!(err, RuntimeError::NotInOut { .. }),
             "{shape:?}: {err}"
         );
+    }
+}
+
+#[test]
+fn transposed_affine_rows_at_batch_1_split_over_tasks() {
+    // Batch 1 of byte-aligned affine codes dequantizes each stored row straight into the sum
+    // (no tile): 600 rows of 128 make two tasks. Groups, rows and a tensor scale; symmetric
+    // codes; f16 and f32 scales; a zero input row and huge ones.
+    let shape = [600u64, 128];
+    let w = values(600 * 128, 4);
+    let mut x = values(600, 6);
+    x[7] = 0.0;
+    x[300] = 1e20;
+    for e in [
+        affine(4, Group::Size(32), false, FloatDtype::F16),
+        affine(4, Group::Row, true, FloatDtype::F32),
+        affine(8, Group::Size(64), true, FloatDtype::Bf16),
+        affine(8, Group::Tensor, false, FloatDtype::F32),
+    ] {
+        let t = encode("w", &w, &shape, &e, EncodeOptions::default()).unwrap();
+        let view = view_of(&t, &shape);
+        let mut wd = vec![0f32; 600 * 128];
+        view.decode_rows_into(0..600, &mut wd).unwrap();
+        let op = CompressedLinear::transposed(view, None, &LoadOptions::default()).unwrap();
+        let mut y = vec![f32::NAN; 128];
+        op.forward(&x, 1, &mut y).unwrap();
+        assert_in_out_product(&format!("{e:?}"), (&wd, 600, 128), &x, None, &y);
     }
 }
