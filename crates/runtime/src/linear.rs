@@ -850,10 +850,10 @@ impl CompressedLinear {
         if self.transposed {
             // Stored `cols × rows`, decoded then transposed a block at a time.
             let mut stored = vec![0f32; w.len()];
-            self.op.decode_into(self.rows, &mut stored)?;
+            self.op.decode_span(0, self.rows, &mut stored, false)?;
             transpose_into(&stored, self.cols, self.rows, &mut w);
         } else {
-            self.op.decode_into(self.cols, &mut w)?;
+            self.op.decode_span(0, self.cols, &mut w, false)?;
         }
         Ok(w)
     }
@@ -878,7 +878,7 @@ impl CompressedLinear {
             return Ok(());
         }
         for (&r, o) in rows.iter().zip(out.chunks_exact_mut(self.cols.max(1))) {
-            self.op.decode_row(r, self.cols, o)?;
+            self.op.decode_span(r, self.cols, o, false)?;
         }
         Ok(())
     }
@@ -980,7 +980,7 @@ impl CompressedLinear {
                 w.resize(n * width, 0.0);
                 match &rotated {
                     Some(r) => r.decode(r0, &mut w, &mut scratch)?,
-                    None => self.op.decode_range(r0, outputs, &mut w)?,
+                    None => self.op.decode_span(r0, outputs, &mut w, true)?,
                 }
                 gemm_xw_add(&x[r0..], inputs, batch, &w, n, width, acc);
             }
@@ -1221,28 +1221,6 @@ impl Op {
         }
     }
 
-    /// Decodes row `r` into `out` (`cols` values).
-    fn decode_row(&self, r: usize, cols: usize, out: &mut [f32]) -> Result<()> {
-        match self {
-            Op::Leaf { view, .. } => Ok(view.decode_rows_into(r as u64..r as u64 + 1, out)?),
-            Op::Mixed { parts } => {
-                let mut first = 0;
-                for (rows, op) in parts {
-                    if r < first + rows {
-                        return op.decode_row(r - first, cols, out);
-                    }
-                    first += rows;
-                }
-                Ok(())
-            }
-            Op::Exceptions { base, deltas, .. } => {
-                base.decode_row(r, cols, out)?;
-                deltas.apply((r * cols) as u64, out, false);
-                Ok(())
-            }
-        }
-    }
-
     /// The leaf's rows as their RHT-domain values, where it is a lattice or trellis tensor.
     fn rotated(&self) -> Option<Rotated<'_>> {
         let Op::Leaf { view, kind } = self else {
@@ -1263,12 +1241,14 @@ impl Op {
         }
     }
 
-    /// Decodes rows `r0..r0 + w.len() / cols` into `w`.
-    fn decode_range(&self, r0: usize, cols: usize, w: &mut [f32]) -> Result<()> {
+    /// Decodes rows `r0..r0 + w.len() / cols` into `w`; `fast`: byte-aligned affine rows in
+    /// AVX2 ([`affine_tile`]: its fused multiply-add may round a value differently from the
+    /// format's decoder, which the weight and row lookups keep to).
+    fn decode_span(&self, r0: usize, cols: usize, w: &mut [f32], fast: bool) -> Result<()> {
         let n = w.len() / cols.max(1);
         match self {
             Op::Leaf { view, .. } => {
-                if !affine_tile(view, r0, w) {
+                if !(fast && affine_tile(view, r0, w)) {
                     view.decode_rows_into(r0 as u64..(r0 + n) as u64, w)?;
                 }
                 Ok(())
@@ -1280,36 +1260,15 @@ impl Op {
                     let (lo, hi) = (r0.max(first), (r0 + n).min(first + rows));
                     if lo < hi {
                         let out = &mut w[(lo - r0) * cols..(hi - r0) * cols];
-                        op.decode_range(lo - first, cols, out)?;
+                        op.decode_span(lo - first, cols, out, fast)?;
                     }
                     first += rows;
                 }
                 Ok(())
             }
             Op::Exceptions { base, deltas, .. } => {
-                base.decode_range(r0, cols, w)?;
+                base.decode_span(r0, cols, w, fast)?;
                 deltas.apply((r0 * cols) as u64, w, false);
-                Ok(())
-            }
-        }
-    }
-
-    /// Decodes the operator's rows into `w` (`rows × cols`).
-    fn decode_into(&self, cols: usize, w: &mut [f32]) -> Result<()> {
-        match self {
-            Op::Leaf { view, .. } => Ok(view.decode_rows_into(0..view.rows(), w)?),
-            Op::Mixed { parts } => {
-                let mut rest = w;
-                for (rows, op) in parts {
-                    let (head, tail) = rest.split_at_mut(rows * cols);
-                    op.decode_into(cols, head)?;
-                    rest = tail;
-                }
-                Ok(())
-            }
-            Op::Exceptions { base, deltas, .. } => {
-                base.decode_into(cols, w)?;
-                deltas.apply(0, w, false);
                 Ok(())
             }
         }
