@@ -325,16 +325,17 @@ impl CudaKernels {
     /// The most activation rows the routes hand the fused affine kernels (other than the
     /// Hopper GEMM) for these arguments on this device (kernels-cuda
     /// `Kernels::affine_fused_batch`: `MAX_GEMM_BATCH` where the tensor-core GEMM takes the
-    /// layer and it has `GEMM_MIN_ROWS` rows or more, 16 on the tensor-core GEMV, else 4 per
-    /// pass). Pointers are checked for alignment, not read.
+    /// layer and it has `GEMM_MIN_ROWS` rows or more, or on compute capability 9.0 splits it over
+    /// clusters, 16 on the tensor-core GEMV, else 4 per pass). Pointers are checked for
+    /// alignment, not read.
     fn affine_fused_batch(&self, args: &Bound<'_, PyDict>) -> PyResult<usize> {
         Ok(self.k.affine_fused_batch(&affine(args)?))
     }
 
     /// The tensor-core GEMM split over clusters that `affine_gemv` runs for these arguments at
     /// their batch, as (batch tiles of 8 a block, blocks a cluster); None where another kernel
-    /// runs (kernels-cuda `Kernels::affine_gemm_split`; off unless `HYPERCODEC_GEMM_SPLIT`
-    /// turns it on, compute capability 9.0 only).
+    /// runs (kernels-cuda `Kernels::affine_gemm_split`; compute capability 9.0 only, on unless
+    /// `HYPERCODEC_GEMM_SPLIT=0` turns it off).
     fn affine_gemm_split(&self, args: &Bound<'_, PyDict>) -> PyResult<Option<(usize, usize)>> {
         Ok(self.k.affine_gemm_split(&affine(args)?))
     }

@@ -282,6 +282,8 @@ def test_from_hwz_builds_models_whose_buffers_need_more_than_the_config(tmp_path
         with torch.no_grad():
             got, want = model(**args)[0], ref(**args)[0]
         assert torch.allclose(got, want, atol=1e-5 * want.abs().max().item()), type(base).__name__
+    # Outside from_hwz (and on other threads) parameters are made where they always were.
+    assert not torch.nn.Linear(2, 2).weight.is_meta
 
 
 @pytest.mark.parametrize("arch", ["gpt-neo", "wav2vec2"])

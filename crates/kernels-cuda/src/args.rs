@@ -456,7 +456,7 @@ const SPLIT_MIN_CHUNKS: usize = 4;
 /// sums to add), the most that keep to one block an SM. Measured on an H100
 /// (`py/benches/cuda_gemm_rows.py`, 4096 columns, every cluster size forced): at 17–32 rows
 /// 1024 and 2048 rows ran fastest at 8 a cluster and 4096 at 2–4; at 64 rows 1024, 2048 and
-/// 4096 rows ran fastest at 8, 4 and 2, 128 blocks each, where 1.5 an SM took 1.2–1.5× longer.
+/// 4096 rows ran fastest at 8, 4 and 2, 128 blocks each, where 1.5 an SM took 1.2–1.3× longer.
 pub(crate) fn gemm_split(rows: usize, cols: usize, batch: usize, sms: u32) -> (usize, usize) {
     let nt = [2, 4, 8].into_iter().find(|&n| 8 * n >= batch).unwrap_or(8);
     let blocks = rows.div_ceil(gemm_rows_per_block(1)) * batch.div_ceil(8 * nt);
@@ -476,11 +476,13 @@ pub(crate) fn gemm_split(rows: usize, cols: usize, batch: usize, sms: u32) -> (u
     (nt, ks)
 }
 
-/// Whether the split GEMM (`ks` blocks a cluster) runs a batch of 9–16 rows of a layer of
-/// `rows` rows faster than the tensor-core GEMV: where the layer is too short for that GEMV to
-/// fill the device, a cluster of 8 for each 64 rows making no more than a block an SM. Measured
-/// on an H100 at 9 and 16 rows of 4096 columns: 1024 rows 7.3 µs against the GEMV's 8.6–8.9
-/// (bf16 8.2–8.8); 4096 rows 11.2–11.8 against 10.2–10.5, and 14 336 rows 27–28 against 23–25.
+/// Whether the split GEMM (`ks` blocks a cluster, from [`gemm_split`]) runs a batch of 9–16
+/// rows of a layer of `rows` rows faster than the tensor-core GEMV: where the layer is too short
+/// for that GEMV to fill the device, a cluster of 8 (which needs 32 chunks: 4096 columns or
+/// more) for each 64 rows making no more than a block an SM (up to 1024 rows on 132 SMs).
+/// Measured on an H100 at 9 and 16 rows of 4096 columns, 8 a cluster: 1024 rows 7.3 µs against
+/// the GEMV's 8.6–8.9 (bf16 8.2–8.8); 4096 rows 11.2–11.8 against 10.2–10.5, and 14 336 rows
+/// 27.6–28.4 against 23.3–24.9.
 pub(crate) fn split_beats_gemv(rows: usize, ks: usize, sms: u32) -> bool {
     ks == 8 && rows.div_ceil(gemm_rows_per_block(1)) * ks <= sms as usize
 }

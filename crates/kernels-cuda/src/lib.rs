@@ -193,6 +193,8 @@ pub const MAX_GEMM_BATCH: usize = 64;
 /// (`docs/eval/cuda_gemm.md`, session 75). Beside other layers of one input
 /// ([`Kernels::affine_group_batch`]) the blocks of several layers fill the device together:
 /// there the GEMMs side by side ran 1.3–1.7× faster than decoding.
+/// On compute capability 9.0 such a layer takes the GEMM split over clusters instead, where
+/// that fills the device ([`GEMM_SPLIT_DEFAULT`]).
 pub const GEMM_MIN_ROWS: usize = 3584;
 
 /// The environment variable that turns the Hopper GEMM's route on (`1`) or off (`0`) for the
@@ -223,12 +225,12 @@ pub const WGMMA_DEFAULT: bool = true;
 pub const GEMM_SPLIT_ENV: &str = "HYPERCODEC_GEMM_SPLIT";
 
 /// Whether the routes take the split GEMM by default: on. Measured on an H100 (2026-12-08,
-/// `py/benches/cuda_gemm_rows.py`, int4 g128, 4096 columns): layers of 1024 and 2048 rows at
-/// 17–64 rows ran 8.3–10.7 and 10.0–16.2 µs against 12.8–13.7 and 16.3–17.0 decoded then
-/// cuBLAS (their route before) and bf16's 8.0–9.3 and 11.5–12.1; 4096 rows 15.0–20.4 against
-/// the unsplit GEMM's 22.8–22.9 (bf16 15.7–16.5); 1024 rows at 9–16 rows 7.3 against the
-/// tensor-core GEMV's 8.6–8.9 (`args::split_beats_gemv`). Taller layers fill the device
-/// unsplit and keep their kernels.
+/// `py/benches/cuda_gemm_rows.py`, int4 g128, 4096 columns; each at its best cluster size,
+/// which the rule now picks): layers of 1024 and 2048 rows at 17–64 rows ran 8.2–10.7 and
+/// 10.1–16.2 µs against 12.8–13.7 and 16.3–17.0 decoded then cuBLAS (their route before) and
+/// bf16's 8.0–9.6 and 11.4–13.8; 4096 rows 15.1–20.4 against the unsplit GEMM's 22.8–22.9
+/// (bf16 15.6–17.4); 1024 rows at 9–16 rows 7.3 against the tensor-core GEMV's 8.6–8.9
+/// (`args::split_beats_gemv`). Taller layers fill the device unsplit and keep their kernels.
 pub const GEMM_SPLIT_DEFAULT: bool = true;
 
 /// Layers one launch of [`Kernels::affine_gemv_group`] takes (the kernels' `HC_GROUP_MAX`).

@@ -1421,6 +1421,8 @@ fn affine_tile(view: &TensorView<'_>, r0: usize, w: &mut [f32]) -> bool {
 /// `y = x·W` at batch 1 for byte-aligned affine codes stored `[in, out]`: each stored row's
 /// codes dequantized straight into the sum, its scales and offsets times its input (no tile of
 /// f32 between), the rows split over the pool, each task into its own sum, added in task order.
+/// As the `[out, in]` fused rows, an infinite input can give NaN (`∞ − ∞` between the scale and
+/// offset terms) where a dense product gives ±∞.
 fn transposed_affine_row(rows: &AffineRows<'_>, x: &[f32], y: &mut [f32]) -> Result<()> {
     let inputs = x.len();
     let per = inputs
@@ -1438,7 +1440,7 @@ fn transposed_affine_row(rows: &AffineRows<'_>, x: &[f32], y: &mut [f32]) -> Res
                 if !rows.terms(r, xi, &mut mul, &mut add) {
                     return Err(RuntimeError::Corrupt {
                         tensor: rows.name.to_string(),
-                        message: format!("the scales of row {r} do not decode"),
+                        message: format!("the scales or offsets of row {r} do not decode"),
                     });
                 }
                 rows.row::<true>(r, &mul, &add, &mut acc);
@@ -1455,6 +1457,7 @@ fn transposed_affine_row(rows: &AffineRows<'_>, x: &[f32], y: &mut [f32]) -> Res
 
 /// A byte-aligned 4- or 8-bit affine tensor (bits 8, or 4 with even rows and groups) on a CPU
 /// with AVX2 and FMA: its rows dequantized by `avx2::affine_dequant`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct AffineRows<'a> {
     name: &'a str,
     params: &'a hwz::AffineParams,

@@ -1768,6 +1768,7 @@ fn transposed_weights_match_across_tiles_tasks_and_batch_slices() {
     // Tiles of one row, of three and whole: later tiles' offsets into x and into the stored
     // rows, sums of several tasks, chunks shared by two tiles (the zoo's rANS chunks of 24
     // symbols and Rice chunks of 40 straddle rows); and a batch of three slices of 64 rows.
+    // (Byte-aligned affine codes at batch 1 take no tiles: transposed_affine_row.)
     let shape = [37u64, 72];
     let (inputs, outputs) = (37, 72);
     let x = values(37 * 72, 21);
@@ -1812,7 +1813,7 @@ fn only_a_2d_tensor_runs_transposed() {
 #[test]
 fn transposed_affine_rows_at_batch_1_split_over_tasks() {
     // Batch 1 of byte-aligned affine codes dequantizes each stored row straight into the sum
-    // (no tile): 600 rows of 128 make two tasks. Groups, rows and a tensor scale; symmetric
+    // (no tile): 600 rows of 128 make two tasks on two threads or more. Groups, rows and a tensor scale; symmetric
     // codes; f16 and f32 scales; a zero input row and huge ones.
     let shape = [600u64, 128];
     let w = values(600 * 128, 4);

@@ -13,7 +13,8 @@ on PyTorch's current stream, without synchronizing:
   rows and groups hold whole chunks of 128 columns on a tensor-core GEMM above that, up to the
   kernels' ``MAX_GEMM_BATCH`` (weights decoded in registers, never in memory), where the layer
   has :data:`GEMM_MIN_ROWS` rows or more (a shorter one leaves most of the device idle, and
-  decodes);
+  decodes; on an H100 or H200 a shorter one runs it split over clusters of 2–8 blocks instead,
+  and one of up to 1024 rows does from 9 rows);
 - on an H100 or H200 (compute capability 9.0), 4-bit affine layers whose groups hold multiples
   of 64 columns above that, up to 256 rows and at 448–512, where the layer has rows enough to
   fill the device (about 6300, its columns split over two blocks below about 12 500; from 129
@@ -64,7 +65,8 @@ GEMV_MAX_BATCH = {"affine": 4, "e8": 4, "trellis": 4, "e8rans": 2, "e8prefix": 1
 MMA_MAX_BATCH = 16
 #: Weight rows below which an affine layer on its own decodes at 17–64 activation rows rather
 #: than run the tensor-core GEMM, whose blocks would leave most of the device idle (kernels-cuda
-#: ``GEMM_MIN_ROWS``; beside other layers, in :func:`forward_group`, it runs the GEMM).
+#: ``GEMM_MIN_ROWS``; beside other layers, in :func:`forward_group`, it runs the GEMM; on compute
+#: capability 9.0 it runs the GEMM split over clusters, where that fills the device).
 GEMM_MIN_ROWS = _native.GEMM_MIN_ROWS
 #: Layers one launch of :func:`forward_group` takes (kernels-cuda ``AFFINE_GROUP_MAX``).
 GROUP_MAX = 4
@@ -423,7 +425,8 @@ class DeviceLinear:
         the batches the Hopper GEMM runs, as inclusive ranges ``(fewest, most)`` (none for other
         layers and off sm_90), and the most rows beside other layers of one input (an affine
         layer shorter than :data:`GEMM_MIN_ROWS` takes the tensor-core GEMM at 17–64 rows only
-        there: alone it leaves most of the device idle), asked of the kernels once per dtype."""
+        there, unless it splits over clusters: alone unsplit it leaves most of the device idle),
+        asked of the kernels once per dtype."""
         got = self._fused.get(dtype)
         if got is None:
             n, mma_from, wgmma, group = GEMV_MAX_BATCH.get(self.kind, 0), None, (), None
@@ -566,8 +569,9 @@ class DeviceLinear:
 def forward_group(layers: list[DeviceLinear], x: torch.Tensor) -> list[torch.Tensor] | None:
     """``[x·W_lᵀ + b_l for each layer]`` for layers on ``x``'s device that read the one input
     ``x`` (shape ``(..., cols)``), each output equal to :meth:`DeviceLinear.forward`'s bit for
-    bit (but for affine layers shorter than :data:`GEMM_MIN_ROWS` at 17–64 rows: these decode on
-    their own, and here run the GEMM as ``forward(x, route="gemv")`` does), with fewer launches:
+    bit (but for affine layers shorter than :data:`GEMM_MIN_ROWS` at 17–64 rows where the GEMM
+    does not split over clusters: these decode on their own, and here run the GEMM as
+    ``forward(x, route="gemv")`` does), with fewer launches:
 
     - affine layers under one bf16 or f16 activation row: one launch of the batch-1 kernel per
       :data:`GROUP_MAX` layers. At batch 1 a launch of a 4096-wide layer costs a few µs beyond

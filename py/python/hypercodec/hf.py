@@ -15,10 +15,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import threading
 import numbers
 import os
 import tempfile
+import threading
 from collections import Counter
 from typing import Any, Callable
 
@@ -147,10 +147,10 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
     entropy-coded lattice weights to fixed-rate symbols at load, for speed), and a plain input
     embedding a :class:`hypercodec.nn.HyperEmbedding`. The other tensors are decoded, to
     ``dtype``: norms, experts held as one parameter (Mixtral's in transformers 5). The stored
-    layers compute in float32 and answer in their input's dtype. The model is built on the meta
-    device first, so no dense copy of a stored layer ever exists. It carries a
-    :class:`HypercodecConfig` naming its stored layers, so ``save_pretrained`` /
-    ``from_pretrained`` round-trip it as they do a model quantized on load."""
+    layers compute in float32 and answer in their input's dtype. The model is built with its
+    parameters on the meta device (buffers on the CPU), so no dense copy of a stored layer is
+    ever filled. It carries a :class:`HypercodecConfig` naming its stored layers, so
+    ``save_pretrained`` / ``from_pretrained`` round-trip it as they do a model quantized on load."""
     from transformers import AutoConfig, AutoTokenizer
 
     _check_fixed_bits(fixed_bits)
@@ -257,33 +257,52 @@ def from_hwz(path: str, fixed_bits: int | None = None, dtype: torch.dtype = torc
     return model, tokenizer
 
 
-_META_LOCK = threading.Lock()
+# Threads building a model in `_parameters_on_meta` (a depth each, for nested builds).
+_META_BUILD = threading.local()
+_META_HOOK_LOCK = threading.Lock()
+_REGISTER_PARAMETER: Any = None  # nn.Module.register_parameter before the hook
+
+
+def _meta_hook(module: nn.Module, name: str, param: Any) -> None:
+    """``nn.Module.register_parameter`` once hooked: as before, then, on a thread inside
+    :func:`_parameters_on_meta`, the parameter moved to the meta device."""
+    _REGISTER_PARAMETER(module, name, param)
+    p = module._parameters.get(name)
+    if not getattr(_META_BUILD, "depth", 0) or p is None or p.is_meta or isinstance(p, nn.UninitializedParameter):
+        return
+    if type(p) is nn.Parameter:
+        moved = nn.Parameter(p.to("meta"), requires_grad=p.requires_grad)
+        moved.__dict__.update(p.__dict__)  # (attributes set before registration: tags for optimizers)
+    else:
+        try:
+            moved = type(p)(p.to("meta"), **{**p.__dict__, "requires_grad": p.requires_grad})
+        except TypeError:
+            return  # a subclass built otherwise: left where it was made
+    module._parameters[name] = moved
 
 
 @contextlib.contextmanager
 def _parameters_on_meta():
-    """Modules built inside keep their parameters on the meta device (no dense weight is ever
-    filled) and their buffers where they are made, with the values their constructors compute
-    (causal masks, rotary frequencies). Built wholly on the meta device, such buffers had to be
-    rebuilt from the config afterwards, which fails for a module whose constructor takes more
-    than the config (OpenAI GPT's attention). Parameters are made, then moved: ``torch.empty``
-    commits no memory, and weight init then runs on meta tensors. One build at a time: this
-    replaces ``nn.Module.register_parameter`` while it runs."""
-
-    register = nn.Module.register_parameter
-
-    def on_meta(module: nn.Module, name: str, param: Any) -> None:
-        register(module, name, param)
-        p = module._parameters.get(name)
-        if p is not None and not p.is_meta:
-            module._parameters[name] = type(p)(p.to("meta"), **{**p.__dict__, "requires_grad": p.requires_grad})
-
-    with _META_LOCK:
-        nn.Module.register_parameter = on_meta
-        try:
+    """Modules this thread builds inside keep their parameters on the meta device and their
+    buffers on the CPU, with the values their constructors compute (causal masks, rotary
+    frequencies). Built wholly on the meta device, such buffers had to be rebuilt from the config
+    afterwards, which fails for a module whose constructor takes more than the config (OpenAI
+    GPT's attention). Each parameter is made on the CPU, then moved: the usual ``torch.empty``
+    reserves memory it never fills, and weight init then runs on meta tensors (a constructor
+    that fills a parameter itself, ``nn.Parameter(torch.randn(...))``, fills it once). The hook
+    on ``nn.Module.register_parameter`` is installed at the first build and stays: other
+    threads, and this one outside the block, register parameters as before."""
+    global _REGISTER_PARAMETER
+    with _META_HOOK_LOCK:
+        if nn.Module.register_parameter is not _meta_hook:  # (first use, or another patch since)
+            _REGISTER_PARAMETER = nn.Module.register_parameter
+            nn.Module.register_parameter = _meta_hook
+    _META_BUILD.depth = getattr(_META_BUILD, "depth", 0) + 1
+    try:
+        with torch.device("cpu"):
             yield
-        finally:
-            nn.Module.register_parameter = register
+    finally:
+        _META_BUILD.depth -= 1
 
 
 def _check_fixed_bits(fixed_bits: Any) -> None:
