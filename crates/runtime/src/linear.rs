@@ -986,18 +986,15 @@ impl CompressedLinear {
             }
             Ok(())
         };
-        let sums = (0..tasks)
-            .into_par_iter()
-            .map(|task| {
-                let mut acc = vec![0f32; batch * width];
-                run(task, &mut acc).map(|()| acc)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut sums = sums.into_iter();
-        let mut total = sums.next().unwrap_or_default();
-        for acc in sums {
-            total.iter_mut().zip(&acc).for_each(|(o, &v)| *o += v);
-        }
+        let total = sum_in_order(
+            (0..tasks)
+                .into_par_iter()
+                .map(|task| {
+                    let mut acc = vec![0f32; batch * width];
+                    run(task, &mut acc).map(|()| acc)
+                })
+                .collect::<Result<Vec<_>>>()?,
+        );
         match &rotated {
             Some(r) => r.rotate_back(&total, y)?,
             None => y.copy_from_slice(&total),
@@ -1429,7 +1426,7 @@ fn transposed_affine_row(rows: &AffineRows<'_>, x: &[f32], y: &mut [f32]) -> Res
         .div_ceil(rayon::current_num_threads().max(1))
         .max(TASK_MIN_VALUES / y.len().max(1))
         .max(1);
-    let sums = x
+    let sums: Vec<Vec<f32>> = x
         .par_chunks(per)
         .enumerate()
         .map(|(t, xs)| {
@@ -1448,11 +1445,19 @@ fn transposed_affine_row(rows: &AffineRows<'_>, x: &[f32], y: &mut [f32]) -> Res
             Ok(acc)
         })
         .collect::<Result<Vec<_>>>()?;
-    y.fill(0.0);
-    for acc in &sums {
-        y.iter_mut().zip(acc).for_each(|(o, &v)| *o += v);
-    }
+    y.copy_from_slice(&sum_in_order(sums));
     Ok(())
+}
+
+/// The element-wise sum of the tasks' partial sums (all of one length), added in task order so
+/// that a result does not depend on which task finished first.
+fn sum_in_order(parts: Vec<Vec<f32>>) -> Vec<f32> {
+    let mut parts = parts.into_iter();
+    let mut total = parts.next().unwrap_or_default();
+    for part in parts {
+        total.iter_mut().zip(&part).for_each(|(o, &v)| *o += v);
+    }
+    total
 }
 
 /// A byte-aligned 4- or 8-bit affine tensor (bits 8, or 4 with even rows and groups) on a CPU

@@ -455,7 +455,7 @@ class DeviceLinear:
             if self.kind == "affine" and fused >= MMA_MAX_BATCH:
                 # (9-16 rows of a short layer: the GEMM split over clusters, where the kernels
                 # say it runs)
-                split = batch > 1 and self.kernels.affine_gemm_split(
+                split = 1 < batch <= MMA_MAX_BATCH and self.kernels.affine_gemm_split(
                     dict(self.args, x=0, x_dtype=_DTYPES[dtype], y=0, y_dtype=0, batch=batch))
                 return "cuda-affine-mma" if batch <= MMA_MAX_BATCH and not split else "cuda-affine-gemm"
             if mma_from is not None and batch >= mma_from:

@@ -3170,7 +3170,7 @@ def _state_keys(model: nn.Module) -> list[str]:
 def _archive_source(archive: "_native.Archive", layer: str, bias: bool, transposed: bool = False) -> Any:
     """The stored form of ``layer`` (``.weight``, and ``.bias`` when the runtime holds it) read
     back from ``archive`` when the layer is saved: nothing is kept in memory meanwhile.
-    ``transposed``: the weight is stored ``[in, out]`` (a ``Conv1D``'s), marked so."""
+    ``transposed``: the weight is stored ``[in, out]`` (a ``Conv1D``'s), saved as ``weight_in_out``."""
     return lambda: archive.tensor_hwz(f"{layer}.weight", f"{layer}.bias" if bias else None, transposed)
 
 
