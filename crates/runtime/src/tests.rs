@@ -1617,16 +1617,25 @@ fn small_rans_layers_hold_less_than_their_f32_weights() {
 /// `y` against a float64 `x·w (+ b)` for `w` of `inputs × outputs` (row-major) and the rows of
 /// `x` (`inputs` values each), within [`DOT_REL_TOL`] of `‖x_b‖·‖w_o‖ + |b|` per output (the
 /// scale `check` takes: affine terms `s·q + lo` that cancel leave an error relative to `lo`).
+/// `rotated`: the rows were summed in their RHT domain, where an output mixes the whole row,
+/// so the scale is `‖x_b‖·‖w‖` (an output that is exactly 0 in the weight's basis comes back
+/// as a sum of rounded terms).
 fn assert_in_out_product(
     what: &str,
     (w, inputs, outputs): (&[f32], usize, usize),
     x: &[f32],
     bias: Option<&[f32]>,
     y: &[f32],
+    rotated: bool,
 ) {
     let batch = x.len() / inputs.max(1);
     assert_eq!(y.len(), batch * outputs, "{what}");
     let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|a| (a as f64).powi(2)).sum::<f64>().sqrt();
+    let whole = if rotated {
+        norm(&mut w.iter().copied())
+    } else {
+        0.0
+    };
     for b in 0..batch {
         let xb = &x[b * inputs..(b + 1) * inputs];
         let xn = norm(&mut xb.iter().copied());
@@ -1634,7 +1643,7 @@ fn assert_in_out_product(
             let want: f64 = (0..inputs)
                 .map(|i| xb[i] as f64 * w[i * outputs + o] as f64)
                 .sum();
-            let scale = xn * norm(&mut (0..inputs).map(|i| w[i * outputs + o]));
+            let scale = xn * norm(&mut (0..inputs).map(|i| w[i * outputs + o])).max(whole);
             let bo = bias.map_or(0.0, |v| v[o] as f64);
             let tol = DOT_REL_TOL as f64 * (scale + bo.abs()) + 1e-30;
             let got = y[b * outputs + o] as f64;
@@ -1664,7 +1673,15 @@ fn check_transposed(t: &EncodedTensor, shape: &[u64], batch: usize, seed: u64, w
     let mut y = vec![f32::NAN; batch * outputs];
     op.forward(&x, batch, &mut y).unwrap();
     let what = format!("{:?} {shape:?} batch {batch}", t.encoding);
-    assert_in_out_product(&what, (&w, inputs, outputs), &x, bias.as_deref(), &y);
+    let rotated = rht_domain(&t.encoding);
+    assert_in_out_product(
+        &what,
+        (&w, inputs, outputs),
+        &x,
+        bias.as_deref(),
+        &y,
+        rotated,
+    );
     // The operator's weight is the stored one transposed, exactly.
     let wt = op.decode_weight().unwrap();
     for i in 0..inputs {
@@ -1785,13 +1802,15 @@ fn transposed_weights_match_across_tiles_tasks_and_batch_slices() {
             op.transposed_rows(&xs, batch, &mut y, Some(tile)).unwrap();
             // (transposed_rows leaves the bias to forward)
             let what = format!("{:?} tiles of {tile} values, batch {batch}", t.encoding);
-            assert_in_out_product(&what, (&w, inputs, outputs), &xs, None, &y);
+            let rotated = rht_domain(&t.encoding);
+            assert_in_out_product(&what, (&w, inputs, outputs), &xs, None, &y, rotated);
         }
         let xs = values(130 * inputs, 8);
         let mut y = vec![f32::NAN; 130 * outputs];
         op.forward(&xs, 130, &mut y).unwrap();
         let what = format!("{:?} batch 130", t.encoding);
-        assert_in_out_product(&what, (&w, inputs, outputs), &xs, Some(&bias), &y);
+        let rotated = rht_domain(&t.encoding);
+        assert_in_out_product(&what, (&w, inputs, outputs), &xs, Some(&bias), &y, rotated);
     }
 }
 
@@ -1833,6 +1852,11 @@ fn transposed_affine_rows_at_batch_1_split_over_tasks() {
         let op = CompressedLinear::transposed(view, None, &LoadOptions::default()).unwrap();
         let mut y = vec![f32::NAN; 128];
         op.forward(&x, 1, &mut y).unwrap();
-        assert_in_out_product(&format!("{e:?}"), (&wd, 600, 128), &x, None, &y);
+        assert_in_out_product(&format!("{e:?}"), (&wd, 600, 128), &x, None, &y, false);
     }
+}
+
+/// Whether a transposed weight of this encoding sums its rows in the RHT domain.
+fn rht_domain(e: &Encoding) -> bool {
+    matches!(e, Encoding::Lattice { .. } | Encoding::Trellis { .. })
 }
